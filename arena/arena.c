@@ -1,0 +1,476 @@
+#include "arena.h"
+
+#include <inttypes.h>  // PRIu64, PRIx64
+#include <stdarg.h>
+#include <string.h>
+
+static const char *const arena_category_names[ARENA_CAT_COUNT] = {
+    [ARENA_CAT_WEIGHTS] = "weights",     [ARENA_CAT_MASTER] = "master",
+    [ARENA_CAT_OPTIM] = "optim",         [ARENA_CAT_SCALING] = "scaling",
+    [ARENA_CAT_GRADS] = "grads",         [ARENA_CAT_ACTIVATIONS] = "activations",
+    [ARENA_CAT_WORKSPACE] = "workspace", [ARENA_CAT_STAGING] = "staging",
+};
+
+// Every arena's total is a multiple of this, so the host and device arenas of one plan can be
+// laid side by side (or compared) without further padding.
+#define ARENA_TOTAL_ALIGN 256
+
+static bool arena_is_pow2(uint64_t x) { return x != 0 && (x & (x - 1)) == 0; }
+
+static uint64_t arena_align_up(uint64_t x, uint64_t align) {
+    QT_ASSERT(arena_is_pow2(align));
+    return (x + align - 1) & ~(align - 1);
+}
+
+const char *arena_category_name(arena_category c) {
+    QT_ASSERT((unsigned)c < ARENA_CAT_COUNT);
+    return arena_category_names[c];
+}
+
+const char *arena_phase_name(arena_phase p) {
+    switch (p) {
+    case ARENA_PHASE_PLAN: return "plan";
+    case ARENA_PHASE_BIND: return "bind";
+    case ARENA_PHASE_FROZEN: return "frozen";
+    }
+    QT_ASSERT(!"unknown arena phase");
+    return "";
+}
+
+void arena_init(arena *a, arena_kind kind, const char *name) {
+    QT_ASSERT(a != NULL && name != NULL);
+    QT_ASSERT(kind == ARENA_KIND_DEVICE || kind == ARENA_KIND_HOST);
+    QT_ASSERT(strlen(name) < ARENA_NAME_MAX);
+    // The whole table is zeroed so that a printed or compared arena never shows stale bytes.
+    memset(a, 0, sizeof *a);
+    a->kind = kind;
+    a->phase = ARENA_PHASE_PLAN;
+    strcpy(a->name, name);
+}
+
+static qt_status arena_check_name(const arena *a, const char *name) {
+    size_t length = strlen(name);
+    if (length == 0) {
+        return qt_fail(QT_ERR_INPUT, "arena '%s': region name is empty; give every region a name",
+                       a->name);
+    }
+    if (length >= ARENA_NAME_MAX) {
+        return qt_fail(QT_ERR_INPUT,
+                       "arena '%s': region name '%.40s...' is %zu characters; ARENA_NAME_MAX is %d "
+                       "(at most %d characters), shorten the name or raise ARENA_NAME_MAX",
+                       a->name, name, length, ARENA_NAME_MAX, ARENA_NAME_MAX - 1);
+    }
+    for (uint32_t i = 0; i < a->region_count; i++) {
+        if (strcmp(a->regions[i].name, name) == 0) {
+            return qt_fail(QT_ERR_INPUT,
+                           "arena '%s': region '%s' reserved twice (first as handle %" PRIu32
+                           "); region names must be unique",
+                           a->name, name, i);
+        }
+    }
+    return QT_OK;
+}
+
+static qt_status arena_check_size(const arena *a, const char *name, uint64_t bytes,
+                                  uint64_t align) {
+    if (bytes > ARENA_BYTES_MAX) {
+        return qt_fail(QT_ERR_INPUT,
+                       "arena '%s': region '%s' asks for %" PRIu64 " bytes, more than "
+                       "ARENA_BYTES_MAX (%" PRIu64 "); check the shape that sized it",
+                       a->name, name, bytes, ARENA_BYTES_MAX);
+    }
+    if (!arena_is_pow2(align) || align > ARENA_ALIGN_MAX) {
+        return qt_fail(QT_ERR_INPUT,
+                       "arena '%s': region '%s' alignment %" PRIu64 " is not a power of two "
+                       "in [1, ARENA_ALIGN_MAX = %" PRIu64 "]",
+                       a->name, name, align, ARENA_ALIGN_MAX);
+    }
+    return QT_OK;
+}
+
+qt_status arena_reserve(arena *a, const char *name, uint64_t bytes, uint64_t align,
+                        arena_category category, int32_t first_op, int32_t last_op,
+                        arena_handle *handle_out) {
+    QT_ASSERT(a != NULL && name != NULL && handle_out != NULL);
+    QT_ASSERT(a->phase == ARENA_PHASE_PLAN);
+    QT_ASSERT((unsigned)category < ARENA_CAT_COUNT);
+    QT_ASSERT(first_op == ARENA_LIFETIME_PERSISTENT || first_op >= 0);
+    if (a->region_count == ARENA_REGIONS_MAX) {
+        return qt_fail(QT_ERR_CAPACITY,
+                       "arena '%s': cannot reserve region '%s': all ARENA_REGIONS_MAX (%d) regions "
+                       "are in use; raise ARENA_REGIONS_MAX in arena/arena.h or merge regions",
+                       a->name, name, ARENA_REGIONS_MAX);
+    }
+    QT_TRY(arena_check_name(a, name));
+    QT_TRY(arena_check_size(a, name, bytes, align));
+
+    arena_region *r = &a->regions[a->region_count];
+    memset(r, 0, sizeof *r);
+    strcpy(r->name, name);
+    r->bytes = bytes;
+    r->align = align;
+    if (a->kind == ARENA_KIND_DEVICE && r->align < ARENA_DEVICE_ALIGN_MIN) {
+        r->align = ARENA_DEVICE_ALIGN_MIN;
+    }
+    r->category = category;
+    r->persistent = first_op == ARENA_LIFETIME_PERSISTENT;
+    if (r->persistent) {
+        r->first_op = r->last_op = ARENA_LIFETIME_PERSISTENT;
+    } else if (first_op > last_op) {
+        // One spelling of "not used yet", so that arena_extend needs no special case.
+        r->first_op = INT32_MAX;
+        r->last_op = -1;
+    } else {
+        r->first_op = first_op;
+        r->last_op = last_op;
+    }
+    *handle_out = a->region_count++;
+    return QT_OK;
+}
+
+void arena_extend(arena *a, arena_handle h, int32_t op_index) {
+    QT_ASSERT(a != NULL && a->phase == ARENA_PHASE_PLAN);
+    QT_ASSERT(h < a->region_count);
+    QT_ASSERT(op_index >= 0);
+    arena_region *r = &a->regions[h];
+    if (r->persistent) return;
+    if (op_index < r->first_op) r->first_op = op_index;
+    if (op_index > r->last_op) r->last_op = op_index;
+}
+
+static bool arena_region_used(const arena_region *r) {
+    return r->persistent || r->first_op <= r->last_op;
+}
+
+// Two regions may not share bytes when both are live at some op. Persistent regions are live at
+// every op; a region never used is live at none.
+static bool arena_lifetimes_intersect(const arena_region *x, const arena_region *y) {
+    if (!arena_region_used(x) || !arena_region_used(y)) return false;
+    if (x->persistent || y->persistent) return true;
+    return x->first_op <= y->last_op && y->first_op <= x->last_op;
+}
+
+// Half-open byte ranges; an empty range intersects nothing, not even a range around it.
+static bool arena_ranges_intersect(uint64_t x_offset, uint64_t x_bytes, uint64_t y_offset,
+                                   uint64_t y_bytes) {
+    if (x_bytes == 0 || y_bytes == 0) return false;
+    return x_offset < y_offset + y_bytes && y_offset < x_offset + x_bytes;
+}
+
+// True when region x goes before region y in packing order: larger first, then lower handle.
+static bool arena_pack_before(const arena *a, arena_handle x, arena_handle y) {
+    uint64_t x_bytes = a->regions[x].bytes, y_bytes = a->regions[y].bytes;
+    if (x_bytes != y_bytes) return x_bytes > y_bytes;
+    return x < y;
+}
+
+// Insertion sort: O(N^2) moves at worst is about 2M for 2048 regions, well inside the packing
+// budget, and unlike libc's qsort it cannot allocate and is stable by construction.
+static void arena_pack_order(const arena *a, arena_handle *order) {
+    for (uint32_t i = 0; i < a->region_count; i++) {
+        arena_handle h = i;
+        uint32_t j = i;
+        while (j > 0 && arena_pack_before(a, h, order[j - 1])) {
+            order[j] = order[j - 1];
+            j--;
+        }
+        order[j] = h;
+    }
+}
+
+// First fit. `placed` lists the placed non-empty regions by increasing offset. The candidate only
+// moves up, to the aligned end of a conflicting region that blocks it; every earlier conflicting
+// region then ends at or below the candidate. So the first conflicting region that starts at or
+// beyond candidate + bytes proves the gap, and no lower aligned offset can fit: each skipped
+// offset overlapped the region that pushed the candidate past it.
+static uint64_t arena_first_fit(const arena *a, const arena_region *r, const arena_handle *placed,
+                                uint32_t placed_count) {
+    uint64_t candidate = 0;
+    if (r->bytes == 0) return candidate;
+    for (uint32_t i = 0; i < placed_count; i++) {
+        const arena_region *p = &a->regions[placed[i]];
+        if (!arena_lifetimes_intersect(r, p)) continue;
+        if (p->offset >= candidate + r->bytes) break;
+        uint64_t p_end = p->offset + p->bytes;
+        if (p_end > candidate) candidate = arena_align_up(p_end, r->align);
+    }
+    QT_ASSERT(candidate % r->align == 0);
+    return candidate;
+}
+
+// Inserts h into `placed`, keeping it sorted by offset (ties by handle, for determinism).
+static void arena_placed_insert(const arena *a, arena_handle *placed, uint32_t placed_count,
+                                arena_handle h) {
+    uint64_t offset = a->regions[h].offset;
+    uint32_t j = placed_count;
+    while (j > 0) {
+        const arena_region *prev = &a->regions[placed[j - 1]];
+        if (prev->offset < offset || (prev->offset == offset && placed[j - 1] < h)) break;
+        placed[j] = placed[j - 1];
+        j--;
+    }
+    placed[j] = h;
+}
+
+void arena_pack(arena *a) {
+    QT_ASSERT(a != NULL && a->phase == ARENA_PHASE_PLAN);
+    // Scratch lives on the stack (16 KiB) because the library does not allocate.
+    arena_handle order[ARENA_REGIONS_MAX];
+    arena_handle placed[ARENA_REGIONS_MAX];
+    uint32_t placed_count = 0;
+    uint64_t end_max = 0;
+
+    arena_pack_order(a, order);
+    for (uint32_t i = 0; i < a->region_count; i++) {
+        arena_region *r = &a->regions[order[i]];
+        r->offset = arena_first_fit(a, r, placed, placed_count);
+        if (r->bytes == 0) continue;
+        arena_placed_insert(a, placed, placed_count, order[i]);
+        placed_count++;
+        if (r->offset + r->bytes > end_max) end_max = r->offset + r->bytes;
+    }
+    a->bytes_total = arena_align_up(end_max, ARENA_TOTAL_ALIGN);
+    a->phase = ARENA_PHASE_BIND;
+}
+
+static uint64_t arena_align_max(const arena *a) {
+    uint64_t align_max = a->kind == ARENA_KIND_DEVICE ? ARENA_DEVICE_ALIGN_MIN : 1;
+    for (uint32_t i = 0; i < a->region_count; i++) {
+        if (a->regions[i].align > align_max) align_max = a->regions[i].align;
+    }
+    return align_max;
+}
+
+qt_status arena_bind(arena *a, arena_alloc_fn alloc, void *ctx) {
+    QT_ASSERT(a != NULL && alloc != NULL);
+    QT_ASSERT(a->phase == ARENA_PHASE_PLAN || a->phase == ARENA_PHASE_BIND);
+    if (a->phase == ARENA_PHASE_PLAN) arena_pack(a);
+
+    uint64_t base_address = 0;
+    uint8_t *host_base = NULL;
+    QT_TRY(alloc(ctx, a->bytes_total, &base_address, &host_base));
+    uint64_t align_max = arena_align_max(a);
+    if (base_address % align_max != 0) {
+        return qt_fail(QT_ERR_INPUT,
+                       "arena '%s': allocator returned base 0x%" PRIx64 ", not aligned to %" PRIu64
+                       " bytes (the largest region alignment); allocate with that alignment",
+                       a->name, base_address, align_max);
+    }
+    if (a->kind == ARENA_KIND_HOST && host_base == NULL) {
+        return qt_fail(QT_ERR_INPUT,
+                       "arena '%s': host arena bound without a host pointer; the allocator must "
+                       "return host-visible memory in *host_base",
+                       a->name);
+    }
+    a->base_address = base_address;
+    a->host_base = host_base;
+    a->phase = ARENA_PHASE_FROZEN;
+    return QT_OK;
+}
+
+uint64_t arena_address(const arena *a, arena_handle h) {
+    QT_ASSERT(a != NULL && a->phase == ARENA_PHASE_FROZEN);
+    QT_ASSERT(h < a->region_count);
+    return a->base_address + a->regions[h].offset;
+}
+
+void *arena_host_pointer(const arena *a, arena_handle h) {
+    QT_ASSERT(a != NULL && a->phase == ARENA_PHASE_FROZEN && a->host_base != NULL);
+    QT_ASSERT(h < a->region_count);
+    return a->host_base + a->regions[h].offset;
+}
+
+const arena_region *arena_region_get(const arena *a, arena_handle h) {
+    QT_ASSERT(a != NULL && h < a->region_count);
+    return &a->regions[h];
+}
+
+uint64_t arena_category_bytes(const arena *a, arena_category c) {
+    QT_ASSERT(a != NULL && (unsigned)c < ARENA_CAT_COUNT);
+    uint64_t bytes = 0;
+    for (uint32_t i = 0; i < a->region_count; i++) {
+        if (a->regions[i].category == c) bytes += a->regions[i].bytes;
+    }
+    return bytes;
+}
+
+// Live transient bytes at one op.
+static uint64_t arena_live_bytes_at(const arena *a, int32_t op) {
+    uint64_t bytes = 0;
+    for (uint32_t i = 0; i < a->region_count; i++) {
+        const arena_region *r = &a->regions[i];
+        if (!r->persistent && r->first_op <= op && op <= r->last_op) bytes += r->bytes;
+    }
+    return bytes;
+}
+
+// The live sum only rises where a lifetime starts, so the peak is at some region's first_op:
+// checking those ops is O(N^2) instead of a sweep over every op index.
+uint64_t arena_lower_bound(const arena *a) {
+    QT_ASSERT(a != NULL);
+    uint64_t persistent_bytes = 0, peak_bytes = 0;
+    for (uint32_t i = 0; i < a->region_count; i++) {
+        const arena_region *r = &a->regions[i];
+        if (r->persistent) {
+            persistent_bytes += r->bytes;
+        } else if (r->first_op <= r->last_op) {
+            uint64_t live = arena_live_bytes_at(a, r->first_op);
+            if (live > peak_bytes) peak_bytes = live;
+        }
+    }
+    return persistent_bytes + peak_bytes;
+}
+
+// Writes "n B", "x.xx KiB", "x.xx MiB" or "x.xx GiB" into buf.
+static void arena_format_size(uint64_t bytes, char *buf, size_t buf_bytes) {
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    if (bytes < 1024) {
+        snprintf(buf, buf_bytes, "%" PRIu64 " B", bytes);
+        return;
+    }
+    double value = (double)bytes;
+    int unit = 0;
+    while (value >= 1024.0 && unit < 4) {
+        value /= 1024.0;
+        unit++;
+    }
+    snprintf(buf, buf_bytes, "%.2f %s", value, units[unit]);
+}
+
+static void arena_format_lifetime(const arena_region *r, char *buf, size_t buf_bytes) {
+    if (r->persistent) {
+        snprintf(buf, buf_bytes, "persistent");
+    } else if (r->first_op > r->last_op) {
+        snprintf(buf, buf_bytes, "unused");
+    } else {
+        snprintf(buf, buf_bytes, "ops %" PRId32 "..%" PRId32, r->first_op, r->last_op);
+    }
+}
+
+static int arena_name_width(const arena *a) {
+    size_t width = strlen("name");
+    for (uint32_t i = 0; i < a->region_count; i++) {
+        size_t length = strlen(a->regions[i].name);
+        if (length > width) width = length;
+    }
+    return (int)width;
+}
+
+// Width of the category column: the longest category name, "activations".
+#define ARENA_CATEGORY_WIDTH 11
+
+static void arena_print_regions(const arena *a, FILE *out, int name_width) {
+    bool packed = a->phase != ARENA_PHASE_PLAN;
+    fprintf(out, "%6s  %-*s  %-*s  %12s  %12s  %10s  %s\n", "handle", name_width, "name",
+            ARENA_CATEGORY_WIDTH, "category", "offset", "bytes", "size", "lifetime");
+    for (uint32_t i = 0; i < a->region_count; i++) {
+        const arena_region *r = &a->regions[i];
+        char offset[24], size[24], lifetime[40];
+        if (packed) {
+            snprintf(offset, sizeof offset, "0x%08" PRIx64, r->offset);
+        } else {
+            snprintf(offset, sizeof offset, "-");
+        }
+        arena_format_size(r->bytes, size, sizeof size);
+        arena_format_lifetime(r, lifetime, sizeof lifetime);
+        fprintf(out, "%6" PRIu32 "  %-*s  %-*s  %12s  %12" PRIu64 "  %10s  %s\n", i, name_width,
+                r->name, ARENA_CATEGORY_WIDTH, arena_category_name(r->category), offset, r->bytes,
+                size, lifetime);
+    }
+}
+
+static void arena_print_total(FILE *out, const char *label, uint64_t bytes) {
+    char size[24];
+    arena_format_size(bytes, size, sizeof size);
+    fprintf(out, "  %-*s  %12" PRIu64 "  %10s\n", ARENA_CATEGORY_WIDTH + 2, label, bytes, size);
+}
+
+void arena_print(const arena *a, FILE *out) {
+    QT_ASSERT(a != NULL && out != NULL);
+    fprintf(out, "arena '%s' (%s, phase %s): %" PRIu32 " regions\n", a->name,
+            a->kind == ARENA_KIND_DEVICE ? "device" : "host", arena_phase_name(a->phase),
+            a->region_count);
+    arena_print_regions(a, out, arena_name_width(a));
+    fprintf(out, "bytes by category (each region counted in full, so shared bytes count more "
+                 "than once):\n");
+    for (int c = 0; c < ARENA_CAT_COUNT; c++) {
+        arena_print_total(out, arena_category_name((arena_category)c),
+                          arena_category_bytes(a, (arena_category)c));
+    }
+    arena_print_total(out, "lower bound", arena_lower_bound(a));
+    if (a->phase == ARENA_PHASE_PLAN) {
+        fprintf(out, "  %-*s  %12s  (not packed yet)\n", ARENA_CATEGORY_WIDTH + 2, "total", "-");
+    } else {
+        arena_print_total(out, "total", a->bytes_total);
+    }
+}
+
+static bool arena_check_fail(char *msg, size_t msg_bytes, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static bool arena_check_fail(char *msg, size_t msg_bytes, const char *fmt, ...) {
+    if (msg != NULL && msg_bytes > 0) {
+        va_list args;
+        va_start(args, fmt);
+        vsnprintf(msg, msg_bytes, fmt, args);
+        va_end(args);
+    }
+    return false;
+}
+
+static bool arena_check_region(const arena *a, arena_handle h, char *msg, size_t msg_bytes) {
+    const arena_region *r = &a->regions[h];
+    if (!arena_is_pow2(r->align) ||
+        (a->kind == ARENA_KIND_DEVICE && r->align < ARENA_DEVICE_ALIGN_MIN)) {
+        return arena_check_fail(msg, msg_bytes, "region %" PRIu32 " '%s': bad alignment %" PRIu64,
+                                h, r->name, r->align);
+    }
+    if (r->offset % r->align != 0) {
+        return arena_check_fail(msg, msg_bytes,
+                                "region %" PRIu32 " '%s': offset %" PRIu64
+                                " not a multiple of its alignment %" PRIu64,
+                                h, r->name, r->offset, r->align);
+    }
+    if (r->offset > a->bytes_total || r->bytes > a->bytes_total - r->offset) {
+        return arena_check_fail(msg, msg_bytes,
+                                "region %" PRIu32 " '%s': [%" PRIu64 ", +%" PRIu64
+                                ") ends past bytes_total %" PRIu64,
+                                h, r->name, r->offset, r->bytes, a->bytes_total);
+    }
+    if (a->phase == ARENA_PHASE_FROZEN && (a->base_address + r->offset) % r->align != 0) {
+        return arena_check_fail(msg, msg_bytes,
+                                "region %" PRIu32 " '%s': address 0x%" PRIx64 " misaligned",
+                                h, r->name, a->base_address + r->offset);
+    }
+    return true;
+}
+
+bool arena_check(const arena *a, char *msg, size_t msg_bytes) {
+    QT_ASSERT(a != NULL);
+    if (a->phase == ARENA_PHASE_PLAN) {
+        return arena_check_fail(msg, msg_bytes, "arena '%s' is not packed yet", a->name);
+    }
+    if (a->bytes_total % ARENA_TOTAL_ALIGN != 0) {
+        return arena_check_fail(msg, msg_bytes, "arena '%s': bytes_total %" PRIu64
+                                " is not a multiple of %d", a->name, a->bytes_total,
+                                ARENA_TOTAL_ALIGN);
+    }
+    for (uint32_t i = 0; i < a->region_count; i++) {
+        if (!arena_check_region(a, i, msg, msg_bytes)) return false;
+    }
+    for (uint32_t i = 0; i < a->region_count; i++) {
+        const arena_region *x = &a->regions[i];
+        for (uint32_t j = i + 1; j < a->region_count; j++) {
+            const arena_region *y = &a->regions[j];
+            if (!arena_lifetimes_intersect(x, y)) continue;
+            if (!arena_ranges_intersect(x->offset, x->bytes, y->offset, y->bytes)) continue;
+            return arena_check_fail(msg, msg_bytes,
+                                    "regions %" PRIu32 " '%s' [%" PRIu64 ", +%" PRIu64
+                                    ") and %" PRIu32 " '%s' [%" PRIu64 ", +%" PRIu64
+                                    ") are live together and overlap",
+                                    i, x->name, x->offset, x->bytes, j, y->name, y->offset,
+                                    y->bytes);
+        }
+    }
+    return true;
+}

@@ -1,0 +1,160 @@
+// arena: plans, packs and binds the runtime's memory; one `arena` per kind (device, pinned host).
+//
+// Owns the region table of one arena (names, sizes, alignments, categories, lifetimes, offsets)
+// from arena_init for as long as the runtime lives; it owns no memory itself. The bytes come from
+// the allocation callback given to arena_bind, called exactly once, and belong to whoever gave
+// them (the GPU backend: one cuMemAlloc or cuMemHostAlloc; the reference backend: caller memory).
+// This module never calls the CUDA driver and never allocates.
+//
+// Callers: the runtime's planner (runtime/model, program) reserves regions during start-up and
+// binds them; after that every module may read addresses. Not thread-safe: one thread plans.
+//
+// Phases, asserted on every call (a call in the wrong phase is a programmer error and aborts):
+//
+//          arena_pack                      arena_bind (packs first if still in PLAN)
+//   PLAN --------------------------> BIND ----------------------------------> FROZEN
+//   arena_reserve, arena_extend      offsets and bytes_total set;      the allocator gave the
+//   (sizes, lifetimes, no offsets)   nothing more can be reserved      base; arena_address and
+//                                                                      arena_host_pointer work
+//
+// Layout after packing (offsets are relative to base_address; addresses exist once FROZEN):
+//
+//   0                                                                      bytes_total
+//   |                                                                                |
+//   v                                                                                v
+//   +-----------+-----------+-----------+--------------------------+-------------+-----+
+//   | weights   | master    | optim     | act1 (ops 0..3)          | ws (op 2)   | pad |
+//   | persist.  | persist.  | persist.  +--------------------------+-------------+ to  |
+//   |           |           |           | grads (ops 5..7)              | free   | 256 |
+//   +-----------+-----------+-----------+-------------------------------+--------+-----+
+//    live at every op, so no region      transient: regions stacked in one column share
+//    shares their bytes                  bytes because their lifetimes are disjoint
+//
+// Each region starts at a multiple of its alignment (device regions: at least 256 bytes).
+//
+// Packing is greedy (largest first, first gap that fits), deterministic, and O(N^2) in regions.
+#ifndef QT_ARENA_H
+#define QT_ARENA_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>  // FILE, for arena_print
+
+#include "status.h"  // qt_status, qt_fail, QT_ASSERT
+
+#define ARENA_REGIONS_MAX 2048
+#define ARENA_NAME_MAX 64
+// NOTE: cuMemAlloc returns 256-byte aligned memory and the vectorized kernels and TMA
+// descriptors want at least 16; 256 on every device region keeps any region usable by any kernel.
+#define ARENA_DEVICE_ALIGN_MIN 256
+#define ARENA_LIFETIME_PERSISTENT (-1)
+// Bounds that keep offset arithmetic far from uint64 overflow: 2048 regions of 2^48 bytes each,
+// each padded by at most 2^30, sum to less than 2^60.
+#define ARENA_BYTES_MAX (UINT64_C(1) << 48)
+#define ARENA_ALIGN_MAX (UINT64_C(1) << 30)
+
+typedef enum arena_kind { ARENA_KIND_DEVICE, ARENA_KIND_HOST } arena_kind;
+
+typedef enum arena_category {
+    ARENA_CAT_WEIGHTS,      // quantized weight data and its scales
+    ARENA_CAT_MASTER,       // high-precision master weights
+    ARENA_CAT_OPTIM,        // optimizer state (Adam m, v)
+    ARENA_CAT_SCALING,      // amax histories, scales
+    ARENA_CAT_GRADS,        // gradients
+    ARENA_CAT_ACTIVATIONS,  // forward outputs kept for backward, and their gradients
+    ARENA_CAT_WORKSPACE,    // scratch of one op
+    ARENA_CAT_STAGING,      // data input, statistics read back
+    ARENA_CAT_COUNT
+} arena_category;
+
+typedef enum arena_phase { ARENA_PHASE_PLAN, ARENA_PHASE_BIND, ARENA_PHASE_FROZEN } arena_phase;
+
+typedef uint32_t arena_handle;  // index into regions[]; handles are dense 0..region_count-1
+
+typedef struct arena_region {
+    char name[ARENA_NAME_MAX];
+    uint64_t bytes;
+    uint64_t align;   // power of two; device regions at least ARENA_DEVICE_ALIGN_MIN
+    uint64_t offset;  // from base_address; set by arena_pack
+    arena_category category;
+    bool persistent;  // live at every op; then first_op = last_op = ARENA_LIFETIME_PERSISTENT
+    // Inclusive lifetime in op indices, transient regions only. A region not used yet has
+    // first_op = INT32_MAX, last_op = -1 (empty), so arena_extend widens it with min/max.
+    int32_t first_op, last_op;
+} arena_region;
+
+typedef struct arena {
+    arena_kind kind;
+    arena_phase phase;
+    char name[ARENA_NAME_MAX];
+    uint32_t region_count;
+    arena_region regions[ARENA_REGIONS_MAX];
+    uint64_t bytes_total;   // after packing: end of the highest region, rounded to 256
+    uint64_t base_address;  // after bind: device address (or host address as integer)
+    uint8_t *host_base;     // after bind: host pointer for host arenas / reference backend, or NULL
+} arena;
+
+// Starts an empty arena in PLAN. `name` (shorter than ARENA_NAME_MAX) appears in messages.
+void arena_init(arena *a, arena_kind kind, const char *name);
+
+// PLAN only. Reserves `bytes` (may be 0: no space, but a valid handle) aligned to `align` (a power
+// of two, at most ARENA_ALIGN_MAX; device arenas raise it to ARENA_DEVICE_ALIGN_MIN).
+// first_op = ARENA_LIFETIME_PERSISTENT makes the region persistent (last_op ignored); otherwise
+// first_op >= 0 and the region lives over [first_op, last_op], and first_op > last_op means "not
+// used yet" (widen it with arena_extend). Fails with QT_ERR_CAPACITY when ARENA_REGIONS_MAX regions
+// exist, QT_ERR_INPUT on an empty, too long or duplicate name, a bad alignment or bytes above
+// ARENA_BYTES_MAX.
+qt_status arena_reserve(arena *a, const char *name, uint64_t bytes, uint64_t align,
+                        arena_category category, int32_t first_op, int32_t last_op,
+                        arena_handle *handle_out);
+
+// PLAN only. Widens a transient region's lifetime to include op_index (>= 0); no effect on a
+// persistent region, which already includes every op.
+void arena_extend(arena *a, arena_handle h, int32_t op_index);
+
+// PLAN -> BIND. Places regions in order of decreasing bytes (ties: lower handle first), each at
+// the lowest offset, aligned, where it overlaps no placed region whose lifetime intersects its own.
+// Persistent regions intersect every region that is used; a region never used intersects nothing
+// and lands at offset 0. Zero-byte regions occupy nothing and land at offset 0. Sets bytes_total.
+void arena_pack(arena *a);
+
+// The allocator arena_bind calls: gives `bytes` (may be 0) and returns the base address and, when
+// the bytes are host-visible, the host pointer (else NULL). The base must be aligned to the
+// largest region alignment (cuMemAlloc's 256 suffices for device arenas without larger requests).
+typedef qt_status (*arena_alloc_fn)(void *ctx, uint64_t bytes, uint64_t *base_address,
+                                    uint8_t **host_base);
+
+// PLAN or BIND -> FROZEN. Packs if still in PLAN, calls alloc(ctx, bytes_total, ...) exactly once
+// and checks its result. On failure returns the status (alloc's own, or QT_ERR_INPUT for a base
+// that is misaligned, or a host arena given no host pointer) and the arena stays in BIND.
+qt_status arena_bind(arena *a, arena_alloc_fn alloc, void *ctx);
+
+// FROZEN only: base_address + offset.
+uint64_t arena_address(const arena *a, arena_handle h);
+// FROZEN with a host_base only: host_base + offset.
+void *arena_host_pointer(const arena *a, arena_handle h);
+// Any phase.
+const arena_region *arena_region_get(const arena *a, arena_handle h);
+
+// Any phase. Sum of persistent bytes plus the peak over ops of the live transient bytes: no
+// packing can use fewer bytes (alignment ignored), so bytes_total >= this after packing.
+uint64_t arena_lower_bound(const arena *a);
+// Any phase. Bytes reserved in a category, counted without sharing (regions that share bytes each
+// count in full), so the categories can sum to more than bytes_total.
+uint64_t arena_category_bytes(const arena *a, arena_category c);
+// "weights", "master", "optim", "scaling", "grads", "activations", "workspace", "staging".
+const char *arena_category_name(arena_category c);
+// "plan", "bind", "frozen".
+const char *arena_phase_name(arena_phase p);
+
+// Any phase. Writes the memory map: a header, one line per region in handle order (handle, name,
+// category, offset, exact bytes, human-readable size, lifetime), per-category totals, the lower
+// bound and the total (`total` line). Offsets print as "-" before packing.
+void arena_print(const arena *a, FILE *out);
+
+// BIND or FROZEN. Checks every region is aligned, inside bytes_total, and that no two regions with
+// intersecting lifetimes have intersecting byte ranges. Returns true if so; else false, with the
+// first violation described in msg (msg may be NULL when msg_bytes is 0).
+bool arena_check(const arena *a, char *msg, size_t msg_bytes);
+
+#endif  // QT_ARENA_H

@@ -1,0 +1,33 @@
+// kernels: the one list of every kernel qtrain has, as an X-macro over the op families.
+//
+// Owns nothing. Each entry is X(id, module, symbol, args type): `id` is the kernel_id enum value,
+// `module` the ptx/<module>.cu image that holds it, `symbol` its extern "C" name, and the args
+// struct its single by-value parameter. The loader (runtime/modules.c) resolves every symbol, the
+// reference backend (runtime/backend_ref.c) dispatches to ref_<symbol>, and both fail to build or
+// to start if an entry has no implementation.
+#ifndef QT_KERNELS_H
+#define QT_KERNELS_H
+
+#include "core.h"
+
+#define QT_KERNELS(X) QT_KERNELS_CORE(X)
+
+// Modules: one per ptx/*.cu, embedded as qt_module_<name> by tools/embed.
+#define QT_MODULES(X) X(core)
+
+// Every args struct fits the program's per-op args buffer.
+#define QT_ARGS_BYTES_MAX 256
+#define QT_ARGS_FIT(id, module, symbol, args) \
+    QT_STATIC_ASSERT(sizeof(args) <= QT_ARGS_BYTES_MAX, #args " exceeds QT_ARGS_BYTES_MAX");
+QT_KERNELS(QT_ARGS_FIT)
+#undef QT_ARGS_FIT
+
+#define QT_KERNEL_ID(id, module, symbol, args) id,
+typedef enum kernel_id { QT_KERNELS(QT_KERNEL_ID) KERNEL_COUNT } kernel_id;
+#undef QT_KERNEL_ID
+
+#define QT_MODULE_ID(module) MODULE_##module,
+typedef enum module_id { QT_MODULES(QT_MODULE_ID) MODULE_COUNT } module_id;
+#undef QT_MODULE_ID
+
+#endif  // QT_KERNELS_H

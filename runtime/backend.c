@@ -1,0 +1,213 @@
+#include "backend.h"
+
+#include <string.h>
+
+#include "ref.h"  // ref_<symbol> twins
+
+// ---------------------------------------------------------------------------------------------
+// Reference dispatch: one table built from the kernel list, so a kernel without a twin does not
+// link.
+typedef void (*ref_fn)(const void *args, const launch_shape *shape);
+
+#define QT_REF_ENTRY(id, module, symbol, args) [id] = (ref_fn)ref_##symbol,
+static const ref_fn ref_table[KERNEL_COUNT] = {QT_KERNELS(QT_REF_ENTRY)};
+#undef QT_REF_ENTRY
+
+void backend_ref_op(const prog_op *op) {
+    QT_ASSERT((unsigned)op->kernel < KERNEL_COUNT);
+    ref_table[op->kernel](op->args, &op->shape);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Opening and closing.
+
+static qt_status backend_read_info(backend *b) {
+    backend_device_info *info = &b->info;
+    QT_CU(cuDriverGetVersion(&info->driver_version));
+    QT_CU(cuDeviceGetName(info->name, (int)sizeof info->name, b->device));
+    QT_CU(cuDeviceGetAttribute(&info->cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                               b->device));
+    QT_CU(cuDeviceGetAttribute(&info->cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+                               b->device));
+    QT_CU(cuDeviceGetAttribute(&info->sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                               b->device));
+    size_t total = 0, free_bytes = 0;
+    QT_CU(cuMemGetInfo(&free_bytes, &total));
+    info->memory_bytes = total;
+    info->free_bytes = free_bytes;
+    return QT_OK;
+}
+
+qt_status backend_open_gpu(backend *b, int device_ordinal) {
+    memset(b, 0, sizeof *b);
+    b->kind = BACKEND_GPU;
+    QT_TRY(driver_load());
+    QT_CU(cuDeviceGet(&b->device, device_ordinal));
+    QT_CU(cuDevicePrimaryCtxRetain(&b->context, b->device));
+    QT_CU(cuCtxSetCurrent(b->context));
+    QT_TRY(backend_read_info(b));
+    if (b->info.cc_major * 10 + b->info.cc_minor < 89) {
+        return qt_fail(QT_ERR_NO_DEVICE, "GPU '%s' has compute capability %d.%d; qtrain's kernels "
+                       "need 8.9 or newer (Ada, Hopper, Blackwell)", b->info.name,
+                       b->info.cc_major, b->info.cc_minor);
+    }
+    QT_CU(cuStreamCreate(&b->stream, CU_STREAM_NON_BLOCKING));
+    QT_TRY(modules_load(&b->modules, b->device));
+    return QT_OK;
+}
+
+void backend_open_ref(backend *b) {
+    memset(b, 0, sizeof *b);
+    b->kind = BACKEND_REF;
+    snprintf(b->info.name, sizeof b->info.name, "reference (CPU)");
+}
+
+void backend_close(backend *b) {
+    if (b->kind != BACKEND_GPU || !b->context) return;
+    modules_unload(&b->modules);
+    if (b->stream) drv.cuStreamDestroy(b->stream);
+    drv.cuDevicePrimaryCtxRelease(b->device);
+    b->stream = NULL;
+    b->context = NULL;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Arenas.
+
+typedef struct bind_request {
+    backend *backend;
+    arena_kind kind;
+    uint8_t *ref_memory;
+    uint64_t ref_memory_bytes;
+} bind_request;
+
+static qt_status backend_alloc(void *ctx, uint64_t bytes, uint64_t *base, uint8_t **host_base) {
+    bind_request *req = ctx;
+    *base = 0;
+    *host_base = NULL;
+    if (req->backend->kind == BACKEND_REF) {
+        if (bytes > req->ref_memory_bytes || !req->ref_memory ||
+            ((uintptr_t)req->ref_memory % ARENA_DEVICE_ALIGN_MIN) != 0) {
+            return qt_fail(QT_ERR_MEMORY, "the reference backend needs %llu bytes of 256-byte "
+                           "aligned memory for this arena; %llu given",
+                           (unsigned long long)bytes,
+                           (unsigned long long)req->ref_memory_bytes);
+        }
+        memset(req->ref_memory, 0, bytes);
+        *base = (uint64_t)(uintptr_t)req->ref_memory;
+        *host_base = req->ref_memory;
+        return QT_OK;
+    }
+    if (bytes == 0) return QT_OK;
+    if (req->kind == ARENA_KIND_DEVICE) {
+        CUdeviceptr ptr = 0;
+        QT_CU(cuMemAlloc(&ptr, bytes));
+        *base = ptr;
+        QT_CU(cuMemsetD8Async(ptr, 0, bytes, req->backend->stream));
+        return driver_sync_stream(req->backend->stream);
+    }
+    void *host = NULL;
+    QT_CU(cuMemHostAlloc(&host, bytes, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP));
+    memset(host, 0, bytes);
+    *base = (uint64_t)(uintptr_t)host;
+    *host_base = host;
+    return QT_OK;
+}
+
+qt_status backend_bind(backend *b, arena *a, void *ref_memory, uint64_t ref_memory_bytes) {
+    bind_request req = {b, a->kind, ref_memory, ref_memory_bytes};
+    return arena_bind(a, backend_alloc, &req);
+}
+
+void backend_release(backend *b, arena *a) {
+    if (b->kind != BACKEND_GPU || a->phase != ARENA_PHASE_FROZEN || a->bytes_total == 0) return;
+    if (a->kind == ARENA_KIND_DEVICE) {
+        drv.cuMemFree((CUdeviceptr)a->base_address);
+    } else {
+        drv.cuMemFreeHost(a->host_base);
+    }
+    a->base_address = 0;
+    a->host_base = NULL;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running.
+
+qt_status backend_run(backend *b, const program *p) {
+    QT_ASSERT(p->resolved);
+    for (uint32_t i = 0; i < p->op_count; i++) {
+        const prog_op *op = &p->ops[i];
+        if (b->kind == BACKEND_REF) {
+            backend_ref_op(op);
+        } else {
+            QT_TRY(modules_launch(&b->modules, op->kernel, &op->shape, b->stream, op->args,
+                                  op->args_bytes));
+        }
+    }
+    return QT_OK;
+}
+
+qt_status backend_capture(backend *b, const program *p, backend_graph *g) {
+    QT_ASSERT(p->resolved);
+    g->program = p;
+    g->exec = NULL;
+    if (b->kind == BACKEND_REF) return QT_OK;
+    QT_CU(cuStreamBeginCapture(b->stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+    qt_status status = backend_run(b, p);
+    CUgraph graph = NULL;
+    CUresult end = drv.cuStreamEndCapture(b->stream, &graph);
+    if (status != QT_OK) {
+        if (graph) drv.cuGraphDestroy(graph);
+        return status;
+    }
+    if (end != CUDA_SUCCESS) return driver_fail(end, "cuStreamEndCapture", __FILE__, __LINE__);
+    CUresult inst = drv.cuGraphInstantiateWithFlags(&g->exec, graph, 0);
+    drv.cuGraphDestroy(graph);
+    if (inst != CUDA_SUCCESS) {
+        return driver_fail(inst, "cuGraphInstantiateWithFlags", __FILE__, __LINE__);
+    }
+    return QT_OK;
+}
+
+qt_status backend_launch(backend *b, const backend_graph *g) {
+    if (b->kind == BACKEND_REF) return backend_run(b, g->program);
+    QT_CU(cuGraphLaunch(g->exec, b->stream));
+    return QT_OK;
+}
+
+void backend_graph_destroy(backend *b, backend_graph *g) {
+    if (b->kind == BACKEND_GPU && g->exec) drv.cuGraphExecDestroy(g->exec);
+    g->exec = NULL;
+}
+
+qt_status backend_finish(backend *b) {
+    if (b->kind == BACKEND_REF) return QT_OK;
+    return driver_sync_stream(b->stream);
+}
+
+static uint64_t backend_ref_address(prog_ref ref, uint64_t bytes) {
+    const arena_region *region = arena_region_get(ref.arena, ref.region);
+    QT_ASSERT(ref.offset + bytes <= region->bytes);
+    return arena_address(ref.arena, ref.region) + ref.offset;
+}
+
+qt_status backend_write(backend *b, prog_ref dst, const void *src, uint64_t bytes) {
+    uint64_t address = backend_ref_address(dst, bytes);
+    if (b->kind == BACKEND_REF || dst.arena->kind == ARENA_KIND_HOST) {
+        QT_TRY(backend_finish(b));
+        memcpy((void *)(uintptr_t)address, src, bytes);
+        return QT_OK;
+    }
+    QT_TRY(backend_finish(b));
+    return driver_copy_to_device(address, src, bytes);
+}
+
+qt_status backend_read(backend *b, void *dst, prog_ref src, uint64_t bytes) {
+    uint64_t address = backend_ref_address(src, bytes);
+    QT_TRY(backend_finish(b));
+    if (b->kind == BACKEND_REF || src.arena->kind == ARENA_KIND_HOST) {
+        memcpy(dst, (const void *)(uintptr_t)address, bytes);
+        return QT_OK;
+    }
+    return driver_copy_to_host(dst, address, bytes);
+}

@@ -1,0 +1,72 @@
+// backend: where a program runs. GPU: one context, one stream, the loaded kernel modules, eager
+// launches or one captured CUDA graph per program. Reference (ref): the same programs run by the
+// plain C twin of every kernel (runtime/ref_*.c), on the CPU.
+//
+// Owns the GPU context (primary context, retained), the stream and the modules from
+// backend_open_* to backend_close, and the arena allocations from backend_bind to
+// backend_release. The reference backend owns nothing: its arenas live in caller memory, since
+// the library never allocates host memory itself.
+//
+// Contract: eager and graph execution of one program give bitwise identical results, and the
+// reference backend gives the GPU's bits for every op the numerics contract says so of.
+#ifndef QT_BACKEND_H
+#define QT_BACKEND_H
+
+#include "driver.h"   // CUstream, CUgraphExec
+#include "modules.h"  // modules
+#include "program.h"  // program, prog_ref
+
+typedef enum backend_kind { BACKEND_REF, BACKEND_GPU } backend_kind;
+
+typedef struct backend_device_info {
+    char name[128];
+    int driver_version;  // e.g. 13000
+    int cc_major, cc_minor;
+    int sm_count;
+    uint64_t memory_bytes;
+    uint64_t free_bytes;
+} backend_device_info;
+
+typedef struct backend {
+    backend_kind kind;
+    CUdevice device;
+    CUcontext context;
+    CUstream stream;
+    modules modules;
+    backend_device_info info;
+} backend;
+
+typedef struct backend_graph {
+    const program *program;
+    CUgraphExec exec;  // GPU only; the reference backend replays the op table
+} backend_graph;
+
+// Loads the driver, retains the device's primary context, creates the stream and loads every
+// kernel module. QT_ERR_NO_DRIVER / QT_ERR_NO_DEVICE when there is no GPU to use.
+qt_status backend_open_gpu(backend *b, int device_ordinal);
+void backend_open_ref(backend *b);
+void backend_close(backend *b);
+
+// Allocates an arena once (GPU: cuMemAlloc for device arenas, cuMemHostAlloc for pinned host
+// arenas; ref: `ref_memory`, at least arena bytes_total, 256-byte aligned) and zeroes it, so
+// every run starts from the same bytes.
+qt_status backend_bind(backend *b, arena *a, void *ref_memory, uint64_t ref_memory_bytes);
+void backend_release(backend *b, arena *a);
+
+// Eager: launches every op in order on the stream (returns without waiting).
+qt_status backend_run(backend *b, const program *p);
+// Captures the whole program into one CUDA graph; later launches replay it.
+qt_status backend_capture(backend *b, const program *p, backend_graph *g);
+qt_status backend_launch(backend *b, const backend_graph *g);
+void backend_graph_destroy(backend *b, backend_graph *g);
+// Waits for the stream (a counted synchronization).
+qt_status backend_finish(backend *b);
+
+// Set-up and test copies between caller memory and an arena; they wait for the stream first.
+qt_status backend_write(backend *b, prog_ref dst, const void *src, uint64_t bytes);
+qt_status backend_read(backend *b, void *dst, prog_ref src, uint64_t bytes);
+
+// Runs one op with its C twin (the reference backend's dispatch, also used by tests).
+void backend_ref_op(const prog_op *op);
+
+#endif  // QT_BACKEND_H

@@ -1,0 +1,48 @@
+#include "op_core.h"
+
+#include <stddef.h>  // offsetof
+
+launch_shape op_shape_1d(uint64_t count, uint32_t threads) {
+    uint64_t blocks = (count + threads - 1) / threads;
+    if (blocks == 0) blocks = 1;
+    if (blocks > OP_GRID_BLOCKS_MAX) blocks = OP_GRID_BLOCKS_MAX;
+    return (launch_shape){{(uint32_t)blocks, 1, 1}, {threads, 1, 1}, 0};
+}
+
+qt_status op_fill_random(program *p, const char *name, prog_ref out, uint64_t count,
+                         uint32_t dtype, uint32_t dist, uint64_t seed, uint64_t offset, float a,
+                         float b) {
+    QT_ASSERT(dtype == QT_DTYPE_F32 || dtype == QT_DTYPE_BF16);
+    QT_ASSERT(dist == QT_FILL_UNIFORM || dist == QT_FILL_NORMAL);
+    fill_random_args args = {0, count, seed, offset, a, b, dtype, dist};
+    launch_shape shape = op_shape_1d(count, 256);
+    uint32_t op;
+    QT_TRY(prog_append(p, KERNEL_FILL_RANDOM, name, &shape, &args, sizeof args, &op));
+    return prog_use(p, op, offsetof(fill_random_args, out), out, PROG_WRITE);
+}
+
+qt_status op_copy(program *p, const char *name, prog_ref dst, prog_ref src, uint64_t bytes) {
+    copy_args args = {0, 0, bytes};
+    launch_shape shape = op_shape_1d(bytes % 16 == 0 ? bytes / 16 : bytes, 256);
+    uint32_t op;
+    QT_TRY(prog_append(p, KERNEL_COPY, name, &shape, &args, sizeof args, &op));
+    QT_TRY(prog_use(p, op, offsetof(copy_args, dst), dst, PROG_WRITE));
+    return prog_use(p, op, offsetof(copy_args, src), src, PROG_READ);
+}
+
+qt_status op_checksum(program *p, const char *name, prog_ref src, uint64_t bytes,
+                      prog_ref partials, uint32_t blocks, prog_ref out) {
+    QT_ASSERT(blocks > 0 && blocks <= OP_GRID_BLOCKS_MAX);
+    QT_ASSERT(src.offset % 8 == 0);  // the kernel reads whole 64-bit words
+    checksum_args args = {0, bytes, 0, 0, blocks, 0};
+    launch_shape partial_shape = {{blocks, 1, 1}, {OP_CHECKSUM_THREADS, 1, 1}, 0};
+    launch_shape final_shape = {{1, 1, 1}, {OP_CHECKSUM_THREADS, 1, 1}, 0};
+    uint32_t op;
+    QT_TRY(prog_append(p, KERNEL_CHECKSUM_PARTIAL, name, &partial_shape, &args, sizeof args,
+                       &op));
+    QT_TRY(prog_use(p, op, offsetof(checksum_args, src), src, PROG_READ));
+    QT_TRY(prog_use(p, op, offsetof(checksum_args, partials), partials, PROG_WRITE));
+    QT_TRY(prog_append(p, KERNEL_CHECKSUM_FINAL, name, &final_shape, &args, sizeof args, &op));
+    QT_TRY(prog_use(p, op, offsetof(checksum_args, partials), partials, PROG_READ));
+    return prog_use(p, op, offsetof(checksum_args, out), out, PROG_WRITE);
+}

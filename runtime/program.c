@@ -1,0 +1,97 @@
+#include "program.h"
+
+#include <stdio.h>
+#include <string.h>
+
+void prog_init(program *p, const char *mode, int32_t op_base) {
+    QT_ASSERT(op_base >= 0);
+    QT_ASSERT(strlen(mode) < sizeof p->mode);
+    memset(p->mode, 0, sizeof p->mode);
+    strcpy(p->mode, mode);
+    p->op_base = op_base;
+    p->op_count = 0;
+    p->resolved = false;
+}
+
+qt_status prog_append(program *p, kernel_id kernel, const char *name, const launch_shape *shape,
+                      const void *args, size_t args_bytes, uint32_t *op_out) {
+    QT_ASSERT(!p->resolved);
+    QT_ASSERT((unsigned)kernel < KERNEL_COUNT);
+    QT_ASSERT(args_bytes == kernel_table[kernel].args_bytes);
+    QT_ASSERT(shape->grid[0] > 0 && shape->grid[1] > 0 && shape->grid[2] > 0);
+    QT_ASSERT(shape->block[0] > 0 && shape->block[1] > 0 && shape->block[2] > 0);
+    if (p->op_count == PROG_OPS_MAX) {
+        return qt_fail(QT_ERR_CAPACITY, "program '%s' is full at PROG_OPS_MAX = %d ops while "
+                       "adding '%s'; raise PROG_OPS_MAX in runtime/program.h", p->mode,
+                       PROG_OPS_MAX, name);
+    }
+    prog_op *op = &p->ops[p->op_count];
+    memset(op, 0, sizeof *op);
+    op->kernel = kernel;
+    snprintf(op->name, sizeof op->name, "%s", name);
+    op->shape = *shape;
+    op->args_bytes = (uint32_t)args_bytes;
+    memcpy(op->args, args, args_bytes);
+    *op_out = p->op_count++;
+    return QT_OK;
+}
+
+int32_t prog_op_index(const program *p, uint32_t op) {
+    QT_ASSERT(op < p->op_count);
+    return p->op_base + (int32_t)op;
+}
+
+qt_status prog_use(program *p, uint32_t op_number, uint32_t args_offset, prog_ref ref,
+                   prog_access access) {
+    QT_ASSERT(!p->resolved);
+    QT_ASSERT(op_number < p->op_count);
+    prog_op *op = &p->ops[op_number];
+    QT_ASSERT(args_offset == PROG_ARGS_FIELD_NONE ||
+              (args_offset % 8 == 0 && args_offset + 8 <= op->args_bytes));
+    QT_ASSERT(ref.arena != NULL && ref.region < ref.arena->region_count);
+    QT_ASSERT(ref.offset <= arena_region_get(ref.arena, ref.region)->bytes);
+    if (op->ref_count == PROG_OP_REFS_MAX) {
+        return qt_fail(QT_ERR_CAPACITY, "op '%s' uses more than PROG_OP_REFS_MAX = %d regions; "
+                       "raise PROG_OP_REFS_MAX in runtime/program.h", op->name,
+                       PROG_OP_REFS_MAX);
+    }
+    op->refs[op->ref_count++] = (prog_op_ref){ref, (uint16_t)args_offset, (uint8_t)access};
+    if (!arena_region_get(ref.arena, ref.region)->persistent) {
+        arena_extend(ref.arena, ref.region, prog_op_index(p, op_number));
+    }
+    return QT_OK;
+}
+
+void prog_resolve(program *p) {
+    QT_ASSERT(!p->resolved);
+    for (uint32_t i = 0; i < p->op_count; i++) {
+        prog_op *op = &p->ops[i];
+        for (uint32_t r = 0; r < op->ref_count; r++) {
+            const prog_op_ref *use = &op->refs[r];
+            if (use->args_offset == PROG_ARGS_FIELD_NONE) continue;
+            uint64_t address = arena_address(use->ref.arena, use->ref.region) + use->ref.offset;
+            memcpy(op->args + use->args_offset, &address, sizeof address);
+        }
+    }
+    p->resolved = true;
+}
+
+void prog_print(const program *p, FILE *out) {
+    fprintf(out, "program %s: %u ops\n", p->mode, p->op_count);
+    for (uint32_t i = 0; i < p->op_count; i++) {
+        const prog_op *op = &p->ops[i];
+        fprintf(out, "  %5d  %-28s %-24s grid %ux%ux%u block %u smem %u\n",
+                prog_op_index(p, i), op->name, kernel_table[op->kernel].symbol, op->shape.grid[0],
+                op->shape.grid[1], op->shape.grid[2], op->shape.block[0] * op->shape.block[1] *
+                op->shape.block[2], op->shape.smem_bytes);
+        for (uint32_t r = 0; r < op->ref_count; r++) {
+            const prog_op_ref *use = &op->refs[r];
+            const char *access = use->access == PROG_READ    ? "r "
+                                 : use->access == PROG_WRITE ? " w"
+                                                             : "rw";
+            fprintf(out, "         %s %s+%llu\n", access,
+                    arena_region_get(use->ref.arena, use->ref.region)->name,
+                    (unsigned long long)use->ref.offset);
+        }
+    }
+}

@@ -1,0 +1,77 @@
+// program: an op table, the unit a backend runs, captures and replays.
+//
+// Owns its ops (kernel id, launch shape, args bytes, the arena regions each op reads and writes)
+// for the life of the runtime; built once at start-up and never changed after prog_resolve.
+//
+//   build (PLAN)                          resolve (arenas FROZEN)          run
+//   prog_append(kernel, shape, args) --> prog_use(op, field, region) --> prog_resolve --> backend
+//        |                                    |                               |
+//        |  args bytes with pointer fields    |  widens the region's          |  writes each
+//        |  left zero                         |  lifetime to this op          |  region address
+//        v                                    v                               v  into its field
+//   ops[op_count]                         refs[] per op                   args ready to launch
+//
+// Op indices are global across programs (each program starts at its op_base), so transient
+// regions of different modes never look simultaneously live to the planner, as the modes never
+// run at the same time.
+#ifndef QT_PROGRAM_H
+#define QT_PROGRAM_H
+
+#include "arena.h"    // arena, arena_handle
+#include "kernels.h"  // kernel_id, QT_ARGS_BYTES_MAX
+#include "modules.h"  // launch_shape
+
+#define PROG_OPS_MAX 4096
+#define PROG_OP_REFS_MAX 24
+#define PROG_OP_NAME_MAX 48
+#define PROG_ARGS_FIELD_NONE 0xFFFFu  // a region the op touches without an args field for it
+
+typedef enum prog_access { PROG_READ = 1, PROG_WRITE = 2, PROG_READ_WRITE = 3 } prog_access;
+
+// A byte position inside an arena region.
+typedef struct prog_ref {
+    arena *arena;
+    arena_handle region;
+    uint64_t offset;
+} prog_ref;
+
+typedef struct prog_op_ref {
+    prog_ref ref;
+    uint16_t args_offset;  // where the absolute address goes in args, or PROG_ARGS_FIELD_NONE
+    uint8_t access;        // prog_access
+} prog_op_ref;
+
+typedef struct prog_op {
+    kernel_id kernel;
+    char name[PROG_OP_NAME_MAX];
+    launch_shape shape;
+    uint32_t args_bytes;
+    _Alignas(16) uint8_t args[QT_ARGS_BYTES_MAX];
+    uint32_t ref_count;
+    prog_op_ref refs[PROG_OP_REFS_MAX];
+} prog_op;
+
+typedef struct program {
+    char mode[16];      // "train", "eval", "infer", or a test's name
+    int32_t op_base;    // global index of ops[0]
+    uint32_t op_count;
+    bool resolved;
+    prog_op ops[PROG_OPS_MAX];
+} program;
+
+void prog_init(program *p, const char *mode, int32_t op_base);
+// Appends an op; its args are copied now and patched by prog_resolve. Returns QT_ERR_CAPACITY
+// naming PROG_OPS_MAX when full.
+qt_status prog_append(program *p, kernel_id kernel, const char *name, const launch_shape *shape,
+                      const void *args, size_t args_bytes, uint32_t *op_out);
+// Declares that op reads and/or writes ref; if args_offset is not PROG_ARGS_FIELD_NONE the
+// region's absolute address (+ ref.offset) is written there by prog_resolve. Widens the region's
+// lifetime to include the op.
+qt_status prog_use(program *p, uint32_t op, uint32_t args_offset, prog_ref ref,
+                   prog_access access);
+// Writes every region address into the ops' args; all arenas used must be FROZEN.
+void prog_resolve(program *p);
+int32_t prog_op_index(const program *p, uint32_t op);  // global index of ops[op]
+void prog_print(const program *p, FILE *out);
+
+#endif  // QT_PROGRAM_H

@@ -1,0 +1,92 @@
+// rig: a backend with its two arenas and one program, as tests build them. Tests compare the
+// same program on the GPU and on the reference backend, so a rig is opened once per backend.
+//
+// Owns the arenas, the program and (for the reference backend) the host memory behind the
+// arenas, from rig_open to rig_close. Test code only: it allocates with malloc.
+#ifndef QT_TEST_RIG_H
+#define QT_TEST_RIG_H
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+
+typedef struct rig {
+    backend be;
+    arena dev;
+    arena host;
+    program prog;
+    void *ref_memory[2];
+    bool bound;
+} rig;
+
+// Opens the backend; for BACKEND_GPU returns false (and sets *why) when no GPU can be used, so
+// the caller reports the case as skipped.
+static bool rig_open(rig *r, backend_kind kind, const char **why) {
+    memset(r, 0, sizeof *r);
+    if (kind == BACKEND_GPU) {
+        qt_status status = backend_open_gpu(&r->be, 0);
+        if (status != QT_OK) {
+            *why = qt_error_message();
+            return false;
+        }
+    } else {
+        backend_open_ref(&r->be);
+    }
+    arena_init(&r->dev, ARENA_KIND_DEVICE, "device");
+    arena_init(&r->host, ARENA_KIND_HOST, "host");
+    prog_init(&r->prog, "test", 0);
+    return true;
+}
+
+static arena_handle rig_reserve(rig *r, const char *name, uint64_t bytes) {
+    arena_handle h;
+    qt_status status = arena_reserve(&r->dev, name, bytes, 256, ARENA_CAT_WORKSPACE,
+                                     ARENA_LIFETIME_PERSISTENT, 0, &h);
+    if (status != QT_OK) {
+        fprintf(stderr, "rig_reserve %s: %s\n", name, qt_error_message());
+        abort();
+    }
+    return h;
+}
+
+static prog_ref rig_ref(rig *r, arena_handle h, uint64_t offset) {
+    return (prog_ref){&r->dev, h, offset};
+}
+
+// Binds both arenas and resolves the program. Aborts on failure: a test rig that cannot bind
+// is a broken test, not a result.
+static void rig_bind(rig *r) {
+    for (int i = 0; i < 2; i++) {
+        arena *a = i == 0 ? &r->dev : &r->host;
+        arena_pack(a);
+        uint64_t bytes = a->bytes_total ? a->bytes_total : 256;
+        if (r->be.kind == BACKEND_REF) r->ref_memory[i] = aligned_alloc(256, bytes);
+        if (backend_bind(&r->be, a, r->ref_memory[i], bytes) != QT_OK) {
+            fprintf(stderr, "rig_bind: %s\n", qt_error_message());
+            abort();
+        }
+    }
+    prog_resolve(&r->prog);
+    r->bound = true;
+}
+
+static void rig_close(rig *r) {
+    if (r->bound) {
+        backend_release(&r->be, &r->dev);
+        backend_release(&r->be, &r->host);
+    }
+    backend_close(&r->be);
+    free(r->ref_memory[0]);
+    free(r->ref_memory[1]);
+}
+
+// Runs a status-returning call inside a test; a failure is a failed check with the message.
+#define RIG_OK(call)                                                                  \
+    do {                                                                              \
+        qt_status rig_status_ = (call);                                               \
+        CHECK(rig_status_ == QT_OK, "%s: %s", qt_status_name(rig_status_),           \
+              qt_error_message());                                                    \
+    } while (0)
+
+#endif  // QT_TEST_RIG_H

@@ -1,0 +1,54 @@
+// qtrain: the command-line tool. `qtrain info` reports the driver, the GPU and the loaded
+// kernels, or says that the reference backend will be used.
+#include <stdio.h>
+#include <string.h>
+
+#include "backend.h"  // backend_open_gpu, kernel attributes
+
+static void print_usage(FILE *out) {
+    fprintf(out,
+            "usage: qtrain COMMAND\n"
+            "  info    driver, GPU and kernel report (registers, shared memory, local memory)\n");
+}
+
+static int command_info(void) {
+    static backend gpu;  // large (module tables): keep it off the stack
+    qt_status status = backend_open_gpu(&gpu, 0);
+    if (status == QT_ERR_NO_DRIVER || status == QT_ERR_NO_DEVICE) {
+        printf("no CUDA driver / no GPU: the reference backend will be used\n  (%s)\n",
+               qt_error_message());
+        return 0;
+    }
+    if (status != QT_OK) {
+        fprintf(stderr, "qtrain info: %s: %s\n", qt_status_name(status), qt_error_message());
+        return 1;
+    }
+    const backend_device_info *info = &gpu.info;
+    printf("driver      CUDA %d.%d\n", info->driver_version / 1000,
+           info->driver_version % 1000 / 10);
+    printf("device      %s\n", info->name);
+    printf("compute     %d.%d, %d SMs\n", info->cc_major, info->cc_minor, info->sm_count);
+    printf("memory      %.1f GiB total, %.1f GiB free\n",
+           (double)info->memory_bytes / (1 << 30), (double)info->free_bytes / (1 << 30));
+    printf("kernels     %d loaded from %d modules\n", KERNEL_COUNT, MODULE_COUNT);
+    printf("  %-32s %-12s %5s %10s %8s\n", "kernel", "module", "regs", "smem", "local");
+    for (int k = 0; k < KERNEL_COUNT; k++) {
+        const kernel_attributes *a = &gpu.modules.attributes[k];
+        printf("  %-32s %-12s %5d %10d %8d\n", kernel_table[k].symbol,
+               module_names[kernel_table[k].module], a->registers, a->static_smem_bytes,
+               a->local_bytes);
+    }
+    backend_close(&gpu);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0) {
+        print_usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (strcmp(argv[1], "info") == 0) return command_info();
+    fprintf(stderr, "qtrain: unknown command '%s'\n", argv[1]);
+    print_usage(stderr);
+    return 2;
+}
