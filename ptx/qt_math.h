@@ -35,7 +35,7 @@ QT_HD float qt_math_copysign(float mag, float sign_of) {
 }
 
 // ln 2 split so that k * ln2_hi is exact for |k| < 2^9 (ln2_hi has 15 significant bits) and
-// ln2_hi + ln2_lo carries ln 2 to about 2^-45.
+// ln2_hi + ln2_lo carries ln 2 to about 2^-44.
 #define QT_MATH_LN2_HI 0x1.62e4p-1f
 #define QT_MATH_LN2_LO 0x1.7f7d1cp-20f
 

@@ -22,7 +22,7 @@ typedef struct rig {
 
 // Opens the backend; for BACKEND_GPU returns false (and sets *why) when no GPU can be used, so
 // the caller reports the case as skipped.
-static bool rig_open(rig *r, backend_kind kind, const char **why) {
+static inline bool rig_open(rig *r, backend_kind kind, const char **why) {
     memset(r, 0, sizeof *r);
     if (kind == BACKEND_GPU) {
         qt_status status = backend_open_gpu(&r->be, 0);
@@ -39,7 +39,7 @@ static bool rig_open(rig *r, backend_kind kind, const char **why) {
     return true;
 }
 
-static arena_handle rig_reserve(rig *r, const char *name, uint64_t bytes) {
+static inline arena_handle rig_reserve(rig *r, const char *name, uint64_t bytes) {
     arena_handle h;
     qt_status status = arena_reserve(&r->dev, name, bytes, 256, ARENA_CAT_WORKSPACE,
                                      ARENA_LIFETIME_PERSISTENT, 0, &h);
@@ -50,13 +50,13 @@ static arena_handle rig_reserve(rig *r, const char *name, uint64_t bytes) {
     return h;
 }
 
-static prog_ref rig_ref(rig *r, arena_handle h, uint64_t offset) {
+static inline prog_ref rig_ref(rig *r, arena_handle h, uint64_t offset) {
     return (prog_ref){&r->dev, h, offset};
 }
 
 // Binds both arenas and resolves the program. Aborts on failure: a test rig that cannot bind
 // is a broken test, not a result.
-static void rig_bind(rig *r) {
+static inline void rig_bind(rig *r) {
     for (int i = 0; i < 2; i++) {
         arena *a = i == 0 ? &r->dev : &r->host;
         arena_pack(a);
@@ -71,7 +71,7 @@ static void rig_bind(rig *r) {
     r->bound = true;
 }
 
-static void rig_close(rig *r) {
+static inline void rig_close(rig *r) {
     if (r->bound) {
         backend_release(&r->be, &r->dev);
         backend_release(&r->be, &r->host);

@@ -15,14 +15,14 @@ static const char *test_case_name;
 static int test_case_failures;
 static int test_program_failures;
 
-static void test_begin(const char *name) {
+static inline void test_begin(const char *name) {
     test_case_name = name;
     test_case_failures = 0;
 }
 
 // Prints the first few failures of a case in full; later ones are only counted, so that a broken
 // kernel does not flood the log.
-static void test_fail_at(const char *file, int line, const char *expr, const char *fmt, ...) {
+static inline void test_fail_at(const char *file, int line, const char *expr, const char *fmt, ...) {
     test_case_failures++;
     if (test_case_failures > 8) return;
     fprintf(stdout, "  %s:%d: %s: ", file, line, expr);
@@ -36,7 +36,7 @@ static void test_fail_at(const char *file, int line, const char *expr, const cha
 #define CHECK(cond, ...) \
     ((cond) ? (void)0 : test_fail_at(__FILE__, __LINE__, #cond, __VA_ARGS__))
 
-static bool test_end(void) {
+static inline bool test_end(void) {
     if (test_case_failures == 0) {
         printf("PASS %s\n", test_case_name);
     } else {
@@ -47,12 +47,12 @@ static bool test_end(void) {
     return test_case_failures == 0;
 }
 
-static void test_skip(const char *name, const char *why) {
+static inline void test_skip(const char *name, const char *why) {
     printf("SKIP %s: %s\n", name, why);
     fflush(stdout);
 }
 
 // Exit status of a test program: non-zero when any case failed.
-static int test_exit_code(void) { return test_program_failures ? 1 : 0; }
+static inline int test_exit_code(void) { return test_program_failures ? 1 : 0; }
 
 #endif  // QT_TEST_H

@@ -4,11 +4,14 @@
 #include <string.h>
 
 #include "backend.h"  // backend_open_gpu, kernel attributes
+#include "bench.h"    // bench_main
 
 static void print_usage(FILE *out) {
     fprintf(out,
             "usage: qtrain COMMAND\n"
-            "  info    driver, GPU and kernel report (registers, shared memory, local memory)\n");
+            "  info    driver, GPU and kernel report (registers, shared memory, local memory)\n"
+            "  bench [quant|copy|quant_FAMILY]\n"
+            "          benchmarks on the GPU: medians of graph replays, next to a device copy\n");
 }
 
 static int command_info(void) {
@@ -48,6 +51,7 @@ int main(int argc, char **argv) {
         return argc < 2 ? 2 : 0;
     }
     if (strcmp(argv[1], "info") == 0) return command_info();
+    if (strcmp(argv[1], "bench") == 0) return bench_main(argc, argv);
     fprintf(stderr, "qtrain: unknown command '%s'\n", argv[1]);
     print_usage(stderr);
     return 2;
