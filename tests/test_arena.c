@@ -741,7 +741,6 @@ static void test_mlp_memory_map(void) {
 }
 
 int main(void) {
-    (void)test_skip;  // test.h defines it static and this program skips nothing
     test_persistent_and_transient_share();
     test_transient_only_share();
     test_alignment_fills_gap();
