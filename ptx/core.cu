@@ -49,7 +49,9 @@ __device__ uint64_t qt_load_word(const uint8_t *src, uint64_t bytes, uint64_t wo
     uint64_t first_byte = word_index * 8;
     if (first_byte + 8 <= bytes) return ((const uint64_t *)src)[word_index];
     uint64_t word = 0;
-    for (uint64_t b = first_byte; b < bytes; b++) word |= (uint64_t)src[b] << (8 * (b - first_byte));
+    for (uint64_t b = first_byte; b < bytes; b++) {
+        word |= (uint64_t)src[b] << (8 * (b - first_byte));
+    }
     return word;
 }
 

@@ -7,13 +7,18 @@
 // "Rowwise" blocks run along K, "columnwise" blocks along M. Scale tensors use qtrain's compact
 // layouts (no cuBLAS swizzle, no padding to 128 x 4), one table per format:
 //
-//   format          rowwise data     rowwise scales              columnwise data  columnwise scales
-//   fp8 per-tensor  u8 [M][K]        f32 scale_inv [1]           u8 [K][M] (T)    shares scale_inv
-//   mxfp8           u8 [M][K]        e8m0 [M][ceil(K/32)]        u8 [M][K] (not T) e8m0 [ceil(M/32)][K]
-//   fp8 block 1x128 u8 [M][K]        f32 [ceil(K/128)][M]        u8 [K][M] (T)    f32 [ceil(M/128)][K]
-//   fp8 block 2-D   u8 [M][K]        f32 [ceil(M/128)][ceil(K/128)] u8 [K][M] (T) f32 [ceil(K/128)][ceil(M/128)]
-//   nvfp4           u8 [M][ceil(K/2)] e4m3 [M][ceil(K/16)]       u8 [K][ceil(M/2)] (T) e4m3 [K][ceil(M/16)]
-//                   + f32 amax (rowwise) and f32 amax (columnwise, post-RHT when RHT is on)
+//   format           direction  data               scales
+//   fp8 per-tensor   rowwise    u8 [M][K]          f32 scale_inv [1]
+//                    colwise    u8 [K][M] (T)      the same scale_inv
+//   mxfp8            rowwise    u8 [M][K]          e8m0 [M][ceil(K/32)]
+//                    colwise    u8 [M][K] (not T)  e8m0 [ceil(M/32)][K]
+//   fp8 block 1x128  rowwise    u8 [M][K]          f32 [ceil(K/128)][M]
+//                    colwise    u8 [K][M] (T)      f32 [ceil(M/128)][K]
+//   fp8 block 2-D    rowwise    u8 [M][K]          f32 [ceil(M/128)][ceil(K/128)]
+//                    colwise    u8 [K][M] (T)      f32 [ceil(K/128)][ceil(M/128)]
+//   nvfp4            rowwise    u8 [M][ceil(K/2)]  e4m3 [M][ceil(K/16)] + f32 amax
+//                    colwise    u8 [K][ceil(M/2)]  e4m3 [K][ceil(M/16)] + f32 amax
+//                               (T)                (post-RHT amax when RHT is on)
 //
 //   (T) = transposed: element (m, k) of the input is stored at [k][m]. nvfp4 packs two codes per
 //   byte, even index in the low nibble; an odd row length leaves a zero high nibble at its end.

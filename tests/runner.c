@@ -3,7 +3,6 @@
 //
 // A test program that exits non-zero without printing a FAIL line (a crash, an assert, a missing
 // binary) counts as one failure, so nothing can pass by dying quietly.
-#define _GNU_SOURCE
 #include <stdio.h>
 #include <string.h>
 #include <sys/wait.h>

@@ -22,7 +22,8 @@ static inline void test_begin(const char *name) {
 
 // Prints the first few failures of a case in full; later ones are only counted, so that a broken
 // kernel does not flood the log.
-static inline void test_fail_at(const char *file, int line, const char *expr, const char *fmt, ...) {
+static inline void test_fail_at(const char *file, int line, const char *expr, const char *fmt,
+                                ...) {
     test_case_failures++;
     if (test_case_failures > 8) return;
     fprintf(stdout, "  %s:%d: %s: ", file, line, expr);
