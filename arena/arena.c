@@ -256,7 +256,8 @@ qt_status arena_bind(arena *a, arena_alloc_fn alloc, void *ctx) {
                        " bytes (the largest region alignment); allocate with that alignment",
                        a->name, base_address, align_max);
     }
-    if (a->kind == ARENA_KIND_HOST && host_base == NULL) {
+    // An empty host arena needs no memory, so it may bind to no pointer at all.
+    if (a->kind == ARENA_KIND_HOST && host_base == NULL && a->bytes_total > 0) {
         return qt_fail(QT_ERR_INPUT,
                        "arena '%s': host arena bound without a host pointer; the allocator must "
                        "return host-visible memory in *host_base",
