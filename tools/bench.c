@@ -111,6 +111,11 @@ typedef struct bench_family {
 
 static const bench_family bench_families[] = {
     {"copy", NULL},
+    {"gemm", bench_gemm},
+    {"quant_nvfp4", bench_quant_nvfp4},
+    {"quant_block", bench_quant_block},
+    {"quant_fp8", bench_quant_fp8},
+    {"quant_mxfp8", bench_quant_mxfp8},
 };
 
 int bench_main(int argc, char **argv) {

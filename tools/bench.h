@@ -40,6 +40,7 @@ void bench_quant_fp8(bench_env *env);
 void bench_quant_mxfp8(bench_env *env);
 void bench_quant_block(bench_env *env);
 void bench_quant_nvfp4(bench_env *env);
+void bench_gemm(bench_env *env);
 
 int bench_main(int argc, char **argv);
 

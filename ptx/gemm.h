@@ -1,0 +1,277 @@
+// gemm: the GEMM family's ABI (args structs, operand descriptors, kernel list) and the per-element
+// arithmetic shared by the kernels (ptx/gemm_portable.cu; an sm_90a tier, gemm_*_sm90a.cu, goes
+// beside it with the same args) and their C twins (runtime/ref_gemm.c).
+//
+// Owns nothing. Numerics: NUMERICS.md 3, 6, 7, 8.3 (NVFP4 alpha), 9.1 (operand usage); the
+// quantized layouts are those of ptx/quant.h. The operation, FP32 accumulation:
+//
+//   D[m][n] = alpha' * sum_k A(m, k) B(n, k)  (+ beta * C[m][n])  (+ bias[n])
+//
+// Operands. A's rows are D's rows, B's rows are D's columns; k is the contraction index. Each
+// operand is one stored copy of a quantized tensor, seen through `gemm_operand`:
+//
+//   K-major (default)              outer-major (GEMM_OPERAND_OUTER_MAJOR)
+//   element (r, k) at [r][k]       element (r, k) at [k][r]
+//   row stride `ld` elements       row stride `ld` elements (between consecutive k)
+//
+//   rowwise copies and the transposed columnwise copies (fp8, fp8 block, nvfp4) are K-major;
+//   MXFP8 columnwise data (not transposed) and BF16 used over its rows are outer-major.
+//
+//   format     elem          block scale (r, kb = k / block), index into `scale`     alpha'
+//   bf16       bf16          -                                                     alpha
+//   fp8        e4m3 | e5m2   - (tensor_scale = scale_inv)                          alpha sa sb
+//   fp8_block  e4m3 | e5m2   f32, 1x128: [kb][r]; B may be 128x128: [r/128][kb]    alpha
+//   mxfp8      e4m3 | e5m2   e8m0, 1x32: K-major [r][kb], outer-major [kb][r]      alpha
+//   nvfp4      e2m1          e4m3, 1x16: [r][kb] (tensor_scale = amax)             8.3's
+//
+//   index = row * scale_ld + column of the bracketed 2-D scale matrix.
+//
+// Exactness. FP8 codes go to FP8 tensor cores as they are; the per-tensor scales fold into alpha
+// (qt_gemm_alpha_fp8). FP8 block: the FP32 partial sum of each 128-wide K block is promoted into
+// the accumulator with that block's two scales (qt_gemm_promote). MXFP8 and NVFP4 are emulated:
+// each element is decoded (code x block scale, exact in FP32, rounded to BF16, which is exact for
+// NVFP4 always and for MXFP8 whenever the value is a BF16 normal number) and the BF16 values meet
+// on BF16 tensor cores; NVFP4's two global amaxes fold into alpha (8.3). Products of the decoded
+// values are exact in FP32, so the kernels and the twins differ only in the order (and, on tensor
+// cores, the internal precision) of the FP32 accumulation.
+//
+// Grouping (quant.h: a qt_group_desc, device row_offsets and first_dims):
+//   GEMM_GROUP_M (fprop, dgrad): A is the grouped tensor; member i's valid D rows
+//     [off[i], off[i] + first_dims[i]) use B member i (b.data + i * b.data_member_bytes, ...);
+//     D's padding rows [off[i] + first_dims[i], off[i+1]) are written as zeros; rows at or
+//     beyond off[count] are not touched. m = rows capacity.
+//   GEMM_GROUP_K (wgrad): D member i (d + i * d_member_bytes) = the contraction over member i's
+//     valid rows k in [off[i], off[i] + first_dims[i]) of the columnwise copies; an empty member
+//     gets D_i = 0 (+ beta C_i) (+ bias). k = rows capacity.
+//   Per-tensor factors (fp8 scale_inv, nvfp4 amax) are arrays indexed by member when the
+//   operand has GEMM_OPERAND_TENSOR_PER_MEMBER.
+#ifndef QT_GEMM_H
+#define QT_GEMM_H
+
+#include "core.h"      // QT_DTYPE_F32, QT_DTYPE_BF16
+#include "qt_codec.h"  // qt_e4m3_to_f32, qt_e5m2_to_f32, qt_e2m1_to_f32, qt_e8m0_to_f32, bf16
+#include "qt_hd.h"
+#include "quant.h"  // qt_group_desc
+
+#define GEMM_FORMAT_BF16 0u
+#define GEMM_FORMAT_FP8 1u        // per-tensor scaling (delayed or current)
+#define GEMM_FORMAT_FP8_BLOCK 2u  // 1x128 x 128x128 (fprop, dgrad) or 1x128 x 1x128 (wgrad)
+#define GEMM_FORMAT_MXFP8 3u
+#define GEMM_FORMAT_NVFP4 4u
+#define GEMM_FORMAT_COUNT 5u
+
+#define GEMM_ELEM_BF16 0u
+#define GEMM_ELEM_E4M3 1u
+#define GEMM_ELEM_E5M2 2u
+#define GEMM_ELEM_E2M1 3u
+
+#define GEMM_OPERAND_OUTER_MAJOR 1u         // stored [k][r]; bf16 and mxfp8 only
+#define GEMM_OPERAND_SCALE_2D 2u            // fp8 block: one scale per 128 x 128 tile
+#define GEMM_OPERAND_TENSOR_PER_MEMBER 4u   // tensor_scale[member] instead of tensor_scale[0]
+
+// Per-tensor FP8: accumulate each 128-wide K block separately and add it to the FP32 accumulator
+// (TE's "split accumulator", its default for dgrad and wgrad; fprop uses fast accumulation).
+// FP8 tensor cores keep fewer accumulator bits than FP32 across chained instructions, so the
+// split bounds that loss to 128 products. FP8 block scaling always works this way.
+#define GEMM_FLAG_SPLIT_ACCUMULATE 1u
+#define GEMM_SPLIT_K 128u
+
+#define GEMM_DENSE 0u
+#define GEMM_GROUP_M 1u
+#define GEMM_GROUP_K 2u
+
+// Block lengths along k of the block-scaled formats.
+#define GEMM_BLOCK_FP8 128u
+#define GEMM_BLOCK_MXFP8 32u
+#define GEMM_BLOCK_NVFP4 16u
+
+// The output tile of every kernel of the portable tier; launch shapes depend on it.
+#define GEMM_TILE_M 128u
+#define GEMM_TILE_N 128u
+#define GEMM_THREADS 256u
+
+// Portable tier: bytes of k per tile row in one pipeline stage (fp8 kinds: 128 codes, one whole
+// 128-wide K block; bf16 and the decoded formats: 32 bf16 values), the stages of the
+// asynchronous pipeline, and the dynamic shared memory of a launch: the stages, each both tiles
+// (rows padded by 16 bytes) and the 256 FP8 block scales of the tile. NOTE: sm_89 and sm_120 give
+// a block at most 99 KiB of shared memory; both sizes stay below (fp8 74 KiB, bf16 84 KiB).
+#define GEMM_PORTABLE_FP8_KIND(format) \
+    ((format) == GEMM_FORMAT_FP8 || (format) == GEMM_FORMAT_FP8_BLOCK)
+#define GEMM_PORTABLE_STAGE_BYTES(format) (GEMM_PORTABLE_FP8_KIND(format) ? 128u : 64u)
+#define GEMM_PORTABLE_STAGES(format) (GEMM_PORTABLE_FP8_KIND(format) ? 2u : 4u)
+#define GEMM_PORTABLE_SMEM_BYTES(format)                                      \
+    (GEMM_PORTABLE_STAGES(format) * ((GEMM_TILE_M + GEMM_TILE_N) *           \
+                                         (GEMM_PORTABLE_STAGE_BYTES(format) + 16u) + \
+                                     (GEMM_TILE_M + GEMM_TILE_N) * 4u))
+
+// Bias gradient: 32 columns per block, one per lane; 8 warps take 32-row chunks in turn.
+#define GEMM_BGRAD_COLS 32u
+#define GEMM_BGRAD_CHUNK_ROWS 32u
+#define GEMM_BGRAD_THREADS 256u
+
+// f32(1/7225344) = f32(1/(6 * 6 * 448 * 448)), NUMERICS 8.3.
+#define GEMM_F32_INV_7225344 qt_bits_f32(0x34149B93u)
+
+typedef struct gemm_operand {
+    uint64_t data;                // codes (nvfp4: two per byte, even k in the low nibble)
+    uint64_t scale;               // block scales, see the table; 0 when the format has none
+    uint64_t tensor_scale;        // f32 [1] or [count]: fp8 scale_inv, nvfp4 amax; else 0
+    uint64_t data_member_bytes;   // GEMM_GROUP_M, operand B: from member i's data to i + 1's
+    uint64_t scale_member_bytes;  // the same for its block scales
+    uint32_t ld;        // elements between stored rows (nvfp4: even)
+    uint32_t scale_ld;  // entries between rows of the scale matrix
+    uint32_t elem;      // GEMM_ELEM_*
+    uint32_t flags;     // GEMM_OPERAND_*
+} gemm_operand;
+QT_STATIC_ASSERT(sizeof(gemm_operand) == 56, "gemm_operand layout");
+
+typedef struct gemm_args {
+    gemm_operand a;              // rows = D rows
+    gemm_operand b;              // rows = D columns
+    uint64_t d;                  // [m][ldd] d_dtype (GEMM_GROUP_K: one per member)
+    uint64_t c;                  // read when nonzero and beta != 0; same layout and dtype as d
+    uint64_t bias;               // [n] bias_dtype, or 0
+    uint64_t d_member_bytes;     // GEMM_GROUP_K: from D_i (and C_i) to D_{i+1}
+    uint64_t bias_member_bytes;  // grouped: from member i's bias to i + 1's
+    qt_group_desc group;         // count 0 with GEMM_DENSE
+    uint32_t m, n, k;            // GEMM_GROUP_M: m = rows capacity; GEMM_GROUP_K: k = capacity
+    uint32_t ldd;                // elements between rows of D and C
+    float alpha, beta;
+    uint32_t d_dtype;     // QT_DTYPE_BF16 | QT_DTYPE_F32
+    uint32_t bias_dtype;  // QT_DTYPE_BF16 | QT_DTYPE_F32
+    uint32_t grouping;    // GEMM_DENSE | GEMM_GROUP_M | GEMM_GROUP_K
+    uint32_t format;      // GEMM_FORMAT_*; each kernel handles one
+    uint32_t flags;       // GEMM_FLAG_*
+    uint32_t reserved;
+} gemm_args;
+QT_STATIC_ASSERT(sizeof(gemm_args) == 224, "gemm_args layout");
+
+// Column sums of dy over rows (per member when grouped): out[i][col] in FP32, in a fixed order
+// (qt_gemm_bias_grad_order below), so the value never depends on the grid.
+typedef struct gemm_bias_grad_args {
+    uint64_t dy;          // [rows][ld] dtype
+    uint64_t out;         // f32 [max(count, 1)][cols]
+    qt_group_desc group;  // count 0: one sum over rows [0, rows)
+    uint32_t rows, cols, ld, dtype;
+} gemm_bias_grad_args;
+QT_STATIC_ASSERT(sizeof(gemm_bias_grad_args) == 56, "gemm_bias_grad_args layout");
+
+#define QT_KERNELS_GEMM(X)                                                              \
+    X(KERNEL_GEMM_BF16_PORTABLE, gemm_portable, qt_gemm_bf16_portable, gemm_args)       \
+    X(KERNEL_GEMM_FP8_PORTABLE, gemm_portable, qt_gemm_fp8_portable, gemm_args)         \
+    X(KERNEL_GEMM_FP8_BLOCK_PORTABLE, gemm_portable, qt_gemm_fp8_block_portable,        \
+      gemm_args)                                                                        \
+    X(KERNEL_GEMM_MXFP8_PORTABLE, gemm_portable, qt_gemm_mxfp8_portable, gemm_args)     \
+    X(KERNEL_GEMM_NVFP4_PORTABLE, gemm_portable, qt_gemm_nvfp4_portable, gemm_args)     \
+    X(KERNEL_GEMM_BIAS_GRAD, gemm_portable, qt_gemm_bias_grad, gemm_bias_grad_args)
+
+// ---------------------------------------------------------------------------------------------
+// Per-element arithmetic, the same on both backends.
+
+// Value of an FP8 code (exact). Products of two are exact in FP32 (at most 4 x 4 significant bits).
+QT_HD float qt_gemm_fp8_value(uint8_t code, uint32_t elem) {
+    return elem == GEMM_ELEM_E5M2 ? qt_e5m2_to_f32(code) : qt_e4m3_to_f32(code);
+}
+
+// MXFP8 element before the BF16 rounding: code x 2^(e - 127) is exact in FP32 for every code and
+// scale (the smallest product, 2^-9 x 2^-127, is an FP32 subnormal; the largest overflow to Inf
+// only for the saturated blocks of an Inf amax). Rounded to BF16 (RNE) it is exact unless it is
+// below BF16's normal range.
+QT_HD float qt_gemm_mxfp8_decode(uint8_t code, uint32_t elem, uint8_t e8m0) {
+    return qt_gemm_fp8_value(code, elem) * qt_e8m0_to_f32(e8m0);
+}
+
+// NVFP4 element: e2m1 (2 significant bits) x e4m3 block scale (4 bits) has at most 5 significant
+// bits and lies within [2^-10, 2688]: exact in FP32 and in BF16.
+QT_HD float qt_gemm_nvfp4_decode(uint8_t nibble, uint8_t scale_e4m3) {
+    return qt_e2m1_to_f32(nibble & 0xFu) * qt_e4m3_to_f32(scale_e4m3);
+}
+
+// The value the BF16 tensor cores see for a decoded element.
+QT_HD float qt_gemm_round_bf16(float x) { return qt_bf16_to_f32(qt_f32_to_bf16(x)); }
+
+// Per-tensor FP8: alpha' = RN(RN(alpha * scale_inv_a) * scale_inv_b).
+QT_HD float qt_gemm_alpha_fp8(float alpha, float scale_inv_a, float scale_inv_b) {
+    float t = alpha * scale_inv_a;
+    return t * scale_inv_b;
+}
+
+// NVFP4 (NUMERICS 8.3): alpha' = RN(RN(RN(alpha * amax_A) * amax_B) * f32(1/7225344)).
+QT_HD float qt_gemm_alpha_nvfp4(float alpha, float amax_a, float amax_b) {
+    float t = alpha * amax_a;
+    t = t * amax_b;
+    return t * GEMM_F32_INV_7225344;
+}
+
+// FP8 block: promotion of one 128-wide K block's FP32 partial sum, acc + partial * RN(sa * sb)
+// with one rounding for the fused multiply-add (the scales are powers of two by default, so the
+// product of the scales is exact).
+QT_HD float qt_gemm_promote(float acc, float partial, float scale_a, float scale_b) {
+    return qt_fmaf(partial, scale_a * scale_b, acc);
+}
+
+// Split accumulation (per-tensor FP8): acc + partial, one FP32 addition per 128-wide K block.
+QT_HD float qt_gemm_split_add(float acc, float partial) { return acc + partial; }
+
+// Epilogue: RN(alpha' * acc), then + RN(beta * c) when C is read, then + bias when given.
+QT_HD float qt_gemm_epilogue(float acc, float alpha, int has_c, float beta, float c,
+                             int has_bias, float bias) {
+    float v = alpha * acc;
+    if (has_c) v = v + beta * c;
+    if (has_bias) v = v + bias;
+    return v;
+}
+
+// Index of block scale (r, kb) of an operand, per the table above.
+QT_HD uint64_t qt_gemm_scale_index(uint32_t format, uint32_t flags, uint64_t r, uint64_t kb,
+                                   uint64_t scale_ld) {
+    if (format == GEMM_FORMAT_FP8_BLOCK) {
+        if (flags & GEMM_OPERAND_SCALE_2D) return (r / GEMM_BLOCK_FP8) * scale_ld + kb;
+        return kb * scale_ld + r;
+    }
+    if (format == GEMM_FORMAT_MXFP8 && (flags & GEMM_OPERAND_OUTER_MAJOR)) {
+        return kb * scale_ld + r;
+    }
+    return r * scale_ld + kb;  // mxfp8 K-major, nvfp4
+}
+
+// Block length along k of a format's scales (1 when it has none).
+QT_HD uint32_t qt_gemm_block_len(uint32_t format) {
+    return format == GEMM_FORMAT_FP8_BLOCK ? GEMM_BLOCK_FP8
+           : format == GEMM_FORMAT_MXFP8   ? GEMM_BLOCK_MXFP8
+           : format == GEMM_FORMAT_NVFP4   ? GEMM_BLOCK_NVFP4
+                                           : 1u;
+}
+
+// The per-tensor factor of an operand for a member (fp8 scale_inv, nvfp4 amax).
+QT_HD float qt_gemm_tensor_scale(const gemm_operand *op, uint32_t member) {
+    const float *ts = (const float *)(uintptr_t)op->tensor_scale;
+    return ts[(op->flags & GEMM_OPERAND_TENSOR_PER_MEMBER) ? member : 0u];
+}
+
+// alpha' of a GEMM for one member.
+QT_HD float qt_gemm_alpha(const gemm_args *args, uint32_t member) {
+    if (args->format == GEMM_FORMAT_FP8) {
+        return qt_gemm_alpha_fp8(args->alpha, qt_gemm_tensor_scale(&args->a, member),
+                                 qt_gemm_tensor_scale(&args->b, member));
+    }
+    if (args->format == GEMM_FORMAT_NVFP4) {
+        return qt_gemm_alpha_nvfp4(args->alpha, qt_gemm_tensor_scale(&args->a, member),
+                                   qt_gemm_tensor_scale(&args->b, member));
+    }
+    return args->alpha;
+}
+
+// M tiles of one member of a GEMM_GROUP_M GEMM: its padded rows, in whole tiles (so that D's
+// padding rows get their zeros). The launch has ceil(m / GEMM_TILE_M) + count row tiles, which
+// bounds the sum over members since the padded rows sum to at most m.
+QT_HD uint32_t qt_gemm_member_tiles(uint32_t padded_rows) {
+    return (padded_rows + GEMM_TILE_M - 1) / GEMM_TILE_M;
+}
+
+// Bias gradient order: out = (((0 + p_0) + p_1) + ...) over the member's 32-row chunks in order,
+// p_j = (((0 + dy[r_j]) + dy[r_j + 1]) + ...) over the chunk's rows in order. One FP32 addition
+// per step, the same on both backends.
+QT_HD float qt_gemm_bias_grad_add(float sum, float value) { return sum + value; }
+
+#endif  // QT_GEMM_H

@@ -1,0 +1,269 @@
+// quant_fp8: per-tensor FP8 (E4M3 / E5M2) with delayed or current scaling: the kernels' ABI
+// (ptx/quant_fp8.cu) and the per-element and per-slot arithmetic they share with their C twins
+// (runtime/ref_quant_fp8.c). Numerics: NUMERICS.md sections 2, 3, 4, 5 and 10.
+//
+// Owns nothing. Storage (ptx/quant.h): rowwise codes u8 [M][K], columnwise codes u8 [K][M] (the
+// exact byte transpose), one FP32 scale_inv per member shared by both. Grouped tensors keep the
+// dense layout of the padded [rows][K] matrix, with scale, scale_inv and amax arrays of n.
+//
+//   kernel                    what                                       launch
+//   qt_fp8_amax_zero          amax[0..slots) = +0                        1-D over slots
+//   qt_fp8_amax               amax[member] = max |x| over valid rows     <= 1024 blocks x 256,
+//                             (atomicMax of per-block maxima)            contiguous slices
+//   qt_fp8_cast_bf16 / _f32   rowwise + columnwise codes, scale_inv,     one 64 x 128 tile per
+//                             optional amax (delayed) or scale from      block, 256 threads
+//                             amax (current)
+//   qt_fp8_delayed_update     history roll + scale update of k slots     one thread per slot
+//   qt_fp8_dequantize         codes * scale_inv -> bf16 / f32 [M][K]     32 x 32 tiles, 256 thr.
+//
+// Fast paths: 16-byte input loads need a 16-byte aligned x and cols % 8 == 0; 8-byte code stores
+// need 8-byte aligned outputs and cols % 8 == 0 (rowwise) or rows % 8 == 0 (columnwise). Anything
+// else takes element-wise loads and byte stores with the same results.
+//
+// Amaxes are accumulated with atomicMax on the bit pattern of non-negative floats, which orders
+// like the values. The maximum is exact, commutative and idempotent, so the result does not
+// depend on the grid or on the order of the atomics; the target must start at +0, which the
+// separate zeroing op guarantees for current scaling and the history roll (row 0 := 0) for
+// delayed scaling. A partials workspace was not used because a block's slice can span any number
+// of grouped members.
+#ifndef QT_QUANT_FP8_H
+#define QT_QUANT_FP8_H
+
+#include "core.h"         // QT_DTYPE_BF16, QT_DTYPE_F32
+#include "qt_codec.h"     // qt_f32_to_e4m3, qt_scale_from_amax, ...
+#include "quant.h"        // qt_group_desc
+#include "quant_group.h"  // qt_group_member_rows, qt_group_find
+
+#define QT_FP8_E4M3 0u
+#define QT_FP8_E5M2 1u
+
+// Where a cast gets its scale.
+#define QT_FP8_SCALE_DELAYED 0u  // scale[member] from device memory (the delayed-scaling state)
+#define QT_FP8_SCALE_CURRENT 1u  // scale_from_amax(amax_in[member]) of this tensor, this step
+
+#define QT_FP8_AMAX_ALGO_MAX 0u          // max over the history window
+#define QT_FP8_AMAX_ALGO_MOST_RECENT 1u  // this step's amax
+
+// Launch constants shared by kernels and op builders.
+#define QT_FP8_CAST_TILE_ROWS 64
+#define QT_FP8_CAST_TILE_COLS 128
+#define QT_FP8_CAST_THREADS 256
+#define QT_FP8_AMAX_THREADS 256
+#define QT_FP8_AMAX_BLOCK_ELEMS_MIN 16384  // a block's slice is at least this many elements
+#define QT_FP8_DEQ_TILE 32
+#define QT_FP8_DEQ_THREADS 256
+#define QT_FP8_UPDATE_THREADS 256
+
+typedef struct fp8_amax_zero_args {
+    uint64_t amax;   // f32 [slots], written +0
+    uint32_t slots;
+    uint32_t reserved;
+} fp8_amax_zero_args;
+QT_STATIC_ASSERT(sizeof(fp8_amax_zero_args) == 16, "fp8_amax_zero_args layout");
+
+typedef struct fp8_amax_args {
+    uint64_t x;           // (rows, cols) bf16 | f32
+    uint64_t amax;        // f32 [max(count, 1)], atomically maxed; must start at +0
+    qt_group_desc group;  // count 0 = dense
+    uint32_t rows, cols;  // rows = the buffer's row capacity
+    uint32_t dtype;       // QT_DTYPE_BF16 | QT_DTYPE_F32
+    uint32_t reserved;
+} fp8_amax_args;
+QT_STATIC_ASSERT(sizeof(fp8_amax_args) == 56, "fp8_amax_args layout");
+
+typedef struct fp8_cast_args {
+    uint64_t x;           // (rows, cols) bf16 | f32
+    uint64_t rowwise;     // u8 (rows, cols) codes; 0 = not produced
+    uint64_t colwise;     // u8 (cols, rows) codes, the byte transpose; 0 = not produced
+    uint64_t scale;       // f32 [n]: DELAYED reads it; CURRENT writes it unless 0
+    uint64_t scale_inv;   // f32 [n] written: RN(1 / scale)
+    uint64_t amax_in;     // f32 [n]: CURRENT only, this tensor's amax
+    uint64_t amax_out;    // f32 [n]: DELAYED only, 0 = none: atomic max of |x| (history row 0)
+    qt_group_desc group;  // count 0 = dense (n = 1)
+    uint32_t rows, cols;
+    uint32_t dtype;       // must match the kernel (qt_fp8_cast_bf16 / qt_fp8_cast_f32)
+    uint32_t fp8;         // QT_FP8_E4M3 | QT_FP8_E5M2
+    uint32_t scale_mode;  // QT_FP8_SCALE_DELAYED | QT_FP8_SCALE_CURRENT
+    uint32_t pow2;        // CURRENT: round the scale down to a power of two
+    float eps;            // CURRENT: amax epsilon
+    uint32_t reserved;
+} fp8_cast_args;
+QT_STATIC_ASSERT(sizeof(fp8_cast_args) == 112, "fp8_cast_args layout");
+
+typedef struct fp8_delayed_update_args {
+    uint64_t history;      // f32 [history_len][slots]; row 0 is the current step's amax
+    uint64_t scale;        // f32 [slots], updated in place
+    uint64_t reduced;      // f32 [slots] all-reduced current amaxes; 0 = none (one GPU)
+    uint32_t slots;
+    uint32_t history_len;  // >= 1
+    uint32_t algo;         // QT_FP8_AMAX_ALGO_*
+    float scaled_max;      // f32(qmax) * 2^-margin
+} fp8_delayed_update_args;
+QT_STATIC_ASSERT(sizeof(fp8_delayed_update_args) == 40, "fp8_delayed_update_args layout");
+
+typedef struct fp8_dequantize_args {
+    uint64_t codes;       // u8 (rows, cols), or (cols, rows) when colwise
+    uint64_t scale_inv;   // f32 [n]
+    uint64_t out;         // (rows, cols) bf16 | f32
+    qt_group_desc group;  // count 0 = dense
+    uint32_t rows, cols;  // of the high-precision [M][K] orientation
+    uint32_t dtype;       // of out
+    uint32_t fp8;
+    uint32_t colwise;     // 1: codes are the transposed [K][M] copy
+    uint32_t reserved;
+} fp8_dequantize_args;
+QT_STATIC_ASSERT(sizeof(fp8_dequantize_args) == 72, "fp8_dequantize_args layout");
+
+#define QT_KERNELS_QUANT_FP8(X)                                                              \
+    X(KERNEL_FP8_AMAX_ZERO, quant_fp8, qt_fp8_amax_zero, fp8_amax_zero_args)                 \
+    X(KERNEL_FP8_AMAX, quant_fp8, qt_fp8_amax, fp8_amax_args)                                \
+    X(KERNEL_FP8_CAST_BF16, quant_fp8, qt_fp8_cast_bf16, fp8_cast_args)                      \
+    X(KERNEL_FP8_CAST_F32, quant_fp8, qt_fp8_cast_f32, fp8_cast_args)                        \
+    X(KERNEL_FP8_DELAYED_UPDATE, quant_fp8, qt_fp8_delayed_update, fp8_delayed_update_args)  \
+    X(KERNEL_FP8_DEQUANTIZE, quant_fp8, qt_fp8_dequantize, fp8_dequantize_args)
+
+// ---------------------------------------------------------------------------------------------
+// Per element.
+
+QT_HD float qt_fp8_qmax(uint32_t fp8) { return fp8 == QT_FP8_E5M2 ? QT_E5M2_MAX : QT_E4M3_MAX; }
+
+QT_HD uint8_t qt_fp8_encode(float v, uint32_t fp8) {
+    return fp8 == QT_FP8_E5M2 ? qt_f32_to_e5m2(v) : qt_f32_to_e4m3(v);
+}
+
+QT_HD float qt_fp8_decode(uint8_t code, uint32_t fp8) {
+    return fp8 == QT_FP8_E5M2 ? qt_e5m2_to_f32(code) : qt_e4m3_to_f32(code);
+}
+
+// q = satFP8(RN(x * scale)) (NUMERICS 3): one FP32 multiply, then one conversion. The kernels
+// convert with cvt.rn.satfinite, which NUMERICS 1.2 found equal to this codec bit for bit.
+QT_HD uint8_t qt_fp8_quantize(float x, float scale, uint32_t fp8) {
+    return qt_fp8_encode(x * scale, fp8);
+}
+
+// NVIDIA GPUs return the canonical NaN 0x7FFFFFFF from arithmetic on NaN operands, while x86
+// keeps an operand's payload and sign (and makes 0 * Inf a negative NaN). Writing every NaN
+// result as 0x7FFFFFFF on both sides keeps the twins bitwise equal for any input.
+QT_HD float qt_fp8_nan_canonical(float v) {
+    return qt_f32_is_nan(v) ? qt_bits_f32(0x7FFFFFFFu) : v;
+}
+
+// scale_inv = RN(1 / scale) (NUMERICS 2.2, __frcp_rn): an IEEE division on both sides.
+QT_HD float qt_fp8_scale_inv(float scale) { return qt_fp8_nan_canonical(1.0f / scale); }
+
+// x = fp8 value * scale_inv (NUMERICS 3), one RN multiply.
+QT_HD float qt_fp8_dequantize_value(uint8_t code, uint32_t fp8, float scale_inv) {
+    return qt_fp8_nan_canonical(qt_fp8_decode(code, fp8) * scale_inv);
+}
+
+// amax step (NUMERICS 2.3): acc = fmaxf(acc, |x|). NaN elements are ignored and the result is
+// never NaN. acc starts at +0 and only ever takes |x| values, so it is never NaN or -0, and the
+// comparison below returns what fmaxf returns (the device uses fmaxf itself: one instruction).
+QT_HD float qt_fp8_amax_step(float acc, float x) {
+#if defined(__CUDA_ARCH__)
+    return fmaxf(acc, fabsf(x));
+#else
+    float a = qt_bits_f32(qt_f32_bits(x) & QT_F32_ABS);
+    return a > acc ? a : acc;
+#endif
+}
+
+// The C twin of atomicMax((unsigned *)slot, bits(v)): an unsigned maximum of the bit patterns,
+// which is the float maximum when both are non-negative (and does what the GPU does otherwise).
+QT_HD void qt_fp8_amax_merge(float *slot, float v) {
+    if (qt_f32_bits(v) > qt_f32_bits(*slot)) *slot = v;
+}
+
+// fmaxf's NaN rule (the non-NaN operand wins), written out so that both sides run the same code.
+QT_HD float qt_fp8_fmaxf(float a, float b) {
+    if (qt_f32_is_nan(a)) return b;
+    if (qt_f32_is_nan(b)) return a;
+    return b > a ? b : a;
+}
+
+// The scale a cast uses for one member.
+QT_HD float qt_fp8_member_scale(const fp8_cast_args *a, uint32_t member) {
+    if (a->scale_mode == QT_FP8_SCALE_CURRENT) {
+        float amax = ((const float *)(uintptr_t)a->amax_in)[member];
+        return qt_scale_from_amax(amax, qt_fp8_qmax(a->fp8), (int)a->pow2, a->eps,
+                                  QT_F32_FLT_MAX);
+    }
+    return ((const float *)(uintptr_t)a->scale)[member];
+}
+
+// ---------------------------------------------------------------------------------------------
+// Delayed scaling update of one slot j (NUMERICS 4.5, TE's fused bulk kernel):
+//   a_cur = reduced[j] if given and non-zero, else history[0][j];
+//   a_cur == 0: nothing rolls and the update's amax is 0 (scale kept); a NaN a_cur is not 0;
+//   else roll: new[i] = old[i+1] (i < L-1), new[L-1] = a_cur, then new[0] = 0 (so with L = 1
+//   the single row becomes 0, as TE writes row 0 last), and the amax is fmaxf over
+//   0, old[1..L-1], a_cur ("max") or a_cur ("most_recent");
+//   scale = RN(scaled_max / amax) when amax is finite and > 0, else the old scale; an infinite
+//   result (of either branch) becomes FLT_MAX. scale_inv is left to the next cast.
+QT_HD float qt_fp8_delayed_scale(float amax, float scaled_max, float scale_old) {
+    float scale = scale_old;
+    if (amax > 0.0f && !qt_f32_is_inf(amax)) scale = scaled_max / amax;
+    if (qt_f32_is_inf(scale)) scale = QT_F32_FLT_MAX;
+    return scale;
+}
+
+#define QT_FP8_ROLL_CHUNK 16
+
+QT_HD void qt_fp8_delayed_update_slot(const fp8_delayed_update_args *a, uint32_t j) {
+    float *history = (float *)(uintptr_t)a->history;
+    const float *reduced = (const float *)(uintptr_t)a->reduced;
+    uint32_t slots = a->slots, len = a->history_len;
+    float a_cur = history[j];
+    if (reduced != 0 && reduced[j] != 0.0f) a_cur = reduced[j];
+    float amax = 0.0f;
+    if (a_cur != 0.0f) {
+        // In place, QT_FP8_ROLL_CHUNK rows at a time: all reads of a chunk (old[i + 1]) come
+        // before its writes (new[i]), and no write lands on a row a later chunk still reads. The
+        // GPU thus keeps a chunk of independent loads in flight instead of one.
+        for (uint32_t c = 0; c < len; c += QT_FP8_ROLL_CHUNK) {
+            float v[QT_FP8_ROLL_CHUNK];
+            for (uint32_t q = 0; q < QT_FP8_ROLL_CHUNK; q++) {
+                uint32_t i = c + q;
+                v[q] = i + 1 < len ? history[(uint64_t)(i + 1) * slots + j] : a_cur;
+            }
+            for (uint32_t q = 0; q < QT_FP8_ROLL_CHUNK && c + q < len; q++) {
+                amax = qt_fp8_fmaxf(amax, v[q]);
+                history[(uint64_t)(c + q) * slots + j] = c + q > 0 ? v[q] : 0.0f;
+            }
+        }
+        if (a->algo == QT_FP8_AMAX_ALGO_MOST_RECENT) amax = a_cur;
+    }
+    float *scale = (float *)(uintptr_t)a->scale;
+    scale[j] = qt_fp8_delayed_scale(amax, a->scaled_max, scale[j]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Byte transpose of a 4 x 4 block held in four words (word r = row r, byte c = column c):
+// afterwards word c holds column c (byte r = row r). The device uses prmt; the host the same
+// selectors on plain shifts, so the test program checks the selectors without a GPU.
+QT_HD uint32_t qt_fp8_byte_perm(uint32_t x, uint32_t y, uint32_t selector) {
+#if defined(__CUDA_ARCH__)
+    return __byte_perm(x, y, selector);
+#else
+    uint64_t both = ((uint64_t)y << 32) | x;
+    uint32_t out = 0;
+    for (int b = 0; b < 4; b++) {
+        uint32_t pick = (selector >> (4 * b)) & 7u;
+        out |= (uint32_t)((both >> (8 * pick)) & 0xFFu) << (8 * b);
+    }
+    return out;
+#endif
+}
+
+QT_HD void qt_fp8_transpose4x4(uint32_t w[4]) {
+    uint32_t t0 = qt_fp8_byte_perm(w[0], w[1], 0x5140u);  // r0c0 r1c0 r0c1 r1c1
+    uint32_t t1 = qt_fp8_byte_perm(w[0], w[1], 0x7362u);  // r0c2 r1c2 r0c3 r1c3
+    uint32_t t2 = qt_fp8_byte_perm(w[2], w[3], 0x5140u);  // r2c0 r3c0 r2c1 r3c1
+    uint32_t t3 = qt_fp8_byte_perm(w[2], w[3], 0x7362u);  // r2c2 r3c2 r2c3 r3c3
+    w[0] = qt_fp8_byte_perm(t0, t2, 0x5410u);             // r0c0 r1c0 r2c0 r3c0
+    w[1] = qt_fp8_byte_perm(t0, t2, 0x7632u);
+    w[2] = qt_fp8_byte_perm(t1, t3, 0x5410u);
+    w[3] = qt_fp8_byte_perm(t1, t3, 0x7632u);
+}
+
+#endif  // QT_QUANT_FP8_H

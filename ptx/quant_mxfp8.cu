@@ -1,0 +1,481 @@
+// quant_mxfp8 kernels: the fused MXFP8 cast (one read of a BF16 or FP32 tensor, rowwise and
+// columnwise codes and E8M0 scales out) and its dequantize. ABI, layouts and the shared
+// arithmetic: quant_mxfp8.h; numerics: NUMERICS.md 6.1.
+//
+// Quantize tiling. One block of 128 threads owns a 32-row x 256-column tile; warp w owns its
+// columns [64w, 64w + 64), and lane = rg * 8 + cb * 4 + cl holds rows rg*8 .. rg*8+7 and the 8
+// columns cb*32 + cl*8 .. +7 of the warp's 64:
+//
+//          cb = 0 (32 columns)          cb = 1 (32 columns)
+//        cl=0  cl=1  cl=2  cl=3       cl=0  cl=1  cl=2  cl=3
+//   rg=0 [ 0 ] [ 1 ] [ 2 ] [ 3 ]      [ 4 ] [ 5 ] [ 6 ] [ 7 ]     rows 0..7
+//   rg=1 [ 8 ] [ 9 ] [10 ] [11 ]      [12 ] [13 ] [14 ] [15 ]     rows 8..15
+//   rg=2 [16 ] ...                                                rows 16..23
+//   rg=3 [24 ] ...                                    [31 ]       rows 24..31
+//
+// So each 32 x 32 block of the tile lives in 16 lanes of one warp: a row's 32-element block is
+// reduced over the 4 lanes cl = 0..3 (shuffle xor 1, 2) and a column's 32-element block over the
+// 4 lanes rg = 0..3 (xor 8, 16); no shared-memory transpose is needed. Each load instruction
+// (row i of every lane) reads 4 rows x 128 contiguous bytes (BF16), each code store writes
+// 4 rows x 64 contiguous bytes. The tile stays in registers (BF16 packed in pairs), so the input
+// is read exactly once. Only the rowwise scales go through shared memory, to leave the block as
+// one 8-byte store per row instead of 8 single bytes.
+#include "quant_mxfp8.h"
+
+#define MX_LANE_ROWS 8
+#define MX_FULL 0xFFFFFFFFu
+#define MX_TILE_BLOCKS (QT_MXFP8_TILE_COLS / 32u)  // rowwise scale bytes per row of a tile
+
+// The vector type that stores one row of a tile's rowwise scales.
+template <int kBytes> struct mx_vec;
+template <> struct mx_vec<8> { typedef uint2 type; };
+template <> struct mx_vec<16> { typedef uint4 type; };
+typedef mx_vec<MX_TILE_BLOCKS>::type mx_row_e_vec;
+
+struct mx_lane {
+    uint32_t row0;  // first of the lane's 8 rows
+    uint32_t col0;  // first of the lane's 8 columns
+    uint32_t rg, cb, cl;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The lane's 8 x 8 elements: BF16 kept packed, two columns per register (low half = even column).
+
+struct mx_tile_bf16 {
+    uint32_t w[MX_LANE_ROWS][4];
+    __device__ __forceinline__ float at(int i, int j) const {
+        uint32_t pair = w[i][j >> 1];
+        return __uint_as_float((j & 1) ? (pair & 0xFFFF0000u) : (pair << 16));
+    }
+    __device__ __forceinline__ void clear_row(int i) {
+#pragma unroll
+        for (int p = 0; p < 4; p++) w[i][p] = 0;
+    }
+};
+
+struct mx_tile_f32 {
+    float w[MX_LANE_ROWS][8];
+    __device__ __forceinline__ float at(int i, int j) const { return w[i][j]; }
+    __device__ __forceinline__ void clear_row(int i) {
+#pragma unroll
+        for (int j = 0; j < 8; j++) w[i][j] = 0.0f;
+    }
+};
+
+// Loads row i's 8 columns; columns at or beyond `cols` read as zero. `vec`: 16-byte loads are
+// aligned (base and row pitch) and the 8 columns are all in range.
+__device__ __forceinline__ void mx_load_row(mx_tile_bf16 &t, int i, const uint16_t *src,
+                                            uint32_t in_range, bool vec) {
+    if (vec) {
+        uint4 v = __ldcs((const uint4 *)src);
+        t.w[i][0] = v.x;
+        t.w[i][1] = v.y;
+        t.w[i][2] = v.z;
+        t.w[i][3] = v.w;
+        return;
+    }
+#pragma unroll
+    for (int p = 0; p < 4; p++) {
+        uint32_t lo = (uint32_t)(2 * p) < in_range ? src[2 * p] : 0u;
+        uint32_t hi = (uint32_t)(2 * p + 1) < in_range ? src[2 * p + 1] : 0u;
+        t.w[i][p] = lo | (hi << 16);
+    }
+}
+
+__device__ __forceinline__ void mx_load_row(mx_tile_f32 &t, int i, const float *src,
+                                            uint32_t in_range, bool vec) {
+    if (vec) {
+        float4 a = __ldcs((const float4 *)src);
+        float4 b = __ldcs((const float4 *)src + 1);
+        t.w[i][0] = a.x;
+        t.w[i][1] = a.y;
+        t.w[i][2] = a.z;
+        t.w[i][3] = a.w;
+        t.w[i][4] = b.x;
+        t.w[i][5] = b.y;
+        t.w[i][6] = b.z;
+        t.w[i][7] = b.w;
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < 8; j++) t.w[i][j] = (uint32_t)j < in_range ? src[j] : 0.0f;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Block amaxes. Every reduction starts from +0 and uses a NaN-ignoring max (PTX max.bf16x2 and
+// max.f32 return the non-NaN operand), so the result is qt_mxfp8_amax_step's loop value: the
+// largest |x| of the non-NaN elements, 0 if there are none. |x| clears the sign bit, so -0 never
+// appears and the max of a set is one exact element whatever the tree.
+
+__device__ __forceinline__ uint32_t mx_max_bf16x2(uint32_t a, uint32_t b) {
+    uint32_t d;
+    asm("max.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+
+__device__ __forceinline__ uint32_t mx_max_shfl_bf16x2(uint32_t v, int lane_mask) {
+    return mx_max_bf16x2(v, __shfl_xor_sync(MX_FULL, v, lane_mask));
+}
+
+__device__ __forceinline__ float mx_max_shfl_f32(float v, int lane_mask) {
+    return fmaxf(v, __shfl_xor_sync(MX_FULL, v, lane_mask));
+}
+
+// Row amaxes of the lane's 8 rows, over each row's whole 32-block (4 lanes cl).
+__device__ __forceinline__ void mx_row_amax(const mx_tile_bf16 &t, float amax[MX_LANE_ROWS]) {
+#pragma unroll
+    for (int k = 0; k < MX_LANE_ROWS / 2; k++) {
+        uint32_t m0 = 0, m1 = 0;
+#pragma unroll
+        for (int p = 0; p < 4; p++) {
+            m0 = mx_max_bf16x2(m0, t.w[2 * k][p] & 0x7FFF7FFFu);
+            m1 = mx_max_bf16x2(m1, t.w[2 * k + 1][p] & 0x7FFF7FFFu);
+        }
+        // Low half: row 2k, high half: row 2k+1 (max over the even and odd columns).
+        uint32_t m = mx_max_bf16x2(__byte_perm(m0, m1, 0x5410), __byte_perm(m0, m1, 0x7632));
+        m = mx_max_shfl_bf16x2(m, 1);
+        m = mx_max_shfl_bf16x2(m, 2);
+        amax[2 * k] = __uint_as_float(m << 16);
+        amax[2 * k + 1] = __uint_as_float(m & 0xFFFF0000u);
+    }
+}
+
+__device__ __forceinline__ void mx_row_amax(const mx_tile_f32 &t, float amax[MX_LANE_ROWS]) {
+#pragma unroll
+    for (int i = 0; i < MX_LANE_ROWS; i++) {
+        float m = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(t.w[i][j]));
+        m = mx_max_shfl_f32(m, 1);
+        amax[i] = mx_max_shfl_f32(m, 2);
+    }
+}
+
+// Column amaxes of the lane's 8 columns over the tile's 32 rows (4 lanes rg), and the amax of
+// the lane's whole 32 x 32 block (also over the 4 lanes cl), used by the 2-D mode.
+__device__ __forceinline__ void mx_col_amax(const mx_tile_bf16 &t, float amax[8], float *block) {
+    uint32_t c[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int i = 0; i < MX_LANE_ROWS; i++) {
+#pragma unroll
+        for (int p = 0; p < 4; p++) c[p] = mx_max_bf16x2(c[p], t.w[i][p] & 0x7FFF7FFFu);
+    }
+#pragma unroll
+    for (int p = 0; p < 4; p++) {
+        c[p] = mx_max_shfl_bf16x2(c[p], 8);
+        c[p] = mx_max_shfl_bf16x2(c[p], 16);
+        amax[2 * p] = __uint_as_float(c[p] << 16);
+        amax[2 * p + 1] = __uint_as_float(c[p] & 0xFFFF0000u);
+    }
+    uint32_t m = mx_max_bf16x2(mx_max_bf16x2(c[0], c[1]), mx_max_bf16x2(c[2], c[3]));
+    m = mx_max_bf16x2(m, __byte_perm(m, 0, 0x1032));  // both halves: max of the two
+    m = mx_max_shfl_bf16x2(m, 1);
+    m = mx_max_shfl_bf16x2(m, 2);
+    *block = __uint_as_float(m << 16);
+}
+
+__device__ __forceinline__ void mx_col_amax(const mx_tile_f32 &t, float amax[8], float *block) {
+    float m = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        float c = 0.0f;
+#pragma unroll
+        for (int i = 0; i < MX_LANE_ROWS; i++) c = fmaxf(c, fabsf(t.w[i][j]));
+        c = mx_max_shfl_f32(c, 8);
+        amax[j] = mx_max_shfl_f32(c, 16);
+        m = fmaxf(m, amax[j]);
+    }
+    m = mx_max_shfl_f32(m, 1);
+    *block = mx_max_shfl_f32(m, 2);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stores.
+
+// Up to 8 bytes at dst: one 8-byte store when `vec` (aligned, all 8 in range), else in_range
+// single bytes.
+__device__ __forceinline__ void mx_store8(uint8_t *dst, uint2 bytes, uint32_t in_range,
+                                          bool vec) {
+    if (vec) {
+        *(uint2 *)dst = bytes;
+        return;
+    }
+#pragma unroll
+    for (uint32_t j = 0; j < 8; j++) {
+        uint32_t word = j < 4 ? bytes.x : bytes.y;
+        if (j < in_range) dst[j] = (uint8_t)(word >> (8 * (j & 3)));
+    }
+}
+
+// The lane's codes of one direction: row i uses mult[i] (rowwise) or column j uses mult[j]
+// (columnwise). kE5M2 is a template argument so the conversion has no branch inside the loop.
+template <bool kE5M2, bool kRowwise, class Tile>
+__device__ __forceinline__ void mx_codes(const Tile &t, const float mult[8], uint8_t *codes,
+                                         uint32_t cols, const mx_lane &l, uint32_t end,
+                                         uint32_t in_range, bool vec) {
+    const uint32_t elem = kE5M2 ? QT_MXFP8_E5M2 : QT_MXFP8_E4M3;
+#pragma unroll
+    for (int i = 0; i < MX_LANE_ROWS; i++) {
+        uint32_t word[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            uint32_t q[2];
+#pragma unroll
+            for (int s = 0; s < 2; s++) {
+                int j = 4 * h + 2 * s;
+                float m0 = kRowwise ? mult[i] : mult[j];
+                float m1 = kRowwise ? mult[i] : mult[j + 1];
+                q[s] = qt_mxfp8_encode2(t.at(i, j), t.at(i, j + 1), m0, m1, elem);
+            }
+            word[h] = q[0] | (q[1] << 16);
+        }
+        uint32_t row = l.row0 + i;
+        if (row < end) {
+            mx_store8(codes + (uint64_t)row * cols + l.col0, make_uint2(word[0], word[1]),
+                      in_range, vec);
+        }
+    }
+}
+
+// One direction's codes, with the element type resolved to a template argument (uniform branch).
+template <bool kRowwise, class Tile>
+__device__ __forceinline__ void mx_codes_dir(const Tile &t, const float mult[8], uint64_t codes,
+                                             const mxfp8_quantize_args &a, const mx_lane &l,
+                                             uint32_t end, uint32_t in_range) {
+    bool vec = in_range == 8 && ((codes | a.cols) & 7u) == 0;
+    if (a.elem == QT_MXFP8_E5M2) {
+        mx_codes<true, kRowwise>(t, mult, (uint8_t *)codes, a.cols, l, end, in_range, vec);
+    } else {
+        mx_codes<false, kRowwise>(t, mult, (uint8_t *)codes, a.cols, l, end, in_range, vec);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The warp's part of a tile: load, mask padding rows, amaxes, scales, codes. Rowwise scales go
+// to row_e (the block's shared staging, [32 rows][16 blocks]); columnwise scales are stored here.
+
+// Bit t: row tile_row0 + t holds data. The warp finds the member of the tile's first row
+// together (quant_group.h); with row_offsets multiples of 32 (the mxfp8 row_align) the whole
+// tile lies in that member, and only a tile that crosses a member boundary looks its other rows
+// up one by one, as the twin does for every row.
+__device__ __forceinline__ uint32_t mx_valid_rows(const mxfp8_quantize_args &a,
+                                                  uint32_t tile_row0, uint32_t end) {
+    if (a.group.count == 0) return MX_FULL;
+    qt_group_rows m =
+        qt_group_member_rows(a.group, a.rows, qt_group_find_warp(a.group, tile_row0));
+    uint32_t row = tile_row0 + (threadIdx.x & 31u);
+    bool valid = row < m.valid_end;
+    if (row >= m.end) valid = row < end && qt_mxfp8_row_valid(a.group, a.rows, row);
+    return __ballot_sync(MX_FULL, valid);
+}
+
+template <class Tile, class T>
+__device__ __forceinline__ void mx_warp_tile(const mxfp8_quantize_args &a, const mx_lane &l,
+                                             uint32_t tile_row0, uint32_t end,
+                                             uint8_t (*row_e)[MX_TILE_BLOCKS],
+                                             uint32_t row_e_col) {
+    Tile t;
+    uint32_t in_range = l.col0 < a.cols ? min(a.cols - l.col0, 8u) : 0u;
+    bool vec = in_range == 8 && ((a.in | ((uint64_t)a.cols * sizeof(T))) & 15u) == 0;
+    const T *in = (const T *)a.in + (uint64_t)l.row0 * a.cols + l.col0;
+    if (vec && l.row0 + MX_LANE_ROWS <= end) {
+        // The common case, without a branch between the 8 independent loads.
+#pragma unroll
+        for (int i = 0; i < MX_LANE_ROWS; i++) {
+            mx_load_row(t, i, in + (uint64_t)i * a.cols, 8, true);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < MX_LANE_ROWS; i++) {
+            if (l.row0 + i < end && in_range > 0) {
+                mx_load_row(t, i, in + (uint64_t)i * a.cols, in_range, vec);
+            } else {
+                t.clear_row(i);
+            }
+        }
+    }
+    // After the loads are issued: padding rows of grouped members quantize as zeros.
+    uint32_t valid = mx_valid_rows(a, tile_row0, end);
+#pragma unroll
+    for (int i = 0; i < MX_LANE_ROWS; i++) {
+        if (!((valid >> (l.rg * MX_LANE_ROWS + i)) & 1u)) t.clear_row(i);
+    }
+    // 2-D: one scale per 32 x 32 block, from the block amax, for both directions.
+    bool tile_2d = (a.flags & QT_MXFP8_FLAG_2D) != 0;
+    float col_amax[8], block_amax = 0.0f;
+    if (tile_2d) mx_col_amax(t, col_amax, &block_amax);
+    uint32_t block_e = tile_2d ? qt_mxfp8_scale_e8m0(block_amax, a.elem) : 0u;
+    // Rowwise, then columnwise: one direction's 8 multipliers are live at a time.
+    if (a.row_codes) {
+        float row_amax[MX_LANE_ROWS], mult[MX_LANE_ROWS];
+        if (!tile_2d) mx_row_amax(t, row_amax);
+#pragma unroll
+        for (int i = 0; i < MX_LANE_ROWS; i++) {
+            uint32_t e = tile_2d ? block_e : qt_mxfp8_scale_e8m0(row_amax[i], a.elem);
+            mult[i] = qt_e8m0_inv_f32((uint8_t)e);
+            // The 4 lanes of a row all hold its scale; lane cl stages rows i with i % 4 == cl.
+            if ((uint32_t)(i & 3) == l.cl) row_e[l.rg * MX_LANE_ROWS + i][row_e_col] = (uint8_t)e;
+        }
+        mx_codes_dir<true>(t, mult, a.row_codes, a, l, end, in_range);
+    }
+    if (a.col_codes) {
+        float mult[8];
+        uint32_t e[8];
+        if (!tile_2d) mx_col_amax(t, col_amax, &block_amax);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            e[j] = tile_2d ? block_e : qt_mxfp8_scale_e8m0(col_amax[j], a.elem);
+            mult[j] = qt_e8m0_inv_f32((uint8_t)e[j]);
+        }
+        if (l.rg == 0 && in_range > 0) {
+            uint2 bytes = make_uint2(e[0] | (e[1] << 8) | (e[2] << 16) | (e[3] << 24),
+                                     e[4] | (e[5] << 8) | (e[6] << 16) | (e[7] << 24));
+            uint8_t *dst = (uint8_t *)a.col_scales + (uint64_t)(tile_row0 / 32u) * a.cols +
+                           l.col0;
+            mx_store8(dst, bytes, in_range, in_range == 8 && ((a.col_scales | a.cols) & 7u) == 0);
+        }
+        mx_codes_dir<false>(t, mult, a.col_codes, a, l, end, in_range);
+    }
+}
+
+// Writes the tile's staged rowwise scales: one 16-byte store per row when aligned and whole.
+__device__ __forceinline__ void mx_store_row_scales(const mxfp8_quantize_args &a,
+                                                    uint8_t (*row_e)[MX_TILE_BLOCKS],
+                                                    uint32_t tile_row0, uint32_t kt,
+                                                    uint32_t end) {
+    uint32_t t = threadIdx.x;
+    if (t >= QT_MXFP8_TILE_ROWS || tile_row0 + t >= end) return;
+    uint32_t blocks = (a.cols + 31u) / 32u;
+    uint32_t block0 = kt * MX_TILE_BLOCKS;
+    uint32_t n = min(blocks - block0, MX_TILE_BLOCKS);
+    uint8_t *dst = (uint8_t *)a.row_scales + (uint64_t)(tile_row0 + t) * blocks + block0;
+    if (n == MX_TILE_BLOCKS && ((uintptr_t)dst % MX_TILE_BLOCKS) == 0) {
+        *(mx_row_e_vec *)dst = *(const mx_row_e_vec *)row_e[t];
+        return;
+    }
+    for (uint32_t b = 0; b < n; b++) dst[b] = row_e[t][b];
+}
+
+template <class Tile, class T>
+__device__ __forceinline__ void mx_quantize(const mxfp8_quantize_args &a) {
+    __shared__ __align__(16) uint8_t row_e[QT_MXFP8_TILE_ROWS][MX_TILE_BLOCKS];
+    uint32_t col_tiles = (a.cols + QT_MXFP8_TILE_COLS - 1) / QT_MXFP8_TILE_COLS;
+    uint32_t mt = blockIdx.x / col_tiles, kt = blockIdx.x % col_tiles;
+    uint32_t tile_row0 = mt * QT_MXFP8_TILE_ROWS;
+    uint32_t end = qt_group_active_rows(a.group, a.rows);
+    if (tile_row0 >= end) return;  // the whole block: nothing of this tile is active
+    uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    mx_lane l;
+    l.rg = lane >> 3;
+    l.cb = (lane >> 2) & 1u;
+    l.cl = lane & 3u;
+    l.row0 = tile_row0 + l.rg * MX_LANE_ROWS;
+    l.col0 = kt * QT_MXFP8_TILE_COLS + warp * 64u + l.cb * 32u + l.cl * 8u;
+    // Warp-uniform: a warp wholly past the last column has nothing to do (shuffles inside need
+    // the whole warp, which this keeps together).
+    if (kt * QT_MXFP8_TILE_COLS + warp * 64u < a.cols) {
+        mx_warp_tile<Tile, T>(a, l, tile_row0, end, row_e, warp * 2u + l.cb);
+    }
+    if (a.row_codes) {
+        __syncthreads();  // every warp's row_e entries are staged
+        mx_store_row_scales(a, row_e, tile_row0, kt, end);
+    }
+}
+
+// BF16: at most 80 registers (with this tiling the kernel needs about that many without spills),
+// so 24 warps share an SM and keep enough loads in flight.
+extern "C" __global__ void __launch_bounds__(QT_MXFP8_THREADS, 768 / QT_MXFP8_THREADS)
+    qt_mxfp8_quantize_bf16(const __grid_constant__ mxfp8_quantize_args args) {
+    mx_quantize<mx_tile_bf16, uint16_t>(args);
+}
+
+extern "C" __global__ void __launch_bounds__(QT_MXFP8_THREADS)
+    qt_mxfp8_quantize_f32(const __grid_constant__ mxfp8_quantize_args args) {
+    mx_quantize<mx_tile_f32, float>(args);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dequantize: grid-stride over 16-element chunks of the active rows (rows at or beyond the
+// group's end are not written). A chunk lies inside one 32-block of its row, so rowwise it needs
+// one scale byte, columnwise the 16 scale bytes of its columns.
+
+__device__ __forceinline__ void mx_load16(const uint8_t *src, uint32_t n, bool vec,
+                                          uint32_t word[4]) {
+    if (vec) {
+        uint4 v = *(const uint4 *)src;
+        word[0] = v.x;
+        word[1] = v.y;
+        word[2] = v.z;
+        word[3] = v.w;
+        return;
+    }
+#pragma unroll
+    for (uint32_t w = 0; w < 4; w++) {
+        word[w] = 0;
+#pragma unroll
+        for (uint32_t b = 0; b < 4; b++) {
+            if (4 * w + b < n) word[w] |= (uint32_t)src[4 * w + b] << (8 * b);
+        }
+    }
+}
+
+__device__ __forceinline__ void mx_store16(const mxfp8_dequantize_args &a, uint64_t index,
+                                           const float v[16], uint32_t n, bool vec) {
+    if (vec && a.dtype == QT_DTYPE_F32) {
+        float4 *dst = (float4 *)((float *)a.out + index);
+#pragma unroll
+        for (int q = 0; q < 4; q++) dst[q] = make_float4(v[4 * q], v[4 * q + 1], v[4 * q + 2],
+                                                         v[4 * q + 3]);
+        return;
+    }
+    if (vec) {
+        uint32_t h[8];
+#pragma unroll
+        for (int q = 0; q < 8; q++) {
+            h[q] = qt_f32_to_bf16(v[2 * q]) | ((uint32_t)qt_f32_to_bf16(v[2 * q + 1]) << 16);
+        }
+        uint4 *dst = (uint4 *)((uint16_t *)a.out + index);
+        dst[0] = make_uint4(h[0], h[1], h[2], h[3]);
+        dst[1] = make_uint4(h[4], h[5], h[6], h[7]);
+        return;
+    }
+#pragma unroll
+    for (uint32_t j = 0; j < 16; j++) {
+        if (j < n) qt_mxfp8_store((void *)a.out, a.dtype, index + j, v[j]);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    qt_mxfp8_dequantize(const __grid_constant__ mxfp8_dequantize_args args) {
+    const mxfp8_dequantize_args &a = args;
+    uint32_t end = qt_group_active_rows(a.group, a.rows);
+    uint64_t chunks_per_row = (a.cols + 15u) / 16u;
+    uint64_t chunks = (uint64_t)end * chunks_per_row;
+    uint32_t blocks = (a.cols + 31u) / 32u;
+    // Every row start is 16-byte aligned for codes, scales and output alike when K % 16 == 0.
+    bool vec = ((a.codes | a.scales | a.out | a.cols) & 15u) == 0;
+    uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    for (uint64_t q = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; q < chunks; q += stride) {
+        uint32_t row = (uint32_t)(q / chunks_per_row);
+        uint32_t col0 = (uint32_t)(q % chunks_per_row) * 16u;
+        uint32_t n = min(a.cols - col0, 16u);
+        uint64_t index = (uint64_t)row * a.cols + col0;
+        uint32_t code[4], scale[4];
+        mx_load16((const uint8_t *)a.codes + index, n, vec, code);
+        if (a.colwise) {
+            mx_load16((const uint8_t *)a.scales + (uint64_t)(row / 32u) * a.cols + col0, n, vec,
+                      scale);
+        } else {
+            uint32_t e = ((const uint8_t *)a.scales)[(uint64_t)row * blocks + col0 / 32u];
+            scale[0] = scale[1] = scale[2] = scale[3] = e * 0x01010101u;
+        }
+        float v[16];
+#pragma unroll
+        for (uint32_t j = 0; j < 16; j++) {
+            uint8_t c = (uint8_t)(code[j / 4] >> (8 * (j % 4)));
+            uint8_t e = (uint8_t)(scale[j / 4] >> (8 * (j % 4)));
+            v[j] = qt_mxfp8_decode(c, e, a.elem);
+        }
+        mx_store16(a, index, v, n, vec);
+    }
+}

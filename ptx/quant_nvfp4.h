@@ -1,0 +1,388 @@
+// quant_nvfp4: NVFP4 quantization (NUMERICS.md 1.3, 1.4, 8, 10): the kernels' ABI (args structs,
+// flags, QT_KERNELS_QUANT_NVFP4) and every per-element and per-block operation, shared by
+// ptx/quant_nvfp4.cu and its C twins (runtime/ref_quant_nvfp4.c) so that both run the very same
+// IEEE operations in the same order.
+//
+// Owns nothing. Kernels, launched by runtime/op_quant_nvfp4.c:
+//
+//   qt_nvfp4_amax_zero   amax_row[0..n) = 0 (and amax_col): the atomic maxima below start at 0
+//   qt_nvfp4_amax        amax_row[i] = max |x| over member i's valid rows; amax_col[i] = the same,
+//                        or with RHT max |RHT(x^T)| over the BF16-rounded transform (8.2)
+//   qt_nvfp4_quantize    one pass over x: rowwise and/or columnwise codes and E4M3 block scales
+//   qt_nvfp4_dequantize  codes + scales (+ the direction's global amax) -> [M][K] BF16 or FP32
+//
+// Layouts (ptx/quant.h): x [M][K] row-major (M = rows, K = cols), two codes per byte, even
+// index in the low nibble, an odd row length leaving a zero high nibble:
+//
+//   rowwise     data   u8 [M][ceil(K/2)]    scales e4m3 [M][ceil(K/16)]
+//   columnwise  data   u8 [K][ceil(M/2)]    scales e4m3 [K][ceil(M/16)]   (transposed: (m, k)
+//                                                                          is stored at [k][m])
+//   amax_row, amax_col  f32 [max(n, 1)]  one per member (n = group count; 1 for a dense tensor)
+//
+// Row blocks. Every kernel works on blocks of 16 consecutive rows starting at multiples of 16:
+// the columnwise 16-element blocks, the RHT groups and the 2-D tiles are such blocks. A block
+// lies inside one member, because members' padded sizes are multiples of 16 (row_align of the
+// nvfp4 row of recipes/format.c), a precondition on row_offsets. For the block starting at row
+// r, qt_nvfp4_span_of gives the member, `valid_end` (rows below hold data, rows from it on are
+// read as zero: member padding, or past M) and `store_end` (rows, i.e. columnwise positions,
+// below it are written and counted in amaxes). Dense: valid_end = store_end = M, so a partial
+// last block is zero-padded and its positions >= M are neither stored nor counted. Grouped:
+// valid_end = row_offsets[i] + first_dims[i], store_end = row_offsets[i + 1]; blocks at or past
+// row_offsets[n] are skipped entirely (nothing is written there).
+//
+// Padding rows of a member are zero input: their rowwise codes and scales are 0, and without RHT
+// so are their columnwise ones, and they add nothing to an amax. With RHT the positions of a
+// member's last, partial 16-row group that fall in its padding hold the transform of the
+// zero-padded group, which is in general not zero: keeping them is what makes the orthogonal
+// transform cancel in the wgrad GEMM (sum over all 16 positions of RHT(a) * RHT(b) = sum of
+// a * b), so they are stored and counted in the columnwise amax like any other position.
+//
+// Random Hadamard transform (8.5), on the columnwise copy only: for column k and the 16-row
+// block at r, v_j = x[r + j][k] (zero where not valid), y = v * diag(s) * H16 / 4 with s the sign
+// mask (bit j set: s_j = -1; QT_NVFP4_RHT_SIGNS_TE = 0xD7E8, 0 gives the plain Hadamard matrix).
+// Fixed FP32 order (qt_nvfp4_rht16): first the exact products q_j = v_j * (+-0.25), then the
+// four radix-2 butterfly stages of the fast Walsh-Hadamard transform (pairs (i, i + h) for
+// h = 1, 2, 4, 8: a + b, a - b), which yields y_j = sum_k q_k (-1)^popcount(j & k) in Sylvester
+// order; each y_j is then rounded to BF16. TE sums on tensor cores in an unspecified order; the
+// butterflies are our fixed order, cheaper than 16 sequential adds per output (4 adds per
+// element instead of 16) and reproduced exactly by the twin. FP32 inputs are transformed as
+// they are (TE requires BF16 input for RHT; we do not). The columnwise data of an RHT tensor
+// dequantizes to the RHT domain (the transform is not undone).
+//
+// Stochastic rounding (8.6, ptx/quant.h): block b of row r of a direction's data draws its 16
+// bytes from qt_quant_random16(seed, step, tensor_id, r, b); the columnwise direction uses
+// tensor_id | QT_QUANT_TENSOR_COLWISE, row k and block m / 16. Rows are absolute rows of the
+// (padded) buffer. step is read from a device u64 counter when the kernel runs.
+#ifndef QT_QUANT_NVFP4_H
+#define QT_QUANT_NVFP4_H
+
+#include "qt_codec.h"  // qt_f32_to_e4m3, qt_e4m3_to_f32, qt_f32_to_e2m1_sr, qt_f32_to_bf16
+#include "quant.h"     // qt_group_desc, qt_quant_random16
+
+#define QT_NVFP4_BLOCK 16u              // elements per block scale, both directions
+#define QT_NVFP4_RHT_SIGNS_TE 0xD7E8u   // TE's fixed sign vector, bit j = index j is -1
+
+// nvfp4_quantize_args.flags; nvfp4_amax_args uses COLWISE (write amax_col) and RHT.
+#define QT_NVFP4_ROWWISE 1u
+#define QT_NVFP4_COLWISE 2u
+#define QT_NVFP4_RHT 4u  // columnwise data (and amax_col) of RHT(x^T)
+#define QT_NVFP4_2D 8u   // 16x16 tiles (weights): one amax per tile, scale replicated into rows
+#define QT_NVFP4_SR 16u  // stochastic rounding of the codes (both enabled directions)
+
+typedef struct nvfp4_amax_args {
+    uint64_t x;         // [rows][cols] bf16 | f32
+    uint64_t amax_row;  // f32 [max(count, 1)], atomically maxed (zeroed by qt_nvfp4_amax_zero)
+    uint64_t amax_col;  // f32 [max(count, 1)] when flags has COLWISE, else 0
+    qt_group_desc group;
+    uint32_t rows, cols;
+    uint32_t dtype;      // QT_DTYPE_BF16 | QT_DTYPE_F32
+    uint32_t flags;      // QT_NVFP4_COLWISE | QT_NVFP4_RHT
+    uint32_t rht_signs;  // low 16 bits
+    uint32_t reserved;
+} nvfp4_amax_args;
+QT_STATIC_ASSERT(sizeof(nvfp4_amax_args) == 72, "nvfp4_amax_args layout");
+
+typedef struct nvfp4_quantize_args {
+    uint64_t x;           // [rows][cols] bf16 | f32
+    uint64_t row_data;    // u8 [rows][ceil(cols/2)]      (ROWWISE)
+    uint64_t row_scales;  // e4m3 [rows][ceil(cols/16)]   (ROWWISE)
+    uint64_t col_data;    // u8 [cols][ceil(rows/2)]      (COLWISE)
+    uint64_t col_scales;  // e4m3 [cols][ceil(rows/16)]   (COLWISE)
+    uint64_t amax_row;    // f32 [max(count, 1)]          (ROWWISE)
+    uint64_t amax_col;    // f32 [max(count, 1)]          (COLWISE)
+    uint64_t step;        // u64 device step counter      (SR)
+    uint64_t seed;        // SR key
+    qt_group_desc group;
+    uint32_t rows, cols;
+    uint32_t dtype;
+    uint32_t flags;
+    uint32_t rht_signs;
+    uint32_t tensor_id;  // SR stream; the columnwise stream adds QT_QUANT_TENSOR_COLWISE
+} nvfp4_quantize_args;
+QT_STATIC_ASSERT(sizeof(nvfp4_quantize_args) == 120, "nvfp4_quantize_args layout");
+
+typedef struct nvfp4_dequantize_args {
+    uint64_t data;    // rowwise u8 [rows][ceil(cols/2)] or columnwise u8 [cols][ceil(rows/2)]
+    uint64_t scales;  // rowwise e4m3 [rows][ceil(cols/16)] or columnwise [cols][ceil(rows/16)]
+    uint64_t amax;    // f32 [max(count, 1)]: the direction's global amax
+    uint64_t out;     // [rows][cols] bf16 | f32 (rows at or past the active rows: not written)
+    qt_group_desc group;
+    uint32_t rows, cols;
+    uint32_t out_dtype;  // QT_DTYPE_BF16 | QT_DTYPE_F32
+    uint32_t colwise;    // 1: data and scales are the columnwise (transposed) set
+} nvfp4_dequantize_args;
+QT_STATIC_ASSERT(sizeof(nvfp4_dequantize_args) == 72, "nvfp4_dequantize_args layout");
+
+// Launch geometry, shared by the kernels and their op builders (runtime/op_quant_nvfp4.c).
+#define QT_NVFP4_THREADS 256u
+// qt_nvfp4_amax: a CTA covers 16 rows x (256 threads x one 8-byte chunk) columns.
+#define QT_NVFP4_AMAX_COLS(esize) (QT_NVFP4_THREADS * 8u / (esize))
+// qt_nvfp4_quantize: a CTA covers a 128 x 64 tile per iteration; dynamic shared memory holds the
+// input tile, the staged columnwise codes (64 columns x 64 bytes) and scales (64 x 8).
+#define QT_NVFP4_QUANT_TILE_ROWS 128u
+#define QT_NVFP4_QUANT_TILE_COLS 64u
+#define QT_NVFP4_QUANT_SMEM(esize) (128u * 64u * (esize) + 64u * 64u + 64u * 8u)
+// qt_nvfp4_dequantize: a CTA covers 16 rows x 256 columns per iteration.
+#define QT_NVFP4_DEQUANT_COLS QT_NVFP4_THREADS
+
+#define QT_KERNELS_QUANT_NVFP4(X)                                                  \
+    X(KERNEL_NVFP4_AMAX_ZERO, quant_nvfp4, qt_nvfp4_amax_zero, nvfp4_amax_args)    \
+    X(KERNEL_NVFP4_AMAX, quant_nvfp4, qt_nvfp4_amax, nvfp4_amax_args)              \
+    X(KERNEL_NVFP4_QUANTIZE, quant_nvfp4, qt_nvfp4_quantize, nvfp4_quantize_args)  \
+    X(KERNEL_NVFP4_DEQUANTIZE, quant_nvfp4, qt_nvfp4_dequantize, nvfp4_dequantize_args)
+
+#if defined(__CUDA_ARCH__)
+#define QT_NVFP4_UNROLL _Pragma("unroll")
+#else
+#define QT_NVFP4_UNROLL
+#endif
+
+// ---------------------------------------------------------------------------------------------
+// Row blocks and members.
+
+typedef struct qt_nvfp4_span {
+    uint32_t member;     // index into the per-member amax arrays
+    uint32_t valid_end;  // absolute row: data below, zero from here on
+    uint32_t store_end;  // absolute row: positions below are written; 0 = block not active
+} qt_nvfp4_span;
+
+// The span of the 16-row block starting at `row` (a multiple of 16). Grouped: the member is the
+// largest i < count with row_offsets[i] <= row (binary search, as TE's grouped kernels do), which
+// skips empty members (equal offsets); offsets past `rows` are clamped so that bad device data
+// cannot make a kernel write outside its buffers.
+QT_HD qt_nvfp4_span qt_nvfp4_span_of(const uint32_t *row_offsets, const uint32_t *first_dims,
+                                     uint32_t count, uint32_t rows, uint32_t row) {
+    qt_nvfp4_span span = {0, 0, 0};
+    if (count == 0) {
+        if (row < rows) span.valid_end = span.store_end = rows;
+        return span;
+    }
+    uint32_t limit = row_offsets[count] < rows ? row_offsets[count] : rows;
+    if (row >= limit) return span;
+    uint32_t lo = 0, hi = count - 1;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo + 1) / 2;
+        if (row_offsets[mid] <= row) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    uint32_t begin = row_offsets[lo];
+    uint32_t end = row_offsets[lo + 1] < limit ? row_offsets[lo + 1] : limit;
+    uint32_t valid = first_dims[lo] < end - begin ? first_dims[lo] : end - begin;
+    span.member = lo;
+    span.valid_end = begin + valid;
+    span.store_end = end;
+    return span;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scales (8.2, 8.3).
+
+// What a direction's global amax contributes to every block: c = RN(S_enc * f32(1/6)) and
+// S_dec = RN(1 / S_enc), with S_enc = RN(2688 / amax) clamped as TE's
+// compute_global_encode_scaling_factor_FP4 does: fminf(S_enc, FLT_MAX) (a NaN amax, which the
+// amax kernel cannot produce, lands on FLT_MAX like fminf's), then 1 when amax is 0 or S_enc is
+// 0 (amax = +Inf).
+typedef struct qt_nvfp4_scale {
+    float c;
+    float s_dec;
+} qt_nvfp4_scale;
+
+QT_HD float qt_nvfp4_s_enc(float amax) {
+    float s_enc = 2688.0f / amax;  // one IEEE division on both sides (-prec-div=true)
+    if (!(s_enc <= QT_F32_FLT_MAX)) s_enc = QT_F32_FLT_MAX;
+    if (amax == 0.0f || s_enc == 0.0f) s_enc = 1.0f;
+    return s_enc;
+}
+
+QT_HD qt_nvfp4_scale qt_nvfp4_scale_of(float amax) {
+    float s_enc = qt_nvfp4_s_enc(amax);
+    qt_nvfp4_scale s = {s_enc * QT_F32_INV_6, 1.0f / s_enc};
+    return s;
+}
+
+// The fast paths below replace generic codec calls on the per-block and per-element paths of the
+// fused cast, which is compute-bound: each equals the qt_codec.h function named in its comment
+// on its whole input domain, which tests/test_quant_nvfp4.c checks exhaustively (or over every
+// pattern of the binades that matter plus samples of all others). Both backends call them.
+
+// min(a, b) and max(a, b) of non-NaN operands (one VIMNMX, or one select on the host).
+QT_HD uint32_t qt_nvfp4_umax(uint32_t a, uint32_t b) { return a > b ? a : b; }
+
+// |x| (the device folds it into the consuming FADD or FMNMX as an operand modifier).
+QT_HD float qt_nvfp4_fabs(float x) {
+#if defined(__CUDA_ARCH__)
+    return fabsf(x);
+#else
+    return qt_bits_f32(qt_f32_bits(x) & QT_F32_ABS);
+#endif
+}
+
+// qt_f32_to_e4m3(d) for d >= 0 that is not NaN (+Inf included): saturate to 448, then round to
+// the E4M3 grid by one addition of M = 1.5 * 2^23 * step, step = 2^(max(E, 121) - 130) (the
+// subnormals and the first normal binade share the step 2^-9), exactly as qt_nvfp4_e2m1_rn does
+// for E2M1; the code is k + 8 * (max(E, 121) - 121) with k the sum's offset from M in ulps.
+QT_HD uint8_t qt_nvfp4_e4m3_nonneg(float d) {
+    float a = d <= 448.0f ? d : 448.0f;
+    uint32_t m = qt_nvfp4_umax((qt_f32_bits(a) & 0x7F800000u) + 0x0A400000u, 0x46C00000u);
+    uint32_t t = qt_f32_bits(a + qt_bits_f32(m));
+    return (uint8_t)(t - m + (m >> 20) - 1132u);  // (m >> 20) - 1132 = 8 * (E' - 121)
+}
+
+// qt_e4m3_to_f32(sb) for codes 0..0x7E (non-negative, not NaN): the code's exponent and mantissa
+// bits placed at FP32's exponent and mantissa positions read as an FP32 with bias 127 instead of
+// 7 (E4M3 subnormals land on FP32 subnormals), then one exact multiplication by 2^120.
+QT_HD float qt_nvfp4_e4m3_value(uint8_t sb) {
+    return qt_bits_f32((uint32_t)sb << 20) * qt_bits_f32(0x7B800000u);  // 2^120
+}
+
+// RN(1 / x): the device's __frcp_rn is the correctly rounded reciprocal, like the host division.
+QT_HD float qt_nvfp4_rcp(float x) {
+#if defined(__CUDA_ARCH__)
+    return __frcp_rn(x);
+#else
+    return 1.0f / x;
+#endif
+}
+
+// Stored block scale sb = satE4M3(RN(amax_b * c)). amax_b >= 0 and c is finite, so d is never
+// NaN and sb is never a NaN code.
+QT_HD uint8_t qt_nvfp4_block_scale(float amax_b, qt_nvfp4_scale s) {
+    return qt_nvfp4_e4m3_nonneg(amax_b * s.c);
+}
+
+// Element multiplier m_b = min(RN(1 / RN(float(sb) * S_dec)), FLT_MAX); FLT_MAX when sb == 0,
+// so that a block whose scale underflowed saturates its non-zero elements (8.3 note).
+QT_HD float qt_nvfp4_block_mult(uint8_t sb, float s_dec) {
+    if (sb == 0) return QT_F32_FLT_MAX;
+    float m = qt_nvfp4_rcp(qt_nvfp4_e4m3_value(sb) * s_dec);
+    return m <= QT_F32_FLT_MAX ? m : QT_F32_FLT_MAX;
+}
+
+// Dequantization scale RN(RN(float(sb) * amax) * f32(1/2688)) (dequantize_nvfp4.cuh).
+QT_HD float qt_nvfp4_dequant_scale(uint8_t sb, float amax) {
+    return (qt_e4m3_to_f32(sb) * amax) * QT_F32_INV_2688;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Elements.
+
+// acc = max(acc, |v|) with fmaxf semantics: a NaN v is ignored (2.3). acc is never NaN or
+// negative, so the host's compare-select returns what the device's FMNMX does.
+QT_HD float qt_nvfp4_absmax(float acc, float v) {
+#if defined(__CUDA_ARCH__)
+    return fmaxf(acc, fabsf(v));
+#else
+    float a = qt_bits_f32(qt_f32_bits(v) & QT_F32_ABS);
+    return a > acc ? a : acc;
+#endif
+}
+
+// max(min(y, 6), -6) with IEEE minNum/maxNum semantics: NaN becomes +6. One FMNMX each on the
+// device; the host's compare-selects agree for every y because the constants are neither NaN
+// nor zero.
+QT_HD float qt_nvfp4_clamp6(float y) {
+#if defined(__CUDA_ARCH__)
+    return fmaxf(fminf(y, 6.0f), -6.0f);
+#else
+    float s = y <= 6.0f ? y : 6.0f;
+    return s >= -6.0f ? s : -6.0f;
+#endif
+}
+
+// satE2M1 with round to nearest even (1.3): equal to qt_f32_to_e2m1(y) for every FP32 y (tests/
+// test_quant_nvfp4.c checks it over every pattern of the relevant binades and samples of all
+// others), in about a third of the operations, which matters because the fused cast is
+// compute-bound. After clamping to [-6, 6] (NaN -> +6), |s| is rounded to the E2M1 grid by one
+// FP32 addition of M = 1.5 * 2^23 * step, where step = 0.5 below 2 (the subnormals and the
+// binade [1, 2)), 1 in [2, 4) and 2 in [4, 6]: the sum lies in M's binade, whose ulp is the step,
+// so the addition rounds |s| to a multiple of the step with ties to even (M is an even multiple).
+// The sum's bit pattern is then M's plus k = |s| / step rounded, and the code is
+// k + 2 * (E - 127), E = max(biased exponent of |s|, 127).
+QT_HD uint32_t qt_nvfp4_e2m1_rn(float y) {
+    uint32_t s = qt_f32_bits(qt_nvfp4_clamp6(y));
+    uint32_t e = s & 0x7F800000u;
+    e = e > 0x3F800000u ? e : 0x3F800000u;
+    uint32_t m = e + 0x0B400000u;  // exponent E + 22, mantissa 1.5
+    float t = qt_bits_f32(s & QT_F32_ABS) + qt_bits_f32(m);
+    uint32_t code = qt_f32_bits(t) - m + (e >> 22) - 254u;
+    return code | ((s >> 28) & 8u);
+}
+
+// 8 codes q_j = qt_nvfp4_e2m1_rn(v_j * m) packed into one word (element j in nibble j), with the
+// arithmetic of qt_nvfp4_e2m1_rn rearranged to fewer device instructions: the sum t's bit pattern
+// is m + k with m's low 22 bits zero, so (t >> 22) + (t & 7) = k + 2E' + 45 = code + 299; these
+// biased codes are added at their nibbles (one shift-add each) and the bias, 299 per nibble, is
+// taken off once, modulo 2^32, before the sign bits are merged in.
+QT_HD uint32_t qt_nvfp4_encode8(const float *v, float m) {
+    uint32_t codes = 0, signs = 0;
+    QT_NVFP4_UNROLL
+    for (int j = 0; j < 8; j++) {
+        float s = qt_nvfp4_clamp6(v[j] * m);
+        uint32_t bits = qt_f32_bits(s);
+        uint32_t mb = qt_nvfp4_umax((bits & 0x7F800000u) + 0x0B400000u, 0x4AC00000u);
+        uint32_t t = qt_f32_bits(qt_nvfp4_fabs(s) + qt_bits_f32(mb));
+        codes += ((t >> 22) + (t & 7u)) << (4 * j);
+        signs |= (bits >> (28 - 4 * j)) & (8u << (4 * j));
+    }
+    return (codes - 299u * 0x11111111u) | signs;
+}
+
+// 16 codes of one block with multiplier m: q_j = satE2M1(RN(v_j * m)) in nibble j of out.
+QT_HD void qt_nvfp4_encode16(const float v[16], float m, uint32_t out[2]) {
+    out[0] = qt_nvfp4_encode8(v, m);
+    out[1] = qt_nvfp4_encode8(v + 8, m);
+}
+
+// The same with stochastic rounding: element j uses random byte j of r (ptx/quant.h).
+QT_HD void qt_nvfp4_encode16_sr(const float v[16], float m, qt_philox4 r, uint32_t out[2]) {
+    uint32_t w0 = 0, w1 = 0;
+    QT_NVFP4_UNROLL
+    for (int j = 0; j < 8; j++) {
+        w0 |= (uint32_t)qt_f32_to_e2m1_sr(v[j] * m, qt_quant_random_byte(r, (uint32_t)j))
+              << (4 * j);
+        w1 |= (uint32_t)qt_f32_to_e2m1_sr(v[j + 8] * m, qt_quant_random_byte(r, (uint32_t)j + 8))
+              << (4 * j);
+    }
+    out[0] = w0;
+    out[1] = w1;
+}
+
+// Rounds a pair of FP32 values to BF16 (RN, Inf past BF16_MAX, subnormals kept) and back. The
+// device uses one cvt.rn.bf16x2.f32, which gives qt_f32_to_bf16's bits for every non-NaN input;
+// for NaN only the payload differs (0x7FFF vs 0x7FC0 | sign), and no use of a rounded RHT value
+// can see a payload: the amax ignores NaN and every encoder maps any NaN to +6.
+QT_HD void qt_nvfp4_round_bf16_pair(float *lo, float *hi) {
+#if defined(__CUDA_ARCH__)
+    uint32_t packed;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(*hi), "f"(*lo));
+    *lo = __uint_as_float(packed << 16);
+    *hi = __uint_as_float(packed & 0xFFFF0000u);
+#else
+    *lo = qt_bf16_to_f32(qt_f32_to_bf16(*lo));
+    *hi = qt_bf16_to_f32(qt_f32_to_bf16(*hi));
+#endif
+}
+
+// The RHT of one group (see the top of this file for the order), rounded to BF16, in place.
+QT_HD void qt_nvfp4_rht16(float v[16], uint32_t signs) {
+    QT_NVFP4_UNROLL
+    for (int k = 0; k < 16; k++) v[k] = v[k] * (((signs >> k) & 1u) ? -0.25f : 0.25f);
+    QT_NVFP4_UNROLL
+    for (int h = 1; h < 16; h <<= 1) {
+        QT_NVFP4_UNROLL
+        for (int i = 0; i < 16; i++) {
+            if ((i & h) == 0) {
+                float a = v[i], b = v[i + h];
+                v[i] = a + b;
+                v[i + h] = a - b;
+            }
+        }
+    }
+    QT_NVFP4_UNROLL
+    for (int j = 0; j < 16; j += 2) qt_nvfp4_round_bf16_pair(&v[j], &v[j + 1]);
+}
+
+#endif  // QT_QUANT_NVFP4_H

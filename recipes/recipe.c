@@ -1,0 +1,1334 @@
+#include "recipe.h"
+
+#include <errno.h>
+#include <fcntl.h>     // open
+#include <float.h>     // FLT_MAX
+#include <inttypes.h>  // PRIu64
+#include <locale.h>    // localeconv: strtof reads the decimal point of the current locale
+#include <math.h>      // isfinite
+#include <stdarg.h>
+#include <stdio.h>     // vsnprintf, snprintf
+#include <stdlib.h>    // strtof
+#include <string.h>
+#include <unistd.h>    // read, close
+
+_Static_assert(RECIPE_SCHEDULE_ROWS_MAX <= 64, "rows_lr_given and rows_dataset_given are uint64_t");
+_Static_assert(RECIPE_NAME_MAX + 8 <= QT_ROLE_NAME_MAX, "role names are layer names + a suffix");
+
+// ---------------------------------------------------------------------------------------------
+// Positions, messages, tokens
+
+// Where the words being parsed come from. end_col is the column just past the line's content
+// (comment and trailing blanks removed), where "found end of line" errors point.
+typedef struct line_ctx {
+    const char *file;
+    uint32_t line;
+    uint32_t end_col;
+} line_ctx;
+
+// A word of the line, NUL-terminated in place inside the parser's copy of the line.
+typedef struct token {
+    const char *text;
+    uint32_t bytes;
+    uint32_t col;
+} token;
+
+// Words are quoted in messages up to this many bytes, so that one long word cannot push the
+// position and the expectation out of the message buffer.
+#define QUOTE_BYTES 64
+
+static qt_status fail_v(qt_status status, const char *file, uint32_t line, uint32_t col,
+                        const char *fmt, va_list args) {
+    char message[QT_ERROR_MESSAGE_MAX];
+    vsnprintf(message, sizeof message, fmt, args);
+    return qt_fail(status, "%s:%u:%u: %s", file, line, col, message);
+}
+
+qt_status recipe_fail_at(qt_status status, const char *file, uint32_t line, uint32_t col,
+                         const char *fmt, ...) {
+    va_list args;
+    va_start(args, fmt);
+    qt_status s = fail_v(status, file, line, col, fmt, args);
+    va_end(args);
+    return s;
+}
+
+__attribute__((format(printf, 3, 4)))
+static qt_status fail(const line_ctx *at, uint32_t col, const char *fmt, ...) {
+    va_list args;
+    va_start(args, fmt);
+    qt_status s = fail_v(QT_ERR_INPUT, at->file, at->line, col, fmt, args);
+    va_end(args);
+    return s;
+}
+
+__attribute__((format(printf, 3, 4)))
+static qt_status fail_capacity(const line_ctx *at, uint32_t col, const char *fmt, ...) {
+    va_list args;
+    va_start(args, fmt);
+    qt_status s = fail_v(QT_ERR_CAPACITY, at->file, at->line, col, fmt, args);
+    va_end(args);
+    return s;
+}
+
+static bool is_blank(char c) { return c == ' ' || c == '\t'; }
+
+// Splits buf[begin, end) at blanks into tokens[*count ..], terminating each word in place: the
+// byte after a word (a blank, or buf[end]) becomes NUL, so buf[end] must be writable.
+static qt_status tokenize(const line_ctx *at, char *buf, uint32_t begin, uint32_t end,
+                          uint32_t col_base, token *tokens, uint32_t *count) {
+    uint32_t i = begin;
+    while (i < end) {
+        if (is_blank(buf[i])) {
+            i++;
+            continue;
+        }
+        uint32_t start = i;
+        while (i < end && !is_blank(buf[i])) i++;
+        if (*count == RECIPE_LINE_TOKENS_MAX) {
+            return fail_capacity(at, col_base + start,
+                                 "too many words on one line: line_tokens_max is %d",
+                                 RECIPE_LINE_TOKENS_MAX);
+        }
+        tokens[*count] = (token){buf + start, i - start, col_base + start};
+        (*count)++;
+        buf[i] = '\0';
+        i++;
+    }
+    return QT_OK;
+}
+
+// "a, b, c or d" into buf.
+static const char *join_names(const char *const *names, uint32_t count, char *buf, size_t size) {
+    size_t used = 0;
+    buf[0] = '\0';
+    for (uint32_t i = 0; i < count && used < size; i++) {
+        const char *sep = i == 0 ? "" : i + 1 == count ? " or " : ", ";
+        int n = snprintf(buf + used, size - used, "%s%s", sep, names[i]);
+        if (n < 0) break;
+        used += (size_t)n;
+    }
+    return buf;
+}
+
+// Index of word in names, or -1.
+static int find_name(const char *const *names, uint32_t count, const char *word) {
+    for (uint32_t i = 0; i < count; i++) {
+        if (strcmp(names[i], word) == 0) return (int)i;
+    }
+    return -1;
+}
+
+// Fails unless the line has no words after tokens[used - 1].
+static qt_status expect_end(const line_ctx *at, const token *tokens, uint32_t count,
+                            uint32_t used) {
+    if (count <= used) return QT_OK;
+    return fail(at, tokens[used].col, "unexpected '%.*s'; expected end of line", QUOTE_BYTES,
+                tokens[used].text);
+}
+
+// "expected X, found 'word'" or "expected X, found end of line" for tokens[index].
+static qt_status fail_expected(const line_ctx *at, const token *tokens, uint32_t count,
+                               uint32_t index, const char *expected) {
+    if (index >= count) return fail(at, at->end_col, "expected %s, found end of line", expected);
+    return fail(at, tokens[index].col, "expected %s, found '%.*s'", expected, QUOTE_BYTES,
+                tokens[index].text);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Numbers
+
+typedef enum range_kind { RANGE_CLOSED, RANGE_LO_OPEN, RANGE_HI_OPEN } range_kind;
+
+static qt_status parse_u64(const line_ctx *at, const token *t, const char *what, uint64_t lo,
+                           uint64_t hi, uint64_t *out) {
+    uint64_t value = 0;
+    bool overflow = false;
+    for (uint32_t i = 0; i < t->bytes; i++) {
+        char c = t->text[i];
+        if (c < '0' || c > '9') {
+            return fail(at, t->col, "bad number: expected an integer for %s, found '%.*s'", what,
+                        QUOTE_BYTES, t->text);
+        }
+        uint64_t digit = (uint64_t)(c - '0');
+        if (value > (UINT64_MAX - digit) / 10) overflow = true;
+        value = value * 10 + digit;
+    }
+    if (t->bytes == 0) {
+        return fail(at, t->col, "bad number: expected an integer for %s, found nothing", what);
+    }
+    if (overflow || value < lo || value > hi) {
+        return fail(at, t->col,
+                    "number out of range: expected %s in [%" PRIu64 ", %" PRIu64 "], found %.*s",
+                    what, lo, hi, QUOTE_BYTES, t->text);
+    }
+    *out = value;
+    return QT_OK;
+}
+
+static qt_status parse_u32(const line_ctx *at, const token *t, const char *what, uint32_t lo,
+                           uint32_t hi, uint32_t *out) {
+    uint64_t value;
+    QT_TRY(parse_u64(at, t, what, lo, hi, &value));
+    *out = (uint32_t)value;
+    return QT_OK;
+}
+
+// [+-]digits[.digits][e[+-]digits], or [+-].digits[...]: what strtof reads, minus hex, inf and
+// nan, which a recipe never needs and which would hide typos.
+static bool is_decimal_real(const char *s) {
+    uint32_t digits = 0;
+    if (*s == '+' || *s == '-') s++;
+    for (; *s >= '0' && *s <= '9'; s++) digits++;
+    if (*s == '.') {
+        for (s++; *s >= '0' && *s <= '9'; s++) digits++;
+    }
+    if (digits == 0) return false;
+    if (*s == 'e' || *s == 'E') {
+        s++;
+        if (*s == '+' || *s == '-') s++;
+        if (!(*s >= '0' && *s <= '9')) return false;
+        while (*s >= '0' && *s <= '9') s++;
+    }
+    return *s == '\0';
+}
+
+// Parses with strtof, which rounds correctly to FP32 (so `1e-3` is the float PyTorch uses too).
+// strtof reads the current locale's decimal point, which an embedding program may have changed:
+// the '.' is replaced by it in a copy. Long words are refused before strtof sees them.
+static qt_status parse_f32(const line_ctx *at, const token *t, const char *what, float lo,
+                           float hi, range_kind range, float *out) {
+    char copy[96];
+    if (t->bytes > 40 || !is_decimal_real(t->text)) {
+        return fail(at, t->col, "bad number: expected a decimal number for %s, found '%.*s'",
+                    what, QUOTE_BYTES, t->text);
+    }
+    const char *point = localeconv()->decimal_point;
+    size_t used = 0;
+    for (const char *s = t->text; *s != '\0'; s++) {
+        const char *piece = *s == '.' && point[0] != '\0' ? point : s;
+        size_t piece_bytes = piece == s ? 1 : strlen(point);
+        if (used + piece_bytes >= sizeof copy) break;  // refused above: 40 bytes at most
+        memcpy(copy + used, piece, piece_bytes);
+        used += piece_bytes;
+    }
+    copy[used] = '\0';
+    char *end = NULL;
+    float value = strtof(copy, &end);
+    bool ok = end != NULL && *end == '\0' && isfinite(value) &&
+              (range == RANGE_LO_OPEN ? value > lo : value >= lo) &&
+              (range == RANGE_HI_OPEN ? value < hi : value <= hi);
+    if (!ok) {
+        return fail(at, t->col, "number out of range: expected %s in %c%g, %g%c, found %.*s",
+                    what, range == RANGE_LO_OPEN ? '(' : '[', (double)lo, (double)hi,
+                    range == RANGE_HI_OPEN ? ')' : ']', QUOTE_BYTES, t->text);
+    }
+    *out = value;
+    return QT_OK;
+}
+
+static qt_status parse_bool(const line_ctx *at, const token *t, const char *what, bool *out) {
+    if (strcmp(t->text, "0") != 0 && strcmp(t->text, "1") != 0) {
+        return fail(at, t->col, "expected 0 or 1 for %s, found '%.*s'", what, QUOTE_BYTES,
+                    t->text);
+    }
+    *out = t->text[0] == '1';
+    return QT_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Options: `name=value` words
+
+// Splits an option word, finds its name in names[] and rejects unknown or repeated names. owner
+// names the thing the options belong to in messages ("moe", "adamw").
+static qt_status option_split(const line_ctx *at, const token *t, const char *const *names,
+                              uint32_t names_count, const char *owner, uint32_t *seen,
+                              uint32_t *index, token *value) {
+    const char *eq = strchr(t->text, '=');
+    char expected[256];
+    join_names(names, names_count, expected, sizeof expected);
+    if (eq == NULL || eq == t->text) {
+        return fail(at, t->col, "expected an option NAME=VALUE for %s (%s), found '%.*s'", owner,
+                    expected, QUOTE_BYTES, t->text);
+    }
+    uint32_t name_bytes = (uint32_t)(eq - t->text);
+    int found = -1;
+    for (uint32_t i = 0; i < names_count && found < 0; i++) {
+        if (strlen(names[i]) == name_bytes && memcmp(names[i], t->text, name_bytes) == 0) {
+            found = (int)i;
+        }
+    }
+    if (found < 0) {
+        return fail(at, t->col, "unknown option '%.*s' for %s; expected %s", (int)name_bytes,
+                    t->text, owner, expected);
+    }
+    if (*seen & (1u << found)) {
+        return fail(at, t->col, "option '%s' given twice", names[found]);
+    }
+    if (eq[1] == '\0') {
+        return fail(at, t->col + name_bytes + 1, "expected a value after '%s=', found nothing",
+                    names[found]);
+    }
+    *seen |= 1u << found;
+    *index = (uint32_t)found;
+    *value = (token){eq + 1, t->bytes - name_bytes - 1, t->col + name_bytes + 1};
+    return QT_OK;
+}
+
+// Fails if a required option (bit of `required`) is missing from `seen`.
+static qt_status option_require(const line_ctx *at, const char *const *names, uint32_t required,
+                                uint32_t seen, const char *owner) {
+    for (uint32_t i = 0; i < 32; i++) {
+        if ((required & (1u << i)) && !(seen & (1u << i))) {
+            return fail(at, at->end_col, "%s needs %s=N; found no %s= option", owner, names[i],
+                        names[i]);
+        }
+    }
+    return QT_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rules (the syntax is in rules.h; the meaning of each option in rules.c)
+
+static const char *const scheme_names[QT_SCHEME_COUNT] = {
+    "bf16", "delayed", "current", "mxfp8", "block", "nvfp4",
+};
+static const char *const option_names[QT_OPTION_COUNT] = {
+    [QT_OPTION_ELEM] = "e4m3|e5m2", [QT_OPTION_MARGIN] = "margin", [QT_OPTION_HISTORY] = "history",
+    [QT_OPTION_ALGO] = "algo", [QT_OPTION_POW2] = "pow2", [QT_OPTION_EPS] = "eps",
+    [QT_OPTION_SR] = "sr", [QT_OPTION_2D] = "2d", [QT_OPTION_RHT] = "rht",
+};
+
+static bool is_glob_char(char c, bool in_name) {
+    if ((c >= 'a' && c <= 'z') || c == '_' || c == '*' || c == '?') return true;
+    return in_name && ((c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.');
+}
+
+// Copies one field of a pattern, checking its characters and length.
+static qt_status glob_copy(const line_ctx *at, const token *t, uint32_t begin, uint32_t end,
+                           bool in_name, char *out, uint32_t out_bytes) {
+    static const char *const field_names[2] = {"module or tensor", "name"};
+    if (begin == end) {
+        return fail(at, t->col + begin, "expected a role pattern MODULE.TENSOR@NAME (globs * and "
+                    "?), found an empty %s field in '%.*s'", field_names[in_name], QUOTE_BYTES,
+                    t->text);
+    }
+    if (end - begin >= out_bytes) {
+        return fail(at, t->col + begin, "%s field of the pattern too long: expected at most %u "
+                    "bytes, found %u", field_names[in_name], out_bytes - 1, end - begin);
+    }
+    for (uint32_t i = begin; i < end; i++) {
+        if (!is_glob_char(t->text[i], in_name)) {
+            return fail(at, t->col + i, "unexpected '%c' in the role pattern; expected %s",
+                        t->text[i], in_name ? "letters, digits, '_', '.', '*' or '?'"
+                                            : "lower-case letters, '_', '*' or '?'");
+        }
+    }
+    memcpy(out, t->text + begin, end - begin);
+    out[end - begin] = '\0';
+    return QT_OK;
+}
+
+static qt_status rule_parse_pattern(const line_ctx *at, const token *t, qt_rule *rule) {
+    const char *dot = strchr(t->text, '.');
+    const char *at_sign = dot ? strchr(dot, '@') : NULL;
+    if (dot == NULL || at_sign == NULL) {
+        return fail(at, t->col, "expected a role pattern MODULE.TENSOR@NAME (globs * and ?), "
+                    "found '%.*s'", QUOTE_BYTES, t->text);
+    }
+    uint32_t dot_index = (uint32_t)(dot - t->text), at_index = (uint32_t)(at_sign - t->text);
+    QT_TRY(glob_copy(at, t, 0, dot_index, false, rule->module_glob, RULES_GLOB_MAX));
+    QT_TRY(glob_copy(at, t, dot_index + 1, at_index, false, rule->tensor_glob, RULES_GLOB_MAX));
+    QT_TRY(glob_copy(at, t, at_index + 1, t->bytes, true, rule->name_glob, QT_ROLE_NAME_MAX));
+    // A module or tensor field that matches nothing is a typo ("liner"): say so now rather than
+    // let the rule silently never apply.
+    bool module_ok = false, tensor_ok = false;
+    for (int m = 0; m < QT_MODULE_COUNT; m++) {
+        module_ok |= rules_glob_match(rule->module_glob, rules_module_type_name(m));
+    }
+    for (int k = 0; k < QT_TENSOR_COUNT; k++) {
+        tensor_ok |= rules_glob_match(rule->tensor_glob, rules_tensor_type_name(k));
+    }
+    if (!module_ok) {
+        return fail(at, t->col, "pattern '%s' matches no module type; expected linear, "
+                    "grouped_linear or router (globs * and ?)", rule->module_glob);
+    }
+    if (!tensor_ok) {
+        return fail(at, t->col + dot_index + 1, "pattern '%s' matches no tensor type; expected "
+                    "input, weight or grad_output (globs * and ?)", rule->tensor_glob);
+    }
+    return QT_OK;
+}
+
+// Which option a word names; the element type is a bare word, the others NAME=VALUE.
+static qt_status rule_option_of(const line_ctx *at, const token *t, qt_rule_option *opt,
+                                token *value) {
+    if (strcmp(t->text, "e4m3") == 0 || strcmp(t->text, "e5m2") == 0) {
+        *opt = QT_OPTION_ELEM;
+        *value = *t;
+        return QT_OK;
+    }
+    const char *eq = strchr(t->text, '=');
+    uint32_t name_bytes = eq ? (uint32_t)(eq - t->text) : t->bytes;
+    for (int o = QT_OPTION_ELEM + 1; o < QT_OPTION_COUNT; o++) {
+        if (eq && strlen(option_names[o]) == name_bytes &&
+            memcmp(option_names[o], t->text, name_bytes) == 0) {
+            if (eq[1] == '\0') {
+                return fail(at, t->col + name_bytes + 1,
+                            "expected a value after '%s=', found nothing", option_names[o]);
+            }
+            *opt = (qt_rule_option)o;
+            *value = (token){eq + 1, t->bytes - name_bytes - 1, t->col + name_bytes + 1};
+            return QT_OK;
+        }
+    }
+    return fail(at, t->col, "unknown option '%.*s'; expected e4m3, e5m2, margin=, history=, "
+                "algo=, pow2=, eps=, sr=, 2d= or rht=", QUOTE_BYTES, t->text);
+}
+
+static qt_status rule_option_value(const line_ctx *at, qt_rule_option opt, const token *v,
+                                   qt_quantizer *q) {
+    static const char *const algo_names[2] = {"max", "most_recent"};
+    switch (opt) {
+    case QT_OPTION_ELEM:
+        q->elem = strcmp(v->text, "e5m2") == 0 ? QT_ELEM_E5M2 : QT_ELEM_E4M3;
+        return QT_OK;
+    case QT_OPTION_MARGIN:
+        return parse_u32(at, v, "margin", 0, RULES_MARGIN_MAX, &q->margin);
+    case QT_OPTION_HISTORY:
+        return parse_u32(at, v, "history", 1, RULES_HISTORY_MAX, &q->history_len);
+    case QT_OPTION_ALGO: {
+        int a = find_name(algo_names, 2, v->text);
+        if (a < 0) {
+            return fail(at, v->col, "unknown algo '%.*s'; expected max or most_recent",
+                        QUOTE_BYTES, v->text);
+        }
+        q->amax_algo = a == 0 ? QT_AMAX_MAX : QT_AMAX_MOST_RECENT;
+        return QT_OK;
+    }
+    case QT_OPTION_POW2: return parse_bool(at, v, "pow2", &q->pow2);
+    case QT_OPTION_EPS: return parse_f32(at, v, "eps", 0.0f, FLT_MAX, RANGE_CLOSED, &q->amax_eps);
+    case QT_OPTION_SR: return parse_bool(at, v, "sr", &q->sr);
+    case QT_OPTION_2D: return parse_bool(at, v, "2d", &q->two_d);
+    case QT_OPTION_RHT: return parse_bool(at, v, "rht", &q->rht);
+    case QT_OPTION_COUNT: break;
+    }
+    QT_ASSERT(!"unreachable");
+    return QT_ERR_INPUT;
+}
+
+static qt_status rule_parse_option(const line_ctx *at, const token *t, qt_rule *rule) {
+    qt_rule_option opt = QT_OPTION_COUNT;
+    token value;
+    QT_TRY(rule_option_of(at, t, &opt, &value));
+    if (!rules_option_applies(opt, rule->scheme)) {
+        char schemes[128];
+        return fail(at, t->col, "unsupported combination: %s applies to %s, found with %s",
+                    opt == QT_OPTION_ELEM ? t->text : option_names[opt],
+                    rules_option_schemes(opt, schemes, sizeof schemes),
+                    scheme_names[rule->scheme]);
+    }
+    if (rule->set & (1u << opt)) {
+        return fail(at, t->col, "option '%s' given twice", option_names[opt]);
+    }
+    QT_TRY(rule_option_value(at, opt, &value, &rule->values));
+    rule->set |= 1u << opt;
+    rule->option_col[opt] = t->col;
+    return QT_OK;
+}
+
+static qt_status rule_parse_tokens(const line_ctx *at, const token *v, uint32_t n,
+                                   qt_rule *rule) {
+    QT_ASSERT(n >= 1);
+    memset(rule, 0, sizeof *rule);
+    rule->line = at->line;
+    rule->col = v[0].col;
+    QT_TRY(rule_parse_pattern(at, &v[0], rule));
+    if (n < 2) {
+        return fail(at, at->end_col, "expected '->' after the role pattern, found end of line");
+    }
+    if (strcmp(v[1].text, "->") != 0) {
+        return fail(at, v[1].col, "expected '->' after the role pattern, found '%.*s'",
+                    QUOTE_BYTES, v[1].text);
+    }
+    if (n < 3) return fail(at, at->end_col, "expected a format after '->', found end of line");
+    int scheme = find_name(scheme_names, QT_SCHEME_COUNT, v[2].text);
+    if (scheme < 0) {
+        return fail(at, v[2].col, "unknown format '%.*s'; expected one of bf16, delayed, "
+                    "current, mxfp8, block, nvfp4", QUOTE_BYTES, v[2].text);
+    }
+    rule->scheme = (qt_scheme)scheme;
+    rule->values.scheme = (qt_scheme)scheme;
+    for (uint32_t i = 3; i < n; i++) QT_TRY(rule_parse_option(at, &v[i], rule));
+    return QT_OK;
+}
+
+qt_status recipe_rule_parse(const char *text, size_t bytes, const char *file, uint32_t line,
+                            uint32_t col, qt_rule *out) {
+    QT_ASSERT(text != NULL && file != NULL && out != NULL);
+    char buf[RECIPE_LINE_BYTES_MAX + 1];
+    line_ctx at = {file, line, col + (uint32_t)bytes};
+    if (bytes > RECIPE_LINE_BYTES_MAX) {
+        return fail(&at, col, "rule too long: expected at most %d bytes, found %zu",
+                    RECIPE_LINE_BYTES_MAX, bytes);
+    }
+    memcpy(buf, text, bytes);
+    buf[bytes] = '\0';
+    token tokens[RECIPE_LINE_TOKENS_MAX];
+    uint32_t count = 0;
+    QT_TRY(tokenize(&at, buf, 0, (uint32_t)bytes, col, tokens, &count));
+    if (count == 0) return fail(&at, col, "expected a rule PATTERN -> FORMAT, found nothing");
+    return rule_parse_tokens(&at, tokens, count, out);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The parser
+
+typedef enum key_id {
+    KEY_INPUT, KEY_LAYER, KEY_LOSS,         // [model]
+    KEY_RECIPE, KEY_RULE,                   // [quant]
+    KEY_TRAIN, KEY_EVAL, KEY_BATCH, KEY_SEED,  // [data]
+    KEY_COUNT
+} key_id;
+
+typedef struct key_spec {
+    const char *name;
+    recipe_section section;
+    bool repeats;
+    bool required;
+    const char *usage;  // what a missing key should look like
+} key_spec;
+
+static const key_spec key_specs[KEY_COUNT] = {
+    [KEY_INPUT] = {"input", RECIPE_SECTION_MODEL, false, true, "input = N"},
+    [KEY_LAYER] = {"layer", RECIPE_SECTION_MODEL, true, false, "layer = KIND ..."},
+    [KEY_LOSS] = {"loss", RECIPE_SECTION_MODEL, false, true, "loss = softmax_xent | mse"},
+    [KEY_RECIPE] = {"recipe", RECIPE_SECTION_QUANT, false, true,
+                    "recipe = bf16 | delayed | current | mxfp8 | block | nvfp4 | none"},
+    [KEY_RULE] = {"rule", RECIPE_SECTION_QUANT, true, false, "rule = PATTERN -> FORMAT"},
+    [KEY_TRAIN] = {"train", RECIPE_SECTION_DATA, false, true, "train = SOURCE"},
+    [KEY_EVAL] = {"eval", RECIPE_SECTION_DATA, false, false, "eval = SOURCE"},
+    [KEY_BATCH] = {"batch", RECIPE_SECTION_DATA, false, true, "batch = N"},
+    [KEY_SEED] = {"seed", RECIPE_SECTION_DATA, false, false, "seed = N"},
+};
+
+static const char *const section_names[RECIPE_SECTION_COUNT] = {
+    "model", "quant", "optim", "data", "schedule",
+};
+
+typedef struct parser {
+    line_ctx at;
+    recipe *r;
+    int section;                                   // recipe_section; -1 before the first header
+    uint32_t section_line[RECIPE_SECTION_COUNT];   // 0 = not given
+    uint32_t key_line[KEY_COUNT];                  // first line of each key; 0 = not given
+    uint32_t optim_line;
+    uint32_t residual_open[RECIPE_RESIDUAL_DEPTH_MAX];  // layer indices of open `residual begin`
+    uint32_t residual_depth;
+    uint32_t rmsnorm_count;
+    uint64_t rows_lr_given;                        // bit per schedule row
+    uint64_t rows_dataset_given;
+    char buf[RECIPE_LINE_BYTES_MAX + 1];           // the current line, split into tokens
+    token tokens[RECIPE_LINE_TOKENS_MAX];
+    uint32_t tokens_count;
+} parser;
+
+const recipe_layer *recipe_layer_find(const recipe *r, const char *name, size_t name_bytes) {
+    QT_ASSERT(r != NULL && name != NULL);
+    for (uint32_t i = 0; i < r->model.layers_count; i++) {
+        const recipe_layer *l = &r->model.layers[i];
+        if (name_bytes > 0 && name_bytes < RECIPE_NAME_MAX &&
+            strncmp(l->name, name, name_bytes) == 0 && l->name[name_bytes] == '\0') {
+            return l;
+        }
+    }
+    return NULL;
+}
+
+// ---------------------------------------------------------------------------------------------
+// [model]
+
+static const char *const layer_names[] = {
+    "linear", "relu", "gelu", "silu", "swiglu", "rmsnorm", "residual", "moe",
+};
+static const recipe_layer_kind layer_kinds[] = {
+    RECIPE_LAYER_LINEAR, RECIPE_LAYER_RELU, RECIPE_LAYER_GELU, RECIPE_LAYER_SILU,
+    RECIPE_LAYER_SWIGLU, RECIPE_LAYER_RMSNORM, RECIPE_LAYER_RESIDUAL_BEGIN, RECIPE_LAYER_MOE,
+};
+#define LAYER_NAMES_COUNT (sizeof layer_names / sizeof layer_names[0])
+
+static bool is_name(const char *s) {
+    bool first = true;
+    for (; *s != '\0'; s++, first = false) {
+        char c = *s;
+        bool alpha = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+        if (!alpha && (first || c < '0' || c > '9')) return false;
+    }
+    return !first;
+}
+
+static qt_status layer_name_set(const parser *p, const token *t, recipe_layer *l) {
+    if (!is_name(t->text)) {
+        return fail(&p->at, t->col, "expected a layer name [A-Za-z_][A-Za-z0-9_]*, found '%.*s'",
+                    QUOTE_BYTES, t->text);
+    }
+    if (t->bytes >= RECIPE_NAME_MAX) {
+        return fail(&p->at, t->col, "layer name too long: expected at most %d bytes, found %u",
+                    RECIPE_NAME_MAX - 1, t->bytes);
+    }
+    const recipe_layer *other = recipe_layer_find(p->r, t->text, t->bytes);
+    if (other != NULL) {
+        return fail(&p->at, t->col, "duplicate layer name '%s'; first declared at line %u",
+                    t->text, other->line);
+    }
+    memcpy(l->name, t->text, t->bytes + 1);
+    return QT_OK;
+}
+
+static qt_status parse_linear(parser *p, const token *v, uint32_t n, recipe_layer *l) {
+    if (n < 3) {
+        return fail(&p->at, p->at.end_col, "expected 'linear NAME OUT [bias]', found end of line");
+    }
+    QT_TRY(layer_name_set(p, &v[1], l));
+    QT_TRY(parse_u32(&p->at, &v[2], "OUT", 1, RECIPE_FEATURES_MAX, &l->out_features));
+    if (n >= 4) {
+        if (strcmp(v[3].text, "bias") != 0) {
+            return fail(&p->at, v[3].col, "expected 'bias' or end of line, found '%.*s'",
+                        QUOTE_BYTES, v[3].text);
+        }
+        l->bias = true;
+    }
+    return expect_end(&p->at, v, n, 4);
+}
+
+static qt_status parse_rmsnorm(parser *p, const token *v, uint32_t n, recipe_layer *l) {
+    static const char *const names[] = {"eps"};
+    uint32_t first_option = 1;
+    p->rmsnorm_count++;
+    if (n >= 2 && strchr(v[1].text, '=') == NULL) {
+        QT_TRY(layer_name_set(p, &v[1], l));
+        first_option = 2;
+    } else {
+        // Unnamed norms still need unique names (checkpoints and exports key tensors by name).
+        char name[RECIPE_NAME_MAX];
+        int bytes = snprintf(name, sizeof name, "rmsnorm%u", p->rmsnorm_count);
+        token t = {name, (uint32_t)bytes, v[0].col};
+        QT_TRY(layer_name_set(p, &t, l));
+    }
+    l->eps = 1e-5f;  // TransformerEngine's RMSNorm default
+    uint32_t seen = 0;
+    for (uint32_t i = first_option; i < n; i++) {
+        uint32_t index;
+        token value;
+        QT_TRY(option_split(&p->at, &v[i], names, 1, "rmsnorm", &seen, &index, &value));
+        QT_TRY(parse_f32(&p->at, &value, "eps", 0.0f, 1.0f, RANGE_LO_OPEN, &l->eps));
+    }
+    return QT_OK;
+}
+
+static qt_status parse_residual(parser *p, const token *v, uint32_t n, recipe_layer *l) {
+    uint32_t index = p->r->model.layers_count;
+    if (n < 2 || (strcmp(v[1].text, "begin") != 0 && strcmp(v[1].text, "end") != 0)) {
+        return fail_expected(&p->at, v, n, 1, "'residual begin' or 'residual end'");
+    }
+    QT_TRY(expect_end(&p->at, v, n, 2));
+    if (strcmp(v[1].text, "begin") == 0) {
+        if (p->residual_depth == RECIPE_RESIDUAL_DEPTH_MAX) {
+            return fail_capacity(&p->at, v[0].col, "residual blocks nested too deep: "
+                                 "residual_depth_max is %d", RECIPE_RESIDUAL_DEPTH_MAX);
+        }
+        l->kind = RECIPE_LAYER_RESIDUAL_BEGIN;
+        p->residual_open[p->residual_depth++] = index;
+        return QT_OK;
+    }
+    if (p->residual_depth == 0) {
+        return fail(&p->at, v[0].col, "unexpected 'residual end'; expected a 'residual begin' "
+                    "before it");
+    }
+    uint32_t begin = p->residual_open[--p->residual_depth];
+    if (begin + 1 == index) {
+        return fail(&p->at, v[0].col, "empty residual block (begin at line %u); expected at "
+                    "least one layer inside", p->r->model.layers[begin].line);
+    }
+    l->kind = RECIPE_LAYER_RESIDUAL_END;
+    l->match = begin;
+    p->r->model.layers[begin].match = index;
+    return QT_OK;
+}
+
+static qt_status moe_option(parser *p, uint32_t index, const token *value, recipe_layer *l) {
+    static const char *const acts[] = {"relu", "gelu", "silu", "swiglu"};
+    static const recipe_layer_kind act_kinds[] = {
+        RECIPE_LAYER_RELU, RECIPE_LAYER_GELU, RECIPE_LAYER_SILU, RECIPE_LAYER_SWIGLU,
+    };
+    switch (index) {
+    case 0: return parse_u32(&p->at, value, "experts", 1, RECIPE_EXPERTS_MAX, &l->experts);
+    case 1: return parse_u32(&p->at, value, "topk", 1, RECIPE_EXPERTS_MAX, &l->topk);
+    // fc1 of a swiglu expert has 2 * hidden outputs, which must fit the width limit too.
+    case 2: return parse_u32(&p->at, value, "hidden", 1, RECIPE_FEATURES_MAX / 2, &l->hidden);
+    case 3: {
+        int a = find_name(acts, 4, value->text);
+        if (a < 0) {
+            return fail(&p->at, value->col, "unknown activation '%.*s'; expected relu, gelu, "
+                        "silu or swiglu", QUOTE_BYTES, value->text);
+        }
+        l->act = act_kinds[a];
+        return QT_OK;
+    }
+    default: return parse_f32(&p->at, value, "aux", 0.0f, 1.0f, RANGE_CLOSED, &l->aux);
+    }
+}
+
+static qt_status parse_moe(parser *p, const token *v, uint32_t n, recipe_layer *l) {
+    static const char *const names[] = {"experts", "topk", "hidden", "act", "aux"};
+    if (n < 2) {
+        return fail(&p->at, p->at.end_col, "expected 'moe NAME experts=E topk=K hidden=H', "
+                    "found end of line");
+    }
+    QT_TRY(layer_name_set(p, &v[1], l));
+    l->act = RECIPE_LAYER_GELU;
+    l->aux = 0.01f;
+    uint32_t seen = 0, topk_col = 0;
+    for (uint32_t i = 2; i < n; i++) {
+        uint32_t index;
+        token value;
+        QT_TRY(option_split(&p->at, &v[i], names, 5, "moe", &seen, &index, &value));
+        QT_TRY(moe_option(p, index, &value, l));
+        if (index == 1) topk_col = value.col;
+    }
+    QT_TRY(option_require(&p->at, names, 0x7u, seen, "moe"));
+    if (l->topk > l->experts) {
+        return fail(&p->at, topk_col, "topk=%u exceeds experts=%u; expected topk <= experts",
+                    l->topk, l->experts);
+    }
+    return QT_OK;
+}
+
+static qt_status parse_layer(parser *p, const token *v, uint32_t n) {
+    recipe_model *m = &p->r->model;
+    if (m->layers_count == RECIPE_LAYERS_MAX) {
+        return fail_capacity(&p->at, v[0].col, "too many layers: layers_max is %d",
+                             RECIPE_LAYERS_MAX);
+    }
+    recipe_layer *l = &m->layers[m->layers_count];
+    memset(l, 0, sizeof *l);
+    l->line = p->at.line;
+    l->col = v[0].col;
+    int k = find_name(layer_names, LAYER_NAMES_COUNT, v[0].text);
+    if (k < 0) {
+        return fail(&p->at, v[0].col, "unknown layer '%.*s'; expected linear, relu, gelu, silu, "
+                    "swiglu, rmsnorm, residual or moe", QUOTE_BYTES, v[0].text);
+    }
+    l->kind = layer_kinds[k];
+    switch (l->kind) {
+    case RECIPE_LAYER_LINEAR: QT_TRY(parse_linear(p, v, n, l)); break;
+    case RECIPE_LAYER_RMSNORM: QT_TRY(parse_rmsnorm(p, v, n, l)); break;
+    case RECIPE_LAYER_RESIDUAL_BEGIN: QT_TRY(parse_residual(p, v, n, l)); break;
+    case RECIPE_LAYER_MOE: QT_TRY(parse_moe(p, v, n, l)); break;
+    default: QT_TRY(expect_end(&p->at, v, n, 1)); break;
+    }
+    m->layers_count++;
+    return QT_OK;
+}
+
+static qt_status parse_loss(parser *p, const token *v, uint32_t n) {
+    static const char *const names[] = {"softmax_xent", "mse"};
+    int k = find_name(names, 2, v[0].text);
+    if (k < 0) {
+        return fail(&p->at, v[0].col, "unknown loss '%.*s'; expected softmax_xent or mse",
+                    QUOTE_BYTES, v[0].text);
+    }
+    p->r->model.loss = k == 0 ? RECIPE_LOSS_SOFTMAX_XENT : RECIPE_LOSS_MSE;
+    return expect_end(&p->at, v, n, 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// [quant]
+
+static qt_status parse_recipe_key(parser *p, const token *v, uint32_t n) {
+    recipe_quant *q = &p->r->quant;
+    int k = find_name(scheme_names, QT_SCHEME_COUNT, v[0].text);
+    if (k >= 0) {
+        q->has_builtin = true;
+        q->builtin = (qt_scheme)k;
+    } else if (strcmp(v[0].text, "none") == 0) {
+        q->has_builtin = false;
+    } else {
+        return fail(&p->at, v[0].col, "unknown recipe '%.*s'; expected one of bf16, delayed, "
+                    "current, mxfp8, block, nvfp4, none", QUOTE_BYTES, v[0].text);
+    }
+    return expect_end(&p->at, v, n, 1);
+}
+
+static qt_status parse_rule_key(parser *p, const token *v, uint32_t n) {
+    recipe_quant *q = &p->r->quant;
+    if (q->rules_count == RECIPE_RULES_MAX) {
+        return fail_capacity(&p->at, v[0].col, "too many rules: rules_max is %d",
+                             RECIPE_RULES_MAX);
+    }
+    QT_TRY(rule_parse_tokens(&p->at, v, n, &q->rules[q->rules_count]));
+    q->rules_count++;
+    return QT_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// [data]
+
+static qt_status path_copy(const parser *p, const token *t, char *out) {
+    if (t->bytes >= RECIPE_PATH_MAX) {
+        return fail(&p->at, t->col, "path too long: expected at most %d bytes, found %u",
+                    RECIPE_PATH_MAX - 1, t->bytes);
+    }
+    memcpy(out, t->text, t->bytes + 1);
+    return QT_OK;
+}
+
+static qt_status parse_synthetic(parser *p, const token *v, uint32_t n, recipe_source *s) {
+    static const char *const teacher[] = {"inputs", "outputs", "samples", "seed"};
+    static const char *const classes[] = {"inputs", "classes", "samples", "seed"};
+    if (n < 2 || (strcmp(v[1].text, "teacher") != 0 && strcmp(v[1].text, "classes") != 0)) {
+        return fail_expected(&p->at, v, n, 1, "'synthetic teacher' or 'synthetic classes'");
+    }
+    bool is_teacher = v[1].text[0] == 't';
+    const char *const *names = is_teacher ? teacher : classes;
+    const char *owner = is_teacher ? "synthetic teacher" : "synthetic classes";
+    s->kind = is_teacher ? RECIPE_SOURCE_TEACHER : RECIPE_SOURCE_CLASSES;
+    uint32_t seen = 0;
+    for (uint32_t i = 2; i < n; i++) {
+        uint32_t index;
+        token value;
+        QT_TRY(option_split(&p->at, &v[i], names, 4, owner, &seen, &index, &value));
+        if (index == 0) {
+            QT_TRY(parse_u32(&p->at, &value, "inputs", 1, RECIPE_FEATURES_MAX, &s->inputs));
+        } else if (index == 1) {
+            // One class cannot be learned; a teacher may have a single output.
+            QT_TRY(parse_u32(&p->at, &value, names[1], is_teacher ? 1 : 2, RECIPE_FEATURES_MAX,
+                             &s->outputs));
+        } else if (index == 2) {
+            QT_TRY(parse_u64(&p->at, &value, "samples", 1, RECIPE_SAMPLES_MAX, &s->samples));
+        } else {
+            QT_TRY(parse_u64(&p->at, &value, "seed", 0, UINT64_MAX, &s->seed));
+        }
+    }
+    return option_require(&p->at, names, 0x7u, seen, owner);
+}
+
+static qt_status parse_source(parser *p, const token *v, uint32_t n, recipe_source *s) {
+    memset(s, 0, sizeof *s);
+    s->line = p->at.line;
+    s->col = v[0].col;
+    if (strcmp(v[0].text, "idx") == 0) {
+        if (n < 3) {
+            return fail(&p->at, p->at.end_col, "expected 'idx IMAGES LABELS', found end of line");
+        }
+        s->kind = RECIPE_SOURCE_IDX;
+        QT_TRY(path_copy(p, &v[1], s->images));
+        QT_TRY(path_copy(p, &v[2], s->labels));
+        return expect_end(&p->at, v, n, 3);
+    }
+    if (strcmp(v[0].text, "synthetic") == 0) return parse_synthetic(p, v, n, s);
+    return fail(&p->at, v[0].col, "unknown data source '%.*s'; expected idx or synthetic",
+                QUOTE_BYTES, v[0].text);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lines
+
+static qt_status parse_key_value(parser *p, key_id key, const token *v, uint32_t n) {
+    recipe *r = p->r;
+    const line_ctx *at = &p->at;
+    switch (key) {
+    case KEY_INPUT:
+        QT_TRY(parse_u32(at, &v[0], "input", 1, RECIPE_FEATURES_MAX, &r->model.input_features));
+        return expect_end(at, v, n, 1);
+    case KEY_LAYER: return parse_layer(p, v, n);
+    case KEY_LOSS: return parse_loss(p, v, n);
+    case KEY_RECIPE: return parse_recipe_key(p, v, n);
+    case KEY_RULE: return parse_rule_key(p, v, n);
+    case KEY_TRAIN: return parse_source(p, v, n, &r->data.train);
+    case KEY_EVAL: return parse_source(p, v, n, &r->data.eval);
+    case KEY_BATCH:
+        QT_TRY(parse_u32(at, &v[0], "batch", 1, RECIPE_BATCH_MAX, &r->data.batch));
+        return expect_end(at, v, n, 1);
+    case KEY_SEED:
+        QT_TRY(parse_u64(at, &v[0], "seed", 0, UINT64_MAX, &r->data.seed));
+        return expect_end(at, v, n, 1);
+    case KEY_COUNT: break;
+    }
+    QT_ASSERT(!"unreachable");
+    return QT_ERR_INPUT;
+}
+
+static key_id key_find(const parser *p, const token *t) {
+    for (int k = 0; k < KEY_COUNT; k++) {
+        if ((int)key_specs[k].section == p->section && strcmp(key_specs[k].name, t->text) == 0) {
+            return (key_id)k;
+        }
+    }
+    return KEY_COUNT;
+}
+
+static qt_status unknown_key(const parser *p, const token *t) {
+    const char *names[KEY_COUNT];
+    uint32_t count = 0;
+    for (int k = 0; k < KEY_COUNT; k++) {
+        if ((int)key_specs[k].section == p->section) names[count++] = key_specs[k].name;
+    }
+    char expected[128];
+    return fail(&p->at, t->col, "unknown key '%.*s' in [%s]; expected %s", QUOTE_BYTES, t->text,
+                section_names[p->section], join_names(names, count, expected, sizeof expected));
+}
+
+// `key = value...` in [model], [quant] and [data]; the first '=' ends the key.
+static qt_status parse_key_line(parser *p, uint32_t first, uint32_t end) {
+    char *eq = memchr(p->buf + first, '=', end - first);
+    token *t = p->tokens;
+    uint32_t eq_index = eq ? (uint32_t)(eq - p->buf) : end;
+    QT_TRY(tokenize(&p->at, p->buf, first, eq_index, 1, t, &p->tokens_count));
+    if (eq == NULL) {
+        return fail(&p->at, t[0].col, "expected 'key = value', found '%.*s'", QUOTE_BYTES,
+                    t[0].text);
+    }
+    if (p->tokens_count == 0) return fail(&p->at, eq_index + 1, "expected a key before '='");
+    if (p->tokens_count > 1) {
+        return fail(&p->at, t[1].col, "expected one key before '=', found '%.*s' after '%.*s'",
+                    QUOTE_BYTES, t[1].text, QUOTE_BYTES, t[0].text);
+    }
+    QT_TRY(tokenize(&p->at, p->buf, eq_index + 1, end, 1, t, &p->tokens_count));
+    key_id key = key_find(p, &t[0]);
+    if (key == KEY_COUNT) return unknown_key(p, &t[0]);
+    if (!key_specs[key].repeats && p->key_line[key] != 0) {
+        return fail(&p->at, t[0].col, "duplicate key '%s'; first given at line %u",
+                    key_specs[key].name, p->key_line[key]);
+    }
+    if (p->tokens_count == 1) {
+        return fail(&p->at, p->at.end_col, "expected a value after '%s =', found end of line",
+                    key_specs[key].name);
+    }
+    if (p->key_line[key] == 0) p->key_line[key] = p->at.line;
+    return parse_key_value(p, key, t + 1, p->tokens_count - 1);
+}
+
+// betas=B1,B2: two numbers in one word.
+static qt_status parse_betas(const line_ctx *at, const token *v, recipe_optim *o) {
+    const char *comma = strchr(v->text, ',');
+    char first[48];
+    uint32_t first_bytes = comma ? (uint32_t)(comma - v->text) : 0;
+    if (comma == NULL || first_bytes >= sizeof first) {
+        return fail(at, v->col, "expected betas=B1,B2, found '%.*s'", QUOTE_BYTES, v->text);
+    }
+    memcpy(first, v->text, first_bytes);
+    first[first_bytes] = '\0';
+    token b1 = {first, first_bytes, v->col};
+    token b2 = {comma + 1, v->bytes - first_bytes - 1, v->col + first_bytes + 1};
+    QT_TRY(parse_f32(at, &b1, "beta1", 0.0f, 1.0f, RANGE_HI_OPEN, &o->beta1));
+    return parse_f32(at, &b2, "beta2", 0.0f, 1.0f, RANGE_HI_OPEN, &o->beta2);
+}
+
+static qt_status parse_optim_line(parser *p) {
+    static const char *const names[] = {"lr", "betas", "eps", "wd", "clip"};
+    const token *t = p->tokens;
+    recipe_optim *o = &p->r->optim;
+    if (p->optim_line != 0) {
+        return fail(&p->at, t[0].col, "duplicate optimizer; [optim] takes one line, first at "
+                    "line %u", p->optim_line);
+    }
+    if (strcmp(t[0].text, "adamw") != 0) {
+        return fail(&p->at, t[0].col, "unknown optimizer '%.*s'; expected adamw", QUOTE_BYTES,
+                    t[0].text);
+    }
+    p->optim_line = p->at.line;
+    uint32_t seen = 0;
+    for (uint32_t i = 1; i < p->tokens_count; i++) {
+        uint32_t index;
+        token v;
+        QT_TRY(option_split(&p->at, &t[i], names, 5, "adamw", &seen, &index, &v));
+        if (index == 0) QT_TRY(parse_f32(&p->at, &v, "lr", 0.0f, 1e3f, RANGE_CLOSED, &o->lr));
+        if (index == 2) QT_TRY(parse_f32(&p->at, &v, "eps", 0.0f, 1.0f, RANGE_LO_OPEN, &o->eps));
+        if (index == 3) {
+            QT_TRY(parse_f32(&p->at, &v, "wd", 0.0f, 1e3f, RANGE_CLOSED, &o->weight_decay));
+        }
+        if (index == 4) QT_TRY(parse_f32(&p->at, &v, "clip", 0.0f, 1e30f, RANGE_CLOSED, &o->clip));
+        if (index != 1) continue;
+        QT_TRY(parse_betas(&p->at, &v, o));
+    }
+    return QT_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// [schedule]
+
+// `warmup FROM -> TO` or `cosine FROM -> TO`, from tokens[2].
+static qt_status parse_row_ramp(parser *p, recipe_row *row) {
+    const token *t = p->tokens;
+    uint32_t n = p->tokens_count;
+    if (n < 4) return fail_expected(&p->at, t, n, 3, "a learning rate");
+    QT_TRY(parse_f32(&p->at, &t[3], "lr", 0.0f, 1e3f, RANGE_CLOSED, &row->lr_from));
+    if (n < 5 || strcmp(t[4].text, "->") != 0) {
+        return fail_expected(&p->at, t, n, 4, "'->' between the learning rates");
+    }
+    if (n < 6) return fail_expected(&p->at, t, n, 5, "a learning rate after '->'");
+    QT_TRY(parse_f32(&p->at, &t[5], "lr", 0.0f, 1e3f, RANGE_CLOSED, &row->lr_to));
+    return expect_end(&p->at, t, n, 6);
+}
+
+static qt_status parse_row_lr(parser *p, recipe_row *row, uint32_t row_index) {
+    static const char *const kinds[] = {"constant", "warmup", "cosine"};
+    const token *t = p->tokens;
+    uint32_t n = p->tokens_count;
+    if (n == 2) return QT_OK;  // the optimizer's constant rate, filled in at the end
+    int k = find_name(kinds, 3, t[2].text);
+    if (k < 0) return fail_expected(&p->at, t, n, 2, "constant, warmup or cosine after the steps");
+    p->rows_lr_given |= UINT64_C(1) << row_index;
+    if (k > 0) {
+        row->lr_kind = k == 1 ? RECIPE_LR_WARMUP : RECIPE_LR_COSINE;
+        return parse_row_ramp(p, row);
+    }
+    row->lr_kind = RECIPE_LR_CONSTANT;
+    if (n < 4) return fail_expected(&p->at, t, n, 3, "a learning rate after 'constant'");
+    QT_TRY(parse_f32(&p->at, &t[3], "lr", 0.0f, 1e3f, RANGE_CLOSED, &row->lr_from));
+    row->lr_to = row->lr_from;
+    return expect_end(&p->at, t, n, 4);
+}
+
+static qt_status parse_row(parser *p) {
+    static const char *const modes[] = {"train", "eval", "infer"};
+    static const char *const datasets[] = {"train", "eval"};
+    recipe *r = p->r;
+    const token *t = p->tokens;
+    uint32_t n = p->tokens_count, index = r->rows_count;
+    if (index == RECIPE_SCHEDULE_ROWS_MAX) {
+        return fail_capacity(&p->at, t[0].col, "too many schedule rows: schedule_rows_max is %d",
+                             RECIPE_SCHEDULE_ROWS_MAX);
+    }
+    int m = find_name(modes, 3, t[0].text);
+    if (m < 0) {
+        return fail(&p->at, t[0].col, "unknown schedule row '%.*s'; expected train, eval or "
+                    "infer", QUOTE_BYTES, t[0].text);
+    }
+    recipe_row *row = &r->rows[index];
+    memset(row, 0, sizeof *row);
+    row->mode = (recipe_mode)m;
+    row->line = p->at.line;
+    if (n < 2) {
+        return fail_expected(&p->at, t, n, 1, m == 0 ? "the number of steps"
+                                                       : "the number of steps or 'all'");
+    }
+    if (m != RECIPE_MODE_TRAIN && strcmp(t[1].text, "all") == 0) {
+        row->all = true;
+    } else {
+        QT_TRY(parse_u32(&p->at, &t[1], "steps", 1, RECIPE_STEPS_MAX, &row->steps));
+    }
+    if (m == RECIPE_MODE_TRAIN) {
+        QT_TRY(parse_row_lr(p, row, index));
+    } else if (n >= 3) {
+        int d = find_name(datasets, 2, t[2].text);
+        if (d < 0) return fail_expected(&p->at, t, n, 2, "train, eval or end of line");
+        row->dataset = d == 0 ? RECIPE_DATASET_TRAIN : RECIPE_DATASET_EVAL;
+        p->rows_dataset_given |= UINT64_C(1) << index;
+        QT_TRY(expect_end(&p->at, t, n, 3));
+    }
+    r->rows_count++;
+    return QT_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lines
+
+static qt_status parse_header(parser *p, uint32_t first, uint32_t end) {
+    char *buf = p->buf;
+    uint32_t close = first + 1;
+    while (close < end && buf[close] != ']') close++;
+    if (close == end) {
+        return fail(&p->at, p->at.end_col, "expected ']' to end the section header, found end "
+                    "of line");
+    }
+    if (close + 1 < end) {
+        QT_TRY(tokenize(&p->at, buf, close + 1, end, 1, p->tokens, &p->tokens_count));
+        return expect_end(&p->at, p->tokens, p->tokens_count, 0);
+    }
+    buf[close] = '\0';
+    const char *name = buf + first + 1;
+    int s = find_name(section_names, RECIPE_SECTION_COUNT, name);
+    if (s < 0) {
+        return fail(&p->at, first + 1, "unknown section [%.*s]; expected [model], [quant], "
+                    "[optim], [data] or [schedule]", QUOTE_BYTES, name);
+    }
+    if (p->section_line[s] != 0) {
+        return fail(&p->at, first + 1, "duplicate section [%s]; first given at line %u", name,
+                    p->section_line[s]);
+    }
+    p->section = s;
+    p->section_line[s] = p->at.line;
+    return QT_OK;
+}
+
+// Length of the line without its comment and trailing blanks. '#' starts a comment at the start
+// of a line or after a blank, so that paths and names may contain it.
+static uint32_t content_end(const char *buf, uint32_t bytes) {
+    uint32_t end = bytes;
+    for (uint32_t i = 0; i < bytes; i++) {
+        if (buf[i] == '#' && (i == 0 || is_blank(buf[i - 1]))) {
+            end = i;
+            break;
+        }
+    }
+    while (end > 0 && is_blank(buf[end - 1])) end--;
+    return end;
+}
+
+static qt_status parse_line(parser *p, const char *raw, size_t bytes) {
+    if (bytes > 0 && raw[bytes - 1] == '\r') bytes--;
+    if (bytes > RECIPE_LINE_BYTES_MAX) {
+        return fail(&p->at, RECIPE_LINE_BYTES_MAX + 1, "line too long: expected at most %d "
+                    "bytes, found %zu", RECIPE_LINE_BYTES_MAX, bytes);
+    }
+    for (size_t i = 0; i < bytes; i++) {
+        unsigned char c = (unsigned char)raw[i];
+        if ((c < 0x20 && c != '\t') || c == 0x7F) {
+            return fail(&p->at, (uint32_t)i + 1, "unexpected control byte 0x%02X; expected text",
+                        c);
+        }
+    }
+    memcpy(p->buf, raw, bytes);
+    uint32_t end = content_end(p->buf, (uint32_t)bytes);
+    p->buf[end] = '\0';
+    p->at.end_col = end + 1;
+    p->tokens_count = 0;
+    uint32_t first = 0;
+    while (first < end && is_blank(p->buf[first])) first++;
+    if (first == end) return QT_OK;
+    if (p->buf[first] == '[') return parse_header(p, first, end);
+    if (p->section < 0 || p->section == RECIPE_SECTION_OPTIM ||
+        p->section == RECIPE_SECTION_SCHEDULE) {
+        QT_TRY(tokenize(&p->at, p->buf, first, end, 1, p->tokens, &p->tokens_count));
+    }
+    if (p->section < 0) {
+        return fail(&p->at, p->tokens[0].col, "expected a section header such as [model], "
+                    "found '%.*s'", QUOTE_BYTES, p->tokens[0].text);
+    }
+    if (p->section == RECIPE_SECTION_OPTIM) return parse_optim_line(p);
+    if (p->section == RECIPE_SECTION_SCHEDULE) return parse_row(p);
+    return parse_key_line(p, first, end);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Whole-file checks, once every line is read
+
+static qt_status fail_layer(const parser *p, const recipe_layer *l, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static qt_status fail_layer(const parser *p, const recipe_layer *l, const char *fmt, ...) {
+    va_list args;
+    va_start(args, fmt);
+    qt_status s = fail_v(QT_ERR_INPUT, p->at.file, l->line, l->col, fmt, args);
+    va_end(args);
+    return s;
+}
+
+static qt_status finish_sections(const parser *p) {
+    for (int s = 0; s < RECIPE_SECTION_COUNT; s++) {
+        if (p->section_line[s] == 0) {
+            return fail(&p->at, p->at.end_col, "missing section [%s]; expected [model], [quant], "
+                        "[optim], [data] and [schedule], found no [%s]", section_names[s],
+                        section_names[s]);
+        }
+    }
+    for (int k = 0; k < KEY_COUNT; k++) {
+        const key_spec *spec = &key_specs[k];
+        if (spec->required && p->key_line[k] == 0) {
+            return recipe_fail_at(QT_ERR_INPUT, p->at.file, p->section_line[spec->section], 1,
+                                  "[%s] has no '%s'; expected %s", section_names[spec->section],
+                                  spec->name, spec->usage);
+        }
+    }
+    if (p->optim_line == 0) {
+        return recipe_fail_at(QT_ERR_INPUT, p->at.file, p->section_line[RECIPE_SECTION_OPTIM],
+                              1, "[optim] has no optimizer; expected adamw [lr=F] [betas=F,F] "
+                              "[eps=F] [wd=F] [clip=F]");
+    }
+    if (p->r->rows_count == 0) {
+        return recipe_fail_at(QT_ERR_INPUT, p->at.file,
+                              p->section_line[RECIPE_SECTION_SCHEDULE], 1, "[schedule] has no "
+                              "rows; expected train N, eval N or infer N");
+    }
+    return QT_OK;
+}
+
+// Widths of every layer, residual blocks, and the number of quantized tensors.
+static qt_status finish_model(const parser *p) {
+    recipe_model *m = &p->r->model;
+    if (p->residual_depth > 0) {
+        return fail_layer(p, &m->layers[p->residual_open[p->residual_depth - 1]],
+                          "residual begin has no matching 'residual end'; expected one before "
+                          "the end of [model]");
+    }
+    uint32_t width = m->input_features, roles = 0, gemms = 0;
+    for (uint32_t i = 0; i < m->layers_count; i++) {
+        recipe_layer *l = &m->layers[i];
+        l->in_features = width;
+        if (l->kind == RECIPE_LAYER_LINEAR) width = l->out_features;
+        if (l->kind == RECIPE_LAYER_SWIGLU) {
+            if (width % 2 != 0) {
+                return fail_layer(p, l, "swiglu halves its input: expected an even width, "
+                                  "found %u", width);
+            }
+            width /= 2;
+        }
+        if (l->kind == RECIPE_LAYER_RESIDUAL_END && m->layers[l->match].in_features != width) {
+            return fail_layer(p, l, "residual block (begin at line %u) changes the width from %u "
+                              "to %u; expected the same width at its end",
+                              m->layers[l->match].line, m->layers[l->match].in_features, width);
+        }
+        l->out_features = width;
+        roles += l->kind == RECIPE_LAYER_LINEAR ? 3 : l->kind == RECIPE_LAYER_MOE ? 9 : 0;
+        gemms += l->kind == RECIPE_LAYER_LINEAR || l->kind == RECIPE_LAYER_MOE;
+        if (roles > RECIPE_ROLES_MAX) {
+            return recipe_fail_at(QT_ERR_CAPACITY, p->at.file, l->line, l->col, "too many "
+                                  "quantized tensors: roles_max is %d (3 per linear, 9 per moe)",
+                                  RECIPE_ROLES_MAX);
+        }
+    }
+    m->output_features = width;
+    if (gemms == 0) {
+        return recipe_fail_at(QT_ERR_INPUT, p->at.file, p->section_line[RECIPE_SECTION_MODEL], 1,
+                              "[model] has no linear or moe layer; expected at least one layer "
+                              "with weights");
+    }
+    return QT_OK;
+}
+
+static qt_status check_source(const parser *p, const recipe_source *s) {
+    static const char *const kinds[] = {"none", "idx", "synthetic teacher", "synthetic classes"};
+    const recipe_model *m = &p->r->model;
+    const char *file = p->at.file;
+    bool labels = s->kind == RECIPE_SOURCE_IDX || s->kind == RECIPE_SOURCE_CLASSES;
+    if (m->loss == RECIPE_LOSS_SOFTMAX_XENT && !labels) {
+        return recipe_fail_at(QT_ERR_INPUT, file, s->line, s->col, "loss softmax_xent needs class "
+                              "labels (idx or synthetic classes), found %s", kinds[s->kind]);
+    }
+    if (m->loss == RECIPE_LOSS_MSE && labels) {
+        return recipe_fail_at(QT_ERR_INPUT, file, s->line, s->col, "loss mse needs regression "
+                              "targets (synthetic teacher), found %s", kinds[s->kind]);
+    }
+    if (s->kind == RECIPE_SOURCE_IDX) return QT_OK;  // widths are known once the files are read
+    if (s->inputs != m->input_features) {
+        return recipe_fail_at(QT_ERR_INPUT, file, s->line, s->col, "%s gives %u inputs; expected "
+                              "%u, the model's input", kinds[s->kind], s->inputs,
+                              m->input_features);
+    }
+    if (s->outputs != m->output_features) {
+        return recipe_fail_at(QT_ERR_INPUT, file, s->line, s->col, "%s gives %u %s; expected %u, "
+                              "the width of the last layer", kinds[s->kind], s->outputs,
+                              s->kind == RECIPE_SOURCE_TEACHER ? "outputs" : "classes",
+                              m->output_features);
+    }
+    return QT_OK;
+}
+
+static qt_status finish_data(const parser *p) {
+    const recipe *r = p->r;
+    if (r->model.loss == RECIPE_LOSS_SOFTMAX_XENT && r->model.output_features < 2) {
+        return recipe_fail_at(QT_ERR_INPUT, p->at.file, p->key_line[KEY_LOSS], 1, "softmax_xent "
+                              "needs at least 2 classes; expected a last layer of width >= 2, "
+                              "found %u", r->model.output_features);
+    }
+    QT_TRY(check_source(p, &r->data.train));
+    if (r->data.eval.kind != RECIPE_SOURCE_NONE) QT_TRY(check_source(p, &r->data.eval));
+    return QT_OK;
+}
+
+// Fills in the defaults that depend on other sections and checks eval rows have data.
+static qt_status finish_schedule(const parser *p) {
+    recipe *r = p->r;
+    bool has_eval = r->data.eval.kind != RECIPE_SOURCE_NONE;
+    for (uint32_t i = 0; i < r->rows_count; i++) {
+        recipe_row *row = &r->rows[i];
+        uint64_t bit = UINT64_C(1) << i;
+        if (row->mode == RECIPE_MODE_TRAIN) {
+            if (!(p->rows_lr_given & bit)) {
+                row->lr_kind = RECIPE_LR_CONSTANT;
+                row->lr_from = row->lr_to = r->optim.lr;
+            }
+            continue;
+        }
+        if (!(p->rows_dataset_given & bit)) {
+            bool eval_set = has_eval || row->mode == RECIPE_MODE_EVAL;
+            row->dataset = eval_set ? RECIPE_DATASET_EVAL : RECIPE_DATASET_TRAIN;
+        }
+        if (row->dataset == RECIPE_DATASET_EVAL && !has_eval) {
+            const char *mode = row->mode == RECIPE_MODE_EVAL ? "eval" : "infer";
+            return recipe_fail_at(QT_ERR_INPUT, p->at.file, row->line, 1, "%s row reads the eval "
+                                  "dataset; expected 'eval = SOURCE' in [data] or '%s N train', "
+                                  "found no eval source", mode, mode);
+        }
+    }
+    return QT_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Entry points
+
+qt_status recipe_parse(const char *text, size_t bytes, const char *file_name, recipe *out) {
+    QT_ASSERT(out != NULL && file_name != NULL && (text != NULL || bytes == 0));
+    memset(out, 0, sizeof *out);
+    snprintf(out->file_name, sizeof out->file_name, "%s", file_name);
+    out->optim = (recipe_optim){RECIPE_OPTIM_ADAMW, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 0.0f};
+    parser p;
+    memset(&p, 0, sizeof p);
+    p.at.file = out->file_name;
+    p.r = out;
+    p.section = -1;
+    size_t pos = 0, last_bytes = 0;
+    bool ended_with_newline = true;
+    while (pos < bytes) {
+        if (p.at.line == UINT32_MAX - 1) {
+            return fail(&p.at, 1, "too many lines: expected at most %u", UINT32_MAX - 1);
+        }
+        p.at.line++;
+        const char *start = text + pos;
+        const char *newline = memchr(start, '\n', bytes - pos);
+        last_bytes = newline ? (size_t)(newline - start) : bytes - pos;
+        ended_with_newline = newline != NULL;
+        QT_TRY(parse_line(&p, start, last_bytes));
+        pos += last_bytes + (newline ? 1 : 0);
+    }
+    // "Missing" errors point at the end of the file.
+    if (ended_with_newline) {
+        p.at.line++;
+        p.at.end_col = 1;
+    } else {
+        p.at.end_col = (uint32_t)last_bytes + 1;
+    }
+    QT_TRY(finish_sections(&p));
+    QT_TRY(finish_model(&p));
+    QT_TRY(finish_data(&p));
+    QT_TRY(finish_schedule(&p));
+    return rules_check_model(out);
+}
+
+qt_status recipe_load(const char *path, char *buffer, size_t buffer_bytes, recipe *out) {
+    QT_ASSERT(path != NULL && buffer != NULL && out != NULL);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return qt_fail(QT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    size_t used = 0;
+    for (;;) {
+        char probe;
+        bool full = used == buffer_bytes;
+        ssize_t got = full ? read(fd, &probe, 1) : read(fd, buffer + used, buffer_bytes - used);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) {
+            int error = errno;
+            close(fd);
+            return qt_fail(QT_ERR_IO, "%s: cannot read: %s", path, strerror(error));
+        }
+        if (got == 0) break;
+        if (full) {
+            close(fd);
+            return qt_fail(QT_ERR_CAPACITY, "%s: file larger than the %zu-byte buffer; expected "
+                           "a recipe of at most %zu bytes", path, buffer_bytes, buffer_bytes);
+        }
+        used += (size_t)got;
+    }
+    close(fd);
+    return recipe_parse(buffer, used, path, out);
+}

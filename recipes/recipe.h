@@ -1,0 +1,223 @@
+// recipe: the parser of recipe files and their data model. A recipe is one complete training plan:
+// model, quantization rules, optimizer, data and schedule.
+//
+// Owns nothing but the caller's `recipe` struct, which recipe_parse fills and which then lives as
+// long as the caller keeps it (the runtime keeps it for the whole run). No allocation: every list
+// is a fixed array with a named `*_max` limit, and the text is given by the caller (recipe_load
+// reads a file into a caller buffer). Not thread-safe per recipe; separate recipes are
+// independent. Callers: tools/qtrain and the embedding API, once, at start-up.
+//
+// The text is untrusted. recipe_parse validates all of it once: syntax, numbers and their ranges,
+// names, layer widths, data against the model and the loss, the schedule against the data, and
+// that every quantizer role of the model resolves (recipes/rules.h). Later stages do not check
+// again. Every failure is a message `file:line:col: what was expected, what was found`.
+//
+// Syntax. Line oriented; blanks are spaces and tabs; `#` starts a comment at the start of a line
+// or after a blank; lines end with \n or \r\n and hold at most RECIPE_LINE_BYTES_MAX bytes. Numbers
+// are decimal: integers are digits only, reals are [+-]digits[.digits][e[+-]digits]. Names are
+// [A-Za-z_][A-Za-z0-9_]*. Options are `key=value` tokens in any order, each at most once.
+//
+//   [model]                                  sections appear once each, in any order
+//   input = N                                features of one sample
+//   layer = linear NAME OUT [bias]           layers run in file order
+//   layer = relu | gelu | silu               keep the width (gelu: tanh form)
+//   layer = swiglu                           halves the width: silu(first half) * second half
+//   layer = rmsnorm [NAME] [eps=F]           eps 1e-5; NAME defaults to rmsnorm1, rmsnorm2, ...
+//   layer = residual begin                   x + f(x), f = the layers up to the matching end;
+//   layer = residual end                     f keeps the width; blocks nest
+//   layer = moe NAME experts=E topk=K hidden=H [act=gelu|relu|silu|swiglu] [aux=F]
+//                                            act gelu, aux (load-balancing loss weight) 0.01
+//   loss = softmax_xent | mse
+//   [quant]
+//   recipe = bf16 | delayed | current | mxfp8 | block | nvfp4 | none
+//   rule = MODULE.TENSOR@NAME -> SCHEME [e4m3|e5m2] [margin=N] [history=N]
+//          [algo=max|most_recent] [pow2=0|1] [eps=F] [sr=0|1] [2d=0|1] [rht=0|1]
+//   [optim]                                  one line
+//   adamw [lr=F] [betas=F,F] [eps=F] [wd=F] [clip=F]      1e-3, 0.9,0.999, 1e-8, 0.01, 0 (off)
+//   [data]
+//   train = SOURCE
+//   eval = SOURCE                            optional
+//   batch = N
+//   seed = N                                 optional, 0 (the shuffle seed)
+//     SOURCE = idx IMAGES LABELS             paths without blanks; .gz is read through zlib
+//            | synthetic teacher inputs=N outputs=N samples=N [seed=N]
+//            | synthetic classes inputs=N classes=N samples=N [seed=N]
+//   [schedule]                               rows run in order
+//   train STEPS [constant LR | warmup LR -> LR | cosine LR -> LR]    default: constant optim lr
+//   eval STEPS|all [train|eval]              default dataset: eval
+//   infer STEPS|all [train|eval]             default dataset: eval if given, else train
+//
+// Layer names (linear, moe, rmsnorm) are unique in the whole model. The roles of a moe layer NAME
+// are NAME.router (module router) and NAME.fc1, NAME.fc2 (module grouped_linear). softmax_xent
+// needs class labels (idx or synthetic classes) and mse regression targets (synthetic teacher).
+#ifndef QT_RECIPE_H
+#define QT_RECIPE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rules.h"   // qt_rule, qt_scheme
+#include "status.h"  // qt_status
+
+#define RECIPE_LINE_BYTES_MAX 512
+#define RECIPE_LINE_TOKENS_MAX 64
+#define RECIPE_FILE_NAME_MAX 256
+#define RECIPE_NAME_MAX 32           // layer names, terminator included
+#define RECIPE_PATH_MAX 256          // data file paths, terminator included
+#define RECIPE_LAYERS_MAX 256
+#define RECIPE_RULES_MAX 64
+#define RECIPE_SCHEDULE_ROWS_MAX 64
+#define RECIPE_RESIDUAL_DEPTH_MAX 16
+#define RECIPE_ROLES_MAX 1024        // quantized tensors of the model (3 per linear, 9 per moe)
+#define RECIPE_FEATURES_MAX 1048576  // widths of layers and samples
+#define RECIPE_EXPERTS_MAX 1024
+#define RECIPE_BATCH_MAX 65536
+#define RECIPE_STEPS_MAX 2147483647u
+#define RECIPE_SAMPLES_MAX (UINT64_C(1) << 40)
+
+typedef enum recipe_section {
+    RECIPE_SECTION_MODEL,
+    RECIPE_SECTION_QUANT,
+    RECIPE_SECTION_OPTIM,
+    RECIPE_SECTION_DATA,
+    RECIPE_SECTION_SCHEDULE,
+    RECIPE_SECTION_COUNT
+} recipe_section;
+
+typedef enum recipe_layer_kind {
+    RECIPE_LAYER_LINEAR,
+    RECIPE_LAYER_RELU,
+    RECIPE_LAYER_GELU,
+    RECIPE_LAYER_SILU,
+    RECIPE_LAYER_SWIGLU,
+    RECIPE_LAYER_RMSNORM,
+    RECIPE_LAYER_RESIDUAL_BEGIN,
+    RECIPE_LAYER_RESIDUAL_END,
+    RECIPE_LAYER_MOE,
+    RECIPE_LAYER_KIND_COUNT
+} recipe_layer_kind;
+
+typedef struct recipe_layer {
+    recipe_layer_kind kind;
+    char name[RECIPE_NAME_MAX];  // linear, moe, rmsnorm; "" for the others
+    uint32_t in_features;        // width entering the layer (set for every layer)
+    uint32_t out_features;       // width leaving it
+    bool bias;                   // linear
+    float eps;                   // rmsnorm
+    uint32_t experts;            // moe
+    uint32_t topk;               // moe
+    uint32_t hidden;             // moe: per-expert hidden width (after the activation)
+    recipe_layer_kind act;       // moe: RELU, GELU, SILU or SWIGLU (fc1: 2 * hidden outputs)
+    float aux;                   // moe: weight of the load-balancing loss
+    uint32_t match;              // residual begin/end: index of the matching end/begin
+    uint32_t line;               // where it was declared, for messages of later stages
+    uint32_t col;
+} recipe_layer;
+
+typedef enum recipe_loss { RECIPE_LOSS_SOFTMAX_XENT, RECIPE_LOSS_MSE } recipe_loss;
+
+typedef struct recipe_model {
+    uint32_t input_features;
+    recipe_loss loss;
+    uint32_t output_features;    // width of the last layer
+    uint32_t layers_count;
+    recipe_layer layers[RECIPE_LAYERS_MAX];
+} recipe_model;
+
+typedef struct recipe_quant {
+    bool has_builtin;            // false for `recipe = none`: the rules must cover every role
+    qt_scheme builtin;
+    uint32_t rules_count;
+    qt_rule rules[RECIPE_RULES_MAX];  // the file's rules, in file order
+} recipe_quant;
+
+typedef enum recipe_optimizer { RECIPE_OPTIM_ADAMW } recipe_optimizer;
+
+typedef struct recipe_optim {
+    recipe_optimizer kind;
+    float lr;                    // constant rate of train rows that give none
+    float beta1;
+    float beta2;
+    float eps;                   // added after the square root (NUMERICS.md 11)
+    float weight_decay;          // decoupled
+    float clip;                  // global gradient norm limit; 0 = no clipping
+} recipe_optim;
+
+typedef enum recipe_source_kind {
+    RECIPE_SOURCE_NONE,
+    RECIPE_SOURCE_IDX,
+    RECIPE_SOURCE_TEACHER,       // synthetic regression: targets from a seeded teacher network
+    RECIPE_SOURCE_CLASSES        // synthetic classification: seeded random samples and labels
+} recipe_source_kind;
+
+typedef struct recipe_source {
+    recipe_source_kind kind;
+    char images[RECIPE_PATH_MAX];  // idx
+    char labels[RECIPE_PATH_MAX];  // idx
+    uint32_t inputs;             // synthetic
+    uint32_t outputs;            // teacher: target width; classes: number of classes
+    uint64_t samples;            // synthetic
+    uint64_t seed;               // synthetic
+    uint32_t line;               // where it was given, for messages of later stages
+    uint32_t col;
+} recipe_source;
+
+typedef struct recipe_data {
+    recipe_source train;
+    recipe_source eval;          // kind NONE when not given
+    uint32_t batch;
+    uint64_t seed;
+} recipe_data;
+
+typedef enum recipe_mode { RECIPE_MODE_TRAIN, RECIPE_MODE_EVAL, RECIPE_MODE_INFER } recipe_mode;
+typedef enum recipe_lr_kind {
+    RECIPE_LR_CONSTANT,          // lr_from throughout
+    RECIPE_LR_WARMUP,            // linear from lr_from to lr_to over the row's steps
+    RECIPE_LR_COSINE             // half cosine from lr_from to lr_to
+} recipe_lr_kind;
+typedef enum recipe_dataset { RECIPE_DATASET_TRAIN, RECIPE_DATASET_EVAL } recipe_dataset;
+
+typedef struct recipe_row {
+    recipe_mode mode;
+    uint32_t steps;              // 0 with `all`
+    bool all;                    // eval/infer: one pass over the dataset
+    recipe_lr_kind lr_kind;      // train rows
+    float lr_from;
+    float lr_to;
+    recipe_dataset dataset;      // eval/infer rows
+    uint32_t line;
+} recipe_row;
+
+typedef struct recipe {
+    char file_name[RECIPE_FILE_NAME_MAX];  // for messages of later stages
+    recipe_model model;
+    recipe_quant quant;
+    recipe_optim optim;
+    recipe_data data;
+    uint32_t rows_count;
+    recipe_row rows[RECIPE_SCHEDULE_ROWS_MAX];
+} recipe;
+
+// Parses and validates `bytes` bytes of text (no terminator needed; a NUL byte is an error).
+// file_name is only used in messages. On failure *out is unspecified and the message is set.
+qt_status recipe_parse(const char *text, size_t bytes, const char *file_name, recipe *out);
+
+// Reads the file at path into buffer (QT_ERR_IO if it cannot, QT_ERR_CAPACITY if it holds more
+// than buffer_bytes) and parses it.
+qt_status recipe_load(const char *path, char *buffer, size_t buffer_bytes, recipe *out);
+
+// The layer called name (linear, moe or rmsnorm), or NULL.
+const recipe_layer *recipe_layer_find(const recipe *r, const char *name, size_t name_bytes);
+
+// Parses one rule, "PATTERN -> SCHEME [OPTIONS]", from text[0 .. bytes) whose first byte is at
+// (line, col) of file (errors name that position). Used for the file's rules and for the
+// built-in lists of rules.c.
+qt_status recipe_rule_parse(const char *text, size_t bytes, const char *file, uint32_t line,
+                            uint32_t col, qt_rule *out);
+
+// Formats "file:line:col: " followed by the message and records it (qt_fail).
+qt_status recipe_fail_at(qt_status status, const char *file, uint32_t line, uint32_t col,
+                         const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+#endif  // QT_RECIPE_H

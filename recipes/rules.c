@@ -1,0 +1,484 @@
+#include "rules.h"
+
+#include <stdarg.h>
+#include <stdio.h>   // snprintf, vsnprintf
+#include <string.h>
+
+#include "recipe.h"  // recipe, recipe_rule_parse, recipe_fail_at, recipe_layer_find
+
+#define BIT(scheme) (1u << (scheme))
+#define ARRAY_COUNT(a) (sizeof(a) / sizeof((a)[0]))
+
+static const char *const scheme_names[QT_SCHEME_COUNT] = {
+    "bf16", "delayed", "current", "mxfp8", "block", "nvfp4",
+};
+static const char *const module_names[QT_MODULE_COUNT] = {"linear", "grouped_linear", "router"};
+static const char *const tensor_names[QT_TENSOR_COUNT] = {"input", "weight", "grad_output"};
+
+// Which schemes take which option. An option outside its scheme would be silently meaningless
+// (a history for current scaling, RHT for FP8), so the parser refuses it.
+static const uint32_t option_schemes[QT_OPTION_COUNT] = {
+    // nvfp4 codes are always E2M1 with E4M3 block scales (NUMERICS.md 8.1); bf16 has no codes.
+    [QT_OPTION_ELEM] = BIT(QT_SCHEME_DELAYED) | BIT(QT_SCHEME_CURRENT) | BIT(QT_SCHEME_MXFP8) |
+                       BIT(QT_SCHEME_BLOCK),
+    [QT_OPTION_MARGIN] = BIT(QT_SCHEME_DELAYED),
+    [QT_OPTION_HISTORY] = BIT(QT_SCHEME_DELAYED),
+    [QT_OPTION_ALGO] = BIT(QT_SCHEME_DELAYED),
+    // The scale_from_amax options (NUMERICS.md 2.1); MXFP8 scales are powers of two anyway.
+    [QT_OPTION_POW2] = BIT(QT_SCHEME_CURRENT) | BIT(QT_SCHEME_BLOCK),
+    [QT_OPTION_EPS] = BIT(QT_SCHEME_CURRENT) | BIT(QT_SCHEME_BLOCK),
+    [QT_OPTION_SR] = BIT(QT_SCHEME_NVFP4),
+    [QT_OPTION_2D] = BIT(QT_SCHEME_MXFP8) | BIT(QT_SCHEME_BLOCK) | BIT(QT_SCHEME_NVFP4),
+    [QT_OPTION_RHT] = BIT(QT_SCHEME_NVFP4),
+};
+
+// Built-in recipes as rule text, parsed by the same parser as a file's rules. Options are listed in
+// qt_rule_option order, every one that applies, so rules_quantizer_format of a resolved quantizer
+// prints exactly the text after "->" (test_recipe checks it, and that the defaults agree).
+//
+// The router stays BF16 in every recipe: in the reference stack (Megatron-Core over TE) the router
+// GEMM is a plain PyTorch linear that TE never quantizes (inferred), and its top-k decisions flip
+// on small errors. A file's rule can still quantize it.
+static const char *const builtin_bf16[] = {
+    "*.*@* -> bf16",
+};
+// NUMERICS.md 4.1: HYBRID (E4M3 forward, E5M2 grad_output), margin 0, history 1024, algo max.
+static const char *const builtin_delayed[] = {
+    "router.*@* -> bf16",
+    "*.input@* -> delayed e4m3 margin=0 history=1024 algo=max",
+    "*.weight@* -> delayed e4m3 margin=0 history=1024 algo=max",
+    "*.grad_output@* -> delayed e5m2 margin=0 history=1024 algo=max",
+};
+// NUMERICS.md 5: HYBRID, power_2_scale False, amax_epsilon 0.
+static const char *const builtin_current[] = {
+    "router.*@* -> bf16",
+    "*.input@* -> current e4m3 pow2=0 eps=0",
+    "*.weight@* -> current e4m3 pow2=0 eps=0",
+    "*.grad_output@* -> current e5m2 pow2=0 eps=0",
+};
+// NUMERICS.md 6: E4M3 for every tensor, 1-D blocks.
+static const char *const builtin_mxfp8[] = {
+    "router.*@* -> bf16",
+    "*.*@* -> mxfp8 e4m3 2d=0",
+};
+// NUMERICS.md 7.1: E4M3 everywhere, 1x128 inputs and gradients, 128x128 weights, pow2 scales.
+static const char *const builtin_block[] = {
+    "router.*@* -> bf16",
+    "*.input@* -> block e4m3 pow2=1 eps=0 2d=0",
+    "*.weight@* -> block e4m3 pow2=1 eps=0 2d=1",
+    "*.grad_output@* -> block e4m3 pow2=1 eps=0 2d=0",
+};
+// NUMERICS.md 8.1: weights 16x16 without RHT or SR; inputs RHT (columnwise copy); gradients RHT
+// and stochastic rounding.
+static const char *const builtin_nvfp4[] = {
+    "router.*@* -> bf16",
+    "*.weight@* -> nvfp4 sr=0 2d=1 rht=0",
+    "*.input@* -> nvfp4 sr=0 2d=0 rht=1",
+    "*.grad_output@* -> nvfp4 sr=1 2d=0 rht=1",
+};
+
+typedef struct builtin_list {
+    const char *const *rules;
+    size_t count;
+} builtin_list;
+
+static const builtin_list builtins[QT_SCHEME_COUNT] = {
+    [QT_SCHEME_BF16] = {builtin_bf16, ARRAY_COUNT(builtin_bf16)},
+    [QT_SCHEME_DELAYED] = {builtin_delayed, ARRAY_COUNT(builtin_delayed)},
+    [QT_SCHEME_CURRENT] = {builtin_current, ARRAY_COUNT(builtin_current)},
+    [QT_SCHEME_MXFP8] = {builtin_mxfp8, ARRAY_COUNT(builtin_mxfp8)},
+    [QT_SCHEME_BLOCK] = {builtin_block, ARRAY_COUNT(builtin_block)},
+    [QT_SCHEME_NVFP4] = {builtin_nvfp4, ARRAY_COUNT(builtin_nvfp4)},
+};
+_Static_assert(ARRAY_COUNT(builtin_delayed) <= RULES_BUILTIN_MAX, "RULES_BUILTIN_MAX");
+_Static_assert(ARRAY_COUNT(builtin_current) <= RULES_BUILTIN_MAX, "RULES_BUILTIN_MAX");
+_Static_assert(ARRAY_COUNT(builtin_block) <= RULES_BUILTIN_MAX, "RULES_BUILTIN_MAX");
+_Static_assert(ARRAY_COUNT(builtin_nvfp4) <= RULES_BUILTIN_MAX, "RULES_BUILTIN_MAX");
+
+// ---------------------------------------------------------------------------------------------
+// Names and text
+
+const char *rules_scheme_name(qt_scheme scheme) {
+    QT_ASSERT((unsigned)scheme < QT_SCHEME_COUNT);
+    return scheme_names[scheme];
+}
+
+const char *rules_module_type_name(qt_module_type module_type) {
+    QT_ASSERT((unsigned)module_type < QT_MODULE_COUNT);
+    return module_names[module_type];
+}
+
+const char *rules_tensor_type_name(qt_tensor_type tensor_type) {
+    QT_ASSERT((unsigned)tensor_type < QT_TENSOR_COUNT);
+    return tensor_names[tensor_type];
+}
+
+bool rules_scheme_from_name(const char *name, qt_scheme *out) {
+    QT_ASSERT(name != NULL && out != NULL);
+    for (int s = 0; s < QT_SCHEME_COUNT; s++) {
+        if (strcmp(scheme_names[s], name) == 0) {
+            *out = (qt_scheme)s;
+            return true;
+        }
+    }
+    return false;
+}
+
+bool rules_option_applies(qt_rule_option opt, qt_scheme scheme) {
+    QT_ASSERT((unsigned)opt < QT_OPTION_COUNT && (unsigned)scheme < QT_SCHEME_COUNT);
+    return (option_schemes[opt] & BIT(scheme)) != 0;
+}
+
+const char *rules_option_schemes(qt_rule_option opt, char *buf, size_t buf_bytes) {
+    QT_ASSERT((unsigned)opt < QT_OPTION_COUNT && buf != NULL && buf_bytes > 0);
+    uint32_t mask = option_schemes[opt], left = 0;
+    for (int s = 0; s < QT_SCHEME_COUNT; s++) left += (mask >> s) & 1u;
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int s = 0; s < QT_SCHEME_COUNT && used < buf_bytes; s++) {
+        if (!(mask & BIT(s))) continue;
+        left--;
+        const char *sep = used == 0 ? "" : left == 0 ? " and " : ", ";
+        int n = snprintf(buf + used, buf_bytes - used, "%s%s", sep, scheme_names[s]);
+        if (n < 0) break;
+        used += (size_t)n;
+    }
+    return buf;
+}
+
+// Iterative glob: on a mismatch, retry from the last `*` with one more byte swallowed. O(n * m)
+// at worst and no recursion, so hostile patterns cannot blow the stack.
+bool rules_glob_match(const char *pattern, const char *text) {
+    QT_ASSERT(pattern != NULL && text != NULL);
+    const char *star = NULL, *resume = NULL;
+    while (*text != '\0') {
+        if (*pattern == '*') {
+            star = pattern++;
+            resume = text;
+        } else if (*pattern == '?' || *pattern == *text) {
+            pattern++;
+            text++;
+        } else if (star != NULL) {
+            pattern = star + 1;
+            text = ++resume;
+        } else {
+            return false;
+        }
+    }
+    while (*pattern == '*') pattern++;
+    return *pattern == '\0';
+}
+
+bool rules_match(const qt_rule *rule, const qt_role *role) {
+    QT_ASSERT(rule != NULL && role != NULL);
+    return rules_glob_match(rule->module_glob, rules_module_type_name(role->module_type)) &&
+           rules_glob_match(rule->tensor_glob, rules_tensor_type_name(role->tensor_type)) &&
+           rules_glob_match(rule->name_glob, role->name);
+}
+
+void rules_role_format(const qt_role *role, char *buf, size_t buf_bytes) {
+    QT_ASSERT(role != NULL && buf != NULL && buf_bytes > 0);
+    snprintf(buf, buf_bytes, "%s.%s@%s", rules_module_type_name(role->module_type),
+             rules_tensor_type_name(role->tensor_type), role->name);
+}
+
+__attribute__((format(printf, 4, 5)))
+static void append(char *buf, size_t buf_bytes, size_t *used, const char *fmt, ...) {
+    if (*used >= buf_bytes) return;
+    va_list args;
+    va_start(args, fmt);
+    int n = vsnprintf(buf + *used, buf_bytes - *used, fmt, args);
+    va_end(args);
+    if (n > 0) *used += (size_t)n;
+}
+
+void rules_quantizer_format(const qt_quantizer *q, char *buf, size_t buf_bytes) {
+    QT_ASSERT(q != NULL && buf != NULL && buf_bytes > 0);
+    static const char *const elem_names[] = {
+        [QT_ELEM_BF16] = "bf16", [QT_ELEM_FP32] = "fp32", [QT_ELEM_E4M3] = "e4m3",
+        [QT_ELEM_E5M2] = "e5m2", [QT_ELEM_E2M1] = "e2m1", [QT_ELEM_E8M0] = "e8m0",
+    };
+    size_t used = 0;
+    buf[0] = '\0';
+    append(buf, buf_bytes, &used, "%s", rules_scheme_name(q->scheme));
+    for (int o = 0; o < QT_OPTION_COUNT; o++) {
+        if (!rules_option_applies((qt_rule_option)o, q->scheme)) continue;
+        switch ((qt_rule_option)o) {
+        case QT_OPTION_ELEM: append(buf, buf_bytes, &used, " %s", elem_names[q->elem]); break;
+        case QT_OPTION_MARGIN: append(buf, buf_bytes, &used, " margin=%u", q->margin); break;
+        case QT_OPTION_HISTORY: append(buf, buf_bytes, &used, " history=%u", q->history_len);
+            break;
+        case QT_OPTION_ALGO:
+            append(buf, buf_bytes, &used, " algo=%s",
+                   q->amax_algo == QT_AMAX_MAX ? "max" : "most_recent");
+            break;
+        case QT_OPTION_POW2: append(buf, buf_bytes, &used, " pow2=%d", q->pow2); break;
+        case QT_OPTION_EPS: append(buf, buf_bytes, &used, " eps=%g", (double)q->amax_eps); break;
+        case QT_OPTION_SR: append(buf, buf_bytes, &used, " sr=%d", q->sr); break;
+        case QT_OPTION_2D: append(buf, buf_bytes, &used, " 2d=%d", q->two_d); break;
+        case QT_OPTION_RHT: append(buf, buf_bytes, &used, " rht=%d", q->rht); break;
+        case QT_OPTION_COUNT: break;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Defaults and resolution
+
+static qt_format format_of(const qt_quantizer *q) {
+    switch (q->scheme) {
+    case QT_SCHEME_BF16: return QT_FORMAT_BF16;
+    case QT_SCHEME_DELAYED:
+    case QT_SCHEME_CURRENT:
+        return q->elem == QT_ELEM_E5M2 ? QT_FORMAT_FP8_E5M2 : QT_FORMAT_FP8_E4M3;
+    case QT_SCHEME_MXFP8: return QT_FORMAT_MXFP8;
+    case QT_SCHEME_BLOCK: return q->two_d ? QT_FORMAT_FP8_BLOCK_2D : QT_FORMAT_FP8_BLOCK_1D;
+    case QT_SCHEME_NVFP4: return QT_FORMAT_NVFP4;
+    case QT_SCHEME_COUNT: break;
+    }
+    QT_ASSERT(!"unknown scheme");
+    return QT_FORMAT_BF16;
+}
+
+// The derived fields, once the options are final.
+static void quantizer_finish(qt_quantizer *q) {
+    q->rht_mask = q->rht ? (uint16_t)RULES_RHT_MASK : 0;
+    q->format = format_of(q);
+}
+
+qt_quantizer rules_scheme_defaults(qt_scheme scheme, qt_tensor_type tensor_type) {
+    QT_ASSERT((unsigned)scheme < QT_SCHEME_COUNT && (unsigned)tensor_type < QT_TENSOR_COUNT);
+    bool weight = tensor_type == QT_TENSOR_WEIGHT, grad = tensor_type == QT_TENSOR_GRAD_OUTPUT;
+    qt_quantizer q;
+    memset(&q, 0, sizeof q);  // neutral values for the options that do not apply
+    q.scheme = scheme;
+    switch (scheme) {
+    case QT_SCHEME_BF16: q.elem = QT_ELEM_BF16; break;
+    case QT_SCHEME_DELAYED:
+        q.elem = grad ? QT_ELEM_E5M2 : QT_ELEM_E4M3;
+        q.history_len = 1024;
+        q.amax_algo = QT_AMAX_MAX;
+        break;
+    case QT_SCHEME_CURRENT: q.elem = grad ? QT_ELEM_E5M2 : QT_ELEM_E4M3; break;
+    case QT_SCHEME_MXFP8: q.elem = QT_ELEM_E4M3; break;
+    case QT_SCHEME_BLOCK:
+        q.elem = QT_ELEM_E4M3;
+        q.pow2 = true;
+        q.two_d = weight;
+        break;
+    case QT_SCHEME_NVFP4:
+        q.elem = QT_ELEM_E2M1;
+        q.two_d = weight;
+        q.rht = !weight;
+        q.sr = grad;
+        break;
+    case QT_SCHEME_COUNT: break;
+    }
+    quantizer_finish(&q);
+    return q;
+}
+
+size_t rules_builtin_count(qt_scheme scheme) {
+    QT_ASSERT((unsigned)scheme < QT_SCHEME_COUNT);
+    return builtins[scheme].count;
+}
+
+const char *rules_builtin_text(qt_scheme scheme, size_t index) {
+    QT_ASSERT(index < rules_builtin_count(scheme));
+    return builtins[scheme].rules[index];
+}
+
+// A built-in rule, parsed. The lists are constants that test_recipe parses one by one, so a
+// failure here is a programmer error.
+static void builtin_rule(qt_scheme scheme, size_t index, qt_rule *rule) {
+    const char *text = rules_builtin_text(scheme, index);
+    qt_status status = recipe_rule_parse(text, strlen(text), "built-in", (uint32_t)index + 1, 1,
+                                         rule);
+    QT_ASSERT(status == QT_OK);
+    rule->line = 0;
+}
+
+// The position of the layer that owns a role: the name up to its first '.'.
+static const recipe_layer *role_layer(const recipe *r, const qt_role *role) {
+    const char *dot = strchr(role->name, '.');
+    size_t bytes = dot ? (size_t)(dot - role->name) : strlen(role->name);
+    return recipe_layer_find(r, role->name, bytes);
+}
+
+// Fails at the option's position in the file, or, for a built-in rule, at the role's layer.
+static qt_status fail_option(const recipe *r, const qt_rule *rule, qt_rule_option opt,
+                             const qt_role *role, const char *what) {
+    char role_text[96];
+    rules_role_format(role, role_text, sizeof role_text);
+    uint32_t line = rule->line, col = rule->option_col[opt];
+    const recipe_layer *l = role_layer(r, role);
+    if (line == 0 && l != NULL) {
+        line = l->line;
+        col = l->col;
+    }
+    return recipe_fail_at(QT_ERR_INPUT, r->file_name, line, col, "unsupported combination: %s, "
+                          "found on %s (rule %s.%s@%s)", what, role_text, rule->module_glob,
+                          rule->tensor_glob, rule->name_glob);
+}
+
+// A matched rule applied to a role: the scheme's defaults for the tensor type, the rule's options
+// over them, then the checks that need the role.
+static qt_status rule_apply(const recipe *r, const qt_rule *rule, uint32_t index,
+                            const qt_role *role, qt_quantizer *out) {
+    qt_quantizer q = rules_scheme_defaults(rule->scheme, role->tensor_type);
+    const qt_quantizer *v = &rule->values;
+    uint32_t set = rule->set;
+    if (set & (1u << QT_OPTION_ELEM)) q.elem = v->elem;
+    if (set & (1u << QT_OPTION_MARGIN)) q.margin = v->margin;
+    if (set & (1u << QT_OPTION_HISTORY)) q.history_len = v->history_len;
+    if (set & (1u << QT_OPTION_ALGO)) q.amax_algo = v->amax_algo;
+    if (set & (1u << QT_OPTION_POW2)) q.pow2 = v->pow2;
+    if (set & (1u << QT_OPTION_EPS)) q.amax_eps = v->amax_eps;
+    if (set & (1u << QT_OPTION_SR)) q.sr = v->sr;
+    if (set & (1u << QT_OPTION_2D)) q.two_d = v->two_d;
+    if (set & (1u << QT_OPTION_RHT)) q.rht = v->rht;
+    quantizer_finish(&q);
+    q.rule_line = rule->line;
+    q.rule_index = index;
+    // 2-D tiles serve W and its transpose alike (NUMERICS.md 6.1, 7.1, 8.4); activations and
+    // gradients are 1-D in every reference recipe, and 2-D x 2-D block GEMMs are refused there.
+    if (q.two_d && role->tensor_type != QT_TENSOR_WEIGHT) {
+        return fail_option(r, rule, QT_OPTION_2D, role, "2d=1 applies to weights");
+    }
+    // RHT cancels only in the wgrad GEMM, whose operands are the columnwise copies of input and
+    // grad_output (NUMERICS.md 8.5); a weight's columnwise copy feeds dgrad, where it would not.
+    if (q.rht && role->tensor_type == QT_TENSOR_WEIGHT) {
+        return fail_option(r, rule, QT_OPTION_RHT, role,
+                           "rht=1 applies to input and grad_output (the wgrad operands)");
+    }
+    *out = q;
+    return QT_OK;
+}
+
+static qt_status unresolved(const recipe *r, const qt_role *role) {
+    char role_text[96], tried[640];
+    rules_role_format(role, role_text, sizeof role_text);
+    size_t used = 0;
+    tried[0] = '\0';
+    for (uint32_t i = 0; i < r->quant.rules_count; i++) {
+        const qt_rule *rule = &r->quant.rules[i];
+        if (used + 160 > sizeof tried) {
+            append(tried, sizeof tried, &used, ", ... (%u rules in all)", r->quant.rules_count);
+            break;
+        }
+        append(tried, sizeof tried, &used, "%s%s.%s@%s (line %u)", i == 0 ? "" : ", ",
+               rule->module_glob, rule->tensor_glob, rule->name_glob, rule->line);
+    }
+    if (r->quant.rules_count == 0) append(tried, sizeof tried, &used, "no rules of the file");
+    char builtin_text[64];
+    if (r->quant.has_builtin) {
+        snprintf(builtin_text, sizeof builtin_text, "the built-in recipe %s",
+                 rules_scheme_name(r->quant.builtin));
+    } else {
+        snprintf(builtin_text, sizeof builtin_text, "no built-in rules (recipe = none)");
+    }
+    const recipe_layer *l = role_layer(r, role);
+    if (l == NULL) {  // a role the caller made up: there is no layer to point at
+        return qt_fail(QT_ERR_INPUT, "%s: no rule matches role %s; expected a rule for it, "
+                       "tried %s and %s", r->file_name, role_text, tried, builtin_text);
+    }
+    return recipe_fail_at(QT_ERR_INPUT, r->file_name, l->line, l->col, "no rule matches role %s; "
+                          "expected a rule for it, tried %s and %s", role_text, tried,
+                          builtin_text);
+}
+
+qt_status rules_resolve(const recipe *r, qt_role role, qt_quantizer *out) {
+    QT_ASSERT(r != NULL && out != NULL);
+    QT_ASSERT((unsigned)role.module_type < QT_MODULE_COUNT);
+    QT_ASSERT((unsigned)role.tensor_type < QT_TENSOR_COUNT);
+    QT_ASSERT(memchr(role.name, '\0', sizeof role.name) != NULL);
+    for (uint32_t i = 0; i < r->quant.rules_count; i++) {
+        if (rules_match(&r->quant.rules[i], &role)) {
+            return rule_apply(r, &r->quant.rules[i], i, &role, out);
+        }
+    }
+    if (r->quant.has_builtin) {
+        for (size_t i = 0; i < rules_builtin_count(r->quant.builtin); i++) {
+            qt_rule rule;
+            builtin_rule(r->quant.builtin, i, &rule);
+            if (rules_match(&rule, &role)) return rule_apply(r, &rule, (uint32_t)i, &role, out);
+        }
+    }
+    return unresolved(r, &role);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The roles of a model
+
+static uint32_t layer_roles(const recipe_layer *l) {
+    if (l->kind == RECIPE_LAYER_LINEAR) return 3;
+    if (l->kind == RECIPE_LAYER_MOE) return 9;
+    return 0;
+}
+
+bool rules_roles_next(const recipe *r, rules_role_iter *iter, qt_role *role,
+                      uint32_t *layer_index) {
+    QT_ASSERT(r != NULL && iter != NULL && role != NULL);
+    static const char *const moe_gemms[3] = {"router", "fc1", "fc2"};
+    while (iter->layer_index < r->model.layers_count) {
+        const recipe_layer *l = &r->model.layers[iter->layer_index];
+        if (iter->role_index >= layer_roles(l)) {
+            iter->layer_index++;
+            iter->role_index = 0;
+            continue;
+        }
+        uint32_t gemm = iter->role_index / 3;
+        memset(role, 0, sizeof *role);
+        role->tensor_type = (qt_tensor_type)(iter->role_index % 3);
+        if (l->kind == RECIPE_LAYER_LINEAR) {
+            role->module_type = QT_MODULE_LINEAR;
+            snprintf(role->name, sizeof role->name, "%s", l->name);
+        } else {
+            role->module_type = gemm == 0 ? QT_MODULE_ROUTER : QT_MODULE_GROUPED_LINEAR;
+            snprintf(role->name, sizeof role->name, "%s.%s", l->name, moe_gemms[gemm]);
+        }
+        if (layer_index != NULL) *layer_index = iter->layer_index;
+        iter->role_index++;
+        return true;
+    }
+    return false;
+}
+
+size_t rules_roles_count(const recipe *r) {
+    QT_ASSERT(r != NULL);
+    size_t count = 0;
+    for (uint32_t i = 0; i < r->model.layers_count; i++) count += layer_roles(&r->model.layers[i]);
+    return count;
+}
+
+qt_status rules_check_model(const recipe *r) {
+    QT_ASSERT(r != NULL);
+    rules_role_iter iter = {0, 0};
+    qt_role role;
+    while (rules_roles_next(r, &iter, &role, NULL)) {
+        qt_quantizer q;
+        QT_TRY(rules_resolve(r, role, &q));
+    }
+    return QT_OK;
+}
+
+qt_status rules_resolve_model(const recipe *r, qt_role_quantizer *out, size_t out_max,
+                              size_t *out_count) {
+    QT_ASSERT(r != NULL && out_count != NULL && (out != NULL || out_max == 0));
+    rules_role_iter iter = {0, 0};
+    qt_role role;
+    uint32_t layer_index;
+    *out_count = 0;
+    while (rules_roles_next(r, &iter, &role, &layer_index)) {
+        if (*out_count == out_max) {
+            return qt_fail(QT_ERR_CAPACITY, "%s: the model has %zu roles; the table given holds "
+                           "%zu", r->file_name, rules_roles_count(r), out_max);
+        }
+        qt_role_quantizer *entry = &out[*out_count];
+        entry->role = role;
+        entry->layer_index = layer_index;
+        QT_TRY(rules_resolve(r, role, &entry->quantizer));
+        (*out_count)++;
+    }
+    return QT_OK;
+}

@@ -1,0 +1,75 @@
+// op_gemm: builders that append the GEMM kernels (ptx/gemm_portable.cu) and the bias gradient to
+// a program.
+//
+// Owns nothing; each builder checks the descriptor, picks the kernel and launch shape, fills the
+// args struct (ptx/gemm.h) and declares every region the op reads and writes.
+//
+// A GEMM is described by its two operands, each one stored copy of a quantized tensor. For a
+// Linear layer (NUMERICS 9.1; x [T][K], W [N][K], dy [T][N]):
+//
+//   GEMM    D           A                    B                    m  n  k   grouped
+//   fprop   y  [T][N]   x rowwise            W rowwise            T  N  K   GEMM_GROUP_M
+//   dgrad   dx [T][K]   dy rowwise           W columnwise         T  K  N   GEMM_GROUP_M
+//   wgrad   dW [N][K]   dy columnwise        x columnwise         N  K  T   GEMM_GROUP_K
+//
+// op_gemm_operand_of fills an operand from a copy's buffers and the tensor's logical shape, per
+// the layouts of ptx/quant.h. Stacked per-member weights (GEMM_GROUP_M) add their member strides
+// and GEMM_OPERAND_TENSOR_PER_MEMBER; grouped tensors pass their capacity as rows.
+#ifndef QT_OP_GEMM_H
+#define QT_OP_GEMM_H
+
+#include "gemm.h"     // gemm_args, GEMM_*
+#include "program.h"  // program, prog_ref
+
+typedef struct op_gemm_operand {
+    prog_ref data;          // codes
+    prog_ref scale;         // block scales; .arena NULL when the format has none
+    prog_ref tensor_scale;  // f32 [1] or [count]: fp8 scale_inv, nvfp4 amax; else .arena NULL
+    uint32_t elem;          // GEMM_ELEM_*
+    uint32_t flags;         // GEMM_OPERAND_*
+    uint32_t ld;            // elements between stored rows
+    uint32_t scale_ld;      // entries between scale rows
+    uint64_t data_member_bytes;   // GEMM_GROUP_M operand B only
+    uint64_t scale_member_bytes;  // GEMM_GROUP_M operand B only
+} op_gemm_operand;
+
+typedef struct op_gemm_desc {
+    uint32_t format;    // GEMM_FORMAT_*
+    uint32_t grouping;  // GEMM_DENSE | GEMM_GROUP_M | GEMM_GROUP_K
+    uint32_t flags;     // GEMM_FLAG_*
+    uint32_t m, n, k;   // GEMM_GROUP_M: m = rows capacity; GEMM_GROUP_K: k = rows capacity
+    op_gemm_operand a, b;
+    float alpha;
+    prog_ref d;               // [m][ldd] (GEMM_GROUP_K: one per member, d_member_bytes apart)
+    uint32_t d_dtype;         // QT_DTYPE_BF16 | QT_DTYPE_F32
+    uint32_t ldd;             // 0: n
+    uint64_t d_member_bytes;  // GEMM_GROUP_K: 0 means m * ldd elements
+    prog_ref c;               // .arena NULL: none; else read with beta (may be d itself)
+    float beta;
+    prog_ref bias;            // [n] (grouped: per member, bias_member_bytes apart) or .arena NULL
+    uint32_t bias_dtype;
+    uint64_t bias_member_bytes;
+    uint32_t count;           // grouped: members (>= 1)
+    prog_ref row_offsets;     // u32 [count + 1], device
+    prog_ref first_dims;      // u32 [count], device
+} op_gemm_desc;
+
+// The operand for one stored copy of a quantized tensor of logical shape rows x cols (cols
+// contiguous in the rowwise copy). rowwise: operand rows are the tensor's rows, k its columns;
+// columnwise: operand rows are its columns, k its rows. scale_2d: fp8 block 128 x 128 scales.
+op_gemm_operand op_gemm_operand_of(uint32_t format, uint32_t elem, uint32_t rows, uint32_t cols,
+                                   bool columnwise, bool scale_2d, prog_ref data, prog_ref scale,
+                                   prog_ref tensor_scale);
+
+// Appends the GEMM; nothing when m or n is 0. QT_ERR_INPUT when the launch would exceed the
+// grid limits (more than 65535 row tiles or members).
+qt_status op_gemm(program *p, const char *name, const op_gemm_desc *g);
+launch_shape op_gemm_shape(const op_gemm_desc *g);
+
+// out[i][col] (f32, [max(count, 1)][cols]) = column sums of dy [rows][ld] (bf16 or f32) over all
+// rows, or over member i's valid rows when count > 0 (row_offsets, first_dims as for op_gemm).
+qt_status op_gemm_bias_grad(program *p, const char *name, prog_ref dy, uint32_t dtype,
+                            uint32_t rows, uint32_t cols, uint32_t ld, uint32_t count,
+                            prog_ref row_offsets, prog_ref first_dims, prog_ref out);
+
+#endif  // QT_OP_GEMM_H

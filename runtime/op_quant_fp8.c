@@ -1,0 +1,150 @@
+#include "op_quant_fp8.h"
+
+#include <math.h>    // ldexpf
+#include <stddef.h>  // offsetof
+
+#include "op_core.h"  // OP_GRID_BLOCKS_MAX
+
+static bool op_fp8_present(prog_ref r) { return r.arena != NULL; }
+
+static void op_fp8_check_input(const op_fp8_input *in) {
+    QT_ASSERT(in->dtype == QT_DTYPE_BF16 || in->dtype == QT_DTYPE_F32);
+    QT_ASSERT(in->rows >= 1 && in->cols >= 1);
+    QT_ASSERT(op_fp8_present(in->x));
+}
+
+static uint32_t op_fp8_members(const op_fp8_input *in) {
+    return in->group.count ? in->group.count : 1u;
+}
+
+// Declares an optional region: nothing when absent (its args field stays 0).
+static qt_status op_fp8_use_opt(program *p, uint32_t op, uint32_t field, prog_ref ref,
+                                prog_access access) {
+    return op_fp8_present(ref) ? prog_use(p, op, field, ref, access) : QT_OK;
+}
+
+qt_status op_fp8_amax(program *p, const char *name, const op_fp8_input *in, prog_ref amax) {
+    op_fp8_check_input(in);
+    uint32_t n = op_fp8_members(in);
+    fp8_amax_zero_args zero = {0, n, 0};
+    launch_shape zero_shape = op_shape_1d(n, 256);
+    uint32_t op;
+    QT_TRY(prog_append(p, KERNEL_FP8_AMAX_ZERO, name, &zero_shape, &zero, sizeof zero, &op));
+    QT_TRY(prog_use(p, op, offsetof(fp8_amax_zero_args, amax), amax, PROG_WRITE));
+
+    fp8_amax_args args = {0};
+    args.rows = in->rows;
+    args.cols = in->cols;
+    args.dtype = in->dtype;
+    uint64_t elems = (uint64_t)in->rows * in->cols;
+    uint64_t blocks = (elems + QT_FP8_AMAX_BLOCK_ELEMS_MIN - 1) / QT_FP8_AMAX_BLOCK_ELEMS_MIN;
+    if (blocks > OP_GRID_BLOCKS_MAX) blocks = OP_GRID_BLOCKS_MAX;
+    launch_shape shape = {{(uint32_t)blocks, 1, 1}, {QT_FP8_AMAX_THREADS, 1, 1}, 0};
+    QT_TRY(prog_append(p, KERNEL_FP8_AMAX, name, &shape, &args, sizeof args, &op));
+    QT_TRY(prog_use(p, op, offsetof(fp8_amax_args, x), in->x, PROG_READ));
+    QT_TRY(prog_use(p, op, offsetof(fp8_amax_args, amax), amax, PROG_READ_WRITE));
+    return op_group_use(p, op, offsetof(fp8_amax_args, group), &in->group);
+}
+
+// The cast op shared by both scaling modes; the caller declares the scale/amax regions.
+static qt_status op_fp8_cast_append(program *p, const char *name, const op_fp8_input *in,
+                                    const op_fp8_output *out, fp8_cast_args *args,
+                                    uint32_t *op) {
+    op_fp8_check_input(in);
+    QT_ASSERT(out->fp8 == QT_FP8_E4M3 || out->fp8 == QT_FP8_E5M2);
+    QT_ASSERT(op_fp8_present(out->scale_inv));
+    args->rows = in->rows;
+    args->cols = in->cols;
+    args->dtype = in->dtype;
+    args->fp8 = out->fp8;
+    uint64_t tiles_m = (in->rows + QT_FP8_CAST_TILE_ROWS - 1) / QT_FP8_CAST_TILE_ROWS;
+    uint64_t tiles_k = (in->cols + QT_FP8_CAST_TILE_COLS - 1) / QT_FP8_CAST_TILE_COLS;
+    QT_ASSERT(tiles_m * tiles_k <= 0x7FFFFFFFu);
+    launch_shape shape = {{(uint32_t)(tiles_m * tiles_k), 1, 1}, {QT_FP8_CAST_THREADS, 1, 1}, 0};
+    kernel_id kernel = in->dtype == QT_DTYPE_BF16 ? KERNEL_FP8_CAST_BF16 : KERNEL_FP8_CAST_F32;
+    QT_TRY(prog_append(p, kernel, name, &shape, args, sizeof *args, op));
+    QT_TRY(prog_use(p, *op, offsetof(fp8_cast_args, x), in->x, PROG_READ));
+    QT_TRY(op_fp8_use_opt(p, *op, offsetof(fp8_cast_args, rowwise), out->rowwise, PROG_WRITE));
+    QT_TRY(op_fp8_use_opt(p, *op, offsetof(fp8_cast_args, colwise), out->colwise, PROG_WRITE));
+    QT_TRY(prog_use(p, *op, offsetof(fp8_cast_args, scale_inv), out->scale_inv, PROG_WRITE));
+    return op_group_use(p, *op, offsetof(fp8_cast_args, group), &in->group);
+}
+
+qt_status op_fp8_cast_delayed(program *p, const char *name, const op_fp8_input *in,
+                              const op_fp8_output *out, prog_ref scale, prog_ref amax_slots) {
+    QT_ASSERT(op_fp8_present(scale));
+    fp8_cast_args args = {0};
+    args.scale_mode = QT_FP8_SCALE_DELAYED;
+    uint32_t op;
+    QT_TRY(op_fp8_cast_append(p, name, in, out, &args, &op));
+    QT_TRY(prog_use(p, op, offsetof(fp8_cast_args, scale), scale, PROG_READ));
+    // An atomic max reads and writes the slot.
+    return op_fp8_use_opt(p, op, offsetof(fp8_cast_args, amax_out), amax_slots,
+                          PROG_READ_WRITE);
+}
+
+qt_status op_fp8_cast_current(program *p, const char *name, const op_fp8_input *in,
+                              const op_fp8_output *out, prog_ref amax, prog_ref scale, bool pow2,
+                              float eps) {
+    QT_ASSERT(op_fp8_present(amax));
+    fp8_cast_args args = {0};
+    args.scale_mode = QT_FP8_SCALE_CURRENT;
+    args.pow2 = pow2 ? 1u : 0u;
+    args.eps = eps;
+    uint32_t op;
+    QT_TRY(op_fp8_cast_append(p, name, in, out, &args, &op));
+    QT_TRY(prog_use(p, op, offsetof(fp8_cast_args, amax_in), amax, PROG_READ));
+    return op_fp8_use_opt(p, op, offsetof(fp8_cast_args, scale), scale, PROG_WRITE);
+}
+
+qt_status op_fp8_quantize_current(program *p, const char *name, const op_fp8_input *in,
+                                  const op_fp8_output *out, prog_ref amax, prog_ref scale,
+                                  bool pow2, float eps) {
+    QT_TRY(op_fp8_amax(p, name, in, amax));
+    return op_fp8_cast_current(p, name, in, out, amax, scale, pow2, eps);
+}
+
+qt_status op_fp8_delayed_update(program *p, const char *name, prog_ref history, prog_ref scale,
+                                prog_ref reduced, uint32_t slots, uint32_t history_len,
+                                uint32_t algo, uint32_t fp8, int margin) {
+    QT_ASSERT(slots >= 1 && history_len >= 1);
+    QT_ASSERT(algo == QT_FP8_AMAX_ALGO_MAX || algo == QT_FP8_AMAX_ALGO_MOST_RECENT);
+    QT_ASSERT(fp8 == QT_FP8_E4M3 || fp8 == QT_FP8_E5M2);
+    // TE: fp8_max * std::pow(2.f, -margin); for an integer margin both factors and the product
+    // are exact powers-of-two scalings, which ldexpf computes exactly.
+    float scaled_max = ldexpf(qt_fp8_qmax(fp8), -margin);
+    fp8_delayed_update_args args = {0, 0, 0, slots, history_len, algo, scaled_max};
+    uint32_t blocks = (slots + QT_FP8_UPDATE_THREADS - 1) / QT_FP8_UPDATE_THREADS;
+    launch_shape shape = {{blocks, 1, 1}, {QT_FP8_UPDATE_THREADS, 1, 1}, 0};
+    uint32_t op;
+    QT_TRY(prog_append(p, KERNEL_FP8_DELAYED_UPDATE, name, &shape, &args, sizeof args, &op));
+    QT_TRY(prog_use(p, op, offsetof(fp8_delayed_update_args, history), history,
+                    PROG_READ_WRITE));
+    QT_TRY(prog_use(p, op, offsetof(fp8_delayed_update_args, scale), scale, PROG_READ_WRITE));
+    return op_fp8_use_opt(p, op, offsetof(fp8_delayed_update_args, reduced), reduced,
+                          PROG_READ);
+}
+
+qt_status op_fp8_dequantize(program *p, const char *name, const op_fp8_input *hp,
+                            const op_fp8_output *codes, bool colwise) {
+    op_fp8_check_input(hp);
+    prog_ref src = colwise ? codes->colwise : codes->rowwise;
+    QT_ASSERT(op_fp8_present(src) && op_fp8_present(codes->scale_inv));
+    fp8_dequantize_args args = {0};
+    args.rows = hp->rows;
+    args.cols = hp->cols;
+    args.dtype = hp->dtype;
+    args.fp8 = codes->fp8;
+    args.colwise = colwise ? 1u : 0u;
+    uint64_t tiles = (uint64_t)((hp->rows + QT_FP8_DEQ_TILE - 1) / QT_FP8_DEQ_TILE) *
+                     ((hp->cols + QT_FP8_DEQ_TILE - 1) / QT_FP8_DEQ_TILE);
+    QT_ASSERT(tiles <= 0x7FFFFFFFu);
+    launch_shape shape = {{(uint32_t)tiles, 1, 1}, {QT_FP8_DEQ_THREADS, 1, 1}, 0};
+    uint32_t op;
+    QT_TRY(prog_append(p, KERNEL_FP8_DEQUANTIZE, name, &shape, &args, sizeof args, &op));
+    QT_TRY(prog_use(p, op, offsetof(fp8_dequantize_args, codes), src, PROG_READ));
+    QT_TRY(prog_use(p, op, offsetof(fp8_dequantize_args, scale_inv), codes->scale_inv,
+                    PROG_READ));
+    QT_TRY(prog_use(p, op, offsetof(fp8_dequantize_args, out), hp->x, PROG_WRITE));
+    return op_group_use(p, op, offsetof(fp8_dequantize_args, group), &hp->group);
+}

@@ -1,0 +1,106 @@
+// C twins of ptx/quant_fp8.cu: plain loops over members, rows and columns, running the per-element
+// and per-slot functions of quant_fp8.h that the kernels run.
+#include <stdbool.h>
+
+#include "ref.h"
+
+static float ref_fp8_load(uint64_t x, uint32_t dtype, uint64_t i) {
+    if (dtype == QT_DTYPE_BF16) return qt_bf16_to_f32(REF_PTR(const uint16_t, x)[i]);
+    return REF_PTR(const float, x)[i];
+}
+
+static uint32_t ref_fp8_members(qt_group_desc g) { return g.count ? g.count : 1u; }
+
+// Rows [begin, end) of a member clipped to the active rows (the kernels never touch the rest).
+static uint32_t ref_fp8_clip(uint32_t row, uint32_t active) { return row < active ? row : active; }
+
+void ref_qt_fp8_amax_zero(const fp8_amax_zero_args *a, const launch_shape *shape) {
+    (void)shape;
+    for (uint32_t i = 0; i < a->slots; i++) REF_PTR(float, a->amax)[i] = 0.0f;
+}
+
+void ref_qt_fp8_amax(const fp8_amax_args *a, const launch_shape *shape) {
+    (void)shape;
+    uint32_t active = qt_group_active_rows(a->group, a->rows);
+    for (uint32_t member = 0; member < ref_fp8_members(a->group); member++) {
+        qt_group_rows rows = qt_group_member_rows(a->group, a->rows, member);
+        uint32_t end = ref_fp8_clip(rows.valid_end, active);
+        float amax = 0.0f;
+        for (uint64_t i = (uint64_t)rows.begin * a->cols; i < (uint64_t)end * a->cols; i++) {
+            amax = qt_fp8_amax_step(amax, ref_fp8_load(a->x, a->dtype, i));
+        }
+        // The GPU maxes per-block partials into the slot; the max of all of them is this.
+        qt_fp8_amax_merge(REF_PTR(float, a->amax) + member, amax);
+    }
+}
+
+static void ref_fp8_cast(const fp8_cast_args *a) {
+    uint32_t n = ref_fp8_members(a->group);
+    for (uint32_t i = 0; i < n; i++) {
+        float scale = qt_fp8_member_scale(a, i);
+        if (a->scale_mode == QT_FP8_SCALE_CURRENT && a->scale) REF_PTR(float, a->scale)[i] = scale;
+        REF_PTR(float, a->scale_inv)[i] = qt_fp8_scale_inv(scale);
+    }
+    uint8_t *rowwise = REF_PTR(uint8_t, a->rowwise);
+    uint8_t *colwise = REF_PTR(uint8_t, a->colwise);
+    uint32_t active = qt_group_active_rows(a->group, a->rows);
+    for (uint32_t member = 0; member < n; member++) {
+        qt_group_rows rows = qt_group_member_rows(a->group, a->rows, member);
+        float scale = qt_fp8_member_scale(a, member);
+        float amax = 0.0f;
+        for (uint32_t r = rows.begin; r < ref_fp8_clip(rows.end, active); r++) {
+            bool valid = r < rows.valid_end;  // padding rows: zero codes, no amax
+            for (uint32_t k = 0; k < a->cols; k++) {
+                uint8_t code = 0;
+                if (valid) {
+                    float x = ref_fp8_load(a->x, a->dtype, (uint64_t)r * a->cols + k);
+                    amax = qt_fp8_amax_step(amax, x);
+                    code = qt_fp8_quantize(x, scale, a->fp8);
+                }
+                if (rowwise) rowwise[(uint64_t)r * a->cols + k] = code;
+                if (colwise) colwise[(uint64_t)k * a->rows + r] = code;
+            }
+        }
+        if (a->amax_out) qt_fp8_amax_merge(REF_PTR(float, a->amax_out) + member, amax);
+    }
+}
+
+void ref_qt_fp8_cast_bf16(const fp8_cast_args *a, const launch_shape *shape) {
+    (void)shape;
+    ref_fp8_cast(a);
+}
+
+void ref_qt_fp8_cast_f32(const fp8_cast_args *a, const launch_shape *shape) {
+    (void)shape;
+    ref_fp8_cast(a);
+}
+
+void ref_qt_fp8_delayed_update(const fp8_delayed_update_args *a, const launch_shape *shape) {
+    (void)shape;
+    for (uint32_t j = 0; j < a->slots; j++) qt_fp8_delayed_update_slot(a, j);
+}
+
+void ref_qt_fp8_dequantize(const fp8_dequantize_args *a, const launch_shape *shape) {
+    (void)shape;
+    const uint8_t *codes = REF_PTR(const uint8_t, a->codes);
+    const float *scale_inv = REF_PTR(const float, a->scale_inv);
+    uint32_t active = qt_group_active_rows(a->group, a->rows);
+    for (uint32_t member = 0; member < ref_fp8_members(a->group); member++) {
+        qt_group_rows rows = qt_group_member_rows(a->group, a->rows, member);
+        for (uint32_t r = rows.begin; r < ref_fp8_clip(rows.end, active); r++) {
+            for (uint32_t k = 0; k < a->cols; k++) {
+                uint64_t at = (uint64_t)r * a->cols + k;
+                uint8_t code = a->colwise ? codes[(uint64_t)k * a->rows + r] : codes[at];
+                float value = 0.0f;
+                if (r < rows.valid_end) {
+                    value = qt_fp8_dequantize_value(code, a->fp8, scale_inv[member]);
+                }
+                if (a->dtype == QT_DTYPE_BF16) {
+                    REF_PTR(uint16_t, a->out)[at] = qt_f32_to_bf16(value);
+                } else {
+                    REF_PTR(float, a->out)[at] = value;
+                }
+            }
+        }
+    }
+}

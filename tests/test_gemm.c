@@ -1,0 +1,1050 @@
+// GEMM tests (ptx/gemm_portable.cu, runtime/ref_gemm.c, runtime/op_gemm.c).
+//
+// Each case is a Linear layer's GEMM (fprop, dgrad or wgrad; NUMERICS 9.1) in one format, dense
+// or grouped, with its operands written here directly in the layouts of ptx/quant.h (random codes
+// and scales; this file's own layout code, independent of gemm.h's index helpers):
+//   CPU: the reference backend's result against an FP64 evaluation of the dequantized operands,
+//        exactly on small-integer inputs, within a derived bound on random ones;
+//   GPU: the same program on the GPU against the reference backend, bit for bit on small-integer
+//        inputs, within a bound on random ones, and bit for bit between two GPU runs.
+// Grouped cases include empty members and members of exactly one 128-row tile; M-grouped outputs
+// are checked to be zero in padding rows and untouched past the last member.
+#include <math.h>
+
+#include "op_gemm.h"
+#include "rig.h"
+#include "test.h"
+
+// ---------------------------------------------------------------------------------------------
+// Random numbers (splitmix64), independent of the library's Philox so that the test data does not
+// depend on code under test.
+
+static uint64_t rng_state = 1;
+
+static uint64_t rng_next(void) {
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static double rng_uniform(void) { return (double)(rng_next() >> 11) * 0x1p-53; }
+
+static int rng_int(int lo, int hi) { return lo + (int)(rng_next() % (uint64_t)(hi - lo + 1)); }
+
+static double rng_normal(void) {
+    double u1 = rng_uniform() + 0x1p-60, u2 = rng_uniform();
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+static uint32_t ceil_div(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
+
+// ---------------------------------------------------------------------------------------------
+// One stored copy of a quantized tensor of logical shape rows x cols, in the layout of quant.h:
+//
+//   format      rowwise data      rowwise scales        columnwise data   columnwise scales
+//   bf16        [R][C] u16        -                     (the same data)   -
+//   fp8         [R][C]            f32 [1] / [members]   [C][R]            the same
+//   block 1-D   [R][C]            f32 [C/128][R]        [C][R]            f32 [R/128][C]
+//   block 2-D   [R][C]            f32 [R/128][C/128]    [C][R]            f32 [C/128][R/128]
+//   mxfp8       [R][C]            e8m0 [R][C/32]        [R][C]            e8m0 [R/32][C]
+//   nvfp4       [R][C/2] packed   e4m3 [R][C/16]        [C][R/2] packed   e4m3 [C][R/16]
+//
+// (divisions round up). Rows whose member is TT_PADDING hold zero codes.
+#define TT_PADDING UINT32_MAX
+
+typedef struct ttensor {
+    uint32_t format, elem;
+    bool colwise, two_d;
+    uint32_t rows, cols;
+    const uint32_t *row_member;  // grouped: member of each row or TT_PADDING; NULL: dense
+    uint8_t *data;
+    size_t data_bytes;
+    uint8_t *scale;
+    size_t scale_bytes;
+    float *tscale;  // fp8 scale_inv, nvfp4 amax: [1] dense, [members] grouped
+    uint32_t tscale_count;
+} ttensor;
+
+static size_t tt_scale_entries(const ttensor *t) {
+    uint32_t r = t->rows, c = t->cols;
+    switch (t->format) {
+    case GEMM_FORMAT_FP8_BLOCK:
+        if (t->two_d) return (size_t)ceil_div(r, 128) * ceil_div(c, 128);
+        return t->colwise ? (size_t)ceil_div(r, 128) * c : (size_t)ceil_div(c, 128) * r;
+    case GEMM_FORMAT_MXFP8:
+        return t->colwise ? (size_t)ceil_div(r, 32) * c : (size_t)r * ceil_div(c, 32);
+    case GEMM_FORMAT_NVFP4:
+        return t->colwise ? (size_t)c * ceil_div(r, 16) : (size_t)r * ceil_div(c, 16);
+    default:
+        return 0;
+    }
+}
+
+static size_t tt_scale_index(const ttensor *t, uint32_t r, uint32_t c) {
+    uint32_t rows = t->rows, cols = t->cols;
+    switch (t->format) {
+    case GEMM_FORMAT_FP8_BLOCK:
+        if (t->two_d) {
+            return t->colwise ? (size_t)(c / 128) * ceil_div(rows, 128) + r / 128
+                              : (size_t)(r / 128) * ceil_div(cols, 128) + c / 128;
+        }
+        return t->colwise ? (size_t)(r / 128) * cols + c : (size_t)(c / 128) * rows + r;
+    case GEMM_FORMAT_MXFP8:
+        return t->colwise ? (size_t)(r / 32) * cols + c : (size_t)r * ceil_div(cols, 32) + c / 32;
+    default:  // nvfp4
+        return t->colwise ? (size_t)c * ceil_div(rows, 16) + r / 16
+                          : (size_t)r * ceil_div(cols, 16) + c / 16;
+    }
+}
+
+// Element index (bf16: u16 index; nvfp4: byte index with *shift the nibble's bit position).
+static size_t tt_data_index(const ttensor *t, uint32_t r, uint32_t c, uint32_t *shift) {
+    *shift = 0;
+    switch (t->format) {
+    case GEMM_FORMAT_BF16:
+    case GEMM_FORMAT_MXFP8:
+        return (size_t)r * t->cols + c;
+    case GEMM_FORMAT_FP8:
+    case GEMM_FORMAT_FP8_BLOCK:
+        return t->colwise ? (size_t)c * t->rows + r : (size_t)r * t->cols + c;
+    default:  // nvfp4
+        if (t->colwise) {
+            *shift = 4 * (r & 1);
+            return (size_t)c * ceil_div(t->rows, 2) + r / 2;
+        }
+        *shift = 4 * (c & 1);
+        return (size_t)r * ceil_div(t->cols, 2) + c / 2;
+    }
+}
+
+static void tt_alloc(ttensor *t, uint32_t format, uint32_t elem, bool colwise, bool two_d,
+                     uint32_t rows, uint32_t cols, const uint32_t *row_member,
+                     uint32_t tscale_count) {
+    memset(t, 0, sizeof *t);
+    t->format = format;
+    t->elem = elem;
+    t->colwise = colwise;
+    t->two_d = two_d;
+    t->rows = rows;
+    t->cols = cols;
+    t->row_member = row_member;
+    if (format == GEMM_FORMAT_BF16) {
+        t->data_bytes = (size_t)rows * cols * 2;
+    } else if (format == GEMM_FORMAT_NVFP4) {
+        t->data_bytes = colwise ? (size_t)cols * ceil_div(rows, 2)
+                                : (size_t)rows * ceil_div(cols, 2);
+    } else {
+        t->data_bytes = (size_t)rows * cols;
+    }
+    t->scale_bytes = tt_scale_entries(t) * (format == GEMM_FORMAT_FP8_BLOCK ? 4 : 1);
+    t->data = calloc(t->data_bytes + 16, 1);
+    t->scale = calloc(t->scale_bytes + 16, 1);
+    t->tscale_count = tscale_count;
+    t->tscale = calloc(tscale_count, sizeof(float));
+}
+
+static void tt_free(ttensor *t) {
+    free(t->data);
+    free(t->scale);
+    free(t->tscale);
+}
+
+static uint32_t tt_member(const ttensor *t, uint32_t r) {
+    return t->row_member ? t->row_member[r] : 0u;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Random contents. `ints`: every decoded value is a small multiple of 1/2 and every scale a power
+// of two near 1 (nvfp4: amax 2688, so alpha' is exactly alpha), so all products and partial sums
+// of the test sizes are exact in FP32, and in the FP8 tensor cores' narrower accumulators too
+// (|partial sums| < 2^11 with 13 mantissa bits).
+
+static uint8_t gen_fp8(uint32_t elem, bool ints) {
+    double v = ints ? rng_int(-2, 2) : rng_normal() * (elem == GEMM_ELEM_E5M2 ? 2000.0 : 60.0);
+    return elem == GEMM_ELEM_E5M2 ? qt_f32_to_e5m2((float)v) : qt_f32_to_e4m3((float)v);
+}
+
+static uint32_t gen_code(const ttensor *t, bool ints) {
+    switch (t->format) {
+    case GEMM_FORMAT_BF16:
+        return qt_f32_to_bf16((float)(ints ? rng_int(-2, 2) : rng_normal()));
+    case GEMM_FORMAT_NVFP4:
+        if (ints) return qt_f32_to_e2m1((float)(rng_int(-4, 4) * 0.5));
+        return (uint32_t)(rng_next() & 0xF);
+    default:
+        return gen_fp8(t->elem, ints);
+    }
+}
+
+static void gen_scales(ttensor *t, bool ints) {
+    size_t n = tt_scale_entries(t);
+    for (size_t i = 0; i < n; i++) {
+        if (t->format == GEMM_FORMAT_FP8_BLOCK) {
+            static const float pow2[3] = {0.5f, 1.0f, 2.0f};
+            float s = ints ? pow2[rng_int(0, 2)] : (float)(0.002 + 0.018 * rng_uniform());
+            memcpy(t->scale + 4 * i, &s, 4);
+        } else if (t->format == GEMM_FORMAT_MXFP8) {
+            t->scale[i] = (uint8_t)(ints ? rng_int(126, 128) : rng_int(118, 131));
+        } else {
+            t->scale[i] = ints ? (rng_int(0, 1) ? 0x38 : 0x40)
+                               : qt_f32_to_e4m3((float)(0.05 + 50.0 * rng_uniform()));
+        }
+    }
+    for (uint32_t i = 0; i < t->tscale_count; i++) {
+        static const float pow2[3] = {0.5f, 1.0f, 2.0f};
+        if (t->format == GEMM_FORMAT_FP8) {
+            t->tscale[i] = ints ? pow2[rng_int(0, 2)] : (float)(0.001 + 0.02 * rng_uniform());
+        } else if (t->format == GEMM_FORMAT_NVFP4) {
+            t->tscale[i] = ints ? 2688.0f : (float)(1.0 + 1000.0 * rng_uniform());
+        }
+    }
+}
+
+static void tt_fill(ttensor *t, bool ints) {
+    for (uint32_t r = 0; r < t->rows; r++) {
+        bool padding = tt_member(t, r) == TT_PADDING;
+        for (uint32_t c = 0; c < t->cols; c++) {
+            uint32_t code = padding ? 0u : gen_code(t, ints), shift;
+            size_t i = tt_data_index(t, r, c, &shift);
+            if (t->format == GEMM_FORMAT_BF16) {
+                ((uint16_t *)t->data)[i] = (uint16_t)code;
+            } else {
+                t->data[i] = (uint8_t)(t->data[i] | (code << shift));
+            }
+        }
+    }
+    gen_scales(t, ints);
+}
+
+// The dequantized value of logical element (r, c), exactly (nvfp4's global factor amax / 2688 up
+// to one FP64 rounding).
+static double tt_value(const ttensor *t, uint32_t r, uint32_t c) {
+    uint32_t shift;
+    size_t i = tt_data_index(t, r, c, &shift);
+    uint32_t member = tt_member(t, r);
+    float ts = t->tscale_count ? t->tscale[member == TT_PADDING ? 0 : member] : 1.0f;
+    switch (t->format) {
+    case GEMM_FORMAT_BF16:
+        return qt_bf16_to_f32(((const uint16_t *)t->data)[i]);
+    case GEMM_FORMAT_FP8: {
+        double code = qt_gemm_fp8_value(t->data[i], t->elem);
+        return code * ts;
+    }
+    case GEMM_FORMAT_FP8_BLOCK: {
+        float s;
+        memcpy(&s, t->scale + 4 * tt_scale_index(t, r, c), 4);
+        return (double)qt_gemm_fp8_value(t->data[i], t->elem) * s;
+    }
+    case GEMM_FORMAT_MXFP8: {
+        int e = t->scale[tt_scale_index(t, r, c)];
+        return ldexp(qt_gemm_fp8_value(t->data[i], t->elem), e - 127);
+    }
+    default: {
+        double q = qt_e2m1_to_f32((uint8_t)((t->data[i] >> shift) & 0xF));
+        double sb = qt_e4m3_to_f32(t->scale[tt_scale_index(t, r, c)]);
+        return q * sb * ts / 2688.0;
+    }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A GEMM case: a Linear layer with x [T][in], W [out][in], dy [T][out] (grouped: T = capacity
+// rows of the grouped x and dy, one W per member).
+
+typedef enum tkind { KIND_FPROP, KIND_DGRAD, KIND_WGRAD } tkind;
+
+typedef struct tcase {
+    uint32_t format;
+    tkind kind;
+    bool ints;
+    uint32_t tokens;  // dense T
+    uint32_t in_features, out_features;
+    uint32_t members;        // 0: dense
+    const uint32_t *sizes;   // grouped: valid rows of each member
+    bool bias;               // fprop: bias add (bf16 with bf16 output, else f32)
+    bool accumulate;         // D = ... + beta D (C aliases D)
+    bool out_bf16;
+    bool split;              // per-tensor fp8: split accumulation
+    bool e5m2_grad;          // fp8 kinds: dy in E5M2
+    const char *tag;         // distinguishes cases of one kind
+} tcase;
+
+#define D_UNTOUCHED 2u  // element status: M-grouped rows past the last member
+#define D_PADDING 1u    // M-grouped padding rows: zeros
+#define D_VALID 0u
+
+typedef struct tproblem {
+    tcase c;
+    char name[128];
+    uint32_t m, n, k, count, cap;
+    uint32_t grouping;
+    float alpha, beta;
+    uint32_t *off, *fd, *row_member;
+    ttensor a;
+    ttensor *b;
+    uint32_t b_count;
+    bool b_stacked;
+    uint32_t d_dtype;
+    size_t d_elems;
+    uint8_t *d_init;   // initial D: C values (accumulate) or a sentinel
+    uint8_t *bias;     // [bias_count][n]
+    uint32_t bias_count;
+    uint32_t bias_dtype;
+    double *expect, *sum_abs, *extra;  // per D element: value, sum |a b|, |beta c| + |bias|
+    uint32_t *k_len;
+    uint8_t *status;
+} tproblem;
+
+static const char *format_name(uint32_t f) {
+    static const char *names[] = {"bf16", "fp8", "fp8_block", "mxfp8", "nvfp4"};
+    return names[f];
+}
+
+static uint32_t format_row_align(uint32_t f) {
+    return f == GEMM_FORMAT_FP8_BLOCK ? 128u : f == GEMM_FORMAT_MXFP8 ? 32u : 16u;
+}
+
+static uint32_t format_elem(uint32_t f, bool grad, bool e5m2_grad) {
+    if (f == GEMM_FORMAT_BF16) return GEMM_ELEM_BF16;
+    if (f == GEMM_FORMAT_NVFP4) return GEMM_ELEM_E2M1;
+    return grad && e5m2_grad ? GEMM_ELEM_E5M2 : GEMM_ELEM_E4M3;
+}
+
+static bool format_tensor_scaled(uint32_t f) {
+    return f == GEMM_FORMAT_FP8 || f == GEMM_FORMAT_NVFP4;
+}
+
+static uint32_t sentinel_bits(uint32_t dtype) { return dtype == QT_DTYPE_BF16 ? 0xFFFFu : ~0u; }
+
+static uint32_t out_bits(uint32_t dtype, const uint8_t *d, size_t i) {
+    if (dtype == QT_DTYPE_BF16) return ((const uint16_t *)d)[i];
+    return ((const uint32_t *)d)[i];
+}
+
+static double out_value(uint32_t dtype, const uint8_t *d, size_t i) {
+    uint32_t bits = out_bits(dtype, d, i);
+    return dtype == QT_DTYPE_BF16 ? qt_bf16_to_f32((uint16_t)bits) : qt_bits_f32(bits);
+}
+
+static void out_store(uint32_t dtype, uint8_t *d, size_t i, float v) {
+    if (dtype == QT_DTYPE_BF16) {
+        ((uint16_t *)d)[i] = qt_f32_to_bf16(v);
+    } else {
+        memcpy(d + 4 * i, &v, 4);
+    }
+}
+
+static uint32_t expect_bits(uint32_t dtype, double e) {
+    float f = (float)e;
+    return dtype == QT_DTYPE_BF16 ? qt_f32_to_bf16(f) : qt_f32_bits(f);
+}
+
+// Group layout: members padded to the format's row alignment, plus one alignment of spare
+// capacity past the last member (rows the GEMM must not touch).
+static void problem_group(tproblem *p) {
+    const tcase *c = &p->c;
+    if (c->members == 0) {
+        p->cap = c->tokens;
+        return;
+    }
+    uint32_t align = format_row_align(c->format);
+    p->count = c->members;
+    p->off = calloc(p->count + 1, sizeof(uint32_t));
+    p->fd = calloc(p->count, sizeof(uint32_t));
+    for (uint32_t i = 0; i < p->count; i++) {
+        p->fd[i] = c->sizes[i];
+        p->off[i + 1] = p->off[i] + ceil_div(c->sizes[i], align) * align;
+    }
+    p->cap = p->off[p->count] + align;
+    p->row_member = malloc(p->cap * sizeof(uint32_t));
+    for (uint32_t r = 0; r < p->cap; r++) p->row_member[r] = TT_PADDING;
+    for (uint32_t i = 0; i < p->count; i++) {
+        for (uint32_t r = p->off[i]; r < p->off[i] + p->fd[i]; r++) p->row_member[r] = i;
+    }
+}
+
+// The tensors of the case: A's copy and B's copies (one per member when stacked weights).
+static void problem_tensors(tproblem *p) {
+    const tcase *c = &p->c;
+    uint32_t f = c->format;
+    bool grouped = c->members != 0;
+    uint32_t group_ts = format_tensor_scaled(f) ? (grouped ? p->count : 1u) : 0u;
+    uint32_t one_ts = format_tensor_scaled(f) ? 1u : 0u;
+    bool two_d = f == GEMM_FORMAT_FP8_BLOCK && c->kind != KIND_WGRAD;
+    uint32_t x_elem = format_elem(f, false, false), g_elem = format_elem(f, true, c->e5m2_grad);
+    uint32_t in = c->in_features, out = c->out_features;
+    if (c->kind == KIND_WGRAD) {
+        tt_alloc(&p->a, f, g_elem, true, false, p->cap, out, p->row_member, group_ts);
+        p->b_count = 1;
+        p->b = calloc(1, sizeof(ttensor));
+        tt_alloc(&p->b[0], f, x_elem, true, false, p->cap, in, p->row_member, group_ts);
+        tt_fill(&p->b[0], c->ints);
+    } else {
+        bool fprop = c->kind == KIND_FPROP;
+        tt_alloc(&p->a, f, fprop ? x_elem : g_elem, false, false, p->cap, fprop ? in : out,
+                 p->row_member, group_ts);
+        p->b_count = grouped ? p->count : 1u;
+        p->b_stacked = grouped;
+        p->b = calloc(p->b_count, sizeof(ttensor));
+        for (uint32_t i = 0; i < p->b_count; i++) {
+            tt_alloc(&p->b[i], f, x_elem, !fprop, two_d, out, in, NULL, one_ts);
+            tt_fill(&p->b[i], c->ints);
+        }
+    }
+    tt_fill(&p->a, c->ints);
+}
+
+static double problem_a(const tproblem *p, uint32_t m, uint32_t k) {
+    return p->c.kind == KIND_WGRAD ? tt_value(&p->a, k, m) : tt_value(&p->a, m, k);
+}
+
+static double problem_b(const tproblem *p, uint32_t member, uint32_t n, uint32_t k) {
+    const ttensor *b = &p->b[p->b_stacked ? member : 0];
+    return p->c.kind == KIND_FPROP ? tt_value(b, n, k) : tt_value(b, k, n);
+}
+
+// D's initial contents (C when accumulating, else a sentinel) and the bias.
+static void problem_epilogue_data(tproblem *p) {
+    const tcase *c = &p->c;
+    size_t esz = p->d_dtype == QT_DTYPE_BF16 ? 2 : 4;
+    p->d_init = malloc(p->d_elems * esz);
+    for (size_t i = 0; i < p->d_elems; i++) {
+        if (c->accumulate) {
+            out_store(p->d_dtype, p->d_init, i, (float)(c->ints ? rng_int(-3, 3) : rng_normal()));
+        } else if (p->d_dtype == QT_DTYPE_BF16) {
+            ((uint16_t *)p->d_init)[i] = (uint16_t)sentinel_bits(p->d_dtype);
+        } else {
+            ((uint32_t *)p->d_init)[i] = sentinel_bits(p->d_dtype);
+        }
+    }
+    if (!c->bias) return;
+    p->bias_count = p->count ? p->count : 1u;
+    p->bias_dtype = c->out_bf16 ? QT_DTYPE_BF16 : QT_DTYPE_F32;
+    p->bias = malloc((size_t)p->bias_count * p->n * 4);
+    for (size_t i = 0; i < (size_t)p->bias_count * p->n; i++) {
+        out_store(p->bias_dtype, p->bias, i, (float)(c->ints ? rng_int(-3, 3) : rng_normal()));
+    }
+}
+
+// FP64 evaluation of every D element from the dequantized operands, with the sums of |a b| and
+// of the epilogue terms' magnitudes that the tolerances scale with.
+static void problem_expect(tproblem *p) {
+    const tcase *c = &p->c;
+    size_t n_el = p->d_elems;
+    p->expect = calloc(n_el, sizeof(double));
+    p->sum_abs = calloc(n_el, sizeof(double));
+    p->extra = calloc(n_el, sizeof(double));
+    p->k_len = calloc(n_el, sizeof(uint32_t));
+    p->status = calloc(n_el, 1);
+    uint32_t parts = p->grouping == GEMM_GROUP_K ? p->count : 1u;
+    for (uint32_t i = 0; i < parts; i++) {
+        for (uint32_t m = 0; m < p->m; m++) {
+            uint32_t member = i, k0 = 0, k1 = p->k;
+            uint8_t status = D_VALID;
+            if (p->grouping == GEMM_GROUP_M) {
+                member = p->row_member[m];
+                if (member == TT_PADDING) status = m < p->off[p->count] ? D_PADDING : D_UNTOUCHED;
+            } else if (p->grouping == GEMM_GROUP_K) {
+                k0 = p->off[i];
+                k1 = p->off[i] + p->fd[i];
+            }
+            for (uint32_t n = 0; n < p->n; n++) {
+                size_t idx = ((size_t)i * p->m + m) * p->n + n;
+                p->status[idx] = status;
+                if (status != D_VALID) continue;
+                double acc = 0, s = 0;
+                for (uint32_t k = k0; k < k1; k++) {
+                    double prod = problem_a(p, m, k) * problem_b(p, member, n, k);
+                    acc += prod;
+                    s += fabs(prod);
+                }
+                double cv = c->accumulate ? out_value(p->d_dtype, p->d_init, idx) : 0.0;
+                double bv = c->bias ? out_value(p->bias_dtype, p->bias, (size_t)member * p->n + n)
+                                    : 0.0;
+                p->expect[idx] = p->alpha * acc + p->beta * cv + bv;
+                p->sum_abs[idx] = s;
+                p->extra[idx] = fabs(p->beta * cv) + fabs(bv);
+                p->k_len[idx] = k1 - k0;
+            }
+        }
+    }
+}
+
+static void problem_init(tproblem *p, const tcase *c) {
+    memset(p, 0, sizeof *p);
+    p->c = *c;
+    static const char *kinds[] = {"fprop", "dgrad", "wgrad"};
+    snprintf(p->name, sizeof p->name, "gemm_%s_%s_%s_%s%s%s", format_name(c->format),
+             kinds[c->kind], c->members ? "grouped" : "dense", c->ints ? "ints" : "random",
+             c->tag ? "_" : "", c->tag ? c->tag : "");
+    problem_group(p);
+    problem_tensors(p);
+    p->grouping = c->members == 0 ? GEMM_DENSE
+                  : c->kind == KIND_WGRAD ? GEMM_GROUP_K
+                                          : GEMM_GROUP_M;
+    p->m = c->kind == KIND_WGRAD ? c->out_features : p->cap;
+    p->n = c->kind == KIND_DGRAD || c->kind == KIND_WGRAD ? c->in_features : c->out_features;
+    p->k = c->kind == KIND_FPROP ? c->in_features
+           : c->kind == KIND_DGRAD ? c->out_features
+                                   : p->cap;
+    p->alpha = c->ints ? (c->kind == KIND_DGRAD ? 0.5f : 1.0f) : 0.75f;
+    p->beta = c->accumulate ? (c->ints ? 1.0f : 0.5f) : 0.0f;
+    p->d_dtype = c->out_bf16 ? QT_DTYPE_BF16 : QT_DTYPE_F32;
+    p->d_elems = (size_t)(p->grouping == GEMM_GROUP_K ? p->count : 1u) * p->m * p->n;
+    problem_epilogue_data(p);
+    problem_expect(p);
+}
+
+static void problem_free(tproblem *p) {
+    tt_free(&p->a);
+    for (uint32_t i = 0; i < p->b_count; i++) tt_free(&p->b[i]);
+    free(p->b);
+    free(p->off);
+    free(p->fd);
+    free(p->row_member);
+    free(p->d_init);
+    free(p->bias);
+    free(p->expect);
+    free(p->sum_abs);
+    free(p->extra);
+    free(p->k_len);
+    free(p->status);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Programs on a rig: reserve, build the op with op_gemm, bind, upload.
+
+typedef struct tregions {
+    arena_handle a_data, a_scale, a_ts, b_data, b_scale, b_ts, d, bias, off, fd;
+} tregions;
+
+static rig ref_rig, gpu_rig;
+static bool gpu_ok;
+static char gpu_why[256];
+
+// A fresh case on an open rig: new arenas and program, the same backend.
+static void rig_restart(rig *r) {
+    if (r->bound) {
+        backend_release(&r->be, &r->dev);
+        backend_release(&r->be, &r->host);
+        r->bound = false;
+    }
+    free(r->ref_memory[0]);
+    free(r->ref_memory[1]);
+    r->ref_memory[0] = r->ref_memory[1] = NULL;
+    arena_init(&r->dev, ARENA_KIND_DEVICE, "device");
+    arena_init(&r->host, ARENA_KIND_HOST, "host");
+    prog_init(&r->prog, "test", 0);
+}
+
+static void upload(rig *r, arena_handle h, const void *src, uint64_t bytes) {
+    if (bytes) RIG_OK(backend_write(&r->be, rig_ref(r, h, 0), src, bytes));
+}
+
+// All B copies back to back (stacked weights: member strides are one copy's sizes).
+static uint8_t *concat_b(const tproblem *p, int what, size_t *bytes) {
+    size_t each = what == 0 ? p->b[0].data_bytes
+                  : what == 1 ? p->b[0].scale_bytes
+                              : p->b[0].tscale_count * sizeof(float);
+    uint8_t *all = malloc(each * p->b_count + 1);
+    for (uint32_t i = 0; i < p->b_count; i++) {
+        const void *src = what == 0 ? (const void *)p->b[i].data
+                          : what == 1 ? (const void *)p->b[i].scale
+                                      : (const void *)p->b[i].tscale;
+        memcpy(all + each * i, src, each);
+    }
+    *bytes = each * p->b_count;
+    return all;
+}
+
+static op_gemm_operand problem_operand(rig *r, const tproblem *p, const ttensor *t,
+                                       arena_handle data, arena_handle scale, arena_handle ts) {
+    prog_ref none = {0};
+    prog_ref s = t->scale_bytes ? rig_ref(r, scale, 0) : none;
+    prog_ref tsr = t->tscale_count ? rig_ref(r, ts, 0) : none;
+    op_gemm_operand o = op_gemm_operand_of(p->c.format, t->elem, t->rows, t->cols, t->colwise,
+                                           t->two_d, rig_ref(r, data, 0), s, tsr);
+    if (p->count && t->tscale_count) o.flags |= GEMM_OPERAND_TENSOR_PER_MEMBER;
+    return o;
+}
+
+static void problem_program(rig *r, const tproblem *p, tregions *g) {
+    size_t b_data_bytes, b_scale_bytes, b_ts_bytes;
+    uint8_t *b_data = concat_b(p, 0, &b_data_bytes);
+    uint8_t *b_scale = concat_b(p, 1, &b_scale_bytes);
+    uint8_t *b_ts = concat_b(p, 2, &b_ts_bytes);
+    size_t d_bytes = p->d_elems * (p->d_dtype == QT_DTYPE_BF16 ? 2 : 4);
+    g->a_data = rig_reserve(r, "a_data", p->a.data_bytes);
+    g->a_scale = rig_reserve(r, "a_scale", p->a.scale_bytes);
+    g->a_ts = rig_reserve(r, "a_ts", p->a.tscale_count * sizeof(float));
+    g->b_data = rig_reserve(r, "b_data", b_data_bytes);
+    g->b_scale = rig_reserve(r, "b_scale", b_scale_bytes);
+    g->b_ts = rig_reserve(r, "b_ts", b_ts_bytes);
+    g->d = rig_reserve(r, "d", d_bytes);
+    g->bias = rig_reserve(r, "bias", (uint64_t)p->bias_count * p->n * 4);
+    g->off = rig_reserve(r, "row_offsets", (p->count + 1) * sizeof(uint32_t));
+    g->fd = rig_reserve(r, "first_dims", p->count * sizeof(uint32_t));
+    op_gemm_desc desc = {0};
+    desc.format = p->c.format;
+    desc.grouping = p->grouping;
+    desc.flags = p->c.split ? GEMM_FLAG_SPLIT_ACCUMULATE : 0u;
+    desc.m = p->m;
+    desc.n = p->n;
+    desc.k = p->k;
+    desc.a = problem_operand(r, p, &p->a, g->a_data, g->a_scale, g->a_ts);
+    desc.b = problem_operand(r, p, &p->b[0], g->b_data, g->b_scale, g->b_ts);
+    if (p->b_stacked) {
+        desc.b.data_member_bytes = p->b[0].data_bytes;
+        desc.b.scale_member_bytes = p->b[0].scale_bytes;
+        if (p->b[0].tscale_count) desc.b.flags |= GEMM_OPERAND_TENSOR_PER_MEMBER;
+    }
+    desc.alpha = p->alpha;
+    desc.d = rig_ref(r, g->d, 0);
+    desc.d_dtype = p->d_dtype;
+    if (p->c.accumulate) {
+        desc.c = desc.d;  // accumulate in place: C aliases D
+        desc.beta = p->beta;
+    }
+    if (p->c.bias) {
+        desc.bias = rig_ref(r, g->bias, 0);
+        desc.bias_dtype = p->bias_dtype;
+        desc.bias_member_bytes = p->count ? (uint64_t)p->n * (p->bias_dtype == QT_DTYPE_BF16 ? 2
+                                                                                         : 4)
+                                          : 0;
+    }
+    if (p->count) {
+        desc.count = p->count;
+        desc.row_offsets = rig_ref(r, g->off, 0);
+        desc.first_dims = rig_ref(r, g->fd, 0);
+    }
+    RIG_OK(op_gemm(&r->prog, p->name, &desc));
+    rig_bind(r);
+    upload(r, g->a_data, p->a.data, p->a.data_bytes);
+    upload(r, g->a_scale, p->a.scale, p->a.scale_bytes);
+    upload(r, g->a_ts, p->a.tscale, p->a.tscale_count * sizeof(float));
+    upload(r, g->b_data, b_data, b_data_bytes);
+    upload(r, g->b_scale, b_scale, b_scale_bytes);
+    upload(r, g->b_ts, b_ts, b_ts_bytes);
+    upload(r, g->d, p->d_init, d_bytes);
+    if (p->c.bias) upload(r, g->bias, p->bias, (uint64_t)p->bias_count * p->n * 4);
+    if (p->count) {
+        upload(r, g->off, p->off, (p->count + 1) * sizeof(uint32_t));
+        upload(r, g->fd, p->fd, p->count * sizeof(uint32_t));
+    }
+    free(b_data);
+    free(b_scale);
+    free(b_ts);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tolerances.
+
+// Reference twin vs FP64 (random inputs). The twin multiplies decoded values whose products are
+// exact in FP32 (for the generated MXFP8 scales the BF16 rounding of the decode is exact, and
+// NVFP4's decode always is), and sums them in FP32: sequentially, |error| <= gamma_K sum|p| with
+// gamma_K ~ K u, u = 2^-24; per 128-wide block plus one promotion (an exact power-of-two scale
+// product or a rounded one, and a fused multiply-add) per block, <= (K + 2 K / 128) u sum|p|.
+// alpha' costs <= 3 u relative (nvfp4 also f32(1/7225344)'s 0.23 u), RN(alpha' acc) u, the C and
+// bias additions u each of their own magnitude: (K + 2 K / 128 + 8) u bounds all of it. A BF16
+// output adds its rounding, half an ulp = 2^-9 relative; 2^-8 leaves room for the test's own
+// rounding of the FP64 value.
+static double tol_ref(const tproblem *p, size_t i) {
+    const double u = 0x1p-24;
+    double k = p->k_len[i];
+    double t = (k + 2.0 * k / 128.0 + 8.0) * u * (fabs(p->alpha) * p->sum_abs[i] + p->extra[i]);
+    if (p->d_dtype == QT_DTYPE_BF16) t += 0x1p-8 * fabs(p->expect[i]);
+    return t;
+}
+
+// GPU vs reference twin (random inputs): both errors against the exact value, added. The FP8
+// tensor cores keep 13 mantissa bits of the running sum across chained mma (truncated), so each
+// k32 step may lose 2^-13 of |running sum| <= sum|p|, plus the alignment of the step's own
+// products: fast accumulation (K/32 + 2) 2^-12 sum|p|; with split accumulation or block scaling
+// only 4 steps chain before an FP32 promotion: 6 2^-12. BF16 tensor cores keep (at least) 22
+// bits: (K/16 + 2) 2^-20. Outputs: two roundings may fall on adjacent values, one ulp (BF16
+// 2^-7 relative to be safe; F32 2^-21 covers RN(alpha' acc) too).
+static double tol_gpu(const tproblem *p, size_t i, double ref) {
+    const double u = 0x1p-24;
+    double k = p->k_len[i];
+    uint32_t f = p->c.format;
+    double per;
+    if (f == GEMM_FORMAT_FP8 && !p->c.split) {
+        per = (k / 32.0 + 2.0) * 0x1p-12;
+    } else if (f == GEMM_FORMAT_FP8 || f == GEMM_FORMAT_FP8_BLOCK) {
+        per = 6.0 * 0x1p-12;
+    } else {
+        per = (k / 16.0 + 2.0) * 0x1p-20;
+    }
+    per += (k + 2.0 * k / 128.0 + 8.0) * u;
+    double t = per * fabs(p->alpha) * p->sum_abs[i] + 8.0 * u * p->extra[i];
+    return t + (p->d_dtype == QT_DTYPE_BF16 ? 0x1p-7 : 0x1p-21) * fabs(ref);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checks. Failures print the element (member, row, column), the values and the bound.
+
+static void element_position(const tproblem *p, size_t i, uint32_t *member, uint32_t *row,
+                             uint32_t *col) {
+    *col = (uint32_t)(i % p->n);
+    *row = (uint32_t)((i / p->n) % p->m);
+    *member = (uint32_t)(i / ((size_t)p->n * p->m));
+    if (p->grouping == GEMM_GROUP_M && p->row_member[*row] != TT_PADDING) {
+        *member = p->row_member[*row];
+    }
+}
+
+static const char *status_name(uint8_t s) {
+    return s == D_UNTOUCHED ? "untouched" : s == D_PADDING ? "padding" : "valid";
+}
+
+// Expected bits of a non-valid element: untouched keeps D's initial bits, padding is zero.
+static bool fixed_ok(const tproblem *p, const uint8_t *d, size_t i) {
+    uint32_t bits = out_bits(p->d_dtype, d, i);
+    if (p->status[i] == D_UNTOUCHED) return bits == out_bits(p->d_dtype, p->d_init, i);
+    return bits == 0;
+}
+
+static void check_ref_result(const tproblem *p, const uint8_t *d) {
+    uint64_t bad = 0;
+    double worst = 0;
+    for (size_t i = 0; i < p->d_elems; i++) {
+        double v = out_value(p->d_dtype, d, i), e = p->expect[i], tol = 0;
+        bool ok;
+        if (p->status[i] != D_VALID) {
+            ok = fixed_ok(p, d, i);
+        } else if (p->c.ints) {
+            ok = out_bits(p->d_dtype, d, i) == expect_bits(p->d_dtype, e);
+        } else {
+            tol = tol_ref(p, i);
+            ok = fabs(v - e) <= tol;
+            if (tol > 0 && fabs(v - e) / tol > worst) worst = fabs(v - e) / tol;
+        }
+        if (!ok && bad++ < 6) {
+            uint32_t member, row, col;
+            element_position(p, i, &member, &row, &col);
+            CHECK(false, "member %u row %u col %u (%s): ref %.9g (0x%08x), expected %.9g, "
+                  "bound %.3g, k %u", member, row, col, status_name(p->status[i]), v,
+                  out_bits(p->d_dtype, d, i), e, tol, p->k_len[i]);
+        }
+    }
+    CHECK(bad == 0, "%llu of %zu elements outside (worst error / bound %.3g)",
+          (unsigned long long)bad, p->d_elems, worst);
+}
+
+static void check_gpu_result(const tproblem *p, const uint8_t *gpu, const uint8_t *ref) {
+    uint64_t bad = 0;
+    for (size_t i = 0; i < p->d_elems; i++) {
+        uint32_t gb = out_bits(p->d_dtype, gpu, i), rb = out_bits(p->d_dtype, ref, i);
+        double g = out_value(p->d_dtype, gpu, i), r = out_value(p->d_dtype, ref, i), tol = 0;
+        bool ok;
+        if (p->status[i] != D_VALID || p->c.ints) {
+            ok = gb == rb;
+        } else {
+            tol = tol_gpu(p, i, r);
+            ok = fabs(g - r) <= tol || (isnan(g) && isnan(r));
+        }
+        if (!ok && bad++ < 6) {
+            uint32_t member, row, col;
+            element_position(p, i, &member, &row, &col);
+            CHECK(false, "member %u row %u col %u (%s): gpu %.9g (0x%08x), ref %.9g (0x%08x), "
+                  "bound %.3g, k %u", member, row, col, status_name(p->status[i]), g, gb, r, rb,
+                  tol, p->k_len[i]);
+        }
+    }
+    CHECK(bad == 0, "%llu of %zu elements differ", (unsigned long long)bad, p->d_elems);
+}
+
+static void run_on(rig *r, const tproblem *p, uint8_t *d_out) {
+    tregions g;
+    rig_restart(r);
+    problem_program(r, p, &g);
+    size_t d_bytes = p->d_elems * (p->d_dtype == QT_DTYPE_BF16 ? 2 : 4);
+    RIG_OK(backend_run(&r->be, &r->prog));
+    RIG_OK(backend_read(&r->be, d_out, rig_ref(r, g.d, 0), d_bytes));
+    if (r->be.kind != BACKEND_GPU) return;
+    // Second GPU run from the same initial D (C aliases D when accumulating): same bits.
+    uint8_t *again = malloc(d_bytes);
+    upload(r, g.d, p->d_init, d_bytes);
+    RIG_OK(backend_run(&r->be, &r->prog));
+    RIG_OK(backend_read(&r->be, again, rig_ref(r, g.d, 0), d_bytes));
+    size_t first = 0;
+    while (first < d_bytes && again[first] == d_out[first]) first++;
+    CHECK(first == d_bytes, "second GPU run differs first at byte %zu", first);
+    // A captured graph replay (launch shapes depend on capacities only): same bits again.
+    backend_graph graph;
+    upload(r, g.d, p->d_init, d_bytes);
+    RIG_OK(backend_capture(&r->be, &r->prog, &graph));
+    RIG_OK(backend_launch(&r->be, &graph));
+    RIG_OK(backend_read(&r->be, again, rig_ref(r, g.d, 0), d_bytes));
+    backend_graph_destroy(&r->be, &graph);
+    first = 0;
+    while (first < d_bytes && again[first] == d_out[first]) first++;
+    CHECK(first == d_bytes, "graph replay differs from the eager run first at byte %zu", first);
+    free(again);
+}
+
+static void run_case(const tcase *c) {
+    tproblem p;
+    problem_init(&p, c);
+    size_t d_bytes = p.d_elems * (p.d_dtype == QT_DTYPE_BF16 ? 2 : 4);
+    uint8_t *d_ref = malloc(d_bytes);
+    test_begin(p.name);
+    run_on(&ref_rig, &p, d_ref);
+    check_ref_result(&p, d_ref);
+    test_end();
+    char gpu_name[160];
+    snprintf(gpu_name, sizeof gpu_name, "%s_gpu", p.name);
+    if (!gpu_ok) {
+        test_skip(gpu_name, gpu_why);
+    } else {
+        uint8_t *d_gpu = malloc(d_bytes);
+        test_begin(gpu_name);
+        run_on(&gpu_rig, &p, d_gpu);
+        check_gpu_result(&p, d_gpu, d_ref);
+        test_end();
+        free(d_gpu);
+    }
+    free(d_ref);
+    problem_free(&p);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The case list.
+
+static const uint32_t group_sizes[] = {37, 0, 128, 1, 90};  // odd, empty, one tile, one row
+
+static tcase base_case(uint32_t format, tkind kind, bool grouped, bool ints) {
+    tcase c = {0};
+    c.format = format;
+    c.kind = kind;
+    c.ints = ints;
+    c.tokens = 150;
+    c.in_features = 160;
+    c.out_features = 72;
+    if (grouped) {
+        c.members = sizeof group_sizes / sizeof group_sizes[0];
+        c.sizes = group_sizes;
+    }
+    c.bias = kind == KIND_FPROP;
+    c.out_bf16 = kind != KIND_WGRAD;
+    c.accumulate = kind == KIND_WGRAD;
+    // TE's defaults: per-tensor fprop uses fast accumulation, dgrad and wgrad split it.
+    c.split = format == GEMM_FORMAT_FP8 && kind != KIND_FPROP;
+    c.e5m2_grad = format == GEMM_FORMAT_FP8 ||
+                  (format == GEMM_FORMAT_FP8_BLOCK && kind == KIND_DGRAD) ||
+                  (format == GEMM_FORMAT_MXFP8 && kind == KIND_WGRAD);
+    return c;
+}
+
+// Every format x {fprop, dgrad, wgrad} x {dense, grouped} x {small integers, random}.
+static void run_matrix(void) {
+    for (uint32_t f = 0; f < GEMM_FORMAT_COUNT; f++) {
+        for (int kind = KIND_FPROP; kind <= KIND_WGRAD; kind++) {
+            for (int grouped = 0; grouped < 2; grouped++) {
+                for (int ints = 1; ints >= 0; ints--) {
+                    tcase c = base_case(f, (tkind)kind, grouped != 0, ints != 0);
+                    run_case(&c);
+                }
+            }
+        }
+    }
+}
+
+static uint32_t *many_sizes(uint32_t count, uint32_t modulus) {
+    uint32_t *sizes = malloc(count * sizeof(uint32_t));
+    for (uint32_t i = 0; i < count; i++) sizes[i] = (i * 7u + 3u) % modulus;  // zeros included
+    return sizes;
+}
+
+static void run_odd_shapes(void) {
+    static const uint32_t one_block[GEMM_FORMAT_COUNT] = {32, 128, 128, 32, 16};
+    for (uint32_t f = 0; f < GEMM_FORMAT_COUNT; f++) {
+        tcase c = base_case(f, KIND_FPROP, false, false);
+        c.tokens = 1;
+        c.tag = "m1";
+        run_case(&c);
+        c = base_case(f, KIND_FPROP, false, true);
+        c.tokens = 130;  // a second row tile of 2 rows
+        c.out_features = 136;  // a second column tile of 8 columns
+        c.tag = "m130_n136";
+        run_case(&c);
+        c = base_case(f, KIND_FPROP, false, false);
+        c.tokens = 64;
+        c.in_features = one_block[f];
+        c.tag = "k_one_block";
+        run_case(&c);
+        c = base_case(f, KIND_WGRAD, false, false);
+        c.tokens = 1;  // a contraction of one row
+        c.tag = "k1";
+        run_case(&c);
+    }
+    tcase c = base_case(GEMM_FORMAT_FP8, KIND_DGRAD, false, false);
+    c.split = false;
+    c.tag = "fast_accumulation";
+    run_case(&c);
+    c = base_case(GEMM_FORMAT_FP8, KIND_FPROP, true, false);
+    c.split = true;
+    c.tag = "split_accumulation";
+    run_case(&c);
+    c = base_case(GEMM_FORMAT_BF16, KIND_FPROP, false, true);
+    c.in_features = 37;  // rows of 74 bytes: the misaligned path
+    c.tag = "k37";
+    run_case(&c);
+    c = base_case(GEMM_FORMAT_FP8, KIND_FPROP, false, false);
+    c.in_features = 100;  // fp8 rows of 100 bytes
+    c.tag = "k100";
+    run_case(&c);
+}
+
+static void run_group_shapes(void) {
+    static const uint32_t empty[] = {0, 0, 0};
+    static const uint32_t one[] = {100};
+    tcase c = base_case(GEMM_FORMAT_BF16, KIND_FPROP, true, true);
+    c.members = 3;
+    c.sizes = empty;
+    c.tag = "all_empty";
+    run_case(&c);
+    c = base_case(GEMM_FORMAT_BF16, KIND_WGRAD, true, true);
+    c.members = 3;
+    c.sizes = empty;
+    c.tag = "all_empty";
+    run_case(&c);
+    c = base_case(GEMM_FORMAT_FP8_BLOCK, KIND_WGRAD, true, false);
+    c.members = 1;
+    c.sizes = one;
+    c.tag = "one_member";
+    run_case(&c);
+    // Many members: the tile lookup walks slices of several members per thread.
+    uint32_t *sizes = many_sizes(300, 19);
+    uint32_t *sizes65 = many_sizes(65, 40);
+    static const struct {
+        uint32_t format;
+        tkind kind;
+        bool ints;
+        uint32_t count;
+    } many[] = {
+        {GEMM_FORMAT_BF16, KIND_FPROP, true, 300},     {GEMM_FORMAT_FP8, KIND_WGRAD, true, 300},
+        {GEMM_FORMAT_MXFP8, KIND_DGRAD, false, 65},    {GEMM_FORMAT_NVFP4, KIND_WGRAD, false, 65},
+        {GEMM_FORMAT_FP8_BLOCK, KIND_FPROP, true, 65},
+    };
+    for (size_t i = 0; i < sizeof many / sizeof many[0]; i++) {
+        c = base_case(many[i].format, many[i].kind, true, many[i].ints);
+        c.members = many[i].count;
+        c.sizes = many[i].count == 300 ? sizes : sizes65;
+        c.in_features = 48;
+        c.out_features = 40;
+        c.tag = many[i].count == 300 ? "members300" : "members65";
+        run_case(&c);
+    }
+    free(sizes);
+    free(sizes65);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bias gradient: column sums of dy in a fixed order, bit for bit on both backends.
+
+static void bias_grad_case(const char *name, uint32_t dtype, uint32_t cols, uint32_t rows_dense,
+                           uint32_t count, const uint32_t *sizes, bool ints) {
+    uint32_t *off = calloc(count + 1, sizeof(uint32_t));
+    for (uint32_t i = 0; i < count; i++) off[i + 1] = off[i] + ceil_div(sizes[i], 16) * 16;
+    uint32_t rows = count ? off[count] + 16 : rows_dense;
+    uint32_t ld = cols + 3, members = count ? count : 1u;
+    size_t esz = dtype == QT_DTYPE_BF16 ? 2 : 4;
+    uint8_t *dy = malloc((size_t)rows * ld * esz);
+    // Padding rows and the gaps of ld hold values that would show if they were summed.
+    for (size_t i = 0; i < (size_t)rows * ld; i++) out_store(dtype, dy, i, 1e30f);
+    double *expect = calloc((size_t)members * cols, sizeof(double));
+    double *sum_abs = calloc((size_t)members * cols, sizeof(double));
+    for (uint32_t m = 0; m < members; m++) {
+        uint32_t r0 = count ? off[m] : 0, r1 = count ? off[m] + sizes[m] : rows;
+        for (uint32_t r = r0; r < r1; r++) {
+            for (uint32_t col = 0; col < cols; col++) {
+                float v = (float)(ints ? rng_int(-3, 3) : rng_normal());
+                out_store(dtype, dy, (size_t)r * ld + col, v);
+                double stored = out_value(dtype, dy, (size_t)r * ld + col);
+                expect[(size_t)m * cols + col] += stored;
+                sum_abs[(size_t)m * cols + col] += fabs(stored);
+            }
+        }
+    }
+    float *out_ref = malloc((size_t)members * cols * 4), *out_gpu = malloc((size_t)members * cols * 4);
+    for (int pass = 0; pass < 2; pass++) {
+        rig *r = pass == 0 ? &ref_rig : &gpu_rig;
+        char full[128];
+        snprintf(full, sizeof full, "%s%s", name, pass ? "_gpu" : "");
+        if (pass == 1 && !gpu_ok) {
+            test_skip(full, gpu_why);
+            break;
+        }
+        test_begin(full);
+        rig_restart(r);
+        arena_handle h_dy = rig_reserve(r, "dy", (uint64_t)rows * ld * esz);
+        arena_handle h_out = rig_reserve(r, "out", (uint64_t)members * cols * 4);
+        arena_handle h_off = rig_reserve(r, "row_offsets", (count + 1) * 4);
+        arena_handle h_fd = rig_reserve(r, "first_dims", count * 4 + 4);
+        prog_ref none = {0};
+        RIG_OK(op_gemm_bias_grad(&r->prog, full, rig_ref(r, h_dy, 0), dtype, rows, cols, ld,
+                                 count, count ? rig_ref(r, h_off, 0) : none,
+                                 count ? rig_ref(r, h_fd, 0) : none, rig_ref(r, h_out, 0)));
+        rig_bind(r);
+        upload(r, h_dy, dy, (uint64_t)rows * ld * esz);
+        if (count) {
+            upload(r, h_off, off, (count + 1) * 4);
+            upload(r, h_fd, sizes, count * 4);
+        }
+        RIG_OK(backend_run(&r->be, &r->prog));
+        float *out = pass == 0 ? out_ref : out_gpu;
+        RIG_OK(backend_read(&r->be, out, rig_ref(r, h_out, 0), (uint64_t)members * cols * 4));
+        uint64_t bad = 0;
+        for (size_t i = 0; i < (size_t)members * cols; i++) {
+            uint32_t member_rows = count ? sizes[i / cols] : rows;
+            // Chunk partials of <= 32 rows, then one addition per chunk: (31 + chunks) u sum|x|.
+            double tol = (34.0 + member_rows / 32.0) * 0x1p-24 * sum_abs[i];
+            bool ok = pass == 1 ? qt_f32_bits(out[i]) == qt_f32_bits(out_ref[i])
+                      : ints    ? out[i] == (float)expect[i]
+                                : fabs(out[i] - expect[i]) <= tol;
+            if (!ok && bad++ < 6) {
+                CHECK(false, "member %zu col %zu: %.9g (0x%08x), ref %.9g, exact %.9g, bound %.3g",
+                      i / cols, i % cols, out[i], qt_f32_bits(out[i]), out_ref[i], expect[i],
+                      tol);
+            }
+        }
+        CHECK(bad == 0, "%llu of %zu sums wrong", (unsigned long long)bad,
+              (size_t)members * cols);
+        test_end();
+    }
+    free(off);
+    free(dy);
+    free(expect);
+    free(sum_abs);
+    free(out_ref);
+    free(out_gpu);
+}
+
+static void run_bias_grad(void) {
+    static const uint32_t sizes[] = {0, 33, 128, 1, 300};
+    uint32_t *sizes1000 = many_sizes(1000, 23);
+    bias_grad_case("bias_grad_bf16_dense_ints", QT_DTYPE_BF16, 70, 1000, 0, NULL, true);
+    bias_grad_case("bias_grad_f32_dense_random", QT_DTYPE_F32, 70, 1000, 0, NULL, false);
+    bias_grad_case("bias_grad_bf16_dense_one_row", QT_DTYPE_BF16, 33, 1, 0, NULL, false);
+    bias_grad_case("bias_grad_f32_grouped_random", QT_DTYPE_F32, 45, 0, 5, sizes, false);
+    bias_grad_case("bias_grad_bf16_grouped_ints", QT_DTYPE_BF16, 45, 0, 5, sizes, true);
+    bias_grad_case("bias_grad_f32_members1000", QT_DTYPE_F32, 20, 0, 1000, sizes1000, false);
+    free(sizes1000);
+}
+
+int main(void) {
+    const char *why = NULL;
+    rig_open(&ref_rig, BACKEND_REF, &why);
+    gpu_ok = rig_open(&gpu_rig, BACKEND_GPU, &why);
+    if (!gpu_ok) snprintf(gpu_why, sizeof gpu_why, "%s", why ? why : "no GPU");
+    rng_state = 20261122;
+    run_matrix();
+    run_odd_shapes();
+    run_group_shapes();
+    run_bias_grad();
+    rig_close(&ref_rig);
+    if (gpu_ok) rig_close(&gpu_rig);
+    return test_exit_code();
+}
