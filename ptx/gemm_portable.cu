@@ -23,7 +23,9 @@
 // thread's global loads for stage s + 1 are in flight; after the multiply it decodes (if the
 // format needs it) and stores them into the other stage; one barrier per stage. The other stage
 // was last read before the previous barrier, so the store cannot race with a reader.
-#include <cuda_bf16.h>
+#ifndef QT_GEMM_EMULATE
+#include <cuda_bf16.h>  // __floats2bfloat162_rn (the emulator supplies its own)
+#endif
 
 #include "gemm.h"
 
@@ -67,8 +69,6 @@ QT_STATIC_ASSERT(GEMM_PORTABLE_SMEM_BYTES(GEMM_FORMAT_BF16) <= 99u * 1024u &&
                      GEMM_PORTABLE_SMEM_BYTES(GEMM_FORMAT_FP8) <= 99u * 1024u,
                  "fits the 99 KiB per block of sm_89 and sm_120");
 
-extern __shared__ __align__(16) uint8_t gemm_dynamic_smem[];
-
 // One operand as one block reads it.
 struct gemm_view {
     const uint8_t *data;   // member-shifted
@@ -102,53 +102,15 @@ struct gemm_regs {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Small helpers.
+// Hardware primitives: the only code that is PTX. tests/gemm_emulate.cc defines QT_GEMM_EMULATE
+// and supplies the same functions for its CPU model of the CUDA execution (warps, shared memory,
+// asynchronous copies), which runs this file's kernels on the host.
+#ifndef QT_GEMM_EMULATE
+
+extern __shared__ __align__(16) uint8_t gemm_dynamic_smem[];
 
 __device__ __forceinline__ uint32_t gemm_smem_address(const void *p) {
     return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-// Word i (0..3, a constant after unrolling) of a vector; keeps vectors in registers.
-__device__ __forceinline__ uint32_t gemm_word(const uint4 &v, int i) {
-    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-
-__device__ __forceinline__ uint32_t gemm_byte(const uint4 &v, int j) {
-    return (gemm_word(v, j >> 2) >> (8 * (j & 3))) & 0xFFu;
-}
-
-// Two floats to a bf16 pair (RNE; the low half is the first), as qt_f32_to_bf16 rounds every
-// non-NaN value.
-__device__ __forceinline__ uint32_t gemm_pack_bf16(float lo, float hi) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&h);
-}
-
-// Loads the first n_valid (0..N) bytes at p into a zeroed N-byte vector (N = 8 or 16). Whole,
-// aligned vectors take one load; row edges, the k tail and misaligned rows go byte by byte, in a
-// loop kept rolled so that the rare path does not hold 16 registers per chunk in the hot one.
-template <int N>
-__device__ __forceinline__ uint4 gemm_load_bytes(const uint8_t *p, uint32_t n_valid) {
-    if (n_valid >= (uint32_t)N && ((uintptr_t)p & (uintptr_t)(N - 1)) == 0) {
-        if constexpr (N == 16) {
-            return __ldg(reinterpret_cast<const uint4 *>(p));
-        } else {
-            uint2 h = __ldg(reinterpret_cast<const uint2 *>(p));
-            return make_uint4(h.x, h.y, 0u, 0u);
-        }
-    }
-    uint64_t lo = 0, hi = 0;
-    uint32_t n = min(n_valid, (uint32_t)N);
-#pragma unroll 1
-    for (uint32_t j = 0; j < n; j++) {
-        uint64_t byte = __ldg(p + j);
-        if (j < 8) {
-            lo |= byte << (8 * j);
-        } else {
-            hi |= byte << (8 * (j - 8));
-        }
-    }
-    return make_uint4((uint32_t)lo, (uint32_t)(lo >> 32), (uint32_t)hi, (uint32_t)(hi >> 32));
 }
 
 __device__ __forceinline__ void gemm_ldmatrix_x4(uint32_t (&r)[4], uint32_t address) {
@@ -215,6 +177,56 @@ struct gemm_mma_e5m2_e4m3 {
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
     }
 };
+
+#endif  // QT_GEMM_EMULATE
+
+// ---------------------------------------------------------------------------------------------
+// Small helpers.
+
+// Word i (0..3, a constant after unrolling) of a vector; keeps vectors in registers.
+__device__ __forceinline__ uint32_t gemm_word(const uint4 &v, int i) {
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+__device__ __forceinline__ uint32_t gemm_byte(const uint4 &v, int j) {
+    return (gemm_word(v, j >> 2) >> (8 * (j & 3))) & 0xFFu;
+}
+
+// Two floats to a bf16 pair (RNE; the low half is the first), as qt_f32_to_bf16 rounds every
+// non-NaN value.
+__device__ __forceinline__ uint32_t gemm_pack_bf16(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    uint32_t bits;
+    memcpy(&bits, &h, sizeof bits);
+    return bits;
+}
+
+// Loads the first n_valid (0..N) bytes at p into a zeroed N-byte vector (N = 8 or 16). Whole,
+// aligned vectors take one load; row edges, the k tail and misaligned rows go byte by byte, in a
+// loop kept rolled so that the rare path does not hold 16 registers per chunk in the hot one.
+template <int N>
+__device__ __forceinline__ uint4 gemm_load_bytes(const uint8_t *p, uint32_t n_valid) {
+    if (n_valid >= (uint32_t)N && ((uintptr_t)p & (uintptr_t)(N - 1)) == 0) {
+        if constexpr (N == 16) {
+            return __ldg(reinterpret_cast<const uint4 *>(p));
+        } else {
+            uint2 h = __ldg(reinterpret_cast<const uint2 *>(p));
+            return make_uint4(h.x, h.y, 0u, 0u);
+        }
+    }
+    uint64_t lo = 0, hi = 0;
+    uint32_t n = min(n_valid, (uint32_t)N);
+#pragma unroll 1
+    for (uint32_t j = 0; j < n; j++) {
+        uint64_t byte = __ldg(p + j);
+        if (j < 8) {
+            lo |= byte << (8 * j);
+        } else {
+            hi |= byte << (8 * (j - 8));
+        }
+    }
+    return make_uint4((uint32_t)lo, (uint32_t)(lo >> 32), (uint32_t)hi, (uint32_t)(hi >> 32));
+}
 
 // ---------------------------------------------------------------------------------------------
 // Which tile this block computes.

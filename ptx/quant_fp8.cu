@@ -10,6 +10,22 @@
 
 #define QT_FP8_FULL_MASK 0xFFFFFFFFu
 
+// EXPERIMENT knobs (removed once chosen).
+#ifndef QT_EXP_FP8_PANEL
+#define QT_EXP_FP8_PANEL 0  // tile order: 0 row-major; N: panels of N column tiles
+#endif
+#ifndef QT_EXP_FP8_MINB
+#define QT_EXP_FP8_MINB 1   // __launch_bounds__ minimum resident blocks of the cast
+#endif
+#ifndef QT_EXP_FP8_LDCS
+#define QT_EXP_FP8_LDCS 0   // 1: input loads evict-first (ld.global.cs)
+#endif
+#if QT_EXP_FP8_LDCS
+#define QT_FP8_LDIN __ldcs
+#else
+#define QT_FP8_LDIN __ldg
+#endif
+
 // ---------------------------------------------------------------------------------------------
 // Element access: 8 consecutive input elements per item, 16-byte loads where possible.
 
@@ -40,7 +56,7 @@ template <>
 struct qt_fp8_vec8<uint16_t> {
     uint4 w;
     __device__ __forceinline__ void zero() { w = make_uint4(0, 0, 0, 0); }
-    __device__ __forceinline__ void load(const uint16_t *p) { w = __ldg((const uint4 *)p); }
+    __device__ __forceinline__ void load(const uint16_t *p) { w = QT_FP8_LDIN((const uint4 *)p); }
     __device__ __forceinline__ void load_partial(const uint16_t *p, uint32_t n) {
         uint32_t h[8];
 #pragma unroll
@@ -62,8 +78,8 @@ struct qt_fp8_vec8<float> {
         b = a;
     }
     __device__ __forceinline__ void load(const float *p) {
-        a = __ldg((const float4 *)p);
-        b = __ldg((const float4 *)p + 1);
+        a = QT_FP8_LDIN((const float4 *)p);
+        b = QT_FP8_LDIN((const float4 *)p + 1);
     }
     __device__ __forceinline__ void load_partial(const float *p, uint32_t n) {
         float f[8];
@@ -400,7 +416,16 @@ template <typename In, bool kE5M2>
 __device__ __forceinline__ void qt_fp8_cast_tile(const fp8_cast_args &a, qt_fp8_cast_smem &sm) {
     if (blockIdx.x == 0) qt_fp8_cast_write_scales(a);
     uint32_t tiles_k = (a.cols + QT_FP8_TK - 1) / QT_FP8_TK;
+#if QT_EXP_FP8_PANEL
+    uint32_t tiles_m = (a.rows + QT_FP8_TM - 1) / QT_FP8_TM;
+    uint32_t panel = blockIdx.x / (QT_EXP_FP8_PANEL * tiles_m);
+    uint32_t in_panel = blockIdx.x % (QT_EXP_FP8_PANEL * tiles_m);
+    uint32_t width = min(tiles_k - panel * QT_EXP_FP8_PANEL, (uint32_t)QT_EXP_FP8_PANEL);
+    uint32_t m0 = in_panel / width * QT_FP8_TM;
+    uint32_t k0 = (panel * QT_EXP_FP8_PANEL + in_panel % width) * QT_FP8_TK;
+#else
     uint32_t m0 = blockIdx.x / tiles_k * QT_FP8_TM, k0 = blockIdx.x % tiles_k * QT_FP8_TK;
+#endif
     uint32_t active = qt_group_active_rows(a.group, a.rows);
     if (m0 >= active) return;  // uniform over the block
     uint32_t lo, hi;
@@ -410,7 +435,7 @@ __device__ __forceinline__ void qt_fp8_cast_tile(const fp8_cast_args &a, qt_fp8_
     if (a.colwise) qt_fp8_cast_columns(a, sm, m0, k0, active);
 }
 
-extern "C" __global__ void __launch_bounds__(QT_FP8_CAST_THREADS)
+extern "C" __global__ void __launch_bounds__(QT_FP8_CAST_THREADS, QT_EXP_FP8_MINB)
     qt_fp8_cast_bf16(const __grid_constant__ fp8_cast_args args) {
     __shared__ qt_fp8_cast_smem sm;
     if (args.fp8 == QT_FP8_E5M2) {

@@ -23,6 +23,22 @@
 #include "quant_mxfp8.h"
 
 #define MX_LANE_ROWS 8
+
+// EXPERIMENT knobs (removed once chosen).
+#ifndef QT_EXP_MX_PANEL
+#define QT_EXP_MX_PANEL 0  // tile order: 0 row-major; N: panels of N column tiles
+#endif
+#ifndef QT_EXP_MX_MINB
+#define QT_EXP_MX_MINB (768 / QT_MXFP8_THREADS)
+#endif
+#ifndef QT_EXP_MX_LDG
+#define QT_EXP_MX_LDG 0  // 1: input loads through __ldg instead of evict-first __ldcs
+#endif
+#if QT_EXP_MX_LDG
+#define MX_LDIN __ldg
+#else
+#define MX_LDIN __ldcs
+#endif
 #define MX_FULL 0xFFFFFFFFu
 #define MX_TILE_BLOCKS (QT_MXFP8_TILE_COLS / 32u)  // rowwise scale bytes per row of a tile
 
@@ -67,7 +83,7 @@ struct mx_tile_f32 {
 __device__ __forceinline__ void mx_load_row(mx_tile_bf16 &t, int i, const uint16_t *src,
                                             uint32_t in_range, bool vec) {
     if (vec) {
-        uint4 v = __ldcs((const uint4 *)src);
+        uint4 v = MX_LDIN((const uint4 *)src);
         t.w[i][0] = v.x;
         t.w[i][1] = v.y;
         t.w[i][2] = v.z;
@@ -85,8 +101,8 @@ __device__ __forceinline__ void mx_load_row(mx_tile_bf16 &t, int i, const uint16
 __device__ __forceinline__ void mx_load_row(mx_tile_f32 &t, int i, const float *src,
                                             uint32_t in_range, bool vec) {
     if (vec) {
-        float4 a = __ldcs((const float4 *)src);
-        float4 b = __ldcs((const float4 *)src + 1);
+        float4 a = MX_LDIN((const float4 *)src);
+        float4 b = MX_LDIN((const float4 *)src + 1);
         t.w[i][0] = a.x;
         t.w[i][1] = a.y;
         t.w[i][2] = a.z;
@@ -252,7 +268,7 @@ __device__ __forceinline__ void mx_codes_dir(const Tile &t, const float mult[8],
 
 // ---------------------------------------------------------------------------------------------
 // The warp's part of a tile: load, mask padding rows, amaxes, scales, codes. Rowwise scales go
-// to row_e (the block's shared staging, [32 rows][16 blocks]); columnwise scales are stored here.
+// to row_e, the block's shared staging; columnwise scales are stored by the warp itself.
 
 // Bit t: row tile_row0 + t holds data. The warp finds the member of the tile's first row
 // together (quant_group.h); with row_offsets multiples of 32 (the mxfp8 row_align) the whole
@@ -269,13 +285,11 @@ __device__ __forceinline__ uint32_t mx_valid_rows(const mxfp8_quantize_args &a,
     return __ballot_sync(MX_FULL, valid);
 }
 
+// The lane's 8 x 8 elements, padding rows zeroed; nothing past `end` or `cols` is read.
 template <class Tile, class T>
-__device__ __forceinline__ void mx_warp_tile(const mxfp8_quantize_args &a, const mx_lane &l,
-                                             uint32_t tile_row0, uint32_t end,
-                                             uint8_t (*row_e)[MX_TILE_BLOCKS],
-                                             uint32_t row_e_col) {
-    Tile t;
-    uint32_t in_range = l.col0 < a.cols ? min(a.cols - l.col0, 8u) : 0u;
+__device__ __forceinline__ void mx_load_tile(Tile &t, const mxfp8_quantize_args &a,
+                                             const mx_lane &l, uint32_t tile_row0, uint32_t end,
+                                             uint32_t in_range) {
     bool vec = in_range == 8 && ((a.in | ((uint64_t)a.cols * sizeof(T))) & 15u) == 0;
     const T *in = (const T *)a.in + (uint64_t)l.row0 * a.cols + l.col0;
     if (vec && l.row0 + MX_LANE_ROWS <= end) {
@@ -300,45 +314,71 @@ __device__ __forceinline__ void mx_warp_tile(const mxfp8_quantize_args &a, const
     for (int i = 0; i < MX_LANE_ROWS; i++) {
         if (!((valid >> (l.rg * MX_LANE_ROWS + i)) & 1u)) t.clear_row(i);
     }
-    // 2-D: one scale per 32 x 32 block, from the block amax, for both directions.
-    bool tile_2d = (a.flags & QT_MXFP8_FLAG_2D) != 0;
-    float col_amax[8], block_amax = 0.0f;
-    if (tile_2d) mx_col_amax(t, col_amax, &block_amax);
-    uint32_t block_e = tile_2d ? qt_mxfp8_scale_e8m0(block_amax, a.elem) : 0u;
-    // Rowwise, then columnwise: one direction's 8 multipliers are live at a time.
-    if (a.row_codes) {
-        float row_amax[MX_LANE_ROWS], mult[MX_LANE_ROWS];
-        if (!tile_2d) mx_row_amax(t, row_amax);
-#pragma unroll
-        for (int i = 0; i < MX_LANE_ROWS; i++) {
-            uint32_t e = tile_2d ? block_e : qt_mxfp8_scale_e8m0(row_amax[i], a.elem);
-            mult[i] = qt_e8m0_inv_f32((uint8_t)e);
-            // The 4 lanes of a row all hold its scale; lane cl stages rows i with i % 4 == cl.
-            if ((uint32_t)(i & 3) == l.cl) row_e[l.rg * MX_LANE_ROWS + i][row_e_col] = (uint8_t)e;
-        }
-        mx_codes_dir<true>(t, mult, a.row_codes, a, l, end, in_range);
-    }
-    if (a.col_codes) {
-        float mult[8];
-        uint32_t e[8];
-        if (!tile_2d) mx_col_amax(t, col_amax, &block_amax);
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            e[j] = tile_2d ? block_e : qt_mxfp8_scale_e8m0(col_amax[j], a.elem);
-            mult[j] = qt_e8m0_inv_f32((uint8_t)e[j]);
-        }
-        if (l.rg == 0 && in_range > 0) {
-            uint2 bytes = make_uint2(e[0] | (e[1] << 8) | (e[2] << 16) | (e[3] << 24),
-                                     e[4] | (e[5] << 8) | (e[6] << 16) | (e[7] << 24));
-            uint8_t *dst = (uint8_t *)a.col_scales + (uint64_t)(tile_row0 / 32u) * a.cols +
-                           l.col0;
-            mx_store8(dst, bytes, in_range, in_range == 8 && ((a.col_scales | a.cols) & 7u) == 0);
-        }
-        mx_codes_dir<false>(t, mult, a.col_codes, a, l, end, in_range);
-    }
 }
 
-// Writes the tile's staged rowwise scales: one 16-byte store per row when aligned and whole.
+// Rowwise: scales staged in row_e (column row_e_col of the tile's [32][MX_TILE_BLOCKS]), codes
+// stored. block_e >= 0 is the 2-D tile scale, used instead of the row amaxes.
+template <class Tile>
+__device__ __forceinline__ void mx_rowwise(const Tile &t, const mxfp8_quantize_args &a,
+                                           const mx_lane &l, uint32_t end, uint32_t in_range,
+                                           int32_t block_e, uint8_t (*row_e)[MX_TILE_BLOCKS],
+                                           uint32_t row_e_col) {
+    float amax[MX_LANE_ROWS], mult[MX_LANE_ROWS];
+    if (block_e < 0) mx_row_amax(t, amax);
+#pragma unroll
+    for (int i = 0; i < MX_LANE_ROWS; i++) {
+        uint32_t e = block_e >= 0 ? (uint32_t)block_e : qt_mxfp8_scale_e8m0(amax[i], a.elem);
+        mult[i] = qt_e8m0_inv_f32((uint8_t)e);
+        // The 4 lanes of a row all hold its scale; lane cl stages rows i with i % 4 == cl.
+        if ((uint32_t)(i & 3) == l.cl) row_e[l.rg * MX_LANE_ROWS + i][row_e_col] = (uint8_t)e;
+    }
+    mx_codes_dir<true>(t, mult, a.row_codes, a, l, end, in_range);
+}
+
+// Columnwise: the lane's 8 column scales (stored by the lanes rg = 0) and codes.
+template <class Tile>
+__device__ __forceinline__ void mx_colwise(const Tile &t, const mxfp8_quantize_args &a,
+                                           const mx_lane &l, uint32_t tile_row0, uint32_t end,
+                                           uint32_t in_range, int32_t block_e) {
+    float amax[8], mult[8], unused;
+    uint32_t e[8];
+    if (block_e < 0) mx_col_amax(t, amax, &unused);
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        e[j] = block_e >= 0 ? (uint32_t)block_e : qt_mxfp8_scale_e8m0(amax[j], a.elem);
+        mult[j] = qt_e8m0_inv_f32((uint8_t)e[j]);
+    }
+    if (l.rg == 0 && in_range > 0) {
+        uint2 bytes = make_uint2(e[0] | (e[1] << 8) | (e[2] << 16) | (e[3] << 24),
+                                 e[4] | (e[5] << 8) | (e[6] << 16) | (e[7] << 24));
+        uint8_t *dst = (uint8_t *)a.col_scales + (uint64_t)(tile_row0 / 32u) * a.cols + l.col0;
+        mx_store8(dst, bytes, in_range, in_range == 8 && ((a.col_scales | a.cols) & 7u) == 0);
+    }
+    mx_codes_dir<false>(t, mult, a.col_codes, a, l, end, in_range);
+}
+
+// The warp's part of a tile. Rowwise runs to completion before columnwise, so one direction's
+// 8 multipliers are live at a time.
+template <class Tile, class T>
+__device__ __forceinline__ void mx_warp_tile(const mxfp8_quantize_args &a, const mx_lane &l,
+                                             uint32_t tile_row0, uint32_t end,
+                                             uint8_t (*row_e)[MX_TILE_BLOCKS],
+                                             uint32_t row_e_col) {
+    Tile t;
+    uint32_t in_range = l.col0 < a.cols ? min(a.cols - l.col0, 8u) : 0u;
+    mx_load_tile<Tile, T>(t, a, l, tile_row0, end, in_range);
+    // 2-D: one scale per 32 x 32 block, from the block amax, for both directions.
+    int32_t block_e = -1;
+    if (a.flags & QT_MXFP8_FLAG_2D) {
+        float col_amax[8], block_amax;
+        mx_col_amax(t, col_amax, &block_amax);
+        block_e = qt_mxfp8_scale_e8m0(block_amax, a.elem);
+    }
+    if (a.row_codes) mx_rowwise(t, a, l, end, in_range, block_e, row_e, row_e_col);
+    if (a.col_codes) mx_colwise(t, a, l, tile_row0, end, in_range, block_e);
+}
+
+// Writes the tile's staged rowwise scales: one 8-byte store per row when aligned and whole.
 __device__ __forceinline__ void mx_store_row_scales(const mxfp8_quantize_args &a,
                                                     uint8_t (*row_e)[MX_TILE_BLOCKS],
                                                     uint32_t tile_row0, uint32_t kt,
@@ -360,7 +400,15 @@ template <class Tile, class T>
 __device__ __forceinline__ void mx_quantize(const mxfp8_quantize_args &a) {
     __shared__ __align__(16) uint8_t row_e[QT_MXFP8_TILE_ROWS][MX_TILE_BLOCKS];
     uint32_t col_tiles = (a.cols + QT_MXFP8_TILE_COLS - 1) / QT_MXFP8_TILE_COLS;
+#if QT_EXP_MX_PANEL
+    uint32_t row_tiles = (a.rows + QT_MXFP8_TILE_ROWS - 1) / QT_MXFP8_TILE_ROWS;
+    uint32_t panel = blockIdx.x / (QT_EXP_MX_PANEL * row_tiles);
+    uint32_t in_panel = blockIdx.x % (QT_EXP_MX_PANEL * row_tiles);
+    uint32_t width = min(col_tiles - panel * QT_EXP_MX_PANEL, (uint32_t)QT_EXP_MX_PANEL);
+    uint32_t mt = in_panel / width, kt = panel * QT_EXP_MX_PANEL + in_panel % width;
+#else
     uint32_t mt = blockIdx.x / col_tiles, kt = blockIdx.x % col_tiles;
+#endif
     uint32_t tile_row0 = mt * QT_MXFP8_TILE_ROWS;
     uint32_t end = qt_group_active_rows(a.group, a.rows);
     if (tile_row0 >= end) return;  // the whole block: nothing of this tile is active
@@ -382,9 +430,9 @@ __device__ __forceinline__ void mx_quantize(const mxfp8_quantize_args &a) {
     }
 }
 
-// BF16: at most 80 registers (with this tiling the kernel needs about that many without spills),
-// so 24 warps share an SM and keep enough loads in flight.
-extern "C" __global__ void __launch_bounds__(QT_MXFP8_THREADS, 768 / QT_MXFP8_THREADS)
+// BF16: at least 6 blocks (24 warps) per SM, so enough loads are in flight; that caps the kernel
+// at 80 registers, a little above what it needs without spills.
+extern "C" __global__ void __launch_bounds__(QT_MXFP8_THREADS, QT_EXP_MX_MINB)
     qt_mxfp8_quantize_bf16(const __grid_constant__ mxfp8_quantize_args args) {
     mx_quantize<mx_tile_bf16, uint16_t>(args);
 }

@@ -22,8 +22,8 @@
 #ifndef QT_QUANT_MXFP8_H
 #define QT_QUANT_MXFP8_H
 
-#include "core.h"      // QT_DTYPE_*
-#include "qt_codec.h"  // qt_f32_to_e4m3/e5m2, qt_f32_to_e8m0, qt_e8m0_inv_f32, decoders
+#include "core.h"         // QT_DTYPE_*
+#include "qt_codec.h"     // qt_f32_to_e4m3/e5m2, qt_f32_to_e8m0, qt_e8m0_inv_f32, decoders
 #include "quant_group.h"  // qt_group_desc, qt_group_active_rows, qt_group_find
 
 #define QT_MXFP8_BLOCK 32u  // elements per scaling block, along K (rowwise) or M (columnwise)

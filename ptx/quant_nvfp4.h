@@ -66,7 +66,8 @@
 #define QT_NVFP4_ROWWISE 1u
 #define QT_NVFP4_COLWISE 2u
 #define QT_NVFP4_RHT 4u  // columnwise data (and amax_col) of RHT(x^T)
-#define QT_NVFP4_2D 8u   // 16x16 tiles (weights): one amax per tile, scale replicated into rows
+#define QT_NVFP4_2D 8u   // 16x16 tiles (weights): one amax per tile, scale replicated into rows;
+                         // never with RHT (TE gives weights no RHT; the builder asserts)
 #define QT_NVFP4_SR 16u  // stochastic rounding of the codes (both enabled directions)
 
 typedef struct nvfp4_amax_args {

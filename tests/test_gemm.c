@@ -523,6 +523,29 @@ static rig ref_rig, gpu_rig;
 static bool gpu_ok;
 static char gpu_why[256];
 
+#ifdef TEST_GEMM_EMULATE
+// Built with tests/gemm_emulate.cc, the GPU side runs the kernels' own source on the CPU model of
+// the CUDA execution there: gpu_rig is then a reference-backend rig whose ops go to the emulator.
+int gemm_emulate_launch(const char *symbol, const void *args, const uint32_t grid[3],
+                        uint32_t threads_per_block, uint32_t smem_bytes);
+#endif
+
+static void rig_execute(rig *r) {
+#ifdef TEST_GEMM_EMULATE
+    if (r == &gpu_rig) {
+        for (uint32_t i = 0; i < r->prog.op_count; i++) {
+            const prog_op *op = &r->prog.ops[i];
+            int failed = gemm_emulate_launch(kernel_table[op->kernel].symbol, op->args,
+                                             op->shape.grid, op->shape.block[0],
+                                             op->shape.smem_bytes);
+            CHECK(failed == 0, "emulated %s failed", op->name);
+        }
+        return;
+    }
+#endif
+    RIG_OK(backend_run(&r->be, &r->prog));
+}
+
 // A fresh case on an open rig: new arenas and program, the same backend.
 static void rig_restart(rig *r) {
     if (r->bound) {
@@ -760,17 +783,21 @@ static void run_on(rig *r, const tproblem *p, uint8_t *d_out) {
     rig_restart(r);
     problem_program(r, p, &g);
     size_t d_bytes = p->d_elems * (p->d_dtype == QT_DTYPE_BF16 ? 2 : 4);
-    RIG_OK(backend_run(&r->be, &r->prog));
+    rig_execute(r);
     RIG_OK(backend_read(&r->be, d_out, rig_ref(r, g.d, 0), d_bytes));
-    if (r->be.kind != BACKEND_GPU) return;
+    if (r != &gpu_rig) return;
     // Second GPU run from the same initial D (C aliases D when accumulating): same bits.
     uint8_t *again = malloc(d_bytes);
     upload(r, g.d, p->d_init, d_bytes);
-    RIG_OK(backend_run(&r->be, &r->prog));
+    rig_execute(r);
     RIG_OK(backend_read(&r->be, again, rig_ref(r, g.d, 0), d_bytes));
     size_t first = 0;
     while (first < d_bytes && again[first] == d_out[first]) first++;
     CHECK(first == d_bytes, "second GPU run differs first at byte %zu", first);
+    if (r->be.kind != BACKEND_GPU) {
+        free(again);
+        return;
+    }
     // A captured graph replay (launch shapes depend on capacities only): same bits again.
     backend_graph graph;
     upload(r, g.d, p->d_init, d_bytes);
@@ -968,7 +995,8 @@ static void bias_grad_case(const char *name, uint32_t dtype, uint32_t cols, uint
             }
         }
     }
-    float *out_ref = malloc((size_t)members * cols * 4), *out_gpu = malloc((size_t)members * cols * 4);
+    float *out_ref = malloc((size_t)members * cols * 4);
+    float *out_gpu = malloc((size_t)members * cols * 4);
     for (int pass = 0; pass < 2; pass++) {
         rig *r = pass == 0 ? &ref_rig : &gpu_rig;
         char full[128];
@@ -993,7 +1021,7 @@ static void bias_grad_case(const char *name, uint32_t dtype, uint32_t cols, uint
             upload(r, h_off, off, (count + 1) * 4);
             upload(r, h_fd, sizes, count * 4);
         }
-        RIG_OK(backend_run(&r->be, &r->prog));
+        rig_execute(r);
         float *out = pass == 0 ? out_ref : out_gpu;
         RIG_OK(backend_read(&r->be, out, rig_ref(r, h_out, 0), (uint64_t)members * cols * 4));
         uint64_t bad = 0;
@@ -1037,7 +1065,11 @@ static void run_bias_grad(void) {
 int main(void) {
     const char *why = NULL;
     rig_open(&ref_rig, BACKEND_REF, &why);
+#ifdef TEST_GEMM_EMULATE
+    gpu_ok = rig_open(&gpu_rig, BACKEND_REF, &why);
+#else
     gpu_ok = rig_open(&gpu_rig, BACKEND_GPU, &why);
+#endif
     if (!gpu_ok) snprintf(gpu_why, sizeof gpu_why, "%s", why ? why : "no GPU");
     rng_state = 20261122;
     run_matrix();

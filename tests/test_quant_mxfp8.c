@@ -525,16 +525,18 @@ static void test_2d_tiles(void) {
 // ---------------------------------------------------------------------------------------------
 // CPU: grouped tensors.
 
-// Members of uneven padded sizes (multiples of 32, every 7th empty, member 0 never), valid rows
-// first_dims <= padded (some 0, every 5th full). Returns the padded total, row_offsets[count].
-static uint32_t mx_make_group(uint32_t count, uint32_t max_blocks, uint64_t seed,
+// Members of uneven padded sizes (multiples of `unit` rows, 32 = the mxfp8 row_align unless
+// given; every 7th member empty, member 0 never), valid rows first_dims <= padded (some 0,
+// every 5th full). Returns the padded total, row_offsets[count].
+static uint32_t mx_make_group(uint32_t count, uint32_t max_blocks, uint32_t unit, uint64_t seed,
                               uint32_t *offsets, uint32_t *first_dims) {
+    if (unit == 0) unit = 32;
     offsets[0] = 0;
     for (uint32_t i = 0; i < count; i++) {
         uint64_t h = qt_mix64(seed * 1000003u + i);
         uint32_t blocks = i % 7 == 3 ? 0 : (uint32_t)(h % (max_blocks + 1));
         if (i == 0 && blocks == 0) blocks = 1;
-        uint32_t padded = 32 * blocks;
+        uint32_t padded = unit * blocks;
         uint32_t valid = padded ? (uint32_t)((h >> 32) % (padded + 1)) : 0;
         if (i % 5 == 0) valid = padded;
         offsets[i + 1] = offsets[i] + padded;
@@ -549,6 +551,7 @@ typedef struct mx_group_case {
     bool tile_2d;
     int32_t slack;  // rows_capacity - row_offsets[count]; negative caps the group's end
     uint32_t max_blocks;
+    uint32_t unit;  // member size unit; 0 = 32 (other values break row_align on purpose)
 } mx_group_case;
 
 static void mx_expect_untouched(const char *what, const uint8_t *p, uint64_t from, uint64_t to) {
@@ -563,7 +566,7 @@ static void mx_expect_untouched(const char *what, const uint8_t *p, uint64_t fro
 static void mx_check_grouped(const mx_group_case *g, uint64_t seed) {
     uint32_t *offsets = malloc((g->count + 1) * sizeof *offsets);
     uint32_t *first_dims = malloc(g->count * sizeof *first_dims);
-    uint32_t total = mx_make_group(g->count, g->max_blocks, seed, offsets, first_dims);
+    uint32_t total = mx_make_group(g->count, g->max_blocks, g->unit, seed, offsets, first_dims);
     uint32_t rows = (uint32_t)((int64_t)total + g->slack);
     uint32_t end = rows < total ? rows : total;
     mx_mat m = mx_mat_new(rows, g->cols, g->dtype);
@@ -591,13 +594,17 @@ static void mx_check_grouped(const mx_group_case *g, uint64_t seed) {
 static void test_grouped_twin(void) {
     test_begin("mxfp8_grouped_twin_matches_dense_oracle");
     static const mx_group_case cases[] = {
-        {1, 96, QT_DTYPE_BF16, QT_ELEM_E4M3, false, 45, 5},
-        {3, 520, QT_DTYPE_F32, QT_ELEM_E5M2, false, 7, 4},
-        {64, 64, QT_DTYPE_BF16, QT_ELEM_E4M3, false, 32, 3},
-        {65, 33, QT_DTYPE_F32, QT_ELEM_E4M3, true, 0, 3},
-        {1000, 40, QT_DTYPE_BF16, QT_ELEM_E4M3, false, 100, 2},
-        {1000, 17, QT_DTYPE_BF16, QT_ELEM_E5M2, true, 1, 2},
-        {9, 70, QT_DTYPE_BF16, QT_ELEM_E4M3, false, -45, 4},  // capacity below the offsets
+        {1, 96, QT_DTYPE_BF16, QT_ELEM_E4M3, false, 45, 5, 0},
+        {3, 520, QT_DTYPE_F32, QT_ELEM_E5M2, false, 7, 4, 0},
+        {64, 64, QT_DTYPE_BF16, QT_ELEM_E4M3, false, 32, 3, 0},
+        {65, 33, QT_DTYPE_F32, QT_ELEM_E4M3, true, 0, 3, 0},
+        {1000, 40, QT_DTYPE_BF16, QT_ELEM_E4M3, false, 100, 2, 0},
+        {1000, 17, QT_DTYPE_BF16, QT_ELEM_E5M2, true, 1, 2, 0},
+        {9, 70, QT_DTYPE_BF16, QT_ELEM_E4M3, false, -45, 4, 0},  // capacity below the offsets
+        // Members in units of 8 rows: tiles and columnwise blocks straddle members. Outside the
+        // row_align contract, but the result is still the dense rule over the padded rows.
+        {40, 48, QT_DTYPE_F32, QT_ELEM_E4M3, false, 5, 9, 8},
+        {40, 48, QT_DTYPE_BF16, QT_ELEM_E5M2, true, 5, 9, 8},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         mx_check_grouped(&cases[i], 300 + i);
@@ -740,6 +747,7 @@ typedef struct mx_case {
     uint32_t members, slack, max_blocks;  // grouped when members > 0
     uint32_t out_dtype;                   // dequantized outputs
     bool patterns;                        // conversion patterns instead of random data
+    uint32_t row_unit;                    // member size unit; 0 = 32, the mxfp8 row_align
 } mx_case;
 
 typedef struct mx_data {  // host inputs, the same bytes for both backends
@@ -939,8 +947,8 @@ static void mx_data_init(const mx_case *c, mx_data *d, uint64_t seed) {
     if (c->members) {
         d->offsets = malloc((c->members + 1) * sizeof *d->offsets);
         d->first_dims = malloc(c->members * sizeof *d->first_dims);
-        d->rows = mx_make_group(c->members, c->max_blocks, seed, d->offsets, d->first_dims) +
-                  c->slack;
+        d->rows = mx_make_group(c->members, c->max_blocks, c->row_unit, seed, d->offsets,
+                                d->first_dims) + c->slack;
     }
     if (c->patterns) d->rows = mx_pattern_rows();
     d->in = calloc((uint64_t)d->rows * d->cols + 1, mx_elem_bytes(d->dtype));
@@ -1078,11 +1086,11 @@ static void test_program_ref(void) {
     test_begin("mxfp8_program_on_ref_backend");
     static const mx_case cases[] = {
         {"dense_f32_e5m2", 67, 200, QT_DTYPE_F32, QT_ELEM_E5M2, false, true, true, 0, 0, 0,
-         QT_DTYPE_BF16, false},
+         QT_DTYPE_BF16, false, 0},
         {"grouped_bf16_e4m3", 0, 96, QT_DTYPE_BF16, QT_ELEM_E4M3, false, true, true, 5, 40, 3,
-         QT_DTYPE_F32, false},
+         QT_DTYPE_F32, false, 0},
         {"grouped_bf16_e4m3_2d", 0, 50, QT_DTYPE_BF16, QT_ELEM_E4M3, true, true, true, 4, 0, 3,
-         QT_DTYPE_F32, false},
+         QT_DTYPE_F32, false, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         mx_check_program_ref(&cases[i], 600 + i);
@@ -1136,54 +1144,59 @@ static void test_gpu_cases(void) {
     // dequantized dtype, patterns
     static const mx_case cases[] = {
         {"gpu_mxfp8_bf16_e4m3_256x1024", 256, 1024, MX_BF, MX_E4, false, true, true, 0, 0, 0,
-         MX_BF, false},
+         MX_BF, false, 0},
         {"gpu_mxfp8_bf16_e4m3_2d_256x1024", 256, 1024, MX_BF, MX_E4, true, true, true, 0, 0, 0,
-         MX_F32, false},
+         MX_F32, false, 0},
         {"gpu_mxfp8_f32_e5m2_160x520", 160, 520, MX_F32, MX_E5, false, true, true, 0, 0, 0,
-         MX_F32, false},
+         MX_F32, false, 0},
         {"gpu_mxfp8_bf16_e4m3_97x131", 97, 131, MX_BF, MX_E4, false, true, true, 0, 0, 0,
-         MX_F32, false},
+         MX_F32, false, 0},
         {"gpu_mxfp8_f32_e4m3_rowwise_only_33x45", 33, 45, MX_F32, MX_E4, false, true, false, 0,
-         0, 0, MX_BF, false},
+         0, 0, MX_BF, false, 0},
         {"gpu_mxfp8_bf16_e5m2_colwise_only_2d_65x77", 65, 77, MX_BF, MX_E5, true, false, true,
-         0, 0, 0, MX_BF, false},
+         0, 0, 0, MX_BF, false, 0},
         {"gpu_mxfp8_bf16_e4m3_1x1", 1, 1, MX_BF, MX_E4, false, true, true, 0, 0, 0, MX_F32,
-         false},
+         false, 0},
         {"gpu_mxfp8_bf16_e4m3_1x4099", 1, 4099, MX_BF, MX_E4, false, true, true, 0, 0, 0,
-         MX_BF, false},
+         MX_BF, false, 0},
         {"gpu_mxfp8_f32_e4m3_4099x3", 4099, 3, MX_F32, MX_E4, false, true, true, 0, 0, 0,
-         MX_F32, false},
+         MX_F32, false, 0},
         {"gpu_mxfp8_bf16_e5m2_31x33", 31, 33, MX_BF, MX_E5, false, true, true, 0, 0, 0, MX_BF,
-         false},
+         false, 0},
         {"gpu_mxfp8_f32_e4m3_2d_100x1000", 100, 1000, MX_F32, MX_E4, true, true, true, 0, 0, 0,
-         MX_BF, false},
+         MX_BF, false, 0},
         {"gpu_mxfp8_bf16_e4m3_520x8", 520, 8, MX_BF, MX_E4, false, true, true, 0, 0, 0, MX_BF,
-         false},
+         false, 0},
         {"gpu_mxfp8_patterns_f32_e4m3", 0, 64, MX_F32, MX_E4, false, true, true, 0, 0, 0,
-         MX_F32, true},
+         MX_F32, true, 0},
         {"gpu_mxfp8_patterns_f32_e5m2", 0, 64, MX_F32, MX_E5, false, true, true, 0, 0, 0,
-         MX_F32, true},
+         MX_F32, true, 0},
         {"gpu_mxfp8_patterns_bf16_e4m3", 0, 64, MX_BF, MX_E4, false, true, true, 0, 0, 0,
-         MX_BF, true},
+         MX_BF, true, 0},
         {"gpu_mxfp8_grouped1_bf16_e4m3", 0, 96, MX_BF, MX_E4, false, true, true, 1, 45, 5,
-         MX_BF, false},
+         MX_BF, false, 0},
         {"gpu_mxfp8_grouped3_f32_e5m2", 0, 520, MX_F32, MX_E5, false, true, true, 3, 7, 4,
-         MX_F32, false},
+         MX_F32, false, 0},
         {"gpu_mxfp8_grouped64_bf16_e4m3", 0, 1024, MX_BF, MX_E4, false, true, true, 64, 32, 4,
-         MX_BF, false},
+         MX_BF, false, 0},
         {"gpu_mxfp8_grouped65_f32_e4m3_2d", 0, 33, MX_F32, MX_E4, true, true, true, 65, 0, 3,
-         MX_F32, false},
+         MX_F32, false, 0},
         {"gpu_mxfp8_grouped1000_bf16_e4m3", 0, 40, MX_BF, MX_E4, false, true, true, 1000, 100,
-         2, MX_BF, false},
+         2, MX_BF, false, 0},
         {"gpu_mxfp8_grouped1000_bf16_e5m2_rowwise_only", 0, 512, MX_BF, MX_E5, false, true,
-         false, 1000, 1, 1, MX_F32, false},
+         false, 1000, 1, 1, MX_F32, false, 0},
+        // Member sizes in units of 8 rows (not the mxfp8 row_align): tiles cross members.
+        {"gpu_mxfp8_grouped50_unaligned_bf16_e4m3", 0, 300, MX_BF, MX_E4, false, true, true, 50,
+         3, 9, MX_BF, false, 8},
+        {"gpu_mxfp8_grouped50_unaligned_f32_e4m3_2d", 0, 64, MX_F32, MX_E4, true, true, true, 50,
+         3, 9, MX_F32, false, 8},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         mx_run_gpu_case(&cases[i], 700 + i, i == 0);
     }
     // The bench shape class: one large case, run twice.
     static const mx_case large = {"gpu_mxfp8_bf16_e4m3_1024x4096_twice", 1024, 4096, MX_BF,
-                                  MX_E4, false, true, true, 0, 0, 0, MX_BF, false};
+                                  MX_E4, false, true, true, 0, 0, 0, MX_BF, false, 0};
     mx_run_gpu_case(&large, 800, true);
 }
 

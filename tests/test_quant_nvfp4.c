@@ -252,39 +252,40 @@ typedef struct hand_block {
     uint8_t bytes[8];
 } hand_block;
 
+// Global amax 2688: S_enc = 1, c = f32(1/6), S_dec = 1. NAN and INFINITY come from math.h.
+static const hand_block hand_blocks[] = {
+    // amax 6: d = RN(6 c) = 1 -> sb 0x38, m = 1. Ties: 0.25->0, 0.75->1, 1.25->1, 1.75->2,
+    // 2.5->2, 3.5->4, 5->4; -0 -> 0x8, -0.3 -> -0.5.
+    {{6, -6, 0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5, -0.0f, 0.1f, -0.3f, 4.9f, 5.1f, 0.5f,
+      -1.5f},
+     16, 0x38, {0xF7, 0x20, 0x42, 0x64, 0x86, 0x90, 0x76, 0xB1}},
+    // amax 3 (NaN ignored): d = RN(3 c) = 0.5 -> sb 0x30, m = 2; NaN of either sign -> +6.
+    {{3, 1.5f, 0.75f, 0.375f, 0.125f, -3, NAN, -NAN, 2.9f, 0.3f, 0.2f, -0.2f, 1, -1.1f, 0, 0},
+     16, 0x30, {0x57, 0x23, 0xF0, 0x77, 0x17, 0x91, 0xC4, 0x00}},
+    // amax +Inf: d = Inf -> sb 0x7E (448), m = RN(1/448): 448 m = 1 -> 1.0; Inf -> 6.
+    {{INFINITY, 1, -INFINITY, 0.5f, 448, -2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+     16, 0x7E, {0x07, 0x0F, 0x82, 0, 0, 0, 0, 0}},
+    // all NaN: amax 0 -> sb 0 -> m = FLT_MAX, every code +6.
+    {{NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN},
+     16, 0x00, {0x77, 0x77, 0x77, 0x77, 0x77, 0x77, 0x77, 0x77}},
+    // all zero but one -0: sb 0, codes 0 and 0x8.
+    {{0, 0, 0, -0.0f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+     16, 0x00, {0, 0x80, 0, 0, 0, 0, 0, 0}},
+    // FP32 subnormals: sb underflows to 0, m = FLT_MAX: 1e-39 * FLT_MAX = 0.34 -> 0.5.
+    {{1e-39f, -1e-39f, 1e-40f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+     16, 0x00, {0x91, 0, 0, 0, 0, 0, 0, 0}},
+    // block amax above the global one: d = 500 saturates to sb 0x7E; 3000 / 448 -> 6.
+    {{3000, 100, -50, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+     16, 0x7E, {0x07, 0x08, 0, 0, 0, 0, 0, 0}},
+    // partial last block (5 elements): d = RN(4 c) = 0.6667 -> sb 0.6875 (0x33),
+    // m = 1.4545: 1.45 -> 1.5, 2.91 -> 3, 4.36 -> 4, -5.82 -> -6, 0.73 -> 0.5.
+    {{1, 2, 3, -4, 0.5f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, 5, 0x33, {0x53, 0xF6, 0x01}},
+};
+
 static void test_block_hand(void) {
     test_begin("block_scales_and_codes_hand_derived");
-    const float nan = qt_bits_f32(0x7FC00000u), inf = qt_bits_f32(0x7F800000u);
-    // Global amax 2688: S_enc = 1, c = f32(1/6), S_dec = 1.
-    const hand_block blocks[] = {
-        // amax 6: d = RN(6 c) = 1 -> sb 0x38, m = 1. Ties: 0.25->0, 0.75->1, 1.25->1, 1.75->2,
-        // 2.5->2, 3.5->4, 5->4; -0 -> 0x8, -0.3 -> -0.5.
-        {{6, -6, 0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5, -0.0f, 0.1f, -0.3f, 4.9f, 5.1f, 0.5f,
-          -1.5f},
-         16, 0x38, {0xF7, 0x20, 0x42, 0x64, 0x86, 0x90, 0x76, 0xB1}},
-        // amax 3 (NaN ignored): d = RN(3 c) = 0.5 -> sb 0x30, m = 2; NaN of either sign -> +6.
-        {{3, 1.5f, 0.75f, 0.375f, 0.125f, -3, nan, -nan, 2.9f, 0.3f, 0.2f, -0.2f, 1, -1.1f, 0, 0},
-         16, 0x30, {0x57, 0x23, 0xF0, 0x77, 0x17, 0x91, 0xC4, 0x00}},
-        // amax +Inf: d = Inf -> sb 0x7E (448), m = RN(1/448): 448 m = 1 -> 1.0; Inf -> 6.
-        {{inf, 1, -inf, 0.5f, 448, -2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-         16, 0x7E, {0x07, 0x0F, 0x82, 0, 0, 0, 0, 0}},
-        // all NaN: amax 0 -> sb 0 -> m = FLT_MAX, every code +6.
-        {{nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan},
-         16, 0x00, {0x77, 0x77, 0x77, 0x77, 0x77, 0x77, 0x77, 0x77}},
-        // all zero but one -0: sb 0, codes 0 and 0x8.
-        {{0, 0, 0, -0.0f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-         16, 0x00, {0, 0x80, 0, 0, 0, 0, 0, 0}},
-        // FP32 subnormals: sb underflows to 0, m = FLT_MAX: 1e-39 * FLT_MAX = 0.34 -> 0.5.
-        {{1e-39f, -1e-39f, 1e-40f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-         16, 0x00, {0x91, 0, 0, 0, 0, 0, 0, 0}},
-        // block amax above the global one: d = 500 saturates to sb 0x7E; 3000 / 448 -> 6.
-        {{3000, 100, -50, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-         16, 0x7E, {0x07, 0x08, 0, 0, 0, 0, 0, 0}},
-        // partial last block (5 elements): d = RN(4 c) = 0.6667 -> sb 0.6875 (0x33),
-        // m = 1.4545: 1.45 -> 1.5, 2.91 -> 3, 4.36 -> 4, -5.82 -> -6, 0.73 -> 0.5.
-        {{1, 2, 3, -4, 0.5f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, 5, 0x33, {0x53, 0xF6, 0x01}},
-    };
-    const uint32_t nblocks = sizeof blocks / sizeof blocks[0];
+    const hand_block *blocks = hand_blocks;
+    const uint32_t nblocks = sizeof hand_blocks / sizeof hand_blocks[0];
     const uint32_t cols = (nblocks - 1) * 16 + blocks[nblocks - 1].n;
     hq h;
     hq_init(&h, 1, cols, QT_DTYPE_F32, 0);
@@ -605,6 +606,7 @@ typedef struct nv_regions {
 typedef struct nv_result {
     uint8_t *buf[8];
     uint64_t bytes[8];
+    uint8_t *x;  // the input as the program saw it (after planting), for diagnostics
 } nv_result;
 
 enum { R_AMAX_ROW, R_AMAX_COL, R_ROW_DATA, R_ROW_SCALES, R_COL_DATA, R_COL_SCALES, R_DEQ_ROW,
@@ -760,10 +762,14 @@ static void nv_run(rig *r, program *fill, const nv_case *c, const nv_regions *g,
         out->buf[i] = malloc(bytes[i] + 1);
         RIG_OK(backend_read(&r->be, out->buf[i], refs[i], bytes[i]));
     }
+    const uint64_t x_bytes = elems * (c->dtype == QT_DTYPE_F32 ? 4 : 2);
+    out->x = malloc(x_bytes + 1);
+    RIG_OK(backend_read(&r->be, out->x, g->x, x_bytes));
 }
 
 static void nv_result_free(nv_result *res) {
     for (int i = 0; i < R_COUNT; i++) free(res->buf[i]);
+    free(res->x);
 }
 
 // Row length in bytes of each result, to print mismatches as (row, byte-in-row).
@@ -779,8 +785,45 @@ static uint64_t nv_pitch(const nv_case *c, int i) {
     }
 }
 
-static void nv_compare(const nv_case *c, const nv_result *gpu, const nv_result *ref,
-                       const char *what) {
+// The 16 inputs (FP32 bit patterns) of the block that holds output byte `b` of result i, with
+// the direction's global amax, so that one failing run says what was quantized.
+static void nv_explain(const nv_case *c, const nv_group *grp, const nv_result *ref, int i,
+                       uint64_t b) {
+    if (i < R_ROW_DATA || i > R_COL_SCALES) return;
+    const bool col = i == R_COL_DATA || i == R_COL_SCALES;
+    const bool data = i == R_ROW_DATA || i == R_COL_DATA;
+    const uint64_t pitch = nv_pitch(c, i), line = b / pitch, pos = (b % pitch) * (data ? 2 : 16);
+    const uint64_t start = pos / 16 * 16;  // first element of the block along the direction
+    char text[16 * 11 + 1];
+    size_t used = 0;
+    for (uint64_t j = start; j < start + 16; j++) {
+        uint64_t row = col ? j : line, k = col ? line : j;
+        uint32_t bits = 0;
+        if (row < c->rows && k < c->cols) {
+            uint64_t e = row * c->cols + k;
+            if (c->dtype == QT_DTYPE_F32) {
+                memcpy(&bits, ref->x + e * 4, 4);
+            } else {
+                uint16_t h;
+                memcpy(&h, ref->x + e * 2, 2);
+                bits = (uint32_t)h << 16;
+            }
+        }
+        used += (size_t)snprintf(text + used, sizeof text - used, " %08x", bits);
+    }
+    const uint32_t row0 = (uint32_t)((col ? start : line) / 16 * 16);
+    qt_nvfp4_span span = qt_nvfp4_span_of(grp->offsets, grp->first_dims, c->members, c->rows, row0);
+    float amax[2];
+    memcpy(amax, ref->buf[R_AMAX_ROW] + 4ull * span.member, 4);
+    memcpy(amax + 1, ref->buf[R_AMAX_COL] + 4ull * span.member, 4);
+    printf("    %s block (line %llu, from %llu), member %u (valid < %u, stored < %u), amax row %a "
+           "col %a, inputs:%s\n", col ? "columnwise" : "rowwise", (unsigned long long)line,
+           (unsigned long long)start, span.member, span.valid_end, span.store_end,
+           (double)amax[0], (double)amax[1], text);
+}
+
+static void nv_compare(const nv_case *c, const nv_group *grp, const nv_result *gpu,
+                       const nv_result *ref, const char *what) {
     for (int i = 0; i < R_COUNT; i++) {
         uint64_t mismatches = 0, pitch = nv_pitch(c, i);
         for (uint64_t b = 0; b < gpu->bytes[i]; b++) {
@@ -789,6 +832,7 @@ static void nv_compare(const nv_case *c, const nv_result *gpu, const nv_result *
                 CHECK(false, "%s %s: byte %llu (row %llu, byte %llu): gpu %02x ref %02x", what,
                       nv_result_names[i], (unsigned long long)b, (unsigned long long)(b / pitch),
                       (unsigned long long)(b % pitch), gpu->buf[i][b], ref->buf[i][b]);
+                if (mismatches <= 2) nv_explain(c, grp, ref, i, b);
             }
         }
         CHECK(mismatches == 0, "%s %s: %llu bytes differ", what, nv_result_names[i],
@@ -843,7 +887,7 @@ static void nv_gpu_case(const nv_case *base) {
     nv_result gpu = {0}, ref = {0};
     nv_run(&gpu_rig, &fill_gpu, &c, &gg, &grp, &gpu);
     nv_run(&ref_rig, &fill_ref, &c, &gr, &grp, &ref);
-    nv_compare(&c, &gpu, &ref, "gpu vs ref");
+    nv_compare(&c, &grp, &gpu, &ref, "gpu vs ref");
     if ((c.flags & QT_NVFP4_2D) && (c.flags & QT_NVFP4_COLWISE) && (c.flags & QT_NVFP4_ROWWISE) &&
         !(c.flags & QT_NVFP4_SR)) {
         nv_check_transpose(&c, &gpu);
@@ -852,7 +896,7 @@ static void nv_gpu_case(const nv_case *base) {
         // A second GPU run gives the same bytes: randomness is keyed, and amaxes are re-zeroed.
         nv_result again = {0};
         nv_run(&gpu_rig, &fill_gpu, &c, &gg, &grp, &again);
-        nv_compare(&c, &again, &gpu, "gpu rerun");
+        nv_compare(&c, &grp, &again, &gpu, "gpu rerun");
         nv_result_free(&again);
     }
     nv_result_free(&gpu);

@@ -32,6 +32,17 @@ void bench_case_end(bench_env *env);
 // Region helpers for cases.
 prog_ref bench_reserve(bench_env *env, const char *name, uint64_t bytes);
 
+// GB/s of a plain device copy of `bytes` (read) + `bytes` (written), timed like a case; it uses
+// its own case arenas, so call it between cases. Negative on failure.
+double bench_copy_gbps(bench_env *env, uint64_t bytes);
+
+// The families' common table: a header, and one row per case with the time, the bandwidth of
+// `bytes` (the minimal bytes moved) and its ratio to the 1 GiB copy and to a copy of the same
+// size measured right then (bench_copy_gbps of bytes / 2). Call the row between cases.
+void bench_print_header(bench_env *env);
+void bench_print_row(bench_env *env, const char *format, const char *shape, const char *layout,
+                     double ms, double bytes);
+
 // GB/s from bytes moved and milliseconds.
 static inline double bench_gbps(double bytes, double ms) { return bytes / (ms * 1e6); }
 

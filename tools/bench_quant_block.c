@@ -104,19 +104,16 @@ static void block_bench_case(bench_env *env, uint32_t rows, uint32_t cols, uint3
     }
     double bytes = (double)rows * cols * 2 + 2.0 * (double)codes + (double)row_scales +
                    (double)col_scales;
-    double gbps = bench_gbps(bytes, ms);
     char shape[64];
     snprintf(shape, sizeof shape, "%ux%u", rows, cols);
     char group[32] = "dense";
     if (members) snprintf(group, sizeof group, "grouped%u", members);
-    fprintf(env->out, "%-28s %-16s %-10s %9.4f ms %8.0f GB/s %6.1f%% copy\n",
-            two_d ? "fp8_block_2d bf16 row+col" : "fp8_block_1d bf16 row+col", shape, group, ms,
-            gbps, 100.0 * gbps / env->copy_gbps);
+    bench_print_row(env, two_d ? "fp8_block_2d bf16 row+col" : "fp8_block_1d bf16 row+col", shape,
+                    group, ms, bytes);
 }
 
 void bench_quant_block(bench_env *env) {
-    fprintf(env->out, "%-28s %-16s %-10s %12s %13s %11s\n", "format", "shape", "layout", "time",
-            "bandwidth", "of copy");
+    bench_print_header(env);
     static const struct {
         uint32_t rows, cols, members;
         bool two_d;

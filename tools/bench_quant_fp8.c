@@ -95,18 +95,16 @@ static void fp8_bench_case(bench_env *env, uint32_t rows, uint32_t cols, uint32_
         fprintf(env->out, "fp8 %ux%u: failed\n", rows, cols);
         return;
     }
-    double gbps = bench_gbps((double)rows * cols * 2 + 2.0 * (double)codes, ms);
     char shape[64];
     snprintf(shape, sizeof shape, "%ux%u", rows, cols);
     char group[32] = "dense";
     if (members) snprintf(group, sizeof group, "grouped%u", members);
-    fprintf(env->out, "%-28s %-16s %-10s %9.4f ms %8.0f GB/s %6.1f%% copy\n",
-            "fp8_e4m3 delayed bf16 r+c", shape, group, ms, gbps, 100.0 * gbps / env->copy_gbps);
+    bench_print_row(env, "fp8_e4m3 delayed bf16 r+c", shape, group, ms,
+                    (double)rows * cols * 2 + 2.0 * (double)codes);
 }
 
 void bench_quant_fp8(bench_env *env) {
-    fprintf(env->out, "%-28s %-16s %-10s %12s %13s %11s\n", "format", "shape", "layout", "time",
-            "bandwidth", "of copy");
+    bench_print_header(env);
     static const struct {
         uint32_t rows, cols, members;
     } cases[] = {
