@@ -42,7 +42,9 @@
 //     beyond off[count] are not touched. m = rows capacity.
 //   GEMM_GROUP_K (wgrad): D member i (d + i * d_member_bytes) = the contraction over member i's
 //     valid rows k in [off[i], off[i] + first_dims[i]) of the columnwise copies; an empty member
-//     gets D_i = 0 (+ beta C_i) (+ bias). k = rows capacity.
+//     gets D_i = 0 (+ beta C_i) (+ bias). k = rows capacity. The scale blocks along k start at
+//     off[i], so off[i] must be a multiple of the format's block (fp8 block 128, mxfp8 32,
+//     nvfp4 16), which the formats' row_align (recipes/format.c) guarantees.
 //   Per-tensor factors (fp8 scale_inv, nvfp4 amax) are arrays indexed by member when the
 //   operand has GEMM_OPERAND_TENSOR_PER_MEMBER.
 #ifndef QT_GEMM_H

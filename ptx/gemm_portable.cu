@@ -19,10 +19,16 @@
 // accumulation) keeps its partial sums in 4 registers per fragment inside the stage instead of a
 // second 64-register accumulator.
 //
-// Pipeline: two shared stages fed through registers. While the warps multiply stage s, each
-// thread's global loads for stage s + 1 are in flight; after the multiply it decodes (if the
-// format needs it) and stores them into the other stage; one barrier per stage. The other stage
-// was last read before the previous barrier, so the store cannot race with a reader.
+// Two pipelines feed the shared stages:
+//   asynchronous (bf16 with both operands K-major, fp8, fp8 block): cp.async copies straight into
+//     shared memory, GEMM_PORTABLE_STAGES(format) stages deep (bf16 4, fp8 2 of 128 k), one
+//     barrier per stage; no staging registers, which is what keeps the fp8 kernels unspilled.
+//   register-staged (mxfp8, nvfp4, bf16 with an outer-major operand): while the warps multiply
+//     stage s, each thread's global loads for stage s + 1 are in flight in registers; after the
+//     multiply it decodes (or transposes) them into the other of two stages; one barrier per
+//     stage. The other stage was last read before the previous barrier, so no store races a read.
+// Every address computation is checked on the CPU by tests/gemm_emulate.cc, which runs these
+// kernels on a model of the CUDA execution against the reference twins.
 #ifndef QT_GEMM_EMULATE
 #include <cuda_bf16.h>  // __floats2bfloat162_rn (the emulator supplies its own)
 #endif

@@ -8,8 +8,10 @@
 #ifndef QT_KERNELS_H
 #define QT_KERNELS_H
 
+#include "act.h"
 #include "core.h"
 #include "gemm.h"
+#include "optim.h"
 #include "quant_block.h"
 #include "quant_fp8.h"
 #include "quant_group.h"
@@ -19,11 +21,15 @@
 #define QT_KERNELS(X) QT_KERNELS_CORE(X) QT_KERNELS_QUANT_MXFP8(X) QT_KERNELS_QUANT_BLOCK(X) \
     QT_KERNELS_QUANT_GROUP(X) QT_KERNELS_QUANT_FP8(X) \
     QT_KERNELS_QUANT_NVFP4(X) \
+    QT_KERNELS_OPTIM(X) \
+    QT_KERNELS_ACT(X) \
     QT_KERNELS_GEMM(X)
 
 // Modules: one per ptx/*.cu, embedded as qt_module_<name> by tools/embed.
 #define QT_MODULES(X) X(core) X(quant_mxfp8) X(quant_block) X(quant_group) X(quant_fp8) \
     X(quant_nvfp4) \
+    X(optim) \
+    X(act) \
     X(gemm_portable)
 
 // Every args struct fits the program's per-op args buffer.

@@ -14,12 +14,35 @@
 // columnwise codes along M straight from registers, so the input is read exactly once and no
 // code goes through shared memory. Only the block amaxes are exchanged there.
 #include "quant_block.h"
+#include "quant_group.h"  // qt_group_find_warp
 
 #define QB_THREADS 256u
 #define QB_TILE 128u
 // Shared rows of partial amaxes are padded to 132 floats: a quarter warp storing 16 bytes per
 // lane from 8 consecutive c (stride 132 = 4 mod 32 words) then touches 8 distinct bank quads.
 #define QB_PART_STRIDE 132u
+
+// EXPERIMENT knobs (removed once chosen).
+#ifndef QT_EXP_QB_PANEL
+#define QT_EXP_QB_PANEL 0  // tile order: 0 row-major; N: panels of N column tiles
+#endif
+#ifndef QT_EXP_QB_STAGE
+#define QT_EXP_QB_STAGE 1  // 1: BF16 tiles staged in shared memory by cp.async
+#endif
+#ifndef QT_EXP_QB_MINB
+#define QT_EXP_QB_MINB 4  // __launch_bounds__ minimum blocks of the BF16 casts
+#endif
+#ifndef QT_EXP_QB_FASTROWS
+#define QT_EXP_QB_FASTROWS 1  // 1: one member lookup per tile for the row states
+#endif
+#ifndef QT_EXP_QB_LDCS
+#define QT_EXP_QB_LDCS 0
+#endif
+#if QT_EXP_QB_LDCS
+#define QB_LDIN __ldcs
+#else
+#define QB_LDIN __ldg
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // Thread layout and input types.
@@ -77,7 +100,7 @@ __device__ __forceinline__ void qb_load_vec(const T *row, uint32_t kc, uint32_t 
                                             bool vec_ok, uint32_t *w) {
     constexpr uint32_t VEC = qb_in<T>::VEC;
     if (row_ok && vec_ok && kc + VEC <= cols) {
-        uint4 v = __ldg(reinterpret_cast<const uint4 *>(row + kc));
+        uint4 v = QB_LDIN(reinterpret_cast<const uint4 *>(row + kc));
         w[0] = v.x;
         w[1] = v.y;
         w[2] = v.z;
@@ -119,10 +142,14 @@ __device__ __forceinline__ void qb_store_codes(uint8_t *dst, uint32_t w0, uint32
 // ---------------------------------------------------------------------------------------------
 // The cast.
 
-template <bool TWO_D>
+// STAGED: the BF16 path that copies the input tile into shared memory (cp.async) instead of
+// loading it into registers; its amax partials are first reduced inside each warp, so fewer
+// shared partial rows are left.
+template <bool TWO_D, bool STAGED>
 struct qb_smem;
 template <>
-struct __align__(16) qb_smem<false> {
+struct __align__(16) qb_smem<false, false> {
+    static constexpr uint32_t ROW_PARTS = 16, COL_PARTS = 16;
     float row_part[16][QB_PART_STRIDE];  // [c][tile row]: amax of a row over slot c's columns
     float col_part[16][QB_PART_STRIDE];  // [g][tile col]: amax of a column over group g's rows
     float row_scale[QB_TILE];
@@ -130,24 +157,45 @@ struct __align__(16) qb_smem<false> {
     uint8_t row_state[QB_TILE];
 };
 template <>
-struct __align__(16) qb_smem<true> {
+struct __align__(16) qb_smem<true, false> {
+    float warp_amax[QB_THREADS / 32];
+    float tile_scale;
+    uint8_t row_state[QB_TILE];
+};
+template <>
+struct __align__(16) qb_smem<false, true> {
+    static constexpr uint32_t ROW_PARTS = 2, COL_PARTS = 4;
+    uint4 tile[QB_TILE][QB_TILE / 8];  // [tile row][16-byte vector]: the BF16 input tile
+    float row_part[2][QB_TILE];        // [c >> 3][tile row]: amax over 64 columns
+    float col_part[4][QB_TILE];        // [g >> 2][tile col]: amax over 32 rows
+    float row_scale[QB_TILE];
+    float col_scale[QB_TILE];
+    uint8_t row_state[QB_TILE];
+};
+template <>
+struct __align__(16) qb_smem<true, true> {
+    uint4 tile[QB_TILE][QB_TILE / 8];
     float warp_amax[QB_THREADS / 32];
     float tile_scale;
     uint8_t row_state[QB_TILE];
 };
 
 // Scale of tile row r / tile column k for the cast: per block (1-D) or the tile's (2-D).
-__device__ __forceinline__ float qb_row_scale(const qb_smem<false> &sm, uint32_t r) {
-    return sm.row_scale[r];
+template <bool TWO_D, bool STAGED>
+__device__ __forceinline__ float qb_row_scale(const qb_smem<TWO_D, STAGED> &sm, uint32_t r) {
+    if constexpr (TWO_D) {
+        return sm.tile_scale;
+    } else {
+        return sm.row_scale[r];
+    }
 }
-__device__ __forceinline__ float qb_row_scale(const qb_smem<true> &sm, uint32_t) {
-    return sm.tile_scale;
-}
-__device__ __forceinline__ float qb_col_scale(const qb_smem<false> &sm, uint32_t k) {
-    return sm.col_scale[k];
-}
-__device__ __forceinline__ float qb_col_scale(const qb_smem<true> &sm, uint32_t) {
-    return sm.tile_scale;
+template <bool TWO_D, bool STAGED>
+__device__ __forceinline__ float qb_col_scale(const qb_smem<TWO_D, STAGED> &sm, uint32_t k) {
+    if constexpr (TWO_D) {
+        return sm.tile_scale;
+    } else {
+        return sm.col_scale[k];
+    }
 }
 
 // Per-tile geometry and flags every phase needs.
@@ -177,10 +225,10 @@ __device__ __forceinline__ void qb_load_tile(const quant_block_args &a, const qb
 
 // Partial amaxes of the thread's 8 x 8 block into shared memory (1-D: per row and per column;
 // 2-D: one per warp). |x| is taken on the bits; fmaxf ignores NaN like qt_block_amax_step.
-template <typename T, bool TWO_D>
+template <typename T, bool TWO_D, bool STAGED>
 __device__ __forceinline__ void qb_partials(const qb_tile &t,
                                             const uint32_t (&x)[8][qb_in<T>::WORDS],
-                                            qb_smem<TWO_D> &sm) {
+                                            qb_smem<TWO_D, STAGED> &sm) {
     float rp[8], cp[8];
 #pragma unroll
     for (uint32_t j = 0; j < 8; j++) cp[j] = 0.0f;
@@ -203,6 +251,51 @@ __device__ __forceinline__ void qb_partials(const qb_tile &t,
             amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, lane_mask));
         }
         if ((threadIdx.x & 31u) == 0) sm.warp_amax[threadIdx.x >> 5] = amax;
+    } else if constexpr (STAGED) {
+        // Recursive halving: each step a lane keeps half of its values, sends the other half
+        // to its partner and folds in what it receives. Rows: over the warp's 8 slots c (lane
+        // bits 2:0), after which lane bits 2:0 name the row of 8 whose max the lane holds (the
+        // warp's half of the row: warp bit 0 = c bit 3, part w & 1). Columns: over the warp's 4
+        // groups g (lane bits 4:3); lane bits 4:3 then name the column pair (j, j + 1) the lane
+        // holds (the warp's quarter of the rows: warp bits 2:1, part w >> 1).
+        uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+        if (t.rowwise) {
+            float v4[4], v2[2];
+            bool b = (lane & 4u) != 0;
+#pragma unroll
+            for (uint32_t k = 0; k < 4; k++) {
+                float send = b ? rp[k] : rp[k + 4], keep = b ? rp[k + 4] : rp[k];
+                v4[k] = fmaxf(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 4));
+            }
+            b = (lane & 2u) != 0;
+#pragma unroll
+            for (uint32_t k = 0; k < 2; k++) {
+                float send = b ? v4[k] : v4[k + 2], keep = b ? v4[k + 2] : v4[k];
+                v2[k] = fmaxf(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 2));
+            }
+            b = (lane & 1u) != 0;
+            float send = b ? v2[0] : v2[1], keep = b ? v2[1] : v2[0];
+            sm.row_part[warp & 1u][8 * t.g + (lane & 7u)] =
+                fmaxf(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 1));
+        }
+        if (t.colwise) {
+            float v4[4], v2[2];
+            bool b = (lane & 16u) != 0;
+#pragma unroll
+            for (uint32_t k = 0; k < 4; k++) {
+                float send = b ? cp[k] : cp[k + 4], keep = b ? cp[k + 4] : cp[k];
+                v4[k] = fmaxf(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 16));
+            }
+            b = (lane & 8u) != 0;
+#pragma unroll
+            for (uint32_t k = 0; k < 2; k++) {
+                float send = b ? v4[k] : v4[k + 2], keep = b ? v4[k + 2] : v4[k];
+                v2[k] = fmaxf(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 8));
+            }
+            uint32_t j = 2 * ((lane >> 3) & 3u);  // BF16: columns 8c + j and 8c + j + 1
+            *reinterpret_cast<float2 *>(&sm.col_part[warp >> 1][8 * t.c + j]) =
+                make_float2(v2[0], v2[1]);
+        }
     } else {
         if (t.rowwise) {
             float4 *dst = reinterpret_cast<float4 *>(&sm.row_part[t.c][8 * t.g]);
@@ -222,9 +315,9 @@ __device__ __forceinline__ void qb_partials(const qb_tile &t,
 // Block amaxes -> scales (kept in shared memory for the cast) and scale_inv (written out).
 // 1-D: threads 0..127 own the tile's 128 columnwise blocks, threads 128..255 its 128 rowwise
 // blocks. 2-D: thread 0 owns the tile.
-template <typename T, bool TWO_D, uint32_t FP8>
+template <typename T, bool TWO_D, uint32_t FP8, bool STAGED>
 __device__ __forceinline__ void qb_scales(const quant_block_args &a, const qb_tile &t,
-                                          qb_smem<TWO_D> &sm) {
+                                          qb_smem<TWO_D, STAGED> &sm) {
     constexpr uint32_t DTYPE = qb_in<T>::DTYPE;
     if constexpr (TWO_D) {
         if (threadIdx.x != 0) return;
@@ -244,10 +337,14 @@ __device__ __forceinline__ void qb_scales(const quant_block_args &a, const qb_ti
         uint32_t b = threadIdx.x & (QB_TILE - 1);
         bool col_thread = threadIdx.x < QB_TILE;
         if (col_thread ? !t.colwise : !t.rowwise) return;
+        typedef qb_smem<TWO_D, STAGED> S;
         float amax = 0.0f;
+        if (col_thread) {
 #pragma unroll
-        for (uint32_t p = 0; p < 16; p++) {
-            amax = fmaxf(amax, col_thread ? sm.col_part[p][b] : sm.row_part[p][b]);
+            for (uint32_t p = 0; p < S::COL_PARTS; p++) amax = fmaxf(amax, sm.col_part[p][b]);
+        } else {
+#pragma unroll
+            for (uint32_t p = 0; p < S::ROW_PARTS; p++) amax = fmaxf(amax, sm.row_part[p][b]);
         }
         float scale = qt_block_scale(amax, FP8, a.pow2, a.eps, DTYPE);
         float scale_inv = qt_block_scale_inv(scale);
@@ -268,10 +365,10 @@ __device__ __forceinline__ void qb_scales(const quant_block_args &a, const qb_ti
 // Codes of the thread's block: rowwise along its 8 columns (one store per row), columnwise along
 // its 8 rows (one store per column of the transposed output). With 2-D both use the tile scale,
 // so the columnwise codes come out as the byte transpose of the rowwise ones.
-template <typename T, bool TWO_D, uint32_t FP8>
+template <typename T, bool TWO_D, uint32_t FP8, bool STAGED>
 __device__ __forceinline__ void qb_cast_store(const quant_block_args &a, const qb_tile &t,
                                               const uint32_t (&x)[8][qb_in<T>::WORDS],
-                                              const qb_smem<TWO_D> &sm) {
+                                              const qb_smem<TWO_D, STAGED> &sm) {
     constexpr uint32_t VEC = qb_in<T>::VEC;
     uint32_t rows_here = t.active - t.m0 < 8 * t.g ? 0 : t.active - t.m0 - 8 * t.g;
     if (rows_here > 8) rows_here = 8;  // rows of this thread below `active`
@@ -330,7 +427,7 @@ __device__ __forceinline__ void qb_cast_store(const quant_block_args &a, const q
 // an amax either.
 template <typename T, bool TWO_D>
 __device__ __forceinline__ void qb_mask_rows(const qb_tile &t, uint32_t (&x)[8][qb_in<T>::WORDS],
-                                             const qb_smem<TWO_D> &sm) {
+                                             const qb_smem<TWO_D, false> &sm) {
 #pragma unroll
     for (uint32_t i = 0; i < 8; i++) {
         if (sm.row_state[8 * t.g + i] == QT_BLOCK_ROW_VALID) continue;
@@ -339,49 +436,176 @@ __device__ __forceinline__ void qb_mask_rows(const qb_tile &t, uint32_t (&x)[8][
     }
 }
 
-template <typename T, bool TWO_D, uint32_t FP8>
-__device__ __forceinline__ void qb_cast_tile(const quant_block_args &a, qb_smem<TWO_D> &sm) {
-    qb_tile t;
-    t.tiles_k = (a.cols + QB_TILE - 1) / QB_TILE;
-    t.tiles_m = (a.rows + QB_TILE - 1) / QB_TILE;
-    if (blockIdx.x >= t.tiles_k * t.tiles_m) return;
-    t.tk = blockIdx.x % t.tiles_k;
-    t.tm = blockIdx.x / t.tiles_k;
-    t.m0 = t.tm * QB_TILE;
-    t.k0 = t.tk * QB_TILE;
-    t.c = qb_slot_c();
-    t.g = qb_group_g();
-    t.rowwise = (a.directions & QT_BLOCK_ROWWISE) != 0;
-    t.colwise = (a.directions & QT_BLOCK_COLWISE) != 0;
+// The tile's row states (threads 0..127, one row each). Grouped members are padded to multiples
+// of 128 rows, so a tile normally lies inside the member of its first row: each of the four
+// warps finds that member once (quant_group.h, two dependent loads for up to 1024 members) and
+// a row below the member's end takes its state from it, as qt_block_row_state would (the largest
+// i with off[i] <= m is that member). Any other row falls back to the per-row search.
+__device__ __forceinline__ void qb_row_states(const quant_block_args &a, const qb_tile &t,
+                                              uint8_t *row_state) {
+    if (threadIdx.x >= QB_TILE) return;
+    uint32_t m = t.m0 + threadIdx.x;
+#if QT_EXP_QB_FASTROWS
+    if (a.group.count > 0) {
+        const uint32_t *off = (const uint32_t *)(uintptr_t)a.group.row_offsets;
+        const uint32_t *dims = (const uint32_t *)(uintptr_t)a.group.first_dims;
+        uint32_t lo = qt_group_find_warp(a.group, t.m0);  // t.m0 < active: a member owns it
+        uint32_t begin = __ldg(off + lo), end = __ldg(off + lo + 1), dim = __ldg(dims + lo);
+        if (m < t.active && m < end) {
+            row_state[threadIdx.x] = m - begin < dim ? QT_BLOCK_ROW_VALID : QT_BLOCK_ROW_PAD;
+            return;
+        }
+    }
+#endif
+    row_state[threadIdx.x] = (uint8_t)qt_block_row_state(&a.group, t.active, m);
+}
 
+// The register path: the thread's 8 x 8 block is loaded into registers and stays there.
+template <typename T, bool TWO_D, uint32_t FP8>
+__device__ __forceinline__ void qb_cast_tile_regs(const quant_block_args &a, qb_tile &t,
+                                                  qb_smem<TWO_D, false> &sm) {
     // The loads go out first; the row states (a binary search over the member offsets when
     // grouped) are looked up while they are in flight.
     uint32_t x[8][qb_in<T>::WORDS];
     qb_load_tile<T>(a, t, x);
     t.active = qt_block_active_rows(&a.group, a.rows);
     if (t.m0 >= t.active) return;  // the whole tile is beyond the active rows: all threads leave
-    if (threadIdx.x < QB_TILE) {
-        sm.row_state[threadIdx.x] = (uint8_t)qt_block_row_state(&a.group, t.active,
-                                                                 t.m0 + threadIdx.x);
-    }
+    qb_row_states(a, t, sm.row_state);
     __syncthreads();  // row states visible
     qb_mask_rows<T, TWO_D>(t, x, sm);
-    qb_partials<T, TWO_D>(t, x, sm);
+    qb_partials<T, TWO_D, false>(t, x, sm);
     __syncthreads();  // partial amaxes visible
-    qb_scales<T, TWO_D, FP8>(a, t, sm);
+    qb_scales<T, TWO_D, FP8, false>(a, t, sm);
     __syncthreads();  // scales visible
-    qb_cast_store<T, TWO_D, FP8>(a, t, x, sm);
+    qb_cast_store<T, TWO_D, FP8, false>(a, t, x, sm);
+}
+
+// 16 bytes global -> shared without registers (cp.async, L2 only); bytes past src_bytes are
+// zero-filled and not read.
+__device__ __forceinline__ void qb_cp_async16(void *dst, const void *src, uint32_t src_bytes) {
+    uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
+}
+
+// The whole BF16 tile into sm.tile: vector q = threadIdx.x + 256 n is tile row q / 16, columns
+// 8 (q % 16) .. + 7, so a warp copies two rows of 256 contiguous bytes per instruction. Elements
+// outside the matrix read as +0. Unaligned inputs take plain loads and shared stores.
+template <bool TWO_D>
+__device__ __forceinline__ void qb_stage_tile(const quant_block_args &a, const qb_tile &t,
+                                              qb_smem<TWO_D, true> &sm) {
+    const uint16_t *in = reinterpret_cast<const uint16_t *>(a.input);
+    bool vec_ok = a.cols % 8 == 0 && a.input % 16 == 0;
+#pragma unroll
+    for (uint32_t n = 0; n < QB_TILE * QB_TILE / 8 / QB_THREADS; n++) {
+        uint32_t q = threadIdx.x + QB_THREADS * n;
+        uint32_t r = q / 16, v = q % 16;
+        uint32_t m = t.m0 + r;
+        bool row_ok = m < a.rows;
+        const uint16_t *row = in + (uint64_t)(row_ok ? m : 0) * a.cols + t.k0;
+        if (vec_ok) {
+            // cols % 8 == 0: a vector is wholly inside the matrix or wholly outside.
+            bool ok = row_ok && t.k0 + 8 * v < a.cols;
+            qb_cp_async16(&sm.tile[r][v], ok ? row + 8 * v : in, ok ? 16u : 0u);
+        } else {
+            uint32_t w[4];
+            qb_load_vec<uint16_t>(row, 8 * v, a.cols - t.k0, row_ok, false, w);
+            sm.tile[r][v] = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+    }
+}
+
+// The thread's 8 x 8 block from the staged tile; rows whose bit in `valid` is clear read as 0.
+template <bool TWO_D>
+__device__ __forceinline__ void qb_read_block(const qb_tile &t, const qb_smem<TWO_D, true> &sm,
+                                              uint32_t valid, uint32_t (&x)[8][4]) {
+#pragma unroll
+    for (uint32_t i = 0; i < 8; i++) {
+        uint4 v = sm.tile[8 * t.g + i][t.c];
+        bool keep = (valid >> i) & 1u;
+        x[i][0] = keep ? v.x : 0u;
+        x[i][1] = keep ? v.y : 0u;
+        x[i][2] = keep ? v.z : 0u;
+        x[i][3] = keep ? v.w : 0u;
+    }
+}
+
+// The staged BF16 path: the tile is copied into shared memory without passing through
+// registers, and each phase reads the thread's block from there, so no register holds data
+// across a barrier and more blocks fit on an SM.
+template <bool TWO_D, uint32_t FP8>
+__device__ __forceinline__ void qb_cast_tile_staged(const quant_block_args &a, qb_tile &t,
+                                                    qb_smem<TWO_D, true> &sm) {
+    qb_stage_tile<TWO_D>(a, t, sm);
+    t.active = qt_block_active_rows(&a.group, a.rows);
+    if (t.m0 >= t.active) {  // uniform; the copies must land before the block's memory is reused
+        asm volatile("cp.async.wait_all;\n" ::: "memory");
+        return;
+    }
+    qb_row_states(a, t, sm.row_state);
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    __syncthreads();  // the tile and the row states visible
+    uint32_t valid = 0;
+#pragma unroll
+    for (uint32_t i = 0; i < 8; i++) {
+        valid |= (sm.row_state[8 * t.g + i] == QT_BLOCK_ROW_VALID ? 1u : 0u) << i;
+    }
+    {
+        uint32_t x[8][4];
+        qb_read_block<TWO_D>(t, sm, valid, x);
+        qb_partials<uint16_t, TWO_D, true>(t, x, sm);
+    }
+    __syncthreads();  // partial amaxes visible
+    qb_scales<uint16_t, TWO_D, FP8, true>(a, t, sm);
+    __syncthreads();  // scales visible
+    uint32_t x[8][4];
+    qb_read_block<TWO_D>(t, sm, valid, x);
+    qb_cast_store<uint16_t, TWO_D, FP8, true>(a, t, x, sm);
+}
+
+template <typename T, bool TWO_D, uint32_t FP8, bool STAGED>
+__device__ __forceinline__ void qb_cast_tile(const quant_block_args &a,
+                                             qb_smem<TWO_D, STAGED> &sm) {
+    qb_tile t;
+    t.tiles_k = (a.cols + QB_TILE - 1) / QB_TILE;
+    t.tiles_m = (a.rows + QB_TILE - 1) / QB_TILE;
+    if (blockIdx.x >= t.tiles_k * t.tiles_m) return;
+#if QT_EXP_QB_PANEL
+    {
+        uint32_t panel = blockIdx.x / (QT_EXP_QB_PANEL * t.tiles_m);
+        uint32_t in_panel = blockIdx.x % (QT_EXP_QB_PANEL * t.tiles_m);
+        uint32_t width = min(t.tiles_k - panel * QT_EXP_QB_PANEL, (uint32_t)QT_EXP_QB_PANEL);
+        t.tm = in_panel / width;
+        t.tk = panel * QT_EXP_QB_PANEL + in_panel % width;
+    }
+#else
+    t.tk = blockIdx.x % t.tiles_k;
+    t.tm = blockIdx.x / t.tiles_k;
+#endif
+    t.m0 = t.tm * QB_TILE;
+    t.k0 = t.tk * QB_TILE;
+    t.c = qb_slot_c();
+    t.g = qb_group_g();
+    t.rowwise = (a.directions & QT_BLOCK_ROWWISE) != 0;
+    t.colwise = (a.directions & QT_BLOCK_COLWISE) != 0;
+    if constexpr (STAGED) {
+        qb_cast_tile_staged<TWO_D, FP8>(a, t, sm);
+    } else {
+        qb_cast_tile_regs<T, TWO_D, FP8>(a, t, sm);
+    }
 }
 
 // One shared block for both code formats (a __shared__ declared in the templated tile function
 // would be allocated once per instantiation).
 template <typename T, bool TWO_D>
 __device__ __forceinline__ void qb_cast(const quant_block_args &a) {
-    __shared__ qb_smem<TWO_D> sm;
+    constexpr bool STAGED = QT_EXP_QB_STAGE && qb_in<T>::DTYPE == QT_DTYPE_BF16;
+    __shared__ qb_smem<TWO_D, STAGED> sm;
     if (a.fp8 == QT_BLOCK_E5M2) {
-        qb_cast_tile<T, TWO_D, QT_BLOCK_E5M2>(a, sm);
+        qb_cast_tile<T, TWO_D, QT_BLOCK_E5M2, STAGED>(a, sm);
     } else {
-        qb_cast_tile<T, TWO_D, QT_BLOCK_E4M3>(a, sm);
+        qb_cast_tile<T, TWO_D, QT_BLOCK_E4M3, STAGED>(a, sm);
     }
 }
 
@@ -389,7 +613,7 @@ __device__ __forceinline__ void qb_cast(const quant_block_args &a) {
 // 8 x 8 block, plus both directions' scales) keep 64 KiB (BF16) of loads in flight per SM, more
 // than the ~25 KiB that HBM latency times an SM's share of bandwidth needs. The input dtypes
 // have their own symbols so that a change to one path's register use cannot spill the other.
-extern "C" __global__ void __launch_bounds__(QB_THREADS, 2)
+extern "C" __global__ void __launch_bounds__(QB_THREADS, QT_EXP_QB_MINB)
     qt_quant_block_1d_bf16(const __grid_constant__ quant_block_args args) {
     qb_cast<uint16_t, false>(args);
 }
@@ -397,7 +621,7 @@ extern "C" __global__ void __launch_bounds__(QB_THREADS, 2)
     qt_quant_block_1d_f32(const __grid_constant__ quant_block_args args) {
     qb_cast<float, false>(args);
 }
-extern "C" __global__ void __launch_bounds__(QB_THREADS, 2)
+extern "C" __global__ void __launch_bounds__(QB_THREADS, QT_EXP_QB_MINB)
     qt_quant_block_2d_bf16(const __grid_constant__ quant_block_args args) {
     qb_cast<uint16_t, true>(args);
 }

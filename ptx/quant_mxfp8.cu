@@ -29,10 +29,13 @@
 #define QT_EXP_MX_PANEL 0  // tile order: 0 row-major; N: panels of N column tiles
 #endif
 #ifndef QT_EXP_MX_MINB
-#define QT_EXP_MX_MINB (768 / QT_MXFP8_THREADS)
+#define QT_EXP_MX_MINB 8
+#endif
+#ifndef QT_EXP_MX_DEDUP
+#define QT_EXP_MX_DEDUP 1  // 1: each scale derived by one lane, multipliers shuffled
 #endif
 #ifndef QT_EXP_MX_LDG
-#define QT_EXP_MX_LDG 0  // 1: input loads through __ldg instead of evict-first __ldcs
+#define QT_EXP_MX_LDG 1  // 1: input loads through __ldg instead of evict-first __ldcs
 #endif
 #if QT_EXP_MX_LDG
 #define MX_LDIN __ldg
@@ -318,12 +321,46 @@ __device__ __forceinline__ void mx_load_tile(Tile &t, const mxfp8_quantize_args 
 
 // Rowwise: scales staged in row_e (column row_e_col of the tile's [32][MX_TILE_BLOCKS]), codes
 // stored. block_e >= 0 is the 2-D tile scale, used instead of the row amaxes.
+// One of four values by a run-time index, as selects (an indexed array would go to local memory).
+__device__ __forceinline__ float mx_pick4(float v0, float v1, float v2, float v3, uint32_t i) {
+    float lo = (i & 1u) ? v1 : v0, hi = (i & 1u) ? v3 : v2;
+    return (i & 2u) ? hi : lo;
+}
+
+// The E8M0 scale byte back from its multiplier 2^(127 - e) (qt_e8m0_inv_f32): e = 254 - the
+// multiplier's exponent field, which also holds for e = 254 (the subnormal 2^-127, field 0);
+// e = 255 is the NaN multiplier.
+__device__ __forceinline__ uint32_t mx_e_of_mult(float mult) {
+    uint32_t bits = __float_as_uint(mult);
+    return bits == QT_F32_ABS ? 0xFFu : 254u - (bits >> 23);
+}
+
 template <class Tile>
 __device__ __forceinline__ void mx_rowwise(const Tile &t, const mxfp8_quantize_args &a,
                                            const mx_lane &l, uint32_t end, uint32_t in_range,
                                            int32_t block_e, uint8_t (*row_e)[MX_TILE_BLOCKS],
                                            uint32_t row_e_col) {
     float amax[MX_LANE_ROWS], mult[MX_LANE_ROWS];
+#if QT_EXP_MX_DEDUP
+    // The 4 lanes cl of a row group hold the same 8 row amaxes: lane cl derives the scales of
+    // rows cl and cl + 4 only, stages them, and the 8 multipliers are gathered by shuffles.
+    uint32_t e_lo, e_hi;
+    if (block_e >= 0) {
+        e_lo = e_hi = (uint32_t)block_e;
+    } else {
+        mx_row_amax(t, amax);
+        e_lo = qt_mxfp8_scale_e8m0(mx_pick4(amax[0], amax[1], amax[2], amax[3], l.cl), a.elem);
+        e_hi = qt_mxfp8_scale_e8m0(mx_pick4(amax[4], amax[5], amax[6], amax[7], l.cl), a.elem);
+    }
+    row_e[l.rg * MX_LANE_ROWS + l.cl][row_e_col] = (uint8_t)e_lo;
+    row_e[l.rg * MX_LANE_ROWS + l.cl + 4][row_e_col] = (uint8_t)e_hi;
+    float m_lo = qt_e8m0_inv_f32((uint8_t)e_lo), m_hi = qt_e8m0_inv_f32((uint8_t)e_hi);
+    uint32_t base = (threadIdx.x & 31u) & ~3u;
+#pragma unroll
+    for (int i = 0; i < MX_LANE_ROWS; i++) {
+        mult[i] = __shfl_sync(MX_FULL, i < 4 ? m_lo : m_hi, base | (uint32_t)(i & 3));
+    }
+#else
     if (block_e < 0) mx_row_amax(t, amax);
 #pragma unroll
     for (int i = 0; i < MX_LANE_ROWS; i++) {
@@ -332,6 +369,7 @@ __device__ __forceinline__ void mx_rowwise(const Tile &t, const mxfp8_quantize_a
         // The 4 lanes of a row all hold its scale; lane cl stages rows i with i % 4 == cl.
         if ((uint32_t)(i & 3) == l.cl) row_e[l.rg * MX_LANE_ROWS + i][row_e_col] = (uint8_t)e;
     }
+#endif
     mx_codes_dir<true>(t, mult, a.row_codes, a, l, end, in_range);
 }
 
@@ -342,12 +380,33 @@ __device__ __forceinline__ void mx_colwise(const Tile &t, const mxfp8_quantize_a
                                            uint32_t in_range, int32_t block_e) {
     float amax[8], mult[8], unused;
     uint32_t e[8];
+#if QT_EXP_MX_DEDUP
+    // The 4 lanes rg of a column group hold the same 8 column amaxes: lane rg derives the scales
+    // of columns 2rg and 2rg + 1; the multipliers are gathered by shuffles and the scale bytes
+    // recovered from them.
+    uint32_t e_a, e_b;
+    if (block_e >= 0) {
+        e_a = e_b = (uint32_t)block_e;
+    } else {
+        mx_col_amax(t, amax, &unused);
+        e_a = qt_mxfp8_scale_e8m0(mx_pick4(amax[0], amax[2], amax[4], amax[6], l.rg), a.elem);
+        e_b = qt_mxfp8_scale_e8m0(mx_pick4(amax[1], amax[3], amax[5], amax[7], l.rg), a.elem);
+    }
+    float m_a = qt_e8m0_inv_f32((uint8_t)e_a), m_b = qt_e8m0_inv_f32((uint8_t)e_b);
+    uint32_t low = (threadIdx.x & 31u) & 7u;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        mult[j] = __shfl_sync(MX_FULL, (j & 1) ? m_b : m_a, low | ((uint32_t)(j >> 1) << 3));
+        e[j] = mx_e_of_mult(mult[j]);
+    }
+#else
     if (block_e < 0) mx_col_amax(t, amax, &unused);
 #pragma unroll
     for (int j = 0; j < 8; j++) {
         e[j] = block_e >= 0 ? (uint32_t)block_e : qt_mxfp8_scale_e8m0(amax[j], a.elem);
         mult[j] = qt_e8m0_inv_f32((uint8_t)e[j]);
     }
+#endif
     if (l.rg == 0 && in_range > 0) {
         uint2 bytes = make_uint2(e[0] | (e[1] << 8) | (e[2] << 16) | (e[3] << 24),
                                  e[4] | (e[5] << 8) | (e[6] << 16) | (e[7] << 24));

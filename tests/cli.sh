@@ -29,3 +29,26 @@ else
     echo "FAIL cli_unknown_command: $out"
     exit 1
 fi
+# `qtrain diff`: exit 0 for identical traces, 1 with the first difference, 2 for a bad file.
+dir=$(mktemp -d)
+header='qtrain-trace 1 recipe=0000000000000001 quantizers=0 checksum_every=0'
+rec='mode=train flags=0x0:none loss=0x3f800000:1 accuracy=0x00000000:0'
+rest='grad_norm=0x00000000:0 lr=0x3a83126f:0.00100000005 checksum=-'
+printf '%s\nstep=0 %s %s\nstep=1 %s %s\n' "$header" "$rec" "$rest" "$rec" "$rest" > "$dir/a"
+cp "$dir/a" "$dir/b"
+sed 's/^step=1 \(.*\)loss=0x3f800000:1/step=1 \1loss=0x3f800001:1.00000012/' "$dir/a" > "$dir/c"
+echo 'not a trace' > "$dir/d"
+"$qtrain" diff "$dir/a" "$dir/b" > "$dir/ab" 2>&1; rc_ab=$?
+"$qtrain" diff "$dir/a" "$dir/c" > "$dir/ac" 2>&1; rc_ac=$?
+"$qtrain" diff "$dir/a" "$dir/d" > "$dir/ad" 2>&1; rc_ad=$?
+if [ $rc_ab -eq 0 ] && grep -q '^identical: 2 records$' "$dir/ab" &&
+   [ $rc_ac -eq 1 ] && grep -q '^first difference at step 1 .*field loss:$' "$dir/ac" &&
+   [ $rc_ad -eq 2 ] && grep -q 'not a qtrain trace' "$dir/ad"; then
+    echo "PASS cli_diff"
+else
+    echo "FAIL cli_diff: exit codes $rc_ab $rc_ac $rc_ad (expected 0 1 2)"
+    cat "$dir/ab" "$dir/ac" "$dir/ad" | sed 's/^/  /'
+    rm -rf "$dir"
+    exit 1
+fi
+rm -rf "$dir"

@@ -942,112 +942,134 @@ static void run_group_shapes(void) {
     c.sizes = one;
     c.tag = "one_member";
     run_case(&c);
-    // Many members: the tile lookup walks slices of several members per thread.
-    uint32_t *sizes = many_sizes(300, 19);
-    uint32_t *sizes65 = many_sizes(65, 40);
+    // More members than threads: the tile lookup walks slices of several members per thread.
     static const struct {
         uint32_t format;
         tkind kind;
         bool ints;
         uint32_t count;
+        const char *tag;
     } many[] = {
-        {GEMM_FORMAT_BF16, KIND_FPROP, true, 300},     {GEMM_FORMAT_FP8, KIND_WGRAD, true, 300},
-        {GEMM_FORMAT_MXFP8, KIND_DGRAD, false, 65},    {GEMM_FORMAT_NVFP4, KIND_WGRAD, false, 65},
-        {GEMM_FORMAT_FP8_BLOCK, KIND_FPROP, true, 65},
+        {GEMM_FORMAT_BF16, KIND_FPROP, true, 1000, "members1000"},
+        {GEMM_FORMAT_FP8, KIND_WGRAD, true, 300, "members300"},
+        {GEMM_FORMAT_MXFP8, KIND_DGRAD, false, 65, "members65"},
+        {GEMM_FORMAT_NVFP4, KIND_WGRAD, false, 65, "members65"},
+        {GEMM_FORMAT_FP8_BLOCK, KIND_FPROP, true, 65, "members65"},
     };
     for (size_t i = 0; i < sizeof many / sizeof many[0]; i++) {
+        uint32_t *sizes = many_sizes(many[i].count, many[i].count > 100 ? 19 : 40);
         c = base_case(many[i].format, many[i].kind, true, many[i].ints);
         c.members = many[i].count;
-        c.sizes = many[i].count == 300 ? sizes : sizes65;
+        c.sizes = sizes;
         c.in_features = 48;
         c.out_features = 40;
-        c.tag = many[i].count == 300 ? "members300" : "members65";
+        c.tag = many[i].tag;
         run_case(&c);
+        free(sizes);
     }
-    free(sizes);
-    free(sizes65);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Bias gradient: column sums of dy in a fixed order, bit for bit on both backends.
 
+typedef struct bgrad {
+    uint32_t dtype, cols, rows, ld, count, members;
+    const uint32_t *sizes;
+    uint32_t *off;
+    uint8_t *dy;
+    double *expect, *sum_abs;  // [members][cols]: exact sums and sums of |dy|
+    bool ints;
+} bgrad;
+
+// Runs the bias gradient on one rig and returns the sums (caller frees).
+static float *bgrad_run(rig *r, const bgrad *b, const char *name) {
+    size_t esz = b->dtype == QT_DTYPE_BF16 ? 2 : 4;
+    uint64_t dy_bytes = (uint64_t)b->rows * b->ld * esz;
+    uint64_t out_bytes = (uint64_t)b->members * b->cols * 4;
+    rig_restart(r);
+    arena_handle h_dy = rig_reserve(r, "dy", dy_bytes);
+    arena_handle h_out = rig_reserve(r, "out", out_bytes);
+    arena_handle h_off = rig_reserve(r, "row_offsets", (b->count + 1) * 4);
+    arena_handle h_fd = rig_reserve(r, "first_dims", b->count * 4 + 4);
+    prog_ref none = {0};
+    RIG_OK(op_gemm_bias_grad(&r->prog, name, rig_ref(r, h_dy, 0), b->dtype, b->rows, b->cols,
+                             b->ld, b->count, b->count ? rig_ref(r, h_off, 0) : none,
+                             b->count ? rig_ref(r, h_fd, 0) : none, rig_ref(r, h_out, 0)));
+    rig_bind(r);
+    upload(r, h_dy, b->dy, dy_bytes);
+    if (b->count) {
+        upload(r, h_off, b->off, (b->count + 1) * 4);
+        upload(r, h_fd, b->sizes, b->count * 4);
+    }
+    rig_execute(r);
+    float *out = malloc(out_bytes);
+    RIG_OK(backend_read(&r->be, out, rig_ref(r, h_out, 0), out_bytes));
+    return out;
+}
+
+// ref: exact on small integers, else within (31 + chunks) u sum|dy| (chunk partials of at most
+// 32 rows, then one addition per chunk); GPU: the reference's bits.
+static void bgrad_check(const bgrad *b, const float *out, const float *ref) {
+    uint64_t bad = 0;
+    for (size_t i = 0; i < (size_t)b->members * b->cols; i++) {
+        uint32_t member_rows = b->count ? b->sizes[i / b->cols] : b->rows;
+        double tol = (34.0 + member_rows / 32.0) * 0x1p-24 * b->sum_abs[i];
+        bool ok = ref ? qt_f32_bits(out[i]) == qt_f32_bits(ref[i])
+                  : b->ints ? out[i] == (float)b->expect[i]
+                            : fabs(out[i] - b->expect[i]) <= tol;
+        if (!ok && bad++ < 6) {
+            CHECK(false, "member %zu col %zu: %.9g (0x%08x), ref %.9g, exact %.9g, bound %.3g",
+                  i / b->cols, i % b->cols, out[i], qt_f32_bits(out[i]), ref ? ref[i] : 0.0f,
+                  b->expect[i], tol);
+        }
+    }
+    CHECK(bad == 0, "%llu of %zu sums wrong", (unsigned long long)bad,
+          (size_t)b->members * b->cols);
+}
+
 static void bias_grad_case(const char *name, uint32_t dtype, uint32_t cols, uint32_t rows_dense,
                            uint32_t count, const uint32_t *sizes, bool ints) {
-    uint32_t *off = calloc(count + 1, sizeof(uint32_t));
-    for (uint32_t i = 0; i < count; i++) off[i + 1] = off[i] + ceil_div(sizes[i], 16) * 16;
-    uint32_t rows = count ? off[count] + 16 : rows_dense;
-    uint32_t ld = cols + 3, members = count ? count : 1u;
-    size_t esz = dtype == QT_DTYPE_BF16 ? 2 : 4;
-    uint8_t *dy = malloc((size_t)rows * ld * esz);
+    bgrad b = {dtype, cols, rows_dense, cols + 3, count, count ? count : 1u, sizes, NULL, NULL,
+               NULL, NULL, ints};
+    b.off = calloc(count + 1, sizeof(uint32_t));
+    for (uint32_t i = 0; i < count; i++) b.off[i + 1] = b.off[i] + ceil_div(sizes[i], 16) * 16;
+    if (count) b.rows = b.off[count] + 16;
+    b.dy = malloc((size_t)b.rows * b.ld * 4);
     // Padding rows and the gaps of ld hold values that would show if they were summed.
-    for (size_t i = 0; i < (size_t)rows * ld; i++) out_store(dtype, dy, i, 1e30f);
-    double *expect = calloc((size_t)members * cols, sizeof(double));
-    double *sum_abs = calloc((size_t)members * cols, sizeof(double));
-    for (uint32_t m = 0; m < members; m++) {
-        uint32_t r0 = count ? off[m] : 0, r1 = count ? off[m] + sizes[m] : rows;
+    for (size_t i = 0; i < (size_t)b.rows * b.ld; i++) out_store(dtype, b.dy, i, 1e30f);
+    b.expect = calloc((size_t)b.members * cols, sizeof(double));
+    b.sum_abs = calloc((size_t)b.members * cols, sizeof(double));
+    for (uint32_t m = 0; m < b.members; m++) {
+        uint32_t r0 = count ? b.off[m] : 0, r1 = count ? b.off[m] + sizes[m] : b.rows;
         for (uint32_t r = r0; r < r1; r++) {
             for (uint32_t col = 0; col < cols; col++) {
-                float v = (float)(ints ? rng_int(-3, 3) : rng_normal());
-                out_store(dtype, dy, (size_t)r * ld + col, v);
-                double stored = out_value(dtype, dy, (size_t)r * ld + col);
-                expect[(size_t)m * cols + col] += stored;
-                sum_abs[(size_t)m * cols + col] += fabs(stored);
+                size_t at = (size_t)r * b.ld + col;
+                out_store(dtype, b.dy, at, (float)(ints ? rng_int(-3, 3) : rng_normal()));
+                b.expect[(size_t)m * cols + col] += out_value(dtype, b.dy, at);
+                b.sum_abs[(size_t)m * cols + col] += fabs(out_value(dtype, b.dy, at));
             }
         }
     }
-    float *out_ref = malloc((size_t)members * cols * 4);
-    float *out_gpu = malloc((size_t)members * cols * 4);
-    for (int pass = 0; pass < 2; pass++) {
-        rig *r = pass == 0 ? &ref_rig : &gpu_rig;
-        char full[128];
-        snprintf(full, sizeof full, "%s%s", name, pass ? "_gpu" : "");
-        if (pass == 1 && !gpu_ok) {
-            test_skip(full, gpu_why);
-            break;
-        }
-        test_begin(full);
-        rig_restart(r);
-        arena_handle h_dy = rig_reserve(r, "dy", (uint64_t)rows * ld * esz);
-        arena_handle h_out = rig_reserve(r, "out", (uint64_t)members * cols * 4);
-        arena_handle h_off = rig_reserve(r, "row_offsets", (count + 1) * 4);
-        arena_handle h_fd = rig_reserve(r, "first_dims", count * 4 + 4);
-        prog_ref none = {0};
-        RIG_OK(op_gemm_bias_grad(&r->prog, full, rig_ref(r, h_dy, 0), dtype, rows, cols, ld,
-                                 count, count ? rig_ref(r, h_off, 0) : none,
-                                 count ? rig_ref(r, h_fd, 0) : none, rig_ref(r, h_out, 0)));
-        rig_bind(r);
-        upload(r, h_dy, dy, (uint64_t)rows * ld * esz);
-        if (count) {
-            upload(r, h_off, off, (count + 1) * 4);
-            upload(r, h_fd, sizes, count * 4);
-        }
-        rig_execute(r);
-        float *out = pass == 0 ? out_ref : out_gpu;
-        RIG_OK(backend_read(&r->be, out, rig_ref(r, h_out, 0), (uint64_t)members * cols * 4));
-        uint64_t bad = 0;
-        for (size_t i = 0; i < (size_t)members * cols; i++) {
-            uint32_t member_rows = count ? sizes[i / cols] : rows;
-            // Chunk partials of <= 32 rows, then one addition per chunk: (31 + chunks) u sum|x|.
-            double tol = (34.0 + member_rows / 32.0) * 0x1p-24 * sum_abs[i];
-            bool ok = pass == 1 ? qt_f32_bits(out[i]) == qt_f32_bits(out_ref[i])
-                      : ints    ? out[i] == (float)expect[i]
-                                : fabs(out[i] - expect[i]) <= tol;
-            if (!ok && bad++ < 6) {
-                CHECK(false, "member %zu col %zu: %.9g (0x%08x), ref %.9g, exact %.9g, bound %.3g",
-                      i / cols, i % cols, out[i], qt_f32_bits(out[i]), out_ref[i], expect[i],
-                      tol);
-            }
-        }
-        CHECK(bad == 0, "%llu of %zu sums wrong", (unsigned long long)bad,
-              (size_t)members * cols);
+    test_begin(name);
+    float *ref = bgrad_run(&ref_rig, &b, name);
+    bgrad_check(&b, ref, NULL);
+    test_end();
+    char gpu_name[128];
+    snprintf(gpu_name, sizeof gpu_name, "%s_gpu", name);
+    if (!gpu_ok) {
+        test_skip(gpu_name, gpu_why);
+    } else {
+        test_begin(gpu_name);
+        float *gpu = bgrad_run(&gpu_rig, &b, gpu_name);
+        bgrad_check(&b, gpu, ref);
         test_end();
+        free(gpu);
     }
-    free(off);
-    free(dy);
-    free(expect);
-    free(sum_abs);
-    free(out_ref);
-    free(out_gpu);
+    free(ref);
+    free(b.off);
+    free(b.dy);
+    free(b.expect);
+    free(b.sum_abs);
 }
 
 static void run_bias_grad(void) {
@@ -1062,6 +1084,48 @@ static void run_bias_grad(void) {
     free(sizes1000);
 }
 
+// Launch shapes come from capacities; a GEMM whose row tiles exceed the grid limit is refused
+// with an operating error naming the limit, and empty GEMMs append nothing.
+static void test_op_gemm_limits(void) {
+    test_begin("gemm_op_grid_limit_and_empty");
+    static program prog;
+    static arena dev;
+    arena_init(&dev, ARENA_KIND_DEVICE, "limits");
+    arena_handle h;
+    RIG_OK(arena_reserve(&dev, "x", 256, 256, ARENA_CAT_WORKSPACE, ARENA_LIFETIME_PERSISTENT, 0,
+                         &h));
+    prog_ref ref = {&dev, h, 0}, none = {0};
+    prog_init(&prog, "limits", 0);
+    op_gemm_desc g = {0};
+    g.format = GEMM_FORMAT_BF16;
+    g.m = 65535u * 128u + 1u;
+    g.n = 8;
+    g.k = 8;
+    g.a = op_gemm_operand_of(GEMM_FORMAT_BF16, GEMM_ELEM_BF16, g.m, g.k, false, false, ref, none,
+                             none);
+    g.b = op_gemm_operand_of(GEMM_FORMAT_BF16, GEMM_ELEM_BF16, g.n, g.k, false, false, ref, none,
+                             none);
+    g.alpha = 1.0f;
+    g.d = ref;
+    g.d_dtype = QT_DTYPE_F32;
+    qt_status s = op_gemm(&prog, "too_tall", &g);
+    CHECK(s == QT_ERR_INPUT, "expected QT_ERR_INPUT, got %s", qt_status_name(s));
+    CHECK(strstr(qt_error_message(), "grid limit") != NULL, "message: %s", qt_error_message());
+    CHECK(prog.op_count == 0, "%u ops appended", prog.op_count);
+    g.m = 0;
+    RIG_OK(op_gemm(&prog, "empty", &g));
+    CHECK(prog.op_count == 0, "an empty GEMM appended %u ops", prog.op_count);
+    g.m = 130;
+    RIG_OK(op_gemm(&prog, "shape", &g));
+    launch_shape shape = op_gemm_shape(&g);
+    CHECK(prog.op_count == 1 && shape.grid[0] == 1 && shape.grid[1] == 2 && shape.grid[2] == 1 &&
+              shape.block[0] == GEMM_THREADS &&
+              shape.smem_bytes == GEMM_PORTABLE_SMEM_BYTES(GEMM_FORMAT_BF16),
+          "shape %ux%ux%u, %u threads, %u bytes", shape.grid[0], shape.grid[1], shape.grid[2],
+          shape.block[0], shape.smem_bytes);
+    test_end();
+}
+
 int main(void) {
     const char *why = NULL;
     rig_open(&ref_rig, BACKEND_REF, &why);
@@ -1072,6 +1136,7 @@ int main(void) {
 #endif
     if (!gpu_ok) snprintf(gpu_why, sizeof gpu_why, "%s", why ? why : "no GPU");
     rng_state = 20261122;
+    test_op_gemm_limits();
     run_matrix();
     run_odd_shapes();
     run_group_shapes();

@@ -27,11 +27,10 @@ prog_ref bench_reserve(bench_env *env, const char *name, uint64_t bytes) {
 }
 
 static qt_status bench_events_time(bench_env *env, backend_graph *graph, double *median_ms) {
-    enum { WARMUP = 3 };
     CUevent start, stop;
     QT_CU(cuEventCreate(&start, CU_EVENT_DEFAULT));
     QT_CU(cuEventCreate(&stop, CU_EVENT_DEFAULT));
-    for (int i = 0; i < WARMUP; i++) QT_TRY(backend_launch(&env->gpu, graph));
+    for (int i = 0; i < env->warmup; i++) QT_TRY(backend_launch(&env->gpu, graph));
     double *ms = calloc((size_t)env->repeats, sizeof *ms);
     for (int i = 0; i < env->repeats; i++) {
         QT_CU(cuEventRecord(start, env->gpu.stream));
@@ -136,6 +135,13 @@ static const bench_family bench_families[] = {
     {"quant_mxfp8", bench_quant_mxfp8},
 };
 
+// A positive integer from the environment, or `fallback`.
+static int bench_env_int(const char *name, int fallback) {
+    const char *v = getenv(name);
+    int n = v ? atoi(v) : 0;
+    return n > 0 ? n : fallback;
+}
+
 int bench_main(int argc, char **argv) {
     static bench_env env;
     const char *what = argc > 2 ? argv[2] : "quant";
@@ -144,19 +150,27 @@ int bench_main(int argc, char **argv) {
         return 1;
     }
     env.out = stdout;
-    env.repeats = 50;
+    // Overrides for studies (a profiler wants one replay; warm-up and order effects want more
+    // of each): QT_BENCH_REPEATS timed replays, QT_BENCH_WARMUP untimed ones before them, and
+    // QT_BENCH_ROUNDS passes over the selected families.
+    env.repeats = bench_env_int("QT_BENCH_REPEATS", 50);
+    env.warmup = bench_env_int("QT_BENCH_WARMUP", 3);
+    int rounds = bench_env_int("QT_BENCH_ROUNDS", 1);
     env.copy_gbps = bench_copy_gbps(&env, 1ull << 30);
-    fprintf(env.out, "device %s, %d SMs; copy %.0f GB/s (1 GiB, read + write, median of %d)\n",
-            env.gpu.info.name, env.gpu.info.sm_count, env.copy_gbps, env.repeats);
+    fprintf(env.out, "device %s, %d SMs; copy %.0f GB/s (1 GiB, read + write, median of %d after "
+            "%d warm-up replays)\n", env.gpu.info.name, env.gpu.info.sm_count, env.copy_gbps,
+            env.repeats, env.warmup);
     // `quant` runs every quantization family; a family's own name runs just that one.
     int ran = 0;
-    for (size_t i = 0; i < sizeof bench_families / sizeof bench_families[0]; i++) {
-        const bench_family *f = &bench_families[i];
-        bool selected = strcmp(what, f->name) == 0 ||
-                        (strcmp(what, "quant") == 0 && strncmp(f->name, "quant_", 6) == 0);
-        if (!selected) continue;
-        ran++;
-        if (f->run) f->run(&env);
+    for (int round = 0; round < rounds; round++) {
+        for (size_t i = 0; i < sizeof bench_families / sizeof bench_families[0]; i++) {
+            const bench_family *f = &bench_families[i];
+            bool selected = strcmp(what, f->name) == 0 ||
+                            (strcmp(what, "quant") == 0 && strncmp(f->name, "quant_", 6) == 0);
+            if (!selected) continue;
+            ran++;
+            if (f->run) f->run(&env);
+        }
     }
     if (ran == 0) {
         fprintf(stderr, "qtrain bench: unknown benchmark '%s'; expected quant, copy", what);

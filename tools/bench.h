@@ -18,6 +18,7 @@ typedef struct bench_env {
     program prog;
     FILE *out;
     int repeats;              // timed graph replays per measurement
+    int warmup;               // untimed replays before them
     double copy_gbps;         // plain device copy, measured at start (bytes read + written)
 } bench_env;
 

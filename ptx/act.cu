@@ -1,0 +1,666 @@
+// act kernels: activations, RMSNorm, residual add, softmax cross-entropy, MSE, global gradient
+// norm (ABI, launch constants, per-element arithmetic and the reduction orders in act.h).
+//
+// Element kernels work on chunks of 8 elements (one 16-byte BF16 vector, two FP32 ones) where
+// every address is 16-byte aligned and no chunk straddles a row, and element by element
+// otherwise; the arithmetic per element is the same, so the path never changes a result.
+#include "act.h"
+
+#define ACT_FULL_MASK 0xFFFFFFFFu
+
+// ---------------------------------------------------------------------------------------------
+// Chunks of 8 elements.
+
+__device__ __forceinline__ bool act_aligned16(uint64_t address) { return (address & 15u) == 0; }
+
+// base[first .. first + 8), first % 8 == 0, base 16-byte aligned.
+__device__ __forceinline__ void act_load8(uint64_t base, uint64_t first, uint32_t dtype,
+                                          float v[8]) {
+    if (dtype == QT_DTYPE_BF16) {
+        uint4 u = __ldg((const uint4 *)(uintptr_t)(base + first * 2));
+        uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {  // element 2k is the low half of word k (little-endian)
+            v[2 * k] = __uint_as_float(w[k] << 16);
+            v[2 * k + 1] = __uint_as_float(w[k] & 0xFFFF0000u);
+        }
+    } else {
+        const float4 *p = (const float4 *)(uintptr_t)(base + first * 4);
+        float4 a = __ldg(p), b = __ldg(p + 1);
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+        v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    }
+}
+
+__device__ __forceinline__ void act_store8(uint64_t base, uint64_t first, uint32_t dtype,
+                                           const float v[8]) {
+    if (dtype == QT_DTYPE_BF16) {
+        uint32_t w[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            uint32_t lo = qt_f32_to_bf16(qt_act_canonical(v[2 * k]));
+            uint32_t hi = qt_f32_to_bf16(qt_act_canonical(v[2 * k + 1]));
+            w[k] = lo | hi << 16;
+        }
+        *(uint4 *)(uintptr_t)(base + first * 2) = make_uint4(w[0], w[1], w[2], w[3]);
+    } else {
+        float c[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) c[k] = qt_act_canonical(v[k]);
+        float4 *p = (float4 *)(uintptr_t)(base + first * 4);
+        p[0] = make_float4(c[0], c[1], c[2], c[3]);
+        p[1] = make_float4(c[4], c[5], c[6], c[7]);
+    }
+}
+
+// Elements [first, first + n), n <= 8, zeros after; one vector load when vec (then n == 8).
+__device__ __forceinline__ void act_load_chunk(uint64_t base, uint64_t first, uint32_t n,
+                                               uint32_t dtype, bool vec, float v[8]) {
+    if (vec) {
+        act_load8(base, first, dtype, v);
+        return;
+    }
+#pragma unroll
+    for (uint32_t k = 0; k < 8; k++) v[k] = k < n ? qt_act_load(base, first + k, dtype) : 0.0f;
+}
+
+__device__ __forceinline__ void act_store_chunk(uint64_t base, uint64_t first, uint32_t n,
+                                                uint32_t dtype, bool vec, const float v[8]) {
+    if (vec) {
+        act_store8(base, first, dtype, v);
+        return;
+    }
+#pragma unroll
+    for (uint32_t k = 0; k < 8; k++) {
+        if (k < n) qt_act_store(base, first + k, dtype, v[k]);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reductions in the fixed orders of act.h.
+
+// Lane tree: lane i < m takes own + lane (i + m), m = 16 .. 1; lane 0's sum is broadcast.
+__device__ __forceinline__ float act_warp_sum(float v) {
+#pragma unroll
+    for (uint32_t m = 16; m > 0; m >>= 1) v = v + __shfl_down_sync(ACT_FULL_MASK, v, m);
+    return __shfl_sync(ACT_FULL_MASK, v, 0);
+}
+
+__device__ __forceinline__ qt_xent_best act_warp_best(qt_xent_best b) {
+#pragma unroll
+    for (uint32_t m = 16; m > 0; m >>= 1) {
+        qt_xent_best other;
+        other.value = __shfl_down_sync(ACT_FULL_MASK, b.value, m);
+        other.index = __shfl_down_sync(ACT_FULL_MASK, b.index, m);
+        b = qt_xent_best_combine(b, other);
+    }
+    b.value = __shfl_sync(ACT_FULL_MASK, b.value, 0);
+    b.index = __shfl_sync(ACT_FULL_MASK, b.index, 0);
+    return b;
+}
+
+// Block of 256 values: a lane tree per warp, then warps 0..7 in order. Every thread gets the
+// total. Called by every thread of the block.
+__device__ float act_block_sum(float v) {
+    __shared__ float warp_sums[QT_ACT_WARPS];
+#pragma unroll
+    for (uint32_t m = 16; m > 0; m >>= 1) v = v + __shfl_down_sync(ACT_FULL_MASK, v, m);
+    if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = v;
+    __syncthreads();
+    float total = warp_sums[0];
+    for (uint32_t w = 1; w < QT_ACT_WARPS; w++) total = total + warp_sums[w];
+    __syncthreads();  // warp_sums may be written again by a later call
+    return total;
+}
+
+// Exact integer sum over the block; order is irrelevant.
+__device__ uint32_t act_block_count(uint32_t v) {
+    __shared__ uint32_t warp_counts[QT_ACT_WARPS];
+    for (uint32_t m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(ACT_FULL_MASK, v, m);
+    if (threadIdx.x % 32 == 0) warp_counts[threadIdx.x / 32] = v;
+    __syncthreads();
+    uint32_t total = 0;
+    for (uint32_t w = 0; w < QT_ACT_WARPS; w++) total += warp_counts[w];
+    __syncthreads();
+    return total;
+}
+
+// Final pass over `count` float partials: thread t folds t, t + 256, ... from +0, then the block
+// sum. Launched as one block of QT_ACT_THREADS.
+__device__ float act_final_sum(uint64_t partials, uint32_t count) {
+    const float *p = (const float *)(uintptr_t)partials;
+    float acc = 0.0f;
+    for (uint32_t i = threadIdx.x; i < count; i += QT_ACT_THREADS) acc = acc + p[i];
+    return act_block_sum(acc);
+}
+
+// Row r of a row kernel: one warp per row, QT_ACT_ROWS_PER_BLOCK rows per block.
+__device__ __forceinline__ uint64_t act_row(void) {
+    return (uint64_t)blockIdx.x * QT_ACT_ROWS_PER_BLOCK + threadIdx.x / 32;
+}
+
+__device__ __forceinline__ uint32_t act_chunk_len(uint32_t c, uint32_t cols) {
+    uint32_t left = cols - c * QT_ACT_CHUNK;
+    return left < QT_ACT_CHUNK ? left : QT_ACT_CHUNK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activations.
+
+// Flat kernels take 8-element chunks of the whole tensor where the addresses allow (and, with a
+// bias, rows are whole chunks); the last count % 8 elements go to the first threads.
+__device__ __forceinline__ bool act_flat_vec(const act_args &a) {
+    return act_aligned16(a.x | a.bias | a.dy | a.out) && (a.bias == 0 || a.cols % 8 == 0);
+}
+
+__device__ __forceinline__ float act_pre(const act_args &a, uint64_t i, float x) {
+    return a.bias ? x + qt_act_load(a.bias, i % a.cols, a.bias_dtype) : x;
+}
+
+__device__ __forceinline__ void act_pre8(const act_args &a, uint64_t first, float v[8]) {
+    if (!a.bias) return;
+    float b[8];
+    act_load8(a.bias, first % a.cols, a.bias_dtype, b);
+#pragma unroll
+    for (int k = 0; k < 8; k++) v[k] = v[k] + b[k];
+}
+
+extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
+    qt_act_fwd(const __grid_constant__ act_args args) {
+    uint64_t count = (uint64_t)args.rows * args.cols;
+    uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    uint64_t scalar_first = 0;
+    if (act_flat_vec(args)) {
+        for (uint64_t c = tid; c < count / 8; c += stride) {
+            float v[8];
+            act_load8(args.x, c * 8, args.x_dtype, v);
+            act_pre8(args, c * 8, v);
+#pragma unroll
+            for (int k = 0; k < 8; k++) v[k] = qt_act_forward(args.act, v[k]);
+            act_store8(args.out, c * 8, args.out_dtype, v);
+        }
+        scalar_first = count / 8 * 8;
+    }
+    for (uint64_t i = scalar_first + tid; i < count; i += stride) {
+        float v = act_pre(args, i, qt_act_load(args.x, i, args.x_dtype));
+        qt_act_store(args.out, i, args.out_dtype, qt_act_forward(args.act, v));
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
+    qt_act_bwd(const __grid_constant__ act_args args) {
+    uint64_t count = (uint64_t)args.rows * args.cols;
+    uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    uint64_t scalar_first = 0;
+    if (act_flat_vec(args)) {
+        for (uint64_t c = tid; c < count / 8; c += stride) {
+            float v[8], dy[8];
+            act_load8(args.x, c * 8, args.x_dtype, v);
+            act_load8(args.dy, c * 8, args.dy_dtype, dy);
+            act_pre8(args, c * 8, v);
+#pragma unroll
+            for (int k = 0; k < 8; k++) v[k] = qt_act_backward(args.act, v[k], dy[k]);
+            act_store8(args.out, c * 8, args.out_dtype, v);
+        }
+        scalar_first = count / 8 * 8;
+    }
+    for (uint64_t i = scalar_first + tid; i < count; i += stride) {
+        float v = act_pre(args, i, qt_act_load(args.x, i, args.x_dtype));
+        float dy = qt_act_load(args.dy, i, args.dy_dtype);
+        qt_act_store(args.out, i, args.out_dtype, qt_act_backward(args.act, v, dy));
+    }
+}
+
+// SwiGLU: output element (r, j), j < H, reads a = x[r][j] and b = x[r][H + j]. Chunks of the
+// output need H % 8 == 0 so that both halves start chunk-aligned.
+__device__ __forceinline__ bool act_swiglu_vec(const act_args &a) {
+    return act_aligned16(a.x | a.bias | a.dy | a.out) && (a.cols / 2) % 8 == 0;
+}
+
+// a and b of output element (r, j) with their biases: first = r * 2H + j.
+__device__ __forceinline__ void act_swiglu_ab(const act_args &a, uint64_t first, uint32_t j,
+                                              bool vec, float va[8], float vb[8]) {
+    uint32_t h = a.cols / 2;
+    act_load_chunk(a.x, first, 8, a.x_dtype, vec, va);
+    act_load_chunk(a.x, first + h, 8, a.x_dtype, vec, vb);
+    if (!a.bias) return;
+    float ba[8], bb[8];
+    act_load_chunk(a.bias, j, 8, a.bias_dtype, vec, ba);
+    act_load_chunk(a.bias, j + h, 8, a.bias_dtype, vec, bb);
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        va[k] = va[k] + ba[k];
+        vb[k] = vb[k] + bb[k];
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
+    qt_swiglu_fwd(const __grid_constant__ act_args args) {
+    uint32_t h = args.cols / 2;
+    uint64_t count = (uint64_t)args.rows * h;
+    uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (act_swiglu_vec(args)) {
+        for (uint64_t c = tid; c < count / 8; c += stride) {
+            uint64_t r = c * 8 / h;
+            uint32_t j = (uint32_t)(c * 8 - r * h);
+            float a[8], b[8];
+            act_swiglu_ab(args, r * args.cols + j, j, true, a, b);
+#pragma unroll
+            for (int k = 0; k < 8; k++) a[k] = qt_swiglu_forward(a[k], b[k]);
+            act_store8(args.out, c * 8, args.out_dtype, a);
+        }
+        return;
+    }
+    for (uint64_t i = tid; i < count; i += stride) {
+        uint64_t r = i / h;
+        uint32_t j = (uint32_t)(i - r * h);
+        float a = qt_act_load(args.x, r * args.cols + j, args.x_dtype);
+        float b = qt_act_load(args.x, r * args.cols + h + j, args.x_dtype);
+        if (args.bias) {
+            a = a + qt_act_load(args.bias, j, args.bias_dtype);
+            b = b + qt_act_load(args.bias, h + j, args.bias_dtype);
+        }
+        qt_act_store(args.out, i, args.out_dtype, qt_swiglu_forward(a, b));
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
+    qt_swiglu_bwd(const __grid_constant__ act_args args) {
+    uint32_t h = args.cols / 2;
+    uint64_t count = (uint64_t)args.rows * h;
+    uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (act_swiglu_vec(args)) {
+        for (uint64_t c = tid; c < count / 8; c += stride) {
+            uint64_t r = c * 8 / h;
+            uint32_t j = (uint32_t)(c * 8 - r * h);
+            float a[8], b[8], dy[8], da[8], db[8];
+            act_swiglu_ab(args, r * args.cols + j, j, true, a, b);
+            act_load8(args.dy, c * 8, args.dy_dtype, dy);
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                da[k] = qt_swiglu_da(a[k], b[k], dy[k]);
+                db[k] = qt_swiglu_db(a[k], dy[k]);
+            }
+            act_store8(args.out, r * args.cols + j, args.out_dtype, da);
+            act_store8(args.out, r * args.cols + h + j, args.out_dtype, db);
+        }
+        return;
+    }
+    for (uint64_t i = tid; i < count; i += stride) {
+        uint64_t r = i / h;
+        uint32_t j = (uint32_t)(i - r * h);
+        float a = qt_act_load(args.x, r * args.cols + j, args.x_dtype);
+        float b = qt_act_load(args.x, r * args.cols + h + j, args.x_dtype);
+        if (args.bias) {
+            a = a + qt_act_load(args.bias, j, args.bias_dtype);
+            b = b + qt_act_load(args.bias, h + j, args.bias_dtype);
+        }
+        float dy = qt_act_load(args.dy, i, args.dy_dtype);
+        qt_act_store(args.out, r * args.cols + j, args.out_dtype, qt_swiglu_da(a, b, dy));
+        qt_act_store(args.out, r * args.cols + h + j, args.out_dtype, qt_swiglu_db(a, dy));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// RMSNorm.
+
+__device__ __forceinline__ bool act_rows_vec(uint64_t addresses, uint32_t cols) {
+    return act_aligned16(addresses) && cols % QT_ACT_CHUNK == 0;
+}
+
+// One warp per row: sum of squares (lane chunks, lane tree), inv, then y from a second read of
+// the row (which the first pass left in L1/L2).
+extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
+    qt_rmsnorm_fwd(const __grid_constant__ rmsnorm_args args) {
+    uint64_t row = act_row();
+    if (row >= args.rows) return;  // whole warps leave; no block barrier below
+    uint32_t lane = threadIdx.x % 32, cols = args.cols;
+    uint32_t chunks = (cols + QT_ACT_CHUNK - 1) / QT_ACT_CHUNK;
+    bool vec = act_rows_vec(args.x | args.gamma | args.out, cols);
+    uint64_t base = row * cols;
+    float acc = 0.0f;
+    for (uint32_t c = lane; c < chunks; c += 32) {
+        uint32_t n = act_chunk_len(c, cols);
+        float v[8];
+        act_load_chunk(args.x, base + c * 8, n, args.x_dtype, vec, v);
+#pragma unroll
+        for (uint32_t k = 0; k < 8; k++) {
+            if (k < n) acc = qt_fmaf(v[k], v[k], acc);
+        }
+    }
+    float inv = qt_rmsnorm_inv(act_warp_sum(acc), cols, args.eps);
+    if (lane == 0) ((float *)(uintptr_t)args.inv_rms)[row] = qt_act_canonical(inv);
+    for (uint32_t c = lane; c < chunks; c += 32) {
+        uint32_t n = act_chunk_len(c, cols);
+        float v[8], g[8];
+        act_load_chunk(args.x, base + c * 8, n, args.x_dtype, vec, v);
+        act_load_chunk(args.gamma, (uint64_t)c * 8, n, args.gamma_dtype, vec, g);
+#pragma unroll
+        for (uint32_t k = 0; k < 8; k++) v[k] = qt_rmsnorm_y(v[k], inv, g[k]);
+        act_store_chunk(args.out, base + c * 8, n, args.out_dtype, vec, v);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
+    qt_rmsnorm_bwd_dx(const __grid_constant__ rmsnorm_args args) {
+    uint64_t row = act_row();
+    if (row >= args.rows) return;
+    uint32_t lane = threadIdx.x % 32, cols = args.cols;
+    uint32_t chunks = (cols + QT_ACT_CHUNK - 1) / QT_ACT_CHUNK;
+    bool vec = act_rows_vec(args.x | args.gamma | args.dy | args.out, cols);
+    uint64_t base = row * cols;
+    float inv = ((const float *)(uintptr_t)args.inv_rms)[row];
+    float acc = 0.0f;
+    for (uint32_t c = lane; c < chunks; c += 32) {
+        uint32_t n = act_chunk_len(c, cols);
+        float v[8], dy[8], g[8];
+        act_load_chunk(args.x, base + c * 8, n, args.x_dtype, vec, v);
+        act_load_chunk(args.dy, base + c * 8, n, args.dy_dtype, vec, dy);
+        act_load_chunk(args.gamma, (uint64_t)c * 8, n, args.gamma_dtype, vec, g);
+#pragma unroll
+        for (uint32_t k = 0; k < 8; k++) {
+            if (k < n) acc = qt_rmsnorm_dot(v[k], dy[k], g[k], inv, acc);
+        }
+    }
+    float mean_dot = qt_rmsnorm_mean_dot(act_warp_sum(acc), cols);
+    for (uint32_t c = lane; c < chunks; c += 32) {
+        uint32_t n = act_chunk_len(c, cols);
+        float v[8], dy[8], g[8];
+        act_load_chunk(args.x, base + c * 8, n, args.x_dtype, vec, v);
+        act_load_chunk(args.dy, base + c * 8, n, args.dy_dtype, vec, dy);
+        act_load_chunk(args.gamma, (uint64_t)c * 8, n, args.gamma_dtype, vec, g);
+#pragma unroll
+        for (uint32_t k = 0; k < 8; k++) v[k] = qt_rmsnorm_dx(v[k], dy[k], g[k], inv, mean_dot);
+        act_store_chunk(args.out, base + c * 8, n, args.out_dtype, vec, v);
+    }
+}
+
+// Column c of part p (blockIdx.y): rows in order from +0. Consecutive threads read consecutive
+// columns of a row, so each row's loads coalesce.
+extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
+    qt_rmsnorm_dgamma_partial(const __grid_constant__ rmsnorm_args args) {
+    uint32_t col = blockIdx.x * QT_ACT_THREADS + threadIdx.x;
+    if (col >= args.cols) return;
+    uint64_t first = (uint64_t)blockIdx.y * args.rows_per_part;
+    uint64_t end = first + args.rows_per_part;
+    if (end > args.rows) end = args.rows;
+    const float *inv = (const float *)(uintptr_t)args.inv_rms;
+    float acc = 0.0f;
+    for (uint64_t r = first; r < end; r++) {
+        uint64_t i = r * args.cols + col;
+        float x = qt_act_load(args.x, i, args.x_dtype);
+        float dy = qt_act_load(args.dy, i, args.dy_dtype);
+        acc = qt_rmsnorm_dgamma_step(x, dy, inv[r], acc);
+    }
+    float *partials = (float *)(uintptr_t)args.partials;
+    partials[(uint64_t)blockIdx.y * args.cols + col] = qt_act_canonical(acc);
+}
+
+extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
+    qt_rmsnorm_dgamma_final(const __grid_constant__ rmsnorm_args args) {
+    uint32_t col = blockIdx.x * QT_ACT_THREADS + threadIdx.x;
+    if (col >= args.cols) return;
+    const float *partials = (const float *)(uintptr_t)args.partials;
+    float *dgamma = (float *)(uintptr_t)args.dgamma;
+    float acc = partials[col];
+    for (uint32_t p = 1; p < args.parts; p++) acc = acc + partials[(uint64_t)p * args.cols + col];
+    if (args.accumulate) acc = dgamma[col] + acc;
+    dgamma[col] = qt_act_canonical(acc);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Residual add.
+
+extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
+    qt_residual_add(const __grid_constant__ residual_args args) {
+    uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    uint64_t scalar_first = 0;
+    if (act_aligned16(args.a | args.b | args.y)) {
+        for (uint64_t c = tid; c < args.count / 8; c += stride) {
+            float a[8], b[8];
+            act_load8(args.a, c * 8, args.a_dtype, a);
+            if (args.b) {
+                act_load8(args.b, c * 8, args.b_dtype, b);
+#pragma unroll
+                for (int k = 0; k < 8; k++) a[k] = a[k] + b[k];
+            }
+            act_store8(args.y, c * 8, args.y_dtype, a);
+        }
+        scalar_first = args.count / 8 * 8;
+    }
+    for (uint64_t i = scalar_first + tid; i < args.count; i += stride) {
+        float a = qt_act_load(args.a, i, args.a_dtype);
+        if (args.b) a = a + qt_act_load(args.b, i, args.b_dtype);
+        qt_act_store(args.y, i, args.y_dtype, a);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Softmax cross-entropy.
+
+extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
+    qt_xent_count(const __grid_constant__ xent_args args) {
+    uint32_t valid = 0;
+    for (uint32_t r = threadIdx.x; r < args.rows; r += QT_ACT_THREADS) {
+        valid += qt_xent_label(args.labels, r, args.classes) >= 0;
+    }
+    valid = act_block_count(valid);
+    if (threadIdx.x == 0) ((qt_loss_stats *)(uintptr_t)args.stats)->valid = valid;
+}
+
+// One row by one warp: (max, argmax), then the sum of exponentials, then dlogits. Returns the
+// row's loss (0 when ignored); *correct says whether the argmax is the label.
+__device__ float act_xent_row(const xent_args &a, uint64_t row, uint32_t *correct) {
+    uint32_t lane = threadIdx.x % 32, classes = a.classes;
+    int32_t label = qt_xent_label(a.labels, row, classes);
+    *correct = 0;
+    if (label < 0) {  // ignored row: zero gradient, no loss
+        float zero[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        uint32_t chunks = (classes + QT_ACT_CHUNK - 1) / QT_ACT_CHUNK;
+        bool vec = act_rows_vec(a.dlogits, classes);
+        for (uint32_t c = lane; a.dlogits && c < chunks; c += 32) {
+            uint64_t first = row * classes + (uint64_t)c * 8;
+            act_store_chunk(a.dlogits, first, act_chunk_len(c, classes), a.dlogits_dtype, vec,
+                            zero);
+        }
+        return 0.0f;
+    }
+    uint32_t chunks = (classes + QT_ACT_CHUNK - 1) / QT_ACT_CHUNK;
+    bool vec = act_rows_vec(a.logits | a.dlogits, classes);
+    uint64_t base = row * classes;
+    qt_xent_best best = {__uint_as_float(0xFF800000u), QT_XENT_NONE};
+    for (uint32_t c = lane; c < chunks; c += 32) {
+        uint32_t n = act_chunk_len(c, classes);
+        float v[8];
+        act_load_chunk(a.logits, base + c * 8, n, a.logits_dtype, vec, v);
+#pragma unroll
+        for (uint32_t k = 0; k < 8; k++) {
+            qt_xent_best e = {v[k], c * 8 + k};
+            if (k < n) best = qt_xent_best_combine(best, e);
+        }
+    }
+    best = act_warp_best(best);
+    float acc = 0.0f;
+    for (uint32_t c = lane; c < chunks; c += 32) {
+        uint32_t n = act_chunk_len(c, classes);
+        float v[8];
+        act_load_chunk(a.logits, base + c * 8, n, a.logits_dtype, vec, v);
+#pragma unroll
+        for (uint32_t k = 0; k < 8; k++) {
+            if (k < n) acc = acc + qt_expf(v[k] - best.value);
+        }
+    }
+    float sum_exp = act_warp_sum(acc);
+    float z_label = qt_act_load(a.logits, base + (uint32_t)label, a.logits_dtype);
+    *correct = best.index == (uint32_t)label;
+    if (a.dlogits) {
+        float valid = (float)((const qt_loss_stats *)(uintptr_t)a.stats)->valid;
+        for (uint32_t c = lane; c < chunks; c += 32) {
+            uint32_t n = act_chunk_len(c, classes);
+            float v[8];
+            act_load_chunk(a.logits, base + c * 8, n, a.logits_dtype, vec, v);
+#pragma unroll
+            for (uint32_t k = 0; k < 8; k++) {
+                int is_label = c * 8 + k == (uint32_t)label;
+                v[k] = qt_xent_dlogit(v[k], best.value, sum_exp, is_label, valid);
+            }
+            act_store_chunk(a.dlogits, base + c * 8, n, a.dlogits_dtype, vec, v);
+        }
+    }
+    return qt_xent_row_loss(best.value, z_label, sum_exp);
+}
+
+extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
+    qt_xent_rows(const __grid_constant__ xent_args args) {
+    __shared__ float row_loss[QT_ACT_ROWS_PER_BLOCK];
+    __shared__ uint32_t row_correct[QT_ACT_ROWS_PER_BLOCK];
+    uint64_t row = act_row();
+    uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float loss = 0.0f;
+    uint32_t correct = 0;
+    if (row < args.rows) {  // warp-uniform
+        loss = act_xent_row(args, row, &correct);
+        if (args.loss && lane == 0) ((float *)(uintptr_t)args.loss)[row] = qt_act_canonical(loss);
+    }
+    if (lane == 0) {
+        row_loss[warp] = loss;
+        row_correct[warp] = correct;
+    }
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    float sum = row_loss[0];
+    uint32_t hits = row_correct[0];
+    for (uint32_t w = 1; w < QT_ACT_ROWS_PER_BLOCK; w++) {
+        sum = sum + row_loss[w];
+        hits += row_correct[w];
+    }
+    ((float *)(uintptr_t)args.partials)[blockIdx.x] = qt_act_canonical(sum);
+    ((uint32_t *)(uintptr_t)args.partials)[args.blocks + blockIdx.x] = hits;
+}
+
+extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
+    qt_xent_final(const __grid_constant__ xent_args args) {
+    float sum = act_final_sum(args.partials, args.blocks);
+    const uint32_t *hits = (const uint32_t *)(uintptr_t)args.partials + args.blocks;
+    uint32_t correct = 0;
+    for (uint32_t i = threadIdx.x; i < args.blocks; i += QT_ACT_THREADS) correct += hits[i];
+    correct = act_block_count(correct);
+    if (threadIdx.x != 0) return;
+    qt_loss_stats *stats = (qt_loss_stats *)(uintptr_t)args.stats;
+    stats->loss_sum = qt_act_canonical(sum);
+    stats->loss_mean = qt_act_canonical(qt_loss_mean(sum, (float)stats->valid));
+    stats->correct = correct;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mean squared error.
+
+__device__ float act_mse_row(const mse_args &a, uint64_t row, uint32_t valid) {
+    uint32_t lane = threadIdx.x % 32, cols = a.cols;
+    uint32_t chunks = (cols + QT_ACT_CHUNK - 1) / QT_ACT_CHUNK;
+    bool vec = act_rows_vec(a.pred | a.target | a.dpred, cols);
+    bool is_valid = row < valid;
+    float n = (float)((uint64_t)valid * cols);
+    uint64_t base = row * cols;
+    float acc = 0.0f;
+    for (uint32_t c = lane; c < chunks; c += 32) {
+        uint32_t len = act_chunk_len(c, cols);
+        float p[8], t[8];
+        act_load_chunk(a.pred, base + c * 8, len, a.pred_dtype, vec, p);
+        act_load_chunk(a.target, base + c * 8, len, a.target_dtype, vec, t);
+#pragma unroll
+        for (uint32_t k = 0; k < 8; k++) {
+            float d = p[k] - t[k];
+            if (k < len && is_valid) acc = qt_fmaf(d, d, acc);
+            p[k] = is_valid ? qt_mse_dpred(d, n) : 0.0f;
+        }
+        if (a.dpred) act_store_chunk(a.dpred, base + c * 8, len, a.dpred_dtype, vec, p);
+    }
+    return act_warp_sum(acc);
+}
+
+extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
+    qt_mse_rows(const __grid_constant__ mse_args args) {
+    __shared__ float row_sum[QT_ACT_ROWS_PER_BLOCK];
+    uint64_t row = act_row();
+    uint32_t valid = qt_mse_valid(args.valid_rows, args.rows);
+    float sum = 0.0f;
+    if (row < args.rows) sum = act_mse_row(args, row, valid);  // warp-uniform
+    if (threadIdx.x % 32 == 0) row_sum[threadIdx.x / 32] = sum;
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    float acc = row_sum[0];
+    for (uint32_t w = 1; w < QT_ACT_ROWS_PER_BLOCK; w++) acc = acc + row_sum[w];
+    ((float *)(uintptr_t)args.partials)[blockIdx.x] = qt_act_canonical(acc);
+}
+
+extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
+    qt_mse_final(const __grid_constant__ mse_args args) {
+    float sum = act_final_sum(args.partials, args.blocks);
+    if (threadIdx.x != 0) return;
+    uint32_t valid = qt_mse_valid(args.valid_rows, args.rows);
+    qt_loss_stats *stats = (qt_loss_stats *)(uintptr_t)args.stats;
+    stats->loss_sum = qt_act_canonical(sum);
+    stats->loss_mean = qt_act_canonical(qt_loss_mean(sum, (float)((uint64_t)valid * args.cols)));
+    stats->valid = valid;
+    stats->correct = 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Global gradient norm.
+
+extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
+    qt_gnorm_partial(const __grid_constant__ gnorm_partial_args args) {
+    uint64_t block_first = (uint64_t)blockIdx.x * QT_GNORM_BLOCK_ELEMS;
+    bool vec = act_aligned16(args.src);
+    const float *src = (const float *)(uintptr_t)args.src;
+    float acc = 0.0f;
+    uint32_t nonfinite = 0;
+#pragma unroll 2
+    for (uint32_t k = 0; k < QT_GNORM_BLOCK_ELEMS / (QT_ACT_THREADS * 4); k++) {
+        uint64_t first = block_first + ((uint64_t)k * QT_ACT_THREADS + threadIdx.x) * 4;
+        float v[4];
+        uint64_t left = first < args.count ? args.count - first : 0;
+        uint32_t n = left < 4 ? (uint32_t)left : 4u;
+        if (vec && n == 4) {
+            float4 q = __ldg((const float4 *)(src + first));
+            v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+        } else {
+#pragma unroll
+            for (uint32_t e = 0; e < 4; e++) v[e] = e < n ? src[first + e] : 0.0f;
+        }
+#pragma unroll
+        for (uint32_t e = 0; e < 4; e++) {
+            if (e < n) {
+                acc = qt_fmaf(v[e], v[e], acc);
+                nonfinite |= qt_act_nonfinite(v[e]);
+            }
+        }
+    }
+    float sum = act_block_sum(acc);
+    nonfinite = __syncthreads_or(nonfinite);
+    if (threadIdx.x != 0) return;
+    ((float *)(uintptr_t)args.partials)[blockIdx.x] = qt_act_canonical(sum);
+    ((uint32_t *)(uintptr_t)args.flags)[blockIdx.x] = nonfinite ? 1u : 0u;
+}
+
+extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
+    qt_gnorm_final(const __grid_constant__ gnorm_final_args args) {
+    float sum = act_final_sum(args.partials, args.count);
+    const uint32_t *flags = (const uint32_t *)(uintptr_t)args.flags;
+    uint32_t nonfinite = 0;
+    for (uint32_t i = threadIdx.x; i < args.count; i += QT_ACT_THREADS) nonfinite |= flags[i];
+    nonfinite = __syncthreads_or(nonfinite);
+    if (threadIdx.x != 0) return;
+    float norm = qt_sqrtf(sum);
+    qt_gnorm_result *out = (qt_gnorm_result *)(uintptr_t)args.out;
+    out->norm = qt_act_canonical(norm);
+    out->clip_factor = qt_act_canonical(qt_gnorm_clip_factor(norm, args.clip));
+    out->nonfinite = nonfinite ? 1u : 0u;
+    out->reserved = 0;
+}

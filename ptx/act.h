@@ -1,0 +1,422 @@
+// act: the elementwise, normalization and loss ops of a training step (activations, RMSNorm,
+// residual add, softmax cross-entropy, MSE, global gradient norm): the kernels' ABI (ptx/act.cu)
+// and the per-element arithmetic they share with their C twins (runtime/ref_act.c).
+//
+// Owns nothing. Tensors are row-major [rows][cols] of BF16 or FP32 (each tensor has its own
+// dtype field); everything accumulated (inverse RMS, losses, norms, gradients of parameters) is
+// FP32. Every FP32 result is computed in FP32 with the transcendentals of qt_math.h and explicit
+// qt_fmaf, and every stored NaN is the canonical 0x7FFFFFFF (BF16: 0x7FC0), so the reference
+// backend reproduces the GPU bit for bit for any input (x86 would otherwise keep NaN payloads).
+//
+//   kernel                    what                                          launch
+//   qt_act_fwd / qt_act_bwd   y = act(x + bias[c]) / dx = dy * act'(x + b)  1-D grid-stride,
+//   qt_swiglu_fwd / _bwd      x [rows][2H] -> y = silu(a) * b [rows][H]     8 elements a thread
+//   qt_rmsnorm_fwd            y = x * inv_rms * gamma, inv_rms [rows]       one warp per row,
+//   qt_rmsnorm_bwd_dx         dx                                            8 rows per block
+//   qt_rmsnorm_dgamma_partial partials[p][c] = sum over rows of part p      256 columns x part
+//   qt_rmsnorm_dgamma_final   dgamma[c] (+)= sum over p in order            256 columns a block
+//   qt_residual_add           y = a + b (b absent: y = a)                   1-D grid-stride
+//   qt_xent_count             stats.valid = rows whose label is a class     one block
+//   qt_xent_rows              loss[r], dlogits, per-block partials          one warp per row
+//   qt_xent_final             stats.loss_sum, loss_mean, correct            one block
+//   qt_mse_rows / qt_mse_final  the same for mean squared error
+//   qt_gnorm_partial          partial sums of squares + non-finite flags   one launch per region
+//   qt_gnorm_final            norm, clip factor, non-finite flag            one block
+//
+// Reductions have one fixed order, which the twins perform operation for operation:
+//
+//   row (warp per row): the row is cut into chunks of 8 elements; lane j (0..31) owns chunks
+//     j, j + 32, j + 64, ... and folds their elements in index order into its accumulator
+//     (starting from +0, or from the identity of the reduction); then a tree over the lanes:
+//     for m = 16, 8, 4, 2, 1: lane i < m takes op(own, lane i + m) (qt_act_tree32 below);
+//     lane 0's value is broadcast to the warp.
+//   block of 8 row results (xent, mse): acc = r[0]; acc = acc + r[w] for w = 1..7.
+//   block of 256 thread values (final passes, gnorm partials): a lane tree in each warp as
+//     above, then acc = warp[0]; acc = acc + warp[w] for w = 1..7.
+//   final pass over P partials: thread t folds p[t], p[t + 256], ... starting from +0, then the
+//     block reduction above.
+//   column partials (dgamma): part p sums rows [p R, (p + 1) R) in row order from +0; the final
+//     pass folds parts 0..P-1 in order starting from part 0.
+// Integer reductions (counts) are exact, so their order does not matter.
+#ifndef QT_ACT_H
+#define QT_ACT_H
+
+#include "core.h"      // QT_DTYPE_BF16, QT_DTYPE_F32
+#include "qt_codec.h"  // qt_f32_to_bf16, qt_bf16_to_f32, qt_f32_is_nan
+#include "qt_hd.h"
+#include "qt_math.h"  // qt_expf, qt_logf, qt_tanhf
+
+// Activation functions (act_args.act).
+#define QT_ACT_RELU 0u
+#define QT_ACT_GELU 1u    // tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+#define QT_ACT_SILU 2u    // x * sigmoid(x)
+#define QT_ACT_SWIGLU 3u  // x = [a | b] along columns: silu(a) * b (qt_swiglu_* kernels)
+
+// Launch constants shared by the kernels, the op builders and the twins.
+#define QT_ACT_THREADS 256         // every kernel's block size
+#define QT_ACT_WARPS 8             // QT_ACT_THREADS / 32
+#define QT_ACT_ROWS_PER_BLOCK 8    // row kernels: one warp per row
+#define QT_ACT_CHUNK 8             // elements per chunk (one 16-byte BF16 vector)
+#define QT_ACT_LANES 32
+#define QT_GNORM_BLOCK_ELEMS 8192  // elements of one gnorm partial: 8 float4 per thread
+#define QT_RMSNORM_PART_ROWS_MIN 64
+#define QT_RMSNORM_PARTS_MAX 256
+
+QT_STATIC_ASSERT(QT_ACT_THREADS == QT_ACT_WARPS * QT_ACT_LANES, "one warp per row");
+QT_STATIC_ASSERT(QT_GNORM_BLOCK_ELEMS % (QT_ACT_THREADS * 4) == 0, "whole float4 rounds");
+
+// Activations, forward and backward. Backward reads the saved forward input x (and the same
+// bias), not the output, so that every activation has the same backward inputs.
+typedef struct act_args {
+    uint64_t x;     // (rows, cols) x_dtype; swiglu: cols = 2H, a = x[:, :H], b = x[:, H:]
+    uint64_t bias;  // [cols] bias_dtype, 0 = none: the activation sees RN(x + bias[col])
+    uint64_t dy;    // backward: (rows, out_cols) dy_dtype; forward: 0
+    uint64_t out;   // forward: y (rows, out_cols); backward: dx (rows, cols); out_dtype
+    uint32_t rows, cols;  // of x; out_cols = cols, or cols / 2 for swiglu
+    uint32_t act;         // QT_ACT_RELU | GELU | SILU (qt_act_*); QT_ACT_SWIGLU (qt_swiglu_*)
+    uint32_t x_dtype, bias_dtype, dy_dtype, out_dtype;
+    uint32_t reserved;
+} act_args;
+QT_STATIC_ASSERT(sizeof(act_args) == 64, "act_args layout");
+
+// RMSNorm. Forward writes y and inv_rms; backward writes dx, the dgamma partials and dgamma.
+typedef struct rmsnorm_args {
+    uint64_t x;         // (rows, cols) x_dtype
+    uint64_t gamma;     // [cols] gamma_dtype
+    uint64_t inv_rms;   // f32 [rows]: written by the forward pass, read by the backward pass
+    uint64_t dy;        // backward: (rows, cols) dy_dtype
+    uint64_t out;       // forward: y; backward (dx kernel): dx; (rows, cols) out_dtype
+    uint64_t partials;  // dgamma kernels: f32 [parts][cols] workspace
+    uint64_t dgamma;    // dgamma final: f32 [cols]
+    uint32_t rows, cols;
+    float eps;
+    uint32_t rows_per_part;  // dgamma: part p covers rows [p * rows_per_part, ...)
+    uint32_t parts;          // ceil(rows / rows_per_part)
+    uint32_t accumulate;     // dgamma final: 1 = dgamma += sum, 0 = dgamma = sum
+    uint32_t x_dtype, gamma_dtype, dy_dtype, out_dtype;
+} rmsnorm_args;
+QT_STATIC_ASSERT(sizeof(rmsnorm_args) == 96, "rmsnorm_args layout");
+
+// y = a + b elementwise; b = 0: y = a (a copy with dtype conversion). y may alias a or b
+// (each element is read before it is written, by the same thread).
+typedef struct residual_args {
+    uint64_t a, b, y;
+    uint64_t count;
+    uint32_t a_dtype, b_dtype, y_dtype;
+    uint32_t reserved;
+} residual_args;
+QT_STATIC_ASSERT(sizeof(residual_args) == 48, "residual_args layout");
+
+// Loss statistics written by the final pass of a loss (device memory, 16 bytes).
+typedef struct qt_loss_stats {
+    float loss_mean;   // loss_sum / (valid rows, times cols for mse); 0 when nothing is valid
+    float loss_sum;    // sum of the per-row losses of valid rows
+    uint32_t valid;    // rows counted (xent: label in [0, classes); mse: the valid row count)
+    uint32_t correct;  // xent: valid rows whose argmax (ties to the lowest index) is the label
+} qt_loss_stats;
+QT_STATIC_ASSERT(sizeof(qt_loss_stats) == 16, "qt_loss_stats layout");
+
+// Softmax cross-entropy. Rows whose label is outside [0, classes) (-1 pads a last partial batch)
+// are ignored: loss 0, dlogits 0, not counted in the mean.
+typedef struct xent_args {
+    uint64_t logits;    // (rows, classes) logits_dtype
+    uint64_t labels;    // i32 [rows]
+    uint64_t loss;      // f32 [rows] per-row loss, 0 = not written
+    uint64_t dlogits;   // (rows, classes) dlogits_dtype, 0 = not written (evaluation)
+    uint64_t partials;  // f32 [blocks] loss sums, then u32 [blocks] correct counts
+    uint64_t stats;     // qt_loss_stats
+    uint32_t rows, classes;
+    uint32_t blocks;    // ceil(rows / QT_ACT_ROWS_PER_BLOCK), the row pass's grid
+    uint32_t logits_dtype, dlogits_dtype;
+    uint32_t reserved;
+} xent_args;
+QT_STATIC_ASSERT(sizeof(xent_args) == 72, "xent_args layout");
+
+// Mean squared error over the first `valid` rows (the rest pad a last partial batch).
+typedef struct mse_args {
+    uint64_t pred, target;  // (rows, cols) pred_dtype, target_dtype
+    uint64_t dpred;         // (rows, cols) dpred_dtype, 0 = not written
+    uint64_t partials;      // f32 [blocks]
+    uint64_t stats;         // qt_loss_stats
+    uint64_t valid_rows;    // u32 on the device: valid = min(*valid_rows, rows); 0 = all rows
+    uint32_t rows, cols;
+    uint32_t blocks;        // ceil(rows / QT_ACT_ROWS_PER_BLOCK)
+    uint32_t pred_dtype, target_dtype, dpred_dtype;
+} mse_args;
+QT_STATIC_ASSERT(sizeof(mse_args) == 72, "mse_args layout");
+
+// Result of the global gradient norm (device memory, 16 bytes).
+typedef struct qt_gnorm_result {
+    float norm;         // sqrt(sum of squares over every region)
+    float clip_factor;  // min(1, clip / (norm + 1e-6)); 1 when clip <= 0 or the norm is NaN
+    uint32_t nonfinite; // 1 when any gradient element is NaN or +-Inf
+    uint32_t reserved;
+} qt_gnorm_result;
+QT_STATIC_ASSERT(sizeof(qt_gnorm_result) == 16, "qt_gnorm_result layout");
+
+// One region's partials: block b sums squares of elements [b E, (b + 1) E), E =
+// QT_GNORM_BLOCK_ELEMS; thread t folds float4 number k * 256 + t of the block for k = 0..7.
+typedef struct gnorm_partial_args {
+    uint64_t src;       // f32 [count]
+    uint64_t count;
+    uint64_t partials;  // f32 [blocks]: this region's slice of the workspace
+    uint64_t flags;     // u32 [blocks]: 1 when the block saw a NaN or Inf
+    uint32_t blocks;    // max(1, ceil(count / QT_GNORM_BLOCK_ELEMS)): the grid
+    uint32_t reserved;
+} gnorm_partial_args;
+QT_STATIC_ASSERT(sizeof(gnorm_partial_args) == 40, "gnorm_partial_args layout");
+
+typedef struct gnorm_final_args {
+    uint64_t partials;  // f32 [count], every region's slices in order
+    uint64_t flags;     // u32 [count]
+    uint64_t out;       // qt_gnorm_result
+    uint32_t count;
+    float clip;         // max norm; <= 0 disables clipping (factor 1)
+} gnorm_final_args;
+QT_STATIC_ASSERT(sizeof(gnorm_final_args) == 32, "gnorm_final_args layout");
+
+#define QT_KERNELS_ACT(X)                                                                    \
+    X(KERNEL_ACT_FWD, act, qt_act_fwd, act_args)                                             \
+    X(KERNEL_ACT_BWD, act, qt_act_bwd, act_args)                                             \
+    X(KERNEL_SWIGLU_FWD, act, qt_swiglu_fwd, act_args)                                       \
+    X(KERNEL_SWIGLU_BWD, act, qt_swiglu_bwd, act_args)                                       \
+    X(KERNEL_RMSNORM_FWD, act, qt_rmsnorm_fwd, rmsnorm_args)                                 \
+    X(KERNEL_RMSNORM_BWD_DX, act, qt_rmsnorm_bwd_dx, rmsnorm_args)                           \
+    X(KERNEL_RMSNORM_DGAMMA_PARTIAL, act, qt_rmsnorm_dgamma_partial, rmsnorm_args)           \
+    X(KERNEL_RMSNORM_DGAMMA_FINAL, act, qt_rmsnorm_dgamma_final, rmsnorm_args)               \
+    X(KERNEL_RESIDUAL_ADD, act, qt_residual_add, residual_args)                              \
+    X(KERNEL_XENT_COUNT, act, qt_xent_count, xent_args)                                      \
+    X(KERNEL_XENT_ROWS, act, qt_xent_rows, xent_args)                                        \
+    X(KERNEL_XENT_FINAL, act, qt_xent_final, xent_args)                                      \
+    X(KERNEL_MSE_ROWS, act, qt_mse_rows, mse_args)                                           \
+    X(KERNEL_MSE_FINAL, act, qt_mse_final, mse_args)                                         \
+    X(KERNEL_GNORM_PARTIAL, act, qt_gnorm_partial, gnorm_partial_args)                       \
+    X(KERNEL_GNORM_FINAL, act, qt_gnorm_final, gnorm_final_args)
+
+// ---------------------------------------------------------------------------------------------
+// Loads and stores. Addresses are device addresses on the GPU and host addresses on the reference
+// backend; both sides convert with the same code.
+
+#define QT_ACT_NAN_BITS 0x7FFFFFFFu
+
+// GPU arithmetic returns the canonical NaN 0x7FFFFFFF, x86 keeps an operand's payload and sign:
+// every stored float goes through this, so stored NaNs agree whatever produced them.
+QT_HD float qt_act_canonical(float v) {
+    return qt_f32_is_nan(v) ? qt_bits_f32(QT_ACT_NAN_BITS) : v;
+}
+
+QT_HD float qt_act_load(uint64_t base, uint64_t i, uint32_t dtype) {
+    if (dtype == QT_DTYPE_BF16) return qt_bf16_to_f32(((const uint16_t *)(uintptr_t)base)[i]);
+    return ((const float *)(uintptr_t)base)[i];
+}
+
+// BF16 stores round to nearest even (qt_f32_to_bf16); a NaN becomes 0x7FC0.
+QT_HD void qt_act_store(uint64_t base, uint64_t i, uint32_t dtype, float v) {
+    v = qt_act_canonical(v);
+    if (dtype == QT_DTYPE_BF16) {
+        ((uint16_t *)(uintptr_t)base)[i] = qt_f32_to_bf16(v);
+    } else {
+        ((float *)(uintptr_t)base)[i] = v;
+    }
+}
+
+QT_HD uint32_t qt_act_dtype_bytes(uint32_t dtype) { return dtype == QT_DTYPE_BF16 ? 2u : 4u; }
+
+// ---------------------------------------------------------------------------------------------
+// Activations. Each takes v = x (+ bias), the pre-activation value in FP32.
+
+// sqrt(2/pi), 0.044715 and 3 * 0.044715, each rounded once to FP32.
+#define QT_GELU_K0 0x1.988454p-1f
+#define QT_GELU_K1 0x1.6e4e26p-5f
+#define QT_GELU_K1X3 0x1.12ba9ep-3f
+#define QT_F32_NEG_INF qt_bits_f32(0xFF800000u)
+#define QT_F32_POS_INF qt_bits_f32(0x7F800000u)
+
+// max(x, 0) that keeps NaN (like PyTorch's clamp_min): NaN <= 0 is false. relu(-0) = +0.
+QT_HD float qt_act_relu(float v) { return v <= 0.0f ? 0.0f : v; }
+
+// The argument of tanh: sqrt(2/pi) (x + 0.044715 x^3), with x^3 = (x x) x. Shared by the forward
+// and backward passes so that both see the same t.
+QT_HD float qt_act_gelu_arg(float v, float v2) {
+    return QT_GELU_K0 * qt_fmaf(QT_GELU_K1, v2 * v, v);
+}
+
+// 0.5 x (1 + t) as fma(0.5 x, t, 0.5 x): 0.5 x is exact (but for subnormals) and the fma rounds
+// once. -Inf gives +0, the limit (the formula would give -Inf * 0); large negative finite x
+// give +0 the same way, as fma(h, -1, h) = +0.
+QT_HD float qt_act_gelu(float v) {
+    if (v == QT_F32_NEG_INF) return 0.0f;
+    float t = qt_tanhf(qt_act_gelu_arg(v, v * v));
+    float h = 0.5f * v;
+    return qt_fmaf(h, t, h);
+}
+
+// d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2). 1 - t^2 is one fma, so
+// it is exact to a rounding while t is away from +-1; where t = +-1 exactly the second term is 0
+// (tested first, so that x^2 = Inf cannot make 0 * Inf). -Inf: 0, +Inf: 1, the limits.
+QT_HD float qt_act_gelu_grad(float v) {
+    if (v == QT_F32_NEG_INF) return 0.0f;
+    if (v == QT_F32_POS_INF) return 1.0f;
+    float v2 = v * v;
+    float t = qt_tanhf(qt_act_gelu_arg(v, v2));
+    float left = qt_fmaf(0.5f, t, 0.5f);
+    float sech2 = qt_fmaf(-t, t, 1.0f);
+    if (sech2 == 0.0f) return left;
+    float du = QT_GELU_K0 * qt_fmaf(QT_GELU_K1X3, v2, 1.0f);
+    return qt_fmaf((0.5f * v) * sech2, du, left);
+}
+
+// The logistic sigmoid s and 1 - s from e = exp(-|x|) in (0, 1] and d = 1 + e in (1, 2]:
+// x >= 0: s = 1/d, 1 - s = e/d; x < 0: s = e/d, 1 - s = 1/d. Neither branch overflows or
+// cancels, so both are within ~3 ulp everywhere.
+typedef struct qt_act_sigmoid {
+    float s, one_minus_s, e, d;
+} qt_act_sigmoid;
+
+QT_HD qt_act_sigmoid qt_act_sigmoid_of(float v) {
+    qt_act_sigmoid r;
+    r.e = qt_expf(-qt_bits_f32(qt_f32_bits(v) & 0x7FFFFFFFu));
+    r.d = 1.0f + r.e;
+    float e_over_d = r.e / r.d;
+    float one_over_d = 1.0f / r.d;
+    int negative = v < 0.0f;
+    r.s = negative ? e_over_d : one_over_d;
+    r.one_minus_s = negative ? one_over_d : e_over_d;
+    return r;
+}
+
+// x >= 0: x / d (one rounding after e and d); x < 0: (x e) / d. -Inf: -0, the limit.
+QT_HD float qt_act_silu(float v) {
+    if (v == QT_F32_NEG_INF) return -0.0f;
+    qt_act_sigmoid g = qt_act_sigmoid_of(v);
+    return v < 0.0f ? (v * g.e) / g.d : v / g.d;
+}
+
+// d/dx = s (1 + x (1 - s)). +Inf: 1 and -Inf: -0, the limits (x (1 - s) would be Inf * 0).
+QT_HD float qt_act_silu_grad(float v) {
+    if (v == QT_F32_POS_INF) return 1.0f;
+    if (v == QT_F32_NEG_INF) return -0.0f;
+    qt_act_sigmoid g = qt_act_sigmoid_of(v);
+    return g.s * qt_fmaf(v, g.one_minus_s, 1.0f);
+}
+
+QT_HD float qt_act_forward(uint32_t act, float v) {
+    if (act == QT_ACT_GELU) return qt_act_gelu(v);
+    if (act == QT_ACT_SILU) return qt_act_silu(v);
+    return qt_act_relu(v);
+}
+
+// dx for one element. ReLU selects (dy where x > 0, else +0; NaN x passes dy, as PyTorch's
+// threshold_backward), so that dy = Inf or NaN at x <= 0 gives 0, not NaN.
+QT_HD float qt_act_backward(uint32_t act, float v, float dy) {
+    if (act == QT_ACT_GELU) return dy * qt_act_gelu_grad(v);
+    if (act == QT_ACT_SILU) return dy * qt_act_silu_grad(v);
+    return v <= 0.0f ? 0.0f : dy;
+}
+
+// SwiGLU: y = silu(a) * b; da = (dy * b) * silu'(a); db = dy * silu(a).
+QT_HD float qt_swiglu_forward(float a, float b) { return qt_act_silu(a) * b; }
+QT_HD float qt_swiglu_da(float a, float b, float dy) { return (dy * b) * qt_act_silu_grad(a); }
+QT_HD float qt_swiglu_db(float a, float dy) { return dy * qt_act_silu(a); }
+
+// ---------------------------------------------------------------------------------------------
+// Reductions' scalar steps.
+
+// The lane tree of a warp reduction, as the twins run it: for m = 16 .. 1, a[i] = op(a[i],
+// a[i + m]) for i < m (on the GPU: shfl_down by m, own value first). Returns a[0].
+#define QT_ACT_TREE32(a, op)                                        \
+    do {                                                            \
+        for (uint32_t qt_m_ = 16; qt_m_ > 0; qt_m_ >>= 1) {         \
+            for (uint32_t qt_i_ = 0; qt_i_ < qt_m_; qt_i_++) {      \
+                (a)[qt_i_] = op((a)[qt_i_], (a)[qt_i_ + qt_m_]);    \
+            }                                                       \
+        }                                                           \
+    } while (0)
+
+QT_HD float qt_act_add(float a, float b) { return a + b; }
+
+// RMSNorm: inv = 1 / sqrt(sum / cols + eps), three IEEE roundings after the sum (cols < 2^24 is
+// exact in FP32).
+QT_HD float qt_rmsnorm_inv(float sum_sq, uint32_t cols, float eps) {
+    return 1.0f / qt_sqrtf(sum_sq / (float)cols + eps);
+}
+
+// y = (x inv) gamma.
+QT_HD float qt_rmsnorm_y(float x, float inv, float gamma) { return (x * inv) * gamma; }
+
+// Backward, with xhat = x inv (as the forward pass rounded it) and dxhat = dy gamma:
+//   c = sum(dxhat xhat) / cols (qt_rmsnorm_dot folds one element; the sum is a row reduction)
+//   dx = inv (dxhat - xhat c), the difference in one fma
+//   dgamma = sum over rows of dy xhat (qt_rmsnorm_dgamma_step folds one row)
+QT_HD float qt_rmsnorm_dot(float x, float dy, float gamma, float inv, float acc) {
+    return qt_fmaf(dy * gamma, x * inv, acc);
+}
+
+QT_HD float qt_rmsnorm_mean_dot(float sum, uint32_t cols) { return sum / (float)cols; }
+
+QT_HD float qt_rmsnorm_dx(float x, float dy, float gamma, float inv, float c) {
+    return inv * qt_fmaf(-(x * inv), c, dy * gamma);
+}
+
+QT_HD float qt_rmsnorm_dgamma_step(float x, float dy, float inv, float acc) {
+    return qt_fmaf(dy, x * inv, acc);
+}
+
+// Softmax cross-entropy's running (max, argmax) per lane and in the tree. The order is the
+// value, then the lower index on ties (-0 == +0 ties too); NaN never wins a comparison, so NaNs
+// never enter and the combination is associative and commutative: any tree gives the same pair.
+// The identity is (-Inf, QT_XENT_NONE).
+#define QT_XENT_NONE 0xFFFFFFFFu
+
+typedef struct qt_xent_best {
+    float value;
+    uint32_t index;
+} qt_xent_best;
+
+QT_HD qt_xent_best qt_xent_best_combine(qt_xent_best own, qt_xent_best other) {
+    int take = other.value > own.value || (other.value == own.value && other.index < own.index);
+    return take ? other : own;
+}
+
+// Label of row r if it is a class, else -1 (ignored).
+QT_HD int32_t qt_xent_label(uint64_t labels, uint64_t r, uint32_t classes) {
+    int32_t label = ((const int32_t *)(uintptr_t)labels)[r];
+    return label >= 0 && (uint32_t)label < classes ? label : -1;
+}
+
+// Row loss: (max - z_label) + log(sum of exp(z - max)). sum >= 1 (the max's own term), so the
+// logarithm is >= 0 and the loss is never negative (NaN with any NaN logit).
+QT_HD float qt_xent_row_loss(float max, float z_label, float sum_exp) {
+    return (max - z_label) + qt_logf(sum_exp);
+}
+
+// dlogit = (softmax - onehot) / valid, each step one IEEE rounding.
+QT_HD float qt_xent_dlogit(float z, float max, float sum_exp, int is_label, float valid) {
+    float p = qt_expf(z - max) / sum_exp;
+    return (is_label ? p - 1.0f : p) / valid;
+}
+
+QT_HD float qt_loss_mean(float sum, float count) { return count > 0.0f ? sum / count : 0.0f; }
+
+// MSE: dpred = 2 (p - t) / n with n = valid rows * cols rounded once to FP32; 2 d is exact.
+QT_HD float qt_mse_dpred(float d, float n) { return (d + d) / n; }
+
+QT_HD uint32_t qt_mse_valid(uint64_t valid_rows, uint32_t rows) {
+    if (valid_rows == 0) return rows;
+    uint32_t v = *(const uint32_t *)(uintptr_t)valid_rows;
+    return v < rows ? v : rows;
+}
+
+// Gradient clipping as PyTorch's clip_grad_norm_: clip / (norm + 1e-6), clamped to 1. A NaN
+// quotient (NaN norm) compares false and gives 1; the non-finite flag skips that step anyway.
+QT_HD float qt_gnorm_clip_factor(float norm, float clip) {
+    if (!(clip > 0.0f)) return 1.0f;
+    float q = clip / (norm + 0x1.0c6f7ap-20f);  // f32(1e-6)
+    return q < 1.0f ? q : 1.0f;
+}
+
+QT_HD uint32_t qt_act_nonfinite(float v) {
+    return (qt_f32_bits(v) & 0x7FFFFFFFu) >= 0x7F800000u;
+}
+
+#endif  // QT_ACT_H

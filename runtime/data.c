@@ -1,0 +1,672 @@
+#include "data.h"
+
+#include <errno.h>
+#include <fcntl.h>   // open
+#include <string.h>
+#include <unistd.h>  // read, close
+#include <zlib.h>    // inflate, for .gz IDX files
+
+#include "core.h"    // qt_fill_value, qt_mix64
+#include "philox.h"  // qt_philox_at
+
+#define IDX_MAGIC_IMAGES 0x00000803u  // unsigned bytes, 3 dims: count, rows, cols
+#define IDX_MAGIC_LABELS 0x00000801u  // unsigned bytes, 1 dim: count
+#define IDX_IMAGES_HEADER_BYTES 16
+#define IDX_LABELS_HEADER_BYTES 8
+
+// zlib allocates its inflate state (about 7 KiB) and the 32 KiB window through callbacks; they
+// come from this pool, so that the library never reaches malloc, even inside zlib. zlib 1.2.13
+// takes 39,936 bytes of it; a zlib that wanted more would fail inflateInit2, which is asserted.
+#define STREAM_POOL_BYTES (48 * 1024)
+#define STREAM_INPUT_BYTES (16 * 1024)
+
+// Domain tags that give each synthetic quantity its own Philox key, derived from one seed.
+#define TAG_INPUTS 0x494E505554530000ull   // "INPUTS"
+#define TAG_CENTERS 0x43454E5445525300ull  // "CENTERS"
+#define TAG_LABELS 0x4C4142454C530000ull   // "LABELS"
+#define TAG_TEACHER1 0x5445414348310000ull // "TEACH1"
+#define TAG_TEACHER2 0x5445414348320000ull // "TEACH2"
+#define TAG_SHUFFLE 0x53485546464C4500ull  // "SHUFFLE"
+
+// Class centers of `synthetic classes` are N(0, s^2) per feature with s = 3 / sqrt(features):
+// two centers then lie about 3 sqrt(2) = 4.2 noise standard deviations apart (noise is N(0, 1)
+// per feature) whatever the width, so a classifier can reach 95-99% but has to learn to.
+#define CLASSES_CENTER_SPREAD 3.0f
+
+// ---------------------------------------------------------------------------------------------
+// Byte streams: a plain file, or a gzip file inflated on the fly into the caller's buffer.
+
+typedef struct stream {
+    const char *path;
+    int fd;
+    bool gz;
+    bool file_end;      // read() returned 0
+    bool stream_end;    // gz: the last member ended with a good CRC and the file ended
+    uint64_t produced;  // uncompressed bytes delivered so far
+    z_stream z;
+    size_t pool_used;
+    _Alignas(16) uint8_t pool[STREAM_POOL_BYTES];
+    uint8_t input[STREAM_INPUT_BYTES];
+} stream;
+
+static voidpf stream_zalloc(voidpf opaque, uInt items, uInt size) {
+    stream *s = opaque;
+    size_t bytes = ((size_t)items * size + 15) & ~(size_t)15;
+    if (bytes > sizeof s->pool - s->pool_used) return Z_NULL;
+    void *p = s->pool + s->pool_used;
+    s->pool_used += bytes;
+    return p;
+}
+
+static void stream_zfree(voidpf opaque, voidpf address) {
+    (void)opaque;  // the pool is released with the stream
+    (void)address;
+}
+
+// read() until `bytes` arrived or the file ended; *got says how many did.
+static qt_status file_read(stream *s, uint8_t *dst, size_t bytes, size_t *got) {
+    size_t done = 0;
+    while (done < bytes && !s->file_end) {
+        ssize_t n = read(s->fd, dst + done, bytes - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) return qt_fail(QT_ERR_IO, "%s: cannot read: %s", s->path, strerror(errno));
+        if (n == 0) s->file_end = true;
+        done += (size_t)n;
+    }
+    *got = done;
+    return QT_OK;
+}
+
+static qt_status stream_open(stream *s, const char *path) {
+    memset(s, 0, offsetof(stream, pool));
+    s->path = path;
+    s->fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (s->fd < 0) {
+        return qt_fail(QT_ERR_IO, "%s: cannot open: %s; check the path in the recipe's [data] "
+                       "section (Fashion-MNIST: apt-get install dataset-fashion-mnist)", path,
+                       strerror(errno));
+    }
+    // The gzip magic decides, not the name: IDX files start with two zero bytes, gzip with
+    // 1f 8b, so the two cannot be confused.
+    size_t got = 0;
+    qt_status status = file_read(s, s->input, 2, &got);
+    if (status != QT_OK) {
+        close(s->fd);
+        return status;
+    }
+    s->gz = got == 2 && s->input[0] == 0x1f && s->input[1] == 0x8b;
+    s->z.next_in = s->input;
+    s->z.avail_in = (uInt)got;
+    if (!s->gz) return QT_OK;
+    s->z.zalloc = stream_zalloc;
+    s->z.zfree = stream_zfree;
+    s->z.opaque = s;
+    int rc = inflateInit2(&s->z, 15 + 16);  // 32 KiB window, gzip wrapper only
+    QT_ASSERT(rc == Z_OK);                  // only Z_MEM_ERROR is possible: the pool is too small
+    return QT_OK;
+}
+
+static void stream_close(stream *s) {
+    if (s->gz) inflateEnd(&s->z);
+    close(s->fd);
+}
+
+// Refills the input buffer when it is empty; sets file_end when the file has no more bytes.
+static qt_status stream_refill(stream *s) {
+    if (s->z.avail_in > 0 || s->file_end) return QT_OK;
+    size_t got = 0;
+    QT_TRY(file_read(s, s->input, sizeof s->input, &got));
+    s->z.next_in = s->input;
+    s->z.avail_in = (uInt)got;
+    return QT_OK;
+}
+
+// Inflates into dst until `bytes` are there or the gzip data ends cleanly.
+static qt_status gz_read(stream *s, uint8_t *dst, size_t bytes, size_t *got) {
+    size_t done = 0;
+    while (done < bytes && !s->stream_end) {
+        QT_TRY(stream_refill(s));
+        if (s->z.avail_in == 0) {
+            return qt_fail(QT_ERR_INPUT, "%s: the gzip data ends early, after %llu uncompressed "
+                           "bytes: the file is truncated; download or extract it again", s->path,
+                           (unsigned long long)(s->produced + done));
+        }
+        size_t want = bytes - done;
+        s->z.next_out = dst + done;
+        s->z.avail_out = want > UINT32_MAX ? UINT32_MAX : (uInt)want;
+        uInt before = s->z.avail_out;
+        int rc = inflate(&s->z, Z_NO_FLUSH);
+        done += before - s->z.avail_out;
+        if (rc == Z_STREAM_END) {
+            // A gzip file may hold several members one after another (RFC 1952 2.2).
+            QT_TRY(stream_refill(s));
+            if (s->z.avail_in == 0) {
+                s->stream_end = true;
+            } else {
+                QT_ASSERT(inflateReset(&s->z) == Z_OK);
+            }
+        } else if (rc != Z_OK && rc != Z_BUF_ERROR) {
+            QT_ASSERT(rc != Z_MEM_ERROR && rc != Z_STREAM_ERROR);
+            return qt_fail(QT_ERR_INPUT, "%s: corrupt gzip data after %llu uncompressed bytes "
+                           "(zlib: %s); download or extract the file again", s->path,
+                           (unsigned long long)(s->produced + done),
+                           s->z.msg != NULL ? s->z.msg : "error");
+        }
+    }
+    *got = done;
+    return QT_OK;
+}
+
+// Reads up to `bytes` uncompressed bytes; fewer only at the end of the data.
+static qt_status stream_read(stream *s, void *dst, size_t bytes, size_t *got) {
+    if (s->gz) {
+        QT_TRY(gz_read(s, dst, bytes, got));
+    } else {
+        // The two bytes read to sniff the format are still in `input`.
+        size_t early = s->z.avail_in < bytes ? s->z.avail_in : bytes;
+        memcpy(dst, s->z.next_in, early);
+        s->z.next_in += early;
+        s->z.avail_in -= (uInt)early;
+        size_t rest = 0;
+        QT_TRY(file_read(s, (uint8_t *)dst + early, bytes - early, &rest));
+        *got = early + rest;
+    }
+    s->produced += *got;
+    return QT_OK;
+}
+
+// Reads exactly `bytes`, or fails naming what was being read.
+static qt_status stream_read_exact(stream *s, void *dst, size_t bytes, uint64_t total,
+                                   const char *what) {
+    size_t got = 0;
+    QT_TRY(stream_read(s, dst, bytes, &got));
+    if (got < bytes) {
+        return qt_fail(QT_ERR_INPUT, "%s: truncated: the %s need %llu bytes in all, the data "
+                       "ends after %llu; download or extract the file again", s->path, what,
+                       (unsigned long long)total, (unsigned long long)s->produced);
+    }
+    return QT_OK;
+}
+
+// After the last expected byte: the data must end here (for gzip, with a good CRC).
+static qt_status stream_expect_end(stream *s, uint64_t total) {
+    uint8_t extra;
+    size_t got = 0;
+    QT_TRY(stream_read(s, &extra, 1, &got));
+    if (got != 0) {
+        return qt_fail(QT_ERR_INPUT, "%s: trailing bytes after the %llu bytes that the header "
+                       "describes; the file is not a single IDX array (or its header is wrong)",
+                       s->path, (unsigned long long)total);
+    }
+    return QT_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// IDX headers
+
+typedef struct idx_header {
+    uint32_t magic;
+    uint64_t count;
+    uint32_t rows, cols;  // images only
+} idx_header;
+
+static uint32_t be32(const uint8_t *p) {
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static const char *idx_magic_meaning(uint32_t magic) {
+    if (magic == IDX_MAGIC_IMAGES) return "an IDX image file";
+    if (magic == IDX_MAGIC_LABELS) return "an IDX label file";
+    if ((magic >> 16) == 0) return "an IDX file of another type or rank";
+    return "not an IDX file";
+}
+
+// Reads and checks the header of an image (images = true) or label file.
+static qt_status idx_read_header(stream *s, bool images, idx_header *h) {
+    uint8_t raw[IDX_IMAGES_HEADER_BYTES];
+    size_t header_bytes = images ? IDX_IMAGES_HEADER_BYTES : IDX_LABELS_HEADER_BYTES;
+    const char *role = images ? "IMAGES" : "LABELS";
+    uint32_t expected = images ? IDX_MAGIC_IMAGES : IDX_MAGIC_LABELS;
+    size_t got = 0;
+    QT_TRY(stream_read(s, raw, header_bytes, &got));
+    if (got >= 4 && be32(raw) != expected) {
+        uint32_t other = images ? IDX_MAGIC_LABELS : IDX_MAGIC_IMAGES;
+        return qt_fail(QT_ERR_INPUT, "%s: magic 0x%08x is %s; expected 0x%08x for %s%s", s->path,
+                       be32(raw), idx_magic_meaning(be32(raw)), expected, role,
+                       be32(raw) == other ? " (are IMAGES and LABELS swapped in the recipe's "
+                                            "'idx IMAGES LABELS' line?)"
+                                          : " (unsigned bytes, MNIST format)");
+    }
+    if (got < header_bytes) {
+        return qt_fail(QT_ERR_INPUT, "%s: truncated: the IDX header needs %zu bytes, the data "
+                       "ends after %zu; expected an IDX %s file", s->path, header_bytes, got,
+                       images ? "image" : "label");
+    }
+    h->magic = be32(raw);
+    h->count = be32(raw + 4);
+    h->rows = images ? be32(raw + 8) : 1;
+    h->cols = images ? be32(raw + 12) : 1;
+    if (h->count == 0 || h->rows == 0 || h->cols == 0) {
+        return qt_fail(QT_ERR_INPUT, "%s: the header gives %llu x %u x %u: a dataset needs at "
+                       "least one sample of at least one value", s->path,
+                       (unsigned long long)h->count, h->rows, h->cols);
+    }
+    return QT_OK;
+}
+
+static qt_status idx_probe_file(const char *path, bool images, idx_header *h) {
+    stream s;
+    qt_status status = stream_open(&s, path);
+    if (status != QT_OK) return status;
+    status = idx_read_header(&s, images, h);
+    stream_close(&s);
+    return status;
+}
+
+static uint64_t align_up(uint64_t value, uint64_t align) {
+    return (value + align - 1) / align * align;
+}
+
+// The dataset region's offsets from the sample counts and widths.
+static void info_layout(data_info *info, uint64_t input_bytes_each, uint64_t scratch_bytes) {
+    uint64_t target_bytes = info->target_type == DATA_TARGET_LABEL
+                                ? sizeof(int32_t) : (uint64_t)info->outputs * sizeof(float);
+    info->inputs_offset = 0;
+    info->inputs_bytes = info->samples * info->features * input_bytes_each;
+    info->targets_offset = align_up(info->inputs_bytes, DATA_ALIGN);
+    info->targets_bytes = info->samples * target_bytes;
+    info->scratch_offset = align_up(info->targets_offset + info->targets_bytes, DATA_ALIGN);
+    info->scratch_bytes = scratch_bytes;
+    info->bytes = align_up(info->scratch_offset + scratch_bytes, DATA_ALIGN);
+}
+
+static qt_status probe_idx(const recipe_source *src, uint32_t features, uint32_t outputs,
+                           data_info *info) {
+    idx_header im, lb;
+    QT_TRY(idx_probe_file(src->images, true, &im));
+    QT_TRY(idx_probe_file(src->labels, false, &lb));
+    if (im.count != lb.count) {
+        return qt_fail(QT_ERR_INPUT, "%s: %llu labels, but %s holds %llu images; expected the "
+                       "label file that belongs to these images", src->labels,
+                       (unsigned long long)lb.count, src->images, (unsigned long long)im.count);
+    }
+    if ((uint64_t)im.rows * im.cols != features) {
+        return qt_fail(QT_ERR_INPUT, "%s: images of %u x %u = %llu values; the model's input is "
+                       "%u: set `input = %llu` in [model]", src->images, im.rows, im.cols,
+                       (unsigned long long)im.rows * im.cols, features,
+                       (unsigned long long)im.rows * im.cols);
+    }
+    // An IDX count is 32 bits, so DATA_SAMPLES_MAX holds for these files by construction.
+    QT_ASSERT(im.count <= DATA_SAMPLES_MAX);
+    info->kind = RECIPE_SOURCE_IDX;
+    info->samples = im.count;
+    info->features = features;
+    info->image_rows = im.rows;
+    info->image_cols = im.cols;
+    info->outputs = outputs;
+    info->input_type = DATA_INPUT_U8;
+    info->target_type = DATA_TARGET_LABEL;
+    info_layout(info, 1, 0);
+    return QT_OK;
+}
+
+static qt_status probe_synthetic(const recipe_source *src, uint32_t features, uint32_t outputs,
+                                 data_info *info) {
+    bool teacher = src->kind == RECIPE_SOURCE_TEACHER;
+    const char *name = teacher ? "synthetic teacher" : "synthetic classes";
+    if (src->inputs != features || src->outputs != outputs) {
+        return qt_fail(QT_ERR_INPUT, "%s (recipe line %u): %u inputs and %u %s; the model has "
+                       "%u inputs and %u outputs: make them equal", name, src->line, src->inputs,
+                       src->outputs, teacher ? "outputs" : "classes", features, outputs);
+    }
+    if (src->samples > DATA_SAMPLES_MAX) {
+        return qt_fail(QT_ERR_INPUT, "%s (recipe line %u): %llu samples; at most %llu are "
+                       "supported (the shuffle indexes samples with 32 bits)", name, src->line,
+                       (unsigned long long)src->samples, (unsigned long long)DATA_SAMPLES_MAX);
+    }
+    info->kind = src->kind;
+    info->samples = src->samples;
+    info->features = features;
+    info->image_rows = 1;
+    info->image_cols = features;
+    info->outputs = outputs;
+    info->input_type = DATA_INPUT_F32;
+    info->target_type = teacher ? DATA_TARGET_VALUES : DATA_TARGET_LABEL;
+    uint64_t weights = (uint64_t)DATA_TEACHER_HIDDEN * (features + (uint64_t)outputs);
+    info_layout(info, sizeof(float), teacher ? weights * sizeof(float) : 0);
+    return QT_OK;
+}
+
+qt_status data_probe(const recipe_source *src, uint32_t features, uint32_t outputs,
+                     data_info *info) {
+    QT_ASSERT(features > 0 && outputs > 0);
+    memset(info, 0, sizeof *info);
+    switch (src->kind) {
+    case RECIPE_SOURCE_IDX: return probe_idx(src, features, outputs, info);
+    case RECIPE_SOURCE_TEACHER:
+    case RECIPE_SOURCE_CLASSES: return probe_synthetic(src, features, outputs, info);
+    case RECIPE_SOURCE_NONE: break;
+    }
+    QT_ASSERT(!"data_probe: a source of kind NONE");
+    return QT_ERR_INPUT;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Loading IDX files
+
+static qt_status idx_reopen(stream *s, const char *path, bool images, const data_info *info) {
+    QT_TRY(stream_open(s, path));
+    idx_header h = {0};
+    qt_status status = idx_read_header(s, images, &h);
+    if (status == QT_OK && (h.count != info->samples ||
+                            (images && (h.rows != info->image_rows ||
+                                        h.cols != info->image_cols)))) {
+        status = qt_fail(QT_ERR_MISMATCH, "%s: the header changed since the file was probed "
+                         "(now %llu x %u x %u, was %llu x %u x %u); do not replace data files "
+                         "while qtrain starts", path, (unsigned long long)h.count, h.rows,
+                         h.cols, (unsigned long long)info->samples,
+                         images ? info->image_rows : 1, images ? info->image_cols : 1);
+    }
+    if (status != QT_OK) stream_close(s);
+    return status;
+}
+
+static qt_status load_idx_images(stream *s, const recipe_source *src, const data_info *info,
+                                 uint8_t *dst) {
+    QT_TRY(idx_reopen(s, src->images, true, info));
+    uint64_t total = IDX_IMAGES_HEADER_BYTES + info->inputs_bytes;
+    qt_status status = stream_read_exact(s, dst + info->inputs_offset, info->inputs_bytes, total,
+                                         "images");
+    if (status == QT_OK) status = stream_expect_end(s, total);
+    stream_close(s);
+    return status;
+}
+
+// Labels arrive as bytes and are widened to int32 (the staging slots' type, which also has room
+// for the padding label -1) and checked against the number of classes on the way.
+static qt_status widen_labels(stream *s, const data_info *info, int32_t *labels) {
+    uint64_t total = IDX_LABELS_HEADER_BYTES + info->samples;
+    uint8_t chunk[4096];
+    for (uint64_t done = 0; done < info->samples;) {
+        uint64_t left = info->samples - done;
+        size_t n = left < sizeof chunk ? (size_t)left : sizeof chunk;
+        QT_TRY(stream_read_exact(s, chunk, n, total, "labels"));
+        for (size_t i = 0; i < n; i++) {
+            if (chunk[i] >= info->outputs) {
+                return qt_fail(QT_ERR_INPUT, "%s: label %u of sample %llu is out of range: the "
+                               "model's last layer has %u outputs, so labels must be below %u",
+                               s->path, chunk[i], (unsigned long long)(done + i), info->outputs,
+                               info->outputs);
+            }
+            labels[done + i] = chunk[i];
+        }
+        done += n;
+    }
+    return stream_expect_end(s, total);
+}
+
+static qt_status load_idx(const recipe_source *src, const data_info *info, uint8_t *dst) {
+    // One stream at a time: the struct holds zlib's pool and window (about 64 KiB of stack).
+    stream s;
+    QT_TRY(load_idx_images(&s, src, info, dst));
+    QT_TRY(idx_reopen(&s, src->labels, false, info));
+    qt_status status = widen_labels(&s, info, (int32_t *)(dst + info->targets_offset));
+    stream_close(&s);
+    return status;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Synthetic sources. Every value is a pure function of (seed, tag, index) through the same
+// Philox normal as the device fill kernel (ptx/core.h), so the data does not depend on the order
+// of generation and a GPU could produce the same bits.
+
+static uint64_t tag_seed(uint64_t seed, uint64_t tag) { return qt_mix64(seed ^ tag); }
+
+static float normal_at(uint64_t key, uint64_t index, float mean, float stddev) {
+    return qt_fill_value(key, index, QT_FILL_NORMAL, mean, stddev);
+}
+
+// Labels of `synthetic classes`: uniform over the classes (multiply-shift of a 32-bit word; the
+// bias, below classes / 2^32, is immaterial), then inputs = center of the class + N(0, 1) noise.
+static void generate_classes(const recipe_source *src, const data_info *info, uint8_t *dst) {
+    float *x = (float *)(dst + info->inputs_offset);
+    int32_t *labels = (int32_t *)(dst + info->targets_offset);
+    uint64_t n = info->features;
+    float spread = CLASSES_CENTER_SPREAD / qt_sqrtf((float)n);
+    uint64_t key_x = tag_seed(src->seed, TAG_INPUTS), key_c = tag_seed(src->seed, TAG_CENTERS);
+    uint64_t key_l = tag_seed(src->seed, TAG_LABELS);
+    for (uint64_t s = 0; s < info->samples; s++) {
+        uint32_t word = qt_philox_at(key_l, s, 0).v[0];
+        uint32_t label = (uint32_t)(((uint64_t)word * info->outputs) >> 32);
+        labels[s] = (int32_t)label;
+        for (uint64_t f = 0; f < n; f++) {
+            float center = normal_at(key_c, label * n + f, 0.0f, spread);
+            x[s * n + f] = normal_at(key_x, s * n + f, center, 1.0f);
+        }
+    }
+}
+
+// `synthetic teacher`: inputs N(0, 1); targets y = W2 relu(W1 x) with W1, W2 entries N(0, 1)
+// scaled by 1/sqrt(features) and sqrt(2/hidden), so the pre-activations and the targets have
+// unit variance. Computed in double in a fixed order (exact IEEE operations only, no libm) and
+// rounded once to FP32, so the targets are the same bits everywhere.
+static void generate_teacher(const recipe_source *src, const data_info *info, uint8_t *dst) {
+    float *x = (float *)(dst + info->inputs_offset);
+    float *y = (float *)(dst + info->targets_offset);
+    float *w1 = (float *)(dst + info->scratch_offset);  // (hidden, features)
+    uint64_t n = info->features, h = DATA_TEACHER_HIDDEN, m = info->outputs;
+    float *w2 = w1 + h * n;                              // (outputs, hidden)
+    uint64_t key_x = tag_seed(src->seed, TAG_INPUTS);
+    uint64_t key_1 = tag_seed(src->seed, TAG_TEACHER1), key_2 = tag_seed(src->seed, TAG_TEACHER2);
+    for (uint64_t i = 0; i < h * n; i++) w1[i] = normal_at(key_1, i, 0.0f, 1.0f);
+    for (uint64_t i = 0; i < m * h; i++) w2[i] = normal_at(key_2, i, 0.0f, 1.0f);
+    double scale1 = 1.0 / __builtin_sqrt((double)n), scale2 = __builtin_sqrt(2.0 / (double)h);
+    for (uint64_t s = 0; s < info->samples; s++) {
+        float *xs = x + s * n;
+        for (uint64_t f = 0; f < n; f++) xs[f] = normal_at(key_x, s * n + f, 0.0f, 1.0f);
+        double hidden[DATA_TEACHER_HIDDEN];
+        for (uint64_t j = 0; j < h; j++) {
+            double sum = 0.0;
+            for (uint64_t f = 0; f < n; f++) sum += (double)w1[j * n + f] * (double)xs[f];
+            hidden[j] = sum > 0.0 ? sum * scale1 : 0.0;
+        }
+        for (uint64_t k = 0; k < m; k++) {
+            double sum = 0.0;
+            for (uint64_t j = 0; j < h; j++) sum += (double)w2[k * h + j] * hidden[j];
+            y[s * m + k] = (float)(sum * scale2);
+        }
+    }
+}
+
+qt_status data_load(const recipe_source *src, const data_info *info, void *dst, uint64_t bytes,
+                    data_set *set) {
+    QT_ASSERT(src->kind == info->kind);
+    QT_ASSERT(bytes >= info->bytes);
+    QT_ASSERT((uintptr_t)dst % DATA_ALIGN == 0);
+    uint8_t *base = dst;
+    if (info->kind == RECIPE_SOURCE_IDX) {
+        QT_TRY(load_idx(src, info, base));
+    } else if (info->kind == RECIPE_SOURCE_CLASSES) {
+        generate_classes(src, info, base);
+    } else {
+        QT_ASSERT(info->kind == RECIPE_SOURCE_TEACHER);
+        generate_teacher(src, info, base);
+    }
+    memset(set, 0, sizeof *set);
+    set->info = *info;
+    if (info->input_type == DATA_INPUT_U8) {
+        set->inputs_u8 = base + info->inputs_offset;
+    } else {
+        set->inputs_f32 = (const float *)(base + info->inputs_offset);
+    }
+    if (info->target_type == DATA_TARGET_LABEL) {
+        set->labels = (const int32_t *)(base + info->targets_offset);
+    } else {
+        set->targets = (const float *)(base + info->targets_offset);
+    }
+    return QT_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shuffle, slots and feeds
+
+uint64_t data_order_bytes(uint64_t samples) {
+    QT_ASSERT(samples <= DATA_SAMPLES_MAX);
+    return align_up(samples * sizeof(uint32_t), DATA_ALIGN);
+}
+
+uint64_t data_batches_per_epoch(uint64_t samples, uint32_t batch) {
+    QT_ASSERT(batch > 0);
+    return (samples + batch - 1) / batch;
+}
+
+// j uniform in [0, i] from a 64-bit Philox draw by multiply-shift: the bias is below
+// (i + 1) / 2^64, far below anything a training run could notice.
+void data_shuffle(uint32_t *order, uint64_t samples, uint64_t seed, uint64_t epoch) {
+    QT_ASSERT(samples <= DATA_SAMPLES_MAX);
+    uint64_t key = tag_seed(seed, TAG_SHUFFLE);
+    for (uint64_t i = 0; i < samples; i++) order[i] = (uint32_t)i;
+    for (uint64_t i = samples; i-- > 1;) {
+        qt_philox4 r = qt_philox_at(key, i, epoch);
+        uint64_t word = (uint64_t)r.v[0] | (uint64_t)r.v[1] << 32;
+        uint64_t j = (uint64_t)(((unsigned __int128)word * (i + 1)) >> 64);
+        uint32_t t = order[i];
+        order[i] = order[j];
+        order[j] = t;
+    }
+}
+
+data_slot_layout data_slot_plan(const data_info *info, uint32_t batch, uint32_t stride) {
+    QT_ASSERT(batch > 0);
+    if (stride == 0) stride = info->features;
+    QT_ASSERT(stride >= info->features);
+    data_slot_layout l;
+    memset(&l, 0, sizeof l);
+    l.batch = batch;
+    l.features = info->features;
+    l.stride = stride;
+    l.outputs = info->outputs;
+    l.target_type = info->target_type;
+    l.inputs_offset = align_up(sizeof(data_slot_header), DATA_ALIGN);
+    l.targets_offset = align_up(l.inputs_offset + (uint64_t)batch * stride * sizeof(float),
+                                DATA_ALIGN);
+    uint64_t target_bytes = info->target_type == DATA_TARGET_LABEL
+                                ? sizeof(int32_t) : (uint64_t)info->outputs * sizeof(float);
+    l.bytes = align_up(l.targets_offset + batch * target_bytes, DATA_ALIGN);
+    return l;
+}
+
+void data_stage_init(data_stage *st, const data_slot_layout *layout, void *slot0, void *slot1) {
+    QT_ASSERT((uintptr_t)slot0 % DATA_ALIGN == 0 && (uintptr_t)slot1 % DATA_ALIGN == 0);
+    st->layout = *layout;
+    st->slots[0] = slot0;
+    st->slots[1] = slot1;
+}
+
+void *data_stage_slot(const data_stage *st, uint64_t step) { return st->slots[step % 2]; }
+
+void data_feed_init(data_feed *f, const data_set *set, uint32_t batch, bool shuffle,
+                    uint64_t seed, uint32_t *order) {
+    QT_ASSERT(batch > 0);
+    QT_ASSERT(!shuffle || order != NULL);
+    memset(f, 0, sizeof *f);
+    f->set = set;
+    f->batch = batch;
+    f->shuffle = shuffle;
+    f->seed = seed;
+    f->order = order;
+    f->order_epoch = UINT64_MAX;
+}
+
+qt_status data_feed_seek(data_feed *f, data_cursor cursor) {
+    if (cursor.position >= f->set->info.samples) {
+        return qt_fail(QT_ERR_MISMATCH, "data cursor at sample %llu of epoch %llu, but the "
+                       "dataset has %llu samples; the checkpoint was saved with other data",
+                       (unsigned long long)cursor.position, (unsigned long long)cursor.epoch,
+                       (unsigned long long)f->set->info.samples);
+    }
+    f->cursor = cursor;
+    return QT_OK;
+}
+
+// Row r of the slot from sample `sample`: inputs to FP32, zero beyond `features`; the target.
+static void stage_row(const data_set *set, const data_slot_layout *l, uint8_t *slot, uint32_t r,
+                      uint64_t sample) {
+    uint64_t n = set->info.features;
+    float *x = (float *)(slot + l->inputs_offset) + (uint64_t)r * l->stride;
+    if (set->inputs_u8 != NULL) {
+        const uint8_t *src = set->inputs_u8 + sample * n;
+        for (uint64_t f = 0; f < n; f++) x[f] = (float)src[f] / 255.0f;
+    } else {
+        memcpy(x, set->inputs_f32 + sample * n, n * sizeof(float));
+    }
+    memset(x + n, 0, (l->stride - n) * sizeof(float));
+    if (set->labels != NULL) {
+        ((int32_t *)(slot + l->targets_offset))[r] = set->labels[sample];
+    } else {
+        float *y = (float *)(slot + l->targets_offset) + (uint64_t)r * l->outputs;
+        memcpy(y, set->targets + sample * l->outputs, l->outputs * sizeof(float));
+    }
+}
+
+static void stage_padding(const data_slot_layout *l, uint8_t *slot, uint32_t r) {
+    float *x = (float *)(slot + l->inputs_offset) + (uint64_t)r * l->stride;
+    memset(x, 0, (uint64_t)l->stride * sizeof(float));
+    if (l->target_type == DATA_TARGET_LABEL) {
+        ((int32_t *)(slot + l->targets_offset))[r] = DATA_LABEL_PAD;
+    } else {
+        float *y = (float *)(slot + l->targets_offset) + (uint64_t)r * l->outputs;
+        memset(y, 0, (uint64_t)l->outputs * sizeof(float));
+    }
+}
+
+// Zeroes the bytes between the parts, so that a slot's every byte is a function of the batch
+// (the device copies the slot whole).
+static void stage_gaps(const data_slot_layout *l, uint8_t *slot) {
+    uint64_t inputs_end = l->inputs_offset + (uint64_t)l->batch * l->stride * sizeof(float);
+    uint64_t target_bytes = l->target_type == DATA_TARGET_LABEL
+                                ? sizeof(int32_t) : (uint64_t)l->outputs * sizeof(float);
+    uint64_t targets_end = l->targets_offset + l->batch * target_bytes;
+    memset(slot, 0, l->inputs_offset);
+    memset(slot + inputs_end, 0, l->targets_offset - inputs_end);
+    memset(slot + targets_end, 0, l->bytes - targets_end);
+}
+
+uint32_t data_feed_next(data_feed *f, const data_slot_layout *layout, void *slot) {
+    const data_set *set = f->set;
+    uint64_t samples = set->info.samples;
+    QT_ASSERT(layout->batch == f->batch && layout->features == set->info.features);
+    QT_ASSERT(layout->outputs == set->info.outputs &&
+              layout->target_type == set->info.target_type);
+    QT_ASSERT(f->cursor.position < samples);
+    if (f->shuffle && f->order_epoch != f->cursor.epoch) {
+        data_shuffle(f->order, samples, f->seed, f->cursor.epoch);
+        f->order_epoch = f->cursor.epoch;
+    }
+    uint64_t left = samples - f->cursor.position;
+    uint32_t rows = left < f->batch ? (uint32_t)left : f->batch;
+    uint8_t *bytes = slot;
+    for (uint32_t r = 0; r < rows; r++) {
+        uint64_t at = f->cursor.position + r;
+        stage_row(set, layout, bytes, r, f->shuffle ? f->order[at] : at);
+    }
+    for (uint32_t r = rows; r < f->batch; r++) stage_padding(layout, bytes, r);
+    stage_gaps(layout, bytes);
+    data_slot_header header = {
+        .rows_valid = rows,
+        .batch = f->batch,
+        .features = layout->features,
+        .stride = layout->stride,
+        .outputs = layout->outputs,
+        .target_type = (uint32_t)layout->target_type,
+        .epoch = f->cursor.epoch,
+        .position = f->cursor.position,
+    };
+    memcpy(bytes, &header, sizeof header);
+    f->cursor.position += rows;
+    if (f->cursor.position == samples) {
+        f->cursor.epoch++;
+        f->cursor.position = 0;
+    }
+    return rows;
+}

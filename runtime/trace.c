@@ -1,0 +1,413 @@
+#include "trace.h"
+
+#include <errno.h>
+#include <fcntl.h>   // open
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>   // snprintf, fprintf
+#include <string.h>
+#include <unistd.h>  // read, write, close
+
+#define TRACE_MAGIC "qtrain-trace"
+
+// ---------------------------------------------------------------------------------------------
+// Formatting
+
+uint64_t trace_hash(const void *bytes, size_t n) {
+    const uint8_t *p = bytes;
+    uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64 offset basis and prime
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+// Appends with snprintf and asserts the room: callers size `out` for the longest line.
+typedef struct text {
+    char *out;
+    size_t bytes;
+    size_t used;
+} text;
+
+__attribute__((format(printf, 2, 3))) static void text_add(text *t, const char *fmt, ...) {
+    va_list args;
+    va_start(args, fmt);
+    int n = vsnprintf(t->out + t->used, t->bytes - t->used, fmt, args);
+    va_end(args);
+    QT_ASSERT(n >= 0 && (size_t)n < t->bytes - t->used);
+    t->used += (size_t)n;
+}
+
+// " key=0x3f8ccccd:1.10000002": the bits decide equality, the value is for people.
+static void text_float(text *t, const char *key, float value) {
+    text_add(t, " %s=0x%08" PRIx32 ":%.9g", key, qt_f32_bits(value), (double)value);
+}
+
+static const char *mode_name(uint32_t mode) {
+    switch (mode) {
+    case QT_TRACE_MODE_TRAIN: return "train";
+    case QT_TRACE_MODE_EVAL: return "eval";
+    case QT_TRACE_MODE_INFER: return "infer";
+    default: return "unknown";
+    }
+}
+
+size_t trace_format_header(const trace_header *h, char *out, size_t out_bytes) {
+    QT_ASSERT(h->quantizers_count <= QT_TRACE_QUANTIZERS_MAX);
+    text t = {out, out_bytes, 0};
+    text_add(&t, "%s %d recipe=%016" PRIx64 " quantizers=%" PRIu32 " checksum_every=%" PRIu32
+             "\n", TRACE_MAGIC, TRACE_VERSION, h->recipe_hash, h->quantizers_count,
+             h->checksum_every);
+    for (uint32_t i = 0; i < h->quantizers_count; i++) {
+        const char *name = h->quantizer_names[i];
+        size_t length = strnlen(name, TRACE_NAME_MAX);
+        // The runtime builds the names from layer paths, which have no blanks.
+        QT_ASSERT(length > 0 && length < TRACE_NAME_MAX && strpbrk(name, " \t\r\n") == NULL);
+        text_add(&t, "quantizer %" PRIu32 " %s\n", i, name);
+    }
+    return t.used;
+}
+
+size_t trace_format_record(const qt_trace_record *r, uint32_t quantizers_count, char *out,
+                           size_t out_bytes) {
+    QT_ASSERT(quantizers_count <= QT_TRACE_QUANTIZERS_MAX);
+    QT_ASSERT(out_bytes >= TRACE_LINE_BYTES_MAX);
+    text t = {out, out_bytes, 0};
+    text_add(&t, "step=%" PRIu64 " mode=%s flags=0x%" PRIx32 ":", r->step, mode_name(r->mode),
+             r->flags);
+    uint32_t known = r->flags & QT_TRACE_FLAGS_KNOWN;
+    if (known == 0) text_add(&t, "none");
+    if (known & QT_TRACE_FLAG_SKIPPED) text_add(&t, "skipped");
+    if (known & QT_TRACE_FLAG_CHECKSUM) {
+        text_add(&t, "%schecksum", (known & QT_TRACE_FLAG_SKIPPED) ? "," : "");
+    }
+    text_float(&t, "loss", r->loss);
+    text_float(&t, "accuracy", r->accuracy);
+    text_float(&t, "grad_norm", r->grad_norm);
+    text_float(&t, "lr", r->lr);
+    if (r->flags & QT_TRACE_FLAG_CHECKSUM) {
+        text_add(&t, " checksum=0x%016" PRIx64, r->checksum);
+    } else {
+        text_add(&t, " checksum=-");  // the field holds nothing meaningful in this step
+    }
+    for (uint32_t i = 0; i < quantizers_count; i++) {
+        char key[16];
+        snprintf(key, sizeof key, "amax.%" PRIu32, i);
+        text_float(&t, key, r->amax[i]);
+        snprintf(key, sizeof key, "scale.%" PRIu32, i);
+        text_float(&t, key, r->scale[i]);
+    }
+    text_add(&t, "\n");
+    return t.used;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writer
+
+static qt_status writer_flush(trace_writer *w) {
+    size_t done = 0;
+    while (done < w->used) {
+        ssize_t n = write(w->fd, w->buffer + done, w->used - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) {
+            return qt_fail(QT_ERR_IO, "%s: cannot write the trace: %s", w->path,
+                           strerror(errno));
+        }
+        done += (size_t)n;
+    }
+    w->used = 0;
+    return QT_OK;
+}
+
+qt_status trace_open(trace_writer *w, const char *path, const trace_header *h) {
+    if (strlen(path) >= sizeof w->path) {
+        return qt_fail(QT_ERR_INPUT, "trace path '%.64s...' is longer than TRACE_PATH_MAX - 1 = "
+                       "%d bytes; use a shorter path", path, TRACE_PATH_MAX - 1);
+    }
+    QT_ASSERT(h->quantizers_count <= QT_TRACE_QUANTIZERS_MAX);
+    w->fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (w->fd < 0) {
+        return qt_fail(QT_ERR_IO, "%s: cannot create the trace file: %s; check that the folder "
+                       "exists and is writable", path, strerror(errno));
+    }
+    snprintf(w->path, sizeof w->path, "%s", path);
+    w->quantizers_count = h->quantizers_count;
+    w->records = 0;
+    w->used = trace_format_header(h, w->buffer, sizeof w->buffer);
+    return QT_OK;
+}
+
+qt_status trace_write(trace_writer *w, const qt_trace_record *r) {
+    QT_ASSERT(w->fd >= 0);
+    if (sizeof w->buffer - w->used < TRACE_LINE_BYTES_MAX) QT_TRY(writer_flush(w));
+    w->used += trace_format_record(r, w->quantizers_count, w->buffer + w->used,
+                                   sizeof w->buffer - w->used);
+    w->records++;
+    return QT_OK;
+}
+
+qt_status trace_close(trace_writer *w) {
+    QT_ASSERT(w->fd >= 0);
+    qt_status status = writer_flush(w);
+    if (close(w->fd) != 0 && status == QT_OK) {
+        status = qt_fail(QT_ERR_IO, "%s: cannot close the trace: %s", w->path, strerror(errno));
+    }
+    w->fd = -1;
+    return status;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading and comparing
+
+#define READER_BUFFER_BYTES (2 * TRACE_LINE_BYTES_MAX)
+
+typedef struct line_reader {
+    const char *path;
+    int fd;
+    bool file_end;
+    uint64_t line;        // number of the line last returned, from 1
+    size_t start, end;    // unread bytes: buffer[start, end)
+    char buffer[READER_BUFFER_BYTES];
+} line_reader;
+
+static qt_status reader_open(line_reader *r, const char *path) {
+    memset(r, 0, offsetof(line_reader, buffer));
+    r->path = path;
+    r->fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (r->fd < 0) return qt_fail(QT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    return QT_OK;
+}
+
+// The next line without its \n, NUL-terminated in place and valid until the next call; *have
+// is false at the end of the file.
+static qt_status reader_next(line_reader *r, char **line, bool *have) {
+    for (;;) {
+        char *begin = r->buffer + r->start;
+        char *newline = memchr(begin, '\n', r->end - r->start);
+        size_t length = newline != NULL ? (size_t)(newline - begin) : r->end - r->start;
+        if (length >= TRACE_LINE_BYTES_MAX) {
+            return qt_fail(QT_ERR_INPUT, "%s:%" PRIu64 ": line longer than %d bytes; expected a "
+                           "qtrain trace file", r->path, r->line + 1, TRACE_LINE_BYTES_MAX);
+        }
+        if (newline != NULL) {
+            *newline = '\0';
+            *line = begin;
+            r->start = (size_t)(newline + 1 - r->buffer);
+            r->line++;
+            *have = true;
+            return QT_OK;
+        }
+        if (r->file_end) {
+            *have = false;
+            if (r->start == r->end) return QT_OK;
+            return qt_fail(QT_ERR_INPUT, "%s:%" PRIu64 ": the last line has no end: the trace "
+                           "is cut short (was the run interrupted?)", r->path, r->line + 1);
+        }
+        memmove(r->buffer, begin, r->end - r->start);
+        r->end -= r->start;
+        r->start = 0;
+        ssize_t n = read(r->fd, r->buffer + r->end, sizeof r->buffer - r->end);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) return qt_fail(QT_ERR_IO, "%s: cannot read: %s", r->path, strerror(errno));
+        if (n == 0) r->file_end = true;
+        r->end += (size_t)n;
+    }
+}
+
+static qt_status reader_expect_line(line_reader *r, char **line, const char *what) {
+    bool have;
+    QT_TRY(reader_next(r, line, &have));
+    if (!have) {
+        return qt_fail(QT_ERR_INPUT, "%s:%" PRIu64 ": the file ends; expected %s", r->path,
+                       r->line + 1, what);
+    }
+    return QT_OK;
+}
+
+static qt_status parse_header(line_reader *r, trace_header *h) {
+    memset(h, 0, sizeof *h);
+    char *line;
+    QT_TRY(reader_expect_line(r, &line, "the header '" TRACE_MAGIC " 1 ...'"));
+    int version = 0, end = -1;
+    int fields = sscanf(line, TRACE_MAGIC " %d recipe=%16" SCNx64 " quantizers=%" SCNu32
+                        " checksum_every=%" SCNu32 "%n", &version, &h->recipe_hash,
+                        &h->quantizers_count, &h->checksum_every, &end);
+    if (fields < 1 || strncmp(line, TRACE_MAGIC " ", sizeof TRACE_MAGIC) != 0) {
+        return qt_fail(QT_ERR_INPUT, "%s:1: not a qtrain trace: expected '" TRACE_MAGIC " %d "
+                       "recipe=...', found '%.40s'", r->path, TRACE_VERSION, line);
+    }
+    if (version != TRACE_VERSION) {
+        return qt_fail(QT_ERR_INPUT, "%s:1: trace format version %d; this qtrain reads version "
+                       "%d", r->path, version, TRACE_VERSION);
+    }
+    if (fields != 4 || end < 0 || line[end] != '\0' ||
+        h->quantizers_count > QT_TRACE_QUANTIZERS_MAX) {
+        return qt_fail(QT_ERR_INPUT, "%s:1: malformed header '%.120s'; expected '" TRACE_MAGIC
+                       " 1 recipe=<16 hex> quantizers=<0..%d> checksum_every=<N>'", r->path,
+                       line, QT_TRACE_QUANTIZERS_MAX);
+    }
+    for (uint32_t i = 0; i < h->quantizers_count; i++) {
+        QT_TRY(reader_expect_line(r, &line, "a 'quantizer I NAME' line"));
+        uint32_t index = UINT32_MAX;
+        end = -1;
+        sscanf(line, "quantizer %" SCNu32 " %63s%n", &index, h->quantizer_names[i], &end);
+        if (index != i || end < 0 || line[end] != '\0') {
+            return qt_fail(QT_ERR_INPUT, "%s:%" PRIu64 ": expected 'quantizer %" PRIu32 " NAME', "
+                           "found '%.80s'", r->path, r->line, i, line);
+        }
+    }
+    return QT_OK;
+}
+
+// Prints the first header field that differs; returns whether one did.
+static bool header_differs(const trace_header *a, const trace_header *b, FILE *out) {
+    if (a->recipe_hash != b->recipe_hash) {
+        fprintf(out, "header: recipe hash differs: A %016" PRIx64 ", B %016" PRIx64 " (the runs "
+                "used different recipes)\n", a->recipe_hash, b->recipe_hash);
+        return true;
+    }
+    if (a->quantizers_count != b->quantizers_count || a->checksum_every != b->checksum_every) {
+        fprintf(out, "header: A has %" PRIu32 " quantizers, checksum every %" PRIu32 " steps; B "
+                "has %" PRIu32 ", every %" PRIu32 "\n", a->quantizers_count, a->checksum_every,
+                b->quantizers_count, b->checksum_every);
+        return true;
+    }
+    for (uint32_t i = 0; i < a->quantizers_count; i++) {
+        if (strcmp(a->quantizer_names[i], b->quantizer_names[i]) != 0) {
+            fprintf(out, "header: quantizer %" PRIu32 " is %s in A, %s in B\n", i,
+                    a->quantizer_names[i], b->quantizer_names[i]);
+            return true;
+        }
+    }
+    return false;
+}
+
+// Splits off the next space-separated token of a record line; false at the end.
+static bool next_token(const char **cursor, const char **token, size_t *length) {
+    const char *p = *cursor;
+    while (*p == ' ') p++;
+    if (*p == '\0') return false;
+    const char *start = p;
+    while (*p != ' ' && *p != '\0') p++;
+    *token = start;
+    *length = (size_t)(p - start);
+    *cursor = p;
+    return true;
+}
+
+static size_t key_length(const char *token, size_t length) {
+    const char *eq = memchr(token, '=', length);
+    return eq != NULL ? (size_t)(eq - token) : length;
+}
+
+// " (quantizer NAME)" for the amax.I and scale.I fields, else "".
+static void quantizer_note(const trace_header *h, const char *key, size_t key_bytes, char *note,
+                           size_t note_bytes) {
+    note[0] = '\0';
+    unsigned index;
+    int end = -1;
+    char field[TRACE_NAME_MAX];
+    snprintf(field, sizeof field, "%.*s", (int)key_bytes, key);
+    if ((sscanf(field, "amax.%u%n", &index, &end) == 1 ||
+         sscanf(field, "scale.%u%n", &index, &end) == 1) &&
+        field[end] == '\0' && index < h->quantizers_count) {
+        snprintf(note, note_bytes, " (quantizer %s)", h->quantizer_names[index]);
+    }
+}
+
+// Two record lines that are not byte-equal: names the step and the first field that differs.
+static void report_record(const trace_header *h, const line_reader *ra, const char *a,
+                          const line_reader *rb, const char *b, FILE *out) {
+    const char *step = a + strlen("step=");
+    size_t step_bytes = strcspn(step, " ");
+    fprintf(out, "first difference at step %.*s (line %" PRIu64 " of A, line %" PRIu64
+            " of B)", (int)step_bytes, step, ra->line, rb->line);
+    const char *ta = NULL, *tb = NULL;
+    size_t la = 0, lb = 0;
+    for (;;) {
+        bool has_a = next_token(&a, &ta, &la), has_b = next_token(&b, &tb, &lb);
+        if (!has_a && !has_b) {
+            fprintf(out, ": the fields are equal but spaced differently\n");
+            return;
+        }
+        if (!has_a || !has_b) {
+            const char *which = has_a ? "B" : "A";
+            const char *tok = has_a ? ta : tb;
+            size_t len = has_a ? la : lb;
+            fprintf(out, ": %s's record ends where the other has %.*s\n", which, (int)len, tok);
+            return;
+        }
+        if (la == lb && memcmp(ta, tb, la) == 0) continue;
+        size_t ka = key_length(ta, la), kb = key_length(tb, lb);
+        if (ka != kb || memcmp(ta, tb, ka) != 0) {
+            fprintf(out, ": A has field %.*s where B has %.*s\n", (int)ka, ta, (int)kb, tb);
+            return;
+        }
+        char note[TRACE_NAME_MAX + 16];
+        quantizer_note(h, ta, ka, note, sizeof note);
+        fprintf(out, ", field %.*s%s:\n  A: %.*s\n  B: %.*s\n", (int)ka, ta, note,
+                (int)(la - ka - 1), ta + ka + 1, (int)(lb - kb - 1), tb + kb + 1);
+        return;
+    }
+}
+
+static qt_status expect_record(const line_reader *r, const char *line) {
+    if (strncmp(line, "step=", 5) != 0) {
+        return qt_fail(QT_ERR_INPUT, "%s:%" PRIu64 ": expected a record line 'step=N ...', "
+                       "found '%.40s'", r->path, r->line, line);
+    }
+    return QT_OK;
+}
+
+// Both readers are past their headers. Compares record lines until the first difference.
+static qt_status diff_records(const trace_header *h, line_reader *ra, line_reader *rb,
+                              FILE *out, bool *identical) {
+    uint64_t records = 0;
+    for (;;) {
+        char *a, *b;
+        bool have_a, have_b;
+        QT_TRY(reader_next(ra, &a, &have_a));
+        QT_TRY(reader_next(rb, &b, &have_b));
+        if (have_a) QT_TRY(expect_record(ra, a));
+        if (have_b) QT_TRY(expect_record(rb, b));
+        if (!have_a && !have_b) break;
+        if (!have_a || !have_b) {
+            const char *longer = have_a ? a : b;
+            fprintf(out, "%s ends after %" PRIu64 " records; %s goes on with %.*s\n",
+                    have_a ? "B" : "A", records, have_a ? "A" : "B",
+                    (int)strcspn(longer, " "), longer);
+            *identical = false;
+            return QT_OK;
+        }
+        if (strcmp(a, b) != 0) {
+            report_record(h, ra, a, rb, b, out);
+            *identical = false;
+            return QT_OK;
+        }
+        records++;
+    }
+    if (*identical) fprintf(out, "identical: %" PRIu64 " records\n", records);
+    return QT_OK;
+}
+
+// Two readers and two headers take about 42 KiB of stack; trace_diff runs in the CLI's main
+// thread, whose stack is megabytes.
+qt_status trace_diff(const char *path_a, const char *path_b, FILE *out, bool *identical) {
+    line_reader ra, rb;
+    trace_header ha, hb;
+    *identical = false;
+    QT_TRY(reader_open(&ra, path_a));
+    qt_status status = reader_open(&rb, path_b);
+    if (status != QT_OK) {
+        close(ra.fd);
+        return status;
+    }
+    status = parse_header(&ra, &ha);
+    if (status == QT_OK) status = parse_header(&rb, &hb);
+    if (status == QT_OK) {
+        *identical = !header_differs(&ha, &hb, out);
+        status = diff_records(&ha, &ra, &rb, out, identical);
+    }
+    if (status != QT_OK) *identical = false;
+    close(ra.fd);
+    close(rb.fd);
+    return status;
+}

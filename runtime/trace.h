@@ -1,0 +1,80 @@
+// trace: the text trace file (one line per step, every field printed exactly) and the comparison
+// of two traces (`qtrain diff A B`).
+//
+// Owns the writer's file descriptor and line buffer (inside trace_writer, caller storage) from
+// trace_open to trace_close. Callers: the schedule loop, which writes the records it reads from
+// the device's pinned ring (ptx/trace_record.h); tools/qtrain for diff. One thread per writer.
+//
+// File format, version 1. Lines end with \n; fields are `key=value` separated by one space.
+//
+//   qtrain-trace 1 recipe=<16 hex digits> quantizers=<N> checksum_every=<K>
+//   quantizer 0 <name>                       N lines: the delayed-scaling quantizers, in the
+//   quantizer 1 <name>                       order of the records' amax.I and scale.I
+//   step=<S> mode=<train|eval|infer> flags=<F> loss=<X> accuracy=<X> grad_norm=<X> lr=<X>
+//       checksum=<C> amax.0=<X> scale.0=<X> ... amax.N-1=<X> scale.N-1=<X>      (one line)
+//
+//   <X>  an FP32 as its bits and a readable value: 0x3f8ccccd:1.10000002 (%.9g, which
+//        round-trips; nan and inf print as such, the bits tell which NaN)
+//   <F>  0x<hex>:<names> with names skipped,checksum (or `none`); unknown bits stay in the hex
+//   <C>  0x<16 hex digits> when the record carries the checksum of the persistent state, else -
+//
+// Every bit of a record that has a meaning is printed, and nothing else (no times, no paths), so
+// two runs are bitwise identical exactly when their trace files are byte-identical; trace_diff
+// names the first step and field where they are not.
+#ifndef QT_TRACE_H
+#define QT_TRACE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>  // FILE, for trace_diff's report
+
+#include "status.h"        // qt_status
+#include "trace_record.h"  // qt_trace_record, QT_TRACE_QUANTIZERS_MAX
+
+#define TRACE_VERSION 1
+#define TRACE_NAME_MAX 64           // quantizer names, terminator included
+#define TRACE_PATH_MAX 256
+#define TRACE_LINE_BYTES_MAX 8192   // a record with 64 quantizers takes about 5 KiB
+#define TRACE_WRITE_BUFFER_BYTES 65536
+
+typedef struct trace_header {
+    uint64_t recipe_hash;           // trace_hash of the recipe file's text
+    uint32_t quantizers_count;      // <= QT_TRACE_QUANTIZERS_MAX
+    uint32_t checksum_every;        // steps between checksums; 0 = none
+    char quantizer_names[QT_TRACE_QUANTIZERS_MAX][TRACE_NAME_MAX];  // no blanks
+} trace_header;
+
+typedef struct trace_writer {
+    int fd;
+    char path[TRACE_PATH_MAX];
+    uint32_t quantizers_count;
+    uint64_t records;
+    size_t used;                    // bytes waiting in buffer
+    char buffer[TRACE_WRITE_BUFFER_BYTES];
+} trace_writer;
+
+// 64-bit FNV-1a: the recipe hash of the header (and of checkpoints).
+uint64_t trace_hash(const void *bytes, size_t n);
+
+// Formats the header lines / one record line (with its \n) into out and returns the length.
+// out_bytes must be at least TRACE_LINE_BYTES_MAX (a record) or the header's size; asserted.
+size_t trace_format_header(const trace_header *h, char *out, size_t out_bytes);
+size_t trace_format_record(const qt_trace_record *r, uint32_t quantizers_count, char *out,
+                           size_t out_bytes);
+
+// Creates (or truncates) the file and writes the header. QT_ERR_IO naming the path on failure.
+qt_status trace_open(trace_writer *w, const char *path, const trace_header *h);
+// Appends one record (buffered; written when the buffer fills and at trace_close).
+qt_status trace_write(trace_writer *w, const qt_trace_record *r);
+// Writes what is buffered and closes the file; the writer is done even when this fails.
+qt_status trace_close(trace_writer *w);
+
+// Compares two trace files. Prints to `out` either `identical: N records` or the first
+// difference: a header field, then the first step whose record differs, with the field and both
+// values (and the quantizer's name for amax.I / scale.I), or where one trace ends early.
+// *identical is true when the files are equal field for field. QT_ERR_IO when a file cannot be
+// read, QT_ERR_INPUT (file:line) when one is not a qtrain trace.
+qt_status trace_diff(const char *path_a, const char *path_b, FILE *out, bool *identical);
+
+#endif  // QT_TRACE_H

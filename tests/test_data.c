@@ -1,0 +1,756 @@
+// test_data: datasets and batches (runtime/data.c).
+//
+// IDX files written by the test (plain, gzip, multi-member gzip) probe to exact sizes and load to
+// exact bytes; every kind of bad file fails with a message naming the file and the problem; the
+// synthetic sources are deterministic (golden hashes) and learnable; the shuffle is a permutation
+// fixed by (seed, epoch); feeds pad the last batch, cover every sample once per epoch and resume
+// from a cursor. Fashion-MNIST is checked when extracted into .data/ or installed (else SKIP).
+// Run from the repository root.
+#include <inttypes.h>
+#include <math.h>
+#include <string.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "data.h"
+#include "test.h"
+
+static char tmp_dir[64];
+
+// ---------------------------------------------------------------------------------------------
+// helpers: files, IDX bytes, loading
+
+typedef struct bytes {
+    uint8_t *data;
+    size_t size;
+} bytes;
+
+static void put_be32(uint8_t *p, uint32_t v) {
+    p[0] = (uint8_t)(v >> 24);
+    p[1] = (uint8_t)(v >> 16);
+    p[2] = (uint8_t)(v >> 8);
+    p[3] = (uint8_t)v;
+}
+
+// Sample s of the test images: pixel 0 = s & 255, pixel 1 = 255, then a pattern.
+static uint8_t pixel_of(uint32_t s, uint32_t p) {
+    if (p == 0) return (uint8_t)s;
+    if (p == 1) return 255;
+    return (uint8_t)(s * 7 + p * 13);
+}
+
+static bytes idx_images(uint32_t count, uint32_t rows, uint32_t cols) {
+    bytes b = {malloc(16 + (size_t)count * rows * cols), 16 + (size_t)count * rows * cols};
+    put_be32(b.data, 0x803);
+    put_be32(b.data + 4, count);
+    put_be32(b.data + 8, rows);
+    put_be32(b.data + 12, cols);
+    for (uint32_t s = 0; s < count; s++) {
+        for (uint32_t p = 0; p < rows * cols; p++) {
+            b.data[16 + (size_t)s * rows * cols + p] = pixel_of(s, p);
+        }
+    }
+    return b;
+}
+
+static bytes idx_labels(uint32_t count, uint32_t classes) {
+    bytes b = {malloc(8 + (size_t)count), 8 + (size_t)count};
+    put_be32(b.data, 0x801);
+    put_be32(b.data + 4, count);
+    for (uint32_t s = 0; s < count; s++) b.data[8 + s] = (uint8_t)(s % classes);
+    return b;
+}
+
+static const char *tmp_path(const char *name) {
+    static char paths[8][128];
+    static int next;
+    char *p = paths[next++ % 8];
+    snprintf(p, 128, "%s/%s", tmp_dir, name);
+    return p;
+}
+
+static void write_file(const char *path, const void *data, size_t size) {
+    FILE *f = fopen(path, "wb");
+    if (f == NULL || fwrite(data, 1, size, f) != size || fclose(f) != 0) {
+        printf("  cannot write %s\n", path);
+        abort();
+    }
+}
+
+// gzip members of data[0 .. split) and data[split .. size), concatenated (one member if split is
+// 0 or size).
+static bytes gzip_bytes(const uint8_t *data, size_t size, size_t split) {
+    bytes out = {malloc(2 * size + 256), 0};
+    size_t parts[2][2] = {{0, split}, {split, size}};
+    for (int m = 0; m < 2; m++) {
+        if (parts[m][1] == parts[m][0] && !(m == 0 && split == size)) continue;
+        z_stream z;
+        memset(&z, 0, sizeof z);
+        if (deflateInit2(&z, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK) abort();
+        z.next_in = (uint8_t *)data + parts[m][0];
+        z.avail_in = (uInt)(parts[m][1] - parts[m][0]);
+        z.next_out = out.data + out.size;
+        z.avail_out = (uInt)(2 * size + 256 - out.size);
+        if (deflate(&z, Z_FINISH) != Z_STREAM_END) abort();
+        out.size += z.total_out;
+        deflateEnd(&z);
+    }
+    return out;
+}
+
+static void write_bytes(const char *path, bytes b) {
+    write_file(path, b.data, b.size);
+}
+
+static recipe_source idx_source(const char *images, const char *labels) {
+    recipe_source s;
+    memset(&s, 0, sizeof s);
+    s.kind = RECIPE_SOURCE_IDX;
+    snprintf(s.images, sizeof s.images, "%s", images);
+    snprintf(s.labels, sizeof s.labels, "%s", labels);
+    return s;
+}
+
+static recipe_source synthetic_source(recipe_source_kind kind, uint32_t inputs, uint32_t outputs,
+                                      uint64_t samples, uint64_t seed) {
+    recipe_source s;
+    memset(&s, 0, sizeof s);
+    s.kind = kind;
+    s.inputs = inputs;
+    s.outputs = outputs;
+    s.samples = samples;
+    s.seed = seed;
+    s.line = 7;
+    return s;
+}
+
+// Probes and loads into fresh memory, which it returns for the caller to free.
+static void *load(const recipe_source *src, uint32_t features, uint32_t outputs, data_set *set,
+                  qt_status *status) {
+    data_info info;
+    *status = data_probe(src, features, outputs, &info);
+    if (*status != QT_OK) return NULL;
+    void *memory = aligned_alloc(DATA_ALIGN, info.bytes);
+    memset(memory, 0xAB, info.bytes);  // garbage, so that unwritten bytes show
+    *status = data_load(src, &info, memory, info.bytes, set);
+    return memory;
+}
+
+static uint64_t fnv(const void *data, size_t size) {
+    const uint8_t *p = data;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < size; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+// Expects failure `status` with `fragment` in the message.
+#define CHECK_ERROR(got, status, fragment)                                                    \
+    CHECK((got) == (status) && strstr(qt_error_message(), (fragment)) != NULL,               \
+          "expected %s with '%s', got %s: %s", qt_status_name(status), (fragment),           \
+          qt_status_name(got), qt_error_message())
+
+// ---------------------------------------------------------------------------------------------
+// IDX files
+
+enum { N = 37, ROWS = 3, COLS = 5, FEATURES = ROWS * COLS, CLASSES = 10 };
+
+static void check_idx_set(const data_set *set) {
+    const data_info *info = &set->info;
+    CHECK(info->samples == N && info->features == FEATURES && info->image_rows == ROWS &&
+          info->image_cols == COLS && info->outputs == CLASSES, "info %" PRIu64 " x %u (%u x %u)",
+          info->samples, info->features, info->image_rows, info->image_cols);
+    // 37 x 15 bytes = 555 -> targets at 768; 37 labels x 4 = 148 bytes -> 916 -> 1024.
+    CHECK(info->inputs_offset == 0 && info->inputs_bytes == 555, "inputs %" PRIu64,
+          info->inputs_bytes);
+    CHECK(info->targets_offset == 768 && info->targets_bytes == 148, "targets at %" PRIu64,
+          info->targets_offset);
+    CHECK(info->scratch_bytes == 0 && info->bytes == 1024, "bytes %" PRIu64, info->bytes);
+    CHECK(set->inputs_u8 != NULL && set->labels != NULL && set->inputs_f32 == NULL &&
+          set->targets == NULL, "views");
+    if (set->inputs_u8 == NULL || set->labels == NULL) return;
+    int bad = 0;
+    for (uint32_t s = 0; s < N; s++) {
+        for (uint32_t p = 0; p < FEATURES; p++) {
+            bad += set->inputs_u8[s * FEATURES + p] != pixel_of(s, p);
+        }
+        CHECK(set->labels[s] == (int32_t)(s % CLASSES), "label %u is %d", s, set->labels[s]);
+    }
+    CHECK(bad == 0, "%d pixels differ", bad);
+}
+
+static void test_idx_plain_and_gzip(void) {
+    test_begin("idx_plain_and_gzip");
+    bytes im = idx_images(N, ROWS, COLS), lb = idx_labels(N, CLASSES);
+    write_bytes(tmp_path("im"), im);
+    write_bytes(tmp_path("lb"), lb);
+    bytes im_gz = gzip_bytes(im.data, im.size, im.size), lb_gz = gzip_bytes(lb.data, lb.size, 0);
+    write_bytes(tmp_path("im.gz"), im_gz);
+    write_bytes(tmp_path("lb.gz"), lb_gz);
+    // Members split inside the header and inside the data; a gzip file without .gz in its name.
+    bytes im_multi = gzip_bytes(im.data, im.size, 9), lb_multi = gzip_bytes(lb.data, lb.size, 20);
+    write_bytes(tmp_path("im_multi.gz"), im_multi);
+    write_bytes(tmp_path("lb_multi"), lb_multi);
+    const char *pairs[3][2] = {{"im", "lb"}, {"im.gz", "lb.gz"}, {"im_multi.gz", "lb_multi"}};
+    for (int i = 0; i < 3; i++) {
+        recipe_source src = idx_source(tmp_path(pairs[i][0]), tmp_path(pairs[i][1]));
+        data_set set;
+        qt_status status;
+        void *memory = load(&src, FEATURES, CLASSES, &set, &status);
+        CHECK(status == QT_OK, "%s: %s", pairs[i][0], qt_error_message());
+        if (status == QT_OK) check_idx_set(&set);
+        free(memory);
+    }
+    free(im.data), free(lb.data), free(im_gz.data), free(lb_gz.data);
+    free(im_multi.data), free(lb_multi.data);
+    test_end();
+}
+
+// A gzip file cut in half still probes (only its header is inflated) but does not load.
+static void test_idx_probe_reads_headers_only(void) {
+    test_begin("idx_probe_reads_headers_only");
+    bytes im = idx_images(400, 28, 28), lb = idx_labels(400, CLASSES);
+    bytes im_gz = gzip_bytes(im.data, im.size, im.size);
+    write_file(tmp_path("half.gz"), im_gz.data, im_gz.size / 2);
+    write_bytes(tmp_path("lb400"), lb);
+    recipe_source src = idx_source(tmp_path("half.gz"), tmp_path("lb400"));
+    data_info info;
+    qt_status status = data_probe(&src, 784, CLASSES, &info);
+    CHECK(status == QT_OK && info.samples == 400 && info.bytes == 313600 + 1792,
+          "probe: %s: %s (bytes %" PRIu64 ")", qt_status_name(status), qt_error_message(),
+          info.bytes);
+    void *memory = aligned_alloc(DATA_ALIGN, info.bytes);
+    data_set set;
+    status = data_load(&src, &info, memory, info.bytes, &set);
+    CHECK_ERROR(status, QT_ERR_INPUT, "half.gz: the gzip data ends early");
+    free(memory), free(im.data), free(lb.data), free(im_gz.data);
+    test_end();
+}
+
+// Probes (load = false) or loads images `im` with labels `lb` and checks the error.
+static void expect_failure(const char *im, const char *lb, uint32_t features, bool load_too,
+                           qt_status expected, const char *fragment) {
+    recipe_source src = idx_source(tmp_path(im), tmp_path(lb));
+    data_info info;
+    qt_status status = data_probe(&src, features, CLASSES, &info);
+    if (load_too && status == QT_OK) {
+        void *memory = aligned_alloc(DATA_ALIGN, info.bytes);
+        data_set set;
+        status = data_load(&src, &info, memory, info.bytes, &set);
+        free(memory);
+    }
+    CHECK_ERROR(status, expected, fragment);
+}
+
+static void test_idx_errors(void) {
+    test_begin("idx_errors");
+    bytes im = idx_images(N, ROWS, COLS), lb = idx_labels(N, CLASSES);
+    write_bytes(tmp_path("e_im"), im);
+    write_bytes(tmp_path("e_lb"), lb);
+    expect_failure("missing", "e_lb", FEATURES, false, QT_ERR_IO, "missing: cannot open");
+    expect_failure("e_lb", "e_im", FEATURES, false, QT_ERR_INPUT, "IMAGES and LABELS swapped");
+    write_file(tmp_path("text"), "hello, world: not IDX", 21);
+    expect_failure("text", "e_lb", FEATURES, false, QT_ERR_INPUT, "text: magic 0x68656c6c is "
+                   "not an IDX file; expected 0x00000803");
+    expect_failure("e_im", "e_lb", FEATURES + 1, false, QT_ERR_INPUT, "images of 3 x 5 = 15 "
+                   "values; the model's input is 16: set `input = 15`");
+    write_file(tmp_path("empty"), "", 0);
+    expect_failure("empty", "e_lb", FEATURES, false, QT_ERR_INPUT, "empty: truncated: the IDX "
+                   "header needs 16 bytes, the data ends after 0");
+    write_file(tmp_path("short_header"), im.data, 10);
+    expect_failure("short_header", "e_lb", FEATURES, false, QT_ERR_INPUT, "needs 16 bytes");
+    bytes lb36 = idx_labels(N - 1, CLASSES);
+    write_bytes(tmp_path("lb36"), lb36);
+    expect_failure("e_im", "lb36", FEATURES, false, QT_ERR_INPUT, "lb36: 36 labels, but");
+    bytes zero = idx_images(0, ROWS, COLS);
+    write_bytes(tmp_path("zero"), zero);
+    expect_failure("zero", "e_lb", FEATURES, false, QT_ERR_INPUT, "the header gives 0 x 3 x 5");
+    // Body errors show at load only.
+    write_file(tmp_path("cut"), im.data, im.size - 1);
+    expect_failure("cut", "e_lb", FEATURES, true, QT_ERR_INPUT, "cut: truncated: the images "
+                   "need 571 bytes in all, the data ends after 570");
+    uint8_t *longer = malloc(im.size + 3);
+    memcpy(longer, im.data, im.size);
+    memset(longer + im.size, 0, 3);
+    write_file(tmp_path("long"), longer, im.size + 3);
+    expect_failure("long", "e_lb", FEATURES, true, QT_ERR_INPUT, "long: trailing bytes after "
+                   "the 571 bytes");
+    lb.data[8 + 30] = CLASSES;
+    write_bytes(tmp_path("lb_range"), lb);
+    expect_failure("e_im", "lb_range", FEATURES, true, QT_ERR_INPUT, "label 10 of sample 30 is "
+                   "out of range");
+    free(longer), free(im.data), free(lb.data), free(lb36.data), free(zero.data);
+    test_end();
+}
+
+static void test_idx_gzip_errors(void) {
+    test_begin("idx_gzip_errors");
+    bytes im = idx_images(N, ROWS, COLS), lb = idx_labels(N, CLASSES);
+    write_bytes(tmp_path("g_lb"), lb);
+    bytes gz = gzip_bytes(im.data, im.size, im.size);
+    gz.data[gz.size - 6] ^= 0x40;  // inside the CRC-32 of the trailer
+    write_bytes(tmp_path("crc.gz"), gz);
+    expect_failure("crc.gz", "g_lb", FEATURES, true, QT_ERR_INPUT, "crc.gz: corrupt gzip data "
+                   "after 571 uncompressed bytes (zlib: incorrect data check)");
+    gz.data[gz.size - 6] ^= 0x40;
+    write_file(tmp_path("notrailer.gz"), gz.data, gz.size - 8);
+    expect_failure("notrailer.gz", "g_lb", FEATURES, true, QT_ERR_INPUT, "the gzip data ends "
+                   "early, after 571 uncompressed bytes");
+    uint8_t *junk = malloc(gz.size + 4);
+    memcpy(junk, gz.data, gz.size);
+    memcpy(junk + gz.size, "junk", 4);
+    write_file(tmp_path("junk.gz"), junk, gz.size + 4);
+    expect_failure("junk.gz", "g_lb", FEATURES, true, QT_ERR_INPUT, "junk.gz: corrupt gzip data "
+                   "after 571 uncompressed bytes (zlib: incorrect header check)");
+    // The uncompressed file is longer than its header says.
+    uint8_t *longer = malloc(im.size + 1);
+    memcpy(longer, im.data, im.size);
+    longer[im.size] = 7;
+    bytes long_gz = gzip_bytes(longer, im.size + 1, im.size + 1);
+    write_bytes(tmp_path("long.gz"), long_gz);
+    expect_failure("long.gz", "g_lb", FEATURES, true, QT_ERR_INPUT, "long.gz: trailing bytes");
+    free(junk), free(longer), free(long_gz.data), free(gz.data), free(im.data), free(lb.data);
+    test_end();
+}
+
+// A file replaced between probe and load is refused rather than loaded into a wrong-sized plan.
+static void test_idx_changed_after_probe(void) {
+    test_begin("idx_changed_after_probe");
+    bytes im = idx_images(N, ROWS, COLS), lb = idx_labels(N, CLASSES);
+    write_bytes(tmp_path("c_im"), im);
+    write_bytes(tmp_path("c_lb"), lb);
+    recipe_source src = idx_source(tmp_path("c_im"), tmp_path("c_lb"));
+    data_info info;
+    qt_status status = data_probe(&src, FEATURES, CLASSES, &info);
+    CHECK(status == QT_OK, "probe: %s", qt_error_message());
+    bytes other = idx_images(N + 1, ROWS, COLS);
+    write_bytes(tmp_path("c_im"), other);
+    void *memory = aligned_alloc(DATA_ALIGN, info.bytes);
+    data_set set;
+    status = data_load(&src, &info, memory, info.bytes, &set);
+    CHECK_ERROR(status, QT_ERR_MISMATCH, "c_im: the header changed since the file was probed");
+    free(memory), free(im.data), free(lb.data), free(other.data);
+    test_end();
+}
+
+// ---------------------------------------------------------------------------------------------
+// synthetic sources
+
+static void test_synthetic_classes(void) {
+    test_begin("synthetic_classes");
+    enum { IN = 24, K = 5, S = 3000 };
+    recipe_source src = synthetic_source(RECIPE_SOURCE_CLASSES, IN, K, S, 11);
+    data_set a, b, c;
+    qt_status sa, sb, sc;
+    void *ma = load(&src, IN, K, &a, &sa), *mb = load(&src, IN, K, &b, &sb);
+    src.seed = 12;
+    void *mc = load(&src, IN, K, &c, &sc);
+    CHECK(sa == QT_OK && sb == QT_OK && sc == QT_OK, "load: %s", qt_error_message());
+    // 3000 x 24 x 4 = 288000 bytes (a multiple of 256), 3000 labels x 4 = 12000 -> 300032.
+    CHECK(a.info.targets_offset == 288000 && a.info.bytes == 300032 && a.info.scratch_bytes == 0,
+          "layout: targets at %" PRIu64 ", bytes %" PRIu64, a.info.targets_offset, a.info.bytes);
+    CHECK(a.inputs_f32 != NULL && a.labels != NULL, "views");
+    CHECK(memcmp(ma, mb, a.info.bytes) == 0, "two loads of one seed differ");
+    CHECK(memcmp(ma, mc, a.info.targets_offset) != 0, "seeds 11 and 12 give the same inputs");
+    // Golden: a change of the generator changes every trace that uses it; update on purpose only.
+    uint64_t h = fnv(ma, a.info.bytes);
+    CHECK(h == 0xfcb76e2f12b255d3ull, "dataset hash %016" PRIx64, h);
+    // Labels in range and every class present; a nearest-class-mean classifier (means from the
+    // data itself) separates the blobs, as the generator's comment promises.
+    double mean[K][IN] = {{0}};
+    int count[K] = {0};
+    for (int s = 0; s < S; s++) {
+        int32_t l = a.labels[s];
+        if (l < 0 || l >= K) {
+            CHECK(false, "label %d of sample %d", l, s);
+            break;
+        }
+        count[l]++;
+        for (int f = 0; f < IN; f++) mean[l][f] += a.inputs_f32[s * IN + f];
+    }
+    for (int k = 0; k < K; k++) {
+        CHECK(count[k] > S / K / 2, "class %d has %d samples", k, count[k]);
+        for (int f = 0; f < IN; f++) mean[k][f] /= count[k] > 0 ? count[k] : 1;
+    }
+    int correct = 0;
+    for (int s = 0; s < S; s++) {
+        int best = 0;
+        double best_d = INFINITY;
+        for (int k = 0; k < K; k++) {
+            double d = 0;
+            for (int f = 0; f < IN; f++) {
+                double e = a.inputs_f32[s * IN + f] - mean[k][f];
+                d += e * e;
+            }
+            if (d < best_d) best_d = d, best = k;
+        }
+        correct += best == a.labels[s];
+    }
+    // Centers 4.2 noise deviations apart: the Bayes accuracy for 5 classes is about 95%.
+    CHECK(correct > S * 85 / 100 && correct < S, "nearest mean accuracy %d / %d", correct, S);
+    free(ma), free(mb), free(mc);
+    test_end();
+}
+
+static void test_synthetic_teacher(void) {
+    test_begin("synthetic_teacher");
+    enum { IN = 20, OUT = 3, S = 4000 };
+    recipe_source src = synthetic_source(RECIPE_SOURCE_TEACHER, IN, OUT, S, 5);
+    data_set a, b;
+    qt_status sa, sb;
+    void *ma = load(&src, IN, OUT, &a, &sa), *mb = load(&src, IN, OUT, &b, &sb);
+    CHECK(sa == QT_OK && sb == QT_OK, "load: %s", qt_error_message());
+    // Inputs 4000 x 20 x 4 = 320000 (a multiple of 256); targets 4000 x 3 x 4 = 48000 end at
+    // 368000 -> 368128; teacher weights 32 x (20 + 3) x 4 = 2944 end at 371072 -> 371200.
+    CHECK(a.info.targets_offset == 320000 && a.info.scratch_offset == 368128 &&
+          a.info.scratch_bytes == 2944 && a.info.bytes == 371200, "layout: bytes %" PRIu64,
+          a.info.bytes);
+    CHECK(a.inputs_f32 != NULL && a.targets != NULL && a.labels == NULL, "views");
+    CHECK(memcmp(ma, mb, a.info.bytes) == 0, "two loads of one seed differ");
+    uint64_t h = fnv(ma, a.info.bytes);
+    CHECK(h == 0x70090f64fd5e3e38ull, "dataset hash %016" PRIx64, h);
+    // Inputs N(0, 1); targets of unit variance by construction (loose bounds: 4000 samples of a
+    // fixed random teacher, whose own scale varies).
+    double sx = 0, sxx = 0, syy = 0;
+    for (int i = 0; i < S * IN; i++) {
+        sx += a.inputs_f32[i];
+        sxx += a.inputs_f32[i] * (double)a.inputs_f32[i];
+    }
+    for (int i = 0; i < S * OUT; i++) syy += a.targets[i] * (double)a.targets[i];
+    double mean = sx / (S * IN), var = sxx / (S * IN) - mean * mean, var_y = syy / (S * OUT);
+    CHECK(fabs(mean) < 0.02 && fabs(var - 1) < 0.03, "inputs mean %g var %g", mean, var);
+    CHECK(var_y > 0.3 && var_y < 3, "targets mean square %g", var_y);
+    // Not a constant function.
+    CHECK(a.targets[0] != a.targets[OUT] || a.targets[1] != a.targets[OUT + 1], "targets equal");
+    free(ma), free(mb);
+    test_end();
+}
+
+static void test_synthetic_errors(void) {
+    test_begin("synthetic_errors");
+    recipe_source src = synthetic_source(RECIPE_SOURCE_CLASSES, 8, 4, 100, 1);
+    data_info info;
+    qt_status status = data_probe(&src, 9, 4, &info);
+    CHECK_ERROR(status, QT_ERR_INPUT, "synthetic classes (recipe line 7): 8 inputs and 4 classes; "
+                "the model has 9 inputs and 4 outputs");
+    src.samples = (uint64_t)DATA_SAMPLES_MAX + 1;
+    status = data_probe(&src, 8, 4, &info);
+    CHECK_ERROR(status, QT_ERR_INPUT, "4294967296 samples; at most 4294967295");
+    test_end();
+}
+
+// ---------------------------------------------------------------------------------------------
+// shuffle
+
+static bool is_permutation(const uint32_t *order, uint32_t n) {
+    uint8_t *seen = calloc(n + 1, 1);
+    bool ok = true;
+    for (uint32_t i = 0; i < n; i++) {
+        if (order[i] >= n || seen[order[i]]) ok = false;
+        if (order[i] < n) seen[order[i]] = 1;
+    }
+    free(seen);
+    return ok;
+}
+
+static void test_shuffle(void) {
+    test_begin("shuffle");
+    uint32_t a[64], b[64];
+    for (uint32_t n = 0; n <= 64; n++) {
+        data_shuffle(a, n, 3, 0);
+        CHECK(is_permutation(a, n), "n = %u: not a permutation", n);
+    }
+    data_shuffle(a, 64, 3, 5);
+    data_shuffle(b, 64, 3, 5);
+    CHECK(memcmp(a, b, sizeof a) == 0, "(seed, epoch) = (3, 5) twice differs");
+    data_shuffle(b, 64, 3, 6);
+    CHECK(memcmp(a, b, sizeof a) != 0, "epochs 5 and 6 give one order");
+    data_shuffle(b, 64, 4, 5);
+    CHECK(memcmp(a, b, sizeof a) != 0, "seeds 3 and 4 give one order");
+    // Golden: the order of seed 7, epoch 0, 10 samples. A change here changes every training run.
+    static const uint32_t golden[10] = {7, 5, 0, 1, 8, 2, 4, 6, 9, 3};
+    data_shuffle(a, 10, 7, 0);
+    CHECK(memcmp(a, golden, sizeof golden) == 0, "order %u %u %u %u %u %u %u %u %u %u", a[0],
+          a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9]);
+    // Uniform: each of 4 samples lands first in a quarter of 24000 epochs (binomial standard
+    // deviation 67; 400 is 6 of them).
+    int first[4] = {0};
+    for (uint64_t e = 0; e < 24000; e++) {
+        data_shuffle(a, 4, 1, e);
+        first[a[0]]++;
+    }
+    for (int k = 0; k < 4; k++) CHECK(abs(first[k] - 6000) < 400, "sample %d first %d times", k,
+                                      first[k]);
+    test_end();
+}
+
+// ---------------------------------------------------------------------------------------------
+// slots and feeds
+
+// Checks one staged batch of the test IDX set and counts which samples it holds.
+static void check_batch(const data_slot_layout *l, const uint8_t *slot, uint32_t rows,
+                        data_cursor at, int *seen) {
+    data_slot_header h;
+    memcpy(&h, slot, sizeof h);
+    CHECK(h.rows_valid == rows && h.batch == l->batch && h.features == FEATURES &&
+          h.stride == l->stride && h.outputs == CLASSES && h.target_type == DATA_TARGET_LABEL,
+          "header rows %u batch %u features %u stride %u", h.rows_valid, h.batch, h.features,
+          h.stride);
+    CHECK(h.epoch == at.epoch && h.position == at.position, "header cursor %" PRIu64 ".%" PRIu64
+          ", expected %" PRIu64 ".%" PRIu64, h.epoch, h.position, at.epoch, at.position);
+    const float *x = (const float *)(slot + l->inputs_offset);
+    const int32_t *labels = (const int32_t *)(slot + l->targets_offset);
+    for (uint32_t r = 0; r < l->batch; r++) {
+        const float *row = x + r * l->stride;
+        if (r >= rows) {
+            bool zero = labels[r] == DATA_LABEL_PAD;
+            for (uint32_t f = 0; f < l->stride; f++) zero = zero && row[f] == 0.0f;
+            CHECK(zero, "padding row %u: label %d", r, labels[r]);
+            continue;
+        }
+        // pixel 0 is the sample index (< 256 here), staged as s / 255 exactly.
+        uint32_t s = (uint32_t)(row[0] * 255.0f + 0.5f);
+        bool ok = s < N && labels[r] == (int32_t)(s % CLASSES) && row[1] == 1.0f;
+        for (uint32_t f = 0; ok && f < FEATURES; f++) ok = row[f] == pixel_of(s, f) / 255.0f;
+        for (uint32_t f = FEATURES; ok && f < l->stride; f++) ok = row[f] == 0.0f;
+        CHECK(ok, "row %u (sample %u) staged wrong", r, s);
+        if (ok) seen[s]++;
+    }
+}
+
+static void *idx_set(data_set *set) {
+    bytes im = idx_images(N, ROWS, COLS), lb = idx_labels(N, CLASSES);
+    write_bytes(tmp_path("f_im"), im);
+    write_bytes(tmp_path("f_lb"), lb);
+    free(im.data), free(lb.data);
+    recipe_source src = idx_source(tmp_path("f_im"), tmp_path("f_lb"));
+    qt_status status;
+    void *memory = load(&src, FEATURES, CLASSES, set, &status);
+    if (status != QT_OK) {
+        printf("  loading the feed's set: %s\n", qt_error_message());
+        abort();
+    }
+    return memory;
+}
+
+static void test_slot_plan(void) {
+    test_begin("slot_plan");
+    data_set set;
+    void *memory = idx_set(&set);
+    // Header 64 -> inputs at 256; 8 rows x 16 floats = 512 -> labels at 768; 32 -> 1024.
+    data_slot_layout l = data_slot_plan(&set.info, 8, 16);
+    CHECK(l.inputs_offset == 256 && l.targets_offset == 768 && l.bytes == 1024 && l.stride == 16,
+          "slot %" PRIu64 " %" PRIu64 " %" PRIu64, l.inputs_offset, l.targets_offset, l.bytes);
+    l = data_slot_plan(&set.info, 8, 0);
+    CHECK(l.stride == FEATURES && l.targets_offset == 768, "stride 0 means features");
+    CHECK(data_batches_per_epoch(37, 8) == 5 && data_batches_per_epoch(40, 8) == 5 &&
+          data_batches_per_epoch(1, 8) == 1, "batches per epoch");
+    CHECK(data_order_bytes(37) == 256 && data_order_bytes(65) == 512, "order bytes");
+    data_stage st;
+    uint8_t *slots = aligned_alloc(DATA_ALIGN, 2 * l.bytes);
+    data_stage_init(&st, &l, slots, slots + l.bytes);
+    CHECK(data_stage_slot(&st, 0) == slots && data_stage_slot(&st, 7) == slots + l.bytes &&
+          data_stage_slot(&st, 10) == slots, "slot index = step % 2");
+    free(slots), free(memory);
+    test_end();
+}
+
+// Two epochs of a shuffled feed: full batches then one padded, every sample once per epoch, a
+// different order each epoch; then a second feed resumed at a saved cursor stages the same bytes.
+static void test_feed_train_and_resume(void) {
+    test_begin("feed_train_and_resume");
+    data_set set;
+    void *memory = idx_set(&set);
+    data_slot_layout l = data_slot_plan(&set.info, 8, 16);
+    uint8_t *slot = aligned_alloc(DATA_ALIGN, l.bytes), *other = aligned_alloc(DATA_ALIGN, l.bytes);
+    uint32_t *order = malloc(data_order_bytes(N)), *order2 = malloc(data_order_bytes(N));
+    data_feed f, g;
+    data_feed_init(&f, &set, 8, true, 99, order);
+    uint32_t first_rows[2][8];
+    for (int epoch = 0; epoch < 2; epoch++) {
+        int seen[N] = {0};
+        for (uint32_t b = 0; b < 5; b++) {
+            data_cursor at = f.cursor;
+            CHECK(at.epoch == (uint64_t)epoch && at.position == b * 8,
+                  "cursor %" PRIu64 ".%" PRIu64, at.epoch, at.position);
+            uint32_t rows = data_feed_next(&f, &l, slot);
+            CHECK(rows == (b < 4 ? 8u : 5u), "batch %u has %u rows", b, rows);
+            check_batch(&l, slot, rows, at, seen);
+            if (b == 0) {
+                for (int r = 0; r < 8; r++) {
+                    first_rows[epoch][r] = (uint32_t)(((float *)(slot + l.inputs_offset))[r * 16]
+                                                      * 255.0f + 0.5f);
+                }
+            }
+        }
+        for (int s = 0; s < N; s++) CHECK(seen[s] == 1, "epoch %d: sample %d seen %d times",
+                                          epoch, s, seen[s]);
+    }
+    CHECK(f.cursor.epoch == 2 && f.cursor.position == 0, "cursor after two epochs");
+    CHECK(memcmp(first_rows[0], first_rows[1], sizeof first_rows[0]) != 0, "same order twice");
+    // Resume: g starts at f's cursor after 3 more batches and must stage what f stages next.
+    for (int b = 0; b < 3; b++) data_feed_next(&f, &l, slot);
+    data_feed_init(&g, &set, 8, true, 99, order2);
+    CHECK(data_feed_seek(&g, f.cursor) == QT_OK, "seek: %s", qt_error_message());
+    for (int b = 0; b < 6; b++) {
+        uint32_t rf = data_feed_next(&f, &l, slot), rg = data_feed_next(&g, &l, other);
+        CHECK(rf == rg && memcmp(slot, other, l.bytes) == 0, "resumed batch %d differs", b);
+    }
+    data_cursor bad = {0, N};
+    CHECK_ERROR(data_feed_seek(&g, bad), QT_ERR_MISMATCH, "data cursor at sample 37 of epoch 0, "
+                "but the dataset has 37 samples");
+    free(slot), free(other), free(order), free(order2), free(memory);
+    test_end();
+}
+
+// An eval pass: data_batches_per_epoch steps in file order from position 0 cover every sample
+// exactly once, whatever the cursor was before.
+static void test_feed_eval_covers_once(void) {
+    test_begin("feed_eval_covers_once");
+    data_set set;
+    void *memory = idx_set(&set);
+    for (uint32_t batch = 1; batch <= 40; batch += 3) {
+        data_slot_layout l = data_slot_plan(&set.info, batch, 0);
+        uint8_t *slot = aligned_alloc(DATA_ALIGN, l.bytes);
+        data_feed f;
+        data_feed_init(&f, &set, batch, false, 0, NULL);
+        data_feed_next(&f, &l, slot);  // somewhere in the middle of an earlier pass
+        data_cursor start = {f.cursor.epoch, 0};
+        CHECK(data_feed_seek(&f, start) == QT_OK, "seek");
+        int seen[N] = {0};
+        uint64_t steps = data_batches_per_epoch(N, batch), rows_total = 0;
+        for (uint64_t b = 0; b < steps; b++) {
+            data_cursor at = f.cursor;
+            uint32_t rows = data_feed_next(&f, &l, slot);
+            uint32_t expected = (b + 1) * batch <= N ? batch : N - (uint32_t)b * batch;
+            CHECK(rows == expected, "batch %u step %" PRIu64 ": %u rows", batch, b, rows);
+            check_batch(&l, slot, rows, at, seen);
+            // File order: the first row is the sample at the cursor.
+            uint32_t s = (uint32_t)(((float *)(slot + l.inputs_offset))[0] * 255.0f + 0.5f);
+            CHECK(s == at.position, "batch %u step %" PRIu64 " starts at sample %u", batch, b, s);
+            rows_total += rows;
+        }
+        CHECK(rows_total == N, "batch %u: %" PRIu64 " rows", batch, rows_total);
+        for (int s = 0; s < N; s++) CHECK(seen[s] == 1, "batch %u: sample %d seen %d times",
+                                          batch, s, seen[s]);
+        free(slot);
+    }
+    free(memory);
+    test_end();
+}
+
+// Regression targets: the padded rows of the last batch carry zero targets, the others the set's.
+static void test_feed_regression_padding(void) {
+    test_begin("feed_regression_padding");
+    recipe_source src = synthetic_source(RECIPE_SOURCE_TEACHER, 6, 2, 10, 3);
+    data_set set;
+    qt_status status;
+    void *memory = load(&src, 6, 2, &set, &status);
+    CHECK(status == QT_OK, "load: %s", qt_error_message());
+    data_slot_layout l = data_slot_plan(&set.info, 4, 8);
+    uint8_t *slot = aligned_alloc(DATA_ALIGN, l.bytes);
+    memset(slot, 0xFF, l.bytes);
+    data_feed f;
+    data_feed_init(&f, &set, 4, false, 0, NULL);
+    data_feed_next(&f, &l, slot);
+    data_feed_next(&f, &l, slot);
+    uint32_t rows = data_feed_next(&f, &l, slot);
+    const float *x = (const float *)(slot + l.inputs_offset);
+    const float *y = (const float *)(slot + l.targets_offset);
+    CHECK(rows == 2 && f.cursor.epoch == 1 && f.cursor.position == 0, "rows %u", rows);
+    for (uint32_t r = 0; r < 4; r++) {
+        for (uint32_t k = 0; k < 2; k++) {
+            float expected = r < 2 ? set.targets[(8 + r) * 2 + k] : 0.0f;
+            CHECK(memcmp(&y[r * 2 + k], &expected, 4) == 0, "target %u.%u", r, k);
+        }
+        for (uint32_t c = 0; c < 8; c++) {
+            float expected = r < 2 && c < 6 ? set.inputs_f32[(8 + r) * 6 + c] : 0.0f;
+            CHECK(memcmp(&x[r * 8 + c], &expected, 4) == 0, "input %u.%u", r, c);
+        }
+    }
+    free(slot), free(memory);
+    test_end();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fashion-MNIST, when present: `apt-get download dataset-fashion-mnist` then
+// `dpkg -x dataset-fashion-mnist_*.deb .data` in the repository root, or the package installed.
+
+static const char *fashion_dir(void) {
+    static const char *const dirs[] = {".data/usr/share/datasets/fashion-mnist",
+                                       "/usr/share/datasets/fashion-mnist"};
+    for (int i = 0; i < 2; i++) {
+        char path[256];
+        snprintf(path, sizeof path, "%s/train-images-idx3-ubyte.gz", dirs[i]);
+        if (access(path, R_OK) == 0) return dirs[i];
+    }
+    return NULL;
+}
+
+static void check_fashion(const char *dir, const char *split, uint64_t samples) {
+    char images[256], labels[256];
+    snprintf(images, sizeof images, "%s/%s-images-idx3-ubyte.gz", dir, split);
+    snprintf(labels, sizeof labels, "%s/%s-labels-idx1-ubyte.gz", dir, split);
+    recipe_source src = idx_source(images, labels);
+    data_set set;
+    qt_status status;
+    void *memory = load(&src, 784, 10, &set, &status);
+    CHECK(status == QT_OK, "%s: %s", split, qt_error_message());
+    if (status == QT_OK) {
+        CHECK(set.info.samples == samples && set.info.image_rows == 28 &&
+              set.info.image_cols == 28, "%s: %" PRIu64 " samples", split, set.info.samples);
+        // Fashion-MNIST is balanced: a tenth of the samples in each class.
+        uint64_t count[10] = {0};
+        for (uint64_t s = 0; s < set.info.samples; s++) count[set.labels[s]]++;
+        for (int k = 0; k < 10; k++) {
+            CHECK(count[k] == samples / 10, "%s: class %d has %" PRIu64, split, k, count[k]);
+        }
+        CHECK(set.labels[0] == 9, "%s: the first sample is an ankle boot (9), found %d", split,
+              set.labels[0]);
+    }
+    free(memory);
+}
+
+static void test_fashion_mnist(void) {
+    const char *dir = fashion_dir();
+    if (dir == NULL) {
+        test_skip("fashion_mnist", "not found in .data/usr/share/datasets/fashion-mnist or "
+                  "/usr/share/datasets/fashion-mnist");
+        return;
+    }
+    test_begin("fashion_mnist");
+    check_fashion(dir, "train", 60000);
+    check_fashion(dir, "t10k", 10000);
+    test_end();
+}
+
+// ---------------------------------------------------------------------------------------------
+
+static void remove_tmp_dir(void) {
+    char command[128];
+    snprintf(command, sizeof command, "rm -rf '%s'", tmp_dir);
+    if (system(command) != 0) printf("  could not remove %s\n", tmp_dir);
+}
+
+int main(void) {
+    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/qt_test_data_XXXXXX");
+    if (mkdtemp(tmp_dir) == NULL) {
+        printf("FAIL test_data: cannot create a temporary folder\n");
+        return 1;
+    }
+    test_idx_plain_and_gzip();
+    test_idx_probe_reads_headers_only();
+    test_idx_errors();
+    test_idx_gzip_errors();
+    test_idx_changed_after_probe();
+    test_synthetic_classes();
+    test_synthetic_teacher();
+    test_synthetic_errors();
+    test_shuffle();
+    test_slot_plan();
+    test_feed_train_and_resume();
+    test_feed_eval_covers_once();
+    test_feed_regression_padding();
+    test_fashion_mnist();
+    remove_tmp_dir();
+    return test_exit_code();
+}

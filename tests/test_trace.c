@@ -1,0 +1,349 @@
+// test_trace: the trace file (runtime/trace.c) and `qtrain diff`'s comparison.
+//
+// Exact text of hand-built records and headers; files written through the buffered writer are
+// byte-identical to the formatted lines; trace_diff reports identical traces, the first differing
+// step and field (one ulp, NaN payloads, flags, a quantizer's amax with its name), traces that
+// end early and different headers; bad files fail with file:line messages.
+#include <inttypes.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "test.h"
+#include "trace.h"
+
+static char tmp_dir[64];
+
+static const char *tmp_path(const char *name) {
+    static char paths[8][128];
+    static int next;
+    char *p = paths[next++ % 8];
+    snprintf(p, 128, "%s/%s", tmp_dir, name);
+    return p;
+}
+
+static char *read_all(const char *path, size_t *size) {
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *data = malloc((size_t)n + 1);
+    size_t got = fread(data, 1, (size_t)n, f);
+    fclose(f);
+    data[got] = '\0';
+    *size = got;
+    return data;
+}
+
+static void write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "wb");
+    if (f == NULL || fputs(text, f) < 0 || fclose(f) != 0) abort();
+}
+
+static float from_bits(uint32_t bits) {
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static trace_header header_of(uint64_t hash, uint32_t quantizers) {
+    trace_header h;
+    memset(&h, 0, sizeof h);
+    h.recipe_hash = hash;
+    h.quantizers_count = quantizers;
+    h.checksum_every = 4;
+    for (uint32_t i = 0; i < quantizers; i++) {
+        snprintf(h.quantizer_names[i], TRACE_NAME_MAX, "linear.weight@fc%u", i + 1);
+    }
+    return h;
+}
+
+// Record `step` of a made-up run: every field depends on the step.
+static qt_trace_record record_of(uint64_t step) {
+    qt_trace_record r;
+    memset(&r, 0, sizeof r);
+    r.step = step;
+    r.mode = step % 5 == 4 ? QT_TRACE_MODE_EVAL : QT_TRACE_MODE_TRAIN;
+    r.flags = step % 4 == 0 ? QT_TRACE_FLAG_CHECKSUM : 0;
+    r.loss = 2.0f / (float)(step + 1);
+    r.accuracy = (float)step / 100.0f;
+    r.grad_norm = 0.5f + (float)step;
+    r.lr = 1e-3f;
+    r.checksum = 0x0123456789abcdefull * (step + 1);
+    for (int i = 0; i < QT_TRACE_QUANTIZERS_MAX; i++) {
+        r.amax[i] = (float)(i + 1) * (float)(step + 1);
+        r.scale[i] = 448.0f / r.amax[i];
+    }
+    return r;
+}
+
+// Writes `count` records of record_of, with `edit` applied to record `edit_step` if not NULL.
+static void write_trace(const char *path, const trace_header *h, uint64_t count,
+                        void (*edit)(qt_trace_record *), uint64_t edit_step) {
+    trace_writer *w = malloc(sizeof *w);
+    qt_status status = trace_open(w, path, h);
+    CHECK(status == QT_OK, "open %s: %s", path, qt_error_message());
+    if (status != QT_OK) {
+        free(w);
+        return;
+    }
+    for (uint64_t s = 0; s < count; s++) {
+        qt_trace_record r = record_of(s);
+        if (edit != NULL && s == edit_step) edit(&r);
+        status = trace_write(w, &r);
+        CHECK(status == QT_OK, "write: %s", qt_error_message());
+    }
+    status = trace_close(w);
+    CHECK(status == QT_OK, "close: %s", qt_error_message());
+    free(w);
+}
+
+// Runs trace_diff and returns its report; *identical and the status through pointers.
+static char *diff(const char *a, const char *b, bool *identical, qt_status *status) {
+    char *report = NULL;
+    size_t size = 0;
+    FILE *out = open_memstream(&report, &size);
+    *status = trace_diff(a, b, out, identical);
+    fclose(out);
+    return report;
+}
+
+#define CHECK_DIFF(a, b, expect_identical, expected_report)                                     \
+    do {                                                                                        \
+        bool same_ = !(expect_identical);                                                       \
+        qt_status status_;                                                                      \
+        char *report_ = diff(a, b, &same_, &status_);                                           \
+        CHECK(status_ == QT_OK, "diff: %s", qt_error_message());                                \
+        CHECK(same_ == (expect_identical), "identical = %d", same_);                            \
+        CHECK(strcmp(report_, expected_report) == 0, "report:\n%s\nexpected:\n%s", report_,     \
+              expected_report);                                                                 \
+        free(report_);                                                                          \
+    } while (0)
+
+// ---------------------------------------------------------------------------------------------
+// formatting
+
+static void test_format_exact(void) {
+    test_begin("format_exact");
+    qt_trace_record r;
+    memset(&r, 0, sizeof r);
+    r.step = 12;
+    r.mode = QT_TRACE_MODE_TRAIN;
+    r.flags = QT_TRACE_FLAG_SKIPPED;
+    r.loss = 1.1f;
+    r.accuracy = 0.5f;
+    r.grad_norm = from_bits(0x7f800000u);
+    r.lr = 1e-3f;
+    r.checksum = 0xdeadbeefull;  // not printed: the flag says the field holds nothing
+    r.amax[0] = 448.0f;
+    r.scale[0] = 0.25f;
+    r.amax[1] = -0.0f;
+    r.scale[1] = from_bits(0x7fc00001u);  // a NaN with a payload: the bits keep it
+    r.amax[2] = 7.0f;                     // beyond the count: not printed
+    char line[TRACE_LINE_BYTES_MAX];
+    size_t n = trace_format_record(&r, 2, line, sizeof line);
+    const char *expected =
+        "step=12 mode=train flags=0x1:skipped loss=0x3f8ccccd:1.10000002 "
+        "accuracy=0x3f000000:0.5 grad_norm=0x7f800000:inf lr=0x3a83126f:0.00100000005 "
+        "checksum=- amax.0=0x43e00000:448 scale.0=0x3e800000:0.25 amax.1=0x80000000:-0 "
+        "scale.1=0x7fc00001:nan\n";
+    CHECK(n == strlen(expected) && strcmp(line, expected) == 0, "got\n%s", line);
+    r.step = UINT64_MAX;
+    r.mode = QT_TRACE_MODE_INFER;
+    r.flags = QT_TRACE_FLAG_SKIPPED | QT_TRACE_FLAG_CHECKSUM | 0x80u;
+    r.loss = from_bits(0x00000001u);  // the smallest subnormal
+    n = trace_format_record(&r, 0, line, sizeof line);
+    expected = "step=18446744073709551615 mode=infer flags=0x83:skipped,checksum "
+               "loss=0x00000001:1.40129846e-45 accuracy=0x3f000000:0.5 grad_norm=0x7f800000:inf "
+               "lr=0x3a83126f:0.00100000005 checksum=0x00000000deadbeef\n";
+    CHECK(strcmp(line, expected) == 0, "got\n%s", line);
+    r.mode = 7;
+    r.flags = QT_TRACE_FLAG_CHECKSUM;
+    trace_format_record(&r, 0, line, sizeof line);
+    const char *prefix = "step=18446744073709551615 mode=unknown flags=0x2:checksum loss=";
+    CHECK(strncmp(line, prefix, strlen(prefix)) == 0, "got\n%s", line);
+    r.flags = 0;
+    trace_format_record(&r, 0, line, sizeof line);
+    CHECK(strstr(line, " flags=0x0:none ") != NULL, "got\n%s", line);
+    // The longest record fits the line limit.
+    for (int i = 0; i < QT_TRACE_QUANTIZERS_MAX; i++) {
+        r.amax[i] = from_bits(0x80000001u);
+        r.scale[i] = -3.40282347e38f;
+    }
+    n = trace_format_record(&r, QT_TRACE_QUANTIZERS_MAX, line, sizeof line);
+    CHECK(n < TRACE_LINE_BYTES_MAX && line[n - 1] == '\n', "%zu bytes", n);
+    test_end();
+}
+
+static void test_header_exact(void) {
+    test_begin("header_exact");
+    trace_header h = header_of(0x00c0ffee12345678ull, 2);
+    char text[4096];
+    size_t n = trace_format_header(&h, text, sizeof text);
+    const char *expected = "qtrain-trace 1 recipe=00c0ffee12345678 quantizers=2 checksum_every=4\n"
+                           "quantizer 0 linear.weight@fc1\n"
+                           "quantizer 1 linear.weight@fc2\n";
+    CHECK(n == strlen(expected) && strcmp(text, expected) == 0, "got\n%s", text);
+    // FNV-1a 64 of "a" (the published test vector).
+    CHECK(trace_hash("a", 1) == 0xaf63dc4c8601ec8cull, "hash %016" PRIx64, trace_hash("a", 1));
+    CHECK(trace_hash("", 0) == 0xcbf29ce484222325ull, "empty hash");
+    test_end();
+}
+
+// The buffered writer's file is the header and the formatted lines, byte for byte, across many
+// buffer flushes (400 records of 64 quantizers are about 2 MB).
+static void test_writer_file(void) {
+    test_begin("writer_file");
+    trace_header h = header_of(42, QT_TRACE_QUANTIZERS_MAX);
+    write_trace(tmp_path("w.trace"), &h, 400, NULL, 0);
+    size_t size = 0;
+    char *file = read_all(tmp_path("w.trace"), &size);
+    char *expected = malloc(400 * (size_t)TRACE_LINE_BYTES_MAX + 8192);
+    size_t used = trace_format_header(&h, expected, 8192);
+    for (uint64_t s = 0; s < 400; s++) {
+        qt_trace_record r = record_of(s);
+        used += trace_format_record(&r, h.quantizers_count, expected + used,
+                                    TRACE_LINE_BYTES_MAX);
+    }
+    CHECK(file != NULL && size == used && memcmp(file, expected, used) == 0,
+          "file of %zu bytes, expected %zu", size, used);
+    CHECK(size > 4 * TRACE_WRITE_BUFFER_BYTES, "only %zu bytes: the buffer never flushed", size);
+    free(file), free(expected);
+    trace_writer *w = malloc(sizeof *w);
+    qt_status status = trace_open(w, "/nonexistent-folder/x.trace", &h);
+    CHECK(status == QT_ERR_IO && strstr(qt_error_message(), "/nonexistent-folder/x.trace: cannot "
+          "create the trace file") != NULL, "%s", qt_error_message());
+    free(w);
+    test_end();
+}
+
+// ---------------------------------------------------------------------------------------------
+// diff
+
+static void one_ulp_amax1(qt_trace_record *r) {
+    r->amax[1] = from_bits(0x41000001u);  // 8 -> the next float up
+}
+static void nan_payload(qt_trace_record *r) { r->loss = from_bits(0x7fc00002u); }
+static void other_nan(qt_trace_record *r) { r->loss = from_bits(0x7fc00003u); }
+static void skip(qt_trace_record *r) { r->flags |= QT_TRACE_FLAG_SKIPPED; }
+static void junk_checksum(qt_trace_record *r) { r->checksum = 99; }  // flag unset: no meaning
+
+static void test_diff_identical_and_first_difference(void) {
+    test_begin("diff_identical_and_first_difference");
+    trace_header h = header_of(7, 3);
+    write_trace(tmp_path("a"), &h, 10, NULL, 0);
+    write_trace(tmp_path("a2"), &h, 10, NULL, 0);
+    write_trace(tmp_path("ulp"), &h, 10, one_ulp_amax1, 3);
+    write_trace(tmp_path("nan2"), &h, 10, nan_payload, 6);
+    write_trace(tmp_path("nan3"), &h, 10, other_nan, 6);
+    write_trace(tmp_path("skip"), &h, 10, skip, 9);
+    write_trace(tmp_path("junk"), &h, 10, junk_checksum, 5);
+    CHECK_DIFF(tmp_path("a"), tmp_path("a2"), true, "identical: 10 records\n");
+    // Lines: 1 header + 3 quantizers, so step 3 is line 8.
+    CHECK_DIFF(tmp_path("a"), tmp_path("ulp"), false,
+               "first difference at step 3 (line 8 of A, line 8 of B), field amax.1 (quantizer "
+               "linear.weight@fc2):\n  A: 0x41000000:8\n  B: 0x41000001:8.00000095\n");
+    CHECK_DIFF(tmp_path("nan2"), tmp_path("nan3"), false,
+               "first difference at step 6 (line 11 of A, line 11 of B), field loss:\n"
+               "  A: 0x7fc00002:nan\n  B: 0x7fc00003:nan\n");
+    CHECK_DIFF(tmp_path("a"), tmp_path("skip"), false,
+               "first difference at step 9 (line 14 of A, line 14 of B), field flags:\n"
+               "  A: 0x0:none\n  B: 0x1:skipped\n");
+    CHECK_DIFF(tmp_path("a"), tmp_path("junk"), true, "identical: 10 records\n");
+    test_end();
+}
+
+static void test_diff_lengths_and_headers(void) {
+    test_begin("diff_lengths_and_headers");
+    trace_header h = header_of(7, 3), other = header_of(8, 3), renamed = header_of(7, 3);
+    snprintf(renamed.quantizer_names[2], TRACE_NAME_MAX, "linear.input@head");
+    write_trace(tmp_path("ten"), &h, 10, NULL, 0);
+    write_trace(tmp_path("four"), &h, 4, NULL, 0);
+    write_trace(tmp_path("none"), &h, 0, NULL, 0);
+    write_trace(tmp_path("recipe8"), &other, 10, NULL, 0);
+    write_trace(tmp_path("renamed"), &renamed, 10, one_ulp_amax1, 2);
+    CHECK_DIFF(tmp_path("ten"), tmp_path("four"), false,
+               "B ends after 4 records; A goes on with step=4\n");
+    CHECK_DIFF(tmp_path("none"), tmp_path("ten"), false,
+               "A ends after 0 records; B goes on with step=0\n");
+    CHECK_DIFF(tmp_path("none"), tmp_path("none"), true, "identical: 0 records\n");
+    CHECK_DIFF(tmp_path("ten"), tmp_path("recipe8"), false,
+               "header: recipe hash differs: A 0000000000000007, B 0000000000000008 (the runs "
+               "used different recipes)\n");
+    CHECK_DIFF(tmp_path("ten"), tmp_path("renamed"), false,
+               "header: quantizer 2 is linear.weight@fc3 in A, linear.input@head in B\n"
+               "first difference at step 2 (line 7 of A, line 7 of B), field amax.1 (quantizer "
+               "linear.weight@fc2):\n  A: 0x40c00000:6\n  B: 0x41000001:8.00000095\n");
+    test_end();
+}
+
+static void expect_diff_error(const char *a, const char *b, qt_status expected,
+                              const char *fragment) {
+    bool same = true;
+    qt_status status;
+    free(diff(a, b, &same, &status));
+    CHECK(status == expected && strstr(qt_error_message(), fragment) != NULL && !same,
+          "expected %s with '%s', got %s: %s", qt_status_name(expected), fragment,
+          qt_status_name(status), qt_error_message());
+}
+
+static void test_diff_bad_files(void) {
+    test_begin("diff_bad_files");
+    trace_header h = header_of(7, 1);
+    write_trace(tmp_path("good"), &h, 3, NULL, 0);
+    expect_diff_error(tmp_path("good"), tmp_path("missing"), QT_ERR_IO, "missing: cannot open");
+    write_text(tmp_path("text"), "hello\n");
+    expect_diff_error(tmp_path("text"), tmp_path("good"), QT_ERR_INPUT,
+                      "text:1: not a qtrain trace: expected 'qtrain-trace 1 recipe=...', found "
+                      "'hello'");
+    write_text(tmp_path("v2"), "qtrain-trace 2 recipe=0000000000000007 quantizers=1\n");
+    expect_diff_error(tmp_path("good"), tmp_path("v2"), QT_ERR_INPUT,
+                      "v2:1: trace format version 2; this qtrain reads version 1");
+    write_text(tmp_path("q65"), "qtrain-trace 1 recipe=0000000000000007 quantizers=65 "
+               "checksum_every=4\n");
+    expect_diff_error(tmp_path("q65"), tmp_path("good"), QT_ERR_INPUT, "q65:1: malformed header");
+    write_text(tmp_path("noq"), "qtrain-trace 1 recipe=0000000000000007 quantizers=1 "
+               "checksum_every=4\nstep=0 mode=train\n");
+    expect_diff_error(tmp_path("noq"), tmp_path("good"), QT_ERR_INPUT,
+                      "noq:2: expected 'quantizer 0 NAME', found 'step=0 mode=train'");
+    write_text(tmp_path("badrec"), "qtrain-trace 1 recipe=0000000000000007 quantizers=1 "
+               "checksum_every=4\nquantizer 0 linear.weight@fc1\nhello\n");
+    expect_diff_error(tmp_path("good"), tmp_path("badrec"), QT_ERR_INPUT,
+                      "badrec:3: expected a record line 'step=N ...', found 'hello'");
+    // A trace cut in the middle of a line (an interrupted run).
+    size_t size = 0;
+    char *good = read_all(tmp_path("good"), &size);
+    good[size - 10] = '\0';
+    write_text(tmp_path("cut"), good);
+    free(good);
+    expect_diff_error(tmp_path("good"), tmp_path("cut"), QT_ERR_INPUT,
+                      "cut:5: the last line has no end: the trace is cut short");
+    char *huge = malloc(TRACE_LINE_BYTES_MAX + 64);
+    memset(huge, 'x', TRACE_LINE_BYTES_MAX + 62);
+    huge[TRACE_LINE_BYTES_MAX + 62] = '\n';
+    huge[TRACE_LINE_BYTES_MAX + 63] = '\0';
+    write_text(tmp_path("huge"), huge);
+    free(huge);
+    expect_diff_error(tmp_path("huge"), tmp_path("good"), QT_ERR_INPUT,
+                      "huge:1: line longer than 8192 bytes");
+    test_end();
+}
+
+int main(void) {
+    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/qt_test_trace_XXXXXX");
+    if (mkdtemp(tmp_dir) == NULL) {
+        printf("FAIL test_trace: cannot create a temporary folder\n");
+        return 1;
+    }
+    test_format_exact();
+    test_header_exact();
+    test_writer_file();
+    test_diff_identical_and_first_difference();
+    test_diff_lengths_and_headers();
+    test_diff_bad_files();
+    char command[128];
+    snprintf(command, sizeof command, "rm -rf '%s'", tmp_dir);
+    if (system(command) != 0) printf("  could not remove %s\n", tmp_dir);
+    return test_exit_code();
+}
