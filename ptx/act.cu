@@ -4,6 +4,13 @@
 // Element kernels work on chunks of 8 elements (one 16-byte BF16 vector, two FP32 ones) where
 // every address is 16-byte aligned and no chunk straddles a row, and element by element
 // otherwise; the arithmetic per element is the same, so the path never changes a result.
+//
+// Traffic: the row kernels read a row once per pass (RMSNorm 2, xent 3); the later passes hit
+// L1/L2 for any row up to tens of KB. The dgamma partial pass reads x and dy once more, column
+// by column over fixed row ranges, so RMSNorm's backward moves about 5/3 of its minimal bytes;
+// fusing dgamma into the dx pass would need per-column accumulators in a row-split layout.
+// Rows whose length is not a multiple of 8 (or tensors at unaligned offsets) take the element
+// path, which is correct but slower: pad vocabularies to a multiple of 8.
 #include "act.h"
 
 #define ACT_FULL_MASK 0xFFFFFFFFu
@@ -473,7 +480,7 @@ __device__ float act_xent_row(const xent_args &a, uint64_t row, uint32_t *correc
     uint32_t chunks = (classes + QT_ACT_CHUNK - 1) / QT_ACT_CHUNK;
     bool vec = act_rows_vec(a.logits | a.dlogits, classes);
     uint64_t base = row * classes;
-    qt_xent_best best = {__uint_as_float(0xFF800000u), QT_XENT_NONE};
+    qt_xent_best best = {QT_ACT_NEG_INF, QT_XENT_NONE};
     for (uint32_t c = lane; c < chunks; c += 32) {
         uint32_t n = act_chunk_len(c, classes);
         float v[8];

@@ -28,7 +28,7 @@
 //   row (warp per row): the row is cut into chunks of 8 elements; lane j (0..31) owns chunks
 //     j, j + 32, j + 64, ... and folds their elements in index order into its accumulator
 //     (starting from +0, or from the identity of the reduction); then a tree over the lanes:
-//     for m = 16, 8, 4, 2, 1: lane i < m takes op(own, lane i + m) (qt_act_tree32 below);
+//     for m = 16, 8, 4, 2, 1: lane i < m takes op(own, lane i + m) (QT_ACT_TREE32 below);
 //     lane 0's value is broadcast to the warp.
 //   block of 8 row results (xent, mse): acc = r[0]; acc = acc + r[w] for w = 1..7.
 //   block of 256 thread values (final passes, gnorm partials): a lane tree in each warp as
@@ -36,7 +36,9 @@
 //   final pass over P partials: thread t folds p[t], p[t + 256], ... starting from +0, then the
 //     block reduction above.
 //   column partials (dgamma): part p sums rows [p R, (p + 1) R) in row order from +0; the final
-//     pass folds parts 0..P-1 in order starting from part 0.
+//     pass folds parts 0..P-1 in order starting from part 0 (accumulate: old dgamma + that).
+// R is an args field chosen from rows alone (op_rmsnorm_rows_per_part); no result depends on a
+// grid, a block count or the path (vector or element) a kernel takes.
 // Integer reductions (counts) are exact, so their order does not matter.
 #ifndef QT_ACT_H
 #define QT_ACT_H
@@ -229,8 +231,8 @@ QT_HD uint32_t qt_act_dtype_bytes(uint32_t dtype) { return dtype == QT_DTYPE_BF1
 #define QT_GELU_K0 0x1.988454p-1f
 #define QT_GELU_K1 0x1.6e4e26p-5f
 #define QT_GELU_K1X3 0x1.12ba9ep-3f
-#define QT_F32_NEG_INF qt_bits_f32(0xFF800000u)
-#define QT_F32_POS_INF qt_bits_f32(0x7F800000u)
+#define QT_ACT_NEG_INF qt_bits_f32(0xFF800000u)
+#define QT_ACT_POS_INF qt_bits_f32(0x7F800000u)
 
 // max(x, 0) that keeps NaN (like PyTorch's clamp_min): NaN <= 0 is false. relu(-0) = +0.
 QT_HD float qt_act_relu(float v) { return v <= 0.0f ? 0.0f : v; }
@@ -245,7 +247,7 @@ QT_HD float qt_act_gelu_arg(float v, float v2) {
 // once. -Inf gives +0, the limit (the formula would give -Inf * 0); large negative finite x
 // give +0 the same way, as fma(h, -1, h) = +0.
 QT_HD float qt_act_gelu(float v) {
-    if (v == QT_F32_NEG_INF) return 0.0f;
+    if (v == QT_ACT_NEG_INF) return 0.0f;
     float t = qt_tanhf(qt_act_gelu_arg(v, v * v));
     float h = 0.5f * v;
     return qt_fmaf(h, t, h);
@@ -255,8 +257,8 @@ QT_HD float qt_act_gelu(float v) {
 // it is exact to a rounding while t is away from +-1; where t = +-1 exactly the second term is 0
 // (tested first, so that x^2 = Inf cannot make 0 * Inf). -Inf: 0, +Inf: 1, the limits.
 QT_HD float qt_act_gelu_grad(float v) {
-    if (v == QT_F32_NEG_INF) return 0.0f;
-    if (v == QT_F32_POS_INF) return 1.0f;
+    if (v == QT_ACT_NEG_INF) return 0.0f;
+    if (v == QT_ACT_POS_INF) return 1.0f;
     float v2 = v * v;
     float t = qt_tanhf(qt_act_gelu_arg(v, v2));
     float left = qt_fmaf(0.5f, t, 0.5f);
@@ -287,15 +289,15 @@ QT_HD qt_act_sigmoid qt_act_sigmoid_of(float v) {
 
 // x >= 0: x / d (one rounding after e and d); x < 0: (x e) / d. -Inf: -0, the limit.
 QT_HD float qt_act_silu(float v) {
-    if (v == QT_F32_NEG_INF) return -0.0f;
+    if (v == QT_ACT_NEG_INF) return -0.0f;
     qt_act_sigmoid g = qt_act_sigmoid_of(v);
     return v < 0.0f ? (v * g.e) / g.d : v / g.d;
 }
 
 // d/dx = s (1 + x (1 - s)). +Inf: 1 and -Inf: -0, the limits (x (1 - s) would be Inf * 0).
 QT_HD float qt_act_silu_grad(float v) {
-    if (v == QT_F32_POS_INF) return 1.0f;
-    if (v == QT_F32_NEG_INF) return -0.0f;
+    if (v == QT_ACT_POS_INF) return 1.0f;
+    if (v == QT_ACT_NEG_INF) return -0.0f;
     qt_act_sigmoid g = qt_act_sigmoid_of(v);
     return g.s * qt_fmaf(v, g.one_minus_s, 1.0f);
 }

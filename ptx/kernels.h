@@ -17,20 +17,23 @@
 #include "quant_group.h"
 #include "quant_mxfp8.h"
 #include "quant_nvfp4.h"
+#include "sched.h"
 
 #define QT_KERNELS(X) QT_KERNELS_CORE(X) QT_KERNELS_QUANT_MXFP8(X) QT_KERNELS_QUANT_BLOCK(X) \
     QT_KERNELS_QUANT_GROUP(X) QT_KERNELS_QUANT_FP8(X) \
     QT_KERNELS_QUANT_NVFP4(X) \
     QT_KERNELS_OPTIM(X) \
     QT_KERNELS_ACT(X) \
-    QT_KERNELS_GEMM(X)
+    QT_KERNELS_GEMM(X) \
+    QT_KERNELS_SCHED(X)
 
 // Modules: one per ptx/*.cu, embedded as qt_module_<name> by tools/embed.
 #define QT_MODULES(X) X(core) X(quant_mxfp8) X(quant_block) X(quant_group) X(quant_fp8) \
     X(quant_nvfp4) \
     X(optim) \
     X(act) \
-    X(gemm_portable)
+    X(gemm_portable) \
+    X(sched)
 
 // Every args struct fits the program's per-op args buffer.
 #define QT_ARGS_BYTES_MAX 256

@@ -13,6 +13,12 @@
 // (whole 32-byte sectors). Owning the 8 x 8 block makes the transpose free: a thread packs its
 // columnwise codes along M straight from registers, so the input is read exactly once and no
 // code goes through shared memory. Only the block amaxes are exchanged there.
+//
+// BF16 casts stage the input tile in shared memory first (cp.async, 32 KiB, no registers while
+// in flight) and read each thread's block from there for the amaxes and again for the codes, so
+// no data register lives across a barrier: 64 registers and 4 blocks per SM instead of 105 and
+// 2, which took the dense 1-D cast from 85% to 91% of copy and the 2-D one from 88% to 93%
+// (H200). FP32 tiles (64 KiB) exceed the static shared-memory limit and keep the register path.
 #include "quant_block.h"
 #include "quant_group.h"  // qt_group_find_warp
 
@@ -21,28 +27,6 @@
 // Shared rows of partial amaxes are padded to 132 floats: a quarter warp storing 16 bytes per
 // lane from 8 consecutive c (stride 132 = 4 mod 32 words) then touches 8 distinct bank quads.
 #define QB_PART_STRIDE 132u
-
-// EXPERIMENT knobs (removed once chosen).
-#ifndef QT_EXP_QB_PANEL
-#define QT_EXP_QB_PANEL 0  // tile order: 0 row-major; N: panels of N column tiles
-#endif
-#ifndef QT_EXP_QB_STAGE
-#define QT_EXP_QB_STAGE 1  // 1: BF16 tiles staged in shared memory by cp.async
-#endif
-#ifndef QT_EXP_QB_MINB
-#define QT_EXP_QB_MINB 4  // __launch_bounds__ minimum blocks of the BF16 casts
-#endif
-#ifndef QT_EXP_QB_FASTROWS
-#define QT_EXP_QB_FASTROWS 1  // 1: one member lookup per tile for the row states
-#endif
-#ifndef QT_EXP_QB_LDCS
-#define QT_EXP_QB_LDCS 0
-#endif
-#if QT_EXP_QB_LDCS
-#define QB_LDIN __ldcs
-#else
-#define QB_LDIN __ldg
-#endif
 
 // ---------------------------------------------------------------------------------------------
 // Thread layout and input types.
@@ -100,7 +84,7 @@ __device__ __forceinline__ void qb_load_vec(const T *row, uint32_t kc, uint32_t 
                                             bool vec_ok, uint32_t *w) {
     constexpr uint32_t VEC = qb_in<T>::VEC;
     if (row_ok && vec_ok && kc + VEC <= cols) {
-        uint4 v = QB_LDIN(reinterpret_cast<const uint4 *>(row + kc));
+        uint4 v = __ldg(reinterpret_cast<const uint4 *>(row + kc));
         w[0] = v.x;
         w[1] = v.y;
         w[2] = v.z;
@@ -223,6 +207,57 @@ __device__ __forceinline__ void qb_load_tile(const quant_block_args &a, const qb
     }
 }
 
+// Staged 1-D partials: the thread's row and column maxima reduced inside the warp first, so
+// only 2 (rows) and 4 (columns) shared partial rows are left for qb_scales.
+__device__ __forceinline__ void qb_partials_warp(const qb_tile &t, const float (&rp)[8],
+                                                 const float (&cp)[8],
+                                                 qb_smem<false, true> &sm) {
+    // Recursive halving: each step a lane keeps half of its values, sends the other half
+    // to its partner and folds in what it receives. Rows: over the warp's 8 slots c (lane
+    // bits 2:0), after which lane bits 2:0 name the row of 8 whose max the lane holds (the
+    // warp's half of the row: warp bit 0 = c bit 3, part w & 1). Columns: over the warp's 4
+    // groups g (lane bits 4:3); lane bits 4:3 then name the column pair (j, j + 1) the lane
+    // holds (the warp's quarter of the rows: warp bits 2:1, part w >> 1).
+    uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    if (t.rowwise) {
+        float v4[4], v2[2];
+        bool b = (lane & 4u) != 0;
+#pragma unroll
+        for (uint32_t k = 0; k < 4; k++) {
+            float send = b ? rp[k] : rp[k + 4], keep = b ? rp[k + 4] : rp[k];
+            v4[k] = fmaxf(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 4));
+        }
+        b = (lane & 2u) != 0;
+#pragma unroll
+        for (uint32_t k = 0; k < 2; k++) {
+            float send = b ? v4[k] : v4[k + 2], keep = b ? v4[k + 2] : v4[k];
+            v2[k] = fmaxf(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 2));
+        }
+        b = (lane & 1u) != 0;
+        float send = b ? v2[0] : v2[1], keep = b ? v2[1] : v2[0];
+        sm.row_part[warp & 1u][8 * t.g + (lane & 7u)] =
+            fmaxf(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 1));
+    }
+    if (t.colwise) {
+        float v4[4], v2[2];
+        bool b = (lane & 16u) != 0;
+#pragma unroll
+        for (uint32_t k = 0; k < 4; k++) {
+            float send = b ? cp[k] : cp[k + 4], keep = b ? cp[k + 4] : cp[k];
+            v4[k] = fmaxf(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 16));
+        }
+        b = (lane & 8u) != 0;
+#pragma unroll
+        for (uint32_t k = 0; k < 2; k++) {
+            float send = b ? v4[k] : v4[k + 2], keep = b ? v4[k + 2] : v4[k];
+            v2[k] = fmaxf(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 8));
+        }
+        uint32_t j = 2 * ((lane >> 3) & 3u);  // BF16: columns 8c + j and 8c + j + 1
+        *reinterpret_cast<float2 *>(&sm.col_part[warp >> 1][8 * t.c + j]) =
+            make_float2(v2[0], v2[1]);
+    }
+}
+
 // Partial amaxes of the thread's 8 x 8 block into shared memory (1-D: per row and per column;
 // 2-D: one per warp). |x| is taken on the bits; fmaxf ignores NaN like qt_block_amax_step.
 template <typename T, bool TWO_D, bool STAGED>
@@ -252,50 +287,7 @@ __device__ __forceinline__ void qb_partials(const qb_tile &t,
         }
         if ((threadIdx.x & 31u) == 0) sm.warp_amax[threadIdx.x >> 5] = amax;
     } else if constexpr (STAGED) {
-        // Recursive halving: each step a lane keeps half of its values, sends the other half
-        // to its partner and folds in what it receives. Rows: over the warp's 8 slots c (lane
-        // bits 2:0), after which lane bits 2:0 name the row of 8 whose max the lane holds (the
-        // warp's half of the row: warp bit 0 = c bit 3, part w & 1). Columns: over the warp's 4
-        // groups g (lane bits 4:3); lane bits 4:3 then name the column pair (j, j + 1) the lane
-        // holds (the warp's quarter of the rows: warp bits 2:1, part w >> 1).
-        uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
-        if (t.rowwise) {
-            float v4[4], v2[2];
-            bool b = (lane & 4u) != 0;
-#pragma unroll
-            for (uint32_t k = 0; k < 4; k++) {
-                float send = b ? rp[k] : rp[k + 4], keep = b ? rp[k + 4] : rp[k];
-                v4[k] = fmaxf(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 4));
-            }
-            b = (lane & 2u) != 0;
-#pragma unroll
-            for (uint32_t k = 0; k < 2; k++) {
-                float send = b ? v4[k] : v4[k + 2], keep = b ? v4[k + 2] : v4[k];
-                v2[k] = fmaxf(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 2));
-            }
-            b = (lane & 1u) != 0;
-            float send = b ? v2[0] : v2[1], keep = b ? v2[1] : v2[0];
-            sm.row_part[warp & 1u][8 * t.g + (lane & 7u)] =
-                fmaxf(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 1));
-        }
-        if (t.colwise) {
-            float v4[4], v2[2];
-            bool b = (lane & 16u) != 0;
-#pragma unroll
-            for (uint32_t k = 0; k < 4; k++) {
-                float send = b ? cp[k] : cp[k + 4], keep = b ? cp[k + 4] : cp[k];
-                v4[k] = fmaxf(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 16));
-            }
-            b = (lane & 8u) != 0;
-#pragma unroll
-            for (uint32_t k = 0; k < 2; k++) {
-                float send = b ? v4[k] : v4[k + 2], keep = b ? v4[k + 2] : v4[k];
-                v2[k] = fmaxf(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 8));
-            }
-            uint32_t j = 2 * ((lane >> 3) & 3u);  // BF16: columns 8c + j and 8c + j + 1
-            *reinterpret_cast<float2 *>(&sm.col_part[warp >> 1][8 * t.c + j]) =
-                make_float2(v2[0], v2[1]);
-        }
+        qb_partials_warp(t, rp, cp, sm);
     } else {
         if (t.rowwise) {
             float4 *dst = reinterpret_cast<float4 *>(&sm.row_part[t.c][8 * t.g]);
@@ -440,12 +432,12 @@ __device__ __forceinline__ void qb_mask_rows(const qb_tile &t, uint32_t (&x)[8][
 // of 128 rows, so a tile normally lies inside the member of its first row: each of the four
 // warps finds that member once (quant_group.h, two dependent loads for up to 1024 members) and
 // a row below the member's end takes its state from it, as qt_block_row_state would (the largest
-// i with off[i] <= m is that member). Any other row falls back to the per-row search.
+// i with off[i] <= m is that member). Any other row falls back to the per-row search. Three
+// dependent loads instead of seven: +4% on the 64-member grouped cast (H200).
 __device__ __forceinline__ void qb_row_states(const quant_block_args &a, const qb_tile &t,
                                               uint8_t *row_state) {
     if (threadIdx.x >= QB_TILE) return;
     uint32_t m = t.m0 + threadIdx.x;
-#if QT_EXP_QB_FASTROWS
     if (a.group.count > 0) {
         const uint32_t *off = (const uint32_t *)(uintptr_t)a.group.row_offsets;
         const uint32_t *dims = (const uint32_t *)(uintptr_t)a.group.first_dims;
@@ -456,7 +448,6 @@ __device__ __forceinline__ void qb_row_states(const quant_block_args &a, const q
             return;
         }
     }
-#endif
     row_state[threadIdx.x] = (uint8_t)qt_block_row_state(&a.group, t.active, m);
 }
 
@@ -571,18 +562,8 @@ __device__ __forceinline__ void qb_cast_tile(const quant_block_args &a,
     t.tiles_k = (a.cols + QB_TILE - 1) / QB_TILE;
     t.tiles_m = (a.rows + QB_TILE - 1) / QB_TILE;
     if (blockIdx.x >= t.tiles_k * t.tiles_m) return;
-#if QT_EXP_QB_PANEL
-    {
-        uint32_t panel = blockIdx.x / (QT_EXP_QB_PANEL * t.tiles_m);
-        uint32_t in_panel = blockIdx.x % (QT_EXP_QB_PANEL * t.tiles_m);
-        uint32_t width = min(t.tiles_k - panel * QT_EXP_QB_PANEL, (uint32_t)QT_EXP_QB_PANEL);
-        t.tm = in_panel / width;
-        t.tk = panel * QT_EXP_QB_PANEL + in_panel % width;
-    }
-#else
     t.tk = blockIdx.x % t.tiles_k;
     t.tm = blockIdx.x / t.tiles_k;
-#endif
     t.m0 = t.tm * QB_TILE;
     t.k0 = t.tk * QB_TILE;
     t.c = qb_slot_c();
@@ -600,7 +581,7 @@ __device__ __forceinline__ void qb_cast_tile(const quant_block_args &a,
 // would be allocated once per instantiation).
 template <typename T, bool TWO_D>
 __device__ __forceinline__ void qb_cast(const quant_block_args &a) {
-    constexpr bool STAGED = QT_EXP_QB_STAGE && qb_in<T>::DTYPE == QT_DTYPE_BF16;
+    constexpr bool STAGED = qb_in<T>::DTYPE == QT_DTYPE_BF16;
     __shared__ qb_smem<TWO_D, STAGED> sm;
     if (a.fp8 == QT_BLOCK_E5M2) {
         qb_cast_tile<T, TWO_D, QT_BLOCK_E5M2, STAGED>(a, sm);
@@ -609,11 +590,12 @@ __device__ __forceinline__ void qb_cast(const quant_block_args &a) {
     }
 }
 
-// Two resident blocks of 256 threads per SM (up to 128 registers each: a thread holds its whole
-// 8 x 8 block, plus both directions' scales) keep 64 KiB (BF16) of loads in flight per SM, more
-// than the ~25 KiB that HBM latency times an SM's share of bandwidth needs. The input dtypes
-// have their own symbols so that a change to one path's register use cannot spill the other.
-extern "C" __global__ void __launch_bounds__(QB_THREADS, QT_EXP_QB_MINB)
+// BF16 (staged): four resident blocks of 256 threads per SM, so at most 64 registers (they use
+// all 64 without spilling; five would leave 48 and spill) and 4 x 37 KiB of shared memory; up to
+// 128 KiB of a tile's loads in flight per SM. FP32 (registers): two blocks, up to 128 registers,
+// since a thread holds its whole 8 x 8 block plus both directions' scales. The input dtypes have
+// their own symbols so that a change to one path's register use cannot spill the other.
+extern "C" __global__ void __launch_bounds__(QB_THREADS, 4)
     qt_quant_block_1d_bf16(const __grid_constant__ quant_block_args args) {
     qb_cast<uint16_t, false>(args);
 }
@@ -621,7 +603,7 @@ extern "C" __global__ void __launch_bounds__(QB_THREADS, 2)
     qt_quant_block_1d_f32(const __grid_constant__ quant_block_args args) {
     qb_cast<float, false>(args);
 }
-extern "C" __global__ void __launch_bounds__(QB_THREADS, QT_EXP_QB_MINB)
+extern "C" __global__ void __launch_bounds__(QB_THREADS, 4)
     qt_quant_block_2d_bf16(const __grid_constant__ quant_block_args args) {
     qb_cast<uint16_t, true>(args);
 }

@@ -24,24 +24,6 @@
 
 #define MX_LANE_ROWS 8
 
-// EXPERIMENT knobs (removed once chosen).
-#ifndef QT_EXP_MX_PANEL
-#define QT_EXP_MX_PANEL 0  // tile order: 0 row-major; N: panels of N column tiles
-#endif
-#ifndef QT_EXP_MX_MINB
-#define QT_EXP_MX_MINB 8
-#endif
-#ifndef QT_EXP_MX_DEDUP
-#define QT_EXP_MX_DEDUP 1  // 1: each scale derived by one lane, multipliers shuffled
-#endif
-#ifndef QT_EXP_MX_LDG
-#define QT_EXP_MX_LDG 1  // 1: input loads through __ldg instead of evict-first __ldcs
-#endif
-#if QT_EXP_MX_LDG
-#define MX_LDIN __ldg
-#else
-#define MX_LDIN __ldcs
-#endif
 #define MX_FULL 0xFFFFFFFFu
 #define MX_TILE_BLOCKS (QT_MXFP8_TILE_COLS / 32u)  // rowwise scale bytes per row of a tile
 
@@ -82,11 +64,12 @@ struct mx_tile_f32 {
 };
 
 // Loads row i's 8 columns; columns at or beyond `cols` read as zero. `vec`: 16-byte loads are
-// aligned (base and row pitch) and the 8 columns are all in range.
+// aligned (base and row pitch) and the 8 columns are all in range. Through __ldg: evict-first
+// loads (__ldcs) and L1::no_allocate ones each made the cast 6% slower (H200).
 __device__ __forceinline__ void mx_load_row(mx_tile_bf16 &t, int i, const uint16_t *src,
                                             uint32_t in_range, bool vec) {
     if (vec) {
-        uint4 v = MX_LDIN((const uint4 *)src);
+        uint4 v = __ldg((const uint4 *)src);
         t.w[i][0] = v.x;
         t.w[i][1] = v.y;
         t.w[i][2] = v.z;
@@ -104,8 +87,8 @@ __device__ __forceinline__ void mx_load_row(mx_tile_bf16 &t, int i, const uint16
 __device__ __forceinline__ void mx_load_row(mx_tile_f32 &t, int i, const float *src,
                                             uint32_t in_range, bool vec) {
     if (vec) {
-        float4 a = MX_LDIN((const float4 *)src);
-        float4 b = MX_LDIN((const float4 *)src + 1);
+        float4 a = __ldg((const float4 *)src);
+        float4 b = __ldg((const float4 *)src + 1);
         t.w[i][0] = a.x;
         t.w[i][1] = a.y;
         t.w[i][2] = a.z;
@@ -319,8 +302,6 @@ __device__ __forceinline__ void mx_load_tile(Tile &t, const mxfp8_quantize_args 
     }
 }
 
-// Rowwise: scales staged in row_e (column row_e_col of the tile's [32][MX_TILE_BLOCKS]), codes
-// stored. block_e >= 0 is the 2-D tile scale, used instead of the row amaxes.
 // One of four values by a run-time index, as selects (an indexed array would go to local memory).
 __device__ __forceinline__ float mx_pick4(float v0, float v1, float v2, float v3, uint32_t i) {
     float lo = (i & 1u) ? v1 : v0, hi = (i & 1u) ? v3 : v2;
@@ -335,13 +316,15 @@ __device__ __forceinline__ uint32_t mx_e_of_mult(float mult) {
     return bits == QT_F32_ABS ? 0xFFu : 254u - (bits >> 23);
 }
 
+// Rowwise: scales staged in row_e (column row_e_col of the tile's [32][MX_TILE_BLOCKS]), codes
+// stored. block_e >= 0 is the 2-D tile scale, used instead of the row amaxes. Deriving each
+// scale in one lane instead of four (here and columnwise) cut the 1-D cast's time by 4-6% (H200).
 template <class Tile>
 __device__ __forceinline__ void mx_rowwise(const Tile &t, const mxfp8_quantize_args &a,
                                            const mx_lane &l, uint32_t end, uint32_t in_range,
                                            int32_t block_e, uint8_t (*row_e)[MX_TILE_BLOCKS],
                                            uint32_t row_e_col) {
     float amax[MX_LANE_ROWS], mult[MX_LANE_ROWS];
-#if QT_EXP_MX_DEDUP
     // The 4 lanes cl of a row group hold the same 8 row amaxes: lane cl derives the scales of
     // rows cl and cl + 4 only, stages them, and the 8 multipliers are gathered by shuffles.
     uint32_t e_lo, e_hi;
@@ -360,16 +343,6 @@ __device__ __forceinline__ void mx_rowwise(const Tile &t, const mxfp8_quantize_a
     for (int i = 0; i < MX_LANE_ROWS; i++) {
         mult[i] = __shfl_sync(MX_FULL, i < 4 ? m_lo : m_hi, base | (uint32_t)(i & 3));
     }
-#else
-    if (block_e < 0) mx_row_amax(t, amax);
-#pragma unroll
-    for (int i = 0; i < MX_LANE_ROWS; i++) {
-        uint32_t e = block_e >= 0 ? (uint32_t)block_e : qt_mxfp8_scale_e8m0(amax[i], a.elem);
-        mult[i] = qt_e8m0_inv_f32((uint8_t)e);
-        // The 4 lanes of a row all hold its scale; lane cl stages rows i with i % 4 == cl.
-        if ((uint32_t)(i & 3) == l.cl) row_e[l.rg * MX_LANE_ROWS + i][row_e_col] = (uint8_t)e;
-    }
-#endif
     mx_codes_dir<true>(t, mult, a.row_codes, a, l, end, in_range);
 }
 
@@ -380,7 +353,6 @@ __device__ __forceinline__ void mx_colwise(const Tile &t, const mxfp8_quantize_a
                                            uint32_t in_range, int32_t block_e) {
     float amax[8], mult[8], unused;
     uint32_t e[8];
-#if QT_EXP_MX_DEDUP
     // The 4 lanes rg of a column group hold the same 8 column amaxes: lane rg derives the scales
     // of columns 2rg and 2rg + 1; the multipliers are gathered by shuffles and the scale bytes
     // recovered from them.
@@ -399,14 +371,6 @@ __device__ __forceinline__ void mx_colwise(const Tile &t, const mxfp8_quantize_a
         mult[j] = __shfl_sync(MX_FULL, (j & 1) ? m_b : m_a, low | ((uint32_t)(j >> 1) << 3));
         e[j] = mx_e_of_mult(mult[j]);
     }
-#else
-    if (block_e < 0) mx_col_amax(t, amax, &unused);
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        e[j] = block_e >= 0 ? (uint32_t)block_e : qt_mxfp8_scale_e8m0(amax[j], a.elem);
-        mult[j] = qt_e8m0_inv_f32((uint8_t)e[j]);
-    }
-#endif
     if (l.rg == 0 && in_range > 0) {
         uint2 bytes = make_uint2(e[0] | (e[1] << 8) | (e[2] << 16) | (e[3] << 24),
                                  e[4] | (e[5] << 8) | (e[6] << 16) | (e[7] << 24));
@@ -459,15 +423,7 @@ template <class Tile, class T>
 __device__ __forceinline__ void mx_quantize(const mxfp8_quantize_args &a) {
     __shared__ __align__(16) uint8_t row_e[QT_MXFP8_TILE_ROWS][MX_TILE_BLOCKS];
     uint32_t col_tiles = (a.cols + QT_MXFP8_TILE_COLS - 1) / QT_MXFP8_TILE_COLS;
-#if QT_EXP_MX_PANEL
-    uint32_t row_tiles = (a.rows + QT_MXFP8_TILE_ROWS - 1) / QT_MXFP8_TILE_ROWS;
-    uint32_t panel = blockIdx.x / (QT_EXP_MX_PANEL * row_tiles);
-    uint32_t in_panel = blockIdx.x % (QT_EXP_MX_PANEL * row_tiles);
-    uint32_t width = min(col_tiles - panel * QT_EXP_MX_PANEL, (uint32_t)QT_EXP_MX_PANEL);
-    uint32_t mt = in_panel / width, kt = panel * QT_EXP_MX_PANEL + in_panel % width;
-#else
     uint32_t mt = blockIdx.x / col_tiles, kt = blockIdx.x % col_tiles;
-#endif
     uint32_t tile_row0 = mt * QT_MXFP8_TILE_ROWS;
     uint32_t end = qt_group_active_rows(a.group, a.rows);
     if (tile_row0 >= end) return;  // the whole block: nothing of this tile is active
@@ -489,9 +445,9 @@ __device__ __forceinline__ void mx_quantize(const mxfp8_quantize_args &a) {
     }
 }
 
-// BF16: at least 6 blocks (24 warps) per SM, so enough loads are in flight; that caps the kernel
-// at 80 registers, a little above what it needs without spills.
-extern "C" __global__ void __launch_bounds__(QT_MXFP8_THREADS, QT_EXP_MX_MINB)
+// BF16: at least 8 blocks (32 warps) per SM, so enough loads are in flight; that caps the kernel
+// at 64 registers, which it fits without spills (uncapped it takes 72, 7 blocks).
+extern "C" __global__ void __launch_bounds__(QT_MXFP8_THREADS, 8)
     qt_mxfp8_quantize_bf16(const __grid_constant__ mxfp8_quantize_args args) {
     mx_quantize<mx_tile_bf16, uint16_t>(args);
 }

@@ -57,28 +57,6 @@ __device__ __forceinline__ uint4 nv_load_chunk(const uint8_t *x, uint32_t cols, 
     return w;
 }
 
-// The 8 bytes holding elements [col, col + 8 / ESIZE) of row `row`, zero past `cols`; one 8-byte
-// load when whole and rows are 8-byte aligned.
-template <int ESIZE>
-__device__ __forceinline__ uint2 nv_load_half(const uint8_t *x, uint32_t cols, uint32_t row,
-                                              uint32_t col, bool aligned) {
-    constexpr uint32_t VEC = 8 / ESIZE;
-    uint2 w = make_uint2(0, 0);
-    if (col >= cols) return w;
-    const uint8_t *p = x + ((uint64_t)row * cols + col) * ESIZE;
-    if (aligned && col + VEC <= cols) return __ldg((const uint2 *)p);
-    const uint32_t n = cols - col;
-    if (ESIZE == 4) {
-        w.x = *(const uint32_t *)p;
-        if (n > 1) w.y = ((const uint32_t *)p)[1];
-        return w;
-    }
-    const uint16_t *h = (const uint16_t *)p;
-    w.x = h[0] | (n > 1 ? (uint32_t)h[1] << 16 : 0u);
-    if (n > 2) w.y = h[2] | (n > 3 ? (uint32_t)h[3] << 16 : 0u);
-    return w;
-}
-
 __device__ __forceinline__ uint32_t nv_warp_max(uint32_t v) {
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) v = max(v, __shfl_xor_sync(~0u, v, offset));
@@ -106,86 +84,141 @@ extern "C" __global__ void __launch_bounds__(NV_THREADS)
 }
 
 // ---------------------------------------------------------------------------------------------
-// qt_nvfp4_amax. A CTA takes one 16-row block (one member, one RHT group per column) and
-// QT_NVFP4_AMAX_COLS(esize) columns; thread t holds one 8-byte column chunk of all 16 rows in
-// registers (16 loads in flight), so the RHT needs no shared memory. (16-byte chunks would need
-// 64 registers of data and spill.) grid.y strides over row blocks; a maximum does not depend on
-// the grid.
+// qt_nvfp4_amax. Thread t holds one 16-byte column chunk (8 BF16 or 4 FP32 columns) of the 16
+// rows of a row block in registers (16 loads, 256 bytes in flight), so the RHT needs no shared
+// memory; a CTA covers QT_NVFP4_AMAX_COLS(esize) columns and grid.y strides over row blocks.
+// The maxima accumulate in registers over the row blocks of one member and are reduced (warp
+// shuffles, shared memory, one atomic per CTA) only when the member changes and at the end, so a
+// dense tensor costs one reduction per CTA. BF16 row maxima stay packed (max.xorsign.abs.bf16x2
+// returns the non-NaN operand; the signs are masked at the end). The RHT maximum is taken over
+// the FP32 transform and rounded to BF16 once, at the reduction: RN is monotone and odd, so
+// max |RN(y)| = RN(max |y|). A maximum does not depend on the grid.
 
+__device__ __forceinline__ uint32_t nv_absmax_bf16x2(uint32_t a, uint32_t b) {
+    uint32_t d;
+    asm("max.xorsign.abs.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+
+// The larger magnitude of a packed pair, a NaN half ignored (both NaN: 0).
+__device__ __forceinline__ float nv_bf16x2_max(uint32_t packed) {
+    return qt_nvfp4_absmax(qt_nvfp4_absmax(0.0f, __uint_as_float(packed << 16)),
+                           __uint_as_float(packed & 0xFFFF0000u));
+}
+
+// The CTA's maxima of one member into the global amaxes (every thread calls it: uniform).
+__device__ __forceinline__ void nv_amax_flush(const nvfp4_amax_args &a, uint32_t member,
+                                              float row_max, float col_max, uint32_t *s_red) {
+    uint32_t row_bits = nv_warp_max(__float_as_uint(row_max));
+    uint32_t col_bits = nv_warp_max(__float_as_uint(col_max));
+    if ((threadIdx.x & 31) == 0) {
+        s_red[threadIdx.x >> 5] = row_bits;
+        s_red[NV_WARPS + (threadIdx.x >> 5)] = col_bits;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int i = 1; i < NV_WARPS; i++) {
+            row_bits = max(row_bits, s_red[i]);
+            col_bits = max(col_bits, s_red[NV_WARPS + i]);
+        }
+        nv_amax_update(a.amax_row, member, row_bits);
+        if (a.flags & QT_NVFP4_COLWISE) nv_amax_update(a.amax_col, member, col_bits);
+    }
+    __syncthreads();  // s_red is rewritten by the next flush
+}
+
+// max |y| of the FP32 RHT of column e of the chunk rows w[0..15], over positions below n.
 template <int ESIZE>
-__device__ __forceinline__ float nv_half_elem(const uint2 &w, int e) {
-    return nv_elem<ESIZE>(make_uint4(w.x, w.y, 0, 0), e);
+__device__ __forceinline__ float nv_amax_rht_col(const nvfp4_amax_args &a, const uint4 *w, int e,
+                                                 uint32_t n, float acc) {
+    float v[16];
+#pragma unroll
+    for (int j = 0; j < 16; j++) v[j] = nv_elem<ESIZE>(w[j], e);
+    if (ESIZE == 4) {
+        qt_nvfp4_rht16_f32(v, a.rht_signs);
+    } else if (a.rht_signs == QT_NVFP4_RHT_SIGNS_TE) {
+        qt_nvfp4_rht16_bf16in_f32(v, QT_NVFP4_RHT_SIGNS_TE);  // constant signs
+    } else {
+        qt_nvfp4_rht16_bf16in_f32(v, a.rht_signs);
+    }
+    if (n >= 16) {
+#pragma unroll
+        for (int j = 0; j < 16; j++) acc = qt_nvfp4_absmax(acc, v[j]);
+    } else {  // a dense tensor's last, partial group: positions past M are not stored
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            if ((uint32_t)j < n) acc = qt_nvfp4_absmax(acc, v[j]);
+        }
+    }
+    return acc;
 }
 
 template <int ESIZE>
 __device__ __forceinline__ void nv_amax_body(const nvfp4_amax_args &a) {
-    constexpr int VEC = 8 / ESIZE;
-    __shared__ uint32_t s_red[2][NV_WARPS];
+    constexpr int VEC = 16 / ESIZE;
+    __shared__ uint32_t s_red[2 * NV_WARPS];
     const uint8_t *x = (const uint8_t *)a.x;
     const uint32_t *offsets = (const uint32_t *)a.group.row_offsets;
     const uint32_t *first_dims = (const uint32_t *)a.group.first_dims;
-    const bool aligned = ((a.x | ((uint64_t)a.cols * ESIZE)) & 7u) == 0;
+    const bool aligned = ((a.x | ((uint64_t)a.cols * ESIZE)) & 15u) == 0;
     const bool rht = (a.flags & QT_NVFP4_RHT) != 0;
     const uint32_t col = (blockIdx.x * NV_THREADS + threadIdx.x) * VEC;
     const uint32_t blocks = (a.rows + 15) / 16;
+    uint32_t member = ~0u, row_packed = 0;  // BF16: packed pair maxima, signs unmasked
+    float row_max = 0.0f, col_max = 0.0f;    // col_max: FP32 max |y| of the RHT
     for (uint32_t g = blockIdx.y; g < blocks; g += gridDim.y) {
         const uint32_t row0 = g * 16;
-        uint2 w[16];
+        uint4 w[16];
 #pragma unroll
         for (int j = 0; j < 16; j++) {
-            w[j] = row0 + j < a.rows ? nv_load_half<ESIZE>(x, a.cols, row0 + j, col, aligned)
-                                     : make_uint2(0, 0);
+            w[j] = row0 + j < a.rows ? nv_load_chunk<ESIZE>(x, a.cols, row0 + j, col, aligned)
+                                     : make_uint4(0, 0, 0, 0);
         }
-        qt_nvfp4_span span =
+        // The lookup runs while the loads are in flight; it is the same for the whole CTA.
+        const qt_nvfp4_span span =
             qt_nvfp4_span_of(offsets, first_dims, a.group.count, a.rows, row0);
-        if (span.store_end <= row0) continue;  // the same for every thread of the CTA
-        float row_max = 0.0f;
+        if (span.store_end <= row0) continue;
+        if (span.member != member) {
+            if (member != ~0u) {
+                if (ESIZE == 2) row_max = nv_bf16x2_max(row_packed);
+                const float col_amax = rht ? qt_bf16_to_f32(qt_f32_to_bf16(col_max)) : row_max;
+                nv_amax_flush(a, member, row_max, col_amax, s_red);
+            }
+            member = span.member;
+            row_packed = 0;
+            row_max = col_max = 0.0f;
+        }
 #pragma unroll
         for (int j = 0; j < 16; j++) {
-            if (row0 + j >= span.valid_end) w[j] = make_uint2(0, 0);  // padding reads as 0
+            if (row0 + j >= span.valid_end) w[j] = make_uint4(0, 0, 0, 0);  // padding reads as 0
+            if (ESIZE == 2) {
+                row_packed = nv_absmax_bf16x2(row_packed, nv_absmax_bf16x2(w[j].x, w[j].y));
+                row_packed = nv_absmax_bf16x2(row_packed, nv_absmax_bf16x2(w[j].z, w[j].w));
+            } else {
 #pragma unroll
-            for (int e = 0; e < VEC; e++) {
-                row_max = qt_nvfp4_absmax(row_max, nv_half_elem<ESIZE>(w[j], e));
-            }
-        }
-        float col_max = row_max;
-        if (rht) {
-            // Positions at or past store_end (a dense tensor's last partial group) are not part
-            // of the columnwise data, so they do not count; columns past `cols` transform zeros.
-            const uint32_t n_store = min(16u, span.store_end - row0);
-            col_max = 0.0f;
-#pragma unroll
-            for (int e = 0; e < VEC; e++) {
-                float v[16];
-#pragma unroll
-                for (int j = 0; j < 16; j++) v[j] = nv_half_elem<ESIZE>(w[j], e);
-                qt_nvfp4_rht16(v, a.rht_signs);
-#pragma unroll
-                for (int j = 0; j < 16; j++) {
-                    if ((uint32_t)j < n_store) col_max = qt_nvfp4_absmax(col_max, v[j]);
+                for (int e = 0; e < VEC; e++) {
+                    row_max = qt_nvfp4_absmax(row_max, nv_elem<4>(w[j], e));
                 }
             }
         }
-        uint32_t row_bits = nv_warp_max(__float_as_uint(row_max));
-        uint32_t col_bits = nv_warp_max(__float_as_uint(col_max));
-        if ((threadIdx.x & 31) == 0) {
-            s_red[0][threadIdx.x >> 5] = row_bits;
-            s_red[1][threadIdx.x >> 5] = col_bits;
-        }
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            for (int i = 1; i < NV_WARPS; i++) {
-                row_bits = max(row_bits, s_red[0][i]);
-                col_bits = max(col_bits, s_red[1][i]);
+        if (rht) {
+            // Columns past `cols` transform zeros; positions at or past store_end (a dense
+            // tensor's last partial group) are not part of the columnwise data.
+            const uint32_t n_store = min(16u, span.store_end - row0);
+#pragma unroll
+            for (int e = 0; e < VEC; e++) {
+                col_max = nv_amax_rht_col<ESIZE>(a, w, e, n_store, col_max);
             }
-            nv_amax_update(a.amax_row, span.member, row_bits);
-            if (a.flags & QT_NVFP4_COLWISE) nv_amax_update(a.amax_col, span.member, col_bits);
         }
-        __syncthreads();  // s_red is rewritten for the next row block
+    }
+    if (member != ~0u) {
+        if (ESIZE == 2) row_max = nv_bf16x2_max(row_packed);
+        const float col_amax = rht ? qt_bf16_to_f32(qt_f32_to_bf16(col_max)) : row_max;
+        nv_amax_flush(a, member, row_max, col_amax, s_red);
     }
 }
 
-// Two CTAs per SM (102 registers) keep 64 KiB of loads in flight per SM; three would spill.
+// Two CTAs per SM (up to 128 registers) keep 128 KiB of loads in flight per SM.
 extern "C" __global__ void __launch_bounds__(NV_THREADS, 2)
     qt_nvfp4_amax(const __grid_constant__ nvfp4_amax_args args) {
     if (args.dtype == QT_DTYPE_F32) {
@@ -197,26 +230,28 @@ extern "C" __global__ void __launch_bounds__(NV_THREADS, 2)
 
 // ---------------------------------------------------------------------------------------------
 // qt_nvfp4_quantize. A CTA quantizes a tile of TM = 128 rows x TK = 64 columns per iteration
-// (grid.x over column tiles, grid.y striding over row tiles):
+// (grid.x over column tiles, grid.y striding over row tiles). The cast is instruction-bound, so
+// the per-element work is kept minimal: the rowwise blocks are encoded straight from the
+// registers they were loaded into, BF16 blocks take the fast encoder of quant_nvfp4.h on packed
+// values, and the multipliers of a dense tensor come from a table built once per CTA.
 //
-//   1. each thread issues its 16-byte loads of the tile (4 for BF16, 8 for FP32) into registers
+//   1. thread t loads the two 16-element row blocks (row (t >> 2) + 64 i, column block t & 3),
+//      i = 0, 1, as 2 (BF16) or 4 (FP32) 16-byte chunks each (BF16: issued one tile ahead)
 //   2. threads 0..7 look up their 16-row block's span and global scales (s_rb)
-//   3. the chunks go to shared memory, rows that are padding (or past M) zeroed
-//   4. (2-D) the 32 16x16 tile amaxes
-//   5. rowwise: 512 tasks (row, 16-column block), 2 per thread, read 32 or 64 bytes of shared
-//      memory, write 8 code bytes and 1 scale byte straight to global memory (a warp writes 8
-//      rows x 32 contiguous bytes)
-//   6. columnwise: 256 tasks (16-row block = warp, column pair = lane), 16 shared loads down the
+//   3. the chunks go to shared memory, rows that are padding (or past M) zeroed; the same
+//      thread encodes its two rowwise blocks from the registers and writes 8 code bytes and one
+//      scale byte each (a warp writes 8 rows x 32 contiguous bytes)
+//   4. (2-D) the 32 16x16 tile amaxes, then step 3's rowwise part
+//   5. columnwise: 256 tasks (16-row block = warp, column pair = lane), 16 shared loads down the
 //      columns, (RHT), codes staged transposed in shared memory
-//   7. the staged columnwise codes leave as 16-byte stores, 64 contiguous bytes per output row
+//   6. the staged columnwise codes leave as 16-byte stores, 64 contiguous bytes per output row
 //
 // Shared memory (dynamic, QT_NVFP4_QUANT_SMEM(esize) bytes):
 //
 //   in     [TM rows][TK * esize bytes] as 16-byte chunks; chunk c of row r lives in slot
 //          c ^ (r & 1) ^ (((c >> 3) & 1) << 1) of its row. The XOR makes the 8 lanes of each
-//          128-bit access phase hit 8 different 16-byte bank groups both for the rowwise reads
-//          (lanes = 2 rows x 4 column blocks) and for the columnwise reads (one row per
-//          instruction); the values in registers keep their logical order.
+//          128-bit store phase hit 8 different 16-byte bank groups (lanes = 2 rows x 4 column
+//          blocks), and the columnwise reads take one row per instruction.
 //   colq   [TK columns][TM / 2 bytes] in 8-byte units (one 16-row block each); unit u of column
 //          kl lives in slot u ^ ((kl >> 1) & 7), which spreads a warp's 8-byte writes (32
 //          columns, one block) over the banks (2-way conflicts at most).
@@ -227,6 +262,7 @@ extern "C" __global__ void __launch_bounds__(NV_THREADS, 2)
 #define NVQ_RB (NVQ_TM / 16)
 #define NVQ_KB (NVQ_TK / 16)
 #define NVQ_COLQ_BYTES (NVQ_TK * NVQ_TM / 2)
+#define NVQ_GENERIC (QT_NVFP4_2D | QT_NVFP4_SR)  // flags that take the generic block path
 
 QT_STATIC_ASSERT(NVQ_TM == 128 && NVQ_TK == 64, "task maps below assume a 128 x 64 tile");
 QT_STATIC_ASSERT(QT_NVFP4_QUANT_SMEM(2) == NVQ_TM * NVQ_TK * 2 + NVQ_COLQ_BYTES + NVQ_TK * NVQ_RB,
@@ -240,7 +276,8 @@ typedef struct nvq_rowblock {
 typedef struct nvq_shared {
     nvq_rowblock rb[NVQ_RB];
     float tile_amax[NVQ_RB * NVQ_KB];  // 2-D: [row block][column block]
-    uint32_t npos;                     // columnwise positions of this tile that are stored
+    uint32_t npos[2];                  // columnwise positions of a tile that are stored
+    float mult[2][128];                // dense: m_b by scale byte, [0] rowwise, [1] columnwise
 } nvq_shared;
 
 __device__ __forceinline__ uint32_t nvq_slot(uint32_t r, uint32_t c, uint32_t cpr) {
@@ -262,20 +299,48 @@ __device__ __forceinline__ void nvq_read_row16(const uint4 *s_in, uint32_t r, ui
     }
 }
 
-// Step 2: one thread per 16-row block of the tile.
+// The global scales of member i (both directions).
+__device__ __forceinline__ void nvq_member_scales(const nvfp4_quantize_args &a, uint32_t i,
+                                                  nvq_rowblock *rb) {
+    float amax_row = (a.flags & QT_NVFP4_ROWWISE) ? ((const float *)a.amax_row)[i] : 0;
+    float amax_col = (a.flags & QT_NVFP4_COLWISE) ? ((const float *)a.amax_col)[i] : 0;
+    rb->row = qt_nvfp4_scale_of(amax_row);
+    rb->col = qt_nvfp4_scale_of(amax_col);
+}
+
+// Step 2: one thread per 16-row block of the tile. `dense` holds a dense tensor's scales,
+// computed once before the tile loop (its divisions are not per tile).
 __device__ __forceinline__ void nvq_rowblock_init(const nvfp4_quantize_args &a, uint32_t row,
-                                                  nvq_rowblock *out) {
-    qt_nvfp4_span span = qt_nvfp4_span_of((const uint32_t *)a.group.row_offsets,
-                                          (const uint32_t *)a.group.first_dims, a.group.count,
-                                          a.rows, row);
-    float amax_row = (a.flags & QT_NVFP4_ROWWISE) ? ((const float *)a.amax_row)[span.member] : 0;
-    float amax_col = (a.flags & QT_NVFP4_COLWISE) ? ((const float *)a.amax_col)[span.member] : 0;
-    nvq_rowblock rb;
-    rb.valid_end = span.valid_end;
-    rb.store_end = span.store_end;
-    rb.row = qt_nvfp4_scale_of(amax_row);
-    rb.col = qt_nvfp4_scale_of(amax_col);
+                                                  const nvq_rowblock &dense, nvq_rowblock *out) {
+    nvq_rowblock rb = dense;
+    if (a.group.count == 0) {
+        rb.valid_end = rb.store_end = row < a.rows ? a.rows : 0;
+    } else {
+        qt_nvfp4_span span = qt_nvfp4_span_of((const uint32_t *)a.group.row_offsets,
+                                              (const uint32_t *)a.group.first_dims,
+                                              a.group.count, a.rows, row);
+        rb.valid_end = span.valid_end;
+        rb.store_end = span.store_end;
+        nvq_member_scales(a, span.member, &rb);
+    }
     *out = rb;
+}
+
+// Dense tensors: every block of a direction shares S_dec, so m_b is a function of the scale byte
+// alone; the 2 x 128 values are computed once per CTA (one per thread) instead of one reciprocal
+// per block. Ordered before use by the first barrier of the tile loop.
+__device__ __forceinline__ void nvq_mult_table(const nvfp4_quantize_args &a, nvq_shared *sh) {
+    const uint32_t dir = threadIdx.x >> 7, sb = threadIdx.x & 127u;
+    const uint32_t flag = dir ? QT_NVFP4_COLWISE : QT_NVFP4_ROWWISE;
+    if (a.group.count != 0 || !(a.flags & flag)) return;
+    const float amax = ((const float *)(dir ? a.amax_col : a.amax_row))[0];
+    sh->mult[dir][sb] = qt_nvfp4_block_mult((uint8_t)sb, qt_nvfp4_scale_of(amax).s_dec);
+}
+
+__device__ __forceinline__ float nvq_mult(const nvfp4_quantize_args &a, const nvq_shared *sh,
+                                          uint32_t dir, uint32_t sb, float s_dec) {
+    if (a.group.count == 0) return sh->mult[dir][sb & 127u];
+    return qt_nvfp4_block_mult((uint8_t)sb, s_dec);
 }
 
 // Step 4: 8 threads per 16x16 tile, 2 rows each, then a max over the 8 lanes.
@@ -299,6 +364,79 @@ __device__ __forceinline__ void nvq_tile_amax(const uint4 *s_in, nvq_shared *sh)
     if (sub == 0) sh->tile_amax[tile] = __uint_as_float(bits);
 }
 
+// The generic block path (FP32 input, 2-D, stochastic rounding, and the blocks the fast encoder
+// leaves: a NaN, a scale byte that is zero, subnormal or saturated): the C twin's operations.
+// `tile` is the 2-D tile amax; line and blk key the randomness. Returns sb.
+template <bool FAST>
+__device__ __forceinline__ uint32_t nvq_block(const nvfp4_quantize_args &a, const nvq_shared *sh,
+                                              uint32_t dir, const float v[16], float tile,
+                                              qt_nvfp4_scale s, uint32_t line, uint32_t blk,
+                                              uint64_t step, uint32_t q[2]) {
+    float amax_b = tile;
+    if (FAST || !(a.flags & QT_NVFP4_2D)) {
+        amax_b = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 16; j++) amax_b = qt_nvfp4_absmax(amax_b, v[j]);
+    }
+    const uint8_t sb = qt_nvfp4_block_scale(amax_b, s);
+    const float mult = nvq_mult(a, sh, dir, sb, s.s_dec);
+    if (!FAST && (a.flags & QT_NVFP4_SR)) {
+        const uint32_t id = a.tensor_id | (dir ? QT_QUANT_TENSOR_COLWISE : 0u);
+        qt_nvfp4_encode16_sr(v, mult, qt_quant_random16(a.seed, step, id, line, blk), q);
+    } else {
+        // The twin's qt_nvfp4_encode16_rn gives these codes too (it may take the fast encoder,
+        // which agrees wherever it applies); the generic encoder keeps this path small.
+        qt_nvfp4_encode16(v, mult, q);
+    }
+    return sb;
+}
+
+// Fast encoding of two BF16 blocks y0, y1 (packed, element 2i low in word i) of direction dir
+// with scales s0, s1; a block the fast encoder does not take goes through nvq_block (one copy of
+// that rare path, hence the loop that selects its block). Returns the two scale bytes (block 1's
+// in bits 8..15); skip[k] leaves block k alone.
+__device__ __forceinline__ uint32_t nvq_encode2_bf16(const nvfp4_quantize_args &a,
+                                                     const nvq_shared *sh, uint32_t dir,
+                                                     const uint32_t y[2][8],
+                                                     const qt_nvfp4_scale s[2],
+                                                     const bool skip[2], const uint32_t line[2],
+                                                     const uint32_t blk[2], uint32_t q[2][2]) {
+    const float amax0 = qt_nvfp4_absmax16_bf16(y[0]), amax1 = qt_nvfp4_absmax16_bf16(y[1]);
+    uint32_t sbs = qt_nvfp4_e4m3x2(amax0 * s[0].c, amax1 * s[1].c);
+    const bool fast0 = !qt_f32_is_nan(amax0) && qt_nvfp4_fast_ok(sbs & 0xFFu);
+    const bool fast1 = !qt_f32_is_nan(amax1) && qt_nvfp4_fast_ok((sbs >> 8) & 0xFFu);
+    if (fast0 && !skip[0]) {
+        qt_nvfp4_encode16_bf16(y[0], nvq_mult(a, sh, dir, sbs & 0xFFu, s[0].s_dec), q[0]);
+    }
+    if (fast1 && !skip[1]) {
+        qt_nvfp4_encode16_bf16(y[1], nvq_mult(a, sh, dir, (sbs >> 8) & 0xFFu, s[1].s_dec), q[1]);
+    }
+    if ((fast0 || skip[0]) && (fast1 || skip[1])) return sbs;
+#pragma unroll 1
+    for (uint32_t k = 0; k < 2; k++) {
+        if (k ? (fast1 || skip[1]) : (fast0 || skip[0])) continue;
+        float v[16];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const uint32_t w = k ? y[1][i] : y[0][i];
+            v[2 * i] = __uint_as_float(w << 16);
+            v[2 * i + 1] = __uint_as_float(w & 0xFFFF0000u);
+        }
+        uint32_t qk[2];
+        const uint32_t sb = nvq_block<true>(a, sh, dir, v, 0.0f, k ? s[1] : s[0],
+                                            k ? line[1] : line[0], k ? blk[1] : blk[0], 0, qk);
+        sbs = (sbs & ~(0xFFu << (8 * k))) | sb << (8 * k);
+        if (k) {
+            q[1][0] = qk[0];
+            q[1][1] = qk[1];
+        } else {
+            q[0][0] = qk[0];
+            q[0][1] = qk[1];
+        }
+    }
+    return sbs;
+}
+
 // Writes n (<= 8) bytes of codes: one 8-byte store when whole and aligned.
 __device__ __forceinline__ void nvq_store8(uint8_t *dst, const uint32_t q[2], uint32_t n,
                                            bool aligned) {
@@ -309,47 +447,78 @@ __device__ __forceinline__ void nvq_store8(uint8_t *dst, const uint32_t q[2], ui
     for (uint32_t i = 0; i < n; i++) dst[i] = (uint8_t)((i < 4 ? q[0] : q[1]) >> (8 * (i & 3)));
 }
 
-// Step 5.
-template <int ESIZE>
-__device__ __forceinline__ void nvq_rowwise(const nvfp4_quantize_args &a, const uint4 *s_in,
-                                            const nvq_shared *sh, uint32_t m0, uint32_t k0,
-                                            uint64_t step) {
+// Step 3 (rowwise part): the thread's two row blocks, chunk[ESIZE * i + c] holding chunk c of
+// block i (padding rows already zeroed, columns past `cols` loaded as zero); the generic path
+// (nvq_stage_all) finds them staged in s_in.
+template <int ESIZE, bool FAST>
+__device__ __forceinline__ void nvq_rowwise(const nvfp4_quantize_args &a, const uint4 *chunk,
+                                            const uint4 *s_in, const nvq_shared *sh, uint32_t m0,
+                                            uint32_t k0, uint64_t step) {
     const uint32_t rpitch = (a.cols + 1) / 2, spitch = (a.cols + 15) / 16;
     const bool aligned = ((a.row_data | rpitch) & 7u) == 0;
+    const uint32_t b = threadIdx.x & 3u, kb = k0 + b * 16;
+    if (kb >= a.cols) return;
+    uint32_t m[2], line[2], blk[2], q[2][2], sbs = 0;
+    bool skip[2];
+    qt_nvfp4_scale s[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const uint32_t r = (threadIdx.x >> 2) + 64u * i;
+        m[i] = line[i] = m0 + r;
+        blk[i] = kb / 16;
+        skip[i] = m[i] >= sh->rb[r >> 4].store_end;
+        s[i] = sh->rb[r >> 4].row;
+    }
+    if (skip[0] && skip[1]) return;
+    if (ESIZE == 2 && FAST) {
+        uint32_t y[2][8];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const uint4 w = chunk[2 * i + c];
+                y[i][4 * c] = w.x;
+                y[i][4 * c + 1] = w.y;
+                y[i][4 * c + 2] = w.z;
+                y[i][4 * c + 3] = w.w;
+            }
+        }
+        sbs = nvq_encode2_bf16(a, sh, 0, y, s, skip, line, blk, q);
+    } else {
+        // The generic path reads the blocks back from shared memory, where this thread staged
+        // them, which frees the chunk registers.
+#pragma unroll 1
+        for (uint32_t i = 0; i < 2; i++) {
+            if (i ? skip[1] : skip[0]) continue;
+            const uint32_t r = (threadIdx.x >> 2) + 64u * i;
+            float v[16];
+            nvq_read_row16<ESIZE>(s_in, r, b, v);
+            const float tile = sh->tile_amax[(r >> 4) * NVQ_KB + b];
+            uint32_t qi[2];
+            sbs |= nvq_block<FAST>(a, sh, 0, v, tile, i ? s[1] : s[0], m0 + r, kb / 16, step, qi)
+                   << (8 * i);
+            if (i) {
+                q[1][0] = qi[0];
+                q[1][1] = qi[1];
+            } else {
+                q[0][0] = qi[0];
+                q[0][1] = qi[1];
+            }
+        }
+    }
     uint8_t *row_data = (uint8_t *)a.row_data;
     uint8_t *row_scales = (uint8_t *)a.row_scales;
-#pragma unroll 1
-    for (uint32_t i = 0; i < 2; i++) {
-        const uint32_t id = i * NV_THREADS + threadIdx.x;
-        const uint32_t r = id / NVQ_KB, b = id % NVQ_KB;
-        const uint32_t m = m0 + r, kb = k0 + b * 16;
-        const nvq_rowblock &rb = sh->rb[r >> 4];
-        if (m >= rb.store_end || kb >= a.cols) continue;
-        float v[16];
-        nvq_read_row16<ESIZE>(s_in, r, b, v);
-        float amax_b = 0.0f;
-        if (a.flags & QT_NVFP4_2D) {
-            amax_b = sh->tile_amax[(r >> 4) * NVQ_KB + b];
-        } else {
+    const uint32_t nbytes = min(8u, (a.cols - kb + 1) / 2);
 #pragma unroll
-            for (int j = 0; j < 16; j++) amax_b = qt_nvfp4_absmax(amax_b, v[j]);
-        }
-        const uint8_t sb = qt_nvfp4_block_scale(amax_b, rb.row);
-        const float mult = qt_nvfp4_block_mult(sb, rb.row.s_dec);
-        uint32_t q[2];
-        if (a.flags & QT_NVFP4_SR) {
-            qt_philox4 rnd = qt_quant_random16(a.seed, step, a.tensor_id, m, kb / 16);
-            qt_nvfp4_encode16_sr(v, mult, rnd, q);
-        } else {
-            qt_nvfp4_encode16(v, mult, q);
-        }
-        nvq_store8(row_data + (uint64_t)m * rpitch + kb / 2, q, min(8u, (a.cols - kb + 1) / 2),
-                   aligned);
-        row_scales[(uint64_t)m * spitch + kb / 16] = sb;
+    for (int i = 0; i < 2; i++) {
+        if (skip[i]) continue;
+        nvq_store8(row_data + (uint64_t)m[i] * rpitch + kb / 2, q[i], nbytes, aligned);
+        row_scales[(uint64_t)m[i] * spitch + kb / 16] = (uint8_t)(sbs >> (8 * i));
     }
 }
 
-// Step 6 for one column (kl = column within the tile) of 16-row block rb.
+// Step 5, generic path, for one column (kl = column within the tile) of 16-row block rbi.
+template <bool FAST>
 __device__ __forceinline__ void nvq_column(const nvfp4_quantize_args &a, float v[16],
                                            const nvq_shared *sh, const nvq_rowblock &rb,
                                            uint32_t rbi, uint32_t n_store, uint32_t m0,
@@ -364,65 +533,123 @@ __device__ __forceinline__ void nvq_column(const nvfp4_quantize_args &a, float v
             }
         }
     }
-    float amax_b = 0.0f;
-    if (a.flags & QT_NVFP4_2D) {
-        amax_b = sh->tile_amax[rbi * NVQ_KB + (kl >> 4)];
-    } else {
-#pragma unroll
-        for (int j = 0; j < 16; j++) amax_b = qt_nvfp4_absmax(amax_b, v[j]);
-    }
-    const uint8_t sb = qt_nvfp4_block_scale(amax_b, rb.col);
-    const float mult = qt_nvfp4_block_mult(sb, rb.col.s_dec);
+    const float tile = sh->tile_amax[rbi * NVQ_KB + (kl >> 4)];
     uint32_t q[2];
-    if (a.flags & QT_NVFP4_SR) {
-        qt_philox4 rnd = qt_quant_random16(a.seed, step, a.tensor_id | QT_QUANT_TENSOR_COLWISE,
-                                           k0 + kl, m0 / 16 + rbi);
-        qt_nvfp4_encode16_sr(v, mult, rnd, q);
-    } else {
-        qt_nvfp4_encode16(v, mult, q);
-    }
+    const uint32_t sb =
+        nvq_block<FAST>(a, sh, 1, v, tile, rb.col, k0 + kl, m0 / 16 + rbi, step, q);
     s_colq[kl * NVQ_RB + (rbi ^ ((kl >> 1) & 7u))] = make_uint2(q[0], q[1]);
-    s_cols[kl * NVQ_RB + rbi] = sb;
+    s_cols[kl * NVQ_RB + rbi] = (uint8_t)sb;
 }
 
-// Step 6: warp = 16-row block, lane = column pair.
-template <int ESIZE>
+// Step 5, BF16 fast path: the two columns of the lane as packed BF16 groups (after the RHT and
+// its rounding to BF16, or straight from the tile), encoded together.
+__device__ __forceinline__ void nvq_colwise_bf16(const nvfp4_quantize_args &a, const uint4 *s_in,
+                                                 const nvq_shared *sh, const nvq_rowblock &rb,
+                                                 uint32_t rbi, uint32_t n_store, uint32_t m0,
+                                                 uint32_t k0, uint2 *s_colq, uint8_t *s_cols) {
+    constexpr uint32_t CPR = NVQ_TK * 2 / 16;
+    const uint32_t cp = threadIdx.x & 31;
+    // Column pair cp is 32-bit word cp of each row: chunk cp / 4, word cp % 4.
+    const uint32_t *s_words = (const uint32_t *)s_in;
+    uint32_t w[16], y[2][8];
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        w[j] = s_words[nvq_slot(rbi * 16 + j, cp >> 2, CPR) * 4 + (cp & 3)];
+    }
+    if (a.flags & QT_NVFP4_RHT) {
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            float v[16];
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                v[j] = __uint_as_float(c ? (w[j] & 0xFFFF0000u) : (w[j] << 16));
+            }
+            if (a.rht_signs == QT_NVFP4_RHT_SIGNS_TE) {
+                qt_nvfp4_rht16_bf16in_f32(v, QT_NVFP4_RHT_SIGNS_TE);  // constant signs
+            } else {
+                qt_nvfp4_rht16_bf16in_f32(v, a.rht_signs);
+            }
+            qt_nvfp4_pack_bf16(v, y[c]);
+        }
+        if (n_store < 16) {  // only a dense tensor's last, partial group: past M, not counted
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const uint32_t keep = 2u * i >= n_store ? 0u : (2u * i + 1 >= n_store ? 0xFFFFu
+                                                                                    : ~0u);
+                y[0][i] &= keep;
+                y[1][i] &= keep;
+            }
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            y[0][i] = qt_nvfp4_prmt(w[2 * i], w[2 * i + 1], 0x5410u);  // rows 2i, 2i+1 of col 0
+            y[1][i] = qt_nvfp4_prmt(w[2 * i], w[2 * i + 1], 0x7632u);
+        }
+    }
+    const qt_nvfp4_scale s[2] = {rb.col, rb.col};
+    const bool skip[2] = {false, false};
+    const uint32_t line[2] = {k0 + 2 * cp, k0 + 2 * cp + 1};
+    const uint32_t blk[2] = {m0 / 16 + rbi, m0 / 16 + rbi};
+    uint32_t q[2][2];
+    const uint32_t sbs = nvq_encode2_bf16(a, sh, 1, y, s, skip, line, blk, q);
+#pragma unroll
+    for (int c = 0; c < 2; c++) {
+        const uint32_t kl = 2 * cp + c;
+        s_colq[kl * NVQ_RB + (rbi ^ ((kl >> 1) & 7u))] = make_uint2(q[c][0], q[c][1]);
+        s_cols[kl * NVQ_RB + rbi] = (uint8_t)(sbs >> (8 * c));
+    }
+}
+
+// Step 5, generic path: one column at a time.
+template <int ESIZE, bool FAST>
+__device__ __forceinline__ void nvq_colwise_generic(const nvfp4_quantize_args &a,
+                                                    const uint4 *s_in, const nvq_shared *sh,
+                                                    const nvq_rowblock &rb, uint32_t rbi,
+                                                    uint32_t n_store, uint32_t m0, uint32_t k0,
+                                                    uint64_t step, uint2 *s_colq,
+                                                    uint8_t *s_cols) {
+    constexpr uint32_t CPR = NVQ_TK * ESIZE / 16;
+    const uint32_t cp = threadIdx.x & 31;
+#pragma unroll 1
+    for (uint32_t c = 0; c < 2; c++) {
+        float v[16];
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            const uint32_t r = rbi * 16 + j;
+            if (ESIZE == 2) {
+                // Column pair cp is 32-bit word cp of each row: chunk cp / 4, word cp % 4.
+                const uint32_t word = ((const uint32_t *)s_in)[nvq_slot(r, cp >> 2, CPR) * 4 +
+                                                                (cp & 3)];
+                v[j] = __uint_as_float(c ? (word & 0xFFFF0000u) : (word << 16));
+            } else {
+                // Column 2 cp + c is float 2 (cp % 2) + c of chunk cp / 2.
+                v[j] = ((const float *)s_in)[nvq_slot(r, cp >> 1, CPR) * 4 + 2 * (cp & 1) + c];
+            }
+        }
+        nvq_column<FAST>(a, v, sh, rb, rbi, n_store, m0, k0, 2 * cp + c, step, s_colq, s_cols);
+    }
+}
+
+// Step 5: warp = 16-row block, lane = column pair.
+template <int ESIZE, bool FAST>
 __device__ __forceinline__ void nvq_colwise(const nvfp4_quantize_args &a, const uint4 *s_in,
                                             const nvq_shared *sh, uint32_t m0, uint32_t k0,
                                             uint64_t step, uint2 *s_colq, uint8_t *s_cols) {
-    constexpr uint32_t CPR = NVQ_TK * ESIZE / 16;
-    const uint32_t rbi = threadIdx.x >> 5, cp = threadIdx.x & 31;
+    const uint32_t rbi = threadIdx.x >> 5;
     const nvq_rowblock rb = sh->rb[rbi];
     const uint32_t mb = m0 + rbi * 16;
     if (mb >= rb.store_end) return;  // nothing of this block is stored
     const uint32_t n_store = min(16u, rb.store_end - mb);
-    float va[16], vb[16];
-    if (ESIZE == 2) {
-        // Column pair cp is 32-bit word cp of each row: chunk cp / 4, word cp % 4.
-        const uint32_t *s_words = (const uint32_t *)s_in;
-#pragma unroll
-        for (int j = 0; j < 16; j++) {
-            uint32_t r = rbi * 16 + j;
-            uint32_t word = s_words[nvq_slot(r, cp >> 2, CPR) * 4 + (cp & 3)];
-            va[j] = __uint_as_float(word << 16);
-            vb[j] = __uint_as_float(word & 0xFFFF0000u);
-        }
+    if (ESIZE == 2 && FAST) {
+        nvq_colwise_bf16(a, s_in, sh, rb, rbi, n_store, m0, k0, s_colq, s_cols);
     } else {
-        // Column pair cp is 64-bit half cp % 2 of chunk cp / 2.
-        const float2 *s_pairs = (const float2 *)s_in;
-#pragma unroll
-        for (int j = 0; j < 16; j++) {
-            uint32_t r = rbi * 16 + j;
-            float2 pair = s_pairs[nvq_slot(r, cp >> 1, CPR) * 2 + (cp & 1)];
-            va[j] = pair.x;
-            vb[j] = pair.y;
-        }
+        nvq_colwise_generic<ESIZE, FAST>(a, s_in, sh, rb, rbi, n_store, m0, k0, step, s_colq,
+                                         s_cols);
     }
-    nvq_column(a, va, sh, rb, rbi, n_store, m0, k0, 2 * cp, step, s_colq, s_cols);
-    nvq_column(a, vb, sh, rb, rbi, n_store, m0, k0, 2 * cp + 1, step, s_colq, s_cols);
 }
 
-// Step 7: thread = (column kl, 16-byte quarter q) of the staged codes; threads 0..63 also write
+// Step 6: thread = (column kl, 16-byte quarter q) of the staged codes; threads 0..63 also write
 // one column's 8 scale bytes. Only the tile's first npos positions are written.
 __device__ __forceinline__ void nvq_colwise_store(const nvfp4_quantize_args &a,
                                                   const uint2 *s_colq, const uint8_t *s_cols,
@@ -459,83 +686,155 @@ __device__ __forceinline__ void nvq_colwise_store(const nvfp4_quantize_args &a,
     }
 }
 
-// Steps 1 and 3: the tile's chunks, padding rows zeroed.
+// Step 1: the thread's chunks of the tile at m0 (zero past M and past `cols`). A tile wholly
+// inside an aligned tensor, the common case, takes plain loads from one base address.
 template <int ESIZE>
-__device__ __forceinline__ void nvq_stage_input(uint4 *s_in, const nvq_shared *sh,
-                                                const uint4 *chunk, uint32_t m0) {
-    constexpr uint32_t CPR = NVQ_TK * ESIZE / 16;
-    constexpr int CHUNKS = NVQ_TM * CPR / NV_THREADS;
+__device__ __forceinline__ void nvq_load(const nvfp4_quantize_args &a, uint4 *chunk, uint32_t m0,
+                                         uint32_t k0, bool aligned) {
+    constexpr uint32_t VEC = 16 / ESIZE;
+    const uint32_t r = threadIdx.x >> 2, col = k0 + (threadIdx.x & 3u) * ESIZE * VEC;
+    if (aligned && m0 + NVQ_TM <= a.rows && k0 + NVQ_TK <= a.cols) {
+        const uint4 *p = (const uint4 *)(a.x + ((uint64_t)(m0 + r) * a.cols + col) * ESIZE);
+        const uint64_t down = (uint64_t)a.cols * (64 * ESIZE / 16);  // 64 rows, in chunks
 #pragma unroll
-    for (int i = 0; i < CHUNKS; i++) {
-        const uint32_t id = i * NV_THREADS + threadIdx.x;
-        const uint32_t r = id / CPR, c = id % CPR;
-        const bool valid = m0 + r < sh->rb[r >> 4].valid_end;
-        s_in[nvq_slot(r, c, CPR)] = valid ? chunk[i] : make_uint4(0, 0, 0, 0);
+        for (int i = 0; i < 2; i++) {
+#pragma unroll
+            for (int c = 0; c < ESIZE; c++) chunk[ESIZE * i + c] = __ldg(p + i * down + c);
+        }
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const uint32_t m = m0 + r + 64u * i;
+#pragma unroll
+        for (int c = 0; c < ESIZE; c++) {
+            chunk[ESIZE * i + c] = m < a.rows ? nv_load_chunk<ESIZE>((const uint8_t *)a.x, a.cols,
+                                                                     m, col + c * VEC, aligned)
+                                              : make_uint4(0, 0, 0, 0);
+        }
     }
 }
 
+// Step 3 (staging part): padding rows zeroed in the registers (the rowwise blocks read them
+// too), then the chunks go to shared memory, chunk c of block i at s_in[slot + 64 CPR i + ...]
+// with slot[c] = nvq_slot(r, first chunk + c) (row r and r + 64 share the swizzle).
 template <int ESIZE>
-__device__ __forceinline__ void nvq_body(const nvfp4_quantize_args &a) {
-    constexpr uint32_t CPR = NVQ_TK * ESIZE / 16;   // 16-byte chunks per tile row: 8 | 16
-    constexpr int CHUNKS = NVQ_TM * CPR / NV_THREADS;  // per thread: 4 | 8
-    constexpr uint32_t VEC = 16 / ESIZE;
+__device__ __forceinline__ void nvq_stage(uint4 *s_in, const uint32_t *slot,
+                                          const nvq_shared *sh, uint4 *chunk, uint32_t m0,
+                                          bool stage) {
+    constexpr uint32_t CPR = NVQ_TK * ESIZE / 16;
+    const uint32_t r = threadIdx.x >> 2;
+    const bool valid0 = m0 + r < sh->rb[r >> 4].valid_end;
+    const bool valid1 = m0 + r + 64 < sh->rb[(r >> 4) + 4].valid_end;
+    if (!(valid0 && valid1)) {  // padding rows or past M: rare, so a branch, not selects
+#pragma unroll
+        for (int c = 0; c < ESIZE; c++) {
+            if (!valid0) chunk[c] = make_uint4(0, 0, 0, 0);
+            if (!valid1) chunk[ESIZE + c] = make_uint4(0, 0, 0, 0);
+        }
+    }
+    if (!stage) return;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+#pragma unroll
+        for (int c = 0; c < ESIZE; c++) s_in[slot[c] + 64 * CPR * i] = chunk[ESIZE * i + c];
+    }
+}
+
+// FAST: no 2-D and no stochastic rounding (flags & NVQ_GENERIC == 0), known at compile time so
+// that each variant gets its own register allocation.
+template <int ESIZE, bool FAST>
+__device__ __forceinline__ void nvq_body(const nvfp4_quantize_args &a, nvq_shared &sh) {
+    // The fast BF16 cast loads the next tile while the columnwise half of this one runs; FP32's
+    // 8 chunks, or the generic path's work, would not fit in the registers beside them.
+    constexpr bool prefetch = ESIZE == 2 && FAST;
     extern __shared__ __align__(16) uint8_t smem[];
-    __shared__ nvq_shared sh;
     uint4 *s_in = (uint4 *)smem;
     uint2 *s_colq = (uint2 *)(smem + NVQ_TM * NVQ_TK * ESIZE);
     uint8_t *s_cols = smem + NVQ_TM * NVQ_TK * ESIZE + NVQ_COLQ_BYTES;
-    const uint8_t *x = (const uint8_t *)a.x;
     const bool in_aligned = ((a.x | ((uint64_t)a.cols * ESIZE)) & 15u) == 0;
+    const bool colwise = (a.flags & QT_NVFP4_COLWISE) != 0;
+    const bool two_d = !FAST && (a.flags & QT_NVFP4_2D) != 0;
+    // Only a BF16 rowwise-only fast cast keeps shared memory out of its way.
+    const bool stage_all = colwise || ESIZE == 4 || !FAST;
     const uint32_t k0 = blockIdx.x * NVQ_TK;
     const uint32_t tiles_m = (a.rows + NVQ_TM - 1) / NVQ_TM;
-    const uint64_t step = (a.flags & QT_NVFP4_SR) ? *(const uint64_t *)a.step : 0;
-    for (uint32_t tm = blockIdx.y; tm < tiles_m; tm += gridDim.y) {
-        const uint32_t m0 = tm * NVQ_TM;
-        uint4 chunk[CHUNKS];
+    const uint64_t step = (!FAST && (a.flags & QT_NVFP4_SR)) ? *(const uint64_t *)a.step : 0;
+    nvq_mult_table(a, &sh);
+    nvq_rowblock dense = {0, 0, {0, 0}, {0, 0}};
+    if (a.group.count == 0 && threadIdx.x < NVQ_RB) nvq_member_scales(a, 0, &dense);
+    uint32_t slot[ESIZE];
 #pragma unroll
-        for (int i = 0; i < CHUNKS; i++) {
-            const uint32_t id = i * NV_THREADS + threadIdx.x;
-            const uint32_t r = id / CPR, c = id % CPR;
-            chunk[i] = m0 + r < a.rows
-                           ? nv_load_chunk<ESIZE>(x, a.cols, m0 + r, k0 + c * VEC, in_aligned)
-                           : make_uint4(0, 0, 0, 0);
-        }
-        if (threadIdx.x < NVQ_RB) nvq_rowblock_init(a, m0 + threadIdx.x * 16, &sh.rb[threadIdx.x]);
-        __syncthreads();
-        nvq_stage_input<ESIZE>(s_in, &sh, chunk, m0);
-        if (threadIdx.x == 0) {
+    for (int c = 0; c < ESIZE; c++) {
+        slot[c] = nvq_slot(threadIdx.x >> 2, (threadIdx.x & 3u) * ESIZE + c, NVQ_TK * ESIZE / 16);
+    }
+    uint4 chunk[2 * ESIZE];
+    if (prefetch && blockIdx.y < tiles_m) {
+        nvq_load<ESIZE>(a, chunk, blockIdx.y * NVQ_TM, k0, in_aligned);
+    }
+    uint32_t it = 0;
+    for (uint32_t tm = blockIdx.y; tm < tiles_m; tm += gridDim.y, it++) {
+        const uint32_t m0 = tm * NVQ_TM;
+        if (!prefetch) nvq_load<ESIZE>(a, chunk, m0, k0, in_aligned);
+        if (threadIdx.x < NVQ_RB) {
+            nvq_rowblock_init(a, m0 + threadIdx.x * 16, dense, &sh.rb[threadIdx.x]);
             // Active blocks form a prefix of the tile (grouped: whole blocks below
-            // row_offsets[n]; dense: up to M), so one length says what is stored.
-            uint32_t npos = 0;
-            for (uint32_t i = 0; i < NVQ_RB; i++) {
-                const uint32_t end = sh.rb[i].store_end, mb = m0 + i * 16;
-                if (end > mb) npos = min(end - m0, (uint32_t)NVQ_TM);
+            // row_offsets[n]; dense: up to M), so one length says what is stored: the largest
+            // over the active blocks of their store_end, from m0, at most TM.
+            const uint32_t end = sh.rb[threadIdx.x].store_end, mb = m0 + threadIdx.x * 16;
+            uint32_t npos = end > mb ? min(end - m0, (uint32_t)NVQ_TM) : 0u;
+#pragma unroll
+            for (int offset = 1; offset < NVQ_RB; offset <<= 1) {
+                npos = max(npos, __shfl_xor_sync(0xFFu, npos, offset));
             }
-            sh.npos = npos;
+            // Two slots: the previous tile's columnwise store may still be reading the other.
+            if (threadIdx.x == 0) sh.npos[it & 1] = npos;
         }
         __syncthreads();
-        if (a.flags & QT_NVFP4_2D) {
+        nvq_stage<ESIZE>(s_in, slot, &sh, chunk, m0, stage_all);
+        if ((a.flags & QT_NVFP4_ROWWISE) && !two_d) {
+            nvq_rowwise<ESIZE, FAST>(a, chunk, s_in, &sh, m0, k0, step);
+        }
+        __syncthreads();
+        if (two_d) {
             nvq_tile_amax<ESIZE>(s_in, &sh);
             __syncthreads();
+            if (a.flags & QT_NVFP4_ROWWISE) {
+                nvq_rowwise<ESIZE, FAST>(a, chunk, s_in, &sh, m0, k0, step);
+            }
         }
-        if (a.flags & QT_NVFP4_ROWWISE) nvq_rowwise<ESIZE>(a, s_in, &sh, m0, k0, step);
-        if (a.flags & QT_NVFP4_COLWISE) {
-            nvq_colwise<ESIZE>(a, s_in, &sh, m0, k0, step, s_colq, s_cols);
+        if (prefetch && tm + gridDim.y < tiles_m) {
+            nvq_load<ESIZE>(a, chunk, (tm + gridDim.y) * NVQ_TM, k0, in_aligned);
+        }
+        if (colwise) {
+            nvq_colwise<ESIZE, FAST>(a, s_in, &sh, m0, k0, step, s_colq, s_cols);
             __syncthreads();
-            nvq_colwise_store(a, s_colq, s_cols, sh.npos, m0, k0);
+            nvq_colwise_store(a, s_colq, s_cols, sh.npos[it & 1], m0, k0);
+        } else {
+            __syncthreads();  // the 2-D rowwise pass reads s_rb, which the next tile rewrites
         }
-        __syncthreads();  // the next tile rewrites every shared buffer
+        // No barrier here: the next tile's writes of shared memory (s_rb before its first
+        // barrier, the rest after it) touch nothing that is read after this tile's last barrier
+        // (the columnwise store reads s_colq and s_cols, rewritten only after two more).
     }
 }
 
-// Four CTAs per SM (64 registers, no spills; 4 x 21 KiB of shared memory for BF16): while some
-// load their tile, others compute, which is what overlaps memory and arithmetic here.
-extern "C" __global__ void __launch_bounds__(NV_THREADS, 4)
+// Three CTAs per SM (up to 80 registers, no spills; 3 x 22 KiB of shared memory for BF16):
+// while some load their tile, others compute, which is what overlaps memory and arithmetic.
+extern "C" __global__ void __launch_bounds__(NV_THREADS, 3)
     qt_nvfp4_quantize(const __grid_constant__ nvfp4_quantize_args args) {
+    __shared__ nvq_shared sh;  // one copy for the four variants
+    const bool fast = !(args.flags & NVQ_GENERIC);
     if (args.dtype == QT_DTYPE_F32) {
-        nvq_body<4>(args);
+        if (fast) {
+            nvq_body<4, true>(args, sh);
+        } else {
+            nvq_body<4, false>(args, sh);
+        }
+    } else if (fast) {
+        nvq_body<2, true>(args, sh);
     } else {
-        nvq_body<2>(args);
+        nvq_body<2, false>(args, sh);
     }
 }
 
@@ -570,7 +869,7 @@ extern "C" __global__ void __launch_bounds__(NV_THREADS)
             }
             const uint32_t pos = a.colwise ? m : k;
             const uint8_t nibble = (uint8_t)((byte >> (4 * (pos & 1))) & 0xFu);
-            const float value = qt_e2m1_to_f32(nibble) * qt_nvfp4_dequant_scale(sb, amax);
+            const float value = qt_nvfp4_dequant_value(nibble, sb, amax);
             const uint64_t index = (uint64_t)m * a.cols + k;
             if (a.out_dtype == QT_DTYPE_F32) {
                 ((float *)a.out)[index] = value;

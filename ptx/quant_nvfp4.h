@@ -116,13 +116,18 @@ QT_STATIC_ASSERT(sizeof(nvfp4_dequantize_args) == 72, "nvfp4_dequantize_args lay
 
 // Launch geometry, shared by the kernels and their op builders (runtime/op_quant_nvfp4.c).
 #define QT_NVFP4_THREADS 256u
-// qt_nvfp4_amax: a CTA covers 16 rows x (256 threads x one 8-byte chunk) columns.
-#define QT_NVFP4_AMAX_COLS(esize) (QT_NVFP4_THREADS * 8u / (esize))
+// qt_nvfp4_amax: a CTA covers 16 rows x (256 threads x one 16-byte chunk) columns per row block
+// and strides over row blocks; about QT_NVFP4_AMAX_CTAS CTAs in all (4 waves of 2 per SM on a
+// 132-SM GPU), so that each reduces and updates the global amax once per member, not per block.
+#define QT_NVFP4_AMAX_COLS(esize) (QT_NVFP4_THREADS * 16u / (esize))
+#define QT_NVFP4_AMAX_CTAS 1056u
 // qt_nvfp4_quantize: a CTA covers a 128 x 64 tile per iteration; dynamic shared memory holds the
 // input tile, the staged columnwise codes (64 columns x 64 bytes) and scales (64 x 8).
 #define QT_NVFP4_QUANT_TILE_ROWS 128u
 #define QT_NVFP4_QUANT_TILE_COLS 64u
 #define QT_NVFP4_QUANT_SMEM(esize) (128u * 64u * (esize) + 64u * 64u + 64u * 8u)
+// About this many CTAs stride over the tiles (3 waves of 3 per SM on a 132-SM GPU).
+#define QT_NVFP4_QUANT_CTAS 1188u
 // qt_nvfp4_dequantize: a CTA covers 16 rows x 256 columns per iteration.
 #define QT_NVFP4_DEQUANT_COLS QT_NVFP4_THREADS
 
@@ -248,10 +253,23 @@ QT_HD float qt_nvfp4_rcp(float x) {
 #endif
 }
 
+// satE4M3 of two values at once, d0 in the low byte, d1 in the next: one cvt.rn.satfinite on the
+// device (NUMERICS 1.2 found it equal to qt_f32_to_e4m3 bit for bit; quant_block.h relies on the
+// same), the codec on the host. For d >= 0 both equal qt_nvfp4_e4m3_nonneg (tested exhaustively).
+QT_HD uint32_t qt_nvfp4_e4m3x2(float d0, float d1) {
+#if defined(__CUDA_ARCH__)
+    uint16_t packed;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(d1), "f"(d0));
+    return packed;
+#else
+    return (uint32_t)qt_f32_to_e4m3(d0) | (uint32_t)qt_f32_to_e4m3(d1) << 8;
+#endif
+}
+
 // Stored block scale sb = satE4M3(RN(amax_b * c)). amax_b >= 0 and c is finite, so d is never
 // NaN and sb is never a NaN code.
 QT_HD uint8_t qt_nvfp4_block_scale(float amax_b, qt_nvfp4_scale s) {
-    return qt_nvfp4_e4m3_nonneg(amax_b * s.c);
+    return (uint8_t)qt_nvfp4_e4m3x2(amax_b * s.c, 0.0f);
 }
 
 // Element multiplier m_b = min(RN(1 / RN(float(sb) * S_dec)), FLT_MAX); FLT_MAX when sb == 0,
@@ -265,6 +283,15 @@ QT_HD float qt_nvfp4_block_mult(uint8_t sb, float s_dec) {
 // Dequantization scale RN(RN(float(sb) * amax) * f32(1/2688)) (dequantize_nvfp4.cuh).
 QT_HD float qt_nvfp4_dequant_scale(uint8_t sb, float amax) {
     return (qt_e4m3_to_f32(sb) * amax) * QT_F32_INV_2688;
+}
+
+// One dequantized element e2m1(q) * scale. A NaN product (a scale of 0 * Inf when amax is +Inf,
+// or an Inf scale times a zero code) is written as the canonical 0x7FFFFFFF, which is what the
+// GPU's multiply returns for any NaN; x86's would be its default NaN 0xFFC00000 (or an operand's
+// payload), so the choice is made here, on both backends (as qt_block_dequantize does).
+QT_HD float qt_nvfp4_dequant_value(uint8_t nibble, uint8_t sb, float amax) {
+    float v = qt_e2m1_to_f32(nibble) * qt_nvfp4_dequant_scale(sb, amax);
+    return qt_f32_is_nan(v) ? qt_bits_f32(QT_F32_ABS) : v;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -367,8 +394,9 @@ QT_HD void qt_nvfp4_round_bf16_pair(float *lo, float *hi) {
 #endif
 }
 
-// The RHT of one group (see the top of this file for the order), rounded to BF16, in place.
-QT_HD void qt_nvfp4_rht16(float v[16], uint32_t signs) {
+// The RHT of one group (see the top of this file for the order) in FP32, before the rounding to
+// BF16, in place.
+QT_HD void qt_nvfp4_rht16_f32(float v[16], uint32_t signs) {
     QT_NVFP4_UNROLL
     for (int k = 0; k < 16; k++) v[k] = v[k] * (((signs >> k) & 1u) ? -0.25f : 0.25f);
     QT_NVFP4_UNROLL
@@ -382,8 +410,224 @@ QT_HD void qt_nvfp4_rht16(float v[16], uint32_t signs) {
             }
         }
     }
+}
+
+// The RHT of one group, rounded to BF16, in place.
+QT_HD void qt_nvfp4_rht16(float v[16], uint32_t signs) {
+    qt_nvfp4_rht16_f32(v, signs);
     QT_NVFP4_UNROLL
     for (int j = 0; j < 16; j += 2) qt_nvfp4_round_bf16_pair(&v[j], &v[j + 1]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The fast block encoder of the fused cast (RN, no 2-D, no SR), which is instruction-bound: every
+// element costs four FMA-pipe operations and two integer minima, with no clamp, no sign or NaN
+// test and no exponent arithmetic per element. It applies to a block whose values hold no NaN
+// and whose scale byte is normal and not saturated (qt_nvfp4_fast_ok): then |RN(x * m_b)| < 7
+// (below), and every other block takes qt_nvfp4_encode16. qt_nvfp4_encode16_rn chooses; both
+// give qt_f32_to_e2m1(RN(x * m_b)) for every element (tests/test_quant_nvfp4.c checks the
+// magnitude function on every FP32 value in [0, 7) and the packing on random blocks).
+//
+// Why |y| < 7, y = RN(x m_b): sb normal (0x08..0x7D) is RN_E4M3(d) with relative error at most
+// 2^-4 and no saturation, d = RN(amax_b c), c = RN(S_enc f32(1/6)), m_b <= RN(1 / RN(sb S_dec))
+// (the FLT_MAX clamp only lowers it) and S_dec = RN(1 / S_enc). So |y| <= amax_b m_b (1 + 2^-24)
+// <= 6 / (1 - 2^-4) (1 + 2^-15) < 6.41; the 2^-15 covers a subnormal S_dec or sb S_dec (then
+// at least 2^-134, 16 significant bits).
+
+#define QT_NVFP4_MAGIC_BITS 0x4B400000u  // 1.5 * 2^23: its ulp is 1, so a + magic rounds to int
+
+// Whether a block with scale byte sb (and no NaN) may use the fast encoder.
+QT_HD int qt_nvfp4_fast_ok(uint32_t sb) { return sb >= 0x08u && sb <= 0x7Du; }
+
+// The E2M1 magnitude code of a in [0, 7), biased: the result is QT_NVFP4_MAGIC_BITS + code. E2M1
+// rounding to nearest even is RN_int(2 phi(a)) with phi(a) = min(a, (a + 2) / 2, (a + 8) / 4), the
+// concave piecewise-linear map that sends the grid 0, 0.5, ..., 2, 3, 4, 6 to multiples of 0.5 and
+// the ties 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5 to odd multiples of 0.25, where ties to the even
+// integer pick the even code. RN_int is monotone, so the code is the least of RN_int(2a),
+// RN_int(a) + 2 and RN_int(a / 2) + 4, each one FP32 operation with the magic addend (a single
+// rounding of an exact value; the magic is even, so ties keep their parity), compared as integers.
+QT_HD uint32_t qt_nvfp4_e2m1_biased(float a) {
+    const float magic = qt_bits_f32(QT_NVFP4_MAGIC_BITS);
+    uint32_t t1 = qt_f32_bits(qt_fmaf(a, 2.0f, magic));
+    uint32_t t2 = qt_f32_bits(a + magic) + 2u;
+    uint32_t t3 = qt_f32_bits(qt_fmaf(a, 0.5f, magic)) + 4u;
+    uint32_t t = t1 < t2 ? t1 : t2;
+    return t < t3 ? t : t3;
+}
+
+// Eight biased codes b[j] into nibble j of a word: sum b[j] 16^j modulo 2^32 less the biases' sum.
+QT_HD uint32_t qt_nvfp4_pack8(const uint32_t b[8]) {
+    uint32_t acc = b[0] - QT_NVFP4_MAGIC_BITS * 0x11111111u;
+    QT_NVFP4_UNROLL
+    for (int j = 1; j < 8; j++) acc += b[j] << (4 * j);
+    return acc;
+}
+
+// prmt.b32 in its default mode: result byte i is byte (sel >> 4i) & 7 of b:a (a holds bytes
+// 0..3), replaced by 0xFF or 0x00 after that byte's sign bit when bit 3 of the nibble is set. The
+// host runs this emulation, so the CPU tests exercise the selectors the device uses.
+QT_HD uint32_t qt_nvfp4_prmt(uint32_t a, uint32_t b, uint32_t sel) {
+#if defined(__CUDA_ARCH__)
+    uint32_t d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+    return d;
+#else
+    uint64_t src = (uint64_t)b << 32 | a;
+    uint32_t d = 0;
+    for (int i = 0; i < 4; i++) {
+        uint32_t s = (sel >> (4 * i)) & 0xFu;
+        uint32_t byte = (uint32_t)(src >> (8 * (s & 7u))) & 0xFFu;
+        if (s & 8u) byte = (byte & 0x80u) ? 0xFFu : 0u;
+        d |= byte << (8 * i);
+    }
+    return d;
+#endif
+}
+
+// Packed codes of 8 BF16 values w[0..3] (element 2i in the low half of w[i]) with their sign bits
+// set (bit 4j + 3 for element j): the high bytes of the even elements, sign-replicated, and of the
+// odd ones are gathered byte-wise, so that two masked ORs place all eight signs.
+QT_HD uint32_t qt_nvfp4_signs_bf16(uint32_t codes, const uint32_t w[4]) {
+    uint32_t p01 = qt_nvfp4_prmt(w[0], w[1], 0x7351u);  // high bytes of x0, x2, x1, x3
+    uint32_t p23 = qt_nvfp4_prmt(w[2], w[3], 0x7351u);  // x4, x6, x5, x7
+    uint32_t even = qt_nvfp4_prmt(p01, p23, 0xDC98u);   // x0, x2, x4, x6: 0xFF if negative
+    uint32_t odd = qt_nvfp4_prmt(p01, p23, 0x7632u);    // x1, x3, x5, x7
+    return codes | (even & 0x08080808u) | (odd & 0x80808080u);
+}
+
+// max.NaN.xorsign.abs.bf16x2: per half, max(|a|, |b|) with the XOR of the signs, or a NaN if
+// either is NaN. Only the magnitude and NaN-ness are used below.
+QT_HD uint32_t qt_nvfp4_absmax_nan_bf16x2(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__)
+    uint32_t d;
+    asm("max.NaN.xorsign.abs.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+#else
+    uint32_t d = 0;
+    for (int h = 0; h < 2; h++) {
+        uint32_t x = (a >> (16 * h)) & 0xFFFFu, y = (b >> (16 * h)) & 0xFFFFu;
+        uint32_t mx = x & 0x7FFFu, my = y & 0x7FFFu;
+        uint32_t r = mx > 0x7F80u || my > 0x7F80u ? 0x7FFFu
+                                                  : (mx > my ? mx : my) | ((x ^ y) & 0x8000u);
+        d |= r << (16 * h);
+    }
+    return d;
+#endif
+}
+
+// max |x| over 16 BF16 values w[0..7] as FP32, or a NaN when any of them is NaN (the caller then
+// takes the generic path, whose amax ignores NaN). Exact: a maximum of BF16 magnitudes.
+QT_HD float qt_nvfp4_absmax16_bf16(const uint32_t w[8]) {
+    uint32_t m0 = qt_nvfp4_absmax_nan_bf16x2(w[0], w[1]);
+    uint32_t m1 = qt_nvfp4_absmax_nan_bf16x2(w[2], w[3]);
+    uint32_t m2 = qt_nvfp4_absmax_nan_bf16x2(w[4], w[5]);
+    uint32_t m3 = qt_nvfp4_absmax_nan_bf16x2(w[6], w[7]);
+    m0 = qt_nvfp4_absmax_nan_bf16x2(qt_nvfp4_absmax_nan_bf16x2(m0, m1),
+                                    qt_nvfp4_absmax_nan_bf16x2(m2, m3));
+    m0 = qt_nvfp4_absmax_nan_bf16x2(m0, qt_nvfp4_prmt(m0, 0, 0x1032u));  // both halves
+    return qt_bits_f32(m0 & 0x7FFF0000u);
+}
+
+// |x| of the low and high BF16 halves of w as FP32 (the device folds the low one's |.| into the
+// consuming multiply; RN(|x| m) = |RN(x m)|).
+QT_HD float qt_nvfp4_bf16_lo_abs(uint32_t w) { return qt_nvfp4_fabs(qt_bits_f32(w << 16)); }
+QT_HD float qt_nvfp4_bf16_hi_abs(uint32_t w) { return qt_bits_f32(w & 0x7FFF0000u); }
+
+// Fast encoder (see above) for 16 BF16 values packed in w[0..7].
+QT_HD void qt_nvfp4_encode16_bf16(const uint32_t w[8], float m, uint32_t out[2]) {
+    QT_NVFP4_UNROLL
+    for (int h = 0; h < 2; h++) {
+        uint32_t b[8];
+        QT_NVFP4_UNROLL
+        for (int i = 0; i < 4; i++) {
+            b[2 * i] = qt_nvfp4_e2m1_biased(qt_nvfp4_bf16_lo_abs(w[4 * h + i]) * m);
+            b[2 * i + 1] = qt_nvfp4_e2m1_biased(qt_nvfp4_bf16_hi_abs(w[4 * h + i]) * m);
+        }
+        out[h] = qt_nvfp4_signs_bf16(qt_nvfp4_pack8(b), w + 4 * h);
+    }
+}
+
+// Fast encoder for 16 FP32 values (the C twin, FP32 inputs): signs from the FP32 sign bits.
+QT_HD void qt_nvfp4_encode16_fast(const float v[16], float m, uint32_t out[2]) {
+    QT_NVFP4_UNROLL
+    for (int h = 0; h < 2; h++) {
+        uint32_t b[8], signs = 0;
+        QT_NVFP4_UNROLL
+        for (int j = 0; j < 8; j++) {
+            b[j] = qt_nvfp4_e2m1_biased(qt_nvfp4_fabs(v[8 * h + j]) * m);
+            signs |= (qt_f32_bits(v[8 * h + j]) >> 31) << (4 * j + 3);
+        }
+        out[h] = qt_nvfp4_pack8(b) | signs;
+    }
+}
+
+// The RN encoding of one block as both backends produce it: the fast encoder where it applies,
+// else the generic one. The two agree wherever both apply, so this choice never shows.
+QT_HD void qt_nvfp4_encode16_rn(const float v[16], float m, uint8_t sb, uint32_t out[2]) {
+    int nan = 0;
+    for (int j = 0; j < 16; j++) nan |= qt_f32_is_nan(v[j]);
+    if (!nan && qt_nvfp4_fast_ok(sb)) {
+        qt_nvfp4_encode16_fast(v, m, out);
+    } else {
+        qt_nvfp4_encode16(v, m, out);
+    }
+}
+
+// The RHT of a group of BF16 values (qt_nvfp4_rht16's operations and order, to the bit), with
+// the first butterfly stage fused with the +-1/4 products: v_i s_i is exact for a BF16 v_i (the
+// smallest, 2^-133 / 4, is still an FP32 subnormal), so fma(v_i, s_i, +-v_k s_k) is the rounded
+// sum RN(q_i +- q_k) of the reference. The results stay in FP32, not yet rounded to BF16
+// (qt_nvfp4_pack_bf16 does that).
+QT_HD void qt_nvfp4_rht16_bf16in_f32(float v[16], uint32_t signs) {
+    QT_NVFP4_UNROLL
+    for (int i = 0; i < 16; i += 2) {
+        float si = ((signs >> i) & 1u) ? -0.25f : 0.25f;
+        float sk = ((signs >> (i + 1)) & 1u) ? -0.25f : 0.25f;
+        float q;
+#if defined(__CUDA_ARCH__)
+        // Opaque to the compiler, so that -q stays a negated FFMA operand instead of becoming a
+        // second multiplication by -sk.
+        asm("mul.rn.f32 %0, %1, %2;" : "=f"(q) : "f"(v[i + 1]), "f"(sk));
+#else
+        q = v[i + 1] * sk;
+#endif
+        float a = v[i];
+        v[i] = qt_fmaf(a, si, q);
+        v[i + 1] = qt_fmaf(a, si, -q);
+    }
+    QT_NVFP4_UNROLL
+    for (int h = 2; h < 16; h <<= 1) {
+        QT_NVFP4_UNROLL
+        for (int i = 0; i < 16; i++) {
+            if ((i & h) == 0) {
+                float a = v[i], b = v[i + h];
+                v[i] = a + b;
+                v[i + h] = a - b;
+            }
+        }
+    }
+}
+
+// qt_nvfp4_rht16 for BF16 inputs, through the fused first stage (the C twin's form of the
+// kernel's BF16 path; tests/test_quant_nvfp4.c checks the two agree).
+QT_HD void qt_nvfp4_rht16_bf16in(float v[16], uint32_t signs) {
+    qt_nvfp4_rht16_bf16in_f32(v, signs);
+    QT_NVFP4_UNROLL
+    for (int j = 0; j < 16; j += 2) qt_nvfp4_round_bf16_pair(&v[j], &v[j + 1]);
+}
+
+// Rounds FP32 pairs to packed BF16 (element 2i low in y[i]): one cvt.rn.bf16x2.f32 each on the
+// device; the host's qt_f32_to_bf16 differs only in NaN payloads, which no consumer reads (the
+// amax and the fast encoder send blocks with a NaN to the generic path, which maps any NaN to +6).
+QT_HD void qt_nvfp4_pack_bf16(const float v[16], uint32_t y[8]) {
+    QT_NVFP4_UNROLL
+    for (int i = 0; i < 8; i++) {
+#if defined(__CUDA_ARCH__)
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(y[i]) : "f"(v[2 * i + 1]), "f"(v[2 * i]));
+#else
+        y[i] = (uint32_t)qt_f32_to_bf16(v[2 * i]) | (uint32_t)qt_f32_to_bf16(v[2 * i + 1]) << 16;
+#endif
+    }
 }
 
 #endif  // QT_QUANT_NVFP4_H

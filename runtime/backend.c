@@ -199,7 +199,7 @@ qt_status backend_write(backend *b, prog_ref dst, const void *src, uint64_t byte
         return QT_OK;
     }
     QT_TRY(backend_finish(b));
-    return driver_copy_to_device(address, src, bytes);
+    return driver_copy_to_device(address, src, bytes, b->stream);
 }
 
 qt_status backend_read(backend *b, void *dst, prog_ref src, uint64_t bytes) {
@@ -209,5 +209,5 @@ qt_status backend_read(backend *b, void *dst, prog_ref src, uint64_t bytes) {
         memcpy(dst, (const void *)(uintptr_t)address, bytes);
         return QT_OK;
     }
-    return driver_copy_to_host(dst, address, bytes);
+    return driver_copy_to_host(dst, address, bytes, b->stream);
 }

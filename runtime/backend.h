@@ -62,7 +62,8 @@ void backend_graph_destroy(backend *b, backend_graph *g);
 // Waits for the stream (a counted synchronization).
 qt_status backend_finish(backend *b);
 
-// Set-up and test copies between caller memory and an arena; they wait for the stream first.
+// Set-up and test copies between caller memory and an arena; they wait for the stream first, go
+// through it, and are complete when they return (so the next launch sees every byte).
 qt_status backend_write(backend *b, prog_ref dst, const void *src, uint64_t bytes);
 qt_status backend_read(backend *b, void *dst, prog_ref src, uint64_t bytes);
 

@@ -110,14 +110,21 @@ qt_status driver_sync_context(void) {
     return QT_OK;
 }
 
-qt_status driver_copy_to_device(CUdeviceptr dst, const void *src, size_t bytes) {
+// The copies are ordered in the caller's stream and waited for, never issued on the legacy
+// default stream: cuMemcpyHtoD from pageable memory returns once the data is staged, before its
+// last DMA has landed, and kernels on a non-blocking stream are not ordered after it, so a kernel
+// launched right after could read (or have its output overwritten by) the copy's tail.
+qt_status driver_copy_to_device(CUdeviceptr dst, const void *src, size_t bytes,
+                                CUstream stream) {
     driver_sync_counts[DRIVER_SYNC_COPY_BLOCKING]++;
-    QT_CU(cuMemcpyHtoD(dst, src, bytes));
+    QT_CU(cuMemcpyHtoDAsync(dst, src, bytes, stream));
+    QT_CU(cuStreamSynchronize(stream));
     return QT_OK;
 }
 
-qt_status driver_copy_to_host(void *dst, CUdeviceptr src, size_t bytes) {
+qt_status driver_copy_to_host(void *dst, CUdeviceptr src, size_t bytes, CUstream stream) {
     driver_sync_counts[DRIVER_SYNC_COPY_BLOCKING]++;
-    QT_CU(cuMemcpyDtoH(dst, src, bytes));
+    QT_CU(cuMemcpyDtoHAsync(dst, src, bytes, stream));
+    QT_CU(cuStreamSynchronize(stream));
     return QT_OK;
 }

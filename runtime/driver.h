@@ -77,7 +77,9 @@ uint64_t driver_sync_total(void);
 qt_status driver_sync_stream(CUstream stream);
 qt_status driver_sync_event(CUevent event);
 qt_status driver_sync_context(void);
-qt_status driver_copy_to_device(CUdeviceptr dst, const void *src, size_t bytes);
-qt_status driver_copy_to_host(void *dst, CUdeviceptr src, size_t bytes);
+// Blocking copies through `stream` (after the stream's earlier work; complete on return).
+qt_status driver_copy_to_device(CUdeviceptr dst, const void *src, size_t bytes,
+                                CUstream stream);
+qt_status driver_copy_to_host(void *dst, CUdeviceptr src, size_t bytes, CUstream stream);
 
 #endif  // QT_DRIVER_H

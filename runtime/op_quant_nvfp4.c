@@ -83,8 +83,11 @@ qt_status op_nvfp4_amax(program *p, const char *name, const op_nvfp4_input *in,
                             amax_bytes, 4, PROG_WRITE));
     }
 
-    launch_shape shape = {{op_nvfp4_div_up(in->cols, QT_NVFP4_AMAX_COLS(esize)),
-                           op_nvfp4_grid_y((in->rows + 15ull) / 16), 1},
+    // grid.y: about QT_NVFP4_AMAX_CTAS CTAs in all, each striding over row blocks.
+    const uint32_t grid_x = op_nvfp4_div_up(in->cols, QT_NVFP4_AMAX_COLS(esize));
+    const uint64_t row_blocks = (in->rows + 15ull) / 16;
+    const uint64_t per_x = QT_NVFP4_AMAX_CTAS / grid_x ? QT_NVFP4_AMAX_CTAS / grid_x : 1;
+    launch_shape shape = {{grid_x, op_nvfp4_grid_y(row_blocks < per_x ? row_blocks : per_x), 1},
                           {QT_NVFP4_THREADS, 1, 1}, 0};
     QT_TRY(prog_append(p, KERNEL_NVFP4_AMAX, name, &shape, &args, sizeof args, &op));
     QT_TRY(op_nvfp4_use(p, op, offsetof(nvfp4_amax_args, x), in->x,
@@ -144,9 +147,15 @@ qt_status op_nvfp4_quantize(program *p, const char *name, const op_nvfp4_input *
     args.flags = op_nvfp4_quant_flags(q);
     args.rht_signs = q->rht_signs & 0xFFFFu;
     args.tensor_id = q->tensor_id;
-    launch_shape shape = {{op_nvfp4_div_up(in->cols, QT_NVFP4_QUANT_TILE_COLS),
-                           op_nvfp4_grid_y((in->rows + QT_NVFP4_QUANT_TILE_ROWS - 1ull) /
-                                           QT_NVFP4_QUANT_TILE_ROWS), 1},
+    // grid.y strides over row tiles: each CTA takes about total / QT_NVFP4_QUANT_CTAS tiles, so
+    // that its per-CTA work (the multiplier table, the first load) is amortized and the next
+    // tile's load overlaps this one's columnwise half.
+    const uint32_t grid_x = op_nvfp4_div_up(in->cols, QT_NVFP4_QUANT_TILE_COLS);
+    const uint64_t row_tiles = (in->rows + QT_NVFP4_QUANT_TILE_ROWS - 1ull) /
+                               QT_NVFP4_QUANT_TILE_ROWS;
+    const uint64_t per_cta = (uint64_t)grid_x * row_tiles / QT_NVFP4_QUANT_CTAS;
+    const uint64_t grid_y = per_cta > 1 ? (row_tiles + per_cta - 1) / per_cta : row_tiles;
+    launch_shape shape = {{grid_x, op_nvfp4_grid_y(grid_y), 1},
                           {QT_NVFP4_THREADS, 1, 1}, QT_NVFP4_QUANT_SMEM(esize)};
     uint32_t op;
     QT_TRY(prog_append(p, KERNEL_NVFP4_QUANTIZE, name, &shape, &args, sizeof args, &op));

@@ -190,8 +190,8 @@ void ref_qt_xent_count(const xent_args *a, const launch_shape *shape) {
 static void ref_xent_softmax_terms(const xent_args *a, uint64_t base, qt_xent_best *best,
                                    float *sum_exp) {
     qt_xent_best lanes[QT_ACT_LANES];
-    for (uint32_t l = 0; l < QT_ACT_LANES; l++) lanes[l] = (qt_xent_best){QT_F32_NEG_INF,
-                                                                           QT_XENT_NONE};
+    const qt_xent_best none = {QT_ACT_NEG_INF, QT_XENT_NONE};
+    for (uint32_t l = 0; l < QT_ACT_LANES; l++) lanes[l] = none;
     for (uint32_t j = 0; j < a->classes; j++) {
         qt_xent_best e = {qt_act_load(a->logits, base + j, a->logits_dtype), j};
         lanes[REF_LANE(j)] = qt_xent_best_combine(lanes[REF_LANE(j)], e);

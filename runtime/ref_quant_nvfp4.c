@@ -18,6 +18,15 @@ static qt_nvfp4_span ref_nvfp4_span(const qt_group_desc *g, uint32_t rows, uint3
                             REF_PTR(const uint32_t, g->first_dims), g->count, rows, row);
 }
 
+// The RHT as the kernels run it: BF16 groups through the fused first stage (same results).
+static void ref_nvfp4_rht(float v[16], uint32_t dtype, uint32_t signs) {
+    if (dtype == QT_DTYPE_BF16) {
+        qt_nvfp4_rht16_bf16in(v, signs);
+    } else {
+        qt_nvfp4_rht16(v, signs);
+    }
+}
+
 static void ref_nvfp4_amax_max(float *slot, float value) {
     if (qt_f32_bits(value) > qt_f32_bits(*slot)) *slot = value;  // the kernel's atomicMax
 }
@@ -39,7 +48,7 @@ static float ref_nvfp4_rht_amax(const nvfp4_amax_args *a, qt_nvfp4_span span, ui
         v[j] = ref_nvfp4_x(REF_PTR(const void, a->x), a->dtype, a->rows, a->cols, span,
                            row0 + j, col);
     }
-    qt_nvfp4_rht16(v, a->rht_signs);
+    ref_nvfp4_rht(v, a->dtype, a->rht_signs);
     float amax = 0.0f;
     for (uint32_t j = 0; j < 16 && row0 + j < span.store_end; j++) {
         amax = qt_nvfp4_absmax(amax, v[j]);
@@ -100,7 +109,7 @@ static uint8_t ref_nvfp4_block(const nvfp4_quantize_args *a, const float v[16], 
     if (a->flags & QT_NVFP4_SR) {
         qt_nvfp4_encode16_sr(v, mult, qt_quant_random16(a->seed, step, tensor_id, row, block), q);
     } else {
-        qt_nvfp4_encode16(v, mult, q);
+        qt_nvfp4_encode16_rn(v, mult, sb, q);  // fast encoder where the kernel takes it
     }
     return sb;
 }
@@ -143,7 +152,7 @@ static void ref_nvfp4_colwise(const nvfp4_quantize_args *a, qt_nvfp4_span span, 
                                row0 + j, k);
         }
         if (a->flags & QT_NVFP4_RHT) {
-            qt_nvfp4_rht16(v, a->rht_signs);
+            ref_nvfp4_rht(v, a->dtype, a->rht_signs);
             for (uint32_t j = n_store; j < 16; j++) v[j] = 0.0f;
         }
         float tile = (a->flags & QT_NVFP4_2D) ? ref_nvfp4_tile_amax(a, span, row0, k / 16) : 0;
@@ -187,7 +196,7 @@ void ref_qt_nvfp4_dequantize(const nvfp4_dequantize_args *a, const launch_shape 
                 }
                 uint32_t pos = a->colwise ? m : k;
                 uint8_t nibble = (uint8_t)((byte >> (4 * (pos & 1))) & 0xFu);
-                float value = qt_e2m1_to_f32(nibble) * qt_nvfp4_dequant_scale(sb, amax);
+                float value = qt_nvfp4_dequant_value(nibble, sb, amax);
                 uint64_t index = (uint64_t)m * a->cols + k;
                 if (a->out_dtype == QT_DTYPE_F32) {
                     REF_PTR(float, a->out)[index] = value;

@@ -475,15 +475,20 @@ static double t_gelu_grad_tol(double v) {
 }
 
 // SiLU forward: e = exp(-|x|) within 2u, d = 1 + e within 2u of d, then x / d (x >= 0: 3u) or
-// (x e) / d (x < 0: 6u); subnormal x e adds an absolute T_TINY. Bound: twice 6u |y|.
-static double t_silu_tol(double v) { return 12 * T_U * fabs(t_silu(v)) + T_TINY; }
+// (x e) / d (x < 0: 6u): twice 6u |y|. Below x = -87.3 e^x is subnormal and below -104 it
+// underflows to 0 (qt_expf): an absolute error of at most 2^-149 in e (and in s), so |x| 2^-149
+// more in y (and (1 + |x|) 2^-149 in the derivative g below).
+static double t_silu_tol(double v) {
+    return 12 * T_U * fabs(t_silu(v)) + fabs(v) * 0x1p-149 + T_TINY;
+}
 
 // SiLU derivative g = s fma(x, om, 1), om = 1 - s: x >= 0: s = 1/d within 3u, om = e/d within
 // 5u; x < 0: s within 5u, om within 3u. The fma errs by |x| om 5u + u |1 + x om|, the product by
 // u: |g' - g| <= u (7 |g| + 5 s |x| om). Bound: twice that (x om cancels against 1 near -1.28).
 static double t_silu_grad_tol(double v) {
     double s = t_sigmoid(v), om = 1 - s;
-    return 2 * T_U * (7 * fabs(t_silu_grad(v)) + 5 * s * fabs(v) * om) + T_TINY;
+    return 2 * T_U * (7 * fabs(t_silu_grad(v)) + 5 * s * fabs(v) * om) +
+           (1 + fabs(v)) * 0x1p-149 + T_TINY;
 }
 
 static double t_act_ref(uint32_t act, double v) {
@@ -723,7 +728,11 @@ static void t_rms_fd_row(const double *x, const double *g, const double *dy, uin
     memcpy(xp, x, cols * sizeof *xp);
     for (uint32_t j = 0; j < cols; j++) scale += fabs(dy[j] * g[j]) / cols;
     for (uint32_t k = 0; k < cols; k++) {
-        double h = 1e-6 * (fabs(x[k]) > 1 ? fabs(x[k]) : 1);
+        // h = 1e-4 of the row's scale (rms, or |x_k| if larger): the double sum L of `cols`
+        // terms carries ~cols * 1e-16 of rounding, which must stay small against L's change
+        // 2 h dx, and truncation, h^2 L''' / 6, is ~1e-9 relative.
+        double rms = 1 / t_rms_inv(x, cols, eps);
+        double h = 1e-4 * (fabs(x[k]) > rms ? fabs(x[k]) : rms);
         xp[k] = x[k] + h;
         double lp = t_rms_loss(xp, g, dy, cols, eps);
         xp[k] = x[k] - h;

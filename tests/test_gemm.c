@@ -8,7 +8,9 @@
 //   GPU: the same program on the GPU against the reference backend, bit for bit on small-integer
 //        inputs, within a bound on random ones, and bit for bit between two GPU runs.
 // Grouped cases include empty members and members of exactly one 128-row tile; M-grouped outputs
-// are checked to be zero in padding rows and untouched past the last member.
+// are checked to be zero in padding rows and untouched past the last member. On both backends,
+// after every run, every input and guard bytes around every region (D's included) must be
+// unchanged (see gregion).
 #include <math.h>
 
 #include "op_gemm.h"
@@ -515,9 +517,80 @@ static void problem_free(tproblem *p) {
 // ---------------------------------------------------------------------------------------------
 // Programs on a rig: reserve, build the op with op_gemm, bind, upload.
 
+// Guarded regions. Every region of a case is reserved with GUARD_BYTES of a fill pattern on each
+// side of its payload, and after every run, on either backend, the whole region must still hold
+// what was uploaded: the guards of all regions and the payloads of the inputs (operands, scales,
+// tensor scales, bias, group offsets). D's own payload is checked by the result checks (rows an
+// M-grouped GEMM must not touch keep D's initial bits). A write outside D's written extent lands
+// in the same arena allocation, which memcheck cannot see and which a comparison of D alone
+// notices only when it corrupts an input that a later run reads.
+#define GUARD_BYTES 256u  // keeps the payload 256-byte aligned, as rig_reserve's regions are
+#define GUARD_FILL 0xA5u
+
+typedef struct gregion {
+    const char *name;
+    arena_handle h;
+    uint64_t bytes;  // payload
+    uint8_t *image;  // the bytes the region must hold: guard, payload, guard
+    bool output;     // the payload is the op's output: only the guards are checked
+} gregion;
+
+static void greg_reserve(rig *r, gregion *g, const char *name, uint64_t bytes, bool output) {
+    uint64_t total = bytes + 2 * GUARD_BYTES;
+    g->name = name;
+    g->bytes = bytes;
+    g->output = output;
+    g->h = rig_reserve(r, name, total);
+    g->image = malloc(total);
+    memset(g->image, GUARD_FILL, total);
+    memset(g->image + GUARD_BYTES, 0, bytes);
+}
+
+static prog_ref greg_ref(rig *r, const gregion *g) { return rig_ref(r, g->h, GUARD_BYTES); }
+
+// Uploads the whole region: the guards and the payload, whose first n bytes come from src (the
+// rest zero). After rig_bind.
+static void greg_upload(rig *r, gregion *g, const void *src, uint64_t n) {
+    if (n) memcpy(g->image + GUARD_BYTES, src, n);
+    RIG_OK(backend_write(&r->be, rig_ref(r, g->h, 0), g->image, g->bytes + 2 * GUARD_BYTES));
+}
+
+static void greg_check(rig *r, const gregion *g, const char *when) {
+    uint64_t total = g->bytes + 2 * GUARD_BYTES;
+    uint8_t *now = malloc(total);
+    RIG_OK(backend_read(&r->be, now, rig_ref(r, g->h, 0), total));
+    uint64_t bad = 0, first = 0, last = 0;
+    for (uint64_t i = 0; i < total; i++) {
+        if (g->output && i >= GUARD_BYTES && i < GUARD_BYTES + g->bytes) continue;
+        if (now[i] == g->image[i]) continue;
+        if (bad++ == 0) first = i;
+        last = i;
+    }
+    // Offsets are relative to the payload: negative in the front guard, >= bytes in the back one.
+    CHECK(bad == 0, "%s: %llu bytes of region '%s' (%llu payload bytes%s) changed, at payload "
+          "offsets %lld ... %lld; first 0x%02x, was 0x%02x", when, (unsigned long long)bad,
+          g->name, (unsigned long long)g->bytes, g->output ? ", an output" : "",
+          (long long)first - (long long)GUARD_BYTES, (long long)last - (long long)GUARD_BYTES,
+          now[first], g->image[first]);
+    free(now);
+}
+
+static void greg_free(gregion *g) { free(g->image); }
+
+enum { R_A_DATA, R_A_SCALE, R_A_TS, R_B_DATA, R_B_SCALE, R_B_TS, R_D, R_BIAS, R_OFF, R_FD,
+       R_COUNT };
+
 typedef struct tregions {
-    arena_handle a_data, a_scale, a_ts, b_data, b_scale, b_ts, d, bias, off, fd;
+    gregion r[R_COUNT];
 } tregions;
+
+static void regions_check(rig *r, const tregions *g, const char *when) {
+    for (int i = 0; i < R_COUNT; i++) greg_check(r, &g->r[i], when);
+}
+
+static void regions_free(tregions *g) {
+    for (int i = 0; i < R_COUNT; i++) greg_free(&g->r[i]);
+}
 
 static rig ref_rig, gpu_rig;
 static bool gpu_ok;
@@ -561,9 +634,6 @@ static void rig_restart(rig *r) {
     prog_init(&r->prog, "test", 0);
 }
 
-static void upload(rig *r, arena_handle h, const void *src, uint64_t bytes) {
-    if (bytes) RIG_OK(backend_write(&r->be, rig_ref(r, h, 0), src, bytes));
-}
 
 // All B copies back to back (stacked weights: member strides are one copy's sizes).
 static uint8_t *concat_b(const tproblem *p, int what, size_t *bytes) {
@@ -582,12 +652,13 @@ static uint8_t *concat_b(const tproblem *p, int what, size_t *bytes) {
 }
 
 static op_gemm_operand problem_operand(rig *r, const tproblem *p, const ttensor *t,
-                                       arena_handle data, arena_handle scale, arena_handle ts) {
+                                       const gregion *data, const gregion *scale,
+                                       const gregion *ts) {
     prog_ref none = {0};
-    prog_ref s = t->scale_bytes ? rig_ref(r, scale, 0) : none;
-    prog_ref tsr = t->tscale_count ? rig_ref(r, ts, 0) : none;
+    prog_ref s = t->scale_bytes ? greg_ref(r, scale) : none;
+    prog_ref tsr = t->tscale_count ? greg_ref(r, ts) : none;
     op_gemm_operand o = op_gemm_operand_of(p->c.format, t->elem, t->rows, t->cols, t->colwise,
-                                           t->two_d, rig_ref(r, data, 0), s, tsr);
+                                           t->two_d, greg_ref(r, data), s, tsr);
     if (p->count && t->tscale_count) o.flags |= GEMM_OPERAND_TENSOR_PER_MEMBER;
     return o;
 }
@@ -598,16 +669,17 @@ static void problem_program(rig *r, const tproblem *p, tregions *g) {
     uint8_t *b_scale = concat_b(p, 1, &b_scale_bytes);
     uint8_t *b_ts = concat_b(p, 2, &b_ts_bytes);
     size_t d_bytes = p->d_elems * (p->d_dtype == QT_DTYPE_BF16 ? 2 : 4);
-    g->a_data = rig_reserve(r, "a_data", p->a.data_bytes);
-    g->a_scale = rig_reserve(r, "a_scale", p->a.scale_bytes);
-    g->a_ts = rig_reserve(r, "a_ts", p->a.tscale_count * sizeof(float));
-    g->b_data = rig_reserve(r, "b_data", b_data_bytes);
-    g->b_scale = rig_reserve(r, "b_scale", b_scale_bytes);
-    g->b_ts = rig_reserve(r, "b_ts", b_ts_bytes);
-    g->d = rig_reserve(r, "d", d_bytes);
-    g->bias = rig_reserve(r, "bias", (uint64_t)p->bias_count * p->n * 4);
-    g->off = rig_reserve(r, "row_offsets", (p->count + 1) * sizeof(uint32_t));
-    g->fd = rig_reserve(r, "first_dims", p->count * sizeof(uint32_t));
+    gregion *R = g->r;
+    greg_reserve(r, &R[R_A_DATA], "a_data", p->a.data_bytes, false);
+    greg_reserve(r, &R[R_A_SCALE], "a_scale", p->a.scale_bytes, false);
+    greg_reserve(r, &R[R_A_TS], "a_ts", p->a.tscale_count * sizeof(float), false);
+    greg_reserve(r, &R[R_B_DATA], "b_data", b_data_bytes, false);
+    greg_reserve(r, &R[R_B_SCALE], "b_scale", b_scale_bytes, false);
+    greg_reserve(r, &R[R_B_TS], "b_ts", b_ts_bytes, false);
+    greg_reserve(r, &R[R_D], "d", d_bytes, true);
+    greg_reserve(r, &R[R_BIAS], "bias", (uint64_t)p->bias_count * p->n * 4, false);
+    greg_reserve(r, &R[R_OFF], "row_offsets", (p->count + 1) * sizeof(uint32_t), false);
+    greg_reserve(r, &R[R_FD], "first_dims", p->count * sizeof(uint32_t), false);
     op_gemm_desc desc = {0};
     desc.format = p->c.format;
     desc.grouping = p->grouping;
@@ -615,22 +687,22 @@ static void problem_program(rig *r, const tproblem *p, tregions *g) {
     desc.m = p->m;
     desc.n = p->n;
     desc.k = p->k;
-    desc.a = problem_operand(r, p, &p->a, g->a_data, g->a_scale, g->a_ts);
-    desc.b = problem_operand(r, p, &p->b[0], g->b_data, g->b_scale, g->b_ts);
+    desc.a = problem_operand(r, p, &p->a, &R[R_A_DATA], &R[R_A_SCALE], &R[R_A_TS]);
+    desc.b = problem_operand(r, p, &p->b[0], &R[R_B_DATA], &R[R_B_SCALE], &R[R_B_TS]);
     if (p->b_stacked) {
         desc.b.data_member_bytes = p->b[0].data_bytes;
         desc.b.scale_member_bytes = p->b[0].scale_bytes;
         if (p->b[0].tscale_count) desc.b.flags |= GEMM_OPERAND_TENSOR_PER_MEMBER;
     }
     desc.alpha = p->alpha;
-    desc.d = rig_ref(r, g->d, 0);
+    desc.d = greg_ref(r, &R[R_D]);
     desc.d_dtype = p->d_dtype;
     if (p->c.accumulate) {
         desc.c = desc.d;  // accumulate in place: C aliases D
         desc.beta = p->beta;
     }
     if (p->c.bias) {
-        desc.bias = rig_ref(r, g->bias, 0);
+        desc.bias = greg_ref(r, &R[R_BIAS]);
         desc.bias_dtype = p->bias_dtype;
         desc.bias_member_bytes = p->count ? (uint64_t)p->n * (p->bias_dtype == QT_DTYPE_BF16 ? 2
                                                                                          : 4)
@@ -638,23 +710,23 @@ static void problem_program(rig *r, const tproblem *p, tregions *g) {
     }
     if (p->count) {
         desc.count = p->count;
-        desc.row_offsets = rig_ref(r, g->off, 0);
-        desc.first_dims = rig_ref(r, g->fd, 0);
+        desc.row_offsets = greg_ref(r, &R[R_OFF]);
+        desc.first_dims = greg_ref(r, &R[R_FD]);
     }
     RIG_OK(op_gemm(&r->prog, p->name, &desc));
     rig_bind(r);
-    upload(r, g->a_data, p->a.data, p->a.data_bytes);
-    upload(r, g->a_scale, p->a.scale, p->a.scale_bytes);
-    upload(r, g->a_ts, p->a.tscale, p->a.tscale_count * sizeof(float));
-    upload(r, g->b_data, b_data, b_data_bytes);
-    upload(r, g->b_scale, b_scale, b_scale_bytes);
-    upload(r, g->b_ts, b_ts, b_ts_bytes);
-    upload(r, g->d, p->d_init, d_bytes);
-    if (p->c.bias) upload(r, g->bias, p->bias, (uint64_t)p->bias_count * p->n * 4);
-    if (p->count) {
-        upload(r, g->off, p->off, (p->count + 1) * sizeof(uint32_t));
-        upload(r, g->fd, p->fd, p->count * sizeof(uint32_t));
-    }
+    greg_upload(r, &R[R_A_DATA], p->a.data, p->a.data_bytes);
+    greg_upload(r, &R[R_A_SCALE], p->a.scale, p->a.scale_bytes);
+    greg_upload(r, &R[R_A_TS], p->a.tscale, p->a.tscale_count * sizeof(float));
+    greg_upload(r, &R[R_B_DATA], b_data, b_data_bytes);
+    greg_upload(r, &R[R_B_SCALE], b_scale, b_scale_bytes);
+    greg_upload(r, &R[R_B_TS], b_ts, b_ts_bytes);
+    greg_upload(r, &R[R_D], p->d_init, d_bytes);
+    // The bias region holds bias_count x n f32 slots; a bf16 bias uses the first half.
+    size_t bias_bytes = (size_t)p->bias_count * p->n * (p->bias_dtype == QT_DTYPE_BF16 ? 2 : 4);
+    greg_upload(r, &R[R_BIAS], p->bias, p->c.bias ? bias_bytes : 0);
+    greg_upload(r, &R[R_OFF], p->off, p->count ? (p->count + 1) * sizeof(uint32_t) : 0);
+    greg_upload(r, &R[R_FD], p->fd, p->count * sizeof(uint32_t));
     free(b_data);
     free(b_scale);
     free(b_ts);
@@ -778,37 +850,53 @@ static void check_gpu_result(const tproblem *p, const uint8_t *gpu, const uint8_
     CHECK(bad == 0, "%llu of %zu elements differ", (unsigned long long)bad, p->d_elems);
 }
 
+// Compares a later run's D with the first run's; reports the first differing element.
+static void check_same_d(const tproblem *p, const uint8_t *first_run, const uint8_t *again,
+                         const char *what) {
+    size_t esz = p->d_dtype == QT_DTYPE_BF16 ? 2 : 4, bytes = p->d_elems * esz, first = 0;
+    while (first < bytes && again[first] == first_run[first]) first++;
+    if (first == bytes) return;
+    size_t i = first / esz;
+    uint32_t member, row, col;
+    element_position(p, i, &member, &row, &col);
+    CHECK(false, "%s differs first at byte %zu of %zu: member %u row %u col %u (%s), 0x%08x, "
+          "first run 0x%08x", what, first, bytes, member, row, col, status_name(p->status[i]),
+          out_bits(p->d_dtype, again, i), out_bits(p->d_dtype, first_run, i));
+}
+
 static void run_on(rig *r, const tproblem *p, uint8_t *d_out) {
     tregions g;
     rig_restart(r);
     problem_program(r, p, &g);
+    const gregion *d = &g.r[R_D];
     size_t d_bytes = p->d_elems * (p->d_dtype == QT_DTYPE_BF16 ? 2 : 4);
     rig_execute(r);
-    RIG_OK(backend_read(&r->be, d_out, rig_ref(r, g.d, 0), d_bytes));
-    if (r != &gpu_rig) return;
-    // Second GPU run from the same initial D (C aliases D when accumulating): same bits.
-    uint8_t *again = malloc(d_bytes);
-    upload(r, g.d, p->d_init, d_bytes);
-    rig_execute(r);
-    RIG_OK(backend_read(&r->be, again, rig_ref(r, g.d, 0), d_bytes));
-    size_t first = 0;
-    while (first < d_bytes && again[first] == d_out[first]) first++;
-    CHECK(first == d_bytes, "second GPU run differs first at byte %zu", first);
-    if (r->be.kind != BACKEND_GPU) {
-        free(again);
+    RIG_OK(backend_read(&r->be, d_out, greg_ref(r, d), d_bytes));
+    regions_check(r, &g, "first run");
+    if (r != &gpu_rig) {
+        regions_free(&g);
         return;
     }
-    // A captured graph replay (launch shapes depend on capacities only): same bits again.
-    backend_graph graph;
-    upload(r, g.d, p->d_init, d_bytes);
-    RIG_OK(backend_capture(&r->be, &r->prog, &graph));
-    RIG_OK(backend_launch(&r->be, &graph));
-    RIG_OK(backend_read(&r->be, again, rig_ref(r, g.d, 0), d_bytes));
-    backend_graph_destroy(&r->be, &graph);
-    first = 0;
-    while (first < d_bytes && again[first] == d_out[first]) first++;
-    CHECK(first == d_bytes, "graph replay differs from the eager run first at byte %zu", first);
+    // Second GPU run from the same initial D (C aliases D when accumulating): same bits.
+    uint8_t *again = malloc(d_bytes);
+    RIG_OK(backend_write(&r->be, greg_ref(r, d), p->d_init, d_bytes));
+    rig_execute(r);
+    RIG_OK(backend_read(&r->be, again, greg_ref(r, d), d_bytes));
+    check_same_d(p, d_out, again, "second GPU run");
+    regions_check(r, &g, "second run");
+    if (r->be.kind == BACKEND_GPU) {
+        // A captured graph replay (launch shapes depend on capacities only): same bits again.
+        backend_graph graph;
+        RIG_OK(backend_write(&r->be, greg_ref(r, d), p->d_init, d_bytes));
+        RIG_OK(backend_capture(&r->be, &r->prog, &graph));
+        RIG_OK(backend_launch(&r->be, &graph));
+        RIG_OK(backend_read(&r->be, again, greg_ref(r, d), d_bytes));
+        backend_graph_destroy(&r->be, &graph);
+        check_same_d(p, d_out, again, "graph replay");
+        regions_check(r, &g, "graph replay");
+    }
     free(again);
+    regions_free(&g);
 }
 
 static void run_case(const tcase *c) {
@@ -987,23 +1075,27 @@ static float *bgrad_run(rig *r, const bgrad *b, const char *name) {
     uint64_t dy_bytes = (uint64_t)b->rows * b->ld * esz;
     uint64_t out_bytes = (uint64_t)b->members * b->cols * 4;
     rig_restart(r);
-    arena_handle h_dy = rig_reserve(r, "dy", dy_bytes);
-    arena_handle h_out = rig_reserve(r, "out", out_bytes);
-    arena_handle h_off = rig_reserve(r, "row_offsets", (b->count + 1) * 4);
-    arena_handle h_fd = rig_reserve(r, "first_dims", b->count * 4 + 4);
+    gregion g[4];
+    greg_reserve(r, &g[0], "dy", dy_bytes, false);
+    greg_reserve(r, &g[1], "out", out_bytes, true);
+    greg_reserve(r, &g[2], "row_offsets", (b->count + 1) * 4, false);
+    greg_reserve(r, &g[3], "first_dims", b->count * 4, false);
     prog_ref none = {0};
-    RIG_OK(op_gemm_bias_grad(&r->prog, name, rig_ref(r, h_dy, 0), b->dtype, b->rows, b->cols,
-                             b->ld, b->count, b->count ? rig_ref(r, h_off, 0) : none,
-                             b->count ? rig_ref(r, h_fd, 0) : none, rig_ref(r, h_out, 0)));
+    RIG_OK(op_gemm_bias_grad(&r->prog, name, greg_ref(r, &g[0]), b->dtype, b->rows, b->cols,
+                             b->ld, b->count, b->count ? greg_ref(r, &g[2]) : none,
+                             b->count ? greg_ref(r, &g[3]) : none, greg_ref(r, &g[1])));
     rig_bind(r);
-    upload(r, h_dy, b->dy, dy_bytes);
-    if (b->count) {
-        upload(r, h_off, b->off, (b->count + 1) * 4);
-        upload(r, h_fd, b->sizes, b->count * 4);
-    }
+    greg_upload(r, &g[0], b->dy, dy_bytes);
+    greg_upload(r, &g[1], NULL, 0);
+    greg_upload(r, &g[2], b->off, b->count ? (b->count + 1) * 4 : 0);
+    greg_upload(r, &g[3], b->sizes, b->count * 4);
     rig_execute(r);
     float *out = malloc(out_bytes);
-    RIG_OK(backend_read(&r->be, out, rig_ref(r, h_out, 0), out_bytes));
+    RIG_OK(backend_read(&r->be, out, greg_ref(r, &g[1]), out_bytes));
+    for (int i = 0; i < 4; i++) {
+        greg_check(r, &g[i], "bias gradient");
+        greg_free(&g[i]);
+    }
     return out;
 }
 

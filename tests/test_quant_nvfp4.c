@@ -212,6 +212,169 @@ static void test_fast_paths_match_codec(void) {
     test_end();
 }
 
+// The fast block encoder's magnitude function on every FP32 value of its domain [0, 7) (the
+// binades from 2^-3 up exhaustively, every threshold and tie lives there; below 0.125 the code is
+// 0, checked on every 64th pattern).
+static void test_fast_e2m1_exhaustive(void) {
+    test_begin("fast_e2m1_magnitude_exhaustive");
+    uint64_t bad = 0;
+    for (uint32_t bits = 0; bits < 0x40E00000u; bits += bits < 0x3E000000u ? 64u : 1u) {
+        float a = qt_bits_f32(bits);
+        uint32_t got = qt_nvfp4_e2m1_biased(a) - QT_NVFP4_MAGIC_BITS;
+        uint32_t want = qt_f32_to_e2m1(a) & 7u;
+        if (got != want && bad++ < 8) CHECK(false, "a = %a (%08x): %u, codec %u", (double)a, bits,
+                                            got, want);
+    }
+    CHECK(bad == 0, "%llu mismatches", (unsigned long long)bad);
+    test_end();
+}
+
+// A random BF16 value: mostly normal data of a random scale, with zeros, -0, subnormals, huge
+// values, +-Inf and NaNs mixed in at the given rate (per mille).
+static uint16_t rand_bf16(int scale, uint32_t special_per_mille) {
+    static const uint16_t specials[] = {0x0000, 0x8000, 0x0001, 0x8012, 0x0080, 0x7F7F,
+                                        0xFF7F, 0x7F80, 0xFF80, 0x7FC0, 0xFFC1, 0x3E80};
+    if (lcg_next() % 1000 < special_per_mille) {
+        return specials[lcg_next() % (sizeof specials / sizeof specials[0])];
+    }
+    return qt_f32_to_bf16(ldexpf(lcg_normal(), scale));
+}
+
+// The packed BF16 encoder, the FP32 fast encoder and the packed amax against the generic path,
+// on blocks quantized the way the kernels do (global amax, block scale, table multiplier), and
+// the bound |RN(x m_b)| < 7 on which the fast encoder relies, over global amaxes from tiny to
+// huge, and block amaxes above the global one.
+static void test_fast_block_encoder(void) {
+    test_begin("fast_block_encoder_matches_generic");
+    lcg_state = 21;
+    uint64_t bad = 0, fast_blocks = 0, slow_blocks = 0;
+    double worst = 0;
+    for (int trial = 0; trial < 300000; trial++) {
+        const int scale = (int)(lcg_next() % 200) - 100;
+        uint32_t w[8];
+        float v[16];
+        for (int j = 0; j < 16; j++) {
+            uint16_t h = rand_bf16(scale, trial % 4 == 0 ? 60 : 0);
+            v[j] = qt_bf16_to_f32(h);
+            w[j / 2] = j % 2 ? (w[j / 2] | (uint32_t)h << 16) : h;
+        }
+        float amax_b = 0;
+        int nan = 0;
+        for (int j = 0; j < 16; j++) {
+            amax_b = qt_nvfp4_absmax(amax_b, v[j]);
+            nan |= qt_f32_is_nan(v[j]);
+        }
+        const float packed_amax = qt_nvfp4_absmax16_bf16(w);
+        if (nan ? !qt_f32_is_nan(packed_amax) : packed_amax != amax_b) {
+            if (bad++ < 8) CHECK(false, "trial %d: packed amax %a, amax %a", trial,
+                                 (double)packed_amax, (double)amax_b);
+        }
+        // Global amax: around the block's, or far from it (tiny / huge, S_enc clamped).
+        float global = amax_b * ldexpf(1.0f + (float)(lcg_next() % 64) / 16, (int)(lcg_next() % 5));
+        if (trial % 7 == 1) global = ldexpf(1.0f, (int)(lcg_next() % 250) - 125);
+        if (trial % 11 == 2) global = amax_b * 0.75f;  // block above the global amax
+        const qt_nvfp4_scale s = qt_nvfp4_scale_of(global);
+        const uint8_t sb = qt_nvfp4_block_scale(amax_b, s);
+        const float m = qt_nvfp4_block_mult(sb, s.s_dec);
+        uint32_t generic[2], fast[2], packed[2];
+        qt_nvfp4_encode16(v, m, generic);
+        if (nan || !qt_nvfp4_fast_ok(sb)) {
+            slow_blocks++;
+            continue;
+        }
+        fast_blocks++;
+        for (int j = 0; j < 16; j++) worst = fmax(worst, fabs((double)(v[j] * m)));
+        qt_nvfp4_encode16_fast(v, m, fast);
+        qt_nvfp4_encode16_bf16(w, m, packed);
+        if ((fast[0] != generic[0] || fast[1] != generic[1] || packed[0] != generic[0] ||
+             packed[1] != generic[1]) && bad++ < 8) {
+            CHECK(false, "trial %d (sb %02x, m %a): generic %08x %08x fast %08x %08x packed "
+                  "%08x %08x", trial, sb, (double)m, generic[0], generic[1], fast[0], fast[1],
+                  packed[0], packed[1]);
+        }
+    }
+    CHECK(worst < 6.41, "|x m_b| reached %g on the fast path", worst);
+    CHECK(fast_blocks > 100000 && slow_blocks > 1000, "fast %llu, slow %llu blocks",
+          (unsigned long long)fast_blocks, (unsigned long long)slow_blocks);
+    // The sign placement and the pack on every sign pattern of 8 elements.
+    for (uint32_t pattern = 0; pattern < 256; pattern++) {
+        uint32_t w[4], b[8], expect = 0;
+        for (int j = 0; j < 8; j++) {
+            uint16_t h = (uint16_t)((pattern >> j & 1u) << 15 | (0x3F80u + 0x40u * (uint32_t)j));
+            w[j / 2] = j % 2 ? (w[j / 2] | (uint32_t)h << 16) : h;
+            b[j] = QT_NVFP4_MAGIC_BITS + (uint32_t)j % 8;
+            expect |= ((uint32_t)j % 8 | (pattern >> j & 1u) << 3) << (4 * j);
+        }
+        uint32_t got = qt_nvfp4_signs_bf16(qt_nvfp4_pack8(b), w);
+        CHECK(got == expect, "signs %02x: %08x, expected %08x", pattern, got, expect);
+    }
+    // The E4M3 pair converter against the element one.
+    for (int i = 0; i < 100000; i++) {
+        float d0 = qt_bits_f32(lcg_next() & 0x7FFFFFFFu), d1 = ldexpf(lcg_normal(), -12);
+        d1 = fabsf(d1);
+        if (qt_f32_is_nan(d0)) continue;
+        uint32_t pair = qt_nvfp4_e4m3x2(d0, d1);
+        CHECK(pair == (qt_nvfp4_e4m3_nonneg(d0) | (uint32_t)qt_nvfp4_e4m3_nonneg(d1) << 8),
+              "e4m3x2 %a %a: %04x", (double)d0, (double)d1, pair);
+        if (i > 16 && bad) break;
+    }
+    CHECK(bad == 0, "%llu mismatches", (unsigned long long)bad);
+    test_end();
+}
+
+// The RHT with the fused first stage equals the reference order bit for bit on BF16 inputs
+// (every input times 1/4 is exact), specials and subnormals included, for both sign masks.
+static void test_rht_bf16_fused(void) {
+    test_begin("rht_bf16_fused_stage_matches");
+    lcg_state = 23;
+    uint64_t bad = 0;
+    for (int trial = 0; trial < 200000; trial++) {
+        const int scale = trial % 3 ? (int)(lcg_next() % 40) - 20 : (int)(lcg_next() % 260) - 130;
+        float v[16], y[16], z[16];
+        for (int j = 0; j < 16; j++) {
+            v[j] = qt_bf16_to_f32(rand_bf16(scale, trial % 5 == 0 ? 100 : 0));
+            y[j] = z[j] = v[j];
+        }
+        const uint32_t signs = trial % 2 ? QT_NVFP4_RHT_SIGNS_TE : lcg_next() & 0xFFFFu;
+        qt_nvfp4_rht16(y, signs);
+        qt_nvfp4_rht16_bf16in(z, signs);
+        for (int j = 0; j < 16; j++) {
+            bool same = qt_f32_bits(y[j]) == qt_f32_bits(z[j]) ||
+                        (qt_f32_is_nan(y[j]) && qt_f32_is_nan(z[j]));
+            if (!same && bad++ < 8) {
+                CHECK(false, "trial %d j %d: %08x vs fused %08x", trial, j, qt_f32_bits(y[j]),
+                      qt_f32_bits(z[j]));
+            }
+        }
+        // The packed rounding gives the same BF16 bits (NaN payloads aside).
+        float u[16];
+        uint32_t packed[8];
+        memcpy(u, v, sizeof u);
+        qt_nvfp4_rht16_bf16in_f32(u, signs);
+        qt_nvfp4_pack_bf16(u, packed);
+        for (int j = 0; j < 16; j++) {
+            uint32_t hi = j % 2 ? packed[j / 2] & 0xFFFF0000u : packed[j / 2] << 16;
+            bool same = hi == qt_f32_bits(z[j]) || (qt_f32_is_nan(z[j]) && (hi & 0x7FFFFFFFu) >
+                                                                              0x7F800000u);
+            if (!same && bad++ < 8) CHECK(false, "trial %d j %d: packed %08x", trial, j, hi);
+        }
+    }
+    CHECK(bad == 0, "%llu mismatches", (unsigned long long)bad);
+    test_end();
+}
+
+// Dequantized NaN is the canonical 0x7FFFFFFF on both backends: amax +Inf with a zero scale byte
+// (0 * Inf) and with a non-zero one times code 0 (Inf scale * 0).
+static void test_dequant_nan(void) {
+    test_begin("dequantize_nan_is_canonical");
+    const float inf = qt_bits_f32(0x7F800000u);
+    CHECK(qt_f32_bits(qt_nvfp4_dequant_value(0x3, 0x00, inf)) == 0x7FFFFFFFu, "0 * Inf");
+    CHECK(qt_f32_bits(qt_nvfp4_dequant_value(0x8, 0x38, inf)) == 0x7FFFFFFFu, "-0 * Inf");
+    CHECK(qt_f32_bits(qt_nvfp4_dequant_value(0xF, 0x38, inf)) == 0xFF800000u, "-6 * Inf");
+    CHECK(qt_f32_bits(qt_nvfp4_dequant_value(0x2, 0x38, 2688.0f)) == 0x3F800000u, "1");
+    test_end();
+}
+
 static void test_global_scale(void) {
     test_begin("global_scale_hand_values");
     // S_enc = RN(2688 / amax), FLT_MAX when that overflows, 1 for amax 0 or +Inf (8.2).
@@ -938,6 +1101,15 @@ static const nv_case nv_cases[] = {
     {"gpu_grouped_1000_bf16_rht", 0, 40, QT_DTYPE_BF16, 1000, RC | QT_NVFP4_RHT, TE, 1},
     {"gpu_grouped_64_bf16_2d", 0, 80, QT_DTYPE_BF16, 64, RC | QT_NVFP4_2D, 0, 1},
     {"gpu_grouped_3_f32_plain", 0, 33, QT_DTYPE_F32, 3, RC, 0, 2},
+    // The BF16 fast paths: no RHT (columnwise pairs gathered from the tile), the RHT with a
+    // runtime sign mask, grouped without RHT (multipliers computed per block), columnwise only,
+    // and full aligned tiles with huge values and Inf (blocks leaving the fast path).
+    {"gpu_bf16_520x384_plain_planted", 520, 384, QT_DTYPE_BF16, 0, RC, 0, 2},
+    {"gpu_bf16_256x192_rht_mask0", 256, 192, QT_DTYPE_BF16, 0, RC | QT_NVFP4_RHT, 0, 1},
+    {"gpu_bf16_256x128_rht_mask_a5c3", 256, 128, QT_DTYPE_BF16, 0, RC | QT_NVFP4_RHT, 0xA5C3, 2},
+    {"gpu_grouped_3_bf16_plain", 0, 80, QT_DTYPE_BF16, 3, RC, 0, 2},
+    {"gpu_bf16_77x64_colwise_only", 77, 64, QT_DTYPE_BF16, 0, QT_NVFP4_COLWISE, 0, 1},
+    {"gpu_bf16_1024x512_rht_planted_wild", 1024, 512, QT_DTYPE_BF16, 0, RC | QT_NVFP4_RHT, TE, 2},
 };
 
 static void test_gpu(void) {
@@ -956,6 +1128,10 @@ static void test_gpu(void) {
 int main(void) {
     test_e2m1_matches_codec();
     test_fast_paths_match_codec();
+    test_fast_e2m1_exhaustive();
+    test_fast_block_encoder();
+    test_rht_bf16_fused();
+    test_dequant_nan();
     test_global_scale();
     test_block_hand();
     test_span_of();

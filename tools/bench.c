@@ -154,7 +154,11 @@ int bench_main(int argc, char **argv) {
     // of each): QT_BENCH_REPEATS timed replays, QT_BENCH_WARMUP untimed ones before them, and
     // QT_BENCH_ROUNDS passes over the selected families.
     env.repeats = bench_env_int("QT_BENCH_REPEATS", 50);
-    env.warmup = bench_env_int("QT_BENCH_WARMUP", 3);
+    // 50 warm-up replays: with 3, the first case of each family measured several percent slow
+    // (H200, 2026-11-22: 87% of copy in the first round, 94% in a second round of the same
+    // process, and 94% in the first round after 50), a start-up effect that a training loop,
+    // replaying the same graphs thousands of times, never sees.
+    env.warmup = bench_env_int("QT_BENCH_WARMUP", 50);
     int rounds = bench_env_int("QT_BENCH_ROUNDS", 1);
     env.copy_gbps = bench_copy_gbps(&env, 1ull << 30);
     fprintf(env.out, "device %s, %d SMs; copy %.0f GB/s (1 GiB, read + write, median of %d after "

@@ -1,15 +1,30 @@
-// qtrain: the command-line tool. `qtrain info` reports the driver, the GPU and the loaded
-// kernels, or says that the reference backend will be used; `qtrain diff A B` compares traces.
+// qtrain: the command-line tool. `qtrain run RECIPE` trains, `qtrain plan RECIPE` prints what
+// a run would do and the memory it plans, `qtrain info` reports the driver, the GPU and the
+// loaded kernels (or says that the reference backend will be used), `qtrain diff A B` compares
+// traces.
+#include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>  // aligned_alloc, strtoull
 #include <string.h>
+#include <time.h>    // clock_gettime
+#include <unistd.h>  // isatty
 
 #include "backend.h"  // backend_open_gpu, kernel attributes
 #include "bench.h"    // bench_main
+#include "run.h"      // run_plan, run_bind, run_execute
 #include "trace.h"    // trace_diff
 
 static void print_usage(FILE *out) {
     fprintf(out,
             "usage: qtrain COMMAND\n"
+            "  run RECIPE [--trace F] [--eager] [--ref] [--steps N] [--seed S]\n"
+            "             [--checksum-every K]\n"
+            "          train through the recipe's schedule table: every step a replayed CUDA\n"
+            "          graph (--eager: launched op by op; --ref or no GPU: the reference backend)\n"
+            "  plan RECIPE\n"
+            "          the layers and their quantizers, padding and GEMM decisions, the schedule,\n"
+            "          the program of each mode and the memory map\n"
             "  info    driver, GPU and kernel report (registers, shared memory, local memory)\n"
             "  bench [quant|copy|quant_FAMILY]\n"
             "          benchmarks on the GPU: medians of graph replays, next to a device copy\n"
@@ -49,6 +64,193 @@ static int command_info(void) {
     return 0;
 }
 
+// ---------------------------------------------------------------------------------------------
+// run and plan
+
+#define QTRAIN_RECIPE_BYTES_MAX (1u << 20)
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+// The run and the recipe are large and live for the whole command.
+static run the_run;
+static recipe the_recipe;
+static char recipe_text[QTRAIN_RECIPE_BYTES_MAX];
+
+typedef struct cli_args {
+    const char *recipe_path;
+    run_options options;
+    bool ref;
+} cli_args;
+
+static bool parse_u64_arg(const char *flag, const char *text, uint64_t *out) {
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = strtoull(text, &end, 10);
+    if (errno != 0 || end == text || *end != '\0' || text[0] == '-') {
+        fprintf(stderr, "qtrain: %s expects a non-negative integer, found '%s'\n", flag, text);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+static bool parse_run_args(int argc, char **argv, bool plan, cli_args *a) {
+    memset(a, 0, sizeof *a);
+    a->options.checksum_every = 100;
+    for (int i = 2; i < argc; i++) {
+        const char *arg = argv[i];
+        bool has_value = i + 1 < argc;
+        uint64_t v = 0;
+        if (!plan && strcmp(arg, "--eager") == 0) {
+            a->options.eager = true;
+        } else if (!plan && strcmp(arg, "--ref") == 0) {
+            a->ref = true;
+        } else if (!plan && strcmp(arg, "--trace") == 0 && has_value) {
+            a->options.trace_path = argv[++i];
+        } else if (strcmp(arg, "--steps") == 0 && has_value) {
+            if (!parse_u64_arg(arg, argv[++i], &a->options.steps_limit)) return false;
+        } else if (strcmp(arg, "--seed") == 0 && has_value) {
+            if (!parse_u64_arg(arg, argv[++i], &a->options.seed)) return false;
+            a->options.seed_given = true;
+        } else if (!plan && strcmp(arg, "--checksum-every") == 0 && has_value) {
+            if (!parse_u64_arg(arg, argv[++i], &v) || v > UINT32_MAX) return false;
+            a->options.checksum_every = (uint32_t)v;
+        } else if (arg[0] != '-' && !a->recipe_path) {
+            a->recipe_path = arg;
+        } else {
+            fprintf(stderr, "qtrain %s: unexpected argument '%s'\n", argv[1], arg);
+            return false;
+        }
+    }
+    if (!a->recipe_path) fprintf(stderr, "qtrain %s: expected a recipe file\n", argv[1]);
+    return a->recipe_path != NULL;
+}
+
+static int fail_status(const char *command, qt_status status) {
+    fprintf(stderr, "qtrain %s: %s: %s\n", command, qt_status_name(status), qt_error_message());
+    return 1;
+}
+
+// Parses the recipe and plans the run (no backend, no data loaded).
+static qt_status load_and_plan(const cli_args *a) {
+    size_t bytes = 0;
+    QT_TRY(recipe_load(a->recipe_path, recipe_text, sizeof recipe_text, &the_recipe));
+    FILE *f = fopen(a->recipe_path, "rb");  // the text again, for the trace's recipe hash
+    if (f) {
+        bytes = fread(recipe_text, 1, sizeof recipe_text, f);
+        fclose(f);
+    }
+    return run_plan(&the_run, &the_recipe, recipe_text, bytes, &a->options);
+}
+
+static int command_plan(int argc, char **argv) {
+    cli_args a;
+    if (!parse_run_args(argc, argv, true, &a)) return 2;
+    qt_status status = load_and_plan(&a);
+    if (status != QT_OK) return fail_status("plan", status);
+    run_print_plan(&the_run, stdout);
+    return 0;
+}
+
+typedef struct progress_state {
+    bool tty;
+    double last_print;
+    uint64_t last_done;
+} progress_state;
+
+static void print_progress(void *ctx, const sched_progress *p) {
+    progress_state *st = ctx;
+    bool row_end = p->row_step == p->row_steps;
+    double rate = p->elapsed_s > 0 ? (double)p->done / p->elapsed_s : 0.0;
+    bool due = p->elapsed_s - st->last_print >= (st->tty ? 0.1 : 5.0);
+    if (!row_end && !due) return;
+    st->last_print = p->elapsed_s;
+    double eta = rate > 0 ? (double)(p->total - p->done) / rate : 0.0;
+    fprintf(stderr, "%s%-5s row %u step %7" PRIu64 "/%-7" PRIu64 " loss %-10.5g acc %6.2f%%  "
+            "%8.1f steps/s  ETA %6.1fs%s", st->tty ? "\r" : "", model_mode_name(p->mode), p->row,
+            p->row_step, p->row_steps, (double)p->record->loss,
+            100.0 * (double)p->record->accuracy, rate, eta,
+            (row_end || !st->tty) ? "\n" : "");
+    fflush(stderr);
+}
+
+static void print_summary(const sched_summary *s, const run *r, double wall_s) {
+    printf("steps        %" PRIu64 " train (%" PRIu64 " skipped), %" PRIu64 " eval, %" PRIu64
+           " infer\n", s->steps[MODEL_MODE_TRAIN], s->skipped, s->steps[MODEL_MODE_EVAL],
+           s->steps[MODEL_MODE_INFER]);
+    if (s->steps[MODEL_MODE_TRAIN]) {
+        printf("train loss   %.6g (last step)\n", (double)s->last_train_loss);
+        double rate = s->train_seconds > 0 ? (double)s->steps[MODEL_MODE_TRAIN] /
+                                                 s->train_seconds : 0.0;
+        printf("train rate   %.1f steps/s\n", rate);
+    }
+    if (s->has_eval) {
+        printf("eval         accuracy %.2f%%, loss %.6g over %" PRIu64 " samples (last eval "
+               "row)\n", 100.0 * s->eval_accuracy, s->eval_loss, s->eval_samples);
+    }
+    printf("wall time    %.3f s (loop %.3f s, %.1f steps/s)\n", wall_s, s->seconds,
+           s->seconds > 0 ? (double)(s->steps[0] + s->steps[1] + s->steps[2]) / s->seconds
+                          : 0.0);
+    printf("arena bytes  device %" PRIu64 ", host %" PRIu64 "\n", r->dev.bytes_total,
+           r->host.bytes_total);
+}
+
+static void *alloc_arena(uint64_t bytes) {
+    uint64_t rounded = (bytes + 255) / 256 * 256;
+    return aligned_alloc(256, rounded ? rounded : 256);
+}
+
+static int run_with_backend(const cli_args *a, backend *b, double start) {
+    void *ref_dev = NULL, *ref_host = NULL;
+    if (b->kind == BACKEND_REF) {
+        uint64_t dev_bytes, host_bytes;
+        run_memory_bytes(&the_run, &dev_bytes, &host_bytes);
+        ref_dev = alloc_arena(dev_bytes);
+        ref_host = alloc_arena(host_bytes);
+        if (!ref_dev || !ref_host) {
+            fprintf(stderr, "qtrain run: cannot allocate %" PRIu64 " + %" PRIu64 " bytes\n",
+                    dev_bytes, host_bytes);
+            return 1;
+        }
+    }
+    fprintf(stderr, "qtrain run: %s on %s (%s)\n", a->recipe_path, b->info.name,
+            b->kind == BACKEND_REF ? "reference backend"
+            : a->options.eager     ? "eager launches"
+                                   : "CUDA graphs");
+    qt_status status = run_bind(&the_run, b, ref_dev, ref_host);
+    sched_summary summary;
+    progress_state progress = {isatty(2) != 0, -1.0, 0};
+    if (status == QT_OK) status = run_execute(&the_run, print_progress, &progress, &summary);
+    run_close(&the_run);
+    free(ref_dev);
+    free(ref_host);
+    if (status != QT_OK) return fail_status("run", status);
+    print_summary(&summary, &the_run, now_seconds() - start);
+    return 0;
+}
+
+static int command_run(int argc, char **argv) {
+    double start = now_seconds();
+    cli_args a;
+    if (!parse_run_args(argc, argv, false, &a)) return 2;
+    static backend b;  // large (module tables)
+    bool fell_back = false;
+    qt_status status = run_backend_open(&b, a.ref, &fell_back);
+    if (status != QT_OK) return fail_status("run", status);
+    if (fell_back) {
+        fprintf(stderr, "qtrain run: no usable GPU (%s); running on the reference backend\n",
+                qt_error_message());
+    }
+    status = load_and_plan(&a);
+    int rc = status == QT_OK ? run_with_backend(&a, &b, start) : fail_status("run", status);
+    backend_close(&b);
+    return rc;
+}
+
 // Exit codes follow diff(1): 0 identical, 1 different, 2 trouble.
 static int command_diff(int argc, char **argv) {
     if (argc != 4) {
@@ -72,6 +274,8 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "info") == 0) return command_info();
     if (strcmp(argv[1], "bench") == 0) return bench_main(argc, argv);
     if (strcmp(argv[1], "diff") == 0) return command_diff(argc, argv);
+    if (strcmp(argv[1], "run") == 0) return command_run(argc, argv);
+    if (strcmp(argv[1], "plan") == 0) return command_plan(argc, argv);
     fprintf(stderr, "qtrain: unknown command '%s'\n", argv[1]);
     print_usage(stderr);
     return 2;

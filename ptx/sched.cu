@@ -1,0 +1,47 @@
+// sched kernels: the schedule loop's per-step copy, record and checksum (ABI and shared
+// arithmetic in sched.h).
+#include "sched.h"
+
+// Every thread reads the counter before any write of this step; nothing in this kernel writes
+// the counter, so there is no race.
+extern "C" __global__ void __launch_bounds__(QT_SCHED_THREADS)
+    qt_sched_copy(const __grid_constant__ sched_copy_args args) {
+    uint64_t counter = *(const volatile uint64_t *)args.counter;
+    const uint4 *src = (const uint4 *)(args.src +
+                                       qt_sched_slot_offset(counter, args.src_slots,
+                                                            args.src_stride));
+    uint4 *dst = (uint4 *)(args.dst +
+                           qt_sched_slot_offset(counter, args.dst_slots, args.dst_stride));
+    uint64_t words = args.bytes / 16;
+    uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < words; i += stride) {
+        dst[i] = src[i];
+    }
+}
+
+// One warp: every lane reads the counter, the lanes write the record's arrays, lane 0 its
+// header; after a warp barrier (all reads of the counter done) lane 0 advances the counter.
+// The writes go to pinned host memory; the host reads them only after an event that follows
+// this kernel, which orders them.
+extern "C" __global__ void __launch_bounds__(QT_SCHED_RECORD_THREADS)
+    qt_sched_record(const __grid_constant__ sched_record_args args) {
+    uint64_t *counter = (uint64_t *)args.counter;
+    uint64_t step = *(volatile uint64_t *)counter;
+    qt_trace_record *r = (qt_trace_record *)args.ring + step % args.ring_len;
+    for (uint32_t i = threadIdx.x; i < QT_TRACE_QUANTIZERS_MAX; i += blockDim.x) {
+        qt_sched_record_entry(&args, i, r);
+    }
+    if (threadIdx.x == 0) qt_sched_record_header(&args, step, r);
+    __syncthreads();
+    if (threadIdx.x == 0) *counter = step + 1;
+}
+
+extern "C" __global__ void __launch_bounds__(QT_SCHED_RECORD_THREADS)
+    qt_sched_checksum(const __grid_constant__ sched_checksum_args args) {
+    if (threadIdx.x != 0) return;
+    uint64_t counter = *(const volatile uint64_t *)args.counter;
+    if (counter == 0) return;  // no step has been recorded yet
+    qt_trace_record *r = (qt_trace_record *)args.ring + (counter - 1) % args.ring_len;
+    r->checksum = qt_sched_checksum_fold((const uint64_t *)args.hashes, args.count);
+    r->flags |= QT_TRACE_FLAG_CHECKSUM;
+}

@@ -1,0 +1,136 @@
+// sched: the bookkeeping kernels of the schedule loop (runtime/schedule.c): the ABI of
+// ptx/sched.cu and the per-record arithmetic it shares with its C twins (runtime/ref_sched.c).
+//
+// Owns nothing. One captured graph per mode serves every step, so whatever changes from step to
+// step is chosen on the device from one counter that the graph itself advances:
+//
+//   counter  u64, device memory: the global step index of the step that is running (train, eval
+//            and infer steps alike); qt_sched_record, the last op of every step, adds one.
+//
+//   kernel              what                                              launch
+//   qt_sched_copy       dst slot (counter % dst_slots) <- src slot        1-D grid-stride over
+//                       (counter % src_slots), 16-byte words: the          16-byte words
+//                       host-to-device batch copy (pinned staging slot of
+//                       this step) and the infer outputs' device-to-host
+//                       copy
+//   qt_sched_record     the step's qt_trace_record into ring[counter %      1 block x 32 threads
+//                       ring_len] (pinned host memory); counter += 1
+//   qt_sched_checksum   folds the per-region hashes into the record of     1 block x 32 threads,
+//                       the step that just ended (ring[(counter - 1) %     thread 0 works
+//                       ring_len]) and sets its checksum flag
+//
+// The host fills staging slot s % 2 before it launches step s and reads record s a few steps
+// later, after waiting for an event recorded behind step s (runtime/schedule.h): the kernels
+// read and write pinned host memory directly (unified addressing), so no copy call and no
+// synchronization is needed inside a step.
+//
+// Record fields (ptx/trace_record.h): loss = stats.loss_mean; accuracy = correct / valid (one
+// IEEE division, 0 when nothing is valid or the loss is not a classification); grad_norm = the
+// global norm before clipping; lr = the optimizer's lr of this step; flags: SKIPPED when the
+// optimizer skipped the step; amax[i] / scale[i] from two FP32 arrays of `quantizers` entries
+// (absent arrays give zeros); unused entries are written as zeros, so every byte of a record is
+// a function of the step.
+#ifndef QT_SCHED_H
+#define QT_SCHED_H
+
+#include "act.h"           // qt_loss_stats, qt_gnorm_result
+#include "core.h"          // qt_mix64
+#include "optim.h"         // optim_state
+#include "qt_hd.h"
+#include "trace_record.h"  // qt_trace_record, QT_TRACE_*
+
+#define QT_SCHED_THREADS 256u      // qt_sched_copy block size
+#define QT_SCHED_RECORD_THREADS 32u
+
+typedef struct sched_copy_args {
+    uint64_t counter;     // u64 device step counter, read
+    uint64_t dst, src;    // slot 0 of each side
+    uint64_t dst_stride;  // bytes from one slot to the next
+    uint64_t src_stride;
+    uint64_t bytes;       // a multiple of 16; dst, src and the strides too
+    uint32_t dst_slots;   // >= 1: the slot is counter % slots (1: always slot 0)
+    uint32_t src_slots;
+} sched_copy_args;
+QT_STATIC_ASSERT(sizeof(sched_copy_args) == 56, "sched_copy_args layout");
+
+typedef struct sched_record_args {
+    uint64_t counter;     // u64 device step counter, read and incremented
+    uint64_t ring;        // qt_trace_record [ring_len]
+    uint64_t loss;        // qt_loss_stats, or 0 (loss and accuracy 0)
+    uint64_t gnorm;       // qt_gnorm_result, or 0 (grad_norm 0)
+    uint64_t optim;       // optim_state, or 0 (lr 0, never skipped)
+    uint64_t amax;        // f32 [quantizers], or 0 (zeros)
+    uint64_t scale;       // f32 [quantizers], or 0 (zeros)
+    uint32_t ring_len;    // >= 1
+    uint32_t quantizers;  // <= QT_TRACE_QUANTIZERS_MAX
+    uint32_t mode;        // QT_TRACE_MODE_*
+    uint32_t accuracy;    // 1: accuracy = correct / valid (classification)
+} sched_record_args;
+QT_STATIC_ASSERT(sizeof(sched_record_args) == 72, "sched_record_args layout");
+
+typedef struct sched_checksum_args {
+    uint64_t counter;   // u64 device step counter, read (records written so far)
+    uint64_t ring;      // qt_trace_record [ring_len]
+    uint64_t hashes;    // u64 [count]: one op_checksum result per persistent region, in order
+    uint32_t ring_len;  // >= 1
+    uint32_t count;
+} sched_checksum_args;
+QT_STATIC_ASSERT(sizeof(sched_checksum_args) == 32, "sched_checksum_args layout");
+
+#define QT_KERNELS_SCHED(X)                                                 \
+    X(KERNEL_SCHED_COPY, sched, qt_sched_copy, sched_copy_args)            \
+    X(KERNEL_SCHED_RECORD, sched, qt_sched_record, sched_record_args)      \
+    X(KERNEL_SCHED_CHECKSUM, sched, qt_sched_checksum, sched_checksum_args)
+
+// Byte offsets of this step's slots.
+QT_HD uint64_t qt_sched_slot_offset(uint64_t counter, uint32_t slots, uint64_t stride) {
+    return (counter % slots) * stride;
+}
+
+// Everything of a record but the amax and scale arrays, written field by field (the record
+// lives in pinned host memory; a device thread writes it through unified addressing).
+QT_HD void qt_sched_record_header(const sched_record_args *a, uint64_t step,
+                                  qt_trace_record *r) {
+    float loss = 0.0f, accuracy = 0.0f, grad_norm = 0.0f, lr = 0.0f;
+    uint32_t flags = 0;
+    if (a->loss != 0) {
+        const qt_loss_stats *s = (const qt_loss_stats *)(uintptr_t)a->loss;
+        loss = s->loss_mean;
+        if (a->accuracy && s->valid != 0) accuracy = (float)s->correct / (float)s->valid;
+    }
+    if (a->gnorm != 0) grad_norm = ((const qt_gnorm_result *)(uintptr_t)a->gnorm)->norm;
+    if (a->optim != 0) {
+        const optim_state *o = (const optim_state *)(uintptr_t)a->optim;
+        lr = o->lr;
+        if (o->skip) flags |= QT_TRACE_FLAG_SKIPPED;
+    }
+    r->step = step;
+    r->mode = a->mode;
+    r->flags = flags;
+    r->loss = loss;
+    r->accuracy = accuracy;
+    r->grad_norm = grad_norm;
+    r->lr = lr;
+    r->checksum = 0;
+}
+
+// Entry i (< QT_TRACE_QUANTIZERS_MAX) of the record's amax and scale arrays.
+QT_HD void qt_sched_record_entry(const sched_record_args *a, uint32_t i, qt_trace_record *r) {
+    float amax = 0.0f, scale = 0.0f;
+    if (i < a->quantizers) {
+        if (a->amax != 0) amax = ((const float *)(uintptr_t)a->amax)[i];
+        if (a->scale != 0) scale = ((const float *)(uintptr_t)a->scale)[i];
+    }
+    r->amax[i] = amax;
+    r->scale[i] = scale;
+}
+
+// The persistent-state checksum of a step: the regions' hashes folded in order (position
+// sensitive, since each step goes through the mixer).
+QT_HD uint64_t qt_sched_checksum_fold(const uint64_t *hashes, uint32_t count) {
+    uint64_t h = 0x6A09E667F3BCC909ull;
+    for (uint32_t i = 0; i < count; i++) h = qt_mix64(h ^ hashes[i]);
+    return h;
+}
+
+#endif  // QT_SCHED_H

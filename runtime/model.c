@@ -1,0 +1,578 @@
+// model planning: roles -> quantizers, padding, GEMM paths, RHT, delayed-scaling states,
+// parameters and the persistent regions (model.h). The programs are built in model_build.c.
+#include "model.h"
+
+#include <math.h>    // sqrtf
+#include <stdarg.h>
+#include <string.h>
+
+#include "gemm.h"            // GEMM_FORMAT_*
+#include "model_impl.h"      // model_qstore_reserve
+#include "op_quant_block.h"  // op_block_scale_count
+#include "op_quant_mxfp8.h"  // op_mxfp8_*_bytes
+#include "op_quant_nvfp4.h"  // op_nvfp4_sizes_of
+#include "optim.h"           // optim_state, optim_lr_row
+#include "quant_fp8.h"       // QT_FP8_*
+#include "trace_record.h"    // qt_trace_record, QT_TRACE_QUANTIZERS_MAX
+
+const char *model_mode_name(model_mode mode) {
+    static const char *const names[MODEL_MODE_COUNT] = {"train", "eval", "infer"};
+    QT_ASSERT((unsigned)mode < MODEL_MODE_COUNT);
+    return names[mode];
+}
+
+static void model_note(model *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void model_note(model *m, const char *fmt, ...) {
+    if (m->note_count == MODEL_NOTES_MAX) return;  // notes are a report; the plan stands
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(m->notes[m->note_count++], MODEL_NOTE_BYTES, fmt, args);
+    va_end(args);
+}
+
+static uint32_t model_roundup(uint32_t value, uint32_t unit) {
+    return (value + unit - 1) / unit * unit;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Layers and quantizers
+
+static qt_status model_check_layers(model *m) {
+    const recipe *r = m->recipe;
+    for (uint32_t i = 0; i < r->model.layers_count; i++) {
+        const recipe_layer *l = &r->model.layers[i];
+        if (l->kind == RECIPE_LAYER_MOE) {
+            return recipe_fail_at(QT_ERR_INPUT, r->file_name, l->line, l->col,
+                                  "layer 'moe %s': mixture-of-experts layers are not supported "
+                                  "yet; expected linear, relu, gelu, silu, swiglu, rmsnorm or "
+                                  "residual", l->name);
+        }
+    }
+    return QT_OK;
+}
+
+static qt_status model_add_linear(model *m, uint32_t layer) {
+    const recipe_layer *l = &m->recipe->model.layers[layer];
+    if (m->linear_count == MODEL_LINEARS_MAX) {
+        return recipe_fail_at(QT_ERR_CAPACITY, m->recipe->file_name, l->line, l->col,
+                              "too many linear layers: linears_max is %d", MODEL_LINEARS_MAX);
+    }
+    model_linear *lin = &m->linears[m->linear_count];
+    memset(lin, 0, sizeof *lin);
+    lin->layer = layer;
+    lin->in = l->in_features;
+    lin->in_padded = l->in_features;
+    lin->out = l->out_features;
+    lin->bias = l->bias;
+    lin->needs_dx = layer > m->first_param_layer;
+    m->layer_linear[layer] = m->linear_count++;
+    return QT_OK;
+}
+
+// Every role of the model, in the order of rules_roles_next: per linear input, weight,
+// grad_output.
+static qt_status model_plan_quantizers(model *m) {
+    const recipe *r = m->recipe;
+    for (uint32_t i = 0; i < RECIPE_LAYERS_MAX; i++) m->layer_linear[i] = UINT32_MAX;
+    for (uint32_t i = 0; i < RECIPE_LAYERS_MAX; i++) m->layer_param[i] = UINT32_MAX;
+    m->first_param_layer = UINT32_MAX;
+    for (uint32_t i = 0; i < r->model.layers_count; i++) {
+        recipe_layer_kind k = r->model.layers[i].kind;
+        if ((k == RECIPE_LAYER_LINEAR || k == RECIPE_LAYER_RMSNORM) &&
+            m->first_param_layer == UINT32_MAX) {
+            m->first_param_layer = i;
+        }
+        if (k == RECIPE_LAYER_LINEAR) QT_TRY(model_add_linear(m, i));
+    }
+    QT_ASSERT(m->first_param_layer != UINT32_MAX);  // the parser requires a linear layer
+    rules_role_iter iter = {0, 0};
+    qt_role role;
+    uint32_t layer;
+    while (rules_roles_next(r, &iter, &role, &layer)) {
+        QT_ASSERT(m->quantizer_count < MODEL_QUANTIZERS_MAX);
+        QT_ASSERT(role.module_type == QT_MODULE_LINEAR && m->layer_linear[layer] != UINT32_MAX);
+        uint32_t index = m->quantizer_count++;
+        model_quantizer *mq = &m->quantizers[index];
+        memset(mq, 0, sizeof *mq);
+        mq->role = role;
+        mq->linear = m->layer_linear[layer];
+        mq->state = -1;
+        QT_TRY(rules_resolve(r, role, &mq->q));
+        mq->rht = mq->q.scheme == QT_SCHEME_NVFP4 && mq->q.rht;
+        model_linear *lin = &m->linears[mq->linear];
+        if (role.tensor_type == QT_TENSOR_INPUT) lin->q_input = index;
+        if (role.tensor_type == QT_TENSOR_WEIGHT) lin->q_weight = index;
+        if (role.tensor_type == QT_TENSOR_GRAD_OUTPUT) lin->q_grad = index;
+    }
+    return QT_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Padding, GEMM paths, RHT
+
+// Columns of K one row of codes needs to be a whole number of 16-byte vectors and of scaling
+// blocks along K (NUMERICS.md 9.1: FP8 leading dimensions are multiples of 16).
+static uint32_t model_k_unit(const qt_quantizer *q) {
+    switch (q->scheme) {
+    case QT_SCHEME_BF16: return 8;       // 16 bytes of BF16
+    case QT_SCHEME_DELAYED:
+    case QT_SCHEME_CURRENT: return 16;   // 16 bytes of FP8
+    case QT_SCHEME_MXFP8: return 32;     // one 1x32 block (and 2 x 16 bytes)
+    case QT_SCHEME_BLOCK: return 128;    // one 1x128 block
+    case QT_SCHEME_NVFP4: return 32;     // 16 bytes of packed E2M1 (two 1x16 blocks)
+    default: QT_ASSERT(false); return 1;
+    }
+}
+
+static void model_plan_padding(model *m) {
+    m->input_stride = m->input_features;
+    const recipe_layer *first = &m->recipe->model.layers[0];
+    if (first->kind != RECIPE_LAYER_LINEAR) return;  // only a linear's K can take zero columns
+    model_linear *lin = &m->linears[0];
+    const qt_quantizer *qi = &m->quantizers[lin->q_input].q;
+    const qt_quantizer *qw = &m->quantizers[lin->q_weight].q;
+    uint32_t unit = model_k_unit(qi) > model_k_unit(qw) ? model_k_unit(qi) : model_k_unit(qw);
+    uint32_t padded = model_roundup(lin->in, unit);
+    if (padded == lin->in) return;
+    lin->in_padded = padded;
+    m->input_stride = padded;
+    model_note(m, "%s: input features %u padded to %u with zero columns (%s x %s need K in "
+               "multiples of %u); the weight's padding columns stay zero", first->name, lin->in,
+               padded, rules_scheme_name(qi->scheme), rules_scheme_name(qw->scheme), unit);
+}
+
+uint32_t model_gemm_format_of(qt_scheme s) {
+    switch (s) {
+    case QT_SCHEME_BF16: return GEMM_FORMAT_BF16;
+    case QT_SCHEME_DELAYED:
+    case QT_SCHEME_CURRENT: return GEMM_FORMAT_FP8;
+    case QT_SCHEME_MXFP8: return GEMM_FORMAT_MXFP8;
+    case QT_SCHEME_BLOCK: return GEMM_FORMAT_FP8_BLOCK;
+    case QT_SCHEME_NVFP4: return GEMM_FORMAT_NVFP4;
+    default: QT_ASSERT(false); return 0;
+    }
+}
+
+// Whether A x B runs on the kernel of their format (runtime/op_gemm.c's rules): one format,
+// and for the FP8 tensor-core kinds an E4M3 B (the kernels take E4M3 x E4M3 and E5M2 x E4M3).
+static bool model_gemm_native(const qt_quantizer *a, const qt_quantizer *b) {
+    uint32_t f = model_gemm_format_of(a->scheme);
+    if (f != model_gemm_format_of(b->scheme)) return false;
+    if (f == GEMM_FORMAT_FP8 || f == GEMM_FORMAT_FP8_BLOCK) return b->elem == QT_ELEM_E4M3;
+    return true;
+}
+
+static const char *const model_gemm_names[MODEL_GEMM_COUNT] = {"fprop", "dgrad", "wgrad"};
+
+static void model_plan_linear_paths(model *m, model_linear *lin) {
+    const char *name = m->recipe->model.layers[lin->layer].name;
+    model_quantizer *qi = &m->quantizers[lin->q_input];
+    model_quantizer *qw = &m->quantizers[lin->q_weight];
+    model_quantizer *qg = &m->quantizers[lin->q_grad];
+    // RHT: both wgrad operands or neither (the transform cancels only in pairs), and over whole
+    // 16-row groups of the batch.
+    bool both = qi->rht && qg->rht && m->batch % 16 == 0;
+    if ((qi->rht || qg->rht) && !both) {
+        model_note(m, "%s: RHT off for both wgrad operands (input %s rht=%d, grad_output %s "
+                   "rht=%d, batch %u): the transform must apply to both or neither", name,
+                   rules_scheme_name(qi->q.scheme), qi->rht, rules_scheme_name(qg->q.scheme),
+                   qg->rht, m->batch);
+        qi->rht = false;
+        qg->rht = false;
+    }
+    const qt_quantizer *ops[MODEL_GEMM_COUNT][2] = {
+        {&qi->q, &qw->q}, {&qg->q, &qw->q}, {&qg->q, &qi->q}};
+    for (int g = 0; g < MODEL_GEMM_COUNT; g++) {
+        bool native = model_gemm_native(ops[g][0], ops[g][1]);
+        lin->path[g] = native ? MODEL_GEMM_NATIVE : MODEL_GEMM_MIXED;
+        bool used = g == MODEL_FPROP || (m->modes[MODEL_MODE_TRAIN] &&
+                                         (g == MODEL_WGRAD || lin->needs_dx));
+        if (native || !used) continue;
+        model_note(m, "%s %s: %s x %s have no common GEMM kernel; both operands are dequantized "
+                   "to BF16 for a BF16 GEMM", name, model_gemm_names[g],
+                   rules_scheme_name(ops[g][0]->scheme), rules_scheme_name(ops[g][1]->scheme));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Delayed-scaling states
+
+uint32_t model_fp8_code(qt_elem e) {
+    QT_ASSERT(e == QT_ELEM_E4M3 || e == QT_ELEM_E5M2);
+    return e == QT_ELEM_E5M2 ? QT_FP8_E5M2 : QT_FP8_E4M3;
+}
+
+uint32_t model_gemm_elem_of(qt_elem e) {
+    switch (e) {
+    case QT_ELEM_BF16: return GEMM_ELEM_BF16;
+    case QT_ELEM_E4M3: return GEMM_ELEM_E4M3;
+    case QT_ELEM_E5M2: return GEMM_ELEM_E5M2;
+    case QT_ELEM_E2M1: return GEMM_ELEM_E2M1;
+    default: QT_ASSERT(false); return 0;
+    }
+}
+
+static qt_status model_plan_states(model *m) {
+    for (uint32_t i = 0; i < m->quantizer_count; i++) {
+        model_quantizer *mq = &m->quantizers[i];
+        if (mq->q.scheme != QT_SCHEME_DELAYED) continue;
+        uint32_t algo = mq->q.amax_algo == QT_AMAX_MOST_RECENT ? QT_FP8_AMAX_ALGO_MOST_RECENT
+                                                               : QT_FP8_AMAX_ALGO_MAX;
+        uint32_t fp8 = model_fp8_code(mq->q.elem);
+        uint32_t s = 0;
+        while (s < m->state_count &&
+               !(m->states[s].history_len == mq->q.history_len && m->states[s].algo == algo &&
+                 m->states[s].fp8 == fp8 && m->states[s].margin == mq->q.margin)) {
+            s++;
+        }
+        if (s == m->state_count) {
+            if (s == MODEL_STATES_MAX) {
+                return qt_fail(QT_ERR_CAPACITY, "%s: too many distinct delayed-scaling settings "
+                               "(history, algo, format, margin): states_max is %d",
+                               m->recipe->file_name, MODEL_STATES_MAX);
+            }
+            m->states[s] = (model_state){mq->q.history_len, algo, fp8, mq->q.margin, 0, 0, 0, 0};
+            m->state_count++;
+        }
+        mq->state = (int32_t)s;
+        mq->slot = m->states[s].slots++;
+    }
+    uint32_t next = 0;
+    for (uint32_t s = 0; s < m->state_count; s++) {
+        m->states[s].trace_first = next;
+        next += m->states[s].slots;
+    }
+    if (next > QT_TRACE_QUANTIZERS_MAX) {
+        return qt_fail(QT_ERR_CAPACITY, "%s: %u delayed-scaling quantizers; a trace record carries "
+                       "at most %d (QT_TRACE_QUANTIZERS_MAX)", m->recipe->file_name, next,
+                       QT_TRACE_QUANTIZERS_MAX);
+    }
+    m->delayed_count = next;
+    for (uint32_t i = 0; i < m->quantizer_count; i++) {
+        model_quantizer *mq = &m->quantizers[i];
+        if (mq->state >= 0) mq->trace_index = m->states[mq->state].trace_first + mq->slot;
+    }
+    return QT_OK;
+}
+
+void model_trace_name(const model *m, uint32_t trace_index, char *buf, size_t buf_bytes) {
+    for (uint32_t i = 0; i < m->quantizer_count; i++) {
+        const model_quantizer *mq = &m->quantizers[i];
+        if (mq->state >= 0 && mq->trace_index == trace_index) {
+            rules_role_format(&mq->role, buf, buf_bytes);
+            return;
+        }
+    }
+    QT_ASSERT(!"no quantizer with this trace index");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Regions
+
+qt_status model_region(const model_place *place, const char *part, uint64_t bytes,
+                       arena_category category, prog_ref *out) {
+    char name[ARENA_NAME_MAX + 16];
+    int n = snprintf(name, sizeof name, "%s.%s", place->prefix, part);
+    if (n < 0 || n >= ARENA_NAME_MAX) {
+        return qt_fail(QT_ERR_INPUT, "region name '%s' is longer than %d bytes; expected shorter "
+                       "layer names", name, ARENA_NAME_MAX - 1);
+    }
+    bytes = (bytes + 15) / 16 * 16;
+    int32_t first = place->persistent ? ARENA_LIFETIME_PERSISTENT : 1;
+    arena_handle h;
+    QT_TRY(arena_reserve(place->arena, name, bytes, 256, category, first, 0, &h));
+    *out = (prog_ref){place->arena, h, 0};
+    return QT_OK;
+}
+
+static qt_status model_qstore_fp8(const model_place *pl, const model_quantizer *mq,
+                                  uint64_t elems, model_qstore *s) {
+    if (s->rowwise) QT_TRY(model_region(pl, "row_data", elems, pl->category, &s->row_data));
+    if (s->colwise) QT_TRY(model_region(pl, "col_data", elems, pl->category, &s->col_data));
+    QT_TRY(model_region(pl, "scale_inv", 4, pl->category, &s->scale_inv));
+    if (mq->q.scheme == QT_SCHEME_CURRENT) {
+        QT_TRY(model_region(pl, "amax", 4, ARENA_CAT_WORKSPACE, &s->amax_row));
+    }
+    return QT_OK;
+}
+
+static qt_status model_qstore_blocks(const model_place *pl, const model_quantizer *mq,
+                                     uint32_t rows, uint32_t cols, model_qstore *s) {
+    uint64_t elems = (uint64_t)rows * cols;
+    uint64_t row_scale = 0, col_scale = 0;
+    if (mq->q.scheme == QT_SCHEME_MXFP8) {
+        row_scale = op_mxfp8_row_scales_bytes(rows, cols);
+        col_scale = op_mxfp8_col_scales_bytes(rows, cols);
+    } else {
+        row_scale = op_block_scale_count(rows, cols, mq->q.two_d, false) * 4;
+        col_scale = op_block_scale_count(rows, cols, mq->q.two_d, true) * 4;
+    }
+    if (s->rowwise) {
+        QT_TRY(model_region(pl, "row_data", elems, pl->category, &s->row_data));
+        QT_TRY(model_region(pl, "row_scale", row_scale, pl->category, &s->row_scale));
+    }
+    if (s->colwise) {
+        QT_TRY(model_region(pl, "col_data", elems, pl->category, &s->col_data));
+        QT_TRY(model_region(pl, "col_scale", col_scale, pl->category, &s->col_scale));
+    }
+    return QT_OK;
+}
+
+static qt_status model_qstore_nvfp4(const model_place *pl, const model_quantizer *mq,
+                                    uint32_t rows, uint32_t cols, model_qstore *s) {
+    op_nvfp4_sizes z = op_nvfp4_sizes_of(rows, cols, 0);
+    if (s->rowwise) {
+        QT_TRY(model_region(pl, "row_data", z.row_data, pl->category, &s->row_data));
+        QT_TRY(model_region(pl, "row_scale", z.row_scales, pl->category, &s->row_scale));
+    }
+    if (s->colwise) {
+        QT_TRY(model_region(pl, "col_data", z.col_data, pl->category, &s->col_data));
+        QT_TRY(model_region(pl, "col_scale", z.col_scales, pl->category, &s->col_scale));
+    }
+    QT_TRY(model_region(pl, "amax", z.amax, pl->category, &s->amax_row));
+    s->amax_col = s->amax_row;  // without RHT both directions have the tensor's amax
+    if (s->colwise && mq->rht) {
+        QT_TRY(model_region(pl, "amax_col", z.amax, pl->category, &s->amax_col));
+    }
+    return QT_OK;
+}
+
+qt_status model_qstore_reserve(const model_place *place, const model_quantizer *mq,
+                               uint32_t rows, uint32_t cols, bool rowwise, bool colwise,
+                               bool bf16_region, model_qstore *out) {
+    memset(out, 0, sizeof *out);
+    out->rowwise = rowwise;
+    out->colwise = colwise;
+    QT_ASSERT(rowwise || colwise);
+    switch (mq->q.scheme) {
+    case QT_SCHEME_BF16:
+        if (!bf16_region) return QT_OK;
+        QT_TRY(model_region(place, "bf16", (uint64_t)rows * cols * 2, place->category,
+                            &out->bf16.ref));
+        out->bf16.dtype = QT_DTYPE_BF16;
+        out->bf16.rows = rows;
+        out->bf16.cols = cols;
+        return QT_OK;
+    case QT_SCHEME_DELAYED:
+    case QT_SCHEME_CURRENT:
+        return model_qstore_fp8(place, mq, (uint64_t)rows * cols, out);
+    case QT_SCHEME_MXFP8:
+    case QT_SCHEME_BLOCK:
+        return model_qstore_blocks(place, mq, rows, cols, out);
+    case QT_SCHEME_NVFP4:
+        return model_qstore_nvfp4(place, mq, rows, cols, out);
+    default:
+        QT_ASSERT(false);
+        return QT_ERR_INPUT;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parameters
+
+static qt_status model_add_param(model *m, const char *layer, const char *what, uint32_t rows,
+                                 uint32_t cols, model_init init, int32_t quantizer,
+                                 uint32_t *index) {
+    if (m->param_count == MODEL_PARAMS_MAX) {
+        return qt_fail(QT_ERR_CAPACITY, "%s: too many parameters: params_max is %d",
+                       m->recipe->file_name, MODEL_PARAMS_MAX);
+    }
+    model_param *p = &m->params[m->param_count];
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%s.%s", layer, what);
+    p->rows = rows;
+    p->cols = cols;
+    p->cols_valid = cols;
+    p->init = init;
+    p->quantizer = quantizer;
+    *index = m->param_count++;
+    return QT_OK;
+}
+
+// master, m, v (persistent) and the gradient (transient in the train program); the quantized
+// weight with rowwise data, plus columnwise data when the schedule trains.
+static qt_status model_param_regions(model *m, model_param *p) {
+    bool train = m->modes[MODEL_MODE_TRAIN];
+    uint64_t bytes = (uint64_t)p->rows * p->cols * 4;
+    model_place pl = {m->dev, p->name, true, ARENA_CAT_MASTER};
+    prog_ref ref;
+    QT_TRY(model_region(&pl, "master", bytes, ARENA_CAT_MASTER, &ref));
+    p->master = ref.region;
+    if (train) {
+        QT_TRY(model_region(&pl, "m", bytes, ARENA_CAT_OPTIM, &ref));
+        p->m = ref.region;
+        QT_TRY(model_region(&pl, "v", bytes, ARENA_CAT_OPTIM, &ref));
+        p->v = ref.region;
+        model_place grads = {m->dev, p->name, false, ARENA_CAT_GRADS};
+        QT_TRY(model_region(&grads, "grad", bytes, ARENA_CAT_GRADS, &ref));
+        p->grad = ref.region;
+    }
+    if (p->quantizer < 0) return QT_OK;
+    model_place wp = {m->dev, p->name, true, ARENA_CAT_WEIGHTS};
+    return model_qstore_reserve(&wp, &m->quantizers[p->quantizer], p->rows, p->cols, true,
+                                train, true, &p->weight);
+}
+
+static qt_status model_plan_params(model *m) {
+    const recipe_model *rm = &m->recipe->model;
+    for (uint32_t i = 0; i < rm->layers_count; i++) {
+        const recipe_layer *l = &rm->layers[i];
+        if (l->kind == RECIPE_LAYER_RMSNORM) {
+            QT_TRY(model_add_param(m, l->name, "gamma", 1, l->in_features, MODEL_INIT_ONE, -1,
+                                   &m->layer_param[i]));
+            continue;
+        }
+        if (l->kind != RECIPE_LAYER_LINEAR) continue;
+        model_linear *lin = &m->linears[m->layer_linear[i]];
+        QT_TRY(model_add_param(m, l->name, "weight", lin->out, lin->in_padded,
+                               MODEL_INIT_NORMAL, (int32_t)lin->q_weight, &lin->weight));
+        model_param *w = &m->params[lin->weight];
+        w->cols_valid = lin->in;
+        w->init_std = 1.0f / sqrtf((float)lin->in);
+        if (lin->bias) {
+            QT_TRY(model_add_param(m, l->name, "bias", 1, lin->out, MODEL_INIT_ZERO, -1,
+                                   &lin->bias_param));
+        }
+    }
+    for (uint32_t i = 0; i < m->param_count; i++) QT_TRY(model_param_regions(m, &m->params[i]));
+    for (uint32_t s = 0; s < m->state_count; s++) {
+        model_state *st = &m->states[s];
+        char prefix[32];
+        snprintf(prefix, sizeof prefix, "delayed%u", s);
+        model_place pl = {m->dev, prefix, true, ARENA_CAT_SCALING};
+        prog_ref ref;
+        QT_TRY(model_region(&pl, "history", (uint64_t)st->history_len * st->slots * 4,
+                            ARENA_CAT_SCALING, &ref));
+        st->history = ref.region;
+        QT_TRY(model_region(&pl, "scale", (uint64_t)st->slots * 4, ARENA_CAT_SCALING, &ref));
+        st->scale = ref.region;
+    }
+    return QT_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The step plumbing
+
+static qt_status model_plan_io(model *m, const model_options *o) {
+    model_io *io = &m->io;
+    io->slot = data_slot_plan(o->data, m->batch, m->input_stride);
+    io->lr_row_count = o->lr_row_count;
+    model_place host = {m->host, "host", true, ARENA_CAT_STAGING};
+    model_place dev = {m->dev, "step", true, ARENA_CAT_STAGING};
+    prog_ref ref;
+    QT_TRY(model_region(&host, "staging", MODEL_STAGE_SLOTS * io->slot.bytes, ARENA_CAT_STAGING,
+                        &ref));
+    io->staging = ref.region;
+    QT_TRY(model_region(&host, "records", MODEL_RING_LEN * sizeof(qt_trace_record),
+                        ARENA_CAT_STAGING, &ref));
+    io->ring = ref.region;
+    io->outputs_bytes = ((uint64_t)m->batch * m->outputs * 2 + 15) / 16 * 16;
+    if (m->modes[MODEL_MODE_INFER]) {
+        QT_TRY(model_region(&host, "outputs", MODEL_STAGE_SLOTS * io->outputs_bytes,
+                            ARENA_CAT_STAGING, &ref));
+        io->outputs = ref.region;
+    }
+    QT_TRY(model_region(&dev, "counter", 8, ARENA_CAT_STAGING, &ref));
+    io->counter = ref.region;
+    QT_TRY(model_region(&dev, "optim_state", sizeof(optim_state), ARENA_CAT_OPTIM, &ref));
+    io->optim_state = ref.region;
+    if (m->modes[MODEL_MODE_TRAIN]) {
+        QT_ASSERT(io->lr_row_count >= 1);
+        QT_TRY(model_region(&dev, "lr_rows", io->lr_row_count * sizeof(optim_lr_row),
+                            ARENA_CAT_OPTIM, &ref));
+        io->lr_rows = ref.region;
+    }
+    return QT_OK;
+}
+
+qt_status model_plan(model *m, const recipe *r, arena *dev, arena *host,
+                     const model_options *options) {
+    memset(m, 0, sizeof *m);
+    m->recipe = r;
+    m->dev = dev;
+    m->host = host;
+    m->batch = options->batch;
+    m->seed = options->seed;
+    memcpy(m->modes, options->modes, sizeof m->modes);
+    m->classification = r->model.loss == RECIPE_LOSS_SOFTMAX_XENT;
+    m->input_features = r->model.input_features;
+    m->outputs = r->model.output_features;
+    QT_ASSERT(options->data->features == m->input_features);
+    QT_TRY(model_check_layers(m));
+    QT_TRY(model_plan_quantizers(m));
+    model_plan_padding(m);
+    for (uint32_t i = 0; i < m->linear_count; i++) model_plan_linear_paths(m, &m->linears[i]);
+    QT_TRY(model_plan_states(m));
+    QT_TRY(model_plan_params(m));
+    return model_plan_io(m, options);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Report
+
+static const char *const model_layer_names[RECIPE_LAYER_KIND_COUNT] = {
+    "linear", "relu", "gelu", "silu", "swiglu", "rmsnorm", "residual begin", "residual end",
+    "moe"};
+
+static void model_print_quantizer(const model *m, uint32_t index, FILE *out) {
+    const model_quantizer *mq = &m->quantizers[index];
+    char role[96], q[160];
+    rules_role_format(&mq->role, role, sizeof role);
+    rules_quantizer_format(&mq->q, q, sizeof q);
+    char from[64];
+    if (mq->q.rule_line > 0) {
+        snprintf(from, sizeof from, "rule at line %u", mq->q.rule_line);
+    } else {
+        snprintf(from, sizeof from, "built-in %s", rules_scheme_name(m->recipe->quant.builtin));
+    }
+    fprintf(out, "      %-30s %-44s (%s)", role, q, from);
+    if (mq->q.scheme == QT_SCHEME_NVFP4 && mq->role.tensor_type != QT_TENSOR_WEIGHT) {
+        fprintf(out, " rht %s", mq->rht ? "on" : "off");
+    }
+    if (mq->state >= 0) fprintf(out, " [delayed%d slot %u]", mq->state, mq->slot);
+    fputc('\n', out);
+}
+
+static void model_print_linear(const model *m, const model_linear *lin, FILE *out) {
+    fprintf(out, "      K %u", lin->in);
+    if (lin->in_padded != lin->in) fprintf(out, " padded to %u", lin->in_padded);
+    fprintf(out, ", N %u, dgrad %s; GEMMs:", lin->out, lin->needs_dx ? "yes" : "no (first)");
+    for (int g = 0; g < MODEL_GEMM_COUNT; g++) {
+        fprintf(out, " %s %s", model_gemm_names[g],
+                lin->path[g] == MODEL_GEMM_NATIVE ? "native" : "mixed(bf16)");
+    }
+    fputc('\n', out);
+    model_print_quantizer(m, lin->q_input, out);
+    model_print_quantizer(m, lin->q_weight, out);
+    model_print_quantizer(m, lin->q_grad, out);
+}
+
+void model_print(const model *m, FILE *out) {
+    const recipe_model *rm = &m->recipe->model;
+    fprintf(out, "model: %u layers, input %u (stride %u), %u outputs, loss %s, batch %u\n",
+            rm->layers_count, m->input_features, m->input_stride, m->outputs,
+            m->classification ? "softmax_xent" : "mse", m->batch);
+    for (uint32_t i = 0; i < rm->layers_count; i++) {
+        const recipe_layer *l = &rm->layers[i];
+        fprintf(out, "  %3u %-14s %-16s %6u -> %-6u%s\n", i, model_layer_names[l->kind], l->name,
+                l->in_features, l->out_features, l->bias ? " bias" : "");
+        if (l->kind == RECIPE_LAYER_LINEAR) {
+            model_print_linear(m, &m->linears[m->layer_linear[i]], out);
+        }
+    }
+    fprintf(out, "parameters: %u\n", m->param_count);
+    for (uint32_t i = 0; i < m->param_count; i++) {
+        const model_param *p = &m->params[i];
+        fprintf(out, "  %-28s %6u x %-6u init %s\n", p->name, p->rows, p->cols,
+                p->init == MODEL_INIT_NORMAL ? "normal" : p->init == MODEL_INIT_ONE ? "one"
+                                                                                   : "zero");
+    }
+    for (uint32_t s = 0; s < m->state_count; s++) {
+        const model_state *st = &m->states[s];
+        fprintf(out, "delayed%u: %u slots, history %u, algo %s, %s, margin %u\n", s, st->slots,
+                st->history_len, st->algo == QT_FP8_AMAX_ALGO_MAX ? "max" : "most_recent",
+                st->fp8 == QT_FP8_E5M2 ? "e5m2" : "e4m3", st->margin);
+    }
+    fprintf(out, "notes:%s\n", m->note_count ? "" : " none");
+    for (uint32_t i = 0; i < m->note_count; i++) fprintf(out, "  %s\n", m->notes[i]);
+}

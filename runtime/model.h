@@ -1,0 +1,216 @@
+// model: a parsed recipe's model turned into quantizers, parameters, arena regions and the
+// programs of a run (DESIGN.md 2.6): init, train, eval, infer, checksum.
+//
+// Owns the model table (layers' linears, quantizers, parameters, delayed-scaling states, the
+// planning notes) inside the caller's `model` struct, from model_plan for as long as the run
+// lives. The regions it reserves belong to the caller's arenas; the programs to the caller.
+// Callers: runtime/run.c, once, at start-up, in the arenas' PLAN phase. No allocation.
+//
+// Planning (model_plan), in order:
+//
+//   1. every role (linear.{input,weight,grad_output}@NAME) resolved through the recipe's rules
+//      (recipes/rules.h); moe layers are refused ("not supported yet")
+//   2. usages fixed for the whole run as the union over the modes of the schedule table
+//      (NUMERICS.md 9): a weight has rowwise data, plus columnwise data when any train row
+//      exists (the optimizer rewrites both every step); activations and gradients of the train
+//      program have both directions, those of eval and infer programs rowwise only
+//   3. the model input's inner dimension padded with zero columns when the first layer's
+//      formats cannot take it (16-byte rows of codes, whole scaling blocks along K), e.g.
+//      784 -> 800 for mxfp8 and nvfp4, 896 for fp8 block scaling; the weight's padding columns
+//      start at zero and stay zero (zero gradient, so AdamW leaves them at zero)
+//   4. per GEMM: the native kernel when both operands share a GEMM format that it takes,
+//      else both operands are dequantized to BF16 and meet in the BF16 GEMM ("mixed")
+//   5. NVFP4 random Hadamard transform: the wgrad GEMM needs it on both of its operands or on
+//      neither, so a layer whose input and grad_output disagree (or whose batch is not a
+//      multiple of 16) gets none
+//   6. delayed-scaling states: quantizers with equal (history, algo, format, margin) share one
+//      state, history f32 [history][slots] and scale f32 [slots] (NUMERICS.md 4.5); their order
+//      is the trace's quantizer order
+//   7. persistent regions (weights, master, optimizer, scaling) in the device arena
+//
+// Programs (model_build_*), one per mode, each a complete step:
+//
+//   train  stage copy -> forward -> loss -> backward (dgrad, wgrad, bias grad) -> grad norm ->
+//          optimizer begin -> AdamW + requantization per parameter -> delayed-scaling snapshot
+//          and update -> record
+//   eval   stage copy -> forward -> loss and accuracy -> record (no state is written: delayed
+//          casts read the scale and record no amax)
+//   infer  stage copy -> forward -> outputs to the pinned host slot -> record
+//   init   master fill (normal, std 1/sqrt(fan_in); biases 0; RMSNorm gains 1), delayed states
+//          scale 1, history 0, then every weight quantized from its master
+//   checksum  a hash of every persistent weight, master, optimizer and scaling region, folded
+//          into the last record
+//
+// Tensors between layers are BF16 ([batch][width], row-major); the model input (the staging
+// slot's FP32 values) and every gradient of a parameter are FP32.
+#ifndef QT_MODEL_H
+#define QT_MODEL_H
+
+#include <stdio.h>  // FILE
+
+#include "arena.h"
+#include "data.h"     // data_slot_layout
+#include "program.h"
+#include "recipe.h"   // recipe, recipe_layer
+#include "rules.h"    // qt_quantizer, qt_role
+
+#define MODEL_LINEARS_MAX 128
+#define MODEL_QUANTIZERS_MAX (3 * MODEL_LINEARS_MAX)
+#define MODEL_PARAMS_MAX (2 * MODEL_LINEARS_MAX + 64)
+#define MODEL_STATES_MAX 16
+#define MODEL_NOTES_MAX 64
+#define MODEL_NOTE_BYTES 200
+#define MODEL_NAME_MAX 48
+#define MODEL_RING_LEN 4  // records in the pinned ring (the host reads 2 steps behind)
+#define MODEL_STAGE_SLOTS 2
+
+typedef enum model_mode {
+    MODEL_MODE_TRAIN,
+    MODEL_MODE_EVAL,
+    MODEL_MODE_INFER,
+    MODEL_MODE_COUNT
+} model_mode;
+
+const char *model_mode_name(model_mode mode);
+
+// A high-precision tensor [rows][cols].
+typedef struct model_tensor {
+    prog_ref ref;
+    uint32_t dtype;  // QT_DTYPE_BF16 | QT_DTYPE_F32
+    uint32_t rows, cols;
+} model_tensor;
+
+// The stored copies of one quantized tensor (layouts: ptx/quant.h). Which fields are used
+// depends on the scheme; a direction that is off has no regions.
+typedef struct model_qstore {
+    bool rowwise, colwise;
+    prog_ref row_data, row_scale;  // codes and block scales of the rowwise copy
+    prog_ref col_data, col_scale;  // the same of the columnwise copy
+    prog_ref scale_inv;            // per-tensor fp8: f32 [1], both copies
+    prog_ref amax_row, amax_col;   // nvfp4: global amaxes (the same ref without RHT);
+                                   // per-tensor current: amax_row is the amax workspace
+    model_tensor bf16;             // bf16 scheme: the tensor itself serves both directions
+} model_qstore;
+
+typedef enum model_gemm_path {
+    MODEL_GEMM_NATIVE,  // the kernel of the operands' common format
+    MODEL_GEMM_MIXED    // both operands dequantized to BF16, BF16 GEMM
+} model_gemm_path;
+
+typedef enum model_gemm { MODEL_FPROP, MODEL_DGRAD, MODEL_WGRAD, MODEL_GEMM_COUNT } model_gemm;
+
+typedef struct model_quantizer {
+    qt_role role;
+    qt_quantizer q;
+    uint32_t linear;        // index into model.linears
+    bool rht;               // nvfp4: the columnwise copy is RHT(x^T) (after step 5)
+    int32_t state;          // delayed: index into model.states, else -1
+    uint32_t slot;          // delayed: slot within the state
+    uint32_t trace_index;   // delayed: position in the trace's quantizer list
+} model_quantizer;
+
+typedef struct model_state {
+    uint32_t history_len;
+    uint32_t algo;          // QT_FP8_AMAX_ALGO_*
+    uint32_t fp8;           // QT_FP8_E4M3 | QT_FP8_E5M2
+    uint32_t margin;
+    uint32_t slots;
+    uint32_t trace_first;   // trace index of slot 0
+    arena_handle history;   // f32 [history_len][slots]
+    arena_handle scale;     // f32 [slots]
+} model_state;
+
+typedef enum model_init { MODEL_INIT_NORMAL, MODEL_INIT_ZERO, MODEL_INIT_ONE } model_init;
+
+typedef struct model_param {
+    char name[MODEL_NAME_MAX];  // "fc1.weight", "fc1.bias", "rmsnorm1.gamma"
+    uint32_t rows, cols;        // stored shape (cols include the padding columns)
+    uint32_t cols_valid;        // columns that are filled at init; the rest stay zero
+    model_init init;
+    float init_std;             // NORMAL: 1/sqrt(fan_in)
+    arena_handle master, m, v;  // f32 [rows][cols]
+    arena_handle grad;          // f32 [rows][cols], transient in the train program
+    int32_t quantizer;          // the weight's quantizer, or -1: the master is the parameter
+    model_qstore weight;        // quantized copies (quantizer >= 0)
+} model_param;
+
+typedef struct model_linear {
+    uint32_t layer;          // index into recipe.model.layers
+    uint32_t in, in_padded;  // K before and after padding
+    uint32_t out;            // N
+    bool bias;
+    uint32_t q_input, q_weight, q_grad;  // indices into model.quantizers
+    uint32_t weight, bias_param;         // indices into model.params (bias_param if bias)
+    bool needs_dx;           // some layer before it has parameters
+    model_gemm_path path[MODEL_GEMM_COUNT];
+} model_linear;
+
+// The persistent plumbing of the step programs, reserved by model_plan.
+typedef struct model_io {
+    data_slot_layout slot;       // staging slot layout (data.h)
+    arena_handle staging;        // host: MODEL_STAGE_SLOTS slots
+    arena_handle ring;           // host: qt_trace_record [MODEL_RING_LEN]
+    arena_handle outputs;        // host: MODEL_STAGE_SLOTS slots of infer outputs (bf16)
+    uint64_t outputs_bytes;      // one slot: [batch][outputs] bf16, rounded up to 16
+    arena_handle counter;        // device: u64 step counter (ptx/sched.h)
+    arena_handle optim_state;    // device: optim_state
+    arena_handle lr_rows;        // device: optim_lr_row [lr_row_count]
+    uint32_t lr_row_count;
+} model_io;
+
+typedef struct model_options {
+    uint32_t batch;
+    uint64_t seed;                   // initialization and stochastic rounding
+    bool modes[MODEL_MODE_COUNT];    // modes in the schedule table
+    uint32_t lr_row_count;           // >= 1
+    const data_info *data;           // the training set (widths)
+} model_options;
+
+typedef struct model {
+    const recipe *recipe;
+    arena *dev, *host;
+    uint32_t batch;
+    uint64_t seed;
+    bool modes[MODEL_MODE_COUNT];
+    bool classification;          // softmax_xent (else mse)
+    uint32_t input_features;      // the dataset's
+    uint32_t input_stride;        // padded width of the model input (>= input_features)
+    uint32_t outputs;
+    uint32_t first_param_layer;   // backward stops after this layer
+    uint32_t layer_linear[RECIPE_LAYERS_MAX];  // linear index of a layer, or UINT32_MAX
+    uint32_t layer_param[RECIPE_LAYERS_MAX];   // rmsnorm: its gamma's param index
+    uint32_t linear_count;
+    model_linear linears[MODEL_LINEARS_MAX];
+    uint32_t quantizer_count;
+    model_quantizer quantizers[MODEL_QUANTIZERS_MAX];
+    uint32_t param_count;
+    model_param params[MODEL_PARAMS_MAX];
+    uint32_t state_count;
+    model_state states[MODEL_STATES_MAX];
+    uint32_t delayed_count;       // quantizers in the trace
+    model_io io;
+    uint32_t note_count;          // planning decisions for `qtrain plan`
+    char notes[MODEL_NOTES_MAX][MODEL_NOTE_BYTES];
+} model;
+
+// Plans the model of r into the two arenas (both in PLAN). Fails (QT_ERR_INPUT, naming the
+// recipe file, line and column) on what the runtime cannot do yet, and QT_ERR_CAPACITY on a
+// `*_max` limit.
+qt_status model_plan(model *m, const recipe *r, arena *dev, arena *host,
+                     const model_options *options);
+
+// Appends the program of one mode (arenas still in PLAN).
+qt_status model_build_train(model *m, program *p);
+qt_status model_build_eval(model *m, program *p);
+qt_status model_build_infer(model *m, program *p);
+qt_status model_build_init(model *m, program *p);
+qt_status model_build_checksum(model *m, program *p);
+
+// The trace names of the delayed-scaling quantizers, in trace order ("linear.input@fc1").
+void model_trace_name(const model *m, uint32_t trace_index, char *buf, size_t buf_bytes);
+
+// Writes the plan: layers with their widths, padding, quantizers (scheme and options), GEMM
+// paths, RHT decisions and the notes.
+void model_print(const model *m, FILE *out);
+
+#endif  // QT_MODEL_H

@@ -1,0 +1,839 @@
+// model programs: the init, train, eval, infer and checksum programs of a planned model
+// (model.h). Every region a program needs besides the persistent ones of model_plan is reserved
+// here as a transient region of that program ("<mode>.<layer>.<part>"), so the planner packs
+// the modes' activations into the same bytes.
+#include <stdio.h>   // snprintf
+#include <string.h>
+
+#include "model_impl.h"
+#include "op_act.h"          // activations, losses, grad norm
+#include "op_core.h"         // op_fill_random, op_copy, op_checksum
+#include "op_gemm.h"         // op_gemm, op_gemm_bias_grad
+#include "op_optim.h"        // op_optim_*
+#include "op_quant_block.h"
+#include "op_quant_fp8.h"
+#include "op_quant_mxfp8.h"
+#include "op_quant_nvfp4.h"
+#include "op_sched.h"        // op_sched_copy, op_sched_record, op_sched_checksum
+
+// What one program's builder knows while it appends ops.
+typedef struct mb {
+    model *m;
+    program *p;
+    model_mode mode;
+    bool train;
+    model_tensor input;     // the batch's model input, f32 [batch][stride]
+    prog_ref targets;       // i32 labels [batch] or f32 targets [batch][outputs]
+    prog_ref rows_valid;    // u32 (the staging header)
+    model_tensor acts[RECIPE_LAYERS_MAX + 1];  // acts[i]: input of layer i; acts[n]: output
+    model_qstore xq[MODEL_LINEARS_MAX];        // quantized inputs of the linears
+    prog_ref inv_rms[RECIPE_LAYERS_MAX];
+    prog_ref stats;         // qt_loss_stats
+    model_tensor dlogits;   // train: gradient of the output
+    prog_ref gnorm;         // train: qt_gnorm_result
+    prog_ref snap_amax, snap_scale;  // f32 [delayed_count] for the record
+} mb;
+
+static prog_ref mb_dev(const mb *b, arena_handle h) { return (prog_ref){b->m->dev, h, 0}; }
+
+static prog_ref mb_at(prog_ref r, uint64_t offset) {
+    r.offset += offset;
+    return r;
+}
+
+static op_act_tensor mb_act(model_tensor t) { return (op_act_tensor){t.ref, t.dtype}; }
+
+static const char *mb_layer_name(const mb *b, uint32_t layer, char *buf, size_t bytes) {
+    const recipe_layer *l = &b->m->recipe->model.layers[layer];
+    if (l->name[0]) return l->name;
+    snprintf(buf, bytes, "l%u", layer);
+    return buf;
+}
+
+// A transient region of this program, "<mode>.<what>".
+static qt_status mb_region(mb *b, const char *what, uint64_t bytes, arena_category cat,
+                           prog_ref *out) {
+    model_place pl = {b->m->dev, model_mode_name(b->mode), false, cat};
+    return model_region(&pl, what, bytes, cat, out);
+}
+
+// A new BF16 tensor [rows][cols] of this program.
+static qt_status mb_tensor(mb *b, const char *what, uint32_t rows, uint32_t cols,
+                           arena_category cat, model_tensor *out) {
+    out->dtype = QT_DTYPE_BF16;
+    out->rows = rows;
+    out->cols = cols;
+    return mb_region(b, what, (uint64_t)rows * cols * 2, cat, &out->ref);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Quantization of activations and gradients
+
+static prog_ref mb_state_scale(const mb *b, const model_quantizer *mq) {
+    return mb_at(mb_dev(b, b->m->states[mq->state].scale), (uint64_t)mq->slot * 4);
+}
+
+static prog_ref mb_state_amax(const mb *b, const model_quantizer *mq) {
+    return mb_at(mb_dev(b, b->m->states[mq->state].history), (uint64_t)mq->slot * 4);
+}
+
+static qt_status mb_quantize_fp8(mb *b, const char *name, const model_quantizer *mq,
+                                 model_tensor x, bool record_amax, const model_qstore *s) {
+    op_fp8_input in = {x.ref, x.dtype, x.rows, x.cols, op_group_dense()};
+    op_fp8_output out = {model_fp8_code(mq->q.elem), s->row_data, s->col_data, s->scale_inv};
+    if (mq->q.scheme == QT_SCHEME_DELAYED) {
+        // Eval and infer read the scale and leave the history alone (no amax slot).
+        prog_ref amax = record_amax ? mb_state_amax(b, mq) : OP_FP8_NONE;
+        return op_fp8_cast_delayed(b->p, name, &in, &out, mb_state_scale(b, mq), amax);
+    }
+    return op_fp8_quantize_current(b->p, name, &in, &out, s->amax_row, OP_FP8_NONE, mq->q.pow2,
+                                   mq->q.amax_eps);
+}
+
+static op_nvfp4_quant mb_nvfp4_quant(const mb *b, const model_quantizer *mq,
+                                     const model_qstore *s) {
+    op_nvfp4_quant q = {0};
+    q.rowwise = s->rowwise;
+    q.colwise = s->colwise;
+    q.rht = s->colwise && mq->rht;
+    q.rht_signs = QT_NVFP4_RHT_SIGNS_TE;
+    q.two_d = mq->q.two_d;
+    q.stochastic = mq->q.sr;
+    q.seed = b->m->seed;
+    q.tensor_id = (uint32_t)(mq - b->m->quantizers);
+    q.step = mb_dev(b, b->m->io.optim_state);  // optim_state.step: the counted train steps
+    q.amax_row = s->amax_row;
+    q.amax_col = s->amax_col;
+    q.row_data = s->row_data;
+    q.row_scales = s->row_scale;
+    q.col_data = s->col_data;
+    q.col_scales = s->col_scale;
+    return q;
+}
+
+static op_block_tensor mb_block_tensor(const model_quantizer *mq, uint32_t rows, uint32_t cols,
+                                       const model_qstore *s) {
+    op_block_tensor t = {0};
+    t.rows = rows;
+    t.cols = cols;
+    t.two_d = mq->q.two_d;
+    t.fp8 = model_fp8_code(mq->q.elem);
+    t.rowwise = s->rowwise;
+    t.colwise = s->colwise;
+    t.row_codes = s->row_data;
+    t.row_scale_inv = s->row_scale;
+    t.col_codes = s->col_data;
+    t.col_scale_inv = s->col_scale;
+    return t;
+}
+
+static op_mxfp8_quantize_desc mb_mxfp8_desc(const model_quantizer *mq, model_tensor x,
+                                            const model_qstore *s) {
+    op_mxfp8_quantize_desc d = {0};
+    d.in = x.ref;
+    d.dtype = x.dtype;
+    d.rows = x.rows;
+    d.cols = x.cols;
+    d.elem = mq->q.elem;
+    d.tile_2d = mq->q.two_d;
+    if (s->rowwise) d.rowwise = (op_mxfp8_dir){s->row_data, s->row_scale};
+    if (s->colwise) d.colwise = (op_mxfp8_dir){s->col_data, s->col_scale};
+    return d;
+}
+
+// Quantizes x with the role's quantizer into new regions "<mode>.<what>.*" of the directions
+// asked for. record_amax: delayed scaling adds this cast's amax to the history (train only).
+static qt_status mb_quantize(mb *b, const char *what, const model_quantizer *mq, model_tensor x,
+                             bool rowwise, bool colwise, bool record_amax, model_qstore *s) {
+    char prefix[ARENA_NAME_MAX];
+    snprintf(prefix, sizeof prefix, "%s.%s", model_mode_name(b->mode), what);
+    model_place pl = {b->m->dev, prefix, false, ARENA_CAT_ACTIVATIONS};
+    bool convert = mq->q.scheme == QT_SCHEME_BF16 && x.dtype != QT_DTYPE_BF16;
+    QT_TRY(model_qstore_reserve(&pl, mq, x.rows, x.cols, rowwise, colwise, convert, s));
+    switch (mq->q.scheme) {
+    case QT_SCHEME_BF16:
+        if (!convert) {
+            s->bf16 = x;
+            return QT_OK;
+        }
+        // The residual kernel without its second operand is a converting copy.
+        return op_residual_backward(b->p, prefix, (uint64_t)x.rows * x.cols, mb_act(x),
+                                    mb_act(s->bf16), false);
+    case QT_SCHEME_DELAYED:
+    case QT_SCHEME_CURRENT:
+        return mb_quantize_fp8(b, prefix, mq, x, record_amax, s);
+    case QT_SCHEME_MXFP8: {
+        op_mxfp8_quantize_desc d = mb_mxfp8_desc(mq, x, s);
+        return op_mxfp8_quantize(b->p, prefix, &d);
+    }
+    case QT_SCHEME_BLOCK: {
+        op_block_tensor t = mb_block_tensor(mq, x.rows, x.cols, s);
+        op_block_options o = {!mq->q.pow2, mq->q.amax_eps};
+        return op_quant_block(b->p, prefix, x.ref, x.dtype, &t, &o);
+    }
+    case QT_SCHEME_NVFP4: {
+        op_nvfp4_input in = {x.ref, x.dtype, x.rows, x.cols, {0}};
+        bool rht = s->colwise && mq->rht;
+        op_nvfp4_amax_out amax = {s->amax_row, rht ? s->amax_col : OP_REF_NONE, rht,
+                                  QT_NVFP4_RHT_SIGNS_TE};
+        QT_TRY(op_nvfp4_amax(b->p, prefix, &in, &amax));
+        op_nvfp4_quant q = mb_nvfp4_quant(b, mq, s);
+        return op_nvfp4_quantize(b->p, prefix, &in, &q);
+    }
+    default:
+        QT_ASSERT(false);
+        return QT_ERR_INPUT;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// GEMMs
+
+// One GEMM operand: a quantized tensor of logical shape rows x cols, read through one copy.
+typedef struct mb_operand {
+    const model_quantizer *mq;
+    const model_qstore *s;
+    uint32_t rows, cols;
+    bool colwise;
+} mb_operand;
+
+static op_gemm_operand mb_gemm_operand(const mb_operand *o) {
+    const qt_quantizer *q = &o->mq->q;
+    uint32_t f = model_gemm_format_of(q->scheme);
+    const model_qstore *s = o->s;
+    if (f == GEMM_FORMAT_BF16) {
+        return op_gemm_operand_of(f, GEMM_ELEM_BF16, o->rows, o->cols, o->colwise, false,
+                                  s->bf16.ref, OP_REF_NONE, OP_REF_NONE);
+    }
+    QT_ASSERT(o->colwise ? s->colwise : s->rowwise);
+    prog_ref data = o->colwise ? s->col_data : s->row_data;
+    prog_ref scale = o->colwise ? s->col_scale : s->row_scale;
+    prog_ref tensor_scale = OP_REF_NONE;
+    if (f == GEMM_FORMAT_FP8) {
+        scale = OP_REF_NONE;
+        tensor_scale = s->scale_inv;
+    } else if (f == GEMM_FORMAT_NVFP4) {
+        tensor_scale = o->colwise ? s->amax_col : s->amax_row;
+    }
+    bool scale_2d = f == GEMM_FORMAT_FP8_BLOCK && q->two_d;
+    return op_gemm_operand_of(f, model_gemm_elem_of(q->elem), o->rows, o->cols, o->colwise,
+                              scale_2d, data, scale, tensor_scale);
+}
+
+// The operand's values as a BF16 [rows][cols] tensor (for a mixed-format GEMM).
+static qt_status mb_dequantize(mb *b, const char *what, const mb_operand *o,
+                               model_tensor *out) {
+    const qt_quantizer *q = &o->mq->q;
+    const model_qstore *s = o->s;
+    if (q->scheme == QT_SCHEME_BF16) {
+        *out = s->bf16;
+        return QT_OK;
+    }
+    QT_TRY(mb_tensor(b, what, o->rows, o->cols, ARENA_CAT_WORKSPACE, out));
+    char name[ARENA_NAME_MAX];
+    snprintf(name, sizeof name, "%s.%s", model_mode_name(b->mode), what);
+    switch (q->scheme) {
+    case QT_SCHEME_DELAYED:
+    case QT_SCHEME_CURRENT: {
+        op_fp8_input hp = {out->ref, QT_DTYPE_BF16, o->rows, o->cols, op_group_dense()};
+        op_fp8_output codes = {model_fp8_code(q->elem), s->row_data, s->col_data, s->scale_inv};
+        if (!s->rowwise) codes.rowwise = OP_FP8_NONE;
+        if (!s->colwise) codes.colwise = OP_FP8_NONE;
+        return op_fp8_dequantize(b->p, name, &hp, &codes, o->colwise);
+    }
+    case QT_SCHEME_MXFP8: {
+        op_mxfp8_dequantize_desc d = {0};
+        d.src = o->colwise ? (op_mxfp8_dir){s->col_data, s->col_scale}
+                           : (op_mxfp8_dir){s->row_data, s->row_scale};
+        d.colwise = o->colwise;
+        d.elem = q->elem;
+        d.rows = o->rows;
+        d.cols = o->cols;
+        d.out = out->ref;
+        d.dtype = QT_DTYPE_BF16;
+        return op_mxfp8_dequantize(b->p, name, &d);
+    }
+    case QT_SCHEME_BLOCK: {
+        op_block_tensor t = mb_block_tensor(o->mq, o->rows, o->cols, s);
+        return op_dequant_block(b->p, name, &t, o->colwise, out->ref, QT_DTYPE_BF16);
+    }
+    case QT_SCHEME_NVFP4: {
+        op_nvfp4_dequant d = {0};
+        d.rows = o->rows;
+        d.cols = o->cols;
+        d.colwise = o->colwise;
+        d.data = o->colwise ? s->col_data : s->row_data;
+        d.scales = o->colwise ? s->col_scale : s->row_scale;
+        d.amax = o->colwise ? s->amax_col : s->amax_row;
+        d.out = out->ref;
+        d.out_dtype = QT_DTYPE_BF16;
+        return op_nvfp4_dequantize(b->p, name, &d);
+    }
+    default:
+        QT_ASSERT(false);
+        return QT_ERR_INPUT;
+    }
+}
+
+// D [m][n] = A (m x k) B (n x k)^T (+ bias). A's rows are D's rows: a->colwise reads the
+// transposed view. path MIXED: both operands through BF16 copies.
+static qt_status mb_gemm(mb *b, const char *what, model_gemm kind, const model_linear *lin,
+                         const mb_operand *a, const mb_operand *bo, model_tensor d,
+                         prog_ref bias) {
+    op_gemm_desc g = {0};
+    g.grouping = GEMM_DENSE;
+    g.alpha = 1.0f;
+    g.m = a->colwise ? a->cols : a->rows;
+    g.n = bo->colwise ? bo->cols : bo->rows;
+    g.k = a->colwise ? a->rows : a->cols;
+    g.d = d.ref;
+    g.d_dtype = d.dtype;
+    g.bias = bias;
+    g.bias_dtype = QT_DTYPE_F32;
+    QT_ASSERT(d.rows == g.m && d.cols == g.n);
+    char name[ARENA_NAME_MAX];
+    snprintf(name, sizeof name, "%s.%s", model_mode_name(b->mode), what);
+    if (lin->path[kind] == MODEL_GEMM_NATIVE) {
+        g.format = model_gemm_format_of(a->mq->q.scheme);
+        g.a = mb_gemm_operand(a);
+        g.b = mb_gemm_operand(bo);
+        // TE's per-tensor FP8 defaults (NUMERICS.md 9.1): fast accumulation in fprop only.
+        if (g.format == GEMM_FORMAT_FP8 && kind != MODEL_FPROP) {
+            g.flags = GEMM_FLAG_SPLIT_ACCUMULATE;
+        }
+        return op_gemm(b->p, name, &g);
+    }
+    char part[ARENA_NAME_MAX];
+    model_tensor ta, tb;
+    snprintf(part, sizeof part, "%s.a_bf16", what);
+    QT_TRY(mb_dequantize(b, part, a, &ta));
+    snprintf(part, sizeof part, "%s.b_bf16", what);
+    QT_TRY(mb_dequantize(b, part, bo, &tb));
+    g.format = GEMM_FORMAT_BF16;
+    g.a = op_gemm_operand_of(GEMM_FORMAT_BF16, GEMM_ELEM_BF16, a->rows, a->cols, a->colwise,
+                             false, ta.ref, OP_REF_NONE, OP_REF_NONE);
+    g.b = op_gemm_operand_of(GEMM_FORMAT_BF16, GEMM_ELEM_BF16, bo->rows, bo->cols, bo->colwise,
+                             false, tb.ref, OP_REF_NONE, OP_REF_NONE);
+    return op_gemm(b->p, name, &g);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward
+
+static const model_qstore *mb_weight(const mb *b, const model_linear *lin) {
+    return &b->m->params[lin->weight].weight;
+}
+
+static prog_ref mb_bias(const mb *b, const model_linear *lin) {
+    if (!lin->bias) return OP_REF_NONE;
+    return mb_dev(b, b->m->params[lin->bias_param].master);
+}
+
+static qt_status mb_linear_forward(mb *b, uint32_t layer, model_tensor x, model_tensor *y) {
+    model *m = b->m;
+    uint32_t li = m->layer_linear[layer];
+    const model_linear *lin = &m->linears[li];
+    const char *name = m->recipe->model.layers[layer].name;
+    QT_ASSERT(x.cols == lin->in_padded);
+    char what[ARENA_NAME_MAX];
+    snprintf(what, sizeof what, "%s.x", name);
+    // Training also keeps the columnwise copy for wgrad.
+    QT_TRY(mb_quantize(b, what, &m->quantizers[lin->q_input], x, true, b->train, b->train,
+                       &b->xq[li]));
+    snprintf(what, sizeof what, "%s.y", name);
+    QT_TRY(mb_tensor(b, what, x.rows, lin->out, ARENA_CAT_ACTIVATIONS, y));
+    mb_operand a = {&m->quantizers[lin->q_input], &b->xq[li], x.rows, lin->in_padded, false};
+    mb_operand w = {&m->quantizers[lin->q_weight], mb_weight(b, lin), lin->out, lin->in_padded,
+                    false};
+    snprintf(what, sizeof what, "%s.fprop", name);
+    return mb_gemm(b, what, MODEL_FPROP, lin, &a, &w, *y, mb_bias(b, lin));
+}
+
+static uint32_t mb_act_kind(recipe_layer_kind k) {
+    switch (k) {
+    case RECIPE_LAYER_RELU: return QT_ACT_RELU;
+    case RECIPE_LAYER_GELU: return QT_ACT_GELU;
+    case RECIPE_LAYER_SILU: return QT_ACT_SILU;
+    case RECIPE_LAYER_SWIGLU: return QT_ACT_SWIGLU;
+    default: QT_ASSERT(false); return 0;
+    }
+}
+
+static qt_status mb_layer_forward(mb *b, uint32_t i, model_tensor x, model_tensor *stack,
+                                  uint32_t *depth, model_tensor *y) {
+    const recipe_layer *l = &b->m->recipe->model.layers[i];
+    char buf[16], what[ARENA_NAME_MAX];
+    const char *name = mb_layer_name(b, i, buf, sizeof buf);
+    snprintf(what, sizeof what, "%s.y", name);
+    uint32_t rows = x.rows;
+    switch (l->kind) {
+    case RECIPE_LAYER_LINEAR:
+        return mb_linear_forward(b, i, x, y);
+    case RECIPE_LAYER_RELU:
+    case RECIPE_LAYER_GELU:
+    case RECIPE_LAYER_SILU:
+    case RECIPE_LAYER_SWIGLU:
+        QT_TRY(mb_tensor(b, what, rows, l->out_features, ARENA_CAT_ACTIVATIONS, y));
+        return op_act_forward(b->p, what, mb_act_kind(l->kind), rows, x.cols, mb_act(x),
+                              OP_ACT_NONE, mb_act(*y));
+    case RECIPE_LAYER_RMSNORM: {
+        QT_TRY(mb_tensor(b, what, rows, x.cols, ARENA_CAT_ACTIVATIONS, y));
+        snprintf(what, sizeof what, "%s.inv_rms", name);
+        QT_TRY(mb_region(b, what, (uint64_t)rows * 4, ARENA_CAT_ACTIVATIONS, &b->inv_rms[i]));
+        op_act_tensor gamma = {mb_dev(b, b->m->params[b->m->layer_param[i]].master),
+                               QT_DTYPE_F32};
+        return op_rmsnorm_forward(b->p, name, rows, x.cols, l->eps, mb_act(x), gamma,
+                                  mb_act(*y), b->inv_rms[i]);
+    }
+    case RECIPE_LAYER_RESIDUAL_BEGIN:
+        QT_ASSERT(*depth < RECIPE_RESIDUAL_DEPTH_MAX);
+        stack[(*depth)++] = x;
+        *y = x;
+        return QT_OK;
+    case RECIPE_LAYER_RESIDUAL_END:
+        QT_ASSERT(*depth > 0);
+        QT_TRY(mb_tensor(b, what, rows, x.cols, ARENA_CAT_ACTIVATIONS, y));
+        return op_residual_forward(b->p, what, (uint64_t)rows * x.cols,
+                                   mb_act(stack[--(*depth)]), mb_act(x), mb_act(*y));
+    default:
+        QT_ASSERT(false);
+        return QT_ERR_INPUT;
+    }
+}
+
+static qt_status mb_forward(mb *b) {
+    const recipe_model *rm = &b->m->recipe->model;
+    model_tensor stack[RECIPE_RESIDUAL_DEPTH_MAX];
+    uint32_t depth = 0;
+    model_tensor x = b->input;
+    // A model that does not start with a linear has no padding: its input is the data's width.
+    x.cols = b->m->input_stride;
+    for (uint32_t i = 0; i < rm->layers_count; i++) {
+        b->acts[i] = x;
+        model_tensor y;
+        QT_TRY(mb_layer_forward(b, i, x, stack, &depth, &y));
+        x = y;
+    }
+    QT_ASSERT(depth == 0);
+    b->acts[rm->layers_count] = x;
+    return QT_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Loss
+
+static qt_status mb_loss(mb *b) {
+    model *m = b->m;
+    model_tensor out = b->acts[m->recipe->model.layers_count];
+    uint32_t rows = out.rows, cols = out.cols;
+    QT_TRY(mb_region(b, "loss.stats", sizeof(qt_loss_stats), ARENA_CAT_STAGING, &b->stats));
+    op_act_tensor grad = OP_ACT_NONE;
+    if (b->train) {
+        QT_TRY(mb_tensor(b, "loss.dy", rows, cols, ARENA_CAT_ACTIVATIONS, &b->dlogits));
+        grad = mb_act(b->dlogits);
+    }
+    prog_ref ws;
+    if (m->classification) {
+        QT_TRY(mb_region(b, "loss.ws", op_xent_workspace_bytes(rows), ARENA_CAT_WORKSPACE, &ws));
+        return op_xent(b->p, "loss", rows, cols, mb_act(out), b->targets, OP_REF_NONE, grad, ws,
+                       b->stats);
+    }
+    QT_TRY(mb_region(b, "loss.ws", op_mse_workspace_bytes(rows), ARENA_CAT_WORKSPACE, &ws));
+    op_act_tensor target = {b->targets, QT_DTYPE_F32};
+    return op_mse(b->p, "loss", rows, cols, mb_act(out), target, b->rows_valid, grad, ws,
+                  b->stats);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward
+
+static qt_status mb_linear_backward(mb *b, uint32_t layer, model_tensor dy, model_tensor *dx) {
+    model *m = b->m;
+    uint32_t li = m->layer_linear[layer];
+    const model_linear *lin = &m->linears[li];
+    const char *name = m->recipe->model.layers[layer].name;
+    const model_quantizer *qg = &m->quantizers[lin->q_grad];
+    char what[ARENA_NAME_MAX];
+    snprintf(what, sizeof what, "%s.dy", name);
+    model_qstore dyq;
+    // dgrad reads the rowwise copy, wgrad the columnwise one; the first layer has no dgrad.
+    QT_TRY(mb_quantize(b, what, qg, dy, lin->needs_dx, true, true, &dyq));
+    uint32_t rows = dy.rows;
+    const model_param *w = &m->params[lin->weight];
+    model_tensor dw = {mb_dev(b, w->grad), QT_DTYPE_F32, lin->out, lin->in_padded};
+    mb_operand g_col = {qg, &dyq, rows, lin->out, true};
+    mb_operand x_col = {&m->quantizers[lin->q_input], &b->xq[li], rows, lin->in_padded, true};
+    snprintf(what, sizeof what, "%s.wgrad", name);
+    QT_TRY(mb_gemm(b, what, MODEL_WGRAD, lin, &g_col, &x_col, dw, OP_REF_NONE));
+    if (lin->bias) {
+        snprintf(what, sizeof what, "%s.bgrad", name);
+        prog_ref db = mb_dev(b, m->params[lin->bias_param].grad);
+        QT_TRY(op_gemm_bias_grad(b->p, what, dy.ref, dy.dtype, rows, lin->out, lin->out, 0,
+                                 OP_REF_NONE, OP_REF_NONE, db));
+    }
+    if (!lin->needs_dx) return QT_OK;
+    snprintf(what, sizeof what, "%s.dx", name);
+    QT_TRY(mb_tensor(b, what, rows, lin->in_padded, ARENA_CAT_ACTIVATIONS, dx));
+    mb_operand g_row = {qg, &dyq, rows, lin->out, false};
+    mb_operand w_col = {&m->quantizers[lin->q_weight], mb_weight(b, lin), lin->out,
+                        lin->in_padded, true};
+    snprintf(what, sizeof what, "%s.dgrad", name);
+    return mb_gemm(b, what, MODEL_DGRAD, lin, &g_row, &w_col, *dx, OP_REF_NONE);
+}
+
+static qt_status mb_rmsnorm_backward(mb *b, uint32_t i, const char *name, model_tensor dy,
+                                     model_tensor *dx) {
+    model_tensor x = b->acts[i];
+    char what[ARENA_NAME_MAX];
+    snprintf(what, sizeof what, "%s.dx", name);
+    QT_TRY(mb_tensor(b, what, x.rows, x.cols, ARENA_CAT_ACTIVATIONS, dx));
+    snprintf(what, sizeof what, "%s.dgamma_ws", name);
+    op_rmsnorm_grads grads = {mb_act(*dx), mb_dev(b, b->m->params[b->m->layer_param[i]].grad),
+                              false, OP_REF_NONE};
+    QT_TRY(mb_region(b, what, op_rmsnorm_workspace_bytes(x.rows, x.cols), ARENA_CAT_WORKSPACE,
+                     &grads.workspace));
+    op_act_tensor gamma = {mb_dev(b, b->m->params[b->m->layer_param[i]].master), QT_DTYPE_F32};
+    return op_rmsnorm_backward(b->p, name, x.rows, x.cols, mb_act(x), gamma, b->inv_rms[i],
+                               mb_act(dy), &grads);
+}
+
+static qt_status mb_layer_backward(mb *b, uint32_t i, model_tensor dy, model_tensor *stack,
+                                   uint32_t *depth, model_tensor *dx) {
+    const recipe_layer *l = &b->m->recipe->model.layers[i];
+    char buf[16], what[ARENA_NAME_MAX];
+    const char *name = mb_layer_name(b, i, buf, sizeof buf);
+    snprintf(what, sizeof what, "%s.dx", name);
+    model_tensor x = b->acts[i];
+    switch (l->kind) {
+    case RECIPE_LAYER_LINEAR:
+        return mb_linear_backward(b, i, dy, dx);
+    case RECIPE_LAYER_RELU:
+    case RECIPE_LAYER_GELU:
+    case RECIPE_LAYER_SILU:
+    case RECIPE_LAYER_SWIGLU:
+        QT_TRY(mb_tensor(b, what, x.rows, x.cols, ARENA_CAT_ACTIVATIONS, dx));
+        return op_act_backward(b->p, what, mb_act_kind(l->kind), x.rows, x.cols, mb_act(x),
+                               OP_ACT_NONE, mb_act(dy), mb_act(*dx));
+    case RECIPE_LAYER_RMSNORM:
+        return mb_rmsnorm_backward(b, i, name, dy, dx);
+    case RECIPE_LAYER_RESIDUAL_END:
+        // The block's output gradient goes to its branch (dy, unchanged) and to the skip path.
+        QT_ASSERT(*depth < RECIPE_RESIDUAL_DEPTH_MAX);
+        stack[(*depth)++] = dy;
+        *dx = dy;
+        return QT_OK;
+    case RECIPE_LAYER_RESIDUAL_BEGIN:
+        // The input's gradient sums both paths, into a new tensor: the skip gradient may be the
+        // very tensor of the branch (an empty block) or of an enclosing block's skip path.
+        QT_ASSERT(*depth > 0);
+        QT_TRY(mb_tensor(b, what, dy.rows, dy.cols, ARENA_CAT_ACTIVATIONS, dx));
+        return op_residual_forward(b->p, what, (uint64_t)dy.rows * dy.cols,
+                                   mb_act(stack[--(*depth)]), mb_act(dy), mb_act(*dx));
+    default:
+        QT_ASSERT(false);
+        return QT_ERR_INPUT;
+    }
+}
+
+// From the loss gradient down to the first layer with parameters; its input's gradient is
+// not needed.
+static qt_status mb_backward(mb *b) {
+    const recipe_model *rm = &b->m->recipe->model;
+    model_tensor stack[RECIPE_RESIDUAL_DEPTH_MAX];
+    uint32_t depth = 0;
+    model_tensor dy = b->dlogits;
+    for (uint32_t i = rm->layers_count; i-- > b->m->first_param_layer;) {
+        model_tensor dx = {0};
+        QT_TRY(mb_layer_backward(b, i, dy, stack, &depth, &dx));
+        dy = dx;
+    }
+    return QT_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Optimizer
+
+// The optimizer's view of parameter i (op_optim.h): its update inputs and its weight's copies.
+static void mb_param_desc(const mb *b, uint32_t i, optim_param_desc *d) {
+    const model *m = b->m;
+    const model_param *p = &m->params[i];
+    const recipe_optim *o = &m->recipe->optim;
+    memset(d, 0, sizeof *d);
+    d->name = p->name;
+    d->rows = p->rows;
+    d->cols = p->cols;
+    d->grad_dtype = QT_DTYPE_F32;
+    d->master = mb_dev(b, p->master);
+    if (m->modes[MODEL_MODE_TRAIN]) {
+        d->grad = mb_dev(b, p->grad);
+        d->m = mb_dev(b, p->m);
+        d->v = mb_dev(b, p->v);
+    }
+    d->hp = (optim_hparams){o->beta1, o->beta2, o->eps, o->weight_decay, 1.0f, true};
+    d->weight = OPTIM_WEIGHT_NONE;
+    if (p->quantizer < 0) return;
+    const model_quantizer *mq = &m->quantizers[p->quantizer];
+    const model_qstore *s = &p->weight;
+    switch (mq->q.scheme) {
+    case QT_SCHEME_BF16:
+        d->weight = OPTIM_WEIGHT_BF16;
+        d->bf16 = s->bf16.ref;
+        break;
+    case QT_SCHEME_DELAYED:
+    case QT_SCHEME_CURRENT:
+        d->fp8 = (op_fp8_output){model_fp8_code(mq->q.elem), s->row_data, s->col_data,
+                                 s->scale_inv};
+        if (mq->q.scheme == QT_SCHEME_DELAYED) {
+            d->weight = OPTIM_WEIGHT_FP8_DELAYED;
+            d->fp8_scale = mb_state_scale(b, mq);
+            d->fp8_amax = mb_state_amax(b, mq);
+        } else {
+            d->weight = OPTIM_WEIGHT_FP8_CURRENT;
+            d->fp8_amax = s->amax_row;
+            d->fp8_pow2 = mq->q.pow2;
+            d->fp8_eps = mq->q.amax_eps;
+        }
+        break;
+    case QT_SCHEME_MXFP8: {
+        model_tensor master = {d->master, QT_DTYPE_F32, p->rows, p->cols};
+        d->weight = OPTIM_WEIGHT_MXFP8;
+        d->mxfp8 = mb_mxfp8_desc(mq, master, s);
+        break;
+    }
+    case QT_SCHEME_BLOCK:
+        d->weight = OPTIM_WEIGHT_FP8_BLOCK;
+        d->block = mb_block_tensor(mq, p->rows, p->cols, s);
+        d->block_options = (op_block_options){!mq->q.pow2, mq->q.amax_eps};
+        break;
+    case QT_SCHEME_NVFP4:
+        d->weight = OPTIM_WEIGHT_NVFP4;
+        d->nvfp4 = mb_nvfp4_quant(b, mq, s);
+        break;
+    default:
+        QT_ASSERT(false);
+    }
+}
+
+static qt_status mb_optimizer(mb *b) {
+    model *m = b->m;
+    prog_ref grads[MODEL_PARAMS_MAX];
+    uint64_t counts[MODEL_PARAMS_MAX];
+    for (uint32_t i = 0; i < m->param_count; i++) {
+        grads[i] = mb_dev(b, m->params[i].grad);
+        counts[i] = (uint64_t)m->params[i].rows * m->params[i].cols;
+    }
+    prog_ref ws;
+    QT_TRY(mb_region(b, "grad_norm.ws", op_grad_norm_workspace_bytes(m->param_count, counts),
+                     ARENA_CAT_WORKSPACE, &ws));
+    QT_TRY(mb_region(b, "grad_norm", sizeof(qt_gnorm_result), ARENA_CAT_STAGING, &b->gnorm));
+    QT_TRY(op_grad_norm(b->p, "grad_norm", m->param_count, grads, counts, m->recipe->optim.clip,
+                        ws, b->gnorm));
+    prog_ref state = mb_dev(b, m->io.optim_state);
+    QT_TRY(op_optim_begin(b->p, "optim.begin", state, b->gnorm, mb_dev(b, m->io.lr_rows),
+                          m->io.lr_row_count));
+    for (uint32_t i = 0; i < m->param_count; i++) {
+        optim_param_desc d;
+        mb_param_desc(b, i, &d);
+        QT_TRY(op_optim_adamw(b->p, &d, state));
+    }
+    return QT_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Delayed scaling and the record
+
+// Copies of this step's amaxes (history row 0, before the update rolls it) and of the scales,
+// in trace order, for the record.
+static qt_status mb_snapshot(mb *b, bool amax) {
+    model *m = b->m;
+    if (m->delayed_count == 0) return QT_OK;
+    uint64_t bytes = (uint64_t)m->delayed_count * 4;
+    prog_ref *dst = amax ? &b->snap_amax : &b->snap_scale;
+    QT_TRY(mb_region(b, amax ? "record.amax" : "record.scale", bytes, ARENA_CAT_STAGING, dst));
+    for (uint32_t s = 0; s < m->state_count; s++) {
+        const model_state *st = &m->states[s];
+        char name[32];
+        snprintf(name, sizeof name, "delayed%u.%s", s, amax ? "amax" : "scale");
+        QT_TRY(op_copy(b->p, name, mb_at(*dst, (uint64_t)st->trace_first * 4),
+                       mb_dev(b, amax ? st->history : st->scale), (uint64_t)st->slots * 4));
+    }
+    return QT_OK;
+}
+
+// NUMERICS.md 4.4-4.5: after every cast of the step (the optimizer's weight casts included),
+// each state rolls its history and computes the next step's scales.
+static qt_status mb_delayed_update(mb *b) {
+    model *m = b->m;
+    for (uint32_t s = 0; s < m->state_count; s++) {
+        const model_state *st = &m->states[s];
+        char name[32];
+        snprintf(name, sizeof name, "delayed%u.update", s);
+        QT_TRY(op_fp8_delayed_update(b->p, name, mb_dev(b, st->history), mb_dev(b, st->scale),
+                                     OP_FP8_NONE, st->slots, st->history_len, st->algo, st->fp8,
+                                     (int)st->margin));
+    }
+    return QT_OK;
+}
+
+static qt_status mb_record(mb *b) {
+    model *m = b->m;
+    op_sched_record_desc d = {0};
+    d.counter = mb_dev(b, m->io.counter);
+    d.ring = (prog_ref){m->host, m->io.ring, 0};
+    d.ring_len = MODEL_RING_LEN;
+    static const uint32_t modes[MODEL_MODE_COUNT] = {QT_TRACE_MODE_TRAIN, QT_TRACE_MODE_EVAL,
+                                                     QT_TRACE_MODE_INFER};
+    d.mode = modes[b->mode];
+    if (b->mode != MODEL_MODE_INFER) {
+        d.loss = b->stats;
+        d.accuracy = m->classification;
+    }
+    if (b->train) {
+        d.gnorm = b->gnorm;
+        d.optim = mb_dev(b, m->io.optim_state);
+        d.amax = b->snap_amax;
+    }
+    d.scale = b->snap_scale;
+    d.quantizers = m->delayed_count;
+    return op_sched_record(b->p, "record", &d);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Programs
+
+// The first op of every step: this step's staging slot into the program's batch region.
+static qt_status mb_begin(mb *b, model *m, program *p, model_mode mode) {
+    memset(b, 0, sizeof *b);
+    b->m = m;
+    b->p = p;
+    b->mode = mode;
+    b->train = mode == MODEL_MODE_TRAIN;
+    QT_ASSERT(m->modes[mode]);
+    const data_slot_layout *slot = &m->io.slot;
+    prog_ref batch;
+    QT_TRY(mb_region(b, "batch", slot->bytes, ARENA_CAT_STAGING, &batch));
+    op_sched_slots dst = {batch, 0, 1};
+    op_sched_slots src = {(prog_ref){m->host, m->io.staging, 0}, slot->bytes, MODEL_STAGE_SLOTS};
+    QT_TRY(op_sched_copy(p, "stage", mb_dev(b, m->io.counter), dst, src, slot->bytes));
+    b->input = (model_tensor){mb_at(batch, slot->inputs_offset), QT_DTYPE_F32, m->batch,
+                              slot->stride};
+    b->targets = mb_at(batch, slot->targets_offset);
+    b->rows_valid = batch;  // data_slot_header.rows_valid is its first field
+    return QT_OK;
+}
+
+qt_status model_build_train(model *m, program *p) {
+    static mb b;  // about 60 KiB: off the stack; start-up runs on one thread
+    QT_TRY(mb_begin(&b, m, p, MODEL_MODE_TRAIN));
+    QT_TRY(mb_forward(&b));
+    QT_TRY(mb_loss(&b));
+    QT_TRY(mb_backward(&b));
+    QT_TRY(mb_optimizer(&b));
+    QT_TRY(mb_snapshot(&b, true));
+    QT_TRY(mb_delayed_update(&b));
+    QT_TRY(mb_snapshot(&b, false));
+    return mb_record(&b);
+}
+
+qt_status model_build_eval(model *m, program *p) {
+    static mb b;
+    QT_TRY(mb_begin(&b, m, p, MODEL_MODE_EVAL));
+    QT_TRY(mb_forward(&b));
+    QT_TRY(mb_loss(&b));
+    QT_TRY(mb_snapshot(&b, false));
+    return mb_record(&b);
+}
+
+qt_status model_build_infer(model *m, program *p) {
+    static mb b;
+    QT_TRY(mb_begin(&b, m, p, MODEL_MODE_INFER));
+    QT_TRY(mb_forward(&b));
+    model_tensor out = b.acts[m->recipe->model.layers_count];
+    QT_ASSERT(out.dtype == QT_DTYPE_BF16);
+    op_sched_slots dst = {(prog_ref){m->host, m->io.outputs, 0}, m->io.outputs_bytes,
+                          MODEL_STAGE_SLOTS};
+    op_sched_slots src = {out.ref, 0, 1};
+    QT_TRY(op_sched_copy(p, "outputs", mb_dev(&b, m->io.counter), dst, src,
+                         m->io.outputs_bytes));
+    QT_TRY(mb_snapshot(&b, false));
+    return mb_record(&b);
+}
+
+// Start-up: every master from its seeded fill, delayed-scaling states at scale 1 with an empty
+// history (the arena is zeroed at bind), then every weight cast from its master, so that the
+// weights are the cast of their masters from the first step on (ptx/optim.h).
+qt_status model_build_init(model *m, program *p) {
+    static mb b;
+    memset(&b, 0, sizeof b);
+    b.m = m;
+    b.p = p;
+    for (uint32_t s = 0; s < m->state_count; s++) {
+        const model_state *st = &m->states[s];
+        // A uniform fill over [1, 1) is exactly 1: fma(u, 0, 1).
+        QT_TRY(op_fill_random(p, "init.delayed_scale", mb_dev(&b, st->scale), st->slots,
+                              QT_DTYPE_F32, QT_FILL_UNIFORM, 0, 0, 1.0f, 1.0f));
+    }
+    for (uint32_t i = 0; i < m->param_count; i++) {
+        const model_param *pa = &m->params[i];
+        prog_ref master = mb_dev(&b, pa->master);
+        uint64_t seed = qt_mix64(m->seed ^ (0x9E3779B97F4A7C15ull * (i + 1)));
+        if (pa->init == MODEL_INIT_ONE) {
+            QT_TRY(op_fill_random(p, pa->name, master, (uint64_t)pa->rows * pa->cols,
+                                  QT_DTYPE_F32, QT_FILL_UNIFORM, 0, 0, 1.0f, 1.0f));
+        } else if (pa->init == MODEL_INIT_NORMAL && pa->cols_valid == pa->cols) {
+            QT_TRY(op_fill_random(p, pa->name, master, (uint64_t)pa->rows * pa->cols,
+                                  QT_DTYPE_F32, QT_FILL_NORMAL, seed, 0, 0.0f, pa->init_std));
+        } else if (pa->init == MODEL_INIT_NORMAL) {
+            // Padded columns stay zero: one fill per row, drawing the values an unpadded
+            // weight would have, so padding never changes the initial model.
+            for (uint32_t r = 0; r < pa->rows; r++) {
+                QT_TRY(op_fill_random(p, pa->name, mb_at(master, (uint64_t)r * pa->cols * 4),
+                                      pa->cols_valid, QT_DTYPE_F32, QT_FILL_NORMAL, seed,
+                                      (uint64_t)r * pa->cols_valid, 0.0f, pa->init_std));
+            }
+        }
+    }
+    for (uint32_t i = 0; i < m->param_count; i++) {
+        if (m->params[i].quantizer < 0) continue;
+        optim_param_desc d;
+        mb_param_desc(&b, i, &d);
+        QT_TRY(op_optim_quantize(p, &d));
+    }
+    return QT_OK;
+}
+
+static bool mb_checksummed(const arena_region *r) {
+    return r->persistent && r->bytes > 0 &&
+           (r->category == ARENA_CAT_WEIGHTS || r->category == ARENA_CAT_MASTER ||
+            r->category == ARENA_CAT_OPTIM || r->category == ARENA_CAT_SCALING);
+}
+
+// One hash per persistent weight, master, optimizer and scaling region (in handle order),
+// folded into the record of the step that just ran.
+qt_status model_build_checksum(model *m, program *p) {
+    arena *dev = m->dev;
+    uint32_t count = 0;
+    for (uint32_t h = 0; h < dev->region_count; h++) {
+        count += mb_checksummed(arena_region_get(dev, h)) ? 1u : 0u;
+    }
+    QT_ASSERT(count > 0);  // every model has a weight
+    model_place pl = {dev, "checksum", false, ARENA_CAT_WORKSPACE};
+    prog_ref hashes, partials;
+    QT_TRY(model_region(&pl, "hashes", (uint64_t)count * 8, ARENA_CAT_WORKSPACE, &hashes));
+    QT_TRY(model_region(&pl, "partials", OP_GRID_BLOCKS_MAX * 8ull, ARENA_CAT_WORKSPACE,
+                        &partials));
+    uint32_t i = 0;
+    for (uint32_t h = 0; h < dev->region_count; h++) {
+        const arena_region *r = arena_region_get(dev, h);
+        if (!mb_checksummed(r)) continue;
+        uint64_t words = (r->bytes + 7) / 8;
+        uint64_t blocks = (words + OP_CHECKSUM_THREADS - 1) / OP_CHECKSUM_THREADS;
+        if (blocks > OP_GRID_BLOCKS_MAX) blocks = OP_GRID_BLOCKS_MAX;
+        if (blocks == 0) blocks = 1;
+        QT_TRY(op_checksum(p, r->name, (prog_ref){dev, h, 0}, r->bytes, partials,
+                           (uint32_t)blocks, mb_at(hashes, (uint64_t)i * 8)));
+        i++;
+    }
+    return op_sched_checksum(p, "checksum", (prog_ref){dev, m->io.counter, 0},
+                             (prog_ref){m->host, m->io.ring, 0}, MODEL_RING_LEN, hashes, count);
+}

@@ -1,0 +1,45 @@
+// op_sched: builders that append the schedule loop's bookkeeping kernels (ptx/sched.cu) to a
+// program: the slot-indexed copy, the step record and the checksum fold.
+//
+// Owns nothing; each builder picks the launch shape, fills the args struct and declares every
+// region the op reads and writes. The counter, the slots and the ring are described in
+// ptx/sched.h.
+#ifndef QT_OP_SCHED_H
+#define QT_OP_SCHED_H
+
+#include "program.h"
+#include "sched.h"
+
+// One side of a slot-indexed copy: slot i starts at ref + i * stride (slots >= 1).
+typedef struct op_sched_slots {
+    prog_ref ref;
+    uint64_t stride;
+    uint32_t slots;
+} op_sched_slots;
+
+// dst slot (counter % dst.slots) <- src slot (counter % src.slots), `bytes` bytes (a multiple
+// of 16, as are the offsets and strides).
+qt_status op_sched_copy(program *p, const char *name, prog_ref counter, op_sched_slots dst,
+                        op_sched_slots src, uint64_t bytes);
+
+typedef struct op_sched_record_desc {
+    prog_ref counter;      // u64
+    prog_ref ring;         // qt_trace_record [ring_len]
+    uint32_t ring_len;
+    uint32_t mode;         // QT_TRACE_MODE_*
+    prog_ref loss;         // qt_loss_stats, optional
+    bool accuracy;         // classification: accuracy = correct / valid
+    prog_ref gnorm;        // qt_gnorm_result, optional
+    prog_ref optim;        // optim_state, optional
+    prog_ref amax;         // f32 [quantizers], optional
+    prog_ref scale;        // f32 [quantizers], optional
+    uint32_t quantizers;
+} op_sched_record_desc;
+
+qt_status op_sched_record(program *p, const char *name, const op_sched_record_desc *d);
+
+// Folds hashes (u64 [count]) into the last record written (see ptx/sched.h).
+qt_status op_sched_checksum(program *p, const char *name, prog_ref counter, prog_ref ring,
+                            uint32_t ring_len, prog_ref hashes, uint32_t count);
+
+#endif  // QT_OP_SCHED_H

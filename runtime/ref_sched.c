@@ -1,0 +1,31 @@
+// C twins of ptx/sched.cu.
+#include <string.h>
+
+#include "ref.h"
+
+void ref_qt_sched_copy(const sched_copy_args *a, const launch_shape *shape) {
+    (void)shape;
+    uint64_t counter = *REF_PTR(const uint64_t, a->counter);
+    uint64_t src = a->src + qt_sched_slot_offset(counter, a->src_slots, a->src_stride);
+    uint64_t dst = a->dst + qt_sched_slot_offset(counter, a->dst_slots, a->dst_stride);
+    memmove(REF_PTR(void, dst), REF_PTR(const void, src), a->bytes);
+}
+
+void ref_qt_sched_record(const sched_record_args *a, const launch_shape *shape) {
+    (void)shape;
+    uint64_t *counter = REF_PTR(uint64_t, a->counter);
+    uint64_t step = *counter;
+    qt_trace_record *r = REF_PTR(qt_trace_record, a->ring) + step % a->ring_len;
+    for (uint32_t i = 0; i < QT_TRACE_QUANTIZERS_MAX; i++) qt_sched_record_entry(a, i, r);
+    qt_sched_record_header(a, step, r);
+    *counter = step + 1;
+}
+
+void ref_qt_sched_checksum(const sched_checksum_args *a, const launch_shape *shape) {
+    (void)shape;
+    uint64_t counter = *REF_PTR(const uint64_t, a->counter);
+    if (counter == 0) return;
+    qt_trace_record *r = REF_PTR(qt_trace_record, a->ring) + (counter - 1) % a->ring_len;
+    r->checksum = qt_sched_checksum_fold(REF_PTR(const uint64_t, a->hashes), a->count);
+    r->flags |= QT_TRACE_FLAG_CHECKSUM;
+}

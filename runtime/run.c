@@ -1,0 +1,280 @@
+#include "run.h"
+
+#include <string.h>
+
+qt_status run_backend_open(backend *b, bool ref, bool *fell_back) {
+    *fell_back = false;
+    if (!ref) {
+        qt_status status = backend_open_gpu(b, 0);
+        if (status == QT_OK) return QT_OK;
+        if (status != QT_ERR_NO_DRIVER && status != QT_ERR_NO_DEVICE) return status;
+        backend_close(b);
+        *fell_back = true;
+    }
+    backend_open_ref(b);
+    return QT_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Planning
+
+static qt_status run_probe(run *r) {
+    const recipe *rc = r->recipe;
+    uint32_t in = rc->model.input_features, out = rc->model.output_features;
+    QT_TRY(data_probe(&rc->data.train, in, out, &r->train_info));
+    r->has_eval = rc->data.eval.kind != RECIPE_SOURCE_NONE;
+    if (r->has_eval) QT_TRY(data_probe(&rc->data.eval, in, out, &r->eval_info));
+    return QT_OK;
+}
+
+static qt_status run_table(run *r) {
+    const run_options *o = &r->options;
+    uint64_t eval_samples = r->has_eval ? r->eval_info.samples : 0;
+    QT_TRY(sched_table_build(r->recipe, r->train_info.samples, eval_samples,
+                             r->recipe->data.batch, o->steps_limit, &r->table));
+    if (o->eval_every > 0) {
+        if (!r->has_eval) {
+            return qt_fail(QT_ERR_INPUT, "%s: interleaved eval rows need an eval dataset; "
+                           "expected 'eval = SOURCE' in [data]", r->recipe->file_name);
+        }
+        r->table.modes[MODEL_MODE_EVAL] = true;
+        QT_TRY(sched_interleave_eval(&r->table, o->eval_every, o->eval_steps ? o->eval_steps
+                                                                              : 1));
+    }
+    if (o->drop_eval) sched_drop_eval(&r->table);
+    return QT_OK;
+}
+
+static qt_status run_reserve_data(run *r) {
+    const int32_t persistent = ARENA_LIFETIME_PERSISTENT;
+    QT_TRY(arena_reserve(&r->host, "data.train", r->train_info.bytes, DATA_ALIGN,
+                         ARENA_CAT_STAGING, persistent, 0, &r->train_data));
+    QT_TRY(arena_reserve(&r->host, "data.train.order", data_order_bytes(r->train_info.samples),
+                         DATA_ALIGN, ARENA_CAT_STAGING, persistent, 0, &r->order));
+    if (!r->has_eval) return QT_OK;
+    return arena_reserve(&r->host, "data.eval", r->eval_info.bytes, DATA_ALIGN,
+                         ARENA_CAT_STAGING, persistent, 0, &r->eval_data);
+}
+
+typedef qt_status (*run_build_fn)(model *m, program *p);
+
+static qt_status run_build(run *r, program *p, const char *name, int32_t *base,
+                           run_build_fn build) {
+    prog_init(p, name, *base);
+    QT_TRY(build(&r->model, p));
+    *base += (int32_t)p->op_count;
+    return QT_OK;
+}
+
+static qt_status run_build_programs(run *r) {
+    static const run_build_fn builders[MODEL_MODE_COUNT] = {
+        model_build_train, model_build_eval, model_build_infer};
+    int32_t base = 0;
+    QT_TRY(run_build(r, &r->init, "init", &base, model_build_init));
+    for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
+        if (!r->model.modes[mode]) continue;
+        QT_TRY(run_build(r, &r->programs[mode], model_mode_name((model_mode)mode), &base,
+                         builders[mode]));
+    }
+    if (r->model.modes[MODEL_MODE_TRAIN]) {
+        QT_TRY(run_build(r, &r->checksum, "checksum", &base, model_build_checksum));
+    }
+    return QT_OK;
+}
+
+qt_status run_plan(run *r, const recipe *rc, const char *text, size_t text_bytes,
+                   const run_options *options) {
+    memset(r, 0, sizeof *r);
+    r->recipe = rc;
+    r->options = *options;
+    r->recipe_hash = trace_hash(text, text_bytes);
+    r->seed = options->seed_given ? options->seed : rc->data.seed;
+    QT_TRY(run_probe(r));
+    QT_TRY(run_table(r));
+    arena_init(&r->dev, ARENA_KIND_DEVICE, "device");
+    arena_init(&r->host, ARENA_KIND_HOST, "host");
+    model_options mo = {0};
+    mo.batch = rc->data.batch;
+    mo.seed = r->seed;
+    memcpy(mo.modes, r->table.modes, sizeof mo.modes);
+    mo.lr_row_count = r->table.lr_count;
+    mo.data = &r->train_info;
+    QT_TRY(model_plan(&r->model, rc, &r->dev, &r->host, &mo));
+    QT_TRY(run_reserve_data(r));
+    QT_TRY(run_build_programs(r));
+    arena_pack(&r->dev);
+    arena_pack(&r->host);
+    return QT_OK;
+}
+
+void run_memory_bytes(const run *r, uint64_t *dev_bytes, uint64_t *host_bytes) {
+    *dev_bytes = r->dev.bytes_total;
+    *host_bytes = r->host.bytes_total;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Start-up
+
+static void run_resolve(run *r) {
+    prog_resolve(&r->init);
+    for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
+        if (r->model.modes[mode]) prog_resolve(&r->programs[mode]);
+    }
+    if (r->model.modes[MODEL_MODE_TRAIN]) prog_resolve(&r->checksum);
+}
+
+static qt_status run_load_data(run *r) {
+    const recipe *rc = r->recipe;
+    uint32_t batch = rc->data.batch;
+    QT_TRY(data_load(&rc->data.train, &r->train_info, arena_host_pointer(&r->host, r->train_data),
+                     r->train_info.bytes, &r->train_set));
+    data_feed_init(&r->train_feed, &r->train_set, batch, true, r->seed,
+                   arena_host_pointer(&r->host, r->order));
+    data_feed_init(&r->train_plain, &r->train_set, batch, false, 0, NULL);
+    if (!r->has_eval) return QT_OK;
+    QT_TRY(data_load(&rc->data.eval, &r->eval_info, arena_host_pointer(&r->host, r->eval_data),
+                     r->eval_info.bytes, &r->eval_set));
+    data_feed_init(&r->eval_feed, &r->eval_set, batch, false, 0, NULL);
+    return QT_OK;
+}
+
+static qt_status run_capture(run *r) {
+    backend *b = r->backend;
+    for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
+        if (!r->model.modes[mode]) continue;
+        QT_TRY(backend_capture(b, &r->programs[mode], &r->graphs[mode]));
+    }
+    if (r->model.modes[MODEL_MODE_TRAIN]) {
+        QT_TRY(backend_capture(b, &r->checksum, &r->checksum_graph));
+    }
+    return QT_OK;
+}
+
+qt_status run_bind(run *r, backend *b, void *ref_dev, void *ref_host) {
+    r->backend = b;
+    QT_TRY(backend_bind(b, &r->dev, ref_dev, r->dev.bytes_total));
+    qt_status status = backend_bind(b, &r->host, ref_host, r->host.bytes_total);
+    if (status != QT_OK) {
+        backend_release(b, &r->dev);
+        return status;
+    }
+    r->bound = true;
+    run_resolve(r);
+    QT_TRY(run_load_data(r));
+    if (r->model.modes[MODEL_MODE_TRAIN]) {
+        prog_ref lr = {&r->dev, r->model.io.lr_rows, 0};
+        QT_TRY(backend_write(b, lr, r->table.lr, r->table.lr_count * sizeof(optim_lr_row)));
+    }
+    QT_TRY(backend_run(b, &r->init));
+    QT_TRY(backend_finish(b));
+    if (!r->options.eager) QT_TRY(run_capture(r));
+    return QT_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running
+
+static qt_status run_trace_open(run *r) {
+    static trace_header h;  // 4 KiB of names
+    memset(&h, 0, sizeof h);
+    h.recipe_hash = r->recipe_hash;
+    h.quantizers_count = r->model.delayed_count;
+    h.checksum_every = r->options.checksum_every;
+    for (uint32_t i = 0; i < h.quantizers_count; i++) {
+        model_trace_name(&r->model, i, h.quantizer_names[i], TRACE_NAME_MAX);
+    }
+    return trace_open(&r->trace, r->options.trace_path, &h);
+}
+
+qt_status run_execute(run *r, sched_progress_fn progress, void *ctx, sched_summary *out) {
+    QT_ASSERT(r->bound);
+    sched_env env;
+    memset(&env, 0, sizeof env);
+    env.backend = r->backend;
+    env.model = &r->model;
+    for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
+        if (!r->model.modes[mode]) continue;
+        env.programs[mode] = &r->programs[mode];
+        env.graphs[mode] = &r->graphs[mode];
+    }
+    env.checksum_program = &r->checksum;
+    env.checksum_graph = &r->checksum_graph;
+    env.eager = r->options.eager;
+    env.checksum_every = r->model.modes[MODEL_MODE_TRAIN] ? r->options.checksum_every : 0;
+    env.train_feed = &r->train_feed;
+    env.train_plain = &r->train_plain;
+    env.eval_feed = r->has_eval ? &r->eval_feed : NULL;
+    env.progress = progress;
+    env.progress_ctx = ctx;
+    if (r->options.trace_path) {
+        QT_TRY(run_trace_open(r));
+        env.trace = &r->trace;
+    }
+    qt_status status = sched_run(&env, &r->table, out);
+    if (env.trace) {
+        qt_status closed = trace_close(&r->trace);
+        if (status == QT_OK) status = closed;
+    }
+    return status;
+}
+
+void run_close(run *r) {
+    if (!r->backend) return;
+    for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
+        backend_graph_destroy(r->backend, &r->graphs[mode]);
+    }
+    backend_graph_destroy(r->backend, &r->checksum_graph);
+    if (r->bound) {
+        backend_release(r->backend, &r->dev);
+        backend_release(r->backend, &r->host);
+        r->bound = false;
+    }
+    r->backend = NULL;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The plan report
+
+static void run_print_table(const run *r, FILE *out) {
+    const sched_table *t = &r->table;
+    fprintf(out, "schedule: %u rows, %llu train, %llu eval, %llu infer steps\n", t->row_count,
+            (unsigned long long)t->steps[MODEL_MODE_TRAIN],
+            (unsigned long long)t->steps[MODEL_MODE_EVAL],
+            (unsigned long long)t->steps[MODEL_MODE_INFER]);
+    for (uint32_t i = 0; i < t->row_count && i < 64; i++) {
+        const sched_row *row = &t->rows[i];
+        fprintf(out, "  %-5s %8llu steps%s\n", model_mode_name(row->mode),
+                (unsigned long long)row->steps,
+                row->mode == MODEL_MODE_TRAIN ? ""
+                : row->dataset == RECIPE_DATASET_EVAL ? " (eval set)" : " (train set)");
+    }
+    if (t->row_count > 64) fprintf(out, "  ... %u more rows\n", t->row_count - 64);
+    static const char *const rules[] = {"constant", "linear", "cosine"};
+    for (uint32_t i = 0; i < t->lr_count; i++) {
+        const optim_lr_row *lr = &t->lr[i];
+        fprintf(out, "  lr row %u: from step %llu, %llu steps, %s %g -> %g\n", i,
+                (unsigned long long)lr->start, (unsigned long long)lr->steps, rules[lr->rule],
+                (double)lr->a, (double)lr->b);
+    }
+}
+
+void run_print_plan(const run *r, FILE *out) {
+    model_print(&r->model, out);
+    run_print_table(r, out);
+    fprintf(out, "data: train %llu samples of %u features%s",
+            (unsigned long long)r->train_info.samples, r->train_info.features,
+            r->has_eval ? "" : "\n");
+    if (r->has_eval) {
+        fprintf(out, ", eval %llu samples\n", (unsigned long long)r->eval_info.samples);
+    }
+    fprintf(out, "\n");
+    prog_print(&r->init, out);
+    for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
+        if (r->model.modes[mode]) prog_print(&r->programs[mode], out);
+    }
+    if (r->model.modes[MODEL_MODE_TRAIN]) prog_print(&r->checksum, out);
+    fprintf(out, "\n");
+    arena_print(&r->dev, out);
+    fprintf(out, "\n");
+    arena_print(&r->host, out);
+}

@@ -1,0 +1,86 @@
+// run: one training run of a recipe, end to end: data, schedule table, model, programs, arenas,
+// backend, graphs, the schedule loop and the trace (DESIGN.md section 1's data flow).
+//
+// Owns everything of the run inside the caller's `run` struct (about 25 MB: keep it static):
+// the two arenas' region tables, the programs, the captured graphs (from run_bind to
+// run_close), the datasets' views and feeds, and the trace writer during run_execute. The
+// memory behind the arenas comes from the backend (GPU) or from the caller (reference
+// backend: run_memory_bytes tells how much). The recipe and its text are the caller's and must
+// outlive the run. One thread.
+//
+//   run_plan      data headers probed, table built, model planned, every program built, arenas
+//                 packed: `qtrain plan` stops here (no backend, no data loaded)
+//   run_bind      arenas allocated and bound, programs resolved, datasets loaded, learning-rate
+//                 rows written, init program run, one graph captured per mode (unless eager)
+//   run_execute   the schedule loop (runtime/schedule.h), with the trace file if asked for
+//   run_close     graphs destroyed, arenas released
+#ifndef QT_RUN_H
+#define QT_RUN_H
+
+#include <stdio.h>  // FILE
+
+#include "backend.h"
+#include "data.h"
+#include "model.h"
+#include "program.h"
+#include "recipe.h"
+#include "schedule.h"
+#include "trace.h"
+
+typedef struct run_options {
+    bool eager;               // launch the programs' ops instead of replaying graphs
+    uint64_t steps_limit;     // cut the table after this many train steps; 0 = none
+    bool seed_given;          // seed replaces the recipe's [data] seed (shuffle and init)
+    uint64_t seed;
+    const char *trace_path;   // NULL: no trace file
+    uint32_t checksum_every;  // train steps between persistent-state checksums; 0 = none
+    uint64_t eval_every;      // > 0: an eval row of eval_steps steps after every k train steps
+    uint64_t eval_steps;
+    bool drop_eval;           // remove the table's eval and infer rows (after eval_every)
+} run_options;
+
+typedef struct run {
+    const recipe *recipe;
+    uint64_t recipe_hash;     // trace_hash of the recipe file's text
+    run_options options;
+    uint64_t seed;
+    data_info train_info, eval_info;
+    bool has_eval;
+    sched_table table;
+    arena dev, host;
+    model model;
+    arena_handle train_data, eval_data, order;
+    program programs[MODEL_MODE_COUNT];
+    program init, checksum;
+    bool bound;
+    backend *backend;
+    backend_graph graphs[MODEL_MODE_COUNT];
+    backend_graph checksum_graph;
+    data_set train_set, eval_set;
+    data_feed train_feed, train_plain, eval_feed;
+    trace_writer trace;
+} run;
+
+// Opens the GPU backend, or the reference backend when ref is set or when there is no usable
+// GPU (then *fell_back is set and the reason is in qt_error_message()).
+qt_status run_backend_open(backend *b, bool ref, bool *fell_back);
+
+// Everything up to packed arenas; text is the recipe file's text (for the trace's hash).
+qt_status run_plan(run *r, const recipe *rc, const char *text, size_t text_bytes,
+                   const run_options *options);
+
+// Bytes the reference backend needs for the device and the host arena.
+void run_memory_bytes(const run *r, uint64_t *dev_bytes, uint64_t *host_bytes);
+
+// Binds and starts the run on b (ref_dev / ref_host: the reference backend's arena memory,
+// 256-byte aligned, at least run_memory_bytes; NULL on the GPU).
+qt_status run_bind(run *r, backend *b, void *ref_dev, void *ref_host);
+
+qt_status run_execute(run *r, sched_progress_fn progress, void *ctx, sched_summary *out);
+
+void run_close(run *r);
+
+// `qtrain plan`: the model, the schedule table, every program and both memory maps.
+void run_print_plan(const run *r, FILE *out);
+
+#endif  // QT_RUN_H
