@@ -27,11 +27,7 @@
 //     stage s, each thread's global loads for stage s + 1 are in flight in registers; after the
 //     multiply it decodes (or transposes) them into the other of two stages; one barrier per
 //     stage. The other stage was last read before the previous barrier, so no store races a read.
-// Every address computation is checked on the CPU by tests/gemm_emulate.cc, which runs these
-// kernels on a model of the CUDA execution against the reference twins.
-#ifndef QT_GEMM_EMULATE
-#include <cuda_bf16.h>  // __floats2bfloat162_rn (the emulator supplies its own)
-#endif
+#include <cuda_bf16.h>  // __floats2bfloat162_rn
 
 #include "gemm.h"
 
@@ -108,10 +104,7 @@ struct gemm_regs {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Hardware primitives: the only code that is PTX. tests/gemm_emulate.cc defines QT_GEMM_EMULATE
-// and supplies the same functions for its CPU model of the CUDA execution (warps, shared memory,
-// asynchronous copies), which runs this file's kernels on the host.
-#ifndef QT_GEMM_EMULATE
+// Hardware primitives: the only code that is PTX.
 
 extern __shared__ __align__(16) uint8_t gemm_dynamic_smem[];
 
@@ -183,8 +176,6 @@ struct gemm_mma_e5m2_e4m3 {
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
     }
 };
-
-#endif  // QT_GEMM_EMULATE
 
 // ---------------------------------------------------------------------------------------------
 // Small helpers.

@@ -17,7 +17,7 @@
 #include "quant_group.h"
 #include "quant_mxfp8.h"
 #include "quant_nvfp4.h"
-#include "sched.h"
+#include "sched_ops.h"
 
 #define QT_KERNELS(X) QT_KERNELS_CORE(X) QT_KERNELS_QUANT_MXFP8(X) QT_KERNELS_QUANT_BLOCK(X) \
     QT_KERNELS_QUANT_GROUP(X) QT_KERNELS_QUANT_FP8(X) \

@@ -229,18 +229,18 @@ extern "C" __global__ void __launch_bounds__(NV_THREADS, 2)
 }
 
 // ---------------------------------------------------------------------------------------------
-// qt_nvfp4_quantize. A CTA quantizes a tile of TM = 128 rows x TK = 64 columns per iteration
-// (grid.x over column tiles, grid.y striding over row tiles). The cast is instruction-bound, so
-// the per-element work is kept minimal: the rowwise blocks are encoded straight from the
-// registers they were loaded into, BF16 blocks take the fast encoder of quant_nvfp4.h on packed
-// values, and the multipliers of a dense tensor come from a table built once per CTA.
+// qt_nvfp4_quantize, the general kernel (FP32 input; BF16 with 2-D or stochastic rounding; the
+// BF16 fast cast has its own kernel below, sharing these helpers). A CTA quantizes a tile of
+// TM = 128 rows x TK = 64 columns per iteration (grid.x over column tiles, grid.y striding over
+// row tiles, several per CTA, so that the CTA's setup, the multiplier table of a dense tensor,
+// is amortized):
 //
 //   1. thread t loads the two 16-element row blocks (row (t >> 2) + 64 i, column block t & 3),
-//      i = 0, 1, as 2 (BF16) or 4 (FP32) 16-byte chunks each (BF16: issued one tile ahead)
+//      i = 0, 1, as 2 (BF16) or 4 (FP32) 16-byte chunks each
 //   2. threads 0..7 look up their 16-row block's span and global scales (s_rb)
 //   3. the chunks go to shared memory, rows that are padding (or past M) zeroed; the same
-//      thread encodes its two rowwise blocks from the registers and writes 8 code bytes and one
-//      scale byte each (a warp writes 8 rows x 32 contiguous bytes)
+//      thread reads its two rowwise blocks back and writes 8 code bytes and one scale byte each
+//      (a warp writes 8 rows x 32 contiguous bytes)
 //   4. (2-D) the 32 16x16 tile amaxes, then step 3's rowwise part
 //   5. columnwise: 256 tasks (16-row block = warp, column pair = lane), 16 shared loads down the
 //      columns, (RHT), codes staged transposed in shared memory
@@ -405,6 +405,15 @@ __device__ __forceinline__ uint32_t nvq_encode2_bf16(const nvfp4_quantize_args &
     uint32_t sbs = qt_nvfp4_e4m3x2(amax0 * s[0].c, amax1 * s[1].c);
     const bool fast0 = !qt_f32_is_nan(amax0) && qt_nvfp4_fast_ok(sbs & 0xFFu);
     const bool fast1 = !qt_f32_is_nan(amax1) && qt_nvfp4_fast_ok((sbs >> 8) & 0xFFu);
+    if (fast0 && fast1 && !skip[0] && !skip[1]) {
+        // The common case, in one basic block so that the two blocks' dependency chains
+        // interleave.
+        const float m0 = nvq_mult(a, sh, dir, sbs & 0xFFu, s[0].s_dec);
+        const float m1 = nvq_mult(a, sh, dir, (sbs >> 8) & 0xFFu, s[1].s_dec);
+        qt_nvfp4_encode16_bf16(y[0], m0, q[0]);
+        qt_nvfp4_encode16_bf16(y[1], m1, q[1]);
+        return sbs;
+    }
     if (fast0 && !skip[0]) {
         qt_nvfp4_encode16_bf16(y[0], nvq_mult(a, sh, dir, sbs & 0xFFu, s[0].s_dec), q[0]);
     }
@@ -447,63 +456,43 @@ __device__ __forceinline__ void nvq_store8(uint8_t *dst, const uint32_t q[2], ui
     for (uint32_t i = 0; i < n; i++) dst[i] = (uint8_t)((i < 4 ? q[0] : q[1]) >> (8 * (i & 3)));
 }
 
-// Step 3 (rowwise part): the thread's two row blocks, chunk[ESIZE * i + c] holding chunk c of
-// block i (padding rows already zeroed, columns past `cols` loaded as zero); the generic path
-// (nvq_stage_all) finds them staged in s_in.
+// Step 3 (rowwise part): the thread's two row blocks (row (t >> 2) + 64 i, column block t & 3),
+// read back from shared memory, where this thread staged them.
 template <int ESIZE, bool FAST>
-__device__ __forceinline__ void nvq_rowwise(const nvfp4_quantize_args &a, const uint4 *chunk,
-                                            const uint4 *s_in, const nvq_shared *sh, uint32_t m0,
-                                            uint32_t k0, uint64_t step) {
+__device__ __forceinline__ void nvq_rowwise(const nvfp4_quantize_args &a, const uint4 *s_in,
+                                            const nvq_shared *sh, uint32_t m0, uint32_t k0,
+                                            uint64_t step) {
     const uint32_t rpitch = (a.cols + 1) / 2, spitch = (a.cols + 15) / 16;
     const bool aligned = ((a.row_data | rpitch) & 7u) == 0;
     const uint32_t b = threadIdx.x & 3u, kb = k0 + b * 16;
     if (kb >= a.cols) return;
-    uint32_t m[2], line[2], blk[2], q[2][2], sbs = 0;
+    uint32_t m[2], q[2][2], sbs = 0;
     bool skip[2];
     qt_nvfp4_scale s[2];
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         const uint32_t r = (threadIdx.x >> 2) + 64u * i;
-        m[i] = line[i] = m0 + r;
-        blk[i] = kb / 16;
+        m[i] = m0 + r;
         skip[i] = m[i] >= sh->rb[r >> 4].store_end;
         s[i] = sh->rb[r >> 4].row;
     }
     if (skip[0] && skip[1]) return;
-    if (ESIZE == 2 && FAST) {
-        uint32_t y[2][8];
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-#pragma unroll
-            for (int c = 0; c < 2; c++) {
-                const uint4 w = chunk[2 * i + c];
-                y[i][4 * c] = w.x;
-                y[i][4 * c + 1] = w.y;
-                y[i][4 * c + 2] = w.z;
-                y[i][4 * c + 3] = w.w;
-            }
-        }
-        sbs = nvq_encode2_bf16(a, sh, 0, y, s, skip, line, blk, q);
-    } else {
-        // The generic path reads the blocks back from shared memory, where this thread staged
-        // them, which frees the chunk registers.
 #pragma unroll 1
-        for (uint32_t i = 0; i < 2; i++) {
-            if (i ? skip[1] : skip[0]) continue;
-            const uint32_t r = (threadIdx.x >> 2) + 64u * i;
-            float v[16];
-            nvq_read_row16<ESIZE>(s_in, r, b, v);
-            const float tile = sh->tile_amax[(r >> 4) * NVQ_KB + b];
-            uint32_t qi[2];
-            sbs |= nvq_block<FAST>(a, sh, 0, v, tile, i ? s[1] : s[0], m0 + r, kb / 16, step, qi)
-                   << (8 * i);
-            if (i) {
-                q[1][0] = qi[0];
-                q[1][1] = qi[1];
-            } else {
-                q[0][0] = qi[0];
-                q[0][1] = qi[1];
-            }
+    for (uint32_t i = 0; i < 2; i++) {
+        if (i ? skip[1] : skip[0]) continue;
+        const uint32_t r = (threadIdx.x >> 2) + 64u * i;
+        float v[16];
+        nvq_read_row16<ESIZE>(s_in, r, b, v);
+        const float tile = sh->tile_amax[(r >> 4) * NVQ_KB + b];
+        uint32_t qi[2];
+        sbs |= nvq_block<FAST>(a, sh, 0, v, tile, i ? s[1] : s[0], m0 + r, kb / 16, step, qi)
+               << (8 * i);
+        if (i) {
+            q[1][0] = qi[0];
+            q[1][1] = qi[1];
+        } else {
+            q[0][0] = qi[0];
+            q[0][1] = qi[1];
         }
     }
     uint8_t *row_data = (uint8_t *)a.row_data;
@@ -539,66 +528,6 @@ __device__ __forceinline__ void nvq_column(const nvfp4_quantize_args &a, float v
         nvq_block<FAST>(a, sh, 1, v, tile, rb.col, k0 + kl, m0 / 16 + rbi, step, q);
     s_colq[kl * NVQ_RB + (rbi ^ ((kl >> 1) & 7u))] = make_uint2(q[0], q[1]);
     s_cols[kl * NVQ_RB + rbi] = (uint8_t)sb;
-}
-
-// Step 5, BF16 fast path: the two columns of the lane as packed BF16 groups (after the RHT and
-// its rounding to BF16, or straight from the tile), encoded together.
-__device__ __forceinline__ void nvq_colwise_bf16(const nvfp4_quantize_args &a, const uint4 *s_in,
-                                                 const nvq_shared *sh, const nvq_rowblock &rb,
-                                                 uint32_t rbi, uint32_t n_store, uint32_t m0,
-                                                 uint32_t k0, uint2 *s_colq, uint8_t *s_cols) {
-    constexpr uint32_t CPR = NVQ_TK * 2 / 16;
-    const uint32_t cp = threadIdx.x & 31;
-    // Column pair cp is 32-bit word cp of each row: chunk cp / 4, word cp % 4.
-    const uint32_t *s_words = (const uint32_t *)s_in;
-    uint32_t w[16], y[2][8];
-#pragma unroll
-    for (int j = 0; j < 16; j++) {
-        w[j] = s_words[nvq_slot(rbi * 16 + j, cp >> 2, CPR) * 4 + (cp & 3)];
-    }
-    if (a.flags & QT_NVFP4_RHT) {
-#pragma unroll
-        for (int c = 0; c < 2; c++) {
-            float v[16];
-#pragma unroll
-            for (int j = 0; j < 16; j++) {
-                v[j] = __uint_as_float(c ? (w[j] & 0xFFFF0000u) : (w[j] << 16));
-            }
-            if (a.rht_signs == QT_NVFP4_RHT_SIGNS_TE) {
-                qt_nvfp4_rht16_bf16in_f32(v, QT_NVFP4_RHT_SIGNS_TE);  // constant signs
-            } else {
-                qt_nvfp4_rht16_bf16in_f32(v, a.rht_signs);
-            }
-            qt_nvfp4_pack_bf16(v, y[c]);
-        }
-        if (n_store < 16) {  // only a dense tensor's last, partial group: past M, not counted
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const uint32_t keep = 2u * i >= n_store ? 0u : (2u * i + 1 >= n_store ? 0xFFFFu
-                                                                                    : ~0u);
-                y[0][i] &= keep;
-                y[1][i] &= keep;
-            }
-        }
-    } else {
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            y[0][i] = qt_nvfp4_prmt(w[2 * i], w[2 * i + 1], 0x5410u);  // rows 2i, 2i+1 of col 0
-            y[1][i] = qt_nvfp4_prmt(w[2 * i], w[2 * i + 1], 0x7632u);
-        }
-    }
-    const qt_nvfp4_scale s[2] = {rb.col, rb.col};
-    const bool skip[2] = {false, false};
-    const uint32_t line[2] = {k0 + 2 * cp, k0 + 2 * cp + 1};
-    const uint32_t blk[2] = {m0 / 16 + rbi, m0 / 16 + rbi};
-    uint32_t q[2][2];
-    const uint32_t sbs = nvq_encode2_bf16(a, sh, 1, y, s, skip, line, blk, q);
-#pragma unroll
-    for (int c = 0; c < 2; c++) {
-        const uint32_t kl = 2 * cp + c;
-        s_colq[kl * NVQ_RB + (rbi ^ ((kl >> 1) & 7u))] = make_uint2(q[c][0], q[c][1]);
-        s_cols[kl * NVQ_RB + rbi] = (uint8_t)(sbs >> (8 * c));
-    }
 }
 
 // Step 5, generic path: one column at a time.
@@ -641,12 +570,7 @@ __device__ __forceinline__ void nvq_colwise(const nvfp4_quantize_args &a, const 
     const uint32_t mb = m0 + rbi * 16;
     if (mb >= rb.store_end) return;  // nothing of this block is stored
     const uint32_t n_store = min(16u, rb.store_end - mb);
-    if (ESIZE == 2 && FAST) {
-        nvq_colwise_bf16(a, s_in, sh, rb, rbi, n_store, m0, k0, s_colq, s_cols);
-    } else {
-        nvq_colwise_generic<ESIZE, FAST>(a, s_in, sh, rb, rbi, n_store, m0, k0, step, s_colq,
-                                         s_cols);
-    }
+    nvq_colwise_generic<ESIZE, FAST>(a, s_in, sh, rb, rbi, n_store, m0, k0, step, s_colq, s_cols);
 }
 
 // Step 6: thread = (column kl, 16-byte quarter q) of the staged codes; threads 0..63 also write
@@ -715,13 +639,12 @@ __device__ __forceinline__ void nvq_load(const nvfp4_quantize_args &a, uint4 *ch
     }
 }
 
-// Step 3 (staging part): padding rows zeroed in the registers (the rowwise blocks read them
-// too), then the chunks go to shared memory, chunk c of block i at s_in[slot + 64 CPR i + ...]
-// with slot[c] = nvq_slot(r, first chunk + c) (row r and r + 64 share the swizzle).
+// Step 3: padding rows zeroed, then the chunks go to shared memory, chunk c of block i at
+// s_in[slot[c] + 64 CPR i] with slot[c] = nvq_slot(r, first chunk + c) (rows r and r + 64 share
+// the swizzle).
 template <int ESIZE>
 __device__ __forceinline__ void nvq_stage(uint4 *s_in, const uint32_t *slot,
-                                          const nvq_shared *sh, uint4 *chunk, uint32_t m0,
-                                          bool stage) {
+                                          const nvq_shared *sh, uint4 *chunk, uint32_t m0) {
     constexpr uint32_t CPR = NVQ_TK * ESIZE / 16;
     const uint32_t r = threadIdx.x >> 2;
     const bool valid0 = m0 + r < sh->rb[r >> 4].valid_end;
@@ -733,7 +656,6 @@ __device__ __forceinline__ void nvq_stage(uint4 *s_in, const uint32_t *slot,
             if (!valid1) chunk[ESIZE + c] = make_uint4(0, 0, 0, 0);
         }
     }
-    if (!stage) return;
 #pragma unroll
     for (int i = 0; i < 2; i++) {
 #pragma unroll
@@ -745,9 +667,6 @@ __device__ __forceinline__ void nvq_stage(uint4 *s_in, const uint32_t *slot,
 // that each variant gets its own register allocation.
 template <int ESIZE, bool FAST>
 __device__ __forceinline__ void nvq_body(const nvfp4_quantize_args &a, nvq_shared &sh) {
-    // The fast BF16 cast loads the next tile while the columnwise half of this one runs; FP32's
-    // 8 chunks, or the generic path's work, would not fit in the registers beside them.
-    constexpr bool prefetch = ESIZE == 2 && FAST;
     extern __shared__ __align__(16) uint8_t smem[];
     uint4 *s_in = (uint4 *)smem;
     uint2 *s_colq = (uint2 *)(smem + NVQ_TM * NVQ_TK * ESIZE);
@@ -755,8 +674,6 @@ __device__ __forceinline__ void nvq_body(const nvfp4_quantize_args &a, nvq_share
     const bool in_aligned = ((a.x | ((uint64_t)a.cols * ESIZE)) & 15u) == 0;
     const bool colwise = (a.flags & QT_NVFP4_COLWISE) != 0;
     const bool two_d = !FAST && (a.flags & QT_NVFP4_2D) != 0;
-    // Only a BF16 rowwise-only fast cast keeps shared memory out of its way.
-    const bool stage_all = colwise || ESIZE == 4 || !FAST;
     const uint32_t k0 = blockIdx.x * NVQ_TK;
     const uint32_t tiles_m = (a.rows + NVQ_TM - 1) / NVQ_TM;
     const uint64_t step = (!FAST && (a.flags & QT_NVFP4_SR)) ? *(const uint64_t *)a.step : 0;
@@ -768,14 +685,11 @@ __device__ __forceinline__ void nvq_body(const nvfp4_quantize_args &a, nvq_share
     for (int c = 0; c < ESIZE; c++) {
         slot[c] = nvq_slot(threadIdx.x >> 2, (threadIdx.x & 3u) * ESIZE + c, NVQ_TK * ESIZE / 16);
     }
-    uint4 chunk[2 * ESIZE];
-    if (prefetch && blockIdx.y < tiles_m) {
-        nvq_load<ESIZE>(a, chunk, blockIdx.y * NVQ_TM, k0, in_aligned);
-    }
     uint32_t it = 0;
     for (uint32_t tm = blockIdx.y; tm < tiles_m; tm += gridDim.y, it++) {
         const uint32_t m0 = tm * NVQ_TM;
-        if (!prefetch) nvq_load<ESIZE>(a, chunk, m0, k0, in_aligned);
+        uint4 chunk[2 * ESIZE];
+        nvq_load<ESIZE>(a, chunk, m0, k0, in_aligned);
         if (threadIdx.x < NVQ_RB) {
             nvq_rowblock_init(a, m0 + threadIdx.x * 16, dense, &sh.rb[threadIdx.x]);
             // Active blocks form a prefix of the tile (grouped: whole blocks below
@@ -791,20 +705,15 @@ __device__ __forceinline__ void nvq_body(const nvfp4_quantize_args &a, nvq_share
             if (threadIdx.x == 0) sh.npos[it & 1] = npos;
         }
         __syncthreads();
-        nvq_stage<ESIZE>(s_in, slot, &sh, chunk, m0, stage_all);
+        nvq_stage<ESIZE>(s_in, slot, &sh, chunk, m0);
         if ((a.flags & QT_NVFP4_ROWWISE) && !two_d) {
-            nvq_rowwise<ESIZE, FAST>(a, chunk, s_in, &sh, m0, k0, step);
+            nvq_rowwise<ESIZE, FAST>(a, s_in, &sh, m0, k0, step);
         }
         __syncthreads();
         if (two_d) {
             nvq_tile_amax<ESIZE>(s_in, &sh);
             __syncthreads();
-            if (a.flags & QT_NVFP4_ROWWISE) {
-                nvq_rowwise<ESIZE, FAST>(a, chunk, s_in, &sh, m0, k0, step);
-            }
-        }
-        if (prefetch && tm + gridDim.y < tiles_m) {
-            nvq_load<ESIZE>(a, chunk, (tm + gridDim.y) * NVQ_TM, k0, in_aligned);
+            if (a.flags & QT_NVFP4_ROWWISE) nvq_rowwise<ESIZE, FAST>(a, s_in, &sh, m0, k0, step);
         }
         if (colwise) {
             nvq_colwise<ESIZE, FAST>(a, s_in, &sh, m0, k0, step, s_colq, s_cols);
@@ -819,23 +728,234 @@ __device__ __forceinline__ void nvq_body(const nvfp4_quantize_args &a, nvq_share
     }
 }
 
-// Three CTAs per SM (up to 80 registers, no spills; 3 x 22 KiB of shared memory for BF16):
-// while some load their tile, others compute, which is what overlaps memory and arithmetic.
+// The general kernel: FP32 input, and BF16 with 2-D or stochastic rounding. Three CTAs per SM
+// (up to 80 registers, no spills).
 extern "C" __global__ void __launch_bounds__(NV_THREADS, 3)
     qt_nvfp4_quantize(const __grid_constant__ nvfp4_quantize_args args) {
-    __shared__ nvq_shared sh;  // one copy for the four variants
-    const bool fast = !(args.flags & NVQ_GENERIC);
-    if (args.dtype == QT_DTYPE_F32) {
-        if (fast) {
-            nvq_body<4, true>(args, sh);
-        } else {
-            nvq_body<4, false>(args, sh);
-        }
-    } else if (fast) {
-        nvq_body<2, true>(args, sh);
-    } else {
+    __shared__ nvq_shared sh;  // one copy for the variants
+    if (args.dtype == QT_DTYPE_BF16) {
         nvq_body<2, false>(args, sh);
+    } else if (args.flags & NVQ_GENERIC) {
+        nvq_body<4, false>(args, sh);
+    } else {
+        nvq_body<4, true>(args, sh);
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// qt_nvfp4_quantize_bf16: the fused cast as TE runs it (BF16, no 2-D, no stochastic rounding),
+// compiled alone so that its register budget is its own (64: four CTAs per SM), and arranged so
+// that a tile costs one CTA barrier. Warp w owns the 16-row block w of the 128 x 64 tile for all
+// but the final columnwise store: lane l loads the 64 bytes of row 16 w + l / 2 that hold its
+// two column blocks 2 (l & 1) and 2 (l & 1) + 1, encodes them rowwise from its registers, and
+// stages them in the warp's own 2 KiB of shared memory, from which (after __syncwarp) the warp
+// reads its columns. Each warp looks up its own row block's span. The staged columnwise codes
+// are double-buffered, so the barrier before their store is the only one per tile; the stored
+// length of the tile follows from one bound (min(row_offsets[n], M), or M when dense), since the
+// active blocks form a prefix.
+//
+// Shared memory (dynamic, QT_NVFP4_QUANT_BF16_SMEM bytes):
+//   in     [8 warps][16 rows][8 chunks of 16 bytes]; chunk c of row r in slot c ^ (r & 7), so
+//          the 8 lanes of a 128-bit store phase (4 rows x 2 chunks) and the 32 lanes of a
+//          columnwise read (one row) hit distinct banks
+//   colq   [2 buffers][64 columns][8 units of 8 bytes], swizzled as in the general kernel
+//   cols   [2 buffers][64 columns][8 scale bytes]
+
+#define NVB_COLQ_UNITS (NVQ_TK * NVQ_RB)  // 8-byte units of one colq buffer
+QT_STATIC_ASSERT(QT_NVFP4_QUANT_BF16_SMEM ==
+                     NVQ_TM * NVQ_TK * 2 + 2 * (NVQ_COLQ_BYTES + NVQ_TK * NVQ_RB),
+                 "QT_NVFP4_QUANT_BF16_SMEM matches the layout");
+
+// The warp's row block at mb: spans and global scales (dense: from `dense`, computed once).
+__device__ __forceinline__ nvq_rowblock nvb_rowblock(const nvfp4_quantize_args &a, uint32_t mb,
+                                                     const nvq_rowblock &dense) {
+    nvq_rowblock rb = dense;
+    if (a.group.count == 0) {
+        rb.valid_end = rb.store_end = mb < a.rows ? a.rows : 0;
+    } else {
+        const qt_nvfp4_span span = qt_nvfp4_span_of((const uint32_t *)a.group.row_offsets,
+                                                    (const uint32_t *)a.group.first_dims,
+                                                    a.group.count, a.rows, mb);
+        rb.valid_end = span.valid_end;
+        rb.store_end = span.store_end;
+        nvq_member_scales(a, span.member, &rb);
+    }
+    return rb;
+}
+
+// The lane's 64 bytes of the tile at m0: row m0 + 16 w + l / 2, columns k0 + 32 (l & 1) .. + 32.
+__device__ __forceinline__ void nvb_load(const nvfp4_quantize_args &a, uint4 chunk[4], uint32_t m0,
+                                         uint32_t k0, bool aligned) {
+    const uint32_t lane = threadIdx.x & 31, m = m0 + (threadIdx.x >> 5) * 16 + (lane >> 1);
+    const uint32_t col = k0 + (lane & 1u) * 32;
+    if (aligned && m0 + NVQ_TM <= a.rows && k0 + NVQ_TK <= a.cols) {
+        const uint4 *p = (const uint4 *)(a.x + ((uint64_t)m * a.cols + col) * 2);
+#pragma unroll
+        for (int i = 0; i < 4; i++) chunk[i] = __ldg(p + i);
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        chunk[i] = m < a.rows ? nv_load_chunk<2>((const uint8_t *)a.x, a.cols, m, col + 8 * i,
+                                                 aligned)
+                              : make_uint4(0, 0, 0, 0);
+    }
+}
+
+// The lane's two rowwise blocks (chunks 0-1 and 2-3) at row m, first column kb; stored as one
+// 16-byte code store and one 2-byte scale store when whole and aligned.
+__device__ __forceinline__ void nvb_rowwise(const nvfp4_quantize_args &a, const uint4 chunk[4],
+                                            const nvq_shared *sh, const nvq_rowblock &rb,
+                                            uint32_t m, uint32_t kb) {
+    const bool skip_row = m >= rb.store_end;
+    const bool skip[2] = {skip_row || kb >= a.cols, skip_row || kb + 16 >= a.cols};
+    if (skip[0]) return;  // then the second block is skipped too
+    uint32_t y[2][8];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            y[i][4 * c] = chunk[2 * i + c].x;
+            y[i][4 * c + 1] = chunk[2 * i + c].y;
+            y[i][4 * c + 2] = chunk[2 * i + c].z;
+            y[i][4 * c + 3] = chunk[2 * i + c].w;
+        }
+    }
+    const qt_nvfp4_scale s[2] = {rb.row, rb.row};
+    const uint32_t line[2] = {m, m}, blk[2] = {kb / 16, kb / 16 + 1};
+    uint32_t q[2][2];
+    const uint32_t sbs = nvq_encode2_bf16(a, sh, 0, y, s, skip, line, blk, q);
+    const uint32_t rpitch = (a.cols + 1) / 2, spitch = (a.cols + 15) / 16;
+    uint8_t *data = (uint8_t *)a.row_data + (uint64_t)m * rpitch + kb / 2;
+    uint8_t *scales = (uint8_t *)a.row_scales + (uint64_t)m * spitch + kb / 16;
+    if (!skip[1] && kb + 32 <= a.cols && ((a.row_data | rpitch) & 15u) == 0 &&
+        ((a.row_scales | spitch) & 1u) == 0) {
+        *(uint4 *)data = make_uint4(q[0][0], q[0][1], q[1][0], q[1][1]);
+        *(uint16_t *)scales = (uint16_t)sbs;
+        return;
+    }
+    const bool aligned = ((a.row_data | rpitch) & 7u) == 0;
+    nvq_store8(data, q[0], min(8u, (a.cols - kb + 1) / 2), aligned);
+    scales[0] = (uint8_t)sbs;
+    if (!skip[1]) {
+        nvq_store8(data + 8, q[1], min(8u, (a.cols - kb - 16 + 1) / 2), aligned);
+        scales[1] = (uint8_t)(sbs >> 8);
+    }
+}
+
+// The warp's columnwise blocks: lane cp takes columns 2 cp and 2 cp + 1 of the warp's rows,
+// word cp of each staged row.
+__device__ __forceinline__ void nvb_colwise(const nvfp4_quantize_args &a, const uint4 *s_rows,
+                                            const nvq_shared *sh, const nvq_rowblock &rb,
+                                            uint32_t rbi, uint32_t n_store, uint32_t m0,
+                                            uint32_t k0, uint2 *s_colq, uint8_t *s_cols) {
+    const uint32_t cp = threadIdx.x & 31;
+    const uint32_t *s_words = (const uint32_t *)s_rows;
+    uint32_t w[16], y[2][8];
+#pragma unroll
+    for (int j = 0; j < 16; j++) w[j] = s_words[(j * 8 + ((cp >> 2) ^ (j & 7))) * 4 + (cp & 3)];
+    if (a.flags & QT_NVFP4_RHT) {
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            float v[16];
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                v[j] = __uint_as_float(c ? (w[j] & 0xFFFF0000u) : (w[j] << 16));
+            }
+            if (a.rht_signs == QT_NVFP4_RHT_SIGNS_TE) {
+                qt_nvfp4_rht16_bf16in_f32(v, QT_NVFP4_RHT_SIGNS_TE);  // constant signs
+            } else {
+                qt_nvfp4_rht16_bf16in_f32(v, a.rht_signs);
+            }
+            qt_nvfp4_pack_bf16(v, y[c]);
+        }
+        if (n_store < 16) {  // only a dense tensor's last, partial group: past M, not counted
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const uint32_t keep = 2u * i >= n_store ? 0u : (2u * i + 1 >= n_store ? 0xFFFFu
+                                                                                    : ~0u);
+                y[0][i] &= keep;
+                y[1][i] &= keep;
+            }
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            y[0][i] = qt_nvfp4_prmt(w[2 * i], w[2 * i + 1], 0x5410u);  // rows 2i, 2i+1 of col 0
+            y[1][i] = qt_nvfp4_prmt(w[2 * i], w[2 * i + 1], 0x7632u);
+        }
+    }
+    const qt_nvfp4_scale s[2] = {rb.col, rb.col};
+    const bool skip[2] = {false, false};
+    const uint32_t line[2] = {k0 + 2 * cp, k0 + 2 * cp + 1};
+    const uint32_t blk[2] = {m0 / 16 + rbi, m0 / 16 + rbi};
+    uint32_t q[2][2];
+    const uint32_t sbs = nvq_encode2_bf16(a, sh, 1, y, s, skip, line, blk, q);
+#pragma unroll
+    for (int c = 0; c < 2; c++) {
+        const uint32_t kl = 2 * cp + c;
+        s_colq[kl * NVQ_RB + (rbi ^ ((kl >> 1) & 7u))] = make_uint2(q[c][0], q[c][1]);
+        s_cols[kl * NVQ_RB + rbi] = (uint8_t)(sbs >> (8 * c));
+    }
+}
+
+__device__ __forceinline__ void nvq_body_bf16(const nvfp4_quantize_args &a, nvq_shared &sh) {
+    extern __shared__ __align__(16) uint8_t smem[];
+    const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    uint4 *s_rows = (uint4 *)smem + warp * 16 * 8;  // this warp's 16 staged rows
+    uint2 *s_colq = (uint2 *)(smem + NVQ_TM * NVQ_TK * 2);
+    uint8_t *s_cols = smem + NVQ_TM * NVQ_TK * 2 + 2 * NVQ_COLQ_BYTES;
+    const bool in_aligned = ((a.x | ((uint64_t)a.cols * 2)) & 15u) == 0;
+    const bool colwise = (a.flags & QT_NVFP4_COLWISE) != 0;
+    const uint32_t k0 = blockIdx.x * NVQ_TK;
+    const uint32_t tiles_m = (a.rows + NVQ_TM - 1) / NVQ_TM;
+    // Rows below `limit` are active; a tile stores its columnwise positions below it.
+    uint32_t limit = a.rows;
+    if (a.group.count != 0) {
+        limit = min(limit, ((const uint32_t *)a.group.row_offsets)[a.group.count]);
+    }
+    nvq_mult_table(a, &sh);
+    nvq_rowblock dense = {0, 0, {0, 0}, {0, 0}};
+    if (a.group.count == 0) nvq_member_scales(a, 0, &dense);
+    // This lane's staging slots (chunks 4 (l & 1) + i of row l / 2), and its column blocks.
+    const uint32_t r = lane >> 1, c0 = (lane & 1u) * 4;
+    __syncthreads();  // the multiplier table
+    uint32_t it = 0;
+    for (uint32_t tm = blockIdx.y; tm < tiles_m; tm += gridDim.y, it++) {
+        const uint32_t m0 = tm * NVQ_TM, mb = m0 + warp * 16;
+        uint4 chunk[4];
+        nvb_load(a, chunk, m0, k0, in_aligned);
+        const nvq_rowblock rb = nvb_rowblock(a, mb, dense);
+        if (mb + r >= rb.valid_end) {  // padding rows or past M read as zero
+#pragma unroll
+            for (int i = 0; i < 4; i++) chunk[i] = make_uint4(0, 0, 0, 0);
+        }
+        if (colwise) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) s_rows[r * 8 + ((c0 + i) ^ (r & 7u))] = chunk[i];
+        }
+        if (a.flags & QT_NVFP4_ROWWISE) nvb_rowwise(a, chunk, &sh, rb, mb + r, k0 + c0 * 8);
+        if (!colwise) continue;
+        __syncwarp();
+        uint2 *colq = s_colq + (it & 1) * NVB_COLQ_UNITS;
+        uint8_t *cols = s_cols + (it & 1) * NVQ_TK * NVQ_RB;
+        if (mb < rb.store_end) {
+            nvb_colwise(a, s_rows, &sh, rb, warp, min(16u, rb.store_end - mb), m0, k0, colq, cols);
+        }
+        // The tile's only barrier: all columnwise codes staged. The next tile writes the other
+        // buffer; the one after writes this one only after the next tile's barrier, which every
+        // thread reaches after this store. The staged rows are the warp's own, rewritten only
+        // after this barrier.
+        __syncthreads();
+        nvq_colwise_store(a, colq, cols, limit > m0 ? min(limit - m0, (uint32_t)NVQ_TM) : 0u,
+                          m0, k0);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(NV_THREADS, 4)
+    qt_nvfp4_quantize_bf16(const __grid_constant__ nvfp4_quantize_args args) {
+    __shared__ nvq_shared sh;  // the multiplier table only
+    nvq_body_bf16(args, sh);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -9,6 +9,8 @@
 //   qt_nvfp4_amax        amax_row[i] = max |x| over member i's valid rows; amax_col[i] = the same,
 //                        or with RHT max |RHT(x^T)| over the BF16-rounded transform (8.2)
 //   qt_nvfp4_quantize    one pass over x: rowwise and/or columnwise codes and E4M3 block scales
+//   qt_nvfp4_quantize_bf16  the same for BF16 input without 2-D or stochastic rounding (the
+//                        fused cast TE runs on activations and gradients), its own register budget
 //   qt_nvfp4_dequantize  codes + scales (+ the direction's global amax) -> [M][K] BF16 or FP32
 //
 // Layouts (ptx/quant.h): x [M][K] row-major (M = rows, K = cols), two codes per byte, even
@@ -126,8 +128,8 @@ QT_STATIC_ASSERT(sizeof(nvfp4_dequantize_args) == 72, "nvfp4_dequantize_args lay
 #define QT_NVFP4_QUANT_TILE_ROWS 128u
 #define QT_NVFP4_QUANT_TILE_COLS 64u
 #define QT_NVFP4_QUANT_SMEM(esize) (128u * 64u * (esize) + 64u * 64u + 64u * 8u)
-// About this many CTAs stride over the tiles (3 waves of 3 per SM on a 132-SM GPU).
-#define QT_NVFP4_QUANT_CTAS 1188u
+// qt_nvfp4_quantize_bf16: the same tile, its columnwise codes and scales double-buffered.
+#define QT_NVFP4_QUANT_BF16_SMEM (128u * 64u * 2u + 2u * (64u * 64u + 64u * 8u))
 // qt_nvfp4_dequantize: a CTA covers 16 rows x 256 columns per iteration.
 #define QT_NVFP4_DEQUANT_COLS QT_NVFP4_THREADS
 
@@ -135,6 +137,7 @@ QT_STATIC_ASSERT(sizeof(nvfp4_dequantize_args) == 72, "nvfp4_dequantize_args lay
     X(KERNEL_NVFP4_AMAX_ZERO, quant_nvfp4, qt_nvfp4_amax_zero, nvfp4_amax_args)    \
     X(KERNEL_NVFP4_AMAX, quant_nvfp4, qt_nvfp4_amax, nvfp4_amax_args)              \
     X(KERNEL_NVFP4_QUANTIZE, quant_nvfp4, qt_nvfp4_quantize, nvfp4_quantize_args)  \
+    X(KERNEL_NVFP4_QUANTIZE_BF16, quant_nvfp4, qt_nvfp4_quantize_bf16, nvfp4_quantize_args) \
     X(KERNEL_NVFP4_DEQUANTIZE, quant_nvfp4, qt_nvfp4_dequantize, nvfp4_dequantize_args)
 
 #if defined(__CUDA_ARCH__)

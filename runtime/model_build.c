@@ -157,28 +157,28 @@ static qt_status mb_quantize(mb *b, const char *what, const model_quantizer *mq,
             return QT_OK;
         }
         // The residual kernel without its second operand is a converting copy.
-        return op_residual_backward(b->p, prefix, (uint64_t)x.rows * x.cols, mb_act(x),
+        return op_residual_backward(b->p, what, (uint64_t)x.rows * x.cols, mb_act(x),
                                     mb_act(s->bf16), false);
     case QT_SCHEME_DELAYED:
     case QT_SCHEME_CURRENT:
-        return mb_quantize_fp8(b, prefix, mq, x, record_amax, s);
+        return mb_quantize_fp8(b, what, mq, x, record_amax, s);
     case QT_SCHEME_MXFP8: {
         op_mxfp8_quantize_desc d = mb_mxfp8_desc(mq, x, s);
-        return op_mxfp8_quantize(b->p, prefix, &d);
+        return op_mxfp8_quantize(b->p, what, &d);
     }
     case QT_SCHEME_BLOCK: {
         op_block_tensor t = mb_block_tensor(mq, x.rows, x.cols, s);
         op_block_options o = {!mq->q.pow2, mq->q.amax_eps};
-        return op_quant_block(b->p, prefix, x.ref, x.dtype, &t, &o);
+        return op_quant_block(b->p, what, x.ref, x.dtype, &t, &o);
     }
     case QT_SCHEME_NVFP4: {
         op_nvfp4_input in = {x.ref, x.dtype, x.rows, x.cols, {0}};
         bool rht = s->colwise && mq->rht;
         op_nvfp4_amax_out amax = {s->amax_row, rht ? s->amax_col : OP_REF_NONE, rht,
                                   QT_NVFP4_RHT_SIGNS_TE};
-        QT_TRY(op_nvfp4_amax(b->p, prefix, &in, &amax));
+        QT_TRY(op_nvfp4_amax(b->p, what, &in, &amax));
         op_nvfp4_quant q = mb_nvfp4_quant(b, mq, s);
-        return op_nvfp4_quantize(b->p, prefix, &in, &q);
+        return op_nvfp4_quantize(b->p, what, &in, &q);
     }
     default:
         QT_ASSERT(false);
@@ -230,8 +230,7 @@ static qt_status mb_dequantize(mb *b, const char *what, const mb_operand *o,
         return QT_OK;
     }
     QT_TRY(mb_tensor(b, what, o->rows, o->cols, ARENA_CAT_WORKSPACE, out));
-    char name[ARENA_NAME_MAX];
-    snprintf(name, sizeof name, "%s.%s", model_mode_name(b->mode), what);
+    const char *name = what;
     switch (q->scheme) {
     case QT_SCHEME_DELAYED:
     case QT_SCHEME_CURRENT: {
@@ -291,8 +290,7 @@ static qt_status mb_gemm(mb *b, const char *what, model_gemm kind, const model_l
     g.bias = bias;
     g.bias_dtype = QT_DTYPE_F32;
     QT_ASSERT(d.rows == g.m && d.cols == g.n);
-    char name[ARENA_NAME_MAX];
-    snprintf(name, sizeof name, "%s.%s", model_mode_name(b->mode), what);
+    const char *name = what;
     if (lin->path[kind] == MODEL_GEMM_NATIVE) {
         g.format = model_gemm_format_of(a->mq->q.scheme);
         g.a = mb_gemm_operand(a);

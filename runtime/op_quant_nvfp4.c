@@ -5,6 +5,9 @@
 #include "core.h"  // QT_DTYPE_*
 
 #define OP_NVFP4_GRID_Y_MAX 65535u  // the kernels stride over row blocks beyond it
+// The quantize kernels' CTAs stride over row tiles; about this many CTAs in all (three waves of
+// four per SM on a 132-SM GPU), each taking several tiles.
+#define OP_NVFP4_QUANT_CTAS 1584u
 
 static bool op_nvfp4_present(prog_ref r) { return r.arena != NULL; }
 
@@ -147,18 +150,23 @@ qt_status op_nvfp4_quantize(program *p, const char *name, const op_nvfp4_input *
     args.flags = op_nvfp4_quant_flags(q);
     args.rht_signs = q->rht_signs & 0xFFFFu;
     args.tensor_id = q->tensor_id;
-    // grid.y strides over row tiles: each CTA takes about total / QT_NVFP4_QUANT_CTAS tiles, so
+    // grid.y strides over row tiles: each CTA takes about total / OP_NVFP4_QUANT_CTAS tiles, so
     // that its per-CTA work (the multiplier table, the first load) is amortized and the next
     // tile's load overlaps this one's columnwise half.
     const uint32_t grid_x = op_nvfp4_div_up(in->cols, QT_NVFP4_QUANT_TILE_COLS);
     const uint64_t row_tiles = (in->rows + QT_NVFP4_QUANT_TILE_ROWS - 1ull) /
                                QT_NVFP4_QUANT_TILE_ROWS;
-    const uint64_t per_cta = (uint64_t)grid_x * row_tiles / QT_NVFP4_QUANT_CTAS;
+    const uint64_t per_cta = (uint64_t)grid_x * row_tiles / OP_NVFP4_QUANT_CTAS;
     const uint64_t grid_y = per_cta > 1 ? (row_tiles + per_cta - 1) / per_cta : row_tiles;
+    // The BF16 fast cast has a kernel of its own (one barrier per tile, four CTAs per SM); both
+    // give the same bytes.
+    const bool bf16_fast = in->dtype == QT_DTYPE_BF16 && !q->two_d && !q->stochastic;
     launch_shape shape = {{grid_x, op_nvfp4_grid_y(grid_y), 1},
-                          {QT_NVFP4_THREADS, 1, 1}, QT_NVFP4_QUANT_SMEM(esize)};
+                          {QT_NVFP4_THREADS, 1, 1},
+                          bf16_fast ? QT_NVFP4_QUANT_BF16_SMEM : QT_NVFP4_QUANT_SMEM(esize)};
     uint32_t op;
-    QT_TRY(prog_append(p, KERNEL_NVFP4_QUANTIZE, name, &shape, &args, sizeof args, &op));
+    QT_TRY(prog_append(p, bf16_fast ? KERNEL_NVFP4_QUANTIZE_BF16 : KERNEL_NVFP4_QUANTIZE, name,
+                       &shape, &args, sizeof args, &op));
     QT_TRY(op_nvfp4_use(p, op, offsetof(nvfp4_quantize_args, x), in->x,
                         (uint64_t)in->rows * in->cols * esize, esize, PROG_READ));
     QT_TRY(op_nvfp4_use_group(p, op, offsetof(nvfp4_quantize_args, group), &in->group));

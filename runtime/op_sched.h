@@ -8,7 +8,7 @@
 #define QT_OP_SCHED_H
 
 #include "program.h"
-#include "sched.h"
+#include "sched_ops.h"
 
 // One side of a slot-indexed copy: slot i starts at ref + i * stride (slots >= 1).
 typedef struct op_sched_slots {

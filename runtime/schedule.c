@@ -108,6 +108,7 @@ typedef struct sched_pending {
     uint32_t row;
     uint64_t row_step;
     uint32_t rows_valid;
+    double row_start;  // when the row's first step was launched
 } sched_pending;
 
 typedef struct sched_loop {
@@ -163,7 +164,7 @@ static qt_status sched_consume(sched_loop *l, const sched_pending *pd) {
     if (row->mode == MODEL_MODE_TRAIN) {
         l->sum->last_train_loss = rec.loss;
         if (rec.flags & QT_TRACE_FLAG_SKIPPED) l->sum->skipped++;
-        if (row_end) l->sum->train_seconds += sched_now() - l->row_start;
+        if (row_end) l->sum->train_seconds += sched_now() - pd->row_start;
     }
     if (row->mode == MODEL_MODE_EVAL) sched_eval_accumulate(l, &rec, pd->rows_valid, row_end);
     if (!env->progress) return QT_OK;
@@ -220,7 +221,7 @@ static qt_status sched_step(sched_loop *l, uint64_t step, uint32_t row_index, ui
     }
     QT_TRY(sched_launch(l, row->mode, checksum));
     uint32_t k = (uint32_t)(step % SCHED_LAG);
-    l->pending[k] = (sched_pending){step, row_index, row_step, valid};
+    l->pending[k] = (sched_pending){step, row_index, row_step, valid, l->row_start};
     if (gpu) {
         QT_CU(cuEventRecord(l->events[k], env->backend->stream));
         return QT_OK;

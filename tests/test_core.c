@@ -78,6 +78,17 @@ static void core_result_free(core_result *res) {
     free(res->copy);
 }
 
+static uint64_t host_checksum(const uint8_t *bytes, uint64_t n_bytes) {
+    uint64_t sum = 0;
+    for (uint64_t w = 0; w * 8 < n_bytes; w++) {
+        uint64_t word = 0;
+        for (uint64_t b = w * 8; b < n_bytes && b < w * 8 + 8; b++)
+            word |= (uint64_t)bytes[b] << (8 * (b - w * 8));
+        sum += qt_checksum_word(word, w);
+    }
+    return qt_checksum_finish(sum, n_bytes);
+}
+
 static rig ref_rig, gpu_rig;
 
 static void test_ref_fill_statistics(void) {
@@ -105,18 +116,9 @@ static void test_ref_fill_statistics(void) {
     CHECK(fabs(mean_n - 1.0) < 6 * 0.5 / sqrt(c.count), "normal mean %g", mean_n);
     CHECK(fabs(std_n - 0.5) < 0.01, "normal std %g", std_n);
     CHECK(memcmp(res.uniform, res.copy, c.count * 4) == 0, "copy differs");
-    // The checksum changes with any flipped bit and equals a direct computation.
-    uint64_t direct = 0;
-    const uint8_t *bytes = (const uint8_t *)res.uniform;
-    uint64_t n_bytes = c.count * 4 - 3;
-    for (uint64_t w = 0; w * 8 < n_bytes; w++) {
-        uint64_t word = 0;
-        for (uint64_t b = w * 8; b < n_bytes && b < w * 8 + 8; b++)
-            word |= (uint64_t)bytes[b] << (8 * (b - w * 8));
-        direct += qt_checksum_word(word, w);
-    }
-    CHECK(res.sum == qt_checksum_finish(direct, n_bytes), "checksum %016llx",
-          (unsigned long long)res.sum);
+    // The checksum equals a direct computation over the same bytes.
+    CHECK(res.sum == host_checksum((const uint8_t *)res.uniform, c.count * 4 - 3),
+          "checksum %016llx", (unsigned long long)res.sum);
     core_result_free(&res);
     rig_close(&ref_rig);
     test_end();
@@ -227,11 +229,44 @@ static void test_gpu_matches_ref(void) {
     test_end();
 }
 
+// A write from pageable host memory must have landed before the next op on the backend's stream
+// reads it: a kernel launched right after backend_write hashes the whole region, including its
+// last bytes, which a copy still in flight would leave stale.
+static void test_gpu_write_then_launch(void) {
+    static rig r;
+    const char *why = NULL;
+    if (!rig_open(&r, BACKEND_GPU, &why)) {
+        test_skip("gpu_write_is_ordered_before_next_launch", why);
+        return;
+    }
+    test_begin("gpu_write_is_ordered_before_next_launch");
+    const uint64_t bytes = 64ull << 20;
+    arena_handle data = rig_reserve(&r, "data", bytes);
+    arena_handle partials = rig_reserve(&r, "partials", 256 * 8);
+    arena_handle sum = rig_reserve(&r, "sum", 8);
+    RIG_OK(op_checksum(&r.prog, "checksum", rig_ref(&r, data, 0), bytes, rig_ref(&r, partials, 0),
+                       256, rig_ref(&r, sum, 0)));
+    rig_bind(&r);
+    uint8_t *pattern = malloc(bytes);
+    for (int round = 0; round < 4; round++) {
+        for (uint64_t i = 0; i < bytes; i++) pattern[i] = (uint8_t)(i * 131 + round * 7 + i / 4093);
+        RIG_OK(backend_write(&r.be, rig_ref(&r, data, 0), pattern, bytes));
+        RIG_OK(backend_run(&r.be, &r.prog));
+        uint64_t got = 0;
+        RIG_OK(backend_read(&r.be, &got, rig_ref(&r, sum, 0), 8));
+        CHECK(got == host_checksum(pattern, bytes), "round %d: device hashed stale bytes", round);
+    }
+    free(pattern);
+    rig_close(&r);
+    test_end();
+}
+
 int main(void) {
     test_philox_known_answers();
     test_fill_windows_compose();
     test_program_capacity();
     test_ref_fill_statistics();
     test_gpu_matches_ref();
+    test_gpu_write_then_launch();
     return test_exit_code();
 }

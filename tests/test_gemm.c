@@ -596,28 +596,7 @@ static rig ref_rig, gpu_rig;
 static bool gpu_ok;
 static char gpu_why[256];
 
-#ifdef TEST_GEMM_EMULATE
-// Built with tests/gemm_emulate.cc, the GPU side runs the kernels' own source on the CPU model of
-// the CUDA execution there: gpu_rig is then a reference-backend rig whose ops go to the emulator.
-int gemm_emulate_launch(const char *symbol, const void *args, const uint32_t grid[3],
-                        uint32_t threads_per_block, uint32_t smem_bytes);
-#endif
-
-static void rig_execute(rig *r) {
-#ifdef TEST_GEMM_EMULATE
-    if (r == &gpu_rig) {
-        for (uint32_t i = 0; i < r->prog.op_count; i++) {
-            const prog_op *op = &r->prog.ops[i];
-            int failed = gemm_emulate_launch(kernel_table[op->kernel].symbol, op->args,
-                                             op->shape.grid, op->shape.block[0],
-                                             op->shape.smem_bytes);
-            CHECK(failed == 0, "emulated %s failed", op->name);
-        }
-        return;
-    }
-#endif
-    RIG_OK(backend_run(&r->be, &r->prog));
-}
+static void rig_execute(rig *r) { RIG_OK(backend_run(&r->be, &r->prog)); }
 
 // A fresh case on an open rig: new arenas and program, the same backend.
 static void rig_restart(rig *r) {
@@ -1221,11 +1200,7 @@ static void test_op_gemm_limits(void) {
 int main(void) {
     const char *why = NULL;
     rig_open(&ref_rig, BACKEND_REF, &why);
-#ifdef TEST_GEMM_EMULATE
-    gpu_ok = rig_open(&gpu_rig, BACKEND_REF, &why);
-#else
     gpu_ok = rig_open(&gpu_rig, BACKEND_GPU, &why);
-#endif
     if (!gpu_ok) snprintf(gpu_why, sizeof gpu_why, "%s", why ? why : "no GPU");
     rng_state = 20261122;
     test_op_gemm_limits();

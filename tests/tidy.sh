@@ -20,4 +20,19 @@ check() {
 check line_length awk 'length($0) > 100 { print FILENAME ":" FNR ": " length($0) " columns" }'
 check trailing_whitespace grep -n '[[:space:]]$'
 check no_tabs grep -n "$(printf '\t')"
+# Every folder is on the include path (-Iptx -Iruntime ...), so a project header named like a
+# system header (sched.h, time.h) would silently replace it for every file that includes it.
+shadow=""
+for h in $(echo "$files" | grep '\.h$'); do
+    base=$(basename "$h")
+    for dir in /usr/include /usr/include/x86_64-linux-gnu /usr/local/cuda/include; do
+        [ -e "$dir/$base" ] && shadow="$shadow $h (shadows $dir/$base)"
+    done
+done
+if [ -n "$shadow" ]; then
+    echo "FAIL tidy_no_system_header_names:$shadow"
+    status=1
+else
+    echo "PASS tidy_no_system_header_names"
+fi
 exit $status

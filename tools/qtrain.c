@@ -188,9 +188,12 @@ static void print_summary(const sched_summary *s, const run *r, double wall_s) {
                                                  s->train_seconds : 0.0;
         printf("train rate   %.1f steps/s\n", rate);
     }
-    if (s->has_eval) {
+    if (s->has_eval && r->model.classification) {
         printf("eval         accuracy %.2f%%, loss %.6g over %" PRIu64 " samples (last eval "
                "row)\n", 100.0 * s->eval_accuracy, s->eval_loss, s->eval_samples);
+    } else if (s->has_eval) {
+        printf("eval         loss %.6g over %" PRIu64 " samples (last eval row)\n",
+               s->eval_loss, s->eval_samples);
     }
     printf("wall time    %.3f s (loop %.3f s, %.1f steps/s)\n", wall_s, s->seconds,
            s->seconds > 0 ? (double)(s->steps[0] + s->steps[1] + s->steps[2]) / s->seconds
