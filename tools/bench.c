@@ -16,14 +16,110 @@ void bench_case_begin(bench_env *env) {
     prog_init(&env->prog, "bench", 0);
 }
 
-prog_ref bench_reserve(bench_env *env, const char *name, uint64_t bytes) {
+// Exits on failure: a region that does not fit is a bug in the benchmark, not a result.
+static prog_ref bench_region(arena *a, const char *who, const char *name, uint64_t bytes) {
     arena_handle h;
-    if (arena_reserve(&env->dev, name, bytes, 256, ARENA_CAT_WORKSPACE,
-                      ARENA_LIFETIME_PERSISTENT, 0, &h) != QT_OK) {
-        fprintf(stderr, "bench: %s\n", qt_error_message());
+    if (arena_reserve(a, name, bytes, 256, ARENA_CAT_WORKSPACE, ARENA_LIFETIME_PERSISTENT, 0,
+                      &h) != QT_OK) {
+        fprintf(stderr, "%s: %s\n", who, qt_error_message());
         exit(1);
     }
-    return (prog_ref){&env->dev, h, 0};
+    return (prog_ref){a, h, 0};
+}
+
+prog_ref bench_reserve(bench_env *env, const char *name, uint64_t bytes) {
+    return bench_region(&env->dev, "bench", name, bytes);
+}
+
+void bench_inputs_begin(bench_inputs *in, const char *label) {
+    char name[ARENA_NAME_MAX];
+    snprintf(name, sizeof name, "%s-bench-input", label);
+    arena_init(&in->arena, ARENA_KIND_DEVICE, name);
+    snprintf(in->who, sizeof in->who, "bench %s", label);
+    in->fill_count = 0;
+    in->row_offsets = in->first_dims = (prog_ref){0};
+    in->rows = in->members = 0;
+    in->member_sizes = NULL;
+}
+
+prog_ref bench_inputs_region(bench_inputs *in, const char *name, uint64_t bytes) {
+    return bench_region(&in->arena, in->who, name, bytes ? bytes : 4);
+}
+
+// Reserves the region and records its fill for bench_inputs_ready's program.
+static prog_ref bench_inputs_fill(bench_inputs *in, const char *name, uint64_t bytes,
+                                  bench_input_fill fill) {
+    fill.name = name;
+    fill.ref = bench_inputs_region(in, name, bytes);
+    if (fill.count == 0) return fill.ref;
+    if (in->fill_count == BENCH_INPUT_FILLS_MAX) {
+        fprintf(stderr, "%s: more than BENCH_INPUT_FILLS_MAX fills\n", in->who);
+        exit(1);
+    }
+    in->fills[in->fill_count++] = fill;
+    return fill.ref;
+}
+
+prog_ref bench_inputs_bf16(bench_inputs *in, const char *name, uint64_t bytes, uint64_t seed) {
+    bench_input_fill f = {.count = (bytes + 1) / 2, .dtype = QT_DTYPE_BF16,
+                          .dist = QT_FILL_NORMAL, .seed = seed, .a = 0.0f, .b = 1.0f};
+    return bench_inputs_fill(in, name, bytes, f);
+}
+
+prog_ref bench_inputs_f32(bench_inputs *in, const char *name, uint64_t bytes, uint64_t seed,
+                          float lo, float hi) {
+    bench_input_fill f = {.count = bytes / 4, .dtype = QT_DTYPE_F32, .dist = QT_FILL_UNIFORM,
+                          .seed = seed, .a = lo, .b = hi};
+    return bench_inputs_fill(in, name, bytes, f);
+}
+
+void bench_inputs_group(bench_inputs *in, uint32_t rows, uint32_t members,
+                        bench_member_sizes sizes) {
+    in->row_offsets = bench_inputs_region(in, "row_offsets", (members + 1) * 4ull);
+    in->first_dims = bench_inputs_region(in, "first_dims", members * 4ull);
+    in->rows = rows;
+    in->members = members;
+    in->member_sizes = sizes;
+}
+
+static qt_status bench_inputs_write_group(bench_env *env, const bench_inputs *in) {
+    uint32_t members = in->members;
+    uint32_t *offsets = malloc((members + 1) * sizeof *offsets);
+    uint32_t *first_dims = malloc(members * sizeof *first_dims);
+    in->member_sizes(in->rows, members, offsets, first_dims);
+    qt_status st = backend_write(&env->gpu, in->row_offsets, offsets, (members + 1) * 4ull);
+    if (st == QT_OK) st = backend_write(&env->gpu, in->first_dims, first_dims, members * 4ull);
+    free(offsets);
+    free(first_dims);
+    return st;
+}
+
+bool bench_inputs_ready(bench_env *env, bench_inputs *in) {
+    static program fill;  // large: keep it off the stack
+    prog_init(&fill, "bench-inputs", 0);
+    qt_status st = QT_OK;
+    for (uint32_t i = 0; i < in->fill_count && st == QT_OK; i++) {
+        const bench_input_fill *f = &in->fills[i];
+        st = op_fill_random(&fill, f->name, f->ref, f->count, f->dtype, f->dist, f->seed, 0, f->a,
+                            f->b);
+    }
+    if (st == QT_OK) st = backend_bind(&env->gpu, &in->arena, NULL, 0);
+    if (st == QT_OK && in->members > 0) st = bench_inputs_write_group(env, in);
+    if (st == QT_OK) {
+        prog_resolve(&fill);
+        st = backend_run(&env->gpu, &fill);
+    }
+    if (st == QT_OK) st = backend_finish(&env->gpu);
+    if (st != QT_OK) {
+        fprintf(stderr, "%s: %s\n", in->who, qt_error_message());
+        bench_inputs_release(env, in);
+        return false;
+    }
+    return true;
+}
+
+void bench_inputs_release(bench_env *env, bench_inputs *in) {
+    backend_release(&env->gpu, &in->arena);
 }
 
 static qt_status bench_events_time(bench_env *env, backend_graph *graph, double *median_ms) {
@@ -49,22 +145,29 @@ static qt_status bench_events_time(bench_env *env, backend_graph *graph, double 
     return QT_OK;
 }
 
-double bench_time_program(bench_env *env) {
+double bench_time_graph(bench_env *env, const program *p) {
     backend_graph graph;
     double median = -1;
+    if (backend_capture(&env->gpu, p, &graph) != QT_OK) {
+        fprintf(stderr, "bench: %s\n", qt_error_message());
+        return -1;
+    }
+    if (bench_events_time(env, &graph, &median) != QT_OK) {
+        fprintf(stderr, "bench: %s\n", qt_error_message());
+        median = -1;
+    }
+    backend_graph_destroy(&env->gpu, &graph);
+    return median;
+}
+
+double bench_time_program(bench_env *env) {
     if (backend_bind(&env->gpu, &env->dev, NULL, 0) != QT_OK ||
         backend_bind(&env->gpu, &env->host, NULL, 0) != QT_OK) {
         fprintf(stderr, "bench: bind: %s\n", qt_error_message());
         return -1;
     }
     prog_resolve(&env->prog);
-    if (backend_capture(&env->gpu, &env->prog, &graph) != QT_OK ||
-        bench_events_time(env, &graph, &median) != QT_OK) {
-        fprintf(stderr, "bench: %s\n", qt_error_message());
-        return -1;
-    }
-    backend_graph_destroy(&env->gpu, &graph);
-    return median;
+    return bench_time_graph(env, &env->prog);
 }
 
 void bench_case_end(bench_env *env) {
@@ -72,37 +175,32 @@ void bench_case_end(bench_env *env) {
     backend_release(&env->gpu, &env->host);
 }
 
+double bench_case_finish(bench_env *env, bench_inputs *in, qt_status appended) {
+    double ms = -1;
+    if (appended == QT_OK) {
+        ms = bench_time_program(env);
+    } else {
+        fprintf(stderr, "bench: %s\n", qt_error_message());
+    }
+    bench_case_end(env);
+    bench_inputs_release(env, in);
+    return ms;
+}
+
 // A plain device copy through qtrain's own copy kernel: `bytes` read and `bytes` written, timed
 // like every case (graph replays, median); returns GB/s counting both. The 1 GiB copy is the
 // ceiling every memory-bound figure is quoted against; a copy of a cast's own size carries the
 // same launch latency, ramp and tail, so the ratio to it isolates the kernel's own efficiency.
 double bench_copy_gbps(bench_env *env, uint64_t bytes) {
+    static bench_inputs src;
     bytes = (bytes + 15) / 16 * 16;  // the vector path of qt_copy
+    bench_inputs_begin(&src, "copy");
+    prog_ref from = bench_inputs_f32(&src, "src", bytes, 1, 0.0f, 1.0f);
+    if (!bench_inputs_ready(env, &src)) return -1;
     bench_case_begin(env);
-    prog_ref src = bench_reserve(env, "src", bytes);
-    prog_ref dst = bench_reserve(env, "dst", bytes);
-    double ms = -1;
-    if (op_fill_random(&env->prog, "fill", src, bytes / 4, QT_DTYPE_F32, QT_FILL_UNIFORM, 1, 0,
-                       0, 1) == QT_OK &&
-        backend_bind(&env->gpu, &env->dev, NULL, 0) == QT_OK &&
-        backend_bind(&env->gpu, &env->host, NULL, 0) == QT_OK) {
-        prog_resolve(&env->prog);
-        backend_run(&env->gpu, &env->prog);  // fill once, outside the timing
-        prog_init(&env->prog, "bench-copy", 0);
-        op_copy(&env->prog, "copy", dst, src, bytes);
-        prog_resolve(&env->prog);
-        backend_graph graph;
-        if (backend_capture(&env->gpu, &env->prog, &graph) == QT_OK) {
-            if (bench_events_time(env, &graph, &ms) != QT_OK) ms = -1;
-            backend_graph_destroy(&env->gpu, &graph);
-        }
-    }
-    bench_case_end(env);
-    if (ms <= 0) {
-        fprintf(stderr, "bench copy: %s\n", qt_error_message());
-        return -1;
-    }
-    return bench_gbps(2.0 * (double)bytes, ms);
+    prog_ref to = bench_reserve(env, "dst", bytes);
+    double ms = bench_case_finish(env, &src, op_copy(&env->prog, "copy", to, from, bytes));
+    return ms > 0 ? bench_gbps(2.0 * (double)bytes, ms) : -1;
 }
 
 void bench_print_header(bench_env *env) {
@@ -118,6 +216,33 @@ void bench_print_row(bench_env *env, const char *format, const char *shape, cons
     fprintf(env->out, "%-28s %-16s %-10s %9.4f ms %8.0f GB/s %7.1f%% %7.1f%% of %5.0f GB/s\n",
             format, shape, layout, ms, gbps, 100.0 * gbps / env->copy_gbps,
             same > 0 ? 100.0 * gbps / same : 0.0, same);
+}
+
+void bench_run_casts(bench_env *env, const bench_cast_case *cases, size_t count,
+                     bench_cast_run run) {
+    bench_print_header(env);
+    for (size_t i = 0; i < count; i++) run(env, &cases[i]);
+}
+
+prog_ref bench_inputs_cast(bench_inputs *in, const char *label, const bench_cast_case *c,
+                           bench_member_sizes sizes) {
+    bench_inputs_begin(in, label);
+    prog_ref x = bench_inputs_bf16(in, "x", (uint64_t)c->rows * c->cols * 2, 7);
+    bench_inputs_group(in, c->rows, c->members, sizes);
+    return x;
+}
+
+void bench_print_cast_row(bench_env *env, const bench_cast_case *c, const char *name,
+                          const char *format, const char *suffix, double ms, double bytes) {
+    if (ms <= 0) {
+        fprintf(env->out, "%s %ux%u: failed\n", name, c->rows, c->cols);
+        return;
+    }
+    char shape[64];
+    snprintf(shape, sizeof shape, "%ux%u%s", c->rows, c->cols, suffix);
+    char group[32] = "dense";
+    if (c->members) snprintf(group, sizeof group, "grouped%u", c->members);
+    bench_print_row(env, format, shape, group, ms, bytes);
 }
 
 // Each family adds its benchmark here.

@@ -1,29 +1,16 @@
 // bench_gemm: TFLOP/s of the portable GEMM tier (ptx/gemm_portable.cu) on square fprop-layout
 // GEMMs (A [M][K] and B [N][K] K-major, D [M][N] BF16), M = N = K = 4096 and 8192.
 //
-// FLOPs counted: 2 M N K. The operands live in their own arena, filled by a program run once
-// before the timed program, so the timed graph holds the GEMM alone. FP8 codes are the bytes of
-// random BF16 values (a few are NaN codes; tensor-core timing does not depend on the values).
-#include <stdlib.h>
-
+// FLOPs counted: 2 M N K. The operands are bench_inputs, filled once before the timed program,
+// so the timed graph holds the GEMM alone. FP8 codes are the bytes of random BF16 values (a few
+// are NaN codes; tensor-core timing does not depend on the values).
 #include "bench.h"
-#include "op_core.h"  // op_fill_random
 #include "op_gemm.h"  // op_gemm
 
 typedef struct gemm_bench_input {
-    arena arena;
+    bench_inputs inputs;
     prog_ref a, b, a_scale, b_scale, a_ts, b_ts;
 } gemm_bench_input;
-
-static prog_ref gemm_bench_region(arena *a, const char *name, uint64_t bytes) {
-    arena_handle h;
-    if (arena_reserve(a, name, bytes ? bytes : 4, 256, ARENA_CAT_WORKSPACE,
-                      ARENA_LIFETIME_PERSISTENT, 0, &h) != QT_OK) {
-        fprintf(stderr, "bench gemm: %s\n", qt_error_message());
-        exit(1);
-    }
-    return (prog_ref){a, h, 0};
-}
 
 typedef struct gemm_bench_kind {
     const char *name;
@@ -52,46 +39,29 @@ static uint64_t gemm_bench_scale_bytes(uint32_t format, uint32_t rows, uint32_t 
     }
 }
 
-static qt_status gemm_bench_fill(program *prep, prog_ref r, uint64_t bytes, uint32_t format,
-                                 bool scale, uint64_t seed) {
+static prog_ref gemm_bench_fill(bench_inputs *in, const char *name, uint64_t bytes,
+                                uint32_t format, bool scale, uint64_t seed) {
     if (scale && format == GEMM_FORMAT_FP8_BLOCK) {
-        return op_fill_random(prep, "fill_scale", r, bytes / 4, QT_DTYPE_F32, QT_FILL_UNIFORM,
-                              seed, 0, 0.5f, 1.0f);
+        return bench_inputs_f32(in, name, bytes, seed, 0.5f, 1.0f);
     }
     // Codes and byte scales: the bytes of BF16 normals (e8m0/e4m3 scales of any value do).
-    return op_fill_random(prep, "fill", r, (bytes + 1) / 2, QT_DTYPE_BF16, QT_FILL_NORMAL, seed,
-                          0, 0.0f, 1.0f);
+    return bench_inputs_bf16(in, name, bytes, seed);
 }
 
 static bool gemm_bench_prepare(bench_env *env, gemm_bench_input *in, uint32_t format,
                                uint32_t size) {
-    static program prep;  // large: keep it off the stack
     uint64_t data = gemm_bench_data_bytes(format, size, size);
     uint64_t sa = gemm_bench_scale_bytes(format, size, size, false);
     uint64_t sb = gemm_bench_scale_bytes(format, size, size, true);
-    arena_init(&in->arena, ARENA_KIND_DEVICE, "gemm-bench-input");
-    in->a = gemm_bench_region(&in->arena, "a", data);
-    in->b = gemm_bench_region(&in->arena, "b", data);
-    in->a_scale = gemm_bench_region(&in->arena, "a_scale", sa);
-    in->b_scale = gemm_bench_region(&in->arena, "b_scale", sb);
-    in->a_ts = gemm_bench_region(&in->arena, "a_tensor_scale", 4);
-    in->b_ts = gemm_bench_region(&in->arena, "b_tensor_scale", 4);
-    prog_init(&prep, "gemm-prepare", 0);
-    bool ok = gemm_bench_fill(&prep, in->a, data, format, false, 1) == QT_OK &&
-              gemm_bench_fill(&prep, in->b, data, format, false, 2) == QT_OK &&
-              (sa == 0 || gemm_bench_fill(&prep, in->a_scale, sa, format, true, 3) == QT_OK) &&
-              (sb == 0 || gemm_bench_fill(&prep, in->b_scale, sb, format, true, 4) == QT_OK) &&
-              op_fill_random(&prep, "fill_ts", in->a_ts, 1, QT_DTYPE_F32, QT_FILL_UNIFORM, 5, 0,
-                             1.0f, 1.0f) == QT_OK &&
-              op_fill_random(&prep, "fill_ts", in->b_ts, 1, QT_DTYPE_F32, QT_FILL_UNIFORM, 6, 0,
-                             1.0f, 1.0f) == QT_OK &&
-              backend_bind(&env->gpu, &in->arena, NULL, 0) == QT_OK;
-    if (ok) {
-        prog_resolve(&prep);
-        ok = backend_run(&env->gpu, &prep) == QT_OK && backend_finish(&env->gpu) == QT_OK;
-    }
-    if (!ok) fprintf(stderr, "bench gemm: %s\n", qt_error_message());
-    return ok;
+    bench_inputs_begin(&in->inputs, "gemm");
+    in->a = gemm_bench_fill(&in->inputs, "a", data, format, false, 1);
+    in->b = gemm_bench_fill(&in->inputs, "b", data, format, false, 2);
+    // No scales (0 bytes): a 4-byte region, left unfilled.
+    in->a_scale = gemm_bench_fill(&in->inputs, "a_scale", sa, format, true, 3);
+    in->b_scale = gemm_bench_fill(&in->inputs, "b_scale", sb, format, true, 4);
+    in->a_ts = bench_inputs_f32(&in->inputs, "a_tensor_scale", 4, 5, 1.0f, 1.0f);
+    in->b_ts = bench_inputs_f32(&in->inputs, "b_tensor_scale", 4, 6, 1.0f, 1.0f);
+    return bench_inputs_ready(env, &in->inputs);
 }
 
 static void gemm_bench_case(bench_env *env, const gemm_bench_kind *kind, uint32_t size) {
@@ -115,10 +85,7 @@ static void gemm_bench_case(bench_env *env, const gemm_bench_kind *kind, uint32_
     g.alpha = 1.0f;
     g.d = bench_reserve(env, "d", (uint64_t)size * size * 2);
     g.d_dtype = QT_DTYPE_BF16;
-    double ms = -1;
-    if (op_gemm(&env->prog, kind->name, &g) == QT_OK) ms = bench_time_program(env);
-    bench_case_end(env);
-    backend_release(&env->gpu, &in.arena);
+    double ms = bench_case_finish(env, &in.inputs, op_gemm(&env->prog, kind->name, &g));
     char shape[64];
     snprintf(shape, sizeof shape, "%ux%ux%u", size, size, size);
     if (ms <= 0) {

@@ -3,28 +3,10 @@
 // device copy.
 //
 // Bytes counted are the minimum any implementation moves: the input read once, both code
-// tensors and both scale tensors written once. The input lives in its own arena, filled by a
-// program run once before the timed program, so the timed graph holds the cast alone.
-#include <stdlib.h>
-
+// tensors and both scale tensors written once. The input is bench_inputs, filled once before the
+// timed program, so the timed graph holds the cast alone.
 #include "bench.h"
-#include "op_core.h"         // op_fill_random
 #include "op_quant_block.h"  // op_quant_block, op_block_scale_count
-
-typedef struct block_bench_input {
-    arena arena;
-    prog_ref in, row_offsets, first_dims;
-} block_bench_input;
-
-static prog_ref block_bench_region(arena *a, const char *name, uint64_t bytes) {
-    arena_handle h;
-    if (arena_reserve(a, name, bytes ? bytes : 4, 256, ARENA_CAT_WORKSPACE,
-                      ARENA_LIFETIME_PERSISTENT, 0, &h) != QT_OK) {
-        fprintf(stderr, "bench block: %s\n", qt_error_message());
-        exit(1);
-    }
-    return (prog_ref){a, h, 0};
-}
 
 // Uneven members whose padded sizes are multiples of 128 and sum to `rows`: pairs of base + d
 // and base - d rows, d = 128 * (pair % (base / 128 + 1)), so some members are empty; each
@@ -42,48 +24,18 @@ static void block_bench_members(uint32_t rows, uint32_t members, uint32_t *offse
     }
 }
 
-static bool block_bench_fill(bench_env *env, block_bench_input *input, uint32_t rows,
-                             uint32_t cols, uint32_t members) {
-    static program fill;  // large: keep it off the stack
-    arena_init(&input->arena, ARENA_KIND_DEVICE, "block-bench-input");
-    input->in = block_bench_region(&input->arena, "in", (uint64_t)rows * cols * 2);
-    input->row_offsets = block_bench_region(&input->arena, "row_offsets", (members + 1) * 4);
-    input->first_dims = block_bench_region(&input->arena, "first_dims", members * 4);
-    prog_init(&fill, "block-fill", 0);
-    if (op_fill_random(&fill, "fill", input->in, (uint64_t)rows * cols, QT_DTYPE_BF16,
-                       QT_FILL_NORMAL, 7, 0, 0.0f, 1.0f) != QT_OK ||
-        backend_bind(&env->gpu, &input->arena, NULL, 0) != QT_OK) {
-        fprintf(stderr, "bench block: %s\n", qt_error_message());
-        return false;
-    }
-    prog_resolve(&fill);
-    bool ok = backend_run(&env->gpu, &fill) == QT_OK;
-    if (ok && members > 0) {
-        uint32_t *offsets = malloc((members + 1) * sizeof *offsets);
-        uint32_t *first_dims = malloc(members * sizeof *first_dims);
-        block_bench_members(rows, members, offsets, first_dims);
-        ok = backend_write(&env->gpu, input->row_offsets, offsets, (members + 1) * 4) == QT_OK &&
-             backend_write(&env->gpu, input->first_dims, first_dims, members * 4) == QT_OK;
-        free(offsets);
-        free(first_dims);
-    }
-    ok = ok && backend_finish(&env->gpu) == QT_OK;
-    if (!ok) fprintf(stderr, "bench block: %s\n", qt_error_message());
-    return ok;
-}
-
-static void block_bench_case(bench_env *env, uint32_t rows, uint32_t cols, uint32_t members,
-                             bool two_d) {
-    static block_bench_input input;
-    if (!block_bench_fill(env, &input, rows, cols, members)) return;
+static void block_bench_case(bench_env *env, const bench_cast_case *c) {
+    static bench_inputs input;
+    prog_ref x = bench_inputs_cast(&input, "block", c, block_bench_members);
+    if (!bench_inputs_ready(env, &input)) return;
     bench_case_begin(env);
-    uint64_t codes = (uint64_t)rows * cols;
-    uint64_t row_scales = 4 * op_block_scale_count(rows, cols, two_d, false);
-    uint64_t col_scales = 4 * op_block_scale_count(rows, cols, two_d, true);
+    uint64_t codes = (uint64_t)c->rows * c->cols;
+    uint64_t row_scales = 4 * op_block_scale_count(c->rows, c->cols, c->two_d, false);
+    uint64_t col_scales = 4 * op_block_scale_count(c->rows, c->cols, c->two_d, true);
     op_block_tensor t = {0};
-    t.rows = rows;
-    t.cols = cols;
-    t.two_d = two_d;
+    t.rows = c->rows;
+    t.cols = c->cols;
+    t.two_d = c->two_d;
     t.fp8 = QT_BLOCK_E4M3;
     t.rowwise = true;
     t.colwise = true;
@@ -91,38 +43,20 @@ static void block_bench_case(bench_env *env, uint32_t rows, uint32_t cols, uint3
     t.row_scale_inv = bench_reserve(env, "row_scale_inv", row_scales);
     t.col_codes = bench_reserve(env, "col_codes", codes);
     t.col_scale_inv = bench_reserve(env, "col_scale_inv", col_scales);
-    t.group = (op_block_group){members, input.row_offsets, input.first_dims};
-    double ms = -1;
-    if (op_quant_block(&env->prog, "block_cast", input.in, QT_DTYPE_BF16, &t, NULL) == QT_OK) {
-        ms = bench_time_program(env);
-    }
-    bench_case_end(env);
-    backend_release(&env->gpu, &input.arena);
-    if (ms <= 0) {
-        fprintf(env->out, "fp8_block %ux%u: failed\n", rows, cols);
-        return;
-    }
-    double bytes = (double)rows * cols * 2 + 2.0 * (double)codes + (double)row_scales +
+    t.group = (op_block_group){c->members, input.row_offsets, input.first_dims};
+    qt_status st = op_quant_block(&env->prog, "block_cast", x, QT_DTYPE_BF16, &t, NULL);
+    double ms = bench_case_finish(env, &input, st);
+    const char *format = c->two_d ? "fp8_block_2d bf16 row+col" : "fp8_block_1d bf16 row+col";
+    double bytes = (double)c->rows * c->cols * 2 + 2.0 * (double)codes + (double)row_scales +
                    (double)col_scales;
-    char shape[64];
-    snprintf(shape, sizeof shape, "%ux%u", rows, cols);
-    char group[32] = "dense";
-    if (members) snprintf(group, sizeof group, "grouped%u", members);
-    bench_print_row(env, two_d ? "fp8_block_2d bf16 row+col" : "fp8_block_1d bf16 row+col", shape,
-                    group, ms, bytes);
+    bench_print_cast_row(env, c, "fp8_block", format, "", ms, bytes);
 }
 
 void bench_quant_block(bench_env *env) {
-    bench_print_header(env);
-    static const struct {
-        uint32_t rows, cols, members;
-        bool two_d;
-    } cases[] = {
+    static const bench_cast_case cases[] = {
         {8192, 8192, 0, false},  {16384, 4096, 0, false}, {8192, 8192, 64, false},
         {16384, 4096, 64, false}, {8192, 8192, 0, true},   {16384, 4096, 0, true},
         {8192, 8192, 64, true},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        block_bench_case(env, cases[i].rows, cases[i].cols, cases[i].members, cases[i].two_d);
-    }
+    bench_run_casts(env, cases, sizeof cases / sizeof cases[0], block_bench_case);
 }

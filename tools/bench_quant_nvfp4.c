@@ -15,40 +15,6 @@ typedef struct nvfp4_bench_case {
     bool rht;
 } nvfp4_bench_case;
 
-static int nvfp4_bench_compare(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-// Median milliseconds of graph replays of a resolved program (the harness's own timer works on
-// env->prog only and binds the arenas itself; here the input is filled by an earlier program).
-static qt_status nvfp4_bench_time(bench_env *env, const program *p, double *median_ms) {
-    enum { WARMUP = 3 };
-    backend_graph graph;
-    QT_TRY(backend_capture(&env->gpu, p, &graph));
-    CUevent start, stop;
-    QT_CU(cuEventCreate(&start, CU_EVENT_DEFAULT));
-    QT_CU(cuEventCreate(&stop, CU_EVENT_DEFAULT));
-    for (int i = 0; i < WARMUP; i++) QT_TRY(backend_launch(&env->gpu, &graph));
-    double *ms = calloc((size_t)env->repeats, sizeof *ms);
-    for (int i = 0; i < env->repeats; i++) {
-        QT_CU(cuEventRecord(start, env->gpu.stream));
-        QT_TRY(backend_launch(&env->gpu, &graph));
-        QT_CU(cuEventRecord(stop, env->gpu.stream));
-        QT_TRY(driver_sync_event(stop));
-        float elapsed = 0;
-        QT_CU(cuEventElapsedTime(&elapsed, start, stop));
-        ms[i] = elapsed;
-    }
-    qsort(ms, (size_t)env->repeats, sizeof *ms, nvfp4_bench_compare);
-    *median_ms = ms[env->repeats / 2];
-    free(ms);
-    drv.cuEventDestroy(start);
-    drv.cuEventDestroy(stop);
-    backend_graph_destroy(&env->gpu, &graph);
-    return QT_OK;
-}
-
 // Uneven member sizes (multiples of 16) that sum to `rows`: alternately 3/4 and 5/4 of the mean.
 static void nvfp4_bench_members(uint32_t rows, uint32_t members, uint32_t *offsets,
                                 uint32_t *first_dims) {
@@ -120,9 +86,11 @@ static void nvfp4_bench_case_run(bench_env *env, const nvfp4_bench_case *c) {
         st = backend_run(&env->gpu, &fill);  // input and amaxes, once, outside the timing
     }
     if (st == QT_OK) st = backend_finish(&env->gpu);
-    if (st == QT_OK) st = nvfp4_bench_time(env, &env->prog, &ms_quant);
-    if (st == QT_OK) st = nvfp4_bench_time(env, &amax, &ms_amax);
-    if (st != QT_OK) {
+    if (st == QT_OK) {
+        ms_quant = bench_time_graph(env, &env->prog);
+        ms_amax = bench_time_graph(env, &amax);
+    }
+    if (st != QT_OK || ms_quant < 0 || ms_amax < 0) {
         fprintf(stderr, "bench quant_nvfp4 %s: %s\n", c->label, qt_error_message());
     } else {
         double out_bytes = (double)(s.row_data + s.row_scales + s.col_data + s.col_scales);
