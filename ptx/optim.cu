@@ -158,7 +158,10 @@ __device__ __forceinline__ void opt_amax_block(const optim_adamw_args &a, float 
 
 extern "C" __global__ void __launch_bounds__(QT_OPTIM_THREADS)
     qt_optim_adamw(const __grid_constant__ optim_adamw_args a) {
-    __shared__ qt_optim_coef s_coef;
+    // Aligned so that the compiler's vector loads of the whole struct stay inside it: unaligned,
+    // they also read the neighbouring s_amax word that another warp writes later, which
+    // racecheck reports (the extra word is discarded, but the report would hide real races).
+    __shared__ __align__(16) qt_optim_coef s_coef;
     __shared__ uint32_t s_mode;
     __shared__ uint32_t s_t[QT_OPTIM_TILE * OPT_T_WORDS];
     __shared__ float s_amax[QT_OPTIM_THREADS / 32u];
