@@ -4,16 +4,9 @@
 
 #include "op_core.h"  // op_shape_1d
 
-static bool op_act_present(prog_ref r) { return r.arena != NULL; }
-
 static void op_act_check_tensor(op_act_tensor t) {
-    QT_ASSERT(op_act_present(t.ref));
+    QT_ASSERT(prog_ref_present(t.ref));
     QT_ASSERT(t.dtype == QT_DTYPE_BF16 || t.dtype == QT_DTYPE_F32);
-}
-
-static qt_status op_act_use_opt(program *p, uint32_t op, uint32_t field, prog_ref ref,
-                                prog_access access) {
-    return op_act_present(ref) ? prog_use(p, op, field, ref, access) : QT_OK;
 }
 
 // One warp per row, QT_ACT_ROWS_PER_BLOCK rows per block.
@@ -41,7 +34,7 @@ static qt_status op_act_append(program *p, const char *name, bool backward, uint
     QT_ASSERT(act != QT_ACT_SWIGLU || cols % 2 == 0);
     op_act_check_tensor(x);
     op_act_check_tensor(out);
-    if (op_act_present(bias.ref)) op_act_check_tensor(bias);
+    if (prog_ref_present(bias.ref)) op_act_check_tensor(bias);
     if (backward) op_act_check_tensor(dy);
     act_args args = {0};
     args.rows = rows;
@@ -59,7 +52,7 @@ static qt_status op_act_append(program *p, const char *name, bool backward, uint
     uint32_t op;
     QT_TRY(prog_append(p, kernel, name, &shape, &args, sizeof args, &op));
     QT_TRY(prog_use(p, op, offsetof(act_args, x), x.ref, PROG_READ));
-    QT_TRY(op_act_use_opt(p, op, offsetof(act_args, bias), bias.ref, PROG_READ));
+    QT_TRY(prog_use_optional(p, op, offsetof(act_args, bias), bias.ref, 0, PROG_READ));
     if (backward) QT_TRY(prog_use(p, op, offsetof(act_args, dy), dy.ref, PROG_READ));
     return prog_use(p, op, offsetof(act_args, out), out.ref, PROG_WRITE);
 }
@@ -99,7 +92,7 @@ static void op_rmsnorm_check(uint32_t rows, uint32_t cols, op_act_tensor x, op_a
     QT_ASSERT(cols < (1u << 24));  // (float)cols is exact
     op_act_check_tensor(x);
     op_act_check_tensor(gamma);
-    QT_ASSERT(op_act_present(inv_rms));
+    QT_ASSERT(prog_ref_present(inv_rms));
 }
 
 qt_status op_rmsnorm_forward(program *p, const char *name, uint32_t rows, uint32_t cols,
@@ -129,7 +122,7 @@ qt_status op_rmsnorm_backward(program *p, const char *name, uint32_t rows, uint3
     op_rmsnorm_check(rows, cols, x, gamma, inv_rms);
     op_act_check_tensor(dy);
     op_act_check_tensor(grads->dx);
-    QT_ASSERT(op_act_present(grads->dgamma) && op_act_present(grads->workspace));
+    QT_ASSERT(prog_ref_present(grads->dgamma) && prog_ref_present(grads->workspace));
     rmsnorm_args args = {0};
     args.rows = rows;
     args.cols = cols;
@@ -174,13 +167,13 @@ static qt_status op_residual_append(program *p, const char *name, uint64_t count
     QT_ASSERT(count >= 1);
     op_act_check_tensor(a);
     op_act_check_tensor(y);
-    if (op_act_present(b.ref)) op_act_check_tensor(b);
+    if (prog_ref_present(b.ref)) op_act_check_tensor(b);
     residual_args args = {0, 0, 0, count, a.dtype, b.dtype, y.dtype, 0};
     launch_shape shape = op_act_flat_shape(count);
     uint32_t op;
     QT_TRY(prog_append(p, KERNEL_RESIDUAL_ADD, name, &shape, &args, sizeof args, &op));
     QT_TRY(prog_use(p, op, offsetof(residual_args, a), a.ref, PROG_READ));
-    QT_TRY(op_act_use_opt(p, op, offsetof(residual_args, b), b.ref, PROG_READ));
+    QT_TRY(prog_use_optional(p, op, offsetof(residual_args, b), b.ref, 0, PROG_READ));
     return prog_use(p, op, offsetof(residual_args, y), y.ref, PROG_WRITE);
 }
 
@@ -214,8 +207,8 @@ qt_status op_xent(program *p, const char *name, uint32_t rows, uint32_t classes,
     QT_ASSERT(rows >= 1 && classes >= 1);
     QT_ASSERT(classes < 0x7FFFFFFFu);  // labels are i32
     op_act_check_tensor(logits);
-    if (op_act_present(dlogits.ref)) op_act_check_tensor(dlogits);
-    QT_ASSERT(op_act_present(labels) && op_act_present(workspace) && op_act_present(stats));
+    if (prog_ref_present(dlogits.ref)) op_act_check_tensor(dlogits);
+    QT_ASSERT(prog_ref_present(labels) && prog_ref_present(workspace) && prog_ref_present(stats));
     xent_args args = {0};
     args.rows = rows;
     args.classes = classes;
@@ -231,8 +224,8 @@ qt_status op_xent(program *p, const char *name, uint32_t rows, uint32_t classes,
     QT_TRY(prog_append(p, KERNEL_XENT_ROWS, name, &shape, &args, sizeof args, &op));
     QT_TRY(prog_use(p, op, offsetof(xent_args, logits), logits.ref, PROG_READ));
     QT_TRY(prog_use(p, op, offsetof(xent_args, labels), labels, PROG_READ));
-    QT_TRY(op_act_use_opt(p, op, offsetof(xent_args, loss), loss, PROG_WRITE));
-    QT_TRY(op_act_use_opt(p, op, offsetof(xent_args, dlogits), dlogits.ref, PROG_WRITE));
+    QT_TRY(prog_use_optional(p, op, offsetof(xent_args, loss), loss, 0, PROG_WRITE));
+    QT_TRY(prog_use_optional(p, op, offsetof(xent_args, dlogits), dlogits.ref, 0, PROG_WRITE));
     QT_TRY(prog_use(p, op, offsetof(xent_args, partials), workspace, PROG_WRITE));
     QT_TRY(prog_use(p, op, offsetof(xent_args, stats), stats, PROG_READ));
 
@@ -247,8 +240,8 @@ qt_status op_mse(program *p, const char *name, uint32_t rows, uint32_t cols, op_
     QT_ASSERT(rows >= 1 && cols >= 1);
     op_act_check_tensor(pred);
     op_act_check_tensor(target);
-    if (op_act_present(dpred.ref)) op_act_check_tensor(dpred);
-    QT_ASSERT(op_act_present(workspace) && op_act_present(stats));
+    if (prog_ref_present(dpred.ref)) op_act_check_tensor(dpred);
+    QT_ASSERT(prog_ref_present(workspace) && prog_ref_present(stats));
     mse_args args = {0};
     args.rows = rows;
     args.cols = cols;
@@ -261,12 +254,12 @@ qt_status op_mse(program *p, const char *name, uint32_t rows, uint32_t cols, op_
     QT_TRY(prog_append(p, KERNEL_MSE_ROWS, name, &shape, &args, sizeof args, &op));
     QT_TRY(prog_use(p, op, offsetof(mse_args, pred), pred.ref, PROG_READ));
     QT_TRY(prog_use(p, op, offsetof(mse_args, target), target.ref, PROG_READ));
-    QT_TRY(op_act_use_opt(p, op, offsetof(mse_args, valid_rows), valid_rows, PROG_READ));
-    QT_TRY(op_act_use_opt(p, op, offsetof(mse_args, dpred), dpred.ref, PROG_WRITE));
+    QT_TRY(prog_use_optional(p, op, offsetof(mse_args, valid_rows), valid_rows, 0, PROG_READ));
+    QT_TRY(prog_use_optional(p, op, offsetof(mse_args, dpred), dpred.ref, 0, PROG_WRITE));
     QT_TRY(prog_use(p, op, offsetof(mse_args, partials), workspace, PROG_WRITE));
 
     QT_TRY(prog_append(p, KERNEL_MSE_FINAL, name, &op_act_one_block, &args, sizeof args, &op));
-    QT_TRY(op_act_use_opt(p, op, offsetof(mse_args, valid_rows), valid_rows, PROG_READ));
+    QT_TRY(prog_use_optional(p, op, offsetof(mse_args, valid_rows), valid_rows, 0, PROG_READ));
     QT_TRY(prog_use(p, op, offsetof(mse_args, partials), workspace, PROG_READ));
     return prog_use(p, op, offsetof(mse_args, stats), stats, PROG_WRITE);
 }
@@ -293,13 +286,13 @@ uint64_t op_grad_norm_workspace_bytes(uint32_t regions, const uint64_t *counts) 
 qt_status op_grad_norm(program *p, const char *name, uint32_t regions, const prog_ref *grads,
                        const uint64_t *counts, float clip, prog_ref workspace, prog_ref out) {
     QT_ASSERT(regions >= 1);
-    QT_ASSERT(op_act_present(workspace) && op_act_present(out));
+    QT_ASSERT(prog_ref_present(workspace) && prog_ref_present(out));
     uint64_t total = op_gnorm_partials(regions, counts);
     QT_ASSERT(total <= 0xFFFFFFFFu);
     // Region i's partials follow those of regions 0..i-1: the final pass folds them in order.
     uint64_t base = 0;
     for (uint32_t i = 0; i < regions; i++) {
-        QT_ASSERT(op_act_present(grads[i]));
+        QT_ASSERT(prog_ref_present(grads[i]));
         gnorm_partial_args args = {0, counts[i], 0, 0, op_gnorm_blocks(counts[i]), 0};
         launch_shape shape = {{args.blocks, 1, 1}, {QT_ACT_THREADS, 1, 1}, 0};
         prog_ref sums = workspace, flags = workspace;

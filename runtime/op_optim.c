@@ -16,24 +16,8 @@ optim_hparams optim_hparams_default(void) {
     return (optim_hparams){0.9f, 0.999f, 1e-8f, 0.0f, 1.0f, true};
 }
 
-static bool op_optim_present(prog_ref r) { return r.arena != NULL; }
-
 static bool op_optim_same(prog_ref a, prog_ref b) {
     return a.arena == b.arena && a.region == b.region && a.offset == b.offset;
-}
-
-// prog_use after checking that `bytes` from ref.offset lie inside the region.
-static qt_status op_optim_use(program *p, uint32_t op, size_t field, prog_ref ref,
-                              uint64_t bytes, prog_access access) {
-    QT_ASSERT(op_optim_present(ref));
-    const arena_region *region = arena_region_get(ref.arena, ref.region);
-    QT_ASSERT(ref.offset <= region->bytes && bytes <= region->bytes - ref.offset);
-    return prog_use(p, op, (uint32_t)field, ref, access);
-}
-
-static qt_status op_optim_use_opt(program *p, uint32_t op, size_t field, prog_ref ref,
-                                  uint64_t bytes, prog_access access) {
-    return op_optim_present(ref) ? op_optim_use(p, op, field, ref, bytes, access) : QT_OK;
 }
 
 qt_status op_optim_begin(program *p, const char *name, prog_ref state, prog_ref grad_norm,
@@ -43,11 +27,11 @@ qt_status op_optim_begin(program *p, const char *name, prog_ref state, prog_ref 
     launch_shape shape = {{1, 1, 1}, {QT_OPTIM_BEGIN_THREADS, 1, 1}, 0};
     uint32_t op;
     QT_TRY(prog_append(p, KERNEL_OPTIM_BEGIN, name, &shape, &args, sizeof args, &op));
-    QT_TRY(op_optim_use(p, op, offsetof(optim_begin_args, state), state, sizeof(optim_state),
+    QT_TRY(prog_use_span(p, op, offsetof(optim_begin_args, state), state, sizeof(optim_state),
                         PROG_READ_WRITE));
-    QT_TRY(op_optim_use_opt(p, op, offsetof(optim_begin_args, grad_norm), grad_norm,
+    QT_TRY(prog_use_optional(p, op, offsetof(optim_begin_args, grad_norm), grad_norm,
                             sizeof(optim_grad_norm), PROG_READ));
-    return op_optim_use(p, op, offsetof(optim_begin_args, lr_rows), lr_rows,
+    return prog_use_span(p, op, offsetof(optim_begin_args, lr_rows), lr_rows,
                         (uint64_t)row_count * sizeof(optim_lr_row), PROG_READ);
 }
 
@@ -57,7 +41,7 @@ static qt_status op_optim_zero(program *p, const char *name, prog_ref amax) {
     launch_shape shape = op_shape_1d(1, 32);
     uint32_t op;
     QT_TRY(prog_append(p, KERNEL_FP8_AMAX_ZERO, name, &shape, &args, sizeof args, &op));
-    return op_optim_use(p, op, offsetof(fp8_amax_zero_args, amax), amax, 4, PROG_WRITE);
+    return prog_use_span(p, op, offsetof(fp8_amax_zero_args, amax), amax, 4, PROG_WRITE);
 }
 
 // What one qt_optim_adamw op writes besides master, m and v.
@@ -71,22 +55,22 @@ static qt_status op_optim_update_outputs(program *p, uint32_t op, const optim_pa
                                          const op_optim_outputs *o) {
     uint64_t elems = (uint64_t)d->rows * d->cols;
     if (o->out == QT_OPTIM_OUT_BF16) {
-        QT_TRY(op_optim_use(p, op, offsetof(optim_adamw_args, weight), d->bf16, elems * 2,
+        QT_TRY(prog_use_span(p, op, offsetof(optim_adamw_args, weight), d->bf16, elems * 2,
                             PROG_WRITE));
     } else if (o->out == QT_OPTIM_OUT_FP8) {
-        QT_TRY(op_optim_use_opt(p, op, offsetof(optim_adamw_args, weight), d->fp8.rowwise, elems,
+        QT_TRY(prog_use_optional(p, op, offsetof(optim_adamw_args, weight), d->fp8.rowwise, elems,
                                 PROG_WRITE));
-        QT_TRY(op_optim_use_opt(p, op, offsetof(optim_adamw_args, weight_t), d->fp8.colwise,
+        QT_TRY(prog_use_optional(p, op, offsetof(optim_adamw_args, weight_t), d->fp8.colwise,
                                 elems, PROG_WRITE));
-        QT_TRY(op_optim_use(p, op, offsetof(optim_adamw_args, scale), d->fp8_scale, 4,
+        QT_TRY(prog_use_span(p, op, offsetof(optim_adamw_args, scale), d->fp8_scale, 4,
                             PROG_READ));
-        QT_TRY(op_optim_use(p, op, offsetof(optim_adamw_args, scale_inv), d->fp8.scale_inv, 4,
+        QT_TRY(prog_use_span(p, op, offsetof(optim_adamw_args, scale_inv), d->fp8.scale_inv, 4,
                             PROG_WRITE));
     }
     // An atomic max reads and writes its target.
-    QT_TRY(op_optim_use_opt(p, op, offsetof(optim_adamw_args, amax0), o->amax0, 4,
+    QT_TRY(prog_use_optional(p, op, offsetof(optim_adamw_args, amax0), o->amax0, 4,
                             PROG_READ_WRITE));
-    return op_optim_use_opt(p, op, offsetof(optim_adamw_args, amax1), o->amax1, 4,
+    return prog_use_optional(p, op, offsetof(optim_adamw_args, amax1), o->amax1, 4,
                             PROG_READ_WRITE);
 }
 
@@ -115,19 +99,19 @@ static qt_status op_optim_update(program *p, const optim_param_desc *d, prog_ref
     QT_TRY(prog_append(p, KERNEL_OPTIM_ADAMW, d->name, &shape, &args, sizeof args, &op));
     uint64_t elems = (uint64_t)d->rows * d->cols;
     if (quantize_only) {
-        QT_TRY(op_optim_use(p, op, offsetof(optim_adamw_args, master), d->master, elems * 4,
+        QT_TRY(prog_use_span(p, op, offsetof(optim_adamw_args, master), d->master, elems * 4,
                             PROG_READ));
     } else {
         uint64_t grad_bytes = elems * (d->grad_dtype == QT_DTYPE_BF16 ? 2 : 4);
-        QT_TRY(op_optim_use(p, op, offsetof(optim_adamw_args, state), state,
+        QT_TRY(prog_use_span(p, op, offsetof(optim_adamw_args, state), state,
                             sizeof(optim_state), PROG_READ));
-        QT_TRY(op_optim_use(p, op, offsetof(optim_adamw_args, grad), d->grad, grad_bytes,
+        QT_TRY(prog_use_span(p, op, offsetof(optim_adamw_args, grad), d->grad, grad_bytes,
                             PROG_READ));
-        QT_TRY(op_optim_use(p, op, offsetof(optim_adamw_args, master), d->master, elems * 4,
+        QT_TRY(prog_use_span(p, op, offsetof(optim_adamw_args, master), d->master, elems * 4,
                             PROG_READ_WRITE));
-        QT_TRY(op_optim_use(p, op, offsetof(optim_adamw_args, m), d->m, elems * 4,
+        QT_TRY(prog_use_span(p, op, offsetof(optim_adamw_args, m), d->m, elems * 4,
                             PROG_READ_WRITE));
-        QT_TRY(op_optim_use(p, op, offsetof(optim_adamw_args, v), d->v, elems * 4,
+        QT_TRY(prog_use_span(p, op, offsetof(optim_adamw_args, v), d->v, elems * 4,
                             PROG_READ_WRITE));
     }
     return op_optim_update_outputs(p, op, d, o);
@@ -155,12 +139,12 @@ static qt_status op_optim_nvfp4(program *p, const optim_param_desc *d, prog_ref 
         op_optim_outputs o = {QT_OPTIM_OUT_NONE, {0}, {0}, true};
         if (q->rowwise) o.amax0 = q->amax_row;
         if (q->colwise) o.amax1 = q->amax_col;
-        if (op_optim_present(o.amax0) && op_optim_present(o.amax1) &&
+        if (prog_ref_present(o.amax0) && prog_ref_present(o.amax1) &&
             op_optim_same(o.amax0, o.amax1)) {
             o.amax1 = (prog_ref){0};
         }
-        if (op_optim_present(o.amax0)) QT_TRY(op_optim_zero(p, d->name, o.amax0));
-        if (op_optim_present(o.amax1)) QT_TRY(op_optim_zero(p, d->name, o.amax1));
+        if (prog_ref_present(o.amax0)) QT_TRY(op_optim_zero(p, d->name, o.amax0));
+        if (prog_ref_present(o.amax1)) QT_TRY(op_optim_zero(p, d->name, o.amax1));
         QT_TRY(op_optim_update(p, d, state, quantize_only, &o));
     }
     return op_nvfp4_quantize(p, d->name, &in, q);
@@ -168,7 +152,7 @@ static qt_status op_optim_nvfp4(program *p, const optim_param_desc *d, prog_ref 
 
 static qt_status op_optim_fp8_current(program *p, const optim_param_desc *d, prog_ref state,
                                       bool quantize_only) {
-    QT_ASSERT(op_optim_present(d->fp8_amax));
+    QT_ASSERT(prog_ref_present(d->fp8_amax));
     QT_TRY(op_optim_zero(p, d->name, d->fp8_amax));
     op_optim_outputs o = {QT_OPTIM_OUT_NONE, d->fp8_amax, {0}, true};
     QT_TRY(op_optim_update(p, d, state, quantize_only, &o));

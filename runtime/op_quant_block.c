@@ -19,20 +19,13 @@ static launch_shape op_block_shape(uint32_t rows, uint32_t cols) {
     return (launch_shape){{(uint32_t)tiles, 1, 1}, {OP_BLOCK_THREADS, 1, 1}, 0};
 }
 
-// Declares a region the op uses after checking that the bytes it reaches are inside it.
-static qt_status op_block_use(program *p, uint32_t op, size_t field, prog_ref ref,
-                              uint64_t bytes, prog_access access) {
-    QT_ASSERT(ref.offset + bytes <= arena_region_get(ref.arena, ref.region)->bytes);
-    return prog_use(p, op, (uint32_t)field, ref, access);
-}
-
 // The group's arrays, read by the op; `desc` is the args field holding the qt_group_desc.
 static qt_status op_block_use_group(program *p, uint32_t op, size_t desc,
                                     const op_block_group *g) {
     if (g->count == 0) return QT_OK;
-    QT_TRY(op_block_use(p, op, desc + offsetof(qt_group_desc, row_offsets), g->row_offsets,
+    QT_TRY(prog_use_span(p, op, desc + offsetof(qt_group_desc, row_offsets), g->row_offsets,
                         4ull * (g->count + 1), PROG_READ));
-    return op_block_use(p, op, desc + offsetof(qt_group_desc, first_dims), g->first_dims,
+    return prog_use_span(p, op, desc + offsetof(qt_group_desc, first_dims), g->first_dims,
                         4ull * g->count, PROG_READ);
 }
 
@@ -63,19 +56,19 @@ qt_status op_quant_block(program *p, const char *name, prog_ref input, uint32_t 
     QT_TRY(prog_append(p, op_block_cast_kernel(t->two_d, in_dtype), name, &shape, &args,
                        sizeof args, &op));
     uint64_t elems = (uint64_t)t->rows * t->cols;
-    QT_TRY(op_block_use(p, op, offsetof(quant_block_args, input), input,
+    QT_TRY(prog_use_span(p, op, offsetof(quant_block_args, input), input,
                         elems * (in_dtype == QT_DTYPE_BF16 ? 2 : 4), PROG_READ));
     if (t->rowwise) {
-        QT_TRY(op_block_use(p, op, offsetof(quant_block_args, row_codes), t->row_codes, elems,
+        QT_TRY(prog_use_span(p, op, offsetof(quant_block_args, row_codes), t->row_codes, elems,
                             PROG_WRITE));
-        QT_TRY(op_block_use(p, op, offsetof(quant_block_args, row_scale_inv), t->row_scale_inv,
+        QT_TRY(prog_use_span(p, op, offsetof(quant_block_args, row_scale_inv), t->row_scale_inv,
                             4 * op_block_scale_count(t->rows, t->cols, t->two_d, false),
                             PROG_WRITE));
     }
     if (t->colwise) {
-        QT_TRY(op_block_use(p, op, offsetof(quant_block_args, col_codes), t->col_codes, elems,
+        QT_TRY(prog_use_span(p, op, offsetof(quant_block_args, col_codes), t->col_codes, elems,
                             PROG_WRITE));
-        QT_TRY(op_block_use(p, op, offsetof(quant_block_args, col_scale_inv), t->col_scale_inv,
+        QT_TRY(prog_use_span(p, op, offsetof(quant_block_args, col_scale_inv), t->col_scale_inv,
                             4 * op_block_scale_count(t->rows, t->cols, t->two_d, true),
                             PROG_WRITE));
     }
@@ -99,12 +92,12 @@ qt_status op_dequant_block(program *p, const char *name, const op_block_tensor *
     QT_TRY(prog_append(p, t->two_d ? KERNEL_DEQUANT_BLOCK_2D : KERNEL_DEQUANT_BLOCK_1D, name,
                        &shape, &args, sizeof args, &op));
     uint64_t elems = (uint64_t)t->rows * t->cols;
-    QT_TRY(op_block_use(p, op, offsetof(dequant_block_args, codes),
+    QT_TRY(prog_use_span(p, op, offsetof(dequant_block_args, codes),
                         colwise ? t->col_codes : t->row_codes, elems, PROG_READ));
-    QT_TRY(op_block_use(p, op, offsetof(dequant_block_args, scale_inv),
+    QT_TRY(prog_use_span(p, op, offsetof(dequant_block_args, scale_inv),
                         colwise ? t->col_scale_inv : t->row_scale_inv,
                         4 * op_block_scale_count(t->rows, t->cols, t->two_d, colwise), PROG_READ));
-    QT_TRY(op_block_use(p, op, offsetof(dequant_block_args, out), out,
+    QT_TRY(prog_use_span(p, op, offsetof(dequant_block_args, out), out,
                         elems * (out_dtype == QT_DTYPE_BF16 ? 2 : 4), PROG_WRITE));
     return op_block_use_group(p, op, offsetof(dequant_block_args, group), &t->group);
 }

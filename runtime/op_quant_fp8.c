@@ -5,22 +5,14 @@
 
 #include "op_core.h"  // OP_GRID_BLOCKS_MAX
 
-static bool op_fp8_present(prog_ref r) { return r.arena != NULL; }
-
 static void op_fp8_check_input(const op_fp8_input *in) {
     QT_ASSERT(in->dtype == QT_DTYPE_BF16 || in->dtype == QT_DTYPE_F32);
     QT_ASSERT(in->rows >= 1 && in->cols >= 1);
-    QT_ASSERT(op_fp8_present(in->x));
+    QT_ASSERT(prog_ref_present(in->x));
 }
 
 static uint32_t op_fp8_members(const op_fp8_input *in) {
     return in->group.count ? in->group.count : 1u;
-}
-
-// Declares an optional region: nothing when absent (its args field stays 0).
-static qt_status op_fp8_use_opt(program *p, uint32_t op, uint32_t field, prog_ref ref,
-                                prog_access access) {
-    return op_fp8_present(ref) ? prog_use(p, op, field, ref, access) : QT_OK;
 }
 
 qt_status op_fp8_amax(program *p, const char *name, const op_fp8_input *in, prog_ref amax) {
@@ -52,7 +44,7 @@ static qt_status op_fp8_cast_append(program *p, const char *name, const op_fp8_i
                                     uint32_t *op) {
     op_fp8_check_input(in);
     QT_ASSERT(out->fp8 == QT_FP8_E4M3 || out->fp8 == QT_FP8_E5M2);
-    QT_ASSERT(op_fp8_present(out->scale_inv));
+    QT_ASSERT(prog_ref_present(out->scale_inv));
     args->rows = in->rows;
     args->cols = in->cols;
     args->dtype = in->dtype;
@@ -64,29 +56,31 @@ static qt_status op_fp8_cast_append(program *p, const char *name, const op_fp8_i
     kernel_id kernel = in->dtype == QT_DTYPE_BF16 ? KERNEL_FP8_CAST_BF16 : KERNEL_FP8_CAST_F32;
     QT_TRY(prog_append(p, kernel, name, &shape, args, sizeof *args, op));
     QT_TRY(prog_use(p, *op, offsetof(fp8_cast_args, x), in->x, PROG_READ));
-    QT_TRY(op_fp8_use_opt(p, *op, offsetof(fp8_cast_args, rowwise), out->rowwise, PROG_WRITE));
-    QT_TRY(op_fp8_use_opt(p, *op, offsetof(fp8_cast_args, colwise), out->colwise, PROG_WRITE));
+    QT_TRY(prog_use_optional(p, *op, offsetof(fp8_cast_args, rowwise),
+                             out->rowwise, 0, PROG_WRITE));
+    QT_TRY(prog_use_optional(p, *op, offsetof(fp8_cast_args, colwise),
+                             out->colwise, 0, PROG_WRITE));
     QT_TRY(prog_use(p, *op, offsetof(fp8_cast_args, scale_inv), out->scale_inv, PROG_WRITE));
     return op_group_use(p, *op, offsetof(fp8_cast_args, group), &in->group);
 }
 
 qt_status op_fp8_cast_delayed(program *p, const char *name, const op_fp8_input *in,
                               const op_fp8_output *out, prog_ref scale, prog_ref amax_slots) {
-    QT_ASSERT(op_fp8_present(scale));
+    QT_ASSERT(prog_ref_present(scale));
     fp8_cast_args args = {0};
     args.scale_mode = QT_FP8_SCALE_DELAYED;
     uint32_t op;
     QT_TRY(op_fp8_cast_append(p, name, in, out, &args, &op));
     QT_TRY(prog_use(p, op, offsetof(fp8_cast_args, scale), scale, PROG_READ));
     // An atomic max reads and writes the slot.
-    return op_fp8_use_opt(p, op, offsetof(fp8_cast_args, amax_out), amax_slots,
-                          PROG_READ_WRITE);
+    return prog_use_optional(p, op, offsetof(fp8_cast_args, amax_out),
+                             amax_slots, 0, PROG_READ_WRITE);
 }
 
 qt_status op_fp8_cast_current(program *p, const char *name, const op_fp8_input *in,
                               const op_fp8_output *out, prog_ref amax, prog_ref scale, bool pow2,
                               float eps) {
-    QT_ASSERT(op_fp8_present(amax));
+    QT_ASSERT(prog_ref_present(amax));
     fp8_cast_args args = {0};
     args.scale_mode = QT_FP8_SCALE_CURRENT;
     args.pow2 = pow2 ? 1u : 0u;
@@ -94,7 +88,7 @@ qt_status op_fp8_cast_current(program *p, const char *name, const op_fp8_input *
     uint32_t op;
     QT_TRY(op_fp8_cast_append(p, name, in, out, &args, &op));
     QT_TRY(prog_use(p, op, offsetof(fp8_cast_args, amax_in), amax, PROG_READ));
-    return op_fp8_use_opt(p, op, offsetof(fp8_cast_args, scale), scale, PROG_WRITE);
+    return prog_use_optional(p, op, offsetof(fp8_cast_args, scale), scale, 0, PROG_WRITE);
 }
 
 qt_status op_fp8_quantize_current(program *p, const char *name, const op_fp8_input *in,
@@ -121,15 +115,15 @@ qt_status op_fp8_delayed_update(program *p, const char *name, prog_ref history, 
     QT_TRY(prog_use(p, op, offsetof(fp8_delayed_update_args, history), history,
                     PROG_READ_WRITE));
     QT_TRY(prog_use(p, op, offsetof(fp8_delayed_update_args, scale), scale, PROG_READ_WRITE));
-    return op_fp8_use_opt(p, op, offsetof(fp8_delayed_update_args, reduced), reduced,
-                          PROG_READ);
+    return prog_use_optional(p, op, offsetof(fp8_delayed_update_args, reduced),
+                             reduced, 0, PROG_READ);
 }
 
 qt_status op_fp8_dequantize(program *p, const char *name, const op_fp8_input *hp,
                             const op_fp8_output *codes, bool colwise) {
     op_fp8_check_input(hp);
     prog_ref src = colwise ? codes->colwise : codes->rowwise;
-    QT_ASSERT(op_fp8_present(src) && op_fp8_present(codes->scale_inv));
+    QT_ASSERT(prog_ref_present(src) && prog_ref_present(codes->scale_inv));
     fp8_dequantize_args args = {0};
     args.rows = hp->rows;
     args.cols = hp->cols;

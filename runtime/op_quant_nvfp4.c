@@ -9,8 +9,6 @@
 // four per SM on a 132-SM GPU), each taking several tiles.
 #define OP_NVFP4_QUANT_CTAS 1584u
 
-static bool op_nvfp4_present(prog_ref r) { return r.arena != NULL; }
-
 static uint32_t op_nvfp4_esize(uint32_t dtype) {
     QT_ASSERT(dtype == QT_DTYPE_BF16 || dtype == QT_DTYPE_F32);
     return dtype == QT_DTYPE_F32 ? 4u : 2u;
@@ -26,14 +24,11 @@ static uint32_t op_nvfp4_grid_y(uint64_t row_tiles) {
     return y < OP_NVFP4_GRID_Y_MAX ? y : OP_NVFP4_GRID_Y_MAX;
 }
 
-// prog_use after checking that the region holds `bytes` from ref.offset at `align`.
+// prog_use_span after checking that ref.offset is a multiple of `align`.
 static qt_status op_nvfp4_use(program *p, uint32_t op, size_t field, prog_ref ref,
                               uint64_t bytes, uint64_t align, prog_access access) {
-    QT_ASSERT(op_nvfp4_present(ref));
-    const arena_region *region = arena_region_get(ref.arena, ref.region);
-    QT_ASSERT(ref.offset <= region->bytes && bytes <= region->bytes - ref.offset);
     QT_ASSERT(ref.offset % align == 0);
-    return prog_use(p, op, (uint32_t)field, ref, access);
+    return prog_use_span(p, op, (uint32_t)field, ref, bytes, access);
 }
 
 static qt_status op_nvfp4_use_group(program *p, uint32_t op, size_t group_field,
@@ -63,7 +58,7 @@ static qt_group_desc op_nvfp4_desc(const op_nvfp4_group *g) {
 qt_status op_nvfp4_amax(program *p, const char *name, const op_nvfp4_input *in,
                         const op_nvfp4_amax_out *out) {
     const uint32_t esize = op_nvfp4_esize(in->dtype);
-    const bool colwise = op_nvfp4_present(out->amax_col);
+    const bool colwise = prog_ref_present(out->amax_col);
     QT_ASSERT(!out->rht || colwise);
     const uint64_t amax_bytes = op_nvfp4_sizes_of(in->rows, in->cols, in->group.count).amax;
     nvfp4_amax_args args = {0};

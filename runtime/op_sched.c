@@ -4,22 +4,6 @@
 
 #include "op_core.h"  // op_shape_1d
 
-static bool op_sched_present(prog_ref r) { return r.arena != NULL; }
-
-// prog_use after checking that `bytes` from ref.offset lie inside the region.
-static qt_status op_sched_use(program *p, uint32_t op, size_t field, prog_ref ref,
-                              uint64_t bytes, prog_access access) {
-    QT_ASSERT(op_sched_present(ref));
-    const arena_region *region = arena_region_get(ref.arena, ref.region);
-    QT_ASSERT(ref.offset <= region->bytes && bytes <= region->bytes - ref.offset);
-    return prog_use(p, op, (uint32_t)field, ref, access);
-}
-
-static qt_status op_sched_use_opt(program *p, uint32_t op, size_t field, prog_ref ref,
-                                  uint64_t bytes, prog_access access) {
-    return op_sched_present(ref) ? op_sched_use(p, op, field, ref, bytes, access) : QT_OK;
-}
-
 qt_status op_sched_copy(program *p, const char *name, prog_ref counter, op_sched_slots dst,
                         op_sched_slots src, uint64_t bytes) {
     QT_ASSERT(dst.slots >= 1 && src.slots >= 1);
@@ -31,11 +15,11 @@ qt_status op_sched_copy(program *p, const char *name, prog_ref counter, op_sched
     launch_shape shape = op_shape_1d(bytes / 16, QT_SCHED_THREADS);
     uint32_t op;
     QT_TRY(prog_append(p, KERNEL_SCHED_COPY, name, &shape, &args, sizeof args, &op));
-    QT_TRY(op_sched_use(p, op, offsetof(sched_copy_args, counter), counter, 8, PROG_READ));
+    QT_TRY(prog_use_span(p, op, offsetof(sched_copy_args, counter), counter, 8, PROG_READ));
     uint64_t dst_span = (uint64_t)(dst.slots - 1) * dst.stride + bytes;
     uint64_t src_span = (uint64_t)(src.slots - 1) * src.stride + bytes;
-    QT_TRY(op_sched_use(p, op, offsetof(sched_copy_args, dst), dst.ref, dst_span, PROG_WRITE));
-    return op_sched_use(p, op, offsetof(sched_copy_args, src), src.ref, src_span, PROG_READ);
+    QT_TRY(prog_use_span(p, op, offsetof(sched_copy_args, dst), dst.ref, dst_span, PROG_WRITE));
+    return prog_use_span(p, op, offsetof(sched_copy_args, src), src.ref, src_span, PROG_READ);
 }
 
 qt_status op_sched_record(program *p, const char *name, const op_sched_record_desc *d) {
@@ -49,21 +33,21 @@ qt_status op_sched_record(program *p, const char *name, const op_sched_record_de
     launch_shape shape = {{1, 1, 1}, {QT_SCHED_RECORD_THREADS, 1, 1}, 0};
     uint32_t op;
     QT_TRY(prog_append(p, KERNEL_SCHED_RECORD, name, &shape, &args, sizeof args, &op));
-    QT_TRY(op_sched_use(p, op, offsetof(sched_record_args, counter), d->counter, 8,
+    QT_TRY(prog_use_span(p, op, offsetof(sched_record_args, counter), d->counter, 8,
                         PROG_READ_WRITE));
-    QT_TRY(op_sched_use(p, op, offsetof(sched_record_args, ring), d->ring,
+    QT_TRY(prog_use_span(p, op, offsetof(sched_record_args, ring), d->ring,
                         (uint64_t)d->ring_len * sizeof(qt_trace_record), PROG_WRITE));
-    QT_TRY(op_sched_use_opt(p, op, offsetof(sched_record_args, loss), d->loss,
+    QT_TRY(prog_use_optional(p, op, offsetof(sched_record_args, loss), d->loss,
                             sizeof(qt_loss_stats), PROG_READ));
-    QT_TRY(op_sched_use_opt(p, op, offsetof(sched_record_args, gnorm), d->gnorm,
+    QT_TRY(prog_use_optional(p, op, offsetof(sched_record_args, gnorm), d->gnorm,
                             sizeof(qt_gnorm_result), PROG_READ));
-    QT_TRY(op_sched_use_opt(p, op, offsetof(sched_record_args, optim), d->optim,
+    QT_TRY(prog_use_optional(p, op, offsetof(sched_record_args, optim), d->optim,
                             sizeof(optim_state), PROG_READ));
     uint64_t array_bytes = (uint64_t)d->quantizers * 4;
     if (d->quantizers > 0) {
-        QT_TRY(op_sched_use_opt(p, op, offsetof(sched_record_args, amax), d->amax, array_bytes,
+        QT_TRY(prog_use_optional(p, op, offsetof(sched_record_args, amax), d->amax, array_bytes,
                                 PROG_READ));
-        QT_TRY(op_sched_use_opt(p, op, offsetof(sched_record_args, scale), d->scale,
+        QT_TRY(prog_use_optional(p, op, offsetof(sched_record_args, scale), d->scale,
                                 array_bytes, PROG_READ));
     }
     return QT_OK;
@@ -76,9 +60,9 @@ qt_status op_sched_checksum(program *p, const char *name, prog_ref counter, prog
     launch_shape shape = {{1, 1, 1}, {QT_SCHED_RECORD_THREADS, 1, 1}, 0};
     uint32_t op;
     QT_TRY(prog_append(p, KERNEL_SCHED_CHECKSUM, name, &shape, &args, sizeof args, &op));
-    QT_TRY(op_sched_use(p, op, offsetof(sched_checksum_args, counter), counter, 8, PROG_READ));
-    QT_TRY(op_sched_use(p, op, offsetof(sched_checksum_args, ring), ring,
+    QT_TRY(prog_use_span(p, op, offsetof(sched_checksum_args, counter), counter, 8, PROG_READ));
+    QT_TRY(prog_use_span(p, op, offsetof(sched_checksum_args, ring), ring,
                         (uint64_t)ring_len * sizeof(qt_trace_record), PROG_READ_WRITE));
-    return op_sched_use(p, op, offsetof(sched_checksum_args, hashes), hashes,
+    return prog_use_span(p, op, offsetof(sched_checksum_args, hashes), hashes,
                         (uint64_t)count * 8, PROG_READ);
 }

@@ -62,6 +62,20 @@ qt_status prog_use(program *p, uint32_t op_number, uint32_t args_offset, prog_re
     return QT_OK;
 }
 
+qt_status prog_use_span(program *p, uint32_t op, uint32_t args_offset, prog_ref ref,
+                        uint64_t bytes, prog_access access) {
+    QT_ASSERT(prog_ref_present(ref));
+    const arena_region *region = arena_region_get(ref.arena, ref.region);
+    QT_ASSERT(ref.offset <= region->bytes && bytes <= region->bytes - ref.offset);
+    return prog_use(p, op, args_offset, ref, access);
+}
+
+qt_status prog_use_optional(program *p, uint32_t op, uint32_t args_offset, prog_ref ref,
+                            uint64_t bytes, prog_access access) {
+    if (!prog_ref_present(ref)) return QT_OK;
+    return prog_use_span(p, op, args_offset, ref, bytes, access);
+}
+
 void prog_resolve(program *p) {
     QT_ASSERT(!p->resolved);
     for (uint32_t i = 0; i < p->op_count; i++) {

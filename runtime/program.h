@@ -69,6 +69,15 @@ qt_status prog_append(program *p, kernel_id kernel, const char *name, const laun
 // lifetime to include the op.
 qt_status prog_use(program *p, uint32_t op, uint32_t args_offset, prog_ref ref,
                    prog_access access);
+// A prog_ref without an arena stands for an absent optional buffer: its args field stays 0, which
+// the kernels read as "no such input or output".
+static inline bool prog_ref_present(prog_ref ref) { return ref.arena != NULL; }
+// prog_use after asserting that the `bytes` the op reaches from ref.offset lie inside the region.
+qt_status prog_use_span(program *p, uint32_t op, uint32_t args_offset, prog_ref ref,
+                        uint64_t bytes, prog_access access);
+// prog_use_span for an optional buffer: nothing when the ref is absent.
+qt_status prog_use_optional(program *p, uint32_t op, uint32_t args_offset, prog_ref ref,
+                            uint64_t bytes, prog_access access);
 // Writes every region address into the ops' args; all arenas used must be FROZEN.
 void prog_resolve(program *p);
 int32_t prog_op_index(const program *p, uint32_t op);  // global index of ops[op]
