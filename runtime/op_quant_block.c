@@ -19,16 +19,6 @@ static launch_shape op_block_shape(uint32_t rows, uint32_t cols) {
     return (launch_shape){{(uint32_t)tiles, 1, 1}, {OP_BLOCK_THREADS, 1, 1}, 0};
 }
 
-// The group's arrays, read by the op; `desc` is the args field holding the qt_group_desc.
-static qt_status op_block_use_group(program *p, uint32_t op, size_t desc,
-                                    const op_block_group *g) {
-    if (g->count == 0) return QT_OK;
-    QT_TRY(prog_use_span(p, op, desc + offsetof(qt_group_desc, row_offsets), g->row_offsets,
-                        4ull * (g->count + 1), PROG_READ));
-    return prog_use_span(p, op, desc + offsetof(qt_group_desc, first_dims), g->first_dims,
-                        4ull * g->count, PROG_READ);
-}
-
 static kernel_id op_block_cast_kernel(bool two_d, uint32_t in_dtype) {
     if (two_d) {
         return in_dtype == QT_DTYPE_BF16 ? KERNEL_QUANT_BLOCK_2D_BF16 : KERNEL_QUANT_BLOCK_2D_F32;
@@ -44,7 +34,6 @@ qt_status op_quant_block(program *p, const char *name, prog_ref input, uint32_t 
     op_block_options defaults = {false, 0.0f};
     if (options == NULL) options = &defaults;
     quant_block_args args = {0};
-    args.group.count = t->group.count;
     args.rows = t->rows;
     args.cols = t->cols;
     args.fp8 = t->fp8;
@@ -72,7 +61,7 @@ qt_status op_quant_block(program *p, const char *name, prog_ref input, uint32_t 
                             4 * op_block_scale_count(t->rows, t->cols, t->two_d, true),
                             PROG_WRITE));
     }
-    return op_block_use_group(p, op, offsetof(quant_block_args, group), &t->group);
+    return op_group_use(p, op, offsetof(quant_block_args, group), &t->group);
 }
 
 qt_status op_dequant_block(program *p, const char *name, const op_block_tensor *t, bool colwise,
@@ -81,7 +70,6 @@ qt_status op_dequant_block(program *p, const char *name, const op_block_tensor *
     QT_ASSERT(t->fp8 == QT_BLOCK_E4M3 || t->fp8 == QT_BLOCK_E5M2);
     QT_ASSERT(colwise ? t->colwise : t->rowwise);
     dequant_block_args args = {0};
-    args.group.count = t->group.count;
     args.rows = t->rows;
     args.cols = t->cols;
     args.fp8 = t->fp8;
@@ -99,5 +87,5 @@ qt_status op_dequant_block(program *p, const char *name, const op_block_tensor *
                         4 * op_block_scale_count(t->rows, t->cols, t->two_d, colwise), PROG_READ));
     QT_TRY(prog_use_span(p, op, offsetof(dequant_block_args, out), out,
                         elems * (out_dtype == QT_DTYPE_BF16 ? 2 : 4), PROG_WRITE));
-    return op_block_use_group(p, op, offsetof(dequant_block_args, group), &t->group);
+    return op_group_use(p, op, offsetof(dequant_block_args, group), &t->group);
 }

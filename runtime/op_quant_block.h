@@ -6,15 +6,9 @@
 #ifndef QT_OP_QUANT_BLOCK_H
 #define QT_OP_QUANT_BLOCK_H
 
+#include "op_quant_group.h"  // op_group
 #include "program.h"      // program, prog_ref
 #include "quant_block.h"  // QT_BLOCK_*, the args structs
-
-// A grouped tensor's member layout (ptx/quant.h), read by the kernels from device memory.
-typedef struct op_block_group {
-    uint32_t count;        // members; 0 = dense (the refs are then unused)
-    prog_ref row_offsets;  // u32 [count + 1], multiples of 128
-    prog_ref first_dims;   // u32 [count]
-} op_block_group;
 
 // The storage of one block-scaled FP8 tensor. A direction that is off needs no regions.
 typedef struct op_block_tensor {
@@ -25,7 +19,7 @@ typedef struct op_block_tensor {
     bool rowwise, colwise;
     prog_ref row_codes, row_scale_inv;  // u8 [rows][cols]; f32, see op_block_scale_count
     prog_ref col_codes, col_scale_inv;  // u8 [cols][rows]; f32
-    op_block_group group;
+    op_group group;
 } op_block_tensor;
 
 // Scale options (NUMERICS 7.1); NULL means the recipe defaults: power-of-two scales, eps 0.

@@ -9,10 +9,11 @@ qt_status op_group_use(program *p, uint32_t op, uint32_t desc_offset, const op_g
     QT_ASSERT(desc_offset + sizeof(qt_group_desc) <= p->ops[op].args_bytes);
     uint32_t count = g->count;
     memcpy(p->ops[op].args + desc_offset + offsetof(qt_group_desc, count), &count, sizeof count);
-    QT_TRY(prog_use(p, op, desc_offset + (uint32_t)offsetof(qt_group_desc, row_offsets),
-                    g->row_offsets, PROG_READ));
-    return prog_use(p, op, desc_offset + (uint32_t)offsetof(qt_group_desc, first_dims),
-                    g->first_dims, PROG_READ);
+    QT_ASSERT(g->row_offsets.offset % 4 == 0 && g->first_dims.offset % 4 == 0);
+    QT_TRY(prog_use_span(p, op, desc_offset + (uint32_t)offsetof(qt_group_desc, row_offsets),
+                         g->row_offsets, 4ull * (g->count + 1), PROG_READ));
+    return prog_use_span(p, op, desc_offset + (uint32_t)offsetof(qt_group_desc, first_dims),
+                         g->first_dims, 4ull * g->count, PROG_READ);
 }
 
 qt_status op_group_offsets(program *p, const char *name, const op_group *g, uint32_t row_align) {

@@ -26,18 +26,6 @@ static uint32_t op_mxfp8_elem(qt_elem elem) {
     return elem == QT_ELEM_E5M2 ? QT_MXFP8_E5M2 : QT_MXFP8_E4M3;
 }
 
-// Declares the group arrays (read) and points the args' qt_group_desc at them.
-static qt_status op_mxfp8_use_group(program *p, uint32_t op, size_t desc_offset,
-                                    const op_mxfp8_group *g) {
-    if (g->count == 0) return QT_OK;
-    op_mxfp8_assert_fits(g->row_offsets, ((uint64_t)g->count + 1) * 4);
-    op_mxfp8_assert_fits(g->first_dims, (uint64_t)g->count * 4);
-    QT_TRY(prog_use(p, op, (uint32_t)(desc_offset + offsetof(qt_group_desc, row_offsets)),
-                    g->row_offsets, PROG_READ));
-    return prog_use(p, op, (uint32_t)(desc_offset + offsetof(qt_group_desc, first_dims)),
-                    g->first_dims, PROG_READ);
-}
-
 static qt_status op_mxfp8_use_dir(program *p, uint32_t op, size_t codes_offset,
                                   size_t scales_offset, const op_mxfp8_dir *dir,
                                   uint64_t codes_bytes, uint64_t scales_bytes,
@@ -53,7 +41,6 @@ qt_status op_mxfp8_quantize(program *p, const char *name, const op_mxfp8_quantiz
     if (d->rows == 0 || d->cols == 0) return QT_OK;
     bool row = d->rowwise.codes.arena != NULL, col = d->colwise.codes.arena != NULL;
     mxfp8_quantize_args args = {0};
-    args.group.count = d->group.count;
     args.rows = d->rows;
     args.cols = d->cols;
     args.dtype = d->dtype;
@@ -82,14 +69,13 @@ qt_status op_mxfp8_quantize(program *p, const char *name, const op_mxfp8_quantiz
                                 offsetof(mxfp8_quantize_args, col_scales), &d->colwise, codes,
                                 op_mxfp8_col_scales_bytes(d->rows, d->cols), PROG_WRITE));
     }
-    return op_mxfp8_use_group(p, op, offsetof(mxfp8_quantize_args, group), &d->group);
+    return op_group_use(p, op, offsetof(mxfp8_quantize_args, group), &d->group);
 }
 
 qt_status op_mxfp8_dequantize(program *p, const char *name, const op_mxfp8_dequantize_desc *d) {
     QT_ASSERT(d->dtype == QT_DTYPE_BF16 || d->dtype == QT_DTYPE_F32);
     if (d->rows == 0 || d->cols == 0) return QT_OK;
     mxfp8_dequantize_args args = {0};
-    args.group.count = d->group.count;
     args.rows = d->rows;
     args.cols = d->cols;
     args.dtype = d->dtype;
@@ -108,5 +94,5 @@ qt_status op_mxfp8_dequantize(program *p, const char *name, const op_mxfp8_dequa
     uint64_t elem_bytes = d->dtype == QT_DTYPE_BF16 ? 2 : 4;
     op_mxfp8_assert_fits(d->out, (uint64_t)d->rows * d->cols * elem_bytes);
     QT_TRY(prog_use(p, op, offsetof(mxfp8_dequantize_args, out), d->out, PROG_WRITE));
-    return op_mxfp8_use_group(p, op, offsetof(mxfp8_dequantize_args, group), &d->group);
+    return op_group_use(p, op, offsetof(mxfp8_dequantize_args, group), &d->group);
 }

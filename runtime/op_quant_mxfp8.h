@@ -11,14 +11,9 @@
 #ifndef QT_OP_QUANT_MXFP8_H
 #define QT_OP_QUANT_MXFP8_H
 
+#include "op_quant_group.h"  // op_group
 #include "format.h"   // qt_elem
 #include "program.h"
-
-typedef struct op_mxfp8_group {
-    prog_ref row_offsets;  // u32 [count + 1], row_offsets[0] = 0
-    prog_ref first_dims;   // u32 [count]
-    uint32_t count;        // 0: a dense tensor (the refs are ignored)
-} op_mxfp8_group;
 
 // One direction's data. codes.arena == NULL: the direction is not produced (quantize).
 typedef struct op_mxfp8_dir {
@@ -34,7 +29,7 @@ typedef struct op_mxfp8_quantize_desc {
     bool tile_2d;          // one scale per 32 x 32 tile for both directions (weights)
     op_mxfp8_dir rowwise;
     op_mxfp8_dir colwise;
-    op_mxfp8_group group;
+    op_group group;
 } op_mxfp8_quantize_desc;
 
 typedef struct op_mxfp8_dequantize_desc {
@@ -44,7 +39,7 @@ typedef struct op_mxfp8_dequantize_desc {
     uint32_t rows, cols;
     prog_ref out;          // [rows][cols] of dtype
     uint32_t dtype;        // QT_DTYPE_BF16 | QT_DTYPE_F32
-    op_mxfp8_group group;  // rows at or beyond row_offsets[count] are not written
+    op_group group;  // rows at or beyond row_offsets[count] are not written
 } op_mxfp8_dequantize_desc;
 
 // Bytes of each buffer.

@@ -31,15 +31,6 @@ static qt_status op_nvfp4_use(program *p, uint32_t op, size_t field, prog_ref re
     return prog_use_span(p, op, (uint32_t)field, ref, bytes, access);
 }
 
-static qt_status op_nvfp4_use_group(program *p, uint32_t op, size_t group_field,
-                                    const op_nvfp4_group *g) {
-    if (g->count == 0) return QT_OK;
-    QT_TRY(op_nvfp4_use(p, op, group_field + offsetof(qt_group_desc, row_offsets),
-                        g->row_offsets, 4ull * (g->count + 1), 4, PROG_READ));
-    return op_nvfp4_use(p, op, group_field + offsetof(qt_group_desc, first_dims), g->first_dims,
-                        4ull * g->count, 4, PROG_READ);
-}
-
 op_nvfp4_sizes op_nvfp4_sizes_of(uint32_t rows, uint32_t cols, uint32_t group_count) {
     op_nvfp4_sizes s;
     s.row_data = (uint64_t)rows * ((cols + 1ull) / 2);
@@ -50,11 +41,6 @@ op_nvfp4_sizes op_nvfp4_sizes_of(uint32_t rows, uint32_t cols, uint32_t group_co
     return s;
 }
 
-static qt_group_desc op_nvfp4_desc(const op_nvfp4_group *g) {
-    qt_group_desc d = {0, 0, g->count, 0};
-    return d;
-}
-
 qt_status op_nvfp4_amax(program *p, const char *name, const op_nvfp4_input *in,
                         const op_nvfp4_amax_out *out) {
     const uint32_t esize = op_nvfp4_esize(in->dtype);
@@ -62,7 +48,6 @@ qt_status op_nvfp4_amax(program *p, const char *name, const op_nvfp4_input *in,
     QT_ASSERT(!out->rht || colwise);
     const uint64_t amax_bytes = op_nvfp4_sizes_of(in->rows, in->cols, in->group.count).amax;
     nvfp4_amax_args args = {0};
-    args.group = op_nvfp4_desc(&in->group);
     args.rows = in->rows;
     args.cols = in->cols;
     args.dtype = in->dtype;
@@ -90,7 +75,7 @@ qt_status op_nvfp4_amax(program *p, const char *name, const op_nvfp4_input *in,
     QT_TRY(prog_append(p, KERNEL_NVFP4_AMAX, name, &shape, &args, sizeof args, &op));
     QT_TRY(op_nvfp4_use(p, op, offsetof(nvfp4_amax_args, x), in->x,
                         (uint64_t)in->rows * in->cols * esize, esize, PROG_READ));
-    QT_TRY(op_nvfp4_use_group(p, op, offsetof(nvfp4_amax_args, group), &in->group));
+    QT_TRY(op_group_use(p, op, offsetof(nvfp4_amax_args, group), &in->group));
     QT_TRY(op_nvfp4_use(p, op, offsetof(nvfp4_amax_args, amax_row), out->amax_row, amax_bytes, 4,
                         PROG_READ_WRITE));
     if (colwise) {
@@ -138,7 +123,6 @@ qt_status op_nvfp4_quantize(program *p, const char *name, const op_nvfp4_input *
     const uint32_t esize = op_nvfp4_esize(in->dtype);
     nvfp4_quantize_args args = {0};
     args.seed = q->seed;
-    args.group = op_nvfp4_desc(&in->group);
     args.rows = in->rows;
     args.cols = in->cols;
     args.dtype = in->dtype;
@@ -164,7 +148,7 @@ qt_status op_nvfp4_quantize(program *p, const char *name, const op_nvfp4_input *
                        &shape, &args, sizeof args, &op));
     QT_TRY(op_nvfp4_use(p, op, offsetof(nvfp4_quantize_args, x), in->x,
                         (uint64_t)in->rows * in->cols * esize, esize, PROG_READ));
-    QT_TRY(op_nvfp4_use_group(p, op, offsetof(nvfp4_quantize_args, group), &in->group));
+    QT_TRY(op_group_use(p, op, offsetof(nvfp4_quantize_args, group), &in->group));
     if (q->stochastic) {
         QT_TRY(op_nvfp4_use(p, op, offsetof(nvfp4_quantize_args, step), q->step, 8, 8,
                             PROG_READ));
@@ -176,7 +160,6 @@ qt_status op_nvfp4_dequantize(program *p, const char *name, const op_nvfp4_dequa
     const uint32_t out_esize = op_nvfp4_esize(d->out_dtype);
     const op_nvfp4_sizes s = op_nvfp4_sizes_of(d->rows, d->cols, d->group.count);
     nvfp4_dequantize_args args = {0};
-    args.group = op_nvfp4_desc(&d->group);
     args.rows = d->rows;
     args.cols = d->cols;
     args.out_dtype = d->out_dtype;
@@ -192,7 +175,7 @@ qt_status op_nvfp4_dequantize(program *p, const char *name, const op_nvfp4_dequa
                         d->colwise ? s.col_scales : s.row_scales, 1, PROG_READ));
     QT_TRY(op_nvfp4_use(p, op, offsetof(nvfp4_dequantize_args, amax), d->amax, s.amax, 4,
                         PROG_READ));
-    QT_TRY(op_nvfp4_use_group(p, op, offsetof(nvfp4_dequantize_args, group), &d->group));
+    QT_TRY(op_group_use(p, op, offsetof(nvfp4_dequantize_args, group), &d->group));
     return op_nvfp4_use(p, op, offsetof(nvfp4_dequantize_args, out), d->out,
                         (uint64_t)d->rows * d->cols * out_esize, out_esize, PROG_WRITE);
 }

@@ -14,22 +14,16 @@
 #ifndef QT_OP_QUANT_NVFP4_H
 #define QT_OP_QUANT_NVFP4_H
 
+#include "op_quant_group.h"  // op_group
 #include "program.h"
 #include "quant_nvfp4.h"  // args structs, flags, launch geometry
-
-// A high-precision input: dense (group.count 0) or grouped (members padded to 16 rows).
-typedef struct op_nvfp4_group {
-    uint32_t count;        // members; 0 = dense
-    prog_ref row_offsets;  // u32 [count + 1], read on the device
-    prog_ref first_dims;   // u32 [count]
-} op_nvfp4_group;
 
 typedef struct op_nvfp4_input {
     prog_ref x;      // [rows][cols] bf16 | f32
     uint32_t dtype;  // QT_DTYPE_BF16 | QT_DTYPE_F32
     uint32_t rows;   // M, or a grouped buffer's rows_capacity
     uint32_t cols;   // K
-    op_nvfp4_group group;
+    op_group group;
 } op_nvfp4_input;
 
 // Bytes of each output buffer for a rows x cols tensor (grouped: rows = rows_capacity).
@@ -71,7 +65,7 @@ qt_status op_nvfp4_quantize(program *p, const char *name, const op_nvfp4_input *
 // with RHT it stays in the RHT domain). `amax` is that direction's global amax array.
 typedef struct op_nvfp4_dequant {
     uint32_t rows, cols;  // of the original tensor
-    op_nvfp4_group group;
+    op_group group;
     bool colwise;
     prog_ref data, scales, amax;
     prog_ref out;        // [rows][cols]

@@ -813,7 +813,7 @@ static void mx_rig_build(rig *r, const mx_case *c, const mx_data *d, mx_regions 
     g->dc = rig_reserve(r, "col_dequant", sizes[5]);
     g->offsets = rig_reserve(r, "row_offsets", (d->count + 1) * 4);
     g->first_dims = rig_reserve(r, "first_dims", d->count * 4 + 4);
-    op_mxfp8_group group = {rig_ref(r, g->offsets, 0), rig_ref(r, g->first_dims, 0), d->count};
+    op_group group = {d->count, rig_ref(r, g->offsets, 0), rig_ref(r, g->first_dims, 0)};
     op_mxfp8_quantize_desc q = {0};
     q.in = rig_ref(r, g->in, 0);
     q.dtype = d->dtype;

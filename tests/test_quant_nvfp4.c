@@ -829,7 +829,7 @@ static void nv_build(rig *r, program *fill, const nv_case *c, nv_regions *g) {
     g->col_scales = nv_reserve(r, "col_scales", s.col_scales);
     g->deq_row = nv_reserve(r, "deq_row", elems * 4);
     g->deq_col = nv_reserve(r, "deq_col", elems * 2);
-    op_nvfp4_group group = {c->members, g->offsets, g->first_dims};
+    op_group group = {c->members, g->offsets, g->first_dims};
     op_nvfp4_input in = {g->x, c->dtype, c->rows, c->cols, group};
     prog_init(fill, "fill", 0);
     RIG_OK(op_fill_random(fill, "fill", g->x, elems, c->dtype, QT_FILL_NORMAL, 77, 0, 0, 1));

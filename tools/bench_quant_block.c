@@ -43,7 +43,7 @@ static void block_bench_case(bench_env *env, const bench_cast_case *c) {
     t.row_scale_inv = bench_reserve(env, "row_scale_inv", row_scales);
     t.col_codes = bench_reserve(env, "col_codes", codes);
     t.col_scale_inv = bench_reserve(env, "col_scale_inv", col_scales);
-    t.group = (op_block_group){c->members, input.row_offsets, input.first_dims};
+    t.group = (op_group){c->members, input.row_offsets, input.first_dims};
     qt_status st = op_quant_block(&env->prog, "block_cast", x, QT_DTYPE_BF16, &t, NULL);
     double ms = bench_case_finish(env, &input, st);
     const char *format = c->two_d ? "fp8_block_2d bf16 row+col" : "fp8_block_1d bf16 row+col";

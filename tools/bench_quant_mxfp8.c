@@ -41,7 +41,7 @@ static void mxfp8_bench_case(bench_env *env, const bench_cast_case *c) {
     d.rowwise.scales = bench_reserve(env, "row_scales", row_scales);
     d.colwise.codes = bench_reserve(env, "col_codes", codes);
     d.colwise.scales = bench_reserve(env, "col_scales", col_scales);
-    d.group = (op_mxfp8_group){input.row_offsets, input.first_dims, c->members};
+    d.group = (op_group){c->members, input.row_offsets, input.first_dims};
     double ms = bench_case_finish(env, &input, op_mxfp8_quantize(&env->prog, "mxfp8_cast", &d));
     double bytes = (double)c->rows * c->cols * 2 + 2.0 * (double)codes + (double)row_scales +
                    (double)col_scales;
