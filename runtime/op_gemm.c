@@ -2,6 +2,8 @@
 
 #include <stddef.h>  // offsetof
 
+#include "op_quant_group.h"  // op_group, op_group_use
+
 #define OP_GEMM_GRID_YZ_MAX 65535u
 
 static uint32_t op_gemm_ceil_div(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
@@ -145,15 +147,10 @@ static gemm_operand op_gemm_operand_args(const op_gemm_operand *o) {
 static qt_status op_gemm_use_operand(program *p, uint32_t op, size_t base,
                                      const op_gemm_operand *o) {
     QT_TRY(prog_use(p, op, (uint32_t)(base + offsetof(gemm_operand, data)), o->data, PROG_READ));
-    if (o->scale.arena) {
-        QT_TRY(prog_use(p, op, (uint32_t)(base + offsetof(gemm_operand, scale)), o->scale,
-                        PROG_READ));
-    }
-    if (o->tensor_scale.arena) {
-        QT_TRY(prog_use(p, op, (uint32_t)(base + offsetof(gemm_operand, tensor_scale)),
-                        o->tensor_scale, PROG_READ));
-    }
-    return QT_OK;
+    QT_TRY(prog_use_optional(p, op, (uint32_t)(base + offsetof(gemm_operand, scale)), o->scale,
+                             0, PROG_READ));
+    return prog_use_optional(p, op, (uint32_t)(base + offsetof(gemm_operand, tensor_scale)),
+                             o->tensor_scale, 0, PROG_READ);
 }
 
 static gemm_args op_gemm_args(const op_gemm_desc *g) {
@@ -167,7 +164,6 @@ static gemm_args op_gemm_args(const op_gemm_desc *g) {
         args.d_member_bytes = (uint64_t)g->m * args.ldd * elem_bytes;
     }
     args.bias_member_bytes = g->bias_member_bytes;
-    args.group.count = g->grouping == GEMM_DENSE ? 0u : g->count;
     args.m = g->m;
     args.n = g->n;
     args.k = g->k;
@@ -198,14 +194,10 @@ qt_status op_gemm(program *p, const char *name, const op_gemm_desc *g) {
     bool reads_c = g->c.arena != NULL && g->beta != 0.0f;
     if (reads_c) QT_TRY(prog_use(p, op, offsetof(gemm_args, c), g->c, PROG_READ));
     QT_TRY(prog_use(p, op, offsetof(gemm_args, d), g->d, PROG_WRITE));
-    if (g->bias.arena) QT_TRY(prog_use(p, op, offsetof(gemm_args, bias), g->bias, PROG_READ));
-    if (g->grouping != GEMM_DENSE) {
-        QT_TRY(prog_use(p, op, offsetof(gemm_args, group.row_offsets), g->row_offsets,
-                        PROG_READ));
-        QT_TRY(prog_use(p, op, offsetof(gemm_args, group.first_dims), g->first_dims,
-                        PROG_READ));
-    }
-    return QT_OK;
+    QT_TRY(prog_use_optional(p, op, offsetof(gemm_args, bias), g->bias, 0, PROG_READ));
+    if (g->grouping == GEMM_DENSE) return QT_OK;
+    op_group group = {g->count, g->row_offsets, g->first_dims};
+    return op_group_use(p, op, offsetof(gemm_args, group), &group);
 }
 
 qt_status op_gemm_bias_grad(program *p, const char *name, prog_ref dy, uint32_t dtype,
@@ -221,7 +213,6 @@ qt_status op_gemm_bias_grad(program *p, const char *name, prog_ref dy, uint32_t 
                        "%u", name, members, OP_GEMM_GRID_YZ_MAX);
     }
     gemm_bias_grad_args args = {0};
-    args.group.count = count;
     args.rows = rows;
     args.cols = cols;
     args.ld = ld;
@@ -233,11 +224,6 @@ qt_status op_gemm_bias_grad(program *p, const char *name, prog_ref dy, uint32_t 
     QT_TRY(prog_append(p, KERNEL_GEMM_BIAS_GRAD, name, &shape, &args, sizeof args, &op));
     QT_TRY(prog_use(p, op, offsetof(gemm_bias_grad_args, dy), dy, PROG_READ));
     QT_TRY(prog_use(p, op, offsetof(gemm_bias_grad_args, out), out, PROG_WRITE));
-    if (count) {
-        QT_TRY(prog_use(p, op, offsetof(gemm_bias_grad_args, group.row_offsets), row_offsets,
-                        PROG_READ));
-        QT_TRY(prog_use(p, op, offsetof(gemm_bias_grad_args, group.first_dims), first_dims,
-                        PROG_READ));
-    }
-    return QT_OK;
+    op_group group = {count, row_offsets, first_dims};
+    return op_group_use(p, op, offsetof(gemm_bias_grad_args, group), &group);
 }

@@ -71,14 +71,29 @@ static inline void rig_bind(rig *r) {
     r->bound = true;
 }
 
-static inline void rig_close(rig *r) {
+// Releases the arenas and their memory; the backend (and its loaded modules) stays open.
+static inline void rig_release(rig *r) {
     if (r->bound) {
         backend_release(&r->be, &r->dev);
         backend_release(&r->be, &r->host);
     }
-    backend_close(&r->be);
     free(r->ref_memory[0]);
     free(r->ref_memory[1]);
+    r->ref_memory[0] = r->ref_memory[1] = NULL;
+    r->bound = false;
+}
+
+// A fresh case on an open rig: new arenas and an empty program, the same backend.
+static inline void rig_reset(rig *r) {
+    rig_release(r);
+    arena_init(&r->dev, ARENA_KIND_DEVICE, "device");
+    arena_init(&r->host, ARENA_KIND_HOST, "host");
+    prog_init(&r->prog, "test", 0);
+}
+
+static inline void rig_close(rig *r) {
+    rig_release(r);
+    backend_close(&r->be);
 }
 
 // Runs a status-returning call inside a test; a failure is a failed check with the message.

@@ -598,22 +598,6 @@ static char gpu_why[256];
 
 static void rig_execute(rig *r) { RIG_OK(backend_run(&r->be, &r->prog)); }
 
-// A fresh case on an open rig: new arenas and program, the same backend.
-static void rig_restart(rig *r) {
-    if (r->bound) {
-        backend_release(&r->be, &r->dev);
-        backend_release(&r->be, &r->host);
-        r->bound = false;
-    }
-    free(r->ref_memory[0]);
-    free(r->ref_memory[1]);
-    r->ref_memory[0] = r->ref_memory[1] = NULL;
-    arena_init(&r->dev, ARENA_KIND_DEVICE, "device");
-    arena_init(&r->host, ARENA_KIND_HOST, "host");
-    prog_init(&r->prog, "test", 0);
-}
-
-
 // All B copies back to back (stacked weights: member strides are one copy's sizes).
 static uint8_t *concat_b(const tproblem *p, int what, size_t *bytes) {
     size_t each = what == 0 ? p->b[0].data_bytes
@@ -845,7 +829,7 @@ static void check_same_d(const tproblem *p, const uint8_t *first_run, const uint
 
 static void run_on(rig *r, const tproblem *p, uint8_t *d_out) {
     tregions g;
-    rig_restart(r);
+    rig_reset(r);
     problem_program(r, p, &g);
     const gregion *d = &g.r[R_D];
     size_t d_bytes = p->d_elems * (p->d_dtype == QT_DTYPE_BF16 ? 2 : 4);
@@ -1053,7 +1037,7 @@ static float *bgrad_run(rig *r, const bgrad *b, const char *name) {
     size_t esz = b->dtype == QT_DTYPE_BF16 ? 2 : 4;
     uint64_t dy_bytes = (uint64_t)b->rows * b->ld * esz;
     uint64_t out_bytes = (uint64_t)b->members * b->cols * 4;
-    rig_restart(r);
+    rig_reset(r);
     gregion g[4];
     greg_reserve(r, &g[0], "dy", dy_bytes, false);
     greg_reserve(r, &g[1], "out", out_bytes, true);

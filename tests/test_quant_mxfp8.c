@@ -772,21 +772,6 @@ static const char *const mx_output_names[6] = {"row codes", "row scales", "col c
 static rig mx_ref_rig, mx_gpu_rig;
 static program mx_fill_prog;
 
-// A rig's arenas and program start over; the backend (and its loaded modules) stays open.
-static void mx_rig_reset(rig *r) {
-    if (r->bound) {
-        backend_release(&r->be, &r->dev);
-        backend_release(&r->be, &r->host);
-    }
-    free(r->ref_memory[0]);
-    free(r->ref_memory[1]);
-    r->ref_memory[0] = r->ref_memory[1] = NULL;
-    r->bound = false;
-    arena_init(&r->dev, ARENA_KIND_DEVICE, "device");
-    arena_init(&r->host, ARENA_KIND_HOST, "host");
-    prog_init(&r->prog, "test", 0);
-}
-
 static void mx_output_sizes(const mx_data *d, const mx_case *c, uint64_t sizes[6]) {
     uint64_t out = (uint64_t)d->rows * d->cols * mx_elem_bytes(c->out_dtype);
     sizes[0] = sizes[2] = op_mxfp8_codes_bytes(d->rows, d->cols);
@@ -984,7 +969,7 @@ static void mx_data_fill(mx_data *d, const mx_regions *g, uint64_t seed) {
 // The case on the reference backend: the oracle of every GPU comparison.
 static void mx_case_ref(const mx_case *c, mx_data *d, mx_result *res, uint64_t seed) {
     mx_regions g;
-    mx_rig_reset(&mx_ref_rig);
+    rig_reset(&mx_ref_rig);
     mx_rig_build(&mx_ref_rig, c, d, &g);
     if (c->patterns) {
         mx_patterns(d);
@@ -1115,7 +1100,7 @@ static void mx_run_gpu_case(const mx_case *c, uint64_t seed, bool rerun) {
     mx_result ref, gpu;
     mx_case_ref(c, &d, &ref, seed);
     mx_regions g;
-    mx_rig_reset(&mx_gpu_rig);
+    rig_reset(&mx_gpu_rig);
     mx_rig_build(&mx_gpu_rig, c, &d, &g);
     mx_rig_load(&mx_gpu_rig, c, &d, &g);
     mx_rig_run(&mx_gpu_rig, c, &d, &g, &gpu);
@@ -1217,10 +1202,10 @@ int main(void) {
     test_program_ref();
     mx_gpu_ok = rig_open(&mx_gpu_rig, BACKEND_GPU, &mx_gpu_why);
     test_gpu_cases();
-    mx_rig_reset(&mx_ref_rig);
+    rig_reset(&mx_ref_rig);
     rig_close(&mx_ref_rig);
     if (mx_gpu_ok) {
-        mx_rig_reset(&mx_gpu_rig);
+        rig_reset(&mx_gpu_rig);
         rig_close(&mx_gpu_rig);
     }
     return test_exit_code();

@@ -1020,20 +1020,6 @@ static void nv_check_transpose(const nv_case *c, const nv_result *res) {
 static rig gpu_rig, ref_rig;
 static program fill_gpu, fill_ref;
 
-static void nv_rig_reset(rig *r) {
-    if (r->bound) {
-        backend_release(&r->be, &r->dev);
-        backend_release(&r->be, &r->host);
-    }
-    free(r->ref_memory[0]);
-    free(r->ref_memory[1]);
-    r->ref_memory[0] = r->ref_memory[1] = NULL;
-    r->bound = false;
-    arena_init(&r->dev, ARENA_KIND_DEVICE, "device");
-    arena_init(&r->host, ARENA_KIND_HOST, "host");
-    prog_init(&r->prog, "test", 0);
-}
-
 static void nv_gpu_case(const nv_case *base) {
     nv_case c = *base;
     nv_group grp = {0};
@@ -1043,8 +1029,8 @@ static void nv_gpu_case(const nv_case *base) {
     }
     test_begin(c.name);
     nv_regions gg, gr;
-    nv_rig_reset(&gpu_rig);
-    nv_rig_reset(&ref_rig);
+    rig_reset(&gpu_rig);
+    rig_reset(&ref_rig);
     nv_build(&gpu_rig, &fill_gpu, &c, &gg);
     nv_build(&ref_rig, &fill_ref, &c, &gr);
     nv_result gpu = {0}, ref = {0};
