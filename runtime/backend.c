@@ -133,6 +133,12 @@ void backend_release(backend *b, arena *a) {
 // ---------------------------------------------------------------------------------------------
 // Running.
 
+// The one place an op reaches the GPU: eager runs, captures and profiles all launch through it.
+static qt_status backend_launch_op(backend *b, const prog_op *op) {
+    return modules_launch(&b->modules, op->kernel, &op->shape, b->stream, op->args,
+                          op->args_bytes);
+}
+
 qt_status backend_run(backend *b, const program *p) {
     QT_ASSERT(p->resolved);
     for (uint32_t i = 0; i < p->op_count; i++) {
@@ -140,11 +146,59 @@ qt_status backend_run(backend *b, const program *p) {
         if (b->kind == BACKEND_REF) {
             backend_ref_op(op);
         } else {
-            QT_TRY(modules_launch(&b->modules, op->kernel, &op->shape, b->stream, op->args,
-                                  op->args_bytes));
+            QT_TRY(backend_launch_op(b, op));
         }
     }
     return QT_OK;
+}
+
+// Milliseconds between two events around `reps` launches of one op (op != NULL) or of a graph.
+static qt_status backend_time(backend *b, const prog_op *op, const backend_graph *g,
+                              uint32_t reps, CUevent start, CUevent stop, float *ms) {
+    QT_CU(cuEventRecord(start, b->stream));
+    for (uint32_t r = 0; r < reps; r++) {
+        if (op) {
+            QT_TRY(backend_launch_op(b, op));
+        } else {
+            QT_TRY(backend_launch(b, g));
+        }
+    }
+    QT_CU(cuEventRecord(stop, b->stream));
+    QT_CU(cuEventSynchronize(stop));
+    QT_CU(cuEventElapsedTime(ms, start, stop));
+    return QT_OK;
+}
+
+static qt_status backend_profile_timed(backend *b, const program *p, const backend_graph *g,
+                                       uint32_t reps, float *op_us, float *graph_us,
+                                       CUevent start, CUevent stop) {
+    float ms = 0.0f;
+    QT_TRY(backend_time(b, NULL, g, reps, start, stop, &ms));  // warm-up
+    for (uint32_t i = 0; i < p->op_count; i++) {
+        QT_TRY(backend_time(b, &p->ops[i], NULL, reps, start, stop, &ms));
+        op_us[i] = 1000.0f * ms / (float)reps;
+    }
+    QT_TRY(backend_time(b, NULL, g, reps, start, stop, &ms));
+    *graph_us = 1000.0f * ms / (float)reps;
+    return QT_OK;
+}
+
+qt_status backend_profile(backend *b, const program *p, const backend_graph *g, uint32_t reps,
+                          float *op_us, float *graph_us) {
+    QT_ASSERT(p->resolved && g->program == p && reps > 0);
+    if (b->kind != BACKEND_GPU || !g->exec) {
+        return qt_fail(QT_ERR_INPUT, "profiling times GPU kernels and graph replays; it needs "
+                       "the GPU backend with graphs (drop --ref and --eager)");
+    }
+    CUevent start = NULL, stop = NULL;
+    QT_CU(cuEventCreate(&start, CU_EVENT_DEFAULT));
+    CUresult created = drv.cuEventCreate(&stop, CU_EVENT_DEFAULT);
+    qt_status status = created == CUDA_SUCCESS
+                           ? backend_profile_timed(b, p, g, reps, op_us, graph_us, start, stop)
+                           : driver_fail(created, "cuEventCreate", __FILE__, __LINE__);
+    drv.cuEventDestroy(start);
+    if (stop) drv.cuEventDestroy(stop);
+    return status;
 }
 
 qt_status backend_capture(backend *b, const program *p, backend_graph *g) {

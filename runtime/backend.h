@@ -59,6 +59,13 @@ qt_status backend_run(backend *b, const program *p);
 qt_status backend_capture(backend *b, const program *p, backend_graph *g);
 qt_status backend_launch(backend *b, const backend_graph *g);
 void backend_graph_destroy(backend *b, backend_graph *g);
+// Diagnostics after a run (GPU with graphs only): each op of p launched `reps` times back to
+// back between two events (op_us[i]: microseconds per launch, the launch gaps of identical
+// kernels included), then g, p's graph, replayed `reps` times (graph_us: per replay). The ops
+// run on whatever state the arenas hold, so this is for a finished run only: it changes weights,
+// optimizer state and statistics.
+qt_status backend_profile(backend *b, const program *p, const backend_graph *g, uint32_t reps,
+                          float *op_us, float *graph_us);
 // Waits for the stream (a counted synchronization).
 qt_status backend_finish(backend *b);
 

@@ -1,6 +1,7 @@
 #include "run.h"
 
 #include <string.h>
+#include <time.h>  // clock_gettime
 
 qt_status run_backend_open(backend *b, bool ref, bool *fell_back) {
     *fell_back = false;
@@ -150,8 +151,15 @@ static qt_status run_capture(run *r) {
     return QT_OK;
 }
 
+static double run_clock(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 qt_status run_bind(run *r, backend *b, void *ref_dev, void *ref_host) {
     r->backend = b;
+    double t0 = run_clock();
     QT_TRY(backend_bind(b, &r->dev, ref_dev, r->dev.bytes_total));
     qt_status status = backend_bind(b, &r->host, ref_host, r->host.bytes_total);
     if (status != QT_OK) {
@@ -160,14 +168,19 @@ qt_status run_bind(run *r, backend *b, void *ref_dev, void *ref_host) {
     }
     r->bound = true;
     run_resolve(r);
+    double t1 = run_clock();
     QT_TRY(run_load_data(r));
+    double t2 = run_clock();
     if (r->model.modes[MODEL_MODE_TRAIN]) {
         prog_ref lr = {&r->dev, r->model.io.lr_rows, 0};
         QT_TRY(backend_write(b, lr, r->table.lr, r->table.lr_count * sizeof(optim_lr_row)));
     }
     QT_TRY(backend_run(b, &r->init));
     QT_TRY(backend_finish(b));
+    double t3 = run_clock();
     if (!r->options.eager) QT_TRY(run_capture(r));
+    double t4 = run_clock();
+    r->timings = (run_timings){t1 - t0, t2 - t1, t3 - t2, t4 - t3};
     return QT_OK;
 }
 
@@ -216,6 +229,40 @@ qt_status run_execute(run *r, sched_progress_fn progress, void *ctx, sched_summa
         if (status == QT_OK) status = closed;
     }
     return status;
+}
+
+// Per-op times of one mode's program, in op order, with each op's share of their sum, then the
+// graph replay: the replay over the sum shows what launch gaps and serialization cost.
+static qt_status run_profile_mode(run *r, int mode, uint32_t reps, FILE *out) {
+    static float op_us[PROG_OPS_MAX];
+    const program *p = &r->programs[mode];
+    float graph_us = 0.0f;
+    QT_TRY(backend_profile(r->backend, p, &r->graphs[mode], reps, op_us, &graph_us));
+    double sum = 0.0;
+    for (uint32_t i = 0; i < p->op_count; i++) sum += op_us[i];
+    fprintf(out, "profile %s: %u ops, %u launches each\n", p->mode, p->op_count, reps);
+    fprintf(out, "  %4s  %-28s %-28s %-12s %9s %6s\n", "op", "name", "kernel", "grid",
+            "us", "share");
+    for (uint32_t i = 0; i < p->op_count; i++) {
+        const prog_op *op = &p->ops[i];
+        char grid[32];
+        snprintf(grid, sizeof grid, "%ux%ux%u", op->shape.grid[0], op->shape.grid[1],
+                 op->shape.grid[2]);
+        fprintf(out, "  %4u  %-28s %-28s %-12s %9.2f %5.1f%%\n", i, op->name,
+                kernel_table[op->kernel].symbol, grid, (double)op_us[i],
+                sum > 0 ? 100.0 * op_us[i] / sum : 0.0);
+    }
+    fprintf(out, "  sum of ops %.2f us; graph replay %.2f us per step\n", sum,
+            (double)graph_us);
+    return QT_OK;
+}
+
+qt_status run_profile(run *r, uint32_t reps, FILE *out) {
+    QT_ASSERT(r->bound);
+    for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
+        if (r->model.modes[mode]) QT_TRY(run_profile_mode(r, mode, reps, out));
+    }
+    return QT_OK;
 }
 
 void run_close(run *r) {

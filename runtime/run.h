@@ -39,6 +39,15 @@ typedef struct run_options {
     bool drop_eval;           // remove the table's eval and infer rows (after eval_every)
 } run_options;
 
+// Start-up phases of run_bind, wall-clock seconds (the summary prints them: start-up is part of
+// every run's wall time, and each phase has its own remedy).
+typedef struct run_timings {
+    double bind_s;     // arena allocation (device memory, pinned host memory) and zeroing
+    double data_s;     // datasets read (and inflated) into the pinned arena
+    double init_s;     // the init program (weights drawn, first quantization), to completion
+    double capture_s;  // one graph captured and instantiated per mode
+} run_timings;
+
 typedef struct run {
     const recipe *recipe;
     uint64_t recipe_hash;     // trace_hash of the recipe file's text
@@ -59,6 +68,7 @@ typedef struct run {
     data_set train_set, eval_set;
     data_feed train_feed, train_plain, eval_feed;
     trace_writer trace;
+    run_timings timings;
 } run;
 
 // Opens the GPU backend, or the reference backend when ref is set or when there is no usable
@@ -77,6 +87,10 @@ void run_memory_bytes(const run *r, uint64_t *dev_bytes, uint64_t *host_bytes);
 qt_status run_bind(run *r, backend *b, void *ref_dev, void *ref_host);
 
 qt_status run_execute(run *r, sched_progress_fn progress, void *ctx, sched_summary *out);
+
+// `qtrain run --profile`: after run_execute, every mode's program op by op and as its graph
+// (backend_profile; this changes the run's state, so nothing may follow but run_close).
+qt_status run_profile(run *r, uint32_t reps, FILE *out);
 
 void run_close(run *r);
 

@@ -19,9 +19,10 @@ static void print_usage(FILE *out) {
     fprintf(out,
             "usage: qtrain COMMAND\n"
             "  run RECIPE [--trace F] [--eager] [--ref] [--steps N] [--seed S]\n"
-            "             [--checksum-every K]\n"
+            "             [--checksum-every K] [--profile]\n"
             "          train through the recipe's schedule table: every step a replayed CUDA\n"
-            "          graph (--eager: launched op by op; --ref or no GPU: the reference backend)\n"
+            "          graph (--eager: launched op by op; --ref or no GPU: the reference backend;\n"
+            "          --profile: afterwards, time every op of each mode and the graph replay)\n"
             "  plan RECIPE\n"
             "          the layers and their quantizers, padding and GEMM decisions, the schedule,\n"
             "          the program of each mode and the memory map\n"
@@ -84,6 +85,7 @@ typedef struct cli_args {
     const char *recipe_path;
     run_options options;
     bool ref;
+    uint32_t profile_reps;  // --profile: launches per op when timing the programs after the run
 } cli_args;
 
 static bool parse_u64_arg(const char *flag, const char *text, uint64_t *out) {
@@ -109,6 +111,8 @@ static bool parse_run_args(int argc, char **argv, bool plan, cli_args *a) {
             a->options.eager = true;
         } else if (!plan && strcmp(arg, "--ref") == 0) {
             a->ref = true;
+        } else if (!plan && strcmp(arg, "--profile") == 0) {
+            a->profile_reps = 100;
         } else if (!plan && strcmp(arg, "--trace") == 0 && has_value) {
             a->options.trace_path = argv[++i];
         } else if (strcmp(arg, "--steps") == 0 && has_value) {
@@ -178,7 +182,8 @@ static void print_progress(void *ctx, const sched_progress *p) {
     fflush(stderr);
 }
 
-static void print_summary(const sched_summary *s, const run *r, double wall_s) {
+static void print_summary(const sched_summary *s, const run *r, double wall_s,
+                          double open_s) {
     printf("steps        %" PRIu64 " train (%" PRIu64 " skipped), %" PRIu64 " eval, %" PRIu64
            " infer\n", s->steps[MODEL_MODE_TRAIN], s->skipped, s->steps[MODEL_MODE_EVAL],
            s->steps[MODEL_MODE_INFER]);
@@ -198,6 +203,9 @@ static void print_summary(const sched_summary *s, const run *r, double wall_s) {
     printf("wall time    %.3f s (loop %.3f s, %.1f steps/s)\n", wall_s, s->seconds,
            s->seconds > 0 ? (double)(s->steps[0] + s->steps[1] + s->steps[2]) / s->seconds
                           : 0.0);
+    const run_timings *t = &r->timings;
+    printf("start-up     %.3f s backend open, %.3f s arenas, %.3f s data, %.3f s init program, "
+           "%.3f s graph capture\n", open_s, t->bind_s, t->data_s, t->init_s, t->capture_s);
     printf("arena bytes  device %" PRIu64 ", host %" PRIu64 "\n", r->dev.bytes_total,
            r->host.bytes_total);
 }
@@ -207,7 +215,7 @@ static void *alloc_arena(uint64_t bytes) {
     return aligned_alloc(256, rounded ? rounded : 256);
 }
 
-static int run_with_backend(const cli_args *a, backend *b, double start) {
+static int run_with_backend(const cli_args *a, backend *b, double start, double open_s) {
     void *ref_dev = NULL, *ref_host = NULL;
     if (b->kind == BACKEND_REF) {
         uint64_t dev_bytes, host_bytes;
@@ -228,12 +236,14 @@ static int run_with_backend(const cli_args *a, backend *b, double start) {
     sched_summary summary;
     progress_state progress = {isatty(2) != 0, -1.0, 0};
     if (status == QT_OK) status = run_execute(&the_run, print_progress, &progress, &summary);
+    if (status == QT_OK) {
+        print_summary(&summary, &the_run, now_seconds() - start, open_s);
+        if (a->profile_reps) status = run_profile(&the_run, a->profile_reps, stdout);
+    }
     run_close(&the_run);
     free(ref_dev);
     free(ref_host);
-    if (status != QT_OK) return fail_status("run", status);
-    print_summary(&summary, &the_run, now_seconds() - start);
-    return 0;
+    return status == QT_OK ? 0 : fail_status("run", status);
 }
 
 static int command_run(int argc, char **argv) {
@@ -244,12 +254,14 @@ static int command_run(int argc, char **argv) {
     bool fell_back = false;
     qt_status status = run_backend_open(&b, a.ref, &fell_back);
     if (status != QT_OK) return fail_status("run", status);
+    double open_s = now_seconds() - start;
     if (fell_back) {
         fprintf(stderr, "qtrain run: no usable GPU (%s); running on the reference backend\n",
                 qt_error_message());
     }
     status = load_and_plan(&a);
-    int rc = status == QT_OK ? run_with_backend(&a, &b, start) : fail_status("run", status);
+    int rc = status == QT_OK ? run_with_backend(&a, &b, start, open_s)
+                             : fail_status("run", status);
     backend_close(&b);
     return rc;
 }
