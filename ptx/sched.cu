@@ -19,6 +19,45 @@ extern "C" __global__ void __launch_bounds__(QT_SCHED_THREADS)
     }
 }
 
+// Every thread reads the counter before any write; nothing here writes it. The pixels come from
+// pinned host memory: one 16-byte load per thread step keeps many PCIe reads in flight.
+extern "C" __global__ void __launch_bounds__(QT_SCHED_THREADS)
+    qt_sched_stage_u8(const __grid_constant__ sched_stage_u8_args args) {
+    uint64_t counter = *(const volatile uint64_t *)args.counter;
+    const uint8_t *src =
+        (const uint8_t *)(args.src + qt_sched_slot_offset(counter, args.src_slots,
+                                                          args.src_stride));
+    uint8_t *dst = (uint8_t *)args.dst;
+    uint64_t thread = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    const uint8_t *pixels = src + args.inputs_offset;
+    float *values = (float *)(dst + args.inputs_offset);
+    uint64_t chunks = args.pixels / QT_SCHED_STAGE_CHUNK;
+    for (uint64_t c = thread; c < chunks; c += stride) {
+        uint4 word = *(const uint4 *)(pixels + c * QT_SCHED_STAGE_CHUNK);
+        uint32_t w[4] = {word.x, word.y, word.z, word.w};
+        float4 *out = (float4 *)(values + c * QT_SCHED_STAGE_CHUNK);
+#pragma unroll
+        for (uint32_t q = 0; q < 4; q++) {
+            out[q] = make_float4(qt_sched_pixel((uint8_t)w[q]),
+                                 qt_sched_pixel((uint8_t)(w[q] >> 8)),
+                                 qt_sched_pixel((uint8_t)(w[q] >> 16)),
+                                 qt_sched_pixel((uint8_t)(w[q] >> 24)));
+        }
+    }
+    for (uint64_t i = chunks * QT_SCHED_STAGE_CHUNK + thread; i < args.pixels; i += stride) {
+        values[i] = qt_sched_pixel(pixels[i]);
+    }
+    const uint4 *header = (const uint4 *)src;
+    for (uint64_t i = thread; i < args.inputs_offset / 16; i += stride) {
+        ((uint4 *)dst)[i] = header[i];
+    }
+    const uint4 *targets = (const uint4 *)(src + args.src_targets_offset);
+    for (uint64_t i = thread; i < args.targets_bytes / 16; i += stride) {
+        ((uint4 *)(dst + args.dst_targets_offset))[i] = targets[i];
+    }
+}
+
 // One warp: every lane reads the counter, the lanes write the record's arrays, lane 0 its
 // header; after a warp barrier (all reads of the counter done) lane 0 advances the counter.
 // The writes go to pinned host memory; the host reads them only after an event that follows

@@ -13,6 +13,11 @@
 //                       host-to-device batch copy (pinned staging slot of
 //                       this step) and the infer outputs' device-to-host
 //                       copy
+//   qt_sched_stage_u8   the batch (device) <- this step's slot (counter %   1-D grid-stride over
+//                       src_slots) whose inputs are u8 pixels: header and   16-pixel chunks
+//                       targets copied, pixels -> FP32 x / 255 (the host-
+//                       to-device batch copy of IDX data: a quarter of the
+//                       bytes of FP32 cross PCIe)
 //   qt_sched_record     the step's qt_trace_record into ring[counter %      1 block x 32 threads
 //                       ring_len] (pinned host memory); counter += 1
 //   qt_sched_checksum   folds the per-region hashes into the record of     1 block x 32 threads,
@@ -53,6 +58,22 @@ typedef struct sched_copy_args {
 } sched_copy_args;
 QT_STATIC_ASSERT(sizeof(sched_copy_args) == 56, "sched_copy_args layout");
 
+// Both sides have the parts of runtime/data.h's slot layout at the same offsets up to the
+// inputs (the header region, `inputs_offset` bytes); the targets sit at their own offsets.
+typedef struct sched_stage_u8_args {
+    uint64_t counter;         // u64 device step counter, read
+    uint64_t dst, src;        // the device batch; slot 0 of the staging slots
+    uint64_t src_stride;      // bytes from one slot to the next
+    uint64_t pixels;          // u8 inputs (batch x stride) -> as many FP32 values
+    uint64_t inputs_offset;   // of both sides; a multiple of 16, as are the other offsets
+    uint64_t src_targets_offset, dst_targets_offset;
+    uint32_t targets_bytes;   // a multiple of 16
+    uint32_t src_slots;       // >= 1
+} sched_stage_u8_args;
+QT_STATIC_ASSERT(sizeof(sched_stage_u8_args) == 72, "sched_stage_u8_args layout");
+
+#define QT_SCHED_STAGE_CHUNK 16u  // pixels per thread step: one 16-byte load, four float4 stores
+
 typedef struct sched_record_args {
     uint64_t counter;     // u64 device step counter, read and incremented
     uint64_t ring;        // qt_trace_record [ring_len]
@@ -79,8 +100,12 @@ QT_STATIC_ASSERT(sizeof(sched_checksum_args) == 32, "sched_checksum_args layout"
 
 #define QT_KERNELS_SCHED(X)                                                 \
     X(KERNEL_SCHED_COPY, sched, qt_sched_copy, sched_copy_args)            \
+    X(KERNEL_SCHED_STAGE_U8, sched, qt_sched_stage_u8, sched_stage_u8_args) \
     X(KERNEL_SCHED_RECORD, sched, qt_sched_record, sched_record_args)      \
     X(KERNEL_SCHED_CHECKSUM, sched, qt_sched_checksum, sched_checksum_args)
+
+// An IDX pixel as the model sees it: one IEEE division, correctly rounded.
+QT_HD float qt_sched_pixel(uint8_t value) { return (float)value / 255.0f; }
 
 // Byte offsets of this step's slots.
 QT_HD uint64_t qt_sched_slot_offset(uint64_t counter, uint32_t slots, uint64_t stride) {

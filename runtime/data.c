@@ -536,7 +536,8 @@ void data_shuffle(uint32_t *order, uint64_t samples, uint64_t seed, uint64_t epo
     }
 }
 
-data_slot_layout data_slot_plan(const data_info *info, uint32_t batch, uint32_t stride) {
+static data_slot_layout slot_plan(const data_info *info, uint32_t batch, uint32_t stride,
+                                  data_input_type input_type) {
     QT_ASSERT(batch > 0);
     if (stride == 0) stride = info->features;
     QT_ASSERT(stride >= info->features);
@@ -547,13 +548,26 @@ data_slot_layout data_slot_plan(const data_info *info, uint32_t batch, uint32_t 
     l.stride = stride;
     l.outputs = info->outputs;
     l.target_type = info->target_type;
+    l.input_type = input_type;
     l.inputs_offset = align_up(sizeof(data_slot_header), DATA_ALIGN);
-    l.targets_offset = align_up(l.inputs_offset + (uint64_t)batch * stride * sizeof(float),
-                                DATA_ALIGN);
+    uint64_t elem = input_type == DATA_INPUT_U8 ? 1 : sizeof(float);
+    l.targets_offset = align_up(l.inputs_offset + (uint64_t)batch * stride * elem, DATA_ALIGN);
     uint64_t target_bytes = info->target_type == DATA_TARGET_LABEL
                                 ? sizeof(int32_t) : (uint64_t)info->outputs * sizeof(float);
     l.bytes = align_up(l.targets_offset + batch * target_bytes, DATA_ALIGN);
     return l;
+}
+
+data_slot_layout data_slot_plan(const data_info *info, uint32_t batch, uint32_t stride) {
+    return slot_plan(info, batch, stride, info->input_type);
+}
+
+data_slot_layout data_batch_plan(const data_info *info, uint32_t batch, uint32_t stride) {
+    return slot_plan(info, batch, stride, DATA_INPUT_F32);
+}
+
+static uint64_t slot_input_bytes(const data_slot_layout *l) {
+    return l->input_type == DATA_INPUT_U8 ? 1 : sizeof(float);
 }
 
 void data_stage_init(data_stage *st, const data_slot_layout *layout, void *slot0, void *slot1) {
@@ -589,18 +603,16 @@ qt_status data_feed_seek(data_feed *f, data_cursor cursor) {
     return QT_OK;
 }
 
-// Row r of the slot from sample `sample`: inputs to FP32, zero beyond `features`; the target.
+// Row r of the slot from sample `sample`: the inputs as stored, zero beyond `features`; the
+// target.
 static void stage_row(const data_set *set, const data_slot_layout *l, uint8_t *slot, uint32_t r,
                       uint64_t sample) {
-    uint64_t n = set->info.features;
-    float *x = (float *)(slot + l->inputs_offset) + (uint64_t)r * l->stride;
-    if (set->inputs_u8 != NULL) {
-        const uint8_t *src = set->inputs_u8 + sample * n;
-        for (uint64_t f = 0; f < n; f++) x[f] = (float)src[f] / 255.0f;
-    } else {
-        memcpy(x, set->inputs_f32 + sample * n, n * sizeof(float));
-    }
-    memset(x + n, 0, (l->stride - n) * sizeof(float));
+    uint64_t n = set->info.features, elem = slot_input_bytes(l);
+    uint8_t *x = slot + l->inputs_offset + (uint64_t)r * l->stride * elem;
+    const void *src = set->inputs_u8 != NULL ? (const void *)(set->inputs_u8 + sample * n)
+                                             : (const void *)(set->inputs_f32 + sample * n);
+    memcpy(x, src, n * elem);
+    memset(x + n * elem, 0, (l->stride - n) * elem);
     if (set->labels != NULL) {
         ((int32_t *)(slot + l->targets_offset))[r] = set->labels[sample];
     } else {
@@ -610,8 +622,8 @@ static void stage_row(const data_set *set, const data_slot_layout *l, uint8_t *s
 }
 
 static void stage_padding(const data_slot_layout *l, uint8_t *slot, uint32_t r) {
-    float *x = (float *)(slot + l->inputs_offset) + (uint64_t)r * l->stride;
-    memset(x, 0, (uint64_t)l->stride * sizeof(float));
+    uint64_t row_bytes = (uint64_t)l->stride * slot_input_bytes(l);
+    memset(slot + l->inputs_offset + (uint64_t)r * row_bytes, 0, row_bytes);
     if (l->target_type == DATA_TARGET_LABEL) {
         ((int32_t *)(slot + l->targets_offset))[r] = DATA_LABEL_PAD;
     } else {
@@ -623,7 +635,8 @@ static void stage_padding(const data_slot_layout *l, uint8_t *slot, uint32_t r) 
 // Zeroes the bytes between the parts, so that a slot's every byte is a function of the batch
 // (the device copies the slot whole).
 static void stage_gaps(const data_slot_layout *l, uint8_t *slot) {
-    uint64_t inputs_end = l->inputs_offset + (uint64_t)l->batch * l->stride * sizeof(float);
+    uint64_t inputs_end = l->inputs_offset +
+                          (uint64_t)l->batch * l->stride * slot_input_bytes(l);
     uint64_t target_bytes = l->target_type == DATA_TARGET_LABEL
                                 ? sizeof(int32_t) : (uint64_t)l->outputs * sizeof(float);
     uint64_t targets_end = l->targets_offset + l->batch * target_bytes;
@@ -637,7 +650,8 @@ uint32_t data_feed_next(data_feed *f, const data_slot_layout *layout, void *slot
     uint64_t samples = set->info.samples;
     QT_ASSERT(layout->batch == f->batch && layout->features == set->info.features);
     QT_ASSERT(layout->outputs == set->info.outputs &&
-              layout->target_type == set->info.target_type);
+              layout->target_type == set->info.target_type &&
+              layout->input_type == set->info.input_type);
     QT_ASSERT(f->cursor.position < samples);
     if (f->shuffle && f->order_epoch != f->cursor.epoch) {
         data_shuffle(f->order, samples, f->seed, f->cursor.epoch);

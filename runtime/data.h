@@ -22,18 +22,21 @@
 //   each part starts at a multiple of DATA_ALIGN; bytes is rounded up to one
 //
 // Input precision, a decision: IDX pixels stay bytes in the dataset (exact, a quarter of the
-// pinned memory FP32 would take: 47 MB instead of 188 MB for Fashion-MNIST) and become FP32 x/255
-// (one correctly rounded division, the same bits on every machine) when a batch is assembled.
-// The staging slot, which the model's first op reads, always holds FP32: it is the high-precision
-// input that the first quantizer casts, and BF16 would round the data before the recipe does.
+// pinned memory FP32 would take: 47 MB instead of 188 MB for Fashion-MNIST) and in the staging
+// slot, so a step moves a quarter of the bytes over PCIe; the step's first op (qt_sched_stage_u8)
+// turns them into FP32 x/255 (one correctly rounded division, the same bits on every machine and
+// on both backends) in the device batch. The device batch, which the model's first op reads,
+// always holds FP32: it is the high-precision input that the first quantizer casts, and BF16
+// would round the data before the recipe does. Synthetic FP32 inputs are staged as they are.
 //
-// One staging slot (offsets in data_slot_layout; 256-byte aligned so device copies vectorize):
+// One staging slot and one device batch (offsets in data_slot_layout; 256-byte aligned so device
+// copies vectorize). The batch (data_batch_plan) has the slot's layout with FP32 inputs:
 //
 //   0                  256                          targets_offset                   bytes
 //   +------------------+----------------------------+--------------------------------+
-//   | data_slot_header | inputs (batch, stride) f32 | labels (batch) i32, or         |
-//   | (64 bytes, then  | x/255 for IDX; columns at  | targets (batch, outputs) f32;  |
-//   | zeros)           | and past `features` zero   | padding rows: label -1, zeros  |
+//   | data_slot_header | inputs (batch, stride): u8 | labels (batch) i32, or         |
+//   | (64 bytes, then  | pixels (IDX) or f32; the   | targets (batch, outputs) f32;  |
+//   | zeros)           | columns from `features` 0  | padding rows: label -1, zeros  |
 //   +------------------+----------------------------+--------------------------------+
 //   gaps between the parts are zero, so every byte of a slot is a function of the batch
 //
@@ -118,7 +121,7 @@ typedef struct data_slot_header {
     uint32_t rows_valid;      // real rows; rows_valid..batch-1 are padding
     uint32_t batch;
     uint32_t features;
-    uint32_t stride;          // FP32 values per input row (>= features)
+    uint32_t stride;          // input elements per row (>= features)
     uint32_t outputs;
     uint32_t target_type;     // data_target_type
     uint64_t epoch;           // cursor of the batch's first row, for checks and traces
@@ -133,7 +136,8 @@ typedef struct data_slot_layout {
     uint32_t stride;
     uint32_t outputs;
     data_target_type target_type;
-    uint64_t inputs_offset;   // (batch, stride) f32
+    data_input_type input_type;  // element type of the inputs part
+    uint64_t inputs_offset;   // (batch, stride) u8 or f32
     uint64_t targets_offset;  // (batch) i32 or (batch, outputs) f32
     uint64_t bytes;           // a multiple of DATA_ALIGN
 } data_slot_layout;
@@ -176,9 +180,12 @@ uint64_t data_order_bytes(uint64_t samples);
 // Steps of one pass over the dataset: ceil(samples / batch), the last one padded.
 uint64_t data_batches_per_epoch(uint64_t samples, uint32_t batch);
 
-// The staging slot for `batch` rows of the model's widths; stride >= features is the FP32 row
-// pitch (the runtime pads the first layer's inner dimension to the format's block; 0 = features).
+// The staging slot for `batch` rows of the model's widths, inputs in the dataset's type; stride
+// >= features is the row pitch in elements (the runtime pads the first layer's inner dimension
+// to the format's block; 0 = features).
 data_slot_layout data_slot_plan(const data_info *info, uint32_t batch, uint32_t stride);
+// The device batch the slot is staged into: the same parts, FP32 inputs.
+data_slot_layout data_batch_plan(const data_info *info, uint32_t batch, uint32_t stride);
 void data_stage_init(data_stage *st, const data_slot_layout *layout, void *slot0, void *slot1);
 // Slot of step `step`: slots[step % 2].
 void *data_stage_slot(const data_stage *st, uint64_t step);

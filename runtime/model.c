@@ -456,6 +456,7 @@ static qt_status model_plan_params(model *m) {
 static qt_status model_plan_io(model *m, const model_options *o) {
     model_io *io = &m->io;
     io->slot = data_slot_plan(o->data, m->batch, m->input_stride);
+    io->batch = data_batch_plan(o->data, m->batch, m->input_stride);
     io->lr_row_count = o->lr_row_count;
     model_place host = {m->host, "host", true, ARENA_CAT_STAGING};
     model_place dev = {m->dev, "step", true, ARENA_CAT_STAGING};

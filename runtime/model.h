@@ -147,7 +147,8 @@ typedef struct model_linear {
 
 // The persistent plumbing of the step programs, reserved by model_plan.
 typedef struct model_io {
-    data_slot_layout slot;       // staging slot layout (data.h)
+    data_slot_layout slot;       // staging slot layout (data.h): inputs as the dataset has them
+    data_slot_layout batch;      // the device batch the slot is staged into: FP32 inputs
     arena_handle staging;        // host: MODEL_STAGE_SLOTS slots
     arena_handle ring;           // host: qt_trace_record [MODEL_RING_LEN]
     arena_handle outputs;        // host: MODEL_STAGE_SLOTS slots of infer outputs (bf16)

@@ -707,15 +707,30 @@ static qt_status mb_begin(mb *b, model *m, program *p, model_mode mode) {
     b->mode = mode;
     b->train = mode == MODEL_MODE_TRAIN;
     QT_ASSERT(m->modes[mode]);
-    const data_slot_layout *slot = &m->io.slot;
+    const data_slot_layout *slot = &m->io.slot, *layout = &m->io.batch;
     prog_ref batch;
-    QT_TRY(mb_region(b, "batch", slot->bytes, ARENA_CAT_STAGING, &batch));
-    op_sched_slots dst = {batch, 0, 1};
+    QT_TRY(mb_region(b, "batch", layout->bytes, ARENA_CAT_STAGING, &batch));
     op_sched_slots src = {(prog_ref){m->host, m->io.staging, 0}, slot->bytes, MODEL_STAGE_SLOTS};
-    QT_TRY(op_sched_copy(p, "stage", mb_dev(b, m->io.counter), dst, src, slot->bytes));
-    b->input = (model_tensor){mb_at(batch, slot->inputs_offset), QT_DTYPE_F32, m->batch,
-                              slot->stride};
-    b->targets = mb_at(batch, slot->targets_offset);
+    if (slot->input_type == DATA_INPUT_U8) {
+        op_sched_stage_desc d = {0};
+        d.counter = mb_dev(b, m->io.counter);
+        d.dst = batch;
+        d.src = src;
+        d.dst_bytes = layout->bytes;
+        d.src_bytes = slot->bytes;
+        d.pixels = (uint64_t)slot->batch * slot->stride;
+        d.inputs_offset = slot->inputs_offset;
+        d.src_targets_offset = slot->targets_offset;
+        d.dst_targets_offset = layout->targets_offset;
+        d.targets_bytes = (uint32_t)(slot->bytes - slot->targets_offset);
+        QT_TRY(op_sched_stage_u8(p, "stage", &d));
+    } else {
+        op_sched_slots dst = {batch, 0, 1};
+        QT_TRY(op_sched_copy(p, "stage", mb_dev(b, m->io.counter), dst, src, slot->bytes));
+    }
+    b->input = (model_tensor){mb_at(batch, layout->inputs_offset), QT_DTYPE_F32, m->batch,
+                              layout->stride};
+    b->targets = mb_at(batch, layout->targets_offset);
     b->rows_valid = batch;  // data_slot_header.rows_valid is its first field
     return QT_OK;
 }

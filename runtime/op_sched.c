@@ -22,6 +22,39 @@ qt_status op_sched_copy(program *p, const char *name, prog_ref counter, op_sched
     return prog_use_span(p, op, offsetof(sched_copy_args, src), src.ref, src_span, PROG_READ);
 }
 
+qt_status op_sched_stage_u8(program *p, const char *name, const op_sched_stage_desc *d) {
+    uint32_t targets_bytes = (d->targets_bytes + 15u) / 16u * 16u;
+    QT_ASSERT(d->src.slots >= 1 && d->src.stride % 16 == 0 && d->src.ref.offset % 16 == 0);
+    QT_ASSERT(d->dst.offset % 16 == 0 && d->inputs_offset % 16 == 0);
+    QT_ASSERT(d->src_targets_offset % 16 == 0 && d->dst_targets_offset % 16 == 0);
+    QT_ASSERT(d->inputs_offset + d->pixels <= d->src_targets_offset &&
+              d->src_targets_offset + targets_bytes <= d->src_bytes);
+    QT_ASSERT(d->inputs_offset + d->pixels * 4 <= d->dst_targets_offset &&
+              d->dst_targets_offset + targets_bytes <= d->dst_bytes);
+    QT_ASSERT(d->src.slots == 1 || d->src.stride >= d->src_bytes);
+    sched_stage_u8_args args = {0};
+    args.src_stride = d->src.stride;
+    args.pixels = d->pixels;
+    args.inputs_offset = d->inputs_offset;
+    args.src_targets_offset = d->src_targets_offset;
+    args.dst_targets_offset = d->dst_targets_offset;
+    args.targets_bytes = targets_bytes;
+    args.src_slots = d->src.slots;
+    uint64_t chunks = d->pixels / QT_SCHED_STAGE_CHUNK + d->pixels % QT_SCHED_STAGE_CHUNK;
+    uint64_t words = d->inputs_offset / 16 > targets_bytes / 16 ? d->inputs_offset / 16
+                                                                : targets_bytes / 16;
+    launch_shape shape = op_shape_1d(chunks > words ? chunks : words, QT_SCHED_THREADS);
+    uint32_t op;
+    QT_TRY(prog_append(p, KERNEL_SCHED_STAGE_U8, name, &shape, &args, sizeof args, &op));
+    QT_TRY(prog_use_span(p, op, offsetof(sched_stage_u8_args, counter), d->counter, 8,
+                        PROG_READ));
+    QT_TRY(prog_use_span(p, op, offsetof(sched_stage_u8_args, dst), d->dst, d->dst_bytes,
+                        PROG_WRITE));
+    uint64_t src_span = (uint64_t)(d->src.slots - 1) * d->src.stride + d->src_bytes;
+    return prog_use_span(p, op, offsetof(sched_stage_u8_args, src), d->src.ref, src_span,
+                         PROG_READ);
+}
+
 qt_status op_sched_record(program *p, const char *name, const op_sched_record_desc *d) {
     QT_ASSERT(d->ring_len >= 1 && d->quantizers <= QT_TRACE_QUANTIZERS_MAX);
     QT_ASSERT(d->mode <= QT_TRACE_MODE_INFER);

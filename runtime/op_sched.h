@@ -22,6 +22,21 @@ typedef struct op_sched_slots {
 qt_status op_sched_copy(program *p, const char *name, prog_ref counter, op_sched_slots dst,
                         op_sched_slots src, uint64_t bytes);
 
+// The device batch `dst` <- this step's slot of `src` (slot i at src.ref + i * src.stride),
+// whose inputs are u8 pixels (ptx/sched.h, qt_sched_stage_u8). The offsets and sizes are those
+// of the two layouts (runtime/data.h: data_slot_plan for the slot, data_batch_plan for dst).
+typedef struct op_sched_stage_desc {
+    prog_ref counter;         // u64
+    prog_ref dst;             // dst_bytes
+    op_sched_slots src;       // src.slots slots of src_bytes
+    uint64_t dst_bytes, src_bytes;
+    uint64_t pixels;          // batch x stride
+    uint64_t inputs_offset;   // of both
+    uint64_t src_targets_offset, dst_targets_offset;
+    uint32_t targets_bytes;
+} op_sched_stage_desc;
+qt_status op_sched_stage_u8(program *p, const char *name, const op_sched_stage_desc *d);
+
 typedef struct op_sched_record_desc {
     prog_ref counter;      // u64
     prog_ref ring;         // qt_trace_record [ring_len]

@@ -11,6 +11,18 @@ void ref_qt_sched_copy(const sched_copy_args *a, const launch_shape *shape) {
     memmove(REF_PTR(void, dst), REF_PTR(const void, src), a->bytes);
 }
 
+void ref_qt_sched_stage_u8(const sched_stage_u8_args *a, const launch_shape *shape) {
+    (void)shape;
+    uint64_t counter = *REF_PTR(const uint64_t, a->counter);
+    const uint8_t *src = REF_PTR(const uint8_t, a->src) +
+                         qt_sched_slot_offset(counter, a->src_slots, a->src_stride);
+    uint8_t *dst = REF_PTR(uint8_t, a->dst);
+    float *values = (float *)(void *)(dst + a->inputs_offset);
+    for (uint64_t i = 0; i < a->pixels; i++) values[i] = qt_sched_pixel(src[a->inputs_offset + i]);
+    memmove(dst, src, a->inputs_offset);
+    memmove(dst + a->dst_targets_offset, src + a->src_targets_offset, a->targets_bytes);
+}
+
 void ref_qt_sched_record(const sched_record_args *a, const launch_shape *shape) {
     (void)shape;
     uint64_t *counter = REF_PTR(uint64_t, a->counter);

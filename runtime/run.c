@@ -24,7 +24,16 @@ static qt_status run_probe(run *r) {
     uint32_t in = rc->model.input_features, out = rc->model.output_features;
     QT_TRY(data_probe(&rc->data.train, in, out, &r->train_info));
     r->has_eval = rc->data.eval.kind != RECIPE_SOURCE_NONE;
-    if (r->has_eval) QT_TRY(data_probe(&rc->data.eval, in, out, &r->eval_info));
+    if (!r->has_eval) return QT_OK;
+    QT_TRY(data_probe(&rc->data.eval, in, out, &r->eval_info));
+    // One staging layout serves both feeds, and it keeps the inputs in the dataset's type.
+    if (r->eval_info.input_type != r->train_info.input_type) {
+        return qt_fail(QT_ERR_INPUT, "%s: the train data has %s inputs but the eval data %s; "
+                       "expected both IDX files or both synthetic sources in [data]",
+                       rc->file_name,
+                       r->train_info.input_type == DATA_INPUT_U8 ? "IDX (u8)" : "synthetic",
+                       r->eval_info.input_type == DATA_INPUT_U8 ? "IDX (u8)" : "synthetic");
+    }
     return QT_OK;
 }
 

@@ -13,6 +13,8 @@
 #include <zlib.h>
 
 #include "data.h"
+#include "op_sched.h"  // op_sched_stage_u8
+#include "rig.h"
 #include "test.h"
 
 static char tmp_dir[64];
@@ -497,21 +499,22 @@ static void check_batch(const data_slot_layout *l, const uint8_t *slot, uint32_t
           h.stride);
     CHECK(h.epoch == at.epoch && h.position == at.position, "header cursor %" PRIu64 ".%" PRIu64
           ", expected %" PRIu64 ".%" PRIu64, h.epoch, h.position, at.epoch, at.position);
-    const float *x = (const float *)(slot + l->inputs_offset);
+    CHECK(l->input_type == DATA_INPUT_U8, "IDX pixels are staged as bytes");
+    const uint8_t *x = slot + l->inputs_offset;
     const int32_t *labels = (const int32_t *)(slot + l->targets_offset);
     for (uint32_t r = 0; r < l->batch; r++) {
-        const float *row = x + r * l->stride;
+        const uint8_t *row = x + r * l->stride;
         if (r >= rows) {
             bool zero = labels[r] == DATA_LABEL_PAD;
-            for (uint32_t f = 0; f < l->stride; f++) zero = zero && row[f] == 0.0f;
+            for (uint32_t f = 0; f < l->stride; f++) zero = zero && row[f] == 0;
             CHECK(zero, "padding row %u: label %d", r, labels[r]);
             continue;
         }
-        // pixel 0 is the sample index (< 256 here), staged as s / 255 exactly.
-        uint32_t s = (uint32_t)(row[0] * 255.0f + 0.5f);
-        bool ok = s < N && labels[r] == (int32_t)(s % CLASSES) && row[1] == 1.0f;
-        for (uint32_t f = 0; ok && f < FEATURES; f++) ok = row[f] == pixel_of(s, f) / 255.0f;
-        for (uint32_t f = FEATURES; ok && f < l->stride; f++) ok = row[f] == 0.0f;
+        // pixel 0 is the sample index (< 256 here).
+        uint32_t s = row[0];
+        bool ok = s < N && labels[r] == (int32_t)(s % CLASSES) && row[1] == 255;
+        for (uint32_t f = 0; ok && f < FEATURES; f++) ok = row[f] == pixel_of(s, f);
+        for (uint32_t f = FEATURES; ok && f < l->stride; f++) ok = row[f] == 0;
         CHECK(ok, "row %u (sample %u) staged wrong", r, s);
         if (ok) seen[s]++;
     }
@@ -536,12 +539,18 @@ static void test_slot_plan(void) {
     test_begin("slot_plan");
     data_set set;
     void *memory = idx_set(&set);
-    // Header 64 -> inputs at 256; 8 rows x 16 floats = 512 -> labels at 768; 32 -> 1024.
+    // Slot: header 64 -> pixels at 256; 8 rows x 16 bytes = 128 -> labels at 512; 32 -> 768.
+    // Device batch: 8 rows x 16 floats = 512 -> labels at 768; 32 -> 1024.
     data_slot_layout l = data_slot_plan(&set.info, 8, 16);
-    CHECK(l.inputs_offset == 256 && l.targets_offset == 768 && l.bytes == 1024 && l.stride == 16,
+    CHECK(l.inputs_offset == 256 && l.targets_offset == 512 && l.bytes == 768 && l.stride == 16 &&
+          l.input_type == DATA_INPUT_U8,
           "slot %" PRIu64 " %" PRIu64 " %" PRIu64, l.inputs_offset, l.targets_offset, l.bytes);
+    data_slot_layout b = data_batch_plan(&set.info, 8, 16);
+    CHECK(b.inputs_offset == 256 && b.targets_offset == 768 && b.bytes == 1024 &&
+          b.input_type == DATA_INPUT_F32,
+          "batch %" PRIu64 " %" PRIu64 " %" PRIu64, b.inputs_offset, b.targets_offset, b.bytes);
     l = data_slot_plan(&set.info, 8, 0);
-    CHECK(l.stride == FEATURES && l.targets_offset == 768, "stride 0 means features");
+    CHECK(l.stride == FEATURES && l.targets_offset == 512, "stride 0 means features");
     CHECK(data_batches_per_epoch(37, 8) == 5 && data_batches_per_epoch(40, 8) == 5 &&
           data_batches_per_epoch(1, 8) == 1, "batches per epoch");
     CHECK(data_order_bytes(37) == 256 && data_order_bytes(65) == 512, "order bytes");
@@ -577,8 +586,7 @@ static void test_feed_train_and_resume(void) {
             check_batch(&l, slot, rows, at, seen);
             if (b == 0) {
                 for (int r = 0; r < 8; r++) {
-                    first_rows[epoch][r] = (uint32_t)(((float *)(slot + l.inputs_offset))[r * 16]
-                                                      * 255.0f + 0.5f);
+                    first_rows[epoch][r] = slot[l.inputs_offset + r * 16];
                 }
             }
         }
@@ -625,7 +633,7 @@ static void test_feed_eval_covers_once(void) {
             CHECK(rows == expected, "batch %u step %" PRIu64 ": %u rows", batch, b, rows);
             check_batch(&l, slot, rows, at, seen);
             // File order: the first row is the sample at the cursor.
-            uint32_t s = (uint32_t)(((float *)(slot + l.inputs_offset))[0] * 255.0f + 0.5f);
+            uint32_t s = slot[l.inputs_offset];
             CHECK(s == at.position, "batch %u step %" PRIu64 " starts at sample %u", batch, b, s);
             rows_total += rows;
         }
@@ -724,6 +732,78 @@ static void test_fashion_mnist(void) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The step's staging op (qt_sched_stage_u8): a slot of u8 pixels becomes the FP32 device batch.
+
+#define STAGE_ROWS 5u
+#define STAGE_STRIDE 13u  // 65 pixels: four 16-pixel chunks and a tail of one
+
+// Runs the op on slot 1 of two (counter 1) on an open rig and checks the batch against the slot
+// byte by byte: the header region and the labels copied, every pixel b as the float
+// (float)b / 255 computed here. Closes the rig.
+static void stage_case(rig *rp) {
+    rig *r = rp;
+    data_info info = {0};
+    info.features = 11;
+    info.outputs = 10;
+    info.input_type = DATA_INPUT_U8;
+    info.target_type = DATA_TARGET_LABEL;
+    data_slot_layout slot = data_slot_plan(&info, STAGE_ROWS, STAGE_STRIDE);
+    data_slot_layout batch = data_batch_plan(&info, STAGE_ROWS, STAGE_STRIDE);
+    arena_handle counter = rig_reserve(r, "counter", 8);
+    arena_handle src = rig_reserve(r, "slots", 2 * slot.bytes);
+    arena_handle dst = rig_reserve(r, "batch", batch.bytes);
+    op_sched_stage_desc d = {0};
+    d.counter = rig_ref(r, counter, 0);
+    d.dst = rig_ref(r, dst, 0);
+    d.src = (op_sched_slots){rig_ref(r, src, 0), slot.bytes, 2};
+    d.dst_bytes = batch.bytes;
+    d.src_bytes = slot.bytes;
+    d.pixels = STAGE_ROWS * STAGE_STRIDE;
+    d.inputs_offset = slot.inputs_offset;
+    d.src_targets_offset = slot.targets_offset;
+    d.dst_targets_offset = batch.targets_offset;
+    d.targets_bytes = (uint32_t)(slot.bytes - slot.targets_offset);
+    RIG_OK(op_sched_stage_u8(&r->prog, "stage", &d));
+    rig_bind(r);
+    static uint8_t slots[2 * 1024], out[2048];
+    QT_ASSERT(2 * slot.bytes <= sizeof slots && batch.bytes <= sizeof out);
+    uint64_t one = 1;
+    for (uint64_t i = 0; i < 2 * slot.bytes; i++) slots[i] = (uint8_t)(qt_mix64(i) >> 7);
+    RIG_OK(backend_write(&r->be, rig_ref(r, counter, 0), &one, 8));
+    RIG_OK(backend_write(&r->be, rig_ref(r, src, 0), slots, 2 * slot.bytes));
+    RIG_OK(backend_run(&r->be, &r->prog));
+    RIG_OK(backend_read(&r->be, out, rig_ref(r, dst, 0), batch.bytes));
+    const uint8_t *s1 = slots + slot.bytes;
+    CHECK(memcmp(out, s1, slot.inputs_offset) == 0, "%s: header region differs",
+          r->be.info.name);
+    CHECK(memcmp(out + batch.targets_offset, s1 + slot.targets_offset, STAGE_ROWS * 4) == 0,
+          "%s: labels differ", r->be.info.name);
+    for (uint32_t i = 0; i < STAGE_ROWS * STAGE_STRIDE; i++) {
+        float expected = (float)s1[slot.inputs_offset + i] / 255.0f, got;
+        memcpy(&got, out + batch.inputs_offset + 4 * i, 4);
+        CHECK(memcmp(&got, &expected, 4) == 0, "%s: pixel %u (%u) became %a, expected %a",
+              r->be.info.name, i, s1[slot.inputs_offset + i], (double)got, (double)expected);
+    }
+    rig_close(r);
+}
+
+static void test_stage_u8(void) {
+    static rig r;
+    const char *why = NULL;
+    rig_open(&r, BACKEND_REF, &why);
+    test_begin("stage_u8_ref");
+    stage_case(&r);
+    test_end();
+    if (!rig_open(&r, BACKEND_GPU, &why)) {
+        test_skip("stage_u8_gpu", why);
+        return;
+    }
+    test_begin("stage_u8_gpu");
+    stage_case(&r);
+    test_end();
+}
+
+// ---------------------------------------------------------------------------------------------
 
 static void remove_tmp_dir(void) {
     char command[128];
@@ -751,6 +831,7 @@ int main(void) {
     test_feed_eval_covers_once();
     test_feed_regression_padding();
     test_fashion_mnist();
+    test_stage_u8();
     remove_tmp_dir();
     return test_exit_code();
 }
