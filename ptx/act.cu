@@ -619,20 +619,208 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
 }
 
 // ---------------------------------------------------------------------------------------------
-// Global gradient norm.
+// One-block losses: a row per thread, the values of the split kernels in their orders (act.h).
+
+#define ACT_SMALL_LANES (QT_LOSS_SMALL_COLS_MAX / QT_ACT_CHUNK)
+QT_STATIC_ASSERT(ACT_SMALL_LANES <= QT_ACT_LANES, "a lane owns one chunk of a small row");
+
+// The lane tree of act_warp_sum on the 8 lanes of a small row. Lanes 8..31 hold +0, so the
+// levels m = 16 and 8 add +0 to lanes 0..7 (kept: the warp adds them, and x + 0 is not x for
+// x = -0); levels 4, 2, 1 pair the lanes as the warp does.
+QT_STATIC_ASSERT(ACT_SMALL_LANES == 8, "the tree below is written out for 8 lanes");
+__device__ __forceinline__ float act_small_tree_sum(float l0, float l1, float l2, float l3,
+                                                    float l4, float l5, float l6, float l7) {
+    const float zero = 0.0f;
+    l0 = (l0 + zero) + zero, l1 = (l1 + zero) + zero, l2 = (l2 + zero) + zero;
+    l3 = (l3 + zero) + zero, l4 = (l4 + zero) + zero, l5 = (l5 + zero) + zero;
+    l6 = (l6 + zero) + zero, l7 = (l7 + zero) + zero;
+    l0 = l0 + l4, l1 = l1 + l5, l2 = l2 + l6, l3 = l3 + l7;
+    l0 = l0 + l2, l1 = l1 + l3;
+    return l0 + l1;
+}
+
+// The split path's block and final reductions over per-row values in shared memory: block b of
+// the row pass adds rows 8b..8b+7 in order (rows past the end hold +0, as idle warps give), its
+// partial is stored canonical, and the final pass folds partials t, t + 256, ... from +0 per
+// thread, then act_block_sum. Called by every thread; the total is valid in every thread.
+__device__ float act_small_total(const float *row_value, uint32_t blocks) {
+    float acc = 0.0f;
+    for (uint32_t b = threadIdx.x; b < blocks; b += QT_ACT_THREADS) {
+        const float *r = row_value + b * QT_ACT_ROWS_PER_BLOCK;
+        float sum = r[0];
+        for (uint32_t w = 1; w < QT_ACT_ROWS_PER_BLOCK; w++) sum = sum + r[w];
+        acc = acc + qt_act_canonical(sum);
+    }
+    return act_block_sum(acc);
+}
+
+// The softmax terms of one row as act_xent_row has them, by one thread: (max, argmax) in index
+// order (the combination is order-free), the exponentials per lane, then the lane tree.
+struct act_xent_terms {
+    qt_xent_best best;
+    float sum_exp;
+};
+
+__device__ act_xent_terms act_xent_terms_thread(const xent_args &a, uint64_t base) {
+    act_xent_terms t = {{QT_ACT_NEG_INF, QT_XENT_NONE}, 0.0f};
+    for (uint32_t j = 0; j < a.classes; j++) {
+        qt_xent_best e = {qt_act_load(a.logits, base + j, a.logits_dtype), j};
+        t.best = qt_xent_best_combine(t.best, e);
+    }
+    float lane[ACT_SMALL_LANES];
+#pragma unroll
+    for (uint32_t l = 0; l < ACT_SMALL_LANES; l++) {
+        float acc = 0.0f;
+        for (uint32_t j = l * QT_ACT_CHUNK; j < (l + 1) * QT_ACT_CHUNK && j < a.classes; j++) {
+            acc = acc + qt_expf(qt_act_load(a.logits, base + j, a.logits_dtype) - t.best.value);
+        }
+        lane[l] = acc;
+    }
+    t.sum_exp = act_small_tree_sum(lane[0], lane[1], lane[2], lane[3], lane[4], lane[5],
+                                   lane[6], lane[7]);
+    return t;
+}
+
+// Per-row results of qt_xent_small's row phase.
+struct act_xent_small_rows {
+    float loss[QT_LOSS_SMALL_ROWS_MAX];     // 0 for ignored rows and rows past the end
+    float max[QT_LOSS_SMALL_ROWS_MAX];
+    float sum_exp[QT_LOSS_SMALL_ROWS_MAX];
+    int32_t label[QT_LOSS_SMALL_ROWS_MAX];  // -1: ignored
+    uint8_t correct[QT_LOSS_SMALL_ROWS_MAX];
+};
+
+// Row r's loss, softmax terms and hit, by one thread (act_xent_row without the dlogits).
+__device__ void act_xent_row_thread(const xent_args &a, uint32_t r, act_xent_small_rows &rows) {
+    float loss = 0.0f;
+    int32_t label = -1;
+    uint32_t correct = 0;
+    if (r < a.rows) label = qt_xent_label(a.labels, r, a.classes);
+    if (label >= 0) {
+        uint64_t base = (uint64_t)r * a.classes;
+        act_xent_terms t = act_xent_terms_thread(a, base);
+        float z_label = qt_act_load(a.logits, base + (uint32_t)label, a.logits_dtype);
+        correct = t.best.index == (uint32_t)label;
+        loss = qt_xent_row_loss(t.best.value, z_label, t.sum_exp);
+        rows.max[r] = t.best.value;
+        rows.sum_exp[r] = t.sum_exp;
+    }
+    if (a.loss && r < a.rows) ((float *)(uintptr_t)a.loss)[r] = qt_act_canonical(loss);
+    rows.loss[r] = loss;
+    rows.label[r] = label;
+    rows.correct[r] = (uint8_t)correct;
+}
+
+// Thread t takes rows t, t + 256, ...; then the block writes dlogits element by element (every
+// thread busy whatever the row count) and reduces the per-row values in the orders of
+// qt_xent_rows and qt_xent_final.
+extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
+    qt_xent_small(const __grid_constant__ xent_args args) {
+    __shared__ act_xent_small_rows rows;
+    uint32_t valid = 0;
+    for (uint32_t r = threadIdx.x; r < args.rows; r += QT_ACT_THREADS) {
+        valid += qt_xent_label(args.labels, r, args.classes) >= 0;
+    }
+    valid = act_block_count(valid);
+    for (uint32_t r = threadIdx.x; r < args.blocks * QT_ACT_ROWS_PER_BLOCK;
+         r += QT_ACT_THREADS) {
+        act_xent_row_thread(args, r, rows);
+    }
+    __syncthreads();
+    uint32_t count = args.rows * args.classes;
+    for (uint32_t e = threadIdx.x; args.dlogits && e < count; e += QT_ACT_THREADS) {
+        uint32_t r = e / args.classes, j = e - r * args.classes;
+        int32_t label = rows.label[r];
+        float d = 0.0f;  // ignored row: zero gradient
+        if (label >= 0) {
+            float z = qt_act_load(args.logits, e, args.logits_dtype);
+            d = qt_xent_dlogit(z, rows.max[r], rows.sum_exp[r], j == (uint32_t)label,
+                               (float)valid);
+        }
+        qt_act_store(args.dlogits, e, args.dlogits_dtype, d);
+    }
+    float sum = act_small_total(rows.loss, args.blocks);
+    uint32_t hits = 0;
+    for (uint32_t r = threadIdx.x; r < args.rows; r += QT_ACT_THREADS) hits += rows.correct[r];
+    hits = act_block_count(hits);
+    if (threadIdx.x != 0) return;
+    qt_loss_stats *stats = (qt_loss_stats *)(uintptr_t)args.stats;
+    stats->valid = valid;
+    stats->loss_sum = qt_act_canonical(sum);
+    stats->loss_mean = qt_act_canonical(qt_loss_mean(sum, (float)valid));
+    stats->correct = hits;
+}
+
+// act_mse_row by one thread.
+__device__ float act_mse_row_thread(const mse_args &a, uint32_t row, uint32_t valid) {
+    uint32_t cols = a.cols;
+    bool is_valid = row < valid;
+    float n = (float)((uint64_t)valid * cols);
+    uint64_t base = (uint64_t)row * cols;
+    float lane[ACT_SMALL_LANES];
+#pragma unroll
+    for (uint32_t l = 0; l < ACT_SMALL_LANES; l++) {
+        float acc = 0.0f;
+        for (uint32_t j = l * QT_ACT_CHUNK; j < (l + 1) * QT_ACT_CHUNK && j < cols; j++) {
+            float d = qt_act_load(a.pred, base + j, a.pred_dtype) -
+                      qt_act_load(a.target, base + j, a.target_dtype);
+            if (is_valid) acc = qt_fmaf(d, d, acc);
+            if (a.dpred) {
+                float g = is_valid ? qt_mse_dpred(d, n) : 0.0f;
+                qt_act_store(a.dpred, base + j, a.dpred_dtype, g);
+            }
+        }
+        lane[l] = acc;
+    }
+    return act_small_tree_sum(lane[0], lane[1], lane[2], lane[3], lane[4], lane[5], lane[6],
+                              lane[7]);
+}
 
 extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
-    qt_gnorm_partial(const __grid_constant__ gnorm_partial_args args) {
-    uint64_t block_first = (uint64_t)blockIdx.x * QT_GNORM_BLOCK_ELEMS;
-    bool vec = act_aligned16(args.src);
-    const float *src = (const float *)(uintptr_t)args.src;
+    qt_mse_small(const __grid_constant__ mse_args args) {
+    __shared__ float row_sum[QT_LOSS_SMALL_ROWS_MAX];
+    uint32_t valid = qt_mse_valid(args.valid_rows, args.rows);
+    for (uint32_t r = threadIdx.x; r < args.blocks * QT_ACT_ROWS_PER_BLOCK;
+         r += QT_ACT_THREADS) {
+        row_sum[r] = r < args.rows ? act_mse_row_thread(args, r, valid) : 0.0f;
+    }
+    __syncthreads();
+    float sum = act_small_total(row_sum, args.blocks);
+    if (threadIdx.x != 0) return;
+    qt_loss_stats *stats = (qt_loss_stats *)(uintptr_t)args.stats;
+    stats->loss_sum = qt_act_canonical(sum);
+    stats->loss_mean = qt_act_canonical(qt_loss_mean(sum, (float)((uint64_t)valid * args.cols)));
+    stats->valid = valid;
+    stats->correct = 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Global gradient norm.
+
+// act_final_sum's order, loading around L1: the partials were written by other blocks of this
+// launch, and L1 is not coherent across SMs.
+__device__ float act_final_sum_cg(uint64_t partials, uint32_t count) {
+    const float *p = (const float *)(uintptr_t)partials;
+    float acc = 0.0f;
+    for (uint32_t i = threadIdx.x; i < count; i += QT_ACT_THREADS) acc = acc + __ldcg(p + i);
+    return act_block_sum(acc);
+}
+
+extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
+    qt_gnorm(const __grid_constant__ gnorm_args args) {
+    uint32_t region = qt_gnorm_region(&args, blockIdx.x);
+    uint64_t count = args.count[region];
+    uint64_t block_first = (uint64_t)(blockIdx.x - args.first_block[region]) *
+                           QT_GNORM_BLOCK_ELEMS;
+    bool vec = act_aligned16(args.src[region]);
+    const float *src = (const float *)(uintptr_t)args.src[region];
     float acc = 0.0f;
     uint32_t nonfinite = 0;
 #pragma unroll 2
     for (uint32_t k = 0; k < QT_GNORM_BLOCK_ELEMS / (QT_ACT_THREADS * 4); k++) {
         uint64_t first = block_first + ((uint64_t)k * QT_ACT_THREADS + threadIdx.x) * 4;
         float v[4];
-        uint64_t left = first < args.count ? args.count - first : 0;
+        uint64_t left = first < count ? count - first : 0;
         uint32_t n = left < 4 ? (uint32_t)left : 4u;
         if (vec && n == 4) {
             float4 q = __ldg((const float4 *)(src + first));
@@ -651,23 +839,32 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
     }
     float sum = act_block_sum(acc);
     nonfinite = __syncthreads_or(nonfinite);
+    float *partials = (float *)(uintptr_t)args.partials;
+    uint32_t *flags = (uint32_t *)(partials + args.total);
+    __shared__ uint32_t folds;
+    if (threadIdx.x == 0) {
+        partials[args.base + blockIdx.x] = qt_act_canonical(sum);
+        flags[args.base + blockIdx.x] = nonfinite ? 1u : 0u;
+        folds = 0;
+        if (args.out != 0) {
+            __threadfence();  // this block's partial before its ticket
+            uint32_t ticket = atomicAdd((uint32_t *)(uintptr_t)args.ticket, 1u);
+            folds = ticket == gridDim.x - 1 ? 1u : 0u;
+        }
+    }
+    __syncthreads();
+    if (!folds) return;
+    __threadfence();  // every other block's partial, published before its ticket, is visible
+    float total = act_final_sum_cg(args.partials, args.total);
+    uint32_t any = 0;
+    for (uint32_t i = threadIdx.x; i < args.total; i += QT_ACT_THREADS) any |= __ldcg(flags + i);
+    any = __syncthreads_or(any);
     if (threadIdx.x != 0) return;
-    ((float *)(uintptr_t)args.partials)[blockIdx.x] = qt_act_canonical(sum);
-    ((uint32_t *)(uintptr_t)args.flags)[blockIdx.x] = nonfinite ? 1u : 0u;
-}
-
-extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
-    qt_gnorm_final(const __grid_constant__ gnorm_final_args args) {
-    float sum = act_final_sum(args.partials, args.count);
-    const uint32_t *flags = (const uint32_t *)(uintptr_t)args.flags;
-    uint32_t nonfinite = 0;
-    for (uint32_t i = threadIdx.x; i < args.count; i += QT_ACT_THREADS) nonfinite |= flags[i];
-    nonfinite = __syncthreads_or(nonfinite);
-    if (threadIdx.x != 0) return;
-    float norm = qt_sqrtf(sum);
+    float norm = qt_sqrtf(total);
     qt_gnorm_result *out = (qt_gnorm_result *)(uintptr_t)args.out;
     out->norm = qt_act_canonical(norm);
     out->clip_factor = qt_act_canonical(qt_gnorm_clip_factor(norm, args.clip));
-    out->nonfinite = nonfinite ? 1u : 0u;
+    out->nonfinite = any ? 1u : 0u;
     out->reserved = 0;
+    *(uint32_t *)(uintptr_t)args.ticket = 0;  // the next step's launch starts from 0
 }

@@ -20,8 +20,13 @@
 //   qt_xent_rows              loss[r], dlogits, per-block partials          one warp per row
 //   qt_xent_final             stats.loss_sum, loss_mean, correct            one block
 //   qt_mse_rows / qt_mse_final  the same for mean squared error
-//   qt_gnorm_partial          partial sums of squares + non-finite flags   one launch per region
-//   qt_gnorm_final            norm, clip factor, non-finite flag            one block
+//   qt_xent_small             count, rows and final of xent in one launch   one block, one
+//   qt_mse_small              rows and final of mse in one launch           thread per row
+//                             (op_xent, op_mse: shapes that pass
+//                             qt_loss_one_block)
+//   qt_gnorm                  partial sums of squares + non-finite flags,  one block per 8192
+//                             then (last block) norm, clip factor, flag    elements, regions
+//                                                                          batched per launch
 //
 // Reductions have one fixed order, which the twins perform operation for operation:
 //
@@ -37,8 +42,13 @@
 //     block reduction above.
 //   column partials (dgamma): part p sums rows [p R, (p + 1) R) in row order from +0; the final
 //     pass folds parts 0..P-1 in order starting from part 0 (accumulate: old dgamma + that).
+//   one-block losses: one thread walks a whole row and keeps what each lane of the row order
+//     would hold in registers; rows of at most QT_LOSS_SMALL_COLS_MAX elements are at most 8
+//     chunks, so lane l owns chunk l alone and lanes 8..31 hold the identity; then the same
+//     lane tree. The 8-row block partials and the final pass run on the per-row values in
+//     shared memory in the orders above, so both paths give the same bits.
 // R is an args field chosen from rows alone (op_rmsnorm_rows_per_part); no result depends on a
-// grid, a block count or the path (vector or element) a kernel takes.
+// grid, a block count or the path (vector or element, split or one-block) a kernel takes.
 // Integer reductions (counts) are exact, so their order does not matter.
 #ifndef QT_ACT_H
 #define QT_ACT_H
@@ -63,6 +73,17 @@
 #define QT_GNORM_BLOCK_ELEMS 8192  // elements of one gnorm partial: 8 float4 per thread
 #define QT_RMSNORM_PART_ROWS_MIN 64
 #define QT_RMSNORM_PARTS_MAX 256
+
+// One-block losses (qt_xent_small, qt_mse_small) replace two or three launches whose fixed cost
+// (3.5 to 4.5 us each on an H100) dwarfs the work of a small loss. One SM then does all of it,
+// a row per thread, at about 1.8 + 0.66 us per element a thread (xent with dlogits, H100:
+// 256 x 10 took 8.4 us, 256 x 64 and 1024 x 16 38 to 44 us, against 15 us for the three split
+// kernels, 11 us of them on the step's critical path). They pay off up to about 15 elements a
+// thread: op_xent and op_mse take them up to QT_LOSS_SMALL_THREAD_ELEMS_MAX (rows per thread
+// x cols); the kernels themselves take any shape within the first two limits.
+#define QT_LOSS_SMALL_ROWS_MAX 1024        // per-row values held in shared memory
+#define QT_LOSS_SMALL_COLS_MAX 64          // 8 chunks: lane l of the row order owns chunk l
+#define QT_LOSS_SMALL_THREAD_ELEMS_MAX 16
 
 QT_STATIC_ASSERT(QT_ACT_THREADS == QT_ACT_WARPS * QT_ACT_LANES, "one warp per row");
 QT_STATIC_ASSERT(QT_GNORM_BLOCK_ELEMS % (QT_ACT_THREADS * 4) == 0, "whole float4 rounds");
@@ -156,26 +177,30 @@ typedef struct qt_gnorm_result {
 } qt_gnorm_result;
 QT_STATIC_ASSERT(sizeof(qt_gnorm_result) == 16, "qt_gnorm_result layout");
 
-// One region's partials: block b sums squares of elements [b E, (b + 1) E), E =
-// QT_GNORM_BLOCK_ELEMS; thread t folds float4 number k * 256 + t of the block for k = 0..7.
-typedef struct gnorm_partial_args {
-    uint64_t src;       // f32 [count]
-    uint64_t count;
-    uint64_t partials;  // f32 [blocks]: this region's slice of the workspace
-    uint64_t flags;     // u32 [blocks]: 1 when the block saw a NaN or Inf
-    uint32_t blocks;    // max(1, ceil(count / QT_GNORM_BLOCK_ELEMS)): the grid
-    uint32_t reserved;
-} gnorm_partial_args;
-QT_STATIC_ASSERT(sizeof(gnorm_partial_args) == 40, "gnorm_partial_args layout");
+// The global norm in one launch per QT_GNORM_REGIONS regions (usually one launch in all): block
+// j of a launch belongs to the last region r with first_block[r] <= j and sums squares of that
+// region's elements [b E, (b + 1) E), b = j - first_block[r], E = QT_GNORM_BLOCK_ELEMS; thread t
+// folds float4 number k * 256 + t of the block for k = 0..7. Partial j goes to
+// partials[base + j] and its NaN/Inf flag to flags[base + j] (flags = partials + total). In the
+// launch that has `out`, every block then takes a ticket (an integer atomic counter, which only
+// decides who folds, never what); the block that takes the last one folds partials [0, total)
+// in index order exactly like a single final block would (every earlier launch has finished:
+// they are earlier in the stream), writes out and resets the ticket to 0 for the next step.
+#define QT_GNORM_REGIONS 8u
 
-typedef struct gnorm_final_args {
-    uint64_t partials;  // f32 [count], every region's slices in order
-    uint64_t flags;     // u32 [count]
-    uint64_t out;       // qt_gnorm_result
-    uint32_t count;
+typedef struct gnorm_args {
+    uint64_t partials;  // f32 [total], then u32 flags [total]: every region's blocks in order
+    uint64_t out;       // qt_gnorm_result; 0 in every launch but the last
+    uint64_t ticket;    // u32, 0 between steps (a persistent region); with out only
+    uint64_t src[QT_GNORM_REGIONS];          // f32 [count[r]]
+    uint64_t count[QT_GNORM_REGIONS];
+    uint32_t first_block[QT_GNORM_REGIONS];  // within this launch; first_block[0] = 0
+    uint32_t regions;   // 1 ..= QT_GNORM_REGIONS in this launch
+    uint32_t base;      // partial index of this launch's block 0
+    uint32_t total;     // partials of all launches
     float clip;         // max norm; <= 0 disables clipping (factor 1)
-} gnorm_final_args;
-QT_STATIC_ASSERT(sizeof(gnorm_final_args) == 32, "gnorm_final_args layout");
+} gnorm_args;
+QT_STATIC_ASSERT(sizeof(gnorm_args) == 200, "gnorm_args layout");
 
 #define QT_KERNELS_ACT(X)                                                                    \
     X(KERNEL_ACT_FWD, act, qt_act_fwd, act_args)                                             \
@@ -192,8 +217,9 @@ QT_STATIC_ASSERT(sizeof(gnorm_final_args) == 32, "gnorm_final_args layout");
     X(KERNEL_XENT_FINAL, act, qt_xent_final, xent_args)                                      \
     X(KERNEL_MSE_ROWS, act, qt_mse_rows, mse_args)                                           \
     X(KERNEL_MSE_FINAL, act, qt_mse_final, mse_args)                                         \
-    X(KERNEL_GNORM_PARTIAL, act, qt_gnorm_partial, gnorm_partial_args)                       \
-    X(KERNEL_GNORM_FINAL, act, qt_gnorm_final, gnorm_final_args)
+    X(KERNEL_XENT_SMALL, act, qt_xent_small, xent_args)                                      \
+    X(KERNEL_MSE_SMALL, act, qt_mse_small, mse_args)                                         \
+    X(KERNEL_GNORM, act, qt_gnorm, gnorm_args)
 
 // ---------------------------------------------------------------------------------------------
 // Loads and stores. Addresses are device addresses on the GPU and host addresses on the reference
@@ -403,6 +429,18 @@ QT_HD float qt_loss_mean(float sum, float count) { return count > 0.0f ? sum / c
 // MSE: dpred = 2 (p - t) / n with n = valid rows * cols rounded once to FP32; 2 d is exact.
 QT_HD float qt_mse_dpred(float d, float n) { return (d + d) / n; }
 
+// Whether the one-block kernels (qt_xent_small, qt_mse_small) can take a loss over rows x cols.
+QT_HD int qt_loss_small_fits(uint32_t rows, uint32_t cols) {
+    return rows <= QT_LOSS_SMALL_ROWS_MAX && cols <= QT_LOSS_SMALL_COLS_MAX;
+}
+
+// Whether op_xent and op_mse take them: they fit, and they are faster than the split kernels.
+QT_HD int qt_loss_one_block(uint32_t rows, uint32_t cols) {
+    uint32_t rows_per_thread = (rows + QT_ACT_THREADS - 1) / QT_ACT_THREADS;
+    return qt_loss_small_fits(rows, cols) &&
+           rows_per_thread * cols <= QT_LOSS_SMALL_THREAD_ELEMS_MAX;
+}
+
 QT_HD uint32_t qt_mse_valid(uint64_t valid_rows, uint32_t rows) {
     if (valid_rows == 0) return rows;
     uint32_t v = *(const uint32_t *)(uintptr_t)valid_rows;
@@ -415,6 +453,15 @@ QT_HD float qt_gnorm_clip_factor(float norm, float clip) {
     if (!(clip > 0.0f)) return 1.0f;
     float q = clip / (norm + 0x1.0c6f7ap-20f);  // f32(1e-6)
     return q < 1.0f ? q : 1.0f;
+}
+
+// The region of block `block` of a qt_gnorm launch (first_block ascending).
+QT_HD uint32_t qt_gnorm_region(const gnorm_args *a, uint32_t block) {
+    uint32_t r = 0;
+    for (uint32_t i = 1; i < a->regions; i++) {
+        if (a->first_block[i] <= block) r = i;
+    }
+    return r;
 }
 
 QT_HD uint32_t qt_act_nonfinite(float v) {

@@ -87,24 +87,33 @@
 #define GEMM_BLOCK_MXFP8 32u
 #define GEMM_BLOCK_NVFP4 16u
 
-// The output tile of every kernel of the portable tier; launch shapes depend on it.
-#define GEMM_TILE_M 128u
+// The output tiles of the portable tier; launch shapes depend on them. op_gemm picks one per GEMM
+// from its shape alone (gemm_args.tile): the large tile, unless its grid would leave most SMs of
+// a GPU idle, where the small tile's grid has 4x the blocks. Both have 256 threads (8 warps).
+#define GEMM_TILE_LARGE 0u  // 128 x 128, warp tiles of 64 x 32
+#define GEMM_TILE_SMALL 1u  // 64 x 64, warp tiles of 16 x 32
+#define GEMM_TILE_ROWS(tile) ((tile) == GEMM_TILE_SMALL ? 64u : 128u)
+#define GEMM_TILE_THREADS(tile) GEMM_THREADS
+#define GEMM_TILE_M 128u  // the large tile
 #define GEMM_TILE_N 128u
 #define GEMM_THREADS 256u
 
 // Portable tier: bytes of k per tile row in one pipeline stage (fp8 kinds: 128 codes, one whole
-// 128-wide K block; bf16 and the decoded formats: 32 bf16 values), the stages of the
-// asynchronous pipeline, and the dynamic shared memory of a launch: the stages, each both tiles
-// (rows padded by 16 bytes) and the 256 FP8 block scales of the tile. NOTE: sm_89 and sm_120 give
-// a block at most 99 KiB of shared memory; both sizes stay below (fp8 74 KiB, bf16 84 KiB).
+// 128-wide K block; bf16 and the decoded formats: 32 bf16 values), the stages in shared memory
+// (bf16: 4 for its asynchronous pipeline; mxfp8 and nvfp4 have only the register-staged one,
+// which uses 2), and the dynamic shared memory of a launch: the stages, each both tiles (rows
+// padded by 16 bytes) and the FP8 block scales of the tile's rows and columns. NOTE: sm_89 and
+// sm_120 give a block at most 99 KiB of shared memory; every size stays below (large tile: fp8
+// 74 KiB, bf16 84 KiB, mxfp8 and nvfp4 42 KiB).
 #define GEMM_PORTABLE_FP8_KIND(format) \
     ((format) == GEMM_FORMAT_FP8 || (format) == GEMM_FORMAT_FP8_BLOCK)
 #define GEMM_PORTABLE_STAGE_BYTES(format) (GEMM_PORTABLE_FP8_KIND(format) ? 128u : 64u)
-#define GEMM_PORTABLE_STAGES(format) (GEMM_PORTABLE_FP8_KIND(format) ? 2u : 4u)
-#define GEMM_PORTABLE_SMEM_BYTES(format)                                      \
-    (GEMM_PORTABLE_STAGES(format) * ((GEMM_TILE_M + GEMM_TILE_N) *           \
+#define GEMM_PORTABLE_STAGES(format) ((format) == GEMM_FORMAT_BF16 ? 4u : 2u)
+#define GEMM_PORTABLE_SMEM_BYTES_TILE(format, tile)                              \
+    (GEMM_PORTABLE_STAGES(format) * (2u * GEMM_TILE_ROWS(tile) *                \
                                          (GEMM_PORTABLE_STAGE_BYTES(format) + 16u) + \
-                                     (GEMM_TILE_M + GEMM_TILE_N) * 4u))
+                                     2u * GEMM_TILE_ROWS(tile) * 4u))
+#define GEMM_PORTABLE_SMEM_BYTES(format) GEMM_PORTABLE_SMEM_BYTES_TILE(format, GEMM_TILE_LARGE)
 
 // Bias gradient: 32 columns per block, one per lane; 8 warps take 32-row chunks in turn.
 #define GEMM_BGRAD_COLS 32u
@@ -144,7 +153,7 @@ typedef struct gemm_args {
     uint32_t grouping;    // GEMM_DENSE | GEMM_GROUP_M | GEMM_GROUP_K
     uint32_t format;      // GEMM_FORMAT_*; each kernel handles one
     uint32_t flags;       // GEMM_FLAG_*
-    uint32_t reserved;
+    uint32_t tile;        // GEMM_TILE_*: the portable tier's tile (launch shape); twins ignore it
 } gemm_args;
 QT_STATIC_ASSERT(sizeof(gemm_args) == 224, "gemm_args layout");
 
@@ -158,6 +167,26 @@ typedef struct gemm_bias_grad_args {
 } gemm_bias_grad_args;
 QT_STATIC_ASSERT(sizeof(gemm_bias_grad_args) == 56, "gemm_bias_grad_args layout");
 
+// Decode table: the BF16 bits that the emulated formats' GEMM kernels write to shared memory for
+// every (code, block scale) pair, through one of their decode paths and piece sizes (the large
+// tile decodes pieces of 16 elements, the small one of 8), so that a test compares the whole
+// decode with the twin's qt_f32_to_bf16 of qt_gemm_mxfp8_decode / qt_gemm_nvfp4_decode.
+// Grid 256, GEMM_DECODE_TABLE_THREADS threads, no shared memory.
+#define GEMM_DECODE_MXFP8_ROWWISE 0u  // K-major pieces: codes of one e8m0 scale
+#define GEMM_DECODE_MXFP8_OUTER 1u    // outer-major pieces: codes with one e8m0 scale each
+#define GEMM_DECODE_NVFP4 2u          // nibbles of one e4m3 scale
+#define GEMM_DECODE_TABLE_THREADS 32u
+#define GEMM_DECODE_TABLE_CODES(path) ((path) == GEMM_DECODE_NVFP4 ? 16u : 256u)
+
+typedef struct gemm_decode_table_args {
+    uint64_t out;    // u16 [256 scales][GEMM_DECODE_TABLE_CODES(path)], bf16 bits
+    uint32_t path;   // GEMM_DECODE_*
+    uint32_t elem;   // mxfp8: GEMM_ELEM_E4M3 | GEMM_ELEM_E5M2
+    uint32_t piece;  // elements per decoded piece: 16 or 8
+    uint32_t reserved;
+} gemm_decode_table_args;
+QT_STATIC_ASSERT(sizeof(gemm_decode_table_args) == 24, "gemm_decode_table_args layout");
+
 #define QT_KERNELS_GEMM(X)                                                              \
     X(KERNEL_GEMM_BF16_PORTABLE, gemm_portable, qt_gemm_bf16_portable, gemm_args)       \
     X(KERNEL_GEMM_FP8_PORTABLE, gemm_portable, qt_gemm_fp8_portable, gemm_args)         \
@@ -165,7 +194,8 @@ QT_STATIC_ASSERT(sizeof(gemm_bias_grad_args) == 56, "gemm_bias_grad_args layout"
       gemm_args)                                                                        \
     X(KERNEL_GEMM_MXFP8_PORTABLE, gemm_portable, qt_gemm_mxfp8_portable, gemm_args)     \
     X(KERNEL_GEMM_NVFP4_PORTABLE, gemm_portable, qt_gemm_nvfp4_portable, gemm_args)     \
-    X(KERNEL_GEMM_BIAS_GRAD, gemm_portable, qt_gemm_bias_grad, gemm_bias_grad_args)
+    X(KERNEL_GEMM_BIAS_GRAD, gemm_portable, qt_gemm_bias_grad, gemm_bias_grad_args)     \
+    X(KERNEL_GEMM_DECODE_TABLE, gemm_portable, qt_gemm_decode_table, gemm_decode_table_args)
 
 // ---------------------------------------------------------------------------------------------
 // Per-element arithmetic, the same on both backends.
@@ -183,7 +213,7 @@ QT_HD float qt_gemm_mxfp8_decode(uint8_t code, uint32_t elem, uint8_t e8m0) {
     return qt_gemm_fp8_value(code, elem) * qt_e8m0_to_f32(e8m0);
 }
 
-// NVFP4 element: e2m1 (2 significant bits) x e4m3 block scale (4 bits) has at most 5 significant
+// NVFP4 element: e2m1 (2 significant bits) x e4m3 block scale (4 bits) has at most 6 significant
 // bits and lies within [2^-10, 2688]: exact in FP32 and in BF16.
 QT_HD float qt_gemm_nvfp4_decode(uint8_t nibble, uint8_t scale_e4m3) {
     return qt_e2m1_to_f32(nibble & 0xFu) * qt_e4m3_to_f32(scale_e4m3);
@@ -264,11 +294,16 @@ QT_HD float qt_gemm_alpha(const gemm_args *args, uint32_t member) {
     return args->alpha;
 }
 
-// M tiles of one member of a GEMM_GROUP_M GEMM: its padded rows, in whole tiles (so that D's
-// padding rows get their zeros). The launch has ceil(m / GEMM_TILE_M) + count row tiles, which
-// bounds the sum over members since the padded rows sum to at most m.
+// M tiles of `tile_rows` rows of one member of a GEMM_GROUP_M GEMM: its padded rows, in whole
+// tiles (so that D's padding rows get their zeros). The launch has ceil(m / tile_rows) + count
+// row tiles, which bounds the sum over members since the padded rows sum to at most m.
+QT_HD uint32_t qt_gemm_member_row_tiles(uint32_t padded_rows, uint32_t tile_rows) {
+    return (padded_rows + tile_rows - 1) / tile_rows;
+}
+
+// The same for the large tile.
 QT_HD uint32_t qt_gemm_member_tiles(uint32_t padded_rows) {
-    return (padded_rows + GEMM_TILE_M - 1) / GEMM_TILE_M;
+    return qt_gemm_member_row_tiles(padded_rows, GEMM_TILE_M);
 }
 
 // Bias gradient order: out = (((0 + p_0) + p_1) + ...) over the member's 32-row chunks in order,

@@ -11,6 +11,7 @@
 #include "act.h"
 #include "core.h"
 #include "gemm.h"
+#include "gemm_sm90a.h"
 #include "optim.h"
 #include "quant_block.h"
 #include "quant_fp8.h"
@@ -19,7 +20,8 @@
 #include "quant_nvfp4.h"
 #include "sched_ops.h"
 
-#define QT_KERNELS(X) QT_KERNELS_CORE(X) QT_KERNELS_QUANT_MXFP8(X) QT_KERNELS_QUANT_BLOCK(X) \
+#define QT_KERNELS_PROGRAM(X) QT_KERNELS_CORE(X) QT_KERNELS_QUANT_MXFP8(X) \
+    QT_KERNELS_QUANT_BLOCK(X) \
     QT_KERNELS_QUANT_GROUP(X) QT_KERNELS_QUANT_FP8(X) \
     QT_KERNELS_QUANT_NVFP4(X) \
     QT_KERNELS_OPTIM(X) \
@@ -27,19 +29,25 @@
     QT_KERNELS_GEMM(X) \
     QT_KERNELS_SCHED(X)
 
+// Every kernel: the ones programs hold, then the sm_90a GEMM tier, which runtime/gemm_tier.c
+// launches in place of a program's portable GEMM (never appended to a program).
+#define QT_KERNELS(X) QT_KERNELS_PROGRAM(X) QT_KERNELS_GEMM_SM90A(X)
+
 // Modules: one per ptx/*.cu, embedded as qt_module_<name> by tools/embed.
 #define QT_MODULES(X) X(core) X(quant_mxfp8) X(quant_block) X(quant_group) X(quant_fp8) \
     X(quant_nvfp4) \
     X(optim) \
     X(act) \
     X(gemm_portable) \
+    X(gemm_sm90a) \
     X(sched)
 
-// Every args struct fits the program's per-op args buffer.
+// Every args struct of a kernel that programs hold fits the program's per-op args buffer (the
+// sm_90a GEMM args, tensor maps included, are built on the stack at launch).
 #define QT_ARGS_BYTES_MAX 256
 #define QT_ARGS_FIT(id, module, symbol, args) \
     QT_STATIC_ASSERT(sizeof(args) <= QT_ARGS_BYTES_MAX, #args " exceeds QT_ARGS_BYTES_MAX");
-QT_KERNELS(QT_ARGS_FIT)
+QT_KERNELS_PROGRAM(QT_ARGS_FIT)
 #undef QT_ARGS_FIT
 
 #define QT_KERNEL_ID(id, module, symbol, args) id,

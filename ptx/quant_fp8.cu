@@ -1,4 +1,4 @@
-// quant_fp8 kernels: amax, fused cast + transpose, delayed-scaling update, dequantize (ABI,
+// quant_fp8 kernels: amax, fused cast + transpose, delayed-scaling updates, dequantize (ABI,
 // launch constants and the arithmetic shared with the C twins in quant_fp8.h).
 #include "quant_fp8.h"
 
@@ -468,6 +468,17 @@ extern "C" __global__ void __launch_bounds__(QT_FP8_UPDATE_THREADS)
     qt_fp8_delayed_update(const __grid_constant__ fp8_delayed_update_args args) {
     uint32_t j = blockIdx.x * QT_FP8_UPDATE_THREADS + threadIdx.x;
     if (j < args.slots) qt_fp8_delayed_update_slot(&args, j);
+}
+
+// Every slot of up to QT_FP8_STATES_PER_OP states, one thread each (slots counted over the
+// states in order); each thread reads and writes only its own slot's words.
+extern "C" __global__ void __launch_bounds__(QT_FP8_UPDATE_THREADS)
+    qt_fp8_delayed_states(const __grid_constant__ fp8_delayed_states_args args) {
+    uint32_t state, slot;
+    uint32_t index = blockIdx.x * QT_FP8_UPDATE_THREADS + threadIdx.x;
+    if (qt_fp8_delayed_states_find(&args, index, &state, &slot)) {
+        qt_fp8_delayed_states_slot(&args, state, slot);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -14,6 +14,10 @@
 //                             optional amax (delayed) or scale from      block, 256 threads
 //                             amax (current)
 //   qt_fp8_delayed_update     history roll + scale update of k slots     one thread per slot
+//   qt_fp8_delayed_states     end of step of up to QT_FP8_STATES_PER_OP  one thread per slot
+//                             states: amax snapshot, roll + scale        of all the states
+//                             update, scale snapshot (eval and infer:
+//                             the scale snapshot alone)
 //   qt_fp8_dequantize         codes * scale_inv -> bf16 / f32 [M][K]     32 x 32 tiles, 256 thr.
 //
 // Fast paths: 16-byte input loads need a 16-byte aligned x and cols % 8 == 0; 8-byte code stores
@@ -114,12 +118,45 @@ typedef struct fp8_dequantize_args {
 } fp8_dequantize_args;
 QT_STATIC_ASSERT(sizeof(fp8_dequantize_args) == 72, "fp8_dequantize_args layout");
 
+// The end of a step for several delayed-scaling states in one launch (a step's tail otherwise
+// costs three small launches per state). Slot j of state s is entry first + j of the snapshot
+// arrays (the trace's quantizer order), and one thread does, in this order:
+//   update = 1 (training):   amax_out[e] = history[0][j], this step's amax before the roll;
+//                            the update of qt_fp8_delayed_update_slot (no all-reduced amaxes);
+//                            scale_out[e] = scale[j], the scale the next step casts with
+//   update = 0 (eval, infer): scale_out[e] = scale[j]; nothing is written to the state
+// Snapshots are bit copies. States beyond QT_FP8_STATES_PER_OP take more launches; they touch
+// disjoint slots, so their order does not matter.
+#define QT_FP8_STATES_PER_OP 5
+
+typedef struct fp8_delayed_state {
+    uint64_t history;      // f32 [history_len][slots]; row 0 is the current step's amax
+    uint64_t scale;        // f32 [slots], updated in place
+    uint32_t slots;        // >= 1
+    uint32_t history_len;  // >= 1
+    uint32_t algo;         // QT_FP8_AMAX_ALGO_*
+    float scaled_max;      // f32(qmax) * 2^-margin
+    uint32_t first;        // snapshot entry of slot 0
+    uint32_t reserved;
+} fp8_delayed_state;
+QT_STATIC_ASSERT(sizeof(fp8_delayed_state) == 40, "fp8_delayed_state layout");
+
+typedef struct fp8_delayed_states_args {
+    uint64_t amax_out;   // f32 [entries], update only; 0 = no amax snapshot
+    uint64_t scale_out;  // f32 [entries]; 0 = no scale snapshot
+    uint32_t count;      // states in this launch, 1 ..= QT_FP8_STATES_PER_OP
+    uint32_t update;     // 1: snapshot, roll and update (training); 0: scale snapshot only
+    fp8_delayed_state states[QT_FP8_STATES_PER_OP];
+} fp8_delayed_states_args;
+QT_STATIC_ASSERT(sizeof(fp8_delayed_states_args) == 224, "fp8_delayed_states_args layout");
+
 #define QT_KERNELS_QUANT_FP8(X)                                                              \
     X(KERNEL_FP8_AMAX_ZERO, quant_fp8, qt_fp8_amax_zero, fp8_amax_zero_args)                 \
     X(KERNEL_FP8_AMAX, quant_fp8, qt_fp8_amax, fp8_amax_args)                                \
     X(KERNEL_FP8_CAST_BF16, quant_fp8, qt_fp8_cast_bf16, fp8_cast_args)                      \
     X(KERNEL_FP8_CAST_F32, quant_fp8, qt_fp8_cast_f32, fp8_cast_args)                        \
     X(KERNEL_FP8_DELAYED_UPDATE, quant_fp8, qt_fp8_delayed_update, fp8_delayed_update_args)  \
+    X(KERNEL_FP8_DELAYED_STATES, quant_fp8, qt_fp8_delayed_states, fp8_delayed_states_args)  \
     X(KERNEL_FP8_DEQUANTIZE, quant_fp8, qt_fp8_dequantize, fp8_dequantize_args)
 
 // ---------------------------------------------------------------------------------------------
@@ -235,6 +272,41 @@ QT_HD void qt_fp8_delayed_update_slot(const fp8_delayed_update_args *a, uint32_t
     }
     float *scale = (float *)(uintptr_t)a->scale;
     scale[j] = qt_fp8_delayed_scale(amax, a->scaled_max, scale[j]);
+}
+
+// Slot `index` of a qt_fp8_delayed_states launch, counted over its states in order: the state
+// (*state) and the slot within it (*slot); 0 past the last state's slots.
+QT_HD int qt_fp8_delayed_states_find(const fp8_delayed_states_args *a, uint32_t index,
+                                      uint32_t *state, uint32_t *slot) {
+    for (uint32_t s = 0; s < a->count; s++) {
+        if (index < a->states[s].slots) {
+            *state = s;
+            *slot = index;
+            return 1;
+        }
+        index -= a->states[s].slots;
+    }
+    return 0;
+}
+
+// One slot of qt_fp8_delayed_states: the snapshots around the update, in the order above.
+QT_HD void qt_fp8_delayed_states_slot(const fp8_delayed_states_args *a, uint32_t state,
+                                      uint32_t j) {
+    const fp8_delayed_state *st = &a->states[state];
+    uint32_t entry = st->first + j;
+    if (a->update) {
+        if (a->amax_out) {
+            ((uint32_t *)(uintptr_t)a->amax_out)[entry] =
+                ((const uint32_t *)(uintptr_t)st->history)[j];
+        }
+        fp8_delayed_update_args u = {st->history, st->scale, 0, st->slots, st->history_len,
+                                     st->algo, st->scaled_max};
+        qt_fp8_delayed_update_slot(&u, j);
+    }
+    if (a->scale_out) {
+        const uint32_t *scale = (const uint32_t *)(uintptr_t)st->scale;
+        ((uint32_t *)(uintptr_t)a->scale_out)[entry] = scale[j];
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 #include <string.h>
 
-#include "ref.h"  // ref_<symbol> twins
+#include "gemm_tier.h"  // gemm_tier_takes, gemm_tier_launch
+#include "ref.h"        // ref_<symbol> twins
 
 // ---------------------------------------------------------------------------------------------
 // Reference dispatch: one table built from the kernel list, so a kernel without a twin does not
@@ -52,7 +53,18 @@ qt_status backend_open_gpu(backend *b, int device_ordinal) {
                        b->info.cc_major, b->info.cc_minor);
     }
     QT_CU(cuStreamCreate(&b->stream, CU_STREAM_NON_BLOCKING));
+    b->capture_streams[0] = b->stream;
+    for (int s = 0; s < BACKEND_CAPTURE_STREAMS; s++) {
+        if (s > 0) QT_CU(cuStreamCreate(&b->capture_streams[s], CU_STREAM_NON_BLOCKING));
+        QT_CU(cuEventCreate(&b->capture_events[s], CU_EVENT_DISABLE_TIMING));
+    }
     QT_TRY(modules_load(&b->modules, b->device));
+    return QT_OK;
+}
+
+qt_status backend_attach_thread(backend *b) {
+    if (b->kind != BACKEND_GPU) return QT_OK;
+    QT_CU(cuCtxSetCurrent(b->context));
     return QT_OK;
 }
 
@@ -65,6 +77,12 @@ void backend_open_ref(backend *b) {
 void backend_close(backend *b) {
     if (b->kind != BACKEND_GPU || !b->context) return;
     modules_unload(&b->modules);
+    for (int s = 0; s < BACKEND_CAPTURE_STREAMS; s++) {
+        if (b->capture_events[s]) drv.cuEventDestroy(b->capture_events[s]);
+        if (s > 0 && b->capture_streams[s]) drv.cuStreamDestroy(b->capture_streams[s]);
+        b->capture_events[s] = NULL;
+        b->capture_streams[s] = NULL;
+    }
     if (b->stream) drv.cuStreamDestroy(b->stream);
     drv.cuDevicePrimaryCtxRelease(b->device);
     b->stream = NULL;
@@ -133,10 +151,16 @@ void backend_release(backend *b, arena *a) {
 // ---------------------------------------------------------------------------------------------
 // Running.
 
-// The one place an op reaches the GPU: eager runs, captures and profiles all launch through it.
-static qt_status backend_launch_op(backend *b, const prog_op *op) {
-    return modules_launch(&b->modules, op->kernel, &op->shape, b->stream, op->args,
+// The one place an op reaches the GPU: eager runs, captures and profiles all launch through it,
+// so all of them take the same GEMM tier (and give the same bits). The program is never changed.
+static qt_status backend_launch_on(backend *b, const prog_op *op, CUstream stream) {
+    if (gemm_tier_takes(b, op)) return gemm_tier_launch(b, op, stream);
+    return modules_launch(&b->modules, op->kernel, &op->shape, stream, op->args,
                           op->args_bytes);
+}
+
+static qt_status backend_launch_op(backend *b, const prog_op *op) {
+    return backend_launch_on(b, op, b->stream);
 }
 
 qt_status backend_run(backend *b, const program *p) {
@@ -201,13 +225,110 @@ qt_status backend_profile(backend *b, const program *p, const backend_graph *g, 
     return status;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Capture: the program's dependency graph.
+
+// Whether two declared uses touch common bytes with a write among them. A use covers its whole
+// region (the offset into it does not narrow it): coarser than needed, never unsafe. Regions of
+// one arena that share bytes at different lifetimes overlap here, which orders their users.
+static bool backend_uses_conflict(const prog_op_ref *x, const prog_op_ref *y) {
+    if (x->ref.arena != y->ref.arena) return false;
+    if (!((x->access | y->access) & PROG_WRITE)) return false;
+    const arena_region *rx = arena_region_get(x->ref.arena, x->ref.region);
+    const arena_region *ry = arena_region_get(y->ref.arena, y->ref.region);
+    return rx->offset < ry->offset + ry->bytes && ry->offset < rx->offset + rx->bytes;
+}
+
+static bool backend_ops_conflict(const prog_op *x, const prog_op *y) {
+    for (uint32_t i = 0; i < x->ref_count; i++) {
+        for (uint32_t j = 0; j < y->ref_count; j++) {
+            if (backend_uses_conflict(&x->refs[i], &y->refs[j])) return true;
+        }
+    }
+    return false;
+}
+
+// Per capture stream: the last op placed on it, and for each other stream the last op of that
+// stream it has already waited for (a wait covers everything before it on that stream).
+typedef struct capture_plan {
+    int32_t last[BACKEND_CAPTURE_STREAMS];
+    int32_t seen[BACKEND_CAPTURE_STREAMS][BACKEND_CAPTURE_STREAMS];
+    uint8_t stream_of[PROG_OPS_MAX];
+} capture_plan;
+
+// need[s]: the latest earlier op on stream s that op j depends on (-1: none).
+static void capture_needs(const program *p, const capture_plan *c, uint32_t j,
+                          int32_t need[BACKEND_CAPTURE_STREAMS]) {
+    for (int s = 0; s < BACKEND_CAPTURE_STREAMS; s++) need[s] = -1;
+    for (uint32_t i = j; i-- > 0;) {
+        int s = c->stream_of[i];
+        if (need[s] >= 0) continue;  // a later op of that stream is needed already
+        if (backend_ops_conflict(&p->ops[i], &p->ops[j])) need[s] = (int32_t)i;
+    }
+}
+
+// A stream for op j: one whose last op j needs anyway (the chain goes on without a wait), else
+// an unused stream, else the one whose last op is oldest (the least likely to hold j back).
+static int capture_pick(const capture_plan *c, const int32_t need[BACKEND_CAPTURE_STREAMS]) {
+    int best = -1;
+    for (int s = 0; s < BACKEND_CAPTURE_STREAMS; s++) {
+        if (c->last[s] >= 0 && need[s] == c->last[s] && (best < 0 || need[s] > need[best])) {
+            best = s;
+        }
+    }
+    if (best >= 0) return best;
+    for (int s = 0; s < BACKEND_CAPTURE_STREAMS; s++) {
+        if (c->last[s] < 0) return s;
+    }
+    best = 0;
+    for (int s = 1; s < BACKEND_CAPTURE_STREAMS; s++) {
+        if (c->last[s] < c->last[best]) best = s;
+    }
+    return best;
+}
+
+static qt_status backend_capture_ops(backend *b, const program *p) {
+    static capture_plan c;  // about 4 KiB of stream indices: off the stack
+    CUstream *streams = b->capture_streams;
+    CUevent *events = b->capture_events;
+    for (int s = 0; s < BACKEND_CAPTURE_STREAMS; s++) {
+        c.last[s] = -1;
+        for (int t = 0; t < BACKEND_CAPTURE_STREAMS; t++) c.seen[s][t] = -1;
+    }
+    // The side streams join the capture from stream 0's start.
+    QT_CU(cuEventRecord(events[0], streams[0]));
+    for (int s = 1; s < BACKEND_CAPTURE_STREAMS; s++) {
+        QT_CU(cuStreamWaitEvent(streams[s], events[0], 0));
+    }
+    for (uint32_t j = 0; j < p->op_count; j++) {
+        int32_t need[BACKEND_CAPTURE_STREAMS];
+        capture_needs(p, &c, j, need);
+        int s = capture_pick(&c, need);
+        for (int t = 0; t < BACKEND_CAPTURE_STREAMS; t++) {
+            if (t == s || need[t] < 0 || need[t] <= c.seen[s][t]) continue;
+            // events[t] was recorded after stream t's last op, which is need[t] or later.
+            QT_CU(cuStreamWaitEvent(streams[s], events[t], 0));
+            c.seen[s][t] = c.last[t];
+        }
+        QT_TRY(backend_launch_on(b, &p->ops[j], streams[s]));
+        QT_CU(cuEventRecord(events[s], streams[s]));
+        c.last[s] = (int32_t)j;
+        c.stream_of[j] = (uint8_t)s;
+    }
+    // Every side stream joins stream 0 again before the capture ends.
+    for (int s = 1; s < BACKEND_CAPTURE_STREAMS; s++) {
+        if (c.last[s] >= 0) QT_CU(cuStreamWaitEvent(streams[0], events[s], 0));
+    }
+    return QT_OK;
+}
+
 qt_status backend_capture(backend *b, const program *p, backend_graph *g) {
     QT_ASSERT(p->resolved);
     g->program = p;
     g->exec = NULL;
     if (b->kind == BACKEND_REF) return QT_OK;
     QT_CU(cuStreamBeginCapture(b->stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
-    qt_status status = backend_run(b, p);
+    qt_status status = backend_capture_ops(b, p);
     CUgraph graph = NULL;
     CUresult end = drv.cuStreamEndCapture(b->stream, &graph);
     if (status != QT_OK) {

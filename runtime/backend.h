@@ -18,6 +18,15 @@
 
 typedef enum backend_kind { BACKEND_REF, BACKEND_GPU } backend_kind;
 
+// Which kernels run a program's GEMM ops (runtime/gemm_tier.h): AUTO takes the sm_90a tier for
+// the GEMMs it supports on a compute capability 9.0 GPU and the portable tier otherwise;
+// PORTABLE always runs the op's own (portable) kernel. Both give results within the GEMM
+// contract; tests and benchmarks compare them.
+typedef enum backend_gemm_tier {
+    BACKEND_GEMM_TIER_AUTO,
+    BACKEND_GEMM_TIER_PORTABLE
+} backend_gemm_tier;
+
 typedef struct backend_device_info {
     char name[128];
     int driver_version;  // e.g. 13000
@@ -27,13 +36,24 @@ typedef struct backend_device_info {
     uint64_t free_bytes;
 } backend_device_info;
 
+// Streams a capture spreads a program over (runtime/backend.c, backend_capture).
+#define BACKEND_CAPTURE_STREAMS 6
+
 typedef struct backend {
     backend_kind kind;
     CUdevice device;
     CUcontext context;
     CUstream stream;
+    // Side streams and one event per stream (stream 0 is `stream`): a capture forks and joins
+    // through them so that independent ops become parallel branches of the graph.
+    CUstream capture_streams[BACKEND_CAPTURE_STREAMS];
+    CUevent capture_events[BACKEND_CAPTURE_STREAMS];
     modules modules;
     backend_device_info info;
+    backend_gemm_tier gemm_tier;  // AUTO after backend_open_*; set it before running or capturing
+    // The sm_90a tier's persistent grid: at most this many CTAs (0: one per SM). Tests lower it
+    // so that every CTA walks several tiles; results never depend on it.
+    uint32_t gemm_ctas_max;
 } backend;
 
 typedef struct backend_graph {
@@ -45,6 +65,9 @@ typedef struct backend_graph {
 // kernel module. QT_ERR_NO_DRIVER / QT_ERR_NO_DEVICE when there is no GPU to use.
 qt_status backend_open_gpu(backend *b, int device_ordinal);
 void backend_open_ref(backend *b);
+// Makes the backend's context current on the calling thread (a backend opened on another thread
+// is used from this one); nothing for the reference backend.
+qt_status backend_attach_thread(backend *b);
 void backend_close(backend *b);
 
 // Allocates an arena once (GPU: cuMemAlloc for device arenas, cuMemHostAlloc for pinned host
@@ -55,7 +78,11 @@ void backend_release(backend *b, arena *a);
 
 // Eager: launches every op in order on the stream (returns without waiting).
 qt_status backend_run(backend *b, const program *p);
-// Captures the whole program into one CUDA graph; later launches replay it.
+// Captures the whole program into one CUDA graph; later launches replay it. The graph orders
+// only what the ops' declared regions require: op j waits for every earlier op i whose regions
+// overlap j's in memory with a write on either side (prog_use's contract is that every byte an
+// op reads or writes is declared), and ops with no such chain between them run concurrently.
+// Eager runs keep program order on one stream; both give the same bits.
 qt_status backend_capture(backend *b, const program *p, backend_graph *g);
 qt_status backend_launch(backend *b, const backend_graph *g);
 void backend_graph_destroy(backend *b, backend_graph *g);

@@ -24,12 +24,14 @@
     X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync)               \
     X(cuMemcpyDtoDAsync) X(cuMemsetD8Async)                                                 \
     X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize) X(cuStreamQuery)            \
+    X(cuStreamWaitEvent)                                                                    \
     X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventSynchronize)               \
     X(cuEventQuery) X(cuEventElapsedTime)                                                   \
     X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction)                            \
     X(cuFuncGetAttribute) X(cuFuncSetAttribute) X(cuLaunchKernel)                           \
     X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuGraphInstantiateWithFlags)            \
-    X(cuGraphLaunch) X(cuGraphDestroy) X(cuGraphExecDestroy)
+    X(cuGraphLaunch) X(cuGraphDestroy) X(cuGraphExecDestroy)                               \
+    X(cuTensorMapEncodeTiled)
 
 #define QT_DRIVER_FIELD(name) __typeof__(name) *name;
 typedef struct driver_table {

@@ -482,6 +482,9 @@ static qt_status model_plan_io(model *m, const model_options *o) {
         QT_TRY(model_region(&dev, "lr_rows", io->lr_row_count * sizeof(optim_lr_row),
                             ARENA_CAT_OPTIM, &ref));
         io->lr_rows = ref.region;
+        // Zero from bind on; only the norm's fold writes it, and leaves it zero.
+        QT_TRY(model_region(&dev, "gnorm_ticket", 4, ARENA_CAT_WORKSPACE, &ref));
+        io->gnorm_ticket = ref.region;
     }
     return QT_OK;
 }

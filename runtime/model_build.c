@@ -7,7 +7,7 @@
 
 #include "model_impl.h"
 #include "op_act.h"          // activations, losses, grad norm
-#include "op_core.h"         // op_fill_random, op_copy, op_checksum
+#include "op_core.h"         // op_fill_random, op_checksum
 #include "op_gemm.h"         // op_gemm, op_gemm_bias_grad
 #include "op_optim.h"        // op_optim_*
 #include "op_quant_block.h"
@@ -430,13 +430,15 @@ static qt_status mb_loss(mb *b) {
         QT_TRY(mb_tensor(b, "loss.dy", rows, cols, ARENA_CAT_ACTIVATIONS, &b->dlogits));
         grad = mb_act(b->dlogits);
     }
-    prog_ref ws;
+    // Small losses run in one kernel that needs no workspace (0 bytes).
+    uint64_t ws_bytes = m->classification ? op_xent_workspace_bytes(rows, cols)
+                                          : op_mse_workspace_bytes(rows, cols);
+    prog_ref ws = OP_REF_NONE;
+    if (ws_bytes) QT_TRY(mb_region(b, "loss.ws", ws_bytes, ARENA_CAT_WORKSPACE, &ws));
     if (m->classification) {
-        QT_TRY(mb_region(b, "loss.ws", op_xent_workspace_bytes(rows), ARENA_CAT_WORKSPACE, &ws));
         return op_xent(b->p, "loss", rows, cols, mb_act(out), b->targets, OP_REF_NONE, grad, ws,
                        b->stats);
     }
-    QT_TRY(mb_region(b, "loss.ws", op_mse_workspace_bytes(rows), ARENA_CAT_WORKSPACE, &ws));
     op_act_tensor target = {b->targets, QT_DTYPE_F32};
     return op_mse(b->p, "loss", rows, cols, mb_act(out), target, b->rows_valid, grad, ws,
                   b->stats);
@@ -625,7 +627,7 @@ static qt_status mb_optimizer(mb *b) {
                      ARENA_CAT_WORKSPACE, &ws));
     QT_TRY(mb_region(b, "grad_norm", sizeof(qt_gnorm_result), ARENA_CAT_STAGING, &b->gnorm));
     QT_TRY(op_grad_norm(b->p, "grad_norm", m->param_count, grads, counts, m->recipe->optim.clip,
-                        ws, b->gnorm));
+                        ws, mb_dev(b, m->io.gnorm_ticket), b->gnorm));
     prog_ref state = mb_dev(b, m->io.optim_state);
     QT_TRY(op_optim_begin(b->p, "optim.begin", state, b->gnorm, mb_dev(b, m->io.lr_rows),
                           m->io.lr_row_count));
@@ -640,37 +642,29 @@ static qt_status mb_optimizer(mb *b) {
 // ---------------------------------------------------------------------------------------------
 // Delayed scaling and the record
 
-// Copies of this step's amaxes (history row 0, before the update rolls it) and of the scales,
-// in trace order, for the record.
-static qt_status mb_snapshot(mb *b, bool amax) {
+// The end of a step for every delayed-scaling state, in one op (QT_FP8_STATES_PER_OP states per
+// op): training runs the roll and scale update of NUMERICS.md 4.4-4.5 after every cast of the
+// step (the optimizer's weight casts included), between a copy of this step's amaxes (history
+// row 0 before the roll) and one of the updated scales; eval and infer copy the scales alone.
+// The copies are in trace order, for the record.
+static qt_status mb_delayed(mb *b) {
     model *m = b->m;
-    if (m->delayed_count == 0) return QT_OK;
+    if (m->state_count == 0) return QT_OK;
     uint64_t bytes = (uint64_t)m->delayed_count * 4;
-    prog_ref *dst = amax ? &b->snap_amax : &b->snap_scale;
-    QT_TRY(mb_region(b, amax ? "record.amax" : "record.scale", bytes, ARENA_CAT_STAGING, dst));
+    if (b->train) {
+        QT_TRY(mb_region(b, "record.amax", bytes, ARENA_CAT_STAGING, &b->snap_amax));
+    }
+    QT_TRY(mb_region(b, "record.scale", bytes, ARENA_CAT_STAGING, &b->snap_scale));
+    op_fp8_delayed_state states[MODEL_STATES_MAX];
     for (uint32_t s = 0; s < m->state_count; s++) {
         const model_state *st = &m->states[s];
-        char name[32];
-        snprintf(name, sizeof name, "delayed%u.%s", s, amax ? "amax" : "scale");
-        QT_TRY(op_copy(b->p, name, mb_at(*dst, (uint64_t)st->trace_first * 4),
-                       mb_dev(b, amax ? st->history : st->scale), (uint64_t)st->slots * 4));
+        states[s] = (op_fp8_delayed_state){mb_dev(b, st->history), mb_dev(b, st->scale),
+                                           st->slots, st->history_len, st->algo, st->fp8,
+                                           (int)st->margin, st->trace_first};
     }
-    return QT_OK;
-}
-
-// NUMERICS.md 4.4-4.5: after every cast of the step (the optimizer's weight casts included),
-// each state rolls its history and computes the next step's scales.
-static qt_status mb_delayed_update(mb *b) {
-    model *m = b->m;
-    for (uint32_t s = 0; s < m->state_count; s++) {
-        const model_state *st = &m->states[s];
-        char name[32];
-        snprintf(name, sizeof name, "delayed%u.update", s);
-        QT_TRY(op_fp8_delayed_update(b->p, name, mb_dev(b, st->history), mb_dev(b, st->scale),
-                                     OP_FP8_NONE, st->slots, st->history_len, st->algo, st->fp8,
-                                     (int)st->margin));
-    }
-    return QT_OK;
+    prog_ref amax = b->train ? b->snap_amax : OP_FP8_NONE;
+    return op_fp8_delayed_states(b->p, "delayed", states, m->state_count, b->train, amax,
+                                 b->snap_scale, m->delayed_count);
 }
 
 static qt_status mb_record(mb *b) {
@@ -742,9 +736,7 @@ qt_status model_build_train(model *m, program *p) {
     QT_TRY(mb_loss(&b));
     QT_TRY(mb_backward(&b));
     QT_TRY(mb_optimizer(&b));
-    QT_TRY(mb_snapshot(&b, true));
-    QT_TRY(mb_delayed_update(&b));
-    QT_TRY(mb_snapshot(&b, false));
+    QT_TRY(mb_delayed(&b));
     return mb_record(&b);
 }
 
@@ -753,7 +745,7 @@ qt_status model_build_eval(model *m, program *p) {
     QT_TRY(mb_begin(&b, m, p, MODEL_MODE_EVAL));
     QT_TRY(mb_forward(&b));
     QT_TRY(mb_loss(&b));
-    QT_TRY(mb_snapshot(&b, false));
+    QT_TRY(mb_delayed(&b));
     return mb_record(&b);
 }
 
@@ -768,7 +760,7 @@ qt_status model_build_infer(model *m, program *p) {
     op_sched_slots src = {out.ref, 0, 1};
     QT_TRY(op_sched_copy(p, "outputs", mb_dev(&b, m->io.counter), dst, src,
                          m->io.outputs_bytes));
-    QT_TRY(mb_snapshot(&b, false));
+    QT_TRY(mb_delayed(&b));
     return mb_record(&b);
 }
 

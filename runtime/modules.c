@@ -31,12 +31,23 @@ static qt_status modules_read_attributes(modules *m, kernel_id k) {
     return QT_OK;
 }
 
+// The sm_90a GEMM tier's image holds sm_90a SASS only (wgmma and setmaxnreg exist on no other
+// target, so it carries no PTX to JIT): it loads on compute capability 9.0 alone. On other GPUs
+// its kernels stay unresolved, and runtime/gemm_tier.c never picks them.
+static bool modules_wanted(module_id module, int cc_major, int cc_minor) {
+    return module != MODULE_gemm_sm90a || (cc_major == 9 && cc_minor == 0);
+}
+
 qt_status modules_load(modules *m, CUdevice device) {
     QT_ASSERT(driver_loaded());
     *m = (modules){0};
     QT_CU(cuDeviceGetAttribute(&m->dynamic_smem_max_bytes,
                                CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, device));
+    int cc_major = 0, cc_minor = 0;
+    QT_CU(cuDeviceGetAttribute(&cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device));
+    QT_CU(cuDeviceGetAttribute(&cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device));
     for (int i = 0; i < MODULE_COUNT; i++) {
+        if (!modules_wanted((module_id)i, cc_major, cc_minor)) continue;
         CUresult result = drv.cuModuleLoadData(&m->module[i], module_images[i]);
         if (result != CUDA_SUCCESS) {
             driver_fail(result, "cuModuleLoadData", __FILE__, __LINE__);
@@ -47,6 +58,7 @@ qt_status modules_load(modules *m, CUdevice device) {
     }
     for (int k = 0; k < KERNEL_COUNT; k++) {
         const kernel_info *info = &kernel_table[k];
+        if (!m->module[info->module]) continue;
         CUresult result = drv.cuModuleGetFunction(&m->function[k], m->module[info->module],
                                                   info->symbol);
         if (result != CUDA_SUCCESS) {
@@ -57,6 +69,11 @@ qt_status modules_load(modules *m, CUdevice device) {
         QT_TRY(modules_read_attributes(m, (kernel_id)k));
     }
     return QT_OK;
+}
+
+bool modules_loaded(const modules *m, kernel_id kernel) {
+    QT_ASSERT((unsigned)kernel < KERNEL_COUNT);
+    return m->function[kernel] != NULL;
 }
 
 void modules_unload(modules *m) {
@@ -70,12 +87,15 @@ qt_status modules_launch(const modules *m, kernel_id kernel, const launch_shape 
                          CUstream stream, const void *args, size_t args_bytes) {
     QT_ASSERT((unsigned)kernel < KERNEL_COUNT);
     QT_ASSERT(args_bytes == kernel_table[kernel].args_bytes);
-    size_t bytes = args_bytes;
-    void *config[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, (void *)args, CU_LAUNCH_PARAM_BUFFER_SIZE,
-                      &bytes, CU_LAUNCH_PARAM_END};
+    QT_ASSERT(modules_loaded(m, kernel));
+    // kernelParams, not a raw parameter buffer: the driver places the struct at the parameter's
+    // own alignment. NOTE: a parameter aligned beyond 16 bytes (the sm_90a GEMM args, 64 for
+    // their TMA tensor maps) does not start at offset 0 of the parameter space, so a buffer
+    // passed with CU_LAUNCH_PARAM_BUFFER_POINTER would reach the kernel shifted.
+    void *params[] = {(void *)args};
     CUresult result = drv.cuLaunchKernel(m->function[kernel], shape->grid[0], shape->grid[1],
                                          shape->grid[2], shape->block[0], shape->block[1],
-                                         shape->block[2], shape->smem_bytes, stream, NULL, config);
+                                         shape->block[2], shape->smem_bytes, stream, params, NULL);
     if (result != CUDA_SUCCESS) {
         char call[160];
         snprintf(call, sizeof call, "cuLaunchKernel(%s, grid %ux%ux%u, block %ux%ux%u, smem %u)",

@@ -2,8 +2,8 @@
 //
 // Owns one CUmodule per ptx/*.cu image and one CUfunction per kernel of ptx/kernels.h, from
 // modules_load until modules_unload; the GPU backend holds the only instance. Launches go through
-// modules_launch, which passes the kernel's single args struct as a parameter buffer
-// (CU_LAUNCH_PARAM_BUFFER_POINTER) after checking its size against the kernel table.
+// modules_launch, which passes the kernel's single args struct (as its one kernelParams entry)
+// after checking its size against the kernel table.
 #ifndef QT_MODULES_H
 #define QT_MODULES_H
 
@@ -35,9 +35,12 @@ typedef struct modules {
 
 // Loads every embedded image into the current context and resolves every kernel; fails naming
 // the first missing symbol. Raises each kernel's dynamic shared memory limit to the device's
-// opt-in maximum so launch shapes are the only thing that decides it.
+// opt-in maximum so launch shapes are the only thing that decides it. The sm_90a GEMM tier's
+// image loads on compute capability 9.0 only; elsewhere its kernels stay unresolved.
 qt_status modules_load(modules *m, CUdevice device);
 void modules_unload(modules *m);
+// Whether the kernel was resolved (false only for kernels of an image the device cannot run).
+bool modules_loaded(const modules *m, kernel_id kernel);
 
 typedef struct launch_shape {
     uint32_t grid[3];

@@ -197,9 +197,22 @@ static uint32_t op_act_row_blocks(uint32_t rows) {
     return (rows + QT_ACT_ROWS_PER_BLOCK - 1) / QT_ACT_ROWS_PER_BLOCK;
 }
 
-uint64_t op_xent_workspace_bytes(uint32_t rows) { return (uint64_t)op_act_row_blocks(rows) * 8; }
+uint64_t op_xent_workspace_bytes(uint32_t rows, uint32_t classes) {
+    return qt_loss_one_block(rows, classes) ? 0 : (uint64_t)op_act_row_blocks(rows) * 8;
+}
 
-uint64_t op_mse_workspace_bytes(uint32_t rows) { return (uint64_t)op_act_row_blocks(rows) * 4; }
+uint64_t op_mse_workspace_bytes(uint32_t rows, uint32_t cols) {
+    return qt_loss_one_block(rows, cols) ? 0 : (uint64_t)op_act_row_blocks(rows) * 4;
+}
+
+// What the row pass (and the one-block kernel) of xent reads and writes.
+static qt_status op_xent_use_rows(program *p, uint32_t op, op_act_tensor logits, prog_ref labels,
+                                  prog_ref loss, op_act_tensor dlogits) {
+    QT_TRY(prog_use(p, op, offsetof(xent_args, logits), logits.ref, PROG_READ));
+    QT_TRY(prog_use(p, op, offsetof(xent_args, labels), labels, PROG_READ));
+    QT_TRY(prog_use_optional(p, op, offsetof(xent_args, loss), loss, 0, PROG_WRITE));
+    return prog_use_optional(p, op, offsetof(xent_args, dlogits), dlogits.ref, 0, PROG_WRITE);
+}
 
 qt_status op_xent(program *p, const char *name, uint32_t rows, uint32_t classes,
                   op_act_tensor logits, prog_ref labels, prog_ref loss, op_act_tensor dlogits,
@@ -208,7 +221,7 @@ qt_status op_xent(program *p, const char *name, uint32_t rows, uint32_t classes,
     QT_ASSERT(classes < 0x7FFFFFFFu);  // labels are i32
     op_act_check_tensor(logits);
     if (prog_ref_present(dlogits.ref)) op_act_check_tensor(dlogits);
-    QT_ASSERT(prog_ref_present(labels) && prog_ref_present(workspace) && prog_ref_present(stats));
+    QT_ASSERT(prog_ref_present(labels) && prog_ref_present(stats));
     xent_args args = {0};
     args.rows = rows;
     args.classes = classes;
@@ -216,22 +229,36 @@ qt_status op_xent(program *p, const char *name, uint32_t rows, uint32_t classes,
     args.logits_dtype = logits.dtype;
     args.dlogits_dtype = dlogits.dtype;
     uint32_t op;
+    if (qt_loss_one_block(rows, classes)) {
+        QT_TRY(prog_append(p, KERNEL_XENT_SMALL, name, &op_act_one_block, &args, sizeof args,
+                           &op));
+        QT_TRY(op_xent_use_rows(p, op, logits, labels, loss, dlogits));
+        return prog_use(p, op, offsetof(xent_args, stats), stats, PROG_WRITE);
+    }
+    QT_ASSERT(prog_ref_present(workspace));
     QT_TRY(prog_append(p, KERNEL_XENT_COUNT, name, &op_act_one_block, &args, sizeof args, &op));
     QT_TRY(prog_use(p, op, offsetof(xent_args, labels), labels, PROG_READ));
     QT_TRY(prog_use(p, op, offsetof(xent_args, stats), stats, PROG_WRITE));
 
     launch_shape shape = op_act_row_shape(rows);
     QT_TRY(prog_append(p, KERNEL_XENT_ROWS, name, &shape, &args, sizeof args, &op));
-    QT_TRY(prog_use(p, op, offsetof(xent_args, logits), logits.ref, PROG_READ));
-    QT_TRY(prog_use(p, op, offsetof(xent_args, labels), labels, PROG_READ));
-    QT_TRY(prog_use_optional(p, op, offsetof(xent_args, loss), loss, 0, PROG_WRITE));
-    QT_TRY(prog_use_optional(p, op, offsetof(xent_args, dlogits), dlogits.ref, 0, PROG_WRITE));
+    QT_TRY(op_xent_use_rows(p, op, logits, labels, loss, dlogits));
     QT_TRY(prog_use(p, op, offsetof(xent_args, partials), workspace, PROG_WRITE));
     QT_TRY(prog_use(p, op, offsetof(xent_args, stats), stats, PROG_READ));
 
     QT_TRY(prog_append(p, KERNEL_XENT_FINAL, name, &op_act_one_block, &args, sizeof args, &op));
     QT_TRY(prog_use(p, op, offsetof(xent_args, partials), workspace, PROG_READ));
     return prog_use(p, op, offsetof(xent_args, stats), stats, PROG_READ_WRITE);
+}
+
+// What the row pass (and the one-block kernel) of mse reads and writes.
+static qt_status op_mse_use_rows(program *p, uint32_t op, op_act_tensor pred,
+                                 op_act_tensor target, prog_ref valid_rows,
+                                 op_act_tensor dpred) {
+    QT_TRY(prog_use(p, op, offsetof(mse_args, pred), pred.ref, PROG_READ));
+    QT_TRY(prog_use(p, op, offsetof(mse_args, target), target.ref, PROG_READ));
+    QT_TRY(prog_use_optional(p, op, offsetof(mse_args, valid_rows), valid_rows, 0, PROG_READ));
+    return prog_use_optional(p, op, offsetof(mse_args, dpred), dpred.ref, 0, PROG_WRITE);
 }
 
 qt_status op_mse(program *p, const char *name, uint32_t rows, uint32_t cols, op_act_tensor pred,
@@ -241,7 +268,7 @@ qt_status op_mse(program *p, const char *name, uint32_t rows, uint32_t cols, op_
     op_act_check_tensor(pred);
     op_act_check_tensor(target);
     if (prog_ref_present(dpred.ref)) op_act_check_tensor(dpred);
-    QT_ASSERT(prog_ref_present(workspace) && prog_ref_present(stats));
+    QT_ASSERT(prog_ref_present(stats));
     mse_args args = {0};
     args.rows = rows;
     args.cols = cols;
@@ -249,13 +276,17 @@ qt_status op_mse(program *p, const char *name, uint32_t rows, uint32_t cols, op_
     args.pred_dtype = pred.dtype;
     args.target_dtype = target.dtype;
     args.dpred_dtype = dpred.dtype;
-    launch_shape shape = op_act_row_shape(rows);
     uint32_t op;
+    if (qt_loss_one_block(rows, cols)) {
+        QT_TRY(prog_append(p, KERNEL_MSE_SMALL, name, &op_act_one_block, &args, sizeof args,
+                           &op));
+        QT_TRY(op_mse_use_rows(p, op, pred, target, valid_rows, dpred));
+        return prog_use(p, op, offsetof(mse_args, stats), stats, PROG_WRITE);
+    }
+    QT_ASSERT(prog_ref_present(workspace));
+    launch_shape shape = op_act_row_shape(rows);
     QT_TRY(prog_append(p, KERNEL_MSE_ROWS, name, &shape, &args, sizeof args, &op));
-    QT_TRY(prog_use(p, op, offsetof(mse_args, pred), pred.ref, PROG_READ));
-    QT_TRY(prog_use(p, op, offsetof(mse_args, target), target.ref, PROG_READ));
-    QT_TRY(prog_use_optional(p, op, offsetof(mse_args, valid_rows), valid_rows, 0, PROG_READ));
-    QT_TRY(prog_use_optional(p, op, offsetof(mse_args, dpred), dpred.ref, 0, PROG_WRITE));
+    QT_TRY(op_mse_use_rows(p, op, pred, target, valid_rows, dpred));
     QT_TRY(prog_use(p, op, offsetof(mse_args, partials), workspace, PROG_WRITE));
 
     QT_TRY(prog_append(p, KERNEL_MSE_FINAL, name, &op_act_one_block, &args, sizeof args, &op));
@@ -284,33 +315,46 @@ uint64_t op_grad_norm_workspace_bytes(uint32_t regions, const uint64_t *counts) 
 }
 
 qt_status op_grad_norm(program *p, const char *name, uint32_t regions, const prog_ref *grads,
-                       const uint64_t *counts, float clip, prog_ref workspace, prog_ref out) {
+                       const uint64_t *counts, float clip, prog_ref workspace, prog_ref ticket,
+                       prog_ref out) {
     QT_ASSERT(regions >= 1);
-    QT_ASSERT(prog_ref_present(workspace) && prog_ref_present(out));
+    QT_ASSERT(prog_ref_present(workspace) && prog_ref_present(ticket) && prog_ref_present(out));
     uint64_t total = op_gnorm_partials(regions, counts);
-    QT_ASSERT(total <= 0xFFFFFFFFu);
-    // Region i's partials follow those of regions 0..i-1: the final pass folds them in order.
-    uint64_t base = 0;
-    for (uint32_t i = 0; i < regions; i++) {
-        QT_ASSERT(prog_ref_present(grads[i]));
-        gnorm_partial_args args = {0, counts[i], 0, 0, op_gnorm_blocks(counts[i]), 0};
-        launch_shape shape = {{args.blocks, 1, 1}, {QT_ACT_THREADS, 1, 1}, 0};
-        prog_ref sums = workspace, flags = workspace;
-        sums.offset += base * 4;
-        flags.offset += (total + base) * 4;
+    QT_ASSERT(total <= 0x7FFFFFFFu);
+    // Region i's partials follow those of regions 0..i-1: the fold takes them in order.
+    uint32_t base = 0;
+    for (uint32_t first = 0; first < regions; first += QT_GNORM_REGIONS) {
+        uint32_t n = regions - first < QT_GNORM_REGIONS ? regions - first : QT_GNORM_REGIONS;
+        bool last = first + n == regions;
+        gnorm_args args = {0};
+        args.regions = n;
+        args.base = base;
+        args.total = (uint32_t)total;
+        args.clip = clip;
+        uint32_t blocks = 0;
+        for (uint32_t r = 0; r < n; r++) {
+            QT_ASSERT(prog_ref_present(grads[first + r]));
+            args.count[r] = counts[first + r];
+            args.first_block[r] = blocks;
+            blocks += op_gnorm_blocks(counts[first + r]);
+        }
+        launch_shape shape = {{blocks, 1, 1}, {QT_ACT_THREADS, 1, 1}, 0};
         uint32_t op;
-        QT_TRY(prog_append(p, KERNEL_GNORM_PARTIAL, name, &shape, &args, sizeof args, &op));
-        QT_TRY(prog_use(p, op, offsetof(gnorm_partial_args, src), grads[i], PROG_READ));
-        QT_TRY(prog_use(p, op, offsetof(gnorm_partial_args, partials), sums, PROG_WRITE));
-        QT_TRY(prog_use(p, op, offsetof(gnorm_partial_args, flags), flags, PROG_WRITE));
-        base += args.blocks;
+        QT_TRY(prog_append(p, KERNEL_GNORM, name, &shape, &args, sizeof args, &op));
+        for (uint32_t r = 0; r < n; r++) {
+            QT_TRY(prog_use_span(p, op, (uint32_t)(offsetof(gnorm_args, src) + 8 * r),
+                                 grads[first + r], counts[first + r] * 4, PROG_READ));
+        }
+        // Earlier launches write their partials; the last one also reads all of them.
+        QT_TRY(prog_use_span(p, op, offsetof(gnorm_args, partials), workspace, total * 8,
+                             last ? PROG_READ_WRITE : PROG_WRITE));
+        if (last) {
+            QT_TRY(prog_use_span(p, op, offsetof(gnorm_args, ticket), ticket, 4,
+                                 PROG_READ_WRITE));
+            QT_TRY(prog_use_span(p, op, offsetof(gnorm_args, out), out,
+                                 sizeof(qt_gnorm_result), PROG_WRITE));
+        }
+        base += blocks;
     }
-    gnorm_final_args args = {0, 0, 0, (uint32_t)total, clip};
-    prog_ref flags = workspace;
-    flags.offset += total * 4;
-    uint32_t op;
-    QT_TRY(prog_append(p, KERNEL_GNORM_FINAL, name, &op_act_one_block, &args, sizeof args, &op));
-    QT_TRY(prog_use(p, op, offsetof(gnorm_final_args, partials), workspace, PROG_READ));
-    QT_TRY(prog_use(p, op, offsetof(gnorm_final_args, flags), flags, PROG_READ));
-    return prog_use(p, op, offsetof(gnorm_final_args, out), out, PROG_WRITE);
+    return QT_OK;
 }

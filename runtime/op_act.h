@@ -11,6 +11,7 @@
 //   op_rmsnorm_backward   f32 [parts][cols] dgamma partials      op_rmsnorm_workspace_bytes
 //   op_xent               f32 [blocks] loss sums | u32 [blocks]   op_xent_workspace_bytes
 //   op_mse                f32 [blocks]                            op_mse_workspace_bytes
+//                         (none, 0 bytes, for shapes that take the one-block kernel)
 //   op_grad_norm          f32 [P] sums | u32 [P] flags            op_grad_norm_workspace_bytes
 #ifndef QT_OP_ACT_H
 #define QT_OP_ACT_H
@@ -69,25 +70,30 @@ qt_status op_residual_backward(program *p, const char *name, uint64_t count, op_
 
 // Softmax cross-entropy of logits [rows][classes] with i32 labels [rows]; rows whose label is
 // not a class (-1) are ignored. loss (optional): f32 [rows]; dlogits (optional, training):
-// (softmax - onehot) / valid rows; stats: qt_loss_stats. Three ops: count, rows, final.
+// (softmax - onehot) / valid rows; stats: qt_loss_stats. Three ops (count, rows, final), or one
+// when qt_loss_one_block(rows, classes) (ptx/act.h), with the same results bit for bit; the
+// workspace is then not used and may be OP_REF_NONE.
 qt_status op_xent(program *p, const char *name, uint32_t rows, uint32_t classes,
                   op_act_tensor logits, prog_ref labels, prog_ref loss, op_act_tensor dlogits,
                   prog_ref workspace, prog_ref stats);
-uint64_t op_xent_workspace_bytes(uint32_t rows);
+uint64_t op_xent_workspace_bytes(uint32_t rows, uint32_t classes);
 
 // Mean squared error over the first valid rows (valid_rows: optional u32 on the device, written
 // by the data pipeline; absent = all rows): loss = mean((p - t)^2), dpred (optional) =
-// 2 (p - t) / (valid * cols), 0 on padding rows. Two ops: rows, final.
+// 2 (p - t) / (valid * cols), 0 on padding rows. Two ops (rows, final), or one as op_xent.
 qt_status op_mse(program *p, const char *name, uint32_t rows, uint32_t cols, op_act_tensor pred,
                  op_act_tensor target, prog_ref valid_rows, op_act_tensor dpred,
                  prog_ref workspace, prog_ref stats);
-uint64_t op_mse_workspace_bytes(uint32_t rows);
+uint64_t op_mse_workspace_bytes(uint32_t rows, uint32_t cols);
 
 // Global L2 norm of `regions` FP32 gradient regions (grads[i]: counts[i] elements), the clip
 // factor min(1, clip / (norm + 1e-6)) (clip <= 0: 1) and a non-finite flag, into out
-// (qt_gnorm_result). One partial op per region, then one final op.
+// (qt_gnorm_result). One op per QT_GNORM_REGIONS regions; the last block of the last op folds
+// (ptx/act.h). ticket: a u32 that is zero at bind and never written by anything else (a
+// persistent region: the fold leaves it zero for the next step).
 qt_status op_grad_norm(program *p, const char *name, uint32_t regions, const prog_ref *grads,
-                       const uint64_t *counts, float clip, prog_ref workspace, prog_ref out);
+                       const uint64_t *counts, float clip, prog_ref workspace, prog_ref ticket,
+                       prog_ref out);
 uint64_t op_grad_norm_workspace_bytes(uint32_t regions, const uint64_t *counts);
 
 #endif  // QT_OP_ACT_H

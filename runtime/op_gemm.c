@@ -114,13 +114,32 @@ static void op_gemm_check(const op_gemm_desc *g) {
     op_gemm_check_operand(g, &g->b, true, g->n);
 }
 
+// The small tile when the large tile's grid has fewer blocks of work than a GPU has SMs (about
+// 132 on the GPUs this tier targets; 128 keeps the choice a plain tile count, since the SM count
+// is not known when a program is planned): 4x the blocks, each a quarter of the work, so more
+// SMs share the contraction. Training-sized GEMMs (256 x 1024 x 1024: 16 large tiles) are the
+// case. Near the bound (64 large tiles: a 1024 x 1024 wgrad) the two tiles measured within a few
+// percent of each other on an H100, so the bound stays a plain count. M-grouped GEMMs count
+// their capacity's tiles, not the launch's empty ones.
+uint32_t op_gemm_tile(const op_gemm_desc *g) {
+    QT_ASSERT(g->tile <= OP_GEMM_TILE_SMALL);
+    if (g->tile == OP_GEMM_TILE_LARGE) return GEMM_TILE_LARGE;
+    if (g->tile == OP_GEMM_TILE_SMALL) return GEMM_TILE_SMALL;
+    uint64_t members = g->grouping == GEMM_GROUP_K ? g->count : 1u;
+    uint64_t tiles = (uint64_t)op_gemm_ceil_div(g->m, GEMM_TILE_M) *
+                     op_gemm_ceil_div(g->n, GEMM_TILE_N) * members;
+    return tiles < OP_GEMM_SMALL_TILE_BELOW ? GEMM_TILE_SMALL : GEMM_TILE_LARGE;
+}
+
 launch_shape op_gemm_shape(const op_gemm_desc *g) {
-    uint32_t row_tiles = op_gemm_ceil_div(g->m, GEMM_TILE_M);
-    if (g->grouping == GEMM_GROUP_M) row_tiles += g->count;  // see qt_gemm_member_tiles
+    uint32_t tile = op_gemm_tile(g);
+    uint32_t rows = GEMM_TILE_ROWS(tile);
+    uint32_t row_tiles = op_gemm_ceil_div(g->m, rows);
+    if (g->grouping == GEMM_GROUP_M) row_tiles += g->count;  // see qt_gemm_member_row_tiles
     uint32_t members = g->grouping == GEMM_GROUP_K ? g->count : 1u;
-    launch_shape shape = {{op_gemm_ceil_div(g->n, GEMM_TILE_N), row_tiles, members},
-                          {GEMM_THREADS, 1, 1},
-                          GEMM_PORTABLE_SMEM_BYTES(g->format)};
+    launch_shape shape = {{op_gemm_ceil_div(g->n, rows), row_tiles, members},
+                          {GEMM_TILE_THREADS(tile), 1, 1},
+                          GEMM_PORTABLE_SMEM_BYTES_TILE(g->format, tile)};
     return shape;
 }
 
@@ -174,6 +193,7 @@ static gemm_args op_gemm_args(const op_gemm_desc *g) {
     args.grouping = g->grouping;
     args.format = g->format;
     args.flags = g->flags;
+    args.tile = op_gemm_tile(g);
     return args;
 }
 
@@ -198,6 +218,21 @@ qt_status op_gemm(program *p, const char *name, const op_gemm_desc *g) {
     if (g->grouping == GEMM_DENSE) return QT_OK;
     op_group group = {g->count, g->row_offsets, g->first_dims};
     return op_group_use(p, op, offsetof(gemm_args, group), &group);
+}
+
+qt_status op_gemm_decode_table(program *p, const char *name, uint32_t path, uint32_t elem,
+                               uint32_t piece, prog_ref out) {
+    QT_ASSERT(path <= GEMM_DECODE_NVFP4);
+    QT_ASSERT(path == GEMM_DECODE_NVFP4 || elem == GEMM_ELEM_E4M3 || elem == GEMM_ELEM_E5M2);
+    QT_ASSERT(piece == 8 || piece == 16);
+    gemm_decode_table_args args = {0};
+    args.path = path;
+    args.elem = path == GEMM_DECODE_NVFP4 ? GEMM_ELEM_E2M1 : elem;
+    args.piece = piece;
+    launch_shape shape = {{256, 1, 1}, {GEMM_DECODE_TABLE_THREADS, 1, 1}, 0};
+    uint32_t op;
+    QT_TRY(prog_append(p, KERNEL_GEMM_DECODE_TABLE, name, &shape, &args, sizeof args, &op));
+    return prog_use(p, op, offsetof(gemm_decode_table_args, out), out, PROG_WRITE);
 }
 
 qt_status op_gemm_bias_grad(program *p, const char *name, prog_ref dy, uint32_t dtype,

@@ -33,6 +33,12 @@ typedef struct op_gemm_operand {
     uint64_t scale_member_bytes;  // GEMM_GROUP_M operand B only
 } op_gemm_operand;
 
+// The portable tier's tile of a GEMM (gemm.h GEMM_TILE_*): AUTO picks it from the shape (see
+// op_gemm_tile); tests and benchmarks may force one, with the same results.
+#define OP_GEMM_TILE_AUTO 0u
+#define OP_GEMM_TILE_LARGE 1u
+#define OP_GEMM_TILE_SMALL 2u
+
 typedef struct op_gemm_desc {
     uint32_t format;    // GEMM_FORMAT_*
     uint32_t grouping;  // GEMM_DENSE | GEMM_GROUP_M | GEMM_GROUP_K
@@ -52,6 +58,7 @@ typedef struct op_gemm_desc {
     uint32_t count;           // grouped: members (>= 1)
     prog_ref row_offsets;     // u32 [count + 1], device
     prog_ref first_dims;      // u32 [count], device
+    uint32_t tile;            // OP_GEMM_TILE_*; 0 (AUTO) unless forced
 } op_gemm_desc;
 
 // The operand for one stored copy of a quantized tensor of logical shape rows x cols (cols
@@ -65,6 +72,17 @@ op_gemm_operand op_gemm_operand_of(uint32_t format, uint32_t elem, uint32_t rows
 // grid limits (more than 65535 row tiles or members).
 qt_status op_gemm(program *p, const char *name, const op_gemm_desc *g);
 launch_shape op_gemm_shape(const op_gemm_desc *g);
+
+// GEMM_TILE_LARGE or GEMM_TILE_SMALL: the forced tile, else the large one unless its grid has
+// fewer than OP_GEMM_SMALL_TILE_BELOW blocks of work. A function of the shape alone.
+#define OP_GEMM_SMALL_TILE_BELOW 128u
+uint32_t op_gemm_tile(const op_gemm_desc *g);
+
+// The decode table of the emulated formats (gemm.h, GEMM_DECODE_*): out u16
+// [256][GEMM_DECODE_TABLE_CODES(path)]; elem GEMM_ELEM_E4M3 or E5M2 for the MXFP8 paths; pieces
+// of `piece` (16 or 8) elements.
+qt_status op_gemm_decode_table(program *p, const char *name, uint32_t path, uint32_t elem,
+                               uint32_t piece, prog_ref out);
 
 // out[i][col] (f32, [max(count, 1)][cols]) = column sums of dy [rows][ld] (bf16 or f32) over all
 // rows, or over member i's valid rows when count > 0 (row_offsets, first_dims as for op_gemm).

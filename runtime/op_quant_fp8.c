@@ -98,15 +98,19 @@ qt_status op_fp8_quantize_current(program *p, const char *name, const op_fp8_inp
     return op_fp8_cast_current(p, name, in, out, amax, scale, pow2, eps);
 }
 
+// TE: fp8_max * std::pow(2.f, -margin); for an integer margin both factors and the product are
+// exact powers-of-two scalings, which ldexpf computes exactly.
+static float op_fp8_scaled_max(uint32_t fp8, int margin) {
+    QT_ASSERT(fp8 == QT_FP8_E4M3 || fp8 == QT_FP8_E5M2);
+    return ldexpf(qt_fp8_qmax(fp8), -margin);
+}
+
 qt_status op_fp8_delayed_update(program *p, const char *name, prog_ref history, prog_ref scale,
                                 prog_ref reduced, uint32_t slots, uint32_t history_len,
                                 uint32_t algo, uint32_t fp8, int margin) {
     QT_ASSERT(slots >= 1 && history_len >= 1);
     QT_ASSERT(algo == QT_FP8_AMAX_ALGO_MAX || algo == QT_FP8_AMAX_ALGO_MOST_RECENT);
-    QT_ASSERT(fp8 == QT_FP8_E4M3 || fp8 == QT_FP8_E5M2);
-    // TE: fp8_max * std::pow(2.f, -margin); for an integer margin both factors and the product
-    // are exact powers-of-two scalings, which ldexpf computes exactly.
-    float scaled_max = ldexpf(qt_fp8_qmax(fp8), -margin);
+    float scaled_max = op_fp8_scaled_max(fp8, margin);
     fp8_delayed_update_args args = {0, 0, 0, slots, history_len, algo, scaled_max};
     uint32_t blocks = (slots + QT_FP8_UPDATE_THREADS - 1) / QT_FP8_UPDATE_THREADS;
     launch_shape shape = {{blocks, 1, 1}, {QT_FP8_UPDATE_THREADS, 1, 1}, 0};
@@ -117,6 +121,65 @@ qt_status op_fp8_delayed_update(program *p, const char *name, prog_ref history, 
     QT_TRY(prog_use(p, op, offsetof(fp8_delayed_update_args, scale), scale, PROG_READ_WRITE));
     return prog_use_optional(p, op, offsetof(fp8_delayed_update_args, reduced),
                              reduced, 0, PROG_READ);
+}
+
+// One op for states[0..count), count <= QT_FP8_STATES_PER_OP.
+static qt_status op_fp8_delayed_states_op(program *p, const char *name,
+                                          const op_fp8_delayed_state *states, uint32_t count,
+                                          bool update, prog_ref amax_out, prog_ref scale_out,
+                                          uint32_t entries) {
+    QT_ASSERT(count >= 1 && count <= QT_FP8_STATES_PER_OP);
+    fp8_delayed_states_args args = {0};
+    args.count = count;
+    args.update = update ? 1u : 0u;
+    uint64_t slots_total = 0;
+    for (uint32_t s = 0; s < count; s++) {
+        const op_fp8_delayed_state *st = &states[s];
+        QT_ASSERT(st->slots >= 1 && st->history_len >= 1);
+        QT_ASSERT(st->algo == QT_FP8_AMAX_ALGO_MAX || st->algo == QT_FP8_AMAX_ALGO_MOST_RECENT);
+        QT_ASSERT((uint64_t)st->first + st->slots <= entries);
+        args.states[s] = (fp8_delayed_state){0, 0, st->slots, st->history_len, st->algo,
+                                             op_fp8_scaled_max(st->fp8, st->margin), st->first,
+                                             0};
+        slots_total += st->slots;
+    }
+    // One thread per slot: the kernel has no grid-stride loop, so the grid is never capped.
+    uint64_t blocks = (slots_total + QT_FP8_UPDATE_THREADS - 1) / QT_FP8_UPDATE_THREADS;
+    QT_ASSERT(slots_total <= 0xFFFFFFFFu && blocks <= 0x7FFFFFFFu);
+    launch_shape shape = {{(uint32_t)blocks, 1, 1}, {QT_FP8_UPDATE_THREADS, 1, 1}, 0};
+    uint32_t op;
+    QT_TRY(prog_append(p, KERNEL_FP8_DELAYED_STATES, name, &shape, &args, sizeof args, &op));
+    for (uint32_t s = 0; s < count; s++) {
+        uint32_t at = (uint32_t)(offsetof(fp8_delayed_states_args, states) +
+                                 s * sizeof(fp8_delayed_state));
+        uint64_t slot_bytes = (uint64_t)states[s].slots * 4;
+        if (update) {
+            QT_TRY(prog_use_span(p, op, at + offsetof(fp8_delayed_state, history),
+                                 states[s].history, slot_bytes * states[s].history_len,
+                                 PROG_READ_WRITE));
+        }
+        QT_TRY(prog_use_span(p, op, at + offsetof(fp8_delayed_state, scale), states[s].scale,
+                             slot_bytes, update ? PROG_READ_WRITE : PROG_READ));
+    }
+    if (update) {
+        QT_TRY(prog_use_optional(p, op, offsetof(fp8_delayed_states_args, amax_out), amax_out,
+                                 (uint64_t)entries * 4, PROG_WRITE));
+    }
+    return prog_use_optional(p, op, offsetof(fp8_delayed_states_args, scale_out), scale_out,
+                             (uint64_t)entries * 4, PROG_WRITE);
+}
+
+qt_status op_fp8_delayed_states(program *p, const char *name, const op_fp8_delayed_state *states,
+                                uint32_t count, bool update, prog_ref amax_out,
+                                prog_ref scale_out, uint32_t entries) {
+    QT_ASSERT(count >= 1);
+    QT_ASSERT(update || !prog_ref_present(amax_out));
+    for (uint32_t first = 0; first < count; first += QT_FP8_STATES_PER_OP) {
+        uint32_t n = count - first < QT_FP8_STATES_PER_OP ? count - first : QT_FP8_STATES_PER_OP;
+        QT_TRY(op_fp8_delayed_states_op(p, name, states + first, n, update, amax_out, scale_out,
+                                        entries));
+    }
+    return QT_OK;
 }
 
 qt_status op_fp8_dequantize(program *p, const char *name, const op_fp8_input *hp,

@@ -6,7 +6,9 @@
 // region the op reads and writes. Optional regions are given as OP_FP8_NONE.
 //
 // Delayed scaling, per step:  cast (reads scale[j], atomically maxes |x| into history[0][j],
-//                             writes scale_inv[j]) ... then op_fp8_delayed_update (roll, scale).
+//                             writes scale_inv[j]) ... then op_fp8_delayed_update (roll, scale)
+//                             of one state, or op_fp8_delayed_states for all of a model's
+//                             states with the snapshots a step's record needs.
 // Current scaling:            op_fp8_quantize_current = zero amax, amax kernel, cast whose blocks
 //                             each derive the scale from the amax (scale_from_amax, NUMERICS 2.1).
 // Grouped tensors: scale, scale_inv and amax are arrays of n = group.count members (1 if dense).
@@ -62,6 +64,26 @@ qt_status op_fp8_quantize_current(program *p, const char *name, const op_fp8_inp
 qt_status op_fp8_delayed_update(program *p, const char *name, prog_ref history, prog_ref scale,
                                 prog_ref reduced, uint32_t slots, uint32_t history_len,
                                 uint32_t algo, uint32_t fp8, int margin);
+
+// One delayed-scaling state as op_fp8_delayed_states sees it.
+typedef struct op_fp8_delayed_state {
+    prog_ref history;      // f32 [history_len][slots]; not read when the op only snapshots
+    prog_ref scale;        // f32 [slots]
+    uint32_t slots, history_len;
+    uint32_t algo;         // QT_FP8_AMAX_ALGO_*
+    uint32_t fp8;          // QT_FP8_E4M3 | QT_FP8_E5M2: qmax, scaled by 2^-margin
+    int margin;
+    uint32_t first;        // snapshot entry of slot 0
+} op_fp8_delayed_state;
+
+// The end of a step for `count` states (ptx/quant_fp8.h, qt_fp8_delayed_states), one op per
+// QT_FP8_STATES_PER_OP states. update (training): amax_out (f32 [entries], or OP_FP8_NONE)
+// gets each slot's amax before the roll, then every state rolls and updates as
+// op_fp8_delayed_update does; scale_out (f32 [entries]) gets the scales after it. Without update
+// (eval, infer) only scale_out is written. Every slot's entry must lie below `entries`.
+qt_status op_fp8_delayed_states(program *p, const char *name, const op_fp8_delayed_state *states,
+                                uint32_t count, bool update, prog_ref amax_out,
+                                prog_ref scale_out, uint32_t entries);
 
 // hp->x = codes * scale_inv, in the [M][K] orientation of hp; `colwise` picks the transposed
 // codes. Padding rows of a grouped tensor are written as zeros.

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "ref.h"
+#include "status.h"  // QT_ASSERT
 
 #define REF_LANE(i) ((uint32_t)(((i) / QT_ACT_CHUNK) % QT_ACT_LANES))
 
@@ -233,10 +234,8 @@ static float ref_xent_row(const xent_args *a, uint64_t row, uint32_t *correct) {
     return qt_xent_row_loss(best.value, z_label, sum_exp);
 }
 
-void ref_qt_xent_rows(const xent_args *a, const launch_shape *shape) {
-    (void)shape;
-    float *sums = REF_PTR(float, a->partials);
-    uint32_t *hits = REF_PTR(uint32_t, a->partials) + a->blocks;
+// The row pass into sums [blocks] and hits [blocks].
+static void ref_xent_rows(const xent_args *a, float *sums, uint32_t *hits) {
     for (uint32_t b = 0; b < a->blocks; b++) {
         float sum = 0.0f;
         uint32_t correct_total = 0;
@@ -256,16 +255,39 @@ void ref_qt_xent_rows(const xent_args *a, const launch_shape *shape) {
     }
 }
 
-void ref_qt_xent_final(const xent_args *a, const launch_shape *shape) {
+void ref_qt_xent_rows(const xent_args *a, const launch_shape *shape) {
     (void)shape;
-    float sum = ref_act_final_sum(a->partials, a->blocks);
-    const uint32_t *hits = REF_PTR(const uint32_t, a->partials) + a->blocks;
+    ref_xent_rows(a, REF_PTR(float, a->partials), REF_PTR(uint32_t, a->partials) + a->blocks);
+}
+
+// The final pass over sums [blocks] and hits [blocks].
+static void ref_xent_final(const xent_args *a, const float *sums, const uint32_t *hits) {
+    float sum = ref_act_final_sum((uint64_t)(uintptr_t)sums, a->blocks);
     uint32_t correct = 0;
     for (uint32_t b = 0; b < a->blocks; b++) correct += hits[b];
     qt_loss_stats *stats = REF_PTR(qt_loss_stats, a->stats);
     stats->loss_sum = qt_act_canonical(sum);
     stats->loss_mean = qt_act_canonical(qt_loss_mean(sum, (float)stats->valid));
     stats->correct = correct;
+}
+
+void ref_qt_xent_final(const xent_args *a, const launch_shape *shape) {
+    (void)shape;
+    ref_xent_final(a, REF_PTR(const float, a->partials),
+                   REF_PTR(const uint32_t, a->partials) + a->blocks);
+}
+
+#define REF_SMALL_BLOCKS (QT_LOSS_SMALL_ROWS_MAX / QT_ACT_ROWS_PER_BLOCK)
+
+// The one-block kernel computes what the three passes compute: here they are, with the
+// partials in local arrays (the kernel keeps the per-row values in shared memory instead).
+void ref_qt_xent_small(const xent_args *a, const launch_shape *shape) {
+    QT_ASSERT(qt_loss_small_fits(a->rows, a->classes) && a->blocks <= REF_SMALL_BLOCKS);
+    float sums[REF_SMALL_BLOCKS];
+    uint32_t hits[REF_SMALL_BLOCKS];
+    ref_qt_xent_count(a, shape);
+    ref_xent_rows(a, sums, hits);
+    ref_xent_final(a, sums, hits);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -288,8 +310,8 @@ static float ref_mse_row(const mse_args *a, uint64_t row, uint32_t valid) {
     return lanes[0];
 }
 
-void ref_qt_mse_rows(const mse_args *a, const launch_shape *shape) {
-    (void)shape;
+// The row pass into sums [blocks].
+static void ref_mse_rows(const mse_args *a, float *sums) {
     uint32_t valid = qt_mse_valid(a->valid_rows, a->rows);
     for (uint32_t b = 0; b < a->blocks; b++) {
         float sum = 0.0f;
@@ -298,13 +320,18 @@ void ref_qt_mse_rows(const mse_args *a, const launch_shape *shape) {
             float s = row < a->rows ? ref_mse_row(a, row, valid) : 0.0f;
             sum = w == 0 ? s : sum + s;
         }
-        REF_PTR(float, a->partials)[b] = qt_act_canonical(sum);
+        sums[b] = qt_act_canonical(sum);
     }
 }
 
-void ref_qt_mse_final(const mse_args *a, const launch_shape *shape) {
+void ref_qt_mse_rows(const mse_args *a, const launch_shape *shape) {
     (void)shape;
-    float sum = ref_act_final_sum(a->partials, a->blocks);
+    ref_mse_rows(a, REF_PTR(float, a->partials));
+}
+
+// The final pass over sums [blocks].
+static void ref_mse_final(const mse_args *a, const float *sums) {
+    float sum = ref_act_final_sum((uint64_t)(uintptr_t)sums, a->blocks);
     uint32_t valid = qt_mse_valid(a->valid_rows, a->rows);
     qt_loss_stats *stats = REF_PTR(qt_loss_stats, a->stats);
     stats->loss_sum = qt_act_canonical(sum);
@@ -313,40 +340,54 @@ void ref_qt_mse_final(const mse_args *a, const launch_shape *shape) {
     stats->correct = 0;
 }
 
+void ref_qt_mse_final(const mse_args *a, const launch_shape *shape) {
+    (void)shape;
+    ref_mse_final(a, REF_PTR(const float, a->partials));
+}
+
+// As ref_qt_xent_small: the two passes with local partials.
+void ref_qt_mse_small(const mse_args *a, const launch_shape *shape) {
+    (void)shape;
+    QT_ASSERT(qt_loss_small_fits(a->rows, a->cols) && a->blocks <= REF_SMALL_BLOCKS);
+    float sums[REF_SMALL_BLOCKS];
+    ref_mse_rows(a, sums);
+    ref_mse_final(a, sums);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Global gradient norm.
 
-void ref_qt_gnorm_partial(const gnorm_partial_args *a, const launch_shape *shape) {
-    (void)shape;
-    const float *src = REF_PTR(const float, a->src);
-    for (uint32_t b = 0; b < a->blocks; b++) {
+void ref_qt_gnorm(const gnorm_args *a, const launch_shape *shape) {
+    float *partials = REF_PTR(float, a->partials);
+    uint32_t *flags = (uint32_t *)(partials + a->total);
+    for (uint32_t j = 0; j < shape->grid[0]; j++) {
+        uint32_t region = qt_gnorm_region(a, j);
+        const float *src = REF_PTR(const float, a->src[region]);
+        uint64_t block_first = (uint64_t)(j - a->first_block[region]) * QT_GNORM_BLOCK_ELEMS;
         float acc[QT_ACT_THREADS];
         uint32_t nonfinite = 0;
         for (uint32_t t = 0; t < QT_ACT_THREADS; t++) acc[t] = 0.0f;
         for (uint32_t k = 0; k < QT_GNORM_BLOCK_ELEMS / (QT_ACT_THREADS * 4); k++) {
             for (uint32_t t = 0; t < QT_ACT_THREADS; t++) {
-                uint64_t first = (uint64_t)b * QT_GNORM_BLOCK_ELEMS +
-                                 ((uint64_t)k * QT_ACT_THREADS + t) * 4;
-                for (uint64_t i = first; i < first + 4 && i < a->count; i++) {
+                uint64_t first = block_first + ((uint64_t)k * QT_ACT_THREADS + t) * 4;
+                for (uint64_t i = first; i < first + 4 && i < a->count[region]; i++) {
                     acc[t] = qt_fmaf(src[i], src[i], acc[t]);
                     nonfinite |= qt_act_nonfinite(src[i]);
                 }
             }
         }
-        REF_PTR(float, a->partials)[b] = qt_act_canonical(ref_act_block_sum(acc));
-        REF_PTR(uint32_t, a->flags)[b] = nonfinite ? 1u : 0u;
+        partials[a->base + j] = qt_act_canonical(ref_act_block_sum(acc));
+        flags[a->base + j] = nonfinite ? 1u : 0u;
     }
-}
-
-void ref_qt_gnorm_final(const gnorm_final_args *a, const launch_shape *shape) {
-    (void)shape;
-    float sum = ref_act_final_sum(a->partials, a->count);
+    if (a->out == 0) return;
+    float sum = ref_act_final_sum(a->partials, a->total);
     uint32_t nonfinite = 0;
-    for (uint32_t i = 0; i < a->count; i++) nonfinite |= REF_PTR(const uint32_t, a->flags)[i];
+    for (uint32_t i = 0; i < a->total; i++) nonfinite |= flags[i];
     float norm = qt_sqrtf(sum);
     qt_gnorm_result *out = REF_PTR(qt_gnorm_result, a->out);
     out->norm = qt_act_canonical(norm);
     out->clip_factor = qt_act_canonical(qt_gnorm_clip_factor(norm, a->clip));
     out->nonfinite = nonfinite ? 1u : 0u;
     out->reserved = 0;
+    *REF_PTR(uint32_t, a->ticket) = 0;
 }

@@ -1,8 +1,8 @@
-// C twins of ptx/gemm_portable.cu: the same GEMMs as plain loops, element by element, with the
-// per-element decode, scale application, promotion and epilogue of gemm.h. Only the order of the
-// FP32 accumulation differs from the kernels (sequential here; per-tensor FP8 and FP8 block keep
-// the kernels' structure of 128-wide K blocks), so results agree within the tolerances of
-// tests/test_gemm.c and exactly when every partial sum is exact.
+// C twins of ptx/gemm_portable.cu and ptx/gemm_sm90a.cu: the same GEMMs as plain loops, element
+// by element, with the per-element decode, scale application, promotion and epilogue of gemm.h.
+// Only the order of the FP32 accumulation differs from the kernels (sequential here; per-tensor
+// FP8 and FP8 block keep the kernels' structure of 128-wide K blocks), so results agree within
+// the tolerances of tests/test_gemm.c and exactly when every partial sum is exact.
 #include <stdbool.h>
 
 #include "ref.h"
@@ -211,4 +211,32 @@ void ref_qt_gemm_bias_grad(const gemm_bias_grad_args *a, const launch_shape *sha
             REF_PTR(float, a->out)[(uint64_t)i * a->cols + col] = total;
         }
     }
+}
+
+// The decode table's values: gemm.h's decode, rounded to BF16 as the twins above do.
+void ref_qt_gemm_decode_table(const gemm_decode_table_args *a, const launch_shape *shape) {
+    (void)shape;
+    uint16_t *out = REF_PTR(uint16_t, a->out);
+    uint32_t codes = GEMM_DECODE_TABLE_CODES(a->path);
+    for (uint32_t scale = 0; scale < 256; scale++) {
+        for (uint32_t code = 0; code < codes; code++) {
+            float v = a->path == GEMM_DECODE_NVFP4
+                          ? qt_gemm_nvfp4_decode((uint8_t)code, (uint8_t)scale)
+                          : qt_gemm_mxfp8_decode((uint8_t)code, a->elem, (uint8_t)scale);
+            out[scale * codes + code] = qt_f32_to_bf16(v);
+        }
+    }
+}
+
+// The sm_90a tier computes the same GEMMs (ptx/gemm_sm90a.cu); its args start with gemm_args.
+void ref_qt_gemm_bf16_sm90a(const gemm_sm90a_args *a, const launch_shape *shape) {
+    ref_qt_gemm_bf16_portable(&a->gemm, shape);
+}
+
+void ref_qt_gemm_fp8_sm90a(const gemm_sm90a_args *a, const launch_shape *shape) {
+    ref_qt_gemm_fp8_portable(&a->gemm, shape);
+}
+
+void ref_qt_gemm_fp8_block_sm90a(const gemm_sm90a_args *a, const launch_shape *shape) {
+    ref_qt_gemm_fp8_block_portable(&a->gemm, shape);
 }

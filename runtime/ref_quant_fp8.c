@@ -80,6 +80,13 @@ void ref_qt_fp8_delayed_update(const fp8_delayed_update_args *a, const launch_sh
     for (uint32_t j = 0; j < a->slots; j++) qt_fp8_delayed_update_slot(a, j);
 }
 
+void ref_qt_fp8_delayed_states(const fp8_delayed_states_args *a, const launch_shape *shape) {
+    (void)shape;
+    for (uint32_t s = 0; s < a->count; s++) {
+        for (uint32_t j = 0; j < a->states[s].slots; j++) qt_fp8_delayed_states_slot(a, s, j);
+    }
+}
+
 void ref_qt_fp8_dequantize(const fp8_dequantize_args *a, const launch_shape *shape) {
     (void)shape;
     const uint8_t *codes = REF_PTR(const uint8_t, a->codes);

@@ -55,15 +55,19 @@ static qt_status run_table(run *r) {
     return QT_OK;
 }
 
-static qt_status run_reserve_data(run *r) {
-    const int32_t persistent = ARENA_LIFETIME_PERSISTENT;
-    QT_TRY(arena_reserve(&r->host, "data.train", r->train_info.bytes, DATA_ALIGN,
-                         ARENA_CAT_STAGING, persistent, 0, &r->train_data));
-    QT_TRY(arena_reserve(&r->host, "data.train.order", data_order_bytes(r->train_info.samples),
-                         DATA_ALIGN, ARENA_CAT_STAGING, persistent, 0, &r->order));
-    if (!r->has_eval) return QT_OK;
-    return arena_reserve(&r->host, "data.eval", r->eval_info.bytes, DATA_ALIGN,
-                         ARENA_CAT_STAGING, persistent, 0, &r->eval_data);
+// The datasets and the shuffle order live in caller memory, not in an arena: only the host reads
+// them (the device sees batches through the pinned staging slots), so they need not be pinned,
+// and they can be loaded before the GPU is up (run_load), while another thread starts it.
+static uint64_t run_align(uint64_t bytes) {
+    return (bytes + DATA_ALIGN - 1) / DATA_ALIGN * DATA_ALIGN;
+}
+
+static void run_layout_data(run *r) {
+    r->data_train_offset = 0;
+    r->data_order_offset = run_align(r->train_info.bytes);
+    r->data_eval_offset = r->data_order_offset +
+                          run_align(data_order_bytes(r->train_info.samples));
+    r->data_bytes = r->data_eval_offset + (r->has_eval ? run_align(r->eval_info.bytes) : 0);
 }
 
 typedef qt_status (*run_build_fn)(model *m, program *p);
@@ -110,7 +114,7 @@ qt_status run_plan(run *r, const recipe *rc, const char *text, size_t text_bytes
     mo.lr_row_count = r->table.lr_count;
     mo.data = &r->train_info;
     QT_TRY(model_plan(&r->model, rc, &r->dev, &r->host, &mo));
-    QT_TRY(run_reserve_data(r));
+    run_layout_data(r);
     QT_TRY(run_build_programs(r));
     arena_pack(&r->dev);
     arena_pack(&r->host);
@@ -133,18 +137,32 @@ static void run_resolve(run *r) {
     if (r->model.modes[MODEL_MODE_TRAIN]) prog_resolve(&r->checksum);
 }
 
-static qt_status run_load_data(run *r) {
+static double run_clock(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+uint64_t run_data_bytes(const run *r) { return r->data_bytes; }
+
+qt_status run_load(run *r, void *memory, uint64_t bytes) {
     const recipe *rc = r->recipe;
     uint32_t batch = rc->data.batch;
-    QT_TRY(data_load(&rc->data.train, &r->train_info, arena_host_pointer(&r->host, r->train_data),
+    QT_ASSERT(((uintptr_t)memory % DATA_ALIGN) == 0 && bytes >= r->data_bytes);
+    double t0 = run_clock();
+    uint8_t *base = memory;
+    QT_TRY(data_load(&rc->data.train, &r->train_info, base + r->data_train_offset,
                      r->train_info.bytes, &r->train_set));
     data_feed_init(&r->train_feed, &r->train_set, batch, true, r->seed,
-                   arena_host_pointer(&r->host, r->order));
+                   (uint32_t *)(void *)(base + r->data_order_offset));
     data_feed_init(&r->train_plain, &r->train_set, batch, false, 0, NULL);
-    if (!r->has_eval) return QT_OK;
-    QT_TRY(data_load(&rc->data.eval, &r->eval_info, arena_host_pointer(&r->host, r->eval_data),
-                     r->eval_info.bytes, &r->eval_set));
-    data_feed_init(&r->eval_feed, &r->eval_set, batch, false, 0, NULL);
+    if (r->has_eval) {
+        QT_TRY(data_load(&rc->data.eval, &r->eval_info, base + r->data_eval_offset,
+                         r->eval_info.bytes, &r->eval_set));
+        data_feed_init(&r->eval_feed, &r->eval_set, batch, false, 0, NULL);
+    }
+    r->data_loaded = true;
+    r->timings.data_s = run_clock() - t0;
     return QT_OK;
 }
 
@@ -160,13 +178,8 @@ static qt_status run_capture(run *r) {
     return QT_OK;
 }
 
-static double run_clock(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 qt_status run_bind(run *r, backend *b, void *ref_dev, void *ref_host) {
+    QT_ASSERT(r->data_loaded);
     r->backend = b;
     double t0 = run_clock();
     QT_TRY(backend_bind(b, &r->dev, ref_dev, r->dev.bytes_total));
@@ -177,8 +190,6 @@ qt_status run_bind(run *r, backend *b, void *ref_dev, void *ref_host) {
     }
     r->bound = true;
     run_resolve(r);
-    double t1 = run_clock();
-    QT_TRY(run_load_data(r));
     double t2 = run_clock();
     if (r->model.modes[MODEL_MODE_TRAIN]) {
         prog_ref lr = {&r->dev, r->model.io.lr_rows, 0};
@@ -189,7 +200,9 @@ qt_status run_bind(run *r, backend *b, void *ref_dev, void *ref_host) {
     double t3 = run_clock();
     if (!r->options.eager) QT_TRY(run_capture(r));
     double t4 = run_clock();
-    r->timings = (run_timings){t1 - t0, t2 - t1, t3 - t2, t4 - t3};
+    r->timings.bind_s = t2 - t0;
+    r->timings.init_s = t3 - t2;
+    r->timings.capture_s = t4 - t3;
     return QT_OK;
 }
 
@@ -323,7 +336,8 @@ void run_print_plan(const run *r, FILE *out) {
     if (r->has_eval) {
         fprintf(out, ", eval %llu samples\n", (unsigned long long)r->eval_info.samples);
     }
-    fprintf(out, "\n");
+    fprintf(out, "  %llu bytes of host memory outside the arenas (datasets and shuffle order, "
+            "read by the host only)\n\n", (unsigned long long)r->data_bytes);
     prog_print(&r->init, out);
     for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
         if (r->model.modes[mode]) prog_print(&r->programs[mode], out);

@@ -10,8 +10,9 @@
 //
 //   run_plan      data headers probed, table built, model planned, every program built, arenas
 //                 packed: `qtrain plan` stops here (no backend, no data loaded)
-//   run_bind      arenas allocated and bound, programs resolved, datasets loaded, learning-rate
-//                 rows written, init program run, one graph captured per mode (unless eager)
+//   run_load      datasets read into caller memory (no backend needed)
+//   run_bind      arenas allocated and bound, programs resolved, learning-rate rows written,
+//                 init program run, one graph captured per mode (unless eager)
 //   run_execute   the schedule loop (runtime/schedule.h), with the trace file if asked for
 //   run_close     graphs destroyed, arenas released
 #ifndef QT_RUN_H
@@ -43,7 +44,7 @@ typedef struct run_options {
 // every run's wall time, and each phase has its own remedy).
 typedef struct run_timings {
     double bind_s;     // arena allocation (device memory, pinned host memory) and zeroing
-    double data_s;     // datasets read (and inflated) into the pinned arena
+    double data_s;     // datasets read (and inflated) into the caller's memory (run_load)
     double init_s;     // the init program (weights drawn, first quantization), to completion
     double capture_s;  // one graph captured and instantiated per mode
 } run_timings;
@@ -58,7 +59,9 @@ typedef struct run {
     sched_table table;
     arena dev, host;
     model model;
-    arena_handle train_data, eval_data, order;
+    uint64_t data_bytes;  // caller memory for the datasets and the shuffle order (run_load)
+    uint64_t data_train_offset, data_order_offset, data_eval_offset;
+    bool data_loaded;
     program programs[MODEL_MODE_COUNT];
     program init, checksum;
     bool bound;
@@ -82,8 +85,15 @@ qt_status run_plan(run *r, const recipe *rc, const char *text, size_t text_bytes
 // Bytes the reference backend needs for the device and the host arena.
 void run_memory_bytes(const run *r, uint64_t *dev_bytes, uint64_t *host_bytes);
 
+// Caller memory (DATA_ALIGN aligned, pageable is fine) for the datasets, read by the host only.
+uint64_t run_data_bytes(const run *r);
+// Reads the datasets into it and sets up the feeds. Needs no backend, so a caller may run it
+// while another thread opens the GPU (qtrain does: the two take about as long). The memory must
+// stay until run_close.
+qt_status run_load(run *r, void *memory, uint64_t bytes);
+
 // Binds and starts the run on b (ref_dev / ref_host: the reference backend's arena memory,
-// 256-byte aligned, at least run_memory_bytes; NULL on the GPU).
+// 256-byte aligned, at least run_memory_bytes; NULL on the GPU). After run_load.
 qt_status run_bind(run *r, backend *b, void *ref_dev, void *ref_host);
 
 qt_status run_execute(run *r, sched_progress_fn progress, void *ctx, sched_summary *out);

@@ -12,6 +12,7 @@
 // buffer compared byte for byte (inputs, outputs, workspaces), and a second eager run plus a
 // graph replay compared with the first run.
 #include <math.h>
+#include <stddef.h>  // offsetof
 
 #include "op_act.h"
 #include "rig.h"
@@ -221,6 +222,8 @@ enum { T_KIND_ACT, T_KIND_RMSNORM, T_KIND_RESIDUAL, T_KIND_XENT, T_KIND_MSE, T_K
 #define T_ACCUM 4u      // rmsnorm: accumulate dgamma; residual: also an accumulating backward
 #define T_IGNORE 8u     // xent: some labels -1 or out of range; mse: a valid-row count
 #define T_NO_GRAD 16u   // xent / mse: no gradient output (evaluation)
+#define T_SPLIT 32u     // xent / mse: the split kernels, whatever the shape (hand-built)
+#define T_ONE_BLOCK 64u // xent / mse: the one-block kernel, whatever op_xent would take
 
 typedef struct t_case {
     const char *name;
@@ -240,7 +243,9 @@ enum { R_X, R_GAMMA, R_DY, R_Y, R_INV, R_DX, R_DGAMMA, R_WS };
 enum { S_X, S_F, S_Y, S_DY, S_DX, S_DX_ACC };
 enum { X_LOGITS, X_LABELS, X_LOSS, X_DLOGITS, X_WS, X_STATS };
 enum { M_PRED, M_TARGET, M_VALID, M_DPRED, M_WS, M_STATS };
-enum { G_R0, G_R1, G_R2, G_R3, G_WS, G_OUT };
+// Eleven gradient regions: two qt_gnorm launches (QT_GNORM_REGIONS = 8 per launch).
+#define T_GNORM_REGIONS 11u
+enum { G_R0, G_R2 = G_R0 + 2, G_WS = G_R0 + T_GNORM_REGIONS, G_TICKET, G_OUT };
 
 static void t_build_act(t_run *run, const t_case *c) {
     bool swiglu = c->op == QT_ACT_SWIGLU;
@@ -310,6 +315,109 @@ static void t_build_residual(t_run *run, const t_case *c) {
                                 t_tensor(run, S_DX_ACC), true));
 }
 
+// ---------------------------------------------------------------------------------------------
+// Either form of a loss appended by hand (op_xent and op_mse pick one by the shape), so that
+// both run on the same inputs: their results must be identical.
+
+static const launch_shape t_one_block = {{1, 1, 1}, {QT_ACT_THREADS, 1, 1}, 0};
+
+static launch_shape t_row_shape(uint32_t blocks) {
+    return (launch_shape){{blocks, 1, 1}, {QT_ACT_THREADS, 1, 1}, 0};
+}
+
+static uint32_t t_row_blocks(uint32_t rows) {
+    return (rows + QT_ACT_ROWS_PER_BLOCK - 1) / QT_ACT_ROWS_PER_BLOCK;
+}
+
+// Declares slot's buffer for an op's args field, when the case has the buffer.
+static void t_use(t_run *run, uint32_t op, size_t field, uint32_t slot, prog_access access) {
+    if (run->slot[slot] == T_NONE) return;
+    RIG_OK(prog_use(&run->r.prog, op, (uint32_t)field, t_ref(run, slot), access));
+}
+
+static void t_xent_split(t_run *run, const t_case *c) {
+    program *p = &run->r.prog;
+    xent_args args = {0};
+    args.rows = c->rows;
+    args.classes = c->cols;
+    args.blocks = t_row_blocks(c->rows);
+    args.logits_dtype = c->in_dtype;
+    args.dlogits_dtype = c->out_dtype;
+    launch_shape rows = t_row_shape(args.blocks);
+    uint32_t op;
+    RIG_OK(prog_append(p, KERNEL_XENT_COUNT, "count", &t_one_block, &args, sizeof args, &op));
+    t_use(run, op, offsetof(xent_args, labels), X_LABELS, PROG_READ);
+    t_use(run, op, offsetof(xent_args, stats), X_STATS, PROG_WRITE);
+    RIG_OK(prog_append(p, KERNEL_XENT_ROWS, "rows", &rows, &args, sizeof args, &op));
+    t_use(run, op, offsetof(xent_args, logits), X_LOGITS, PROG_READ);
+    t_use(run, op, offsetof(xent_args, labels), X_LABELS, PROG_READ);
+    t_use(run, op, offsetof(xent_args, loss), X_LOSS, PROG_WRITE);
+    t_use(run, op, offsetof(xent_args, dlogits), X_DLOGITS, PROG_WRITE);
+    t_use(run, op, offsetof(xent_args, partials), X_WS, PROG_WRITE);
+    t_use(run, op, offsetof(xent_args, stats), X_STATS, PROG_READ);
+    RIG_OK(prog_append(p, KERNEL_XENT_FINAL, "final", &t_one_block, &args, sizeof args, &op));
+    t_use(run, op, offsetof(xent_args, partials), X_WS, PROG_READ);
+    t_use(run, op, offsetof(xent_args, stats), X_STATS, PROG_READ_WRITE);
+}
+
+static void t_xent_one_block(t_run *run, const t_case *c) {
+    xent_args args = {0};
+    args.rows = c->rows;
+    args.classes = c->cols;
+    args.blocks = t_row_blocks(c->rows);
+    args.logits_dtype = c->in_dtype;
+    args.dlogits_dtype = c->out_dtype;
+    uint32_t op;
+    RIG_OK(prog_append(&run->r.prog, KERNEL_XENT_SMALL, "xent", &t_one_block, &args,
+                       sizeof args, &op));
+    t_use(run, op, offsetof(xent_args, logits), X_LOGITS, PROG_READ);
+    t_use(run, op, offsetof(xent_args, labels), X_LABELS, PROG_READ);
+    t_use(run, op, offsetof(xent_args, loss), X_LOSS, PROG_WRITE);
+    t_use(run, op, offsetof(xent_args, dlogits), X_DLOGITS, PROG_WRITE);
+    t_use(run, op, offsetof(xent_args, stats), X_STATS, PROG_WRITE);
+}
+
+static void t_mse_one_block(t_run *run, const t_case *c) {
+    mse_args args = {0};
+    args.rows = c->rows;
+    args.cols = c->cols;
+    args.blocks = t_row_blocks(c->rows);
+    args.pred_dtype = c->in_dtype;
+    args.target_dtype = c->out_dtype;
+    args.dpred_dtype = c->out_dtype;
+    uint32_t op;
+    RIG_OK(prog_append(&run->r.prog, KERNEL_MSE_SMALL, "mse", &t_one_block, &args, sizeof args,
+                       &op));
+    t_use(run, op, offsetof(mse_args, pred), M_PRED, PROG_READ);
+    t_use(run, op, offsetof(mse_args, target), M_TARGET, PROG_READ);
+    t_use(run, op, offsetof(mse_args, valid_rows), M_VALID, PROG_READ);
+    t_use(run, op, offsetof(mse_args, dpred), M_DPRED, PROG_WRITE);
+    t_use(run, op, offsetof(mse_args, stats), M_STATS, PROG_WRITE);
+}
+
+static void t_mse_split(t_run *run, const t_case *c) {
+    program *p = &run->r.prog;
+    mse_args args = {0};
+    args.rows = c->rows;
+    args.cols = c->cols;
+    args.blocks = t_row_blocks(c->rows);
+    args.pred_dtype = c->in_dtype;
+    args.target_dtype = c->out_dtype;
+    args.dpred_dtype = c->out_dtype;
+    launch_shape rows = t_row_shape(args.blocks);
+    uint32_t op;
+    RIG_OK(prog_append(p, KERNEL_MSE_ROWS, "rows", &rows, &args, sizeof args, &op));
+    t_use(run, op, offsetof(mse_args, pred), M_PRED, PROG_READ);
+    t_use(run, op, offsetof(mse_args, target), M_TARGET, PROG_READ);
+    t_use(run, op, offsetof(mse_args, valid_rows), M_VALID, PROG_READ);
+    t_use(run, op, offsetof(mse_args, dpred), M_DPRED, PROG_WRITE);
+    t_use(run, op, offsetof(mse_args, partials), M_WS, PROG_WRITE);
+    RIG_OK(prog_append(p, KERNEL_MSE_FINAL, "final", &t_one_block, &args, sizeof args, &op));
+    t_use(run, op, offsetof(mse_args, valid_rows), M_VALID, PROG_READ);
+    t_use(run, op, offsetof(mse_args, partials), M_WS, PROG_READ);
+    t_use(run, op, offsetof(mse_args, stats), M_STATS, PROG_WRITE);
+}
+
 // Labels: class (r * 7 + seed) % classes, except with T_IGNORE every fifth row is -1 and every
 // seventh is `classes` (out of range, also ignored).
 static void t_build_xent(t_run *run, const t_case *c) {
@@ -318,7 +426,10 @@ static void t_build_xent(t_run *run, const t_case *c) {
     t_buf_add(run, X_LABELS, "labels", T_I32, c->rows, c->misalign);
     t_buf_add(run, X_LOSS, "loss", T_F32, c->rows, c->misalign);
     if (!(c->flags & T_NO_GRAD)) t_buf_add(run, X_DLOGITS, "dlogits", c->out_dtype, n, c->misalign);
-    t_buf_add(run, X_WS, "workspace", T_U32, op_xent_workspace_bytes(c->rows) / 4, 0);
+    bool split = c->flags & T_SPLIT, one_block = c->flags & T_ONE_BLOCK;
+    uint64_t ws_bytes = split ? t_row_blocks(c->rows) * 8ull
+                        : one_block ? 0 : op_xent_workspace_bytes(c->rows, c->cols);
+    if (ws_bytes) t_buf_add(run, X_WS, "workspace", T_U32, ws_bytes / 4, 0);
     t_buf_add(run, X_STATS, "stats", T_U32, 4, c->misalign);
     t_fill(run, X_LOGITS, c->seed, c->scale, 0, c->flags & T_SPECIAL);
     int32_t *labels = malloc(c->rows * sizeof *labels);
@@ -329,6 +440,10 @@ static void t_build_xent(t_run *run, const t_case *c) {
     }
     t_set_words(run, X_LABELS, labels);
     free(labels);
+    if (split || one_block) {
+        (split ? t_xent_split : t_xent_one_block)(run, c);
+        return;
+    }
     RIG_OK(op_xent(&run->r.prog, "xent", c->rows, c->cols, t_tensor(run, X_LOGITS),
                    t_ref(run, X_LABELS), t_ref(run, X_LOSS), t_tensor(run, X_DLOGITS),
                    t_ref(run, X_WS), t_ref(run, X_STATS)));
@@ -342,7 +457,10 @@ static void t_build_mse(t_run *run, const t_case *c) {
     t_buf_add(run, M_TARGET, "target", c->out_dtype, n, c->misalign);
     if (c->flags & T_IGNORE) t_buf_add(run, M_VALID, "valid_rows", T_U32, 1, c->misalign);
     if (!(c->flags & T_NO_GRAD)) t_buf_add(run, M_DPRED, "dpred", c->out_dtype, n, c->misalign);
-    t_buf_add(run, M_WS, "workspace", T_F32, op_mse_workspace_bytes(c->rows) / 4, 0);
+    bool split = c->flags & T_SPLIT, one_block = c->flags & T_ONE_BLOCK;
+    uint64_t ws_bytes = split ? t_row_blocks(c->rows) * 4ull
+                        : one_block ? 0 : op_mse_workspace_bytes(c->rows, c->cols);
+    if (ws_bytes) t_buf_add(run, M_WS, "workspace", T_F32, ws_bytes / 4, 0);
     t_buf_add(run, M_STATS, "stats", T_U32, 4, c->misalign);
     t_fill(run, M_PRED, c->seed, c->scale, 0, sp);
     t_fill(run, M_TARGET, c->seed + 1, c->scale, 0.25, sp);
@@ -350,34 +468,42 @@ static void t_build_mse(t_run *run, const t_case *c) {
         uint32_t valid = c->rows - c->rows / 3;
         t_set_words(run, M_VALID, &valid);
     }
+    if (split || one_block) {
+        (split ? t_mse_split : t_mse_one_block)(run, c);
+        return;
+    }
     RIG_OK(op_mse(&run->r.prog, "mse", c->rows, c->cols, t_tensor(run, M_PRED),
                   t_tensor(run, M_TARGET), t_ref(run, M_VALID), t_tensor(run, M_DPRED),
                   t_ref(run, M_WS), t_ref(run, M_STATS)));
 }
 
-// Four FP32 regions of rows, cols, rows * cols and 1 + seed % 5 elements.
-static void t_gnorm_counts(const t_case *c, uint64_t counts[4]) {
+// FP32 regions of rows, cols, rows * cols and 1 + seed % 5 elements, then small ones of 1 to 37.
+static void t_gnorm_counts(const t_case *c, uint64_t counts[T_GNORM_REGIONS]) {
     counts[0] = c->rows;
     counts[1] = c->cols;
     counts[2] = (uint64_t)c->rows * c->cols;
     counts[3] = 1 + c->seed % 5;
+    for (uint32_t i = 4; i < T_GNORM_REGIONS; i++) counts[i] = 1 + (c->seed * i) % 37;
 }
 
 static void t_build_gnorm(t_run *run, const t_case *c) {
-    uint64_t counts[4];
+    uint64_t counts[T_GNORM_REGIONS];
     t_gnorm_counts(c, counts);
-    static const char *names[4] = {"grad0", "grad1", "grad2", "grad3"};
-    prog_ref grads[4];
-    for (uint32_t i = 0; i < 4; i++) {
+    static char names[T_GNORM_REGIONS][16];
+    prog_ref grads[T_GNORM_REGIONS];
+    for (uint32_t i = 0; i < T_GNORM_REGIONS; i++) {
+        snprintf(names[i], sizeof names[i], "grad%u", i);
         t_buf_add(run, G_R0 + i, names[i], T_F32, counts[i], i == 1 ? 0 : c->misalign);
         t_fill(run, G_R0 + i, c->seed + i, c->scale, 0, (c->flags & T_SPECIAL) && i == 2);
         grads[i] = t_ref(run, G_R0 + i);
     }
-    t_buf_add(run, G_WS, "workspace", T_U32, op_grad_norm_workspace_bytes(4, counts) / 4, 0);
+    t_buf_add(run, G_WS, "workspace", T_U32,
+              op_grad_norm_workspace_bytes(T_GNORM_REGIONS, counts) / 4, 0);
+    t_buf_add(run, G_TICKET, "ticket", T_U32, 1, 0);
     t_buf_add(run, G_OUT, "result", T_U32, 4, c->misalign);
     float clip = (float)c->op;  // the case's op field carries the clip norm
-    RIG_OK(op_grad_norm(&run->r.prog, "grad_norm", 4, grads, counts, clip, t_ref(run, G_WS),
-                        t_ref(run, G_OUT)));
+    RIG_OK(op_grad_norm(&run->r.prog, "grad_norm", T_GNORM_REGIONS, grads, counts, clip,
+                        t_ref(run, G_WS), t_ref(run, G_TICKET), t_ref(run, G_OUT)));
 }
 
 static void t_build(t_run *run, const t_case *c) {
@@ -1221,11 +1347,11 @@ static void test_mse_valid_rows(void) {
 // D u of the sum; sqrt halves it and rounds once: du/norm <= u (D / 2 + 1). The clip factor
 // adds the + 1e-6 and the division. Doubled in the checks.
 static void t_check_gnorm(t_run *run, const t_case *c) {
-    uint64_t counts[4];
+    uint64_t counts[T_GNORM_REGIONS];
     t_gnorm_counts(c, counts);
     double ss = 0;
     uint32_t nonfinite = 0, partials = 0;
-    for (uint32_t k = 0; k < 4; k++) {
+    for (uint32_t k = 0; k < T_GNORM_REGIONS; k++) {
         for (uint64_t i = 0; i < counts[k]; i++) {
             double v = t_in(run, G_R0 + k, i);
             ss += v * v;
@@ -1263,7 +1389,7 @@ static void test_gnorm_accuracy(void) {
     test_end();
 }
 
-// A gradient-norm program over the case's four regions with region 2 replaced by `values`.
+// A gradient-norm program over the case's regions with region 2 replaced by `values`.
 static t_run *t_gnorm_values(t_case *c, const float *values) {
     t_run *run = calloc(1, sizeof *run);
     t_run_open(run, BACKEND_REF);
@@ -1431,6 +1557,120 @@ static void t_gpu_case(const t_case *c) {
     test_end();
 }
 
+// ---------------------------------------------------------------------------------------------
+// One-block losses against the split kernels: the same inputs through both forms, every output
+// byte for byte (the workspace exists only in the split form), for shapes up to the one-block
+// kernels' limits (op_xent and op_mse take them for fewer). On the reference backend the
+// one-block twin runs the split twins; on the GPU the two are different kernels.
+
+#define F32 T_F32
+#define BF16 T_BF16
+static const t_case t_small_cases[] = {
+    // name                     kind      op  rows cols  in  out  flags  mis seed scale
+    {"xent_bf16_256x10_ignore", T_KIND_XENT, 0, 256, 10, BF16, BF16, T_IGNORE, 0, 70, 3.0},
+    {"xent_f32_1024x16_ignore_special", T_KIND_XENT, 0, 1024, 16, F32, F32,
+     T_IGNORE | T_SPECIAL, 0, 71, 4.0},
+    {"xent_bf16_f32_200x64", T_KIND_XENT, 0, 200, 64, BF16, F32, 0, 0, 72, 5.0},
+    {"xent_f32_77x13_eval_misaligned", T_KIND_XENT, 0, 77, 13, F32, F32, T_NO_GRAD | T_IGNORE,
+     4, 73, 2.0},
+    {"xent_bf16_300x7_huge_logits", T_KIND_XENT, 0, 300, 7, BF16, BF16, 0, 0, 74, 3e4},
+    {"xent_f32_1x1_small", T_KIND_XENT, 0, 1, 1, F32, F32, 0, 0, 75, 1.0},
+    {"mse_bf16_256x10_valid", T_KIND_MSE, 0, 256, 10, BF16, BF16, T_IGNORE, 0, 80, 2.0},
+    {"mse_f32_1024x16_special", T_KIND_MSE, 0, 1024, 16, F32, F32, T_SPECIAL, 0, 81, 2.0},
+    {"mse_f32_bf16_200x64_eval", T_KIND_MSE, 0, 200, 64, F32, BF16, T_NO_GRAD, 0, 82, 2.0},
+    {"mse_f32_33x5_valid_misaligned", T_KIND_MSE, 0, 33, 5, F32, F32, T_IGNORE, 4, 83, 2.0},
+};
+#undef F32
+#undef BF16
+#define T_SMALL_CASES (sizeof t_small_cases / sizeof t_small_cases[0])
+
+// Builds and runs c on a backend; NULL when the backend cannot be opened.
+static t_run *t_run_on(const t_case *c, backend_kind kind) {
+    t_run *run = calloc(1, sizeof *run);
+    const char *why = NULL;
+    if (!rig_open(&run->r, kind, &why)) {
+        free(run);
+        return NULL;
+    }
+    for (uint32_t s = 0; s < T_SLOTS; s++) run->slot[s] = T_NONE;
+    t_build(run, c);
+    t_run_exec(run, NULL);
+    return run;
+}
+
+// Case c in the one-block form and in the split form, on one backend.
+static void t_compare_loss_forms(const t_case *c, backend_kind kind, const char *label) {
+    t_case one_block = *c, split = *c;
+    one_block.flags |= T_ONE_BLOCK;
+    split.flags |= T_SPLIT;
+    t_run *one = t_run_on(&one_block, kind), *two = t_run_on(&split, kind);
+    QT_ASSERT(one && two);
+    static const uint32_t xent_slots[] = {X_LOGITS, X_LABELS, X_LOSS, X_DLOGITS, X_STATS};
+    static const uint32_t mse_slots[] = {M_PRED, M_TARGET, M_VALID, M_DPRED, M_STATS};
+    const uint32_t *slots = c->kind == T_KIND_XENT ? xent_slots : mse_slots;
+    char what[160];
+    snprintf(what, sizeof what, "%s %s", label, c->name);
+    for (uint32_t i = 0; i < 5; i++) {
+        if (one->slot[slots[i]] == T_NONE) continue;
+        t_compare_buf(what, t_slot(one, slots[i]), t_slot(two, slots[i]), c->cols);
+    }
+    t_run_close(one);
+    t_run_close(two);
+    free(one);
+    free(two);
+}
+
+static void test_loss_one_block_matches_split_ref(void) {
+    test_begin("loss_one_block_matches_split_kernels_ref");
+    // The shapes on either side of each limit.
+    CHECK(qt_loss_small_fits(1024, 64) && !qt_loss_small_fits(1024, 65) &&
+          !qt_loss_small_fits(1025, 1), "what the one-block kernels take");
+    CHECK(qt_loss_one_block(256, 16) && qt_loss_one_block(1024, 4), "16 elements a thread");
+    CHECK(qt_loss_one_block(256, 10) && qt_loss_one_block(1, 1), "the shipped recipes' losses");
+    CHECK(!qt_loss_one_block(256, 17) && !qt_loss_one_block(257, 9), "17, 18 elements a thread");
+    CHECK(!qt_loss_one_block(1025, 1), "rows beyond shared memory");
+    CHECK(op_xent_workspace_bytes(256, 10) == 0 && op_xent_workspace_bytes(257, 9) == 33 * 8,
+          "xent workspace");
+    CHECK(op_mse_workspace_bytes(33, 5) == 0 && op_mse_workspace_bytes(1025, 1) == 129 * 4,
+          "mse workspace");
+    // The form op_xent picks, by its op count.
+    static const uint32_t shapes[][3] = {{256, 10, 1}, {256, 17, 3}, {1024, 4, 1}, {1025, 4, 3}};
+    for (uint32_t i = 0; i < 4; i++) {
+        t_case c = {"pick", T_KIND_XENT, 0, shapes[i][0], shapes[i][1], T_F32, T_F32, 0, 0, 9, 1};
+        t_run *run = t_run_on(&c, BACKEND_REF);
+        CHECK(run->r.prog.op_count == shapes[i][2], "op_xent on %u x %u: %u ops, expected %u",
+              shapes[i][0], shapes[i][1], run->r.prog.op_count, shapes[i][2]);
+        t_run_close(run);
+        free(run);
+    }
+    for (size_t i = 0; i < T_SMALL_CASES; i++) {
+        QT_ASSERT(qt_loss_small_fits(t_small_cases[i].rows, t_small_cases[i].cols));
+        t_compare_loss_forms(&t_small_cases[i], BACKEND_REF, "ref one-block vs split:");
+    }
+    test_end();
+}
+
+static void test_gpu_loss_one_block(void) {
+    rig probe;
+    const char *why = NULL;
+    if (!rig_open(&probe, BACKEND_GPU, &why)) {
+        test_skip("gpu_loss_one_block_matches_split_kernels", why);
+    } else {
+        rig_close(&probe);
+        test_begin("gpu_loss_one_block_matches_split_kernels");
+        for (size_t i = 0; i < T_SMALL_CASES; i++) {
+            t_compare_loss_forms(&t_small_cases[i], BACKEND_GPU, "gpu one-block vs split:");
+        }
+        test_end();
+    }
+    // The one-block kernel against its twin, then a second run and a graph replay.
+    for (size_t i = 0; i < T_SMALL_CASES; i++) {
+        t_case one_block = t_small_cases[i];
+        one_block.flags |= T_ONE_BLOCK;
+        t_gpu_case(&one_block);
+    }
+}
+
 #define F32 T_F32
 #define BF16 T_BF16
 static const t_case t_gpu_cases[] = {
@@ -1514,8 +1754,10 @@ int main(void) {
     test_mse_valid_rows();
     test_gnorm_accuracy();
     test_gnorm_special();
+    test_loss_one_block_matches_split_ref();
     for (size_t i = 0; i < sizeof t_gpu_cases / sizeof t_gpu_cases[0]; i++) {
         t_gpu_case(&t_gpu_cases[i]);
     }
+    test_gpu_loss_one_block();
     return test_exit_code();
 }

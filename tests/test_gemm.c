@@ -11,8 +11,15 @@
 // are checked to be zero in padding rows and untouched past the last member. On both backends,
 // after every run, every input and guard bytes around every region (D's included) must be
 // unchanged (see gregion).
+//
+// GPU tiers: every GPU case runs twice, on the portable tier (`_gpu`, forced) and with the tier
+// left to the backend (`_gpu_sm90a`: the sm_90a tier where it takes the GEMM; skipped on GPUs
+// other than compute capability 9.0), each against the reference; on small-integer inputs the
+// two tiers must give the same bits. The sm_90a run's repeat uses a grid of 3 CTAs, so that each
+// CTA walks many tiles, and must reproduce the full grid's bits.
 #include <math.h>
 
+#include "gemm_tier.h"  // gemm_tier_takes
 #include "op_gemm.h"
 #include "rig.h"
 #include "test.h"
@@ -269,6 +276,7 @@ typedef struct tcase {
     bool out_bf16;
     bool split;              // per-tensor fp8: split accumulation
     bool e5m2_grad;          // fp8 kinds: dy in E5M2
+    bool want_sm90a;         // the sm_90a tier must take it (on a compute capability 9.0 GPU)
     const char *tag;         // distinguishes cases of one kind
 } tcase;
 
@@ -439,6 +447,21 @@ static void problem_expect(tproblem *p) {
     p->extra = calloc(n_el, sizeof(double));
     p->k_len = calloc(n_el, sizeof(uint32_t));
     p->status = calloc(n_el, 1);
+    // The dequantized operands, once (A as the GEMM reads it, B per stacked member), so that each
+    // product below is one FP64 multiply even for training-sized shapes.
+    uint32_t b_members = p->b_stacked ? p->b_count : 1u;
+    double *a_all = malloc(((size_t)p->m * p->k + 1) * sizeof(double));
+    double *b_all = malloc(((size_t)b_members * p->n * p->k + 1) * sizeof(double));
+    for (uint32_t m = 0; m < p->m; m++) {
+        for (uint32_t k = 0; k < p->k; k++) a_all[(size_t)m * p->k + k] = problem_a(p, m, k);
+    }
+    for (uint32_t i = 0; i < b_members; i++) {
+        for (uint32_t n = 0; n < p->n; n++) {
+            for (uint32_t k = 0; k < p->k; k++) {
+                b_all[((size_t)i * p->n + n) * p->k + k] = problem_b(p, i, n, k);
+            }
+        }
+    }
     uint32_t parts = p->grouping == GEMM_GROUP_K ? p->count : 1u;
     for (uint32_t i = 0; i < parts; i++) {
         for (uint32_t m = 0; m < p->m; m++) {
@@ -456,8 +479,11 @@ static void problem_expect(tproblem *p) {
                 p->status[idx] = status;
                 if (status != D_VALID) continue;
                 double acc = 0, s = 0;
+                const double *a_row = a_all + (size_t)m * p->k;
+                const double *b_row =
+                    b_all + ((size_t)(p->b_stacked ? member : 0) * p->n + n) * p->k;
                 for (uint32_t k = k0; k < k1; k++) {
-                    double prod = problem_a(p, m, k) * problem_b(p, member, n, k);
+                    double prod = a_row[k] * b_row[k];
                     acc += prod;
                     s += fabs(prod);
                 }
@@ -471,15 +497,21 @@ static void problem_expect(tproblem *p) {
             }
         }
     }
+    free(a_all);
+    free(b_all);
+}
+
+static void case_name(const tcase *c, char *name, size_t size) {
+    static const char *kinds[] = {"fprop", "dgrad", "wgrad"};
+    snprintf(name, size, "gemm_%s_%s_%s_%s%s%s", format_name(c->format), kinds[c->kind],
+             c->members ? "grouped" : "dense", c->ints ? "ints" : "random", c->tag ? "_" : "",
+             c->tag ? c->tag : "");
 }
 
 static void problem_init(tproblem *p, const tcase *c) {
     memset(p, 0, sizeof *p);
     p->c = *c;
-    static const char *kinds[] = {"fprop", "dgrad", "wgrad"};
-    snprintf(p->name, sizeof p->name, "gemm_%s_%s_%s_%s%s%s", format_name(c->format),
-             kinds[c->kind], c->members ? "grouped" : "dense", c->ints ? "ints" : "random",
-             c->tag ? "_" : "", c->tag ? c->tag : "");
+    case_name(c, p->name, sizeof p->name);
     problem_group(p);
     problem_tensors(p);
     p->grouping = c->members == 0 ? GEMM_DENSE
@@ -595,6 +627,13 @@ static void regions_free(tregions *g) {
 static rig ref_rig, gpu_rig;
 static bool gpu_ok;
 static char gpu_why[256];
+static uint32_t tile_forced = OP_GEMM_TILE_AUTO;  // the portable tier's tile of the next runs
+static bool sm90a_ok;  // the GPU can run the sm_90a tier
+static char sm90a_why[256];
+static uint32_t sm90a_taken, sm90a_cases;  // GPU cases the sm_90a tier took, of those run
+
+// The sm_90a tier's repeat runs use this many CTAs (results must not depend on the grid).
+#define SM90A_REPEAT_CTAS 3u
 
 static void rig_execute(rig *r) { RIG_OK(backend_run(&r->be, &r->prog)); }
 
@@ -647,6 +686,7 @@ static void problem_program(rig *r, const tproblem *p, tregions *g) {
     desc.format = p->c.format;
     desc.grouping = p->grouping;
     desc.flags = p->c.split ? GEMM_FLAG_SPLIT_ACCUMULATE : 0u;
+    desc.tile = tile_forced;
     desc.m = p->m;
     desc.n = p->n;
     desc.k = p->k;
@@ -840,10 +880,13 @@ static void run_on(rig *r, const tproblem *p, uint8_t *d_out) {
         regions_free(&g);
         return;
     }
-    // Second GPU run from the same initial D (C aliases D when accumulating): same bits.
+    // Second GPU run from the same initial D (C aliases D when accumulating): same bits. On the
+    // sm_90a tier, from a grid of a few CTAs that each walk many tiles.
     uint8_t *again = malloc(d_bytes);
     RIG_OK(backend_write(&r->be, greg_ref(r, d), p->d_init, d_bytes));
+    if (r->be.gemm_tier == BACKEND_GEMM_TIER_AUTO) r->be.gemm_ctas_max = SM90A_REPEAT_CTAS;
     rig_execute(r);
+    r->be.gemm_ctas_max = 0;
     RIG_OK(backend_read(&r->be, again, greg_ref(r, d), d_bytes));
     check_same_d(p, d_out, again, "second GPU run");
     regions_check(r, &g, "second run");
@@ -862,7 +905,60 @@ static void run_on(rig *r, const tproblem *p, uint8_t *d_out) {
     regions_free(&g);
 }
 
+// The same case with the tier left to the backend (the sm_90a tier where it takes the GEMM):
+// against the reference, and bit for bit against the portable tier on small-integer inputs.
+static void run_case_sm90a(const tproblem *p, const uint8_t *d_ref, const uint8_t *d_portable) {
+    char name[176];
+    snprintf(name, sizeof name, "%s_gpu_sm90a", p->name);
+    if (!sm90a_ok) {
+        test_skip(name, sm90a_why);
+        return;
+    }
+    size_t d_bytes = p->d_elems * (p->d_dtype == QT_DTYPE_BF16 ? 2 : 4);
+    uint8_t *d = malloc(d_bytes);
+    test_begin(name);
+    gpu_rig.be.gemm_tier = BACKEND_GEMM_TIER_AUTO;
+    run_on(&gpu_rig, p, d);
+    bool taken = gemm_tier_takes(&gpu_rig.be, &gpu_rig.prog.ops[0]);
+    sm90a_cases++;
+    sm90a_taken += taken;
+    CHECK(taken || !p->c.want_sm90a, "the sm_90a tier did not take the GEMM");
+    check_gpu_result(p, d, d_ref);
+    if (p->c.ints) check_same_d(p, d_portable, d, "sm_90a tier vs portable tier");
+    test_end();
+    gpu_rig.be.gemm_tier = BACKEND_GEMM_TIER_PORTABLE;
+    free(d);
+}
+
+// The same case on the portable tier with the tile op_gemm did not pick (the last GPU run's):
+// the same bits, since both tiles give every element of D the same sequence of tensor-core
+// instructions.
+static void run_case_other_tile(const tproblem *p, const uint8_t *d_portable) {
+    char name[176];
+    snprintf(name, sizeof name, "%s_gpu_other_tile", p->name);
+    gemm_args picked;
+    memcpy(&picked, gpu_rig.prog.ops[0].args, sizeof picked);
+    size_t d_bytes = p->d_elems * (p->d_dtype == QT_DTYPE_BF16 ? 2 : 4);
+    uint8_t *d = malloc(d_bytes);
+    test_begin(name);
+    tile_forced = picked.tile == GEMM_TILE_SMALL ? OP_GEMM_TILE_LARGE : OP_GEMM_TILE_SMALL;
+    run_on(&gpu_rig, p, d);
+    tile_forced = OP_GEMM_TILE_AUTO;
+    check_same_d(p, d_portable, d, "the other tile vs op_gemm's tile");
+    test_end();
+    free(d);
+}
+
+// QT_TEST_GEMM_CASES=text runs only the GEMM cases whose name contains `text` (a sanitizer run
+// of a few cases); unset, all of them.
+static const char *case_filter;
+
 static void run_case(const tcase *c) {
+    if (case_filter) {
+        char name[160];
+        case_name(c, name, sizeof name);
+        if (!strstr(name, case_filter)) return;
+    }
     tproblem p;
     problem_init(&p, c);
     size_t d_bytes = p.d_elems * (p.d_dtype == QT_DTYPE_BF16 ? 2 : 4);
@@ -875,12 +971,19 @@ static void run_case(const tcase *c) {
     snprintf(gpu_name, sizeof gpu_name, "%s_gpu", p.name);
     if (!gpu_ok) {
         test_skip(gpu_name, gpu_why);
+        snprintf(gpu_name, sizeof gpu_name, "%s_gpu_other_tile", p.name);
+        test_skip(gpu_name, gpu_why);
+        snprintf(gpu_name, sizeof gpu_name, "%s_gpu_sm90a", p.name);
+        test_skip(gpu_name, gpu_why);
     } else {
         uint8_t *d_gpu = malloc(d_bytes);
         test_begin(gpu_name);
+        gpu_rig.be.gemm_tier = BACKEND_GEMM_TIER_PORTABLE;
         run_on(&gpu_rig, &p, d_gpu);
         check_gpu_result(&p, d_gpu, d_ref);
         test_end();
+        run_case_other_tile(&p, d_gpu);
+        run_case_sm90a(&p, d_ref, d_gpu);
         free(d_gpu);
     }
     free(d_ref);
@@ -973,6 +1076,107 @@ static void run_odd_shapes(void) {
     c.in_features = 100;  // fp8 rows of 100 bytes
     c.tag = "k100";
     run_case(&c);
+}
+
+// Shapes the sm_90a tier takes (both operands K-major, rows of multiples of 16 bytes): every
+// format it covers x {fprop, dgrad, wgrad} x {dense, grouped} x {small integers, random}; the
+// cases it leaves to the portable tier (BF16 with an outer-major operand, K-grouped wgrad) run
+// too. Then the persistent scheduler: more tiles than SMs at the full grid, M = 1, one K stage.
+static void run_sm90a_shapes(void) {
+    static const uint32_t formats[] = {GEMM_FORMAT_BF16, GEMM_FORMAT_FP8, GEMM_FORMAT_FP8_BLOCK};
+    for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++) {
+        uint32_t f = formats[i];
+        for (int kind = KIND_FPROP; kind <= KIND_WGRAD; kind++) {
+            for (int grouped = 0; grouped < 2; grouped++) {
+                for (int ints = 1; ints >= 0; ints--) {
+                    tcase c = base_case(f, (tkind)kind, grouped != 0, ints != 0);
+                    c.tokens = 272;
+                    c.out_features = 96;
+                    c.want_sm90a = !(grouped && kind == KIND_WGRAD) &&
+                                   !(f == GEMM_FORMAT_BF16 && kind != KIND_FPROP);
+                    c.tag = "aligned";
+                    run_case(&c);
+                }
+            }
+        }
+    }
+    // Per-tensor fp8: split accumulation in fprop, fast accumulation of an E5M2 dgrad.
+    tcase c = base_case(GEMM_FORMAT_FP8, KIND_FPROP, false, false);
+    c.split = true;
+    c.tokens = 272;
+    c.want_sm90a = true;
+    c.tag = "aligned_split";
+    run_case(&c);
+    c = base_case(GEMM_FORMAT_FP8, KIND_DGRAD, true, false);
+    c.split = false;
+    c.out_features = 96;
+    c.want_sm90a = true;
+    c.tag = "aligned_fast";
+    run_case(&c);
+    static const uint32_t one_stage[] = {64, 128, 128};  // k of one sm_90a stage
+    for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++) {
+        c = base_case(formats[i], KIND_FPROP, false, false);
+        c.tokens = 1;
+        c.want_sm90a = true;
+        c.tag = "m1";
+        run_case(&c);
+        c = base_case(formats[i], KIND_FPROP, false, true);
+        c.tokens = 200;
+        c.in_features = one_stage[i];
+        c.want_sm90a = true;
+        c.tag = "one_stage";
+        run_case(&c);
+    }
+    // 9 x 16 = 144 tiles of 128 x 256: more than the 132 SMs of an H100.
+    c = base_case(GEMM_FORMAT_BF16, KIND_FPROP, false, true);
+    c.tokens = 1100;
+    c.in_features = 96;
+    c.out_features = 3900;
+    c.want_sm90a = true;
+    c.tag = "tiles144";
+    run_case(&c);
+    c = base_case(GEMM_FORMAT_FP8, KIND_FPROP, false, false);
+    c.tokens = 1100;
+    c.in_features = 48;
+    c.out_features = 3900;
+    c.want_sm90a = true;
+    c.tag = "tiles144";
+    run_case(&c);
+}
+
+// Training-sized GEMMs (the Fashion-MNIST MLP at batch 256) in every format, all on the small
+// tile: fprop 256 x 1024 with K 800 (small integers) and 1024 (random), 16 large tiles; the
+// 10-wide head, fprop N = 10 and wgrad M = 10. The big two cost seconds of reference time on a
+// CPU, so without a GPU to compare they are skipped.
+static void run_training_shapes(void) {
+    for (uint32_t f = 0; f < GEMM_FORMAT_COUNT; f++) {
+        for (int ints = 1; ints >= 0; ints--) {
+            tcase c = base_case(f, KIND_FPROP, false, ints != 0);
+            c.tokens = 256;
+            c.in_features = ints ? 800 : 1024;
+            c.out_features = 1024;
+            c.tag = ints ? "m256_n1024_k800" : "m256_n1024_k1024";
+            if (gpu_ok) {
+                run_case(&c);
+                continue;
+            }
+            char name[160];
+            case_name(&c, name, sizeof name);
+            test_skip(name, "a training-sized shape: checked only beside a GPU");
+        }
+        tcase c = base_case(f, KIND_FPROP, false, false);
+        c.tokens = 256;
+        c.in_features = 1024;
+        c.out_features = 10;
+        c.tag = "n10";
+        run_case(&c);
+        c = base_case(f, KIND_WGRAD, false, false);
+        c.tokens = 256;
+        c.in_features = 1024;
+        c.out_features = 10;
+        c.tag = "m10";
+        run_case(&c);
+    }
 }
 
 static void run_group_shapes(void) {
@@ -1172,13 +1376,118 @@ static void test_op_gemm_limits(void) {
     CHECK(prog.op_count == 0, "an empty GEMM appended %u ops", prog.op_count);
     g.m = 130;
     RIG_OK(op_gemm(&prog, "shape", &g));
+    // Two 128 x 128 tiles: far fewer than SMs, so the 64 x 64 tile (3 row tiles of 128 threads).
     launch_shape shape = op_gemm_shape(&g);
-    CHECK(prog.op_count == 1 && shape.grid[0] == 1 && shape.grid[1] == 2 && shape.grid[2] == 1 &&
-              shape.block[0] == GEMM_THREADS &&
-              shape.smem_bytes == GEMM_PORTABLE_SMEM_BYTES(GEMM_FORMAT_BF16),
+    CHECK(prog.op_count == 1 && shape.grid[0] == 1 && shape.grid[1] == 3 && shape.grid[2] == 1 &&
+              shape.block[0] == GEMM_TILE_THREADS(GEMM_TILE_SMALL) &&
+              shape.smem_bytes == GEMM_PORTABLE_SMEM_BYTES_TILE(GEMM_FORMAT_BF16,
+                                                                GEMM_TILE_SMALL),
           "shape %ux%ux%u, %u threads, %u bytes", shape.grid[0], shape.grid[1], shape.grid[2],
           shape.block[0], shape.smem_bytes);
+    gemm_args args;
+    memcpy(&args, prog.ops[0].args, sizeof args);
+    CHECK(args.tile == GEMM_TILE_SMALL, "tile %u in the args", args.tile);
+    g.tile = OP_GEMM_TILE_LARGE;
+    shape = op_gemm_shape(&g);
+    CHECK(shape.grid[1] == 2 && shape.block[0] == GEMM_THREADS &&
+              shape.smem_bytes == GEMM_PORTABLE_SMEM_BYTES(GEMM_FORMAT_BF16),
+          "forced large: shape %ux%ux%u, %u threads, %u bytes", shape.grid[0], shape.grid[1],
+          shape.grid[2], shape.block[0], shape.smem_bytes);
+    // Exactly OP_GEMM_SMALL_TILE_BELOW large tiles: the large tile.
+    g.tile = OP_GEMM_TILE_AUTO;
+    g.m = 128u * OP_GEMM_SMALL_TILE_BELOW;
+    CHECK(op_gemm_tile(&g) == GEMM_TILE_LARGE, "%u x %u: tile %u", g.m, g.n, op_gemm_tile(&g));
+    g.m -= 128u;
+    CHECK(op_gemm_tile(&g) == GEMM_TILE_SMALL, "%u x %u: tile %u", g.m, g.n, op_gemm_tile(&g));
     test_end();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The emulated formats' decode, exhaustively: every (code, scale) pair through each decode path
+// of the GEMM kernels (qt_gemm_decode_table) against the twin, and the twin against FP64. A NaN
+// matches any NaN: the kernels' conversions give the canonical NaN 0x7FFF where qt_f32_to_bf16
+// keeps the sign (0x7FC0 | sign); the tensor cores treat both alike.
+
+static bool bf16_same(uint16_t a, uint16_t b) {
+    bool a_nan = (a & 0x7FFFu) > 0x7F80u, b_nan = (b & 0x7FFFu) > 0x7F80u;
+    return a_nan || b_nan ? a_nan && b_nan : a == b;
+}
+
+static uint16_t *decode_table_run(rig *r, uint32_t path, uint32_t elem, uint32_t piece,
+                                  const char *name, uint64_t bytes) {
+    rig_reset(r);
+    gregion g;
+    greg_reserve(r, &g, "table", bytes, true);
+    RIG_OK(op_gemm_decode_table(&r->prog, name, path, elem, piece, greg_ref(r, &g)));
+    rig_bind(r);
+    greg_upload(r, &g, NULL, 0);
+    rig_execute(r);
+    uint16_t *out = malloc(bytes);
+    RIG_OK(backend_read(&r->be, out, greg_ref(r, &g), bytes));
+    greg_check(r, &g, "decode table");
+    greg_free(&g);
+    return out;
+}
+
+// The exact value of (code, scale) in FP64, as BF16 bits: the product is exact in FP32 (also
+// when subnormal), so one conversion to float and qt_f32_to_bf16 give its BF16 rounding.
+static uint16_t decode_exact(uint32_t path, uint32_t elem, uint32_t code, uint32_t scale) {
+    double v;
+    if (path == GEMM_DECODE_NVFP4) {
+        v = (double)qt_e2m1_to_f32((uint8_t)code) * qt_e4m3_to_f32((uint8_t)scale);
+    } else {
+        double c = qt_gemm_fp8_value((uint8_t)code, elem);
+        v = scale == 255 ? NAN : ldexp(c, (int)scale - 127);
+    }
+    return qt_f32_to_bf16((float)v);
+}
+
+// Pieces of 16 (the large tile's decode) and of 8 elements (the small tile's) on the GPU.
+static void decode_table_case(uint32_t path, uint32_t elem, const char *name) {
+    uint32_t codes = GEMM_DECODE_TABLE_CODES(path);
+    uint64_t bytes = 256ull * codes * sizeof(uint16_t);
+    test_begin(name);
+    uint16_t *ref = decode_table_run(&ref_rig, path, elem, 16, name, bytes);
+    uint32_t bad = 0;
+    for (uint32_t i = 0; i < 256 * codes; i++) {
+        uint16_t e = decode_exact(path, elem, i % codes, i / codes);
+        if (!bf16_same(ref[i], e) && bad++ < 6) {
+            CHECK(false, "scale 0x%02x code 0x%02x: twin 0x%04x, exact 0x%04x", i / codes,
+                  i % codes, ref[i], e);
+        }
+    }
+    CHECK(bad == 0, "%u of %u twin values wrong", bad, 256 * codes);
+    test_end();
+    for (uint32_t piece = 16; piece >= 8; piece /= 2) {
+        char gpu_name[96];
+        snprintf(gpu_name, sizeof gpu_name, "%s_piece%u_gpu", name, piece);
+        if (!gpu_ok) {
+            test_skip(gpu_name, gpu_why);
+            continue;
+        }
+        test_begin(gpu_name);
+        gpu_rig.be.gemm_tier = BACKEND_GEMM_TIER_PORTABLE;
+        uint16_t *gpu = decode_table_run(&gpu_rig, path, elem, piece, gpu_name, bytes);
+        bad = 0;
+        for (uint32_t i = 0; i < 256 * codes; i++) {
+            if (!bf16_same(gpu[i], ref[i]) && bad++ < 6) {
+                CHECK(false, "scale 0x%02x code 0x%02x: gpu 0x%04x, twin 0x%04x", i / codes,
+                      i % codes, gpu[i], ref[i]);
+            }
+        }
+        CHECK(bad == 0, "%u of %u decoded values differ", bad, 256 * codes);
+        test_end();
+        free(gpu);
+    }
+    free(ref);
+}
+
+static void run_decode_tables(void) {
+    decode_table_case(GEMM_DECODE_MXFP8_ROWWISE, GEMM_ELEM_E4M3, "gemm_decode_mxfp8_e4m3_rowwise");
+    decode_table_case(GEMM_DECODE_MXFP8_ROWWISE, GEMM_ELEM_E5M2, "gemm_decode_mxfp8_e5m2_rowwise");
+    decode_table_case(GEMM_DECODE_MXFP8_OUTER, GEMM_ELEM_E4M3, "gemm_decode_mxfp8_e4m3_outer");
+    decode_table_case(GEMM_DECODE_MXFP8_OUTER, GEMM_ELEM_E5M2, "gemm_decode_mxfp8_e5m2_outer");
+    decode_table_case(GEMM_DECODE_NVFP4, GEMM_ELEM_E2M1, "gemm_decode_nvfp4");
 }
 
 int main(void) {
@@ -1186,12 +1495,20 @@ int main(void) {
     rig_open(&ref_rig, BACKEND_REF, &why);
     gpu_ok = rig_open(&gpu_rig, BACKEND_GPU, &why);
     if (!gpu_ok) snprintf(gpu_why, sizeof gpu_why, "%s", why ? why : "no GPU");
+    sm90a_ok = gpu_ok && gpu_rig.be.info.cc_major == 9 && gpu_rig.be.info.cc_minor == 0;
+    snprintf(sm90a_why, sizeof sm90a_why, "%s",
+             gpu_ok ? "the sm_90a GEMM tier needs a compute capability 9.0 GPU" : gpu_why);
     rng_state = 20261122;
+    case_filter = getenv("QT_TEST_GEMM_CASES");
     test_op_gemm_limits();
     run_matrix();
     run_odd_shapes();
+    run_training_shapes();
+    run_decode_tables();
     run_group_shapes();
+    run_sm90a_shapes();
     run_bias_grad();
+    if (sm90a_ok) printf("the sm_90a tier took %u of %u GEMM cases\n", sm90a_taken, sm90a_cases);
     rig_close(&ref_rig);
     if (gpu_ok) rig_close(&gpu_rig);
     return test_exit_code();

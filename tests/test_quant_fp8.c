@@ -1186,6 +1186,216 @@ static void test_gpu_delayed_update(void) {
     test_end();
 }
 
+// ---------------------------------------------------------------------------------------------
+// The end of a step for several states in one op (op_fp8_delayed_states) against the ops it
+// replaces: per state a copy of history row 0, op_fp8_delayed_update, a copy of the scales.
+
+#define T_STATES_MAX 8
+
+typedef struct t_states_case {
+    const char *name;
+    uint32_t count;  // <= T_STATES_MAX; more than QT_FP8_STATES_PER_OP takes several ops
+    bool update;     // false: the scale snapshot alone (eval, infer)
+    uint32_t slots_scale;  // state s has 1 + (s * 5 + 2) % 7 slots, times this
+} t_states_case;
+
+// One program over `count` states, in either form, with its regions.
+typedef struct t_states_run {
+    rig r;
+    op_fp8_delayed_state st[T_STATES_MAX];
+    arena_handle history[T_STATES_MAX], scale[T_STATES_MAX], amax_out, scale_out;
+    uint32_t entries;
+    uint64_t bytes;  // of every region, in the order above (t_states_read's layout)
+} t_states_run;
+
+// Shapes of every kind: lengths 1, 2, 17 and 1024 (rolls of one, two and many chunks), both
+// algorithms and formats, margins 0..2. Snapshot entries run in reverse state order, so that the
+// kernel cannot rely on them following the states.
+static void t_states_shapes(const t_states_case *c, t_states_run *run) {
+    static const uint32_t lens[] = {1024, 16, 1, 2, 17};
+    uint32_t entry = 0;
+    for (uint32_t k = c->count; k-- > 0;) {
+        op_fp8_delayed_state *st = &run->st[k];
+        st->slots = (1 + (k * 5 + 2) % 7) * c->slots_scale;
+        st->history_len = lens[k % 5];
+        st->algo = k % 2 ? QT_FP8_AMAX_ALGO_MOST_RECENT : QT_FP8_AMAX_ALGO_MAX;
+        st->fp8 = k % 3 == 1 ? QT_FP8_E5M2 : QT_FP8_E4M3;
+        st->margin = (int)(k % 3);
+        st->first = entry;
+        entry += st->slots;
+    }
+    run->entries = entry + 3;  // entries no slot maps to must stay untouched
+}
+
+static void t_states_build(t_states_run *run, const t_states_case *c, backend_kind kind,
+                           bool fused, const char **why) {
+    QT_ASSERT(c->count <= T_STATES_MAX);
+    if (!rig_open(&run->r, kind, why)) return;
+    t_states_shapes(c, run);
+    run->bytes = 0;
+    for (uint32_t k = 0; k < c->count; k++) {
+        op_fp8_delayed_state *st = &run->st[k];
+        char name[32];
+        snprintf(name, sizeof name, "history%u", k);
+        run->history[k] = rig_reserve(&run->r, name, (uint64_t)st->history_len * st->slots * 4);
+        snprintf(name, sizeof name, "scale%u", k);
+        run->scale[k] = rig_reserve(&run->r, name, st->slots * 4);
+        st->history = rig_ref(&run->r, run->history[k], 0);
+        st->scale = rig_ref(&run->r, run->scale[k], 0);
+        run->bytes += (uint64_t)(st->history_len + 1) * st->slots * 4;
+    }
+    run->amax_out = rig_reserve(&run->r, "amax_out", run->entries * 4);
+    run->scale_out = rig_reserve(&run->r, "scale_out", run->entries * 4);
+    run->bytes += run->entries * 8;
+    prog_ref amax_out = rig_ref(&run->r, run->amax_out, 0);
+    prog_ref scale_out = rig_ref(&run->r, run->scale_out, 0);
+    program *p = &run->r.prog;
+    if (fused) {
+        RIG_OK(op_fp8_delayed_states(p, "delayed", run->st, c->count, c->update,
+                                     c->update ? amax_out : OP_FP8_NONE, scale_out,
+                                     run->entries));
+        uint32_t ops = (c->count + QT_FP8_STATES_PER_OP - 1) / QT_FP8_STATES_PER_OP;
+        CHECK(p->op_count == ops, "%u states: %u ops, expected %u", c->count, p->op_count, ops);
+    } else {
+        for (uint32_t k = 0; c->update && k < c->count; k++) {
+            const op_fp8_delayed_state *st = &run->st[k];
+            RIG_OK(op_copy(p, "amax", rig_ref(&run->r, run->amax_out, st->first * 4),
+                           st->history, st->slots * 4));
+        }
+        for (uint32_t k = 0; c->update && k < c->count; k++) {
+            const op_fp8_delayed_state *st = &run->st[k];
+            RIG_OK(op_fp8_delayed_update(p, "update", st->history, st->scale, OP_FP8_NONE,
+                                         st->slots, st->history_len, st->algo, st->fp8,
+                                         st->margin));
+        }
+        for (uint32_t k = 0; k < c->count; k++) {
+            const op_fp8_delayed_state *st = &run->st[k];
+            RIG_OK(op_copy(p, "scale", rig_ref(&run->r, run->scale_out, st->first * 4),
+                           st->scale, st->slots * 4));
+        }
+    }
+    rig_bind(&run->r);
+}
+
+// Writes the step's inputs (step 0: whole histories, scales and sentinel snapshots; later steps:
+// a fresh row 0 of every history), runs the program once and reads every region into out.
+static void t_states_step(t_states_run *run, const t_states_case *c, int step, uint8_t *out) {
+    uint64_t state = 977 + (uint64_t)step;
+    for (uint32_t k = 0; k < c->count; k++) {
+        const op_fp8_delayed_state *st = &run->st[k];
+        uint64_t hist_bytes = (uint64_t)st->history_len * st->slots * 4;
+        float *h = malloc(hist_bytes), *scale = malloc(st->slots * 4);
+        float *reduced = malloc(st->slots * 4);
+        t_update_case u = {st->slots, st->history_len, st->algo, st->fp8, false, st->margin};
+        t_update_state(h, scale, reduced, &u, &state, step > 0);
+        uint64_t written = step > 0 ? st->slots * 4 : hist_bytes;
+        RIG_OK(backend_write(&run->r.be, st->history, h, written));
+        if (step == 0) RIG_OK(backend_write(&run->r.be, st->scale, scale, st->slots * 4));
+        free(h);
+        free(scale);
+        free(reduced);
+    }
+    if (step == 0) {
+        uint8_t *sentinel = malloc(run->entries * 4);
+        memset(sentinel, T_SENTINEL, run->entries * 4);
+        RIG_OK(backend_write(&run->r.be, rig_ref(&run->r, run->amax_out, 0), sentinel,
+                             run->entries * 4));
+        RIG_OK(backend_write(&run->r.be, rig_ref(&run->r, run->scale_out, 0), sentinel,
+                             run->entries * 4));
+        free(sentinel);
+    }
+    RIG_OK(backend_run(&run->r.be, &run->r.prog));
+    uint64_t at = 0;
+    for (uint32_t k = 0; k < c->count; k++) {
+        const op_fp8_delayed_state *st = &run->st[k];
+        uint64_t hist_bytes = (uint64_t)st->history_len * st->slots * 4;
+        RIG_OK(backend_read(&run->r.be, out + at, st->history, hist_bytes));
+        RIG_OK(backend_read(&run->r.be, out + at + hist_bytes, st->scale, st->slots * 4));
+        at += hist_bytes + st->slots * 4;
+    }
+    RIG_OK(backend_read(&run->r.be, out + at, rig_ref(&run->r, run->amax_out, 0),
+                        run->entries * 4));
+    RIG_OK(backend_read(&run->r.be, out + at + run->entries * 4,
+                        rig_ref(&run->r, run->scale_out, 0), run->entries * 4));
+}
+
+// The regions of two runs of the same case, part by part.
+static void t_states_compare(const t_states_run *run, const t_states_case *c, const uint8_t *a,
+                             const uint8_t *b, const char *what) {
+    uint64_t at = 0;
+    for (uint32_t k = 0; k < c->count; k++) {
+        const op_fp8_delayed_state *st = &run->st[k];
+        uint64_t hist_bytes = (uint64_t)st->history_len * st->slots * 4;
+        char part[48];
+        snprintf(part, sizeof part, "%s history%u", c->name, k);
+        t_compare(part, what, a + at, b + at, hist_bytes, 4, 0, st->slots);
+        snprintf(part, sizeof part, "%s scale%u", c->name, k);
+        t_compare(part, what, a + at + hist_bytes, b + at + hist_bytes, st->slots * 4, 4, 0,
+                  st->slots);
+        at += hist_bytes + st->slots * 4;
+    }
+    t_compare(c->name, "amax snapshot", a + at, b + at, run->entries * 4, 4, 0, run->entries);
+    at += run->entries * 4;
+    t_compare(c->name, "scale snapshot", a + at, b + at, run->entries * 4, 4, 0, run->entries);
+}
+
+static const t_states_case t_states_cases[] = {
+    {"two_states", 2, true, 1},          // the shipped delayed recipes: one op
+    {"two_states_eval", 2, false, 1},    // eval and infer: scale snapshots only
+    {"seven_states", 7, true, 1},        // two ops
+    {"eight_states_eval", 8, false, 1},  // two ops, snapshots only
+    {"wide_states", 3, true, 150},       // 900 slots in all: four blocks
+};
+#define T_STATES_CASES (sizeof t_states_cases / sizeof t_states_cases[0])
+
+// The forms on backends a and b (fused or not), two steps each, compared region by region.
+static void t_states_pair(const t_states_case *c, backend_kind ka, bool fa, backend_kind kb,
+                          bool fb, const char *what) {
+    t_states_run *run[2] = {calloc(1, sizeof(t_states_run)), calloc(1, sizeof(t_states_run))};
+    const char *why = NULL;
+    t_states_build(run[0], c, ka, fa, &why);
+    t_states_build(run[1], c, kb, fb, &why);
+    uint8_t *out[2] = {malloc(run[0]->bytes), malloc(run[1]->bytes)};
+    for (int step = 0; step < 2; step++) {
+        t_states_step(run[0], c, step, out[0]);
+        t_states_step(run[1], c, step, out[1]);
+        char label[64];
+        snprintf(label, sizeof label, "%s, step %d", what, step);
+        t_states_compare(run[0], c, out[0], out[1], label);
+    }
+    for (int i = 0; i < 2; i++) {
+        rig_close(&run[i]->r);
+        free(run[i]);
+        free(out[i]);
+    }
+}
+
+static void test_delayed_states_match_separate_ops(void) {
+    test_begin("fp8_delayed_states_match_copy_update_copy_ref");
+    for (size_t i = 0; i < T_STATES_CASES; i++) {
+        t_states_pair(&t_states_cases[i], BACKEND_REF, true, BACKEND_REF, false,
+                      "fused vs separate ops");
+    }
+    test_end();
+}
+
+static void test_gpu_delayed_states(void) {
+    const char *why = NULL;
+    rig probe;
+    if (!rig_open(&probe, BACKEND_GPU, &why)) {
+        test_skip("gpu_fp8_delayed_states_match_ref_and_separate_ops", why);
+        return;
+    }
+    rig_close(&probe);
+    test_begin("gpu_fp8_delayed_states_match_ref_and_separate_ops");
+    for (size_t i = 0; i < T_STATES_CASES; i++) {
+        const t_states_case *c = &t_states_cases[i];
+        t_states_pair(c, BACKEND_GPU, true, BACKEND_REF, true, "gpu vs ref");
+        t_states_pair(c, BACKEND_GPU, true, BACKEND_GPU, false, "gpu fused vs gpu separate ops");
+    }
+    test_end();
+}
+
 int main(void) {
     test_byte_transpose();
     test_cast_hand_codes();
@@ -1203,5 +1413,7 @@ int main(void) {
     test_gpu_graph_replay(&t_cases[14]);  // grouped65, current scaling
     test_gpu_group_offsets();
     test_gpu_delayed_update();
+    test_delayed_states_match_separate_ops();
+    test_gpu_delayed_states();
     return test_exit_code();
 }

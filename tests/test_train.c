@@ -92,7 +92,9 @@ static qt_status train_on(train_case *c, backend *b, sched_summary *sum) {
         dev = arena_memory(dev_bytes);
         host = arena_memory(host_bytes);
     }
-    qt_status status = run_bind(&the_run, b, dev, host);
+    void *data = arena_memory(run_data_bytes(&the_run));
+    qt_status status = run_load(&the_run, data, run_data_bytes(&the_run));
+    if (status == QT_OK) status = run_bind(&the_run, b, dev, host);
     if (status == QT_OK && b->kind == BACKEND_GPU) {
         size_t free_bytes = 0, total = 0;
         drv.cuMemGetInfo(&free_bytes, &total);
@@ -110,6 +112,7 @@ static qt_status train_on(train_case *c, backend *b, sched_summary *sum) {
     run_close(&the_run);
     free(dev);
     free(host);
+    free(data);
     return status;
 }
 

@@ -160,6 +160,42 @@ double bench_time_graph(bench_env *env, const program *p) {
     return median;
 }
 
+// backend_capture's steps for work that is not a program.
+static qt_status bench_capture(bench_env *env, bench_enqueue enqueue, void *ctx,
+                               CUgraphExec *exec) {
+    CUstream stream = env->gpu.stream;
+    QT_CU(cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+    qt_status status = enqueue(ctx, stream);
+    CUgraph graph = NULL;
+    CUresult end = drv.cuStreamEndCapture(stream, &graph);
+    if (status != QT_OK) {
+        if (graph) drv.cuGraphDestroy(graph);
+        return status;
+    }
+    if (end != CUDA_SUCCESS) return driver_fail(end, "cuStreamEndCapture", __FILE__, __LINE__);
+    CUresult inst = drv.cuGraphInstantiateWithFlags(exec, graph, 0);
+    drv.cuGraphDestroy(graph);
+    if (inst != CUDA_SUCCESS) {
+        return driver_fail(inst, "cuGraphInstantiateWithFlags", __FILE__, __LINE__);
+    }
+    return QT_OK;
+}
+
+double bench_time_captured(bench_env *env, bench_enqueue enqueue, void *ctx) {
+    backend_graph graph = {NULL, NULL};
+    double median = -1;
+    if (bench_capture(env, enqueue, ctx, &graph.exec) != QT_OK) {
+        fprintf(stderr, "bench: %s\n", qt_error_message());
+        return -1;
+    }
+    if (bench_events_time(env, &graph, &median) != QT_OK) {
+        fprintf(stderr, "bench: %s\n", qt_error_message());
+        median = -1;
+    }
+    backend_graph_destroy(&env->gpu, &graph);
+    return median;
+}
+
 double bench_time_program(bench_env *env) {
     if (backend_bind(&env->gpu, &env->dev, NULL, 0) != QT_OK ||
         backend_bind(&env->gpu, &env->host, NULL, 0) != QT_OK) {
@@ -269,7 +305,18 @@ static int bench_env_int(const char *name, int fallback) {
 
 int bench_main(int argc, char **argv) {
     static bench_env env;
-    const char *what = argc > 2 ? argv[2] : "quant";
+    const char *what = NULL;
+    for (int i = 2; i < argc; i++) {
+        if (strcmp(argv[i], "--quick") == 0) {
+            env.quick = true;
+        } else if (argv[i][0] != '-' && !what) {
+            what = argv[i];
+        } else {
+            fprintf(stderr, "qtrain bench: unexpected argument '%s'\n", argv[i]);
+            return 2;
+        }
+    }
+    if (!what) what = "quant";
     if (backend_open_gpu(&env.gpu, 0) != QT_OK) {
         fprintf(stderr, "qtrain bench needs a GPU: %s\n", qt_error_message());
         return 1;

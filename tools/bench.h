@@ -20,6 +20,7 @@ typedef struct bench_env {
     int repeats;              // timed graph replays per measurement
     int warmup;               // untimed replays before them
     double copy_gbps;         // plain device copy, measured at start (bytes read + written)
+    bool quick;               // --quick: a family's short case list (gemm: the square shapes)
 } bench_env;
 
 // Starts a case: fresh arenas and an empty program (reserve regions, append ops, then time).
@@ -30,6 +31,11 @@ double bench_time_program(bench_env *env);
 // milliseconds per replay over env->repeats replays (after env->warmup untimed ones). Returns a
 // negative value on failure, with the reason printed.
 double bench_time_graph(bench_env *env, const program *p);
+// Work of a library outside qtrain (the GEMM comparator), issued on `stream`.
+typedef qt_status (*bench_enqueue)(void *ctx, CUstream stream);
+// Captures what `enqueue` issues on the bench stream as one graph and times it exactly like
+// bench_time_graph, so a comparator is measured the way qtrain's own kernels are.
+double bench_time_captured(bench_env *env, bench_enqueue enqueue, void *ctx);
 void bench_case_end(bench_env *env);
 
 // Region helpers for cases.

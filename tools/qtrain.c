@@ -4,6 +4,7 @@
 // traces.
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>  // the GPU opens while the datasets load
 #include <stdio.h>
 #include <stdlib.h>  // aligned_alloc, strtoull
 #include <string.h>
@@ -12,6 +13,7 @@
 
 #include "backend.h"  // backend_open_gpu, kernel attributes
 #include "bench.h"    // bench_main
+#include "gemm_tier.h"  // gemm_tier_describe
 #include "run.h"      // run_plan, run_bind, run_execute
 #include "trace.h"    // trace_diff
 
@@ -27,8 +29,9 @@ static void print_usage(FILE *out) {
             "          the layers and their quantizers, padding and GEMM decisions, the schedule,\n"
             "          the program of each mode and the memory map\n"
             "  info    driver, GPU and kernel report (registers, shared memory, local memory)\n"
-            "  bench [quant|copy|quant_FAMILY]\n"
+            "  bench [quant|copy|gemm|quant_FAMILY] [--quick]\n"
             "          benchmarks on the GPU: medians of graph replays, next to a device copy\n"
+            "          (gemm: next to cuBLASLt; --quick: the 4096^3 and 8192^3 GEMMs only)\n"
             "  diff A B\n"
             "          compare two trace files: the first differing step and field; exit 0 when\n"
             "          identical, 1 when they differ, 2 on error\n");
@@ -53,10 +56,18 @@ static int command_info(void) {
     printf("compute     %d.%d, %d SMs\n", info->cc_major, info->cc_minor, info->sm_count);
     printf("memory      %.1f GiB total, %.1f GiB free\n",
            (double)info->memory_bytes / (1 << 30), (double)info->free_bytes / (1 << 30));
-    printf("kernels     %d loaded from %d modules\n", KERNEL_COUNT, MODULE_COUNT);
+    printf("gemm tier   %s\n", gemm_tier_describe(&gpu));
+    int loaded = 0;
+    for (int k = 0; k < KERNEL_COUNT; k++) loaded += modules_loaded(&gpu.modules, (kernel_id)k);
+    printf("kernels     %d of %d loaded from %d modules\n", loaded, KERNEL_COUNT, MODULE_COUNT);
     printf("  %-32s %-12s %5s %10s %8s\n", "kernel", "module", "regs", "smem", "local");
     for (int k = 0; k < KERNEL_COUNT; k++) {
         const kernel_attributes *a = &gpu.modules.attributes[k];
+        if (!modules_loaded(&gpu.modules, (kernel_id)k)) {
+            printf("  %-32s %-12s not loaded: this device cannot run the image\n",
+                   kernel_table[k].symbol, module_names[kernel_table[k].module]);
+            continue;
+        }
         printf("  %-32s %-12s %5d %10d %8d\n", kernel_table[k].symbol,
                module_names[kernel_table[k].module], a->registers, a->static_smem_bytes,
                a->local_bytes);
@@ -246,23 +257,67 @@ static int run_with_backend(const cli_args *a, backend *b, double start, double 
     return status == QT_OK ? 0 : fail_status("run", status);
 }
 
+// Opening the GPU (driver, context, kernel modules) and reading the datasets take about as long
+// each, and neither needs the other: the backend opens on a second thread meanwhile.
+typedef struct open_job {
+    backend *backend;
+    bool ref, fell_back;
+    qt_status status;
+    double seconds;
+    char message[QT_ERROR_MESSAGE_MAX];  // the opening thread's error text (thread-local there)
+} open_job;
+
+static void *open_backend(void *ctx) {
+    open_job *job = ctx;
+    double start = now_seconds();
+    job->status = run_backend_open(job->backend, job->ref, &job->fell_back);
+    snprintf(job->message, sizeof job->message, "%s", qt_error_message());
+    job->seconds = now_seconds() - start;
+    return NULL;
+}
+
+// The plan, then the datasets into memory of this tool's own (only the host reads it).
+static qt_status plan_and_load(const cli_args *a, void **data) {
+    QT_TRY(load_and_plan(a));
+    uint64_t bytes = run_data_bytes(&the_run);
+    *data = alloc_arena(bytes);
+    if (!*data) {
+        return qt_fail(QT_ERR_MEMORY, "cannot allocate %" PRIu64 " bytes for the datasets",
+                       bytes);
+    }
+    return run_load(&the_run, *data, bytes);
+}
+
 static int command_run(int argc, char **argv) {
     double start = now_seconds();
     cli_args a;
     if (!parse_run_args(argc, argv, false, &a)) return 2;
     static backend b;  // large (module tables)
-    bool fell_back = false;
-    qt_status status = run_backend_open(&b, a.ref, &fell_back);
-    if (status != QT_OK) return fail_status("run", status);
-    double open_s = now_seconds() - start;
-    if (fell_back) {
-        fprintf(stderr, "qtrain run: no usable GPU (%s); running on the reference backend\n",
-                qt_error_message());
+    static open_job job;
+    job = (open_job){&b, a.ref, false, QT_OK, 0.0, ""};
+    pthread_t opener;
+    bool threaded = pthread_create(&opener, NULL, open_backend, &job) == 0;
+    if (!threaded) open_backend(&job);
+    void *data = NULL;
+    qt_status status = plan_and_load(&a, &data);
+    if (threaded) pthread_join(opener, NULL);
+    int rc = 0;
+    if (job.status != QT_OK) {
+        fprintf(stderr, "qtrain run: %s: %s\n", qt_status_name(job.status), job.message);
+        rc = 1;
+    } else if (status != QT_OK) {
+        rc = fail_status("run", status);
+    } else if ((status = backend_attach_thread(&b)) != QT_OK) {
+        rc = fail_status("run", status);
+    } else {
+        if (job.fell_back) {
+            fprintf(stderr, "qtrain run: no usable GPU (%s); running on the reference backend\n",
+                    job.message);
+        }
+        rc = run_with_backend(&a, &b, start, job.seconds);
     }
-    status = load_and_plan(&a);
-    int rc = status == QT_OK ? run_with_backend(&a, &b, start, open_s)
-                             : fail_status("run", status);
     backend_close(&b);
+    free(data);
     return rc;
 }
 

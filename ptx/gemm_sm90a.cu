@@ -1,0 +1,884 @@
+// gemm_sm90a: the sm_90a GEMM tier (TMA, wgmma, warp specialization, a persistent grid) for the
+// GEMMs whose operands are both K-major: BF16, per-tensor FP8 (fast or split
+// accumulation) and FP8 block scaling, dense or GEMM_GROUP_M. ABI and tile shapes:
+// gemm_sm90a.h; arithmetic: gemm.h. Built for sm_90a only (wgmma and setmaxnreg exist nowhere
+// else); runtime/gemm_tier.c launches it in place of the portable kernel and keeps the portable
+// tier for everything else.
+//
+// One CTA, 384 threads:
+//   warpgroup 0, producer: one thread walks the CTA's tiles and their k stages; per stage it
+//     waits for the stage's `empty` barrier, announces the stage's bytes on its `full` barrier
+//     and issues the TMA loads (A tile, B tile, FP8 block scales of B when they are per
+//     column), which complete the `full` barrier as they land. The other producer threads
+//     retire; the warpgroup gives its registers up (setmaxnreg) to the consumers.
+//   warpgroups 1, 2, consumers: rows 64 w ... 64 w + 63 of the tile and all N columns; per stage
+//     they wait for `full`, issue wgmma from shared memory and release the stage on its `empty`
+//     barrier (one arrival per consumer warp) once their wgmma have read it.
+//
+// Shared memory per stage (1024-byte aligned, 128-byte swizzle written by TMA and read by wgmma
+// through matrix descriptors):
+//
+//   A: 128 rows x 128 bytes of k (16 KiB)   B: N rows x 128 bytes of k (N / 8 KiB)
+//   8-row groups of 1024 bytes; inside a group, 16-byte chunk c of row r sits at chunk c ^ r
+//
+// Accumulation. Every output element is one FP32 sum over k in a fixed order: k stages in order,
+// inside a stage the wgmma k steps (16 bf16 or 32 fp8 values) in order; no split-K. Per-tensor
+// FP8 with split accumulation and FP8 block scaling sum each 128-wide K block (one stage) into a
+// fresh partial accumulator (wgmma with scale-d = 0 for its first k step) and add it to the FP32
+// accumulator with qt_gemm_split_add / qt_gemm_promote (tiles of 192 columns: 96 registers of
+// partial and 96 of accumulator per consumer thread).
+#include "gemm_sm90a.h"
+
+#define GEMM_SM90A_PRODUCER_REGS 40
+#define GEMM_SM90A_CONSUMER_REGS 232
+#define GEMM_SM90A_CONSUMER_WARPS 8u
+
+QT_STATIC_ASSERT(GEMM_SM90A_THREADS == 3 * 128, "one producer and two consumer warpgroups");
+QT_STATIC_ASSERT(GEMM_SM90A_TILE_M == 2 * 64, "each consumer warpgroup owns 64 rows");
+QT_STATIC_ASSERT(GEMM_SM90A_TILE_M == GEMM_TILE_M,
+                 "qt_gemm_member_tiles counts a member's rows in tiles of this height");
+QT_STATIC_ASSERT(128 * GEMM_SM90A_PRODUCER_REGS + 256 * GEMM_SM90A_CONSUMER_REGS <= 65536,
+                 "the register file holds both roles after setmaxnreg");
+QT_STATIC_ASSERT(GEMM_SM90A_K_BYTES == GEMM_SPLIT_K && GEMM_SM90A_K_BYTES == GEMM_BLOCK_FP8,
+                 "an fp8 stage is exactly one 128-wide K block");
+QT_STATIC_ASSERT(GEMM_SM90A_SMEM_BYTES(GEMM_SM90A_TILE_N_FAST) <= 227u * 1024u &&
+                     GEMM_SM90A_SMEM_BYTES(GEMM_SM90A_TILE_N_SPLIT) <= 227u * 1024u,
+                 "fits an sm_90 CTA's shared memory");
+
+// ---------------------------------------------------------------------------------------------
+// Hardware primitives: the only code that is PTX.
+
+extern __shared__ __align__(1024) uint8_t gemm_sm90a_smem[];
+
+__device__ __forceinline__ uint32_t gemm_smem_address(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void gemm_mbar_init(uint32_t bar, uint32_t arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(arrivals)
+                 : "memory");
+}
+
+// The producer's arrival on a `full` barrier, announcing the bytes its TMA loads will deliver.
+__device__ __forceinline__ void gemm_mbar_expect_bytes(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
+                 "r"(bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void gemm_mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+// Waits until the phase of the given parity has completed. A fresh barrier is in phase 0, and a
+// wait for parity 1 returns at once (the phase before it counts as completed): that is how the
+// producer's first pass over the `empty` barriers goes through.
+__device__ __forceinline__ void gemm_mbar_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done;
+    do {
+        asm volatile(
+            "{\n"
+            ".reg .pred p;\n"
+            "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+            "selp.u32 %0, 1, 0, p;\n"
+            "}\n"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+
+// NOTE: TMA reads the tensor map through its generic address; a __grid_constant__ parameter has
+// one, so the maps stay in the kernel's parameter space.
+__device__ __forceinline__ void gemm_tma_prefetch(const gemm_tensor_map *map) {
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
+}
+
+__device__ __forceinline__ void gemm_tma_load_2d(uint32_t dst, const gemm_tensor_map *map,
+                                                 uint32_t bar, int32_t x, int32_t y) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%3, %4}], [%2];\n" ::"r"(dst),
+        "l"(map), "r"(bar), "r"(x), "r"(y)
+        : "memory");
+}
+
+__device__ __forceinline__ void gemm_tma_load_3d(uint32_t dst, const gemm_tensor_map *map,
+                                                 uint32_t bar, int32_t x, int32_t y, int32_t z) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(dst),
+        "l"(map), "r"(bar), "r"(x), "r"(y), "r"(z)
+        : "memory");
+}
+
+// Register budgets of the roles. setmaxnreg must be executed by every warp of a warpgroup.
+__device__ __forceinline__ void gemm_regs_producer() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(GEMM_SM90A_PRODUCER_REGS));
+}
+
+__device__ __forceinline__ void gemm_regs_consumer() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(GEMM_SM90A_CONSUMER_REGS));
+}
+
+__device__ __forceinline__ void gemm_wgmma_fence() {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void gemm_wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+// Waits until at most kPending of the warpgroup's committed wgmma groups are still running.
+template <int kPending>
+__device__ __forceinline__ void gemm_wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Keeps the compiler from moving accesses of accumulator registers across the asynchronous
+// wgmma boundaries (fence, wait): the registers are written behind its back.
+template <int kN>
+__device__ __forceinline__ void gemm_fence_registers(float (&r)[kN]) {
+#pragma unroll
+    for (int i = 0; i < kN; i++) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+// Matrix descriptor of a K-major operand tile in the 128-byte swizzle (PTX ISA, "Matrix
+// Descriptor Format"): start address >> 4 (bits 0-13), leading byte offset >> 4 (bits 16-29;
+// unused by K-major swizzled layouts, whose k extent per instruction stays inside one 128-byte
+// row), stride byte offset >> 4 (bits 32-45: 1024, from one 8-row group to the next) and the
+// swizzle mode (bits 62-63: 1 = 128 bytes). The tiles are 1024-byte aligned, so the base offset
+// (bits 49-51) is 0. The k step of an instruction adds its byte offset to the start address: the
+// swizzle is a function of the address bits, the same for TMA's writes and wgmma's reads.
+__device__ __forceinline__ uint64_t gemm_smem_desc(uint32_t address) {
+    return (uint64_t)((address & 0x3FFFFu) >> 4) | ((uint64_t)1 << 16) |
+           ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
+}
+
+// wgmma instructions: D (64 x N, FP32, N / 2 registers per thread) += A (64 x k from shared
+// memory) x B (N x k from shared memory), both K-major; D = A x B instead when `accumulate` is 0.
+// Register i of a thread holds row 16 warp + lane / 4 + 8 ((i / 2) % 2) and column
+// 8 (i / 4) + 2 (lane % 4) + i % 2 of its warpgroup's 64 x N block. The FP8 kinds take E4M3 or
+// E5M2 A (gradients) and E4M3 B, as the portable tier does.
+
+struct gemm_wgmma_bf16_n256 {
+    static constexpr uint32_t kN = 256;
+    static __device__ __forceinline__ void run(float (&d)[128], uint64_t desc_a, uint64_t desc_b,
+                                               uint32_t accumulate) {
+        asm volatile(
+            "{\n"
+            ".reg .pred p;\n"
+            "setp.ne.b32 p, %130, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "
+            "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, "
+            "%34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, "
+            "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, "
+            "%66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, "
+            "%82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, "
+            "%98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+            "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, "
+            "%125, %126, %127},\n"
+            "%128, %129, p, 1, 1, 0, 0;\n"
+            "}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+              "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),
+              "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]),
+              "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+              "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),
+              "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
+              "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
+              "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+              "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]),
+              "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]),
+              "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]),
+              "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]),
+              "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]),
+              "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]),
+              "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]),
+              "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]),
+              "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]),
+              "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]),
+              "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]),
+              "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]),
+              "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]),
+              "+f"(d[127])
+            : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+    }
+};
+
+struct gemm_wgmma_e4m3_n256 {
+    static constexpr uint32_t kN = 256;
+    static __device__ __forceinline__ void run(float (&d)[128], uint64_t desc_a, uint64_t desc_b,
+                                               uint32_t accumulate) {
+        asm volatile(
+            "{\n"
+            ".reg .pred p;\n"
+            "setp.ne.b32 p, %130, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3 "
+            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "
+            "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, "
+            "%34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, "
+            "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, "
+            "%66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, "
+            "%82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, "
+            "%98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+            "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, "
+            "%125, %126, %127},\n"
+            "%128, %129, p, 1, 1;\n"
+            "}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+              "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),
+              "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]),
+              "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+              "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),
+              "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
+              "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
+              "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+              "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]),
+              "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]),
+              "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]),
+              "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]),
+              "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]),
+              "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]),
+              "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]),
+              "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]),
+              "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]),
+              "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]),
+              "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]),
+              "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]),
+              "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]),
+              "+f"(d[127])
+            : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+    }
+};
+
+struct gemm_wgmma_e5m2_n256 {
+    static constexpr uint32_t kN = 256;
+    static __device__ __forceinline__ void run(float (&d)[128], uint64_t desc_a, uint64_t desc_b,
+                                               uint32_t accumulate) {
+        asm volatile(
+            "{\n"
+            ".reg .pred p;\n"
+            "setp.ne.b32 p, %130, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n256k32.f32.e5m2.e4m3 "
+            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "
+            "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, "
+            "%34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, "
+            "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, "
+            "%66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, "
+            "%82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, "
+            "%98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+            "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, "
+            "%125, %126, %127},\n"
+            "%128, %129, p, 1, 1;\n"
+            "}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+              "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),
+              "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]),
+              "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+              "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),
+              "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
+              "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
+              "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+              "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]),
+              "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]),
+              "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]),
+              "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]),
+              "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]),
+              "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]),
+              "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]),
+              "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]),
+              "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]),
+              "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]),
+              "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]),
+              "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]),
+              "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]),
+              "+f"(d[127])
+            : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+    }
+};
+
+struct gemm_wgmma_e4m3_n192 {
+    static constexpr uint32_t kN = 192;
+    static __device__ __forceinline__ void run(float (&d)[96], uint64_t desc_a, uint64_t desc_b,
+                                               uint32_t accumulate) {
+        asm volatile(
+            "{\n"
+            ".reg .pred p;\n"
+            "setp.ne.b32 p, %98, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n192k32.f32.e4m3.e4m3 "
+            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "
+            "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, "
+            "%34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, "
+            "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, "
+            "%66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, "
+            "%82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95},\n"
+            "%96, %97, p, 1, 1;\n"
+            "}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+              "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),
+              "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]),
+              "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+              "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),
+              "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
+              "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
+              "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+              "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]),
+              "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]),
+              "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]),
+              "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]),
+              "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]),
+              "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]),
+              "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]),
+              "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+            : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+    }
+};
+
+struct gemm_wgmma_e5m2_n192 {
+    static constexpr uint32_t kN = 192;
+    static __device__ __forceinline__ void run(float (&d)[96], uint64_t desc_a, uint64_t desc_b,
+                                               uint32_t accumulate) {
+        asm volatile(
+            "{\n"
+            ".reg .pred p;\n"
+            "setp.ne.b32 p, %98, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n192k32.f32.e5m2.e4m3 "
+            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "
+            "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, "
+            "%34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, "
+            "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, "
+            "%66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, "
+            "%82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95},\n"
+            "%96, %97, p, 1, 1;\n"
+            "}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+              "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),
+              "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]),
+              "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+              "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),
+              "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
+              "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
+              "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+              "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]),
+              "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]),
+              "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]),
+              "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]),
+              "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]),
+              "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]),
+              "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]),
+              "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+            : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+    }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Shared memory, pipeline position, schedule.
+
+template <uint32_t kTileN>
+struct gemm_smem {
+    static constexpr uint32_t kStages = GEMM_SM90A_STAGES(kTileN);
+    static constexpr uint32_t kStageBytes = GEMM_SM90A_STAGE_BYTES(kTileN);
+    static constexpr uint32_t kSlotBytes = GEMM_SM90A_SCALE_SLOT_BYTES(kTileN);
+    static_assert(kStageBytes % 1024 == 0 && kSlotBytes % 128 == 0, "aligned stages and slots");
+    uint32_t base;   // shared address of stage 0, 1024-byte aligned
+    uint8_t *bytes;  // the same place, generic (for the consumers' reads of the scale slots)
+    __device__ __forceinline__ uint32_t a(uint32_t s) const { return base + s * kStageBytes; }
+    __device__ __forceinline__ uint32_t b(uint32_t s) const {
+        return a(s) + GEMM_SM90A_TILE_M * GEMM_SM90A_K_BYTES;
+    }
+    __device__ __forceinline__ uint32_t slot_offset(uint32_t s) const {
+        return kStages * kStageBytes + s * kSlotBytes;
+    }
+    __device__ __forceinline__ uint32_t full(uint32_t s) const {
+        return base + kStages * (kStageBytes + kSlotBytes) + 8 * s;
+    }
+    __device__ __forceinline__ uint32_t empty(uint32_t s) const { return full(kStages + s); }
+};
+
+template <uint32_t kTileN>
+__device__ __forceinline__ gemm_smem<kTileN> gemm_smem_carve() {
+    static_assert(GEMM_SM90A_SMEM_BYTES(kTileN) >=
+                      1024u + gemm_smem<kTileN>::kStages *
+                                  (gemm_smem<kTileN>::kStageBytes + gemm_smem<kTileN>::kSlotBytes +
+                                   16u),
+                  "the launch's shared memory holds the layout");
+    uint32_t raw = gemm_smem_address(gemm_sm90a_smem);
+    uint32_t aligned = (raw + 1023u) & ~1023u;
+    gemm_smem<kTileN> sm = {aligned, gemm_sm90a_smem + (aligned - raw)};
+    return sm;
+}
+
+// Position in the ring of stages; the parity flips each time the ring wraps. The producer and
+// every consumer thread walk the same sequence of stages (tiles in order, k stages in order).
+template <uint32_t kStages>
+struct gemm_pipe {
+    uint32_t stage, phase;
+    __device__ __forceinline__ void advance() {
+        if (++stage == kStages) {
+            stage = 0;
+            phase ^= 1u;
+        }
+    }
+};
+
+// D rows of a tile: [m0, min(m0 + 128, m_end)), of which rows from m_valid_end on are padding
+// (written as zeros); columns [n0, min(n0 + N, n)).
+struct gemm_tile_pos {
+    uint32_t member;
+    uint32_t m0, m_end, m_valid_end;
+    uint32_t n0;
+};
+
+// The tile order. Tile t lies in raster group t / (16 col_tiles): its 16 row tiles (fewer in the
+// last group), walked row tile fastest. GEMM_GROUP_M counts row tiles member by member (each
+// member's padded rows in whole tiles, qt_gemm_member_tiles); a cursor remembers the member of
+// the current group's first row tile, so the lookup walks each member once per CTA, plus at most
+// a group's worth per tile, with no per-member storage.
+struct gemm_sched {
+    uint32_t row_tiles, col_tiles, total;
+    uint32_t cursor_member;  // GEMM_GROUP_M: the member holding row tile cursor_before
+    uint32_t cursor_before;  // row tiles of the members before cursor_member
+};
+
+__device__ __forceinline__ uint32_t gemm_member_row_tiles(const uint32_t *off, uint32_t member) {
+    return qt_gemm_member_tiles(__ldg(off + member + 1) - __ldg(off + member));
+}
+
+// Called by whole warps (a warp sums the members' row tiles).
+__device__ __forceinline__ gemm_sched gemm_sched_init(const gemm_sm90a_args &args) {
+    gemm_sched s = {args.row_tiles, args.col_tiles, 0, 0, 0};
+    if (args.gemm.grouping == GEMM_GROUP_M) {
+        const uint32_t *off = reinterpret_cast<const uint32_t *>(args.gemm.group.row_offsets);
+        uint32_t sum = 0;
+        for (uint32_t i = threadIdx.x & 31; i < args.gemm.group.count; i += 32) {
+            sum += gemm_member_row_tiles(off, i);
+        }
+#pragma unroll
+        for (uint32_t d = 16; d > 0; d >>= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, d);
+        s.row_tiles = sum;
+    }
+    s.total = s.row_tiles * s.col_tiles;
+    return s;
+}
+
+template <uint32_t kTileN>
+__device__ __forceinline__ gemm_tile_pos gemm_sched_tile(const gemm_args &g, gemm_sched &s,
+                                                         uint32_t t) {
+    uint32_t per_group = GEMM_SM90A_RASTER_M * s.col_tiles;
+    uint32_t group = t / per_group;
+    uint32_t first = group * GEMM_SM90A_RASTER_M;
+    uint32_t rows = min(GEMM_SM90A_RASTER_M, s.row_tiles - first);
+    uint32_t within = t - group * per_group;
+    uint32_t row_tile = first + within % rows;
+    gemm_tile_pos p;
+    p.n0 = (within / rows) * kTileN;
+    if (g.grouping != GEMM_GROUP_M) {
+        p.member = 0;
+        p.m0 = row_tile * GEMM_SM90A_TILE_M;
+        p.m_end = g.m;
+        p.m_valid_end = g.m;
+        return p;
+    }
+    const uint32_t *off = reinterpret_cast<const uint32_t *>(g.group.row_offsets);
+    const uint32_t *first_dims = reinterpret_cast<const uint32_t *>(g.group.first_dims);
+    // Groups only move forward along a CTA's tiles, so the cursor does too.
+    while (s.cursor_before + gemm_member_row_tiles(off, s.cursor_member) <= first) {
+        s.cursor_before += gemm_member_row_tiles(off, s.cursor_member);
+        s.cursor_member++;
+    }
+    uint32_t member = s.cursor_member, before = s.cursor_before;
+    while (before + gemm_member_row_tiles(off, member) <= row_tile) {
+        before += gemm_member_row_tiles(off, member);
+        member++;
+    }
+    uint32_t start = __ldg(off + member);
+    p.member = member;
+    p.m0 = start + (row_tile - before) * GEMM_SM90A_TILE_M;
+    p.m_end = min(__ldg(off + member + 1), g.m);
+    p.m_valid_end = min(start + __ldg(first_dims + member), p.m_end);
+    return p;
+}
+
+// A consumer warp's release of a stage: its lanes are done with it (the wgmma that read it have
+// completed, the scale slot has been read), one arrival per warp.
+template <uint32_t kTileN>
+__device__ __forceinline__ void gemm_release(const gemm_smem<kTileN> &sm, uint32_t stage) {
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0) gemm_mbar_arrive(sm.empty(stage));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Producer: one thread. kStageK: k values per stage (64 bf16, 128 fp8); kScaleSlots: FP8 block
+// scales of B per column, loaded with the stage (each CTA its own; they are small).
+
+template <uint32_t kTileN, uint32_t kStageK, bool kScaleSlots>
+__device__ __forceinline__ void gemm_produce(const gemm_sm90a_args &args,
+                                             const gemm_smem<kTileN> &sm, gemm_sched s) {
+    using smem = gemm_smem<kTileN>;
+    constexpr uint32_t kBytes = smem::kStageBytes + (kScaleSlots ? smem::kSlotBytes : 0u);
+    gemm_tma_prefetch(&args.a);
+    gemm_tma_prefetch(&args.b);
+    if (kScaleSlots) gemm_tma_prefetch(&args.b_scale);
+    gemm_pipe<smem::kStages> pipe = {0, 0};
+    for (uint32_t t = blockIdx.x; t < s.total; t += gridDim.x) {
+        gemm_tile_pos p = gemm_sched_tile<kTileN>(args.gemm, s, t);
+        for (uint32_t kb = 0; kb < args.k_stages; kb++) {
+            gemm_mbar_wait(sm.empty(pipe.stage), pipe.phase ^ 1u);
+            uint32_t full = sm.full(pipe.stage);
+            // NOTE: a box that reaches past the tensor still delivers its full size (zeros
+            // outside), so every stage completes the same byte count.
+            gemm_mbar_expect_bytes(full, kBytes);
+            int32_t k0 = (int32_t)(kb * kStageK);
+            gemm_tma_load_2d(sm.a(pipe.stage), &args.a, full, k0, (int32_t)p.m0);
+            gemm_tma_load_3d(sm.b(pipe.stage), &args.b, full, k0, (int32_t)p.n0,
+                             (int32_t)p.member);
+            if (kScaleSlots) {
+                gemm_tma_load_2d(sm.base + sm.slot_offset(pipe.stage), &args.b_scale, full,
+                                 (int32_t)p.n0, (int32_t)kb);
+            }
+            pipe.advance();
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Consumer main loops: the tile's accumulators acc[N / 2] of this warpgroup (rows 64 wg ...).
+
+// Fast accumulation (bf16, per-tensor fp8 without split): the wgmma of stage s are left running
+// while the consumer waits for stage s + 1; a stage is released once the wgmma that read it have
+// completed (wait_group 1 after committing the next stage's).
+template <class Mma>
+struct gemm_mainloop_fast {
+    static constexpr uint32_t kTileN = Mma::kN;
+    static constexpr uint32_t kAcc = kTileN / 2;
+    template <class Pipe>
+    static __device__ __forceinline__ void run(const gemm_sm90a_args &args,
+                                               const gemm_smem<kTileN> &sm,
+                                               const gemm_tile_pos &, uint32_t wg, Pipe &pipe,
+                                               float (&acc)[kAcc]) {
+#pragma unroll
+        for (uint32_t i = 0; i < kAcc; i++) acc[i] = 0.0f;
+        uint32_t previous = 0;
+        for (uint32_t kb = 0; kb < args.k_stages; kb++) {
+            gemm_mbar_wait(sm.full(pipe.stage), pipe.phase);
+            uint32_t a = sm.a(pipe.stage) + wg * 64u * GEMM_SM90A_K_BYTES;
+            uint32_t b = sm.b(pipe.stage);
+            gemm_fence_registers(acc);
+            gemm_wgmma_fence();
+#pragma unroll
+            for (uint32_t ks = 0; ks < GEMM_SM90A_K_BYTES / 32u; ks++) {
+                Mma::run(acc, gemm_smem_desc(a + 32u * ks), gemm_smem_desc(b + 32u * ks), 1u);
+            }
+            gemm_wgmma_commit();
+            gemm_fence_registers(acc);
+            if (kb > 0) {
+                gemm_wgmma_wait<1>();
+                gemm_release(sm, previous);
+            }
+            previous = pipe.stage;
+            pipe.advance();
+        }
+        gemm_wgmma_wait<0>();
+        gemm_fence_registers(acc);
+        if (args.k_stages > 0) gemm_release(sm, previous);
+    }
+};
+
+// FP8 block scales of one K block for this thread: A's for its two rows, B's for the two
+// 128-column blocks the tile's columns touch (128 x 128 scales; per-column scales come from the
+// stage's slot instead). The scale arrays of a tile, and which entries exist: rows past m and
+// column blocks past n get scale 0 (their outputs are never stored, and their scales may lie
+// beyond the arrays).
+struct gemm_block_scales {
+    float a0, a1;  // rows r, r + 8
+    float b0, b1;  // column blocks n0 / 128 and n0 / 128 + 1
+};
+
+struct gemm_scale_source {
+    const float *a;        // A's scales of K block 0 at the thread's row r: a[kb a_ld (+ 8)]
+    const float *b;        // B's 128 x 128 scales at column block n0 / 128: b[(0|b_ld) + kb]
+    uint32_t a_ld, b_ld;
+    bool a0, a1, b0, b1;   // which exist
+};
+
+template <bool kScaleB2D>
+__device__ __forceinline__ gemm_scale_source gemm_scale_source_of(const gemm_args &g,
+                                                                  const gemm_tile_pos &p,
+                                                                  uint32_t row) {
+    gemm_scale_source s;
+    s.a = reinterpret_cast<const float *>(g.a.scale + p.member * g.a.scale_member_bytes) + row;
+    s.a_ld = g.a.scale_ld;
+    s.a0 = row < g.m;
+    s.a1 = row + 8 < g.m;
+    uint32_t block = p.n0 / GEMM_BLOCK_FP8;
+    s.b = reinterpret_cast<const float *>(g.b.scale + p.member * g.b.scale_member_bytes) +
+          (uint64_t)block * g.b.scale_ld;
+    s.b_ld = g.b.scale_ld;
+    s.b0 = kScaleB2D && block * GEMM_BLOCK_FP8 < g.n;
+    s.b1 = kScaleB2D && (block + 1) * GEMM_BLOCK_FP8 < g.n;
+    return s;
+}
+
+__device__ __forceinline__ gemm_block_scales gemm_load_block_scales(const gemm_scale_source &s,
+                                                                    uint32_t kb) {
+    const float *a = s.a + (uint64_t)kb * s.a_ld;
+    gemm_block_scales v;
+    v.a0 = s.a0 ? __ldg(a) : 0.0f;
+    v.a1 = s.a1 ? __ldg(a + 8) : 0.0f;
+    v.b0 = s.b0 ? __ldg(s.b + kb) : 0.0f;
+    v.b1 = s.b1 ? __ldg(s.b + s.b_ld + kb) : 0.0f;
+    return v;
+}
+
+// Split accumulation (per-tensor fp8 with GEMM_FLAG_SPLIT_ACCUMULATE) and FP8 block scaling
+// (kBlock; kScaleB2D: B has 128 x 128 scales, else per-column scales in the stage's slot). Each
+// stage is one 128-wide K block: four wgmma k steps sum it into `part` (the first with
+// scale-d = 0), and the completed partial is added into acc in FP32. The next K block's scales
+// are loaded right after a block's promotion, so the loads are in flight while the next block is
+// waited for and multiplied.
+template <class Mma, bool kBlock, bool kScaleB2D>
+struct gemm_mainloop_split {
+    static constexpr uint32_t kTileN = Mma::kN;
+    static constexpr uint32_t kAcc = kTileN / 2;
+    template <class Pipe>
+    static __device__ __forceinline__ void run(const gemm_sm90a_args &args,
+                                               const gemm_smem<kTileN> &sm,
+                                               const gemm_tile_pos &p, uint32_t wg, Pipe &pipe,
+                                               float (&acc)[kAcc]) {
+        static_assert(kTileN % 64 == 0, "tiles start at 0 or 64 within a 128-column block");
+        uint32_t lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
+        uint32_t row = p.m0 + wg * 64u + warp * 16u + (lane >> 2);
+        // 128 x 128 scales: the tile's columns from 128 - n0 % 128 on take the second column
+        // block's scale; the two cases are compiled apart, so the choice costs no registers.
+        bool second_block_at_64 = p.n0 % GEMM_BLOCK_FP8 != 0;
+        float part[kAcc];
+#pragma unroll
+        for (uint32_t i = 0; i < kAcc; i++) {
+            acc[i] = 0.0f;
+            part[i] = 0.0f;
+        }
+        gemm_scale_source source = {};
+        gemm_block_scales scales = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (kBlock) {
+            source = gemm_scale_source_of<kScaleB2D>(args.gemm, p, row);
+            scales = gemm_load_block_scales(source, 0);
+        }
+        for (uint32_t kb = 0; kb < args.k_stages; kb++) {
+            gemm_mbar_wait(sm.full(pipe.stage), pipe.phase);
+            uint32_t a = sm.a(pipe.stage) + wg * 64u * GEMM_SM90A_K_BYTES;
+            uint32_t b = sm.b(pipe.stage);
+            gemm_fence_registers(part);
+            gemm_wgmma_fence();
+#pragma unroll
+            for (uint32_t ks = 0; ks < GEMM_SM90A_K_BYTES / 32u; ks++) {
+                Mma::run(part, gemm_smem_desc(a + 32u * ks), gemm_smem_desc(b + 32u * ks),
+                         ks > 0 ? 1u : 0u);
+            }
+            gemm_wgmma_commit();
+            gemm_wgmma_wait<0>();
+            gemm_fence_registers(part);
+            if constexpr (!kBlock) {
+#pragma unroll
+                for (uint32_t i = 0; i < kAcc; i++) acc[i] = qt_gemm_split_add(acc[i], part[i]);
+            } else if constexpr (kScaleB2D) {
+                if (second_block_at_64) {
+                    promote<64>(acc, part, scales, nullptr);
+                } else {
+                    promote<128>(acc, part, scales, nullptr);
+                }
+            } else {
+                const float *slot =
+                    reinterpret_cast<const float *>(sm.bytes + sm.slot_offset(pipe.stage)) +
+                    2u * (lane & 3);
+                promote<0>(acc, part, scales, slot);
+            }
+            gemm_release(sm, pipe.stage);
+            pipe.advance();
+            if (kBlock && kb + 1 < args.k_stages) scales = gemm_load_block_scales(source, kb + 1);
+        }
+    }
+
+    // acc = qt_gemm_promote(acc, part, scale of A's row, scale of B's column). kSecondBlock: the
+    // tile column where B's second 128 x 128 scale starts; 0: per-column scales from the slot
+    // (this thread's columns 8 chunk + 2 (lane % 4) + {0, 1} relative to n0).
+    template <uint32_t kSecondBlock>
+    static __device__ __forceinline__ void promote(float (&acc)[kAcc], const float (&part)[kAcc],
+                                                   const gemm_block_scales &s,
+                                                   const float *slot) {
+#pragma unroll
+        for (uint32_t i = 0; i < kAcc; i++) {
+            float sa = (i & 2) ? s.a1 : s.a0;
+            float sb;
+            if constexpr (kSecondBlock == 0) {
+                sb = slot[8u * (i / 4) + (i & 1)];
+            } else {
+                sb = 8u * (i / 4) >= kSecondBlock ? s.b1 : s.b0;
+            }
+            acc[i] = qt_gemm_promote(acc[i], part[i], sa, sb);
+        }
+    }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Epilogue: each thread writes its own accumulator elements, as qt_gemm_epilogue computes them.
+
+__device__ __forceinline__ float gemm_load_value(const uint8_t *base, uint64_t index,
+                                                 uint32_t dtype) {
+    if (dtype == QT_DTYPE_BF16) {
+        return qt_bf16_to_f32(reinterpret_cast<const uint16_t *>(base)[index]);
+    }
+    return reinterpret_cast<const float *>(base)[index];
+}
+
+// Two adjacent outputs (the second only when `pair`), as one store when aligned.
+__device__ __forceinline__ void gemm_store_pair(uint8_t *d, uint64_t index, uint32_t dtype,
+                                                float v0, float v1, bool pair) {
+    if (dtype == QT_DTYPE_BF16) {
+        uint16_t *out = reinterpret_cast<uint16_t *>(d) + index;
+        uint16_t b0 = qt_f32_to_bf16(v0), b1 = qt_f32_to_bf16(v1);
+        if (pair && ((uintptr_t)out & 3) == 0) {
+            *reinterpret_cast<uint32_t *>(out) = (uint32_t)b0 | ((uint32_t)b1 << 16);
+        } else {
+            out[0] = b0;
+            if (pair) out[1] = b1;
+        }
+        return;
+    }
+    float *out = reinterpret_cast<float *>(d) + index;
+    if (pair && ((uintptr_t)out & 7) == 0) {
+        *reinterpret_cast<float2 *>(out) = make_float2(v0, v1);
+    } else {
+        out[0] = v0;
+        if (pair) out[1] = v1;
+    }
+}
+
+template <uint32_t kAcc>
+__device__ __forceinline__ void gemm_epilogue(const gemm_args &g, const gemm_tile_pos &p,
+                                              uint32_t wg, const float (&acc)[kAcc]) {
+    uint32_t lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
+    uint32_t row0 = p.m0 + wg * 64u + warp * 16u + (lane >> 2);
+    uint32_t col0 = p.n0 + 2u * (lane & 3);
+    int has_c = g.c != 0 && g.beta != 0.0f;
+    int has_bias = g.bias != 0;
+    uint8_t *d = reinterpret_cast<uint8_t *>(g.d) + p.member * g.d_member_bytes;
+    const uint8_t *c = reinterpret_cast<const uint8_t *>(g.c) + p.member * g.d_member_bytes;
+    const uint8_t *bias =
+        reinterpret_cast<const uint8_t *>(g.bias) + p.member * g.bias_member_bytes;
+    float alpha = qt_gemm_alpha(&g, p.member);
+#pragma unroll
+    for (uint32_t h = 0; h < 2; h++) {
+        uint32_t row = row0 + 8u * h;
+        if (row >= p.m_end) continue;
+        bool padding = row >= p.m_valid_end;
+#pragma unroll
+        for (uint32_t j = 0; j < kAcc / 4; j++) {
+            uint32_t col = col0 + 8u * j;
+            if (col >= g.n) break;
+            bool pair = col + 1 < g.n;
+            uint64_t index = (uint64_t)row * g.ldd + col;
+            float v[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (uint32_t e = 0; e < 2; e++) {
+                if (padding || (e == 1 && !pair)) continue;
+                float cv = has_c ? gemm_load_value(c, index + e, g.d_dtype) : 0.0f;
+                float bv = has_bias ? gemm_load_value(bias, col + e, g.bias_dtype) : 0.0f;
+                v[e] = qt_gemm_epilogue(acc[4 * j + 2 * h + e], alpha, has_c, g.beta, cv,
+                                        has_bias, bv);
+            }
+            gemm_store_pair(d, index, g.d_dtype, v[0], v[1], pair);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The kernel body: barriers, roles, the persistent tile loop.
+
+template <uint32_t kStageK, bool kScaleSlots, class Mainloop>
+__device__ __forceinline__ void gemm_sm90a_run(const gemm_sm90a_args &args) {
+    constexpr uint32_t kTileN = Mainloop::kTileN;
+    using smem = gemm_smem<kTileN>;
+    smem sm = gemm_smem_carve<kTileN>();
+    if (threadIdx.x == 0) {
+        for (uint32_t s = 0; s < smem::kStages; s++) {
+            gemm_mbar_init(sm.full(s), 1);  // the producer's expect-bytes arrival
+            gemm_mbar_init(sm.empty(s), GEMM_SM90A_CONSUMER_WARPS);
+        }
+        // Make the initialized barriers visible to the other threads and to the TMA unit (the
+        // async proxy), which completes them. (A CTA launched alone is a cluster of one.)
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    }
+    __syncthreads();
+    gemm_sched sched = gemm_sched_init(args);
+    uint32_t warpgroup = threadIdx.x / 128;
+    if (warpgroup == 0) {
+        gemm_regs_producer();
+        if (threadIdx.x == 0) gemm_produce<kTileN, kStageK, kScaleSlots>(args, sm, sched);
+        return;
+    }
+    gemm_regs_consumer();
+    uint32_t wg = warpgroup - 1;
+    gemm_pipe<smem::kStages> pipe = {0, 0};
+    float acc[Mainloop::kAcc];
+    for (uint32_t t = blockIdx.x; t < sched.total; t += gridDim.x) {
+        gemm_tile_pos p = gemm_sched_tile<kTileN>(args.gemm, sched, t);
+        Mainloop::run(args, sm, p, wg, pipe, acc);
+        gemm_epilogue(args.gemm, p, wg, acc);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Entry points. Launch: grid (CTAs, 1, 1), at most one CTA per tile; GEMM_SM90A_THREADS threads;
+// GEMM_SM90A_SMEM_BYTES(N) of dynamic shared memory for the GEMM's tile width N
+// (qt_gemm_sm90a_tile_n).
+
+#define GEMM_SM90A_KERNEL(name)                                         \
+    extern "C" __global__ void __launch_bounds__(GEMM_SM90A_THREADS, 1) \
+        name(const __grid_constant__ gemm_sm90a_args args)
+
+GEMM_SM90A_KERNEL(qt_gemm_bf16_sm90a) {
+    gemm_sm90a_run<64, false, gemm_mainloop_fast<gemm_wgmma_bf16_n256>>(args);
+}
+
+GEMM_SM90A_KERNEL(qt_gemm_fp8_sm90a) {
+    bool split = (args.gemm.flags & GEMM_FLAG_SPLIT_ACCUMULATE) != 0;
+    if (args.gemm.a.elem == GEMM_ELEM_E5M2) {
+        if (split) {
+            gemm_sm90a_run<128, false, gemm_mainloop_split<gemm_wgmma_e5m2_n192, false, false>>(
+                args);
+        } else {
+            gemm_sm90a_run<128, false, gemm_mainloop_fast<gemm_wgmma_e5m2_n256>>(args);
+        }
+    } else {
+        if (split) {
+            gemm_sm90a_run<128, false, gemm_mainloop_split<gemm_wgmma_e4m3_n192, false, false>>(
+                args);
+        } else {
+            gemm_sm90a_run<128, false, gemm_mainloop_fast<gemm_wgmma_e4m3_n256>>(args);
+        }
+    }
+}
+
+GEMM_SM90A_KERNEL(qt_gemm_fp8_block_sm90a) {
+    bool b_2d = (args.gemm.b.flags & GEMM_OPERAND_SCALE_2D) != 0;
+    if (args.gemm.a.elem == GEMM_ELEM_E5M2) {
+        if (b_2d) {
+            gemm_sm90a_run<128, false, gemm_mainloop_split<gemm_wgmma_e5m2_n192, true, true>>(
+                args);
+        } else {
+            gemm_sm90a_run<128, true, gemm_mainloop_split<gemm_wgmma_e5m2_n192, true, false>>(
+                args);
+        }
+    } else {
+        if (b_2d) {
+            gemm_sm90a_run<128, false, gemm_mainloop_split<gemm_wgmma_e4m3_n192, true, true>>(
+                args);
+        } else {
+            gemm_sm90a_run<128, true, gemm_mainloop_split<gemm_wgmma_e4m3_n192, true, false>>(
+                args);
+        }
+    }
+}

@@ -1,0 +1,88 @@
+// gemm_sm90a: the ABI of the sm_90a GEMM tier (ptx/gemm_sm90a.cu): its args struct, kernel list
+// and tile shape. The GEMMs are those of gemm.h, with the same arithmetic; only the machinery
+// differs (TMA loads, wgmma, warp specialization, a persistent grid).
+//
+// Owns nothing. Programs never hold these kernels: a program's GEMM op is a portable kernel with
+// its gemm_args, and runtime/gemm_tier.c launches the sm90a kernel of the same format in its
+// place when the device is an sm_90 GPU and the GEMM fits this tier (gemm_tier.h says which).
+// The launch builds gemm_sm90a_args on the stack: the op's gemm_args first, so the C twin of the
+// portable kernel serves these kernel ids too, then the TMA tensor maps of the operands.
+//
+// Tile: 128 x N of D per CTA, 384 threads as three warpgroups: one producer (one thread issues
+// the TMA loads) and two consumers (64 rows of the tile each, all N columns). N is 256 for fast
+// accumulation (bf16, per-tensor fp8) and 192 where a 128-wide K block is summed apart before it
+// is added (per-tensor fp8 with split accumulation, fp8 block scaling): the block's partial and
+// the accumulator then both fit a consumer's registers (96 + 96 of 232). The contraction runs in
+// stages of 128 bytes of k per tile row (64 bf16 values or 128 fp8 codes: one 128-wide fp8 K
+// block), as many stages as shared memory holds (4 of 256 columns, 5 of 192).
+//
+// The grid is persistent: CTA i takes tiles i, i + grid, ... in a fixed order, so which CTA
+// computes a tile never changes a bit of it.
+#ifndef QT_GEMM_SM90A_H
+#define QT_GEMM_SM90A_H
+
+#include "gemm.h"  // gemm_args, GEMM_*
+
+#define GEMM_SM90A_THREADS 384u
+#define GEMM_SM90A_TILE_M 128u
+#define GEMM_SM90A_TILE_N_FAST 256u
+#define GEMM_SM90A_TILE_N_SPLIT 192u
+#define GEMM_SM90A_K_BYTES 128u  // per stage and tile row: one 128-byte swizzle span
+// Row tiles per raster group: consecutive tile indices walk the columns of 16 row tiles, so the
+// CTAs running at one time share A and B tiles through L2.
+#define GEMM_SM90A_RASTER_M 16u
+
+// Shared memory of a launch for tiles of n columns: 1024 bytes of slack to align the stages to
+// the 1024-byte period of the 128-byte swizzle, the stages (A tile 128 x 128 bytes, B tile n x 128
+// bytes), one slot of n FP8 block scales of B per stage, and a full and an empty barrier per
+// stage. Both sizes stay within the 227 KiB an sm_90 CTA can have (197 KiB and 205 KiB).
+#define GEMM_SM90A_STAGE_BYTES(n) ((GEMM_SM90A_TILE_M + (n)) * GEMM_SM90A_K_BYTES)
+#define GEMM_SM90A_STAGES(n) ((n) == GEMM_SM90A_TILE_N_FAST ? 4u : 5u)
+#define GEMM_SM90A_SCALE_SLOT_BYTES(n) ((n) * 4u)
+#define GEMM_SM90A_SMEM_BYTES(n)                                                           \
+    (1024u + GEMM_SM90A_STAGES(n) * (GEMM_SM90A_STAGE_BYTES(n) + GEMM_SM90A_SCALE_SLOT_BYTES(n)) + \
+     2u * GEMM_SM90A_STAGES(n) * 8u)
+
+// The tile width of a GEMM (format and flags of its gemm_args).
+QT_HD uint32_t qt_gemm_sm90a_tile_n(uint32_t format, uint32_t flags) {
+    int split = format == GEMM_FORMAT_FP8_BLOCK ||
+                (format == GEMM_FORMAT_FP8 && (flags & GEMM_FLAG_SPLIT_ACCUMULATE) != 0);
+    return split ? GEMM_SM90A_TILE_N_SPLIT : GEMM_SM90A_TILE_N_FAST;
+}
+
+#if defined(__cplusplus)
+#define GEMM_SM90A_ALIGN64 alignas(64)
+#else
+#define GEMM_SM90A_ALIGN64 _Alignas(64)
+#endif
+
+// A CUtensorMap (cuda.h), opaque: encoded by cuTensorMapEncodeTiled on the host, read by TMA.
+typedef struct gemm_tensor_map {
+    GEMM_SM90A_ALIGN64 uint64_t opaque[16];
+} gemm_tensor_map;
+QT_STATIC_ASSERT(sizeof(gemm_tensor_map) == 128, "gemm_tensor_map is a CUtensorMap");
+
+// The tensor maps (innermost dimension first; every one zero-fills what lies out of bounds, which
+// is how row, column and k tails read as zeros), for tiles of N columns:
+//   a        A codes:  {k, m}              box {stage k, 128}      128-byte swizzle
+//   b        B codes:  {k, n, members}     box {stage k, N, 1}     128-byte swizzle
+//   b_scale  FP8 block 1x128 scales of B (dense): {n, k blocks}, box {N, 1}; else unused
+typedef struct gemm_sm90a_args {
+    gemm_args gemm;           // first: the portable kernel's twin reads it
+    uint32_t row_tiles;       // dense: ceil(m / 128); GEMM_GROUP_M: 0 (counted on the device)
+    uint32_t col_tiles;       // ceil(n / N)
+    uint32_t k_stages;        // ceil(k / stage k)
+    uint32_t reserved[5];
+    gemm_tensor_map a;
+    gemm_tensor_map b;
+    gemm_tensor_map b_scale;
+} gemm_sm90a_args;
+QT_STATIC_ASSERT(sizeof(gemm_args) == 224, "gemm_sm90a_args pads gemm_args to 256 bytes");
+QT_STATIC_ASSERT(sizeof(gemm_sm90a_args) == 256 + 3 * 128, "gemm_sm90a_args layout");
+
+#define QT_KERNELS_GEMM_SM90A(X)                                                      \
+    X(KERNEL_GEMM_BF16_SM90A, gemm_sm90a, qt_gemm_bf16_sm90a, gemm_sm90a_args)       \
+    X(KERNEL_GEMM_FP8_SM90A, gemm_sm90a, qt_gemm_fp8_sm90a, gemm_sm90a_args)         \
+    X(KERNEL_GEMM_FP8_BLOCK_SM90A, gemm_sm90a, qt_gemm_fp8_block_sm90a, gemm_sm90a_args)
+
+#endif  // QT_GEMM_SM90A_H

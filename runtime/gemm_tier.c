@@ -1,0 +1,172 @@
+#include "gemm_tier.h"
+
+#include <stdio.h>   // snprintf
+#include <string.h>  // memcpy, memset
+
+// The sm90a kernel that takes a portable GEMM kernel's ops, or KERNEL_COUNT for none.
+static kernel_id gemm_tier_sm90a_kernel(kernel_id portable) {
+    switch (portable) {
+    case KERNEL_GEMM_BF16_PORTABLE:
+        return KERNEL_GEMM_BF16_SM90A;
+    case KERNEL_GEMM_FP8_PORTABLE:
+        return KERNEL_GEMM_FP8_SM90A;
+    case KERNEL_GEMM_FP8_BLOCK_PORTABLE:
+        return KERNEL_GEMM_FP8_BLOCK_SM90A;
+    default:
+        return KERNEL_COUNT;
+    }
+}
+
+static bool gemm_tier_aligned16(uint64_t value) { return (value & 15u) == 0; }
+
+static uint32_t gemm_tier_elem_bytes(const gemm_args *g) {
+    return g->format == GEMM_FORMAT_BF16 ? 2u : 1u;
+}
+
+// k values per stage: one 128-byte row of the swizzle span.
+static uint32_t gemm_tier_stage_k(const gemm_args *g) {
+    return GEMM_SM90A_K_BYTES / gemm_tier_elem_bytes(g);
+}
+
+static bool gemm_tier_operand_ok(const gemm_args *g, const gemm_operand *op) {
+    uint64_t row_bytes = (uint64_t)op->ld * gemm_tier_elem_bytes(g);
+    return !(op->flags & GEMM_OPERAND_OUTER_MAJOR) && gemm_tier_aligned16(op->data) &&
+           gemm_tier_aligned16(row_bytes);
+}
+
+bool gemm_tier_sm90a_supports(const gemm_args *g) {
+    bool format_ok = g->format == GEMM_FORMAT_BF16 || g->format == GEMM_FORMAT_FP8 ||
+                     g->format == GEMM_FORMAT_FP8_BLOCK;
+    bool grouping_ok = g->grouping == GEMM_DENSE ||
+                       (g->grouping == GEMM_GROUP_M && g->group.count >= 1);
+    // TMA coordinates are signed 32-bit; a contraction of length 0 has no stage to load.
+    if (!format_ok || !grouping_ok || g->k == 0 || g->m > INT32_MAX || g->n > INT32_MAX) {
+        return false;
+    }
+    if (!gemm_tier_operand_ok(g, &g->a) || !gemm_tier_operand_ok(g, &g->b)) return false;
+    uint64_t b_member_bytes = (uint64_t)g->b.ld * gemm_tier_elem_bytes(g) * g->n;
+    if (g->grouping == GEMM_GROUP_M && g->group.count > 1 &&
+        (!gemm_tier_aligned16(g->b.data_member_bytes) || g->b.data_member_bytes < b_member_bytes)) {
+        return false;
+    }
+    if (g->format == GEMM_FORMAT_FP8_BLOCK && !(g->b.flags & GEMM_OPERAND_SCALE_2D)) {
+        // Per-column scales of B travel by TMA with the stage: dense only, 16-byte rows.
+        return g->grouping == GEMM_DENSE && gemm_tier_aligned16(g->b.scale) &&
+               g->b.scale_ld % 4 == 0;
+    }
+    return true;
+}
+
+bool gemm_tier_takes(const backend *b, const prog_op *op) {
+    kernel_id sm90a = gemm_tier_sm90a_kernel(op->kernel);
+    if (sm90a == KERNEL_COUNT || b->kind != BACKEND_GPU ||
+        b->gemm_tier != BACKEND_GEMM_TIER_AUTO || b->info.cc_major != 9 || b->info.cc_minor != 0 ||
+        !modules_loaded(&b->modules, sm90a)) {
+        return false;
+    }
+    QT_ASSERT(op->args_bytes == sizeof(gemm_args));
+    gemm_args g;
+    memcpy(&g, op->args, sizeof g);
+    return gemm_tier_sm90a_supports(&g);
+}
+
+// One tensor map (cuTensorMapEncodeTiled), copied into the args' opaque slot.
+typedef struct gemm_tier_map {
+    CUtensorMapDataType type;
+    cuuint32_t rank;
+    uint64_t address;
+    cuuint64_t dims[3];
+    cuuint64_t strides[2];  // bytes, of dimensions 1 and 2
+    cuuint32_t box[3];
+    CUtensorMapSwizzle swizzle;
+} gemm_tier_map;
+
+static qt_status gemm_tier_encode(const gemm_tier_map *m, gemm_tensor_map *out) {
+    CUtensorMap map;
+    const cuuint32_t element_strides[3] = {1, 1, 1};
+    CUresult result = drv.cuTensorMapEncodeTiled(
+        &map, m->type, m->rank, (void *)(uintptr_t)m->address, m->dims, m->strides, m->box,
+        element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, m->swizzle,
+        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (result != CUDA_SUCCESS) {
+        char call[192];
+        snprintf(call, sizeof call, "cuTensorMapEncodeTiled(rank %u, dims %llu x %llu x %llu, "
+                 "strides %llu %llu, box %u x %u x %u)", m->rank,
+                 (unsigned long long)m->dims[0], (unsigned long long)m->dims[1],
+                 (unsigned long long)m->dims[2], (unsigned long long)m->strides[0],
+                 (unsigned long long)m->strides[1], m->box[0], m->box[1], m->box[2]);
+        return driver_fail(result, call, __FILE__, __LINE__);
+    }
+    QT_STATIC_ASSERT(sizeof(CUtensorMap) == sizeof(gemm_tensor_map), "CUtensorMap size");
+    memcpy(out, &map, sizeof *out);
+    return QT_OK;
+}
+
+// A: {k, m} K-major, box {stage k, 128}; B: {k, n, members}, box {stage k, N, 1}, members
+// data_member_bytes apart (dense: one member). Out-of-bounds elements read as zeros.
+static qt_status gemm_tier_operand_maps(const gemm_args *g, gemm_sm90a_args *args,
+                                        uint32_t tile_n) {
+    uint32_t es = gemm_tier_elem_bytes(g);
+    CUtensorMapDataType type = g->format == GEMM_FORMAT_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                             : CU_TENSOR_MAP_DATA_TYPE_UINT8;
+    uint32_t stage_k = gemm_tier_stage_k(g);
+    gemm_tier_map a = {type, 2, g->a.data, {g->k, g->m, 1}, {(uint64_t)g->a.ld * es, 0},
+                       {stage_k, GEMM_SM90A_TILE_M, 1}, CU_TENSOR_MAP_SWIZZLE_128B};
+    QT_TRY(gemm_tier_encode(&a, &args->a));
+    uint64_t b_row_bytes = (uint64_t)g->b.ld * es;
+    bool stacked = g->grouping == GEMM_GROUP_M && g->group.count > 1;
+    gemm_tier_map b = {type, 3, g->b.data, {g->k, g->n, stacked ? g->group.count : 1u},
+                       {b_row_bytes, stacked ? g->b.data_member_bytes : b_row_bytes * g->n},
+                       {stage_k, tile_n, 1}, CU_TENSOR_MAP_SWIZZLE_128B};
+    QT_TRY(gemm_tier_encode(&b, &args->b));
+    if (g->format == GEMM_FORMAT_FP8_BLOCK && !(g->b.flags & GEMM_OPERAND_SCALE_2D)) {
+        // Per-column scales [k block][n]: the tile's row of them with each stage.
+        gemm_tier_map s = {CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, g->b.scale,
+                           {g->n, args->k_stages, 1}, {(uint64_t)g->b.scale_ld * 4, 0},
+                           {tile_n, 1, 1}, CU_TENSOR_MAP_SWIZZLE_NONE};
+        QT_TRY(gemm_tier_encode(&s, &args->b_scale));
+    }
+    return QT_OK;
+}
+
+static uint32_t gemm_tier_ceil_div(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
+
+qt_status gemm_tier_launch(backend *b, const prog_op *op, CUstream stream) {
+    kernel_id kernel = gemm_tier_sm90a_kernel(op->kernel);
+    QT_ASSERT(kernel != KERNEL_COUNT && op->args_bytes == sizeof(gemm_args));
+    gemm_sm90a_args args;
+    memset(&args, 0, sizeof args);
+    memcpy(&args.gemm, op->args, sizeof args.gemm);
+    const gemm_args *g = &args.gemm;
+    QT_ASSERT(gemm_tier_sm90a_supports(g));
+    uint32_t tile_n = qt_gemm_sm90a_tile_n(g->format, g->flags);
+    uint32_t smem_bytes = GEMM_SM90A_SMEM_BYTES(tile_n);
+    args.col_tiles = gemm_tier_ceil_div(g->n, tile_n);
+    args.k_stages = gemm_tier_ceil_div(g->k, gemm_tier_stage_k(g));
+    // GEMM_GROUP_M counts its row tiles on the device from the member sizes there; the grid
+    // takes the bound of qt_gemm_member_tiles (padded rows sum to at most m, one partial tile
+    // per member).
+    uint32_t row_tiles_max = gemm_tier_ceil_div(g->m, GEMM_SM90A_TILE_M);
+    if (g->grouping == GEMM_GROUP_M) {
+        row_tiles_max += g->group.count;
+    } else {
+        args.row_tiles = row_tiles_max;
+    }
+    QT_TRY(gemm_tier_operand_maps(g, &args, tile_n));
+    uint64_t tiles = (uint64_t)row_tiles_max * args.col_tiles;
+    uint64_t ctas = (uint64_t)(b->info.sm_count > 0 ? b->info.sm_count : 1);
+    if (b->gemm_ctas_max != 0 && b->gemm_ctas_max < ctas) ctas = b->gemm_ctas_max;
+    if (tiles < ctas) ctas = tiles;
+    launch_shape shape = {{(uint32_t)ctas, 1, 1}, {GEMM_SM90A_THREADS, 1, 1}, smem_bytes};
+    return modules_launch(&b->modules, kernel, &shape, stream, &args, sizeof args);
+}
+
+const char *gemm_tier_describe(const backend *b) {
+    if (b->kind != BACKEND_GPU) return "reference (C twins)";
+    bool sm90 = b->info.cc_major == 9 && b->info.cc_minor == 0 &&
+                modules_loaded(&b->modules, KERNEL_GEMM_BF16_SM90A);
+    if (!sm90) return "portable (mma.sync): the sm_90a tier needs compute capability 9.0";
+    if (b->gemm_tier == BACKEND_GEMM_TIER_PORTABLE) return "portable (mma.sync), forced";
+    return "sm_90a (TMA + wgmma) for K-major bf16, fp8 and fp8 block GEMMs, dense and M-grouped; "
+           "portable (mma.sync) for the rest";
+}
