@@ -228,26 +228,6 @@ qt_status backend_profile(backend *b, const program *p, const backend_graph *g, 
 // ---------------------------------------------------------------------------------------------
 // Capture: the program's dependency graph.
 
-// Whether two declared uses touch common bytes with a write among them. A use covers its whole
-// region (the offset into it does not narrow it): coarser than needed, never unsafe. Regions of
-// one arena that share bytes at different lifetimes overlap here, which orders their users.
-static bool backend_uses_conflict(const prog_op_ref *x, const prog_op_ref *y) {
-    if (x->ref.arena != y->ref.arena) return false;
-    if (!((x->access | y->access) & PROG_WRITE)) return false;
-    const arena_region *rx = arena_region_get(x->ref.arena, x->ref.region);
-    const arena_region *ry = arena_region_get(y->ref.arena, y->ref.region);
-    return rx->offset < ry->offset + ry->bytes && ry->offset < rx->offset + rx->bytes;
-}
-
-static bool backend_ops_conflict(const prog_op *x, const prog_op *y) {
-    for (uint32_t i = 0; i < x->ref_count; i++) {
-        for (uint32_t j = 0; j < y->ref_count; j++) {
-            if (backend_uses_conflict(&x->refs[i], &y->refs[j])) return true;
-        }
-    }
-    return false;
-}
-
 // Per capture stream: the last op placed on it, and for each other stream the last op of that
 // stream it has already waited for (a wait covers everything before it on that stream).
 typedef struct capture_plan {
@@ -263,7 +243,7 @@ static void capture_needs(const program *p, const capture_plan *c, uint32_t j,
     for (uint32_t i = j; i-- > 0;) {
         int s = c->stream_of[i];
         if (need[s] >= 0) continue;  // a later op of that stream is needed already
-        if (backend_ops_conflict(&p->ops[i], &p->ops[j])) need[s] = (int32_t)i;
+        if (prog_ops_conflict(&p->ops[i], &p->ops[j])) need[s] = (int32_t)i;
     }
 }
 

@@ -90,8 +90,56 @@ void prog_resolve(program *p) {
     p->resolved = true;
 }
 
+static bool prog_uses_conflict(const prog_op_ref *x, const prog_op_ref *y) {
+    if (x->ref.arena != y->ref.arena) return false;
+    if (!((x->access | y->access) & PROG_WRITE)) return false;
+    QT_ASSERT(x->ref.arena->phase != ARENA_PHASE_PLAN);
+    const arena_region *rx = arena_region_get(x->ref.arena, x->ref.region);
+    const arena_region *ry = arena_region_get(y->ref.arena, y->ref.region);
+    return rx->offset < ry->offset + ry->bytes && ry->offset < rx->offset + rx->bytes;
+}
+
+bool prog_ops_conflict(const prog_op *x, const prog_op *y) {
+    for (uint32_t i = 0; i < x->ref_count; i++) {
+        for (uint32_t j = 0; j < y->ref_count; j++) {
+            if (prog_uses_conflict(&x->refs[i], &y->refs[j])) return true;
+        }
+    }
+    return false;
+}
+
+uint32_t prog_critical_path(const program *p) {
+    static uint32_t depth[PROG_OPS_MAX];  // chain length ending at each op
+    uint32_t longest = 0;
+    for (uint32_t j = 0; j < p->op_count; j++) {
+        depth[j] = 1;
+        for (uint32_t i = 0; i < j; i++) {
+            if (depth[i] + 1 > depth[j] && prog_ops_conflict(&p->ops[i], &p->ops[j])) {
+                depth[j] = depth[i] + 1;
+            }
+        }
+        if (depth[j] > longest) longest = depth[j];
+    }
+    return longest;
+}
+
+// Whether every arena the program uses is packed (offsets final).
+static bool prog_packed(const program *p) {
+    for (uint32_t i = 0; i < p->op_count; i++) {
+        for (uint32_t r = 0; r < p->ops[i].ref_count; r++) {
+            if (p->ops[i].refs[r].ref.arena->phase == ARENA_PHASE_PLAN) return false;
+        }
+    }
+    return true;
+}
+
 void prog_print(const program *p, FILE *out) {
-    fprintf(out, "program %s: %u ops\n", p->mode, p->op_count);
+    fprintf(out, "program %s: %u ops", p->mode, p->op_count);
+    if (p->op_count > 0 && prog_packed(p)) {
+        fprintf(out, ", %u on the longest chain of ops that must stay in order",
+                prog_critical_path(p));
+    }
+    fprintf(out, "\n");
     for (uint32_t i = 0; i < p->op_count; i++) {
         const prog_op *op = &p->ops[i];
         fprintf(out, "  %5d  %-28s %-24s grid %ux%ux%u block %u smem %u\n",

@@ -81,6 +81,17 @@ qt_status prog_use_optional(program *p, uint32_t op, uint32_t args_offset, prog_
 // Writes every region address into the ops' args; all arenas used must be FROZEN.
 void prog_resolve(program *p);
 int32_t prog_op_index(const program *p, uint32_t op);  // global index of ops[op]
+
+// Whether two ops must keep their program order when they may run concurrently (a captured
+// graph's branches): some region one declares shares bytes with some region the other declares
+// (same arena, packed offsets; a use covers its whole region, which is coarser than needed and
+// never unsafe) and either access writes. Regions that share bytes at different lifetimes
+// overlap here, which orders their users too. The arenas must be packed.
+bool prog_ops_conflict(const prog_op *x, const prog_op *y);
+// Ops on the longest chain of conflicting ops: the least number of kernels one after another
+// that a graph of the program can have (the op count when nothing can overlap).
+uint32_t prog_critical_path(const program *p);
+// The op table; after the arenas are packed, with the program's critical path.
 void prog_print(const program *p, FILE *out);
 
 #endif  // QT_PROGRAM_H

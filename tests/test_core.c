@@ -159,6 +159,58 @@ static void test_program_capacity(void) {
     test_end();
 }
 
+// The ordering rule of a captured graph (prog_ops_conflict): reads of one region commute, a write
+// orders its region's users, and regions packed into the same bytes order each other's users.
+static void test_program_dependencies(void) {
+    test_begin("program_dependencies");
+    static program p;
+    arena a;
+    arena_init(&a, ARENA_KIND_DEVICE, "device");
+    prog_init(&p, "deps", 0);
+    arena_handle ra, rb, rc, rd;
+    CHECK(arena_reserve(&a, "a", 1024, 256, ARENA_CAT_ACTIVATIONS, 0, -1, &ra) == QT_OK, "a");
+    CHECK(arena_reserve(&a, "b", 1024, 256, ARENA_CAT_ACTIVATIONS, 0, -1, &rb) == QT_OK, "b");
+    CHECK(arena_reserve(&a, "c", 512, 256, ARENA_CAT_WEIGHTS, ARENA_LIFETIME_PERSISTENT, 0,
+                        &rc) == QT_OK, "c");
+    CHECK(arena_reserve(&a, "d", 512, 256, ARENA_CAT_WORKSPACE, 0, -1, &rd) == QT_OK, "d");
+    // op: {reads, writes} as region masks: 1 = a, 2 = b, 4 = c, 8 = d.
+    static const uint32_t uses[6][2] = {{0, 1}, {1, 4}, {4, 8}, {4, 0}, {0, 2}, {2, 0}};
+    const arena_handle handles[4] = {ra, rb, rc, rd};
+    copy_args args = {0, 0, 0};
+    launch_shape shape = op_shape_1d(1, 32);
+    for (uint32_t i = 0; i < 6; i++) {
+        uint32_t op = 0;
+        CHECK(prog_append(&p, KERNEL_COPY, "op", &shape, &args, sizeof args, &op) == QT_OK, "op");
+        for (uint32_t r = 0; r < 4; r++) {
+            prog_ref ref = {&a, handles[r], 0};
+            if (uses[i][0] & (1u << r)) {
+                CHECK(prog_use(&p, op, PROG_ARGS_FIELD_NONE, ref, PROG_READ) == QT_OK, "use");
+            }
+            if (uses[i][1] & (1u << r)) {
+                CHECK(prog_use(&p, op, PROG_ARGS_FIELD_NONE, ref, PROG_WRITE) == QT_OK, "use");
+            }
+        }
+    }
+    arena_pack(&a);
+    // a lives over ops 0-1, b over 4-5, d at op 2: the packer puts all three at offset 0, c
+    // (persistent) after them.
+    uint64_t oa = arena_region_get(&a, ra)->offset, ob = arena_region_get(&a, rb)->offset;
+    uint64_t oc = arena_region_get(&a, rc)->offset, od = arena_region_get(&a, rd)->offset;
+    CHECK(oa == 0 && ob == 0 && od == 0 && oc == 1024, "offsets a %llu b %llu c %llu d %llu",
+          (unsigned long long)oa, (unsigned long long)ob, (unsigned long long)oc,
+          (unsigned long long)od);
+    const prog_op *o = p.ops;
+    CHECK(prog_ops_conflict(&o[0], &o[1]), "write a, then read a");
+    CHECK(prog_ops_conflict(&o[1], &o[2]), "write c, then read c");
+    CHECK(!prog_ops_conflict(&o[2], &o[3]), "two reads of c (and d, elsewhere) commute");
+    CHECK(prog_ops_conflict(&o[1], &o[4]), "b is packed over a: writing b waits for a's reader");
+    CHECK(prog_ops_conflict(&o[2], &o[5]), "d shares bytes with b");
+    CHECK(!prog_ops_conflict(&o[3], &o[4]), "c and b are apart");
+    // Chain 0 -> 1 -> 2 -> 4 -> 5; op 3 runs beside it.
+    CHECK(prog_critical_path(&p) == 5, "critical path %u", prog_critical_path(&p));
+    test_end();
+}
+
 static void compare_results(const core_result *a, const core_result *b, uint64_t count,
                             const char *what) {
     uint64_t mismatches = 0;
@@ -265,6 +317,7 @@ int main(void) {
     test_philox_known_answers();
     test_fill_windows_compose();
     test_program_capacity();
+    test_program_dependencies();
     test_ref_fill_statistics();
     test_gpu_matches_ref();
     test_gpu_write_then_launch();
