@@ -536,6 +536,10 @@ void data_shuffle(uint32_t *order, uint64_t samples, uint64_t seed, uint64_t epo
     }
 }
 
+static uint64_t input_bytes(data_input_type type) {
+    return type == DATA_INPUT_U8 ? 1 : sizeof(float);
+}
+
 static data_slot_layout slot_plan(const data_info *info, uint32_t batch, uint32_t stride,
                                   data_input_type input_type) {
     QT_ASSERT(batch > 0);
@@ -550,8 +554,8 @@ static data_slot_layout slot_plan(const data_info *info, uint32_t batch, uint32_
     l.target_type = info->target_type;
     l.input_type = input_type;
     l.inputs_offset = align_up(sizeof(data_slot_header), DATA_ALIGN);
-    uint64_t elem = input_type == DATA_INPUT_U8 ? 1 : sizeof(float);
-    l.targets_offset = align_up(l.inputs_offset + (uint64_t)batch * stride * elem, DATA_ALIGN);
+    l.targets_offset = align_up(l.inputs_offset + (uint64_t)batch * stride *
+                                input_bytes(input_type), DATA_ALIGN);
     uint64_t target_bytes = info->target_type == DATA_TARGET_LABEL
                                 ? sizeof(int32_t) : (uint64_t)info->outputs * sizeof(float);
     l.bytes = align_up(l.targets_offset + batch * target_bytes, DATA_ALIGN);
@@ -567,7 +571,7 @@ data_slot_layout data_batch_plan(const data_info *info, uint32_t batch, uint32_t
 }
 
 static uint64_t slot_input_bytes(const data_slot_layout *l) {
-    return l->input_type == DATA_INPUT_U8 ? 1 : sizeof(float);
+    return input_bytes(l->input_type);
 }
 
 void data_stage_init(data_stage *st, const data_slot_layout *layout, void *slot0, void *slot1) {

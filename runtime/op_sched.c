@@ -40,10 +40,14 @@ qt_status op_sched_stage_u8(program *p, const char *name, const op_sched_stage_d
     args.dst_targets_offset = d->dst_targets_offset;
     args.targets_bytes = targets_bytes;
     args.src_slots = d->src.slots;
-    uint64_t chunks = d->pixels / QT_SCHED_STAGE_CHUNK + d->pixels % QT_SCHED_STAGE_CHUNK;
-    uint64_t words = d->inputs_offset / 16 > targets_bytes / 16 ? d->inputs_offset / 16
-                                                                : targets_bytes / 16;
-    launch_shape shape = op_shape_1d(chunks > words ? chunks : words, QT_SCHED_THREADS);
+    // Every loop of the kernel strides over the grid, so any grid is correct; one thread per
+    // unit of the longest loop (16-pixel chunks, the pixel tail, header or target words) is
+    // enough to take each loop in one round.
+    uint64_t threads = d->pixels / QT_SCHED_STAGE_CHUNK;
+    uint64_t others[3] = {d->pixels % QT_SCHED_STAGE_CHUNK, d->inputs_offset / 16,
+                          targets_bytes / 16};
+    for (int i = 0; i < 3; i++) threads = others[i] > threads ? others[i] : threads;
+    launch_shape shape = op_shape_1d(threads, QT_SCHED_THREADS);
     uint32_t op;
     QT_TRY(prog_append(p, KERNEL_SCHED_STAGE_U8, name, &shape, &args, sizeof args, &op));
     QT_TRY(prog_use_span(p, op, offsetof(sched_stage_u8_args, counter), d->counter, 8,

@@ -335,14 +335,31 @@ static void t_use(t_run *run, uint32_t op, size_t field, uint32_t slot, prog_acc
     RIG_OK(prog_use(&run->r.prog, op, (uint32_t)field, t_ref(run, slot), access));
 }
 
-static void t_xent_split(t_run *run, const t_case *c) {
-    program *p = &run->r.prog;
+// The args of a case's loss ops (addresses left to prog_use), shared by both forms.
+static xent_args t_xent_args(const t_case *c) {
     xent_args args = {0};
     args.rows = c->rows;
     args.classes = c->cols;
     args.blocks = t_row_blocks(c->rows);
     args.logits_dtype = c->in_dtype;
     args.dlogits_dtype = c->out_dtype;
+    return args;
+}
+
+static mse_args t_mse_args(const t_case *c) {
+    mse_args args = {0};
+    args.rows = c->rows;
+    args.cols = c->cols;
+    args.blocks = t_row_blocks(c->rows);
+    args.pred_dtype = c->in_dtype;
+    args.target_dtype = c->out_dtype;
+    args.dpred_dtype = c->out_dtype;
+    return args;
+}
+
+static void t_xent_split(t_run *run, const t_case *c) {
+    program *p = &run->r.prog;
+    xent_args args = t_xent_args(c);
     launch_shape rows = t_row_shape(args.blocks);
     uint32_t op;
     RIG_OK(prog_append(p, KERNEL_XENT_COUNT, "count", &t_one_block, &args, sizeof args, &op));
@@ -361,12 +378,7 @@ static void t_xent_split(t_run *run, const t_case *c) {
 }
 
 static void t_xent_one_block(t_run *run, const t_case *c) {
-    xent_args args = {0};
-    args.rows = c->rows;
-    args.classes = c->cols;
-    args.blocks = t_row_blocks(c->rows);
-    args.logits_dtype = c->in_dtype;
-    args.dlogits_dtype = c->out_dtype;
+    xent_args args = t_xent_args(c);
     uint32_t op;
     RIG_OK(prog_append(&run->r.prog, KERNEL_XENT_SMALL, "xent", &t_one_block, &args,
                        sizeof args, &op));
@@ -378,13 +390,7 @@ static void t_xent_one_block(t_run *run, const t_case *c) {
 }
 
 static void t_mse_one_block(t_run *run, const t_case *c) {
-    mse_args args = {0};
-    args.rows = c->rows;
-    args.cols = c->cols;
-    args.blocks = t_row_blocks(c->rows);
-    args.pred_dtype = c->in_dtype;
-    args.target_dtype = c->out_dtype;
-    args.dpred_dtype = c->out_dtype;
+    mse_args args = t_mse_args(c);
     uint32_t op;
     RIG_OK(prog_append(&run->r.prog, KERNEL_MSE_SMALL, "mse", &t_one_block, &args, sizeof args,
                        &op));
@@ -397,13 +403,7 @@ static void t_mse_one_block(t_run *run, const t_case *c) {
 
 static void t_mse_split(t_run *run, const t_case *c) {
     program *p = &run->r.prog;
-    mse_args args = {0};
-    args.rows = c->rows;
-    args.cols = c->cols;
-    args.blocks = t_row_blocks(c->rows);
-    args.pred_dtype = c->in_dtype;
-    args.target_dtype = c->out_dtype;
-    args.dpred_dtype = c->out_dtype;
+    mse_args args = t_mse_args(c);
     launch_shape rows = t_row_shape(args.blocks);
     uint32_t op;
     RIG_OK(prog_append(p, KERNEL_MSE_ROWS, "rows", &rows, &args, sizeof args, &op));
