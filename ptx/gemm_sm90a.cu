@@ -28,6 +28,7 @@
 // accumulator with qt_gemm_split_add / qt_gemm_promote (tiles of 192 columns: 96 registers of
 // partial and 96 of accumulator per consumer thread).
 #include "gemm_sm90a.h"
+#include "gemm_decode.h"  // the emulated formats' decode, shared with the portable tier
 
 #define GEMM_SM90A_PRODUCER_REGS 40
 #define GEMM_SM90A_CONSUMER_REGS 232
@@ -236,37 +237,68 @@ GEMM_WGMMA(gemm_wgmma_e5m2_n192, 192, "wgmma.mma_async.sync.aligned.m64n192k32.f
 // ---------------------------------------------------------------------------------------------
 // Shared memory, pipeline position, schedule.
 
+// A kernel's shared-memory shape: tiles of kN columns; kStages stages of kStageBytes, each the A
+// tile (kABytes) and then the B tile as TMA writes them; kSlotBytes of B scales per stage;
+// kDecodedBytes of decoded stages (emulated formats); kSmemBytes, what the launch gives.
 template <uint32_t kTileN>
-struct gemm_smem {
+struct gemm_shape_native {
+    static constexpr uint32_t kN = kTileN;
     static constexpr uint32_t kStages = GEMM_SM90A_STAGES(kTileN);
     static constexpr uint32_t kStageBytes = GEMM_SM90A_STAGE_BYTES(kTileN);
+    static constexpr uint32_t kABytes = GEMM_SM90A_TILE_M * GEMM_SM90A_K_BYTES;
     static constexpr uint32_t kSlotBytes = GEMM_SM90A_SCALE_SLOT_BYTES(kTileN);
-    static_assert(kStageBytes % 1024 == 0 && kSlotBytes % 128 == 0, "aligned stages and slots");
+    static constexpr uint32_t kDecodedBytes = 0;
+    static constexpr uint32_t kSmemBytes = GEMM_SM90A_SMEM_BYTES(kTileN);
+};
+
+template <uint32_t kFormat>
+struct gemm_shape_emulated {
+    static constexpr uint32_t kN = GEMM_SM90A_EMU_TILE_N;
+    static constexpr uint32_t kRowBytes = GEMM_SM90A_EMU_ROW_BYTES(kFormat);
+    static constexpr uint32_t kStages = GEMM_SM90A_EMU_STAGES(kFormat);
+    static constexpr uint32_t kStageBytes = GEMM_SM90A_EMU_STAGE_BYTES(kFormat);
+    static constexpr uint32_t kABytes = GEMM_SM90A_TILE_M * kRowBytes;
+    static constexpr uint32_t kSlotBytes = 0;
+    static constexpr uint32_t kDecodedBytes = GEMM_SM90A_EMU_DECODED_BYTES;
+    static constexpr uint32_t kSmemBytes = GEMM_SM90A_EMU_SMEM_BYTES(kFormat);
+};
+
+// Stages, then the decoded tiles, the scale slots and the barriers (a full and an empty one per
+// stage).
+template <class Shape>
+struct gemm_smem {
+    static constexpr uint32_t kStages = Shape::kStages;
+    static constexpr uint32_t kStageBytes = Shape::kStageBytes;
+    static constexpr uint32_t kSlotBytes = Shape::kSlotBytes;
+    static constexpr uint32_t kDecodedBytes = Shape::kDecodedBytes;
+    static_assert(kStageBytes % 1024 == 0 && Shape::kABytes % 1024 == 0 &&
+                      kSlotBytes % 128 == 0 && kDecodedBytes % 2048 == 0,
+                  "aligned stages, tiles and slots");
+    static_assert(Shape::kSmemBytes >=
+                      1024u + kStages * (kStageBytes + kSlotBytes + 16u) + kDecodedBytes,
+                  "the launch's shared memory holds the layout");
     uint32_t base;   // shared address of stage 0, 1024-byte aligned
     uint8_t *bytes;  // the same place, generic (for the consumers' reads of the scale slots)
     __device__ __forceinline__ uint32_t a(uint32_t s) const { return base + s * kStageBytes; }
-    __device__ __forceinline__ uint32_t b(uint32_t s) const {
-        return a(s) + GEMM_SM90A_TILE_M * GEMM_SM90A_K_BYTES;
+    __device__ __forceinline__ uint32_t b(uint32_t s) const { return a(s) + Shape::kABytes; }
+    // Decoded stage i (0, 1): the A tile, then the B tile.
+    __device__ __forceinline__ uint32_t decoded(uint32_t i) const {
+        return base + kStages * kStageBytes + i * (kDecodedBytes / 2);
     }
     __device__ __forceinline__ uint32_t slot_offset(uint32_t s) const {
-        return kStages * kStageBytes + s * kSlotBytes;
+        return kStages * kStageBytes + kDecodedBytes + s * kSlotBytes;
     }
     __device__ __forceinline__ uint32_t full(uint32_t s) const {
-        return base + kStages * (kStageBytes + kSlotBytes) + 8 * s;
+        return base + kStages * (kStageBytes + kSlotBytes) + kDecodedBytes + 8 * s;
     }
     __device__ __forceinline__ uint32_t empty(uint32_t s) const { return full(kStages + s); }
 };
 
-template <uint32_t kTileN>
-__device__ __forceinline__ gemm_smem<kTileN> gemm_smem_carve() {
-    static_assert(GEMM_SM90A_SMEM_BYTES(kTileN) >=
-                      1024u + gemm_smem<kTileN>::kStages *
-                                  (gemm_smem<kTileN>::kStageBytes + gemm_smem<kTileN>::kSlotBytes +
-                                   16u),
-                  "the launch's shared memory holds the layout");
+template <class Shape>
+__device__ __forceinline__ gemm_smem<Shape> gemm_smem_carve() {
     uint32_t raw = gemm_smem_address(gemm_sm90a_smem);
     uint32_t aligned = (raw + 1023u) & ~1023u;
-    gemm_smem<kTileN> sm = {aligned, gemm_sm90a_smem + (aligned - raw)};
+    gemm_smem<Shape> sm = {aligned, gemm_sm90a_smem + (aligned - raw)};
     return sm;
 }
 
@@ -275,7 +307,9 @@ __device__ __forceinline__ gemm_smem<kTileN> gemm_smem_carve() {
 template <uint32_t kStages>
 struct gemm_pipe {
     uint32_t stage, phase;
+    uint32_t decoded;  // emulated formats: the decoded B tile of this stage (stages taken, mod 2)
     __device__ __forceinline__ void advance() {
+        decoded ^= 1u;
         if (++stage == kStages) {
             stage = 0;
             phase ^= 1u;
@@ -363,8 +397,8 @@ __device__ __forceinline__ gemm_tile_pos gemm_sched_tile(const gemm_args &g, gem
 
 // A consumer warp's release of a stage: its lanes are done with it (the wgmma that read it have
 // completed, the scale slot has been read), one arrival per warp.
-template <uint32_t kTileN>
-__device__ __forceinline__ void gemm_release(const gemm_smem<kTileN> &sm, uint32_t stage) {
+template <class Shape>
+__device__ __forceinline__ void gemm_release(const gemm_smem<Shape> &sm, uint32_t stage) {
     __syncwarp();
     if ((threadIdx.x & 31) == 0) gemm_mbar_arrive(sm.empty(stage));
 }
@@ -373,17 +407,17 @@ __device__ __forceinline__ void gemm_release(const gemm_smem<kTileN> &sm, uint32
 // Producer: one thread. kStageK: k values per stage (64 bf16, 128 fp8); kScaleSlots: FP8 block
 // scales of B per column, loaded with the stage (each CTA its own; they are small).
 
-template <uint32_t kTileN, uint32_t kStageK, bool kScaleSlots>
+template <class Shape, uint32_t kStageK, bool kScaleSlots>
 __device__ __forceinline__ void gemm_produce(const gemm_sm90a_args &args,
-                                             const gemm_smem<kTileN> &sm, gemm_sched s) {
-    using smem = gemm_smem<kTileN>;
+                                             const gemm_smem<Shape> &sm, gemm_sched s) {
+    using smem = gemm_smem<Shape>;
     constexpr uint32_t kBytes = smem::kStageBytes + (kScaleSlots ? smem::kSlotBytes : 0u);
     gemm_tma_prefetch(&args.a);
     gemm_tma_prefetch(&args.b);
     if (kScaleSlots) gemm_tma_prefetch(&args.b_scale);
     gemm_pipe<smem::kStages> pipe = {0, 0};
     for (uint32_t t = blockIdx.x; t < s.total; t += gridDim.x) {
-        gemm_tile_pos p = gemm_sched_tile<kTileN>(args.gemm, s, t);
+        gemm_tile_pos p = gemm_sched_tile<Shape::kN>(args.gemm, s, t);
         for (uint32_t kb = 0; kb < args.k_stages; kb++) {
             gemm_mbar_wait(sm.empty(pipe.stage), pipe.phase ^ 1u);
             uint32_t full = sm.full(pipe.stage);
@@ -413,9 +447,10 @@ template <class Mma>
 struct gemm_mainloop_fast {
     static constexpr uint32_t kTileN = Mma::kN;
     static constexpr uint32_t kAcc = kTileN / 2;
+    using Shape = gemm_shape_native<kTileN>;
     template <class Pipe>
     static __device__ __forceinline__ void run(const gemm_sm90a_args &args,
-                                               const gemm_smem<kTileN> &sm,
+                                               const gemm_smem<Shape> &sm,
                                                const gemm_tile_pos &, uint32_t wg, Pipe &pipe,
                                                float (&acc)[kAcc]) {
 #pragma unroll
@@ -502,9 +537,10 @@ template <class Mma, bool kBlock, bool kScaleB2D>
 struct gemm_mainloop_split {
     static constexpr uint32_t kTileN = Mma::kN;
     static constexpr uint32_t kAcc = kTileN / 2;
+    using Shape = gemm_shape_native<kTileN>;
     template <class Pipe>
     static __device__ __forceinline__ void run(const gemm_sm90a_args &args,
-                                               const gemm_smem<kTileN> &sm,
+                                               const gemm_smem<Shape> &sm,
                                                const gemm_tile_pos &p, uint32_t wg, Pipe &pipe,
                                                float (&acc)[kAcc]) {
         static_assert(kTileN % 64 == 0, "tiles start at 0 or 64 within a 128-column block");
@@ -578,6 +614,235 @@ struct gemm_mainloop_split {
             }
             acc[i] = qt_gemm_promote(acc[i], part[i], sa, sb);
         }
+    }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Emulated formats (MXFP8, NVFP4; both operands K-major). Each stage's codes arrive by TMA as
+// they are stored; the consumers decode them with ptx/gemm_decode.h (the portable tier's decode,
+// bit for bit) into a BF16 stage, A tile and B tile in the 128-byte swizzle, and multiply it as
+// the BF16 kernel multiplies its stages. Thread t of consumer warpgroup w decodes B row
+// 128 w + t (64 k) and A row t, k 32 w ... 32 w + 31. Two decoded stages alternate.
+//
+// Stage order, per consumer warpgroup: wait for the codes, decode (while the previous stage's
+// wgmma run), release the codes, wait for the previous stage's wgmma, then one named barrier of
+// both consumer warpgroups: after it the decoded stage is whole, and no wgmma still reads the
+// other one, which the next stage decodes into.
+
+#define GEMM_SM90A_CONSUMER_BARRIER 1  // named barrier of the 256 consumer threads
+
+__device__ __forceinline__ uint4 gemm_lds128(uint32_t address) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(address)
+                 : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void gemm_sts128(uint32_t address, uint32_t x, uint32_t y, uint32_t z,
+                                            uint32_t w) {
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(address), "r"(x), "r"(y),
+                 "r"(z), "r"(w)
+                 : "memory");
+}
+
+__device__ __forceinline__ void gemm_consumer_barrier() {
+    asm volatile("bar.sync %0, 256;\n" ::"n"(GEMM_SM90A_CONSUMER_BARRIER) : "memory");
+}
+
+// Generic-proxy writes to shared memory (the decoded stage) made visible to wgmma (async proxy).
+__device__ __forceinline__ void gemm_fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// Byte offset of 16-byte chunk c of row r in a tile of kRowBytes rows that TMA wrote in the
+// swizzle of the same span (32, 64 or 128 bytes): the chunk index XOR the address bits 7 and up.
+template <uint32_t kRowBytes>
+__device__ __forceinline__ uint32_t gemm_swizzled(uint32_t r, uint32_t c) {
+    return r * kRowBytes + 16u * (c ^ ((r * kRowBytes / 128u) % (kRowBytes / 16u)));
+}
+
+// Where one operand row's block scales come from (K-major [r][kb]); rows past the operand and
+// blocks past the contraction take the scale of 1 (their codes are TMA's zeros).
+struct gemm_emu_scale_row {
+    const uint8_t *row;
+    uint32_t blocks;  // valid blocks: ceil(k / block), 0 for a row past the operand
+};
+
+template <uint32_t kFormat>
+__device__ __forceinline__ gemm_emu_scale_row gemm_emu_scale_row_of(const gemm_args &g,
+                                                                   const gemm_operand &op,
+                                                                   uint32_t member, uint32_t r,
+                                                                   uint32_t rows) {
+    constexpr uint32_t kBlock = kFormat == GEMM_FORMAT_NVFP4 ? GEMM_BLOCK_NVFP4 : GEMM_BLOCK_MXFP8;
+    gemm_emu_scale_row s;
+    s.row = reinterpret_cast<const uint8_t *>(op.scale + member * op.scale_member_bytes) +
+            (uint64_t)r * op.scale_ld;
+    s.blocks = r < rows ? (g.k + kBlock - 1) / kBlock : 0u;
+    return s;
+}
+
+template <uint32_t kFormat>
+__device__ __forceinline__ uint32_t gemm_emu_scale(const gemm_emu_scale_row &s, uint32_t block) {
+    constexpr uint32_t kOne = kFormat == GEMM_FORMAT_NVFP4 ? 0x38u : 127u;  // e4m3, e8m0 1.0
+    return block < s.blocks ? (uint32_t)__ldg(s.row + block) : kOne;
+}
+
+// 16 elements of one block, decoded: MXFP8 codes (a uint4), NVFP4 nibbles (two words). Written
+// as BF16 chunks c and c + 1 of row r of a decoded tile.
+__device__ __forceinline__ void gemm_emu_store(uint32_t tile, uint32_t r, uint32_t c,
+                                               const uint32_t (&w)[8]) {
+    gemm_sts128(tile + gemm_swizzled<GEMM_SM90A_K_BYTES>(r, c), w[0], w[1], w[2], w[3]);
+    gemm_sts128(tile + gemm_swizzled<GEMM_SM90A_K_BYTES>(r, c + 1), w[4], w[5], w[6], w[7]);
+}
+
+// kExact: the scale is at least GEMM_MXFP8_EXACT_SCALE_MIN (255 too: every product is NaN).
+template <bool kExact>
+__device__ __forceinline__ void gemm_emu_piece_mxfp8(const uint4 &codes, uint32_t e8m0,
+                                                     uint32_t tile, uint32_t r, uint32_t c) {
+    uint32_t w[8];
+    gemm_decode_mxfp8_row<16, false, kExact>(codes, qt_e8m0_to_f32((uint8_t)e8m0), w);
+    gemm_emu_store(tile, r, c, w);
+}
+
+__device__ __forceinline__ void gemm_emu_piece_nvfp4(uint32_t x, uint32_t y, uint32_t e4m3,
+                                                     uint32_t tile, uint32_t r, uint32_t c) {
+    uint32_t scale2 = gemm_nvfp4_scale_pair((uint8_t)e4m3);
+    uint32_t lo[4], hi[4];
+    gemm_decode_nvfp4x8(x, scale2, lo);
+    gemm_decode_nvfp4x8(y, scale2, hi);
+    uint32_t w[8] = {lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]};
+    gemm_emu_store(tile, r, c, w);
+}
+
+// MXFP8 operands are E4M3 here (gemm_tier.c sends E5M2 ones, only ever dgrad and wgrad
+// gradients, whose other operand is outer-major, to the portable tier).
+template <uint32_t kFormat>
+struct gemm_mainloop_emulated {
+    static constexpr uint32_t kTileN = GEMM_SM90A_EMU_TILE_N;
+    static constexpr uint32_t kAcc = kTileN / 2;
+    static constexpr bool kNvfp4 = kFormat == GEMM_FORMAT_NVFP4;
+    using Shape = gemm_shape_emulated<kFormat>;
+    static constexpr uint32_t kRowBytes = Shape::kRowBytes;
+    // Scale blocks per stage (64 k) and per 16-element piece.
+    static constexpr uint32_t kBlocks = kNvfp4 ? 4u : 2u;
+    static constexpr uint32_t kPiecesPerBlock = kNvfp4 ? 1u : 2u;
+    static constexpr uint32_t kDecodedA = GEMM_SM90A_TILE_M * GEMM_SM90A_K_BYTES;
+    static_assert(GEMM_SM90A_EMU_K == 64 && kTileN == 256 && GEMM_SM90A_TILE_M == 128,
+                  "a thread decodes one B row and half an A row per stage");
+    static_assert(2u * (kDecodedA + kTileN * GEMM_SM90A_K_BYTES) == Shape::kDecodedBytes,
+                  "two decoded stages");
+
+    // The block scales of one stage for this thread: A's row's blocks of its half (pieces
+    // 2 w, 2 w + 1), B's row's blocks.
+    struct scales {
+        uint32_t a[2];
+        uint32_t b[kBlocks];
+    };
+
+    static __device__ __forceinline__ scales load_scales(const gemm_emu_scale_row &a,
+                                                         const gemm_emu_scale_row &b,
+                                                         uint32_t kb, uint32_t wg) {
+        scales s;
+#pragma unroll
+        for (uint32_t p = 0; p < 2; p++) {
+            s.a[p] = gemm_emu_scale<kFormat>(a, kb * kBlocks + (2u * wg + p) / kPiecesPerBlock);
+        }
+#pragma unroll
+        for (uint32_t i = 0; i < kBlocks; i++) {
+            s.b[i] = gemm_emu_scale<kFormat>(b, kb * kBlocks + i);
+        }
+        return s;
+    }
+
+    // Piece p (k 16 p ... 16 p + 15) of row r of a raw tile, decoded into chunks 2 p, 2 p + 1
+    // of row r of the decoded tile `out`.
+    template <bool kExact>
+    static __device__ __forceinline__ void decode_piece(uint32_t raw, uint32_t r, uint32_t p,
+                                                        uint32_t scale, uint32_t out) {
+        if constexpr (kNvfp4) {
+            uint4 v = gemm_lds128(raw + gemm_swizzled<kRowBytes>(r, p / 2u));
+            uint32_t x = (p & 1u) ? v.z : v.x, y = (p & 1u) ? v.w : v.y;
+            gemm_emu_piece_nvfp4(x, y, scale, out, r, 2u * p);
+        } else {
+            gemm_emu_piece_mxfp8<kExact>(gemm_lds128(raw + gemm_swizzled<kRowBytes>(r, p)), scale,
+                                         out, r, 2u * p);
+        }
+    }
+
+    // This thread's pieces of a stage: B row b_row, A row `a_row`'s half wg. One choice of the
+    // MXFP8 decode path for all of them keeps the pieces one straight run of code, which the
+    // compiler interleaves.
+    template <bool kExact>
+    static __device__ __forceinline__ void decode_stage(uint32_t raw_a, uint32_t raw_b,
+                                                        uint32_t a_row, uint32_t b_row,
+                                                        uint32_t wg, const scales &s,
+                                                        uint32_t dec_a, uint32_t dec_b) {
+#pragma unroll
+        for (uint32_t piece = 0; piece < 4; piece++) {
+            decode_piece<kExact>(raw_b, b_row, piece, s.b[piece / kPiecesPerBlock], dec_b);
+        }
+#pragma unroll
+        for (uint32_t i = 0; i < 2; i++) {
+            decode_piece<kExact>(raw_a, a_row, 2u * wg + i, s.a[i], dec_a);
+        }
+    }
+
+    // Whether every MXFP8 scale of the stage takes the exact path (NVFP4 has one path).
+    static __device__ __forceinline__ bool exact(const scales &s) {
+        uint32_t low = 0;
+#pragma unroll
+        for (uint32_t i = 0; i < 2; i++) low |= s.a[i] < GEMM_MXFP8_EXACT_SCALE_MIN;
+#pragma unroll
+        for (uint32_t i = 0; i < kBlocks; i++) low |= s.b[i] < GEMM_MXFP8_EXACT_SCALE_MIN;
+        return kNvfp4 || low == 0;
+    }
+
+    template <class Pipe>
+    static __device__ __forceinline__ void run(const gemm_sm90a_args &args,
+                                               const gemm_smem<Shape> &sm,
+                                               const gemm_tile_pos &p, uint32_t wg, Pipe &pipe,
+                                               float (&acc)[kAcc]) {
+        const gemm_args &g = args.gemm;
+        uint32_t tid = threadIdx.x & 127u;
+        uint32_t b_row = wg * 128u + tid;
+        gemm_emu_scale_row a_scales =
+            gemm_emu_scale_row_of<kFormat>(g, g.a, p.member, p.m0 + tid, g.m);
+        gemm_emu_scale_row b_scales =
+            gemm_emu_scale_row_of<kFormat>(g, g.b, p.member, p.n0 + b_row, g.n);
+#pragma unroll
+        for (uint32_t i = 0; i < kAcc; i++) acc[i] = 0.0f;
+        scales s = load_scales(a_scales, b_scales, 0, wg);
+        for (uint32_t kb = 0; kb < args.k_stages; kb++) {
+            uint32_t dec_a = sm.decoded(pipe.decoded);
+            uint32_t dec_b = dec_a + kDecodedA;
+            gemm_mbar_wait(sm.full(pipe.stage), pipe.phase);
+            uint32_t raw_a = sm.a(pipe.stage), raw_b = sm.b(pipe.stage);
+            if (exact(s)) {
+                decode_stage<true>(raw_a, raw_b, tid, b_row, wg, s, dec_a, dec_b);
+            } else {
+                decode_stage<false>(raw_a, raw_b, tid, b_row, wg, s, dec_a, dec_b);
+            }
+            gemm_release(sm, pipe.stage);
+            if (kb + 1 < args.k_stages) s = load_scales(a_scales, b_scales, kb + 1, wg);
+            gemm_fence_proxy_async();
+            gemm_wgmma_wait<0>();
+            gemm_fence_registers(acc);
+            gemm_consumer_barrier();
+            uint32_t a = dec_a + wg * 64u * GEMM_SM90A_K_BYTES;
+            gemm_wgmma_fence();
+#pragma unroll
+            for (uint32_t ks = 0; ks < GEMM_SM90A_K_BYTES / 32u; ks++) {
+                gemm_wgmma_bf16_n256::run(acc, gemm_smem_desc(a + 32u * ks),
+                                          gemm_smem_desc(dec_b + 32u * ks), 1u);
+            }
+            gemm_wgmma_commit();
+            gemm_fence_registers(acc);
+            pipe.advance();
+        }
+        gemm_wgmma_wait<0>();
+        gemm_fence_registers(acc);
     }
 };
 
@@ -658,9 +923,9 @@ __device__ __forceinline__ void gemm_epilogue(const gemm_args &g, const gemm_til
 
 template <uint32_t kStageK, bool kScaleSlots, class Mainloop>
 __device__ __forceinline__ void gemm_sm90a_run(const gemm_sm90a_args &args) {
-    constexpr uint32_t kTileN = Mainloop::kTileN;
-    using smem = gemm_smem<kTileN>;
-    smem sm = gemm_smem_carve<kTileN>();
+    using Shape = typename Mainloop::Shape;
+    using smem = gemm_smem<Shape>;
+    smem sm = gemm_smem_carve<Shape>();
     if (threadIdx.x == 0) {
         for (uint32_t s = 0; s < smem::kStages; s++) {
             gemm_mbar_init(sm.full(s), 1);  // the producer's expect-bytes arrival
@@ -676,7 +941,7 @@ __device__ __forceinline__ void gemm_sm90a_run(const gemm_sm90a_args &args) {
     uint32_t warpgroup = threadIdx.x / 128;
     if (warpgroup == 0) {
         gemm_regs_producer();
-        if (threadIdx.x == 0) gemm_produce<kTileN, kStageK, kScaleSlots>(args, sm, sched);
+        if (threadIdx.x == 0) gemm_produce<Shape, kStageK, kScaleSlots>(args, sm, sched);
         return;
     }
     gemm_regs_consumer();
@@ -684,7 +949,7 @@ __device__ __forceinline__ void gemm_sm90a_run(const gemm_sm90a_args &args) {
     gemm_pipe<smem::kStages> pipe = {0, 0};
     float acc[Mainloop::kAcc];
     for (uint32_t t = blockIdx.x; t < sched.total; t += gridDim.x) {
-        gemm_tile_pos p = gemm_sched_tile<kTileN>(args.gemm, sched, t);
+        gemm_tile_pos p = gemm_sched_tile<Shape::kN>(args.gemm, sched, t);
         Mainloop::run(args, sm, p, wg, pipe, acc);
         gemm_epilogue(args.gemm, p, wg, acc);
     }
@@ -741,4 +1006,14 @@ GEMM_SM90A_KERNEL(qt_gemm_fp8_block_sm90a) {
                 args);
         }
     }
+}
+
+GEMM_SM90A_KERNEL(qt_gemm_mxfp8_sm90a) {
+    gemm_sm90a_run<GEMM_SM90A_EMU_ROW_BYTES(GEMM_FORMAT_MXFP8), false,
+                   gemm_mainloop_emulated<GEMM_FORMAT_MXFP8>>(args);
+}
+
+GEMM_SM90A_KERNEL(qt_gemm_nvfp4_sm90a) {
+    gemm_sm90a_run<GEMM_SM90A_EMU_ROW_BYTES(GEMM_FORMAT_NVFP4), false,
+                   gemm_mainloop_emulated<GEMM_FORMAT_NVFP4>>(args);
 }

@@ -43,6 +43,28 @@
     (1024u + GEMM_SM90A_STAGES(n) * (GEMM_SM90A_STAGE_BYTES(n) + GEMM_SM90A_SCALE_SLOT_BYTES(n)) + \
      2u * GEMM_SM90A_STAGES(n) * 8u)
 
+// The emulated formats (MXFP8, NVFP4, both operands K-major): tiles of 128 x 256, stages of 64
+// k whose codes TMA loads as they are stored (MXFP8 64 bytes per tile row, in the 64-byte
+// swizzle; NVFP4 32 bytes, in the 32-byte swizzle), as many as 96 KiB holds (4, or 8 for
+// NVFP4). The consumers decode each into one of two BF16 stages (A 128 and B 256 rows of 128
+// bytes, the 128-byte swizzle wgmma reads).
+#define GEMM_SM90A_EMU_TILE_N 256u
+#define GEMM_SM90A_EMU_K 64u
+#define GEMM_SM90A_EMU_ROW_BYTES(format) ((format) == GEMM_FORMAT_NVFP4 ? 32u : 64u)
+#define GEMM_SM90A_EMU_STAGE_BYTES(format) \
+    ((GEMM_SM90A_TILE_M + GEMM_SM90A_EMU_TILE_N) * GEMM_SM90A_EMU_ROW_BYTES(format))
+#define GEMM_SM90A_EMU_STAGES(format) (98304u / GEMM_SM90A_EMU_STAGE_BYTES(format))
+#define GEMM_SM90A_EMU_DECODED_BYTES \
+    (2u * (GEMM_SM90A_TILE_M + GEMM_SM90A_EMU_TILE_N) * GEMM_SM90A_K_BYTES)
+#define GEMM_SM90A_EMU_SMEM_BYTES(format)                                                      \
+    (1024u + GEMM_SM90A_EMU_STAGES(format) * GEMM_SM90A_EMU_STAGE_BYTES(format) +              \
+     GEMM_SM90A_EMU_DECODED_BYTES + 2u * GEMM_SM90A_EMU_STAGES(format) * 8u)
+
+// Whether a format is emulated on this tier (decoded to BF16 in the consumers).
+QT_HD int qt_gemm_sm90a_emulated(uint32_t format) {
+    return format == GEMM_FORMAT_MXFP8 || format == GEMM_FORMAT_NVFP4;
+}
+
 // The tile width of a GEMM (format and flags of its gemm_args).
 QT_HD uint32_t qt_gemm_sm90a_tile_n(uint32_t format, uint32_t flags) {
     int split = format == GEMM_FORMAT_FP8_BLOCK ||
@@ -67,6 +89,7 @@ QT_STATIC_ASSERT(sizeof(gemm_tensor_map) == 128, "gemm_tensor_map is a CUtensorM
 //   a        A codes:  {k, m}              box {stage k, 128}      128-byte swizzle
 //   b        B codes:  {k, n, members}     box {stage k, N, 1}     128-byte swizzle
 //   b_scale  FP8 block 1x128 scales of B (dense): {n, k blocks}, box {N, 1}; else unused
+// (the emulated formats' maps hold code bytes: {k bytes, rows}, box {64 or 32, rows}).
 typedef struct gemm_sm90a_args {
     gemm_args gemm;           // first: the portable kernel's twin reads it
     uint32_t row_tiles;       // dense: ceil(m / 128); GEMM_GROUP_M: 0 (counted on the device)
@@ -83,6 +106,8 @@ QT_STATIC_ASSERT(sizeof(gemm_sm90a_args) == 256 + 3 * 128, "gemm_sm90a_args layo
 #define QT_KERNELS_GEMM_SM90A(X)                                                      \
     X(KERNEL_GEMM_BF16_SM90A, gemm_sm90a, qt_gemm_bf16_sm90a, gemm_sm90a_args)       \
     X(KERNEL_GEMM_FP8_SM90A, gemm_sm90a, qt_gemm_fp8_sm90a, gemm_sm90a_args)         \
-    X(KERNEL_GEMM_FP8_BLOCK_SM90A, gemm_sm90a, qt_gemm_fp8_block_sm90a, gemm_sm90a_args)
+    X(KERNEL_GEMM_FP8_BLOCK_SM90A, gemm_sm90a, qt_gemm_fp8_block_sm90a, gemm_sm90a_args) \
+    X(KERNEL_GEMM_MXFP8_SM90A, gemm_sm90a, qt_gemm_mxfp8_sm90a, gemm_sm90a_args)         \
+    X(KERNEL_GEMM_NVFP4_SM90A, gemm_sm90a, qt_gemm_nvfp4_sm90a, gemm_sm90a_args)
 
 #endif  // QT_GEMM_SM90A_H

@@ -12,6 +12,10 @@ static kernel_id gemm_tier_sm90a_kernel(kernel_id portable) {
         return KERNEL_GEMM_FP8_SM90A;
     case KERNEL_GEMM_FP8_BLOCK_PORTABLE:
         return KERNEL_GEMM_FP8_BLOCK_SM90A;
+    case KERNEL_GEMM_MXFP8_PORTABLE:
+        return KERNEL_GEMM_MXFP8_SM90A;
+    case KERNEL_GEMM_NVFP4_PORTABLE:
+        return KERNEL_GEMM_NVFP4_SM90A;
     default:
         return KERNEL_COUNT;
     }
@@ -23,20 +27,29 @@ static uint32_t gemm_tier_elem_bytes(const gemm_args *g) {
     return g->format == GEMM_FORMAT_BF16 ? 2u : 1u;
 }
 
-// k values per stage: one 128-byte row of the swizzle span.
+// Bytes of `elems` stored elements (NVFP4: two per byte; its lengths here are even).
+static uint64_t gemm_tier_bytes(const gemm_args *g, uint64_t elems) {
+    return g->format == GEMM_FORMAT_NVFP4 ? elems / 2 : elems * gemm_tier_elem_bytes(g);
+}
+
+// k values per stage: one 128-byte row of the swizzle span, or for the emulated formats the 64
+// that decode into one.
 static uint32_t gemm_tier_stage_k(const gemm_args *g) {
+    if (qt_gemm_sm90a_emulated(g->format)) return GEMM_SM90A_EMU_K;
     return GEMM_SM90A_K_BYTES / gemm_tier_elem_bytes(g);
 }
 
 static bool gemm_tier_operand_ok(const gemm_args *g, const gemm_operand *op) {
-    uint64_t row_bytes = (uint64_t)op->ld * gemm_tier_elem_bytes(g);
+    uint64_t row_bytes = gemm_tier_bytes(g, op->ld);
     return !(op->flags & GEMM_OPERAND_OUTER_MAJOR) && gemm_tier_aligned16(op->data) &&
            gemm_tier_aligned16(row_bytes);
 }
 
 bool gemm_tier_sm90a_supports(const gemm_args *g) {
     bool format_ok = g->format == GEMM_FORMAT_BF16 || g->format == GEMM_FORMAT_FP8 ||
-                     g->format == GEMM_FORMAT_FP8_BLOCK;
+                     g->format == GEMM_FORMAT_FP8_BLOCK || g->format == GEMM_FORMAT_MXFP8 ||
+                     // TMA loads whole bytes: an odd contraction would read a stray nibble.
+                     (g->format == GEMM_FORMAT_NVFP4 && g->k % 2 == 0);
     bool grouping_ok = g->grouping == GEMM_DENSE ||
                        (g->grouping == GEMM_GROUP_M && g->group.count >= 1);
     // TMA coordinates are signed 32-bit; a contraction of length 0 has no stage to load.
@@ -44,10 +57,14 @@ bool gemm_tier_sm90a_supports(const gemm_args *g) {
         return false;
     }
     if (!gemm_tier_operand_ok(g, &g->a) || !gemm_tier_operand_ok(g, &g->b)) return false;
-    uint64_t b_member_bytes = (uint64_t)g->b.ld * gemm_tier_elem_bytes(g) * g->n;
+    uint64_t b_member_bytes = gemm_tier_bytes(g, g->b.ld) * g->n;
     if (g->grouping == GEMM_GROUP_M && g->group.count > 1 &&
         (!gemm_tier_aligned16(g->b.data_member_bytes) || g->b.data_member_bytes < b_member_bytes)) {
         return false;
+    }
+    if (g->format == GEMM_FORMAT_MXFP8 &&
+        (g->a.elem != GEMM_ELEM_E4M3 || g->b.elem != GEMM_ELEM_E4M3)) {
+        return false;  // the tier decodes E4M3 (the only K-major x K-major MXFP8 GEMM is fprop)
     }
     if (g->format == GEMM_FORMAT_FP8_BLOCK && !(g->b.flags & GEMM_OPERAND_SCALE_2D)) {
         // Per-column scales of B travel by TMA with the stage: dense only, 16-byte rows.
@@ -103,21 +120,27 @@ static qt_status gemm_tier_encode(const gemm_tier_map *m, gemm_tensor_map *out) 
 }
 
 // A: {k, m} K-major, box {stage k, 128}; B: {k, n, members}, box {stage k, N, 1}, members
-// data_member_bytes apart (dense: one member). Out-of-bounds elements read as zeros.
+// data_member_bytes apart (dense: one member). Out-of-bounds elements read as zeros. The
+// emulated formats' maps count bytes of codes along k, in the swizzle of their stage row (64
+// bytes MXFP8, 32 NVFP4), which the consumers undo as they read.
 static qt_status gemm_tier_operand_maps(const gemm_args *g, gemm_sm90a_args *args,
                                         uint32_t tile_n) {
-    uint32_t es = gemm_tier_elem_bytes(g);
+    bool emulated = qt_gemm_sm90a_emulated(g->format);
     CUtensorMapDataType type = g->format == GEMM_FORMAT_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                              : CU_TENSOR_MAP_DATA_TYPE_UINT8;
-    uint32_t stage_k = gemm_tier_stage_k(g);
-    gemm_tier_map a = {type, 2, g->a.data, {g->k, g->m, 1}, {(uint64_t)g->a.ld * es, 0},
-                       {stage_k, GEMM_SM90A_TILE_M, 1}, CU_TENSOR_MAP_SWIZZLE_128B};
+    uint32_t box_k = emulated ? GEMM_SM90A_EMU_ROW_BYTES(g->format) : gemm_tier_stage_k(g);
+    uint64_t k_elems = emulated ? gemm_tier_bytes(g, g->k) : g->k;
+    CUtensorMapSwizzle swizzle = !emulated                           ? CU_TENSOR_MAP_SWIZZLE_128B
+                                 : g->format == GEMM_FORMAT_NVFP4 ? CU_TENSOR_MAP_SWIZZLE_32B
+                                                                  : CU_TENSOR_MAP_SWIZZLE_64B;
+    gemm_tier_map a = {type, 2, g->a.data, {k_elems, g->m, 1}, {gemm_tier_bytes(g, g->a.ld), 0},
+                       {box_k, GEMM_SM90A_TILE_M, 1}, swizzle};
     QT_TRY(gemm_tier_encode(&a, &args->a));
-    uint64_t b_row_bytes = (uint64_t)g->b.ld * es;
+    uint64_t b_row_bytes = gemm_tier_bytes(g, g->b.ld);
     bool stacked = g->grouping == GEMM_GROUP_M && g->group.count > 1;
-    gemm_tier_map b = {type, 3, g->b.data, {g->k, g->n, stacked ? g->group.count : 1u},
+    gemm_tier_map b = {type, 3, g->b.data, {k_elems, g->n, stacked ? g->group.count : 1u},
                        {b_row_bytes, stacked ? g->b.data_member_bytes : b_row_bytes * g->n},
-                       {stage_k, tile_n, 1}, CU_TENSOR_MAP_SWIZZLE_128B};
+                       {box_k, tile_n, 1}, swizzle};
     QT_TRY(gemm_tier_encode(&b, &args->b));
     if (g->format == GEMM_FORMAT_FP8_BLOCK && !(g->b.flags & GEMM_OPERAND_SCALE_2D)) {
         // Per-column scales [k block][n]: the tile's row of them with each stage.
@@ -140,7 +163,8 @@ qt_status gemm_tier_launch(backend *b, const prog_op *op, CUstream stream) {
     const gemm_args *g = &args.gemm;
     QT_ASSERT(gemm_tier_sm90a_supports(g));
     uint32_t tile_n = qt_gemm_sm90a_tile_n(g->format, g->flags);
-    uint32_t smem_bytes = GEMM_SM90A_SMEM_BYTES(tile_n);
+    uint32_t smem_bytes = qt_gemm_sm90a_emulated(g->format) ? GEMM_SM90A_EMU_SMEM_BYTES(g->format)
+                                                             : GEMM_SM90A_SMEM_BYTES(tile_n);
     args.col_tiles = gemm_tier_ceil_div(g->n, tile_n);
     args.k_stages = gemm_tier_ceil_div(g->k, gemm_tier_stage_k(g));
     // GEMM_GROUP_M counts its row tiles on the device from the member sizes there; the grid
@@ -167,6 +191,6 @@ const char *gemm_tier_describe(const backend *b) {
                 modules_loaded(&b->modules, KERNEL_GEMM_BF16_SM90A);
     if (!sm90) return "portable (mma.sync): the sm_90a tier needs compute capability 9.0";
     if (b->gemm_tier == BACKEND_GEMM_TIER_PORTABLE) return "portable (mma.sync), forced";
-    return "sm_90a (TMA + wgmma) for K-major bf16, fp8 and fp8 block GEMMs, dense and M-grouped; "
-           "portable (mma.sync) for the rest";
+    return "sm_90a (TMA + wgmma) for K-major bf16, fp8, fp8 block, mxfp8 and nvfp4 GEMMs, dense "
+           "and M-grouped; portable (mma.sync) for the rest";
 }

@@ -240,3 +240,11 @@ void ref_qt_gemm_fp8_sm90a(const gemm_sm90a_args *a, const launch_shape *shape) 
 void ref_qt_gemm_fp8_block_sm90a(const gemm_sm90a_args *a, const launch_shape *shape) {
     ref_qt_gemm_fp8_block_portable(&a->gemm, shape);
 }
+
+void ref_qt_gemm_mxfp8_sm90a(const gemm_sm90a_args *a, const launch_shape *shape) {
+    ref_qt_gemm_mxfp8_portable(&a->gemm, shape);
+}
+
+void ref_qt_gemm_nvfp4_sm90a(const gemm_sm90a_args *a, const launch_shape *shape) {
+    ref_qt_gemm_nvfp4_portable(&a->gemm, shape);
+}

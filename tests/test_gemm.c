@@ -1080,8 +1080,9 @@ static void run_odd_shapes(void) {
 
 // Shapes the sm_90a tier takes (both operands K-major, rows of multiples of 16 bytes): every
 // format it covers x {fprop, dgrad, wgrad} x {dense, grouped} x {small integers, random}; the
-// cases it leaves to the portable tier (BF16 with an outer-major operand, K-grouped wgrad) run
-// too. Then the persistent scheduler: more tiles than SMs at the full grid, M = 1, one K stage.
+// cases it leaves to the portable tier (BF16 and MXFP8 with an outer-major operand, K-grouped
+// wgrad) run too. Then the persistent scheduler: more tiles than SMs at the full grid, M = 1,
+// one K stage.
 static void run_sm90a_shapes(void) {
     static const uint32_t formats[] = {GEMM_FORMAT_BF16, GEMM_FORMAT_FP8, GEMM_FORMAT_FP8_BLOCK};
     for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++) {
@@ -1094,6 +1095,27 @@ static void run_sm90a_shapes(void) {
                     c.out_features = 96;
                     c.want_sm90a = !(grouped && kind == KIND_WGRAD) &&
                                    !(f == GEMM_FORMAT_BF16 && kind != KIND_FPROP);
+                    c.tag = "aligned";
+                    run_case(&c);
+                }
+            }
+        }
+    }
+    // The emulated formats: MXFP8 fprop (its dgrad and wgrad have an outer-major operand, which
+    // stays portable) and NVFP4 in every layout but K-grouped; rows of multiples of 16 bytes,
+    // contractions of 192, 96 (one stage and a half) and 288.
+    static const uint32_t emulated[] = {GEMM_FORMAT_MXFP8, GEMM_FORMAT_NVFP4};
+    for (size_t i = 0; i < sizeof emulated / sizeof emulated[0]; i++) {
+        uint32_t f = emulated[i];
+        for (int kind = KIND_FPROP; kind <= KIND_WGRAD; kind++) {
+            for (int grouped = 0; grouped < 2; grouped++) {
+                for (int ints = 1; ints >= 0; ints--) {
+                    tcase c = base_case(f, (tkind)kind, grouped != 0, ints != 0);
+                    c.tokens = 288;
+                    c.in_features = 192;
+                    c.out_features = 96;
+                    c.want_sm90a = !(grouped && kind == KIND_WGRAD) &&
+                                   (f == GEMM_FORMAT_NVFP4 || kind == KIND_FPROP);
                     c.tag = "aligned";
                     run_case(&c);
                 }
@@ -1113,14 +1135,17 @@ static void run_sm90a_shapes(void) {
     c.want_sm90a = true;
     c.tag = "aligned_fast";
     run_case(&c);
-    static const uint32_t one_stage[] = {64, 128, 128};  // k of one sm_90a stage
-    for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++) {
-        c = base_case(formats[i], KIND_FPROP, false, false);
+    static const uint32_t all[] = {GEMM_FORMAT_BF16, GEMM_FORMAT_FP8, GEMM_FORMAT_FP8_BLOCK,
+                                   GEMM_FORMAT_MXFP8, GEMM_FORMAT_NVFP4};
+    static const uint32_t one_stage[] = {64, 128, 128, 64, 64};  // k of one sm_90a stage
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        c = base_case(all[i], KIND_FPROP, false, false);
         c.tokens = 1;
+        if (qt_gemm_sm90a_emulated(all[i])) c.in_features = 192;  // NVFP4: 96-byte rows
         c.want_sm90a = true;
-        c.tag = "m1";
+        c.tag = "one_row";
         run_case(&c);
-        c = base_case(formats[i], KIND_FPROP, false, true);
+        c = base_case(all[i], KIND_FPROP, false, true);
         c.tokens = 200;
         c.in_features = one_stage[i];
         c.want_sm90a = true;
@@ -1142,6 +1167,15 @@ static void run_sm90a_shapes(void) {
     c.want_sm90a = true;
     c.tag = "tiles144";
     run_case(&c);
+    for (size_t i = 0; i < sizeof emulated / sizeof emulated[0]; i++) {
+        c = base_case(emulated[i], KIND_FPROP, false, emulated[i] == GEMM_FORMAT_NVFP4);
+        c.tokens = 1100;
+        c.in_features = 96;
+        c.out_features = 3900;
+        c.want_sm90a = true;
+        c.tag = "tiles144";
+        run_case(&c);
+    }
 }
 
 // Training-sized GEMMs (the Fashion-MNIST MLP at batch 256) in every format, all on the small
