@@ -181,9 +181,16 @@ __device__ __forceinline__ void gemm_e2m1x8_to_bf16x2(uint32_t nibbles, uint32_t
 }
 
 
-// An e4m3 block scale in BF16 (exact: e4m3 values have 4 significant bits), in both halves.
+// An e4m3 block scale in BF16, in both halves: cvt.rn.f16x2.e4m3x2 and cvt.f32.f16 are exact, and
+// an FP32 value with 4 significant bits that is a normal number (every e4m3 value is) is a BF16
+// value whose bits are its upper half. Branch-free, so the decode of several pieces stays one
+// straight run of code. (A NaN scale gives the canonical NaN; its products are NaN either way.)
 __device__ __forceinline__ uint32_t gemm_nvfp4_scale_pair(uint8_t scale_e4m3) {
-    uint32_t s = qt_f32_bits(qt_e4m3_to_f32(scale_e4m3)) >> 16;
+    uint32_t h01, h23;
+    gemm_fp8x4_to_f16x2<false>(scale_e4m3, h01, h23);
+    float lo, hi;
+    gemm_f16x2_to_f32(h01, lo, hi);
+    uint32_t s = __float_as_uint(lo) >> 16;
     return s | (s << 16);
 }
 

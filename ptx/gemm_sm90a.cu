@@ -30,15 +30,21 @@
 #include "gemm_sm90a.h"
 #include "gemm_decode.h"  // the emulated formats' decode, shared with the portable tier
 
+// Register budgets after setmaxnreg: the producer warpgroup gives registers up to the consumers.
+// The emulated formats' producer warpgroup also loads block scales (warps 1-3), which needs more.
 #define GEMM_SM90A_PRODUCER_REGS 40
 #define GEMM_SM90A_CONSUMER_REGS 232
+#define GEMM_SM90A_EMU_PRODUCER_REGS 56
+#define GEMM_SM90A_EMU_CONSUMER_REGS 224
 #define GEMM_SM90A_CONSUMER_WARPS 8u
 
 QT_STATIC_ASSERT(GEMM_SM90A_THREADS == 3 * 128, "one producer and two consumer warpgroups");
 QT_STATIC_ASSERT(GEMM_SM90A_TILE_M == 2 * 64, "each consumer warpgroup owns 64 rows");
 QT_STATIC_ASSERT(GEMM_SM90A_TILE_M == GEMM_TILE_M,
                  "qt_gemm_member_tiles counts a member's rows in tiles of this height");
-QT_STATIC_ASSERT(128 * GEMM_SM90A_PRODUCER_REGS + 256 * GEMM_SM90A_CONSUMER_REGS <= 65536,
+QT_STATIC_ASSERT(128 * GEMM_SM90A_PRODUCER_REGS + 256 * GEMM_SM90A_CONSUMER_REGS <= 65536 &&
+                     128 * GEMM_SM90A_EMU_PRODUCER_REGS + 256 * GEMM_SM90A_EMU_CONSUMER_REGS <=
+                         65536,
                  "the register file holds both roles after setmaxnreg");
 QT_STATIC_ASSERT(GEMM_SM90A_K_BYTES == GEMM_SPLIT_K && GEMM_SM90A_K_BYTES == GEMM_BLOCK_FP8,
                  "an fp8 stage is exactly one 128-wide K block");
@@ -114,12 +120,14 @@ __device__ __forceinline__ void gemm_tma_load_3d(uint32_t dst, const gemm_tensor
 }
 
 // Register budgets of the roles. setmaxnreg must be executed by every warp of a warpgroup.
+template <uint32_t kRegs>
 __device__ __forceinline__ void gemm_regs_producer() {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(GEMM_SM90A_PRODUCER_REGS));
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
 }
 
+template <uint32_t kRegs>
 __device__ __forceinline__ void gemm_regs_consumer() {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(GEMM_SM90A_CONSUMER_REGS));
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
 }
 
 __device__ __forceinline__ void gemm_wgmma_fence() {
@@ -258,7 +266,7 @@ struct gemm_shape_emulated {
     static constexpr uint32_t kStages = GEMM_SM90A_EMU_STAGES(kFormat);
     static constexpr uint32_t kStageBytes = GEMM_SM90A_EMU_STAGE_BYTES(kFormat);
     static constexpr uint32_t kABytes = GEMM_SM90A_TILE_M * kRowBytes;
-    static constexpr uint32_t kSlotBytes = 0;
+    static constexpr uint32_t kSlotBytes = GEMM_SM90A_EMU_SCALE_SLOT_BYTES;
     static constexpr uint32_t kDecodedBytes = GEMM_SM90A_EMU_DECODED_BYTES;
     static constexpr uint32_t kSmemBytes = GEMM_SM90A_EMU_SMEM_BYTES(kFormat);
 };
@@ -448,6 +456,7 @@ struct gemm_mainloop_fast {
     static constexpr uint32_t kTileN = Mma::kN;
     static constexpr uint32_t kAcc = kTileN / 2;
     using Shape = gemm_shape_native<kTileN>;
+    static constexpr uint32_t kScaleLoaderWarps = 0;
     template <class Pipe>
     static __device__ __forceinline__ void run(const gemm_sm90a_args &args,
                                                const gemm_smem<Shape> &sm,
@@ -538,6 +547,7 @@ struct gemm_mainloop_split {
     static constexpr uint32_t kTileN = Mma::kN;
     static constexpr uint32_t kAcc = kTileN / 2;
     using Shape = gemm_shape_native<kTileN>;
+    static constexpr uint32_t kScaleLoaderWarps = 0;
     template <class Pipe>
     static __device__ __forceinline__ void run(const gemm_sm90a_args &args,
                                                const gemm_smem<Shape> &sm,
@@ -663,30 +673,68 @@ __device__ __forceinline__ uint32_t gemm_swizzled(uint32_t r, uint32_t c) {
     return r * kRowBytes + 16u * (c ^ ((r * kRowBytes / 128u) % (kRowBytes / 16u)));
 }
 
-// Where one operand row's block scales come from (K-major [r][kb]); rows past the operand and
-// blocks past the contraction take the scale of 1 (their codes are TMA's zeros).
-struct gemm_emu_scale_row {
-    const uint8_t *row;
-    uint32_t blocks;  // valid blocks: ceil(k / block), 0 for a row past the operand
-};
-
+// Scale loading (warps 1-3 of the producer warpgroup): per stage, after its `empty` barrier,
+// each thread loads the stage's block scales of some of the tile's 384 rows (A rows, then B
+// rows) from global memory, one byte per block, and writes them as one word per row into the
+// stage's slot; each warp then arrives on the stage's `full` barrier (its release orders the
+// slot writes before the consumers' reads). The global loads' latency stays with these warps,
+// whose only work it is. Rows past an operand and blocks past the contraction get the scale
+// of 1 (their codes are TMA's zeros).
 template <uint32_t kFormat>
-__device__ __forceinline__ gemm_emu_scale_row gemm_emu_scale_row_of(const gemm_args &g,
-                                                                   const gemm_operand &op,
-                                                                   uint32_t member, uint32_t r,
-                                                                   uint32_t rows) {
-    constexpr uint32_t kBlock = kFormat == GEMM_FORMAT_NVFP4 ? GEMM_BLOCK_NVFP4 : GEMM_BLOCK_MXFP8;
-    gemm_emu_scale_row s;
-    s.row = reinterpret_cast<const uint8_t *>(op.scale + member * op.scale_member_bytes) +
-            (uint64_t)r * op.scale_ld;
-    s.blocks = r < rows ? (g.k + kBlock - 1) / kBlock : 0u;
-    return s;
+__device__ __forceinline__ uint32_t gemm_emu_scale_word(const gemm_args &g,
+                                                        const gemm_operand &op, uint32_t member,
+                                                        uint32_t r, uint32_t rows,
+                                                        uint32_t first_block) {
+    constexpr bool kNvfp4 = kFormat == GEMM_FORMAT_NVFP4;
+    constexpr uint32_t kBlock = kNvfp4 ? GEMM_BLOCK_NVFP4 : GEMM_BLOCK_MXFP8;
+    constexpr uint32_t kBlocks = GEMM_SM90A_EMU_K / kBlock;
+    constexpr uint32_t kOne = kNvfp4 ? 0x38u : 127u;  // e4m3, e8m0 1.0
+    uint32_t blocks = r < rows ? (g.k + kBlock - 1) / kBlock : 0u;
+    const uint8_t *row =
+        reinterpret_cast<const uint8_t *>(op.scale + member * op.scale_member_bytes) +
+        (uint64_t)r * op.scale_ld;
+    uint32_t word = 0;
+#pragma unroll
+    for (uint32_t i = 0; i < kBlocks; i++) {
+        uint32_t block = first_block + i;
+        word |= (block < blocks ? (uint32_t)__ldg(row + block) : kOne) << (8 * i);
+    }
+    return word;
 }
 
-template <uint32_t kFormat>
-__device__ __forceinline__ uint32_t gemm_emu_scale(const gemm_emu_scale_row &s, uint32_t block) {
-    constexpr uint32_t kOne = kFormat == GEMM_FORMAT_NVFP4 ? 0x38u : 127u;  // e4m3, e8m0 1.0
-    return block < s.blocks ? (uint32_t)__ldg(s.row + block) : kOne;
+template <uint32_t kFormat, class Shape>
+__device__ __forceinline__ void gemm_emu_load_scales(const gemm_sm90a_args &args,
+                                                     const gemm_smem<Shape> &sm, gemm_sched s) {
+    constexpr uint32_t kRows = GEMM_SM90A_TILE_M + GEMM_SM90A_EMU_TILE_N;
+    constexpr uint32_t kThreads = 96;
+    constexpr uint32_t kBlocks =
+        GEMM_SM90A_EMU_K / (kFormat == GEMM_FORMAT_NVFP4 ? GEMM_BLOCK_NVFP4 : GEMM_BLOCK_MXFP8);
+    const gemm_args &g = args.gemm;
+    uint32_t t0 = threadIdx.x - 32u;
+    gemm_pipe<Shape::kStages> pipe = {0, 0};
+    for (uint32_t t = blockIdx.x; t < s.total; t += gridDim.x) {
+        gemm_tile_pos p = gemm_sched_tile<Shape::kN>(g, s, t);
+        for (uint32_t kb = 0; kb < args.k_stages; kb++) {
+            gemm_mbar_wait(sm.empty(pipe.stage), pipe.phase ^ 1u);
+            uint32_t *slot = reinterpret_cast<uint32_t *>(sm.bytes + sm.slot_offset(pipe.stage));
+            uint32_t words[(kRows + kThreads - 1) / kThreads];
+#pragma unroll
+            for (uint32_t i = 0; i < kRows / kThreads; i++) {
+                uint32_t r = t0 + i * kThreads;
+                words[i] = r < GEMM_SM90A_TILE_M
+                               ? gemm_emu_scale_word<kFormat>(g, g.a, p.member, p.m0 + r, g.m,
+                                                              kb * kBlocks)
+                               : gemm_emu_scale_word<kFormat>(g, g.b, p.member,
+                                                              p.n0 + r - GEMM_SM90A_TILE_M, g.n,
+                                                              kb * kBlocks);
+            }
+#pragma unroll
+            for (uint32_t i = 0; i < kRows / kThreads; i++) slot[t0 + i * kThreads] = words[i];
+            __syncwarp();
+            if ((threadIdx.x & 31u) == 0) gemm_mbar_arrive(sm.full(pipe.stage));
+            pipe.advance();
+        }
+    }
 }
 
 // 16 elements of one block, decoded: MXFP8 codes (a uint4), NVFP4 nibbles (two words). Written
@@ -734,6 +782,11 @@ struct gemm_mainloop_emulated {
     static_assert(2u * (kDecodedA + kTileN * GEMM_SM90A_K_BYTES) == Shape::kDecodedBytes,
                   "two decoded stages");
 
+    static constexpr uint32_t kScaleLoaderWarps = 3;
+    static_assert(GEMM_SM90A_EMU_SCALE_SLOT_BYTES == (GEMM_SM90A_TILE_M + kTileN) * 4u &&
+                      (GEMM_SM90A_TILE_M + kTileN) % 96u == 0,
+                  "one scale word per tile row, spread evenly over the 96 loading threads");
+
     // The block scales of one stage for this thread: A's row's blocks of its half (pieces
     // 2 w, 2 w + 1), B's row's blocks.
     struct scales {
@@ -741,18 +794,19 @@ struct gemm_mainloop_emulated {
         uint32_t b[kBlocks];
     };
 
-    static __device__ __forceinline__ scales load_scales(const gemm_emu_scale_row &a,
-                                                         const gemm_emu_scale_row &b,
-                                                         uint32_t kb, uint32_t wg) {
+    static __device__ __forceinline__ scales read_scales(const gemm_smem<Shape> &sm,
+                                                         uint32_t stage, uint32_t a_row,
+                                                         uint32_t b_row, uint32_t wg) {
+        const uint32_t *slot =
+            reinterpret_cast<const uint32_t *>(sm.bytes + sm.slot_offset(stage));
+        uint32_t a = slot[a_row], b = slot[GEMM_SM90A_TILE_M + b_row];
         scales s;
 #pragma unroll
         for (uint32_t p = 0; p < 2; p++) {
-            s.a[p] = gemm_emu_scale<kFormat>(a, kb * kBlocks + (2u * wg + p) / kPiecesPerBlock);
+            s.a[p] = (a >> (8u * ((2u * wg + p) / kPiecesPerBlock))) & 0xFFu;
         }
 #pragma unroll
-        for (uint32_t i = 0; i < kBlocks; i++) {
-            s.b[i] = gemm_emu_scale<kFormat>(b, kb * kBlocks + i);
-        }
+        for (uint32_t i = 0; i < kBlocks; i++) s.b[i] = (b >> (8u * i)) & 0xFFu;
         return s;
     }
 
@@ -789,6 +843,12 @@ struct gemm_mainloop_emulated {
         }
     }
 
+    static __device__ __forceinline__ void load_scales(const gemm_sm90a_args &args,
+                                                       const gemm_smem<Shape> &sm,
+                                                       gemm_sched s) {
+        gemm_emu_load_scales<kFormat>(args, sm, s);
+    }
+
     // Whether every MXFP8 scale of the stage takes the exact path (NVFP4 has one path).
     static __device__ __forceinline__ bool exact(const scales &s) {
         uint32_t low = 0;
@@ -802,30 +862,24 @@ struct gemm_mainloop_emulated {
     template <class Pipe>
     static __device__ __forceinline__ void run(const gemm_sm90a_args &args,
                                                const gemm_smem<Shape> &sm,
-                                               const gemm_tile_pos &p, uint32_t wg, Pipe &pipe,
+                                               const gemm_tile_pos &, uint32_t wg, Pipe &pipe,
                                                float (&acc)[kAcc]) {
-        const gemm_args &g = args.gemm;
         uint32_t tid = threadIdx.x & 127u;
         uint32_t b_row = wg * 128u + tid;
-        gemm_emu_scale_row a_scales =
-            gemm_emu_scale_row_of<kFormat>(g, g.a, p.member, p.m0 + tid, g.m);
-        gemm_emu_scale_row b_scales =
-            gemm_emu_scale_row_of<kFormat>(g, g.b, p.member, p.n0 + b_row, g.n);
 #pragma unroll
         for (uint32_t i = 0; i < kAcc; i++) acc[i] = 0.0f;
-        scales s = load_scales(a_scales, b_scales, 0, wg);
         for (uint32_t kb = 0; kb < args.k_stages; kb++) {
             uint32_t dec_a = sm.decoded(pipe.decoded);
             uint32_t dec_b = dec_a + kDecodedA;
             gemm_mbar_wait(sm.full(pipe.stage), pipe.phase);
             uint32_t raw_a = sm.a(pipe.stage), raw_b = sm.b(pipe.stage);
+            scales s = read_scales(sm, pipe.stage, tid, b_row, wg);
             if (exact(s)) {
                 decode_stage<true>(raw_a, raw_b, tid, b_row, wg, s, dec_a, dec_b);
             } else {
                 decode_stage<false>(raw_a, raw_b, tid, b_row, wg, s, dec_a, dec_b);
             }
             gemm_release(sm, pipe.stage);
-            if (kb + 1 < args.k_stages) s = load_scales(a_scales, b_scales, kb + 1, wg);
             gemm_fence_proxy_async();
             gemm_wgmma_wait<0>();
             gemm_fence_registers(acc);
@@ -928,7 +982,8 @@ __device__ __forceinline__ void gemm_sm90a_run(const gemm_sm90a_args &args) {
     smem sm = gemm_smem_carve<Shape>();
     if (threadIdx.x == 0) {
         for (uint32_t s = 0; s < smem::kStages; s++) {
-            gemm_mbar_init(sm.full(s), 1);  // the producer's expect-bytes arrival
+            // The producer's expect-bytes arrival, and the scale loaders' (one per warp).
+            gemm_mbar_init(sm.full(s), 1 + Mainloop::kScaleLoaderWarps);
             gemm_mbar_init(sm.empty(s), GEMM_SM90A_CONSUMER_WARPS);
         }
         // Make the initialized barriers visible to the other threads and to the TMA unit (the
@@ -940,11 +995,17 @@ __device__ __forceinline__ void gemm_sm90a_run(const gemm_sm90a_args &args) {
     gemm_sched sched = gemm_sched_init(args);
     uint32_t warpgroup = threadIdx.x / 128;
     if (warpgroup == 0) {
-        gemm_regs_producer();
+        gemm_regs_producer<Mainloop::kScaleLoaderWarps != 0 ? GEMM_SM90A_EMU_PRODUCER_REGS
+                                                            : GEMM_SM90A_PRODUCER_REGS>();
         if (threadIdx.x == 0) gemm_produce<Shape, kStageK, kScaleSlots>(args, sm, sched);
+        if constexpr (Mainloop::kScaleLoaderWarps != 0) {
+            static_assert(Mainloop::kScaleLoaderWarps == 3, "warps 1-3 load scales");
+            if (threadIdx.x >= 32) Mainloop::load_scales(args, sm, sched);
+        }
         return;
     }
-    gemm_regs_consumer();
+    gemm_regs_consumer<Mainloop::kScaleLoaderWarps != 0 ? GEMM_SM90A_EMU_CONSUMER_REGS
+                                                        : GEMM_SM90A_CONSUMER_REGS>();
     uint32_t wg = warpgroup - 1;
     gemm_pipe<smem::kStages> pipe = {0, 0};
     float acc[Mainloop::kAcc];

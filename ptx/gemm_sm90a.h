@@ -56,8 +56,12 @@
 #define GEMM_SM90A_EMU_STAGES(format) (98304u / GEMM_SM90A_EMU_STAGE_BYTES(format))
 #define GEMM_SM90A_EMU_DECODED_BYTES \
     (2u * (GEMM_SM90A_TILE_M + GEMM_SM90A_EMU_TILE_N) * GEMM_SM90A_K_BYTES)
+// Per stage, the block scales of its 128 + 256 tile rows, one 4-byte word per row (the stage's
+// 2 MXFP8 or 4 NVFP4 scale bytes), which warps 1-3 of the producer warpgroup load.
+#define GEMM_SM90A_EMU_SCALE_SLOT_BYTES ((GEMM_SM90A_TILE_M + GEMM_SM90A_EMU_TILE_N) * 4u)
 #define GEMM_SM90A_EMU_SMEM_BYTES(format)                                                      \
-    (1024u + GEMM_SM90A_EMU_STAGES(format) * GEMM_SM90A_EMU_STAGE_BYTES(format) +              \
+    (1024u + GEMM_SM90A_EMU_STAGES(format) *                                                   \
+                 (GEMM_SM90A_EMU_STAGE_BYTES(format) + GEMM_SM90A_EMU_SCALE_SLOT_BYTES) +      \
      GEMM_SM90A_EMU_DECODED_BYTES + 2u * GEMM_SM90A_EMU_STAGES(format) * 8u)
 
 // Whether a format is emulated on this tier (decoded to BF16 in the consumers).
