@@ -18,13 +18,15 @@
 
 typedef enum backend_kind { BACKEND_REF, BACKEND_GPU } backend_kind;
 
-// Which kernels run a program's GEMM ops (runtime/gemm_tier.h): AUTO takes the sm_90a tier for
-// the GEMMs it supports on a compute capability 9.0 GPU and the portable tier otherwise;
-// PORTABLE always runs the op's own (portable) kernel. Both give results within the GEMM
-// contract; tests and benchmarks compare them.
+// Which kernels run a program's GEMM ops (runtime/gemm_tier.h): AUTO takes the sm_90a tier on a
+// compute capability 9.0 GPU for the GEMMs it supports whose tiles keep at least a quarter of
+// the SMs busy, and the portable tier otherwise; SM90A takes the sm_90a tier for every GEMM it
+// supports; PORTABLE always runs the op's own (portable) kernel. All give results within the
+// GEMM contract; tests and benchmarks compare them.
 typedef enum backend_gemm_tier {
     BACKEND_GEMM_TIER_AUTO,
-    BACKEND_GEMM_TIER_PORTABLE
+    BACKEND_GEMM_TIER_PORTABLE,
+    BACKEND_GEMM_TIER_SM90A
 } backend_gemm_tier;
 
 typedef struct backend_device_info {

@@ -74,17 +74,41 @@ bool gemm_tier_sm90a_supports(const gemm_args *g) {
     return true;
 }
 
+static uint32_t gemm_tier_ceil_div(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
+
+// Row tiles of the launch: dense ceil(m / 128); GEMM_GROUP_M the bound of
+// qt_gemm_member_tiles (padded rows sum to at most m, one partial tile per member), since it
+// counts its row tiles on the device from the member sizes there.
+static uint32_t gemm_tier_row_tiles_max(const gemm_args *g) {
+    uint32_t tiles = gemm_tier_ceil_div(g->m, GEMM_SM90A_TILE_M);
+    return g->grouping == GEMM_GROUP_M ? tiles + g->group.count : tiles;
+}
+
+static uint32_t gemm_tier_col_tiles(const gemm_args *g) {
+    return gemm_tier_ceil_div(g->n, qt_gemm_sm90a_tile_n(g->format, g->flags));
+}
+
+// AUTO's shape rule. One sm_90a tile is 128 x 192 or 128 x 256 of D for one CTA per SM; with
+// fewer tiles than a quarter of the SMs, the portable tier's grid (64 x 64 tiles there, several
+// per SM) finishes first: the Fashion-MNIST fprop 256 x 1024 x 1024 takes 8 sm_90a tiles and ran
+// in about 34 us there against about 19 us on the portable small tile (H100).
+static bool gemm_tier_fills(const backend *b, const gemm_args *g) {
+    uint64_t tiles = (uint64_t)gemm_tier_row_tiles_max(g) * gemm_tier_col_tiles(g);
+    return tiles * 4u >= (uint64_t)(b->info.sm_count > 0 ? b->info.sm_count : 1);
+}
+
 bool gemm_tier_takes(const backend *b, const prog_op *op) {
     kernel_id sm90a = gemm_tier_sm90a_kernel(op->kernel);
     if (sm90a == KERNEL_COUNT || b->kind != BACKEND_GPU ||
-        b->gemm_tier != BACKEND_GEMM_TIER_AUTO || b->info.cc_major != 9 || b->info.cc_minor != 0 ||
-        !modules_loaded(&b->modules, sm90a)) {
+        b->gemm_tier == BACKEND_GEMM_TIER_PORTABLE || b->info.cc_major != 9 ||
+        b->info.cc_minor != 0 || !modules_loaded(&b->modules, sm90a)) {
         return false;
     }
     QT_ASSERT(op->args_bytes == sizeof(gemm_args));
     gemm_args g;
     memcpy(&g, op->args, sizeof g);
-    return gemm_tier_sm90a_supports(&g);
+    return gemm_tier_sm90a_supports(&g) &&
+           (b->gemm_tier == BACKEND_GEMM_TIER_SM90A || gemm_tier_fills(b, &g));
 }
 
 // One tensor map (cuTensorMapEncodeTiled), copied into the args' opaque slot.
@@ -152,8 +176,6 @@ static qt_status gemm_tier_operand_maps(const gemm_args *g, gemm_sm90a_args *arg
     return QT_OK;
 }
 
-static uint32_t gemm_tier_ceil_div(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
-
 qt_status gemm_tier_launch(backend *b, const prog_op *op, CUstream stream) {
     kernel_id kernel = gemm_tier_sm90a_kernel(op->kernel);
     QT_ASSERT(kernel != KERNEL_COUNT && op->args_bytes == sizeof(gemm_args));
@@ -165,17 +187,10 @@ qt_status gemm_tier_launch(backend *b, const prog_op *op, CUstream stream) {
     uint32_t tile_n = qt_gemm_sm90a_tile_n(g->format, g->flags);
     uint32_t smem_bytes = qt_gemm_sm90a_emulated(g->format) ? GEMM_SM90A_EMU_SMEM_BYTES(g->format)
                                                              : GEMM_SM90A_SMEM_BYTES(tile_n);
-    args.col_tiles = gemm_tier_ceil_div(g->n, tile_n);
+    args.col_tiles = gemm_tier_col_tiles(g);
     args.k_stages = gemm_tier_ceil_div(g->k, gemm_tier_stage_k(g));
-    // GEMM_GROUP_M counts its row tiles on the device from the member sizes there; the grid
-    // takes the bound of qt_gemm_member_tiles (padded rows sum to at most m, one partial tile
-    // per member).
-    uint32_t row_tiles_max = gemm_tier_ceil_div(g->m, GEMM_SM90A_TILE_M);
-    if (g->grouping == GEMM_GROUP_M) {
-        row_tiles_max += g->group.count;
-    } else {
-        args.row_tiles = row_tiles_max;
-    }
+    uint32_t row_tiles_max = gemm_tier_row_tiles_max(g);
+    if (g->grouping != GEMM_GROUP_M) args.row_tiles = row_tiles_max;  // else counted on the device
     QT_TRY(gemm_tier_operand_maps(g, &args, tile_n));
     uint64_t tiles = (uint64_t)row_tiles_max * args.col_tiles;
     uint64_t ctas = (uint64_t)(b->info.sm_count > 0 ? b->info.sm_count : 1);
@@ -191,6 +206,11 @@ const char *gemm_tier_describe(const backend *b) {
                 modules_loaded(&b->modules, KERNEL_GEMM_BF16_SM90A);
     if (!sm90) return "portable (mma.sync): the sm_90a tier needs compute capability 9.0";
     if (b->gemm_tier == BACKEND_GEMM_TIER_PORTABLE) return "portable (mma.sync), forced";
+    if (b->gemm_tier == BACKEND_GEMM_TIER_SM90A) {
+        return "sm_90a (TMA + wgmma) for every K-major bf16, fp8, fp8 block, mxfp8 and nvfp4 "
+               "GEMM, dense and M-grouped, forced; portable (mma.sync) for the rest";
+    }
     return "sm_90a (TMA + wgmma) for K-major bf16, fp8, fp8 block, mxfp8 and nvfp4 GEMMs, dense "
-           "and M-grouped; portable (mma.sync) for the rest";
+           "and M-grouped, with tiles for at least a quarter of the SMs; portable (mma.sync) for "
+           "the rest";
 }

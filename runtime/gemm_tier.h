@@ -8,16 +8,18 @@
 // format on a persistent grid. The program is never changed. Everything the sm90a tier does not
 // cover stays on the portable tier:
 //
-//   taken by sm90a (compute capability 9.0, backend gemm_tier AUTO)   stays portable
-//   bf16, fp8 per-tensor (fast or split), fp8 block (B 128 x 128,       mxfp8, nvfp4,
-//     or 1 x 128 when dense)                                            GEMM_GROUP_K, k = 0,
-//   dense or GEMM_GROUP_M                                               outer-major operands,
-//   both operands K-major, TMA-aligned (below)                          anything misaligned
+//   taken by sm90a (compute capability 9.0)                   stays portable
+//   bf16, fp8 per-tensor (fast or split), fp8 block (B       GEMM_GROUP_K, k = 0,
+//     128 x 128, or 1 x 128 when dense), mxfp8 (E4M3),       outer-major operands (bf16 and
+//     nvfp4 (even k)                                         mxfp8 dgrad and wgrad), E5M2
+//   dense or GEMM_GROUP_M                                    mxfp8, anything misaligned;
+//   both operands K-major, TMA-aligned (below)               with gemm_tier AUTO also GEMMs
+//                                                            of fewer tiles than SMs / 4
 //
 // NOTE: TMA needs 16-byte aligned global addresses and row strides that are multiples of 16
-// bytes (bf16: ld % 8 == 0; fp8: ld % 16 == 0); stacked B members (GEMM_GROUP_M) must be a
-// multiple of 16 bytes apart and must not overlap; per-column FP8 block scales of B (a tensor
-// map too) need scale_ld % 4 == 0.
+// bytes (bf16: ld % 8 == 0; fp8 and mxfp8: ld % 16 == 0; nvfp4: ld % 32 == 0); stacked B
+// members (GEMM_GROUP_M) must be a multiple of 16 bytes apart and must not overlap; per-column
+// FP8 block scales of B (a tensor map too) need scale_ld % 4 == 0.
 #ifndef QT_GEMM_TIER_H
 #define QT_GEMM_TIER_H
 
@@ -29,8 +31,8 @@
 bool gemm_tier_sm90a_supports(const gemm_args *g);
 
 // Whether backend_launch_op hands this op to gemm_tier_launch: a portable GEMM kernel, a GPU
-// backend on a compute capability 9.0 device with the sm90a module loaded, tier AUTO, and
-// gemm_tier_sm90a_supports.
+// backend on a compute capability 9.0 device with the sm90a module loaded, tier AUTO or SM90A,
+// gemm_tier_sm90a_supports, and with AUTO tiles for at least a quarter of the SMs.
 bool gemm_tier_takes(const backend *b, const prog_op *op);
 
 // Launches the sm90a kernel for the op (gemm_tier_takes must hold) on `stream` (the backend's

@@ -277,6 +277,7 @@ typedef struct tcase {
     bool split;              // per-tensor fp8: split accumulation
     bool e5m2_grad;          // fp8 kinds: dy in E5M2
     bool want_sm90a;         // the sm_90a tier must take it (on a compute capability 9.0 GPU)
+    int want_auto;           // AUTO's shape rule: 1 takes the sm_90a tier, -1 does not, 0 either
     const char *tag;         // distinguishes cases of one kind
 } tcase;
 
@@ -884,7 +885,7 @@ static void run_on(rig *r, const tproblem *p, uint8_t *d_out) {
     // sm_90a tier, from a grid of a few CTAs that each walk many tiles.
     uint8_t *again = malloc(d_bytes);
     RIG_OK(backend_write(&r->be, greg_ref(r, d), p->d_init, d_bytes));
-    if (r->be.gemm_tier == BACKEND_GEMM_TIER_AUTO) r->be.gemm_ctas_max = SM90A_REPEAT_CTAS;
+    if (r->be.gemm_tier != BACKEND_GEMM_TIER_PORTABLE) r->be.gemm_ctas_max = SM90A_REPEAT_CTAS;
     rig_execute(r);
     r->be.gemm_ctas_max = 0;
     RIG_OK(backend_read(&r->be, again, greg_ref(r, d), d_bytes));
@@ -905,8 +906,9 @@ static void run_on(rig *r, const tproblem *p, uint8_t *d_out) {
     regions_free(&g);
 }
 
-// The same case with the tier left to the backend (the sm_90a tier where it takes the GEMM):
-// against the reference, and bit for bit against the portable tier on small-integer inputs.
+// The same case on the sm_90a tier wherever it supports the GEMM (tier SM90A): against the
+// reference, and bit for bit against the portable tier on small-integer inputs. Then AUTO's
+// choice for the shape, where the case states it.
 static void run_case_sm90a(const tproblem *p, const uint8_t *d_ref, const uint8_t *d_portable) {
     char name[176];
     snprintf(name, sizeof name, "%s_gpu_sm90a", p->name);
@@ -917,12 +919,17 @@ static void run_case_sm90a(const tproblem *p, const uint8_t *d_ref, const uint8_
     size_t d_bytes = p->d_elems * (p->d_dtype == QT_DTYPE_BF16 ? 2 : 4);
     uint8_t *d = malloc(d_bytes);
     test_begin(name);
-    gpu_rig.be.gemm_tier = BACKEND_GEMM_TIER_AUTO;
+    gpu_rig.be.gemm_tier = BACKEND_GEMM_TIER_SM90A;
     run_on(&gpu_rig, p, d);
     bool taken = gemm_tier_takes(&gpu_rig.be, &gpu_rig.prog.ops[0]);
     sm90a_cases++;
     sm90a_taken += taken;
     CHECK(taken || !p->c.want_sm90a, "the sm_90a tier did not take the GEMM");
+    gpu_rig.be.gemm_tier = BACKEND_GEMM_TIER_AUTO;
+    bool auto_takes = gemm_tier_takes(&gpu_rig.be, &gpu_rig.prog.ops[0]);
+    CHECK(p->c.want_auto == 0 || auto_takes == (p->c.want_auto > 0),
+          "AUTO chose the %s tier for a GEMM of %u x %u", auto_takes ? "sm_90a" : "portable", p->m,
+          p->n);
     check_gpu_result(p, d, d_ref);
     if (p->c.ints) check_same_d(p, d_portable, d, "sm_90a tier vs portable tier");
     test_end();
@@ -1095,6 +1102,7 @@ static void run_sm90a_shapes(void) {
                     c.out_features = 96;
                     c.want_sm90a = !(grouped && kind == KIND_WGRAD) &&
                                    !(f == GEMM_FORMAT_BF16 && kind != KIND_FPROP);
+                    c.want_auto = -1;  // at most 5 tiles: AUTO keeps the portable tier
                     c.tag = "aligned";
                     run_case(&c);
                 }
@@ -1116,6 +1124,7 @@ static void run_sm90a_shapes(void) {
                     c.out_features = 96;
                     c.want_sm90a = !(grouped && kind == KIND_WGRAD) &&
                                    (f == GEMM_FORMAT_NVFP4 || kind == KIND_FPROP);
+                    c.want_auto = -1;
                     c.tag = "aligned";
                     run_case(&c);
                 }
@@ -1158,6 +1167,7 @@ static void run_sm90a_shapes(void) {
     c.in_features = 96;
     c.out_features = 3900;
     c.want_sm90a = true;
+    c.want_auto = 1;  // 144 tiles: AUTO takes the sm_90a tier
     c.tag = "tiles144";
     run_case(&c);
     c = base_case(GEMM_FORMAT_FP8, KIND_FPROP, false, false);
@@ -1165,6 +1175,7 @@ static void run_sm90a_shapes(void) {
     c.in_features = 48;
     c.out_features = 3900;
     c.want_sm90a = true;
+    c.want_auto = 1;
     c.tag = "tiles144";
     run_case(&c);
     for (size_t i = 0; i < sizeof emulated / sizeof emulated[0]; i++) {
@@ -1173,6 +1184,7 @@ static void run_sm90a_shapes(void) {
         c.in_features = 96;
         c.out_features = 3900;
         c.want_sm90a = true;
+        c.want_auto = 1;
         c.tag = "tiles144";
         run_case(&c);
     }
