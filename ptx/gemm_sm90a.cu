@@ -457,6 +457,7 @@ struct gemm_mainloop_fast {
     static constexpr uint32_t kAcc = kTileN / 2;
     using Shape = gemm_shape_native<kTileN>;
     static constexpr uint32_t kScaleLoaderWarps = 0;
+    static constexpr uint32_t kEmptyArrivals = GEMM_SM90A_CONSUMER_WARPS;  // gemm_release
     template <class Pipe>
     static __device__ __forceinline__ void run(const gemm_sm90a_args &args,
                                                const gemm_smem<Shape> &sm,
@@ -548,6 +549,7 @@ struct gemm_mainloop_split {
     static constexpr uint32_t kAcc = kTileN / 2;
     using Shape = gemm_shape_native<kTileN>;
     static constexpr uint32_t kScaleLoaderWarps = 0;
+    static constexpr uint32_t kEmptyArrivals = GEMM_SM90A_CONSUMER_WARPS;
     template <class Pipe>
     static __device__ __forceinline__ void run(const gemm_sm90a_args &args,
                                                const gemm_smem<Shape> &sm,
@@ -676,10 +678,10 @@ __device__ __forceinline__ uint32_t gemm_swizzled(uint32_t r, uint32_t c) {
 // Scale loading (warps 1-3 of the producer warpgroup): per stage, after its `empty` barrier,
 // each thread loads the stage's block scales of some of the tile's 384 rows (A rows, then B
 // rows) from global memory, one byte per block, and writes them as one word per row into the
-// stage's slot; each warp then arrives on the stage's `full` barrier (its release orders the
-// slot writes before the consumers' reads). The global loads' latency stays with these warps,
-// whose only work it is. Rows past an operand and blocks past the contraction get the scale
-// of 1 (their codes are TMA's zeros).
+// stage's slot; each thread then arrives on the stage's `full` barrier (its own release orders
+// its slot writes before the consumers' reads, with no warp-level step in between). The global
+// loads' latency stays with these warps, whose only work it is. Rows past an operand and blocks
+// past the contraction get the scale of 1 (their codes are TMA's zeros).
 template <uint32_t kFormat>
 __device__ __forceinline__ uint32_t gemm_emu_scale_word(const gemm_args &g,
                                                         const gemm_operand &op, uint32_t member,
@@ -730,8 +732,7 @@ __device__ __forceinline__ void gemm_emu_load_scales(const gemm_sm90a_args &args
             }
 #pragma unroll
             for (uint32_t i = 0; i < kRows / kThreads; i++) slot[t0 + i * kThreads] = words[i];
-            __syncwarp();
-            if ((threadIdx.x & 31u) == 0) gemm_mbar_arrive(sm.full(pipe.stage));
+            gemm_mbar_arrive(sm.full(pipe.stage));
             pipe.advance();
         }
     }
@@ -783,6 +784,9 @@ struct gemm_mainloop_emulated {
                   "two decoded stages");
 
     static constexpr uint32_t kScaleLoaderWarps = 3;
+    // Every consumer thread reads the stage (codes and scale slot) with its own loads and
+    // releases it with its own arrival, which orders exactly its reads before the next writes.
+    static constexpr uint32_t kEmptyArrivals = 32 * GEMM_SM90A_CONSUMER_WARPS;
     static_assert(GEMM_SM90A_EMU_SCALE_SLOT_BYTES == (GEMM_SM90A_TILE_M + kTileN) * 4u &&
                       (GEMM_SM90A_TILE_M + kTileN) % 96u == 0,
                   "one scale word per tile row, spread evenly over the 96 loading threads");
@@ -879,7 +883,7 @@ struct gemm_mainloop_emulated {
             } else {
                 decode_stage<false>(raw_a, raw_b, tid, b_row, wg, s, dec_a, dec_b);
             }
-            gemm_release(sm, pipe.stage);
+            gemm_mbar_arrive(sm.empty(pipe.stage));
             gemm_fence_proxy_async();
             gemm_wgmma_wait<0>();
             gemm_fence_registers(acc);
@@ -982,9 +986,9 @@ __device__ __forceinline__ void gemm_sm90a_run(const gemm_sm90a_args &args) {
     smem sm = gemm_smem_carve<Shape>();
     if (threadIdx.x == 0) {
         for (uint32_t s = 0; s < smem::kStages; s++) {
-            // The producer's expect-bytes arrival, and the scale loaders' (one per warp).
-            gemm_mbar_init(sm.full(s), 1 + Mainloop::kScaleLoaderWarps);
-            gemm_mbar_init(sm.empty(s), GEMM_SM90A_CONSUMER_WARPS);
+            // The producer's expect-bytes arrival, and the scale loaders' (one per thread).
+            gemm_mbar_init(sm.full(s), 1 + 32 * Mainloop::kScaleLoaderWarps);
+            gemm_mbar_init(sm.empty(s), Mainloop::kEmptyArrivals);
         }
         // Make the initialized barriers visible to the other threads and to the TMA unit (the
         // async proxy), which completes them. (A CTA launched alone is a cluster of one.)
