@@ -1161,27 +1161,19 @@ static void run_sm90a_shapes(void) {
         c.tag = "one_stage";
         run_case(&c);
     }
-    // 9 x 16 = 144 tiles of 128 x 256: more than the 132 SMs of an H100.
-    c = base_case(GEMM_FORMAT_BF16, KIND_FPROP, false, true);
-    c.tokens = 1100;
-    c.in_features = 96;
-    c.out_features = 3900;
-    c.want_sm90a = true;
-    c.want_auto = 1;  // 144 tiles: AUTO takes the sm_90a tier
-    c.tag = "tiles144";
-    run_case(&c);
-    c = base_case(GEMM_FORMAT_FP8, KIND_FPROP, false, false);
-    c.tokens = 1100;
-    c.in_features = 48;
-    c.out_features = 3900;
-    c.want_sm90a = true;
-    c.want_auto = 1;
-    c.tag = "tiles144";
-    run_case(&c);
-    for (size_t i = 0; i < sizeof emulated / sizeof emulated[0]; i++) {
-        c = base_case(emulated[i], KIND_FPROP, false, emulated[i] == GEMM_FORMAT_NVFP4);
+    // 9 x 16 = 144 tiles of 128 x 256: more than the 132 SMs of an H100, so AUTO takes the
+    // sm_90a tier too.
+    static const struct {
+        uint32_t format, in_features;
+        bool ints;
+    } many_tiles[] = {{GEMM_FORMAT_BF16, 96, true},
+                      {GEMM_FORMAT_FP8, 48, false},
+                      {GEMM_FORMAT_MXFP8, 96, false},
+                      {GEMM_FORMAT_NVFP4, 96, true}};
+    for (size_t i = 0; i < sizeof many_tiles / sizeof many_tiles[0]; i++) {
+        c = base_case(many_tiles[i].format, KIND_FPROP, false, many_tiles[i].ints);
         c.tokens = 1100;
-        c.in_features = 96;
+        c.in_features = many_tiles[i].in_features;
         c.out_features = 3900;
         c.want_sm90a = true;
         c.want_auto = 1;
