@@ -1,6 +1,7 @@
 // gemm_sm90a: the sm_90a GEMM tier (TMA, wgmma, warp specialization, a persistent grid) for the
 // GEMMs whose operands are both K-major: BF16, per-tensor FP8 (fast or split
-// accumulation) and FP8 block scaling, dense or GEMM_GROUP_M. ABI and tile shapes:
+// accumulation), FP8 block scaling, and MXFP8 and NVFP4 decoded to BF16 (see "Emulated formats"
+// below), dense or GEMM_GROUP_M. ABI and tile shapes:
 // gemm_sm90a.h; arithmetic: gemm.h. Built for sm_90a only (wgmma and setmaxnreg exist nowhere
 // else); runtime/gemm_tier.c launches it in place of the portable kernel and keeps the portable
 // tier for everything else.
@@ -10,7 +11,8 @@
 //     waits for the stage's `empty` barrier, announces the stage's bytes on its `full` barrier
 //     and issues the TMA loads (A tile, B tile, FP8 block scales of B when they are per
 //     column), which complete the `full` barrier as they land. The other producer threads
-//     retire; the warpgroup gives its registers up (setmaxnreg) to the consumers.
+//     retire (the emulated formats: warps 1-3 load block scales), and the warpgroup gives its
+//     registers up (setmaxnreg) to the consumers.
 //   warpgroups 1, 2, consumers: rows 64 w ... 64 w + 63 of the tile and all N columns; per stage
 //     they wait for `full`, issue wgmma from shared memory and release the stage on its `empty`
 //     barrier (one arrival per consumer warp) once their wgmma have read it.
