@@ -19,10 +19,10 @@
 typedef enum backend_kind { BACKEND_REF, BACKEND_GPU } backend_kind;
 
 // Which kernels run a program's GEMM ops (runtime/gemm_tier.h): AUTO takes the sm_90a tier on a
-// compute capability 9.0 GPU for the GEMMs it supports whose tiles keep at least a quarter of
-// the SMs busy, and the portable tier otherwise; SM90A takes the sm_90a tier for every GEMM it
-// supports; PORTABLE always runs the op's own (portable) kernel. All give results within the
-// GEMM contract; tests and benchmarks compare them.
+// compute capability 9.0 GPU for the GEMMs it supports that have at least 32 of its tiles (about
+// a quarter of an H100's SMs), and the portable tier otherwise; SM90A takes the sm_90a tier for
+// every GEMM it supports; PORTABLE always runs the op's own (portable) kernel. All give results
+// within the GEMM contract; tests and benchmarks compare them.
 typedef enum backend_gemm_tier {
     BACKEND_GEMM_TIER_AUTO,
     BACKEND_GEMM_TIER_PORTABLE,

@@ -89,12 +89,16 @@ static uint32_t gemm_tier_col_tiles(const gemm_args *g) {
 }
 
 // AUTO's shape rule. One sm_90a tile is 128 x 192 or 128 x 256 of D for one CTA per SM; with
-// fewer tiles than a quarter of the SMs, the portable tier's grid (64 x 64 tiles there, several
-// per SM) finishes first: the Fashion-MNIST fprop 256 x 1024 x 1024 takes 8 sm_90a tiles and ran
-// in about 34 us there against about 19 us on the portable small tile (H100).
-static bool gemm_tier_fills(const backend *b, const gemm_args *g) {
+// fewer tiles than about a quarter of the SMs, the portable tier's grid (64 x 64 tiles there,
+// several per SM) finishes first: the Fashion-MNIST fprop 256 x 1024 x 1024 takes 8 sm_90a tiles
+// and ran in about 34 us there against about 19 us on the portable small tile (H100). The
+// threshold is a constant (a quarter of an H100 SXM's 132 SMs), not the device's SM count, so
+// that every compute capability 9.0 GPU picks the same tier for a GEMM and gives the same bits.
+#define GEMM_TIER_AUTO_MIN_TILES 32u
+
+static bool gemm_tier_fills(const gemm_args *g) {
     uint64_t tiles = (uint64_t)gemm_tier_row_tiles_max(g) * gemm_tier_col_tiles(g);
-    return tiles * 4u >= (uint64_t)(b->info.sm_count > 0 ? b->info.sm_count : 1);
+    return tiles >= GEMM_TIER_AUTO_MIN_TILES;
 }
 
 bool gemm_tier_takes(const backend *b, const prog_op *op) {
@@ -108,7 +112,7 @@ bool gemm_tier_takes(const backend *b, const prog_op *op) {
     gemm_args g;
     memcpy(&g, op->args, sizeof g);
     return gemm_tier_sm90a_supports(&g) &&
-           (b->gemm_tier == BACKEND_GEMM_TIER_SM90A || gemm_tier_fills(b, &g));
+           (b->gemm_tier == BACKEND_GEMM_TIER_SM90A || gemm_tier_fills(&g));
 }
 
 // One tensor map (cuTensorMapEncodeTiled), copied into the args' opaque slot.
@@ -211,6 +215,5 @@ const char *gemm_tier_describe(const backend *b) {
                "GEMM, dense and M-grouped, forced; portable (mma.sync) for the rest";
     }
     return "sm_90a (TMA + wgmma) for K-major bf16, fp8, fp8 block, mxfp8 and nvfp4 GEMMs, dense "
-           "and M-grouped, with tiles for at least a quarter of the SMs; portable (mma.sync) for "
-           "the rest";
+           "and M-grouped, of at least 32 tiles; portable (mma.sync) for the rest";
 }

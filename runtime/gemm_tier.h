@@ -14,7 +14,7 @@
 //     nvfp4 (even k)                                         mxfp8 dgrad and wgrad), E5M2
 //   dense or GEMM_GROUP_M                                    mxfp8, anything misaligned;
 //   both operands K-major, TMA-aligned (below)               with gemm_tier AUTO also GEMMs
-//                                                            of fewer tiles than SMs / 4
+//                                                            of fewer than 32 tiles
 //
 // NOTE: TMA needs 16-byte aligned global addresses and row strides that are multiples of 16
 // bytes (bf16: ld % 8 == 0; fp8 and mxfp8: ld % 16 == 0; nvfp4: ld % 32 == 0); stacked B
@@ -32,7 +32,7 @@ bool gemm_tier_sm90a_supports(const gemm_args *g);
 
 // Whether backend_launch_op hands this op to gemm_tier_launch: a portable GEMM kernel, a GPU
 // backend on a compute capability 9.0 device with the sm90a module loaded, tier AUTO or SM90A,
-// gemm_tier_sm90a_supports, and with AUTO tiles for at least a quarter of the SMs.
+// gemm_tier_sm90a_supports, and with AUTO at least 32 tiles (gemm_tier.c says why).
 bool gemm_tier_takes(const backend *b, const prog_op *op);
 
 // Launches the sm90a kernel for the op (gemm_tier_takes must hold) on `stream` (the backend's
