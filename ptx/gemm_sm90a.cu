@@ -449,17 +449,37 @@ __device__ __forceinline__ void gemm_produce(const gemm_sm90a_args &args,
 
 // ---------------------------------------------------------------------------------------------
 // Consumer main loops: the tile's accumulators acc[N / 2] of this warpgroup (rows 64 wg ...).
+// Each also states the roles around it: the warps of the producer warpgroup that load block
+// scales, the arrivals that release a stage, and the register budgets after setmaxnreg.
+
+// The native formats': no scale loaders, one release per consumer warp (gemm_release).
+struct gemm_roles_native {
+    static constexpr uint32_t kScaleLoaderWarps = 0;
+    static constexpr uint32_t kEmptyArrivals = GEMM_SM90A_CONSUMER_WARPS;
+    static constexpr uint32_t kProducerRegs = GEMM_SM90A_PRODUCER_REGS;
+    static constexpr uint32_t kConsumerRegs = GEMM_SM90A_CONSUMER_REGS;
+};
+
+// One stage's wgmma k steps over the 128 bytes of k at shared addresses a (this warpgroup's A
+// rows) and b (the B tile), into d; the first step accumulates onto d unless `first` is 0.
+template <class Mma>
+__device__ __forceinline__ void gemm_wgmma_stage(float (&d)[Mma::kN / 2], uint32_t a, uint32_t b,
+                                                 uint32_t first) {
+#pragma unroll
+    for (uint32_t ks = 0; ks < GEMM_SM90A_K_BYTES / 32u; ks++) {
+        Mma::run(d, gemm_smem_desc(a + 32u * ks), gemm_smem_desc(b + 32u * ks),
+                 ks > 0 ? 1u : first);
+    }
+}
 
 // Fast accumulation (bf16, per-tensor fp8 without split): the wgmma of stage s are left running
 // while the consumer waits for stage s + 1; a stage is released once the wgmma that read it have
 // completed (wait_group 1 after committing the next stage's).
 template <class Mma>
-struct gemm_mainloop_fast {
+struct gemm_mainloop_fast : gemm_roles_native {
     static constexpr uint32_t kTileN = Mma::kN;
     static constexpr uint32_t kAcc = kTileN / 2;
     using Shape = gemm_shape_native<kTileN>;
-    static constexpr uint32_t kScaleLoaderWarps = 0;
-    static constexpr uint32_t kEmptyArrivals = GEMM_SM90A_CONSUMER_WARPS;  // gemm_release
     template <class Pipe>
     static __device__ __forceinline__ void run(const gemm_sm90a_args &args,
                                                const gemm_smem<Shape> &sm,
@@ -474,10 +494,7 @@ struct gemm_mainloop_fast {
             uint32_t b = sm.b(pipe.stage);
             gemm_fence_registers(acc);
             gemm_wgmma_fence();
-#pragma unroll
-            for (uint32_t ks = 0; ks < GEMM_SM90A_K_BYTES / 32u; ks++) {
-                Mma::run(acc, gemm_smem_desc(a + 32u * ks), gemm_smem_desc(b + 32u * ks), 1u);
-            }
+            gemm_wgmma_stage<Mma>(acc, a, b, 1u);
             gemm_wgmma_commit();
             gemm_fence_registers(acc);
             if (kb > 0) {
@@ -546,12 +563,10 @@ __device__ __forceinline__ gemm_block_scales gemm_load_block_scales(const gemm_s
 // are loaded right after a block's promotion, so the loads are in flight while the next block is
 // waited for and multiplied.
 template <class Mma, bool kBlock, bool kScaleB2D>
-struct gemm_mainloop_split {
+struct gemm_mainloop_split : gemm_roles_native {
     static constexpr uint32_t kTileN = Mma::kN;
     static constexpr uint32_t kAcc = kTileN / 2;
     using Shape = gemm_shape_native<kTileN>;
-    static constexpr uint32_t kScaleLoaderWarps = 0;
-    static constexpr uint32_t kEmptyArrivals = GEMM_SM90A_CONSUMER_WARPS;
     template <class Pipe>
     static __device__ __forceinline__ void run(const gemm_sm90a_args &args,
                                                const gemm_smem<Shape> &sm,
@@ -581,11 +596,7 @@ struct gemm_mainloop_split {
             uint32_t b = sm.b(pipe.stage);
             gemm_fence_registers(part);
             gemm_wgmma_fence();
-#pragma unroll
-            for (uint32_t ks = 0; ks < GEMM_SM90A_K_BYTES / 32u; ks++) {
-                Mma::run(part, gemm_smem_desc(a + 32u * ks), gemm_smem_desc(b + 32u * ks),
-                         ks > 0 ? 1u : 0u);
-            }
+            gemm_wgmma_stage<Mma>(part, a, b, 0u);
             gemm_wgmma_commit();
             gemm_wgmma_wait<0>();
             gemm_fence_registers(part);
@@ -711,6 +722,7 @@ __device__ __forceinline__ void gemm_emu_load_scales(const gemm_sm90a_args &args
                                                      const gemm_smem<Shape> &sm, gemm_sched s) {
     constexpr uint32_t kRows = GEMM_SM90A_TILE_M + GEMM_SM90A_EMU_TILE_N;
     constexpr uint32_t kThreads = 96;
+    static_assert(kRows % kThreads == 0, "the rows spread evenly over the loading threads");
     constexpr uint32_t kBlocks =
         GEMM_SM90A_EMU_K / (kFormat == GEMM_FORMAT_NVFP4 ? GEMM_BLOCK_NVFP4 : GEMM_BLOCK_MXFP8);
     const gemm_args &g = args.gemm;
@@ -721,7 +733,7 @@ __device__ __forceinline__ void gemm_emu_load_scales(const gemm_sm90a_args &args
         for (uint32_t kb = 0; kb < args.k_stages; kb++) {
             gemm_mbar_wait(sm.empty(pipe.stage), pipe.phase ^ 1u);
             uint32_t *slot = reinterpret_cast<uint32_t *>(sm.bytes + sm.slot_offset(pipe.stage));
-            uint32_t words[(kRows + kThreads - 1) / kThreads];
+            uint32_t words[kRows / kThreads];
 #pragma unroll
             for (uint32_t i = 0; i < kRows / kThreads; i++) {
                 uint32_t r = t0 + i * kThreads;
@@ -789,6 +801,8 @@ struct gemm_mainloop_emulated {
     // Every consumer thread reads the stage (codes and scale slot) with its own loads and
     // releases it with its own arrival, which orders exactly its reads before the next writes.
     static constexpr uint32_t kEmptyArrivals = 32 * GEMM_SM90A_CONSUMER_WARPS;
+    static constexpr uint32_t kProducerRegs = GEMM_SM90A_EMU_PRODUCER_REGS;
+    static constexpr uint32_t kConsumerRegs = GEMM_SM90A_EMU_CONSUMER_REGS;
     static_assert(GEMM_SM90A_EMU_SCALE_SLOT_BYTES == (GEMM_SM90A_TILE_M + kTileN) * 4u &&
                       (GEMM_SM90A_TILE_M + kTileN) % 96u == 0,
                   "one scale word per tile row, spread evenly over the 96 loading threads");
@@ -892,11 +906,7 @@ struct gemm_mainloop_emulated {
             gemm_consumer_barrier();
             uint32_t a = dec_a + wg * 64u * GEMM_SM90A_K_BYTES;
             gemm_wgmma_fence();
-#pragma unroll
-            for (uint32_t ks = 0; ks < GEMM_SM90A_K_BYTES / 32u; ks++) {
-                gemm_wgmma_bf16_n256::run(acc, gemm_smem_desc(a + 32u * ks),
-                                          gemm_smem_desc(dec_b + 32u * ks), 1u);
-            }
+            gemm_wgmma_stage<gemm_wgmma_bf16_n256>(acc, a, dec_b, 1u);
             gemm_wgmma_commit();
             gemm_fence_registers(acc);
             pipe.advance();
@@ -1001,8 +1011,7 @@ __device__ __forceinline__ void gemm_sm90a_run(const gemm_sm90a_args &args) {
     gemm_sched sched = gemm_sched_init(args);
     uint32_t warpgroup = threadIdx.x / 128;
     if (warpgroup == 0) {
-        gemm_regs_producer<Mainloop::kScaleLoaderWarps != 0 ? GEMM_SM90A_EMU_PRODUCER_REGS
-                                                            : GEMM_SM90A_PRODUCER_REGS>();
+        gemm_regs_producer<Mainloop::kProducerRegs>();
         if (threadIdx.x == 0) gemm_produce<Shape, kStageK, kScaleSlots>(args, sm, sched);
         if constexpr (Mainloop::kScaleLoaderWarps != 0) {
             static_assert(Mainloop::kScaleLoaderWarps == 3, "warps 1-3 load scales");
@@ -1010,8 +1019,7 @@ __device__ __forceinline__ void gemm_sm90a_run(const gemm_sm90a_args &args) {
         }
         return;
     }
-    gemm_regs_consumer<Mainloop::kScaleLoaderWarps != 0 ? GEMM_SM90A_EMU_CONSUMER_REGS
-                                                        : GEMM_SM90A_CONSUMER_REGS>();
+    gemm_regs_consumer<Mainloop::kConsumerRegs>();
     uint32_t wg = warpgroup - 1;
     gemm_pipe<smem::kStages> pipe = {0, 0};
     float acc[Mainloop::kAcc];

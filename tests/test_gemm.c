@@ -1091,40 +1091,27 @@ static void run_odd_shapes(void) {
 // wgrad) run too. Then the persistent scheduler: more tiles than SMs at the full grid, M = 1,
 // one K stage.
 static void run_sm90a_shapes(void) {
-    static const uint32_t formats[] = {GEMM_FORMAT_BF16, GEMM_FORMAT_FP8, GEMM_FORMAT_FP8_BLOCK};
-    for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++) {
-        uint32_t f = formats[i];
+    // The emulated formats get rows of multiples of 16 bytes for NVFP4 too (192 and 96 k), and
+    // contractions of 192, 96 (one stage and a half) and 288. BF16 and MXFP8 dgrad and wgrad
+    // have an outer-major operand, and K-grouped wgrad is portable-only: those stay portable.
+    static const struct {
+        uint32_t format, tokens, in_features;
+    } aligned[] = {{GEMM_FORMAT_BF16, 272, 160},  {GEMM_FORMAT_FP8, 272, 160},
+                   {GEMM_FORMAT_FP8_BLOCK, 272, 160}, {GEMM_FORMAT_MXFP8, 288, 192},
+                   {GEMM_FORMAT_NVFP4, 288, 192}};
+    for (size_t i = 0; i < sizeof aligned / sizeof aligned[0]; i++) {
+        uint32_t f = aligned[i].format;
+        bool outer_major_grads = f == GEMM_FORMAT_BF16 || f == GEMM_FORMAT_MXFP8;
         for (int kind = KIND_FPROP; kind <= KIND_WGRAD; kind++) {
             for (int grouped = 0; grouped < 2; grouped++) {
                 for (int ints = 1; ints >= 0; ints--) {
                     tcase c = base_case(f, (tkind)kind, grouped != 0, ints != 0);
-                    c.tokens = 272;
+                    c.tokens = aligned[i].tokens;
+                    c.in_features = aligned[i].in_features;
                     c.out_features = 96;
                     c.want_sm90a = !(grouped && kind == KIND_WGRAD) &&
-                                   !(f == GEMM_FORMAT_BF16 && kind != KIND_FPROP);
-                    c.want_auto = -1;  // at most 5 tiles: AUTO keeps the portable tier
-                    c.tag = "aligned";
-                    run_case(&c);
-                }
-            }
-        }
-    }
-    // The emulated formats: MXFP8 fprop (its dgrad and wgrad have an outer-major operand, which
-    // stays portable) and NVFP4 in every layout but K-grouped; rows of multiples of 16 bytes,
-    // contractions of 192, 96 (one stage and a half) and 288.
-    static const uint32_t emulated[] = {GEMM_FORMAT_MXFP8, GEMM_FORMAT_NVFP4};
-    for (size_t i = 0; i < sizeof emulated / sizeof emulated[0]; i++) {
-        uint32_t f = emulated[i];
-        for (int kind = KIND_FPROP; kind <= KIND_WGRAD; kind++) {
-            for (int grouped = 0; grouped < 2; grouped++) {
-                for (int ints = 1; ints >= 0; ints--) {
-                    tcase c = base_case(f, (tkind)kind, grouped != 0, ints != 0);
-                    c.tokens = 288;
-                    c.in_features = 192;
-                    c.out_features = 96;
-                    c.want_sm90a = !(grouped && kind == KIND_WGRAD) &&
-                                   (f == GEMM_FORMAT_NVFP4 || kind == KIND_FPROP);
-                    c.want_auto = -1;
+                                   !(outer_major_grads && kind != KIND_FPROP);
+                    c.want_auto = -1;  // at most 9 tiles: AUTO keeps the portable tier
                     c.tag = "aligned";
                     run_case(&c);
                 }
