@@ -15,7 +15,10 @@
 //     registers up (setmaxnreg) to the consumers.
 //   warpgroups 1, 2, consumers: rows 64 w ... 64 w + 63 of the tile and all N columns; per stage
 //     they wait for `full`, issue wgmma from shared memory and release the stage on its `empty`
-//     barrier (one arrival per consumer warp) once their wgmma have read it.
+//     barrier (one arrival per consumer warp) once their wgmma have read it. After a tile's
+//     last stage each warpgroup stages its rows of D through its epilogue buffers in shared
+//     memory, from which TMA stores them while the warpgroup starts the next tile (tiles that
+//     TMA cannot write exactly, such as D with C to add, store from registers).
 //
 // Shared memory per stage (1024-byte aligned, 128-byte swizzle written by TMA and read by wgmma
 // through matrix descriptors):
@@ -119,6 +122,31 @@ __device__ __forceinline__ void gemm_tma_load_3d(uint32_t dst, const gemm_tensor
         " [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(dst),
         "l"(map), "r"(bar), "r"(x), "r"(y), "r"(z)
         : "memory");
+}
+
+// A TMA store of a shared-memory tile (the tensor map's box, in its swizzle) to global memory,
+// in the issuing thread's bulk group; the store clips what lies past the tensor's edges.
+__device__ __forceinline__ void gemm_tma_store_2d(const gemm_tensor_map *map, uint32_t src,
+                                                  int32_t x, int32_t y) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(map),
+        "r"(src), "r"(x), "r"(y)
+        : "memory");
+}
+
+__device__ __forceinline__ void gemm_bulk_commit() {
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+
+// Waits until at most kPending of this thread's bulk groups still read shared memory.
+template <int kPending>
+__device__ __forceinline__ void gemm_bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Waits until this thread's bulk groups have completed (their writes done).
+__device__ __forceinline__ void gemm_bulk_wait_all() {
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }
 
 // Register budgets of the roles. setmaxnreg must be executed by every warp of a warpgroup.
@@ -258,6 +286,7 @@ struct gemm_shape_native {
     static constexpr uint32_t kABytes = GEMM_SM90A_TILE_M * GEMM_SM90A_K_BYTES;
     static constexpr uint32_t kSlotBytes = GEMM_SM90A_SCALE_SLOT_BYTES(kTileN);
     static constexpr uint32_t kDecodedBytes = 0;
+    static constexpr uint32_t kEpilogueBuffers = GEMM_SM90A_EPI_BUFFERS;
     static constexpr uint32_t kSmemBytes = GEMM_SM90A_SMEM_BYTES(kTileN);
 };
 
@@ -270,22 +299,25 @@ struct gemm_shape_emulated {
     static constexpr uint32_t kABytes = GEMM_SM90A_TILE_M * kRowBytes;
     static constexpr uint32_t kSlotBytes = GEMM_SM90A_EMU_SCALE_SLOT_BYTES;
     static constexpr uint32_t kDecodedBytes = GEMM_SM90A_EMU_DECODED_BYTES;
+    static constexpr uint32_t kEpilogueBuffers = GEMM_SM90A_EMU_EPI_BUFFERS;
     static constexpr uint32_t kSmemBytes = GEMM_SM90A_EMU_SMEM_BYTES(kFormat);
 };
 
-// Stages, then the decoded tiles, the scale slots and the barriers (a full and an empty one per
-// stage).
+// Stages, then the decoded tiles, the epilogue buffers, the scale slots and the barriers (a
+// full and an empty one per stage).
 template <class Shape>
 struct gemm_smem {
     static constexpr uint32_t kStages = Shape::kStages;
     static constexpr uint32_t kStageBytes = Shape::kStageBytes;
     static constexpr uint32_t kSlotBytes = Shape::kSlotBytes;
     static constexpr uint32_t kDecodedBytes = Shape::kDecodedBytes;
+    static constexpr uint32_t kEpilogueBuffers = Shape::kEpilogueBuffers;
+    static constexpr uint32_t kEpilogueBytes = GEMM_SM90A_EPI_BYTES(kEpilogueBuffers);
     static_assert(kStageBytes % 1024 == 0 && Shape::kABytes % 1024 == 0 &&
                       kSlotBytes % 128 == 0 && kDecodedBytes % 2048 == 0,
                   "aligned stages, tiles and slots");
-    static_assert(Shape::kSmemBytes >=
-                      1024u + kStages * (kStageBytes + kSlotBytes + 16u) + kDecodedBytes,
+    static_assert(Shape::kSmemBytes >= 1024u + kStages * (kStageBytes + kSlotBytes + 16u) +
+                                           kDecodedBytes + kEpilogueBytes,
                   "the launch's shared memory holds the layout");
     uint32_t base;   // shared address of stage 0, 1024-byte aligned
     uint8_t *bytes;  // the same place, generic (for the consumers' reads of the scale slots)
@@ -295,11 +327,16 @@ struct gemm_smem {
     __device__ __forceinline__ uint32_t decoded(uint32_t i) const {
         return base + kStages * kStageBytes + i * (kDecodedBytes / 2);
     }
+    // Epilogue buffer i of consumer warpgroup wg (1024-byte aligned, for the swizzle).
+    __device__ __forceinline__ uint32_t epilogue(uint32_t wg, uint32_t i) const {
+        return base + kStages * kStageBytes + kDecodedBytes +
+               (wg * kEpilogueBuffers + i) * GEMM_SM90A_EPI_BUFFER_BYTES;
+    }
     __device__ __forceinline__ uint32_t slot_offset(uint32_t s) const {
-        return kStages * kStageBytes + kDecodedBytes + s * kSlotBytes;
+        return kStages * kStageBytes + kDecodedBytes + kEpilogueBytes + s * kSlotBytes;
     }
     __device__ __forceinline__ uint32_t full(uint32_t s) const {
-        return base + kStages * (kStageBytes + kSlotBytes) + kDecodedBytes + 8 * s;
+        return base + slot_offset(kStages) + 8 * s;
     }
     __device__ __forceinline__ uint32_t empty(uint32_t s) const { return full(kStages + s); }
 };
@@ -988,6 +1025,134 @@ __device__ __forceinline__ void gemm_epilogue(const gemm_args &g, const gemm_til
     }
 }
 
+// The staged epilogue (gemm_sm90a.h): the same values as gemm_epilogue, written chunk by chunk
+// into this warpgroup's epilogue buffers and stored by TMA. Per chunk: the warpgroup's leader
+// waits until the buffer's previous store has read it; a barrier; every thread writes its values
+// (the wgmma fragment: rows 16 warp + lane / 4 and + 8, column pairs 8 j + 2 (lane % 4)) in the
+// 128-byte swizzle, whose chunk XOR is lane / 4 for all of a thread's rows; a proxy fence and a
+// barrier; the leader issues the store. Padding rows hold zeros; columns past n and rows past
+// the tensor are clipped by the store.
+
+#define GEMM_SM90A_EPI_BARRIER 2  // named barriers 2 and 3: consumer warpgroup 0's and 1's
+
+__device__ __forceinline__ void gemm_epi_barrier(uint32_t wg) {
+    asm volatile("bar.sync %0, 128;\n" ::"r"(GEMM_SM90A_EPI_BARRIER + wg) : "memory");
+}
+
+// Two values as bf16x2 (lo in the low half), rounded as qt_f32_to_bf16 rounds them: the
+// conversion instruction agrees with it except for NaN's payload, which then takes its form.
+__device__ __forceinline__ uint32_t gemm_pack_bf16x2(float lo, float hi) {
+    uint32_t packed;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(packed) : "f"(hi), "f"(lo));
+    if (lo != lo || hi != hi) {
+        packed = (uint32_t)qt_f32_to_bf16(lo) | ((uint32_t)qt_f32_to_bf16(hi) << 16);
+    }
+    return packed;
+}
+
+// Whether consumer warpgroup wg stores tile p's rows by TMA: D has its map, and the 64-row box
+// ends inside the tile's rows or its rows reach the tensor's end (where the store clips); the
+// other tiles (an M-grouped member's last, when its box would reach into the next member's rows)
+// take gemm_epilogue.
+__device__ __forceinline__ bool gemm_epilogue_staged_ok(const gemm_sm90a_args &args,
+                                                        const gemm_tile_pos &p, uint32_t wg) {
+    uint32_t r0 = p.m0 + wg * GEMM_SM90A_EPI_ROWS;
+    return args.d_tma != 0 && (r0 + GEMM_SM90A_EPI_ROWS <= p.m_end || p.m_end == args.gemm.m);
+}
+
+template <uint32_t kOutBytes, bool kBias, class Smem, uint32_t kAcc>
+__device__ __forceinline__ void gemm_epilogue_staged(const gemm_sm90a_args &args, const Smem &sm,
+                                                     const gemm_tile_pos &p, uint32_t wg,
+                                                     const float (&acc)[kAcc],
+                                                     uint32_t &chunks) {
+    constexpr uint32_t kCols = 128u / kOutBytes;  // columns per chunk
+    constexpr uint32_t kGroups = kCols / 8u;      // accumulator column groups per chunk
+    constexpr uint32_t kTileN = kAcc * 2u;
+    static_assert(kTileN % kCols == 0, "whole chunks per tile");
+    const gemm_args &g = args.gemm;
+    uint32_t tid = threadIdx.x & 127u, lane = tid & 31u, quad = lane & 3u, swizzle = lane >> 2;
+    uint32_t r0 = p.m0 + wg * GEMM_SM90A_EPI_ROWS;
+    if (r0 >= p.m_end) return;  // the warpgroup's rows all lie past the member (or m)
+    uint32_t row = (tid >> 5) * 16u + (lane >> 2);  // and row + 8
+    bool zero[2] = {r0 + row >= p.m_valid_end, r0 + row + 8u >= p.m_valid_end};
+    float alpha = qt_gemm_alpha(&g, p.member);
+    const uint8_t *bias =
+        reinterpret_cast<const uint8_t *>(g.bias) + p.member * g.bias_member_bytes;
+#pragma unroll
+    for (uint32_t c = 0; c < kTileN / kCols; c++) {
+        uint32_t col0 = p.n0 + c * kCols;
+        if (col0 >= g.n) break;
+        uint32_t buffer = sm.epilogue(wg, chunks % Smem::kEpilogueBuffers);
+        if (tid == 0) gemm_bulk_wait_read<Smem::kEpilogueBuffers - 1>();
+        gemm_epi_barrier(wg);
+#pragma unroll
+        for (uint32_t jl = 0; jl < kGroups; jl++) {
+            uint32_t j = c * kGroups + jl;
+            uint32_t col = col0 + 8u * jl + 2u * quad;
+            float bv[2] = {0.0f, 0.0f};
+            if (kBias) {
+#pragma unroll
+                for (uint32_t e = 0; e < 2; e++) {
+                    if (col + e < g.n) bv[e] = gemm_load_value(bias, col + e, g.bias_dtype);
+                }
+            }
+#pragma unroll
+            for (uint32_t h = 0; h < 2; h++) {
+                float v[2];
+#pragma unroll
+                for (uint32_t e = 0; e < 2; e++) {
+                    v[e] = zero[h] ? 0.0f
+                                   : qt_gemm_epilogue(acc[4 * j + 2 * h + e], alpha, 0, 0.0f,
+                                                      0.0f, kBias, bv[e]);
+                }
+                uint32_t line = buffer + (row + 8u * h) * 128u;
+                if (kOutBytes == 2) {
+                    uint32_t at = line + 16u * (jl ^ swizzle) + 4u * quad;
+                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at),
+                                 "r"(gemm_pack_bf16x2(v[0], v[1]))
+                                 : "memory");
+                } else {
+                    uint32_t chunk = (2u * jl + (quad >> 1)) ^ swizzle;
+                    uint32_t at = line + 16u * chunk + 8u * (quad & 1u);
+                    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(v[0]),
+                                 "f"(v[1])
+                                 : "memory");
+                }
+            }
+        }
+        gemm_fence_proxy_async();
+        gemm_epi_barrier(wg);
+        if (tid == 0) {
+            gemm_tma_store_2d(&args.d, buffer, (int32_t)col0, (int32_t)r0);
+            gemm_bulk_commit();
+        }
+        chunks++;
+    }
+}
+
+// Tile p's D rows of consumer warpgroup wg: staged where it can be, else from registers.
+template <class Smem, uint32_t kAcc>
+__device__ __forceinline__ void gemm_epilogue_tile(const gemm_sm90a_args &args, const Smem &sm,
+                                                   const gemm_tile_pos &p, uint32_t wg,
+                                                   const float (&acc)[kAcc], uint32_t &chunks) {
+    if (!gemm_epilogue_staged_ok(args, p, wg)) {
+        gemm_epilogue(args.gemm, p, wg, acc);
+        return;
+    }
+    bool bias = args.gemm.bias != 0;
+    if (args.gemm.d_dtype == QT_DTYPE_BF16) {
+        if (bias) {
+            gemm_epilogue_staged<2, true>(args, sm, p, wg, acc, chunks);
+        } else {
+            gemm_epilogue_staged<2, false>(args, sm, p, wg, acc, chunks);
+        }
+    } else if (bias) {
+        gemm_epilogue_staged<4, true>(args, sm, p, wg, acc, chunks);
+    } else {
+        gemm_epilogue_staged<4, false>(args, sm, p, wg, acc, chunks);
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The kernel body: barriers, roles, the persistent tile loop.
 
@@ -1023,11 +1188,14 @@ __device__ __forceinline__ void gemm_sm90a_run(const gemm_sm90a_args &args) {
     uint32_t wg = warpgroup - 1;
     gemm_pipe<smem::kStages> pipe = {0, 0};
     float acc[Mainloop::kAcc];
+    uint32_t chunks = 0;  // epilogue chunks this warpgroup has staged (its buffers' turn)
     for (uint32_t t = blockIdx.x; t < sched.total; t += gridDim.x) {
         gemm_tile_pos p = gemm_sched_tile<Shape::kN>(args.gemm, sched, t);
         Mainloop::run(args, sm, p, wg, pipe, acc);
-        gemm_epilogue(args.gemm, p, wg, acc);
+        gemm_epilogue_tile(args, sm, p, wg, acc, chunks);
     }
+    // The stores still running read this CTA's shared memory: they finish before it exits.
+    if ((threadIdx.x & 127u) == 0) gemm_bulk_wait_all();
 }
 
 // ---------------------------------------------------------------------------------------------

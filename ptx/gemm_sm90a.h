@@ -14,7 +14,7 @@
 // is added (per-tensor fp8 with split accumulation, fp8 block scaling): the block's partial and
 // the accumulator then both fit a consumer's registers (96 + 96 of 232). The contraction runs in
 // stages of 128 bytes of k per tile row (64 bf16 values or 128 fp8 codes: one 128-wide fp8 K
-// block), as many stages as shared memory holds (4 of 256 columns, 5 of 192).
+// block), 4 stages of either width beside the epilogue's buffers.
 //
 // The grid is persistent: CTA i takes tiles i, i + grid, ... in a fixed order, so which CTA
 // computes a tile never changes a bit of it.
@@ -32,16 +32,28 @@
 // CTAs running at one time share A and B tiles through L2.
 #define GEMM_SM90A_RASTER_M 16u
 
+// The epilogue stages D through shared memory: each consumer warpgroup writes its 64 rows in
+// chunks of 128 bytes of columns (64 bf16 or 32 fp32) into a buffer of 64 x 128 bytes in the
+// 128-byte swizzle, from which one TMA store per chunk writes D while the warpgroup goes on
+// (the next chunk into its other buffer, or the next tile's main loop). Two buffers per
+// warpgroup where shared memory allows (the native formats), one for the emulated formats.
+#define GEMM_SM90A_EPI_ROWS 64u
+#define GEMM_SM90A_EPI_BUFFER_BYTES (GEMM_SM90A_EPI_ROWS * 128u)
+#define GEMM_SM90A_EPI_BUFFERS 2u
+#define GEMM_SM90A_EMU_EPI_BUFFERS 1u
+#define GEMM_SM90A_EPI_BYTES(buffers) (2u * (buffers) * GEMM_SM90A_EPI_BUFFER_BYTES)
+
 // Shared memory of a launch for tiles of n columns: 1024 bytes of slack to align the stages to
 // the 1024-byte period of the 128-byte swizzle, the stages (A tile 128 x 128 bytes, B tile n x 128
-// bytes), one slot of n FP8 block scales of B per stage, and a full and an empty barrier per
-// stage. Both sizes stay within the 227 KiB an sm_90 CTA can have (197 KiB and 205 KiB).
+// bytes), the epilogue buffers, for split tiles one slot of n FP8 block scales of B per stage,
+// and a full and an empty barrier per stage. Both sizes stay within the 227 KiB an sm_90 CTA can
+// have (225 KiB and 196 KiB).
 #define GEMM_SM90A_STAGE_BYTES(n) ((GEMM_SM90A_TILE_M + (n)) * GEMM_SM90A_K_BYTES)
-#define GEMM_SM90A_STAGES(n) ((n) == GEMM_SM90A_TILE_N_FAST ? 4u : 5u)
-#define GEMM_SM90A_SCALE_SLOT_BYTES(n) ((n) * 4u)
+#define GEMM_SM90A_STAGES(n) 4u
+#define GEMM_SM90A_SCALE_SLOT_BYTES(n) ((n) == GEMM_SM90A_TILE_N_SPLIT ? (n) * 4u : 0u)
 #define GEMM_SM90A_SMEM_BYTES(n)                                                           \
     (1024u + GEMM_SM90A_STAGES(n) * (GEMM_SM90A_STAGE_BYTES(n) + GEMM_SM90A_SCALE_SLOT_BYTES(n)) + \
-     2u * GEMM_SM90A_STAGES(n) * 8u)
+     GEMM_SM90A_EPI_BYTES(GEMM_SM90A_EPI_BUFFERS) + 2u * GEMM_SM90A_STAGES(n) * 8u)
 
 // The emulated formats (MXFP8, NVFP4, both operands K-major): tiles of 128 x 256, stages of 64
 // k whose codes TMA loads as they are stored (MXFP8 64 bytes per tile row, in the 64-byte
@@ -62,7 +74,8 @@
 #define GEMM_SM90A_EMU_SMEM_BYTES(format)                                                      \
     (1024u + GEMM_SM90A_EMU_STAGES(format) *                                                   \
                  (GEMM_SM90A_EMU_STAGE_BYTES(format) + GEMM_SM90A_EMU_SCALE_SLOT_BYTES) +      \
-     GEMM_SM90A_EMU_DECODED_BYTES + 2u * GEMM_SM90A_EMU_STAGES(format) * 8u)
+     GEMM_SM90A_EMU_DECODED_BYTES + GEMM_SM90A_EPI_BYTES(GEMM_SM90A_EMU_EPI_BUFFERS) +        \
+     2u * GEMM_SM90A_EMU_STAGES(format) * 8u)
 
 // Whether a format is emulated on this tier (decoded to BF16 in the consumers).
 QT_HD int qt_gemm_sm90a_emulated(uint32_t format) {
@@ -93,19 +106,25 @@ QT_STATIC_ASSERT(sizeof(gemm_tensor_map) == 128, "gemm_tensor_map is a CUtensorM
 //   a        A codes:  {k, m}              box {stage k, 128}      128-byte swizzle
 //   b        B codes:  {k, n, members}     box {stage k, N, 1}     128-byte swizzle
 //   b_scale  FP8 block 1x128 scales of B (dense): {n, k blocks}, box {N, 1}; else unused
+//   d        D (bf16 or fp32): {n, m}, box {128 bytes of columns, 64}, 128-byte swizzle; the
+//            epilogue's TMA stores, which clip at the tensor's edges. Valid when d_tma is 1:
+//            D 16-byte aligned with rows a multiple of 16 bytes apart, no C to add, and one D
+//            for all members; else the consumers store D from registers.
 // (the emulated formats' maps hold code bytes: {k bytes, rows}, box {64 or 32, rows}).
 typedef struct gemm_sm90a_args {
     gemm_args gemm;           // first: the portable kernel's twin reads it
     uint32_t row_tiles;       // dense: ceil(m / 128); GEMM_GROUP_M: 0 (counted on the device)
     uint32_t col_tiles;       // ceil(n / N)
     uint32_t k_stages;        // ceil(k / stage k)
-    uint32_t reserved[5];
+    uint32_t d_tma;           // 1: the epilogue stores D through the map d
+    uint32_t reserved[4];
     gemm_tensor_map a;
     gemm_tensor_map b;
     gemm_tensor_map b_scale;
+    gemm_tensor_map d;
 } gemm_sm90a_args;
 QT_STATIC_ASSERT(sizeof(gemm_args) == 224, "gemm_sm90a_args pads gemm_args to 256 bytes");
-QT_STATIC_ASSERT(sizeof(gemm_sm90a_args) == 256 + 3 * 128, "gemm_sm90a_args layout");
+QT_STATIC_ASSERT(sizeof(gemm_sm90a_args) == 256 + 4 * 128, "gemm_sm90a_args layout");
 
 #define QT_KERNELS_GEMM_SM90A(X)                                                      \
     X(KERNEL_GEMM_BF16_SM90A, gemm_sm90a, qt_gemm_bf16_sm90a, gemm_sm90a_args)       \

@@ -180,6 +180,30 @@ static qt_status gemm_tier_operand_maps(const gemm_args *g, gemm_sm90a_args *arg
     return QT_OK;
 }
 
+// D's map for the epilogue's TMA stores (gemm_sm90a.h): {n, m}, box {128 bytes of columns,
+// 64 rows}, 128-byte swizzle. Only where TMA can write D as the register stores would: 16-byte
+// alignment of D and of its rows, no C to read (beta C is added on the register path), one D for
+// every member. Otherwise d_tma stays 0.
+static qt_status gemm_tier_output_map(const gemm_args *g, gemm_sm90a_args *args) {
+    bool bf16 = g->d_dtype == QT_DTYPE_BF16;
+    uint64_t elem_bytes = bf16 ? 2u : 4u;
+    bool reads_c = g->c != 0 && g->beta != 0.0f;
+    if ((!bf16 && g->d_dtype != QT_DTYPE_F32) || reads_c || g->d_member_bytes != 0 ||
+        !gemm_tier_aligned16(g->d) || !gemm_tier_aligned16(g->ldd * elem_bytes)) {
+        return QT_OK;
+    }
+    gemm_tier_map d = {bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+                       2,
+                       g->d,
+                       {g->n, g->m, 1},
+                       {g->ldd * elem_bytes, 0},
+                       {(cuuint32_t)(128u / elem_bytes), GEMM_SM90A_EPI_ROWS, 1},
+                       CU_TENSOR_MAP_SWIZZLE_128B};
+    QT_TRY(gemm_tier_encode(&d, &args->d));
+    args->d_tma = 1;
+    return QT_OK;
+}
+
 qt_status gemm_tier_launch(backend *b, const prog_op *op, CUstream stream) {
     kernel_id kernel = gemm_tier_sm90a_kernel(op->kernel);
     QT_ASSERT(kernel != KERNEL_COUNT && op->args_bytes == sizeof(gemm_args));
@@ -196,6 +220,7 @@ qt_status gemm_tier_launch(backend *b, const prog_op *op, CUstream stream) {
     uint32_t row_tiles_max = gemm_tier_row_tiles_max(g);
     if (g->grouping != GEMM_GROUP_M) args.row_tiles = row_tiles_max;  // else counted on the device
     QT_TRY(gemm_tier_operand_maps(g, &args, tile_n));
+    QT_TRY(gemm_tier_output_map(g, &args));
     uint64_t tiles = (uint64_t)row_tiles_max * args.col_tiles;
     uint64_t ctas = (uint64_t)(b->info.sm_count > 0 ? b->info.sm_count : 1);
     if (b->gemm_ctas_max != 0 && b->gemm_ctas_max < ctas) ctas = b->gemm_ctas_max;

@@ -1131,6 +1131,22 @@ static void run_sm90a_shapes(void) {
     c.want_sm90a = true;
     c.tag = "aligned_fast";
     run_case(&c);
+    // FP32 D, with a bias (dense, small integers) and without (M-grouped, random), through the
+    // staged epilogue; the wgrad cases above add C, which keeps the register stores.
+    for (size_t i = 0; i < sizeof aligned / sizeof aligned[0]; i++) {
+        for (int bias = 1; bias >= 0; bias--) {
+            c = base_case(aligned[i].format, KIND_FPROP, bias == 0, bias != 0);
+            c.tokens = aligned[i].tokens;
+            c.in_features = aligned[i].in_features;
+            c.out_features = 96;
+            c.out_bf16 = false;
+            c.bias = bias != 0;
+            c.want_sm90a = true;
+            c.want_auto = -1;
+            c.tag = bias ? "f32_bias" : "f32";
+            run_case(&c);
+        }
+    }
     static const uint32_t all[] = {GEMM_FORMAT_BF16, GEMM_FORMAT_FP8, GEMM_FORMAT_FP8_BLOCK,
                                    GEMM_FORMAT_MXFP8, GEMM_FORMAT_NVFP4};
     static const uint32_t one_stage[] = {64, 128, 128, 64, 64};  // k of one sm_90a stage

@@ -658,6 +658,9 @@ static void gemm_bench_grouped(bench_env *env, bool lt) {
 }
 
 void bench_gemm(bench_env *env) {
+    // For profiling one kernel: QT_BENCH_GEMM_KINDS=text keeps the dense rows whose kind names
+    // contain it and skips the grouped section.
+    const char *kinds = getenv("QT_BENCH_GEMM_KINDS");
     bool lt = bench_lt_open();
     fprintf(env->out, "gemm: qtrain against %s on the same device buffers, workspace %llu MiB, "
             "the heuristic's first algorithm\n", bench_lt_describe(),
@@ -671,10 +674,11 @@ void bench_gemm(bench_env *env) {
         if (env->quick && !shape->quick) continue;
         double lt_bf16_tflops = -1, tflops[GEMM_BENCH_TIERS_MAX];
         for (size_t i = 0; i < GEMM_BENCH_KIND_COUNT; i++) {
+            if (kinds && !strstr(gemm_bench_kinds[i].name, kinds)) continue;
             gemm_bench_dense_case(env, &gemm_bench_kinds[i], shape->m, shape->n, shape->k, lt,
                                   &lt_bf16_tflops, tflops);
         }
     }
-    if (!env->quick) gemm_bench_grouped(env, lt);
+    if (!env->quick && !kinds) gemm_bench_grouped(env, lt);
     bench_lt_close();
 }
