@@ -1031,7 +1031,10 @@ __device__ __forceinline__ void gemm_epilogue(const gemm_args &g, const gemm_til
 // (the wgmma fragment: rows 16 warp + lane / 4 and + 8, column pairs 8 j + 2 (lane % 4)) in the
 // 128-byte swizzle, whose chunk XOR is lane / 4 for all of a thread's rows; a proxy fence and a
 // barrier; the leader issues the store. Padding rows hold zeros; columns past n and rows past
-// the tensor are clipped by the store.
+// the tensor are clipped by the store. Where the 64-row box would reach past the tile's rows into
+// another member's (an M-grouped member's last tile), the threads copy the chunk's rows inside
+// the tile to D themselves instead, 16 bytes at a time (D's rows are a whole number of 16-byte
+// pieces, gemm_tier.c), and the barrier of the next chunk orders their reads before its writes.
 
 #define GEMM_SM90A_EPI_BARRIER 2  // named barriers 2 and 3: consumer warpgroup 0's and 1's
 
@@ -1050,14 +1053,30 @@ __device__ __forceinline__ uint32_t gemm_pack_bf16x2(float lo, float hi) {
     return packed;
 }
 
-// Whether consumer warpgroup wg stores tile p's rows by TMA: D has its map, and the 64-row box
-// ends inside the tile's rows or its rows reach the tensor's end (where the store clips); the
-// other tiles (an M-grouped member's last, when its box would reach into the next member's rows)
-// take gemm_epilogue.
-__device__ __forceinline__ bool gemm_epilogue_staged_ok(const gemm_sm90a_args &args,
-                                                        const gemm_tile_pos &p, uint32_t wg) {
+// The rows of chunk `buffer` (columns col0 ...) that lie inside the tile, rows r0 ... m_end - 1,
+// copied to D by the warpgroup's threads.
+template <uint32_t kOutBytes>
+__device__ __forceinline__ void gemm_epilogue_copy(const gemm_args &g, uint32_t buffer,
+                                                   uint32_t r0, uint32_t m_end, uint32_t col0) {
+    constexpr uint32_t kPieces = GEMM_SM90A_EPI_ROWS * 8u;  // 16-byte pieces of a chunk
+    uint32_t tid = threadIdx.x & 127u;
+    uint8_t *d = reinterpret_cast<uint8_t *>(g.d);
+#pragma unroll
+    for (uint32_t i = 0; i < kPieces / 128u; i++) {
+        uint32_t piece = tid + 128u * i, row = piece / 8u, c16 = piece % 8u;
+        uint32_t col = col0 + c16 * (16u / kOutBytes);
+        if (r0 + row >= m_end || col >= g.n) continue;
+        uint4 v = gemm_lds128(buffer + row * 128u + 16u * (c16 ^ (row % 8u)));
+        *reinterpret_cast<uint4 *>(d + ((uint64_t)(r0 + row) * g.ldd + col) * kOutBytes) = v;
+    }
+}
+
+// Whether consumer warpgroup wg stores tile p's rows by TMA: the 64-row box ends inside the
+// tile's rows, or its rows reach the tensor's end (where the store clips); else it copies them.
+__device__ __forceinline__ bool gemm_epilogue_box_fits(const gemm_args &g, const gemm_tile_pos &p,
+                                                       uint32_t wg) {
     uint32_t r0 = p.m0 + wg * GEMM_SM90A_EPI_ROWS;
-    return args.d_tma != 0 && (r0 + GEMM_SM90A_EPI_ROWS <= p.m_end || p.m_end == args.gemm.m);
+    return r0 + GEMM_SM90A_EPI_ROWS <= p.m_end || p.m_end == g.m;
 }
 
 template <uint32_t kOutBytes, bool kBias, class Smem, uint32_t kAcc>
@@ -1075,6 +1094,7 @@ __device__ __forceinline__ void gemm_epilogue_staged(const gemm_sm90a_args &args
     if (r0 >= p.m_end) return;  // the warpgroup's rows all lie past the member (or m)
     uint32_t row = (tid >> 5) * 16u + (lane >> 2);  // and row + 8
     bool zero[2] = {r0 + row >= p.m_valid_end, r0 + row + 8u >= p.m_valid_end};
+    bool tma = gemm_epilogue_box_fits(g, p, wg);
     float alpha = qt_gemm_alpha(&g, p.member);
     const uint8_t *bias =
         reinterpret_cast<const uint8_t *>(g.bias) + p.member * g.bias_member_bytes;
@@ -1122,7 +1142,9 @@ __device__ __forceinline__ void gemm_epilogue_staged(const gemm_sm90a_args &args
         }
         gemm_fence_proxy_async();
         gemm_epi_barrier(wg);
-        if (tid == 0) {
+        if (!tma) {
+            gemm_epilogue_copy<kOutBytes>(g, buffer, r0, p.m_end, col0);
+        } else if (tid == 0) {
             gemm_tma_store_2d(&args.d, buffer, (int32_t)col0, (int32_t)r0);
             gemm_bulk_commit();
         }
@@ -1130,12 +1152,12 @@ __device__ __forceinline__ void gemm_epilogue_staged(const gemm_sm90a_args &args
     }
 }
 
-// Tile p's D rows of consumer warpgroup wg: staged where it can be, else from registers.
+// Tile p's D rows of consumer warpgroup wg: staged where D has its map, else from registers.
 template <class Smem, uint32_t kAcc>
 __device__ __forceinline__ void gemm_epilogue_tile(const gemm_sm90a_args &args, const Smem &sm,
                                                    const gemm_tile_pos &p, uint32_t wg,
                                                    const float (&acc)[kAcc], uint32_t &chunks) {
-    if (!gemm_epilogue_staged_ok(args, p, wg)) {
+    if (args.d_tma == 0) {
         gemm_epilogue(args.gemm, p, wg, acc);
         return;
     }

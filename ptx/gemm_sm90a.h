@@ -108,8 +108,8 @@ QT_STATIC_ASSERT(sizeof(gemm_tensor_map) == 128, "gemm_tensor_map is a CUtensorM
 //   b_scale  FP8 block 1x128 scales of B (dense): {n, k blocks}, box {N, 1}; else unused
 //   d        D (bf16 or fp32): {n, m}, box {128 bytes of columns, 64}, 128-byte swizzle; the
 //            epilogue's TMA stores, which clip at the tensor's edges. Valid when d_tma is 1:
-//            D 16-byte aligned with rows a multiple of 16 bytes apart, no C to add, and one D
-//            for all members; else the consumers store D from registers.
+//            D 16-byte aligned with rows a multiple of 16 bytes long and apart, no C to add, and
+//            one D for all members; else the consumers store D from registers.
 // (the emulated formats' maps hold code bytes: {k bytes, rows}, box {64 or 32, rows}).
 typedef struct gemm_sm90a_args {
     gemm_args gemm;           // first: the portable kernel's twin reads it

@@ -181,15 +181,17 @@ static qt_status gemm_tier_operand_maps(const gemm_args *g, gemm_sm90a_args *arg
 }
 
 // D's map for the epilogue's TMA stores (gemm_sm90a.h): {n, m}, box {128 bytes of columns,
-// 64 rows}, 128-byte swizzle. Only where TMA can write D as the register stores would: 16-byte
-// alignment of D and of its rows, no C to read (beta C is added on the register path), one D for
-// every member. Otherwise d_tma stays 0.
+// 64 rows}, 128-byte swizzle. Only where the staged epilogue can write D as the register stores
+// would: D, its row pitch and its row length in whole 16-byte pieces (TMA's alignment, and the
+// copies of the boxes that would cross a member), no C to read (beta C is added on the register
+// path), one D for every member. Otherwise d_tma stays 0.
 static qt_status gemm_tier_output_map(const gemm_args *g, gemm_sm90a_args *args) {
     bool bf16 = g->d_dtype == QT_DTYPE_BF16;
     uint64_t elem_bytes = bf16 ? 2u : 4u;
     bool reads_c = g->c != 0 && g->beta != 0.0f;
     if ((!bf16 && g->d_dtype != QT_DTYPE_F32) || reads_c || g->d_member_bytes != 0 ||
-        !gemm_tier_aligned16(g->d) || !gemm_tier_aligned16(g->ldd * elem_bytes)) {
+        !gemm_tier_aligned16(g->d) || !gemm_tier_aligned16(g->ldd * elem_bytes) ||
+        !gemm_tier_aligned16(g->n * elem_bytes)) {
         return QT_OK;
     }
     gemm_tier_map d = {bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
