@@ -286,7 +286,7 @@ struct gemm_shape_native {
     static constexpr uint32_t kABytes = GEMM_SM90A_TILE_M * GEMM_SM90A_K_BYTES;
     static constexpr uint32_t kSlotBytes = GEMM_SM90A_SCALE_SLOT_BYTES(kTileN);
     static constexpr uint32_t kDecodedBytes = 0;
-    static constexpr uint32_t kEpilogueBuffers = GEMM_SM90A_EPI_BUFFERS;
+    static constexpr uint32_t kEpilogueBuffers = GEMM_SM90A_EPI_BUFFERS(kTileN);
     static constexpr uint32_t kSmemBytes = GEMM_SM90A_SMEM_BYTES(kTileN);
 };
 
