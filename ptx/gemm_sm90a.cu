@@ -285,6 +285,7 @@ struct gemm_shape_native {
     static constexpr uint32_t kStageBytes = GEMM_SM90A_STAGE_BYTES(kTileN);
     static constexpr uint32_t kABytes = GEMM_SM90A_TILE_M * GEMM_SM90A_K_BYTES;
     static constexpr uint32_t kSlotBytes = GEMM_SM90A_SCALE_SLOT_BYTES(kTileN);
+    static constexpr uint32_t kSlotRegionBytes = kStages * kSlotBytes;
     static constexpr uint32_t kDecodedBytes = 0;
     static constexpr uint32_t kEpilogueBuffers = GEMM_SM90A_EPI_BUFFERS(kTileN);
     static constexpr uint32_t kSmemBytes = GEMM_SM90A_SMEM_BYTES(kTileN);
@@ -298,13 +299,15 @@ struct gemm_shape_emulated {
     static constexpr uint32_t kStageBytes = GEMM_SM90A_EMU_STAGE_BYTES(kFormat);
     static constexpr uint32_t kABytes = GEMM_SM90A_TILE_M * kRowBytes;
     static constexpr uint32_t kSlotBytes = GEMM_SM90A_EMU_SCALE_SLOT_BYTES;
+    // The slots, or (MXFP8 scale groups) the two group buffers, in one region.
+    static constexpr uint32_t kSlotRegionBytes = GEMM_SM90A_EMU_SCALE_REGION_BYTES(kFormat);
     static constexpr uint32_t kDecodedBytes = GEMM_SM90A_EMU_DECODED_BYTES;
     static constexpr uint32_t kEpilogueBuffers = GEMM_SM90A_EMU_EPI_BUFFERS;
     static constexpr uint32_t kSmemBytes = GEMM_SM90A_EMU_SMEM_BYTES(kFormat);
 };
 
-// Stages, then the decoded tiles, the epilogue buffers, the scale slots and the barriers (a
-// full and an empty one per stage).
+// Stages, then the decoded tiles, the epilogue buffers, the scale slots (or scale group buffers)
+// and the barriers (a full and an empty one per stage).
 template <class Shape>
 struct gemm_smem {
     static constexpr uint32_t kStages = Shape::kStages;
@@ -316,8 +319,10 @@ struct gemm_smem {
     static_assert(kStageBytes % 1024 == 0 && Shape::kABytes % 1024 == 0 &&
                       kSlotBytes % 128 == 0 && kDecodedBytes % 2048 == 0,
                   "aligned stages, tiles and slots");
-    static_assert(Shape::kSmemBytes >= 1024u + kStages * (kStageBytes + kSlotBytes + 16u) +
-                                           kDecodedBytes + kEpilogueBytes,
+    static_assert(Shape::kSlotRegionBytes >= kStages * kSlotBytes, "the region holds the slots");
+    static_assert(Shape::kSmemBytes >= 1024u + kStages * (kStageBytes + 16u) +
+                                           Shape::kSlotRegionBytes + kDecodedBytes +
+                                           kEpilogueBytes,
                   "the launch's shared memory holds the layout");
     uint32_t base;   // shared address of stage 0, 1024-byte aligned
     uint8_t *bytes;  // the same place, generic (for the consumers' reads of the scale slots)
@@ -335,8 +340,12 @@ struct gemm_smem {
     __device__ __forceinline__ uint32_t slot_offset(uint32_t s) const {
         return kStages * kStageBytes + kDecodedBytes + kEpilogueBytes + s * kSlotBytes;
     }
+    // MXFP8 scale group buffer i (0, 1), in the slots' region.
+    __device__ __forceinline__ uint32_t group_offset(uint32_t i) const {
+        return slot_offset(0) + i * GEMM_SM90A_EMU_SCALE_GROUP_BYTES;
+    }
     __device__ __forceinline__ uint32_t full(uint32_t s) const {
-        return base + slot_offset(kStages) + 8 * s;
+        return base + slot_offset(0) + Shape::kSlotRegionBytes + 8 * s;
     }
     __device__ __forceinline__ uint32_t empty(uint32_t s) const { return full(kStages + s); }
 };
@@ -355,6 +364,7 @@ template <uint32_t kStages>
 struct gemm_pipe {
     uint32_t stage, phase;
     uint32_t decoded;  // emulated formats: the decoded B tile of this stage (stages taken, mod 2)
+    uint32_t groups;   // MXFP8 scale groups begun (consumers)
     __device__ __forceinline__ void advance() {
         decoded ^= 1u;
         if (++stage == kStages) {
@@ -452,25 +462,37 @@ __device__ __forceinline__ void gemm_release(const gemm_smem<Shape> &sm, uint32_
 
 // ---------------------------------------------------------------------------------------------
 // Producer: one thread. kStageK: k values per stage (64 bf16, 128 fp8); kScaleSlots: FP8 block
-// scales of B per column, loaded with the stage (each CTA its own; they are small).
+// scales of B per column, loaded with the stage (each CTA its own; they are small);
+// kScaleGroups: MXFP8 scale groups when args.scale_tma (gemm_sm90a.h), loaded with the first
+// stage of each group of GEMM_SM90A_EMU_SCALE_GROUP into group buffer (groups so far) % 2.
+// Reusing a group buffer is safe without a barrier of its own: every group is whole (k_stages is
+// a multiple of its length), so when the producer may refill the stage that starts group g + 2,
+// the consumers have released the stage kStages before it, past every stage of group g.
 
-template <class Shape, uint32_t kStageK, bool kScaleSlots>
+template <class Shape, uint32_t kStageK, bool kScaleSlots, bool kScaleGroups>
 __device__ __forceinline__ void gemm_produce(const gemm_sm90a_args &args,
                                              const gemm_smem<Shape> &sm, gemm_sched s) {
     using smem = gemm_smem<Shape>;
     constexpr uint32_t kBytes = smem::kStageBytes + (kScaleSlots ? smem::kSlotBytes : 0u);
+    static_assert(!kScaleGroups || smem::kStages <= GEMM_SM90A_EMU_SCALE_GROUP,
+                  "a group buffer is refilled only after its group's stages are released");
+    bool groups = kScaleGroups && args.scale_tma != 0;
     gemm_tma_prefetch(&args.a);
     gemm_tma_prefetch(&args.b);
-    if (kScaleSlots) gemm_tma_prefetch(&args.b_scale);
+    if (kScaleSlots || groups) gemm_tma_prefetch(&args.b_scale);
+    if (groups) gemm_tma_prefetch(&args.a_scale);
     gemm_pipe<smem::kStages> pipe = {0, 0};
+    uint32_t group = 0;
     for (uint32_t t = blockIdx.x; t < s.total; t += gridDim.x) {
         gemm_tile_pos p = gemm_sched_tile<Shape::kN>(args.gemm, s, t);
         for (uint32_t kb = 0; kb < args.k_stages; kb++) {
             gemm_mbar_wait(sm.empty(pipe.stage), pipe.phase ^ 1u);
             uint32_t full = sm.full(pipe.stage);
+            bool group_start = groups && kb % GEMM_SM90A_EMU_SCALE_GROUP == 0;
             // NOTE: a box that reaches past the tensor still delivers its full size (zeros
             // outside), so every stage completes the same byte count.
-            gemm_mbar_expect_bytes(full, kBytes);
+            gemm_mbar_expect_bytes(full,
+                                   kBytes + (group_start ? GEMM_SM90A_EMU_SCALE_GROUP_BYTES : 0u));
             int32_t k0 = (int32_t)(kb * kStageK);
             gemm_tma_load_2d(sm.a(pipe.stage), &args.a, full, k0, (int32_t)p.m0);
             gemm_tma_load_3d(sm.b(pipe.stage), &args.b, full, k0, (int32_t)p.n0,
@@ -478,6 +500,14 @@ __device__ __forceinline__ void gemm_produce(const gemm_sm90a_args &args,
             if (kScaleSlots) {
                 gemm_tma_load_2d(sm.base + sm.slot_offset(pipe.stage), &args.b_scale, full,
                                  (int32_t)p.n0, (int32_t)kb);
+            }
+            if (group_start) {
+                uint32_t buffer = sm.base + sm.group_offset(group & 1u);
+                int32_t x = (int32_t)(kb / GEMM_SM90A_EMU_SCALE_GROUP * 16u);
+                gemm_tma_load_2d(buffer, &args.a_scale, full, x, (int32_t)p.m0);
+                gemm_tma_load_3d(buffer + GEMM_SM90A_TILE_M * 16u, &args.b_scale, full, x,
+                                 (int32_t)p.n0, (int32_t)p.member);
+                group++;
             }
             pipe.advance();
         }
@@ -492,6 +522,7 @@ __device__ __forceinline__ void gemm_produce(const gemm_sm90a_args &args,
 // The native formats': no scale loaders, one release per consumer warp (gemm_release).
 struct gemm_roles_native {
     static constexpr uint32_t kScaleLoaderWarps = 0;
+    static constexpr bool kScaleGroups = false;
     static constexpr uint32_t kEmptyArrivals = GEMM_SM90A_CONSUMER_WARPS;
     static constexpr uint32_t kProducerRegs = GEMM_SM90A_PRODUCER_REGS;
     static constexpr uint32_t kConsumerRegs = GEMM_SM90A_CONSUMER_REGS;
@@ -835,6 +866,8 @@ struct gemm_mainloop_emulated {
                   "two decoded stages");
 
     static constexpr uint32_t kScaleLoaderWarps = 3;
+    // MXFP8 takes its scales in groups by TMA when the launch allows (args.scale_tma).
+    static constexpr bool kScaleGroups = !kNvfp4;
     // Every consumer thread reads the stage (codes and scale slot) with its own loads and
     // releases it with its own arrival, which orders exactly its reads before the next writes.
     static constexpr uint32_t kEmptyArrivals = 32 * GEMM_SM90A_CONSUMER_WARPS;
@@ -851,12 +884,24 @@ struct gemm_mainloop_emulated {
         uint32_t b[kBlocks];
     };
 
+    // From the stage's slot, or with `group` (a group buffer) from its rows, at the stage's
+    // 2 bytes (position kb % 8 of the group).
     static __device__ __forceinline__ scales read_scales(const gemm_smem<Shape> &sm,
                                                          uint32_t stage, uint32_t a_row,
-                                                         uint32_t b_row, uint32_t wg) {
-        const uint32_t *slot =
-            reinterpret_cast<const uint32_t *>(sm.bytes + sm.slot_offset(stage));
-        uint32_t a = slot[a_row], b = slot[GEMM_SM90A_TILE_M + b_row];
+                                                         uint32_t b_row, uint32_t wg,
+                                                         const uint8_t *group, uint32_t kb) {
+        uint32_t a, b;
+        if (group != nullptr) {
+            uint32_t at = 2u * (kb % GEMM_SM90A_EMU_SCALE_GROUP);
+            a = *reinterpret_cast<const uint16_t *>(group + a_row * 16u + at);
+            b = *reinterpret_cast<const uint16_t *>(group + (GEMM_SM90A_TILE_M + b_row) * 16u +
+                                                     at);
+        } else {
+            const uint32_t *slot =
+                reinterpret_cast<const uint32_t *>(sm.bytes + sm.slot_offset(stage));
+            a = slot[a_row];
+            b = slot[GEMM_SM90A_TILE_M + b_row];
+        }
         scales s;
 #pragma unroll
         for (uint32_t p = 0; p < 2; p++) {
@@ -930,7 +975,12 @@ struct gemm_mainloop_emulated {
             uint32_t dec_b = dec_a + kDecodedA;
             gemm_mbar_wait(sm.full(pipe.stage), pipe.phase);
             uint32_t raw_a = sm.a(pipe.stage), raw_b = sm.b(pipe.stage);
-            scales s = read_scales(sm, pipe.stage, tid, b_row, wg);
+            const uint8_t *group = nullptr;
+            if (kScaleGroups && args.scale_tma != 0) {
+                if (kb % GEMM_SM90A_EMU_SCALE_GROUP == 0) pipe.groups++;
+                group = sm.bytes + sm.group_offset((pipe.groups - 1u) & 1u);
+            }
+            scales s = read_scales(sm, pipe.stage, tid, b_row, wg, group, kb);
             if (exact(s)) {
                 decode_stage<true>(raw_a, raw_b, tid, b_row, wg, s, dec_a, dec_b);
             } else {
@@ -1184,9 +1234,13 @@ __device__ __forceinline__ void gemm_sm90a_run(const gemm_sm90a_args &args) {
     using smem = gemm_smem<Shape>;
     smem sm = gemm_smem_carve<Shape>();
     if (threadIdx.x == 0) {
+        // The producer's expect-bytes arrival, and the scale loaders' (one per thread) unless
+        // the scales come in groups by TMA.
+        uint32_t loaders = Mainloop::kScaleGroups && args.scale_tma != 0
+                               ? 0u
+                               : 32 * Mainloop::kScaleLoaderWarps;
         for (uint32_t s = 0; s < smem::kStages; s++) {
-            // The producer's expect-bytes arrival, and the scale loaders' (one per thread).
-            gemm_mbar_init(sm.full(s), 1 + 32 * Mainloop::kScaleLoaderWarps);
+            gemm_mbar_init(sm.full(s), 1 + loaders);
             gemm_mbar_init(sm.empty(s), Mainloop::kEmptyArrivals);
         }
         // Make the initialized barriers visible to the other threads and to the TMA unit (the
@@ -1199,10 +1253,13 @@ __device__ __forceinline__ void gemm_sm90a_run(const gemm_sm90a_args &args) {
     uint32_t warpgroup = threadIdx.x / 128;
     if (warpgroup == 0) {
         gemm_regs_producer<Mainloop::kProducerRegs>();
-        if (threadIdx.x == 0) gemm_produce<Shape, kStageK, kScaleSlots>(args, sm, sched);
+        if (threadIdx.x == 0) {
+            gemm_produce<Shape, kStageK, kScaleSlots, Mainloop::kScaleGroups>(args, sm, sched);
+        }
         if constexpr (Mainloop::kScaleLoaderWarps != 0) {
             static_assert(Mainloop::kScaleLoaderWarps == 3, "warps 1-3 load scales");
-            if (threadIdx.x >= 32) Mainloop::load_scales(args, sm, sched);
+            bool groups = Mainloop::kScaleGroups && args.scale_tma != 0;
+            if (threadIdx.x >= 32 && !groups) Mainloop::load_scales(args, sm, sched);
         }
         return;
     }

@@ -73,11 +73,22 @@
 // Per stage, the block scales of its 128 + 256 tile rows, one 4-byte word per row (the stage's
 // 2 MXFP8 or 4 NVFP4 scale bytes), which warps 1-3 of the producer warpgroup load.
 #define GEMM_SM90A_EMU_SCALE_SLOT_BYTES ((GEMM_SM90A_TILE_M + GEMM_SM90A_EMU_TILE_N) * 4u)
+// MXFP8 scale groups (args.scale_tma, which gemm_tier.c sets when K is a multiple of 512 and the
+// scale rows are whole 16-byte pieces): instead of the loader warps, the producer's TMA brings
+// the scales of 8 stages at a time, 16 bytes per tile row (A's 128 rows, then B's 256), with the
+// first stage of each group, into one of two group buffers, which take the slots' place. The
+// loads then stay off the load/store pipe that the decode's shared-memory traffic fills.
+#define GEMM_SM90A_EMU_SCALE_GROUP 8u
+#define GEMM_SM90A_EMU_SCALE_GROUP_BYTES ((GEMM_SM90A_TILE_M + GEMM_SM90A_EMU_TILE_N) * 16u)
+#define GEMM_SM90A_EMU_SCALE_REGION_BYTES(format)                                         \
+    (GEMM_SM90A_EMU_STAGES(format) * GEMM_SM90A_EMU_SCALE_SLOT_BYTES >                    \
+             2u * GEMM_SM90A_EMU_SCALE_GROUP_BYTES                                        \
+         ? GEMM_SM90A_EMU_STAGES(format) * GEMM_SM90A_EMU_SCALE_SLOT_BYTES                \
+         : 2u * GEMM_SM90A_EMU_SCALE_GROUP_BYTES)
 #define GEMM_SM90A_EMU_SMEM_BYTES(format)                                                      \
-    (1024u + GEMM_SM90A_EMU_STAGES(format) *                                                   \
-                 (GEMM_SM90A_EMU_STAGE_BYTES(format) + GEMM_SM90A_EMU_SCALE_SLOT_BYTES) +      \
-     GEMM_SM90A_EMU_DECODED_BYTES + GEMM_SM90A_EPI_BYTES(GEMM_SM90A_EMU_EPI_BUFFERS) +        \
-     2u * GEMM_SM90A_EMU_STAGES(format) * 8u)
+    (1024u + GEMM_SM90A_EMU_STAGES(format) * GEMM_SM90A_EMU_STAGE_BYTES(format) +              \
+     GEMM_SM90A_EMU_SCALE_REGION_BYTES(format) + GEMM_SM90A_EMU_DECODED_BYTES +               \
+     GEMM_SM90A_EPI_BYTES(GEMM_SM90A_EMU_EPI_BUFFERS) + 2u * GEMM_SM90A_EMU_STAGES(format) * 8u)
 
 // Whether a format is emulated on this tier (decoded to BF16 in the consumers).
 QT_HD int qt_gemm_sm90a_emulated(uint32_t format) {
@@ -107,7 +118,9 @@ QT_STATIC_ASSERT(sizeof(gemm_tensor_map) == 128, "gemm_tensor_map is a CUtensorM
 // is how row, column and k tails read as zeros), for tiles of N columns:
 //   a        A codes:  {k, m}              box {stage k, 128}      128-byte swizzle
 //   b        B codes:  {k, n, members}     box {stage k, N, 1}     128-byte swizzle
-//   b_scale  FP8 block 1x128 scales of B (dense): {n, k blocks}, box {N, 1}; else unused
+//   b_scale  FP8 block 1x128 scales of B (dense): {n, k blocks}, box {N, 1}; MXFP8 with
+//            scale_tma: B's e8m0 scales {k / 32 bytes, n, members}, box {16, 256, 1}
+//   a_scale  MXFP8 with scale_tma: A's e8m0 scales {k / 32 bytes, m}, box {16, 128}
 //   d        D (bf16 or fp32): {n, m}, box {128 bytes of columns, 64}, 128-byte swizzle; the
 //            epilogue's TMA stores, which clip at the tensor's edges. Valid when d_tma is 1:
 //            D 16-byte aligned with rows a multiple of 16 bytes long and apart, no C to add, and
@@ -119,14 +132,16 @@ typedef struct gemm_sm90a_args {
     uint32_t col_tiles;       // ceil(n / N)
     uint32_t k_stages;        // ceil(k / stage k)
     uint32_t d_tma;           // 1: the epilogue stores D through the map d
-    uint32_t reserved[4];
+    uint32_t scale_tma;       // 1: MXFP8 scale groups through a_scale and b_scale
+    uint32_t reserved[3];
     gemm_tensor_map a;
     gemm_tensor_map b;
     gemm_tensor_map b_scale;
     gemm_tensor_map d;
+    gemm_tensor_map a_scale;
 } gemm_sm90a_args;
 QT_STATIC_ASSERT(sizeof(gemm_args) == 224, "gemm_sm90a_args pads gemm_args to 256 bytes");
-QT_STATIC_ASSERT(sizeof(gemm_sm90a_args) == 256 + 4 * 128, "gemm_sm90a_args layout");
+QT_STATIC_ASSERT(sizeof(gemm_sm90a_args) == 256 + 5 * 128, "gemm_sm90a_args layout");
 
 #define QT_KERNELS_GEMM_SM90A(X)                                                      \
     X(KERNEL_GEMM_BF16_SM90A, gemm_sm90a, qt_gemm_bf16_sm90a, gemm_sm90a_args)       \

@@ -30,6 +30,10 @@
 // device and the backend's tier setting are not considered.
 bool gemm_tier_sm90a_supports(const gemm_args *g);
 
+// Whether the sm90a tier's MXFP8 kernel takes these args' block scales in groups by TMA
+// (gemm_sm90a.h) rather than through its loader warps.
+bool gemm_tier_scale_groups(const gemm_args *g);
+
 // Whether backend_launch_op hands this op to gemm_tier_launch: a portable GEMM kernel, a GPU
 // backend on a compute capability 9.0 device with the sm90a module loaded, tier AUTO or SM90A,
 // gemm_tier_sm90a_supports, and with AUTO at least 32 tiles (gemm_tier.c says why).

@@ -278,6 +278,7 @@ typedef struct tcase {
     bool e5m2_grad;          // fp8 kinds: dy in E5M2
     bool want_sm90a;         // the sm_90a tier must take it (on a compute capability 9.0 GPU)
     int want_auto;           // AUTO's shape rule: 1 takes the sm_90a tier, -1 does not, 0 either
+    bool want_scale_groups;  // MXFP8 on the sm_90a tier: scales in groups by TMA
     const char *tag;         // distinguishes cases of one kind
 } tcase;
 
@@ -925,6 +926,10 @@ static void run_case_sm90a(const tproblem *p, const uint8_t *d_ref, const uint8_
     sm90a_cases++;
     sm90a_taken += taken;
     CHECK(taken || !p->c.want_sm90a, "the sm_90a tier did not take the GEMM");
+    gemm_args args;
+    memcpy(&args, gpu_rig.prog.ops[0].args, sizeof args);
+    CHECK(!p->c.want_scale_groups || gemm_tier_scale_groups(&args),
+          "the MXFP8 scales do not come in groups by TMA");
     gpu_rig.be.gemm_tier = BACKEND_GEMM_TIER_AUTO;
     bool auto_takes = gemm_tier_takes(&gpu_rig.be, &gpu_rig.prog.ops[0]);
     CHECK(p->c.want_auto == 0 || auto_takes == (p->c.want_auto > 0),
@@ -1162,6 +1167,26 @@ static void run_sm90a_shapes(void) {
         c.in_features = one_stage[i];
         c.want_sm90a = true;
         c.tag = "one_stage";
+        run_case(&c);
+    }
+    // MXFP8 with K a multiple of 512: the scales come in groups by TMA. Dense and M-grouped, and
+    // 5 x 9 tiles that the repeat run's 3 CTAs walk 15 at a time (the group buffers alternate
+    // across tiles).
+    static const struct {
+        uint32_t tokens, in_features, out_features;
+        bool grouped, ints;
+        const char *tag;
+    } scale_groups[] = {{272, 1024, 96, false, false, "scale_groups"},
+                        {288, 512, 96, true, true, "scale_groups"},
+                        {600, 512, 2100, false, false, "scale_groups_tiles45"}};
+    for (size_t i = 0; i < sizeof scale_groups / sizeof scale_groups[0]; i++) {
+        c = base_case(GEMM_FORMAT_MXFP8, KIND_FPROP, scale_groups[i].grouped, scale_groups[i].ints);
+        c.tokens = scale_groups[i].tokens;
+        c.in_features = scale_groups[i].in_features;
+        c.out_features = scale_groups[i].out_features;
+        c.want_sm90a = true;
+        c.want_scale_groups = true;
+        c.tag = scale_groups[i].tag;
         run_case(&c);
     }
     // 9 x 16 = 144 tiles of 128 x 256: more than the 132 SMs of an H100, so AUTO takes the
