@@ -286,6 +286,8 @@ struct gemm_shape_native {
     static constexpr uint32_t kABytes = GEMM_SM90A_TILE_M * GEMM_SM90A_K_BYTES;
     static constexpr uint32_t kSlotBytes = GEMM_SM90A_SCALE_SLOT_BYTES(kTileN);
     static constexpr uint32_t kSlotRegionBytes = kStages * kSlotBytes;
+    static constexpr uint32_t kScaleRowBytes = 0;  // no scale groups
+    static constexpr uint32_t kScaleGroupBytes = 0;
     static constexpr uint32_t kDecodedBytes = 0;
     static constexpr uint32_t kEpilogueBuffers = GEMM_SM90A_EPI_BUFFERS(kTileN);
     static constexpr uint32_t kSmemBytes = GEMM_SM90A_SMEM_BYTES(kTileN);
@@ -299,7 +301,9 @@ struct gemm_shape_emulated {
     static constexpr uint32_t kStageBytes = GEMM_SM90A_EMU_STAGE_BYTES(kFormat);
     static constexpr uint32_t kABytes = GEMM_SM90A_TILE_M * kRowBytes;
     static constexpr uint32_t kSlotBytes = GEMM_SM90A_EMU_SCALE_SLOT_BYTES;
-    // The slots, or (MXFP8 scale groups) the two group buffers, in one region.
+    static constexpr uint32_t kScaleRowBytes = GEMM_SM90A_EMU_SCALE_ROW_BYTES(kFormat);
+    static constexpr uint32_t kScaleGroupBytes = GEMM_SM90A_EMU_SCALE_GROUP_BYTES(kFormat);
+    // The slots, or (scale groups) the two group buffers, in one region.
     static constexpr uint32_t kSlotRegionBytes = GEMM_SM90A_EMU_SCALE_REGION_BYTES(kFormat);
     static constexpr uint32_t kDecodedBytes = GEMM_SM90A_EMU_DECODED_BYTES;
     static constexpr uint32_t kEpilogueBuffers = GEMM_SM90A_EMU_EPI_BUFFERS;
@@ -340,9 +344,9 @@ struct gemm_smem {
     __device__ __forceinline__ uint32_t slot_offset(uint32_t s) const {
         return kStages * kStageBytes + kDecodedBytes + kEpilogueBytes + s * kSlotBytes;
     }
-    // MXFP8 scale group buffer i (0, 1), in the slots' region.
+    // Scale group buffer i (0, 1) of the emulated formats, in the slots' region.
     __device__ __forceinline__ uint32_t group_offset(uint32_t i) const {
-        return slot_offset(0) + i * GEMM_SM90A_EMU_SCALE_GROUP_BYTES;
+        return slot_offset(0) + i * Shape::kScaleGroupBytes;
     }
     __device__ __forceinline__ uint32_t full(uint32_t s) const {
         return base + slot_offset(0) + Shape::kSlotRegionBytes + 8 * s;
@@ -364,7 +368,7 @@ template <uint32_t kStages>
 struct gemm_pipe {
     uint32_t stage, phase;
     uint32_t decoded;  // emulated formats: the decoded B tile of this stage (stages taken, mod 2)
-    uint32_t groups;   // MXFP8 scale groups begun (consumers)
+    uint32_t groups;   // emulated formats: scale groups begun (consumers)
     __device__ __forceinline__ void advance() {
         decoded ^= 1u;
         if (++stage == kStages) {
@@ -463,8 +467,9 @@ __device__ __forceinline__ void gemm_release(const gemm_smem<Shape> &sm, uint32_
 // ---------------------------------------------------------------------------------------------
 // Producer: one thread. kStageK: k values per stage (64 bf16, 128 fp8); kScaleSlots: FP8 block
 // scales of B per column, loaded with the stage (each CTA its own; they are small);
-// kScaleGroups: MXFP8 scale groups when args.scale_tma (gemm_sm90a.h), loaded with the first
-// stage of each group of GEMM_SM90A_EMU_SCALE_GROUP into group buffer (groups so far) % 2.
+// kScaleGroups: the emulated formats' scale groups when args.scale_tma (gemm_sm90a.h), loaded
+// with the first stage of each group of GEMM_SM90A_EMU_SCALE_GROUP into group buffer
+// (groups so far) % 2.
 // Reusing a group buffer is safe without a barrier of its own: every group is whole (k_stages is
 // a multiple of its length), so when the producer may refill the stage that starts group g + 2,
 // the consumers have released the stage kStages before it, past every stage of group g.
@@ -476,6 +481,8 @@ __device__ __forceinline__ void gemm_produce(const gemm_sm90a_args &args,
     constexpr uint32_t kBytes = smem::kStageBytes + (kScaleSlots ? smem::kSlotBytes : 0u);
     static_assert(!kScaleGroups || smem::kStages <= GEMM_SM90A_EMU_SCALE_GROUP,
                   "a group buffer is refilled only after its group's stages are released");
+    constexpr uint32_t kRowBytes = Shape::kScaleRowBytes;
+    constexpr uint32_t kGroupBytes = Shape::kScaleGroupBytes;
     bool groups = kScaleGroups && args.scale_tma != 0;
     gemm_tma_prefetch(&args.a);
     gemm_tma_prefetch(&args.b);
@@ -491,8 +498,7 @@ __device__ __forceinline__ void gemm_produce(const gemm_sm90a_args &args,
             bool group_start = groups && kb % GEMM_SM90A_EMU_SCALE_GROUP == 0;
             // NOTE: a box that reaches past the tensor still delivers its full size (zeros
             // outside), so every stage completes the same byte count.
-            gemm_mbar_expect_bytes(full,
-                                   kBytes + (group_start ? GEMM_SM90A_EMU_SCALE_GROUP_BYTES : 0u));
+            gemm_mbar_expect_bytes(full, kBytes + (group_start ? kGroupBytes : 0u));
             int32_t k0 = (int32_t)(kb * kStageK);
             gemm_tma_load_2d(sm.a(pipe.stage), &args.a, full, k0, (int32_t)p.m0);
             gemm_tma_load_3d(sm.b(pipe.stage), &args.b, full, k0, (int32_t)p.n0,
@@ -503,9 +509,9 @@ __device__ __forceinline__ void gemm_produce(const gemm_sm90a_args &args,
             }
             if (group_start) {
                 uint32_t buffer = sm.base + sm.group_offset(group & 1u);
-                int32_t x = (int32_t)(kb / GEMM_SM90A_EMU_SCALE_GROUP * 16u);
+                int32_t x = (int32_t)(kb / GEMM_SM90A_EMU_SCALE_GROUP * kRowBytes);
                 gemm_tma_load_2d(buffer, &args.a_scale, full, x, (int32_t)p.m0);
-                gemm_tma_load_3d(buffer + GEMM_SM90A_TILE_M * 16u, &args.b_scale, full, x,
+                gemm_tma_load_3d(buffer + GEMM_SM90A_TILE_M * kRowBytes, &args.b_scale, full, x,
                                  (int32_t)p.n0, (int32_t)p.member);
                 group++;
             }
@@ -866,8 +872,8 @@ struct gemm_mainloop_emulated {
                   "two decoded stages");
 
     static constexpr uint32_t kScaleLoaderWarps = 3;
-    // MXFP8 takes its scales in groups by TMA when the launch allows (args.scale_tma).
-    static constexpr bool kScaleGroups = !kNvfp4;
+    // The scales come in groups by TMA when the launch allows (args.scale_tma).
+    static constexpr bool kScaleGroups = true;
     // Every consumer thread reads the stage (codes and scale slot) with its own loads and
     // releases it with its own arrival, which orders exactly its reads before the next writes.
     static constexpr uint32_t kEmptyArrivals = 32 * GEMM_SM90A_CONSUMER_WARPS;
@@ -885,17 +891,22 @@ struct gemm_mainloop_emulated {
     };
 
     // From the stage's slot, or with `group` (a group buffer) from its rows, at the stage's
-    // 2 bytes (position kb % 8 of the group).
+    // kBlocks bytes (position kb % 8 of the group).
     static __device__ __forceinline__ scales read_scales(const gemm_smem<Shape> &sm,
                                                          uint32_t stage, uint32_t a_row,
                                                          uint32_t b_row, uint32_t wg,
                                                          const uint8_t *group, uint32_t kb) {
         uint32_t a, b;
         if (group != nullptr) {
-            uint32_t at = 2u * (kb % GEMM_SM90A_EMU_SCALE_GROUP);
-            a = *reinterpret_cast<const uint16_t *>(group + a_row * 16u + at);
-            b = *reinterpret_cast<const uint16_t *>(group + (GEMM_SM90A_TILE_M + b_row) * 16u +
-                                                     at);
+            constexpr uint32_t kRow = Shape::kScaleRowBytes;
+            const uint8_t *at = group + kBlocks * (kb % GEMM_SM90A_EMU_SCALE_GROUP);
+            if constexpr (kNvfp4) {
+                a = *reinterpret_cast<const uint32_t *>(at + a_row * kRow);
+                b = *reinterpret_cast<const uint32_t *>(at + (GEMM_SM90A_TILE_M + b_row) * kRow);
+            } else {
+                a = *reinterpret_cast<const uint16_t *>(at + a_row * kRow);
+                b = *reinterpret_cast<const uint16_t *>(at + (GEMM_SM90A_TILE_M + b_row) * kRow);
+            }
         } else {
             const uint32_t *slot =
                 reinterpret_cast<const uint32_t *>(sm.bytes + sm.slot_offset(stage));

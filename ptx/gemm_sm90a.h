@@ -59,32 +59,36 @@
 
 // The emulated formats (MXFP8, NVFP4, both operands K-major): tiles of 128 x 256, stages of 64
 // k whose codes TMA loads as they are stored (MXFP8 64 bytes per tile row, in the 64-byte
-// swizzle; NVFP4 32 bytes, in the 32-byte swizzle), as many as 96 KiB holds (4, or 8 for
-// NVFP4). The consumers decode each into one of two BF16 stages (A 128 and B 256 rows of 128
-// bytes, the 128-byte swizzle wgmma reads).
+// swizzle; NVFP4 32 bytes, in the 32-byte swizzle): 4 stages of MXFP8 (96 KiB), 6 of NVFP4
+// (72 KiB, which leaves room for its scale groups). The consumers decode each into one of two
+// BF16 stages (A 128 and B 256 rows of 128 bytes, the 128-byte swizzle wgmma reads).
 #define GEMM_SM90A_EMU_TILE_N 256u
 #define GEMM_SM90A_EMU_K 64u
 #define GEMM_SM90A_EMU_ROW_BYTES(format) ((format) == GEMM_FORMAT_NVFP4 ? 32u : 64u)
 #define GEMM_SM90A_EMU_STAGE_BYTES(format) \
     ((GEMM_SM90A_TILE_M + GEMM_SM90A_EMU_TILE_N) * GEMM_SM90A_EMU_ROW_BYTES(format))
-#define GEMM_SM90A_EMU_STAGES(format) (98304u / GEMM_SM90A_EMU_STAGE_BYTES(format))
+#define GEMM_SM90A_EMU_STAGES(format) ((format) == GEMM_FORMAT_NVFP4 ? 6u : 4u)
 #define GEMM_SM90A_EMU_DECODED_BYTES \
     (2u * (GEMM_SM90A_TILE_M + GEMM_SM90A_EMU_TILE_N) * GEMM_SM90A_K_BYTES)
 // Per stage, the block scales of its 128 + 256 tile rows, one 4-byte word per row (the stage's
 // 2 MXFP8 or 4 NVFP4 scale bytes), which warps 1-3 of the producer warpgroup load.
 #define GEMM_SM90A_EMU_SCALE_SLOT_BYTES ((GEMM_SM90A_TILE_M + GEMM_SM90A_EMU_TILE_N) * 4u)
-// MXFP8 scale groups (args.scale_tma, which gemm_tier.c sets when K is a multiple of 512 and the
+// Scale groups (args.scale_tma, which gemm_tier.c sets when K is a multiple of 512 and the
 // scale rows are whole 16-byte pieces): instead of the loader warps, the producer's TMA brings
-// the scales of 8 stages at a time, 16 bytes per tile row (A's 128 rows, then B's 256), with the
-// first stage of each group, into one of two group buffers, which take the slots' place. The
-// loads then stay off the load/store pipe that the decode's shared-memory traffic fills.
+// the scales of 8 stages at a time, 16 bytes (MXFP8) or 32 (NVFP4) per tile row (A's 128 rows,
+// then B's 256), with the first stage of each group, into one of two group buffers, which take
+// the slots' place. The loads then stay off the load/store pipe, which the decode's
+// shared-memory traffic fills: through the loader warps, the scales came late (H100: MXFP8 at
+// 4096^3 and 8192^3 +20-23% by TMA).
 #define GEMM_SM90A_EMU_SCALE_GROUP 8u
-#define GEMM_SM90A_EMU_SCALE_GROUP_BYTES ((GEMM_SM90A_TILE_M + GEMM_SM90A_EMU_TILE_N) * 16u)
+#define GEMM_SM90A_EMU_SCALE_ROW_BYTES(format) ((format) == GEMM_FORMAT_NVFP4 ? 32u : 16u)
+#define GEMM_SM90A_EMU_SCALE_GROUP_BYTES(format) \
+    ((GEMM_SM90A_TILE_M + GEMM_SM90A_EMU_TILE_N) * GEMM_SM90A_EMU_SCALE_ROW_BYTES(format))
 #define GEMM_SM90A_EMU_SCALE_REGION_BYTES(format)                                         \
     (GEMM_SM90A_EMU_STAGES(format) * GEMM_SM90A_EMU_SCALE_SLOT_BYTES >                    \
-             2u * GEMM_SM90A_EMU_SCALE_GROUP_BYTES                                        \
+             2u * GEMM_SM90A_EMU_SCALE_GROUP_BYTES(format)                                \
          ? GEMM_SM90A_EMU_STAGES(format) * GEMM_SM90A_EMU_SCALE_SLOT_BYTES                \
-         : 2u * GEMM_SM90A_EMU_SCALE_GROUP_BYTES)
+         : 2u * GEMM_SM90A_EMU_SCALE_GROUP_BYTES(format))
 #define GEMM_SM90A_EMU_SMEM_BYTES(format)                                                      \
     (1024u + GEMM_SM90A_EMU_STAGES(format) * GEMM_SM90A_EMU_STAGE_BYTES(format) +              \
      GEMM_SM90A_EMU_SCALE_REGION_BYTES(format) + GEMM_SM90A_EMU_DECODED_BYTES +               \
@@ -118,9 +122,10 @@ QT_STATIC_ASSERT(sizeof(gemm_tensor_map) == 128, "gemm_tensor_map is a CUtensorM
 // is how row, column and k tails read as zeros), for tiles of N columns:
 //   a        A codes:  {k, m}              box {stage k, 128}      128-byte swizzle
 //   b        B codes:  {k, n, members}     box {stage k, N, 1}     128-byte swizzle
-//   b_scale  FP8 block 1x128 scales of B (dense): {n, k blocks}, box {N, 1}; MXFP8 with
-//            scale_tma: B's e8m0 scales {k / 32 bytes, n, members}, box {16, 256, 1}
-//   a_scale  MXFP8 with scale_tma: A's e8m0 scales {k / 32 bytes, m}, box {16, 128}
+//   b_scale  FP8 block 1x128 scales of B (dense): {n, k blocks}, box {N, 1}; MXFP8 and NVFP4
+//            with scale_tma: B's scale bytes {k / block, n, members}, box {16 or 32, 256, 1}
+//   a_scale  MXFP8 and NVFP4 with scale_tma: A's scale bytes {k / block, m}, box {16 or 32,
+//            128}
 //   d        D (bf16 or fp32): {n, m}, box {128 bytes of columns, 64}, 128-byte swizzle; the
 //            epilogue's TMA stores, which clip at the tensor's edges. Valid when d_tma is 1:
 //            D 16-byte aligned with rows a multiple of 16 bytes long and apart, no C to add, and
@@ -132,7 +137,7 @@ typedef struct gemm_sm90a_args {
     uint32_t col_tiles;       // ceil(n / N)
     uint32_t k_stages;        // ceil(k / stage k)
     uint32_t d_tma;           // 1: the epilogue stores D through the map d
-    uint32_t scale_tma;       // 1: MXFP8 scale groups through a_scale and b_scale
+    uint32_t scale_tma;       // 1: emulated formats' scale groups through a_scale and b_scale
     uint32_t reserved[3];
     gemm_tensor_map a;
     gemm_tensor_map b;

@@ -147,14 +147,14 @@ static qt_status gemm_tier_encode(const gemm_tier_map *m, gemm_tensor_map *out) 
     return QT_OK;
 }
 
-// MXFP8 scale groups: whole groups of 8 stages (K a multiple of 512, so no group reads scale
-// bytes past the contraction), scale arrays and rows in whole 16-byte pieces, A's scales indexed
-// by row alone, and B's members' scales 16-byte aligned and apart. Otherwise the loader warps
-// load them.
+// Scale groups of the emulated formats: whole groups of 8 stages (K a multiple of 512, so no
+// group reads scale bytes past the contraction), scale arrays and rows in whole 16-byte pieces,
+// A's scales indexed by row alone, and B's members' scales 16-byte aligned and apart. Otherwise
+// the loader warps load them.
 bool gemm_tier_scale_groups(const gemm_args *g) {
     const uint64_t group_k = (uint64_t)GEMM_SM90A_EMU_SCALE_GROUP * GEMM_SM90A_EMU_K;
     bool stacked = g->grouping == GEMM_GROUP_M && g->group.count > 1;
-    return g->format == GEMM_FORMAT_MXFP8 && g->k % group_k == 0 &&
+    return qt_gemm_sm90a_emulated(g->format) && g->k % group_k == 0 &&
            gemm_tier_aligned16(g->a.scale) && gemm_tier_aligned16(g->a.scale_ld) &&
            gemm_tier_aligned16(g->b.scale) && gemm_tier_aligned16(g->b.scale_ld) &&
            (g->grouping == GEMM_DENSE || g->a.scale_member_bytes == 0) &&
@@ -193,16 +193,17 @@ static qt_status gemm_tier_operand_maps(const gemm_args *g, gemm_sm90a_args *arg
         QT_TRY(gemm_tier_encode(&s, &args->b_scale));
     }
     if (gemm_tier_scale_groups(g)) {
-        // MXFP8 scale groups (gemm_sm90a.h): 16 scale bytes (8 stages) of each tile row.
+        // Scale groups (gemm_sm90a.h): 8 stages' scale bytes of each tile row.
+        cuuint32_t row_bytes = GEMM_SM90A_EMU_SCALE_ROW_BYTES(g->format);
         gemm_tier_map a_scale = {CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, g->a.scale,
                                  {g->a.scale_ld, g->m, 1}, {g->a.scale_ld, 0},
-                                 {16, GEMM_SM90A_TILE_M, 1}, CU_TENSOR_MAP_SWIZZLE_NONE};
+                                 {row_bytes, GEMM_SM90A_TILE_M, 1}, CU_TENSOR_MAP_SWIZZLE_NONE};
         QT_TRY(gemm_tier_encode(&a_scale, &args->a_scale));
         uint64_t b_member = stacked ? g->b.scale_member_bytes : (uint64_t)g->b.scale_ld * g->n;
         gemm_tier_map b_scale = {CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, g->b.scale,
                                  {g->b.scale_ld, g->n, stacked ? g->group.count : 1u},
                                  {g->b.scale_ld, b_member},
-                                 {16, tile_n, 1}, CU_TENSOR_MAP_SWIZZLE_NONE};
+                                 {row_bytes, tile_n, 1}, CU_TENSOR_MAP_SWIZZLE_NONE};
         QT_TRY(gemm_tier_encode(&b_scale, &args->b_scale));
         args->scale_tma = 1;
     }

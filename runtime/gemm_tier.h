@@ -30,8 +30,8 @@
 // device and the backend's tier setting are not considered.
 bool gemm_tier_sm90a_supports(const gemm_args *g);
 
-// Whether the sm90a tier's MXFP8 kernel takes these args' block scales in groups by TMA
-// (gemm_sm90a.h) rather than through its loader warps.
+// Whether the sm90a tier's MXFP8 or NVFP4 kernel takes these args' block scales in groups by
+// TMA (gemm_sm90a.h) rather than through its loader warps.
 bool gemm_tier_scale_groups(const gemm_args *g);
 
 // Whether backend_launch_op hands this op to gemm_tier_launch: a portable GEMM kernel, a GPU

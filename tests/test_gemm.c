@@ -1169,9 +1169,9 @@ static void run_sm90a_shapes(void) {
         c.tag = "one_stage";
         run_case(&c);
     }
-    // MXFP8 with K a multiple of 512: the scales come in groups by TMA. Dense and M-grouped, and
-    // 5 x 9 tiles that the repeat run's 3 CTAs walk 15 at a time (the group buffers alternate
-    // across tiles).
+    // MXFP8 and NVFP4 with K a multiple of 512: the scales come in groups by TMA. Dense and
+    // M-grouped, and 5 x 9 tiles that the repeat run's 3 CTAs walk 15 at a time (the group
+    // buffers alternate across tiles).
     static const struct {
         uint32_t tokens, in_features, out_features;
         bool grouped, ints;
@@ -1179,15 +1179,18 @@ static void run_sm90a_shapes(void) {
     } scale_groups[] = {{272, 1024, 96, false, false, "scale_groups"},
                         {288, 512, 96, true, true, "scale_groups"},
                         {600, 512, 2100, false, false, "scale_groups_tiles45"}};
-    for (size_t i = 0; i < sizeof scale_groups / sizeof scale_groups[0]; i++) {
-        c = base_case(GEMM_FORMAT_MXFP8, KIND_FPROP, scale_groups[i].grouped, scale_groups[i].ints);
-        c.tokens = scale_groups[i].tokens;
-        c.in_features = scale_groups[i].in_features;
-        c.out_features = scale_groups[i].out_features;
-        c.want_sm90a = true;
-        c.want_scale_groups = true;
-        c.tag = scale_groups[i].tag;
-        run_case(&c);
+    static const uint32_t emulated[] = {GEMM_FORMAT_MXFP8, GEMM_FORMAT_NVFP4};
+    for (size_t f = 0; f < sizeof emulated / sizeof emulated[0]; f++) {
+        for (size_t i = 0; i < sizeof scale_groups / sizeof scale_groups[0]; i++) {
+            c = base_case(emulated[f], KIND_FPROP, scale_groups[i].grouped, scale_groups[i].ints);
+            c.tokens = scale_groups[i].tokens;
+            c.in_features = scale_groups[i].in_features;
+            c.out_features = scale_groups[i].out_features;
+            c.want_sm90a = true;
+            c.want_scale_groups = true;
+            c.tag = scale_groups[i].tag;
+            run_case(&c);
+        }
     }
     // 9 x 16 = 144 tiles of 128 x 256: more than the 132 SMs of an H100, so AUTO takes the
     // sm_90a tier too.
