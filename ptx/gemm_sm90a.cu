@@ -10,9 +10,10 @@
 //   warpgroup 0, producer: one thread walks the CTA's tiles and their k stages; per stage it
 //     waits for the stage's `empty` barrier, announces the stage's bytes on its `full` barrier
 //     and issues the TMA loads (A tile, B tile, FP8 block scales of B when they are per
-//     column), which complete the `full` barrier as they land. The other producer threads
-//     retire (the emulated formats: warps 1-3 load block scales), and the warpgroup gives its
-//     registers up (setmaxnreg) to the consumers.
+//     column, the emulated formats' scale groups), which complete the `full` barrier as they
+//     land. The other producer threads retire (the emulated formats without scale groups:
+//     warps 1-3 load block scales), and the warpgroup gives its registers up (setmaxnreg) to
+//     the consumers.
 //   warpgroups 1, 2, consumers: rows 64 w ... 64 w + 63 of the tile and all N columns; per stage
 //     they wait for `full`, issue wgmma from shared memory and release the stage on its `empty`
 //     barrier (one arrival per consumer warp) once their wgmma have read it. After a tile's

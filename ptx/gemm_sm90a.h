@@ -71,7 +71,8 @@
 #define GEMM_SM90A_EMU_DECODED_BYTES \
     (2u * (GEMM_SM90A_TILE_M + GEMM_SM90A_EMU_TILE_N) * GEMM_SM90A_K_BYTES)
 // Per stage, the block scales of its 128 + 256 tile rows, one 4-byte word per row (the stage's
-// 2 MXFP8 or 4 NVFP4 scale bytes), which warps 1-3 of the producer warpgroup load.
+// 2 MXFP8 or 4 NVFP4 scale bytes), which warps 1-3 of the producer warpgroup load when the
+// scales do not come in groups (below).
 #define GEMM_SM90A_EMU_SCALE_SLOT_BYTES ((GEMM_SM90A_TILE_M + GEMM_SM90A_EMU_TILE_N) * 4u)
 // Scale groups (args.scale_tma, which gemm_tier.c sets when K is a multiple of 512 and the
 // scale rows are whole 16-byte pieces): instead of the loader warps, the producer's TMA brings
