@@ -1104,11 +1104,10 @@ __device__ __forceinline__ void gemm_epi_barrier(uint32_t wg) {
     asm volatile("bar.sync %0, 128;\n" ::"r"(GEMM_SM90A_EPI_BARRIER + wg) : "memory");
 }
 
-// Two values as bf16x2 (lo in the low half), rounded as qt_f32_to_bf16 rounds them: the
-// conversion instruction agrees with it except for NaN's payload, which then takes its form.
-__device__ __forceinline__ uint32_t gemm_pack_bf16x2(float lo, float hi) {
-    uint32_t packed;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(packed) : "f"(hi), "f"(lo));
+// Two values of D as bf16x2 (lo in the low half), rounded as qt_f32_to_bf16 rounds them: the
+// conversion (gemm_pack_bf16) agrees with it except for NaN's payload, which then takes its form.
+__device__ __forceinline__ uint32_t gemm_pack_bf16_d(float lo, float hi) {
+    uint32_t packed = gemm_pack_bf16(lo, hi);
     if (lo != lo || hi != hi) {
         packed = (uint32_t)qt_f32_to_bf16(lo) | ((uint32_t)qt_f32_to_bf16(hi) << 16);
     }
@@ -1191,7 +1190,7 @@ __device__ __forceinline__ void gemm_epilogue_staged(const gemm_sm90a_args &args
                 if (kOutBytes == 2) {
                     uint32_t at = line + 16u * (jl ^ swizzle) + 4u * quad;
                     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at),
-                                 "r"(gemm_pack_bf16x2(v[0], v[1]))
+                                 "r"(gemm_pack_bf16_d(v[0], v[1]))
                                  : "memory");
                 } else {
                     uint32_t chunk = (2u * jl + (quad >> 1)) ^ swizzle;
