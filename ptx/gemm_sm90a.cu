@@ -1,7 +1,7 @@
-// gemm_sm90a: the sm_90a GEMM tier (TMA, wgmma, warp specialization, a persistent grid) for the
-// GEMMs whose operands are both K-major: BF16, per-tensor FP8 (fast or split
-// accumulation), FP8 block scaling, and MXFP8 and NVFP4 decoded to BF16 (see "Emulated formats"
-// below), dense or GEMM_GROUP_M. ABI and tile shapes:
+// gemm_sm90a: the sm_90a GEMM tier (TMA, wgmma, warp specialization, a persistent grid): BF16
+// with each operand K-major or outer-major (fprop, dgrad and wgrad alike), and with both operands
+// K-major per-tensor FP8 (fast or split accumulation), FP8 block scaling, and MXFP8 and NVFP4
+// decoded to BF16 (see "Emulated formats" below); dense or GEMM_GROUP_M. ABI and tile shapes:
 // gemm_sm90a.h; arithmetic: gemm.h. Built for sm_90a only (wgmma and setmaxnreg exist nowhere
 // else); runtime/gemm_tier.c launches it in place of the portable kernel and keeps the portable
 // tier for everything else.
@@ -26,6 +26,12 @@
 //
 //   A: 128 rows x 128 bytes of k (16 KiB)   B: N rows x 128 bytes of k (N / 8 KiB)
 //   8-row groups of 1024 bytes; inside a group, 16-byte chunk c of row r sits at chunk c ^ r
+//
+// An outer-major BF16 operand (stored [k][r]) arrives as it is stored, no transpose anywhere:
+// TMA boxes of 64 k x 64 r (8 KiB, one 128-byte line of 64 r values per k), one box per 64 tile
+// rows, in the same 128-byte swizzle; wgmma reads them MN-major (its transpose flag) through
+// descriptors whose leading byte offset steps from one 64-row box to the next (gemm_sm90a.h,
+// GEMM_SM90A_OUTER_BOX_BYTES). The stage holds the same bytes either way.
 //
 // Accumulation. Every output element is one FP32 sum over k in a fixed order: k stages in order,
 // inside a stage the wgmma k steps (16 bf16 or 32 fp8 values) in order; no split-K. Per-tensor
@@ -195,8 +201,20 @@ __device__ __forceinline__ uint64_t gemm_smem_desc(uint32_t address) {
            ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
 }
 
+// Matrix descriptor of an outer-major (MN-major) BF16 tile in the 128-byte swizzle: 64 r values
+// per 128-byte line, one line per k, 8-line groups of 1024 bytes (stride byte offset), and the
+// next 64 r values one box further (leading byte offset GEMM_SM90A_OUTER_BOX_BYTES). A k step of
+// 16 values is 16 lines: 2048 bytes added to the start address.
+__device__ __forceinline__ uint64_t gemm_smem_desc_outer(uint32_t address) {
+    return (uint64_t)((address & 0x3FFFFu) >> 4) |
+           ((uint64_t)(GEMM_SM90A_OUTER_BOX_BYTES >> 4) << 16) | ((uint64_t)(1024 >> 4) << 32) |
+           ((uint64_t)1 << 62);
+}
+
 // wgmma instructions: D (64 x N, FP32, N / 2 registers per thread) += A (64 x k from shared
-// memory) x B (N x k from shared memory), both K-major; D = A x B instead when `accumulate` is 0.
+// memory) x B (N x k from shared memory), K-major, or for BF16 either one outer-major (the
+// instruction's transpose immediates, kOuterA and kOuterB); D = A x B instead when `accumulate`
+// is 0.
 // Register i of a thread holds row 16 warp + lane / 4 + 8 ((i / 2) % 2) and column
 // 8 (i / 4) + 2 (lane % 4) + i % 2 of its warpgroup's 64 x N block. The FP8 kinds take E4M3 or
 // E5M2 A (gradients) and E4M3 B, as the portable tier does.
@@ -245,10 +263,12 @@ __device__ __forceinline__ uint64_t gemm_smem_desc(uint32_t address) {
 
 // One wrapper: `instr` over the N / 2 accumulators, then the two descriptors (operands `descs`),
 // the predicate made from `accumulate` (operand `pred`), and `tail` (scale-d immediates, and for
-// 16-bit types the two transpose flags).
-#define GEMM_WGMMA(name, n, instr, regs, outs, descs, pred, tail)                              \
+// 16-bit types the two transpose flags, which outer_a and outer_b restate for the descriptors).
+#define GEMM_WGMMA(name, n, instr, regs, outs, descs, pred, tail, outer_a, outer_b)            \
     struct name {                                                                              \
         static constexpr uint32_t kN = n;                                                      \
+        static constexpr bool kOuterA = outer_a;                                               \
+        static constexpr bool kOuterB = outer_b;                                               \
         static __device__ __forceinline__ void run(float (&d)[n / 2], uint64_t desc_a,         \
                                                    uint64_t desc_b, uint32_t accumulate) {     \
             asm volatile("{\n"                                                                 \
@@ -263,15 +283,24 @@ __device__ __forceinline__ uint64_t gemm_smem_desc(uint32_t address) {
     }
 
 GEMM_WGMMA(gemm_wgmma_bf16_n256, 256, "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16",
-           GEMM_WGMMA_REGS_128, GEMM_WGMMA_D_128, "%128, %129", "%130", "1, 1, 0, 0");
+           GEMM_WGMMA_REGS_128, GEMM_WGMMA_D_128, "%128, %129", "%130", "1, 1, 0, 0", false, false);
+GEMM_WGMMA(gemm_wgmma_bf16_n256_outer_a, 256,
+           "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16", GEMM_WGMMA_REGS_128,
+           GEMM_WGMMA_D_128, "%128, %129", "%130", "1, 1, 1, 0", true, false);
+GEMM_WGMMA(gemm_wgmma_bf16_n256_outer_b, 256,
+           "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16", GEMM_WGMMA_REGS_128,
+           GEMM_WGMMA_D_128, "%128, %129", "%130", "1, 1, 0, 1", false, true);
+GEMM_WGMMA(gemm_wgmma_bf16_n256_outer_ab, 256,
+           "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16", GEMM_WGMMA_REGS_128,
+           GEMM_WGMMA_D_128, "%128, %129", "%130", "1, 1, 1, 1", true, true);
 GEMM_WGMMA(gemm_wgmma_e4m3_n256, 256, "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3",
-           GEMM_WGMMA_REGS_128, GEMM_WGMMA_D_128, "%128, %129", "%130", "1, 1");
+           GEMM_WGMMA_REGS_128, GEMM_WGMMA_D_128, "%128, %129", "%130", "1, 1", false, false);
 GEMM_WGMMA(gemm_wgmma_e5m2_n256, 256, "wgmma.mma_async.sync.aligned.m64n256k32.f32.e5m2.e4m3",
-           GEMM_WGMMA_REGS_128, GEMM_WGMMA_D_128, "%128, %129", "%130", "1, 1");
+           GEMM_WGMMA_REGS_128, GEMM_WGMMA_D_128, "%128, %129", "%130", "1, 1", false, false);
 GEMM_WGMMA(gemm_wgmma_e4m3_n192, 192, "wgmma.mma_async.sync.aligned.m64n192k32.f32.e4m3.e4m3",
-           GEMM_WGMMA_REGS_96, GEMM_WGMMA_D_96, "%96, %97", "%98", "1, 1");
+           GEMM_WGMMA_REGS_96, GEMM_WGMMA_D_96, "%96, %97", "%98", "1, 1", false, false);
 GEMM_WGMMA(gemm_wgmma_e5m2_n192, 192, "wgmma.mma_async.sync.aligned.m64n192k32.f32.e5m2.e4m3",
-           GEMM_WGMMA_REGS_96, GEMM_WGMMA_D_96, "%96, %97", "%98", "1, 1");
+           GEMM_WGMMA_REGS_96, GEMM_WGMMA_D_96, "%96, %97", "%98", "1, 1", false, false);
 
 // ---------------------------------------------------------------------------------------------
 // Shared memory, pipeline position, schedule.
@@ -474,12 +503,46 @@ __device__ __forceinline__ void gemm_release(const gemm_smem<Shape> &sm, uint32_
 // Reusing a group buffer is safe without a barrier of its own: every group is whole (k_stages is
 // a multiple of its length), so when the producer may refill the stage that starts group g + 2,
 // the consumers have released the stage kStages before it, past every stage of group g.
+// kOuterA, kOuterB: the operand is outer-major BF16, loaded as one box of 64 k x 64 rows per 64
+// tile rows (gemm_sm90a.h); boxes wholly past the operand's rows are not loaded: the D rows or
+// columns they would feed are never stored, so what the stage holds there does not matter.
 
-template <class Shape, uint32_t kStageK, bool kScaleSlots, bool kScaleGroups>
+// Boxes of GEMM_SM90A_OUTER_BOX_ROWS that an outer-major operand's tile rows [r0, r0 + kRows)
+// take from a map of `rows` rows (the map's first dimension): those that start inside it.
+template <uint32_t kRows>
+__device__ __forceinline__ uint32_t gemm_outer_boxes(uint32_t r0, uint32_t rows) {
+    uint32_t left = r0 < rows ? rows - r0 : 0u;
+    uint32_t boxes = (left + GEMM_SM90A_OUTER_BOX_ROWS - 1) / GEMM_SM90A_OUTER_BOX_ROWS;
+    return min(boxes, kRows / GEMM_SM90A_OUTER_BOX_ROWS);
+}
+
+// The first `boxes` boxes of those tile rows, at k0 (and member, for a map of rank 3).
+template <uint32_t kRows, uint32_t kRank>
+__device__ __forceinline__ void gemm_load_outer(uint32_t dst, const gemm_tensor_map *map,
+                                                uint32_t bar, uint32_t r0, uint32_t boxes,
+                                                int32_t k0, uint32_t member) {
+#pragma unroll
+    for (uint32_t box = 0; box < kRows / GEMM_SM90A_OUTER_BOX_ROWS; box++) {
+        if (box >= boxes) break;
+        uint32_t at = dst + box * GEMM_SM90A_OUTER_BOX_BYTES;
+        int32_t r = (int32_t)(r0 + box * GEMM_SM90A_OUTER_BOX_ROWS);
+        if (kRank == 2) {
+            gemm_tma_load_2d(at, map, bar, r, k0);
+        } else {
+            gemm_tma_load_3d(at, map, bar, r, k0, (int32_t)member);
+        }
+    }
+}
+
+template <class Shape, uint32_t kStageK, bool kScaleSlots, bool kScaleGroups, bool kOuterA,
+          bool kOuterB>
 __device__ __forceinline__ void gemm_produce(const gemm_sm90a_args &args,
                                              const gemm_smem<Shape> &sm, gemm_sched s) {
     using smem = gemm_smem<Shape>;
     constexpr uint32_t kBytes = smem::kStageBytes + (kScaleSlots ? smem::kSlotBytes : 0u);
+    static_assert(!(kOuterA || kOuterB) || (kStageK == GEMM_SM90A_OUTER_BOX_K && !kScaleSlots &&
+                                            !kScaleGroups),
+                  "outer-major operands are BF16: one box of k per stage, no block scales");
     static_assert(!kScaleGroups || smem::kStages <= GEMM_SM90A_EMU_SCALE_GROUP,
                   "a group buffer is refilled only after its group's stages are released");
     constexpr uint32_t kRowBytes = Shape::kScaleRowBytes;
@@ -497,10 +560,33 @@ __device__ __forceinline__ void gemm_produce(const gemm_sm90a_args &args,
             gemm_mbar_wait(sm.empty(pipe.stage), pipe.phase ^ 1u);
             uint32_t full = sm.full(pipe.stage);
             bool group_start = groups && kb % GEMM_SM90A_EMU_SCALE_GROUP == 0;
+            int32_t k0 = (int32_t)(kb * kStageK);
+            if constexpr (kOuterA || kOuterB) {
+                uint32_t a_boxes = gemm_outer_boxes<GEMM_SM90A_TILE_M>(p.m0, args.gemm.m);
+                uint32_t b_boxes = gemm_outer_boxes<Shape::kN>(p.n0, args.gemm.n);
+                uint32_t bytes = (kOuterA ? a_boxes * GEMM_SM90A_OUTER_BOX_BYTES : Shape::kABytes) +
+                                 (kOuterB ? b_boxes * GEMM_SM90A_OUTER_BOX_BYTES
+                                          : smem::kStageBytes - Shape::kABytes);
+                gemm_mbar_expect_bytes(full, bytes);
+                if constexpr (kOuterA) {
+                    gemm_load_outer<GEMM_SM90A_TILE_M, 2>(sm.a(pipe.stage), &args.a, full, p.m0,
+                                                          a_boxes, k0, 0);
+                } else {
+                    gemm_tma_load_2d(sm.a(pipe.stage), &args.a, full, k0, (int32_t)p.m0);
+                }
+                if constexpr (kOuterB) {
+                    gemm_load_outer<Shape::kN, 3>(sm.b(pipe.stage), &args.b, full, p.n0, b_boxes,
+                                                  k0, p.member);
+                } else {
+                    gemm_tma_load_3d(sm.b(pipe.stage), &args.b, full, k0, (int32_t)p.n0,
+                                     (int32_t)p.member);
+                }
+                pipe.advance();
+                continue;
+            }
             // NOTE: a box that reaches past the tensor still delivers its full size (zeros
             // outside), so every stage completes the same byte count.
             gemm_mbar_expect_bytes(full, kBytes + (group_start ? kGroupBytes : 0u));
-            int32_t k0 = (int32_t)(kb * kStageK);
             gemm_tma_load_2d(sm.a(pipe.stage), &args.a, full, k0, (int32_t)p.m0);
             gemm_tma_load_3d(sm.b(pipe.stage), &args.b, full, k0, (int32_t)p.n0,
                              (int32_t)p.member);
@@ -528,6 +614,8 @@ __device__ __forceinline__ void gemm_produce(const gemm_sm90a_args &args,
 
 // The native formats': no scale loaders, one release per consumer warp (gemm_release).
 struct gemm_roles_native {
+    static constexpr bool kOuterA = false;  // both operands K-major unless a main loop says
+    static constexpr bool kOuterB = false;
     static constexpr uint32_t kScaleLoaderWarps = 0;
     static constexpr bool kScaleGroups = false;
     static constexpr uint32_t kEmptyArrivals = GEMM_SM90A_CONSUMER_WARPS;
@@ -537,12 +625,19 @@ struct gemm_roles_native {
 
 // One stage's wgmma k steps over the 128 bytes of k at shared addresses a (this warpgroup's A
 // rows) and b (the B tile), into d; the first step accumulates onto d unless `first` is 0.
+// Outer-major operands (Mma::kOuterA, kOuterB) step 2048 bytes per k step instead of 32.
+template <bool kOuter>
+__device__ __forceinline__ uint64_t gemm_stage_desc(uint32_t tile, uint32_t ks) {
+    return kOuter ? gemm_smem_desc_outer(tile + GEMM_SM90A_OUTER_K_STEP_BYTES * ks)
+                  : gemm_smem_desc(tile + 32u * ks);
+}
+
 template <class Mma>
 __device__ __forceinline__ void gemm_wgmma_stage(float (&d)[Mma::kN / 2], uint32_t a, uint32_t b,
                                                  uint32_t first) {
 #pragma unroll
     for (uint32_t ks = 0; ks < GEMM_SM90A_K_BYTES / 32u; ks++) {
-        Mma::run(d, gemm_smem_desc(a + 32u * ks), gemm_smem_desc(b + 32u * ks),
+        Mma::run(d, gemm_stage_desc<Mma::kOuterA>(a, ks), gemm_stage_desc<Mma::kOuterB>(b, ks),
                  ks > 0 ? 1u : first);
     }
 }
@@ -552,6 +647,8 @@ __device__ __forceinline__ void gemm_wgmma_stage(float (&d)[Mma::kN / 2], uint32
 // completed (wait_group 1 after committing the next stage's).
 template <class Mma>
 struct gemm_mainloop_fast : gemm_roles_native {
+    static constexpr bool kOuterA = Mma::kOuterA;  // BF16: the producer loads them as boxes
+    static constexpr bool kOuterB = Mma::kOuterB;
     static constexpr uint32_t kTileN = Mma::kN;
     static constexpr uint32_t kAcc = kTileN / 2;
     using Shape = gemm_shape_native<kTileN>;
@@ -872,6 +969,8 @@ struct gemm_mainloop_emulated {
     static_assert(2u * (kDecodedA + kTileN * GEMM_SM90A_K_BYTES) == Shape::kDecodedBytes,
                   "two decoded stages");
 
+    static constexpr bool kOuterA = false;
+    static constexpr bool kOuterB = false;
     static constexpr uint32_t kScaleLoaderWarps = 3;
     // The scales come in groups by TMA when the launch allows (args.scale_tma).
     static constexpr bool kScaleGroups = true;
@@ -1265,7 +1364,8 @@ __device__ __forceinline__ void gemm_sm90a_run(const gemm_sm90a_args &args) {
     if (warpgroup == 0) {
         gemm_regs_producer<Mainloop::kProducerRegs>();
         if (threadIdx.x == 0) {
-            gemm_produce<Shape, kStageK, kScaleSlots, Mainloop::kScaleGroups>(args, sm, sched);
+            gemm_produce<Shape, kStageK, kScaleSlots, Mainloop::kScaleGroups, Mainloop::kOuterA,
+                         Mainloop::kOuterB>(args, sm, sched);
         }
         if constexpr (Mainloop::kScaleLoaderWarps != 0) {
             static_assert(Mainloop::kScaleLoaderWarps == 3, "warps 1-3 load scales");
@@ -1297,8 +1397,20 @@ __device__ __forceinline__ void gemm_sm90a_run(const gemm_sm90a_args &args) {
     extern "C" __global__ void __launch_bounds__(GEMM_SM90A_THREADS, 1) \
         name(const __grid_constant__ gemm_sm90a_args args)
 
+// BF16 in every layout: fprop (both K-major), dgrad (B outer-major: the weight over its rows),
+// wgrad (both outer-major), and A alone outer-major for completeness.
 GEMM_SM90A_KERNEL(qt_gemm_bf16_sm90a) {
-    gemm_sm90a_run<64, false, gemm_mainloop_fast<gemm_wgmma_bf16_n256>>(args);
+    bool outer_a = (args.gemm.a.flags & GEMM_OPERAND_OUTER_MAJOR) != 0;
+    bool outer_b = (args.gemm.b.flags & GEMM_OPERAND_OUTER_MAJOR) != 0;
+    if (outer_a && outer_b) {
+        gemm_sm90a_run<64, false, gemm_mainloop_fast<gemm_wgmma_bf16_n256_outer_ab>>(args);
+    } else if (outer_b) {
+        gemm_sm90a_run<64, false, gemm_mainloop_fast<gemm_wgmma_bf16_n256_outer_b>>(args);
+    } else if (outer_a) {
+        gemm_sm90a_run<64, false, gemm_mainloop_fast<gemm_wgmma_bf16_n256_outer_a>>(args);
+    } else {
+        gemm_sm90a_run<64, false, gemm_mainloop_fast<gemm_wgmma_bf16_n256>>(args);
+    }
 }
 
 GEMM_SM90A_KERNEL(qt_gemm_fp8_sm90a) {

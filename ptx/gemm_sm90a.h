@@ -32,6 +32,15 @@
 // CTAs running at one time share A and B tiles through L2.
 #define GEMM_SM90A_RASTER_M 16u
 
+// Outer-major BF16 operands (stored [k][r]; dgrad's weight, wgrad's both operands) come by TMA
+// in boxes of 64 k x 64 r values: 64 lines of 128 bytes, one per k, in the 128-byte swizzle, so
+// a stage's A tile is 2 boxes and its B tile N / 64, the same bytes as K-major. wgmma reads them
+// MN-major: 1024 bytes between 8-line groups of k, one box between 64-row blocks.
+#define GEMM_SM90A_OUTER_BOX_ROWS 64u
+#define GEMM_SM90A_OUTER_BOX_K 64u
+#define GEMM_SM90A_OUTER_BOX_BYTES (GEMM_SM90A_OUTER_BOX_ROWS * GEMM_SM90A_OUTER_BOX_K * 2u)
+#define GEMM_SM90A_OUTER_K_STEP_BYTES (16u * 128u)  // 16 k (one bf16 wgmma k step) of lines
+
 // The epilogue stages D through shared memory: each consumer warpgroup writes its 64 rows in
 // chunks of 128 bytes of columns (64 bf16 or 32 fp32) into a buffer of 64 x 128 bytes in the
 // 128-byte swizzle, from which one TMA store per chunk writes D while the warpgroup goes on
@@ -131,7 +140,9 @@ QT_STATIC_ASSERT(sizeof(gemm_tensor_map) == 128, "gemm_tensor_map is a CUtensorM
 //            epilogue's TMA stores, which clip at the tensor's edges. Valid when d_tma is 1:
 //            D 16-byte aligned with rows a multiple of 16 bytes long and apart, no C to add, and
 //            one D for all members; else the consumers store D from registers.
-// (the emulated formats' maps hold code bytes: {k bytes, rows}, box {64 or 32, rows}).
+// (the emulated formats' maps hold code bytes: {k bytes, rows}, box {64 or 32, rows}; an
+// outer-major BF16 operand's map is {rows, k} or {rows, k, members}, box {64, 64} or
+// {64, 64, 1}, loaded once per 64 tile rows).
 typedef struct gemm_sm90a_args {
     gemm_args gemm;           // first: the portable kernel's twin reads it
     uint32_t row_tiles;       // dense: ceil(m / 128); GEMM_GROUP_M: 0 (counted on the device)

@@ -39,10 +39,17 @@ static uint32_t gemm_tier_stage_k(const gemm_args *g) {
     return GEMM_SM90A_K_BYTES / gemm_tier_elem_bytes(g);
 }
 
+static bool gemm_tier_outer(const gemm_operand *op) {
+    return (op->flags & GEMM_OPERAND_OUTER_MAJOR) != 0;
+}
+
+// TMA reads 16-byte aligned tensors whose stored rows (K-major: one per r; outer-major: one per
+// k) are whole 16-byte pieces apart. Outer-major operands are BF16 only: wgmma transposes 16-bit
+// operands as it reads them, not 8-bit ones (MXFP8's columnwise copy stays portable).
 static bool gemm_tier_operand_ok(const gemm_args *g, const gemm_operand *op) {
     uint64_t row_bytes = gemm_tier_bytes(g, op->ld);
-    return !(op->flags & GEMM_OPERAND_OUTER_MAJOR) && gemm_tier_aligned16(op->data) &&
-           gemm_tier_aligned16(row_bytes);
+    return (!gemm_tier_outer(op) || g->format == GEMM_FORMAT_BF16) &&
+           gemm_tier_aligned16(op->data) && gemm_tier_aligned16(row_bytes);
 }
 
 bool gemm_tier_sm90a_supports(const gemm_args *g) {
@@ -57,7 +64,7 @@ bool gemm_tier_sm90a_supports(const gemm_args *g) {
         return false;
     }
     if (!gemm_tier_operand_ok(g, &g->a) || !gemm_tier_operand_ok(g, &g->b)) return false;
-    uint64_t b_member_bytes = gemm_tier_bytes(g, g->b.ld) * g->n;
+    uint64_t b_member_bytes = gemm_tier_bytes(g, g->b.ld) * (gemm_tier_outer(&g->b) ? g->k : g->n);
     if (g->grouping == GEMM_GROUP_M && g->group.count > 1 &&
         (!gemm_tier_aligned16(g->b.data_member_bytes) || g->b.data_member_bytes < b_member_bytes)) {
         return false;
@@ -163,7 +170,9 @@ bool gemm_tier_scale_groups(const gemm_args *g) {
 }
 
 // A: {k, m} K-major, box {stage k, 128}; B: {k, n, members}, box {stage k, N, 1}, members
-// data_member_bytes apart (dense: one member). Out-of-bounds elements read as zeros. The
+// data_member_bytes apart (dense: one member). An outer-major (BF16) operand swaps the first two
+// dimensions, box {64 rows, 64 k}: the kernel loads one box per 64 tile rows. Out-of-bounds
+// elements read as zeros. The
 // emulated formats' maps count bytes of codes along k, in the swizzle of their stage row (64
 // bytes MXFP8, 32 NVFP4), which the consumers undo as they read.
 static qt_status gemm_tier_operand_maps(const gemm_args *g, gemm_sm90a_args *args,
@@ -176,14 +185,27 @@ static qt_status gemm_tier_operand_maps(const gemm_args *g, gemm_sm90a_args *arg
     CUtensorMapSwizzle swizzle = !emulated                           ? CU_TENSOR_MAP_SWIZZLE_128B
                                  : g->format == GEMM_FORMAT_NVFP4 ? CU_TENSOR_MAP_SWIZZLE_32B
                                                                   : CU_TENSOR_MAP_SWIZZLE_64B;
-    gemm_tier_map a = {type, 2, g->a.data, {k_elems, g->m, 1}, {gemm_tier_bytes(g, g->a.ld), 0},
+    uint64_t a_row_bytes = gemm_tier_bytes(g, g->a.ld);
+    gemm_tier_map a = {type, 2, g->a.data, {k_elems, g->m, 1}, {a_row_bytes, 0},
                        {box_k, GEMM_SM90A_TILE_M, 1}, swizzle};
+    if (gemm_tier_outer(&g->a)) {
+        gemm_tier_map outer = {type, 2, g->a.data, {g->m, g->k, 1}, {a_row_bytes, 0},
+                               {GEMM_SM90A_OUTER_BOX_ROWS, GEMM_SM90A_OUTER_BOX_K, 1}, swizzle};
+        a = outer;
+    }
     QT_TRY(gemm_tier_encode(&a, &args->a));
     uint64_t b_row_bytes = gemm_tier_bytes(g, g->b.ld);
     bool stacked = g->grouping == GEMM_GROUP_M && g->group.count > 1;
+    uint64_t b_rows_stored = gemm_tier_outer(&g->b) ? g->k : g->n;
+    uint64_t b_member_bytes = stacked ? g->b.data_member_bytes : b_row_bytes * b_rows_stored;
     gemm_tier_map b = {type, 3, g->b.data, {k_elems, g->n, stacked ? g->group.count : 1u},
-                       {b_row_bytes, stacked ? g->b.data_member_bytes : b_row_bytes * g->n},
-                       {box_k, tile_n, 1}, swizzle};
+                       {b_row_bytes, b_member_bytes}, {box_k, tile_n, 1}, swizzle};
+    if (gemm_tier_outer(&g->b)) {
+        gemm_tier_map outer = {type, 3, g->b.data, {g->n, g->k, stacked ? g->group.count : 1u},
+                               {b_row_bytes, b_member_bytes},
+                               {GEMM_SM90A_OUTER_BOX_ROWS, GEMM_SM90A_OUTER_BOX_K, 1}, swizzle};
+        b = outer;
+    }
     QT_TRY(gemm_tier_encode(&b, &args->b));
     if (g->format == GEMM_FORMAT_FP8_BLOCK && !(g->b.flags & GEMM_OPERAND_SCALE_2D)) {
         // Per-column scales [k block][n]: the tile's row of them with each stage.
@@ -268,9 +290,11 @@ const char *gemm_tier_describe(const backend *b) {
     if (!sm90) return "portable (mma.sync): the sm_90a tier needs compute capability 9.0";
     if (b->gemm_tier == BACKEND_GEMM_TIER_PORTABLE) return "portable (mma.sync), forced";
     if (b->gemm_tier == BACKEND_GEMM_TIER_SM90A) {
-        return "sm_90a (TMA + wgmma) for every K-major bf16, fp8, fp8 block, mxfp8 and nvfp4 "
-               "GEMM, dense and M-grouped, forced; portable (mma.sync) for the rest";
+        return "sm_90a (TMA + wgmma) for every bf16 GEMM (K-major or outer-major operands) and "
+               "every K-major fp8, fp8 block, mxfp8 and nvfp4 GEMM, dense and M-grouped, forced; "
+               "portable (mma.sync) for the rest";
     }
-    return "sm_90a (TMA + wgmma) for K-major bf16, fp8, fp8 block, mxfp8 and nvfp4 GEMMs, dense "
-           "and M-grouped, of at least 32 tiles; portable (mma.sync) for the rest";
+    return "sm_90a (TMA + wgmma) for bf16 GEMMs (K-major or outer-major operands) and K-major fp8, "
+           "fp8 block, mxfp8 and nvfp4 GEMMs, dense and M-grouped, of at least 32 tiles; portable "
+           "(mma.sync) for the rest";
 }

@@ -1090,15 +1090,15 @@ static void run_odd_shapes(void) {
     run_case(&c);
 }
 
-// Shapes the sm_90a tier takes (both operands K-major, rows of multiples of 16 bytes): every
-// format it covers x {fprop, dgrad, wgrad} x {dense, grouped} x {small integers, random}; the
-// cases it leaves to the portable tier (BF16 and MXFP8 with an outer-major operand, K-grouped
+// Shapes the sm_90a tier takes (rows of multiples of 16 bytes; K-major operands, or outer-major
+// BF16): every format it covers x {fprop, dgrad, wgrad} x {dense, grouped} x {small integers,
+// random}; the cases it leaves to the portable tier (MXFP8 with an outer-major operand, K-grouped
 // wgrad) run too. Then the persistent scheduler: more tiles than SMs at the full grid, M = 1,
 // one K stage.
 static void run_sm90a_shapes(void) {
     // The emulated formats get rows of multiples of 16 bytes for NVFP4 too (192 and 96 k), and
-    // contractions of 192, 96 (one stage and a half) and 288. BF16 and MXFP8 dgrad and wgrad
-    // have an outer-major operand, and K-grouped wgrad is portable-only: those stay portable.
+    // contractions of 192, 96 (one stage and a half) and 288. MXFP8 dgrad and wgrad have an
+    // outer-major operand, and K-grouped wgrad is portable-only: those stay portable.
     static const struct {
         uint32_t format, tokens, in_features;
     } aligned[] = {{GEMM_FORMAT_BF16, 272, 160},  {GEMM_FORMAT_FP8, 272, 160},
@@ -1106,7 +1106,7 @@ static void run_sm90a_shapes(void) {
                    {GEMM_FORMAT_NVFP4, 288, 192}};
     for (size_t i = 0; i < sizeof aligned / sizeof aligned[0]; i++) {
         uint32_t f = aligned[i].format;
-        bool outer_major_grads = f == GEMM_FORMAT_BF16 || f == GEMM_FORMAT_MXFP8;
+        bool outer_major_grads = f == GEMM_FORMAT_MXFP8;
         for (int kind = KIND_FPROP; kind <= KIND_WGRAD; kind++) {
             for (int grouped = 0; grouped < 2; grouped++) {
                 for (int ints = 1; ints >= 0; ints--) {
@@ -1211,6 +1211,27 @@ static void run_sm90a_shapes(void) {
         c.tag = "tiles144";
         run_case(&c);
     }
+    // BF16 dgrad (B outer-major) and wgrad (both outer-major) over 9 x 16 tiles, where 3 CTAs
+    // each walk 48 in the repeat run; D's row and column tails (1100 or 1096, and 3896, are not
+    // multiples of 64; the outer-major rows stay whole 16-byte pieces) leave the last tiles'
+    // boxes partly and wholly past the operands. Wgrad adds C (register epilogue); dgrad's BF16
+    // D is staged.
+    c = base_case(GEMM_FORMAT_BF16, KIND_DGRAD, false, false);
+    c.tokens = 1100;
+    c.in_features = 3896;
+    c.out_features = 72;
+    c.want_sm90a = true;
+    c.want_auto = 1;
+    c.tag = "tiles144";
+    run_case(&c);
+    c = base_case(GEMM_FORMAT_BF16, KIND_WGRAD, false, true);
+    c.tokens = 200;
+    c.in_features = 3896;
+    c.out_features = 1096;
+    c.want_sm90a = true;
+    c.want_auto = 1;
+    c.tag = "tiles144";
+    run_case(&c);
 }
 
 // Training-sized GEMMs (the Fashion-MNIST MLP at batch 256) in every format, all on the small
