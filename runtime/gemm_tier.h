@@ -16,9 +16,9 @@
 //   dense or GEMM_GROUP_M, TMA-aligned (below)               also GEMMs of fewer than 32 tiles
 //
 // NOTE: TMA needs 16-byte aligned global addresses and row strides that are multiples of 16
-// bytes (bf16, either layout: ld % 8 == 0; fp8 and mxfp8: ld % 16 == 0; nvfp4: ld % 32 == 0); stacked B
-// members (GEMM_GROUP_M) must be a multiple of 16 bytes apart and must not overlap; per-column
-// FP8 block scales of B (a tensor map too) need scale_ld % 4 == 0.
+// bytes (bf16, either layout: ld % 8 == 0; fp8 and mxfp8: ld % 16 == 0; nvfp4: ld % 32 == 0);
+// stacked B members (GEMM_GROUP_M) must be a multiple of 16 bytes apart and must not overlap;
+// per-column FP8 block scales of B (a tensor map too) need scale_ld % 4 == 0.
 #ifndef QT_GEMM_TIER_H
 #define QT_GEMM_TIER_H
 

@@ -160,8 +160,16 @@ typedef struct model_io {
     uint32_t lr_row_count;
 } model_io;
 
+// Where MXFP8 GEMMs run (the numbers are the same either way: model.c, model_plan_linear_paths).
+typedef enum model_emulated_gemm {
+    MODEL_EMULATED_AUTO,    // BF16 copies for dgrad and wgrad and for large GEMMs
+    MODEL_EMULATED_KERNEL,  // always the MXFP8 kernels (decode inside the GEMM)
+    MODEL_EMULATED_COPIES   // always BF16 copies and a BF16 GEMM
+} model_emulated_gemm;
+
 typedef struct model_options {
     uint32_t batch;
+    model_emulated_gemm emulated_gemm;
     uint64_t seed;                   // initialization and stochastic rounding
     bool modes[MODEL_MODE_COUNT];    // modes in the schedule table
     uint32_t lr_row_count;           // >= 1
@@ -173,6 +181,7 @@ typedef struct model {
     arena *dev, *host;
     uint32_t batch;
     uint64_t seed;
+    model_emulated_gemm emulated_gemm;
     bool modes[MODEL_MODE_COUNT];
     bool classification;          // softmax_xent (else mse)
     uint32_t input_features;      // the dataset's

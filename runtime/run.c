@@ -109,6 +109,7 @@ qt_status run_plan(run *r, const recipe *rc, const char *text, size_t text_bytes
     arena_init(&r->host, ARENA_KIND_HOST, "host");
     model_options mo = {0};
     mo.batch = rc->data.batch;
+    mo.emulated_gemm = options->emulated_gemm;
     mo.seed = r->seed;
     memcpy(mo.modes, r->table.modes, sizeof mo.modes);
     mo.lr_row_count = r->table.lr_count;

@@ -230,6 +230,50 @@ static void test_deterministic(const char *scheme) {
     test_end();
 }
 
+// MXFP8 GEMMs in the MXFP8 kernels and through BF16 copies (model.c's choice of path) compute
+// the same products in the same order: the traces, checksums included, are identical. On the
+// reference backend, and on the GPU, where the copies take the sm_90a BF16 kernel and the MXFP8
+// kernels the portable (dgrad, wgrad) and emulated sm_90a (fprop) tiers.
+static void test_mxfp8_paths(backend_kind kind) {
+    const char *name = kind == BACKEND_GPU ? "gpu_mxfp8_kernel_and_bf16_copies_identical"
+                                           : "train_mxfp8_kernel_and_bf16_copies_identical";
+    static char text[RECIPE_TEXT_MAX];
+    CHECK(recipe_text_for("tests/recipes/synthetic_tiny.recipe", "mxfp8", text, sizeof text),
+          "cannot read tests/recipes/synthetic_tiny.recipe");
+    char a[128], b[128];
+    trace_path(a, sizeof a, "mxfp8_kernel");
+    trace_path(b, sizeof b, "mxfp8_copies");
+    train_case c = {.name = "synthetic_tiny.recipe", .text = text, .kind = kind};
+    c.options.checksum_every = 25;
+    c.options.trace_path = a;
+    c.options.emulated_gemm = MODEL_EMULATED_KERNEL;
+    sched_summary sum;
+    const char *why = NULL;
+    test_begin(name);
+    if (!train(&c, &sum, &why)) {
+        test_skip(name, why);
+        return;
+    }
+    uint32_t mixed = 0;
+    for (uint32_t i = 0; i < the_run.model.linear_count; i++) {
+        for (int g = 0; g < MODEL_GEMM_COUNT; g++) {
+            mixed += the_run.model.linears[i].path[g] == MODEL_GEMM_MIXED;
+        }
+    }
+    CHECK(mixed == 0, "--emulated-gemm kernel planned %u GEMMs through copies", mixed);
+    c.options.trace_path = b;
+    c.options.emulated_gemm = MODEL_EMULATED_COPIES;
+    train(&c, &sum, &why);
+    for (uint32_t i = 0; i < the_run.model.linear_count; i++) {
+        for (int g = 0; g < MODEL_GEMM_COUNT; g++) {
+            CHECK(the_run.model.linears[i].path[g] == MODEL_GEMM_MIXED,
+                  "--emulated-gemm copies left linear %u GEMM %d native", i, g);
+        }
+    }
+    check_identical(a, b);
+    test_end();
+}
+
 // The lines of a trace's train records without their step index (which counts eval steps too).
 static size_t train_lines(const char *path, char *out, size_t bytes) {
     FILE *f = fopen(path, "r");
@@ -640,6 +684,7 @@ int main(void) {
     test_layers_train();
     test_deterministic("nvfp4");
     test_deterministic("delayed");
+    test_mxfp8_paths(BACKEND_REF);
     const char *tiny = "tests/recipes/synthetic_tiny.recipe";
     for (size_t i = 0; i < SCHEMES_COUNT; i++) {
         test_interleave(tiny, schemes[i], NULL, schemes[i]);
@@ -658,6 +703,7 @@ int main(void) {
         test_gpu_eager_graph("tests/recipes/synthetic_tiny.recipe", schemes[i], schemes[i]);
     }
     test_gpu_eager_graph("tests/recipes/synthetic_custom.recipe", NULL, "custom_mixed");
+    test_mxfp8_paths(BACKEND_GPU);
     test_gpu_no_sync();
     test_gpu_memory_constant();
     for (size_t i = 0; i < SCHEMES_COUNT; i++) test_gpu_vs_ref(schemes[i]);

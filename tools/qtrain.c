@@ -21,11 +21,11 @@ static void print_usage(FILE *out) {
     fprintf(out,
             "usage: qtrain COMMAND\n"
             "  run RECIPE [--trace F] [--eager] [--ref] [--steps N] [--seed S]\n"
-            "             [--checksum-every K] [--profile]\n"
+            "             [--checksum-every K] [--profile] [--emulated-gemm auto|kernel|copies]\n"
             "          train through the recipe's schedule table: every step a replayed CUDA\n"
             "          graph (--eager: launched op by op; --ref or no GPU: the reference backend;\n"
             "          --profile: afterwards, time every op of each mode and the graph replay)\n"
-            "  plan RECIPE\n"
+            "  plan RECIPE [--steps N] [--seed S] [--emulated-gemm auto|kernel|copies]\n"
             "          the layers and their quantizers, padding and GEMM decisions, the schedule,\n"
             "          the program of each mode and the memory map\n"
             "  info    driver, GPU and kernel report (registers, shared memory, local memory)\n"
@@ -134,6 +134,19 @@ static bool parse_run_args(int argc, char **argv, bool plan, cli_args *a) {
         } else if (!plan && strcmp(arg, "--checksum-every") == 0 && has_value) {
             if (!parse_u64_arg(arg, argv[++i], &v) || v > UINT32_MAX) return false;
             a->options.checksum_every = (uint32_t)v;
+        } else if (strcmp(arg, "--emulated-gemm") == 0 && has_value) {
+            const char *how = argv[++i];
+            if (strcmp(how, "auto") == 0) {
+                a->options.emulated_gemm = MODEL_EMULATED_AUTO;
+            } else if (strcmp(how, "kernel") == 0) {
+                a->options.emulated_gemm = MODEL_EMULATED_KERNEL;
+            } else if (strcmp(how, "copies") == 0) {
+                a->options.emulated_gemm = MODEL_EMULATED_COPIES;
+            } else {
+                fprintf(stderr, "qtrain %s: --emulated-gemm takes auto, kernel or copies, not "
+                        "'%s'\n", argv[1], how);
+                return false;
+            }
         } else if (arg[0] != '-' && !a->recipe_path) {
             a->recipe_path = arg;
         } else {
