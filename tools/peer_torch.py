@@ -633,9 +633,9 @@ def main():
     if args.parse_only:
         for r in recipes:
             kind = r["train"]["kind"]
-            print("%s: %s data, batch %d, %d weights in linears, %.3f TFLOP per step, %s" % (
+            print("%s: %s data, batch %d, %d weights in linears, %d FLOP per step, %s" % (
                 r["path"], kind, r["batch"], linear_weights(r),
-                6 * r["batch"] * linear_weights(r) / 1e12,
+                6 * r["batch"] * linear_weights(r),
                 "modes " + ",".join(modes) if kind != "idx" else "whole-run graph"))
         return 0
 
