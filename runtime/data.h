@@ -15,8 +15,8 @@
 //
 //   0 = inputs_offset             targets_offset              scratch_offset            bytes
 //   +-----------------------------+---------------------------+-------------------------+
-//   | inputs (samples, features)  | labels (samples) i32, or  | teacher weights f32     |
-//   | u8 (IDX) or f32 (synthetic) | targets (samples, outputs)| (teacher only; used by  |
+//   | inputs (samples, features)  | labels (samples) i32, or  | teacher weights or class|
+//   | u8 (IDX) or f32 (synthetic) | targets (samples, outputs)| centers f32 (synthetic; |
 //   |                             | f32                       | data_load, then idle)   |
 //   +-----------------------------+---------------------------+-------------------------+
 //   each part starts at a multiple of DATA_ALIGN; bytes is rounded up to one
@@ -58,6 +58,9 @@
 // device step counter. The caller makes sure the device has finished reading a slot (step s - 1)
 // before the slot is filled again.
 //
+// Threads: data_load generates synthetic sources on data_threads() threads of its own (joined
+// before it returns); the bytes are the same for any number of threads.
+//
 // Callers: the runtime at start-up (probe, load) and the schedule loop (feeds), one thread.
 #ifndef QT_DATA_H
 #define QT_DATA_H
@@ -73,6 +76,7 @@
 #define DATA_SAMPLES_MAX UINT32_MAX          // the shuffle indexes samples with 32 bits
 #define DATA_TEACHER_HIDDEN 32               // hidden width of the synthetic teacher network
 #define DATA_LABEL_PAD (-1)                  // the label of a padding row
+#define DATA_THREADS_MAX 16                  // threads that generate synthetic data at start-up
 
 typedef enum data_input_type {
     DATA_INPUT_U8,   // IDX pixels; staged as x / 255
@@ -95,7 +99,7 @@ typedef struct data_info {
     data_target_type target_type;
     uint64_t inputs_offset, inputs_bytes;
     uint64_t targets_offset, targets_bytes;
-    uint64_t scratch_offset, scratch_bytes;  // used during data_load only (teacher weights)
+    uint64_t scratch_offset, scratch_bytes;  // used during data_load only (synthetic sources)
     uint64_t bytes;           // what data_load needs, a multiple of DATA_ALIGN
 } data_info;
 
@@ -171,9 +175,16 @@ qt_status data_probe(const recipe_source *src, uint32_t features, uint32_t outpu
 // IDX files are read (through zlib when they start with the gzip magic, whatever their name) and
 // checked to the last byte (same headers as when probed, no truncation, no trailing bytes, the
 // gzip CRC, labels below outputs); synthetic sources are generated (deterministic functions of
-// their seed). Uses about 64 KiB of stack for the inflate state and window.
+// their seed) on data_threads() threads. Uses about 64 KiB of stack for the inflate state and
+// window.
 qt_status data_load(const recipe_source *src, const data_info *info, void *dst, uint64_t bytes,
                     data_set *set);
+// data_load on `threads` threads (1 <= threads <= DATA_THREADS_MAX): the same bytes for every
+// count, which the tests check.
+qt_status data_load_threads(const recipe_source *src, const data_info *info, void *dst,
+                            uint64_t bytes, data_set *set, uint32_t threads);
+// The machine's online processors, at most DATA_THREADS_MAX (at least 1).
+uint32_t data_threads(void);
 
 // Bytes of the shuffle's index table for a dataset of `samples` samples.
 uint64_t data_order_bytes(uint64_t samples);

@@ -121,6 +121,8 @@ typedef struct sched_loop {
     uint64_t total, done;
     double eval_loss_sum;        // of the current eval row
     uint64_t eval_correct, eval_valid;
+    uint64_t next_train_read;    // the step after the last train record read (0: none yet)
+    double last_train_read;      // when that record was read
 } sched_loop;
 
 static data_feed *sched_feed(const sched_env *env, const sched_row *row) {
@@ -162,6 +164,14 @@ static qt_status sched_consume(sched_loop *l, const sched_pending *pd) {
     bool row_end = pd->row_step == row->steps;
     l->done++;
     if (row->mode == MODEL_MODE_TRAIN) {
+        double now = sched_now();
+        if (l->next_train_read != 0 && l->next_train_read == pd->step) {
+            sched_summary *s = l->sum;
+            s->step_ms[s->step_time_count++ % SCHED_STEP_TIMES] =
+                (float)(1e3 * (now - l->last_train_read));
+        }
+        l->next_train_read = pd->step + 1;
+        l->last_train_read = now;
         l->sum->last_train_loss = rec.loss;
         if (rec.flags & QT_TRACE_FLAG_SKIPPED) l->sum->skipped++;
         if (row_end) l->sum->train_seconds += sched_now() - pd->row_start;

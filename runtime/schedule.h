@@ -38,6 +38,7 @@
 
 #define SCHED_ROWS_MAX 4096
 #define SCHED_LAG 2  // steps between a launch and the read of its record (= staging slots)
+#define SCHED_STEP_TIMES 4096  // train-step intervals a summary keeps (the most recent)
 
 typedef struct sched_row {
     model_mode mode;
@@ -110,6 +111,14 @@ typedef struct sched_summary {
     double seconds;              // the loop's wall time
     double train_seconds;        // wall time of the train rows
     uint64_t lagged_reads;       // synchronizing waits the loop made
+    // Step times without a synchronizing call of their own: the host clock when the record of a
+    // train step is read (on the GPU right after the wait for its event) minus when that of the
+    // step before it was, for consecutive train steps. A GPU-bound loop waits for every step, so
+    // an interval is one step of the device; a host-bound one reads finished records, so it is
+    // the host's pace: either way the steady state's time per step. The last SCHED_STEP_TIMES
+    // are kept, interval i at step_ms[i % SCHED_STEP_TIMES].
+    uint64_t step_time_count;    // intervals measured (the kept ones: min(count, TIMES))
+    float step_ms[SCHED_STEP_TIMES];
 } sched_summary;
 
 qt_status sched_run(const sched_env *env, const sched_table *t, sched_summary *out);

@@ -52,3 +52,26 @@ else
     exit 1
 fi
 rm -rf "$dir"
+# Every bench recipe plans: the residual MLP in every format and the other shape, each with a
+# BF16 head (tools/bench_step.sh runs them on a GPU).
+bad=""
+count=0
+for fmt in bf16 current delayed block mxfp8 nvfp4; do
+    [ -f "recipes/bench/resmlp_$fmt.recipe" ] || bad="$bad resmlp_$fmt.recipe is missing;"
+done
+for recipe in recipes/bench/*.recipe; do
+    [ -f "$recipe" ] || continue
+    count=$((count + 1))
+    out=$("$qtrain" plan "$recipe" 2>&1)
+    if [ $? -ne 0 ]; then
+        bad="$bad $recipe: $(echo "$out" | tail -1);"
+    elif ! echo "$out" | grep -q '^ *linear\.weight@head  *bf16 '; then
+        bad="$bad $recipe: the head is not BF16;"
+    fi
+done
+if [ -z "$bad" ] && [ "$count" -ge 8 ]; then
+    echo "PASS cli_plan_bench_recipes ($count recipes)"
+else
+    echo "FAIL cli_plan_bench_recipes ($count recipes):$bad"
+    exit 1
+fi

@@ -347,14 +347,17 @@ static void test_synthetic_classes(void) {
     src.seed = 12;
     void *mc = load(&src, IN, K, &c, &sc);
     CHECK(sa == QT_OK && sb == QT_OK && sc == QT_OK, "load: %s", qt_error_message());
-    // 3000 x 24 x 4 = 288000 bytes (a multiple of 256), 3000 labels x 4 = 12000 -> 300032.
-    CHECK(a.info.targets_offset == 288000 && a.info.bytes == 300032 && a.info.scratch_bytes == 0,
+    // 3000 x 24 x 4 = 288000 bytes (a multiple of 256), 3000 labels x 4 = 12000 -> 300032; the
+    // class centers 5 x 24 x 4 = 480 -> 300544.
+    CHECK(a.info.targets_offset == 288000 && a.info.scratch_offset == 300032 &&
+          a.info.scratch_bytes == 480 && a.info.bytes == 300544,
           "layout: targets at %" PRIu64 ", bytes %" PRIu64, a.info.targets_offset, a.info.bytes);
     CHECK(a.inputs_f32 != NULL && a.labels != NULL, "views");
     CHECK(memcmp(ma, mb, a.info.bytes) == 0, "two loads of one seed differ");
     CHECK(memcmp(ma, mc, a.info.targets_offset) != 0, "seeds 11 and 12 give the same inputs");
     // Golden: a change of the generator changes every trace that uses it; update on purpose only.
-    uint64_t h = fnv(ma, a.info.bytes);
+    // The hash covers the data (the centers in the scratch part are not part of the dataset).
+    uint64_t h = fnv(ma, a.info.scratch_offset);
     CHECK(h == 0xfcb76e2f12b255d3ull, "dataset hash %016" PRIx64, h);
     // Labels in range and every class present; a nearest-class-mean classifier (means from the
     // data itself) separates the blobs, as the generator's comment promises.
@@ -424,6 +427,51 @@ static void test_synthetic_teacher(void) {
     // Not a constant function.
     CHECK(a.targets[0] != a.targets[OUT] || a.targets[1] != a.targets[OUT + 1], "targets equal");
     free(ma), free(mb);
+    test_end();
+}
+
+// Generation is split over threads by sample (and by weight or center index); every count must
+// give the bytes of one thread, including counts that do not divide the work and counts above it.
+static void test_synthetic_threads(void) {
+    test_begin("synthetic_threads_same_bytes");
+    CHECK(data_threads() >= 1 && data_threads() <= DATA_THREADS_MAX, "data_threads %u",
+          data_threads());
+    const struct {
+        recipe_source_kind kind;
+        uint32_t inputs, outputs;
+        uint64_t samples;
+    } cases[] = {
+        {RECIPE_SOURCE_CLASSES, 37, 5, 1001},
+        {RECIPE_SOURCE_CLASSES, 8, 3, 5},     // fewer samples than threads
+        {RECIPE_SOURCE_TEACHER, 29, 3, 777},
+        {RECIPE_SOURCE_TEACHER, 4, 2, 2},
+    };
+    const uint32_t counts[] = {2, 3, 7, DATA_THREADS_MAX};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        recipe_source src = synthetic_source(cases[c].kind, cases[c].inputs, cases[c].outputs,
+                                             cases[c].samples, 21);
+        data_info info;
+        qt_status status = data_probe(&src, cases[c].inputs, cases[c].outputs, &info);
+        CHECK(status == QT_OK, "probe: %s", qt_error_message());
+        if (status != QT_OK) continue;
+        uint8_t *one = aligned_alloc(DATA_ALIGN, info.bytes);
+        uint8_t *many = aligned_alloc(DATA_ALIGN, info.bytes);
+        data_set set;
+        memset(one, 0xAB, info.bytes);
+        CHECK(data_load_threads(&src, &info, one, info.bytes, &set, 1) == QT_OK, "1 thread");
+        for (size_t t = 0; t < sizeof counts / sizeof counts[0]; t++) {
+            memset(many, 0xAB, info.bytes);
+            status = data_load_threads(&src, &info, many, info.bytes, &set, counts[t]);
+            CHECK(status == QT_OK && memcmp(one, many, info.bytes) == 0,
+                  "case %zu: %u threads give other bytes than 1", c, counts[t]);
+        }
+        // data_load itself, with the machine's count.
+        memset(many, 0xAB, info.bytes);
+        status = data_load(&src, &info, many, info.bytes, &set);
+        CHECK(status == QT_OK && memcmp(one, many, info.bytes) == 0,
+              "case %zu: data_load (%u threads) gives other bytes", c, data_threads());
+        free(one), free(many);
+    }
     test_end();
 }
 
@@ -824,6 +872,7 @@ int main(void) {
     test_idx_changed_after_probe();
     test_synthetic_classes();
     test_synthetic_teacher();
+    test_synthetic_threads();
     test_synthetic_errors();
     test_shuffle();
     test_slot_plan();

@@ -338,6 +338,34 @@ static void test_interleave(const char *path, const char *scheme, const char *ru
     test_end();
 }
 
+// The summary's step times: one interval per pair of consecutive train steps, none across an
+// eval row, every one measured (> 0 on the reference backend, where a step takes microseconds).
+static void test_step_times(void) {
+    test_begin("train_step_times_between_consecutive_train_steps");
+    static char text[RECIPE_TEXT_MAX];
+    CHECK(recipe_text_for("tests/recipes/synthetic_tiny.recipe", NULL, text, sizeof text),
+          "cannot read tests/recipes/synthetic_tiny.recipe");
+    train_case c = {.name = "synthetic_tiny.recipe", .text = text, .kind = BACKEND_REF};
+    sched_summary sum;
+    const char *why = NULL;
+    train(&c, &sum, &why);
+    CHECK(sum.step_time_count == 199, "%llu intervals for one row of 200 train steps",
+          (unsigned long long)sum.step_time_count);
+    for (uint64_t i = 0; i < sum.step_time_count && i < SCHED_STEP_TIMES; i++) {
+        if (!(sum.step_ms[i] > 0.0f)) {
+            CHECK(false, "interval %llu is %g ms", (unsigned long long)i, (double)sum.step_ms[i]);
+            break;
+        }
+    }
+    // Four pieces of 50 train steps, each followed by an eval row: 4 x 49 intervals.
+    c.options.eval_every = 50;
+    c.options.eval_steps = 1;
+    train(&c, &sum, &why);
+    CHECK(sum.step_time_count == 196, "%llu intervals for 4 x 50 train steps between evals",
+          (unsigned long long)sum.step_time_count);
+    test_end();
+}
+
 static void test_plan_report(void) {
     const char *path = "recipes/fashion_mnist_nvfp4.recipe";
     if (access(".data/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz", R_OK) != 0) {
@@ -458,7 +486,8 @@ static void test_cli(void) {
     int rc = command_output(cmd, out, sizeof out);
     CHECK(rc == 0, "exit %d: %s", rc, out);
     const char *needles[] = {"reference backend", "train loss", "eval         accuracy",
-                             "wall time", "arena bytes", "steps/s"};
+                             "wall time", "arena bytes", "steps/s",
+                             "step time    median "};
     for (size_t i = 0; i < sizeof needles / sizeof needles[0]; i++) {
         CHECK(strstr(out, needles[i]) != NULL, "run output lacks '%s':\n%s", needles[i], out);
     }
@@ -538,6 +567,9 @@ static void test_gpu_no_sync(void) {
           (unsigned long long)c.syncs, (unsigned long long)sum.lagged_reads);
     CHECK(sum.lagged_reads == steps, "%llu lagged reads for %llu steps",
           (unsigned long long)sum.lagged_reads, (unsigned long long)steps);
+    // The step times come from those reads: one interval per pair of consecutive train steps.
+    CHECK(sum.step_time_count == sum.steps[MODEL_MODE_TRAIN] - 1, "%llu step intervals",
+          (unsigned long long)sum.step_time_count);
     test_end();
 }
 
@@ -695,6 +727,7 @@ int main(void) {
                     "delayed_history1");
     test_interleave("tests/recipes/synthetic_custom.recipe", NULL, NULL, "custom_mixed");
     test_interleave("tests/recipes/synthetic_layers.recipe", NULL, NULL, "layers_delayed");
+    test_step_times();
     test_plan_report();
     test_refusals();
     test_cli();

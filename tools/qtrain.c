@@ -206,6 +206,22 @@ static void print_progress(void *ctx, const sched_progress *p) {
     fflush(stderr);
 }
 
+static int compare_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+// The median of the kept train-step intervals (schedule.h); 0 when there are none.
+static double step_median_ms(const sched_summary *s, uint64_t *kept) {
+    static float sorted[SCHED_STEP_TIMES];
+    uint64_t n = s->step_time_count < SCHED_STEP_TIMES ? s->step_time_count : SCHED_STEP_TIMES;
+    *kept = n;
+    if (n == 0) return 0.0;
+    memcpy(sorted, s->step_ms, n * sizeof(float));
+    qsort(sorted, n, sizeof(float), compare_float);
+    return n % 2 ? sorted[n / 2] : 0.5 * ((double)sorted[n / 2 - 1] + sorted[n / 2]);
+}
+
 static void print_summary(const sched_summary *s, const run *r, double wall_s,
                           double open_s) {
     printf("steps        %" PRIu64 " train (%" PRIu64 " skipped), %" PRIu64 " eval, %" PRIu64
@@ -216,6 +232,12 @@ static void print_summary(const sched_summary *s, const run *r, double wall_s,
         double rate = s->train_seconds > 0 ? (double)s->steps[MODEL_MODE_TRAIN] /
                                                  s->train_seconds : 0.0;
         printf("train rate   %.1f steps/s\n", rate);
+        uint64_t kept = 0;
+        double median = step_median_ms(s, &kept);
+        if (kept) {
+            printf("step time    median %.3f ms over %" PRIu64 " train steps (host clock "
+                   "between their records)\n", median, kept);
+        }
     }
     if (s->has_eval && r->model.classification) {
         printf("eval         accuracy %.2f%%, loss %.6g over %" PRIu64 " samples (last eval "
