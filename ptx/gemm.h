@@ -78,6 +78,11 @@
 #define GEMM_FLAG_SPLIT_ACCUMULATE 1u
 #define GEMM_SPLIT_K 128u
 
+// A BF16 GEMM of NVFP4 operands decoded without their global factors (the raw decode of
+// ptx/quant_nvfp4.h: exactly the BF16 values the NVFP4 kernels multiply): alpha' is NVFP4's
+// (8.3), from both operands' tensor_scale (their global amaxes), so D has the NVFP4 GEMM's bits.
+#define GEMM_FLAG_ALPHA_NVFP4 2u
+
 #define GEMM_DENSE 0u
 #define GEMM_GROUP_M 1u
 #define GEMM_GROUP_K 2u
@@ -287,7 +292,7 @@ QT_HD float qt_gemm_alpha(const gemm_args *args, uint32_t member) {
         return qt_gemm_alpha_fp8(args->alpha, qt_gemm_tensor_scale(&args->a, member),
                                  qt_gemm_tensor_scale(&args->b, member));
     }
-    if (args->format == GEMM_FORMAT_NVFP4) {
+    if (args->format == GEMM_FORMAT_NVFP4 || (args->flags & GEMM_FLAG_ALPHA_NVFP4)) {
         return qt_gemm_alpha_nvfp4(args->alpha, qt_gemm_tensor_scale(&args->a, member),
                                    qt_gemm_tensor_scale(&args->b, member));
     }

@@ -975,7 +975,7 @@ extern "C" __global__ void __launch_bounds__(NV_THREADS)
                                               (const uint32_t *)a.group.first_dims,
                                               a.group.count, a.rows, row0);
         if (span.store_end <= row0) continue;
-        const float amax = ((const float *)a.amax)[span.member];
+        const float amax = a.amax ? ((const float *)a.amax)[span.member] : 0.0f;
         const uint32_t n = min(16u, span.store_end - row0);
         for (uint32_t j = 0; j < n; j++) {
             const uint32_t m = row0 + j;
@@ -989,7 +989,8 @@ extern "C" __global__ void __launch_bounds__(NV_THREADS)
             }
             const uint32_t pos = a.colwise ? m : k;
             const uint8_t nibble = (uint8_t)((byte >> (4 * (pos & 1))) & 0xFu);
-            const float value = qt_nvfp4_dequant_value(nibble, sb, amax);
+            const float value = a.amax ? qt_nvfp4_dequant_value(nibble, sb, amax)
+                                       : qt_nvfp4_raw_value(nibble, sb);
             const uint64_t index = (uint64_t)m * a.cols + k;
             if (a.out_dtype == QT_DTYPE_F32) {
                 ((float *)a.out)[index] = value;

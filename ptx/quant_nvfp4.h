@@ -107,7 +107,9 @@ QT_STATIC_ASSERT(sizeof(nvfp4_quantize_args) == 120, "nvfp4_quantize_args layout
 typedef struct nvfp4_dequantize_args {
     uint64_t data;    // rowwise u8 [rows][ceil(cols/2)] or columnwise u8 [cols][ceil(rows/2)]
     uint64_t scales;  // rowwise e4m3 [rows][ceil(cols/16)] or columnwise [cols][ceil(rows/16)]
-    uint64_t amax;    // f32 [max(count, 1)]: the direction's global amax
+    uint64_t amax;    // f32 [max(count, 1)]: the direction's global amax; 0: the raw decode
+                      // e2m1 x e4m3 block scale (qt_nvfp4_raw_value), what the NVFP4 GEMMs
+                      // multiply; a BF16 GEMM with GEMM_FLAG_ALPHA_NVFP4 applies the amaxes
     uint64_t out;     // [rows][cols] bf16 | f32 (rows at or past the active rows: not written)
     qt_group_desc group;
     uint32_t rows, cols;
@@ -294,6 +296,14 @@ QT_HD float qt_nvfp4_dequant_scale(uint8_t sb, float amax) {
 // payload), so the choice is made here, on both backends (as qt_block_dequantize does).
 QT_HD float qt_nvfp4_dequant_value(uint8_t nibble, uint8_t sb, float amax) {
     float v = qt_e2m1_to_f32(nibble) * qt_nvfp4_dequant_scale(sb, amax);
+    return qt_f32_is_nan(v) ? qt_bits_f32(QT_F32_ABS) : v;
+}
+
+// The element without the global factor: e2m1 (2 significant bits) x e4m3 (4) is exact in FP32
+// and in BF16, the value the NVFP4 GEMMs decode (gemm.h, qt_gemm_nvfp4_decode). A NaN block
+// scale (never written by the quantizer) gives the canonical NaN, as above.
+QT_HD float qt_nvfp4_raw_value(uint8_t nibble, uint8_t sb) {
+    float v = qt_e2m1_to_f32(nibble) * qt_e4m3_to_f32(sb);
     return qt_f32_is_nan(v) ? qt_bits_f32(QT_F32_ABS) : v;
 }
 

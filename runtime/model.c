@@ -164,24 +164,28 @@ static bool model_gemm_native(const qt_quantizer *a, const qt_quantizer *b) {
 
 static const char *const model_gemm_names[MODEL_GEMM_COUNT] = {"fprop", "dgrad", "wgrad"};
 
-// MXFP8 GEMMs through BF16 copies. Emulated MXFP8 decodes every element to BF16 (gemm.h), and
-// the dequantize kernels write exactly those values, so BF16 copies and a BF16 GEMM compute the
-// same products in the same k order: the choice moves no bit, only time and workspace.
-// - dgrad and wgrad read a columnwise (outer-major) copy and usually E5M2 gradients: the
+// MXFP8 and NVFP4 GEMMs through BF16 copies. The emulated formats decode every element to BF16
+// (gemm.h), and the dequantize kernels write exactly those values (NVFP4: the raw decode, its
+// global amaxes applied in the BF16 GEMM's alpha, GEMM_FLAG_ALPHA_NVFP4), so BF16 copies and a
+// BF16 GEMM compute the same products in the same k order: the choice moves no bit, only time
+// and workspace (tests/test_train.c compares the traces).
+// - MXFP8 dgrad and wgrad read a columnwise (outer-major) copy and usually E5M2 gradients: the
 //   emulated sm_90a kernel takes K-major E4M3 only, and the portable MXFP8 kernel ran them at
 //   about a sixth of the sm_90a BF16 kernel's rate, which reads outer-major BF16 directly.
-// - Large fprops too: the emulated kernel decodes each B tile again for every 128-row tile of
-//   D, one pass per operand is cheaper from MODEL_MXFP8_COPIES_MACS multiply-adds on
-//   (batch x out x in). Smaller GEMMs keep the kernel: two more launches would cost more than
-//   the decode they save. The rule reads the shape only, so every GPU builds the same program.
-#define MODEL_MXFP8_COPIES_MACS (1ull << 32)
+// - Large GEMMs of either format: the emulated kernels decode each B tile again for every
+//   128-row tile of D; one pass per operand is cheaper from MODEL_EMULATED_COPIES_MACS
+//   multiply-adds (batch x out x in). Smaller GEMMs keep the kernels: two more launches would
+//   cost more than the decode they save. The rule reads the shape only, so every GPU builds the
+//   same program.
+#define MODEL_EMULATED_COPIES_MACS (1ull << 32)
 
-static bool model_mxfp8_copies(const model *m, const model_linear *lin, int g,
-                               const qt_quantizer *a) {
-    if (model_gemm_format_of(a->scheme) != GEMM_FORMAT_MXFP8) return false;
+static bool model_emulated_copies(const model *m, const model_linear *lin, int g,
+                                  const qt_quantizer *a) {
+    uint32_t f = model_gemm_format_of(a->scheme);
+    if (f != GEMM_FORMAT_MXFP8 && f != GEMM_FORMAT_NVFP4) return false;
     if (m->emulated_gemm != MODEL_EMULATED_AUTO) return m->emulated_gemm == MODEL_EMULATED_COPIES;
     uint64_t macs = (uint64_t)m->batch * lin->out * lin->in_padded;
-    return g != MODEL_FPROP || macs >= MODEL_MXFP8_COPIES_MACS;
+    return (f == GEMM_FORMAT_MXFP8 && g != MODEL_FPROP) || macs >= MODEL_EMULATED_COPIES_MACS;
 }
 
 static void model_plan_linear_paths(model *m, model_linear *lin) {
@@ -204,7 +208,7 @@ static void model_plan_linear_paths(model *m, model_linear *lin) {
         {&qi->q, &qw->q}, {&qg->q, &qw->q}, {&qg->q, &qi->q}};
     for (int g = 0; g < MODEL_GEMM_COUNT; g++) {
         bool native = model_gemm_native(ops[g][0], ops[g][1]);
-        bool copies = native && model_mxfp8_copies(m, lin, g, ops[g][0]);
+        bool copies = native && model_emulated_copies(m, lin, g, ops[g][0]);
         lin->path[g] = native && !copies ? MODEL_GEMM_NATIVE : MODEL_GEMM_MIXED;
         bool used = g == MODEL_FPROP || (m->modes[MODEL_MODE_TRAIN] &&
                                          (g == MODEL_WGRAD || lin->needs_dx));

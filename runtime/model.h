@@ -160,10 +160,11 @@ typedef struct model_io {
     uint32_t lr_row_count;
 } model_io;
 
-// Where MXFP8 GEMMs run (the numbers are the same either way: model.c, model_plan_linear_paths).
+// Where MXFP8 and NVFP4 GEMMs run (the bits are the same either way: model.c,
+// model_emulated_copies).
 typedef enum model_emulated_gemm {
-    MODEL_EMULATED_AUTO,    // BF16 copies for dgrad and wgrad and for large GEMMs
-    MODEL_EMULATED_KERNEL,  // always the MXFP8 kernels (decode inside the GEMM)
+    MODEL_EMULATED_AUTO,    // BF16 copies for MXFP8 dgrad and wgrad and for large GEMMs
+    MODEL_EMULATED_KERNEL,  // always the format's kernels (decode inside the GEMM)
     MODEL_EMULATED_COPIES   // always BF16 copies and a BF16 GEMM
 } model_emulated_gemm;
 

@@ -220,8 +220,10 @@ static op_gemm_operand mb_gemm_operand(const mb_operand *o) {
                               scale_2d, data, scale, tensor_scale);
 }
 
-// The operand's values as a BF16 [rows][cols] tensor (for a mixed-format GEMM).
-static qt_status mb_dequantize(mb *b, const char *what, const mb_operand *o,
+// The operand's values as a BF16 [rows][cols] tensor (for a mixed-format GEMM). raw: NVFP4
+// without its global factor (the values the NVFP4 GEMMs multiply; the BF16 GEMM then applies the
+// amaxes through GEMM_FLAG_ALPHA_NVFP4).
+static qt_status mb_dequantize(mb *b, const char *what, const mb_operand *o, bool raw,
                                model_tensor *out) {
     const qt_quantizer *q = &o->mq->q;
     const model_qstore *s = o->s;
@@ -263,7 +265,7 @@ static qt_status mb_dequantize(mb *b, const char *what, const mb_operand *o,
         d.colwise = o->colwise;
         d.data = o->colwise ? s->col_data : s->row_data;
         d.scales = o->colwise ? s->col_scale : s->row_scale;
-        d.amax = o->colwise ? s->amax_col : s->amax_row;
+        d.amax = raw ? OP_REF_NONE : o->colwise ? s->amax_col : s->amax_row;
         d.out = out->ref;
         d.out_dtype = QT_DTYPE_BF16;
         return op_nvfp4_dequantize(b->p, name, &d);
@@ -303,15 +305,24 @@ static qt_status mb_gemm(mb *b, const char *what, model_gemm kind, const model_l
     }
     char part[ARENA_NAME_MAX];
     model_tensor ta, tb;
+    // Both NVFP4 (the copies path of model.c): raw decodes and NVFP4's alpha, the same bits as
+    // the NVFP4 kernels; otherwise each operand's dequantized values.
+    bool nvfp4 = a->mq->q.scheme == QT_SCHEME_NVFP4 && bo->mq->q.scheme == QT_SCHEME_NVFP4;
     snprintf(part, sizeof part, "%s.a_bf16", what);
-    QT_TRY(mb_dequantize(b, part, a, &ta));
+    QT_TRY(mb_dequantize(b, part, a, nvfp4, &ta));
     snprintf(part, sizeof part, "%s.b_bf16", what);
-    QT_TRY(mb_dequantize(b, part, bo, &tb));
+    QT_TRY(mb_dequantize(b, part, bo, nvfp4, &tb));
     g.format = GEMM_FORMAT_BF16;
+    prog_ref a_amax = OP_REF_NONE, b_amax = OP_REF_NONE;
+    if (nvfp4) {
+        g.flags = GEMM_FLAG_ALPHA_NVFP4;
+        a_amax = a->colwise ? a->s->amax_col : a->s->amax_row;
+        b_amax = bo->colwise ? bo->s->amax_col : bo->s->amax_row;
+    }
     g.a = op_gemm_operand_of(GEMM_FORMAT_BF16, GEMM_ELEM_BF16, a->rows, a->cols, a->colwise,
-                             false, ta.ref, OP_REF_NONE, OP_REF_NONE);
+                             false, ta.ref, OP_REF_NONE, a_amax);
     g.b = op_gemm_operand_of(GEMM_FORMAT_BF16, GEMM_ELEM_BF16, bo->rows, bo->cols, bo->colwise,
-                             false, tb.ref, OP_REF_NONE, OP_REF_NONE);
+                             false, tb.ref, OP_REF_NONE, b_amax);
     return op_gemm(b->p, name, &g);
 }
 

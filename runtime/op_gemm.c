@@ -82,7 +82,8 @@ static void op_gemm_check_operand(const op_gemm_desc *g, const op_gemm_operand *
     bool block_scaled = f == GEMM_FORMAT_FP8_BLOCK || f == GEMM_FORMAT_MXFP8 ||
                         f == GEMM_FORMAT_NVFP4;
     QT_ASSERT(block_scaled == (o->scale.arena != NULL));
-    bool tensor_scaled = f == GEMM_FORMAT_FP8 || f == GEMM_FORMAT_NVFP4;
+    bool tensor_scaled = f == GEMM_FORMAT_FP8 || f == GEMM_FORMAT_NVFP4 ||
+                         (g->flags & GEMM_FLAG_ALPHA_NVFP4) != 0;
     QT_ASSERT(tensor_scaled == (o->tensor_scale.arena != NULL));
     QT_ASSERT(!(o->flags & GEMM_OPERAND_TENSOR_PER_MEMBER) || g->grouping != GEMM_DENSE);
     // Leading dimensions cover a row (outer-major: a k row spans the operand's rows).
@@ -96,8 +97,9 @@ static void op_gemm_check_operand(const op_gemm_desc *g, const op_gemm_operand *
 static void op_gemm_check(const op_gemm_desc *g) {
     QT_ASSERT(g->format < GEMM_FORMAT_COUNT);
     QT_ASSERT(g->grouping <= GEMM_GROUP_K);
-    QT_ASSERT((g->flags & ~GEMM_FLAG_SPLIT_ACCUMULATE) == 0);
+    QT_ASSERT((g->flags & ~(GEMM_FLAG_SPLIT_ACCUMULATE | GEMM_FLAG_ALPHA_NVFP4)) == 0);
     QT_ASSERT(!(g->flags & GEMM_FLAG_SPLIT_ACCUMULATE) || g->format == GEMM_FORMAT_FP8);
+    QT_ASSERT(!(g->flags & GEMM_FLAG_ALPHA_NVFP4) || g->format == GEMM_FORMAT_BF16);
     QT_ASSERT(g->d.arena != NULL);
     QT_ASSERT(g->d_dtype == QT_DTYPE_BF16 || g->d_dtype == QT_DTYPE_F32);
     QT_ASSERT(g->bias.arena == NULL ||

@@ -173,8 +173,10 @@ qt_status op_nvfp4_dequantize(program *p, const char *name, const op_nvfp4_dequa
                         d->colwise ? s.col_data : s.row_data, 1, PROG_READ));
     QT_TRY(op_nvfp4_use(p, op, offsetof(nvfp4_dequantize_args, scales), d->scales,
                         d->colwise ? s.col_scales : s.row_scales, 1, PROG_READ));
-    QT_TRY(op_nvfp4_use(p, op, offsetof(nvfp4_dequantize_args, amax), d->amax, s.amax, 4,
-                        PROG_READ));
+    if (d->amax.arena != NULL) {  // else the raw decode (quant_nvfp4.h)
+        QT_TRY(op_nvfp4_use(p, op, offsetof(nvfp4_dequantize_args, amax), d->amax, s.amax, 4,
+                            PROG_READ));
+    }
     QT_TRY(op_group_use(p, op, offsetof(nvfp4_dequantize_args, group), &d->group));
     return op_nvfp4_use(p, op, offsetof(nvfp4_dequantize_args, out), d->out,
                         (uint64_t)d->rows * d->cols * out_esize, out_esize, PROG_WRITE);

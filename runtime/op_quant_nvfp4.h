@@ -67,7 +67,7 @@ typedef struct op_nvfp4_dequant {
     uint32_t rows, cols;  // of the original tensor
     op_group group;
     bool colwise;
-    prog_ref data, scales, amax;
+    prog_ref data, scales, amax;  // amax .arena NULL: the raw decode, no global factor
     prog_ref out;        // [rows][cols]
     uint32_t out_dtype;  // QT_DTYPE_BF16 | QT_DTYPE_F32
 } op_nvfp4_dequant;

@@ -38,7 +38,7 @@ typedef struct run_options {
     uint64_t eval_every;      // > 0: an eval row of eval_steps steps after every k train steps
     uint64_t eval_steps;
     bool drop_eval;           // remove the table's eval and infer rows (after eval_every)
-    model_emulated_gemm emulated_gemm;  // where MXFP8 GEMMs run (the same bits either way)
+    model_emulated_gemm emulated_gemm;  // where MXFP8 and NVFP4 GEMMs run (same bits)
 } run_options;
 
 // Start-up phases of run_bind, wall-clock seconds (the summary prints them: start-up is part of

@@ -230,19 +230,20 @@ static void test_deterministic(const char *scheme) {
     test_end();
 }
 
-// MXFP8 GEMMs in the MXFP8 kernels and through BF16 copies (model.c's choice of path) compute
-// the same products in the same order: the traces, checksums included, are identical. On the
-// reference backend, and on the GPU, where the copies take the sm_90a BF16 kernel and the MXFP8
-// kernels the portable (dgrad, wgrad) and emulated sm_90a (fprop) tiers.
-static void test_mxfp8_paths(backend_kind kind) {
-    const char *name = kind == BACKEND_GPU ? "gpu_mxfp8_kernel_and_bf16_copies_identical"
-                                           : "train_mxfp8_kernel_and_bf16_copies_identical";
+// MXFP8 and NVFP4 GEMMs in the format's kernels and through BF16 copies (model.c's choice of
+// path) compute the same products in the same order: the traces, checksums included, are
+// identical. On the reference backend, and on the GPU, where the copies take the sm_90a BF16
+// kernel and the formats' kernels the portable and emulated sm_90a tiers.
+static void test_emulated_paths(backend_kind kind, const char *scheme) {
+    char name[96];
+    snprintf(name, sizeof name, "%s_%s_kernel_and_bf16_copies_identical",
+             kind == BACKEND_GPU ? "gpu" : "train", scheme);
     static char text[RECIPE_TEXT_MAX];
-    CHECK(recipe_text_for("tests/recipes/synthetic_tiny.recipe", "mxfp8", text, sizeof text),
+    CHECK(recipe_text_for("tests/recipes/synthetic_tiny.recipe", scheme, text, sizeof text),
           "cannot read tests/recipes/synthetic_tiny.recipe");
     char a[128], b[128];
-    trace_path(a, sizeof a, "mxfp8_kernel");
-    trace_path(b, sizeof b, "mxfp8_copies");
+    trace_path(a, sizeof a, "emulated_kernel");
+    trace_path(b, sizeof b, "emulated_copies");
     train_case c = {.name = "synthetic_tiny.recipe", .text = text, .kind = kind};
     c.options.checksum_every = 25;
     c.options.trace_path = a;
@@ -716,7 +717,8 @@ int main(void) {
     test_layers_train();
     test_deterministic("nvfp4");
     test_deterministic("delayed");
-    test_mxfp8_paths(BACKEND_REF);
+    test_emulated_paths(BACKEND_REF, "mxfp8");
+    test_emulated_paths(BACKEND_REF, "nvfp4");
     const char *tiny = "tests/recipes/synthetic_tiny.recipe";
     for (size_t i = 0; i < SCHEMES_COUNT; i++) {
         test_interleave(tiny, schemes[i], NULL, schemes[i]);
@@ -736,7 +738,8 @@ int main(void) {
         test_gpu_eager_graph("tests/recipes/synthetic_tiny.recipe", schemes[i], schemes[i]);
     }
     test_gpu_eager_graph("tests/recipes/synthetic_custom.recipe", NULL, "custom_mixed");
-    test_mxfp8_paths(BACKEND_GPU);
+    test_emulated_paths(BACKEND_GPU, "mxfp8");
+    test_emulated_paths(BACKEND_GPU, "nvfp4");
     test_gpu_no_sync();
     test_gpu_memory_constant();
     for (size_t i = 0; i < SCHEMES_COUNT; i++) test_gpu_vs_ref(schemes[i]);
