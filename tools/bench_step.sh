@@ -162,10 +162,12 @@ table=$logs/bench_step.md
             -v rf="$(ratio "$ms" "$fp8")" -v rg="$(ratio "$ms" "$graph")" \
             -v arena="${arena:--}" -v peak="${peak:--}" 'function mib(b) {
                 return b == "-" ? "-" : sprintf("%.0f", b / 1048576) }
+            function ms1(v) { return v == "-" ? "-" : sprintf("%.1f", v) }
             BEGIN {
                 tf = (ms == "-" || flop == "-") ? "-" : sprintf("%.0f", flop / (ms * 1e-3) / 1e12)
                 printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
-                       r, ms, tf, e, c, f, g, rc, rf, rg, mib(arena), mib(peak) }'
+                       r, ms1(ms), tf, ms1(e), ms1(c), ms1(f), ms1(g), rc, rf, rg, mib(arena),
+                       mib(peak) }'
     done
     if [ -n "$fashion" ]; then
         line=$(peer_line recipes/fashion_mnist_bf16.recipe graph-train)
