@@ -555,8 +555,10 @@ static bool stage_run(const stage_setup *su, const char *eval_source, const char
 // same bits for each batch; with IDX data each batch must also match a run that has that batch
 // alone as its whole eval set (staged by the first copy of a fresh run). A step that read
 // another step's slot, or a slot whose copy had not landed, would differ. The weights are the
-// seeded initial ones in every run, since nothing trains.
-static void stage_case(const stage_setup *su) {
+// seeded initial ones in every run, since nothing trains. `other` (or NULL): the log of another
+// execution of the same passes (graphs, for eager launches), which must match bit for bit when
+// it holds one; it is given this run's log.
+static void stage_case(const stage_setup *su, stage_log *other) {
     char name[96];
     snprintf(name, sizeof name, "%s_each_step_stages_its_own_batch_%s",
              su->kind == BACKEND_GPU ? "gpu" : "train", su->label);
@@ -601,6 +603,10 @@ static void stage_case(const stage_setup *su) {
               "batches %u and %u put out the same outputs: the test data cannot tell them apart",
               k - 1, k);
     }
+    for (uint32_t i = 0; other && other->steps > 0 && i < logs[0].steps; i++) {
+        CHECK(stage_same(&logs[0], i, other, i), "step %u differs from the other execution", i);
+    }
+    if (other) *other = logs[0];
     for (uint32_t k = 0; su->idx && k < batches; k++) {
         uint32_t first = k * su->batch;
         uint32_t rows = su->eval_samples - first < su->batch ? su->eval_samples - first
@@ -620,10 +626,10 @@ static void stage_case(const stage_setup *su) {
 static void test_stage_ref(void) {
     // Rows of 25 pixels (a partial 16-pixel chunk), 7 batches, the last one of 5 rows.
     stage_setup su = {BACKEND_REF, false, true, 5, 8, 53, "idx_ref"};
-    stage_case(&su);
+    stage_case(&su, NULL);
     su.idx = false;
     su.label = "synthetic_ref";
-    stage_case(&su);
+    stage_case(&su, NULL);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -688,13 +694,17 @@ static void test_gpu_no_sync(void) {
 
 // Batches of 256 x 4096 inputs take far longer to cross PCIe than the small model takes to
 // compute, so a step that did not wait for its copy, or a copy that overwrote a slot still being
-// read, would put out another batch's bits; graphs and eager launches alike.
+// read, would put out another batch's bits; graphs and eager launches alike, and the two give
+// the same bits.
 static void test_gpu_stage(void) {
+    static stage_log graphs;
     for (int i = 0; i < 4; i++) {
         static const char *const labels[4] = {"idx_graph", "idx_eager", "synthetic_graph",
                                                "synthetic_eager"};
-        stage_setup su = {BACKEND_GPU, i % 2 == 1, i < 2, 64, 256, 5 * 256 - 37, labels[i]};
-        stage_case(&su);
+        bool eager = i % 2 == 1;
+        stage_setup su = {BACKEND_GPU, eager, i < 2, 64, 256, 5 * 256 - 37, labels[i]};
+        if (!eager) graphs.steps = 0;
+        stage_case(&su, &graphs);
     }
 }
 
