@@ -512,6 +512,7 @@ typedef struct stage_setup {
     bool eager;
     bool idx;               // u8 pixels (IDX files), else synthetic FP32 inputs
     uint32_t side;          // IDX images side x side; synthetic inputs side * side
+    uint32_t hidden;        // width of the model's two hidden layers
     uint32_t batch;
     uint32_t eval_samples;  // the last batch is partial
     const char *label;
@@ -531,11 +532,13 @@ static bool stage_run(const stage_setup *su, const char *eval_source, const char
         snprintf(train_source, sizeof train_source, "synthetic classes inputs=%u classes=%u "
                  "samples=%u seed=8", features, STAGE_OUTPUTS, 3 * su->batch);
     }
-    snprintf(text, sizeof text, "[model]\ninput = %u\nlayer = linear fc1 24 bias\n"
-             "layer = gelu\nlayer = linear head %u bias\nloss = softmax_xent\n"
+    snprintf(text, sizeof text, "[model]\ninput = %u\nlayer = linear fc1 %u bias\n"
+             "layer = gelu\nlayer = linear fc2 %u\nlayer = gelu\n"
+             "layer = linear head %u bias\nloss = softmax_xent\n"
              "[quant]\nrecipe = bf16\n[optim]\nadamw\n"
              "[data]\ntrain = %s\neval = %s\nbatch = %u\nseed = 5\n[schedule]\n%s\n",
-             features, STAGE_OUTPUTS, train_source, eval_source, su->batch, schedule);
+             features, su->hidden, su->hidden, STAGE_OUTPUTS, train_source, eval_source,
+             su->batch, schedule);
     memset(log, 0, sizeof *log);
     log->output_bytes = su->batch * STAGE_OUTPUTS * 2;
     train_case c = {.name = "stage.recipe", .text = text, .kind = su->kind,
@@ -625,7 +628,7 @@ static void stage_case(const stage_setup *su, stage_log *other) {
 
 static void test_stage_ref(void) {
     // Rows of 25 pixels (a partial 16-pixel chunk), 7 batches, the last one of 5 rows.
-    stage_setup su = {BACKEND_REF, false, true, 5, 8, 53, "idx_ref"};
+    stage_setup su = {BACKEND_REF, false, true, 5, 24, 8, 53, "idx_ref"};
     stage_case(&su, NULL);
     su.idx = false;
     su.label = "synthetic_ref";
@@ -692,17 +695,18 @@ static void test_gpu_no_sync(void) {
     test_end();
 }
 
-// Batches of 256 x 4096 inputs take far longer to cross PCIe than the small model takes to
-// compute, so a step that did not wait for its copy, or a copy that overwrote a slot still being
-// read, would put out another batch's bits; graphs and eager launches alike, and the two give
-// the same bits.
+// Batches of 256 x 4096 inputs (1 or 4 MiB) and hidden layers of 8192: a step computes about as
+// long as the host takes to fill the next slot and the copy engine to move it, so steps and
+// copies overlap and queue up. A step that did not wait for its copy, or a copy that overwrote a
+// slot still being read, would put out another batch's bits; graphs and eager launches alike,
+// and the two give the same bits.
 static void test_gpu_stage(void) {
     static stage_log graphs;
     for (int i = 0; i < 4; i++) {
         static const char *const labels[4] = {"idx_graph", "idx_eager", "synthetic_graph",
                                                "synthetic_eager"};
         bool eager = i % 2 == 1;
-        stage_setup su = {BACKEND_GPU, eager, i < 2, 64, 256, 5 * 256 - 37, labels[i]};
+        stage_setup su = {BACKEND_GPU, eager, i < 2, 64, 8192, 256, 5 * 256 - 37, labels[i]};
         if (!eager) graphs.steps = 0;
         stage_case(&su, &graphs);
     }
