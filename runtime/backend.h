@@ -1,9 +1,9 @@
 // backend: where a program runs. GPU: one context, one stream (plus a copy stream for the
 // schedule loop's batches), the loaded kernel modules, eager launches or one captured CUDA graph
-// per program. Reference (ref): the same programs run by the
-// plain C twin of every kernel (runtime/ref_*.c), on the CPU.
+// per program. Reference (ref): the same programs run by the plain C twin of every kernel
+// (runtime/ref_*.c), on the CPU.
 //
-// Owns the GPU context (primary context, retained), the stream and the modules from
+// Owns the GPU context (primary context, retained), the streams and the modules from
 // backend_open_* to backend_close, and the arena allocations from backend_bind to
 // backend_release. The reference backend owns nothing: its arenas live in caller memory, since
 // the library never allocates host memory itself.
