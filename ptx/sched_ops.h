@@ -9,25 +9,25 @@
 //
 //   kernel              what                                              launch
 //   qt_sched_copy       dst slot (counter % dst_slots) <- src slot        1-D grid-stride over
-//                       (counter % src_slots), 16-byte words: the          16-byte words
-//                       host-to-device batch copy (pinned staging slot of
-//                       this step) and the infer outputs' device-to-host
-//                       copy
-//   qt_sched_stage_u8   the batch (device) <- this step's slot (counter %   1-D grid-stride over
+//                       (counter % src_slots), 16-byte words: the batch    16-byte words
+//                       from this step's device slot (FP32 inputs), and
+//                       the infer outputs' device-to-host copy
+//   qt_sched_stage_u8   the batch <- this step's device slot (counter %     1-D grid-stride over
 //                       src_slots) whose inputs are u8 pixels: header and   16-pixel chunks
-//                       targets copied, pixels -> FP32 x / 255 (the host-
-//                       to-device batch copy of IDX data: a quarter of the
-//                       bytes of FP32 cross PCIe)
+//                       targets copied, pixels -> FP32 x / 255 (IDX data
+//                       crosses PCIe as bytes, a quarter of FP32's)
 //   qt_sched_record     the step's qt_trace_record into ring[counter %      1 block x 32 threads
 //                       ring_len] (pinned host memory); counter += 1
 //   qt_sched_checksum   folds the per-region hashes into the record of     1 block x 32 threads,
 //                       the step that just ended (ring[(counter - 1) %     thread 0 works
 //                       ring_len]) and sets its checksum flag
 //
-// The host fills staging slot s % 2 before it launches step s and reads record s a few steps
-// later, after waiting for an event recorded behind step s (runtime/schedule.h): the kernels
-// read and write pinned host memory directly (unified addressing), so no copy call and no
-// synchronization is needed inside a step.
+// The batch of step s reaches device slot s % 2 through a copy-engine copy that the schedule
+// loop queues beside step s - 1, and step s's graph waits for it (runtime/schedule.h), so the
+// first op reads device memory only. The host reads record s a few steps later, after waiting for
+// an event recorded behind step s: the record and the infer outputs are written to pinned host
+// memory directly (unified addressing), so no copy call and no synchronization is needed inside
+// a step.
 //
 // Record fields (ptx/trace_record.h): loss = stats.loss_mean; accuracy = correct / valid (one
 // IEEE division, 0 when nothing is valid or the loss is not a classification); grad_norm = the
@@ -62,7 +62,7 @@ QT_STATIC_ASSERT(sizeof(sched_copy_args) == 56, "sched_copy_args layout");
 // inputs (the header region, `inputs_offset` bytes); the targets sit at their own offsets.
 typedef struct sched_stage_u8_args {
     uint64_t counter;         // u64 device step counter, read
-    uint64_t dst, src;        // the device batch; slot 0 of the staging slots
+    uint64_t dst, src;        // the device batch; slot 0 of the device slots
     uint64_t src_stride;      // bytes from one slot to the next
     uint64_t pixels;          // u8 inputs (batch x stride) -> as many FP32 values
     uint64_t inputs_offset;   // of both sides; a multiple of 16, as are the other offsets

@@ -53,6 +53,7 @@ qt_status backend_open_gpu(backend *b, int device_ordinal) {
                        b->info.cc_major, b->info.cc_minor);
     }
     QT_CU(cuStreamCreate(&b->stream, CU_STREAM_NON_BLOCKING));
+    QT_CU(cuStreamCreate(&b->copy_stream, CU_STREAM_NON_BLOCKING));
     b->capture_streams[0] = b->stream;
     for (int s = 0; s < BACKEND_CAPTURE_STREAMS; s++) {
         if (s > 0) QT_CU(cuStreamCreate(&b->capture_streams[s], CU_STREAM_NON_BLOCKING));
@@ -83,8 +84,10 @@ void backend_close(backend *b) {
         b->capture_events[s] = NULL;
         b->capture_streams[s] = NULL;
     }
+    if (b->copy_stream) drv.cuStreamDestroy(b->copy_stream);
     if (b->stream) drv.cuStreamDestroy(b->stream);
     drv.cuDevicePrimaryCtxRelease(b->device);
+    b->copy_stream = NULL;
     b->stream = NULL;
     b->context = NULL;
 }
@@ -344,6 +347,28 @@ static uint64_t backend_ref_address(prog_ref ref, uint64_t bytes) {
     const arena_region *region = arena_region_get(ref.arena, ref.region);
     QT_ASSERT(ref.offset + bytes <= region->bytes);
     return arena_address(ref.arena, ref.region) + ref.offset;
+}
+
+qt_status backend_copy_beside(backend *b, prog_ref dst, prog_ref src, uint64_t bytes,
+                              CUevent after, CUevent done) {
+    QT_ASSERT(src.arena->kind == ARENA_KIND_HOST && dst.arena->kind == ARENA_KIND_DEVICE);
+    uint64_t to = backend_ref_address(dst, bytes), from = backend_ref_address(src, bytes);
+    if (b->kind == BACKEND_REF) {
+        memcpy((void *)(uintptr_t)to, (const void *)(uintptr_t)from, bytes);
+        return QT_OK;
+    }
+    if (after) QT_CU(cuStreamWaitEvent(b->copy_stream, after, 0));
+    // The host arena is pinned, so this is a DMA on the copy engine that returns at once.
+    QT_CU(cuMemcpyHtoDAsync((CUdeviceptr)to, (const void *)(uintptr_t)from, bytes,
+                            b->copy_stream));
+    QT_CU(cuEventRecord(done, b->copy_stream));
+    return QT_OK;
+}
+
+qt_status backend_wait(backend *b, CUevent event) {
+    if (b->kind == BACKEND_REF) return QT_OK;
+    QT_CU(cuStreamWaitEvent(b->stream, event, 0));
+    return QT_OK;
 }
 
 qt_status backend_write(backend *b, prog_ref dst, const void *src, uint64_t bytes) {

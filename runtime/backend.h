@@ -1,8 +1,9 @@
-// backend: where a program runs. GPU: one context, one stream, the loaded kernel modules, eager
-// launches or one captured CUDA graph per program. Reference (ref): the same programs run by the
-// plain C twin of every kernel (runtime/ref_*.c), on the CPU.
+// backend: where a program runs. GPU: one context, one stream (plus a copy stream for the
+// schedule loop's batches), the loaded kernel modules, eager launches or one captured CUDA graph
+// per program. Reference (ref): the same programs run by the plain C twin of every kernel
+// (runtime/ref_*.c), on the CPU.
 //
-// Owns the GPU context (primary context, retained), the stream and the modules from
+// Owns the GPU context (primary context, retained), the streams and the modules from
 // backend_open_* to backend_close, and the arena allocations from backend_bind to
 // backend_release. The reference backend owns nothing: its arenas live in caller memory, since
 // the library never allocates host memory itself.
@@ -50,6 +51,9 @@ typedef struct backend {
     // through them so that independent ops become parallel branches of the graph.
     CUstream capture_streams[BACKEND_CAPTURE_STREAMS];
     CUevent capture_events[BACKEND_CAPTURE_STREAMS];
+    // The next step's batch crosses PCIe on this stream, on the copy engine, beside the step
+    // that runs on `stream` (backend_copy_beside).
+    CUstream copy_stream;
     modules modules;
     backend_device_info info;
     backend_gemm_tier gemm_tier;  // AUTO after backend_open_*; set it before running or capturing
@@ -97,6 +101,17 @@ qt_status backend_profile(backend *b, const program *p, const backend_graph *g, 
                           float *op_us, float *graph_us);
 // Waits for the stream (a counted synchronization).
 qt_status backend_finish(backend *b);
+
+// The schedule loop's batch copy (runtime/schedule.h): `bytes` from a pinned host arena region
+// to a device arena region, queued on the copy stream after `after` (an event recorded on the
+// compute stream; NULL: nothing to wait for), then `done` recorded behind it for the compute
+// stream to wait on (backend_wait). Neither call makes the host wait. The reference backend
+// copies at once and ignores the events, so both backends see the same bytes at the same point
+// of the loop.
+qt_status backend_copy_beside(backend *b, prog_ref dst, prog_ref src, uint64_t bytes,
+                              CUevent after, CUevent done);
+// The compute stream's next launch waits for `event` (GPU; nothing on the reference backend).
+qt_status backend_wait(backend *b, CUevent event);
 
 // Set-up and test copies between caller memory and an arena; they wait for the stream first, go
 // through it, and are complete when they return (so the next launch sees every byte).

@@ -718,15 +718,6 @@ static uint64_t slot_input_bytes(const data_slot_layout *l) {
     return input_bytes(l->input_type);
 }
 
-void data_stage_init(data_stage *st, const data_slot_layout *layout, void *slot0, void *slot1) {
-    QT_ASSERT((uintptr_t)slot0 % DATA_ALIGN == 0 && (uintptr_t)slot1 % DATA_ALIGN == 0);
-    st->layout = *layout;
-    st->slots[0] = slot0;
-    st->slots[1] = slot1;
-}
-
-void *data_stage_slot(const data_stage *st, uint64_t step) { return st->slots[step % 2]; }
-
 void data_feed_init(data_feed *f, const data_set *set, uint32_t batch, bool shuffle,
                     uint64_t seed, uint32_t *order) {
     QT_ASSERT(batch > 0);

@@ -7,7 +7,7 @@
 //                       see its header) or the synthetic parameters -> data_info with the bytes
 //                       of the dataset (a persistent host arena region, category staging)
 //   data_order_bytes    the shuffle's index table (train feeds only, host arena)
-//   data_slot_plan      one staging slot; a feed writes into two of them (pinned host arena)
+//   data_slot_plan      one staging slot; the schedule loop has three (pinned host arena)
 //   data_load           fills the dataset region once, at start-up, validating everything
 //   data_feed_next      fills one slot with the next batch, per step, without allocating
 //
@@ -53,10 +53,10 @@
 // nothing but (seed, epoch, samples), so a data_cursor {epoch, position} alone, saved in a
 // checkpoint, restores the exact sequence of batches.
 //
-// Double buffering: step s uses slot s % 2 (data_stage_slot), so the host fills the slot of step
-// s + 1 while the device copies that of step s, and a captured graph can pick its slot from the
-// device step counter. The caller makes sure the device has finished reading a slot (step s - 1)
-// before the slot is filled again.
+// Staging (runtime/schedule.h): the host fills the slot of step s + 1 while step s runs, the
+// copy engine moves the whole slot into a device copy of the same layout, and the step's first op
+// reads that copy. A feed only writes the slot it is given; the caller makes sure no copy still
+// reads it.
 //
 // Threads: data_load generates synthetic sources on data_threads() threads of its own (joined
 // before it returns); the bytes are the same for any number of threads.
@@ -146,12 +146,6 @@ typedef struct data_slot_layout {
     uint64_t bytes;           // a multiple of DATA_ALIGN
 } data_slot_layout;
 
-// The two staging slots of double buffering (pinned host memory, DATA_ALIGN aligned).
-typedef struct data_stage {
-    data_slot_layout layout;
-    uint8_t *slots[2];
-} data_stage;
-
 // A stream of batches from one dataset.
 typedef struct data_feed {
     const data_set *set;
@@ -197,9 +191,6 @@ uint64_t data_batches_per_epoch(uint64_t samples, uint32_t batch);
 data_slot_layout data_slot_plan(const data_info *info, uint32_t batch, uint32_t stride);
 // The device batch the slot is staged into: the same parts, FP32 inputs.
 data_slot_layout data_batch_plan(const data_info *info, uint32_t batch, uint32_t stride);
-void data_stage_init(data_stage *st, const data_slot_layout *layout, void *slot0, void *slot1);
-// Slot of step `step`: slots[step % 2].
-void *data_stage_slot(const data_stage *st, uint64_t step);
 
 // Writes into order[0 .. samples) the visiting order of epoch `epoch`: Fisher-Yates over the
 // identity with j drawn from Philox keyed by (seed, epoch).

@@ -487,15 +487,18 @@ static qt_status model_plan_io(model *m, const model_options *o) {
     model_place host = {m->host, "host", true, ARENA_CAT_STAGING};
     model_place dev = {m->dev, "step", true, ARENA_CAT_STAGING};
     prog_ref ref;
-    QT_TRY(model_region(&host, "staging", MODEL_STAGE_SLOTS * io->slot.bytes, ARENA_CAT_STAGING,
+    QT_TRY(model_region(&host, "staging", MODEL_HOST_SLOTS * io->slot.bytes, ARENA_CAT_STAGING,
                         &ref));
     io->staging = ref.region;
+    QT_TRY(model_region(&dev, "staged", MODEL_DEVICE_SLOTS * io->slot.bytes, ARENA_CAT_STAGING,
+                        &ref));
+    io->staged = ref.region;
     QT_TRY(model_region(&host, "records", MODEL_RING_LEN * sizeof(qt_trace_record),
                         ARENA_CAT_STAGING, &ref));
     io->ring = ref.region;
     io->outputs_bytes = ((uint64_t)m->batch * m->outputs * 2 + 15) / 16 * 16;
     if (m->modes[MODEL_MODE_INFER]) {
-        QT_TRY(model_region(&host, "outputs", MODEL_STAGE_SLOTS * io->outputs_bytes,
+        QT_TRY(model_region(&host, "outputs", MODEL_OUTPUT_SLOTS * io->outputs_bytes,
                             ARENA_CAT_STAGING, &ref));
         io->outputs = ref.region;
     }

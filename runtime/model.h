@@ -41,8 +41,8 @@
 //   checksum  a hash of every persistent weight, master, optimizer and scaling region, folded
 //          into the last record
 //
-// Tensors between layers are BF16 ([batch][width], row-major); the model input (the staging
-// slot's FP32 values) and every gradient of a parameter are FP32.
+// Tensors between layers are BF16 ([batch][width], row-major); the model input (the batch that
+// the stage op writes from the step's device slot) and every gradient of a parameter are FP32.
 #ifndef QT_MODEL_H
 #define QT_MODEL_H
 
@@ -62,7 +62,13 @@
 #define MODEL_NOTE_BYTES 200
 #define MODEL_NAME_MAX 48
 #define MODEL_RING_LEN 4  // records in the pinned ring (the host reads 2 steps behind)
-#define MODEL_STAGE_SLOTS 2
+// Batch staging (runtime/schedule.h proves the counts): step s's batch is filled into pinned
+// host slot s % MODEL_HOST_SLOTS one step ahead, copied by the copy engine into device slot
+// s % MODEL_DEVICE_SLOTS beside step s - 1, and the step's first op turns that device slot into
+// the program's FP32 batch. Infer outputs go to pinned host slot s % MODEL_OUTPUT_SLOTS.
+#define MODEL_HOST_SLOTS 3
+#define MODEL_DEVICE_SLOTS 2
+#define MODEL_OUTPUT_SLOTS 2
 
 typedef enum model_mode {
     MODEL_MODE_TRAIN,
@@ -149,9 +155,10 @@ typedef struct model_linear {
 typedef struct model_io {
     data_slot_layout slot;       // staging slot layout (data.h): inputs as the dataset has them
     data_slot_layout batch;      // the device batch the slot is staged into: FP32 inputs
-    arena_handle staging;        // host: MODEL_STAGE_SLOTS slots
+    arena_handle staging;        // host: MODEL_HOST_SLOTS slots, the host fills them
+    arena_handle staged;         // device: MODEL_DEVICE_SLOTS slots, the copy engine fills them
     arena_handle ring;           // host: qt_trace_record [MODEL_RING_LEN]
-    arena_handle outputs;        // host: MODEL_STAGE_SLOTS slots of infer outputs (bf16)
+    arena_handle outputs;        // host: MODEL_OUTPUT_SLOTS slots of infer outputs (bf16)
     uint64_t outputs_bytes;      // one slot: [batch][outputs] bf16, rounded up to 16
     arena_handle counter;        // device: u64 step counter (ptx/sched.h)
     arena_handle optim_state;    // device: optim_state

@@ -704,7 +704,9 @@ static qt_status mb_record(mb *b) {
 // ---------------------------------------------------------------------------------------------
 // Programs
 
-// The first op of every step: this step's staging slot into the program's batch region.
+// The first op of every step: this step's device slot (the counter's parity picks it; the copy
+// engine filled it from the pinned host slot, runtime/schedule.h) into the program's batch
+// region, a device-to-device pass (IDX pixels become FP32 x / 255 on the way).
 static qt_status mb_begin(mb *b, model *m, program *p, model_mode mode) {
     memset(b, 0, sizeof *b);
     b->m = m;
@@ -715,7 +717,7 @@ static qt_status mb_begin(mb *b, model *m, program *p, model_mode mode) {
     const data_slot_layout *slot = &m->io.slot, *layout = &m->io.batch;
     prog_ref batch;
     QT_TRY(mb_region(b, "batch", layout->bytes, ARENA_CAT_STAGING, &batch));
-    op_sched_slots src = {(prog_ref){m->host, m->io.staging, 0}, slot->bytes, MODEL_STAGE_SLOTS};
+    op_sched_slots src = {mb_dev(b, m->io.staged), slot->bytes, MODEL_DEVICE_SLOTS};
     if (slot->input_type == DATA_INPUT_U8) {
         op_sched_stage_desc d = {0};
         d.counter = mb_dev(b, m->io.counter);
@@ -767,7 +769,7 @@ qt_status model_build_infer(model *m, program *p) {
     model_tensor out = b.acts[m->recipe->model.layers_count];
     QT_ASSERT(out.dtype == QT_DTYPE_BF16);
     op_sched_slots dst = {(prog_ref){m->host, m->io.outputs, 0}, m->io.outputs_bytes,
-                          MODEL_STAGE_SLOTS};
+                          MODEL_OUTPUT_SLOTS};
     op_sched_slots src = {out.ref, 0, 1};
     QT_TRY(op_sched_copy(p, "outputs", mb_dev(&b, m->io.counter), dst, src,
                          m->io.outputs_bytes));

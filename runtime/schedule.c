@@ -111,12 +111,27 @@ typedef struct sched_pending {
     double row_start;  // when the row's first step was launched
 } sched_pending;
 
+// The proof in schedule.h needs a host slot for each step in flight plus the one being filled,
+// and each device slot's last reader among the steps whose events are still held.
+QT_STATIC_ASSERT(MODEL_HOST_SLOTS == SCHED_LAG + 1, "host slots: steps in flight + 1");
+QT_STATIC_ASSERT(MODEL_DEVICE_SLOTS == 2 && SCHED_LAG >= MODEL_DEVICE_SLOTS,
+                 "device slots: by parity, their last reader's event still held");
+
+// A step's place in the table: its row and its 1-based step within the row.
+typedef struct sched_at {
+    uint32_t row;
+    uint64_t row_step;
+} sched_at;
+
 typedef struct sched_loop {
     const sched_env *env;
     const sched_table *t;
     sched_summary *sum;
-    CUevent events[SCHED_LAG];
+    CUevent events[SCHED_LAG];            // compute stream: behind step s at s % SCHED_LAG
+    CUevent copied[MODEL_DEVICE_SLOTS];   // copy stream: behind step s's batch copy
     sched_pending pending[SCHED_LAG];
+    uint64_t staged;                      // steps whose batch copy has been queued
+    uint32_t staged_valid;                // real rows of the last batch staged
     double start, row_start;
     uint64_t total, done;
     double eval_loss_sum;        // of the current eval row
@@ -182,7 +197,7 @@ static qt_status sched_consume(sched_loop *l, const sched_pending *pd) {
                         pd->rows_valid, NULL, sched_now() - l->start};
     if (row->mode == MODEL_MODE_INFER) {
         const uint8_t *outputs = arena_host_pointer(m->host, m->io.outputs);
-        p.outputs = (const uint16_t *)(outputs + (pd->step % MODEL_STAGE_SLOTS) *
+        p.outputs = (const uint16_t *)(outputs + (pd->step % MODEL_OUTPUT_SLOTS) *
                                                      m->io.outputs_bytes);
     }
     env->progress(env->progress_ctx, &p);
@@ -213,48 +228,86 @@ static qt_status sched_launch(sched_loop *l, model_mode mode, bool checksum) {
     return QT_OK;
 }
 
-// One step: the record of step - SCHED_LAG, the batch, the launch, the event.
-static qt_status sched_step(sched_loop *l, uint64_t step, uint32_t row_index, uint64_t row_step,
+// Moves `at` to the next step of the table ({0, 0}: before the first); false after the last.
+static bool sched_following(const sched_table *t, sched_at *at) {
+    if (at->row_step > 0 && at->row_step < t->rows[at->row].steps) {
+        at->row_step++;
+        return true;
+    }
+    for (uint32_t r = at->row_step == 0 ? 0 : at->row + 1; r < t->row_count; r++) {
+        if (t->rows[r].steps == 0) continue;
+        *at = (sched_at){r, 1};
+        return true;
+    }
+    return false;
+}
+
+// Fills host slot step % MODEL_HOST_SLOTS with the batch of the step at `at` and queues its copy
+// into device slot step % MODEL_DEVICE_SLOTS after the last step that read that device slot.
+static qt_status sched_stage(sched_loop *l, uint64_t step, sched_at at) {
+    const sched_env *env = l->env;
+    const sched_row *row = &l->t->rows[at.row];
+    model *m = env->model;
+    data_feed *feed = sched_feed(env, row);
+    QT_ASSERT(feed != NULL && env->programs[row->mode] != NULL);
+    // Eval and infer rows start at the beginning of their dataset, in file order.
+    if (row->mode != MODEL_MODE_TRAIN && at.row_step == 1) {
+        QT_TRY(data_feed_seek(feed, (data_cursor){0, 0}));
+    }
+    uint64_t bytes = m->io.slot.bytes;
+    prog_ref host = {m->host, m->io.staging, (step % MODEL_HOST_SLOTS) * bytes};
+    prog_ref dev = {m->dev, m->io.staged, (step % MODEL_DEVICE_SLOTS) * bytes};
+    uint8_t *slot = (uint8_t *)arena_host_pointer(m->host, m->io.staging) + host.offset;
+    l->staged_valid = data_feed_next(feed, &m->io.slot, slot);
+    CUevent last_reader = step >= MODEL_DEVICE_SLOTS
+                              ? l->events[(step - MODEL_DEVICE_SLOTS) % SCHED_LAG] : NULL;
+    QT_TRY(backend_copy_beside(env->backend, dev, host, bytes, last_reader,
+                               l->copied[step % MODEL_DEVICE_SLOTS]));
+    l->staged = step + 1;
+    l->sum->batch_copies++;
+    return QT_OK;
+}
+
+// One step: the record of step - SCHED_LAG, the wait for this step's batch copy, the launch, the
+// event; then the next step's batch (`next`, NULL after the last step) is staged beside it.
+static qt_status sched_step(sched_loop *l, uint64_t step, sched_at at, const sched_at *next,
                             uint64_t *train_count) {
     const sched_env *env = l->env;
-    const sched_row *row = &l->t->rows[row_index];
-    model *m = env->model;
+    const sched_row *row = &l->t->rows[at.row];
     bool gpu = env->backend->kind == BACKEND_GPU;
+    if (at.row_step == 1) l->row_start = sched_now();
     if (gpu && step >= SCHED_LAG) QT_TRY(sched_retire(l, step - SCHED_LAG));
-    uint8_t *staging = arena_host_pointer(m->host, m->io.staging);
-    uint8_t *slot = staging + (step % MODEL_STAGE_SLOTS) * m->io.slot.bytes;
-    uint32_t valid = data_feed_next(sched_feed(env, row), &m->io.slot, slot);
+    QT_ASSERT(l->staged == step + 1);
     bool checksum = false;
     if (row->mode == MODEL_MODE_TRAIN) {
         ++*train_count;
         checksum = env->checksum_every && *train_count % env->checksum_every == 0;
     }
+    QT_TRY(backend_wait(env->backend, l->copied[step % MODEL_DEVICE_SLOTS]));
     QT_TRY(sched_launch(l, row->mode, checksum));
     uint32_t k = (uint32_t)(step % SCHED_LAG);
-    l->pending[k] = (sched_pending){step, row_index, row_step, valid, l->row_start};
+    l->pending[k] = (sched_pending){step, at.row, at.row_step, l->staged_valid, l->row_start};
     if (gpu) {
         QT_CU(cuEventRecord(l->events[k], env->backend->stream));
-        return QT_OK;
+    } else {
+        QT_TRY(sched_consume(l, &l->pending[k]));
     }
-    return sched_consume(l, &l->pending[k]);
+    return next ? sched_stage(l, step + 1, *next) : QT_OK;
 }
 
 static qt_status sched_rows(sched_loop *l, uint64_t *step) {
-    const sched_env *env = l->env;
+    sched_at at = {0, 0};
+    if (!sched_following(l->t, &at)) return QT_OK;
+    QT_TRY(sched_stage(l, *step, at));  // the first step's batch: the priming copy
     uint64_t train_count = 0;
-    for (uint32_t r = 0; r < l->t->row_count; r++) {
-        const sched_row *row = &l->t->rows[r];
-        data_feed *feed = sched_feed(env, row);
-        QT_ASSERT(feed != NULL && env->programs[row->mode] != NULL);
-        // Eval and infer rows start at the beginning of their dataset, in file order.
-        if (row->mode != MODEL_MODE_TRAIN) QT_TRY(data_feed_seek(feed, (data_cursor){0, 0}));
-        l->row_start = sched_now();
-        for (uint64_t i = 0; i < row->steps; i++) {
-            QT_TRY(sched_step(l, *step, r, i + 1, &train_count));
-            ++*step;
-        }
+    for (;;) {
+        sched_at next = at;
+        bool more = sched_following(l->t, &next);
+        QT_TRY(sched_step(l, *step, at, more ? &next : NULL, &train_count));
+        ++*step;
+        if (!more) return QT_OK;
+        at = next;
     }
-    return QT_OK;
 }
 
 qt_status sched_run(const sched_env *env, const sched_table *t, sched_summary *out) {
@@ -269,6 +322,9 @@ qt_status sched_run(const sched_env *env, const sched_table *t, sched_summary *o
     for (int k = 0; gpu && k < SCHED_LAG; k++) {
         QT_CU(cuEventCreate(&l.events[k], CU_EVENT_DISABLE_TIMING));
     }
+    for (int k = 0; gpu && k < MODEL_DEVICE_SLOTS; k++) {
+        QT_CU(cuEventCreate(&l.copied[k], CU_EVENT_DISABLE_TIMING));
+    }
     l.start = sched_now();
     uint64_t step = 0;
     qt_status status = sched_rows(&l, &step);
@@ -278,11 +334,21 @@ qt_status sched_run(const sched_env *env, const sched_table *t, sched_summary *o
         for (uint64_t s = first; gpu && s < step && status == QT_OK; s++) {
             status = sched_retire(&l, s);
         }
-    } else if (gpu) {
-        (void)backend_finish(env->backend);  // no launch outlives the loop; the error stands
+    }
+    // After an error, or a batch staged for a step that never launched, work may still be in
+    // flight on either stream: none outlives the loop (the last copy covers the earlier ones).
+    // A whole run ends with its last step's copy waited for by that step, and makes no such call.
+    if (gpu && (status != QT_OK || l.staged > step)) {
+        CUevent last_copy = l.copied[(l.staged + MODEL_DEVICE_SLOTS - 1) % MODEL_DEVICE_SLOTS];
+        if (l.staged > 0) (void)backend_wait(env->backend, last_copy);
+        qt_status finished = backend_finish(env->backend);
+        if (status == QT_OK) status = finished;
     }
     for (int k = 0; gpu && k < SCHED_LAG; k++) {
         if (l.events[k]) drv.cuEventDestroy(l.events[k]);
+    }
+    for (int k = 0; gpu && k < MODEL_DEVICE_SLOTS; k++) {
+        if (l.copied[k]) drv.cuEventDestroy(l.copied[k]);
     }
     out->seconds = sched_now() - l.start;
     for (uint32_t r = 0; r < t->row_count; r++) out->steps[t->rows[r].mode] += t->rows[r].steps;

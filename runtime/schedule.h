@@ -13,19 +13,43 @@
 // and puts an eval row after every k train steps (the eval-interleaving regression).
 //
 // The loop, per global step s (train, eval and infer steps share one index, as the device
-// counter of ptx/sched.h does):
+// counter of ptx/sched.h does); before step 0, the priming copy stages step 0's batch as below:
 //
 //   s >= 2:  wait for the event of step s - 2 (the only synchronizing call), read its record
 //            from the pinned ring, write it to the trace, update the summary and the progress
-//   fill staging slot s % 2 with the next batch of the row's feed (the device finished reading
-//            it: it was step s - 2's)
-//   launch the mode's graph (or its ops, eager); after every `checksum_every`-th train step the
-//            checksum program; record the event of step s
+//   the compute stream waits for the event of step s's batch copy (cuStreamWaitEvent: the host
+//            does not wait); launch the mode's graph (or its ops, eager); after every
+//            `checksum_every`-th train step the checksum program; record the event of step s
+//   stage step s + 1 (none after the last step, so no batch past the table is read): the host
+//            fills pinned host slot (s + 1) % 3 with the next batch of that step's row's feed
+//            (the first step of an eval or infer row starts its dataset over); then, on the
+//            copy stream, after the event of step s - 1, one cuMemcpyHtoDAsync of the whole
+//            slot into device slot (s + 1) % 2, and that copy's event
 //   then drain the last two steps.
 //
-// On the reference backend a launch completes before it returns, so each record is read right
-// after its step. The loop makes no allocation and no other synchronizing call, which
-// driver_sync_counts prove (sched_summary.lagged_reads is the number of waits).
+// So the batch of step s + 1 crosses PCIe on the copy engine while step s computes, and step
+// s + 1's first op (ptx/sched.h) turns device slot (s + 1) % 2, picked by the device counter's
+// parity, into its FP32 batch with a device-to-device pass. Why the slots are never overwritten
+// too early:
+//
+//   - device slot (s + 1) % 2 was last read by step s - 1 (its first op): the copy waits for step
+//     s - 1's event, and step s + 1 waits for the copy's, so the copy neither overwrites a slot
+//     being read nor is read before it lands
+//   - host slot (s + 1) % 3 was last read by the copy of step s - 2; the host fills it after
+//     the wait for step s - 2's event at the start of step s, and step s - 2 began only after
+//     its copy had ended (the compute stream waited for it), so that copy is done. Two host
+//     slots would not do: the copy of step s - 1 runs beside step s - 2 and may not be done
+//   - an event is recorded again only after every wait that uses it was queued (a stream wait
+//     takes the event's latest record at the time of the call): copy events two steps apart,
+//     step events two steps apart (schedule.c asserts these counts)
+//
+// Eager runs take the same path with launches instead of graph replays. On the reference backend
+// a launch completes before it returns and the copy is a memcpy at the same point of the loop,
+// so each record is read right after its step and every backend stages the same bytes for the
+// same step. The loop makes no allocation and no other synchronizing call, which
+// driver_sync_counts prove (sched_summary.lagged_reads is the number of waits). A loop that
+// ends early (an error) first makes the compute stream wait for the last copy, then waits for
+// the stream, so no copy outlives the run's memory.
 #ifndef QT_SCHEDULE_H
 #define QT_SCHEDULE_H
 
@@ -37,7 +61,7 @@
 #include "trace.h"    // trace_writer
 
 #define SCHED_ROWS_MAX 4096
-#define SCHED_LAG 2  // steps between a launch and the read of its record (= staging slots)
+#define SCHED_LAG 2  // steps between a launch and the read of its record (= host slots - 1)
 #define SCHED_STEP_TIMES 4096  // train-step intervals a summary keeps (the most recent)
 
 typedef struct sched_row {
@@ -119,6 +143,7 @@ typedef struct sched_summary {
     // are kept, interval i at step_ms[i % SCHED_STEP_TIMES].
     uint64_t step_time_count;    // intervals measured (the kept ones: min(count, TIMES))
     float step_ms[SCHED_STEP_TIMES];
+    uint64_t batch_copies;       // batches staged host to device (one per step)
 } sched_summary;
 
 qt_status sched_run(const sched_env *env, const sched_table *t, sched_summary *out);

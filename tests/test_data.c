@@ -602,12 +602,7 @@ static void test_slot_plan(void) {
     CHECK(data_batches_per_epoch(37, 8) == 5 && data_batches_per_epoch(40, 8) == 5 &&
           data_batches_per_epoch(1, 8) == 1, "batches per epoch");
     CHECK(data_order_bytes(37) == 256 && data_order_bytes(65) == 512, "order bytes");
-    data_stage st;
-    uint8_t *slots = aligned_alloc(DATA_ALIGN, 2 * l.bytes);
-    data_stage_init(&st, &l, slots, slots + l.bytes);
-    CHECK(data_stage_slot(&st, 0) == slots && data_stage_slot(&st, 7) == slots + l.bytes &&
-          data_stage_slot(&st, 10) == slots, "slot index = step % 2");
-    free(slots), free(memory);
+    free(memory);
     test_end();
 }
 

@@ -1,7 +1,8 @@
 // Training end to end (runtime/run.h): synthetic recipes trained on the reference backend
 // (convergence, determinism, the eval-interleaving regression in every format, the plan
-// report, refusals), and with a GPU: eager vs graphs, determinism, no synchronization inside
-// the step loop, GPU vs reference, constant device memory.
+// report, refusals, every step staged with its own batch), and with a GPU: eager vs graphs,
+// determinism, no synchronization inside the step loop, the staging copies beside the steps,
+// GPU vs reference, constant device memory.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -133,6 +134,10 @@ static bool train(train_case *c, sched_summary *sum, const char **why) {
     CHECK(status == QT_OK, "%s: %s: %s", c->name, qt_status_name(status), qt_error_message());
     backend_close(&b);
     return true;
+}
+
+static void tmp_path(char *out, size_t bytes, const char *name) {
+    snprintf(out, bytes, "%s/%s", tmp_dir, name);
 }
 
 static void trace_path(char *out, size_t bytes, const char *name) {
@@ -515,6 +520,196 @@ static void test_cli(void) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Staging: each step computes on its own batch
+
+// What every step of a run put out: infer outputs (bf16 [batch][outputs]), eval loss and
+// accuracy bits.
+#define STAGE_STEPS_MAX 16
+#define STAGE_OUTPUTS 6
+#define STAGE_BATCH_MAX 256
+
+typedef struct stage_log {
+    uint32_t steps;
+    uint32_t output_bytes;  // of one infer step
+    model_mode mode[STAGE_STEPS_MAX];
+    uint32_t loss[STAGE_STEPS_MAX], accuracy[STAGE_STEPS_MAX];
+    uint16_t outputs[STAGE_STEPS_MAX][STAGE_BATCH_MAX * STAGE_OUTPUTS];
+} stage_log;
+
+static void stage_record(void *ctx, const sched_progress *p) {
+    stage_log *log = ctx;
+    uint32_t i = log->steps++;
+    if (i >= STAGE_STEPS_MAX) return;
+    log->mode[i] = p->mode;
+    memcpy(&log->loss[i], &p->record->loss, 4);
+    memcpy(&log->accuracy[i], &p->record->accuracy, 4);
+    if (p->mode == MODEL_MODE_INFER) memcpy(log->outputs[i], p->outputs, log->output_bytes);
+}
+
+// Steps a and b of two logs put out the same bits.
+static bool stage_same(const stage_log *x, uint32_t a, const stage_log *y, uint32_t b) {
+    if (a >= x->steps || b >= y->steps || x->mode[a] != y->mode[b]) return false;
+    if (x->mode[a] == MODEL_MODE_INFER) {
+        return memcmp(x->outputs[a], y->outputs[b], x->output_bytes) == 0;
+    }
+    return x->loss[a] == y->loss[b] && x->accuracy[a] == y->accuracy[b];
+}
+
+// An IDX pair of `samples` images rows x cols and labels below STAGE_OUTPUTS: sample i of the
+// files is sample first + i of one fixed pseudo-random sequence, so a file of a batch's samples
+// holds exactly that batch.
+static void stage_write_idx(const char *images, const char *labels, uint32_t first,
+                            uint32_t samples, uint32_t rows, uint32_t cols) {
+    FILE *fi = fopen(images, "wb"), *fl = fopen(labels, "wb");
+    CHECK(fi && fl, "cannot write %s or %s", images, labels);
+    if (!fi || !fl) return;
+    uint8_t hi[16] = {0, 0, 8, 3}, hl[8] = {0, 0, 8, 1};
+    uint32_t dims[3] = {samples, rows, cols};
+    for (int d = 0; d < 3; d++) {
+        for (int k = 0; k < 4; k++) hi[4 + 4 * d + k] = (uint8_t)(dims[d] >> (24 - 8 * k));
+    }
+    memcpy(hl + 4, hi + 4, 4);
+    fwrite(hi, 1, sizeof hi, fi);
+    fwrite(hl, 1, sizeof hl, fl);
+    for (uint32_t i = first; i < first + samples; i++) {
+        for (uint32_t j = 0; j < rows * cols; j++) {
+            fputc((int)(qt_mix64((uint64_t)i * 0x10000 + j) >> 56), fi);
+        }
+        fputc((int)(qt_mix64(~(uint64_t)i) % STAGE_OUTPUTS), fl);
+    }
+    fclose(fi);
+    fclose(fl);
+}
+
+typedef struct stage_setup {
+    backend_kind kind;
+    bool eager;
+    bool idx;               // u8 pixels (IDX files), else synthetic FP32 inputs
+    uint32_t side;          // IDX images side x side; synthetic inputs side * side
+    uint32_t hidden;        // width of the model's two hidden layers
+    uint32_t batch;
+    uint32_t eval_samples;  // the last batch is partial
+    const char *label;
+} stage_setup;
+
+// Trains nothing: runs `schedule` of the stage recipe on the given eval source into *log.
+static bool stage_run(const stage_setup *su, const char *eval_source, const char *schedule,
+                      stage_log *log, const char **why) {
+    static char text[RECIPE_TEXT_MAX], train_source[320];
+    char images[128], labels[128];
+    tmp_path(images, sizeof images, "stage_train_images");
+    tmp_path(labels, sizeof labels, "stage_train_labels");
+    uint32_t features = su->side * su->side;
+    if (su->idx) {
+        snprintf(train_source, sizeof train_source, "idx %s %s", images, labels);
+    } else {
+        snprintf(train_source, sizeof train_source, "synthetic classes inputs=%u classes=%u "
+                 "samples=%u seed=8", features, STAGE_OUTPUTS, 3 * su->batch);
+    }
+    snprintf(text, sizeof text, "[model]\ninput = %u\nlayer = linear fc1 %u bias\n"
+             "layer = gelu\nlayer = linear fc2 %u\nlayer = gelu\n"
+             "layer = linear head %u bias\nloss = softmax_xent\n"
+             "[quant]\nrecipe = bf16\n[optim]\nadamw\n"
+             "[data]\ntrain = %s\neval = %s\nbatch = %u\nseed = 5\n[schedule]\n%s\n",
+             features, su->hidden, su->hidden, STAGE_OUTPUTS, train_source, eval_source,
+             su->batch, schedule);
+    memset(log, 0, sizeof *log);
+    log->output_bytes = su->batch * STAGE_OUTPUTS * 2;
+    train_case c = {.name = "stage.recipe", .text = text, .kind = su->kind,
+                    .progress = stage_record, .ctx = log};
+    c.options.eager = su->eager;
+    sched_summary sum;
+    if (!train(&c, &sum, why)) return false;
+    uint64_t steps = sum.steps[0] + sum.steps[1] + sum.steps[2];
+    CHECK(log->steps == steps && sum.batch_copies == steps,
+          "%s: %u records and %llu batch copies for %llu steps", su->label, log->steps,
+          (unsigned long long)sum.batch_copies, (unsigned long long)steps);
+    return true;
+}
+
+// Infer and eval passes over an eval set whose batches all differ, after 0, 1 and 2 steps on
+// the train set (so every batch meets every host slot and both device slots), must put out the
+// same bits for each batch; with IDX data each batch must also match a run that has that batch
+// alone as its whole eval set (staged by the first copy of a fresh run). A step that read
+// another step's slot, or a slot whose copy had not landed, would differ. The weights are the
+// seeded initial ones in every run, since nothing trains. `other` (or NULL): the log of another
+// execution of the same passes (graphs, for eager launches), which must match bit for bit when
+// it holds one; it is given this run's log.
+static void stage_case(const stage_setup *su, stage_log *other) {
+    char name[96];
+    snprintf(name, sizeof name, "%s_each_step_stages_its_own_batch_%s",
+             su->kind == BACKEND_GPU ? "gpu" : "train", su->label);
+    static char eval_source[320];
+    char images[128], labels[128];
+    tmp_path(images, sizeof images, "stage_eval_images");
+    tmp_path(labels, sizeof labels, "stage_eval_labels");
+    if (su->idx) {
+        char train_images[128], train_labels[128];
+        tmp_path(train_images, sizeof train_images, "stage_train_images");
+        tmp_path(train_labels, sizeof train_labels, "stage_train_labels");
+        stage_write_idx(train_images, train_labels, 1u << 20, 3 * su->batch, su->side,
+                        su->side);
+        stage_write_idx(images, labels, 0, su->eval_samples, su->side, su->side);
+        snprintf(eval_source, sizeof eval_source, "idx %s %s", images, labels);
+    } else {
+        snprintf(eval_source, sizeof eval_source, "synthetic classes inputs=%u classes=%u "
+                 "samples=%u seed=9", su->side * su->side, STAGE_OUTPUTS, su->eval_samples);
+    }
+    static stage_log logs[3], alone;
+    static const char *const schedules[3] = {"infer all\neval all",
+                                             "infer 1 train\ninfer all\neval all",
+                                             "infer 2 train\ninfer all\neval all"};
+    const char *why = NULL;
+    test_begin(name);
+    for (uint32_t shift = 0; shift < 3; shift++) {
+        if (!stage_run(su, eval_source, schedules[shift], &logs[shift], &why)) {
+            test_skip(name, why);
+            return;
+        }
+    }
+    uint32_t batches = (su->eval_samples + su->batch - 1) / su->batch;
+    QT_ASSERT(2 + 2 * batches <= STAGE_STEPS_MAX && su->batch <= STAGE_BATCH_MAX);
+    for (uint32_t k = 0; k < batches; k++) {
+        for (uint32_t shift = 1; shift < 3; shift++) {
+            CHECK(stage_same(&logs[0], k, &logs[shift], shift + k),
+                  "infer of batch %u differs after %u train-set steps", k, shift);
+            CHECK(stage_same(&logs[0], batches + k, &logs[shift], shift + batches + k),
+                  "eval of batch %u differs after %u train-set steps", k, shift);
+        }
+        CHECK(k == 0 || !stage_same(&logs[0], k - 1, &logs[0], k),
+              "batches %u and %u put out the same outputs: the test data cannot tell them apart",
+              k - 1, k);
+    }
+    for (uint32_t i = 0; other && other->steps > 0 && i < logs[0].steps; i++) {
+        CHECK(stage_same(&logs[0], i, other, i), "step %u differs from the other execution", i);
+    }
+    if (other) *other = logs[0];
+    for (uint32_t k = 0; su->idx && k < batches; k++) {
+        uint32_t first = k * su->batch;
+        uint32_t rows = su->eval_samples - first < su->batch ? su->eval_samples - first
+                                                             : su->batch;
+        char one_images[128], one_labels[128];
+        tmp_path(one_images, sizeof one_images, "stage_one_images");
+        tmp_path(one_labels, sizeof one_labels, "stage_one_labels");
+        stage_write_idx(one_images, one_labels, first, rows, su->side, su->side);
+        snprintf(eval_source, sizeof eval_source, "idx %s %s", one_images, one_labels);
+        stage_run(su, eval_source, schedules[0], &alone, &why);
+        CHECK(stage_same(&logs[0], k, &alone, 0) && stage_same(&logs[0], batches + k, &alone, 1),
+              "batch %u: the full pass and a run of that batch alone differ", k);
+    }
+    test_end();
+}
+
+static void test_stage_ref(void) {
+    // Rows of 25 pixels (a partial 16-pixel chunk), 7 batches, the last one of 5 rows.
+    stage_setup su = {BACKEND_REF, false, true, 5, 24, 8, 53, "idx_ref"};
+    stage_case(&su, NULL);
+    su.idx = false;
+    su.label = "synthetic_ref";
+    stage_case(&su, NULL);
+}
+
+// ---------------------------------------------------------------------------------------------
 // GPU
 
 static const char *const schemes[] = {"bf16", "delayed", "current", "mxfp8", "block", "nvfp4"};
@@ -571,7 +766,27 @@ static void test_gpu_no_sync(void) {
     // The step times come from those reads: one interval per pair of consecutive train steps.
     CHECK(sum.step_time_count == sum.steps[MODEL_MODE_TRAIN] - 1, "%llu step intervals",
           (unsigned long long)sum.step_time_count);
+    // One batch copy per step, queued beside the compute without a host wait.
+    CHECK(sum.batch_copies == steps, "%llu batch copies for %llu steps",
+          (unsigned long long)sum.batch_copies, (unsigned long long)steps);
     test_end();
+}
+
+// Batches of 256 x 4096 inputs (1 or 4 MiB) and hidden layers of 8192: a step computes about as
+// long as the host takes to fill the next slot and the copy engine to move it, so steps and
+// copies overlap and queue up. A step that did not wait for its copy, or a copy that overwrote a
+// slot still being read, would put out another batch's bits; graphs and eager launches alike,
+// and the two give the same bits.
+static void test_gpu_stage(void) {
+    static stage_log graphs;
+    for (int i = 0; i < 4; i++) {
+        static const char *const labels[4] = {"idx_graph", "idx_eager", "synthetic_graph",
+                                               "synthetic_eager"};
+        bool eager = i % 2 == 1;
+        stage_setup su = {BACKEND_GPU, eager, i < 2, 64, 8192, 256, 5 * 256 - 37, labels[i]};
+        if (!eager) graphs.steps = 0;
+        stage_case(&su, &graphs);
+    }
 }
 
 static void memory_after_first_step(void *ctx, const sched_progress *p) {
@@ -734,6 +949,7 @@ int main(void) {
     test_refusals();
     test_cli();
     test_usage_union();
+    test_stage_ref();
     for (size_t i = 0; i < SCHEMES_COUNT; i++) {
         test_gpu_eager_graph("tests/recipes/synthetic_tiny.recipe", schemes[i], schemes[i]);
     }
@@ -741,6 +957,7 @@ int main(void) {
     test_emulated_paths(BACKEND_GPU, "mxfp8");
     test_emulated_paths(BACKEND_GPU, "nvfp4");
     test_gpu_no_sync();
+    test_gpu_stage();
     test_gpu_memory_constant();
     for (size_t i = 0; i < SCHEMES_COUNT; i++) test_gpu_vs_ref(schemes[i]);
     char cmd[128];
