@@ -55,6 +55,26 @@ peer_ms() {
     fi
 }
 
+# The recipe the peer runs for a bench recipe: its shape's `current` one (same model).
+peer_of() {
+    shape=$(basename "$1" .recipe)
+    peer=$(dirname "$1")/${shape%_*}_current.recipe
+    if [ -f "$peer" ]; then echo "$peer"; else echo "$1"; fi
+}
+
+# Runs qtrain on a recipe into its log; a failure, or a summary without the line that starts
+# with $2, is recorded.
+run_qtrain() {
+    log=$logs/qtrain_$(basename "$1" .recipe).log
+    echo "qtrain run $1" >&2
+    if ! build/qtrain run "$1" > "$log" 2>&1; then
+        tail -5 "$log" >&2
+        fail "qtrain run $1 (log: $log)"
+    elif ! grep -q "^$2" "$log"; then
+        fail "qtrain run $1 printed no '$2' line (log: $log)"
+    fi
+}
+
 # a / b to two decimals, "-" when either is missing.
 ratio() {
     awk -v a="$1" -v b="$2" 'BEGIN {
@@ -79,38 +99,17 @@ else
     recipes=$(ls recipes/bench/*.recipe)
 fi
 
-# qtrain: one run per recipe.
-for recipe in $recipes; do
-    name=$(basename "$recipe" .recipe)
-    echo "qtrain run $recipe" >&2
-    if ! build/qtrain run "$recipe" > "$logs/qtrain_$name.log" 2>&1; then
-        tail -5 "$logs/qtrain_$name.log" >&2
-        fail "qtrain run $recipe (log: $logs/qtrain_$name.log)"
-    elif ! grep -q '^step time    median ' "$logs/qtrain_$name.log"; then
-        fail "qtrain run $recipe printed no step time (log: $logs/qtrain_$name.log)"
-    fi
-done
-
-# The peer: one run per model shape (resmlp_*, swiglu_*, ...), on the shape's current recipe.
+# qtrain: one run per recipe; the peer once per model shape (resmlp_*, swiglu_*, ...).
 peers=""
 for recipe in $recipes; do
-    shape=$(basename "$recipe" .recipe)
-    shape=${shape%_*}
-    peer=$(dirname "$recipe")/${shape}_current.recipe
-    [ -f "$peer" ] || peer=$recipe
+    run_qtrain "$recipe" "step time    median "
+    peer=$(peer_of "$recipe")
     case " $peers " in *" $peer "*) ;; *) peers="$peers $peer" ;; esac
 done
 fashion=""
 if [ "${QT_BENCH_FASHION:-1}" != 0 ] && [ -f "$fashion_dir/train-images-idx3-ubyte.gz" ]; then
     fashion=$(ls recipes/fashion_mnist_*.recipe)
-    for recipe in $fashion; do
-        name=$(basename "$recipe" .recipe)
-        echo "qtrain run $recipe" >&2
-        if ! build/qtrain run "$recipe" > "$logs/qtrain_$name.log" 2>&1; then
-            tail -5 "$logs/qtrain_$name.log" >&2
-            fail "qtrain run $recipe (log: $logs/qtrain_$name.log)"
-        fi
-    done
+    for recipe in $fashion; do run_qtrain "$recipe" "train rate "; done
     peers="$peers recipes/fashion_mnist_bf16.recipe"
 fi
 rm -f "$logs/peer.jsonl"
@@ -142,9 +141,7 @@ table=$logs/bench_step.md
     for recipe in $recipes; do
         name=$(basename "$recipe" .recipe)
         log=$logs/qtrain_$name.log
-        shape=${name%_*}
-        peer=$(dirname "$recipe")/${shape}_current.recipe
-        [ -f "$peer" ] || peer=$recipe
+        peer=$(peer_of "$recipe")
         ms=$(sed -n 's/^step time    median \([0-9.]*\) ms.*/\1/p' "$log" 2>/dev/null |
              head -n 1)
         [ -n "$ms" ] || ms=-
