@@ -189,7 +189,7 @@ static qt_status sched_consume(sched_loop *l, const sched_pending *pd) {
         l->last_train_read = now;
         l->sum->last_train_loss = rec.loss;
         if (rec.flags & QT_TRACE_FLAG_SKIPPED) l->sum->skipped++;
-        if (row_end) l->sum->train_seconds += sched_now() - pd->row_start;
+        if (row_end) l->sum->train_seconds += now - pd->row_start;
     }
     if (row->mode == MODEL_MODE_EVAL) sched_eval_accumulate(l, &rec, pd->rows_valid, row_end);
     if (!env->progress) return QT_OK;
