@@ -39,6 +39,7 @@ is 1 when any mode failed.
 
 import argparse
 import fnmatch
+import gc
 import gzip
 import json
 import math
@@ -486,6 +487,9 @@ def run_synthetic(r, modes, steps, warmup, device, report):
         except Exception as e:  # one mode's failure must not lose the others
             traceback.print_exc()
             report(r, mode, {"error": "%s: %s" % (type(e).__name__, e)})
+        # A compiled step refers back to its Step (a cycle): collect it, so that the next mode's
+        # peak memory starts from the dataset alone.
+        gc.collect()
         torch._dynamo.reset()
         torch.cuda.empty_cache()
 
