@@ -616,9 +616,17 @@ static void generate_teacher(const recipe_source *src, const data_info *info, ui
     data_parallel(threads, info->samples, teacher_rows, &job);
 }
 
+// A thread per this many generated values at least: starting one costs about what generating
+// 1000 values does, so small datasets (the tests' thousands of values) stay on one thread.
+#define DATA_VALUES_PER_THREAD_MIN (1u << 18)
+
 qt_status data_load(const recipe_source *src, const data_info *info, void *dst, uint64_t bytes,
                     data_set *set) {
-    return data_load_threads(src, info, dst, bytes, set, data_threads());
+    uint64_t values = info->kind == RECIPE_SOURCE_IDX ? 0 : info->samples * info->features;
+    uint64_t useful = values / DATA_VALUES_PER_THREAD_MIN;
+    uint32_t threads = data_threads();
+    if (useful < threads) threads = useful > 1 ? (uint32_t)useful : 1;
+    return data_load_threads(src, info, dst, bytes, set, threads);
 }
 
 qt_status data_load_threads(const recipe_source *src, const data_info *info, void *dst,

@@ -58,8 +58,9 @@
 // reads that copy. A feed only writes the slot it is given; the caller makes sure no copy still
 // reads it.
 //
-// Threads: data_load generates synthetic sources on data_threads() threads of its own (joined
-// before it returns); the bytes are the same for any number of threads.
+// Threads: data_load generates synthetic sources on up to data_threads() threads of its own (one
+// per 2^18 values at least; joined before it returns); the bytes are the same for any number of
+// threads.
 //
 // Callers: the runtime at start-up (probe, load) and the schedule loop (feeds), one thread.
 #ifndef QT_DATA_H
@@ -169,8 +170,8 @@ qt_status data_probe(const recipe_source *src, uint32_t features, uint32_t outpu
 // IDX files are read (through zlib when they start with the gzip magic, whatever their name) and
 // checked to the last byte (same headers as when probed, no truncation, no trailing bytes, the
 // gzip CRC, labels below outputs); synthetic sources are generated (deterministic functions of
-// their seed) on data_threads() threads. Uses about 64 KiB of stack for the inflate state and
-// window.
+// their seed) on up to data_threads() threads. Uses about 64 KiB of stack for the inflate state
+// and window.
 qt_status data_load(const recipe_source *src, const data_info *info, void *dst, uint64_t bytes,
                     data_set *set);
 // data_load on `threads` threads (1 <= threads <= DATA_THREADS_MAX): the same bytes for every
