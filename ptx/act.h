@@ -272,26 +272,27 @@ QT_HD float qt_act_gelu_arg(float v, float v2) {
 // 0.5 x (1 + t) as fma(0.5 x, t, 0.5 x): 0.5 x is exact (but for subnormals) and the fma rounds
 // once. -Inf gives +0, the limit (the formula would give -Inf * 0); large negative finite x
 // give +0 the same way, as fma(h, -1, h) = +0.
+// Branch-free, as qt_tanhf, so that the kernels interleave neighbouring elements.
 QT_HD float qt_act_gelu(float v) {
-    if (v == QT_ACT_NEG_INF) return 0.0f;
     float t = qt_tanhf(qt_act_gelu_arg(v, v * v));
     float h = 0.5f * v;
-    return qt_fmaf(h, t, h);
+    float y = qt_fmaf(h, t, h);
+    return v == QT_ACT_NEG_INF ? 0.0f : y;
 }
 
 // d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2). 1 - t^2 is one fma, so
 // it is exact to a rounding while t is away from +-1; where t = +-1 exactly the second term is 0
 // (tested first, so that x^2 = Inf cannot make 0 * Inf). -Inf: 0, +Inf: 1, the limits.
 QT_HD float qt_act_gelu_grad(float v) {
-    if (v == QT_ACT_NEG_INF) return 0.0f;
-    if (v == QT_ACT_POS_INF) return 1.0f;
     float v2 = v * v;
     float t = qt_tanhf(qt_act_gelu_arg(v, v2));
     float left = qt_fmaf(0.5f, t, 0.5f);
     float sech2 = qt_fmaf(-t, t, 1.0f);
-    if (sech2 == 0.0f) return left;
     float du = QT_GELU_K0 * qt_fmaf(QT_GELU_K1X3, v2, 1.0f);
-    return qt_fmaf((0.5f * v) * sech2, du, left);
+    float g = qt_fmaf((0.5f * v) * sech2, du, left);
+    g = sech2 == 0.0f ? left : g;
+    g = v == QT_ACT_POS_INF ? 1.0f : g;
+    return v == QT_ACT_NEG_INF ? 0.0f : g;
 }
 
 // The logistic sigmoid s and 1 - s from e = exp(-|x|) in (0, 1] and d = 1 + e in (1, 2]:

@@ -52,11 +52,9 @@ QT_HD float qt_math_copysign(float mag, float sign_of) {
 // then - k ln2_lo is one rounding inside an fma. e^r = 1 + r + r^2 E(r) with E fitted on
 // [-0.35, 0.35] (max error 1.5e-9). The 2^k factor is applied as two exact-power multiplies so that
 // only the last one rounds, which handles subnormal results and overflow with a single rounding.
-QT_HD float qt_expf(float x) {
-    uint32_t a = qt_f32_bits(x) & 0x7FFFFFFFu;
-    if (a > 0x7F800000u) return qt_bits_f32(QT_MATH_NAN_BITS);
-    if (x > 89.0f) return qt_bits_f32(0x7F800000u);  // e^89 > FLT_MAX; +Inf included
-    if (x < -104.0f) return 0.0f;                    // e^-104 < 2^-150 rounds to 0; -Inf included
+// The arithmetic of qt_expf for finite -104 <= x <= 89, without the guards (qt_tanhf calls it on
+// arguments it has clamped, so that its code has no branch).
+QT_HD float qt_math_exp_core(float x) {
     float kf = qt_math_rint_small(x * 0x1.715476p+0f);  // x * log2(e)
     float r = qt_fmaf(-kf, QT_MATH_LN2_HI, x);
     r = qt_fmaf(-kf, QT_MATH_LN2_LO, r);
@@ -70,6 +68,14 @@ QT_HD float qt_expf(float x) {
     int32_t k = (int32_t)kf;  // -150 <= k <= 129
     int32_t k1 = k / 2;
     return (y * qt_math_pow2i(k1)) * qt_math_pow2i(k - k1);
+}
+
+QT_HD float qt_expf(float x) {
+    uint32_t a = qt_f32_bits(x) & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) return qt_bits_f32(QT_MATH_NAN_BITS);
+    if (x > 89.0f) return qt_bits_f32(0x7F800000u);  // e^89 > FLT_MAX; +Inf included
+    if (x < -104.0f) return 0.0f;                    // e^-104 < 2^-150 rounds to 0; -Inf included
+    return qt_math_exp_core(x);
 }
 
 // Natural logarithm. Max error 0.84 ulp over all floats (measured against double libm).
@@ -115,25 +121,32 @@ QT_HD float qt_logf(float x) {
 // 0.55 <= |x| <= 9.02: tanh|x| = 1 - 2 / (e^(2|x|) + 1). From atanh(1/2) = 0.5493 up, the
 // subtracted term is at most 1/2 the result, so its error stays below an ulp of the result.
 // |x| > 9.02: 1 - tanh|x| < 2^-25, so the result rounds to ±1.
+//
+// Written without branches: both halves are computed for every input and the result is selected
+// (the exponential on |x| clamped to 9.02, where it cannot overflow). GELU calls it on every
+// element of large activations, where warps hold inputs on both sides of 0.55: with branches each
+// element's code was one chain the compiler could not interleave with its neighbours', and the
+// GPU kernels ran at a fraction of DRAM bandwidth. The selected values are the same operations
+// as the branches', so the bits are too (checked against the branching form over all 2^32 inputs).
 QT_HD float qt_tanhf(float x) {
     uint32_t a_bits = qt_f32_bits(x) & 0x7FFFFFFFu;
-    if (a_bits > 0x7F800000u) return qt_bits_f32(QT_MATH_NAN_BITS);
     float a = qt_bits_f32(a_bits);
-    if (a < 0x1p-12f) return x;  // x^3/3 is below half an ulp of x; keeps the sign of ±0
-    if (a < 0.55f) {
-        float z = x * x;
-        float p = -0x1.fa3d1cp-11f;
-        p = qt_fmaf(p, z, 0x1.be44c4p-9f);
-        p = qt_fmaf(p, z, -0x1.2136fep-7f);
-        p = qt_fmaf(p, z, 0x1.663f2cp-6f);
-        p = qt_fmaf(p, z, -0x1.ba1b3cp-5f);
-        p = qt_fmaf(p, z, 0x1.111110p-3f);
-        p = qt_fmaf(p, z, -0x1.555556p-2f);
-        return qt_fmaf(x * z, p, x);
-    }
-    if (a > 9.02f) return qt_math_copysign(1.0f, x);
-    float t = 2.0f / (qt_expf(a + a) + 1.0f);
-    return qt_math_copysign(1.0f - t, x);
+    float z = x * x;
+    float p = -0x1.fa3d1cp-11f;
+    p = qt_fmaf(p, z, 0x1.be44c4p-9f);
+    p = qt_fmaf(p, z, -0x1.2136fep-7f);
+    p = qt_fmaf(p, z, 0x1.663f2cp-6f);
+    p = qt_fmaf(p, z, -0x1.ba1b3cp-5f);
+    p = qt_fmaf(p, z, 0x1.111110p-3f);
+    p = qt_fmaf(p, z, -0x1.555556p-2f);
+    float small = qt_fmaf(x * z, p, x);
+    float clamped = a < 9.02f ? a : 9.02f;  // NaN too: the NaN result is selected below
+    float t = 2.0f / (qt_math_exp_core(clamped + clamped) + 1.0f);
+    float large = qt_math_copysign(1.0f - t, x);
+    float r = a < 0.55f ? small : large;
+    r = a > 9.02f ? qt_math_copysign(1.0f, x) : r;
+    r = a < 0x1p-12f ? x : r;  // x^3/3 is below half an ulp of x; keeps the sign of ±0
+    return a_bits > 0x7F800000u ? qt_bits_f32(QT_MATH_NAN_BITS) : r;
 }
 
 // Error function. Max error 1.10 ulp over all floats (measured against double libm).
