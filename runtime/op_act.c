@@ -2,8 +2,6 @@
 
 #include <stddef.h>  // offsetof
 
-#include "op_core.h"  // op_shape_1d
-
 static void op_act_check_tensor(op_act_tensor t) {
     QT_ASSERT(prog_ref_present(t.ref));
     QT_ASSERT(t.dtype == QT_DTYPE_BF16 || t.dtype == QT_DTYPE_F32);
@@ -17,10 +15,19 @@ static launch_shape op_act_row_shape(uint32_t rows) {
 
 static const launch_shape op_act_one_block = {{1, 1, 1}, {QT_ACT_THREADS, 1, 1}, 0};
 
-// Grid-stride element kernels: one thread per chunk of 8 (the grid is capped; values never
-// depend on it).
+// Grid-stride element kernels: one thread per chunk of 8, each chunk its own thread up to
+// OP_ACT_FLAT_BLOCKS_MAX blocks (values never depend on the grid). op_core's cap of
+// OP_GRID_BLOCKS_MAX blocks made a large activation two waves with a short second one (GELU at
+// 40 registers: 6 resident blocks per SM, 792 of 1024 in the first wave on 132 SMs), while a
+// grid of one chunk per thread leaves only the last blocks' tail.
+#define OP_ACT_FLAT_BLOCKS_MAX (1u << 20)
+
 static launch_shape op_act_flat_shape(uint64_t count) {
-    return op_shape_1d((count + QT_ACT_CHUNK - 1) / QT_ACT_CHUNK, QT_ACT_THREADS);
+    uint64_t chunks = (count + QT_ACT_CHUNK - 1) / QT_ACT_CHUNK;
+    uint64_t blocks = (chunks + QT_ACT_THREADS - 1) / QT_ACT_THREADS;
+    if (blocks == 0) blocks = 1;
+    if (blocks > OP_ACT_FLAT_BLOCKS_MAX) blocks = OP_ACT_FLAT_BLOCKS_MAX;
+    return (launch_shape){{(uint32_t)blocks, 1, 1}, {QT_ACT_THREADS, 1, 1}, 0};
 }
 
 // ---------------------------------------------------------------------------------------------
