@@ -975,7 +975,7 @@ extern "C" __global__ void __launch_bounds__(NV_THREADS)
                                               (const uint32_t *)a.group.first_dims,
                                               a.group.count, a.rows, row0);
         if (span.store_end <= row0) continue;
-        const float amax = a.amax ? ((const float *)a.amax)[span.member] : 0.0f;
+        const float amax = ((const float *)a.amax)[span.member];
         const uint32_t n = min(16u, span.store_end - row0);
         for (uint32_t j = 0; j < n; j++) {
             const uint32_t m = row0 + j;
@@ -989,8 +989,7 @@ extern "C" __global__ void __launch_bounds__(NV_THREADS)
             }
             const uint32_t pos = a.colwise ? m : k;
             const uint8_t nibble = (uint8_t)((byte >> (4 * (pos & 1))) & 0xFu);
-            const float value = a.amax ? qt_nvfp4_dequant_value(nibble, sb, amax)
-                                       : qt_nvfp4_raw_value(nibble, sb);
+            const float value = qt_nvfp4_dequant_value(nibble, sb, amax);
             const uint64_t index = (uint64_t)m * a.cols + k;
             if (a.out_dtype == QT_DTYPE_F32) {
                 ((float *)a.out)[index] = value;
@@ -998,5 +997,33 @@ extern "C" __global__ void __launch_bounds__(NV_THREADS)
                 ((uint16_t *)a.out)[index] = qt_f32_to_bf16(value);
             }
         }
+    }
+}
+
+// qt_nvfp4_decode (quant_nvfp4.h): grid-stride over the 16-element blocks. Whole blocks of even
+// rows (k a multiple of 16) take the vector path: 8 code bytes and the scale in, 32 bytes out.
+extern "C" __global__ void __launch_bounds__(NV_THREADS)
+    qt_nvfp4_decode(const __grid_constant__ nvfp4_decode_args a) {
+    uint64_t blocks = (uint64_t)a.rows * ((a.k + 15) / 16);
+    uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    bool vec = a.k % 16 == 0;
+    for (uint64_t b = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; b < blocks; b += stride) {
+        if (!vec) {
+            qt_nvfp4_decode_block(&a, b);
+            continue;
+        }
+        uint2 codes = ((const uint2 *)a.data)[b];
+        uint8_t sb = ((const uint8_t *)a.scales)[b];
+        uint32_t w[8];
+#pragma unroll
+        for (int j = 0; j < 16; j += 2) {
+            uint32_t word = j < 8 ? codes.x : codes.y;
+            uint32_t lo = (word >> (4 * (j % 8))) & 0xFu, hi = (word >> (4 * (j % 8 + 1))) & 0xFu;
+            w[j / 2] = (uint32_t)qt_f32_to_bf16(qt_nvfp4_raw_value((uint8_t)lo, sb)) |
+                       ((uint32_t)qt_f32_to_bf16(qt_nvfp4_raw_value((uint8_t)hi, sb)) << 16);
+        }
+        uint4 *out = (uint4 *)a.out + 2 * b;
+        out[0] = make_uint4(w[0], w[1], w[2], w[3]);
+        out[1] = make_uint4(w[4], w[5], w[6], w[7]);
     }
 }

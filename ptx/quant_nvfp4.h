@@ -107,9 +107,7 @@ QT_STATIC_ASSERT(sizeof(nvfp4_quantize_args) == 120, "nvfp4_quantize_args layout
 typedef struct nvfp4_dequantize_args {
     uint64_t data;    // rowwise u8 [rows][ceil(cols/2)] or columnwise u8 [cols][ceil(rows/2)]
     uint64_t scales;  // rowwise e4m3 [rows][ceil(cols/16)] or columnwise [cols][ceil(rows/16)]
-    uint64_t amax;    // f32 [max(count, 1)]: the direction's global amax; 0: the raw decode
-                      // e2m1 x e4m3 block scale (qt_nvfp4_raw_value), what the NVFP4 GEMMs
-                      // multiply; a BF16 GEMM with GEMM_FLAG_ALPHA_NVFP4 applies the amaxes
+    uint64_t amax;    // f32 [max(count, 1)]: the direction's global amax
     uint64_t out;     // [rows][cols] bf16 | f32 (rows at or past the active rows: not written)
     qt_group_desc group;
     uint32_t rows, cols;
@@ -117,6 +115,20 @@ typedef struct nvfp4_dequantize_args {
     uint32_t colwise;    // 1: data and scales are the columnwise (transposed) set
 } nvfp4_dequantize_args;
 QT_STATIC_ASSERT(sizeof(nvfp4_dequantize_args) == 72, "nvfp4_dequantize_args layout");
+
+// qt_nvfp4_decode: one stored NVFP4 copy (rowwise [rows][k], or the transposed columnwise set,
+// whose rows are the tensor's columns) decoded in its own orientation to BF16 [rows][k], each
+// element the raw decode e2m1 x e4m3 block scale (qt_nvfp4_raw_value, exact in BF16): the K-major
+// BF16 operand that gives a BF16 GEMM with GEMM_FLAG_ALPHA_NVFP4 the NVFP4 GEMM's bits. One
+// thread per 16-element block, reading its codes and scale once and writing whole rows of
+// blocks, so the pass streams at memory speed in both orientations. Dense tensors only.
+typedef struct nvfp4_decode_args {
+    uint64_t data;    // u8 [rows][ceil(k/2)], even k in the low nibble
+    uint64_t scales;  // e4m3 [rows][ceil(k/16)]
+    uint64_t out;     // bf16 [rows][k]
+    uint32_t rows, k;
+} nvfp4_decode_args;
+QT_STATIC_ASSERT(sizeof(nvfp4_decode_args) == 32, "nvfp4_decode_args layout");
 
 // Launch geometry, shared by the kernels and their op builders (runtime/op_quant_nvfp4.c).
 #define QT_NVFP4_THREADS 256u
@@ -140,7 +152,8 @@ QT_STATIC_ASSERT(sizeof(nvfp4_dequantize_args) == 72, "nvfp4_dequantize_args lay
     X(KERNEL_NVFP4_AMAX, quant_nvfp4, qt_nvfp4_amax, nvfp4_amax_args)              \
     X(KERNEL_NVFP4_QUANTIZE, quant_nvfp4, qt_nvfp4_quantize, nvfp4_quantize_args)  \
     X(KERNEL_NVFP4_QUANTIZE_BF16, quant_nvfp4, qt_nvfp4_quantize_bf16, nvfp4_quantize_args) \
-    X(KERNEL_NVFP4_DEQUANTIZE, quant_nvfp4, qt_nvfp4_dequantize, nvfp4_dequantize_args)
+    X(KERNEL_NVFP4_DEQUANTIZE, quant_nvfp4, qt_nvfp4_dequantize, nvfp4_dequantize_args) \
+    X(KERNEL_NVFP4_DECODE, quant_nvfp4, qt_nvfp4_decode, nvfp4_decode_args)
 
 #if defined(__CUDA_ARCH__)
 #define QT_NVFP4_UNROLL _Pragma("unroll")
@@ -305,6 +318,23 @@ QT_HD float qt_nvfp4_dequant_value(uint8_t nibble, uint8_t sb, float amax) {
 QT_HD float qt_nvfp4_raw_value(uint8_t nibble, uint8_t sb) {
     float v = qt_e2m1_to_f32(nibble) * qt_e4m3_to_f32(sb);
     return qt_f32_is_nan(v) ? qt_bits_f32(QT_F32_ABS) : v;
+}
+
+// Block b (16 elements from k = 16 (b % blocks per row)) of qt_nvfp4_decode, the same on both
+// backends: element j of the block is written as the BF16 bits of its raw decode.
+QT_HD void qt_nvfp4_decode_block(const nvfp4_decode_args *a, uint64_t b) {
+    uint32_t per_row = (a->k + 15) / 16;
+    uint64_t row = b / per_row;
+    uint32_t k0 = (uint32_t)(b % per_row) * 16u;
+    const uint8_t *codes = (const uint8_t *)(uintptr_t)a->data + row * ((a->k + 1ull) / 2);
+    uint8_t sb = ((const uint8_t *)(uintptr_t)a->scales)[row * per_row + k0 / 16];
+    uint16_t *out = (uint16_t *)(uintptr_t)a->out + row * a->k;
+    uint32_t n = a->k - k0 < 16u ? a->k - k0 : 16u;
+    for (uint32_t j = 0; j < n; j++) {
+        uint32_t k = k0 + j;
+        uint8_t nibble = (uint8_t)((codes[k / 2] >> (4 * (k & 1))) & 0xFu);
+        out[k] = qt_f32_to_bf16(qt_nvfp4_raw_value(nibble, sb));
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -220,10 +220,8 @@ static op_gemm_operand mb_gemm_operand(const mb_operand *o) {
                               scale_2d, data, scale, tensor_scale);
 }
 
-// The operand's values as a BF16 [rows][cols] tensor (for a mixed-format GEMM). raw: NVFP4
-// without its global factor (the values the NVFP4 GEMMs multiply; the BF16 GEMM then applies the
-// amaxes through GEMM_FLAG_ALPHA_NVFP4).
-static qt_status mb_dequantize(mb *b, const char *what, const mb_operand *o, bool raw,
+// The operand's values as a BF16 [rows][cols] tensor (for a mixed-format GEMM).
+static qt_status mb_dequantize(mb *b, const char *what, const mb_operand *o,
                                model_tensor *out) {
     const qt_quantizer *q = &o->mq->q;
     const model_qstore *s = o->s;
@@ -265,7 +263,7 @@ static qt_status mb_dequantize(mb *b, const char *what, const mb_operand *o, boo
         d.colwise = o->colwise;
         d.data = o->colwise ? s->col_data : s->row_data;
         d.scales = o->colwise ? s->col_scale : s->row_scale;
-        d.amax = raw ? OP_REF_NONE : o->colwise ? s->amax_col : s->amax_row;
+        d.amax = o->colwise ? s->amax_col : s->amax_row;
         d.out = out->ref;
         d.out_dtype = QT_DTYPE_BF16;
         return op_nvfp4_dequantize(b->p, name, &d);
@@ -274,6 +272,37 @@ static qt_status mb_dequantize(mb *b, const char *what, const mb_operand *o, boo
         QT_ASSERT(false);
         return QT_ERR_INPUT;
     }
+}
+
+// One NVFP4 operand as its stored copy decoded to BF16 in the copy's own orientation (rowwise
+// [rows][cols], columnwise [cols][rows]: both K-major), without the global factor, and the
+// operand of the BF16 GEMM that reads it, which carries the global amax for the GEMM's alpha.
+static qt_status mb_nvfp4_decoded(mb *b, const char *what, const mb_operand *o,
+                                  op_gemm_operand *out) {
+    const model_qstore *s = o->s;
+    uint32_t rows = o->colwise ? o->cols : o->rows;
+    uint32_t k = o->colwise ? o->rows : o->cols;
+    model_tensor t;
+    QT_TRY(mb_tensor(b, what, rows, k, ARENA_CAT_WORKSPACE, &t));
+    QT_TRY(op_nvfp4_decode(b->p, what, o->colwise ? s->col_data : s->row_data,
+                           o->colwise ? s->col_scale : s->row_scale, t.ref, rows, k));
+    *out = op_gemm_operand_of(GEMM_FORMAT_BF16, GEMM_ELEM_BF16, rows, k, false, false, t.ref,
+                              OP_REF_NONE, o->colwise ? s->amax_col : s->amax_row);
+    return QT_OK;
+}
+
+// An NVFP4 x NVFP4 GEMM through BF16 copies (model.c, model_emulated_copies): the raw decodes
+// and NVFP4's alpha (GEMM_FLAG_ALPHA_NVFP4) give the NVFP4 kernels' bits.
+static qt_status mb_gemm_nvfp4_copies(mb *b, const char *what, op_gemm_desc *g,
+                                      const mb_operand *a, const mb_operand *bo) {
+    char part[ARENA_NAME_MAX];
+    snprintf(part, sizeof part, "%s.a_bf16", what);
+    QT_TRY(mb_nvfp4_decoded(b, part, a, &g->a));
+    snprintf(part, sizeof part, "%s.b_bf16", what);
+    QT_TRY(mb_nvfp4_decoded(b, part, bo, &g->b));
+    g->format = GEMM_FORMAT_BF16;
+    g->flags = GEMM_FLAG_ALPHA_NVFP4;
+    return op_gemm(b->p, what, g);
 }
 
 // D [m][n] = A (m x k) B (n x k)^T (+ bias). A's rows are D's rows: a->colwise reads the
@@ -304,25 +333,19 @@ static qt_status mb_gemm(mb *b, const char *what, model_gemm kind, const model_l
         return op_gemm(b->p, name, &g);
     }
     char part[ARENA_NAME_MAX];
-    model_tensor ta, tb;
-    // Both NVFP4 (the copies path of model.c): raw decodes and NVFP4's alpha, the same bits as
-    // the NVFP4 kernels; otherwise each operand's dequantized values.
-    bool nvfp4 = a->mq->q.scheme == QT_SCHEME_NVFP4 && bo->mq->q.scheme == QT_SCHEME_NVFP4;
-    snprintf(part, sizeof part, "%s.a_bf16", what);
-    QT_TRY(mb_dequantize(b, part, a, nvfp4, &ta));
-    snprintf(part, sizeof part, "%s.b_bf16", what);
-    QT_TRY(mb_dequantize(b, part, bo, nvfp4, &tb));
-    g.format = GEMM_FORMAT_BF16;
-    prog_ref a_amax = OP_REF_NONE, b_amax = OP_REF_NONE;
-    if (nvfp4) {
-        g.flags = GEMM_FLAG_ALPHA_NVFP4;
-        a_amax = a->colwise ? a->s->amax_col : a->s->amax_row;
-        b_amax = bo->colwise ? bo->s->amax_col : bo->s->amax_row;
+    if (a->mq->q.scheme == QT_SCHEME_NVFP4 && bo->mq->q.scheme == QT_SCHEME_NVFP4) {
+        return mb_gemm_nvfp4_copies(b, what, &g, a, bo);
     }
+    model_tensor ta, tb;
+    snprintf(part, sizeof part, "%s.a_bf16", what);
+    QT_TRY(mb_dequantize(b, part, a, &ta));
+    snprintf(part, sizeof part, "%s.b_bf16", what);
+    QT_TRY(mb_dequantize(b, part, bo, &tb));
+    g.format = GEMM_FORMAT_BF16;
     g.a = op_gemm_operand_of(GEMM_FORMAT_BF16, GEMM_ELEM_BF16, a->rows, a->cols, a->colwise,
-                             false, ta.ref, OP_REF_NONE, a_amax);
+                             false, ta.ref, OP_REF_NONE, OP_REF_NONE);
     g.b = op_gemm_operand_of(GEMM_FORMAT_BF16, GEMM_ELEM_BF16, bo->rows, bo->cols, bo->colwise,
-                             false, tb.ref, OP_REF_NONE, b_amax);
+                             false, tb.ref, OP_REF_NONE, OP_REF_NONE);
     return op_gemm(b->p, name, &g);
 }
 

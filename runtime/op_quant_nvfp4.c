@@ -2,7 +2,8 @@
 
 #include <stddef.h>  // offsetof
 
-#include "core.h"  // QT_DTYPE_*
+#include "core.h"     // QT_DTYPE_*
+#include "op_core.h"  // op_shape_1d
 
 #define OP_NVFP4_GRID_Y_MAX 65535u  // the kernels stride over row blocks beyond it
 // The quantize kernels' CTAs stride over row tiles; about this many CTAs in all (three waves of
@@ -173,11 +174,28 @@ qt_status op_nvfp4_dequantize(program *p, const char *name, const op_nvfp4_dequa
                         d->colwise ? s.col_data : s.row_data, 1, PROG_READ));
     QT_TRY(op_nvfp4_use(p, op, offsetof(nvfp4_dequantize_args, scales), d->scales,
                         d->colwise ? s.col_scales : s.row_scales, 1, PROG_READ));
-    if (d->amax.arena != NULL) {  // else the raw decode (quant_nvfp4.h)
-        QT_TRY(op_nvfp4_use(p, op, offsetof(nvfp4_dequantize_args, amax), d->amax, s.amax, 4,
-                            PROG_READ));
-    }
+    QT_TRY(op_nvfp4_use(p, op, offsetof(nvfp4_dequantize_args, amax), d->amax, s.amax, 4,
+                        PROG_READ));
     QT_TRY(op_group_use(p, op, offsetof(nvfp4_dequantize_args, group), &d->group));
     return op_nvfp4_use(p, op, offsetof(nvfp4_dequantize_args, out), d->out,
                         (uint64_t)d->rows * d->cols * out_esize, out_esize, PROG_WRITE);
+}
+
+qt_status op_nvfp4_decode(program *p, const char *name, prog_ref data, prog_ref scales,
+                          prog_ref out, uint32_t rows, uint32_t k) {
+    QT_ASSERT(rows >= 1 && k >= 1);
+    nvfp4_decode_args args = {0};
+    args.rows = rows;
+    args.k = k;
+    uint64_t blocks = (uint64_t)rows * ((k + 15) / 16);
+    launch_shape shape = op_shape_1d(blocks, QT_NVFP4_THREADS);
+    uint32_t op;
+    QT_TRY(prog_append(p, KERNEL_NVFP4_DECODE, name, &shape, &args, sizeof args, &op));
+    // The vector path reads 8 code bytes and writes 32 bytes per block.
+    QT_TRY(op_nvfp4_use(p, op, offsetof(nvfp4_decode_args, data), data,
+                        (uint64_t)rows * ((k + 1ull) / 2), k % 16 == 0 ? 8 : 1, PROG_READ));
+    QT_TRY(op_nvfp4_use(p, op, offsetof(nvfp4_decode_args, scales), scales,
+                        (uint64_t)rows * ((k + 15ull) / 16), 1, PROG_READ));
+    return op_nvfp4_use(p, op, offsetof(nvfp4_decode_args, out), out, (uint64_t)rows * k * 2u,
+                        k % 16 == 0 ? 16 : 2, PROG_WRITE);
 }

@@ -67,11 +67,17 @@ typedef struct op_nvfp4_dequant {
     uint32_t rows, cols;  // of the original tensor
     op_group group;
     bool colwise;
-    prog_ref data, scales, amax;  // amax .arena NULL: the raw decode, no global factor
+    prog_ref data, scales, amax;
     prog_ref out;        // [rows][cols]
     uint32_t out_dtype;  // QT_DTYPE_BF16 | QT_DTYPE_F32
 } op_nvfp4_dequant;
 
 qt_status op_nvfp4_dequantize(program *p, const char *name, const op_nvfp4_dequant *d);
+
+// One stored copy (rows x k codes: rowwise rows x cols, or columnwise cols x rows) decoded in its
+// own orientation to BF16 rows x k without the global factor (ptx/quant_nvfp4.h,
+// qt_nvfp4_decode): a K-major operand for a BF16 GEMM with GEMM_FLAG_ALPHA_NVFP4.
+qt_status op_nvfp4_decode(program *p, const char *name, prog_ref data, prog_ref scales,
+                          prog_ref out, uint32_t rows, uint32_t k);
 
 #endif  // QT_OP_QUANT_NVFP4_H

@@ -188,7 +188,7 @@ void ref_qt_nvfp4_dequantize(const nvfp4_dequantize_args *a, const launch_shape 
     for (uint32_t row0 = 0; row0 < a->rows; row0 += 16) {
         qt_nvfp4_span span = ref_nvfp4_span(&a->group, a->rows, row0);
         if (span.store_end <= row0) continue;
-        float amax = a->amax ? REF_PTR(const float, a->amax)[span.member] : 0.0f;
+        float amax = REF_PTR(const float, a->amax)[span.member];
         for (uint32_t m = row0; m < row0 + 16 && m < span.store_end; m++) {
             for (uint32_t k = 0; k < a->cols; k++) {
                 uint8_t byte, sb;
@@ -201,8 +201,7 @@ void ref_qt_nvfp4_dequantize(const nvfp4_dequantize_args *a, const launch_shape 
                 }
                 uint32_t pos = a->colwise ? m : k;
                 uint8_t nibble = (uint8_t)((byte >> (4 * (pos & 1))) & 0xFu);
-                float value = a->amax ? qt_nvfp4_dequant_value(nibble, sb, amax)
-                                      : qt_nvfp4_raw_value(nibble, sb);
+                float value = qt_nvfp4_dequant_value(nibble, sb, amax);
                 uint64_t index = (uint64_t)m * a->cols + k;
                 if (a->out_dtype == QT_DTYPE_F32) {
                     REF_PTR(float, a->out)[index] = value;
@@ -212,4 +211,10 @@ void ref_qt_nvfp4_dequantize(const nvfp4_dequantize_args *a, const launch_shape 
             }
         }
     }
+}
+
+void ref_qt_nvfp4_decode(const nvfp4_decode_args *a, const launch_shape *shape) {
+    (void)shape;  // the reference backend's addresses are host pointers (REF_PTR)
+    uint64_t blocks = (uint64_t)a->rows * ((a->k + 15) / 16);
+    for (uint64_t b = 0; b < blocks; b++) qt_nvfp4_decode_block(a, b);
 }

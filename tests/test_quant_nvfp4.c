@@ -764,19 +764,21 @@ typedef struct nv_case {
 typedef struct nv_regions {
     prog_ref x, offsets, first_dims, amax_row, amax_col, step;
     prog_ref row_data, row_scales, col_data, col_scales, deq_row, deq_col;
+    prog_ref raw_row, raw_col;  // dense cases: each copy's raw decode (qt_nvfp4_decode)
 } nv_regions;
 
 typedef struct nv_result {
-    uint8_t *buf[8];
-    uint64_t bytes[8];
+    uint8_t *buf[10];
+    uint64_t bytes[10];
     uint8_t *x;  // the input as the program saw it (after planting), for diagnostics
 } nv_result;
 
 enum { R_AMAX_ROW, R_AMAX_COL, R_ROW_DATA, R_ROW_SCALES, R_COL_DATA, R_COL_SCALES, R_DEQ_ROW,
-       R_DEQ_COL, R_COUNT };
+       R_DEQ_COL, R_RAW_ROW, R_RAW_COL, R_COUNT };
 static const char *const nv_result_names[R_COUNT] = {
     "amax_row", "amax_col", "row_data", "row_scales", "col_data", "col_scales",
-    "dequant_row (f32)", "dequant_col (bf16)"};
+    "dequant_row (f32)", "dequant_col (bf16)", "raw decode of the rowwise copy (bf16)",
+    "raw decode of the columnwise copy (bf16)"};
 
 // Host-side grouped layout: uneven members, some empty, some with whole padding blocks.
 typedef struct nv_group {
@@ -829,6 +831,9 @@ static void nv_build(rig *r, program *fill, const nv_case *c, nv_regions *g) {
     g->col_scales = nv_reserve(r, "col_scales", s.col_scales);
     g->deq_row = nv_reserve(r, "deq_row", elems * 4);
     g->deq_col = nv_reserve(r, "deq_col", elems * 2);
+    bool decode = c->members == 0;  // grouped buffers have rows no quantizer writes
+    g->raw_row = nv_reserve(r, "raw_row", decode && rowwise ? elems * 2 : 0);
+    g->raw_col = nv_reserve(r, "raw_col", decode && colwise ? elems * 2 : 0);
     op_group group = {c->members, g->offsets, g->first_dims};
     op_nvfp4_input in = {g->x, c->dtype, c->rows, c->cols, group};
     prog_init(fill, "fill", 0);
@@ -847,6 +852,14 @@ static void nv_build(rig *r, program *fill, const nv_case *c, nv_regions *g) {
     d = (op_nvfp4_dequant){c->rows, c->cols, group, true, g->col_data, g->col_scales,
                            g->amax_col, g->deq_col, QT_DTYPE_BF16};
     if (colwise) RIG_OK(op_nvfp4_dequantize(&r->prog, "dequant_col", &d));
+    if (decode && rowwise) {
+        RIG_OK(op_nvfp4_decode(&r->prog, "decode_row", g->row_data, g->row_scales, g->raw_row,
+                               c->rows, c->cols));
+    }
+    if (decode && colwise) {
+        RIG_OK(op_nvfp4_decode(&r->prog, "decode_col", g->col_data, g->col_scales, g->raw_col,
+                               c->cols, c->rows));
+    }
     rig_bind(r);
     prog_resolve(fill);
 }
@@ -916,14 +929,18 @@ static void nv_run(rig *r, program *fill, const nv_case *c, const nv_regions *g,
     RIG_OK(backend_run(&r->be, &r->prog));
     const op_nvfp4_sizes s = op_nvfp4_sizes_of(c->rows, c->cols, c->members);
     const prog_ref refs[R_COUNT] = {g->amax_row, g->amax_col, g->row_data, g->row_scales,
-                                    g->col_data, g->col_scales, g->deq_row, g->deq_col};
+                                    g->col_data, g->col_scales, g->deq_row, g->deq_col,
+                                    g->raw_row, g->raw_col};
     const uint64_t elems = (uint64_t)c->rows * c->cols;
-    const uint64_t bytes[R_COUNT] = {s.amax, s.amax, s.row_data, s.row_scales, s.col_data,
-                                     s.col_scales, elems * 4, elems * 2};
+    const bool decode = c->members == 0;
+    const uint64_t bytes[R_COUNT] = {
+        s.amax, s.amax, s.row_data, s.row_scales, s.col_data, s.col_scales, elems * 4, elems * 2,
+        decode && (c->flags & QT_NVFP4_ROWWISE) ? elems * 2 : 0,
+        decode && (c->flags & QT_NVFP4_COLWISE) ? elems * 2 : 0};
     for (int i = 0; i < R_COUNT; i++) {
         out->bytes[i] = bytes[i];
         out->buf[i] = malloc(bytes[i] + 1);
-        RIG_OK(backend_read(&r->be, out->buf[i], refs[i], bytes[i]));
+        if (bytes[i] != 0) RIG_OK(backend_read(&r->be, out->buf[i], refs[i], bytes[i]));
     }
     const uint64_t x_bytes = elems * (c->dtype == QT_DTYPE_F32 ? 4 : 2);
     out->x = malloc(x_bytes + 1);
@@ -944,6 +961,8 @@ static uint64_t nv_pitch(const nv_case *c, int i) {
     case R_COL_SCALES: return (c->rows + 15) / 16;
     case R_DEQ_ROW: return (uint64_t)c->cols * 4;
     case R_DEQ_COL: return (uint64_t)c->cols * 2;
+    case R_RAW_ROW: return (uint64_t)c->cols * 2;
+    case R_RAW_COL: return (uint64_t)c->rows * 2;
     default: return 4;
     }
 }
