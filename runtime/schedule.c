@@ -47,8 +47,14 @@ qt_status sched_table_build(const recipe *r, uint64_t train_samples, uint64_t ev
         const recipe_row *rr = &r->rows[i];
         sched_row row = {sched_modes[rr->mode], rr->steps, rr->dataset, rr->line};
         if (rr->mode == RECIPE_MODE_TRAIN) {
-            if (left == 0) break;  // the cut: later rows belong to training yet to come
-            if (row.steps > left) row.steps = left;
+            if (left == 0) {  // the cut: later rows belong to training yet to come
+                t->cut = true;
+                break;
+            }
+            if (row.steps > left) {
+                row.steps = left;
+                t->cut = true;
+            }
             left -= row.steps;
         } else if (rr->all) {
             uint64_t samples = rr->dataset == RECIPE_DATASET_EVAL ? eval_samples : train_samples;
@@ -83,6 +89,54 @@ qt_status sched_interleave_eval(sched_table *t, uint64_t every, uint64_t eval_st
     return QT_OK;
 }
 
+uint64_t sched_rows_hash(const sched_table *t, uint32_t count) {
+    QT_ASSERT(count <= t->row_count);
+    uint64_t h = trace_hash(NULL, 0);
+    for (uint32_t i = 0; i < count; i++) {
+        const sched_row *row = &t->rows[i];
+        uint64_t fields[3] = {(uint64_t)row->mode, row->steps, (uint64_t)row->dataset};
+        h = trace_hash_more(h, fields, sizeof fields);
+    }
+    return h;
+}
+
+static const char *sched_dataset_name(const sched_row *row) {
+    if (row->mode == MODEL_MODE_TRAIN) return "shuffled train set";
+    return row->dataset == RECIPE_DATASET_EVAL ? "eval set" : "train set";
+}
+
+qt_status sched_check_position(const sched_table *t, const sched_state *s,
+                               uint64_t saved_rows_hash, sched_row saved_row) {
+    if (s->row > t->row_count || sched_rows_hash(t, s->row) != saved_rows_hash) {
+        return qt_fail(QT_ERR_MISMATCH, "schedule: the checkpoint stands at row %u step %llu "
+                       "(step %llu) of a schedule whose rows before it differ from this run's "
+                       "(%u rows); resume with the --steps of the run that saved it, or more",
+                       s->row, (unsigned long long)s->row_step, (unsigned long long)s->step,
+                       t->row_count);
+    }
+    if (s->row == t->row_count) {
+        if (s->row_step == 0) return QT_OK;  // the end of this table: nothing left to run
+        return qt_fail(QT_ERR_MISMATCH, "schedule: the checkpoint stands at step %llu of row "
+                       "%u, which this run's schedule does not have (%u rows); resume with a "
+                       "larger --steps", (unsigned long long)s->row_step, s->row, t->row_count);
+    }
+    const sched_row *row = &t->rows[s->row];
+    if (row->mode != saved_row.mode || row->dataset != saved_row.dataset) {
+        return qt_fail(QT_ERR_MISMATCH, "schedule: row %u is %s on the %s in the checkpoint, "
+                       "%s on the %s in this run", s->row, model_mode_name(saved_row.mode),
+                       sched_dataset_name(&saved_row), model_mode_name(row->mode),
+                       sched_dataset_name(row));
+    }
+    if (row->steps < s->row_step) {
+        return qt_fail(QT_ERR_MISMATCH, "schedule: the checkpoint stands at step %llu of row %u "
+                       "(train step %llu), beyond this run's %llu steps of that row; resume "
+                       "with a larger --steps (or none)", (unsigned long long)s->row_step,
+                       s->row, (unsigned long long)s->train_steps,
+                       (unsigned long long)row->steps);
+    }
+    return QT_OK;
+}
+
 void sched_drop_eval(sched_table *t) {
     uint32_t kept = 0;
     for (uint32_t i = 0; i < t->row_count; i++) {
@@ -106,21 +160,23 @@ static double sched_now(void) {
 typedef struct sched_pending {
     uint64_t step;
     uint32_t row;
-    uint64_t row_step;
+    uint64_t row_step;  // 1-based
     uint32_t rows_valid;
-    double row_start;  // when the row's first step was launched
+    double row_start;   // when the row's first step (in this loop) was launched
 } sched_pending;
 
 typedef struct sched_loop {
     const sched_env *env;
     const sched_table *t;
+    sched_state *state;
     sched_summary *sum;
+    bool gpu;
     CUevent events[SCHED_LAG];
     sched_pending pending[SCHED_LAG];
+    uint64_t retired;        // steps whose records have been read: [0, retired)
+    uint64_t saved_at;       // the step of the last save; UINT64_MAX: none yet
     double start, row_start;
-    uint64_t total, done;
-    double eval_loss_sum;        // of the current eval row
-    uint64_t eval_correct, eval_valid;
+    uint64_t total, done;    // steps of this loop
 } sched_loop;
 
 static data_feed *sched_feed(const sched_env *env, const sched_row *row) {
@@ -131,19 +187,19 @@ static data_feed *sched_feed(const sched_env *env, const sched_row *row) {
 
 static void sched_eval_accumulate(sched_loop *l, const qt_trace_record *rec, uint32_t valid,
                                   bool row_end) {
+    sched_state *s = l->state;
     // accuracy = RN(correct / valid) with valid < 2^24, so RN(accuracy * valid) is correct.
-    l->eval_correct += (uint64_t)((double)rec->accuracy * valid + 0.5);
-    l->eval_valid += valid;
-    l->eval_loss_sum += (double)rec->loss * valid;
+    s->eval_correct += (uint64_t)((double)rec->accuracy * valid + 0.5);
+    s->eval_valid += valid;
+    s->eval_loss_sum += (double)rec->loss * valid;
     if (!row_end) return;
-    sched_summary *s = l->sum;
-    s->has_eval = true;
-    s->eval_samples = l->eval_valid;
-    s->eval_loss = l->eval_valid ? l->eval_loss_sum / (double)l->eval_valid : 0.0;
-    s->eval_accuracy = l->eval_valid ? (double)l->eval_correct / (double)l->eval_valid : 0.0;
-    l->eval_loss_sum = 0;
-    l->eval_correct = 0;
-    l->eval_valid = 0;
+    s->has_eval = 1;
+    s->eval_samples = s->eval_valid;
+    s->eval_loss = s->eval_valid ? s->eval_loss_sum / (double)s->eval_valid : 0.0;
+    s->eval_accuracy = s->eval_valid ? (double)s->eval_correct / (double)s->eval_valid : 0.0;
+    s->eval_loss_sum = 0;
+    s->eval_correct = 0;
+    s->eval_valid = 0;
 }
 
 // Reads the record of a finished step and hands it on.
@@ -161,8 +217,9 @@ static qt_status sched_consume(sched_loop *l, const sched_pending *pd) {
     const sched_row *row = &l->t->rows[pd->row];
     bool row_end = pd->row_step == row->steps;
     l->done++;
+    l->sum->steps[row->mode]++;
     if (row->mode == MODEL_MODE_TRAIN) {
-        l->sum->last_train_loss = rec.loss;
+        l->state->last_train_loss = rec.loss;
         if (rec.flags & QT_TRACE_FLAG_SKIPPED) l->sum->skipped++;
         if (row_end) l->sum->train_seconds += sched_now() - pd->row_start;
     }
@@ -179,15 +236,30 @@ static qt_status sched_consume(sched_loop *l, const sched_pending *pd) {
     return QT_OK;
 }
 
-// Waits for step `step` (GPU) and consumes its record.
-static qt_status sched_retire(sched_loop *l, uint64_t step) {
+// Waits for the oldest unread step (GPU) and consumes its record.
+static qt_status sched_retire(sched_loop *l) {
+    uint64_t step = l->retired;
     uint32_t k = (uint32_t)(step % SCHED_LAG);
     QT_ASSERT(l->pending[k].step == step);
-    if (l->env->backend->kind == BACKEND_GPU) {
+    if (l->gpu) {
         QT_TRY(driver_sync_event(l->events[k]));
         l->sum->lagged_reads++;
     }
+    l->retired++;
     return sched_consume(l, &l->pending[k]);
+}
+
+// Reads every record still in flight: afterwards the device is idle.
+static qt_status sched_drain(sched_loop *l) {
+    while (l->retired < l->state->step) QT_TRY(sched_retire(l));
+    return QT_OK;
+}
+
+static qt_status sched_save(sched_loop *l) {
+    if (!l->env->save || l->saved_at == l->state->step) return QT_OK;
+    QT_TRY(sched_drain(l));
+    l->saved_at = l->state->step;
+    return l->env->save(l->env->save_ctx, l->state);
 }
 
 static qt_status sched_launch(sched_loop *l, model_mode mode, bool checksum) {
@@ -203,78 +275,122 @@ static qt_status sched_launch(sched_loop *l, model_mode mode, bool checksum) {
     return QT_OK;
 }
 
-// One step: the record of step - SCHED_LAG, the batch, the launch, the event.
-static qt_status sched_step(sched_loop *l, uint64_t step, uint32_t row_index, uint64_t row_step,
-                            uint64_t *train_count) {
+// One step of the state's row: the record of step - SCHED_LAG, the batch, the launch, the
+// event; the state moves past the step.
+static qt_status sched_step(sched_loop *l, const sched_row *row) {
     const sched_env *env = l->env;
-    const sched_row *row = &l->t->rows[row_index];
+    sched_state *s = l->state;
     model *m = env->model;
-    bool gpu = env->backend->kind == BACKEND_GPU;
-    if (gpu && step >= SCHED_LAG) QT_TRY(sched_retire(l, step - SCHED_LAG));
+    uint64_t step = s->step;
+    if (l->gpu && step >= l->retired + SCHED_LAG) QT_TRY(sched_retire(l));
     uint8_t *staging = arena_host_pointer(m->host, m->io.staging);
     uint8_t *slot = staging + (step % MODEL_STAGE_SLOTS) * m->io.slot.bytes;
     uint32_t valid = data_feed_next(sched_feed(env, row), &m->io.slot, slot);
     bool checksum = false;
     if (row->mode == MODEL_MODE_TRAIN) {
-        ++*train_count;
-        checksum = env->checksum_every && *train_count % env->checksum_every == 0;
+        s->train_steps++;
+        checksum = env->checksum_every && s->train_steps % env->checksum_every == 0;
     }
     QT_TRY(sched_launch(l, row->mode, checksum));
+    s->step++;
+    s->row_step++;
     uint32_t k = (uint32_t)(step % SCHED_LAG);
-    l->pending[k] = (sched_pending){step, row_index, row_step, valid, l->row_start};
-    if (gpu) {
+    l->pending[k] = (sched_pending){step, s->row, s->row_step, valid, l->row_start};
+    if (l->gpu) {
         QT_CU(cuEventRecord(l->events[k], env->backend->stream));
         return QT_OK;
     }
-    return sched_consume(l, &l->pending[k]);
+    return sched_retire(l);
 }
 
-static qt_status sched_rows(sched_loop *l, uint64_t *step) {
+// After a train step: the periodic save, and the one at a cut table's last train step.
+static qt_status sched_train_saves(sched_loop *l) {
+    const sched_state *s = l->state;
+    bool periodic = l->env->save_every && s->train_steps % l->env->save_every == 0;
+    bool cut_end = l->t->cut && s->train_steps == l->t->steps[MODEL_MODE_TRAIN];
+    return periodic || cut_end ? sched_save(l) : QT_OK;
+}
+
+static bool sched_should_stop(const sched_loop *l) {
     const sched_env *env = l->env;
-    uint64_t train_count = 0;
-    for (uint32_t r = 0; r < l->t->row_count; r++) {
-        const sched_row *row = &l->t->rows[r];
+    if (env->interrupt && *env->interrupt) return true;
+    return env->stop_at && l->state->step >= env->stop_at;
+}
+
+static qt_status sched_rows(sched_loop *l) {
+    const sched_env *env = l->env;
+    sched_state *s = l->state;
+    for (; s->row < l->t->row_count; s->row++, s->row_step = 0) {
+        const sched_row *row = &l->t->rows[s->row];
         data_feed *feed = sched_feed(env, row);
         QT_ASSERT(feed != NULL && env->programs[row->mode] != NULL);
-        // Eval and infer rows start at the beginning of their dataset, in file order.
-        if (row->mode != MODEL_MODE_TRAIN) QT_TRY(data_feed_seek(feed, (data_cursor){0, 0}));
+        // Eval and infer rows start at the beginning of their dataset, in file order; a row
+        // resumed in its middle continues from its feed's cursor.
+        if (row->mode != MODEL_MODE_TRAIN && s->row_step == 0) {
+            QT_TRY(data_feed_seek(feed, (data_cursor){0, 0}));
+        }
         l->row_start = sched_now();
-        for (uint64_t i = 0; i < row->steps; i++) {
-            QT_TRY(sched_step(l, *step, r, i + 1, &train_count));
-            ++*step;
+        while (s->row_step < row->steps) {
+            if (sched_should_stop(l)) {
+                l->sum->stopped = true;
+                return QT_OK;
+            }
+            QT_TRY(sched_step(l, row));
+            if (row->mode == MODEL_MODE_TRAIN) QT_TRY(sched_train_saves(l));
         }
     }
     return QT_OK;
 }
 
-qt_status sched_run(const sched_env *env, const sched_table *t, sched_summary *out) {
+static uint64_t sched_steps_left(const sched_table *t, const sched_state *s) {
+    uint64_t total = 0;
+    for (uint32_t r = s->row; r < t->row_count; r++) total += t->rows[r].steps;
+    return total - (s->row < t->row_count ? s->row_step : 0);
+}
+
+// The summary's carried fields come from the state (a resumed run reports the last eval row
+// even when it runs none).
+static void sched_summarize(const sched_state *s, sched_summary *out) {
+    out->last_train_loss = s->last_train_loss;
+    out->has_eval = s->has_eval != 0;
+    out->eval_loss = s->eval_loss;
+    out->eval_accuracy = s->eval_accuracy;
+    out->eval_samples = s->eval_samples;
+}
+
+qt_status sched_run(const sched_env *env, const sched_table *t, sched_state *state,
+                    sched_summary *out) {
     memset(out, 0, sizeof *out);
     sched_loop l;
     memset(&l, 0, sizeof l);
     l.env = env;
     l.t = t;
+    l.state = state;
     l.sum = out;
-    for (uint32_t r = 0; r < t->row_count; r++) l.total += t->rows[r].steps;
-    bool gpu = env->backend->kind == BACKEND_GPU;
-    for (int k = 0; gpu && k < SCHED_LAG; k++) {
+    l.gpu = env->backend->kind == BACKEND_GPU;
+    l.retired = state->step;
+    l.saved_at = UINT64_MAX;
+    QT_ASSERT(state->row <= t->row_count);
+    l.total = sched_steps_left(t, state);
+    for (int k = 0; l.gpu && k < SCHED_LAG; k++) {
         QT_CU(cuEventCreate(&l.events[k], CU_EVENT_DISABLE_TIMING));
     }
     l.start = sched_now();
-    uint64_t step = 0;
-    qt_status status = sched_rows(&l, &step);
-    if (status == QT_OK) {
-        // Drain: the records of the steps still in flight.
-        uint64_t first = step > SCHED_LAG ? step - SCHED_LAG : 0;
-        for (uint64_t s = first; gpu && s < step && status == QT_OK; s++) {
-            status = sched_retire(&l, s);
-        }
-    } else if (gpu) {
+    qt_status status = sched_rows(&l);
+    if (status == QT_OK) status = sched_drain(&l);
+    if (out->stopped && state->row < t->row_count && state->row_step > 0 &&
+        t->rows[state->row].mode == MODEL_MODE_TRAIN) {
+        out->train_seconds += sched_now() - l.row_start;  // the row's part that ran
+    }
+    // The end of a table that --steps did not cut, or a stop; a cut table saved at its cut.
+    if (status == QT_OK && (out->stopped || !t->cut)) status = sched_save(&l);
+    if (status != QT_OK && l.gpu) {
         (void)backend_finish(env->backend);  // no launch outlives the loop; the error stands
     }
-    for (int k = 0; gpu && k < SCHED_LAG; k++) {
+    for (int k = 0; l.gpu && k < SCHED_LAG; k++) {
         if (l.events[k]) drv.cuEventDestroy(l.events[k]);
     }
     out->seconds = sched_now() - l.start;
-    for (uint32_t r = 0; r < t->row_count; r++) out->steps[t->rows[r].mode] += t->rows[r].steps;
+    sched_summarize(state, out);
     return status;
 }
