@@ -5,6 +5,7 @@
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>   // snprintf, fprintf
+#include <stdlib.h>  // strtoull
 #include <string.h>
 #include <unistd.h>  // read, write, close
 
@@ -454,10 +455,35 @@ static qt_status expect_record(const line_reader *r, const char *line) {
     return QT_OK;
 }
 
+static uint64_t record_step(const char *line) { return strtoull(line + 5, NULL, 10); }
+
+// A trace that a resumed run started in a new file begins at the checkpoint's step: the other
+// trace's records before that step have no counterpart and are skipped. *from is the step the
+// comparison starts at when one was skipped, else UINT64_MAX.
+static qt_status diff_align(line_reader *ra, char **a, bool *have_a, line_reader *rb, char **b,
+                            bool *have_b, uint64_t *from) {
+    *from = UINT64_MAX;
+    if (!*have_a || !*have_b) return QT_OK;
+    uint64_t sa = record_step(*a), sb = record_step(*b);
+    while (*have_a && sa < sb) {
+        QT_TRY(reader_next(ra, a, have_a));
+        if (*have_a) QT_TRY(expect_record(ra, *a));
+        if (*have_a) sa = record_step(*a);
+        *from = sb;
+    }
+    while (*have_b && sb < sa) {
+        QT_TRY(reader_next(rb, b, have_b));
+        if (*have_b) QT_TRY(expect_record(rb, *b));
+        if (*have_b) sb = record_step(*b);
+        *from = sa;
+    }
+    return QT_OK;
+}
+
 // Both readers are past their headers. Compares record lines until the first difference.
 static qt_status diff_records(const trace_header *h, line_reader *ra, line_reader *rb,
                               FILE *out, bool *identical) {
-    uint64_t records = 0;
+    uint64_t records = 0, from = UINT64_MAX;
     for (;;) {
         char *a, *b;
         bool have_a, have_b;
@@ -465,6 +491,7 @@ static qt_status diff_records(const trace_header *h, line_reader *ra, line_reade
         QT_TRY(reader_next(rb, &b, &have_b));
         if (have_a) QT_TRY(expect_record(ra, a));
         if (have_b) QT_TRY(expect_record(rb, b));
+        if (records == 0) QT_TRY(diff_align(ra, &a, &have_a, rb, &b, &have_b, &from));
         if (!have_a && !have_b) break;
         if (!have_a || !have_b) {
             const char *longer = have_a ? a : b;
@@ -481,7 +508,12 @@ static qt_status diff_records(const trace_header *h, line_reader *ra, line_reade
         }
         records++;
     }
-    if (*identical) fprintf(out, "identical: %" PRIu64 " records\n", records);
+    if (*identical && from != UINT64_MAX) {
+        fprintf(out, "identical: %" PRIu64 " records from step %" PRIu64 " (the other trace's "
+                "records before it are not compared)\n", records, from);
+    } else if (*identical) {
+        fprintf(out, "identical: %" PRIu64 " records\n", records);
+    }
     return QT_OK;
 }
 

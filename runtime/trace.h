@@ -94,7 +94,9 @@ qt_status trace_close(trace_writer *w);
 
 // Compares two trace files. Prints to `out` either `identical: N records` or the first
 // difference: a header field, then the first step whose record differs, with the field and both
-// values (and the quantizer's name for amax.I / scale.I), or where one trace ends early.
+// values (and the quantizer's name for amax.I / scale.I), or where one trace ends early. When
+// one trace starts at a later step (a resumed run's new file), the other's records before it
+// are skipped and the report says `identical: N records from step S (...)`.
 // *identical is true when the files are equal field for field. QT_ERR_IO when a file cannot be
 // read, QT_ERR_INPUT (file:line) when one is not a qtrain trace.
 qt_status trace_diff(const char *path_a, const char *path_b, FILE *out, bool *identical);
