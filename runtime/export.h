@@ -23,9 +23,10 @@
 //
 // Tensors: every parameter's FP32 master under its layer's name, weights [out][in] without the
 // padding columns a format added, biases [out], RMSNorm gains [width] as NAME.weight (the name
-// torch.nn.RMSNorm gives them); --quantized adds, under the region's name (e.g.
-// fc1.weight.row_data), the codes and scales of every usage of every quantized weight in the
-// layouts of ptx/quant.h (padded K included): dtypes F32, BF16, F8_E4M3, F8_E5M2, and U8 for
+// torch.nn.RMSNorm gives them); --quantized adds, under the region's name (fc1.weight.row_data,
+// .row_scale, .col_data, .col_scale, .scale_inv, .amax, .amax_col; .bf16 for a BF16 weight),
+// the codes and scales of every usage of every quantized weight in the layouts of
+// ptx/quant.h (padded K included): dtypes F32, BF16, F8_E4M3, F8_E5M2, and U8 for
 // E8M0 scales and packed E2M1 pairs (shape [rows][ceil(cols/2)] bytes), with the format in the
 // tensor's metadata entry. The eval fields come from the last eval row the run finished.
 #ifndef QT_EXPORT_H
