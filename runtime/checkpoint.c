@@ -223,7 +223,6 @@ static void ckpt_list_regions(ckpt_describer *d, const arena *dev) {
         const arena_region *r = arena_region_get(dev, h);
         d->index_of[h] = CKPT_NONE;
         if (!r->persistent || r->bytes == 0) continue;
-        QT_ASSERT(r->bytes <= UINT32_MAX);  // opaque regions state their bytes as their shape
         ckpt_region *e = &t->regions[count];
         memset(e, 0, sizeof *e);
         snprintf(e->name, sizeof e->name, "%s", r->name);
@@ -234,8 +233,11 @@ static void ckpt_list_regions(ckpt_describer *d, const arena *dev) {
         e->format = CKPT_FORMAT_BYTES;
         e->usage = CKPT_USAGE_OTHER;
         e->param = CKPT_NONE;
-        e->rank = 1;
-        e->dims[0] = (uint32_t)r->bytes;
+        // Opaque bytes: [bytes], or [bytes / 2^16][2^16] beyond 32 bits (the model describes
+        // every large region it has, so this shape stays only on regions it does not know).
+        e->rank = r->bytes <= UINT32_MAX ? 1 : 2;
+        e->dims[0] = (uint32_t)(e->rank == 1 ? r->bytes : r->bytes >> 16);
+        e->dims[1] = e->rank == 1 ? 0 : 1u << 16;
         d->c->handles[count] = h;
         d->index_of[h] = count++;
         offset += r->bytes;

@@ -171,16 +171,71 @@ static void job_expect_ok(const job *j, const char *what) {
     CHECK(j->status == QT_OK, "%s: %s: %s", what, qt_status_name(j->status), j->message);
 }
 
-// The uninterrupted run of a text: its trace (checksums every 10 train steps) and digest.
-static bool full_run(const char *text, backend_kind kind, const char *trace, uint64_t *digest) {
+// A job that writes its trace (checksums every 10 train steps) to `trace`.
+static job job_of(const char *text, backend_kind kind, const char *trace) {
     job j = {.text = text, .kind = kind};
     j.options.checksum_every = 10;
     j.options.trace_path = trace;
+    return j;
+}
+
+// The uninterrupted run of a text: its trace (checksums every 10 train steps) and digest.
+static bool full_run(const char *text, backend_kind kind, const char *trace, uint64_t *digest) {
+    job j = job_of(text, kind, trace);
     unlink(trace);
     if (!job_run(&j)) return false;
     job_expect_ok(&j, "uninterrupted run");
     *digest = j.digest;
     return true;
+}
+
+// Paths "full.trace", "<tag>.trace" and "<tag>.ckpt" (the last two removed), and the
+// uninterrupted reference run of the text on the reference backend; its final state's digest.
+#define PATH_BYTES 128
+static uint64_t prepare(const char *text, const char *tag, char *full, char *trace, char *ckpt) {
+    char name[64];
+    temp_path(full, PATH_BYTES, "full.trace");
+    snprintf(name, sizeof name, "%s.trace", tag);
+    temp_path(trace, PATH_BYTES, name);
+    snprintf(name, sizeof name, "%s.ckpt", tag);
+    temp_path(ckpt, PATH_BYTES, name);
+    uint64_t digest = 0;
+    full_run(text, BACKEND_REF, full, &digest);
+    unlink(trace);
+    unlink(ckpt);
+    return digest;
+}
+
+// A run of text that saves to ckpt (every save_every train steps, stopping after stop steps,
+// cut by steps_limit: 0 for none), left bound when it worked (close it with job_close).
+static job run_saving(const char *text, backend_kind kind, const char *trace, const char *ckpt,
+                      uint64_t save_every, uint64_t stop, uint64_t steps_limit) {
+    job j = job_of(text, kind, trace);
+    j.keep = true;
+    j.options.save_path = ckpt;
+    j.options.save_every = save_every;
+    j.options.stop_at = stop;
+    j.options.steps_limit = steps_limit;
+    job_run(&j);
+    job_expect_ok(&j, "the saving run");
+    return j;
+}
+
+// The run resumed from ckpt, to its end, into trace.
+static job run_resumed(const char *text, backend_kind kind, const char *trace,
+                       const char *ckpt) {
+    job j = job_of(text, kind, trace);
+    j.resume = ckpt;
+    job_run(&j);
+    job_expect_ok(&j, ckpt);
+    return j;
+}
+
+// The saves of the bound run's last run_execute.
+static void check_saves(uint32_t count, uint64_t last_step) {
+    CHECK(the_run.saves.count == count && the_run.saves.last_step == last_step,
+          "%u saves, the last at step %llu; expected %u, the last at %llu", the_run.saves.count,
+          (unsigned long long)the_run.saves.last_step, count, (unsigned long long)last_step);
 }
 
 // Stops the run after `stop` steps with a checkpoint, resumes it to the end into the same
@@ -192,20 +247,11 @@ static void check_stop_resume(const char *text, backend_kind kind, uint64_t stop
     temp_path(ckpt, sizeof ckpt, "resume.ckpt");
     unlink(trace);
     unlink(ckpt);
-    job a = {.text = text, .kind = kind};
-    a.options.checksum_every = 10;
-    a.options.trace_path = trace;
-    a.options.save_path = ckpt;
-    a.options.stop_at = stop;
-    job_run(&a);
-    job_expect_ok(&a, "stopped run");
+    job a = run_saving(text, kind, trace, ckpt, 0, stop, 0);
+    if (a.status == QT_OK) job_close(&a);
     CHECK(a.summary.stopped == (stop < RESUME_STEPS), "stop after %llu: stopped %d",
           (unsigned long long)stop, a.summary.stopped);
-    job b = {.text = text, .kind = kind, .resume = ckpt};
-    b.options.checksum_every = 10;
-    b.options.trace_path = trace;
-    job_run(&b);
-    job_expect_ok(&b, "resumed run");
+    job b = run_resumed(text, kind, trace, ckpt);
     uint64_t ran = b.summary.steps[0] + b.summary.steps[1] + b.summary.steps[2];
     CHECK(ran == RESUME_STEPS - stop, "stop after %llu: the resumed run ran %llu steps",
           (unsigned long long)stop, (unsigned long long)ran);
@@ -263,34 +309,16 @@ static void test_resume_bitwise(const format_case *f, backend_kind kind) {
 static void test_saves_change_nothing(void) {
     test_begin("save_every_changes_nothing");
     const char *text = resume_text("delayed", NULL);
-    char full[128], trace[128], ckpt[128];
-    temp_path(full, sizeof full, "full.trace");
-    temp_path(trace, sizeof trace, "saves.trace");
-    temp_path(ckpt, sizeof ckpt, "saves.ckpt");
-    uint64_t digest = 0;
-    full_run(text, BACKEND_REF, full, &digest);
-    unlink(ckpt);
-    job a = {.text = text, .kind = BACKEND_REF, .keep = true};
-    a.options.checksum_every = 10;
-    a.options.trace_path = trace;
-    a.options.save_path = ckpt;
-    a.options.save_every = 7;
-    job_run(&a);
-    job_expect_ok(&a, "run with saves");
+    char full[PATH_BYTES], trace[PATH_BYTES], ckpt[PATH_BYTES];
+    uint64_t digest = prepare(text, "saves", full, trace, ckpt);
+    job a = run_saving(text, BACKEND_REF, trace, ckpt, 7, 0, 0);
     if (a.status == QT_OK) {
-        // 18 periodic saves (train steps 7, 14, ..., 126) and the one at the end.
-        CHECK(the_run.saves.count == 19 && the_run.saves.last_step == RESUME_STEPS,
-              "%u saves, the last at step %llu", the_run.saves.count,
-              (unsigned long long)the_run.saves.last_step);
+        check_saves(19, RESUME_STEPS);  // train steps 7, 14, ..., 126, and the end
         job_close(&a);
     }
     CHECK(same_file(full, trace), "the trace with saves differs");
     CHECK(a.digest == digest, "final state differs with saves");
-    job b = {.text = text, .kind = BACKEND_REF, .resume = ckpt};
-    b.options.checksum_every = 10;
-    b.options.trace_path = trace;
-    job_run(&b);
-    job_expect_ok(&b, "resume at the end");
+    job b = run_resumed(text, BACKEND_REF, trace, ckpt);
     CHECK(b.summary.steps[0] + b.summary.steps[1] + b.summary.steps[2] == 0,
           "resumed at the end, yet steps ran");
     CHECK(b.summary.has_eval && b.summary.eval_samples == 64,
@@ -306,34 +334,16 @@ static void test_saves_change_nothing(void) {
 static void test_steps_cut(void) {
     test_begin("resume_after_steps_cut_continues_the_schedule");
     const char *text = resume_text("nvfp4", NULL);
-    char full[128], trace[128], ckpt[128];
-    temp_path(full, sizeof full, "full.trace");
-    temp_path(trace, sizeof trace, "cut.trace");
-    temp_path(ckpt, sizeof ckpt, "cut.ckpt");
-    uint64_t digest = 0;
-    full_run(text, BACKEND_REF, full, &digest);
-    unlink(ckpt);
-    unlink(trace);
-    job a = {.text = text, .kind = BACKEND_REF, .keep = true};
-    a.options.checksum_every = 10;
-    a.options.trace_path = trace;
-    a.options.save_path = ckpt;
-    a.options.steps_limit = 50;
-    job_run(&a);
-    job_expect_ok(&a, "cut run");
+    char full[PATH_BYTES], trace[PATH_BYTES], ckpt[PATH_BYTES];
+    uint64_t digest = prepare(text, "cut", full, trace, ckpt);
+    job a = run_saving(text, BACKEND_REF, trace, ckpt, 0, 0, 50);
     if (a.status == QT_OK) {
-        CHECK(the_run.saves.count == 1 && the_run.saves.last_step == 50,
-              "%u saves, the last at step %llu", the_run.saves.count,
-              (unsigned long long)the_run.saves.last_step);
+        check_saves(1, 50);
         CHECK(the_run.state.step == 56, "the cut run ended at step %llu, expected 56",
               (unsigned long long)the_run.state.step);
         job_close(&a);
     }
-    job b = {.text = text, .kind = BACKEND_REF, .resume = ckpt};
-    b.options.checksum_every = 10;
-    b.options.trace_path = trace;
-    job_run(&b);
-    job_expect_ok(&b, "resumed run");
+    job b = run_resumed(text, BACKEND_REF, trace, ckpt);
     CHECK(same_file(full, trace), "the continued trace differs from the uninterrupted one");
     CHECK(b.digest == digest, "final state differs");
     // A shorter cut than the checkpoint's position cannot continue from it.
@@ -530,24 +540,16 @@ static bool loads_at(const char *path, uint64_t step) {
 static void test_killed_writer(void) {
     test_begin("save_killed_at_every_write_keeps_the_previous_checkpoint");
     const char *text = resume_text("mxfp8", NULL);
-    char full[128], trace[128], ckpt[128], tmp[160];
-    temp_path(full, sizeof full, "full.trace");
-    temp_path(trace, sizeof trace, "crash.trace");
-    temp_path(ckpt, sizeof ckpt, "crash.ckpt");
+    char full[PATH_BYTES], trace[PATH_BYTES], ckpt[PATH_BYTES], tmp[PATH_BYTES + 8];
+    uint64_t digest = prepare(text, "crash", full, trace, ckpt);
     snprintf(tmp, sizeof tmp, "%s.tmp", ckpt);
-    uint64_t digest = 0;
-    full_run(text, BACKEND_REF, full, &digest);
-    unlink(ckpt);
-    unlink(trace);
     // The previous checkpoint at step 30; small chunks make many writes.
-    job a = {.text = text, .kind = BACKEND_REF};
-    a.options.checksum_every = 10;
-    a.options.trace_path = trace;
+    job a = job_of(text, BACKEND_REF, trace);
     a.options.save_path = ckpt;
     a.options.stop_at = 30;
     a.options.ckpt_chunk_bytes = 256;
     job_run(&a);
-    job_expect_ok(&a, "first run");
+    job_expect_ok(&a, "the first run");
     size_t n = 0;
     uint8_t *previous = file_bytes(ckpt, &n);
     // On to step 70 without saving, then saves killed at every write.
@@ -593,11 +595,7 @@ static void test_killed_writer(void) {
     file_put(old_ckpt, previous, n);
     const char *from[2] = {old_ckpt, ckpt};
     for (int i = 0; i < 2; i++) {
-        job c = {.text = text, .kind = BACKEND_REF, .resume = from[i]};
-        c.options.checksum_every = 10;
-        c.options.trace_path = trace;
-        job_run(&c);
-        job_expect_ok(&c, from[i]);
+        job c = run_resumed(text, BACKEND_REF, trace, from[i]);
         CHECK(same_file(full, trace), "resumed from %s: traces differ", from[i]);
         CHECK(c.digest == digest, "resumed from %s: final state differs", from[i]);
     }
