@@ -339,9 +339,11 @@ static qt_status run_resume_from(run *r) {
 
 qt_status run_resume(run *r, const char *path) {
     QT_ASSERT(r->bound && r->ckpt_planned);
+    double t0 = run_clock();
     QT_TRY(ckpt_open(&r->reader, path));
     qt_status status = run_resume_from(r);
     ckpt_close(&r->reader);
+    r->timings.resume_s = run_clock() - t0;
     return status;
 }
 

@@ -73,6 +73,7 @@ typedef struct run_timings {
     double data_s;     // datasets read (and inflated) into the caller's memory (run_load)
     double init_s;     // the init program (weights drawn, first quantization), to completion
     double capture_s;  // one graph captured and instantiated per mode
+    double resume_s;   // run_resume: the checkpoint checked and loaded
 } run_timings;
 
 typedef struct run {

@@ -226,8 +226,9 @@ static void print_progress(void *ctx, const sched_progress *p) {
 static void print_position(const cli_args *a, const run *r, int signal_number) {
     const sched_state *st = &r->state;
     if (r->resumed) {
-        printf("resumed      from %s at step %" PRIu64 " (train step %" PRIu64 ")\n",
-               a->resume_path, r->resumed_at.step, r->resumed_at.train_steps);
+        printf("resumed      from %s at step %" PRIu64 " (train step %" PRIu64 "), loaded in "
+               "%.3f s\n", a->resume_path, r->resumed_at.step, r->resumed_at.train_steps,
+               r->timings.resume_s);
     }
     if (signal_number) {
         printf("interrupted  by %s at step %" PRIu64 " (train step %" PRIu64 ")\n",
