@@ -1,7 +1,9 @@
 #include "run.h"
 
+#include <errno.h>
 #include <string.h>
-#include <time.h>  // clock_gettime
+#include <time.h>    // clock_gettime
+#include <unistd.h>  // access
 
 qt_status run_backend_open(backend *b, bool ref, bool *fell_back) {
     *fell_back = false;
@@ -96,6 +98,25 @@ static qt_status run_build_programs(run *r) {
     return QT_OK;
 }
 
+// A fresh checkpoint path must not replace a file by surprise (the one resumed from is
+// expected to be replaced), and its folder must take files before the run starts.
+static qt_status run_check_save_path(const run_options *o) {
+    const char *path = o->save_path;
+    if (!path) return QT_OK;
+    if (access(path, F_OK) == 0 && !o->save_replaces) {
+        return qt_fail(QT_ERR_INPUT, "%s exists; a run saves over a checkpoint only when it "
+                       "resumes from it (--resume %s), so remove it or name another file",
+                       path, path);
+    }
+    char folder[CKPT_PATH_MAX];
+    ckpt_folder(path, folder, sizeof folder);
+    if (access(folder, W_OK) != 0) {
+        return qt_fail(QT_ERR_IO, "%s: cannot write checkpoints into this folder: %s", folder,
+                       strerror(errno));
+    }
+    return QT_OK;
+}
+
 qt_status run_plan(run *r, const recipe *rc, const char *text, size_t text_bytes,
                    const run_options *options) {
     memset(r, 0, sizeof *r);
@@ -117,6 +138,12 @@ qt_status run_plan(run *r, const recipe *rc, const char *text, size_t text_bytes
     QT_TRY(model_plan(&r->model, rc, &r->dev, &r->host, &mo));
     run_layout_data(r);
     QT_TRY(run_build_programs(r));
+    if (options->save_path || options->checkpoints) {
+        QT_TRY(run_check_save_path(options));
+        QT_TRY(ckpt_plan(&r->ckpt, &r->model, r->recipe_hash, r->seed, rc->file_name,
+                         options->ckpt_chunk_bytes));
+        r->ckpt_planned = true;
+    }
     arena_pack(&r->dev);
     arena_pack(&r->host);
     return QT_OK;
@@ -208,7 +235,7 @@ qt_status run_bind(run *r, backend *b, void *ref_dev, void *ref_host) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Running
+// The trace
 
 static qt_status run_trace_open(run *r) {
     static trace_header h;  // 4 KiB of names
@@ -219,8 +246,112 @@ static qt_status run_trace_open(run *r) {
     for (uint32_t i = 0; i < h.quantizers_count; i++) {
         model_trace_name(&r->model, i, h.quantizer_names[i], TRACE_NAME_MAX);
     }
+    if (r->trace_continues) {
+        return trace_continue(&r->trace, r->options.trace_path, &h, r->trace_bytes,
+                              r->trace_hash, r->trace_records);
+    }
     return trace_open(&r->trace, r->options.trace_path, &h);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Checkpoints
+
+qt_status run_save(run *r, const char *path) {
+    QT_ASSERT(r->bound && r->ckpt_planned);
+    double t0 = run_clock();
+    if (r->trace_active) {
+        // The trace's bytes up to this step are on disk before a checkpoint names them.
+        QT_TRY(trace_flush(&r->trace, true));
+        r->trace_bytes = r->trace.bytes_written;
+        r->trace_records = r->trace.records;
+        r->trace_hash = r->trace.hash;
+    }
+    ckpt_host host;
+    memset(&host, 0, sizeof host);
+    host.state = r->state;
+    // The loop saves before it stages the next step's batch, so each feed stands after the
+    // batches of the steps done (runtime/schedule.h): its cursor is the state's.
+    host.state.train = r->train_feed.cursor;
+    host.state.train_plain = r->train_plain.cursor;
+    if (r->has_eval) host.state.eval = r->eval_feed.cursor;
+    host.trace_bytes = r->trace_bytes;
+    host.trace_records = r->trace_records;
+    host.trace_hash = r->trace_hash;
+    const sched_table *t = &r->table;
+    host.rows_hash = sched_rows_hash(t, r->state.row);
+    host.row_count = t->row_count;
+    if (r->state.row < t->row_count) {
+        const sched_row *row = &t->rows[r->state.row];
+        host.row_mode = row->mode;
+        host.row_dataset = row->dataset;
+        host.row_steps = row->steps;
+    }
+    QT_TRY(ckpt_save(&r->ckpt, r->backend, &r->dev, &r->host, &host, path,
+                     r->options.ckpt_hook, r->options.ckpt_hook_ctx));
+    r->saves.count++;
+    r->saves.last_step = r->state.step;
+    r->saves.last_train_step = r->state.train_steps;
+    r->saves.seconds += run_clock() - t0;
+    return QT_OK;
+}
+
+// The schedule loop's save points (its state is r->state).
+static qt_status run_save_point(void *ctx, const sched_state *state) {
+    run *r = ctx;
+    QT_ASSERT(state == &r->state);
+    return run_save(r, r->options.save_path);
+}
+
+// The device's step counter must be the host state's step: both come from one checkpoint.
+static qt_status run_check_counter(run *r) {
+    uint64_t counter = 0;
+    QT_TRY(backend_read(r->backend, &counter, (prog_ref){&r->dev, r->model.io.counter, 0}, 8));
+    if (counter != r->state.step) {
+        return qt_fail(QT_ERR_INPUT, "%s: inconsistent: the device step counter says %llu, the "
+                       "host state %llu; the file was not written by qtrain", r->reader.path,
+                       (unsigned long long)counter, (unsigned long long)r->state.step);
+    }
+    return QT_OK;
+}
+
+static qt_status run_resume_from(run *r) {
+    ckpt_reader *rd = &r->reader;
+    QT_TRY(ckpt_match(rd, &r->ckpt));
+    const ckpt_host *host = &rd->table.host;
+    sched_row saved = {(model_mode)host->row_mode, host->row_steps,
+                       (recipe_dataset)host->row_dataset, 0};
+    if (host->row_mode >= MODEL_MODE_COUNT) {
+        return qt_fail(QT_ERR_INPUT, "%s: host state: row mode %u; the file was not written by "
+                       "qtrain", rd->path, host->row_mode);
+    }
+    QT_TRY(sched_check_position(&r->table, &host->state, host->rows_hash, saved));
+    QT_TRY(data_feed_seek(&r->train_feed, host->state.train));
+    QT_TRY(data_feed_seek(&r->train_plain, host->state.train_plain));
+    if (r->has_eval) QT_TRY(data_feed_seek(&r->eval_feed, host->state.eval));
+    QT_TRY(ckpt_load(rd, &r->ckpt, r->backend, &r->dev, &r->host));
+    r->state = host->state;
+    QT_TRY(run_check_counter(r));
+    r->trace_continues = true;
+    r->trace_bytes = host->trace_bytes;
+    r->trace_records = host->trace_records;
+    r->trace_hash = host->trace_hash;
+    r->resumed = true;
+    r->resumed_at = r->state;
+    return QT_OK;
+}
+
+qt_status run_resume(run *r, const char *path) {
+    QT_ASSERT(r->bound && r->ckpt_planned);
+    double t0 = run_clock();
+    QT_TRY(ckpt_open(&r->reader, path));
+    qt_status status = run_resume_from(r);
+    ckpt_close(&r->reader);
+    r->timings.resume_s = run_clock() - t0;
+    return status;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running
 
 qt_status run_execute(run *r, sched_progress_fn progress, void *ctx, sched_summary *out) {
     QT_ASSERT(r->bound);
@@ -242,14 +373,29 @@ qt_status run_execute(run *r, sched_progress_fn progress, void *ctx, sched_summa
     env.eval_feed = r->has_eval ? &r->eval_feed : NULL;
     env.progress = progress;
     env.progress_ctx = ctx;
+    if (r->options.save_path) {
+        QT_ASSERT(r->ckpt_planned);
+        env.save = run_save_point;
+        env.save_ctx = r;
+        env.save_every = r->options.save_every;
+    }
+    env.interrupt = r->options.interrupt;
+    env.stop_at = r->options.stop_at;
+    memset(&r->saves, 0, sizeof r->saves);
     if (r->options.trace_path) {
         QT_TRY(run_trace_open(r));
         env.trace = &r->trace;
+        r->trace_active = true;
     }
-    qt_status status = sched_run(&env, &r->table, out);
+    qt_status status = sched_run(&env, &r->table, &r->state, out);
     if (env.trace) {
         qt_status closed = trace_close(&r->trace);
         if (status == QT_OK) status = closed;
+        r->trace_active = false;
+        r->trace_continues = true;
+        r->trace_bytes = r->trace.bytes_written;
+        r->trace_records = r->trace.records;
+        r->trace_hash = r->trace.hash;
     }
     return status;
 }

@@ -5,6 +5,7 @@
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>   // snprintf, fprintf
+#include <stdlib.h>  // strtoull
 #include <string.h>
 #include <unistd.h>  // read, write, close
 
@@ -13,11 +14,14 @@
 // ---------------------------------------------------------------------------------------------
 // Formatting
 
-uint64_t trace_hash(const void *bytes, size_t n) {
+uint64_t trace_hash_more(uint64_t hash, const void *bytes, size_t n) {
     const uint8_t *p = bytes;
-    uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64 offset basis and prime
-    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
-    return h;
+    for (size_t i = 0; i < n; i++) hash = (hash ^ p[i]) * 0x100000001b3ull;  // FNV-1a 64 prime
+    return hash;
+}
+
+uint64_t trace_hash(const void *bytes, size_t n) {
+    return trace_hash_more(0xcbf29ce484222325ull, bytes, n);  // FNV-1a 64 offset basis
 }
 
 // Appends with snprintf and asserts the room: callers size `out` for the longest line.
@@ -113,15 +117,22 @@ static qt_status writer_flush(trace_writer *w) {
         }
         done += (size_t)n;
     }
+    w->hash = trace_hash_more(w->hash, w->buffer, w->used);
+    w->bytes_written += w->used;
     w->used = 0;
     return QT_OK;
 }
 
-qt_status trace_open(trace_writer *w, const char *path, const trace_header *h) {
-    if (strlen(path) >= sizeof w->path) {
+static qt_status writer_check_path(const char *path) {
+    if (strlen(path) >= TRACE_PATH_MAX) {
         return qt_fail(QT_ERR_INPUT, "trace path '%.64s...' is longer than TRACE_PATH_MAX - 1 = "
                        "%d bytes; use a shorter path", path, TRACE_PATH_MAX - 1);
     }
+    return QT_OK;
+}
+
+qt_status trace_open(trace_writer *w, const char *path, const trace_header *h) {
+    QT_TRY(writer_check_path(path));
     QT_ASSERT(h->quantizers_count <= QT_TRACE_QUANTIZERS_MAX);
     w->fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (w->fd < 0) {
@@ -131,7 +142,94 @@ qt_status trace_open(trace_writer *w, const char *path, const trace_header *h) {
     snprintf(w->path, sizeof w->path, "%s", path);
     w->quantizers_count = h->quantizers_count;
     w->records = 0;
+    w->bytes_written = 0;
+    w->hash = trace_hash(NULL, 0);
     w->used = trace_format_header(h, w->buffer, sizeof w->buffer);
+    return QT_OK;
+}
+
+// Hashes the first `bytes` bytes of fd (through the writer's buffer); false when it is shorter.
+static qt_status writer_hash_prefix(trace_writer *w, uint64_t bytes, uint64_t *hash,
+                                    bool *complete) {
+    *hash = trace_hash(NULL, 0);
+    uint64_t done = 0;
+    while (done < bytes) {
+        size_t want = bytes - done < sizeof w->buffer ? (size_t)(bytes - done) : sizeof w->buffer;
+        ssize_t n = read(w->fd, w->buffer, want);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) return qt_fail(QT_ERR_IO, "%s: cannot read: %s", w->path, strerror(errno));
+        if (n == 0) break;
+        *hash = trace_hash_more(*hash, w->buffer, (size_t)n);
+        done += (uint64_t)n;
+    }
+    *complete = done == bytes;
+    return QT_OK;
+}
+
+// The file is open read-write: is it the checkpointed run's trace, with this run's header?
+static qt_status writer_check_prefix(trace_writer *w, const trace_header *h, uint64_t bytes,
+                                     uint64_t hash) {
+    const char *fix = "name another --trace file (a new one gets the records from the "
+                      "checkpoint's step on) or remove it";
+    if (bytes == 0) {
+        return qt_fail(QT_ERR_MISMATCH, "%s exists, but the checkpoint was saved by a run "
+                       "without a trace, so there is nothing to continue; %s", w->path, fix);
+    }
+    uint64_t found = 0;
+    bool complete = false;
+    QT_TRY(writer_hash_prefix(w, bytes, &found, &complete));
+    if (!complete || found != hash) {
+        return qt_fail(QT_ERR_MISMATCH, "%s is not the trace of the checkpointed run: %s; %s",
+                       w->path, complete ? "its first bytes differ from those the checkpoint "
+                       "describes" : "it is shorter than the trace was at the checkpoint", fix);
+    }
+    // The header is the file's beginning, and this run's must be the same (--checksum-every).
+    size_t length = trace_format_header(h, w->buffer, sizeof w->buffer);
+    static char found_header[TRACE_WRITE_BUFFER_BYTES];
+    ssize_t n = pread(w->fd, found_header, length, 0);
+    if (n != (ssize_t)length || memcmp(found_header, w->buffer, length) != 0) {
+        return qt_fail(QT_ERR_MISMATCH, "%s: its header differs from this run's (another "
+                       "--checksum-every?); resume with the options of the run that wrote it, "
+                       "or %s", w->path, fix);
+    }
+    return QT_OK;
+}
+
+qt_status trace_continue(trace_writer *w, const char *path, const trace_header *h,
+                         uint64_t bytes, uint64_t hash, uint64_t records) {
+    QT_TRY(writer_check_path(path));
+    w->fd = open(path, O_RDWR | O_CLOEXEC);
+    if (w->fd < 0 && errno == ENOENT) return trace_open(w, path, h);
+    if (w->fd < 0) {
+        return qt_fail(QT_ERR_IO, "%s: cannot open the trace to continue it: %s", path,
+                       strerror(errno));
+    }
+    snprintf(w->path, sizeof w->path, "%s", path);
+    qt_status status = writer_check_prefix(w, h, bytes, hash);
+    if (status == QT_OK && (ftruncate(w->fd, (off_t)bytes) != 0 ||
+                            lseek(w->fd, (off_t)bytes, SEEK_SET) != (off_t)bytes)) {
+        status = qt_fail(QT_ERR_IO, "%s: cannot cut the trace back to the checkpoint: %s",
+                         path, strerror(errno));
+    }
+    if (status != QT_OK) {
+        close(w->fd);
+        w->fd = -1;
+        return status;
+    }
+    w->quantizers_count = h->quantizers_count;
+    w->records = records;
+    w->bytes_written = bytes;
+    w->hash = hash;
+    w->used = 0;
+    return QT_OK;
+}
+
+qt_status trace_flush(trace_writer *w, bool durable) {
+    QT_ASSERT(w->fd >= 0);
+    QT_TRY(writer_flush(w));
+    if (durable && fsync(w->fd) != 0) {
+        return qt_fail(QT_ERR_IO, "%s: cannot sync the trace: %s", w->path, strerror(errno));
+    }
     return QT_OK;
 }
 
@@ -357,10 +455,35 @@ static qt_status expect_record(const line_reader *r, const char *line) {
     return QT_OK;
 }
 
+static uint64_t record_step(const char *line) { return strtoull(line + 5, NULL, 10); }
+
+// A trace that a resumed run started in a new file begins at the checkpoint's step: the other
+// trace's records before that step have no counterpart and are skipped. *from is the step the
+// comparison starts at when one was skipped, else UINT64_MAX.
+static qt_status diff_align(line_reader *ra, char **a, bool *have_a, line_reader *rb, char **b,
+                            bool *have_b, uint64_t *from) {
+    *from = UINT64_MAX;
+    if (!*have_a || !*have_b) return QT_OK;
+    uint64_t sa = record_step(*a), sb = record_step(*b);
+    while (*have_a && sa < sb) {
+        QT_TRY(reader_next(ra, a, have_a));
+        if (*have_a) QT_TRY(expect_record(ra, *a));
+        if (*have_a) sa = record_step(*a);
+        *from = sb;
+    }
+    while (*have_b && sb < sa) {
+        QT_TRY(reader_next(rb, b, have_b));
+        if (*have_b) QT_TRY(expect_record(rb, *b));
+        if (*have_b) sb = record_step(*b);
+        *from = sa;
+    }
+    return QT_OK;
+}
+
 // Both readers are past their headers. Compares record lines until the first difference.
 static qt_status diff_records(const trace_header *h, line_reader *ra, line_reader *rb,
                               FILE *out, bool *identical) {
-    uint64_t records = 0;
+    uint64_t records = 0, from = UINT64_MAX;
     for (;;) {
         char *a, *b;
         bool have_a, have_b;
@@ -368,6 +491,7 @@ static qt_status diff_records(const trace_header *h, line_reader *ra, line_reade
         QT_TRY(reader_next(rb, &b, &have_b));
         if (have_a) QT_TRY(expect_record(ra, a));
         if (have_b) QT_TRY(expect_record(rb, b));
+        if (records == 0) QT_TRY(diff_align(ra, &a, &have_a, rb, &b, &have_b, &from));
         if (!have_a && !have_b) break;
         if (!have_a || !have_b) {
             const char *longer = have_a ? a : b;
@@ -384,7 +508,12 @@ static qt_status diff_records(const trace_header *h, line_reader *ra, line_reade
         }
         records++;
     }
-    if (*identical) fprintf(out, "identical: %" PRIu64 " records\n", records);
+    if (*identical && from != UINT64_MAX) {
+        fprintf(out, "identical: %" PRIu64 " records from step %" PRIu64 " (the other trace's "
+                "records before it are not compared)\n", records, from);
+    } else if (*identical) {
+        fprintf(out, "identical: %" PRIu64 " records\n", records);
+    }
     return QT_OK;
 }
 

@@ -21,6 +21,14 @@
 // Every bit of a record that has a meaning is printed, and nothing else (no times, no paths), so
 // two runs are bitwise identical exactly when their trace files are byte-identical; trace_diff
 // names the first step and field where they are not.
+//
+// Resumed runs. A checkpoint keeps the trace's length and hash at its step (the writer flushes
+// and fsyncs first). A run resumed from it with the same file continues that file in place
+// (trace_continue: the bytes after the checkpoint's are cut off, e.g. the records of steps a
+// crashed run wrote after its last save), so it ends byte-identical to the uninterrupted run's
+// trace. A resumed run writing to a new file starts it with the header and then the records from
+// the checkpoint's step on; trace_diff compares such a trace with a whole one from the later of
+// the two first steps.
 #ifndef QT_TRACE_H
 #define QT_TRACE_H
 
@@ -49,13 +57,17 @@ typedef struct trace_writer {
     int fd;
     char path[TRACE_PATH_MAX];
     uint32_t quantizers_count;
-    uint64_t records;
+    uint64_t records;               // in the file, those of a continued file included
+    uint64_t bytes_written;         // bytes in the file (buffered bytes not counted)
+    uint64_t hash;                  // trace_hash of those bytes
     size_t used;                    // bytes waiting in buffer
     char buffer[TRACE_WRITE_BUFFER_BYTES];
 } trace_writer;
 
-// 64-bit FNV-1a: the recipe hash of the header (and of checkpoints).
+// 64-bit FNV-1a: the recipe hash of the header (and of checkpoints). trace_hash_more continues
+// a hash with more bytes: trace_hash(ab) = trace_hash_more(trace_hash(a), b).
 uint64_t trace_hash(const void *bytes, size_t n);
+uint64_t trace_hash_more(uint64_t hash, const void *bytes, size_t n);
 
 // Formats the header lines / one record line (with its \n) into out and returns the length.
 // out_bytes must be at least TRACE_LINE_BYTES_MAX (a record) or the header's size; asserted.
@@ -65,14 +77,26 @@ size_t trace_format_record(const qt_trace_record *r, uint32_t quantizers_count, 
 
 // Creates (or truncates) the file and writes the header. QT_ERR_IO naming the path on failure.
 qt_status trace_open(trace_writer *w, const char *path, const trace_header *h);
+// Resumed runs: continues the file at `path` when its first `bytes` bytes hash to `hash` and
+// begin with this run's header (the trace of the checkpointed run, which had `records`
+// records there): cuts it to those bytes and appends after them. Creates it, like trace_open,
+// when it does not exist. QT_ERR_MISMATCH, naming the file and the fix, when it exists but is
+// not that trace (a checkpoint saved without a trace has bytes 0: any existing file is refused).
+qt_status trace_continue(trace_writer *w, const char *path, const trace_header *h,
+                         uint64_t bytes, uint64_t hash, uint64_t records);
 // Appends one record (buffered; written when the buffer fills and at trace_close).
 qt_status trace_write(trace_writer *w, const qt_trace_record *r);
+// Writes what is buffered, then (durable) fsyncs the file: bytes_written and hash then describe
+// the file on disk, as a checkpoint records them.
+qt_status trace_flush(trace_writer *w, bool durable);
 // Writes what is buffered and closes the file; the writer is done even when this fails.
 qt_status trace_close(trace_writer *w);
 
 // Compares two trace files. Prints to `out` either `identical: N records` or the first
 // difference: a header field, then the first step whose record differs, with the field and both
-// values (and the quantizer's name for amax.I / scale.I), or where one trace ends early.
+// values (and the quantizer's name for amax.I / scale.I), or where one trace ends early. When
+// one trace starts at a later step (a resumed run's new file), the other's records before it
+// are skipped and the report says `identical: N records from step S (...)`.
 // *identical is true when the files are equal field for field. QT_ERR_IO when a file cannot be
 // read, QT_ERR_INPUT (file:line) when one is not a qtrain trace.
 qt_status trace_diff(const char *path_a, const char *path_b, FILE *out, bool *identical);

@@ -1,19 +1,22 @@
 // qtrain: the command-line tool. `qtrain run RECIPE` trains, `qtrain plan RECIPE` prints what
 // a run would do and the memory it plans, `qtrain info` reports the driver, the GPU and the
 // loaded kernels (or says that the reference backend will be used), `qtrain diff A B` compares
-// traces.
+// traces, `qtrain export CKPT OUT` writes a checkpoint's weights as safetensors.
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>  // the GPU opens while the datasets load
+#include <signal.h>   // sigaction: Ctrl-C ends a run at a step boundary
 #include <stdio.h>
 #include <stdlib.h>  // aligned_alloc, strtoull
 #include <string.h>
+#include <sys/stat.h>  // stat: is --save the file --resume names?
 #include <time.h>    // clock_gettime
-#include <unistd.h>  // isatty
+#include <unistd.h>  // isatty, write, _exit
 
 #include "backend.h"  // backend_open_gpu, kernel attributes
 #include "bench.h"    // bench_main
 #include "gemm_tier.h"  // gemm_tier_describe
+#include "export.h"   // export_safetensors
 #include "run.h"      // run_plan, run_bind, run_execute
 #include "trace.h"    // trace_diff
 
@@ -22,9 +25,12 @@ static void print_usage(FILE *out) {
             "usage: qtrain COMMAND\n"
             "  run RECIPE [--trace F] [--eager] [--ref] [--steps N] [--seed S]\n"
             "             [--checksum-every K] [--profile] [--emulated-gemm auto|kernel|copies]\n"
+            "             [--save CKPT [--save-every N]] [--resume CKPT]\n"
             "          train through the recipe's schedule table: every step a replayed CUDA\n"
             "          graph (--eager: launched op by op; --ref or no GPU: the reference backend;\n"
-            "          --profile: afterwards, time every op of each mode and the graph replay)\n"
+            "          --profile: afterwards, time every op of each mode and the graph replay;\n"
+            "          --save: a checkpoint at the end, at Ctrl-C and every N train steps;\n"
+            "          --resume: continue, bit for bit, from a checkpoint)\n"
             "  plan RECIPE [--steps N] [--seed S] [--emulated-gemm auto|kernel|copies]\n"
             "          the layers and their quantizers, padding and GEMM decisions, the schedule,\n"
             "          the program of each mode and the memory map\n"
@@ -34,7 +40,10 @@ static void print_usage(FILE *out) {
             "          (gemm: next to cuBLASLt; --quick: the 4096^3 and 8192^3 GEMMs only)\n"
             "  diff A B\n"
             "          compare two trace files: the first differing step and field; exit 0 when\n"
-            "          identical, 1 when they differ, 2 on error\n");
+            "          identical, 1 when they differ, 2 on error\n"
+            "  export CKPT OUT.safetensors [--quantized] [--force]\n"
+            "          a checkpoint's FP32 master weights (--quantized: also the codes and\n"
+            "          scales of every usage) as safetensors; --force replaces OUT\n");
 }
 
 static int command_info(void) {
@@ -97,6 +106,7 @@ typedef struct cli_args {
     run_options options;
     bool ref;
     uint32_t profile_reps;  // --profile: launches per op when timing the programs after the run
+    const char *resume_path;
 } cli_args;
 
 static bool parse_u64_arg(const char *flag, const char *text, uint64_t *out) {
@@ -147,6 +157,12 @@ static bool parse_run_args(int argc, char **argv, bool plan, cli_args *a) {
                         "'%s'\n", argv[1], how);
                 return false;
             }
+        } else if (!plan && strcmp(arg, "--save") == 0 && has_value) {
+            a->options.save_path = argv[++i];
+        } else if (!plan && strcmp(arg, "--save-every") == 0 && has_value) {
+            if (!parse_u64_arg(arg, argv[++i], &a->options.save_every)) return false;
+        } else if (!plan && strcmp(arg, "--resume") == 0 && has_value) {
+            a->resume_path = argv[++i];
         } else if (arg[0] != '-' && !a->recipe_path) {
             a->recipe_path = arg;
         } else {
@@ -154,8 +170,21 @@ static bool parse_run_args(int argc, char **argv, bool plan, cli_args *a) {
             return false;
         }
     }
-    if (!a->recipe_path) fprintf(stderr, "qtrain %s: expected a recipe file\n", argv[1]);
-    return a->recipe_path != NULL;
+    if (!a->recipe_path) {
+        fprintf(stderr, "qtrain %s: expected a recipe file\n", argv[1]);
+        return false;
+    }
+    if (a->options.save_every && !a->options.save_path) {
+        fprintf(stderr, "qtrain run: --save-every needs --save CKPT (the file to write)\n");
+        return false;
+    }
+    a->options.checkpoints = a->resume_path != NULL;
+    struct stat save, resume;
+    a->options.save_replaces = a->resume_path && a->options.save_path &&
+                               stat(a->resume_path, &resume) == 0 &&
+                               stat(a->options.save_path, &save) == 0 &&
+                               save.st_dev == resume.st_dev && save.st_ino == resume.st_ino;
+    return true;
 }
 
 static int fail_status(const char *command, qt_status status) {
@@ -222,6 +251,26 @@ static double step_median_ms(const sched_summary *s, uint64_t *kept) {
     return n % 2 ? sorted[n / 2] : 0.5 * ((double)sorted[n / 2 - 1] + sorted[n / 2]);
 }
 
+// The lines about where the run started and stopped, and its checkpoints.
+static void print_position(const cli_args *a, const run *r, int signal_number) {
+    const sched_state *st = &r->state;
+    if (r->resumed) {
+        printf("resumed      from %s at step %" PRIu64 " (train step %" PRIu64 "), loaded in "
+               "%.3f s\n", a->resume_path, r->resumed_at.step, r->resumed_at.train_steps,
+               r->timings.resume_s);
+    }
+    if (signal_number) {
+        printf("interrupted  by %s at step %" PRIu64 " (train step %" PRIu64 ")\n",
+               signal_number == SIGTERM ? "SIGTERM" : "SIGINT", st->step, st->train_steps);
+    }
+    const run_saves *sv = &r->saves;
+    if (sv->count) {
+        printf("checkpoint   %s at step %" PRIu64 " (train step %" PRIu64 "); %u saves, %.3f s "
+               "in all\n", a->options.save_path, sv->last_step, sv->last_train_step, sv->count,
+               sv->seconds);
+    }
+}
+
 static void print_summary(const sched_summary *s, const run *r, double wall_s,
                           double open_s) {
     printf("steps        %" PRIu64 " train (%" PRIu64 " skipped), %" PRIu64 " eval, %" PRIu64
@@ -261,6 +310,41 @@ static void *alloc_arena(uint64_t bytes) {
     return aligned_alloc(256, rounded ? rounded : 256);
 }
 
+// Ctrl-C (SIGINT) or SIGTERM: the first asks the loop to stop at the next step boundary (it
+// drains, flushes the trace, saves with --save, and the summary follows); a second one exits at
+// once. Handlers are installed for the loop only: before it nothing is lost by dying.
+static volatile sig_atomic_t stop_signal;
+
+static void on_stop_signal(int signal_number) {
+    if (stop_signal) {
+        static const char message[] = "\nqtrain run: second interrupt: exiting at once\n";
+        ssize_t ignored = write(2, message, sizeof message - 1);
+        (void)ignored;
+        _exit(128 + signal_number);
+    }
+    stop_signal = signal_number;
+}
+
+static void catch_stop_signals(bool on) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on ? on_stop_signal : SIG_DFL;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
+static qt_status resume_run(const cli_args *a) {
+    QT_TRY(run_resume(&the_run, a->resume_path));
+    const sched_state *st = &the_run.state;
+    fprintf(stderr, "qtrain run: resumed from %s at step %" PRIu64 " (train step %" PRIu64
+            ")%s\n", a->resume_path, st->step, st->train_steps,
+            st->row == the_run.table.row_count ? "; the schedule is complete, nothing is left "
+                                                 "to run" : "");
+    return QT_OK;
+}
+
 static int run_with_backend(const cli_args *a, backend *b, double start, double open_s) {
     void *ref_dev = NULL, *ref_host = NULL;
     if (b->kind == BACKEND_REF) {
@@ -279,17 +363,27 @@ static int run_with_backend(const cli_args *a, backend *b, double start, double 
             : a->options.eager     ? "eager launches"
                                    : "CUDA graphs");
     qt_status status = run_bind(&the_run, b, ref_dev, ref_host);
+    if (status == QT_OK && a->resume_path) status = resume_run(a);
     sched_summary summary;
     progress_state progress = {isatty(2) != 0, -1.0, 0};
-    if (status == QT_OK) status = run_execute(&the_run, print_progress, &progress, &summary);
     if (status == QT_OK) {
+        catch_stop_signals(true);
+        status = run_execute(&the_run, print_progress, &progress, &summary);
+        catch_stop_signals(false);
+    }
+    if (stop_signal && progress.tty) fputc('\n', stderr);  // after a progress line's \r
+    if (status == QT_OK) {
+        print_position(a, &the_run, stop_signal);
         print_summary(&summary, &the_run, now_seconds() - start, open_s);
-        if (a->profile_reps) status = run_profile(&the_run, a->profile_reps, stdout);
+        if (a->profile_reps && !stop_signal) {
+            status = run_profile(&the_run, a->profile_reps, stdout);
+        }
     }
     run_close(&the_run);
     free(ref_dev);
     free(ref_host);
-    return status == QT_OK ? 0 : fail_status("run", status);
+    if (status != QT_OK) return fail_status("run", status);
+    return stop_signal ? 128 + stop_signal : 0;
 }
 
 // Opening the GPU (driver, context, kernel modules) and reading the datasets take about as long
@@ -327,6 +421,7 @@ static int command_run(int argc, char **argv) {
     double start = now_seconds();
     cli_args a;
     if (!parse_run_args(argc, argv, false, &a)) return 2;
+    a.options.interrupt = &stop_signal;
     static backend b;  // large (module tables)
     static open_job job;
     job = (open_job){&b, a.ref, false, QT_OK, 0.0, ""};
@@ -371,6 +466,44 @@ static int command_diff(int argc, char **argv) {
     return identical ? 0 : 1;
 }
 
+// `qtrain export CKPT OUT [--quantized] [--force]`.
+static int command_export(int argc, char **argv) {
+    const char *paths[2] = {NULL, NULL};
+    bool quantized = false, force = false;
+    int count = 0;
+    for (int i = 2; i < argc; i++) {
+        if (strcmp(argv[i], "--quantized") == 0) {
+            quantized = true;
+        } else if (strcmp(argv[i], "--force") == 0) {
+            force = true;
+        } else if (argv[i][0] != '-' && count < 2) {
+            paths[count++] = argv[i];
+        } else {
+            fprintf(stderr, "qtrain export: unexpected argument '%s'\n", argv[i]);
+            return 2;
+        }
+    }
+    if (count != 2) {
+        fprintf(stderr, "usage: qtrain export CKPT OUT.safetensors [--quantized] [--force]\n");
+        return 2;
+    }
+    static ckpt_reader reader;  // the checkpoint's table (large)
+    void *buffer = aligned_alloc(256, EXPORT_BUFFER_BYTES);
+    if (!buffer) {
+        fprintf(stderr, "qtrain export: cannot allocate %d bytes\n", (int)EXPORT_BUFFER_BYTES);
+        return 1;
+    }
+    qt_status status = export_safetensors(&reader, paths[0], paths[1], quantized, force, buffer,
+                                          EXPORT_BUFFER_BYTES);
+    free(buffer);
+    if (status != QT_OK) return fail_status("export", status);
+    const ckpt_header *h = &reader.table.header;
+    printf("exported %s (%s, step %" PRIu64 ", train step %" PRIu64 ", %" PRIu32
+           " parameters%s) to %s\n", paths[0], h->recipe_name, h->step, h->train_steps,
+           h->param_count, quantized ? " with their quantized copies" : "", paths[1]);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2 || strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0) {
         print_usage(argc < 2 ? stderr : stdout);
@@ -381,6 +514,7 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "diff") == 0) return command_diff(argc, argv);
     if (strcmp(argv[1], "run") == 0) return command_run(argc, argv);
     if (strcmp(argv[1], "plan") == 0) return command_plan(argc, argv);
+    if (strcmp(argv[1], "export") == 0) return command_export(argc, argv);
     fprintf(stderr, "qtrain: unknown command '%s'\n", argv[1]);
     print_usage(stderr);
     return 2;
