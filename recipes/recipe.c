@@ -813,21 +813,29 @@ static qt_status parse_synthetic(parser *p, const token *v, uint32_t n, recipe_s
     return option_require(&p->at, names, 0x7u, seen, owner);
 }
 
+// `idx IMAGES LABELS` and `npy FEATURES LABELS_OR_TARGETS`: two paths.
+static qt_status parse_paths(parser *p, const token *v, uint32_t n, const char *usage,
+                             recipe_source *s) {
+    if (n < 3) return fail(&p->at, p->at.end_col, "expected '%s', found end of line", usage);
+    QT_TRY(path_copy(p, &v[1], s->images));
+    QT_TRY(path_copy(p, &v[2], s->labels));
+    return expect_end(&p->at, v, n, 3);
+}
+
 static qt_status parse_source(parser *p, const token *v, uint32_t n, recipe_source *s) {
     memset(s, 0, sizeof *s);
     s->line = p->at.line;
     s->col = v[0].col;
     if (strcmp(v[0].text, "idx") == 0) {
-        if (n < 3) {
-            return fail(&p->at, p->at.end_col, "expected 'idx IMAGES LABELS', found end of line");
-        }
         s->kind = RECIPE_SOURCE_IDX;
-        QT_TRY(path_copy(p, &v[1], s->images));
-        QT_TRY(path_copy(p, &v[2], s->labels));
-        return expect_end(&p->at, v, n, 3);
+        return parse_paths(p, v, n, "idx IMAGES LABELS", s);
+    }
+    if (strcmp(v[0].text, "npy") == 0) {
+        s->kind = RECIPE_SOURCE_NPY;
+        return parse_paths(p, v, n, "npy FEATURES LABELS_OR_TARGETS", s);
     }
     if (strcmp(v[0].text, "synthetic") == 0) return parse_synthetic(p, v, n, s);
-    return fail(&p->at, v[0].col, "unknown data source '%.*s'; expected idx or synthetic",
+    return fail(&p->at, v[0].col, "unknown data source '%.*s'; expected idx, npy or synthetic",
                 QUOTE_BYTES, v[0].text);
 }
 
@@ -1198,17 +1206,21 @@ static qt_status finish_model(const parser *p) {
 }
 
 static qt_status check_source(const parser *p, const recipe_source *s) {
-    static const char *const kinds[] = {"none", "idx", "synthetic teacher", "synthetic classes"};
+    static const char *const kinds[] = {"none", "idx", "synthetic teacher", "synthetic classes",
+                                        "npy"};
     const recipe_model *m = &p->r->model;
     const char *file = p->at.file;
+    // An .npy pair holds labels or targets, and its widths, as its files say: runtime/data.c
+    // checks them against the model and the loss when it reads the headers.
+    if (s->kind == RECIPE_SOURCE_NPY) return QT_OK;
     bool labels = s->kind == RECIPE_SOURCE_IDX || s->kind == RECIPE_SOURCE_CLASSES;
     if (m->loss == RECIPE_LOSS_SOFTMAX_XENT && !labels) {
         return recipe_fail_at(QT_ERR_INPUT, file, s->line, s->col, "loss softmax_xent needs class "
-                              "labels (idx or synthetic classes), found %s", kinds[s->kind]);
+                              "labels (idx, npy or synthetic classes), found %s", kinds[s->kind]);
     }
     if (m->loss == RECIPE_LOSS_MSE && labels) {
         return recipe_fail_at(QT_ERR_INPUT, file, s->line, s->col, "loss mse needs regression "
-                              "targets (synthetic teacher), found %s", kinds[s->kind]);
+                              "targets (npy or synthetic teacher), found %s", kinds[s->kind]);
     }
     if (s->kind == RECIPE_SOURCE_IDX) return QT_OK;  // widths are known once the files are read
     if (s->inputs != m->input_features) {

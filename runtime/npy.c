@@ -194,22 +194,29 @@ static bool find_dtype(const char *descr, npy_dtype *out) {
     return false;
 }
 
-// "a 2-D array of float32 ('<f4') or uint8 ('|u1')".
+// "a 2-D array of float32 ('<f4') or uint8 ('|u1')", "a 1-D array of ... or a 2-D array of ...".
 static void describe_expect(const npy_expect *e, char *out, size_t bytes) {
-    size_t used = (size_t)snprintf(out, bytes, "a %u-D array of ", e->rank);
-    uint32_t listed = 0, count = (uint32_t)__builtin_popcount(e->dtypes);
-    for (int d = 0; d < NPY_DTYPE_COUNT && used < bytes; d++) {
-        if (!(e->dtypes & NPY_DTYPE_BIT(d))) continue;
-        const char *sep = listed == 0 ? "" : listed + 1 == count ? " or " : ", ";
-        used += (size_t)snprintf(out + used, bytes - used, "%s%s ('%s')", sep, npy_dtypes[d].name,
-                                 npy_dtypes[d].descr);
-        listed++;
+    size_t used = 0;
+    out[0] = '\0';
+    for (uint32_t rank = 1; rank <= 2; rank++) {
+        uint32_t mask = e->dtypes[rank];
+        if (mask == 0 || used >= bytes) continue;
+        used += (size_t)snprintf(out + used, bytes - used, "%sa %u-D array of ",
+                                 used ? " or " : "", rank);
+        uint32_t listed = 0, count = (uint32_t)__builtin_popcount(mask);
+        for (int d = 0; d < NPY_DTYPE_COUNT && used < bytes; d++) {
+            if (!(mask & NPY_DTYPE_BIT(d))) continue;
+            const char *sep = listed == 0 ? "" : listed + 1 == count ? " or " : ", ";
+            used += (size_t)snprintf(out + used, bytes - used, "%s%s ('%s')", sep,
+                                     npy_dtypes[d].name, npy_dtypes[d].descr);
+            listed++;
+        }
     }
 }
 
 static qt_status check_header(const char *path, const npy_header *h, const npy_expect *e,
                               npy_info *info) {
-    char shape[128], found[48], wanted[160];
+    char shape[128], found[48], wanted[320];
     format_shape(h->dims, h->rank, shape, sizeof shape);
     describe_descr(h->descr, found, sizeof found);
     describe_expect(e, wanted, sizeof wanted);
@@ -219,8 +226,8 @@ static qt_status check_header(const char *path, const npy_header *h, const npy_e
                        wanted);
     }
     npy_dtype dtype = NPY_DTYPE_COUNT;
-    if (!find_dtype(h->descr, &dtype) || !(e->dtypes & NPY_DTYPE_BIT(dtype)) ||
-        h->rank != e->rank) {
+    if (!find_dtype(h->descr, &dtype) || h->rank < 1 || h->rank > 2 ||
+        !(e->dtypes[h->rank] & NPY_DTYPE_BIT(dtype))) {
         return qt_fail(QT_ERR_INPUT, "%s: found dtype '%s' (%s) and shape %s; %s takes %s: "
                        "convert it in NumPy (a.astype(...), a.reshape(...)) and save it again",
                        path, h->descr, found, shape, e->role, wanted);
@@ -346,26 +353,12 @@ static qt_status open_file(const char *path, int *fd) {
     return QT_OK;
 }
 
-qt_status npy_probe(const char *path, const npy_expect *expect, npy_info *info) {
-    QT_ASSERT(expect->rank == 1 || expect->rank == 2);
-    int fd;
-    QT_TRY(open_file(path, &fd));
-    qt_status status = read_info(fd, path, expect, info);
-    close(fd);
-    return status;
-}
-
-qt_status npy_open(npy_reader *r, const char *path, const npy_info *probed) {
+qt_status npy_open(npy_reader *r, const char *path, const npy_expect *expect) {
+    QT_ASSERT(expect->dtypes[0] == 0 && (expect->dtypes[1] | expect->dtypes[2]) != 0);
     memset(r, 0, sizeof *r);
     r->path = path;
     QT_TRY(open_file(path, &r->fd));
-    // The probe accepted exactly this dtype and rank.
-    npy_expect same = {"the file", probed->rank, NPY_DTYPE_BIT(probed->dtype)};
-    qt_status status = read_info(r->fd, path, &same, &r->info);
-    if (status == QT_OK && memcmp(&r->info, probed, sizeof *probed) != 0) {
-        status = qt_fail(QT_ERR_MISMATCH, "%s: the file changed since it was probed; do not "
-                         "replace data files while qtrain starts", path);
-    }
+    qt_status status = read_info(r->fd, path, expect, &r->info);
     if (status != QT_OK) close(r->fd);
     return status;
 }
@@ -384,6 +377,14 @@ qt_status npy_read(npy_reader *r, void *dst, uint64_t bytes) {
 }
 
 void npy_close(npy_reader *r) { close(r->fd); }
+
+qt_status npy_probe(const char *path, const npy_expect *expect, npy_info *info) {
+    npy_reader r;
+    QT_TRY(npy_open(&r, path, expect));
+    *info = r.info;
+    npy_close(&r);
+    return QT_OK;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Writing

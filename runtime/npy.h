@@ -57,11 +57,11 @@ typedef struct npy_info {
     uint64_t data_bytes;    // shape[0] * shape[1] * npy_dtype_bytes(dtype)
 } npy_info;
 
-// What a role accepts; role names the array in messages ("FEATURES", "the input").
+// What a role accepts, by rank: dtypes[1] for 1-D arrays, dtypes[2] for 2-D ones (bits of
+// NPY_DTYPE_BIT; 0: that rank is refused). role names the array in messages ("FEATURES").
 typedef struct npy_expect {
     const char *role;
-    uint32_t rank;          // 1 or 2
-    uint32_t dtypes;        // NPY_DTYPE_BIT of each accepted dtype
+    uint32_t dtypes[3];
 } npy_expect;
 
 typedef struct npy_reader {
@@ -83,17 +83,17 @@ const char *npy_dtype_descr(npy_dtype dtype);
 // "float32", "uint8", "int32", "int64".
 const char *npy_dtype_name(npy_dtype dtype);
 
-// Reads and checks the header and the file's size against expect. QT_ERR_IO when the file
-// cannot be opened or read, QT_ERR_INPUT for anything else (not an .npy file, a malformed or
-// unsupported header, a dtype or rank the role does not take, a truncated file, trailing bytes).
-qt_status npy_probe(const char *path, const npy_expect *expect, npy_info *info);
-
-// Opens a probed file for reading its data; QT_ERR_MISMATCH when its header or size changed
-// since npy_probe gave `probed`.
-qt_status npy_open(npy_reader *r, const char *path, const npy_info *probed);
+// Opens the file, reads and checks its header and its size against expect; r->info describes
+// the array and the data follow. QT_ERR_IO when the file cannot be opened or read, QT_ERR_INPUT
+// for anything else (not an .npy file, a malformed or unsupported header, a dtype or rank the
+// role does not take, a truncated file, trailing bytes). Nothing is open after a failure.
+qt_status npy_open(npy_reader *r, const char *path, const npy_expect *expect);
 // The next `bytes` bytes of data (QT_ERR_INPUT if the file ends first: it changed while read).
 qt_status npy_read(npy_reader *r, void *dst, uint64_t bytes);
 void npy_close(npy_reader *r);
+
+// npy_open and npy_close: the header alone.
+qt_status npy_probe(const char *path, const npy_expect *expect, npy_info *info);
 
 // Formats the header of an array (magic to the \n before the data) into out and returns its
 // length, a multiple of NPY_ALIGN; out must hold NPY_ALIGN * 4 bytes.

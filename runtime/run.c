@@ -19,20 +19,40 @@ qt_status run_backend_open(backend *b, bool ref, bool *fell_back) {
 // ---------------------------------------------------------------------------------------------
 // Planning
 
+// An .npy pair's labels or targets are known once its files are read (the recipe parser checks
+// the other sources against the loss).
+static qt_status run_check_targets(const run *r, const recipe_source *src, const data_info *info) {
+    bool labels = info->target_type == DATA_TARGET_LABEL;
+    bool classification = r->recipe->model.loss == RECIPE_LOSS_SOFTMAX_XENT;
+    if (src->kind != RECIPE_SOURCE_NPY || labels == classification) return QT_OK;
+    return qt_fail(QT_ERR_INPUT, "%s (recipe line %u): %s holds %s, but the recipe's loss is %s; "
+                   "expected %s", r->recipe->file_name, src->line, src->labels,
+                   labels ? "class labels (1-D)" : "regression targets (2-D float32)",
+                   classification ? "softmax_xent" : "mse",
+                   classification ? "1-D integer class labels, or `loss = mse`"
+                                  : "2-D float32 targets (samples, outputs), or "
+                                    "`loss = softmax_xent`");
+}
+
+static const char *run_input_name(data_input_type type) {
+    return type == DATA_INPUT_U8 ? "uint8 (IDX, npy uint8)" : "float32 (synthetic, npy float32)";
+}
+
 static qt_status run_probe(run *r) {
     const recipe *rc = r->recipe;
     uint32_t in = rc->model.input_features, out = rc->model.output_features;
     QT_TRY(data_probe(&rc->data.train, in, out, &r->train_info));
+    QT_TRY(run_check_targets(r, &rc->data.train, &r->train_info));
     r->has_eval = rc->data.eval.kind != RECIPE_SOURCE_NONE;
     if (!r->has_eval) return QT_OK;
     QT_TRY(data_probe(&rc->data.eval, in, out, &r->eval_info));
+    QT_TRY(run_check_targets(r, &rc->data.eval, &r->eval_info));
     // One staging layout serves both feeds, and it keeps the inputs in the dataset's type.
     if (r->eval_info.input_type != r->train_info.input_type) {
         return qt_fail(QT_ERR_INPUT, "%s: the train data has %s inputs but the eval data %s; "
-                       "expected both IDX files or both synthetic sources in [data]",
-                       rc->file_name,
-                       r->train_info.input_type == DATA_INPUT_U8 ? "IDX (u8)" : "synthetic",
-                       r->eval_info.input_type == DATA_INPUT_U8 ? "IDX (u8)" : "synthetic");
+                       "expected inputs of one type in [data]", rc->file_name,
+                       run_input_name(r->train_info.input_type),
+                       run_input_name(r->eval_info.input_type));
     }
     return QT_OK;
 }

@@ -273,6 +273,27 @@ static char *build(int line, char mode, const char *text) {
     return out;
 }
 
+// `npy FEATURES LABELS_OR_TARGETS` parses with either loss: whether the second file holds labels
+// or targets is known once it is read (runtime/data.c checks it against the loss).
+static void test_npy_source(void) {
+    test_begin("parse_npy_source_with_either_loss");
+    const char *text = build(12, 'R', "train = npy data/x.npy data/y.npy");
+    qt_status s = recipe_parse(text, strlen(text), "r.recipe", &R);
+    CHECK(s == QT_OK, "%s", qt_error_message());
+    CHECK(R.data.train.kind == RECIPE_SOURCE_NPY && strcmp(R.data.train.images, "data/x.npy") == 0
+              && strcmp(R.data.train.labels, "data/y.npy") == 0 && R.data.train.line == 12,
+          "source");
+    static char mse[4096];
+    snprintf(mse, sizeof mse, "%s", text);
+    char *loss = strstr(mse, "loss = softmax_xent");
+    CHECK(loss != NULL, "no loss line");
+    if (loss) memcpy(loss, "loss = mse         ", strlen("loss = softmax_xent"));
+    s = recipe_parse(mse, strlen(mse), "r.recipe", &R);
+    CHECK(s == QT_OK && R.model.loss == RECIPE_LOSS_MSE, "mse: %s", qt_error_message());
+    test_end();
+}
+
+
 typedef struct error_case {
     int line;
     char mode;
@@ -443,10 +464,10 @@ static const error_case error_cases[] = {
     {10, 'R', "adamw 0.1", IN, "r.recipe:10:7: expected an option NAME=VALUE for adamw (lr, "
      "betas, eps, wd or clip), found '0.1'"},
     // data
-    {6, 'R', "loss = mse", IN, "r.recipe:12:9: loss mse needs regression targets (synthetic "
-     "teacher), found synthetic classes"},
+    {6, 'R', "loss = mse", IN, "r.recipe:12:9: loss mse needs regression targets (npy or "
+     "synthetic teacher), found synthetic classes"},
     {12, 'R', "train = synthetic teacher inputs=4 outputs=3 samples=64", IN, "r.recipe:12:9: loss "
-     "softmax_xent needs class labels (idx or synthetic classes), found synthetic teacher"},
+     "softmax_xent needs class labels (idx, npy or synthetic classes), found synthetic teacher"},
     {12, 'R', "train = synthetic classes inputs=5 classes=3 samples=64", IN, "r.recipe:12:9: "
      "synthetic classes gives 5 inputs; expected 4, the model's input"},
     {12, 'R', "train = synthetic classes inputs=4 classes=4 samples=64", IN, "r.recipe:12:9: "
@@ -459,8 +480,12 @@ static const error_case error_cases[] = {
      "'synthetic classes', found end of line"},
     {12, 'R', "train = idx images.gz", IN, "r.recipe:12:22: expected 'idx IMAGES LABELS', found "
      "end of line"},
-    {12, 'R', "train = csv a.csv", IN, "r.recipe:12:9: unknown data source 'csv'; expected idx "
-     "or synthetic"},
+    {12, 'R', "train = npy x.npy", IN, "r.recipe:12:18: expected 'npy FEATURES "
+     "LABELS_OR_TARGETS', found end of line"},
+    {12, 'R', "train = npy x.npy y.npy z.npy", IN, "r.recipe:12:25: unexpected 'z.npy'; expected "
+     "end of line"},
+    {12, 'R', "train = csv a.csv", IN, "r.recipe:12:9: unknown data source 'csv'; expected idx, "
+     "npy or synthetic"},
     // schedule
     {15, 'R', "test 10", IN, "r.recipe:15:1: unknown schedule row 'test'; expected train, eval "
      "or infer"},
@@ -947,6 +972,7 @@ int main(void) {
     test_crlf_tabs_comments();
     test_locale();
     test_load_errors();
+    test_npy_source();
     test_error_messages();
     test_error_limits();
     test_glob();
