@@ -999,6 +999,41 @@ static qt_status parse_row_lr(parser *p, recipe_row *row, uint32_t row_index) {
     return expect_end(&p->at, t, n, 4);
 }
 
+// An infer row's `output=FILE` and `argmax`, from tokens[first]: the file gets the row's outputs.
+static qt_status parse_row_output(parser *p, recipe_row *row, uint32_t first) {
+    static const char *const names[] = {"output"};
+    const token *t = p->tokens;
+    uint32_t n = p->tokens_count, seen = 0, argmax_col = 0;
+    for (uint32_t i = first; i < n; i++) {
+        if (strcmp(t[i].text, "argmax") == 0) {
+            if (row->argmax) return fail(&p->at, t[i].col, "option 'argmax' given twice");
+            row->argmax = true;
+            argmax_col = t[i].col;
+            continue;
+        }
+        if (strchr(t[i].text, '=') == NULL) {
+            return fail_expected(&p->at, t, n, i, first == 2 ? "train, eval, output=FILE, argmax "
+                                 "or end of line" : "output=FILE, argmax or end of line");
+        }
+        uint32_t index;
+        token value;
+        QT_TRY(option_split(&p->at, &t[i], names, 1, "infer", &seen, &index, &value));
+        QT_TRY(path_copy(p, &value, row->output));
+        for (uint32_t j = 0; j < p->r->rows_count; j++) {
+            if (strcmp(p->r->rows[j].output, row->output) == 0) {
+                return fail(&p->at, value.col, "output file '%s' is also written by the infer "
+                            "row of line %u; expected one file per row", row->output,
+                            p->r->rows[j].line);
+            }
+        }
+    }
+    if (row->argmax && row->output[0] == '\0') {
+        return fail(&p->at, argmax_col, "argmax applies to the file of output=FILE; expected "
+                    "output=FILE on this row");
+    }
+    return QT_OK;
+}
+
 static qt_status parse_row(parser *p) {
     static const char *const modes[] = {"train", "eval", "infer"};
     static const char *const datasets[] = {"train", "eval"};
@@ -1029,12 +1064,19 @@ static qt_status parse_row(parser *p) {
     }
     if (m == RECIPE_MODE_TRAIN) {
         QT_TRY(parse_row_lr(p, row, index));
-    } else if (n >= 3) {
-        int d = find_name(datasets, 2, t[2].text);
-        if (d < 0) return fail_expected(&p->at, t, n, 2, "train, eval or end of line");
-        row->dataset = d == 0 ? RECIPE_DATASET_TRAIN : RECIPE_DATASET_EVAL;
-        p->rows_dataset_given |= UINT64_C(1) << index;
-        QT_TRY(expect_end(&p->at, t, n, 3));
+    } else {
+        uint32_t next = 2;
+        int d = n > 2 ? find_name(datasets, 2, t[2].text) : -1;
+        if (d >= 0) {
+            row->dataset = d == 0 ? RECIPE_DATASET_TRAIN : RECIPE_DATASET_EVAL;
+            p->rows_dataset_given |= UINT64_C(1) << index;
+            next = 3;
+        }
+        if (m == RECIPE_MODE_INFER) QT_TRY(parse_row_output(p, row, next));
+        if (m == RECIPE_MODE_EVAL && next < n) {
+            if (d >= 0) return expect_end(&p->at, t, n, next);
+            return fail_expected(&p->at, t, n, next, "train, eval or end of line");
+        }
     }
     r->rows_count++;
     return QT_OK;

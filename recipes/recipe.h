@@ -47,7 +47,9 @@
 //   [schedule]                               rows run in order
 //   train STEPS [constant LR | warmup LR -> LR | cosine LR -> LR]    default: constant optim lr
 //   eval STEPS|all [train|eval]              default dataset: eval
-//   infer STEPS|all [train|eval]             default dataset: eval if given, else train
+//   infer STEPS|all [train|eval] [output=FILE] [argmax]
+//                                            default dataset: eval if given, else train; FILE
+//                                            (.npy) gets the logits, or with argmax the classes
 //
 // Layer names (linear, moe, rmsnorm) are unique in the whole model. The roles of a moe layer NAME
 // are NAME.router (module router) and NAME.fc1, NAME.fc2 (module grouped_linear). softmax_xent
@@ -190,6 +192,8 @@ typedef struct recipe_row {
     float lr_from;
     float lr_to;
     recipe_dataset dataset;      // eval/infer rows
+    char output[RECIPE_PATH_MAX];  // infer rows: the .npy file of the outputs, or ""
+    bool argmax;                 // infer rows with an output: predicted classes, not logits
     uint32_t line;
 } recipe_row;
 

@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <fcntl.h>   // open
+#include <stdio.h>   // snprintf
 #include <string.h>
 #include <unistd.h>  // read, close
 #include <zlib.h>    // inflate, for .gz IDX files
@@ -391,6 +392,23 @@ static qt_status probe_npy(const recipe_source *src, uint32_t features, uint32_t
     info->target_type = DATA_TARGET_LABEL;  // inputs only: padding labels
     if (src->labels[0] != '\0') QT_TRY(probe_npy_targets(src, &x, outputs, info));
     info_layout(info, info->input_type == DATA_INPUT_U8 ? 1 : sizeof(float), 0);
+    return QT_OK;
+}
+
+qt_status data_source_inputs(const char *path, recipe_source *out) {
+    memset(out, 0, sizeof *out);
+    if (strlen(path) >= sizeof out->images) {
+        return qt_fail(QT_ERR_INPUT, "input path '%.64s...' is longer than %zu bytes; use a "
+                       "shorter path", path, sizeof out->images - 1);
+    }
+    snprintf(out->images, sizeof out->images, "%s", path);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return qt_fail(QT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    char magic[NPY_MAGIC_BYTES];
+    ssize_t got = read(fd, magic, sizeof magic);
+    close(fd);
+    bool npy = got == NPY_MAGIC_BYTES && memcmp(magic, NPY_MAGIC, NPY_MAGIC_BYTES) == 0;
+    out->kind = npy ? RECIPE_SOURCE_NPY : RECIPE_SOURCE_IDX;
     return QT_OK;
 }
 

@@ -174,6 +174,11 @@ typedef struct data_feed {
 qt_status data_probe(const recipe_source *src, uint32_t features, uint32_t outputs,
                      data_info *info);
 
+// The inputs-only source of a file given on its own (`qtrain infer --input`): .npy features when
+// it starts with the .npy magic, else IDX images (plain or gzip; data_probe checks the magic).
+// QT_ERR_IO when it cannot be read, QT_ERR_INPUT when the path is too long.
+qt_status data_source_inputs(const char *path, recipe_source *out);
+
 // Fills dst (DATA_ALIGN aligned, at least info->bytes) with the dataset that data_probe described:
 // IDX files are read (through zlib when they start with the gzip magic, whatever their name) and
 // checked to the last byte (same headers as when probed, no truncation, no trailing bytes, the

@@ -3,6 +3,11 @@
 #include <string.h>
 #include <time.h>  // clock_gettime
 
+#include "atomic_file.h"  // atomic_file_exists
+
+// The command-line flag that lets output files replace existing files (run_options).
+#define RUN_REPLACE_HINT "--force"
+
 qt_status run_backend_open(backend *b, bool ref, bool *fell_back) {
     *fell_back = false;
     if (!ref) {
@@ -38,9 +43,20 @@ static const char *run_input_name(data_input_type type) {
     return type == DATA_INPUT_U8 ? "uint8 (IDX, npy uint8)" : "float32 (synthetic, npy float32)";
 }
 
+// `qtrain infer`: the input file alone is the dataset.
+static qt_status run_probe_input(run *r) {
+    const recipe *rc = r->recipe;
+    QT_TRY(data_source_inputs(r->options.infer_input, &r->infer_source));
+    r->train_source = &r->infer_source;
+    return data_probe(&r->infer_source, rc->model.input_features, rc->model.output_features,
+                      &r->train_info);
+}
+
 static qt_status run_probe(run *r) {
     const recipe *rc = r->recipe;
     uint32_t in = rc->model.input_features, out = rc->model.output_features;
+    if (r->options.infer_input) return run_probe_input(r);
+    r->train_source = &rc->data.train;
     QT_TRY(data_probe(&rc->data.train, in, out, &r->train_info));
     QT_TRY(run_check_targets(r, &rc->data.train, &r->train_info));
     r->has_eval = rc->data.eval.kind != RECIPE_SOURCE_NONE;
@@ -59,6 +75,10 @@ static qt_status run_probe(run *r) {
 
 static qt_status run_table(run *r) {
     const run_options *o = &r->options;
+    if (o->infer_input) {
+        sched_table_infer(r->train_info.samples, r->recipe->data.batch, &r->table);
+        return QT_OK;
+    }
     uint64_t eval_samples = r->has_eval ? r->eval_info.samples : 0;
     QT_TRY(sched_table_build(r->recipe, r->train_info.samples, eval_samples,
                              r->recipe->data.batch, o->steps_limit, &r->table));
@@ -73,6 +93,89 @@ static qt_status run_table(run *r) {
     }
     if (o->drop_eval) sched_drop_eval(&r->table);
     return QT_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Output files of infer rows
+
+// The file and kind of outputs[index]: the recipe row's, or `qtrain infer`'s.
+static void run_output_spec(const run *r, uint32_t index, const char **path, bool *argmax) {
+    if (r->options.infer_input) {
+        QT_ASSERT(index == 0);
+        *path = r->options.infer_output;
+        *argmax = r->options.infer_argmax;
+        return;
+    }
+    QT_ASSERT(index < r->recipe->rows_count);
+    *path = r->recipe->rows[index].output;
+    *argmax = r->recipe->rows[index].argmax;
+}
+
+// One step's rows, converted for the file, in host memory planned with the rest (any row that
+// writes a file uses it; only one row runs at a time).
+static qt_status run_plan_outputs(run *r) {
+    for (uint32_t i = 0; i < r->table.row_count; i++) {
+        if (r->table.rows[i].output) r->has_outputs = true;
+    }
+    if (!r->has_outputs) return QT_OK;
+    uint64_t bytes = infer_out_scratch_bytes(r->recipe->data.batch, r->model.outputs);
+    return arena_reserve(&r->host, "infer.file_rows", bytes, 64, ARENA_CAT_STAGING,
+                         ARENA_LIFETIME_PERSISTENT, 0, &r->outputs_scratch);
+}
+
+// Before the slow part of start-up: an output file that exists stops the run now rather than
+// after training (atomic_file_create checks again when the file is made).
+static qt_status run_check_outputs(const run *r) {
+    for (uint32_t i = 0; i < r->table.row_count && !r->options.replace_outputs; i++) {
+        const sched_row *row = &r->table.rows[i];
+        const char *path;
+        bool argmax;
+        if (!row->output) continue;
+        run_output_spec(r, row->output - 1, &path, &argmax);
+        if (atomic_file_exists(path)) {
+            return qt_fail(QT_ERR_INPUT, "%s exists; qtrain does not replace files: remove it, "
+                           "choose another name, or pass %s to replace it", path,
+                           RUN_REPLACE_HINT);
+        }
+    }
+    return QT_OK;
+}
+
+static void run_outputs_abandon(run *r) {
+    for (uint32_t i = 0; i < RECIPE_SCHEDULE_ROWS_MAX; i++) infer_out_abandon(&r->outputs[i]);
+}
+
+// Creates the temporary file of every infer row that writes one.
+static qt_status run_outputs_open(run *r) {
+    for (uint32_t i = 0; i < r->table.row_count; i++) {
+        const sched_row *row = &r->table.rows[i];
+        if (!row->output) continue;
+        const char *path;
+        bool argmax;
+        run_output_spec(r, row->output - 1, &path, &argmax);
+        uint64_t samples = row->dataset == RECIPE_DATASET_EVAL ? r->eval_info.samples
+                                                                 : r->train_info.samples;
+        uint64_t rows = infer_out_rows(samples, r->recipe->data.batch, row->steps);
+        qt_status status = infer_out_open(&r->outputs[row->output - 1], path, argmax, rows,
+                                          r->recipe->data.batch, r->model.outputs,
+                                          arena_host_pointer(&r->host, r->outputs_scratch),
+                                          r->options.replace_outputs, RUN_REPLACE_HINT);
+        if (status != QT_OK) {
+            run_outputs_abandon(r);
+            return status;
+        }
+    }
+    return QT_OK;
+}
+
+static qt_status run_outputs_commit(run *r) {
+    qt_status status = QT_OK;
+    for (uint32_t i = 0; i < r->table.row_count && status == QT_OK; i++) {
+        const sched_row *row = &r->table.rows[i];
+        if (row->output) status = infer_out_commit(&r->outputs[row->output - 1]);
+    }
+    run_outputs_abandon(r);  // what was not committed after a failure
+    return status;
 }
 
 // The datasets and the shuffle order live in caller memory, not in an arena: only the host reads
@@ -123,6 +226,12 @@ qt_status run_plan(run *r, const recipe *rc, const char *text, size_t text_bytes
     r->options = *options;
     r->recipe_hash = trace_hash(text, text_bytes);
     r->seed = options->seed_given ? options->seed : rc->data.seed;
+    if (options->from_path && !options->restore) {
+        return qt_fail(QT_ERR_INPUT, "%s: cannot start from a checkpoint: this qtrain has no "
+                       "checkpoint loader; leave out --from to start from the recipe's "
+                       "initialization", options->from_path);
+    }
+    QT_ASSERT(!options->infer_input || options->infer_output);
     QT_TRY(run_probe(r));
     QT_TRY(run_table(r));
     arena_init(&r->dev, ARENA_KIND_DEVICE, "device");
@@ -134,6 +243,7 @@ qt_status run_plan(run *r, const recipe *rc, const char *text, size_t text_bytes
     mo.lr_row_count = r->table.lr_count;
     mo.data = &r->train_info;
     QT_TRY(model_plan(&r->model, rc, &r->dev, &r->host, &mo));
+    QT_TRY(run_plan_outputs(r));
     run_layout_data(r);
     QT_TRY(run_build_programs(r));
     arena_pack(&r->dev);
@@ -169,9 +279,10 @@ qt_status run_load(run *r, void *memory, uint64_t bytes) {
     const recipe *rc = r->recipe;
     uint32_t batch = rc->data.batch;
     QT_ASSERT(((uintptr_t)memory % DATA_ALIGN) == 0 && bytes >= r->data_bytes);
+    QT_TRY(run_check_outputs(r));
     double t0 = run_clock();
     uint8_t *base = memory;
-    QT_TRY(data_load(&rc->data.train, &r->train_info, base + r->data_train_offset,
+    QT_TRY(data_load(r->train_source, &r->train_info, base + r->data_train_offset,
                      r->train_info.bytes, &r->train_set));
     data_feed_init(&r->train_feed, &r->train_set, batch, true, r->seed,
                    (uint32_t *)(void *)(base + r->data_order_offset));
@@ -217,6 +328,7 @@ qt_status run_bind(run *r, backend *b, void *ref_dev, void *ref_host) {
     }
     QT_TRY(backend_run(b, &r->init));
     QT_TRY(backend_finish(b));
+    if (r->options.from_path) QT_TRY(r->options.restore(r, r->options.from_path));
     double t3 = run_clock();
     if (!r->options.eager) QT_TRY(run_capture(r));
     double t4 = run_clock();
@@ -265,11 +377,15 @@ qt_status run_execute(run *r, sched_progress_fn progress, void *ctx, sched_summa
         QT_TRY(run_trace_open(r));
         env.trace = &r->trace;
     }
-    qt_status status = sched_run(&env, &r->table, out);
+    qt_status status = r->has_outputs ? run_outputs_open(r) : QT_OK;
+    env.outputs = r->outputs;
+    if (status == QT_OK) status = sched_run(&env, &r->table, out);
     if (env.trace) {
         qt_status closed = trace_close(&r->trace);
         if (status == QT_OK) status = closed;
     }
+    if (status == QT_OK && r->has_outputs) status = run_outputs_commit(r);
+    run_outputs_abandon(r);
     return status;
 }
 
@@ -308,6 +424,7 @@ qt_status run_profile(run *r, uint32_t reps, FILE *out) {
 }
 
 void run_close(run *r) {
+    run_outputs_abandon(r);
     if (!r->backend) return;
     for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
         backend_graph_destroy(r->backend, &r->graphs[mode]);
@@ -332,10 +449,14 @@ static void run_print_table(const run *r, FILE *out) {
             (unsigned long long)t->steps[MODEL_MODE_INFER]);
     for (uint32_t i = 0; i < t->row_count && i < 64; i++) {
         const sched_row *row = &t->rows[i];
-        fprintf(out, "  %-5s %8llu steps%s\n", model_mode_name(row->mode),
+        const char *path = NULL;
+        bool argmax = false;
+        if (row->output) run_output_spec(r, row->output - 1, &path, &argmax);
+        fprintf(out, "  %-5s %8llu steps%s%s%s%s\n", model_mode_name(row->mode),
                 (unsigned long long)row->steps,
                 row->mode == MODEL_MODE_TRAIN ? ""
-                : row->dataset == RECIPE_DATASET_EVAL ? " (eval set)" : " (train set)");
+                : row->dataset == RECIPE_DATASET_EVAL ? " (eval set)" : " (train set)",
+                path ? " -> " : "", path ? path : "", argmax ? " (argmax)" : "");
     }
     if (t->row_count > 64) fprintf(out, "  ... %u more rows\n", t->row_count - 64);
     static const char *const rules[] = {"constant", "linear", "cosine"};

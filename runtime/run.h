@@ -13,7 +13,8 @@
 //   run_load      datasets read into caller memory (no backend needed)
 //   run_bind      arenas allocated and bound, programs resolved, learning-rate rows written,
 //                 init program run, one graph captured per mode (unless eager)
-//   run_execute   the schedule loop (runtime/schedule.h), with the trace file if asked for
+//   run_execute   the schedule loop (runtime/schedule.h), with the trace file if asked for and
+//                 the output files of infer rows (runtime/infer_out.h), committed at the end
 //   run_close     graphs destroyed, arenas released
 #ifndef QT_RUN_H
 #define QT_RUN_H
@@ -28,6 +29,12 @@
 #include "schedule.h"
 #include "trace.h"
 
+struct run;
+
+// Loads the checkpoint at path into a bound run whose init program has run (weights, masters,
+// optimizer and scaling state); the checkpoint module provides it.
+typedef qt_status (*run_restore_fn)(struct run *r, const char *path);
+
 typedef struct run_options {
     bool eager;               // launch the programs' ops instead of replaying graphs
     uint64_t steps_limit;     // cut the table after this many train steps; 0 = none
@@ -38,6 +45,18 @@ typedef struct run_options {
     uint64_t eval_every;      // > 0: an eval row of eval_steps steps after every k train steps
     uint64_t eval_steps;
     bool drop_eval;           // remove the table's eval and infer rows (after eval_every)
+    bool replace_outputs;     // output files (infer rows, infer_output) may replace files
+    // `qtrain infer`: one pass of infer steps over infer_input (IDX images or .npy features, no
+    // targets) instead of the recipe's [data] and [schedule]; the outputs go to infer_output
+    // (float32 logits, or int32 classes with infer_argmax). The recipe's data files are not read.
+    const char *infer_input;
+    const char *infer_output;
+    bool infer_argmax;
+    // Weights from a checkpoint instead of the recipe's initialization: run_bind calls
+    // restore(r, from_path) after the init program. from_path without restore is refused at
+    // run_plan: this build has no checkpoint loader to call.
+    const char *from_path;
+    run_restore_fn restore;
 } run_options;
 
 // Start-up phases of run_bind, wall-clock seconds (the summary prints them: start-up is part of
@@ -55,6 +74,8 @@ typedef struct run {
     run_options options;
     uint64_t seed;
     data_info train_info, eval_info;
+    const recipe_source *train_source;  // the recipe's train source, or infer_source
+    recipe_source infer_source;         // `qtrain infer`: the input file, inputs only
     bool has_eval;
     sched_table table;
     arena dev, host;
@@ -71,6 +92,9 @@ typedef struct run {
     data_set train_set, eval_set;
     data_feed train_feed, train_plain, eval_feed;
     trace_writer trace;
+    infer_out outputs[RECIPE_SCHEDULE_ROWS_MAX];  // by sched_row.output - 1, during run_execute
+    bool has_outputs;
+    arena_handle outputs_scratch;  // host: the rows of one step, converted for the file
     run_timings timings;
 } run;
 
@@ -87,7 +111,8 @@ void run_memory_bytes(const run *r, uint64_t *dev_bytes, uint64_t *host_bytes);
 
 // Caller memory (DATA_ALIGN aligned, pageable is fine) for the datasets, read by the host only.
 uint64_t run_data_bytes(const run *r);
-// Reads the datasets into it and sets up the feeds. Needs no backend, so a caller may run it
+// Refuses output files that exist (unless replace_outputs), then reads the datasets into it and
+// sets up the feeds. Needs no backend, so a caller may run it
 // while another thread opens the GPU (qtrain does: the two take about as long). The memory must
 // stay until run_close.
 qt_status run_load(run *r, void *memory, uint64_t bytes);

@@ -45,7 +45,8 @@ qt_status sched_table_build(const recipe *r, uint64_t train_samples, uint64_t ev
     uint64_t left = steps_limit ? steps_limit : UINT64_MAX;
     for (uint32_t i = 0; i < r->rows_count; i++) {
         const recipe_row *rr = &r->rows[i];
-        sched_row row = {sched_modes[rr->mode], rr->steps, rr->dataset, rr->line};
+        sched_row row = {sched_modes[rr->mode], rr->steps, rr->dataset, rr->line,
+                         rr->output[0] != '\0' ? i + 1 : 0};
         if (rr->mode == RECIPE_MODE_TRAIN) {
             if (left == 0) break;  // the cut: later rows belong to training yet to come
             if (row.steps > left) row.steps = left;
@@ -77,7 +78,7 @@ qt_status sched_interleave_eval(sched_table *t, uint64_t every, uint64_t eval_st
             piece.steps = row.steps - done < every ? row.steps - done : every;
             QT_TRY(sched_push(t, piece));
             QT_TRY(sched_push(t, (sched_row){MODEL_MODE_EVAL, eval_steps, RECIPE_DATASET_EVAL,
-                                             0}));
+                                             0, 0}));
         }
     }
     return QT_OK;
@@ -91,6 +92,14 @@ void sched_drop_eval(sched_table *t) {
     t->row_count = kept;
     t->steps[MODEL_MODE_EVAL] = 0;
     t->steps[MODEL_MODE_INFER] = 0;
+}
+
+void sched_table_infer(uint64_t samples, uint32_t batch, sched_table *t) {
+    memset(t, 0, sizeof *t);
+    t->modes[MODEL_MODE_INFER] = true;
+    sched_row row = {MODEL_MODE_INFER, data_batches_per_epoch(samples, batch),
+                     RECIPE_DATASET_TRAIN, 0, 1};
+    QT_ASSERT(sched_push(t, row) == QT_OK);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -167,14 +176,17 @@ static qt_status sched_consume(sched_loop *l, const sched_pending *pd) {
         if (row_end) l->sum->train_seconds += sched_now() - pd->row_start;
     }
     if (row->mode == MODEL_MODE_EVAL) sched_eval_accumulate(l, &rec, pd->rows_valid, row_end);
+    const uint16_t *outputs = NULL;
+    if (row->mode == MODEL_MODE_INFER) {
+        const uint8_t *slots = arena_host_pointer(m->host, m->io.outputs);
+        outputs = (const uint16_t *)(slots + (pd->step % MODEL_STAGE_SLOTS) *
+                                                 m->io.outputs_bytes);
+        if (row->output) QT_TRY(infer_out_write(&env->outputs[row->output - 1], outputs,
+                                                pd->rows_valid));
+    }
     if (!env->progress) return QT_OK;
     sched_progress p = {&rec, row->mode, pd->row, pd->row_step, row->steps, l->done, l->total,
-                        pd->rows_valid, NULL, sched_now() - l->start};
-    if (row->mode == MODEL_MODE_INFER) {
-        const uint8_t *outputs = arena_host_pointer(m->host, m->io.outputs);
-        p.outputs = (const uint16_t *)(outputs + (pd->step % MODEL_STAGE_SLOTS) *
-                                                     m->io.outputs_bytes);
-    }
+                        pd->rows_valid, outputs, sched_now() - l->start};
     env->progress(env->progress_ctx, &p);
     return QT_OK;
 }

@@ -23,6 +23,10 @@
 //            checksum program; record the event of step s
 //   then drain the last two steps.
 //
+// Reading a record also hands an infer step's outputs (the pinned slot its program copied them
+// into) to the row's output file, if it has one (runtime/infer_out.h): the read needs no
+// synchronization of its own.
+//
 // On the reference backend a launch completes before it returns, so each record is read right
 // after its step. The loop makes no allocation and no other synchronizing call, which
 // driver_sync_counts prove (sched_summary.lagged_reads is the number of waits).
@@ -31,6 +35,7 @@
 
 #include "backend.h"  // backend, backend_graph
 #include "data.h"     // data_feed, data_info
+#include "infer_out.h"  // infer_out
 #include "model.h"    // model, model_mode
 #include "optim.h"    // optim_lr_row
 #include "recipe.h"
@@ -44,6 +49,8 @@ typedef struct sched_row {
     uint64_t steps;
     recipe_dataset dataset;  // eval and infer rows
     uint32_t line;           // the recipe line it came from (0: added by sched_interleave_eval)
+    uint32_t output;         // infer rows that write a file: 1 + its index in sched_env.outputs
+                             // (the recipe row's index); 0: none
 } sched_row;
 
 typedef struct sched_table {
@@ -66,6 +73,9 @@ qt_status sched_interleave_eval(sched_table *t, uint64_t every, uint64_t eval_st
 
 // Removes every eval and infer row (the reference run of the interleaving regression).
 void sched_drop_eval(sched_table *t);
+
+// `qtrain infer`: one infer row of one pass over the (train) dataset, writing outputs[0].
+void sched_table_infer(uint64_t samples, uint32_t batch, sched_table *t);
 
 // What the loop tells its caller after each record it reads.
 typedef struct sched_progress {
@@ -95,6 +105,7 @@ typedef struct sched_env {
     data_feed *train_plain;   // the train set in file order (eval / infer rows on it)
     data_feed *eval_feed;     // the eval set in file order, or NULL
     trace_writer *trace;      // NULL: no trace
+    infer_out *outputs;       // the files of infer rows with an output (sched_row.output)
     sched_progress_fn progress;
     void *progress_ctx;
 } sched_env;

@@ -4,7 +4,14 @@
 // the byte-identical trace of the synthetic source itself, and IDX images saved as uint8 features
 // with uint8 labels to that of the IDX files (both input paths of the staging slot); a run
 // refuses .npy data that does not fit the model or the loss, by file name.
-// Run from the repository root.
+//
+// Outputs to files: a recipe's infer rows write .npy files whose argmax predictions reproduce
+// the eval pass's accuracy exactly and whose logits give its loss, one row per sample (padding
+// dropped, passes repeated in order); `qtrain infer` writes the logits of a one-layer model as a
+// direct C computation from its weights gives them, reproduces the eval accuracy of the
+// recipe's initial weights, reads IDX and .npy inputs alike, and refuses what it must (an
+// existing output without --force, --from without a checkpoint loader, inputs of another
+// width). Run from the repository root.
 #include <inttypes.h>
 #include <math.h>
 #include <string.h>
@@ -12,7 +19,9 @@
 #include <sys/wait.h>  // WEXITSTATUS
 #include <unistd.h>
 
+#include "driver.h"    // driver_sync_total
 #include "npy.h"
+#include "qt_codec.h"  // qt_bf16_to_f32, qt_f32_to_bf16
 #include "run.h"
 #include "test.h"
 
@@ -71,24 +80,44 @@ static void *arena_memory(uint64_t bytes) {
     return aligned_alloc(256, ((bytes + 255) / 256 + 1) * 256);
 }
 
-// Plans, loads, binds and runs a recipe text on the reference backend.
-static qt_status run_text(const char *text, const run_options *o, sched_summary *sum) {
-    static backend b;
-    backend_open_ref(&b);
+// Called after the loop, before the run closes (a look at the weights).
+typedef void (*inspect_fn)(run *r, backend *b, void *ctx);
+static inspect_fn inspect;
+static void *inspect_ctx;
+
+static uint64_t loop_syncs;  // synchronizing driver calls during the last run's loop
+
+// Plans, loads, binds and runs a recipe text on the backend b (open).
+static qt_status run_on(backend *b, const char *text, const run_options *o, sched_summary *sum) {
     QT_TRY(recipe_parse(text, strlen(text), "t.recipe", &the_recipe));
     QT_TRY(run_plan(&the_run, &the_recipe, text, strlen(text), o));
-    uint64_t dev_bytes, host_bytes;
-    run_memory_bytes(&the_run, &dev_bytes, &host_bytes);
-    void *dev = arena_memory(dev_bytes), *host = arena_memory(host_bytes);
+    void *dev = NULL, *host = NULL;
+    if (b->kind == BACKEND_REF) {
+        uint64_t dev_bytes, host_bytes;
+        run_memory_bytes(&the_run, &dev_bytes, &host_bytes);
+        dev = arena_memory(dev_bytes);
+        host = arena_memory(host_bytes);
+    }
     void *data = arena_memory(run_data_bytes(&the_run));
     qt_status status = run_load(&the_run, data, run_data_bytes(&the_run));
-    if (status == QT_OK) status = run_bind(&the_run, &b, dev, host);
+    if (status == QT_OK) status = run_bind(&the_run, b, dev, host);
+    uint64_t syncs = driver_sync_total();
     if (status == QT_OK) status = run_execute(&the_run, NULL, NULL, sum);
+    loop_syncs = driver_sync_total() - syncs;
+    if (status == QT_OK && inspect) inspect(&the_run, b, inspect_ctx);
     run_close(&the_run);
-    backend_close(&b);
     free(dev);
     free(host);
     free(data);
+    return status;
+}
+
+// The same on the reference backend.
+static qt_status run_text(const char *text, const run_options *o, sched_summary *sum) {
+    static backend b;
+    backend_open_ref(&b);
+    qt_status status = run_on(&b, text, o, sum);
+    backend_close(&b);
     return status;
 }
 
@@ -272,6 +301,356 @@ static void test_npy_run_refusals(void) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Outputs to files
+
+// An .npy file read back whole (caller frees), with its shape.
+static void *read_npy(const char *path, npy_dtype dtype, uint32_t rank, uint64_t *rows,
+                      uint64_t *cols) {
+    npy_expect e = {"output", {0, 0, 0}};
+    e.dtypes[rank] = NPY_DTYPE_BIT(dtype);
+    npy_reader r;
+    if (npy_open(&r, path, &e) != QT_OK) {
+        CHECK(false, "%s", qt_error_message());
+        return NULL;
+    }
+    void *data = malloc(r.info.data_bytes + 1);
+    qt_status s = npy_read(&r, data, r.info.data_bytes);
+    npy_close(&r);
+    CHECK(s == QT_OK, "%s", qt_error_message());
+    *rows = r.info.shape[0];
+    *cols = r.info.shape[1];
+    return data;
+}
+
+static int32_t *read_labels(const char *path, uint64_t *rows) {
+    uint64_t cols;
+    return read_npy(path, NPY_DTYPE_I32, 1, rows, &cols);
+}
+
+// Correct predictions over the labels, as the device counts them.
+static uint64_t count_correct(const int32_t *preds, const int32_t *labels, uint64_t n) {
+    uint64_t correct = 0;
+    for (uint64_t i = 0; i < n; i++) correct += preds[i] == labels[i];
+    return correct;
+}
+
+static int32_t argmax_row(const float *row, uint64_t n) {
+    int32_t best = 0;
+    for (uint64_t j = 1; j < n; j++) best = row[j] > row[best] ? (int32_t)j : best;
+    return best;
+}
+
+// Mean softmax cross-entropy of logits against labels, in double.
+static double mean_xent(const float *logits, const int32_t *labels, uint64_t rows, uint64_t n) {
+    double sum = 0.0;
+    for (uint64_t i = 0; i < rows; i++) {
+        const float *z = logits + i * n;
+        double max = z[argmax_row(z, n)], exps = 0.0;
+        for (uint64_t j = 0; j < n; j++) exps += exp((double)z[j] - max);
+        sum += max + log(exps) - z[labels[i]];
+    }
+    return sum / (double)rows;
+}
+
+static void test_recipe_outputs(void) {
+    test_begin("infer_rows_write_outputs_matching_eval");
+    save_synthetic(512, 3, "train-x.npy", "train-y.npy");
+    save_synthetic(70, 9, "ev70-x.npy", "ev70-y.npy");  // 5 batches of 16, the last has 6 rows
+    char rows[1024];
+    snprintf(rows, sizeof rows, "train 60\neval all\ninfer all eval output=%s argmax\n"
+             "infer all output=%s\ninfer 12 output=%s\ninfer 5 train output=%s\n",
+             tmp_path("preds.npy"), tmp_path("logits.npy"), tmp_path("wrap.npy"),
+             tmp_path("train.npy"));
+    run_options o = {0};
+    sched_summary sum;
+    RUN_OK(recipe_with(pair("npy", "train-x.npy", "train-y.npy"),
+                       pair("npy", "ev70-x.npy", "ev70-y.npy"), rows), &o, &sum);
+    uint64_t n = 0, nl = 0, cols = 0, nw = 0, nt = 0;
+    int32_t *labels = read_labels(tmp_path("ev70-y.npy"), &nl);
+    int32_t *preds = read_labels(tmp_path("preds.npy"), &n);
+    float *logits = read_npy(tmp_path("logits.npy"), NPY_DTYPE_F32, 2, &n, &cols);
+    float *wrap = read_npy(tmp_path("wrap.npy"), NPY_DTYPE_F32, 2, &nw, &cols);
+    float *train = read_npy(tmp_path("train.npy"), NPY_DTYPE_F32, 2, &nt, &cols);
+    CHECK(n == 70 && nl == 70 && cols == 4 && sum.eval_samples == 70, "%" PRIu64 " rows", n);
+    if (preds && labels && logits && n == 70) {
+        uint64_t correct = count_correct(preds, labels, n);
+        CHECK((double)correct / 70.0 == sum.eval_accuracy, "predictions: %" PRIu64 "/70 correct, "
+              "eval accuracy %.9g", correct, sum.eval_accuracy);
+        int bad = 0;
+        for (uint64_t i = 0; i < n; i++) bad += argmax_row(logits + i * 4, 4) != preds[i];
+        CHECK(bad == 0, "%d rows whose logits' argmax is not the prediction", bad);
+        // The device sums float losses per batch; 1e-5 covers the rounding of 5 batch means.
+        double loss = mean_xent(logits, labels, n, 4);
+        CHECK(fabs(loss - sum.eval_loss) <= 1e-5 * sum.eval_loss, "loss from the logits %.9g, "
+              "eval loss %.9g", loss, sum.eval_loss);
+    }
+    // 12 steps of 5 per pass: two passes and two batches, 70 + 70 + 32 rows in order.
+    CHECK(nw == 172 && wrap && logits && memcmp(wrap, logits, 70 * 16) == 0 &&
+              memcmp(wrap + 70 * 4, logits, 70 * 16) == 0 &&
+              memcmp(wrap + 140 * 4, logits, 32 * 16) == 0, "wrapped rows: %" PRIu64, nw);
+    CHECK(nt == 80, "5 train steps: %" PRIu64 " rows", nt);
+    free(labels);
+    free(preds);
+    free(logits);
+    free(wrap);
+    free(train);
+    test_end();
+}
+
+static int command_output(const char *cmd, char *out, size_t bytes) {
+    char full[1024];
+    snprintf(full, sizeof full, "%s 2>&1", cmd);
+    FILE *pipe = popen(full, "r");
+    if (!pipe) return -1;
+    size_t used = fread(out, 1, bytes - 1, pipe);
+    out[used] = '\0';
+    int status = pclose(pipe);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static const char *write_recipe(const char *name, const char *text) {
+    const char *path = tmp_path(name);
+    FILE *f = fopen(path, "wb");
+    fputs(text, f);
+    fclose(f);
+    return path;
+}
+
+// The weight of a one-layer model, read from the bound run.
+typedef struct weight_copy {
+    float w[4 * 16];
+} weight_copy;
+
+static void read_weight(run *r, backend *b, void *ctx) {
+    weight_copy *c = ctx;
+    const model_param *pa = &r->model.params[0];
+    CHECK(pa->rows == 4 && pa->cols == 16, "param %s is %u x %u", pa->name, pa->rows, pa->cols);
+    prog_ref master = {&r->dev, pa->master, 0};
+    qt_status s = backend_read(b, c->w, master, sizeof c->w);
+    CHECK(s == QT_OK, "%s", qt_error_message());
+}
+
+static float bf16_round(float x) { return qt_bf16_to_f32(qt_f32_to_bf16(x)); }
+
+// `qtrain infer` of a BF16 linear layer against logits computed here from the same weights.
+static void test_infer_direct(void) {
+    test_begin("qtrain_infer_logits_direct_computation");
+    const char *layer = "[model]\ninput = 16\nlayer = linear head 4\nloss = softmax_xent\n"
+                        "[quant]\nrecipe = bf16\n[optim]\nadamw\n[data]\n";
+    char text[1024];
+    snprintf(text, sizeof text, "%strain = %s\nbatch = 16\nseed = 5\n[schedule]\neval 1 train\n",
+             layer, pair("npy", "ev70-x.npy", "ev70-y.npy"));
+    const char *recipe_path = write_recipe("one.recipe", text);
+    static weight_copy weights;
+    inspect = read_weight;
+    inspect_ctx = &weights;
+    run_options o = {0};
+    sched_summary sum;
+    RUN_OK(text, &o, &sum);
+    inspect = NULL;
+    static char out[1 << 14];
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "build/qtrain infer %s --ref --input %s --output %s", recipe_path,
+             tmp_path("ev70-x.npy"), tmp_path("direct.npy"));
+    int rc = command_output(cmd, out, sizeof out);
+    CHECK(rc == 0 && strstr(out, "70 x 4 float32 logits"), "exit %d: %s", rc, out);
+    uint64_t rows = 0, cols = 0;
+    float *x = read_npy(tmp_path("ev70-x.npy"), NPY_DTYPE_F32, 2, &rows, &cols);
+    float *y = read_npy(tmp_path("direct.npy"), NPY_DTYPE_F32, 2, &rows, &cols);
+    CHECK(rows == 70 && cols == 4, "shape %" PRIu64 " x %" PRIu64, rows, cols);
+    int bad = 0;
+    for (uint64_t i = 0; x && y && rows == 70 && i < rows * 4; i++) {
+        uint64_t s = i / 4, j = i % 4;
+        float acc = 0.0f;
+        for (int k = 0; k < 16; k++) {
+            acc += bf16_round(x[s * 16 + k]) * bf16_round(weights.w[j * 16 + k]);
+        }
+        // The GEMM sums in another order: the FP32 sums differ by a few ulps, which the BF16
+        // rounding of the output can turn into one BF16 ulp (2^-8 relative).
+        float expected = bf16_round(acc);
+        if (fabsf(y[i] - expected) > 0x1p-7f * fabsf(expected) + 1e-6f) {
+            if (bad++ < 4) printf("  row %" PRIu64 " col %" PRIu64 ": %g, expected %g\n", s, j,
+                                  (double)y[i], (double)expected);
+        }
+        bad += y[i] != bf16_round(y[i]);  // widened from BF16 exactly
+    }
+    CHECK(bad == 0, "%d logits differ from the direct computation", bad);
+    free(x);
+    free(y);
+    test_end();
+}
+
+// `qtrain infer --argmax` from the recipe's initial weights reproduces the eval accuracy of the
+// same weights; IDX and uint8 .npy inputs give the same file.
+static void test_infer_cli(void) {
+    test_begin("qtrain_infer_argmax_reproduces_eval_and_reads_idx");
+    const char *text = recipe_with(pair("npy", "tr-x.npy", "tr-y.npy"),
+                                   pair("npy", "ev-x.npy", "ev-y.npy"), "eval all\n");
+    const char *recipe_path = write_recipe("init.recipe", text);
+    run_options o = {0};
+    sched_summary sum;
+    RUN_OK(text, &o, &sum);
+    static char out[1 << 14];
+    char cmd[1024];
+    const char *outputs[] = {"from-npy.npy", "from-idx.npy"};
+    const char *inputs[] = {"ev-x.npy", "ev-images.idx"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "build/qtrain infer %s --ref --argmax --input %s --output %s",
+                 recipe_path, tmp_path(inputs[i]), tmp_path(outputs[i]));
+        int rc = command_output(cmd, out, sizeof out);
+        CHECK(rc == 0 && strstr(out, "50 int32 classes (argmax)"), "%s: exit %d: %s", inputs[i],
+              rc, out);
+    }
+    uint64_t n = 0, nl = 0;
+    int32_t *preds = read_labels(tmp_path("from-npy.npy"), &n);
+    uint64_t cols;
+    uint8_t *labels = read_npy(tmp_path("ev-y.npy"), NPY_DTYPE_U8, 1, &nl, &cols);
+    uint64_t correct = 0;
+    for (uint64_t i = 0; preds && labels && n == 50 && nl == 50 && i < n; i++) {
+        correct += preds[i] == labels[i];
+    }
+    CHECK(n == 50 && (double)correct / 50.0 == sum.eval_accuracy, "%" PRIu64 "/%" PRIu64
+          " correct, eval accuracy %.9g", correct, n, sum.eval_accuracy);
+    size_t na = 0, nb = 0;
+    char *a = slurp(tmp_path("from-npy.npy"), &na), *b = slurp(tmp_path("from-idx.npy"), &nb);
+    CHECK(a && b && na == nb && memcmp(a, b, na) == 0, "IDX and .npy inputs differ");
+    free(a);
+    free(b);
+    free(preds);
+    free(labels);
+    test_end();
+}
+
+static void expect_cli(const char *args, int rc_expected, const char *fragment) {
+    static char out[1 << 14];
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "build/qtrain %s", args);
+    int rc = command_output(cmd, out, sizeof out);
+    CHECK(rc == rc_expected && strstr(out, fragment), "qtrain %s: exit %d (expected %d), "
+          "expected '%s' in: %s", args, rc, rc_expected, fragment, out);
+}
+
+static void test_infer_refusals(void) {
+    test_begin("qtrain_infer_refusals");
+    const char *recipe_path = tmp_path("init.recipe");
+    char args[1024];
+    snprintf(args, sizeof args, "infer %s --ref --input %s --output %s", recipe_path,
+             tmp_path("ev-x.npy"), tmp_path("from-npy.npy"));
+    expect_cli(args, 1, "from-npy.npy exists; qtrain does not replace files: remove it, choose "
+               "another name, or pass --force");
+    size_t before = 0;
+    free(slurp(tmp_path("from-npy.npy"), &before));
+    char forced[1100];
+    snprintf(forced, sizeof forced, "%s --force", args);
+    expect_cli(forced, 0, "50 x 4 float32 logits");
+    snprintf(args, sizeof args, "infer %s --ref --input %s --output %s --from %s", recipe_path,
+             tmp_path("ev-x.npy"), tmp_path("new.npy"), tmp_path("weights.ckpt"));
+    expect_cli(args, 1, "cannot start from a checkpoint: this qtrain has no checkpoint loader");
+    snprintf(args, sizeof args, "infer %s --ref --input %s --output %s", recipe_path,
+             tmp_path("ev70-y.npy"), tmp_path("new.npy"));
+    expect_cli(args, 1, "FEATURES takes a 2-D array");
+    snprintf(args, sizeof args, "infer %s --ref --input %s --output %s", recipe_path,
+             tmp_path("wide.npy"), tmp_path("new.npy"));
+    expect_cli(args, 1, "17 features per sample; the model's input is 16");
+    snprintf(args, sizeof args, "infer %s --input %s", recipe_path, tmp_path("ev-x.npy"));
+    expect_cli(args, 2, "expected --input FILE and --output FILE.npy");
+    CHECK(access(tmp_path("new.npy"), F_OK) != 0, "a refused run left new.npy");
+    // A recipe's infer row is refused before training when its file exists.
+    char rows[512];
+    snprintf(rows, sizeof rows, "train 5\ninfer 1 output=%s\n", tmp_path("logits.npy"));
+    expect_run_refusal(recipe_with(pair("npy", "tr-x.npy", "tr-y.npy"), NULL, rows),
+                       "logits.npy exists", NULL);
+    test_end();
+}
+
+// ---------------------------------------------------------------------------------------------
+// GPU
+
+static const char *const schemes[] = {"bf16", "delayed", "current", "mxfp8", "block", "nvfp4"};
+
+// The tiny recipe in `scheme`, trained, evaluated, and its eval outputs written twice.
+static const char *gpu_recipe(const char *scheme, const char *tag) {
+    static char text[4096];
+    char rows[1024];
+    snprintf(rows, sizeof rows, "train 60\neval all\ninfer all eval output=%s-%s-preds.npy "
+             "argmax\ninfer all eval output=%s-%s-logits.npy\n", tmp_dir, tag, tmp_dir, tag);
+    const char *base = recipe_with(pair("npy", "train-x.npy", "train-y.npy"),
+                                   pair("npy", "ev70-x.npy", "ev70-y.npy"), rows);
+    const char *at = strstr(base, "recipe = bf16");
+    snprintf(text, sizeof text, "%.*srecipe = %s%s", (int)(at - base), base, scheme,
+             at + strlen("recipe = bf16"));
+    return text;
+}
+
+static void gpu_paths(const char *tag, char *preds, char *logits) {
+    snprintf(preds, 200, "%s-%s-preds.npy", tmp_dir, tag);
+    snprintf(logits, 200, "%s-%s-logits.npy", tmp_dir, tag);
+}
+
+// Graphs and eager launches write the same files; the predictions reproduce the eval accuracy
+// and are the logits' argmax; the loop synchronizes only for its lagged reads.
+static void test_gpu_outputs(const char *scheme) {
+    char name[96];
+    snprintf(name, sizeof name, "gpu_infer_outputs_to_files_%s", scheme);
+    static backend b;
+    memset(&b, 0, sizeof b);
+    if (backend_open_gpu(&b, 0) != QT_OK) {
+        test_skip(name, qt_error_message());
+        backend_close(&b);
+        return;
+    }
+    test_begin(name);
+    static const char *const tags[] = {"graph", "eager"};
+    sched_summary sum[2];
+    for (int i = 0; i < 2; i++) {
+        run_options o = {0};
+        o.eager = i == 1;
+        qt_status s = run_on(&b, gpu_recipe(scheme, tags[i]), &o, &sum[i]);
+        CHECK(s == QT_OK, "%s: %s", tags[i], qt_error_message());
+        uint64_t steps = sum[i].steps[0] + sum[i].steps[1] + sum[i].steps[2];
+        CHECK(s != QT_OK || (loop_syncs == sum[i].lagged_reads && sum[i].lagged_reads == steps),
+              "%s: %" PRIu64 " synchronizing calls, %" PRIu64 " lagged reads, %" PRIu64 " steps",
+              tags[i], loop_syncs, sum[i].lagged_reads, steps);
+    }
+    char pa[200], la[200], pb[200], lb[200];
+    gpu_paths("graph", pa, la);
+    gpu_paths("eager", pb, lb);
+    size_t n1 = 0, n2 = 0, n3 = 0, n4 = 0;
+    char *fa = slurp(pa, &n1), *fb = slurp(pb, &n2), *ga = slurp(la, &n3), *gb = slurp(lb, &n4);
+    CHECK(fa && fb && n1 == n2 && memcmp(fa, fb, n1) == 0, "predictions: graph and eager differ");
+    CHECK(ga && gb && n3 == n4 && memcmp(ga, gb, n3) == 0, "logits: graph and eager differ");
+    free(fa);
+    free(fb);
+    free(ga);
+    free(gb);
+    uint64_t n = 0, nl = 0, cols = 0;
+    int32_t *labels = read_labels(tmp_path("ev70-y.npy"), &nl);
+    int32_t *preds = read_labels(pa, &n);
+    float *logits = read_npy(la, NPY_DTYPE_F32, 2, &n, &cols);
+    if (labels && preds && logits && n == 70 && nl == 70) {
+        uint64_t correct = count_correct(preds, labels, n);
+        CHECK((double)correct / 70.0 == sum[0].eval_accuracy, "%" PRIu64 "/70 correct, eval "
+              "accuracy %.9g", correct, sum[0].eval_accuracy);
+        int bad = 0;
+        for (uint64_t i = 0; i < n; i++) bad += argmax_row(logits + i * 4, 4) != preds[i];
+        CHECK(bad == 0, "%d rows whose logits' argmax is not the prediction", bad);
+    } else {
+        CHECK(false, "outputs of %" PRIu64 " rows", n);
+    }
+    for (int i = 0; i < 2; i++) {
+        char p[200], l[200];
+        gpu_paths(tags[i], p, l);
+        unlink(p);
+        unlink(l);
+    }
+    free(labels);
+    free(preds);
+    free(logits);
+    backend_close(&b);
+    test_end();
+}
+
+// ---------------------------------------------------------------------------------------------
 
 int main(void) {
     snprintf(tmp_dir, sizeof tmp_dir, "/tmp/qt_test_infer_XXXXXX");
@@ -282,6 +661,11 @@ int main(void) {
     test_npy_f32_like_synthetic();
     test_npy_u8_like_idx();
     test_npy_run_refusals();
+    test_recipe_outputs();
+    test_infer_direct();
+    test_infer_cli();
+    test_infer_refusals();
+    for (size_t i = 0; i < sizeof schemes / sizeof schemes[0]; i++) test_gpu_outputs(schemes[i]);
     char command[128];
     snprintf(command, sizeof command, "rm -rf '%s'", tmp_dir);
     if (system(command) != 0) printf("  could not remove %s\n", tmp_dir);

@@ -293,6 +293,21 @@ static void test_npy_source(void) {
     test_end();
 }
 
+// Infer rows name their output file (and argmax) after the optional dataset.
+static void test_infer_output(void) {
+    test_begin("parse_infer_output_and_argmax");
+    const char *text = build(15, 'I', "infer all train output=out/logits.npy\n"
+                             "infer 3 output=preds.npy argmax\ninfer 2");
+    qt_status s = recipe_parse(text, strlen(text), "r.recipe", &R);
+    CHECK(s == QT_OK, "%s", qt_error_message());
+    CHECK(R.rows_count == 4 && strcmp(R.rows[1].output, "out/logits.npy") == 0 &&
+              !R.rows[1].argmax && R.rows[1].all && R.rows[1].dataset == RECIPE_DATASET_TRAIN,
+          "row 1");
+    CHECK(strcmp(R.rows[2].output, "preds.npy") == 0 && R.rows[2].argmax &&
+              R.rows[2].steps == 3, "row 2");
+    CHECK(R.rows[3].output[0] == '\0' && !R.rows[3].argmax, "row 3");
+    test_end();
+}
 
 typedef struct error_case {
     int line;
@@ -506,6 +521,22 @@ static const error_case error_cases[] = {
      "SOURCE' in [data] or 'eval N train', found no eval source"},
     {15, 'R', "infer all eval", IN, "r.recipe:15:1: infer row reads the eval dataset; expected "
      "'eval = SOURCE' in [data] or 'infer N train', found no eval source"},
+    {15, 'R', "infer all foo", IN, "r.recipe:15:11: expected train, eval, output=FILE, argmax or "
+     "end of line, found 'foo'"},
+    {15, 'R', "infer all argmax", IN, "r.recipe:15:11: argmax applies to the file of "
+     "output=FILE; expected output=FILE on this row"},
+    {15, 'R', "infer all train output=", IN, "r.recipe:15:24: expected a value after 'output=', "
+     "found nothing"},
+    {15, 'R', "infer all out=x.npy", IN, "r.recipe:15:11: unknown option 'out' for infer; "
+     "expected output"},
+    {15, 'R', "infer 5 train output=a.npy argmax argmax", IN, "r.recipe:15:35: option 'argmax' "
+     "given twice"},
+    {15, 'R', "infer 5 train output=a.npy train", IN, "r.recipe:15:28: expected output=FILE, "
+     "argmax or end of line, found 'train'"},
+    {15, 'R', "eval all output=a.npy", IN, "r.recipe:15:10: expected train, eval or end of line, "
+     "found 'output=a.npy'"},
+    {15, 'I', "infer 1 output=a.npy\ninfer 2 output=a.npy", IN, "r.recipe:17:16: output file "
+     "'a.npy' is also written by the infer row of line 16; expected one file per row"},
 };
 #undef IN
 
@@ -973,6 +1004,7 @@ int main(void) {
     test_locale();
     test_load_errors();
     test_npy_source();
+    test_infer_output();
     test_error_messages();
     test_error_limits();
     test_glob();
