@@ -190,7 +190,9 @@ static void run_layout_data(run *r) {
     r->data_order_offset = run_align(r->train_info.bytes);
     r->data_eval_offset = r->data_order_offset +
                           run_align(data_order_bytes(r->train_info.samples));
-    r->data_bytes = r->data_eval_offset + (r->has_eval ? run_align(r->eval_info.bytes) : 0);
+    r->data_golden_offset = r->data_eval_offset +
+                            (r->has_eval ? run_align(r->eval_info.bytes) : 0);
+    r->data_bytes = r->data_golden_offset + run_align(r->golden_bytes);
 }
 
 typedef qt_status (*run_build_fn)(model *m, program *p);
@@ -244,6 +246,7 @@ qt_status run_plan(run *r, const recipe *rc, const char *text, size_t text_bytes
     mo.data = &r->train_info;
     QT_TRY(model_plan(&r->model, rc, &r->dev, &r->host, &mo));
     QT_TRY(run_plan_outputs(r));
+    if (options->golden_path) QT_TRY(trace_check_bytes(options->golden_path, &r->golden_bytes));
     run_layout_data(r);
     QT_TRY(run_build_programs(r));
     arena_pack(&r->dev);
@@ -291,6 +294,10 @@ qt_status run_load(run *r, void *memory, uint64_t bytes) {
         QT_TRY(data_load(&rc->data.eval, &r->eval_info, base + r->data_eval_offset,
                          r->eval_info.bytes, &r->eval_set));
         data_feed_init(&r->eval_feed, &r->eval_set, batch, false, 0, NULL);
+    }
+    if (r->options.golden_path) {
+        QT_TRY(trace_check_load(&r->check, r->options.golden_path,
+                                (char *)(base + r->data_golden_offset), r->golden_bytes));
     }
     r->data_loaded = true;
     r->timings.data_s = run_clock() - t0;
@@ -341,7 +348,8 @@ qt_status run_bind(run *r, backend *b, void *ref_dev, void *ref_host) {
 // ---------------------------------------------------------------------------------------------
 // Running
 
-static qt_status run_trace_open(run *r) {
+// The trace's header: what the trace file starts with and what a golden trace must match.
+static const trace_header *run_trace_header(const run *r) {
     static trace_header h;  // 4 KiB of names
     memset(&h, 0, sizeof h);
     h.recipe_hash = r->recipe_hash;
@@ -350,7 +358,17 @@ static qt_status run_trace_open(run *r) {
     for (uint32_t i = 0; i < h.quantizers_count; i++) {
         model_trace_name(&r->model, i, h.quantizer_names[i], TRACE_NAME_MAX);
     }
-    return trace_open(&r->trace, r->options.trace_path, &h);
+    return &h;
+}
+
+// The loop with what surrounds it: the golden trace's header checked first, the output files
+// opened before and committed after.
+static qt_status run_loop(run *r, const sched_env *env, sched_summary *out) {
+    if (env->check) QT_TRY(trace_check_header(env->check, run_trace_header(r)));
+    if (r->has_outputs) QT_TRY(run_outputs_open(r));
+    QT_TRY(sched_run(env, &r->table, out));
+    if (env->check) QT_TRY(trace_check_end(env->check));
+    return r->has_outputs ? run_outputs_commit(r) : QT_OK;
 }
 
 qt_status run_execute(run *r, sched_progress_fn progress, void *ctx, sched_summary *out) {
@@ -373,19 +391,18 @@ qt_status run_execute(run *r, sched_progress_fn progress, void *ctx, sched_summa
     env.eval_feed = r->has_eval ? &r->eval_feed : NULL;
     env.progress = progress;
     env.progress_ctx = ctx;
+    env.outputs = r->outputs;
+    env.check = r->options.golden_path ? &r->check : NULL;
     if (r->options.trace_path) {
-        QT_TRY(run_trace_open(r));
+        QT_TRY(trace_open(&r->trace, r->options.trace_path, run_trace_header(r)));
         env.trace = &r->trace;
     }
-    qt_status status = r->has_outputs ? run_outputs_open(r) : QT_OK;
-    env.outputs = r->outputs;
-    if (status == QT_OK) status = sched_run(&env, &r->table, out);
+    qt_status status = run_loop(r, &env, out);
     if (env.trace) {
         qt_status closed = trace_close(&r->trace);
         if (status == QT_OK) status = closed;
     }
-    if (status == QT_OK && r->has_outputs) status = run_outputs_commit(r);
-    run_outputs_abandon(r);
+    run_outputs_abandon(r);  // a failed run leaves no output file
     return status;
 }
 

@@ -10,11 +10,12 @@
 //
 //   run_plan      data headers probed, table built, model planned, every program built, arenas
 //                 packed: `qtrain plan` stops here (no backend, no data loaded)
-//   run_load      datasets read into caller memory (no backend needed)
+//   run_load      datasets (and a golden trace) read into caller memory (no backend needed)
 //   run_bind      arenas allocated and bound, programs resolved, learning-rate rows written,
 //                 init program run, one graph captured per mode (unless eager)
-//   run_execute   the schedule loop (runtime/schedule.h), with the trace file if asked for and
-//                 the output files of infer rows (runtime/infer_out.h), committed at the end
+//   run_execute   the schedule loop (runtime/schedule.h), with the trace file if asked for, the
+//                 golden trace's check, and the output files of infer rows
+//                 (runtime/infer_out.h), committed at the end
 //   run_close     graphs destroyed, arenas released
 #ifndef QT_RUN_H
 #define QT_RUN_H
@@ -57,6 +58,9 @@ typedef struct run_options {
     // run_plan: this build has no checkpoint loader to call.
     const char *from_path;
     run_restore_fn restore;
+    // A golden trace that every record of the run must equal (`--check`): the first record
+    // that differs stops the run with QT_ERR_MISMATCH naming the step, the field and both values.
+    const char *golden_path;
 } run_options;
 
 // Start-up phases of run_bind, wall-clock seconds (the summary prints them: start-up is part of
@@ -82,6 +86,7 @@ typedef struct run {
     model model;
     uint64_t data_bytes;  // caller memory for the datasets and the shuffle order (run_load)
     uint64_t data_train_offset, data_order_offset, data_eval_offset;
+    uint64_t data_golden_offset, golden_bytes;  // the golden trace, read whole at run_load
     bool data_loaded;
     program programs[MODEL_MODE_COUNT];
     program init, checksum;
@@ -92,6 +97,7 @@ typedef struct run {
     data_set train_set, eval_set;
     data_feed train_feed, train_plain, eval_feed;
     trace_writer trace;
+    trace_checker check;  // with options.golden_path
     infer_out outputs[RECIPE_SCHEDULE_ROWS_MAX];  // by sched_row.output - 1, during run_execute
     bool has_outputs;
     arena_handle outputs_scratch;  // host: the rows of one step, converted for the file
@@ -109,7 +115,8 @@ qt_status run_plan(run *r, const recipe *rc, const char *text, size_t text_bytes
 // Bytes the reference backend needs for the device and the host arena.
 void run_memory_bytes(const run *r, uint64_t *dev_bytes, uint64_t *host_bytes);
 
-// Caller memory (DATA_ALIGN aligned, pageable is fine) for the datasets, read by the host only.
+// Caller memory (DATA_ALIGN aligned, pageable is fine) for the datasets and the golden trace,
+// read by the host only.
 uint64_t run_data_bytes(const run *r);
 // Refuses output files that exist (unless replace_outputs), then reads the datasets into it and
 // sets up the feeds. Needs no backend, so a caller may run it

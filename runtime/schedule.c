@@ -167,6 +167,7 @@ static qt_status sched_consume(sched_loop *l, const sched_pending *pd) {
                        (unsigned long long)rec.step);
     }
     if (env->trace) QT_TRY(trace_write(env->trace, &rec));
+    if (env->check) QT_TRY(trace_check_record(env->check, &rec));
     const sched_row *row = &l->t->rows[pd->row];
     bool row_end = pd->row_step == row->steps;
     l->done++;

@@ -23,9 +23,10 @@
 //            checksum program; record the event of step s
 //   then drain the last two steps.
 //
-// Reading a record also hands an infer step's outputs (the pinned slot its program copied them
-// into) to the row's output file, if it has one (runtime/infer_out.h): the read needs no
-// synchronization of its own.
+// Reading a record also checks it against the golden trace, if there is one (the first
+// difference ends the loop), and hands an infer step's outputs (the pinned slot its program
+// copied them into) to the row's output file, if it has one (runtime/infer_out.h): the read
+// needs no synchronization of its own.
 //
 // On the reference backend a launch completes before it returns, so each record is read right
 // after its step. The loop makes no allocation and no other synchronizing call, which
@@ -105,6 +106,7 @@ typedef struct sched_env {
     data_feed *train_plain;   // the train set in file order (eval / infer rows on it)
     data_feed *eval_feed;     // the eval set in file order, or NULL
     trace_writer *trace;      // NULL: no trace
+    trace_checker *check;     // NULL: no golden trace; else each record must match its own
     infer_out *outputs;       // the files of infer rows with an output (sched_row.output)
     sched_progress_fn progress;
     void *progress_ctx;

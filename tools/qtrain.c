@@ -21,11 +21,12 @@ static void print_usage(FILE *out) {
     fprintf(out,
             "usage: qtrain COMMAND\n"
             "  run RECIPE [--trace F] [--eager] [--ref] [--steps N] [--seed S]\n"
-            "             [--checksum-every K] [--profile] [--force]\n"
+            "             [--checksum-every K] [--profile] [--force] [--check GOLDEN]\n"
             "          train through the recipe's schedule table: every step a replayed CUDA\n"
             "          graph (--eager: launched op by op; --ref or no GPU: the reference backend;\n"
             "          --profile: afterwards, time every op of each mode and the graph replay;\n"
-            "          --force: infer rows' output files may replace existing files)\n"
+            "          --force: infer rows' output files may replace existing files;\n"
+            "          --check: stop at the first record that differs from a golden trace)\n"
             "  infer RECIPE --input FILE --output FILE.npy [--argmax] [--from CKPT] [--seed S]\n"
             "             [--eager] [--ref] [--force]\n"
             "          the recipe's model on every sample of FILE (IDX images or .npy features):\n"
@@ -147,6 +148,8 @@ static int parse_flag(cli_command command, int argc, char **argv, int *i, cli_ar
         return 0;
     } else if (train && strcmp(arg, "--trace") == 0) {
         o->trace_path = value;
+    } else if (train && strcmp(arg, "--check") == 0) {
+        o->golden_path = value;
     } else if (!infer && strcmp(arg, "--steps") == 0) {
         if (!parse_u64_arg(arg, value, &o->steps_limit)) return -1;
     } else if (strcmp(arg, "--seed") == 0) {
