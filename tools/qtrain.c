@@ -1,7 +1,8 @@
 // qtrain: the command-line tool. `qtrain run RECIPE` trains, `qtrain infer RECIPE` writes the
 // model's outputs for a file of inputs, `qtrain plan RECIPE` prints what a run would do and the
 // memory it plans, `qtrain info` reports the driver, the GPU and the loaded kernels (or says that
-// the reference backend will be used), `qtrain diff A B` compares traces.
+// the reference backend will be used), `qtrain diff A B` compares traces, `qtrain plot` draws
+// them.
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>  // the GPU opens while the datasets load
@@ -14,6 +15,7 @@
 #include "backend.h"  // backend_open_gpu, kernel attributes
 #include "bench.h"    // bench_main
 #include "gemm_tier.h"  // gemm_tier_describe
+#include "plot.h"     // plot_main
 #include "run.h"      // run_plan, run_bind, run_execute
 #include "trace.h"    // trace_diff
 
@@ -40,7 +42,10 @@ static void print_usage(FILE *out) {
             "          (gemm: next to cuBLASLt; --quick: the 4096^3 and 8192^3 GEMMs only)\n"
             "  diff A B\n"
             "          compare two trace files: the first differing step and field; exit 0 when\n"
-            "          identical, 1 when they differ, 2 on error\n");
+            "          identical, 1 when they differ, 2 on error\n"
+            "  plot A.trace [B.trace ...] -o curves.svg [--force]\n"
+            "          loss, eval accuracy, gradient norm and learning rate against the step,\n"
+            "          every run overlaid, as one SVG file (--force: replace an existing file)\n");
 }
 
 static int command_info(void) {
@@ -407,6 +412,7 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "info") == 0) return command_info();
     if (strcmp(argv[1], "bench") == 0) return bench_main(argc, argv);
     if (strcmp(argv[1], "diff") == 0) return command_diff(argc, argv);
+    if (strcmp(argv[1], "plot") == 0) return plot_main(argc, argv);
     if (strcmp(argv[1], "run") == 0) return command_run(argc, argv, CLI_RUN);
     if (strcmp(argv[1], "infer") == 0) return command_run(argc, argv, CLI_INFER);
     if (strcmp(argv[1], "plan") == 0) return command_plan(argc, argv);
