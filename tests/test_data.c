@@ -14,7 +14,7 @@
 #include <zlib.h>
 
 #include "data.h"
-#include "npy.h"       // npy_create: .npy sources
+#include "npy_save.h"  // npy_save: .npy sources
 #include "op_sched.h"  // op_sched_stage_u8
 #include "rig.h"
 #include "test.h"
@@ -230,19 +230,25 @@ static void test_idx_probe_reads_headers_only(void) {
     test_end();
 }
 
-// Probes (load = false) or loads images `im` with labels `lb` and checks the error.
-static void expect_failure(const char *im, const char *lb, uint32_t features, bool load_too,
-                           qt_status expected, const char *fragment) {
-    recipe_source src = idx_source(tmp_path(im), tmp_path(lb));
+// Probes (load = false) or loads the source and checks the error.
+static void expect_source_failure(const recipe_source *src, uint32_t features, bool load_too,
+                                  qt_status expected, const char *fragment) {
     data_info info;
-    qt_status status = data_probe(&src, features, CLASSES, &info);
+    qt_status status = data_probe(src, features, CLASSES, &info);
     if (load_too && status == QT_OK) {
         void *memory = aligned_alloc(DATA_ALIGN, info.bytes);
         data_set set;
-        status = data_load(&src, &info, memory, info.bytes, &set);
+        status = data_load(src, &info, memory, info.bytes, &set);
         free(memory);
     }
     CHECK_ERROR(status, expected, fragment);
+}
+
+// The same for images `im` with labels `lb`.
+static void expect_failure(const char *im, const char *lb, uint32_t features, bool load_too,
+                           qt_status expected, const char *fragment) {
+    recipe_source src = idx_source(tmp_path(im), tmp_path(lb));
+    expect_source_failure(&src, features, load_too, expected, fragment);
 }
 
 static void test_idx_errors(void) {
@@ -339,19 +345,6 @@ static void test_idx_changed_after_probe(void) {
 // ---------------------------------------------------------------------------------------------
 // .npy files
 
-static void write_npy(const char *path, npy_dtype dtype, uint32_t rank, uint64_t rows,
-                      uint64_t cols, const void *data) {
-    npy_writer w;
-    uint64_t shape[2] = {rows, cols};
-    qt_status s = npy_create(&w, path, dtype, rank, shape, true, "--force");
-    if (s == QT_OK) s = npy_write(&w, data, rows * cols * npy_dtype_bytes(dtype));
-    if (s == QT_OK) s = npy_commit(&w);
-    if (s != QT_OK) {
-        printf("  cannot write %s: %s\n", path, qt_error_message());
-        abort();
-    }
-}
-
 // An .npy file with a header of the caller's (a dtype this module does not write).
 static void write_npy_raw(const char *path, const char *dict, size_t data_bytes) {
     static uint8_t buf[1 << 16];
@@ -385,11 +378,11 @@ static void test_npy_u8_like_idx(void) {
         l32[s] = (int32_t)(s % CLASSES);
         l64[s] = s % CLASSES;
     }
-    write_npy(tmp_path("x.npy"), NPY_DTYPE_U8, 2, N, FEATURES, x);
+    npy_save(tmp_path("x.npy"), NPY_DTYPE_U8, 2, N, FEATURES, x);
     const void *labels[] = {l8, l32, l64};
     const npy_dtype types[] = {NPY_DTYPE_U8, NPY_DTYPE_I32, NPY_DTYPE_I64};
     for (int t = 0; t < 3; t++) {
-        write_npy(tmp_path("y.npy"), types[t], 1, N, 1, labels[t]);
+        npy_save(tmp_path("y.npy"), types[t], 1, N, 1, labels[t]);
         recipe_source src = npy_source(tmp_path("x.npy"), tmp_path("y.npy"));
         data_set set;
         qt_status status;
@@ -422,8 +415,8 @@ static void test_npy_f32_targets(void) {
     float x[S * F], y[S * O];
     for (int i = 0; i < S * F; i++) x[i] = (float)i * 0.25f - 7.0f;
     for (int i = 0; i < S * O; i++) y[i] = (float)i * -0.5f;
-    write_npy(tmp_path("xf.npy"), NPY_DTYPE_F32, 2, S, F, x);
-    write_npy(tmp_path("yf.npy"), NPY_DTYPE_F32, 2, S, O, y);
+    npy_save(tmp_path("xf.npy"), NPY_DTYPE_F32, 2, S, F, x);
+    npy_save(tmp_path("yf.npy"), NPY_DTYPE_F32, 2, S, O, y);
     recipe_source src = npy_source(tmp_path("xf.npy"), tmp_path("yf.npy"));
     data_set set;
     qt_status status;
@@ -443,15 +436,7 @@ static void test_npy_f32_targets(void) {
 static void expect_npy_failure(const char *x, const char *y, uint32_t features, bool load_too,
                                qt_status expected, const char *fragment) {
     recipe_source src = npy_source(tmp_path(x), tmp_path(y));
-    data_info info;
-    qt_status status = data_probe(&src, features, CLASSES, &info);
-    if (load_too && status == QT_OK) {
-        void *memory = aligned_alloc(DATA_ALIGN, info.bytes);
-        data_set set;
-        status = data_load(&src, &info, memory, info.bytes, &set);
-        free(memory);
-    }
-    CHECK_ERROR(status, expected, fragment);
+    expect_source_failure(&src, features, load_too, expected, fragment);
 }
 
 static void test_npy_errors(void) {
@@ -459,16 +444,16 @@ static void test_npy_errors(void) {
     static float x[N * FEATURES];
     int32_t labels[N];
     for (uint32_t s = 0; s < N; s++) labels[s] = (int32_t)(s % CLASSES);
-    write_npy(tmp_path("ex.npy"), NPY_DTYPE_F32, 2, N, FEATURES, x);
-    write_npy(tmp_path("ey.npy"), NPY_DTYPE_I32, 1, N, 1, labels);
+    npy_save(tmp_path("ex.npy"), NPY_DTYPE_F32, 2, N, FEATURES, x);
+    npy_save(tmp_path("ey.npy"), NPY_DTYPE_I32, 1, N, 1, labels);
     expect_npy_failure("ex.npy", "ey.npy", FEATURES + 1, false, QT_ERR_INPUT,
                        "15 features per sample; the model's input is 16: set `input = 15`");
-    write_npy(tmp_path("e2.npy"), NPY_DTYPE_I32, 1, N - 1, 1, labels);
+    npy_save(tmp_path("e2.npy"), NPY_DTYPE_I32, 1, N - 1, 1, labels);
     expect_npy_failure("ex.npy", "e2.npy", FEATURES, false, QT_ERR_INPUT, "36 labels, but");
-    write_npy(tmp_path("e3.npy"), NPY_DTYPE_F32, 2, N, 4, x);
+    npy_save(tmp_path("e3.npy"), NPY_DTYPE_F32, 2, N, 4, x);
     expect_npy_failure("ex.npy", "e3.npy", FEATURES, false, QT_ERR_INPUT,
                        "4 regression targets per sample; the model's last layer has 10 outputs");
-    write_npy(tmp_path("e4.npy"), NPY_DTYPE_I32, 2, N, 1, labels);
+    npy_save(tmp_path("e4.npy"), NPY_DTYPE_I32, 2, N, 1, labels);
     expect_npy_failure("ex.npy", "e4.npy", FEATURES, false, QT_ERR_INPUT,
                        "LABELS_OR_TARGETS takes a 1-D array of uint8");
     write_npy_raw(tmp_path("e5.npy"), "{'descr': '<f8', 'fortran_order': False, 'shape': (37, "
@@ -480,14 +465,14 @@ static void test_npy_errors(void) {
                   "15), }", N * FEATURES * 4 - 1);
     expect_npy_failure("e6.npy", "ey.npy", FEATURES, false, QT_ERR_INPUT, "truncated");
     labels[N - 1] = CLASSES;
-    write_npy(tmp_path("e7.npy"), NPY_DTYPE_I32, 1, N, 1, labels);
+    npy_save(tmp_path("e7.npy"), NPY_DTYPE_I32, 1, N, 1, labels);
     expect_npy_failure("ex.npy", "e7.npy", FEATURES, true, QT_ERR_INPUT,
                        "label 10 of sample 36 is out of range");
     labels[N - 1] = -1;
-    write_npy(tmp_path("e7.npy"), NPY_DTYPE_I32, 1, N, 1, labels);
+    npy_save(tmp_path("e7.npy"), NPY_DTYPE_I32, 1, N, 1, labels);
     expect_npy_failure("ex.npy", "e7.npy", FEATURES, true, QT_ERR_INPUT, "labels must be in 0..9");
     x[3 * FEATURES + 2] = NAN;
-    write_npy(tmp_path("e8.npy"), NPY_DTYPE_F32, 2, N, FEATURES, x);
+    npy_save(tmp_path("e8.npy"), NPY_DTYPE_F32, 2, N, FEATURES, x);
     expect_npy_failure("e8.npy", "ey.npy", FEATURES, true, QT_ERR_INPUT,
                        "the feature of sample 3, column 2, is NaN");
     expect_npy_failure("missing.npy", "ey.npy", FEATURES, false, QT_ERR_IO, "missing.npy");
@@ -495,7 +480,7 @@ static void test_npy_errors(void) {
     recipe_source src = npy_source(tmp_path("ex.npy"), tmp_path("ey.npy"));
     data_info info;
     qt_status status = data_probe(&src, FEATURES, CLASSES, &info);
-    write_npy(tmp_path("ex.npy"), NPY_DTYPE_F32, 2, N - 1, FEATURES, x);
+    npy_save(tmp_path("ex.npy"), NPY_DTYPE_F32, 2, N - 1, FEATURES, x);
     void *memory = aligned_alloc(DATA_ALIGN, info.bytes);
     data_set set;
     if (status == QT_OK) status = data_load(&src, &info, memory, info.bytes, &set);

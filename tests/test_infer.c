@@ -20,43 +20,22 @@
 #include <unistd.h>
 
 #include "driver.h"    // driver_sync_total
-#include "npy.h"
+#include "files.h"     // tmp_path, file_read, command_output
+#include "npy_save.h"
 #include "qt_codec.h"  // qt_bf16_to_f32, qt_f32_to_bf16
 #include "run.h"
 #include "test.h"
 
 static run the_run;
 static recipe the_recipe;
-static char tmp_dir[64];
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
 
-static const char *tmp_path(const char *name) {
-    static char paths[16][160];
-    static int next;
-    char *p = paths[next++ % 16];
-    snprintf(p, 160, "%s/%s", tmp_dir, name);
-    return p;
-}
-
-static char *slurp(const char *path, size_t *size) {
-    FILE *f = fopen(path, "rb");
-    if (f == NULL) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *data = malloc((size_t)n + 1);
-    *size = fread(data, 1, (size_t)n, f);
-    data[*size] = '\0';
-    fclose(f);
-    return data;
-}
-
 // Two traces of different recipe texts: the same records (the header's recipe hash differs).
 static void check_same_records(const char *a, const char *b) {
     size_t na = 0, nb = 0;
-    char *ta = slurp(a, &na), *tb = slurp(b, &nb);
+    char *ta = file_read(a, &na), *tb = file_read(b, &nb);
     const char *ra = ta ? strchr(ta, '\n') : NULL, *rb = tb ? strchr(tb, '\n') : NULL;
     CHECK(ra && rb && strlen(ra) > 1 && strcmp(ra, rb) == 0, "%s and %s have other records "
           "(%zu and %zu bytes)", a, b, na, nb);
@@ -128,19 +107,6 @@ static qt_status run_text(const char *text, const run_options *o, sched_summary 
               qt_error_message());                                                          \
     } while (0)
 
-static void write_npy(const char *path, npy_dtype dtype, uint32_t rank, uint64_t rows,
-                      uint64_t cols, const void *data) {
-    npy_writer w;
-    uint64_t shape[2] = {rows, cols};
-    qt_status s = npy_create(&w, path, dtype, rank, shape, true, "--force");
-    if (s == QT_OK) s = npy_write(&w, data, rows * cols * npy_dtype_bytes(dtype));
-    if (s == QT_OK) s = npy_commit(&w);
-    if (s != QT_OK) {
-        printf("  cannot write %s: %s\n", path, qt_error_message());
-        abort();
-    }
-}
-
 // A synthetic source's samples, as data_load makes them, saved as .npy features and labels.
 static void save_synthetic(uint64_t samples, uint64_t seed, const char *x_name,
                            const char *y_name) {
@@ -160,8 +126,8 @@ static void save_synthetic(uint64_t samples, uint64_t seed, const char *x_name,
         printf("  synthetic data: %s\n", qt_error_message());
         abort();
     }
-    write_npy(tmp_path(x_name), NPY_DTYPE_F32, 2, info.samples, 16, set.inputs_f32);
-    write_npy(tmp_path(y_name), NPY_DTYPE_I32, 1, info.samples, 1, set.labels);
+    npy_save(tmp_path(x_name), NPY_DTYPE_F32, 2, info.samples, 16, set.inputs_f32);
+    npy_save(tmp_path(y_name), NPY_DTYPE_I32, 1, info.samples, 1, set.labels);
     free(memory);
 }
 
@@ -202,9 +168,9 @@ static void save_images(uint32_t count, uint32_t salt, const char *stem) {
         fclose(f);
     }
     snprintf(name, sizeof name, "%s-x.npy", stem);
-    write_npy(tmp_path(name), NPY_DTYPE_U8, 2, count, 16, im + 16);
+    npy_save(tmp_path(name), NPY_DTYPE_U8, 2, count, 16, im + 16);
     snprintf(name, sizeof name, "%s-y.npy", stem);
-    write_npy(tmp_path(name), NPY_DTYPE_U8, 1, count, 1, lb + 8);
+    npy_save(tmp_path(name), NPY_DTYPE_U8, 1, count, 1, lb + 8);
     free(im);
     free(lb);
 }
@@ -275,7 +241,7 @@ static void test_npy_run_refusals(void) {
     test_begin("train_npy_refusals");
     const char *rows = "train 2\n";
     float targets[64 * 4] = {0};
-    write_npy(tmp_path("targets.npy"), NPY_DTYPE_F32, 2, 64, 4, targets);
+    npy_save(tmp_path("targets.npy"), NPY_DTYPE_F32, 2, 64, 4, targets);
     save_synthetic(64, 5, "x64.npy", "y64.npy");
     expect_run_refusal(recipe_with(pair("npy", "x64.npy", "targets.npy"), NULL, rows),
                        "regression targets (2-D float32), but the recipe's loss is softmax_xent",
@@ -285,12 +251,12 @@ static void test_npy_run_refusals(void) {
                        "the train data has uint8 (IDX, npy uint8) inputs but the eval data "
                        "float32", NULL);
     float wide[64 * 17] = {0};
-    write_npy(tmp_path("wide.npy"), NPY_DTYPE_F32, 2, 64, 17, wide);
+    npy_save(tmp_path("wide.npy"), NPY_DTYPE_F32, 2, 64, 17, wide);
     expect_run_refusal(recipe_with(pair("npy", "wide.npy", "y64.npy"), NULL, rows),
                        "17 features per sample; the model's input is 16", "wide.npy");
     // Truncated: the last byte of the features is missing.
     size_t n = 0;
-    char *bytes = slurp(tmp_path("x64.npy"), &n);
+    char *bytes = file_read(tmp_path("x64.npy"), &n);
     FILE *f = fopen(tmp_path("cut.npy"), "wb");
     fwrite(bytes, 1, n - 1, f);
     fclose(f);
@@ -397,17 +363,6 @@ static void test_recipe_outputs(void) {
     test_end();
 }
 
-static int command_output(const char *cmd, char *out, size_t bytes) {
-    char full[1024];
-    snprintf(full, sizeof full, "%s 2>&1", cmd);
-    FILE *pipe = popen(full, "r");
-    if (!pipe) return -1;
-    size_t used = fread(out, 1, bytes - 1, pipe);
-    out[used] = '\0';
-    int status = pclose(pipe);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
 static const char *write_recipe(const char *name, const char *text) {
     const char *path = tmp_path(name);
     FILE *f = fopen(path, "wb");
@@ -512,7 +467,7 @@ static void test_infer_cli(void) {
     CHECK(n == 50 && (double)correct / 50.0 == sum.eval_accuracy, "%" PRIu64 "/%" PRIu64
           " correct, eval accuracy %.9g", correct, n, sum.eval_accuracy);
     size_t na = 0, nb = 0;
-    char *a = slurp(tmp_path("from-npy.npy"), &na), *b = slurp(tmp_path("from-idx.npy"), &nb);
+    char *a = file_read(tmp_path("from-npy.npy"), &na), *b = file_read(tmp_path("from-idx.npy"), &nb);
     CHECK(a && b && na == nb && memcmp(a, b, na) == 0, "IDX and .npy inputs differ");
     free(a);
     free(b);
@@ -539,7 +494,7 @@ static void test_infer_refusals(void) {
     expect_cli(args, 1, "from-npy.npy exists; qtrain does not replace files: remove it, choose "
                "another name, or pass --force");
     size_t before = 0;
-    free(slurp(tmp_path("from-npy.npy"), &before));
+    free(file_read(tmp_path("from-npy.npy"), &before));
     char forced[1100];
     snprintf(forced, sizeof forced, "%s --force", args);
     expect_cli(forced, 0, "50 x 4 float32 logits");
@@ -616,7 +571,7 @@ static void test_gpu_outputs(const char *scheme) {
     gpu_paths("graph", pa, la);
     gpu_paths("eager", pb, lb);
     size_t n1 = 0, n2 = 0, n3 = 0, n4 = 0;
-    char *fa = slurp(pa, &n1), *fb = slurp(pb, &n2), *ga = slurp(la, &n3), *gb = slurp(lb, &n4);
+    char *fa = file_read(pa, &n1), *fb = file_read(pb, &n2), *ga = file_read(la, &n3), *gb = file_read(lb, &n4);
     CHECK(fa && fb && n1 == n2 && memcmp(fa, fb, n1) == 0, "predictions: graph and eager differ");
     CHECK(ga && gb && n3 == n4 && memcmp(ga, gb, n3) == 0, "logits: graph and eager differ");
     free(fa);
@@ -653,8 +608,7 @@ static void test_gpu_outputs(const char *scheme) {
 // ---------------------------------------------------------------------------------------------
 
 int main(void) {
-    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/qt_test_infer_XXXXXX");
-    if (mkdtemp(tmp_dir) == NULL) {
+    if (!tmp_dir_make("infer")) {
         printf("FAIL test_infer: cannot create a temporary folder\n");
         return 1;
     }
@@ -666,8 +620,6 @@ int main(void) {
     test_infer_cli();
     test_infer_refusals();
     for (size_t i = 0; i < sizeof schemes / sizeof schemes[0]; i++) test_gpu_outputs(schemes[i]);
-    char command[128];
-    snprintf(command, sizeof command, "rm -rf '%s'", tmp_dir);
-    if (system(command) != 0) printf("  could not remove %s\n", tmp_dir);
+    tmp_dir_remove();
     return test_exit_code();
 }

@@ -10,39 +10,22 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "files.h"  // tmp_path, file_read, file_write
 #include "npy.h"
 #include "test.h"
 
-static char tmp_dir[64];
-
-static const char *tmp_path(const char *name) {
-    static char paths[8][128];
-    static int next;
-    char *p = paths[next++ % 8];
-    snprintf(p, 128, "%s/%s", tmp_dir, name);
-    return p;
-}
-
-static void write_file(const char *path, const void *data, size_t size) {
-    FILE *f = fopen(path, "wb");
-    if (!f) {
-        fprintf(stderr, "cannot write %s\n", path);
-        exit(1);
-    }
-    fwrite(data, 1, size, f);
-    fclose(f);
-}
-
+// Up to `bytes` bytes of the file into out; how many it has.
 static size_t read_whole(const char *path, uint8_t *out, size_t bytes) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return 0;
-    size_t n = fread(out, 1, bytes, f);
-    fclose(f);
-    return n;
+    size_t size = 0;
+    char *data = file_read(path, &size);
+    if (!data) return 0;
+    memcpy(out, data, size < bytes ? size : bytes);
+    free(data);
+    return size;
 }
 
 // An .npy file from its parts: version (major), the dict text as given (padding added to a
-// multiple of 16 as NumPy's old writers did, unless exact), then `data_bytes` bytes 0, 1, 2, ...
+// multiple of 16, as NumPy's older writers did), then `data_bytes` bytes 0, 1, 2, ...
 static void write_npy(const char *path, int major, const char *dict, size_t data_bytes) {
     static uint8_t buf[1 << 16];
     size_t pre = major == 1 ? 10 : 12, n = strlen(dict);
@@ -57,7 +40,7 @@ static void write_npy(const char *path, int major, const char *dict, size_t data
     memset(buf + pre + n, ' ', header - n - 1);
     buf[pre + header - 1] = '\n';
     for (size_t i = 0; i < data_bytes; i++) buf[pre + header + i] = (uint8_t)i;
-    write_file(path, buf, pre + header + data_bytes);
+    file_write(path, buf, pre + header + data_bytes);
 }
 
 static const npy_expect features = {
@@ -253,9 +236,9 @@ static void test_refusals(void) {
     REFUSE(p, &features, "malformed .npy header");
     write_npy(p, 4, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", 24);
     REFUSE(p, &features, "version 4.0");
-    write_file(p, "P5\n2 3\n255\n", 11);
+    file_write(p, "P5\n2 3\n255\n", 11);
     REFUSE(p, &features, "not an .npy file");
-    write_file(p, "\x93NUMPY\x01\x00\x76\x00{'descr'", 18);
+    file_write(p, "\x93NUMPY\x01\x00\x76\x00{'descr'", 18);
     REFUSE(p, &features, "truncated", "inside the .npy header");
     npy_info info;
     qt_status s = npy_probe(tmp_path("missing.npy"), &features, &info);
@@ -272,7 +255,7 @@ static void test_no_surprise_overwrite(void) {
     test_begin("npy_atomic_write_refuses_existing_and_cleans_up");
     clear_folder();
     const char *path = tmp_path("out.npy");
-    write_file(path, "keep", 4);
+    file_write(path, "keep", 4);
     npy_writer w;
     uint64_t shape[2] = {2, 1};
     qt_status s = npy_create(&w, path, NPY_DTYPE_I32, 1, shape, false, "--force");
@@ -302,7 +285,7 @@ static void test_no_surprise_overwrite(void) {
     // A file that appears after the create is not replaced either (link, not rename).
     s = npy_create(&w, other, NPY_DTYPE_I32, 1, shape, false, "--force");
     if (s == QT_OK) s = npy_write(&w, v, sizeof v);
-    write_file(other, "late", 4);
+    file_write(other, "late", 4);
     if (s == QT_OK) s = npy_commit(&w);
     CHECK(s == QT_ERR_IO && read_whole(other, bytes, sizeof bytes) == 4 &&
               memcmp(bytes, "late", 4) == 0, "late file: %s", qt_error_message());
@@ -314,8 +297,7 @@ static void test_no_surprise_overwrite(void) {
 }
 
 int main(void) {
-    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/qtrain_test_npy_XXXXXX");
-    if (!mkdtemp(tmp_dir)) {
+    if (!tmp_dir_make("npy")) {
         printf("FAIL npy_setup: cannot create a temporary folder\n");
         return 1;
     }
@@ -323,7 +305,6 @@ int main(void) {
     test_read_variants();
     test_refusals();
     test_no_surprise_overwrite();
-    clear_folder();
-    rmdir(tmp_dir);
+    tmp_dir_remove();
     return test_exit_code();
 }

@@ -17,37 +17,10 @@
 
 #include "backend.h"  // backend_open_gpu: GPU cases are skipped without one
 #include "../tools/plot.h"  // PLOT_POINTS_MAX
+#include "files.h"    // tmp_path, file_read, file_write, command_output
 #include "test.h"
 #include "trace.h"
 
-static char tmp_dir[64];
-
-static const char *tmp_path(const char *name) {
-    static char paths[16][160];
-    static int next;
-    char *p = paths[next++ % 16];
-    snprintf(p, 160, "%s/%s", tmp_dir, name);
-    return p;
-}
-
-static char *slurp(const char *path, size_t *size) {
-    FILE *f = fopen(path, "rb");
-    if (f == NULL) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *data = malloc((size_t)n + 1);
-    *size = fread(data, 1, (size_t)n, f);
-    data[*size] = '\0';
-    fclose(f);
-    return data;
-}
-
-static void write_bytes(const char *path, const char *data, size_t size) {
-    FILE *f = fopen(path, "wb");
-    fwrite(data, 1, size, f);
-    fclose(f);
-}
 
 static char output[1 << 16];
 
@@ -59,19 +32,14 @@ static int qtrain(const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(args, sizeof args, fmt, ap);
     va_end(ap);
-    snprintf(cmd, sizeof cmd, "build/qtrain %s 2>&1", args);
-    FILE *pipe = popen(cmd, "r");
-    if (!pipe) return -1;
-    size_t used = fread(output, 1, sizeof output - 1, pipe);
-    output[used] = '\0';
-    int status = pclose(pipe);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    snprintf(cmd, sizeof cmd, "build/qtrain %s", args);
+    return command_output(cmd, output, sizeof output);
 }
 
 // The tiny recipe of tests/recipes with the given built-in recipe.
 static const char *tiny_recipe(const char *scheme) {
     size_t size = 0;
-    char *text = slurp("tests/recipes/synthetic_tiny.recipe", &size);
+    char *text = file_read("tests/recipes/synthetic_tiny.recipe", &size);
     const char *path = tmp_path("tiny.recipe");
     char *at = text ? strstr(text, "\nrecipe = bf16\n") : NULL;
     if (!at) {
@@ -106,16 +74,16 @@ static void test_check_cli(void) {
               !strstr(output, "train loss"), "other seed: exit %d: %s", rc, output);
     // Cut inside a line: refused before the first step.
     size_t size = 0;
-    char *text = slurp(golden, &size);
+    char *text = file_read(golden, &size);
     const char *cut = tmp_path("cut.trace");
-    write_bytes(cut, text, size / 2);
+    file_write(cut, text, size / 2);
     rc = qtrain("run %s --ref --checksum-every 20 --check %s", recipe, cut);
     CHECK(rc == 1 && strstr(output, "the golden trace is cut short") &&
               !strstr(output, "step      "), "cut golden: exit %d: %s", rc, output);
     // Cut after the record of step 49: the run stops where the golden trace ends.
     char *line = text;
     for (int i = 0; i < 1 + 6 + 50 && line; i++) line = strchr(line, '\n') + 1;  // 6 quantizers
-    write_bytes(cut, text, (size_t)(line - text));
+    file_write(cut, text, (size_t)(line - text));
     rc = qtrain("run %s --ref --checksum-every 20 --check %s", recipe, cut);
     CHECK(rc == 1 && strstr(output, "the golden trace ends after 50 records; the run goes on "
           "with step=50"), "short golden: exit %d: %s", rc, output);
@@ -301,7 +269,7 @@ static double pass_mean(const float *v, float add, double scale) {
 
 static void check_svg(const char *path, size_t polylines) {
     size_t size = 0;
-    char *svg = slurp(path, &size);
+    char *svg = file_read(path, &size);
     const char *problem = svg ? xml_problem(svg) : "no file";
     CHECK(problem == NULL, "%s: %s", path, problem);
     CHECK(svg && count_of(svg, "<polyline") == polylines && count_of(svg, "<g class=\"panel\"")
@@ -339,7 +307,7 @@ static void test_plot_cli(void) {
     CHECK(rc == 0 && strstr(output, "2 runs, 4 panels"), "exit %d: %s", rc, output);
     check_svg(svg, 8);
     size_t size = 0;
-    char *text = slurp(svg, &size);
+    char *text = file_read(svg, &size);
     if (text) {
         // Polylines in file order: loss, eval, gradient norm, learning rate; runs in order.
         check_attr(text, 0, "data-points", "29");  // 30 train steps, one NaN left out
@@ -363,9 +331,9 @@ static void test_plot_cli(void) {
     }
     free(text);
     // An existing file is not replaced without --force.
-    write_bytes(svg, "keep", 4);
+    file_write(svg, "keep", 4);
     rc = qtrain("plot '%s' -o %s", made, svg);
-    text = slurp(svg, &size);
+    text = file_read(svg, &size);
     CHECK(rc == 1 && strstr(output, "exists; pass --force") && size == 4, "exit %d: %s", rc,
           output);
     free(text);
@@ -383,7 +351,7 @@ static void test_plot_edges(void) {
     CHECK(rc == 0, "exit %d: %s", rc, output);
     check_svg(svg, 4);
     size_t size = 0;
-    char *text = slurp(svg, &size);
+    char *text = file_read(svg, &size);
     static const float loss[3] = {1.0f, 1.5f, 2.0f};
     if (text) {
         CHECK(strstr(text, "data-panel=\"eval loss\""), "no eval loss panel");
@@ -394,7 +362,7 @@ static void test_plot_edges(void) {
     const char *longer = tmp_path("long.trace");
     write_made_up(longer, 20000, false);
     rc = qtrain("plot %s -o %s --force", longer, svg);
-    text = slurp(svg, &size);
+    text = file_read(svg, &size);
     char points[32] = "";
     CHECK(rc == 0 && text && polyline_attr(text, 0, "data-points", points, sizeof points) &&
               atoi(points) <= PLOT_POINTS_MAX && atoi(points) > PLOT_POINTS_MAX / 2,
@@ -403,7 +371,7 @@ static void test_plot_edges(void) {
     free(text);
     rc = qtrain("plot %s -o %s", tmp_path("missing.trace"), tmp_path("x.svg"));
     CHECK(rc == 1 && strstr(output, "missing.trace: cannot open"), "exit %d: %s", rc, output);
-    write_bytes(tmp_path("bad.trace"), "hello\n", 6);
+    file_write(tmp_path("bad.trace"), "hello\n", 6);
     rc = qtrain("plot %s -o %s", tmp_path("bad.trace"), tmp_path("x.svg"));
     CHECK(rc == 1 && strstr(output, "not a qtrain trace"), "exit %d: %s", rc, output);
     CHECK(access(tmp_path("x.svg"), F_OK) != 0, "a failed plot left its file");
@@ -418,8 +386,7 @@ static void test_plot_edges(void) {
 // ---------------------------------------------------------------------------------------------
 
 int main(void) {
-    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/qt_test_replay_XXXXXX");
-    if (mkdtemp(tmp_dir) == NULL) {
+    if (!tmp_dir_make("replay")) {
         printf("FAIL test_replay: cannot create a temporary folder\n");
         return 1;
     }
@@ -427,8 +394,6 @@ int main(void) {
     test_check_gpu();
     test_plot_cli();
     test_plot_edges();
-    char command[128];
-    snprintf(command, sizeof command, "rm -rf '%s'", tmp_dir);
-    if (system(command) != 0) printf("  could not remove %s\n", tmp_dir);
+    tmp_dir_remove();
     return test_exit_code();
 }

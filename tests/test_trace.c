@@ -12,32 +12,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "files.h"  // tmp_path, file_read
 #include "test.h"
 #include "trace.h"
-
-static char tmp_dir[64];
-
-static const char *tmp_path(const char *name) {
-    static char paths[8][128];
-    static int next;
-    char *p = paths[next++ % 8];
-    snprintf(p, 128, "%s/%s", tmp_dir, name);
-    return p;
-}
-
-static char *read_all(const char *path, size_t *size) {
-    FILE *f = fopen(path, "rb");
-    if (f == NULL) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *data = malloc((size_t)n + 1);
-    size_t got = fread(data, 1, (size_t)n, f);
-    fclose(f);
-    data[got] = '\0';
-    *size = got;
-    return data;
-}
 
 static void write_text(const char *path, const char *text) {
     FILE *f = fopen(path, "wb");
@@ -201,7 +178,7 @@ static void test_writer_file(void) {
     trace_header h = header_of(42, QT_TRACE_QUANTIZERS_MAX);
     write_trace(tmp_path("w.trace"), &h, 400, NULL, 0);
     size_t size = 0;
-    char *file = read_all(tmp_path("w.trace"), &size);
+    char *file = file_read(tmp_path("w.trace"), &size);
     char *expected = malloc(400 * (size_t)TRACE_LINE_BYTES_MAX + 8192);
     size_t used = trace_format_header(&h, expected, 8192);
     for (uint64_t s = 0; s < 400; s++) {
@@ -316,7 +293,7 @@ static void test_diff_bad_files(void) {
                       "badrec:3: expected a record line 'step=N ...', found 'hello'");
     // A trace cut in the middle of a line (an interrupted run).
     size_t size = 0;
-    char *good = read_all(tmp_path("good"), &size);
+    char *good = file_read(tmp_path("good"), &size);
     good[size - 10] = '\0';
     write_text(tmp_path("cut"), good);
     free(good);
@@ -455,7 +432,7 @@ static void test_check_bad_golden(void) {
     trace_header h = header_of(7, 1);
     write_trace(tmp_path("g1"), &h, 6, NULL, 0);
     size_t size = 0;
-    char *good = read_all(tmp_path("g1"), &size);
+    char *good = file_read(tmp_path("g1"), &size);
     good[size - 10] = '\0';
     write_text(tmp_path("gcut"), good);
     free(good);
@@ -475,8 +452,7 @@ static void test_check_bad_golden(void) {
 }
 
 int main(void) {
-    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/qt_test_trace_XXXXXX");
-    if (mkdtemp(tmp_dir) == NULL) {
+    if (!tmp_dir_make("trace")) {
         printf("FAIL test_trace: cannot create a temporary folder\n");
         return 1;
     }
@@ -489,8 +465,6 @@ int main(void) {
     test_reader_round_trip();
     test_check_against_golden();
     test_check_bad_golden();
-    char command[128];
-    snprintf(command, sizeof command, "rm -rf '%s'", tmp_dir);
-    if (system(command) != 0) printf("  could not remove %s\n", tmp_dir);
+    tmp_dir_remove();
     return test_exit_code();
 }
