@@ -467,7 +467,8 @@ static void test_infer_cli(void) {
     CHECK(n == 50 && (double)correct / 50.0 == sum.eval_accuracy, "%" PRIu64 "/%" PRIu64
           " correct, eval accuracy %.9g", correct, n, sum.eval_accuracy);
     size_t na = 0, nb = 0;
-    char *a = file_read(tmp_path("from-npy.npy"), &na), *b = file_read(tmp_path("from-idx.npy"), &nb);
+    char *a = file_read(tmp_path("from-npy.npy"), &na);
+    char *b = file_read(tmp_path("from-idx.npy"), &nb);
     CHECK(a && b && na == nb && memcmp(a, b, na) == 0, "IDX and .npy inputs differ");
     free(a);
     free(b);
@@ -571,7 +572,8 @@ static void test_gpu_outputs(const char *scheme) {
     gpu_paths("graph", pa, la);
     gpu_paths("eager", pb, lb);
     size_t n1 = 0, n2 = 0, n3 = 0, n4 = 0;
-    char *fa = file_read(pa, &n1), *fb = file_read(pb, &n2), *ga = file_read(la, &n3), *gb = file_read(lb, &n4);
+    char *fa = file_read(pa, &n1), *fb = file_read(pb, &n2);
+    char *ga = file_read(la, &n3), *gb = file_read(lb, &n4);
     CHECK(fa && fb && n1 == n2 && memcmp(fa, fb, n1) == 0, "predictions: graph and eager differ");
     CHECK(ga && gb && n3 == n4 && memcmp(ga, gb, n3) == 0, "logits: graph and eager differ");
     free(fa);
