@@ -747,3 +747,101 @@ qt_status ckpt_load(ckpt_reader *rd, const ckpt_layout *c, backend *b, const are
     return ckpt_read_data(rd, arena_host_pointer(host_arena, c->staging), c->chunk_bytes,
                           ckpt_load_sink, &l);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Loading a model's weights (`qtrain infer --from`)
+
+// What the forward pass reads: the parameters in every usage and the scaling state. The step
+// plumbing (counter, optimizer state, learning-rate rows), the optimizer's moments and the
+// workspaces stay the run's own.
+static bool ckpt_model_usage(uint32_t usage) {
+    switch ((ckpt_usage)usage) {
+    case CKPT_USAGE_MASTER:
+    case CKPT_USAGE_ROW_DATA:
+    case CKPT_USAGE_ROW_SCALE:
+    case CKPT_USAGE_COL_DATA:
+    case CKPT_USAGE_COL_SCALE:
+    case CKPT_USAGE_SCALE_INV:
+    case CKPT_USAGE_AMAX:
+    case CKPT_USAGE_AMAX_COL:
+    case CKPT_USAGE_HISTORY:
+    case CKPT_USAGE_STATE_SCALE: return true;
+    default: return false;
+    }
+}
+
+static uint32_t ckpt_find_region(const ckpt_table *t, const char *name) {
+    for (uint32_t i = 0; i < t->header.region_count; i++) {
+        if (strcmp(t->regions[i].name, name) == 0) return i;
+    }
+    return CKPT_NONE;
+}
+
+// Every parameter of the run is in the file with its shape and quantizer.
+static qt_status ckpt_match_params(const ckpt_reader *rd, const ckpt_table *run) {
+    const ckpt_table *file = &rd->table;
+    for (uint32_t i = 0; i < run->header.param_count; i++) {
+        const ckpt_param *p = &run->params[i], *q = NULL;
+        for (uint32_t j = 0; j < file->header.param_count && !q; j++) {
+            if (strcmp(file->params[j].name, p->name) == 0) q = &file->params[j];
+        }
+        if (!q) {
+            return qt_fail(QT_ERR_MISMATCH, "%s: has no parameter '%s' (saved from '%s'); load "
+                           "a checkpoint of this recipe's model", rd->path, p->name,
+                           file->header.recipe_name);
+        }
+        if (q->rows != p->rows || q->cols != p->cols || q->cols_valid != p->cols_valid ||
+            q->kind != p->kind || q->scheme != p->scheme ||
+            strcmp(q->quantizer, p->quantizer) != 0) {
+            return qt_fail(QT_ERR_MISMATCH, "%s: parameter '%s' is [%" PRIu32 "][%" PRIu32 "] "
+                           "'%s' in the checkpoint, [%" PRIu32 "][%" PRIu32 "] '%s' in this "
+                           "recipe; load a checkpoint of this recipe's model and quantizers",
+                           rd->path, p->name, q->rows, q->cols_valid, q->quantizer, p->rows,
+                           p->cols_valid, p->quantizer);
+        }
+    }
+    return QT_OK;
+}
+
+typedef struct ckpt_model_ctx {
+    backend *b;
+    const arena *dev;
+    arena_handle target[ARENA_REGIONS_MAX];  // device region of file region i, or CKPT_NONE
+} ckpt_model_ctx;
+
+static qt_status ckpt_model_sink(void *ctx, uint32_t region, uint64_t offset, const void *bytes,
+                                 uint64_t n) {
+    const ckpt_model_ctx *l = ctx;
+    if (l->target[region] == CKPT_NONE) return QT_OK;
+    prog_ref dst = {(arena *)l->dev, l->target[region], offset};
+    return backend_write(l->b, dst, bytes, n);
+}
+
+qt_status ckpt_load_model(ckpt_reader *rd, const ckpt_layout *c, backend *b, const arena *dev,
+                          const arena *host_arena) {
+    QT_TRY(ckpt_match_params(rd, &c->table));
+    static ckpt_model_ctx l;  // 4 KiB of handles: off the stack
+    l.b = b;
+    l.dev = dev;
+    for (uint32_t i = 0; i < ARENA_REGIONS_MAX; i++) l.target[i] = CKPT_NONE;
+    for (uint32_t i = 0; i < c->table.header.region_count; i++) {
+        const ckpt_region *e = &c->table.regions[i];
+        if (!ckpt_model_usage(e->usage)) continue;
+        uint32_t k = ckpt_find_region(&rd->table, e->name);
+        char want[128], have[128];
+        ckpt_describe_entry(e, want, sizeof want);
+        if (k == CKPT_NONE) {
+            return qt_fail(QT_ERR_MISMATCH, "%s: has no region '%s' (%s), which this run's model "
+                           "reads; load a checkpoint of this recipe's model", rd->path, e->name,
+                           want);
+        }
+        ckpt_describe_entry(&rd->table.regions[k], have, sizeof have);
+        if (strcmp(want, have) != 0) {
+            return qt_fail(QT_ERR_MISMATCH, "%s: region '%s': other format: %s in the "
+                           "checkpoint, %s in this run", rd->path, e->name, have, want);
+        }
+        l.target[k] = c->handles[i];
+    }
+    return ckpt_read_data(rd, arena_host_pointer(host_arena, c->staging), c->chunk_bytes,
+                          ckpt_model_sink, &l);
+}

@@ -252,4 +252,16 @@ qt_status ckpt_write_all(int fd, const char *path, const void *bytes, uint64_t n
 qt_status ckpt_load(ckpt_reader *rd, const ckpt_layout *c, backend *b, const arena *dev,
                     const arena *host_arena);
 
+// `qtrain infer --from`: after ckpt_open, loads what the forward pass reads (every parameter in
+// each usage this run has, the masters, the delayed-scaling state) from a checkpoint into a
+// bound run whose table may differ from the saving run's: an infer-only run plans no
+// columnwise copies, optimizer moments or learning-rate rows, and its step counter, optimizer
+// state and workspaces stay its own. The recipe text and seed need not match. Refuses
+// (QT_ERR_MISMATCH, naming it) a parameter of this run that the file lacks or holds with another
+// shape or quantizer, and a region this run reads that the file lacks or holds in another format
+// or shape; then streams the file with every CRC checked (QT_ERR_INPUT on a damaged file, which
+// leaves the loaded regions undefined).
+qt_status ckpt_load_model(ckpt_reader *rd, const ckpt_layout *c, backend *b, const arena *dev,
+                          const arena *host_arena);
+
 #endif  // QT_CHECKPOINT_H

@@ -10,13 +10,15 @@
 //
 //   run_plan      data headers probed, table built, model planned, every program built, arenas
 //                 packed: `qtrain plan` stops here (no backend, no data loaded)
-//   run_load      datasets read into caller memory (no backend needed)
+//   run_load      datasets (and a golden trace) read into caller memory (no backend needed)
 //   run_bind      arenas allocated and bound, programs resolved, learning-rate rows written,
 //                 init program run, one graph captured per mode (unless eager)
 //   run_resume    (optional) a checkpoint's device state and position loaded over the bound run
 //   run_execute   the schedule loop (runtime/schedule.h) from the run's position to the end or
-//                 a stop, with the trace file if asked for and checkpoints if save_path is set;
-//                 called again after a stop, it continues (the trace too)
+//                 a stop, with the trace file if asked for, the golden trace's check,
+//                 checkpoints if save_path is set, and the output files of the infer rows it runs
+//                 (runtime/infer_out.h), committed at the end; called again after a stop, it
+//                 continues (the trace too)
 //   run_save      (optional, between run_execute calls) a checkpoint of where the run stands
 //   run_close     graphs destroyed, arenas released
 #ifndef QT_RUN_H
@@ -48,7 +50,8 @@ typedef struct run_options {
     model_emulated_gemm emulated_gemm;  // where MXFP8 and NVFP4 GEMMs run (same bits)
     // Checkpoints (runtime/checkpoint.h): save_path gets one at the save points of
     // schedule.h (every save_every train steps; 0: at the end or a stop only); `checkpoints`
-    // plans their staging without save_path (for run_resume, run_save).
+    // plans their staging without save_path (for run_resume, run_save), and defers the check of
+    // existing output files from run_load to run_resume (or the loop), which know the position.
     const char *save_path;
     bool save_replaces;       // save_path may exist (the checkpoint this run resumes from)
     uint64_t save_every;
@@ -58,6 +61,20 @@ typedef struct run_options {
     void *ckpt_hook_ctx;
     const volatile sig_atomic_t *interrupt;  // non-zero (a signal handler): stop and save
     uint64_t stop_at;         // stop after this many steps in all (tests); 0 = none
+    bool replace_outputs;     // output files (infer rows, infer_output) may replace files
+    // `qtrain infer`: one pass of infer steps over infer_input (IDX images or .npy features, no
+    // targets) instead of the recipe's [data] and [schedule]; the outputs go to infer_output
+    // (float32 logits, or int32 classes with infer_argmax). The recipe's data files are not read.
+    const char *infer_input;
+    const char *infer_output;
+    bool infer_argmax;
+    // Weights from a checkpoint instead of the recipe's initialization: after the init program
+    // run_bind loads the model's regions of the checkpoint at from_path (ckpt_load_model: the
+    // weights in every usage this run has, the masters, the scaling state).
+    const char *from_path;
+    // A golden trace that every record of the run must equal (`--check`): the first record
+    // that differs stops the run with QT_ERR_MISMATCH naming the step, the field and both values.
+    const char *golden_path;
 } run_options;
 
 // The checkpoints one run_execute wrote.
@@ -72,7 +89,8 @@ typedef struct run_saves {
 typedef struct run_timings {
     double bind_s;     // arena allocation (device memory, pinned host memory) and zeroing
     double data_s;     // datasets read (and inflated) into the caller's memory (run_load)
-    double init_s;     // the init program (weights drawn, first quantization), to completion
+    double init_s;     // the init program (weights drawn, first quantization), to completion,
+                       // and --from's checkpoint loaded over it
     double capture_s;  // one graph captured and instantiated per mode
     double resume_s;   // run_resume: the checkpoint checked and loaded
 } run_timings;
@@ -83,12 +101,15 @@ typedef struct run {
     run_options options;
     uint64_t seed;
     data_info train_info, eval_info;
+    const recipe_source *train_source;  // the recipe's train source, or infer_source
+    recipe_source infer_source;         // `qtrain infer`: the input file, inputs only
     bool has_eval;
     sched_table table;
     arena dev, host;
     model model;
     uint64_t data_bytes;  // caller memory for the datasets and the shuffle order (run_load)
     uint64_t data_train_offset, data_order_offset, data_eval_offset;
+    uint64_t data_golden_offset, golden_bytes;  // the golden trace, read whole at run_load
     bool data_loaded;
     program programs[MODEL_MODE_COUNT];
     program init, checksum;
@@ -102,6 +123,10 @@ typedef struct run {
     bool trace_active;         // during run_execute
     bool trace_continues;      // the trace has records already: run_execute continues it
     uint64_t trace_bytes, trace_records, trace_hash;  // the trace file at the run's position
+    trace_checker check;  // with options.golden_path
+    infer_out outputs[RECIPE_SCHEDULE_ROWS_MAX];  // by sched_row.output - 1, during run_execute
+    bool has_outputs;
+    arena_handle outputs_scratch;  // host: the rows of one step, converted for the file
     run_timings timings;
     sched_state state;         // where the run stands (zero: the start)
     bool ckpt_planned;
@@ -123,11 +148,13 @@ qt_status run_plan(run *r, const recipe *rc, const char *text, size_t text_bytes
 // Bytes the reference backend needs for the device and the host arena.
 void run_memory_bytes(const run *r, uint64_t *dev_bytes, uint64_t *host_bytes);
 
-// Caller memory (DATA_ALIGN aligned, pageable is fine) for the datasets, read by the host only.
+// Caller memory (DATA_ALIGN aligned, pageable is fine) for the datasets and the golden trace,
+// read by the host only.
 uint64_t run_data_bytes(const run *r);
-// Reads the datasets into it and sets up the feeds. Needs no backend, so a caller may run it
-// while another thread opens the GPU (qtrain does: the two take about as long). The memory must
-// stay until run_close.
+// Refuses output files that exist (unless replace_outputs; with `checkpoints` run_resume or the
+// loop does), then reads the datasets into it and sets up the feeds. Needs no backend, so a
+// caller may run it while another thread opens the GPU (qtrain does: the two take about as
+// long). The memory must stay until run_close.
 qt_status run_load(run *r, void *memory, uint64_t bytes);
 
 // Binds and starts the run on b (ref_dev / ref_host: the reference backend's arena memory,
@@ -137,7 +164,8 @@ qt_status run_bind(run *r, backend *b, void *ref_dev, void *ref_host);
 // After run_bind (checkpoint staging planned): loads the checkpoint at path over the run's
 // device state and continues from its position (the feeds' cursors, the trace, the summary's
 // carry). Refuses (QT_ERR_INPUT / QT_ERR_MISMATCH, naming the field) a damaged file, another
-// recipe, seed or region layout, and a position this run's schedule does not pass through.
+// recipe, seed or region layout, and a position this run's schedule does not pass through;
+// then the existing output files of the infer rows after the position (run_load's check).
 // A failure after the data began to load leaves the device state undefined: do not run then.
 qt_status run_resume(run *r, const char *path);
 

@@ -45,7 +45,8 @@ qt_status sched_table_build(const recipe *r, uint64_t train_samples, uint64_t ev
     uint64_t left = steps_limit ? steps_limit : UINT64_MAX;
     for (uint32_t i = 0; i < r->rows_count; i++) {
         const recipe_row *rr = &r->rows[i];
-        sched_row row = {sched_modes[rr->mode], rr->steps, rr->dataset, rr->line};
+        sched_row row = {sched_modes[rr->mode], rr->steps, rr->dataset, rr->line,
+                         rr->output[0] != '\0' ? i + 1 : 0};
         if (rr->mode == RECIPE_MODE_TRAIN) {
             if (left == 0) {  // the cut: later rows belong to training yet to come
                 t->cut = true;
@@ -83,7 +84,7 @@ qt_status sched_interleave_eval(sched_table *t, uint64_t every, uint64_t eval_st
             piece.steps = row.steps - done < every ? row.steps - done : every;
             QT_TRY(sched_push(t, piece));
             QT_TRY(sched_push(t, (sched_row){MODEL_MODE_EVAL, eval_steps, RECIPE_DATASET_EVAL,
-                                             0}));
+                                             0, 0}));
         }
     }
     return QT_OK;
@@ -145,6 +146,15 @@ void sched_drop_eval(sched_table *t) {
     t->row_count = kept;
     t->steps[MODEL_MODE_EVAL] = 0;
     t->steps[MODEL_MODE_INFER] = 0;
+}
+
+void sched_table_infer(uint64_t samples, uint32_t batch, sched_table *t) {
+    memset(t, 0, sizeof *t);
+    t->modes[MODEL_MODE_INFER] = true;
+    sched_row row = {MODEL_MODE_INFER, data_batches_per_epoch(samples, batch),
+                     RECIPE_DATASET_TRAIN, 0, 1};
+    qt_status pushed = sched_push(t, row);  // the first row of an empty table always fits
+    QT_ASSERT(pushed == QT_OK);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -243,6 +253,7 @@ static qt_status sched_consume(sched_loop *l, const sched_pending *pd) {
                        (unsigned long long)rec.step);
     }
     if (env->trace) QT_TRY(trace_write(env->trace, &rec));
+    if (env->check) QT_TRY(trace_check_record(env->check, &rec));
     const sched_row *row = &l->t->rows[pd->row];
     bool row_end = pd->row_step == row->steps;
     l->done++;
@@ -255,14 +266,17 @@ static qt_status sched_consume(sched_loop *l, const sched_pending *pd) {
         if (row_end) l->sum->train_seconds += now - pd->row_start;
     }
     if (row->mode == MODEL_MODE_EVAL) sched_eval_accumulate(l, &rec, pd->rows_valid, row_end);
+    const uint16_t *outputs = NULL;
+    if (row->mode == MODEL_MODE_INFER) {
+        const uint8_t *slots = arena_host_pointer(m->host, m->io.outputs);
+        outputs = (const uint16_t *)(slots + (pd->step % MODEL_OUTPUT_SLOTS) *
+                                                 m->io.outputs_bytes);
+        if (row->output) QT_TRY(infer_out_write(&env->outputs[row->output - 1], outputs,
+                                                pd->rows_valid));
+    }
     if (!env->progress) return QT_OK;
     sched_progress p = {&rec, row->mode, pd->row, pd->row_step, row->steps, l->done, l->total,
-                        pd->rows_valid, NULL, sched_now() - l->start};
-    if (row->mode == MODEL_MODE_INFER) {
-        const uint8_t *outputs = arena_host_pointer(m->host, m->io.outputs);
-        p.outputs = (const uint16_t *)(outputs + (pd->step % MODEL_OUTPUT_SLOTS) *
-                                                     m->io.outputs_bytes);
-    }
+                        pd->rows_valid, outputs, sched_now() - l->start};
     env->progress(env->progress_ctx, &p);
     return QT_OK;
 }
@@ -388,8 +402,10 @@ static qt_status sched_train_saves(sched_loop *l) {
     return periodic || cut_end ? sched_save(l) : QT_OK;
 }
 
-// Whether to stop before the state's next step (the summary says so).
-static bool sched_stopping(sched_loop *l) {
+// Whether to stop before the state's next step, at `at` (the summary says so). An infer row that
+// writes a file runs whole, so that the file is complete: a stop inside it waits for its end.
+static bool sched_stopping(sched_loop *l, sched_at at) {
+    if (l->t->rows[at.row].output && at.row_step > 1) return false;
     const sched_env *env = l->env;
     bool stop = (env->interrupt && *env->interrupt) ||
                 (env->stop_at && l->state->step >= env->stop_at);
@@ -401,13 +417,13 @@ static bool sched_stopping(sched_loop *l) {
 // stand at the state's position whenever a checkpoint is taken (schedule.h).
 static qt_status sched_rows(sched_loop *l) {
     sched_at at;
-    if (!sched_next_at(l->t, l->state, &at) || sched_stopping(l)) return QT_OK;
+    if (!sched_next_at(l->t, l->state, &at) || sched_stopping(l, at)) return QT_OK;
     QT_TRY(sched_stage(l, at));  // the first step's batch: the priming copy
     for (;;) {
         model_mode mode = l->t->rows[at.row].mode;
         QT_TRY(sched_step(l, at));
         if (mode == MODEL_MODE_TRAIN) QT_TRY(sched_train_saves(l));
-        if (!sched_next_at(l->t, l->state, &at) || sched_stopping(l)) return QT_OK;
+        if (!sched_next_at(l->t, l->state, &at) || sched_stopping(l, at)) return QT_OK;
         QT_TRY(sched_stage(l, at));
     }
 }

@@ -51,6 +51,11 @@
 //   - steps before s0 ran in an earlier loop, which drained: neither their copies nor their
 //     reads are in flight, so the first two steps wait for nothing of theirs
 //
+// Reading a record also checks it against the golden trace, if there is one (the first
+// difference ends the loop), and hands an infer step's outputs (the pinned slot its program
+// copied them into) to the row's output file, if it has one (runtime/infer_out.h): the read
+// needs no synchronization of its own.
+//
 // Eager runs take the same path with launches instead of graph replays. On the reference backend
 // a launch completes before it returns and the copy is a memcpy at the same point of the loop,
 // so each record is read right after its step and every backend stages the same bytes for the
@@ -68,7 +73,8 @@
 //   save   after every `save_every`-th train step (counted over the whole run, resumed parts
 //          included), after the last train step of a table that --steps cut, at a stop, and at
 //          the end of a table that was not cut; never twice at the same step
-//   stop   when *interrupt becomes non-zero (a signal handler sets it) or after stop_at steps
+//   stop   when *interrupt becomes non-zero (a signal handler sets it) or after stop_at steps;
+//          inside an infer row that writes a file, at the end of that row (files are whole)
 //
 // Coming before the staging of the next step, they find the feeds' cursors at the state's
 // position (the batches of the steps done read, none ahead), and the last launched step waited
@@ -86,6 +92,7 @@
 
 #include "backend.h"  // backend, backend_graph
 #include "data.h"     // data_feed, data_info
+#include "infer_out.h"  // infer_out
 #include "model.h"    // model, model_mode
 #include "optim.h"    // optim_lr_row
 #include "recipe.h"
@@ -100,6 +107,8 @@ typedef struct sched_row {
     uint64_t steps;
     recipe_dataset dataset;  // eval and infer rows
     uint32_t line;           // the recipe line it came from (0: added by sched_interleave_eval)
+    uint32_t output;         // infer rows that write a file: 1 + its index in sched_env.outputs
+                             // (the recipe row's index); 0: none
 } sched_row;
 
 typedef struct sched_table {
@@ -155,6 +164,9 @@ uint64_t sched_rows_hash(const sched_table *t, uint32_t count);
 qt_status sched_check_position(const sched_table *t, const sched_state *s,
                                uint64_t saved_rows_hash, sched_row saved_row);
 
+// `qtrain infer`: one infer row of one pass over the (train) dataset, writing outputs[0].
+void sched_table_infer(uint64_t samples, uint32_t batch, sched_table *t);
+
 // What the loop tells its caller after each record it reads.
 typedef struct sched_progress {
     const qt_trace_record *record;
@@ -183,6 +195,8 @@ typedef struct sched_env {
     data_feed *train_plain;   // the train set in file order (eval / infer rows on it)
     data_feed *eval_feed;     // the eval set in file order, or NULL
     trace_writer *trace;      // NULL: no trace
+    trace_checker *check;     // NULL: no golden trace; else each record must match its own
+    infer_out *outputs;       // the files of infer rows with an output (sched_row.output)
     sched_progress_fn progress;
     void *progress_ctx;
     // Checkpoints: save (NULL: none) is called at the save points above with the state after

@@ -1,5 +1,6 @@
-// trace: the text trace file (one line per step, every field printed exactly) and the comparison
-// of two traces (`qtrain diff A B`).
+// trace: the text trace file (one line per step, every field printed exactly), the comparison
+// of two traces (`qtrain diff A B`), reading records back (`qtrain plot`) and checking a run
+// against a golden trace as it goes (`qtrain run --check`).
 //
 // Owns the writer's file descriptor and line buffer (inside trace_writer, caller storage) from
 // trace_open to trace_close. Callers: the schedule loop, which writes the records it reads from
@@ -91,6 +92,60 @@ qt_status trace_write(trace_writer *w, const qt_trace_record *r);
 qt_status trace_flush(trace_writer *w, bool durable);
 // Writes what is buffered and closes the file; the writer is done even when this fails.
 qt_status trace_close(trace_writer *w);
+
+// Lines of a trace: from a file through `buffer`, or from memory the caller holds (the golden
+// trace). Internal to trace.c; public only so that the structs below can hold one.
+typedef struct trace_lines {
+    const char *path;
+    int fd;                         // -1 for memory
+    bool file_end;
+    uint64_t line;                  // number of the line last returned, from 1
+    size_t start, end;              // unread bytes: text[start, end)
+    char *text;                     // buffer, or the caller's memory
+    char buffer[2 * TRACE_LINE_BYTES_MAX];
+} trace_lines;
+
+// A trace file read record by record (`qtrain plot`).
+typedef struct trace_reader {
+    trace_lines lines;
+    trace_header header;
+} trace_reader;
+
+// Opens the file and parses its header (errors as trace_diff's).
+qt_status trace_reader_open(trace_reader *r, const char *path);
+// The next record, every field parsed from its bits; *have is false at the end of the file.
+// QT_ERR_INPUT (file:line) for a line that is not a record as trace_format_record writes it.
+qt_status trace_reader_next(trace_reader *r, qt_trace_record *rec, bool *have);
+void trace_reader_close(trace_reader *r);
+
+// Golden-trace replay (`qtrain run --check GOLDEN`): the golden file is read whole into caller
+// memory at start-up (trace_check_bytes tells how much), its header and the completeness of its
+// last line checked there; then every record the run produces is formatted as a trace line and
+// compared with the golden trace's next line, so that a run is checked exactly as `qtrain diff`
+// would compare its trace, without writing one. Each check that fails returns QT_ERR_MISMATCH
+// with a message naming the step, the field and both values (as trace_diff reports them).
+typedef struct trace_checker {
+    trace_lines lines;              // over the caller's memory
+    trace_header golden;
+    uint64_t records;               // records matched so far
+    char line[TRACE_LINE_BYTES_MAX];  // the run's record, formatted
+} trace_checker;
+
+// Bytes of memory trace_check_load needs for the golden trace at path. QT_ERR_IO when it cannot
+// be read.
+qt_status trace_check_bytes(const char *path, uint64_t *bytes);
+// Reads the golden trace into memory (bytes from trace_check_bytes) and parses its header.
+// QT_ERR_INPUT (file:line) when it is not a trace or is cut short in a line.
+qt_status trace_check_load(trace_checker *c, const char *path, char *memory, uint64_t bytes);
+// The run's header (recipe hash, quantizers, checksum interval) against the golden trace's.
+qt_status trace_check_header(trace_checker *c, const trace_header *h);
+// Passes over the golden records before `step` (a resumed run's records begin at its
+// checkpoint's step; nothing to pass over at step 0 or where the checker already stands).
+qt_status trace_check_skip_to(trace_checker *c, uint64_t step);
+// The run's next record against the golden trace's next record (or its end).
+qt_status trace_check_record(trace_checker *c, const qt_trace_record *r);
+// After the run's last record: the golden trace must end too.
+qt_status trace_check_end(trace_checker *c);
 
 // Compares two trace files. Prints to `out` either `identical: N records` or the first
 // difference: a header field, then the first step whose record differs, with the field and both

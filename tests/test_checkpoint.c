@@ -432,6 +432,101 @@ static void test_gpu_syncs(void) {
     test_end();
 }
 
+// --check across a stop: the stopped run matches the golden trace so far (the golden trace goes
+// on), the run resumed from its checkpoint matches it from its first step (the records before are
+// passed over), and a resumed run is still checked: against the trace of another seed it fails
+// at its first record.
+static void test_golden_resume(void) {
+    test_begin("check_golden_trace_across_stop_and_resume");
+    const char *text = resume_text("mxfp8", NULL);
+    char full[PATH_BYTES], trace[PATH_BYTES], ckpt[PATH_BYTES], other[PATH_BYTES];
+    prepare(text, "golden", full, trace, ckpt);
+    job a = job_of(text, BACKEND_REF, trace);
+    a.options.save_path = ckpt;
+    a.options.stop_at = 57;
+    a.options.golden_path = full;
+    job_run(&a);
+    job_expect_ok(&a, "the stopped run checked against the whole trace");
+    job c = job_of(text, BACKEND_REF, NULL);
+    c.resume = ckpt;
+    c.options.golden_path = full;
+    job_run(&c);
+    job_expect_ok(&c, "the resumed run checked against the whole trace");
+    CHECK(c.summary.steps[0] + c.summary.steps[1] + c.summary.steps[2] == RESUME_STEPS - 57,
+          "the resumed run ran %llu steps", (unsigned long long)(c.summary.steps[0] +
+          c.summary.steps[1] + c.summary.steps[2]));
+    temp_path(other, sizeof other, "seed99.trace");
+    job d = job_of(text, BACKEND_REF, other);
+    d.options.seed_given = true;
+    d.options.seed = 99;
+    job_run(&d);
+    job_expect_ok(&d, "the run of seed 99");
+    job e = job_of(text, BACKEND_REF, NULL);
+    e.resume = ckpt;
+    e.options.golden_path = other;
+    job_run(&e);
+    CHECK(e.status == QT_ERR_MISMATCH && strstr(e.message, "diverges from the golden trace at "
+          "step 57 "), "against another seed's trace: %s: %s", qt_status_name(e.status),
+          e.message);
+    test_end();
+}
+
+static bool same_bytes(const char *a, const char *b) {
+    size_t na = 0, nb = 0;
+    uint8_t *fa = file_bytes(a, &na), *fb = file_bytes(b, &nb);
+    bool same = fa && fb && na == nb && memcmp(fa, fb, na) == 0;
+    free(fa);
+    free(fb);
+    return same;
+}
+
+// The infer row of the resume recipe writes a file: a stop inside it waits for the row's end
+// (the file is whole and committed), the run resumed after it leaves that file alone (no refusal
+// of an existing file it will not write); a run stopped before the row writes no file, and the
+// resumed one writes the uninterrupted run's bytes.
+static void test_outputs_across_stops(void) {
+    test_begin("infer_row_files_whole_across_stop_and_resume");
+    char rows[PATH_BYTES], kept[PATH_BYTES], row[PATH_BYTES + 64];
+    temp_path(rows, sizeof rows, "rows.npy");
+    temp_path(kept, sizeof kept, "full_rows.npy");
+    snprintf(row, sizeof row, "infer 2 train output=%s\n", rows);
+    static char text[RECIPE_TEXT_MAX];
+    const char *base = resume_text("bf16", NULL);
+    const char *at = strstr(base, "infer 2 train\n");
+    if (at) {
+        snprintf(text, sizeof text, "%.*s%s%s", (int)(at - base), base, row,
+                 at + strlen("infer 2 train\n"));
+    }
+    char full[PATH_BYTES], trace[PATH_BYTES], ckpt[PATH_BYTES];
+    unlink(rows);
+    prepare(text, "outputs", full, trace, ckpt);
+    CHECK(at && rename(rows, kept) == 0, "the uninterrupted run wrote no %s", rows);
+    static const uint64_t stop_at[2] = {105, 100};  // inside the infer row (104, 105), before it
+    for (int i = 0; i < 2; i++) {
+        unlink(ckpt);
+        unlink(trace);
+        job a = run_saving(text, BACKEND_REF, trace, ckpt, 0, stop_at[i], 0);
+        if (a.status == QT_OK) {
+            uint64_t expected = i == 0 ? 106 : 100;
+            CHECK(the_run.state.step == expected, "stop at %llu: stopped at step %llu, expected "
+                  "%llu", (unsigned long long)stop_at[i],
+                  (unsigned long long)the_run.state.step, (unsigned long long)expected);
+            job_close(&a);
+        }
+        bool written = access(rows, F_OK) == 0;
+        CHECK(written == (i == 0) && (!written || same_bytes(rows, kept)), "stop at %llu: the "
+              "file is %s", (unsigned long long)stop_at[i], written ? "not the whole run's" :
+              "missing");
+        run_resumed(text, BACKEND_REF, trace, ckpt);
+        CHECK(same_file(full, trace), "stop at %llu: traces differ",
+              (unsigned long long)stop_at[i]);
+        CHECK(same_bytes(rows, kept), "stop at %llu: after the resumed run the file is not the "
+              "whole run's", (unsigned long long)stop_at[i]);
+        unlink(rows);
+    }
+    test_end();
+}
+
 // ---------------------------------------------------------------------------------------------
 // Refusals
 
@@ -991,6 +1086,8 @@ int main(void) {
     for (size_t i = 0; i < FORMATS_COUNT; i++) test_resume_bitwise(&formats[i], BACKEND_REF);
     test_saves_change_nothing();
     test_steps_cut();
+    test_golden_resume();
+    test_outputs_across_stops();
     test_refuse_foreign();
     test_refuse_damage();
     test_killed_writer();
