@@ -7,8 +7,8 @@
 // the step's record). One thread.
 //
 // Where the numbers come from: the infer program copies the model's last activation, BF16
-// [batch][outputs], into a pinned host slot (model_io.outputs, one slot per staging slot); the
-// loop reads slot step % 2 when it reads the step's record, SCHED_LAG steps after the launch,
+// [batch][outputs], into pinned host slot step % MODEL_OUTPUT_SLOTS (model_io.outputs); the
+// loop reads it when it reads the step's record, at most SCHED_LAG steps after the launch,
 // with no synchronization of its own (the record's event covers the copy). The file gets
 //
 //   logits       float32 [rows][outputs]: each BF16 value widened exactly

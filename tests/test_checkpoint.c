@@ -49,13 +49,18 @@ static void temp_path(char *out, size_t bytes, const char *name) {
     snprintf(out, bytes, "%s/%s", tmp_dir, name);
 }
 
-// Whether two files hold the same bytes; the first difference of two traces is reported.
-static bool same_file(const char *a, const char *b) {
+static bool same_bytes(const char *a, const char *b) {
     size_t na = 0, nb = 0;
     uint8_t *fa = file_bytes(a, &na), *fb = file_bytes(b, &nb);
     bool same = fa && fb && na == nb && memcmp(fa, fb, na) == 0;
     free(fa);
     free(fb);
+    return same;
+}
+
+// Whether two traces hold the same bytes; the first difference is reported.
+static bool same_file(const char *a, const char *b) {
+    bool same = same_bytes(a, b);
     if (!same) {
         bool identical = false;
         printf("  %s and %s differ:\n  ", a, b);
@@ -469,15 +474,6 @@ static void test_golden_resume(void) {
           "step 57 "), "against another seed's trace: %s: %s", qt_status_name(e.status),
           e.message);
     test_end();
-}
-
-static bool same_bytes(const char *a, const char *b) {
-    size_t na = 0, nb = 0;
-    uint8_t *fa = file_bytes(a, &na), *fb = file_bytes(b, &nb);
-    bool same = fa && fb && na == nb && memcmp(fa, fb, na) == 0;
-    free(fa);
-    free(fb);
-    return same;
 }
 
 // The infer row of the resume recipe writes a file: a stop inside it waits for the row's end
