@@ -813,21 +813,29 @@ static qt_status parse_synthetic(parser *p, const token *v, uint32_t n, recipe_s
     return option_require(&p->at, names, 0x7u, seen, owner);
 }
 
+// `idx IMAGES LABELS` and `npy FEATURES LABELS_OR_TARGETS`: two paths.
+static qt_status parse_paths(parser *p, const token *v, uint32_t n, const char *usage,
+                             recipe_source *s) {
+    if (n < 3) return fail(&p->at, p->at.end_col, "expected '%s', found end of line", usage);
+    QT_TRY(path_copy(p, &v[1], s->images));
+    QT_TRY(path_copy(p, &v[2], s->labels));
+    return expect_end(&p->at, v, n, 3);
+}
+
 static qt_status parse_source(parser *p, const token *v, uint32_t n, recipe_source *s) {
     memset(s, 0, sizeof *s);
     s->line = p->at.line;
     s->col = v[0].col;
     if (strcmp(v[0].text, "idx") == 0) {
-        if (n < 3) {
-            return fail(&p->at, p->at.end_col, "expected 'idx IMAGES LABELS', found end of line");
-        }
         s->kind = RECIPE_SOURCE_IDX;
-        QT_TRY(path_copy(p, &v[1], s->images));
-        QT_TRY(path_copy(p, &v[2], s->labels));
-        return expect_end(&p->at, v, n, 3);
+        return parse_paths(p, v, n, "idx IMAGES LABELS", s);
+    }
+    if (strcmp(v[0].text, "npy") == 0) {
+        s->kind = RECIPE_SOURCE_NPY;
+        return parse_paths(p, v, n, "npy FEATURES LABELS_OR_TARGETS", s);
     }
     if (strcmp(v[0].text, "synthetic") == 0) return parse_synthetic(p, v, n, s);
-    return fail(&p->at, v[0].col, "unknown data source '%.*s'; expected idx or synthetic",
+    return fail(&p->at, v[0].col, "unknown data source '%.*s'; expected idx, npy or synthetic",
                 QUOTE_BYTES, v[0].text);
 }
 
@@ -991,6 +999,41 @@ static qt_status parse_row_lr(parser *p, recipe_row *row, uint32_t row_index) {
     return expect_end(&p->at, t, n, 4);
 }
 
+// An infer row's `output=FILE` and `argmax`, from tokens[first]: the file gets the row's outputs.
+static qt_status parse_row_output(parser *p, recipe_row *row, uint32_t first) {
+    static const char *const names[] = {"output"};
+    const token *t = p->tokens;
+    uint32_t n = p->tokens_count, seen = 0, argmax_col = 0;
+    for (uint32_t i = first; i < n; i++) {
+        if (strcmp(t[i].text, "argmax") == 0) {
+            if (row->argmax) return fail(&p->at, t[i].col, "option 'argmax' given twice");
+            row->argmax = true;
+            argmax_col = t[i].col;
+            continue;
+        }
+        if (strchr(t[i].text, '=') == NULL) {
+            return fail_expected(&p->at, t, n, i, first == 2 ? "train, eval, output=FILE, argmax "
+                                 "or end of line" : "output=FILE, argmax or end of line");
+        }
+        uint32_t index;
+        token value;
+        QT_TRY(option_split(&p->at, &t[i], names, 1, "infer", &seen, &index, &value));
+        QT_TRY(path_copy(p, &value, row->output));
+        for (uint32_t j = 0; j < p->r->rows_count; j++) {
+            if (strcmp(p->r->rows[j].output, row->output) == 0) {
+                return fail(&p->at, value.col, "output file '%s' is also written by the infer "
+                            "row of line %u; expected one file per row", row->output,
+                            p->r->rows[j].line);
+            }
+        }
+    }
+    if (row->argmax && row->output[0] == '\0') {
+        return fail(&p->at, argmax_col, "argmax applies to the file of output=FILE; expected "
+                    "output=FILE on this row");
+    }
+    return QT_OK;
+}
+
 static qt_status parse_row(parser *p) {
     static const char *const modes[] = {"train", "eval", "infer"};
     static const char *const datasets[] = {"train", "eval"};
@@ -1021,12 +1064,19 @@ static qt_status parse_row(parser *p) {
     }
     if (m == RECIPE_MODE_TRAIN) {
         QT_TRY(parse_row_lr(p, row, index));
-    } else if (n >= 3) {
-        int d = find_name(datasets, 2, t[2].text);
-        if (d < 0) return fail_expected(&p->at, t, n, 2, "train, eval or end of line");
-        row->dataset = d == 0 ? RECIPE_DATASET_TRAIN : RECIPE_DATASET_EVAL;
-        p->rows_dataset_given |= UINT64_C(1) << index;
-        QT_TRY(expect_end(&p->at, t, n, 3));
+    } else {
+        uint32_t next = 2;
+        int d = n > 2 ? find_name(datasets, 2, t[2].text) : -1;
+        if (d >= 0) {
+            row->dataset = d == 0 ? RECIPE_DATASET_TRAIN : RECIPE_DATASET_EVAL;
+            p->rows_dataset_given |= UINT64_C(1) << index;
+            next = 3;
+        }
+        if (m == RECIPE_MODE_INFER) QT_TRY(parse_row_output(p, row, next));
+        if (m == RECIPE_MODE_EVAL && next < n) {
+            if (d >= 0) return expect_end(&p->at, t, n, next);
+            return fail_expected(&p->at, t, n, next, "train, eval or end of line");
+        }
     }
     r->rows_count++;
     return QT_OK;
@@ -1198,17 +1248,21 @@ static qt_status finish_model(const parser *p) {
 }
 
 static qt_status check_source(const parser *p, const recipe_source *s) {
-    static const char *const kinds[] = {"none", "idx", "synthetic teacher", "synthetic classes"};
+    static const char *const kinds[] = {"none", "idx", "synthetic teacher", "synthetic classes",
+                                        "npy"};
     const recipe_model *m = &p->r->model;
     const char *file = p->at.file;
+    // An .npy pair holds labels or targets, and its widths, as its files say: runtime/data.c
+    // checks them against the model and the loss when it reads the headers.
+    if (s->kind == RECIPE_SOURCE_NPY) return QT_OK;
     bool labels = s->kind == RECIPE_SOURCE_IDX || s->kind == RECIPE_SOURCE_CLASSES;
     if (m->loss == RECIPE_LOSS_SOFTMAX_XENT && !labels) {
         return recipe_fail_at(QT_ERR_INPUT, file, s->line, s->col, "loss softmax_xent needs class "
-                              "labels (idx or synthetic classes), found %s", kinds[s->kind]);
+                              "labels (idx, npy or synthetic classes), found %s", kinds[s->kind]);
     }
     if (m->loss == RECIPE_LOSS_MSE && labels) {
         return recipe_fail_at(QT_ERR_INPUT, file, s->line, s->col, "loss mse needs regression "
-                              "targets (synthetic teacher), found %s", kinds[s->kind]);
+                              "targets (npy or synthetic teacher), found %s", kinds[s->kind]);
     }
     if (s->kind == RECIPE_SOURCE_IDX) return QT_OK;  // widths are known once the files are read
     if (s->inputs != m->input_features) {

@@ -40,16 +40,21 @@
 //   batch = N
 //   seed = N                                 optional, 0 (the shuffle seed)
 //     SOURCE = idx IMAGES LABELS             paths without blanks; .gz is read through zlib
+//            | npy FEATURES LABELS_OR_TARGETS   .npy files: features 2-D float32 or uint8;
+//                                           labels 1-D integers or targets 2-D float32
 //            | synthetic teacher inputs=N outputs=N samples=N [seed=N]
 //            | synthetic classes inputs=N classes=N samples=N [seed=N]
 //   [schedule]                               rows run in order
 //   train STEPS [constant LR | warmup LR -> LR | cosine LR -> LR]    default: constant optim lr
 //   eval STEPS|all [train|eval]              default dataset: eval
-//   infer STEPS|all [train|eval]             default dataset: eval if given, else train
+//   infer STEPS|all [train|eval] [output=FILE] [argmax]
+//                                            default dataset: eval if given, else train; FILE
+//                                            (.npy) gets the logits, or with argmax the classes
 //
 // Layer names (linear, moe, rmsnorm) are unique in the whole model. The roles of a moe layer NAME
 // are NAME.router (module router) and NAME.fc1, NAME.fc2 (module grouped_linear). softmax_xent
-// needs class labels (idx or synthetic classes) and mse regression targets (synthetic teacher).
+// needs class labels (idx, npy labels or synthetic classes) and mse regression targets (npy
+// targets or synthetic teacher); an npy pair is checked against the loss when its files are read.
 #ifndef QT_RECIPE_H
 #define QT_RECIPE_H
 
@@ -148,13 +153,14 @@ typedef enum recipe_source_kind {
     RECIPE_SOURCE_NONE,
     RECIPE_SOURCE_IDX,
     RECIPE_SOURCE_TEACHER,       // synthetic regression: targets from a seeded teacher network
-    RECIPE_SOURCE_CLASSES        // synthetic classification: seeded random samples and labels
+    RECIPE_SOURCE_CLASSES,       // synthetic classification: seeded random samples and labels
+    RECIPE_SOURCE_NPY            // .npy features and labels (1-D) or regression targets (2-D)
 } recipe_source_kind;
 
 typedef struct recipe_source {
     recipe_source_kind kind;
-    char images[RECIPE_PATH_MAX];  // idx
-    char labels[RECIPE_PATH_MAX];  // idx
+    char images[RECIPE_PATH_MAX];  // idx: the images; npy: the features
+    char labels[RECIPE_PATH_MAX];  // idx: the labels; npy: labels or targets; "": inputs only
     uint32_t inputs;             // synthetic
     uint32_t outputs;            // teacher: target width; classes: number of classes
     uint64_t samples;            // synthetic
@@ -186,6 +192,8 @@ typedef struct recipe_row {
     float lr_from;
     float lr_to;
     recipe_dataset dataset;      // eval/infer rows
+    char output[RECIPE_PATH_MAX];  // infer rows: the .npy file of the outputs, or ""
+    bool argmax;                 // infer rows with an output: predicted classes, not logits
     uint32_t line;
 } recipe_row;
 

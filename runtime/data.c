@@ -3,11 +3,13 @@
 #include <errno.h>
 #include <fcntl.h>   // open
 #include <pthread.h>  // start-up generation threads
+#include <stdio.h>    // snprintf
 #include <string.h>
 #include <unistd.h>  // read, close
 #include <zlib.h>    // inflate, for .gz IDX files
 
 #include "core.h"    // qt_fill_value, qt_mix64
+#include "npy.h"     // npy_open, npy_read: .npy sources
 #include "philox.h"  // qt_philox_at
 
 #define IDX_MAGIC_IMAGES 0x00000803u  // unsigned bytes, 3 dims: count, rows, cols
@@ -285,7 +287,8 @@ static qt_status probe_idx(const recipe_source *src, uint32_t features, uint32_t
                            data_info *info) {
     idx_header im, lb;
     QT_TRY(idx_probe_file(src->images, true, &im));
-    QT_TRY(idx_probe_file(src->labels, false, &lb));
+    lb = im;  // inputs only: no label file, no count to compare
+    if (src->labels[0] != '\0') QT_TRY(idx_probe_file(src->labels, false, &lb));
     if (im.count != lb.count) {
         return qt_fail(QT_ERR_INPUT, "%s: %llu labels, but %s holds %llu images; expected the "
                        "label file that belongs to these images", src->labels,
@@ -340,6 +343,78 @@ static qt_status probe_synthetic(const recipe_source *src, uint32_t features, ui
     return QT_OK;
 }
 
+// .npy roles: features (samples, features) float32 or uint8; class labels (samples) of any
+// integer type NumPy commonly saves, or regression targets (samples, outputs) float32.
+static const npy_expect npy_features = {
+    "FEATURES", {0, 0, NPY_DTYPE_BIT(NPY_DTYPE_F32) | NPY_DTYPE_BIT(NPY_DTYPE_U8)}};
+static const npy_expect npy_targets = {
+    "LABELS_OR_TARGETS",
+    {0, NPY_DTYPE_BIT(NPY_DTYPE_U8) | NPY_DTYPE_BIT(NPY_DTYPE_I32) | NPY_DTYPE_BIT(NPY_DTYPE_I64),
+     NPY_DTYPE_BIT(NPY_DTYPE_F32)}};
+
+static qt_status probe_npy_targets(const recipe_source *src, const npy_info *x, uint32_t outputs,
+                                   data_info *info) {
+    npy_info y;
+    QT_TRY(npy_probe(src->labels, &npy_targets, &y));
+    const char *what = y.rank == 1 ? "labels" : "target rows";
+    if (y.shape[0] != x->shape[0]) {
+        return qt_fail(QT_ERR_INPUT, "%s: %llu %s, but %s holds %llu samples; expected one per "
+                       "sample, in the same order", src->labels, (unsigned long long)y.shape[0],
+                       what, src->images, (unsigned long long)x->shape[0]);
+    }
+    if (y.rank == 2 && y.shape[1] != outputs) {
+        return qt_fail(QT_ERR_INPUT, "%s: %llu regression targets per sample; the model's last "
+                       "layer has %u outputs: make them equal", src->labels,
+                       (unsigned long long)y.shape[1], outputs);
+    }
+    info->target_type = y.rank == 1 ? DATA_TARGET_LABEL : DATA_TARGET_VALUES;
+    return QT_OK;
+}
+
+static qt_status probe_npy(const recipe_source *src, uint32_t features, uint32_t outputs,
+                           data_info *info) {
+    npy_info x;
+    QT_TRY(npy_probe(src->images, &npy_features, &x));
+    if (x.shape[1] != features) {
+        return qt_fail(QT_ERR_INPUT, "%s: %llu features per sample; the model's input is %u: set "
+                       "`input = %llu` in [model]", src->images, (unsigned long long)x.shape[1],
+                       features, (unsigned long long)x.shape[1]);
+    }
+    if (x.shape[0] > DATA_SAMPLES_MAX) {
+        return qt_fail(QT_ERR_INPUT, "%s: %llu samples; at most %llu are supported (the shuffle "
+                       "indexes samples with 32 bits)", src->images,
+                       (unsigned long long)x.shape[0], (unsigned long long)DATA_SAMPLES_MAX);
+    }
+    info->kind = RECIPE_SOURCE_NPY;
+    info->samples = x.shape[0];
+    info->features = features;
+    info->image_rows = 1;
+    info->image_cols = features;
+    info->outputs = outputs;
+    info->input_type = x.dtype == NPY_DTYPE_U8 ? DATA_INPUT_U8 : DATA_INPUT_F32;
+    info->target_type = DATA_TARGET_LABEL;  // inputs only: padding labels
+    if (src->labels[0] != '\0') QT_TRY(probe_npy_targets(src, &x, outputs, info));
+    info_layout(info, info->input_type == DATA_INPUT_U8 ? 1 : sizeof(float), 0);
+    return QT_OK;
+}
+
+qt_status data_source_inputs(const char *path, recipe_source *out) {
+    memset(out, 0, sizeof *out);
+    if (strlen(path) >= sizeof out->images) {
+        return qt_fail(QT_ERR_INPUT, "input path '%.64s...' is longer than %zu bytes; use a "
+                       "shorter path", path, sizeof out->images - 1);
+    }
+    snprintf(out->images, sizeof out->images, "%s", path);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return qt_fail(QT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    char magic[NPY_MAGIC_BYTES];
+    ssize_t got = read(fd, magic, sizeof magic);
+    close(fd);
+    bool npy = got == NPY_MAGIC_BYTES && memcmp(magic, NPY_MAGIC, NPY_MAGIC_BYTES) == 0;
+    out->kind = npy ? RECIPE_SOURCE_NPY : RECIPE_SOURCE_IDX;
+    return QT_OK;
+}
+
 qt_status data_probe(const recipe_source *src, uint32_t features, uint32_t outputs,
                      data_info *info) {
     QT_ASSERT(features > 0 && outputs > 0);
@@ -348,6 +423,7 @@ qt_status data_probe(const recipe_source *src, uint32_t features, uint32_t outpu
     case RECIPE_SOURCE_IDX: return probe_idx(src, features, outputs, info);
     case RECIPE_SOURCE_TEACHER:
     case RECIPE_SOURCE_CLASSES: return probe_synthetic(src, features, outputs, info);
+    case RECIPE_SOURCE_NPY: return probe_npy(src, features, outputs, info);
     case RECIPE_SOURCE_NONE: break;
     }
     QT_ASSERT(!"data_probe: a source of kind NONE");
@@ -408,13 +484,133 @@ static qt_status widen_labels(stream *s, const data_info *info, int32_t *labels)
     return stream_expect_end(s, total);
 }
 
+// An inputs-only source (`qtrain infer`'s input) has no targets: every row is labelled as padding,
+// which the infer program never reads.
+static void fill_padding_labels(const data_info *info, int32_t *labels) {
+    QT_ASSERT(info->target_type == DATA_TARGET_LABEL);
+    for (uint64_t i = 0; i < info->samples; i++) labels[i] = DATA_LABEL_PAD;
+}
+
 static qt_status load_idx(const recipe_source *src, const data_info *info, uint8_t *dst) {
     // One stream at a time: the struct holds zlib's pool and window (about 64 KiB of stack).
     stream s;
     QT_TRY(load_idx_images(&s, src, info, dst));
+    if (src->labels[0] == '\0') {
+        fill_padding_labels(info, (int32_t *)(dst + info->targets_offset));
+        return QT_OK;
+    }
     QT_TRY(idx_reopen(&s, src->labels, false, info));
     qt_status status = widen_labels(&s, info, (int32_t *)(dst + info->targets_offset));
     stream_close(&s);
+    return status;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Loading .npy files
+
+// Opens a probed file again and checks that it still is what data_probe saw.
+static qt_status npy_reopen(npy_reader *r, const char *path, const npy_expect *expect,
+                            const data_info *info, uint32_t rank, uint64_t cols) {
+    QT_TRY(npy_open(r, path, expect));
+    if (r->info.rank != rank || r->info.shape[0] != info->samples || r->info.shape[1] != cols) {
+        npy_close(r);
+        return qt_fail(QT_ERR_MISMATCH, "%s: the file changed since it was probed; do not "
+                       "replace data files while qtrain starts", path);
+    }
+    return QT_OK;
+}
+
+// The model is trained on finite numbers only; a NaN or infinity in the data is a data error.
+static qt_status check_finite(const char *path, const char *role, const float *v,
+                              uint64_t count, uint64_t cols) {
+    for (uint64_t i = 0; i < count; i++) {
+        if ((qt_f32_bits(v[i]) & 0x7FFFFFFFu) >= 0x7F800000u) {
+            return qt_fail(QT_ERR_INPUT, "%s: %s of sample %llu, column %llu, is %s; qtrain trains "
+                           "on finite values: fix or drop that sample", path, role,
+                           (unsigned long long)(i / cols), (unsigned long long)(i % cols),
+                           v[i] != v[i] ? "NaN" : "infinite");
+        }
+    }
+    return QT_OK;
+}
+
+static qt_status load_npy_features(const recipe_source *src, const data_info *info,
+                                   uint8_t *dst) {
+    npy_reader r;
+    QT_TRY(npy_reopen(&r, src->images, &npy_features, info, 2, info->features));
+    bool u8 = r.info.dtype == NPY_DTYPE_U8;
+    qt_status status = QT_OK;
+    if (u8 != (info->input_type == DATA_INPUT_U8)) {
+        status = qt_fail(QT_ERR_MISMATCH, "%s: the file changed since it was probed; do not "
+                         "replace data files while qtrain starts", src->images);
+    }
+    if (status == QT_OK) status = npy_read(&r, dst + info->inputs_offset, info->inputs_bytes);
+    npy_close(&r);
+    if (status != QT_OK || u8) return status;
+    return check_finite(src->images, "the feature", (const float *)(dst + info->inputs_offset),
+                        info->samples * info->features, info->features);
+}
+
+static int64_t label_at(const uint8_t *chunk, npy_dtype dtype, size_t i) {
+    if (dtype == NPY_DTYPE_U8) return chunk[i];
+    if (dtype == NPY_DTYPE_I32) {
+        int32_t v;
+        memcpy(&v, chunk + i * 4, 4);
+        return v;
+    }
+    int64_t v;
+    memcpy(&v, chunk + i * 8, 8);
+    return v;
+}
+
+// Labels of any accepted integer type become the dataset's int32, each checked against the
+// number of classes.
+static qt_status load_npy_labels(npy_reader *r, const data_info *info, int32_t *labels) {
+    npy_dtype dtype = r->info.dtype;
+    uint32_t each = npy_dtype_bytes(dtype);
+    uint8_t chunk[4096];
+    for (uint64_t done = 0; done < info->samples;) {
+        uint64_t left = info->samples - done;
+        size_t n = left < sizeof chunk / each ? (size_t)left : sizeof chunk / each;
+        QT_TRY(npy_read(r, chunk, (uint64_t)n * each));
+        for (size_t i = 0; i < n; i++) {
+            int64_t label = label_at(chunk, dtype, i);
+            if (label < 0 || label >= (int64_t)info->outputs) {
+                return qt_fail(QT_ERR_INPUT, "%s: label %lld of sample %llu is out of range: the "
+                               "model's last layer has %u outputs, so labels must be in 0..%u",
+                               r->path, (long long)label, (unsigned long long)(done + i),
+                               info->outputs, info->outputs - 1);
+            }
+            labels[done + i] = (int32_t)label;
+        }
+        done += n;
+    }
+    return QT_OK;
+}
+
+static qt_status load_npy(const recipe_source *src, const data_info *info, uint8_t *dst) {
+    QT_TRY(load_npy_features(src, info, dst));
+    int32_t *labels = (int32_t *)(dst + info->targets_offset);
+    if (src->labels[0] == '\0') {
+        fill_padding_labels(info, labels);
+        return QT_OK;
+    }
+    bool values = info->target_type == DATA_TARGET_VALUES;
+    npy_reader r;
+    QT_TRY(npy_reopen(&r, src->labels, &npy_targets, info, values ? 2 : 1,
+                      values ? info->outputs : 1));
+    qt_status status;
+    if (values) {
+        float *targets = (float *)(dst + info->targets_offset);
+        status = npy_read(&r, targets, info->targets_bytes);
+        if (status == QT_OK) {
+            status = check_finite(src->labels, "the target", targets,
+                                  info->samples * info->outputs, info->outputs);
+        }
+    } else {
+        status = load_npy_labels(&r, info, labels);
+    }
+    npy_close(&r);
     return status;
 }
 
@@ -638,6 +834,8 @@ qt_status data_load_threads(const recipe_source *src, const data_info *info, voi
     uint8_t *base = dst;
     if (info->kind == RECIPE_SOURCE_IDX) {
         QT_TRY(load_idx(src, info, base));
+    } else if (info->kind == RECIPE_SOURCE_NPY) {
+        QT_TRY(load_npy(src, info, base));
     } else if (info->kind == RECIPE_SOURCE_CLASSES) {
         generate_classes(src, info, base, threads);
     } else {

@@ -1,11 +1,11 @@
-// data: datasets (IDX files, seeded synthetic sources), the per-epoch shuffle, the data cursor and
-// the assembly of batches into pinned host staging slots.
+// data: datasets (IDX files, .npy files, seeded synthetic sources), the per-epoch shuffle, the data
+// cursor and the assembly of batches into pinned host staging slots.
 //
 // Owns no memory. The caller (the planner) learns every size first and gives the bytes:
 //
-//   data_probe(source)  reads only the IDX headers (a .gz file is inflated just far enough to
-//                       see its header) or the synthetic parameters -> data_info with the bytes
-//                       of the dataset (a persistent host arena region, category staging)
+//   data_probe(source)  reads only the IDX or .npy headers (a .gz file is inflated just far
+//                       enough to see its header) or the synthetic parameters -> data_info with
+//                       the bytes of the dataset (a persistent host arena region, category staging)
 //   data_order_bytes    the shuffle's index table (train feeds only, host arena)
 //   data_slot_plan      one staging slot; the schedule loop has three (pinned host arena)
 //   data_load           fills the dataset region once, at start-up, validating everything
@@ -16,7 +16,7 @@
 //   0 = inputs_offset             targets_offset              scratch_offset            bytes
 //   +-----------------------------+---------------------------+-------------------------+
 //   | inputs (samples, features)  | labels (samples) i32, or  | teacher weights or class|
-//   | u8 (IDX) or f32 (synthetic) | targets (samples, outputs)| centers f32 (synthetic; |
+//   | u8 (IDX, npy uint8) or f32  | targets (samples, outputs)| centers f32 (synthetic; |
 //   |                             | f32                       | data_load, then idle)   |
 //   +-----------------------------+---------------------------+-------------------------+
 //   each part starts at a multiple of DATA_ALIGN; bytes is rounded up to one
@@ -28,6 +28,11 @@
 // on both backends) in the device batch. The device batch, which the model's first op reads,
 // always holds FP32: it is the high-precision input that the first quantizer casts, and BF16
 // would round the data before the recipe does. Synthetic FP32 inputs are staged as they are.
+// .npy features follow their dtype: uint8 ones are pixels like IDX (x / 255 on the device), float32
+// ones are staged as they are, like synthetic inputs.
+//
+// Sources without targets: an idx or npy source whose labels path is empty (`qtrain infer`'s
+// input) has only inputs; its labels are all DATA_LABEL_PAD, which the infer program never reads.
 //
 // One staging slot and one device batch (offsets in data_slot_layout; 256-byte aligned so device
 // copies vectorize). The batch (data_batch_plan) has the slot's layout with FP32 inputs:
@@ -80,8 +85,8 @@
 #define DATA_THREADS_MAX 16                  // threads that generate synthetic data at start-up
 
 typedef enum data_input_type {
-    DATA_INPUT_U8,   // IDX pixels; staged as x / 255
-    DATA_INPUT_F32   // synthetic; staged as is
+    DATA_INPUT_U8,   // IDX pixels, npy uint8 features; staged as x / 255
+    DATA_INPUT_F32   // synthetic, npy float32 features; staged as is
 } data_input_type;
 
 typedef enum data_target_type {
@@ -158,20 +163,28 @@ typedef struct data_feed {
     data_cursor cursor;       // the next batch
 } data_feed;
 
-// Reads the headers of an IDX pair (or the parameters of a synthetic source), checks them against
-// the model (`features` inputs per sample; `outputs` classes for labels or target values per
-// sample) and fills *info. Errors name the file and the fix: a missing or unreadable file
-// (QT_ERR_IO), a bad magic, dims, counts that differ between images and labels, widths that do
-// not match the model, more than DATA_SAMPLES_MAX samples (QT_ERR_INPUT).
+// Reads the headers of an IDX or .npy pair (or the parameters of a synthetic source), checks them
+// against the model (`features` inputs per sample; `outputs` classes for labels or target values
+// per sample) and fills *info. An .npy pair's second file decides the target type: 1-D integers
+// are labels, 2-D float32 regression targets (the caller checks that against the loss). Errors
+// name the file and the fix: a missing or unreadable file (QT_ERR_IO), a bad magic, dims, dtype
+// or header, a truncated file, counts that differ between inputs and labels, widths that do not
+// match the model, more than DATA_SAMPLES_MAX samples (QT_ERR_INPUT).
 qt_status data_probe(const recipe_source *src, uint32_t features, uint32_t outputs,
                      data_info *info);
+
+// The inputs-only source of a file given on its own (`qtrain infer --input`): .npy features when
+// it starts with the .npy magic, else IDX images (plain or gzip; data_probe checks the magic).
+// QT_ERR_IO when it cannot be read, QT_ERR_INPUT when the path is too long.
+qt_status data_source_inputs(const char *path, recipe_source *out);
 
 // Fills dst (DATA_ALIGN aligned, at least info->bytes) with the dataset that data_probe described:
 // IDX files are read (through zlib when they start with the gzip magic, whatever their name) and
 // checked to the last byte (same headers as when probed, no truncation, no trailing bytes, the
-// gzip CRC, labels below outputs); synthetic sources are generated (deterministic functions of
-// their seed) on up to data_threads() threads. Uses about 64 KiB of stack for the inflate state
-// and window.
+// gzip CRC, labels below outputs); .npy files likewise (labels widened to int32 and checked,
+// float32 features and targets finite); synthetic sources are generated (deterministic functions
+// of their seed) on up to data_threads() threads. Uses about 64 KiB of stack for the inflate
+// state and window.
 qt_status data_load(const recipe_source *src, const data_info *info, void *dst, uint64_t bytes,
                     data_set *set);
 // data_load on `threads` threads (1 <= threads <= DATA_THREADS_MAX): the same bytes for every

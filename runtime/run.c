@@ -1,7 +1,14 @@
 #include "run.h"
 
+#include <errno.h>
 #include <string.h>
-#include <time.h>  // clock_gettime
+#include <time.h>    // clock_gettime
+#include <unistd.h>  // access
+
+#include "atomic_file.h"  // atomic_file_exists
+
+// The command-line flag that lets output files replace existing files (run_options).
+#define RUN_REPLACE_HINT "--force"
 
 qt_status run_backend_open(backend *b, bool ref, bool *fell_back) {
     *fell_back = false;
@@ -19,26 +26,61 @@ qt_status run_backend_open(backend *b, bool ref, bool *fell_back) {
 // ---------------------------------------------------------------------------------------------
 // Planning
 
+// An .npy pair's labels or targets are known once its files are read (the recipe parser checks
+// the other sources against the loss).
+static qt_status run_check_targets(const run *r, const recipe_source *src, const data_info *info) {
+    bool labels = info->target_type == DATA_TARGET_LABEL;
+    bool classification = r->recipe->model.loss == RECIPE_LOSS_SOFTMAX_XENT;
+    if (src->kind != RECIPE_SOURCE_NPY || labels == classification) return QT_OK;
+    return qt_fail(QT_ERR_INPUT, "%s (recipe line %u): %s holds %s, but the recipe's loss is %s; "
+                   "expected %s", r->recipe->file_name, src->line, src->labels,
+                   labels ? "class labels (1-D)" : "regression targets (2-D float32)",
+                   classification ? "softmax_xent" : "mse",
+                   classification ? "1-D integer class labels, or `loss = mse`"
+                                  : "2-D float32 targets (samples, outputs), or "
+                                    "`loss = softmax_xent`");
+}
+
+static const char *run_input_name(data_input_type type) {
+    return type == DATA_INPUT_U8 ? "uint8 (IDX, npy uint8)" : "float32 (synthetic, npy float32)";
+}
+
+// `qtrain infer`: the input file alone is the dataset.
+static qt_status run_probe_input(run *r) {
+    const recipe *rc = r->recipe;
+    QT_TRY(data_source_inputs(r->options.infer_input, &r->infer_source));
+    r->train_source = &r->infer_source;
+    return data_probe(&r->infer_source, rc->model.input_features, rc->model.output_features,
+                      &r->train_info);
+}
+
 static qt_status run_probe(run *r) {
     const recipe *rc = r->recipe;
     uint32_t in = rc->model.input_features, out = rc->model.output_features;
+    if (r->options.infer_input) return run_probe_input(r);
+    r->train_source = &rc->data.train;
     QT_TRY(data_probe(&rc->data.train, in, out, &r->train_info));
+    QT_TRY(run_check_targets(r, &rc->data.train, &r->train_info));
     r->has_eval = rc->data.eval.kind != RECIPE_SOURCE_NONE;
     if (!r->has_eval) return QT_OK;
     QT_TRY(data_probe(&rc->data.eval, in, out, &r->eval_info));
+    QT_TRY(run_check_targets(r, &rc->data.eval, &r->eval_info));
     // One staging layout serves both feeds, and it keeps the inputs in the dataset's type.
     if (r->eval_info.input_type != r->train_info.input_type) {
         return qt_fail(QT_ERR_INPUT, "%s: the train data has %s inputs but the eval data %s; "
-                       "expected both IDX files or both synthetic sources in [data]",
-                       rc->file_name,
-                       r->train_info.input_type == DATA_INPUT_U8 ? "IDX (u8)" : "synthetic",
-                       r->eval_info.input_type == DATA_INPUT_U8 ? "IDX (u8)" : "synthetic");
+                       "expected inputs of one type in [data]", rc->file_name,
+                       run_input_name(r->train_info.input_type),
+                       run_input_name(r->eval_info.input_type));
     }
     return QT_OK;
 }
 
 static qt_status run_table(run *r) {
     const run_options *o = &r->options;
+    if (o->infer_input) {
+        sched_table_infer(r->train_info.samples, r->recipe->data.batch, &r->table);
+        return QT_OK;
+    }
     uint64_t eval_samples = r->has_eval ? r->eval_info.samples : 0;
     QT_TRY(sched_table_build(r->recipe, r->train_info.samples, eval_samples,
                              r->recipe->data.batch, o->steps_limit, &r->table));
@@ -55,6 +97,107 @@ static qt_status run_table(run *r) {
     return QT_OK;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Output files of infer rows
+
+// The file and kind of outputs[index]: the recipe row's, or `qtrain infer`'s.
+static void run_output_spec(const run *r, uint32_t index, const char **path, bool *argmax) {
+    if (r->options.infer_input) {
+        QT_ASSERT(index == 0);
+        *path = r->options.infer_output;
+        *argmax = r->options.infer_argmax;
+        return;
+    }
+    QT_ASSERT(index < r->recipe->rows_count);
+    *path = r->recipe->rows[index].output;
+    *argmax = r->recipe->rows[index].argmax;
+}
+
+// One step's rows, converted for the file, in host memory planned with the rest (any row that
+// writes a file uses it; only one row runs at a time).
+static qt_status run_plan_outputs(run *r) {
+    for (uint32_t i = 0; i < r->table.row_count; i++) {
+        if (r->table.rows[i].output) r->has_outputs = true;
+    }
+    if (!r->has_outputs) return QT_OK;
+    uint64_t bytes = infer_out_scratch_bytes(r->recipe->data.batch, r->model.outputs);
+    return arena_reserve(&r->host, "infer.file_rows", bytes, 64, ARENA_CAT_STAGING,
+                         ARENA_LIFETIME_PERSISTENT, 0, &r->outputs_scratch);
+}
+
+// The first table row whose file a loop starting at the run's position writes: rows run whole
+// (a stop inside an infer row that writes a file waits for its end, runtime/schedule.h), so a
+// loop writes the files of the rows from its position on, and a resumed run none of the rows
+// before its checkpoint.
+static uint32_t run_outputs_from(const run *r) {
+    const sched_state *s = &r->state;
+    return s->row_step == 0 ? s->row : s->row + 1;
+}
+
+// An output file that exists stops the run before its steps (atomic_file_create checks again
+// when the file is made): at run_load, before the slow part of start-up, or once a resumed
+// run's position is known.
+static qt_status run_check_outputs(const run *r) {
+    for (uint32_t i = run_outputs_from(r); i < r->table.row_count; i++) {
+        const sched_row *row = &r->table.rows[i];
+        const char *path;
+        bool argmax;
+        if (!row->output || r->options.replace_outputs) continue;
+        run_output_spec(r, row->output - 1, &path, &argmax);
+        if (atomic_file_exists(path)) {
+            return qt_fail(QT_ERR_INPUT, "%s exists; qtrain does not replace files: remove it, "
+                           "choose another name, or pass %s to replace it", path,
+                           RUN_REPLACE_HINT);
+        }
+    }
+    return QT_OK;
+}
+
+static void run_outputs_abandon(run *r) {
+    for (uint32_t i = 0; i < RECIPE_SCHEDULE_ROWS_MAX; i++) infer_out_abandon(&r->outputs[i]);
+}
+
+// Creates the temporary file of every infer row from `from` on that writes one.
+static qt_status run_outputs_open(run *r, uint32_t from) {
+    const sched_state *s = &r->state;
+    if (s->row < r->table.row_count && s->row_step > 0 && r->table.rows[s->row].output) {
+        return qt_fail(QT_ERR_INPUT, "the run stands at step %llu of row %u, an infer row that "
+                       "writes a file, which runs whole; the checkpoint was not written by "
+                       "qtrain", (unsigned long long)s->row_step, s->row);
+    }
+    for (uint32_t i = from; i < r->table.row_count; i++) {
+        const sched_row *row = &r->table.rows[i];
+        if (!row->output) continue;
+        const char *path;
+        bool argmax;
+        run_output_spec(r, row->output - 1, &path, &argmax);
+        uint64_t samples = row->dataset == RECIPE_DATASET_EVAL ? r->eval_info.samples
+                                                                 : r->train_info.samples;
+        uint64_t rows = infer_out_rows(samples, r->recipe->data.batch, row->steps);
+        qt_status status = infer_out_open(&r->outputs[row->output - 1], path, argmax, rows,
+                                          r->recipe->data.batch, r->model.outputs,
+                                          arena_host_pointer(&r->host, r->outputs_scratch),
+                                          r->options.replace_outputs, RUN_REPLACE_HINT);
+        if (status != QT_OK) {
+            run_outputs_abandon(r);
+            return status;
+        }
+    }
+    return QT_OK;
+}
+
+// Commits the files of the rows from `from` that the loop finished (all of them, unless it
+// stopped); the others are removed, to be written whole by the run that continues.
+static qt_status run_outputs_commit(run *r, uint32_t from) {
+    qt_status status = QT_OK;
+    for (uint32_t i = from; i < r->state.row && status == QT_OK; i++) {
+        const sched_row *row = &r->table.rows[i];
+        if (row->output) status = infer_out_commit(&r->outputs[row->output - 1]);
+    }
+    run_outputs_abandon(r);  // what was not committed: rows after a stop, or after a failure
+    return status;
+}
+
 // The datasets and the shuffle order live in caller memory, not in an arena: only the host reads
 // them (the device sees batches through the pinned staging slots), so they need not be pinned,
 // and they can be loaded before the GPU is up (run_load), while another thread starts it.
@@ -67,7 +210,9 @@ static void run_layout_data(run *r) {
     r->data_order_offset = run_align(r->train_info.bytes);
     r->data_eval_offset = r->data_order_offset +
                           run_align(data_order_bytes(r->train_info.samples));
-    r->data_bytes = r->data_eval_offset + (r->has_eval ? run_align(r->eval_info.bytes) : 0);
+    r->data_golden_offset = r->data_eval_offset +
+                            (r->has_eval ? run_align(r->eval_info.bytes) : 0);
+    r->data_bytes = r->data_golden_offset + run_align(r->golden_bytes);
 }
 
 typedef qt_status (*run_build_fn)(model *m, program *p);
@@ -96,6 +241,25 @@ static qt_status run_build_programs(run *r) {
     return QT_OK;
 }
 
+// A fresh checkpoint path must not replace a file by surprise (the one resumed from is
+// expected to be replaced), and its folder must take files before the run starts.
+static qt_status run_check_save_path(const run_options *o) {
+    const char *path = o->save_path;
+    if (!path) return QT_OK;
+    if (access(path, F_OK) == 0 && !o->save_replaces) {
+        return qt_fail(QT_ERR_INPUT, "%s exists; a run saves over a checkpoint only when it "
+                       "resumes from it (--resume %s), so remove it or name another file",
+                       path, path);
+    }
+    char folder[CKPT_PATH_MAX];
+    ckpt_folder(path, folder, sizeof folder);
+    if (access(folder, W_OK) != 0) {
+        return qt_fail(QT_ERR_IO, "%s: cannot write checkpoints into this folder: %s", folder,
+                       strerror(errno));
+    }
+    return QT_OK;
+}
+
 qt_status run_plan(run *r, const recipe *rc, const char *text, size_t text_bytes,
                    const run_options *options) {
     memset(r, 0, sizeof *r);
@@ -103,6 +267,7 @@ qt_status run_plan(run *r, const recipe *rc, const char *text, size_t text_bytes
     r->options = *options;
     r->recipe_hash = trace_hash(text, text_bytes);
     r->seed = options->seed_given ? options->seed : rc->data.seed;
+    QT_ASSERT(!options->infer_input || options->infer_output);
     QT_TRY(run_probe(r));
     QT_TRY(run_table(r));
     arena_init(&r->dev, ARENA_KIND_DEVICE, "device");
@@ -115,8 +280,16 @@ qt_status run_plan(run *r, const recipe *rc, const char *text, size_t text_bytes
     mo.lr_row_count = r->table.lr_count;
     mo.data = &r->train_info;
     QT_TRY(model_plan(&r->model, rc, &r->dev, &r->host, &mo));
+    QT_TRY(run_plan_outputs(r));
+    if (options->golden_path) QT_TRY(trace_check_bytes(options->golden_path, &r->golden_bytes));
     run_layout_data(r);
     QT_TRY(run_build_programs(r));
+    if (options->save_path || options->checkpoints || options->from_path) {
+        QT_TRY(run_check_save_path(options));
+        QT_TRY(ckpt_plan(&r->ckpt, &r->model, r->recipe_hash, r->seed, rc->file_name,
+                         options->ckpt_chunk_bytes));
+        r->ckpt_planned = true;
+    }
     arena_pack(&r->dev);
     arena_pack(&r->host);
     return QT_OK;
@@ -150,9 +323,10 @@ qt_status run_load(run *r, void *memory, uint64_t bytes) {
     const recipe *rc = r->recipe;
     uint32_t batch = rc->data.batch;
     QT_ASSERT(((uintptr_t)memory % DATA_ALIGN) == 0 && bytes >= r->data_bytes);
+    if (!r->options.checkpoints) QT_TRY(run_check_outputs(r));  // else once resumed (or not)
     double t0 = run_clock();
     uint8_t *base = memory;
-    QT_TRY(data_load(&rc->data.train, &r->train_info, base + r->data_train_offset,
+    QT_TRY(data_load(r->train_source, &r->train_info, base + r->data_train_offset,
                      r->train_info.bytes, &r->train_set));
     data_feed_init(&r->train_feed, &r->train_set, batch, true, r->seed,
                    (uint32_t *)(void *)(base + r->data_order_offset));
@@ -161,6 +335,10 @@ qt_status run_load(run *r, void *memory, uint64_t bytes) {
         QT_TRY(data_load(&rc->data.eval, &r->eval_info, base + r->data_eval_offset,
                          r->eval_info.bytes, &r->eval_set));
         data_feed_init(&r->eval_feed, &r->eval_set, batch, false, 0, NULL);
+    }
+    if (r->options.golden_path) {
+        QT_TRY(trace_check_load(&r->check, r->options.golden_path,
+                                (char *)(base + r->data_golden_offset), r->golden_bytes));
     }
     r->data_loaded = true;
     r->timings.data_s = run_clock() - t0;
@@ -177,6 +355,15 @@ static qt_status run_capture(run *r) {
         QT_TRY(backend_capture(b, &r->checksum, &r->checksum_graph));
     }
     return QT_OK;
+}
+
+// `--from`: the model's regions of a checkpoint over the ones the init program wrote.
+static qt_status run_load_weights(run *r, const char *path) {
+    QT_ASSERT(r->ckpt_planned);
+    QT_TRY(ckpt_open(&r->reader, path));
+    qt_status status = ckpt_load_model(&r->reader, &r->ckpt, r->backend, &r->dev, &r->host);
+    ckpt_close(&r->reader);
+    return status;
 }
 
 qt_status run_bind(run *r, backend *b, void *ref_dev, void *ref_host) {
@@ -198,6 +385,7 @@ qt_status run_bind(run *r, backend *b, void *ref_dev, void *ref_host) {
     }
     QT_TRY(backend_run(b, &r->init));
     QT_TRY(backend_finish(b));
+    if (r->options.from_path) QT_TRY(run_load_weights(r, r->options.from_path));
     double t3 = run_clock();
     if (!r->options.eager) QT_TRY(run_capture(r));
     double t4 = run_clock();
@@ -208,9 +396,10 @@ qt_status run_bind(run *r, backend *b, void *ref_dev, void *ref_host) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Running
+// The trace
 
-static qt_status run_trace_open(run *r) {
+// The trace's header: what the trace file starts with and what a golden trace must match.
+static const trace_header *run_trace_header(const run *r) {
     static trace_header h;  // 4 KiB of names
     memset(&h, 0, sizeof h);
     h.recipe_hash = r->recipe_hash;
@@ -219,8 +408,134 @@ static qt_status run_trace_open(run *r) {
     for (uint32_t i = 0; i < h.quantizers_count; i++) {
         model_trace_name(&r->model, i, h.quantizer_names[i], TRACE_NAME_MAX);
     }
-    return trace_open(&r->trace, r->options.trace_path, &h);
+    return &h;
 }
+
+static qt_status run_trace_open(run *r) {
+    const trace_header *h = run_trace_header(r);
+    if (r->trace_continues) {
+        return trace_continue(&r->trace, r->options.trace_path, h, r->trace_bytes,
+                              r->trace_hash, r->trace_records);
+    }
+    return trace_open(&r->trace, r->options.trace_path, h);
+}
+
+// The loop with what surrounds it: the golden trace's header checked first (and its records
+// before a resumed run's first step passed over), the output files of the rows this loop runs
+// opened before and committed after.
+static qt_status run_loop(run *r, const sched_env *env, sched_summary *out) {
+    if (env->check) {
+        QT_TRY(trace_check_header(env->check, run_trace_header(r)));
+        QT_TRY(trace_check_skip_to(env->check, r->state.step));
+    }
+    uint32_t outputs_from = run_outputs_from(r);
+    if (r->has_outputs) QT_TRY(run_outputs_open(r, outputs_from));
+    QT_TRY(sched_run(env, &r->table, &r->state, out));
+    // A stopped run has more records to come: the golden trace goes on.
+    if (env->check && !out->stopped) QT_TRY(trace_check_end(env->check));
+    return r->has_outputs ? run_outputs_commit(r, outputs_from) : QT_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checkpoints
+
+qt_status run_save(run *r, const char *path) {
+    QT_ASSERT(r->bound && r->ckpt_planned);
+    double t0 = run_clock();
+    if (r->trace_active) {
+        // The trace's bytes up to this step are on disk before a checkpoint names them.
+        QT_TRY(trace_flush(&r->trace, true));
+        r->trace_bytes = r->trace.bytes_written;
+        r->trace_records = r->trace.records;
+        r->trace_hash = r->trace.hash;
+    }
+    ckpt_host host;
+    memset(&host, 0, sizeof host);
+    host.state = r->state;
+    // The loop saves before it stages the next step's batch, so each feed stands after the
+    // batches of the steps done (runtime/schedule.h): its cursor is the state's.
+    host.state.train = r->train_feed.cursor;
+    host.state.train_plain = r->train_plain.cursor;
+    if (r->has_eval) host.state.eval = r->eval_feed.cursor;
+    host.trace_bytes = r->trace_bytes;
+    host.trace_records = r->trace_records;
+    host.trace_hash = r->trace_hash;
+    const sched_table *t = &r->table;
+    host.rows_hash = sched_rows_hash(t, r->state.row);
+    host.row_count = t->row_count;
+    if (r->state.row < t->row_count) {
+        const sched_row *row = &t->rows[r->state.row];
+        host.row_mode = row->mode;
+        host.row_dataset = row->dataset;
+        host.row_steps = row->steps;
+    }
+    QT_TRY(ckpt_save(&r->ckpt, r->backend, &r->dev, &r->host, &host, path,
+                     r->options.ckpt_hook, r->options.ckpt_hook_ctx));
+    r->saves.count++;
+    r->saves.last_step = r->state.step;
+    r->saves.last_train_step = r->state.train_steps;
+    r->saves.seconds += run_clock() - t0;
+    return QT_OK;
+}
+
+// The schedule loop's save points (its state is r->state).
+static qt_status run_save_point(void *ctx, const sched_state *state) {
+    run *r = ctx;
+    QT_ASSERT(state == &r->state);
+    return run_save(r, r->options.save_path);
+}
+
+// The device's step counter must be the host state's step: both come from one checkpoint.
+static qt_status run_check_counter(run *r) {
+    uint64_t counter = 0;
+    QT_TRY(backend_read(r->backend, &counter, (prog_ref){&r->dev, r->model.io.counter, 0}, 8));
+    if (counter != r->state.step) {
+        return qt_fail(QT_ERR_INPUT, "%s: inconsistent: the device step counter says %llu, the "
+                       "host state %llu; the file was not written by qtrain", r->reader.path,
+                       (unsigned long long)counter, (unsigned long long)r->state.step);
+    }
+    return QT_OK;
+}
+
+static qt_status run_resume_from(run *r) {
+    ckpt_reader *rd = &r->reader;
+    QT_TRY(ckpt_match(rd, &r->ckpt));
+    const ckpt_host *host = &rd->table.host;
+    sched_row saved = {(model_mode)host->row_mode, host->row_steps,
+                       (recipe_dataset)host->row_dataset, 0, 0};
+    if (host->row_mode >= MODEL_MODE_COUNT) {
+        return qt_fail(QT_ERR_INPUT, "%s: host state: row mode %u; the file was not written by "
+                       "qtrain", rd->path, host->row_mode);
+    }
+    QT_TRY(sched_check_position(&r->table, &host->state, host->rows_hash, saved));
+    QT_TRY(data_feed_seek(&r->train_feed, host->state.train));
+    QT_TRY(data_feed_seek(&r->train_plain, host->state.train_plain));
+    if (r->has_eval) QT_TRY(data_feed_seek(&r->eval_feed, host->state.eval));
+    QT_TRY(ckpt_load(rd, &r->ckpt, r->backend, &r->dev, &r->host));
+    r->state = host->state;
+    QT_TRY(run_check_counter(r));
+    QT_TRY(run_check_outputs(r));
+    r->trace_continues = true;
+    r->trace_bytes = host->trace_bytes;
+    r->trace_records = host->trace_records;
+    r->trace_hash = host->trace_hash;
+    r->resumed = true;
+    r->resumed_at = r->state;
+    return QT_OK;
+}
+
+qt_status run_resume(run *r, const char *path) {
+    QT_ASSERT(r->bound && r->ckpt_planned);
+    double t0 = run_clock();
+    QT_TRY(ckpt_open(&r->reader, path));
+    qt_status status = run_resume_from(r);
+    ckpt_close(&r->reader);
+    r->timings.resume_s = run_clock() - t0;
+    return status;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running
 
 qt_status run_execute(run *r, sched_progress_fn progress, void *ctx, sched_summary *out) {
     QT_ASSERT(r->bound);
@@ -242,15 +557,33 @@ qt_status run_execute(run *r, sched_progress_fn progress, void *ctx, sched_summa
     env.eval_feed = r->has_eval ? &r->eval_feed : NULL;
     env.progress = progress;
     env.progress_ctx = ctx;
+    if (r->options.save_path) {
+        QT_ASSERT(r->ckpt_planned);
+        env.save = run_save_point;
+        env.save_ctx = r;
+        env.save_every = r->options.save_every;
+    }
+    env.interrupt = r->options.interrupt;
+    env.stop_at = r->options.stop_at;
+    memset(&r->saves, 0, sizeof r->saves);
+    env.outputs = r->outputs;
+    env.check = r->options.golden_path ? &r->check : NULL;
     if (r->options.trace_path) {
         QT_TRY(run_trace_open(r));
         env.trace = &r->trace;
+        r->trace_active = true;
     }
-    qt_status status = sched_run(&env, &r->table, out);
+    qt_status status = run_loop(r, &env, out);
     if (env.trace) {
         qt_status closed = trace_close(&r->trace);
         if (status == QT_OK) status = closed;
+        r->trace_active = false;
+        r->trace_continues = true;
+        r->trace_bytes = r->trace.bytes_written;
+        r->trace_records = r->trace.records;
+        r->trace_hash = r->trace.hash;
     }
+    run_outputs_abandon(r);  // a failed run leaves no output file
     return status;
 }
 
@@ -289,6 +622,7 @@ qt_status run_profile(run *r, uint32_t reps, FILE *out) {
 }
 
 void run_close(run *r) {
+    run_outputs_abandon(r);
     if (!r->backend) return;
     for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
         backend_graph_destroy(r->backend, &r->graphs[mode]);
@@ -313,10 +647,14 @@ static void run_print_table(const run *r, FILE *out) {
             (unsigned long long)t->steps[MODEL_MODE_INFER]);
     for (uint32_t i = 0; i < t->row_count && i < 64; i++) {
         const sched_row *row = &t->rows[i];
-        fprintf(out, "  %-5s %8llu steps%s\n", model_mode_name(row->mode),
+        const char *path = NULL;
+        bool argmax = false;
+        if (row->output) run_output_spec(r, row->output - 1, &path, &argmax);
+        fprintf(out, "  %-5s %8llu steps%s%s%s%s\n", model_mode_name(row->mode),
                 (unsigned long long)row->steps,
                 row->mode == MODEL_MODE_TRAIN ? ""
-                : row->dataset == RECIPE_DATASET_EVAL ? " (eval set)" : " (train set)");
+                : row->dataset == RECIPE_DATASET_EVAL ? " (eval set)" : " (train set)",
+                path ? " -> " : "", path ? path : "", argmax ? " (argmax)" : "");
     }
     if (t->row_count > 64) fprintf(out, "  ... %u more rows\n", t->row_count - 64);
     static const char *const rules[] = {"constant", "linear", "cosine"};

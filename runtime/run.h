@@ -10,17 +10,26 @@
 //
 //   run_plan      data headers probed, table built, model planned, every program built, arenas
 //                 packed: `qtrain plan` stops here (no backend, no data loaded)
-//   run_load      datasets read into caller memory (no backend needed)
+//   run_load      datasets (and a golden trace) read into caller memory (no backend needed)
 //   run_bind      arenas allocated and bound, programs resolved, learning-rate rows written,
 //                 init program run, one graph captured per mode (unless eager)
-//   run_execute   the schedule loop (runtime/schedule.h), with the trace file if asked for
+//   run_resume    (optional) a checkpoint's device state and position loaded over the bound run
+//   run_execute   the schedule loop (runtime/schedule.h) from the run's position to the end or
+//                 a stop, with the trace file if asked for, the golden trace's check,
+//                 checkpoints if save_path is set, and the output files of the infer rows it runs
+//                 (runtime/infer_out.h), committed at the end; called again after a stop, it
+//                 continues (the trace too)
+//   run_save      (optional, between run_execute calls) a checkpoint of where the run stands
 //   run_close     graphs destroyed, arenas released
 #ifndef QT_RUN_H
 #define QT_RUN_H
 
 #include <stdio.h>  // FILE
 
+#include <signal.h>  // sig_atomic_t
+
 #include "backend.h"
+#include "checkpoint.h"  // ckpt_layout, ckpt_reader, ckpt_hook_fn
 #include "data.h"
 #include "model.h"
 #include "program.h"
@@ -39,15 +48,51 @@ typedef struct run_options {
     uint64_t eval_steps;
     bool drop_eval;           // remove the table's eval and infer rows (after eval_every)
     model_emulated_gemm emulated_gemm;  // where MXFP8 and NVFP4 GEMMs run (same bits)
+    // Checkpoints (runtime/checkpoint.h): save_path gets one at the save points of
+    // schedule.h (every save_every train steps; 0: at the end or a stop only); `checkpoints`
+    // plans their staging without save_path (for run_resume, run_save), and defers the check of
+    // existing output files from run_load to run_resume (or the loop), which know the position.
+    const char *save_path;
+    bool save_replaces;       // save_path may exist (the checkpoint this run resumes from)
+    uint64_t save_every;
+    bool checkpoints;
+    uint64_t ckpt_chunk_bytes;  // 0: CKPT_CHUNK_BYTES (tests use small chunks)
+    ckpt_hook_fn ckpt_hook;     // tests: called as the writer goes
+    void *ckpt_hook_ctx;
+    const volatile sig_atomic_t *interrupt;  // non-zero (a signal handler): stop and save
+    uint64_t stop_at;         // stop after this many steps in all (tests); 0 = none
+    bool replace_outputs;     // output files (infer rows, infer_output) may replace files
+    // `qtrain infer`: one pass of infer steps over infer_input (IDX images or .npy features, no
+    // targets) instead of the recipe's [data] and [schedule]; the outputs go to infer_output
+    // (float32 logits, or int32 classes with infer_argmax). The recipe's data files are not read.
+    const char *infer_input;
+    const char *infer_output;
+    bool infer_argmax;
+    // Weights from a checkpoint instead of the recipe's initialization: after the init program
+    // run_bind loads the model's regions of the checkpoint at from_path (ckpt_load_model: the
+    // weights in every usage this run has, the masters, the scaling state).
+    const char *from_path;
+    // A golden trace that every record of the run must equal (`--check`): the first record
+    // that differs stops the run with QT_ERR_MISMATCH naming the step, the field and both values.
+    const char *golden_path;
 } run_options;
+
+// The checkpoints one run_execute wrote.
+typedef struct run_saves {
+    uint32_t count;
+    uint64_t last_step, last_train_step;
+    double seconds;  // in all
+} run_saves;
 
 // Start-up phases of run_bind, wall-clock seconds (the summary prints them: start-up is part of
 // every run's wall time, and each phase has its own remedy).
 typedef struct run_timings {
     double bind_s;     // arena allocation (device memory, pinned host memory) and zeroing
     double data_s;     // datasets read (and inflated) into the caller's memory (run_load)
-    double init_s;     // the init program (weights drawn, first quantization), to completion
+    double init_s;     // the init program (weights drawn, first quantization), to completion,
+                       // and --from's checkpoint loaded over it
     double capture_s;  // one graph captured and instantiated per mode
+    double resume_s;   // run_resume: the checkpoint checked and loaded
 } run_timings;
 
 typedef struct run {
@@ -56,12 +101,15 @@ typedef struct run {
     run_options options;
     uint64_t seed;
     data_info train_info, eval_info;
+    const recipe_source *train_source;  // the recipe's train source, or infer_source
+    recipe_source infer_source;         // `qtrain infer`: the input file, inputs only
     bool has_eval;
     sched_table table;
     arena dev, host;
     model model;
     uint64_t data_bytes;  // caller memory for the datasets and the shuffle order (run_load)
     uint64_t data_train_offset, data_order_offset, data_eval_offset;
+    uint64_t data_golden_offset, golden_bytes;  // the golden trace, read whole at run_load
     bool data_loaded;
     program programs[MODEL_MODE_COUNT];
     program init, checksum;
@@ -72,7 +120,21 @@ typedef struct run {
     data_set train_set, eval_set;
     data_feed train_feed, train_plain, eval_feed;
     trace_writer trace;
+    bool trace_active;         // during run_execute
+    bool trace_continues;      // the trace has records already: run_execute continues it
+    uint64_t trace_bytes, trace_records, trace_hash;  // the trace file at the run's position
+    trace_checker check;  // with options.golden_path
+    infer_out outputs[RECIPE_SCHEDULE_ROWS_MAX];  // by sched_row.output - 1, during run_execute
+    bool has_outputs;
+    arena_handle outputs_scratch;  // host: the rows of one step, converted for the file
     run_timings timings;
+    sched_state state;         // where the run stands (zero: the start)
+    bool ckpt_planned;
+    ckpt_layout ckpt;
+    ckpt_reader reader;        // run_resume's
+    bool resumed;
+    sched_state resumed_at;    // the checkpoint's position
+    run_saves saves;
 } run;
 
 // Opens the GPU backend, or the reference backend when ref is set or when there is no usable
@@ -86,18 +148,31 @@ qt_status run_plan(run *r, const recipe *rc, const char *text, size_t text_bytes
 // Bytes the reference backend needs for the device and the host arena.
 void run_memory_bytes(const run *r, uint64_t *dev_bytes, uint64_t *host_bytes);
 
-// Caller memory (DATA_ALIGN aligned, pageable is fine) for the datasets, read by the host only.
+// Caller memory (DATA_ALIGN aligned, pageable is fine) for the datasets and the golden trace,
+// read by the host only.
 uint64_t run_data_bytes(const run *r);
-// Reads the datasets into it and sets up the feeds. Needs no backend, so a caller may run it
-// while another thread opens the GPU (qtrain does: the two take about as long). The memory must
-// stay until run_close.
+// Refuses output files that exist (unless replace_outputs; with `checkpoints` run_resume or the
+// loop does), then reads the datasets into it and sets up the feeds. Needs no backend, so a
+// caller may run it while another thread opens the GPU (qtrain does: the two take about as
+// long). The memory must stay until run_close.
 qt_status run_load(run *r, void *memory, uint64_t bytes);
 
 // Binds and starts the run on b (ref_dev / ref_host: the reference backend's arena memory,
 // 256-byte aligned, at least run_memory_bytes; NULL on the GPU). After run_load.
 qt_status run_bind(run *r, backend *b, void *ref_dev, void *ref_host);
 
+// After run_bind (checkpoint staging planned): loads the checkpoint at path over the run's
+// device state and continues from its position (the feeds' cursors, the trace, the summary's
+// carry). Refuses (QT_ERR_INPUT / QT_ERR_MISMATCH, naming the field) a damaged file, another
+// recipe, seed or region layout, and a position this run's schedule does not pass through;
+// then the existing output files of the infer rows after the position (run_load's check).
+// A failure after the data began to load leaves the device state undefined: do not run then.
+qt_status run_resume(run *r, const char *path);
+
 qt_status run_execute(run *r, sched_progress_fn progress, void *ctx, sched_summary *out);
+
+// A checkpoint of where the run stands, outside run_execute (which saves at its own points).
+qt_status run_save(run *r, const char *path);
 
 // `qtrain run --profile`: after run_execute, every mode's program op by op and as its graph
 // (backend_profile; this changes the run's state, so nothing may follow but run_close).

@@ -45,10 +45,17 @@ qt_status sched_table_build(const recipe *r, uint64_t train_samples, uint64_t ev
     uint64_t left = steps_limit ? steps_limit : UINT64_MAX;
     for (uint32_t i = 0; i < r->rows_count; i++) {
         const recipe_row *rr = &r->rows[i];
-        sched_row row = {sched_modes[rr->mode], rr->steps, rr->dataset, rr->line};
+        sched_row row = {sched_modes[rr->mode], rr->steps, rr->dataset, rr->line,
+                         rr->output[0] != '\0' ? i + 1 : 0};
         if (rr->mode == RECIPE_MODE_TRAIN) {
-            if (left == 0) break;  // the cut: later rows belong to training yet to come
-            if (row.steps > left) row.steps = left;
+            if (left == 0) {  // the cut: later rows belong to training yet to come
+                t->cut = true;
+                break;
+            }
+            if (row.steps > left) {
+                row.steps = left;
+                t->cut = true;
+            }
             left -= row.steps;
         } else if (rr->all) {
             uint64_t samples = rr->dataset == RECIPE_DATASET_EVAL ? eval_samples : train_samples;
@@ -77,8 +84,56 @@ qt_status sched_interleave_eval(sched_table *t, uint64_t every, uint64_t eval_st
             piece.steps = row.steps - done < every ? row.steps - done : every;
             QT_TRY(sched_push(t, piece));
             QT_TRY(sched_push(t, (sched_row){MODEL_MODE_EVAL, eval_steps, RECIPE_DATASET_EVAL,
-                                             0}));
+                                             0, 0}));
         }
+    }
+    return QT_OK;
+}
+
+uint64_t sched_rows_hash(const sched_table *t, uint32_t count) {
+    QT_ASSERT(count <= t->row_count);
+    uint64_t h = trace_hash(NULL, 0);
+    for (uint32_t i = 0; i < count; i++) {
+        const sched_row *row = &t->rows[i];
+        uint64_t fields[3] = {(uint64_t)row->mode, row->steps, (uint64_t)row->dataset};
+        h = trace_hash_more(h, fields, sizeof fields);
+    }
+    return h;
+}
+
+static const char *sched_dataset_name(const sched_row *row) {
+    if (row->mode == MODEL_MODE_TRAIN) return "shuffled train set";
+    return row->dataset == RECIPE_DATASET_EVAL ? "eval set" : "train set";
+}
+
+qt_status sched_check_position(const sched_table *t, const sched_state *s,
+                               uint64_t saved_rows_hash, sched_row saved_row) {
+    if (s->row > t->row_count || sched_rows_hash(t, s->row) != saved_rows_hash) {
+        return qt_fail(QT_ERR_MISMATCH, "schedule: the checkpoint stands at row %u step %llu "
+                       "(step %llu) of a schedule whose rows before it differ from this run's "
+                       "(%u rows); resume with the --steps of the run that saved it, or more",
+                       s->row, (unsigned long long)s->row_step, (unsigned long long)s->step,
+                       t->row_count);
+    }
+    if (s->row == t->row_count) {
+        if (s->row_step == 0) return QT_OK;  // the end of this table: nothing left to run
+        return qt_fail(QT_ERR_MISMATCH, "schedule: the checkpoint stands at step %llu of row "
+                       "%u, which this run's schedule does not have (%u rows); resume with a "
+                       "larger --steps", (unsigned long long)s->row_step, s->row, t->row_count);
+    }
+    const sched_row *row = &t->rows[s->row];
+    if (row->mode != saved_row.mode || row->dataset != saved_row.dataset) {
+        return qt_fail(QT_ERR_MISMATCH, "schedule: row %u is %s on the %s in the checkpoint, "
+                       "%s on the %s in this run", s->row, model_mode_name(saved_row.mode),
+                       sched_dataset_name(&saved_row), model_mode_name(row->mode),
+                       sched_dataset_name(row));
+    }
+    if (row->steps < s->row_step) {
+        return qt_fail(QT_ERR_MISMATCH, "schedule: the checkpoint stands at step %llu of row %u "
+                       "(train step %llu), beyond this run's %llu steps of that row; resume "
+                       "with a larger --steps (or none)", (unsigned long long)s->row_step,
+                       s->row, (unsigned long long)s->train_steps,
+                       (unsigned long long)row->steps);
     }
     return QT_OK;
 }
@@ -91,6 +146,15 @@ void sched_drop_eval(sched_table *t) {
     t->row_count = kept;
     t->steps[MODEL_MODE_EVAL] = 0;
     t->steps[MODEL_MODE_INFER] = 0;
+}
+
+void sched_table_infer(uint64_t samples, uint32_t batch, sched_table *t) {
+    memset(t, 0, sizeof *t);
+    t->modes[MODEL_MODE_INFER] = true;
+    sched_row row = {MODEL_MODE_INFER, data_batches_per_epoch(samples, batch),
+                     RECIPE_DATASET_TRAIN, 0, 1};
+    qt_status pushed = sched_push(t, row);  // the first row of an empty table always fits
+    QT_ASSERT(pushed == QT_OK);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -106,9 +170,9 @@ static double sched_now(void) {
 typedef struct sched_pending {
     uint64_t step;
     uint32_t row;
-    uint64_t row_step;
+    uint64_t row_step;  // 1-based
     uint32_t rows_valid;
-    double row_start;  // when the row's first step was launched
+    double row_start;   // when the row's first step (in this loop) was launched
 } sched_pending;
 
 // The proof in schedule.h needs a host slot for each step in flight plus the one being filled,
@@ -126,18 +190,21 @@ typedef struct sched_at {
 typedef struct sched_loop {
     const sched_env *env;
     const sched_table *t;
+    sched_state *state;
     sched_summary *sum;
+    bool gpu;
     CUevent events[SCHED_LAG];            // compute stream: behind step s at s % SCHED_LAG
     CUevent copied[MODEL_DEVICE_SLOTS];   // copy stream: behind step s's batch copy
     sched_pending pending[SCHED_LAG];
-    uint64_t staged;                      // steps whose batch copy has been queued
-    uint32_t staged_valid;                // real rows of the last batch staged
+    uint64_t first;          // the loop's first step (the steps before it are not in flight)
+    uint64_t retired;        // steps whose records have been read: [first, retired)
+    uint64_t staged;         // steps whose batch copy has been queued: [first, staged)
+    uint32_t staged_valid;   // real rows of the last batch staged
+    uint64_t saved_at;       // the step of the last save; UINT64_MAX: none yet
     double start, row_start;
-    uint64_t total, done;
-    double eval_loss_sum;        // of the current eval row
-    uint64_t eval_correct, eval_valid;
-    uint64_t next_train_read;    // the step after the last train record read (0: none yet)
-    double last_train_read;      // when that record was read
+    uint64_t total, done;    // steps of this loop
+    uint64_t next_train_read;  // the step after the last train record read (0: none yet)
+    double last_train_read;    // when that record was read
 } sched_loop;
 
 static data_feed *sched_feed(const sched_env *env, const sched_row *row) {
@@ -148,19 +215,30 @@ static data_feed *sched_feed(const sched_env *env, const sched_row *row) {
 
 static void sched_eval_accumulate(sched_loop *l, const qt_trace_record *rec, uint32_t valid,
                                   bool row_end) {
+    sched_state *s = l->state;
     // accuracy = RN(correct / valid) with valid < 2^24, so RN(accuracy * valid) is correct.
-    l->eval_correct += (uint64_t)((double)rec->accuracy * valid + 0.5);
-    l->eval_valid += valid;
-    l->eval_loss_sum += (double)rec->loss * valid;
+    s->eval_correct += (uint64_t)((double)rec->accuracy * valid + 0.5);
+    s->eval_valid += valid;
+    s->eval_loss_sum += (double)rec->loss * valid;
     if (!row_end) return;
-    sched_summary *s = l->sum;
-    s->has_eval = true;
-    s->eval_samples = l->eval_valid;
-    s->eval_loss = l->eval_valid ? l->eval_loss_sum / (double)l->eval_valid : 0.0;
-    s->eval_accuracy = l->eval_valid ? (double)l->eval_correct / (double)l->eval_valid : 0.0;
-    l->eval_loss_sum = 0;
-    l->eval_correct = 0;
-    l->eval_valid = 0;
+    s->has_eval = 1;
+    s->eval_samples = s->eval_valid;
+    s->eval_loss = s->eval_valid ? s->eval_loss_sum / (double)s->eval_valid : 0.0;
+    s->eval_accuracy = s->eval_valid ? (double)s->eval_correct / (double)s->eval_valid : 0.0;
+    s->eval_loss_sum = 0;
+    s->eval_correct = 0;
+    s->eval_valid = 0;
+}
+
+// The interval since the last train record, when that was the step before (schedule.h).
+static void sched_time_train_step(sched_loop *l, uint64_t step, double now) {
+    if (l->next_train_read != 0 && l->next_train_read == step) {
+        sched_summary *s = l->sum;
+        s->step_ms[s->step_time_count++ % SCHED_STEP_TIMES] =
+            (float)(1e3 * (now - l->last_train_read));
+    }
+    l->next_train_read = step + 1;
+    l->last_train_read = now;
 }
 
 // Reads the record of a finished step and hands it on.
@@ -175,44 +253,62 @@ static qt_status sched_consume(sched_loop *l, const sched_pending *pd) {
                        (unsigned long long)rec.step);
     }
     if (env->trace) QT_TRY(trace_write(env->trace, &rec));
+    if (env->check) QT_TRY(trace_check_record(env->check, &rec));
     const sched_row *row = &l->t->rows[pd->row];
     bool row_end = pd->row_step == row->steps;
     l->done++;
+    l->sum->steps[row->mode]++;
     if (row->mode == MODEL_MODE_TRAIN) {
         double now = sched_now();
-        if (l->next_train_read != 0 && l->next_train_read == pd->step) {
-            sched_summary *s = l->sum;
-            s->step_ms[s->step_time_count++ % SCHED_STEP_TIMES] =
-                (float)(1e3 * (now - l->last_train_read));
-        }
-        l->next_train_read = pd->step + 1;
-        l->last_train_read = now;
-        l->sum->last_train_loss = rec.loss;
+        sched_time_train_step(l, pd->step, now);
+        l->state->last_train_loss = rec.loss;
         if (rec.flags & QT_TRACE_FLAG_SKIPPED) l->sum->skipped++;
         if (row_end) l->sum->train_seconds += now - pd->row_start;
     }
     if (row->mode == MODEL_MODE_EVAL) sched_eval_accumulate(l, &rec, pd->rows_valid, row_end);
+    const uint16_t *outputs = NULL;
+    if (row->mode == MODEL_MODE_INFER) {
+        const uint8_t *slots = arena_host_pointer(m->host, m->io.outputs);
+        outputs = (const uint16_t *)(slots + (pd->step % MODEL_OUTPUT_SLOTS) *
+                                                 m->io.outputs_bytes);
+        if (row->output) QT_TRY(infer_out_write(&env->outputs[row->output - 1], outputs,
+                                                pd->rows_valid));
+    }
     if (!env->progress) return QT_OK;
     sched_progress p = {&rec, row->mode, pd->row, pd->row_step, row->steps, l->done, l->total,
-                        pd->rows_valid, NULL, sched_now() - l->start};
-    if (row->mode == MODEL_MODE_INFER) {
-        const uint8_t *outputs = arena_host_pointer(m->host, m->io.outputs);
-        p.outputs = (const uint16_t *)(outputs + (pd->step % MODEL_OUTPUT_SLOTS) *
-                                                     m->io.outputs_bytes);
-    }
+                        pd->rows_valid, outputs, sched_now() - l->start};
     env->progress(env->progress_ctx, &p);
     return QT_OK;
 }
 
-// Waits for step `step` (GPU) and consumes its record.
-static qt_status sched_retire(sched_loop *l, uint64_t step) {
+// Waits for the oldest unread step (GPU) and consumes its record.
+static qt_status sched_retire(sched_loop *l) {
+    uint64_t step = l->retired;
     uint32_t k = (uint32_t)(step % SCHED_LAG);
     QT_ASSERT(l->pending[k].step == step);
-    if (l->env->backend->kind == BACKEND_GPU) {
+    if (l->gpu) {
         QT_TRY(driver_sync_event(l->events[k]));
         l->sum->lagged_reads++;
     }
+    l->retired++;
     return sched_consume(l, &l->pending[k]);
+}
+
+// Reads every record still in flight: afterwards both streams are idle. Drains come between a
+// step's launch and the next step's staging, so no batch copy is queued past the launched steps
+// and the last one waited for its own: its event covers every copy.
+static qt_status sched_drain(sched_loop *l) {
+    QT_ASSERT(l->staged == l->state->step);
+    while (l->retired < l->state->step) QT_TRY(sched_retire(l));
+    return QT_OK;
+}
+
+static qt_status sched_save(sched_loop *l) {
+    if (!l->env->save || l->saved_at == l->state->step) return QT_OK;
+    QT_TRY(sched_drain(l));
+    l->saved_at = l->state->step;
+    l->next_train_read = 0;  // the save's time is no step's
+    return l->env->save(l->env->save_ctx, l->state);
 }
 
 static qt_status sched_launch(sched_loop *l, model_mode mode, bool checksum) {
@@ -228,29 +324,31 @@ static qt_status sched_launch(sched_loop *l, model_mode mode, bool checksum) {
     return QT_OK;
 }
 
-// Moves `at` to the next step of the table ({0, 0}: before the first); false after the last.
-static bool sched_following(const sched_table *t, sched_at *at) {
-    if (at->row_step > 0 && at->row_step < t->rows[at->row].steps) {
-        at->row_step++;
-        return true;
+// The place of the state's next step; false at the table's end. A row whose steps are done
+// moves the state to the start of the next row (row_count at the end).
+static bool sched_next_at(const sched_table *t, sched_state *s, sched_at *at) {
+    while (s->row < t->row_count && s->row_step >= t->rows[s->row].steps) {
+        s->row++;
+        s->row_step = 0;
     }
-    for (uint32_t r = at->row_step == 0 ? 0 : at->row + 1; r < t->row_count; r++) {
-        if (t->rows[r].steps == 0) continue;
-        *at = (sched_at){r, 1};
-        return true;
-    }
-    return false;
+    if (s->row == t->row_count) return false;
+    *at = (sched_at){s->row, s->row_step + 1};
+    return true;
 }
 
-// Fills host slot step % MODEL_HOST_SLOTS with the batch of the step at `at` and queues its copy
-// into device slot step % MODEL_DEVICE_SLOTS after the last step that read that device slot.
-static qt_status sched_stage(sched_loop *l, uint64_t step, sched_at at) {
+// Fills host slot s % MODEL_HOST_SLOTS with the batch of the state's next step s (at `at`) and
+// queues its copy into device slot s % MODEL_DEVICE_SLOTS after the last step that read that
+// device slot, when this loop launched it (the steps before the loop are done).
+static qt_status sched_stage(sched_loop *l, sched_at at) {
     const sched_env *env = l->env;
     const sched_row *row = &l->t->rows[at.row];
+    uint64_t step = l->state->step;
+    QT_ASSERT(l->staged == step);
     model *m = env->model;
     data_feed *feed = sched_feed(env, row);
     QT_ASSERT(feed != NULL && env->programs[row->mode] != NULL);
-    // Eval and infer rows start at the beginning of their dataset, in file order.
+    // Eval and infer rows start at the beginning of their dataset, in file order; a row
+    // resumed in its middle continues from its feed's cursor.
     if (row->mode != MODEL_MODE_TRAIN && at.row_step == 1) {
         QT_TRY(data_feed_seek(feed, (data_cursor){0, 0}));
     }
@@ -259,7 +357,7 @@ static qt_status sched_stage(sched_loop *l, uint64_t step, sched_at at) {
     prog_ref dev = {m->dev, m->io.staged, (step % MODEL_DEVICE_SLOTS) * bytes};
     uint8_t *slot = (uint8_t *)arena_host_pointer(m->host, m->io.staging) + host.offset;
     l->staged_valid = data_feed_next(feed, &m->io.slot, slot);
-    CUevent last_reader = step >= MODEL_DEVICE_SLOTS
+    CUevent last_reader = step >= l->first + MODEL_DEVICE_SLOTS
                               ? l->events[(step - MODEL_DEVICE_SLOTS) % SCHED_LAG] : NULL;
     QT_TRY(backend_copy_beside(env->backend, dev, host, bytes, last_reader,
                                l->copied[step % MODEL_DEVICE_SLOTS]));
@@ -268,89 +366,130 @@ static qt_status sched_stage(sched_loop *l, uint64_t step, sched_at at) {
     return QT_OK;
 }
 
-// One step: the record of step - SCHED_LAG, the wait for this step's batch copy, the launch, the
-// event; then the next step's batch (`next`, NULL after the last step) is staged beside it.
-static qt_status sched_step(sched_loop *l, uint64_t step, sched_at at, const sched_at *next,
-                            uint64_t *train_count) {
+// One step, the state's next (at `at`): the record of step - SCHED_LAG, the wait for this
+// step's batch copy, the launch, the event; the state moves past the step.
+static qt_status sched_step(sched_loop *l, sched_at at) {
     const sched_env *env = l->env;
+    sched_state *s = l->state;
     const sched_row *row = &l->t->rows[at.row];
-    bool gpu = env->backend->kind == BACKEND_GPU;
-    if (at.row_step == 1) l->row_start = sched_now();
-    if (gpu && step >= SCHED_LAG) QT_TRY(sched_retire(l, step - SCHED_LAG));
-    QT_ASSERT(l->staged == step + 1);
+    uint64_t step = s->step;
+    QT_ASSERT(l->staged == step + 1 && at.row == s->row && at.row_step == s->row_step + 1);
+    if (at.row_step == 1 || step == l->first) l->row_start = sched_now();
+    if (l->gpu && step >= l->retired + SCHED_LAG) QT_TRY(sched_retire(l));
     bool checksum = false;
     if (row->mode == MODEL_MODE_TRAIN) {
-        ++*train_count;
-        checksum = env->checksum_every && *train_count % env->checksum_every == 0;
+        s->train_steps++;
+        checksum = env->checksum_every && s->train_steps % env->checksum_every == 0;
     }
     QT_TRY(backend_wait(env->backend, l->copied[step % MODEL_DEVICE_SLOTS]));
     QT_TRY(sched_launch(l, row->mode, checksum));
+    s->step++;
+    s->row_step++;
     uint32_t k = (uint32_t)(step % SCHED_LAG);
     l->pending[k] = (sched_pending){step, at.row, at.row_step, l->staged_valid, l->row_start};
-    if (gpu) {
+    if (l->gpu) {
         QT_CU(cuEventRecord(l->events[k], env->backend->stream));
-    } else {
-        QT_TRY(sched_consume(l, &l->pending[k]));
+        return QT_OK;
     }
-    return next ? sched_stage(l, step + 1, *next) : QT_OK;
+    return sched_retire(l);
 }
 
-static qt_status sched_rows(sched_loop *l, uint64_t *step) {
-    sched_at at = {0, 0};
-    if (!sched_following(l->t, &at)) return QT_OK;
-    QT_TRY(sched_stage(l, *step, at));  // the first step's batch: the priming copy
-    uint64_t train_count = 0;
+// After a train step: the periodic save, and the one at a cut table's last train step.
+static qt_status sched_train_saves(sched_loop *l) {
+    const sched_state *s = l->state;
+    bool periodic = l->env->save_every && s->train_steps % l->env->save_every == 0;
+    bool cut_end = l->t->cut && s->train_steps == l->t->steps[MODEL_MODE_TRAIN];
+    return periodic || cut_end ? sched_save(l) : QT_OK;
+}
+
+// Whether to stop before the state's next step, at `at` (the summary says so). An infer row that
+// writes a file runs whole, so that the file is complete: a stop inside it waits for its end.
+static bool sched_stopping(sched_loop *l, sched_at at) {
+    if (l->t->rows[at.row].output && at.row_step > 1) return false;
+    const sched_env *env = l->env;
+    bool stop = (env->interrupt && *env->interrupt) ||
+                (env->stop_at && l->state->step >= env->stop_at);
+    if (stop) l->sum->stopped = true;
+    return stop;
+}
+
+// Stops and saves come after a step and before the next one's batch is staged, so the feeds
+// stand at the state's position whenever a checkpoint is taken (schedule.h).
+static qt_status sched_rows(sched_loop *l) {
+    sched_at at;
+    if (!sched_next_at(l->t, l->state, &at) || sched_stopping(l, at)) return QT_OK;
+    QT_TRY(sched_stage(l, at));  // the first step's batch: the priming copy
     for (;;) {
-        sched_at next = at;
-        bool more = sched_following(l->t, &next);
-        QT_TRY(sched_step(l, *step, at, more ? &next : NULL, &train_count));
-        ++*step;
-        if (!more) return QT_OK;
-        at = next;
+        model_mode mode = l->t->rows[at.row].mode;
+        QT_TRY(sched_step(l, at));
+        if (mode == MODEL_MODE_TRAIN) QT_TRY(sched_train_saves(l));
+        if (!sched_next_at(l->t, l->state, &at) || sched_stopping(l, at)) return QT_OK;
+        QT_TRY(sched_stage(l, at));
     }
 }
 
-qt_status sched_run(const sched_env *env, const sched_table *t, sched_summary *out) {
+static uint64_t sched_steps_left(const sched_table *t, const sched_state *s) {
+    uint64_t total = 0;
+    for (uint32_t r = s->row; r < t->row_count; r++) total += t->rows[r].steps;
+    return total - (s->row < t->row_count ? s->row_step : 0);
+}
+
+// The summary's carried fields come from the state (a resumed run reports the last eval row
+// even when it runs none).
+static void sched_summarize(const sched_state *s, sched_summary *out) {
+    out->last_train_loss = s->last_train_loss;
+    out->has_eval = s->has_eval != 0;
+    out->eval_loss = s->eval_loss;
+    out->eval_accuracy = s->eval_accuracy;
+    out->eval_samples = s->eval_samples;
+}
+
+qt_status sched_run(const sched_env *env, const sched_table *t, sched_state *state,
+                    sched_summary *out) {
     memset(out, 0, sizeof *out);
     sched_loop l;
     memset(&l, 0, sizeof l);
     l.env = env;
     l.t = t;
+    l.state = state;
     l.sum = out;
-    for (uint32_t r = 0; r < t->row_count; r++) l.total += t->rows[r].steps;
-    bool gpu = env->backend->kind == BACKEND_GPU;
-    for (int k = 0; gpu && k < SCHED_LAG; k++) {
+    l.gpu = env->backend->kind == BACKEND_GPU;
+    l.first = state->step;
+    l.retired = state->step;
+    l.staged = state->step;
+    l.saved_at = UINT64_MAX;
+    QT_ASSERT(state->row <= t->row_count);
+    l.total = sched_steps_left(t, state);
+    for (int k = 0; l.gpu && k < SCHED_LAG; k++) {
         QT_CU(cuEventCreate(&l.events[k], CU_EVENT_DISABLE_TIMING));
     }
-    for (int k = 0; gpu && k < MODEL_DEVICE_SLOTS; k++) {
+    for (int k = 0; l.gpu && k < MODEL_DEVICE_SLOTS; k++) {
         QT_CU(cuEventCreate(&l.copied[k], CU_EVENT_DISABLE_TIMING));
     }
     l.start = sched_now();
-    uint64_t step = 0;
-    qt_status status = sched_rows(&l, &step);
-    if (status == QT_OK) {
-        // Drain: the records of the steps still in flight.
-        uint64_t first = step > SCHED_LAG ? step - SCHED_LAG : 0;
-        for (uint64_t s = first; gpu && s < step && status == QT_OK; s++) {
-            status = sched_retire(&l, s);
-        }
+    qt_status status = sched_rows(&l);
+    if (status == QT_OK) status = sched_drain(&l);
+    if (out->stopped && state->row < t->row_count && state->row_step > 0 &&
+        t->rows[state->row].mode == MODEL_MODE_TRAIN) {
+        out->train_seconds += sched_now() - l.row_start;  // the row's part that ran
     }
-    // After an error, or a batch staged for a step that never launched, work may still be in
-    // flight on either stream: none outlives the loop (the last copy covers the earlier ones).
-    // A whole run ends with its last step's copy waited for by that step, and makes no such call.
-    if (gpu && (status != QT_OK || l.staged > step)) {
+    // The end of a table that --steps did not cut, or a stop; a cut table saved at its cut.
+    if (status == QT_OK && (out->stopped || !t->cut)) status = sched_save(&l);
+    // After an error work may still be in flight on either stream (a batch staged for a step
+    // that never launched, too): none outlives the loop (the last copy covers the earlier
+    // ones). A loop that ends well has drained, and makes no such call.
+    if (l.gpu && status != QT_OK) {
         CUevent last_copy = l.copied[(l.staged + MODEL_DEVICE_SLOTS - 1) % MODEL_DEVICE_SLOTS];
-        if (l.staged > 0) (void)backend_wait(env->backend, last_copy);
-        qt_status finished = backend_finish(env->backend);
-        if (status == QT_OK) status = finished;
+        if (l.staged > l.first) (void)backend_wait(env->backend, last_copy);
+        (void)backend_finish(env->backend);  // the error stands
     }
-    for (int k = 0; gpu && k < SCHED_LAG; k++) {
+    for (int k = 0; l.gpu && k < SCHED_LAG; k++) {
         if (l.events[k]) drv.cuEventDestroy(l.events[k]);
     }
-    for (int k = 0; gpu && k < MODEL_DEVICE_SLOTS; k++) {
+    for (int k = 0; l.gpu && k < MODEL_DEVICE_SLOTS; k++) {
         if (l.copied[k]) drv.cuEventDestroy(l.copied[k]);
     }
     out->seconds = sched_now() - l.start;
-    for (uint32_t r = 0; r < t->row_count; r++) out->steps[t->rows[r].mode] += t->rows[r].steps;
+    sched_summarize(state, out);
     return status;
 }

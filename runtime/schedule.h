@@ -12,25 +12,31 @@
 // the whole recipe, so a cut run follows the same curve. sched_interleave_eval splits train rows
 // and puts an eval row after every k train steps (the eval-interleaving regression).
 //
-// The loop, per global step s (train, eval and infer steps share one index, as the device
-// counter of ptx/sched.h does); before step 0, the priming copy stages step 0's batch as below:
+// The loop runs global steps s0, s0 + 1, ... (train, eval and infer steps share one index, as
+// the device counter of ptx/sched.h does; s0 is the state's step: 0 for a fresh run, a
+// checkpoint's for a resumed one). Before step s0 the priming copy stages step s0's batch as
+// below; then per step s:
 //
-//   s >= 2:  wait for the event of step s - 2 (the only synchronizing call), read its record
-//            from the pinned ring, write it to the trace, update the summary and the progress
+//   s >= s0 + 2:  wait for the event of step s - 2 (the only synchronizing call), read its
+//            record from the pinned ring, write it to the trace, update the summary and the
+//            progress
 //   the compute stream waits for the event of step s's batch copy (cuStreamWaitEvent: the host
 //            does not wait); launch the mode's graph (or its ops, eager); after every
 //            `checksum_every`-th train step the checksum program; record the event of step s
+//   save points and stops (below)
 //   stage step s + 1 (none after the last step, so no batch past the table is read): the host
 //            fills pinned host slot (s + 1) % 3 with the next batch of that step's row's feed
 //            (the first step of an eval or infer row starts its dataset over); then, on the
-//            copy stream, after the event of step s - 1, one cuMemcpyHtoDAsync of the whole
-//            slot into device slot (s + 1) % 2, and that copy's event
+//            copy stream, after the event of step s - 1 (when s - 1 >= s0), one
+//            cuMemcpyHtoDAsync of the whole slot into device slot (s + 1) % 2, and that
+//            copy's event
 //   then drain the last two steps.
 //
 // So the batch of step s + 1 crosses PCIe on the copy engine while step s computes, and step
 // s + 1's first op (ptx/sched.h) turns device slot (s + 1) % 2, picked by the device counter's
-// parity, into its FP32 batch with a device-to-device pass. Why the slots are never overwritten
-// too early:
+// parity, into its FP32 batch with a device-to-device pass. Slots follow the global step, so a
+// resumed run stages step s0 where the uninterrupted run would have. Why the slots are never
+// overwritten too early:
 //
 //   - device slot (s + 1) % 2 was last read by step s - 1 (its first op): the copy waits for step
 //     s - 1's event, and step s + 1 waits for the copy's, so the copy neither overwrites a slot
@@ -42,19 +48,51 @@
 //   - an event is recorded again only after every wait that uses it was queued (a stream wait
 //     takes the event's latest record at the time of the call): copy events two steps apart,
 //     step events two steps apart (schedule.c asserts these counts)
+//   - steps before s0 ran in an earlier loop, which drained: neither their copies nor their
+//     reads are in flight, so the first two steps wait for nothing of theirs
+//
+// Reading a record also checks it against the golden trace, if there is one (the first
+// difference ends the loop), and hands an infer step's outputs (the pinned slot its program
+// copied them into) to the row's output file, if it has one (runtime/infer_out.h): the read
+// needs no synchronization of its own.
 //
 // Eager runs take the same path with launches instead of graph replays. On the reference backend
 // a launch completes before it returns and the copy is a memcpy at the same point of the loop,
 // so each record is read right after its step and every backend stages the same bytes for the
 // same step. The loop makes no allocation and no other synchronizing call, which
-// driver_sync_counts prove (sched_summary.lagged_reads is the number of waits). A loop that
-// ends early (an error) first makes the compute stream wait for the last copy, then waits for
-// the stream, so no copy outlives the run's memory.
+// driver_sync_counts prove (sched_summary.lagged_reads is the number of waits); saves are the
+// exception (they drain, and the checkpoint's copies wait). A loop that ends early (an error)
+// first makes the compute stream wait for the last copy, then waits for the stream, so no copy
+// outlives the run's memory.
+//
+// Position and stops. The loop starts from a sched_state (zero: the beginning; a checkpoint's:
+// where that run stopped) and leaves it where it ended. After a step and before the next step's
+// batch is staged it may save or stop; both first drain (read the records of the steps in
+// flight):
+//
+//   save   after every `save_every`-th train step (counted over the whole run, resumed parts
+//          included), after the last train step of a table that --steps cut, at a stop, and at
+//          the end of a table that was not cut; never twice at the same step
+//   stop   when *interrupt becomes non-zero (a signal handler sets it) or after stop_at steps;
+//          inside an infer row that writes a file, at the end of that row (files are whole)
+//
+// Coming before the staging of the next step, they find the feeds' cursors at the state's
+// position (the batches of the steps done read, none ahead), and the last launched step waited
+// for its own batch copy, so once the drain has read its record neither stream has work: the
+// device is idle, every record is in the trace and the state describes the device exactly. A
+// resumed loop primes its first step from those cursors. A save changes nothing the device
+// computes, so a run with saves gives the trace of the run without them. Why a cut table saves
+// after its last train step and not at its end: the eval and infer rows that follow the cut run
+// early (in the uncut table they follow the whole train row), so the position before them is
+// the one a longer run passes through.
 #ifndef QT_SCHEDULE_H
 #define QT_SCHEDULE_H
 
+#include <signal.h>   // sig_atomic_t
+
 #include "backend.h"  // backend, backend_graph
 #include "data.h"     // data_feed, data_info
+#include "infer_out.h"  // infer_out
 #include "model.h"    // model, model_mode
 #include "optim.h"    // optim_lr_row
 #include "recipe.h"
@@ -69,6 +107,8 @@ typedef struct sched_row {
     uint64_t steps;
     recipe_dataset dataset;  // eval and infer rows
     uint32_t line;           // the recipe line it came from (0: added by sched_interleave_eval)
+    uint32_t output;         // infer rows that write a file: 1 + its index in sched_env.outputs
+                             // (the recipe row's index); 0: none
 } sched_row;
 
 typedef struct sched_table {
@@ -78,7 +118,28 @@ typedef struct sched_table {
     optim_lr_row lr[RECIPE_SCHEDULE_ROWS_MAX];
     uint64_t steps[MODEL_MODE_COUNT];  // steps of each mode in the table
     bool modes[MODEL_MODE_COUNT];      // modes of the recipe's table (before any cut)
+    bool cut;                          // --steps removed train steps of the recipe
 } sched_table;
+
+// Where a run stands between two steps, and what its summary carries over: everything of the
+// host loop that a checkpoint keeps (runtime/checkpoint.h stores it as it is, little-endian).
+typedef struct sched_state {
+    uint64_t step;            // steps done, every mode (= the device step counter)
+    uint64_t train_steps;     // train steps done (checksum_every and save_every count them)
+    uint32_t row;             // table row of the next step; row_count when the table is done
+    uint32_t reserved;
+    uint64_t row_step;        // steps of that row already done
+    data_cursor train;        // the shuffled train feed
+    data_cursor train_plain;  // the train set in file order (eval and infer rows on it)
+    data_cursor eval;         // the eval set
+    float last_train_loss;    // the summary's carry: the last train record's loss,
+    uint32_t has_eval;        // whether an eval row has ended, and that row's results
+    double eval_loss, eval_accuracy;
+    uint64_t eval_samples;
+    double eval_loss_sum;     // the eval row under way
+    uint64_t eval_correct, eval_valid;
+} sched_state;
+QT_STATIC_ASSERT(sizeof(sched_state) == 136, "sched_state is saved in checkpoints");
 
 // The table of r for datasets of the given sizes (eval_samples 0 without an eval set), cut after
 // steps_limit train steps (0: no cut).
@@ -92,6 +153,20 @@ qt_status sched_interleave_eval(sched_table *t, uint64_t every, uint64_t eval_st
 // Removes every eval and infer row (the reference run of the interleaving regression).
 void sched_drop_eval(sched_table *t);
 
+// Hash of rows [0, count) (mode, steps, dataset): a checkpoint keeps it to recognize the table
+// that it may continue.
+uint64_t sched_rows_hash(const sched_table *t, uint32_t count);
+
+// Whether a run with table t can continue from s: the rows before s->row are t's, the row of
+// s has t's mode and dataset and at least s->row_step steps in t (it may be longer: the saving
+// run's --steps cut it). saved_rows_hash / saved_row are the saving run's (sched_rows_hash of
+// rows [0, s->row), and its row s->row, steps ignored). QT_ERR_MISMATCH naming the difference.
+qt_status sched_check_position(const sched_table *t, const sched_state *s,
+                               uint64_t saved_rows_hash, sched_row saved_row);
+
+// `qtrain infer`: one infer row of one pass over the (train) dataset, writing outputs[0].
+void sched_table_infer(uint64_t samples, uint32_t batch, sched_table *t);
+
 // What the loop tells its caller after each record it reads.
 typedef struct sched_progress {
     const qt_trace_record *record;
@@ -99,7 +174,7 @@ typedef struct sched_progress {
     uint32_t row;             // index into the table
     uint64_t row_step;        // 1-based step within the row
     uint64_t row_steps;
-    uint64_t done, total;     // steps of the whole table
+    uint64_t done, total;     // steps of this loop: read so far, and all it runs
     uint32_t rows_valid;      // real rows of the step's batch
     const uint16_t *outputs;  // infer: bf16 [batch][outputs], valid during the call
     double elapsed_s;         // since the loop started
@@ -120,13 +195,25 @@ typedef struct sched_env {
     data_feed *train_plain;   // the train set in file order (eval / infer rows on it)
     data_feed *eval_feed;     // the eval set in file order, or NULL
     trace_writer *trace;      // NULL: no trace
+    trace_checker *check;     // NULL: no golden trace; else each record must match its own
+    infer_out *outputs;       // the files of infer rows with an output (sched_row.output)
     sched_progress_fn progress;
     void *progress_ctx;
+    // Checkpoints: save (NULL: none) is called at the save points above with the state after
+    // the drain; save_every 0 = no periodic saves.
+    qt_status (*save)(void *ctx, const sched_state *state);
+    void *save_ctx;
+    uint64_t save_every;
+    const volatile sig_atomic_t *interrupt;  // NULL: never; non-zero: stop at the next boundary
+    uint64_t stop_at;                         // stop once this many steps are done; 0 = never
 } sched_env;
 
+// Of the steps this loop ran (a resumed run counts its own); the last train loss and eval
+// results carry over from the starting state.
 typedef struct sched_summary {
     uint64_t steps[MODEL_MODE_COUNT];
     uint64_t skipped;            // train steps the optimizer skipped (non-finite gradients)
+    bool stopped;                // an interrupt or stop_at ended the loop before the table
     float last_train_loss;
     bool has_eval;
     double eval_loss;            // the last eval row: mean over its samples
@@ -137,15 +224,18 @@ typedef struct sched_summary {
     uint64_t lagged_reads;       // synchronizing waits the loop made
     // Step times without a synchronizing call of their own: the host clock when the record of a
     // train step is read (on the GPU right after the wait for its event) minus when that of the
-    // step before it was, for consecutive train steps. A GPU-bound loop waits for every step, so
-    // an interval is one step of the device; a host-bound one reads finished records, so it is
-    // the host's pace: either way the steady state's time per step. The last SCHED_STEP_TIMES
-    // are kept, interval i at step_ms[i % SCHED_STEP_TIMES].
+    // step before it was, for consecutive train steps with no save between them. A GPU-bound loop
+    // waits for every step, so an interval is one step of the device; a host-bound one reads
+    // finished records, so it is the host's pace: either way the steady state's time per step. The
+    // last SCHED_STEP_TIMES are kept, interval i at step_ms[i % SCHED_STEP_TIMES].
     uint64_t step_time_count;    // intervals measured (the kept ones: min(count, TIMES))
     float step_ms[SCHED_STEP_TIMES];
     uint64_t batch_copies;       // batches staged host to device (one per step)
 } sched_summary;
 
-qt_status sched_run(const sched_env *env, const sched_table *t, sched_summary *out);
+// Runs t from *state (a position sched_check_position accepts) to its end or a stop, and
+// leaves *state there. Feeds must stand at the state's cursors (data_feed_seek).
+qt_status sched_run(const sched_env *env, const sched_table *t, sched_state *state,
+                    sched_summary *out);
 
 #endif  // QT_SCHEDULE_H

@@ -5,7 +5,9 @@
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>   // snprintf, fprintf
+#include <stdlib.h>  // strtoull
 #include <string.h>
+#include <sys/stat.h>  // stat: the golden trace's size
 #include <unistd.h>  // read, write, close
 
 #define TRACE_MAGIC "qtrain-trace"
@@ -13,11 +15,14 @@
 // ---------------------------------------------------------------------------------------------
 // Formatting
 
-uint64_t trace_hash(const void *bytes, size_t n) {
+uint64_t trace_hash_more(uint64_t hash, const void *bytes, size_t n) {
     const uint8_t *p = bytes;
-    uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64 offset basis and prime
-    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
-    return h;
+    for (size_t i = 0; i < n; i++) hash = (hash ^ p[i]) * 0x100000001b3ull;  // FNV-1a 64 prime
+    return hash;
+}
+
+uint64_t trace_hash(const void *bytes, size_t n) {
+    return trace_hash_more(0xcbf29ce484222325ull, bytes, n);  // FNV-1a 64 offset basis
 }
 
 // Appends with snprintf and asserts the room: callers size `out` for the longest line.
@@ -113,15 +118,22 @@ static qt_status writer_flush(trace_writer *w) {
         }
         done += (size_t)n;
     }
+    w->hash = trace_hash_more(w->hash, w->buffer, w->used);
+    w->bytes_written += w->used;
     w->used = 0;
     return QT_OK;
 }
 
-qt_status trace_open(trace_writer *w, const char *path, const trace_header *h) {
-    if (strlen(path) >= sizeof w->path) {
+static qt_status writer_check_path(const char *path) {
+    if (strlen(path) >= TRACE_PATH_MAX) {
         return qt_fail(QT_ERR_INPUT, "trace path '%.64s...' is longer than TRACE_PATH_MAX - 1 = "
                        "%d bytes; use a shorter path", path, TRACE_PATH_MAX - 1);
     }
+    return QT_OK;
+}
+
+qt_status trace_open(trace_writer *w, const char *path, const trace_header *h) {
+    QT_TRY(writer_check_path(path));
     QT_ASSERT(h->quantizers_count <= QT_TRACE_QUANTIZERS_MAX);
     w->fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (w->fd < 0) {
@@ -131,7 +143,94 @@ qt_status trace_open(trace_writer *w, const char *path, const trace_header *h) {
     snprintf(w->path, sizeof w->path, "%s", path);
     w->quantizers_count = h->quantizers_count;
     w->records = 0;
+    w->bytes_written = 0;
+    w->hash = trace_hash(NULL, 0);
     w->used = trace_format_header(h, w->buffer, sizeof w->buffer);
+    return QT_OK;
+}
+
+// Hashes the first `bytes` bytes of fd (through the writer's buffer); false when it is shorter.
+static qt_status writer_hash_prefix(trace_writer *w, uint64_t bytes, uint64_t *hash,
+                                    bool *complete) {
+    *hash = trace_hash(NULL, 0);
+    uint64_t done = 0;
+    while (done < bytes) {
+        size_t want = bytes - done < sizeof w->buffer ? (size_t)(bytes - done) : sizeof w->buffer;
+        ssize_t n = read(w->fd, w->buffer, want);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) return qt_fail(QT_ERR_IO, "%s: cannot read: %s", w->path, strerror(errno));
+        if (n == 0) break;
+        *hash = trace_hash_more(*hash, w->buffer, (size_t)n);
+        done += (uint64_t)n;
+    }
+    *complete = done == bytes;
+    return QT_OK;
+}
+
+// The file is open read-write: is it the checkpointed run's trace, with this run's header?
+static qt_status writer_check_prefix(trace_writer *w, const trace_header *h, uint64_t bytes,
+                                     uint64_t hash) {
+    const char *fix = "name another --trace file (a new one gets the records from the "
+                      "checkpoint's step on) or remove it";
+    if (bytes == 0) {
+        return qt_fail(QT_ERR_MISMATCH, "%s exists, but the checkpoint was saved by a run "
+                       "without a trace, so there is nothing to continue; %s", w->path, fix);
+    }
+    uint64_t found = 0;
+    bool complete = false;
+    QT_TRY(writer_hash_prefix(w, bytes, &found, &complete));
+    if (!complete || found != hash) {
+        return qt_fail(QT_ERR_MISMATCH, "%s is not the trace of the checkpointed run: %s; %s",
+                       w->path, complete ? "its first bytes differ from those the checkpoint "
+                       "describes" : "it is shorter than the trace was at the checkpoint", fix);
+    }
+    // The header is the file's beginning, and this run's must be the same (--checksum-every).
+    size_t length = trace_format_header(h, w->buffer, sizeof w->buffer);
+    static char found_header[TRACE_WRITE_BUFFER_BYTES];
+    ssize_t n = pread(w->fd, found_header, length, 0);
+    if (n != (ssize_t)length || memcmp(found_header, w->buffer, length) != 0) {
+        return qt_fail(QT_ERR_MISMATCH, "%s: its header differs from this run's (another "
+                       "--checksum-every?); resume with the options of the run that wrote it, "
+                       "or %s", w->path, fix);
+    }
+    return QT_OK;
+}
+
+qt_status trace_continue(trace_writer *w, const char *path, const trace_header *h,
+                         uint64_t bytes, uint64_t hash, uint64_t records) {
+    QT_TRY(writer_check_path(path));
+    w->fd = open(path, O_RDWR | O_CLOEXEC);
+    if (w->fd < 0 && errno == ENOENT) return trace_open(w, path, h);
+    if (w->fd < 0) {
+        return qt_fail(QT_ERR_IO, "%s: cannot open the trace to continue it: %s", path,
+                       strerror(errno));
+    }
+    snprintf(w->path, sizeof w->path, "%s", path);
+    qt_status status = writer_check_prefix(w, h, bytes, hash);
+    if (status == QT_OK && (ftruncate(w->fd, (off_t)bytes) != 0 ||
+                            lseek(w->fd, (off_t)bytes, SEEK_SET) != (off_t)bytes)) {
+        status = qt_fail(QT_ERR_IO, "%s: cannot cut the trace back to the checkpoint: %s",
+                         path, strerror(errno));
+    }
+    if (status != QT_OK) {
+        close(w->fd);
+        w->fd = -1;
+        return status;
+    }
+    w->quantizers_count = h->quantizers_count;
+    w->records = records;
+    w->bytes_written = bytes;
+    w->hash = hash;
+    w->used = 0;
+    return QT_OK;
+}
+
+qt_status trace_flush(trace_writer *w, bool durable) {
+    QT_ASSERT(w->fd >= 0);
+    QT_TRY(writer_flush(w));
+    if (durable && fsync(w->fd) != 0) {
+        return qt_fail(QT_ERR_IO, "%s: cannot sync the trace: %s", w->path, strerror(errno));
+    }
     return QT_OK;
 }
 
@@ -155,32 +254,38 @@ qt_status trace_close(trace_writer *w) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Reading and comparing
+// Reading lines: from a file through the reader's buffer, or from the caller's memory
 
-#define READER_BUFFER_BYTES (2 * TRACE_LINE_BYTES_MAX)
-
-typedef struct line_reader {
-    const char *path;
-    int fd;
-    bool file_end;
-    uint64_t line;        // number of the line last returned, from 1
-    size_t start, end;    // unread bytes: buffer[start, end)
-    char buffer[READER_BUFFER_BYTES];
-} line_reader;
-
-static qt_status reader_open(line_reader *r, const char *path) {
-    memset(r, 0, offsetof(line_reader, buffer));
+static qt_status lines_open(trace_lines *r, const char *path) {
+    memset(r, 0, offsetof(trace_lines, buffer));
     r->path = path;
+    r->text = r->buffer;
     r->fd = open(path, O_RDONLY | O_CLOEXEC);
     if (r->fd < 0) return qt_fail(QT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     return QT_OK;
 }
 
+// The whole file is already in memory[0 .. bytes), which the reader may write (it ends lines
+// with NUL in place).
+static void lines_memory(trace_lines *r, const char *path, char *memory, size_t bytes) {
+    memset(r, 0, offsetof(trace_lines, buffer));
+    r->path = path;
+    r->fd = -1;
+    r->text = memory;
+    r->end = bytes;
+    r->file_end = true;
+}
+
+static void lines_close(trace_lines *r) {
+    if (r->fd >= 0) close(r->fd);
+    r->fd = -1;
+}
+
 // The next line without its \n, NUL-terminated in place and valid until the next call; *have
 // is false at the end of the file.
-static qt_status reader_next(line_reader *r, char **line, bool *have) {
+static qt_status lines_next(trace_lines *r, char **line, bool *have) {
     for (;;) {
-        char *begin = r->buffer + r->start;
+        char *begin = r->text + r->start;
         char *newline = memchr(begin, '\n', r->end - r->start);
         size_t length = newline != NULL ? (size_t)(newline - begin) : r->end - r->start;
         if (length >= TRACE_LINE_BYTES_MAX) {
@@ -190,7 +295,7 @@ static qt_status reader_next(line_reader *r, char **line, bool *have) {
         if (newline != NULL) {
             *newline = '\0';
             *line = begin;
-            r->start = (size_t)(newline + 1 - r->buffer);
+            r->start = (size_t)(newline + 1 - r->text);
             r->line++;
             *have = true;
             return QT_OK;
@@ -201,10 +306,10 @@ static qt_status reader_next(line_reader *r, char **line, bool *have) {
             return qt_fail(QT_ERR_INPUT, "%s:%" PRIu64 ": the last line has no end: the trace "
                            "is cut short (was the run interrupted?)", r->path, r->line + 1);
         }
-        memmove(r->buffer, begin, r->end - r->start);
+        memmove(r->text, begin, r->end - r->start);
         r->end -= r->start;
         r->start = 0;
-        ssize_t n = read(r->fd, r->buffer + r->end, sizeof r->buffer - r->end);
+        ssize_t n = read(r->fd, r->text + r->end, sizeof r->buffer - r->end);
         if (n < 0 && errno == EINTR) continue;
         if (n < 0) return qt_fail(QT_ERR_IO, "%s: cannot read: %s", r->path, strerror(errno));
         if (n == 0) r->file_end = true;
@@ -212,9 +317,9 @@ static qt_status reader_next(line_reader *r, char **line, bool *have) {
     }
 }
 
-static qt_status reader_expect_line(line_reader *r, char **line, const char *what) {
+static qt_status lines_expect(trace_lines *r, char **line, const char *what) {
     bool have;
-    QT_TRY(reader_next(r, line, &have));
+    QT_TRY(lines_next(r, line, &have));
     if (!have) {
         return qt_fail(QT_ERR_INPUT, "%s:%" PRIu64 ": the file ends; expected %s", r->path,
                        r->line + 1, what);
@@ -222,10 +327,13 @@ static qt_status reader_expect_line(line_reader *r, char **line, const char *wha
     return QT_OK;
 }
 
-static qt_status parse_header(line_reader *r, trace_header *h) {
+// ---------------------------------------------------------------------------------------------
+// Parsing
+
+static qt_status parse_header(trace_lines *r, trace_header *h) {
     memset(h, 0, sizeof *h);
     char *line;
-    QT_TRY(reader_expect_line(r, &line, "the header '" TRACE_MAGIC " 1 ...'"));
+    QT_TRY(lines_expect(r, &line, "the header '" TRACE_MAGIC " 1 ...'"));
     int version = 0, end = -1;
     int fields = sscanf(line, TRACE_MAGIC " %d recipe=%16" SCNx64 " quantizers=%" SCNu32
                         " checksum_every=%" SCNu32 "%n", &version, &h->recipe_hash,
@@ -245,7 +353,7 @@ static qt_status parse_header(line_reader *r, trace_header *h) {
                        line, QT_TRACE_QUANTIZERS_MAX);
     }
     for (uint32_t i = 0; i < h->quantizers_count; i++) {
-        QT_TRY(reader_expect_line(r, &line, "a 'quantizer I NAME' line"));
+        QT_TRY(lines_expect(r, &line, "a 'quantizer I NAME' line"));
         uint32_t index = UINT32_MAX;
         end = -1;
         sscanf(line, "quantizer %" SCNu32 " %63s%n", &index, h->quantizer_names[i], &end);
@@ -257,27 +365,12 @@ static qt_status parse_header(line_reader *r, trace_header *h) {
     return QT_OK;
 }
 
-// Prints the first header field that differs; returns whether one did.
-static bool header_differs(const trace_header *a, const trace_header *b, FILE *out) {
-    if (a->recipe_hash != b->recipe_hash) {
-        fprintf(out, "header: recipe hash differs: A %016" PRIx64 ", B %016" PRIx64 " (the runs "
-                "used different recipes)\n", a->recipe_hash, b->recipe_hash);
-        return true;
+static qt_status expect_record(const trace_lines *r, const char *line) {
+    if (strncmp(line, "step=", 5) != 0) {
+        return qt_fail(QT_ERR_INPUT, "%s:%" PRIu64 ": expected a record line 'step=N ...', "
+                       "found '%.40s'", r->path, r->line, line);
     }
-    if (a->quantizers_count != b->quantizers_count || a->checksum_every != b->checksum_every) {
-        fprintf(out, "header: A has %" PRIu32 " quantizers, checksum every %" PRIu32 " steps; B "
-                "has %" PRIu32 ", every %" PRIu32 "\n", a->quantizers_count, a->checksum_every,
-                b->quantizers_count, b->checksum_every);
-        return true;
-    }
-    for (uint32_t i = 0; i < a->quantizers_count; i++) {
-        if (strcmp(a->quantizer_names[i], b->quantizer_names[i]) != 0) {
-            fprintf(out, "header: quantizer %" PRIu32 " is %s in A, %s in B\n", i,
-                    a->quantizer_names[i], b->quantizer_names[i]);
-            return true;
-        }
-    }
-    return false;
+    return QT_OK;
 }
 
 // Splits off the next space-separated token of a record line; false at the end.
@@ -298,6 +391,108 @@ static size_t key_length(const char *token, size_t length) {
     return eq != NULL ? (size_t)(eq - token) : length;
 }
 
+// The value of the next token if its key is `key` ("loss"), else NULL.
+static const char *take_value(const char **cursor, const char *key) {
+    const char *token;
+    size_t length;
+    if (!next_token(cursor, &token, &length)) return NULL;
+    size_t k = strlen(key);
+    if (key_length(token, length) != k || memcmp(token, key, k) != 0 || k == length) return NULL;
+    return token + k + 1;
+}
+
+// "0x3f8ccccd:..." -> the float of those bits; only the bits count.
+static bool parse_f32(const char *value, float *out) {
+    uint32_t bits;
+    int end = -1;
+    if (value == NULL || sscanf(value, "0x%8" SCNx32 ":%n", &bits, &end) != 1 || end != 11) {
+        return false;
+    }
+    *out = qt_bits_f32(bits);
+    return true;
+}
+
+static bool parse_mode(const char *value, uint32_t *mode) {
+    static const uint32_t modes[] = {QT_TRACE_MODE_TRAIN, QT_TRACE_MODE_EVAL,
+                                     QT_TRACE_MODE_INFER};
+    for (int i = 0; value != NULL && i < 3; i++) {
+        const char *name = mode_name(modes[i]);
+        size_t n = strlen(name);
+        if (strncmp(value, name, n) == 0 && (value[n] == ' ' || value[n] == '\0')) {
+            *mode = modes[i];
+            return true;
+        }
+    }
+    return false;
+}
+
+static bool parse_fields(const char *line, uint32_t quantizers, qt_trace_record *rec) {
+    const char *c = line;
+    int end = -1;
+    const char *v = take_value(&c, "step");
+    if (v == NULL || sscanf(v, "%" SCNu64 "%n", &rec->step, &end) != 1 || v[end] != ' ') {
+        return false;
+    }
+    if (!parse_mode(take_value(&c, "mode"), &rec->mode)) return false;
+    v = take_value(&c, "flags");
+    if (v == NULL || sscanf(v, "0x%" SCNx32, &rec->flags) != 1) return false;
+    if (!parse_f32(take_value(&c, "loss"), &rec->loss) ||
+        !parse_f32(take_value(&c, "accuracy"), &rec->accuracy) ||
+        !parse_f32(take_value(&c, "grad_norm"), &rec->grad_norm) ||
+        !parse_f32(take_value(&c, "lr"), &rec->lr)) {
+        return false;
+    }
+    v = take_value(&c, "checksum");
+    if (v == NULL || (v[0] != '-' && sscanf(v, "0x%16" SCNx64, &rec->checksum) != 1)) return false;
+    for (uint32_t i = 0; i < quantizers; i++) {
+        char key[16];
+        snprintf(key, sizeof key, "amax.%" PRIu32, i);
+        if (!parse_f32(take_value(&c, key), &rec->amax[i])) return false;
+        snprintf(key, sizeof key, "scale.%" PRIu32, i);
+        if (!parse_f32(take_value(&c, key), &rec->scale[i])) return false;
+    }
+    const char *rest;
+    size_t length;
+    return !next_token(&c, &rest, &length);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reports of differences, into a text: `qtrain diff` prints them, the replay check fails with them
+
+typedef struct sides {
+    const char *a, *b;  // "A" and "B", or "golden" and "run"
+} sides;
+
+// Values print at most this many bytes: a report must fit a message.
+#define REPORT_VALUE_BYTES 96
+
+static int capped(size_t length) {
+    return (int)(length < REPORT_VALUE_BYTES ? length : REPORT_VALUE_BYTES);
+}
+
+// Adds the first header field that differs; returns whether one did.
+static bool header_differs(const trace_header *a, const trace_header *b, sides s, text *t) {
+    if (a->recipe_hash != b->recipe_hash) {
+        text_add(t, "header: recipe hash differs: %s %016" PRIx64 ", %s %016" PRIx64 " (the runs "
+                 "used different recipes)\n", s.a, a->recipe_hash, s.b, b->recipe_hash);
+        return true;
+    }
+    if (a->quantizers_count != b->quantizers_count || a->checksum_every != b->checksum_every) {
+        text_add(t, "header: %s has %" PRIu32 " quantizers, checksum every %" PRIu32 " steps; %s "
+                 "has %" PRIu32 ", every %" PRIu32 "\n", s.a, a->quantizers_count,
+                 a->checksum_every, s.b, b->quantizers_count, b->checksum_every);
+        return true;
+    }
+    for (uint32_t i = 0; i < a->quantizers_count; i++) {
+        if (strcmp(a->quantizer_names[i], b->quantizer_names[i]) != 0) {
+            text_add(t, "header: quantizer %" PRIu32 " is %s in %s, %s in %s\n", i,
+                     a->quantizer_names[i], s.a, b->quantizer_names[i], s.b);
+            return true;
+        }
+    }
+    return false;
+}
+
 // " (quantizer NAME)" for the amax.I and scale.I fields, else "".
 static void quantizer_note(const trace_header *h, const char *key, size_t key_bytes, char *note,
                            size_t note_bytes) {
@@ -313,101 +508,284 @@ static void quantizer_note(const trace_header *h, const char *key, size_t key_by
     }
 }
 
-// Two record lines that are not byte-equal: names the step and the first field that differs.
-static void report_record(const trace_header *h, const line_reader *ra, const char *a,
-                          const line_reader *rb, const char *b, FILE *out) {
-    const char *step = a + strlen("step=");
-    size_t step_bytes = strcspn(step, " ");
-    fprintf(out, "first difference at step %.*s (line %" PRIu64 " of A, line %" PRIu64
-            " of B)", (int)step_bytes, step, ra->line, rb->line);
+// The step of a record line: "12" of "step=12 mode=...".
+static int step_bytes(const char *line) { return capped(strcspn(line + strlen("step="), " ")); }
+
+// Two record lines that are not byte-equal: adds the first field that differs (after the
+// caller's lead, "first difference at step 3 (...)") with both values.
+static void report_fields(const trace_header *h, const char *a, const char *b, sides s,
+                          text *t) {
     const char *ta = NULL, *tb = NULL;
     size_t la = 0, lb = 0;
     for (;;) {
         bool has_a = next_token(&a, &ta, &la), has_b = next_token(&b, &tb, &lb);
         if (!has_a && !has_b) {
-            fprintf(out, ": the fields are equal but spaced differently\n");
+            text_add(t, ": the fields are equal but spaced differently\n");
             return;
         }
         if (!has_a || !has_b) {
-            const char *which = has_a ? "B" : "A";
             const char *tok = has_a ? ta : tb;
             size_t len = has_a ? la : lb;
-            fprintf(out, ": %s's record ends where the other has %.*s\n", which, (int)len, tok);
+            text_add(t, ": %s's record ends where the other has %.*s\n", has_a ? s.b : s.a,
+                     capped(len), tok);
             return;
         }
         if (la == lb && memcmp(ta, tb, la) == 0) continue;
         size_t ka = key_length(ta, la), kb = key_length(tb, lb);
         if (ka != kb || memcmp(ta, tb, ka) != 0) {
-            fprintf(out, ": A has field %.*s where B has %.*s\n", (int)ka, ta, (int)kb, tb);
+            text_add(t, ": %s has field %.*s where %s has %.*s\n", s.a, capped(ka), ta, s.b,
+                     capped(kb), tb);
             return;
         }
         char note[TRACE_NAME_MAX + 16];
         quantizer_note(h, ta, ka, note, sizeof note);
-        fprintf(out, ", field %.*s%s:\n  A: %.*s\n  B: %.*s\n", (int)ka, ta, note,
-                (int)(la - ka - 1), ta + ka + 1, (int)(lb - kb - 1), tb + kb + 1);
+        size_t width = strlen(s.a) > strlen(s.b) ? strlen(s.a) : strlen(s.b);
+        text_add(t, ", field %.*s%s:\n  %s:%*s %.*s\n  %s:%*s %.*s\n", capped(ka), ta, note, s.a,
+                 (int)(width - strlen(s.a)), "", capped(la - ka - 1), ta + ka + 1, s.b,
+                 (int)(width - strlen(s.b)), "", capped(lb - kb - 1), tb + kb + 1);
         return;
     }
 }
 
-static qt_status expect_record(const line_reader *r, const char *line) {
-    if (strncmp(line, "step=", 5) != 0) {
-        return qt_fail(QT_ERR_INPUT, "%s:%" PRIu64 ": expected a record line 'step=N ...', "
-                       "found '%.40s'", r->path, r->line, line);
+// ---------------------------------------------------------------------------------------------
+// trace_diff
+
+#define REPORT_BYTES 1024
+
+static uint64_t record_step(const char *line) { return strtoull(line + 5, NULL, 10); }
+
+// A trace that a resumed run started in a new file begins at the checkpoint's step: the other
+// trace's records before that step have no counterpart and are skipped. *from is the step the
+// comparison starts at when one was skipped, else UINT64_MAX.
+static qt_status diff_align(trace_lines *ra, char **a, bool *have_a, trace_lines *rb, char **b,
+                            bool *have_b, uint64_t *from) {
+    *from = UINT64_MAX;
+    if (!*have_a || !*have_b) return QT_OK;
+    uint64_t sa = record_step(*a), sb = record_step(*b);
+    while (*have_a && sa < sb) {
+        QT_TRY(lines_next(ra, a, have_a));
+        if (*have_a) QT_TRY(expect_record(ra, *a));
+        if (*have_a) sa = record_step(*a);
+        *from = sb;
+    }
+    while (*have_b && sb < sa) {
+        QT_TRY(lines_next(rb, b, have_b));
+        if (*have_b) QT_TRY(expect_record(rb, *b));
+        if (*have_b) sb = record_step(*b);
+        *from = sa;
     }
     return QT_OK;
 }
 
 // Both readers are past their headers. Compares record lines until the first difference.
-static qt_status diff_records(const trace_header *h, line_reader *ra, line_reader *rb,
+static qt_status diff_records(const trace_header *h, trace_lines *ra, trace_lines *rb,
                               FILE *out, bool *identical) {
-    uint64_t records = 0;
+    static const sides ab = {"A", "B"};
+    uint64_t records = 0, from = UINT64_MAX;
     for (;;) {
         char *a, *b;
         bool have_a, have_b;
-        QT_TRY(reader_next(ra, &a, &have_a));
-        QT_TRY(reader_next(rb, &b, &have_b));
+        QT_TRY(lines_next(ra, &a, &have_a));
+        QT_TRY(lines_next(rb, &b, &have_b));
         if (have_a) QT_TRY(expect_record(ra, a));
         if (have_b) QT_TRY(expect_record(rb, b));
+        if (records == 0) QT_TRY(diff_align(ra, &a, &have_a, rb, &b, &have_b, &from));
         if (!have_a && !have_b) break;
         if (!have_a || !have_b) {
             const char *longer = have_a ? a : b;
             fprintf(out, "%s ends after %" PRIu64 " records; %s goes on with %.*s\n",
                     have_a ? "B" : "A", records, have_a ? "A" : "B",
-                    (int)strcspn(longer, " "), longer);
+                    capped(strcspn(longer, " ")), longer);
             *identical = false;
             return QT_OK;
         }
         if (strcmp(a, b) != 0) {
-            report_record(h, ra, a, rb, b, out);
+            char report[REPORT_BYTES];
+            text t = {report, sizeof report, 0};
+            text_add(&t, "first difference at step %.*s (line %" PRIu64 " of A, line %" PRIu64
+                     " of B)", step_bytes(a), a + strlen("step="), ra->line, rb->line);
+            report_fields(h, a, b, ab, &t);
+            fputs(report, out);
             *identical = false;
             return QT_OK;
         }
         records++;
     }
-    if (*identical) fprintf(out, "identical: %" PRIu64 " records\n", records);
+    if (*identical && from != UINT64_MAX) {
+        fprintf(out, "identical: %" PRIu64 " records from step %" PRIu64 " (the other trace's "
+                "records before it are not compared)\n", records, from);
+    } else if (*identical) {
+        fprintf(out, "identical: %" PRIu64 " records\n", records);
+    }
     return QT_OK;
 }
 
 // Two readers and two headers take about 42 KiB of stack; trace_diff runs in the CLI's main
 // thread, whose stack is megabytes.
 qt_status trace_diff(const char *path_a, const char *path_b, FILE *out, bool *identical) {
-    line_reader ra, rb;
+    static const sides ab = {"A", "B"};
+    trace_lines ra, rb;
     trace_header ha, hb;
     *identical = false;
-    QT_TRY(reader_open(&ra, path_a));
-    qt_status status = reader_open(&rb, path_b);
+    QT_TRY(lines_open(&ra, path_a));
+    qt_status status = lines_open(&rb, path_b);
     if (status != QT_OK) {
-        close(ra.fd);
+        lines_close(&ra);
         return status;
     }
     status = parse_header(&ra, &ha);
     if (status == QT_OK) status = parse_header(&rb, &hb);
     if (status == QT_OK) {
-        *identical = !header_differs(&ha, &hb, out);
+        char report[REPORT_BYTES];
+        text t = {report, sizeof report, 0};
+        report[0] = '\0';
+        *identical = !header_differs(&ha, &hb, ab, &t);
+        fputs(report, out);
         status = diff_records(&ha, &ra, &rb, out, identical);
     }
     if (status != QT_OK) *identical = false;
-    close(ra.fd);
-    close(rb.fd);
+    lines_close(&ra);
+    lines_close(&rb);
     return status;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading records
+
+qt_status trace_reader_open(trace_reader *r, const char *path) {
+    QT_TRY(lines_open(&r->lines, path));
+    qt_status status = parse_header(&r->lines, &r->header);
+    if (status != QT_OK) lines_close(&r->lines);
+    return status;
+}
+
+qt_status trace_reader_next(trace_reader *r, qt_trace_record *rec, bool *have) {
+    char *line;
+    QT_TRY(lines_next(&r->lines, &line, have));
+    if (!*have) return QT_OK;
+    QT_TRY(expect_record(&r->lines, line));
+    memset(rec, 0, sizeof *rec);
+    if (!parse_fields(line, r->header.quantizers_count, rec)) {
+        return qt_fail(QT_ERR_INPUT, "%s:%" PRIu64 ": malformed record '%.60s...'; expected the "
+                       "fields step, mode, flags, loss, accuracy, grad_norm, lr, checksum and %"
+                       PRIu32 " amax/scale pairs, as qtrain writes them", r->lines.path,
+                       r->lines.line, line, r->header.quantizers_count);
+    }
+    return QT_OK;
+}
+
+void trace_reader_close(trace_reader *r) { lines_close(&r->lines); }
+
+// ---------------------------------------------------------------------------------------------
+// Golden-trace replay
+
+qt_status trace_check_bytes(const char *path, uint64_t *bytes) {
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        return qt_fail(QT_ERR_IO, "%s: cannot open the golden trace: %s", path, strerror(errno));
+    }
+    *bytes = (uint64_t)st.st_size + 1;  // + 1: a byte more than the file shows it did not grow
+    return QT_OK;
+}
+
+// Reads the file into memory[0 .. bytes - 1); QT_ERR_MISMATCH if its size changed.
+static qt_status read_whole(const char *path, char *memory, uint64_t bytes) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        return qt_fail(QT_ERR_IO, "%s: cannot open the golden trace: %s", path, strerror(errno));
+    }
+    uint64_t done = 0;
+    while (done < bytes) {
+        ssize_t n = read(fd, memory + done, bytes - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) {
+            int error = errno;
+            close(fd);
+            return qt_fail(QT_ERR_IO, "%s: cannot read: %s", path, strerror(error));
+        }
+        if (n == 0) break;
+        done += (uint64_t)n;
+    }
+    close(fd);
+    if (done != bytes - 1) {
+        return qt_fail(QT_ERR_MISMATCH, "%s: the golden trace changed size while qtrain started "
+                       "(%" PRIu64 " bytes, then %" PRIu64 "); do not write it during a run",
+                       path, bytes - 1, done);
+    }
+    return QT_OK;
+}
+
+qt_status trace_check_load(trace_checker *c, const char *path, char *memory, uint64_t bytes) {
+    QT_ASSERT(bytes >= 1);
+    QT_TRY(read_whole(path, memory, bytes));
+    lines_memory(&c->lines, path, memory, bytes - 1);
+    c->records = 0;
+    QT_TRY(parse_header(&c->lines, &c->golden));
+    // Every line must be whole now, so that a cut golden trace stops the run before it starts.
+    if (bytes - 1 > c->lines.start && memory[bytes - 2] != '\n') {
+        uint64_t lines = c->lines.line;
+        for (uint64_t i = c->lines.start; i < bytes - 1; i++) lines += memory[i] == '\n';
+        return qt_fail(QT_ERR_INPUT, "%s:%" PRIu64 ": the last line has no end: the golden "
+                       "trace is cut short; use a trace of a run that finished", path, lines + 1);
+    }
+    return QT_OK;
+}
+
+qt_status trace_check_header(trace_checker *c, const trace_header *h) {
+    static const sides gr = {"golden", "run"};
+    char report[REPORT_BYTES];
+    text t = {report, sizeof report, 0};
+    if (!header_differs(&c->golden, h, gr, &t)) return QT_OK;
+    report[strcspn(report, "\n")] = '\0';
+    return qt_fail(QT_ERR_MISMATCH, "%.256s: the run does not match the golden trace before its "
+                   "first step: %s", c->lines.path, report);
+}
+
+qt_status trace_check_skip_to(trace_checker *c, uint64_t step) {
+    trace_lines *l = &c->lines;
+    // The golden trace is in memory whole and its lines end in \n: the next line can be looked
+    // at before it is taken. A line that is not a record stops the skip; the check reports it.
+    while (l->start < l->end && strncmp(l->text + l->start, "step=", 5) == 0 &&
+           record_step(l->text + l->start) < step) {
+        char *skipped;
+        bool have;
+        QT_TRY(lines_next(l, &skipped, &have));
+    }
+    return QT_OK;
+}
+
+qt_status trace_check_record(trace_checker *c, const qt_trace_record *r) {
+    static const sides gr = {"golden", "run"};
+    trace_format_record(r, c->golden.quantizers_count, c->line, sizeof c->line);
+    c->line[strcspn(c->line, "\n")] = '\0';
+    char *golden;
+    bool have;
+    QT_TRY(lines_next(&c->lines, &golden, &have));
+    if (!have) {
+        return qt_fail(QT_ERR_MISMATCH, "%.256s: the golden trace ends after %" PRIu64 " records; "
+                       "the run goes on with step=%" PRIu64, c->lines.path, c->records, r->step);
+    }
+    QT_TRY(expect_record(&c->lines, golden));
+    if (strcmp(golden, c->line) != 0) {
+        char report[REPORT_BYTES];
+        text t = {report, sizeof report, 0};
+        text_add(&t, "%.256s: the run diverges from the golden trace at step %.*s (line %" PRIu64
+                 " of the golden trace)", c->lines.path, step_bytes(c->line),
+                 c->line + strlen("step="), c->lines.line);
+        report_fields(&c->golden, golden, c->line, gr, &t);
+        if (t.used > 0 && report[t.used - 1] == '\n') report[t.used - 1] = '\0';
+        return qt_fail(QT_ERR_MISMATCH, "%s", report);
+    }
+    c->records++;
+    return QT_OK;
+}
+
+qt_status trace_check_end(trace_checker *c) {
+    char *golden;
+    bool have;
+    QT_TRY(lines_next(&c->lines, &golden, &have));
+    if (!have) return QT_OK;
+    return qt_fail(QT_ERR_MISMATCH, "%.256s: the run ended after %" PRIu64 " records; the golden "
+                   "trace goes on with %.*s (line %" PRIu64 ")", c->lines.path, c->records,
+                   capped(strcspn(golden, " ")), golden, c->lines.line);
 }

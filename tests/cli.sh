@@ -75,3 +75,83 @@ else
     echo "FAIL cli_plan_bench_recipes ($count recipes):$bad"
     exit 1
 fi
+# Ctrl-C: the run stops at a step boundary with its summary, a complete trace and, with --save, a
+# checkpoint (exit 130); resuming it into the same trace file gives the uninterrupted run's trace.
+dir=$(mktemp -d)
+fail() {
+    echo "FAIL $1"
+    sed 's/^/  /' "$dir/out" 2>/dev/null | tail -20
+    rm -rf "$dir"
+    exit 1
+}
+sed 's/^train 200 cosine/train 100000 cosine/' tests/recipes/synthetic_tiny.recipe \
+    > "$dir/long.recipe"
+start_long_run() {  # waits until the loop runs (its trace file exists) and a little more
+    rm -f "$dir/t"
+    "$qtrain" run "$dir/long.recipe" --ref --trace "$dir/t" --save "$dir/$1" > "$dir/out" 2>&1 &
+    pid=$!
+    i=0
+    while [ ! -e "$dir/t" ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i + 1)); done
+    sleep 0.3
+}
+start_long_run ck
+kill -INT $pid
+wait $pid
+rc=$?
+step=$(sed -n 's/^interrupted  by SIGINT at step \([0-9]*\) .*/\1/p' "$dir/out")
+[ $rc -eq 130 ] || fail "cli_run_sigint_stops_saves_and_resumes: exit $rc, expected 130"
+[ -n "$step" ] && grep -q '^train loss' "$dir/out" &&
+    grep -q "^checkpoint   $dir/ck at step $step " "$dir/out" ||
+    fail "cli_run_sigint_stops_saves_and_resumes: no interruption, summary or checkpoint line"
+last=$(tail -c 1 "$dir/t" | od -An -c | tr -d ' ')
+[ "$(grep -c '^step=' "$dir/t")" -eq "$step" ] && [ "$last" = '\n' ] ||
+    fail "cli_run_sigint_stops_saves_and_resumes: the trace does not hold the $step steps"
+[ "$step" -lt 4000 ] ||
+    fail "cli_run_sigint_stops_saves_and_resumes: interrupted at step $step, after 4000"
+"$qtrain" run "$dir/long.recipe" --ref --trace "$dir/t" --resume "$dir/ck" --steps 4000 \
+    > "$dir/out" 2>&1 ||
+    fail "cli_run_sigint_stops_saves_and_resumes: the resumed run failed"
+"$qtrain" run "$dir/long.recipe" --ref --trace "$dir/full" --steps 4000 > "$dir/out" 2>&1 ||
+    fail "cli_run_sigint_stops_saves_and_resumes: the uninterrupted run failed"
+"$qtrain" diff "$dir/full" "$dir/t" > "$dir/out" 2>&1 ||
+    fail "cli_run_sigint_stops_saves_and_resumes: resumed trace differs"
+echo "PASS cli_run_sigint_stops_saves_and_resumes (interrupted at step $step)"
+# Resumed into a new trace file: its records start at the checkpoint's step, and diff compares
+# them with the whole trace from there.
+"$qtrain" run "$dir/long.recipe" --ref --trace "$dir/new" --resume "$dir/ck" --steps 4000 \
+    > "$dir/out" 2>&1 || fail "cli_diff_resumed_trace_from_its_first_step: the resumed run failed"
+"$qtrain" diff "$dir/full" "$dir/new" > "$dir/out" 2>&1 &&
+    grep -q "^identical: $((4004 - step)) records from step $step " "$dir/out" ||
+    fail "cli_diff_resumed_trace_from_its_first_step"
+echo "PASS cli_diff_resumed_trace_from_its_first_step"
+# A second signal while the first is handled exits at once.
+start_long_run ck2
+kill -INT $pid
+kill -TERM $pid
+wait $pid
+rc=$?
+{ [ $rc -eq 130 ] || [ $rc -eq 143 ]; } && grep -q 'second interrupt: exiting at once' "$dir/out" &&
+    ! grep -q '^train loss' "$dir/out" ||
+    fail "cli_run_second_signal_exits_at_once: exit $rc"
+echo "PASS cli_run_second_signal_exits_at_once"
+# Refusals: --save over an existing file, --save-every alone, a checkpoint of another recipe.
+"$qtrain" run tests/recipes/synthetic_tiny.recipe --ref --save "$dir/ck" > "$dir/out" 2>&1
+grep -q "ck exists; a run saves over a checkpoint only when it resumes from it" "$dir/out" ||
+    fail "cli_checkpoint_refusals: --save over an existing file"
+"$qtrain" run tests/recipes/synthetic_tiny.recipe --ref --save-every 5 > "$dir/out" 2>&1
+[ $? -eq 2 ] && grep -q -- '--save-every needs --save' "$dir/out" ||
+    fail "cli_checkpoint_refusals: --save-every without --save"
+"$qtrain" run tests/recipes/synthetic_bf16.recipe --ref --resume "$dir/ck" > "$dir/out" 2>&1
+[ $? -eq 1 ] && grep -q "saved from another recipe: 'long.recipe'" "$dir/out" ||
+    fail "cli_checkpoint_refusals: another recipe's checkpoint"
+echo "PASS cli_checkpoint_refusals"
+# Export: a safetensors file, never over an existing one without --force.
+"$qtrain" export "$dir/ck" "$dir/w.safetensors" > "$dir/out" 2>&1 &&
+    grep -q "^exported $dir/ck (long.recipe, step $step, " "$dir/out" ||
+    fail "cli_export: first export"
+"$qtrain" export "$dir/ck" "$dir/w.safetensors" --quantized > "$dir/out" 2>&1
+[ $? -eq 1 ] && grep -q 'exists; pass --force' "$dir/out" || fail "cli_export: overwrite refused"
+"$qtrain" export "$dir/ck" "$dir/w.safetensors" --quantized --force > "$dir/out" 2>&1 ||
+    fail "cli_export: --force"
+echo "PASS cli_export"
+rm -rf "$dir"

@@ -1,11 +1,12 @@
 // test_data: datasets and batches (runtime/data.c).
 //
 // IDX files written by the test (plain, gzip, multi-member gzip) probe to exact sizes and load to
-// exact bytes; every kind of bad file fails with a message naming the file and the problem; the
-// synthetic sources are deterministic (golden hashes) and learnable; the shuffle is a permutation
-// fixed by (seed, epoch); feeds pad the last batch, cover every sample once per epoch and resume
-// from a cursor. Fashion-MNIST is checked when extracted into .data/ or installed (else SKIP).
-// Run from the repository root.
+// exact bytes; .npy pairs load like them (uint8 features, labels of every integer type) or as
+// regression data (float32 features and targets); every kind of bad file fails with a message
+// naming the file and the problem; the synthetic sources are deterministic (golden hashes) and
+// learnable; the shuffle is a permutation fixed by (seed, epoch); feeds pad the last batch, cover
+// every sample once per epoch and resume from a cursor. Fashion-MNIST is checked when extracted
+// into .data/ or installed (else SKIP). Run from the repository root.
 #include <inttypes.h>
 #include <math.h>
 #include <string.h>
@@ -13,6 +14,7 @@
 #include <zlib.h>
 
 #include "data.h"
+#include "npy_save.h"  // npy_save: .npy sources
 #include "op_sched.h"  // op_sched_stage_u8
 #include "rig.h"
 #include "test.h"
@@ -228,19 +230,25 @@ static void test_idx_probe_reads_headers_only(void) {
     test_end();
 }
 
-// Probes (load = false) or loads images `im` with labels `lb` and checks the error.
-static void expect_failure(const char *im, const char *lb, uint32_t features, bool load_too,
-                           qt_status expected, const char *fragment) {
-    recipe_source src = idx_source(tmp_path(im), tmp_path(lb));
+// Probes (load = false) or loads the source and checks the error.
+static void expect_source_failure(const recipe_source *src, uint32_t features, bool load_too,
+                                  qt_status expected, const char *fragment) {
     data_info info;
-    qt_status status = data_probe(&src, features, CLASSES, &info);
+    qt_status status = data_probe(src, features, CLASSES, &info);
     if (load_too && status == QT_OK) {
         void *memory = aligned_alloc(DATA_ALIGN, info.bytes);
         data_set set;
-        status = data_load(&src, &info, memory, info.bytes, &set);
+        status = data_load(src, &info, memory, info.bytes, &set);
         free(memory);
     }
     CHECK_ERROR(status, expected, fragment);
+}
+
+// The same for images `im` with labels `lb`.
+static void expect_failure(const char *im, const char *lb, uint32_t features, bool load_too,
+                           qt_status expected, const char *fragment) {
+    recipe_source src = idx_source(tmp_path(im), tmp_path(lb));
+    expect_source_failure(&src, features, load_too, expected, fragment);
 }
 
 static void test_idx_errors(void) {
@@ -331,6 +339,153 @@ static void test_idx_changed_after_probe(void) {
     status = data_load(&src, &info, memory, info.bytes, &set);
     CHECK_ERROR(status, QT_ERR_MISMATCH, "c_im: the header changed since the file was probed");
     free(memory), free(im.data), free(lb.data), free(other.data);
+    test_end();
+}
+
+// ---------------------------------------------------------------------------------------------
+// .npy files
+
+// An .npy file with a header of the caller's (a dtype this module does not write).
+static void write_npy_raw(const char *path, const char *dict, size_t data_bytes) {
+    static uint8_t buf[1 << 16];
+    size_t n = strlen(dict), header = (10 + n + 1 + 63) / 64 * 64 - 10;
+    memcpy(buf, "\x93NUMPY\x01\x00", 8);
+    buf[8] = (uint8_t)header;
+    buf[9] = 0;
+    memcpy(buf + 10, dict, n);
+    memset(buf + 10 + n, ' ', header - n - 1);
+    buf[9 + header] = '\n';
+    memset(buf + 10 + header, 0, data_bytes);
+    write_file(path, buf, 10 + header + data_bytes);
+}
+
+static recipe_source npy_source(const char *features, const char *labels) {
+    recipe_source s = idx_source(features, labels);
+    s.kind = RECIPE_SOURCE_NPY;
+    return s;
+}
+
+// The IDX test images as (N, FEATURES) uint8 and their labels as each integer type.
+static void test_npy_u8_like_idx(void) {
+    test_begin("npy_uint8_features_and_integer_labels");
+    static uint8_t x[N * FEATURES];
+    uint8_t l8[N];
+    int32_t l32[N];
+    int64_t l64[N];
+    for (uint32_t s = 0; s < N; s++) {
+        for (uint32_t p = 0; p < FEATURES; p++) x[s * FEATURES + p] = pixel_of(s, p);
+        l8[s] = (uint8_t)(s % CLASSES);
+        l32[s] = (int32_t)(s % CLASSES);
+        l64[s] = s % CLASSES;
+    }
+    npy_save(tmp_path("x.npy"), NPY_DTYPE_U8, 2, N, FEATURES, x);
+    const void *labels[] = {l8, l32, l64};
+    const npy_dtype types[] = {NPY_DTYPE_U8, NPY_DTYPE_I32, NPY_DTYPE_I64};
+    for (int t = 0; t < 3; t++) {
+        npy_save(tmp_path("y.npy"), types[t], 1, N, 1, labels[t]);
+        recipe_source src = npy_source(tmp_path("x.npy"), tmp_path("y.npy"));
+        data_set set;
+        qt_status status;
+        void *memory = load(&src, FEATURES, CLASSES, &set, &status);
+        CHECK(status == QT_OK, "%s labels: %s", npy_dtype_name(types[t]), qt_error_message());
+        if (status == QT_OK) {
+            const data_info *info = &set.info;
+            CHECK(info->kind == RECIPE_SOURCE_NPY && info->samples == N &&
+                      info->input_type == DATA_INPUT_U8 && info->target_type == DATA_TARGET_LABEL
+                      && info->inputs_bytes == 555 && info->bytes == 1024, "info");
+            CHECK(set.inputs_u8 && memcmp(set.inputs_u8, x, sizeof x) == 0, "pixels differ");
+            CHECK(set.labels && memcmp(set.labels, l32, sizeof l32) == 0, "labels differ");
+        }
+        free(memory);
+    }
+    // Inputs only (`qtrain infer`): every label is padding.
+    recipe_source src = npy_source(tmp_path("x.npy"), "");
+    data_set set;
+    qt_status status;
+    void *memory = load(&src, FEATURES, CLASSES, &set, &status);
+    CHECK(status == QT_OK && set.labels && set.labels[0] == DATA_LABEL_PAD &&
+              set.labels[N - 1] == DATA_LABEL_PAD, "inputs only: %s", qt_error_message());
+    free(memory);
+    test_end();
+}
+
+static void test_npy_f32_targets(void) {
+    test_begin("npy_float32_features_and_targets");
+    enum { S = 21, F = 6, O = 3 };
+    float x[S * F], y[S * O];
+    for (int i = 0; i < S * F; i++) x[i] = (float)i * 0.25f - 7.0f;
+    for (int i = 0; i < S * O; i++) y[i] = (float)i * -0.5f;
+    npy_save(tmp_path("xf.npy"), NPY_DTYPE_F32, 2, S, F, x);
+    npy_save(tmp_path("yf.npy"), NPY_DTYPE_F32, 2, S, O, y);
+    recipe_source src = npy_source(tmp_path("xf.npy"), tmp_path("yf.npy"));
+    data_set set;
+    qt_status status;
+    void *memory = load(&src, F, O, &set, &status);
+    CHECK(status == QT_OK, "%s", qt_error_message());
+    if (status == QT_OK) {
+        CHECK(set.info.input_type == DATA_INPUT_F32 && set.info.target_type == DATA_TARGET_VALUES
+                  && set.info.image_rows == 1 && set.info.image_cols == F, "info");
+        CHECK(set.inputs_f32 && memcmp(set.inputs_f32, x, sizeof x) == 0, "features differ");
+        CHECK(set.targets && memcmp(set.targets, y, sizeof y) == 0, "targets differ");
+    }
+    free(memory);
+    test_end();
+}
+
+// Probes (and loads, with load_too) the pair and checks the error.
+static void expect_npy_failure(const char *x, const char *y, uint32_t features, bool load_too,
+                               qt_status expected, const char *fragment) {
+    recipe_source src = npy_source(tmp_path(x), tmp_path(y));
+    expect_source_failure(&src, features, load_too, expected, fragment);
+}
+
+static void test_npy_errors(void) {
+    test_begin("npy_errors");
+    static float x[N * FEATURES];
+    int32_t labels[N];
+    for (uint32_t s = 0; s < N; s++) labels[s] = (int32_t)(s % CLASSES);
+    npy_save(tmp_path("ex.npy"), NPY_DTYPE_F32, 2, N, FEATURES, x);
+    npy_save(tmp_path("ey.npy"), NPY_DTYPE_I32, 1, N, 1, labels);
+    expect_npy_failure("ex.npy", "ey.npy", FEATURES + 1, false, QT_ERR_INPUT,
+                       "15 features per sample; the model's input is 16: set `input = 15`");
+    npy_save(tmp_path("e2.npy"), NPY_DTYPE_I32, 1, N - 1, 1, labels);
+    expect_npy_failure("ex.npy", "e2.npy", FEATURES, false, QT_ERR_INPUT, "36 labels, but");
+    npy_save(tmp_path("e3.npy"), NPY_DTYPE_F32, 2, N, 4, x);
+    expect_npy_failure("ex.npy", "e3.npy", FEATURES, false, QT_ERR_INPUT,
+                       "4 regression targets per sample; the model's last layer has 10 outputs");
+    npy_save(tmp_path("e4.npy"), NPY_DTYPE_I32, 2, N, 1, labels);
+    expect_npy_failure("ex.npy", "e4.npy", FEATURES, false, QT_ERR_INPUT,
+                       "LABELS_OR_TARGETS takes a 1-D array of uint8");
+    write_npy_raw(tmp_path("e5.npy"), "{'descr': '<f8', 'fortran_order': False, 'shape': (37, "
+                  "15), }", N * FEATURES * 8);
+    expect_npy_failure("e5.npy", "ey.npy", FEATURES, false, QT_ERR_INPUT,
+                       "found dtype '<f8' (float64) and shape (37, 15); FEATURES takes a 2-D "
+                       "array of float32 ('<f4') or uint8 ('|u1')");
+    write_npy_raw(tmp_path("e6.npy"), "{'descr': '<f4', 'fortran_order': False, 'shape': (37, "
+                  "15), }", N * FEATURES * 4 - 1);
+    expect_npy_failure("e6.npy", "ey.npy", FEATURES, false, QT_ERR_INPUT, "truncated");
+    labels[N - 1] = CLASSES;
+    npy_save(tmp_path("e7.npy"), NPY_DTYPE_I32, 1, N, 1, labels);
+    expect_npy_failure("ex.npy", "e7.npy", FEATURES, true, QT_ERR_INPUT,
+                       "label 10 of sample 36 is out of range");
+    labels[N - 1] = -1;
+    npy_save(tmp_path("e7.npy"), NPY_DTYPE_I32, 1, N, 1, labels);
+    expect_npy_failure("ex.npy", "e7.npy", FEATURES, true, QT_ERR_INPUT, "labels must be in 0..9");
+    x[3 * FEATURES + 2] = NAN;
+    npy_save(tmp_path("e8.npy"), NPY_DTYPE_F32, 2, N, FEATURES, x);
+    expect_npy_failure("e8.npy", "ey.npy", FEATURES, true, QT_ERR_INPUT,
+                       "the feature of sample 3, column 2, is NaN");
+    expect_npy_failure("missing.npy", "ey.npy", FEATURES, false, QT_ERR_IO, "missing.npy");
+    // Replaced between the probe and the load.
+    recipe_source src = npy_source(tmp_path("ex.npy"), tmp_path("ey.npy"));
+    data_info info;
+    qt_status status = data_probe(&src, FEATURES, CLASSES, &info);
+    npy_save(tmp_path("ex.npy"), NPY_DTYPE_F32, 2, N - 1, FEATURES, x);
+    void *memory = aligned_alloc(DATA_ALIGN, info.bytes);
+    data_set set;
+    if (status == QT_OK) status = data_load(&src, &info, memory, info.bytes, &set);
+    free(memory);
+    CHECK_ERROR(status, QT_ERR_MISMATCH, "changed since it was probed");
     test_end();
 }
 
@@ -865,6 +1020,9 @@ int main(void) {
     test_idx_errors();
     test_idx_gzip_errors();
     test_idx_changed_after_probe();
+    test_npy_u8_like_idx();
+    test_npy_f32_targets();
+    test_npy_errors();
     test_synthetic_classes();
     test_synthetic_teacher();
     test_synthetic_threads();

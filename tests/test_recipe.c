@@ -273,6 +273,42 @@ static char *build(int line, char mode, const char *text) {
     return out;
 }
 
+// `npy FEATURES LABELS_OR_TARGETS` parses with either loss: whether the second file holds labels
+// or targets is known once it is read (runtime/data.c checks it against the loss).
+static void test_npy_source(void) {
+    test_begin("parse_npy_source_with_either_loss");
+    const char *text = build(12, 'R', "train = npy data/x.npy data/y.npy");
+    qt_status s = recipe_parse(text, strlen(text), "r.recipe", &R);
+    CHECK(s == QT_OK, "%s", qt_error_message());
+    CHECK(R.data.train.kind == RECIPE_SOURCE_NPY && strcmp(R.data.train.images, "data/x.npy") == 0
+              && strcmp(R.data.train.labels, "data/y.npy") == 0 && R.data.train.line == 12,
+          "source");
+    static char mse[4096];
+    snprintf(mse, sizeof mse, "%s", text);
+    char *loss = strstr(mse, "loss = softmax_xent");
+    CHECK(loss != NULL, "no loss line");
+    if (loss) memcpy(loss, "loss = mse         ", strlen("loss = softmax_xent"));
+    s = recipe_parse(mse, strlen(mse), "r.recipe", &R);
+    CHECK(s == QT_OK && R.model.loss == RECIPE_LOSS_MSE, "mse: %s", qt_error_message());
+    test_end();
+}
+
+// Infer rows name their output file (and argmax) after the optional dataset.
+static void test_infer_output(void) {
+    test_begin("parse_infer_output_and_argmax");
+    const char *text = build(15, 'I', "infer all train output=out/logits.npy\n"
+                             "infer 3 output=preds.npy argmax\ninfer 2");
+    qt_status s = recipe_parse(text, strlen(text), "r.recipe", &R);
+    CHECK(s == QT_OK, "%s", qt_error_message());
+    CHECK(R.rows_count == 4 && strcmp(R.rows[1].output, "out/logits.npy") == 0 &&
+              !R.rows[1].argmax && R.rows[1].all && R.rows[1].dataset == RECIPE_DATASET_TRAIN,
+          "row 1");
+    CHECK(strcmp(R.rows[2].output, "preds.npy") == 0 && R.rows[2].argmax &&
+              R.rows[2].steps == 3, "row 2");
+    CHECK(R.rows[3].output[0] == '\0' && !R.rows[3].argmax, "row 3");
+    test_end();
+}
+
 typedef struct error_case {
     int line;
     char mode;
@@ -443,10 +479,10 @@ static const error_case error_cases[] = {
     {10, 'R', "adamw 0.1", IN, "r.recipe:10:7: expected an option NAME=VALUE for adamw (lr, "
      "betas, eps, wd or clip), found '0.1'"},
     // data
-    {6, 'R', "loss = mse", IN, "r.recipe:12:9: loss mse needs regression targets (synthetic "
-     "teacher), found synthetic classes"},
+    {6, 'R', "loss = mse", IN, "r.recipe:12:9: loss mse needs regression targets (npy or "
+     "synthetic teacher), found synthetic classes"},
     {12, 'R', "train = synthetic teacher inputs=4 outputs=3 samples=64", IN, "r.recipe:12:9: loss "
-     "softmax_xent needs class labels (idx or synthetic classes), found synthetic teacher"},
+     "softmax_xent needs class labels (idx, npy or synthetic classes), found synthetic teacher"},
     {12, 'R', "train = synthetic classes inputs=5 classes=3 samples=64", IN, "r.recipe:12:9: "
      "synthetic classes gives 5 inputs; expected 4, the model's input"},
     {12, 'R', "train = synthetic classes inputs=4 classes=4 samples=64", IN, "r.recipe:12:9: "
@@ -459,8 +495,12 @@ static const error_case error_cases[] = {
      "'synthetic classes', found end of line"},
     {12, 'R', "train = idx images.gz", IN, "r.recipe:12:22: expected 'idx IMAGES LABELS', found "
      "end of line"},
-    {12, 'R', "train = csv a.csv", IN, "r.recipe:12:9: unknown data source 'csv'; expected idx "
-     "or synthetic"},
+    {12, 'R', "train = npy x.npy", IN, "r.recipe:12:18: expected 'npy FEATURES "
+     "LABELS_OR_TARGETS', found end of line"},
+    {12, 'R', "train = npy x.npy y.npy z.npy", IN, "r.recipe:12:25: unexpected 'z.npy'; expected "
+     "end of line"},
+    {12, 'R', "train = csv a.csv", IN, "r.recipe:12:9: unknown data source 'csv'; expected idx, "
+     "npy or synthetic"},
     // schedule
     {15, 'R', "test 10", IN, "r.recipe:15:1: unknown schedule row 'test'; expected train, eval "
      "or infer"},
@@ -481,6 +521,22 @@ static const error_case error_cases[] = {
      "SOURCE' in [data] or 'eval N train', found no eval source"},
     {15, 'R', "infer all eval", IN, "r.recipe:15:1: infer row reads the eval dataset; expected "
      "'eval = SOURCE' in [data] or 'infer N train', found no eval source"},
+    {15, 'R', "infer all foo", IN, "r.recipe:15:11: expected train, eval, output=FILE, argmax or "
+     "end of line, found 'foo'"},
+    {15, 'R', "infer all argmax", IN, "r.recipe:15:11: argmax applies to the file of "
+     "output=FILE; expected output=FILE on this row"},
+    {15, 'R', "infer all train output=", IN, "r.recipe:15:24: expected a value after 'output=', "
+     "found nothing"},
+    {15, 'R', "infer all out=x.npy", IN, "r.recipe:15:11: unknown option 'out' for infer; "
+     "expected output"},
+    {15, 'R', "infer 5 train output=a.npy argmax argmax", IN, "r.recipe:15:35: option 'argmax' "
+     "given twice"},
+    {15, 'R', "infer 5 train output=a.npy train", IN, "r.recipe:15:28: expected output=FILE, "
+     "argmax or end of line, found 'train'"},
+    {15, 'R', "eval all output=a.npy", IN, "r.recipe:15:10: expected train, eval or end of line, "
+     "found 'output=a.npy'"},
+    {15, 'I', "infer 1 output=a.npy\ninfer 2 output=a.npy", IN, "r.recipe:17:16: output file "
+     "'a.npy' is also written by the infer row of line 16; expected one file per row"},
 };
 #undef IN
 
@@ -947,6 +1003,8 @@ int main(void) {
     test_crlf_tabs_comments();
     test_locale();
     test_load_errors();
+    test_npy_source();
+    test_infer_output();
     test_error_messages();
     test_error_limits();
     test_glob();

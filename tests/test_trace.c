@@ -3,38 +3,18 @@
 // Exact text of hand-built records and headers; files written through the buffered writer are
 // byte-identical to the formatted lines; trace_diff reports identical traces, the first differing
 // step and field (one ulp, NaN payloads, flags, a quantizer's amax with its name), traces that
-// end early and different headers; bad files fail with file:line messages.
+// end early and different headers; bad files fail with file:line messages. Records read back
+// parse to the bits written; the replay check accepts the golden run's own records and names
+// the first differing step and field, a run or golden trace that ends early, another header,
+// and refuses a golden trace that is cut short.
 #include <inttypes.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "files.h"  // tmp_path, file_read
 #include "test.h"
 #include "trace.h"
-
-static char tmp_dir[64];
-
-static const char *tmp_path(const char *name) {
-    static char paths[8][128];
-    static int next;
-    char *p = paths[next++ % 8];
-    snprintf(p, 128, "%s/%s", tmp_dir, name);
-    return p;
-}
-
-static char *read_all(const char *path, size_t *size) {
-    FILE *f = fopen(path, "rb");
-    if (f == NULL) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *data = malloc((size_t)n + 1);
-    size_t got = fread(data, 1, (size_t)n, f);
-    fclose(f);
-    data[got] = '\0';
-    *size = got;
-    return data;
-}
 
 static void write_text(const char *path, const char *text) {
     FILE *f = fopen(path, "wb");
@@ -198,7 +178,7 @@ static void test_writer_file(void) {
     trace_header h = header_of(42, QT_TRACE_QUANTIZERS_MAX);
     write_trace(tmp_path("w.trace"), &h, 400, NULL, 0);
     size_t size = 0;
-    char *file = read_all(tmp_path("w.trace"), &size);
+    char *file = file_read(tmp_path("w.trace"), &size);
     char *expected = malloc(400 * (size_t)TRACE_LINE_BYTES_MAX + 8192);
     size_t used = trace_format_header(&h, expected, 8192);
     for (uint64_t s = 0; s < 400; s++) {
@@ -313,7 +293,7 @@ static void test_diff_bad_files(void) {
                       "badrec:3: expected a record line 'step=N ...', found 'hello'");
     // A trace cut in the middle of a line (an interrupted run).
     size_t size = 0;
-    char *good = read_all(tmp_path("good"), &size);
+    char *good = file_read(tmp_path("good"), &size);
     good[size - 10] = '\0';
     write_text(tmp_path("cut"), good);
     free(good);
@@ -330,9 +310,149 @@ static void test_diff_bad_files(void) {
     test_end();
 }
 
+// ---------------------------------------------------------------------------------------------
+// Reading records back
+
+static bool same_bits(float a, float b) { return memcmp(&a, &b, sizeof a) == 0; }
+
+static void test_reader_round_trip(void) {
+    test_begin("reader_parses_every_field_back");
+    trace_header h = header_of(7, 3);
+    write_trace(tmp_path("read"), &h, 12, nan_payload, 5);
+    trace_reader *r = malloc(sizeof *r);
+    qt_status status = trace_reader_open(r, tmp_path("read"));
+    CHECK(status == QT_OK && r->header.quantizers_count == 3 && r->header.recipe_hash == 7 &&
+              strcmp(r->header.quantizer_names[2], "linear.weight@fc3") == 0, "header: %s",
+          qt_error_message());
+    uint64_t count = 0;
+    bool have = status == QT_OK;
+    while (have) {
+        qt_trace_record got;
+        status = trace_reader_next(r, &got, &have);
+        CHECK(status == QT_OK, "%s", qt_error_message());
+        if (status != QT_OK || !have) break;
+        qt_trace_record want = record_of(count);
+        if (count == 5) nan_payload(&want);
+        bool checksum = want.flags & QT_TRACE_FLAG_CHECKSUM;
+        bool same = got.step == want.step && got.mode == want.mode && got.flags == want.flags &&
+                    same_bits(got.loss, want.loss) && same_bits(got.accuracy, want.accuracy) &&
+                    same_bits(got.grad_norm, want.grad_norm) && same_bits(got.lr, want.lr) &&
+                    got.checksum == (checksum ? want.checksum : 0);
+        for (int i = 0; i < 3; i++) {
+            same = same && same_bits(got.amax[i], want.amax[i]) &&
+                   same_bits(got.scale[i], want.scale[i]);
+        }
+        CHECK(same, "record %" PRIu64 " differs", count);
+        count++;
+    }
+    CHECK(count == 12, "%" PRIu64 " records", count);
+    trace_reader_close(r);
+    write_text(tmp_path("badfield"), "qtrain-trace 1 recipe=0000000000000007 quantizers=0 "
+               "checksum_every=4\nstep=0 mode=train flags=0x0:none loss=1.5 accuracy=0x0:0\n");
+    status = trace_reader_open(r, tmp_path("badfield"));
+    qt_trace_record rec;
+    if (status == QT_OK) {
+        status = trace_reader_next(r, &rec, &have);
+        trace_reader_close(r);
+    }
+    CHECK(status == QT_ERR_INPUT && strstr(qt_error_message(), "badfield:2: malformed record"),
+          "%s", qt_error_message());
+    free(r);
+    test_end();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Golden-trace replay
+
+static trace_checker checker;
+static char *golden_memory;
+
+static qt_status check_load(const char *path) {
+    uint64_t bytes = 0;
+    QT_TRY(trace_check_bytes(path, &bytes));
+    free(golden_memory);
+    golden_memory = malloc(bytes);
+    return trace_check_load(&checker, path, golden_memory, bytes);
+}
+
+// Feeds `count` records of record_of (with `edit` at edit_step) to the checker; returns the
+// first failure (or the end check's result when `end`).
+static qt_status check_run(const trace_header *h, uint64_t count, void (*edit)(qt_trace_record *),
+                           uint64_t edit_step, bool end) {
+    QT_TRY(trace_check_header(&checker, h));
+    for (uint64_t s = 0; s < count; s++) {
+        qt_trace_record r = record_of(s);
+        if (edit != NULL && s == edit_step) edit(&r);
+        QT_TRY(trace_check_record(&checker, &r));
+    }
+    return end ? trace_check_end(&checker) : QT_OK;
+}
+
+#define CHECK_REPLAY(status, expected_status, expected_message)                              \
+    CHECK((status) == (expected_status) && strcmp(qt_error_message(), expected_message) == 0,  \
+          "%s: %s\nexpected: %s", qt_status_name(status), qt_error_message(), expected_message)
+
+static void test_check_against_golden(void) {
+    test_begin("check_against_golden_trace");
+    trace_header h = header_of(7, 3), other = header_of(8, 3);
+    const char *g = tmp_path("golden");
+    write_trace(g, &h, 10, NULL, 0);
+    qt_status s = check_load(g);
+    CHECK(s == QT_OK, "%s", qt_error_message());
+    CHECK(check_run(&h, 10, NULL, 0, true) == QT_OK, "identical run: %s", qt_error_message());
+    char expected[1024];
+    check_load(g);
+    snprintf(expected, sizeof expected, "%s: the run diverges from the golden trace at step 3 "
+             "(line 8 of the golden trace), field amax.1 (quantizer linear.weight@fc2):\n"
+             "  golden: 0x41000000:8\n  run:    0x41000001:8.00000095", g);
+    CHECK_REPLAY(check_run(&h, 10, one_ulp_amax1, 3, true), QT_ERR_MISMATCH, expected);
+    check_load(g);
+    snprintf(expected, sizeof expected, "%s: the run diverges from the golden trace at step 9 "
+             "(line 14 of the golden trace), field flags:\n  golden: 0x0:none\n"
+             "  run:    0x1:skipped", g);
+    CHECK_REPLAY(check_run(&h, 10, skip, 9, true), QT_ERR_MISMATCH, expected);
+    check_load(g);
+    snprintf(expected, sizeof expected, "%s: the run ended after 4 records; the golden trace "
+             "goes on with step=4 (line 9)", g);
+    CHECK_REPLAY(check_run(&h, 4, NULL, 0, true), QT_ERR_MISMATCH, expected);
+    check_load(g);
+    snprintf(expected, sizeof expected, "%s: the golden trace ends after 10 records; the run "
+             "goes on with step=10", g);
+    CHECK_REPLAY(check_run(&h, 11, NULL, 0, true), QT_ERR_MISMATCH, expected);
+    check_load(g);
+    snprintf(expected, sizeof expected, "%s: the run does not match the golden trace before its "
+             "first step: header: recipe hash differs: golden 0000000000000007, run "
+             "0000000000000008 (the runs used different recipes)", g);
+    CHECK_REPLAY(check_run(&other, 1, NULL, 0, true), QT_ERR_MISMATCH, expected);
+    test_end();
+}
+
+static void test_check_bad_golden(void) {
+    test_begin("check_refuses_bad_golden_traces");
+    trace_header h = header_of(7, 1);
+    write_trace(tmp_path("g1"), &h, 6, NULL, 0);
+    size_t size = 0;
+    char *good = file_read(tmp_path("g1"), &size);
+    good[size - 10] = '\0';
+    write_text(tmp_path("gcut"), good);
+    free(good);
+    qt_status s = check_load(tmp_path("gcut"));
+    CHECK(s == QT_ERR_INPUT && strstr(qt_error_message(), "gcut:8: the last line has no end: the "
+          "golden trace is cut short"), "%s", qt_error_message());
+    write_text(tmp_path("gtext"), "hello\n");
+    s = check_load(tmp_path("gtext"));
+    CHECK(s == QT_ERR_INPUT && strstr(qt_error_message(), "not a qtrain trace"), "%s",
+          qt_error_message());
+    s = check_load(tmp_path("gmissing"));
+    CHECK(s == QT_ERR_IO && strstr(qt_error_message(), "gmissing: cannot open the golden trace"),
+          "%s", qt_error_message());
+    free(golden_memory);
+    golden_memory = NULL;
+    test_end();
+}
+
 int main(void) {
-    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/qt_test_trace_XXXXXX");
-    if (mkdtemp(tmp_dir) == NULL) {
+    if (!tmp_dir_make("trace")) {
         printf("FAIL test_trace: cannot create a temporary folder\n");
         return 1;
     }
@@ -342,8 +462,9 @@ int main(void) {
     test_diff_identical_and_first_difference();
     test_diff_lengths_and_headers();
     test_diff_bad_files();
-    char command[128];
-    snprintf(command, sizeof command, "rm -rf '%s'", tmp_dir);
-    if (system(command) != 0) printf("  could not remove %s\n", tmp_dir);
+    test_reader_round_trip();
+    test_check_against_golden();
+    test_check_bad_golden();
+    tmp_dir_remove();
     return test_exit_code();
 }

@@ -1,19 +1,24 @@
-// qtrain: the command-line tool. `qtrain run RECIPE` trains, `qtrain plan RECIPE` prints what
-// a run would do and the memory it plans, `qtrain info` reports the driver, the GPU and the
-// loaded kernels (or says that the reference backend will be used), `qtrain diff A B` compares
-// traces.
+// qtrain: the command-line tool. `qtrain run RECIPE` trains, `qtrain infer RECIPE` writes the
+// model's outputs for a file of inputs, `qtrain plan RECIPE` prints what a run would do and the
+// memory it plans, `qtrain info` reports the driver, the GPU and the loaded kernels (or says that
+// the reference backend will be used), `qtrain diff A B` compares traces, `qtrain plot` draws
+// them, `qtrain export CKPT OUT` writes a checkpoint's weights as safetensors.
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>  // the GPU opens while the datasets load
+#include <signal.h>   // sigaction: Ctrl-C ends a run at a step boundary
 #include <stdio.h>
 #include <stdlib.h>  // aligned_alloc, strtoull
 #include <string.h>
+#include <sys/stat.h>  // stat: is --save the file --resume names?
 #include <time.h>    // clock_gettime
-#include <unistd.h>  // isatty
+#include <unistd.h>  // isatty, write, _exit
 
 #include "backend.h"  // backend_open_gpu, kernel attributes
 #include "bench.h"    // bench_main
 #include "gemm_tier.h"  // gemm_tier_describe
+#include "export.h"   // export_safetensors
+#include "plot.h"     // plot_main
 #include "run.h"      // run_plan, run_bind, run_execute
 #include "trace.h"    // trace_diff
 
@@ -22,9 +27,20 @@ static void print_usage(FILE *out) {
             "usage: qtrain COMMAND\n"
             "  run RECIPE [--trace F] [--eager] [--ref] [--steps N] [--seed S]\n"
             "             [--checksum-every K] [--profile] [--emulated-gemm auto|kernel|copies]\n"
+            "             [--save CKPT [--save-every N]] [--resume CKPT] [--force]\n"
+            "             [--check GOLDEN]\n"
             "          train through the recipe's schedule table: every step a replayed CUDA\n"
             "          graph (--eager: launched op by op; --ref or no GPU: the reference backend;\n"
-            "          --profile: afterwards, time every op of each mode and the graph replay)\n"
+            "          --profile: afterwards, time every op of each mode and the graph replay;\n"
+            "          --save: a checkpoint at the end, at Ctrl-C and every N train steps;\n"
+            "          --resume: continue, bit for bit, from a checkpoint;\n"
+            "          --force: infer rows' output files may replace existing files;\n"
+            "          --check: stop at the first record that differs from a golden trace)\n"
+            "  infer RECIPE --input FILE --output FILE.npy [--argmax] [--from CKPT] [--seed S]\n"
+            "             [--eager] [--ref] [--force] [--emulated-gemm auto|kernel|copies]\n"
+            "          the recipe's model on every sample of FILE (IDX images or .npy features):\n"
+            "          float32 logits, or int32 classes with --argmax, into an .npy file\n"
+            "          (--from: with a checkpoint's weights)\n"
             "  plan RECIPE [--steps N] [--seed S] [--emulated-gemm auto|kernel|copies]\n"
             "          the layers and their quantizers, padding and GEMM decisions, the schedule,\n"
             "          the program of each mode and the memory map\n"
@@ -34,7 +50,13 @@ static void print_usage(FILE *out) {
             "          (gemm: next to cuBLASLt; --quick: the 4096^3 and 8192^3 GEMMs only)\n"
             "  diff A B\n"
             "          compare two trace files: the first differing step and field; exit 0 when\n"
-            "          identical, 1 when they differ, 2 on error\n");
+            "          identical, 1 when they differ, 2 on error\n"
+            "  export CKPT OUT.safetensors [--quantized] [--force]\n"
+            "          a checkpoint's FP32 master weights (--quantized: also the codes and\n"
+            "          scales of every usage) as safetensors; --force replaces OUT\n"
+            "  plot A.trace [B.trace ...] -o curves.svg [--force]\n"
+            "          loss, eval accuracy, gradient norm and learning rate against the step,\n"
+            "          every run overlaid, as one SVG file (--force: replace an existing file)\n");
 }
 
 static int command_info(void) {
@@ -93,10 +115,12 @@ static recipe the_recipe;
 static char recipe_text[QTRAIN_RECIPE_BYTES_MAX];
 
 typedef struct cli_args {
+    const char *command;     // "run", "infer", "plan": for messages
     const char *recipe_path;
     run_options options;
     bool ref;
     uint32_t profile_reps;  // --profile: launches per op when timing the programs after the run
+    const char *resume_path;
 } cli_args;
 
 static bool parse_u64_arg(const char *flag, const char *text, uint64_t *out) {
@@ -111,51 +135,117 @@ static bool parse_u64_arg(const char *flag, const char *text, uint64_t *out) {
     return true;
 }
 
-static bool parse_run_args(int argc, char **argv, bool plan, cli_args *a) {
+static bool parse_emulated_gemm(const char *command, const char *how,
+                                model_emulated_gemm *out) {
+    if (strcmp(how, "auto") == 0) {
+        *out = MODEL_EMULATED_AUTO;
+    } else if (strcmp(how, "kernel") == 0) {
+        *out = MODEL_EMULATED_KERNEL;
+    } else if (strcmp(how, "copies") == 0) {
+        *out = MODEL_EMULATED_COPIES;
+    } else {
+        fprintf(stderr, "qtrain %s: --emulated-gemm takes auto, kernel or copies, not '%s'\n",
+                command, how);
+        return false;
+    }
+    return true;
+}
+
+typedef enum cli_command { CLI_PLAN, CLI_RUN, CLI_INFER } cli_command;
+
+// One flag at argv[*i] (its value at argv[*i + 1]): 1 when it is one of the command's flags and
+// was taken (*i moved past its value), 0 when it is not, -1 when its value is bad.
+static int parse_flag(cli_command command, int argc, char **argv, int *i, cli_args *a) {
+    const char *arg = argv[*i];
+    const char *value = *i + 1 < argc ? argv[*i + 1] : NULL;
+    bool launch = command != CLI_PLAN, train = command == CLI_RUN, infer = command == CLI_INFER;
+    run_options *o = &a->options;
+    uint64_t v = 0;
+    bool takes_value = true;
+    if (launch && strcmp(arg, "--eager") == 0) {
+        o->eager = true;
+        takes_value = false;
+    } else if (launch && strcmp(arg, "--ref") == 0) {
+        a->ref = true;
+        takes_value = false;
+    } else if (launch && strcmp(arg, "--force") == 0) {
+        o->replace_outputs = true;
+        takes_value = false;
+    } else if (train && strcmp(arg, "--profile") == 0) {
+        a->profile_reps = 100;
+        takes_value = false;
+    } else if (infer && strcmp(arg, "--argmax") == 0) {
+        o->infer_argmax = true;
+        takes_value = false;
+    } else if (!value) {
+        return 0;
+    } else if (train && strcmp(arg, "--trace") == 0) {
+        o->trace_path = value;
+    } else if (train && strcmp(arg, "--check") == 0) {
+        o->golden_path = value;
+    } else if (!infer && strcmp(arg, "--steps") == 0) {
+        if (!parse_u64_arg(arg, value, &o->steps_limit)) return -1;
+    } else if (strcmp(arg, "--seed") == 0) {
+        if (!parse_u64_arg(arg, value, &o->seed)) return -1;
+        o->seed_given = true;
+    } else if (train && strcmp(arg, "--checksum-every") == 0) {
+        if (!parse_u64_arg(arg, value, &v) || v > UINT32_MAX) return -1;
+        o->checksum_every = (uint32_t)v;
+    } else if (infer && strcmp(arg, "--input") == 0) {
+        o->infer_input = value;
+    } else if (infer && strcmp(arg, "--output") == 0) {
+        o->infer_output = value;
+    } else if (infer && strcmp(arg, "--from") == 0) {
+        o->from_path = value;
+    } else if (train && strcmp(arg, "--save") == 0) {
+        o->save_path = value;
+    } else if (train && strcmp(arg, "--save-every") == 0) {
+        if (!parse_u64_arg(arg, value, &o->save_every)) return -1;
+    } else if (train && strcmp(arg, "--resume") == 0) {
+        a->resume_path = value;
+    } else if (strcmp(arg, "--emulated-gemm") == 0) {
+        if (!parse_emulated_gemm(a->command, value, &o->emulated_gemm)) return -1;
+    } else {
+        return 0;
+    }
+    *i += takes_value ? 1 : 0;
+    return 1;
+}
+
+static bool parse_run_args(int argc, char **argv, cli_command command, cli_args *a) {
     memset(a, 0, sizeof *a);
+    a->command = argv[1];
     a->options.checksum_every = 100;
     for (int i = 2; i < argc; i++) {
-        const char *arg = argv[i];
-        bool has_value = i + 1 < argc;
-        uint64_t v = 0;
-        if (!plan && strcmp(arg, "--eager") == 0) {
-            a->options.eager = true;
-        } else if (!plan && strcmp(arg, "--ref") == 0) {
-            a->ref = true;
-        } else if (!plan && strcmp(arg, "--profile") == 0) {
-            a->profile_reps = 100;
-        } else if (!plan && strcmp(arg, "--trace") == 0 && has_value) {
-            a->options.trace_path = argv[++i];
-        } else if (strcmp(arg, "--steps") == 0 && has_value) {
-            if (!parse_u64_arg(arg, argv[++i], &a->options.steps_limit)) return false;
-        } else if (strcmp(arg, "--seed") == 0 && has_value) {
-            if (!parse_u64_arg(arg, argv[++i], &a->options.seed)) return false;
-            a->options.seed_given = true;
-        } else if (!plan && strcmp(arg, "--checksum-every") == 0 && has_value) {
-            if (!parse_u64_arg(arg, argv[++i], &v) || v > UINT32_MAX) return false;
-            a->options.checksum_every = (uint32_t)v;
-        } else if (strcmp(arg, "--emulated-gemm") == 0 && has_value) {
-            const char *how = argv[++i];
-            if (strcmp(how, "auto") == 0) {
-                a->options.emulated_gemm = MODEL_EMULATED_AUTO;
-            } else if (strcmp(how, "kernel") == 0) {
-                a->options.emulated_gemm = MODEL_EMULATED_KERNEL;
-            } else if (strcmp(how, "copies") == 0) {
-                a->options.emulated_gemm = MODEL_EMULATED_COPIES;
-            } else {
-                fprintf(stderr, "qtrain %s: --emulated-gemm takes auto, kernel or copies, not "
-                        "'%s'\n", argv[1], how);
-                return false;
-            }
-        } else if (arg[0] != '-' && !a->recipe_path) {
-            a->recipe_path = arg;
+        int taken = parse_flag(command, argc, argv, &i, a);
+        if (taken < 0) return false;
+        if (taken > 0) continue;
+        if (argv[i][0] != '-' && !a->recipe_path) {
+            a->recipe_path = argv[i];
         } else {
-            fprintf(stderr, "qtrain %s: unexpected argument '%s'\n", argv[1], arg);
+            fprintf(stderr, "qtrain %s: unexpected argument '%s'\n", argv[1], argv[i]);
             return false;
         }
     }
-    if (!a->recipe_path) fprintf(stderr, "qtrain %s: expected a recipe file\n", argv[1]);
-    return a->recipe_path != NULL;
+    if (!a->recipe_path) {
+        fprintf(stderr, "qtrain %s: expected a recipe file\n", argv[1]);
+        return false;
+    }
+    if (command == CLI_INFER && (!a->options.infer_input || !a->options.infer_output)) {
+        fprintf(stderr, "qtrain infer: expected --input FILE and --output FILE.npy\n");
+        return false;
+    }
+    if (a->options.save_every && !a->options.save_path) {
+        fprintf(stderr, "qtrain run: --save-every needs --save CKPT (the file to write)\n");
+        return false;
+    }
+    a->options.checkpoints = a->resume_path != NULL;
+    struct stat save, resume;
+    a->options.save_replaces = a->resume_path && a->options.save_path &&
+                               stat(a->resume_path, &resume) == 0 &&
+                               stat(a->options.save_path, &save) == 0 &&
+                               save.st_dev == resume.st_dev && save.st_ino == resume.st_ino;
+    return true;
 }
 
 static int fail_status(const char *command, qt_status status) {
@@ -177,7 +267,7 @@ static qt_status load_and_plan(const cli_args *a) {
 
 static int command_plan(int argc, char **argv) {
     cli_args a;
-    if (!parse_run_args(argc, argv, true, &a)) return 2;
+    if (!parse_run_args(argc, argv, CLI_PLAN, &a)) return 2;
     qt_status status = load_and_plan(&a);
     if (status != QT_OK) return fail_status("plan", status);
     run_print_plan(&the_run, stdout);
@@ -222,6 +312,26 @@ static double step_median_ms(const sched_summary *s, uint64_t *kept) {
     return n % 2 ? sorted[n / 2] : 0.5 * ((double)sorted[n / 2 - 1] + sorted[n / 2]);
 }
 
+// The lines about where the run started and stopped, and its checkpoints.
+static void print_position(const cli_args *a, const run *r, int signal_number) {
+    const sched_state *st = &r->state;
+    if (r->resumed) {
+        printf("resumed      from %s at step %" PRIu64 " (train step %" PRIu64 "), loaded in "
+               "%.3f s\n", a->resume_path, r->resumed_at.step, r->resumed_at.train_steps,
+               r->timings.resume_s);
+    }
+    if (signal_number) {
+        printf("interrupted  by %s at step %" PRIu64 " (train step %" PRIu64 ")\n",
+               signal_number == SIGTERM ? "SIGTERM" : "SIGINT", st->step, st->train_steps);
+    }
+    const run_saves *sv = &r->saves;
+    if (sv->count) {
+        printf("checkpoint   %s at step %" PRIu64 " (train step %" PRIu64 "); %u saves, %.3f s "
+               "in all\n", a->options.save_path, sv->last_step, sv->last_train_step, sv->count,
+               sv->seconds);
+    }
+}
+
 static void print_summary(const sched_summary *s, const run *r, double wall_s,
                           double open_s) {
     printf("steps        %" PRIu64 " train (%" PRIu64 " skipped), %" PRIu64 " eval, %" PRIu64
@@ -254,11 +364,57 @@ static void print_summary(const sched_summary *s, const run *r, double wall_s,
            "%.3f s graph capture\n", open_s, t->bind_s, t->data_s, t->init_s, t->capture_s);
     printf("arena bytes  device %" PRIu64 ", host %" PRIu64 "\n", r->dev.bytes_total,
            r->host.bytes_total);
+    for (uint32_t i = 0; i < RECIPE_SCHEDULE_ROWS_MAX; i++) {
+        const infer_out *o = &r->outputs[i];
+        if (o->rows_written == 0) continue;
+        if (o->argmax) {
+            printf("output       %s: %" PRIu64 " int32 classes (argmax)\n", o->file.file.path,
+                   o->rows_written);
+        } else {
+            printf("output       %s: %" PRIu64 " x %u float32 logits\n", o->file.file.path,
+                   o->rows_written, o->outputs);
+        }
+    }
 }
 
 static void *alloc_arena(uint64_t bytes) {
     uint64_t rounded = (bytes + 255) / 256 * 256;
     return aligned_alloc(256, rounded ? rounded : 256);
+}
+
+// Ctrl-C (SIGINT) or SIGTERM: the first asks the loop to stop at the next step boundary (it
+// drains, flushes the trace, saves with --save, and the summary follows); a second one exits at
+// once. Handlers are installed for the loop only: before it nothing is lost by dying.
+static volatile sig_atomic_t stop_signal;
+
+static void on_stop_signal(int signal_number) {
+    if (stop_signal) {
+        static const char message[] = "\nqtrain run: second interrupt: exiting at once\n";
+        ssize_t ignored = write(2, message, sizeof message - 1);
+        (void)ignored;
+        _exit(128 + signal_number);
+    }
+    stop_signal = signal_number;
+}
+
+static void catch_stop_signals(bool on) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on ? on_stop_signal : SIG_DFL;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
+static qt_status resume_run(const cli_args *a) {
+    QT_TRY(run_resume(&the_run, a->resume_path));
+    const sched_state *st = &the_run.state;
+    fprintf(stderr, "qtrain run: resumed from %s at step %" PRIu64 " (train step %" PRIu64
+            ")%s\n", a->resume_path, st->step, st->train_steps,
+            st->row == the_run.table.row_count ? "; the schedule is complete, nothing is left "
+                                                 "to run" : "");
+    return QT_OK;
 }
 
 static int run_with_backend(const cli_args *a, backend *b, double start, double open_s) {
@@ -269,27 +425,39 @@ static int run_with_backend(const cli_args *a, backend *b, double start, double 
         ref_dev = alloc_arena(dev_bytes);
         ref_host = alloc_arena(host_bytes);
         if (!ref_dev || !ref_host) {
-            fprintf(stderr, "qtrain run: cannot allocate %" PRIu64 " + %" PRIu64 " bytes\n",
-                    dev_bytes, host_bytes);
+            fprintf(stderr, "qtrain %s: cannot allocate %" PRIu64 " + %" PRIu64 " bytes\n",
+                    a->command, dev_bytes, host_bytes);
             return 1;
         }
     }
-    fprintf(stderr, "qtrain run: %s on %s (%s)\n", a->recipe_path, b->info.name,
+    fprintf(stderr, "qtrain %s: %s on %s (%s)\n", a->command, a->recipe_path, b->info.name,
             b->kind == BACKEND_REF ? "reference backend"
             : a->options.eager     ? "eager launches"
                                    : "CUDA graphs");
     qt_status status = run_bind(&the_run, b, ref_dev, ref_host);
+    if (status == QT_OK && a->resume_path) status = resume_run(a);
     sched_summary summary;
     progress_state progress = {isatty(2) != 0, -1.0, 0};
-    if (status == QT_OK) status = run_execute(&the_run, print_progress, &progress, &summary);
     if (status == QT_OK) {
+        // `qtrain infer` has nothing to save: a signal ends it as usual (no file is written).
+        bool stoppable = a->options.interrupt != NULL;
+        if (stoppable) catch_stop_signals(true);
+        status = run_execute(&the_run, print_progress, &progress, &summary);
+        if (stoppable) catch_stop_signals(false);
+    }
+    if (stop_signal && progress.tty) fputc('\n', stderr);  // after a progress line's \r
+    if (status == QT_OK) {
+        print_position(a, &the_run, stop_signal);
         print_summary(&summary, &the_run, now_seconds() - start, open_s);
-        if (a->profile_reps) status = run_profile(&the_run, a->profile_reps, stdout);
+        if (a->profile_reps && !stop_signal) {
+            status = run_profile(&the_run, a->profile_reps, stdout);
+        }
     }
     run_close(&the_run);
     free(ref_dev);
     free(ref_host);
-    return status == QT_OK ? 0 : fail_status("run", status);
+    if (status != QT_OK) return fail_status(a->command, status);
+    return stop_signal ? 128 + stop_signal : 0;
 }
 
 // Opening the GPU (driver, context, kernel modules) and reading the datasets take about as long
@@ -323,10 +491,12 @@ static qt_status plan_and_load(const cli_args *a, void **data) {
     return run_load(&the_run, *data, bytes);
 }
 
-static int command_run(int argc, char **argv) {
+// `qtrain run` and `qtrain infer`.
+static int command_run(int argc, char **argv, cli_command command) {
     double start = now_seconds();
     cli_args a;
-    if (!parse_run_args(argc, argv, false, &a)) return 2;
+    if (!parse_run_args(argc, argv, command, &a)) return 2;
+    if (command == CLI_RUN) a.options.interrupt = &stop_signal;
     static backend b;  // large (module tables)
     static open_job job;
     job = (open_job){&b, a.ref, false, QT_OK, 0.0, ""};
@@ -338,16 +508,17 @@ static int command_run(int argc, char **argv) {
     if (threaded) pthread_join(opener, NULL);
     int rc = 0;
     if (job.status != QT_OK) {
-        fprintf(stderr, "qtrain run: %s: %s\n", qt_status_name(job.status), job.message);
+        fprintf(stderr, "qtrain %s: %s: %s\n", a.command, qt_status_name(job.status),
+                job.message);
         rc = 1;
     } else if (status != QT_OK) {
-        rc = fail_status("run", status);
+        rc = fail_status(a.command, status);
     } else if ((status = backend_attach_thread(&b)) != QT_OK) {
-        rc = fail_status("run", status);
+        rc = fail_status(a.command, status);
     } else {
         if (job.fell_back) {
-            fprintf(stderr, "qtrain run: no usable GPU (%s); running on the reference backend\n",
-                    job.message);
+            fprintf(stderr, "qtrain %s: no usable GPU (%s); running on the reference backend\n",
+                    a.command, job.message);
         }
         rc = run_with_backend(&a, &b, start, job.seconds);
     }
@@ -371,6 +542,44 @@ static int command_diff(int argc, char **argv) {
     return identical ? 0 : 1;
 }
 
+// `qtrain export CKPT OUT [--quantized] [--force]`.
+static int command_export(int argc, char **argv) {
+    const char *paths[2] = {NULL, NULL};
+    bool quantized = false, force = false;
+    int count = 0;
+    for (int i = 2; i < argc; i++) {
+        if (strcmp(argv[i], "--quantized") == 0) {
+            quantized = true;
+        } else if (strcmp(argv[i], "--force") == 0) {
+            force = true;
+        } else if (argv[i][0] != '-' && count < 2) {
+            paths[count++] = argv[i];
+        } else {
+            fprintf(stderr, "qtrain export: unexpected argument '%s'\n", argv[i]);
+            return 2;
+        }
+    }
+    if (count != 2) {
+        fprintf(stderr, "usage: qtrain export CKPT OUT.safetensors [--quantized] [--force]\n");
+        return 2;
+    }
+    static ckpt_reader reader;  // the checkpoint's table (large)
+    void *buffer = aligned_alloc(256, EXPORT_BUFFER_BYTES);
+    if (!buffer) {
+        fprintf(stderr, "qtrain export: cannot allocate %d bytes\n", (int)EXPORT_BUFFER_BYTES);
+        return 1;
+    }
+    qt_status status = export_safetensors(&reader, paths[0], paths[1], quantized, force, buffer,
+                                          EXPORT_BUFFER_BYTES);
+    free(buffer);
+    if (status != QT_OK) return fail_status("export", status);
+    const ckpt_header *h = &reader.table.header;
+    printf("exported %s (%s, step %" PRIu64 ", train step %" PRIu64 ", %" PRIu32
+           " parameters%s) to %s\n", paths[0], h->recipe_name, h->step, h->train_steps,
+           h->param_count, quantized ? " with their quantized copies" : "", paths[1]);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2 || strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0) {
         print_usage(argc < 2 ? stderr : stdout);
@@ -379,8 +588,11 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "info") == 0) return command_info();
     if (strcmp(argv[1], "bench") == 0) return bench_main(argc, argv);
     if (strcmp(argv[1], "diff") == 0) return command_diff(argc, argv);
-    if (strcmp(argv[1], "run") == 0) return command_run(argc, argv);
+    if (strcmp(argv[1], "plot") == 0) return plot_main(argc, argv);
+    if (strcmp(argv[1], "run") == 0) return command_run(argc, argv, CLI_RUN);
+    if (strcmp(argv[1], "infer") == 0) return command_run(argc, argv, CLI_INFER);
     if (strcmp(argv[1], "plan") == 0) return command_plan(argc, argv);
+    if (strcmp(argv[1], "export") == 0) return command_export(argc, argv);
     fprintf(stderr, "qtrain: unknown command '%s'\n", argv[1]);
     print_usage(stderr);
     return 2;

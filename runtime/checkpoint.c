@@ -1,0 +1,847 @@
+#include "checkpoint.h"
+
+#include <errno.h>
+#include <fcntl.h>     // open
+#include <inttypes.h>
+#include <stddef.h>    // offsetof
+#include <stdio.h>     // snprintf, rename
+#include <string.h>
+#include <sys/stat.h>  // fstat
+#include <unistd.h>    // pread, write, fsync, close, unlink
+#include <zlib.h>      // crc32, crc32_combine
+
+
+QT_STATIC_ASSERT(offsetof(ckpt_header, header_crc) == CKPT_HEADER_BYTES - 4,
+                 "the header's CRC is its last field");
+QT_STATIC_ASSERT(sizeof(CKPT_MAGIC) == 9 && sizeof(CKPT_END_MAGIC) == 9, "8-byte magics");
+
+static const char *const ckpt_format_names[CKPT_FORMAT_COUNT] = {
+    "bytes", "f32", "bf16", "u64", "e4m3", "e5m2", "e2m1x2", "e8m0"};
+
+static const char *const ckpt_usage_names[CKPT_USAGE_COUNT] = {
+    "other", "master", "adam_m", "adam_v", "row_data", "row_scale", "col_data", "col_scale",
+    "scale_inv", "amax", "amax_col", "history", "state_scale", "optim_state", "lr_rows",
+    "counter"};
+
+const char *ckpt_format_name(ckpt_format f) {
+    return (unsigned)f < CKPT_FORMAT_COUNT ? ckpt_format_names[f] : "unknown";
+}
+
+const char *ckpt_usage_name(ckpt_usage u) {
+    return (unsigned)u < CKPT_USAGE_COUNT ? ckpt_usage_names[u] : "unknown";
+}
+
+static uint64_t ckpt_align(uint64_t bytes) {
+    return (bytes + CKPT_ALIGN - 1) / CKPT_ALIGN * CKPT_ALIGN;
+}
+
+static uint32_t ckpt_crc(uint32_t crc, const void *bytes, uint64_t n) {
+    return (uint32_t)crc32_z(crc, bytes, (size_t)n);
+}
+
+static uint32_t ckpt_crc_combine(uint32_t crc, uint32_t next, uint64_t next_bytes) {
+    return (uint32_t)crc32_combine(crc, next, (z_off_t)next_bytes);
+}
+
+// Bytes of a shape in a format (E2M1: two codes per byte along the inner dimension).
+static uint64_t ckpt_shape_bytes(const ckpt_region *e) {
+    uint64_t inner = e->dims[e->rank - 1], outer = e->rank == 2 ? e->dims[0] : 1;
+    switch ((ckpt_format)e->format) {
+    case CKPT_FORMAT_F32: return outer * inner * 4;
+    case CKPT_FORMAT_BF16: return outer * inner * 2;
+    case CKPT_FORMAT_U64: return outer * inner * 8;
+    case CKPT_FORMAT_E2M1X2: return outer * ((inner + 1) / 2);
+    default: return outer * inner;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Planning: what every persistent region is
+
+typedef struct ckpt_describer {
+    ckpt_layout *c;
+    uint32_t index_of[ARENA_REGIONS_MAX];  // table entry of a device handle, or CKPT_NONE
+} ckpt_describer;
+
+static void ckpt_describe(ckpt_describer *d, arena_handle h, ckpt_usage usage,
+                          ckpt_format format, uint32_t param, uint32_t outer, uint32_t inner) {
+    QT_ASSERT(h < ARENA_REGIONS_MAX && d->index_of[h] != CKPT_NONE);
+    ckpt_region *e = &d->c->table.regions[d->index_of[h]];
+    e->usage = usage;
+    e->format = format;
+    e->param = param;
+    e->rank = outer == 0 ? 1 : 2;
+    e->dims[0] = outer == 0 ? inner : outer;
+    e->dims[1] = outer == 0 ? 0 : inner;
+    // The planner rounds every region up to 16 bytes: the shape must be what it reserved.
+    uint64_t bytes = ckpt_shape_bytes(e);
+    QT_ASSERT(bytes <= e->bytes && e->bytes - bytes < 16);
+}
+
+static ckpt_format ckpt_elem_format(qt_elem e) {
+    switch (e) {
+    case QT_ELEM_BF16: return CKPT_FORMAT_BF16;
+    case QT_ELEM_E4M3: return CKPT_FORMAT_E4M3;
+    case QT_ELEM_E5M2: return CKPT_FORMAT_E5M2;
+    case QT_ELEM_E2M1: return CKPT_FORMAT_E2M1X2;
+    default: QT_ASSERT(false); return CKPT_FORMAT_BYTES;
+    }
+}
+
+static uint32_t ckpt_blocks(uint32_t n, uint32_t block) { return (n + block - 1) / block; }
+
+// The scale shapes of ptx/quant.h's table: rowwise then columnwise, [outer][inner].
+static void ckpt_scale_shapes(const qt_quantizer *q, uint32_t rows, uint32_t cols,
+                              uint32_t shape[2][2], ckpt_format *format) {
+    switch (q->scheme) {
+    case QT_SCHEME_MXFP8:
+        *format = CKPT_FORMAT_E8M0;
+        shape[0][0] = rows, shape[0][1] = ckpt_blocks(cols, 32);
+        shape[1][0] = ckpt_blocks(rows, 32), shape[1][1] = cols;
+        return;
+    case QT_SCHEME_BLOCK:
+        *format = CKPT_FORMAT_F32;
+        if (q->two_d) {
+            shape[0][0] = ckpt_blocks(rows, 128), shape[0][1] = ckpt_blocks(cols, 128);
+            shape[1][0] = ckpt_blocks(cols, 128), shape[1][1] = ckpt_blocks(rows, 128);
+        } else {
+            shape[0][0] = ckpt_blocks(cols, 128), shape[0][1] = rows;
+            shape[1][0] = ckpt_blocks(rows, 128), shape[1][1] = cols;
+        }
+        return;
+    case QT_SCHEME_NVFP4:
+        *format = CKPT_FORMAT_E4M3;
+        shape[0][0] = rows, shape[0][1] = ckpt_blocks(cols, 16);
+        shape[1][0] = cols, shape[1][1] = ckpt_blocks(rows, 16);
+        return;
+    default:
+        QT_ASSERT(false);
+    }
+}
+
+// A weight's quantized copies (model.c's model_qstore_reserve): data [rows][cols] rowwise;
+// columnwise transposed except MXFP8's; scales per ptx/quant.h.
+static void ckpt_describe_qstore(ckpt_describer *d, const model_quantizer *mq, uint32_t param,
+                                 uint32_t rows, uint32_t cols, const model_qstore *s) {
+    const qt_quantizer *q = &mq->q;
+    if (q->scheme == QT_SCHEME_BF16) {
+        ckpt_describe(d, s->bf16.ref.region, CKPT_USAGE_ROW_DATA, CKPT_FORMAT_BF16, param, rows,
+                      cols);
+        return;
+    }
+    ckpt_format codes = ckpt_elem_format(q->elem);
+    bool transposed = q->scheme != QT_SCHEME_MXFP8;
+    if (s->rowwise) {
+        ckpt_describe(d, s->row_data.region, CKPT_USAGE_ROW_DATA, codes, param, rows, cols);
+    }
+    if (s->colwise) {
+        ckpt_describe(d, s->col_data.region, CKPT_USAGE_COL_DATA, codes, param,
+                      transposed ? cols : rows, transposed ? rows : cols);
+    }
+    if (q->scheme == QT_SCHEME_DELAYED || q->scheme == QT_SCHEME_CURRENT) {
+        ckpt_describe(d, s->scale_inv.region, CKPT_USAGE_SCALE_INV, CKPT_FORMAT_F32, param, 0, 1);
+        if (q->scheme == QT_SCHEME_CURRENT) {
+            ckpt_describe(d, s->amax_row.region, CKPT_USAGE_AMAX, CKPT_FORMAT_F32, param, 0, 1);
+        }
+        return;
+    }
+    uint32_t shape[2][2];
+    ckpt_format scales;
+    ckpt_scale_shapes(q, rows, cols, shape, &scales);
+    if (s->rowwise) {
+        ckpt_describe(d, s->row_scale.region, CKPT_USAGE_ROW_SCALE, scales, param, shape[0][0],
+                      shape[0][1]);
+    }
+    if (s->colwise) {
+        ckpt_describe(d, s->col_scale.region, CKPT_USAGE_COL_SCALE, scales, param, shape[1][0],
+                      shape[1][1]);
+    }
+    if (q->scheme != QT_SCHEME_NVFP4) return;
+    ckpt_describe(d, s->amax_row.region, CKPT_USAGE_AMAX, CKPT_FORMAT_F32, param, 0, 1);
+    if (s->amax_col.region != s->amax_row.region) {
+        ckpt_describe(d, s->amax_col.region, CKPT_USAGE_AMAX_COL, CKPT_FORMAT_F32, param, 0, 1);
+    }
+}
+
+static ckpt_param_kind ckpt_param_kind_of(const model_param *p) {
+    if (p->quantizer >= 0 || p->init == MODEL_INIT_NORMAL) return CKPT_PARAM_WEIGHT;
+    return p->init == MODEL_INIT_ONE ? CKPT_PARAM_GAIN : CKPT_PARAM_BIAS;
+}
+
+static void ckpt_describe_params(ckpt_describer *d, const model *m) {
+    ckpt_table *t = &d->c->table;
+    t->header.param_count = m->param_count;
+    for (uint32_t i = 0; i < m->param_count; i++) {
+        const model_param *p = &m->params[i];
+        ckpt_param *e = &t->params[i];
+        memset(e, 0, sizeof *e);
+        snprintf(e->name, sizeof e->name, "%s", p->name);
+        e->rows = p->rows;
+        e->cols = p->cols;
+        e->cols_valid = p->cols_valid;
+        e->kind = ckpt_param_kind_of(p);
+        e->master = d->index_of[p->master];
+        e->scheme = CKPT_NONE;
+        ckpt_describe(d, p->master, CKPT_USAGE_MASTER, CKPT_FORMAT_F32, i, p->rows, p->cols);
+        if (m->modes[MODEL_MODE_TRAIN]) {
+            ckpt_describe(d, p->m, CKPT_USAGE_ADAM_M, CKPT_FORMAT_F32, i, p->rows, p->cols);
+            ckpt_describe(d, p->v, CKPT_USAGE_ADAM_V, CKPT_FORMAT_F32, i, p->rows, p->cols);
+        }
+        if (p->quantizer < 0) continue;
+        const model_quantizer *mq = &m->quantizers[p->quantizer];
+        e->scheme = mq->q.scheme;
+        rules_quantizer_format(&mq->q, e->quantizer, sizeof e->quantizer);
+        ckpt_describe_qstore(d, mq, i, p->rows, p->cols, &p->weight);
+    }
+}
+
+static void ckpt_describe_state(ckpt_describer *d, const model *m) {
+    for (uint32_t s = 0; s < m->state_count; s++) {
+        const model_state *st = &m->states[s];
+        ckpt_describe(d, st->history, CKPT_USAGE_HISTORY, CKPT_FORMAT_F32, CKPT_NONE,
+                      st->history_len, st->slots);
+        ckpt_describe(d, st->scale, CKPT_USAGE_STATE_SCALE, CKPT_FORMAT_F32, CKPT_NONE, 0,
+                      st->slots);
+    }
+    const model_io *io = &m->io;
+    ckpt_describe(d, io->counter, CKPT_USAGE_COUNTER, CKPT_FORMAT_U64, CKPT_NONE, 0, 1);
+    ckpt_describe(d, io->optim_state, CKPT_USAGE_OPTIM_STATE, CKPT_FORMAT_BYTES, CKPT_NONE, 0,
+                  (uint32_t)arena_region_get(m->dev, io->optim_state)->bytes);
+    if (m->modes[MODEL_MODE_TRAIN]) {
+        ckpt_describe(d, io->lr_rows, CKPT_USAGE_LR_ROWS, CKPT_FORMAT_BYTES, CKPT_NONE, 0,
+                      (uint32_t)arena_region_get(m->dev, io->lr_rows)->bytes);
+    }
+}
+
+// Every persistent device region with bytes, in handle order, as opaque bytes; then what the
+// model knows of them. Offsets: the regions one after the other from the header on. The device
+// batch slots are left out: they hold the inputs of steps already done, and the loop stages
+// every step's batch before the step reads it (runtime/schedule.h), a resumed run's first too.
+static void ckpt_list_regions(ckpt_describer *d, const model *m) {
+    const arena *dev = m->dev;
+    ckpt_table *t = &d->c->table;
+    uint32_t count = 0;
+    uint64_t offset = CKPT_HEADER_BYTES;
+    for (uint32_t h = 0; h < dev->region_count; h++) {
+        const arena_region *r = arena_region_get(dev, h);
+        d->index_of[h] = CKPT_NONE;
+        if (!r->persistent || r->bytes == 0 || h == m->io.staged) continue;
+        ckpt_region *e = &t->regions[count];
+        memset(e, 0, sizeof *e);
+        snprintf(e->name, sizeof e->name, "%s", r->name);
+        offset = ckpt_align(offset);
+        e->offset = offset;
+        e->bytes = r->bytes;
+        e->category = r->category;
+        e->format = CKPT_FORMAT_BYTES;
+        e->usage = CKPT_USAGE_OTHER;
+        e->param = CKPT_NONE;
+        // Opaque bytes: [bytes], or [bytes / 2^16][2^16] beyond 32 bits (the model describes
+        // every large region it has, so this shape stays only on regions it does not know).
+        e->rank = r->bytes <= UINT32_MAX ? 1 : 2;
+        e->dims[0] = (uint32_t)(e->rank == 1 ? r->bytes : r->bytes >> 16);
+        e->dims[1] = e->rank == 1 ? 0 : 1u << 16;
+        d->c->handles[count] = h;
+        d->index_of[h] = count++;
+        offset += r->bytes;
+    }
+    t->header.region_count = count;
+    t->header.table_offset = ckpt_align(offset);
+}
+
+qt_status ckpt_plan(ckpt_layout *c, const model *m, uint64_t recipe_hash, uint64_t seed,
+                    const char *recipe_name, uint64_t chunk_bytes) {
+    static ckpt_describer d;  // 8 KiB of indices: off the stack
+    memset(c, 0, sizeof *c);
+    memset(&d, 0, sizeof d);
+    d.c = c;
+    ckpt_list_regions(&d, m);
+    ckpt_describe_params(&d, m);
+    ckpt_describe_state(&d, m);
+    ckpt_header *h = &c->table.header;
+    memcpy(h->magic, CKPT_MAGIC, sizeof h->magic);
+    h->version = CKPT_VERSION;
+    h->header_bytes = CKPT_HEADER_BYTES;
+    h->recipe_hash = recipe_hash;
+    h->seed = seed;
+    h->data_offset = CKPT_HEADER_BYTES;
+    h->table_bytes = (uint64_t)h->region_count * sizeof(ckpt_region) +
+                     (uint64_t)h->param_count * sizeof(ckpt_param) + sizeof(ckpt_host);
+    h->file_bytes = h->table_offset + h->table_bytes + CKPT_TRAILER_BYTES;
+    const char *slash = strrchr(recipe_name, '/');
+    snprintf(h->recipe_name, sizeof h->recipe_name, "%s", slash ? slash + 1 : recipe_name);
+    // A chunk larger than the largest region would be pinned memory that is never used.
+    uint64_t largest = 0;
+    for (uint32_t i = 0; i < h->region_count; i++) {
+        if (c->table.regions[i].bytes > largest) largest = c->table.regions[i].bytes;
+    }
+    c->chunk_bytes = chunk_bytes ? chunk_bytes : CKPT_CHUNK_BYTES;
+    if (c->chunk_bytes > largest) c->chunk_bytes = largest;
+    c->chunk_bytes = ckpt_align(c->chunk_bytes);
+    if (c->chunk_bytes < CKPT_ALIGN) c->chunk_bytes = CKPT_ALIGN;
+    return arena_reserve(m->host, "checkpoint.staging", c->chunk_bytes, CKPT_ALIGN,
+                         ARENA_CAT_STAGING, ARENA_LIFETIME_PERSISTENT, 0, &c->staging);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writing
+
+typedef struct ckpt_writer {
+    int fd;
+    const char *path;   // PATH.tmp, for messages
+    uint64_t bytes;     // written so far
+    uint32_t file_crc;  // of those bytes
+    ckpt_hook_fn hook;
+    void *ctx;
+} ckpt_writer;
+
+qt_status ckpt_write_all(int fd, const char *path, const void *bytes, uint64_t n) {
+    const uint8_t *p = bytes;
+    uint64_t done = 0;
+    while (done < n) {
+        ssize_t k = write(fd, p + done, (size_t)(n - done));
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) {
+            return qt_fail(QT_ERR_IO, "%s: cannot write: %s; check the free space of its "
+                           "folder", path, strerror(errno));
+        }
+        done += (uint64_t)k;
+    }
+    return QT_OK;
+}
+
+// Writes n bytes whose CRC is `crc` (the caller's, so region data is hashed once).
+static qt_status ckpt_put(ckpt_writer *w, const void *bytes, uint64_t n, uint32_t crc) {
+    QT_TRY(ckpt_write_all(w->fd, w->path, bytes, n));
+    w->bytes += n;
+    w->file_crc = ckpt_crc_combine(w->file_crc, crc, n);
+    if (w->hook) w->hook(w->ctx, CKPT_PHASE_WRITTEN, w->bytes);
+    return QT_OK;
+}
+
+static qt_status ckpt_put_hashed(ckpt_writer *w, const void *bytes, uint64_t n) {
+    return ckpt_put(w, bytes, n, ckpt_crc(0, bytes, n));
+}
+
+// Zero bytes up to `offset` (the gaps before aligned data).
+static qt_status ckpt_put_gap(ckpt_writer *w, uint64_t offset) {
+    static const uint8_t zeros[CKPT_ALIGN];
+    QT_ASSERT(offset >= w->bytes && offset - w->bytes < CKPT_ALIGN);
+    return ckpt_put_hashed(w, zeros, offset - w->bytes);
+}
+
+// One region, device -> staging -> file, chunk by chunk.
+static qt_status ckpt_put_region(ckpt_writer *w, ckpt_layout *c, uint32_t i, backend *b,
+                                 const arena *dev, uint8_t *staging) {
+    ckpt_region *e = &c->table.regions[i];
+    QT_TRY(ckpt_put_gap(w, e->offset));
+    uint32_t crc = 0;
+    for (uint64_t done = 0; done < e->bytes;) {
+        uint64_t n = e->bytes - done < c->chunk_bytes ? e->bytes - done : c->chunk_bytes;
+        prog_ref src = {(arena *)dev, c->handles[i], done};
+        QT_TRY(backend_read(b, staging, src, n));
+        uint32_t piece = ckpt_crc(0, staging, n);
+        QT_TRY(ckpt_put(w, staging, n, piece));
+        crc = ckpt_crc_combine(crc, piece, n);
+        done += n;
+    }
+    e->crc = crc;
+    return QT_OK;
+}
+
+// The table as it is on disk: regions, parameters, host state.
+static uint32_t ckpt_table_crc(const ckpt_table *t) {
+    uint64_t regions = (uint64_t)t->header.region_count * sizeof(ckpt_region);
+    uint32_t crc = ckpt_crc(0, t->regions, regions);
+    crc = ckpt_crc(crc, t->params, (uint64_t)t->header.param_count * sizeof(ckpt_param));
+    return ckpt_crc(crc, &t->host, sizeof t->host);
+}
+
+static qt_status ckpt_put_table(ckpt_writer *w, const ckpt_table *t) {
+    QT_TRY(ckpt_put_gap(w, t->header.table_offset));
+    const ckpt_header *h = &t->header;
+    QT_TRY(ckpt_put_hashed(w, t->regions, (uint64_t)h->region_count * sizeof(ckpt_region)));
+    QT_TRY(ckpt_put_hashed(w, t->params, (uint64_t)h->param_count * sizeof(ckpt_param)));
+    QT_TRY(ckpt_put_hashed(w, &t->host, sizeof t->host));
+    uint8_t trailer[CKPT_TRAILER_BYTES];
+    uint32_t crcs[2] = {ckpt_table_crc(t), w->file_crc};
+    memcpy(trailer, crcs, sizeof crcs);
+    memcpy(trailer + 8, CKPT_END_MAGIC, 8);
+    QT_TRY(ckpt_put_hashed(w, trailer, sizeof trailer));
+    QT_ASSERT(w->bytes == t->header.file_bytes);
+    return QT_OK;
+}
+
+static qt_status ckpt_put_all(ckpt_writer *w, ckpt_layout *c, backend *b, const arena *dev,
+                              uint8_t *staging) {
+    ckpt_header *h = &c->table.header;
+    h->header_crc = ckpt_crc(0, h, offsetof(ckpt_header, header_crc));
+    QT_TRY(ckpt_put_hashed(w, h, sizeof *h));
+    for (uint32_t i = 0; i < h->region_count; i++) {
+        QT_TRY(ckpt_put_region(w, c, i, b, dev, staging));
+    }
+    QT_TRY(ckpt_put_table(w, &c->table));
+    if (fsync(w->fd) != 0) {
+        return qt_fail(QT_ERR_IO, "%s: cannot sync the checkpoint to disk: %s", w->path,
+                       strerror(errno));
+    }
+    if (w->hook) w->hook(w->ctx, CKPT_PHASE_SYNCED, w->bytes);
+    return QT_OK;
+}
+
+void ckpt_folder(const char *path, char *folder, size_t folder_bytes) {
+    snprintf(folder, folder_bytes, "%s", path);
+    char *slash = strrchr(folder, '/');
+    if (slash == folder) {
+        slash[1] = '\0';  // "/name": the root
+    } else if (slash) {
+        *slash = '\0';
+    } else {
+        snprintf(folder, folder_bytes, ".");
+    }
+}
+
+// fsync of the folder that holds path, so that the rename itself is on disk.
+qt_status ckpt_sync_folder(const char *path) {
+    char folder[CKPT_PATH_MAX];
+    ckpt_folder(path, folder, sizeof folder);
+    int fd = open(folder, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0 || fsync(fd) != 0) {
+        int err = errno;
+        if (fd >= 0) close(fd);
+        return qt_fail(QT_ERR_IO, "%s: cannot sync the folder after the rename: %s", folder,
+                       strerror(err));
+    }
+    close(fd);
+    return QT_OK;
+}
+
+qt_status ckpt_save(ckpt_layout *c, backend *b, const arena *dev, const arena *host_arena,
+                    const ckpt_host *host, const char *path, ckpt_hook_fn hook, void *ctx) {
+    char tmp[CKPT_PATH_MAX];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
+        return qt_fail(QT_ERR_INPUT, "checkpoint path '%.64s...' is longer than %d bytes; use a "
+                       "shorter path", path, CKPT_PATH_MAX - 5);
+    }
+    ckpt_header *h = &c->table.header;
+    c->table.host = *host;
+    h->step = host->state.step;
+    h->train_steps = host->state.train_steps;
+    ckpt_writer w = {open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644), tmp, 0, 0, hook,
+                     ctx};
+    if (w.fd < 0) {
+        return qt_fail(QT_ERR_IO, "%s: cannot create the checkpoint's temporary file: %s; "
+                       "check that the folder exists and is writable", tmp, strerror(errno));
+    }
+    uint8_t *staging = arena_host_pointer(host_arena, c->staging);
+    qt_status status = ckpt_put_all(&w, c, b, dev, staging);
+    if (close(w.fd) != 0 && status == QT_OK) {
+        status = qt_fail(QT_ERR_IO, "%s: cannot close: %s", tmp, strerror(errno));
+    }
+    if (status == QT_OK && rename(tmp, path) != 0) {
+        status = qt_fail(QT_ERR_IO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
+    }
+    if (status != QT_OK) {
+        unlink(tmp);  // PATH is untouched: the previous checkpoint stands
+        return status;
+    }
+    if (hook) hook(ctx, CKPT_PHASE_RENAMED, w.bytes);
+    QT_TRY(ckpt_sync_folder(path));
+    if (hook) hook(ctx, CKPT_PHASE_DONE, w.bytes);
+    return QT_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading
+
+static qt_status ckpt_pread(const ckpt_reader *rd, void *dst, uint64_t n, uint64_t offset,
+                            uint64_t *got) {
+    uint8_t *p = dst;
+    uint64_t done = 0;
+    while (done < n) {
+        ssize_t k = pread(rd->fd, p + done, (size_t)(n - done), (off_t)(offset + done));
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) return qt_fail(QT_ERR_IO, "%s: cannot read: %s", rd->path, strerror(errno));
+        if (k == 0) break;
+        done += (uint64_t)k;
+    }
+    if (got) {
+        *got = done;
+    } else if (done != n) {
+        return qt_fail(QT_ERR_INPUT, "%s: truncated: the file ends at byte %" PRIu64 " inside "
+                       "its data", rd->path, offset + done);
+    }
+    return QT_OK;
+}
+
+static qt_status ckpt_check_header(ckpt_reader *rd, uint64_t size) {
+    const ckpt_header *h = &rd->table.header;
+    uint64_t got = 0;
+    QT_TRY(ckpt_pread(rd, &rd->table.header, sizeof *h, 0, &got));
+    if (got < 8 || memcmp(h->magic, CKPT_MAGIC, 8) != 0) {
+        return qt_fail(QT_ERR_INPUT, "%s: not a qtrain checkpoint (it does not start with '"
+                       CKPT_MAGIC "')", rd->path);
+    }
+    if (got < sizeof *h) {
+        return qt_fail(QT_ERR_INPUT, "%s: truncated: %" PRIu64 " bytes, less than the %d-byte "
+                       "header (was the save interrupted?)", rd->path, got, CKPT_HEADER_BYTES);
+    }
+    if (h->version != CKPT_VERSION) {
+        return qt_fail(QT_ERR_INPUT, "%s: checkpoint format version %" PRIu32 "; this qtrain "
+                       "reads version %d", rd->path, h->version, CKPT_VERSION);
+    }
+    uint32_t crc = ckpt_crc(0, h, offsetof(ckpt_header, header_crc));
+    if (crc != h->header_crc) {
+        return qt_fail(QT_ERR_INPUT, "%s: header: bad checksum (CRC-32 %08" PRIx32 ", stored "
+                       "%08" PRIx32 "): the file is damaged", rd->path, crc, h->header_crc);
+    }
+    if (size < h->file_bytes) {
+        return qt_fail(QT_ERR_INPUT, "%s: truncated: %" PRIu64 " of the %" PRIu64 " bytes its "
+                       "header announces (was the save interrupted?)", rd->path, size,
+                       h->file_bytes);
+    }
+    if (size > h->file_bytes) {
+        return qt_fail(QT_ERR_INPUT, "%s: %" PRIu64 " bytes, but its header announces %" PRIu64
+                       ": bytes after the end", rd->path, size, h->file_bytes);
+    }
+    uint64_t table = (uint64_t)h->region_count * sizeof(ckpt_region) +
+                     (uint64_t)h->param_count * sizeof(ckpt_param) + sizeof(ckpt_host);
+    if (h->header_bytes != CKPT_HEADER_BYTES || h->data_offset != CKPT_HEADER_BYTES ||
+        h->region_count > ARENA_REGIONS_MAX || h->param_count > MODEL_PARAMS_MAX ||
+        h->table_bytes != table || h->table_offset < h->data_offset ||
+        h->table_offset + table + CKPT_TRAILER_BYTES != h->file_bytes ||
+        memchr(h->recipe_name, '\0', sizeof h->recipe_name) == NULL) {
+        return qt_fail(QT_ERR_INPUT, "%s: header: inconsistent sizes (%" PRIu32 " regions, %"
+                       PRIu32 " parameters, table at %" PRIu64 "); the file was not written "
+                       "by qtrain", rd->path, h->region_count, h->param_count, h->table_offset);
+    }
+    return QT_OK;
+}
+
+// One table entry that cannot be right even with a good CRC: the file was not written by qtrain.
+static qt_status ckpt_check_entries(const ckpt_reader *rd) {
+    const ckpt_table *t = &rd->table;
+    uint64_t end = t->header.data_offset;
+    for (uint32_t i = 0; i < t->header.region_count; i++) {
+        const ckpt_region *e = &t->regions[i];
+        bool ok = memchr(e->name, '\0', sizeof e->name) != NULL && e->offset >= end &&
+                  e->offset % CKPT_ALIGN == 0 && e->bytes <= t->header.table_offset &&
+                  e->offset <= t->header.table_offset - e->bytes &&
+                  e->offset - end < CKPT_ALIGN && e->format < CKPT_FORMAT_COUNT &&
+                  e->usage < CKPT_USAGE_COUNT && (e->rank == 1 || e->rank == 2) &&
+                  (e->param == CKPT_NONE || e->param < t->header.param_count) &&
+                  ckpt_shape_bytes(e) <= e->bytes;
+        if (!ok) {
+            return qt_fail(QT_ERR_INPUT, "%s: region table: entry %" PRIu32 " is inconsistent "
+                           "(offset %" PRIu64 ", %" PRIu64 " bytes); the file was not written "
+                           "by qtrain", rd->path, i, e->offset, e->bytes);
+        }
+        end = e->offset + e->bytes;
+    }
+    for (uint32_t i = 0; i < t->header.param_count; i++) {
+        const ckpt_param *p = &t->params[i];
+        if (memchr(p->name, '\0', sizeof p->name) == NULL ||
+            memchr(p->quantizer, '\0', sizeof p->quantizer) == NULL ||
+            p->master >= t->header.region_count || p->cols_valid > p->cols ||
+            t->regions[p->master].format != CKPT_FORMAT_F32 ||
+            (uint64_t)p->rows * p->cols * 4 > t->regions[p->master].bytes) {
+            return qt_fail(QT_ERR_INPUT, "%s: parameter table: entry %" PRIu32 " is "
+                           "inconsistent; the file was not written by qtrain", rd->path, i);
+        }
+    }
+    return QT_OK;
+}
+
+static qt_status ckpt_read_table(ckpt_reader *rd) {
+    ckpt_table *t = &rd->table;
+    uint8_t trailer[CKPT_TRAILER_BYTES];
+    QT_TRY(ckpt_pread(rd, trailer, sizeof trailer, t->header.file_bytes - sizeof trailer, NULL));
+    if (memcmp(trailer + 8, CKPT_END_MAGIC, 8) != 0) {
+        return qt_fail(QT_ERR_INPUT, "%s: trailer: no end marker '" CKPT_END_MAGIC "': the "
+                       "file is damaged", rd->path);
+    }
+    memcpy(&rd->table_crc, trailer, 4);
+    memcpy(&rd->file_crc, trailer + 4, 4);
+    uint64_t at = t->header.table_offset;
+    uint64_t regions = (uint64_t)t->header.region_count * sizeof(ckpt_region);
+    uint64_t params = (uint64_t)t->header.param_count * sizeof(ckpt_param);
+    QT_TRY(ckpt_pread(rd, t->regions, regions, at, NULL));
+    QT_TRY(ckpt_pread(rd, t->params, params, at + regions, NULL));
+    QT_TRY(ckpt_pread(rd, &t->host, sizeof t->host, at + regions + params, NULL));
+    uint32_t crc = ckpt_table_crc(t);
+    if (crc != rd->table_crc) {
+        return qt_fail(QT_ERR_INPUT, "%s: region table: bad checksum (CRC-32 %08" PRIx32
+                       ", stored %08" PRIx32 "): the file is damaged", rd->path, crc,
+                       rd->table_crc);
+    }
+    return ckpt_check_entries(rd);
+}
+
+qt_status ckpt_open(ckpt_reader *rd, const char *path) {
+    rd->fd = -1;
+    if (snprintf(rd->path, sizeof rd->path, "%s", path) >= (int)sizeof rd->path) {
+        return qt_fail(QT_ERR_INPUT, "checkpoint path '%.64s...' is too long", path);
+    }
+    rd->fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (rd->fd < 0) {
+        return qt_fail(QT_ERR_IO, "%s: cannot open the checkpoint: %s", path, strerror(errno));
+    }
+    struct stat st;
+    memset(&st, 0, sizeof st);
+    qt_status status = QT_OK;
+    if (fstat(rd->fd, &st) != 0) {
+        status = qt_fail(QT_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
+    }
+    rd->file_bytes = (uint64_t)st.st_size;
+    if (status == QT_OK) status = ckpt_check_header(rd, rd->file_bytes);
+    if (status == QT_OK) status = ckpt_read_table(rd);
+    if (status != QT_OK) ckpt_close(rd);
+    return status;
+}
+
+void ckpt_close(ckpt_reader *rd) {
+    if (rd->fd >= 0) close(rd->fd);
+    rd->fd = -1;
+}
+
+// "e4m3 [64][32]" of a table entry.
+static void ckpt_describe_entry(const ckpt_region *e, char *out, size_t bytes) {
+    if (e->rank == 2) {
+        snprintf(out, bytes, "%s %s [%" PRIu32 "][%" PRIu32 "], %" PRIu64 " bytes",
+                 ckpt_usage_name(e->usage), ckpt_format_name(e->format), e->dims[0], e->dims[1],
+                 e->bytes);
+    } else {
+        snprintf(out, bytes, "%s %s [%" PRIu32 "], %" PRIu64 " bytes",
+                 ckpt_usage_name(e->usage), ckpt_format_name(e->format), e->dims[0], e->bytes);
+    }
+}
+
+// The first region that differs between the file's table and the run's, into out; false when
+// every region agrees.
+static bool ckpt_first_difference(const ckpt_table *file, const ckpt_table *run, char *out,
+                                  size_t bytes) {
+    uint32_t n = file->header.region_count, m = run->header.region_count;
+    for (uint32_t i = 0; i < n && i < m; i++) {
+        const ckpt_region *a = &file->regions[i], *b = &run->regions[i];
+        char da[128], db[128];
+        ckpt_describe_entry(a, da, sizeof da);
+        ckpt_describe_entry(b, db, sizeof db);
+        if (strcmp(a->name, b->name) != 0) {
+            snprintf(out, bytes, "region %" PRIu32 " is '%s' (%s) in the checkpoint, '%s' (%s) "
+                     "in this run", i, a->name, da, b->name, db);
+            return true;
+        }
+        if (strcmp(da, db) != 0 || a->category != b->category) {
+            snprintf(out, bytes, "region '%s': other format: %s in the checkpoint, %s in this "
+                     "run", a->name, da, db);
+            return true;
+        }
+    }
+    if (n != m) {
+        snprintf(out, bytes, "the checkpoint has %" PRIu32 " regions, this run %" PRIu32, n, m);
+        return true;
+    }
+    return false;
+}
+
+qt_status ckpt_match(const ckpt_reader *rd, const ckpt_layout *c) {
+    const ckpt_header *f = &rd->table.header, *r = &c->table.header;
+    static char difference[512];
+    bool differs = ckpt_first_difference(&rd->table, &c->table, difference, sizeof difference);
+    if (f->recipe_hash != r->recipe_hash) {
+        return qt_fail(QT_ERR_MISMATCH, "%s: saved from another recipe: '%s' (text hash %016"
+                       PRIx64 "), this run '%s' (%016" PRIx64 "); %s", rd->path, f->recipe_name,
+                       f->recipe_hash, r->recipe_name, r->recipe_hash,
+                       differs ? difference : "its regions match this run's, the texts differ");
+    }
+    if (f->seed != r->seed) {
+        return qt_fail(QT_ERR_MISMATCH, "%s: saved with seed %" PRIu64 ", this run has seed %"
+                       PRIu64 "; resume with --seed %" PRIu64, rd->path, f->seed, r->seed,
+                       f->seed);
+    }
+    if (differs) return qt_fail(QT_ERR_MISMATCH, "%s: %s", rd->path, difference);
+    for (uint32_t i = 0; i < f->param_count; i++) {
+        const ckpt_param *a = &rd->table.params[i];
+        if (i >= r->param_count || memcmp(a, &c->table.params[i], sizeof *a) != 0) {
+            return qt_fail(QT_ERR_MISMATCH, "%s: parameter '%s' differs from this run's",
+                           rd->path, a->name);
+        }
+    }
+    if (f->param_count != r->param_count) {
+        return qt_fail(QT_ERR_MISMATCH, "%s: %" PRIu32 " parameters, this run has %" PRIu32,
+                       rd->path, f->param_count, r->param_count);
+    }
+    return QT_OK;
+}
+
+// Reads [offset, offset + n) into the caller's buffer piece by piece: *crc grows over the bytes,
+// sink (if any) gets them as region `region` from region_offset on.
+static qt_status ckpt_stream(ckpt_reader *rd, uint8_t *buffer, uint64_t buffer_bytes,
+                             uint64_t offset, uint64_t n, uint32_t *crc, ckpt_sink_fn sink,
+                             void *ctx, uint32_t region) {
+    for (uint64_t done = 0; done < n;) {
+        uint64_t piece = n - done < buffer_bytes ? n - done : buffer_bytes;
+        QT_TRY(ckpt_pread(rd, buffer, piece, offset + done, NULL));
+        *crc = ckpt_crc(*crc, buffer, piece);
+        if (sink) QT_TRY(sink(ctx, region, done, buffer, piece));
+        done += piece;
+    }
+    return QT_OK;
+}
+
+qt_status ckpt_read_data(ckpt_reader *rd, void *buffer, uint64_t buffer_bytes, ckpt_sink_fn sink,
+                         void *ctx) {
+    QT_ASSERT(buffer_bytes >= CKPT_ALIGN);
+    const ckpt_table *t = &rd->table;
+    uint32_t file_crc = ckpt_crc(0, &t->header, sizeof t->header);
+    uint64_t at = t->header.data_offset;
+    for (uint32_t i = 0; i < t->header.region_count; i++) {
+        const ckpt_region *e = &t->regions[i];
+        QT_TRY(ckpt_stream(rd, buffer, buffer_bytes, at, e->offset - at, &file_crc, NULL, NULL,
+                           i));
+        uint32_t crc = 0;
+        QT_TRY(ckpt_stream(rd, buffer, buffer_bytes, e->offset, e->bytes, &crc, sink, ctx, i));
+        if (crc != e->crc) {
+            return qt_fail(QT_ERR_INPUT, "%s: region '%s': bad checksum (CRC-32 %08" PRIx32
+                           ", stored %08" PRIx32 "): the file is damaged", rd->path, e->name,
+                           crc, e->crc);
+        }
+        file_crc = ckpt_crc_combine(file_crc, crc, e->bytes);
+        at = e->offset + e->bytes;
+    }
+    QT_TRY(ckpt_stream(rd, buffer, buffer_bytes, at, t->header.table_offset - at, &file_crc,
+                       NULL, NULL, 0));
+    file_crc = ckpt_crc_combine(file_crc, rd->table_crc, t->header.table_bytes);
+    if (file_crc != rd->file_crc) {
+        return qt_fail(QT_ERR_INPUT, "%s: file: bad checksum (CRC-32 %08" PRIx32 ", stored %08"
+                       PRIx32 "): the file is damaged", rd->path, file_crc, rd->file_crc);
+    }
+    return QT_OK;
+}
+
+qt_status ckpt_read_region(const ckpt_reader *rd, uint32_t region, uint64_t offset, void *dst,
+                           uint64_t n) {
+    QT_ASSERT(region < rd->table.header.region_count);
+    const ckpt_region *e = &rd->table.regions[region];
+    QT_ASSERT(offset <= e->bytes && n <= e->bytes - offset);
+    return ckpt_pread(rd, dst, n, e->offset + offset, NULL);
+}
+
+typedef struct ckpt_load_ctx {
+    const ckpt_layout *c;
+    backend *b;
+    const arena *dev;
+} ckpt_load_ctx;
+
+static qt_status ckpt_load_sink(void *ctx, uint32_t region, uint64_t offset, const void *bytes,
+                                uint64_t n) {
+    const ckpt_load_ctx *l = ctx;
+    prog_ref dst = {(arena *)l->dev, l->c->handles[region], offset};
+    return backend_write(l->b, dst, bytes, n);
+}
+
+qt_status ckpt_load(ckpt_reader *rd, const ckpt_layout *c, backend *b, const arena *dev,
+                    const arena *host_arena) {
+    QT_ASSERT(rd->table.header.region_count == c->table.header.region_count);
+    ckpt_load_ctx l = {c, b, dev};
+    return ckpt_read_data(rd, arena_host_pointer(host_arena, c->staging), c->chunk_bytes,
+                          ckpt_load_sink, &l);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Loading a model's weights (`qtrain infer --from`)
+
+// What the forward pass reads: the parameters in every usage and the scaling state. The step
+// plumbing (counter, optimizer state, learning-rate rows), the optimizer's moments and the
+// workspaces stay the run's own.
+static bool ckpt_model_usage(uint32_t usage) {
+    switch ((ckpt_usage)usage) {
+    case CKPT_USAGE_MASTER:
+    case CKPT_USAGE_ROW_DATA:
+    case CKPT_USAGE_ROW_SCALE:
+    case CKPT_USAGE_COL_DATA:
+    case CKPT_USAGE_COL_SCALE:
+    case CKPT_USAGE_SCALE_INV:
+    case CKPT_USAGE_AMAX:
+    case CKPT_USAGE_AMAX_COL:
+    case CKPT_USAGE_HISTORY:
+    case CKPT_USAGE_STATE_SCALE: return true;
+    default: return false;
+    }
+}
+
+static uint32_t ckpt_find_region(const ckpt_table *t, const char *name) {
+    for (uint32_t i = 0; i < t->header.region_count; i++) {
+        if (strcmp(t->regions[i].name, name) == 0) return i;
+    }
+    return CKPT_NONE;
+}
+
+// Every parameter of the run is in the file with its shape and quantizer.
+static qt_status ckpt_match_params(const ckpt_reader *rd, const ckpt_table *run) {
+    const ckpt_table *file = &rd->table;
+    for (uint32_t i = 0; i < run->header.param_count; i++) {
+        const ckpt_param *p = &run->params[i], *q = NULL;
+        for (uint32_t j = 0; j < file->header.param_count && !q; j++) {
+            if (strcmp(file->params[j].name, p->name) == 0) q = &file->params[j];
+        }
+        if (!q) {
+            return qt_fail(QT_ERR_MISMATCH, "%s: has no parameter '%s' (saved from '%s'); load "
+                           "a checkpoint of this recipe's model", rd->path, p->name,
+                           file->header.recipe_name);
+        }
+        if (q->rows != p->rows || q->cols != p->cols || q->cols_valid != p->cols_valid ||
+            q->kind != p->kind || q->scheme != p->scheme ||
+            strcmp(q->quantizer, p->quantizer) != 0) {
+            return qt_fail(QT_ERR_MISMATCH, "%s: parameter '%s' is [%" PRIu32 "][%" PRIu32 "] "
+                           "'%s' in the checkpoint, [%" PRIu32 "][%" PRIu32 "] '%s' in this "
+                           "recipe; load a checkpoint of this recipe's model and quantizers",
+                           rd->path, p->name, q->rows, q->cols_valid, q->quantizer, p->rows,
+                           p->cols_valid, p->quantizer);
+        }
+    }
+    return QT_OK;
+}
+
+typedef struct ckpt_model_ctx {
+    backend *b;
+    const arena *dev;
+    arena_handle target[ARENA_REGIONS_MAX];  // device region of file region i, or CKPT_NONE
+} ckpt_model_ctx;
+
+static qt_status ckpt_model_sink(void *ctx, uint32_t region, uint64_t offset, const void *bytes,
+                                 uint64_t n) {
+    const ckpt_model_ctx *l = ctx;
+    if (l->target[region] == CKPT_NONE) return QT_OK;
+    prog_ref dst = {(arena *)l->dev, l->target[region], offset};
+    return backend_write(l->b, dst, bytes, n);
+}
+
+qt_status ckpt_load_model(ckpt_reader *rd, const ckpt_layout *c, backend *b, const arena *dev,
+                          const arena *host_arena) {
+    QT_TRY(ckpt_match_params(rd, &c->table));
+    static ckpt_model_ctx l;  // 4 KiB of handles: off the stack
+    l.b = b;
+    l.dev = dev;
+    for (uint32_t i = 0; i < ARENA_REGIONS_MAX; i++) l.target[i] = CKPT_NONE;
+    for (uint32_t i = 0; i < c->table.header.region_count; i++) {
+        const ckpt_region *e = &c->table.regions[i];
+        if (!ckpt_model_usage(e->usage)) continue;
+        uint32_t k = ckpt_find_region(&rd->table, e->name);
+        char want[128], have[128];
+        ckpt_describe_entry(e, want, sizeof want);
+        if (k == CKPT_NONE) {
+            return qt_fail(QT_ERR_MISMATCH, "%s: has no region '%s' (%s), which this run's model "
+                           "reads; load a checkpoint of this recipe's model", rd->path, e->name,
+                           want);
+        }
+        ckpt_describe_entry(&rd->table.regions[k], have, sizeof have);
+        if (strcmp(want, have) != 0) {
+            return qt_fail(QT_ERR_MISMATCH, "%s: region '%s': other format: %s in the "
+                           "checkpoint, %s in this run", rd->path, e->name, have, want);
+        }
+        l.target[k] = c->handles[i];
+    }
+    return ckpt_read_data(rd, arena_host_pointer(host_arena, c->staging), c->chunk_bytes,
+                          ckpt_model_sink, &l);
+}

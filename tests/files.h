@@ -1,0 +1,70 @@
+// files: a temporary folder, whole files and commands' output, for the test programs.
+//
+// Owns the program's temporary folder (tmp_dir_make to tmp_dir_remove) and the paths tmp_path
+// hands out (the last 16 stay valid). Test code only: it allocates with malloc.
+#ifndef QT_TEST_FILES_H
+#define QT_TEST_FILES_H
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>  // WEXITSTATUS
+
+static char tmp_dir[64];
+
+// /tmp/qt_test_NAME_XXXXXX; false when it cannot be made.
+static inline bool tmp_dir_make(const char *name) {
+    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/qt_test_%s_XXXXXX", name);
+    return mkdtemp(tmp_dir) != NULL;
+}
+
+static inline void tmp_dir_remove(void) {
+    char command[128];
+    snprintf(command, sizeof command, "rm -rf '%s'", tmp_dir);
+    if (system(command) != 0) printf("  could not remove %s\n", tmp_dir);
+}
+
+static inline const char *tmp_path(const char *name) {
+    static char paths[16][160];
+    static int next;
+    char *p = paths[next++ % 16];
+    snprintf(p, 160, "%s/%s", tmp_dir, name);
+    return p;
+}
+
+// The whole file, NUL-terminated (the caller frees it), or NULL.
+static inline char *file_read(const char *path, size_t *size) {
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *data = malloc((size_t)n + 1);
+    *size = fread(data, 1, (size_t)n, f);
+    data[*size] = '\0';
+    fclose(f);
+    return data;
+}
+
+static inline void file_write(const char *path, const void *data, size_t size) {
+    FILE *f = fopen(path, "wb");
+    if (f == NULL || fwrite(data, 1, size, f) != size || fclose(f) != 0) {
+        printf("  cannot write %s\n", path);
+        abort();
+    }
+}
+
+// Runs cmd with its stderr joined to its stdout, which goes to out; returns its exit status.
+static inline int command_output(const char *cmd, char *out, size_t bytes) {
+    char full[2400];
+    snprintf(full, sizeof full, "%s 2>&1", cmd);
+    FILE *pipe = popen(full, "r");
+    if (!pipe) return -1;
+    size_t used = fread(out, 1, bytes - 1, pipe);
+    out[used] = '\0';
+    int status = pclose(pipe);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+#endif  // QT_TEST_FILES_H
