@@ -60,6 +60,27 @@ __device__ __forceinline__ void act_store8(uint64_t base, uint64_t first, uint32
     }
 }
 
+// act_store8 for the flat activation kernels: BF16 pairs through cvt.rn.bf16x2, which rounds as
+// qt_f32_to_bf16 does (RNE, subnormals kept) but writes NaN with another payload, so a pair
+// holding NaN takes act_store8's path and the bits match the reference backend's. (Kept apart
+// from act_store8: in the loss kernels the extra branch costs registers they do not have.)
+__device__ __forceinline__ void act_store8_pairs(uint64_t base, uint64_t first, uint32_t dtype,
+                                                 const float v[8]) {
+    bool nan = false;
+#pragma unroll
+    for (int k = 0; k < 8; k++) nan |= v[k] != v[k];
+    if (dtype != QT_DTYPE_BF16 || nan) {
+        act_store8(base, first, dtype, v);
+        return;
+    }
+    uint32_t w[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(w[k]) : "f"(v[2 * k + 1]), "f"(v[2 * k]));
+    }
+    *(uint4 *)(uintptr_t)(base + first * 2) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 // Elements [first, first + n), n <= 8, zeros after; one vector load when vec (then n == 8).
 __device__ __forceinline__ void act_load_chunk(uint64_t base, uint64_t first, uint32_t n,
                                                uint32_t dtype, bool vec, float v[8]) {
@@ -189,7 +210,7 @@ __device__ __forceinline__ void act_fwd_flat(const act_args &args) {
             act_pre8(args, c * 8, v);
 #pragma unroll
             for (int k = 0; k < 8; k++) v[k] = qt_act_forward(kAct, v[k]);
-            act_store8(args.out, c * 8, args.out_dtype, v);
+            act_store8_pairs(args.out, c * 8, args.out_dtype, v);
         }
         scalar_first = count / 8 * 8;
     }
@@ -213,7 +234,7 @@ __device__ __forceinline__ void act_bwd_flat(const act_args &args) {
             act_pre8(args, c * 8, v);
 #pragma unroll
             for (int k = 0; k < 8; k++) v[k] = qt_act_backward(kAct, v[k], dy[k]);
-            act_store8(args.out, c * 8, args.out_dtype, v);
+            act_store8_pairs(args.out, c * 8, args.out_dtype, v);
         }
         scalar_first = count / 8 * 8;
     }

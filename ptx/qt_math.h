@@ -46,30 +46,49 @@ QT_HD float qt_math_copysign(float mag, float sign_of) {
 #define QT_MATH_LN2_HI 0x1.62e4p-1f
 #define QT_MATH_LN2_LO 0x1.7f7d1cp-20f
 
-// e^x. Max error 0.99 ulp over all floats (measured against double libm; subnormal results
-// included).
-// x = k ln2 + r with k = rint(x / ln2) and |r| <= ~0.347; r = x - k ln2_hi is exact (Sterbenz),
-// then - k ln2_lo is one rounding inside an fma. e^r = 1 + r + r^2 E(r) with E fitted on
-// [-0.35, 0.35] (max error 1.5e-9). The 2^k factor is applied as two exact-power multiplies so that
-// only the last one rounds, which handles subnormal results and overflow with a single rounding.
-// The arithmetic of qt_expf for finite -104 <= x <= 89, without the guards (qt_tanhf calls it on
-// arguments it has clamped, so that its code has no branch).
-QT_HD float qt_math_exp_core(float x) {
-    float kf = qt_math_rint_small(x * 0x1.715476p+0f);  // x * log2(e)
-    float r = qt_fmaf(-kf, QT_MATH_LN2_HI, x);
-    r = qt_fmaf(-kf, QT_MATH_LN2_LO, r);
+// e^x = 2^k y: k = rint(x / ln2) and y = e^r, r = x - k ln2, for finite -104 <= x <= 89; the
+// two callers below apply 2^k.
+typedef struct qt_math_exp_parts {
+    float y, kf;
+} qt_math_exp_parts;
+
+QT_HD qt_math_exp_parts qt_math_exp_reduced(float x) {
+    qt_math_exp_parts p;
+    p.kf = qt_math_rint_small(x * 0x1.715476p+0f);  // x * log2(e)
+    float r = qt_fmaf(-p.kf, QT_MATH_LN2_HI, x);
+    r = qt_fmaf(-p.kf, QT_MATH_LN2_LO, r);
     float e = 0x1.a12a34p-13f;
     e = qt_fmaf(e, r, 0x1.6d4910p-10f);
     e = qt_fmaf(e, r, 0x1.1110e0p-7f);
     e = qt_fmaf(e, r, 0x1.5554e4p-5f);
     e = qt_fmaf(e, r, 0x1.555556p-3f);
     e = qt_fmaf(e, r, 0x1p-1f);
-    float y = 1.0f + qt_fmaf(r * r, e, r);
-    int32_t k = (int32_t)kf;  // -150 <= k <= 129
-    int32_t k1 = k / 2;
-    return (y * qt_math_pow2i(k1)) * qt_math_pow2i(k - k1);
+    p.y = 1.0f + qt_fmaf(r * r, e, r);
+    return p;
 }
 
+// The arithmetic of qt_expf for finite -104 <= x <= 89, without the guards.
+QT_HD float qt_math_exp_core(float x) {
+    qt_math_exp_parts p = qt_math_exp_reduced(x);
+    int32_t k = (int32_t)p.kf;  // -150 <= k <= 129
+    int32_t k1 = k / 2;
+    return (p.y * qt_math_pow2i(k1)) * qt_math_pow2i(k - k1);
+}
+
+// The same for 0 <= x <= 18.04 (qt_tanhf's clamped argument): there 0 <= k <= 27 and y lies in
+// [0.7, 1.42], so y 2^k1 2^(k - k1) is y 2^k exactly (both scalings only move the exponent of a
+// normal number), and one multiply by 2^k gives the same bits with fewer instructions.
+QT_HD float qt_math_exp_small(float x) {
+    qt_math_exp_parts p = qt_math_exp_reduced(x);
+    return p.y * qt_math_pow2i((int32_t)p.kf);
+}
+
+// e^x. Max error 0.99 ulp over all floats (measured against double libm; subnormal results
+// included).
+// x = k ln2 + r with k = rint(x / ln2) and |r| <= ~0.347; r = x - k ln2_hi is exact (Sterbenz),
+// then - k ln2_lo is one rounding inside an fma. e^r = 1 + r + r^2 E(r) with E fitted on
+// [-0.35, 0.35] (max error 1.5e-9). The 2^k factor is applied as two exact-power multiplies so that
+// only the last one rounds, which handles subnormal results and overflow with a single rounding.
 QT_HD float qt_expf(float x) {
     uint32_t a = qt_f32_bits(x) & 0x7FFFFFFFu;
     if (a > 0x7F800000u) return qt_bits_f32(QT_MATH_NAN_BITS);
@@ -141,7 +160,7 @@ QT_HD float qt_tanhf(float x) {
     p = qt_fmaf(p, z, -0x1.555556p-2f);
     float small = qt_fmaf(x * z, p, x);
     float clamped = a < 9.02f ? a : 9.02f;  // NaN too: the NaN result is selected below
-    float t = 2.0f / (qt_math_exp_core(clamped + clamped) + 1.0f);
+    float t = 2.0f / (qt_math_exp_small(clamped + clamped) + 1.0f);
     float large = qt_math_copysign(1.0f - t, x);
     float r = a < 0.55f ? small : large;
     r = a > 9.02f ? qt_math_copysign(1.0f, x) : r;
