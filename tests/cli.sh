@@ -29,6 +29,29 @@ else
     echo "FAIL cli_unknown_command: $out"
     exit 1
 fi
+# --help and -h after any command print the usage and succeed; --profile on the reference backend
+# is refused before the run, not after it.
+help_ok=1
+for args in "--help" "run --help" "plan -h" "export --help" "run recipes/none.recipe -h"; do
+    # shellcheck disable=SC2086
+    out=$("$qtrain" $args 2>&1) && echo "$out" | grep -q '^usage: qtrain COMMAND' || help_ok=0
+done
+if [ $help_ok -eq 1 ]; then
+    echo "PASS cli_help"
+else
+    echo "FAIL cli_help: a --help or -h did not print the usage with exit 0"
+    exit 1
+fi
+out=$("$qtrain" run tests/recipes/synthetic_tiny.recipe --ref --profile 2>&1)
+rc=$?
+if [ $rc -eq 2 ] && echo "$out" | grep -q -- '--profile times GPU kernels' &&
+   ! echo "$out" | grep -q '^steps '; then
+    echo "PASS cli_profile_refused_on_reference_backend"
+else
+    echo "FAIL cli_profile_refused_on_reference_backend: exit $rc"
+    echo "$out" | sed 's/^/  /'
+    exit 1
+fi
 # `qtrain diff`: exit 0 for identical traces, 1 with the first difference, 2 for a bad file.
 dir=$(mktemp -d)
 header='qtrain-trace 1 recipe=0000000000000001 quantizers=0 checksum_every=0'

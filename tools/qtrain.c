@@ -418,6 +418,14 @@ static qt_status resume_run(const cli_args *a) {
 }
 
 static int run_with_backend(const cli_args *a, backend *b, double start, double open_s) {
+    if (a->profile_reps && b->kind == BACKEND_REF) {
+        // Said before the run, not after it: the profile times GPU kernels and graph replays.
+        fprintf(stderr, "qtrain %s: --profile times GPU kernels, and this run is on the reference "
+                "backend (%s); run without --profile, or on a GPU\n", a->command,
+                a->ref ? "--ref" : "no GPU");
+        run_close(&the_run);
+        return 2;
+    }
     void *ref_dev = NULL, *ref_host = NULL;
     if (b->kind == BACKEND_REF) {
         uint64_t dev_bytes, host_bytes;
@@ -580,8 +588,16 @@ static int command_export(int argc, char **argv) {
     return 0;
 }
 
+// `qtrain COMMAND ... --help` (or -h) anywhere on the line asks for the usage, not a run.
+static bool asks_for_help(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) return true;
+    }
+    return false;
+}
+
 int main(int argc, char **argv) {
-    if (argc < 2 || strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0) {
+    if (argc < 2 || strcmp(argv[1], "help") == 0 || asks_for_help(argc, argv)) {
         print_usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
