@@ -85,9 +85,12 @@ static qt_status stream_open(stream *s, const char *path) {
     s->path = path;
     s->fd = open(path, O_RDONLY | O_CLOEXEC);
     if (s->fd < 0) {
+        // The shipped recipes name Fashion-MNIST under .data/, where the package's files land
+        // when it is unpacked there (installing it would put them under /usr/share instead).
         return qt_fail(QT_ERR_IO, "%s: cannot open: %s; check the path in the recipe's [data] "
-                       "section (Fashion-MNIST: apt-get install dataset-fashion-mnist)", path,
-                       strerror(errno));
+                       "section (Fashion-MNIST for the shipped recipes, from the repository "
+                       "root: apt-get download dataset-fashion-mnist && dpkg -x "
+                       "dataset-fashion-mnist_*.deb .data)", path, strerror(errno));
     }
     // The gzip magic decides, not the name: IDX files start with two zero bytes, gzip with
     // 1f 8b, so the two cannot be confused.
