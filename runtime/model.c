@@ -212,8 +212,9 @@ static void model_plan_linear_paths(model *m, model_linear *lin) {
         lin->path[g] = native && !copies ? MODEL_GEMM_NATIVE : MODEL_GEMM_MIXED;
         bool used = g == MODEL_FPROP || (m->modes[MODEL_MODE_TRAIN] &&
                                          (g == MODEL_WGRAD || lin->needs_dx));
-        if (!used || lin->path[g] == MODEL_GEMM_NATIVE) continue;
-        if (copies) continue;  // the plan's GEMM line says mixed(bf16); nothing to warn about
+        // Copies of a native pair are a choice of speed (the plan's GEMM line says mixed(bf16)),
+        // not a mismatch of formats to warn about.
+        if (!used || native) continue;
         model_note(m, "%s %s: %s x %s have no common GEMM kernel; both operands are dequantized "
                    "to BF16 for a BF16 GEMM", name, model_gemm_names[g],
                    rules_scheme_name(ops[g][0]->scheme), rules_scheme_name(ops[g][1]->scheme));

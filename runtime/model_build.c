@@ -332,10 +332,10 @@ static qt_status mb_gemm(mb *b, const char *what, model_gemm kind, const model_l
         }
         return op_gemm(b->p, name, &g);
     }
-    char part[ARENA_NAME_MAX];
     if (a->mq->q.scheme == QT_SCHEME_NVFP4 && bo->mq->q.scheme == QT_SCHEME_NVFP4) {
         return mb_gemm_nvfp4_copies(b, what, &g, a, bo);
     }
+    char part[ARENA_NAME_MAX];
     model_tensor ta, tb;
     snprintf(part, sizeof part, "%s.a_bf16", what);
     QT_TRY(mb_dequantize(b, part, a, &ta));

@@ -2,6 +2,8 @@
 
 #include <stddef.h>  // offsetof
 
+#include "op_core.h"  // op_shape_1d_capped
+
 static void op_act_check_tensor(op_act_tensor t) {
     QT_ASSERT(prog_ref_present(t.ref));
     QT_ASSERT(t.dtype == QT_DTYPE_BF16 || t.dtype == QT_DTYPE_F32);
@@ -23,11 +25,8 @@ static const launch_shape op_act_one_block = {{1, 1, 1}, {QT_ACT_THREADS, 1, 1},
 #define OP_ACT_FLAT_BLOCKS_MAX (1u << 20)
 
 static launch_shape op_act_flat_shape(uint64_t count) {
-    uint64_t chunks = (count + QT_ACT_CHUNK - 1) / QT_ACT_CHUNK;
-    uint64_t blocks = (chunks + QT_ACT_THREADS - 1) / QT_ACT_THREADS;
-    if (blocks == 0) blocks = 1;
-    if (blocks > OP_ACT_FLAT_BLOCKS_MAX) blocks = OP_ACT_FLAT_BLOCKS_MAX;
-    return (launch_shape){{(uint32_t)blocks, 1, 1}, {QT_ACT_THREADS, 1, 1}, 0};
+    return op_shape_1d_capped((count + QT_ACT_CHUNK - 1) / QT_ACT_CHUNK, QT_ACT_THREADS,
+                              OP_ACT_FLAT_BLOCKS_MAX);
 }
 
 // ---------------------------------------------------------------------------------------------

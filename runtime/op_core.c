@@ -2,11 +2,15 @@
 
 #include <stddef.h>  // offsetof
 
-launch_shape op_shape_1d(uint64_t count, uint32_t threads) {
+launch_shape op_shape_1d_capped(uint64_t count, uint32_t threads, uint32_t max_blocks) {
     uint64_t blocks = (count + threads - 1) / threads;
     if (blocks == 0) blocks = 1;
-    if (blocks > OP_GRID_BLOCKS_MAX) blocks = OP_GRID_BLOCKS_MAX;
+    if (blocks > max_blocks) blocks = max_blocks;
     return (launch_shape){{(uint32_t)blocks, 1, 1}, {threads, 1, 1}, 0};
+}
+
+launch_shape op_shape_1d(uint64_t count, uint32_t threads) {
+    return op_shape_1d_capped(count, threads, OP_GRID_BLOCKS_MAX);
 }
 
 qt_status op_fill_random(program *p, const char *name, prog_ref out, uint64_t count,

@@ -22,5 +22,8 @@ qt_status op_checksum(program *p, const char *name, prog_ref src, uint64_t bytes
 
 // Launch shape of a 1-D grid-stride kernel over `count` items.
 launch_shape op_shape_1d(uint64_t count, uint32_t threads);
+// The same with another cap on the blocks (kernels whose grid-stride loops gain from one item per
+// thread on large tensors).
+launch_shape op_shape_1d_capped(uint64_t count, uint32_t threads, uint32_t max_blocks);
 
 #endif  // QT_OP_CORE_H

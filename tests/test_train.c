@@ -7,10 +7,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>  // WIFEXITED
 #include <unistd.h>
 
 #include "driver.h"  // driver_sync_total, drv
+#include "files.h"   // tmp_dir_make, tmp_path, command_output
 #include "run.h"
 #include "test.h"
 
@@ -18,7 +18,6 @@
 
 static run the_run;
 static recipe the_recipe;
-static char tmp_dir[64];
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
@@ -79,6 +78,16 @@ typedef struct train_case {
     uint64_t syncs;                              // synchronizing driver calls in the loop
 } train_case;
 
+// A case that trains the recipe file at `path` (its `recipe = bf16` line made `recipe = SCHEME`;
+// NULL: as it is) on a backend of the kind; its text lives in `text`.
+static train_case recipe_case(const char *path, const char *scheme, backend_kind kind, char *text,
+                              size_t bytes) {
+    CHECK(recipe_text_for(path, scheme, text, bytes), "cannot read %s", path);
+    const char *slash = strrchr(path, '/');
+    train_case c = {.name = slash ? slash + 1 : path, .text = text, .kind = kind};
+    return c;
+}
+
 static void *arena_memory(uint64_t bytes) {
     return aligned_alloc(256, ((bytes + 255) / 256 + 1) * 256);
 }
@@ -136,12 +145,13 @@ static bool train(train_case *c, sched_summary *sum, const char **why) {
     return true;
 }
 
-static void tmp_path(char *out, size_t bytes, const char *name) {
-    snprintf(out, bytes, "%s/%s", tmp_dir, name);
+// A path in the temporary folder, copied out (files.h keeps only its last 16).
+static void tmp_path_copy(char *out, size_t bytes, const char *name) {
+    snprintf(out, bytes, "%s", tmp_path(name));
 }
 
 static void trace_path(char *out, size_t bytes, const char *name) {
-    snprintf(out, bytes, "%s/%s.trace", tmp_dir, name);
+    snprintf(out, bytes, "%s.trace", tmp_path(name));
 }
 
 // Compares two files byte for byte; on a difference reports `qtrain diff`'s first field.
@@ -167,9 +177,8 @@ static void check_identical(const char *a, const char *b) {
 static void test_bf16_converges(void) {
     test_begin("train_bf16_synthetic_converges");
     static char text[RECIPE_TEXT_MAX];
-    CHECK(recipe_text_for("tests/recipes/synthetic_bf16.recipe", NULL, text, sizeof text),
-          "cannot read tests/recipes/synthetic_bf16.recipe");
-    train_case c = {.name = "synthetic_bf16.recipe", .text = text, .kind = BACKEND_REF};
+    train_case c = recipe_case("tests/recipes/synthetic_bf16.recipe", NULL, BACKEND_REF, text,
+                               sizeof text);
     sched_summary sum;
     const char *why = NULL;
     train(&c, &sum, &why);
@@ -217,12 +226,11 @@ static void test_deterministic(const char *scheme) {
     snprintf(name, sizeof name, "train_two_runs_identical_traces_%s", scheme);
     test_begin(name);
     static char text[RECIPE_TEXT_MAX];
-    CHECK(recipe_text_for("tests/recipes/synthetic_tiny.recipe", scheme, text, sizeof text),
-          "cannot read tests/recipes/synthetic_tiny.recipe");
     char a[128], b[128];
     trace_path(a, sizeof a, "det_a");
     trace_path(b, sizeof b, "det_b");
-    train_case c = {.name = "synthetic_tiny.recipe", .text = text, .kind = BACKEND_REF};
+    train_case c = recipe_case("tests/recipes/synthetic_tiny.recipe", scheme, BACKEND_REF, text,
+                               sizeof text);
     c.options.checksum_every = 50;
     sched_summary sum;
     const char *why = NULL;
@@ -244,12 +252,11 @@ static void test_emulated_paths(backend_kind kind, const char *scheme) {
     snprintf(name, sizeof name, "%s_%s_kernel_and_bf16_copies_identical",
              kind == BACKEND_GPU ? "gpu" : "train", scheme);
     static char text[RECIPE_TEXT_MAX];
-    CHECK(recipe_text_for("tests/recipes/synthetic_tiny.recipe", scheme, text, sizeof text),
-          "cannot read tests/recipes/synthetic_tiny.recipe");
     char a[128], b[128];
     trace_path(a, sizeof a, "emulated_kernel");
     trace_path(b, sizeof b, "emulated_copies");
-    train_case c = {.name = "synthetic_tiny.recipe", .text = text, .kind = kind};
+    train_case c = recipe_case("tests/recipes/synthetic_tiny.recipe", scheme, kind, text,
+                               sizeof text);
     c.options.checksum_every = 25;
     c.options.trace_path = a;
     c.options.emulated_gemm = MODEL_EMULATED_KERNEL;
@@ -349,9 +356,8 @@ static void test_interleave(const char *path, const char *scheme, const char *ru
 static void test_step_times(void) {
     test_begin("train_step_times_between_consecutive_train_steps");
     static char text[RECIPE_TEXT_MAX];
-    CHECK(recipe_text_for("tests/recipes/synthetic_tiny.recipe", NULL, text, sizeof text),
-          "cannot read tests/recipes/synthetic_tiny.recipe");
-    train_case c = {.name = "synthetic_tiny.recipe", .text = text, .kind = BACKEND_REF};
+    train_case c = recipe_case("tests/recipes/synthetic_tiny.recipe", NULL, BACKEND_REF, text,
+                               sizeof text);
     sched_summary sum;
     const char *why = NULL;
     train(&c, &sum, &why);
@@ -466,18 +472,6 @@ static void test_usage_union(void) {
         CHECK(any == 0, "%s: %u columnwise regions without training", quantized[i], any);
     }
     test_end();
-}
-
-// Runs a command; its output (stdout and stderr) into out, its exit status returned.
-static int command_output(const char *cmd, char *out, size_t bytes) {
-    char full[512];
-    snprintf(full, sizeof full, "%s 2>&1", cmd);
-    FILE *pipe = popen(full, "r");
-    if (!pipe) return -1;
-    size_t used = fread(out, 1, bytes - 1, pipe);
-    out[used] = '\0';
-    int status = pclose(pipe);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 // The command-line tool: run (its trace equals the API's), plan, and a refusal.
@@ -597,8 +591,8 @@ static bool stage_run(const stage_setup *su, const char *eval_source, const char
                       stage_log *log, const char **why) {
     static char text[RECIPE_TEXT_MAX], train_source[320];
     char images[128], labels[128];
-    tmp_path(images, sizeof images, "stage_train_images");
-    tmp_path(labels, sizeof labels, "stage_train_labels");
+    tmp_path_copy(images, sizeof images, "stage_train_images");
+    tmp_path_copy(labels, sizeof labels, "stage_train_labels");
     uint32_t features = su->side * su->side;
     if (su->idx) {
         snprintf(train_source, sizeof train_source, "idx %s %s", images, labels);
@@ -641,12 +635,12 @@ static void stage_case(const stage_setup *su, stage_log *other) {
              su->kind == BACKEND_GPU ? "gpu" : "train", su->label);
     static char eval_source[320];
     char images[128], labels[128];
-    tmp_path(images, sizeof images, "stage_eval_images");
-    tmp_path(labels, sizeof labels, "stage_eval_labels");
+    tmp_path_copy(images, sizeof images, "stage_eval_images");
+    tmp_path_copy(labels, sizeof labels, "stage_eval_labels");
     if (su->idx) {
         char train_images[128], train_labels[128];
-        tmp_path(train_images, sizeof train_images, "stage_train_images");
-        tmp_path(train_labels, sizeof train_labels, "stage_train_labels");
+        tmp_path_copy(train_images, sizeof train_images, "stage_train_images");
+        tmp_path_copy(train_labels, sizeof train_labels, "stage_train_labels");
         stage_write_idx(train_images, train_labels, 1u << 20, 3 * su->batch, su->side,
                         su->side);
         stage_write_idx(images, labels, 0, su->eval_samples, su->side, su->side);
@@ -689,8 +683,8 @@ static void stage_case(const stage_setup *su, stage_log *other) {
         uint32_t rows = su->eval_samples - first < su->batch ? su->eval_samples - first
                                                              : su->batch;
         char one_images[128], one_labels[128];
-        tmp_path(one_images, sizeof one_images, "stage_one_images");
-        tmp_path(one_labels, sizeof one_labels, "stage_one_labels");
+        tmp_path_copy(one_images, sizeof one_images, "stage_one_images");
+        tmp_path_copy(one_labels, sizeof one_labels, "stage_one_labels");
         stage_write_idx(one_images, one_labels, first, rows, su->side, su->side);
         snprintf(eval_source, sizeof eval_source, "idx %s %s", one_images, one_labels);
         stage_run(su, eval_source, schedules[0], &alone, &why);
@@ -923,8 +917,7 @@ static void test_gpu_vs_ref(const char *scheme) {
 }
 
 int main(void) {
-    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/qtrain_test_train_XXXXXX");
-    if (!mkdtemp(tmp_dir)) {
+    if (!tmp_dir_make("train")) {
         printf("FAIL test_train: cannot create a temporary directory\n");
         return 1;
     }
@@ -960,8 +953,6 @@ int main(void) {
     test_gpu_stage();
     test_gpu_memory_constant();
     for (size_t i = 0; i < SCHEMES_COUNT; i++) test_gpu_vs_ref(schemes[i]);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_dir);
-    if (system(cmd) != 0) printf("  (could not remove %s)\n", tmp_dir);
+    tmp_dir_remove();
     return test_exit_code();
 }
