@@ -2,8 +2,7 @@
 // arithmetic shared by the kernels (ptx/gemm_portable.cu; an sm_90a tier, gemm_*_sm90a.cu, goes
 // beside it with the same args) and their C twins (runtime/ref_gemm.c).
 //
-// Owns nothing. Numerics: NUMERICS.md 3, 6, 7, 8.3 (NVFP4 alpha), 9.1 (operand usage); the
-// quantized layouts are those of ptx/quant.h. The operation, FP32 accumulation:
+// Owns nothing. The quantized layouts are those of ptx/quant.h. The operation, FP32 accumulation:
 //
 //   D[m][n] = alpha' * sum_k A(m, k) B(n, k)  (+ beta * C[m][n])  (+ bias[n])
 //
@@ -31,7 +30,7 @@
 // the accumulator with that block's two scales (qt_gemm_promote). MXFP8 and NVFP4 are emulated:
 // each element is decoded (code x block scale, exact in FP32, rounded to BF16, which is exact for
 // NVFP4 always and for MXFP8 whenever the value is a BF16 normal number) and the BF16 values meet
-// on BF16 tensor cores; NVFP4's two global amaxes fold into alpha (8.3). Products of the decoded
+// on BF16 tensor cores; NVFP4's two global amaxes fold into alpha. Products of the decoded
 // values are exact in FP32, so the kernels and the twins differ only in the order (and, on tensor
 // cores, the internal precision) of the FP32 accumulation.
 //
@@ -80,7 +79,8 @@
 
 // A BF16 GEMM of NVFP4 operands decoded without their global factors (the raw decode of
 // ptx/quant_nvfp4.h: exactly the BF16 values the NVFP4 kernels multiply): alpha' is NVFP4's
-// (8.3), from both operands' tensor_scale (their global amaxes), so D has the NVFP4 GEMM's bits.
+// (qt_gemm_alpha_nvfp4), from both operands' tensor_scale (their global amaxes), so D has the
+// NVFP4 GEMM's bits.
 #define GEMM_FLAG_ALPHA_NVFP4 2u
 
 #define GEMM_DENSE 0u
@@ -125,7 +125,7 @@
 #define GEMM_BGRAD_CHUNK_ROWS 32u
 #define GEMM_BGRAD_THREADS 256u
 
-// f32(1/7225344) = f32(1/(6 * 6 * 448 * 448)), NUMERICS 8.3.
+// f32(1/7225344) = f32(1/(6 * 6 * 448 * 448)), for the NVFP4 alpha'.
 #define GEMM_F32_INV_7225344 qt_bits_f32(0x34149B93u)
 
 typedef struct gemm_operand {
@@ -233,7 +233,7 @@ QT_HD float qt_gemm_alpha_fp8(float alpha, float scale_inv_a, float scale_inv_b)
     return t * scale_inv_b;
 }
 
-// NVFP4 (NUMERICS 8.3): alpha' = RN(RN(RN(alpha * amax_A) * amax_B) * f32(1/7225344)).
+// NVFP4: alpha' = RN(RN(RN(alpha * amax_A) * amax_B) * f32(1/7225344)).
 QT_HD float qt_gemm_alpha_nvfp4(float alpha, float amax_a, float amax_b) {
     float t = alpha * amax_a;
     t = t * amax_b;

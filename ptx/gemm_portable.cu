@@ -474,7 +474,7 @@ __device__ __forceinline__ void gemm_store_direct(uint8_t *tile, const gemm_regs
 // The asynchronous pipeline's version: the same chunks, copied straight into the stage. A chunk
 // outside the operand is zero-filled by a plain shared store; a chunk of a misaligned row (K not
 // a multiple of 16 bytes) is read byte by byte and stored synchronously (correct, slow; callers
-// pad leading dimensions to 16 bytes, NUMERICS 9.1).
+// pad leading dimensions to 16 bytes).
 template <uint32_t kStageBytes, int ES, class Cfg>
 __device__ __forceinline__ void gemm_issue_direct(const gemm_view &v, uint32_t k0,
                                                   uint8_t *tile) {

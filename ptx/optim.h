@@ -1,14 +1,15 @@
 // optim: the fused AdamW optimizer's ABI (ptx/optim.cu) and the per-step and per-element
-// arithmetic it shares with its C twins (runtime/ref_optim.c). Numerics: NUMERICS.md 11 (update
-// rule, IEEE instead of fast math as DESIGN.md 3 says), 4.5 (delayed scaling), 11.3 (quantized
-// parameters are requantized from the FP32 master every step); DESIGN.md 2.7 and 2.8.
+// arithmetic it shares with its C twins (runtime/ref_optim.c): the AdamW update rule in IEEE
+// arithmetic instead of fast math (so the C twins reproduce the GPU bit for bit), delayed scaling
+// (ptx/quant_fp8.h), quantized parameters requantized from the FP32 master every step
+// (runtime/op_optim.h), and the learning-rate schedule (runtime/schedule.h).
 //
 // Owns nothing. Device state, written by device kernels only, so one captured graph serves every
 // step and every schedule row:
 //
 //   optim_state     (24 B, persistent)  step: counted steps so far (u64); lr, skip, clip: this
 //                                       step's values, written by qt_optim_begin
-//   optim_lr_row[n] (32 B each)         the learning-rate schedule (DESIGN 2.8), sorted by start
+//   optim_lr_row[n] (32 B each)         the learning-rate schedule, sorted by start
 //   optim_grad_norm (16 B, input)       {norm, clip_factor, nonfinite}: written by the global-norm
 //                                       kernel of the act family; optional
 //
@@ -43,7 +44,7 @@
 // 1 - beta is computed in FP32 (exact for beta in [0.5, 1] by Sterbenz). A NaN result is written
 // as the canonical 0x7FFFFFFF on both sides (the GPU's NaN; x86 would keep payloads and signs).
 //
-// Bias corrections bc = 1 - beta^step (NUMERICS 11.1: TE computes float(1.0 - pow(double(beta),
+// Bias corrections bc = 1 - beta^step (TE computes float(1.0 - pow(double(beta),
 // step)) on the host): here beta^step is raised in double by binary exponentiation over the bits
 // of the device step counter (squarings and multiplications in a fixed order, IEEE double on
 // both sides, no contraction), then 1.0 - that in double, rounded once to FP32. Squaring doubles
@@ -175,7 +176,7 @@ QT_HD double qt_optim_powi(double base, uint64_t e) {
     return result;
 }
 
-// bc = 1 - beta^step, in double, rounded once to FP32 (NUMERICS 11.1).
+// bc = 1 - beta^step, in double, rounded once to FP32, as TE's bias correction.
 QT_HD float qt_optim_bias_correction(float beta, uint64_t step) {
     return (float)(1.0 - qt_optim_powi((double)beta, step));
 }
@@ -271,8 +272,8 @@ QT_HD void qt_optim_adamw_elem(const qt_optim_coef *c, float grad, float *p, flo
     *p = qt_fp8_nan_canonical(p_new);
 }
 
-// Two FP8 codes (p0 in the low byte) of q = satFP8(RN(p * scale)), NUMERICS 3: the per-tensor
-// family's qt_fp8_quantize, with the device's hardware conversion (NUMERICS 1.2: equal to the
+// Two FP8 codes (p0 in the low byte) of q = satFP8(RN(p * scale)), the per-tensor FP8 rule:
+// the per-tensor family's qt_fp8_quantize, with the device's hardware conversion (equal to the
 // codec bit for bit).
 QT_HD uint32_t qt_optim_fp8_pair(float p0, float p1, float scale, uint32_t fp8) {
     return qt_block_fp8x2(p0 * scale, p1 * scale, fp8);

@@ -5,7 +5,6 @@
 // and device CUDA (kernels), so both produce the same bits. To make that hold without relying on
 // either compiler's conversion intrinsics, everything is integer work on the FP32 bit pattern plus
 // float operations whose result is exact (or a single IEEE RN division in scale_from_amax).
-// Section numbers refer to /work/shared/NUMERICS.md.
 //
 //   code layouts (sign.exponent.mantissa, bias):  e4m3 1.4.3 b7   e5m2 1.5.2 b15
 //                                                 e2m1 1.2.1 b1   e8m0 0.8.0 b127
@@ -20,8 +19,8 @@
 #define QT_E5M2_MAX 57344.0f
 #define QT_E2M1_MAX 6.0f
 
-// FP32 constants of NUMERICS, written as bit patterns so that no compiler's decimal parsing or
-// constant folding is involved: f32(1/448), f32(1/57344), f32(1/6), f32(1/2688).
+// FP32 constants of the quantization rules, written as bit patterns so that no compiler's
+// decimal parsing or constant folding is involved: f32(1/448), f32(1/57344), f32(1/6), f32(1/2688).
 #define QT_F32_INV_448 qt_bits_f32(0x3B124925u)
 #define QT_F32_INV_57344 qt_bits_f32(0x37924925u)
 #define QT_F32_INV_6 qt_bits_f32(0x3E2AAAABu)
@@ -81,7 +80,7 @@ QT_HD float qt_codec_decode_mag(uint32_t mag, uint32_t man_bits, int32_t bias) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// FP8 (§1.2): cvt.rn.satfinite semantics. NaN of either sign becomes the positive NaN code 0x7F;
+// FP8: cvt.rn.satfinite semantics. NaN of either sign becomes the positive NaN code 0x7F;
 // Inf and every finite value above max saturate to ±max with the sign kept; everything else
 // rounds to nearest even, subnormals included; FP32 subnormal inputs are not flushed.
 
@@ -121,7 +120,7 @@ QT_HD float qt_e5m2_to_f32(uint8_t code) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// FP4 E2M1 (§1.3). Codes are returned in the low nibble; bit 3 is the sign. The format has no
+// FP4 E2M1. Codes are returned in the low nibble; bit 3 is the sign. The format has no
 // NaN or Inf: NaN of either sign becomes +6 (0x7), ±Inf and |x| > 6 become ±6.
 
 QT_HD uint8_t qt_f32_to_e2m1(float x) {
@@ -170,7 +169,7 @@ QT_HD uint8_t qt_f32_to_e2m1_sr(float x, uint32_t r8) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// UE8M0 scales (§1.5).
+// UE8M0 scales.
 
 // Rounds a non-negative v up to a power of two: clamp(ceil(log2 v), -127, 127) + 127, NaN -> 0xFF,
 // +Inf -> 0xFE, 0 -> 0. Like TE's software emulation (which truncates the bits to 8), the sign
@@ -217,7 +216,7 @@ QT_HD uint16_t qt_f32_to_bf16(float x) {
 QT_HD float qt_bf16_to_f32(uint16_t h) { return qt_bits_f32((uint32_t)h << 16); }
 
 // ---------------------------------------------------------------------------------------------
-// scale_from_amax (§2.1), TE's compute_scale_from_amax:
+// scale_from_amax, TE's compute_scale_from_amax:
 //   amax < eps -> eps (NaN fails the comparison); amax Inf, 0 or NaN -> 1; scale = RN(qmax/amax);
 //   Inf scale -> inf_repl; pow2 clears the mantissa, rounding the scale down to a power of two so
 //   that amax * scale <= qmax still holds.

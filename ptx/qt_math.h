@@ -3,7 +3,7 @@
 //
 // Owns nothing; header-only. libm and CUDA's math library are each accurate to a few ulp, but not
 // bit-identical to each other, so neither may be used where the reference backend must reproduce
-// the GPU bit for bit (DESIGN.md section 3). These functions use only +, -, *, /, qt_fmaf and
+// the GPU bit for bit. These functions use only +, -, *, /, qt_fmaf and
 // integer work on bit patterns; host code is built with -ffp-contract=off and device code with
 // -fmad=false, and both use IEEE round-to-nearest with subnormals kept, so every operation rounds
 // the same way on both sides and the results are identical bit for bit.

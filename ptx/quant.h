@@ -1,5 +1,5 @@
 // quant: conventions shared by every quantization family (ptx/quant_*.cu, their op builders
-// runtime/op_quant_*.c and C twins runtime/ref_quant_*.c). Numerics: NUMERICS.md sections 1-8, 10.
+// runtime/op_quant_*.c and C twins runtime/ref_quant_*.c). Codecs: ptx/qt_codec.h.
 //
 // Owns nothing. What it fixes:
 //
@@ -24,7 +24,7 @@
 //   byte, even index in the low nibble; an odd row length leaves a zero high nibble at its end.
 //   Partial blocks at the edges use only in-range elements for their amax.
 //
-// Grouped tensors (DESIGN.md 2.4). n members share one buffer of `rows_capacity` rows of K
+// Grouped tensors. n members share one buffer of `rows_capacity` rows of K
 // columns. Member i occupies padded rows [row_offsets[i], row_offsets[i+1]) of which the first
 // first_dims[i] are valid; the rest are padding, written as zero codes and never counted in an
 // amax. Padded sizes are multiples of the format's row_align (recipes/format.h), which is a

@@ -1,4 +1,4 @@
-// quant_block: FP8 block scaling (Float8BlockScaling, NUMERICS.md 7): the kernels' ABI and the
+// quant_block: FP8 block scaling (TE's Float8BlockScaling): the kernels' ABI and the
 // per-block arithmetic shared by ptx/quant_block.cu and its C twins (runtime/ref_quant_block.c).
 //
 // Owns nothing. Layouts (ptx/quant.h), for an M x K input (M = rows, K = cols):
@@ -15,7 +15,7 @@
 //   |  | 1x128 blocks along K            |  | 1x128 blocks along M (one per column k of
 //   v  +-----+-----+--                  v  +-----+-----+--   the input, 128 rows of it)
 //
-// Per block (NUMERICS 7.2): amax = max |x| over the block's valid elements (NaN ignored),
+// Per block: amax = max |x| over the block's valid elements (NaN ignored),
 // scale = scale_from_amax(amax, qmax, pow2, eps, max finite of the INPUT dtype),
 // scale_inv = RN(1/scale), code = satFP8(RN(x * scale)). 2-D blocks are 128x128 tiles: one scale
 // per tile, and the columnwise codes are the byte transpose of the rowwise ones.
@@ -33,7 +33,7 @@
 
 #define QT_BLOCK_LEN 128u  // block length, and the side of a 2-D tile
 
-#define QT_BLOCK_E4M3 0u  // code format (NUMERICS 7.1: E4M3 default; E5M2 for HYBRID grads)
+#define QT_BLOCK_E4M3 0u  // code format (E4M3 default; E5M2 for HYBRID grads)
 #define QT_BLOCK_E5M2 1u
 
 #define QT_BLOCK_ROWWISE 1u  // `directions` bits: which of the two outputs a cast writes
@@ -85,14 +85,14 @@ QT_HD float qt_block_qmax(uint32_t fp8) {
     return fp8 == QT_BLOCK_E5M2 ? QT_E5M2_MAX : QT_E4M3_MAX;
 }
 
-// NUMERICS 2.1: block scaling replaces an infinite scale by the input dtype's max finite value
+// Block scaling's scale_from_amax replaces an infinite scale by the input dtype's max finite value
 // (which pow2 then truncates to 2^127 for both BF16 and FP32).
 QT_HD float qt_block_inf_repl(uint32_t in_dtype) {
     return in_dtype == QT_DTYPE_BF16 ? QT_F32_BF16_MAX : QT_F32_FLT_MAX;
 }
 
 // One step of a block amax: |x| by clearing the sign bit, NaN ignored (the comparison with a NaN
-// is false), as fmaxf does (NUMERICS 2.3). The kernels use fmaxf, which returns the same value.
+// is false), as fmaxf does. The kernels use fmaxf, which returns the same value.
 QT_HD float qt_block_amax_step(float amax, float x) {
     float a = qt_bits_f32(qt_f32_bits(x) & QT_F32_ABS);
     return a > amax ? a : amax;
@@ -104,7 +104,7 @@ QT_HD float qt_block_scale(float amax, uint32_t fp8, uint32_t pow2, float eps,
                               qt_block_inf_repl(in_dtype));
 }
 
-// NUMERICS 2.2: TE computes the 1-D scale_inv as 1.0/scale in double, rounded to FP32, and the
+// TE computes the 1-D scale_inv as 1.0/scale in double, rounded to FP32, and the
 // 2-D one as 1.0f/scale in FP32. Both equal RN(1/scale): the double quotient carries 53 >= 2*24+2
 // bits, so rounding it again to FP32 (24 bits, or fewer for a subnormal result) cannot land on a
 // different value than rounding the exact quotient once (tests/test_quant_block.c checks this
@@ -119,7 +119,7 @@ QT_HD float qt_block_scale_inv(float scale) {
 }
 
 // satFP8 of two FP32 values, codes packed lo | hi << 8. The device uses the hardware conversion
-// cvt.rn.satfinite.{e4m3,e5m2}x2.f32 (its first source goes to the upper byte), which NUMERICS 1.2
+// cvt.rn.satfinite.{e4m3,e5m2}x2.f32 (its first source goes to the upper byte), which was
 // found equal bit for bit to the codec's rules; the GPU tests check it again over millions of
 // bit patterns through the cast kernels. The host uses the codec.
 QT_HD uint32_t qt_block_fp8x2(float lo, float hi, uint32_t fp8) {
@@ -146,7 +146,7 @@ QT_HD float qt_block_decode(uint8_t code, uint32_t fp8) {
     return fp8 == QT_BLOCK_E5M2 ? qt_e5m2_to_f32(code) : qt_e4m3_to_f32(code);
 }
 
-// Dequantize: x = fp8 * scale_inv (NUMERICS 7.3), decoded value from qt_block_decode (exact).
+// Dequantize: x = fp8 * scale_inv, decoded value from qt_block_decode (exact).
 // A NaN product is written as the canonical 0x7FFFFFFF, which is what the GPU's multiply returns
 // for any NaN operand; the host's multiply would keep the operand's payload and sign.
 QT_HD float qt_block_dequantize(float decoded, float scale_inv) {

@@ -3,7 +3,7 @@
 #include "quant_fp8.h"
 
 // 1 converts with the shared software codec instead of cvt.rn.satfinite. Both give the same
-// bytes (NUMERICS 1.2, checked on H100); the switch exists to bisect a mismatch.
+// bytes (checked bit for bit on H100); the switch exists to bisect a mismatch.
 #ifndef QT_FP8_SOFTWARE_CVT
 #define QT_FP8_SOFTWARE_CVT 0
 #endif

@@ -1,6 +1,6 @@
 // quant_fp8: per-tensor FP8 (E4M3 / E5M2) with delayed or current scaling: the kernels' ABI
 // (ptx/quant_fp8.cu) and the per-element and per-slot arithmetic they share with their C twins
-// (runtime/ref_quant_fp8.c). Numerics: NUMERICS.md sections 2, 3, 4, 5 and 10.
+// (runtime/ref_quant_fp8.c).
 //
 // Owns nothing. Storage (ptx/quant.h): rowwise codes u8 [M][K], columnwise codes u8 [K][M] (the
 // exact byte transpose), one FP32 scale_inv per member shared by both. Grouped tensors keep the
@@ -172,8 +172,8 @@ QT_HD float qt_fp8_decode(uint8_t code, uint32_t fp8) {
     return fp8 == QT_FP8_E5M2 ? qt_e5m2_to_f32(code) : qt_e4m3_to_f32(code);
 }
 
-// q = satFP8(RN(x * scale)) (NUMERICS 3): one FP32 multiply, then one conversion. The kernels
-// convert with cvt.rn.satfinite, which NUMERICS 1.2 found equal to this codec bit for bit.
+// q = satFP8(RN(x * scale)), the per-tensor FP8 rule: one FP32 multiply, then one conversion.
+// The kernels convert with cvt.rn.satfinite, which the tests find equal to this codec bit for bit.
 QT_HD uint8_t qt_fp8_quantize(float x, float scale, uint32_t fp8) {
     return qt_fp8_encode(x * scale, fp8);
 }
@@ -185,15 +185,15 @@ QT_HD float qt_fp8_nan_canonical(float v) {
     return qt_f32_is_nan(v) ? qt_bits_f32(0x7FFFFFFFu) : v;
 }
 
-// scale_inv = RN(1 / scale) (NUMERICS 2.2, __frcp_rn): an IEEE division on both sides.
+// scale_inv = RN(1 / scale) (__frcp_rn): an IEEE division on both sides.
 QT_HD float qt_fp8_scale_inv(float scale) { return qt_fp8_nan_canonical(1.0f / scale); }
 
-// x = fp8 value * scale_inv (NUMERICS 3), one RN multiply.
+// x = fp8 value * scale_inv, one RN multiply.
 QT_HD float qt_fp8_dequantize_value(uint8_t code, uint32_t fp8, float scale_inv) {
     return qt_fp8_nan_canonical(qt_fp8_decode(code, fp8) * scale_inv);
 }
 
-// amax step (NUMERICS 2.3): acc = fmaxf(acc, |x|). NaN elements are ignored and the result is
+// amax step: acc = fmaxf(acc, |x|). NaN elements are ignored and the result is
 // never NaN. acc starts at +0 and only ever takes |x| values, so it is never NaN or -0, and the
 // comparison below returns what fmaxf returns (the device uses fmaxf itself: one instruction).
 QT_HD float qt_fp8_amax_step(float acc, float x) {
@@ -229,7 +229,7 @@ QT_HD float qt_fp8_member_scale(const fp8_cast_args *a, uint32_t member) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Delayed scaling update of one slot j (NUMERICS 4.5, TE's fused bulk kernel):
+// Delayed scaling update of one slot j (TE's fused bulk kernel):
 //   a_cur = reduced[j] if given and non-zero, else history[0][j];
 //   a_cur == 0: nothing rolls and the update's amax is 0 (scale kept); a NaN a_cur is not 0;
 //   else roll: new[i] = old[i+1] (i < L-1), new[L-1] = a_cur, then new[0] = 0 (so with L = 1

@@ -1,6 +1,6 @@
 // quant_mxfp8 kernels: the fused MXFP8 cast (one read of a BF16 or FP32 tensor, rowwise and
 // columnwise codes and E8M0 scales out) and its dequantize. ABI, layouts and the shared
-// arithmetic: quant_mxfp8.h; numerics: NUMERICS.md 6.1.
+// arithmetic, the per-block scale and code rules included: quant_mxfp8.h.
 //
 // Quantize tiling. One block of 128 threads owns a 32-row x 256-column tile; warp w owns its
 // columns [64w, 64w + 64), and lane = rg * 8 + cb * 4 + cl holds rows rg*8 .. rg*8+7 and the 8

@@ -1,6 +1,6 @@
 // quant_mxfp8: the MXFP8 kernels' ABI (fused rowwise + columnwise quantize, dequantize) and the
 // per-element and per-block arithmetic shared by ptx/quant_mxfp8.cu and its C twins
-// (runtime/ref_quant_mxfp8.c). Numerics: NUMERICS.md 1.5, 6.1, 6.2 and 10; layouts: ptx/quant.h.
+// (runtime/ref_quant_mxfp8.c). Layouts: ptx/quant.h.
 //
 // Owns nothing. For an M x K input (rows = M, or rows_capacity of a grouped tensor):
 //
@@ -9,7 +9,7 @@
 //   col_codes   u8   [M][K]            not transposed; block (m/32, k): 32 rows of column k
 //   col_scales  e8m0 [ceil(M/32)][K]
 //
-// Per block (6.1): amax = max |x| over the in-range, valid elements (NaN ignored, start 0);
+// Per block: amax = max |x| over the in-range, valid elements (NaN ignored, start 0);
 // e = toE8M0(RN(amax * f32(1/qmax))); q = satFP8(RN(x * 2^(127 - e))). With QT_MXFP8_FLAG_2D one
 // amax over each 32 x 32 tile gives the scale of both directions; the scale is still written in
 // both compact layouts (each of the tile's 32 rows and 32 columns gets the tile's byte).
@@ -89,7 +89,7 @@ QT_HD int qt_mxfp8_row_valid(qt_group_desc g, uint32_t rows, uint32_t row) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Per element and per block (NUMERICS 6.1).
+// Per element and per block.
 
 // Input element `index` as FP32 (exact for BF16).
 QT_HD float qt_mxfp8_load(const void *in, uint32_t dtype, uint64_t index) {
@@ -97,7 +97,7 @@ QT_HD float qt_mxfp8_load(const void *in, uint32_t dtype, uint64_t index) {
     return ((const float *)in)[index];
 }
 
-// One step of a block amax: max(amax, |x|) with NaN ignored (fmaxf semantics, NUMERICS 2.3), so
+// One step of a block amax: max(amax, |x|) with NaN ignored (fmaxf semantics), so
 // an amax that starts at 0 is never NaN. Max is exact and order-free, so the kernels' packed
 // BF16 and warp-shuffle trees give this loop's value.
 QT_HD float qt_mxfp8_amax_step(float amax, float x) {
@@ -116,8 +116,8 @@ QT_HD uint8_t qt_mxfp8_scale_e8m0(float amax, uint32_t elem) {
 // element's block (rowwise both come from one block, columnwise from two columns). mult is a
 // power of two, so the product is exact except for FP32 underflow, where both sides round the
 // same IEEE way (no flush to zero on either). On the device the conversion is the hardware
-// cvt.rn.satfinite instruction, on the host the codec of qt_codec.h: NUMERICS 1.2 records that
-// the two agree bit for bit (the GPU tests check it again over planted and random bit patterns).
+// cvt.rn.satfinite instruction, on the host the codec of qt_codec.h: the two
+// agree bit for bit (the GPU tests check it over planted and random bit patterns).
 // NOTE: the codec's integer emulation costs ~20 instructions per element, which with two
 // conversions per element would make the fused cast compute-bound on an H100; the hardware
 // instruction converts two elements in one.
@@ -143,7 +143,7 @@ QT_HD uint8_t qt_mxfp8_encode(float x, float mult, uint32_t elem) {
     return (uint8_t)(qt_mxfp8_encode2(x, 0.0f, mult, mult, elem) & 0xFFu);
 }
 
-// Dequantize: code * 2^(e - 127) (6.1), exact except for FP32 underflow at tiny scales, rounded
+// Dequantize: code * 2^(e - 127), exact except for FP32 underflow at tiny scales, rounded
 // the same IEEE way on both sides. NaN is decided here rather than left to the multiply, whose
 // NaN result differs between the GPU (canonical 0x7FFFFFFF) and x86 (the operand's payload and
 // sign): a NaN code keeps its decoded NaN (sign kept), a NaN scale (0xFF) gives 0x7FFFFFFF.

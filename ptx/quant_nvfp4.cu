@@ -65,7 +65,7 @@ __device__ __forceinline__ uint32_t nv_warp_max(uint32_t v) {
 }
 
 // Global amax update. Non-negative floats order like their bit patterns, so atomicMax on the
-// bits is an exact, order-independent maximum (2.3). The plain read skips most atomics once the
+// bits is an exact, order-independent maximum. The plain read skips most atomics once the
 // value has grown; a stale read only costs an unneeded atomic.
 __device__ __forceinline__ void nv_amax_update(uint64_t amax, uint32_t member, uint32_t bits) {
     unsigned int *p = (unsigned int *)amax + member;

@@ -1,4 +1,4 @@
-// quant_nvfp4: NVFP4 quantization (NUMERICS.md 1.3, 1.4, 8, 10): the kernels' ABI (args structs,
+// quant_nvfp4: NVFP4 quantization: the kernels' ABI (args structs,
 // flags, QT_KERNELS_QUANT_NVFP4) and every per-element and per-block operation, shared by
 // ptx/quant_nvfp4.cu and its C twins (runtime/ref_quant_nvfp4.c) so that both run the very same
 // IEEE operations in the same order.
@@ -7,7 +7,7 @@
 //
 //   qt_nvfp4_amax_zero   amax_row[0..n) = 0 (and amax_col): the atomic maxima below start at 0
 //   qt_nvfp4_amax        amax_row[i] = max |x| over member i's valid rows; amax_col[i] = the same,
-//                        or with RHT max |RHT(x^T)| over the BF16-rounded transform (8.2)
+//                        or with RHT max |RHT(x^T)| over the BF16-rounded transform
 //   qt_nvfp4_quantize    one pass over x: rowwise and/or columnwise codes and E4M3 block scales
 //   qt_nvfp4_quantize_bf16  the same for BF16 input without 2-D or stochastic rounding (the
 //                        fused cast TE runs on activations and gradients), its own register budget
@@ -39,7 +39,7 @@
 // transform cancel in the wgrad GEMM (sum over all 16 positions of RHT(a) * RHT(b) = sum of
 // a * b), so they are stored and counted in the columnwise amax like any other position.
 //
-// Random Hadamard transform (8.5), on the columnwise copy only: for column k and the 16-row
+// Random Hadamard transform, on the columnwise copy only: for column k and the 16-row
 // block at r, v_j = x[r + j][k] (zero where not valid), y = v * diag(s) * H16 / 4 with s the sign
 // mask (bit j set: s_j = -1; QT_NVFP4_RHT_SIGNS_TE = 0xD7E8, 0 gives the plain Hadamard matrix).
 // Fixed FP32 order (qt_nvfp4_rht16): first the exact products q_j = v_j * (+-0.25), then the
@@ -51,7 +51,7 @@
 // they are (TE requires BF16 input for RHT; we do not). The columnwise data of an RHT tensor
 // dequantizes to the RHT domain (the transform is not undone).
 //
-// Stochastic rounding (8.6, ptx/quant.h): block b of row r of a direction's data draws its 16
+// Stochastic rounding (ptx/quant.h): block b of row r of a direction's data draws its 16
 // bytes from qt_quant_random16(seed, step, tensor_id, r, b); the columnwise direction uses
 // tensor_id | QT_QUANT_TENSOR_COLWISE, row k and block m / 16. Rows are absolute rows of the
 // (padded) buffer. step is read from a device u64 counter when the kernel runs.
@@ -202,7 +202,7 @@ QT_HD qt_nvfp4_span qt_nvfp4_span_of(const uint32_t *row_offsets, const uint32_t
 }
 
 // ---------------------------------------------------------------------------------------------
-// Scales (8.2, 8.3).
+// Scales.
 
 // What a direction's global amax contributes to every block: c = RN(S_enc * f32(1/6)) and
 // S_dec = RN(1 / S_enc), with S_enc = RN(2688 / amax) clamped as TE's
@@ -272,7 +272,7 @@ QT_HD float qt_nvfp4_rcp(float x) {
 }
 
 // satE4M3 of two values at once, d0 in the low byte, d1 in the next: one cvt.rn.satfinite on the
-// device (NUMERICS 1.2 found it equal to qt_f32_to_e4m3 bit for bit; quant_block.h relies on the
+// device (checked equal to qt_f32_to_e4m3 bit for bit; quant_block.h relies on the
 // same), the codec on the host. For d >= 0 both equal qt_nvfp4_e4m3_nonneg (tested exhaustively).
 QT_HD uint32_t qt_nvfp4_e4m3x2(float d0, float d1) {
 #if defined(__CUDA_ARCH__)
@@ -291,7 +291,7 @@ QT_HD uint8_t qt_nvfp4_block_scale(float amax_b, qt_nvfp4_scale s) {
 }
 
 // Element multiplier m_b = min(RN(1 / RN(float(sb) * S_dec)), FLT_MAX); FLT_MAX when sb == 0,
-// so that a block whose scale underflowed saturates its non-zero elements (8.3 note).
+// so that a block whose scale underflowed saturates its non-zero elements.
 QT_HD float qt_nvfp4_block_mult(uint8_t sb, float s_dec) {
     if (sb == 0) return QT_F32_FLT_MAX;
     float m = qt_nvfp4_rcp(qt_nvfp4_e4m3_value(sb) * s_dec);
@@ -340,7 +340,7 @@ QT_HD void qt_nvfp4_decode_block(const nvfp4_decode_args *a, uint64_t b) {
 // ---------------------------------------------------------------------------------------------
 // Elements.
 
-// acc = max(acc, |v|) with fmaxf semantics: a NaN v is ignored (2.3). acc is never NaN or
+// acc = max(acc, |v|) with fmaxf semantics: a NaN v is ignored. acc is never NaN or
 // negative, so the host's compare-select returns what the device's FMNMX does.
 QT_HD float qt_nvfp4_absmax(float acc, float v) {
 #if defined(__CUDA_ARCH__)
@@ -363,7 +363,7 @@ QT_HD float qt_nvfp4_clamp6(float y) {
 #endif
 }
 
-// satE2M1 with round to nearest even (1.3): equal to qt_f32_to_e2m1(y) for every FP32 y (tests/
+// satE2M1 with round to nearest even: equal to qt_f32_to_e2m1(y) for every FP32 y (tests/
 // test_quant_nvfp4.c checks it over every pattern of the relevant binades and samples of all
 // others), in about a third of the operations, which matters because the fused cast is
 // compute-bound. After clamping to [-6, 6] (NaN -> +6), |s| is rounded to the E2M1 grid by one

@@ -16,7 +16,7 @@ static float format_decode_e2m1(uint8_t code) { return qt_e2m1_to_f32(code); }
 
 // Row alignment of grouped members. TE (get_align_size_for_quantization) pads to 32 for MXFP8,
 // 128 for NVFP4 and 16 otherwise; qtrain pads FP8 block formats to 128 instead, so that every
-// 128-row columnwise block lies inside one member (DESIGN.md 2.4), and NVFP4 to 16, which is all
+// 128-row columnwise block lies inside one member, and NVFP4 to 16, which is all
 // its 1x16 and 16x16 blocks need since qtrain does not use cuBLAS's 128-row scale tiles.
 const qt_format_traits qt_format_table[QT_FORMAT_COUNT] = {
     [QT_FORMAT_BF16] = {

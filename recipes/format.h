@@ -14,8 +14,8 @@
 //   nvfp4           1x16   E4M3 scale x FP32 global scale; weights use 16x16 tiles
 //
 // Columnwise copies use the same blocks along M. Whether the columnwise codes are stored
-// transposed ([K, M]) is per format: NUMERICS.md 3 (Hopper keeps a transpose of per-tensor FP8),
-// 6.2 (MXFP8: not transposed), 7.3 (FP8 block: transposed), 8.7 (NVFP4: transposed).
+// transposed ([K, M]) is per format: per-tensor FP8 yes (Hopper keeps a transpose), MXFP8
+// no, FP8 block and NVFP4 yes (README's "Quantization formats" table).
 #ifndef QT_FORMAT_H
 #define QT_FORMAT_H
 

@@ -144,7 +144,7 @@ typedef struct recipe_optim {
     float lr;                    // constant rate of train rows that give none
     float beta1;
     float beta2;
-    float eps;                   // added after the square root (NUMERICS.md 11)
+    float eps;                   // added after the square root
     float weight_decay;          // decoupled
     float clip;                  // global gradient norm limit; 0 = no clipping
 } recipe_optim;

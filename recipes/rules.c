@@ -18,13 +18,13 @@ static const char *const tensor_names[QT_TENSOR_COUNT] = {"input", "weight", "gr
 // Which schemes take which option. An option outside its scheme would be silently meaningless
 // (a history for current scaling, RHT for FP8), so the parser refuses it.
 static const uint32_t option_schemes[QT_OPTION_COUNT] = {
-    // nvfp4 codes are always E2M1 with E4M3 block scales (NUMERICS.md 8.1); bf16 has no codes.
+    // nvfp4 codes are always E2M1 with E4M3 block scales; bf16 has no codes.
     [QT_OPTION_ELEM] = BIT(QT_SCHEME_DELAYED) | BIT(QT_SCHEME_CURRENT) | BIT(QT_SCHEME_MXFP8) |
                        BIT(QT_SCHEME_BLOCK),
     [QT_OPTION_MARGIN] = BIT(QT_SCHEME_DELAYED),
     [QT_OPTION_HISTORY] = BIT(QT_SCHEME_DELAYED),
     [QT_OPTION_ALGO] = BIT(QT_SCHEME_DELAYED),
-    // The scale_from_amax options (NUMERICS.md 2.1); MXFP8 scales are powers of two anyway.
+    // The scale_from_amax options (ptx/qt_codec.h); MXFP8 scales are powers of two anyway.
     [QT_OPTION_POW2] = BIT(QT_SCHEME_CURRENT) | BIT(QT_SCHEME_BLOCK),
     [QT_OPTION_EPS] = BIT(QT_SCHEME_CURRENT) | BIT(QT_SCHEME_BLOCK),
     [QT_OPTION_SR] = BIT(QT_SCHEME_NVFP4),
@@ -42,34 +42,36 @@ static const uint32_t option_schemes[QT_OPTION_COUNT] = {
 static const char *const builtin_bf16[] = {
     "*.*@* -> bf16",
 };
-// NUMERICS.md 4.1: HYBRID (E4M3 forward, E5M2 grad_output), margin 0, history 1024, algo max.
+// TE's DelayedScaling defaults: HYBRID (E4M3 forward, E5M2 grad_output), margin 0,
+// history 1024, algo max.
 static const char *const builtin_delayed[] = {
     "router.*@* -> bf16",
     "*.input@* -> delayed e4m3 margin=0 history=1024 algo=max",
     "*.weight@* -> delayed e4m3 margin=0 history=1024 algo=max",
     "*.grad_output@* -> delayed e5m2 margin=0 history=1024 algo=max",
 };
-// NUMERICS.md 5: HYBRID, power_2_scale False, amax_epsilon 0.
+// TE's Float8CurrentScaling defaults: HYBRID, power_2_scale False, amax_epsilon 0.
 static const char *const builtin_current[] = {
     "router.*@* -> bf16",
     "*.input@* -> current e4m3 pow2=0 eps=0",
     "*.weight@* -> current e4m3 pow2=0 eps=0",
     "*.grad_output@* -> current e5m2 pow2=0 eps=0",
 };
-// NUMERICS.md 6: E4M3 for every tensor, 1-D blocks.
+// TE's MXFP8BlockScaling defaults: E4M3 for every tensor, 1-D blocks.
 static const char *const builtin_mxfp8[] = {
     "router.*@* -> bf16",
     "*.*@* -> mxfp8 e4m3 2d=0",
 };
-// NUMERICS.md 7.1: E4M3 everywhere, 1x128 inputs and gradients, 128x128 weights, pow2 scales.
+// TE's Float8BlockScaling defaults: E4M3 everywhere, 1x128 inputs and gradients, 128x128
+// weights, pow2 scales.
 static const char *const builtin_block[] = {
     "router.*@* -> bf16",
     "*.input@* -> block e4m3 pow2=1 eps=0 2d=0",
     "*.weight@* -> block e4m3 pow2=1 eps=0 2d=1",
     "*.grad_output@* -> block e4m3 pow2=1 eps=0 2d=0",
 };
-// NUMERICS.md 8.1: weights 16x16 without RHT or SR; inputs RHT (columnwise copy); gradients RHT
-// and stochastic rounding.
+// TE's NVFP4BlockScaling defaults: weights 16x16 without RHT or SR; inputs RHT (columnwise
+// copy); gradients RHT and stochastic rounding.
 static const char *const builtin_nvfp4[] = {
     "router.*@* -> bf16",
     "*.weight@* -> nvfp4 sr=0 2d=1 rht=0",
@@ -340,13 +342,13 @@ static qt_status rule_apply(const recipe *r, const qt_rule *rule, uint32_t index
     quantizer_finish(&q);
     q.rule_line = rule->line;
     q.rule_index = index;
-    // 2-D tiles serve W and its transpose alike (NUMERICS.md 6.1, 7.1, 8.4); activations and
+    // 2-D tiles serve W and its transpose alike; activations and
     // gradients are 1-D in every reference recipe, and 2-D x 2-D block GEMMs are refused there.
     if (q.two_d && role->tensor_type != QT_TENSOR_WEIGHT) {
         return fail_option(r, rule, QT_OPTION_2D, role, "2d=1 applies to weights");
     }
     // RHT cancels only in the wgrad GEMM, whose operands are the columnwise copies of input and
-    // grad_output (NUMERICS.md 8.5); a weight's columnwise copy feeds dgrad, where it would not.
+    // grad_output; a weight's columnwise copy feeds dgrad, where it would not.
     if (q.rht && role->tensor_type == QT_TENSOR_WEIGHT) {
         return fail_option(r, rule, QT_OPTION_RHT, role,
                            "rht=1 applies to input and grad_output (the wgrad operands)");

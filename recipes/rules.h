@@ -6,7 +6,7 @@
 // of the model resolves, so later stages never see an unresolved role), runtime/model (which asks
 // for the quantizer of each role it builds) and `qtrain plan` (which prints them).
 //
-// A role names one quantized tensor of one GEMM (NUMERICS.md 12, DESIGN.md 2.3):
+// A role names one quantized tensor of one GEMM:
 //
 //   module_type . tensor_type @ name        e.g.  linear.weight@fc1
 //   linear          input                          grouped_linear.grad_output@moe1.fc2
@@ -47,17 +47,17 @@ typedef struct recipe recipe;  // recipes/recipe.h
 // 65536 rows is far beyond any useful window (TE's default is 1024).
 #define RULES_HISTORY_MAX 65536
 #define RULES_MARGIN_MAX 64
-// NUMERICS.md 8.5: the fixed sign vector of the random Hadamard transform, bit i <-> index i.
+// The fixed sign vector of the random Hadamard transform, bit i <-> index i.
 #define RULES_RHT_MASK 0xD7E8u
 
 // How a tensor's scales are chosen. The built-in recipes have the same names.
 typedef enum qt_scheme {
     QT_SCHEME_BF16,     // not quantized
-    QT_SCHEME_DELAYED,  // per-tensor FP8, scale from an amax history (NUMERICS.md 4)
-    QT_SCHEME_CURRENT,  // per-tensor FP8, scale from this tensor's amax (NUMERICS.md 5)
-    QT_SCHEME_MXFP8,    // 1x32 blocks, E8M0 scales (NUMERICS.md 6)
-    QT_SCHEME_BLOCK,    // FP8 1x128 or 128x128 blocks, FP32 scales (NUMERICS.md 7)
-    QT_SCHEME_NVFP4,    // E2M1 1x16 or 16x16 blocks, E4M3 scales + FP32 global (NUMERICS.md 8)
+    QT_SCHEME_DELAYED,  // per-tensor FP8, scale from an amax history
+    QT_SCHEME_CURRENT,  // per-tensor FP8, scale from this tensor's amax
+    QT_SCHEME_MXFP8,    // 1x32 blocks, E8M0 scales
+    QT_SCHEME_BLOCK,    // FP8 1x128 or 128x128 blocks, FP32 scales
+    QT_SCHEME_NVFP4,    // E2M1 1x16 or 16x16 blocks, E4M3 scales + FP32 global
     QT_SCHEME_COUNT
 } qt_scheme;
 
@@ -94,7 +94,7 @@ typedef struct qt_quantizer {
     uint32_t history_len;     // delayed: amax history rows
     qt_amax_algo amax_algo;   // delayed
     bool pow2;                // current, block: scales rounded down to a power of two
-    float amax_eps;           // current, block: amax floor (NUMERICS.md 2.1)
+    float amax_eps;           // current, block: amax floor (scale_from_amax)
     bool sr;                  // nvfp4: stochastic rounding
     bool two_d;               // mxfp8 32x32, block 128x128, nvfp4 16x16 tiles (weights only)
     bool rht;                 // nvfp4: random Hadamard transform of the columnwise copy

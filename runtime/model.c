@@ -111,7 +111,7 @@ static qt_status model_plan_quantizers(model *m) {
 // Padding, GEMM paths, RHT
 
 // Columns of K one row of codes needs to be a whole number of 16-byte vectors and of scaling
-// blocks along K (NUMERICS.md 9.1: FP8 leading dimensions are multiples of 16).
+// blocks along K (FP8 leading dimensions are multiples of 16).
 static uint32_t model_k_unit(const qt_quantizer *q) {
     switch (q->scheme) {
     case QT_SCHEME_BF16: return 8;       // 16 bytes of BF16

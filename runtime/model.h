@@ -1,5 +1,5 @@
 // model: a parsed recipe's model turned into quantizers, parameters, arena regions and the
-// programs of a run (DESIGN.md 2.6): init, train, eval, infer, checksum.
+// programs of a run: init, train, eval, infer, checksum.
 //
 // Owns the model table (layers' linears, quantizers, parameters, delayed-scaling states, the
 // planning notes) inside the caller's `model` struct, from model_plan for as long as the run
@@ -10,8 +10,8 @@
 //
 //   1. every role (linear.{input,weight,grad_output}@NAME) resolved through the recipe's rules
 //      (recipes/rules.h); moe layers are refused ("not supported yet")
-//   2. usages fixed for the whole run as the union over the modes of the schedule table
-//      (NUMERICS.md 9): a weight has rowwise data, plus columnwise data when any train row
+//   2. usages fixed for the whole run as the union over the modes of the schedule table:
+//      a weight has rowwise data, plus columnwise data when any train row
 //      exists (the optimizer rewrites both every step); activations and gradients of the train
 //      program have both directions, those of eval and infer programs rowwise only
 //   3. the model input's inner dimension padded with zero columns when the first layer's
@@ -24,7 +24,7 @@
 //      neither, so a layer whose input and grad_output disagree (or whose batch is not a
 //      multiple of 16) gets none
 //   6. delayed-scaling states: quantizers with equal (history, algo, format, margin) share one
-//      state, history f32 [history][slots] and scale f32 [slots] (NUMERICS.md 4.5); their order
+//      state, history f32 [history][slots] and scale f32 [slots]; their order
 //      is the trace's quantizer order
 //   7. persistent regions (weights, master, optimizer, scaling) in the device arena
 //

@@ -326,7 +326,7 @@ static qt_status mb_gemm(mb *b, const char *what, model_gemm kind, const model_l
         g.format = model_gemm_format_of(a->mq->q.scheme);
         g.a = mb_gemm_operand(a);
         g.b = mb_gemm_operand(bo);
-        // TE's per-tensor FP8 defaults (NUMERICS.md 9.1): fast accumulation in fprop only.
+        // TE's per-tensor FP8 defaults: fast accumulation in fprop only.
         if (g.format == GEMM_FORMAT_FP8 && kind != MODEL_FPROP) {
             g.flags = GEMM_FLAG_SPLIT_ACCUMULATE;
         }
@@ -677,7 +677,7 @@ static qt_status mb_optimizer(mb *b) {
 // Delayed scaling and the record
 
 // The end of a step for every delayed-scaling state, in one op (QT_FP8_STATES_PER_OP states per
-// op): training runs the roll and scale update of NUMERICS.md 4.4-4.5 after every cast of the
+// op): training runs the roll and scale update of ptx/quant_fp8.h after every cast of the
 // step (the optimizer's weight casts included), between a copy of this step's amaxes (history
 // row 0 before the roll) and one of the updated scales; eval and infer copy the scales alone.
 // The copies are in trace order, for the record.

@@ -5,7 +5,7 @@
 // args struct (ptx/gemm.h) and declares every region the op reads and writes.
 //
 // A GEMM is described by its two operands, each one stored copy of a quantized tensor. For a
-// Linear layer (NUMERICS 9.1; x [T][K], W [N][K], dy [T][N]):
+// Linear layer (x [T][K], W [N][K], dy [T][N]):
 //
 //   GEMM    D           A                    B                    m  n  k   grouped
 //   fprop   y  [T][N]   x rowwise            W rowwise            T  N  K   GEMM_GROUP_M

@@ -1,6 +1,6 @@
 // op_optim: builders that append the fused AdamW optimizer (ptx/optim.cu) to a program, together
-// with the requantization of each parameter's weight from its updated FP32 master (DESIGN.md
-// 2.7, NUMERICS.md 11.3: every format, every step, inside the captured graph).
+// with the requantization of each parameter's weight from its updated FP32 master
+// (every format, every step, inside the captured graph).
 //
 // Owns nothing; each builder picks the launch shapes, fills the args structs and declares every
 // region each op reads and writes. Device state and numerics: ptx/optim.h.
@@ -54,7 +54,7 @@ typedef enum optim_weight {
     OPTIM_WEIGHT_NVFP4,
 } optim_weight;
 
-// AdamW hyper-parameters of one parameter group (NUMERICS 11.1).
+// AdamW hyper-parameters of one parameter group.
 typedef struct optim_hparams {
     float beta1, beta2, eps, weight_decay;
     float lr_scale;        // the group's lr = schedule lr * lr_scale

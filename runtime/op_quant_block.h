@@ -22,7 +22,7 @@ typedef struct op_block_tensor {
     op_group group;
 } op_block_tensor;
 
-// Scale options (NUMERICS 7.1); NULL means the recipe defaults: power-of-two scales, eps 0.
+// Scale options; NULL means the recipe defaults: power-of-two scales, eps 0.
 typedef struct op_block_options {
     bool fp32_scales;  // TE's use_f32_scales: exact qmax/amax scales instead of powers of two
     float eps;         // amax epsilon

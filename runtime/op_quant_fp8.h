@@ -10,7 +10,7 @@
 //                             of one state, or op_fp8_delayed_states for all of a model's
 //                             states with the snapshots a step's record needs.
 // Current scaling:            op_fp8_quantize_current = zero amax, amax kernel, cast whose blocks
-//                             each derive the scale from the amax (scale_from_amax, NUMERICS 2.1).
+//                             each derive the scale from the amax (qt_codec.h's scale_from_amax).
 // Grouped tensors: scale, scale_inv and amax are arrays of n = group.count members (1 if dense).
 #ifndef QT_OP_QUANT_FP8_H
 #define QT_OP_QUANT_FP8_H

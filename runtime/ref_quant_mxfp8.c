@@ -1,4 +1,4 @@
-// C twins of ptx/quant_mxfp8.cu: plain loops over the blocks of NUMERICS 6.1, with the per-element
+// C twins of ptx/quant_mxfp8.cu: plain loops over the MXFP8 blocks, with the per-element
 // arithmetic of ptx/quant_mxfp8.h, so the bits are the kernels' bits.
 #include "ref.h"
 #include "status.h"  // QT_ASSERT

@@ -1,5 +1,5 @@
 // run: one training run of a recipe, end to end: data, schedule table, model, programs, arenas,
-// backend, graphs, the schedule loop and the trace (DESIGN.md section 1's data flow).
+// backend, graphs, the schedule loop and the trace.
 //
 // Owns everything of the run inside the caller's `run` struct (about 25 MB: keep it static):
 // the two arenas' region tables, the programs, the captured graphs (from run_bind to

@@ -1,4 +1,4 @@
-// schedule: the schedule table (DESIGN.md 2.8) and the host loop that runs it.
+// schedule: the schedule table and the host loop that runs it.
 //
 // Owns the table (rows of {mode, steps, dataset} and the device's learning-rate rows) inside the
 // caller's sched_table, and nothing during the loop but its locals: the programs, graphs, feeds

@@ -3,7 +3,7 @@
 //
 // Oracles: small float formats are decoded from their definition (sign, exponent and mantissa
 // fields, via ldexp in double) and inputs are rounded by comparing distances to the neighbouring
-// representable values in double, with the tie, saturation and NaN rules of NUMERICS.md 1.2/1.3
+// representable values in double, with the tie, saturation and NaN rules of FP8 and E2M1
 // restated here. E8M0 uses frexp, BF16 distances in double, the transcendentals libm in double.
 // FP8, E2M1, BF16 and E8M0 encoding are checked over all 2^32 FP32 bit patterns (two threads);
 // the transcendentals on every 64th bit pattern of their useful domain.
@@ -189,7 +189,7 @@ static void test_encoders_exhaustive(void) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Hand-derived examples of NUMERICS.md 1.2 and 1.3 (explicit expectations).
+// Hand-derived FP8 and E2M1 examples (explicit expectations).
 
 typedef struct example { float x; uint32_t code; } example;
 
@@ -296,7 +296,7 @@ static void test_decoders(void) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// E2M1 stochastic rounding: NUMERICS 1.3's recipe recomputed in double, plus its probability.
+// E2M1 stochastic rounding: the rounding rule recomputed in double, plus its probability.
 
 static double sr_step(double a) { return a < 2.0 ? 0.5 : (a < 4.0 ? 1.0 : 2.0); }
 
@@ -370,7 +370,7 @@ static void test_e2m1_sr(void) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// scale_from_amax (NUMERICS 2.1) and the FP32 constants.
+// scale_from_amax and the FP32 constants.
 
 typedef struct scale_case {
     float amax, qmax;
@@ -435,7 +435,7 @@ static void test_constants(void) {
     CHECK((double)QT_E2M1_MAX == oracle_e2m1.value[oracle_e2m1.max_code], "E2M1 max");
     CHECK(f_to_bits(QT_F32_FLT_MAX) == 0x7F7FFFFFu, "FLT_MAX");
     CHECK((double)QT_F32_BF16_MAX == ldexp(255.0 / 128.0, 127), "BF16_MAX = 0x1.FEp127");
-    // 448 * f32(1/448) rounds to exactly 1 (NUMERICS 6.1), so an amax of 448 * 2^k gives 2^k.
+    // 448 * f32(1/448) rounds to exactly 1, so an amax of 448 * 2^k gives 2^k.
     CHECK(448.0f * QT_F32_INV_448 == 1.0f && 57344.0f * QT_F32_INV_57344 == 1.0f, "amax = qmax");
     test_end();
 }

@@ -1,6 +1,6 @@
 // GEMM tests (ptx/gemm_portable.cu, runtime/ref_gemm.c, runtime/op_gemm.c).
 //
-// Each case is a Linear layer's GEMM (fprop, dgrad or wgrad; NUMERICS 9.1) in one format, dense
+// Each case is a Linear layer's GEMM (fprop, dgrad or wgrad) in one format, dense
 // or grouped, with its operands written here directly in the layouts of ptx/quant.h (random codes
 // and scales; this file's own layout code, independent of gemm.h's index helpers):
 //   CPU: the reference backend's result against an FP64 evaluation of the dequantized operands,

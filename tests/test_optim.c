@@ -1,6 +1,6 @@
 // Fused AdamW optimizer tests (ptx/optim.h, runtime/op_optim.c, runtime/ref_optim.c).
 //
-// CPU: bias corrections against NUMERICS 11.1's formula, learning-rate rules at row boundaries,
+// CPU: bias corrections against TE's formula, learning-rate rules at row boundaries,
 // the begin kernel's skip / step / clip rules, the update against a double-precision reference
 // with a derived bound, the clip factor, a skipped step leaving every byte of state unchanged
 // (every weight format), and the requantized weight equal, bit for bit, to the format family's
@@ -17,7 +17,7 @@
 static const double t_u = 0x1p-24;  // FP32 unit roundoff
 
 // ---------------------------------------------------------------------------------------------
-// Bias correction (NUMERICS 11.1: TE's float(1.0 - pow(double(float beta), step))).
+// Bias correction (TE's float(1.0 - pow(double(float beta), step))).
 
 static void test_bias_correction(void) {
     test_begin("optim_bias_correction_matches_numerics");

@@ -1,6 +1,7 @@
-// FP8 block scaling (NUMERICS.md 2.1, 2.2, 7, 10): the C twins against hand-derived codes and
-// scales, the reciprocal claim of NUMERICS 2.2, grouped layouts, dequantize error bounds; then,
-// with a GPU, every kernel against its twin, byte for byte, on random and planted data.
+// FP8 block scaling: the C twins against hand-derived codes and scales, the claim that TE's
+// double reciprocal for scale_inv equals the FP32 RN one, grouped layouts, dequantize error
+// bounds; then, with a GPU, every kernel against its twin, byte for byte, on random and planted
+// data.
 #include <math.h>
 #include <stdint.h>
 
@@ -202,7 +203,7 @@ static uint32_t f32_bits_at(const float *a, uint64_t i) { return qt_f32_bits(a[i
 
 static void test_scale_inv_double_rounding(void) {
     test_begin("block_scale_inv_double_equals_float_rn");
-    // NUMERICS 2.2: TE's 1-D scale_inv is (float)(1.0 / (double)scale); qtrain computes the FP32
+    // TE's 1-D scale_inv is (float)(1.0 / (double)scale); qtrain computes the FP32
     // RN reciprocal. Every power of two (the default pow2 scales, subnormal ones included), then
     // 16M pseudo-random positive finite floats (the fp32_scales case), then the near-1 ulps.
     for (int e = -149; e <= 127; e++) {
@@ -1015,7 +1016,7 @@ static void gpu_dense_cases(void) {
     }
 }
 
-// The hardware conversion the kernels use against the codec the twins use (NUMERICS 1.2), over
+// The hardware conversion the kernels use against the codec the twins use, over
 // 2^20 - 2^13 FP32 bit patterns per format: every element (m, k) with m % 128 == k % 128 is +Inf,
 // so every block in both directions has amax Inf, scale 1 and codes satFP8(x) of the raw input.
 // The rest: exponents around the FP8 ranges with random mantissas (3/4), any bit pattern (1/4),

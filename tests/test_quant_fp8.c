@@ -1,8 +1,7 @@
 // Per-tensor FP8 tests (ptx/quant_fp8.cu, ptx/quant_group.cu). CPU: the C twins, called
-// directly, against hand-derived codes, scales, amaxes and history rolls from NUMERICS.md 1.2,
-// 2, 3, 4.5 and 5; the grouped rules of quant.h; dequantize(quantize(x)) error bounds; the op
-// builders on the reference backend. GPU: the same programs on both backends, every output
-// compared byte for byte (SKIP without a GPU).
+// directly, against hand-derived codes, scales, amaxes and history rolls; the grouped rules of
+// quant.h; dequantize(quantize(x)) error bounds; the op builders on the reference backend. GPU:
+// the same programs on both backends, every output compared byte for byte (SKIP without a GPU).
 #include <math.h>
 
 #include "op_core.h"         // op_fill_random
@@ -80,7 +79,7 @@ static void t_cast_row(const t_code_case *cases, uint32_t count, uint32_t dtype,
 
 static void test_cast_hand_codes(void) {
     test_begin("fp8_cast_hand_codes_e4m3");
-    // E4M3, scale 1 (NUMERICS 1.2): saturation, NaN -> 0x7F, ties to even, subnormals.
+    // E4M3, scale 1: saturation, NaN -> 0x7F, ties to even, subnormals.
     static const t_code_case e4m3[] = {
         {0x00000000u, 0x00},  // +0
         {0x80000000u, 0x80},  // -0 keeps its sign
@@ -142,7 +141,7 @@ static void test_cast_hand_codes_e5m2_and_scale(void) {
     t_cast_row(e5m2, sizeof e5m2 / sizeof e5m2[0], QT_DTYPE_F32, QT_FP8_E5M2, 1.0f, "e5m2 f32");
     t_cast_row(e5m2, sizeof e5m2 / sizeof e5m2[0], QT_DTYPE_BF16, QT_FP8_E5M2, 1.0f,
                "e5m2 bf16");
-    // The scale multiplies first, rounded once to FP32 (NUMERICS 3): 1 * 448 = 448 -> 0x7E;
+    // The scale multiplies first, rounded once to FP32: 1 * 448 = 448 -> 0x7E;
     // 3 * 0.5 = 1.5 -> 0x3C; 2 * 448 = 896 saturates.
     static const t_code_case scaled_448[] = {{0x3F800000u, 0x7E}, {0x40000000u, 0x7E}};
     t_cast_row(scaled_448, 2, QT_DTYPE_F32, QT_FP8_E4M3, 448.0f, "scale 448");
@@ -181,7 +180,7 @@ static uint32_t t_amax_bits(const uint32_t *bits, uint32_t count, uint32_t dtype
 
 static void test_amax_hand(void) {
     test_begin("fp8_amax_hand");
-    // NUMERICS 2.3: NaN ignored (never NaN), Inf gives +Inf, starts from +0.
+    // NaN ignored (never NaN), Inf gives +Inf, starts from +0.
     static const struct {
         uint32_t x[4];
         uint32_t count;
@@ -296,7 +295,7 @@ static void test_grouped_cast_twin(void) {
     test_end();
 }
 
-// Current scaling (NUMERICS 2.1, 5) through a 1 x 1 cast: the scale and scale_inv written.
+// Current scaling through a 1 x 1 cast: the scale and scale_inv written.
 static void t_current(float amax, uint32_t fp8, bool pow2, float eps, uint32_t scale_bits,
                       uint32_t inv_bits) {
     float x = 1.0f, scale = -1.0f, scale_inv = -1.0f;
@@ -338,7 +337,7 @@ static void test_current_scaling_hand(void) {
     test_end();
 }
 
-// Delayed update (NUMERICS 4.5) on a [4][7] history, by hand.
+// Delayed update on a [4][7] history, by hand.
 static void test_delayed_update_hand(void) {
     test_begin("fp8_delayed_update_hand");
     enum { L = 4, K = 7 };

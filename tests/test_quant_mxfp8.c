@@ -1,6 +1,6 @@
 // MXFP8 tests. CPU: the C twins (runtime/ref_quant_mxfp8.c) against hand-derived codes and
-// scales from NUMERICS.md 1.2, 1.5 and 6.1, against a test-local oracle written from NUMERICS
-// with the scalar codec alone, the grouped rules of quant.h, dequantize error bounds, and the op
+// scales, against a test-local oracle written from the MXFP8 rules with the scalar codec
+// alone, the grouped rules of quant.h, dequantize error bounds, and the op
 // builders on the reference backend. GPU: the same programs on both backends, every output
 // compared byte for byte (SKIP without a GPU).
 #include <math.h>
@@ -133,8 +133,8 @@ static uint64_t mx_compare(const char *what, const uint8_t *got, const uint8_t *
 }
 
 // ---------------------------------------------------------------------------------------------
-// The oracle: NUMERICS 6.1 written directly with the scalar codec (qt_codec.h) and libm, sharing
-// no code with the twin beyond the codec.
+// The oracle: the MXFP8 block rule written directly with the scalar codec (qt_codec.h) and
+// libm, sharing no code with the twin beyond the codec.
 
 static uint8_t oracle_e(float amax, qt_elem elem) {
     float inv_qmax = elem == QT_ELEM_E5M2 ? QT_F32_INV_57344 : QT_F32_INV_448;
@@ -284,7 +284,7 @@ static float *mx_to_float(const mx_mat *m, const uint32_t *offsets, const uint32
 
 static void test_scale_rule(void) {
     test_begin("mxfp8_scale_from_amax_hand_values");
-    // e = clamp(ceil(log2(amax / qmax)), -127, 127) + 127 (1.5, 6.1) with amax * f32(1/qmax)
+    // e = clamp(ceil(log2(amax / qmax)), -127, 127) + 127 with amax * f32(1/qmax)
     // rounded once in FP32; f32(1/448) lies just above 1/448, so 448 * 2^k gives exactly 2^k.
     static const struct {
         float amax;
@@ -315,7 +315,7 @@ static void test_scale_rule(void) {
 }
 
 // One 1 x 32 BF16 block whose amax is 448: E4M3 scale 2^0 (multiplier 1), E5M2 scale 2^-7
-// (multiplier 128), so each code is satFP8 of the value (times 128) as listed in NUMERICS 1.2.
+// (multiplier 128), so each code is satFP8 of the value (times 128).
 static void test_hand_codes(void) {
     test_begin("mxfp8_rowwise_hand_codes_bf16");
     static const struct {
@@ -356,7 +356,7 @@ static void test_hand_codes(void) {
     test_end();
 }
 
-// FP32 block holding +-Inf: amax = +Inf, e = 0xFE, multiplier 2^-127 (6.1): Inf -> +-max,
+// FP32 block holding +-Inf: amax = +Inf, e = 0xFE, multiplier 2^-127: Inf -> +-max,
 // |x| <= 2^117 -> +-0, 2^118 -> the min subnormal, NaN -> 0x7F.
 static void test_inf_block(void) {
     test_begin("mxfp8_inf_block_f32");
@@ -383,7 +383,7 @@ static void test_inf_block(void) {
     test_end();
 }
 
-// Zero, NaN and tiny blocks (6.1): amax 0 -> e 0, codes +-0; all-NaN -> e 0, codes 0x7F; a block
+// Zero, NaN and tiny blocks: amax 0 -> e 0, codes +-0; all-NaN -> e 0, codes 0x7F; a block
 // whose amax is at most 448 * 2^-127 gets e 0 and the multiplier 2^127.
 static void test_special_blocks(void) {
     test_begin("mxfp8_zero_nan_tiny_blocks_f32");

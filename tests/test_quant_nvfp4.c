@@ -1,5 +1,5 @@
 // NVFP4 tests. CPU: the fast E2M1 encoder against the codec, hand-derived global and block
-// scales and codes (NUMERICS.md 8.2-8.3), dequantization error bounds, the RHT (orthogonality,
+// scales and codes, dequantization error bounds, the RHT (orthogonality,
 // agreement with an exact product), the 2-D transpose property, grouped padding rules, stochastic
 // rounding statistics and keying. GPU: the same programs on the GPU and the reference backend,
 // every output compared byte for byte (amaxes, codes, scales, dequantized values), dense and
@@ -377,7 +377,7 @@ static void test_dequant_nan(void) {
 
 static void test_global_scale(void) {
     test_begin("global_scale_hand_values");
-    // S_enc = RN(2688 / amax), FLT_MAX when that overflows, 1 for amax 0 or +Inf (8.2).
+    // S_enc = RN(2688 / amax), FLT_MAX when that overflows, 1 for amax 0 or +Inf.
     struct {
         uint32_t amax, s_enc;
     } cases[] = {
@@ -407,7 +407,7 @@ static void test_global_scale(void) {
     test_end();
 }
 
-// The hand-derived blocks of test_block_hand: values, scale byte, code bytes (8.3, 1.3, 1.4).
+// The hand-derived blocks of test_block_hand: values, scale byte, code bytes.
 typedef struct hand_block {
     float v[16];
     uint32_t n;  // elements in the block (the last block of the row is partial)

@@ -2,7 +2,7 @@
 //
 // Every section parses into the expected struct (the example files of tests/recipes), every kind
 // of error gives its exact `file:line:col: message`, rules resolve in order with globs, the
-// built-in recipes resolve every role of a small model to the NUMERICS.md defaults, and a round of
+// built-in recipes resolve every role of a small model to TE's recipe defaults, and a round of
 // random, truncated and mutated files fails cleanly. Run from the repository root.
 #include <locale.h>
 #include <string.h>
@@ -754,7 +754,7 @@ static const char *rule_target(const char *text) {
 }
 
 // Every built-in recipe resolves every role of a model with a linear and a moe layer, to the
-// defaults of NUMERICS.md; each quantizer prints back as the built-in rule that made it; and a
+// defaults of TE's recipes; each quantizer prints back as the built-in rule that made it; and a
 // bare `-> SCHEME` rule gives the same as the built-in recipe of that name.
 static void test_builtins(void) {
     test_begin("builtin_recipes_resolve_every_role");

@@ -306,7 +306,7 @@ static size_t train_lines(const char *path, char *out, size_t bytes) {
     return used;
 }
 
-// NUMERICS.md 9.3 (the stale-usage bug of PR #2929): evaluation between training steps must not
+// The stale-usage bug of PR #2929: evaluation between training steps must not
 // change training. 200 train steps with an eval step after each one against the same 200
 // steps alone: the train records (loss, accuracy, grad norm, lr, amaxes, scales, the
 // persistent-state checksum every 20 steps) must be identical.
@@ -440,7 +440,7 @@ static uint32_t columnwise_regions(const arena *a, bool weights_only) {
     return n;
 }
 
-// Usages are the union over the schedule (NUMERICS.md 9): training keeps both copies of every
+// Usages are the union over the schedule: training keeps both copies of every
 // weight; a schedule of eval and infer rows only allocates no columnwise data at all.
 static void test_usage_union(void) {
     test_begin("plan_usages_union_over_schedule");
