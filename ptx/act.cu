@@ -328,6 +328,7 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
     uint64_t count = (uint64_t)args.rows * h;
     uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
     uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    float m = 0.0f;  // max |value| stored by this thread (act_args.amax)
     if (act_swiglu_vec(args)) {
         for (uint64_t c = tid; c < count / 8; c += stride) {
             uint64_t r = c * 8 / h;
@@ -335,10 +336,13 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
             float a[8], b[8];
             act_swiglu_ab(args, r * args.cols + j, j, true, a, b);
 #pragma unroll
-            for (int k = 0; k < 8; k++) a[k] = qt_swiglu_forward(a[k], b[k]);
+            for (int k = 0; k < 8; k++) {
+                a[k] = qt_swiglu_forward(a[k], b[k]);
+                m = fmaxf(m, fabsf(a[k]));
+            }
             act_store8(args.out, c * 8, args.out_dtype, a);
         }
-        return;
+        count = 0;  // no scalar pass
     }
     for (uint64_t i = tid; i < count; i += stride) {
         uint64_t r = i / h;
@@ -349,8 +353,11 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
             a = a + qt_act_load(args.bias, j, args.bias_dtype);
             b = b + qt_act_load(args.bias, h + j, args.bias_dtype);
         }
-        qt_act_store(args.out, i, args.out_dtype, qt_swiglu_forward(a, b));
+        float y = qt_swiglu_forward(a, b);
+        m = fmaxf(m, fabsf(y));
+        qt_act_store(args.out, i, args.out_dtype, y);
     }
+    if (args.amax) act_amax_flush(args, m);
 }
 
 extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
@@ -359,6 +366,7 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
     uint64_t count = (uint64_t)args.rows * h;
     uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
     uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    float m = 0.0f;  // max |value| stored by this thread (act_args.amax)
     if (act_swiglu_vec(args)) {
         for (uint64_t c = tid; c < count / 8; c += stride) {
             uint64_t r = c * 8 / h;
@@ -370,11 +378,12 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
             for (int k = 0; k < 8; k++) {
                 da[k] = qt_swiglu_da(a[k], b[k], dy[k]);
                 db[k] = qt_swiglu_db(a[k], dy[k]);
+                m = fmaxf(m, fmaxf(fabsf(da[k]), fabsf(db[k])));
             }
             act_store8(args.out, r * args.cols + j, args.out_dtype, da);
             act_store8(args.out, r * args.cols + h + j, args.out_dtype, db);
         }
-        return;
+        count = 0;  // no scalar pass
     }
     for (uint64_t i = tid; i < count; i += stride) {
         uint64_t r = i / h;
@@ -386,9 +395,12 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
             b = b + qt_act_load(args.bias, h + j, args.bias_dtype);
         }
         float dy = qt_act_load(args.dy, i, args.dy_dtype);
-        qt_act_store(args.out, r * args.cols + j, args.out_dtype, qt_swiglu_da(a, b, dy));
-        qt_act_store(args.out, r * args.cols + h + j, args.out_dtype, qt_swiglu_db(a, dy));
+        float da = qt_swiglu_da(a, b, dy), db = qt_swiglu_db(a, dy);
+        m = fmaxf(m, fmaxf(fabsf(da), fabsf(db)));
+        qt_act_store(args.out, r * args.cols + j, args.out_dtype, da);
+        qt_act_store(args.out, r * args.cols + h + j, args.out_dtype, db);
     }
+    if (args.amax) act_amax_flush(args, m);
 }
 
 // ---------------------------------------------------------------------------------------------

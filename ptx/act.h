@@ -99,7 +99,7 @@ typedef struct act_args {
     uint32_t act;         // QT_ACT_RELU | GELU | SILU (qt_act_*); QT_ACT_SWIGLU (qt_swiglu_*)
     uint32_t x_dtype, bias_dtype, dy_dtype, out_dtype;
     uint32_t reserved;
-    // f32 [1], 0 = none (flat activations only): max |out| over the stored values is merged in
+    // f32 [1], 0 = none: max |out| over the stored values is merged in
     // (an unsigned maximum of the bit patterns, NaN skipped), so that a per-tensor FP8 cast of
     // out needs no amax pass of its own. The caller zeroes it first.
     uint64_t amax;

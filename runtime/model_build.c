@@ -442,14 +442,11 @@ static qt_status mb_layer_forward(mb *b, uint32_t i, model_tensor x, model_tenso
     case RECIPE_LAYER_RELU:
     case RECIPE_LAYER_GELU:
     case RECIPE_LAYER_SILU:
+    case RECIPE_LAYER_SWIGLU:
         QT_TRY(mb_tensor(b, what, rows, l->out_features, ARENA_CAT_ACTIVATIONS, y));
         QT_TRY(mb_producer_amax(b, i, false, what, &y->amax));
         return op_act_forward(b->p, what, mb_act_kind(l->kind), rows, x.cols, mb_act(x),
                               OP_ACT_NONE, mb_act(*y), y->amax);
-    case RECIPE_LAYER_SWIGLU:
-        QT_TRY(mb_tensor(b, what, rows, l->out_features, ARENA_CAT_ACTIVATIONS, y));
-        return op_act_forward(b->p, what, mb_act_kind(l->kind), rows, x.cols, mb_act(x),
-                              OP_ACT_NONE, mb_act(*y), OP_REF_NONE);
     case RECIPE_LAYER_RMSNORM: {
         QT_TRY(mb_tensor(b, what, rows, x.cols, ARENA_CAT_ACTIVATIONS, y));
         snprintf(what, sizeof what, "%s.inv_rms", name);
@@ -589,7 +586,7 @@ static qt_status mb_layer_backward(mb *b, uint32_t i, model_tensor dy, model_ten
     case RECIPE_LAYER_SILU:
     case RECIPE_LAYER_SWIGLU:
         QT_TRY(mb_tensor(b, what, x.rows, x.cols, ARENA_CAT_ACTIVATIONS, dx));
-        if (l->kind != RECIPE_LAYER_SWIGLU) QT_TRY(mb_producer_amax(b, i, true, what, &dx->amax));
+        QT_TRY(mb_producer_amax(b, i, true, what, &dx->amax));
         return op_act_backward(b->p, what, mb_act_kind(l->kind), x.rows, x.cols, mb_act(x),
                                OP_ACT_NONE, mb_act(dy), mb_act(*dx), dx->amax);
     case RECIPE_LAYER_RMSNORM:

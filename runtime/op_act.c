@@ -67,14 +67,12 @@ static qt_status op_act_append(program *p, const char *name, bool backward, uint
 qt_status op_act_forward(program *p, const char *name, uint32_t act, uint32_t rows,
                          uint32_t cols, op_act_tensor x, op_act_tensor bias, op_act_tensor y,
                          prog_ref amax) {
-    QT_ASSERT(act != QT_ACT_SWIGLU || !prog_ref_present(amax));
     return op_act_append(p, name, false, act, rows, cols, x, bias, OP_ACT_NONE, y, amax);
 }
 
 qt_status op_act_backward(program *p, const char *name, uint32_t act, uint32_t rows,
                           uint32_t cols, op_act_tensor x, op_act_tensor bias, op_act_tensor dy,
                           op_act_tensor dx, prog_ref amax) {
-    QT_ASSERT(act != QT_ACT_SWIGLU || !prog_ref_present(amax));
     return op_act_append(p, name, true, act, rows, cols, x, bias, dy, dx, amax);
 }
 

@@ -30,7 +30,7 @@ typedef struct op_act_tensor {
 
 // y = act(x + bias[col]) for act = QT_ACT_RELU | GELU | SILU: x, y [rows][cols];
 // act = QT_ACT_SWIGLU: x [rows][cols] with cols = 2H even, y [rows][H]. bias (optional) has the
-// columns of x. amax (optional, f32 [1], not for SwiGLU): max |y| over the stored values is
+// columns of x. amax (optional, f32 [1]): max |y| over the stored values is
 // merged into it (act_args.amax), so that a per-tensor current-scaling cast of y can skip its
 // amax pass; the caller zeroes it before this op.
 qt_status op_act_forward(program *p, const char *name, uint32_t act, uint32_t rows,

@@ -35,9 +35,8 @@ static float ref_act_pre(const act_args *a, uint64_t i, float x) {
 
 // act_args.amax: max |x| over the stored outputs themselves (the kernels round the FP32 maximum
 // instead, which gives the same value), NaN skipped, merged as the GPU's atomicMax on the bits.
-static void ref_act_amax(const act_args *a) {
+static void ref_act_amax(const act_args *a, uint64_t count) {
     if (!a->amax) return;
-    uint64_t count = (uint64_t)a->rows * a->cols;
     uint32_t m = 0;
     for (uint64_t i = 0; i < count; i++) {
         uint32_t bits = qt_f32_bits(qt_act_load(a->out, i, a->out_dtype)) & 0x7FFFFFFFu;
@@ -54,7 +53,7 @@ void ref_qt_act_fwd(const act_args *a, const launch_shape *shape) {
         float v = ref_act_pre(a, i, qt_act_load(a->x, i, a->x_dtype));
         qt_act_store(a->out, i, a->out_dtype, qt_act_forward(a->act, v));
     }
-    ref_act_amax(a);
+    ref_act_amax(a, (uint64_t)a->rows * a->cols);
 }
 
 void ref_qt_act_bwd(const act_args *a, const launch_shape *shape) {
@@ -65,7 +64,7 @@ void ref_qt_act_bwd(const act_args *a, const launch_shape *shape) {
         float dy = qt_act_load(a->dy, i, a->dy_dtype);
         qt_act_store(a->out, i, a->out_dtype, qt_act_backward(a->act, v, dy));
     }
-    ref_act_amax(a);
+    ref_act_amax(a, (uint64_t)a->rows * a->cols);
 }
 
 static void ref_swiglu_ab(const act_args *a, uint64_t r, uint32_t j, float *va, float *vb) {
@@ -88,6 +87,7 @@ void ref_qt_swiglu_fwd(const act_args *a, const launch_shape *shape) {
             qt_act_store(a->out, r * h + j, a->out_dtype, qt_swiglu_forward(va, vb));
         }
     }
+    ref_act_amax(a, (uint64_t)a->rows * h);
 }
 
 void ref_qt_swiglu_bwd(const act_args *a, const launch_shape *shape) {
@@ -102,6 +102,7 @@ void ref_qt_swiglu_bwd(const act_args *a, const launch_shape *shape) {
             qt_act_store(a->out, r * a->cols + h + j, a->out_dtype, qt_swiglu_db(va, dy));
         }
     }
+    ref_act_amax(a, (uint64_t)a->rows * a->cols);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -262,16 +262,12 @@ static void t_build_act(t_run *run, const t_case *c) {
     if (c->flags & T_BIAS) t_fill(run, A_BIAS, c->seed + 1, 0.5, 0, false);
     t_fill(run, A_DY, c->seed + 2, 1.0, 0, sp);
     program *p = &run->r.prog;
-    // The flat activations also take both outputs' amaxes (act_args.amax), zeroed first.
-    prog_ref y_amax = OP_REF_NONE, dx_amax = OP_REF_NONE;
-    if (c->op != QT_ACT_SWIGLU) {
-        t_buf_add(run, A_Y_AMAX, "y_amax", T_F32, 1, 0);
-        t_buf_add(run, A_DX_AMAX, "dx_amax", T_F32, 1, 0);
-        y_amax = t_ref(run, A_Y_AMAX);
-        dx_amax = t_ref(run, A_DX_AMAX);
-        RIG_OK(op_fp8_amax_zero(p, "y_amax", y_amax, 1));
-        RIG_OK(op_fp8_amax_zero(p, "dx_amax", dx_amax, 1));
-    }
+    // Both outputs' amaxes too (act_args.amax), zeroed first.
+    t_buf_add(run, A_Y_AMAX, "y_amax", T_F32, 1, 0);
+    t_buf_add(run, A_DX_AMAX, "dx_amax", T_F32, 1, 0);
+    prog_ref y_amax = t_ref(run, A_Y_AMAX), dx_amax = t_ref(run, A_DX_AMAX);
+    RIG_OK(op_fp8_amax_zero(p, "y_amax", y_amax, 1));
+    RIG_OK(op_fp8_amax_zero(p, "dx_amax", dx_amax, 1));
     RIG_OK(op_act_forward(p, "act_fwd", c->op, c->rows, c->cols, t_tensor(run, A_X),
                           t_tensor(run, A_BIAS), t_tensor(run, A_Y), y_amax));
     RIG_OK(op_act_backward(p, "act_bwd", c->op, c->rows, c->cols, t_tensor(run, A_X),
@@ -682,6 +678,20 @@ static float t_act_pre(t_run *run, const t_case *c, uint64_t i, uint64_t col) {
     return (c->flags & T_BIAS) ? v + t_in(run, A_BIAS, col) : v;
 }
 
+// The outputs' amaxes (y of ny elements, dx of nx) are max |stored value|, NaN skipped.
+static void t_check_amaxes(t_run *run, uint64_t ny, uint64_t nx) {
+    static const uint32_t outs[2][2] = {{A_Y, A_Y_AMAX}, {A_DX, A_DX_AMAX}};
+    for (int k = 0; k < 2; k++) {
+        float m = 0.0f;
+        for (uint64_t i = 0; i < (k ? nx : ny); i++) {
+            float v = fabsf(t_out(run, outs[k][0], i));
+            if (v > m) m = v;
+        }
+        float got = t_out(run, outs[k][1], 0);
+        CHECK(t_b(got) == t_b(m), "%s amax %a, want %a", k ? "dx" : "y", got, m);
+    }
+}
+
 static void t_check_act(t_run *run, const t_case *c) {
     uint64_t n = (uint64_t)c->rows * c->cols;
     for (uint64_t i = 0; i < n; i++) {
@@ -694,17 +704,7 @@ static void t_check_act(t_run *run, const t_case *c) {
         t_close("y", i, t_out(run, A_Y, i), y, tol_y);
         t_close("dx", i, t_out(run, A_DX, i), dx, t_tol_store(tol_dx, dx, c->out_dtype));
     }
-    // The amaxes are max |stored value|, NaN skipped.
-    static const uint32_t outs[2][2] = {{A_Y, A_Y_AMAX}, {A_DX, A_DX_AMAX}};
-    for (int k = 0; k < 2; k++) {
-        float m = 0.0f;
-        for (uint64_t i = 0; i < n; i++) {
-            float v = fabsf(t_out(run, outs[k][0], i));
-            if (v > m) m = v;
-        }
-        float got = t_out(run, outs[k][1], 0);
-        CHECK(t_b(got) == t_b(m), "%s amax %a, want %a", k ? "dx" : "y", got, m);
-    }
+    t_check_amaxes(run, n, n);
 }
 
 // SwiGLU: y = RN(silu(a) b): |b| tol_silu(a) + u |y|; da = RN(RN(dy b) g): |dy b| tol_g + 2u
@@ -726,6 +726,7 @@ static void t_check_swiglu(t_run *run, const t_case *c) {
             t_close("db", ib, t_out(run, A_DX, ib), db, t_tol_store(tol_db, db, c->out_dtype));
         }
     }
+    t_check_amaxes(run, (uint64_t)c->rows * h, (uint64_t)c->rows * c->cols);
 }
 
 static const uint32_t t_shapes[][2] = {{1, 1}, {1, 10}, {257, 3}, {13, 1009}, {31, 97},
