@@ -3,7 +3,8 @@
 //
 // Owns nothing past a call: the checkpoint reader and the buffer are the caller's (the CLI
 // allocates them at start-up; EXPORT_BUFFER_BYTES), the output file is written atomically
-// (OUT.tmp, fsync, rename, fsync of the folder). Callers: tools/qtrain. One thread.
+// through runtime/atomic_file.h (OUT.tmp-PID, fsync, rename, fsync of the folder). Callers:
+// tools/qtrain. One thread.
 //
 // The file (the safetensors layout):
 //
@@ -41,8 +42,9 @@
 #define EXPORT_HEADER_BYTES_MAX ((ARENA_REGIONS_MAX + MODEL_PARAMS_MAX) * 2 * 512 + 4096)
 #define EXPORT_BUFFER_BYTES (EXPORT_HEADER_BYTES_MAX + CKPT_CHUNK_BYTES)
 
-// Checks the whole checkpoint (every CRC), then writes out_path. Refuses (QT_ERR_INPUT) an
-// existing out_path unless force. buffer: at least EXPORT_BUFFER_BYTES, 8-byte aligned.
+// Checks the whole checkpoint (every CRC), then writes out_path. Refuses (QT_ERR_INPUT), before
+// reading the checkpoint, an existing out_path unless force, and one that is not a regular
+// file. buffer: at least EXPORT_BUFFER_BYTES, 8-byte aligned.
 qt_status export_safetensors(ckpt_reader *rd, const char *ckpt_path, const char *out_path,
                              bool quantized, bool force, void *buffer, uint64_t buffer_bytes);
 

@@ -61,7 +61,8 @@ typedef struct run_options {
     void *ckpt_hook_ctx;
     const volatile sig_atomic_t *interrupt;  // non-zero (a signal handler): stop and save
     uint64_t stop_at;         // stop after this many steps in all (tests); 0 = none
-    bool replace_outputs;     // output files (infer rows, infer_output) may replace files
+    bool replace_outputs;     // output files (infer rows, infer_output, save_path) may replace
+                              // files, and the trace a file that is not a trace (`--force`)
     // `qtrain infer`: one pass of infer steps over infer_input (IDX images or .npy features, no
     // targets) instead of the recipe's [data] and [schedule]; the outputs go to infer_output
     // (float32 logits, or int32 classes with infer_argmax). The recipe's data files are not read.
@@ -134,7 +135,8 @@ typedef struct run {
     ckpt_reader reader;        // run_resume's
     bool resumed;
     sched_state resumed_at;    // the checkpoint's position
-    run_saves saves;
+    run_saves saves;           // of the last run_execute
+    bool saved_before;         // save_path holds this run's checkpoint (any run_execute)
 } run;
 
 // Opens the GPU backend, or the reference backend when ref is set or when there is no usable
@@ -147,6 +149,15 @@ qt_status run_plan(run *r, const recipe *rc, const char *text, size_t text_bytes
 
 // Bytes the reference backend needs for the device and the host arena.
 void run_memory_bytes(const run *r, uint64_t *dev_bytes, uint64_t *host_bytes);
+
+// Before anything of the run is allocated: its memory against what there is (the file
+// runtime/run_memory.c). b: the opened backend (GPU: the device arena against the free device
+// memory, cuMemGetInfo), or NULL before it is open; ref: the device arena lives in host memory
+// (the reference backend); extra_host: host memory the caller is about to allocate for the run
+// besides the arenas (the datasets, run_data_bytes). Host needs are compared with the least of
+// the limits of runtime/host_memory.h. QT_ERR_MEMORY naming both numbers, the tightest limit,
+// the largest regions and what to change in the recipe (batch, widths, formats).
+qt_status run_check_memory(const run *r, backend *b, bool ref, uint64_t extra_host);
 
 // Caller memory (DATA_ALIGN aligned, pageable is fine) for the datasets and the golden trace,
 // read by the host only.
@@ -171,7 +182,8 @@ qt_status run_resume(run *r, const char *path);
 
 qt_status run_execute(run *r, sched_progress_fn progress, void *ctx, sched_summary *out);
 
-// A checkpoint of where the run stands, outside run_execute (which saves at its own points).
+// A checkpoint of where the run stands, outside run_execute (which saves at its own points);
+// it replaces a regular file at path.
 qt_status run_save(run *r, const char *path);
 
 // `qtrain run --profile`: after run_execute, every mode's program op by op and as its graph

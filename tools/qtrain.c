@@ -17,6 +17,7 @@
 #include "backend.h"  // backend_open_gpu, kernel attributes
 #include "bench.h"    // bench_main
 #include "gemm_tier.h"  // gemm_tier_describe
+#include "input_file.h"  // input_file_read: the recipe, a regular file
 #include "export.h"   // export_safetensors
 #include "plot.h"     // plot_main
 #include "run.h"      // run_plan, run_bind, run_execute
@@ -34,7 +35,8 @@ static void print_usage(FILE *out) {
             "          --profile: afterwards, time every op of each mode and the graph replay;\n"
             "          --save: a checkpoint at the end, at Ctrl-C and every N train steps;\n"
             "          --resume: continue, bit for bit, from a checkpoint;\n"
-            "          --force: infer rows' output files may replace existing files;\n"
+            "          --force: output files (infer rows, --save) may replace existing\n"
+            "          files, and --trace a file that is not a trace;\n"
             "          --check: stop at the first record that differs from a golden trace)\n"
             "  infer RECIPE --input FILE --output FILE.npy [--argmax] [--from CKPT] [--seed S]\n"
             "             [--eager] [--ref] [--force] [--emulated-gemm auto|kernel|copies]\n"
@@ -123,12 +125,19 @@ typedef struct cli_args {
     const char *resume_path;
 } cli_args;
 
-static bool parse_u64_arg(const char *flag, const char *text, uint64_t *out) {
+// A decimal integer in [min, max]: digits only (no sign, blank, or other base), so that ' -1'
+// or '1e3' is refused instead of read as something else.
+static bool parse_count_arg(const char *command, const char *flag, const char *text,
+                            uint64_t min, uint64_t max, uint64_t *out) {
+    bool digits = text[0] != '\0' && strspn(text, "0123456789") == strlen(text);
     char *end = NULL;
     errno = 0;
-    unsigned long long v = strtoull(text, &end, 10);
-    if (errno != 0 || end == text || *end != '\0' || text[0] == '-') {
-        fprintf(stderr, "qtrain: %s expects a non-negative integer, found '%s'\n", flag, text);
+    unsigned long long v = digits ? strtoull(text, &end, 10) : 0;
+    if (!digits || errno != 0 || v < min || v > max) {
+        fprintf(stderr, "qtrain %s: %s takes a whole number from %" PRIu64 " to %" PRIu64
+                ", not '%s'%s\n", command, flag, min, max, qt_shown(text),
+                digits && v < min && min == 1 ? " (leave the flag out for the recipe's default)"
+                                              : "");
         return false;
     }
     *out = v;
@@ -145,7 +154,7 @@ static bool parse_emulated_gemm(const char *command, const char *how,
         *out = MODEL_EMULATED_COPIES;
     } else {
         fprintf(stderr, "qtrain %s: --emulated-gemm takes auto, kernel or copies, not '%s'\n",
-                command, how);
+                command, qt_shown(how));
         return false;
     }
     return true;
@@ -184,12 +193,13 @@ static int parse_flag(cli_command command, int argc, char **argv, int *i, cli_ar
     } else if (train && strcmp(arg, "--check") == 0) {
         o->golden_path = value;
     } else if (!infer && strcmp(arg, "--steps") == 0) {
-        if (!parse_u64_arg(arg, value, &o->steps_limit)) return -1;
+        // 0 would mean "no cut" to the planner: a run of 0 steps is not what was asked for.
+        if (!parse_count_arg(a->command, arg, value, 1, UINT64_MAX, &o->steps_limit)) return -1;
     } else if (strcmp(arg, "--seed") == 0) {
-        if (!parse_u64_arg(arg, value, &o->seed)) return -1;
+        if (!parse_count_arg(a->command, arg, value, 0, UINT64_MAX, &o->seed)) return -1;
         o->seed_given = true;
     } else if (train && strcmp(arg, "--checksum-every") == 0) {
-        if (!parse_u64_arg(arg, value, &v) || v > UINT32_MAX) return -1;
+        if (!parse_count_arg(a->command, arg, value, 0, UINT32_MAX, &v)) return -1;
         o->checksum_every = (uint32_t)v;
     } else if (infer && strcmp(arg, "--input") == 0) {
         o->infer_input = value;
@@ -200,7 +210,7 @@ static int parse_flag(cli_command command, int argc, char **argv, int *i, cli_ar
     } else if (train && strcmp(arg, "--save") == 0) {
         o->save_path = value;
     } else if (train && strcmp(arg, "--save-every") == 0) {
-        if (!parse_u64_arg(arg, value, &o->save_every)) return -1;
+        if (!parse_count_arg(a->command, arg, value, 1, UINT64_MAX, &o->save_every)) return -1;
     } else if (train && strcmp(arg, "--resume") == 0) {
         a->resume_path = value;
     } else if (strcmp(arg, "--emulated-gemm") == 0) {
@@ -223,7 +233,7 @@ static bool parse_run_args(int argc, char **argv, cli_command command, cli_args 
         if (argv[i][0] != '-' && !a->recipe_path) {
             a->recipe_path = argv[i];
         } else {
-            fprintf(stderr, "qtrain %s: unexpected argument '%s'\n", argv[1], argv[i]);
+            fprintf(stderr, "qtrain %s: unexpected argument '%s'\n", argv[1], qt_shown(argv[i]));
             return false;
         }
     }
@@ -253,15 +263,12 @@ static int fail_status(const char *command, qt_status status) {
     return 1;
 }
 
-// Parses the recipe and plans the run (no backend, no data loaded).
+// Parses the recipe and plans the run (no backend, no data loaded). The text is read once: the
+// bytes parsed are the bytes hashed for the trace and the checkpoints.
 static qt_status load_and_plan(const cli_args *a) {
     size_t bytes = 0;
-    QT_TRY(recipe_load(a->recipe_path, recipe_text, sizeof recipe_text, &the_recipe));
-    FILE *f = fopen(a->recipe_path, "rb");  // the text again, for the trace's recipe hash
-    if (f) {
-        bytes = fread(recipe_text, 1, sizeof recipe_text, f);
-        fclose(f);
-    }
+    QT_TRY(input_file_read(a->recipe_path, "recipe", recipe_text, sizeof recipe_text, &bytes));
+    QT_TRY(recipe_parse(recipe_text, bytes, a->recipe_path, &the_recipe));
     return run_plan(&the_run, &the_recipe, recipe_text, bytes, &a->options);
 }
 
@@ -426,23 +433,34 @@ static int run_with_backend(const cli_args *a, backend *b, double start, double 
         run_close(&the_run);
         return 2;
     }
+    // Before the arenas are allocated: the device arena against the GPU's free memory, and what
+    // lives in host memory against what this process can get (the datasets are in already).
+    qt_status status = run_check_memory(&the_run, b, b->kind == BACKEND_REF, 0);
     void *ref_dev = NULL, *ref_host = NULL;
-    if (b->kind == BACKEND_REF) {
+    if (status == QT_OK && b->kind == BACKEND_REF) {
         uint64_t dev_bytes, host_bytes;
         run_memory_bytes(&the_run, &dev_bytes, &host_bytes);
         ref_dev = alloc_arena(dev_bytes);
         ref_host = alloc_arena(host_bytes);
         if (!ref_dev || !ref_host) {
-            fprintf(stderr, "qtrain %s: cannot allocate %" PRIu64 " + %" PRIu64 " bytes\n",
-                    a->command, dev_bytes, host_bytes);
-            return 1;
+            status = qt_fail(QT_ERR_MEMORY, "cannot allocate the reference backend's arenas, %"
+                             PRIu64 " + %" PRIu64 " bytes, although the limits allowed them "
+                             "when checked: other processes took memory meanwhile; try again, "
+                             "or make the run smaller (`qtrain plan` shows its memory map)",
+                             dev_bytes, host_bytes);
         }
+    }
+    if (status != QT_OK) {
+        run_close(&the_run);
+        free(ref_dev);
+        free(ref_host);
+        return fail_status(a->command, status);
     }
     fprintf(stderr, "qtrain %s: %s on %s (%s)\n", a->command, a->recipe_path, b->info.name,
             b->kind == BACKEND_REF ? "reference backend"
             : a->options.eager     ? "eager launches"
                                    : "CUDA graphs");
-    qt_status status = run_bind(&the_run, b, ref_dev, ref_host);
+    status = run_bind(&the_run, b, ref_dev, ref_host);
     if (status == QT_OK && a->resume_path) status = resume_run(a);
     sched_summary summary;
     progress_state progress = {isatty(2) != 0, -1.0, 0};
@@ -491,6 +509,9 @@ static void *open_backend(void *ctx) {
 static qt_status plan_and_load(const cli_args *a, void **data) {
     QT_TRY(load_and_plan(a));
     uint64_t bytes = run_data_bytes(&the_run);
+    // Before the datasets are read: they, the host arena and (with --ref) the device arena must
+    // fit in what this process can get (the GPU's memory is checked once it is open).
+    QT_TRY(run_check_memory(&the_run, NULL, a->ref, bytes));
     *data = alloc_arena(bytes);
     if (!*data) {
         return qt_fail(QT_ERR_MEMORY, "cannot allocate %" PRIu64 " bytes for the datasets",
@@ -530,6 +551,7 @@ static int command_run(int argc, char **argv, cli_command command) {
         }
         rc = run_with_backend(&a, &b, start, job.seconds);
     }
+    run_close(&the_run);  // again after run_with_backend: a no-op then
     backend_close(&b);
     free(data);
     return rc;
@@ -563,7 +585,7 @@ static int command_export(int argc, char **argv) {
         } else if (argv[i][0] != '-' && count < 2) {
             paths[count++] = argv[i];
         } else {
-            fprintf(stderr, "qtrain export: unexpected argument '%s'\n", argv[i]);
+            fprintf(stderr, "qtrain export: unexpected argument '%s'\n", qt_shown(argv[i]));
             return 2;
         }
     }
@@ -596,7 +618,7 @@ static bool asks_for_help(int argc, char **argv) {
     return false;
 }
 
-int main(int argc, char **argv) {
+static int run_command(int argc, char **argv) {
     if (argc < 2 || strcmp(argv[1], "help") == 0 || asks_for_help(argc, argv)) {
         print_usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
@@ -609,7 +631,27 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "infer") == 0) return command_run(argc, argv, CLI_INFER);
     if (strcmp(argv[1], "plan") == 0) return command_plan(argc, argv);
     if (strcmp(argv[1], "export") == 0) return command_export(argc, argv);
-    fprintf(stderr, "qtrain: unknown command '%s'\n", argv[1]);
+    fprintf(stderr, "qtrain: unknown command '%s'\n", qt_shown(argv[1]));
     print_usage(stderr);
     return 2;
+}
+
+// Every command's report goes to stdout: output that could not be written (a full disk, a
+// closed pipe, /dev/full) fails the command, as any other lost output would.
+int main(int argc, char **argv) {
+    int rc = run_command(argc, argv);
+    errno = 0;
+    bool flushed = fflush(stdout) == 0;
+    int error = errno;
+    if (!flushed || ferror(stdout)) {
+        const char *command = argc >= 2 ? argv[1] : "";
+        fprintf(stderr, "qtrain%s%s: cannot write its output to standard output: %s\n",
+                command[0] ? " " : "", qt_shown(command),
+                error ? strerror(error) : "a write failed");
+        // diff(1)'s trouble is 2; the other commands fail with 1 (or what they failed with).
+        if (rc == 0 || (rc == 1 && strcmp(command, "diff") == 0)) {
+            rc = strcmp(command, "diff") == 0 ? 2 : 1;
+        }
+    }
+    return rc;
 }
