@@ -687,3 +687,30 @@ void run_print_plan(const run *r, FILE *out) {
     fprintf(out, "\n");
     arena_print(&r->host, out);
 }
+
+void run_print_summary(const run *r, FILE *out) {
+    const sched_table *t = &r->table;
+    fprintf(out, "recipe       %s (seed %llu)\n", r->recipe->file_name,
+            (unsigned long long)r->seed);
+    model_print_summary(&r->model, out);
+    fprintf(out, "schedule     %u rows: %llu train, %llu eval, %llu infer steps; %u learning-rate "
+            "rows\n", t->row_count, (unsigned long long)t->steps[MODEL_MODE_TRAIN],
+            (unsigned long long)t->steps[MODEL_MODE_EVAL],
+            (unsigned long long)t->steps[MODEL_MODE_INFER], t->lr_count);
+    char bytes[24];
+    arena_format_size(r->data_bytes, bytes, sizeof bytes);
+    fprintf(out, "data         train %llu samples of %u features",
+            (unsigned long long)r->train_info.samples, r->train_info.features);
+    if (r->has_eval) fprintf(out, ", eval %llu samples", (unsigned long long)r->eval_info.samples);
+    fprintf(out, "; %s of host memory outside the arenas\n", bytes);
+    fprintf(out, "programs     init %u ops", r->init.op_count);
+    for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
+        if (r->model.modes[mode]) {
+            fprintf(out, ", %s %u ops", r->programs[mode].mode, r->programs[mode].op_count);
+        }
+    }
+    if (r->model.modes[MODEL_MODE_TRAIN]) fprintf(out, ", checksum %u ops", r->checksum.op_count);
+    fputc('\n', out);
+    arena_print_summary(&r->dev, out);
+    arena_print_summary(&r->host, out);
+}

@@ -182,5 +182,8 @@ void run_close(run *r);
 
 // `qtrain plan`: the model, the schedule table, every program and both memory maps.
 void run_print_plan(const run *r, FILE *out);
+// `qtrain plan --summary`: the same in under 40 lines (model_print_summary, the schedule's
+// totals, the data, each program's op count and both arenas' totals).
+void run_print_summary(const run *r, FILE *out);
 
 #endif  // QT_RUN_H

@@ -42,6 +42,41 @@ else
     echo "FAIL cli_help: a --help or -h did not print the usage with exit 0"
     exit 1
 fi
+out=$("$qtrain" --version 2>&1)
+rc=$?
+version='^qtrain [0-9]*\.[0-9]*\.[0-9]* (trace format 1, checkpoint format 1)$'
+if [ $rc -eq 0 ] && echo "$out" | grep -q "$version"; then
+    echo "PASS cli_version"
+else
+    echo "FAIL cli_version: $out"
+    exit 1
+fi
+# plan --summary: the model, its quantizers, parameters, the schedule and both arenas in under 40
+# lines, for every recipe that plans without data files (and the shipped ones when the data is
+# there).
+bad=""
+count=0
+fashion=.data/usr/share/datasets/fashion-mnist
+for recipe in tests/recipes/synthetic_*.recipe recipes/bench/*.recipe \
+              recipes/fashion_mnist_*.recipe; do
+    case $recipe in recipes/fashion_mnist_*) [ -d $fashion ] || continue ;; esac
+    count=$((count + 1))
+    if ! out=$("$qtrain" plan "$recipe" --summary 2>&1); then
+        bad="$bad $recipe: $(echo "$out" | tail -1);"
+        continue
+    fi
+    lines=$(echo "$out" | wc -l)
+    [ "$lines" -lt 40 ] || bad="$bad $recipe: $lines lines;"
+    for key in recipe model quantizers parameters schedule data programs device host; do
+        echo "$out" | grep -q "^$key " || bad="$bad $recipe: no '$key' line;"
+    done
+done
+if [ -z "$bad" ] && [ "$count" -ge 12 ]; then
+    echo "PASS cli_plan_summary ($count recipes)"
+else
+    echo "FAIL cli_plan_summary ($count recipes):$bad"
+    exit 1
+fi
 out=$("$qtrain" run tests/recipes/synthetic_tiny.recipe --ref --profile 2>&1)
 rc=$?
 if [ $rc -eq 2 ] && echo "$out" | grep -q -- '--profile times GPU kernels' &&

@@ -41,9 +41,9 @@ static void print_usage(FILE *out) {
             "          the recipe's model on every sample of FILE (IDX images or .npy features):\n"
             "          float32 logits, or int32 classes with --argmax, into an .npy file\n"
             "          (--from: with a checkpoint's weights)\n"
-            "  plan RECIPE [--steps N] [--seed S] [--emulated-gemm auto|kernel|copies]\n"
+            "  plan RECIPE [--summary] [--steps N] [--seed S] [--emulated-gemm auto|kernel|copies]\n"
             "          the layers and their quantizers, padding and GEMM decisions, the schedule,\n"
-            "          the program of each mode and the memory map\n"
+            "          the program of each mode and the memory map (--summary: in brief)\n"
             "  info    driver, GPU and kernel report (registers, shared memory, local memory)\n"
             "  bench [quant|copy|gemm|quant_FAMILY] [--quick]\n"
             "          benchmarks on the GPU: medians of graph replays, next to a device copy\n"
@@ -56,7 +56,9 @@ static void print_usage(FILE *out) {
             "          scales of every usage) as safetensors; --force replaces OUT\n"
             "  plot A.trace [B.trace ...] -o curves.svg [--force]\n"
             "          loss, eval accuracy, gradient norm and learning rate against the step,\n"
-            "          every run overlaid, as one SVG file (--force: replace an existing file)\n");
+            "          every run overlaid, as one SVG file (--force: replace an existing file)\n"
+            "  --version\n"
+            "          the release, and the versions of the trace and checkpoint formats\n");
 }
 
 static int command_info(void) {
@@ -121,6 +123,7 @@ typedef struct cli_args {
     bool ref;
     uint32_t profile_reps;  // --profile: launches per op when timing the programs after the run
     const char *resume_path;
+    bool summary;           // plan --summary
 } cli_args;
 
 static bool parse_u64_arg(const char *flag, const char *text, uint64_t *out) {
@@ -176,6 +179,9 @@ static int parse_flag(cli_command command, int argc, char **argv, int *i, cli_ar
         takes_value = false;
     } else if (infer && strcmp(arg, "--argmax") == 0) {
         o->infer_argmax = true;
+        takes_value = false;
+    } else if (command == CLI_PLAN && strcmp(arg, "--summary") == 0) {
+        a->summary = true;
         takes_value = false;
     } else if (!value) {
         return 0;
@@ -270,7 +276,11 @@ static int command_plan(int argc, char **argv) {
     if (!parse_run_args(argc, argv, CLI_PLAN, &a)) return 2;
     qt_status status = load_and_plan(&a);
     if (status != QT_OK) return fail_status("plan", status);
-    run_print_plan(&the_run, stdout);
+    if (a.summary) {
+        run_print_summary(&the_run, stdout);
+    } else {
+        run_print_plan(&the_run, stdout);
+    }
     return 0;
 }
 
@@ -600,6 +610,11 @@ int main(int argc, char **argv) {
     if (argc < 2 || strcmp(argv[1], "help") == 0 || asks_for_help(argc, argv)) {
         print_usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
+    }
+    if (strcmp(argv[1], "--version") == 0) {
+        printf("qtrain %s (trace format %d, checkpoint format %d)\n", QTRAIN_VERSION,
+               TRACE_VERSION, CKPT_VERSION);
+        return 0;
     }
     if (strcmp(argv[1], "info") == 0) return command_info();
     if (strcmp(argv[1], "bench") == 0) return bench_main(argc, argv);
