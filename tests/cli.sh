@@ -77,6 +77,22 @@ else
     echo "FAIL cli_plan_summary ($count recipes):$bad"
     exit 1
 fi
+# A rule that matches no role of the model is refused, naming the rule and the model's roles.
+dir=$(mktemp -d)
+sed 's/^recipe = bf16$/recipe = bf16\nrule = linear.*@fc2 -> nvfp4/' \
+    tests/recipes/synthetic_tiny.recipe > "$dir/r.recipe"
+out=$("$qtrain" plan "$dir/r.recipe" 2>&1)
+rc=$?
+rm -rf "$dir"
+if [ $rc -eq 1 ] && echo "$out" | grep -q "r.recipe:13:8: rule linear.\*@fc2 -> nvfp4 matches no \
+role of the model; expected a pattern that matches one of its roles (linear.\*@fc1, \
+linear.\*@head), or no such rule"; then
+    echo "PASS cli_rule_matching_no_role_refused"
+else
+    echo "FAIL cli_rule_matching_no_role_refused: exit $rc"
+    echo "$out" | sed 's/^/  /'
+    exit 1
+fi
 out=$("$qtrain" run tests/recipes/synthetic_tiny.recipe --ref --profile 2>&1)
 rc=$?
 if [ $rc -eq 2 ] && echo "$out" | grep -q -- '--profile times GPU kernels' &&

@@ -420,6 +420,12 @@ static const error_case error_cases[] = {
     {8, 'R', "recipe = none\nrule = linear.*@head -> bf16\nrule = *.weight@* -> mxfp8", IN,
      "r.recipe:3:9: no rule matches role linear.input@fc1; expected a rule for it, tried "
      "linear.*@head (line 9), *.weight@* (line 10) and no built-in rules (recipe = none)"},
+    {8, 'I', "rule = linear.*@fc9 -> bf16", IN, "r.recipe:9:8: rule linear.*@fc9 -> bf16 "
+     "matches no role of the model; expected a pattern that matches one of its roles "
+     "(linear.*@fc1, linear.*@head), or no such rule"},
+    {8, 'I', "rule = linear.*@head -> bf16\nrule = grouped_linear.*@* -> block", IN,
+     "r.recipe:10:8: rule grouped_linear.*@* -> block matches no role of the model; expected a "
+     "pattern that matches one of its roles (linear.*@fc1, linear.*@head), or no such rule"},
     {8, 'I', "rule = *.*@* -> current history=16", IN, "r.recipe:9:25: unsupported combination: "
      "history applies to delayed, found with current"},
     {8, 'I', "rule = linear.input@* -> mxfp8 rht=1", IN, "r.recipe:9:32: unsupported "
