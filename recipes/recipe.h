@@ -42,8 +42,10 @@
 //     SOURCE = idx IMAGES LABELS             paths without blanks; .gz is read through zlib
 //            | npy FEATURES LABELS_OR_TARGETS   .npy files: features 2-D float32 or uint8;
 //                                           labels 1-D integers or targets 2-D float32
-//            | synthetic teacher inputs=N outputs=N samples=N [seed=N]
-//            | synthetic classes inputs=N classes=N samples=N [seed=N]
+//            | synthetic teacher inputs=N outputs=N samples=N [seed=N] [task=N]
+//            | synthetic classes inputs=N classes=N samples=N [seed=N] [task=N]
+//                                           task= draws the task (class centers, teacher
+//                                           weights), seed= the samples; task defaults to seed
 //   [schedule]                               rows run in order
 //   train STEPS [constant LR | warmup LR -> LR | cosine LR -> LR]    default: constant optim lr
 //   eval STEPS|all [train|eval]              default dataset: eval
@@ -164,7 +166,9 @@ typedef struct recipe_source {
     uint32_t inputs;             // synthetic
     uint32_t outputs;            // teacher: target width; classes: number of classes
     uint64_t samples;            // synthetic
-    uint64_t seed;               // synthetic
+    uint64_t seed;               // synthetic: the samples (inputs, labels, noise)
+    uint64_t task;               // synthetic: the task (class centers, teacher weights); the
+                                 // seed when the recipe gives no task=
     uint32_t line;               // where it was given, for messages of later stages
     uint32_t col;
 } recipe_source;

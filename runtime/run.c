@@ -26,14 +26,30 @@ qt_status run_backend_open(backend *b, bool ref, bool *fell_back) {
 // ---------------------------------------------------------------------------------------------
 // Planning
 
+// A failure about a data source of the recipe (a file that cannot be read, a header that does
+// not fit the model) gets the recipe line that named the source in front, `file:line:col: `, so
+// that the message leads to the line to fix. `qtrain infer`'s input comes from the command line.
+static qt_status run_source_status(const run *r, const recipe_source *src, qt_status status) {
+    if (status == QT_OK || src == &r->infer_source) return status;
+    char message[QT_ERROR_MESSAGE_MAX];
+    snprintf(message, sizeof message, "%s", qt_error_message());
+    return qt_fail(status, "%s:%u:%u: %s", r->recipe->file_name, src->line, src->col, message);
+}
+
+static qt_status run_probe_source(run *r, const recipe_source *src, data_info *info) {
+    const recipe_model *m = &r->recipe->model;
+    return run_source_status(r, src, data_probe(src, m->input_features, m->output_features,
+                                                info));
+}
+
 // An .npy pair's labels or targets are known once its files are read (the recipe parser checks
 // the other sources against the loss).
 static qt_status run_check_targets(const run *r, const recipe_source *src, const data_info *info) {
     bool labels = info->target_type == DATA_TARGET_LABEL;
     bool classification = r->recipe->model.loss == RECIPE_LOSS_SOFTMAX_XENT;
     if (src->kind != RECIPE_SOURCE_NPY || labels == classification) return QT_OK;
-    return qt_fail(QT_ERR_INPUT, "%s (recipe line %u): %s holds %s, but the recipe's loss is %s; "
-                   "expected %s", r->recipe->file_name, src->line, src->labels,
+    return qt_fail(QT_ERR_INPUT, "%s:%u:%u: %s holds %s, but the recipe's loss is %s; "
+                   "expected %s", r->recipe->file_name, src->line, src->col, src->labels,
                    labels ? "class labels (1-D)" : "regression targets (2-D float32)",
                    classification ? "softmax_xent" : "mse",
                    classification ? "1-D integer class labels, or `loss = mse`"
@@ -56,14 +72,13 @@ static qt_status run_probe_input(run *r) {
 
 static qt_status run_probe(run *r) {
     const recipe *rc = r->recipe;
-    uint32_t in = rc->model.input_features, out = rc->model.output_features;
     if (r->options.infer_input) return run_probe_input(r);
     r->train_source = &rc->data.train;
-    QT_TRY(data_probe(&rc->data.train, in, out, &r->train_info));
+    QT_TRY(run_probe_source(r, &rc->data.train, &r->train_info));
     QT_TRY(run_check_targets(r, &rc->data.train, &r->train_info));
     r->has_eval = rc->data.eval.kind != RECIPE_SOURCE_NONE;
     if (!r->has_eval) return QT_OK;
-    QT_TRY(data_probe(&rc->data.eval, in, out, &r->eval_info));
+    QT_TRY(run_probe_source(r, &rc->data.eval, &r->eval_info));
     QT_TRY(run_check_targets(r, &rc->data.eval, &r->eval_info));
     // One staging layout serves both feeds, and it keeps the inputs in the dataset's type.
     if (r->eval_info.input_type != r->train_info.input_type) {
@@ -326,14 +341,18 @@ qt_status run_load(run *r, void *memory, uint64_t bytes) {
     if (!r->options.checkpoints) QT_TRY(run_check_outputs(r));  // else once resumed (or not)
     double t0 = run_clock();
     uint8_t *base = memory;
-    QT_TRY(data_load(r->train_source, &r->train_info, base + r->data_train_offset,
-                     r->train_info.bytes, &r->train_set));
+    QT_TRY(run_source_status(r, r->train_source,
+                             data_load(r->train_source, &r->train_info,
+                                       base + r->data_train_offset, r->train_info.bytes,
+                                       &r->train_set)));
     data_feed_init(&r->train_feed, &r->train_set, batch, true, r->seed,
                    (uint32_t *)(void *)(base + r->data_order_offset));
     data_feed_init(&r->train_plain, &r->train_set, batch, false, 0, NULL);
     if (r->has_eval) {
-        QT_TRY(data_load(&rc->data.eval, &r->eval_info, base + r->data_eval_offset,
-                         r->eval_info.bytes, &r->eval_set));
+        QT_TRY(run_source_status(r, &rc->data.eval,
+                                 data_load(&rc->data.eval, &r->eval_info,
+                                           base + r->data_eval_offset, r->eval_info.bytes,
+                                           &r->eval_set)));
         data_feed_init(&r->eval_feed, &r->eval_set, batch, false, 0, NULL);
     }
     if (r->options.golden_path) {

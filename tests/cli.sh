@@ -93,6 +93,23 @@ else
     echo "$out" | sed 's/^/  /'
     exit 1
 fi
+# A data file that cannot be read: the message names the recipe line that named it, and for the
+# shipped recipes' Fashion-MNIST the commands that put it where they look.
+dir=$(mktemp -d)
+sed 's|^train = synthetic .*|train = idx absent/images.gz absent/labels.gz|' \
+    tests/recipes/synthetic_tiny.recipe > "$dir/r.recipe"
+case $qtrain in /*) abs=$qtrain ;; *) abs=$PWD/$qtrain ;; esac
+out=$(cd "$dir" && "$abs" plan r.recipe 2>&1)
+rc=$?
+rm -rf "$dir"
+if [ $rc -eq 1 ] && echo "$out" | grep -q "r.recipe:18:9: absent/images.gz: cannot open" &&
+   echo "$out" | grep -q 'apt-get download dataset-fashion-mnist && dpkg -x'; then
+    echo "PASS cli_data_error_names_the_recipe_line"
+else
+    echo "FAIL cli_data_error_names_the_recipe_line: exit $rc"
+    echo "$out" | sed 's/^/  /'
+    exit 1
+fi
 out=$("$qtrain" run tests/recipes/synthetic_tiny.recipe --ref --profile 2>&1)
 rc=$?
 if [ $rc -eq 2 ] && echo "$out" | grep -q -- '--profile times GPU kernels' &&

@@ -143,7 +143,7 @@ static void test_example_moe_residual(void) {
           R.optim.clip == 0.0f, "optim defaults");
     const recipe_source *t = &R.data.train;
     CHECK(t->kind == RECIPE_SOURCE_TEACHER && t->inputs == 64 && t->outputs == 16 &&
-          t->samples == 4096 && t->seed == 7, "teacher");
+          t->samples == 4096 && t->seed == 7 && t->task == 7, "teacher (task = seed)");
     CHECK(R.data.eval.samples == 512 && R.data.seed == 0, "eval source, default seed");
     CHECK(R.rows[0].lr_kind == RECIPE_LR_CONSTANT && R.rows[0].lr_from == 3e-4f &&
           R.rows[0].lr_to == 3e-4f, "constant row");
@@ -162,7 +162,7 @@ static void test_example_classes(void) {
     CHECK(s == QT_OK, "%s", qt_error_message());
     const recipe_source *t = &R.data.train;
     CHECK(t->kind == RECIPE_SOURCE_CLASSES && t->inputs == 32 && t->outputs == 4 &&
-          t->samples == 1000 && t->seed == 0, "classes");
+          t->samples == 1000 && t->seed == 0 && t->task == 0, "classes");
     CHECK(R.data.batch == 32 && R.data.seed == 42, "data");
     CHECK(R.optim.lr == 1e-3f && R.optim.beta1 == 0.9f && R.optim.eps == 1e-8f &&
           R.optim.weight_decay == 0.01f, "optimizer defaults");
@@ -275,6 +275,21 @@ static char *build(int line, char mode, const char *text) {
 
 // `npy FEATURES LABELS_OR_TARGETS` parses with either loss: whether the second file holds labels
 // or targets is known once it is read (runtime/data.c checks it against the loss).
+// `task=` draws the task apart from the samples' seed, which it defaults to.
+static void test_synthetic_task(void) {
+    test_begin("parse_synthetic_task_seed");
+    CHECK(parse(build(12, 'R', "train = synthetic classes inputs=4 classes=3 samples=64 seed=5 "
+                      "task=9")) == QT_OK, "%s", qt_error_message());
+    CHECK(R.data.train.seed == 5 && R.data.train.task == 9, "seed %llu task %llu",
+          (unsigned long long)R.data.train.seed, (unsigned long long)R.data.train.task);
+    CHECK(parse(build(12, 'R', "train = synthetic classes task=2 inputs=4 classes=3 "
+                      "samples=64")) == QT_OK, "%s", qt_error_message());
+    CHECK(R.data.train.seed == 0 && R.data.train.task == 2, "task without a seed");
+    CHECK(parse(build(0, 'N', "")) == QT_OK && R.data.train.task == 5, "default task %llu",
+          (unsigned long long)R.data.train.task);
+    test_end();
+}
+
 static void test_npy_source(void) {
     test_begin("parse_npy_source_with_either_loss");
     const char *text = build(12, 'R', "train = npy data/x.npy data/y.npy");
@@ -398,6 +413,10 @@ static const error_case error_cases[] = {
      "duplicate layer name 'rmsnorm2'; first declared at line 4"},
     {4, 'R', "layer = rmsnorm eps=0", IN, "r.recipe:4:21: number out of range: expected eps in "
      "(0, 1], found 0"},
+    {12, 'R', "train = synthetic classes inputs=4 classes=3 samples=64 task=1 task=2", IN,
+     "r.recipe:12:64: option 'task' given twice"},
+    {12, 'R', "train = synthetic teacher inputs=4 outputs=3 samples=64 task=x", IN,
+     "r.recipe:12:62: bad number: expected an integer for task, found 'x'"},
     {4, 'R', "layer = moe m experts=4 topk=1 hidden=8 gate=1", IN, "r.recipe:4:41: unknown "
      "option 'gate' for moe; expected experts, topk, hidden, act or aux"},
     {4, 'R', "layer = moe m experts=2 topk=3 hidden=8", IN, "r.recipe:4:30: topk=3 exceeds "
@@ -496,7 +515,7 @@ static const error_case error_cases[] = {
     {12, 'R', "train = synthetic classes inputs=4 classes=3", IN, "r.recipe:12:45: synthetic "
      "classes needs samples=N; found no samples= option"},
     {12, 'R', "train = synthetic classes inputs=4 outputs=3 samples=64", IN, "r.recipe:12:36: "
-     "unknown option 'outputs' for synthetic classes; expected inputs, classes, samples or seed"},
+     "unknown option 'outputs' for synthetic classes; expected inputs, classes, samples, seed or task"},
     {12, 'R', "train = synthetic", IN, "r.recipe:12:18: expected 'synthetic teacher' or "
      "'synthetic classes', found end of line"},
     {12, 'R', "train = idx images.gz", IN, "r.recipe:12:22: expected 'idx IMAGES LABELS', found "
@@ -1009,6 +1028,7 @@ int main(void) {
     test_crlf_tabs_comments();
     test_locale();
     test_load_errors();
+    test_synthetic_task();
     test_npy_source();
     test_infer_output();
     test_error_messages();
