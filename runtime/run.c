@@ -658,28 +658,45 @@ void run_close(run *r) {
 // ---------------------------------------------------------------------------------------------
 // The plan report
 
+// The table as the loop runs it: every row with the global steps it covers (train, eval and
+// infer steps share one count, as the trace does), train rows with their train steps, each
+// with the recipe line it came from; then the learning-rate rows, by train step.
 static void run_print_table(const run *r, FILE *out) {
     const sched_table *t = &r->table;
-    fprintf(out, "schedule: %u rows, %llu train, %llu eval, %llu infer steps\n", t->row_count,
-            (unsigned long long)t->steps[MODEL_MODE_TRAIN],
+    fprintf(out, "schedule: %u rows, %llu train, %llu eval, %llu infer steps; an epoch is %llu "
+            "train steps\n", t->row_count, (unsigned long long)t->steps[MODEL_MODE_TRAIN],
             (unsigned long long)t->steps[MODEL_MODE_EVAL],
-            (unsigned long long)t->steps[MODEL_MODE_INFER]);
-    for (uint32_t i = 0; i < t->row_count && i < 64; i++) {
+            (unsigned long long)t->steps[MODEL_MODE_INFER], (unsigned long long)t->epoch_steps);
+    uint64_t step = 0, train = 0;
+    for (uint32_t i = 0; i < t->row_count; i++) {
         const sched_row *row = &t->rows[i];
+        char what[96];
+        if (row->mode == MODEL_MODE_TRAIN) {
+            snprintf(what, sizeof what, "train steps %llu..%llu", (unsigned long long)train,
+                     (unsigned long long)(train + row->steps - 1));
+            train += row->steps;
+        } else {
+            snprintf(what, sizeof what, "%s set",
+                     row->dataset == RECIPE_DATASET_EVAL ? "eval" : "train");
+        }
         const char *path = NULL;
         bool argmax = false;
         if (row->output) run_output_spec(r, row->output - 1, &path, &argmax);
-        fprintf(out, "  %-5s %8llu steps%s%s%s%s\n", model_mode_name(row->mode),
-                (unsigned long long)row->steps,
-                row->mode == MODEL_MODE_TRAIN ? ""
-                : row->dataset == RECIPE_DATASET_EVAL ? " (eval set)" : " (train set)",
-                path ? " -> " : "", path ? path : "", argmax ? " (argmax)" : "");
+        if (path) {
+            size_t used = strlen(what);
+            snprintf(what + used, sizeof what - used, " -> %.60s%s", path,
+                     argmax ? " (argmax)" : "");
+        }
+        fprintf(out, "  %4u %-5s %8llu steps at %-8llu %-26s", i, model_mode_name(row->mode),
+                (unsigned long long)row->steps, (unsigned long long)step, what);
+        if (row->line) fprintf(out, " line %u", row->line);
+        fputc('\n', out);
+        step += row->steps;
     }
-    if (t->row_count > 64) fprintf(out, "  ... %u more rows\n", t->row_count - 64);
     static const char *const rules[] = {"constant", "linear", "cosine"};
     for (uint32_t i = 0; i < t->lr_count; i++) {
         const optim_lr_row *lr = &t->lr[i];
-        fprintf(out, "  lr row %u: from step %llu, %llu steps, %s %g -> %g\n", i,
+        fprintf(out, "  lr row %u: from train step %llu, %llu steps, %s %g -> %g\n", i,
                 (unsigned long long)lr->start, (unsigned long long)lr->steps, rules[lr->rule],
                 (double)lr->a, (double)lr->b);
     }

@@ -12,6 +12,7 @@ static uint32_t sched_lr_rule(recipe_lr_kind k) {
     switch (k) {
     case RECIPE_LR_CONSTANT: return QT_OPTIM_LR_CONSTANT;
     case RECIPE_LR_WARMUP: return QT_OPTIM_LR_LINEAR;
+    case RECIPE_LR_DECAY: return QT_OPTIM_LR_LINEAR;
     case RECIPE_LR_COSINE: return QT_OPTIM_LR_COSINE;
     }
     QT_ASSERT(false);
@@ -29,39 +30,122 @@ static qt_status sched_push(sched_table *t, sched_row row) {
 
 static const model_mode sched_modes[] = {MODEL_MODE_TRAIN, MODEL_MODE_EVAL, MODEL_MODE_INFER};
 
+// Building the table: the recipe's rows expanded, and the --steps cut applied as they come.
+typedef struct sched_builder {
+    const recipe *r;
+    sched_table *t;
+    uint64_t epoch;          // train steps of one epoch
+    uint64_t pass[2];        // steps of one pass over the train and the eval set
+    uint64_t left;           // train steps the cut leaves; UINT64_MAX: no cut
+    bool done;               // the cut was reached at a train row: no more rows
+} sched_builder;
+
+// Appends a row unless the cut has ended the table. A train row takes what the cut leaves of
+// it; eval and infer rows after the cut stay until the next train row (schedule.h).
+static qt_status sched_add(sched_builder *b, const recipe_row *rr, sched_row row) {
+    if (b->done) return QT_OK;
+    if (row.mode == MODEL_MODE_TRAIN) {
+        if (b->left == 0) {  // the cut: later rows belong to training yet to come
+            b->t->cut = true;
+            b->done = true;
+            return QT_OK;
+        }
+        if (row.steps > b->left) {
+            row.steps = b->left;
+            b->t->cut = true;
+        }
+        b->left -= row.steps;
+    }
+    if (row.steps == 0) return QT_OK;
+    qt_status status = sched_push(b->t, row);
+    if (status != QT_OK) {
+        return recipe_fail_at(status, b->r->file_name, rr->line, 1, "the schedule expands to "
+                              "more than %d rows (an eval clause adds a row after every "
+                              "interval); expected a longer interval or fewer rows",
+                              SCHED_ROWS_MAX);
+    }
+    return QT_OK;
+}
+
+// count in unit as steps; false when it does not fit a row's length.
+static bool sched_steps_of(const sched_builder *b, uint64_t count, recipe_unit unit,
+                           uint64_t *steps) {
+    uint64_t per = unit == RECIPE_UNIT_EPOCHS ? b->epoch : 1;
+    if (count > SCHED_ROW_STEPS_MAX / per) return false;
+    *steps = count * per;
+    return true;
+}
+
+// A train row's learning-rate rows: the warmup's (linear from 0 to the rule's first rate), then
+// the rule's over the rest of the row. One graph serves them all (schedule.h).
+static qt_status sched_add_lr(sched_builder *b, const recipe_row *rr, uint64_t start,
+                              uint64_t steps, uint64_t warmup) {
+    sched_table *t = b->t;
+    QT_ASSERT(t->lr_count + 2 <= SCHED_LR_ROWS_MAX);
+    if (warmup > 0) {
+        t->lr[t->lr_count++] = (optim_lr_row){start, warmup, QT_OPTIM_LR_LINEAR, 0.0f,
+                                              rr->lr_from, 0};
+    }
+    t->lr[t->lr_count++] = (optim_lr_row){start + warmup, steps - warmup,
+                                          sched_lr_rule(rr->lr_kind), rr->lr_from, rr->lr_to, 0};
+    return QT_OK;
+}
+
+// A train row: its learning-rate rows, then its steps, in pieces of the eval clause's interval
+// with an eval row after each (the last piece's too).
+static qt_status sched_add_train(sched_builder *b, const recipe_row *rr, uint64_t *start) {
+    const char *file = b->r->file_name;
+    uint64_t steps, warmup = 0, every;
+    if (!sched_steps_of(b, rr->steps, rr->unit, &steps)) {
+        return recipe_fail_at(QT_ERR_INPUT, file, rr->line, rr->col, "%u epochs of %llu steps "
+                              "exceed a row's %llu steps; expected fewer epochs", rr->steps,
+                              (unsigned long long)b->epoch,
+                              (unsigned long long)SCHED_ROW_STEPS_MAX);
+    }
+    if (rr->warmup && (!sched_steps_of(b, rr->warmup, rr->warmup_unit, &warmup) ||
+                       warmup >= steps)) {
+        return recipe_fail_at(QT_ERR_INPUT, file, rr->line, rr->warmup_col, "a warmup of %u "
+                              "%s in a row of %llu steps (an epoch is %llu steps); expected a "
+                              "warmup shorter than its row", rr->warmup,
+                              rr->warmup_unit == RECIPE_UNIT_EPOCHS ? "epochs" : "steps",
+                              (unsigned long long)steps, (unsigned long long)b->epoch);
+    }
+    QT_TRY(sched_add_lr(b, rr, *start, steps, warmup));
+    *start += steps;
+    if (!rr->eval_every) return sched_add(b, rr, (sched_row){MODEL_MODE_TRAIN, steps,
+                                                             RECIPE_DATASET_TRAIN, rr->line, 0});
+    if (!sched_steps_of(b, rr->eval_every, rr->eval_unit, &every)) every = steps;
+    sched_row eval = {MODEL_MODE_EVAL, rr->eval_all ? b->pass[rr->dataset] : rr->eval_steps,
+                      rr->dataset, rr->line, 0};
+    for (uint64_t done = 0; done < steps; done += every) {
+        uint64_t piece = steps - done < every ? steps - done : every;
+        QT_TRY(sched_add(b, rr, (sched_row){MODEL_MODE_TRAIN, piece, RECIPE_DATASET_TRAIN,
+                                            rr->line, 0}));
+        QT_TRY(sched_add(b, rr, eval));
+    }
+    return QT_OK;
+}
+
 qt_status sched_table_build(const recipe *r, uint64_t train_samples, uint64_t eval_samples,
                             uint32_t batch, uint64_t steps_limit, sched_table *t) {
     memset(t, 0, sizeof *t);
+    sched_builder b = {r, t, data_batches_per_epoch(train_samples, batch),
+                       {data_batches_per_epoch(train_samples, batch),
+                        data_batches_per_epoch(eval_samples, batch)},
+                       steps_limit ? steps_limit : UINT64_MAX, false};
+    t->epoch_steps = b.epoch;
     uint64_t start = 0;
     for (uint32_t i = 0; i < r->rows_count; i++) {
         const recipe_row *rr = &r->rows[i];
         t->modes[sched_modes[rr->mode]] = true;
-        if (rr->mode != RECIPE_MODE_TRAIN) continue;
-        optim_lr_row *lr = &t->lr[t->lr_count++];
-        *lr = (optim_lr_row){start, rr->steps, sched_lr_rule(rr->lr_kind), rr->lr_from,
-                             rr->lr_to, 0};
-        start += rr->steps;
-    }
-    uint64_t left = steps_limit ? steps_limit : UINT64_MAX;
-    for (uint32_t i = 0; i < r->rows_count; i++) {
-        const recipe_row *rr = &r->rows[i];
-        sched_row row = {sched_modes[rr->mode], rr->steps, rr->dataset, rr->line,
-                         rr->output[0] != '\0' ? i + 1 : 0};
         if (rr->mode == RECIPE_MODE_TRAIN) {
-            if (left == 0) {  // the cut: later rows belong to training yet to come
-                t->cut = true;
-                break;
-            }
-            if (row.steps > left) {
-                row.steps = left;
-                t->cut = true;
-            }
-            left -= row.steps;
-        } else if (rr->all) {
-            uint64_t samples = rr->dataset == RECIPE_DATASET_EVAL ? eval_samples : train_samples;
-            row.steps = data_batches_per_epoch(samples, batch);
+            if (rr->eval_every) t->modes[MODEL_MODE_EVAL] = true;
+            QT_TRY(sched_add_train(&b, rr, &start));
+            continue;
         }
-        if (row.steps > 0) QT_TRY(sched_push(t, row));
+        sched_row row = {sched_modes[rr->mode], rr->all ? b.pass[rr->dataset] : rr->steps,
+                         rr->dataset, rr->line, rr->output[0] != '\0' ? i + 1 : 0};
+        QT_TRY(sched_add(&b, rr, row));
     }
     return QT_OK;
 }

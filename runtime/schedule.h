@@ -99,6 +99,8 @@
 #include "trace.h"    // trace_writer
 
 #define SCHED_ROWS_MAX 4096
+#define SCHED_LR_ROWS_MAX (2 * RECIPE_SCHEDULE_ROWS_MAX)  // a train row's warmup and rule
+#define SCHED_ROW_STEPS_MAX (UINT64_C(1) << 40)          // a train row's steps, epochs counted
 #define SCHED_LAG 2  // steps between a launch and the read of its record (= host slots - 1)
 #define SCHED_STEP_TIMES 4096  // train-step intervals a summary keeps (the most recent)
 
@@ -115,8 +117,9 @@ typedef struct sched_table {
     uint32_t row_count;
     sched_row rows[SCHED_ROWS_MAX];
     uint32_t lr_count;
-    optim_lr_row lr[RECIPE_SCHEDULE_ROWS_MAX];
+    optim_lr_row lr[SCHED_LR_ROWS_MAX];
     uint64_t steps[MODEL_MODE_COUNT];  // steps of each mode in the table
+    uint64_t epoch_steps;              // train steps of one epoch (batches of the train set)
     bool modes[MODEL_MODE_COUNT];      // modes of the recipe's table (before any cut)
     bool cut;                          // --steps removed train steps of the recipe
 } sched_table;

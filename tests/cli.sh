@@ -110,6 +110,38 @@ else
     echo "$out" | sed 's/^/  /'
     exit 1
 fi
+# Schedule units and clauses: rows rewritten with them train to the same records as the old rows
+# when they give the same learning-rate rows (the header differs: it hashes the recipe's text),
+# and `qtrain plan` prints the table they expand to (an epoch here is 512 / 16 = 32 steps).
+dir=$(mktemp -d)
+sed '/^\[schedule\]/,$d' tests/recipes/synthetic_tiny.recipe > "$dir/base"
+{ cat "$dir/base"; printf '[schedule]\ntrain 8 warmup 0 -> 1e-2\ntrain 56 cosine 1e-2 -> 1e-3\n'
+  printf 'eval all\ntrain 32 constant 1e-3\neval all\ntrain 32 decay 1e-3 -> 1e-4\neval all\n'
+} > "$dir/old.recipe"
+{ cat "$dir/base"; printf '[schedule]\ntrain 2 epochs cosine 1e-2 -> 1e-3 warmup 8 steps\n'
+  printf 'eval all\ntrain 1 epoch constant 1e-3 eval every epoch\n'
+  printf 'train 32 steps decay 1e-3 -> 1e-4 eval all every 1 epoch\n'
+} > "$dir/new.recipe"
+"$qtrain" run "$dir/old.recipe" --ref --trace "$dir/old.trace" > "$dir/out" 2>&1 &&
+    "$qtrain" run "$dir/new.recipe" --ref --trace "$dir/new.trace" >> "$dir/out" 2>&1 &&
+    "$qtrain" plan "$dir/new.recipe" > "$dir/plan" 2>> "$dir/out"
+rc=$?
+tail -n +2 "$dir/old.trace" > "$dir/old.records"
+tail -n +2 "$dir/new.trace" > "$dir/new.records"
+if [ $rc -eq 0 ] && [ "$(wc -l < "$dir/new.records")" -eq 140 ] &&
+   grep -q checksum=0x "$dir/new.records" && cmp -s "$dir/old.records" "$dir/new.records" &&
+   grep -q '^schedule: 6 rows, 128 train, 12 eval, 0 infer steps; an epoch is 32 train steps$' \
+       "$dir/plan" &&
+   grep -q '^ *4 train *32 steps at 104 *train steps 96\.\.127  *line 27$' "$dir/plan" &&
+   grep -q '^  lr row 1: from train step 8, 56 steps, cosine 0.01 -> 0.001$' "$dir/plan"; then
+    echo "PASS cli_schedule_epochs_and_clauses_same_records"
+else
+    echo "FAIL cli_schedule_epochs_and_clauses_same_records: exit $rc"
+    cat "$dir/out" "$dir/plan" | sed 's/^/  /' | tail -30
+    rm -rf "$dir"
+    exit 1
+fi
+rm -rf "$dir"
 out=$("$qtrain" run tests/recipes/synthetic_tiny.recipe --ref --profile 2>&1)
 rc=$?
 if [ $rc -eq 2 ] && echo "$out" | grep -q -- '--profile times GPU kernels' &&
