@@ -168,6 +168,14 @@ static qt_status run_check_outputs(const run *r) {
     return QT_OK;
 }
 
+// The metrics file, like the outputs: refused before the slow part of start-up when it exists.
+static qt_status run_check_metrics(const run *r) {
+    const char *path = r->options.metrics_path;
+    if (!path || r->options.replace_outputs || !atomic_file_exists(path)) return QT_OK;
+    return qt_fail(QT_ERR_INPUT, "%s exists; qtrain does not replace files: remove it, choose "
+                   "another name, or pass %s to replace it", path, RUN_REPLACE_HINT);
+}
+
 static void run_outputs_abandon(run *r) {
     for (uint32_t i = 0; i < RECIPE_SCHEDULE_ROWS_MAX; i++) infer_out_abandon(&r->outputs[i]);
 }
@@ -339,6 +347,7 @@ qt_status run_load(run *r, void *memory, uint64_t bytes) {
     uint32_t batch = rc->data.batch;
     QT_ASSERT(((uintptr_t)memory % DATA_ALIGN) == 0 && bytes >= r->data_bytes);
     if (!r->options.checkpoints) QT_TRY(run_check_outputs(r));  // else once resumed (or not)
+    QT_TRY(run_check_metrics(r));
     double t0 = run_clock();
     uint8_t *base = memory;
     QT_TRY(run_source_status(r, r->train_source,
@@ -587,12 +596,29 @@ qt_status run_execute(run *r, sched_progress_fn progress, void *ctx, sched_summa
     memset(&r->saves, 0, sizeof r->saves);
     env.outputs = r->outputs;
     env.check = r->options.golden_path ? &r->check : NULL;
+    bool metrics = r->options.metrics_path && !r->metrics_written;
+    if (metrics) {
+        const run_options *o = &r->options;
+        QT_TRY(metrics_open(&r->metrics, o->metrics_path, o->replace_outputs, RUN_REPLACE_HINT,
+                            o->metrics_every ? o->metrics_every : 100, r->model.classification));
+        r->metrics_written = true;
+        env.record = metrics_record;
+        env.record_ctx = &r->metrics;
+    }
     if (r->options.trace_path) {
-        QT_TRY(run_trace_open(r));
+        qt_status opened = run_trace_open(r);
+        if (opened != QT_OK) {
+            metrics_abandon(&r->metrics);
+            return opened;
+        }
         env.trace = &r->trace;
         r->trace_active = true;
     }
     qt_status status = run_loop(r, &env, out);
+    if (metrics) {
+        qt_status committed = metrics_commit(&r->metrics);
+        if (status == QT_OK) status = committed;
+    }
     if (env.trace) {
         qt_status closed = trace_close(&r->trace);
         if (status == QT_OK) status = closed;
@@ -642,6 +668,7 @@ qt_status run_profile(run *r, uint32_t reps, FILE *out) {
 
 void run_close(run *r) {
     run_outputs_abandon(r);
+    metrics_abandon(&r->metrics);
     if (!r->backend) return;
     for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
         backend_graph_destroy(r->backend, &r->graphs[mode]);

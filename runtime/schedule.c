@@ -257,6 +257,7 @@ typedef struct sched_pending {
     uint64_t row_step;  // 1-based
     uint32_t rows_valid;
     double row_start;   // when the row's first step (in this loop) was launched
+    uint64_t train_steps;  // the run's train steps up to this step, this one included
 } sched_pending;
 
 // The proof in schedule.h needs a host slot for each step in flight plus the one being filled,
@@ -287,6 +288,7 @@ typedef struct sched_loop {
     uint64_t saved_at;       // the step of the last save; UINT64_MAX: none yet
     double start, row_start;
     uint64_t total, done;    // steps of this loop
+    uint64_t mode_total[MODEL_MODE_COUNT];  // steps of each mode this loop runs
     uint64_t next_train_read;  // the step after the last train record read (0: none yet)
     double last_train_read;    // when that record was read
 } sched_loop;
@@ -297,13 +299,18 @@ static data_feed *sched_feed(const sched_env *env, const sched_row *row) {
     return env->train_plain;
 }
 
+// Adds an eval step to the pass under way and tells the pass so far (*p's pass_*); at the
+// row's end the pass becomes the summary's last eval row.
 static void sched_eval_accumulate(sched_loop *l, const qt_trace_record *rec, uint32_t valid,
-                                  bool row_end) {
+                                  bool row_end, sched_progress *p) {
     sched_state *s = l->state;
     // accuracy = RN(correct / valid) with valid < 2^24, so RN(accuracy * valid) is correct.
     s->eval_correct += (uint64_t)((double)rec->accuracy * valid + 0.5);
     s->eval_valid += valid;
     s->eval_loss_sum += (double)rec->loss * valid;
+    p->pass_samples = s->eval_valid;
+    p->pass_loss = s->eval_valid ? s->eval_loss_sum / (double)s->eval_valid : 0.0;
+    p->pass_accuracy = s->eval_valid ? (double)s->eval_correct / (double)s->eval_valid : 0.0;
     if (!row_end) return;
     s->has_eval = 1;
     s->eval_samples = s->eval_valid;
@@ -342,6 +349,8 @@ static qt_status sched_consume(sched_loop *l, const sched_pending *pd) {
     bool row_end = pd->row_step == row->steps;
     l->done++;
     l->sum->steps[row->mode]++;
+    sched_progress p;
+    memset(&p, 0, sizeof p);
     if (row->mode == MODEL_MODE_TRAIN) {
         double now = sched_now();
         sched_time_train_step(l, pd->step, now);
@@ -349,19 +358,34 @@ static qt_status sched_consume(sched_loop *l, const sched_pending *pd) {
         if (rec.flags & QT_TRACE_FLAG_SKIPPED) l->sum->skipped++;
         if (row_end) l->sum->train_seconds += now - pd->row_start;
     }
-    if (row->mode == MODEL_MODE_EVAL) sched_eval_accumulate(l, &rec, pd->rows_valid, row_end);
-    const uint16_t *outputs = NULL;
+    if (row->mode == MODEL_MODE_EVAL) {
+        sched_eval_accumulate(l, &rec, pd->rows_valid, row_end, &p);
+    }
     if (row->mode == MODEL_MODE_INFER) {
         const uint8_t *slots = arena_host_pointer(m->host, m->io.outputs);
-        outputs = (const uint16_t *)(slots + (pd->step % MODEL_OUTPUT_SLOTS) *
-                                                 m->io.outputs_bytes);
-        if (row->output) QT_TRY(infer_out_write(&env->outputs[row->output - 1], outputs,
+        p.outputs = (const uint16_t *)(slots + (pd->step % MODEL_OUTPUT_SLOTS) *
+                                                   m->io.outputs_bytes);
+        if (row->output) QT_TRY(infer_out_write(&env->outputs[row->output - 1], p.outputs,
                                                 pd->rows_valid));
     }
-    if (!env->progress) return QT_OK;
-    sched_progress p = {&rec, row->mode, pd->row, pd->row_step, row->steps, l->done, l->total,
-                        pd->rows_valid, outputs, sched_now() - l->start};
-    env->progress(env->progress_ctx, &p);
+    if (!env->progress && !env->record) return QT_OK;
+    p.record = &rec;
+    p.mode = row->mode;
+    p.row = pd->row;
+    p.row_step = pd->row_step;
+    p.row_steps = row->steps;
+    p.dataset = row->dataset;
+    p.done = l->done;
+    p.total = l->total;
+    for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
+        p.left[mode] = l->mode_total[mode] - l->sum->steps[mode];
+    }
+    p.train_steps = pd->train_steps;
+    p.epoch_steps = l->t->epoch_steps;
+    p.rows_valid = pd->rows_valid;
+    p.elapsed_s = sched_now() - l->start;
+    if (env->record) QT_TRY(env->record(env->record_ctx, &p));
+    if (env->progress) env->progress(env->progress_ctx, &p);
     return QT_OK;
 }
 
@@ -470,7 +494,8 @@ static qt_status sched_step(sched_loop *l, sched_at at) {
     s->step++;
     s->row_step++;
     uint32_t k = (uint32_t)(step % SCHED_LAG);
-    l->pending[k] = (sched_pending){step, at.row, at.row_step, l->staged_valid, l->row_start};
+    l->pending[k] = (sched_pending){step, at.row, at.row_step, l->staged_valid, l->row_start,
+                                    s->train_steps};
     if (l->gpu) {
         QT_CU(cuEventRecord(l->events[k], env->backend->stream));
         return QT_OK;
@@ -512,10 +537,16 @@ static qt_status sched_rows(sched_loop *l) {
     }
 }
 
-static uint64_t sched_steps_left(const sched_table *t, const sched_state *s) {
+// Steps the table has from the state's position on, in all and of each mode.
+static uint64_t sched_steps_left(const sched_table *t, const sched_state *s,
+                                 uint64_t mode_total[MODEL_MODE_COUNT]) {
     uint64_t total = 0;
-    for (uint32_t r = s->row; r < t->row_count; r++) total += t->rows[r].steps;
-    return total - (s->row < t->row_count ? s->row_step : 0);
+    for (uint32_t r = s->row; r < t->row_count; r++) {
+        uint64_t steps = t->rows[r].steps - (r == s->row ? s->row_step : 0);
+        mode_total[t->rows[r].mode] += steps;
+        total += steps;
+    }
+    return total;
 }
 
 // The summary's carried fields come from the state (a resumed run reports the last eval row
@@ -543,7 +574,7 @@ qt_status sched_run(const sched_env *env, const sched_table *t, sched_state *sta
     l.staged = state->step;
     l.saved_at = UINT64_MAX;
     QT_ASSERT(state->row <= t->row_count);
-    l.total = sched_steps_left(t, state);
+    l.total = sched_steps_left(t, state, l.mode_total);
     for (int k = 0; l.gpu && k < SCHED_LAG; k++) {
         QT_CU(cuEventCreate(&l.events[k], CU_EVENT_DISABLE_TIMING));
     }

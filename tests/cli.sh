@@ -142,6 +142,43 @@ else
     exit 1
 fi
 rm -rf "$dir"
+# Progress and metrics: each eval pass leaves one line with the whole pass's loss and accuracy
+# (the summary's), ETAs are h:mm:ss; --metrics writes a JSON line per eval pass and per N train
+# steps, and refuses an existing file unless --force.
+dir=$(mktemp -d)
+{ sed '/^\[schedule\]/,$d' tests/recipes/synthetic_tiny.recipe
+  printf '[schedule]\ntrain 2 epochs cosine 1e-2 -> 1e-3 eval every epoch\n'; } > "$dir/r.recipe"
+fail_metrics() {
+    echo "FAIL cli_progress_and_metrics: $1"
+    cat "$dir/err" "$dir/out" "$dir/m.jsonl" 2>/dev/null | sed 's/^/  /' | tail -20
+    rm -rf "$dir"
+    exit 1
+}
+"$qtrain" run "$dir/r.recipe" --ref --metrics "$dir/m.jsonl" --metrics-every 16 \
+    > "$dir/out" 2> "$dir/err" || fail_metrics "the run failed"
+acc=$(sed -n 's/^eval         accuracy \([0-9.]*\)%.*/\1/p' "$dir/out")
+[ "$(grep -c '^eval  pass     4/4  *eval  set  *64 samples  loss ' "$dir/err")" -eq 2 ] &&
+    [ "$(grep '^eval  pass' "$dir/err" | tail -1 | sed 's/.* acc *\([0-9.]*\)%.*/\1/')" = \
+      "$acc" ] ||
+    fail_metrics "the eval pass lines"
+grep '^train \|^eval ' "$dir/err" | grep -qv ' ETA [0-9]*:[0-5][0-9]:[0-5][0-9]$' &&
+    fail_metrics "an ETA not as h:mm:ss"
+kinds=$(sed 's/^{"kind":"\([a-z]*\)","step":\([0-9]*\),.*/\1 \2/' "$dir/m.jsonl" | tr '\n' ,)
+[ "$kinds" = "train 16,train 32,eval 32,train 48,train 64,eval 64," ] ||
+    fail_metrics "metrics lines: $kinds"
+tail -1 "$dir/m.jsonl" | grep -q '"samples":64,"dataset":"eval"}$' &&
+    [ "$(tail -1 "$dir/m.jsonl" | sed 's/.*"accuracy":\([0-9.e-]*\),.*/\1/' |
+         awk '{ printf "%.2f", 100 * $1 }')" = "$acc" ] || fail_metrics "the last eval line"
+"$qtrain" run "$dir/r.recipe" --ref --metrics "$dir/m.jsonl" > "$dir/out" 2> "$dir/err"
+[ $? -eq 1 ] && grep -q 'm.jsonl exists; qtrain does not replace files: .* pass --force' \
+    "$dir/err" && ! grep -q '^steps ' "$dir/out" || fail_metrics "an existing file was not refused"
+"$qtrain" run "$dir/r.recipe" --ref --metrics "$dir/m.jsonl" --force > "$dir/out" 2> "$dir/err" &&
+    [ "$(wc -l < "$dir/m.jsonl")" -eq 4 ] || fail_metrics "--force did not replace the file"
+"$qtrain" run "$dir/r.recipe" --ref --metrics-every 5 > "$dir/out" 2> "$dir/err"
+[ $? -eq 2 ] && grep -q -- '--metrics-every needs --metrics FILE' "$dir/err" ||
+    fail_metrics "--metrics-every alone"
+rm -rf "$dir"
+echo "PASS cli_progress_and_metrics"
 out=$("$qtrain" run tests/recipes/synthetic_tiny.recipe --ref --profile 2>&1)
 rc=$?
 if [ $rc -eq 2 ] && echo "$out" | grep -q -- '--profile times GPU kernels' &&
