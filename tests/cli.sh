@@ -51,6 +51,16 @@ else
     echo "FAIL cli_version: $out"
     exit 1
 fi
+# The verdict of a loop over recipes: PASS when it found no problem ($bad) in at least $2 of
+# them ($count).
+recipes_verdict() {
+    if [ -z "$bad" ] && [ "$count" -ge "$2" ]; then
+        echo "PASS $1 ($count recipes)"
+    else
+        echo "FAIL $1 ($count recipes):$bad"
+        exit 1
+    fi
+}
 # plan --summary: the model, its quantizers, parameters, the schedule and both arenas in under 40
 # lines, for every recipe that plans without data files (and the shipped ones when the data is
 # there).
@@ -71,12 +81,7 @@ for recipe in tests/recipes/synthetic_*.recipe recipes/bench/*.recipe \
         echo "$out" | grep -q "^$key " || bad="$bad $recipe: no '$key' line;"
     done
 done
-if [ -z "$bad" ] && [ "$count" -ge 12 ]; then
-    echo "PASS cli_plan_summary ($count recipes)"
-else
-    echo "FAIL cli_plan_summary ($count recipes):$bad"
-    exit 1
-fi
+recipes_verdict cli_plan_summary 12
 # A rule that matches no role of the model is refused, naming the rule and the model's roles.
 dir=$(mktemp -d)
 sed 's/^recipe = bf16$/recipe = bf16\nrule = linear.*@fc2 -> nvfp4/' \
@@ -229,12 +234,7 @@ for recipe in recipes/bench/*.recipe; do
         bad="$bad $recipe: the head is not BF16;"
     fi
 done
-if [ -z "$bad" ] && [ "$count" -ge 8 ]; then
-    echo "PASS cli_plan_bench_recipes ($count recipes)"
-else
-    echo "FAIL cli_plan_bench_recipes ($count recipes):$bad"
-    exit 1
-fi
+recipes_verdict cli_plan_bench_recipes 8
 # Ctrl-C: the run stops at a step boundary with its summary, a complete trace and, with --save, a
 # checkpoint (exit 130); resuming it into the same trace file gives the uninterrupted run's trace.
 dir=$(mktemp -d)
