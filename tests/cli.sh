@@ -162,7 +162,7 @@ fail_metrics() {
 "$qtrain" run "$dir/r.recipe" --ref --metrics "$dir/m.jsonl" --metrics-every 16 \
     > "$dir/out" 2> "$dir/err" || fail_metrics "the run failed"
 acc=$(sed -n 's/^eval         accuracy \([0-9.]*\)%.*/\1/p' "$dir/out")
-[ "$(grep -c '^eval  pass     4/4  *eval  set  *64 samples  loss ' "$dir/err")" -eq 2 ] &&
+[ "$(grep -c '^eval  pass     4/4  *eval set  *64 samples  loss ' "$dir/err")" -eq 2 ] &&
     [ "$(grep '^eval  pass' "$dir/err" | tail -1 | sed 's/.* acc *\([0-9.]*\)%.*/\1/')" = \
       "$acc" ] ||
     fail_metrics "the eval pass lines"

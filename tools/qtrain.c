@@ -305,6 +305,7 @@ static int command_plan(int argc, char **argv) {
 typedef struct progress_state {
     bool tty;
     bool classification;
+    bool input_file;                         // `qtrain infer`: the rows read --input
     double last_print;
     double last_elapsed;
     double mode_seconds[MODEL_MODE_COUNT];  // the loop's time, by the mode of each step
@@ -405,14 +406,15 @@ static void print_progress(void *ctx, const sched_progress *p) {
         format_loss(st, st->rows ? st->loss_sum / (double)st->rows : 0.0,
                     st->rows ? (double)st->correct / (double)st->rows : 0.0, loss, sizeof loss);
     } else {
-        const char *set = p->dataset == RECIPE_DATASET_EVAL ? "eval" : "train";
+        const char *set = st->input_file ? "input file" : p->dataset == RECIPE_DATASET_EVAL
+                                                               ? "eval set" : "train set";
         loss[0] = '\0';
         if (p->mode == MODEL_MODE_EVAL) {
-            snprintf(where, sizeof where, "pass %5" PRIu64 "/%-5" PRIu64 " %-5s set %7" PRIu64
+            snprintf(where, sizeof where, "pass %5" PRIu64 "/%-5" PRIu64 " %-9s %7" PRIu64
                      " samples", p->row_step, p->row_steps, set, p->pass_samples);
             format_loss(st, p->pass_loss, p->pass_accuracy, loss, sizeof loss);
         } else {
-            snprintf(where, sizeof where, "step %5" PRIu64 "/%-5" PRIu64 " %-5s set", p->row_step,
+            snprintf(where, sizeof where, "step %5" PRIu64 "/%-5" PRIu64 " %s", p->row_step,
                      p->row_steps, set);
         }
     }
@@ -588,6 +590,7 @@ static int run_with_backend(const cli_args *a, backend *b, double start, double 
     memset(&progress, 0, sizeof progress);
     progress.tty = isatty(2) != 0;
     progress.classification = the_run.model.classification;
+    progress.input_file = a->options.infer_input != NULL;
     progress.last_print = -1.0;
     if (status == QT_OK) {
         // `qtrain infer` has nothing to save: a signal ends it as usual (no file is written).
