@@ -71,6 +71,7 @@ static qt_status sched_add(sched_builder *b, const recipe_row *rr, sched_row row
 static bool sched_steps_of(const sched_builder *b, uint64_t count, recipe_unit unit,
                            uint64_t *steps) {
     uint64_t per = unit == RECIPE_UNIT_EPOCHS ? b->epoch : 1;
+    QT_ASSERT(per > 0);  // a train set has samples (data_probe)
     if (count > SCHED_ROW_STEPS_MAX / per) return false;
     *steps = count * per;
     return true;
@@ -78,8 +79,8 @@ static bool sched_steps_of(const sched_builder *b, uint64_t count, recipe_unit u
 
 // A train row's learning-rate rows: the warmup's (linear from 0 to the rule's first rate), then
 // the rule's over the rest of the row. One graph serves them all (schedule.h).
-static qt_status sched_add_lr(sched_builder *b, const recipe_row *rr, uint64_t start,
-                              uint64_t steps, uint64_t warmup) {
+static void sched_add_lr(sched_builder *b, const recipe_row *rr, uint64_t start,
+                         uint64_t steps, uint64_t warmup) {
     sched_table *t = b->t;
     QT_ASSERT(t->lr_count + 2 <= SCHED_LR_ROWS_MAX);
     if (warmup > 0) {
@@ -88,7 +89,6 @@ static qt_status sched_add_lr(sched_builder *b, const recipe_row *rr, uint64_t s
     }
     t->lr[t->lr_count++] = (optim_lr_row){start + warmup, steps - warmup,
                                           sched_lr_rule(rr->lr_kind), rr->lr_from, rr->lr_to, 0};
-    return QT_OK;
 }
 
 // A train row: its learning-rate rows, then its steps, in pieces of the eval clause's interval
@@ -110,10 +110,11 @@ static qt_status sched_add_train(sched_builder *b, const recipe_row *rr, uint64_
                               rr->warmup_unit == RECIPE_UNIT_EPOCHS ? "epochs" : "steps",
                               (unsigned long long)steps, (unsigned long long)b->epoch);
     }
-    QT_TRY(sched_add_lr(b, rr, *start, steps, warmup));
+    sched_add_lr(b, rr, *start, steps, warmup);
     *start += steps;
     if (!rr->eval_every) return sched_add(b, rr, (sched_row){MODEL_MODE_TRAIN, steps,
                                                              RECIPE_DATASET_TRAIN, rr->line, 0});
+    // An interval too long to count in steps is longer than the row: one eval, at its end.
     if (!sched_steps_of(b, rr->eval_every, rr->eval_unit, &every)) every = steps;
     sched_row eval = {MODEL_MODE_EVAL, rr->eval_all ? b->pass[rr->dataset] : rr->eval_steps,
                       rr->dataset, rr->line, 0};
