@@ -493,6 +493,37 @@ static void test_npy_errors(void) {
 // ---------------------------------------------------------------------------------------------
 // synthetic sources
 
+// Correct predictions on `test` of the nearest class mean, the means taken from `fit` (at most
+// 8 classes of 32 features).
+static int nearest_mean_correct(const data_set *fit, const data_set *test, int classes,
+                                int features) {
+    double mean[8][32] = {{0}};
+    int count[8] = {0};
+    for (uint64_t s = 0; s < fit->info.samples; s++) {
+        int l = fit->labels[s];
+        count[l]++;
+        for (int f = 0; f < features; f++) mean[l][f] += fit->inputs_f32[s * features + f];
+    }
+    for (int k = 0; k < classes; k++) {
+        for (int f = 0; f < features; f++) mean[k][f] /= count[k] > 0 ? count[k] : 1;
+    }
+    int correct = 0;
+    for (uint64_t s = 0; s < test->info.samples; s++) {
+        int best = 0;
+        double best_d = INFINITY;
+        for (int k = 0; k < classes; k++) {
+            double d = 0;
+            for (int f = 0; f < features; f++) {
+                double e = test->inputs_f32[s * features + f] - mean[k][f];
+                d += e * e;
+            }
+            if (d < best_d) best_d = d, best = k;
+        }
+        correct += best == test->labels[s];
+    }
+    return correct;
+}
+
 static void test_synthetic_classes(void) {
     test_begin("synthetic_classes");
     enum { IN = 24, K = 5, S = 3000 };
@@ -517,35 +548,16 @@ static void test_synthetic_classes(void) {
     CHECK(h == 0xfcb76e2f12b255d3ull, "dataset hash %016" PRIx64, h);
     // Labels in range and every class present; a nearest-class-mean classifier (means from the
     // data itself) separates the blobs, as the generator's comment promises.
-    double mean[K][IN] = {{0}};
     int count[K] = {0};
-    for (int s = 0; s < S; s++) {
+    bool in_range = true;
+    for (int s = 0; s < S && in_range; s++) {
         int32_t l = a.labels[s];
-        if (l < 0 || l >= K) {
-            CHECK(false, "label %d of sample %d", l, s);
-            break;
-        }
-        count[l]++;
-        for (int f = 0; f < IN; f++) mean[l][f] += a.inputs_f32[s * IN + f];
+        in_range = l >= 0 && l < K;
+        CHECK(in_range, "label %d of sample %d", l, s);
+        if (in_range) count[l]++;
     }
-    for (int k = 0; k < K; k++) {
-        CHECK(count[k] > S / K / 2, "class %d has %d samples", k, count[k]);
-        for (int f = 0; f < IN; f++) mean[k][f] /= count[k] > 0 ? count[k] : 1;
-    }
-    int correct = 0;
-    for (int s = 0; s < S; s++) {
-        int best = 0;
-        double best_d = INFINITY;
-        for (int k = 0; k < K; k++) {
-            double d = 0;
-            for (int f = 0; f < IN; f++) {
-                double e = a.inputs_f32[s * IN + f] - mean[k][f];
-                d += e * e;
-            }
-            if (d < best_d) best_d = d, best = k;
-        }
-        correct += best == a.labels[s];
-    }
+    for (int k = 0; k < K; k++) CHECK(count[k] > S / K / 2, "class %d has %d samples", k, count[k]);
+    int correct = in_range ? nearest_mean_correct(&a, &a, K, IN) : 0;
     // Centers 4.2 noise deviations apart: the Bayes accuracy for 5 classes is about 95%.
     CHECK(correct > S * 85 / 100 && correct < S, "nearest mean accuracy %d / %d", correct, S);
     free(ma), free(mb), free(mc);
@@ -589,35 +601,6 @@ static void test_synthetic_teacher(void) {
 // task= draws the task (class centers, teacher weights) and seed= the samples: an eval source
 // with the train source's task and another seed is a fresh sample of the same problem, which a
 // classifier fit on the train samples scores well on, while another task scores at chance.
-static int nearest_mean_correct(const data_set *fit, const data_set *test, int classes,
-                                int features) {
-    double mean[8][32] = {{0}};
-    int count[8] = {0};
-    for (uint64_t s = 0; s < fit->info.samples; s++) {
-        int l = fit->labels[s];
-        count[l]++;
-        for (int f = 0; f < features; f++) mean[l][f] += fit->inputs_f32[s * features + f];
-    }
-    for (int k = 0; k < classes; k++) {
-        for (int f = 0; f < features; f++) mean[k][f] /= count[k] > 0 ? count[k] : 1;
-    }
-    int correct = 0;
-    for (uint64_t s = 0; s < test->info.samples; s++) {
-        int best = 0;
-        double best_d = INFINITY;
-        for (int k = 0; k < classes; k++) {
-            double d = 0;
-            for (int f = 0; f < features; f++) {
-                double e = test->inputs_f32[s * features + f] - mean[k][f];
-                d += e * e;
-            }
-            if (d < best_d) best_d = d, best = k;
-        }
-        correct += best == test->labels[s];
-    }
-    return correct;
-}
-
 static void test_synthetic_task(void) {
     test_begin("synthetic_task_separate_from_sample_seed");
     enum { IN = 16, K = 4, S = 2000 };
