@@ -168,6 +168,10 @@ acc=$(sed -n 's/^eval         accuracy \([0-9.]*\)%.*/\1/p' "$dir/out")
     fail_metrics "the eval pass lines"
 grep '^train \|^eval ' "$dir/err" | grep -qv ' ETA [0-9]*:[0-5][0-9]:[0-5][0-9]$' &&
     fail_metrics "an ETA not as h:mm:ss"
+# Three significant digits or so: 1234 steps/s, 56.7 steps/s, 8.90 steps/s, 12.3 s/step.
+rate=' \([1-9][0-9][0-9][0-9]*\|[1-9][0-9]\.[0-9]\|[1-9]\.[0-9][0-9]\) steps/s  ETA'
+grep '^train \|^eval ' "$dir/err" | grep -v "$rate" | grep -qv ' [0-9]*\.[0-9] s/step  ETA' &&
+    fail_metrics "a rate not in its format"
 kinds=$(sed 's/^{"kind":"\([a-z]*\)","step":\([0-9]*\),.*/\1 \2/' "$dir/m.jsonl" | tr '\n' ,)
 [ "$kinds" = "train 16,train 32,eval 32,train 48,train 64,eval 64," ] ||
     fail_metrics "metrics lines: $kinds"
