@@ -2,6 +2,7 @@
 // parameters and the persistent regions (model.h). The programs are built in model_build.c.
 #include "model.h"
 
+#include <inttypes.h>  // PRIu64
 #include <math.h>    // sqrtf
 #include <stdarg.h>
 #include <string.h>
@@ -549,17 +550,23 @@ static const char *const model_layer_names[RECIPE_LAYER_KIND_COUNT] = {
     "linear", "relu", "gelu", "silu", "swiglu", "rmsnorm", "residual begin", "residual end",
     "moe"};
 
+// "rule at line N" or "built-in SCHEME": where a quantizer came from.
+static void model_quantizer_source(const model *m, const model_quantizer *mq, char *buf,
+                                   size_t buf_bytes) {
+    if (mq->q.rule_line > 0) {
+        snprintf(buf, buf_bytes, "rule at line %u", mq->q.rule_line);
+    } else {
+        snprintf(buf, buf_bytes, "built-in %s", rules_scheme_name(m->recipe->quant.builtin));
+    }
+}
+
 static void model_print_quantizer(const model *m, uint32_t index, FILE *out) {
     const model_quantizer *mq = &m->quantizers[index];
     char role[96], q[160];
     rules_role_format(&mq->role, role, sizeof role);
     rules_quantizer_format(&mq->q, q, sizeof q);
     char from[64];
-    if (mq->q.rule_line > 0) {
-        snprintf(from, sizeof from, "rule at line %u", mq->q.rule_line);
-    } else {
-        snprintf(from, sizeof from, "built-in %s", rules_scheme_name(m->recipe->quant.builtin));
-    }
+    model_quantizer_source(m, mq, from, sizeof from);
     fprintf(out, "      %-30s %-44s (%s)", role, q, from);
     if (mq->q.scheme == QT_SCHEME_NVFP4 && mq->role.tensor_type != QT_TENSOR_WEIGHT) {
         fprintf(out, " rht %s", mq->rht ? "on" : "off");
@@ -610,4 +617,120 @@ void model_print(const model *m, FILE *out) {
     }
     fprintf(out, "notes:%s\n", m->note_count ? "" : " none");
     for (uint32_t i = 0; i < m->note_count; i++) fprintf(out, "  %s\n", m->notes[i]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Summary (`qtrain plan --summary`): a bounded number of lines whatever the model's size.
+
+#define MODEL_SUMMARY_LAYERS 10   // layers with weights listed one per line; the rest counted
+#define MODEL_SUMMARY_GROUPS 10   // quantizer groups listed; the rest counted
+#define MODEL_SUMMARY_NAMES 40    // bytes of layer names listed per group before "+N"
+
+// Roles with the same tensor type, quantizer, RHT decision and source, and their layers.
+typedef struct model_qgroup {
+    qt_tensor_type tensor;
+    char q[160];
+    char from[64];
+    bool rht;
+    uint32_t count;
+    char names[MODEL_SUMMARY_NAMES + 1];
+    uint32_t names_left;          // layers in the group that names does not list
+} model_qgroup;
+
+static void model_qgroup_add_name(model_qgroup *g, const char *name) {
+    size_t used = strlen(g->names), need = strlen(name) + (used ? 1 : 0);
+    if (g->names_left == 0 && used + need <= MODEL_SUMMARY_NAMES) {
+        if (used) g->names[used++] = ' ';
+        memcpy(g->names + used, name, strlen(name) + 1);
+    } else {
+        g->names_left++;
+    }
+}
+
+static uint32_t model_qgroups(const model *m, model_qgroup *groups) {
+    uint32_t count = 0;
+    for (uint32_t i = 0; i < m->quantizer_count; i++) {
+        const model_quantizer *mq = &m->quantizers[i];
+        model_qgroup key;
+        memset(&key, 0, sizeof key);
+        key.tensor = mq->role.tensor_type;
+        rules_quantizer_format(&mq->q, key.q, sizeof key.q);
+        model_quantizer_source(m, mq, key.from, sizeof key.from);
+        key.rht = mq->rht;
+        uint32_t g = 0;
+        while (g < count && !(groups[g].tensor == key.tensor && groups[g].rht == key.rht &&
+                              strcmp(groups[g].q, key.q) == 0 &&
+                              strcmp(groups[g].from, key.from) == 0)) {
+            g++;
+        }
+        if (g == count) groups[count++] = key;
+        groups[g].count++;
+        model_qgroup_add_name(&groups[g], mq->role.name);
+    }
+    return count;
+}
+
+static int model_digits(uint32_t v) {
+    int digits = 1;
+    while (v >= 10) {
+        v /= 10;
+        digits++;
+    }
+    return digits;
+}
+
+void model_print_summary(const model *m, FILE *out) {
+    const recipe_model *rm = &m->recipe->model;
+    uint32_t weighted = 0;
+    uint64_t values = 0;
+    for (uint32_t i = 0; i < m->param_count; i++) {
+        values += (uint64_t)m->params[i].rows * m->params[i].cols_valid;
+    }
+    fprintf(out, "model        %u layers, input %u", rm->layers_count, m->input_features);
+    if (m->input_stride != m->input_features) fprintf(out, " (padded to %u)", m->input_stride);
+    fprintf(out, ", %u outputs, loss %s, batch %u\n", m->outputs,
+            m->classification ? "softmax_xent" : "mse", m->batch);
+    for (uint32_t i = 0; i < rm->layers_count; i++) {
+        const recipe_layer *l = &rm->layers[i];
+        if (l->name[0] == '\0') continue;
+        if (++weighted > MODEL_SUMMARY_LAYERS) continue;
+        fprintf(out, "  %-16s %-8s %6u -> %u", l->name, model_layer_names[l->kind],
+                l->in_features, l->out_features);
+        if (l->kind == RECIPE_LAYER_LINEAR) {
+            const model_linear *lin = &m->linears[m->layer_linear[i]];
+            fprintf(out, "%*s%-4s GEMMs", 7 - model_digits(l->out_features), "",
+                    l->bias ? "bias" : "");
+            for (int g = 0; g < MODEL_GEMM_COUNT; g++) {
+                bool runs = g != MODEL_DGRAD || lin->needs_dx;
+                fprintf(out, " %s %s", model_gemm_names[g],
+                        !runs ? "-" : lin->path[g] == MODEL_GEMM_NATIVE ? "native" : "mixed");
+            }
+        }
+        fputc('\n', out);
+    }
+    if (weighted > MODEL_SUMMARY_LAYERS) {
+        fprintf(out, "  ... %u more layers with weights (qtrain plan lists them all)\n",
+                weighted - MODEL_SUMMARY_LAYERS);
+    }
+    static model_qgroup groups[MODEL_QUANTIZERS_MAX];
+    uint32_t group_count = model_qgroups(m, groups);
+    fprintf(out, "quantizers   %u roles in %u groups: tensor, quantizer (source): layers\n",
+            m->quantizer_count, group_count);
+    for (uint32_t g = 0; g < group_count && g < MODEL_SUMMARY_GROUPS; g++) {
+        const model_qgroup *q = &groups[g];
+        char layers[MODEL_SUMMARY_NAMES + 24];
+        snprintf(layers, sizeof layers, "%s", q->names);
+        if (q->names_left) {
+            size_t used = strlen(layers);
+            snprintf(layers + used, sizeof layers - used, " +%u", q->names_left);
+        }
+        fprintf(out, "  %-11s  %s (%s%s): %s\n", rules_tensor_type_name(q->tensor), q->q,
+                q->from, q->rht ? ", rht on" : "", layers);
+    }
+    if (group_count > MODEL_SUMMARY_GROUPS) {
+        fprintf(out, "  ... %u more groups (qtrain plan lists every role)\n",
+                group_count - MODEL_SUMMARY_GROUPS);
+    }
+    fprintf(out, "parameters   %u tensors, %" PRIu64 " values; %u delayed-scaling states\n",
+            m->param_count, values, m->state_count);
 }

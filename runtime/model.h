@@ -232,5 +232,9 @@ void model_trace_name(const model *m, uint32_t trace_index, char *buf, size_t bu
 // Writes the plan: layers with their widths, padding, quantizers (scheme and options), GEMM
 // paths, RHT decisions and the notes.
 void model_print(const model *m, FILE *out);
+// The same in brief, at most 25 lines for any model: the layers with weights (their GEMM paths),
+// the quantizers grouped by tensor type, quantizer and the rule that chose it (with the layers of
+// each group), and the parameter count.
+void model_print_summary(const model *m, FILE *out);
 
 #endif  // QT_MODEL_H

@@ -82,20 +82,59 @@ def parse_source(text, where):
     raise RecipeError("%s: unknown data source '%s'" % (where, text))
 
 
+UNITS = {"step": "steps", "steps": "steps", "epoch": "epochs", "epochs": "epochs"}
+
+
+def parse_train_row(words, where):
+    """`train N [steps|epochs] [RULE] [warmup N [steps|epochs]] [eval ... every [N] UNIT]`."""
+    row = {"mode": "train", "count": int(words[1]), "unit": "steps", "rule": "default",
+           "warmup": None, "eval": None}
+    i = 2
+    if i < len(words) and words[i] in UNITS:
+        row["unit"] = UNITS[words[i]]
+        i += 1
+    rule_start = i < len(words) and (words[i] in ("constant", "cosine", "decay") or (
+        words[i] == "warmup" and i + 2 < len(words) and words[i + 2] == "->"))
+    if rule_start and words[i] == "constant":
+        row.update(rule="constant", a=float(words[i + 1]))
+        i += 2
+    elif rule_start:
+        if i + 3 >= len(words) or words[i + 2] != "->":
+            raise RecipeError("%s: expected '%s A -> B'" % (where, words[i]))
+        row.update(rule="cosine" if words[i] == "cosine" else "linear", a=float(words[i + 1]),
+                   b=float(words[i + 3]))
+        i += 4
+    while i < len(words):
+        if words[i] == "warmup" and i + 1 < len(words):
+            count, i = int(words[i + 1]), i + 2
+            unit = "steps"
+            if i < len(words) and words[i] in UNITS:
+                unit, i = UNITS[words[i]], i + 1
+            row["warmup"] = (count, unit)
+        elif words[i] == "eval":
+            i += 1
+            clause = {"steps": "all", "dataset": "eval", "every": None}
+            if i < len(words) and (words[i] == "all" or words[i].isdigit()):
+                clause["steps"], i = words[i], i + 1
+            if i < len(words) and words[i] in ("train", "eval"):
+                clause["dataset"], i = words[i], i + 1
+            if i >= len(words) or words[i] != "every":
+                raise RecipeError("%s: expected 'eval ... every [N] steps|epochs'" % where)
+            i, count = i + 1, 1
+            if i < len(words) and words[i].isdigit():
+                count, i = int(words[i]), i + 1
+            if i >= len(words) or words[i] not in UNITS:
+                raise RecipeError("%s: expected steps or epochs after 'every'" % where)
+            clause["every"], i = (count, UNITS[words[i]]), i + 1
+            row["eval"] = clause
+        else:
+            raise RecipeError("%s: unexpected '%s' in a train row" % (where, words[i]))
+    return row
+
+
 def parse_schedule_row(words, where):
     if words[0] == "train":
-        row = {"mode": "train", "steps": int(words[1]), "rule": "default"}
-        rest = words[2:]
-        if rest and rest[0] == "constant":
-            row.update(rule="constant", a=float(rest[1]))
-        elif rest and rest[0] in ("warmup", "cosine"):
-            if len(rest) != 4 or rest[2] != "->":
-                raise RecipeError("%s: expected '%s A -> B'" % (where, rest[0]))
-            row.update(rule="linear" if rest[0] == "warmup" else "cosine", a=float(rest[1]),
-                       b=float(rest[3]))
-        elif rest:
-            raise RecipeError("%s: unknown learning-rate rule '%s'" % (where, rest[0]))
-        return row
+        return parse_train_row(words, where)
     if words[0] in ("eval", "infer"):
         return {"mode": words[0], "steps": words[1], "dataset": words[2] if len(words) > 2 else
                 ("eval" if words[0] == "eval" else "")}
@@ -199,17 +238,47 @@ def linear_weights(r):
     return total
 
 
-def lr_at(rows, t, default_lr):
-    """qtrain's learning rate at train step t (ptx/optim.h qt_optim_lr_at)."""
-    start, chosen = 0, None
-    for row in rows:
+def expand_schedule(r, epoch, default_lr):
+    """The table qtrain builds from the [schedule] rows (runtime/schedule.c sched_table_build,
+    without a --steps cut): rows {"mode", "steps", "dataset"} in order, a train row's epochs
+    counted as `epoch` steps and its eval clause's eval rows put in, and the learning-rate rows
+    {"start", "steps", "rule", "a", "b"}, a warmup clause's before its rule's."""
+    rows, lr_rows, start = [], [], 0
+
+    def steps_of(count, unit):
+        return count * epoch if unit == "epochs" else count
+
+    for row in r["schedule"]:
         if row["mode"] != "train":
+            rows.append(row)
             continue
-        if start <= t or chosen is None:
-            chosen = dict(row, start=start)
-        start += row["steps"]
-    if chosen is None or chosen["rule"] == "default":
-        return default_lr
+        total = steps_of(row["count"], row["unit"])
+        rule = "constant" if row["rule"] == "default" else row["rule"]
+        a = row.get("a", default_lr)
+        b = row.get("b", a)
+        warm = steps_of(*row["warmup"]) if row["warmup"] else 0
+        if warm:
+            lr_rows.append({"start": start, "steps": warm, "rule": "linear", "a": 0.0, "b": a})
+        lr_rows.append({"start": start + warm, "steps": total - warm, "rule": rule, "a": a,
+                        "b": b})
+        start += total
+        if not row["eval"]:
+            rows.append({"mode": "train", "steps": total})
+            continue
+        every = steps_of(*row["eval"]["every"])
+        for done in range(0, total, every):
+            rows.append({"mode": "train", "steps": min(every, total - done)})
+            rows.append({"mode": "eval", "steps": row["eval"]["steps"],
+                         "dataset": row["eval"]["dataset"]})
+    return rows, lr_rows
+
+
+def lr_at(lr_rows, t):
+    """qtrain's learning rate at train step t (ptx/optim.h qt_optim_lr_at)."""
+    chosen = lr_rows[0]
+    for row in lr_rows[1:]:
+        if row["start"] <= t:
+            chosen = row
     if chosen["rule"] == "constant" or chosen["steps"] == 0:
         return chosen["a"]
     d = min(max(t - chosen["start"], 0), chosen["steps"])
@@ -514,6 +583,17 @@ def read_idx(path, images):
     return data[8:8 + count], count, 1
 
 
+def train_samples(r):
+    """Samples of the train source (an epoch's length), or None when its files are absent."""
+    src = r["train"]
+    if src["kind"] != "idx":
+        return src["samples"]
+    try:
+        return read_idx(src["labels"], False)[1]
+    except OSError:
+        return None
+
+
 def idx_tensors(src, device):
     import torch
     pixels, count, features = read_idx(src["images"], True)
@@ -576,7 +656,8 @@ def run_idx(r, device, report):
     eval_batches = padded_batches(ex, ey, b) if ex is not None else None
     t, position, train_s, accuracy, eval_loss = 0, 0, 0.0, None, None
     train_steps = 0
-    for row in r["schedule"]:
+    schedule, lr_rows = expand_schedule(r, len(epoch_batches), hp["lr"])
+    for row in schedule:
         if row["mode"] == "train":
             torch.cuda.synchronize()
             t0 = time.perf_counter()
@@ -585,7 +666,7 @@ def run_idx(r, device, report):
                     perm = torch.randperm(x.shape[0], generator=g, device=device)
                     epoch_batches = padded_batches(x, y, b, perm)
                     step.batches, position = epoch_batches, 0
-                step.opt.param_groups[0]["lr"].fill_(lr_at(r["schedule"], t, hp["lr"]))
+                step.opt.param_groups[0]["lr"].fill_(lr_at(lr_rows, t))
                 step(position)
                 position += 1
                 t += 1
@@ -641,6 +722,15 @@ def main():
                 r["path"], kind, r["batch"], linear_weights(r),
                 6 * r["batch"] * linear_weights(r),
                 "modes " + ",".join(modes) if kind != "idx" else "whole-run graph"))
+            samples = train_samples(r)
+            if samples is None:
+                continue
+            schedule, lr_rows = expand_schedule(r, -(-samples // r["batch"]),
+                                                optim_hparams(r)["lr"])
+            print("  schedule: %d rows, %d train steps; learning-rate rows: %s" % (
+                len(schedule), sum(row["steps"] for row in schedule if row["mode"] == "train"),
+                ", ".join("%d+%d %s %g -> %g" % (lr["start"], lr["steps"], lr["rule"], lr["a"],
+                                                  lr["b"]) for lr in lr_rows)))
         return 0
 
     import torch
