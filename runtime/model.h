@@ -8,8 +8,9 @@
 //
 // Planning (model_plan), in order:
 //
-//   1. every role (linear.{input,weight,grad_output}@NAME) resolved through the recipe's rules
-//      (recipes/rules.h); moe layers are refused ("not supported yet")
+//   1. every role (linear.{input,weight,grad_output}@NAME, and per moe layer NAME its router
+//      router.*@NAME.router and its experts grouped_linear.*@NAME.fc1, NAME.fc2) resolved
+//      through the recipe's rules (recipes/rules.h); an moe layer is three GEMMs (model_moe)
 //   2. usages fixed for the whole run as the union over the modes of the schedule table:
 //      a weight has rowwise data, plus columnwise data when any train row
 //      exists (the optimizer rewrites both every step); activations and gradients of the train
@@ -55,6 +56,7 @@
 #include "rules.h"    // qt_quantizer, qt_role
 
 #define MODEL_LINEARS_MAX 128
+#define MODEL_MOES_MAX 32
 #define MODEL_QUANTIZERS_MAX (3 * MODEL_LINEARS_MAX)
 #define MODEL_PARAMS_MAX (2 * MODEL_LINEARS_MAX + 64)
 #define MODEL_STATES_MAX 16
@@ -138,12 +140,35 @@ typedef struct model_param {
     arena_handle grad;          // f32 [rows][cols], transient in the train program
     int32_t quantizer;          // the weight's quantizer, or -1: the master is the parameter
     model_qstore weight;        // quantized copies (quantizer >= 0)
+    // Stacked expert weights: `members` members of rows / members rows each, quantized as one
+    // grouped tensor (per-member scales, amaxes and delayed slots); group_offsets u32
+    // [members + 1] and group_dims u32 [members] are written once by the init program.
+    uint32_t members;           // 0: a plain parameter
+    arena_handle group_offsets, group_dims;
 } model_param;
+
+// A mixture-of-experts layer (ptx/moe.h draws its routing): three GEMMs, the router (dense,
+// experts outputs) and the experts' fc1 and fc2 (grouped by expert), and the permuted tensors'
+// shape. Every member count lives on the device; only capacity, a bound, is known here.
+typedef struct model_moe {
+    uint32_t layer;              // index into recipe.model.layers
+    uint32_t router, fc1, fc2;   // indices into model.linears
+    uint32_t experts, topk;
+    uint32_t width;              // the layer's input and output width
+    uint32_t hidden;             // per expert, after the activation
+    recipe_layer_kind act;       // RELU, GELU, SILU or SWIGLU (fc1 then has 2 hidden outputs)
+    uint32_t row_align;          // member padding of the permuted tensors: the largest
+                                 // row_align of their formats
+    uint32_t capacity;           // rows of the permuted tensors (op_moe_capacity)
+    float aux_scale;             // the load-balancing loss's factor (op_moe_aux_scale)
+} model_moe;
 
 typedef struct model_linear {
     uint32_t layer;          // index into recipe.model.layers
     uint32_t in, in_padded;  // K before and after padding
-    uint32_t out;            // N
+    uint32_t out;            // N (of one member for an moe layer's experts)
+    uint32_t members;        // 0: dense; an moe layer's fc1, fc2: its experts (grouped GEMMs)
+    uint32_t moe;            // index into model.moes, or UINT32_MAX
     bool bias;
     uint32_t q_input, q_weight, q_grad;  // indices into model.quantizers
     uint32_t weight, bias_param;         // indices into model.params (bias_param if bias)
@@ -196,10 +221,14 @@ typedef struct model {
     uint32_t input_stride;        // padded width of the model input (>= input_features)
     uint32_t outputs;
     uint32_t first_param_layer;   // backward stops after this layer
-    uint32_t layer_linear[RECIPE_LAYERS_MAX];  // linear index of a layer, or UINT32_MAX
+    uint32_t layer_linear[RECIPE_LAYERS_MAX];  // linear index of a layer (an moe layer: its
+                                               // router; fc1 and fc2 follow), or UINT32_MAX
     uint32_t layer_param[RECIPE_LAYERS_MAX];   // rmsnorm: its gamma's param index
+    uint32_t layer_moe[RECIPE_LAYERS_MAX];     // moe: its index into moes, or UINT32_MAX
     uint32_t linear_count;
     model_linear linears[MODEL_LINEARS_MAX];
+    uint32_t moe_count;
+    model_moe moes[MODEL_MOES_MAX];
     uint32_t quantizer_count;
     model_quantizer quantizers[MODEL_QUANTIZERS_MAX];
     uint32_t param_count;
