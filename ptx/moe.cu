@@ -53,6 +53,9 @@ extern "C" __global__ void __launch_bounds__(QT_MOE_SCAN_THREADS)
             run += v;
         }
         ((uint32_t *)args.first_dims)[e] = run;
+        if (args.whole_dims) {
+            ((uint32_t *)args.whole_dims)[e] = qt_group_roundup(run, QT_MOE_WHOLE_ROWS);
+        }
     }
 }
 

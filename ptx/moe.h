@@ -59,6 +59,7 @@
 #define QT_MOE_FLAT_THREADS 256u    // combine: one chunk of QT_ACT_CHUNK columns per thread
 #define QT_MOE_NONE 0xFFFFFFFFu
 #define QT_MOE_EXPERTS_MAX 1024u    // the recipe's experts_max; permute's shared memory
+#define QT_MOE_WHOLE_ROWS 16u       // whole_dims: rows of the NVFP4 RHT's groups
 
 typedef struct moe_route_args {
     uint64_t logits;  // f32 [tokens][experts]
@@ -79,9 +80,11 @@ QT_STATIC_ASSERT(sizeof(moe_count_args) == 32, "moe_count_args layout");
 typedef struct moe_scan_args {
     uint64_t chunk_counts;  // u32 [chunks][experts]: counts in, exclusive prefix over chunks out
     uint64_t first_dims;    // u32 [experts], written: assignments of each expert
+    uint64_t whole_dims;    // u32 [experts], written unless 0: first_dims rounded up to whole
+                            // QT_MOE_WHOLE_ROWS (the NVFP4 RHT's 16-row groups, see op_moe.h)
     uint32_t experts, chunks;
 } moe_scan_args;
-QT_STATIC_ASSERT(sizeof(moe_scan_args) == 24, "moe_scan_args layout");
+QT_STATIC_ASSERT(sizeof(moe_scan_args) == 32, "moe_scan_args layout");
 
 typedef struct moe_permute_args {
     uint64_t expert;       // u32 [assignments]

@@ -326,6 +326,11 @@ uint32_t model_gemm_elem_of(qt_elem e) {
     }
 }
 
+uint32_t model_quantizer_tensors(const model *m, const model_quantizer *mq) {
+    uint32_t members = m->linears[mq->linear].members;
+    return members ? members : 1;
+}
+
 static qt_status model_plan_states(model *m) {
     for (uint32_t i = 0; i < m->quantizer_count; i++) {
         model_quantizer *mq = &m->quantizers[i];
@@ -349,19 +354,21 @@ static qt_status model_plan_states(model *m) {
             m->state_count++;
         }
         mq->state = (int32_t)s;
-        mq->slot = m->states[s].slots++;
+        mq->slot = m->states[s].slots;
+        m->states[s].slots += model_quantizer_tensors(m, mq);
     }
     uint32_t next = 0;
     for (uint32_t s = 0; s < m->state_count; s++) {
         m->states[s].trace_first = next;
         next += m->states[s].slots;
     }
+    m->delayed_slots = next;
+    m->delayed_count = next < QT_TRACE_QUANTIZERS_MAX ? next : QT_TRACE_QUANTIZERS_MAX;
     if (next > QT_TRACE_QUANTIZERS_MAX) {
-        return qt_fail(QT_ERR_CAPACITY, "%s: %u delayed-scaling quantizers; a trace record carries "
-                       "at most %d (QT_TRACE_QUANTIZERS_MAX)", m->recipe->file_name, next,
-                       QT_TRACE_QUANTIZERS_MAX);
+        model_note(m, "%u delayed-scaling slots (one per expert of a grouped quantizer); the "
+                   "trace records the first %d, the state checksums cover every one", next,
+                   QT_TRACE_QUANTIZERS_MAX);
     }
-    m->delayed_count = next;
     for (uint32_t i = 0; i < m->quantizer_count; i++) {
         model_quantizer *mq = &m->quantizers[i];
         if (mq->state >= 0) mq->trace_index = m->states[mq->state].trace_first + mq->slot;
@@ -372,10 +379,19 @@ static qt_status model_plan_states(model *m) {
 void model_trace_name(const model *m, uint32_t trace_index, char *buf, size_t buf_bytes) {
     for (uint32_t i = 0; i < m->quantizer_count; i++) {
         const model_quantizer *mq = &m->quantizers[i];
-        if (mq->state >= 0 && mq->trace_index == trace_index) {
-            rules_role_format(&mq->role, buf, buf_bytes);
-            return;
+        uint32_t tensors = model_quantizer_tensors(m, mq);
+        if (mq->state < 0 || trace_index < mq->trace_index ||
+            trace_index - mq->trace_index >= tensors) {
+            continue;
         }
+        char role[96];
+        rules_role_format(&mq->role, role, sizeof role);
+        if (m->linears[mq->linear].members == 0) {
+            snprintf(buf, buf_bytes, "%s", role);
+        } else {
+            snprintf(buf, buf_bytes, "%s[%u]", role, trace_index - mq->trace_index);
+        }
+        return;
     }
     QT_ASSERT(!"no quantizer with this trace index");
 }
@@ -558,8 +574,10 @@ static qt_status model_plan_params(model *m) {
             continue;
         }
         if (l->kind == RECIPE_LAYER_MOE) {
+            // The experts first: a one-expert layer then draws the initial weights of the dense
+            // fc1 and fc2 it stands for (each parameter's fill is keyed by its index).
             const model_moe *mo = &m->moes[m->layer_moe[i]];
-            uint32_t gemms[3] = {mo->router, mo->fc1, mo->fc2};
+            uint32_t gemms[3] = {mo->fc1, mo->fc2, mo->router};
             for (int g = 0; g < 3; g++) {
                 model_linear *lin = &m->linears[gemms[g]];
                 QT_TRY(model_add_weight(m, m->quantizers[lin->q_weight].role.name, lin));

@@ -113,7 +113,7 @@ typedef struct model_quantizer {
     uint32_t linear;        // index into model.linears
     bool rht;               // nvfp4: the columnwise copy is RHT(x^T) (after step 5)
     int32_t state;          // delayed: index into model.states, else -1
-    uint32_t slot;          // delayed: slot within the state
+    uint32_t slot;          // delayed: (first) slot within the state; grouped: one per member
     uint32_t trace_index;   // delayed: position in the trace's quantizer list
 } model_quantizer;
 
@@ -235,7 +235,10 @@ typedef struct model {
     model_param params[MODEL_PARAMS_MAX];
     uint32_t state_count;
     model_state states[MODEL_STATES_MAX];
-    uint32_t delayed_count;       // quantizers in the trace
+    uint32_t delayed_slots;       // delayed-scaling slots: one per quantizer, one per member of
+                                  // an moe layer's grouped quantizers (experts' tensors)
+    uint32_t delayed_count;       // the first slots, which the trace records (at most
+                                  // QT_TRACE_QUANTIZERS_MAX)
     model_io io;
     uint32_t note_count;          // planning decisions for `qtrain plan`
     char notes[MODEL_NOTES_MAX][MODEL_NOTE_BYTES];
@@ -254,7 +257,12 @@ qt_status model_build_infer(model *m, program *p);
 qt_status model_build_init(model *m, program *p);
 qt_status model_build_checksum(model *m, program *p);
 
-// The trace names of the delayed-scaling quantizers, in trace order ("linear.input@fc1").
+// Tensors of one quantizer: an moe layer's experts (fc1, fc2) have one per expert, each with its
+// own scale, amax and delayed-scaling slot; every other quantizer has one.
+uint32_t model_quantizer_tensors(const model *m, const model_quantizer *mq);
+
+// The trace names of the delayed-scaling slots, in trace order ("linear.input@fc1", and per
+// expert "grouped_linear.input@moe1.fc1[3]").
 void model_trace_name(const model *m, uint32_t trace_index, char *buf, size_t buf_bytes);
 
 // Writes the plan: layers with their widths, padding, quantizers (scheme and options), GEMM

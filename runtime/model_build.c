@@ -41,7 +41,7 @@ typedef struct mb {
     prog_ref stats;         // qt_loss_stats
     model_tensor dlogits;   // train: gradient of the output
     prog_ref gnorm;         // train: qt_gnorm_result
-    prog_ref snap_amax, snap_scale;  // f32 [delayed_count] for the record
+    prog_ref snap_amax, snap_scale;  // f32 [delayed_slots]; the record copies delayed_count
 } mb;
 
 static prog_ref mb_dev(const mb *b, arena_handle h) { return (prog_ref){b->m->dev, h, 0}; }
@@ -436,9 +436,9 @@ static qt_status mb_gemm(mb *b, const char *what, model_gemm kind, const model_l
         g.format = model_gemm_format_of(a->mq->q.scheme);
         g.a = mb_gemm_operand(a);
         g.b = mb_gemm_operand(bo);
-        // TE's per-tensor FP8 defaults: fast accumulation in a dense fprop only (its grouped
-        // GEMMs split the accumulation in all three).
-        if (g.format == GEMM_FORMAT_FP8 && (kind != MODEL_FPROP || grouping != GEMM_DENSE)) {
+        // TE's per-tensor FP8 defaults: fast accumulation in fprop only, grouped or not (so one
+        // expert computes what the dense layers would, bit for bit).
+        if (g.format == GEMM_FORMAT_FP8 && kind != MODEL_FPROP) {
             g.flags = GEMM_FLAG_SPLIT_ACCUMULATE;
         }
         return op_gemm(b->p, name, &g);
@@ -565,6 +565,12 @@ static qt_status mb_moe_route(mb *b, const char *name, const model_moe *mo, prog
     QT_TRY(mb_moe_array(b, name, "first_dims", r->experts, keep, &r->group.first_dims));
     QT_TRY(mb_moe_array(b, name, "row_offsets", r->experts + 1ull, keep,
                         &r->group.row_offsets));
+    const model *m = b->m;
+    bool rht = m->quantizers[m->linears[mo->fc1].q_input].rht ||
+               m->quantizers[m->linears[mo->fc2].q_input].rht;
+    if (b->train && rht) {
+        QT_TRY(mb_moe_array(b, name, "whole_dims", r->experts, keep, &r->whole_dims));
+    }
     return op_moe_route_and_permute(b->p, name, r);
 }
 
@@ -792,9 +798,13 @@ static qt_status mb_moe_expert_backward(mb *b, const char *name, const char *gem
     model_tensor dw = {mb_dev(b, w->grad), QT_DTYPE_F32, lin->out, lin->in_padded};
     mb_operand g_col = mb_grouped(qg, &dyq, st, lin->out, true);
     mb_operand x_col = mb_grouped(&m->quantizers[lin->q_input], &b->xq[li], st, lin->in, true);
+    // With RHT on both operands (model.c pairs them) the contraction covers whole 16-row groups,
+    // where the transform cancels (op_moe_routing.whole_dims).
+    op_group contraction = st->routing.group;
+    if (m->quantizers[lin->q_input].rht) contraction.first_dims = st->routing.whole_dims;
     snprintf(what, sizeof what, "%s.%s.wgrad", name, gemm);
     QT_TRY(mb_gemm(b, what, MODEL_WGRAD, lin, &g_col, &x_col, dw, OP_REF_NONE, GEMM_GROUP_K,
-                   st->routing.group));
+                   contraction));
     if (dx == NULL) return QT_OK;
     snprintf(what, sizeof what, "%s.%s.dx", name, gemm);
     QT_TRY(mb_tensor(b, what, dy.rows, lin->in, ARENA_CAT_ACTIVATIONS, dx));
@@ -958,6 +968,9 @@ static void mb_param_desc(const mb *b, uint32_t i, optim_param_desc *d) {
     if (p->quantizer < 0) return;
     const model_quantizer *mq = &m->quantizers[p->quantizer];
     const model_qstore *s = &p->weight;
+    if (p->members) {
+        d->group = (op_group){p->members, mb_dev(b, p->group_offsets), mb_dev(b, p->group_dims)};
+    }
     switch (mq->q.scheme) {
     case QT_SCHEME_BF16:
         d->weight = OPTIM_WEIGHT_BF16;
@@ -1034,7 +1047,7 @@ static qt_status mb_optimizer(mb *b) {
 static qt_status mb_delayed(mb *b) {
     model *m = b->m;
     if (m->state_count == 0) return QT_OK;
-    uint64_t bytes = (uint64_t)m->delayed_count * 4;
+    uint64_t bytes = (uint64_t)m->delayed_slots * 4;
     if (b->train) {
         QT_TRY(mb_region(b, "record.amax", bytes, ARENA_CAT_STAGING, &b->snap_amax));
     }
@@ -1048,7 +1061,7 @@ static qt_status mb_delayed(mb *b) {
     }
     prog_ref amax = b->train ? b->snap_amax : OP_FP8_NONE;
     return op_fp8_delayed_states(b->p, "delayed", states, m->state_count, b->train, amax,
-                                 b->snap_scale, m->delayed_count);
+                                 b->snap_scale, m->delayed_slots);
 }
 
 static qt_status mb_record(mb *b) {

@@ -33,6 +33,7 @@ static void op_moe_check(const op_moe_routing *r) {
     QT_ASSERT(r->group.count == r->experts);
     QT_ASSERT(r->capacity == op_moe_capacity(r->tokens, r->topk, r->experts, r->row_align));
     QT_ASSERT(r->capacity > 0);
+    QT_ASSERT(r->row_align % QT_MOE_WHOLE_ROWS == 0 || !prog_ref_present(r->whole_dims));
 }
 
 static qt_status op_moe_route(program *p, const char *name, const op_moe_routing *r) {
@@ -72,6 +73,8 @@ static qt_status op_moe_scan(program *p, const char *name, const op_moe_routing 
     QT_TRY(prog_append(p, KERNEL_MOE_SCAN, name, &shape, &args, sizeof args, &op));
     QT_TRY(prog_use(p, op, offsetof(moe_scan_args, chunk_counts), r->chunk_counts,
                     PROG_READ_WRITE));
+    QT_TRY(prog_use_optional(p, op, offsetof(moe_scan_args, whole_dims), r->whole_dims,
+                             4ull * r->experts, PROG_WRITE));
     return prog_use(p, op, offsetof(moe_scan_args, first_dims), r->group.first_dims, PROG_WRITE);
 }
 

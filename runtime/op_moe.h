@@ -43,6 +43,11 @@ typedef struct op_moe_routing {
     prog_ref row_of;        // u32 [tokens * topk]
     prog_ref assign_of;     // u32 [capacity]
     op_group group;         // experts members: row_offsets u32 [E + 1], first_dims u32 [E]
+    // Optional (arena NULL: not written): u32 [E], each first_dims rounded up to whole 16-row
+    // groups. An NVFP4 tensor with RHT keeps the transform of a member's last, partial group in
+    // its padding positions (ptx/quant_nvfp4.h), so a weight-gradient GEMM of two such tensors
+    // contracts over whole groups to let the transform cancel: it takes these as first_dims.
+    prog_ref whole_dims;
 } op_moe_routing;
 
 qt_status op_moe_route_and_permute(program *p, const char *name, const op_moe_routing *r);

@@ -1,6 +1,7 @@
 // C twins of ptx/moe.cu. The counting sort is the sequential one (its result is the kernels': a
 // stable sort by expert); dgate folds each row in the warp's lane order (moe.h) and then runs the
 // same lane tree; the per-token loops are moe.h's own functions.
+#include "quant_group.h"  // qt_group_roundup
 #include "ref.h"
 #include "status.h"  // QT_ASSERT
 
@@ -37,6 +38,9 @@ void ref_qt_moe_scan(const moe_scan_args *a, const launch_shape *shape) {
             run += v;
         }
         REF_PTR(uint32_t, a->first_dims)[e] = run;
+        if (a->whole_dims) {
+            REF_PTR(uint32_t, a->whole_dims)[e] = qt_group_roundup(run, QT_MOE_WHOLE_ROWS);
+        }
     }
 }
 
