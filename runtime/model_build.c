@@ -228,45 +228,6 @@ static uint32_t mb_stored_rows(const mb_operand *o) {
     return o->rows * (o->stacked ? o->stacked : 1u);
 }
 
-// Member i of a stacked weight's copy in format f: its n rows start n rows on in the rowwise
-// copies (and in the BF16 and MXFP8 columnwise copies, which are not transposed), n columns on
-// in the transposed columnwise copies; its block scales likewise, by whole blocks (model.c keeps
-// n a multiple of the format's row_align).
-static void mb_stack_strides(op_gemm_operand *op, uint32_t f, bool two_d, bool colwise,
-                             uint64_t n, uint64_t k) {
-    uint64_t data = 0, scale = 0;
-    switch (f) {
-    case GEMM_FORMAT_BF16: data = n * k * 2; break;
-    case GEMM_FORMAT_FP8: data = colwise ? n : n * k; break;
-    case GEMM_FORMAT_FP8_BLOCK: {
-        uint64_t kb = (k + GEMM_BLOCK_FP8 - 1) / GEMM_BLOCK_FP8, nb = n / GEMM_BLOCK_FP8;
-        data = colwise ? n : n * k;
-        if (two_d) {
-            scale = colwise ? nb * 4 : nb * kb * 4;
-        } else {
-            scale = colwise ? nb * k * 4 : n * 4;
-        }
-        break;
-    }
-    case GEMM_FORMAT_MXFP8: {
-        uint64_t kb = (k + GEMM_BLOCK_MXFP8 - 1) / GEMM_BLOCK_MXFP8;
-        data = n * k;
-        scale = colwise ? n / GEMM_BLOCK_MXFP8 * k : n * kb;
-        break;
-    }
-    case GEMM_FORMAT_NVFP4: {
-        uint64_t kb = (k + GEMM_BLOCK_NVFP4 - 1) / GEMM_BLOCK_NVFP4;
-        data = colwise ? n / 2 : n * ((k + 1) / 2);
-        scale = colwise ? n / GEMM_BLOCK_NVFP4 : n * kb;
-        break;
-    }
-    default:
-        QT_ASSERT(false);
-    }
-    op->data_member_bytes = data;
-    op->scale_member_bytes = scale;
-}
-
 // Grouped and stacked operands' per-tensor factors (fp8 scale_inv, nvfp4 amax) are per member.
 static void mb_operand_per_member(op_gemm_operand *op, const mb_operand *o) {
     if (o->group.count > 0 && prog_ref_present(op->tensor_scale)) {
@@ -298,7 +259,7 @@ static op_gemm_operand mb_gemm_operand(const mb_operand *o) {
         op = op_gemm_operand_of(f, model_gemm_elem_of(q->elem), rows, o->cols, o->colwise,
                                 scale_2d, data, scale, tensor_scale);
     }
-    if (o->stacked) mb_stack_strides(&op, f, q->two_d, o->colwise, o->rows, o->cols);
+    if (o->stacked) op_gemm_operand_stack(&op, f, q->two_d, o->colwise, o->rows, o->cols);
     mb_operand_per_member(&op, o);
     return op;
 }
@@ -403,7 +364,8 @@ static op_gemm_operand mb_bf16_operand(const mb_operand *o, model_tensor t) {
     op_gemm_operand op = op_gemm_operand_of(GEMM_FORMAT_BF16, GEMM_ELEM_BF16, mb_stored_rows(o),
                                             o->cols, o->colwise, false, t.ref, OP_REF_NONE,
                                             OP_REF_NONE);
-    if (o->stacked) mb_stack_strides(&op, GEMM_FORMAT_BF16, false, o->colwise, o->rows, o->cols);
+    if (o->stacked) op_gemm_operand_stack(&op, GEMM_FORMAT_BF16, false, o->colwise, o->rows,
+                                         o->cols);
     return op;
 }
 
