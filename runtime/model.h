@@ -25,8 +25,9 @@
 //      neither, so a layer whose input and grad_output disagree (or whose batch is not a
 //      multiple of 16) gets none
 //   6. delayed-scaling states: quantizers with equal (history, algo, format, margin) share one
-//      state, history f32 [history][slots] and scale f32 [slots]; their order
-//      is the trace's quantizer order
+//      state, history f32 [history][slots] and scale f32 [slots] (an moe layer's expert
+//      quantizers take one slot per expert, consecutive); their order is the trace's quantizer
+//      order
 //   7. persistent regions (weights, master, optimizer, scaling) in the device arena
 //
 // Programs (model_build_*), one per mode, each a complete step:

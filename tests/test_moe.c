@@ -1443,9 +1443,9 @@ static char *train_lines(const char *path) {
 // Two runs, one trace; then the same schedule with an eval step after every train step and an
 // infer step every 20: the train records (losses, gradient norms, every delayed-scaling slot
 // the trace carries, the checksum of every weight, master, optimizer and scaling region every
-// 20 steps) must not change. A train step that reads anything an eval or infer step left behind
-// (an NVFP4 amax array zeroed for one member of several did) shows here. Evaluation and inference read the weights (both usages stay) and
-// never write them, nor the scales or histories.
+// 20 steps) must not change: evaluation and inference read the weights (both usages stay) and
+// never write them, nor the scales or histories. A train step that reads anything an eval or
+// infer step left behind (an NVFP4 amax array zeroed for one member of several did) shows here.
 static void test_determinism_interleave(const char *scheme, uint32_t steps) {
     char name[96];
     snprintf(name, sizeof name, "moe_two_runs_and_eval_infer_interleaved_identical_%s", scheme);
@@ -1608,6 +1608,39 @@ static void test_many_experts(uint32_t experts, const char *scheme) {
     test_end();
 }
 
+// A checkpoint in the middle, resumed, gives the uninterrupted run's trace; the checkpoint
+// (per-expert scales, amaxes and delayed-scaling slots included) exports.
+static void test_checkpoint(const char *scheme) {
+    char name[96];
+    snprintf(name, sizeof name, "moe_checkpoint_resume_identical_and_export_%s", scheme);
+    test_begin(name);
+    static char text[TRAIN_TEXT_MAX];
+    moe_recipe(scheme, NULL, text, sizeof text);
+    char recipe_path[100], full[100], part[100], ckpt[100], out[100], cmd[2048];
+    snprintf(recipe_path, sizeof recipe_path, "%s", tmp_path("ckpt.recipe"));
+    snprintf(full, sizeof full, "%s", tmp_path("ckpt_full.trace"));
+    snprintf(part, sizeof part, "%s", tmp_path("ckpt_part.trace"));
+    snprintf(ckpt, sizeof ckpt, "%s", tmp_path("moe.ckpt"));
+    snprintf(out, sizeof out, "%s", tmp_path("moe.safetensors"));
+    file_write(recipe_path, text, strlen(text));
+    remove(full);
+    remove(part);
+    remove(ckpt);
+    remove(out);
+    static char output[1 << 16];
+    snprintf(cmd, sizeof cmd, "build/qtrain run %s --ref --trace %s > /dev/null && build/qtrain "
+             "run %s --ref --steps 90 --save %s --trace %s > /dev/null && build/qtrain run %s "
+             "--ref --resume %s --save %s --trace %s > /dev/null && build/qtrain diff %s %s && "
+             "build/qtrain export %s %s --quantized",
+             recipe_path, full, recipe_path, ckpt, part, recipe_path, ckpt, ckpt, part, full,
+             part, ckpt, out);
+    int rc = command_output(cmd, output, sizeof output);
+    CHECK(rc == 0 && strstr(output, "identical: 204 records") &&
+              strstr(output, "5 parameters with their quantized copies"),
+          "exit %d:\n%s", rc, output);
+    test_end();
+}
+
 // ---------------------------------------------------------------------------------------------
 // GPU
 
@@ -1701,6 +1734,8 @@ int main(void) {
     test_many_experts(64, "current");
     test_many_experts(65, "delayed");
     test_many_experts(256, "nvfp4");
+    test_checkpoint("delayed");
+    test_checkpoint("nvfp4");
     for (size_t i = 0; i < 6; i++) test_gpu_train(schemes[i]);
     tmp_dir_remove();
     return test_exit_code();
