@@ -1628,16 +1628,21 @@ static void test_checkpoint(const char *scheme) {
     remove(ckpt);
     remove(out);
     static char output[1 << 16];
-    snprintf(cmd, sizeof cmd, "build/qtrain run %s --ref --trace %s > /dev/null && build/qtrain "
-             "run %s --ref --steps 90 --save %s --trace %s > /dev/null && build/qtrain run %s "
-             "--ref --resume %s --save %s --trace %s > /dev/null && build/qtrain diff %s %s && "
+    char log[100];
+    snprintf(log, sizeof log, "%s", tmp_path("ckpt.log"));
+    snprintf(cmd, sizeof cmd, "build/qtrain run %s --ref --trace %s > %s 2>&1 && build/qtrain "
+             "run %s --ref --steps 90 --save %s --trace %s >> %s 2>&1 && build/qtrain run %s "
+             "--ref --resume %s --save %s --trace %s >> %s 2>&1 && build/qtrain diff %s %s && "
              "build/qtrain export %s %s --quantized",
-             recipe_path, full, recipe_path, ckpt, part, recipe_path, ckpt, ckpt, part, full,
-             part, ckpt, out);
+             recipe_path, full, log, recipe_path, ckpt, part, log, recipe_path, ckpt, ckpt, part,
+             log, full, part, ckpt, out);
     int rc = command_output(cmd, output, sizeof output);
-    CHECK(rc == 0 && strstr(output, "identical: 204 records") &&
-              strstr(output, "5 parameters with their quantized copies"),
-          "exit %d:\n%s", rc, output);
+    bool ok = rc == 0 && strstr(output, "identical: 204 records") &&
+              strstr(output, "5 parameters with their quantized copies");
+    size_t log_bytes = 0;
+    char *runs = ok ? NULL : file_read(log, &log_bytes);
+    CHECK(ok, "exit %d:\n%s\nthe runs:\n%.3000s", rc, output, runs ? runs : "");
+    free(runs);
     test_end();
 }
 
