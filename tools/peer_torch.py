@@ -4,10 +4,20 @@ the same GPU, so that qtrain's step times have a yardstick measured in the same 
 
     python3 tools/peer_torch.py RECIPE... [--modes M,M] [--steps N] [--warmup N] [--json FILE]
 
-The model ([model]: linear, relu, gelu (tanh form), silu, swiglu, rmsnorm, residual blocks,
+The model ([model]: linear, relu, gelu (tanh form), silu, swiglu, rmsnorm, residual blocks, moe,
 softmax_xent or mse), the optimizer ([optim]: AdamW with its lr, betas, eps, weight decay and
 gradient-norm clip) and the batch come from the recipe file, so they cannot drift from what qtrain
 runs. Weights start as in qtrain: normal(0, 1/sqrt(fan_in)), biases 0, RMSNorm gains 1.
+
+An moe layer is qtrain's: a router linear (FP32 logits), softmax, the top-k experts per token
+with the softmax probabilities as gates (not renormalized), the tokens sorted by expert (a
+stable argsort), both expert GEMMs as one grouped matmul each (torch._grouped_mm, BF16, member
+counts on the device), the activation between them, the gated outputs summed back per token
+(index_add_), and the load-balancing loss alpha E sum_e f_e P_e (f_e the fraction of
+assignments to expert e, P_e the mean probability) added to the loss. Without torch._grouped_mm
+it loops over the experts (which reads the counts on the host, so the graph mode fails). In the
+fp8 mode the experts and the router stay BF16 (PyTorch has no grouped FP8 GEMM to compare).
+FLOP counts take the router and the k experts a token runs, not the idle ones.
 
 A recipe whose training data is `synthetic classes` (recipes/bench/) is timed step by step in
 these modes (the training step: forward, loss, backward, gradient clip, fused AdamW):
@@ -226,8 +236,18 @@ def linear_layers(r):
     return [layer for layer in r["layers"] if layer[0] == "linear"]
 
 
+def moe_options(layer):
+    o = parse_options(layer[2:], "moe")
+    act = o.get("act", "gelu")
+    hidden = int(o["hidden"])
+    return {"experts": int(o["experts"]), "topk": int(o["topk"]), "hidden": hidden, "act": act,
+            "aux": float(o.get("aux", "0.01")),
+            "fc1": 2 * hidden if act == "swiglu" else hidden}
+
+
 def linear_weights(r):
-    """Elements of every linear's weight matrix: the FLOP count is 6 x batch x this."""
+    """Elements of every linear's weight matrix (an moe layer: the router's and the k experts'
+    a token runs): the FLOP count is 6 x batch x this."""
     width, total = r["input"], 0
     for layer in r["layers"]:
         if layer[0] == "linear":
@@ -235,6 +255,9 @@ def linear_weights(r):
             width = int(layer[2])
         elif layer[0] == "swiglu":
             width //= 2
+        elif layer[0] == "moe":
+            o = moe_options(layer)
+            total += width * o["experts"] + o["topk"] * (width * o["fc1"] + o["hidden"] * width)
     return total
 
 
@@ -363,11 +386,71 @@ def torch_modules():
                 y = y + self.bias.to(y.dtype)
             return y.reshape(*shape[:-1], y.shape[-1])
 
-    return torch, nn, Residual, SwiGLU, RMSNorm, Fp8Linear
+    class AuxLoss(torch.autograd.Function):
+        """Passes x through and adds `aux` to the loss: its gradient is 1 whatever the loss."""
+
+        @staticmethod
+        def forward(ctx, x, aux):
+            return x
+
+        @staticmethod
+        def backward(ctx, gx):
+            return gx, torch.ones((), device=gx.device, dtype=torch.float32)
+
+    acts = {"relu": F.relu, "gelu": lambda t: F.gelu(t, approximate="tanh"), "silu": F.silu,
+            "swiglu": lambda t: F.silu(t.chunk(2, dim=-1)[0]) * t.chunk(2, dim=-1)[1]}
+
+    def grouped(x, w, counts, offs):
+        """x [rows][k] sorted by expert, w [E][n][k]: each expert's rows times its w^T."""
+        if hasattr(torch, "_grouped_mm"):
+            return torch._grouped_mm(x, w.transpose(1, 2), offs=offs)
+        outs, start = [], 0
+        for e, c in enumerate(counts.tolist()):
+            outs.append(x[start:start + c] @ w[e].t())
+            start += c
+        return torch.cat(outs)
+
+    class MoE(nn.Module):
+        def __init__(self, width, o):
+            super().__init__()
+            self.o = o
+            e = o["experts"]
+            self.router = nn.Parameter(torch.randn(e, width) / math.sqrt(width))
+            self.w1 = nn.Parameter(torch.randn(e, o["fc1"], width) / math.sqrt(width))
+            self.w2 = nn.Parameter(torch.randn(e, width, o["hidden"]) / math.sqrt(o["hidden"]))
+
+        def forward(self, x):
+            o, shape = self.o, x.shape
+            x = x.reshape(-1, shape[-1])
+            tokens, e, k = x.shape[0], o["experts"], o["topk"]
+            with torch.autocast("cuda", enabled=False):  # FP32 logits, as qtrain's router
+                logits = F.linear(x.float(), self.router.float())
+            probs = logits.softmax(dim=-1)
+            gate, choice = probs.topk(k, dim=-1)
+            flat = choice.reshape(-1)
+            order = flat.argsort(stable=True)
+            token = order // k
+            # scatter_add, not bincount: its output size would be read on the host.
+            counts = torch.zeros(e, dtype=torch.long, device=x.device)
+            counts.scatter_add_(0, flat, torch.ones_like(flat))
+            offs = counts.cumsum(0).to(torch.int32)
+            xs = x.to(torch.bfloat16)[token]
+            h = acts[o["act"]](grouped(xs, self.w1.to(torch.bfloat16), counts, offs))
+            ys = grouped(h, self.w2.to(torch.bfloat16), counts, offs)
+            ys = ys * gate.reshape(-1)[order].unsqueeze(1).to(ys.dtype)
+            out = torch.zeros(tokens, shape[-1], device=x.device, dtype=ys.dtype)
+            out = out.index_add(0, token, ys)
+            if o["aux"] > 0 and self.training:
+                f = counts.float() / (tokens * k)
+                aux = o["aux"] * e * (f.detach() * probs.mean(dim=0)).sum()
+                out = AuxLoss.apply(out, aux)
+            return out.reshape(shape)
+
+    return torch, nn, Residual, SwiGLU, RMSNorm, Fp8Linear, MoE
 
 
 def build_model(r, device, fp8=False):
-    torch, nn, Residual, SwiGLU, RMSNorm, Fp8Linear = torch_modules()
+    torch, nn, Residual, SwiGLU, RMSNorm, Fp8Linear, MoE = torch_modules()
     torch.manual_seed(r["seed"])
     keep_bf16 = bf16_linears(r) if fp8 else set()
     stack = [[]]  # layers of each open residual block
@@ -393,6 +476,8 @@ def build_model(r, device, fp8=False):
         elif kind == "swiglu":
             stack[-1].append(SwiGLU())
             width //= 2
+        elif kind == "moe":
+            stack[-1].append(MoE(width, moe_options(layer)))
         elif kind == "rmsnorm":
             opts = parse_options([w for w in layer[1:] if "=" in w], "rmsnorm")
             stack[-1].append(RMSNorm(width, float(opts.get("eps", "1e-5"))))
