@@ -299,7 +299,7 @@ QT_HD float qt_nvfp4_block_mult(uint8_t sb, float s_dec) {
     return m <= QT_F32_FLT_MAX ? m : QT_F32_FLT_MAX;
 }
 
-// Dequantization scale RN(RN(float(sb) * amax) * f32(1/2688)) (dequantize_nvfp4.cuh).
+// Dequantization scale RN(RN(float(sb) * amax) * f32(1/2688)), in this order, as TE dequantizes.
 QT_HD float qt_nvfp4_dequant_scale(uint8_t sb, float amax) {
     return (qt_e4m3_to_f32(sb) * amax) * QT_F32_INV_2688;
 }
