@@ -660,16 +660,10 @@ static float normal_at(uint64_t key, uint64_t index, float mean, float stddev) {
     return qt_fill_value(key, index, QT_FILL_NORMAL, mean, stddev);
 }
 
-// Box-Muller's logarithm and cosine are mostly qt_fmaf, which the default x86-64 target compiles
-// into calls to libm's fmaf. The generators get a second version for processors with FMA, chosen
-// when the program loads, where it is one instruction: the same correctly rounded results, a
-// third less time. flatten inlines the Philox normal into each version, so that the FMA version
-// covers it.
-#if defined(__x86_64__)
-#define DATA_GENERATOR __attribute__((flatten, target_clones("fma", "default")))
-#else
-#define DATA_GENERATOR
-#endif
+// Box-Muller's logarithm and cosine are mostly qt_fmaf: the generators take the pool's CPU clones
+// (pool.h), where it is one instruction on processors with FMA (the same correctly rounded
+// results, a third less time).
+#define DATA_GENERATOR POOL_CPU_CLONES
 
 typedef struct classes_job {
     const data_info *info;

@@ -47,4 +47,16 @@ void pool_run(uint32_t tasks, pool_task_fn *fn, void *ctx);
 // [begin, end) of part `part` of [0, count) cut into `parts` near-equal contiguous ranges.
 void pool_range(uint64_t count, uint32_t parts, uint32_t part, uint64_t *begin, uint64_t *end);
 
+// The tasks' hot loops (the reference backend's twins, synthetic data) are compiled twice, for
+// x86-64-v3 (AVX2 and FMA) and for the baseline x86-64 that every machine runs, and the loader
+// picks one for the processor. On x86-64-v3 qt_fmaf is one instruction instead of a call into
+// libm, and 8-wide vector arithmetic one instruction instead of two SSE halves. Both clones give
+// the same bits: -ffp-contract=off keeps every rounding where the source puts it, and fmaf is
+// correctly rounded either way. flatten inlines the callees, so that they are cloned too.
+#if defined(__x86_64__)
+#define POOL_CPU_CLONES __attribute__((flatten, target_clones("arch=x86-64-v3", "default")))
+#else
+#define POOL_CPU_CLONES
+#endif
+
 #endif  // QT_POOL_H

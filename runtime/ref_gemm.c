@@ -23,7 +23,7 @@
 #define REF_GEMM_MR 4u        // rows of D per micro-kernel
 #define REF_GEMM_NR 16u       // columns of D per micro-kernel: two vectors of 8
 #define REF_GEMM_KC GEMM_SPLIT_K  // k per block: one split-accumulator chunk (and FP8 block)
-#define REF_GEMM_TILE_M 64u   // rows of D per task
+#define REF_GEMM_TILE_M 128u  // rows of D per task
 #define REF_GEMM_TILE_N 256u  // columns of D per task
 QT_STATIC_ASSERT(REF_GEMM_TILE_M % REF_GEMM_MR == 0 && REF_GEMM_TILE_N % REF_GEMM_NR == 0,
                  "tiles hold whole micro-kernel blocks");
@@ -38,58 +38,87 @@ typedef struct ref_gemm_scratch {
 } ref_gemm_scratch;
 static _Alignas(64) ref_gemm_scratch ref_gemm_scratch_of[POOL_THREADS_MAX];
 
-// One operand as seen for one member: member-shifted bases plus the descriptor, and its codes'
-// and block scales' FP32 values (fp8 and mxfp8 codes; nvfp4: e2m1 nibbles and e4m3 scales;
-// mxfp8: e8m0 scales), decoded once per GEMM instead of once per element.
+// Decoded values, filled once per GEMM (not once per element): the FP32 values of FP8 codes (per
+// operand: A and B may differ in element type), e8m0 scales, and every NVFP4 (scale, nibble)
+// pair as the tensor cores see it.
+typedef struct ref_gemm_tables {
+    float code_a[256], code_b[256];  // fp8 and mxfp8 code values
+    float e8m0[256];
+    float nvfp4[256 * 16];           // [e4m3 scale][e2m1 nibble]: qt_gemm_nvfp4_decode, in BF16
+} ref_gemm_tables;
+
+static void ref_gemm_tables_init(ref_gemm_tables *t, const gemm_args *a) {
+    for (uint32_t c = 0; c < 256; c++) {
+        uint8_t code = (uint8_t)c;
+        if (a->format == GEMM_FORMAT_NVFP4) {
+            for (uint32_t nibble = 0; nibble < 16; nibble++) {
+                t->nvfp4[c * 16 + nibble] =
+                    qt_gemm_round_bf16(qt_gemm_nvfp4_decode((uint8_t)nibble, code));
+            }
+            continue;
+        }
+        t->code_a[c] = qt_gemm_fp8_value(code, a->a.elem);
+        t->code_b[c] = qt_gemm_fp8_value(code, a->b.elem);
+        t->e8m0[c] = qt_e8m0_to_f32(code);
+    }
+}
+
+// One operand as seen for one member: member-shifted bases plus the descriptor and its tables.
 typedef struct ref_gemm_side {
     const gemm_operand *op;
     const uint8_t *data;
     const uint8_t *scale;
-    float code_value[256];
-    float scale_value[256];
+    const float *code_value;  // fp8 and mxfp8: this operand's code values
+    const ref_gemm_tables *tables;
 } ref_gemm_side;
 
-static void ref_gemm_side_init(ref_gemm_side *s, uint32_t format, const gemm_operand *op,
-                               uint32_t member) {
-    s->op = op;
-    s->data = REF_PTR(const uint8_t, op->data) + member * op->data_member_bytes;
-    s->scale = REF_PTR(const uint8_t, op->scale) + member * op->scale_member_bytes;
-    for (uint32_t c = 0; c < 256; c++) {
-        uint8_t code = (uint8_t)c;
-        s->code_value[c] = format == GEMM_FORMAT_NVFP4 ? qt_e2m1_to_f32(code & 0xFu)
-                                                       : qt_gemm_fp8_value(code, op->elem);
-        s->scale_value[c] = format == GEMM_FORMAT_NVFP4 ? qt_e4m3_to_f32(code)
-                                                        : qt_e8m0_to_f32(code);
-    }
+static ref_gemm_side ref_gemm_side_of(const gemm_operand *op, uint32_t member,
+                                      const float *code_value, const ref_gemm_tables *tables) {
+    ref_gemm_side s = {op, REF_PTR(const uint8_t, op->data) + member * op->data_member_bytes,
+                       REF_PTR(const uint8_t, op->scale) + member * op->scale_member_bytes,
+                       code_value, tables};
+    return s;
 }
 
-// The value the tensor cores multiply for element (r, k): bf16 values, fp8 code values (their
-// scales are applied later), mxfp8 and nvfp4 decoded and rounded to bf16 (gemm.h's
-// qt_gemm_mxfp8_decode and qt_gemm_nvfp4_decode: code value x scale value, one rounding).
-static inline float ref_gemm_value(uint32_t format, const ref_gemm_side *s, uint64_t r,
-                                   uint64_t k) {
+// The value the tensor cores multiply for element (r, k) of an outer-major operand (bf16 or
+// mxfp8): bf16 values, mxfp8 decoded and rounded to bf16 (qt_gemm_mxfp8_decode: code value x
+// scale value, one rounding, then qt_gemm_round_bf16).
+static inline float ref_gemm_outer_value(uint32_t format, const ref_gemm_side *s, uint64_t r,
+                                         uint64_t k) {
     const gemm_operand *op = s->op;
-    bool outer = (op->flags & GEMM_OPERAND_OUTER_MAJOR) != 0;
-    uint64_t index = outer ? k * op->ld + r : r * op->ld + k;
-    switch (format) {
-    case GEMM_FORMAT_BF16:
-        return qt_bf16_to_f32(((const uint16_t *)s->data)[index]);
-    case GEMM_FORMAT_FP8:
-    case GEMM_FORMAT_FP8_BLOCK:
-        return s->code_value[s->data[index]];
-    case GEMM_FORMAT_MXFP8: {
-        uint8_t e = s->scale[qt_gemm_scale_index(format, op->flags, r, k / GEMM_BLOCK_MXFP8,
-                                                 op->scale_ld)];
-        return qt_gemm_round_bf16(s->code_value[s->data[index]] * s->scale_value[e]);
-    }
-    default: {
-        QT_ASSERT(format == GEMM_FORMAT_NVFP4 && !outer);
-        uint8_t byte = s->data[r * (op->ld / 2) + k / 2];
-        uint8_t sb = s->scale[qt_gemm_scale_index(format, op->flags, r, k / GEMM_BLOCK_NVFP4,
-                                                  op->scale_ld)];
-        return qt_gemm_round_bf16(s->code_value[(byte >> (4 * (k & 1))) & 0xFu] *
-                                  s->scale_value[sb]);
-    }
+    uint64_t index = k * op->ld + r;
+    if (format == GEMM_FORMAT_BF16) return qt_bf16_to_f32(((const uint16_t *)s->data)[index]);
+    QT_ASSERT(format == GEMM_FORMAT_MXFP8);
+    uint8_t e = s->scale[qt_gemm_scale_index(format, op->flags, r, k / GEMM_BLOCK_MXFP8,
+                                             op->scale_ld)];
+    return qt_gemm_round_bf16(s->code_value[s->data[index]] * s->tables->e8m0[e]);
+}
+
+// Values (r, k0 .. k0 + kc) of a K-major operand into out[0], out[stride], ...: the same values
+// as ref_gemm_outer_value's, plus fp8 code values (their scales are applied later) and nvfp4's
+// decode, each format in a loop of its own.
+static inline void ref_gemm_row(uint32_t format, const ref_gemm_side *s, uint64_t r, uint32_t k0,
+                                uint32_t kc, float *out, uint32_t stride) {
+    const gemm_operand *op = s->op;
+    if (format == GEMM_FORMAT_BF16) {
+        const uint16_t *p = (const uint16_t *)s->data + r * op->ld + k0;
+        for (uint32_t kk = 0; kk < kc; kk++) out[kk * stride] = qt_bf16_to_f32(p[kk]);
+    } else if (format == GEMM_FORMAT_FP8 || format == GEMM_FORMAT_FP8_BLOCK) {
+        const uint8_t *p = s->data + r * op->ld + k0;
+        for (uint32_t kk = 0; kk < kc; kk++) out[kk * stride] = s->code_value[p[kk]];
+    } else if (format == GEMM_FORMAT_MXFP8) {
+        const uint8_t *p = s->data + r * op->ld, *e = s->scale + r * op->scale_ld;
+        for (uint32_t k = k0; k < k0 + kc; k++) {
+            float v = s->code_value[p[k]] * s->tables->e8m0[e[k / GEMM_BLOCK_MXFP8]];
+            out[(k - k0) * stride] = qt_gemm_round_bf16(v);
+        }
+    } else {
+        QT_ASSERT(format == GEMM_FORMAT_NVFP4);
+        const uint8_t *p = s->data + r * (op->ld / 2), *e = s->scale + r * op->scale_ld;
+        for (uint32_t k = k0; k < k0 + kc; k++) {
+            uint32_t nibble = (p[k / 2] >> (4 * (k & 1))) & 0xFu;
+            out[(k - k0) * stride] = s->tables->nvfp4[e[k / GEMM_BLOCK_NVFP4] * 16u + nibble];
+        }
     }
 }
 
@@ -107,16 +136,12 @@ static inline void ref_gemm_pack(uint32_t format, const ref_gemm_side *s, uint32
     if (s->op->flags & GEMM_OPERAND_OUTER_MAJOR) {  // the panel's rows lie side by side per k
         for (uint32_t kk = 0; kk < kc; kk++) {
             for (uint32_t i = 0; i < rows; i++) {
-                dst[kk * width + i] = ref_gemm_value(format, s, r0 + i, k0 + kk);
+                dst[kk * width + i] = ref_gemm_outer_value(format, s, r0 + i, k0 + kk);
             }
         }
         return;
     }
-    for (uint32_t i = 0; i < rows; i++) {
-        for (uint32_t kk = 0; kk < kc; kk++) {
-            dst[kk * width + i] = ref_gemm_value(format, s, r0 + i, k0 + kk);
-        }
-    }
+    for (uint32_t i = 0; i < rows; i++) ref_gemm_row(format, s, r0 + i, k0, kc, dst + i, width);
 }
 
 typedef float ref_v8 __attribute__((vector_size(32)));
@@ -128,6 +153,7 @@ static inline __attribute__((always_inline)) void ref_gemm_micro(uint32_t kc, co
                                                                  const float *b, float *c,
                                                                  uint32_t ldc, bool from_zero) {
     ref_v8 acc[REF_GEMM_MR][2];
+#pragma GCC unroll 16
     for (uint32_t i = 0; i < REF_GEMM_MR; i++) {
         if (from_zero) {
             acc[i][0] = acc[i][1] = (ref_v8){0};
@@ -140,12 +166,14 @@ static inline __attribute__((always_inline)) void ref_gemm_micro(uint32_t kc, co
         ref_v8 b0, b1;
         memcpy(&b0, b + kk * REF_GEMM_NR, sizeof b0);
         memcpy(&b1, b + kk * REF_GEMM_NR + 8, sizeof b1);
+#pragma GCC unroll 16
         for (uint32_t i = 0; i < REF_GEMM_MR; i++) {
             float av = a[kk * REF_GEMM_MR + i];
             acc[i][0] += av * b0;  // RN(a * b), then RN(acc + that): A's value first, as before
             acc[i][1] += av * b1;
         }
     }
+#pragma GCC unroll 16
     for (uint32_t i = 0; i < REF_GEMM_MR; i++) {
         memcpy(c + i * ldc, &acc[i][0], sizeof(ref_v8));
         memcpy(c + i * ldc + 8, &acc[i][1], sizeof(ref_v8));
@@ -208,12 +236,9 @@ static void ref_gemm_combine(const ref_gemm_job *job, const float *p, float *c, 
 static uint32_t ref_gemm_min(uint32_t x, uint32_t y) { return x < y ? x : y; }
 
 // The accumulators of rows [m0, m0 + rows) x columns [n0, n0 + cols) over the part's k range,
-// block by block. The clones give the same bits (see the top): AVX2 runs the two 8-wide vectors
-// of a micro-kernel row as one instruction each, the default x86-64 build as two SSE halves.
-#if defined(__x86_64__)
-__attribute__((target_clones("avx2", "default")))
-#endif
-static void ref_gemm_accumulate(const ref_gemm_job *job, ref_gemm_scratch *s, uint32_t m0,
+// block by block. The clones (pool.h) give the same bits (see the top): x86-64-v3 runs each
+// 8-wide vector of a micro-kernel row as one instruction, the baseline as two SSE halves.
+POOL_CPU_CLONES static void ref_gemm_accumulate(const ref_gemm_job *job, ref_gemm_scratch *s, uint32_t m0,
                                 uint32_t rows, uint32_t n0, uint32_t cols) {
     const uint32_t format = job->a->format, ldc = REF_GEMM_TILE_N;
     const ref_gemm_part *part = &job->part;
@@ -286,13 +311,14 @@ static void ref_gemm_tile(void *ctx, uint32_t task, uint32_t thread) {
     }
 }
 
-static void ref_gemm_part_run(const gemm_args *a, const ref_gemm_part *part) {
+static void ref_gemm_part_run(const gemm_args *a, const ref_gemm_tables *tables,
+                              const ref_gemm_part *part) {
     if (part->m_end <= part->m_begin || a->n == 0) return;
     ref_gemm_job job;
     job.a = a;
     job.part = *part;
-    ref_gemm_side_init(&job.sa, a->format, &a->a, part->member);
-    ref_gemm_side_init(&job.sb, a->format, &a->b, part->member);
+    job.sa = ref_gemm_side_of(&a->a, part->member, tables->code_a, tables);
+    job.sb = ref_gemm_side_of(&a->b, part->member, tables->code_b, tables);
     job.block = a->format == GEMM_FORMAT_FP8_BLOCK;
     job.split = job.block ||
                 (a->format == GEMM_FORMAT_FP8 && (a->flags & GEMM_FLAG_SPLIT_ACCUMULATE) != 0);
@@ -302,11 +328,13 @@ static void ref_gemm_part_run(const gemm_args *a, const ref_gemm_part *part) {
 }
 
 static void ref_gemm(const gemm_args *a) {
+    ref_gemm_tables tables;  // 21 KiB of stack, so that GEMMs on several threads stay apart
+    ref_gemm_tables_init(&tables, a);
     const uint32_t *off = REF_PTR(const uint32_t, a->group.row_offsets);
     const uint32_t *first_dims = REF_PTR(const uint32_t, a->group.first_dims);
     if (a->grouping == GEMM_DENSE) {
         ref_gemm_part part = {0, 0, a->m, a->m, 0, a->k};
-        ref_gemm_part_run(a, &part);
+        ref_gemm_part_run(a, &tables, &part);
         return;
     }
     for (uint32_t i = 0; i < a->group.count; i++) {
@@ -320,7 +348,7 @@ static void ref_gemm(const gemm_args *a) {
             part.k_begin = off[i];
             part.k_end = off[i] + first_dims[i];
         }
-        ref_gemm_part_run(a, &part);
+        ref_gemm_part_run(a, &tables, &part);
     }
 }
 
