@@ -618,41 +618,13 @@ static qt_status load_npy(const recipe_source *src, const data_info *info, uint8
 }
 
 // ---------------------------------------------------------------------------------------------
-// Start-up threads. Generating a synthetic dataset is the one long computation of start-up (about
-// 10 s for 16384 x 4096 values on one core), and every value is a pure function of its index, so
-// the work is split into contiguous index ranges, one task of the thread pool each. The bytes
-// never depend on the split: each task writes only its range, with the arithmetic of the
-// sequential loop.
-
-typedef void data_range_fn(void *ctx, uint64_t begin, uint64_t end);
-
-typedef struct data_ranges {
-    data_range_fn *fn;
-    void *ctx;
-    uint64_t count;
-    uint32_t parts;
-} data_ranges;
-
-static void data_range_task(void *ctx, uint32_t task, uint32_t thread) {
-    (void)thread;
-    const data_ranges *r = ctx;
-    uint64_t begin, end;
-    pool_range(r->count, r->parts, task, &begin, &end);
-    r->fn(r->ctx, begin, end);
-}
-
-// fn over [0, count) in `parts` ranges, run on the pool's threads.
-static void data_parallel(uint32_t parts, uint64_t count, data_range_fn *fn, void *ctx) {
-    QT_ASSERT(parts >= 1);
-    if (parts > count) parts = count > 0 ? (uint32_t)count : 1;
-    data_ranges ranges = {fn, ctx, count, parts};
-    pool_run(parts, data_range_task, &ranges);
-}
-
-// ---------------------------------------------------------------------------------------------
 // Synthetic sources. Every value is a pure function of (seed, tag, index) through the same
 // Philox normal as the device fill kernel (ptx/core.h), so the data does not depend on the order
-// of generation (or the number of threads) and a GPU could produce the same bits.
+// of generation (or the number of threads) and a GPU could produce the same bits. Generating a
+// synthetic dataset is the one long computation of start-up (about 10 s for 16384 x 4096 values
+// on one core), so the work is split into contiguous index ranges, one task of the thread pool
+// each (pool_run_ranges); each task writes only its range, with the arithmetic of the sequential
+// loop.
 
 static uint64_t tag_seed(uint64_t seed, uint64_t tag) { return qt_mix64(seed ^ tag); }
 
@@ -710,8 +682,8 @@ static void generate_classes(const recipe_source *src, const data_info *info, ui
         .key_c = tag_seed(src->seed, TAG_CENTERS),
         .key_l = tag_seed(src->seed, TAG_LABELS),
     };
-    data_parallel(parts, (uint64_t)info->outputs * info->features, classes_centers, &job);
-    data_parallel(parts, info->samples, classes_rows, &job);
+    pool_run_ranges((uint64_t)info->outputs * info->features, parts, classes_centers, &job);
+    pool_run_ranges(info->samples, parts, classes_rows, &job);
 }
 
 #define TEACHER_SUMS 8  // hidden units summed together
@@ -781,8 +753,8 @@ static void generate_teacher(const recipe_source *src, const data_info *info, ui
         .key_2 = tag_seed(src->seed, TAG_TEACHER2),
     };
     uint64_t weights = (uint64_t)DATA_TEACHER_HIDDEN * (info->features + (uint64_t)info->outputs);
-    data_parallel(parts, weights, teacher_weights, &job);
-    data_parallel(parts, info->samples, teacher_rows, &job);
+    pool_run_ranges(weights, parts, teacher_weights, &job);
+    pool_run_ranges(info->samples, parts, teacher_rows, &job);
 }
 
 // A range per this many generated values at least: small datasets (the tests' thousands of

@@ -142,3 +142,32 @@ void pool_range(uint64_t count, uint32_t parts, uint32_t part, uint64_t *begin, 
     *end = part + 1 < parts ? count / parts * (part + 1) + count % parts * (part + 1) / parts
                             : count;
 }
+
+typedef struct pool_ranges {
+    pool_range_fn *fn;
+    void *ctx;
+    uint64_t count;
+    uint32_t parts;
+} pool_ranges;
+
+static void pool_range_task(void *ctx, uint32_t task, uint32_t thread) {
+    (void)thread;
+    const pool_ranges *r = ctx;
+    uint64_t begin, end;
+    pool_range(r->count, r->parts, task, &begin, &end);
+    r->fn(r->ctx, begin, end);
+}
+
+void pool_run_ranges(uint64_t count, uint32_t parts, pool_range_fn *fn, void *ctx) {
+    QT_ASSERT(parts >= 1);
+    if (parts > count) parts = count > 0 ? (uint32_t)count : 1;
+    pool_ranges ranges = {fn, ctx, count, parts};
+    pool_run(parts, pool_range_task, &ranges);
+}
+
+void pool_for(uint64_t count, uint64_t grain, pool_range_fn *fn, void *ctx) {
+    QT_ASSERT(grain >= 1);
+    uint64_t parts = count / grain;
+    if (parts > POOL_RANGES_MAX) parts = POOL_RANGES_MAX;
+    pool_run_ranges(count, parts > 1 ? (uint32_t)parts : 1u, fn, ctx);
+}

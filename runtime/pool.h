@@ -47,6 +47,16 @@ void pool_run(uint32_t tasks, pool_task_fn *fn, void *ctx);
 // [begin, end) of part `part` of [0, count) cut into `parts` near-equal contiguous ranges.
 void pool_range(uint64_t count, uint32_t parts, uint32_t part, uint64_t *begin, uint64_t *end);
 
+typedef void pool_range_fn(void *ctx, uint64_t begin, uint64_t end);
+
+// fn(ctx, begin, end) over [0, count) cut into `parts` ranges (pool_range), one task each.
+void pool_run_ranges(uint64_t count, uint32_t parts, pool_range_fn *fn, void *ctx);
+
+// The same in ranges of at least `grain` items (parts = count / grain, 1 to POOL_RANGES_MAX): the
+// cut depends on the count alone, never on the machine.
+#define POOL_RANGES_MAX 64u
+void pool_for(uint64_t count, uint64_t grain, pool_range_fn *fn, void *ctx);
+
 // The tasks' hot loops (the reference backend's twins, synthetic data) are compiled twice, for
 // x86-64-v3 (AVX2 and FMA) and for the baseline x86-64 that every machine runs, and the loader
 // picks one for the processor. On x86-64-v3 qt_fmaf is one instruction instead of a call into

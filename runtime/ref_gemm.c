@@ -29,7 +29,7 @@ QT_STATIC_ASSERT(REF_GEMM_TILE_M % REF_GEMM_MR == 0 && REF_GEMM_TILE_N % REF_GEM
                  "tiles hold whole micro-kernel blocks");
 QT_STATIC_ASSERT(GEMM_SPLIT_K == GEMM_BLOCK_FP8, "one K block per split chunk and scale block");
 
-// One thread's scratch: about 200 KiB, static (the library allocates nothing), one per pool
+// One thread's scratch: 320 KiB, static (the library allocates nothing), one per pool
 // thread index.
 typedef struct ref_gemm_scratch {
     float acc[REF_GEMM_TILE_M * REF_GEMM_TILE_N];  // the tile's accumulators, [m][n]

@@ -130,9 +130,54 @@ static void test_ranges(void) {
     test_end();
 }
 
+// pool_for and pool_run_ranges: every index in exactly one range, whatever the count and grain.
+typedef struct ranges_job {
+    atomic_uint hits[TASKS_MAX];
+    atomic_uint calls;
+} ranges_job;
+
+static void mark_range(void *ctx, uint64_t begin, uint64_t end) {
+    ranges_job *job = ctx;
+    atomic_fetch_add(&job->calls, 1u);
+    for (uint64_t i = begin; i < end; i++) atomic_fetch_add(&job->hits[i], 1u);
+}
+
+static ranges_job job_r;
+
+static void check_marked(uint64_t count, uint32_t calls_max, const char *what) {
+    uint32_t wrong = 0;
+    for (uint64_t i = 0; i < count; i++) wrong += atomic_load(&job_r.hits[i]) != 1;
+    CHECK(wrong == 0 && atomic_load(&job_r.calls) >= 1 && atomic_load(&job_r.calls) <= calls_max,
+          "%s: count %llu: %u indices not covered once, %u calls (at most %u)", what,
+          (unsigned long long)count, wrong, atomic_load(&job_r.calls), calls_max);
+}
+
+static void test_ranges_run(void) {
+    test_begin("pool_for_covers_every_index");
+    pool_stop();
+    pool_start(3);
+    const uint64_t counts[] = {0, 1, 63, 64, 1000, TASKS_MAX};
+    const uint64_t grains[] = {1, 7, 64, 5000};
+    for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++) {
+        for (size_t g = 0; g < sizeof grains / sizeof grains[0]; g++) {
+            memset(&job_r, 0, sizeof job_r);
+            pool_for(counts[c], grains[g], mark_range, &job_r);
+            uint64_t parts = counts[c] / grains[g];
+            check_marked(counts[c], parts > POOL_RANGES_MAX ? POOL_RANGES_MAX
+                                    : parts > 1             ? (uint32_t)parts
+                                                            : 1u, "pool_for");
+        }
+        memset(&job_r, 0, sizeof job_r);
+        pool_run_ranges(counts[c], 5, mark_range, &job_r);
+        check_marked(counts[c], 5, "pool_run_ranges");
+    }
+    test_end();
+}
+
 int main(void) {
     test_every_task_once();
     test_concurrent_callers();
     test_ranges();
+    test_ranges_run();
     return test_exit_code();
 }
