@@ -238,8 +238,9 @@ static uint32_t ref_gemm_min(uint32_t x, uint32_t y) { return x < y ? x : y; }
 // The accumulators of rows [m0, m0 + rows) x columns [n0, n0 + cols) over the part's k range,
 // block by block. The clones (pool.h) give the same bits (see the top): x86-64-v3 runs each
 // 8-wide vector of a micro-kernel row as one instruction, the baseline as two SSE halves.
-POOL_CPU_CLONES static void ref_gemm_accumulate(const ref_gemm_job *job, ref_gemm_scratch *s, uint32_t m0,
-                                uint32_t rows, uint32_t n0, uint32_t cols) {
+POOL_CPU_CLONES static void ref_gemm_accumulate(const ref_gemm_job *job, ref_gemm_scratch *s,
+                                                uint32_t m0, uint32_t rows, uint32_t n0,
+                                                uint32_t cols) {
     const uint32_t format = job->a->format, ldc = REF_GEMM_TILE_N;
     const ref_gemm_part *part = &job->part;
     QT_ASSERT(!job->block || part->k_begin % GEMM_BLOCK_FP8 == 0);

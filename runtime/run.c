@@ -587,6 +587,50 @@ qt_status run_execute(run *r, sched_progress_fn progress, void *ctx, sched_summa
     return status;
 }
 
+void run_steps_left(const run *r, uint64_t steps[MODEL_MODE_COUNT]) {
+    for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) steps[mode] = 0;
+    for (uint32_t i = r->state.row; i < r->table.row_count; i++) {
+        const sched_row *row = &r->table.rows[i];
+        steps[row->mode] += row->steps - (i == r->state.row ? r->state.row_step : 0);
+    }
+}
+
+// Milliseconds of one run of a mode's program: the median of three warm runs, after a cold one,
+// within about a second; a cold run of half a second or more is the measurement itself (long
+// steps vary less, and timing more of them would delay the start).
+static double run_time_mode(run *r, int mode) {
+    double seconds[4] = {0.0, 0.0, 0.0, 0.0}, spent = 0.0;
+    int runs = 0;
+    while (runs < 4 && (runs == 0 || (seconds[0] < 0.5 && spent < 1.0))) {
+        double t0 = run_clock();
+        qt_status status = backend_run(r->backend, &r->programs[mode]);
+        QT_ASSERT(status == QT_OK);  // the reference backend's launches do not fail
+        seconds[runs] = run_clock() - t0;
+        spent += seconds[runs++];
+    }
+    if (runs == 1) return 1e3 * seconds[0];
+    if (runs < 4) return 1e3 * seconds[runs - 1];  // the last warm run
+    double a = seconds[1], b = seconds[2], c = seconds[3];  // the median of the warm runs
+    double median = a > b ? (b > c ? b : (a > c ? c : a)) : (a > c ? a : (b > c ? c : b));
+    return 1e3 * median;
+}
+
+void run_time_steps(run *r, void *scratch, uint64_t scratch_bytes, double ms[MODEL_MODE_COUNT]) {
+    QT_ASSERT(r->bound && r->backend->kind == BACKEND_REF);
+    uint64_t dev = r->dev.bytes_total, host = r->host.bytes_total;
+    QT_ASSERT(scratch_bytes >= dev + host);
+    uint8_t *copy = scratch;
+    memcpy(copy, r->dev.host_base, dev);
+    memcpy(copy + dev, r->host.host_base, host);
+    uint64_t steps[MODEL_MODE_COUNT];
+    run_steps_left(r, steps);
+    for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
+        ms[mode] = steps[mode] && r->model.modes[mode] ? run_time_mode(r, mode) : 0.0;
+    }
+    memcpy(r->dev.host_base, copy, dev);
+    memcpy(r->host.host_base, copy + dev, host);
+}
+
 // Per-op times of one mode's program, in op order, with each op's share of their sum, then the
 // graph replay: the replay over the sum shows what launch gaps and serialization cost.
 static qt_status run_profile_mode(run *r, int mode, uint32_t reps, FILE *out) {
