@@ -52,6 +52,20 @@ else
     echo "$out" | sed 's/^/  /'
     exit 1
 fi
+# On the reference backend a run says how long it will take before its first step: the steps of
+# each mode it will run and an h:mm:ss total.
+out=$("$qtrain" run tests/recipes/synthetic_tiny.recipe --ref --steps 30 2>&1)
+rc=$?
+estimate=$(echo "$out" | grep 'about [0-9]*:[0-5][0-9]:[0-5][0-9] on the reference backend')
+if [ $rc -eq 0 ] && echo "$estimate" | grep -q '(30 train steps at [0-9.]* ms, 4 eval steps at' &&
+   [ "$(echo "$out" | grep -n 'about ' | cut -d: -f1)" -lt \
+     "$(echo "$out" | grep -n '^train row 0 step' | head -1 | cut -d: -f1)" ]; then
+    echo "PASS cli_run_reference_estimate ($(echo "$estimate" | sed 's/.*about \([^ ]*\).*/\1/'))"
+else
+    echo "FAIL cli_run_reference_estimate: exit $rc"
+    echo "$out" | sed 's/^/  /'
+    exit 1
+fi
 # `qtrain diff`: exit 0 for identical traces, 1 with the first difference, 2 for a bad file.
 dir=$(mktemp -d)
 header='qtrain-trace 1 recipe=0000000000000001 quantizers=0 checksum_every=0'

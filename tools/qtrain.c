@@ -449,7 +449,7 @@ static void print_estimate(const cli_args *a) {
         if (steps[mode] == 0) continue;
         total_s += (double)steps[mode] * ms[mode] / 1e3;
         used += (size_t)snprintf(parts + used, sizeof parts - used, "%s%" PRIu64 " %s steps at "
-                                 "%.1f ms", used ? ", " : "", steps[mode],
+                                 "%.3g ms", used ? ", " : "", steps[mode],
                                  model_mode_name((model_mode)mode), ms[mode]);
     }
     format_hms(total_s, hms, sizeof hms);
