@@ -384,8 +384,9 @@ void ref_qt_gemm_nvfp4_portable(const gemm_args *a, const launch_shape *shape) {
 }
 
 // The order of qt_gemm_bias_grad_add's comment: 32-row chunks in order, each summed in row order.
-void ref_qt_gemm_bias_grad(const gemm_bias_grad_args *a, const launch_shape *shape) {
-    (void)shape;
+// Columns [c_begin, c_end) of every member are a task: each column's sum is one task's.
+POOL_CPU_CLONES static void ref_gemm_bias_grad_cols(void *ctx, uint64_t c_begin, uint64_t c_end) {
+    const gemm_bias_grad_args *a = ctx;
     uint32_t members = a->group.count ? a->group.count : 1u;
     for (uint32_t i = 0; i < members; i++) {
         uint32_t r_begin = 0, r_end = a->rows;
@@ -393,7 +394,7 @@ void ref_qt_gemm_bias_grad(const gemm_bias_grad_args *a, const launch_shape *sha
             r_begin = REF_PTR(const uint32_t, a->group.row_offsets)[i];
             r_end = r_begin + REF_PTR(const uint32_t, a->group.first_dims)[i];
         }
-        for (uint32_t col = 0; col < a->cols; col++) {
+        for (uint32_t col = (uint32_t)c_begin; col < c_end; col++) {
             float total = 0.0f;
             for (uint32_t r0 = r_begin; r0 < r_end; r0 += GEMM_BGRAD_CHUNK_ROWS) {
                 uint32_t r1 = r_end - r0 < GEMM_BGRAD_CHUNK_ROWS ? r_end
@@ -408,6 +409,11 @@ void ref_qt_gemm_bias_grad(const gemm_bias_grad_args *a, const launch_shape *sha
             REF_PTR(float, a->out)[(uint64_t)i * a->cols + col] = total;
         }
     }
+}
+
+void ref_qt_gemm_bias_grad(const gemm_bias_grad_args *a, const launch_shape *shape) {
+    (void)shape;
+    pool_for(a->cols, ref_task_rows(a->rows), ref_gemm_bias_grad_cols, (void *)a);
 }
 
 // The decode table's values: gemm.h's decode, rounded to BF16 as the twins above do.

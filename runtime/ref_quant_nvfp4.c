@@ -186,40 +186,51 @@ void ref_qt_nvfp4_quantize_bf16(const nvfp4_quantize_args *a, const launch_shape
     ref_qt_nvfp4_quantize(a, shape);
 }
 
-void ref_qt_nvfp4_dequantize(const nvfp4_dequantize_args *a, const launch_shape *shape) {
-    (void)shape;
+// Task: the 16-row block `block`.
+POOL_CPU_CLONES static void ref_nvfp4_dequantize_block(void *ctx, uint32_t block,
+                                                       uint32_t thread) {
+    (void)thread;
+    const nvfp4_dequantize_args *a = ctx;
     const uint8_t *data = REF_PTR(const uint8_t, a->data);
     const uint8_t *scales = REF_PTR(const uint8_t, a->scales);
-    for (uint32_t row0 = 0; row0 < a->rows; row0 += 16) {
-        qt_nvfp4_span span = ref_nvfp4_span(&a->group, a->rows, row0);
-        if (span.store_end <= row0) continue;
-        float amax = REF_PTR(const float, a->amax)[span.member];
-        for (uint32_t m = row0; m < row0 + 16 && m < span.store_end; m++) {
-            for (uint32_t k = 0; k < a->cols; k++) {
-                uint8_t byte, sb;
-                if (a->colwise) {
-                    byte = data[(uint64_t)k * ((a->rows + 1) / 2) + m / 2];
-                    sb = scales[(uint64_t)k * ((a->rows + 15) / 16) + m / 16];
-                } else {
-                    byte = data[(uint64_t)m * ((a->cols + 1) / 2) + k / 2];
-                    sb = scales[(uint64_t)m * ((a->cols + 15) / 16) + k / 16];
-                }
-                uint32_t pos = a->colwise ? m : k;
-                uint8_t nibble = (uint8_t)((byte >> (4 * (pos & 1))) & 0xFu);
-                float value = qt_nvfp4_dequant_value(nibble, sb, amax);
-                uint64_t index = (uint64_t)m * a->cols + k;
-                if (a->out_dtype == QT_DTYPE_F32) {
-                    REF_PTR(float, a->out)[index] = value;
-                } else {
-                    REF_PTR(uint16_t, a->out)[index] = qt_f32_to_bf16(value);
-                }
+    uint32_t row0 = block * 16;
+    qt_nvfp4_span span = ref_nvfp4_span(&a->group, a->rows, row0);
+    if (span.store_end <= row0) return;
+    float amax = REF_PTR(const float, a->amax)[span.member];
+    for (uint32_t m = row0; m < row0 + 16 && m < span.store_end; m++) {
+        for (uint32_t k = 0; k < a->cols; k++) {
+            uint8_t byte, sb;
+            if (a->colwise) {
+                byte = data[(uint64_t)k * ((a->rows + 1) / 2) + m / 2];
+                sb = scales[(uint64_t)k * ((a->rows + 15) / 16) + m / 16];
+            } else {
+                byte = data[(uint64_t)m * ((a->cols + 1) / 2) + k / 2];
+                sb = scales[(uint64_t)m * ((a->cols + 15) / 16) + k / 16];
+            }
+            uint32_t pos = a->colwise ? m : k;
+            uint8_t nibble = (uint8_t)((byte >> (4 * (pos & 1))) & 0xFu);
+            float value = qt_nvfp4_dequant_value(nibble, sb, amax);
+            uint64_t index = (uint64_t)m * a->cols + k;
+            if (a->out_dtype == QT_DTYPE_F32) {
+                REF_PTR(float, a->out)[index] = value;
+            } else {
+                REF_PTR(uint16_t, a->out)[index] = qt_f32_to_bf16(value);
             }
         }
     }
 }
 
+void ref_qt_nvfp4_dequantize(const nvfp4_dequantize_args *a, const launch_shape *shape) {
+    (void)shape;
+    pool_run((a->rows + 15) / 16, ref_nvfp4_dequantize_block, (void *)a);
+}
+
+POOL_CPU_CLONES static void ref_nvfp4_decode_blocks(void *ctx, uint64_t begin, uint64_t end) {
+    for (uint64_t b = begin; b < end; b++) qt_nvfp4_decode_block(ctx, b);
+}
+
 void ref_qt_nvfp4_decode(const nvfp4_decode_args *a, const launch_shape *shape) {
     (void)shape;  // the reference backend's addresses are host pointers (REF_PTR)
     uint64_t blocks = (uint64_t)a->rows * ((a->k + 15) / 16);
-    for (uint64_t b = 0; b < blocks; b++) qt_nvfp4_decode_block(a, b);
+    pool_for(blocks, REF_TASK_ELEMS / 16, ref_nvfp4_decode_blocks, (void *)a);
 }
