@@ -115,7 +115,19 @@ static inline void ref_gemm_row(uint32_t format, const ref_gemm_side *s, uint64_
     } else {
         QT_ASSERT(format == GEMM_FORMAT_NVFP4);
         const uint8_t *p = s->data + r * (op->ld / 2), *e = s->scale + r * op->scale_ld;
-        for (uint32_t k = k0; k < k0 + kc; k++) {
+        uint32_t k = k0;
+        // Whole 16-element blocks: one scale, so one row of the table, and 8 bytes of two codes.
+        for (; k % GEMM_BLOCK_NVFP4 == 0 && k + GEMM_BLOCK_NVFP4 <= k0 + kc;
+             k += GEMM_BLOCK_NVFP4) {
+            const float *value = s->tables->nvfp4 + e[k / GEMM_BLOCK_NVFP4] * 16u;
+            float *o = out + (k - k0) * stride;
+            for (uint32_t j = 0; j < GEMM_BLOCK_NVFP4 / 2; j++) {
+                uint8_t byte = p[k / 2 + j];
+                o[2 * j * stride] = value[byte & 0xFu];
+                o[(2 * j + 1) * stride] = value[byte >> 4];
+            }
+        }
+        for (; k < k0 + kc; k++) {
             uint32_t nibble = (p[k / 2] >> (4 * (k & 1))) & 0xFu;
             out[(k - k0) * stride] = s->tables->nvfp4[e[k / GEMM_BLOCK_NVFP4] * 16u + nibble];
         }
@@ -236,11 +248,10 @@ static void ref_gemm_combine(const ref_gemm_job *job, const float *p, float *c, 
 static uint32_t ref_gemm_min(uint32_t x, uint32_t y) { return x < y ? x : y; }
 
 // The accumulators of rows [m0, m0 + rows) x columns [n0, n0 + cols) over the part's k range,
-// block by block. The clones (pool.h) give the same bits (see the top): x86-64-v3 runs each
-// 8-wide vector of a micro-kernel row as one instruction, the baseline as two SSE halves.
-POOL_CPU_CLONES static void ref_gemm_accumulate(const ref_gemm_job *job, ref_gemm_scratch *s,
-                                                uint32_t m0, uint32_t rows, uint32_t n0,
-                                                uint32_t cols) {
+// block by block, inlined into the two functions below.
+static inline __attribute__((always_inline)) void ref_gemm_accumulate_blocks(
+    const ref_gemm_job *job, ref_gemm_scratch *s, uint32_t m0, uint32_t rows, uint32_t n0,
+    uint32_t cols) {
     const uint32_t format = job->a->format, ldc = REF_GEMM_TILE_N;
     const ref_gemm_part *part = &job->part;
     QT_ASSERT(!job->block || part->k_begin % GEMM_BLOCK_FP8 == 0);
@@ -278,6 +289,27 @@ POOL_CPU_CLONES static void ref_gemm_accumulate(const ref_gemm_job *job, ref_gem
     }
 }
 
+// The clones (pool.h) give the same bits (see the top): x86-64-v3 runs each 8-wide vector of a
+// micro-kernel row as one instruction, the baseline as two SSE halves.
+POOL_CPU_CLONES static void ref_gemm_accumulate(const ref_gemm_job *job, ref_gemm_scratch *s,
+                                                uint32_t m0, uint32_t rows, uint32_t n0,
+                                                uint32_t cols) {
+    ref_gemm_accumulate_blocks(job, s, m0, rows, n0, cols);
+}
+
+// NVFP4 and FP8 (per-tensor and block) products are exact in FP32: decoded NVFP4 values have at
+// most 6 significant bits and lie in [2^-10, 2688] (gemm.h), FP8 codes at most 4 and lie in
+// [2^-16, 57344], so no product rounds, underflows or overflows (Inf and NaN codes aside, which
+// give Inf or NaN either way). Then RN(RN(a b) + acc) is RN(a b + acc), one fused multiply-add,
+// and this variant lets the compiler contract them: the x86-64-v3 clone adds each product in one
+// FMA instruction instead of two, the same bits again. BF16 and MXFP8 values span the whole FP32
+// exponent range, so their products may round and they take the plain variant.
+__attribute__((optimize("fp-contract=fast"))) POOL_CPU_CLONES static void ref_gemm_accumulate_exact(
+    const ref_gemm_job *job, ref_gemm_scratch *s, uint32_t m0, uint32_t rows, uint32_t n0,
+    uint32_t cols) {
+    ref_gemm_accumulate_blocks(job, s, m0, rows, n0, cols);
+}
+
 // Task: one tile of D, accumulated, then the epilogue per element (padding rows get zeros).
 static void ref_gemm_tile(void *ctx, uint32_t task, uint32_t thread) {
     const ref_gemm_job *job = ctx;
@@ -290,7 +322,10 @@ static void ref_gemm_tile(void *ctx, uint32_t task, uint32_t thread) {
     uint32_t n1 = ref_gemm_min(n0 + REF_GEMM_TILE_N, a->n);
     uint32_t valid_end = ref_gemm_min(m1, part->m_valid_end);
     uint32_t rows = valid_end > m0 ? valid_end - m0 : 0;
-    if (rows > 0) ref_gemm_accumulate(job, s, m0, rows, n0, n1 - n0);
+    bool exact = a->format == GEMM_FORMAT_NVFP4 || a->format == GEMM_FORMAT_FP8 ||
+                 a->format == GEMM_FORMAT_FP8_BLOCK;
+    if (rows > 0 && exact) ref_gemm_accumulate_exact(job, s, m0, rows, n0, n1 - n0);
+    if (rows > 0 && !exact) ref_gemm_accumulate(job, s, m0, rows, n0, n1 - n0);
     uint64_t d = a->d + part->member * a->d_member_bytes;
     uint64_t c = a->c + part->member * a->d_member_bytes;
     uint64_t bias = a->bias + part->member * a->bias_member_bytes;
