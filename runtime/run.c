@@ -615,6 +615,31 @@ static double run_time_mode(run *r, int mode) {
     return 1e3 * median;
 }
 
+// Stages the next batch of the feed that the mode's first row left reads (sched_feed's choice)
+// where the next step's program reads it, as the loop would, and leaves the feed where it was:
+// the step is timed on the data it will run on.
+static void run_stage_for_timing(run *r, int mode) {
+    data_feed *feed = NULL;
+    for (uint32_t i = r->state.row; i < r->table.row_count && !feed; i++) {
+        const sched_row *row = &r->table.rows[i];
+        if ((int)row->mode != mode) continue;
+        feed = mode == MODEL_MODE_TRAIN               ? &r->train_feed
+               : row->dataset == RECIPE_DATASET_EVAL ? &r->eval_feed
+                                                      : &r->train_plain;
+    }
+    QT_ASSERT(feed != NULL);
+    const model_io *io = &r->model.io;
+    uint64_t bytes = io->slot.bytes, step = r->state.step;
+    uint8_t *host = (uint8_t *)arena_host_pointer(&r->host, io->staging) +
+                    step % MODEL_HOST_SLOTS * bytes;
+    uint8_t *dev = (uint8_t *)arena_host_pointer(&r->dev, io->staged) +
+                   step % MODEL_DEVICE_SLOTS * bytes;
+    data_feed saved = *feed;
+    data_feed_next(feed, &io->slot, host);
+    memcpy(dev, host, bytes);
+    *feed = saved;
+}
+
 void run_time_steps(run *r, void *scratch, uint64_t scratch_bytes, double ms[MODEL_MODE_COUNT]) {
     QT_ASSERT(r->bound && r->backend->kind == BACKEND_REF);
     uint64_t dev = r->dev.bytes_total, host = r->host.bytes_total;
@@ -625,7 +650,10 @@ void run_time_steps(run *r, void *scratch, uint64_t scratch_bytes, double ms[MOD
     uint64_t steps[MODEL_MODE_COUNT];
     run_steps_left(r, steps);
     for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
-        ms[mode] = steps[mode] && r->model.modes[mode] ? run_time_mode(r, mode) : 0.0;
+        ms[mode] = 0.0;
+        if (steps[mode] == 0 || !r->model.modes[mode]) continue;
+        run_stage_for_timing(r, mode);
+        ms[mode] = run_time_mode(r, mode);
     }
     memcpy(r->dev.host_base, copy, dev);
     memcpy(r->host.host_base, copy + dev, host);

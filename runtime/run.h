@@ -182,9 +182,9 @@ void run_steps_left(const run *r, uint64_t steps[MODEL_MODE_COUNT]);
 // both arenas are copied into `scratch` (at least their bytes together, run_memory_bytes), each
 // mode with steps left runs its program a few times (a cold run, then the median of up to three
 // warm ones within about a second; a cold run of half a second or more alone), then the arenas
-// are copied back, so the run goes on from the same bytes. ms[mode] is 0 for the modes without
-// steps left. The batch is whatever the staging slot holds: a step's cost does not depend on its
-// values. Reference backend only.
+// are copied back, so the run goes on from the same bytes. Each mode runs on the next batch of
+// its feed (the feed is left where it was). ms[mode] is 0 for the modes without steps left.
+// Reference backend only.
 void run_time_steps(run *r, void *scratch, uint64_t scratch_bytes, double ms[MODEL_MODE_COUNT]);
 
 // `qtrain run --profile`: after run_execute, every mode's program op by op and as its graph
