@@ -453,8 +453,9 @@ static void print_estimate(const cli_args *a) {
                                  model_mode_name((model_mode)mode), ms[mode]);
     }
     format_hms(total_s, hms, sizeof hms);
+    uint32_t threads = pool_threads();
     fprintf(stderr, "qtrain %s: about %s on the reference backend (%s, timed before the start "
-            "on %u threads)\n", a->command, hms, parts, pool_threads());
+            "on %u thread%s)\n", a->command, hms, parts, threads, threads == 1 ? "" : "s");
 }
 
 static int run_with_backend(const cli_args *a, backend *b, double start, double open_s) {
