@@ -20,6 +20,7 @@
 #include "input_file.h"  // input_file_read: the recipe, a regular file
 #include "export.h"   // export_safetensors
 #include "plot.h"     // plot_main
+#include "pool.h"     // pool_threads: the reference backend's threads
 #include "run.h"      // run_plan, run_bind, run_execute
 #include "trace.h"    // trace_diff
 
@@ -563,6 +564,46 @@ static qt_status resume_run(const cli_args *a) {
     return QT_OK;
 }
 
+// h:mm:ss of a duration, to the second (the hours grow as needed).
+static void format_hms(double seconds, char *out, size_t size) {
+    uint64_t s = seconds > 0 ? (uint64_t)(seconds + 0.5) : 0;
+    snprintf(out, size, "%" PRIu64 ":%02u:%02u", s / 3600, (unsigned)(s / 60 % 60),
+             (unsigned)(s % 60));
+}
+
+// Without a GPU a run can take long, so it says how long before it starts: one step of each mode
+// is timed on the bound run (run_time_steps, which leaves its state as it was) and multiplied by
+// the steps of that mode left. Staging batches, the trace and checkpoints are not in it; on the
+// reference backend they are a small part of a step.
+static void print_estimate(const cli_args *a) {
+    uint64_t steps[MODEL_MODE_COUNT], dev_bytes, host_bytes;
+    run_steps_left(&the_run, steps);
+    if (steps[0] + steps[1] + steps[2] == 0) return;
+    run_memory_bytes(&the_run, &dev_bytes, &host_bytes);
+    void *scratch = alloc_arena(dev_bytes + host_bytes);
+    if (!scratch) {
+        fprintf(stderr, "qtrain %s: no time estimate: cannot allocate %" PRIu64 " bytes to time "
+                "a step\n", a->command, dev_bytes + host_bytes);
+        return;
+    }
+    double ms[MODEL_MODE_COUNT], total_s = 0.0;
+    run_time_steps(&the_run, scratch, dev_bytes + host_bytes, ms);
+    free(scratch);
+    char parts[256] = "", hms[32];
+    size_t used = 0;
+    for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
+        if (steps[mode] == 0) continue;
+        total_s += (double)steps[mode] * ms[mode] / 1e3;
+        used += (size_t)snprintf(parts + used, sizeof parts - used, "%s%" PRIu64 " %s steps at "
+                                 "%.3g ms", used ? ", " : "", steps[mode],
+                                 model_mode_name((model_mode)mode), ms[mode]);
+    }
+    format_hms(total_s, hms, sizeof hms);
+    uint32_t threads = pool_threads();
+    fprintf(stderr, "qtrain %s: about %s on the reference backend (%s, timed before the start "
+            "on %u thread%s)\n", a->command, hms, parts, threads, threads == 1 ? "" : "s");
+}
+
 static int run_with_backend(const cli_args *a, backend *b, double start, double open_s) {
     if (a->profile_reps && b->kind == BACKEND_REF) {
         // Said before the run, not after it: the profile times GPU kernels and graph replays.
@@ -601,6 +642,7 @@ static int run_with_backend(const cli_args *a, backend *b, double start, double 
                                    : "CUDA graphs");
     status = run_bind(&the_run, b, ref_dev, ref_host);
     if (status == QT_OK && a->resume_path) status = resume_run(a);
+    if (status == QT_OK && b->kind == BACKEND_REF) print_estimate(a);
     sched_summary summary;
     progress_state progress;
     memset(&progress, 0, sizeof progress);
