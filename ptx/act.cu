@@ -338,20 +338,16 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
             }
             act_store8(args.out, c * 8, args.out_dtype, a);
         }
-        count = 0;  // no scalar pass
-    }
-    for (uint64_t i = tid; i < count; i += stride) {
-        uint64_t r = i / h;
-        uint32_t j = (uint32_t)(i - r * h);
-        float a = qt_act_load(args.x, r * args.cols + j, args.x_dtype);
-        float b = qt_act_load(args.x, r * args.cols + h + j, args.x_dtype);
-        if (args.bias) {
-            a = a + qt_act_load(args.bias, j, args.bias_dtype);
-            b = b + qt_act_load(args.bias, h + j, args.bias_dtype);
+    } else {
+        for (uint64_t i = tid; i < count; i += stride) {
+            uint64_t r = i / h;
+            uint32_t j = (uint32_t)(i - r * h);
+            float a, b;
+            qt_swiglu_ab(&args, r, j, &a, &b);
+            float y = qt_swiglu_forward(a, b);
+            m = fmaxf(m, fabsf(y));
+            qt_act_store(args.out, i, args.out_dtype, y);
         }
-        float y = qt_swiglu_forward(a, b);
-        m = fmaxf(m, fabsf(y));
-        qt_act_store(args.out, i, args.out_dtype, y);
     }
     if (args.amax) act_amax_flush(args, m);
 }
@@ -379,22 +375,18 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
             act_store8(args.out, r * args.cols + j, args.out_dtype, da);
             act_store8(args.out, r * args.cols + h + j, args.out_dtype, db);
         }
-        count = 0;  // no scalar pass
-    }
-    for (uint64_t i = tid; i < count; i += stride) {
-        uint64_t r = i / h;
-        uint32_t j = (uint32_t)(i - r * h);
-        float a = qt_act_load(args.x, r * args.cols + j, args.x_dtype);
-        float b = qt_act_load(args.x, r * args.cols + h + j, args.x_dtype);
-        if (args.bias) {
-            a = a + qt_act_load(args.bias, j, args.bias_dtype);
-            b = b + qt_act_load(args.bias, h + j, args.bias_dtype);
+    } else {
+        for (uint64_t i = tid; i < count; i += stride) {
+            uint64_t r = i / h;
+            uint32_t j = (uint32_t)(i - r * h);
+            float a, b;
+            qt_swiglu_ab(&args, r, j, &a, &b);
+            float dy = qt_act_load(args.dy, i, args.dy_dtype);
+            float da = qt_swiglu_da(a, b, dy), db = qt_swiglu_db(a, dy);
+            m = fmaxf(m, fmaxf(fabsf(da), fabsf(db)));
+            qt_act_store(args.out, r * args.cols + j, args.out_dtype, da);
+            qt_act_store(args.out, r * args.cols + h + j, args.out_dtype, db);
         }
-        float dy = qt_act_load(args.dy, i, args.dy_dtype);
-        float da = qt_swiglu_da(a, b, dy), db = qt_swiglu_db(a, dy);
-        m = fmaxf(m, fmaxf(fabsf(da), fabsf(db)));
-        qt_act_store(args.out, r * args.cols + j, args.out_dtype, da);
-        qt_act_store(args.out, r * args.cols + h + j, args.out_dtype, db);
     }
     if (args.amax) act_amax_flush(args, m);
 }

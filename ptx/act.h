@@ -350,6 +350,18 @@ QT_HD float qt_act_silu_grad(float v) {
     return g.s * qt_fmaf(v, g.one_minus_s, 1.0f);
 }
 
+// SwiGLU's a = x[r][j] and b = x[r][H + j] (H = cols / 2) with their biases, one element (the
+// kernels' scalar path and the C twins).
+QT_HD void qt_swiglu_ab(const act_args *a, uint64_t r, uint32_t j, float *va, float *vb) {
+    uint32_t h = a->cols / 2;
+    *va = qt_act_load(a->x, r * a->cols + j, a->x_dtype);
+    *vb = qt_act_load(a->x, r * a->cols + h + j, a->x_dtype);
+    if (a->bias) {
+        *va = *va + qt_act_load(a->bias, j, a->bias_dtype);
+        *vb = *vb + qt_act_load(a->bias, h + j, a->bias_dtype);
+    }
+}
+
 QT_HD float qt_act_forward(uint32_t act, float v) {
     if (act == QT_ACT_GELU) return qt_act_gelu(v);
     if (act == QT_ACT_SILU) return qt_act_silu(v);

@@ -3,7 +3,7 @@
 #include <string.h>
 
 #include "gemm_tier.h"  // gemm_tier_takes, gemm_tier_launch
-#include "pool.h"       // pool_start: the reference backend's threads
+#include "pool.h"       // pool_start: the reference backend's and the staging gather's threads
 #include "ref.h"        // ref_<symbol> twins
 
 // ---------------------------------------------------------------------------------------------
@@ -48,6 +48,7 @@ qt_status backend_open_gpu(backend *b, int device_ordinal) {
     QT_CU(cuDevicePrimaryCtxRetain(&b->context, b->device));
     QT_CU(cuCtxSetCurrent(b->context));
     QT_TRY(backend_read_info(b));
+    pool_start(0);  // the host's threads gather each batch into its staging slot (data_feed_next)
     if (b->info.cc_major * 10 + b->info.cc_minor < 89) {
         return qt_fail(QT_ERR_NO_DEVICE, "GPU '%s' has compute capability %d.%d; qtrain's kernels "
                        "need 8.9 or newer (Ada, Hopper, Blackwell)", b->info.name,

@@ -6,13 +6,14 @@
 // task count, and pool_run returns when every task has run.
 //
 // Who calls it: the reference backend runs its C twins' work through it (backend_open_ref starts
-// it), and data_load generates synthetic sources on it (data_load starts it too, since it runs
-// before, or beside, the backend's opening). Both happen at start-up, so the threads exist before
-// the first step. Any thread may call pool_run; calls from several threads take turns.
+// it), data_load generates synthetic sources on it (data_load starts it too, since it runs
+// before, or beside, the backend's opening), and data_feed_next gathers each batch into its
+// staging slot on it (backend_open_gpu starts it for that). All start at start-up, so the threads
+// exist before the first step. Any thread may call pool_run; calls from several threads take turns.
 //
 // Determinism, the contract every caller keeps: a job's tasks write disjoint outputs and each
 // task's result is a function of its index alone, never of the thread that ran it or of the order
-// in which tasks ran. Threads take the next task as they come free (a busy machine's slow thread
+// in which tasks ran. Threads take the next task as they become idle (a busy machine's slow thread
 // holds back nobody), so the same job gives the same bytes on any number of threads, one included.
 // A task knows the index of the thread running it (0: the caller) for scratch memory of its own.
 #ifndef QT_POOL_H

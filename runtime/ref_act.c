@@ -77,23 +77,13 @@ void ref_qt_act_bwd(const act_args *a, const launch_shape *shape) {
     ref_act_amax(a, (uint64_t)a->rows * a->cols);
 }
 
-static void ref_swiglu_ab(const act_args *a, uint64_t r, uint32_t j, float *va, float *vb) {
-    uint32_t h = a->cols / 2;
-    *va = qt_act_load(a->x, r * a->cols + j, a->x_dtype);
-    *vb = qt_act_load(a->x, r * a->cols + h + j, a->x_dtype);
-    if (a->bias) {
-        *va = *va + qt_act_load(a->bias, j, a->bias_dtype);
-        *vb = *vb + qt_act_load(a->bias, h + j, a->bias_dtype);
-    }
-}
-
 POOL_CPU_CLONES static void ref_swiglu_fwd_rows(void *ctx, uint64_t begin, uint64_t end) {
     const act_args *a = ctx;
     uint32_t h = a->cols / 2;
     for (uint64_t r = begin; r < end; r++) {
         for (uint32_t j = 0; j < h; j++) {
             float va, vb;
-            ref_swiglu_ab(a, r, j, &va, &vb);
+            qt_swiglu_ab(a, r, j, &va, &vb);
             qt_act_store(a->out, r * h + j, a->out_dtype, qt_swiglu_forward(va, vb));
         }
     }
@@ -111,7 +101,7 @@ POOL_CPU_CLONES static void ref_swiglu_bwd_rows(void *ctx, uint64_t begin, uint6
     for (uint64_t r = begin; r < end; r++) {
         for (uint32_t j = 0; j < h; j++) {
             float va, vb;
-            ref_swiglu_ab(a, r, j, &va, &vb);
+            qt_swiglu_ab(a, r, j, &va, &vb);
             float dy = qt_act_load(a->dy, r * h + j, a->dy_dtype);
             qt_act_store(a->out, r * a->cols + j, a->out_dtype, qt_swiglu_da(va, vb, dy));
             qt_act_store(a->out, r * a->cols + h + j, a->out_dtype, qt_swiglu_db(va, dy));

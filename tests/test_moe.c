@@ -519,6 +519,13 @@ static prog_ref stack_region(rig *g, const char *name, uint64_t bytes) {
     return rr(g, rig_reserve(g, name, bytes ? (bytes + 15) / 16 * 16 : 16));
 }
 
+// Expert e's region "<what><e>".
+static prog_ref stack_expert_region(rig *g, const char *what, int e, uint64_t bytes) {
+    char name[32];
+    snprintf(name, sizeof name, "%s%d", what, e);
+    return stack_region(g, name, bytes);
+}
+
 // Quantizes x [rows][cols] (f32 for weights, bf16 otherwise) in format f; `group` count 0:
 // dense. Weights use the 2-D tiles of the built-in recipes, activations NVFP4's RHT.
 static stack_q stack_quantize(rig *g, const char *name, stack_format f, prog_ref x,
@@ -707,19 +714,13 @@ static void test_stacked_gemms(stack_format f, const char *label) {
     for (int e = 0; e < STACK_EXPERTS; e++) {
         uint32_t rows = off[e + 1] - off[e];
         if (rows == 0) continue;
+        ew[e] = stack_expert_region(&g, "w", e, (uint64_t)n * k * 4);
+        ex[e] = stack_expert_region(&g, "x", e, (uint64_t)rows * k * 2);
+        edy[e] = stack_expert_region(&g, "dy", e, (uint64_t)rows * n * 2);
+        ey[e] = stack_expert_region(&g, "y", e, (uint64_t)rows * n * 2);
+        edx[e] = stack_expert_region(&g, "dx", e, (uint64_t)rows * k * 2);
+        edw[e] = stack_expert_region(&g, "dw", e, (uint64_t)n * k * 4);
         char part[32];
-        snprintf(part, sizeof part, "w%d", e);
-        ew[e] = stack_region(&g, part, (uint64_t)n * k * 4);
-        snprintf(part, sizeof part, "x%d", e);
-        ex[e] = stack_region(&g, part, (uint64_t)rows * k * 2);
-        snprintf(part, sizeof part, "dy%d", e);
-        edy[e] = stack_region(&g, part, (uint64_t)rows * n * 2);
-        snprintf(part, sizeof part, "y%d", e);
-        ey[e] = stack_region(&g, part, (uint64_t)rows * n * 2);
-        snprintf(part, sizeof part, "dx%d", e);
-        edx[e] = stack_region(&g, part, (uint64_t)rows * k * 2);
-        snprintf(part, sizeof part, "dw%d", e);
-        edw[e] = stack_region(&g, part, (uint64_t)n * k * 4);
         snprintf(part, sizeof part, "qw%d", e);
         stack_q dw_q = stack_quantize(&g, part, f, ew[e], QT_DTYPE_F32, n, k, op_group_dense(),
                                       true);
