@@ -285,7 +285,9 @@ static void test_sr_select(void) {
     }
     for (int b = 0; b < 20000; b++) {
         float v[16];
-        for (int j = 0; j < 16; j++) v[j] = qt_bf16_to_f32(rand_bf16((int)(lcg_next() % 9) - 4, 20));
+        for (int j = 0; j < 16; j++) {
+            v[j] = qt_bf16_to_f32(rand_bf16((int)(lcg_next() % 9) - 4, 20));
+        }
         float m = qt_bits_f32(0x3E000000u + (lcg_next() & 0x03FFFFFFu));
         qt_philox4 r = qt_quant_random16(lcg_next(), lcg_next(), lcg_next(), lcg_next(), 0);
         uint32_t got[2], want[2];
