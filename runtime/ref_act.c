@@ -38,18 +38,14 @@ static float ref_act_pre(const act_args *a, uint64_t i, float x) {
 // Element-wise activations run a chunk at a time: the pre-activations loaded into a local array,
 // the activation over the whole array (a constant trip count; lanes past the data hold zeros and
 // are not stored), the results stored. GELU and its gradient have no branches (act.h), so that
-// loop runs 8 elements per vector instruction in the x86-64-v3 clone, each lane the scalar
-// function's operations. no-trapping-math lets the compiler keep both sides of a select in vector
-// registers instead of branching around one of them (the scalar function computes both anyway);
-// it changes no result.
+// loop is vectorized (REF_VECTOR_LOOPS).
 #define REF_ACT_CHUNK 64u
-#define REF_ACT_VECTOR __attribute__((optimize("no-trapping-math")))
 
 static uint64_t ref_act_chunk(uint64_t i, uint64_t end) {
     return end - i < REF_ACT_CHUNK ? end - i : REF_ACT_CHUNK;
 }
 
-REF_ACT_VECTOR POOL_CPU_CLONES static void ref_act_fwd_range(void *ctx, uint64_t begin,
+REF_VECTOR_LOOPS POOL_CPU_CLONES static void ref_act_fwd_range(void *ctx, uint64_t begin,
                                                              uint64_t end) {
     const act_args *a = ctx;
     float v[REF_ACT_CHUNK];
@@ -72,7 +68,7 @@ void ref_qt_act_fwd(const act_args *a, const launch_shape *shape) {
     pool_for((uint64_t)a->rows * a->cols, REF_TASK_ELEMS, ref_act_fwd_range, (void *)a);
 }
 
-REF_ACT_VECTOR POOL_CPU_CLONES static void ref_act_bwd_range(void *ctx, uint64_t begin,
+REF_VECTOR_LOOPS POOL_CPU_CLONES static void ref_act_bwd_range(void *ctx, uint64_t begin,
                                                              uint64_t end) {
     const act_args *a = ctx;
     float v[REF_ACT_CHUNK], dy[REF_ACT_CHUNK];
