@@ -485,7 +485,7 @@ static int run_with_backend(const cli_args *a, backend *b, double start, double 
                                    : "CUDA graphs");
     qt_status status = run_bind(&the_run, b, ref_dev, ref_host);
     if (status == QT_OK && a->resume_path) status = resume_run(a);
-    bool is_run = strcmp(a->command, "run") == 0;  // `qtrain infer` passes over its input once
+    bool is_run = strcmp(a->command, "run") == 0;  // a training run is what can take long
     if (status == QT_OK && b->kind == BACKEND_REF && is_run) print_estimate(a);
     sched_summary summary;
     progress_state progress = {isatty(2) != 0, -1.0, 0};
