@@ -436,6 +436,45 @@ QT_HD float qt_nvfp4_rht_plus_zero(float y) {
 #endif
 }
 
+// qt_f32_to_e2m1_sr(y, r8) for every FP32 y and byte r8 (tests/test_quant_nvfp4.c checks it),
+// without branches, which the reference backend's encoder takes: its gradients' blocks are
+// compute-bound on the CPU, and this form runs 8 elements per vector instruction there. The codec
+// truncates t = fma(u, s(a), a) to the grid below it, floor(t / s(t)) s(t) capped at 6: in each
+// of [0, 2), [2, 4) and [4, inf) that is the largest of 0, 0.5, 1, 1.5, 2, 3, 4, 6 not above t,
+// and the code of grid point i is i, so the code is the count of the nonzero grid points not
+// above t. t >= 0 is never NaN (a is not, and u s(a) is finite); a NaN y gives +6 (0x7) like the
+// codec's, and the sign of anything else is y's. s(a) = 0.5 + 0.5 [a >= 2] + [a >= 4], exactly.
+QT_HD uint32_t qt_nvfp4_e2m1_sr_select(float y, uint32_t r8) {
+    uint32_t bits = qt_f32_bits(y);
+    float a = qt_bits_f32(bits & QT_F32_ABS);
+    float u = (float)(r8 & 0xFFu) * 0.00390625f;  // r8 / 256, exact
+    float step = 0.5f + 0.5f * (float)(a >= 2.0f) + (float)(a >= 4.0f);
+    float t = qt_fmaf(u, step, a);
+    uint32_t code = (uint32_t)(t >= 0.5f) + (uint32_t)(t >= 1.0f) + (uint32_t)(t >= 1.5f) +
+                    (uint32_t)(t >= 2.0f) + (uint32_t)(t >= 3.0f) + (uint32_t)(t >= 4.0f) +
+                    (uint32_t)(t >= 6.0f);
+    uint32_t number = (uint32_t)((bits & QT_F32_ABS) <= QT_F32_INF) * 0xFFFFFFFFu;  // all ones
+    return ((code | ((bits >> 28) & 0x8u)) & number) | (0x7u & ~number);
+}
+
+// qt_nvfp4_encode16_sr through qt_nvfp4_e2m1_sr_select: the same codes (the C twin's form). The
+// random bytes are taken apart first (byte j as qt_quant_random_byte gives it), then the codes are
+// computed side by side and packed.
+QT_HD void qt_nvfp4_encode16_sr_select(const float v[16], float m, qt_philox4 r,
+                                       uint32_t out[2]) {
+    uint32_t codes[16];
+    uint8_t bytes[16];
+    for (uint32_t i = 0; i < 4; i++) {
+        for (uint32_t b = 0; b < 4; b++) bytes[4 * i + b] = (uint8_t)(r.v[i] >> (8 * b));
+    }
+    for (uint32_t j = 0; j < 16; j++) codes[j] = qt_nvfp4_e2m1_sr_select(v[j] * m, bytes[j]);
+    for (uint32_t h = 0; h < 2; h++) {
+        uint32_t w = 0;
+        for (uint32_t j = 0; j < 8; j++) w |= codes[8 * h + j] << (4 * j);
+        out[h] = w;
+    }
+}
+
 // Rounds a pair of RHT outputs (FP32) to BF16 (RN, Inf past BF16_MAX, subnormals kept, a zero
 // made +0 first) and back. The device uses one cvt.rn.bf16x2.f32, which gives qt_f32_to_bf16's
 // bits for every input (NaN: 0x7FFF).

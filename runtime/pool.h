@@ -11,11 +11,13 @@
 // staging slot on it (backend_open_gpu starts it for that). All start at start-up, so the threads
 // exist before the first step. Any thread may call pool_run; calls from several threads take turns.
 //
-// Determinism, the contract every caller keeps: a job's tasks write disjoint outputs and each
+// Determinism, the contract every caller keeps: a job's tasks write disjoint outputs (or merge into
+// a shared one with an operation whose result does not depend on the order, a maximum) and each
 // task's result is a function of its index alone, never of the thread that ran it or of the order
-// in which tasks ran. Threads take the next task as they become idle (a busy machine's slow thread
-// holds back nobody), so the same job gives the same bytes on any number of threads, one included.
-// A task knows the index of the thread running it (0: the caller) for scratch memory of its own.
+// in which tasks ran. Threads take the next task as they become idle (a thread that the machine
+// slows down takes fewer), so the same job gives the same bytes on any number of threads, one
+// included. A task knows the index of the thread running it (0: the caller) for scratch memory of
+// its own.
 #ifndef QT_POOL_H
 #define QT_POOL_H
 

@@ -31,6 +31,13 @@ static inline uint64_t ref_task_rows(uint64_t cols) {
     return cols >= REF_TASK_ELEMS ? 1u : REF_TASK_ELEMS / (cols ? cols : 1u);
 }
 
+// Twins whose per-element functions have no branches (GELU's) run them over fixed-size local
+// arrays, which the x86-64-v3 clone (pool.h) turns into 8-wide vector instructions, each lane the
+// scalar function's operations. no-trapping-math lets the compiler keep both sides of a select in
+// vectors rather than branch around one (the scalar functions compute both anyway); it changes no
+// result (rounding and contraction stay as they are).
+#define REF_VECTOR_LOOPS __attribute__((optimize("no-trapping-math")))
+
 // The kernels' atomicMax on the bits of a non-negative float (an amax): tasks that merge their
 // maxima from several threads leave the largest one, in whatever order they arrive.
 static inline void ref_amax_merge(float *slot, float value) {

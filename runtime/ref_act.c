@@ -48,11 +48,31 @@ static void ref_act_amax(const act_args *a, uint64_t count) {
     if (m > *slot) *slot = m;
 }
 
-POOL_CPU_CLONES static void ref_act_fwd_range(void *ctx, uint64_t begin, uint64_t end) {
+// Element-wise activations run a chunk at a time: the pre-activations loaded into a local array,
+// the activation over the whole array (a constant trip count; lanes past the data hold zeros and
+// are not stored), the results stored. GELU and its gradient have no branches (act.h), so that
+// loop is vectorized (REF_VECTOR_LOOPS).
+#define REF_ACT_CHUNK 64u
+
+static uint64_t ref_act_chunk(uint64_t i, uint64_t end) {
+    return end - i < REF_ACT_CHUNK ? end - i : REF_ACT_CHUNK;
+}
+
+REF_VECTOR_LOOPS POOL_CPU_CLONES static void ref_act_fwd_range(void *ctx, uint64_t begin,
+                                                             uint64_t end) {
     const act_args *a = ctx;
-    for (uint64_t i = begin; i < end; i++) {
-        float v = ref_act_pre(a, i, qt_act_load(a->x, i, a->x_dtype));
-        qt_act_store(a->out, i, a->out_dtype, qt_act_forward(a->act, v));
+    float v[REF_ACT_CHUNK];
+    for (uint64_t i0 = begin; i0 < end; i0 += REF_ACT_CHUNK) {
+        uint64_t n = ref_act_chunk(i0, end);
+        for (uint64_t j = 0; j < REF_ACT_CHUNK; j++) {
+            v[j] = j < n ? ref_act_pre(a, i0 + j, qt_act_load(a->x, i0 + j, a->x_dtype)) : 0.0f;
+        }
+        if (a->act == QT_ACT_GELU) {
+            for (uint64_t j = 0; j < REF_ACT_CHUNK; j++) v[j] = qt_act_gelu(v[j]);
+        } else {
+            for (uint64_t j = 0; j < n; j++) v[j] = qt_act_forward(a->act, v[j]);
+        }
+        for (uint64_t j = 0; j < n; j++) qt_act_store(a->out, i0 + j, a->out_dtype, v[j]);
     }
 }
 
@@ -62,12 +82,22 @@ void ref_qt_act_fwd(const act_args *a, const launch_shape *shape) {
     ref_act_amax(a, (uint64_t)a->rows * a->cols);
 }
 
-POOL_CPU_CLONES static void ref_act_bwd_range(void *ctx, uint64_t begin, uint64_t end) {
+REF_VECTOR_LOOPS POOL_CPU_CLONES static void ref_act_bwd_range(void *ctx, uint64_t begin,
+                                                             uint64_t end) {
     const act_args *a = ctx;
-    for (uint64_t i = begin; i < end; i++) {
-        float v = ref_act_pre(a, i, qt_act_load(a->x, i, a->x_dtype));
-        float dy = qt_act_load(a->dy, i, a->dy_dtype);
-        qt_act_store(a->out, i, a->out_dtype, qt_act_backward(a->act, v, dy));
+    float v[REF_ACT_CHUNK], dy[REF_ACT_CHUNK];
+    for (uint64_t i0 = begin; i0 < end; i0 += REF_ACT_CHUNK) {
+        uint64_t n = ref_act_chunk(i0, end);
+        for (uint64_t j = 0; j < REF_ACT_CHUNK; j++) {
+            v[j] = j < n ? ref_act_pre(a, i0 + j, qt_act_load(a->x, i0 + j, a->x_dtype)) : 0.0f;
+            dy[j] = j < n ? qt_act_load(a->dy, i0 + j, a->dy_dtype) : 0.0f;
+        }
+        if (a->act == QT_ACT_GELU) {  // qt_act_backward's GELU case
+            for (uint64_t j = 0; j < REF_ACT_CHUNK; j++) v[j] = dy[j] * qt_act_gelu_grad(v[j]);
+        } else {
+            for (uint64_t j = 0; j < n; j++) v[j] = qt_act_backward(a->act, v[j], dy[j]);
+        }
+        for (uint64_t j = 0; j < n; j++) qt_act_store(a->out, i0 + j, a->out_dtype, v[j]);
     }
 }
 

@@ -104,7 +104,9 @@ static uint8_t ref_nvfp4_block(const nvfp4_quantize_args *a, const float v[16], 
     uint8_t sb = qt_nvfp4_block_scale(amax_b, s);
     float mult = qt_nvfp4_block_mult(sb, s.s_dec);
     if (a->flags & QT_NVFP4_SR) {
-        qt_nvfp4_encode16_sr(v, mult, qt_quant_random16(a->seed, step, tensor_id, row, block), q);
+        // The branch-free form of the kernels' encoder, the same codes (quant_nvfp4.h).
+        qt_nvfp4_encode16_sr_select(v, mult,
+                                    qt_quant_random16(a->seed, step, tensor_id, row, block), q);
     } else {
         qt_nvfp4_encode16_rn(v, mult, sb, q);  // fast encoder where the kernel takes it
     }

@@ -840,6 +840,42 @@ static void test_act_special_values(void) {
     test_end();
 }
 
+// The reference backend runs GELU's forward and backward over chunks of elements, vectorized in
+// its x86-64-v3 clone: every element must have the bits of the scalar functions (this file's
+// own calls, compiled without vectors), over samples of every exponent and sign, NaNs, Infs,
+// subnormals and the inputs around tanh's cut-offs, with dy of every kind, in a count that
+// leaves a partial chunk.
+static void test_gelu_chunks_scalar(void) {
+    test_begin("gelu_chunked_twin_matches_scalar_functions");
+    enum { n = 70001 };
+    static float x[n], dy[n];
+    static const float edges[] = {0.55f, 9.02f, 0x1p-12f, 4.51f, 0.0f};
+    uint64_t state = 5;
+    for (uint32_t i = 0; i < n; i++) {
+        state = state * 6364136223846793005ull + 1442695040888963407ull;
+        uint32_t r = (uint32_t)(state >> 32);
+        x[i] = i % 3 ? t_f(r) : ldexpf((float)(r % 20001) / 2000.0f - 5.0f, (int)(r % 7) - 3);
+        float nudge = 1.0f + (float)(r % 9) * 0x1p-23f;  // a few ulps past the edge
+        if (i % 11 == 0) x[i] = edges[i % 5] * (i % 2 ? -1.0f : 1.0f) * nudge;
+        dy[i] = i % 13 ? t_f(0x3F000000u + (r & 0x00FFFFFFu)) : t_f(r);
+    }
+    t_case c;
+    t_run *run = t_act_values(QT_ACT_GELU, x, dy, n, T_F32, &c);
+    uint32_t bad = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t y = t_b(t_out(run, A_Y, i)), dx = t_b(t_out(run, A_DX, i));
+        uint32_t want_y = t_b(qt_act_canonical(qt_act_gelu(x[i])));
+        uint32_t want_dx = t_b(qt_act_canonical(dy[i] * qt_act_gelu_grad(x[i])));
+        if ((y != want_y || dx != want_dx) && bad++ < 8) {
+            CHECK(false, "x %08x dy %08x: y %08x dx %08x, scalar %08x %08x", t_b(x[i]),
+                  t_b(dy[i]), y, dx, want_y, want_dx);
+        }
+    }
+    CHECK(bad == 0, "%u elements differ", bad);
+    t_ref_free(run);
+    test_end();
+}
+
 // Tiny, huge and range-edge inputs (subnormals, FLT_MAX, exp's and tanh's cut-offs) within the
 // same derived bounds as random data.
 static void test_act_edge_ranges(void) {
@@ -1778,6 +1814,7 @@ static const t_case t_gpu_cases[] = {
 
 int main(void) {
     test_act_special_values();
+    test_gelu_chunks_scalar();
     test_act_edge_ranges();
     test_act_accuracy();
     test_swiglu_accuracy();

@@ -240,6 +240,68 @@ static uint16_t rand_bf16(int scale, uint32_t special_per_mille) {
     return qt_f32_to_bf16(ldexpf(lcg_normal(), scale));
 }
 
+// The reference backend's branch-free stochastic rounding against the codec: every byte r8 with
+// samples of every FP32 exponent and sign (NaN, Inf, subnormals included); a dense sweep of the
+// magnitudes that land on the grid, [2^-2, 8) (every 16th pattern, a few bytes each); and, for
+// every byte, the patterns around each magnitude a whose fma(u, s(a), a) hits a grid point or a
+// step boundary exactly. Then whole blocks: the select encoder's words equal the codec's.
+static uint64_t sr_mismatch(float y, uint32_t r8, uint64_t bad) {
+    uint32_t got = qt_nvfp4_e2m1_sr_select(y, r8), want = qt_f32_to_e2m1_sr(y, r8);
+    if (got != want && bad < 8) {
+        CHECK(false, "y = %a (%08x), r8 %u: select %x, codec %x", (double)y, qt_f32_bits(y), r8,
+              got, want);
+    }
+    return bad + (got != want);
+}
+
+static void test_sr_select(void) {
+    test_begin("sr_select_matches_codec");
+    uint64_t bad = 0;
+    for (uint32_t r8 = 0; r8 < 256; r8++) {
+        for (uint32_t i = 0; i < (1u << 16); i++) {
+            bad = sr_mismatch(qt_bits_f32(i * 0x10001u + r8 * 0x3B1u), r8, bad);
+        }
+    }
+    lcg_state = 17;
+    for (uint32_t bits = 0x3E800000u; bits < 0x41000000u; bits += 16) {
+        uint32_t r8[4] = {0, 255, lcg_next() & 0xFFu, lcg_next() & 0xFFu};
+        for (int j = 0; j < 4; j++) {
+            bad = sr_mismatch(qt_bits_f32(bits), r8[j], bad);
+            bad = sr_mismatch(-qt_bits_f32(bits), r8[j], bad);
+        }
+    }
+    const float targets[] = {0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, 8.0f};
+    const float steps[] = {0.5f, 1.0f, 2.0f};
+    for (uint32_t r8 = 0; r8 < 256; r8++) {
+        float u = (float)r8 * 0.00390625f;
+        for (size_t g = 0; g < sizeof targets / sizeof targets[0]; g++) {
+            for (size_t k = 0; k < sizeof steps / sizeof steps[0]; k++) {
+                uint32_t center = qt_f32_bits(targets[g] - u * steps[k]);
+                for (uint32_t d = 0; d <= 128; d++) {
+                    bad = sr_mismatch(qt_bits_f32(center + d - 64), r8, bad);
+                }
+            }
+        }
+    }
+    for (int b = 0; b < 20000; b++) {
+        float v[16];
+        for (int j = 0; j < 16; j++) {
+            v[j] = qt_bf16_to_f32(rand_bf16((int)(lcg_next() % 9) - 4, 20));
+        }
+        float m = qt_bits_f32(0x3E000000u + (lcg_next() & 0x03FFFFFFu));
+        qt_philox4 r = qt_quant_random16(lcg_next(), lcg_next(), lcg_next(), lcg_next(), 0);
+        uint32_t got[2], want[2];
+        qt_nvfp4_encode16_sr_select(v, m, r, got);
+        qt_nvfp4_encode16_sr(v, m, r, want);
+        if ((got[0] != want[0] || got[1] != want[1]) && bad++ < 8) {
+            CHECK(false, "block %d: select %08x %08x, codec %08x %08x", b, got[0], got[1],
+                  want[0], want[1]);
+        }
+    }
+    CHECK(bad == 0, "%llu mismatches", (unsigned long long)bad);
+    test_end();
+}
+
 // The packed BF16 encoder, the FP32 fast encoder and the packed amax against the generic path,
 // on blocks quantized the way the kernels do (global amax, block scale, table multiplier), and
 // the bound |RN(x m_b)| < 7 on which the fast encoder relies, over global amaxes from tiny to
@@ -1217,6 +1279,7 @@ int main(void) {
     test_e2m1_matches_codec();
     test_fast_paths_match_codec();
     test_fast_e2m1_exhaustive();
+    test_sr_select();
     test_fast_block_encoder();
     test_rht_bf16_fused();
     test_rht_signed_zero();

@@ -227,57 +227,41 @@ static void test_layers_train(void) {
     test_end();
 }
 
-static void test_deterministic(const char *scheme) {
-    char name[64];
-    snprintf(name, sizeof name, "train_two_runs_identical_traces_%s", scheme);
-    test_begin(name);
+// The case `<name>_<scheme>`: the recipe at `path` (its `recipe = bf16` line made `scheme`)
+// trained twice on the reference backend, on pools of threads_a and threads_b threads (0: the
+// pool as it is), gives the same trace byte for byte. Two runs (determinism), and one thread
+// against three: the reference backend's twins cut their work into tasks of the thread pool whose
+// results do not depend on the thread that runs them, checksums of every weight, master,
+// optimizer and scaling region included.
+static void test_two_runs(const char *name, const char *path, const char *scheme,
+                          uint32_t checksum_every, uint32_t threads_a, uint32_t threads_b) {
+    char case_name[96];
+    snprintf(case_name, sizeof case_name, "%s_%s", name, scheme);
+    test_begin(case_name);
     static char text[RECIPE_TEXT_MAX];
-    char a[128], b[128];
-    trace_path(a, sizeof a, "det_a");
-    trace_path(b, sizeof b, "det_b");
-    train_case c = recipe_case("tests/recipes/synthetic_tiny.recipe", scheme, BACKEND_REF, text,
-                               sizeof text);
-    c.options.checksum_every = 50;
-    sched_summary sum;
-    const char *why = NULL;
-    c.options.trace_path = a;
-    train(&c, &sum, &why);
-    check_scheme(scheme);
-    c.options.trace_path = b;
-    train(&c, &sum, &why);
-    check_identical(a, b);
-    test_end();
-}
-
-// The reference backend's twins cut their work into tasks of the thread pool whose results do
-// not depend on the thread that runs them: one thread and three give the same trace, checksums
-// of every weight, master, optimizer and scaling region included.
-static void test_threads(const char *scheme) {
-    char name[64];
-    snprintf(name, sizeof name, "train_one_and_three_threads_identical_%s", scheme);
-    test_begin(name);
-    static char text[RECIPE_TEXT_MAX];
-    char a[128], b[128];
-    trace_path(a, sizeof a, "threads_1");
-    trace_path(b, sizeof b, "threads_3");
-    train_case c = recipe_case("tests/recipes/synthetic_wide.recipe", scheme, BACKEND_REF, text,
-                               sizeof text);
-    c.options.checksum_every = 4;
-    sched_summary sum;
-    const char *why = NULL;
-    pool_stop();
-    pool_start(1);
-    c.options.trace_path = a;
-    train(&c, &sum, &why);
-    check_scheme(scheme);
-    pool_stop();
-    pool_start(3);
-    CHECK(pool_threads() == 3, "a pool of 3 threads has %u", pool_threads());
-    c.options.trace_path = b;
-    train(&c, &sum, &why);
-    check_identical(a, b);
-    pool_stop();
-    pool_start(0);
+    char traces[2][128];
+    const uint32_t threads[2] = {threads_a, threads_b};
+    train_case c = recipe_case(path, scheme, BACKEND_REF, text, sizeof text);
+    c.options.checksum_every = checksum_every;
+    for (int i = 0; i < 2; i++) {
+        trace_path(traces[i], sizeof traces[i], i == 0 ? "run_a" : "run_b");
+        if (threads[i]) {
+            pool_stop();
+            pool_start(threads[i]);
+            CHECK(pool_threads() == threads[i], "a pool of %u threads has %u", threads[i],
+                  pool_threads());
+        }
+        sched_summary sum;
+        const char *why = NULL;
+        c.options.trace_path = traces[i];
+        train(&c, &sum, &why);
+        if (i == 0) check_scheme(scheme);
+    }
+    if (threads_a || threads_b) {
+        pool_stop();
+        pool_start(0);
+    }
+    check_identical(traces[0], traces[1]);
     test_end();
 }
 
@@ -1146,13 +1130,16 @@ int main(void) {
     }
     test_bf16_converges();
     test_layers_train();
-    test_deterministic("nvfp4");
-    test_deterministic("delayed");
-    for (size_t i = 0; i < SCHEMES_COUNT; i++) test_threads(schemes[i]);
+    const char *tiny = "tests/recipes/synthetic_tiny.recipe";
+    test_two_runs("train_two_runs_identical_traces", tiny, "nvfp4", 50, 0, 0);
+    test_two_runs("train_two_runs_identical_traces", tiny, "delayed", 50, 0, 0);
+    for (size_t i = 0; i < SCHEMES_COUNT; i++) {
+        test_two_runs("train_one_and_three_threads_identical",
+                      "tests/recipes/synthetic_wide.recipe", schemes[i], 4, 1, 3);
+    }
     test_time_steps();
     test_emulated_paths(BACKEND_REF, "mxfp8");
     test_emulated_paths(BACKEND_REF, "nvfp4");
-    const char *tiny = "tests/recipes/synthetic_tiny.recipe";
     for (size_t i = 0; i < SCHEMES_COUNT; i++) {
         test_interleave(tiny, schemes[i], NULL, schemes[i]);
     }

@@ -642,7 +642,8 @@ static int run_with_backend(const cli_args *a, backend *b, double start, double 
                                    : "CUDA graphs");
     status = run_bind(&the_run, b, ref_dev, ref_host);
     if (status == QT_OK && a->resume_path) status = resume_run(a);
-    if (status == QT_OK && b->kind == BACKEND_REF) print_estimate(a);
+    bool is_run = strcmp(a->command, "run") == 0;  // a training run is what can take long
+    if (status == QT_OK && b->kind == BACKEND_REF && is_run) print_estimate(a);
     sched_summary summary;
     progress_state progress;
     memset(&progress, 0, sizeof progress);
