@@ -8,26 +8,6 @@
 #include <string.h>
 #include <unistd.h>  // access, close, fsync, unlink
 
-// One tensor of the file: where its bytes come from and where they go.
-typedef struct export_tensor {
-    char name[ARENA_NAME_MAX + 8];
-    const char *dtype;      // safetensors dtype
-    uint32_t rank;
-    uint64_t dims[2];
-    uint32_t region;        // checkpoint region of its bytes
-    uint64_t rows;          // copied as rows of row_bytes at a source stride of stride bytes
-    uint64_t row_bytes, stride;
-    uint64_t begin;         // data offset in the file's data part
-    const ckpt_region *entry;  // quantized copies: the region (its usage and format)
-    const ckpt_param *param;
-} export_tensor;
-
-typedef struct export_list {
-    uint32_t count;
-    export_tensor tensors[ARENA_REGIONS_MAX + MODEL_PARAMS_MAX];
-    uint64_t data_bytes;
-} export_list;
-
 // JSON text into the caller's buffer, with the room checked once per append.
 typedef struct export_text {
     char *out;
@@ -280,18 +260,21 @@ qt_status export_safetensors(ckpt_reader *rd, const char *ckpt_path, const char 
         return qt_fail(QT_ERR_INPUT, "output path '%.64s...' is too long", out_path);
     }
     QT_TRY(ckpt_open(rd, ckpt_path));
-    static export_list list;  // about 200 KiB: off the stack
-    memset(&list, 0, sizeof list);
+    // The tensor list takes the buffer's first bytes; the rest carries the header and the data.
+    export_list *list = buffer;
+    memset(list, 0, sizeof *list);
+    buffer = (uint8_t *)buffer + EXPORT_LIST_BYTES;
+    buffer_bytes -= EXPORT_LIST_BYTES;
     qt_status status = ckpt_read_data(rd, buffer, buffer_bytes, NULL, NULL);
     if (status == QT_OK) {
-        export_masters(&rd->table, &list);
-        if (quantized) export_copies(&rd->table, &list);
+        export_masters(&rd->table, list);
+        if (quantized) export_copies(&rd->table, list);
         int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
         if (fd < 0) {
             status = qt_fail(QT_ERR_IO, "%s: cannot create: %s; check that the folder exists "
                              "and is writable", tmp, strerror(errno));
         } else {
-            status = export_write(rd, &list, quantized, fd, tmp, buffer, buffer_bytes);
+            status = export_write(rd, list, quantized, fd, tmp, buffer, buffer_bytes);
             if (close(fd) != 0 && status == QT_OK) {
                 status = qt_fail(QT_ERR_IO, "%s: cannot close: %s", tmp, strerror(errno));
             }

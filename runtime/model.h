@@ -184,6 +184,25 @@ typedef struct model_options {
     const data_info *data;           // the training set (widths)
 } model_options;
 
+// What one program's builder knows while it appends ops (runtime/model_build.c). It lives in the
+// model (about 60 KiB), not on the stack or in a static, so that models never share it.
+typedef struct model_builder {
+    struct model *m;
+    program *p;
+    model_mode mode;
+    bool train;
+    model_tensor input;     // the batch's model input, f32 [batch][stride]
+    prog_ref targets;       // i32 labels [batch] or f32 targets [batch][outputs]
+    prog_ref rows_valid;    // u32 (the staging header)
+    model_tensor acts[RECIPE_LAYERS_MAX + 1];  // acts[i]: input of layer i; acts[n]: output
+    model_qstore xq[MODEL_LINEARS_MAX];        // quantized inputs of the linears
+    prog_ref inv_rms[RECIPE_LAYERS_MAX];
+    prog_ref stats;         // qt_loss_stats
+    model_tensor dlogits;   // train: gradient of the output
+    prog_ref gnorm;         // train: qt_gnorm_result
+    prog_ref snap_amax, snap_scale;  // f32 [delayed_count] for the record
+} model_builder;
+
 typedef struct model {
     const recipe *recipe;
     arena *dev, *host;
@@ -210,6 +229,7 @@ typedef struct model {
     model_io io;
     uint32_t note_count;          // planning decisions for `qtrain plan`
     char notes[MODEL_NOTES_MAX][MODEL_NOTE_BYTES];
+    model_builder builder;        // model_build_*'s working state
 } model;
 
 // Plans the model of r into the two arenas (both in PLAN). Fails (QT_ERR_INPUT, naming the
