@@ -506,7 +506,8 @@ static const key_spec key_specs[KEY_COUNT] = {
     [KEY_RECIPE] = {"recipe", RECIPE_SECTION_QUANT, false, true,
                     "recipe = bf16 | delayed | current | mxfp8 | block | nvfp4 | none"},
     [KEY_RULE] = {"rule", RECIPE_SECTION_QUANT, true, false, "rule = PATTERN -> FORMAT"},
-    [KEY_TRAIN] = {"train", RECIPE_SECTION_DATA, false, true, "train = SOURCE"},
+    // Optional: without it the embedder gives the batches (runtime/qtrain.h).
+    [KEY_TRAIN] = {"train", RECIPE_SECTION_DATA, false, false, "train = SOURCE"},
     [KEY_EVAL] = {"eval", RECIPE_SECTION_DATA, false, false, "eval = SOURCE"},
     [KEY_BATCH] = {"batch", RECIPE_SECTION_DATA, false, true, "batch = N"},
     [KEY_SEED] = {"seed", RECIPE_SECTION_DATA, false, false, "seed = N"},
@@ -1286,7 +1287,7 @@ static qt_status finish_data(const parser *p) {
                               "needs at least 2 classes; expected a last layer of width >= 2, "
                               "found %u", r->model.output_features);
     }
-    QT_TRY(check_source(p, &r->data.train));
+    if (r->data.train.kind != RECIPE_SOURCE_NONE) QT_TRY(check_source(p, &r->data.train));
     if (r->data.eval.kind != RECIPE_SOURCE_NONE) QT_TRY(check_source(p, &r->data.eval));
     return QT_OK;
 }
@@ -1309,11 +1310,19 @@ static qt_status finish_schedule(const parser *p) {
             bool eval_set = has_eval || row->mode == RECIPE_MODE_EVAL;
             row->dataset = eval_set ? RECIPE_DATASET_EVAL : RECIPE_DATASET_TRAIN;
         }
+        const char *mode = row->mode == RECIPE_MODE_EVAL ? "eval" : "infer";
         if (row->dataset == RECIPE_DATASET_EVAL && !has_eval) {
-            const char *mode = row->mode == RECIPE_MODE_EVAL ? "eval" : "infer";
             return recipe_fail_at(QT_ERR_INPUT, p->at.file, row->line, 1, "%s row reads the eval "
                                   "dataset; expected 'eval = SOURCE' in [data] or '%s N train', "
                                   "found no eval source", mode, mode);
+        }
+        // One pass needs a dataset's size: without a train source the embedder gives the
+        // batches, as many as the row's steps say.
+        if (row->all && r->data.train.kind == RECIPE_SOURCE_NONE &&
+            row->dataset == RECIPE_DATASET_TRAIN) {
+            return recipe_fail_at(QT_ERR_INPUT, p->at.file, row->line, 1, "%s all reads the "
+                                  "train dataset, which [data] does not name; expected "
+                                  "'train = SOURCE' or '%s N'", mode, mode);
         }
     }
     return QT_OK;
@@ -1361,7 +1370,14 @@ qt_status recipe_parse(const char *text, size_t bytes, const char *file_name, re
 }
 
 qt_status recipe_load(const char *path, char *buffer, size_t buffer_bytes, recipe *out) {
-    QT_ASSERT(path != NULL && buffer != NULL && out != NULL);
+    QT_ASSERT(out != NULL);
+    size_t used = 0;
+    QT_TRY(recipe_read(path, buffer, buffer_bytes, &used));
+    return recipe_parse(buffer, used, path, out);
+}
+
+qt_status recipe_read(const char *path, char *buffer, size_t buffer_bytes, size_t *bytes) {
+    QT_ASSERT(path != NULL && buffer != NULL && bytes != NULL);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return qt_fail(QT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     size_t used = 0;
@@ -1384,5 +1400,6 @@ qt_status recipe_load(const char *path, char *buffer, size_t buffer_bytes, recip
         used += (size_t)got;
     }
     close(fd);
-    return recipe_parse(buffer, used, path, out);
+    *bytes = used;
+    return QT_OK;
 }

@@ -35,7 +35,8 @@
 //   [optim]                                  one line
 //   adamw [lr=F] [betas=F,F] [eps=F] [wd=F] [clip=F]      1e-3, 0.9,0.999, 1e-8, 0.01, 0 (off)
 //   [data]
-//   train = SOURCE
+//   train = SOURCE                           optional: without it the embedder gives every
+//                                            batch (runtime/qtrain.h)
 //   eval = SOURCE                            optional
 //   batch = N
 //   seed = N                                 optional, 0 (the shuffle seed)
@@ -214,6 +215,8 @@ qt_status recipe_parse(const char *text, size_t bytes, const char *file_name, re
 // Reads the file at path into buffer (QT_ERR_IO if it cannot, QT_ERR_CAPACITY if it holds more
 // than buffer_bytes) and parses it.
 qt_status recipe_load(const char *path, char *buffer, size_t buffer_bytes, recipe *out);
+// recipe_load's read alone: the file's bytes into buffer, their count in *bytes.
+qt_status recipe_read(const char *path, char *buffer, size_t buffer_bytes, size_t *bytes);
 
 // The layer called name (linear, moe or rmsnorm), or NULL.
 const recipe_layer *recipe_layer_find(const recipe *r, const char *name, size_t name_bytes);

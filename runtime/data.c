@@ -993,6 +993,49 @@ static void stage_gaps(const data_slot_layout *l, uint8_t *slot) {
     memset(slot + targets_end, 0, l->bytes - targets_end);
 }
 
+void data_stage_rows(const data_slot_layout *layout, uint32_t rows, const void *inputs,
+                     const int32_t *labels, const float *targets, void *slot) {
+    QT_ASSERT(rows >= 1 && rows <= layout->batch);
+    // The caller's arrays as a dataset of `rows` samples, staged row r from sample r; a batch
+    // without targets gets the padding rows' (label -1, zero targets) in its real rows too.
+    data_set set = {.info = {.samples = rows, .features = layout->features,
+                             .outputs = layout->outputs, .input_type = layout->input_type,
+                             .target_type = layout->target_type}};
+    if (layout->input_type == DATA_INPUT_U8) {
+        set.inputs_u8 = inputs;
+    } else {
+        set.inputs_f32 = inputs;
+    }
+    set.labels = layout->target_type == DATA_TARGET_LABEL ? labels : NULL;
+    set.targets = layout->target_type == DATA_TARGET_VALUES ? targets : NULL;
+    bool has_targets = set.labels != NULL || set.targets != NULL;
+    uint8_t *bytes = slot;
+    for (uint32_t r = 0; r < layout->batch; r++) {
+        if (r < rows && has_targets) {
+            stage_row(&set, layout, bytes, r, r);
+            continue;
+        }
+        stage_padding(layout, bytes, r);
+        if (r >= rows) continue;
+        uint64_t elem = slot_input_bytes(layout);  // the row's inputs, targets left as padding
+        memcpy(bytes + layout->inputs_offset + (uint64_t)r * layout->stride * elem,
+               (const uint8_t *)inputs + (uint64_t)r * layout->features * elem,
+               layout->features * elem);
+    }
+    stage_gaps(layout, bytes);
+    data_slot_header header = {
+        .rows_valid = rows,
+        .batch = layout->batch,
+        .features = layout->features,
+        .stride = layout->stride,
+        .outputs = layout->outputs,
+        .target_type = (uint32_t)layout->target_type,
+        .epoch = UINT64_MAX,  // no dataset's cursor
+        .position = 0,
+    };
+    memcpy(bytes, &header, sizeof header);
+}
+
 uint32_t data_feed_next(data_feed *f, const data_slot_layout *layout, void *slot) {
     const data_set *set = f->set;
     uint64_t samples = set->info.samples;

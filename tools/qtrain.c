@@ -7,6 +7,7 @@
 #include <inttypes.h>
 #include <pthread.h>  // the GPU opens while the datasets load
 #include <signal.h>   // sigaction: Ctrl-C ends a run at a step boundary
+#include <stdatomic.h>  // atomic_int: the handler's flag, which the loop reads
 #include <stdio.h>
 #include <stdlib.h>  // aligned_alloc, strtoull
 #include <string.h>
@@ -385,7 +386,7 @@ static void *alloc_arena(uint64_t bytes) {
 // Ctrl-C (SIGINT) or SIGTERM: the first asks the loop to stop at the next step boundary (it
 // drains, flushes the trace, saves with --save, and the summary follows); a second one exits at
 // once. Handlers are installed for the loop only: before it nothing is lost by dying.
-static volatile sig_atomic_t stop_signal;
+static atomic_int stop_signal;
 
 static void on_stop_signal(int signal_number) {
     if (stop_signal) {
