@@ -166,6 +166,7 @@ qt_status qt_device_close(qt_device *d) {
         return qt_fail(QT_ERR_STATE, "qt_device_close: a runtime is bound to this device; "
                        "qt_close it first");
     }
+    QT_TRY(backend_attach_thread(&d->backend));  // its streams and modules are its context's
     backend_close(&d->backend);
     d->magic = 0;
     return QT_OK;
