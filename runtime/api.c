@@ -633,9 +633,9 @@ static void api_summary(qt_runtime *rt, qt_summary *out) {
     out->stopped = s->stopped;
     out->seconds = s->seconds;
     out->train_seconds = s->train_seconds;
-    out->step_times = s->step_time_count;
     uint64_t kept = s->step_time_count < SCHED_STEP_TIMES ? s->step_time_count
                                                           : SCHED_STEP_TIMES;
+    out->step_times = kept;
     memcpy(rt->step_times, s->step_ms, kept * sizeof(float));
     out->step_median_ms = api_median(rt->step_times, kept);
     out->lagged_reads = s->lagged_reads;

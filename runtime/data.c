@@ -993,6 +993,22 @@ static void stage_gaps(const data_slot_layout *l, uint8_t *slot) {
     memset(slot + targets_end, 0, l->bytes - targets_end);
 }
 
+// The slot's first bytes: its rows and widths, and the cursor of its first row.
+static void stage_header(const data_slot_layout *l, uint32_t rows, data_cursor cursor,
+                         uint8_t *slot) {
+    data_slot_header header = {
+        .rows_valid = rows,
+        .batch = l->batch,
+        .features = l->features,
+        .stride = l->stride,
+        .outputs = l->outputs,
+        .target_type = (uint32_t)l->target_type,
+        .epoch = cursor.epoch,
+        .position = cursor.position,
+    };
+    memcpy(slot, &header, sizeof header);
+}
+
 void data_stage_rows(const data_slot_layout *layout, uint32_t rows, const void *inputs,
                      const int32_t *labels, const float *targets, void *slot) {
     QT_ASSERT(rows >= 1 && rows <= layout->batch);
@@ -1023,17 +1039,7 @@ void data_stage_rows(const data_slot_layout *layout, uint32_t rows, const void *
                layout->features * elem);
     }
     stage_gaps(layout, bytes);
-    data_slot_header header = {
-        .rows_valid = rows,
-        .batch = layout->batch,
-        .features = layout->features,
-        .stride = layout->stride,
-        .outputs = layout->outputs,
-        .target_type = (uint32_t)layout->target_type,
-        .epoch = UINT64_MAX,  // no dataset's cursor
-        .position = 0,
-    };
-    memcpy(bytes, &header, sizeof header);
+    stage_header(layout, rows, (data_cursor){UINT64_MAX, 0}, bytes);  // no dataset's cursor
 }
 
 uint32_t data_feed_next(data_feed *f, const data_slot_layout *layout, void *slot) {
@@ -1057,17 +1063,7 @@ uint32_t data_feed_next(data_feed *f, const data_slot_layout *layout, void *slot
     }
     for (uint32_t r = rows; r < f->batch; r++) stage_padding(layout, bytes, r);
     stage_gaps(layout, bytes);
-    data_slot_header header = {
-        .rows_valid = rows,
-        .batch = f->batch,
-        .features = layout->features,
-        .stride = layout->stride,
-        .outputs = layout->outputs,
-        .target_type = (uint32_t)layout->target_type,
-        .epoch = f->cursor.epoch,
-        .position = f->cursor.position,
-    };
-    memcpy(bytes, &header, sizeof header);
+    stage_header(layout, rows, f->cursor, bytes);
     f->cursor.position += rows;
     if (f->cursor.position == samples) {
         f->cursor.epoch++;

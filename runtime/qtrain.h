@@ -319,7 +319,7 @@ typedef struct qt_summary {
     bool stopped;                // qt_request_stop ended it before the schedule's end
     double seconds;              // the loop's wall time
     double train_seconds;        // of it, the train rows'
-    uint64_t step_times;         // train-step intervals measured (the last 4096 kept)
+    uint64_t step_times;         // train-step intervals the median is over (the last 4096)
     double step_median_ms;       // their median: the host clock between consecutive train
                                  // steps' records (no synchronization of its own)
     uint64_t lagged_reads;       // synchronizing waits the loop made (one per step on a GPU)

@@ -321,8 +321,7 @@ static qt_status sched_save(sched_loop *l) {
     return l->env->save(l->env->save_ctx, l->state);
 }
 
-static qt_status sched_launch(sched_loop *l, model_mode mode, bool checksum) {
-    const sched_env *env = l->env;
+static qt_status sched_launch(const sched_env *env, model_mode mode, bool checksum) {
     backend *b = env->backend;
     if (env->eager) {
         QT_TRY(backend_run(b, env->programs[mode]));
@@ -407,7 +406,7 @@ static qt_status sched_step(sched_loop *l, sched_at at) {
         checksum = env->checksum_every && s->train_steps % env->checksum_every == 0;
     }
     QT_TRY(backend_wait(env->backend, l->copied[step % MODEL_DEVICE_SLOTS]));
-    QT_TRY(sched_launch(l, row->mode, checksum));
+    QT_TRY(sched_launch(env, row->mode, checksum));
     s->step++;
     s->row_step++;
     uint32_t k = (uint32_t)(step % SCHED_LAG);
@@ -542,13 +541,7 @@ qt_status sched_step_outside(const sched_env *env, model_mode mode, sched_state 
     QT_TRY(backend_write(b, dev, slot, bytes));
     bool checksum = mode == MODEL_MODE_TRAIN && env->checksum_every &&
                     (state->train_steps + 1) % env->checksum_every == 0;
-    if (env->eager) {
-        QT_TRY(backend_run(b, env->programs[mode]));
-        if (checksum) QT_TRY(backend_run(b, env->checksum_program));
-    } else {
-        QT_TRY(backend_launch(b, env->graphs[mode]));
-        if (checksum) QT_TRY(backend_launch(b, env->checksum_graph));
-    }
+    QT_TRY(sched_launch(env, mode, checksum));
     QT_TRY(backend_finish(b));
     const qt_trace_record *ring = arena_host_pointer(m->host, m->io.ring);
     *record = ring[step % MODEL_RING_LEN];
