@@ -128,6 +128,14 @@ static qt_status backend_alloc_given(bind_request *req, uint64_t bytes, uint64_t
     if (b->kind == BACKEND_GPU && bytes > 0) {
         QT_CU(cuMemHostRegister(req->memory, bytes, CU_MEMHOSTREGISTER_PORTABLE |
                                                        CU_MEMHOSTREGISTER_DEVICEMAP));
+        // The kernels reach host regions at their host addresses, as with cuMemHostAlloc.
+        CUdeviceptr mapped = 0;
+        CUresult got = drv.cuMemHostGetDevicePointer(&mapped, req->memory, 0);
+        if (got != CUDA_SUCCESS || mapped != (CUdeviceptr)(uintptr_t)req->memory) {
+            drv.cuMemHostUnregister(req->memory);
+            return qt_fail(QT_ERR_MEMORY, "this GPU maps the given host arena at another address "
+                           "than the host's; let qtrain allocate the host arena (NULL)");
+        }
     }
     memset(req->memory, 0, bytes);
     *host_base = req->memory;

@@ -24,7 +24,7 @@
     X(cuDeviceTotalMem) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease)            \
     X(cuCtxSetCurrent) X(cuCtxSynchronize) X(cuMemGetInfo)                                  \
     X(cuMemAlloc) X(cuMemFree) X(cuMemHostAlloc) X(cuMemFreeHost)                           \
-    X(cuMemHostRegister) X(cuMemHostUnregister)                                             \
+    X(cuMemHostRegister) X(cuMemHostUnregister) X(cuMemHostGetDevicePointer)                \
     X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync)               \
     X(cuMemcpyDtoDAsync) X(cuMemsetD8Async)                                                 \
     X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize) X(cuStreamQuery)            \

@@ -78,9 +78,10 @@ static qt_status session_open(session *s, const char *path, const char *text,
 
 static void session_close(session *s) {
     qt_close(s->rt);
+    // Before the device closes: its context (the allocation's) may end with it.
+    if (s->given_device) drv.cuMemFree(s->given_device);
     qt_status closed = qt_device_close(s->device);
     CHECK(closed == QT_OK, "qt_device_close: %s", qt_error_message());
-    if (s->given_device) drv.cuMemFree(s->given_device);
     free(s->runtime_memory);
     free(s->device_memory);
     free(s->data);
