@@ -1,8 +1,8 @@
 #!/bin/sh
 # The library's interface and its state: the shared library exports exactly the functions that
-# runtime/qtrain.h declares with QT_API (each starts with qt_), and no object of the archive holds
+# runtime/qtrain.h declares with QT_API (each starts with qt_), no object of the archive holds
 # writable static data but the driver's entry-point table, filled once per process
-# (runtime/driver.c), so that runtimes share nothing.
+# (runtime/driver.c), so that runtimes share nothing, and the CLI includes no internal header.
 # Usage: symbols.sh build/libqtrain.so build/libqtrain.a
 so=${1:?usage: symbols.sh LIBRARY.so LIBRARY.a}
 archive=${2:?usage: symbols.sh LIBRARY.so LIBRARY.a}
@@ -51,5 +51,17 @@ if [ -n "$unexpected" ] || [ "$seen" -ne 4 ]; then
     status=1
 else
     echo "PASS library_has_no_shared_mutable_state (the driver's table alone)"
+fi
+# The CLI is the API's first client: of the library's headers it includes runtime/qtrain.h alone
+# (plot.h and bench_main.h are tools/ headers that name those commands' entry points).
+cli="$(dirname "$0")/../tools/qtrain.c"
+included=$(sed -n 's/^#include "\([^"]*\)".*/\1/p' "$cli")
+internal=$(echo "$included" | grep -vx 'qtrain.h\|plot.h\|bench_main.h')
+if [ -n "$internal" ] || ! echo "$included" | grep -qx 'qtrain.h'; then
+    echo "FAIL cli_includes_only_the_public_header:"
+    echo "$internal" | sed 's/^/  tools\/qtrain.c includes /'
+    status=1
+else
+    echo "PASS cli_includes_only_the_public_header"
 fi
 exit $status
