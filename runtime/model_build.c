@@ -48,6 +48,7 @@ static qt_status mb_tensor(mb *b, const char *what, uint32_t rows, uint32_t cols
     out->dtype = QT_DTYPE_BF16;
     out->rows = rows;
     out->cols = cols;
+    out->amax = OP_REF_NONE;
     return mb_region(b, what, (uint64_t)rows * cols * 2, cat, &out->ref);
 }
 
@@ -70,6 +71,11 @@ static qt_status mb_quantize_fp8(mb *b, const char *name, const model_quantizer 
         // Eval and infer read the scale and leave the history alone (no amax slot).
         prog_ref amax = record_amax ? mb_state_amax(b, mq) : OP_FP8_NONE;
         return op_fp8_cast_delayed(b->p, name, &in, &out, mb_state_scale(b, mq), amax);
+    }
+    // A producer that already took x's amax saves the pass over x (mb_amax_for_consumer).
+    if (prog_ref_present(x.amax)) {
+        return op_fp8_cast_current(b->p, name, &in, &out, x.amax, OP_FP8_NONE, mq->q.pow2,
+                                   mq->q.amax_eps);
     }
     return op_fp8_quantize_current(b->p, name, &in, &out, s->amax_row, OP_FP8_NONE, mq->q.pow2,
                                    mq->q.amax_eps);
@@ -376,6 +382,38 @@ static uint32_t mb_act_kind(recipe_layer_kind k) {
     }
 }
 
+// Whether the tensor that layer i produces (forward: its output; backward: its input's
+// gradient) is next cast by a per-tensor current-scaling quantizer: the input quantizer of the
+// following linear, or the gradient quantizer of the preceding one, past residual markers that
+// hand the tensor on unchanged. Then the producer takes the amax as it writes, and the cast reads
+// it instead of making its own pass over the tensor.
+static bool mb_current_consumer(const mb *b, uint32_t i, bool backward) {
+    const model *m = b->m;
+    const recipe_model *rm = &m->recipe->model;
+    recipe_layer_kind pass = backward ? RECIPE_LAYER_RESIDUAL_END : RECIPE_LAYER_RESIDUAL_BEGIN;
+    uint32_t j = i;
+    do {
+        if (backward ? j <= m->first_param_layer : j + 1 >= rm->layers_count) return false;
+        j = backward ? j - 1 : j + 1;
+    } while (rm->layers[j].kind == pass);
+    if (rm->layers[j].kind != RECIPE_LAYER_LINEAR) return false;
+    const model_linear *lin = &m->linears[m->layer_linear[j]];
+    const model_quantizer *q = &m->quantizers[backward ? lin->q_grad : lin->q_input];
+    return q->q.scheme == QT_SCHEME_CURRENT;
+}
+
+// The amax slot "<mode>.<what>.amax" of a producer that mb_current_consumer approved, zeroed by
+// an op of its own before the producer merges into it; absent otherwise.
+static qt_status mb_producer_amax(mb *b, uint32_t i, bool backward, const char *what,
+                                  prog_ref *amax) {
+    *amax = OP_REF_NONE;
+    if (!mb_current_consumer(b, i, backward)) return QT_OK;
+    char name[ARENA_NAME_MAX];
+    snprintf(name, sizeof name, "%s.amax", what);
+    QT_TRY(mb_region(b, name, 4, ARENA_CAT_WORKSPACE, amax));
+    return op_fp8_amax_zero(b->p, name, *amax, 1);
+}
+
 static qt_status mb_layer_forward(mb *b, uint32_t i, model_tensor x, model_tensor *stack,
                                   uint32_t *depth, model_tensor *y) {
     const recipe_layer *l = &b->m->recipe->model.layers[i];
@@ -391,8 +429,9 @@ static qt_status mb_layer_forward(mb *b, uint32_t i, model_tensor x, model_tenso
     case RECIPE_LAYER_SILU:
     case RECIPE_LAYER_SWIGLU:
         QT_TRY(mb_tensor(b, what, rows, l->out_features, ARENA_CAT_ACTIVATIONS, y));
+        QT_TRY(mb_producer_amax(b, i, false, what, &y->amax));
         return op_act_forward(b->p, what, mb_act_kind(l->kind), rows, x.cols, mb_act(x),
-                              OP_ACT_NONE, mb_act(*y));
+                              OP_ACT_NONE, mb_act(*y), y->amax);
     case RECIPE_LAYER_RMSNORM: {
         QT_TRY(mb_tensor(b, what, rows, x.cols, ARENA_CAT_ACTIVATIONS, y));
         snprintf(what, sizeof what, "%s.inv_rms", name);
@@ -479,7 +518,8 @@ static qt_status mb_linear_backward(mb *b, uint32_t layer, model_tensor dy, mode
     QT_TRY(mb_quantize(b, what, qg, dy, lin->needs_dx, true, true, &dyq));
     uint32_t rows = dy.rows;
     const model_param *w = &m->params[lin->weight];
-    model_tensor dw = {mb_dev(b, w->grad), QT_DTYPE_F32, lin->out, lin->in_padded};
+    model_tensor dw = {mb_dev(b, w->grad), QT_DTYPE_F32, lin->out, lin->in_padded,
+                       OP_REF_NONE};
     mb_operand g_col = {qg, &dyq, rows, lin->out, true};
     mb_operand x_col = {&m->quantizers[lin->q_input], &b->xq[li], rows, lin->in_padded, true};
     snprintf(what, sizeof what, "%s.wgrad", name);
@@ -531,8 +571,9 @@ static qt_status mb_layer_backward(mb *b, uint32_t i, model_tensor dy, model_ten
     case RECIPE_LAYER_SILU:
     case RECIPE_LAYER_SWIGLU:
         QT_TRY(mb_tensor(b, what, x.rows, x.cols, ARENA_CAT_ACTIVATIONS, dx));
+        QT_TRY(mb_producer_amax(b, i, true, what, &dx->amax));
         return op_act_backward(b->p, what, mb_act_kind(l->kind), x.rows, x.cols, mb_act(x),
-                               OP_ACT_NONE, mb_act(dy), mb_act(*dx));
+                               OP_ACT_NONE, mb_act(dy), mb_act(*dx), dx->amax);
     case RECIPE_LAYER_RMSNORM:
         return mb_rmsnorm_backward(b, i, name, dy, dx);
     case RECIPE_LAYER_RESIDUAL_END:
@@ -614,7 +655,7 @@ static void mb_param_desc(const mb *b, uint32_t i, optim_param_desc *d) {
         }
         break;
     case QT_SCHEME_MXFP8: {
-        model_tensor master = {d->master, QT_DTYPE_F32, p->rows, p->cols};
+        model_tensor master = {d->master, QT_DTYPE_F32, p->rows, p->cols, OP_REF_NONE};
         d->weight = OPTIM_WEIGHT_MXFP8;
         d->mxfp8 = mb_mxfp8_desc(mq, master, s);
         break;
@@ -744,7 +785,7 @@ static qt_status mb_begin(mb *b, model *m, program *p, model_mode mode) {
         QT_TRY(op_sched_copy(p, "stage", mb_dev(b, m->io.counter), dst, src, slot->bytes));
     }
     b->input = (model_tensor){mb_at(batch, layout->inputs_offset), QT_DTYPE_F32, m->batch,
-                              layout->stride};
+                              layout->stride, OP_REF_NONE};
     b->targets = mb_at(batch, layout->targets_offset);
     b->rows_valid = batch;  // data_slot_header.rows_valid is its first field
     return QT_OK;

@@ -33,6 +33,19 @@ static float ref_act_pre(const act_args *a, uint64_t i, float x) {
     return a->bias ? x + qt_act_load(a->bias, i % a->cols, a->bias_dtype) : x;
 }
 
+// act_args.amax: max |x| over the stored outputs themselves (the kernels round the FP32 maximum
+// instead, which gives the same value), NaN skipped, merged as the GPU's atomicMax on the bits.
+static void ref_act_amax(const act_args *a, uint64_t count) {
+    if (!a->amax) return;
+    uint32_t m = 0;
+    for (uint64_t i = 0; i < count; i++) {
+        uint32_t bits = qt_f32_bits(qt_act_load(a->out, i, a->out_dtype)) & 0x7FFFFFFFu;
+        if (bits <= 0x7F800000u && bits > m) m = bits;
+    }
+    uint32_t *slot = REF_PTR(uint32_t, a->amax);
+    if (m > *slot) *slot = m;
+}
+
 void ref_qt_act_fwd(const act_args *a, const launch_shape *shape) {
     (void)shape;
     uint64_t count = (uint64_t)a->rows * a->cols;
@@ -40,6 +53,7 @@ void ref_qt_act_fwd(const act_args *a, const launch_shape *shape) {
         float v = ref_act_pre(a, i, qt_act_load(a->x, i, a->x_dtype));
         qt_act_store(a->out, i, a->out_dtype, qt_act_forward(a->act, v));
     }
+    ref_act_amax(a, (uint64_t)a->rows * a->cols);
 }
 
 void ref_qt_act_bwd(const act_args *a, const launch_shape *shape) {
@@ -50,6 +64,7 @@ void ref_qt_act_bwd(const act_args *a, const launch_shape *shape) {
         float dy = qt_act_load(a->dy, i, a->dy_dtype);
         qt_act_store(a->out, i, a->out_dtype, qt_act_backward(a->act, v, dy));
     }
+    ref_act_amax(a, (uint64_t)a->rows * a->cols);
 }
 
 static void ref_swiglu_ab(const act_args *a, uint64_t r, uint32_t j, float *va, float *vb) {
@@ -72,6 +87,7 @@ void ref_qt_swiglu_fwd(const act_args *a, const launch_shape *shape) {
             qt_act_store(a->out, r * h + j, a->out_dtype, qt_swiglu_forward(va, vb));
         }
     }
+    ref_act_amax(a, (uint64_t)a->rows * h);
 }
 
 void ref_qt_swiglu_bwd(const act_args *a, const launch_shape *shape) {
@@ -86,6 +102,7 @@ void ref_qt_swiglu_bwd(const act_args *a, const launch_shape *shape) {
             qt_act_store(a->out, r * a->cols + h + j, a->out_dtype, qt_swiglu_db(va, dy));
         }
     }
+    ref_act_amax(a, (uint64_t)a->rows * a->cols);
 }
 
 // ---------------------------------------------------------------------------------------------
