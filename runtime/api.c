@@ -47,6 +47,7 @@ typedef enum api_phase { API_OPENED, API_PLANNED, API_LOADED, API_BOUND } api_ph
 struct qt_runtime {
     uint32_t magic;
     api_phase phase;
+    const char *broken;               // the call whose failure left the run unusable, or NULL
     uint64_t recipe_hash;
     recipe recipe;
     run run;
@@ -97,6 +98,10 @@ static qt_status api_runtime(const qt_runtime *rt, const char *call) {
 static qt_status api_phase_is(const qt_runtime *rt, const char *call, api_phase phase,
                               bool exact) {
     QT_TRY(api_runtime(rt, call));
+    if (rt->broken) {
+        return qt_fail(QT_ERR_STATE, "%s: %s failed after it had changed the run's memory; "
+                       "qt_close this runtime and open another", call, rt->broken);
+    }
     if (rt->phase < phase) {
         return qt_fail(QT_ERR_STATE, "%s: call %s first", call, api_phase_calls[rt->phase]);
     }
@@ -263,7 +268,7 @@ qt_status qt_open_text(void *memory, size_t bytes, const char *text, size_t text
 static qt_status api_fill(void *ctx, model_mode mode, uint64_t step, void *slot,
                           uint32_t *rows_valid);
 
-static qt_status api_options(const qt_runtime *rt, const qt_options *o, run_options *ro) {
+static qt_status api_options(qt_runtime *rt, const qt_options *o, run_options *ro) {
     memset(ro, 0, sizeof *ro);
     if ((unsigned)o->emulated_gemm > QT_EMULATED_GEMM_COPIES || (unsigned)o->inputs > 1) {
         return qt_fail(QT_ERR_INPUT, "qt_plan: emulated_gemm %d, inputs %d: not a value of "
@@ -294,7 +299,7 @@ static qt_status api_options(const qt_runtime *rt, const qt_options *o, run_opti
     ro->inputs = o->inputs == QT_INPUTS_U8 ? DATA_INPUT_U8 : DATA_INPUT_F32;
     ro->interrupt = &rt->stop;
     ro->fill = api_fill;
-    ro->fill_ctx = (void *)rt;
+    ro->fill_ctx = rt;
     return QT_OK;
 }
 
@@ -403,6 +408,10 @@ qt_status qt_bind(qt_runtime *rt, qt_device *device, const qt_arenas *arenas) {
     qt_status status = run_bind_given(&rt->run, &device->backend, m->device, m->device_bytes,
                                       m->host, m->host_bytes);
     if (status != QT_OK) {
+        // An arena that was bound cannot be bound again: the runtime is done.
+        if (rt->run.dev.phase == ARENA_PHASE_FROZEN || rt->run.host.phase == ARENA_PHASE_FROZEN) {
+            rt->broken = "qt_bind";
+        }
         run_close(&rt->run);
         rt->device = NULL;
         device->bound = NULL;
@@ -780,7 +789,10 @@ qt_status qt_resume(qt_runtime *rt, const char *path) {
                        "(and push batches after it)", rt->pushed ? "a pushed batch waiting"
                        : rt->stepped ? "run steps already" : "been resumed already");
     }
-    return run_resume(&rt->run, path);
+    qt_status status = run_resume(&rt->run, path);
+    // The feeds' cursors or the device state may have moved before the failure.
+    if (status != QT_OK) rt->broken = "qt_resume";
+    return status;
 }
 
 bool qt_resumed(const qt_runtime *rt, uint64_t *step, uint64_t *train_steps) {

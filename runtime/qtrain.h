@@ -238,7 +238,8 @@ typedef struct qt_arenas {
 
 // Binds the run to a device (arenas NULL: every arena from the driver): arenas zeroed, the
 // learning-rate rows written, the init program run (and from_path's weights loaded), one CUDA
-// graph captured per mode unless eager. After qt_load.
+// graph captured per mode unless eager. After qt_load. A failure before any arena was bound
+// (memory refused) may be retried; after one, the runtime takes qt_close alone.
 QT_API qt_status qt_bind(qt_runtime *rt, qt_device *device, const qt_arenas *arenas);
 
 // ---------------------------------------------------------------------------------------------
@@ -386,8 +387,8 @@ QT_API qt_status qt_profile(qt_runtime *rt, uint32_t reps, FILE *out);
 QT_API qt_status qt_save(qt_runtime *rt, const char *path);
 // After qt_bind, before any step: the checkpoint's device state and position (the run continues
 // bit for bit where the saving run stood). Refuses another recipe, seed or region layout and a
-// damaged file, naming what differs; on a failure after its data began to load, do not run.
-// Needs options.checkpoints (or save_path).
+// damaged file, naming what differs; after a failure the runtime takes qt_close alone (its state
+// may have moved). Needs options.checkpoints (or save_path).
 QT_API qt_status qt_resume(qt_runtime *rt, const char *path);
 // Where the run was resumed from (false: it was not).
 QT_API bool qt_resumed(const qt_runtime *rt, uint64_t *step, uint64_t *train_steps);
