@@ -1,7 +1,5 @@
 #include "recipe.h"
 
-#include <errno.h>
-#include <fcntl.h>     // open
 #include <float.h>     // FLT_MAX
 #include <inttypes.h>  // PRIu64
 #include <locale.h>    // localeconv: strtof reads the decimal point of the current locale
@@ -10,7 +8,8 @@
 #include <stdio.h>     // vsnprintf, snprintf
 #include <stdlib.h>    // strtof
 #include <string.h>
-#include <unistd.h>    // read, close
+
+#include "input_file.h"  // input_file_read: regular files only
 
 _Static_assert(RECIPE_SCHEDULE_ROWS_MAX <= 64, "rows_lr_given and rows_dataset_given are uint64_t");
 _Static_assert(RECIPE_NAME_MAX + 8 <= QT_ROLE_NAME_MAX, "role names are layer names + a suffix");
@@ -1370,36 +1369,8 @@ qt_status recipe_parse(const char *text, size_t bytes, const char *file_name, re
 }
 
 qt_status recipe_load(const char *path, char *buffer, size_t buffer_bytes, recipe *out) {
-    QT_ASSERT(out != NULL);
+    QT_ASSERT(path != NULL && buffer != NULL && out != NULL);
     size_t used = 0;
-    QT_TRY(recipe_read(path, buffer, buffer_bytes, &used));
+    QT_TRY(input_file_read(path, "recipe", buffer, buffer_bytes, &used));
     return recipe_parse(buffer, used, path, out);
-}
-
-qt_status recipe_read(const char *path, char *buffer, size_t buffer_bytes, size_t *bytes) {
-    QT_ASSERT(path != NULL && buffer != NULL && bytes != NULL);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return qt_fail(QT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    size_t used = 0;
-    for (;;) {
-        char probe;
-        bool full = used == buffer_bytes;
-        ssize_t got = full ? read(fd, &probe, 1) : read(fd, buffer + used, buffer_bytes - used);
-        if (got < 0 && errno == EINTR) continue;
-        if (got < 0) {
-            int error = errno;
-            close(fd);
-            return qt_fail(QT_ERR_IO, "%s: cannot read: %s", path, strerror(error));
-        }
-        if (got == 0) break;
-        if (full) {
-            close(fd);
-            return qt_fail(QT_ERR_CAPACITY, "%s: file larger than the %zu-byte buffer; expected "
-                           "a recipe of at most %zu bytes", path, buffer_bytes, buffer_bytes);
-        }
-        used += (size_t)got;
-    }
-    close(fd);
-    *bytes = used;
-    return QT_OK;
 }

@@ -212,11 +212,10 @@ typedef struct recipe {
 // file_name is only used in messages. On failure *out is unspecified and the message is set.
 qt_status recipe_parse(const char *text, size_t bytes, const char *file_name, recipe *out);
 
-// Reads the file at path into buffer (QT_ERR_IO if it cannot, QT_ERR_CAPACITY if it holds more
-// than buffer_bytes) and parses it.
+// Reads the file at path into buffer (QT_ERR_INPUT if it is not a regular file, e.g. a FIFO:
+// runtime/input_file.h; QT_ERR_IO if it cannot; QT_ERR_CAPACITY if it holds more than
+// buffer_bytes) and parses it.
 qt_status recipe_load(const char *path, char *buffer, size_t buffer_bytes, recipe *out);
-// recipe_load's read alone: the file's bytes into buffer, their count in *bytes.
-qt_status recipe_read(const char *path, char *buffer, size_t buffer_bytes, size_t *bytes);
 
 // The layer called name (linear, moe or rmsnorm), or NULL.
 const recipe_layer *recipe_layer_find(const recipe *r, const char *name, size_t name_bytes);

@@ -12,6 +12,7 @@
 #include "export.h"      // export_safetensors
 #include "gemm_tier.h"   // gemm_tier_describe
 #include "infer_out.h"   // infer_out_logits, infer_out_classes
+#include "input_file.h"  // input_file_read: the recipe, a regular file
 #include "run.h"
 
 #define API_RUNTIME_MAGIC 0x51545254u  // "QTRT" while open
@@ -44,13 +45,12 @@ struct qt_device {
 
 typedef enum api_phase { API_OPENED, API_PLANNED, API_LOADED, API_BOUND } api_phase;
 
+// The small fields first: qt_open zeroes them (api_open), the planner writes the tables after.
 struct qt_runtime {
     uint32_t magic;
     api_phase phase;
     const char *broken;               // the call whose failure left the run unusable, or NULL
     uint64_t recipe_hash;
-    recipe recipe;
-    run run;
     qt_device *device;
     atomic_int stop;                  // qt_request_stop; qt_run reads it between steps
     qt_step_fn on_step;
@@ -63,6 +63,8 @@ struct qt_runtime {
     bool stepped;                     // a step ran since qt_bind
     bool has_last;
     qt_step_stats last;               // the last step's, for qt_last_step
+    recipe recipe;                    // the tables: written by the parser and the planner
+    run run;
     sched_summary loop;               // the last loop's (qt_run, qt_step)
     float step_times[SCHED_STEP_TIMES];  // the median's working copy
     char text[API_RECIPE_BYTES_MAX];  // qt_open_file's
@@ -233,8 +235,7 @@ static qt_status api_open(void *memory, size_t bytes, qt_runtime **out) {
     *out = NULL;
     QT_TRY(api_memory("a runtime", memory, bytes, sizeof(qt_runtime)));
     qt_runtime *rt = memory;
-    // The big tables are written by the planner; the header fields start from zero.
-    memset(rt, 0, offsetof(qt_runtime, recipe));
+    memset(rt, 0, offsetof(qt_runtime, recipe));  // the small fields (the struct's comment)
     return QT_OK;
 }
 
@@ -250,7 +251,7 @@ qt_status qt_open_file(void *memory, size_t bytes, const char *path, qt_runtime 
     QT_TRY(api_open(memory, bytes, out));
     qt_runtime *rt = memory;
     size_t used = 0;
-    QT_TRY(recipe_read(path, rt->text, sizeof rt->text, &used));
+    QT_TRY(input_file_read(path, "recipe", rt->text, sizeof rt->text, &used));
     QT_TRY(recipe_parse(rt->text, used, path, &rt->recipe));
     api_opened(rt, rt->text, used, out);
     return QT_OK;
@@ -573,14 +574,6 @@ qt_status qt_last_step(const qt_runtime *rt, qt_step_stats *out) {
     return QT_OK;
 }
 
-// Steps of the table from the run's position to its end.
-static uint64_t api_steps_left(const run *r) {
-    const sched_state *s = &r->state;
-    uint64_t left = 0;
-    for (uint32_t i = s->row; i < r->table.row_count; i++) left += r->table.rows[i].steps;
-    return s->row < r->table.row_count ? left - s->row_step : 0;
-}
-
 qt_status qt_position_get(const qt_runtime *rt, qt_position *out) {
     memset(out, 0, sizeof *out);
     QT_TRY(api_phase_is(rt, "qt_position_get", API_PLANNED, false));
@@ -591,7 +584,7 @@ qt_status qt_position_get(const qt_runtime *rt, qt_position *out) {
     out->row = s->row;
     out->rows = r->table.row_count;
     out->row_step = s->row_step;
-    out->done = api_steps_left(r) == 0;
+    out->done = run_steps_left(r) == 0;
     out->last_train_loss = s->last_train_loss;
     out->has_eval = s->has_eval != 0;
     out->eval_loss = s->eval_loss;
@@ -660,6 +653,7 @@ static void api_summary(qt_runtime *rt, qt_summary *out) {
 qt_status qt_run(qt_runtime *rt, qt_summary *summary) {
     QT_TRY(api_bound(rt, "qt_run"));
     rt->stepped = true;
+    memset(&rt->loop, 0, sizeof rt->loop);  // a failure before the loop leaves it untouched
     qt_status status = run_execute(&rt->run, api_progress, rt, &rt->loop);
     if (rt->loop.stopped) atomic_store(&rt->stop, 0);  // the request is served
     if (summary) api_summary(rt, summary);
@@ -673,11 +667,12 @@ void qt_request_stop(qt_runtime *rt) {
 
 qt_status qt_step(qt_runtime *rt, qt_step_stats *stats) {
     QT_TRY(api_bound(rt, "qt_step"));
-    if (api_steps_left(&rt->run) == 0) {
+    if (run_steps_left(&rt->run) == 0) {
         return qt_fail(QT_ERR_STATE, "qt_step: the schedule is complete (step %" PRIu64 "); "
                        "qt_step_mode runs steps outside it", rt->run.state.step);
     }
     rt->stepped = true;
+    memset(&rt->loop, 0, sizeof rt->loop);
     QT_TRY(run_step(&rt->run, api_progress, rt, &rt->loop));
     if (stats) *stats = rt->last;
     return QT_OK;
@@ -742,6 +737,19 @@ qt_status qt_output_file_get(const qt_runtime *rt, uint32_t index, qt_output_fil
         return QT_OK;
     }
     return qt_fail(QT_ERR_INPUT, "qt_output_file_get: file %u of %u", index, seen);
+}
+
+qt_status qt_check_memory(const qt_runtime *rt, qt_device *device, bool reference,
+                          uint64_t extra_host) {
+    QT_TRY(api_phase_is(rt, "qt_check_memory", API_PLANNED, false));
+    backend *b = NULL;
+    if (device) {
+        QT_TRY(api_device(device, "qt_check_memory"));
+        b = &device->backend;
+        QT_TRY(backend_attach_thread(b));  // cuMemGetInfo reads the current context's device
+        reference = reference || b->kind == BACKEND_REF;
+    }
+    return run_check_memory(&rt->run, b, reference, extra_host);
 }
 
 qt_status qt_timings_get(const qt_runtime *rt, qt_timings *out) {
@@ -831,13 +839,17 @@ qt_status qt_trace_diff(const char *path_a, const char *path_b, FILE *out, bool 
     return trace_diff(path_a, path_b, out, identical);
 }
 
-void qt_close(qt_runtime *rt) {
-    if (api_runtime(rt, "qt_close") != QT_OK) return;
+qt_status qt_close(qt_runtime *rt) {
+    if (rt == NULL) return QT_OK;
+    QT_TRY(api_runtime(rt, "qt_close"));
+    qt_status status = QT_OK;
     if (rt->phase >= API_PLANNED) {
         if (rt->device) (void)backend_attach_thread(&rt->device->backend);
+        status = run_end_trace(&rt->run);
         run_close(&rt->run);
     }
     if (rt->device) rt->device->bound = NULL;
     rt->device = NULL;
     rt->magic = 0;
+    return status;
 }

@@ -69,6 +69,15 @@ qt_status backend_attach_thread(backend *b) {
     return QT_OK;
 }
 
+qt_status backend_memory_free(backend *b, uint64_t *free_bytes, uint64_t *total_bytes) {
+    QT_ASSERT(b->kind == BACKEND_GPU);
+    size_t free_now = 0, total = 0;
+    QT_CU(cuMemGetInfo(&free_now, &total));
+    *free_bytes = free_now;
+    *total_bytes = total;
+    return QT_OK;
+}
+
 void backend_open_ref(backend *b) {
     memset(b, 0, sizeof *b);
     b->kind = BACKEND_REF;

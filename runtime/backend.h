@@ -88,6 +88,10 @@ void backend_open_ref(backend *b);
 qt_status backend_attach_thread(backend *b);
 void backend_close(backend *b);
 
+// GPU: the device memory free now and in all (cuMemGetInfo, on the calling thread's context):
+// what a run's device arena is compared with before it is allocated.
+qt_status backend_memory_free(backend *b, uint64_t *free_bytes, uint64_t *total_bytes);
+
 // Binds an arena to memory once and zeroes it, so every run starts from the same bytes. The
 // memory: `memory` when given (at least memory_bytes >= the arena's bytes_total, 256-byte
 // aligned: on the GPU a device arena takes it as a device pointer of the backend's context and a

@@ -1,7 +1,6 @@
 #include "data.h"
 
 #include <errno.h>
-#include <fcntl.h>   // open
 #include <pthread.h>  // start-up generation threads
 #include <stdio.h>    // snprintf
 #include <string.h>
@@ -9,6 +8,7 @@
 #include <zlib.h>    // inflate, for .gz IDX files
 
 #include "core.h"    // qt_fill_value, qt_mix64
+#include "input_file.h"  // input_file_open: regular files only
 #include "npy.h"     // npy_open, npy_read: .npy sources
 #include "philox.h"  // qt_philox_at
 
@@ -42,9 +42,11 @@
 typedef struct stream {
     const char *path;
     int fd;
+    uint64_t file_bytes;  // the file's size when it was opened
     bool gz;
     bool file_end;      // read() returned 0
     bool stream_end;    // gz: the last member ended with a good CRC and the file ended
+    bool broken;        // a read or the gzip data failed: the stream says nothing more
     uint64_t produced;  // uncompressed bytes delivered so far
     z_stream z;
     size_t pool_used;
@@ -72,7 +74,10 @@ static qt_status file_read(stream *s, uint8_t *dst, size_t bytes, size_t *got) {
     while (done < bytes && !s->file_end) {
         ssize_t n = read(s->fd, dst + done, bytes - done);
         if (n < 0 && errno == EINTR) continue;
-        if (n < 0) return qt_fail(QT_ERR_IO, "%s: cannot read: %s", s->path, strerror(errno));
+        if (n < 0) {
+            s->broken = true;
+            return qt_fail(QT_ERR_IO, "%s: cannot read: %s", s->path, strerror(errno));
+        }
         if (n == 0) s->file_end = true;
         done += (size_t)n;
     }
@@ -83,15 +88,12 @@ static qt_status file_read(stream *s, uint8_t *dst, size_t bytes, size_t *got) {
 static qt_status stream_open(stream *s, const char *path) {
     memset(s, 0, offsetof(stream, pool));
     s->path = path;
-    s->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (s->fd < 0) {
-        // The shipped recipes name Fashion-MNIST under .data/, where the package's files land
-        // when it is unpacked there (installing it would put them under /usr/share instead).
-        return qt_fail(QT_ERR_IO, "%s: cannot open: %s; check the path in the recipe's [data] "
-                       "section (Fashion-MNIST for the shipped recipes, from the repository "
-                       "root: apt-get download dataset-fashion-mnist && dpkg -x "
-                       "dataset-fashion-mnist_*.deb .data)", path, strerror(errno));
-    }
+    // The shipped recipes name Fashion-MNIST under .data/, where the package's files land
+    // when it is unpacked there (installing it would put them under /usr/share instead).
+    QT_TRY(input_file_open(path, "dataset", "; check the path in the recipe's [data] section "
+                           "(Fashion-MNIST for the shipped recipes, from the repository root: "
+                           "apt-get download dataset-fashion-mnist && dpkg -x "
+                           "dataset-fashion-mnist_*.deb .data)", &s->fd, &s->file_bytes));
     // The gzip magic decides, not the name: IDX files start with two zero bytes, gzip with
     // 1f 8b, so the two cannot be confused.
     size_t got = 0;
@@ -133,6 +135,7 @@ static qt_status gz_read(stream *s, uint8_t *dst, size_t bytes, size_t *got) {
     while (done < bytes && !s->stream_end) {
         QT_TRY(stream_refill(s));
         if (s->z.avail_in == 0) {
+            s->broken = true;
             return qt_fail(QT_ERR_INPUT, "%s: the gzip data ends early, after %llu uncompressed "
                            "bytes: the file is truncated; download or extract it again", s->path,
                            (unsigned long long)(s->produced + done));
@@ -153,6 +156,7 @@ static qt_status gz_read(stream *s, uint8_t *dst, size_t bytes, size_t *got) {
             }
         } else if (rc != Z_OK && rc != Z_BUF_ERROR) {
             QT_ASSERT(rc != Z_MEM_ERROR && rc != Z_STREAM_ERROR);
+            s->broken = true;
             return qt_fail(QT_ERR_INPUT, "%s: corrupt gzip data after %llu uncompressed bytes "
                            "(zlib: %s); download or extract the file again", s->path,
                            (unsigned long long)(s->produced + done),
@@ -205,6 +209,35 @@ static qt_status stream_expect_end(stream *s, uint64_t total) {
                        s->path, (unsigned long long)total);
     }
     return QT_OK;
+}
+
+// Deflate never inflates a byte of input to more than 1032 bytes of output (zlib's documented
+// limit, reached by long runs of one byte): a gzip file of F bytes holds at most 1032 F bytes.
+#define GZIP_RATIO_MAX 1032
+
+// A complaint about the content of a gzip file (its IDX header, its length, a label) may come
+// from damaged gzip data, which can inflate to wrong bytes before zlib notices: the rest of the
+// stream is inflated and its CRC checked first, and a gzip error, if there is one, is reported
+// instead of `status` (whose message stays otherwise). A plain file whose name ends in .gz gets
+// a note: its first bytes are not gzip's.
+static qt_status stream_blame(stream *s, qt_status status) {
+    char message[QT_ERROR_MESSAGE_MAX];
+    snprintf(message, sizeof message, "%s", qt_error_message());
+    size_t name = strlen(s->path);
+    if (!s->gz && name >= 3 && strcmp(s->path + name - 3, ".gz") == 0) {
+        return qt_fail(status, "%s (the name ends in .gz, but the file does not start with "
+                       "gzip's bytes 1f 8b: it is not gzip data, or its first bytes are damaged)",
+                       message);
+    }
+    if (!s->gz || s->broken) return status;
+    uint8_t sink[4096];
+    size_t got = sizeof sink;
+    while (!s->stream_end && got > 0) {
+        qt_status inflated = gz_read(s, sink, sizeof sink, &got);
+        if (inflated != QT_OK) return inflated;
+        s->produced += got;
+    }
+    return qt_fail(status, "%s", message);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -260,11 +293,52 @@ static qt_status idx_read_header(stream *s, bool images, idx_header *h) {
     return QT_OK;
 }
 
+// The bytes the header announces against the file's length, before anything is planned: a
+// header that claims more samples than the file holds is a truncated file, to be named as such,
+// not a dataset too large for memory. A gzip file's inflated length is known only at its end,
+// but it cannot exceed GZIP_RATIO_MAX times the file.
+static qt_status idx_check_length(const stream *s, bool images, const idx_header *h) {
+    uint64_t header = images ? IDX_IMAGES_HEADER_BYTES : IDX_LABELS_HEADER_BYTES;
+    uint64_t values = 0;  // count * rows * cols: at most 2^96, so it may overflow
+    bool overflow = __builtin_mul_overflow(h->count, (uint64_t)h->rows * h->cols, &values) ||
+                    values > UINT64_MAX - header;
+    uint64_t expected = overflow ? UINT64_MAX : header + values;
+    char what[96];
+    if (images) {
+        snprintf(what, sizeof what, "%llu images of %u x %u bytes", (unsigned long long)h->count,
+                 h->rows, h->cols);
+    } else {
+        snprintf(what, sizeof what, "%llu labels of one byte", (unsigned long long)h->count);
+    }
+    if (!s->gz && s->file_bytes < expected) {
+        return qt_fail(QT_ERR_INPUT, "%s: truncated: its header announces %s, %llu bytes with "
+                       "the header, but the file has %llu; download or extract it again",
+                       s->path, what, (unsigned long long)expected,
+                       (unsigned long long)s->file_bytes);
+    }
+    if (!s->gz && s->file_bytes > expected) {
+        return qt_fail(QT_ERR_INPUT, "%s: trailing bytes: its header announces %s, %llu bytes "
+                       "with the header, but the file has %llu; the file is not a single IDX "
+                       "array (or its header is wrong)", s->path, what,
+                       (unsigned long long)expected, (unsigned long long)s->file_bytes);
+    }
+    if (s->gz && expected / GZIP_RATIO_MAX > s->file_bytes) {
+        return qt_fail(QT_ERR_INPUT, "%s: truncated: its header announces %s, %llu bytes with "
+                       "the header, but a gzip file of %llu bytes inflates to at most %d times "
+                       "that; download or extract it again", s->path, what,
+                       (unsigned long long)expected, (unsigned long long)s->file_bytes,
+                       GZIP_RATIO_MAX);
+    }
+    return QT_OK;
+}
+
 static qt_status idx_probe_file(const char *path, bool images, idx_header *h) {
     stream s;
     qt_status status = stream_open(&s, path);
     if (status != QT_OK) return status;
     status = idx_read_header(&s, images, h);
+    if (status == QT_OK) status = idx_check_length(&s, images, h);
+    if (status != QT_OK) status = stream_blame(&s, status);
     stream_close(&s);
     return status;
 }
@@ -408,8 +482,9 @@ qt_status data_source_inputs(const char *path, recipe_source *out) {
                        "shorter path", path, sizeof out->images - 1);
     }
     snprintf(out->images, sizeof out->images, "%s", path);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return qt_fail(QT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    int fd = -1;
+    uint64_t file_bytes = 0;
+    QT_TRY(input_file_open(path, "dataset", NULL, &fd, &file_bytes));
     char magic[NPY_MAGIC_BYTES];
     ssize_t got = read(fd, magic, sizeof magic);
     close(fd);
@@ -440,6 +515,7 @@ static qt_status idx_reopen(stream *s, const char *path, bool images, const data
     QT_TRY(stream_open(s, path));
     idx_header h = {0};
     qt_status status = idx_read_header(s, images, &h);
+    if (status != QT_OK) status = stream_blame(s, status);
     if (status == QT_OK && (h.count != info->samples ||
                             (images && (h.rows != info->image_rows ||
                                         h.cols != info->image_cols)))) {
@@ -460,6 +536,7 @@ static qt_status load_idx_images(stream *s, const recipe_source *src, const data
     qt_status status = stream_read_exact(s, dst + info->inputs_offset, info->inputs_bytes, total,
                                          "images");
     if (status == QT_OK) status = stream_expect_end(s, total);
+    if (status != QT_OK) status = stream_blame(s, status);
     stream_close(s);
     return status;
 }
@@ -504,6 +581,7 @@ static qt_status load_idx(const recipe_source *src, const data_info *info, uint8
     }
     QT_TRY(idx_reopen(&s, src->labels, false, info));
     qt_status status = widen_labels(&s, info, (int32_t *)(dst + info->targets_offset));
+    if (status != QT_OK) status = stream_blame(&s, status);
     stream_close(&s);
     return status;
 }

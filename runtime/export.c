@@ -1,12 +1,11 @@
 #include "export.h"
 
-#include <errno.h>
-#include <fcntl.h>   // open
 #include <inttypes.h>
 #include <stdarg.h>
-#include <stdio.h>   // snprintf, vsnprintf, rename
+#include <stdio.h>   // snprintf, vsnprintf
 #include <string.h>
-#include <unistd.h>  // access, close, fsync, unlink
+
+#include "atomic_file.h"  // the export appears whole or not at all
 
 // JSON text into the caller's buffer, with the room checked once per append.
 typedef struct export_text {
@@ -219,8 +218,8 @@ static qt_status export_header(const ckpt_table *t, const export_list *l, bool q
 // ---------------------------------------------------------------------------------------------
 // Writing
 
-static qt_status export_data(const ckpt_reader *rd, const export_list *l, int fd,
-                             const char *path, uint8_t *buffer, uint64_t buffer_bytes) {
+static qt_status export_data(const ckpt_reader *rd, const export_list *l, atomic_file *out,
+                             uint8_t *buffer, uint64_t buffer_bytes) {
     for (uint32_t i = 0; i < l->count; i++) {
         const export_tensor *e = &l->tensors[i];
         for (uint64_t r = 0; r < e->rows; r++) {
@@ -228,7 +227,7 @@ static qt_status export_data(const ckpt_reader *rd, const export_list *l, int fd
                 uint64_t n = e->row_bytes - done;
                 if (n > buffer_bytes) n = buffer_bytes;
                 QT_TRY(ckpt_read_region(rd, e->region, r * e->stride + done, buffer, n));
-                QT_TRY(ckpt_write_all(fd, path, buffer, n));
+                QT_TRY(atomic_file_write(out, buffer, n));
                 done += n;
             }
         }
@@ -237,54 +236,39 @@ static qt_status export_data(const ckpt_reader *rd, const export_list *l, int fd
 }
 
 static qt_status export_write(const ckpt_reader *rd, const export_list *l, bool quantized,
-                              int fd, const char *path, uint8_t *buffer, uint64_t buffer_bytes) {
+                              atomic_file *out, uint8_t *buffer, uint64_t buffer_bytes) {
     uint64_t header = 0;
     QT_TRY(export_header(&rd->table, l, quantized, buffer, EXPORT_HEADER_BYTES_MAX, &header));
-    QT_TRY(ckpt_write_all(fd, path, buffer, header));
-    QT_TRY(export_data(rd, l, fd, path, buffer, buffer_bytes));
-    if (fsync(fd) != 0) {
-        return qt_fail(QT_ERR_IO, "%s: cannot sync to disk: %s", path, strerror(errno));
-    }
-    return QT_OK;
+    QT_TRY(atomic_file_write(out, buffer, header));
+    return export_data(rd, l, out, buffer, buffer_bytes);
 }
 
 qt_status export_safetensors(ckpt_reader *rd, const char *ckpt_path, const char *out_path,
                              bool quantized, bool force, void *buffer, uint64_t buffer_bytes) {
     QT_ASSERT(buffer_bytes >= EXPORT_BUFFER_BYTES && (uintptr_t)buffer % 8 == 0);
-    if (!force && access(out_path, F_OK) == 0) {
-        return qt_fail(QT_ERR_INPUT, "%s exists; pass --force to replace it, or name another "
-                       "file", out_path);
-    }
-    char tmp[CKPT_PATH_MAX];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", out_path) >= (int)sizeof tmp) {
-        return qt_fail(QT_ERR_INPUT, "output path '%.64s...' is too long", out_path);
-    }
+    // Refused before the checkpoint is read: nothing is replaced by surprise.
+    QT_TRY(atomic_file_check(out_path, force, "--force"));
     QT_TRY(ckpt_open(rd, ckpt_path));
-    // The tensor list takes the buffer's first bytes; the rest carries the header and the data.
-    export_list *list = buffer;
-    memset(list, 0, sizeof *list);
-    buffer = (uint8_t *)buffer + EXPORT_LIST_BYTES;
-    buffer_bytes -= EXPORT_LIST_BYTES;
+    // The tensor list and the output file take the buffer's first bytes; the rest carries the
+    // header and the data.
+    export_scratch *x = buffer;
+    memset(x, 0, sizeof *x);
+    buffer = (uint8_t *)buffer + EXPORT_SCRATCH_BYTES;
+    buffer_bytes -= EXPORT_SCRATCH_BYTES;
     qt_status status = ckpt_read_data(rd, buffer, buffer_bytes, NULL, NULL);
     if (status == QT_OK) {
-        export_masters(&rd->table, list);
-        if (quantized) export_copies(&rd->table, list);
-        int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (fd < 0) {
-            status = qt_fail(QT_ERR_IO, "%s: cannot create: %s; check that the folder exists "
-                             "and is writable", tmp, strerror(errno));
+        export_masters(&rd->table, &x->list);
+        if (quantized) export_copies(&rd->table, &x->list);
+        status = atomic_file_create(&x->out, out_path, force, "--force");
+        if (status == QT_OK) {
+            status = export_write(rd, &x->list, quantized, &x->out, buffer, buffer_bytes);
+        }
+        if (status == QT_OK) {
+            status = atomic_file_commit(&x->out);
         } else {
-            status = export_write(rd, list, quantized, fd, tmp, buffer, buffer_bytes);
-            if (close(fd) != 0 && status == QT_OK) {
-                status = qt_fail(QT_ERR_IO, "%s: cannot close: %s", tmp, strerror(errno));
-            }
-            if (status == QT_OK && rename(tmp, out_path) != 0) {
-                status = qt_fail(QT_ERR_IO, "cannot rename %s to %s: %s", tmp, out_path,
-                                 strerror(errno));
-            }
-            if (status != QT_OK) unlink(tmp);
+            atomic_file_abandon(&x->out);
         }
     }
     ckpt_close(rd);
-    return status == QT_OK ? ckpt_sync_folder(out_path) : status;
+    return status;
 }

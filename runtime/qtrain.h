@@ -69,6 +69,12 @@ typedef enum qt_status {
 QT_API const char *qt_status_name(qt_status status);
 // Detail of the last failure on this thread; "" after success paths that cleared it.
 QT_API const char *qt_error_message(void);
+// User text (an argument, a file name) as the messages quote it: control bytes, bytes that are
+// not UTF-8 and invisible or blank-looking characters escaped (\t, \xNN, <U+FEFF>), longer
+// texts cut. The result is one of QT_SHOWN_BUFFERS buffers of this thread, used in turn, so one
+// message may quote that many texts.
+#define QT_SHOWN_BUFFERS 4
+QT_API const char *qt_shown(const char *text);
 
 // Every block of caller memory starts at a multiple of this.
 #define QT_MEMORY_ALIGN 256
@@ -159,7 +165,8 @@ typedef struct qt_options {
     const char *save_path;      // qt_run saves here at the end, at a stop, every save_every
     uint64_t save_every;        // train steps (0: only at the end and at a stop)
     bool save_replaces;         // save_path may exist (it is the checkpoint resumed from)
-    bool replace_outputs;       // the output files of infer rows may replace existing files
+    bool replace_outputs;       // output files (infer rows, infer_output, save_path) may
+                                // replace existing files, and the trace a file not a trace
     const char *from_path;      // weights from this checkpoint after the initialization
     const char *golden_path;    // every record must equal this trace's (else QT_ERR_MISMATCH)
     // One pass of infer steps over this file (IDX images or .npy features) into infer_output
@@ -364,6 +371,15 @@ typedef struct qt_output_file {
 
 QT_API qt_status qt_output_file_get(const qt_runtime *rt, uint32_t index, qt_output_file *out);
 
+// Before memory is allocated (after qt_plan): the device arena against a GPU device's free
+// memory (cuMemGetInfo), and what lives in host memory against what this process can get (the
+// least of MemAvailable, RLIMIT_AS, RLIMIT_DATA and the cgroup's limit): the host arena, the
+// device arena when it is host memory (`reference`, or a reference device), and extra_host bytes
+// the caller is about to allocate (the datasets). device NULL: host memory only. QT_ERR_MEMORY
+// naming both numbers, the tightest limit, the largest regions and what to change in the recipe.
+QT_API qt_status qt_check_memory(const qt_runtime *rt, qt_device *device, bool reference,
+                                 uint64_t extra_host);
+
 // Wall-clock seconds of the start-up phases (each has its own remedy).
 typedef struct qt_timings {
     double load_s;     // qt_load: the datasets read (and inflated)
@@ -414,9 +430,12 @@ QT_API qt_status qt_trace_diff(const char *path_a, const char *path_b, FILE *out
                                bool *identical);
 
 // Destroys the graphs, frees what qtrain allocated through the driver, unpins the caller's host
-// arena, closes the trace and removes unfinished output files; the device is free for another
-// runtime and all memory is the caller's again. NULL is ignored.
-QT_API void qt_close(qt_runtime *rt);
+// arena, removes unfinished output files and closes a trace that steps left open with its
+// completion record (failed when the last step failed, else complete when the schedule is done,
+// stopped when it is not). The device is then free for another runtime and all memory is the
+// caller's again, also when the status (the completion record's write) is not QT_OK. NULL is
+// ignored.
+QT_API qt_status qt_close(qt_runtime *rt);
 
 #ifdef __cplusplus
 }

@@ -5,7 +5,7 @@
 #include <time.h>    // clock_gettime
 #include <unistd.h>  // access
 
-#include "atomic_file.h"  // atomic_file_exists
+#include "atomic_file.h"  // atomic_file_check
 
 // The command-line flag that lets output files replace existing files (run_options).
 #define RUN_REPLACE_HINT "--force"
@@ -166,13 +166,9 @@ static qt_status run_check_outputs(const run *r) {
         const sched_row *row = &r->table.rows[i];
         const char *path;
         bool argmax;
-        if (!row->output || r->options.replace_outputs) continue;
+        if (!row->output) continue;
         run_output_spec(r, row->output - 1, &path, &argmax);
-        if (atomic_file_exists(path)) {
-            return qt_fail(QT_ERR_INPUT, "%s exists; qtrain does not replace files: remove it, "
-                           "choose another name, or pass %s to replace it", path,
-                           RUN_REPLACE_HINT);
-        }
+        QT_TRY(atomic_file_check(path, r->options.replace_outputs, RUN_REPLACE_HINT));
     }
     return QT_OK;
 }
@@ -265,16 +261,23 @@ static qt_status run_build_programs(run *r) {
     return QT_OK;
 }
 
-// A fresh checkpoint path must not replace a file by surprise (the one resumed from is
-// expected to be replaced), and its folder must take files before the run starts.
+// Whether the run's first save may replace a file at save_path: the checkpoint it resumes from
+// is expected to be replaced, any other file only with --force. Its later saves replace its own.
+static bool run_save_replaces(const run_options *o) {
+    return o->save_replaces || o->replace_outputs;
+}
+
+// A fresh checkpoint path must not replace a file by surprise, must be a regular file if it
+// exists, and its folder must take files before the run starts.
 static qt_status run_check_save_path(const run_options *o) {
     const char *path = o->save_path;
     if (!path) return QT_OK;
-    if (access(path, F_OK) == 0 && !o->save_replaces) {
+    if (access(path, F_OK) == 0 && !run_save_replaces(o)) {
         return qt_fail(QT_ERR_INPUT, "%s exists; a run saves over a checkpoint only when it "
-                       "resumes from it (--resume %s), so remove it or name another file",
-                       path, path);
+                       "resumes from it (--resume %s) or with %s, so remove it, name another "
+                       "file, or pass %s", path, path, RUN_REPLACE_HINT, RUN_REPLACE_HINT);
     }
+    QT_TRY(atomic_file_check(path, true, RUN_REPLACE_HINT));
     char folder[CKPT_PATH_MAX];
     ckpt_folder(path, folder, sizeof folder);
     if (access(folder, W_OK) != 0) {
@@ -366,6 +369,10 @@ qt_status run_load(run *r, void *memory, uint64_t bytes) {
     uint32_t batch = rc->data.batch;
     QT_ASSERT(((uintptr_t)memory % DATA_ALIGN) == 0 && bytes >= r->data_bytes);
     if (!r->options.checkpoints) QT_TRY(run_check_outputs(r));  // else once resumed (or not)
+    // A resumed run continues its trace (trace_continue checks the file then).
+    if (r->options.trace_path && !r->options.checkpoints) {
+        QT_TRY(trace_check_output(r->options.trace_path, r->options.replace_outputs));
+    }
     double t0 = run_clock();
     uint8_t *base = memory;
     if (r->has_train) {
@@ -466,7 +473,7 @@ static qt_status run_trace_open(run *r) {
         return trace_continue(&r->trace, r->options.trace_path, h, r->trace_bytes,
                               r->trace_hash, r->trace_records);
     }
-    return trace_open(&r->trace, r->options.trace_path, h);
+    return trace_open(&r->trace, r->options.trace_path, h, r->options.replace_outputs);
 }
 
 // The trace file stays open from the first step that writes it to the end of run_execute or to
@@ -478,9 +485,10 @@ static qt_status run_trace_begin(run *r) {
     return QT_OK;
 }
 
-static qt_status run_trace_end(run *r) {
+// Closes the trace with its completion record (how the run ended).
+static qt_status run_trace_end(run *r, trace_end end) {
     if (!r->trace_active) return QT_OK;
-    qt_status closed = trace_close(&r->trace);
+    qt_status closed = trace_close(&r->trace, end);
     r->trace_active = false;
     r->trace_continues = true;
     r->trace_bytes = r->trace.bytes_written;
@@ -512,7 +520,7 @@ static qt_status run_loop(run *r, const sched_env *env, uint32_t outputs_to,
 // ---------------------------------------------------------------------------------------------
 // Checkpoints
 
-qt_status run_save(run *r, const char *path) {
+static qt_status run_save_to(run *r, const char *path, bool replace) {
     QT_ASSERT(r->bound && r->ckpt_planned);
     double t0 = run_clock();
     if (r->trace_active) {
@@ -542,7 +550,7 @@ qt_status run_save(run *r, const char *path) {
         host.row_dataset = row->dataset;
         host.row_steps = row->steps;
     }
-    QT_TRY(ckpt_save(&r->ckpt, r->backend, &r->dev, &r->host, &host, path,
+    QT_TRY(ckpt_save(&r->ckpt, r->backend, &r->dev, &r->host, &host, path, replace,
                      r->options.ckpt_hook, r->options.ckpt_hook_ctx));
     r->saves.count++;
     r->saves.last_step = r->state.step;
@@ -551,11 +559,17 @@ qt_status run_save(run *r, const char *path) {
     return QT_OK;
 }
 
-// The schedule loop's save points (its state is r->state).
+qt_status run_save(run *r, const char *path) { return run_save_to(r, path, true); }
+
+// The schedule loop's save points (its state is r->state). The first save replaces nothing that
+// appeared at the path after start-up (unless that was allowed); later ones replace their own.
 static qt_status run_save_point(void *ctx, const sched_state *state) {
     run *r = ctx;
     QT_ASSERT(state == &r->state);
-    return run_save(r, r->options.save_path);
+    bool replace = r->saved_before || run_save_replaces(&r->options);
+    QT_TRY(run_save_to(r, r->options.save_path, replace));
+    r->saved_before = true;
+    return QT_OK;
 }
 
 // The device's step counter must be the host state's step: both come from one checkpoint.
@@ -653,7 +667,10 @@ qt_status run_execute(run *r, sched_progress_fn progress, void *ctx, sched_summa
     env.stop_at = r->options.stop_at;
     memset(&r->saves, 0, sizeof r->saves);
     qt_status status = run_loop(r, &env, r->table.row_count, out);
-    qt_status closed = run_trace_end(r);
+    trace_end end = status != QT_OK ? TRACE_END_FAILED
+                    : out->stopped  ? TRACE_END_STOPPED
+                                    : TRACE_END_COMPLETE;
+    qt_status closed = run_trace_end(r, end);
     if (status == QT_OK) status = closed;
     run_outputs_abandon(r);  // a failed run leaves no output file
     return status;
@@ -674,6 +691,7 @@ qt_status run_step(run *r, sched_progress_fn progress, void *ctx, sched_summary 
     run_outputs_abandon(r);
     // Written through after every step, so that a write error is this step's.
     if (status == QT_OK && r->trace_active) status = trace_flush(&r->trace, false);
+    r->step_failed = status != QT_OK;
     return status;
 }
 
@@ -683,9 +701,18 @@ qt_status run_step_outside(run *r, model_mode mode, sched_progress_fn progress, 
     QT_TRY(run_trace_begin(r));
     sched_env env;
     run_env(r, &env, progress, ctx);
-    QT_TRY(run_check_begin(r, &env));
-    QT_TRY(sched_step_outside(&env, mode, &r->state, record, rows_valid));
-    return r->trace_active ? trace_flush(&r->trace, false) : QT_OK;
+    qt_status status = run_check_begin(r, &env);
+    if (status == QT_OK) status = sched_step_outside(&env, mode, &r->state, record, rows_valid);
+    if (status == QT_OK && r->trace_active) status = trace_flush(&r->trace, false);
+    r->step_failed = status != QT_OK;
+    return status;
+}
+
+uint64_t run_steps_left(const run *r) {
+    const sched_state *s = &r->state;
+    uint64_t left = 0;
+    for (uint32_t i = s->row; i < r->table.row_count; i++) left += r->table.rows[i].steps;
+    return s->row < r->table.row_count ? left - s->row_step : 0;
 }
 
 // Per-op times of one mode's program, in op order, with each op's share of their sum, then the
@@ -722,9 +749,16 @@ qt_status run_profile(run *r, uint32_t reps, FILE *out) {
     return QT_OK;
 }
 
+qt_status run_end_trace(run *r) {
+    trace_end end = r->step_failed           ? TRACE_END_FAILED
+                    : run_steps_left(r) == 0 ? TRACE_END_COMPLETE
+                                             : TRACE_END_STOPPED;
+    return run_trace_end(r, end);
+}
+
 void run_close(run *r) {
     run_outputs_abandon(r);
-    (void)run_trace_end(r);  // left open by steps, which wrote every record through
+    (void)run_end_trace(r);  // the caller that wants its status calls run_end_trace first
     if (!r->backend) return;
     for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
         backend_graph_destroy(r->backend, &r->graphs[mode]);

@@ -63,7 +63,8 @@ typedef struct run_options {
     void *ckpt_hook_ctx;
     const atomic_int *interrupt;  // non-zero (a signal handler, another thread): stop and save
     uint64_t stop_at;         // stop after this many steps in all (tests); 0 = none
-    bool replace_outputs;     // output files (infer rows, infer_output) may replace files
+    bool replace_outputs;     // output files (infer rows, infer_output, save_path) may replace
+                              // files, and the trace a file that is not a trace (`--force`)
     // `qtrain infer`: one pass of infer steps over infer_input (IDX images or .npy features, no
     // targets) instead of the recipe's [data] and [schedule]; the outputs go to infer_output
     // (float32 logits, or int32 classes with infer_argmax). The recipe's data files are not read.
@@ -133,6 +134,8 @@ typedef struct run {
     trace_writer trace;
     bool trace_active;         // during run_execute
     bool trace_continues;      // the trace has records already: run_execute continues it
+    bool step_failed;          // the last run_step or run_step_outside failed (the trace's
+                               // end says so)
     uint64_t trace_bytes, trace_records, trace_hash;  // the trace file at the run's position
     trace_checker check;  // with options.golden_path
     infer_out outputs[RECIPE_SCHEDULE_ROWS_MAX];  // by sched_row.output - 1, during run_execute
@@ -145,7 +148,8 @@ typedef struct run {
     ckpt_reader reader;        // run_resume's
     bool resumed;
     sched_state resumed_at;    // the checkpoint's position
-    run_saves saves;
+    run_saves saves;           // of the last run_execute
+    bool saved_before;         // save_path holds this run's checkpoint (any run_execute)
     trace_header trace_head;   // the trace's header, as run_execute and the golden check use it
     float profile_us[PROG_OPS_MAX];  // run_profile: one mode's time per op
 } run;
@@ -163,6 +167,15 @@ qt_status run_plan_hashed(run *r, const recipe *rc, uint64_t recipe_hash,
 
 // Bytes the reference backend needs for the device and the host arena.
 void run_memory_bytes(const run *r, uint64_t *dev_bytes, uint64_t *host_bytes);
+
+// Before anything of the run is allocated: its memory against what there is (the file
+// runtime/run_memory.c). b: the opened backend (GPU: the device arena against the free device
+// memory, cuMemGetInfo), or NULL before it is open; ref: the device arena lives in host memory
+// (the reference backend); extra_host: host memory the caller is about to allocate for the run
+// besides the arenas (the datasets, run_data_bytes). Host needs are compared with the least of
+// the limits of runtime/host_memory.h. QT_ERR_MEMORY naming both numbers, the tightest limit,
+// the largest regions and what to change in the recipe (batch, widths, formats).
+qt_status run_check_memory(const run *r, backend *b, bool ref, uint64_t extra_host);
 
 // Caller memory (DATA_ALIGN aligned, pageable is fine) for the datasets and the golden trace,
 // read by the host only.
@@ -202,7 +215,15 @@ qt_status run_step(run *r, sched_progress_fn progress, void *ctx, sched_summary 
 qt_status run_step_outside(run *r, model_mode mode, sched_progress_fn progress, void *ctx,
                            qt_trace_record *record, uint32_t *rows_valid);
 
-// A checkpoint of where the run stands, outside run_execute (which saves at its own points).
+// Steps of the table from the run's position to its end.
+uint64_t run_steps_left(const run *r);
+
+// Closes a trace that steps left open, with its completion record: failed when the last step
+// failed, complete when the table is done, stopped otherwise (nothing when no trace is open).
+qt_status run_end_trace(run *r);
+
+// A checkpoint of where the run stands, outside run_execute (which saves at its own points);
+// it replaces a regular file at path.
 qt_status run_save(run *r, const char *path);
 
 // `qtrain run --profile`: after run_execute, every mode's program op by op and as its graph

@@ -54,10 +54,11 @@ else
 fi
 # `qtrain diff`: exit 0 for identical traces, 1 with the first difference, 2 for a bad file.
 dir=$(mktemp -d)
-header='qtrain-trace 1 recipe=0000000000000001 quantizers=0 checksum_every=0'
+header='qtrain-trace 2 recipe=0000000000000001 quantizers=0 checksum_every=0'
 rec='mode=train flags=0x0:none loss=0x3f800000:1 accuracy=0x00000000:0'
 rest='grad_norm=0x00000000:0 lr=0x3a83126f:0.00100000005 checksum=-'
-printf '%s\nstep=0 %s %s\nstep=1 %s %s\n' "$header" "$rec" "$rest" "$rec" "$rest" > "$dir/a"
+printf '%s\nstep=0 %s %s\nstep=1 %s %s\nend status=complete records=2\n' "$header" "$rec" \
+    "$rest" "$rec" "$rest" > "$dir/a"
 cp "$dir/a" "$dir/b"
 sed 's/^step=1 \(.*\)loss=0x3f800000:1/step=1 \1loss=0x3f800001:1.00000012/' "$dir/a" > "$dir/c"
 echo 'not a trace' > "$dir/d"
@@ -173,7 +174,8 @@ echo "PASS cli_checkpoint_refusals"
     grep -q "^exported $dir/ck (long.recipe, step $step, " "$dir/out" ||
     fail "cli_export: first export"
 "$qtrain" export "$dir/ck" "$dir/w.safetensors" --quantized > "$dir/out" 2>&1
-[ $? -eq 1 ] && grep -q 'exists; pass --force' "$dir/out" || fail "cli_export: overwrite refused"
+[ $? -eq 1 ] && grep -q 'exists; qtrain does not replace files' "$dir/out" ||
+    fail "cli_export: overwrite refused"
 "$qtrain" export "$dir/ck" "$dir/w.safetensors" --quantized --force > "$dir/out" 2>&1 ||
     fail "cli_export: --force"
 echo "PASS cli_export"
@@ -187,4 +189,185 @@ sed '/^train = /d' tests/recipes/synthetic_tiny.recipe | sed 's/^eval all$/eval 
 [ $? -eq 1 ] && grep -q "embedded.recipe names no 'train = SOURCE' in \[data\]" "$dir/out" &&
     ! grep -q '^steps ' "$dir/out" || fail "cli_recipe_without_train_source: run"
 echo "PASS cli_recipe_without_train_source"
+rm -rf "$dir"
+# ---------------------------------------------------------------------------------------------
+# Nothing is lost, nothing blocks, every number and write is checked.
+dir=$(mktemp -d)
+tiny=tests/recipes/synthetic_tiny.recipe
+# Numeric arguments: digits only, in range, each refusal naming the flag and the value.
+bad=""
+for args in "--steps 0" "--steps -1" "--steps 1e3" "--steps 0x10" "--checksum-every 4294967296" \
+            "--save-every 0" "--seed 18446744073709551616"; do
+    flag=${args%% *}
+    value=${args#* }
+    "$qtrain" run "$tiny" --ref --save "$dir/n.ckpt" "$flag" "$value" > "$dir/out" 2>&1
+    rc=$?
+    [ $rc -eq 2 ] && grep -q -- "$flag takes a whole number from .*, not '$value'" "$dir/out" &&
+        ! grep -q '^steps ' "$dir/out" || bad="$bad [$args: exit $rc]"
+done
+"$qtrain" run "$tiny" --ref --steps ' -1' > "$dir/out" 2>&1
+[ $? -eq 2 ] && grep -q -- "--steps takes a whole number from 1 to .*, not ' -1'" "$dir/out" ||
+    bad="$bad [--steps ' -1']"
+"$qtrain" plan "$tiny" --steps 0 > "$dir/out" 2>&1
+[ $? -eq 2 ] && grep -q -- "leave the flag out" "$dir/out" || bad="$bad [plan --steps 0]"
+if [ -z "$bad" ] && [ ! -e "$dir/n.ckpt" ]; then
+    echo "PASS cli_numeric_arguments_range_checked"
+else
+    echo "FAIL cli_numeric_arguments_range_checked:$bad"
+    exit 1
+fi
+# Output that cannot be written fails the command, stdout included.
+bad=""
+"$qtrain" plan "$tiny" > /dev/full 2> "$dir/out"
+[ $? -eq 1 ] && grep -q 'qtrain plan: cannot write its output to standard output: No space' \
+    "$dir/out" || bad="$bad plan;"
+"$qtrain" run "$tiny" --ref --steps 2 > /dev/full 2> "$dir/out"
+[ $? -eq 1 ] && grep -q 'qtrain run: cannot write its output' "$dir/out" || bad="$bad run;"
+"$qtrain" info > /dev/full 2> "$dir/out"
+[ $? -eq 1 ] && grep -q 'cannot write its output' "$dir/out" || bad="$bad info;"
+if [ -z "$bad" ]; then
+    echo "PASS cli_write_errors_fail_the_command"
+else
+    echo "FAIL cli_write_errors_fail_the_command:$bad"
+    exit 1
+fi
+# FIFOs, directories and devices as inputs or outputs are refused at once, never waited on.
+mkfifo "$dir/fifo"
+sed "s|^train = .*|train = idx $dir/fifo $dir/fifo|" tests/recipes/mlp_fashion.recipe \
+    > "$dir/fifo_data.recipe"
+bad=""
+check_refused() {  # WHAT ARGS...: exit 1 or 2 before the timeout, the message naming the kind
+    what=$1
+    shift
+    timeout 20 "$qtrain" "$@" > "$dir/out" 2>&1
+    rc=$?
+    { [ $rc -eq 1 ] || [ $rc -eq 2 ]; } && grep -q "$what, not a regular file" "$dir/out" ||
+        bad="$bad [$*: exit $rc: $(tail -1 "$dir/out")]"
+}
+check_refused 'fifo is a FIFO (named pipe)' plan "$dir/fifo"
+check_refused 'fifo is a FIFO (named pipe)' run "$dir/fifo" --ref
+check_refused 'fifo is a FIFO (named pipe)' plan "$dir/fifo_data.recipe"
+check_refused 'fifo is a FIFO (named pipe)' diff "$dir/fifo" tests/cli.sh
+check_refused 'fifo is a FIFO (named pipe)' diff tests/cli.sh "$dir/fifo"
+check_refused 'fifo is a FIFO (named pipe)' plot "$dir/fifo" -o "$dir/p.svg"
+check_refused 'fifo is a FIFO (named pipe)' run "$tiny" --ref --check "$dir/fifo"
+check_refused 'fifo is a FIFO (named pipe)' run "$tiny" --ref --resume "$dir/fifo"
+check_refused 'fifo is a FIFO (named pipe)' infer "$tiny" --ref --input "$dir/fifo" \
+    --output "$dir/o.npy"
+check_refused 'fifo is a FIFO (named pipe)' export "$dir/fifo" "$dir/w.safetensors"
+check_refused 'tests is a directory' plan tests
+check_refused '/dev/null is a character device' plan /dev/null
+check_refused 'fifo is a FIFO (named pipe)' run "$tiny" --ref --trace "$dir/fifo" --force
+check_refused 'fifo is a FIFO (named pipe)' run "$tiny" --ref --save "$dir/fifo" --force
+check_refused '/dev/null is a character device' plot tests/cli.sh -o /dev/null --force
+if [ -z "$bad" ]; then
+    echo "PASS cli_inputs_and_outputs_of_the_wrong_kind_refused"
+else
+    echo "FAIL cli_inputs_and_outputs_of_the_wrong_kind_refused:$bad"
+    exit 1
+fi
+# --trace replaces a trace, never another file without --force (the recipe itself included);
+# --save replaces a file only with --force (or the checkpoint it resumes from).
+cp "$tiny" "$dir/r.recipe"
+cp "$tiny" "$dir/keep.txt"
+cp "$tiny" "$dir/keep.ckpt"
+bad=""
+"$qtrain" run "$dir/r.recipe" --ref --steps 3 --trace "$dir/r.recipe" > "$dir/out" 2>&1
+[ $? -eq 1 ] && grep -q 'r.recipe exists and is not a qtrain trace' "$dir/out" &&
+    grep -q -- '--force' "$dir/out" && cmp -s "$tiny" "$dir/r.recipe" &&
+    ! grep -q '^steps ' "$dir/out" || bad="$bad the recipe was not kept;"
+"$qtrain" run "$tiny" --ref --steps 3 --trace "$dir/t1" > "$dir/out" 2>&1 &&
+    "$qtrain" run "$tiny" --ref --steps 5 --trace "$dir/t1" > "$dir/out" 2>&1 &&
+    grep -q '^end status=complete records=9$' "$dir/t1" || bad="$bad a trace was not replaced;"
+"$qtrain" run "$tiny" --ref --steps 3 --trace "$dir/keep.txt" --force > "$dir/out" 2>&1 &&
+    head -1 "$dir/keep.txt" | grep -q '^qtrain-trace 2 ' || bad="$bad --trace --force;"
+"$qtrain" run "$tiny" --ref --steps 3 --save "$dir/keep.ckpt" > "$dir/out" 2>&1
+[ $? -eq 1 ] && cmp -s "$tiny" "$dir/keep.ckpt" || bad="$bad --save replaced a file;"
+"$qtrain" run "$tiny" --ref --steps 3 --save "$dir/keep.ckpt" --force > "$dir/out" 2>&1 &&
+    head -c 8 "$dir/keep.ckpt" | grep -q QTRAINCK || bad="$bad --save --force;"
+ls "$dir" | grep -q '\.tmp' && bad="$bad a temporary file was left;"
+if [ -z "$bad" ]; then
+    echo "PASS cli_outputs_replace_only_their_own_kind"
+else
+    echo "FAIL cli_outputs_replace_only_their_own_kind:$bad"
+    sed 's/^/  /' "$dir/out" | tail -5
+    exit 1
+fi
+# A killed run's trace has no completion record: diff tells it from a complete shorter run.
+grep -v '^eval' "$tiny" | sed 's/^train 200 cosine/train 100000 cosine/' > "$dir/noeval.recipe"
+"$qtrain" run "$dir/noeval.recipe" --ref --trace "$dir/killed.trace" > "$dir/out" 2>&1 &
+pid=$!
+i=0
+while [ "$(grep -c '^step=' "$dir/killed.trace" 2>/dev/null)" -lt 100 ] 2>/dev/null ||
+      [ ! -e "$dir/killed.trace" ]; do
+    [ $i -lt 600 ] || break
+    sleep 0.05
+    i=$((i + 1))
+done
+kill -KILL $pid
+wait $pid 2>/dev/null
+records=$(grep -c '^step=' "$dir/killed.trace")
+"$qtrain" run "$dir/noeval.recipe" --ref --steps 20 --trace "$dir/short.trace" > "$dir/out" 2>&1
+"$qtrain" diff "$dir/short.trace" "$dir/killed.trace" > "$dir/out" 2>&1
+rc=$?
+if [ $rc -eq 1 ] && [ "$records" -ge 100 ] && tail -1 "$dir/short.trace" |
+       grep -q '^end status=complete records=20$' &&
+   grep -q '^A ends after 20 records (its run completed); B goes on with step=20$' "$dir/out" &&
+   grep -q "^B is cut short: $records records.* and no completion record" "$dir/out"; then
+    echo "PASS cli_diff_tells_a_killed_run_from_a_shorter_one ($records records)"
+else
+    echo "FAIL cli_diff_tells_a_killed_run_from_a_shorter_one: exit $rc, $records records"
+    sed 's/^/  /' "$dir/out"
+    exit 1
+fi
+# Memory: a run that cannot get its memory is refused before anything is allocated or written,
+# with both numbers, the tightest limit, the largest regions and what to change.
+printf '%s\n' '[model]' 'input = 262144' 'layer = linear fc1 262144' 'layer = relu' \
+    'layer = linear head 4' 'loss = softmax_xent' '[quant]' 'recipe = bf16' '[optim]' 'adamw' \
+    '[data]' 'train = synthetic classes inputs=262144 classes=4 samples=64 seed=3' \
+    'batch = 16' '[schedule]' 'train 2' > "$dir/huge.recipe"
+bad=""
+"$qtrain" run "$dir/huge.recipe" --trace "$dir/huge.trace" > "$dir/out" 2>&1
+rc=$?
+[ $rc -eq 1 ] && grep -q 'QT_ERR_MEMORY: not enough \(host\|GPU\) memory: .* needs [0-9]* bytes' \
+    "$dir/out" && grep -q 'largest regions: fc1.weight' "$dir/out" &&
+    grep -q 'to fit, change the recipe: a smaller `batch`' "$dir/out" &&
+    [ ! -e "$dir/huge.trace" ] || bad="$bad [huge: exit $rc: $(tail -1 "$dir/out")]"
+sed 's/262144/8192/g' "$dir/huge.recipe" > "$dir/mid.recipe"
+(ulimit -v 1000000 && "$qtrain" run "$dir/mid.recipe" --ref) > "$dir/out" 2>&1
+rc=$?
+[ $rc -eq 1 ] && grep -q 'can get [0-9]* bytes (.*; the tightest limit: RLIMIT_AS (ulimit -v)' \
+    "$dir/out" || bad="$bad [ulimit -v: exit $rc: $(tail -1 "$dir/out")]"
+# Two 16-byte IDX files that claim 2^31 samples: truncated files, not a memory shortage.
+printf '\000\000\010\003\200\000\000\000\000\000\000\034\000\000\000\034' > "$dir/im16"
+printf '\000\000\010\001\200\000\000\000\001\002\003\004\005\006\007\010' > "$dir/lb16"
+sed "s|^train = .*|train = idx $dir/im16 $dir/lb16|; /^eval = /d; /^eval /d" \
+    tests/recipes/mlp_fashion.recipe > "$dir/claims.recipe"
+"$qtrain" run "$dir/claims.recipe" --ref > "$dir/out" 2>&1
+rc=$?
+[ $rc -eq 1 ] && grep -q 'im16: truncated: its header announces 2147483648 images of 28 x 28' \
+    "$dir/out" && ! grep -q 'QT_ERR_MEMORY' "$dir/out" ||
+    bad="$bad [2^31 samples: exit $rc: $(tail -1 "$dir/out")]"
+if [ -z "$bad" ]; then
+    echo "PASS cli_memory_checked_before_allocation"
+else
+    echo "FAIL cli_memory_checked_before_allocation:$bad"
+    exit 1
+fi
+# Invisible characters in quoted text are shown escaped.
+printf '\357\273\277[model]\ninput = 4\n' > "$dir/bom.recipe"
+printf '[model]\ninput\302\240= 4\n' > "$dir/nbsp.recipe"
+printf '[model]\rinput = 4\r' > "$dir/cr.recipe"
+bad=""
+"$qtrain" plan "$dir/bom.recipe" 2>&1 | grep -q "found '<U+FEFF>\[model\]'" || bad="$bad BOM;"
+"$qtrain" plan "$dir/nbsp.recipe" 2>&1 | grep -q "unknown key 'input<U+00A0>'" || bad="$bad NBSP;"
+"$qtrain" plan "$dir/cr.recipe" 2>&1 | grep -q 'cr.recipe:1:8: .*0x0D' || bad="$bad CR;"
+"$qtrain" plan "$tiny" "$(printf 'x\302\240\r')" 2>&1 |
+    grep -q "unexpected argument 'x<U+00A0>\\\\r'" || bad="$bad argument;"
+if [ -z "$bad" ]; then
+    echo "PASS cli_invisible_characters_escaped"
+else
+    echo "FAIL cli_invisible_characters_escaped:$bad"
+    exit 1
+fi
 rm -rf "$dir"

@@ -77,7 +77,8 @@ static qt_status session_open(session *s, const char *path, const char *text,
 }
 
 static void session_close(session *s) {
-    qt_close(s->rt);
+    qt_status ended = qt_close(s->rt);
+    CHECK(ended == QT_OK, "qt_close: %s", qt_error_message());
     // Before the device closes: its context (the allocation's) may end with it.
     if (s->given_device) drv.cuMemFree(s->given_device);
     qt_status closed = qt_device_close(s->device);
@@ -620,6 +621,12 @@ static void test_save_and_resume(void) {
         session_ok(qt_save(s.rt, ckpt), "qt_save");
     }
     session_close(&s);
+    size_t bytes = 0;
+    char *text = file_read(first, &bytes);
+    const char *end = "\nend status=stopped records=107\n";
+    CHECK(text && bytes > 40 && strcmp(text + bytes - strlen(end), end) == 0,
+          "a trace closed before the schedule's end: %s", text ? text + bytes - 40 : "");
+    free(text);
     o.trace_path = second;
     if (ok && session_ok(session_open(&s, SMALL, NULL, &o, QT_DEVICE_REFERENCE), "open")) {
         session_ok(qt_resume(s.rt, ckpt), "qt_resume");

@@ -3,13 +3,16 @@
 // IDX files written by the test (plain, gzip, multi-member gzip) probe to exact sizes and load to
 // exact bytes; .npy pairs load like them (uint8 features, labels of every integer type) or as
 // regression data (float32 features and targets); every kind of bad file fails with a message
-// naming the file and the problem; the synthetic sources are deterministic (golden hashes) and
-// learnable; the shuffle is a permutation fixed by (seed, epoch); feeds pad the last batch, cover
-// every sample once per epoch and resume from a cursor. Fashion-MNIST is checked when extracted
+// naming the file and the problem (a FIFO or a directory at once; an IDX length that disagrees
+// with its header at the probe; damaged gzip data as a gzip error, wherever the damage is); the
+// synthetic sources are deterministic (golden hashes) and learnable; the shuffle is a
+// permutation fixed by (seed, epoch); feeds pad the last batch, cover every sample once per
+// epoch and resume from a cursor. Fashion-MNIST is checked when extracted
 // into .data/ or installed (else SKIP). Run from the repository root.
 #include <inttypes.h>
 #include <math.h>
 #include <string.h>
+#include <sys/stat.h>  // mkfifo
 #include <unistd.h>
 #include <zlib.h>
 
@@ -257,6 +260,13 @@ static void test_idx_errors(void) {
     write_bytes(tmp_path("e_im"), im);
     write_bytes(tmp_path("e_lb"), lb);
     expect_failure("missing", "e_lb", FEATURES, false, QT_ERR_IO, "missing: cannot open");
+    // Not regular files: refused before opening (a FIFO with no writer would block the open).
+    CHECK(mkfifo(tmp_path("fifo"), 0600) == 0, "mkfifo");
+    expect_failure("fifo", "e_lb", FEATURES, false, QT_ERR_INPUT, "fifo is a FIFO (named pipe), "
+                   "not a regular file; qtrain reads a dataset from a regular file only");
+    expect_failure("e_im", "fifo", FEATURES, false, QT_ERR_INPUT, "fifo is a FIFO (named pipe)");
+    expect_failure("e_im", ".", FEATURES, false, QT_ERR_INPUT, "is a directory, not a regular "
+                   "file");
     expect_failure("e_lb", "e_im", FEATURES, false, QT_ERR_INPUT, "IMAGES and LABELS swapped");
     write_file(tmp_path("text"), "hello, world: not IDX", 21);
     expect_failure("text", "e_lb", FEATURES, false, QT_ERR_INPUT, "text: magic 0x68656c6c is "
@@ -274,16 +284,33 @@ static void test_idx_errors(void) {
     bytes zero = idx_images(0, ROWS, COLS);
     write_bytes(tmp_path("zero"), zero);
     expect_failure("zero", "e_lb", FEATURES, false, QT_ERR_INPUT, "the header gives 0 x 3 x 5");
-    // Body errors show at load only.
+    // A length that disagrees with the header shows at the probe, before anything is planned.
     write_file(tmp_path("cut"), im.data, im.size - 1);
-    expect_failure("cut", "e_lb", FEATURES, true, QT_ERR_INPUT, "cut: truncated: the images "
-                   "need 571 bytes in all, the data ends after 570");
+    expect_failure("cut", "e_lb", FEATURES, false, QT_ERR_INPUT, "cut: truncated: its header "
+                   "announces 37 images of 3 x 5 bytes, 571 bytes with the header, but the file "
+                   "has 570; download or extract it again");
     uint8_t *longer = malloc(im.size + 3);
     memcpy(longer, im.data, im.size);
     memset(longer + im.size, 0, 3);
     write_file(tmp_path("long"), longer, im.size + 3);
-    expect_failure("long", "e_lb", FEATURES, true, QT_ERR_INPUT, "long: trailing bytes after "
-                   "the 571 bytes");
+    expect_failure("long", "e_lb", FEATURES, false, QT_ERR_INPUT, "long: trailing bytes: its "
+                   "header announces 37 images of 3 x 5 bytes, 571 bytes with the header, but "
+                   "the file has 574");
+    write_file(tmp_path("lb_cut"), lb.data, lb.size - 2);
+    expect_failure("e_im", "lb_cut", FEATURES, false, QT_ERR_INPUT, "lb_cut: truncated: its "
+                   "header announces 37 labels of one byte, 45 bytes with the header, but the "
+                   "file has 43");
+    // Two 16-byte files whose headers claim 2^31 samples of 28 x 28: truncated files, named as
+    // such at the probe, not a dataset too large for memory.
+    uint8_t huge_im[16] = {0, 0, 8, 3, 0x80, 0, 0, 0, 0, 0, 0, 28, 0, 0, 0, 28};
+    uint8_t huge_lb[16] = {0, 0, 8, 1, 0x80, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8};
+    write_file(tmp_path("huge_im"), huge_im, sizeof huge_im);
+    write_file(tmp_path("huge_lb"), huge_lb, sizeof huge_lb);
+    expect_failure("huge_im", "huge_lb", 784, false, QT_ERR_INPUT, "huge_im: truncated: its "
+                   "header announces 2147483648 images of 28 x 28 bytes, 1683627180048 bytes "
+                   "with the header, but the file has 16");
+    expect_failure("e_im", "huge_lb", FEATURES, false, QT_ERR_INPUT, "huge_lb: truncated: its "
+                   "header announces 2147483648 labels of one byte");
     lb.data[8 + 30] = CLASSES;
     write_bytes(tmp_path("lb_range"), lb);
     expect_failure("e_im", "lb_range", FEATURES, true, QT_ERR_INPUT, "label 10 of sample 30 is "
@@ -318,7 +345,59 @@ static void test_idx_gzip_errors(void) {
     bytes long_gz = gzip_bytes(longer, im.size + 1, im.size + 1);
     write_bytes(tmp_path("long.gz"), long_gz);
     expect_failure("long.gz", "g_lb", FEATURES, true, QT_ERR_INPUT, "long.gz: trailing bytes");
-    free(junk), free(longer), free(long_gz.data), free(gz.data), free(im.data), free(lb.data);
+    // A header that claims more than a gzip file of this size can inflate to: truncated.
+    uint8_t huge_im[16] = {0, 0, 8, 3, 0x80, 0, 0, 0, 0, 0, 0, 28, 0, 0, 0, 28};
+    bytes huge_gz = gzip_bytes(huge_im, sizeof huge_im, sizeof huge_im);
+    write_bytes(tmp_path("huge.gz"), huge_gz);
+    expect_failure("huge.gz", "g_lb", 784, false, QT_ERR_INPUT, "huge.gz: truncated: its header "
+                   "announces 2147483648 images of 28 x 28 bytes, 1683627180048 bytes with the "
+                   "header, but a gzip file of");
+    // A plain file named .gz whose content is not IDX: the note says it is not gzip data.
+    write_file(tmp_path("text.gz"), "hello, world: not gzip", 22);
+    expect_failure("text.gz", "g_lb", FEATURES, false, QT_ERR_INPUT, "(unsigned bytes, MNIST "
+                   "format) (the name ends in .gz, but the file does not start with gzip's "
+                   "bytes 1f 8b");
+    free(junk), free(longer), free(long_gz.data), free(huge_gz.data), free(gz.data);
+    free(im.data), free(lb.data);
+    test_end();
+}
+
+// Damaged gzip data is named as such, wherever the damage is: every byte of a gzip file of a
+// dataset flipped in turn (but the header's time stamp, extra flags and OS, which nothing
+// reads) makes the probe or the load fail with a message about the gzip data, never about an
+// IDX header, a length or a label that the damaged data inflated to.
+static void test_idx_gzip_damage_named(void) {
+    test_begin("idx_gzip_damage_named_as_gzip");
+    bytes im = idx_images(N, ROWS, COLS), lb = idx_labels(N, CLASSES);
+    write_bytes(tmp_path("d_lb"), lb);
+    bytes gz = gzip_bytes(im.data, im.size, im.size);
+    uint32_t tried = 0, named = 0;
+    char first[QT_ERROR_MESSAGE_MAX] = "";
+    for (size_t at = 0; at < gz.size; at++) {
+        if (at >= 4 && at < 10) continue;  // MTIME, XFL, OS
+        gz.data[at] ^= 0xFF;
+        write_bytes(tmp_path("damaged.gz"), gz);
+        gz.data[at] ^= 0xFF;
+        recipe_source src = idx_source(tmp_path("damaged.gz"), tmp_path("d_lb"));
+        data_info info;
+        qt_status status = data_probe(&src, FEATURES, CLASSES, &info);
+        if (status == QT_OK) {
+            void *memory = aligned_alloc(DATA_ALIGN, info.bytes);
+            data_set set;
+            status = data_load(&src, &info, memory, info.bytes, &set);
+            free(memory);
+        }
+        tried++;
+        bool gzip = status == QT_ERR_INPUT && strstr(qt_error_message(), "gzip") != NULL;
+        named += gzip;
+        if (!gzip && first[0] == '\0') {
+            snprintf(first, sizeof first, "byte %zu: %s: %s", at, qt_status_name(status),
+                     qt_error_message());
+        }
+    }
+    CHECK(tried > 40 && named == tried, "%u of %u damaged files named as gzip errors; first "
+          "other: %s", named, tried, first);
+    free(gz.data), free(im.data), free(lb.data);
     test_end();
 }
 
@@ -1071,6 +1150,7 @@ int main(void) {
     test_idx_probe_reads_headers_only();
     test_idx_errors();
     test_idx_gzip_errors();
+    test_idx_gzip_damage_named();
     test_idx_changed_after_probe();
     test_npy_u8_like_idx();
     test_npy_f32_targets();

@@ -60,8 +60,7 @@ int main(int argc, char **argv) {
     int correct = 0;
     for (int r = 0; r < 32; r++) correct += classes[r] == y[r];
     printf("classified %d of 32 on %s\n", correct, info.name);
-    qt_close(rt);
-    if (qt_device_close(dev) != QT_OK) return fail("close");
+    if (qt_close(rt) != QT_OK || qt_device_close(dev) != QT_OK) return fail("close");
     for (int i = 0; i < 4; i++) free(blocks[i]);
     return 0;
 }

@@ -57,7 +57,8 @@ static void print_usage(FILE *out) {
             "          --profile: afterwards, time every op of each mode and the graph replay;\n"
             "          --save: a checkpoint at the end, at Ctrl-C and every N train steps;\n"
             "          --resume: continue, bit for bit, from a checkpoint;\n"
-            "          --force: infer rows' output files may replace existing files;\n"
+            "          --force: output files (infer rows, --save) may replace existing\n"
+            "          files, and --trace a file that is not a trace;\n"
             "          --check: stop at the first record that differs from a golden trace)\n"
             "  infer RECIPE --input FILE --output FILE.npy [--argmax] [--from CKPT] [--seed S]\n"
             "             [--eager] [--ref] [--force] [--emulated-gemm auto|kernel|copies]\n"
@@ -150,12 +151,19 @@ typedef struct cli_args {
     const char *resume_path;
 } cli_args;
 
-static bool parse_u64_arg(const char *flag, const char *text, uint64_t *out) {
+// A decimal integer in [min, max]: digits only (no sign, blank, or other base), so that ' -1'
+// or '1e3' is refused instead of read as something else.
+static bool parse_count_arg(const char *command, const char *flag, const char *text,
+                            uint64_t min, uint64_t max, uint64_t *out) {
+    bool digits = text[0] != '\0' && strspn(text, "0123456789") == strlen(text);
     char *end = NULL;
     errno = 0;
-    unsigned long long v = strtoull(text, &end, 10);
-    if (errno != 0 || end == text || *end != '\0' || text[0] == '-') {
-        fprintf(stderr, "qtrain: %s expects a non-negative integer, found '%s'\n", flag, text);
+    unsigned long long v = digits ? strtoull(text, &end, 10) : 0;
+    if (!digits || errno != 0 || v < min || v > max) {
+        fprintf(stderr, "qtrain %s: %s takes a whole number from %" PRIu64 " to %" PRIu64
+                ", not '%s'%s\n", command, flag, min, max, qt_shown(text),
+                digits && v < min && min == 1 ? " (leave the flag out for the recipe's default)"
+                                              : "");
         return false;
     }
     *out = v;
@@ -171,7 +179,7 @@ static bool parse_emulated_gemm(const char *command, const char *how, qt_emulate
         *out = QT_EMULATED_GEMM_COPIES;
     } else {
         fprintf(stderr, "qtrain %s: --emulated-gemm takes auto, kernel or copies, not '%s'\n",
-                command, how);
+                command, qt_shown(how));
         return false;
     }
     return true;
@@ -210,12 +218,13 @@ static int parse_flag(cli_command command, int argc, char **argv, int *i, cli_ar
     } else if (train && strcmp(arg, "--check") == 0) {
         o->golden_path = value;
     } else if (!infer && strcmp(arg, "--steps") == 0) {
-        if (!parse_u64_arg(arg, value, &o->steps)) return -1;
+        // 0 would mean "no cut" to the planner: a run of 0 steps is not what was asked for.
+        if (!parse_count_arg(a->command, arg, value, 1, UINT64_MAX, &o->steps)) return -1;
     } else if (strcmp(arg, "--seed") == 0) {
-        if (!parse_u64_arg(arg, value, &o->seed)) return -1;
+        if (!parse_count_arg(a->command, arg, value, 0, UINT64_MAX, &o->seed)) return -1;
         o->seed_given = true;
     } else if (train && strcmp(arg, "--checksum-every") == 0) {
-        if (!parse_u64_arg(arg, value, &v) || v > UINT32_MAX) return -1;
+        if (!parse_count_arg(a->command, arg, value, 0, UINT32_MAX, &v)) return -1;
         o->checksum_every = (uint32_t)v;
     } else if (infer && strcmp(arg, "--input") == 0) {
         o->infer_input = value;
@@ -226,7 +235,7 @@ static int parse_flag(cli_command command, int argc, char **argv, int *i, cli_ar
     } else if (train && strcmp(arg, "--save") == 0) {
         o->save_path = value;
     } else if (train && strcmp(arg, "--save-every") == 0) {
-        if (!parse_u64_arg(arg, value, &o->save_every)) return -1;
+        if (!parse_count_arg(a->command, arg, value, 1, UINT64_MAX, &o->save_every)) return -1;
     } else if (train && strcmp(arg, "--resume") == 0) {
         a->resume_path = value;
     } else if (strcmp(arg, "--emulated-gemm") == 0) {
@@ -249,7 +258,7 @@ static bool parse_run_args(int argc, char **argv, cli_command command, cli_args 
         if (argv[i][0] != '-' && !a->recipe_path) {
             a->recipe_path = argv[i];
         } else {
-            fprintf(stderr, "qtrain %s: unexpected argument '%s'\n", argv[1], argv[i]);
+            fprintf(stderr, "qtrain %s: unexpected argument '%s'\n", argv[1], qt_shown(argv[i]));
             return false;
         }
     }
@@ -297,7 +306,8 @@ static void cli_run_close(cli_run *c) {
     memset(c, 0, sizeof *c);
 }
 
-// Reads the recipe and plans the run (no device, no data loaded).
+// Reads the recipe and plans the run (no device, no data loaded). The text is read once: the
+// bytes parsed are the bytes hashed for the trace and the checkpoints.
 static qt_status load_and_plan(const cli_args *a, cli_run *c) {
     c->runtime_memory = cli_alloc(qt_runtime_bytes());
     if (!c->runtime_memory) {
@@ -453,16 +463,22 @@ static qt_status resume_run(const cli_args *a, qt_runtime *rt) {
     return QT_OK;
 }
 
-// The arenas: the driver's on a GPU, the tool's own on the reference backend.
+// The arenas: the driver's on a GPU, the tool's own on the reference backend. Before they are
+// allocated: the device arena against the GPU's free memory, and what lives in host memory
+// against what this process can get (the datasets are in already).
 static qt_status bind_run(cli_run *c, const qt_device_info *device) {
+    CLI_TRY(qt_check_memory(c->rt, c->device, !device->gpu, 0));
     if (device->gpu) return qt_bind(c->rt, c->device, NULL);
     qt_plan_info plan;
     qt_plan_info_get(c->rt, &plan);
     c->arena_device = cli_alloc(plan.device_bytes);
     c->arena_host = cli_alloc(plan.host_bytes);
     if (!c->arena_device || !c->arena_host) {
-        return cli_fail(QT_ERR_MEMORY, "cannot allocate %" PRIu64 " + %" PRIu64 " bytes for the "
-                        "reference backend's arenas", plan.device_bytes, plan.host_bytes);
+        return cli_fail(QT_ERR_MEMORY, "cannot allocate the reference backend's arenas, %" PRIu64
+                        " + %" PRIu64 " bytes, although the limits allowed them when checked: "
+                        "other processes took memory meanwhile; try again, or make the run "
+                        "smaller (`qtrain plan` shows its memory map)", plan.device_bytes,
+                        plan.host_bytes);
     }
     qt_arenas arenas = {c->arena_device, plan.device_bytes, c->arena_host, plan.host_bytes};
     return qt_bind(c->rt, c->device, &arenas);
@@ -539,6 +555,9 @@ static qt_status plan_and_load(const cli_args *a, cli_run *c) {
                         "on the recipe's data (an embedder gives its batches through the C "
                         "API)", a->recipe_path, a->command);
     }
+    // Before the datasets are read: they, the host arena and (with --ref) the device arena must
+    // fit in what this process can get (the GPU's memory is checked once it is open).
+    CLI_TRY(qt_check_memory(c->rt, NULL, a->ref, plan.data_bytes));
     if (plan.data_bytes > 0 && !(c->data = cli_alloc(plan.data_bytes))) {
         return cli_fail(QT_ERR_MEMORY, "cannot allocate %" PRIu64 " bytes for the datasets",
                         plan.data_bytes);
@@ -608,7 +627,7 @@ static int command_export(int argc, char **argv) {
         } else if (argv[i][0] != '-' && count < 2) {
             paths[count++] = argv[i];
         } else {
-            fprintf(stderr, "qtrain export: unexpected argument '%s'\n", argv[i]);
+            fprintf(stderr, "qtrain export: unexpected argument '%s'\n", qt_shown(argv[i]));
             return 2;
         }
     }
@@ -640,7 +659,7 @@ static bool asks_for_help(int argc, char **argv) {
     return false;
 }
 
-int main(int argc, char **argv) {
+static int run_command(int argc, char **argv) {
     if (argc < 2 || strcmp(argv[1], "help") == 0 || asks_for_help(argc, argv)) {
         print_usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
@@ -653,7 +672,27 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "infer") == 0) return command_run(argc, argv, CLI_INFER);
     if (strcmp(argv[1], "plan") == 0) return command_plan(argc, argv);
     if (strcmp(argv[1], "export") == 0) return command_export(argc, argv);
-    fprintf(stderr, "qtrain: unknown command '%s'\n", argv[1]);
+    fprintf(stderr, "qtrain: unknown command '%s'\n", qt_shown(argv[1]));
     print_usage(stderr);
     return 2;
+}
+
+// Every command's report goes to stdout: output that could not be written (a full disk, a
+// closed pipe, /dev/full) fails the command, as any other lost output would.
+int main(int argc, char **argv) {
+    int rc = run_command(argc, argv);
+    errno = 0;
+    bool flushed = fflush(stdout) == 0;
+    int error = errno;
+    if (!flushed || ferror(stdout)) {
+        const char *command = argc >= 2 ? argv[1] : "";
+        fprintf(stderr, "qtrain%s%s: cannot write its output to standard output: %s\n",
+                command[0] ? " " : "", qt_shown(command),
+                error ? strerror(error) : "a write failed");
+        // diff(1)'s trouble is 2; the other commands fail with 1 (or what they failed with).
+        if (rc == 0 || (rc == 1 && strcmp(command, "diff") == 0)) {
+            rc = strcmp(command, "diff") == 0 ? 2 : 1;
+        }
+    }
+    return rc;
 }
