@@ -10,13 +10,15 @@
 //   qt_open_file(memory, path)              the recipe read and validated
 //     | qt_open_text(memory, text)
 //   qt_plan(options)                        data headers read, schedule, model, every program,
-//     |                                     both arenas packed: qt_plan_info, qt_plan_region
+//     |                                     both arenas packed: qt_plan_info_get, qt_plan_region
+//   qt_check_memory                         optional: the plan against the memory there is
 //   qt_load(memory)                         the datasets read into caller memory (no device)
 //   qt_bind(device, arenas)                 arenas allocated (or the caller's) and zeroed,
 //     |                                     weights initialized, CUDA graphs captured
 //   qt_resume(path)                         optional: a checkpoint's state and position
 //   qt_run | qt_step | qt_step_mode | qt_infer | qt_save ...   any number, any order
-//   qt_close                                graphs destroyed, driver memory freed
+//   qt_close                                graphs destroyed, driver memory freed, the trace
+//                                           closed
 //   qt_device_close
 //
 // Memory. The caller gives every block of host memory the library uses: the runtime
