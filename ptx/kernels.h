@@ -12,6 +12,7 @@
 #include "core.h"
 #include "gemm.h"
 #include "gemm_sm90a.h"
+#include "moe.h"
 #include "optim.h"
 #include "quant_block.h"
 #include "quant_fp8.h"
@@ -27,6 +28,7 @@
     QT_KERNELS_OPTIM(X) \
     QT_KERNELS_ACT(X) \
     QT_KERNELS_GEMM(X) \
+    QT_KERNELS_MOE(X) \
     QT_KERNELS_SCHED(X)
 
 // Every kernel: the ones programs hold, then the sm_90a GEMM tier, which runtime/gemm_tier.c
@@ -40,6 +42,7 @@
     X(act) \
     X(gemm_portable) \
     X(gemm_sm90a) \
+    X(moe) \
     X(sched)
 
 // Every args struct of a kernel that programs hold fits the program's per-op args buffer (the

@@ -24,8 +24,8 @@
 
 #include "qt_hd.h"  // QT_STATIC_ASSERT, uint*_t
 
-// Delayed-scaling quantizers a record can carry; a model with more fails at planning with a
-// message naming this limit.
+// Delayed-scaling slots a record can carry; a model with more (an moe layer's grouped quantizers
+// have one per expert) records the first ones (model.h, delayed_count) and notes it in its plan.
 #define QT_TRACE_QUANTIZERS_MAX 64
 
 #define QT_TRACE_MODE_TRAIN 0u

@@ -30,6 +30,8 @@ QT_STATIC_ASSERT((int)QT_EMULATED_GEMM_AUTO == MODEL_EMULATED_AUTO &&
                      (int)QT_EMULATED_GEMM_COPIES == MODEL_EMULATED_COPIES,
                  "qt_emulated_gemm mirrors model_emulated_gemm");
 QT_STATIC_ASSERT(QT_QUANTIZERS_MAX == QT_TRACE_QUANTIZERS_MAX, "a record's quantizers");
+QT_STATIC_ASSERT(QT_TRACE_FORMAT == TRACE_VERSION && QT_CHECKPOINT_FORMAT == CKPT_VERSION,
+                 "the file formats' versions");
 QT_STATIC_ASSERT(QT_MEMORY_ALIGN >= DATA_ALIGN && QT_MEMORY_ALIGN >= ARENA_DEVICE_ALIGN_MIN,
                  "one alignment serves every block");
 // qt_request_stop may come from a signal handler: only a lock-free atomic is safe there.
@@ -100,10 +102,6 @@ static qt_status api_runtime(const qt_runtime *rt, const char *call) {
 static qt_status api_phase_is(const qt_runtime *rt, const char *call, api_phase phase,
                               bool exact) {
     QT_TRY(api_runtime(rt, call));
-    if (rt->broken) {
-        return qt_fail(QT_ERR_STATE, "%s: %s failed after it had changed the run's memory; "
-                       "qt_close this runtime and open another", call, rt->broken);
-    }
     if (rt->phase < phase) {
         return qt_fail(QT_ERR_STATE, "%s: call %s first", call, api_phase_calls[rt->phase]);
     }
@@ -114,9 +112,19 @@ static qt_status api_phase_is(const qt_runtime *rt, const char *call, api_phase 
     return QT_OK;
 }
 
-// A bound runtime, its device's context current on this thread.
-static qt_status api_bound(qt_runtime *rt, const char *call) {
+// A bound runtime that may still run (queries work after a failure too).
+static qt_status api_usable(const qt_runtime *rt, const char *call) {
     QT_TRY(api_phase_is(rt, call, API_BOUND, false));
+    if (rt->broken) {
+        return qt_fail(QT_ERR_STATE, "%s: %s failed after it had changed the run's memory; "
+                       "qt_close this runtime and open another", call, rt->broken);
+    }
+    return QT_OK;
+}
+
+// A usable runtime, its device's context current on this thread.
+static qt_status api_bound(qt_runtime *rt, const char *call) {
+    QT_TRY(api_usable(rt, call));
     return backend_attach_thread(&rt->device->backend);
 }
 
@@ -296,6 +304,8 @@ static qt_status api_options(qt_runtime *rt, const qt_options *o, run_options *r
     ro->infer_argmax = o->infer_argmax;
     ro->from_path = o->from_path;
     ro->golden_path = o->golden_path;
+    ro->metrics_path = o->metrics_path;
+    ro->metrics_every = o->metrics_every;
     for (int mode = 0; mode < QT_MODE_COUNT; mode++) ro->modes[mode] = o->modes[mode];
     ro->inputs = o->inputs == QT_INPUTS_U8 ? DATA_INPUT_U8 : DATA_INPUT_F32;
     ro->interrupt = &rt->stop;
@@ -368,6 +378,12 @@ qt_status qt_plan_region(const qt_runtime *rt, qt_arena which, uint32_t index, q
 qt_status qt_plan_print(qt_runtime *rt, FILE *out) {
     QT_TRY(api_phase_is(rt, "qt_plan_print", API_PLANNED, false));
     run_print_plan(&rt->run, out);
+    return QT_OK;
+}
+
+qt_status qt_plan_print_summary(const qt_runtime *rt, FILE *out) {
+    QT_TRY(api_phase_is(rt, "qt_plan_print_summary", API_PLANNED, false));
+    run_print_summary(&rt->run, out);
     return QT_OK;
 }
 
@@ -478,7 +494,7 @@ static void *api_next_slot(const qt_runtime *rt) {
 }
 
 qt_status qt_push_batch(qt_runtime *rt, const qt_batch *batch) {
-    QT_TRY(api_phase_is(rt, "qt_push_batch", API_BOUND, false));
+    QT_TRY(api_usable(rt, "qt_push_batch"));
     if (rt->pushed) {
         return qt_fail(QT_ERR_STATE, "qt_push_batch: a pushed batch waits for its step; run a "
                        "step first");
@@ -556,8 +572,15 @@ static void api_progress(void *ctx, const sched_progress *p) {
     s->row = s->in_schedule ? p->row : 0;
     s->row_step = p->row_step;
     s->row_steps = p->row_steps;
+    s->eval_set = p->mode != MODEL_MODE_TRAIN && p->dataset == RECIPE_DATASET_EVAL;
     s->done = p->done;
     s->total = p->total;
+    for (int mode = 0; mode < QT_MODE_COUNT; mode++) s->steps_left[mode] = p->left[mode];
+    s->train_steps = p->train_steps;
+    s->epoch_steps = p->epoch_steps;
+    s->pass_loss = p->pass_loss;
+    s->pass_accuracy = p->pass_accuracy;
+    s->pass_samples = p->pass_samples;
     s->elapsed_s = p->elapsed_s;
     s->quantizers = rt->run.model.delayed_count;
     memcpy(s->amax, rec->amax, sizeof s->amax);

@@ -120,9 +120,11 @@ static void ckpt_scale_shapes(const qt_quantizer *q, uint32_t rows, uint32_t col
 }
 
 // A weight's quantized copies (model.c's model_qstore_reserve): data [rows][cols] rowwise;
-// columnwise transposed except MXFP8's; scales per ptx/quant.h.
+// columnwise transposed except MXFP8's; scales per ptx/quant.h; the per-tensor quantities one
+// per member of a stacked expert weight (`tensors` of them).
 static void ckpt_describe_qstore(ckpt_describer *d, const model_quantizer *mq, uint32_t param,
-                                 uint32_t rows, uint32_t cols, const model_qstore *s) {
+                                 uint32_t rows, uint32_t cols, uint32_t tensors,
+                                 const model_qstore *s) {
     const qt_quantizer *q = &mq->q;
     if (q->scheme == QT_SCHEME_BF16) {
         ckpt_describe(d, s->bf16.ref.region, CKPT_USAGE_ROW_DATA, CKPT_FORMAT_BF16, param, rows,
@@ -139,9 +141,11 @@ static void ckpt_describe_qstore(ckpt_describer *d, const model_quantizer *mq, u
                       transposed ? cols : rows, transposed ? rows : cols);
     }
     if (q->scheme == QT_SCHEME_DELAYED || q->scheme == QT_SCHEME_CURRENT) {
-        ckpt_describe(d, s->scale_inv.region, CKPT_USAGE_SCALE_INV, CKPT_FORMAT_F32, param, 0, 1);
+        ckpt_describe(d, s->scale_inv.region, CKPT_USAGE_SCALE_INV, CKPT_FORMAT_F32, param, 0,
+                      tensors);
         if (q->scheme == QT_SCHEME_CURRENT) {
-            ckpt_describe(d, s->amax_row.region, CKPT_USAGE_AMAX, CKPT_FORMAT_F32, param, 0, 1);
+            ckpt_describe(d, s->amax_row.region, CKPT_USAGE_AMAX, CKPT_FORMAT_F32, param, 0,
+                          tensors);
         }
         return;
     }
@@ -157,9 +161,10 @@ static void ckpt_describe_qstore(ckpt_describer *d, const model_quantizer *mq, u
                       shape[1][1]);
     }
     if (q->scheme != QT_SCHEME_NVFP4) return;
-    ckpt_describe(d, s->amax_row.region, CKPT_USAGE_AMAX, CKPT_FORMAT_F32, param, 0, 1);
+    ckpt_describe(d, s->amax_row.region, CKPT_USAGE_AMAX, CKPT_FORMAT_F32, param, 0, tensors);
     if (s->amax_col.region != s->amax_row.region) {
-        ckpt_describe(d, s->amax_col.region, CKPT_USAGE_AMAX_COL, CKPT_FORMAT_F32, param, 0, 1);
+        ckpt_describe(d, s->amax_col.region, CKPT_USAGE_AMAX_COL, CKPT_FORMAT_F32, param, 0,
+                      tensors);
     }
 }
 
@@ -191,7 +196,8 @@ static void ckpt_describe_params(ckpt_describer *d, const model *m) {
         const model_quantizer *mq = &m->quantizers[p->quantizer];
         e->scheme = mq->q.scheme;
         rules_quantizer_format(&mq->q, e->quantizer, sizeof e->quantizer);
-        ckpt_describe_qstore(d, mq, i, p->rows, p->cols, &p->weight);
+        ckpt_describe_qstore(d, mq, i, p->rows, p->cols, p->members ? p->members : 1,
+                             &p->weight);
     }
 }
 

@@ -396,13 +396,13 @@ static qt_status probe_synthetic(const recipe_source *src, uint32_t features, ui
     bool teacher = src->kind == RECIPE_SOURCE_TEACHER;
     const char *name = teacher ? "synthetic teacher" : "synthetic classes";
     if (src->inputs != features || src->outputs != outputs) {
-        return qt_fail(QT_ERR_INPUT, "%s (recipe line %u): %u inputs and %u %s; the model has "
-                       "%u inputs and %u outputs: make them equal", name, src->line, src->inputs,
+        return qt_fail(QT_ERR_INPUT, "%s: %u inputs and %u %s; the model has "
+                       "%u inputs and %u outputs: make them equal", name, src->inputs,
                        src->outputs, teacher ? "outputs" : "classes", features, outputs);
     }
     if (src->samples > DATA_SAMPLES_MAX) {
-        return qt_fail(QT_ERR_INPUT, "%s (recipe line %u): %llu samples; at most %llu are "
-                       "supported (the shuffle indexes samples with 32 bits)", name, src->line,
+        return qt_fail(QT_ERR_INPUT, "%s: %llu samples; at most %llu are "
+                       "supported (the shuffle indexes samples with 32 bits)", name,
                        (unsigned long long)src->samples, (unsigned long long)DATA_SAMPLES_MAX);
     }
     info->kind = src->kind;
@@ -752,7 +752,11 @@ static void data_parallel(uint32_t threads, uint64_t count, data_range_fn *fn, v
 }
 
 // ---------------------------------------------------------------------------------------------
-// Synthetic sources. Every value is a pure function of (seed, tag, index) through the same
+// Synthetic sources. The task (class centers, teacher weights) is drawn from the source's task
+// seed and the samples (inputs, labels) from its sample seed, so two sources with one task and
+// two seeds are independent samples of the same problem (a train set and a fresh eval set); the
+// task seed defaults to the sample seed (recipes/recipe.h). Every value is a pure function of
+// (seed, tag, index) through the same
 // Philox normal as the device fill kernel (ptx/core.h), so the data does not depend on the order
 // of generation (or the number of threads) and a GPU could produce the same bits.
 
@@ -815,7 +819,7 @@ static void generate_classes(const recipe_source *src, const data_info *info, ui
         .centers = (float *)(dst + info->scratch_offset),
         .spread = CLASSES_CENTER_SPREAD / qt_sqrtf((float)info->features),
         .key_x = tag_seed(src->seed, TAG_INPUTS),
-        .key_c = tag_seed(src->seed, TAG_CENTERS),
+        .key_c = tag_seed(src->task, TAG_CENTERS),
         .key_l = tag_seed(src->seed, TAG_LABELS),
     };
     data_parallel(threads, (uint64_t)info->outputs * info->features, classes_centers, &job);
@@ -885,8 +889,8 @@ static void generate_teacher(const recipe_source *src, const data_info *info, ui
         .y = (float *)(dst + info->targets_offset),
         .w1 = (float *)(dst + info->scratch_offset),
         .key_x = tag_seed(src->seed, TAG_INPUTS),
-        .key_1 = tag_seed(src->seed, TAG_TEACHER1),
-        .key_2 = tag_seed(src->seed, TAG_TEACHER2),
+        .key_1 = tag_seed(src->task, TAG_TEACHER1),
+        .key_2 = tag_seed(src->task, TAG_TEACHER2),
     };
     uint64_t weights = (uint64_t)DATA_TEACHER_HIDDEN * (info->features + (uint64_t)info->outputs);
     data_parallel(threads, weights, teacher_weights, &job);

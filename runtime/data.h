@@ -170,7 +170,9 @@ typedef struct data_feed {
 // are labels, 2-D float32 regression targets (the caller checks that against the loss). Errors
 // name the file and the fix: a missing or unreadable file (QT_ERR_IO), a bad magic, dims, dtype
 // or header, a truncated file, counts that differ between inputs and labels, widths that do not
-// match the model, more than DATA_SAMPLES_MAX samples (QT_ERR_INPUT).
+// match the model, more than DATA_SAMPLES_MAX samples (QT_ERR_INPUT). The messages of
+// data_probe and data_load do not name the recipe: the runtime puts the position of the line
+// that gave the source in front (runtime/run.c).
 qt_status data_probe(const recipe_source *src, uint32_t features, uint32_t outputs,
                      data_info *info);
 

@@ -52,6 +52,12 @@ extern "C" {
 // The library is built with hidden visibility; this marks the functions it exports.
 #define QT_API __attribute__((visibility("default")))
 
+// The release, `qtrain --version`. The file formats carry versions of their own, which the
+// version line also names: the trace's and the checkpoint's.
+#define QTRAIN_VERSION "0.1.0"
+#define QT_TRACE_FORMAT 2
+#define QT_CHECKPOINT_FORMAT 1
+
 // Operating errors: returned, never asserted.
 typedef enum qt_status {
     QT_OK = 0,
@@ -171,6 +177,10 @@ typedef struct qt_options {
                                 // replace existing files, and the trace a file not a trace
     const char *from_path;      // weights from this checkpoint after the initialization
     const char *golden_path;    // every record must equal this trace's (else QT_ERR_MISMATCH)
+    // The metrics file of the first qt_run (JSON lines: one per metrics_every train steps, 0:
+    // 100, and after every train row, one per eval row), named when that qt_run returns.
+    const char *metrics_path;
+    uint64_t metrics_every;
     // One pass of infer steps over this file (IDX images or .npy features) into infer_output
     // (.npy float32 logits, or int32 classes with infer_argmax), instead of the recipe's data
     // and schedule.
@@ -220,8 +230,9 @@ typedef struct qt_region {
 QT_API qt_status qt_plan_region(const qt_runtime *rt, qt_arena arena, uint32_t index,
                                 qt_region *out);
 // The whole plan as `qtrain plan` prints it: layers, quantizers, GEMM paths, the schedule,
-// every program and both memory maps.
+// every program and both memory maps; and in brief, as `qtrain plan --summary` prints it.
 QT_API qt_status qt_plan_print(qt_runtime *rt, FILE *out);
+QT_API qt_status qt_plan_print_summary(const qt_runtime *rt, FILE *out);
 // The name of delayed-scaling quantizer `index` (< quantizers), e.g. "linear.input@fc1".
 QT_API qt_status qt_quantizer_name(const qt_runtime *rt, uint32_t index, char *out,
                                    size_t out_bytes);
@@ -294,7 +305,15 @@ typedef struct qt_step_stats {
     bool in_schedule;            // a step of the schedule table (not qt_step_mode / qt_infer)
     uint32_t row;                // in_schedule: its table row and 1-based step in it
     uint64_t row_step, row_steps;
+    bool eval_set;               // eval and infer steps: on the eval set (else the train set)
     uint64_t done, total;        // qt_run: steps read so far, and all that it runs
+    uint64_t steps_left[QT_MODE_COUNT];  // qt_run: steps of each mode it runs after this one
+    uint64_t train_steps;        // train steps of the run so far, this one included
+    uint64_t epoch_steps;        // train steps of one epoch of the train set (0: unknown)
+    // Eval rows: the pass so far (the whole pass at its last step) over its real rows: the mean
+    // loss, correct / rows, the rows.
+    double pass_loss, pass_accuracy;
+    uint64_t pass_samples;
     double elapsed_s;            // since the call that ran it began
     uint32_t quantizers;         // delayed-scaling quantizers: their amax of this step and
     float amax[QT_QUANTIZERS_MAX], scale[QT_QUANTIZERS_MAX];  // scale after its update

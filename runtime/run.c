@@ -26,14 +26,30 @@ qt_status run_backend_open(backend *b, bool ref, bool *fell_back) {
 // ---------------------------------------------------------------------------------------------
 // Planning
 
+// A failure about a data source of the recipe (a file that cannot be read, a header that does
+// not fit the model) gets the recipe line that named the source in front, `file:line:col: `, so
+// that the message leads to the line to fix. `qtrain infer`'s input comes from the command line.
+static qt_status run_source_status(const run *r, const recipe_source *src, qt_status status) {
+    if (status == QT_OK || src == &r->infer_source) return status;
+    char message[QT_ERROR_MESSAGE_MAX];
+    snprintf(message, sizeof message, "%s", qt_error_message());
+    return qt_fail(status, "%s:%u:%u: %s", r->recipe->file_name, src->line, src->col, message);
+}
+
+static qt_status run_probe_source(run *r, const recipe_source *src, data_info *info) {
+    const recipe_model *m = &r->recipe->model;
+    return run_source_status(r, src, data_probe(src, m->input_features, m->output_features,
+                                                info));
+}
+
 // An .npy pair's labels or targets are known once its files are read (the recipe parser checks
 // the other sources against the loss).
 static qt_status run_check_targets(const run *r, const recipe_source *src, const data_info *info) {
     bool labels = info->target_type == DATA_TARGET_LABEL;
     bool classification = r->recipe->model.loss == RECIPE_LOSS_SOFTMAX_XENT;
     if (src->kind != RECIPE_SOURCE_NPY || labels == classification) return QT_OK;
-    return qt_fail(QT_ERR_INPUT, "%s (recipe line %u): %s holds %s, but the recipe's loss is %s; "
-                   "expected %s", r->recipe->file_name, src->line, src->labels,
+    return qt_fail(QT_ERR_INPUT, "%s:%u:%u: %s holds %s, but the recipe's loss is %s; "
+                   "expected %s", r->recipe->file_name, src->line, src->col, src->labels,
                    labels ? "class labels (1-D)" : "regression targets (2-D float32)",
                    classification ? "softmax_xent" : "mse",
                    classification ? "1-D integer class labels, or `loss = mse`"
@@ -72,13 +88,12 @@ static void run_info_without_source(run *r, data_input_type inputs) {
 
 static qt_status run_probe(run *r) {
     const recipe *rc = r->recipe;
-    uint32_t in = rc->model.input_features, out = rc->model.output_features;
     r->has_train = true;
     if (r->options.infer_input) return run_probe_input(r);
     r->train_source = &rc->data.train;
     r->has_train = rc->data.train.kind != RECIPE_SOURCE_NONE;
     if (r->has_train) {
-        QT_TRY(data_probe(&rc->data.train, in, out, &r->train_info));
+        QT_TRY(run_probe_source(r, &rc->data.train, &r->train_info));
         QT_TRY(run_check_targets(r, &rc->data.train, &r->train_info));
     }
     r->has_eval = rc->data.eval.kind != RECIPE_SOURCE_NONE;
@@ -86,7 +101,7 @@ static qt_status run_probe(run *r) {
         if (!r->has_train) run_info_without_source(r, r->options.inputs);
         return QT_OK;
     }
-    QT_TRY(data_probe(&rc->data.eval, in, out, &r->eval_info));
+    QT_TRY(run_probe_source(r, &rc->data.eval, &r->eval_info));
     QT_TRY(run_check_targets(r, &rc->data.eval, &r->eval_info));
     if (!r->has_train) run_info_without_source(r, r->eval_info.input_type);
     // One staging layout serves both feeds, and it keeps the inputs in the dataset's type.
@@ -171,6 +186,14 @@ static qt_status run_check_outputs(const run *r) {
         QT_TRY(atomic_file_check(path, r->options.replace_outputs, RUN_REPLACE_HINT));
     }
     return QT_OK;
+}
+
+// The metrics file, like the outputs: refused before the slow part of start-up when it exists.
+static qt_status run_check_metrics(const run *r) {
+    const char *path = r->options.metrics_path;
+    if (!path || r->options.replace_outputs || !atomic_file_exists(path)) return QT_OK;
+    return qt_fail(QT_ERR_INPUT, "%s exists; qtrain does not replace files: remove it, choose "
+                   "another name, or pass %s to replace it", path, RUN_REPLACE_HINT);
 }
 
 static void run_outputs_abandon(run *r) {
@@ -373,18 +396,23 @@ qt_status run_load(run *r, void *memory, uint64_t bytes) {
     if (r->options.trace_path && !r->options.checkpoints) {
         QT_TRY(trace_check_output(r->options.trace_path, r->options.replace_outputs));
     }
+    QT_TRY(run_check_metrics(r));
     double t0 = run_clock();
     uint8_t *base = memory;
     if (r->has_train) {
-        QT_TRY(data_load(r->train_source, &r->train_info, base + r->data_train_offset,
-                         r->train_info.bytes, &r->train_set));
+        QT_TRY(run_source_status(r, r->train_source,
+                                 data_load(r->train_source, &r->train_info,
+                                           base + r->data_train_offset, r->train_info.bytes,
+                                           &r->train_set)));
         data_feed_init(&r->train_feed, &r->train_set, batch, true, r->seed,
                        (uint32_t *)(void *)(base + r->data_order_offset));
         data_feed_init(&r->train_plain, &r->train_set, batch, false, 0, NULL);
     }
     if (r->has_eval) {
-        QT_TRY(data_load(&rc->data.eval, &r->eval_info, base + r->data_eval_offset,
-                         r->eval_info.bytes, &r->eval_set));
+        QT_TRY(run_source_status(r, &rc->data.eval,
+                                 data_load(&rc->data.eval, &r->eval_info,
+                                           base + r->data_eval_offset, r->eval_info.bytes,
+                                           &r->eval_set)));
         data_feed_init(&r->eval_feed, &r->eval_set, batch, false, 0, NULL);
     }
     if (r->options.golden_path) {
@@ -654,19 +682,38 @@ static void run_env(run *r, sched_env *env, sched_progress_fn progress, void *ct
 
 qt_status run_execute(run *r, sched_progress_fn progress, void *ctx, sched_summary *out) {
     QT_ASSERT(r->bound);
-    QT_TRY(run_trace_begin(r));
+    const run_options *o = &r->options;
+    bool metrics = o->metrics_path && !r->metrics_written;
+    if (metrics) {
+        QT_TRY(metrics_open(&r->metrics, o->metrics_path, o->replace_outputs, RUN_REPLACE_HINT,
+                            o->metrics_every ? o->metrics_every : 100, r->model.classification));
+        r->metrics_written = true;
+    }
+    qt_status opened = run_trace_begin(r);
+    if (opened != QT_OK) {
+        if (metrics) metrics_abandon(&r->metrics);
+        return opened;
+    }
     sched_env env;
     run_env(r, &env, progress, ctx);
-    if (r->options.save_path) {
+    if (metrics) {
+        env.record = metrics_record;
+        env.record_ctx = &r->metrics;
+    }
+    if (o->save_path) {
         QT_ASSERT(r->ckpt_planned);
         env.save = run_save_point;
         env.save_ctx = r;
-        env.save_every = r->options.save_every;
+        env.save_every = o->save_every;
     }
-    env.interrupt = r->options.interrupt;
-    env.stop_at = r->options.stop_at;
+    env.interrupt = o->interrupt;
+    env.stop_at = o->stop_at;
     memset(&r->saves, 0, sizeof r->saves);
     qt_status status = run_loop(r, &env, r->table.row_count, out);
+    if (metrics) {
+        qt_status committed = metrics_commit(&r->metrics);
+        if (status == QT_OK) status = committed;
+    }
     trace_end end = status != QT_OK ? TRACE_END_FAILED
                     : out->stopped  ? TRACE_END_STOPPED
                                     : TRACE_END_COMPLETE;
@@ -759,6 +806,7 @@ qt_status run_end_trace(run *r) {
 void run_close(run *r) {
     run_outputs_abandon(r);
     (void)run_end_trace(r);  // the caller that wants its status calls run_end_trace first
+    metrics_abandon(&r->metrics);
     if (!r->backend) return;
     for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
         backend_graph_destroy(r->backend, &r->graphs[mode]);
@@ -775,28 +823,45 @@ void run_close(run *r) {
 // ---------------------------------------------------------------------------------------------
 // The plan report
 
+// The table as the loop runs it: every row with the global steps it covers (train, eval and
+// infer steps share one count, as the trace does), train rows with their train steps, each
+// with the recipe line it came from; then the learning-rate rows, by train step.
 static void run_print_table(const run *r, FILE *out) {
     const sched_table *t = &r->table;
-    fprintf(out, "schedule: %u rows, %llu train, %llu eval, %llu infer steps\n", t->row_count,
-            (unsigned long long)t->steps[MODEL_MODE_TRAIN],
+    fprintf(out, "schedule: %u rows, %llu train, %llu eval, %llu infer steps; an epoch is %llu "
+            "train steps\n", t->row_count, (unsigned long long)t->steps[MODEL_MODE_TRAIN],
             (unsigned long long)t->steps[MODEL_MODE_EVAL],
-            (unsigned long long)t->steps[MODEL_MODE_INFER]);
-    for (uint32_t i = 0; i < t->row_count && i < 64; i++) {
+            (unsigned long long)t->steps[MODEL_MODE_INFER], (unsigned long long)t->epoch_steps);
+    uint64_t step = 0, train = 0;
+    for (uint32_t i = 0; i < t->row_count; i++) {
         const sched_row *row = &t->rows[i];
+        char what[96];
+        if (row->mode == MODEL_MODE_TRAIN) {
+            snprintf(what, sizeof what, "train steps %llu..%llu", (unsigned long long)train,
+                     (unsigned long long)(train + row->steps - 1));
+            train += row->steps;
+        } else {
+            snprintf(what, sizeof what, "%s set",
+                     row->dataset == RECIPE_DATASET_EVAL ? "eval" : "train");
+        }
         const char *path = NULL;
         bool argmax = false;
         if (row->output) run_output_spec(r, row->output - 1, &path, &argmax);
-        fprintf(out, "  %-5s %8llu steps%s%s%s%s\n", model_mode_name(row->mode),
-                (unsigned long long)row->steps,
-                row->mode == MODEL_MODE_TRAIN ? ""
-                : row->dataset == RECIPE_DATASET_EVAL ? " (eval set)" : " (train set)",
-                path ? " -> " : "", path ? path : "", argmax ? " (argmax)" : "");
+        if (path) {
+            size_t used = strlen(what);
+            snprintf(what + used, sizeof what - used, " -> %.60s%s", path,
+                     argmax ? " (argmax)" : "");
+        }
+        fprintf(out, "  %4u %-5s %8llu steps at %-8llu %-26s", i, model_mode_name(row->mode),
+                (unsigned long long)row->steps, (unsigned long long)step, what);
+        if (row->line) fprintf(out, " line %u", row->line);
+        fputc('\n', out);
+        step += row->steps;
     }
-    if (t->row_count > 64) fprintf(out, "  ... %u more rows\n", t->row_count - 64);
     static const char *const rules[] = {"constant", "linear", "cosine"};
     for (uint32_t i = 0; i < t->lr_count; i++) {
         const optim_lr_row *lr = &t->lr[i];
-        fprintf(out, "  lr row %u: from step %llu, %llu steps, %s %g -> %g\n", i,
+        fprintf(out, "  lr row %u: from train step %llu, %llu steps, %s %g -> %g\n", i,
                 (unsigned long long)lr->start, (unsigned long long)lr->steps, rules[lr->rule],
                 (double)lr->a, (double)lr->b);
     }
@@ -822,4 +887,31 @@ void run_print_plan(run *r, FILE *out) {
     arena_print(&r->dev, out);
     fprintf(out, "\n");
     arena_print(&r->host, out);
+}
+
+void run_print_summary(const run *r, FILE *out) {
+    const sched_table *t = &r->table;
+    fprintf(out, "recipe       %s (seed %llu)\n", r->recipe->file_name,
+            (unsigned long long)r->seed);
+    model_print_summary(&r->model, out);
+    fprintf(out, "schedule     %u rows: %llu train, %llu eval, %llu infer steps; %u learning-rate "
+            "rows\n", t->row_count, (unsigned long long)t->steps[MODEL_MODE_TRAIN],
+            (unsigned long long)t->steps[MODEL_MODE_EVAL],
+            (unsigned long long)t->steps[MODEL_MODE_INFER], t->lr_count);
+    char bytes[24];
+    arena_format_size(r->data_bytes, bytes, sizeof bytes);
+    fprintf(out, "data         train %llu samples of %u features",
+            (unsigned long long)r->train_info.samples, r->train_info.features);
+    if (r->has_eval) fprintf(out, ", eval %llu samples", (unsigned long long)r->eval_info.samples);
+    fprintf(out, "; %s of host memory outside the arenas\n", bytes);
+    fprintf(out, "programs     init %u ops", r->init.op_count);
+    for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
+        if (r->model.modes[mode]) {
+            fprintf(out, ", %s %u ops", r->programs[mode].mode, r->programs[mode].op_count);
+        }
+    }
+    if (r->model.modes[MODEL_MODE_TRAIN]) fprintf(out, ", checksum %u ops", r->checksum.op_count);
+    fputc('\n', out);
+    arena_print_summary(&r->dev, out);
+    arena_print_summary(&r->host, out);
 }

@@ -15,7 +15,8 @@
 //                 init program run, one graph captured per mode (unless eager)
 //   run_resume    (optional) a checkpoint's device state and position loaded over the bound run
 //   run_execute   the schedule loop (runtime/schedule.h) from the run's position to the end or
-//                 a stop, with the trace file if asked for, the golden trace's check,
+//                 a stop, with the trace file and the metrics file (runtime/metrics.h) if asked
+//                 for, the golden trace's check,
 //                 checkpoints if save_path is set, and the output files of the infer rows it runs
 //                 (runtime/infer_out.h), committed at the end; called again after a stop, it
 //                 continues (the trace too)
@@ -33,6 +34,7 @@
 #include "backend.h"
 #include "checkpoint.h"  // ckpt_layout, ckpt_reader, ckpt_hook_fn
 #include "data.h"
+#include "metrics.h"     // metrics_writer
 #include "model.h"
 #include "program.h"
 #include "recipe.h"
@@ -78,6 +80,13 @@ typedef struct run_options {
     // A golden trace that every record of the run must equal (`--check`): the first record
     // that differs stops the run with QT_ERR_MISMATCH naming the step, the field and both values.
     const char *golden_path;
+    // The metrics file (runtime/metrics.h, `--metrics`): a train line every metrics_every train
+    // steps (0: 100) and after every train row, an eval line per eval row. An existing file is
+    // refused at run_load unless replace_outputs. The first run_execute writes it and gives it
+    // its name when it returns (after a stop or a failure too: its lines are of steps that
+    // ran), so it covers that call's steps.
+    const char *metrics_path;
+    uint64_t metrics_every;
     // Embedders: programs to build beyond the table's modes (run_step_outside), the staged
     // inputs' type when the recipe names no data source, and the batches they give
     // (sched_env.fill), which every step asks for before its feed.
@@ -150,6 +159,8 @@ typedef struct run {
     sched_state resumed_at;    // the checkpoint's position
     run_saves saves;           // of the last run_execute
     bool saved_before;         // save_path holds this run's checkpoint (any run_execute)
+    metrics_writer metrics;
+    bool metrics_written;      // the first run_execute wrote the metrics file
     trace_header trace_head;   // the trace's header, as run_execute and the golden check use it
     float profile_us[PROG_OPS_MAX];  // run_profile: one mode's time per op
 } run;
@@ -234,5 +245,8 @@ void run_close(run *r);
 
 // `qtrain plan`: the model, the schedule table, every program and both memory maps.
 void run_print_plan(run *r, FILE *out);
+// `qtrain plan --summary`: the same in under 40 lines (model_print_summary, the schedule's
+// totals, the data, each program's op count and both arenas' totals).
+void run_print_summary(const run *r, FILE *out);
 
 #endif  // QT_RUN_H

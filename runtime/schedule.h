@@ -99,6 +99,8 @@
 #include "trace.h"    // trace_writer
 
 #define SCHED_ROWS_MAX 4096
+#define SCHED_LR_ROWS_MAX (2 * RECIPE_SCHEDULE_ROWS_MAX)  // a train row's warmup and rule
+#define SCHED_ROW_STEPS_MAX (UINT64_C(1) << 40)          // a train row's steps, epochs counted
 #define SCHED_LAG 2  // steps between a launch and the read of its record (= host slots - 1)
 #define SCHED_STEP_TIMES 4096  // train-step intervals a summary keeps (the most recent)
 
@@ -115,8 +117,9 @@ typedef struct sched_table {
     uint32_t row_count;
     sched_row rows[SCHED_ROWS_MAX];
     uint32_t lr_count;
-    optim_lr_row lr[RECIPE_SCHEDULE_ROWS_MAX];
+    optim_lr_row lr[SCHED_LR_ROWS_MAX];
     uint64_t steps[MODEL_MODE_COUNT];  // steps of each mode in the table
+    uint64_t epoch_steps;              // train steps of one epoch (batches of the train set)
     bool modes[MODEL_MODE_COUNT];      // modes of the recipe's table (before any cut)
     bool cut;                          // --steps removed train steps of the recipe
 } sched_table;
@@ -174,13 +177,23 @@ typedef struct sched_progress {
     uint32_t row;             // index into the table
     uint64_t row_step;        // 1-based step within the row
     uint64_t row_steps;
+    recipe_dataset dataset;   // eval and infer rows
     uint64_t done, total;     // steps of this loop: read so far, and all it runs
+    uint64_t left[MODEL_MODE_COUNT];  // steps of each mode this loop runs after this one
+    uint64_t train_steps;     // train steps of the run up to this step (this one included)
+    uint64_t epoch_steps;     // train steps of an epoch (sched_table.epoch_steps)
     uint32_t rows_valid;      // real rows of the step's batch
+    // Eval rows: the pass so far (this step included; the whole pass at its last step), as the
+    // summary counts it: the mean loss over its real rows, correct / real rows, the real rows.
+    double pass_loss, pass_accuracy;
+    uint64_t pass_samples;
     const uint16_t *outputs;  // infer: bf16 [batch][outputs], valid during the call
     double elapsed_s;         // since the loop started
 } sched_progress;
 
 typedef void (*sched_progress_fn)(void *ctx, const sched_progress *p);
+// A consumer of every record that can fail (the metrics file): its error ends the loop.
+typedef qt_status (*sched_record_fn)(void *ctx, const sched_progress *p);
 
 typedef struct sched_env {
     backend *backend;
@@ -199,6 +212,8 @@ typedef struct sched_env {
     infer_out *outputs;       // the files of infer rows with an output (sched_row.output)
     sched_progress_fn progress;
     void *progress_ctx;
+    sched_record_fn record;   // NULL: none; called before progress
+    void *record_ctx;
     // Checkpoints: save (NULL: none) is called at the save points above with the state after
     // the drain; save_every 0 = no periodic saves.
     qt_status (*save)(void *ctx, const sched_state *state);

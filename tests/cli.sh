@@ -42,6 +42,152 @@ else
     echo "FAIL cli_help: a --help or -h did not print the usage with exit 0"
     exit 1
 fi
+out=$("$qtrain" --version 2>&1)
+rc=$?
+version='^qtrain [0-9]*\.[0-9]*\.[0-9]* (trace format 2, checkpoint format 1)$'
+if [ $rc -eq 0 ] && echo "$out" | grep -q "$version"; then
+    echo "PASS cli_version"
+else
+    echo "FAIL cli_version: $out"
+    exit 1
+fi
+# The verdict of a loop over recipes: PASS when it found no problem ($bad) in at least $2 of
+# them ($count).
+recipes_verdict() {
+    if [ -z "$bad" ] && [ "$count" -ge "$2" ]; then
+        echo "PASS $1 ($count recipes)"
+    else
+        echo "FAIL $1 ($count recipes):$bad"
+        exit 1
+    fi
+}
+# plan --summary: the model, its quantizers, parameters, the schedule and both arenas in under 40
+# lines, for every recipe that plans without data files (and the shipped ones when the data is
+# there).
+bad=""
+count=0
+fashion=.data/usr/share/datasets/fashion-mnist
+for recipe in tests/recipes/synthetic_*.recipe recipes/bench/*.recipe \
+              recipes/fashion_mnist_*.recipe; do
+    case $recipe in recipes/fashion_mnist_*) [ -d $fashion ] || continue ;; esac
+    count=$((count + 1))
+    if ! out=$("$qtrain" plan "$recipe" --summary 2>&1); then
+        bad="$bad $recipe: $(echo "$out" | tail -1);"
+        continue
+    fi
+    lines=$(echo "$out" | wc -l)
+    [ "$lines" -lt 40 ] || bad="$bad $recipe: $lines lines;"
+    for key in recipe model quantizers parameters schedule data programs device host; do
+        echo "$out" | grep -q "^$key " || bad="$bad $recipe: no '$key' line;"
+    done
+done
+recipes_verdict cli_plan_summary 12
+# A rule that matches no role of the model is refused, naming the rule and the model's roles.
+dir=$(mktemp -d)
+sed 's/^recipe = bf16$/recipe = bf16\nrule = linear.*@fc2 -> nvfp4/' \
+    tests/recipes/synthetic_tiny.recipe > "$dir/r.recipe"
+out=$("$qtrain" plan "$dir/r.recipe" 2>&1)
+rc=$?
+rm -rf "$dir"
+if [ $rc -eq 1 ] && echo "$out" | grep -q "r.recipe:13:8: rule linear.\*@fc2 -> nvfp4 matches no \
+role of the model; expected a pattern that matches one of its roles (linear.\*@fc1, \
+linear.\*@head), or no such rule"; then
+    echo "PASS cli_rule_matching_no_role_refused"
+else
+    echo "FAIL cli_rule_matching_no_role_refused: exit $rc"
+    echo "$out" | sed 's/^/  /'
+    exit 1
+fi
+# A data file that cannot be read: the message names the recipe line that named it, and for the
+# shipped recipes' Fashion-MNIST the commands that put it where they look.
+dir=$(mktemp -d)
+sed 's|^train = synthetic .*|train = idx absent/images.gz absent/labels.gz|' \
+    tests/recipes/synthetic_tiny.recipe > "$dir/r.recipe"
+case $qtrain in /*) abs=$qtrain ;; *) abs=$PWD/$qtrain ;; esac
+out=$(cd "$dir" && "$abs" plan r.recipe 2>&1)
+rc=$?
+rm -rf "$dir"
+if [ $rc -eq 1 ] && echo "$out" | grep -q "r.recipe:18:9: absent/images.gz: cannot open" &&
+   echo "$out" | grep -q 'apt-get download dataset-fashion-mnist && dpkg -x'; then
+    echo "PASS cli_data_error_names_the_recipe_line"
+else
+    echo "FAIL cli_data_error_names_the_recipe_line: exit $rc"
+    echo "$out" | sed 's/^/  /'
+    exit 1
+fi
+# Schedule units and clauses: rows rewritten with them train to the same records as the old rows
+# when they give the same learning-rate rows (the header differs: it hashes the recipe's text),
+# and `qtrain plan` prints the table they expand to (an epoch here is 512 / 16 = 32 steps).
+dir=$(mktemp -d)
+sed '/^\[schedule\]/,$d' tests/recipes/synthetic_tiny.recipe > "$dir/base"
+{ cat "$dir/base"; printf '[schedule]\ntrain 8 warmup 0 -> 1e-2\ntrain 56 cosine 1e-2 -> 1e-3\n'
+  printf 'eval all\ntrain 32 constant 1e-3\neval all\ntrain 32 decay 1e-3 -> 1e-4\neval all\n'
+} > "$dir/old.recipe"
+{ cat "$dir/base"; printf '[schedule]\ntrain 2 epochs cosine 1e-2 -> 1e-3 warmup 8 steps\n'
+  printf 'eval all\ntrain 1 epoch constant 1e-3 eval every epoch\n'
+  printf 'train 32 steps decay 1e-3 -> 1e-4 eval all every 1 epoch\n'
+} > "$dir/new.recipe"
+"$qtrain" run "$dir/old.recipe" --ref --trace "$dir/old.trace" > "$dir/out" 2>&1 &&
+    "$qtrain" run "$dir/new.recipe" --ref --trace "$dir/new.trace" >> "$dir/out" 2>&1 &&
+    "$qtrain" plan "$dir/new.recipe" > "$dir/plan" 2>> "$dir/out"
+rc=$?
+tail -n +2 "$dir/old.trace" > "$dir/old.records"
+tail -n +2 "$dir/new.trace" > "$dir/new.records"
+if [ $rc -eq 0 ] && [ "$(wc -l < "$dir/new.records")" -eq 141 ] &&
+   grep -q checksum=0x "$dir/new.records" && cmp -s "$dir/old.records" "$dir/new.records" &&
+   grep -q '^schedule: 6 rows, 128 train, 12 eval, 0 infer steps; an epoch is 32 train steps$' \
+       "$dir/plan" &&
+   grep -q '^ *4 train *32 steps at 104 *train steps 96\.\.127  *line 27$' "$dir/plan" &&
+   grep -q '^  lr row 1: from train step 8, 56 steps, cosine 0.01 -> 0.001$' "$dir/plan"; then
+    echo "PASS cli_schedule_epochs_and_clauses_same_records"
+else
+    echo "FAIL cli_schedule_epochs_and_clauses_same_records: exit $rc"
+    cat "$dir/out" "$dir/plan" | sed 's/^/  /' | tail -30
+    rm -rf "$dir"
+    exit 1
+fi
+rm -rf "$dir"
+# Progress and metrics: each eval pass leaves one line with the whole pass's loss and accuracy
+# (the summary's), ETAs are h:mm:ss; --metrics writes a JSON line per eval pass and per N train
+# steps, and refuses an existing file unless --force.
+dir=$(mktemp -d)
+{ sed '/^\[schedule\]/,$d' tests/recipes/synthetic_tiny.recipe
+  printf '[schedule]\ntrain 2 epochs cosine 1e-2 -> 1e-3 eval every epoch\n'; } > "$dir/r.recipe"
+fail_metrics() {
+    echo "FAIL cli_progress_and_metrics: $1"
+    cat "$dir/err" "$dir/out" "$dir/m.jsonl" 2>/dev/null | sed 's/^/  /' | tail -20
+    rm -rf "$dir"
+    exit 1
+}
+"$qtrain" run "$dir/r.recipe" --ref --metrics "$dir/m.jsonl" --metrics-every 16 \
+    > "$dir/out" 2> "$dir/err" || fail_metrics "the run failed"
+acc=$(sed -n 's/^eval         accuracy \([0-9.]*\)%.*/\1/p' "$dir/out")
+[ "$(grep -c '^eval  pass     4/4  *eval set  *64 samples  loss ' "$dir/err")" -eq 2 ] &&
+    [ "$(grep '^eval  pass' "$dir/err" | tail -1 | sed 's/.* acc *\([0-9.]*\)%.*/\1/')" = \
+      "$acc" ] ||
+    fail_metrics "the eval pass lines"
+grep '^train \|^eval ' "$dir/err" | grep -qv ' ETA [0-9]*:[0-5][0-9]:[0-5][0-9]$' &&
+    fail_metrics "an ETA not as h:mm:ss"
+# Three significant digits or so: 1234 steps/s, 56.7 steps/s, 8.90 steps/s, 12.3 s/step.
+rate=' \([1-9][0-9][0-9][0-9]*\|[1-9][0-9]\.[0-9]\|[1-9]\.[0-9][0-9]\) steps/s  ETA'
+grep '^train \|^eval ' "$dir/err" | grep -v "$rate" | grep -qv ' [0-9]*\.[0-9] s/step  ETA' &&
+    fail_metrics "a rate not in its format"
+kinds=$(sed 's/^{"kind":"\([a-z]*\)","step":\([0-9]*\),.*/\1 \2/' "$dir/m.jsonl" | tr '\n' ,)
+[ "$kinds" = "train 16,train 32,eval 32,train 48,train 64,eval 64," ] ||
+    fail_metrics "metrics lines: $kinds"
+tail -1 "$dir/m.jsonl" | grep -q '"samples":64,"dataset":"eval"}$' &&
+    [ "$(tail -1 "$dir/m.jsonl" | sed 's/.*"accuracy":\([0-9.e-]*\),.*/\1/' |
+         awk '{ printf "%.2f", 100 * $1 }')" = "$acc" ] || fail_metrics "the last eval line"
+"$qtrain" run "$dir/r.recipe" --ref --metrics "$dir/m.jsonl" > "$dir/out" 2> "$dir/err"
+[ $? -eq 1 ] && grep -q 'm.jsonl exists; qtrain does not replace files: .* pass --force' \
+    "$dir/err" && ! grep -q '^steps ' "$dir/out" || fail_metrics "an existing file was not refused"
+"$qtrain" run "$dir/r.recipe" --ref --metrics "$dir/m.jsonl" --force > "$dir/out" 2> "$dir/err" &&
+    [ "$(wc -l < "$dir/m.jsonl")" -eq 4 ] || fail_metrics "--force did not replace the file"
+"$qtrain" run "$dir/r.recipe" --ref --metrics-every 5 > "$dir/out" 2> "$dir/err"
+[ $? -eq 2 ] && grep -q -- '--metrics-every needs --metrics FILE' "$dir/err" ||
+    fail_metrics "--metrics-every alone"
+rm -rf "$dir"
+echo "PASS cli_progress_and_metrics"
 out=$("$qtrain" run tests/recipes/synthetic_tiny.recipe --ref --profile 2>&1)
 rc=$?
 if [ $rc -eq 2 ] && echo "$out" | grep -q -- '--profile times GPU kernels' &&
@@ -93,12 +239,7 @@ for recipe in recipes/bench/*.recipe; do
         bad="$bad $recipe: the head is not BF16;"
     fi
 done
-if [ -z "$bad" ] && [ "$count" -ge 8 ]; then
-    echo "PASS cli_plan_bench_recipes ($count recipes)"
-else
-    echo "FAIL cli_plan_bench_recipes ($count recipes):$bad"
-    exit 1
-fi
+recipes_verdict cli_plan_bench_recipes 8
 # Ctrl-C: the run stops at a step boundary with its summary, a complete trace and, with --save, a
 # checkpoint (exit 130); resuming it into the same trace file gives the uninterrupted run's trace.
 dir=$(mktemp -d)

@@ -127,6 +127,7 @@ static recipe_source synthetic_source(recipe_source_kind kind, uint32_t inputs, 
     s.outputs = outputs;
     s.samples = samples;
     s.seed = seed;
+    s.task = seed;  // the parser's default: a source without task= draws the task from its seed
     s.line = 7;
     return s;
 }
@@ -571,6 +572,37 @@ static void test_npy_errors(void) {
 // ---------------------------------------------------------------------------------------------
 // synthetic sources
 
+// Correct predictions on `test` of the nearest class mean, the means taken from `fit` (at most
+// 8 classes of 32 features).
+static int nearest_mean_correct(const data_set *fit, const data_set *test, int classes,
+                                int features) {
+    double mean[8][32] = {{0}};
+    int count[8] = {0};
+    for (uint64_t s = 0; s < fit->info.samples; s++) {
+        int l = fit->labels[s];
+        count[l]++;
+        for (int f = 0; f < features; f++) mean[l][f] += fit->inputs_f32[s * features + f];
+    }
+    for (int k = 0; k < classes; k++) {
+        for (int f = 0; f < features; f++) mean[k][f] /= count[k] > 0 ? count[k] : 1;
+    }
+    int correct = 0;
+    for (uint64_t s = 0; s < test->info.samples; s++) {
+        int best = 0;
+        double best_d = INFINITY;
+        for (int k = 0; k < classes; k++) {
+            double d = 0;
+            for (int f = 0; f < features; f++) {
+                double e = test->inputs_f32[s * features + f] - mean[k][f];
+                d += e * e;
+            }
+            if (d < best_d) best_d = d, best = k;
+        }
+        correct += best == test->labels[s];
+    }
+    return correct;
+}
+
 static void test_synthetic_classes(void) {
     test_begin("synthetic_classes");
     enum { IN = 24, K = 5, S = 3000 };
@@ -595,35 +627,16 @@ static void test_synthetic_classes(void) {
     CHECK(h == 0xfcb76e2f12b255d3ull, "dataset hash %016" PRIx64, h);
     // Labels in range and every class present; a nearest-class-mean classifier (means from the
     // data itself) separates the blobs, as the generator's comment promises.
-    double mean[K][IN] = {{0}};
     int count[K] = {0};
-    for (int s = 0; s < S; s++) {
+    bool in_range = true;
+    for (int s = 0; s < S && in_range; s++) {
         int32_t l = a.labels[s];
-        if (l < 0 || l >= K) {
-            CHECK(false, "label %d of sample %d", l, s);
-            break;
-        }
-        count[l]++;
-        for (int f = 0; f < IN; f++) mean[l][f] += a.inputs_f32[s * IN + f];
+        in_range = l >= 0 && l < K;
+        CHECK(in_range, "label %d of sample %d", l, s);
+        if (in_range) count[l]++;
     }
-    for (int k = 0; k < K; k++) {
-        CHECK(count[k] > S / K / 2, "class %d has %d samples", k, count[k]);
-        for (int f = 0; f < IN; f++) mean[k][f] /= count[k] > 0 ? count[k] : 1;
-    }
-    int correct = 0;
-    for (int s = 0; s < S; s++) {
-        int best = 0;
-        double best_d = INFINITY;
-        for (int k = 0; k < K; k++) {
-            double d = 0;
-            for (int f = 0; f < IN; f++) {
-                double e = a.inputs_f32[s * IN + f] - mean[k][f];
-                d += e * e;
-            }
-            if (d < best_d) best_d = d, best = k;
-        }
-        correct += best == a.labels[s];
-    }
+    for (int k = 0; k < K; k++) CHECK(count[k] > S / K / 2, "class %d has %d samples", k, count[k]);
+    int correct = in_range ? nearest_mean_correct(&a, &a, K, IN) : 0;
     // Centers 4.2 noise deviations apart: the Bayes accuracy for 5 classes is about 95%.
     CHECK(correct > S * 85 / 100 && correct < S, "nearest mean accuracy %d / %d", correct, S);
     free(ma), free(mb), free(mc);
@@ -661,6 +674,44 @@ static void test_synthetic_teacher(void) {
     // Not a constant function.
     CHECK(a.targets[0] != a.targets[OUT] || a.targets[1] != a.targets[OUT + 1], "targets equal");
     free(ma), free(mb);
+    test_end();
+}
+
+// task= draws the task (class centers, teacher weights) and seed= the samples: an eval source
+// with the train source's task and another seed is a fresh sample of the same problem, which a
+// classifier fit on the train samples scores well on, while another task scores at chance.
+static void test_synthetic_task(void) {
+    test_begin("synthetic_task_separate_from_sample_seed");
+    enum { IN = 16, K = 4, S = 2000 };
+    recipe_source train = synthetic_source(RECIPE_SOURCE_CLASSES, IN, K, S, 3);
+    recipe_source fresh = train, other = train, same = train;
+    fresh.seed = 4;                 // task 3, other samples
+    other.seed = 4, other.task = 4;  // what `seed=4` alone gives: another task
+    same.task = 3;                  // task= equal to the default: the same bytes
+    data_set a, b, c, d;
+    qt_status sa, sb, sc, sd;
+    void *ma = load(&train, IN, K, &a, &sa), *mb = load(&fresh, IN, K, &b, &sb);
+    void *mc = load(&other, IN, K, &c, &sc), *md = load(&same, IN, K, &d, &sd);
+    CHECK(sa == QT_OK && sb == QT_OK && sc == QT_OK && sd == QT_OK, "load: %s",
+          qt_error_message());
+    CHECK(memcmp(ma, md, a.info.bytes) == 0, "task=seed differs from the default");
+    // The centers (scratch part) are the task's; the samples are the seed's.
+    CHECK(memcmp((uint8_t *)ma + a.info.scratch_offset, (uint8_t *)mb + b.info.scratch_offset,
+                 a.info.scratch_bytes) == 0, "one task, two sets of centers");
+    CHECK(memcmp(ma, mb, a.info.targets_offset) != 0, "another seed, the same inputs");
+    int fresh_correct = nearest_mean_correct(&a, &b, K, IN);
+    int other_correct = nearest_mean_correct(&a, &c, K, IN);
+    CHECK(fresh_correct > S * 85 / 100, "fresh samples of the task: %d / %d", fresh_correct, S);
+    CHECK(other_correct < S * 50 / 100, "another task: %d / %d", other_correct, S);
+    recipe_source teacher = synthetic_source(RECIPE_SOURCE_TEACHER, IN, 2, 64, 5);
+    recipe_source teacher_fresh = teacher;
+    teacher_fresh.seed = 6;
+    void *mt = load(&teacher, IN, 2, &a, &sa), *mf = load(&teacher_fresh, IN, 2, &b, &sb);
+    CHECK(sa == QT_OK && sb == QT_OK, "teacher load: %s", qt_error_message());
+    CHECK(memcmp((uint8_t *)mt + a.info.scratch_offset, (uint8_t *)mf + b.info.scratch_offset,
+                 a.info.scratch_bytes) == 0, "one task, two teachers");
+    CHECK(memcmp(mt, mf, a.info.targets_offset) != 0, "another seed, the same teacher inputs");
+    free(ma), free(mb), free(mc), free(md), free(mt), free(mf);
     test_end();
 }
 
@@ -714,7 +765,7 @@ static void test_synthetic_errors(void) {
     recipe_source src = synthetic_source(RECIPE_SOURCE_CLASSES, 8, 4, 100, 1);
     data_info info;
     qt_status status = data_probe(&src, 9, 4, &info);
-    CHECK_ERROR(status, QT_ERR_INPUT, "synthetic classes (recipe line 7): 8 inputs and 4 classes; "
+    CHECK_ERROR(status, QT_ERR_INPUT, "synthetic classes: 8 inputs and 4 classes; "
                 "the model has 9 inputs and 4 outputs");
     src.samples = (uint64_t)DATA_SAMPLES_MAX + 1;
     status = data_probe(&src, 8, 4, &info);
@@ -1157,6 +1208,7 @@ int main(void) {
     test_npy_errors();
     test_synthetic_classes();
     test_synthetic_teacher();
+    test_synthetic_task();
     test_synthetic_threads();
     test_synthetic_errors();
     test_shuffle();

@@ -51,23 +51,25 @@ static void print_usage(FILE *out) {
             "  run RECIPE [--trace F] [--eager] [--ref] [--steps N] [--seed S]\n"
             "             [--checksum-every K] [--profile] [--emulated-gemm auto|kernel|copies]\n"
             "             [--save CKPT [--save-every N]] [--resume CKPT] [--force]\n"
-            "             [--check GOLDEN]\n"
+            "             [--check GOLDEN] [--metrics FILE [--metrics-every N]]\n"
             "          train through the recipe's schedule table: every step a replayed CUDA\n"
             "          graph (--eager: launched op by op; --ref or no GPU: the reference backend;\n"
             "          --profile: afterwards, time every op of each mode and the graph replay;\n"
             "          --save: a checkpoint at the end, at Ctrl-C and every N train steps;\n"
             "          --resume: continue, bit for bit, from a checkpoint;\n"
-            "          --force: output files (infer rows, --save) may replace existing\n"
-            "          files, and --trace a file that is not a trace;\n"
-            "          --check: stop at the first record that differs from a golden trace)\n"
+            "          --force: output files (infer rows, --save, --metrics) may replace\n"
+            "          existing files, and --trace a file that is not a trace;\n"
+            "          --check: stop at the first record that differs from a golden trace;\n"
+            "          --metrics: a JSON line per eval pass and per N train steps, default 100)\n"
             "  infer RECIPE --input FILE --output FILE.npy [--argmax] [--from CKPT] [--seed S]\n"
             "             [--eager] [--ref] [--force] [--emulated-gemm auto|kernel|copies]\n"
             "          the recipe's model on every sample of FILE (IDX images or .npy features):\n"
             "          float32 logits, or int32 classes with --argmax, into an .npy file\n"
             "          (--from: with a checkpoint's weights)\n"
-            "  plan RECIPE [--steps N] [--seed S] [--emulated-gemm auto|kernel|copies]\n"
+            "  plan RECIPE [--summary] [--steps N] [--seed S]\n"
+            "             [--emulated-gemm auto|kernel|copies]\n"
             "          the layers and their quantizers, padding and GEMM decisions, the schedule,\n"
-            "          the program of each mode and the memory map\n"
+            "          the program of each mode and the memory map (--summary: in brief)\n"
             "  info    driver, GPU and kernel report (registers, shared memory, local memory)\n"
             "  bench [quant|copy|gemm|quant_FAMILY] [--quick]\n"
             "          benchmarks on the GPU: medians of graph replays, next to a device copy\n"
@@ -80,7 +82,9 @@ static void print_usage(FILE *out) {
             "          scales of every usage) as safetensors; --force replaces OUT\n"
             "  plot A.trace [B.trace ...] -o curves.svg [--force]\n"
             "          loss, eval accuracy, gradient norm and learning rate against the step,\n"
-            "          every run overlaid, as one SVG file (--force: replace an existing file)\n");
+            "          every run overlaid, as one SVG file (--force: replace an existing file)\n"
+            "  --version\n"
+            "          the release, and the versions of the trace and checkpoint formats\n");
 }
 
 // Memory of the tool's own for the library's blocks: QT_MEMORY_ALIGN aligned, never empty.
@@ -149,6 +153,7 @@ typedef struct cli_args {
     bool ref;
     uint32_t profile_reps;  // --profile: launches per op when timing the programs after the run
     const char *resume_path;
+    bool summary;           // plan --summary
 } cli_args;
 
 // A decimal integer in [min, max]: digits only (no sign, blank, or other base), so that ' -1'
@@ -211,10 +216,19 @@ static int parse_flag(cli_command command, int argc, char **argv, int *i, cli_ar
     } else if (infer && strcmp(arg, "--argmax") == 0) {
         o->infer_argmax = true;
         takes_value = false;
+    } else if (command == CLI_PLAN && strcmp(arg, "--summary") == 0) {
+        a->summary = true;
+        takes_value = false;
     } else if (!value) {
         return 0;
     } else if (train && strcmp(arg, "--trace") == 0) {
         o->trace_path = value;
+    } else if (train && strcmp(arg, "--metrics") == 0) {
+        o->metrics_path = value;
+    } else if (train && strcmp(arg, "--metrics-every") == 0) {
+        if (!parse_count_arg(a->command, arg, value, 1, UINT64_MAX, &o->metrics_every)) {
+            return -1;
+        }
     } else if (train && strcmp(arg, "--check") == 0) {
         o->golden_path = value;
     } else if (!infer && strcmp(arg, "--steps") == 0) {
@@ -274,6 +288,10 @@ static bool parse_run_args(int argc, char **argv, cli_command command, cli_args 
         fprintf(stderr, "qtrain run: --save-every needs --save CKPT (the file to write)\n");
         return false;
     }
+    if (a->options.metrics_every && !a->options.metrics_path) {
+        fprintf(stderr, "qtrain run: --metrics-every needs --metrics FILE (the file to write)\n");
+        return false;
+    }
     a->options.checkpoints = a->resume_path != NULL;
     struct stat save, resume;
     a->options.save_replaces = a->resume_path && a->options.save_path &&
@@ -324,29 +342,137 @@ static int command_plan(int argc, char **argv) {
     cli_run c;
     memset(&c, 0, sizeof c);
     qt_status status = load_and_plan(&a, &c);
-    if (status == QT_OK) status = qt_plan_print(c.rt, stdout);
+    if (status == QT_OK) {
+        status = a.summary ? qt_plan_print_summary(c.rt, stdout) : qt_plan_print(c.rt, stdout);
+    }
     int rc = status == QT_OK ? 0 : fail_status("plan", status);
     cli_run_close(&c);
     return rc;
 }
 
+// The progress line: one per row kept on screen (on a terminal it is redrawn in place while the
+// row runs; elsewhere a line every 5 s), so each eval pass leaves its result. Train lines show
+// the mean loss and accuracy of the current epoch's steps so far, eval lines the pass's so far
+// (the whole pass on its last line), both over real rows as the summary counts them.
 typedef struct progress_state {
     bool tty;
+    bool classification;
+    bool input_file;                         // `qtrain infer`: the rows read --input
     double last_print;
-    uint64_t last_done;
+    double last_elapsed;
+    double mode_seconds[QT_MODE_COUNT];     // the loop's time, by the mode of each step
+    uint64_t mode_steps[QT_MODE_COUNT];
+    uint64_t epoch;                          // the epoch the train sums are of
+    double loss_sum;
+    uint64_t rows, correct;
 } progress_state;
+
+// h:mm:ss, or -:--:-- when unknown.
+static void format_eta(double seconds, char *buf, size_t bytes) {
+    if (!(seconds >= 0) || seconds > 1e9) {
+        snprintf(buf, bytes, "-:--:--");
+        return;
+    }
+    uint64_t s = (uint64_t)(seconds + 0.5);
+    snprintf(buf, bytes, "%" PRIu64 ":%02u:%02u", s / 3600, (unsigned)(s / 60 % 60),
+             (unsigned)(s % 60));
+}
+
+// Three significant digits or so: "1234 steps/s", "56.7 steps/s", "8.90 steps/s", and below one
+// step a second the time of a step, "12.3 s/step".
+static void format_rate(double steps_per_s, char *buf, size_t bytes) {
+    if (!(steps_per_s > 0)) {
+        snprintf(buf, bytes, "- steps/s");
+    } else if (steps_per_s >= 100) {
+        snprintf(buf, bytes, "%.0f steps/s", steps_per_s);
+    } else if (steps_per_s >= 10) {
+        snprintf(buf, bytes, "%.1f steps/s", steps_per_s);
+    } else if (steps_per_s >= 1) {
+        snprintf(buf, bytes, "%.2f steps/s", steps_per_s);
+    } else {
+        snprintf(buf, bytes, "%.1f s/step", 1.0 / steps_per_s);
+    }
+}
+
+// The time left: each mode's steps left at that mode's pace so far (a mode not seen yet at the
+// pace of all steps so far).
+static double progress_eta(const progress_state *st, const qt_step_stats *p) {
+    double all_s = 0;
+    uint64_t all_steps = 0;
+    for (int m = 0; m < QT_MODE_COUNT; m++) {
+        all_s += st->mode_seconds[m];
+        all_steps += st->mode_steps[m];
+    }
+    if (all_steps == 0) return -1;
+    double eta = 0;
+    for (int m = 0; m < QT_MODE_COUNT; m++) {
+        double per_step = st->mode_steps[m] ? st->mode_seconds[m] / (double)st->mode_steps[m]
+                                            : all_s / (double)all_steps;
+        eta += per_step * (double)p->steps_left[m];
+    }
+    return eta;
+}
+
+// " loss 0.41232  acc 85.12%" (no accuracy for a regression).
+static void format_loss(const progress_state *st, double loss, double accuracy, char *buf,
+                        size_t bytes) {
+    if (st->classification) {
+        snprintf(buf, bytes, "loss %-8.5g acc %6.2f%%", loss, 100.0 * accuracy);
+    } else {
+        snprintf(buf, bytes, "loss %-8.5g", loss);
+    }
+}
+
+// The train sums of the current epoch, this step's rows added.
+static void progress_train(progress_state *st, const qt_step_stats *p, uint64_t epoch_steps) {
+    uint64_t epoch = (p->train_steps - 1) / epoch_steps;
+    if (epoch != st->epoch || st->rows == 0) {
+        st->epoch = epoch;
+        st->loss_sum = 0;
+        st->rows = st->correct = 0;
+    }
+    st->loss_sum += (double)p->loss * p->rows_valid;
+    st->rows += p->rows_valid;
+    st->correct += (uint64_t)((double)p->accuracy * p->rows_valid + 0.5);
+}
 
 static void print_progress(void *ctx, const qt_step_stats *p) {
     progress_state *st = ctx;
+    st->mode_seconds[p->mode] += p->elapsed_s - st->last_elapsed;
+    st->mode_steps[p->mode]++;
+    st->last_elapsed = p->elapsed_s;
+    uint64_t epoch_steps = p->epoch_steps ? p->epoch_steps : 1;
+    if (p->mode == QT_MODE_TRAIN) progress_train(st, p, epoch_steps);
     bool row_end = p->row_step == p->row_steps;
-    double rate = p->elapsed_s > 0 ? (double)p->done / p->elapsed_s : 0.0;
     bool due = p->elapsed_s - st->last_print >= (st->tty ? 0.1 : 5.0);
     if (!row_end && !due) return;
     st->last_print = p->elapsed_s;
-    double eta = rate > 0 ? (double)(p->total - p->done) / rate : 0.0;
-    fprintf(stderr, "%s%-5s row %u step %7" PRIu64 "/%-7" PRIu64 " loss %-10.5g acc %6.2f%%  "
-            "%8.1f steps/s  ETA %6.1fs%s", st->tty ? "\r" : "", qt_mode_name(p->mode), p->row,
-            p->row_step, p->row_steps, (double)p->loss, 100.0 * (double)p->accuracy, rate, eta,
+    char rate[32], eta[32], where[64], loss[64];
+    double seconds = st->mode_seconds[p->mode];
+    format_rate(seconds > 0 ? (double)st->mode_steps[p->mode] / seconds : 0.0, rate,
+                sizeof rate);
+    format_eta(progress_eta(st, p), eta, sizeof eta);
+    uint64_t train_total = p->train_steps + p->steps_left[QT_MODE_TRAIN];
+    if (p->mode == QT_MODE_TRAIN) {
+        snprintf(where, sizeof where, "step %6" PRIu64 "/%-6" PRIu64 " epoch %5.2f/%-5.4g",
+                 p->train_steps, train_total, (double)p->train_steps / (double)epoch_steps,
+                 (double)train_total / (double)epoch_steps);
+        format_loss(st, st->rows ? st->loss_sum / (double)st->rows : 0.0,
+                    st->rows ? (double)st->correct / (double)st->rows : 0.0, loss, sizeof loss);
+    } else {
+        const char *set = st->input_file ? "input file" : p->eval_set ? "eval set" : "train set";
+        loss[0] = '\0';
+        if (p->mode == QT_MODE_EVAL) {
+            snprintf(where, sizeof where, "pass %5" PRIu64 "/%-5" PRIu64 " %-9s %7" PRIu64
+                     " samples", p->row_step, p->row_steps, set, p->pass_samples);
+            format_loss(st, p->pass_loss, p->pass_accuracy, loss, sizeof loss);
+        } else {
+            snprintf(where, sizeof where, "step %5" PRIu64 "/%-5" PRIu64 " %s", p->row_step,
+                     p->row_steps, set);
+        }
+    }
+    fprintf(stderr, "%s%-5s %s  %-26s %14s  ETA %s%s", st->tty ? "\r" : "",
+            qt_mode_name(p->mode), where, loss, rate, eta,
             (row_end || !st->tty) ? "\n" : "");
     fflush(stderr);
 }
@@ -371,6 +497,16 @@ static void print_position(const cli_args *a, const qt_runtime *rt, const qt_sum
         printf("checkpoint   %s at step %" PRIu64 " (train step %" PRIu64 "); %u saves, %.3f s "
                "in all\n", a->options.save_path, s->last_save_step, s->last_save_train_steps,
                s->saves, s->save_seconds);
+    }
+}
+
+// The summary's rates keep a decimal (benchmarks read them); below a step a second they give
+// the time of a step, as the progress line does.
+static void summary_rate(double steps_per_s, char *buf, size_t bytes) {
+    if (steps_per_s >= 1 || steps_per_s <= 0) {
+        snprintf(buf, bytes, "%.1f steps/s", steps_per_s);
+    } else {
+        format_rate(steps_per_s, buf, bytes);
     }
 }
 
@@ -402,7 +538,9 @@ static void print_summary(const qt_summary *s, const qt_runtime *rt, double wall
         printf("train loss   %.6g (last step)\n", (double)at.last_train_loss);
         double rate = s->train_seconds > 0 ? (double)s->steps[QT_MODE_TRAIN] /
                                                  s->train_seconds : 0.0;
-        printf("train rate   %.1f steps/s\n", rate);
+        char text[32];
+        summary_rate(rate, text, sizeof text);
+        printf("train rate   %s\n", text);
         if (s->step_times) {
             printf("step time    median %.3f ms over %" PRIu64 " train steps (host clock "
                    "between their records)\n", s->step_median_ms, s->step_times);
@@ -416,8 +554,9 @@ static void print_summary(const qt_summary *s, const qt_runtime *rt, double wall
                at.eval_loss, at.eval_samples);
     }
     uint64_t steps = s->steps[QT_MODE_TRAIN] + s->steps[QT_MODE_EVAL] + s->steps[QT_MODE_INFER];
-    printf("wall time    %.3f s (loop %.3f s, %.1f steps/s)\n", wall_s, s->seconds,
-           s->seconds > 0 ? (double)steps / s->seconds : 0.0);
+    char loop_rate[32];
+    summary_rate(s->seconds > 0 ? (double)steps / s->seconds : 0.0, loop_rate, sizeof loop_rate);
+    printf("wall time    %.3f s (loop %.3f s, %s)\n", wall_s, s->seconds, loop_rate);
     printf("start-up     %.3f s backend open, %.3f s arenas, %.3f s data, %.3f s init program, "
            "%.3f s graph capture\n", open_s, t.bind_s, t.load_s, t.init_s, t.capture_s);
     printf("arena bytes  device %" PRIu64 ", host %" PRIu64 "\n", plan.device_bytes,
@@ -487,6 +626,8 @@ static qt_status bind_run(cli_run *c, const qt_device_info *device) {
 static int run_on_device(const cli_args *a, cli_run *c, double start, double open_s) {
     qt_device_info device;
     qt_device_describe(c->device, &device);
+    qt_plan_info plan;
+    qt_plan_info_get(c->rt, &plan);
     if (a->profile_reps && !device.gpu) {
         // Said before the run, not after it: the profile times GPU kernels and graph replays.
         fprintf(stderr, "qtrain %s: --profile times GPU kernels, and this run is on the reference "
@@ -501,7 +642,12 @@ static int run_on_device(const cli_args *a, cli_run *c, double start, double ope
     qt_status status = bind_run(c, &device);
     if (status == QT_OK && a->resume_path) status = resume_run(a, c->rt);
     qt_summary summary;
-    progress_state progress = {isatty(2) != 0, -1.0, 0};
+    progress_state progress;
+    memset(&progress, 0, sizeof progress);
+    progress.tty = isatty(2) != 0;
+    progress.classification = plan.classification;
+    progress.input_file = a->options.infer_input != NULL;
+    progress.last_print = -1.0;
     qt_on_step(c->rt, print_progress, &progress);
     if (status == QT_OK) {
         // `qtrain infer` has nothing to save: a signal ends it as usual (no file is written).
@@ -663,6 +809,11 @@ static int run_command(int argc, char **argv) {
     if (argc < 2 || strcmp(argv[1], "help") == 0 || asks_for_help(argc, argv)) {
         print_usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
+    }
+    if (strcmp(argv[1], "--version") == 0) {
+        printf("qtrain %s (trace format %d, checkpoint format %d)\n", QTRAIN_VERSION,
+               QT_TRACE_FORMAT, QT_CHECKPOINT_FORMAT);
+        return 0;
     }
     if (strcmp(argv[1], "info") == 0) return command_info();
     if (strcmp(argv[1], "bench") == 0) return bench_main(argc, argv);
