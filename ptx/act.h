@@ -5,7 +5,7 @@
 // Owns nothing. Tensors are row-major [rows][cols] of BF16 or FP32 (each tensor has its own
 // dtype field); everything accumulated (inverse RMS, losses, norms, gradients of parameters) is
 // FP32. Every FP32 result is computed in FP32 with the transcendentals of qt_math.h and explicit
-// qt_fmaf, and every stored NaN is the canonical 0x7FFFFFFF (BF16: 0x7FC0), so the reference
+// qt_fmaf, and every stored NaN is the canonical 0x7FFFFFFF (BF16: 0x7FFF), so the reference
 // backend reproduces the GPU bit for bit for any input (x86 would otherwise keep NaN payloads).
 //
 //   kernel                    what                                          launch
@@ -242,7 +242,7 @@ QT_HD float qt_act_load(uint64_t base, uint64_t i, uint32_t dtype) {
     return ((const float *)(uintptr_t)base)[i];
 }
 
-// BF16 stores round to nearest even (qt_f32_to_bf16); a NaN becomes 0x7FC0.
+// BF16 stores round to nearest even (qt_f32_to_bf16); a NaN becomes 0x7FFF.
 QT_HD void qt_act_store(uint64_t base, uint64_t i, uint32_t dtype, float v) {
     v = qt_act_canonical(v);
     if (dtype == QT_DTYPE_BF16) {

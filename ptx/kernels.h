@@ -3,7 +3,7 @@
 // Owns nothing. Each entry is X(id, module, symbol, args type): `id` is the kernel_id enum value,
 // `module` the ptx/<module>.cu image that holds it, `symbol` its extern "C" name, and the args
 // struct its single by-value parameter. The loader (runtime/modules.c) resolves every symbol, the
-// reference backend (runtime/backend_ref.c) dispatches to ref_<symbol>, and both fail to build or
+// reference backend (runtime/backend.c) dispatches to ref_<symbol>, and both fail to build or
 // to start if an entry has no implementation.
 #ifndef QT_KERNELS_H
 #define QT_KERNELS_H

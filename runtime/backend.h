@@ -9,7 +9,8 @@
 // the library never allocates host memory itself.
 //
 // Contract: eager and graph execution of one program give bitwise identical results, and the
-// reference backend gives the GPU's bits for every op the numerics contract says so of.
+// reference backend gives the GPU's bits for every op but the GEMMs, whose FP32 accumulation
+// order differs (recipes/NUMERICS.md "The two backends and what is bitwise").
 #ifndef QT_BACKEND_H
 #define QT_BACKEND_H
 

@@ -5,8 +5,9 @@
 //
 //   data_probe(source)  reads only the IDX or .npy headers (a .gz file is inflated just far
 //                       enough to see its header) or the synthetic parameters -> data_info with
-//                       the bytes of the dataset (a persistent host arena region, category staging)
-//   data_order_bytes    the shuffle's index table (train feeds only, host arena)
+//                       the bytes of the dataset (caller memory outside the arenas: only the
+//                       host reads it, runtime/run.c)
+//   data_order_bytes    the shuffle's index table (train feeds only, beside the datasets)
 //   data_slot_plan      one staging slot; the schedule loop has three (pinned host arena)
 //   data_load           fills the dataset region once, at start-up, validating everything
 //   data_feed_next      fills one slot with the next batch, per step, without allocating

@@ -13,7 +13,7 @@
 // and puts an eval row after every k train steps (the eval-interleaving regression).
 //
 // The loop runs global steps s0, s0 + 1, ... (train, eval and infer steps share one index, as
-// the device counter of ptx/sched.h does; s0 is the state's step: 0 for a fresh run, a
+// the device counter of ptx/sched_ops.h does; s0 is the state's step: 0 for a fresh run, a
 // checkpoint's for a resumed one). Before step s0 the priming copy stages step s0's batch as
 // below; then per step s:
 //
@@ -33,7 +33,7 @@
 //   then drain the last two steps.
 //
 // So the batch of step s + 1 crosses PCIe on the copy engine while step s computes, and step
-// s + 1's first op (ptx/sched.h) turns device slot (s + 1) % 2, picked by the device counter's
+// s + 1's first op (ptx/sched_ops.h) turns device slot (s + 1) % 2, picked by the device counter's
 // parity, into its FP32 batch with a device-to-device pass. Slots follow the global step, so a
 // resumed run stages step s0 where the uninterrupted run would have. Why the slots are never
 // overwritten too early:

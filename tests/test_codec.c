@@ -101,7 +101,7 @@ static uint32_t oracle_encode(const oracle_fmt *o, uint32_t *index, uint32_t p) 
 static uint32_t oracle_bf16(uint32_t p) {
     uint32_t a = p & 0x7FFFFFFFu;
     uint32_t sign = (p >> 16) & 0x8000u;
-    if (a > 0x7F800000u) return sign | 0x7FC0u;
+    if (a > 0x7F800000u) return 0x7FFFu;  // the canonical NaN, whatever the sign
     if (a == 0x7F800000u) return sign | 0x7F80u;
     uint32_t lo = a & 0xFFFF0000u;
     double v = (double)bits_to_f(a);

@@ -1693,7 +1693,7 @@ static void test_gpu_train(const char *scheme) {
     o.steps_limit = 1;
     memset(&g, 0, sizeof g);
     memset(&r, 0, sizeof r);
-    g.weights_prefix = r.weights_prefix = "m.";
+    g.weights_prefix = r.weights_prefix = "moe1.";
     train_text(text, BACKEND_GPU, &o, &g, &why);
     train_text(text, BACKEND_REF, &o, &r, &why);
     same_weights(&g, &r);

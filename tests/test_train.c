@@ -306,8 +306,9 @@ static size_t train_lines(const char *path, char *out, size_t bytes) {
     return used;
 }
 
-// The stale-usage bug of PR #2929: evaluation between training steps must not
-// change training. 200 train steps with an eval step after each one against the same 200
+// Evaluation between training steps must not change training (an eval pass that configured a
+// weight's quantizer without its columnwise usage would leave a stale columnwise copy for the
+// next dgrad). 200 train steps with an eval step after each one against the same 200
 // steps alone: the train records (loss, accuracy, grad norm, lr, amaxes, scales, the
 // persistent-state checksum every 20 steps) must be identical.
 static void test_interleave(const char *path, const char *scheme, const char *rule,
