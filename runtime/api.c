@@ -13,6 +13,7 @@
 #include "gemm_tier.h"   // gemm_tier_describe
 #include "infer_out.h"   // infer_out_logits, infer_out_classes
 #include "input_file.h"  // input_file_read: the recipe, a regular file
+#include "pool.h"        // pool_threads: the reference backend's threads
 #include "run.h"
 
 #define API_RUNTIME_MAGIC 0x51545254u  // "QTRT" while open
@@ -202,6 +203,7 @@ void qt_device_describe(const qt_device *d, qt_device_info *out) {
     out->sm_count = info->sm_count;
     out->memory_bytes = info->memory_bytes;
     out->free_bytes = info->free_bytes;
+    out->threads = pool_threads();
     if (!out->gpu) return;
     snprintf(out->gemm_tier, sizeof out->gemm_tier, "%s", gemm_tier_describe(b));
     out->kernels = KERNEL_COUNT;
@@ -552,6 +554,13 @@ void qt_on_step(qt_runtime *rt, qt_step_fn fn, void *ctx) {
     rt->on_step_ctx = ctx;
 }
 
+// Steps of the schedule left, in all.
+static uint64_t api_steps_left(const run *r) {
+    uint64_t left[MODEL_MODE_COUNT];
+    run_steps_left(r, left);
+    return left[MODEL_MODE_TRAIN] + left[MODEL_MODE_EVAL] + left[MODEL_MODE_INFER];
+}
+
 // sched_progress_fn: every record read becomes the last step's statistics, and the callback's.
 static void api_progress(void *ctx, const sched_progress *p) {
     qt_runtime *rt = ctx;
@@ -607,7 +616,10 @@ qt_status qt_position_get(const qt_runtime *rt, qt_position *out) {
     out->row = s->row;
     out->rows = r->table.row_count;
     out->row_step = s->row_step;
-    out->done = run_steps_left(r) == 0;
+    uint64_t left[MODEL_MODE_COUNT];
+    run_steps_left(r, left);
+    for (int mode = 0; mode < QT_MODE_COUNT; mode++) out->steps_left[mode] = left[mode];
+    out->done = api_steps_left(r) == 0;
     out->last_train_loss = s->last_train_loss;
     out->has_eval = s->has_eval != 0;
     out->eval_loss = s->eval_loss;
@@ -690,7 +702,7 @@ void qt_request_stop(qt_runtime *rt) {
 
 qt_status qt_step(qt_runtime *rt, qt_step_stats *stats) {
     QT_TRY(api_bound(rt, "qt_step"));
-    if (run_steps_left(&rt->run) == 0) {
+    if (api_steps_left(&rt->run) == 0) {
         return qt_fail(QT_ERR_STATE, "qt_step: the schedule is complete (step %" PRIu64 "); "
                        "qt_step_mode runs steps outside it", rt->run.state.step);
     }
@@ -784,6 +796,27 @@ qt_status qt_timings_get(const qt_runtime *rt, qt_timings *out) {
     out->init_s = t->init_s;
     out->capture_s = t->capture_s;
     out->resume_s = t->resume_s;
+    return QT_OK;
+}
+
+qt_status qt_time_steps(qt_runtime *rt, void *scratch, uint64_t bytes, double ms[QT_MODE_COUNT]) {
+    QT_TRY(api_bound(rt, "qt_time_steps"));
+    run *r = &rt->run;
+    if (rt->device->backend.kind != BACKEND_REF || !r->has_train || rt->pushed) {
+        return qt_fail(QT_ERR_STATE, "qt_time_steps times the reference backend's steps on the "
+                       "recipe's data, between steps; %s",
+                       rt->device->backend.kind != BACKEND_REF ? "this runtime is on a GPU"
+                       : rt->pushed ? "a pushed batch waits for its step"
+                                    : "the recipe names no train source");
+    }
+    uint64_t needed = r->dev.bytes_total + r->host.bytes_total;
+    if (bytes < needed || scratch == NULL) {
+        return qt_fail(QT_ERR_MEMORY, "qt_time_steps needs %" PRIu64 " bytes of scratch (both "
+                       "arenas); %" PRIu64 " given", needed, bytes);
+    }
+    double times[MODEL_MODE_COUNT];
+    run_time_steps(r, scratch, bytes, times);
+    for (int mode = 0; mode < QT_MODE_COUNT; mode++) ms[mode] = times[mode];
     return QT_OK;
 }
 

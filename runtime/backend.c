@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "gemm_tier.h"  // gemm_tier_takes, gemm_tier_launch
+#include "pool.h"       // pool_start: the reference backend's threads
 #include "ref.h"        // ref_<symbol> twins
 
 // ---------------------------------------------------------------------------------------------
@@ -82,6 +83,7 @@ void backend_open_ref(backend *b) {
     memset(b, 0, sizeof *b);
     b->kind = BACKEND_REF;
     snprintf(b->info.name, sizeof b->info.name, "reference (CPU)");
+    pool_start(0);  // the twins' threads, one per processor, before the first op runs
 }
 
 void backend_close(backend *b) {

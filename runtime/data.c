@@ -1,7 +1,6 @@
 #include "data.h"
 
 #include <errno.h>
-#include <pthread.h>  // start-up generation threads
 #include <stdio.h>    // snprintf
 #include <string.h>
 #include <unistd.h>  // read, close
@@ -11,6 +10,7 @@
 #include "input_file.h"  // input_file_open: regular files only
 #include "npy.h"     // npy_open, npy_read: .npy sources
 #include "philox.h"  // qt_philox_at
+#include "pool.h"    // pool_run: synthetic sources on the thread pool
 
 #define IDX_MAGIC_IMAGES 0x00000803u  // unsigned bytes, 3 dims: count, rows, cols
 #define IDX_MAGIC_LABELS 0x00000801u  // unsigned bytes, 1 dim: count
@@ -696,69 +696,13 @@ static qt_status load_npy(const recipe_source *src, const data_info *info, uint8
 }
 
 // ---------------------------------------------------------------------------------------------
-// Start-up threads. Generating a synthetic dataset is the one long computation of start-up (about
-// 10 s for 16384 x 4096 values on one core), and every value is a pure function of its index, so
-// the work is split into contiguous index ranges, one per thread. The bytes never depend on the
-// split: each thread writes only its range, with the arithmetic of the sequential loop.
-
-typedef void data_range_fn(void *ctx, uint64_t begin, uint64_t end);
-
-typedef struct data_worker {
-    data_range_fn *fn;
-    void *ctx;
-    uint64_t begin, end;
-} data_worker;
-
-static void *data_worker_main(void *arg) {
-    data_worker *w = arg;
-    w->fn(w->ctx, w->begin, w->end);
-    return NULL;
-}
-
-uint32_t data_threads(void) {
-    long online = sysconf(_SC_NPROCESSORS_ONLN);
-    if (online < 1) return 1;
-    return online < DATA_THREADS_MAX ? (uint32_t)online : DATA_THREADS_MAX;
-}
-
-// fn over [0, count) in `threads` ranges; the calling thread takes the first. A thread that
-// cannot be started (the system's limit) has its range run on the calling thread instead, so the
-// result is the same, only later.
-static void data_parallel(uint32_t threads, uint64_t count, data_range_fn *fn, void *ctx) {
-    QT_ASSERT(threads >= 1 && threads <= DATA_THREADS_MAX);
-    if (threads > count) threads = count > 0 ? (uint32_t)count : 1;
-    data_worker workers[DATA_THREADS_MAX];
-    pthread_t ids[DATA_THREADS_MAX];
-    bool started[DATA_THREADS_MAX] = {false};
-    for (uint32_t t = 0; t < threads; t++) {
-        // Range t starts at count * t / threads, written so that nothing overflows.
-        workers[t] = (data_worker){fn, ctx, count / threads * t + count % threads * t / threads,
-                                   0};
-    }
-    for (uint32_t t = 0; t < threads; t++) {
-        workers[t].end = t + 1 < threads ? workers[t + 1].begin : count;
-    }
-    for (uint32_t t = 1; t < threads; t++) {
-        started[t] = pthread_create(&ids[t], NULL, data_worker_main, &workers[t]) == 0;
-    }
-    data_worker_main(&workers[0]);
-    for (uint32_t t = 1; t < threads; t++) {
-        if (started[t]) {
-            pthread_join(ids[t], NULL);
-        } else {
-            data_worker_main(&workers[t]);
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Synthetic sources. The task (class centers, teacher weights) is drawn from the source's task
-// seed and the samples (inputs, labels) from its sample seed, so two sources with one task and
-// two seeds are independent samples of the same problem (a train set and a fresh eval set); the
-// task seed defaults to the sample seed (recipes/recipe.h). Every value is a pure function of
-// (seed, tag, index) through the same
+// Synthetic sources. Every value is a pure function of (seed, tag, index) through the same
 // Philox normal as the device fill kernel (ptx/core.h), so the data does not depend on the order
-// of generation (or the number of threads) and a GPU could produce the same bits.
+// of generation (or the number of threads) and a GPU could produce the same bits. Generating a
+// synthetic dataset is the one long computation of start-up (about 10 s for 16384 x 4096 values
+// on one core), so the work is split into contiguous index ranges, one task of the thread pool
+// each (pool_run_ranges); each task writes only its range, with the arithmetic of the sequential
+// loop.
 
 static uint64_t tag_seed(uint64_t seed, uint64_t tag) { return qt_mix64(seed ^ tag); }
 
@@ -766,16 +710,10 @@ static float normal_at(uint64_t key, uint64_t index, float mean, float stddev) {
     return qt_fill_value(key, index, QT_FILL_NORMAL, mean, stddev);
 }
 
-// Box-Muller's logarithm and cosine are mostly qt_fmaf, which the default x86-64 target compiles
-// into calls to libm's fmaf. The generators get a second version for processors with FMA, chosen
-// when the program loads, where it is one instruction: the same correctly rounded results, a
-// third less time. flatten inlines the Philox normal into each version, so that the FMA version
-// covers it.
-#if defined(__x86_64__)
-#define DATA_GENERATOR __attribute__((flatten, target_clones("fma", "default")))
-#else
-#define DATA_GENERATOR
-#endif
+// Box-Muller's logarithm and cosine are mostly qt_fmaf: the generators take the pool's CPU clones
+// (pool.h), where it is one instruction on processors with FMA (the same correctly rounded
+// results, a third less time).
+#define DATA_GENERATOR POOL_CPU_CLONES
 
 typedef struct classes_job {
     const data_info *info;
@@ -811,7 +749,7 @@ DATA_GENERATOR static void classes_rows(void *ctx, uint64_t begin, uint64_t end)
 // `synthetic classes`: the class centers first (each is read by every sample of its class), then
 // the samples.
 static void generate_classes(const recipe_source *src, const data_info *info, uint8_t *dst,
-                             uint32_t threads) {
+                             uint32_t parts) {
     classes_job job = {
         .info = info,
         .x = (float *)(dst + info->inputs_offset),
@@ -822,8 +760,8 @@ static void generate_classes(const recipe_source *src, const data_info *info, ui
         .key_c = tag_seed(src->task, TAG_CENTERS),
         .key_l = tag_seed(src->seed, TAG_LABELS),
     };
-    data_parallel(threads, (uint64_t)info->outputs * info->features, classes_centers, &job);
-    data_parallel(threads, info->samples, classes_rows, &job);
+    pool_run_ranges((uint64_t)info->outputs * info->features, parts, classes_centers, &job);
+    pool_run_ranges(info->samples, parts, classes_rows, &job);
 }
 
 #define TEACHER_SUMS 8  // hidden units summed together
@@ -882,7 +820,7 @@ DATA_GENERATOR static void teacher_rows(void *ctx, uint64_t begin, uint64_t end)
 // scaled by 1/sqrt(features) and sqrt(2/hidden), so the pre-activations and the targets have
 // unit variance.
 static void generate_teacher(const recipe_source *src, const data_info *info, uint8_t *dst,
-                             uint32_t threads) {
+                             uint32_t parts) {
     teacher_job job = {
         .info = info,
         .x = (float *)(dst + info->inputs_offset),
@@ -893,39 +831,41 @@ static void generate_teacher(const recipe_source *src, const data_info *info, ui
         .key_2 = tag_seed(src->task, TAG_TEACHER2),
     };
     uint64_t weights = (uint64_t)DATA_TEACHER_HIDDEN * (info->features + (uint64_t)info->outputs);
-    data_parallel(threads, weights, teacher_weights, &job);
-    data_parallel(threads, info->samples, teacher_rows, &job);
+    pool_run_ranges(weights, parts, teacher_weights, &job);
+    pool_run_ranges(info->samples, parts, teacher_rows, &job);
 }
 
-// A thread per this many generated values at least: starting one costs about what generating
-// 1000 values does, so small datasets (the tests' thousands of values) stay on one thread.
-#define DATA_VALUES_PER_THREAD_MIN (1u << 18)
+// A range per this many generated values at least: small datasets (the tests' thousands of
+// values) stay one task, since waking the pool's threads costs about what generating 1000 values
+// does.
+#define DATA_VALUES_PER_PART_MIN (1u << 18)
 
 qt_status data_load(const recipe_source *src, const data_info *info, void *dst, uint64_t bytes,
                     data_set *set) {
     uint64_t values = info->kind == RECIPE_SOURCE_IDX ? 0 : info->samples * info->features;
-    uint64_t useful = values / DATA_VALUES_PER_THREAD_MIN;
-    uint32_t threads = data_threads();
-    if (useful < threads) threads = useful > 1 ? (uint32_t)useful : 1;
-    return data_load_threads(src, info, dst, bytes, set, threads);
+    uint64_t useful = values / DATA_VALUES_PER_PART_MIN;
+    if (useful > 1) pool_start(0);  // at start-up; nothing when the backend has started it
+    uint32_t parts = pool_threads();
+    if (useful < parts) parts = useful > 1 ? (uint32_t)useful : 1;
+    return data_load_parts(src, info, dst, bytes, set, parts);
 }
 
-qt_status data_load_threads(const recipe_source *src, const data_info *info, void *dst,
-                            uint64_t bytes, data_set *set, uint32_t threads) {
+qt_status data_load_parts(const recipe_source *src, const data_info *info, void *dst,
+                          uint64_t bytes, data_set *set, uint32_t parts) {
     QT_ASSERT(src->kind == info->kind);
     QT_ASSERT(bytes >= info->bytes);
     QT_ASSERT((uintptr_t)dst % DATA_ALIGN == 0);
-    QT_ASSERT(threads >= 1 && threads <= DATA_THREADS_MAX);
+    QT_ASSERT(parts >= 1);
     uint8_t *base = dst;
     if (info->kind == RECIPE_SOURCE_IDX) {
         QT_TRY(load_idx(src, info, base));
     } else if (info->kind == RECIPE_SOURCE_NPY) {
         QT_TRY(load_npy(src, info, base));
     } else if (info->kind == RECIPE_SOURCE_CLASSES) {
-        generate_classes(src, info, base, threads);
+        generate_classes(src, info, base, parts);
     } else {
         QT_ASSERT(info->kind == RECIPE_SOURCE_TEACHER);
-        generate_teacher(src, info, base, threads);
+        generate_teacher(src, info, base, parts);
     }
     memset(set, 0, sizeof *set);
     set->info = *info;

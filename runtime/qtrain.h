@@ -117,6 +117,7 @@ typedef struct qt_device_info {
     int cc_major, cc_minor;   // compute capability (GPU)
     int sm_count;
     uint64_t memory_bytes, free_bytes;  // when opened (GPU)
+    uint32_t threads;         // threads that run the reference backend's work (the process's)
     char gemm_tier[160];      // which GEMM kernels run on this device
     uint32_t kernels, kernels_loaded, modules;
 } qt_device_info;
@@ -332,6 +333,7 @@ typedef struct qt_position {
     uint64_t train_steps;
     uint32_t row, rows;          // the schedule's next row and its row count
     uint64_t row_step;           // steps of that row already done
+    uint64_t steps_left[QT_MODE_COUNT];  // steps of each mode the schedule has left
     bool done;                   // the schedule is complete
     float last_train_loss;       // the last train step's loss
     bool has_eval;               // an eval row has ended; its results:
@@ -411,6 +413,14 @@ typedef struct qt_timings {
 } qt_timings;
 
 QT_API qt_status qt_timings_get(const qt_runtime *rt, qt_timings *out);
+
+// On the reference backend, between steps: how long one step of each mode takes, in ms[mode]
+// (0 for modes without steps left), each timed on the next batch of the recipe's source for it,
+// so that a caller can say how long the run will take before it starts. Both arenas are copied
+// into scratch (qt_plan_info's device_bytes + host_bytes) and back: the run goes on from the same
+// bytes. QT_ERR_STATE on a GPU, for a recipe without a train source and with a pushed batch.
+QT_API qt_status qt_time_steps(qt_runtime *rt, void *scratch, uint64_t bytes,
+                               double ms[QT_MODE_COUNT]);
 
 // After qt_run on a GPU with graphs: every mode's program op by op and as its graph, `reps`
 // launches each, printed to out. It changes the run's state: nothing may follow but qt_close.

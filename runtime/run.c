@@ -755,11 +755,76 @@ qt_status run_step_outside(run *r, model_mode mode, sched_progress_fn progress, 
     return status;
 }
 
-uint64_t run_steps_left(const run *r) {
-    const sched_state *s = &r->state;
-    uint64_t left = 0;
-    for (uint32_t i = s->row; i < r->table.row_count; i++) left += r->table.rows[i].steps;
-    return s->row < r->table.row_count ? left - s->row_step : 0;
+void run_steps_left(const run *r, uint64_t steps[MODEL_MODE_COUNT]) {
+    for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) steps[mode] = 0;
+    for (uint32_t i = r->state.row; i < r->table.row_count; i++) {
+        const sched_row *row = &r->table.rows[i];
+        steps[row->mode] += row->steps - (i == r->state.row ? r->state.row_step : 0);
+    }
+}
+
+// Milliseconds of one run of a mode's program: the median of three warm runs, after a cold one,
+// within about a second; a cold run of half a second or more is the measurement itself (long
+// steps vary less, and timing more of them would delay the start).
+static double run_time_mode(run *r, int mode) {
+    double seconds[4] = {0.0, 0.0, 0.0, 0.0}, spent = 0.0;
+    int runs = 0;
+    while (runs < 4 && (runs == 0 || (seconds[0] < 0.5 && spent < 1.0))) {
+        double t0 = run_clock();
+        qt_status status = backend_run(r->backend, &r->programs[mode]);
+        QT_ASSERT(status == QT_OK);  // the reference backend's launches do not fail
+        seconds[runs] = run_clock() - t0;
+        spent += seconds[runs++];
+    }
+    if (runs == 1) return 1e3 * seconds[0];
+    if (runs < 4) return 1e3 * seconds[runs - 1];  // the last warm run
+    double a = seconds[1], b = seconds[2], c = seconds[3];  // the median of the warm runs
+    double median = a > b ? (b > c ? b : (a > c ? c : a)) : (a > c ? a : (b > c ? c : b));
+    return 1e3 * median;
+}
+
+// Stages the next batch of the feed that the mode's first row left reads (sched_feed's choice)
+// where the next step's program reads it, as the loop would, and leaves the feed where it was:
+// the step is timed on the data it will run on.
+static void run_stage_for_timing(run *r, int mode) {
+    data_feed *feed = NULL;
+    for (uint32_t i = r->state.row; i < r->table.row_count && !feed; i++) {
+        const sched_row *row = &r->table.rows[i];
+        if ((int)row->mode != mode) continue;
+        feed = mode == MODEL_MODE_TRAIN               ? &r->train_feed
+               : row->dataset == RECIPE_DATASET_EVAL ? &r->eval_feed
+                                                      : &r->train_plain;
+    }
+    QT_ASSERT(feed != NULL);
+    const model_io *io = &r->model.io;
+    uint64_t bytes = io->slot.bytes, step = r->state.step;
+    uint8_t *host = (uint8_t *)arena_host_pointer(&r->host, io->staging) +
+                    step % MODEL_HOST_SLOTS * bytes;
+    uint8_t *dev = (uint8_t *)arena_host_pointer(&r->dev, io->staged) +
+                   step % MODEL_DEVICE_SLOTS * bytes;
+    data_feed saved = *feed;
+    data_feed_next(feed, &io->slot, host);
+    memcpy(dev, host, bytes);
+    *feed = saved;
+}
+
+void run_time_steps(run *r, void *scratch, uint64_t scratch_bytes, double ms[MODEL_MODE_COUNT]) {
+    QT_ASSERT(r->bound && r->backend->kind == BACKEND_REF);
+    uint64_t dev = r->dev.bytes_total, host = r->host.bytes_total;
+    QT_ASSERT(scratch_bytes >= dev + host);
+    uint8_t *copy = scratch;
+    memcpy(copy, r->dev.host_base, dev);
+    memcpy(copy + dev, r->host.host_base, host);
+    uint64_t steps[MODEL_MODE_COUNT];
+    run_steps_left(r, steps);
+    for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
+        ms[mode] = 0.0;
+        if (steps[mode] == 0 || !r->model.modes[mode]) continue;
+        run_stage_for_timing(r, mode);
+        ms[mode] = run_time_mode(r, mode);
+    }
+    memcpy(r->dev.host_base, copy, dev);
+    memcpy(r->host.host_base, copy + dev, host);
 }
 
 // Per-op times of one mode's program, in op order, with each op's share of their sum, then the
@@ -797,9 +862,12 @@ qt_status run_profile(run *r, uint32_t reps, FILE *out) {
 }
 
 qt_status run_end_trace(run *r) {
-    trace_end end = r->step_failed           ? TRACE_END_FAILED
-                    : run_steps_left(r) == 0 ? TRACE_END_COMPLETE
-                                             : TRACE_END_STOPPED;
+    uint64_t left[MODEL_MODE_COUNT];
+    run_steps_left(r, left);
+    bool done = left[MODEL_MODE_TRAIN] + left[MODEL_MODE_EVAL] + left[MODEL_MODE_INFER] == 0;
+    trace_end end = r->step_failed ? TRACE_END_FAILED
+                    : done         ? TRACE_END_COMPLETE
+                                   : TRACE_END_STOPPED;
     return run_trace_end(r, end);
 }
 

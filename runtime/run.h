@@ -226,9 +226,6 @@ qt_status run_step(run *r, sched_progress_fn progress, void *ctx, sched_summary 
 qt_status run_step_outside(run *r, model_mode mode, sched_progress_fn progress, void *ctx,
                            qt_trace_record *record, uint32_t *rows_valid);
 
-// Steps of the table from the run's position to its end.
-uint64_t run_steps_left(const run *r);
-
 // Closes a trace that steps left open, with its completion record: failed when the last step
 // failed, complete when the table is done, stopped otherwise (nothing when no trace is open).
 qt_status run_end_trace(run *r);
@@ -236,6 +233,19 @@ qt_status run_end_trace(run *r);
 // A checkpoint of where the run stands, outside run_execute (which saves at its own points);
 // it replaces a regular file at path.
 qt_status run_save(run *r, const char *path);
+
+// Steps of each mode from the run's position to the end of its table.
+void run_steps_left(const run *r, uint64_t steps[MODEL_MODE_COUNT]);
+
+// How long one step of each mode takes on the reference backend, measured before the loop (after
+// run_bind and any run_resume), so that a run can say how long it will take before it starts:
+// both arenas are copied into `scratch` (at least their bytes together, run_memory_bytes), each
+// mode with steps left runs its program a few times (a cold run, then the median of up to three
+// warm ones within about a second; a cold run of half a second or more alone), then the arenas
+// are copied back, so the run goes on from the same bytes. Each mode runs on the next batch of
+// its feed (the feed is left where it was). ms[mode] is 0 for the modes without steps left.
+// Reference backend only.
+void run_time_steps(run *r, void *scratch, uint64_t scratch_bytes, double ms[MODEL_MODE_COUNT]);
 
 // `qtrain run --profile`: after run_execute, every mode's program op by op and as its graph
 // (backend_profile; this changes the run's state, so nothing may follow but run_close).

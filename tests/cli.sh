@@ -198,6 +198,20 @@ else
     echo "$out" | sed 's/^/  /'
     exit 1
 fi
+# On the reference backend a run says how long it will take before its first step: the steps of
+# each mode it will run and an h:mm:ss total.
+out=$("$qtrain" run tests/recipes/synthetic_tiny.recipe --ref --steps 30 2>&1)
+rc=$?
+estimate=$(echo "$out" | grep 'about [0-9]*:[0-5][0-9]:[0-5][0-9] on the reference backend')
+if [ $rc -eq 0 ] && echo "$estimate" | grep -q '(30 train steps at [0-9.]* ms, 4 eval steps at' &&
+   [ "$(echo "$out" | grep -n 'about ' | cut -d: -f1)" -lt \
+     "$(echo "$out" | grep -n '^train step' | head -1 | cut -d: -f1)" ]; then
+    echo "PASS cli_run_reference_estimate ($(echo "$estimate" | sed 's/.*about \([^ ]*\).*/\1/'))"
+else
+    echo "FAIL cli_run_reference_estimate: exit $rc"
+    echo "$out" | sed 's/^/  /'
+    exit 1
+fi
 # `qtrain diff`: exit 0 for identical traces, 1 with the first difference, 2 for a bad file.
 dir=$(mktemp -d)
 header='qtrain-trace 2 recipe=0000000000000001 quantizers=0 checksum_every=0'
@@ -251,13 +265,17 @@ fail() {
 }
 sed 's/^train 200 cosine/train 100000 cosine/' tests/recipes/synthetic_tiny.recipe \
     > "$dir/long.recipe"
+# The interrupted run must stop before step $cap, which the resumed and the uninterrupted runs
+# reach: the reference backend runs some 20000 of these small steps a second, so 0.1 s after the
+# loop starts leaves a wide margin.
+cap=20000
 start_long_run() {  # waits until the loop runs (its trace file exists) and a little more
     rm -f "$dir/t"
     "$qtrain" run "$dir/long.recipe" --ref --trace "$dir/t" --save "$dir/$1" > "$dir/out" 2>&1 &
     pid=$!
     i=0
     while [ ! -e "$dir/t" ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i + 1)); done
-    sleep 0.3
+    sleep 0.1
 }
 start_long_run ck
 kill -INT $pid
@@ -271,22 +289,22 @@ step=$(sed -n 's/^interrupted  by SIGINT at step \([0-9]*\) .*/\1/p' "$dir/out")
 last=$(tail -c 1 "$dir/t" | od -An -c | tr -d ' ')
 [ "$(grep -c '^step=' "$dir/t")" -eq "$step" ] && [ "$last" = '\n' ] ||
     fail "cli_run_sigint_stops_saves_and_resumes: the trace does not hold the $step steps"
-[ "$step" -lt 4000 ] ||
-    fail "cli_run_sigint_stops_saves_and_resumes: interrupted at step $step, after 4000"
-"$qtrain" run "$dir/long.recipe" --ref --trace "$dir/t" --resume "$dir/ck" --steps 4000 \
+[ "$step" -lt $cap ] ||
+    fail "cli_run_sigint_stops_saves_and_resumes: interrupted at step $step, after $cap"
+"$qtrain" run "$dir/long.recipe" --ref --trace "$dir/t" --resume "$dir/ck" --steps $cap \
     > "$dir/out" 2>&1 ||
     fail "cli_run_sigint_stops_saves_and_resumes: the resumed run failed"
-"$qtrain" run "$dir/long.recipe" --ref --trace "$dir/full" --steps 4000 > "$dir/out" 2>&1 ||
+"$qtrain" run "$dir/long.recipe" --ref --trace "$dir/full" --steps $cap > "$dir/out" 2>&1 ||
     fail "cli_run_sigint_stops_saves_and_resumes: the uninterrupted run failed"
 "$qtrain" diff "$dir/full" "$dir/t" > "$dir/out" 2>&1 ||
     fail "cli_run_sigint_stops_saves_and_resumes: resumed trace differs"
 echo "PASS cli_run_sigint_stops_saves_and_resumes (interrupted at step $step)"
 # Resumed into a new trace file: its records start at the checkpoint's step, and diff compares
 # them with the whole trace from there.
-"$qtrain" run "$dir/long.recipe" --ref --trace "$dir/new" --resume "$dir/ck" --steps 4000 \
+"$qtrain" run "$dir/long.recipe" --ref --trace "$dir/new" --resume "$dir/ck" --steps $cap \
     > "$dir/out" 2>&1 || fail "cli_diff_resumed_trace_from_its_first_step: the resumed run failed"
 "$qtrain" diff "$dir/full" "$dir/new" > "$dir/out" 2>&1 &&
-    grep -q "^identical: $((4004 - step)) records from step $step " "$dir/out" ||
+    grep -q "^identical: $((cap + 4 - step)) records from step $step " "$dir/out" ||
     fail "cli_diff_resumed_trace_from_its_first_step"
 echo "PASS cli_diff_resumed_trace_from_its_first_step"
 # A second signal while the first is handled exits at once.

@@ -274,6 +274,18 @@ static void test_steps_match_run(qt_device_kind kind, const char *name) {
         qt_position at;
         uint64_t steps = 0;
         qt_step_stats st;
+        if (kind == QT_DEVICE_REFERENCE) {  // timing steps leaves the run as it was
+            qt_plan_info info;
+            qt_plan_info_get(s.rt, &info);
+            uint64_t bytes = info.device_bytes + info.host_bytes;
+            void *scratch = memory(bytes);
+            double ms[QT_MODE_COUNT];
+            CHECK(qt_time_steps(s.rt, scratch, bytes - 1, ms) == QT_ERR_MEMORY, "short scratch");
+            session_ok(qt_time_steps(s.rt, scratch, bytes, ms), "qt_time_steps");
+            CHECK(ms[QT_MODE_TRAIN] > 0 && ms[QT_MODE_EVAL] > 0 && ms[QT_MODE_INFER] == 0,
+                  "step times %g %g %g ms", ms[0], ms[1], ms[2]);
+            free(scratch);
+        }
         while (qt_position_get(s.rt, &at) == QT_OK && !at.done) {
             if (!session_ok(qt_step(s.rt, &st), "qt_step")) break;
             CHECK(st.step == steps, "step %llu reported as %llu", (unsigned long long)steps,

@@ -19,6 +19,7 @@
 #include "data.h"
 #include "npy_save.h"  // npy_save: .npy sources
 #include "op_sched.h"  // op_sched_stage_u8
+#include "pool.h"      // pool_start, pool_stop: ranges on 1 and 3 threads
 #include "rig.h"
 #include "test.h"
 
@@ -715,12 +716,11 @@ static void test_synthetic_task(void) {
     test_end();
 }
 
-// Generation is split over threads by sample (and by weight or center index); every count must
-// give the bytes of one thread, including counts that do not divide the work and counts above it.
+// Generation is split into ranges by sample (and by weight or center index) that the pool's
+// threads take; every count of ranges, on one thread or on the pool, must give the bytes of one
+// range, including counts that do not divide the work and counts above it.
 static void test_synthetic_threads(void) {
     test_begin("synthetic_threads_same_bytes");
-    CHECK(data_threads() >= 1 && data_threads() <= DATA_THREADS_MAX, "data_threads %u",
-          data_threads());
     const struct {
         recipe_source_kind kind;
         uint32_t inputs, outputs;
@@ -731,7 +731,8 @@ static void test_synthetic_threads(void) {
         {RECIPE_SOURCE_TEACHER, 29, 3, 777},
         {RECIPE_SOURCE_TEACHER, 4, 2, 2},
     };
-    const uint32_t counts[] = {2, 3, 7, DATA_THREADS_MAX};
+    const uint32_t counts[] = {2, 3, 7, 16, 61};
+    const uint32_t pool_sizes[] = {1, 3};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         recipe_source src = synthetic_source(cases[c].kind, cases[c].inputs, cases[c].outputs,
                                              cases[c].samples, 21);
@@ -743,12 +744,17 @@ static void test_synthetic_threads(void) {
         uint8_t *many = aligned_alloc(DATA_ALIGN, info.bytes);
         data_set set;
         memset(one, 0xAB, info.bytes);
-        CHECK(data_load_threads(&src, &info, one, info.bytes, &set, 1) == QT_OK, "1 thread");
-        for (size_t t = 0; t < sizeof counts / sizeof counts[0]; t++) {
-            memset(many, 0xAB, info.bytes);
-            status = data_load_threads(&src, &info, many, info.bytes, &set, counts[t]);
-            CHECK(status == QT_OK && memcmp(one, many, info.bytes) == 0,
-                  "case %zu: %u threads give other bytes than 1", c, counts[t]);
+        CHECK(data_load_parts(&src, &info, one, info.bytes, &set, 1) == QT_OK, "1 range");
+        for (size_t p = 0; p < sizeof pool_sizes / sizeof pool_sizes[0]; p++) {
+            pool_stop();
+            pool_start(pool_sizes[p]);
+            for (size_t t = 0; t < sizeof counts / sizeof counts[0]; t++) {
+                memset(many, 0xAB, info.bytes);
+                status = data_load_parts(&src, &info, many, info.bytes, &set, counts[t]);
+                CHECK(status == QT_OK && memcmp(one, many, info.bytes) == 0,
+                      "case %zu: %u ranges on %u threads give other bytes than 1", c, counts[t],
+                      pool_threads());
+            }
         }
         // data_load itself, with the count it picks for the machine and the size.
         memset(many, 0xAB, info.bytes);

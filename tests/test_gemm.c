@@ -21,6 +21,7 @@
 
 #include "gemm_tier.h"  // gemm_tier_takes
 #include "op_gemm.h"
+#include "pool.h"  // pool_start, pool_stop: the reference GEMM on one and three threads
 #include "rig.h"
 #include "test.h"
 
@@ -879,6 +880,22 @@ static void run_on(rig *r, const tproblem *p, uint8_t *d_out) {
     RIG_OK(backend_read(&r->be, d_out, greg_ref(r, d), d_bytes));
     regions_check(r, &g, "first run");
     if (r != &gpu_rig) {
+        // The reference GEMM's tiles are tasks of the thread pool and each element sums in k
+        // order, so its bytes do not depend on the threads: again from the same initial D on
+        // one thread and on three.
+        uint8_t *again = malloc(d_bytes);
+        uint32_t threads = pool_threads();
+        for (uint32_t other = 1; other <= 3; other += 2) {
+            pool_stop();
+            pool_start(other);
+            RIG_OK(backend_write(&r->be, greg_ref(r, d), p->d_init, d_bytes));
+            rig_execute(r);
+            RIG_OK(backend_read(&r->be, again, greg_ref(r, d), d_bytes));
+            check_same_d(p, d_out, again, other == 1 ? "one thread" : "three threads");
+        }
+        pool_stop();
+        pool_start(threads);
+        free(again);
         regions_free(&g);
         return;
     }

@@ -1,6 +1,7 @@
 // Training end to end (runtime/run.h): synthetic recipes trained on the reference backend
-// (convergence, determinism, the eval-interleaving regression in every format, the plan
-// report, refusals, every step staged with its own batch), and with a GPU: eager vs graphs,
+// (convergence, determinism, the same traces on one and three threads, the step timing before
+// the loop, the eval-interleaving regression in every format, the plan report, refusals, every
+// step staged with its own batch), and with a GPU: eager vs graphs,
 // determinism, no synchronization inside the step loop, the staging copies beside the steps,
 // GPU vs reference, constant device memory.
 #include <math.h>
@@ -11,6 +12,7 @@
 
 #include "driver.h"  // driver_sync_total, drv
 #include "files.h"   // tmp_dir_make, tmp_path, command_output
+#include "pool.h"    // pool_start, pool_stop: the reference backend on 1 and 3 threads
 #include "run.h"
 #include "test.h"
 
@@ -73,6 +75,9 @@ typedef struct train_case {
     void *ctx;
     // After the loop, before the run closes: a look at the bound run (weights, memory).
     void (*inspect)(run *r, backend *b, void *ctx);
+    // After run_bind, before the loop.
+    void (*before_loop)(run *r, void *ctx);
+    void *before_ctx;
     double free_bytes_before, free_bytes_after;  // GPU: device free memory around the loop
     double free_bytes_first;                     // and after the first step (a progress hook)
     uint64_t syncs;                              // synchronizing driver calls in the loop
@@ -110,6 +115,7 @@ static qt_status train_on(train_case *c, backend *b, sched_summary *sum) {
         drv.cuMemGetInfo(&free_bytes, &total);
         c->free_bytes_before = (double)free_bytes;
     }
+    if (status == QT_OK && c->before_loop) c->before_loop(&the_run, c->before_ctx);
     uint64_t syncs = driver_sync_total(&b->syncs);
     if (status == QT_OK) status = run_execute(&the_run, c->progress, c->ctx, sum);
     c->syncs = driver_sync_total(&b->syncs) - syncs;
@@ -240,6 +246,81 @@ static void test_deterministic(const char *scheme) {
     c.options.trace_path = b;
     train(&c, &sum, &why);
     check_identical(a, b);
+    test_end();
+}
+
+// The reference backend's twins cut their work into tasks of the thread pool whose results do
+// not depend on the thread that runs them: one thread and three give the same trace, checksums
+// of every weight, master, optimizer and scaling region included.
+static void test_threads(const char *scheme) {
+    char name[64];
+    snprintf(name, sizeof name, "train_one_and_three_threads_identical_%s", scheme);
+    test_begin(name);
+    static char text[RECIPE_TEXT_MAX];
+    char a[128], b[128];
+    trace_path(a, sizeof a, "threads_1");
+    trace_path(b, sizeof b, "threads_3");
+    train_case c = recipe_case("tests/recipes/synthetic_wide.recipe", scheme, BACKEND_REF, text,
+                               sizeof text);
+    c.options.checksum_every = 4;
+    sched_summary sum;
+    const char *why = NULL;
+    pool_stop();
+    pool_start(1);
+    c.options.trace_path = a;
+    train(&c, &sum, &why);
+    check_scheme(scheme);
+    pool_stop();
+    pool_start(3);
+    CHECK(pool_threads() == 3, "a pool of 3 threads has %u", pool_threads());
+    c.options.trace_path = b;
+    train(&c, &sum, &why);
+    check_identical(a, b);
+    pool_stop();
+    pool_start(0);
+    test_end();
+}
+
+// run_time_steps times each mode's step on the bound run and leaves it as it was: the run that
+// was timed before its loop gives the trace of one that was not.
+static void time_steps(run *r, void *ctx) {
+    double *ms = ctx;
+    uint64_t dev_bytes, host_bytes, left[MODEL_MODE_COUNT];
+    run_memory_bytes(r, &dev_bytes, &host_bytes);
+    void *scratch = arena_memory(dev_bytes + host_bytes);
+    run_time_steps(r, scratch, dev_bytes + host_bytes, ms);
+    free(scratch);
+    run_steps_left(r, left);
+    for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
+        CHECK(left[mode] == r->table.steps[mode], "%s: %llu steps left, the table has %llu",
+              model_mode_name((model_mode)mode), (unsigned long long)left[mode],
+              (unsigned long long)r->table.steps[mode]);
+        CHECK((ms[mode] > 0) == (left[mode] > 0), "%s: %g ms for %llu steps",
+              model_mode_name((model_mode)mode), ms[mode], (unsigned long long)left[mode]);
+    }
+}
+
+static void test_time_steps(void) {
+    test_begin("train_time_steps_leaves_the_run_as_it_was");
+    static char text[RECIPE_TEXT_MAX];
+    char a[128], b[128];
+    trace_path(a, sizeof a, "untimed");
+    trace_path(b, sizeof b, "timed");
+    train_case c = recipe_case("tests/recipes/synthetic_wide.recipe", "nvfp4", BACKEND_REF, text,
+                               sizeof text);
+    c.options.checksum_every = 4;
+    sched_summary sum;
+    const char *why = NULL;
+    c.options.trace_path = a;
+    train(&c, &sum, &why);
+    double ms[MODEL_MODE_COUNT] = {0};
+    c.options.trace_path = b;
+    c.before_loop = time_steps;
+    c.before_ctx = ms;
+    train(&c, &sum, &why);
+    check_identical(a, b);
+    CHECK(ms[MODEL_MODE_TRAIN] > 0 && ms[MODEL_MODE_EVAL] > 0, "train %g ms, eval %g ms",
+          ms[MODEL_MODE_TRAIN], ms[MODEL_MODE_EVAL]);
     test_end();
 }
 
@@ -1067,6 +1148,8 @@ int main(void) {
     test_layers_train();
     test_deterministic("nvfp4");
     test_deterministic("delayed");
+    for (size_t i = 0; i < SCHEMES_COUNT; i++) test_threads(schemes[i]);
+    test_time_steps();
     test_emulated_paths(BACKEND_REF, "mxfp8");
     test_emulated_paths(BACKEND_REF, "nvfp4");
     const char *tiny = "tests/recipes/synthetic_tiny.recipe";

@@ -602,6 +602,50 @@ static qt_status resume_run(const cli_args *a, qt_runtime *rt) {
     return QT_OK;
 }
 
+// h:mm:ss of a duration, to the second (the hours grow as needed).
+static void format_hms(double seconds, char *out, size_t size) {
+    uint64_t s = seconds > 0 ? (uint64_t)(seconds + 0.5) : 0;
+    snprintf(out, size, "%" PRIu64 ":%02u:%02u", s / 3600, (unsigned)(s / 60 % 60),
+             (unsigned)(s % 60));
+}
+
+// Without a GPU a run can take long, so it says how long before it starts: one step of each mode
+// is timed on the bound run (qt_time_steps, which leaves its state as it was) and multiplied by
+// the steps of that mode left. Staging batches, the trace and checkpoints are not in it; on the
+// reference backend they are a small part of a step.
+static void print_estimate(const cli_args *a, qt_runtime *rt, const qt_device_info *device) {
+    qt_position at;
+    qt_plan_info plan;
+    qt_position_get(rt, &at);
+    qt_plan_info_get(rt, &plan);
+    const uint64_t *steps = at.steps_left;
+    if (steps[0] + steps[1] + steps[2] == 0) return;
+    uint64_t bytes = plan.device_bytes + plan.host_bytes;
+    void *scratch = cli_alloc(bytes);
+    if (!scratch) {
+        fprintf(stderr, "qtrain %s: no time estimate: cannot allocate %" PRIu64 " bytes to time "
+                "a step\n", a->command, bytes);
+        return;
+    }
+    double ms[QT_MODE_COUNT], total_s = 0.0;
+    qt_status timed = qt_time_steps(rt, scratch, bytes, ms);
+    free(scratch);
+    if (timed != QT_OK) return;  // a recipe whose steps it cannot time: no estimate
+    char parts[256] = "", hms[32];
+    size_t used = 0;
+    for (int mode = 0; mode < QT_MODE_COUNT; mode++) {
+        if (steps[mode] == 0) continue;
+        total_s += (double)steps[mode] * ms[mode] / 1e3;
+        used += (size_t)snprintf(parts + used, sizeof parts - used, "%s%" PRIu64 " %s steps at "
+                                 "%.3g ms", used ? ", " : "", steps[mode],
+                                 qt_mode_name((qt_mode)mode), ms[mode]);
+    }
+    format_hms(total_s, hms, sizeof hms);
+    fprintf(stderr, "qtrain %s: about %s on the reference backend (%s, timed before the start "
+            "on %u thread%s)\n", a->command, hms, parts, device->threads,
+            device->threads == 1 ? "" : "s");
+}
+
 // The arenas: the driver's on a GPU, the tool's own on the reference backend. Before they are
 // allocated: the device arena against the GPU's free memory, and what lives in host memory
 // against what this process can get (the datasets are in already).
@@ -641,6 +685,7 @@ static int run_on_device(const cli_args *a, cli_run *c, double start, double ope
                                : "CUDA graphs");
     qt_status status = bind_run(c, &device);
     if (status == QT_OK && a->resume_path) status = resume_run(a, c->rt);
+    if (status == QT_OK && !device.gpu) print_estimate(a, c->rt, &device);
     qt_summary summary;
     progress_state progress;
     memset(&progress, 0, sizeof progress);
