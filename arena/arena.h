@@ -92,6 +92,8 @@ typedef struct arena {
     uint64_t bytes_total;   // after packing: end of the highest region, rounded to 256
     uint64_t base_address;  // after bind: device address (or host address as integer)
     uint8_t *host_base;     // after bind: host pointer for host arenas / reference backend, or NULL
+    bool external;          // after bind: the allocator used memory its own caller gave, so
+                            // whoever releases the arena frees none
 } arena;
 
 // Starts an empty arena in PLAN. `name` (shorter than ARENA_NAME_MAX) appears in messages.

@@ -505,7 +505,8 @@ static const key_spec key_specs[KEY_COUNT] = {
     [KEY_RECIPE] = {"recipe", RECIPE_SECTION_QUANT, false, true,
                     "recipe = bf16 | delayed | current | mxfp8 | block | nvfp4 | none"},
     [KEY_RULE] = {"rule", RECIPE_SECTION_QUANT, true, false, "rule = PATTERN -> FORMAT"},
-    [KEY_TRAIN] = {"train", RECIPE_SECTION_DATA, false, true, "train = SOURCE"},
+    // Optional: without it the embedder gives the batches (runtime/qtrain.h).
+    [KEY_TRAIN] = {"train", RECIPE_SECTION_DATA, false, false, "train = SOURCE"},
     [KEY_EVAL] = {"eval", RECIPE_SECTION_DATA, false, false, "eval = SOURCE"},
     [KEY_BATCH] = {"batch", RECIPE_SECTION_DATA, false, true, "batch = N"},
     [KEY_SEED] = {"seed", RECIPE_SECTION_DATA, false, false, "seed = N"},
@@ -1400,9 +1401,27 @@ static qt_status finish_data(const parser *p) {
                               "needs at least 2 classes; expected a last layer of width >= 2, "
                               "found %u", r->model.output_features);
     }
-    QT_TRY(check_source(p, &r->data.train));
+    if (r->data.train.kind != RECIPE_SOURCE_NONE) QT_TRY(check_source(p, &r->data.train));
     if (r->data.eval.kind != RECIPE_SOURCE_NONE) QT_TRY(check_source(p, &r->data.eval));
     return QT_OK;
+}
+
+// Without a train source the embedder gives the batches, and nothing measures the train set:
+// a pass over it (`all`) and an epoch of it have no length, so a row must count steps.
+static qt_status check_train_size(const parser *p, const recipe_row *row) {
+    const recipe *r = p->r;
+    if (r->data.train.kind != RECIPE_SOURCE_NONE) return QT_OK;
+    bool train = row->mode == RECIPE_MODE_TRAIN;
+    bool epochs = train && (row->unit == RECIPE_UNIT_EPOCHS ||
+                            (row->warmup && row->warmup_unit == RECIPE_UNIT_EPOCHS) ||
+                            (row->eval_every && row->eval_unit == RECIPE_UNIT_EPOCHS));
+    bool pass = (train ? row->eval_every && row->eval_all : row->all) &&
+                row->dataset == RECIPE_DATASET_TRAIN;
+    if (!epochs && !pass) return QT_OK;
+    return recipe_fail_at(QT_ERR_INPUT, p->at.file, row->line, 1, "the row %s the train "
+                          "dataset, which [data] does not name (the embedder gives the "
+                          "batches); expected 'train = SOURCE' or a length in steps",
+                          epochs ? "counts epochs of" : "makes a pass (all) over");
 }
 
 // Fills in the defaults that depend on other sections and checks eval rows have data.
@@ -1417,7 +1436,10 @@ static qt_status finish_schedule(const parser *p) {
                 row->lr_kind = RECIPE_LR_CONSTANT;
                 row->lr_from = row->lr_to = r->optim.lr;
             }
-            if (!row->eval_every) continue;
+            if (!row->eval_every) {
+                QT_TRY(check_train_size(p, row));
+                continue;
+            }
         }
         if (!(p->rows_dataset_given & bit)) {
             bool eval_set = has_eval || row->mode != RECIPE_MODE_INFER;
@@ -1435,6 +1457,7 @@ static qt_status finish_schedule(const parser *p) {
                                   "dataset; expected 'eval = SOURCE' in [data] or '%s N train', "
                                   "found no eval source", mode, mode);
         }
+        QT_TRY(check_train_size(p, row));
     }
     return QT_OK;
 }

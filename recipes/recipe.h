@@ -35,7 +35,8 @@
 //   [optim]                                  one line
 //   adamw [lr=F] [betas=F,F] [eps=F] [wd=F] [clip=F]      1e-3, 0.9,0.999, 1e-8, 0.01, 0 (off)
 //   [data]
-//   train = SOURCE
+//   train = SOURCE                           optional: without it the embedder gives every
+//                                            batch (runtime/qtrain.h)
 //   eval = SOURCE                            optional
 //   batch = N
 //   seed = N                                 optional, 0 (the shuffle seed)

@@ -109,35 +109,70 @@ void backend_close(backend *b) {
 
 typedef struct bind_request {
     backend *backend;
-    arena_kind kind;
-    uint8_t *ref_memory;
-    uint64_t ref_memory_bytes;
+    arena *arena;
+    uint8_t *memory;  // the caller's, or NULL
+    uint64_t memory_bytes;
 } bind_request;
+
+static qt_status backend_given(const bind_request *req, uint64_t bytes) {
+    if (bytes <= req->memory_bytes && ((uintptr_t)req->memory % ARENA_DEVICE_ALIGN_MIN) == 0) {
+        return QT_OK;
+    }
+    return qt_fail(QT_ERR_MEMORY, "the %s arena needs %llu bytes of 256-byte aligned memory; "
+                   "%llu bytes at %p given", req->arena->name, (unsigned long long)bytes,
+                   (unsigned long long)req->memory_bytes, (void *)req->memory);
+}
+
+// Memory the caller gave: the reference backend's arenas (plain memory), or on the GPU a device
+// pointer of the context, or host memory that is pinned here for the copy engine and the
+// device's direct reads.
+static qt_status backend_alloc_given(bind_request *req, uint64_t bytes, uint64_t *base,
+                                     uint8_t **host_base) {
+    backend *b = req->backend;
+    QT_TRY(backend_given(req, bytes));
+    req->arena->external = true;
+    *base = (uint64_t)(uintptr_t)req->memory;
+    if (b->kind == BACKEND_GPU && req->arena->kind == ARENA_KIND_DEVICE) {
+        if (bytes == 0) return QT_OK;
+        QT_CU(cuMemsetD8Async(*base, 0, bytes, b->stream));
+        return driver_sync_stream(&b->syncs, b->stream);
+    }
+    if (b->kind == BACKEND_GPU && bytes > 0) {
+        QT_CU(cuMemHostRegister(req->memory, bytes, CU_MEMHOSTREGISTER_PORTABLE |
+                                                       CU_MEMHOSTREGISTER_DEVICEMAP));
+        // The kernels reach host regions at their host addresses, as with cuMemHostAlloc.
+        CUdeviceptr mapped = 0;
+        CUresult got = drv.cuMemHostGetDevicePointer(&mapped, req->memory, 0);
+        if (got != CUDA_SUCCESS || mapped != (CUdeviceptr)(uintptr_t)req->memory) {
+            drv.cuMemHostUnregister(req->memory);
+            return qt_fail(QT_ERR_MEMORY, "this GPU maps the given host arena at another address "
+                           "than the host's; let qtrain allocate the host arena (NULL)");
+        }
+    }
+    memset(req->memory, 0, bytes);
+    *host_base = req->memory;
+    return QT_OK;
+}
 
 static qt_status backend_alloc(void *ctx, uint64_t bytes, uint64_t *base, uint8_t **host_base) {
     bind_request *req = ctx;
+    backend *b = req->backend;
     *base = 0;
     *host_base = NULL;
-    if (req->backend->kind == BACKEND_REF) {
-        if (bytes > req->ref_memory_bytes || !req->ref_memory ||
-            ((uintptr_t)req->ref_memory % ARENA_DEVICE_ALIGN_MIN) != 0) {
-            return qt_fail(QT_ERR_MEMORY, "the reference backend needs %llu bytes of 256-byte "
-                           "aligned memory for this arena; %llu given",
-                           (unsigned long long)bytes,
-                           (unsigned long long)req->ref_memory_bytes);
-        }
-        memset(req->ref_memory, 0, bytes);
-        *base = (uint64_t)(uintptr_t)req->ref_memory;
-        *host_base = req->ref_memory;
-        return QT_OK;
+    req->arena->external = false;
+    if (req->memory) return backend_alloc_given(req, bytes, base, host_base);
+    if (b->kind == BACKEND_REF) {
+        return qt_fail(QT_ERR_MEMORY, "the reference backend needs %llu bytes of 256-byte "
+                       "aligned memory for the %s arena; none given", (unsigned long long)bytes,
+                       req->arena->name);
     }
     if (bytes == 0) return QT_OK;
-    if (req->kind == ARENA_KIND_DEVICE) {
+    if (req->arena->kind == ARENA_KIND_DEVICE) {
         CUdeviceptr ptr = 0;
         QT_CU(cuMemAlloc(&ptr, bytes));
         *base = ptr;
-        QT_CU(cuMemsetD8Async(ptr, 0, bytes, req->backend->stream));
-        return driver_sync_stream(req->backend->stream);
+        QT_CU(cuMemsetD8Async(ptr, 0, bytes, b->stream));
+        return driver_sync_stream(&b->syncs, b->stream);
     }
     void *host = NULL;
     QT_CU(cuMemHostAlloc(&host, bytes, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP));
@@ -147,14 +182,16 @@ static qt_status backend_alloc(void *ctx, uint64_t bytes, uint64_t *base, uint8_
     return QT_OK;
 }
 
-qt_status backend_bind(backend *b, arena *a, void *ref_memory, uint64_t ref_memory_bytes) {
-    bind_request req = {b, a->kind, ref_memory, ref_memory_bytes};
+qt_status backend_bind(backend *b, arena *a, void *memory, uint64_t memory_bytes) {
+    bind_request req = {b, a, memory, memory_bytes};
     return arena_bind(a, backend_alloc, &req);
 }
 
 void backend_release(backend *b, arena *a) {
     if (b->kind != BACKEND_GPU || a->phase != ARENA_PHASE_FROZEN || a->bytes_total == 0) return;
-    if (a->kind == ARENA_KIND_DEVICE) {
+    if (a->external) {
+        if (a->kind == ARENA_KIND_HOST) drv.cuMemHostUnregister(a->host_base);
+    } else if (a->kind == ARENA_KIND_DEVICE) {
         drv.cuMemFree((CUdeviceptr)a->base_address);
     } else {
         drv.cuMemFreeHost(a->host_base);
@@ -243,16 +280,8 @@ qt_status backend_profile(backend *b, const program *p, const backend_graph *g, 
 // ---------------------------------------------------------------------------------------------
 // Capture: the program's dependency graph.
 
-// Per capture stream: the last op placed on it, and for each other stream the last op of that
-// stream it has already waited for (a wait covers everything before it on that stream).
-typedef struct capture_plan {
-    int32_t last[BACKEND_CAPTURE_STREAMS];
-    int32_t seen[BACKEND_CAPTURE_STREAMS][BACKEND_CAPTURE_STREAMS];
-    uint8_t stream_of[PROG_OPS_MAX];
-} capture_plan;
-
 // need[s]: the latest earlier op on stream s that op j depends on (-1: none).
-static void capture_needs(const program *p, const capture_plan *c, uint32_t j,
+static void capture_needs(const program *p, const backend_capture_plan *c, uint32_t j,
                           int32_t need[BACKEND_CAPTURE_STREAMS]) {
     for (int s = 0; s < BACKEND_CAPTURE_STREAMS; s++) need[s] = -1;
     for (uint32_t i = j; i-- > 0;) {
@@ -264,7 +293,8 @@ static void capture_needs(const program *p, const capture_plan *c, uint32_t j,
 
 // A stream for op j: one whose last op j needs anyway (the chain goes on without a wait), else
 // an unused stream, else the one whose last op is oldest (the least likely to hold j back).
-static int capture_pick(const capture_plan *c, const int32_t need[BACKEND_CAPTURE_STREAMS]) {
+static int capture_pick(const backend_capture_plan *c,
+                        const int32_t need[BACKEND_CAPTURE_STREAMS]) {
     int best = -1;
     for (int s = 0; s < BACKEND_CAPTURE_STREAMS; s++) {
         if (c->last[s] >= 0 && need[s] == c->last[s] && (best < 0 || need[s] > need[best])) {
@@ -283,12 +313,12 @@ static int capture_pick(const capture_plan *c, const int32_t need[BACKEND_CAPTUR
 }
 
 static qt_status backend_capture_ops(backend *b, const program *p) {
-    static capture_plan c;  // about 4 KiB of stream indices: off the stack
+    backend_capture_plan *c = &b->capture_plan;
     CUstream *streams = b->capture_streams;
     CUevent *events = b->capture_events;
     for (int s = 0; s < BACKEND_CAPTURE_STREAMS; s++) {
-        c.last[s] = -1;
-        for (int t = 0; t < BACKEND_CAPTURE_STREAMS; t++) c.seen[s][t] = -1;
+        c->last[s] = -1;
+        for (int t = 0; t < BACKEND_CAPTURE_STREAMS; t++) c->seen[s][t] = -1;
     }
     // The side streams join the capture from stream 0's start.
     QT_CU(cuEventRecord(events[0], streams[0]));
@@ -297,22 +327,22 @@ static qt_status backend_capture_ops(backend *b, const program *p) {
     }
     for (uint32_t j = 0; j < p->op_count; j++) {
         int32_t need[BACKEND_CAPTURE_STREAMS];
-        capture_needs(p, &c, j, need);
-        int s = capture_pick(&c, need);
+        capture_needs(p, c, j, need);
+        int s = capture_pick(c, need);
         for (int t = 0; t < BACKEND_CAPTURE_STREAMS; t++) {
-            if (t == s || need[t] < 0 || need[t] <= c.seen[s][t]) continue;
+            if (t == s || need[t] < 0 || need[t] <= c->seen[s][t]) continue;
             // events[t] was recorded after stream t's last op, which is need[t] or later.
             QT_CU(cuStreamWaitEvent(streams[s], events[t], 0));
-            c.seen[s][t] = c.last[t];
+            c->seen[s][t] = c->last[t];
         }
         QT_TRY(backend_launch_on(b, &p->ops[j], streams[s]));
         QT_CU(cuEventRecord(events[s], streams[s]));
-        c.last[s] = (int32_t)j;
-        c.stream_of[j] = (uint8_t)s;
+        c->last[s] = (int32_t)j;
+        c->stream_of[j] = (uint8_t)s;
     }
     // Every side stream joins stream 0 again before the capture ends.
     for (int s = 1; s < BACKEND_CAPTURE_STREAMS; s++) {
-        if (c.last[s] >= 0) QT_CU(cuStreamWaitEvent(streams[0], events[s], 0));
+        if (c->last[s] >= 0) QT_CU(cuStreamWaitEvent(streams[0], events[s], 0));
     }
     return QT_OK;
 }
@@ -352,7 +382,7 @@ void backend_graph_destroy(backend *b, backend_graph *g) {
 
 qt_status backend_finish(backend *b) {
     if (b->kind == BACKEND_REF) return QT_OK;
-    return driver_sync_stream(b->stream);
+    return driver_sync_stream(&b->syncs, b->stream);
 }
 
 static uint64_t backend_ref_address(prog_ref ref, uint64_t bytes) {
@@ -391,7 +421,7 @@ qt_status backend_write(backend *b, prog_ref dst, const void *src, uint64_t byte
         return QT_OK;
     }
     QT_TRY(backend_finish(b));
-    return driver_copy_to_device(address, src, bytes, b->stream);
+    return driver_copy_to_device(&b->syncs, address, src, bytes, b->stream);
 }
 
 qt_status backend_read(backend *b, void *dst, prog_ref src, uint64_t bytes) {
@@ -401,5 +431,5 @@ qt_status backend_read(backend *b, void *dst, prog_ref src, uint64_t bytes) {
         memcpy(dst, (const void *)(uintptr_t)address, bytes);
         return QT_OK;
     }
-    return driver_copy_to_host(dst, address, bytes, b->stream);
+    return driver_copy_to_host(&b->syncs, dst, address, bytes, b->stream);
 }

@@ -43,6 +43,16 @@ typedef struct backend_device_info {
 // Streams a capture spreads a program over (runtime/backend.c, backend_capture).
 #define BACKEND_CAPTURE_STREAMS 6
 
+// backend_capture's working state: per capture stream the last op placed on it, and for each
+// other stream the last op of that stream it has already waited for (a wait covers everything
+// before it on that stream). It lives in the backend (about 4 KiB) so that nothing of a capture
+// is shared between backends.
+typedef struct backend_capture_plan {
+    int32_t last[BACKEND_CAPTURE_STREAMS];
+    int32_t seen[BACKEND_CAPTURE_STREAMS][BACKEND_CAPTURE_STREAMS];
+    uint8_t stream_of[PROG_OPS_MAX];
+} backend_capture_plan;
+
 typedef struct backend {
     backend_kind kind;
     CUdevice device;
@@ -61,6 +71,8 @@ typedef struct backend {
     // The sm_90a tier's persistent grid: at most this many CTAs (0: one per SM). Tests lower it
     // so that every CTA walks several tiles; results never depend on it.
     uint32_t gemm_ctas_max;
+    backend_capture_plan capture_plan;  // backend_capture's scratch
+    driver_syncs syncs;  // the synchronizing calls made through this backend (driver.h)
 } backend;
 
 typedef struct backend_graph {
@@ -81,10 +93,13 @@ void backend_close(backend *b);
 // what a run's device arena is compared with before it is allocated.
 qt_status backend_memory_free(backend *b, uint64_t *free_bytes, uint64_t *total_bytes);
 
-// Allocates an arena once (GPU: cuMemAlloc for device arenas, cuMemHostAlloc for pinned host
-// arenas; ref: `ref_memory`, at least arena bytes_total, 256-byte aligned) and zeroes it, so
-// every run starts from the same bytes.
-qt_status backend_bind(backend *b, arena *a, void *ref_memory, uint64_t ref_memory_bytes);
+// Binds an arena to memory once and zeroes it, so every run starts from the same bytes. The
+// memory: `memory` when given (at least memory_bytes >= the arena's bytes_total, 256-byte
+// aligned: on the GPU a device arena takes it as a device pointer of the backend's context and a
+// host arena pins it with cuMemHostRegister; the reference backend needs it), else on the GPU
+// cuMemAlloc for device arenas and cuMemHostAlloc for pinned host arenas.
+qt_status backend_bind(backend *b, arena *a, void *memory, uint64_t memory_bytes);
+// Frees what backend_bind allocated, unpins what it pinned (given memory stays the caller's).
 void backend_release(backend *b, arena *a);
 
 // Eager: launches every op in order on the stream (returns without waiting).

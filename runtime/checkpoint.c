@@ -58,15 +58,15 @@ static uint64_t ckpt_shape_bytes(const ckpt_region *e) {
 // ---------------------------------------------------------------------------------------------
 // Planning: what every persistent region is
 
+// The layout being described; its entry_of maps a device handle to its table entry.
 typedef struct ckpt_describer {
     ckpt_layout *c;
-    uint32_t index_of[ARENA_REGIONS_MAX];  // table entry of a device handle, or CKPT_NONE
 } ckpt_describer;
 
 static void ckpt_describe(ckpt_describer *d, arena_handle h, ckpt_usage usage,
                           ckpt_format format, uint32_t param, uint32_t outer, uint32_t inner) {
-    QT_ASSERT(h < ARENA_REGIONS_MAX && d->index_of[h] != CKPT_NONE);
-    ckpt_region *e = &d->c->table.regions[d->index_of[h]];
+    QT_ASSERT(h < ARENA_REGIONS_MAX && d->c->entry_of[h] != CKPT_NONE);
+    ckpt_region *e = &d->c->table.regions[d->c->entry_of[h]];
     e->usage = usage;
     e->format = format;
     e->param = param;
@@ -185,7 +185,7 @@ static void ckpt_describe_params(ckpt_describer *d, const model *m) {
         e->cols = p->cols;
         e->cols_valid = p->cols_valid;
         e->kind = ckpt_param_kind_of(p);
-        e->master = d->index_of[p->master];
+        e->master = d->c->entry_of[p->master];
         e->scheme = CKPT_NONE;
         ckpt_describe(d, p->master, CKPT_USAGE_MASTER, CKPT_FORMAT_F32, i, p->rows, p->cols);
         if (m->modes[MODEL_MODE_TRAIN]) {
@@ -230,7 +230,7 @@ static void ckpt_list_regions(ckpt_describer *d, const model *m) {
     uint64_t offset = CKPT_HEADER_BYTES;
     for (uint32_t h = 0; h < dev->region_count; h++) {
         const arena_region *r = arena_region_get(dev, h);
-        d->index_of[h] = CKPT_NONE;
+        d->c->entry_of[h] = CKPT_NONE;
         if (!r->persistent || r->bytes == 0 || h == m->io.staged) continue;
         ckpt_region *e = &t->regions[count];
         memset(e, 0, sizeof *e);
@@ -248,7 +248,7 @@ static void ckpt_list_regions(ckpt_describer *d, const model *m) {
         e->dims[0] = (uint32_t)(e->rank == 1 ? r->bytes : r->bytes >> 16);
         e->dims[1] = e->rank == 1 ? 0 : 1u << 16;
         d->c->handles[count] = h;
-        d->index_of[h] = count++;
+        d->c->entry_of[h] = count++;
         offset += r->bytes;
     }
     t->header.region_count = count;
@@ -257,10 +257,8 @@ static void ckpt_list_regions(ckpt_describer *d, const model *m) {
 
 qt_status ckpt_plan(ckpt_layout *c, const model *m, uint64_t recipe_hash, uint64_t seed,
                     const char *recipe_name, uint64_t chunk_bytes) {
-    static ckpt_describer d;  // 8 KiB of indices: off the stack
     memset(c, 0, sizeof *c);
-    memset(&d, 0, sizeof d);
-    d.c = c;
+    ckpt_describer d = {c};
     ckpt_list_regions(&d, m);
     ckpt_describe_params(&d, m);
     ckpt_describe_state(&d, m);
@@ -593,7 +591,7 @@ static bool ckpt_first_difference(const ckpt_table *file, const ckpt_table *run,
 
 qt_status ckpt_match(const ckpt_reader *rd, const ckpt_layout *c) {
     const ckpt_header *f = &rd->table.header, *r = &c->table.header;
-    static char difference[512];
+    char difference[512];
     bool differs = ckpt_first_difference(&rd->table, &c->table, difference, sizeof difference);
     if (f->recipe_hash != r->recipe_hash) {
         return qt_fail(QT_ERR_MISMATCH, "%s: saved from another recipe: '%s' (text hash %016"
@@ -753,7 +751,7 @@ static qt_status ckpt_match_params(const ckpt_reader *rd, const ckpt_table *run)
 typedef struct ckpt_model_ctx {
     backend *b;
     const arena *dev;
-    arena_handle target[ARENA_REGIONS_MAX];  // device region of file region i, or CKPT_NONE
+    const arena_handle *target;  // the reader's model_target
 } ckpt_model_ctx;
 
 static qt_status ckpt_model_sink(void *ctx, uint32_t region, uint64_t offset, const void *bytes,
@@ -767,10 +765,8 @@ static qt_status ckpt_model_sink(void *ctx, uint32_t region, uint64_t offset, co
 qt_status ckpt_load_model(ckpt_reader *rd, const ckpt_layout *c, backend *b, const arena *dev,
                           const arena *host_arena) {
     QT_TRY(ckpt_match_params(rd, &c->table));
-    static ckpt_model_ctx l;  // 4 KiB of handles: off the stack
-    l.b = b;
-    l.dev = dev;
-    for (uint32_t i = 0; i < ARENA_REGIONS_MAX; i++) l.target[i] = CKPT_NONE;
+    ckpt_model_ctx l = {b, dev, rd->model_target};
+    for (uint32_t i = 0; i < ARENA_REGIONS_MAX; i++) rd->model_target[i] = CKPT_NONE;
     for (uint32_t i = 0; i < c->table.header.region_count; i++) {
         const ckpt_region *e = &c->table.regions[i];
         if (!ckpt_model_usage(e->usage)) continue;
@@ -787,7 +783,7 @@ qt_status ckpt_load_model(ckpt_reader *rd, const ckpt_layout *c, backend *b, con
             return qt_fail(QT_ERR_MISMATCH, "%s: region '%s': other format: %s in the "
                            "checkpoint, %s in this run", rd->path, e->name, have, want);
         }
-        l.target[k] = c->handles[i];
+        rd->model_target[k] = c->handles[i];
     }
     return ckpt_read_data(rd, arena_host_pointer(host_arena, c->staging), c->chunk_bytes,
                           ckpt_model_sink, &l);

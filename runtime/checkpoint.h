@@ -183,6 +183,7 @@ typedef struct ckpt_table {
 typedef struct ckpt_layout {
     ckpt_table table;                      // what the run's checkpoints hold (CRCs: the last)
     arena_handle handles[ARENA_REGIONS_MAX];  // device region of table entry i
+    uint32_t entry_of[ARENA_REGIONS_MAX];     // table entry of device region h, or CKPT_NONE
     arena_handle staging;                  // host arena, chunk_bytes, pinned on the GPU
     uint64_t chunk_bytes;
     atomic_file file;                      // during ckpt_save
@@ -223,6 +224,8 @@ typedef struct ckpt_reader {
     uint32_t table_crc;  // as stored in the trailer (and checked)
     uint32_t file_crc;   // as stored; ckpt_read_data checks it
     ckpt_table table;    // the header and the table as read
+    // ckpt_load_model: the device region each file region goes to, or CKPT_NONE.
+    arena_handle model_target[ARENA_REGIONS_MAX];
 } ckpt_reader;
 
 // Opens a checkpoint and checks its header, length, trailer and table (CRCs and layout).

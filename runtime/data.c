@@ -1036,6 +1036,55 @@ static void stage_rows(void *ctx, uint64_t begin, uint64_t end) {
 // the GPU step it feeds; a small one (Fashion-MNIST's 256 x 784 bytes) stays one task.
 #define DATA_STAGE_BYTES_PER_TASK_MIN (1u << 20)
 
+// The slot's first bytes: its rows and widths, and the cursor of its first row.
+static void stage_header(const data_slot_layout *l, uint32_t rows, data_cursor cursor,
+                         uint8_t *slot) {
+    data_slot_header header = {
+        .rows_valid = rows,
+        .batch = l->batch,
+        .features = l->features,
+        .stride = l->stride,
+        .outputs = l->outputs,
+        .target_type = (uint32_t)l->target_type,
+        .epoch = cursor.epoch,
+        .position = cursor.position,
+    };
+    memcpy(slot, &header, sizeof header);
+}
+
+void data_stage_rows(const data_slot_layout *layout, uint32_t rows, const void *inputs,
+                     const int32_t *labels, const float *targets, void *slot) {
+    QT_ASSERT(rows >= 1 && rows <= layout->batch);
+    // The caller's arrays as a dataset of `rows` samples, staged row r from sample r; a batch
+    // without targets gets the padding rows' (label -1, zero targets) in its real rows too.
+    data_set set = {.info = {.samples = rows, .features = layout->features,
+                             .outputs = layout->outputs, .input_type = layout->input_type,
+                             .target_type = layout->target_type}};
+    if (layout->input_type == DATA_INPUT_U8) {
+        set.inputs_u8 = inputs;
+    } else {
+        set.inputs_f32 = inputs;
+    }
+    set.labels = layout->target_type == DATA_TARGET_LABEL ? labels : NULL;
+    set.targets = layout->target_type == DATA_TARGET_VALUES ? targets : NULL;
+    bool has_targets = set.labels != NULL || set.targets != NULL;
+    uint8_t *bytes = slot;
+    for (uint32_t r = 0; r < layout->batch; r++) {
+        if (r < rows && has_targets) {
+            stage_row(&set, layout, bytes, r, r);
+            continue;
+        }
+        stage_padding(layout, bytes, r);
+        if (r >= rows) continue;
+        uint64_t elem = slot_input_bytes(layout);  // the row's inputs, targets left as padding
+        memcpy(bytes + layout->inputs_offset + (uint64_t)r * layout->stride * elem,
+               (const uint8_t *)inputs + (uint64_t)r * layout->features * elem,
+               layout->features * elem);
+    }
+    stage_gaps(layout, bytes);
+    stage_header(layout, rows, (data_cursor){UINT64_MAX, 0}, bytes);  // no dataset's cursor
+}
+
 uint32_t data_feed_next(data_feed *f, const data_slot_layout *layout, void *slot) {
     const data_set *set = f->set;
     uint64_t samples = set->info.samples;
@@ -1059,17 +1108,7 @@ uint32_t data_feed_next(data_feed *f, const data_slot_layout *layout, void *slot
     pool_for(rows, grain, stage_rows, &job);
     for (uint32_t r = rows; r < f->batch; r++) stage_padding(layout, bytes, r);
     stage_gaps(layout, bytes);
-    data_slot_header header = {
-        .rows_valid = rows,
-        .batch = f->batch,
-        .features = layout->features,
-        .stride = layout->stride,
-        .outputs = layout->outputs,
-        .target_type = (uint32_t)layout->target_type,
-        .epoch = f->cursor.epoch,
-        .position = f->cursor.position,
-    };
-    memcpy(bytes, &header, sizeof header);
+    stage_header(layout, rows, f->cursor, bytes);
     f->cursor.position += rows;
     if (f->cursor.position == samples) {
         f->cursor.epoch++;

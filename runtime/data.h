@@ -11,6 +11,7 @@
 //   data_slot_plan      one staging slot; the schedule loop has three (pinned host arena)
 //   data_load           fills the dataset region once, at start-up, validating everything
 //   data_feed_next      fills one slot with the next batch, per step, without allocating
+//   data_stage_rows     fills one slot with a batch an embedder gives, likewise
 //
 // The dataset region, from data_load until the end of the run (offsets are in data_info):
 //
@@ -219,5 +220,11 @@ qt_status data_feed_seek(data_feed *f, data_cursor cursor);
 // Writes the next batch into `slot` (laid out as `layout`, whose widths match the dataset),
 // advances the cursor (to the next epoch after the last batch) and returns the real rows.
 uint32_t data_feed_next(data_feed *f, const data_slot_layout *layout, void *slot);
+// Writes a batch the caller holds into `slot` as data_feed_next would: rows (1 .. batch) samples
+// of inputs [rows][features] in the layout's input type and labels [rows] or targets
+// [rows][outputs] as its target type (NULL: an inputs-only batch, staged with the padding
+// rows' targets), then padding rows. The header's cursor is {UINT64_MAX, 0}, no dataset's.
+void data_stage_rows(const data_slot_layout *layout, uint32_t rows, const void *inputs,
+                     const int32_t *labels, const float *targets, void *slot);
 
 #endif  // QT_DATA_H

@@ -1,12 +1,14 @@
 #include "driver.h"
 
-#include <dlfcn.h>  // dlopen, dlsym
+#include <dlfcn.h>    // dlopen, dlsym
+#include <pthread.h>  // pthread_once
 #include <stdio.h>
 
+// Written by the one driver_load_once of the process, read-only afterwards (driver.h).
 driver_table drv;
-uint64_t driver_sync_counts[DRIVER_SYNC_KIND_COUNT];
-
-static bool driver_ready;
+static pthread_once_t driver_once = PTHREAD_ONCE_INIT;
+static qt_status driver_status;
+static char driver_message[QT_ERROR_MESSAGE_MAX];
 
 typedef struct driver_entry {
     const char *name;  // API name as written in the docs, before cuda.h's version mapping
@@ -19,7 +21,6 @@ typedef struct driver_entry {
 static const driver_entry driver_entries[] = {QT_DRIVER_ENTRY_POINTS(QT_DRIVER_ENTRY)};
 #undef QT_DRIVER_ENTRY
 
-bool driver_loaded(void) { return driver_ready; }
 
 static qt_status driver_resolve(void *library) {
     typedef CUresult (*get_proc_fn)(const char *, void **, int, cuuint64_t,
@@ -54,8 +55,7 @@ static qt_status driver_resolve(void *library) {
     return QT_OK;
 }
 
-qt_status driver_load(void) {
-    if (driver_ready) return QT_OK;
+static qt_status driver_load_now(void) {
     void *library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!library) {
         return qt_fail(QT_ERR_NO_DRIVER, "no CUDA driver: cannot load libcuda.so.1 (%s)",
@@ -72,8 +72,25 @@ qt_status driver_load(void) {
     if (device_count == 0) {
         return qt_fail(QT_ERR_NO_DEVICE, "the CUDA driver loaded but reports no GPU");
     }
-    driver_ready = true;
     return QT_OK;
+}
+
+static void driver_load_once(void) {
+    driver_status = driver_load_now();
+    if (driver_status != QT_OK) {
+        snprintf(driver_message, sizeof driver_message, "%s", qt_error_message());
+    }
+}
+
+qt_status driver_load(void) {
+    pthread_once(&driver_once, driver_load_once);
+    if (driver_status != QT_OK) return qt_fail(driver_status, "%s", driver_message);
+    return QT_OK;
+}
+
+bool driver_loaded(void) {
+    pthread_once(&driver_once, driver_load_once);
+    return driver_status == QT_OK;
 }
 
 qt_status driver_fail(CUresult result, const char *call, const char *file, int line) {
@@ -86,26 +103,26 @@ qt_status driver_fail(CUresult result, const char *call, const char *file, int l
                    (int)result, text);
 }
 
-uint64_t driver_sync_total(void) {
+uint64_t driver_sync_total(const driver_syncs *s) {
     uint64_t total = 0;
-    for (int i = 0; i < DRIVER_SYNC_KIND_COUNT; i++) total += driver_sync_counts[i];
+    for (int i = 0; i < DRIVER_SYNC_KIND_COUNT; i++) total += s->counts[i];
     return total;
 }
 
-qt_status driver_sync_stream(CUstream stream) {
-    driver_sync_counts[DRIVER_SYNC_STREAM]++;
+qt_status driver_sync_stream(driver_syncs *s, CUstream stream) {
+    s->counts[DRIVER_SYNC_STREAM]++;
     QT_CU(cuStreamSynchronize(stream));
     return QT_OK;
 }
 
-qt_status driver_sync_event(CUevent event) {
-    driver_sync_counts[DRIVER_SYNC_EVENT]++;
+qt_status driver_sync_event(driver_syncs *s, CUevent event) {
+    s->counts[DRIVER_SYNC_EVENT]++;
     QT_CU(cuEventSynchronize(event));
     return QT_OK;
 }
 
-qt_status driver_sync_context(void) {
-    driver_sync_counts[DRIVER_SYNC_CONTEXT]++;
+qt_status driver_sync_context(driver_syncs *s) {
+    s->counts[DRIVER_SYNC_CONTEXT]++;
     QT_CU(cuCtxSynchronize());
     return QT_OK;
 }
@@ -114,16 +131,17 @@ qt_status driver_sync_context(void) {
 // default stream: cuMemcpyHtoD from pageable memory returns once the data is staged, before its
 // last DMA has landed, and kernels on a non-blocking stream are not ordered after it, so a kernel
 // launched right after could read (or have its output overwritten by) the copy's tail.
-qt_status driver_copy_to_device(CUdeviceptr dst, const void *src, size_t bytes,
+qt_status driver_copy_to_device(driver_syncs *s, CUdeviceptr dst, const void *src, size_t bytes,
                                 CUstream stream) {
-    driver_sync_counts[DRIVER_SYNC_COPY_BLOCKING]++;
+    s->counts[DRIVER_SYNC_COPY_BLOCKING]++;
     QT_CU(cuMemcpyHtoDAsync(dst, src, bytes, stream));
     QT_CU(cuStreamSynchronize(stream));
     return QT_OK;
 }
 
-qt_status driver_copy_to_host(void *dst, CUdeviceptr src, size_t bytes, CUstream stream) {
-    driver_sync_counts[DRIVER_SYNC_COPY_BLOCKING]++;
+qt_status driver_copy_to_host(driver_syncs *s, void *dst, CUdeviceptr src, size_t bytes,
+                              CUstream stream) {
+    s->counts[DRIVER_SYNC_COPY_BLOCKING]++;
     QT_CU(cuMemcpyDtoHAsync(dst, src, bytes, stream));
     QT_CU(cuStreamSynchronize(stream));
     return QT_OK;

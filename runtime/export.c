@@ -7,26 +7,6 @@
 
 #include "atomic_file.h"  // the export appears whole or not at all
 
-// One tensor of the file: where its bytes come from and where they go.
-typedef struct export_tensor {
-    char name[ARENA_NAME_MAX + 8];
-    const char *dtype;      // safetensors dtype
-    uint32_t rank;
-    uint64_t dims[2];
-    uint32_t region;        // checkpoint region of its bytes
-    uint64_t rows;          // copied as rows of row_bytes at a source stride of stride bytes
-    uint64_t row_bytes, stride;
-    uint64_t begin;         // data offset in the file's data part
-    const ckpt_region *entry;  // quantized copies: the region (its usage and format)
-    const ckpt_param *param;
-} export_tensor;
-
-typedef struct export_list {
-    uint32_t count;
-    export_tensor tensors[ARENA_REGIONS_MAX + MODEL_PARAMS_MAX];
-    uint64_t data_bytes;
-} export_list;
-
 // JSON text into the caller's buffer, with the room checked once per append.
 typedef struct export_text {
     char *out;
@@ -269,21 +249,24 @@ qt_status export_safetensors(ckpt_reader *rd, const char *ckpt_path, const char 
     // Refused before the checkpoint is read: nothing is replaced by surprise.
     QT_TRY(atomic_file_check(out_path, force, "--force"));
     QT_TRY(ckpt_open(rd, ckpt_path));
-    static export_list list;  // about 200 KiB: off the stack
-    static atomic_file out;   // 8 KiB of paths
-    memset(&list, 0, sizeof list);
+    // The tensor list and the output file take the buffer's first bytes; the rest carries the
+    // header and the data.
+    export_scratch *x = buffer;
+    memset(x, 0, sizeof *x);
+    buffer = (uint8_t *)buffer + EXPORT_SCRATCH_BYTES;
+    buffer_bytes -= EXPORT_SCRATCH_BYTES;
     qt_status status = ckpt_read_data(rd, buffer, buffer_bytes, NULL, NULL);
     if (status == QT_OK) {
-        export_masters(&rd->table, &list);
-        if (quantized) export_copies(&rd->table, &list);
-        status = atomic_file_create(&out, out_path, force, "--force");
+        export_masters(&rd->table, &x->list);
+        if (quantized) export_copies(&rd->table, &x->list);
+        status = atomic_file_create(&x->out, out_path, force, "--force");
         if (status == QT_OK) {
-            status = export_write(rd, &list, quantized, &out, buffer, buffer_bytes);
+            status = export_write(rd, &x->list, quantized, &x->out, buffer, buffer_bytes);
         }
         if (status == QT_OK) {
-            status = atomic_file_commit(&out);
+            status = atomic_file_commit(&x->out);
         } else {
-            atomic_file_abandon(&out);
+            atomic_file_abandon(&x->out);
         }
     }
     ckpt_close(rd);

@@ -43,19 +43,26 @@ static int32_t row_argmax(const uint16_t *row, uint32_t outputs) {
     return best.index == QT_XENT_NONE ? -1 : (int32_t)best.index;
 }
 
+void infer_out_logits(const uint16_t *bf16, uint32_t rows, uint32_t outputs, float *logits) {
+    uint64_t values = (uint64_t)rows * outputs;
+    for (uint64_t i = 0; i < values; i++) logits[i] = qt_bf16_to_f32(bf16[i]);
+}
+
+void infer_out_classes(const uint16_t *bf16, uint32_t rows, uint32_t outputs, int32_t *classes) {
+    for (uint32_t r = 0; r < rows; r++) {
+        classes[r] = row_argmax(bf16 + (uint64_t)r * outputs, outputs);
+    }
+}
+
 qt_status infer_out_write(infer_out *o, const uint16_t *bf16, uint32_t rows_valid) {
     QT_ASSERT(rows_valid <= o->batch && o->rows_written + rows_valid <= o->rows_expected);
-    uint64_t values = (uint64_t)rows_valid * o->outputs;
     if (o->argmax) {
-        int32_t *classes = o->scratch;
-        for (uint32_t r = 0; r < rows_valid; r++) {
-            classes[r] = row_argmax(bf16 + (uint64_t)r * o->outputs, o->outputs);
-        }
-        QT_TRY(npy_write(&o->file, classes, (uint64_t)rows_valid * sizeof(int32_t)));
+        infer_out_classes(bf16, rows_valid, o->outputs, o->scratch);
+        QT_TRY(npy_write(&o->file, o->scratch, (uint64_t)rows_valid * sizeof(int32_t)));
     } else {
-        float *logits = o->scratch;
-        for (uint64_t i = 0; i < values; i++) logits[i] = qt_bf16_to_f32(bf16[i]);
-        QT_TRY(npy_write(&o->file, logits, values * sizeof(float)));
+        infer_out_logits(bf16, rows_valid, o->outputs, o->scratch);
+        QT_TRY(npy_write(&o->file, o->scratch,
+                         (uint64_t)rows_valid * o->outputs * sizeof(float)));
     }
     o->rows_written += rows_valid;
     return QT_OK;

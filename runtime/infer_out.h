@@ -50,6 +50,10 @@ uint64_t infer_out_scratch_bytes(uint32_t batch, uint32_t outputs);
 qt_status infer_out_open(infer_out *o, const char *path, bool argmax, uint64_t rows_expected,
                          uint32_t batch, uint32_t outputs, void *scratch, bool replace,
                          const char *replace_hint);
+// The file's two forms of `rows` rows of bf16 [rows][outputs]: float32 logits [rows][outputs]
+// and int32 classes [rows] (also what the embedding API's qt_infer gives).
+void infer_out_logits(const uint16_t *bf16, uint32_t rows, uint32_t outputs, float *logits);
+void infer_out_classes(const uint16_t *bf16, uint32_t rows, uint32_t outputs, int32_t *classes);
 // One step's outputs: bf16 [batch][outputs], of which the first rows_valid rows are real.
 qt_status infer_out_write(infer_out *o, const uint16_t *bf16, uint32_t rows_valid);
 // Checks that every promised row came and gives the file its name.

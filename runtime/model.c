@@ -820,25 +820,45 @@ static void model_qgroup_add_name(model_qgroup *g, const char *name) {
     }
 }
 
-static uint32_t model_qgroups(const model *m, model_qgroup *groups) {
+static void model_qgroup_key(const model *m, uint32_t i, model_qgroup *key) {
+    const model_quantizer *mq = &m->quantizers[i];
+    memset(key, 0, sizeof *key);
+    key->tensor = mq->role.tensor_type;
+    rules_quantizer_format(&mq->q, key->q, sizeof key->q);
+    model_quantizer_source(m, mq, key->from, sizeof key->from);
+    key->rht = mq->rht;
+}
+
+static bool model_qgroup_same(const model_qgroup *a, const model_qgroup *b) {
+    return a->tensor == b->tensor && a->rht == b->rht && strcmp(a->q, b->q) == 0 &&
+           strcmp(a->from, b->from) == 0;
+}
+
+// The groups in order of their first quantizer: the first `max` of them into groups (their
+// counts and layer names), and how many there are. Each quantizer's key is compared with the
+// earlier ones' again rather than kept, so a summary needs no table as large as the model's.
+static uint32_t model_qgroups(const model *m, model_qgroup *groups, uint32_t max) {
     uint32_t count = 0;
     for (uint32_t i = 0; i < m->quantizer_count; i++) {
-        const model_quantizer *mq = &m->quantizers[i];
-        model_qgroup key;
-        memset(&key, 0, sizeof key);
-        key.tensor = mq->role.tensor_type;
-        rules_quantizer_format(&mq->q, key.q, sizeof key.q);
-        model_quantizer_source(m, mq, key.from, sizeof key.from);
-        key.rht = mq->rht;
-        uint32_t g = 0;
-        while (g < count && !(groups[g].tensor == key.tensor && groups[g].rht == key.rht &&
-                              strcmp(groups[g].q, key.q) == 0 &&
-                              strcmp(groups[g].from, key.from) == 0)) {
-            g++;
+        model_qgroup key, other;
+        model_qgroup_key(m, i, &key);
+        bool first = true;
+        for (uint32_t j = 0; j < i && first; j++) {
+            model_qgroup_key(m, j, &other);
+            first = !model_qgroup_same(&key, &other);
         }
-        if (g == count) groups[count++] = key;
-        groups[g].count++;
-        model_qgroup_add_name(&groups[g], mq->role.name);
+        if (!first) continue;
+        if (count < max) {
+            model_qgroup *g = &groups[count];
+            *g = key;
+            for (uint32_t k = i; k < m->quantizer_count; k++) {
+                if (k > i) model_qgroup_key(m, k, &other);
+                if (k > i && !model_qgroup_same(&key, &other)) continue;
+                g->count++;
+                model_qgroup_add_name(g, m->quantizers[k].role.name);
+            }
+        }
+        count++;
     }
     return count;
 }
@@ -885,8 +905,8 @@ void model_print_summary(const model *m, FILE *out) {
         fprintf(out, "  ... %u more layers with weights (qtrain plan lists them all)\n",
                 weighted - MODEL_SUMMARY_LAYERS);
     }
-    static model_qgroup groups[MODEL_QUANTIZERS_MAX];
-    uint32_t group_count = model_qgroups(m, groups);
+    model_qgroup groups[MODEL_SUMMARY_GROUPS];
+    uint32_t group_count = model_qgroups(m, groups, MODEL_SUMMARY_GROUPS);
     fprintf(out, "quantizers   %u roles in %u groups: tensor, quantizer (source): layers\n",
             m->quantizer_count, group_count);
     for (uint32_t g = 0; g < group_count && g < MODEL_SUMMARY_GROUPS; g++) {

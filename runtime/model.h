@@ -52,6 +52,7 @@
 
 #include "arena.h"
 #include "data.h"     // data_slot_layout
+#include "op_moe.h"   // op_moe_routing, which the program builders keep per moe layer
 #include "program.h"
 #include "recipe.h"   // recipe, recipe_layer
 #include "rules.h"    // qt_quantizer, qt_role
@@ -211,6 +212,34 @@ typedef struct model_options {
     const data_info *data;           // the training set (widths)
 } model_options;
 
+// The tensors of one moe layer's forward pass that its backward pass reads.
+typedef struct model_build_moe {
+    op_moe_routing routing;  // probs, choices, gates, the permutation and its member counts
+    model_tensor xp;         // the permuted input [capacity][width] (the input's dtype)
+    model_tensor h;          // fc1's output [capacity][fc1 outputs], bf16
+    model_tensor yp;         // fc2's output [capacity][width], bf16
+} model_build_moe;
+
+// What one program's builder knows while it appends ops (runtime/model_build.c). It lives in the
+// model, not on the stack or in a static, so that models never share it.
+typedef struct model_builder {
+    struct model *m;
+    program *p;
+    model_mode mode;
+    bool train;
+    model_tensor input;     // the batch's model input, f32 [batch][stride]
+    prog_ref targets;       // i32 labels [batch] or f32 targets [batch][outputs]
+    prog_ref rows_valid;    // u32 (the staging header)
+    model_tensor acts[RECIPE_LAYERS_MAX + 1];  // acts[i]: input of layer i; acts[n]: output
+    model_qstore xq[MODEL_LINEARS_MAX];        // quantized inputs of the linears
+    model_build_moe moes[MODEL_MOES_MAX];
+    prog_ref inv_rms[RECIPE_LAYERS_MAX];
+    prog_ref stats;         // qt_loss_stats
+    model_tensor dlogits;   // train: gradient of the output
+    prog_ref gnorm;         // train: qt_gnorm_result
+    prog_ref snap_amax, snap_scale;  // f32 [delayed_slots]; the record copies delayed_count
+} model_builder;
+
 typedef struct model {
     const recipe *recipe;
     arena *dev, *host;
@@ -244,6 +273,7 @@ typedef struct model {
     model_io io;
     uint32_t note_count;          // planning decisions for `qtrain plan`
     char notes[MODEL_NOTES_MAX][MODEL_NOTE_BYTES];
+    model_builder builder;        // model_build_*'s working state
 } model;
 
 // Plans the model of r into the two arenas (both in PLAN). Fails (QT_ERR_INPUT, naming the

@@ -17,32 +17,9 @@
 #include "op_quant_nvfp4.h"
 #include "op_sched.h"        // op_sched_copy, op_sched_record, op_sched_checksum
 
-// The tensors of one moe layer's forward pass that its backward pass reads.
-typedef struct mb_moe {
-    op_moe_routing routing;  // probs, choices, gates, the permutation and its member counts
-    model_tensor xp;         // the permuted input [capacity][width] (the input's dtype)
-    model_tensor h;          // fc1's output [capacity][fc1 outputs], bf16
-    model_tensor yp;         // fc2's output [capacity][width], bf16
-} mb_moe;
-
-// What one program's builder knows while it appends ops.
-typedef struct mb {
-    model *m;
-    program *p;
-    model_mode mode;
-    bool train;
-    model_tensor input;     // the batch's model input, f32 [batch][stride]
-    prog_ref targets;       // i32 labels [batch] or f32 targets [batch][outputs]
-    prog_ref rows_valid;    // u32 (the staging header)
-    model_tensor acts[RECIPE_LAYERS_MAX + 1];  // acts[i]: input of layer i; acts[n]: output
-    model_qstore xq[MODEL_LINEARS_MAX];        // quantized inputs of the linears
-    mb_moe moes[MODEL_MOES_MAX];
-    prog_ref inv_rms[RECIPE_LAYERS_MAX];
-    prog_ref stats;         // qt_loss_stats
-    model_tensor dlogits;   // train: gradient of the output
-    prog_ref gnorm;         // train: qt_gnorm_result
-    prog_ref snap_amax, snap_scale;  // f32 [delayed_slots]; the record copies delayed_count
-} mb;
+// What one program's builder knows while it appends ops: the model's model_builder.
+typedef model_builder mb;
+typedef model_build_moe mb_moe;
 
 static prog_ref mb_dev(const mb *b, arena_handle h) { return (prog_ref){b->m->dev, h, 0}; }
 
@@ -1129,57 +1106,57 @@ static qt_status mb_begin(mb *b, model *m, program *p, model_mode mode) {
 }
 
 qt_status model_build_train(model *m, program *p) {
-    static mb b;  // about 60 KiB: off the stack; start-up runs on one thread
-    QT_TRY(mb_begin(&b, m, p, MODEL_MODE_TRAIN));
-    QT_TRY(mb_forward(&b));
-    QT_TRY(mb_loss(&b));
-    QT_TRY(mb_backward(&b));
-    QT_TRY(mb_optimizer(&b));
-    QT_TRY(mb_delayed(&b));
-    return mb_record(&b);
+    mb *b = &m->builder;
+    QT_TRY(mb_begin(b, m, p, MODEL_MODE_TRAIN));
+    QT_TRY(mb_forward(b));
+    QT_TRY(mb_loss(b));
+    QT_TRY(mb_backward(b));
+    QT_TRY(mb_optimizer(b));
+    QT_TRY(mb_delayed(b));
+    return mb_record(b);
 }
 
 qt_status model_build_eval(model *m, program *p) {
-    static mb b;
-    QT_TRY(mb_begin(&b, m, p, MODEL_MODE_EVAL));
-    QT_TRY(mb_forward(&b));
-    QT_TRY(mb_loss(&b));
-    QT_TRY(mb_delayed(&b));
-    return mb_record(&b);
+    mb *b = &m->builder;
+    QT_TRY(mb_begin(b, m, p, MODEL_MODE_EVAL));
+    QT_TRY(mb_forward(b));
+    QT_TRY(mb_loss(b));
+    QT_TRY(mb_delayed(b));
+    return mb_record(b);
 }
 
 qt_status model_build_infer(model *m, program *p) {
-    static mb b;
-    QT_TRY(mb_begin(&b, m, p, MODEL_MODE_INFER));
-    QT_TRY(mb_forward(&b));
-    model_tensor out = b.acts[m->recipe->model.layers_count];
+    mb *b = &m->builder;
+    QT_TRY(mb_begin(b, m, p, MODEL_MODE_INFER));
+    QT_TRY(mb_forward(b));
+    model_tensor out = b->acts[m->recipe->model.layers_count];
     QT_ASSERT(out.dtype == QT_DTYPE_BF16);
     op_sched_slots dst = {(prog_ref){m->host, m->io.outputs, 0}, m->io.outputs_bytes,
                           MODEL_OUTPUT_SLOTS};
     op_sched_slots src = {out.ref, 0, 1};
-    QT_TRY(op_sched_copy(p, "outputs", mb_dev(&b, m->io.counter), dst, src,
+    QT_TRY(op_sched_copy(p, "outputs", mb_dev(b, m->io.counter), dst, src,
                          m->io.outputs_bytes));
-    QT_TRY(mb_delayed(&b));
-    return mb_record(&b);
+    QT_TRY(mb_delayed(b));
+    return mb_record(b);
 }
 
 // Start-up: every master from its seeded fill, delayed-scaling states at scale 1 with an empty
 // history (the arena is zeroed at bind), then every weight cast from its master, so that the
 // weights are the cast of their masters from the first step on (ptx/optim.h).
 qt_status model_build_init(model *m, program *p) {
-    static mb b;
-    memset(&b, 0, sizeof b);
-    b.m = m;
-    b.p = p;
+    mb *b = &m->builder;
+    memset(b, 0, sizeof *b);
+    b->m = m;
+    b->p = p;
     for (uint32_t s = 0; s < m->state_count; s++) {
         const model_state *st = &m->states[s];
         // A uniform fill over [1, 1) is exactly 1: fma(u, 0, 1).
-        QT_TRY(op_fill_random(p, "init.delayed_scale", mb_dev(&b, st->scale), st->slots,
+        QT_TRY(op_fill_random(p, "init.delayed_scale", mb_dev(b, st->scale), st->slots,
                               QT_DTYPE_F32, QT_FILL_UNIFORM, 0, 0, 1.0f, 1.0f));
     }
     for (uint32_t i = 0; i < m->param_count; i++) {
         const model_param *pa = &m->params[i];
-        prog_ref master = mb_dev(&b, pa->master);
+        prog_ref master = mb_dev(b, pa->master);
         uint64_t seed = qt_mix64(m->seed ^ (0x9E3779B97F4A7C15ull * (i + 1)));
         if (pa->init == MODEL_INIT_ONE) {
             QT_TRY(op_fill_random(p, pa->name, master, (uint64_t)pa->rows * pa->cols,
@@ -1201,13 +1178,13 @@ qt_status model_build_init(model *m, program *p) {
     for (uint32_t i = 0; i < m->param_count; i++) {
         const model_param *pa = &m->params[i];
         if (!pa->members) continue;
-        op_group g = {pa->members, mb_dev(&b, pa->group_offsets), mb_dev(&b, pa->group_dims)};
+        op_group g = {pa->members, mb_dev(b, pa->group_offsets), mb_dev(b, pa->group_dims)};
         QT_TRY(op_moe_uniform_group(p, pa->name, &g, pa->rows / pa->members));
     }
     for (uint32_t i = 0; i < m->param_count; i++) {
         if (m->params[i].quantizer < 0) continue;
         optim_param_desc d;
-        mb_param_desc(&b, i, &d);
+        mb_param_desc(b, i, &d);
         QT_TRY(op_optim_quantize(p, &d));
     }
     return QT_OK;

@@ -108,17 +108,17 @@ bool prog_ops_conflict(const prog_op *x, const prog_op *y) {
     return false;
 }
 
-uint32_t prog_critical_path(const program *p) {
-    static uint32_t depth[PROG_OPS_MAX];  // chain length ending at each op
+uint32_t prog_critical_path(program *p) {
     uint32_t longest = 0;
     for (uint32_t j = 0; j < p->op_count; j++) {
-        depth[j] = 1;
+        prog_op *op = &p->ops[j];
+        op->chain = 1;
         for (uint32_t i = 0; i < j; i++) {
-            if (depth[i] + 1 > depth[j] && prog_ops_conflict(&p->ops[i], &p->ops[j])) {
-                depth[j] = depth[i] + 1;
+            if (p->ops[i].chain + 1 > op->chain && prog_ops_conflict(&p->ops[i], op)) {
+                op->chain = p->ops[i].chain + 1;
             }
         }
-        if (depth[j] > longest) longest = depth[j];
+        if (op->chain > longest) longest = op->chain;
     }
     return longest;
 }
@@ -133,7 +133,7 @@ static bool prog_packed(const program *p) {
     return true;
 }
 
-void prog_print(const program *p, FILE *out) {
+void prog_print(program *p, FILE *out) {
     fprintf(out, "program %s: %u ops", p->mode, p->op_count);
     if (p->op_count > 0 && prog_packed(p)) {
         fprintf(out, ", %u on the longest chain of ops that must stay in order",

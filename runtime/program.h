@@ -49,6 +49,7 @@ typedef struct prog_op {
     _Alignas(16) uint8_t args[QT_ARGS_BYTES_MAX];
     uint32_t ref_count;
     prog_op_ref refs[PROG_OP_REFS_MAX];
+    uint32_t chain;  // prog_critical_path: ops on the longest chain that ends with this one
 } prog_op;
 
 typedef struct program {
@@ -89,9 +90,10 @@ int32_t prog_op_index(const program *p, uint32_t op);  // global index of ops[op
 // overlap here, which orders their users too. The arenas must be packed.
 bool prog_ops_conflict(const prog_op *x, const prog_op *y);
 // Ops on the longest chain of conflicting ops: the least number of kernels one after another
-// that a graph of the program can have (the op count when nothing can overlap).
-uint32_t prog_critical_path(const program *p);
+// that a graph of the program can have (the op count when nothing can overlap). Sets every op's
+// chain on the way.
+uint32_t prog_critical_path(program *p);
 // The op table; after the arenas are packed, with the program's critical path.
-void prog_print(const program *p, FILE *out);
+void prog_print(program *p, FILE *out);
 
 #endif  // QT_PROGRAM_H

@@ -70,16 +70,40 @@ static qt_status run_probe_input(run *r) {
                       &r->train_info);
 }
 
+// A recipe without a train source: the embedder gives the batches (run_options.fill), in the
+// type of the eval set's inputs if there is one, else options.inputs.
+static void run_info_without_source(run *r, data_input_type inputs) {
+    const recipe_model *rm = &r->recipe->model;
+    data_info *info = &r->train_info;
+    memset(info, 0, sizeof *info);
+    info->kind = RECIPE_SOURCE_NONE;
+    info->features = rm->input_features;
+    info->image_rows = 1;
+    info->image_cols = rm->input_features;
+    info->outputs = rm->output_features;
+    info->input_type = inputs;
+    info->target_type = rm->loss == RECIPE_LOSS_SOFTMAX_XENT ? DATA_TARGET_LABEL
+                                                             : DATA_TARGET_VALUES;
+}
+
 static qt_status run_probe(run *r) {
     const recipe *rc = r->recipe;
+    r->has_train = true;
     if (r->options.infer_input) return run_probe_input(r);
     r->train_source = &rc->data.train;
-    QT_TRY(run_probe_source(r, &rc->data.train, &r->train_info));
-    QT_TRY(run_check_targets(r, &rc->data.train, &r->train_info));
+    r->has_train = rc->data.train.kind != RECIPE_SOURCE_NONE;
+    if (r->has_train) {
+        QT_TRY(run_probe_source(r, &rc->data.train, &r->train_info));
+        QT_TRY(run_check_targets(r, &rc->data.train, &r->train_info));
+    }
     r->has_eval = rc->data.eval.kind != RECIPE_SOURCE_NONE;
-    if (!r->has_eval) return QT_OK;
+    if (!r->has_eval) {
+        if (!r->has_train) run_info_without_source(r, r->options.inputs);
+        return QT_OK;
+    }
     QT_TRY(run_probe_source(r, &rc->data.eval, &r->eval_info));
     QT_TRY(run_check_targets(r, &rc->data.eval, &r->eval_info));
+    if (!r->has_train) run_info_without_source(r, r->eval_info.input_type);
     // One staging layout serves both feeds, and it keeps the inputs in the dataset's type.
     if (r->eval_info.input_type != r->train_info.input_type) {
         return qt_fail(QT_ERR_INPUT, "%s: the train data has %s inputs but the eval data %s; "
@@ -176,15 +200,15 @@ static void run_outputs_abandon(run *r) {
     for (uint32_t i = 0; i < RECIPE_SCHEDULE_ROWS_MAX; i++) infer_out_abandon(&r->outputs[i]);
 }
 
-// Creates the temporary file of every infer row from `from` on that writes one.
-static qt_status run_outputs_open(run *r, uint32_t from) {
+// Creates the temporary file of every infer row in [from, to) that writes one.
+static qt_status run_outputs_open(run *r, uint32_t from, uint32_t to) {
     const sched_state *s = &r->state;
     if (s->row < r->table.row_count && s->row_step > 0 && r->table.rows[s->row].output) {
         return qt_fail(QT_ERR_INPUT, "the run stands at step %llu of row %u, an infer row that "
                        "writes a file, which runs whole; the checkpoint was not written by "
                        "qtrain", (unsigned long long)s->row_step, s->row);
     }
-    for (uint32_t i = from; i < r->table.row_count; i++) {
+    for (uint32_t i = from; i < to && i < r->table.row_count; i++) {
         const sched_row *row = &r->table.rows[i];
         if (!row->output) continue;
         const char *path;
@@ -288,10 +312,28 @@ static qt_status run_check_save_path(const run_options *o) {
 
 qt_status run_plan(run *r, const recipe *rc, const char *text, size_t text_bytes,
                    const run_options *options) {
+    return run_plan_hashed(r, rc, trace_hash(text, text_bytes), options);
+}
+
+// The modes whose programs are built: the table's and the ones asked for; a train program needs
+// a learning-rate row even when the table has no train row (the optimizer's constant rate).
+static void run_modes(run *r, bool modes[MODEL_MODE_COUNT]) {
+    for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
+        modes[mode] = r->table.modes[mode] || r->options.modes[mode];
+    }
+    if (modes[MODEL_MODE_TRAIN] && r->table.lr_count == 0) {
+        float lr = r->recipe->optim.lr;
+        r->table.lr[0] = (optim_lr_row){0, 1, QT_OPTIM_LR_CONSTANT, lr, lr, 0};
+        r->table.lr_count = 1;
+    }
+}
+
+qt_status run_plan_hashed(run *r, const recipe *rc, uint64_t recipe_hash,
+                          const run_options *options) {
     memset(r, 0, sizeof *r);
     r->recipe = rc;
     r->options = *options;
-    r->recipe_hash = trace_hash(text, text_bytes);
+    r->recipe_hash = recipe_hash;
     r->seed = options->seed_given ? options->seed : rc->data.seed;
     QT_ASSERT(!options->infer_input || options->infer_output);
     QT_TRY(run_probe(r));
@@ -302,7 +344,7 @@ qt_status run_plan(run *r, const recipe *rc, const char *text, size_t text_bytes
     mo.batch = rc->data.batch;
     mo.emulated_gemm = options->emulated_gemm;
     mo.seed = r->seed;
-    memcpy(mo.modes, r->table.modes, sizeof mo.modes);
+    run_modes(r, mo.modes);
     mo.lr_row_count = r->table.lr_count;
     mo.data = &r->train_info;
     QT_TRY(model_plan(&r->model, rc, &r->dev, &r->host, &mo));
@@ -357,13 +399,15 @@ qt_status run_load(run *r, void *memory, uint64_t bytes) {
     QT_TRY(run_check_metrics(r));
     double t0 = run_clock();
     uint8_t *base = memory;
-    QT_TRY(run_source_status(r, r->train_source,
-                             data_load(r->train_source, &r->train_info,
-                                       base + r->data_train_offset, r->train_info.bytes,
-                                       &r->train_set)));
-    data_feed_init(&r->train_feed, &r->train_set, batch, true, r->seed,
-                   (uint32_t *)(void *)(base + r->data_order_offset));
-    data_feed_init(&r->train_plain, &r->train_set, batch, false, 0, NULL);
+    if (r->has_train) {
+        QT_TRY(run_source_status(r, r->train_source,
+                                 data_load(r->train_source, &r->train_info,
+                                           base + r->data_train_offset, r->train_info.bytes,
+                                           &r->train_set)));
+        data_feed_init(&r->train_feed, &r->train_set, batch, true, r->seed,
+                       (uint32_t *)(void *)(base + r->data_order_offset));
+        data_feed_init(&r->train_plain, &r->train_set, batch, false, 0, NULL);
+    }
     if (r->has_eval) {
         QT_TRY(run_source_status(r, &rc->data.eval,
                                  data_load(&rc->data.eval, &r->eval_info,
@@ -402,11 +446,16 @@ static qt_status run_load_weights(run *r, const char *path) {
 }
 
 qt_status run_bind(run *r, backend *b, void *ref_dev, void *ref_host) {
+    return run_bind_given(r, b, ref_dev, r->dev.bytes_total, ref_host, r->host.bytes_total);
+}
+
+qt_status run_bind_given(run *r, backend *b, void *dev, uint64_t dev_bytes, void *host,
+                         uint64_t host_bytes) {
     QT_ASSERT(r->data_loaded);
     r->backend = b;
     double t0 = run_clock();
-    QT_TRY(backend_bind(b, &r->dev, ref_dev, r->dev.bytes_total));
-    qt_status status = backend_bind(b, &r->host, ref_host, r->host.bytes_total);
+    QT_TRY(backend_bind(b, &r->dev, dev, dev_bytes));
+    qt_status status = backend_bind(b, &r->host, host, host_bytes);
     if (status != QT_OK) {
         backend_release(b, &r->dev);
         return status;
@@ -434,16 +483,16 @@ qt_status run_bind(run *r, backend *b, void *ref_dev, void *ref_host) {
 // The trace
 
 // The trace's header: what the trace file starts with and what a golden trace must match.
-static const trace_header *run_trace_header(const run *r) {
-    static trace_header h;  // 4 KiB of names
-    memset(&h, 0, sizeof h);
-    h.recipe_hash = r->recipe_hash;
-    h.quantizers_count = r->model.delayed_count;
-    h.checksum_every = r->options.checksum_every;
-    for (uint32_t i = 0; i < h.quantizers_count; i++) {
-        model_trace_name(&r->model, i, h.quantizer_names[i], TRACE_NAME_MAX);
+static const trace_header *run_trace_header(run *r) {
+    trace_header *h = &r->trace_head;
+    memset(h, 0, sizeof *h);
+    h->recipe_hash = r->recipe_hash;
+    h->quantizers_count = r->model.delayed_count;
+    h->checksum_every = r->options.checksum_every;
+    for (uint32_t i = 0; i < h->quantizers_count; i++) {
+        model_trace_name(&r->model, i, h->quantizer_names[i], TRACE_NAME_MAX);
     }
-    return &h;
+    return h;
 }
 
 static qt_status run_trace_open(run *r) {
@@ -455,16 +504,41 @@ static qt_status run_trace_open(run *r) {
     return trace_open(&r->trace, r->options.trace_path, h, r->options.replace_outputs);
 }
 
-// The loop with what surrounds it: the golden trace's header checked first (and its records
-// before a resumed run's first step passed over), the output files of the rows this loop runs
-// opened before and committed after.
-static qt_status run_loop(run *r, const sched_env *env, sched_summary *out) {
-    if (env->check) {
-        QT_TRY(trace_check_header(env->check, run_trace_header(r)));
-        QT_TRY(trace_check_skip_to(env->check, r->state.step));
-    }
+// The trace file stays open from the first step that writes it to the end of run_execute or to
+// run_close, so that steps run one call at a time append to one open file.
+static qt_status run_trace_begin(run *r) {
+    if (!r->options.trace_path || r->trace_active) return QT_OK;
+    QT_TRY(run_trace_open(r));
+    r->trace_active = true;
+    return QT_OK;
+}
+
+// Closes the trace with its completion record (how the run ended).
+static qt_status run_trace_end(run *r, trace_end end) {
+    if (!r->trace_active) return QT_OK;
+    qt_status closed = trace_close(&r->trace, end);
+    r->trace_active = false;
+    r->trace_continues = true;
+    r->trace_bytes = r->trace.bytes_written;
+    r->trace_records = r->trace.records;
+    r->trace_hash = r->trace.hash;
+    return closed;
+}
+
+// The golden trace's header checked (and its records before the run's position passed over).
+static qt_status run_check_begin(run *r, const sched_env *env) {
+    if (!env->check) return QT_OK;
+    QT_TRY(trace_check_header(env->check, run_trace_header(r)));
+    return trace_check_skip_to(env->check, r->state.step);
+}
+
+// The loop with what surrounds it: the golden trace's check begun, the output files of the
+// rows this loop may run, [position, outputs_to), opened before and committed after.
+static qt_status run_loop(run *r, const sched_env *env, uint32_t outputs_to,
+                          sched_summary *out) {
+    QT_TRY(run_check_begin(r, env));
     uint32_t outputs_from = run_outputs_from(r);
-    if (r->has_outputs) QT_TRY(run_outputs_open(r, outputs_from));
+    if (r->has_outputs) QT_TRY(run_outputs_open(r, outputs_from, outputs_to));
     QT_TRY(sched_run(env, &r->table, &r->state, out));
     // A stopped run has more records to come: the golden trace goes on.
     if (env->check && !out->stopped) QT_TRY(trace_check_end(env->check));
@@ -549,8 +623,10 @@ static qt_status run_resume_from(run *r) {
                        "qtrain", rd->path, host->row_mode);
     }
     QT_TRY(sched_check_position(&r->table, &host->state, host->rows_hash, saved));
-    QT_TRY(data_feed_seek(&r->train_feed, host->state.train));
-    QT_TRY(data_feed_seek(&r->train_plain, host->state.train_plain));
+    if (r->has_train) {
+        QT_TRY(data_feed_seek(&r->train_feed, host->state.train));
+        QT_TRY(data_feed_seek(&r->train_plain, host->state.train_plain));
+    }
     if (r->has_eval) QT_TRY(data_feed_seek(&r->eval_feed, host->state.eval));
     QT_TRY(ckpt_load(rd, &r->ckpt, r->backend, &r->dev, &r->host));
     r->state = host->state;
@@ -578,73 +654,104 @@ qt_status run_resume(run *r, const char *path) {
 // ---------------------------------------------------------------------------------------------
 // Running
 
-qt_status run_execute(run *r, sched_progress_fn progress, void *ctx, sched_summary *out) {
-    QT_ASSERT(r->bound);
-    sched_env env;
-    memset(&env, 0, sizeof env);
-    env.backend = r->backend;
-    env.model = &r->model;
+// What every loop and step of the bound run shares.
+static void run_env(run *r, sched_env *env, sched_progress_fn progress, void *ctx) {
+    memset(env, 0, sizeof *env);
+    env->backend = r->backend;
+    env->model = &r->model;
     for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
         if (!r->model.modes[mode]) continue;
-        env.programs[mode] = &r->programs[mode];
-        env.graphs[mode] = &r->graphs[mode];
+        env->programs[mode] = &r->programs[mode];
+        env->graphs[mode] = &r->graphs[mode];
     }
-    env.checksum_program = &r->checksum;
-    env.checksum_graph = &r->checksum_graph;
-    env.eager = r->options.eager;
-    env.checksum_every = r->model.modes[MODEL_MODE_TRAIN] ? r->options.checksum_every : 0;
-    env.train_feed = &r->train_feed;
-    env.train_plain = &r->train_plain;
-    env.eval_feed = r->has_eval ? &r->eval_feed : NULL;
-    env.progress = progress;
-    env.progress_ctx = ctx;
-    if (r->options.save_path) {
-        QT_ASSERT(r->ckpt_planned);
-        env.save = run_save_point;
-        env.save_ctx = r;
-        env.save_every = r->options.save_every;
-    }
-    env.interrupt = r->options.interrupt;
-    env.stop_at = r->options.stop_at;
-    memset(&r->saves, 0, sizeof r->saves);
-    env.outputs = r->outputs;
-    env.check = r->options.golden_path ? &r->check : NULL;
-    bool metrics = r->options.metrics_path && !r->metrics_written;
+    env->checksum_program = &r->checksum;
+    env->checksum_graph = &r->checksum_graph;
+    env->eager = r->options.eager;
+    env->checksum_every = r->model.modes[MODEL_MODE_TRAIN] ? r->options.checksum_every : 0;
+    env->train_feed = r->has_train ? &r->train_feed : NULL;
+    env->train_plain = r->has_train ? &r->train_plain : NULL;
+    env->eval_feed = r->has_eval ? &r->eval_feed : NULL;
+    env->progress = progress;
+    env->progress_ctx = ctx;
+    env->outputs = r->outputs;
+    env->check = r->options.golden_path ? &r->check : NULL;
+    env->trace = r->trace_active ? &r->trace : NULL;
+    env->fill = r->options.fill;
+    env->fill_ctx = r->options.fill_ctx;
+}
+
+qt_status run_execute(run *r, sched_progress_fn progress, void *ctx, sched_summary *out) {
+    QT_ASSERT(r->bound);
+    const run_options *o = &r->options;
+    bool metrics = o->metrics_path && !r->metrics_written;
     if (metrics) {
-        const run_options *o = &r->options;
         QT_TRY(metrics_open(&r->metrics, o->metrics_path, o->replace_outputs, RUN_REPLACE_HINT,
                             o->metrics_every ? o->metrics_every : 100, r->model.classification));
         r->metrics_written = true;
+    }
+    qt_status opened = run_trace_begin(r);
+    if (opened != QT_OK) {
+        if (metrics) metrics_abandon(&r->metrics);
+        return opened;
+    }
+    sched_env env;
+    run_env(r, &env, progress, ctx);
+    if (metrics) {
         env.record = metrics_record;
         env.record_ctx = &r->metrics;
     }
-    if (r->options.trace_path) {
-        qt_status opened = run_trace_open(r);
-        if (opened != QT_OK) {
-            metrics_abandon(&r->metrics);
-            return opened;
-        }
-        env.trace = &r->trace;
-        r->trace_active = true;
+    if (o->save_path) {
+        QT_ASSERT(r->ckpt_planned);
+        env.save = run_save_point;
+        env.save_ctx = r;
+        env.save_every = o->save_every;
     }
-    qt_status status = run_loop(r, &env, out);
+    env.interrupt = o->interrupt;
+    env.stop_at = o->stop_at;
+    memset(&r->saves, 0, sizeof r->saves);
+    qt_status status = run_loop(r, &env, r->table.row_count, out);
     if (metrics) {
         qt_status committed = metrics_commit(&r->metrics);
         if (status == QT_OK) status = committed;
     }
-    if (env.trace) {
-        trace_end end = status != QT_OK ? TRACE_END_FAILED
-                        : out->stopped  ? TRACE_END_STOPPED
-                                        : TRACE_END_COMPLETE;
-        qt_status closed = trace_close(&r->trace, end);
-        if (status == QT_OK) status = closed;
-        r->trace_active = false;
-        r->trace_continues = true;
-        r->trace_bytes = r->trace.bytes_written;
-        r->trace_records = r->trace.records;
-        r->trace_hash = r->trace.hash;
-    }
+    trace_end end = status != QT_OK ? TRACE_END_FAILED
+                    : out->stopped  ? TRACE_END_STOPPED
+                                    : TRACE_END_COMPLETE;
+    qt_status closed = run_trace_end(r, end);
+    if (status == QT_OK) status = closed;
     run_outputs_abandon(r);  // a failed run leaves no output file
+    return status;
+}
+
+qt_status run_step(run *r, sched_progress_fn progress, void *ctx, sched_summary *out) {
+    QT_ASSERT(r->bound);
+    QT_TRY(run_trace_begin(r));
+    sched_env env;
+    run_env(r, &env, progress, ctx);
+    env.stop_at = r->state.step + 1;
+    // The step's row: the position's, or the next one when the position's row is done (rows
+    // have at least one step). Only its output file can be written.
+    const sched_state *s = &r->state;
+    uint32_t row = s->row;
+    if (row < r->table.row_count && s->row_step >= r->table.rows[row].steps) row++;
+    qt_status status = run_loop(r, &env, row + 1, out);
+    run_outputs_abandon(r);
+    // Written through after every step, so that a write error is this step's.
+    if (status == QT_OK && r->trace_active) status = trace_flush(&r->trace, false);
+    r->step_failed = status != QT_OK;
+    return status;
+}
+
+qt_status run_step_outside(run *r, model_mode mode, sched_progress_fn progress, void *ctx,
+                           qt_trace_record *record, uint32_t *rows_valid) {
+    QT_ASSERT(r->bound && r->model.modes[mode]);
+    QT_TRY(run_trace_begin(r));
+    sched_env env;
+    run_env(r, &env, progress, ctx);
+    qt_status status = run_check_begin(r, &env);
+    if (status == QT_OK) status = sched_step_outside(&env, mode, &r->state, record, rows_valid);
+    if (status == QT_OK && r->trace_active) status = trace_flush(&r->trace, false);
+    r->step_failed = status != QT_OK;
     return status;
 }
 
@@ -723,7 +830,7 @@ void run_time_steps(run *r, void *scratch, uint64_t scratch_bytes, double ms[MOD
 // Per-op times of one mode's program, in op order, with each op's share of their sum, then the
 // graph replay: the replay over the sum shows what launch gaps and serialization cost.
 static qt_status run_profile_mode(run *r, int mode, uint32_t reps, FILE *out) {
-    static float op_us[PROG_OPS_MAX];
+    float *op_us = r->profile_us;
     const program *p = &r->programs[mode];
     float graph_us = 0.0f;
     QT_TRY(backend_profile(r->backend, p, &r->graphs[mode], reps, op_us, &graph_us));
@@ -754,8 +861,19 @@ qt_status run_profile(run *r, uint32_t reps, FILE *out) {
     return QT_OK;
 }
 
+qt_status run_end_trace(run *r) {
+    uint64_t left[MODEL_MODE_COUNT];
+    run_steps_left(r, left);
+    bool done = left[MODEL_MODE_TRAIN] + left[MODEL_MODE_EVAL] + left[MODEL_MODE_INFER] == 0;
+    trace_end end = r->step_failed ? TRACE_END_FAILED
+                    : done         ? TRACE_END_COMPLETE
+                                   : TRACE_END_STOPPED;
+    return run_trace_end(r, end);
+}
+
 void run_close(run *r) {
     run_outputs_abandon(r);
+    (void)run_end_trace(r);  // the caller that wants its status calls run_end_trace first
     metrics_abandon(&r->metrics);
     if (!r->backend) return;
     for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
@@ -817,7 +935,7 @@ static void run_print_table(const run *r, FILE *out) {
     }
 }
 
-void run_print_plan(const run *r, FILE *out) {
+void run_print_plan(run *r, FILE *out) {
     model_print(&r->model, out);
     run_print_table(r, out);
     fprintf(out, "data: train %llu samples of %u features%s",

@@ -20,6 +20,8 @@
 //                 checkpoints if save_path is set, and the output files of the infer rows it runs
 //                 (runtime/infer_out.h), committed at the end; called again after a stop, it
 //                 continues (the trace too)
+//   run_step      (instead, or between run_execute calls) the table's next step
+//   run_step_outside  one step of a mode outside the table (embedders: qt_step_mode, qt_infer)
 //   run_save      (optional, between run_execute calls) a checkpoint of where the run stands
 //   run_close     graphs destroyed, arenas released
 #ifndef QT_RUN_H
@@ -27,7 +29,7 @@
 
 #include <stdio.h>  // FILE
 
-#include <signal.h>  // sig_atomic_t
+#include <stdatomic.h>  // atomic_int
 
 #include "backend.h"
 #include "checkpoint.h"  // ckpt_layout, ckpt_reader, ckpt_hook_fn
@@ -61,7 +63,7 @@ typedef struct run_options {
     uint64_t ckpt_chunk_bytes;  // 0: CKPT_CHUNK_BYTES (tests use small chunks)
     ckpt_hook_fn ckpt_hook;     // tests: called as the writer goes
     void *ckpt_hook_ctx;
-    const volatile sig_atomic_t *interrupt;  // non-zero (a signal handler): stop and save
+    const atomic_int *interrupt;  // non-zero (a signal handler, another thread): stop and save
     uint64_t stop_at;         // stop after this many steps in all (tests); 0 = none
     bool replace_outputs;     // output files (infer rows, infer_output, save_path) may replace
                               // files, and the trace a file that is not a trace (`--force`)
@@ -85,6 +87,14 @@ typedef struct run_options {
     // ran), so it covers that call's steps.
     const char *metrics_path;
     uint64_t metrics_every;
+    // Embedders: programs to build beyond the table's modes (run_step_outside), the staged
+    // inputs' type when the recipe names no data source, and the batches they give
+    // (sched_env.fill), which every step asks for before its feed.
+    bool modes[MODEL_MODE_COUNT];
+    data_input_type inputs;
+    qt_status (*fill)(void *ctx, model_mode mode, uint64_t step, void *slot,
+                      uint32_t *rows_valid);
+    void *fill_ctx;
 } run_options;
 
 // The checkpoints one run_execute wrote.
@@ -113,6 +123,7 @@ typedef struct run {
     data_info train_info, eval_info;
     const recipe_source *train_source;  // the recipe's train source, or infer_source
     recipe_source infer_source;         // `qtrain infer`: the input file, inputs only
+    bool has_train;           // a train source (without one the embedder gives the batches)
     bool has_eval;
     sched_table table;
     arena dev, host;
@@ -132,6 +143,8 @@ typedef struct run {
     trace_writer trace;
     bool trace_active;         // during run_execute
     bool trace_continues;      // the trace has records already: run_execute continues it
+    bool step_failed;          // the last run_step or run_step_outside failed (the trace's
+                               // end says so)
     uint64_t trace_bytes, trace_records, trace_hash;  // the trace file at the run's position
     trace_checker check;  // with options.golden_path
     infer_out outputs[RECIPE_SCHEDULE_ROWS_MAX];  // by sched_row.output - 1, during run_execute
@@ -148,6 +161,8 @@ typedef struct run {
     bool saved_before;         // save_path holds this run's checkpoint (any run_execute)
     metrics_writer metrics;
     bool metrics_written;      // the first run_execute wrote the metrics file
+    trace_header trace_head;   // the trace's header, as run_execute and the golden check use it
+    float profile_us[PROG_OPS_MAX];  // run_profile: one mode's time per op
 } run;
 
 // Opens the GPU backend, or the reference backend when ref is set or when there is no usable
@@ -157,6 +172,9 @@ qt_status run_backend_open(backend *b, bool ref, bool *fell_back);
 // Everything up to packed arenas; text is the recipe file's text (for the trace's hash).
 qt_status run_plan(run *r, const recipe *rc, const char *text, size_t text_bytes,
                    const run_options *options);
+// The same with the text's hash (trace_hash) given instead of the text.
+qt_status run_plan_hashed(run *r, const recipe *rc, uint64_t recipe_hash,
+                          const run_options *options);
 
 // Bytes the reference backend needs for the device and the host arena.
 void run_memory_bytes(const run *r, uint64_t *dev_bytes, uint64_t *host_bytes);
@@ -182,6 +200,10 @@ qt_status run_load(run *r, void *memory, uint64_t bytes);
 // Binds and starts the run on b (ref_dev / ref_host: the reference backend's arena memory,
 // 256-byte aligned, at least run_memory_bytes; NULL on the GPU). After run_load.
 qt_status run_bind(run *r, backend *b, void *ref_dev, void *ref_host);
+// run_bind with the arenas' memory given with its size (backend_bind: on the GPU too, where
+// NULL has the driver allocate).
+qt_status run_bind_given(run *r, backend *b, void *dev, uint64_t dev_bytes, void *host,
+                         uint64_t host_bytes);
 
 // After run_bind (checkpoint staging planned): loads the checkpoint at path over the run's
 // device state and continues from its position (the feeds' cursors, the trace, the summary's
@@ -192,6 +214,21 @@ qt_status run_bind(run *r, backend *b, void *ref_dev, void *ref_host);
 qt_status run_resume(run *r, const char *path);
 
 qt_status run_execute(run *r, sched_progress_fn progress, void *ctx, sched_summary *out);
+
+// The table's next step (an infer row that writes a file: the whole row), waited for: the loop of
+// run_execute stopped after one step, so it gives the records run_execute gives, into the same
+// trace (which stays open until run_execute or run_close, each record written through). No
+// saves. *out describes this call.
+qt_status run_step(run *r, sched_progress_fn progress, void *ctx, sched_summary *out);
+
+// One step of `mode` outside the table (sched_step_outside), traced and checked like the
+// others; the mode's program must be built (the table's modes or options.modes).
+qt_status run_step_outside(run *r, model_mode mode, sched_progress_fn progress, void *ctx,
+                           qt_trace_record *record, uint32_t *rows_valid);
+
+// Closes a trace that steps left open, with its completion record: failed when the last step
+// failed, complete when the table is done, stopped otherwise (nothing when no trace is open).
+qt_status run_end_trace(run *r);
 
 // A checkpoint of where the run stands, outside run_execute (which saves at its own points);
 // it replaces a regular file at path.
@@ -217,7 +254,7 @@ qt_status run_profile(run *r, uint32_t reps, FILE *out);
 void run_close(run *r);
 
 // `qtrain plan`: the model, the schedule table, every program and both memory maps.
-void run_print_plan(const run *r, FILE *out);
+void run_print_plan(run *r, FILE *out);
 // `qtrain plan --summary`: the same in under 40 lines (model_print_summary, the schedule's
 // totals, the data, each program's op count and both arenas' totals).
 void run_print_summary(const run *r, FILE *out);

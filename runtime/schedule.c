@@ -71,7 +71,8 @@ static qt_status sched_add(sched_builder *b, const recipe_row *rr, sched_row row
 static bool sched_steps_of(const sched_builder *b, uint64_t count, recipe_unit unit,
                            uint64_t *steps) {
     uint64_t per = unit == RECIPE_UNIT_EPOCHS ? b->epoch : 1;
-    QT_ASSERT(per > 0);  // a train set has samples (data_probe)
+    // A train set has samples (data_probe); without one the parser allows no epochs.
+    QT_ASSERT(per > 0);
     if (count > SCHED_ROW_STEPS_MAX / per) return false;
     *steps = count * per;
     return true;
@@ -151,27 +152,37 @@ qt_status sched_table_build(const recipe *r, uint64_t train_samples, uint64_t ev
     return QT_OK;
 }
 
+// In place: each row's pieces are written from the table's new end backwards, and every row
+// becomes at least one row, so no row is overwritten before it has been read.
 qt_status sched_interleave_eval(sched_table *t, uint64_t every, uint64_t eval_steps) {
     QT_ASSERT(every >= 1 && eval_steps >= 1);
-    static sched_table old;  // the copy being split (a table is too large for the stack)
-    old = *t;
-    memset(t->rows, 0, sizeof t->rows);
-    t->row_count = 0;
-    memset(t->steps, 0, sizeof t->steps);
-    for (uint32_t i = 0; i < old.row_count; i++) {
-        sched_row row = old.rows[i];
+    uint64_t count = 0;
+    for (uint32_t i = 0; i < t->row_count; i++) {
+        const sched_row *row = &t->rows[i];
+        count += row->mode == MODEL_MODE_TRAIN ? 2 * ((row->steps + every - 1) / every) : 1;
+    }
+    if (count > SCHED_ROWS_MAX) {
+        return qt_fail(QT_ERR_CAPACITY, "schedule table full: rows_max is %d", SCHED_ROWS_MAX);
+    }
+    uint32_t next = (uint32_t)count;
+    for (uint32_t i = t->row_count; i-- > 0;) {
+        sched_row row = t->rows[i];
         if (row.mode != MODEL_MODE_TRAIN) {
-            QT_TRY(sched_push(t, row));
+            t->rows[--next] = row;
             continue;
         }
-        for (uint64_t done = 0; done < row.steps; done += every) {
+        for (uint64_t pieces = (row.steps + every - 1) / every; pieces-- > 0;) {
+            uint64_t done = pieces * every;
             sched_row piece = row;
             piece.steps = row.steps - done < every ? row.steps - done : every;
-            QT_TRY(sched_push(t, piece));
-            QT_TRY(sched_push(t, (sched_row){MODEL_MODE_EVAL, eval_steps, RECIPE_DATASET_EVAL,
-                                             0, 0}));
+            t->rows[--next] = (sched_row){MODEL_MODE_EVAL, eval_steps, RECIPE_DATASET_EVAL, 0, 0};
+            t->rows[--next] = piece;
         }
     }
+    QT_ASSERT(next == 0);
+    t->row_count = (uint32_t)count;
+    memset(t->steps, 0, sizeof t->steps);
+    for (uint32_t i = 0; i < t->row_count; i++) t->steps[t->rows[i].mode] += t->rows[i].steps;
     return QT_OK;
 }
 
@@ -396,7 +407,7 @@ static qt_status sched_retire(sched_loop *l) {
     uint32_t k = (uint32_t)(step % SCHED_LAG);
     QT_ASSERT(l->pending[k].step == step);
     if (l->gpu) {
-        QT_TRY(driver_sync_event(l->events[k]));
+        QT_TRY(driver_sync_event(&l->env->backend->syncs, l->events[k]));
         l->sum->lagged_reads++;
     }
     l->retired++;
@@ -420,8 +431,7 @@ static qt_status sched_save(sched_loop *l) {
     return l->env->save(l->env->save_ctx, l->state);
 }
 
-static qt_status sched_launch(sched_loop *l, model_mode mode, bool checksum) {
-    const sched_env *env = l->env;
+static qt_status sched_launch(const sched_env *env, model_mode mode, bool checksum) {
     backend *b = env->backend;
     if (env->eager) {
         QT_TRY(backend_run(b, env->programs[mode]));
@@ -445,6 +455,21 @@ static bool sched_next_at(const sched_table *t, sched_state *s, sched_at *at) {
     return true;
 }
 
+// The batch of global step `step` into its host slot: the fill hook's, else the feed's.
+static qt_status sched_fill(const sched_env *env, model_mode mode, data_feed *feed,
+                            uint64_t step, uint8_t *slot, uint32_t *rows_valid) {
+    *rows_valid = 0;
+    if (env->fill) QT_TRY(env->fill(env->fill_ctx, mode, step, slot, rows_valid));
+    if (*rows_valid > 0) return QT_OK;
+    if (!feed) {
+        return qt_fail(QT_ERR_INPUT, "step %llu (%s): no batch: the recipe names no data source "
+                       "for it, and none was pushed (qt_push_batch) or given by the data "
+                       "callback (qt_on_data)", (unsigned long long)step, model_mode_name(mode));
+    }
+    *rows_valid = data_feed_next(feed, &env->model->io.slot, slot);
+    return QT_OK;
+}
+
 // Fills host slot s % MODEL_HOST_SLOTS with the batch of the state's next step s (at `at`) and
 // queues its copy into device slot s % MODEL_DEVICE_SLOTS after the last step that read that
 // device slot, when this loop launched it (the steps before the loop are done).
@@ -455,17 +480,17 @@ static qt_status sched_stage(sched_loop *l, sched_at at) {
     QT_ASSERT(l->staged == step);
     model *m = env->model;
     data_feed *feed = sched_feed(env, row);
-    QT_ASSERT(feed != NULL && env->programs[row->mode] != NULL);
+    QT_ASSERT(env->programs[row->mode] != NULL);
     // Eval and infer rows start at the beginning of their dataset, in file order; a row
     // resumed in its middle continues from its feed's cursor.
-    if (row->mode != MODEL_MODE_TRAIN && at.row_step == 1) {
+    if (feed && row->mode != MODEL_MODE_TRAIN && at.row_step == 1) {
         QT_TRY(data_feed_seek(feed, (data_cursor){0, 0}));
     }
     uint64_t bytes = m->io.slot.bytes;
     prog_ref host = {m->host, m->io.staging, (step % MODEL_HOST_SLOTS) * bytes};
     prog_ref dev = {m->dev, m->io.staged, (step % MODEL_DEVICE_SLOTS) * bytes};
     uint8_t *slot = (uint8_t *)arena_host_pointer(m->host, m->io.staging) + host.offset;
-    l->staged_valid = data_feed_next(feed, &m->io.slot, slot);
+    QT_TRY(sched_fill(env, row->mode, feed, step, slot, &l->staged_valid));
     CUevent last_reader = step >= l->first + MODEL_DEVICE_SLOTS
                               ? l->events[(step - MODEL_DEVICE_SLOTS) % SCHED_LAG] : NULL;
     QT_TRY(backend_copy_beside(env->backend, dev, host, bytes, last_reader,
@@ -491,7 +516,7 @@ static qt_status sched_step(sched_loop *l, sched_at at) {
         checksum = env->checksum_every && s->train_steps % env->checksum_every == 0;
     }
     QT_TRY(backend_wait(env->backend, l->copied[step % MODEL_DEVICE_SLOTS]));
-    QT_TRY(sched_launch(l, row->mode, checksum));
+    QT_TRY(sched_launch(env, row->mode, checksum));
     s->step++;
     s->row_step++;
     uint32_t k = (uint32_t)(step % SCHED_LAG);
@@ -608,4 +633,71 @@ qt_status sched_run(const sched_env *env, const sched_table *t, sched_state *sta
     out->seconds = sched_now() - l.start;
     sched_summarize(state, out);
     return status;
+}
+
+// ---------------------------------------------------------------------------------------------
+// A step outside the table
+
+qt_status sched_step_outside(const sched_env *env, model_mode mode, sched_state *state,
+                             qt_trace_record *record, uint32_t *rows_valid) {
+    model *m = env->model;
+    backend *b = env->backend;
+    QT_ASSERT(env->programs[mode] != NULL);
+    double start = sched_now();
+    uint64_t step = state->step;
+    data_feed *feed = mode == MODEL_MODE_TRAIN ? env->train_feed
+                      : env->eval_feed         ? env->eval_feed
+                                               : env->train_plain;
+    uint64_t bytes = m->io.slot.bytes;
+    uint8_t *slot = (uint8_t *)arena_host_pointer(m->host, m->io.staging) +
+                    (step % MODEL_HOST_SLOTS) * bytes;
+    QT_TRY(sched_fill(env, mode, feed, step, slot, rows_valid));
+    // The device slot the program reads at this step (by the counter's parity), through the
+    // compute stream: nothing is in flight, so a copy that waits costs this step alone.
+    prog_ref dev = {m->dev, m->io.staged, (step % MODEL_DEVICE_SLOTS) * bytes};
+    QT_TRY(backend_write(b, dev, slot, bytes));
+    bool checksum = mode == MODEL_MODE_TRAIN && env->checksum_every &&
+                    (state->train_steps + 1) % env->checksum_every == 0;
+    QT_TRY(sched_launch(env, mode, checksum));
+    QT_TRY(backend_finish(b));
+    const qt_trace_record *ring = arena_host_pointer(m->host, m->io.ring);
+    *record = ring[step % MODEL_RING_LEN];
+    if (record->step != step) {
+        return qt_fail(QT_ERR_MISMATCH, "step %llu: its record says step %llu; the device "
+                       "counter and the host loop disagree", (unsigned long long)step,
+                       (unsigned long long)record->step);
+    }
+    state->step++;
+    if (mode == MODEL_MODE_TRAIN) {
+        state->train_steps++;
+        state->last_train_loss = record->loss;
+    }
+    if (env->trace) QT_TRY(trace_write(env->trace, record));
+    if (env->check) QT_TRY(trace_check_record(env->check, record));
+    if (!env->progress) return QT_OK;
+    const uint16_t *outputs = NULL;
+    if (mode == MODEL_MODE_INFER) {
+        const uint8_t *slots = arena_host_pointer(m->host, m->io.outputs);
+        outputs = (const uint16_t *)(slots + (step % MODEL_OUTPUT_SLOTS) * m->io.outputs_bytes);
+    }
+    sched_progress p;
+    memset(&p, 0, sizeof p);
+    p.record = record;
+    p.mode = mode;
+    p.row = SCHED_ROW_NONE;
+    p.row_step = p.row_steps = 1;
+    p.dataset = feed == env->eval_feed && mode != MODEL_MODE_TRAIN ? RECIPE_DATASET_EVAL
+                                                                    : RECIPE_DATASET_TRAIN;
+    p.done = p.total = 1;
+    p.train_steps = state->train_steps;
+    p.rows_valid = *rows_valid;
+    if (mode == MODEL_MODE_EVAL) {  // a pass of one step
+        p.pass_loss = record->loss;
+        p.pass_accuracy = record->accuracy;
+        p.pass_samples = *rows_valid;
+    }
+    p.outputs = outputs;
+    p.elapsed_s = sched_now() - start;
+    env->progress(env->progress_ctx, &p);
+    return QT_OK;
 }

@@ -59,8 +59,8 @@
 // Eager runs take the same path with launches instead of graph replays. On the reference backend
 // a launch completes before it returns and the copy is a memcpy at the same point of the loop,
 // so each record is read right after its step and every backend stages the same bytes for the
-// same step. The loop makes no allocation and no other synchronizing call, which
-// driver_sync_counts prove (sched_summary.lagged_reads is the number of waits); saves are the
+// same step. The loop makes no allocation and no other synchronizing call, which the backend's
+// driver_syncs prove (sched_summary.lagged_reads is the number of waits); saves are the
 // exception (they drain, and the checkpoint's copies wait). A loop that ends early (an error)
 // first makes the compute stream wait for the last copy, then waits for the stream, so no copy
 // outlives the run's memory.
@@ -88,7 +88,7 @@
 #ifndef QT_SCHEDULE_H
 #define QT_SCHEDULE_H
 
-#include <signal.h>   // sig_atomic_t
+#include <stdatomic.h>  // atomic_int: lock-free, so a signal handler may set it
 
 #include "backend.h"  // backend, backend_graph
 #include "data.h"     // data_feed, data_info
@@ -219,8 +219,15 @@ typedef struct sched_env {
     qt_status (*save)(void *ctx, const sched_state *state);
     void *save_ctx;
     uint64_t save_every;
-    const volatile sig_atomic_t *interrupt;  // NULL: never; non-zero: stop at the next boundary
+    const atomic_int *interrupt;  // NULL: never; non-zero: stop at the next boundary
     uint64_t stop_at;                         // stop once this many steps are done; 0 = never
+    // The embedder's batches: fills the host slot (model_io.slot's layout) of global step `step`
+    // in place of the feed and sets *rows_valid to its real rows, or leaves it 0 for the feed's
+    // batch. NULL: the feeds alone. A step whose feed is NULL (the recipe names no source for
+    // its dataset) must get its batch here.
+    qt_status (*fill)(void *ctx, model_mode mode, uint64_t step, void *slot,
+                      uint32_t *rows_valid);
+    void *fill_ctx;
 } sched_env;
 
 // Of the steps this loop ran (a resumed run counts its own); the last train loss and eval
@@ -252,5 +259,18 @@ typedef struct sched_summary {
 // leaves *state there. Feeds must stand at the state's cursors (data_feed_seek).
 qt_status sched_run(const sched_env *env, const sched_table *t, sched_state *state,
                     sched_summary *out);
+
+// sched_progress.row of a step outside the table.
+#define SCHED_ROW_NONE UINT32_MAX
+
+// One step of `mode` outside the table, at the state's step, waited for: its batch from the
+// fill hook, else the mode's feed (train: the shuffled one; eval and infer: the eval set's, or
+// the train set's in file order without one), copied into its device slot through the compute
+// stream, the program (and the checksum after every checksum_every-th train step) launched and
+// finished, the record read from the ring (into *record), traced, checked and reported as
+// progress (row SCHED_ROW_NONE). The state's step and train steps move on, its row does not;
+// the summary's carry keeps the last train loss. Nothing is in flight before or after.
+qt_status sched_step_outside(const sched_env *env, model_mode mode, sched_state *state,
+                             qt_trace_record *record, uint32_t *rows_valid);
 
 #endif  // QT_SCHEDULE_H

@@ -18,6 +18,7 @@ static const char *const status_names[QT_STATUS_COUNT] = {
     [QT_ERR_CAPACITY] = "QT_ERR_CAPACITY",
     [QT_ERR_MEMORY] = "QT_ERR_MEMORY",
     [QT_ERR_MISMATCH] = "QT_ERR_MISMATCH",
+    [QT_ERR_STATE] = "QT_ERR_STATE",
 };
 
 const char *qt_status_name(qt_status status) {

@@ -23,11 +23,8 @@ qt_status qt_fail(qt_status status, const char *fmt, ...) __attribute__((format(
 // mark, bidirectional marks, C1 controls, ...) as <U+FEFF>. Visible UTF-8 stays as it is.
 // Returns the length written.
 size_t qt_escape(const char *text, size_t bytes, char *out, size_t out_bytes, bool keep_newlines);
-// A NUL-terminated text escaped as qt_escape does (line breaks too), for quoting user text
-// (an argument, a file name) in a message: one of QT_SHOWN_BUFFERS buffers of this thread, used
-// in turn, so one message may quote that many texts; longer texts are cut.
-#define QT_SHOWN_BUFFERS 4
-const char *qt_shown(const char *text);
+// qt_shown (runtime/qtrain.h): a NUL-terminated text escaped as qt_escape does (line breaks
+// too), in one of QT_SHOWN_BUFFERS buffers of this thread.
 void qt_error_clear(void);
 
 // Programmer errors: a broken invariant aborts with file:line:expression.

@@ -245,9 +245,15 @@ static qt_status writer_check_prefix(trace_writer *w, const trace_header *h, uin
     }
     // The header is the file's beginning, and this run's must be the same (--checksum-every).
     size_t length = trace_format_header(h, w->buffer, sizeof w->buffer);
-    static char found_header[TRACE_WRITE_BUFFER_BYTES];
-    ssize_t n = pread(w->fd, found_header, length, 0);
-    if (n != (ssize_t)length || memcmp(found_header, w->buffer, length) != 0) {
+    bool same = true;
+    for (size_t done = 0; done < length && same;) {  // a piece at a time, on the stack
+        char piece[1024];
+        size_t want = length - done < sizeof piece ? length - done : sizeof piece;
+        ssize_t n = pread(w->fd, piece, want, (off_t)done);
+        same = n == (ssize_t)want && memcmp(piece, w->buffer + done, want) == 0;
+        done += want;
+    }
+    if (!same) {
         return qt_fail(QT_ERR_MISMATCH, "%s: its header differs from this run's (another "
                        "--checksum-every?); resume with the options of the run that wrote it, "
                        "or %s", w->path, fix);

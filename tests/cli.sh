@@ -338,6 +338,16 @@ echo "PASS cli_checkpoint_refusals"
 "$qtrain" export "$dir/ck" "$dir/w.safetensors" --quantized --force > "$dir/out" 2>&1 ||
     fail "cli_export: --force"
 echo "PASS cli_export"
+# A recipe that names no train source is an embedder's: `qtrain plan` shows it, `qtrain run`
+# refuses it by name before any data is read.
+sed '/^train = /d' tests/recipes/synthetic_tiny.recipe | sed 's/^eval all$/eval 4/' \
+    > "$dir/embedded.recipe"
+"$qtrain" plan "$dir/embedded.recipe" > "$dir/out" 2>&1 ||
+    fail "cli_recipe_without_train_source: plan"
+"$qtrain" run "$dir/embedded.recipe" --ref > "$dir/out" 2>&1
+[ $? -eq 1 ] && grep -q "embedded.recipe names no 'train = SOURCE' in \[data\]" "$dir/out" &&
+    ! grep -q '^steps ' "$dir/out" || fail "cli_recipe_without_train_source: run"
+echo "PASS cli_recipe_without_train_source"
 rm -rf "$dir"
 # ---------------------------------------------------------------------------------------------
 # Nothing is lost, nothing blocks, every number and write is checked.

@@ -160,9 +160,9 @@ static qt_status job_steps(job *j, backend *b) {
     QT_TRY(run_load(&the_run, j->memory[2], run_data_bytes(&the_run)));
     QT_TRY(run_bind(&the_run, b, j->memory[0], j->memory[1]));
     if (j->resume) QT_TRY(run_resume(&the_run, j->resume));
-    uint64_t syncs = driver_sync_total();
+    uint64_t syncs = driver_sync_total(&b->syncs);
     QT_TRY(run_execute(&the_run, NULL, NULL, &j->summary));
-    j->syncs = driver_sync_total() - syncs;
+    j->syncs = driver_sync_total(&b->syncs) - syncs;
     j->digest = state_digest(&the_run);
     return QT_OK;
 }
@@ -379,10 +379,10 @@ typedef struct save_syncs {
 static void count_save_syncs(void *ctx, ckpt_phase phase, uint64_t bytes) {
     save_syncs *c = ctx;
     if (phase == CKPT_PHASE_WRITTEN && bytes == CKPT_HEADER_BYTES) {
-        c->at_header = driver_sync_total();
+        c->at_header = driver_sync_total(&backend_of(BACKEND_GPU)->syncs);
     }
     if (phase != CKPT_PHASE_DONE) return;
-    c->inside += driver_sync_total() - c->at_header;
+    c->inside += driver_sync_total(&backend_of(BACKEND_GPU)->syncs) - c->at_header;
     c->saves++;
 }
 

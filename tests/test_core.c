@@ -260,12 +260,13 @@ static void test_gpu_matches_ref(void) {
     backend_graph graph;
     RIG_OK(backend_capture(&gpu_rig.be, &gpu_rig.prog, &graph));
     // A replay loop makes no synchronizing driver call; only the explicit finish does.
-    uint64_t syncs_before = driver_sync_total();
+    const driver_syncs *syncs = &gpu_rig.be.syncs;
+    uint64_t syncs_before = driver_sync_total(syncs);
     for (int replay = 0; replay < 100; replay++) RIG_OK(backend_launch(&gpu_rig.be, &graph));
-    CHECK(driver_sync_total() == syncs_before, "%llu synchronizing calls in a replay loop",
-          (unsigned long long)(driver_sync_total() - syncs_before));
+    CHECK(driver_sync_total(syncs) == syncs_before, "%llu synchronizing calls in a replay loop",
+          (unsigned long long)(driver_sync_total(syncs) - syncs_before));
     RIG_OK(backend_finish(&gpu_rig.be));
-    CHECK(driver_sync_total() == syncs_before + 1, "finish counted once");
+    CHECK(driver_sync_total(syncs) == syncs_before + 1, "finish counted once");
     for (int replay = 0; replay < 2; replay++) {
         RIG_OK(backend_launch(&gpu_rig.be, &graph));
         core_result graphed;

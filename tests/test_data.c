@@ -1013,6 +1013,58 @@ static void test_feed_regression_padding(void) {
     test_end();
 }
 
+// A batch an embedder holds is staged as the feed stages the same samples (every byte but the
+// header's cursor), for both input types, labels and targets; without targets its rows carry the
+// padding rows' label.
+static void test_stage_rows_like_feed(void) {
+    test_begin("stage_rows_like_the_feed");
+    data_set sets[2];
+    void *memory[2];
+    qt_status status;
+    recipe_source teacher = synthetic_source(RECIPE_SOURCE_TEACHER, 6, 2, 10, 3);
+    memory[0] = idx_set(&sets[0]);
+    memory[1] = load(&teacher, 6, 2, &sets[1], &status);
+    for (int k = 0; k < 2; k++) {
+        const data_set *set = &sets[k];
+        uint32_t batch = 4, features = set->info.features;
+        data_slot_layout l = data_slot_plan(&set->info, batch, features + 2);
+        uint8_t *fed = aligned_alloc(DATA_ALIGN, l.bytes), *given = aligned_alloc(DATA_ALIGN,
+                                                                                   l.bytes);
+        memset(given, 0xAB, l.bytes);
+        data_feed f;
+        data_feed_init(&f, set, batch, false, 0, NULL);
+        uint64_t first = 0;
+        uint32_t rows = 0;
+        while (f.cursor.epoch == 0) {  // to the epoch's last batch, padded when it is short
+            first = f.cursor.position;
+            rows = data_feed_next(&f, &l, fed);
+        }
+        bool u8 = set->info.input_type == DATA_INPUT_U8;
+        uint64_t at = first * features * (u8 ? 1 : 4);
+        const uint8_t *inputs = (u8 ? (const uint8_t *)set->inputs_u8
+                                    : (const uint8_t *)set->inputs_f32) + at;
+        const int32_t *labels = set->labels ? set->labels + first : NULL;
+        const float *targets = set->targets ? set->targets + first * set->info.outputs : NULL;
+        data_stage_rows(&l, rows, inputs, labels, targets, given);
+        const data_slot_header *h = (const data_slot_header *)(const void *)given;
+        CHECK(rows < batch && h->rows_valid == rows && h->epoch == UINT64_MAX &&
+                  h->position == 0, "set %d: %u rows, header rows %u", k, rows, h->rows_valid);
+        CHECK(memcmp(fed + 64, given + 64, l.bytes - 64) == 0, "set %d: the slots differ", k);
+        if (labels) {
+            data_stage_rows(&l, rows, inputs, NULL, NULL, given);
+            const int32_t *y = (const int32_t *)(const void *)(given + l.targets_offset);
+            CHECK(y[0] == DATA_LABEL_PAD && y[rows - 1] == DATA_LABEL_PAD &&
+                      memcmp(fed + l.inputs_offset, given + l.inputs_offset,
+                             l.targets_offset - l.inputs_offset) == 0,
+                  "set %d: an inputs-only batch", k);
+        }
+        free(fed);
+        free(given);
+        free(memory[k]);
+    }
+    test_end();
+}
+
 // ---------------------------------------------------------------------------------------------
 // Fashion-MNIST, when present: `apt-get download dataset-fashion-mnist` then
 // `dpkg -x dataset-fashion-mnist_*.deb .data` in the repository root, or the package installed.
@@ -1170,6 +1222,7 @@ int main(void) {
     test_feed_train_and_resume();
     test_feed_eval_covers_once();
     test_feed_regression_padding();
+    test_stage_rows_like_feed();
     test_fashion_mnist();
     test_stage_u8();
     remove_tmp_dir();

@@ -81,9 +81,9 @@ static qt_status run_on(backend *b, const char *text, const run_options *o, sche
     void *data = arena_memory(run_data_bytes(&the_run));
     qt_status status = run_load(&the_run, data, run_data_bytes(&the_run));
     if (status == QT_OK) status = run_bind(&the_run, b, dev, host);
-    uint64_t syncs = driver_sync_total();
+    uint64_t syncs = driver_sync_total(&b->syncs);
     if (status == QT_OK) status = run_execute(&the_run, NULL, NULL, sum);
-    loop_syncs = driver_sync_total() - syncs;
+    loop_syncs = driver_sync_total(&b->syncs) - syncs;
     if (status == QT_OK && inspect) inspect(&the_run, b, inspect_ctx);
     run_close(&the_run);
     free(dev);

@@ -1265,10 +1265,10 @@ static bool train_text(const char *text, backend_kind kind, const run_options *o
         data = aligned_alloc(256, (run_data_bytes(&the_run) + 511) / 256 * 256);
         st = run_load(&the_run, data, run_data_bytes(&the_run));
         if (st == QT_OK) st = run_bind(&the_run, &b, dev, host);
-        uint64_t syncs = driver_sync_total();
+        uint64_t syncs = driver_sync_total(&b.syncs);
         sched_summary sum;
         if (st == QT_OK) st = run_execute(&the_run, log_record, l, &sum);
-        l->syncs = driver_sync_total() - syncs;
+        l->syncs = driver_sync_total(&b.syncs) - syncs;
         l->lagged_reads = sum.lagged_reads;
         if (st == QT_OK && l->weights_prefix) log_weights(&the_run, &b, l);
         if (st == QT_OK && l->inspect) l->inspect(&the_run, &b, l);

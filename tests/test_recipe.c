@@ -312,6 +312,36 @@ static void test_npy_source(void) {
     test_end();
 }
 
+// Without a train source the embedder gives the batches: rows of N steps parse on either
+// dataset's name, a pass (`all`) over the unnamed train set does not.
+static void test_no_train_source(void) {
+    test_begin("parse_without_a_train_source");
+    const char *text = build(12, 'R', "# the embedder's batches");
+    qt_status s = recipe_parse(text, strlen(text), "r.recipe", &R);
+    CHECK(s == QT_OK && R.data.train.kind == RECIPE_SOURCE_NONE && R.data.batch == 16,
+          "%s", qt_error_message());
+    static char rows[4096];
+    snprintf(rows, sizeof rows, "%seval 2 train\ninfer 3\n", text);
+    s = recipe_parse(rows, strlen(rows), "r.recipe", &R);
+    CHECK(s == QT_OK && R.rows_count == 3 && R.rows[2].dataset == RECIPE_DATASET_TRAIN,
+          "rows of N steps: %s", qt_error_message());
+    snprintf(rows, sizeof rows, "%sinfer all\n", text);
+    s = recipe_parse(rows, strlen(rows), "r.recipe", &R);
+    CHECK(s == QT_ERR_INPUT && strcmp(qt_error_message(), "r.recipe:16:1: the row makes a pass "
+          "(all) over the train dataset, which [data] does not name (the embedder gives the "
+          "batches); expected 'train = SOURCE' or a length in steps") == 0, "%s",
+          qt_error_message());
+    snprintf(rows, sizeof rows, "%seval all train\n", text);
+    s = recipe_parse(rows, strlen(rows), "r.recipe", &R);
+    CHECK(s == QT_ERR_INPUT && strstr(qt_error_message(), "r.recipe:16:1: the row makes a pass"),
+          "%s", qt_error_message());
+    snprintf(rows, sizeof rows, "%strain 2 epochs\n", text);
+    s = recipe_parse(rows, strlen(rows), "r.recipe", &R);
+    CHECK(s == QT_ERR_INPUT && strstr(qt_error_message(), "r.recipe:16:1: the row counts epochs"),
+          "epochs: %s", qt_error_message());
+    test_end();
+}
+
 // Infer rows name their output file (and argmax) after the optional dataset.
 static void test_infer_output(void) {
     test_begin("parse_infer_output_and_argmax");
@@ -1253,6 +1283,7 @@ int main(void) {
     test_synthetic_task();
     test_npy_source();
     test_infer_output();
+    test_no_train_source();
     test_schedule_parse();
     test_schedule_table();
     test_schedule_same_table();

@@ -116,9 +116,9 @@ static qt_status train_on(train_case *c, backend *b, sched_summary *sum) {
         c->free_bytes_before = (double)free_bytes;
     }
     if (status == QT_OK && c->before_loop) c->before_loop(&the_run, c->before_ctx);
-    uint64_t syncs = driver_sync_total();
+    uint64_t syncs = driver_sync_total(&b->syncs);
     if (status == QT_OK) status = run_execute(&the_run, c->progress, c->ctx, sum);
-    c->syncs = driver_sync_total() - syncs;
+    c->syncs = driver_sync_total(&b->syncs) - syncs;
     if (status == QT_OK && b->kind == BACKEND_GPU) {
         size_t free_bytes = 0, total = 0;
         drv.cuMemGetInfo(&free_bytes, &total);

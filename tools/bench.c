@@ -132,7 +132,7 @@ static qt_status bench_events_time(bench_env *env, backend_graph *graph, double 
         QT_CU(cuEventRecord(start, env->gpu.stream));
         QT_TRY(backend_launch(&env->gpu, graph));
         QT_CU(cuEventRecord(stop, env->gpu.stream));
-        QT_TRY(driver_sync_event(stop));
+        QT_TRY(driver_sync_event(&env->gpu.syncs, stop));
         float elapsed = 0;
         QT_CU(cuEventElapsedTime(&elapsed, start, stop));
         ms[i] = elapsed;

@@ -10,6 +10,7 @@
 #include <stdio.h>
 
 #include "backend.h"
+#include "bench_main.h"  // bench_main
 
 typedef struct bench_env {
     backend gpu;
@@ -136,7 +137,5 @@ void bench_quant_mxfp8(bench_env *env);
 void bench_quant_block(bench_env *env);
 void bench_quant_nvfp4(bench_env *env);
 void bench_gemm(bench_env *env);
-
-int bench_main(int argc, char **argv);
 
 #endif  // QT_BENCH_H

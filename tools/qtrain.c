@@ -3,10 +3,15 @@
 // memory it plans, `qtrain info` reports the driver, the GPU and the loaded kernels (or says that
 // the reference backend will be used), `qtrain diff A B` compares traces, `qtrain plot` draws
 // them, `qtrain export CKPT OUT` writes a checkpoint's weights as safetensors.
+//
+// The first client of the C API: it reaches the library through runtime/qtrain.h alone (the
+// benchmarks and the plot, tools of their own, are entered through their tools/ headers), and
+// keeps its argument parsing, printing and memory (allocated at start-up) to itself.
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>  // the GPU opens while the datasets load
 #include <signal.h>   // sigaction: Ctrl-C ends a run at a step boundary
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>  // aligned_alloc, strtoull
 #include <string.h>
@@ -14,15 +19,31 @@
 #include <time.h>    // clock_gettime
 #include <unistd.h>  // isatty, write, _exit
 
-#include "backend.h"  // backend_open_gpu, kernel attributes
-#include "bench.h"    // bench_main
-#include "gemm_tier.h"  // gemm_tier_describe
-#include "input_file.h"  // input_file_read: the recipe, a regular file
-#include "export.h"   // export_safetensors
-#include "plot.h"     // plot_main
-#include "pool.h"     // pool_threads: the reference backend's threads
-#include "run.h"      // run_plan, run_bind, run_execute
-#include "trace.h"    // trace_diff
+#include "bench_main.h"  // bench_main
+#include "plot.h"        // plot_main
+#include "qtrain.h"
+
+// Propagates a failed call's status; its message is the library's, or cli_message.
+#define CLI_TRY(call)                     \
+    do {                                  \
+        qt_status cli_status_ = (call);   \
+        if (cli_status_ != QT_OK) return cli_status_; \
+    } while (0)
+
+// A failure of the tool's own (memory it could not allocate, a recipe it cannot run): its
+// message, printed in place of the library's.
+static char cli_message[512];
+
+__attribute__((format(printf, 2, 3))) static qt_status cli_fail(qt_status status,
+                                                                const char *fmt, ...) {
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(cli_message, sizeof cli_message, fmt, args);
+    va_end(args);
+    return status;
+}
+
+static const char *error_text(void) { return cli_message[0] ? cli_message : qt_error_message(); }
 
 static void print_usage(FILE *out) {
     fprintf(out,
@@ -66,49 +87,58 @@ static void print_usage(FILE *out) {
             "          the release, and the versions of the trace and checkpoint formats\n");
 }
 
+// Memory of the tool's own for the library's blocks: QT_MEMORY_ALIGN aligned, never empty.
+static void *cli_alloc(uint64_t bytes) {
+    uint64_t rounded = (bytes / QT_MEMORY_ALIGN + 1) * QT_MEMORY_ALIGN;
+    return aligned_alloc(QT_MEMORY_ALIGN, rounded);
+}
+
 static int command_info(void) {
-    static backend gpu;  // large (module tables): keep it off the stack
-    qt_status status = backend_open_gpu(&gpu, 0);
+    void *memory = cli_alloc(qt_device_bytes());
+    qt_device *gpu = NULL;
+    qt_status status = memory ? qt_device_open(memory, qt_device_bytes(), QT_DEVICE_GPU, 0, &gpu)
+                              : QT_ERR_MEMORY;
     if (status == QT_ERR_NO_DRIVER || status == QT_ERR_NO_DEVICE) {
         printf("no CUDA driver / no GPU: the reference backend will be used\n  (%s)\n",
                qt_error_message());
+        free(memory);
         return 0;
     }
     if (status != QT_OK) {
         fprintf(stderr, "qtrain info: %s: %s\n", qt_status_name(status), qt_error_message());
+        free(memory);
         return 1;
     }
-    const backend_device_info *info = &gpu.info;
-    printf("driver      CUDA %d.%d\n", info->driver_version / 1000,
-           info->driver_version % 1000 / 10);
-    printf("device      %s\n", info->name);
-    printf("compute     %d.%d, %d SMs\n", info->cc_major, info->cc_minor, info->sm_count);
+    qt_device_info info;
+    qt_device_describe(gpu, &info);
+    printf("driver      CUDA %d.%d\n", info.driver_version / 1000,
+           info.driver_version % 1000 / 10);
+    printf("device      %s\n", info.name);
+    printf("compute     %d.%d, %d SMs\n", info.cc_major, info.cc_minor, info.sm_count);
     printf("memory      %.1f GiB total, %.1f GiB free\n",
-           (double)info->memory_bytes / (1 << 30), (double)info->free_bytes / (1 << 30));
-    printf("gemm tier   %s\n", gemm_tier_describe(&gpu));
-    int loaded = 0;
-    for (int k = 0; k < KERNEL_COUNT; k++) loaded += modules_loaded(&gpu.modules, (kernel_id)k);
-    printf("kernels     %d of %d loaded from %d modules\n", loaded, KERNEL_COUNT, MODULE_COUNT);
+           (double)info.memory_bytes / (1 << 30), (double)info.free_bytes / (1 << 30));
+    printf("gemm tier   %s\n", info.gemm_tier);
+    printf("kernels     %u of %u loaded from %u modules\n", info.kernels_loaded, info.kernels,
+           info.modules);
     printf("  %-32s %-12s %5s %10s %8s\n", "kernel", "module", "regs", "smem", "local");
-    for (int k = 0; k < KERNEL_COUNT; k++) {
-        const kernel_attributes *a = &gpu.modules.attributes[k];
-        if (!modules_loaded(&gpu.modules, (kernel_id)k)) {
+    for (uint32_t k = 0; k < info.kernels; k++) {
+        qt_kernel_info kernel;
+        if (qt_device_kernel(gpu, k, &kernel) != QT_OK) break;
+        if (!kernel.loaded) {
             printf("  %-32s %-12s not loaded: this device cannot run the image\n",
-                   kernel_table[k].symbol, module_names[kernel_table[k].module]);
+                   kernel.symbol, kernel.module);
             continue;
         }
-        printf("  %-32s %-12s %5d %10d %8d\n", kernel_table[k].symbol,
-               module_names[kernel_table[k].module], a->registers, a->static_smem_bytes,
-               a->local_bytes);
+        printf("  %-32s %-12s %5d %10d %8d\n", kernel.symbol, kernel.module, kernel.registers,
+               kernel.static_smem_bytes, kernel.local_bytes);
     }
-    backend_close(&gpu);
+    qt_device_close(gpu);
+    free(memory);
     return 0;
 }
 
 // ---------------------------------------------------------------------------------------------
 // run and plan
-
-#define QTRAIN_RECIPE_BYTES_MAX (1u << 20)
 
 static double now_seconds(void) {
     struct timespec ts;
@@ -116,15 +146,10 @@ static double now_seconds(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-// The run and the recipe are large and live for the whole command.
-static run the_run;
-static recipe the_recipe;
-static char recipe_text[QTRAIN_RECIPE_BYTES_MAX];
-
 typedef struct cli_args {
     const char *command;     // "run", "infer", "plan": for messages
     const char *recipe_path;
-    run_options options;
+    qt_options options;
     bool ref;
     uint32_t profile_reps;  // --profile: launches per op when timing the programs after the run
     const char *resume_path;
@@ -150,14 +175,13 @@ static bool parse_count_arg(const char *command, const char *flag, const char *t
     return true;
 }
 
-static bool parse_emulated_gemm(const char *command, const char *how,
-                                model_emulated_gemm *out) {
+static bool parse_emulated_gemm(const char *command, const char *how, qt_emulated_gemm *out) {
     if (strcmp(how, "auto") == 0) {
-        *out = MODEL_EMULATED_AUTO;
+        *out = QT_EMULATED_GEMM_AUTO;
     } else if (strcmp(how, "kernel") == 0) {
-        *out = MODEL_EMULATED_KERNEL;
+        *out = QT_EMULATED_GEMM_KERNEL;
     } else if (strcmp(how, "copies") == 0) {
-        *out = MODEL_EMULATED_COPIES;
+        *out = QT_EMULATED_GEMM_COPIES;
     } else {
         fprintf(stderr, "qtrain %s: --emulated-gemm takes auto, kernel or copies, not '%s'\n",
                 command, qt_shown(how));
@@ -174,7 +198,7 @@ static int parse_flag(cli_command command, int argc, char **argv, int *i, cli_ar
     const char *arg = argv[*i];
     const char *value = *i + 1 < argc ? argv[*i + 1] : NULL;
     bool launch = command != CLI_PLAN, train = command == CLI_RUN, infer = command == CLI_INFER;
-    run_options *o = &a->options;
+    qt_options *o = &a->options;
     uint64_t v = 0;
     bool takes_value = true;
     if (launch && strcmp(arg, "--eager") == 0) {
@@ -209,7 +233,7 @@ static int parse_flag(cli_command command, int argc, char **argv, int *i, cli_ar
         o->golden_path = value;
     } else if (!infer && strcmp(arg, "--steps") == 0) {
         // 0 would mean "no cut" to the planner: a run of 0 steps is not what was asked for.
-        if (!parse_count_arg(a->command, arg, value, 1, UINT64_MAX, &o->steps_limit)) return -1;
+        if (!parse_count_arg(a->command, arg, value, 1, UINT64_MAX, &o->steps)) return -1;
     } else if (strcmp(arg, "--seed") == 0) {
         if (!parse_count_arg(a->command, arg, value, 0, UINT64_MAX, &o->seed)) return -1;
         o->seed_given = true;
@@ -278,30 +302,52 @@ static bool parse_run_args(int argc, char **argv, cli_command command, cli_args 
 }
 
 static int fail_status(const char *command, qt_status status) {
-    fprintf(stderr, "qtrain %s: %s: %s\n", command, qt_status_name(status), qt_error_message());
+    fprintf(stderr, "qtrain %s: %s: %s\n", command, qt_status_name(status), error_text());
     return 1;
 }
 
-// Parses the recipe and plans the run (no backend, no data loaded). The text is read once: the
+// The memory of one command's runtime and device, and what their handles name in it.
+typedef struct cli_run {
+    void *runtime_memory, *device_memory, *data, *arena_device, *arena_host;
+    qt_runtime *rt;
+    qt_device *device;
+} cli_run;
+
+static void cli_run_close(cli_run *c) {
+    qt_close(c->rt);  // before the arenas' memory goes
+    if (c->device) qt_device_close(c->device);
+    free(c->runtime_memory);
+    free(c->device_memory);
+    free(c->data);
+    free(c->arena_device);
+    free(c->arena_host);
+    memset(c, 0, sizeof *c);
+}
+
+// Reads the recipe and plans the run (no device, no data loaded). The text is read once: the
 // bytes parsed are the bytes hashed for the trace and the checkpoints.
-static qt_status load_and_plan(const cli_args *a) {
-    size_t bytes = 0;
-    QT_TRY(input_file_read(a->recipe_path, "recipe", recipe_text, sizeof recipe_text, &bytes));
-    QT_TRY(recipe_parse(recipe_text, bytes, a->recipe_path, &the_recipe));
-    return run_plan(&the_run, &the_recipe, recipe_text, bytes, &a->options);
+static qt_status load_and_plan(const cli_args *a, cli_run *c) {
+    c->runtime_memory = cli_alloc(qt_runtime_bytes());
+    if (!c->runtime_memory) {
+        return cli_fail(QT_ERR_MEMORY, "cannot allocate %zu bytes for the runtime",
+                        qt_runtime_bytes());
+    }
+    CLI_TRY(qt_open_file(c->runtime_memory, qt_runtime_bytes(), a->recipe_path, &c->rt));
+    return qt_plan(c->rt, &a->options);
 }
 
 static int command_plan(int argc, char **argv) {
     cli_args a;
     if (!parse_run_args(argc, argv, CLI_PLAN, &a)) return 2;
-    qt_status status = load_and_plan(&a);
-    if (status != QT_OK) return fail_status("plan", status);
-    if (a.summary) {
-        run_print_summary(&the_run, stdout);
-    } else {
-        run_print_plan(&the_run, stdout);
+    cli_run c;
+    memset(&c, 0, sizeof c);
+    qt_status status = load_and_plan(&a, &c);
+    if (status == QT_OK) {
+        status = a.summary ? qt_plan_print_summary(c.rt, stdout) : qt_plan_print(c.rt, stdout);
     }
-    return 0;
+    int rc = status == QT_OK ? 0 : fail_status("plan", status);
+    cli_run_close(&c);
+    return rc;
 }
 
 // The progress line: one per row kept on screen (on a terminal it is redrawn in place while the
@@ -314,8 +360,8 @@ typedef struct progress_state {
     bool input_file;                         // `qtrain infer`: the rows read --input
     double last_print;
     double last_elapsed;
-    double mode_seconds[MODEL_MODE_COUNT];  // the loop's time, by the mode of each step
-    uint64_t mode_steps[MODEL_MODE_COUNT];
+    double mode_seconds[QT_MODE_COUNT];     // the loop's time, by the mode of each step
+    uint64_t mode_steps[QT_MODE_COUNT];
     uint64_t epoch;                          // the epoch the train sums are of
     double loss_sum;
     uint64_t rows, correct;
@@ -350,19 +396,19 @@ static void format_rate(double steps_per_s, char *buf, size_t bytes) {
 
 // The time left: each mode's steps left at that mode's pace so far (a mode not seen yet at the
 // pace of all steps so far).
-static double progress_eta(const progress_state *st, const sched_progress *p) {
+static double progress_eta(const progress_state *st, const qt_step_stats *p) {
     double all_s = 0;
     uint64_t all_steps = 0;
-    for (int m = 0; m < MODEL_MODE_COUNT; m++) {
+    for (int m = 0; m < QT_MODE_COUNT; m++) {
         all_s += st->mode_seconds[m];
         all_steps += st->mode_steps[m];
     }
     if (all_steps == 0) return -1;
     double eta = 0;
-    for (int m = 0; m < MODEL_MODE_COUNT; m++) {
+    for (int m = 0; m < QT_MODE_COUNT; m++) {
         double per_step = st->mode_steps[m] ? st->mode_seconds[m] / (double)st->mode_steps[m]
                                             : all_s / (double)all_steps;
-        eta += per_step * (double)p->left[m];
+        eta += per_step * (double)p->steps_left[m];
     }
     return eta;
 }
@@ -377,24 +423,26 @@ static void format_loss(const progress_state *st, double loss, double accuracy, 
     }
 }
 
-static void print_progress(void *ctx, const sched_progress *p) {
+// The train sums of the current epoch, this step's rows added.
+static void progress_train(progress_state *st, const qt_step_stats *p, uint64_t epoch_steps) {
+    uint64_t epoch = (p->train_steps - 1) / epoch_steps;
+    if (epoch != st->epoch || st->rows == 0) {
+        st->epoch = epoch;
+        st->loss_sum = 0;
+        st->rows = st->correct = 0;
+    }
+    st->loss_sum += (double)p->loss * p->rows_valid;
+    st->rows += p->rows_valid;
+    st->correct += (uint64_t)((double)p->accuracy * p->rows_valid + 0.5);
+}
+
+static void print_progress(void *ctx, const qt_step_stats *p) {
     progress_state *st = ctx;
-    const qt_trace_record *rec = p->record;
     st->mode_seconds[p->mode] += p->elapsed_s - st->last_elapsed;
     st->mode_steps[p->mode]++;
     st->last_elapsed = p->elapsed_s;
     uint64_t epoch_steps = p->epoch_steps ? p->epoch_steps : 1;
-    if (p->mode == MODEL_MODE_TRAIN) {
-        uint64_t epoch = (p->train_steps - 1) / epoch_steps;
-        if (epoch != st->epoch || st->rows == 0) {
-            st->epoch = epoch;
-            st->loss_sum = 0;
-            st->rows = st->correct = 0;
-        }
-        st->loss_sum += (double)rec->loss * p->rows_valid;
-        st->rows += p->rows_valid;
-        st->correct += (uint64_t)((double)rec->accuracy * p->rows_valid + 0.5);
-    }
+    if (p->mode == QT_MODE_TRAIN) progress_train(st, p, epoch_steps);
     bool row_end = p->row_step == p->row_steps;
     bool due = p->elapsed_s - st->last_print >= (st->tty ? 0.1 : 5.0);
     if (!row_end && !due) return;
@@ -404,18 +452,17 @@ static void print_progress(void *ctx, const sched_progress *p) {
     format_rate(seconds > 0 ? (double)st->mode_steps[p->mode] / seconds : 0.0, rate,
                 sizeof rate);
     format_eta(progress_eta(st, p), eta, sizeof eta);
-    uint64_t train_total = p->train_steps + p->left[MODEL_MODE_TRAIN];
-    if (p->mode == MODEL_MODE_TRAIN) {
+    uint64_t train_total = p->train_steps + p->steps_left[QT_MODE_TRAIN];
+    if (p->mode == QT_MODE_TRAIN) {
         snprintf(where, sizeof where, "step %6" PRIu64 "/%-6" PRIu64 " epoch %5.2f/%-5.4g",
                  p->train_steps, train_total, (double)p->train_steps / (double)epoch_steps,
                  (double)train_total / (double)epoch_steps);
         format_loss(st, st->rows ? st->loss_sum / (double)st->rows : 0.0,
                     st->rows ? (double)st->correct / (double)st->rows : 0.0, loss, sizeof loss);
     } else {
-        const char *set = st->input_file ? "input file" : p->dataset == RECIPE_DATASET_EVAL
-                                                               ? "eval set" : "train set";
+        const char *set = st->input_file ? "input file" : p->eval_set ? "eval set" : "train set";
         loss[0] = '\0';
-        if (p->mode == MODEL_MODE_EVAL) {
+        if (p->mode == QT_MODE_EVAL) {
             snprintf(where, sizeof where, "pass %5" PRIu64 "/%-5" PRIu64 " %-9s %7" PRIu64
                      " samples", p->row_step, p->row_steps, set, p->pass_samples);
             format_loss(st, p->pass_loss, p->pass_accuracy, loss, sizeof loss);
@@ -425,44 +472,31 @@ static void print_progress(void *ctx, const sched_progress *p) {
         }
     }
     fprintf(stderr, "%s%-5s %s  %-26s %14s  ETA %s%s", st->tty ? "\r" : "",
-            model_mode_name(p->mode), where, loss, rate, eta,
+            qt_mode_name(p->mode), where, loss, rate, eta,
             (row_end || !st->tty) ? "\n" : "");
     fflush(stderr);
 }
 
-static int compare_float(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return (x > y) - (x < y);
-}
-
-// The median of the kept train-step intervals (schedule.h); 0 when there are none.
-static double step_median_ms(const sched_summary *s, uint64_t *kept) {
-    static float sorted[SCHED_STEP_TIMES];
-    uint64_t n = s->step_time_count < SCHED_STEP_TIMES ? s->step_time_count : SCHED_STEP_TIMES;
-    *kept = n;
-    if (n == 0) return 0.0;
-    memcpy(sorted, s->step_ms, n * sizeof(float));
-    qsort(sorted, n, sizeof(float), compare_float);
-    return n % 2 ? sorted[n / 2] : 0.5 * ((double)sorted[n / 2 - 1] + sorted[n / 2]);
-}
-
 // The lines about where the run started and stopped, and its checkpoints.
-static void print_position(const cli_args *a, const run *r, int signal_number) {
-    const sched_state *st = &r->state;
-    if (r->resumed) {
+static void print_position(const cli_args *a, const qt_runtime *rt, const qt_summary *s,
+                           int signal_number) {
+    uint64_t step = 0, train_steps = 0;
+    qt_timings t;
+    qt_timings_get(rt, &t);
+    if (qt_resumed(rt, &step, &train_steps)) {
         printf("resumed      from %s at step %" PRIu64 " (train step %" PRIu64 "), loaded in "
-               "%.3f s\n", a->resume_path, r->resumed_at.step, r->resumed_at.train_steps,
-               r->timings.resume_s);
+               "%.3f s\n", a->resume_path, step, train_steps, t.resume_s);
     }
     if (signal_number) {
+        qt_position at;
+        qt_position_get(rt, &at);
         printf("interrupted  by %s at step %" PRIu64 " (train step %" PRIu64 ")\n",
-               signal_number == SIGTERM ? "SIGTERM" : "SIGINT", st->step, st->train_steps);
+               signal_number == SIGTERM ? "SIGTERM" : "SIGINT", at.step, at.train_steps);
     }
-    const run_saves *sv = &r->saves;
-    if (sv->count) {
+    if (s->saves) {
         printf("checkpoint   %s at step %" PRIu64 " (train step %" PRIu64 "); %u saves, %.3f s "
-               "in all\n", a->options.save_path, sv->last_step, sv->last_train_step, sv->count,
-               sv->seconds);
+               "in all\n", a->options.save_path, s->last_save_step, s->last_save_train_steps,
+               s->saves, s->save_seconds);
     }
 }
 
@@ -476,63 +510,65 @@ static void summary_rate(double steps_per_s, char *buf, size_t bytes) {
     }
 }
 
-static void print_summary(const sched_summary *s, const run *r, double wall_s,
-                          double open_s) {
-    printf("steps        %" PRIu64 " train (%" PRIu64 " skipped), %" PRIu64 " eval, %" PRIu64
-           " infer\n", s->steps[MODEL_MODE_TRAIN], s->skipped, s->steps[MODEL_MODE_EVAL],
-           s->steps[MODEL_MODE_INFER]);
-    if (s->steps[MODEL_MODE_TRAIN]) {
-        printf("train loss   %.6g (last step)\n", (double)s->last_train_loss);
-        double rate = s->train_seconds > 0 ? (double)s->steps[MODEL_MODE_TRAIN] /
-                                                 s->train_seconds : 0.0;
-        char text[32];
-        summary_rate(rate, text, sizeof text);
-        printf("train rate   %s\n", text);
-        uint64_t kept = 0;
-        double median = step_median_ms(s, &kept);
-        if (kept) {
-            printf("step time    median %.3f ms over %" PRIu64 " train steps (host clock "
-                   "between their records)\n", median, kept);
-        }
-    }
-    if (s->has_eval && r->model.classification) {
-        printf("eval         accuracy %.2f%%, loss %.6g over %" PRIu64 " samples (last eval "
-               "row)\n", 100.0 * s->eval_accuracy, s->eval_loss, s->eval_samples);
-    } else if (s->has_eval) {
-        printf("eval         loss %.6g over %" PRIu64 " samples (last eval row)\n",
-               s->eval_loss, s->eval_samples);
-    }
-    char loop_rate[32];
-    summary_rate(s->seconds > 0 ? (double)(s->steps[0] + s->steps[1] + s->steps[2]) / s->seconds
-                                : 0.0, loop_rate, sizeof loop_rate);
-    printf("wall time    %.3f s (loop %.3f s, %s)\n", wall_s, s->seconds, loop_rate);
-    const run_timings *t = &r->timings;
-    printf("start-up     %.3f s backend open, %.3f s arenas, %.3f s data, %.3f s init program, "
-           "%.3f s graph capture\n", open_s, t->bind_s, t->data_s, t->init_s, t->capture_s);
-    printf("arena bytes  device %" PRIu64 ", host %" PRIu64 "\n", r->dev.bytes_total,
-           r->host.bytes_total);
-    for (uint32_t i = 0; i < RECIPE_SCHEDULE_ROWS_MAX; i++) {
-        const infer_out *o = &r->outputs[i];
-        if (o->rows_written == 0) continue;
-        if (o->argmax) {
-            printf("output       %s: %" PRIu64 " int32 classes (argmax)\n", o->file.file.path,
-                   o->rows_written);
+static void print_outputs(const qt_runtime *rt, const qt_summary *s) {
+    for (uint32_t i = 0; i < s->output_files; i++) {
+        qt_output_file o;
+        if (qt_output_file_get(rt, i, &o) != QT_OK) break;
+        if (o.argmax) {
+            printf("output       %s: %" PRIu64 " int32 classes (argmax)\n", o.path, o.rows);
         } else {
-            printf("output       %s: %" PRIu64 " x %u float32 logits\n", o->file.file.path,
-                   o->rows_written, o->outputs);
+            printf("output       %s: %" PRIu64 " x %u float32 logits\n", o.path, o.rows,
+                   o.outputs);
         }
     }
 }
 
-static void *alloc_arena(uint64_t bytes) {
-    uint64_t rounded = (bytes + 255) / 256 * 256;
-    return aligned_alloc(256, rounded ? rounded : 256);
+static void print_summary(const qt_summary *s, const qt_runtime *rt, double wall_s,
+                          double open_s) {
+    qt_position at;
+    qt_plan_info plan;
+    qt_timings t;
+    qt_position_get(rt, &at);
+    qt_plan_info_get(rt, &plan);
+    qt_timings_get(rt, &t);
+    printf("steps        %" PRIu64 " train (%" PRIu64 " skipped), %" PRIu64 " eval, %" PRIu64
+           " infer\n", s->steps[QT_MODE_TRAIN], s->skipped, s->steps[QT_MODE_EVAL],
+           s->steps[QT_MODE_INFER]);
+    if (s->steps[QT_MODE_TRAIN]) {
+        printf("train loss   %.6g (last step)\n", (double)at.last_train_loss);
+        double rate = s->train_seconds > 0 ? (double)s->steps[QT_MODE_TRAIN] /
+                                                 s->train_seconds : 0.0;
+        char text[32];
+        summary_rate(rate, text, sizeof text);
+        printf("train rate   %s\n", text);
+        if (s->step_times) {
+            printf("step time    median %.3f ms over %" PRIu64 " train steps (host clock "
+                   "between their records)\n", s->step_median_ms, s->step_times);
+        }
+    }
+    if (at.has_eval && plan.classification) {
+        printf("eval         accuracy %.2f%%, loss %.6g over %" PRIu64 " samples (last eval "
+               "row)\n", 100.0 * at.eval_accuracy, at.eval_loss, at.eval_samples);
+    } else if (at.has_eval) {
+        printf("eval         loss %.6g over %" PRIu64 " samples (last eval row)\n",
+               at.eval_loss, at.eval_samples);
+    }
+    uint64_t steps = s->steps[QT_MODE_TRAIN] + s->steps[QT_MODE_EVAL] + s->steps[QT_MODE_INFER];
+    char loop_rate[32];
+    summary_rate(s->seconds > 0 ? (double)steps / s->seconds : 0.0, loop_rate, sizeof loop_rate);
+    printf("wall time    %.3f s (loop %.3f s, %s)\n", wall_s, s->seconds, loop_rate);
+    printf("start-up     %.3f s backend open, %.3f s arenas, %.3f s data, %.3f s init program, "
+           "%.3f s graph capture\n", open_s, t.bind_s, t.load_s, t.init_s, t.capture_s);
+    printf("arena bytes  device %" PRIu64 ", host %" PRIu64 "\n", plan.device_bytes,
+           plan.host_bytes);
+    print_outputs(rt, s);
 }
 
 // Ctrl-C (SIGINT) or SIGTERM: the first asks the loop to stop at the next step boundary (it
 // drains, flushes the trace, saves with --save, and the summary follows); a second one exits at
 // once. Handlers are installed for the loop only: before it nothing is lost by dying.
 static volatile sig_atomic_t stop_signal;
+static qt_runtime *stop_target;  // the runtime the handler stops
 
 static void on_stop_signal(int signal_number) {
     if (stop_signal) {
@@ -542,25 +578,27 @@ static void on_stop_signal(int signal_number) {
         _exit(128 + signal_number);
     }
     stop_signal = signal_number;
+    qt_request_stop(stop_target);
 }
 
-static void catch_stop_signals(bool on) {
+static void catch_stop_signals(qt_runtime *rt) {
+    stop_target = rt;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on ? on_stop_signal : SIG_DFL;
+    sa.sa_handler = rt ? on_stop_signal : SIG_DFL;
     sa.sa_flags = SA_RESTART;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
 }
 
-static qt_status resume_run(const cli_args *a) {
-    QT_TRY(run_resume(&the_run, a->resume_path));
-    const sched_state *st = &the_run.state;
+static qt_status resume_run(const cli_args *a, qt_runtime *rt) {
+    CLI_TRY(qt_resume(rt, a->resume_path));
+    qt_position at;
+    qt_position_get(rt, &at);
     fprintf(stderr, "qtrain run: resumed from %s at step %" PRIu64 " (train step %" PRIu64
-            ")%s\n", a->resume_path, st->step, st->train_steps,
-            st->row == the_run.table.row_count ? "; the schedule is complete, nothing is left "
-                                                 "to run" : "");
+            ")%s\n", a->resume_path, at.step, at.train_steps,
+            at.row == at.rows ? "; the schedule is complete, nothing is left to run" : "");
     return QT_OK;
 }
 
@@ -572,139 +610,151 @@ static void format_hms(double seconds, char *out, size_t size) {
 }
 
 // Without a GPU a run can take long, so it says how long before it starts: one step of each mode
-// is timed on the bound run (run_time_steps, which leaves its state as it was) and multiplied by
+// is timed on the bound run (qt_time_steps, which leaves its state as it was) and multiplied by
 // the steps of that mode left. Staging batches, the trace and checkpoints are not in it; on the
 // reference backend they are a small part of a step.
-static void print_estimate(const cli_args *a) {
-    uint64_t steps[MODEL_MODE_COUNT], dev_bytes, host_bytes;
-    run_steps_left(&the_run, steps);
+static void print_estimate(const cli_args *a, qt_runtime *rt, const qt_device_info *device) {
+    qt_position at;
+    qt_plan_info plan;
+    qt_position_get(rt, &at);
+    qt_plan_info_get(rt, &plan);
+    const uint64_t *steps = at.steps_left;
     if (steps[0] + steps[1] + steps[2] == 0) return;
-    run_memory_bytes(&the_run, &dev_bytes, &host_bytes);
-    void *scratch = alloc_arena(dev_bytes + host_bytes);
+    uint64_t bytes = plan.device_bytes + plan.host_bytes;
+    void *scratch = cli_alloc(bytes);
     if (!scratch) {
         fprintf(stderr, "qtrain %s: no time estimate: cannot allocate %" PRIu64 " bytes to time "
-                "a step\n", a->command, dev_bytes + host_bytes);
+                "a step\n", a->command, bytes);
         return;
     }
-    double ms[MODEL_MODE_COUNT], total_s = 0.0;
-    run_time_steps(&the_run, scratch, dev_bytes + host_bytes, ms);
+    double ms[QT_MODE_COUNT], total_s = 0.0;
+    qt_status timed = qt_time_steps(rt, scratch, bytes, ms);
     free(scratch);
+    if (timed != QT_OK) return;  // a recipe whose steps it cannot time: no estimate
     char parts[256] = "", hms[32];
     size_t used = 0;
-    for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
+    for (int mode = 0; mode < QT_MODE_COUNT; mode++) {
         if (steps[mode] == 0) continue;
         total_s += (double)steps[mode] * ms[mode] / 1e3;
         used += (size_t)snprintf(parts + used, sizeof parts - used, "%s%" PRIu64 " %s steps at "
                                  "%.3g ms", used ? ", " : "", steps[mode],
-                                 model_mode_name((model_mode)mode), ms[mode]);
+                                 qt_mode_name((qt_mode)mode), ms[mode]);
     }
     format_hms(total_s, hms, sizeof hms);
-    uint32_t threads = pool_threads();
     fprintf(stderr, "qtrain %s: about %s on the reference backend (%s, timed before the start "
-            "on %u thread%s)\n", a->command, hms, parts, threads, threads == 1 ? "" : "s");
+            "on %u thread%s)\n", a->command, hms, parts, device->threads,
+            device->threads == 1 ? "" : "s");
 }
 
-static int run_with_backend(const cli_args *a, backend *b, double start, double open_s) {
-    if (a->profile_reps && b->kind == BACKEND_REF) {
+// The arenas: the driver's on a GPU, the tool's own on the reference backend. Before they are
+// allocated: the device arena against the GPU's free memory, and what lives in host memory
+// against what this process can get (the datasets are in already).
+static qt_status bind_run(cli_run *c, const qt_device_info *device) {
+    CLI_TRY(qt_check_memory(c->rt, c->device, !device->gpu, 0));
+    if (device->gpu) return qt_bind(c->rt, c->device, NULL);
+    qt_plan_info plan;
+    qt_plan_info_get(c->rt, &plan);
+    c->arena_device = cli_alloc(plan.device_bytes);
+    c->arena_host = cli_alloc(plan.host_bytes);
+    if (!c->arena_device || !c->arena_host) {
+        return cli_fail(QT_ERR_MEMORY, "cannot allocate the reference backend's arenas, %" PRIu64
+                        " + %" PRIu64 " bytes, although the limits allowed them when checked: "
+                        "other processes took memory meanwhile; try again, or make the run "
+                        "smaller (`qtrain plan` shows its memory map)", plan.device_bytes,
+                        plan.host_bytes);
+    }
+    qt_arenas arenas = {c->arena_device, plan.device_bytes, c->arena_host, plan.host_bytes};
+    return qt_bind(c->rt, c->device, &arenas);
+}
+
+static int run_on_device(const cli_args *a, cli_run *c, double start, double open_s) {
+    qt_device_info device;
+    qt_device_describe(c->device, &device);
+    qt_plan_info plan;
+    qt_plan_info_get(c->rt, &plan);
+    if (a->profile_reps && !device.gpu) {
         // Said before the run, not after it: the profile times GPU kernels and graph replays.
         fprintf(stderr, "qtrain %s: --profile times GPU kernels, and this run is on the reference "
                 "backend (%s); run without --profile, or on a GPU\n", a->command,
                 a->ref ? "--ref" : "no GPU");
-        run_close(&the_run);
         return 2;
     }
-    // Before the arenas are allocated: the device arena against the GPU's free memory, and what
-    // lives in host memory against what this process can get (the datasets are in already).
-    qt_status status = run_check_memory(&the_run, b, b->kind == BACKEND_REF, 0);
-    void *ref_dev = NULL, *ref_host = NULL;
-    if (status == QT_OK && b->kind == BACKEND_REF) {
-        uint64_t dev_bytes, host_bytes;
-        run_memory_bytes(&the_run, &dev_bytes, &host_bytes);
-        ref_dev = alloc_arena(dev_bytes);
-        ref_host = alloc_arena(host_bytes);
-        if (!ref_dev || !ref_host) {
-            status = qt_fail(QT_ERR_MEMORY, "cannot allocate the reference backend's arenas, %"
-                             PRIu64 " + %" PRIu64 " bytes, although the limits allowed them "
-                             "when checked: other processes took memory meanwhile; try again, "
-                             "or make the run smaller (`qtrain plan` shows its memory map)",
-                             dev_bytes, host_bytes);
-        }
-    }
-    if (status != QT_OK) {
-        run_close(&the_run);
-        free(ref_dev);
-        free(ref_host);
-        return fail_status(a->command, status);
-    }
-    fprintf(stderr, "qtrain %s: %s on %s (%s)\n", a->command, a->recipe_path, b->info.name,
-            b->kind == BACKEND_REF ? "reference backend"
-            : a->options.eager     ? "eager launches"
-                                   : "CUDA graphs");
-    status = run_bind(&the_run, b, ref_dev, ref_host);
-    if (status == QT_OK && a->resume_path) status = resume_run(a);
+    fprintf(stderr, "qtrain %s: %s on %s (%s)\n", a->command, a->recipe_path, device.name,
+            !device.gpu        ? "reference backend"
+            : a->options.eager ? "eager launches"
+                               : "CUDA graphs");
+    qt_status status = bind_run(c, &device);
+    if (status == QT_OK && a->resume_path) status = resume_run(a, c->rt);
     bool is_run = strcmp(a->command, "run") == 0;  // a training run is what can take long
-    if (status == QT_OK && b->kind == BACKEND_REF && is_run) print_estimate(a);
-    sched_summary summary;
+    if (status == QT_OK && !device.gpu && is_run) print_estimate(a, c->rt, &device);
+    qt_summary summary;
     progress_state progress;
     memset(&progress, 0, sizeof progress);
     progress.tty = isatty(2) != 0;
-    progress.classification = the_run.model.classification;
+    progress.classification = plan.classification;
     progress.input_file = a->options.infer_input != NULL;
     progress.last_print = -1.0;
+    qt_on_step(c->rt, print_progress, &progress);
     if (status == QT_OK) {
         // `qtrain infer` has nothing to save: a signal ends it as usual (no file is written).
-        bool stoppable = a->options.interrupt != NULL;
-        if (stoppable) catch_stop_signals(true);
-        status = run_execute(&the_run, print_progress, &progress, &summary);
-        if (stoppable) catch_stop_signals(false);
+        bool stoppable = strcmp(a->command, "run") == 0;
+        if (stoppable) catch_stop_signals(c->rt);
+        status = qt_run(c->rt, &summary);
+        if (stoppable) catch_stop_signals(NULL);
     }
     if (stop_signal && progress.tty) fputc('\n', stderr);  // after a progress line's \r
     if (status == QT_OK) {
-        print_position(a, &the_run, stop_signal);
-        print_summary(&summary, &the_run, now_seconds() - start, open_s);
-        if (a->profile_reps && !stop_signal) {
-            status = run_profile(&the_run, a->profile_reps, stdout);
-        }
+        print_position(a, c->rt, &summary, stop_signal);
+        print_summary(&summary, c->rt, now_seconds() - start, open_s);
+        if (a->profile_reps && !stop_signal) status = qt_profile(c->rt, a->profile_reps, stdout);
     }
-    run_close(&the_run);
-    free(ref_dev);
-    free(ref_host);
     if (status != QT_OK) return fail_status(a->command, status);
     return stop_signal ? 128 + stop_signal : 0;
 }
 
 // Opening the GPU (driver, context, kernel modules) and reading the datasets take about as long
-// each, and neither needs the other: the backend opens on a second thread meanwhile.
+// each, and neither needs the other: the device opens on a second thread meanwhile.
 typedef struct open_job {
-    backend *backend;
-    bool ref, fell_back;
+    cli_run *run;
+    bool ref;
     qt_status status;
     double seconds;
-    char message[QT_ERROR_MESSAGE_MAX];  // the opening thread's error text (thread-local there)
+    char message[1024];  // the opening thread's error text (per thread in the library)
 } open_job;
 
-static void *open_backend(void *ctx) {
+static void *open_device(void *ctx) {
     open_job *job = ctx;
     double start = now_seconds();
-    job->status = run_backend_open(job->backend, job->ref, &job->fell_back);
-    snprintf(job->message, sizeof job->message, "%s", qt_error_message());
+    cli_run *c = job->run;
+    job->status = c->device_memory ? qt_device_open(c->device_memory, qt_device_bytes(),
+                                                    job->ref ? QT_DEVICE_REFERENCE
+                                                             : QT_DEVICE_AUTO,
+                                                    0, &c->device)
+                                   : QT_ERR_MEMORY;
+    snprintf(job->message, sizeof job->message, "%s", c->device_memory ? qt_error_message()
+                                                      : "cannot allocate the device's tables");
     job->seconds = now_seconds() - start;
     return NULL;
 }
 
 // The plan, then the datasets into memory of this tool's own (only the host reads it).
-static qt_status plan_and_load(const cli_args *a, void **data) {
-    QT_TRY(load_and_plan(a));
-    uint64_t bytes = run_data_bytes(&the_run);
+static qt_status plan_and_load(const cli_args *a, cli_run *c) {
+    CLI_TRY(load_and_plan(a, c));
+    qt_plan_info plan;
+    qt_plan_info_get(c->rt, &plan);
+    if (!plan.train_source) {
+        return cli_fail(QT_ERR_INPUT, "%s names no 'train = SOURCE' in [data]; qtrain %s trains "
+                        "on the recipe's data (an embedder gives its batches through the C "
+                        "API)", a->recipe_path, a->command);
+    }
     // Before the datasets are read: they, the host arena and (with --ref) the device arena must
     // fit in what this process can get (the GPU's memory is checked once it is open).
-    QT_TRY(run_check_memory(&the_run, NULL, a->ref, bytes));
-    *data = alloc_arena(bytes);
-    if (!*data) {
-        return qt_fail(QT_ERR_MEMORY, "cannot allocate %" PRIu64 " bytes for the datasets",
-                       bytes);
+    CLI_TRY(qt_check_memory(c->rt, NULL, a->ref, plan.data_bytes));
+    if (plan.data_bytes > 0 && !(c->data = cli_alloc(plan.data_bytes))) {
+        return cli_fail(QT_ERR_MEMORY, "cannot allocate %" PRIu64 " bytes for the datasets",
+                        plan.data_bytes);
     }
-    return run_load(&the_run, *data, bytes);
+    return qt_load(c->rt, c->data, plan.data_bytes);
 }
 
 // `qtrain run` and `qtrain infer`.
@@ -712,35 +762,32 @@ static int command_run(int argc, char **argv, cli_command command) {
     double start = now_seconds();
     cli_args a;
     if (!parse_run_args(argc, argv, command, &a)) return 2;
-    if (command == CLI_RUN) a.options.interrupt = &stop_signal;
-    static backend b;  // large (module tables)
-    static open_job job;
-    job = (open_job){&b, a.ref, false, QT_OK, 0.0, ""};
+    cli_run c;
+    memset(&c, 0, sizeof c);
+    c.device_memory = cli_alloc(qt_device_bytes());
+    open_job job = {&c, a.ref, QT_OK, 0.0, ""};
     pthread_t opener;
-    bool threaded = pthread_create(&opener, NULL, open_backend, &job) == 0;
-    if (!threaded) open_backend(&job);
-    void *data = NULL;
-    qt_status status = plan_and_load(&a, &data);
+    bool threaded = pthread_create(&opener, NULL, open_device, &job) == 0;
+    if (!threaded) open_device(&job);
+    qt_status status = plan_and_load(&a, &c);
     if (threaded) pthread_join(opener, NULL);
     int rc = 0;
+    qt_device_info device;
     if (job.status != QT_OK) {
         fprintf(stderr, "qtrain %s: %s: %s\n", a.command, qt_status_name(job.status),
                 job.message);
         rc = 1;
     } else if (status != QT_OK) {
         rc = fail_status(a.command, status);
-    } else if ((status = backend_attach_thread(&b)) != QT_OK) {
-        rc = fail_status(a.command, status);
     } else {
-        if (job.fell_back) {
+        qt_device_describe(c.device, &device);
+        if (device.fell_back) {
             fprintf(stderr, "qtrain %s: no usable GPU (%s); running on the reference backend\n",
-                    a.command, job.message);
+                    a.command, device.reason);
         }
-        rc = run_with_backend(&a, &b, start, job.seconds);
+        rc = run_on_device(&a, &c, start, job.seconds);
     }
-    run_close(&the_run);  // again after run_with_backend: a no-op then
-    backend_close(&b);
-    free(data);
+    cli_run_close(&c);
     return rc;
 }
 
@@ -751,7 +798,7 @@ static int command_diff(int argc, char **argv) {
         return 2;
     }
     bool identical = false;
-    qt_status status = trace_diff(argv[2], argv[3], stdout, &identical);
+    qt_status status = qt_trace_diff(argv[2], argv[3], stdout, &identical);
     if (status != QT_OK) {
         fprintf(stderr, "qtrain diff: %s: %s\n", qt_status_name(status), qt_error_message());
         return 2;
@@ -780,20 +827,19 @@ static int command_export(int argc, char **argv) {
         fprintf(stderr, "usage: qtrain export CKPT OUT.safetensors [--quantized] [--force]\n");
         return 2;
     }
-    static ckpt_reader reader;  // the checkpoint's table (large)
-    void *buffer = aligned_alloc(256, EXPORT_BUFFER_BYTES);
-    if (!buffer) {
-        fprintf(stderr, "qtrain export: cannot allocate %d bytes\n", (int)EXPORT_BUFFER_BYTES);
+    void *memory = cli_alloc(qt_export_bytes());
+    if (!memory) {
+        fprintf(stderr, "qtrain export: cannot allocate %zu bytes\n", qt_export_bytes());
         return 1;
     }
-    qt_status status = export_safetensors(&reader, paths[0], paths[1], quantized, force, buffer,
-                                          EXPORT_BUFFER_BYTES);
-    free(buffer);
+    qt_export_info info;
+    qt_status status = qt_export(memory, qt_export_bytes(), paths[0], paths[1], quantized, force,
+                                 &info);
+    free(memory);
     if (status != QT_OK) return fail_status("export", status);
-    const ckpt_header *h = &reader.table.header;
     printf("exported %s (%s, step %" PRIu64 ", train step %" PRIu64 ", %" PRIu32
-           " parameters%s) to %s\n", paths[0], h->recipe_name, h->step, h->train_steps,
-           h->param_count, quantized ? " with their quantized copies" : "", paths[1]);
+           " parameters%s) to %s\n", paths[0], info.recipe_name, info.step, info.train_steps,
+           info.params, quantized ? " with their quantized copies" : "", paths[1]);
     return 0;
 }
 
@@ -812,7 +858,7 @@ static int run_command(int argc, char **argv) {
     }
     if (strcmp(argv[1], "--version") == 0) {
         printf("qtrain %s (trace format %d, checkpoint format %d)\n", QTRAIN_VERSION,
-               TRACE_VERSION, CKPT_VERSION);
+               QT_TRACE_FORMAT, QT_CHECKPOINT_FORMAT);
         return 0;
     }
     if (strcmp(argv[1], "info") == 0) return command_info();
