@@ -79,7 +79,9 @@
 #define RECIPE_EXPERTS_MAX 1024
 #define RECIPE_BATCH_MAX 65536
 #define RECIPE_STEPS_MAX 2147483647u
-#define RECIPE_SAMPLES_MAX (UINT64_C(1) << 40)
+// Synthetic samples: the shuffle order indexes samples with 32 bits (runtime/data.h), so a
+// larger count is refused where the recipe gives it.
+#define RECIPE_SAMPLES_MAX UINT64_C(4294967295)
 
 typedef enum recipe_section {
     RECIPE_SECTION_MODEL,
