@@ -7,10 +7,11 @@ void ref_qt_fill_random(const fill_random_args *a, const launch_shape *shape) {
     (void)shape;
     for (uint64_t i = 0; i < a->count; i++) {
         float value = qt_fill_value(a->seed, a->offset + i, a->dist, a->a, a->b);
+        uint64_t at = qt_fill_index(a, i);
         if (a->dtype == QT_DTYPE_BF16) {
-            REF_PTR(uint16_t, a->out)[i] = qt_f32_to_bf16(value);
+            REF_PTR(uint16_t, a->out)[at] = qt_f32_to_bf16(value);
         } else {
-            REF_PTR(float, a->out)[i] = value;
+            REF_PTR(float, a->out)[at] = value;
         }
     }
 }
