@@ -13,7 +13,10 @@
 #include "op_quant_nvfp4.h"  // op_nvfp4_sizes_of
 #include "optim.h"           // optim_state, optim_lr_row
 #include "quant_fp8.h"       // QT_FP8_*
-#include "trace_record.h"    // qt_trace_record, QT_TRACE_QUANTIZERS_MAX
+#include "trace_record.h"    // qt_trace_ring_bytes, QT_TRACE_QUANTIZERS_MAX
+
+// Every delayed-scaling quantizer of a model the parser accepts fits a trace record.
+QT_STATIC_ASSERT(QT_TRACE_QUANTIZERS_MAX >= MODEL_QUANTIZERS_MAX, "trace records hold a model");
 
 const char *model_mode_name(model_mode mode) {
     static const char *const names[MODEL_MODE_COUNT] = {"train", "eval", "infer"};
@@ -23,7 +26,10 @@ const char *model_mode_name(model_mode mode) {
 
 static void model_note(model *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void model_note(model *m, const char *fmt, ...) {
-    if (m->note_count == MODEL_NOTES_MAX) return;  // notes are a report; the plan stands
+    if (m->note_count == MODEL_NOTES_MAX) {  // notes are a report; the plan stands
+        m->notes_dropped++;
+        return;
+    }
     va_list args;
     va_start(args, fmt);
     vsnprintf(m->notes[m->note_count++], MODEL_NOTE_BYTES, fmt, args);
@@ -53,10 +59,7 @@ static qt_status model_check_layers(model *m) {
 
 static qt_status model_add_linear(model *m, uint32_t layer) {
     const recipe_layer *l = &m->recipe->model.layers[layer];
-    if (m->linear_count == MODEL_LINEARS_MAX) {
-        return recipe_fail_at(QT_ERR_CAPACITY, m->recipe->file_name, l->line, l->col,
-                              "too many linear layers: linears_max is %d", MODEL_LINEARS_MAX);
-    }
+    QT_ASSERT(m->linear_count < MODEL_LINEARS_MAX);  // the parser's layers_max bounds it
     model_linear *lin = &m->linears[m->linear_count];
     memset(lin, 0, sizeof *lin);
     lin->layer = layer;
@@ -253,11 +256,7 @@ static qt_status model_plan_states(model *m) {
             s++;
         }
         if (s == m->state_count) {
-            if (s == MODEL_STATES_MAX) {
-                return qt_fail(QT_ERR_CAPACITY, "%s: too many distinct delayed-scaling settings "
-                               "(history, algo, format, margin): states_max is %d",
-                               m->recipe->file_name, MODEL_STATES_MAX);
-            }
+            QT_ASSERT(s < MODEL_STATES_MAX);  // at most one state per quantizer
             m->states[s] = (model_state){mq->q.history_len, algo, fp8, mq->q.margin, 0, 0, 0, 0};
             m->state_count++;
         }
@@ -269,11 +268,7 @@ static qt_status model_plan_states(model *m) {
         m->states[s].trace_first = next;
         next += m->states[s].slots;
     }
-    if (next > QT_TRACE_QUANTIZERS_MAX) {
-        return qt_fail(QT_ERR_CAPACITY, "%s: %u delayed-scaling quantizers; a trace record carries "
-                       "at most %d (QT_TRACE_QUANTIZERS_MAX)", m->recipe->file_name, next,
-                       QT_TRACE_QUANTIZERS_MAX);
-    }
+    QT_ASSERT(next <= QT_TRACE_QUANTIZERS_MAX);
     m->delayed_count = next;
     for (uint32_t i = 0; i < m->quantizer_count; i++) {
         model_quantizer *mq = &m->quantizers[i];
@@ -400,10 +395,7 @@ qt_status model_qstore_reserve(const model_place *place, const model_quantizer *
 static qt_status model_add_param(model *m, const char *layer, const char *what, uint32_t rows,
                                  uint32_t cols, model_init init, int32_t quantizer,
                                  uint32_t *index) {
-    if (m->param_count == MODEL_PARAMS_MAX) {
-        return qt_fail(QT_ERR_CAPACITY, "%s: too many parameters: params_max is %d",
-                       m->recipe->file_name, MODEL_PARAMS_MAX);
-    }
+    QT_ASSERT(m->param_count < MODEL_PARAMS_MAX);  // two per layer at most
     model_param *p = &m->params[m->param_count];
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "%s.%s", layer, what);
@@ -494,7 +486,7 @@ static qt_status model_plan_io(model *m, const model_options *o) {
     QT_TRY(model_region(&dev, "staged", MODEL_DEVICE_SLOTS * io->slot.bytes, ARENA_CAT_STAGING,
                         &ref));
     io->staged = ref.region;
-    QT_TRY(model_region(&host, "records", MODEL_RING_LEN * sizeof(qt_trace_record),
+    QT_TRY(model_region(&host, "records", MODEL_RING_LEN * qt_trace_ring_bytes(m->delayed_count),
                         ARENA_CAT_STAGING, &ref));
     io->ring = ref.region;
     io->outputs_bytes = ((uint64_t)m->batch * m->outputs * 2 + 15) / 16 * 16;
@@ -519,6 +511,22 @@ static qt_status model_plan_io(model *m, const model_options *o) {
     return QT_OK;
 }
 
+// The parameter whose gradient gets the planted fault: the weight of the named linear layer.
+static qt_status model_plan_inject(model *m) {
+    if (!m->inject.on) return QT_OK;
+    for (uint32_t i = 0; i < m->linear_count; i++) {
+        const model_linear *lin = &m->linears[i];
+        const char *name = m->recipe->model.layers[lin->layer].name;
+        if (m->inject.layer == NULL || strcmp(m->inject.layer, name) == 0) {
+            m->inject_param = lin->weight;
+            return QT_OK;
+        }
+    }
+    return qt_fail(QT_ERR_INPUT, "%s: the fault goes into a linear layer's weight gradient, and "
+                   "the model has no linear layer '%s'; name one of its linear layers",
+                   m->recipe->file_name, m->inject.layer);
+}
+
 qt_status model_plan(model *m, const recipe *r, arena *dev, arena *host,
                      const model_options *options) {
     memset(m, 0, sizeof *m);
@@ -539,6 +547,8 @@ qt_status model_plan(model *m, const recipe *r, arena *dev, arena *host,
     for (uint32_t i = 0; i < m->linear_count; i++) model_plan_linear_paths(m, &m->linears[i]);
     QT_TRY(model_plan_states(m));
     QT_TRY(model_plan_params(m));
+    m->inject = options->inject;
+    QT_TRY(model_plan_inject(m));
     return model_plan_io(m, options);
 }
 
@@ -610,4 +620,5 @@ void model_print(const model *m, FILE *out) {
     }
     fprintf(out, "notes:%s\n", m->note_count ? "" : " none");
     for (uint32_t i = 0; i < m->note_count; i++) fprintf(out, "  %s\n", m->notes[i]);
+    if (m->notes_dropped) fprintf(out, "  ... and %u more notes\n", m->notes_dropped);
 }

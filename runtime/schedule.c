@@ -245,8 +245,10 @@ static void sched_time_train_step(sched_loop *l, uint64_t step, double now) {
 static qt_status sched_consume(sched_loop *l, const sched_pending *pd) {
     const sched_env *env = l->env;
     model *m = env->model;
-    const qt_trace_record *ring = arena_host_pointer(m->host, m->io.ring);
-    qt_trace_record rec = ring[pd->step % MODEL_RING_LEN];
+    uint64_t ring = (uint64_t)(uintptr_t)arena_host_pointer(m->host, m->io.ring);
+    qt_trace_record rec;
+    qt_trace_ring_unpack(qt_trace_ring_at(ring, pd->step % MODEL_RING_LEN, m->delayed_count),
+                         m->delayed_count, &rec);
     if (rec.step != pd->step) {
         return qt_fail(QT_ERR_MISMATCH, "step %llu: its record says step %llu; the device "
                        "counter and the host loop disagree", (unsigned long long)pd->step,

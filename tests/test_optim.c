@@ -122,8 +122,8 @@ static void t_begin_open(t_begin_rig *b) {
     b->state = rig_reserve(&b->r, "state", sizeof(optim_state));
     b->norm = rig_reserve(&b->r, "norm", sizeof(optim_grad_norm));
     b->rows = rig_reserve(&b->r, "lr_rows", sizeof t_lr_table);
-    prog_init(&b->with_norm, "with_norm", 0);
-    prog_init(&b->without_norm, "without_norm", 0);
+    rig_prog_init(&b->with_norm, "with_norm");
+    rig_prog_init(&b->without_norm, "without_norm");
     RIG_OK(op_optim_begin(&b->with_norm, "begin", rig_ref(&b->r, b->state, 0),
                           rig_ref(&b->r, b->norm, 0), rig_ref(&b->r, b->rows, 0), T_LR_ROWS));
     RIG_OK(op_optim_begin(&b->without_norm, "begin", rig_ref(&b->r, b->state, 0),
@@ -223,7 +223,7 @@ typedef struct t_run {
     uint32_t step_count;  // steps run so far (skipped ones included)
 } t_run;
 
-// Runs are large (a program holds PROG_OPS_MAX ops): two static slots instead of the stack.
+// Runs are large (a rig holds its arenas): two static slots instead of the stack.
 static t_run t_slots[2];
 
 static prog_ref t_ref(t_run *run, int region) { return rig_ref(&run->r, run->h[region], 0); }
@@ -376,7 +376,7 @@ static bool t_run_open(t_run *run, backend_kind kind, const t_case *c, const cha
     for (int i = 0; i < R_COUNT; i++) {
         run->h[i] = rig_reserve(&run->r, t_region_names[i], run->bytes[i]);
     }
-    prog_init(&run->prep, "prepare", 0);
+    rig_prog_init(&run->prep, "prepare");
     RIG_OK(t_build(run));
     rig_bind(&run->r);
     prog_resolve(&run->prep);

@@ -650,7 +650,7 @@ static bool t_run_open(fp8_run *run, backend_kind kind, const fp8_case *c, const
     run->offsets = rig_reserve(r, "row_offsets", (run->n + 1) * 4);
     run->deq_row = rig_reserve(r, "dequantized_rowwise", elems * 4);
     run->deq_col = rig_reserve(r, "dequantized_colwise", elems * 2);
-    prog_init(&run->prep, "prepare", 0);
+    rig_prog_init(&run->prep, "prepare");
     RIG_OK(op_fill_random(&run->prep, "fill", rig_ref(r, run->x, run->x_off), elems, c->dtype,
                           QT_FILL_NORMAL, c->seed, 0, 0.0f, 2.0f));
     if (c->members) {

@@ -489,6 +489,10 @@ static const error_case error_cases[] = {
      "synthetic classes gives 4 classes; expected 3, the width of the last layer"},
     {12, 'R', "train = synthetic classes inputs=4 classes=3", IN, "r.recipe:12:45: synthetic "
      "classes needs samples=N; found no samples= option"},
+    // The shuffle indexes samples with 32 bits: the parser holds the limit, not a later stage.
+    {12, 'R', "train = synthetic classes inputs=4 classes=3 samples=4294967296", IN,
+     "r.recipe:12:54: number out of range: expected samples in [1, 4294967295], found "
+     "4294967296"},
     {12, 'R', "train = synthetic classes inputs=4 outputs=3 samples=64", IN, "r.recipe:12:36: "
      "unknown option 'outputs' for synthetic classes; expected inputs, classes, samples or seed"},
     {12, 'R', "train = synthetic", IN, "r.recipe:12:18: expected 'synthetic teacher' or "
@@ -574,6 +578,8 @@ static void test_error_messages(void) {
     CHECK(parse(build(0, 'N', "")) == QT_OK, "base: %s", qt_error_message());
     CHECK(parse(build(15, 'R', "eval 3 train")) == QT_OK, "eval on train: %s",
           qt_error_message());
+    CHECK(parse(build(12, 'R', "train = synthetic classes inputs=4 classes=3 samples=4294967295"))
+          == QT_OK, "the most samples: %s", qt_error_message());
     test_end();
 }
 

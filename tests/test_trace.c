@@ -172,15 +172,15 @@ static void test_header_exact(void) {
 }
 
 // The buffered writer's file is the header and the formatted lines, byte for byte, across many
-// buffer flushes (400 records of 64 quantizers are about 2 MB).
+// buffer flushes (400 records of 768 quantizers are about 20 MB).
 static void test_writer_file(void) {
     test_begin("writer_file");
     trace_header h = header_of(42, QT_TRACE_QUANTIZERS_MAX);
     write_trace(tmp_path("w.trace"), &h, 400, NULL, 0);
     size_t size = 0;
     char *file = file_read(tmp_path("w.trace"), &size);
-    char *expected = malloc(400 * (size_t)TRACE_LINE_BYTES_MAX + 8192);
-    size_t used = trace_format_header(&h, expected, 8192);
+    char *expected = malloc(400 * (size_t)TRACE_LINE_BYTES_MAX + TRACE_WRITE_BUFFER_BYTES);
+    size_t used = trace_format_header(&h, expected, TRACE_WRITE_BUFFER_BYTES);
     for (uint64_t s = 0; s < 400; s++) {
         qt_trace_record r = record_of(s);
         used += trace_format_record(&r, h.quantizers_count, expected + used,
@@ -280,9 +280,10 @@ static void test_diff_bad_files(void) {
     write_text(tmp_path("v2"), "qtrain-trace 2 recipe=0000000000000007 quantizers=1\n");
     expect_diff_error(tmp_path("good"), tmp_path("v2"), QT_ERR_INPUT,
                       "v2:1: trace format version 2; this qtrain reads version 1");
-    write_text(tmp_path("q65"), "qtrain-trace 1 recipe=0000000000000007 quantizers=65 "
-               "checksum_every=4\n");
-    expect_diff_error(tmp_path("q65"), tmp_path("good"), QT_ERR_INPUT, "q65:1: malformed header");
+    write_text(tmp_path("q769"), "qtrain-trace 1 recipe=0000000000000007 quantizers=769 "
+               "checksum_every=4\n");  // one more than QT_TRACE_QUANTIZERS_MAX
+    expect_diff_error(tmp_path("q769"), tmp_path("good"), QT_ERR_INPUT,
+                      "q769:1: malformed header");
     write_text(tmp_path("noq"), "qtrain-trace 1 recipe=0000000000000007 quantizers=1 "
                "checksum_every=4\nstep=0 mode=train\n");
     expect_diff_error(tmp_path("noq"), tmp_path("good"), QT_ERR_INPUT,
@@ -306,7 +307,7 @@ static void test_diff_bad_files(void) {
     write_text(tmp_path("huge"), huge);
     free(huge);
     expect_diff_error(tmp_path("huge"), tmp_path("good"), QT_ERR_INPUT,
-                      "huge:1: line longer than 8192 bytes");
+                      "huge:1: line longer than 65536 bytes");
     test_end();
 }
 

@@ -262,7 +262,15 @@ static qt_status load_and_plan(const cli_args *a) {
         bytes = fread(recipe_text, 1, sizeof recipe_text, f);
         fclose(f);
     }
-    return run_plan(&the_run, &the_recipe, recipe_text, bytes, &a->options);
+    uint64_t table_bytes = 0;
+    QT_TRY(run_measure(&the_run, &the_recipe, recipe_text, bytes, &a->options, &table_bytes));
+    // The run's tables, sized from the model; they live as long as the command.
+    void *tables = aligned_alloc(64, (table_bytes + 63) / 64 * 64);
+    if (!tables) {
+        return qt_fail(QT_ERR_CAPACITY, "cannot allocate %llu bytes for the run's tables",
+                       (unsigned long long)table_bytes);
+    }
+    return run_plan(&the_run, tables, table_bytes);
 }
 
 static int command_plan(int argc, char **argv) {
@@ -571,14 +579,17 @@ static int command_export(int argc, char **argv) {
         fprintf(stderr, "usage: qtrain export CKPT OUT.safetensors [--quantized] [--force]\n");
         return 2;
     }
-    static ckpt_reader reader;  // the checkpoint's table (large)
-    void *buffer = aligned_alloc(256, EXPORT_BUFFER_BYTES);
+    static ckpt_reader reader;
+    uint32_t regions = 0, params = 0;
+    qt_status status = ckpt_peek(paths[0], &regions, &params);
+    if (status != QT_OK) return fail_status("export", status);
+    uint64_t bytes = export_memory_bytes(regions, params);  // sized from the checkpoint's table
+    void *buffer = aligned_alloc(256, (bytes + 255) / 256 * 256);
     if (!buffer) {
-        fprintf(stderr, "qtrain export: cannot allocate %d bytes\n", (int)EXPORT_BUFFER_BYTES);
+        fprintf(stderr, "qtrain export: cannot allocate %llu bytes\n", (unsigned long long)bytes);
         return 1;
     }
-    qt_status status = export_safetensors(&reader, paths[0], paths[1], quantized, force, buffer,
-                                          EXPORT_BUFFER_BYTES);
+    status = export_safetensors(&reader, paths[0], paths[1], quantized, force, buffer, bytes);
     free(buffer);
     if (status != QT_OK) return fail_status("export", status);
     const ckpt_header *h = &reader.table.header;
