@@ -7,24 +7,31 @@
 // Owns nothing. Device state, written by device kernels only, so one captured graph serves every
 // step and every schedule row:
 //
-//   optim_state     (24 B, persistent)  step: counted steps so far (u64); lr, skip, clip: this
-//                                       step's values, written by qt_optim_begin
+//   steps           (8 B, persistent)   u64: the counted (not skipped) steps so far
+//   optim_state     (24 B, one step)    this step's values, written by qt_optim_begin: step
+//                                       (counted steps, this one included unless skipped), lr,
+//                                       skip, clip; read by the updates and the step's record
 //   optim_lr_row[n] (32 B each)         the learning-rate schedule, sorted by start
 //   optim_grad_norm (16 B, input)       {norm, clip_factor, nonfinite}: written by the global-norm
 //                                       kernel of the act family; optional
 //
 //   kernel            what                                               launch
 //   qt_optim_begin    skip = nonfinite || clip not finite; lr from the   1 block x 32 threads,
-//                     schedule row of step t = state.step (before the    thread 0 works
-//                     increment); step += 1 unless skipped
+//                     schedule row of step t = steps (before the         thread 0 works
+//                     increment); steps += 1 unless skipped; the state
 //   qt_optim_adamw    one parameter: grad, master, m, v -> master, m, v  one 64 x 64 tile per
 //                     and, fused, the BF16 copy or the FP8 per-tensor    block, 256 threads,
 //                     delayed codes (rowwise + transposed columnwise,    each 4 rows x 4 columns
 //                     scale_inv, atomic amax into history row 0); or
 //                     the new master's amax for a cast that follows
 //
-// A skipped step (state.skip = 1) changes nothing: qt_optim_adamw writes no master, m, v, codes,
-// scale_inv or amax history, and the step counter stays. Formats cast by a separate kernel after
+// A skipped step (state.skip = 1) changes no persistent byte of the model: qt_optim_adamw writes
+// no master, m, v, codes, scale_inv or amax history, the counted steps stay, the step's own
+// values live in a region of the train program alone, and the end of the step leaves the
+// delayed-scaling state as it was (ptx/quant_fp8.h: the step's amaxes are dropped, nothing
+// rolls), so a run that meets a non-finite gradient goes on from the state before it, bit for
+// bit (tests/test_faults.c checks every persistent region in every format). Formats cast by a
+// separate kernel after
 // the update (see runtime/op_optim.h) recast the unchanged master, which reproduces the weight's
 // bytes because the weight always is the cast of its master (op_optim_quantize establishes that
 // at start-up and every step keeps it); for them the update kernel still writes the master's
@@ -92,7 +99,7 @@ QT_STATIC_ASSERT(QT_FP8_E4M3 == QT_BLOCK_E4M3 && QT_FP8_E5M2 == QT_BLOCK_E5M2,
                                           // master as it is (start-up quantization)
 
 typedef struct optim_state {
-    uint64_t step;  // counted (not skipped) steps, including the current one after begin
+    uint64_t step;  // counted (not skipped) steps, including this one unless it is skipped
     float lr;       // this step's schedule learning rate
     uint32_t skip;  // 1: this step is skipped
     float clip;     // this step's gradient multiplier (1 without a norm input)
@@ -119,13 +126,14 @@ typedef struct optim_lr_row {
 QT_STATIC_ASSERT(sizeof(optim_lr_row) == 32, "optim_lr_row layout");
 
 typedef struct optim_begin_args {
-    uint64_t state;      // optim_state, read and written
+    uint64_t steps;      // u64 counted steps, read; written (+1) unless the step is skipped
+    uint64_t state;      // optim_state, written
     uint64_t grad_norm;  // optim_grad_norm, read; 0 = none (clip 1, never skip)
     uint64_t lr_rows;    // optim_lr_row [row_count], read
     uint32_t row_count;  // >= 1
     uint32_t reserved;
 } optim_begin_args;
-QT_STATIC_ASSERT(sizeof(optim_begin_args) == 32, "optim_begin_args layout");
+QT_STATIC_ASSERT(sizeof(optim_begin_args) == 40, "optim_begin_args layout");
 
 typedef struct optim_adamw_args {
     uint64_t state;      // optim_state, read (not with QUANTIZE_ONLY)
@@ -196,7 +204,7 @@ QT_HD float qt_optim_lr_at(const optim_lr_row *rows, uint32_t count, uint64_t t)
 }
 
 // The whole of qt_optim_begin (one thread on the device).
-QT_HD void qt_optim_begin_apply(optim_state *s, const optim_grad_norm *norm,
+QT_HD void qt_optim_begin_apply(uint64_t *steps, optim_state *s, const optim_grad_norm *norm,
                                 const optim_lr_row *rows, uint32_t row_count) {
     float clip = 1.0f;
     uint32_t skip = 0;
@@ -204,10 +212,13 @@ QT_HD void qt_optim_begin_apply(optim_state *s, const optim_grad_norm *norm,
         clip = norm->clip_factor;
         skip = (norm->nonfinite != 0 || !qt_optim_finite(clip)) ? 1u : 0u;
     }
-    s->lr = qt_optim_lr_at(rows, row_count, s->step);
+    uint64_t done = *steps;
+    s->lr = qt_optim_lr_at(rows, row_count, done);
     s->clip = clip;
     s->skip = skip;
-    if (!skip) s->step += 1;
+    s->reserved = 0;
+    s->step = skip ? done : done + 1;
+    if (!skip) *steps = done + 1;
 }
 
 // What one launch of qt_optim_adamw does.

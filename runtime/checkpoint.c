@@ -20,7 +20,7 @@ static const char *const ckpt_format_names[CKPT_FORMAT_COUNT] = {
 
 static const char *const ckpt_usage_names[CKPT_USAGE_COUNT] = {
     "other", "master", "adam_m", "adam_v", "row_data", "row_scale", "col_data", "col_scale",
-    "scale_inv", "amax", "amax_col", "history", "state_scale", "optim_state", "lr_rows",
+    "scale_inv", "amax", "amax_col", "history", "state_scale", "optim_steps", "lr_rows",
     "counter"};
 
 const char *ckpt_format_name(ckpt_format f) {
@@ -206,8 +206,7 @@ static void ckpt_describe_state(ckpt_describer *d, const model *m) {
     }
     const model_io *io = &m->io;
     ckpt_describe(d, io->counter, CKPT_USAGE_COUNTER, CKPT_FORMAT_U64, CKPT_NONE, 0, 1);
-    ckpt_describe(d, io->optim_state, CKPT_USAGE_OPTIM_STATE, CKPT_FORMAT_BYTES, CKPT_NONE, 0,
-                  (uint32_t)arena_region_get(m->dev, io->optim_state)->bytes);
+    ckpt_describe(d, io->optim_steps, CKPT_USAGE_OPTIM_STEPS, CKPT_FORMAT_U64, CKPT_NONE, 0, 1);
     if (m->modes[MODEL_MODE_TRAIN]) {
         ckpt_describe(d, io->lr_rows, CKPT_USAGE_LR_ROWS, CKPT_FORMAT_BYTES, CKPT_NONE, 0,
                       (uint32_t)arena_region_get(m->dev, io->lr_rows)->bytes);

@@ -98,7 +98,7 @@ typedef enum ckpt_usage {
     CKPT_USAGE_AMAX_COL,     // nvfp4 with RHT: the columnwise global amax
     CKPT_USAGE_HISTORY,      // delayed scaling: f32 [history][slots]
     CKPT_USAGE_STATE_SCALE,  // delayed scaling: f32 [slots]
-    CKPT_USAGE_OPTIM_STATE,  // optim_state: step counter, learning rate, skip flag
+    CKPT_USAGE_OPTIM_STEPS,  // u64: the optimizer's counted steps
     CKPT_USAGE_LR_ROWS,      // optim_lr_row [n]
     CKPT_USAGE_COUNTER,      // u64 device step counter
     CKPT_USAGE_COUNT

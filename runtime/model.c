@@ -497,8 +497,8 @@ static qt_status model_plan_io(model *m, const model_options *o) {
     }
     QT_TRY(model_region(&dev, "counter", 8, ARENA_CAT_STAGING, &ref));
     io->counter = ref.region;
-    QT_TRY(model_region(&dev, "optim_state", sizeof(optim_state), ARENA_CAT_OPTIM, &ref));
-    io->optim_state = ref.region;
+    QT_TRY(model_region(&dev, "optim_steps", 8, ARENA_CAT_OPTIM, &ref));
+    io->optim_steps = ref.region;
     if (m->modes[MODEL_MODE_TRAIN]) {
         QT_ASSERT(io->lr_row_count >= 1);
         QT_TRY(model_region(&dev, "lr_rows", io->lr_row_count * sizeof(optim_lr_row),
@@ -522,9 +522,16 @@ static qt_status model_plan_inject(model *m) {
             return QT_OK;
         }
     }
+    char names[160] = "";
+    uint32_t used = 0, i = 0;
+    for (; i < m->linear_count && used < sizeof names - 48; i++) {
+        used += (uint32_t)snprintf(names + used, sizeof names - used, "%s%s", i ? ", " : "",
+                                   m->recipe->model.layers[m->linears[i].layer].name);
+    }
+    if (i < m->linear_count) snprintf(names + used, sizeof names - used, ", ...");
     return qt_fail(QT_ERR_INPUT, "%s: the fault goes into a linear layer's weight gradient, and "
-                   "the model has no linear layer '%s'; name one of its linear layers",
-                   m->recipe->file_name, m->inject.layer);
+                   "the model has no linear layer '%s'; name one of its linear layers (%s)",
+                   m->recipe->file_name, m->inject.layer, names);
 }
 
 qt_status model_plan(model *m, const recipe *r, arena *dev, arena *host,

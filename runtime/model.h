@@ -163,7 +163,7 @@ typedef struct model_io {
     arena_handle outputs;        // host: MODEL_OUTPUT_SLOTS slots of infer outputs (bf16)
     uint64_t outputs_bytes;      // one slot: [batch][outputs] bf16, rounded up to 16
     arena_handle counter;        // device: u64 step counter (ptx/sched.h)
-    arena_handle optim_state;    // device: optim_state
+    arena_handle optim_steps;    // device: u64, the counted train steps (ptx/optim.h)
     arena_handle lr_rows;        // device: optim_lr_row [lr_row_count]
     arena_handle gnorm_ticket;   // device: u32 of the gradient norm's fold (op_grad_norm)
     uint32_t lr_row_count;

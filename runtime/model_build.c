@@ -31,6 +31,7 @@ typedef struct mb {
     prog_ref stats;         // qt_loss_stats
     model_tensor dlogits;   // train: gradient of the output
     prog_ref gnorm;         // train: qt_gnorm_result
+    prog_ref optim;         // train: this step's optim_state
     prog_ref snap_amax, snap_scale;  // f32 [delayed_count] for the record
     prog_ref grads[MODEL_PARAMS_MAX];        // the optimizer's gradients, and their elements
     uint64_t grad_counts[MODEL_PARAMS_MAX];
@@ -109,7 +110,7 @@ static op_nvfp4_quant mb_nvfp4_quant(const mb *b, const model_quantizer *mq,
     q.stochastic = mq->q.sr;
     q.seed = b->m->seed;
     q.tensor_id = (uint32_t)(mq - b->m->quantizers);
-    q.step = mb_dev(b, b->m->io.optim_state);  // optim_state.step: the counted train steps
+    q.step = mb_dev(b, b->m->io.optim_steps);  // the counted train steps
     q.amax_row = s->amax_row;
     q.amax_col = s->amax_col;
     q.row_data = s->row_data;
@@ -675,9 +676,12 @@ static qt_status mb_optimizer(mb *b) {
     QT_TRY(mb_region(b, "grad_norm", sizeof(qt_gnorm_result), ARENA_CAT_STAGING, &b->gnorm));
     QT_TRY(op_grad_norm(b->p, "grad_norm", m->param_count, grads, counts, m->recipe->optim.clip,
                         ws, mb_dev(b, m->io.gnorm_ticket), b->gnorm));
-    prog_ref state = mb_dev(b, m->io.optim_state);
-    QT_TRY(op_optim_begin(b->p, "optim.begin", state, b->gnorm, mb_dev(b, m->io.lr_rows),
-                          m->io.lr_row_count));
+    // This step's optimizer values: the updates, the delayed-scaling states and the record
+    // read them; nothing persistent changes when the step is skipped (ptx/optim.h).
+    QT_TRY(mb_region(b, "optim_state", sizeof(optim_state), ARENA_CAT_STAGING, &b->optim));
+    prog_ref state = b->optim;
+    QT_TRY(op_optim_begin(b->p, "optim.begin", mb_dev(b, m->io.optim_steps), state, b->gnorm,
+                          mb_dev(b, m->io.lr_rows), m->io.lr_row_count));
     for (uint32_t i = 0; i < m->param_count; i++) {
         optim_param_desc d;
         mb_param_desc(b, i, &d);
@@ -709,9 +713,11 @@ static qt_status mb_delayed(mb *b) {
                                            st->slots, st->history_len, st->algo, st->fp8,
                                            (int)st->margin, st->trace_first};
     }
-    prog_ref amax = b->train ? b->snap_amax : OP_FP8_NONE;
-    return op_fp8_delayed_states(b->p, "delayed", states, m->state_count, b->train, amax,
-                                 b->snap_scale, m->delayed_count);
+    op_fp8_delayed_end end = {b->train, b->train ? b->snap_amax : OP_FP8_NONE, b->snap_scale,
+                              b->train ? mb_at(b->optim, offsetof(optim_state, skip))
+                                       : OP_FP8_NONE,
+                              m->delayed_count};
+    return op_fp8_delayed_states(b->p, "delayed", states, m->state_count, &end);
 }
 
 static qt_status mb_record(mb *b) {
@@ -729,7 +735,7 @@ static qt_status mb_record(mb *b) {
     }
     if (b->train) {
         d.gnorm = b->gnorm;
-        d.optim = mb_dev(b, m->io.optim_state);
+        d.optim = b->optim;
         d.amax = b->snap_amax;
     }
     d.scale = b->snap_scale;

@@ -28,14 +28,16 @@ static void print_usage(FILE *out) {
             "  run RECIPE [--trace F] [--eager] [--ref] [--steps N] [--seed S]\n"
             "             [--checksum-every K] [--profile] [--emulated-gemm auto|kernel|copies]\n"
             "             [--save CKPT [--save-every N]] [--resume CKPT] [--force]\n"
-            "             [--check GOLDEN]\n"
+            "             [--check GOLDEN] [--inject-nonfinite STEP[:LAYER][=nan|inf|-inf]]\n"
             "          train through the recipe's schedule table: every step a replayed CUDA\n"
             "          graph (--eager: launched op by op; --ref or no GPU: the reference backend;\n"
             "          --profile: afterwards, time every op of each mode and the graph replay;\n"
             "          --save: a checkpoint at the end, at Ctrl-C and every N train steps;\n"
             "          --resume: continue, bit for bit, from a checkpoint;\n"
             "          --force: infer rows' output files may replace existing files;\n"
-            "          --check: stop at the first record that differs from a golden trace)\n"
+            "          --check: stop at the first record that differs from a golden trace;\n"
+            "          --inject-nonfinite: a NaN or infinity in a weight gradient at a train\n"
+            "          step, which the optimizer must skip)\n"
             "  infer RECIPE --input FILE --output FILE.npy [--argmax] [--from CKPT] [--seed S]\n"
             "             [--eager] [--ref] [--force] [--emulated-gemm auto|kernel|copies]\n"
             "          the recipe's model on every sample of FILE (IDX images or .npy features):\n"
@@ -135,6 +137,48 @@ static bool parse_u64_arg(const char *flag, const char *text, uint64_t *out) {
     return true;
 }
 
+// `--inject-nonfinite STEP[:LAYER][=nan|inf|-inf]`: the trace's step index, a linear layer
+// (default: the first), the value (default: nan). '=' and ':' never occur in layer names.
+static bool parse_inject(const char *text, run_inject *out) {
+    static char layer[RECIPE_NAME_MAX];
+    const char *value = strchr(text, '=');
+    size_t head = value ? (size_t)(value - text) : strlen(text);
+    const char *colon = memchr(text, ':', head);
+    size_t digits = colon ? (size_t)(colon - text) : head;
+    char step[32];
+    uint64_t v = 0;
+    bool ok = digits > 0 && digits < sizeof step;
+    if (ok) {
+        memcpy(step, text, digits);
+        step[digits] = '\0';
+        ok = parse_u64_arg("--inject-nonfinite", step, &v);
+        if (!ok) return false;
+    }
+    size_t name = colon ? head - digits - 1 : 0;
+    ok = ok && (!colon || (name > 0 && name < sizeof layer));
+    uint32_t bits = 0x7FC00000u;
+    if (ok && value) {
+        if (strcmp(value, "=inf") == 0) {
+            bits = 0x7F800000u;
+        } else if (strcmp(value, "=-inf") == 0) {
+            bits = 0xFF800000u;
+        } else {
+            ok = strcmp(value, "=nan") == 0;
+        }
+    }
+    if (!ok) {
+        fprintf(stderr, "qtrain run: --inject-nonfinite takes STEP[:LAYER][=nan|inf|-inf] (a "
+                "train step of the trace, a linear layer, the value), not '%s'\n", text);
+        return false;
+    }
+    if (colon) {
+        memcpy(layer, colon + 1, name);
+        layer[name] = '\0';
+    }
+    *out = (run_inject){true, v, colon ? layer : NULL, bits};
+    return true;
+}
+
 static bool parse_emulated_gemm(const char *command, const char *how,
                                 model_emulated_gemm *out) {
     if (strcmp(how, "auto") == 0) {
@@ -203,6 +247,8 @@ static int parse_flag(cli_command command, int argc, char **argv, int *i, cli_ar
         if (!parse_u64_arg(arg, value, &o->save_every)) return -1;
     } else if (train && strcmp(arg, "--resume") == 0) {
         a->resume_path = value;
+    } else if (train && strcmp(arg, "--inject-nonfinite") == 0) {
+        if (!parse_inject(value, &o->inject)) return -1;
     } else if (strcmp(arg, "--emulated-gemm") == 0) {
         if (!parse_emulated_gemm(a->command, value, &o->emulated_gemm)) return -1;
     } else {
