@@ -63,7 +63,8 @@
 // repeated multiplication, and needs no transcendental function.
 //
 // Learning rate at step index t (counted steps before this one): the row is the last one with
-// start <= t (row 0 if none); d = min(t - start, steps), f = float(d) / float(steps);
+// start <= t (row 0 if none; found by binary search over the sorted rows); d = min(t - start,
+// steps), f = float(d) / float(steps);
 //   CONSTANT  a
 //   LINEAR    a + (b - a) * f                       a at the row's first step, b at start + steps
 //   COSINE    a + (b - a) * (0.5 * (1 - cospi(f)))  cospi from qt_math.h (bit-identical twins)
@@ -189,12 +190,23 @@ QT_HD float qt_optim_bias_correction(float beta, uint64_t step) {
     return (float)(1.0 - qt_optim_powi((double)beta, step));
 }
 
-QT_HD float qt_optim_lr_at(const optim_lr_row *rows, uint32_t count, uint64_t t) {
-    uint32_t r = 0;
-    for (uint32_t i = 1; i < count; i++) {
-        if (rows[i].start <= t) r = i;
+// The row of step t: the last row i >= 1 with start <= t, else row 0. A binary search (rows
+// are sorted by start), so a schedule of many rows (repeats) costs a few reads per step.
+QT_HD uint32_t qt_optim_lr_row_of(const optim_lr_row *rows, uint32_t count, uint64_t t) {
+    uint32_t lo = 1, hi = count;  // rows [1, lo) start at or before t, rows [hi, count) after
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (rows[mid].start <= t) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
     }
-    const optim_lr_row *row = &rows[r];
+    return lo - 1;
+}
+
+QT_HD float qt_optim_lr_at(const optim_lr_row *rows, uint32_t count, uint64_t t) {
+    const optim_lr_row *row = &rows[qt_optim_lr_row_of(rows, count, t)];
     if (row->rule == QT_OPTIM_LR_CONSTANT || row->steps == 0) return row->a;
     uint64_t d = t > row->start ? t - row->start : 0;
     if (d > row->steps) d = row->steps;

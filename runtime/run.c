@@ -75,25 +75,31 @@ static qt_status run_probe(run *r) {
     return QT_OK;
 }
 
-static qt_status run_table(run *r) {
+// The schedule table: counting (storage NULL) at run_measure, into its memory at run_plan.
+static qt_status run_table(run *r, void *storage) {
     const run_options *o = &r->options;
+    run_tables *t = &r->tables;
+    if (storage) {
+        sched_table_init(&r->table, storage, t->sched_rows, t->sched_lr_rows);
+    } else {
+        sched_table_init(&r->table, NULL, 0, 0);
+    }
     if (o->infer_input) {
         sched_table_infer(r->train_info.samples, r->recipe->data.batch, &r->table);
-        return QT_OK;
-    }
-    uint64_t eval_samples = r->has_eval ? r->eval_info.samples : 0;
-    QT_TRY(sched_table_build(r->recipe, r->train_info.samples, eval_samples,
-                             r->recipe->data.batch, o->steps_limit, &r->table));
-    if (o->eval_every > 0) {
-        if (!r->has_eval) {
+    } else {
+        if (o->eval_every > 0 && !r->has_eval) {
             return qt_fail(QT_ERR_INPUT, "%s: interleaved eval rows need an eval dataset; "
                            "expected 'eval = SOURCE' in [data]", r->recipe->file_name);
         }
-        r->table.modes[MODEL_MODE_EVAL] = true;
-        QT_TRY(sched_interleave_eval(&r->table, o->eval_every, o->eval_steps ? o->eval_steps
-                                                                              : 1));
+        sched_build b = {r->train_info.samples, r->has_eval ? r->eval_info.samples : 0,
+                         r->recipe->data.batch, o->steps_limit, o->eval_every,
+                         o->eval_steps ? o->eval_steps : 1, o->drop_eval};
+        sched_table_build(r->recipe, &b, &r->table);
     }
-    if (o->drop_eval) sched_drop_eval(&r->table);
+    if (!storage) {
+        t->sched_rows = r->table.row_count;
+        t->sched_lr_rows = r->table.lr_count;
+    }
     return QT_OK;
 }
 
@@ -116,9 +122,7 @@ static void run_output_spec(const run *r, uint32_t index, const char **path, boo
 // One step's rows, converted for the file, in host memory planned with the rest (any row that
 // writes a file uses it; only one row runs at a time).
 static qt_status run_plan_outputs(run *r) {
-    for (uint32_t i = 0; i < r->table.row_count; i++) {
-        if (r->table.rows[i].output) r->has_outputs = true;
-    }
+    r->has_outputs = r->table.outputs;
     if (!r->has_outputs) return QT_OK;
     uint64_t bytes = infer_out_scratch_bytes(r->recipe->data.batch, r->model.outputs);
     return arena_reserve(&r->host, "infer.file_rows", bytes, 64, ARENA_CAT_STAGING,
@@ -221,6 +225,10 @@ static qt_status run_inject_plan(const run *r, model_inject *out) {
     const run_inject *in = &r->options.inject;
     memset(out, 0, sizeof *out);
     if (!in->on) return QT_OK;
+    if (!r->table.rows) {  // counting: the step is checked when the rows exist
+        *out = (model_inject){true, in->step, in->layer, in->bits};
+        return QT_OK;
+    }
     uint64_t first = 0;
     for (uint32_t i = 0; i < r->table.row_count; i++) {
         const sched_row *row = &r->table.rows[i];
@@ -358,6 +366,7 @@ static qt_status run_plan_pass(run *r, run_carver *c) {
     const recipe *rc = r->recipe;
     run_tables *t = &r->tables;
     bool counting = c->base == NULL;
+    QT_TRY(run_table(r, run_carve(c, sched_table_bytes(t->sched_rows, t->sched_lr_rows))));
     uint32_t dev = counting ? 0 : t->dev_regions, host = counting ? 0 : t->host_regions;
     arena_init(&r->dev, ARENA_KIND_DEVICE, "device", run_carve(c, arena_storage_bytes(dev)), dev);
     arena_init(&r->host, ARENA_KIND_HOST, "host", run_carve(c, arena_storage_bytes(host)), host);
@@ -384,16 +393,18 @@ static qt_status run_plan_pass(run *r, run_carver *c) {
 static void run_tables_size(run *r) {
     run_tables *t = &r->tables;
     run_carver c = {NULL, 0};
+    run_carve(&c, sched_table_bytes(t->sched_rows, t->sched_lr_rows));
+    t->schedule_bytes = c.used;
     run_carve(&c, arena_storage_bytes(t->dev_regions));
     run_carve(&c, arena_storage_bytes(t->host_regions));
-    t->arena_bytes = c.used;
+    t->arena_bytes = c.used - t->schedule_bytes;
     for (int i = 0; i < RUN_PROGRAM_COUNT; i++) run_carve(&c, prog_storage_bytes(t->ops[i]));
-    t->program_bytes = c.used - t->arena_bytes;
+    t->program_bytes = c.used - t->schedule_bytes - t->arena_bytes;
     if (run_has_checkpoints(&r->options)) {
         run_carve(&c, ckpt_layout_bytes(t->ckpt_regions, t->ckpt_params, t->dev_regions));
         run_carve(&c, ckpt_reader_bytes(t->reader_regions, t->reader_params));
     }
-    t->ckpt_bytes = c.used - t->arena_bytes - t->program_bytes;
+    t->ckpt_bytes = c.used - t->schedule_bytes - t->arena_bytes - t->program_bytes;
     t->bytes = c.used;
 }
 
@@ -406,7 +417,6 @@ qt_status run_measure(run *r, const recipe *rc, const char *text, size_t text_by
     r->seed = options->seed_given ? options->seed : rc->data.seed;
     QT_ASSERT(!options->infer_input || options->infer_output);
     QT_TRY(run_probe(r));
-    QT_TRY(run_table(r));
     if (options->golden_path) QT_TRY(trace_check_bytes(options->golden_path, &r->golden_bytes));
     run_layout_data(r);
     if (run_has_checkpoints(options)) QT_TRY(run_check_save_path(options));
@@ -813,9 +823,11 @@ static void run_print_host_memory(const run *r, FILE *out) {
     uint64_t total = sizeof *r + t->bytes + r->host.bytes_total + r->data_bytes;
     fprintf(out, "host memory: %llu bytes\n", (unsigned long long)total);
     fprintf(out, "  run struct  %llu bytes\n", (unsigned long long)sizeof *r);
-    fprintf(out, "  tables      %llu bytes: arena regions %llu (%u device, %u host), programs "
-            "%llu (ops: init %u, train %u, eval %u, infer %u, checksum %u), checkpoint %llu\n",
-            (unsigned long long)t->bytes, (unsigned long long)t->arena_bytes, t->dev_regions,
+    fprintf(out, "  tables      %llu bytes: schedule %llu (%u rows, %u learning-rate rows), "
+            "arena regions %llu (%u device, %u host), programs %llu (ops: init %u, train %u, "
+            "eval %u, infer %u, checksum %u), checkpoint %llu\n",
+            (unsigned long long)t->bytes, (unsigned long long)t->schedule_bytes, t->sched_rows,
+            t->sched_lr_rows, (unsigned long long)t->arena_bytes, t->dev_regions,
             t->host_regions, (unsigned long long)t->program_bytes, t->ops[RUN_PROGRAM_INIT],
             t->ops[RUN_PROGRAM_TRAIN], t->ops[RUN_PROGRAM_EVAL], t->ops[RUN_PROGRAM_INFER],
             t->ops[RUN_PROGRAM_CHECKSUM], (unsigned long long)t->ckpt_bytes);

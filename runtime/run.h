@@ -2,10 +2,10 @@
 // backend, graphs, the schedule loop and the trace.
 //
 // Owns everything of the run inside the caller's `run` struct (about 1 MB whatever the model:
-// keep it static) and the caller's table memory: the two arenas' region tables, the programs'
-// op tables and the checkpoint tables, each sized from the model (run_measure counts them by
-// planning once with counting arenas and programs, which store nothing; run_plan plans again
-// into exactly that much). Also the captured graphs (from run_bind to run_close), the
+// keep it static) and the caller's table memory: the schedule table, the two arenas' region
+// tables, the programs' op tables and the checkpoint tables, each sized from the recipe and its
+// model (run_measure counts them by planning once with a counting schedule table, arenas and
+// programs, which store nothing; run_plan plans again into exactly that much). Also the captured graphs (from run_bind to run_close), the
 // datasets' views and feeds, and the trace writer during run_execute. The memory behind the
 // arenas comes from the backend (GPU) or from the caller (reference backend: run_memory_bytes
 // tells how much). The recipe and its text are the caller's and must outlive the run. One
@@ -104,11 +104,12 @@ typedef enum run_program {
 
 // The run's tables as run_measure counted them, and their bytes in the caller's memory.
 typedef struct run_tables {
+    uint32_t sched_rows, sched_lr_rows;      // the schedule table
     uint32_t dev_regions, host_regions;
     uint32_t ops[RUN_PROGRAM_COUNT];
     uint32_t ckpt_regions, ckpt_params;      // the checkpoint layout (0: no checkpoints)
     uint32_t reader_regions, reader_params;  // the checkpoint reader (resume, --from)
-    uint64_t arena_bytes, program_bytes, ckpt_bytes;
+    uint64_t schedule_bytes, arena_bytes, program_bytes, ckpt_bytes;
     uint64_t bytes;                          // all of them
 } run_tables;
 

@@ -18,32 +18,104 @@ static uint32_t sched_lr_rule(recipe_lr_kind k) {
     return 0;
 }
 
-static qt_status sched_push(sched_table *t, sched_row row) {
-    if (t->row_count == SCHED_ROWS_MAX) {
-        return qt_fail(QT_ERR_CAPACITY, "schedule table full: rows_max is %d", SCHED_ROWS_MAX);
+uint64_t sched_table_bytes(uint32_t rows, uint32_t lr_rows) {
+    return (uint64_t)rows * sizeof(sched_row) + (uint64_t)lr_rows * sizeof(optim_lr_row);
+}
+
+void sched_table_init(sched_table *t, void *storage, uint32_t rows, uint32_t lr_rows) {
+    QT_ASSERT((storage == NULL) == (rows == 0) && (uintptr_t)storage % 8 == 0);
+    memset(t, 0, sizeof *t);
+    if (storage == NULL) return;
+    t->rows = storage;
+    t->row_capacity = rows;
+    t->lr = (optim_lr_row *)(void *)(t->rows + rows);
+    t->lr_capacity = lr_rows;
+}
+
+static void sched_push(sched_table *t, sched_row row) {
+    if (t->rows) {
+        QT_ASSERT(t->row_count < t->row_capacity);  // the counting build sized it
+        t->rows[t->row_count] = row;
     }
-    t->rows[t->row_count++] = row;
+    t->row_count++;
     t->steps[row.mode] += row.steps;
-    return QT_OK;
+    if (row.output) t->outputs = true;
+}
+
+static void sched_push_lr(sched_table *t, optim_lr_row lr) {
+    if (t->lr) {
+        QT_ASSERT(t->lr_count < t->lr_capacity);
+        t->lr[t->lr_count] = lr;
+    }
+    t->lr_count++;
 }
 
 static const model_mode sched_modes[] = {MODEL_MODE_TRAIN, MODEL_MODE_EVAL, MODEL_MODE_INFER};
 
-qt_status sched_table_build(const recipe *r, uint64_t train_samples, uint64_t eval_samples,
-                            uint32_t batch, uint64_t steps_limit, sched_table *t) {
-    memset(t, 0, sizeof *t);
+// The recipe's rows in schedule order, every repeat expanded: next row index, or false at the
+// end.
+typedef struct sched_rows_iter {
+    uint32_t row;     // the next recipe row
+    uint32_t repeat;  // the repeat block at or after it
+    uint32_t round;   // repetitions of that block done
+} sched_rows_iter;
+
+static bool sched_rows_next(const recipe *r, sched_rows_iter *it, uint32_t *out) {
+    if (it->row >= r->rows_count) return false;
+    *out = it->row++;
+    if (it->repeat >= r->repeats_count) return true;
+    const recipe_repeat *rep = &r->repeats[it->repeat];
+    if (it->row != rep->first_row + rep->row_count) return true;
+    if (++it->round < rep->times) {  // the block again
+        it->row = rep->first_row;
+    } else {
+        it->round = 0;
+        it->repeat++;
+    }
+    return true;
+}
+
+// A train row, split into pieces each followed by an eval row when b->eval_every is set; every
+// eval and infer row is dropped with b->drop_eval.
+static void sched_emit(sched_table *t, const sched_build *b, sched_row row) {
+    if (row.mode != MODEL_MODE_TRAIN) {
+        if (!b->drop_eval) sched_push(t, row);
+        return;
+    }
+    if (b->eval_every == 0) {
+        sched_push(t, row);
+        return;
+    }
+    for (uint64_t done = 0; done < row.steps; done += b->eval_every) {
+        sched_row piece = row;
+        piece.steps = row.steps - done < b->eval_every ? row.steps - done : b->eval_every;
+        sched_push(t, piece);
+        sched_row eval = {MODEL_MODE_EVAL, b->eval_steps, RECIPE_DATASET_EVAL, 0, 0};
+        if (!b->drop_eval) sched_push(t, eval);
+    }
+}
+
+void sched_table_build(const recipe *r, const sched_build *b, sched_table *t) {
+    QT_ASSERT(b->eval_every == 0 || b->eval_steps >= 1);
+    t->row_count = t->lr_count = 0;
+    memset(t->steps, 0, sizeof t->steps);
+    memset(t->modes, 0, sizeof t->modes);
+    t->cut = t->outputs = false;
     uint64_t start = 0;
-    for (uint32_t i = 0; i < r->rows_count; i++) {
+    sched_rows_iter it = {0, 0, 0};
+    uint32_t i;
+    while (sched_rows_next(r, &it, &i)) {
         const recipe_row *rr = &r->rows[i];
         t->modes[sched_modes[rr->mode]] = true;
         if (rr->mode != RECIPE_MODE_TRAIN) continue;
-        optim_lr_row *lr = &t->lr[t->lr_count++];
-        *lr = (optim_lr_row){start, rr->steps, sched_lr_rule(rr->lr_kind), rr->lr_from,
-                             rr->lr_to, 0};
+        sched_push_lr(t, (optim_lr_row){start, rr->steps, sched_lr_rule(rr->lr_kind),
+                                        rr->lr_from, rr->lr_to, 0});
         start += rr->steps;
     }
-    uint64_t left = steps_limit ? steps_limit : UINT64_MAX;
-    for (uint32_t i = 0; i < r->rows_count; i++) {
+    if (b->eval_every > 0) t->modes[MODEL_MODE_EVAL] = true;
+    uint64_t left = b->steps_limit ? b->steps_limit : UINT64_MAX;
+    it = (sched_rows_iter){0, 0, 0};
+    while (sched_rows_next(r, &it, &i)) {
         const recipe_row *rr = &r->rows[i];
         sched_row row = {sched_modes[rr->mode], rr->steps, rr->dataset, rr->line,
                          rr->output[0] != '\0' ? i + 1 : 0};
@@ -58,36 +130,12 @@ qt_status sched_table_build(const recipe *r, uint64_t train_samples, uint64_t ev
             }
             left -= row.steps;
         } else if (rr->all) {
-            uint64_t samples = rr->dataset == RECIPE_DATASET_EVAL ? eval_samples : train_samples;
-            row.steps = data_batches_per_epoch(samples, batch);
+            uint64_t samples = rr->dataset == RECIPE_DATASET_EVAL ? b->eval_samples
+                                                                  : b->train_samples;
+            row.steps = data_batches_per_epoch(samples, b->batch);
         }
-        if (row.steps > 0) QT_TRY(sched_push(t, row));
+        if (row.steps > 0) sched_emit(t, b, row);
     }
-    return QT_OK;
-}
-
-qt_status sched_interleave_eval(sched_table *t, uint64_t every, uint64_t eval_steps) {
-    QT_ASSERT(every >= 1 && eval_steps >= 1);
-    static sched_table old;  // the copy being split (a table is too large for the stack)
-    old = *t;
-    memset(t->rows, 0, sizeof t->rows);
-    t->row_count = 0;
-    memset(t->steps, 0, sizeof t->steps);
-    for (uint32_t i = 0; i < old.row_count; i++) {
-        sched_row row = old.rows[i];
-        if (row.mode != MODEL_MODE_TRAIN) {
-            QT_TRY(sched_push(t, row));
-            continue;
-        }
-        for (uint64_t done = 0; done < row.steps; done += every) {
-            sched_row piece = row;
-            piece.steps = row.steps - done < every ? row.steps - done : every;
-            QT_TRY(sched_push(t, piece));
-            QT_TRY(sched_push(t, (sched_row){MODEL_MODE_EVAL, eval_steps, RECIPE_DATASET_EVAL,
-                                             0, 0}));
-        }
-    }
-    return QT_OK;
 }
 
 uint64_t sched_rows_hash(const sched_table *t, uint32_t count) {
@@ -138,23 +186,15 @@ qt_status sched_check_position(const sched_table *t, const sched_state *s,
     return QT_OK;
 }
 
-void sched_drop_eval(sched_table *t) {
-    uint32_t kept = 0;
-    for (uint32_t i = 0; i < t->row_count; i++) {
-        if (t->rows[i].mode == MODEL_MODE_TRAIN) t->rows[kept++] = t->rows[i];
-    }
-    t->row_count = kept;
-    t->steps[MODEL_MODE_EVAL] = 0;
-    t->steps[MODEL_MODE_INFER] = 0;
-}
-
 void sched_table_infer(uint64_t samples, uint32_t batch, sched_table *t) {
-    memset(t, 0, sizeof *t);
+    t->row_count = t->lr_count = 0;
+    memset(t->steps, 0, sizeof t->steps);
+    memset(t->modes, 0, sizeof t->modes);
+    t->cut = t->outputs = false;
     t->modes[MODEL_MODE_INFER] = true;
     sched_row row = {MODEL_MODE_INFER, data_batches_per_epoch(samples, batch),
                      RECIPE_DATASET_TRAIN, 0, 1};
-    qt_status pushed = sched_push(t, row);  // the first row of an empty table always fits
-    QT_ASSERT(pushed == QT_OK);
+    sched_push(t, row);
 }
 
 // ---------------------------------------------------------------------------------------------

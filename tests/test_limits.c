@@ -252,8 +252,8 @@ static void test_tables_sized(void) {
         CHECK(s == QT_OK && deep[f] > shallow[f], "%s: deep %llu, shallow %llu: %s",
               formats[f], (unsigned long long)deep[f], (unsigned long long)shallow[f],
               qt_error_message());
-        CHECK(the_run.tables.bytes == the_run.tables.arena_bytes +
-                                          the_run.tables.program_bytes + the_run.tables.ckpt_bytes,
+        const run_tables *t = &the_run.tables;
+        CHECK(t->bytes == t->schedule_bytes + t->arena_bytes + t->program_bytes + t->ckpt_bytes,
               "%s: the parts add up", formats[f]);
     }
     // Too little table memory is refused with both numbers.
@@ -273,6 +273,71 @@ static void test_tables_sized(void) {
     test_end();
 }
 
+// ---------------------------------------------------------------------------------------------
+
+// `repeat N` expands into the table, sized from the recipe: three rows 400 times and a closing
+// eval pass make 1201 rows and 400 learning-rate rows (a warm-up that starts over in every
+// repetition), and the run's steps come in that order.
+static void test_repeats(void) {
+    test_begin("schedule_repeats_expand_into_a_table_sized_from_the_recipe");
+    static char text[TEXT_MAX];
+    deep_text(text, sizeof text, 2, 16, 0, "nvfp4",
+              "train 3 warmup 1e-3 -> 1e-2\neval 1 train\ninfer 1 train\nrepeat 400\n"
+              "eval all train\n");
+    run_options o = options_default();
+    o.trace_path = tmp_path("repeat.trace");
+    qt_status s = plan_text(text, &o);
+    const sched_table *t = &the_run.table;
+    CHECK(s == QT_OK && t->row_count == 1201 && t->lr_count == 400 &&
+              t->steps[MODEL_MODE_TRAIN] == 1200 && t->steps[MODEL_MODE_INFER] == 400 &&
+              t->steps[MODEL_MODE_EVAL] == 404 && the_run.tables.sched_rows == 1201,
+          "rows %u, lr rows %u, train steps %llu: %s", t->row_count, t->lr_count,
+          (unsigned long long)t->steps[MODEL_MODE_TRAIN], qt_error_message());
+    CHECK(s == QT_OK && t->lr[399].start == 1197 && t->lr[399].steps == 3 &&
+              t->rows[1199].mode == MODEL_MODE_INFER && t->rows[1200].steps == 4,
+          "the last repetition and the closing pass");
+    if (s != QT_OK) {
+        test_end();
+        return;
+    }
+    uint64_t dev = 0, host = 0;
+    run_memory_bytes(&the_run, &dev, &host);
+    void *dev_memory = aligned_alloc(256, (dev + 511) / 256 * 256);
+    void *host_memory = aligned_alloc(256, (host + 511) / 256 * 256);
+    void *data = aligned_alloc(256, (run_data_bytes(&the_run) + 511) / 256 * 256);
+    static backend b;
+    backend_open_ref(&b);
+    sched_summary sum;
+    s = run_load(&the_run, data, run_data_bytes(&the_run));
+    if (s == QT_OK) s = run_bind(&the_run, &b, dev_memory, host_memory);
+    if (s == QT_OK) s = run_execute(&the_run, NULL, NULL, &sum);
+    CHECK(s == QT_OK && sum.steps[MODEL_MODE_TRAIN] == 1200 && sum.skipped == 0, "run: %s",
+          qt_error_message());
+    run_close(&the_run);
+    backend_close(&b);
+    free(dev_memory), free(host_memory), free(data);
+    // Modes in order: train, train, train, eval, infer, ..., then the eval pass; the learning
+    // rate starts every repetition over at the warm-up's first value.
+    static trace_reader reader;
+    static qt_trace_record rec;
+    bool have = trace_reader_open(&reader, tmp_path("repeat.trace")) == QT_OK;
+    uint32_t records = 0, out_of_order = 0, restarts = 0;
+    while (have && trace_reader_next(&reader, &rec, &have) == QT_OK && have) {
+        uint64_t k = rec.step % 5;
+        uint32_t want = rec.step >= 2000 ? QT_TRACE_MODE_EVAL
+                        : k < 3           ? QT_TRACE_MODE_TRAIN
+                        : k == 3          ? QT_TRACE_MODE_EVAL
+                                          : QT_TRACE_MODE_INFER;
+        out_of_order += rec.mode != want;
+        restarts += rec.mode == QT_TRACE_MODE_TRAIN && k == 0 && rec.lr == 1e-3f;
+        records++;
+    }
+    trace_reader_close(&reader);
+    CHECK(records == 2004 && out_of_order == 0 && restarts == 400,
+          "%u records, %u out of order, %u warm-up starts", records, out_of_order, restarts);
+    test_end();
+}
+
 int main(void) {
     if (!tmp_dir_make("limits")) {
         printf("FAIL limits: cannot make a temporary folder\n");
@@ -283,6 +348,7 @@ int main(void) {
     test_names();
     test_largest_model();
     test_tables_sized();
+    test_repeats();
     tmp_dir_remove();
     return test_exit_code();
 }

@@ -71,6 +71,34 @@ static double t_lr_double(uint64_t t) {
     return a + (b - a) * 0.5 * (1.0 - cos(M_PI * f));
 }
 
+// The binary search picks the row a scan picks: the last row i >= 1 with start <= t, else row 0,
+// over tables of 1 to 300 rows (starts strictly rising, as the schedule's, or with ties) and
+// steps around every start.
+static void test_lr_row_search(void) {
+    test_begin("optim_lr_row_search_equals_a_scan");
+    static optim_lr_row rows[300];
+    uint64_t state = 12345;
+    uint32_t mismatches = 0, probes = 0;
+    for (uint32_t count = 1; count <= 300; count += count < 20 ? 1 : 37) {
+        uint64_t start = (state = state * 6364136223846793005ull + 1442695040888963407ull) >> 60;
+        for (uint32_t i = 0; i < count; i++) {
+            rows[i].start = start;
+            state = state * 6364136223846793005ull + 1442695040888963407ull;
+            start += (state >> 61) + (i % 7 ? 1 : 0);  // steps of 1 to 8, a tie now and then
+        }
+        for (uint64_t t = 0; t <= start + 2; t++) {
+            uint32_t scan = 0;
+            for (uint32_t i = 1; i < count; i++) {
+                if (rows[i].start <= t) scan = i;
+            }
+            mismatches += qt_optim_lr_row_of(rows, count, t) != scan;
+            probes++;
+        }
+    }
+    CHECK(mismatches == 0, "%u of %u probes picked another row", mismatches, probes);
+    test_end();
+}
+
 static void test_lr_rules(void) {
     test_begin("optim_lr_rules_row_boundaries");
     // Exact values at row starts (the weight of b is exactly 0 there) and inside constant rows.
@@ -882,6 +910,7 @@ static void test_gpu(void) {
 }
 
 int main(void) {
+    test_lr_row_search();
     test_bias_correction();
     test_lr_rules();
     test_begin_rules();

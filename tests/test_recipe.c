@@ -506,8 +506,26 @@ static const error_case error_cases[] = {
     {12, 'R', "train = csv a.csv", IN, "r.recipe:12:9: unknown data source 'csv'; expected idx, "
      "npy or synthetic"},
     // schedule
-    {15, 'R', "test 10", IN, "r.recipe:15:1: unknown schedule row 'test'; expected train, eval "
-     "or infer"},
+    {15, 'R', "test 10", IN, "r.recipe:15:1: unknown schedule row 'test'; expected train, "
+     "eval, infer or repeat"},
+    {14, 'I', "repeat 3", IN, "r.recipe:15:1: repeat has no rows to repeat; expected train, "
+     "eval or infer rows since the start of [schedule] or the previous repeat"},
+    {15, 'I', "repeat 3\nrepeat 2", IN, "r.recipe:17:1: repeat has no rows to repeat; expected "
+     "train, eval or infer rows since the start of [schedule] or the previous repeat"},
+    {15, 'I', "repeat", IN, "r.recipe:16:7: expected the number of times, found end of line"},
+    {15, 'I', "repeat 0", IN, "r.recipe:16:8: number out of range: expected times in [1, "
+     "1048576], found 0"},
+    {15, 'I', "repeat 2 more", IN, "r.recipe:16:10: unexpected 'more'; expected end of line"},
+    {15, 'I', "infer 1 output=a.npy\nrepeat 2", IN, "r.recipe:17:8: the infer row of line 16 "
+     "writes output=FILE, which 2 repeats would write 2 times; expected no output= in a "
+     "repeated row"},
+    // Two rows 2^19 times make the 2^20 rows of the largest expanded schedule: one more row, or
+    // a larger repeat, is refused at its line.
+    {15, 'I', "eval 1 train\nrepeat 524288\neval 1 train", QT_ERR_CAPACITY,
+     "r.recipe:18:1: the schedule has 1048576 rows with its repeats: expanded_rows_max is "
+     "1048576"},
+    {15, 'I', "eval 1 train\nrepeat 1048576", QT_ERR_CAPACITY, "r.recipe:17:8: the schedule "
+     "repeats to 2097152 rows: expanded_rows_max is 1048576"},
     {15, 'R', "train", IN, "r.recipe:15:6: expected the number of steps, found end of line"},
     {15, 'R', "train all", IN, "r.recipe:15:7: bad number: expected an integer for steps, found "
      "'all'"},
@@ -580,6 +598,14 @@ static void test_error_messages(void) {
           qt_error_message());
     CHECK(parse(build(12, 'R', "train = synthetic classes inputs=4 classes=3 samples=4294967295"))
           == QT_OK, "the most samples: %s", qt_error_message());
+    // Two repeated blocks: train 10 and eval 2 three times, then infer 1 twice: 8 rows.
+    s = parse(build(15, 'I', "eval 2 train\nrepeat 3\ninfer 1\nrepeat 2"));
+    CHECK(s == QT_OK && R.rows_count == 3 && R.repeats_count == 2 && R.expanded_rows == 8 &&
+              R.repeats[0].first_row == 0 && R.repeats[0].row_count == 2 &&
+              R.repeats[0].times == 3 && R.repeats[0].line == 17 &&
+              R.repeats[1].first_row == 2 && R.repeats[1].row_count == 1 &&
+              R.repeats[1].times == 2,
+          "repeats: %s", qt_error_message());
     test_end();
 }
 
