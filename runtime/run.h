@@ -1,17 +1,18 @@
 // run: one training run of a recipe, end to end: data, schedule table, model, programs, arenas,
 // backend, graphs, the schedule loop and the trace.
 //
-// Owns everything of the run inside the caller's `run` struct (about 1 MB whatever the model:
+// Owns everything of the run inside the caller's `run` struct (under 1 MB whatever the model:
 // keep it static) and the caller's table memory: the schedule table, the two arenas' region
 // tables, the programs' op tables and the checkpoint tables, each sized from the recipe and its
 // model (run_measure counts them by planning once with a counting schedule table, arenas and
-// programs, which store nothing; run_plan plans again into exactly that much). Also the captured graphs (from run_bind to run_close), the
-// datasets' views and feeds, and the trace writer during run_execute. The memory behind the
-// arenas comes from the backend (GPU) or from the caller (reference backend: run_memory_bytes
-// tells how much). The recipe and its text are the caller's and must outlive the run. One
-// thread.
+// programs, which store nothing; run_plan plans again into exactly that much). Also the
+// captured graphs (from run_bind to run_close), the datasets' views and feeds, and the trace
+// writer during run_execute. The memory behind the arenas comes from the backend (GPU) or from
+// the caller (reference backend: run_memory_bytes tells how much). The recipe and its text are
+// the caller's and must outlive the run. One thread.
 //
-//   run_measure   data headers probed, table built, the plan counted: the table memory it needs
+//   run_measure   data headers probed, the plan counted (schedule table, model, programs): the
+//                 table memory it needs
 //   run_plan      model planned, every program built, arenas packed, in the caller's table
 //                 memory: `qtrain plan` stops here (no backend, no data loaded)
 //   run_load      datasets (and a golden trace) read into caller memory (no backend needed)
