@@ -774,7 +774,9 @@ static void test_mlp_memory_map(void) {
     arena *b = arena_new(ARENA_KIND_DEVICE, "device");
     mlp_plan(b);
     arena_pack(b);
-    CHECK(memcmp(a, b, sizeof *a) == 0, "two packings of one plan differ");
+    CHECK(a->region_count == b->region_count && a->bytes_total == b->bytes_total &&
+              memcmp(a->regions, b->regions, a->region_count * sizeof(arena_region)) == 0,
+          "two packings of one plan differ");
     free(b);
     free(a);
     test_end();
