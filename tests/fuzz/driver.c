@@ -15,7 +15,6 @@
 #include <dirent.h>
 #include <fcntl.h>  // open
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,7 +32,6 @@ static const char *fuzz_name = "fuzz";
 static uint8_t *current;      // the input running now, for the failure handlers
 static size_t current_size;
 static uint64_t executions;
-static char temp_dir[64];
 
 // ---------------------------------------------------------------------------------------------
 // Failures: print the FAIL line and keep the input. The signal handlers use this too: it
@@ -60,64 +58,11 @@ static void fuzz_signal(int sig) {
     raise(sig);
 }
 
-// The sanitizers call this before they end the process (after their report on stderr).
+// The sanitizers call this before they end the process (after their report on stderr);
+// fuzz_fail aborts, which the SIGABRT handler reports.
 void __sanitizer_set_death_callback(void (*callback)(void)) __attribute__((weak));
 int LLVMFuzzerInitialize(int *argc, char ***argv) __attribute__((weak));
 static void fuzz_sanitizer_death(void) { fuzz_keep_input("a sanitizer report"); }
-
-void fuzz_fail(const char *fmt, ...) {
-    char why[200];
-    va_list args;
-    va_start(args, fmt);
-    vsnprintf(why, sizeof why, fmt, args);
-    va_end(args);
-    fuzz_keep_input(why);
-    exit(1);
-}
-
-// ---------------------------------------------------------------------------------------------
-// Helpers of fuzz.h
-
-static void fuzz_remove_temp(void) {
-    if (!temp_dir[0]) return;
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", temp_dir);
-    if (system(cmd) != 0) fprintf(stderr, "fuzz: cannot remove %s\n", temp_dir);
-}
-
-const char *fuzz_path(const char *name) {
-    static char paths[8][128];
-    static int next;
-    if (!temp_dir[0]) {
-        // Memory-backed when the machine has it: a file is written per execution, and on a
-        // disk every rewrite of one is a journaled truncation.
-        struct stat st;
-        const char *base = stat("/dev/shm", &st) == 0 && S_ISDIR(st.st_mode) ? "/dev/shm" : "/tmp";
-        snprintf(temp_dir, sizeof temp_dir, "%s/qt_fuzz_%s_XXXXXX", base, fuzz_name);
-        if (!mkdtemp(temp_dir)) {
-            perror("fuzz: mkdtemp");
-            exit(2);
-        }
-        atexit(fuzz_remove_temp);
-    }
-    char *p = paths[next++ % 8];
-    snprintf(p, 128, "%s/%s", temp_dir, name);
-    return p;
-}
-
-void fuzz_write(const char *path, const void *data, size_t size) {
-    FILE *f = fopen(path, "wb");
-    if (!f || (size && fwrite(data, 1, size, f) != size) || fclose(f) != 0) {
-        perror(path);
-        abort();
-    }
-}
-
-uint32_t fuzz_u32(const uint8_t *data, size_t size, size_t at) {
-    uint32_t v = 0;
-    for (size_t i = 0; i < 4; i++) v |= (uint32_t)(at + i < size ? data[at + i] : 0) << (8 * i);
-    return v;
-}
 
 // ---------------------------------------------------------------------------------------------
 // The corpus and the mutations

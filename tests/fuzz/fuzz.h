@@ -5,12 +5,13 @@
 // reproducible and bounded (`ninja test` runs each harness briefly, `ninja fuzz` longer).
 //
 // Owns nothing but the harness's temporary folder (fuzz_path, removed at exit). Test code: it
-// may allocate. A harness checks the invariants of what it calls (a clean status or a message,
+// may allocate. The helpers below are in tests/fuzz/fuzz.c, which links with either driver. A harness checks the invariants of what it calls (a clean status or a message,
 // no read past its input): a crash, a sanitizer report, an assertion or a hang is a failure,
 // and the driver keeps the input that caused it.
 #ifndef QT_FUZZ_H
 #define QT_FUZZ_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -26,7 +27,8 @@ extern const size_t fuzz_words_count;
 const char *fuzz_path(const char *name);
 // Writes size bytes to path (aborts when it cannot: the harness's own failure).
 void fuzz_write(const char *path, const void *data, size_t size);
-// Fails the run with a message (an invariant of the code under test that does not hold).
+// Fails the run: prints the message (an invariant of the code under test that does not hold)
+// and aborts, which the driver reports with the input.
 void fuzz_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 
 // Little-endian readers of a harness's input framing; 0 past the end.
