@@ -5,9 +5,10 @@
 // reproducible and bounded (`ninja test` runs each harness briefly, `ninja fuzz` longer).
 //
 // Owns nothing but the harness's temporary folder (fuzz_path, removed at exit). Test code: it
-// may allocate. The helpers below are in tests/fuzz/fuzz.c, which links with either driver. A harness checks the invariants of what it calls (a clean status or a message,
-// no read past its input): a crash, a sanitizer report, an assertion or a hang is a failure,
-// and the driver keeps the input that caused it.
+// may allocate. The helpers below are in tests/fuzz/fuzz.c, which links with either driver. A
+// harness checks the invariants of what it calls (a clean status or a message, no read past
+// its input): a crash, a sanitizer report, an assertion or a hang is a failure, and the driver
+// keeps the input that caused it.
 #ifndef QT_FUZZ_H
 #define QT_FUZZ_H
 
