@@ -351,8 +351,7 @@ uint64_t arena_lower_bound(const arena *a) {
     return persistent_bytes + peak_bytes;
 }
 
-// Writes "n B", "x.xx KiB", "x.xx MiB" or "x.xx GiB" into buf.
-static void arena_format_size(uint64_t bytes, char *buf, size_t buf_bytes) {
+void arena_format_size(uint64_t bytes, char *buf, size_t buf_bytes) {
     static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
     if (bytes < 1024) {
         snprintf(buf, buf_bytes, "%" PRIu64 " B", bytes);
@@ -433,6 +432,23 @@ void arena_print(const arena *a, FILE *out) {
     } else {
         arena_print_total(out, "total", a->bytes_total);
     }
+}
+
+void arena_print_summary(const arena *a, FILE *out) {
+    QT_ASSERT(a != NULL && out != NULL);
+    char total[24], bound[24], size[24];
+    arena_format_size(a->bytes_total, total, sizeof total);
+    arena_format_size(arena_lower_bound(a), bound, sizeof bound);
+    fprintf(out, "%-12s %" PRIu32 " regions, %s (lower bound %s)\n", a->name, a->region_count,
+            a->phase == ARENA_PHASE_PLAN ? "not packed" : total, bound);
+    fprintf(out, "            ");
+    for (int c = 0; c < ARENA_CAT_COUNT; c++) {
+        uint64_t bytes = arena_category_bytes(a, (arena_category)c);
+        if (bytes == 0) continue;
+        arena_format_size(bytes, size, sizeof size);
+        fprintf(out, " %s %s", arena_category_name((arena_category)c), size);
+    }
+    fputc('\n', out);
 }
 
 static bool arena_check_fail(char *msg, size_t msg_bytes, const char *fmt, ...)

@@ -171,6 +171,11 @@ const char *arena_phase_name(arena_phase p);
 // category, offset, exact bytes, human-readable size, lifetime), per-category totals, the lower
 // bound and the total (`total` line). Offsets print as "-" before packing.
 void arena_print(const arena *a, FILE *out);
+// Any phase. Two lines: the arena's name, regions, total and lower bound; the bytes of each
+// category that has any.
+void arena_print_summary(const arena *a, FILE *out);
+// Writes "n B", "x.xx KiB", "x.xx MiB", "x.xx GiB" or "x.xx TiB" into buf.
+void arena_format_size(uint64_t bytes, char *buf, size_t buf_bytes);
 
 // BIND or FROZEN. Checks every region is aligned, inside bytes_total, and that no two regions with
 // intersecting lifetimes have intersecting byte ranges. Returns true if so; else false, with the

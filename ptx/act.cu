@@ -60,16 +60,12 @@ __device__ __forceinline__ void act_store8(uint64_t base, uint64_t first, uint32
     }
 }
 
-// act_store8 for the flat activation kernels: BF16 pairs through cvt.rn.bf16x2, which rounds as
-// qt_f32_to_bf16 does (RNE, subnormals kept) but writes NaN with another payload, so a pair
-// holding NaN takes act_store8's path and the bits match the reference backend's. (Kept apart
-// from act_store8: in the loss kernels the extra branch costs registers they do not have.)
+// act_store8 for the flat activation kernels: BF16 pairs through cvt.rn.bf16x2, which gives
+// qt_f32_to_bf16's bits for every input (RNE, subnormals kept, the canonical NaN 0x7FFF), so the
+// bits match the reference backend's. (The other kernels keep act_store8.)
 __device__ __forceinline__ void act_store8_pairs(uint64_t base, uint64_t first, uint32_t dtype,
                                                  const float v[8]) {
-    bool nan = false;
-#pragma unroll
-    for (int k = 0; k < 8; k++) nan |= v[k] != v[k];
-    if (dtype != QT_DTYPE_BF16 || nan) {
+    if (dtype != QT_DTYPE_BF16) {
         act_store8(base, first, dtype, v);
         return;
     }
@@ -197,27 +193,53 @@ __device__ __forceinline__ void act_pre8(const act_args &a, uint64_t first, floa
 // alone: with the activation a run-time value the compiler if-converted the dispatch and every
 // element paid for GELU and SiLU together (GELU on 8192 x 16384 was compute-bound at 0.6 ms on
 // an H200, 18% of DRAM bandwidth).
+// act_args.amax: the block's max |v| (NaN skipped, as fmaxf does) as a stored value, merged into
+// the slot by one atomic per block. Blocks whose maximum does not beat what the slot already holds
+// skip the atomic, so that a grid of many small blocks does not queue one per block on a single
+// address; a stale read only costs an atomic that changes nothing. Every thread of the block
+// calls it.
+__device__ __forceinline__ void act_amax_flush(const act_args &a, float m) {
+    __shared__ float warp_max[QT_ACT_WARPS];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+    if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    for (uint32_t w = 1; w < QT_ACT_WARPS; w++) m = fmaxf(m, warp_max[w]);
+    m = qt_act_stored_amax(fmaxf(m, warp_max[0]), a.out_dtype);
+    unsigned int *slot = (unsigned int *)(uintptr_t)a.amax;
+    if (m > 0.0f && __float_as_uint(m) > *(volatile unsigned int *)slot) {
+        atomicMax(slot, __float_as_uint(m));
+    }
+}
+
 template <uint32_t kAct>
 __device__ __forceinline__ void act_fwd_flat(const act_args &args) {
     uint64_t count = (uint64_t)args.rows * args.cols;
     uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
     uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
     uint64_t scalar_first = 0;
+    float m = 0.0f;  // max |value| stored by this thread (act_args.amax)
     if (act_flat_vec(args)) {
         for (uint64_t c = tid; c < count / 8; c += stride) {
             float v[8];
             act_load8(args.x, c * 8, args.x_dtype, v);
             act_pre8(args, c * 8, v);
 #pragma unroll
-            for (int k = 0; k < 8; k++) v[k] = qt_act_forward(kAct, v[k]);
+            for (int k = 0; k < 8; k++) {
+                v[k] = qt_act_forward(kAct, v[k]);
+                m = fmaxf(m, fabsf(v[k]));
+            }
             act_store8_pairs(args.out, c * 8, args.out_dtype, v);
         }
         scalar_first = count / 8 * 8;
     }
     for (uint64_t i = scalar_first + tid; i < count; i += stride) {
-        float v = act_pre(args, i, qt_act_load(args.x, i, args.x_dtype));
-        qt_act_store(args.out, i, args.out_dtype, qt_act_forward(kAct, v));
+        float v = qt_act_forward(kAct, act_pre(args, i, qt_act_load(args.x, i, args.x_dtype)));
+        m = fmaxf(m, fabsf(v));
+        qt_act_store(args.out, i, args.out_dtype, v);
     }
+    if (args.amax) act_amax_flush(args, m);
 }
 
 template <uint32_t kAct>
@@ -226,6 +248,7 @@ __device__ __forceinline__ void act_bwd_flat(const act_args &args) {
     uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
     uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
     uint64_t scalar_first = 0;
+    float m = 0.0f;  // max |value| stored by this thread (act_args.amax)
     if (act_flat_vec(args)) {
         for (uint64_t c = tid; c < count / 8; c += stride) {
             float v[8], dy[8];
@@ -233,16 +256,21 @@ __device__ __forceinline__ void act_bwd_flat(const act_args &args) {
             act_load8(args.dy, c * 8, args.dy_dtype, dy);
             act_pre8(args, c * 8, v);
 #pragma unroll
-            for (int k = 0; k < 8; k++) v[k] = qt_act_backward(kAct, v[k], dy[k]);
+            for (int k = 0; k < 8; k++) {
+                v[k] = qt_act_backward(kAct, v[k], dy[k]);
+                m = fmaxf(m, fabsf(v[k]));
+            }
             act_store8_pairs(args.out, c * 8, args.out_dtype, v);
         }
         scalar_first = count / 8 * 8;
     }
     for (uint64_t i = scalar_first + tid; i < count; i += stride) {
         float v = act_pre(args, i, qt_act_load(args.x, i, args.x_dtype));
-        float dy = qt_act_load(args.dy, i, args.dy_dtype);
-        qt_act_store(args.out, i, args.out_dtype, qt_act_backward(kAct, v, dy));
+        v = qt_act_backward(kAct, v, qt_act_load(args.dy, i, args.dy_dtype));
+        m = fmaxf(m, fabsf(v));
+        qt_act_store(args.out, i, args.out_dtype, v);
     }
+    if (args.amax) act_amax_flush(args, m);
 }
 
 extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
@@ -296,6 +324,7 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
     uint64_t count = (uint64_t)args.rows * h;
     uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
     uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    float m = 0.0f;  // max |value| stored by this thread (act_args.amax)
     if (act_swiglu_vec(args)) {
         for (uint64_t c = tid; c < count / 8; c += stride) {
             uint64_t r = c * 8 / h;
@@ -303,10 +332,13 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
             float a[8], b[8];
             act_swiglu_ab(args, r * args.cols + j, j, true, a, b);
 #pragma unroll
-            for (int k = 0; k < 8; k++) a[k] = qt_swiglu_forward(a[k], b[k]);
+            for (int k = 0; k < 8; k++) {
+                a[k] = qt_swiglu_forward(a[k], b[k]);
+                m = fmaxf(m, fabsf(a[k]));
+            }
             act_store8(args.out, c * 8, args.out_dtype, a);
         }
-        return;
+        count = 0;  // no scalar pass
     }
     for (uint64_t i = tid; i < count; i += stride) {
         uint64_t r = i / h;
@@ -317,8 +349,11 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
             a = a + qt_act_load(args.bias, j, args.bias_dtype);
             b = b + qt_act_load(args.bias, h + j, args.bias_dtype);
         }
-        qt_act_store(args.out, i, args.out_dtype, qt_swiglu_forward(a, b));
+        float y = qt_swiglu_forward(a, b);
+        m = fmaxf(m, fabsf(y));
+        qt_act_store(args.out, i, args.out_dtype, y);
     }
+    if (args.amax) act_amax_flush(args, m);
 }
 
 extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
@@ -327,6 +362,7 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
     uint64_t count = (uint64_t)args.rows * h;
     uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
     uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    float m = 0.0f;  // max |value| stored by this thread (act_args.amax)
     if (act_swiglu_vec(args)) {
         for (uint64_t c = tid; c < count / 8; c += stride) {
             uint64_t r = c * 8 / h;
@@ -338,11 +374,12 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
             for (int k = 0; k < 8; k++) {
                 da[k] = qt_swiglu_da(a[k], b[k], dy[k]);
                 db[k] = qt_swiglu_db(a[k], dy[k]);
+                m = fmaxf(m, fmaxf(fabsf(da[k]), fabsf(db[k])));
             }
             act_store8(args.out, r * args.cols + j, args.out_dtype, da);
             act_store8(args.out, r * args.cols + h + j, args.out_dtype, db);
         }
-        return;
+        count = 0;  // no scalar pass
     }
     for (uint64_t i = tid; i < count; i += stride) {
         uint64_t r = i / h;
@@ -354,9 +391,12 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
             b = b + qt_act_load(args.bias, h + j, args.bias_dtype);
         }
         float dy = qt_act_load(args.dy, i, args.dy_dtype);
-        qt_act_store(args.out, r * args.cols + j, args.out_dtype, qt_swiglu_da(a, b, dy));
-        qt_act_store(args.out, r * args.cols + h + j, args.out_dtype, qt_swiglu_db(a, dy));
+        float da = qt_swiglu_da(a, b, dy), db = qt_swiglu_db(a, dy);
+        m = fmaxf(m, fmaxf(fabsf(da), fabsf(db)));
+        qt_act_store(args.out, r * args.cols + j, args.out_dtype, da);
+        qt_act_store(args.out, r * args.cols + h + j, args.out_dtype, db);
     }
+    if (args.amax) act_amax_flush(args, m);
 }
 
 // ---------------------------------------------------------------------------------------------

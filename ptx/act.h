@@ -5,7 +5,7 @@
 // Owns nothing. Tensors are row-major [rows][cols] of BF16 or FP32 (each tensor has its own
 // dtype field); everything accumulated (inverse RMS, losses, norms, gradients of parameters) is
 // FP32. Every FP32 result is computed in FP32 with the transcendentals of qt_math.h and explicit
-// qt_fmaf, and every stored NaN is the canonical 0x7FFFFFFF (BF16: 0x7FC0), so the reference
+// qt_fmaf, and every stored NaN is the canonical 0x7FFFFFFF (BF16: 0x7FFF), so the reference
 // backend reproduces the GPU bit for bit for any input (x86 would otherwise keep NaN payloads).
 //
 //   kernel                    what                                          launch
@@ -56,7 +56,7 @@
 #include "core.h"      // QT_DTYPE_BF16, QT_DTYPE_F32
 #include "qt_codec.h"  // qt_f32_to_bf16, qt_bf16_to_f32, qt_f32_is_nan
 #include "qt_hd.h"
-#include "qt_math.h"  // qt_expf, qt_logf, qt_tanhf
+#include "qt_math.h"  // qt_expf, qt_logf, qt_math_exp_core
 
 // Activation functions (act_args.act).
 #define QT_ACT_RELU 0u
@@ -99,8 +99,12 @@ typedef struct act_args {
     uint32_t act;         // QT_ACT_RELU | GELU | SILU (qt_act_*); QT_ACT_SWIGLU (qt_swiglu_*)
     uint32_t x_dtype, bias_dtype, dy_dtype, out_dtype;
     uint32_t reserved;
+    // f32 [1], 0 = none: max |out| over the stored values is merged in
+    // (an unsigned maximum of the bit patterns, NaN skipped), so that a per-tensor FP8 cast of
+    // out needs no amax pass of its own. The caller zeroes it first.
+    uint64_t amax;
 } act_args;
-QT_STATIC_ASSERT(sizeof(act_args) == 64, "act_args layout");
+QT_STATIC_ASSERT(sizeof(act_args) == 72, "act_args layout");
 
 // RMSNorm. Forward writes y and inv_rms; backward writes dx, the dgamma partials and dgamma.
 typedef struct rmsnorm_args {
@@ -238,7 +242,7 @@ QT_HD float qt_act_load(uint64_t base, uint64_t i, uint32_t dtype) {
     return ((const float *)(uintptr_t)base)[i];
 }
 
-// BF16 stores round to nearest even (qt_f32_to_bf16); a NaN becomes 0x7FC0.
+// BF16 stores round to nearest even (qt_f32_to_bf16); a NaN becomes 0x7FFF.
 QT_HD void qt_act_store(uint64_t base, uint64_t i, uint32_t dtype, float v) {
     v = qt_act_canonical(v);
     if (dtype == QT_DTYPE_BF16) {
@@ -250,11 +254,19 @@ QT_HD void qt_act_store(uint64_t base, uint64_t i, uint32_t dtype, float v) {
 
 QT_HD uint32_t qt_act_dtype_bytes(uint32_t dtype) { return dtype == QT_DTYPE_BF16 ? 2u : 4u; }
 
+// max |stored value| from m = max |v| over the FP32 values before their stores (act_args.amax):
+// rounding to BF16 is monotonic and symmetric, so the largest stored magnitude is m rounded.
+QT_HD float qt_act_stored_amax(float m, uint32_t dtype) {
+    return dtype == QT_DTYPE_BF16 ? qt_bf16_to_f32(qt_f32_to_bf16(m)) : m;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Activations. Each takes v = x (+ bias), the pre-activation value in FP32.
 
-// sqrt(2/pi), 0.044715 and 3 * 0.044715, each rounded once to FP32.
+// sqrt(2/pi), -2 sqrt(2/pi) (exactly twice the first), 0.044715 and 3 * 0.044715, each rounded
+// once to FP32.
 #define QT_GELU_K0 0x1.988454p-1f
+#define QT_GELU_MINUS_2K0 -0x1.988454p+0f
 #define QT_GELU_K1 0x1.6e4e26p-5f
 #define QT_GELU_K1X3 0x1.12ba9ep-3f
 #define QT_ACT_NEG_INF qt_bits_f32(0xFF800000u)
@@ -263,36 +275,45 @@ QT_HD uint32_t qt_act_dtype_bytes(uint32_t dtype) { return dtype == QT_DTYPE_BF1
 // max(x, 0) that keeps NaN (like PyTorch's clamp_min): NaN <= 0 is false. relu(-0) = +0.
 QT_HD float qt_act_relu(float v) { return v <= 0.0f ? 0.0f : v; }
 
-// The argument of tanh: sqrt(2/pi) (x + 0.044715 x^3), with x^3 = (x x) x. Shared by the forward
-// and backward passes so that both see the same t.
-QT_HD float qt_act_gelu_arg(float v, float v2) {
-    return QT_GELU_K0 * qt_fmaf(QT_GELU_K1, v2 * v, v);
+// GELU (tanh form) is x (1 + tanh u) / 2 with u = sqrt(2/pi) (x + 0.044715 x^3), which is the
+// same function as x s with s = 1 / (1 + e), e = exp(-2u): the logistic sigmoid of 2u. That form
+// needs one exponential and one division and nothing cancels in it (1 + tanh u does, for
+// negative x), so it is both cheaper and more accurate than going through tanh; the kernels are
+// compute-bound on this arithmetic, not on memory.
+//
+// e = exp(-2u), with x^3 = (x x) x; forward and backward share it so that both see the same s.
+// -2u is clamped to [-104, 89], the exponential's finite range without its guards: below -104
+// e^z rounds to +0 and at 89 it is +Inf (the scaling overflows), the limits, so x = +-Inf and
+// x^3 = +-Inf come out right; a NaN argument becomes 89 and the callers select NaN themselves.
+QT_HD float qt_act_gelu_exp(float v, float v2) {
+    float z = QT_GELU_MINUS_2K0 * qt_fmaf(QT_GELU_K1, v2 * v, v);
+    z = z < 89.0f ? z : 89.0f;
+    z = z > -104.0f ? z : -104.0f;
+    return qt_math_exp_core(z);
 }
 
-// 0.5 x (1 + t) as fma(0.5 x, t, 0.5 x): 0.5 x is exact (but for subnormals) and the fma rounds
-// once. -Inf gives +0, the limit (the formula would give -Inf * 0); large negative finite x
-// give +0 the same way, as fma(h, -1, h) = +0.
-// Branch-free, as qt_tanhf, so that the kernels interleave neighbouring elements.
+// y = x / (1 + e). Where e overflows (x below about -10) y is x / Inf = -0; -Inf gives -0 too
+// (Inf / Inf would be NaN). Every NaN input gives the canonical NaN (host division would keep
+// the input's payload).
 QT_HD float qt_act_gelu(float v) {
-    float t = qt_tanhf(qt_act_gelu_arg(v, v * v));
-    float h = 0.5f * v;
-    float y = qt_fmaf(h, t, h);
-    return v == QT_ACT_NEG_INF ? 0.0f : y;
+    float e = qt_act_gelu_exp(v, v * v);
+    float y = v / (1.0f + e);
+    return v == QT_ACT_NEG_INF ? -0.0f : y;
 }
 
-// d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2). 1 - t^2 is one fma, so
-// it is exact to a rounding while t is away from +-1; where t = +-1 exactly the second term is 0
-// (tested first, so that x^2 = Inf cannot make 0 * Inf). -Inf: 0, +Inf: 1, the limits.
+// d/dx = s + x s (1 - s) 2 du, du = sqrt(2/pi) (1 + 3 * 0.044715 x^2), as s (1 + w om) with
+// om = 1 - s = e s and w = 2 x du. Where om = 0 (x above about 9, +Inf included) the result is
+// s = 1, the limit, without w om = Inf * 0; where e overflows, s = 0 and om would be Inf * 0:
+// the result is -0 (the derivative is negative and below any FP32 there); NaN in, NaN out.
 QT_HD float qt_act_gelu_grad(float v) {
     float v2 = v * v;
-    float t = qt_tanhf(qt_act_gelu_arg(v, v2));
-    float left = qt_fmaf(0.5f, t, 0.5f);
-    float sech2 = qt_fmaf(-t, t, 1.0f);
-    float du = QT_GELU_K0 * qt_fmaf(QT_GELU_K1X3, v2, 1.0f);
-    float g = qt_fmaf((0.5f * v) * sech2, du, left);
-    g = sech2 == 0.0f ? left : g;
-    g = v == QT_ACT_POS_INF ? 1.0f : g;
-    return v == QT_ACT_NEG_INF ? 0.0f : g;
+    float e = qt_act_gelu_exp(v, v2);
+    float s = 1.0f / (1.0f + e);
+    float om = e * s;
+    float w = (v + v) * (QT_GELU_K0 * qt_fmaf(QT_GELU_K1X3, v2, 1.0f));
+    float g = s * qt_fmaf(w, om, 1.0f);
+    g = om == 0.0f ? s : g;
+    return e == QT_ACT_POS_INF && v == v ? -0.0f : g;
 }
 
 // The logistic sigmoid s and 1 - s from e = exp(-|x|) in (0, 1] and d = 1 + e in (1, 2]:

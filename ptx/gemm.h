@@ -1,6 +1,6 @@
 // gemm: the GEMM family's ABI (args structs, operand descriptors, kernel list) and the per-element
-// arithmetic shared by the kernels (ptx/gemm_portable.cu; an sm_90a tier, gemm_*_sm90a.cu, goes
-// beside it with the same args) and their C twins (runtime/ref_gemm.c).
+// arithmetic shared by the kernels (ptx/gemm_portable.cu, and the sm_90a tier ptx/gemm_sm90a.cu,
+// whose args carry these gemm_args) and their C twins (runtime/ref_gemm.c).
 //
 // Owns nothing. The quantized layouts are those of ptx/quant.h. The operation, FP32 accumulation:
 //

@@ -18,8 +18,8 @@
 //     multiply-add by the e4m3 scale (in BF16, exact: 4 significant bits) with a -0 addend (which
 //     keeps the sign of zero products) gives the product, exact in BF16 since it has at most 6
 //     significant bits and lies in [2^-10, 2688] (qt_gemm_nvfp4_decode).
-//   NaN: the conversions return the canonical NaN 0x7FFF where qt_f32_to_bf16 keeps the sign
-//   (0x7FC0 | sign); both are NaN to the tensor cores, and tests compare them as NaN.
+//   NaN: the conversions and the bf16x2 fused multiply-add return the canonical NaN 0x7FFF,
+//   which is also what qt_f32_to_bf16 writes for every NaN.
 //
 // A decoded piece of 16 (or 8) elements is 8 (or 4) BF16 pairs, element 2 i in the low half of
 // word i.
@@ -39,8 +39,8 @@ __device__ __forceinline__ uint32_t gemm_prmt(uint32_t a, uint32_t b, uint32_t s
     return d;
 }
 
-// Two floats to a BF16 pair, RNE like qt_f32_to_bf16 for every non-NaN value (subnormals kept);
-// the low half is the first.
+// Two floats to a BF16 pair, qt_f32_to_bf16's bits for every value (RNE, subnormals kept, NaN
+// 0x7FFF); the low half is the first.
 __device__ __forceinline__ uint32_t gemm_pack_bf16(float lo, float hi) {
     uint32_t d;
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));

@@ -1204,13 +1204,9 @@ __device__ __forceinline__ void gemm_epi_barrier(uint32_t wg) {
 }
 
 // Two values of D as bf16x2 (lo in the low half), rounded as qt_f32_to_bf16 rounds them: the
-// conversion (gemm_pack_bf16) agrees with it except for NaN's payload, which then takes its form.
+// conversion (gemm_pack_bf16) gives its bits for every input, NaN included (0x7FFF).
 __device__ __forceinline__ uint32_t gemm_pack_bf16_d(float lo, float hi) {
-    uint32_t packed = gemm_pack_bf16(lo, hi);
-    if (lo != lo || hi != hi) {
-        packed = (uint32_t)qt_f32_to_bf16(lo) | ((uint32_t)qt_f32_to_bf16(hi) << 16);
-    }
-    return packed;
+    return gemm_pack_bf16(lo, hi);
 }
 
 // The rows of chunk `buffer` (columns col0 ...) that lie inside the tile, rows r0 ... m_end - 1,

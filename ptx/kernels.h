@@ -3,7 +3,7 @@
 // Owns nothing. Each entry is X(id, module, symbol, args type): `id` is the kernel_id enum value,
 // `module` the ptx/<module>.cu image that holds it, `symbol` its extern "C" name, and the args
 // struct its single by-value parameter. The loader (runtime/modules.c) resolves every symbol, the
-// reference backend (runtime/backend_ref.c) dispatches to ref_<symbol>, and both fail to build or
+// reference backend (runtime/backend.c) dispatches to ref_<symbol>, and both fail to build or
 // to start if an entry has no implementation.
 #ifndef QT_KERNELS_H
 #define QT_KERNELS_H
@@ -12,6 +12,7 @@
 #include "core.h"
 #include "gemm.h"
 #include "gemm_sm90a.h"
+#include "moe.h"
 #include "optim.h"
 #include "quant_block.h"
 #include "quant_fp8.h"
@@ -27,6 +28,7 @@
     QT_KERNELS_OPTIM(X) \
     QT_KERNELS_ACT(X) \
     QT_KERNELS_GEMM(X) \
+    QT_KERNELS_MOE(X) \
     QT_KERNELS_SCHED(X)
 
 // Every kernel: the ones programs hold, then the sm_90a GEMM tier, which runtime/gemm_tier.c
@@ -40,6 +42,7 @@
     X(act) \
     X(gemm_portable) \
     X(gemm_sm90a) \
+    X(moe) \
     X(sched)
 
 // Every args struct of a kernel that programs hold fits the program's per-op args buffer (the

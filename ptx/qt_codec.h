@@ -204,11 +204,16 @@ QT_HD float qt_e8m0_inv_f32(uint8_t e) {
 // ---------------------------------------------------------------------------------------------
 // BF16.
 
+// BF16's canonical NaN: what the GPU's cvt.rn.bf16x2.f32 writes for a NaN of either sign.
+#define QT_BF16_NAN 0x7FFFu
+
 // Round to nearest even on the top 16 bits; values that round past BF16_MAX become Inf, as
-// __float2bfloat16_rn does. NaN becomes the quiet NaN 0x7FC0 with the sign kept.
+// __float2bfloat16_rn does. Every NaN, of either sign and any payload, becomes the canonical
+// 0x7FFF, as the GPU's conversion instruction writes it, so that a kernel may convert with that
+// instruction and still give this function's bits (recipes/NUMERICS.md "NaN").
 QT_HD uint16_t qt_f32_to_bf16(float x) {
     uint32_t bits = qt_f32_bits(x);
-    if ((bits & QT_F32_ABS) > QT_F32_INF) return (uint16_t)(((bits >> 16) & 0x8000u) | 0x7FC0u);
+    if ((bits & QT_F32_ABS) > QT_F32_INF) return (uint16_t)QT_BF16_NAN;
     uint32_t lsb = (bits >> 16) & 1u;
     return (uint16_t)((bits + 0x7FFFu + lsb) >> 16);
 }

@@ -1,4 +1,4 @@
-// qt_math: the transcendental functions of elementwise ops (exp, log, tanh, erf, cos(pi x),
+// qt_math: the transcendental functions of elementwise ops (exp, log, erf, cos(pi x),
 // sin(pi x)), one implementation for the GPU kernels and the C reference backend.
 //
 // Owns nothing; header-only. libm and CUDA's math library are each accurate to a few ulp, but not
@@ -75,14 +75,6 @@ QT_HD float qt_math_exp_core(float x) {
     return (p.y * qt_math_pow2i(k1)) * qt_math_pow2i(k - k1);
 }
 
-// The same for 0 <= x <= 18.04 (qt_tanhf's clamped argument): there 0 <= k <= 27 and y lies in
-// [0.7, 1.42], so y 2^k1 2^(k - k1) is y 2^k exactly (both scalings only move the exponent of a
-// normal number), and one multiply by 2^k gives the same bits with fewer instructions.
-QT_HD float qt_math_exp_small(float x) {
-    qt_math_exp_parts p = qt_math_exp_reduced(x);
-    return p.y * qt_math_pow2i((int32_t)p.kf);
-}
-
 // e^x. Max error 0.99 ulp over all floats (measured against double libm; subnormal results
 // included).
 // x = k ln2 + r with k = rint(x / ln2) and |r| <= ~0.347; r = x - k ln2_hi is exact (Sterbenz),
@@ -131,41 +123,6 @@ QT_HD float qt_logf(float x) {
     float kf = (float)k;
     float lo = qt_fmaf(s, hfsq + r, kf * QT_MATH_LN2_LO);
     return kf * QT_MATH_LN2_HI + (f - (hfsq - lo));
-}
-
-// Hyperbolic tangent. Max error 1.46 ulp over all floats (measured against double libm), just
-// above |x| = 0.55.
-// |x| < 0.55: tanh x = x + x^3 P(x^2), P fitted on [0, 0.3025] (max error 1.1e-11); the x^3 term
-// is at most a tenth of the result, so its rounding errors hardly show.
-// 0.55 <= |x| <= 9.02: tanh|x| = 1 - 2 / (e^(2|x|) + 1). From atanh(1/2) = 0.5493 up, the
-// subtracted term is at most 1/2 the result, so its error stays below an ulp of the result.
-// |x| > 9.02: 1 - tanh|x| < 2^-25, so the result rounds to ±1.
-//
-// Written without branches: both halves are computed for every input and the result is selected
-// (the exponential on |x| clamped to 9.02, where it cannot overflow). GELU calls it on every
-// element of large activations, where warps hold inputs on both sides of 0.55: with branches each
-// element's code was one chain the compiler could not interleave with its neighbours', and the
-// GPU kernels ran at a fraction of DRAM bandwidth. The selected values are the same operations
-// as the branches', so the bits are too (checked against the branching form over all 2^32 inputs).
-QT_HD float qt_tanhf(float x) {
-    uint32_t a_bits = qt_f32_bits(x) & 0x7FFFFFFFu;
-    float a = qt_bits_f32(a_bits);
-    float z = x * x;
-    float p = -0x1.fa3d1cp-11f;
-    p = qt_fmaf(p, z, 0x1.be44c4p-9f);
-    p = qt_fmaf(p, z, -0x1.2136fep-7f);
-    p = qt_fmaf(p, z, 0x1.663f2cp-6f);
-    p = qt_fmaf(p, z, -0x1.ba1b3cp-5f);
-    p = qt_fmaf(p, z, 0x1.111110p-3f);
-    p = qt_fmaf(p, z, -0x1.555556p-2f);
-    float small = qt_fmaf(x * z, p, x);
-    float clamped = a < 9.02f ? a : 9.02f;  // NaN too: the NaN result is selected below
-    float t = 2.0f / (qt_math_exp_small(clamped + clamped) + 1.0f);
-    float large = qt_math_copysign(1.0f - t, x);
-    float r = a < 0.55f ? small : large;
-    r = a > 9.02f ? qt_math_copysign(1.0f, x) : r;
-    r = a < 0x1p-12f ? x : r;  // x^3/3 is below half an ulp of x; keeps the sign of ±0
-    return a_bits > 0x7F800000u ? qt_bits_f32(QT_MATH_NAN_BITS) : r;
 }
 
 // Error function. Max error 1.10 ulp over all floats (measured against double libm).

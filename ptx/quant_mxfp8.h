@@ -146,11 +146,11 @@ QT_HD uint8_t qt_mxfp8_encode(float x, float mult, uint32_t elem) {
 // Dequantize: code * 2^(e - 127), exact except for FP32 underflow at tiny scales, rounded
 // the same IEEE way on both sides. NaN is decided here rather than left to the multiply, whose
 // NaN result differs between the GPU (canonical 0x7FFFFFFF) and x86 (the operand's payload and
-// sign): a NaN code keeps its decoded NaN (sign kept), a NaN scale (0xFF) gives 0x7FFFFFFF.
+// sign): a NaN code of either sign and the NaN scale (0xFF) both give the canonical 0x7FFFFFFF,
+// the GPU multiply's result, as every other dequantize writes it.
 QT_HD float qt_mxfp8_decode(uint8_t code, uint8_t e, uint32_t elem) {
     float v = elem == QT_MXFP8_E5M2 ? qt_e5m2_to_f32(code) : qt_e4m3_to_f32(code);
-    if (qt_f32_is_nan(v)) return v;
-    if (e == 0xFFu) return qt_bits_f32(QT_F32_ABS);
+    if (qt_f32_is_nan(v) || e == 0xFFu) return qt_bits_f32(QT_F32_ABS);
     return v * qt_e8m0_to_f32(e);
 }
 

@@ -45,11 +45,12 @@
 // Fixed FP32 order (qt_nvfp4_rht16): first the exact products q_j = v_j * (+-0.25), then the
 // four radix-2 butterfly stages of the fast Walsh-Hadamard transform (pairs (i, i + h) for
 // h = 1, 2, 4, 8: a + b, a - b), which yields y_j = sum_k q_k (-1)^popcount(j & k) in Sylvester
-// order; each y_j is then rounded to BF16. TE sums on tensor cores in an unspecified order; the
-// butterflies are our fixed order, cheaper than 16 sequential adds per output (4 adds per
-// element instead of 16) and reproduced exactly by the twin. FP32 inputs are transformed as
-// they are (TE requires BF16 input for RHT; we do not). The columnwise data of an RHT tensor
-// dequantizes to the RHT domain (the transform is not undone).
+// order; a zero y_j is made +0 (qt_nvfp4_rht_plus_zero), and each y_j is then rounded to BF16.
+// TE sums on tensor cores in an unspecified order; the butterflies are our fixed order, cheaper
+// than 16 sequential adds per output (4 adds per element instead of 16) and reproduced exactly
+// by the twin. FP32 inputs are transformed as they are (TE requires BF16 input for RHT; we do
+// not). The columnwise data of an RHT tensor dequantizes to the RHT domain (the transform is not
+// undone).
 //
 // Stochastic rounding (ptx/quant.h): block b of row r of a direction's data draws its 16
 // bytes from qt_quant_random16(seed, step, tensor_id, r, b); the columnwise direction uses
@@ -298,7 +299,7 @@ QT_HD float qt_nvfp4_block_mult(uint8_t sb, float s_dec) {
     return m <= QT_F32_FLT_MAX ? m : QT_F32_FLT_MAX;
 }
 
-// Dequantization scale RN(RN(float(sb) * amax) * f32(1/2688)) (dequantize_nvfp4.cuh).
+// Dequantization scale RN(RN(float(sb) * amax) * f32(1/2688)), in this order, as TE dequantizes.
 QT_HD float qt_nvfp4_dequant_scale(uint8_t sb, float amax) {
     return (qt_e4m3_to_f32(sb) * amax) * QT_F32_INV_2688;
 }
@@ -421,19 +422,33 @@ QT_HD void qt_nvfp4_encode16_sr(const float v[16], float m, qt_philox4 r, uint32
     out[1] = w1;
 }
 
-// Rounds a pair of FP32 values to BF16 (RN, Inf past BF16_MAX, subnormals kept) and back. The
-// device uses one cvt.rn.bf16x2.f32, which gives qt_f32_to_bf16's bits for every non-NaN input;
-// for NaN only the payload differs (0x7FFF vs 0x7FC0 | sign), and no use of a rounded RHT value
-// can see a payload: the amax ignores NaN and every encoder maps any NaN to +6.
+// A zero RHT output is +0 (qtrain's rule, recipes/NUMERICS.md "Random Hadamard transform"):
+// the transform's sum accumulated from +0, as a tensor-core product is, is never -0, while the
+// butterflies give -0 where only zeros of certain signs meet (an all-zero group holding -0, for
+// one). One IEEE addition of +0 does it: -0 + +0 = +0 and x + 0 = x for every other x.
+// __fadd_rn is never contracted or dropped; the host compiler keeps x + 0.0f because it would
+// change -0 (no -ffast-math, so signed zeros are honoured).
+QT_HD float qt_nvfp4_rht_plus_zero(float y) {
+#if defined(__CUDA_ARCH__)
+    return __fadd_rn(y, 0.0f);
+#else
+    return y + 0.0f;
+#endif
+}
+
+// Rounds a pair of RHT outputs (FP32) to BF16 (RN, Inf past BF16_MAX, subnormals kept, a zero
+// made +0 first) and back. The device uses one cvt.rn.bf16x2.f32, which gives qt_f32_to_bf16's
+// bits for every input (NaN: 0x7FFF).
 QT_HD void qt_nvfp4_round_bf16_pair(float *lo, float *hi) {
+    float y0 = qt_nvfp4_rht_plus_zero(*lo), y1 = qt_nvfp4_rht_plus_zero(*hi);
 #if defined(__CUDA_ARCH__)
     uint32_t packed;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(*hi), "f"(*lo));
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(y1), "f"(y0));
     *lo = __uint_as_float(packed << 16);
     *hi = __uint_as_float(packed & 0xFFFF0000u);
 #else
-    *lo = qt_bf16_to_f32(qt_f32_to_bf16(*lo));
-    *hi = qt_bf16_to_f32(qt_f32_to_bf16(*hi));
+    *lo = qt_bf16_to_f32(qt_f32_to_bf16(y0));
+    *hi = qt_bf16_to_f32(qt_f32_to_bf16(y1));
 #endif
 }
 
@@ -659,16 +674,17 @@ QT_HD void qt_nvfp4_rht16_bf16in(float v[16], uint32_t signs) {
     for (int j = 0; j < 16; j += 2) qt_nvfp4_round_bf16_pair(&v[j], &v[j + 1]);
 }
 
-// Rounds FP32 pairs to packed BF16 (element 2i low in y[i]): one cvt.rn.bf16x2.f32 each on the
-// device; the host's qt_f32_to_bf16 differs only in NaN payloads, which no consumer reads (the
-// amax and the fast encoder send blocks with a NaN to the generic path, which maps any NaN to +6).
+// Rounds the 16 RHT outputs of a group to packed BF16 (element 2i low in y[i]), each zero made +0
+// first (qt_nvfp4_rht_plus_zero): one cvt.rn.bf16x2.f32 per pair on the device, whose bits are
+// the host's qt_f32_to_bf16's for every input (NaN: 0x7FFF).
 QT_HD void qt_nvfp4_pack_bf16(const float v[16], uint32_t y[8]) {
     QT_NVFP4_UNROLL
     for (int i = 0; i < 8; i++) {
+        float lo = qt_nvfp4_rht_plus_zero(v[2 * i]), hi = qt_nvfp4_rht_plus_zero(v[2 * i + 1]);
 #if defined(__CUDA_ARCH__)
-        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(y[i]) : "f"(v[2 * i + 1]), "f"(v[2 * i]));
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(y[i]) : "f"(hi), "f"(lo));
 #else
-        y[i] = (uint32_t)qt_f32_to_bf16(v[2 * i]) | (uint32_t)qt_f32_to_bf16(v[2 * i + 1]) << 16;
+        y[i] = (uint32_t)qt_f32_to_bf16(lo) | (uint32_t)qt_f32_to_bf16(hi) << 16;
 #endif
     }
 }

@@ -1,5 +1,5 @@
 // sched kernels: the schedule loop's per-step copy, record and checksum (ABI and shared
-// arithmetic in sched.h).
+// arithmetic in ptx/sched_ops.h).
 #include "sched_ops.h"
 
 // Every thread reads the counter before any write of this step; nothing in this kernel writes

@@ -1,4 +1,4 @@
-// sched: the bookkeeping kernels of the schedule loop (runtime/schedule.c): the ABI of
+// sched_ops: the bookkeeping kernels of the schedule loop (runtime/schedule.c): the ABI of
 // ptx/sched.cu and the per-record arithmetic it shares with its C twins (runtime/ref_sched.c).
 //
 // Owns nothing. One captured graph per mode serves every step, so whatever changes from step to

@@ -16,9 +16,9 @@
 //       24  grad_norm     f32  global gradient norm before clipping (train), else 0
 //       28  lr            f32  learning rate of the step (train), else 0
 //       32  checksum      u64  hash of every persistent region, when FLAG_CHECKSUM
-//       40  amax[768]     f32  this step's amax of each delayed-scaling quantizer
-//     3112  scale[768]    f32  its scale after the step's update
-//     6184  end
+//       40  amax[1024]    f32  this step's amax of each delayed-scaling quantizer
+//     4136  scale[1024]   f32  its scale after the step's update
+//     8232  end
 //
 //   ring record of n quantizers: the fields up to checksum (40 bytes), amax[n], scale[n],
 //   padded to 16 bytes
@@ -29,9 +29,11 @@
 
 #include "qt_hd.h"  // QT_STATIC_ASSERT, uint*_t
 
-// Delayed-scaling quantizers a record can carry: three per linear layer of the parser's largest
-// model (runtime/model.c asserts that it is enough).
-#define QT_TRACE_QUANTIZERS_MAX 768
+// Delayed-scaling slots a record can carry: one per quantized tensor of the parser's largest
+// model (roles_max; runtime/model.c asserts that it is enough). Only an moe layer's grouped
+// quantizers, with one slot per expert, can pass it: the record then carries the first slots
+// (model.h, delayed_count) and the plan notes it.
+#define QT_TRACE_QUANTIZERS_MAX 1024
 
 #define QT_TRACE_MODE_TRAIN 0u
 #define QT_TRACE_MODE_EVAL 1u
@@ -54,12 +56,12 @@ typedef struct qt_trace_record {
     float scale[QT_TRACE_QUANTIZERS_MAX];
 } qt_trace_record;
 
-QT_STATIC_ASSERT(sizeof(qt_trace_record) == 6184, "qt_trace_record size");
+QT_STATIC_ASSERT(sizeof(qt_trace_record) == 8232, "qt_trace_record size");
 QT_STATIC_ASSERT(offsetof(qt_trace_record, mode) == 8, "qt_trace_record.mode");
 QT_STATIC_ASSERT(offsetof(qt_trace_record, loss) == 16, "qt_trace_record.loss");
 QT_STATIC_ASSERT(offsetof(qt_trace_record, checksum) == 32, "qt_trace_record.checksum");
 QT_STATIC_ASSERT(offsetof(qt_trace_record, amax) == 40, "qt_trace_record.amax");
-QT_STATIC_ASSERT(offsetof(qt_trace_record, scale) == 3112, "qt_trace_record.scale");
+QT_STATIC_ASSERT(offsetof(qt_trace_record, scale) == 4136, "qt_trace_record.scale");
 
 // The fields of a ring record before its arrays: those of qt_trace_record, at its offsets.
 typedef struct qt_trace_ring_head {

@@ -1,6 +1,7 @@
 // format: the table of storage formats (ggml type_traits style): one const row per format, indexed
-// by qt_format. Adding a format is adding a row, its reference codec in ptx/qt_codec.h, and the one
-// switch where kernel launch differs.
+// by qt_format. A format is its row here and its reference codec in ptx/qt_codec.h; the model's
+// planning and program building (runtime/model.c, runtime/model_build.c) and the rules
+// (recipes/rules.c) also switch over formats and schemes, and a new format needs a case in each.
 //
 // Owns the const table, which lives for the whole program; any thread may read it.
 //

@@ -1,7 +1,5 @@
 #include "recipe.h"
 
-#include <errno.h>
-#include <fcntl.h>     // open
 #include <float.h>     // FLT_MAX
 #include <inttypes.h>  // PRIu64
 #include <locale.h>    // localeconv: strtof reads the decimal point of the current locale
@@ -10,7 +8,8 @@
 #include <stdio.h>     // vsnprintf, snprintf
 #include <stdlib.h>    // strtof
 #include <string.h>
-#include <unistd.h>    // read, close
+
+#include "input_file.h"  // input_file_read: regular files only
 
 _Static_assert(RECIPE_SCHEDULE_ROWS_MAX <= 64, "rows_lr_given and rows_dataset_given are uint64_t");
 _Static_assert(RECIPE_NAME_MAX + 8 <= QT_ROLE_NAME_MAX, "role names are layer names + a suffix");
@@ -784,8 +783,8 @@ static qt_status path_copy(const parser *p, const token *t, char *out) {
 }
 
 static qt_status parse_synthetic(parser *p, const token *v, uint32_t n, recipe_source *s) {
-    static const char *const teacher[] = {"inputs", "outputs", "samples", "seed"};
-    static const char *const classes[] = {"inputs", "classes", "samples", "seed"};
+    static const char *const teacher[] = {"inputs", "outputs", "samples", "seed", "task"};
+    static const char *const classes[] = {"inputs", "classes", "samples", "seed", "task"};
     if (n < 2 || (strcmp(v[1].text, "teacher") != 0 && strcmp(v[1].text, "classes") != 0)) {
         return fail_expected(&p->at, v, n, 1, "'synthetic teacher' or 'synthetic classes'");
     }
@@ -797,7 +796,7 @@ static qt_status parse_synthetic(parser *p, const token *v, uint32_t n, recipe_s
     for (uint32_t i = 2; i < n; i++) {
         uint32_t index;
         token value;
-        QT_TRY(option_split(&p->at, &v[i], names, 4, owner, &seen, &index, &value));
+        QT_TRY(option_split(&p->at, &v[i], names, 5, owner, &seen, &index, &value));
         if (index == 0) {
             QT_TRY(parse_u32(&p->at, &value, "inputs", 1, RECIPE_FEATURES_MAX, &s->inputs));
         } else if (index == 1) {
@@ -806,10 +805,14 @@ static qt_status parse_synthetic(parser *p, const token *v, uint32_t n, recipe_s
                              &s->outputs));
         } else if (index == 2) {
             QT_TRY(parse_u64(&p->at, &value, "samples", 1, RECIPE_SAMPLES_MAX, &s->samples));
-        } else {
+        } else if (index == 3) {
             QT_TRY(parse_u64(&p->at, &value, "seed", 0, UINT64_MAX, &s->seed));
+        } else {
+            QT_TRY(parse_u64(&p->at, &value, "task", 0, UINT64_MAX, &s->task));
         }
     }
+    // Without task= the seed draws the task too, as it did before the two were separate.
+    if (!(seen & (1u << 4))) s->task = s->seed;
     return option_require(&p->at, names, 0x7u, seen, owner);
 }
 
@@ -966,37 +969,148 @@ static qt_status parse_optim_line(parser *p) {
 // ---------------------------------------------------------------------------------------------
 // [schedule]
 
-// `warmup FROM -> TO` or `cosine FROM -> TO`, from tokens[2].
-static qt_status parse_row_ramp(parser *p, recipe_row *row) {
-    const token *t = p->tokens;
-    uint32_t n = p->tokens_count;
-    if (n < 4) return fail_expected(&p->at, t, n, 3, "a learning rate");
-    QT_TRY(parse_f32(&p->at, &t[3], "lr", 0.0f, 1e3f, RANGE_CLOSED, &row->lr_from));
-    if (n < 5 || strcmp(t[4].text, "->") != 0) {
-        return fail_expected(&p->at, t, n, 4, "'->' between the learning rates");
-    }
-    if (n < 6) return fail_expected(&p->at, t, n, 5, "a learning rate after '->'");
-    QT_TRY(parse_f32(&p->at, &t[5], "lr", 0.0f, 1e3f, RANGE_CLOSED, &row->lr_to));
-    return expect_end(&p->at, t, n, 6);
+// A count's unit at tokens[*i], if there is one: `step`, `steps`, `epoch` or `epochs`.
+static bool parse_unit(const parser *p, uint32_t *i, recipe_unit *unit) {
+    static const char *const units[] = {"step", "steps", "epoch", "epochs"};
+    if (*i >= p->tokens_count) return false;
+    int u = find_name(units, 4, p->tokens[*i].text);
+    if (u < 0) return false;
+    *unit = u < 2 ? RECIPE_UNIT_STEPS : RECIPE_UNIT_EPOCHS;
+    (*i)++;
+    return true;
 }
 
-static qt_status parse_row_lr(parser *p, recipe_row *row, uint32_t row_index) {
-    static const char *const kinds[] = {"constant", "warmup", "cosine"};
+// Whether tokens[i] starts a learning-rate rule. `warmup` also starts the warmup clause
+// (`warmup N steps`); the rule is the form with '->' after its first rate.
+static bool is_rule_start(const parser *p, uint32_t i) {
+    static const char *const kinds[] = {"constant", "cosine", "decay"};
     const token *t = p->tokens;
-    uint32_t n = p->tokens_count;
-    if (n == 2) return QT_OK;  // the optimizer's constant rate, filled in at the end
-    int k = find_name(kinds, 3, t[2].text);
-    if (k < 0) return fail_expected(&p->at, t, n, 2, "constant, warmup or cosine after the steps");
-    p->rows_lr_given |= UINT64_C(1) << row_index;
-    if (k > 0) {
-        row->lr_kind = k == 1 ? RECIPE_LR_WARMUP : RECIPE_LR_COSINE;
-        return parse_row_ramp(p, row);
+    if (i >= p->tokens_count) return false;
+    if (find_name(kinds, 3, t[i].text) >= 0) return true;
+    return strcmp(t[i].text, "warmup") == 0 && i + 2 < p->tokens_count &&
+           strcmp(t[i + 2].text, "->") == 0;
+}
+
+// `constant LR`, or `warmup|decay|cosine FROM -> TO`, from tokens[*i].
+static qt_status parse_row_rule(parser *p, recipe_row *row, uint32_t *i) {
+    const token *t = p->tokens;
+    uint32_t n = p->tokens_count, k = *i;
+    if (strcmp(t[k].text, "constant") == 0) {
+        row->lr_kind = RECIPE_LR_CONSTANT;
+        if (k + 1 >= n) return fail_expected(&p->at, t, n, k + 1, "a learning rate after "
+                                             "'constant'");
+        QT_TRY(parse_f32(&p->at, &t[k + 1], "lr", 0.0f, 1e3f, RANGE_CLOSED, &row->lr_from));
+        row->lr_to = row->lr_from;
+        *i = k + 2;
+        return QT_OK;
     }
-    row->lr_kind = RECIPE_LR_CONSTANT;
-    if (n < 4) return fail_expected(&p->at, t, n, 3, "a learning rate after 'constant'");
-    QT_TRY(parse_f32(&p->at, &t[3], "lr", 0.0f, 1e3f, RANGE_CLOSED, &row->lr_from));
-    row->lr_to = row->lr_from;
-    return expect_end(&p->at, t, n, 4);
+    row->lr_kind = t[k].text[0] == 'w' ? RECIPE_LR_WARMUP
+                   : t[k].text[0] == 'd' ? RECIPE_LR_DECAY : RECIPE_LR_COSINE;
+    if (k + 1 >= n) return fail_expected(&p->at, t, n, k + 1, "a learning rate");
+    QT_TRY(parse_f32(&p->at, &t[k + 1], "lr", 0.0f, 1e3f, RANGE_CLOSED, &row->lr_from));
+    if (k + 2 >= n || strcmp(t[k + 2].text, "->") != 0) {
+        return fail_expected(&p->at, t, n, k + 2, "'->' between the learning rates");
+    }
+    if (k + 3 >= n) return fail_expected(&p->at, t, n, k + 3, "a learning rate after '->'");
+    QT_TRY(parse_f32(&p->at, &t[k + 3], "lr", 0.0f, 1e3f, RANGE_CLOSED, &row->lr_to));
+    // The names say the direction, so that a rule reads as what it does.
+    if (row->lr_kind == RECIPE_LR_WARMUP && row->lr_from > row->lr_to) {
+        return fail(&p->at, t[k].col, "warmup raises the learning rate: expected FROM <= TO, "
+                    "found %s -> %s; a falling ramp is 'decay %s -> %s'", t[k + 1].text,
+                    t[k + 3].text, t[k + 1].text, t[k + 3].text);
+    }
+    if (row->lr_kind == RECIPE_LR_DECAY && row->lr_from < row->lr_to) {
+        return fail(&p->at, t[k].col, "decay lowers the learning rate: expected FROM >= TO, "
+                    "found %s -> %s; a rising ramp is 'warmup %s -> %s'", t[k + 1].text,
+                    t[k + 3].text, t[k + 1].text, t[k + 3].text);
+    }
+    *i = k + 4;
+    return QT_OK;
+}
+
+// `warmup N [steps|epochs]` from tokens[*i] (the word `warmup` itself).
+static qt_status parse_row_warmup(parser *p, recipe_row *row, uint32_t *i) {
+    const token *t = p->tokens;
+    uint32_t n = p->tokens_count, k = *i + 1;
+    if (row->warmup) return fail(&p->at, t[*i].col, "the row has a warmup already");
+    row->warmup_col = t[*i].col;
+    if (k >= n) return fail_expected(&p->at, t, n, k, "the warmup's length N [steps|epochs]");
+    QT_TRY(parse_u32(&p->at, &t[k], "warmup", 1, RECIPE_STEPS_MAX, &row->warmup));
+    k++;
+    parse_unit(p, &k, &row->warmup_unit);
+    if (row->unit == RECIPE_UNIT_STEPS && row->warmup_unit == RECIPE_UNIT_STEPS &&
+        row->warmup >= row->steps) {
+        return fail(&p->at, t[*i + 1].col, "a warmup of %u steps in a row of %u; expected a "
+                    "warmup shorter than its row", row->warmup, row->steps);
+    }
+    *i = k;
+    return QT_OK;
+}
+
+// `eval [STEPS|all] [train|eval] every [N] steps|epochs` from tokens[*i] (the word `eval`).
+static qt_status parse_row_eval(parser *p, recipe_row *row, uint32_t index, uint32_t *i) {
+    static const char *const datasets[] = {"train", "eval"};
+    const token *t = p->tokens;
+    uint32_t n = p->tokens_count, k = *i + 1;
+    if (row->eval_every) return fail(&p->at, t[*i].col, "the row has an eval clause already");
+    if (k < n && strcmp(t[k].text, "all") == 0) {
+        row->eval_all = true;
+        k++;
+    } else if (k < n && t[k].text[0] >= '0' && t[k].text[0] <= '9') {
+        QT_TRY(parse_u32(&p->at, &t[k], "eval steps", 1, RECIPE_STEPS_MAX, &row->eval_steps));
+        k++;
+    } else {
+        row->eval_all = true;  // one pass over the eval set, like `eval all`
+    }
+    int d = k < n ? find_name(datasets, 2, t[k].text) : -1;
+    if (d >= 0) {
+        row->dataset = d == 0 ? RECIPE_DATASET_TRAIN : RECIPE_DATASET_EVAL;
+        p->rows_dataset_given |= UINT64_C(1) << index;
+        k++;
+    }
+    if (k >= n || strcmp(t[k].text, "every") != 0) {
+        return fail_expected(&p->at, t, n, k, "'every' in 'eval [STEPS|all] [train|eval] every "
+                             "[N] steps|epochs'");
+    }
+    k++;
+    row->eval_every = 1;
+    if (k < n && t[k].text[0] >= '0' && t[k].text[0] <= '9') {
+        QT_TRY(parse_u32(&p->at, &t[k], "eval interval", 1, RECIPE_STEPS_MAX,
+                         &row->eval_every));
+        k++;
+    }
+    if (!parse_unit(p, &k, &row->eval_unit)) {
+        return fail_expected(&p->at, t, n, k, "steps or epochs after 'every'");
+    }
+    *i = k;
+    return QT_OK;
+}
+
+// `train N [steps|epochs] [RULE] [warmup N [steps|epochs]] [eval ... every ...]`, from
+// tokens[2]; the clauses after the rule come in any order.
+static qt_status parse_train_row(parser *p, recipe_row *row, uint32_t index) {
+    const token *t = p->tokens;
+    uint32_t n = p->tokens_count, i = 2;
+    row->col = t[1].col;
+    parse_unit(p, &i, &row->unit);
+    if (is_rule_start(p, i)) {
+        p->rows_lr_given |= UINT64_C(1) << index;
+        QT_TRY(parse_row_rule(p, row, &i));
+    }
+    while (i < n) {
+        if (strcmp(t[i].text, "warmup") == 0) {
+            QT_TRY(parse_row_warmup(p, row, &i));
+        } else if (strcmp(t[i].text, "eval") == 0) {
+            QT_TRY(parse_row_eval(p, row, index, &i));
+        } else {
+            bool ruled = p->rows_lr_given & (UINT64_C(1) << index);
+            return fail_expected(&p->at, t, n, i, ruled ? "a warmup clause (warmup N steps), "
+                                 "an eval clause (eval every N epochs) or end of line"
+                                 : "a learning-rate rule (constant, warmup, decay, cosine), a "
+                                 "warmup clause, an eval clause or end of line");
+        }
+    }
+    return QT_OK;
 }
 
 // An infer row's `output=FILE` and `argmax`, from tokens[first]: the file gets the row's outputs.
@@ -1103,7 +1217,7 @@ static qt_status parse_row(parser *p) {
     row->mode = (recipe_mode)m;
     row->line = p->at.line;
     if (n < 2) {
-        return fail_expected(&p->at, t, n, 1, m == 0 ? "the number of steps"
+        return fail_expected(&p->at, t, n, 1, m == 0 ? "the number of steps or epochs"
                                                        : "the number of steps or 'all'");
     }
     if (m != RECIPE_MODE_TRAIN && strcmp(t[1].text, "all") == 0) {
@@ -1112,7 +1226,7 @@ static qt_status parse_row(parser *p) {
         QT_TRY(parse_u32(&p->at, &t[1], "steps", 1, RECIPE_STEPS_MAX, &row->steps));
     }
     if (m == RECIPE_MODE_TRAIN) {
-        QT_TRY(parse_row_lr(p, row, index));
+        QT_TRY(parse_train_row(p, row, index));
     } else {
         uint32_t next = 2;
         int d = n > 2 ? find_name(datasets, 2, t[2].text) : -1;
@@ -1353,13 +1467,19 @@ static qt_status finish_schedule(const parser *p) {
                 row->lr_kind = RECIPE_LR_CONSTANT;
                 row->lr_from = row->lr_to = r->optim.lr;
             }
-            continue;
+            if (!row->eval_every) continue;
         }
         if (!(p->rows_dataset_given & bit)) {
-            bool eval_set = has_eval || row->mode == RECIPE_MODE_EVAL;
+            bool eval_set = has_eval || row->mode != RECIPE_MODE_INFER;
             row->dataset = eval_set ? RECIPE_DATASET_EVAL : RECIPE_DATASET_TRAIN;
         }
         if (row->dataset == RECIPE_DATASET_EVAL && !has_eval) {
+            if (row->mode == RECIPE_MODE_TRAIN) {
+                return recipe_fail_at(QT_ERR_INPUT, p->at.file, row->line, 1, "the row's eval "
+                                      "clause reads the eval dataset; expected 'eval = SOURCE' "
+                                      "in [data] or 'eval ... train every ...', found no eval "
+                                      "source");
+            }
             const char *mode = row->mode == RECIPE_MODE_EVAL ? "eval" : "infer";
             return recipe_fail_at(QT_ERR_INPUT, p->at.file, row->line, 1, "%s row reads the eval "
                                   "dataset; expected 'eval = SOURCE' in [data] or '%s N train', "
@@ -1412,27 +1532,7 @@ qt_status recipe_parse(const char *text, size_t bytes, const char *file_name, re
 
 qt_status recipe_load(const char *path, char *buffer, size_t buffer_bytes, recipe *out) {
     QT_ASSERT(path != NULL && buffer != NULL && out != NULL);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return qt_fail(QT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     size_t used = 0;
-    for (;;) {
-        char probe;
-        bool full = used == buffer_bytes;
-        ssize_t got = full ? read(fd, &probe, 1) : read(fd, buffer + used, buffer_bytes - used);
-        if (got < 0 && errno == EINTR) continue;
-        if (got < 0) {
-            int error = errno;
-            close(fd);
-            return qt_fail(QT_ERR_IO, "%s: cannot read: %s", path, strerror(error));
-        }
-        if (got == 0) break;
-        if (full) {
-            close(fd);
-            return qt_fail(QT_ERR_CAPACITY, "%s: file larger than the %zu-byte buffer; expected "
-                           "a recipe of at most %zu bytes", path, buffer_bytes, buffer_bytes);
-        }
-        used += (size_t)got;
-    }
-    close(fd);
+    QT_TRY(input_file_read(path, "recipe", buffer, buffer_bytes, &used));
     return recipe_parse(buffer, used, path, out);
 }

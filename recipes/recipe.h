@@ -42,10 +42,16 @@
 //     SOURCE = idx IMAGES LABELS             paths without blanks; .gz is read through zlib
 //            | npy FEATURES LABELS_OR_TARGETS   .npy files: features 2-D float32 or uint8;
 //                                           labels 1-D integers or targets 2-D float32
-//            | synthetic teacher inputs=N outputs=N samples=N [seed=N]
-//            | synthetic classes inputs=N classes=N samples=N [seed=N]
+//            | synthetic teacher inputs=N outputs=N samples=N [seed=N] [task=N]
+//            | synthetic classes inputs=N classes=N samples=N [seed=N] [task=N]
+//                                           task= draws the task (class centers, teacher
+//                                           weights), seed= the samples; task defaults to seed
 //   [schedule]                               rows run in order
-//   train STEPS [constant LR | warmup LR -> LR | cosine LR -> LR]    default: constant optim lr
+//   train N [steps|epochs] [RULE] [warmup N [steps|epochs]]
+//         [eval [STEPS|all] [train|eval] every [N] steps|epochs]
+//     RULE = constant LR | warmup LR -> LR | decay LR -> LR | cosine LR -> LR
+//                                            default rule: constant optim lr; warmup rises,
+//                                            decay falls (both linear); `step`, `epoch` too
 //   eval STEPS|all [train|eval]              default dataset: eval
 //   infer STEPS|all [train|eval] [output=FILE] [argmax]
 //                                            default dataset: eval if given, else train; FILE
@@ -170,7 +176,9 @@ typedef struct recipe_source {
     uint32_t inputs;             // synthetic
     uint32_t outputs;            // teacher: target width; classes: number of classes
     uint64_t samples;            // synthetic
-    uint64_t seed;               // synthetic
+    uint64_t seed;               // synthetic: the samples (inputs, labels, noise)
+    uint64_t task;               // synthetic: the task (class centers, teacher weights); the
+                                 // seed when the recipe gives no task=
     uint32_t line;               // where it was given, for messages of later stages
     uint32_t col;
 } recipe_source;
@@ -185,22 +193,36 @@ typedef struct recipe_data {
 typedef enum recipe_mode { RECIPE_MODE_TRAIN, RECIPE_MODE_EVAL, RECIPE_MODE_INFER } recipe_mode;
 typedef enum recipe_lr_kind {
     RECIPE_LR_CONSTANT,          // lr_from throughout
-    RECIPE_LR_WARMUP,            // linear from lr_from to lr_to over the row's steps
-    RECIPE_LR_COSINE             // half cosine from lr_from to lr_to
+    RECIPE_LR_WARMUP,            // linear from lr_from up to lr_to over the rule's steps
+    RECIPE_LR_COSINE,            // half cosine from lr_from to lr_to
+    RECIPE_LR_DECAY              // linear from lr_from down to lr_to
 } recipe_lr_kind;
 typedef enum recipe_dataset { RECIPE_DATASET_TRAIN, RECIPE_DATASET_EVAL } recipe_dataset;
+// What a train row's counts count: steps, or epochs of the train set (one epoch is
+// data_batches_per_epoch steps, known once the data is probed: runtime/schedule.c converts).
+typedef enum recipe_unit { RECIPE_UNIT_STEPS, RECIPE_UNIT_EPOCHS } recipe_unit;
 
 typedef struct recipe_row {
     recipe_mode mode;
-    uint32_t steps;              // 0 with `all`
+    uint32_t steps;              // train: the row's length in `unit`; eval/infer: steps, 0 with
+                                 // `all`
+    recipe_unit unit;            // train rows
     bool all;                    // eval/infer: one pass over the dataset
-    recipe_lr_kind lr_kind;      // train rows
+    recipe_lr_kind lr_kind;      // train rows: the rule, after the warmup if there is one
     float lr_from;
     float lr_to;
-    recipe_dataset dataset;      // eval/infer rows
+    uint32_t warmup;             // train: the first `warmup` (in warmup_unit) of the row ramp
+    recipe_unit warmup_unit;     // linearly from 0 to lr_from; 0: no warmup
+    uint32_t warmup_col;
+    uint32_t eval_every;         // train: an eval after every eval_every (eval_unit) train steps
+    recipe_unit eval_unit;       // of the row and after its last; 0: none
+    uint32_t eval_steps;         // the eval's steps; 0 with eval_all (one pass)
+    bool eval_all;
+    recipe_dataset dataset;      // eval/infer rows, and the eval of a train row's eval clause
     char output[RECIPE_PATH_MAX];  // infer rows: the .npy file of the outputs, or ""
     bool argmax;                 // infer rows with an output: predicted classes, not logits
     uint32_t line;
+    uint32_t col;                // train: where the row's length is (for the table's errors)
 } recipe_row;
 
 // `repeat N`: rows [first_row, first_row + row_count) run `times` times in all, in order.
@@ -227,8 +249,9 @@ typedef struct recipe {
 // file_name is only used in messages. On failure *out is unspecified and the message is set.
 qt_status recipe_parse(const char *text, size_t bytes, const char *file_name, recipe *out);
 
-// Reads the file at path into buffer (QT_ERR_IO if it cannot, QT_ERR_CAPACITY if it holds more
-// than buffer_bytes) and parses it.
+// Reads the file at path into buffer (QT_ERR_INPUT if it is not a regular file, e.g. a FIFO:
+// runtime/input_file.h; QT_ERR_IO if it cannot; QT_ERR_CAPACITY if it holds more than
+// buffer_bytes) and parses it.
 qt_status recipe_load(const char *path, char *buffer, size_t buffer_bytes, recipe *out);
 
 // The layer called name (linear, moe or rmsnorm), or NULL.

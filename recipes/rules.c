@@ -453,8 +453,42 @@ size_t rules_roles_count(const recipe *r) {
     return count;
 }
 
+// A rule of the file that matches no role of the model is a mistake (a misspelt layer name, a
+// layer that was removed) that would otherwise pass silently while another rule quantizes the
+// layer it meant.
+static qt_status rules_check_used(const recipe *r) {
+    for (uint32_t i = 0; i < r->quant.rules_count; i++) {
+        const qt_rule *rule = &r->quant.rules[i];
+        rules_role_iter iter = {0, 0};
+        qt_role role;
+        bool used = false;
+        while (!used && rules_roles_next(r, &iter, &role, NULL)) used = rules_match(rule, &role);
+        if (used) continue;
+        char roles[512];
+        size_t n = 0;
+        roles[0] = '\0';
+        iter = (rules_role_iter){0, 0};
+        while (rules_roles_next(r, &iter, &role, NULL)) {
+            if (role.tensor_type != QT_TENSOR_INPUT) continue;  // one entry per GEMM
+            if (n + 80 > sizeof roles) {
+                append(roles, sizeof roles, &n, ", ...");
+                break;
+            }
+            append(roles, sizeof roles, &n, "%s%s.*@%s", n ? ", " : "",
+                   rules_module_type_name(role.module_type), role.name);
+        }
+        return recipe_fail_at(QT_ERR_INPUT, r->file_name, rule->line, rule->col, "rule %s.%s@%s "
+                              "-> %s matches no role of the model; expected a pattern that "
+                              "matches one of its roles (%s), or no such rule",
+                              rule->module_glob, rule->tensor_glob, rule->name_glob,
+                              rules_scheme_name(rule->scheme), roles);
+    }
+    return QT_OK;
+}
+
 qt_status rules_check_model(const recipe *r) {
     QT_ASSERT(r != NULL);
+    QT_TRY(rules_check_used(r));
     rules_role_iter iter = {0, 0};
     qt_role role;
     while (rules_roles_next(r, &iter, &role, NULL)) {

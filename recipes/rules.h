@@ -21,7 +21,8 @@
 //   linear.weight@fc* -> delayed margin=0 history=1024 algo=max
 //
 // Resolution: the recipe's own rules in file order, then the rules of its built-in recipe; the
-// first match wins. Options a rule leaves out take the scheme's defaults for the role's tensor
+// first match wins. Every rule of the file must match some role of the model (rules_check_model).
+// Options a rule leaves out take the scheme's defaults for the role's tensor
 // type (rules_scheme_defaults), which are exactly the built-in recipe of the same name, so
 // `-> nvfp4` gives a weight 2-D blocks and a gradient RHT and stochastic rounding.
 #ifndef QT_RULES_H
@@ -183,7 +184,9 @@ bool rules_roles_next(const recipe *r, rules_role_iter *iter, qt_role *role,
 // Number of roles of the model (3 per linear, 9 per moe layer).
 size_t rules_roles_count(const recipe *r);
 
-// Resolves every role of the model; fails on the first that does not resolve.
+// Fails on the first rule of the file that matches no role of the model (naming the rule and
+// the model's roles), then resolves every role of the model and fails on the first that does not
+// resolve.
 qt_status rules_check_model(const recipe *r);
 // The same, listing each role and its quantizer in out[0 .. *out_count).
 qt_status rules_resolve_model(const recipe *r, qt_role_quantizer *out, size_t out_max,

@@ -7,9 +7,25 @@
 #include <sys/stat.h>  // stat
 #include <unistd.h>    // write, fsync, link, unlink, getpid
 
+#include "input_file.h"  // input_file_kind
+
 bool atomic_file_exists(const char *path) {
     struct stat st;
     return lstat(path, &st) == 0;
+}
+
+qt_status atomic_file_check(const char *path, bool replace, const char *replace_hint) {
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+        return qt_fail(QT_ERR_INPUT, "%s is %s, not a regular file; qtrain writes an output file "
+                       "whole beside it and gives it the name, which would replace it: name a "
+                       "regular file", path, input_file_kind(st.st_mode));
+    }
+    if (!replace && atomic_file_exists(path)) {
+        return qt_fail(QT_ERR_INPUT, "%s exists; qtrain does not replace files: remove it, "
+                       "choose another name, or pass %s to replace it", path, replace_hint);
+    }
+    return QT_OK;
 }
 
 qt_status atomic_file_create(atomic_file *f, const char *path, bool replace,
@@ -23,10 +39,7 @@ qt_status atomic_file_create(atomic_file *f, const char *path, bool replace,
                        "shorter path", path, ATOMIC_FILE_PATH_MAX - 24);
     }
     snprintf(f->path, sizeof f->path, "%s", path);
-    if (!replace && atomic_file_exists(path)) {
-        return qt_fail(QT_ERR_INPUT, "%s exists; qtrain does not replace files: remove it, "
-                       "choose another name, or pass %s to replace it", path, replace_hint);
-    }
+    QT_TRY(atomic_file_check(path, replace, replace_hint));
     f->fd = open(f->temp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (f->fd < 0) {
         return qt_fail(QT_ERR_IO, "%s: cannot create the temporary file %s: %s; check that the "
@@ -45,12 +58,21 @@ qt_status atomic_file_write(atomic_file *f, const void *bytes, size_t n) {
         ssize_t got = write(f->fd, p + done, n - done);
         if (got < 0 && errno == EINTR) continue;
         if (got < 0) {
-            return qt_fail(QT_ERR_IO, "%s: cannot write (%s): %s", f->path, f->temp,
-                           strerror(errno));
+            return qt_fail(QT_ERR_IO, "%s: cannot write (%s): %s%s", f->path, f->temp,
+                           strerror(errno), errno == ENOSPC ? "; free space in its folder, or "
+                                                              "name a file on another disk" : "");
         }
         done += (size_t)got;
     }
     f->bytes += n;
+    return QT_OK;
+}
+
+qt_status atomic_file_sync(atomic_file *f) {
+    QT_ASSERT(f->open);
+    if (fsync(f->fd) != 0) {
+        return qt_fail(QT_ERR_IO, "%s: cannot sync %s: %s", f->path, f->temp, strerror(errno));
+    }
     return QT_OK;
 }
 
@@ -99,10 +121,7 @@ static qt_status give_name(atomic_file *f) {
 
 qt_status atomic_file_commit(atomic_file *f) {
     QT_ASSERT(f->open);
-    qt_status status = QT_OK;
-    if (fsync(f->fd) != 0) {
-        status = qt_fail(QT_ERR_IO, "%s: cannot sync %s: %s", f->path, f->temp, strerror(errno));
-    }
+    qt_status status = atomic_file_sync(f);
     if (close(f->fd) != 0 && status == QT_OK) {
         status = qt_fail(QT_ERR_IO, "%s: cannot close %s: %s", f->path, f->temp,
                          strerror(errno));

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "gemm_tier.h"  // gemm_tier_takes, gemm_tier_launch
+#include "pool.h"       // pool_start: the reference backend's threads
 #include "ref.h"        // ref_<symbol> twins
 
 // ---------------------------------------------------------------------------------------------
@@ -69,10 +70,20 @@ qt_status backend_attach_thread(backend *b) {
     return QT_OK;
 }
 
+qt_status backend_memory_free(backend *b, uint64_t *free_bytes, uint64_t *total_bytes) {
+    QT_ASSERT(b->kind == BACKEND_GPU);
+    size_t free_now = 0, total = 0;
+    QT_CU(cuMemGetInfo(&free_now, &total));
+    *free_bytes = free_now;
+    *total_bytes = total;
+    return QT_OK;
+}
+
 void backend_open_ref(backend *b) {
     memset(b, 0, sizeof *b);
     b->kind = BACKEND_REF;
     snprintf(b->info.name, sizeof b->info.name, "reference (CPU)");
+    pool_start(0);  // the twins' threads, one per processor, before the first op runs
 }
 
 void backend_close(backend *b) {

@@ -9,7 +9,8 @@
 // the library never allocates host memory itself.
 //
 // Contract: eager and graph execution of one program give bitwise identical results, and the
-// reference backend gives the GPU's bits for every op the numerics contract says so of.
+// reference backend gives the GPU's bits for every op but the GEMMs, whose FP32 accumulation
+// order differs (recipes/NUMERICS.md "The two backends and what is bitwise").
 #ifndef QT_BACKEND_H
 #define QT_BACKEND_H
 
@@ -75,6 +76,10 @@ void backend_open_ref(backend *b);
 // is used from this one); nothing for the reference backend.
 qt_status backend_attach_thread(backend *b);
 void backend_close(backend *b);
+
+// GPU: the device memory free now and in all (cuMemGetInfo, on the calling thread's context):
+// what a run's device arena is compared with before it is allocated.
+qt_status backend_memory_free(backend *b, uint64_t *free_bytes, uint64_t *total_bytes);
 
 // Allocates an arena once (GPU: cuMemAlloc for device arenas, cuMemHostAlloc for pinned host
 // arenas; ref: `ref_memory`, at least arena bytes_total, 256-byte aligned) and zeroes it, so

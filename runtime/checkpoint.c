@@ -1,15 +1,15 @@
 #include "checkpoint.h"
 
 #include <errno.h>
-#include <fcntl.h>     // open
 #include <inttypes.h>
 #include <stddef.h>    // offsetof
-#include <stdio.h>     // snprintf, rename
+#include <stdio.h>     // snprintf
 #include <string.h>
-#include <sys/stat.h>  // fstat
-#include <unistd.h>    // pread, write, fsync, close, unlink
+#include <unistd.h>    // pread, close
 #include <zlib.h>      // crc32, crc32_combine
 
+#include "atomic_file.h"  // the checkpoint appears whole or not at all
+#include "input_file.h"   // input_file_open: regular files only
 
 QT_STATIC_ASSERT(offsetof(ckpt_header, header_crc) == CKPT_HEADER_BYTES - 4,
                  "the header's CRC is its last field");
@@ -120,9 +120,11 @@ static void ckpt_scale_shapes(const qt_quantizer *q, uint32_t rows, uint32_t col
 }
 
 // A weight's quantized copies (model.c's model_qstore_reserve): data [rows][cols] rowwise;
-// columnwise transposed except MXFP8's; scales per ptx/quant.h.
+// columnwise transposed except MXFP8's; scales per ptx/quant.h; the per-tensor quantities one
+// per member of a stacked expert weight (`tensors` of them).
 static void ckpt_describe_qstore(ckpt_describer *d, const model_quantizer *mq, uint32_t param,
-                                 uint32_t rows, uint32_t cols, const model_qstore *s) {
+                                 uint32_t rows, uint32_t cols, uint32_t tensors,
+                                 const model_qstore *s) {
     const qt_quantizer *q = &mq->q;
     if (q->scheme == QT_SCHEME_BF16) {
         ckpt_describe(d, s->bf16.ref.region, CKPT_USAGE_ROW_DATA, CKPT_FORMAT_BF16, param, rows,
@@ -139,9 +141,11 @@ static void ckpt_describe_qstore(ckpt_describer *d, const model_quantizer *mq, u
                       transposed ? cols : rows, transposed ? rows : cols);
     }
     if (q->scheme == QT_SCHEME_DELAYED || q->scheme == QT_SCHEME_CURRENT) {
-        ckpt_describe(d, s->scale_inv.region, CKPT_USAGE_SCALE_INV, CKPT_FORMAT_F32, param, 0, 1);
+        ckpt_describe(d, s->scale_inv.region, CKPT_USAGE_SCALE_INV, CKPT_FORMAT_F32, param, 0,
+                      tensors);
         if (q->scheme == QT_SCHEME_CURRENT) {
-            ckpt_describe(d, s->amax_row.region, CKPT_USAGE_AMAX, CKPT_FORMAT_F32, param, 0, 1);
+            ckpt_describe(d, s->amax_row.region, CKPT_USAGE_AMAX, CKPT_FORMAT_F32, param, 0,
+                          tensors);
         }
         return;
     }
@@ -157,9 +161,10 @@ static void ckpt_describe_qstore(ckpt_describer *d, const model_quantizer *mq, u
                       shape[1][1]);
     }
     if (q->scheme != QT_SCHEME_NVFP4) return;
-    ckpt_describe(d, s->amax_row.region, CKPT_USAGE_AMAX, CKPT_FORMAT_F32, param, 0, 1);
+    ckpt_describe(d, s->amax_row.region, CKPT_USAGE_AMAX, CKPT_FORMAT_F32, param, 0, tensors);
     if (s->amax_col.region != s->amax_row.region) {
-        ckpt_describe(d, s->amax_col.region, CKPT_USAGE_AMAX_COL, CKPT_FORMAT_F32, param, 0, 1);
+        ckpt_describe(d, s->amax_col.region, CKPT_USAGE_AMAX_COL, CKPT_FORMAT_F32, param, 0,
+                      tensors);
     }
 }
 
@@ -192,7 +197,8 @@ static void ckpt_describe_params(ckpt_describer *d, const model *m) {
         const model_quantizer *mq = &m->quantizers[p->quantizer];
         e->scheme = mq->q.scheme;
         rules_quantizer_format(&mq->q, e->quantizer, sizeof e->quantizer);
-        ckpt_describe_qstore(d, mq, i, p->rows, p->cols, &p->weight);
+        ckpt_describe_qstore(d, mq, i, p->rows, p->cols, p->members ? p->members : 1,
+                             &p->weight);
     }
 }
 
@@ -317,32 +323,16 @@ qt_status ckpt_plan(ckpt_layout *c, const model *m, uint64_t recipe_hash, uint64
 // Writing
 
 typedef struct ckpt_writer {
-    int fd;
-    const char *path;   // PATH.tmp, for messages
+    atomic_file *file;  // PATH.tmp-PID until the commit
     uint64_t bytes;     // written so far
     uint32_t file_crc;  // of those bytes
     ckpt_hook_fn hook;
     void *ctx;
 } ckpt_writer;
 
-qt_status ckpt_write_all(int fd, const char *path, const void *bytes, uint64_t n) {
-    const uint8_t *p = bytes;
-    uint64_t done = 0;
-    while (done < n) {
-        ssize_t k = write(fd, p + done, (size_t)(n - done));
-        if (k < 0 && errno == EINTR) continue;
-        if (k < 0) {
-            return qt_fail(QT_ERR_IO, "%s: cannot write: %s; check the free space of its "
-                           "folder", path, strerror(errno));
-        }
-        done += (uint64_t)k;
-    }
-    return QT_OK;
-}
-
 // Writes n bytes whose CRC is `crc` (the caller's, so region data is hashed once).
 static qt_status ckpt_put(ckpt_writer *w, const void *bytes, uint64_t n, uint32_t crc) {
-    QT_TRY(ckpt_write_all(w->fd, w->path, bytes, n));
+    QT_TRY(atomic_file_write(w->file, bytes, n));
     w->bytes += n;
     w->file_crc = ckpt_crc_combine(w->file_crc, crc, n);
     if (w->hook) w->hook(w->ctx, CKPT_PHASE_WRITTEN, w->bytes);
@@ -411,10 +401,7 @@ static qt_status ckpt_put_all(ckpt_writer *w, ckpt_layout *c, backend *b, const 
         QT_TRY(ckpt_put_region(w, c, i, b, dev, staging));
     }
     QT_TRY(ckpt_put_table(w, &c->table));
-    if (fsync(w->fd) != 0) {
-        return qt_fail(QT_ERR_IO, "%s: cannot sync the checkpoint to disk: %s", w->path,
-                       strerror(errno));
-    }
+    QT_TRY(atomic_file_sync(w->file));
     if (w->hook) w->hook(w->ctx, CKPT_PHASE_SYNCED, w->bytes);
     return QT_OK;
 }
@@ -431,54 +418,24 @@ void ckpt_folder(const char *path, char *folder, size_t folder_bytes) {
     }
 }
 
-// fsync of the folder that holds path, so that the rename itself is on disk.
-qt_status ckpt_sync_folder(const char *path) {
-    char folder[CKPT_PATH_MAX];
-    ckpt_folder(path, folder, sizeof folder);
-    int fd = open(folder, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0 || fsync(fd) != 0) {
-        int err = errno;
-        if (fd >= 0) close(fd);
-        return qt_fail(QT_ERR_IO, "%s: cannot sync the folder after the rename: %s", folder,
-                       strerror(err));
-    }
-    close(fd);
-    return QT_OK;
-}
-
 qt_status ckpt_save(ckpt_layout *c, backend *b, const arena *dev, const arena *host_arena,
-                    const ckpt_host *host, const char *path, ckpt_hook_fn hook, void *ctx) {
-    char tmp[CKPT_PATH_MAX];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
-        return qt_fail(QT_ERR_INPUT, "checkpoint path '%.64s...' is longer than %d bytes; use a "
-                       "shorter path", path, CKPT_PATH_MAX - 5);
-    }
+                    const ckpt_host *host, const char *path, bool replace, ckpt_hook_fn hook,
+                    void *ctx) {
     ckpt_header *h = &c->table.header;
     c->table.host = *host;
     h->step = host->state.step;
     h->train_steps = host->state.train_steps;
-    ckpt_writer w = {open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644), tmp, 0, 0, hook,
-                     ctx};
-    if (w.fd < 0) {
-        return qt_fail(QT_ERR_IO, "%s: cannot create the checkpoint's temporary file: %s; "
-                       "check that the folder exists and is writable", tmp, strerror(errno));
-    }
+    QT_TRY(atomic_file_create(&c->file, path, replace, "--force"));
+    ckpt_writer w = {&c->file, 0, 0, hook, ctx};
     uint8_t *staging = arena_host_pointer(host_arena, c->staging);
     qt_status status = ckpt_put_all(&w, c, b, dev, staging);
-    if (close(w.fd) != 0 && status == QT_OK) {
-        status = qt_fail(QT_ERR_IO, "%s: cannot close: %s", tmp, strerror(errno));
+    if (status == QT_OK) {
+        status = atomic_file_commit(&c->file);  // PATH untouched on failure: the previous stands
+    } else {
+        atomic_file_abandon(&c->file);
     }
-    if (status == QT_OK && rename(tmp, path) != 0) {
-        status = qt_fail(QT_ERR_IO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
-    }
-    if (status != QT_OK) {
-        unlink(tmp);  // PATH is untouched: the previous checkpoint stands
-        return status;
-    }
-    if (hook) hook(ctx, CKPT_PHASE_RENAMED, w.bytes);
-    QT_TRY(ckpt_sync_folder(path));
-    if (hook) hook(ctx, CKPT_PHASE_DONE, w.bytes);
-    return QT_OK;
+    if (status == QT_OK && hook) hook(ctx, CKPT_PHASE_DONE, w.bytes);
+    return status;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -643,18 +600,8 @@ static qt_status ckpt_open_header(ckpt_reader *rd, const char *path) {
     if (snprintf(rd->path, sizeof rd->path, "%s", path) >= (int)sizeof rd->path) {
         return qt_fail(QT_ERR_INPUT, "checkpoint path '%.64s...' is too long", path);
     }
-    rd->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (rd->fd < 0) {
-        return qt_fail(QT_ERR_IO, "%s: cannot open the checkpoint: %s", path, strerror(errno));
-    }
-    struct stat st;
-    memset(&st, 0, sizeof st);
-    qt_status status = QT_OK;
-    if (fstat(rd->fd, &st) != 0) {
-        status = qt_fail(QT_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
-    }
-    rd->file_bytes = (uint64_t)st.st_size;
-    if (status == QT_OK) status = ckpt_check_header(rd, rd->file_bytes);
+    QT_TRY(input_file_open(path, "checkpoint", NULL, &rd->fd, &rd->file_bytes));
+    qt_status status = ckpt_check_header(rd, rd->file_bytes);
     if (status != QT_OK) ckpt_close(rd);
     return status;
 }

@@ -36,10 +36,11 @@
 //
 // CRC-32 is zlib's (the ISO-HDLC polynomial, as Python's zlib.crc32).
 //
-// Writing (ckpt_save): PATH.tmp in the same folder (created or truncated), header, regions
-// (device -> staging -> file, chunk by chunk), table, trailer, fsync, rename onto PATH, fsync
-// of the folder. A crash at any point leaves PATH as it was or the complete new file; a
-// PATH.tmp left behind is never read (only PATH is), and the next save replaces it.
+// Writing (ckpt_save), through runtime/atomic_file.h: PATH.tmp-PID in the same folder (a new
+// file), header, regions (device -> staging -> file, chunk by chunk), table, trailer, fsync,
+// rename onto PATH (or, when PATH may not be replaced, a link that fails if PATH appeared),
+// fsync of the folder. A crash at any point leaves PATH as it was or the complete new file; a
+// PATH.tmp-PID left behind is never read (only PATH is).
 //
 // Reading (ckpt_open, ckpt_match, ckpt_read_data) checks, in this order, and refuses with a
 // message naming the field: the magic (not a checkpoint), the version, the header's CRC, the
@@ -55,6 +56,7 @@
 #include <stdint.h>
 
 #include "arena.h"     // arena, arena_handle
+#include "atomic_file.h"  // atomic_file
 #include "backend.h"   // backend
 #include "model.h"     // model
 #include "schedule.h"  // sched_state
@@ -188,14 +190,14 @@ typedef struct ckpt_layout {
     uint32_t dev_regions;
     arena_handle staging;      // host arena, chunk_bytes, pinned on the GPU
     uint64_t chunk_bytes;
+    atomic_file file;                      // during ckpt_save
 } ckpt_layout;
 
 // Test hook: called as the writer goes, so a test can kill the process at any point of a save.
 typedef enum ckpt_phase {
-    CKPT_PHASE_WRITTEN,  // `bytes` bytes of PATH.tmp written so far (after every write call)
-    CKPT_PHASE_SYNCED,   // PATH.tmp complete and fsynced
-    CKPT_PHASE_RENAMED,  // PATH is the new file (the folder not yet fsynced)
-    CKPT_PHASE_DONE
+    CKPT_PHASE_WRITTEN,  // `bytes` bytes of PATH.tmp-PID written so far (after every write)
+    CKPT_PHASE_SYNCED,   // PATH.tmp-PID complete and fsynced
+    CKPT_PHASE_DONE      // PATH is the new file, its folder fsynced
 } ckpt_phase;
 typedef void (*ckpt_hook_fn)(void *ctx, ckpt_phase phase, uint64_t bytes);
 
@@ -218,10 +220,13 @@ qt_status ckpt_plan(ckpt_layout *c, const model *m, uint64_t recipe_hash, uint64
                     uint32_t regions, uint32_t params);
 
 // Writes the checkpoint of the bound run's device state and `host` atomically to path (see
-// above). The device must be idle (the schedule loop drains before it saves). QT_ERR_IO naming
-// the file on failure, which removes PATH.tmp and leaves PATH as it was.
+// above); an existing PATH is replaced only with `replace` (else QT_ERR_INPUT naming --force),
+// and never when it is not a regular file. The device must be idle (the schedule loop drains
+// before it saves). QT_ERR_IO naming the file on failure, which removes PATH.tmp-PID and leaves
+// PATH as it was.
 qt_status ckpt_save(ckpt_layout *c, backend *b, const arena *dev, const arena *host_arena,
-                    const ckpt_host *host, const char *path, ckpt_hook_fn hook, void *ctx);
+                    const ckpt_host *host, const char *path, bool replace, ckpt_hook_fn hook,
+                    void *ctx);
 
 typedef struct ckpt_reader {
     int fd;
@@ -263,12 +268,8 @@ qt_status ckpt_read_region(const ckpt_reader *rd, uint32_t region, uint64_t offs
                            uint64_t n);
 void ckpt_close(ckpt_reader *rd);
 
-// File helpers the checkpoint writer shares with the export (runtime/export.c): the folder of
-// a path ("." for a bare name), an fsync of it (after a rename), and a write of every byte
-// (QT_ERR_IO naming path).
+// The folder of a path ("." for a bare name): where a checkpoint's temporary file goes.
 void ckpt_folder(const char *path, char *folder, size_t folder_bytes);
-qt_status ckpt_sync_folder(const char *path);
-qt_status ckpt_write_all(int fd, const char *path, const void *bytes, uint64_t n);
 
 // Resuming: after ckpt_open and ckpt_match, streams every region into the bound run's device
 // arena through the staging region (ckpt_read_data). A failure leaves the device state

@@ -1,16 +1,16 @@
 #include "data.h"
 
 #include <errno.h>
-#include <fcntl.h>   // open
-#include <pthread.h>  // start-up generation threads
 #include <stdio.h>    // snprintf
 #include <string.h>
 #include <unistd.h>  // read, close
 #include <zlib.h>    // inflate, for .gz IDX files
 
 #include "core.h"    // qt_fill_value, qt_mix64
+#include "input_file.h"  // input_file_open: regular files only
 #include "npy.h"     // npy_open, npy_read: .npy sources
 #include "philox.h"  // qt_philox_at
+#include "pool.h"    // pool_run: synthetic sources on the thread pool
 
 #define IDX_MAGIC_IMAGES 0x00000803u  // unsigned bytes, 3 dims: count, rows, cols
 #define IDX_MAGIC_LABELS 0x00000801u  // unsigned bytes, 1 dim: count
@@ -42,9 +42,11 @@
 typedef struct stream {
     const char *path;
     int fd;
+    uint64_t file_bytes;  // the file's size when it was opened
     bool gz;
     bool file_end;      // read() returned 0
     bool stream_end;    // gz: the last member ended with a good CRC and the file ended
+    bool broken;        // a read or the gzip data failed: the stream says nothing more
     uint64_t produced;  // uncompressed bytes delivered so far
     z_stream z;
     size_t pool_used;
@@ -72,7 +74,10 @@ static qt_status file_read(stream *s, uint8_t *dst, size_t bytes, size_t *got) {
     while (done < bytes && !s->file_end) {
         ssize_t n = read(s->fd, dst + done, bytes - done);
         if (n < 0 && errno == EINTR) continue;
-        if (n < 0) return qt_fail(QT_ERR_IO, "%s: cannot read: %s", s->path, strerror(errno));
+        if (n < 0) {
+            s->broken = true;
+            return qt_fail(QT_ERR_IO, "%s: cannot read: %s", s->path, strerror(errno));
+        }
         if (n == 0) s->file_end = true;
         done += (size_t)n;
     }
@@ -83,15 +88,12 @@ static qt_status file_read(stream *s, uint8_t *dst, size_t bytes, size_t *got) {
 static qt_status stream_open(stream *s, const char *path) {
     memset(s, 0, offsetof(stream, pool));
     s->path = path;
-    s->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (s->fd < 0) {
-        // The shipped recipes name Fashion-MNIST under .data/, where the package's files land
-        // when it is unpacked there (installing it would put them under /usr/share instead).
-        return qt_fail(QT_ERR_IO, "%s: cannot open: %s; check the path in the recipe's [data] "
-                       "section (Fashion-MNIST for the shipped recipes, from the repository "
-                       "root: apt-get download dataset-fashion-mnist && dpkg -x "
-                       "dataset-fashion-mnist_*.deb .data)", path, strerror(errno));
-    }
+    // The shipped recipes name Fashion-MNIST under .data/, where the package's files land
+    // when it is unpacked there (installing it would put them under /usr/share instead).
+    QT_TRY(input_file_open(path, "dataset", "; check the path in the recipe's [data] section "
+                           "(Fashion-MNIST for the shipped recipes, from the repository root: "
+                           "apt-get download dataset-fashion-mnist && dpkg -x "
+                           "dataset-fashion-mnist_*.deb .data)", &s->fd, &s->file_bytes));
     // The gzip magic decides, not the name: IDX files start with two zero bytes, gzip with
     // 1f 8b, so the two cannot be confused.
     size_t got = 0;
@@ -133,6 +135,7 @@ static qt_status gz_read(stream *s, uint8_t *dst, size_t bytes, size_t *got) {
     while (done < bytes && !s->stream_end) {
         QT_TRY(stream_refill(s));
         if (s->z.avail_in == 0) {
+            s->broken = true;
             return qt_fail(QT_ERR_INPUT, "%s: the gzip data ends early, after %llu uncompressed "
                            "bytes: the file is truncated; download or extract it again", s->path,
                            (unsigned long long)(s->produced + done));
@@ -153,6 +156,7 @@ static qt_status gz_read(stream *s, uint8_t *dst, size_t bytes, size_t *got) {
             }
         } else if (rc != Z_OK && rc != Z_BUF_ERROR) {
             QT_ASSERT(rc != Z_MEM_ERROR && rc != Z_STREAM_ERROR);
+            s->broken = true;
             return qt_fail(QT_ERR_INPUT, "%s: corrupt gzip data after %llu uncompressed bytes "
                            "(zlib: %s); download or extract the file again", s->path,
                            (unsigned long long)(s->produced + done),
@@ -205,6 +209,35 @@ static qt_status stream_expect_end(stream *s, uint64_t total) {
                        s->path, (unsigned long long)total);
     }
     return QT_OK;
+}
+
+// Deflate never inflates a byte of input to more than 1032 bytes of output (zlib's documented
+// limit, reached by long runs of one byte): a gzip file of F bytes holds at most 1032 F bytes.
+#define GZIP_RATIO_MAX 1032
+
+// A complaint about the content of a gzip file (its IDX header, its length, a label) may come
+// from damaged gzip data, which can inflate to wrong bytes before zlib notices: the rest of the
+// stream is inflated and its CRC checked first, and a gzip error, if there is one, is reported
+// instead of `status` (whose message stays otherwise). A plain file whose name ends in .gz gets
+// a note: its first bytes are not gzip's.
+static qt_status stream_blame(stream *s, qt_status status) {
+    char message[QT_ERROR_MESSAGE_MAX];
+    snprintf(message, sizeof message, "%s", qt_error_message());
+    size_t name = strlen(s->path);
+    if (!s->gz && name >= 3 && strcmp(s->path + name - 3, ".gz") == 0) {
+        return qt_fail(status, "%s (the name ends in .gz, but the file does not start with "
+                       "gzip's bytes 1f 8b: it is not gzip data, or its first bytes are damaged)",
+                       message);
+    }
+    if (!s->gz || s->broken) return status;
+    uint8_t sink[4096];
+    size_t got = sizeof sink;
+    while (!s->stream_end && got > 0) {
+        qt_status inflated = gz_read(s, sink, sizeof sink, &got);
+        if (inflated != QT_OK) return inflated;
+        s->produced += got;
+    }
+    return qt_fail(status, "%s", message);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -260,11 +293,52 @@ static qt_status idx_read_header(stream *s, bool images, idx_header *h) {
     return QT_OK;
 }
 
+// The bytes the header announces against the file's length, before anything is planned: a
+// header that claims more samples than the file holds is a truncated file, to be named as such,
+// not a dataset too large for memory. A gzip file's inflated length is known only at its end,
+// but it cannot exceed GZIP_RATIO_MAX times the file.
+static qt_status idx_check_length(const stream *s, bool images, const idx_header *h) {
+    uint64_t header = images ? IDX_IMAGES_HEADER_BYTES : IDX_LABELS_HEADER_BYTES;
+    uint64_t values = 0;  // count * rows * cols: at most 2^96, so it may overflow
+    bool overflow = __builtin_mul_overflow(h->count, (uint64_t)h->rows * h->cols, &values) ||
+                    values > UINT64_MAX - header;
+    uint64_t expected = overflow ? UINT64_MAX : header + values;
+    char what[96];
+    if (images) {
+        snprintf(what, sizeof what, "%llu images of %u x %u bytes", (unsigned long long)h->count,
+                 h->rows, h->cols);
+    } else {
+        snprintf(what, sizeof what, "%llu labels of one byte", (unsigned long long)h->count);
+    }
+    if (!s->gz && s->file_bytes < expected) {
+        return qt_fail(QT_ERR_INPUT, "%s: truncated: its header announces %s, %llu bytes with "
+                       "the header, but the file has %llu; download or extract it again",
+                       s->path, what, (unsigned long long)expected,
+                       (unsigned long long)s->file_bytes);
+    }
+    if (!s->gz && s->file_bytes > expected) {
+        return qt_fail(QT_ERR_INPUT, "%s: trailing bytes: its header announces %s, %llu bytes "
+                       "with the header, but the file has %llu; the file is not a single IDX "
+                       "array (or its header is wrong)", s->path, what,
+                       (unsigned long long)expected, (unsigned long long)s->file_bytes);
+    }
+    if (s->gz && expected / GZIP_RATIO_MAX > s->file_bytes) {
+        return qt_fail(QT_ERR_INPUT, "%s: truncated: its header announces %s, %llu bytes with "
+                       "the header, but a gzip file of %llu bytes inflates to at most %d times "
+                       "that; download or extract it again", s->path, what,
+                       (unsigned long long)expected, (unsigned long long)s->file_bytes,
+                       GZIP_RATIO_MAX);
+    }
+    return QT_OK;
+}
+
 static qt_status idx_probe_file(const char *path, bool images, idx_header *h) {
     stream s;
     qt_status status = stream_open(&s, path);
     if (status != QT_OK) return status;
     status = idx_read_header(&s, images, h);
+    if (status == QT_OK) status = idx_check_length(&s, images, h);
+    if (status != QT_OK) status = stream_blame(&s, status);
     stream_close(&s);
     return status;
 }
@@ -322,13 +396,13 @@ static qt_status probe_synthetic(const recipe_source *src, uint32_t features, ui
     bool teacher = src->kind == RECIPE_SOURCE_TEACHER;
     const char *name = teacher ? "synthetic teacher" : "synthetic classes";
     if (src->inputs != features || src->outputs != outputs) {
-        return qt_fail(QT_ERR_INPUT, "%s (recipe line %u): %u inputs and %u %s; the model has "
-                       "%u inputs and %u outputs: make them equal", name, src->line, src->inputs,
+        return qt_fail(QT_ERR_INPUT, "%s: %u inputs and %u %s; the model has "
+                       "%u inputs and %u outputs: make them equal", name, src->inputs,
                        src->outputs, teacher ? "outputs" : "classes", features, outputs);
     }
     if (src->samples > DATA_SAMPLES_MAX) {
-        return qt_fail(QT_ERR_INPUT, "%s (recipe line %u): %llu samples; at most %llu are "
-                       "supported (the shuffle indexes samples with 32 bits)", name, src->line,
+        return qt_fail(QT_ERR_INPUT, "%s: %llu samples; at most %llu are "
+                       "supported (the shuffle indexes samples with 32 bits)", name,
                        (unsigned long long)src->samples, (unsigned long long)DATA_SAMPLES_MAX);
     }
     info->kind = src->kind;
@@ -408,8 +482,9 @@ qt_status data_source_inputs(const char *path, recipe_source *out) {
                        "shorter path", path, sizeof out->images - 1);
     }
     snprintf(out->images, sizeof out->images, "%s", path);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return qt_fail(QT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    int fd = -1;
+    uint64_t file_bytes = 0;
+    QT_TRY(input_file_open(path, "dataset", NULL, &fd, &file_bytes));
     char magic[NPY_MAGIC_BYTES];
     ssize_t got = read(fd, magic, sizeof magic);
     close(fd);
@@ -440,6 +515,7 @@ static qt_status idx_reopen(stream *s, const char *path, bool images, const data
     QT_TRY(stream_open(s, path));
     idx_header h = {0};
     qt_status status = idx_read_header(s, images, &h);
+    if (status != QT_OK) status = stream_blame(s, status);
     if (status == QT_OK && (h.count != info->samples ||
                             (images && (h.rows != info->image_rows ||
                                         h.cols != info->image_cols)))) {
@@ -460,6 +536,7 @@ static qt_status load_idx_images(stream *s, const recipe_source *src, const data
     qt_status status = stream_read_exact(s, dst + info->inputs_offset, info->inputs_bytes, total,
                                          "images");
     if (status == QT_OK) status = stream_expect_end(s, total);
+    if (status != QT_OK) status = stream_blame(s, status);
     stream_close(s);
     return status;
 }
@@ -504,6 +581,7 @@ static qt_status load_idx(const recipe_source *src, const data_info *info, uint8
     }
     QT_TRY(idx_reopen(&s, src->labels, false, info));
     qt_status status = widen_labels(&s, info, (int32_t *)(dst + info->targets_offset));
+    if (status != QT_OK) status = stream_blame(&s, status);
     stream_close(&s);
     return status;
 }
@@ -618,65 +696,13 @@ static qt_status load_npy(const recipe_source *src, const data_info *info, uint8
 }
 
 // ---------------------------------------------------------------------------------------------
-// Start-up threads. Generating a synthetic dataset is the one long computation of start-up (about
-// 10 s for 16384 x 4096 values on one core), and every value is a pure function of its index, so
-// the work is split into contiguous index ranges, one per thread. The bytes never depend on the
-// split: each thread writes only its range, with the arithmetic of the sequential loop.
-
-typedef void data_range_fn(void *ctx, uint64_t begin, uint64_t end);
-
-typedef struct data_worker {
-    data_range_fn *fn;
-    void *ctx;
-    uint64_t begin, end;
-} data_worker;
-
-static void *data_worker_main(void *arg) {
-    data_worker *w = arg;
-    w->fn(w->ctx, w->begin, w->end);
-    return NULL;
-}
-
-uint32_t data_threads(void) {
-    long online = sysconf(_SC_NPROCESSORS_ONLN);
-    if (online < 1) return 1;
-    return online < DATA_THREADS_MAX ? (uint32_t)online : DATA_THREADS_MAX;
-}
-
-// fn over [0, count) in `threads` ranges; the calling thread takes the first. A thread that
-// cannot be started (the system's limit) has its range run on the calling thread instead, so the
-// result is the same, only later.
-static void data_parallel(uint32_t threads, uint64_t count, data_range_fn *fn, void *ctx) {
-    QT_ASSERT(threads >= 1 && threads <= DATA_THREADS_MAX);
-    if (threads > count) threads = count > 0 ? (uint32_t)count : 1;
-    data_worker workers[DATA_THREADS_MAX];
-    pthread_t ids[DATA_THREADS_MAX];
-    bool started[DATA_THREADS_MAX] = {false};
-    for (uint32_t t = 0; t < threads; t++) {
-        // Range t starts at count * t / threads, written so that nothing overflows.
-        workers[t] = (data_worker){fn, ctx, count / threads * t + count % threads * t / threads,
-                                   0};
-    }
-    for (uint32_t t = 0; t < threads; t++) {
-        workers[t].end = t + 1 < threads ? workers[t + 1].begin : count;
-    }
-    for (uint32_t t = 1; t < threads; t++) {
-        started[t] = pthread_create(&ids[t], NULL, data_worker_main, &workers[t]) == 0;
-    }
-    data_worker_main(&workers[0]);
-    for (uint32_t t = 1; t < threads; t++) {
-        if (started[t]) {
-            pthread_join(ids[t], NULL);
-        } else {
-            data_worker_main(&workers[t]);
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
 // Synthetic sources. Every value is a pure function of (seed, tag, index) through the same
 // Philox normal as the device fill kernel (ptx/core.h), so the data does not depend on the order
-// of generation (or the number of threads) and a GPU could produce the same bits.
+// of generation (or the number of threads) and a GPU could produce the same bits. Generating a
+// synthetic dataset is the one long computation of start-up (about 10 s for 16384 x 4096 values
+// on one core), so the work is split into contiguous index ranges, one task of the thread pool
+// each (pool_run_ranges); each task writes only its range, with the arithmetic of the sequential
+// loop.
 
 static uint64_t tag_seed(uint64_t seed, uint64_t tag) { return qt_mix64(seed ^ tag); }
 
@@ -684,16 +710,10 @@ static float normal_at(uint64_t key, uint64_t index, float mean, float stddev) {
     return qt_fill_value(key, index, QT_FILL_NORMAL, mean, stddev);
 }
 
-// Box-Muller's logarithm and cosine are mostly qt_fmaf, which the default x86-64 target compiles
-// into calls to libm's fmaf. The generators get a second version for processors with FMA, chosen
-// when the program loads, where it is one instruction: the same correctly rounded results, a
-// third less time. flatten inlines the Philox normal into each version, so that the FMA version
-// covers it.
-#if defined(__x86_64__)
-#define DATA_GENERATOR __attribute__((flatten, target_clones("fma", "default")))
-#else
-#define DATA_GENERATOR
-#endif
+// Box-Muller's logarithm and cosine are mostly qt_fmaf: the generators take the pool's CPU clones
+// (pool.h), where it is one instruction on processors with FMA (the same correctly rounded
+// results, a third less time).
+#define DATA_GENERATOR POOL_CPU_CLONES
 
 typedef struct classes_job {
     const data_info *info;
@@ -729,7 +749,7 @@ DATA_GENERATOR static void classes_rows(void *ctx, uint64_t begin, uint64_t end)
 // `synthetic classes`: the class centers first (each is read by every sample of its class), then
 // the samples.
 static void generate_classes(const recipe_source *src, const data_info *info, uint8_t *dst,
-                             uint32_t threads) {
+                             uint32_t parts) {
     classes_job job = {
         .info = info,
         .x = (float *)(dst + info->inputs_offset),
@@ -737,11 +757,11 @@ static void generate_classes(const recipe_source *src, const data_info *info, ui
         .centers = (float *)(dst + info->scratch_offset),
         .spread = CLASSES_CENTER_SPREAD / qt_sqrtf((float)info->features),
         .key_x = tag_seed(src->seed, TAG_INPUTS),
-        .key_c = tag_seed(src->seed, TAG_CENTERS),
+        .key_c = tag_seed(src->task, TAG_CENTERS),
         .key_l = tag_seed(src->seed, TAG_LABELS),
     };
-    data_parallel(threads, (uint64_t)info->outputs * info->features, classes_centers, &job);
-    data_parallel(threads, info->samples, classes_rows, &job);
+    pool_run_ranges((uint64_t)info->outputs * info->features, parts, classes_centers, &job);
+    pool_run_ranges(info->samples, parts, classes_rows, &job);
 }
 
 #define TEACHER_SUMS 8  // hidden units summed together
@@ -800,50 +820,52 @@ DATA_GENERATOR static void teacher_rows(void *ctx, uint64_t begin, uint64_t end)
 // scaled by 1/sqrt(features) and sqrt(2/hidden), so the pre-activations and the targets have
 // unit variance.
 static void generate_teacher(const recipe_source *src, const data_info *info, uint8_t *dst,
-                             uint32_t threads) {
+                             uint32_t parts) {
     teacher_job job = {
         .info = info,
         .x = (float *)(dst + info->inputs_offset),
         .y = (float *)(dst + info->targets_offset),
         .w1 = (float *)(dst + info->scratch_offset),
         .key_x = tag_seed(src->seed, TAG_INPUTS),
-        .key_1 = tag_seed(src->seed, TAG_TEACHER1),
-        .key_2 = tag_seed(src->seed, TAG_TEACHER2),
+        .key_1 = tag_seed(src->task, TAG_TEACHER1),
+        .key_2 = tag_seed(src->task, TAG_TEACHER2),
     };
     uint64_t weights = (uint64_t)DATA_TEACHER_HIDDEN * (info->features + (uint64_t)info->outputs);
-    data_parallel(threads, weights, teacher_weights, &job);
-    data_parallel(threads, info->samples, teacher_rows, &job);
+    pool_run_ranges(weights, parts, teacher_weights, &job);
+    pool_run_ranges(info->samples, parts, teacher_rows, &job);
 }
 
-// A thread per this many generated values at least: starting one costs about what generating
-// 1000 values does, so small datasets (the tests' thousands of values) stay on one thread.
-#define DATA_VALUES_PER_THREAD_MIN (1u << 18)
+// A range per this many generated values at least: small datasets (the tests' thousands of
+// values) stay one task, since waking the pool's threads costs about what generating 1000 values
+// does.
+#define DATA_VALUES_PER_PART_MIN (1u << 18)
 
 qt_status data_load(const recipe_source *src, const data_info *info, void *dst, uint64_t bytes,
                     data_set *set) {
     uint64_t values = info->kind == RECIPE_SOURCE_IDX ? 0 : info->samples * info->features;
-    uint64_t useful = values / DATA_VALUES_PER_THREAD_MIN;
-    uint32_t threads = data_threads();
-    if (useful < threads) threads = useful > 1 ? (uint32_t)useful : 1;
-    return data_load_threads(src, info, dst, bytes, set, threads);
+    uint64_t useful = values / DATA_VALUES_PER_PART_MIN;
+    if (useful > 1) pool_start(0);  // at start-up; nothing when the backend has started it
+    uint32_t parts = pool_threads();
+    if (useful < parts) parts = useful > 1 ? (uint32_t)useful : 1;
+    return data_load_parts(src, info, dst, bytes, set, parts);
 }
 
-qt_status data_load_threads(const recipe_source *src, const data_info *info, void *dst,
-                            uint64_t bytes, data_set *set, uint32_t threads) {
+qt_status data_load_parts(const recipe_source *src, const data_info *info, void *dst,
+                          uint64_t bytes, data_set *set, uint32_t parts) {
     QT_ASSERT(src->kind == info->kind);
     QT_ASSERT(bytes >= info->bytes);
     QT_ASSERT((uintptr_t)dst % DATA_ALIGN == 0);
-    QT_ASSERT(threads >= 1 && threads <= DATA_THREADS_MAX);
+    QT_ASSERT(parts >= 1);
     uint8_t *base = dst;
     if (info->kind == RECIPE_SOURCE_IDX) {
         QT_TRY(load_idx(src, info, base));
     } else if (info->kind == RECIPE_SOURCE_NPY) {
         QT_TRY(load_npy(src, info, base));
     } else if (info->kind == RECIPE_SOURCE_CLASSES) {
-        generate_classes(src, info, base, threads);
+        generate_classes(src, info, base, parts);
     } else {
         QT_ASSERT(info->kind == RECIPE_SOURCE_TEACHER);
-        generate_teacher(src, info, base, threads);
+        generate_teacher(src, info, base, parts);
     }
     memset(set, 0, sizeof *set);
     set->info = *info;

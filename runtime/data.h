@@ -5,8 +5,9 @@
 //
 //   data_probe(source)  reads only the IDX or .npy headers (a .gz file is inflated just far
 //                       enough to see its header) or the synthetic parameters -> data_info with
-//                       the bytes of the dataset (a persistent host arena region, category staging)
-//   data_order_bytes    the shuffle's index table (train feeds only, host arena)
+//                       the bytes of the dataset (caller memory outside the arenas: only the
+//                       host reads it, runtime/run.c)
+//   data_order_bytes    the shuffle's index table (train feeds only, beside the datasets)
 //   data_slot_plan      one staging slot; the schedule loop has three (pinned host arena)
 //   data_load           fills the dataset region once, at start-up, validating everything
 //   data_feed_next      fills one slot with the next batch, per step, without allocating
@@ -63,9 +64,9 @@
 // reads that copy. A feed only writes the slot it is given; the caller makes sure no copy still
 // reads it.
 //
-// Threads: data_load generates synthetic sources on up to data_threads() threads of its own (one
-// per 2^18 values at least; joined before it returns); the bytes are the same for any number of
-// threads.
+// Threads: data_load generates synthetic sources on the thread pool (runtime/pool.h; it starts
+// the pool when no one has), in one range per pool thread (one per 2^18 values at least); the
+// bytes are the same for any number of ranges and threads.
 //
 // Callers: the runtime at start-up (probe, load) and the schedule loop (feeds), one thread.
 #ifndef QT_DATA_H
@@ -83,7 +84,6 @@
 QT_STATIC_ASSERT(RECIPE_SAMPLES_MAX == DATA_SAMPLES_MAX, "the parser refuses what cannot be held");
 #define DATA_TEACHER_HIDDEN 32               // hidden width of the synthetic teacher network
 #define DATA_LABEL_PAD (-1)                  // the label of a padding row
-#define DATA_THREADS_MAX 16                  // threads that generate synthetic data at start-up
 
 typedef enum data_input_type {
     DATA_INPUT_U8,   // IDX pixels, npy uint8 features; staged as x / 255
@@ -170,7 +170,9 @@ typedef struct data_feed {
 // are labels, 2-D float32 regression targets (the caller checks that against the loss). Errors
 // name the file and the fix: a missing or unreadable file (QT_ERR_IO), a bad magic, dims, dtype
 // or header, a truncated file, counts that differ between inputs and labels, widths that do not
-// match the model, more than DATA_SAMPLES_MAX samples (QT_ERR_INPUT).
+// match the model, more than DATA_SAMPLES_MAX samples (QT_ERR_INPUT). The messages of
+// data_probe and data_load do not name the recipe: the runtime puts the position of the line
+// that gave the source in front (runtime/run.c).
 qt_status data_probe(const recipe_source *src, uint32_t features, uint32_t outputs,
                      data_info *info);
 
@@ -184,16 +186,14 @@ qt_status data_source_inputs(const char *path, recipe_source *out);
 // checked to the last byte (same headers as when probed, no truncation, no trailing bytes, the
 // gzip CRC, labels below outputs); .npy files likewise (labels widened to int32 and checked,
 // float32 features and targets finite); synthetic sources are generated (deterministic functions
-// of their seed) on up to data_threads() threads. Uses about 64 KiB of stack for the inflate
-// state and window.
+// of their seed) on the thread pool. Uses about 64 KiB of stack for the inflate state and
+// window.
 qt_status data_load(const recipe_source *src, const data_info *info, void *dst, uint64_t bytes,
                     data_set *set);
-// data_load on `threads` threads (1 <= threads <= DATA_THREADS_MAX): the same bytes for every
+// data_load with synthetic sources cut into `parts` ranges (at least 1): the same bytes for every
 // count, which the tests check.
-qt_status data_load_threads(const recipe_source *src, const data_info *info, void *dst,
-                            uint64_t bytes, data_set *set, uint32_t threads);
-// The machine's online processors, at most DATA_THREADS_MAX (at least 1).
-uint32_t data_threads(void);
+qt_status data_load_parts(const recipe_source *src, const data_info *info, void *dst,
+                          uint64_t bytes, data_set *set, uint32_t parts);
 
 // Bytes of the shuffle's index table for a dataset of `samples` samples.
 uint64_t data_order_bytes(uint64_t samples);

@@ -1,12 +1,11 @@
 #include "export.h"
 
-#include <errno.h>
-#include <fcntl.h>   // open
 #include <inttypes.h>
 #include <stdarg.h>
-#include <stdio.h>   // snprintf, vsnprintf, rename
+#include <stdio.h>   // snprintf, vsnprintf
 #include <string.h>
-#include <unistd.h>  // access, close, fsync, unlink
+
+#include "atomic_file.h"  // the export appears whole or not at all
 
 // One tensor of the file: where its bytes come from and where they go.
 typedef struct export_tensor {
@@ -33,9 +32,10 @@ typedef struct export_list {
 // does not escape (ckpt_open refuses others) and a description at most 256.
 static uint64_t export_header_bytes(uint64_t entries) { return entries * 2 * 512 + 4096; }
 
-// The caller's memory, carved: the reader's table, the tensor list, the header, the chunk.
+// The caller's memory, carved: the reader's table, the tensor list, the header, the chunk, the
+// output file's state.
 typedef struct export_memory {
-    uint64_t reader, tensors, header, chunk;  // offsets
+    uint64_t reader, tensors, header, chunk, file;  // offsets
     uint64_t header_bytes, total;
 } export_memory;
 
@@ -47,7 +47,8 @@ static export_memory export_layout(uint32_t regions, uint32_t params) {
     m.header = m.tensors + (entries * sizeof(export_tensor) + 15) / 16 * 16;
     m.header_bytes = export_header_bytes(entries);
     m.chunk = m.header + (m.header_bytes + 15) / 16 * 16;
-    m.total = m.chunk + CKPT_CHUNK_BYTES;
+    m.file = m.chunk + CKPT_CHUNK_BYTES;
+    m.total = m.file + (sizeof(atomic_file) + 15) / 16 * 16;
     return m;
 }
 
@@ -265,8 +266,8 @@ static qt_status export_header(const ckpt_table *t, const export_list *l, bool q
 // ---------------------------------------------------------------------------------------------
 // Writing
 
-static qt_status export_data(const ckpt_reader *rd, const export_list *l, int fd,
-                             const char *path, uint8_t *buffer, uint64_t buffer_bytes) {
+static qt_status export_data(const ckpt_reader *rd, const export_list *l, atomic_file *out,
+                             uint8_t *buffer, uint64_t buffer_bytes) {
     for (uint32_t i = 0; i < l->count; i++) {
         const export_tensor *e = &l->tensors[i];
         for (uint64_t r = 0; r < e->rows; r++) {
@@ -274,7 +275,7 @@ static qt_status export_data(const ckpt_reader *rd, const export_list *l, int fd
                 uint64_t n = e->row_bytes - done;
                 if (n > buffer_bytes) n = buffer_bytes;
                 QT_TRY(ckpt_read_region(rd, e->region, r * e->stride + done, buffer, n));
-                QT_TRY(ckpt_write_all(fd, path, buffer, n));
+                QT_TRY(atomic_file_write(out, buffer, n));
                 done += n;
             }
         }
@@ -283,25 +284,19 @@ static qt_status export_data(const ckpt_reader *rd, const export_list *l, int fd
 }
 
 static qt_status export_write(const ckpt_reader *rd, const export_list *l, bool quantized,
-                              int fd, const char *path, uint8_t *header_memory,
-                              uint64_t header_bytes, uint8_t *chunk) {
+                              atomic_file *out, uint8_t *header_memory, uint64_t header_bytes,
+                              uint8_t *chunk) {
     uint64_t header = 0;
     QT_TRY(export_header(&rd->table, l, quantized, header_memory, header_bytes, &header));
-    QT_TRY(ckpt_write_all(fd, path, header_memory, header));
-    QT_TRY(export_data(rd, l, fd, path, chunk, CKPT_CHUNK_BYTES));
-    if (fsync(fd) != 0) {
-        return qt_fail(QT_ERR_IO, "%s: cannot sync to disk: %s", path, strerror(errno));
-    }
-    return QT_OK;
+    QT_TRY(atomic_file_write(out, header_memory, header));
+    return export_data(rd, l, out, chunk, CKPT_CHUNK_BYTES);
 }
 
 qt_status export_safetensors(ckpt_reader *rd, const char *ckpt_path, const char *out_path,
                              bool quantized, bool force, void *memory, uint64_t memory_bytes) {
     QT_ASSERT((uintptr_t)memory % 16 == 0);
-    if (!force && access(out_path, F_OK) == 0) {
-        return qt_fail(QT_ERR_INPUT, "%s exists; pass --force to replace it, or name another "
-                       "file", out_path);
-    }
+    // Refused before the checkpoint is read: nothing is replaced by surprise.
+    QT_TRY(atomic_file_check(out_path, force, "--force"));
     // The largest table this memory holds: the caller sized it with ckpt_peek's counts.
     uint32_t regions = 0, params = 0;
     QT_TRY(ckpt_peek(ckpt_path, &regions, &params));
@@ -313,34 +308,25 @@ qt_status export_safetensors(ckpt_reader *rd, const char *ckpt_path, const char 
     }
     uint8_t *base = memory;
     ckpt_reader_init(rd, base + at.reader, regions, params);
-    char tmp[CKPT_PATH_MAX];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", out_path) >= (int)sizeof tmp) {
-        return qt_fail(QT_ERR_INPUT, "output path '%.64s...' is too long", out_path);
-    }
     QT_TRY(ckpt_open(rd, ckpt_path));
     export_list list = {0, regions + params, (export_tensor *)(void *)(base + at.tensors), 0};
+    atomic_file *out = (atomic_file *)(void *)(base + at.file);
     uint8_t *chunk = base + at.chunk;
     qt_status status = ckpt_read_data(rd, chunk, CKPT_CHUNK_BYTES, NULL, NULL);
     if (status == QT_OK) {
         export_masters(&rd->table, &list);
         if (quantized) export_copies(&rd->table, &list);
-        int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (fd < 0) {
-            status = qt_fail(QT_ERR_IO, "%s: cannot create: %s; check that the folder exists "
-                             "and is writable", tmp, strerror(errno));
+        status = atomic_file_create(out, out_path, force, "--force");
+        if (status == QT_OK) {
+            status = export_write(rd, &list, quantized, out, base + at.header, at.header_bytes,
+                                  chunk);
+        }
+        if (status == QT_OK) {
+            status = atomic_file_commit(out);
         } else {
-            status = export_write(rd, &list, quantized, fd, tmp, base + at.header,
-                                  at.header_bytes, chunk);
-            if (close(fd) != 0 && status == QT_OK) {
-                status = qt_fail(QT_ERR_IO, "%s: cannot close: %s", tmp, strerror(errno));
-            }
-            if (status == QT_OK && rename(tmp, out_path) != 0) {
-                status = qt_fail(QT_ERR_IO, "cannot rename %s to %s: %s", tmp, out_path,
-                                 strerror(errno));
-            }
-            if (status != QT_OK) unlink(tmp);
+            atomic_file_abandon(out);
         }
     }
     ckpt_close(rd);
-    return status == QT_OK ? ckpt_sync_folder(out_path) : status;
+    return status;
 }

@@ -3,8 +3,8 @@
 //
 // Owns nothing past a call: the checkpoint reader and the memory are the caller's (the CLI
 // allocates them at start-up, export_memory_bytes for the checkpoint's table as ckpt_peek
-// reads it), the output file is written atomically (OUT.tmp, fsync, rename, fsync of the
-// folder). Callers: tools/qtrain. One thread.
+// reads it), the output file is written atomically through runtime/atomic_file.h (OUT.tmp-PID,
+// fsync, rename, fsync of the folder). Callers: tools/qtrain. One thread.
 //
 // The file (the safetensors layout):
 //
@@ -43,9 +43,10 @@
 // tensor entry and its metadata line within 512 bytes each) and a chunk of CKPT_CHUNK_BYTES.
 uint64_t export_memory_bytes(uint32_t regions, uint32_t params);
 
-// Checks the whole checkpoint (every CRC), then writes out_path. Refuses (QT_ERR_INPUT) an
-// existing out_path unless force. memory: export_memory_bytes of the checkpoint's table (a
-// larger table is refused), 16-byte aligned; rd gets its table there and keeps the header.
+// Checks the whole checkpoint (every CRC), then writes out_path. Refuses (QT_ERR_INPUT), before
+// reading the checkpoint, an existing out_path unless force, and one that is not a regular
+// file. memory: export_memory_bytes of the checkpoint's table (a larger table is refused),
+// 16-byte aligned; rd gets its table there and keeps the header.
 qt_status export_safetensors(ckpt_reader *rd, const char *ckpt_path, const char *out_path,
                              bool quantized, bool force, void *memory, uint64_t memory_bytes);
 

@@ -2,12 +2,14 @@
 // parameters and the persistent regions (model.h). The programs are built in model_build.c.
 #include "model.h"
 
+#include <inttypes.h>  // PRIu64
 #include <math.h>    // sqrtf
 #include <stdarg.h>
 #include <string.h>
 
 #include "gemm.h"            // GEMM_FORMAT_*
 #include "model_impl.h"      // model_qstore_reserve
+#include "op_moe.h"          // op_moe_capacity, op_moe_aux_scale
 #include "op_quant_block.h"  // op_block_scale_count
 #include "op_quant_mxfp8.h"  // op_mxfp8_*_bytes
 #include "op_quant_nvfp4.h"  // op_nvfp4_sizes_of
@@ -15,7 +17,8 @@
 #include "quant_fp8.h"       // QT_FP8_*
 #include "trace_record.h"    // qt_trace_ring_bytes, QT_TRACE_QUANTIZERS_MAX
 
-// Every delayed-scaling quantizer of a model the parser accepts fits a trace record.
+// Every delayed-scaling quantizer of a model the parser accepts has a slot in a trace record
+// (an moe layer's per-expert slots past the record's end are noted, model_plan_states).
 QT_STATIC_ASSERT(QT_TRACE_QUANTIZERS_MAX >= MODEL_QUANTIZERS_MAX, "trace records hold a model");
 
 const char *model_mode_name(model_mode mode) {
@@ -43,32 +46,50 @@ static uint32_t model_roundup(uint32_t value, uint32_t unit) {
 // ---------------------------------------------------------------------------------------------
 // Layers and quantizers
 
-static qt_status model_check_layers(model *m) {
-    const recipe *r = m->recipe;
-    for (uint32_t i = 0; i < r->model.layers_count; i++) {
-        const recipe_layer *l = &r->model.layers[i];
-        if (l->kind == RECIPE_LAYER_MOE) {
-            return recipe_fail_at(QT_ERR_INPUT, r->file_name, l->line, l->col,
-                                  "layer 'moe %s': mixture-of-experts layers are not supported "
-                                  "yet; expected linear, relu, gelu, silu, swiglu, rmsnorm or "
-                                  "residual", l->name);
-        }
-    }
-    return QT_OK;
-}
-
-static qt_status model_add_linear(model *m, uint32_t layer) {
+static qt_status model_add_linear(model *m, uint32_t layer, uint32_t in, uint32_t out,
+                                  uint32_t members, bool needs_dx) {
     const recipe_layer *l = &m->recipe->model.layers[layer];
     QT_ASSERT(m->linear_count < MODEL_LINEARS_MAX);  // the parser's layers_max bounds it
     model_linear *lin = &m->linears[m->linear_count];
     memset(lin, 0, sizeof *lin);
     lin->layer = layer;
-    lin->in = l->in_features;
-    lin->in_padded = l->in_features;
-    lin->out = l->out_features;
-    lin->bias = l->bias;
-    lin->needs_dx = layer > m->first_param_layer;
+    lin->in = in;
+    lin->in_padded = in;
+    lin->out = out;
+    lin->members = members;
+    lin->moe = UINT32_MAX;
+    lin->bias = l->kind == RECIPE_LAYER_LINEAR && l->bias;
+    lin->needs_dx = needs_dx;
     m->layer_linear[layer] = m->linear_count++;
+    return QT_OK;
+}
+
+// The router (dense, one output per expert), then fc1 and fc2 grouped by expert. fc2 always
+// needs its input's gradient (the activation's); the router and fc1 when a layer with
+// parameters comes before.
+static qt_status model_add_moe(model *m, uint32_t layer) {
+    const recipe_layer *l = &m->recipe->model.layers[layer];
+    QT_ASSERT(m->moe_count < MODEL_MOES_MAX);  // the parser's layers_max bounds it
+    model_moe *mo = &m->moes[m->moe_count];
+    memset(mo, 0, sizeof *mo);
+    mo->layer = layer;
+    mo->experts = l->experts;
+    mo->topk = l->topk;
+    mo->width = l->in_features;
+    mo->hidden = l->hidden;
+    mo->act = l->act;
+    uint32_t fc1_out = l->act == RECIPE_LAYER_SWIGLU ? 2 * l->hidden : l->hidden;
+    bool needs_dx = layer > m->first_param_layer;
+    mo->router = m->linear_count;
+    QT_TRY(model_add_linear(m, layer, mo->width, mo->experts, 0, needs_dx));
+    mo->fc1 = m->linear_count;
+    QT_TRY(model_add_linear(m, layer, mo->width, fc1_out, mo->experts, needs_dx));
+    mo->fc2 = m->linear_count;
+    QT_TRY(model_add_linear(m, layer, mo->hidden, mo->width, mo->experts, true));
+    m->linears[mo->router].moe = m->linears[mo->fc1].moe = m->linears[mo->fc2].moe =
+        m->moe_count;
+    m->layer_linear[layer] = mo->router;
+    m->layer_moe[layer] = m->moe_count++;
     return QT_OK;
 }
 
@@ -78,27 +99,39 @@ static qt_status model_plan_quantizers(model *m) {
     const recipe *r = m->recipe;
     for (uint32_t i = 0; i < RECIPE_LAYERS_MAX; i++) m->layer_linear[i] = UINT32_MAX;
     for (uint32_t i = 0; i < RECIPE_LAYERS_MAX; i++) m->layer_param[i] = UINT32_MAX;
+    for (uint32_t i = 0; i < RECIPE_LAYERS_MAX; i++) m->layer_moe[i] = UINT32_MAX;
     m->first_param_layer = UINT32_MAX;
     for (uint32_t i = 0; i < r->model.layers_count; i++) {
         recipe_layer_kind k = r->model.layers[i].kind;
-        if ((k == RECIPE_LAYER_LINEAR || k == RECIPE_LAYER_RMSNORM) &&
+        if ((k == RECIPE_LAYER_LINEAR || k == RECIPE_LAYER_RMSNORM || k == RECIPE_LAYER_MOE) &&
             m->first_param_layer == UINT32_MAX) {
             m->first_param_layer = i;
         }
-        if (k == RECIPE_LAYER_LINEAR) QT_TRY(model_add_linear(m, i));
+        const recipe_layer *l = &r->model.layers[i];
+        if (k == RECIPE_LAYER_LINEAR) {
+            QT_TRY(model_add_linear(m, i, l->in_features, l->out_features, 0,
+                                    i > m->first_param_layer));
+        }
+        if (k == RECIPE_LAYER_MOE) QT_TRY(model_add_moe(m, i));
     }
     QT_ASSERT(m->first_param_layer != UINT32_MAX);  // the parser requires a linear layer
     rules_role_iter iter = {0, 0};
     qt_role role;
-    uint32_t layer;
+    uint32_t layer, previous = UINT32_MAX, role_in_layer = 0;
     while (rules_roles_next(r, &iter, &role, &layer)) {
         QT_ASSERT(m->quantizer_count < MODEL_QUANTIZERS_MAX);
-        QT_ASSERT(role.module_type == QT_MODULE_LINEAR && m->layer_linear[layer] != UINT32_MAX);
+        QT_ASSERT(m->layer_linear[layer] != UINT32_MAX);
+        // Roles come per layer, three per GEMM (rules_roles_next): an moe layer's router,
+        // fc1, fc2 are its consecutive linears.
+        role_in_layer = layer == previous ? role_in_layer + 1 : 0;
+        previous = layer;
         uint32_t index = m->quantizer_count++;
         model_quantizer *mq = &m->quantizers[index];
         memset(mq, 0, sizeof *mq);
         mq->role = role;
-        mq->linear = m->layer_linear[layer];
+        mq->linear = m->layer_linear[layer] + role_in_layer / 3;
+        QT_ASSERT((role.module_type == QT_MODULE_GROUPED_LINEAR) ==
+                  (m->linears[mq->linear].members > 0));
         mq->state = -1;
         QT_TRY(rules_resolve(r, role, &mq->q));
         mq->rht = mq->q.scheme == QT_SCHEME_NVFP4 && mq->q.rht;
@@ -108,6 +141,55 @@ static qt_status model_plan_quantizers(model *m) {
         if (role.tensor_type == QT_TENSOR_GRAD_OUTPUT) lin->q_grad = index;
     }
     return QT_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mixture-of-experts layers
+
+static uint32_t model_row_align(const model *m, uint32_t quantizer) {
+    return qt_format_get(m->quantizers[quantizer].q.format)->row_align;
+}
+
+// Each expert's weight is one member of a grouped tensor stored back to back, so its rows must
+// be whole members of the format's row_align (no padding rows between experts' masters); BF16
+// weights are not quantized and take any rows.
+static qt_status model_check_expert_rows(const model *m, const model_moe *mo,
+                                         const model_linear *lin, const char *which,
+                                         const char *fix) {
+    const recipe_layer *l = &m->recipe->model.layers[mo->layer];
+    const qt_quantizer *q = &m->quantizers[lin->q_weight].q;
+    uint32_t align = model_row_align(m, lin->q_weight);
+    if (q->scheme == QT_SCHEME_BF16 || lin->out % align == 0) return QT_OK;
+    return recipe_fail_at(QT_ERR_INPUT, m->recipe->file_name, l->line, l->col,
+                          "layer 'moe %s': each expert's %s weight has %u rows, which %s weights "
+                          "take in multiples of %u; expected %s", l->name, which, lin->out,
+                          rules_scheme_name(q->scheme), align, fix);
+}
+
+// The permuted tensors' padding (one row_align for the layer, so the four grouped tensors share
+// the routing's row offsets), their capacity and the load-balancing factor.
+static qt_status model_plan_moe(model *m, model_moe *mo) {
+    const recipe_layer *l = &m->recipe->model.layers[mo->layer];
+    const model_linear *fc1 = &m->linears[mo->fc1], *fc2 = &m->linears[mo->fc2];
+    uint32_t tensors[4] = {fc1->q_input, fc1->q_grad, fc2->q_input, fc2->q_grad};
+    mo->row_align = 1;
+    for (int i = 0; i < 4; i++) {
+        uint32_t a = model_row_align(m, tensors[i]);
+        mo->row_align = a > mo->row_align ? a : mo->row_align;
+    }
+    uint64_t capacity = op_moe_capacity(m->batch, mo->topk, mo->experts, mo->row_align);
+    if (capacity == 0) {
+        return recipe_fail_at(QT_ERR_INPUT, m->recipe->file_name, l->line, l->col,
+                              "layer 'moe %s': batch %u x topk %u rows (padded per expert) do "
+                              "not fit 32-bit row indices; expected a smaller batch or topk",
+                              l->name, m->batch, mo->topk);
+    }
+    mo->capacity = (uint32_t)capacity;
+    mo->aux_scale = op_moe_aux_scale(l->aux, mo->experts, m->batch, mo->topk);
+    QT_TRY(model_check_expert_rows(m, mo, fc1, "fc1", mo->act == RECIPE_LAYER_SWIGLU
+                                   ? "2 x hidden (swiglu) a multiple of it"
+                                   : "hidden a multiple of it"));
+    return model_check_expert_rows(m, mo, fc2, "fc2", "the layer's width a multiple of it");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -187,18 +269,21 @@ static bool model_emulated_copies(const model *m, const model_linear *lin, int g
     uint32_t f = model_gemm_format_of(a->scheme);
     if (f != GEMM_FORMAT_MXFP8 && f != GEMM_FORMAT_NVFP4) return false;
     if (m->emulated_gemm != MODEL_EMULATED_AUTO) return m->emulated_gemm == MODEL_EMULATED_COPIES;
-    uint64_t macs = (uint64_t)m->batch * lin->out * lin->in_padded;
+    uint64_t rows = lin->members ? m->moes[lin->moe].capacity : m->batch;
+    uint64_t macs = rows * lin->out * lin->in_padded;
     return (f == GEMM_FORMAT_MXFP8 && g != MODEL_FPROP) || macs >= MODEL_EMULATED_COPIES_MACS;
 }
 
 static void model_plan_linear_paths(model *m, model_linear *lin) {
-    const char *name = m->recipe->model.layers[lin->layer].name;
+    const char *name = m->quantizers[lin->q_input].role.name;  // "fc1", "moe1.fc1"
     model_quantizer *qi = &m->quantizers[lin->q_input];
     model_quantizer *qw = &m->quantizers[lin->q_weight];
     model_quantizer *qg = &m->quantizers[lin->q_grad];
     // RHT: both wgrad operands or neither (the transform cancels only in pairs), and over whole
     // 16-row groups of the batch.
-    bool both = qi->rht && qg->rht && m->batch % 16 == 0;
+    // An moe layer's experts pad every member to a multiple of row_align (at least 16).
+    bool whole_groups = lin->members > 0 || m->batch % 16 == 0;
+    bool both = qi->rht && qg->rht && whole_groups;
     if ((qi->rht || qg->rht) && !both) {
         model_note(m, "%s: RHT off for both wgrad operands (input %s rht=%d, grad_output %s "
                    "rht=%d, batch %u): the transform must apply to both or neither", name,
@@ -242,6 +327,11 @@ uint32_t model_gemm_elem_of(qt_elem e) {
     }
 }
 
+uint32_t model_quantizer_tensors(const model *m, const model_quantizer *mq) {
+    uint32_t members = m->linears[mq->linear].members;
+    return members ? members : 1;
+}
+
 static qt_status model_plan_states(model *m) {
     for (uint32_t i = 0; i < m->quantizer_count; i++) {
         model_quantizer *mq = &m->quantizers[i];
@@ -261,15 +351,21 @@ static qt_status model_plan_states(model *m) {
             m->state_count++;
         }
         mq->state = (int32_t)s;
-        mq->slot = m->states[s].slots++;
+        mq->slot = m->states[s].slots;
+        m->states[s].slots += model_quantizer_tensors(m, mq);
     }
     uint32_t next = 0;
     for (uint32_t s = 0; s < m->state_count; s++) {
         m->states[s].trace_first = next;
         next += m->states[s].slots;
     }
-    QT_ASSERT(next <= QT_TRACE_QUANTIZERS_MAX);
-    m->delayed_count = next;
+    m->delayed_slots = next;
+    m->delayed_count = next < QT_TRACE_QUANTIZERS_MAX ? next : QT_TRACE_QUANTIZERS_MAX;
+    if (next > QT_TRACE_QUANTIZERS_MAX) {
+        model_note(m, "%u delayed-scaling slots (one per expert of a grouped quantizer); the "
+                   "trace records the first %d, the state checksums cover every one", next,
+                   QT_TRACE_QUANTIZERS_MAX);
+    }
     for (uint32_t i = 0; i < m->quantizer_count; i++) {
         model_quantizer *mq = &m->quantizers[i];
         if (mq->state >= 0) mq->trace_index = m->states[mq->state].trace_first + mq->slot;
@@ -280,10 +376,19 @@ static qt_status model_plan_states(model *m) {
 void model_trace_name(const model *m, uint32_t trace_index, char *buf, size_t buf_bytes) {
     for (uint32_t i = 0; i < m->quantizer_count; i++) {
         const model_quantizer *mq = &m->quantizers[i];
-        if (mq->state >= 0 && mq->trace_index == trace_index) {
-            rules_role_format(&mq->role, buf, buf_bytes);
-            return;
+        uint32_t tensors = model_quantizer_tensors(m, mq);
+        if (mq->state < 0 || trace_index < mq->trace_index ||
+            trace_index - mq->trace_index >= tensors) {
+            continue;
         }
+        char role[96];
+        rules_role_format(&mq->role, role, sizeof role);
+        if (m->linears[mq->linear].members == 0) {
+            snprintf(buf, buf_bytes, "%s", role);
+        } else {
+            snprintf(buf, buf_bytes, "%s[%u]", role, trace_index - mq->trace_index);
+        }
+        return;
     }
     QT_ASSERT(!"no quantizer with this trace index");
 }
@@ -308,12 +413,12 @@ qt_status model_region(const model_place *place, const char *part, uint64_t byte
 }
 
 static qt_status model_qstore_fp8(const model_place *pl, const model_quantizer *mq,
-                                  uint64_t elems, model_qstore *s) {
+                                  uint64_t elems, uint32_t tensors, model_qstore *s) {
     if (s->rowwise) QT_TRY(model_region(pl, "row_data", elems, pl->category, &s->row_data));
     if (s->colwise) QT_TRY(model_region(pl, "col_data", elems, pl->category, &s->col_data));
-    QT_TRY(model_region(pl, "scale_inv", 4, pl->category, &s->scale_inv));
+    QT_TRY(model_region(pl, "scale_inv", 4ull * tensors, pl->category, &s->scale_inv));
     if (mq->q.scheme == QT_SCHEME_CURRENT) {
-        QT_TRY(model_region(pl, "amax", 4, ARENA_CAT_WORKSPACE, &s->amax_row));
+        QT_TRY(model_region(pl, "amax", 4ull * tensors, ARENA_CAT_WORKSPACE, &s->amax_row));
     }
     return QT_OK;
 }
@@ -341,8 +446,9 @@ static qt_status model_qstore_blocks(const model_place *pl, const model_quantize
 }
 
 static qt_status model_qstore_nvfp4(const model_place *pl, const model_quantizer *mq,
-                                    uint32_t rows, uint32_t cols, model_qstore *s) {
-    op_nvfp4_sizes z = op_nvfp4_sizes_of(rows, cols, 0);
+                                    uint32_t rows, uint32_t cols, uint32_t members,
+                                    model_qstore *s) {
+    op_nvfp4_sizes z = op_nvfp4_sizes_of(rows, cols, members);
     if (s->rowwise) {
         QT_TRY(model_region(pl, "row_data", z.row_data, pl->category, &s->row_data));
         QT_TRY(model_region(pl, "row_scale", z.row_scales, pl->category, &s->row_scale));
@@ -360,8 +466,8 @@ static qt_status model_qstore_nvfp4(const model_place *pl, const model_quantizer
 }
 
 qt_status model_qstore_reserve(const model_place *place, const model_quantizer *mq,
-                               uint32_t rows, uint32_t cols, bool rowwise, bool colwise,
-                               bool bf16_region, model_qstore *out) {
+                               uint32_t rows, uint32_t cols, uint32_t members, bool rowwise,
+                               bool colwise, bool bf16_region, model_qstore *out) {
     memset(out, 0, sizeof *out);
     out->rowwise = rowwise;
     out->colwise = colwise;
@@ -377,12 +483,12 @@ qt_status model_qstore_reserve(const model_place *place, const model_quantizer *
         return QT_OK;
     case QT_SCHEME_DELAYED:
     case QT_SCHEME_CURRENT:
-        return model_qstore_fp8(place, mq, (uint64_t)rows * cols, out);
+        return model_qstore_fp8(place, mq, (uint64_t)rows * cols, members ? members : 1, out);
     case QT_SCHEME_MXFP8:
     case QT_SCHEME_BLOCK:
         return model_qstore_blocks(place, mq, rows, cols, out);
     case QT_SCHEME_NVFP4:
-        return model_qstore_nvfp4(place, mq, rows, cols, out);
+        return model_qstore_nvfp4(place, mq, rows, cols, members, out);
     default:
         QT_ASSERT(false);
         return QT_ERR_INPUT;
@@ -428,8 +534,28 @@ static qt_status model_param_regions(model *m, model_param *p) {
     }
     if (p->quantizer < 0) return QT_OK;
     model_place wp = {m->dev, p->name, true, ARENA_CAT_WEIGHTS};
-    return model_qstore_reserve(&wp, &m->quantizers[p->quantizer], p->rows, p->cols, true,
-                                train, true, &p->weight);
+    if (p->members) {
+        QT_TRY(model_region(&wp, "group_offsets", 4ull * (p->members + 1), ARENA_CAT_WEIGHTS,
+                            &ref));
+        p->group_offsets = ref.region;
+        QT_TRY(model_region(&wp, "group_dims", 4ull * p->members, ARENA_CAT_WEIGHTS, &ref));
+        p->group_dims = ref.region;
+    }
+    return model_qstore_reserve(&wp, &m->quantizers[p->quantizer], p->rows, p->cols,
+                                p->members, true, train, true, &p->weight);
+}
+
+// A linear's weight [out (x members)][in_padded], normal(0, 1/sqrt(in)); the padding columns
+// stay zero.
+static qt_status model_add_weight(model *m, const char *name, model_linear *lin) {
+    uint32_t members = lin->members ? lin->members : 1;
+    QT_TRY(model_add_param(m, name, "weight", lin->out * members, lin->in_padded,
+                           MODEL_INIT_NORMAL, (int32_t)lin->q_weight, &lin->weight));
+    model_param *w = &m->params[lin->weight];
+    w->cols_valid = lin->in;
+    w->init_std = 1.0f / sqrtf((float)lin->in);
+    w->members = lin->members;
+    return QT_OK;
 }
 
 static qt_status model_plan_params(model *m) {
@@ -441,13 +567,20 @@ static qt_status model_plan_params(model *m) {
                                    &m->layer_param[i]));
             continue;
         }
+        if (l->kind == RECIPE_LAYER_MOE) {
+            // The experts first: a one-expert layer then draws the initial weights of the dense
+            // fc1 and fc2 it stands for (each parameter's fill is keyed by its index).
+            const model_moe *mo = &m->moes[m->layer_moe[i]];
+            uint32_t gemms[3] = {mo->fc1, mo->fc2, mo->router};
+            for (int g = 0; g < 3; g++) {
+                model_linear *lin = &m->linears[gemms[g]];
+                QT_TRY(model_add_weight(m, m->quantizers[lin->q_weight].role.name, lin));
+            }
+            continue;
+        }
         if (l->kind != RECIPE_LAYER_LINEAR) continue;
         model_linear *lin = &m->linears[m->layer_linear[i]];
-        QT_TRY(model_add_param(m, l->name, "weight", lin->out, lin->in_padded,
-                               MODEL_INIT_NORMAL, (int32_t)lin->q_weight, &lin->weight));
-        model_param *w = &m->params[lin->weight];
-        w->cols_valid = lin->in;
-        w->init_std = 1.0f / sqrtf((float)lin->in);
+        QT_TRY(model_add_weight(m, l->name, lin));
         if (lin->bias) {
             QT_TRY(model_add_param(m, l->name, "bias", 1, lin->out, MODEL_INIT_ZERO, -1,
                                    &lin->bias_param));
@@ -548,8 +681,8 @@ qt_status model_plan(model *m, const recipe *r, arena *dev, arena *host,
     m->input_features = r->model.input_features;
     m->outputs = r->model.output_features;
     QT_ASSERT(options->data->features == m->input_features);
-    QT_TRY(model_check_layers(m));
     QT_TRY(model_plan_quantizers(m));
+    for (uint32_t i = 0; i < m->moe_count; i++) QT_TRY(model_plan_moe(m, &m->moes[i]));
     model_plan_padding(m);
     for (uint32_t i = 0; i < m->linear_count; i++) model_plan_linear_paths(m, &m->linears[i]);
     QT_TRY(model_plan_states(m));
@@ -566,17 +699,23 @@ static const char *const model_layer_names[RECIPE_LAYER_KIND_COUNT] = {
     "linear", "relu", "gelu", "silu", "swiglu", "rmsnorm", "residual begin", "residual end",
     "moe"};
 
+// "rule at line N" or "built-in SCHEME": where a quantizer came from.
+static void model_quantizer_source(const model *m, const model_quantizer *mq, char *buf,
+                                   size_t buf_bytes) {
+    if (mq->q.rule_line > 0) {
+        snprintf(buf, buf_bytes, "rule at line %u", mq->q.rule_line);
+    } else {
+        snprintf(buf, buf_bytes, "built-in %s", rules_scheme_name(m->recipe->quant.builtin));
+    }
+}
+
 static void model_print_quantizer(const model *m, uint32_t index, FILE *out) {
     const model_quantizer *mq = &m->quantizers[index];
     char role[96], q[160];
     rules_role_format(&mq->role, role, sizeof role);
     rules_quantizer_format(&mq->q, q, sizeof q);
     char from[64];
-    if (mq->q.rule_line > 0) {
-        snprintf(from, sizeof from, "rule at line %u", mq->q.rule_line);
-    } else {
-        snprintf(from, sizeof from, "built-in %s", rules_scheme_name(m->recipe->quant.builtin));
-    }
+    model_quantizer_source(m, mq, from, sizeof from);
     fprintf(out, "      %-30s %-44s (%s)", role, q, from);
     if (mq->q.scheme == QT_SCHEME_NVFP4 && mq->role.tensor_type != QT_TENSOR_WEIGHT) {
         fprintf(out, " rht %s", mq->rht ? "on" : "off");
@@ -585,8 +724,9 @@ static void model_print_quantizer(const model *m, uint32_t index, FILE *out) {
     fputc('\n', out);
 }
 
-static void model_print_linear(const model *m, const model_linear *lin, FILE *out) {
-    fprintf(out, "      K %u", lin->in);
+static void model_print_linear(const model *m, const model_linear *lin, const char *label,
+                               FILE *out) {
+    fprintf(out, "      %sK %u", label, lin->in);
     if (lin->in_padded != lin->in) fprintf(out, " padded to %u", lin->in_padded);
     fprintf(out, ", N %u, dgrad %s; GEMMs:", lin->out, lin->needs_dx ? "yes" : "no (first)");
     for (int g = 0; g < MODEL_GEMM_COUNT; g++) {
@@ -599,6 +739,46 @@ static void model_print_linear(const model *m, const model_linear *lin, FILE *ou
     model_print_quantizer(m, lin->q_grad, out);
 }
 
+// Bytes of the device regions whose names start with `prefix`.
+static uint64_t model_region_bytes(const model *m, const char *prefix) {
+    uint64_t bytes = 0;
+    for (uint32_t h = 0; h < m->dev->region_count; h++) {
+        const arena_region *r = arena_region_get(m->dev, h);
+        if (strncmp(r->name, prefix, strlen(prefix)) == 0) bytes += r->bytes;
+    }
+    return bytes;
+}
+
+static double model_mib(uint64_t bytes) { return (double)bytes / (1024.0 * 1024.0); }
+
+// An moe layer: its routing, the three GEMMs, and where its memory goes: the router's and the
+// experts' persistent regions (weights in every usage, masters, optimizer state) and the
+// routing and expert tensors of one step of the first mode the schedule has.
+static void model_print_moe(const model *m, const model_moe *mo, FILE *out) {
+    const recipe_layer *l = &m->recipe->model.layers[mo->layer];
+    fprintf(out, "      %u experts, top-%u, hidden %u (%s), aux %g; permuted rows: capacity %u "
+            "(batch %u x %u, each expert padded to a multiple of %u)\n", mo->experts, mo->topk,
+            mo->hidden, model_layer_names[mo->act], (double)l->aux, mo->capacity, m->batch,
+            mo->topk, mo->row_align);
+    model_print_linear(m, &m->linears[mo->router], "router: ", out);
+    model_print_linear(m, &m->linears[mo->fc1], "fc1 (per expert): ", out);
+    model_print_linear(m, &m->linears[mo->fc2], "fc2 (per expert): ", out);
+    char prefix[ARENA_NAME_MAX + 16];
+    snprintf(prefix, sizeof prefix, "%s.router.", l->name);
+    uint64_t router = model_region_bytes(m, prefix);
+    snprintf(prefix, sizeof prefix, "%s.fc1.", l->name);
+    uint64_t experts = model_region_bytes(m, prefix);
+    snprintf(prefix, sizeof prefix, "%s.fc2.", l->name);
+    experts += model_region_bytes(m, prefix);
+    model_mode mode = MODEL_MODE_TRAIN;
+    while (!m->modes[mode]) mode++;
+    snprintf(prefix, sizeof prefix, "%s.%s.", model_mode_name(mode), l->name);
+    fprintf(out, "      memory: router %.3f MiB, experts %.3f MiB (weights in every usage, "
+            "masters, optimizer state); one %s step's routing and expert tensors %.3f MiB\n",
+            model_mib(router), model_mib(experts), model_mode_name(mode),
+            model_mib(model_region_bytes(m, prefix)));
+}
+
 void model_print(const model *m, FILE *out) {
     const recipe_model *rm = &m->recipe->model;
     fprintf(out, "model: %u layers, input %u (stride %u), %u outputs, loss %s, batch %u\n",
@@ -609,8 +789,9 @@ void model_print(const model *m, FILE *out) {
         fprintf(out, "  %3u %-14s %-16s %6u -> %-6u%s\n", i, model_layer_names[l->kind], l->name,
                 l->in_features, l->out_features, l->bias ? " bias" : "");
         if (l->kind == RECIPE_LAYER_LINEAR) {
-            model_print_linear(m, &m->linears[m->layer_linear[i]], out);
+            model_print_linear(m, &m->linears[m->layer_linear[i]], "", out);
         }
+        if (l->kind == RECIPE_LAYER_MOE) model_print_moe(m, &m->moes[m->layer_moe[i]], out);
     }
     fprintf(out, "parameters: %u\n", m->param_count);
     for (uint32_t i = 0; i < m->param_count; i++) {
@@ -628,4 +809,120 @@ void model_print(const model *m, FILE *out) {
     fprintf(out, "notes:%s\n", m->note_count ? "" : " none");
     for (uint32_t i = 0; i < m->note_count; i++) fprintf(out, "  %s\n", m->notes[i]);
     if (m->notes_dropped) fprintf(out, "  ... and %u more notes\n", m->notes_dropped);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Summary (`qtrain plan --summary`): a bounded number of lines whatever the model's size.
+
+#define MODEL_SUMMARY_LAYERS 10   // layers with weights listed one per line; the rest counted
+#define MODEL_SUMMARY_GROUPS 10   // quantizer groups listed; the rest counted
+#define MODEL_SUMMARY_NAMES 40    // bytes of layer names listed per group before "+N"
+
+// Roles with the same tensor type, quantizer, RHT decision and source, and their layers.
+typedef struct model_qgroup {
+    qt_tensor_type tensor;
+    char q[160];
+    char from[64];
+    bool rht;
+    uint32_t count;
+    char names[MODEL_SUMMARY_NAMES + 1];
+    uint32_t names_left;          // layers in the group that names does not list
+} model_qgroup;
+
+static void model_qgroup_add_name(model_qgroup *g, const char *name) {
+    size_t used = strlen(g->names), need = strlen(name) + (used ? 1 : 0);
+    if (g->names_left == 0 && used + need <= MODEL_SUMMARY_NAMES) {
+        if (used) g->names[used++] = ' ';
+        memcpy(g->names + used, name, strlen(name) + 1);
+    } else {
+        g->names_left++;
+    }
+}
+
+static uint32_t model_qgroups(const model *m, model_qgroup *groups) {
+    uint32_t count = 0;
+    for (uint32_t i = 0; i < m->quantizer_count; i++) {
+        const model_quantizer *mq = &m->quantizers[i];
+        model_qgroup key;
+        memset(&key, 0, sizeof key);
+        key.tensor = mq->role.tensor_type;
+        rules_quantizer_format(&mq->q, key.q, sizeof key.q);
+        model_quantizer_source(m, mq, key.from, sizeof key.from);
+        key.rht = mq->rht;
+        uint32_t g = 0;
+        while (g < count && !(groups[g].tensor == key.tensor && groups[g].rht == key.rht &&
+                              strcmp(groups[g].q, key.q) == 0 &&
+                              strcmp(groups[g].from, key.from) == 0)) {
+            g++;
+        }
+        if (g == count) groups[count++] = key;
+        groups[g].count++;
+        model_qgroup_add_name(&groups[g], mq->role.name);
+    }
+    return count;
+}
+
+static int model_digits(uint32_t v) {
+    int digits = 1;
+    while (v >= 10) {
+        v /= 10;
+        digits++;
+    }
+    return digits;
+}
+
+void model_print_summary(const model *m, FILE *out) {
+    const recipe_model *rm = &m->recipe->model;
+    uint32_t weighted = 0;
+    uint64_t values = 0;
+    for (uint32_t i = 0; i < m->param_count; i++) {
+        values += (uint64_t)m->params[i].rows * m->params[i].cols_valid;
+    }
+    fprintf(out, "model        %u layers, input %u", rm->layers_count, m->input_features);
+    if (m->input_stride != m->input_features) fprintf(out, " (padded to %u)", m->input_stride);
+    fprintf(out, ", %u outputs, loss %s, batch %u\n", m->outputs,
+            m->classification ? "softmax_xent" : "mse", m->batch);
+    for (uint32_t i = 0; i < rm->layers_count; i++) {
+        const recipe_layer *l = &rm->layers[i];
+        if (l->name[0] == '\0') continue;
+        if (++weighted > MODEL_SUMMARY_LAYERS) continue;
+        fprintf(out, "  %-16s %-8s %6u -> %u", l->name, model_layer_names[l->kind],
+                l->in_features, l->out_features);
+        if (l->kind == RECIPE_LAYER_LINEAR) {
+            const model_linear *lin = &m->linears[m->layer_linear[i]];
+            fprintf(out, "%*s%-4s GEMMs", 7 - model_digits(l->out_features), "",
+                    l->bias ? "bias" : "");
+            for (int g = 0; g < MODEL_GEMM_COUNT; g++) {
+                bool runs = g != MODEL_DGRAD || lin->needs_dx;
+                fprintf(out, " %s %s", model_gemm_names[g],
+                        !runs ? "-" : lin->path[g] == MODEL_GEMM_NATIVE ? "native" : "mixed");
+            }
+        }
+        fputc('\n', out);
+    }
+    if (weighted > MODEL_SUMMARY_LAYERS) {
+        fprintf(out, "  ... %u more layers with weights (qtrain plan lists them all)\n",
+                weighted - MODEL_SUMMARY_LAYERS);
+    }
+    static model_qgroup groups[MODEL_QUANTIZERS_MAX];
+    uint32_t group_count = model_qgroups(m, groups);
+    fprintf(out, "quantizers   %u roles in %u groups: tensor, quantizer (source): layers\n",
+            m->quantizer_count, group_count);
+    for (uint32_t g = 0; g < group_count && g < MODEL_SUMMARY_GROUPS; g++) {
+        const model_qgroup *q = &groups[g];
+        char layers[MODEL_SUMMARY_NAMES + 24];
+        snprintf(layers, sizeof layers, "%s", q->names);
+        if (q->names_left) {
+            size_t used = strlen(layers);
+            snprintf(layers + used, sizeof layers - used, " +%u", q->names_left);
+        }
+        fprintf(out, "  %-11s  %s (%s%s): %s\n", rules_tensor_type_name(q->tensor), q->q,
+                q->from, q->rht ? ", rht on" : "", layers);
+    }
+    if (group_count > MODEL_SUMMARY_GROUPS) {
+        fprintf(out, "  ... %u more groups (qtrain plan lists every role)\n",
+                group_count - MODEL_SUMMARY_GROUPS);
+    }
+    fprintf(out, "parameters   %u tensors, %" PRIu64 " values; %u delayed-scaling states\n",
+            m->param_count, values, m->state_count);
 }

@@ -8,8 +8,9 @@
 //
 // Planning (model_plan), in order:
 //
-//   1. every role (linear.{input,weight,grad_output}@NAME) resolved through the recipe's rules
-//      (recipes/rules.h); moe layers are refused ("not supported yet")
+//   1. every role (linear.{input,weight,grad_output}@NAME, and per moe layer NAME its router
+//      router.*@NAME.router and its experts grouped_linear.*@NAME.fc1, NAME.fc2) resolved
+//      through the recipe's rules (recipes/rules.h); an moe layer is three GEMMs (model_moe)
 //   2. usages fixed for the whole run as the union over the modes of the schedule table:
 //      a weight has rowwise data, plus columnwise data when any train row
 //      exists (the optimizer rewrites both every step); activations and gradients of the train
@@ -24,8 +25,9 @@
 //      neither, so a layer whose input and grad_output disagree (or whose batch is not a
 //      multiple of 16) gets none
 //   6. delayed-scaling states: quantizers with equal (history, algo, format, margin) share one
-//      state, history f32 [history][slots] and scale f32 [slots]; their order
-//      is the trace's quantizer order
+//      state, history f32 [history][slots] and scale f32 [slots] (an moe layer's expert
+//      quantizers take one slot per expert, consecutive); their order is the trace's quantizer
+//      order
 //   7. persistent regions (weights, master, optimizer, scaling) in the device arena
 //
 // Programs (model_build_*), one per mode, each a complete step:
@@ -55,11 +57,13 @@
 #include "rules.h"    // qt_quantizer, qt_role
 
 // The model's tables hold the largest model the parser accepts (recipes/recipe.h: layers,
-// widths), so every recipe that parses fits them and planning has no limit of its own.
-#define MODEL_LINEARS_MAX RECIPE_LAYERS_MAX
-#define MODEL_QUANTIZERS_MAX (3 * MODEL_LINEARS_MAX)  // input, weight, grad_output per linear
-#define MODEL_PARAMS_MAX (2 * RECIPE_LAYERS_MAX)      // a linear's weight and bias, a gain
-#define MODEL_STATES_MAX MODEL_QUANTIZERS_MAX         // a state has at least one quantizer
+// roles, widths), so every recipe that parses fits them and planning has no limit of its own.
+#define MODEL_LINEARS_MAX (3 * RECIPE_LAYERS_MAX)  // an moe layer has three: router, fc1, fc2
+#define MODEL_MOES_MAX RECIPE_LAYERS_MAX
+#define MODEL_QUANTIZERS_MAX RECIPE_ROLES_MAX      // input, weight, grad_output per linear
+#define MODEL_PARAMS_MAX (3 * RECIPE_LAYERS_MAX)   // a linear's weight and bias, a gain, an moe
+                                                   // layer's three weights
+#define MODEL_STATES_MAX MODEL_QUANTIZERS_MAX      // a state has at least one quantizer
 #define MODEL_NOTES_MAX 64            // the plan report's notes; more are counted, not kept
 #define MODEL_NOTE_BYTES 200
 #define MODEL_NAME_MAX 48
@@ -86,6 +90,7 @@ typedef struct model_tensor {
     prog_ref ref;
     uint32_t dtype;  // QT_DTYPE_BF16 | QT_DTYPE_F32
     uint32_t rows, cols;
+    prog_ref amax;   // f32 [1] holding max |x| when the producer computed it (else absent)
 } model_tensor;
 
 // The stored copies of one quantized tensor (layouts: ptx/quant.h). Which fields are used
@@ -113,7 +118,7 @@ typedef struct model_quantizer {
     uint32_t linear;        // index into model.linears
     bool rht;               // nvfp4: the columnwise copy is RHT(x^T) (after step 5)
     int32_t state;          // delayed: index into model.states, else -1
-    uint32_t slot;          // delayed: slot within the state
+    uint32_t slot;          // delayed: (first) slot within the state; grouped: one per member
     uint32_t trace_index;   // delayed: position in the trace's quantizer list
 } model_quantizer;
 
@@ -140,12 +145,35 @@ typedef struct model_param {
     arena_handle grad;          // f32 [rows][cols], transient in the train program
     int32_t quantizer;          // the weight's quantizer, or -1: the master is the parameter
     model_qstore weight;        // quantized copies (quantizer >= 0)
+    // Stacked expert weights: `members` members of rows / members rows each, quantized as one
+    // grouped tensor (per-member scales, amaxes and delayed slots); group_offsets u32
+    // [members + 1] and group_dims u32 [members] are written once by the init program.
+    uint32_t members;           // 0: a plain parameter
+    arena_handle group_offsets, group_dims;
 } model_param;
+
+// A mixture-of-experts layer (ptx/moe.h draws its routing): three GEMMs, the router (dense,
+// experts outputs) and the experts' fc1 and fc2 (grouped by expert), and the permuted tensors'
+// shape. Every member count lives on the device; only capacity, a bound, is known here.
+typedef struct model_moe {
+    uint32_t layer;              // index into recipe.model.layers
+    uint32_t router, fc1, fc2;   // indices into model.linears
+    uint32_t experts, topk;
+    uint32_t width;              // the layer's input and output width
+    uint32_t hidden;             // per expert, after the activation
+    recipe_layer_kind act;       // RELU, GELU, SILU or SWIGLU (fc1 then has 2 hidden outputs)
+    uint32_t row_align;          // member padding of the permuted tensors: the largest
+                                 // row_align of their formats
+    uint32_t capacity;           // rows of the permuted tensors (op_moe_capacity)
+    float aux_scale;             // the load-balancing loss's factor (op_moe_aux_scale)
+} model_moe;
 
 typedef struct model_linear {
     uint32_t layer;          // index into recipe.model.layers
     uint32_t in, in_padded;  // K before and after padding
-    uint32_t out;            // N
+    uint32_t out;            // N (of one member for an moe layer's experts)
+    uint32_t members;        // 0: dense; an moe layer's fc1, fc2: its experts (grouped GEMMs)
+    uint32_t moe;            // index into model.moes, or UINT32_MAX
     bool bias;
     uint32_t q_input, q_weight, q_grad;  // indices into model.quantizers
     uint32_t weight, bias_param;         // indices into model.params (bias_param if bias)
@@ -162,7 +190,7 @@ typedef struct model_io {
     arena_handle ring;           // host: MODEL_RING_LEN ring records (ptx/trace_record.h)
     arena_handle outputs;        // host: MODEL_OUTPUT_SLOTS slots of infer outputs (bf16)
     uint64_t outputs_bytes;      // one slot: [batch][outputs] bf16, rounded up to 16
-    arena_handle counter;        // device: u64 step counter (ptx/sched.h)
+    arena_handle counter;        // device: u64 step counter (ptx/sched_ops.h)
     arena_handle optim_steps;    // device: u64, the counted train steps (ptx/optim.h)
     arena_handle lr_rows;        // device: optim_lr_row [lr_row_count]
     arena_handle gnorm_ticket;   // device: u32 of the gradient norm's fold (op_grad_norm)
@@ -208,17 +236,24 @@ typedef struct model {
     uint32_t input_stride;        // padded width of the model input (>= input_features)
     uint32_t outputs;
     uint32_t first_param_layer;   // backward stops after this layer
-    uint32_t layer_linear[RECIPE_LAYERS_MAX];  // linear index of a layer, or UINT32_MAX
+    uint32_t layer_linear[RECIPE_LAYERS_MAX];  // linear index of a layer (an moe layer: its
+                                               // router; fc1 and fc2 follow), or UINT32_MAX
     uint32_t layer_param[RECIPE_LAYERS_MAX];   // rmsnorm: its gamma's param index
+    uint32_t layer_moe[RECIPE_LAYERS_MAX];     // moe: its index into moes, or UINT32_MAX
     uint32_t linear_count;
     model_linear linears[MODEL_LINEARS_MAX];
+    uint32_t moe_count;
+    model_moe moes[MODEL_MOES_MAX];
     uint32_t quantizer_count;
     model_quantizer quantizers[MODEL_QUANTIZERS_MAX];
     uint32_t param_count;
     model_param params[MODEL_PARAMS_MAX];
     uint32_t state_count;
     model_state states[MODEL_STATES_MAX];
-    uint32_t delayed_count;       // quantizers in the trace
+    uint32_t delayed_slots;       // delayed-scaling slots: one per quantizer, one per member of
+                                  // an moe layer's grouped quantizers (experts' tensors)
+    uint32_t delayed_count;       // the first slots, which the trace records (at most
+                                  // QT_TRACE_QUANTIZERS_MAX)
     model_io io;
     model_inject inject;
     uint32_t inject_param;        // with inject.on: the parameter whose gradient gets the fault
@@ -240,11 +275,20 @@ qt_status model_build_infer(model *m, program *p);
 qt_status model_build_init(model *m, program *p);
 qt_status model_build_checksum(model *m, program *p);
 
-// The trace names of the delayed-scaling quantizers, in trace order ("linear.input@fc1").
+// Tensors of one quantizer: an moe layer's experts (fc1, fc2) have one per expert, each with its
+// own scale, amax and delayed-scaling slot; every other quantizer has one.
+uint32_t model_quantizer_tensors(const model *m, const model_quantizer *mq);
+
+// The trace names of the delayed-scaling slots, in trace order ("linear.input@fc1", and per
+// expert "grouped_linear.input@moe1.fc1[3]").
 void model_trace_name(const model *m, uint32_t trace_index, char *buf, size_t buf_bytes);
 
 // Writes the plan: layers with their widths, padding, quantizers (scheme and options), GEMM
 // paths, RHT decisions and the notes.
 void model_print(const model *m, FILE *out);
+// The same in brief, at most 25 lines for any model: the layers with weights (their GEMM paths),
+// the quantizers grouped by tensor type, quantizer and the rule that chose it (with the layers of
+// each group), and the parameter count.
+void model_print_summary(const model *m, FILE *out);
 
 #endif  // QT_MODEL_H

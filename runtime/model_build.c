@@ -9,12 +9,21 @@
 #include "op_act.h"          // activations, losses, grad norm
 #include "op_core.h"         // op_fill_random, op_checksum
 #include "op_gemm.h"         // op_gemm, op_gemm_bias_grad
+#include "op_moe.h"          // routing, gather, combine
 #include "op_optim.h"        // op_optim_*
 #include "op_quant_block.h"
 #include "op_quant_fp8.h"
 #include "op_quant_mxfp8.h"
 #include "op_quant_nvfp4.h"
 #include "op_sched.h"        // op_sched_copy, op_sched_record, op_sched_checksum
+
+// The tensors of one moe layer's forward pass that its backward pass reads.
+typedef struct mb_moe {
+    op_moe_routing routing;  // probs, choices, gates, the permutation and its member counts
+    model_tensor xp;         // the permuted input [capacity][width] (the input's dtype)
+    model_tensor h;          // fc1's output [capacity][fc1 outputs], bf16
+    model_tensor yp;         // fc2's output [capacity][width], bf16
+} mb_moe;
 
 // What one program's builder knows while it appends ops.
 typedef struct mb {
@@ -27,12 +36,13 @@ typedef struct mb {
     prog_ref rows_valid;    // u32 (the staging header)
     model_tensor acts[RECIPE_LAYERS_MAX + 1];  // acts[i]: input of layer i; acts[n]: output
     model_qstore xq[MODEL_LINEARS_MAX];        // quantized inputs of the linears
+    mb_moe moes[MODEL_MOES_MAX];
     prog_ref inv_rms[RECIPE_LAYERS_MAX];
     prog_ref stats;         // qt_loss_stats
     model_tensor dlogits;   // train: gradient of the output
     prog_ref gnorm;         // train: qt_gnorm_result
     prog_ref optim;         // train: this step's optim_state
-    prog_ref snap_amax, snap_scale;  // f32 [delayed_count] for the record
+    prog_ref snap_amax, snap_scale;  // f32 [delayed_slots]; the record copies delayed_count
     prog_ref grads[MODEL_PARAMS_MAX];        // the optimizer's gradients, and their elements
     uint64_t grad_counts[MODEL_PARAMS_MAX];
     op_fp8_delayed_state states[MODEL_STATES_MAX];  // the end of step's delayed-scaling states
@@ -66,13 +76,20 @@ static qt_status mb_region(mb *b, const char *what, uint64_t bytes, arena_catego
     return model_region(&pl, what, bytes, cat, out);
 }
 
-// A new BF16 tensor [rows][cols] of this program.
-static qt_status mb_tensor(mb *b, const char *what, uint32_t rows, uint32_t cols,
-                           arena_category cat, model_tensor *out) {
-    out->dtype = QT_DTYPE_BF16;
+// A tensor of this program [rows][cols] of dtype (BF16 or F32).
+static qt_status mb_tensor_of(mb *b, const char *what, uint32_t rows, uint32_t cols,
+                              uint32_t dtype, arena_category cat, model_tensor *out) {
+    out->dtype = dtype;
     out->rows = rows;
     out->cols = cols;
-    return mb_region(b, what, (uint64_t)rows * cols * 2, cat, &out->ref);
+    out->amax = OP_REF_NONE;
+    uint64_t elem = dtype == QT_DTYPE_BF16 ? 2 : 4;
+    return mb_region(b, what, (uint64_t)rows * cols * elem, cat, &out->ref);
+}
+
+static qt_status mb_tensor(mb *b, const char *what, uint32_t rows, uint32_t cols,
+                           arena_category cat, model_tensor *out) {
+    return mb_tensor_of(b, what, rows, cols, QT_DTYPE_BF16, cat, out);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -87,13 +104,19 @@ static prog_ref mb_state_amax(const mb *b, const model_quantizer *mq) {
 }
 
 static qt_status mb_quantize_fp8(mb *b, const char *name, const model_quantizer *mq,
-                                 model_tensor x, bool record_amax, const model_qstore *s) {
-    op_fp8_input in = {x.ref, x.dtype, x.rows, x.cols, op_group_dense()};
+                                 model_tensor x, op_group group, bool record_amax,
+                                 const model_qstore *s) {
+    op_fp8_input in = {x.ref, x.dtype, x.rows, x.cols, group};
     op_fp8_output out = {model_fp8_code(mq->q.elem), s->row_data, s->col_data, s->scale_inv};
     if (mq->q.scheme == QT_SCHEME_DELAYED) {
         // Eval and infer read the scale and leave the history alone (no amax slot).
         prog_ref amax = record_amax ? mb_state_amax(b, mq) : OP_FP8_NONE;
         return op_fp8_cast_delayed(b->p, name, &in, &out, mb_state_scale(b, mq), amax);
+    }
+    // A producer that already took x's amax saves the pass over x (mb_amax_for_consumer).
+    if (prog_ref_present(x.amax)) {
+        return op_fp8_cast_current(b->p, name, &in, &out, x.amax, OP_FP8_NONE, mq->q.pow2,
+                                   mq->q.amax_eps);
     }
     return op_fp8_quantize_current(b->p, name, &in, &out, s->amax_row, OP_FP8_NONE, mq->q.pow2,
                                    mq->q.amax_eps);
@@ -151,14 +174,17 @@ static op_mxfp8_quantize_desc mb_mxfp8_desc(const model_quantizer *mq, model_ten
 }
 
 // Quantizes x with the role's quantizer into new regions "<mode>.<what>.*" of the directions
-// asked for. record_amax: delayed scaling adds this cast's amax to the history (train only).
+// asked for; a grouped x (group.count members: an moe layer's permuted rows) gets per-member
+// scales. record_amax: delayed scaling adds this cast's amax to the history (train only).
 static qt_status mb_quantize(mb *b, const char *what, const model_quantizer *mq, model_tensor x,
-                             bool rowwise, bool colwise, bool record_amax, model_qstore *s) {
+                             op_group group, bool rowwise, bool colwise, bool record_amax,
+                             model_qstore *s) {
     char prefix[ARENA_NAME_MAX];
     snprintf(prefix, sizeof prefix, "%s.%s", model_mode_name(b->mode), what);
     model_place pl = {b->m->dev, prefix, false, ARENA_CAT_ACTIVATIONS};
     bool convert = mq->q.scheme == QT_SCHEME_BF16 && x.dtype != QT_DTYPE_BF16;
-    QT_TRY(model_qstore_reserve(&pl, mq, x.rows, x.cols, rowwise, colwise, convert, s));
+    QT_TRY(model_qstore_reserve(&pl, mq, x.rows, x.cols, group.count, rowwise, colwise, convert,
+                                s));
     switch (mq->q.scheme) {
     case QT_SCHEME_BF16:
         if (!convert) {
@@ -170,18 +196,20 @@ static qt_status mb_quantize(mb *b, const char *what, const model_quantizer *mq,
                                     mb_act(s->bf16), false);
     case QT_SCHEME_DELAYED:
     case QT_SCHEME_CURRENT:
-        return mb_quantize_fp8(b, what, mq, x, record_amax, s);
+        return mb_quantize_fp8(b, what, mq, x, group, record_amax, s);
     case QT_SCHEME_MXFP8: {
         op_mxfp8_quantize_desc d = mb_mxfp8_desc(mq, x, s);
+        d.group = group;
         return op_mxfp8_quantize(b->p, what, &d);
     }
     case QT_SCHEME_BLOCK: {
         op_block_tensor t = mb_block_tensor(mq, x.rows, x.cols, s);
+        t.group = group;
         op_block_options o = {!mq->q.pow2, mq->q.amax_eps};
         return op_quant_block(b->p, what, x.ref, x.dtype, &t, &o);
     }
     case QT_SCHEME_NVFP4: {
-        op_nvfp4_input in = {x.ref, x.dtype, x.rows, x.cols, {0}};
+        op_nvfp4_input in = {x.ref, x.dtype, x.rows, x.cols, group};
         bool rht = s->colwise && mq->rht;
         op_nvfp4_amax_out amax = {s->amax_row, rht ? s->amax_col : OP_REF_NONE, rht,
                                   QT_NVFP4_RHT_SIGNS_TE};
@@ -199,37 +227,66 @@ static qt_status mb_quantize(mb *b, const char *what, const model_quantizer *mq,
 // GEMMs
 
 // One GEMM operand: a quantized tensor of logical shape rows x cols, read through one copy.
+// A stacked expert weight (stacked = its members) is `stacked` such tensors back to back, one per
+// member of an M-grouped GEMM; a grouped tensor (an moe layer's permuted rows, rows = its
+// capacity) and a stacked weight carry their members in `group` (per-member scales).
 typedef struct mb_operand {
     const model_quantizer *mq;
     const model_qstore *s;
     uint32_t rows, cols;
     bool colwise;
+    uint32_t stacked;
+    op_group group;
 } mb_operand;
+
+static mb_operand mb_dense(const model_quantizer *mq, const model_qstore *s, uint32_t rows,
+                           uint32_t cols, bool colwise) {
+    mb_operand o = {mq, s, rows, cols, colwise, 0, op_group_dense()};
+    return o;
+}
+
+static uint32_t mb_stored_rows(const mb_operand *o) {
+    return o->rows * (o->stacked ? o->stacked : 1u);
+}
+
+// Grouped and stacked operands' per-tensor factors (fp8 scale_inv, nvfp4 amax) are per member.
+static void mb_operand_per_member(op_gemm_operand *op, const mb_operand *o) {
+    if (o->group.count > 0 && prog_ref_present(op->tensor_scale)) {
+        op->flags |= GEMM_OPERAND_TENSOR_PER_MEMBER;
+    }
+}
 
 static op_gemm_operand mb_gemm_operand(const mb_operand *o) {
     const qt_quantizer *q = &o->mq->q;
     uint32_t f = model_gemm_format_of(q->scheme);
     const model_qstore *s = o->s;
+    uint32_t rows = mb_stored_rows(o);
+    op_gemm_operand op;
     if (f == GEMM_FORMAT_BF16) {
-        return op_gemm_operand_of(f, GEMM_ELEM_BF16, o->rows, o->cols, o->colwise, false,
-                                  s->bf16.ref, OP_REF_NONE, OP_REF_NONE);
+        op = op_gemm_operand_of(f, GEMM_ELEM_BF16, rows, o->cols, o->colwise, false, s->bf16.ref,
+                                OP_REF_NONE, OP_REF_NONE);
+    } else {
+        QT_ASSERT(o->colwise ? s->colwise : s->rowwise);
+        prog_ref data = o->colwise ? s->col_data : s->row_data;
+        prog_ref scale = o->colwise ? s->col_scale : s->row_scale;
+        prog_ref tensor_scale = OP_REF_NONE;
+        if (f == GEMM_FORMAT_FP8) {
+            scale = OP_REF_NONE;
+            tensor_scale = s->scale_inv;
+        } else if (f == GEMM_FORMAT_NVFP4) {
+            tensor_scale = o->colwise ? s->amax_col : s->amax_row;
+        }
+        bool scale_2d = f == GEMM_FORMAT_FP8_BLOCK && q->two_d;
+        op = op_gemm_operand_of(f, model_gemm_elem_of(q->elem), rows, o->cols, o->colwise,
+                                scale_2d, data, scale, tensor_scale);
     }
-    QT_ASSERT(o->colwise ? s->colwise : s->rowwise);
-    prog_ref data = o->colwise ? s->col_data : s->row_data;
-    prog_ref scale = o->colwise ? s->col_scale : s->row_scale;
-    prog_ref tensor_scale = OP_REF_NONE;
-    if (f == GEMM_FORMAT_FP8) {
-        scale = OP_REF_NONE;
-        tensor_scale = s->scale_inv;
-    } else if (f == GEMM_FORMAT_NVFP4) {
-        tensor_scale = o->colwise ? s->amax_col : s->amax_row;
-    }
-    bool scale_2d = f == GEMM_FORMAT_FP8_BLOCK && q->two_d;
-    return op_gemm_operand_of(f, model_gemm_elem_of(q->elem), o->rows, o->cols, o->colwise,
-                              scale_2d, data, scale, tensor_scale);
+    if (o->stacked) op_gemm_operand_stack(&op, f, q->two_d, o->colwise, o->rows, o->cols);
+    mb_operand_per_member(&op, o);
+    return op;
 }
 
-// The operand's values as a BF16 [rows][cols] tensor (for a mixed-format GEMM).
+// The operand's values as a BF16 [stored rows][cols] tensor (for a mixed-format GEMM); a grouped
+// tensor's rows past its active end are not written.
 static qt_status mb_dequantize(mb *b, const char *what, const mb_operand *o,
                                model_tensor *out) {
     const qt_quantizer *q = &o->mq->q;
@@ -238,12 +295,13 @@ static qt_status mb_dequantize(mb *b, const char *what, const mb_operand *o,
         *out = s->bf16;
         return QT_OK;
     }
-    QT_TRY(mb_tensor(b, what, o->rows, o->cols, ARENA_CAT_WORKSPACE, out));
+    uint32_t rows = mb_stored_rows(o);
+    QT_TRY(mb_tensor(b, what, rows, o->cols, ARENA_CAT_WORKSPACE, out));
     const char *name = what;
     switch (q->scheme) {
     case QT_SCHEME_DELAYED:
     case QT_SCHEME_CURRENT: {
-        op_fp8_input hp = {out->ref, QT_DTYPE_BF16, o->rows, o->cols, op_group_dense()};
+        op_fp8_input hp = {out->ref, QT_DTYPE_BF16, rows, o->cols, o->group};
         op_fp8_output codes = {model_fp8_code(q->elem), s->row_data, s->col_data, s->scale_inv};
         if (!s->rowwise) codes.rowwise = OP_FP8_NONE;
         if (!s->colwise) codes.colwise = OP_FP8_NONE;
@@ -255,20 +313,23 @@ static qt_status mb_dequantize(mb *b, const char *what, const mb_operand *o,
                            : (op_mxfp8_dir){s->row_data, s->row_scale};
         d.colwise = o->colwise;
         d.elem = q->elem;
-        d.rows = o->rows;
+        d.rows = rows;
         d.cols = o->cols;
         d.out = out->ref;
         d.dtype = QT_DTYPE_BF16;
+        d.group = o->group;
         return op_mxfp8_dequantize(b->p, name, &d);
     }
     case QT_SCHEME_BLOCK: {
-        op_block_tensor t = mb_block_tensor(o->mq, o->rows, o->cols, s);
+        op_block_tensor t = mb_block_tensor(o->mq, rows, o->cols, s);
+        t.group = o->group;
         return op_dequant_block(b->p, name, &t, o->colwise, out->ref, QT_DTYPE_BF16);
     }
     case QT_SCHEME_NVFP4: {
         op_nvfp4_dequant d = {0};
-        d.rows = o->rows;
+        d.rows = rows;
         d.cols = o->cols;
+        d.group = o->group;
         d.colwise = o->colwise;
         d.data = o->colwise ? s->col_data : s->row_data;
         d.scales = o->colwise ? s->col_scale : s->row_scale;
@@ -289,14 +350,19 @@ static qt_status mb_dequantize(mb *b, const char *what, const mb_operand *o,
 static qt_status mb_nvfp4_decoded(mb *b, const char *what, const mb_operand *o,
                                   op_gemm_operand *out) {
     const model_qstore *s = o->s;
-    uint32_t rows = o->colwise ? o->cols : o->rows;
-    uint32_t k = o->colwise ? o->rows : o->cols;
+    uint32_t rows = o->colwise ? o->cols : mb_stored_rows(o);
+    uint32_t k = o->colwise ? mb_stored_rows(o) : o->cols;
     model_tensor t;
     QT_TRY(mb_tensor(b, what, rows, k, ARENA_CAT_WORKSPACE, &t));
     QT_TRY(op_nvfp4_decode(b->p, what, o->colwise ? s->col_data : s->row_data,
                            o->colwise ? s->col_scale : s->row_scale, t.ref, rows, k));
     *out = op_gemm_operand_of(GEMM_FORMAT_BF16, GEMM_ELEM_BF16, rows, k, false, false, t.ref,
                               OP_REF_NONE, o->colwise ? s->amax_col : s->amax_row);
+    if (o->stacked) {
+        // A member's n rows of the rowwise decode, or its n columns of the columnwise one.
+        out->data_member_bytes = o->colwise ? 2ull * o->rows : 2ull * o->rows * o->cols;
+    }
+    mb_operand_per_member(out, o);
     return QT_OK;
 }
 
@@ -314,13 +380,25 @@ static qt_status mb_gemm_nvfp4_copies(mb *b, const char *what, op_gemm_desc *g,
     return op_gemm(b->p, what, g);
 }
 
+// A BF16 operand over a dequantized copy (mb_dequantize's layout).
+static op_gemm_operand mb_bf16_operand(const mb_operand *o, model_tensor t) {
+    op_gemm_operand op = op_gemm_operand_of(GEMM_FORMAT_BF16, GEMM_ELEM_BF16, mb_stored_rows(o),
+                                            o->cols, o->colwise, false, t.ref, OP_REF_NONE,
+                                            OP_REF_NONE);
+    if (o->stacked) op_gemm_operand_stack(&op, GEMM_FORMAT_BF16, false, o->colwise, o->rows,
+                                         o->cols);
+    return op;
+}
+
 // D [m][n] = A (m x k) B (n x k)^T (+ bias). A's rows are D's rows: a->colwise reads the
-// transposed view. path MIXED: both operands through BF16 copies.
+// transposed view. path MIXED: both operands through BF16 copies. grouping GEMM_GROUP_M: A is
+// grouped by `group` and B a stacked weight (D has A's rows); GEMM_GROUP_K: both are grouped by
+// `group` along the contraction and D is one [m][n] per member, back to back.
 static qt_status mb_gemm(mb *b, const char *what, model_gemm kind, const model_linear *lin,
                          const mb_operand *a, const mb_operand *bo, model_tensor d,
-                         prog_ref bias) {
+                         prog_ref bias, uint32_t grouping, op_group group) {
     op_gemm_desc g = {0};
-    g.grouping = GEMM_DENSE;
+    g.grouping = grouping;
     g.alpha = 1.0f;
     g.m = a->colwise ? a->cols : a->rows;
     g.n = bo->colwise ? bo->cols : bo->rows;
@@ -330,12 +408,19 @@ static qt_status mb_gemm(mb *b, const char *what, model_gemm kind, const model_l
     g.bias = bias;
     g.bias_dtype = QT_DTYPE_F32;
     QT_ASSERT(d.rows == g.m && d.cols == g.n);
+    QT_ASSERT((grouping == GEMM_DENSE) == (group.count == 0));
+    if (grouping != GEMM_DENSE) {
+        g.count = group.count;
+        g.row_offsets = group.row_offsets;
+        g.first_dims = group.first_dims;
+    }
     const char *name = what;
     if (lin->path[kind] == MODEL_GEMM_NATIVE) {
         g.format = model_gemm_format_of(a->mq->q.scheme);
         g.a = mb_gemm_operand(a);
         g.b = mb_gemm_operand(bo);
-        // TE's per-tensor FP8 defaults: fast accumulation in fprop only.
+        // TE's per-tensor FP8 defaults: fast accumulation in fprop only, grouped or not (so one
+        // expert computes what the dense layers would, bit for bit).
         if (g.format == GEMM_FORMAT_FP8 && kind != MODEL_FPROP) {
             g.flags = GEMM_FLAG_SPLIT_ACCUMULATE;
         }
@@ -351,10 +436,8 @@ static qt_status mb_gemm(mb *b, const char *what, model_gemm kind, const model_l
     snprintf(part, sizeof part, "%s.b_bf16", what);
     QT_TRY(mb_dequantize(b, part, bo, &tb));
     g.format = GEMM_FORMAT_BF16;
-    g.a = op_gemm_operand_of(GEMM_FORMAT_BF16, GEMM_ELEM_BF16, a->rows, a->cols, a->colwise,
-                             false, ta.ref, OP_REF_NONE, OP_REF_NONE);
-    g.b = op_gemm_operand_of(GEMM_FORMAT_BF16, GEMM_ELEM_BF16, bo->rows, bo->cols, bo->colwise,
-                             false, tb.ref, OP_REF_NONE, OP_REF_NONE);
+    g.a = mb_bf16_operand(a, ta);
+    g.b = mb_bf16_operand(bo, tb);
     return op_gemm(b->p, name, &g);
 }
 
@@ -379,15 +462,17 @@ static qt_status mb_linear_forward(mb *b, uint32_t layer, model_tensor x, model_
     char what[ARENA_NAME_MAX];
     snprintf(what, sizeof what, "%s.x", name);
     // Training also keeps the columnwise copy for wgrad.
-    QT_TRY(mb_quantize(b, what, &m->quantizers[lin->q_input], x, true, b->train, b->train,
-                       &b->xq[li]));
+    QT_TRY(mb_quantize(b, what, &m->quantizers[lin->q_input], x, op_group_dense(), true,
+                       b->train, b->train, &b->xq[li]));
     snprintf(what, sizeof what, "%s.y", name);
     QT_TRY(mb_tensor(b, what, x.rows, lin->out, ARENA_CAT_ACTIVATIONS, y));
-    mb_operand a = {&m->quantizers[lin->q_input], &b->xq[li], x.rows, lin->in_padded, false};
-    mb_operand w = {&m->quantizers[lin->q_weight], mb_weight(b, lin), lin->out, lin->in_padded,
-                    false};
+    mb_operand a = mb_dense(&m->quantizers[lin->q_input], &b->xq[li], x.rows, lin->in_padded,
+                            false);
+    mb_operand w = mb_dense(&m->quantizers[lin->q_weight], mb_weight(b, lin), lin->out,
+                            lin->in_padded, false);
     snprintf(what, sizeof what, "%s.fprop", name);
-    return mb_gemm(b, what, MODEL_FPROP, lin, &a, &w, *y, mb_bias(b, lin));
+    return mb_gemm(b, what, MODEL_FPROP, lin, &a, &w, *y, mb_bias(b, lin), GEMM_DENSE,
+                   op_group_dense());
 }
 
 static uint32_t mb_act_kind(recipe_layer_kind k) {
@@ -400,6 +485,164 @@ static uint32_t mb_act_kind(recipe_layer_kind k) {
     }
 }
 
+// Whether the tensor that layer i produces (forward: its output; backward: its input's
+// gradient) is next cast by a per-tensor current-scaling quantizer: the input quantizer of the
+// following linear, or the gradient quantizer of the preceding one, past residual markers that
+// hand the tensor on unchanged. Then the producer takes the amax as it writes, and the cast reads
+// it instead of making its own pass over the tensor.
+static bool mb_current_consumer(const mb *b, uint32_t i, bool backward) {
+    const model *m = b->m;
+    const recipe_model *rm = &m->recipe->model;
+    recipe_layer_kind pass = backward ? RECIPE_LAYER_RESIDUAL_END : RECIPE_LAYER_RESIDUAL_BEGIN;
+    uint32_t j = i;
+    do {
+        if (backward ? j <= m->first_param_layer : j + 1 >= rm->layers_count) return false;
+        j = backward ? j - 1 : j + 1;
+    } while (rm->layers[j].kind == pass);
+    if (rm->layers[j].kind != RECIPE_LAYER_LINEAR) return false;
+    const model_linear *lin = &m->linears[m->layer_linear[j]];
+    const model_quantizer *q = &m->quantizers[backward ? lin->q_grad : lin->q_input];
+    return q->q.scheme == QT_SCHEME_CURRENT;
+}
+
+// The amax slot "<mode>.<what>.amax" of a producer that mb_current_consumer approved, zeroed by
+// an op of its own before the producer merges into it; absent otherwise.
+static qt_status mb_producer_amax(mb *b, uint32_t i, bool backward, const char *what,
+                                  prog_ref *amax) {
+    *amax = OP_REF_NONE;
+    if (!mb_current_consumer(b, i, backward)) return QT_OK;
+    char name[ARENA_NAME_MAX];
+    snprintf(name, sizeof name, "%s.amax", what);
+    QT_TRY(mb_region(b, name, 4, ARENA_CAT_WORKSPACE, amax));
+    return op_fp8_amax_zero(b->p, name, *amax, 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mixture of experts (ptx/moe.h draws the routing, model.h's model_moe the plan)
+
+static mb_moe *mb_moe_state(mb *b, uint32_t layer) { return &b->moes[b->m->layer_moe[layer]]; }
+
+// One of the layer's permuted tensors (rows: the capacity, members: the experts).
+static mb_operand mb_grouped(const model_quantizer *mq, const model_qstore *s, const mb_moe *st,
+                             uint32_t cols, bool colwise) {
+    mb_operand o = {mq, s, st->routing.capacity, cols, colwise, 0, st->routing.group};
+    return o;
+}
+
+// A stacked expert weight, read rowwise (fprop) or columnwise (dgrad).
+static mb_operand mb_stacked(const mb *b, const model_linear *lin, bool colwise) {
+    const model_param *w = &b->m->params[lin->weight];
+    op_group g = {lin->members, mb_dev(b, w->group_offsets), mb_dev(b, w->group_dims)};
+    mb_operand o = {&b->m->quantizers[lin->q_weight], &w->weight, lin->out, lin->in_padded,
+                    colwise, lin->members, g};
+    return o;
+}
+
+// The region "<mode>.<layer>.<part>" of a u32 or f32 array.
+static qt_status mb_moe_array(mb *b, const char *name, const char *part, uint64_t count,
+                              arena_category cat, prog_ref *out) {
+    char what[ARENA_NAME_MAX];
+    snprintf(what, sizeof what, "%s.%s", name, part);
+    return mb_region(b, what, count * 4, cat, out);
+}
+
+// Softmax, top-k and the permutation by expert (op_moe_route_and_permute).
+static qt_status mb_moe_route(mb *b, const char *name, const model_moe *mo, prog_ref logits,
+                              op_moe_routing *r) {
+    memset(r, 0, sizeof *r);
+    r->tokens = b->m->batch;
+    r->experts = mo->experts;
+    r->topk = mo->topk;
+    r->row_align = mo->row_align;
+    r->capacity = mo->capacity;
+    r->logits = logits;
+    uint64_t assignments = (uint64_t)r->tokens * r->topk;
+    arena_category keep = ARENA_CAT_ACTIVATIONS;
+    QT_TRY(mb_moe_array(b, name, "probs", (uint64_t)r->tokens * r->experts, keep, &r->probs));
+    QT_TRY(mb_moe_array(b, name, "expert", assignments, keep, &r->expert));
+    QT_TRY(mb_moe_array(b, name, "gate", assignments, keep, &r->gate));
+    QT_TRY(mb_moe_array(b, name, "chunk_counts",
+                        (uint64_t)op_moe_chunks((uint32_t)assignments) * r->experts,
+                        ARENA_CAT_WORKSPACE, &r->chunk_counts));
+    QT_TRY(mb_moe_array(b, name, "row_of", assignments, keep, &r->row_of));
+    QT_TRY(mb_moe_array(b, name, "assign_of", r->capacity, keep, &r->assign_of));
+    r->group.count = r->experts;
+    QT_TRY(mb_moe_array(b, name, "first_dims", r->experts, keep, &r->group.first_dims));
+    QT_TRY(mb_moe_array(b, name, "row_offsets", r->experts + 1ull, keep,
+                        &r->group.row_offsets));
+    const model *m = b->m;
+    bool rht = m->quantizers[m->linears[mo->fc1].q_input].rht ||
+               m->quantizers[m->linears[mo->fc2].q_input].rht;
+    if (b->train && rht) {
+        QT_TRY(mb_moe_array(b, name, "whole_dims", r->experts, keep, &r->whole_dims));
+    }
+    return op_moe_route_and_permute(b->p, name, r);
+}
+
+// An expert GEMM's fprop: y [capacity][out] = the grouped input (quantized into xq) times each
+// expert's weight.
+static qt_status mb_moe_expert_fprop(mb *b, const char *name, const char *gemm, uint32_t li,
+                                     const mb_moe *st, model_tensor x, model_tensor *y) {
+    model *m = b->m;
+    const model_linear *lin = &m->linears[li];
+    char what[ARENA_NAME_MAX];
+    snprintf(what, sizeof what, "%s.%s.x", name, gemm);
+    QT_TRY(mb_quantize(b, what, &m->quantizers[lin->q_input], x, st->routing.group, true,
+                       b->train, b->train, &b->xq[li]));
+    snprintf(what, sizeof what, "%s.%s.y", name, gemm);
+    QT_TRY(mb_tensor(b, what, x.rows, lin->out, ARENA_CAT_ACTIVATIONS, y));
+    mb_operand a = mb_grouped(&m->quantizers[lin->q_input], &b->xq[li], st, lin->in, false);
+    mb_operand w = mb_stacked(b, lin, false);
+    snprintf(what, sizeof what, "%s.%s.fprop", name, gemm);
+    return mb_gemm(b, what, MODEL_FPROP, lin, &a, &w, *y, OP_REF_NONE, GEMM_GROUP_M,
+                   st->routing.group);
+}
+
+// router -> softmax -> top-k -> permutation -> gather -> fc1 -> activation -> fc2 -> combine.
+static qt_status mb_moe_forward(mb *b, uint32_t layer, model_tensor x, model_tensor *y) {
+    model *m = b->m;
+    const model_moe *mo = &m->moes[m->layer_moe[layer]];
+    mb_moe *st = mb_moe_state(b, layer);
+    const model_linear *router = &m->linears[mo->router];
+    const char *name = m->recipe->model.layers[layer].name;
+    QT_ASSERT(x.cols == mo->width && x.rows == m->batch);
+    char what[ARENA_NAME_MAX];
+    snprintf(what, sizeof what, "%s.router.x", name);
+    QT_TRY(mb_quantize(b, what, &m->quantizers[router->q_input], x, op_group_dense(), true,
+                       b->train, b->train, &b->xq[mo->router]));
+    model_tensor logits;
+    snprintf(what, sizeof what, "%s.logits", name);
+    QT_TRY(mb_tensor_of(b, what, x.rows, mo->experts, QT_DTYPE_F32, ARENA_CAT_ACTIVATIONS,
+                        &logits));
+    mb_operand a = mb_dense(&m->quantizers[router->q_input], &b->xq[mo->router], x.rows,
+                            mo->width, false);
+    mb_operand w = mb_dense(&m->quantizers[router->q_weight],
+                            &m->params[router->weight].weight, mo->experts, mo->width, false);
+    snprintf(what, sizeof what, "%s.router.fprop", name);
+    QT_TRY(mb_gemm(b, what, MODEL_FPROP, router, &a, &w, logits, OP_REF_NONE, GEMM_DENSE,
+                   op_group_dense()));
+    QT_TRY(mb_moe_route(b, name, mo, logits.ref, &st->routing));
+    snprintf(what, sizeof what, "%s.xp", name);
+    QT_TRY(mb_tensor_of(b, what, mo->capacity, mo->width, x.dtype, ARENA_CAT_ACTIVATIONS,
+                        &st->xp));
+    snprintf(what, sizeof what, "%s.gather", name);
+    QT_TRY(op_moe_gather(b->p, what, &st->routing, x.ref,
+                         mo->width * qt_act_dtype_bytes(x.dtype), st->xp.ref));
+    QT_TRY(mb_moe_expert_fprop(b, name, "fc1", mo->fc1, st, st->xp, &st->h));
+    model_tensor act;
+    snprintf(what, sizeof what, "%s.act", name);
+    QT_TRY(mb_tensor(b, what, mo->capacity, mo->hidden, ARENA_CAT_ACTIVATIONS, &act));
+    QT_TRY(op_act_forward(b->p, what, mb_act_kind(mo->act), mo->capacity, st->h.cols,
+                          mb_act(st->h), OP_ACT_NONE, mb_act(act), OP_REF_NONE));
+    QT_TRY(mb_moe_expert_fprop(b, name, "fc2", mo->fc2, st, act, &st->yp));
+    snprintf(what, sizeof what, "%s.y", name);
+    QT_TRY(mb_tensor(b, what, x.rows, mo->width, ARENA_CAT_ACTIVATIONS, y));
+    op_moe_tensor src = {st->yp.ref, st->yp.dtype}, out = {y->ref, y->dtype};
+    op_moe_tensor none = {OP_REF_NONE, QT_DTYPE_F32};
+    return op_moe_combine(b->p, what, &st->routing, mo->width, src, st->routing.gate, none,
+                          out);
+}
+
 static qt_status mb_layer_forward(mb *b, uint32_t i, model_tensor x, model_tensor *stack,
                                   uint32_t *depth, model_tensor *y) {
     const recipe_layer *l = &b->m->recipe->model.layers[i];
@@ -410,13 +653,16 @@ static qt_status mb_layer_forward(mb *b, uint32_t i, model_tensor x, model_tenso
     switch (l->kind) {
     case RECIPE_LAYER_LINEAR:
         return mb_linear_forward(b, i, x, y);
+    case RECIPE_LAYER_MOE:
+        return mb_moe_forward(b, i, x, y);
     case RECIPE_LAYER_RELU:
     case RECIPE_LAYER_GELU:
     case RECIPE_LAYER_SILU:
     case RECIPE_LAYER_SWIGLU:
         QT_TRY(mb_tensor(b, what, rows, l->out_features, ARENA_CAT_ACTIVATIONS, y));
+        QT_TRY(mb_producer_amax(b, i, false, what, &y->amax));
         return op_act_forward(b->p, what, mb_act_kind(l->kind), rows, x.cols, mb_act(x),
-                              OP_ACT_NONE, mb_act(*y));
+                              OP_ACT_NONE, mb_act(*y), y->amax);
     case RECIPE_LAYER_RMSNORM: {
         QT_TRY(mb_tensor(b, what, rows, x.cols, ARENA_CAT_ACTIVATIONS, y));
         snprintf(what, sizeof what, "%s.inv_rms", name);
@@ -500,14 +746,17 @@ static qt_status mb_linear_backward(mb *b, uint32_t layer, model_tensor dy, mode
     snprintf(what, sizeof what, "%s.dy", name);
     model_qstore dyq;
     // dgrad reads the rowwise copy, wgrad the columnwise one; the first layer has no dgrad.
-    QT_TRY(mb_quantize(b, what, qg, dy, lin->needs_dx, true, true, &dyq));
+    QT_TRY(mb_quantize(b, what, qg, dy, op_group_dense(), lin->needs_dx, true, true, &dyq));
     uint32_t rows = dy.rows;
     const model_param *w = &m->params[lin->weight];
-    model_tensor dw = {mb_dev(b, w->grad), QT_DTYPE_F32, lin->out, lin->in_padded};
-    mb_operand g_col = {qg, &dyq, rows, lin->out, true};
-    mb_operand x_col = {&m->quantizers[lin->q_input], &b->xq[li], rows, lin->in_padded, true};
+    model_tensor dw = {mb_dev(b, w->grad), QT_DTYPE_F32, lin->out, lin->in_padded,
+                       OP_REF_NONE};
+    mb_operand g_col = mb_dense(qg, &dyq, rows, lin->out, true);
+    mb_operand x_col = mb_dense(&m->quantizers[lin->q_input], &b->xq[li], rows, lin->in_padded,
+                                true);
     snprintf(what, sizeof what, "%s.wgrad", name);
-    QT_TRY(mb_gemm(b, what, MODEL_WGRAD, lin, &g_col, &x_col, dw, OP_REF_NONE));
+    QT_TRY(mb_gemm(b, what, MODEL_WGRAD, lin, &g_col, &x_col, dw, OP_REF_NONE, GEMM_DENSE,
+                   op_group_dense()));
     if (lin->bias) {
         snprintf(what, sizeof what, "%s.bgrad", name);
         prog_ref db = mb_dev(b, m->params[lin->bias_param].grad);
@@ -517,11 +766,12 @@ static qt_status mb_linear_backward(mb *b, uint32_t layer, model_tensor dy, mode
     if (!lin->needs_dx) return QT_OK;
     snprintf(what, sizeof what, "%s.dx", name);
     QT_TRY(mb_tensor(b, what, rows, lin->in_padded, ARENA_CAT_ACTIVATIONS, dx));
-    mb_operand g_row = {qg, &dyq, rows, lin->out, false};
-    mb_operand w_col = {&m->quantizers[lin->q_weight], mb_weight(b, lin), lin->out,
-                        lin->in_padded, true};
+    mb_operand g_row = mb_dense(qg, &dyq, rows, lin->out, false);
+    mb_operand w_col = mb_dense(&m->quantizers[lin->q_weight], mb_weight(b, lin), lin->out,
+                                lin->in_padded, true);
     snprintf(what, sizeof what, "%s.dgrad", name);
-    return mb_gemm(b, what, MODEL_DGRAD, lin, &g_row, &w_col, *dx, OP_REF_NONE);
+    return mb_gemm(b, what, MODEL_DGRAD, lin, &g_row, &w_col, *dx, OP_REF_NONE, GEMM_DENSE,
+                   op_group_dense());
 }
 
 static qt_status mb_rmsnorm_backward(mb *b, uint32_t i, const char *name, model_tensor dy,
@@ -540,6 +790,113 @@ static qt_status mb_rmsnorm_backward(mb *b, uint32_t i, const char *name, model_
                                mb_act(dy), &grads);
 }
 
+// An expert GEMM's gradients from dy [capacity][out]: dW (K-grouped: each expert's rows) and,
+// when dx is given, dx [capacity][in] (M-grouped, each expert's columnwise weight).
+static qt_status mb_moe_expert_backward(mb *b, const char *name, const char *gemm, uint32_t li,
+                                        const mb_moe *st, model_tensor dy, model_tensor *dx) {
+    model *m = b->m;
+    const model_linear *lin = &m->linears[li];
+    const model_quantizer *qg = &m->quantizers[lin->q_grad];
+    char what[ARENA_NAME_MAX];
+    snprintf(what, sizeof what, "%s.%s.dy", name, gemm);
+    model_qstore dyq;
+    QT_TRY(mb_quantize(b, what, qg, dy, st->routing.group, dx != NULL, true, true, &dyq));
+    const model_param *w = &m->params[lin->weight];
+    model_tensor dw = {mb_dev(b, w->grad), QT_DTYPE_F32, lin->out, lin->in_padded,
+                       OP_REF_NONE};
+    mb_operand g_col = mb_grouped(qg, &dyq, st, lin->out, true);
+    mb_operand x_col = mb_grouped(&m->quantizers[lin->q_input], &b->xq[li], st, lin->in, true);
+    // With RHT on both operands (model.c pairs them) the contraction covers whole 16-row groups,
+    // where the transform cancels (op_moe_routing.whole_dims).
+    op_group contraction = st->routing.group;
+    if (m->quantizers[lin->q_input].rht) contraction.first_dims = st->routing.whole_dims;
+    snprintf(what, sizeof what, "%s.%s.wgrad", name, gemm);
+    QT_TRY(mb_gemm(b, what, MODEL_WGRAD, lin, &g_col, &x_col, dw, OP_REF_NONE, GEMM_GROUP_K,
+                   contraction));
+    if (dx == NULL) return QT_OK;
+    snprintf(what, sizeof what, "%s.%s.dx", name, gemm);
+    QT_TRY(mb_tensor(b, what, dy.rows, lin->in, ARENA_CAT_ACTIVATIONS, dx));
+    mb_operand g_row = mb_grouped(qg, &dyq, st, lin->out, false);
+    mb_operand w_col = mb_stacked(b, lin, true);
+    snprintf(what, sizeof what, "%s.%s.dgrad", name, gemm);
+    return mb_gemm(b, what, MODEL_DGRAD, lin, &g_row, &w_col, *dx, OP_REF_NONE, GEMM_GROUP_M,
+                   st->routing.group);
+}
+
+// The router's gradients: dlogits through the softmax (the gates' gradient and the
+// load-balancing loss), dW, and when the layer needs its input's gradient, dx [tokens][width].
+static qt_status mb_moe_router_backward(mb *b, const char *name, const model_moe *mo,
+                                        const mb_moe *st, prog_ref dgate, model_tensor *dx) {
+    model *m = b->m;
+    const model_linear *router = &m->linears[mo->router];
+    const model_quantizer *qg = &m->quantizers[router->q_grad];
+    const model_quantizer *qi = &m->quantizers[router->q_input];
+    char what[ARENA_NAME_MAX];
+    model_tensor dlogits;
+    snprintf(what, sizeof what, "%s.dlogits", name);
+    QT_TRY(mb_tensor_of(b, what, m->batch, mo->experts, QT_DTYPE_F32, ARENA_CAT_ACTIVATIONS,
+                        &dlogits));
+    op_moe_tensor out = {dlogits.ref, dlogits.dtype};
+    snprintf(what, sizeof what, "%s.router_bwd", name);
+    QT_TRY(op_moe_router_backward(b->p, what, &st->routing, dgate, mo->aux_scale, out));
+    snprintf(what, sizeof what, "%s.router.dy", name);
+    model_qstore dlq;
+    QT_TRY(mb_quantize(b, what, qg, dlogits, op_group_dense(), router->needs_dx, true, true,
+                       &dlq));
+    const model_param *w = &m->params[router->weight];
+    model_tensor dw = {mb_dev(b, w->grad), QT_DTYPE_F32, mo->experts, mo->width, OP_REF_NONE};
+    mb_operand g_col = mb_dense(qg, &dlq, m->batch, mo->experts, true);
+    mb_operand x_col = mb_dense(qi, &b->xq[mo->router], m->batch, mo->width, true);
+    snprintf(what, sizeof what, "%s.router.wgrad", name);
+    QT_TRY(mb_gemm(b, what, MODEL_WGRAD, router, &g_col, &x_col, dw, OP_REF_NONE, GEMM_DENSE,
+                   op_group_dense()));
+    if (!router->needs_dx) return QT_OK;
+    snprintf(what, sizeof what, "%s.router.dx", name);
+    QT_TRY(mb_tensor(b, what, m->batch, mo->width, ARENA_CAT_ACTIVATIONS, dx));
+    mb_operand g_row = mb_dense(qg, &dlq, m->batch, mo->experts, false);
+    mb_operand w_col = mb_dense(&m->quantizers[router->q_weight], &w->weight, mo->experts,
+                                mo->width, true);
+    snprintf(what, sizeof what, "%s.router.dgrad", name);
+    return mb_gemm(b, what, MODEL_DGRAD, router, &g_row, &w_col, *dx, OP_REF_NONE, GEMM_DENSE,
+                   op_group_dense());
+}
+
+// combine -> fc2 -> activation -> fc1 -> un-permute, and the router: every weight's gradient,
+// and dx = the router's input gradient + each token's fc1 input gradients.
+static qt_status mb_moe_backward(mb *b, uint32_t layer, model_tensor dy, model_tensor *dx) {
+    model *m = b->m;
+    const model_moe *mo = &m->moes[m->layer_moe[layer]];
+    const mb_moe *st = mb_moe_state(b, layer);
+    const char *name = m->recipe->model.layers[layer].name;
+    char what[ARENA_NAME_MAX];
+    model_tensor dyp;
+    prog_ref dgate;
+    snprintf(what, sizeof what, "%s.dyp", name);
+    QT_TRY(mb_tensor(b, what, mo->capacity, mo->width, ARENA_CAT_ACTIVATIONS, &dyp));
+    QT_TRY(mb_moe_array(b, name, "dgate", (uint64_t)m->batch * mo->topk, ARENA_CAT_ACTIVATIONS,
+                        &dgate));
+    snprintf(what, sizeof what, "%s.combine_bwd", name);
+    op_moe_tensor tdy = {dy.ref, dy.dtype}, typ = {st->yp.ref, st->yp.dtype};
+    op_moe_tensor tdyp = {dyp.ref, dyp.dtype};
+    QT_TRY(op_moe_combine_backward(b->p, what, &st->routing, mo->width, tdy, typ, tdyp, dgate));
+    model_tensor dact, dh;
+    QT_TRY(mb_moe_expert_backward(b, name, "fc2", mo->fc2, st, dyp, &dact));
+    snprintf(what, sizeof what, "%s.dact", name);
+    QT_TRY(mb_tensor(b, what, mo->capacity, st->h.cols, ARENA_CAT_ACTIVATIONS, &dh));
+    QT_TRY(op_act_backward(b->p, what, mb_act_kind(mo->act), mo->capacity, st->h.cols,
+                           mb_act(st->h), OP_ACT_NONE, mb_act(dact), mb_act(dh), OP_REF_NONE));
+    bool needs_dx = m->linears[mo->fc1].needs_dx;
+    model_tensor dxp = {0}, dxr = {0};
+    QT_TRY(mb_moe_expert_backward(b, name, "fc1", mo->fc1, st, dh, needs_dx ? &dxp : NULL));
+    QT_TRY(mb_moe_router_backward(b, name, mo, st, dgate, &dxr));
+    if (!needs_dx) return QT_OK;
+    snprintf(what, sizeof what, "%s.dx", name);
+    QT_TRY(mb_tensor(b, what, m->batch, mo->width, ARENA_CAT_ACTIVATIONS, dx));
+    op_moe_tensor src = {dxp.ref, dxp.dtype}, add = {dxr.ref, dxr.dtype};
+    op_moe_tensor out = {dx->ref, dx->dtype};
+    return op_moe_combine(b->p, what, &st->routing, mo->width, src, OP_REF_NONE, add, out);
+}
+
 static qt_status mb_layer_backward(mb *b, uint32_t i, model_tensor dy, model_tensor *stack,
                                    uint32_t *depth, model_tensor *dx) {
     const recipe_layer *l = &b->m->recipe->model.layers[i];
@@ -550,13 +907,16 @@ static qt_status mb_layer_backward(mb *b, uint32_t i, model_tensor dy, model_ten
     switch (l->kind) {
     case RECIPE_LAYER_LINEAR:
         return mb_linear_backward(b, i, dy, dx);
+    case RECIPE_LAYER_MOE:
+        return mb_moe_backward(b, i, dy, dx);
     case RECIPE_LAYER_RELU:
     case RECIPE_LAYER_GELU:
     case RECIPE_LAYER_SILU:
     case RECIPE_LAYER_SWIGLU:
         QT_TRY(mb_tensor(b, what, x.rows, x.cols, ARENA_CAT_ACTIVATIONS, dx));
+        QT_TRY(mb_producer_amax(b, i, true, what, &dx->amax));
         return op_act_backward(b->p, what, mb_act_kind(l->kind), x.rows, x.cols, mb_act(x),
-                               OP_ACT_NONE, mb_act(dy), mb_act(*dx));
+                               OP_ACT_NONE, mb_act(dy), mb_act(*dx), dx->amax);
     case RECIPE_LAYER_RMSNORM:
         return mb_rmsnorm_backward(b, i, name, dy, dx);
     case RECIPE_LAYER_RESIDUAL_END:
@@ -617,6 +977,9 @@ static void mb_param_desc(const mb *b, uint32_t i, optim_param_desc *d) {
     if (p->quantizer < 0) return;
     const model_quantizer *mq = &m->quantizers[p->quantizer];
     const model_qstore *s = &p->weight;
+    if (p->members) {
+        d->group = (op_group){p->members, mb_dev(b, p->group_offsets), mb_dev(b, p->group_dims)};
+    }
     switch (mq->q.scheme) {
     case QT_SCHEME_BF16:
         d->weight = OPTIM_WEIGHT_BF16;
@@ -638,7 +1001,7 @@ static void mb_param_desc(const mb *b, uint32_t i, optim_param_desc *d) {
         }
         break;
     case QT_SCHEME_MXFP8: {
-        model_tensor master = {d->master, QT_DTYPE_F32, p->rows, p->cols};
+        model_tensor master = {d->master, QT_DTYPE_F32, p->rows, p->cols, OP_REF_NONE};
         d->weight = OPTIM_WEIGHT_MXFP8;
         d->mxfp8 = mb_mxfp8_desc(mq, master, s);
         break;
@@ -701,7 +1064,7 @@ static qt_status mb_optimizer(mb *b) {
 static qt_status mb_delayed(mb *b) {
     model *m = b->m;
     if (m->state_count == 0) return QT_OK;
-    uint64_t bytes = (uint64_t)m->delayed_count * 4;
+    uint64_t bytes = (uint64_t)m->delayed_slots * 4;
     if (b->train) {
         QT_TRY(mb_region(b, "record.amax", bytes, ARENA_CAT_STAGING, &b->snap_amax));
     }
@@ -716,7 +1079,7 @@ static qt_status mb_delayed(mb *b) {
     op_fp8_delayed_end end = {b->train, b->train ? b->snap_amax : OP_FP8_NONE, b->snap_scale,
                               b->train ? mb_at(b->optim, offsetof(optim_state, skip))
                                        : OP_FP8_NONE,
-                              m->delayed_count};
+                              m->delayed_slots};
     return op_fp8_delayed_states(b->p, "delayed", states, m->state_count, &end);
 }
 
@@ -778,7 +1141,7 @@ static qt_status mb_begin(mb *b, model *m, program *p, model_mode mode) {
         QT_TRY(op_sched_copy(p, "stage", mb_dev(b, m->io.counter), dst, src, slot->bytes));
     }
     b->input = (model_tensor){mb_at(batch, layout->inputs_offset), QT_DTYPE_F32, m->batch,
-                              layout->stride};
+                              layout->stride, OP_REF_NONE};
     b->targets = mb_at(batch, layout->targets_offset);
     b->rows_valid = batch;  // data_slot_header.rows_valid is its first field
     return QT_OK;
@@ -851,6 +1214,13 @@ qt_status model_build_init(model *m, program *p) {
                                        QT_DTYPE_F32, QT_FILL_NORMAL, seed, 0, 0.0f,
                                        pa->init_std));
         }
+    }
+    // Stacked expert weights: their members' rows, which every quantization of them reads.
+    for (uint32_t i = 0; i < m->param_count; i++) {
+        const model_param *pa = &m->params[i];
+        if (!pa->members) continue;
+        op_group g = {pa->members, mb_dev(b, pa->group_offsets), mb_dev(b, pa->group_dims)};
+        QT_TRY(op_moe_uniform_group(p, pa->name, &g, pa->rows / pa->members));
     }
     for (uint32_t i = 0; i < m->param_count; i++) {
         if (m->params[i].quantizer < 0) continue;

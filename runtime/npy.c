@@ -1,12 +1,13 @@
 #include "npy.h"
 
 #include <errno.h>
-#include <fcntl.h>     // open
 #include <inttypes.h>
 #include <stdio.h>     // snprintf
 #include <string.h>
 #include <sys/stat.h>  // fstat
 #include <unistd.h>    // read, close
+
+#include "input_file.h"  // input_file_open: regular files only
 
 #define NPY_PREAMBLE_BYTES_MAX 12   // magic, version, u32 header length (v2, v3)
 #define NPY_DIMS_PARSED_MAX 8       // dims recorded for messages; more make the header malformed
@@ -346,11 +347,8 @@ static qt_status read_info(int fd, const char *path, const npy_expect *expect, n
 }
 
 static qt_status open_file(const char *path, int *fd) {
-    *fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (*fd < 0) {
-        return qt_fail(QT_ERR_IO, "%s: cannot open: %s; check the path", path, strerror(errno));
-    }
-    return QT_OK;
+    uint64_t bytes = 0;
+    return input_file_open(path, "dataset", "; check the path", fd, &bytes);
 }
 
 qt_status npy_open(npy_reader *r, const char *path, const npy_expect *expect) {

@@ -34,7 +34,7 @@ static launch_shape op_act_flat_shape(uint64_t count) {
 
 static qt_status op_act_append(program *p, const char *name, bool backward, uint32_t act,
                                uint32_t rows, uint32_t cols, op_act_tensor x, op_act_tensor bias,
-                               op_act_tensor dy, op_act_tensor out) {
+                               op_act_tensor dy, op_act_tensor out, prog_ref amax) {
     QT_ASSERT(act <= QT_ACT_SWIGLU);
     QT_ASSERT(rows >= 1 && cols >= 1);
     QT_ASSERT(act != QT_ACT_SWIGLU || cols % 2 == 0);
@@ -60,18 +60,20 @@ static qt_status op_act_append(program *p, const char *name, bool backward, uint
     QT_TRY(prog_use(p, op, offsetof(act_args, x), x.ref, PROG_READ));
     QT_TRY(prog_use_optional(p, op, offsetof(act_args, bias), bias.ref, 0, PROG_READ));
     if (backward) QT_TRY(prog_use(p, op, offsetof(act_args, dy), dy.ref, PROG_READ));
+    QT_TRY(prog_use_optional(p, op, offsetof(act_args, amax), amax, 0, PROG_READ_WRITE));
     return prog_use(p, op, offsetof(act_args, out), out.ref, PROG_WRITE);
 }
 
 qt_status op_act_forward(program *p, const char *name, uint32_t act, uint32_t rows,
-                         uint32_t cols, op_act_tensor x, op_act_tensor bias, op_act_tensor y) {
-    return op_act_append(p, name, false, act, rows, cols, x, bias, OP_ACT_NONE, y);
+                         uint32_t cols, op_act_tensor x, op_act_tensor bias, op_act_tensor y,
+                         prog_ref amax) {
+    return op_act_append(p, name, false, act, rows, cols, x, bias, OP_ACT_NONE, y, amax);
 }
 
 qt_status op_act_backward(program *p, const char *name, uint32_t act, uint32_t rows,
                           uint32_t cols, op_act_tensor x, op_act_tensor bias, op_act_tensor dy,
-                          op_act_tensor dx) {
-    return op_act_append(p, name, true, act, rows, cols, x, bias, dy, dx);
+                          op_act_tensor dx, prog_ref amax) {
+    return op_act_append(p, name, true, act, rows, cols, x, bias, dy, dx, amax);
 }
 
 // ---------------------------------------------------------------------------------------------

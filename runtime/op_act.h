@@ -30,14 +30,18 @@ typedef struct op_act_tensor {
 
 // y = act(x + bias[col]) for act = QT_ACT_RELU | GELU | SILU: x, y [rows][cols];
 // act = QT_ACT_SWIGLU: x [rows][cols] with cols = 2H even, y [rows][H]. bias (optional) has the
-// columns of x.
+// columns of x. amax (optional, f32 [1]): max |y| over the stored values is
+// merged into it (act_args.amax), so that a per-tensor current-scaling cast of y can skip its
+// amax pass; the caller zeroes it before this op.
 qt_status op_act_forward(program *p, const char *name, uint32_t act, uint32_t rows,
-                         uint32_t cols, op_act_tensor x, op_act_tensor bias, op_act_tensor y);
+                         uint32_t cols, op_act_tensor x, op_act_tensor bias, op_act_tensor y,
+                         prog_ref amax);
 // dx = dL/d(x + bias) from the saved forward input x (and the same bias) and dy (the shape of y);
-// dx has the shape of x. The bias gradient is the column sum of dx (GEMM family).
+// dx has the shape of x. The bias gradient is the column sum of dx (GEMM family). amax: max |dx|,
+// as for the forward pass.
 qt_status op_act_backward(program *p, const char *name, uint32_t act, uint32_t rows,
                           uint32_t cols, op_act_tensor x, op_act_tensor bias, op_act_tensor dy,
-                          op_act_tensor dx);
+                          op_act_tensor dx, prog_ref amax);
 
 // y = x / sqrt(mean(x^2) + eps) * gamma; inv_rms: f32 [rows] saved for the backward pass.
 qt_status op_rmsnorm_forward(program *p, const char *name, uint32_t rows, uint32_t cols,

@@ -53,6 +53,46 @@ op_gemm_operand op_gemm_operand_of(uint32_t format, uint32_t elem, uint32_t rows
     return o;
 }
 
+// Member i's n rows start n rows on in the rowwise copies (and in the BF16 and MXFP8 columnwise
+// copies, which are not transposed), n columns on in the transposed columnwise copies; its block
+// scales likewise, by whole blocks.
+void op_gemm_operand_stack(op_gemm_operand *op, uint32_t f, bool two_d, bool colwise,
+                           uint32_t member_rows, uint32_t cols) {
+    uint64_t n = member_rows, k = cols;
+    QT_ASSERT(n % qt_gemm_block_len(f) == 0);  // whole blocks along the rows too
+    uint64_t data = 0, scale = 0;
+    switch (f) {
+    case GEMM_FORMAT_BF16: data = n * k * 2; break;
+    case GEMM_FORMAT_FP8: data = colwise ? n : n * k; break;
+    case GEMM_FORMAT_FP8_BLOCK: {
+        uint64_t kb = (k + GEMM_BLOCK_FP8 - 1) / GEMM_BLOCK_FP8, nb = n / GEMM_BLOCK_FP8;
+        data = colwise ? n : n * k;
+        if (two_d) {
+            scale = colwise ? nb * 4 : nb * kb * 4;
+        } else {
+            scale = colwise ? nb * k * 4 : n * 4;
+        }
+        break;
+    }
+    case GEMM_FORMAT_MXFP8: {
+        uint64_t kb = (k + GEMM_BLOCK_MXFP8 - 1) / GEMM_BLOCK_MXFP8;
+        data = n * k;
+        scale = colwise ? n / GEMM_BLOCK_MXFP8 * k : n * kb;
+        break;
+    }
+    case GEMM_FORMAT_NVFP4: {
+        uint64_t kb = (k + GEMM_BLOCK_NVFP4 - 1) / GEMM_BLOCK_NVFP4;
+        data = colwise ? n / 2 : n * ((k + 1) / 2);
+        scale = colwise ? n / GEMM_BLOCK_NVFP4 : n * kb;
+        break;
+    }
+    default:
+        QT_ASSERT(false);
+    }
+    op->data_member_bytes = data;
+    op->scale_member_bytes = scale;
+}
+
 static bool op_gemm_elem_ok(uint32_t format, uint32_t elem, bool is_b) {
     switch (format) {
     case GEMM_FORMAT_BF16:

@@ -68,6 +68,15 @@ op_gemm_operand op_gemm_operand_of(uint32_t format, uint32_t elem, uint32_t rows
                                    bool columnwise, bool scale_2d, prog_ref data, prog_ref scale,
                                    prog_ref tensor_scale);
 
+// A stacked weight: `members` tensors of member_rows x cols each, stored as one tensor of
+// members x member_rows rows (the operand o as op_gemm_operand_of made it for that many rows),
+// read as operand B of an M-grouped GEMM whose member i is member i of the stack: sets o's
+// member strides for format f (scale_2d: FP8 block 128 x 128 scales) in the copy's direction.
+// member_rows must be whole scaling blocks along the rows (qt_gemm_block_len), so that no block
+// straddles two members. BF16 copies of any format take format GEMM_FORMAT_BF16.
+void op_gemm_operand_stack(op_gemm_operand *o, uint32_t format, bool scale_2d, bool columnwise,
+                           uint32_t member_rows, uint32_t cols);
+
 // Appends the GEMM; nothing when m or n is 0. QT_ERR_INPUT when the launch would exceed the
 // grid limits (more than 65535 row tiles or members).
 qt_status op_gemm(program *p, const char *name, const op_gemm_desc *g);

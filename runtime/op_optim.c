@@ -131,10 +131,11 @@ static qt_status op_optim_update_plain(program *p, const optim_param_desc *d, pr
 static qt_status op_optim_nvfp4(program *p, const optim_param_desc *d, prog_ref state,
                                 bool quantize_only) {
     const op_nvfp4_quant *q = &d->nvfp4;
-    op_nvfp4_input in = {d->master, QT_DTYPE_F32, d->rows, d->cols, {0}};
-    if (q->rht) {
+    op_nvfp4_input in = {d->master, QT_DTYPE_F32, d->rows, d->cols, d->group};
+    if (q->rht || d->group.count > 0) {
         QT_TRY(op_optim_update_plain(p, d, state, quantize_only));
-        op_nvfp4_amax_out amax = {q->amax_row, q->amax_col, true, q->rht_signs};
+        op_nvfp4_amax_out amax = {q->amax_row, q->rht ? q->amax_col : (prog_ref){0}, q->rht,
+                                  q->rht_signs};
         QT_TRY(op_nvfp4_amax(p, d->name, &in, &amax));
     } else {
         op_optim_outputs o = {QT_OPTIM_OUT_NONE, {0}, {0}, true};
@@ -149,6 +150,18 @@ static qt_status op_optim_nvfp4(program *p, const optim_param_desc *d, prog_ref 
         QT_TRY(op_optim_update(p, d, state, quantize_only, &o));
     }
     return op_nvfp4_quantize(p, d->name, &in, q);
+}
+
+// A stacked weight's per-tensor FP8: the update, then the grouped cast from the new master.
+static qt_status op_optim_fp8_grouped(program *p, const optim_param_desc *d, prog_ref state,
+                                      bool quantize_only) {
+    QT_TRY(op_optim_update_plain(p, d, state, quantize_only));
+    op_fp8_input in = {d->master, QT_DTYPE_F32, d->rows, d->cols, d->group};
+    if (d->weight == OPTIM_WEIGHT_FP8_DELAYED) {
+        return op_fp8_cast_delayed(p, d->name, &in, &d->fp8, d->fp8_scale, d->fp8_amax);
+    }
+    return op_fp8_quantize_current(p, d->name, &in, &d->fp8, d->fp8_amax, d->fp8_scale,
+                                   d->fp8_pow2, d->fp8_eps);
 }
 
 static qt_status op_optim_fp8_current(program *p, const optim_param_desc *d, prog_ref state,
@@ -176,10 +189,12 @@ static qt_status op_optim_param(program *p, const optim_param_desc *d, prog_ref 
     }
     case OPTIM_WEIGHT_FP8_DELAYED: {
         QT_ASSERT(d->fp8.fp8 == QT_FP8_E4M3 || d->fp8.fp8 == QT_FP8_E5M2);
+        if (d->group.count > 0) return op_optim_fp8_grouped(p, d, state, quantize_only);
         op_optim_outputs o = {QT_OPTIM_OUT_FP8, d->fp8_amax, {0}, false};
         return op_optim_update(p, d, state, quantize_only, &o);
     }
     case OPTIM_WEIGHT_FP8_CURRENT:
+        if (d->group.count > 0) return op_optim_fp8_grouped(p, d, state, quantize_only);
         return op_optim_fp8_current(p, d, state, quantize_only);
     case OPTIM_WEIGHT_MXFP8: {
         QT_ASSERT(d->mxfp8.group.count == 0);

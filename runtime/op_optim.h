@@ -22,6 +22,14 @@
 //                 both), op_nvfp4_quantize; with RHT: adamw,
 //                 op_nvfp4_amax (post-RHT columnwise amax), quantize
 //
+// A stacked expert weight (`group`: members of an moe layer's experts, back to back) has one
+// scale, amax and delayed-scaling slot per member, which a fused cast of the whole tensor cannot
+// give: its update is the plain adamw, then the family's grouped cast from the new master
+// (FP8_DELAYED: op_fp8_cast_delayed, FP8_CURRENT: op_fp8_quantize_current, NVFP4:
+// op_nvfp4_amax and op_nvfp4_quantize, all with the group). MXFP8 and FP8 block scales are local
+// to blocks that never straddle two members (model.c keeps member rows whole blocks), so their
+// casts are the dense ones, which give the grouped casts' bits.
+//
 // Why two kernels for the other formats: per-tensor current scaling and NVFP4 need the amax of
 // the whole new master before the first code is written, which one kernel cannot have without a
 // grid-wide barrier. MXFP8 and FP8 block scales are local, so a fused cast is possible, but it
@@ -94,6 +102,9 @@ typedef struct optim_param_desc {
 
     // NVFP4: amax_row / amax_col are written by the update (f32 each); the rest as the family.
     op_nvfp4_quant nvfp4;
+
+    // A stacked weight's members (count 0: one tensor); per-tensor quantities are [count].
+    op_group group;
 } optim_param_desc;
 
 // skip, lr and step of this step (steps: the persistent u64 of counted steps; state: this

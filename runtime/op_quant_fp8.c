@@ -15,15 +15,19 @@ static uint32_t op_fp8_members(const op_fp8_input *in) {
     return in->group.count ? in->group.count : 1u;
 }
 
-qt_status op_fp8_amax(program *p, const char *name, const op_fp8_input *in, prog_ref amax) {
-    op_fp8_check_input(in);
-    uint32_t n = op_fp8_members(in);
-    fp8_amax_zero_args zero = {0, n, 0};
-    launch_shape zero_shape = op_shape_1d(n, 256);
+qt_status op_fp8_amax_zero(program *p, const char *name, prog_ref amax, uint32_t slots) {
+    QT_ASSERT(slots >= 1);
+    fp8_amax_zero_args zero = {0, slots, 0};
+    launch_shape zero_shape = op_shape_1d(slots, 256);
     uint32_t op;
     QT_TRY(prog_append(p, KERNEL_FP8_AMAX_ZERO, name, &zero_shape, &zero, sizeof zero, &op));
-    QT_TRY(prog_use(p, op, offsetof(fp8_amax_zero_args, amax), amax, PROG_WRITE));
+    return prog_use(p, op, offsetof(fp8_amax_zero_args, amax), amax, PROG_WRITE);
+}
 
+qt_status op_fp8_amax(program *p, const char *name, const op_fp8_input *in, prog_ref amax) {
+    op_fp8_check_input(in);
+    QT_TRY(op_fp8_amax_zero(p, name, amax, op_fp8_members(in)));
+    uint32_t op;
     fp8_amax_args args = {0};
     args.rows = in->rows;
     args.cols = in->cols;

@@ -38,6 +38,9 @@ typedef struct op_fp8_output {
     prog_ref scale_inv;  // f32 [n], shared by both
 } op_fp8_output;
 
+// One op: amax[0..slots) = +0, before ops that merge maxima into them.
+qt_status op_fp8_amax_zero(program *p, const char *name, prog_ref amax, uint32_t slots);
+
 // Two ops: amax[0..n) = 0, then amax[i] = max |x| over member i's valid rows.
 qt_status op_fp8_amax(program *p, const char *name, const op_fp8_input *in, prog_ref amax);
 

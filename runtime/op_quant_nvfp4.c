@@ -56,7 +56,9 @@ qt_status op_nvfp4_amax(program *p, const char *name, const op_nvfp4_input *in,
     args.rht_signs = out->rht_signs & 0xFFFFu;
 
     // Zeroing is its own launch: every CTA of the next one maxes into the arrays, so they must
-    // be 0 before any of them starts, and stream order guarantees that.
+    // be 0 before any of them starts, and stream order guarantees that. It zeroes one entry per
+    // member: the count is all it reads of the group.
+    args.group.count = in->group.count;
     launch_shape zero_shape = {{1, 1, 1}, {QT_NVFP4_THREADS, 1, 1}, 0};
     uint32_t op;
     QT_TRY(prog_append(p, KERNEL_NVFP4_AMAX_ZERO, name, &zero_shape, &args, sizeof args, &op));

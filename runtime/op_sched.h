@@ -3,7 +3,7 @@
 //
 // Owns nothing; each builder picks the launch shape, fills the args struct and declares every
 // region the op reads and writes. The counter, the slots and the ring are described in
-// ptx/sched.h.
+// ptx/sched_ops.h.
 #ifndef QT_OP_SCHED_H
 #define QT_OP_SCHED_H
 
@@ -23,7 +23,7 @@ qt_status op_sched_copy(program *p, const char *name, prog_ref counter, op_sched
                         op_sched_slots src, uint64_t bytes);
 
 // The device batch `dst` <- this step's slot of `src` (slot i at src.ref + i * src.stride),
-// whose inputs are u8 pixels (ptx/sched.h, qt_sched_stage_u8). The offsets and sizes are those
+// whose inputs are u8 pixels (ptx/sched_ops.h, qt_sched_stage_u8). The offsets and sizes are those
 // of the two layouts (runtime/data.h: data_slot_plan for the slot, data_batch_plan for dst).
 typedef struct op_sched_stage_desc {
     prog_ref counter;         // u64
@@ -53,7 +53,7 @@ typedef struct op_sched_record_desc {
 
 qt_status op_sched_record(program *p, const char *name, const op_sched_record_desc *d);
 
-// Folds hashes (u64 [count]) into the last record written (see ptx/sched.h); the ring's
+// Folds hashes (u64 [count]) into the last record written (see ptx/sched_ops.h); the ring's
 // records have `quantizers` entries.
 qt_status op_sched_checksum(program *p, const char *name, prog_ref counter, prog_ref ring,
                             uint32_t ring_len, uint32_t quantizers, prog_ref hashes,

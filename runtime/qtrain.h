@@ -10,6 +10,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+// The release, `qtrain --version`. The file formats carry versions of their own (TRACE_VERSION,
+// CKPT_VERSION), which the version line also names.
+#define QTRAIN_VERSION "0.1.0"
+
 // Operating errors: returned, never asserted. Each failing call leaves a message (file:line:col
 // for input errors, the driver's own text for driver errors) in a per-thread buffer.
 typedef enum qt_status {

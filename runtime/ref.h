@@ -6,6 +6,7 @@
 #ifndef QT_REF_H
 #define QT_REF_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "kernels.h"  // QT_KERNELS, args structs
@@ -18,5 +19,26 @@ QT_KERNELS(QT_REF_DECL)
 
 // Host pointer from an args address field.
 #define REF_PTR(type, address) ((type *)(uintptr_t)(address))
+
+// Threads. A twin whose outputs are independent of each other (element-wise maps, rows, blocks
+// that own their outputs) runs them as tasks of the thread pool (runtime/pool.h), in ranges of at
+// least REF_TASK_ELEMS elements: below that, waking the pool's threads costs more than the work.
+// Sums keep the kernels' fixed order inside a task, so no bit depends on the threads.
+#define REF_TASK_ELEMS 8192u
+
+// Rows per task for rows of `cols` elements: REF_TASK_ELEMS elements, at least one row.
+static inline uint64_t ref_task_rows(uint64_t cols) {
+    return cols >= REF_TASK_ELEMS ? 1u : REF_TASK_ELEMS / (cols ? cols : 1u);
+}
+
+// The kernels' atomicMax on the bits of a non-negative float (an amax): tasks that merge their
+// maxima from several threads leave the largest one, in whatever order they arrive.
+static inline void ref_amax_merge(float *slot, float value) {
+    uint32_t *bits = (uint32_t *)slot, v = qt_f32_bits(value);
+    uint32_t seen = __atomic_load_n(bits, __ATOMIC_RELAXED);
+    while (v > seen && !__atomic_compare_exchange_n(bits, &seen, v, true, __ATOMIC_RELAXED,
+                                                    __ATOMIC_RELAXED)) {
+    }
+}
 
 #endif  // QT_REF_H

@@ -1,9 +1,11 @@
 // C twins of ptx/act.cu. The per-element arithmetic is act.h's, and every reduction runs the
 // kernels' fixed order (act.h) operation for operation: lane j of a warp-per-row reduction owns
 // chunks j, j + 32, ... of 8 elements, so walking a row in index order and folding element i into
-// lane (i / 8) % 32 gives every lane the GPU's sequence; then the same lane tree.
+// lane (i / 8) % 32 gives every lane the GPU's sequence; then the same lane tree. Element-wise
+// maps, rows and blocks, which own their outputs, are tasks of the thread pool (ref.h).
 #include <string.h>
 
+#include "pool.h"  // pool_for, POOL_CPU_CLONES
 #include "ref.h"
 #include "status.h"  // QT_ASSERT
 
@@ -33,23 +35,46 @@ static float ref_act_pre(const act_args *a, uint64_t i, float x) {
     return a->bias ? x + qt_act_load(a->bias, i % a->cols, a->bias_dtype) : x;
 }
 
-void ref_qt_act_fwd(const act_args *a, const launch_shape *shape) {
-    (void)shape;
-    uint64_t count = (uint64_t)a->rows * a->cols;
+// act_args.amax: max |x| over the stored outputs themselves (the kernels round the FP32 maximum
+// instead, which gives the same value), NaN skipped, merged as the GPU's atomicMax on the bits.
+static void ref_act_amax(const act_args *a, uint64_t count) {
+    if (!a->amax) return;
+    uint32_t m = 0;
     for (uint64_t i = 0; i < count; i++) {
+        uint32_t bits = qt_f32_bits(qt_act_load(a->out, i, a->out_dtype)) & 0x7FFFFFFFu;
+        if (bits <= 0x7F800000u && bits > m) m = bits;
+    }
+    uint32_t *slot = REF_PTR(uint32_t, a->amax);
+    if (m > *slot) *slot = m;
+}
+
+POOL_CPU_CLONES static void ref_act_fwd_range(void *ctx, uint64_t begin, uint64_t end) {
+    const act_args *a = ctx;
+    for (uint64_t i = begin; i < end; i++) {
         float v = ref_act_pre(a, i, qt_act_load(a->x, i, a->x_dtype));
         qt_act_store(a->out, i, a->out_dtype, qt_act_forward(a->act, v));
     }
 }
 
-void ref_qt_act_bwd(const act_args *a, const launch_shape *shape) {
+void ref_qt_act_fwd(const act_args *a, const launch_shape *shape) {
     (void)shape;
-    uint64_t count = (uint64_t)a->rows * a->cols;
-    for (uint64_t i = 0; i < count; i++) {
+    pool_for((uint64_t)a->rows * a->cols, REF_TASK_ELEMS, ref_act_fwd_range, (void *)a);
+    ref_act_amax(a, (uint64_t)a->rows * a->cols);
+}
+
+POOL_CPU_CLONES static void ref_act_bwd_range(void *ctx, uint64_t begin, uint64_t end) {
+    const act_args *a = ctx;
+    for (uint64_t i = begin; i < end; i++) {
         float v = ref_act_pre(a, i, qt_act_load(a->x, i, a->x_dtype));
         float dy = qt_act_load(a->dy, i, a->dy_dtype);
         qt_act_store(a->out, i, a->out_dtype, qt_act_backward(a->act, v, dy));
     }
+}
+
+void ref_qt_act_bwd(const act_args *a, const launch_shape *shape) {
+    (void)shape;
+    pool_for((uint64_t)a->rows * a->cols, REF_TASK_ELEMS, ref_act_bwd_range, (void *)a);
+    ref_act_amax(a, (uint64_t)a->rows * a->cols);
 }
 
 static void ref_swiglu_ab(const act_args *a, uint64_t r, uint32_t j, float *va, float *vb) {
@@ -62,10 +87,10 @@ static void ref_swiglu_ab(const act_args *a, uint64_t r, uint32_t j, float *va, 
     }
 }
 
-void ref_qt_swiglu_fwd(const act_args *a, const launch_shape *shape) {
-    (void)shape;
+POOL_CPU_CLONES static void ref_swiglu_fwd_rows(void *ctx, uint64_t begin, uint64_t end) {
+    const act_args *a = ctx;
     uint32_t h = a->cols / 2;
-    for (uint64_t r = 0; r < a->rows; r++) {
+    for (uint64_t r = begin; r < end; r++) {
         for (uint32_t j = 0; j < h; j++) {
             float va, vb;
             ref_swiglu_ab(a, r, j, &va, &vb);
@@ -74,10 +99,16 @@ void ref_qt_swiglu_fwd(const act_args *a, const launch_shape *shape) {
     }
 }
 
-void ref_qt_swiglu_bwd(const act_args *a, const launch_shape *shape) {
+void ref_qt_swiglu_fwd(const act_args *a, const launch_shape *shape) {
     (void)shape;
+    pool_for(a->rows, ref_task_rows(a->cols), ref_swiglu_fwd_rows, (void *)a);
+    ref_act_amax(a, (uint64_t)a->rows * (a->cols / 2));
+}
+
+POOL_CPU_CLONES static void ref_swiglu_bwd_rows(void *ctx, uint64_t begin, uint64_t end) {
+    const act_args *a = ctx;
     uint32_t h = a->cols / 2;
-    for (uint64_t r = 0; r < a->rows; r++) {
+    for (uint64_t r = begin; r < end; r++) {
         for (uint32_t j = 0; j < h; j++) {
             float va, vb;
             ref_swiglu_ab(a, r, j, &va, &vb);
@@ -88,12 +119,18 @@ void ref_qt_swiglu_bwd(const act_args *a, const launch_shape *shape) {
     }
 }
 
+void ref_qt_swiglu_bwd(const act_args *a, const launch_shape *shape) {
+    (void)shape;
+    pool_for(a->rows, ref_task_rows(a->cols), ref_swiglu_bwd_rows, (void *)a);
+    ref_act_amax(a, (uint64_t)a->rows * a->cols);
+}
+
 // ---------------------------------------------------------------------------------------------
 // RMSNorm.
 
-void ref_qt_rmsnorm_fwd(const rmsnorm_args *a, const launch_shape *shape) {
-    (void)shape;
-    for (uint64_t r = 0; r < a->rows; r++) {
+POOL_CPU_CLONES static void ref_rmsnorm_fwd_rows(void *ctx, uint64_t begin, uint64_t end) {
+    const rmsnorm_args *a = ctx;
+    for (uint64_t r = begin; r < end; r++) {
         uint64_t base = r * a->cols;
         float lanes[QT_ACT_LANES] = {0};
         for (uint32_t j = 0; j < a->cols; j++) {
@@ -111,9 +148,14 @@ void ref_qt_rmsnorm_fwd(const rmsnorm_args *a, const launch_shape *shape) {
     }
 }
 
-void ref_qt_rmsnorm_bwd_dx(const rmsnorm_args *a, const launch_shape *shape) {
+void ref_qt_rmsnorm_fwd(const rmsnorm_args *a, const launch_shape *shape) {
     (void)shape;
-    for (uint64_t r = 0; r < a->rows; r++) {
+    pool_for(a->rows, ref_task_rows(a->cols), ref_rmsnorm_fwd_rows, (void *)a);
+}
+
+POOL_CPU_CLONES static void ref_rmsnorm_bwd_dx_rows(void *ctx, uint64_t begin, uint64_t end) {
+    const rmsnorm_args *a = ctx;
+    for (uint64_t r = begin; r < end; r++) {
         uint64_t base = r * a->cols;
         float inv = REF_PTR(const float, a->inv_rms)[r];
         float lanes[QT_ACT_LANES] = {0};
@@ -134,11 +176,18 @@ void ref_qt_rmsnorm_bwd_dx(const rmsnorm_args *a, const launch_shape *shape) {
     }
 }
 
-void ref_qt_rmsnorm_dgamma_partial(const rmsnorm_args *a, const launch_shape *shape) {
+void ref_qt_rmsnorm_bwd_dx(const rmsnorm_args *a, const launch_shape *shape) {
     (void)shape;
+    pool_for(a->rows, ref_task_rows(a->cols), ref_rmsnorm_bwd_dx_rows, (void *)a);
+}
+
+// Parts [begin, end): each sums its own rows into its own partials.
+POOL_CPU_CLONES static void ref_rmsnorm_dgamma_parts(void *ctx, uint64_t p_begin,
+                                                     uint64_t p_end) {
+    const rmsnorm_args *a = ctx;
     const float *inv = REF_PTR(const float, a->inv_rms);
     float *partials = REF_PTR(float, a->partials);
-    for (uint32_t p = 0; p < a->parts; p++) {
+    for (uint64_t p = p_begin; p < p_end; p++) {
         uint64_t first = (uint64_t)p * a->rows_per_part;
         uint64_t end = first + a->rows_per_part < a->rows ? first + a->rows_per_part : a->rows;
         for (uint32_t c = 0; c < a->cols; c++) {
@@ -148,9 +197,15 @@ void ref_qt_rmsnorm_dgamma_partial(const rmsnorm_args *a, const launch_shape *sh
                 float dy = qt_act_load(a->dy, r * a->cols + c, a->dy_dtype);
                 acc = qt_rmsnorm_dgamma_step(x, dy, inv[r], acc);
             }
-            partials[(uint64_t)p * a->cols + c] = qt_act_canonical(acc);
+            partials[p * a->cols + c] = qt_act_canonical(acc);
         }
     }
+}
+
+void ref_qt_rmsnorm_dgamma_partial(const rmsnorm_args *a, const launch_shape *shape) {
+    (void)shape;
+    uint64_t part_elems = (uint64_t)a->rows_per_part * a->cols;
+    pool_for(a->parts, ref_task_rows(part_elems), ref_rmsnorm_dgamma_parts, (void *)a);
 }
 
 void ref_qt_rmsnorm_dgamma_final(const rmsnorm_args *a, const launch_shape *shape) {
@@ -168,13 +223,18 @@ void ref_qt_rmsnorm_dgamma_final(const rmsnorm_args *a, const launch_shape *shap
 // ---------------------------------------------------------------------------------------------
 // Residual add.
 
-void ref_qt_residual_add(const residual_args *a, const launch_shape *shape) {
-    (void)shape;
-    for (uint64_t i = 0; i < a->count; i++) {
+POOL_CPU_CLONES static void ref_residual_add_range(void *ctx, uint64_t begin, uint64_t end) {
+    const residual_args *a = ctx;
+    for (uint64_t i = begin; i < end; i++) {
         float v = qt_act_load(a->a, i, a->a_dtype);
         if (a->b) v = v + qt_act_load(a->b, i, a->b_dtype);
         qt_act_store(a->y, i, a->y_dtype, v);
     }
+}
+
+void ref_qt_residual_add(const residual_args *a, const launch_shape *shape) {
+    (void)shape;
+    pool_for(a->count, REF_TASK_ELEMS, ref_residual_add_range, (void *)a);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -357,10 +417,13 @@ void ref_qt_mse_small(const mse_args *a, const launch_shape *shape) {
 // ---------------------------------------------------------------------------------------------
 // Global gradient norm.
 
-void ref_qt_gnorm(const gnorm_args *a, const launch_shape *shape) {
+// Blocks [begin, end) of the launch: each sums its own elements into its own partial, in the
+// kernel's order.
+POOL_CPU_CLONES static void ref_gnorm_blocks(void *ctx, uint64_t begin, uint64_t end) {
+    const gnorm_args *a = ctx;
     float *partials = REF_PTR(float, a->partials);
     uint32_t *flags = (uint32_t *)(partials + a->total);
-    for (uint32_t j = 0; j < shape->grid[0]; j++) {
+    for (uint32_t j = (uint32_t)begin; j < end; j++) {
         uint32_t region = qt_gnorm_region(a, j);
         const float *src = REF_PTR(const float, a->src[region]);
         uint64_t block_first = (uint64_t)(j - a->first_block[region]) * QT_GNORM_BLOCK_ELEMS;
@@ -379,6 +442,12 @@ void ref_qt_gnorm(const gnorm_args *a, const launch_shape *shape) {
         partials[a->base + j] = qt_act_canonical(ref_act_block_sum(acc));
         flags[a->base + j] = nonfinite ? 1u : 0u;
     }
+}
+
+void ref_qt_gnorm(const gnorm_args *a, const launch_shape *shape) {
+    const float *partials = REF_PTR(const float, a->partials);
+    const uint32_t *flags = (const uint32_t *)(partials + a->total);
+    pool_for(shape->grid[0], ref_task_rows(QT_GNORM_BLOCK_ELEMS), ref_gnorm_blocks, (void *)a);
     if (a->out == 0) return;
     float sum = ref_act_final_sum(a->partials, a->total);
     uint32_t nonfinite = 0;

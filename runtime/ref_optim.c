@@ -1,5 +1,7 @@
 // C twins of ptx/optim.cu: the same per-step and per-element functions of optim.h, in plain
-// loops over the parameter's elements.
+// loops over ranges of the parameter's elements, tasks of the thread pool (ref.h): every element
+// is updated on its own.
+#include "pool.h"  // pool_for, POOL_CPU_CLONES
 #include "ref.h"
 
 void ref_qt_optim_begin(const optim_begin_args *a, const launch_shape *shape) {
@@ -28,32 +30,44 @@ static void ref_optim_out(const optim_adamw_args *a, const qt_optim_coef *c, uin
     if (a->weight_t) REF_PTR(uint8_t, a->weight_t)[(uint64_t)k * a->rows + r] = code;
 }
 
-void ref_qt_optim_adamw(const optim_adamw_args *a, const launch_shape *shape) {
-    (void)shape;
+typedef struct ref_optim_job {
+    const optim_adamw_args *a;
     qt_optim_coef c;
-    uint32_t mode = qt_optim_prepare(a, &c);
-    if (mode == 0) return;
+    uint32_t mode;
+} ref_optim_job;
+
+// Elements [begin, end) in row-major order; the range's amax merges into the targets as the
+// GPU's per-block maxima do (a maximum: the order of the ranges never shows).
+POOL_CPU_CLONES static void ref_optim_adamw_range(void *ctx, uint64_t begin, uint64_t end) {
+    const ref_optim_job *job = ctx;
+    const optim_adamw_args *a = job->a;
     float *master = REF_PTR(float, a->master);
     float amax = 0.0f;
-    for (uint32_t r = 0; r < a->rows; r++) {
-        for (uint32_t k = 0; k < a->cols; k++) {
-            uint64_t i = (uint64_t)r * a->cols + k;
-            float p = master[i];
-            if (mode & QT_OPTIM_DO_UPDATE) {
-                qt_optim_adamw_elem(&c, ref_optim_grad(a, i), &p, REF_PTR(float, a->m) + i,
-                                    REF_PTR(float, a->v) + i);
-                master[i] = p;
-            }
-            if (mode & QT_OPTIM_DO_AMAX) amax = qt_fp8_amax_step(amax, p);
-            if (mode & QT_OPTIM_DO_OUT) ref_optim_out(a, &c, r, k, p);
+    for (uint64_t i = begin; i < end; i++) {
+        float p = master[i];
+        if (job->mode & QT_OPTIM_DO_UPDATE) {
+            qt_optim_adamw_elem(&job->c, ref_optim_grad(a, i), &p, REF_PTR(float, a->m) + i,
+                                REF_PTR(float, a->v) + i);
+            master[i] = p;
+        }
+        if (job->mode & QT_OPTIM_DO_AMAX) amax = qt_fp8_amax_step(amax, p);
+        if (job->mode & QT_OPTIM_DO_OUT) {
+            ref_optim_out(a, &job->c, (uint32_t)(i / a->cols), (uint32_t)(i % a->cols), p);
         }
     }
-    if ((mode & QT_OPTIM_DO_OUT) && a->out == QT_OPTIM_OUT_FP8 && a->scale_inv) {
-        *REF_PTR(float, a->scale_inv) = qt_fp8_scale_inv(c.scale);
+    if (job->mode & QT_OPTIM_DO_AMAX) {
+        if (a->amax0) ref_amax_merge(REF_PTR(float, a->amax0), amax);
+        if (a->amax1) ref_amax_merge(REF_PTR(float, a->amax1), amax);
     }
-    // The GPU maxes per-block maxima into the targets; the maximum of all of them is this.
-    if (mode & QT_OPTIM_DO_AMAX) {
-        if (a->amax0) qt_fp8_amax_merge(REF_PTR(float, a->amax0), amax);
-        if (a->amax1) qt_fp8_amax_merge(REF_PTR(float, a->amax1), amax);
+}
+
+void ref_qt_optim_adamw(const optim_adamw_args *a, const launch_shape *shape) {
+    (void)shape;
+    ref_optim_job job = {.a = a};
+    job.mode = qt_optim_prepare(a, &job.c);
+    if (job.mode == 0) return;
+    pool_for((uint64_t)a->rows * a->cols, REF_TASK_ELEMS, ref_optim_adamw_range, &job);
+    if ((job.mode & QT_OPTIM_DO_OUT) && a->out == QT_OPTIM_OUT_FP8 && a->scale_inv) {
+        *REF_PTR(float, a->scale_inv) = qt_fp8_scale_inv(job.c.scale);
     }
 }

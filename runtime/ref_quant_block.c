@@ -1,5 +1,7 @@
 // C twins of ptx/quant_block.cu: plain loops over the blocks, with the per-block arithmetic of
-// ptx/quant_block.h, so that they produce the kernels' bits.
+// ptx/quant_block.h, so that they produce the kernels' bits. Rows (1-D rowwise) and 128-row
+// blocks (1-D columnwise, 2-D), which own their codes and scales, are tasks of the thread pool.
+#include "pool.h"  // pool_for, POOL_CPU_CLONES
 #include "ref.h"
 
 #define REF_BLOCK QT_BLOCK_LEN
@@ -26,11 +28,21 @@ static uint32_t ref_block_states(const quant_block_args *a, uint32_t active, uin
     return m1;
 }
 
-static void ref_block_cast_1d_rowwise(const quant_block_args *a, uint32_t dtype,
-                                      uint32_t active) {
+typedef struct ref_block_job {
+    const quant_block_args *a;
+    uint32_t dtype;
+    uint32_t active;  // active rows
+} ref_block_job;
+
+// Rows [m_begin, m_end).
+POOL_CPU_CLONES static void ref_block_cast_1d_rowwise(void *ctx, uint64_t m_begin,
+                                                      uint64_t m_end) {
+    const ref_block_job *job = ctx;
+    const quant_block_args *a = job->a;
+    uint32_t dtype = job->dtype, active = job->active;
     uint8_t *codes = REF_PTR(uint8_t, a->row_codes);
     float *scale_inv = REF_PTR(float, a->row_scale_inv);
-    for (uint32_t m = 0; m < active; m++) {
+    for (uint32_t m = (uint32_t)m_begin; m < m_end; m++) {
         uint32_t state = qt_block_row_state(&a->group, active, m);
         for (uint32_t kb = 0; kb < ref_block_count(a->cols); kb++) {
             uint32_t k0 = kb * REF_BLOCK, k1 = ref_block_min(k0 + REF_BLOCK, a->cols);
@@ -48,12 +60,16 @@ static void ref_block_cast_1d_rowwise(const quant_block_args *a, uint32_t dtype,
     }
 }
 
-static void ref_block_cast_1d_colwise(const quant_block_args *a, uint32_t dtype,
-                                      uint32_t active) {
+// The 128-row blocks [b_begin, b_end).
+POOL_CPU_CLONES static void ref_block_cast_1d_colwise(void *ctx, uint64_t b_begin,
+                                                      uint64_t b_end) {
+    const ref_block_job *job = ctx;
+    const quant_block_args *a = job->a;
+    uint32_t dtype = job->dtype, active = job->active;
     uint8_t *codes = REF_PTR(uint8_t, a->col_codes);
     float *scale_inv = REF_PTR(float, a->col_scale_inv);
     uint8_t states[REF_BLOCK];
-    for (uint32_t mb = 0; mb * REF_BLOCK < active; mb++) {
+    for (uint32_t mb = (uint32_t)b_begin; mb < b_end; mb++) {
         uint32_t m0 = mb * REF_BLOCK, m1 = ref_block_states(a, active, mb, states);
         for (uint32_t k = 0; k < a->cols; k++) {
             float amax = 0.0f;
@@ -71,9 +87,14 @@ static void ref_block_cast_1d_colwise(const quant_block_args *a, uint32_t dtype,
 }
 
 static void ref_block_cast_1d(const quant_block_args *a, uint32_t dtype) {
-    uint32_t active = qt_block_active_rows(&a->group, a->rows);
-    if (a->directions & QT_BLOCK_ROWWISE) ref_block_cast_1d_rowwise(a, dtype, active);
-    if (a->directions & QT_BLOCK_COLWISE) ref_block_cast_1d_colwise(a, dtype, active);
+    ref_block_job job = {a, dtype, qt_block_active_rows(&a->group, a->rows)};
+    if (a->directions & QT_BLOCK_ROWWISE) {
+        pool_for(job.active, ref_task_rows(a->cols), ref_block_cast_1d_rowwise, &job);
+    }
+    if (a->directions & QT_BLOCK_COLWISE) {
+        pool_for(ref_block_count(job.active), ref_task_rows((uint64_t)REF_BLOCK * a->cols),
+                 ref_block_cast_1d_colwise, &job);
+    }
 }
 
 // One 128 x 128 tile: one scale; the same code goes to both outputs.
@@ -106,15 +127,22 @@ static void ref_block_cast_2d_tile(const quant_block_args *a, uint32_t dtype, ui
     }
 }
 
-static void ref_block_cast_2d(const quant_block_args *a, uint32_t dtype) {
-    uint32_t active = qt_block_active_rows(&a->group, a->rows);
+// The tiles of the 128-row blocks [b_begin, b_end).
+POOL_CPU_CLONES static void ref_block_cast_2d_rows(void *ctx, uint64_t b_begin, uint64_t b_end) {
+    const ref_block_job *job = ctx;
     uint8_t states[REF_BLOCK];
-    for (uint32_t mb = 0; mb * REF_BLOCK < active; mb++) {
-        uint32_t m1 = ref_block_states(a, active, mb, states);
-        for (uint32_t kb = 0; kb < ref_block_count(a->cols); kb++) {
-            ref_block_cast_2d_tile(a, dtype, mb, kb, m1, states);
+    for (uint32_t mb = (uint32_t)b_begin; mb < b_end; mb++) {
+        uint32_t m1 = ref_block_states(job->a, job->active, mb, states);
+        for (uint32_t kb = 0; kb < ref_block_count(job->a->cols); kb++) {
+            ref_block_cast_2d_tile(job->a, job->dtype, mb, kb, m1, states);
         }
     }
+}
+
+static void ref_block_cast_2d(const quant_block_args *a, uint32_t dtype) {
+    ref_block_job job = {a, dtype, qt_block_active_rows(&a->group, a->rows)};
+    pool_for(ref_block_count(job.active), ref_task_rows((uint64_t)REF_BLOCK * a->cols),
+             ref_block_cast_2d_rows, &job);
 }
 
 void ref_qt_quant_block_1d_bf16(const quant_block_args *a, const launch_shape *shape) {
@@ -149,10 +177,17 @@ static float ref_block_dequant_scale(const dequant_block_args *a, bool two_d, ui
     return a->colwise ? s[(uint64_t)mb * a->cols + k] : s[(uint64_t)kb * a->rows + m];
 }
 
-static void ref_block_dequant(const dequant_block_args *a, bool two_d) {
-    uint32_t active = qt_block_active_rows(&a->group, a->rows);
+typedef struct ref_dequant_job {
+    const dequant_block_args *a;
+    bool two_d;
+} ref_dequant_job;
+
+// Rows [m_begin, m_end).
+POOL_CPU_CLONES static void ref_block_dequant_rows(void *ctx, uint64_t m_begin, uint64_t m_end) {
+    const dequant_block_args *a = ((const ref_dequant_job *)ctx)->a;
+    bool two_d = ((const ref_dequant_job *)ctx)->two_d;
     const uint8_t *codes = REF_PTR(const uint8_t, a->codes);
-    for (uint32_t m = 0; m < active; m++) {
+    for (uint32_t m = (uint32_t)m_begin; m < m_end; m++) {
         for (uint32_t k = 0; k < a->cols; k++) {
             uint64_t at = a->colwise ? (uint64_t)k * a->rows + m : (uint64_t)m * a->cols + k;
             float v = qt_block_dequantize(qt_block_decode(codes[at], a->fp8),
@@ -165,6 +200,12 @@ static void ref_block_dequant(const dequant_block_args *a, bool two_d) {
             }
         }
     }
+}
+
+static void ref_block_dequant(const dequant_block_args *a, bool two_d) {
+    ref_dequant_job job = {a, two_d};
+    pool_for(qt_block_active_rows(&a->group, a->rows), ref_task_rows(a->cols),
+             ref_block_dequant_rows, &job);
 }
 
 void ref_qt_dequant_block_1d(const dequant_block_args *a, const launch_shape *shape) {

@@ -1,5 +1,7 @@
 // C twins of ptx/quant_mxfp8.cu: plain loops over the MXFP8 blocks, with the per-element
-// arithmetic of ptx/quant_mxfp8.h, so the bits are the kernels' bits.
+// arithmetic of ptx/quant_mxfp8.h, so the bits are the kernels' bits. Rows (rowwise) and 32-row
+// blocks (columnwise, 2-D), which own their codes and scales, are tasks of the thread pool.
+#include "pool.h"  // pool_for, POOL_CPU_CLONES
 #include "ref.h"
 #include "status.h"  // QT_ASSERT
 
@@ -16,11 +18,13 @@ static float mxfp8_ref_x(const mxfp8_quantize_args *a, uint32_t row, uint32_t st
     return qt_mxfp8_load(REF_PTR(const void, a->in), a->dtype, (uint64_t)row * a->cols + col);
 }
 
-static void mxfp8_ref_rowwise(const mxfp8_quantize_args *a, uint32_t end) {
+// Rows [r_begin, r_end).
+POOL_CPU_CLONES static void mxfp8_ref_rowwise(void *ctx, uint64_t r_begin, uint64_t r_end) {
+    const mxfp8_quantize_args *a = ctx;
     uint8_t *codes = REF_PTR(uint8_t, a->row_codes);
     uint8_t *scales = REF_PTR(uint8_t, a->row_scales);
     uint32_t blocks = (a->cols + QT_MXFP8_BLOCK - 1) / QT_MXFP8_BLOCK;
-    for (uint32_t r = 0; r < end; r++) {
+    for (uint32_t r = (uint32_t)r_begin; r < r_end; r++) {
         uint32_t state = mxfp8_ref_state(a, r);
         for (uint32_t b = 0; b < blocks; b++) {
             uint32_t k0 = b * QT_MXFP8_BLOCK;
@@ -40,11 +44,20 @@ static void mxfp8_ref_rowwise(const mxfp8_quantize_args *a, uint32_t end) {
     }
 }
 
-static void mxfp8_ref_colwise(const mxfp8_quantize_args *a, uint32_t end) {
+typedef struct mxfp8_ref_job {
+    const mxfp8_quantize_args *a;
+    uint32_t end;  // active rows
+} mxfp8_ref_job;
+
+// The 32-row blocks [b_begin, b_end) of the active rows.
+POOL_CPU_CLONES static void mxfp8_ref_colwise(void *ctx, uint64_t b_begin, uint64_t b_end) {
+    const mxfp8_quantize_args *a = ((const mxfp8_ref_job *)ctx)->a;
+    uint32_t end = ((const mxfp8_ref_job *)ctx)->end;
     uint8_t *codes = REF_PTR(uint8_t, a->col_codes);
     uint8_t *scales = REF_PTR(uint8_t, a->col_scales);
     uint32_t state[QT_MXFP8_BLOCK];
-    for (uint32_t m0 = 0; m0 < end; m0 += QT_MXFP8_BLOCK) {
+    for (uint32_t m0 = (uint32_t)b_begin * QT_MXFP8_BLOCK; m0 < b_end * QT_MXFP8_BLOCK;
+         m0 += QT_MXFP8_BLOCK) {
         uint32_t m1 = m0 + QT_MXFP8_BLOCK < end ? m0 + QT_MXFP8_BLOCK : end;
         for (uint32_t r = m0; r < m1; r++) state[r - m0] = mxfp8_ref_state(a, r);
         for (uint32_t k = 0; k < a->cols; k++) {
@@ -90,9 +103,13 @@ static void mxfp8_ref_tile_2d(const mxfp8_quantize_args *a, const uint32_t *stat
     }
 }
 
-static void mxfp8_ref_2d(const mxfp8_quantize_args *a, uint32_t end) {
+// The 32 x 32 tiles of the 32-row blocks [b_begin, b_end).
+POOL_CPU_CLONES static void mxfp8_ref_2d(void *ctx, uint64_t b_begin, uint64_t b_end) {
+    const mxfp8_quantize_args *a = ((const mxfp8_ref_job *)ctx)->a;
+    uint32_t end = ((const mxfp8_ref_job *)ctx)->end;
     uint32_t state[QT_MXFP8_BLOCK];
-    for (uint32_t m0 = 0; m0 < end; m0 += QT_MXFP8_BLOCK) {
+    for (uint32_t m0 = (uint32_t)b_begin * QT_MXFP8_BLOCK; m0 < b_end * QT_MXFP8_BLOCK;
+         m0 += QT_MXFP8_BLOCK) {
         uint32_t m1 = m0 + QT_MXFP8_BLOCK < end ? m0 + QT_MXFP8_BLOCK : end;
         for (uint32_t r = m0; r < m1; r++) state[r - m0] = mxfp8_ref_state(a, r);
         for (uint32_t k0 = 0; k0 < a->cols; k0 += QT_MXFP8_BLOCK) {
@@ -103,13 +120,15 @@ static void mxfp8_ref_2d(const mxfp8_quantize_args *a, uint32_t end) {
 }
 
 static void mxfp8_ref_quantize(const mxfp8_quantize_args *a) {
-    uint32_t end = qt_group_active_rows(a->group, a->rows);
+    mxfp8_ref_job job = {a, qt_group_active_rows(a->group, a->rows)};
+    uint64_t blocks = (job.end + QT_MXFP8_BLOCK - 1) / QT_MXFP8_BLOCK;
+    uint64_t block_rows = ref_task_rows((uint64_t)QT_MXFP8_BLOCK * a->cols);
     if (a->flags & QT_MXFP8_FLAG_2D) {
-        if (a->row_codes || a->col_codes) mxfp8_ref_2d(a, end);
+        if (a->row_codes || a->col_codes) pool_for(blocks, block_rows, mxfp8_ref_2d, &job);
         return;
     }
-    if (a->row_codes) mxfp8_ref_rowwise(a, end);
-    if (a->col_codes) mxfp8_ref_colwise(a, end);
+    if (a->row_codes) pool_for(job.end, ref_task_rows(a->cols), mxfp8_ref_rowwise, (void *)a);
+    if (a->col_codes) pool_for(blocks, block_rows, mxfp8_ref_colwise, &job);
 }
 
 void ref_qt_mxfp8_quantize_bf16(const mxfp8_quantize_args *a, const launch_shape *shape) {
@@ -124,13 +143,13 @@ void ref_qt_mxfp8_quantize_f32(const mxfp8_quantize_args *a, const launch_shape 
     mxfp8_ref_quantize(a);
 }
 
-void ref_qt_mxfp8_dequantize(const mxfp8_dequantize_args *a, const launch_shape *shape) {
-    (void)shape;
+POOL_CPU_CLONES static void mxfp8_ref_dequantize_rows(void *ctx, uint64_t r_begin,
+                                                      uint64_t r_end) {
+    const mxfp8_dequantize_args *a = ctx;
     const uint8_t *codes = REF_PTR(const uint8_t, a->codes);
     const uint8_t *scales = REF_PTR(const uint8_t, a->scales);
-    uint32_t end = qt_group_active_rows(a->group, a->rows);
     uint32_t blocks = (a->cols + QT_MXFP8_BLOCK - 1) / QT_MXFP8_BLOCK;
-    for (uint32_t r = 0; r < end; r++) {
+    for (uint32_t r = (uint32_t)r_begin; r < r_end; r++) {
         for (uint32_t k = 0; k < a->cols; k++) {
             uint64_t index = (uint64_t)r * a->cols + k;
             uint8_t e = a->colwise ? scales[(uint64_t)(r / QT_MXFP8_BLOCK) * a->cols + k]
@@ -139,4 +158,10 @@ void ref_qt_mxfp8_dequantize(const mxfp8_dequantize_args *a, const launch_shape 
                            qt_mxfp8_decode(codes[index], e, a->elem));
         }
     }
+}
+
+void ref_qt_mxfp8_dequantize(const mxfp8_dequantize_args *a, const launch_shape *shape) {
+    (void)shape;
+    pool_for(qt_group_active_rows(a->group, a->rows), ref_task_rows(a->cols),
+             mxfp8_ref_dequantize_rows, (void *)a);
 }

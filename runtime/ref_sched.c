@@ -1,6 +1,7 @@
 // C twins of ptx/sched.cu.
 #include <string.h>
 
+#include "pool.h"  // pool_for: the pixels in ranges
 #include "ref.h"
 
 void ref_qt_sched_copy(const sched_copy_args *a, const launch_shape *shape) {
@@ -11,14 +12,24 @@ void ref_qt_sched_copy(const sched_copy_args *a, const launch_shape *shape) {
     memmove(REF_PTR(void, dst), REF_PTR(const void, src), a->bytes);
 }
 
+typedef struct ref_stage_job {
+    const uint8_t *pixels;
+    float *values;
+} ref_stage_job;
+
+static void ref_stage_pixels(void *ctx, uint64_t begin, uint64_t end) {
+    const ref_stage_job *job = ctx;
+    for (uint64_t i = begin; i < end; i++) job->values[i] = qt_sched_pixel(job->pixels[i]);
+}
+
 void ref_qt_sched_stage_u8(const sched_stage_u8_args *a, const launch_shape *shape) {
     (void)shape;
     uint64_t counter = *REF_PTR(const uint64_t, a->counter);
     const uint8_t *src = REF_PTR(const uint8_t, a->src) +
                          qt_sched_slot_offset(counter, a->src_slots, a->src_stride);
     uint8_t *dst = REF_PTR(uint8_t, a->dst);
-    float *values = (float *)(void *)(dst + a->inputs_offset);
-    for (uint64_t i = 0; i < a->pixels; i++) values[i] = qt_sched_pixel(src[a->inputs_offset + i]);
+    ref_stage_job job = {src + a->inputs_offset, (float *)(void *)(dst + a->inputs_offset)};
+    pool_for(a->pixels, REF_TASK_ELEMS, ref_stage_pixels, &job);
     memmove(dst, src, a->inputs_offset);
     memmove(dst + a->dst_targets_offset, src + a->src_targets_offset, a->targets_bytes);
 }

@@ -5,7 +5,7 @@
 #include <time.h>    // clock_gettime
 #include <unistd.h>  // access
 
-#include "atomic_file.h"  // atomic_file_exists
+#include "atomic_file.h"  // atomic_file_check
 
 // The command-line flag that lets output files replace existing files (run_options).
 #define RUN_REPLACE_HINT "--force"
@@ -26,14 +26,30 @@ qt_status run_backend_open(backend *b, bool ref, bool *fell_back) {
 // ---------------------------------------------------------------------------------------------
 // Planning
 
+// A failure about a data source of the recipe (a file that cannot be read, a header that does
+// not fit the model) gets the recipe line that named the source in front, `file:line:col: `, so
+// that the message leads to the line to fix. `qtrain infer`'s input comes from the command line.
+static qt_status run_source_status(const run *r, const recipe_source *src, qt_status status) {
+    if (status == QT_OK || src == &r->infer_source) return status;
+    char message[QT_ERROR_MESSAGE_MAX];
+    snprintf(message, sizeof message, "%s", qt_error_message());
+    return qt_fail(status, "%s:%u:%u: %s", r->recipe->file_name, src->line, src->col, message);
+}
+
+static qt_status run_probe_source(run *r, const recipe_source *src, data_info *info) {
+    const recipe_model *m = &r->recipe->model;
+    return run_source_status(r, src, data_probe(src, m->input_features, m->output_features,
+                                                info));
+}
+
 // An .npy pair's labels or targets are known once its files are read (the recipe parser checks
 // the other sources against the loss).
 static qt_status run_check_targets(const run *r, const recipe_source *src, const data_info *info) {
     bool labels = info->target_type == DATA_TARGET_LABEL;
     bool classification = r->recipe->model.loss == RECIPE_LOSS_SOFTMAX_XENT;
     if (src->kind != RECIPE_SOURCE_NPY || labels == classification) return QT_OK;
-    return qt_fail(QT_ERR_INPUT, "%s (recipe line %u): %s holds %s, but the recipe's loss is %s; "
-                   "expected %s", r->recipe->file_name, src->line, src->labels,
+    return qt_fail(QT_ERR_INPUT, "%s:%u:%u: %s holds %s, but the recipe's loss is %s; "
+                   "expected %s", r->recipe->file_name, src->line, src->col, src->labels,
                    labels ? "class labels (1-D)" : "regression targets (2-D float32)",
                    classification ? "softmax_xent" : "mse",
                    classification ? "1-D integer class labels, or `loss = mse`"
@@ -56,14 +72,13 @@ static qt_status run_probe_input(run *r) {
 
 static qt_status run_probe(run *r) {
     const recipe *rc = r->recipe;
-    uint32_t in = rc->model.input_features, out = rc->model.output_features;
     if (r->options.infer_input) return run_probe_input(r);
     r->train_source = &rc->data.train;
-    QT_TRY(data_probe(&rc->data.train, in, out, &r->train_info));
+    QT_TRY(run_probe_source(r, &rc->data.train, &r->train_info));
     QT_TRY(run_check_targets(r, &rc->data.train, &r->train_info));
     r->has_eval = rc->data.eval.kind != RECIPE_SOURCE_NONE;
     if (!r->has_eval) return QT_OK;
-    QT_TRY(data_probe(&rc->data.eval, in, out, &r->eval_info));
+    QT_TRY(run_probe_source(r, &rc->data.eval, &r->eval_info));
     QT_TRY(run_check_targets(r, &rc->data.eval, &r->eval_info));
     // One staging layout serves both feeds, and it keeps the inputs in the dataset's type.
     if (r->eval_info.input_type != r->train_info.input_type) {
@@ -94,7 +109,7 @@ static qt_status run_table(run *r, void *storage) {
         sched_build b = {r->train_info.samples, r->has_eval ? r->eval_info.samples : 0,
                          r->recipe->data.batch, o->steps_limit, o->eval_every,
                          o->eval_steps ? o->eval_steps : 1, o->drop_eval};
-        sched_table_build(r->recipe, &b, &r->table);
+        QT_TRY(sched_table_build(r->recipe, &b, &r->table));
     }
     if (!storage) {
         t->sched_rows = r->table.row_count;
@@ -146,15 +161,19 @@ static qt_status run_check_outputs(const run *r) {
         const sched_row *row = &r->table.rows[i];
         const char *path;
         bool argmax;
-        if (!row->output || r->options.replace_outputs) continue;
+        if (!row->output) continue;
         run_output_spec(r, row->output - 1, &path, &argmax);
-        if (atomic_file_exists(path)) {
-            return qt_fail(QT_ERR_INPUT, "%s exists; qtrain does not replace files: remove it, "
-                           "choose another name, or pass %s to replace it", path,
-                           RUN_REPLACE_HINT);
-        }
+        QT_TRY(atomic_file_check(path, r->options.replace_outputs, RUN_REPLACE_HINT));
     }
     return QT_OK;
+}
+
+// The metrics file, like the outputs: refused before the slow part of start-up when it exists.
+static qt_status run_check_metrics(const run *r) {
+    const char *path = r->options.metrics_path;
+    if (!path || r->options.replace_outputs || !atomic_file_exists(path)) return QT_OK;
+    return qt_fail(QT_ERR_INPUT, "%s exists; qtrain does not replace files: remove it, choose "
+                   "another name, or pass %s to replace it", path, RUN_REPLACE_HINT);
 }
 
 static void run_outputs_abandon(run *r) {
@@ -308,16 +327,23 @@ static qt_status run_build_programs(run *r, run_carver *c) {
     return QT_OK;
 }
 
-// A fresh checkpoint path must not replace a file by surprise (the one resumed from is
-// expected to be replaced), and its folder must take files before the run starts.
+// Whether the run's first save may replace a file at save_path: the checkpoint it resumes from
+// is expected to be replaced, any other file only with --force. Its later saves replace its own.
+static bool run_save_replaces(const run_options *o) {
+    return o->save_replaces || o->replace_outputs;
+}
+
+// A fresh checkpoint path must not replace a file by surprise, must be a regular file if it
+// exists, and its folder must take files before the run starts.
 static qt_status run_check_save_path(const run_options *o) {
     const char *path = o->save_path;
     if (!path) return QT_OK;
-    if (access(path, F_OK) == 0 && !o->save_replaces) {
+    if (access(path, F_OK) == 0 && !run_save_replaces(o)) {
         return qt_fail(QT_ERR_INPUT, "%s exists; a run saves over a checkpoint only when it "
-                       "resumes from it (--resume %s), so remove it or name another file",
-                       path, path);
+                       "resumes from it (--resume %s) or with %s, so remove it, name another "
+                       "file, or pass %s", path, path, RUN_REPLACE_HINT, RUN_REPLACE_HINT);
     }
+    QT_TRY(atomic_file_check(path, true, RUN_REPLACE_HINT));
     char folder[CKPT_PATH_MAX];
     ckpt_folder(path, folder, sizeof folder);
     if (access(folder, W_OK) != 0) {
@@ -475,16 +501,25 @@ qt_status run_load(run *r, void *memory, uint64_t bytes) {
     uint32_t batch = rc->data.batch;
     QT_ASSERT(((uintptr_t)memory % DATA_ALIGN) == 0 && bytes >= r->data_bytes);
     if (!r->options.checkpoints) QT_TRY(run_check_outputs(r));  // else once resumed (or not)
+    // A resumed run continues its trace (trace_continue checks the file then).
+    if (r->options.trace_path && !r->options.checkpoints) {
+        QT_TRY(trace_check_output(r->options.trace_path, r->options.replace_outputs));
+    }
+    QT_TRY(run_check_metrics(r));
     double t0 = run_clock();
     uint8_t *base = memory;
-    QT_TRY(data_load(r->train_source, &r->train_info, base + r->data_train_offset,
-                     r->train_info.bytes, &r->train_set));
+    QT_TRY(run_source_status(r, r->train_source,
+                             data_load(r->train_source, &r->train_info,
+                                       base + r->data_train_offset, r->train_info.bytes,
+                                       &r->train_set)));
     data_feed_init(&r->train_feed, &r->train_set, batch, true, r->seed,
                    (uint32_t *)(void *)(base + r->data_order_offset));
     data_feed_init(&r->train_plain, &r->train_set, batch, false, 0, NULL);
     if (r->has_eval) {
-        QT_TRY(data_load(&rc->data.eval, &r->eval_info, base + r->data_eval_offset,
-                         r->eval_info.bytes, &r->eval_set));
+        QT_TRY(run_source_status(r, &rc->data.eval,
+                                 data_load(&rc->data.eval, &r->eval_info,
+                                           base + r->data_eval_offset, r->eval_info.bytes,
+                                           &r->eval_set)));
         data_feed_init(&r->eval_feed, &r->eval_set, batch, false, 0, NULL);
     }
     if (r->options.golden_path) {
@@ -568,7 +603,7 @@ static qt_status run_trace_open(run *r) {
         return trace_continue(&r->trace, r->options.trace_path, h, r->trace_bytes,
                               r->trace_hash, r->trace_records);
     }
-    return trace_open(&r->trace, r->options.trace_path, h);
+    return trace_open(&r->trace, r->options.trace_path, h, r->options.replace_outputs);
 }
 
 // The loop with what surrounds it: the golden trace's header checked first (and its records
@@ -590,7 +625,7 @@ static qt_status run_loop(run *r, const sched_env *env, sched_summary *out) {
 // ---------------------------------------------------------------------------------------------
 // Checkpoints
 
-qt_status run_save(run *r, const char *path) {
+static qt_status run_save_to(run *r, const char *path, bool replace) {
     QT_ASSERT(r->bound && r->ckpt_planned);
     double t0 = run_clock();
     if (r->trace_active) {
@@ -620,7 +655,7 @@ qt_status run_save(run *r, const char *path) {
         host.row_dataset = row->dataset;
         host.row_steps = row->steps;
     }
-    QT_TRY(ckpt_save(&r->ckpt, r->backend, &r->dev, &r->host, &host, path,
+    QT_TRY(ckpt_save(&r->ckpt, r->backend, &r->dev, &r->host, &host, path, replace,
                      r->options.ckpt_hook, r->options.ckpt_hook_ctx));
     r->saves.count++;
     r->saves.last_step = r->state.step;
@@ -629,11 +664,17 @@ qt_status run_save(run *r, const char *path) {
     return QT_OK;
 }
 
-// The schedule loop's save points (its state is r->state).
+qt_status run_save(run *r, const char *path) { return run_save_to(r, path, true); }
+
+// The schedule loop's save points (its state is r->state). The first save replaces nothing that
+// appeared at the path after start-up (unless that was allowed); later ones replace their own.
 static qt_status run_save_point(void *ctx, const sched_state *state) {
     run *r = ctx;
     QT_ASSERT(state == &r->state);
-    return run_save(r, r->options.save_path);
+    bool replace = r->saved_before || run_save_replaces(&r->options);
+    QT_TRY(run_save_to(r, r->options.save_path, replace));
+    r->saved_before = true;
+    return QT_OK;
 }
 
 // The device's step counter must be the host state's step: both come from one checkpoint.
@@ -719,14 +760,34 @@ qt_status run_execute(run *r, sched_progress_fn progress, void *ctx, sched_summa
     memset(&r->saves, 0, sizeof r->saves);
     env.outputs = r->outputs;
     env.check = r->options.golden_path ? &r->check : NULL;
+    bool metrics = r->options.metrics_path && !r->metrics_written;
+    if (metrics) {
+        const run_options *o = &r->options;
+        QT_TRY(metrics_open(&r->metrics, o->metrics_path, o->replace_outputs, RUN_REPLACE_HINT,
+                            o->metrics_every ? o->metrics_every : 100, r->model.classification));
+        r->metrics_written = true;
+        env.record = metrics_record;
+        env.record_ctx = &r->metrics;
+    }
     if (r->options.trace_path) {
-        QT_TRY(run_trace_open(r));
+        qt_status opened = run_trace_open(r);
+        if (opened != QT_OK) {
+            metrics_abandon(&r->metrics);
+            return opened;
+        }
         env.trace = &r->trace;
         r->trace_active = true;
     }
     qt_status status = run_loop(r, &env, out);
+    if (metrics) {
+        qt_status committed = metrics_commit(&r->metrics);
+        if (status == QT_OK) status = committed;
+    }
     if (env.trace) {
-        qt_status closed = trace_close(&r->trace);
+        trace_end end = status != QT_OK ? TRACE_END_FAILED
+                        : out->stopped  ? TRACE_END_STOPPED
+                                        : TRACE_END_COMPLETE;
+        qt_status closed = trace_close(&r->trace, end);
         if (status == QT_OK) status = closed;
         r->trace_active = false;
         r->trace_continues = true;
@@ -736,6 +797,78 @@ qt_status run_execute(run *r, sched_progress_fn progress, void *ctx, sched_summa
     }
     run_outputs_abandon(r);  // a failed run leaves no output file
     return status;
+}
+
+void run_steps_left(const run *r, uint64_t steps[MODEL_MODE_COUNT]) {
+    for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) steps[mode] = 0;
+    for (uint32_t i = r->state.row; i < r->table.row_count; i++) {
+        const sched_row *row = &r->table.rows[i];
+        steps[row->mode] += row->steps - (i == r->state.row ? r->state.row_step : 0);
+    }
+}
+
+// Milliseconds of one run of a mode's program: the median of three warm runs, after a cold one,
+// within about a second; a cold run of half a second or more is the measurement itself (long
+// steps vary less, and timing more of them would delay the start).
+static double run_time_mode(run *r, int mode) {
+    double seconds[4] = {0.0, 0.0, 0.0, 0.0}, spent = 0.0;
+    int runs = 0;
+    while (runs < 4 && (runs == 0 || (seconds[0] < 0.5 && spent < 1.0))) {
+        double t0 = run_clock();
+        qt_status status = backend_run(r->backend, &r->programs[mode]);
+        QT_ASSERT(status == QT_OK);  // the reference backend's launches do not fail
+        seconds[runs] = run_clock() - t0;
+        spent += seconds[runs++];
+    }
+    if (runs == 1) return 1e3 * seconds[0];
+    if (runs < 4) return 1e3 * seconds[runs - 1];  // the last warm run
+    double a = seconds[1], b = seconds[2], c = seconds[3];  // the median of the warm runs
+    double median = a > b ? (b > c ? b : (a > c ? c : a)) : (a > c ? a : (b > c ? c : b));
+    return 1e3 * median;
+}
+
+// Stages the next batch of the feed that the mode's first row left reads (sched_feed's choice)
+// where the next step's program reads it, as the loop would, and leaves the feed where it was:
+// the step is timed on the data it will run on.
+static void run_stage_for_timing(run *r, int mode) {
+    data_feed *feed = NULL;
+    for (uint32_t i = r->state.row; i < r->table.row_count && !feed; i++) {
+        const sched_row *row = &r->table.rows[i];
+        if ((int)row->mode != mode) continue;
+        feed = mode == MODEL_MODE_TRAIN               ? &r->train_feed
+               : row->dataset == RECIPE_DATASET_EVAL ? &r->eval_feed
+                                                      : &r->train_plain;
+    }
+    QT_ASSERT(feed != NULL);
+    const model_io *io = &r->model.io;
+    uint64_t bytes = io->slot.bytes, step = r->state.step;
+    uint8_t *host = (uint8_t *)arena_host_pointer(&r->host, io->staging) +
+                    step % MODEL_HOST_SLOTS * bytes;
+    uint8_t *dev = (uint8_t *)arena_host_pointer(&r->dev, io->staged) +
+                   step % MODEL_DEVICE_SLOTS * bytes;
+    data_feed saved = *feed;
+    data_feed_next(feed, &io->slot, host);
+    memcpy(dev, host, bytes);
+    *feed = saved;
+}
+
+void run_time_steps(run *r, void *scratch, uint64_t scratch_bytes, double ms[MODEL_MODE_COUNT]) {
+    QT_ASSERT(r->bound && r->backend->kind == BACKEND_REF);
+    uint64_t dev = r->dev.bytes_total, host = r->host.bytes_total;
+    QT_ASSERT(scratch_bytes >= dev + host);
+    uint8_t *copy = scratch;
+    memcpy(copy, r->dev.host_base, dev);
+    memcpy(copy + dev, r->host.host_base, host);
+    uint64_t steps[MODEL_MODE_COUNT];
+    run_steps_left(r, steps);
+    for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
+        ms[mode] = 0.0;
+        if (steps[mode] == 0 || !r->model.modes[mode]) continue;
+        run_stage_for_timing(r, mode);
+        ms[mode] = run_time_mode(r, mode);
+    }
+    memcpy(r->dev.host_base, copy, dev);
+    memcpy(r->host.host_base, copy + dev, host);
 }
 
 // Per-op times of one mode's program, in op order, with each op's share of their sum, then the
@@ -774,6 +907,7 @@ qt_status run_profile(run *r, uint32_t reps, FILE *out) {
 
 void run_close(run *r) {
     run_outputs_abandon(r);
+    metrics_abandon(&r->metrics);
     if (!r->backend) return;
     for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
         backend_graph_destroy(r->backend, &r->graphs[mode]);
@@ -790,28 +924,45 @@ void run_close(run *r) {
 // ---------------------------------------------------------------------------------------------
 // The plan report
 
+// The table as the loop runs it: every row with the global steps it covers (train, eval and
+// infer steps share one count, as the trace does), train rows with their train steps, each
+// with the recipe line it came from; then the learning-rate rows, by train step.
 static void run_print_table(const run *r, FILE *out) {
     const sched_table *t = &r->table;
-    fprintf(out, "schedule: %u rows, %llu train, %llu eval, %llu infer steps\n", t->row_count,
-            (unsigned long long)t->steps[MODEL_MODE_TRAIN],
+    fprintf(out, "schedule: %u rows, %llu train, %llu eval, %llu infer steps; an epoch is %llu "
+            "train steps\n", t->row_count, (unsigned long long)t->steps[MODEL_MODE_TRAIN],
             (unsigned long long)t->steps[MODEL_MODE_EVAL],
-            (unsigned long long)t->steps[MODEL_MODE_INFER]);
-    for (uint32_t i = 0; i < t->row_count && i < 64; i++) {
+            (unsigned long long)t->steps[MODEL_MODE_INFER], (unsigned long long)t->epoch_steps);
+    uint64_t step = 0, train = 0;
+    for (uint32_t i = 0; i < t->row_count; i++) {
         const sched_row *row = &t->rows[i];
+        char what[96];
+        if (row->mode == MODEL_MODE_TRAIN) {
+            snprintf(what, sizeof what, "train steps %llu..%llu", (unsigned long long)train,
+                     (unsigned long long)(train + row->steps - 1));
+            train += row->steps;
+        } else {
+            snprintf(what, sizeof what, "%s set",
+                     row->dataset == RECIPE_DATASET_EVAL ? "eval" : "train");
+        }
         const char *path = NULL;
         bool argmax = false;
         if (row->output) run_output_spec(r, row->output - 1, &path, &argmax);
-        fprintf(out, "  %-5s %8llu steps%s%s%s%s\n", model_mode_name(row->mode),
-                (unsigned long long)row->steps,
-                row->mode == MODEL_MODE_TRAIN ? ""
-                : row->dataset == RECIPE_DATASET_EVAL ? " (eval set)" : " (train set)",
-                path ? " -> " : "", path ? path : "", argmax ? " (argmax)" : "");
+        if (path) {
+            size_t used = strlen(what);
+            snprintf(what + used, sizeof what - used, " -> %.60s%s", path,
+                     argmax ? " (argmax)" : "");
+        }
+        fprintf(out, "  %4u %-5s %8llu steps at %-8llu %-26s", i, model_mode_name(row->mode),
+                (unsigned long long)row->steps, (unsigned long long)step, what);
+        if (row->line) fprintf(out, " line %u", row->line);
+        fputc('\n', out);
+        step += row->steps;
     }
-    if (t->row_count > 64) fprintf(out, "  ... %u more rows\n", t->row_count - 64);
     static const char *const rules[] = {"constant", "linear", "cosine"};
     for (uint32_t i = 0; i < t->lr_count; i++) {
         const optim_lr_row *lr = &t->lr[i];
-        fprintf(out, "  lr row %u: from step %llu, %llu steps, %s %g -> %g\n", i,
+        fprintf(out, "  lr row %u: from train step %llu, %llu steps, %s %g -> %g\n", i,
                 (unsigned long long)lr->start, (unsigned long long)lr->steps, rules[lr->rule],
                 (double)lr->a, (double)lr->b);
     }
@@ -856,4 +1007,31 @@ void run_print_plan(const run *r, FILE *out) {
     arena_print(&r->dev, out);
     fprintf(out, "\n");
     arena_print(&r->host, out);
+}
+
+void run_print_summary(const run *r, FILE *out) {
+    const sched_table *t = &r->table;
+    fprintf(out, "recipe       %s (seed %llu)\n", r->recipe->file_name,
+            (unsigned long long)r->seed);
+    model_print_summary(&r->model, out);
+    fprintf(out, "schedule     %u rows: %llu train, %llu eval, %llu infer steps; %u learning-rate "
+            "rows\n", t->row_count, (unsigned long long)t->steps[MODEL_MODE_TRAIN],
+            (unsigned long long)t->steps[MODEL_MODE_EVAL],
+            (unsigned long long)t->steps[MODEL_MODE_INFER], t->lr_count);
+    char bytes[24];
+    arena_format_size(r->data_bytes, bytes, sizeof bytes);
+    fprintf(out, "data         train %llu samples of %u features",
+            (unsigned long long)r->train_info.samples, r->train_info.features);
+    if (r->has_eval) fprintf(out, ", eval %llu samples", (unsigned long long)r->eval_info.samples);
+    fprintf(out, "; %s of host memory outside the arenas\n", bytes);
+    fprintf(out, "programs     init %u ops", r->init.op_count);
+    for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
+        if (r->model.modes[mode]) {
+            fprintf(out, ", %s %u ops", r->programs[mode].mode, r->programs[mode].op_count);
+        }
+    }
+    if (r->model.modes[MODEL_MODE_TRAIN]) fprintf(out, ", checksum %u ops", r->checksum.op_count);
+    fputc('\n', out);
+    arena_print_summary(&r->dev, out);
+    arena_print_summary(&r->host, out);
 }

@@ -20,7 +20,8 @@
 //                 init program run, one graph captured per mode (unless eager)
 //   run_resume    (optional) a checkpoint's device state and position loaded over the bound run
 //   run_execute   the schedule loop (runtime/schedule.h) from the run's position to the end or
-//                 a stop, with the trace file if asked for, the golden trace's check,
+//                 a stop, with the trace file and the metrics file (runtime/metrics.h) if asked
+//                 for, the golden trace's check,
 //                 checkpoints if save_path is set, and the output files of the infer rows it runs
 //                 (runtime/infer_out.h), committed at the end; called again after a stop, it
 //                 continues (the trace too)
@@ -36,6 +37,7 @@
 #include "backend.h"
 #include "checkpoint.h"  // ckpt_layout, ckpt_reader, ckpt_hook_fn
 #include "data.h"
+#include "metrics.h"     // metrics_writer
 #include "model.h"
 #include "program.h"
 #include "recipe.h"
@@ -76,7 +78,8 @@ typedef struct run_options {
     void *ckpt_hook_ctx;
     const volatile sig_atomic_t *interrupt;  // non-zero (a signal handler): stop and save
     uint64_t stop_at;         // stop after this many steps in all (tests); 0 = none
-    bool replace_outputs;     // output files (infer rows, infer_output) may replace files
+    bool replace_outputs;     // output files (infer rows, infer_output, save_path) may replace
+                              // files, and the trace a file that is not a trace (`--force`)
     // `qtrain infer`: one pass of infer steps over infer_input (IDX images or .npy features, no
     // targets) instead of the recipe's [data] and [schedule]; the outputs go to infer_output
     // (float32 logits, or int32 classes with infer_argmax). The recipe's data files are not read.
@@ -91,6 +94,13 @@ typedef struct run_options {
     // that differs stops the run with QT_ERR_MISMATCH naming the step, the field and both values.
     const char *golden_path;
     run_inject inject;
+    // The metrics file (runtime/metrics.h, `--metrics`): a train line every metrics_every train
+    // steps (0: 100) and after every train row, an eval line per eval row. An existing file is
+    // refused at run_load unless replace_outputs. The first run_execute writes it and gives it
+    // its name when it returns (after a stop or a failure too: its lines are of steps that
+    // ran), so it covers that call's steps.
+    const char *metrics_path;
+    uint64_t metrics_every;
 } run_options;
 
 // The programs of a run, in the order of their op indices.
@@ -174,7 +184,10 @@ typedef struct run {
     ckpt_reader reader;        // run_resume's
     bool resumed;
     sched_state resumed_at;    // the checkpoint's position
-    run_saves saves;
+    run_saves saves;           // of the last run_execute
+    bool saved_before;         // save_path holds this run's checkpoint (any run_execute)
+    metrics_writer metrics;
+    bool metrics_written;      // the first run_execute wrote the metrics file
 } run;
 
 // Opens the GPU backend, or the reference backend when ref is set or when there is no usable
@@ -193,6 +206,15 @@ qt_status run_plan(run *r, void *tables, uint64_t table_bytes);
 
 // Bytes the reference backend needs for the device and the host arena.
 void run_memory_bytes(const run *r, uint64_t *dev_bytes, uint64_t *host_bytes);
+
+// Before anything of the run is allocated: its memory against what there is (the file
+// runtime/run_memory.c). b: the opened backend (GPU: the device arena against the free device
+// memory, cuMemGetInfo), or NULL before it is open; ref: the device arena lives in host memory
+// (the reference backend); extra_host: host memory the caller is about to allocate for the run
+// besides the arenas (the datasets, run_data_bytes). Host needs are compared with the least of
+// the limits of runtime/host_memory.h. QT_ERR_MEMORY naming both numbers, the tightest limit,
+// the largest regions and what to change in the recipe (batch, widths, formats).
+qt_status run_check_memory(const run *r, backend *b, bool ref, uint64_t extra_host);
 
 // Caller memory (DATA_ALIGN aligned, pageable is fine) for the datasets and the golden trace,
 // read by the host only.
@@ -217,8 +239,22 @@ qt_status run_resume(run *r, const char *path);
 
 qt_status run_execute(run *r, sched_progress_fn progress, void *ctx, sched_summary *out);
 
-// A checkpoint of where the run stands, outside run_execute (which saves at its own points).
+// A checkpoint of where the run stands, outside run_execute (which saves at its own points);
+// it replaces a regular file at path.
 qt_status run_save(run *r, const char *path);
+
+// Steps of each mode from the run's position to the end of its table.
+void run_steps_left(const run *r, uint64_t steps[MODEL_MODE_COUNT]);
+
+// How long one step of each mode takes on the reference backend, measured before the loop (after
+// run_bind and any run_resume), so that a run can say how long it will take before it starts:
+// both arenas are copied into `scratch` (at least their bytes together, run_memory_bytes), each
+// mode with steps left runs its program a few times (a cold run, then the median of up to three
+// warm ones within about a second; a cold run of half a second or more alone), then the arenas
+// are copied back, so the run goes on from the same bytes. Each mode runs on the next batch of
+// its feed (the feed is left where it was). ms[mode] is 0 for the modes without steps left.
+// Reference backend only.
+void run_time_steps(run *r, void *scratch, uint64_t scratch_bytes, double ms[MODEL_MODE_COUNT]);
 
 // `qtrain run --profile`: after run_execute, every mode's program op by op and as its graph
 // (backend_profile; this changes the run's state, so nothing may follow but run_close).
@@ -229,5 +265,8 @@ void run_close(run *r);
 // `qtrain plan`: the model, the schedule table, every program, the host memory of the run
 // (its struct, its tables, the host arena, the datasets) and both memory maps.
 void run_print_plan(const run *r, FILE *out);
+// `qtrain plan --summary`: the same in under 40 lines (model_print_summary, the schedule's
+// totals, the data, each program's op count and both arenas' totals).
+void run_print_summary(const run *r, FILE *out);
 
 #endif  // QT_RUN_H

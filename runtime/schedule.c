@@ -12,6 +12,7 @@ static uint32_t sched_lr_rule(recipe_lr_kind k) {
     switch (k) {
     case RECIPE_LR_CONSTANT: return QT_OPTIM_LR_CONSTANT;
     case RECIPE_LR_WARMUP: return QT_OPTIM_LR_LINEAR;
+    case RECIPE_LR_DECAY: return QT_OPTIM_LR_LINEAR;
     case RECIPE_LR_COSINE: return QT_OPTIM_LR_COSINE;
     }
     QT_ASSERT(false);
@@ -75,67 +76,141 @@ static bool sched_rows_next(const recipe *r, sched_rows_iter *it, uint32_t *out)
     return true;
 }
 
-// A train row, split into pieces each followed by an eval row when b->eval_every is set; every
-// eval and infer row is dropped with b->drop_eval.
-static void sched_emit(sched_table *t, const sched_build *b, sched_row row) {
-    if (row.mode != MODEL_MODE_TRAIN) {
-        if (!b->drop_eval) sched_push(t, row);
-        return;
+// Building the table: the recipe's rows expanded, and the --steps cut applied as they come.
+typedef struct sched_builder {
+    const recipe *r;
+    const sched_build *options;
+    sched_table *t;
+    uint64_t epoch;          // train steps of one epoch
+    uint64_t pass[2];        // steps of one pass over the train and the eval set
+    uint64_t left;           // train steps the cut leaves; UINT64_MAX: no cut
+    bool done;               // the cut was reached at a train row: no more rows
+} sched_builder;
+
+// Appends a row unless the cut has ended the table (or it is an eval or infer row and
+// drop_eval is set). A train row takes what the cut leaves of it; eval and infer rows after the
+// cut stay until the next train row (schedule.h).
+static qt_status sched_add(sched_builder *b, const recipe_row *rr, sched_row row) {
+    if (b->done) return QT_OK;
+    if (row.mode == MODEL_MODE_TRAIN) {
+        if (b->left == 0) {  // the cut: later rows belong to training yet to come
+            b->t->cut = true;
+            b->done = true;
+            return QT_OK;
+        }
+        if (row.steps > b->left) {
+            row.steps = b->left;
+            b->t->cut = true;
+        }
+        b->left -= row.steps;
+    } else if (b->options->drop_eval) {
+        return QT_OK;
     }
-    if (b->eval_every == 0) {
-        sched_push(t, row);
-        return;
+    if (row.steps == 0) return QT_OK;
+    if (b->t->row_count == SCHED_ROWS_MAX) {  // a counting build stops here: memory stays bounded
+        return recipe_fail_at(QT_ERR_CAPACITY, b->r->file_name, rr->line, 1, "the schedule "
+                              "expands to more than %u rows (an eval clause adds a row after "
+                              "every interval, a repeat repeats its rows); expected a longer "
+                              "interval or fewer rows", SCHED_ROWS_MAX);
     }
-    for (uint64_t done = 0; done < row.steps; done += b->eval_every) {
-        sched_row piece = row;
-        piece.steps = row.steps - done < b->eval_every ? row.steps - done : b->eval_every;
-        sched_push(t, piece);
-        sched_row eval = {MODEL_MODE_EVAL, b->eval_steps, RECIPE_DATASET_EVAL, 0, 0};
-        if (!b->drop_eval) sched_push(t, eval);
-    }
+    sched_push(b->t, row);
+    return QT_OK;
 }
 
-void sched_table_build(const recipe *r, const sched_build *b, sched_table *t) {
-    QT_ASSERT(b->eval_every == 0 || b->eval_steps >= 1);
+// count in unit as steps; false when it does not fit a row's length.
+static bool sched_steps_of(const sched_builder *b, uint64_t count, recipe_unit unit,
+                           uint64_t *steps) {
+    uint64_t per = unit == RECIPE_UNIT_EPOCHS ? b->epoch : 1;
+    QT_ASSERT(per > 0);  // a train set has samples (data_probe)
+    if (count > SCHED_ROW_STEPS_MAX / per) return false;
+    *steps = count * per;
+    return true;
+}
+
+// A train row's learning-rate rows: the warmup's (linear from 0 to the rule's first rate), then
+// the rule's over the rest of the row. One graph serves them all (schedule.h).
+static void sched_add_lr(sched_builder *b, const recipe_row *rr, uint64_t start,
+                         uint64_t steps, uint64_t warmup) {
+    if (warmup > 0) {
+        sched_push_lr(b->t, (optim_lr_row){start, warmup, QT_OPTIM_LR_LINEAR, 0.0f,
+                                           rr->lr_from, 0});
+    }
+    sched_push_lr(b->t, (optim_lr_row){start + warmup, steps - warmup,
+                                       sched_lr_rule(rr->lr_kind), rr->lr_from, rr->lr_to, 0});
+}
+
+// A train row: its learning-rate rows, then its steps, in pieces of the eval clause's interval
+// (or the build's eval_every) with an eval row after each (the last piece's too).
+static qt_status sched_add_train(sched_builder *b, const recipe_row *rr, uint64_t *start) {
+    const char *file = b->r->file_name;
+    uint64_t steps, warmup = 0, every;
+    if (!sched_steps_of(b, rr->steps, rr->unit, &steps)) {
+        return recipe_fail_at(QT_ERR_INPUT, file, rr->line, rr->col, "%u epochs of %llu steps "
+                              "exceed a row's %llu steps; expected fewer epochs", rr->steps,
+                              (unsigned long long)b->epoch,
+                              (unsigned long long)SCHED_ROW_STEPS_MAX);
+    }
+    if (rr->warmup && (!sched_steps_of(b, rr->warmup, rr->warmup_unit, &warmup) ||
+                       warmup >= steps)) {
+        return recipe_fail_at(QT_ERR_INPUT, file, rr->line, rr->warmup_col, "a warmup of %u "
+                              "%s in a row of %llu steps (an epoch is %llu steps); expected a "
+                              "warmup shorter than its row", rr->warmup,
+                              rr->warmup_unit == RECIPE_UNIT_EPOCHS ? "epochs" : "steps",
+                              (unsigned long long)steps, (unsigned long long)b->epoch);
+    }
+    sched_add_lr(b, rr, *start, steps, warmup);
+    *start += steps;
+    sched_row eval;
+    if (rr->eval_every) {
+        // An interval too long to count in steps is longer than the row: one eval, at its end.
+        if (!sched_steps_of(b, rr->eval_every, rr->eval_unit, &every)) every = steps;
+        eval = (sched_row){MODEL_MODE_EVAL, rr->eval_all ? b->pass[rr->dataset] : rr->eval_steps,
+                           rr->dataset, rr->line, 0};
+    } else if (b->options->eval_every) {
+        every = b->options->eval_every;
+        eval = (sched_row){MODEL_MODE_EVAL, b->options->eval_steps, RECIPE_DATASET_EVAL, 0, 0};
+    } else {
+        return sched_add(b, rr, (sched_row){MODEL_MODE_TRAIN, steps, RECIPE_DATASET_TRAIN,
+                                            rr->line, 0});
+    }
+    for (uint64_t done = 0; done < steps; done += every) {
+        uint64_t piece = steps - done < every ? steps - done : every;
+        QT_TRY(sched_add(b, rr, (sched_row){MODEL_MODE_TRAIN, piece, RECIPE_DATASET_TRAIN,
+                                            rr->line, 0}));
+        QT_TRY(sched_add(b, rr, eval));
+    }
+    return QT_OK;
+}
+
+qt_status sched_table_build(const recipe *r, const sched_build *options, sched_table *t) {
+    QT_ASSERT(options->eval_every == 0 || options->eval_steps >= 1);
     t->row_count = t->lr_count = 0;
     memset(t->steps, 0, sizeof t->steps);
     memset(t->modes, 0, sizeof t->modes);
     t->cut = t->outputs = false;
+    sched_builder b = {r, options, t, data_batches_per_epoch(options->train_samples,
+                                                             options->batch),
+                       {data_batches_per_epoch(options->train_samples, options->batch),
+                        data_batches_per_epoch(options->eval_samples, options->batch)},
+                       options->steps_limit ? options->steps_limit : UINT64_MAX, false};
+    t->epoch_steps = b.epoch;
+    if (options->eval_every > 0) t->modes[MODEL_MODE_EVAL] = true;
     uint64_t start = 0;
     sched_rows_iter it = {0, 0, 0};
     uint32_t i;
     while (sched_rows_next(r, &it, &i)) {
         const recipe_row *rr = &r->rows[i];
         t->modes[sched_modes[rr->mode]] = true;
-        if (rr->mode != RECIPE_MODE_TRAIN) continue;
-        sched_push_lr(t, (optim_lr_row){start, rr->steps, sched_lr_rule(rr->lr_kind),
-                                        rr->lr_from, rr->lr_to, 0});
-        start += rr->steps;
-    }
-    if (b->eval_every > 0) t->modes[MODEL_MODE_EVAL] = true;
-    uint64_t left = b->steps_limit ? b->steps_limit : UINT64_MAX;
-    it = (sched_rows_iter){0, 0, 0};
-    while (sched_rows_next(r, &it, &i)) {
-        const recipe_row *rr = &r->rows[i];
-        sched_row row = {sched_modes[rr->mode], rr->steps, rr->dataset, rr->line,
-                         rr->output[0] != '\0' ? i + 1 : 0};
         if (rr->mode == RECIPE_MODE_TRAIN) {
-            if (left == 0) {  // the cut: later rows belong to training yet to come
-                t->cut = true;
-                break;
-            }
-            if (row.steps > left) {
-                row.steps = left;
-                t->cut = true;
-            }
-            left -= row.steps;
-        } else if (rr->all) {
-            uint64_t samples = rr->dataset == RECIPE_DATASET_EVAL ? b->eval_samples
-                                                                  : b->train_samples;
-            row.steps = data_batches_per_epoch(samples, b->batch);
+            if (rr->eval_every) t->modes[MODEL_MODE_EVAL] = true;
+            QT_TRY(sched_add_train(&b, rr, &start));
+            continue;
         }
-        if (row.steps > 0) sched_emit(t, b, row);
+        sched_row row = {sched_modes[rr->mode], rr->all ? b.pass[rr->dataset] : rr->steps,
+                         rr->dataset, rr->line, rr->output[0] != '\0' ? i + 1 : 0};
+        QT_TRY(sched_add(&b, rr, row));
     }
+    return QT_OK;
 }
 
 uint64_t sched_rows_hash(const sched_table *t, uint32_t count) {
@@ -213,6 +288,7 @@ typedef struct sched_pending {
     uint64_t row_step;  // 1-based
     uint32_t rows_valid;
     double row_start;   // when the row's first step (in this loop) was launched
+    uint64_t train_steps;  // the run's train steps up to this step, this one included
 } sched_pending;
 
 // The proof in schedule.h needs a host slot for each step in flight plus the one being filled,
@@ -243,6 +319,7 @@ typedef struct sched_loop {
     uint64_t saved_at;       // the step of the last save; UINT64_MAX: none yet
     double start, row_start;
     uint64_t total, done;    // steps of this loop
+    uint64_t mode_total[MODEL_MODE_COUNT];  // steps of each mode this loop runs
     uint64_t next_train_read;  // the step after the last train record read (0: none yet)
     double last_train_read;    // when that record was read
 } sched_loop;
@@ -253,13 +330,18 @@ static data_feed *sched_feed(const sched_env *env, const sched_row *row) {
     return env->train_plain;
 }
 
+// Adds an eval step to the pass under way and tells the pass so far (*p's pass_*); at the
+// row's end the pass becomes the summary's last eval row.
 static void sched_eval_accumulate(sched_loop *l, const qt_trace_record *rec, uint32_t valid,
-                                  bool row_end) {
+                                  bool row_end, sched_progress *p) {
     sched_state *s = l->state;
     // accuracy = RN(correct / valid) with valid < 2^24, so RN(accuracy * valid) is correct.
     s->eval_correct += (uint64_t)((double)rec->accuracy * valid + 0.5);
     s->eval_valid += valid;
     s->eval_loss_sum += (double)rec->loss * valid;
+    p->pass_samples = s->eval_valid;
+    p->pass_loss = s->eval_valid ? s->eval_loss_sum / (double)s->eval_valid : 0.0;
+    p->pass_accuracy = s->eval_valid ? (double)s->eval_correct / (double)s->eval_valid : 0.0;
     if (!row_end) return;
     s->has_eval = 1;
     s->eval_samples = s->eval_valid;
@@ -300,6 +382,8 @@ static qt_status sched_consume(sched_loop *l, const sched_pending *pd) {
     bool row_end = pd->row_step == row->steps;
     l->done++;
     l->sum->steps[row->mode]++;
+    sched_progress p;
+    memset(&p, 0, sizeof p);
     if (row->mode == MODEL_MODE_TRAIN) {
         double now = sched_now();
         sched_time_train_step(l, pd->step, now);
@@ -307,19 +391,34 @@ static qt_status sched_consume(sched_loop *l, const sched_pending *pd) {
         if (rec.flags & QT_TRACE_FLAG_SKIPPED) l->sum->skipped++;
         if (row_end) l->sum->train_seconds += now - pd->row_start;
     }
-    if (row->mode == MODEL_MODE_EVAL) sched_eval_accumulate(l, &rec, pd->rows_valid, row_end);
-    const uint16_t *outputs = NULL;
+    if (row->mode == MODEL_MODE_EVAL) {
+        sched_eval_accumulate(l, &rec, pd->rows_valid, row_end, &p);
+    }
     if (row->mode == MODEL_MODE_INFER) {
         const uint8_t *slots = arena_host_pointer(m->host, m->io.outputs);
-        outputs = (const uint16_t *)(slots + (pd->step % MODEL_OUTPUT_SLOTS) *
-                                                 m->io.outputs_bytes);
-        if (row->output) QT_TRY(infer_out_write(&env->outputs[row->output - 1], outputs,
+        p.outputs = (const uint16_t *)(slots + (pd->step % MODEL_OUTPUT_SLOTS) *
+                                                   m->io.outputs_bytes);
+        if (row->output) QT_TRY(infer_out_write(&env->outputs[row->output - 1], p.outputs,
                                                 pd->rows_valid));
     }
-    if (!env->progress) return QT_OK;
-    sched_progress p = {&rec, row->mode, pd->row, pd->row_step, row->steps, l->done, l->total,
-                        pd->rows_valid, outputs, sched_now() - l->start};
-    env->progress(env->progress_ctx, &p);
+    if (!env->progress && !env->record) return QT_OK;
+    p.record = &rec;
+    p.mode = row->mode;
+    p.row = pd->row;
+    p.row_step = pd->row_step;
+    p.row_steps = row->steps;
+    p.dataset = row->dataset;
+    p.done = l->done;
+    p.total = l->total;
+    for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
+        p.left[mode] = l->mode_total[mode] - l->sum->steps[mode];
+    }
+    p.train_steps = pd->train_steps;
+    p.epoch_steps = l->t->epoch_steps;
+    p.rows_valid = pd->rows_valid;
+    p.elapsed_s = sched_now() - l->start;
+    if (env->record) QT_TRY(env->record(env->record_ctx, &p));
+    if (env->progress) env->progress(env->progress_ctx, &p);
     return QT_OK;
 }
 
@@ -428,7 +527,8 @@ static qt_status sched_step(sched_loop *l, sched_at at) {
     s->step++;
     s->row_step++;
     uint32_t k = (uint32_t)(step % SCHED_LAG);
-    l->pending[k] = (sched_pending){step, at.row, at.row_step, l->staged_valid, l->row_start};
+    l->pending[k] = (sched_pending){step, at.row, at.row_step, l->staged_valid, l->row_start,
+                                    s->train_steps};
     if (l->gpu) {
         QT_CU(cuEventRecord(l->events[k], env->backend->stream));
         return QT_OK;
@@ -470,10 +570,16 @@ static qt_status sched_rows(sched_loop *l) {
     }
 }
 
-static uint64_t sched_steps_left(const sched_table *t, const sched_state *s) {
+// Steps the table has from the state's position on, in all and of each mode.
+static uint64_t sched_steps_left(const sched_table *t, const sched_state *s,
+                                 uint64_t mode_total[MODEL_MODE_COUNT]) {
     uint64_t total = 0;
-    for (uint32_t r = s->row; r < t->row_count; r++) total += t->rows[r].steps;
-    return total - (s->row < t->row_count ? s->row_step : 0);
+    for (uint32_t r = s->row; r < t->row_count; r++) {
+        uint64_t steps = t->rows[r].steps - (r == s->row ? s->row_step : 0);
+        mode_total[t->rows[r].mode] += steps;
+        total += steps;
+    }
+    return total;
 }
 
 // The summary's carried fields come from the state (a resumed run reports the last eval row
@@ -501,7 +607,7 @@ qt_status sched_run(const sched_env *env, const sched_table *t, sched_state *sta
     l.staged = state->step;
     l.saved_at = UINT64_MAX;
     QT_ASSERT(state->row <= t->row_count);
-    l.total = sched_steps_left(t, state);
+    l.total = sched_steps_left(t, state, l.mode_total);
     for (int k = 0; l.gpu && k < SCHED_LAG; k++) {
         QT_CU(cuEventCreate(&l.events[k], CU_EVENT_DISABLE_TIMING));
     }

@@ -11,11 +11,12 @@
 // picks the row from its step counter, ptx/optim.h; a repeated train row gets one per
 // repetition). --steps N cuts the table after N train steps and keeps the eval and infer rows
 // that follow the cut up to the next train row; the learning-rate rows are those of the whole
-// recipe, so a cut run follows the same curve. eval_every splits train rows and puts an eval row
-// after every k train steps (the eval-interleaving regression).
+// recipe, so a cut run follows the same curve. A train row's warmup clause adds a learning-rate
+// row before its rule's; its eval clause (or sched_build.eval_every, the eval-interleaving
+// regression) splits it into pieces, each followed by an eval row.
 //
 // The loop runs global steps s0, s0 + 1, ... (train, eval and infer steps share one index, as
-// the device counter of ptx/sched.h does; s0 is the state's step: 0 for a fresh run, a
+// the device counter of ptx/sched_ops.h does; s0 is the state's step: 0 for a fresh run, a
 // checkpoint's for a resumed one). Before step s0 the priming copy stages step s0's batch as
 // below; then per step s:
 //
@@ -35,7 +36,7 @@
 //   then drain the last two steps.
 //
 // So the batch of step s + 1 crosses PCIe on the copy engine while step s computes, and step
-// s + 1's first op (ptx/sched.h) turns device slot (s + 1) % 2, picked by the device counter's
+// s + 1's first op (ptx/sched_ops.h) turns device slot (s + 1) % 2, picked by the device counter's
 // parity, into its FP32 batch with a device-to-device pass. Slots follow the global step, so a
 // resumed run stages step s0 where the uninterrupted run would have. Why the slots are never
 // overwritten too early:
@@ -100,6 +101,10 @@
 #include "recipe.h"
 #include "trace.h"    // trace_writer
 
+// Rows of a table with its repeats and eval clauses expanded: more is refused, naming the
+// recipe line, so the counting build bounds the table's memory.
+#define SCHED_ROWS_MAX RECIPE_EXPANDED_ROWS_MAX
+#define SCHED_ROW_STEPS_MAX (UINT64_C(1) << 40)  // a train row's steps, epochs counted
 #define SCHED_LAG 2  // steps between a launch and the read of its record (= host slots - 1)
 #define SCHED_STEP_TIMES 4096  // train-step intervals a summary keeps (the most recent)
 
@@ -107,7 +112,7 @@ typedef struct sched_row {
     model_mode mode;
     uint64_t steps;
     recipe_dataset dataset;  // eval and infer rows
-    uint32_t line;           // the recipe line it came from (0: added by sched_interleave_eval)
+    uint32_t line;           // the recipe line it came from (0: added by sched_build.eval_every)
     uint32_t output;         // infer rows that write a file: 1 + its index in sched_env.outputs
                              // (the recipe row's index); 0: none
 } sched_row;
@@ -115,9 +120,10 @@ typedef struct sched_row {
 typedef struct sched_table {
     uint32_t row_count, row_capacity;  // capacity 0: a counting table (no rows stored)
     sched_row *rows;                   // [row_capacity], the caller's
-    uint32_t lr_count, lr_capacity;
+    uint32_t lr_count, lr_capacity;    // a train row's warmup and rule: two at most
     optim_lr_row *lr;                  // [lr_capacity], the caller's
     uint64_t steps[MODEL_MODE_COUNT];  // steps of each mode in the table
+    uint64_t epoch_steps;              // train steps of one epoch (batches of the train set)
     bool modes[MODEL_MODE_COUNT];      // modes of the recipe's table (before any cut)
     bool cut;                          // --steps removed train steps of the recipe
     bool outputs;                      // some row writes an output file
@@ -128,8 +134,9 @@ typedef struct sched_build {
     uint64_t train_samples, eval_samples;  // eval_samples 0 without an eval set
     uint32_t batch;
     uint64_t steps_limit;  // cut after this many train steps; 0: none
-    uint64_t eval_every;   // > 0: train rows in pieces of this many steps, each followed by an
-    uint64_t eval_steps;   // eval row of eval_steps steps on the eval set (tests)
+    uint64_t eval_every;   // > 0: train rows without an eval clause in pieces of this many
+    uint64_t eval_steps;   // steps, each followed by an eval row of eval_steps steps on the
+                           // eval set (tests)
     bool drop_eval;        // only the train rows (the reference of that regression)
 } sched_build;
 
@@ -159,8 +166,9 @@ uint64_t sched_table_bytes(uint32_t rows, uint32_t lr_rows);
 void sched_table_init(sched_table *t, void *storage, uint32_t rows, uint32_t lr_rows);
 
 // The table of r (t from sched_table_init). A counting table ends with the counts a table of
-// storage needs; one with storage asserts they fit.
-void sched_table_build(const recipe *r, const sched_build *b, sched_table *t);
+// storage needs; one with storage asserts they fit. Fails (naming the recipe line) on epochs
+// or a warmup that do not fit their row, and beyond SCHED_ROWS_MAX rows.
+qt_status sched_table_build(const recipe *r, const sched_build *b, sched_table *t);
 
 // Hash of rows [0, count) (mode, steps, dataset): a checkpoint keeps it to recognize the table
 // that it may continue.
@@ -184,13 +192,23 @@ typedef struct sched_progress {
     uint32_t row;             // index into the table
     uint64_t row_step;        // 1-based step within the row
     uint64_t row_steps;
+    recipe_dataset dataset;   // eval and infer rows
     uint64_t done, total;     // steps of this loop: read so far, and all it runs
+    uint64_t left[MODEL_MODE_COUNT];  // steps of each mode this loop runs after this one
+    uint64_t train_steps;     // train steps of the run up to this step (this one included)
+    uint64_t epoch_steps;     // train steps of an epoch (sched_table.epoch_steps)
     uint32_t rows_valid;      // real rows of the step's batch
+    // Eval rows: the pass so far (this step included; the whole pass at its last step), as the
+    // summary counts it: the mean loss over its real rows, correct / real rows, the real rows.
+    double pass_loss, pass_accuracy;
+    uint64_t pass_samples;
     const uint16_t *outputs;  // infer: bf16 [batch][outputs], valid during the call
     double elapsed_s;         // since the loop started
 } sched_progress;
 
 typedef void (*sched_progress_fn)(void *ctx, const sched_progress *p);
+// A consumer of every record that can fail (the metrics file): its error ends the loop.
+typedef qt_status (*sched_record_fn)(void *ctx, const sched_progress *p);
 
 typedef struct sched_env {
     backend *backend;
@@ -209,6 +227,8 @@ typedef struct sched_env {
     infer_out *outputs;       // the files of infer rows with an output (sched_row.output)
     sched_progress_fn progress;
     void *progress_ctx;
+    sched_record_fn record;   // NULL: none; called before progress
+    void *record_ctx;
     // Checkpoints: save (NULL: none) is called at the save points above with the state after
     // the drain; save_every 0 = no periodic saves.
     qt_status (*save)(void *ctx, const sched_state *state);

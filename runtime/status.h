@@ -11,8 +11,23 @@
 #define QT_ERROR_MESSAGE_MAX 1024
 
 // Records a formatted message for `status` and returns `status`, so callers write
-// `return qt_fail(QT_ERR_INPUT, "%s:%d:%d: unknown key '%s'", ...)`.
+// `return qt_fail(QT_ERR_INPUT, "%s:%d:%d: unknown key '%s'", ...)`. Bytes that would not show
+// are escaped (qt_escape), so text quoted from a file or an argument reads as it is; line
+// breaks stay (a report may span lines).
 qt_status qt_fail(qt_status status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+// Copies text[0 .. bytes) into out (always NUL-terminated; cut at an escape's boundary when out
+// is full) with everything a terminal would not show as itself escaped: \t, \r, \n (unless
+// keep_newlines) and other control bytes as \xNN, bytes that are not UTF-8 as \xNN, and
+// invisible or blank-looking characters (no-break space, zero-width characters, the byte-order
+// mark, bidirectional marks, C1 controls, ...) as <U+FEFF>. Visible UTF-8 stays as it is.
+// Returns the length written.
+size_t qt_escape(const char *text, size_t bytes, char *out, size_t out_bytes, bool keep_newlines);
+// A NUL-terminated text escaped as qt_escape does (line breaks too), for quoting user text
+// (an argument, a file name) in a message: one of QT_SHOWN_BUFFERS buffers of this thread, used
+// in turn, so one message may quote that many texts; longer texts are cut.
+#define QT_SHOWN_BUFFERS 4
+const char *qt_shown(const char *text);
 void qt_error_clear(void);
 
 // Programmer errors: a broken invariant aborts with file:line:expression.

@@ -7,10 +7,16 @@
 #include <stdio.h>   // snprintf, fprintf
 #include <stdlib.h>  // strtoull
 #include <string.h>
-#include <sys/stat.h>  // stat: the golden trace's size
+#include <sys/stat.h>  // fstat: what --trace would replace
 #include <unistd.h>  // read, write, close
 
+#include "input_file.h"  // input_file_open: regular files only; input_file_kind
+
 #define TRACE_MAGIC "qtrain-trace"
+#define TRACE_END_KEY "end"
+
+// The completion record's status words, by trace_end.
+static const char *const end_names[TRACE_END_COUNT] = {"complete", "stopped", "failed"};
 
 // ---------------------------------------------------------------------------------------------
 // Formatting
@@ -107,17 +113,22 @@ size_t trace_format_record(const qt_trace_record *r, uint32_t quantizers_count, 
 // ---------------------------------------------------------------------------------------------
 // Writer
 
-static qt_status writer_flush(trace_writer *w) {
+static qt_status writer_write_all(const trace_writer *w, const char *bytes, size_t n) {
     size_t done = 0;
-    while (done < w->used) {
-        ssize_t n = write(w->fd, w->buffer + done, w->used - done);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) {
+    while (done < n) {
+        ssize_t k = write(w->fd, bytes + done, n - done);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) {
             return qt_fail(QT_ERR_IO, "%s: cannot write the trace: %s", w->path,
                            strerror(errno));
         }
-        done += (size_t)n;
+        done += (size_t)k;
     }
+    return QT_OK;
+}
+
+static qt_status writer_flush(trace_writer *w) {
+    QT_TRY(writer_write_all(w, w->buffer, w->used));
     w->hash = trace_hash_more(w->hash, w->buffer, w->used);
     w->bytes_written += w->used;
     w->used = 0;
@@ -132,14 +143,62 @@ static qt_status writer_check_path(const char *path) {
     return QT_OK;
 }
 
-qt_status trace_open(trace_writer *w, const char *path, const trace_header *h) {
+// What may be at the trace's path (fd open on it, st its stat): a regular file that is empty
+// or a trace already, or with `replace_other` any regular file.
+static qt_status writer_check_kind(const char *path, int fd, const struct stat *st,
+                                   bool replace_other) {
+    if (!S_ISREG(st->st_mode)) {
+        return qt_fail(QT_ERR_INPUT, "%s is %s, not a regular file; --trace writes a regular "
+                       "file: name another path", path, input_file_kind(st->st_mode));
+    }
+    if (replace_other || st->st_size == 0) return QT_OK;
+    char start[sizeof TRACE_MAGIC] = {0};
+    ssize_t n = fd >= 0 ? pread(fd, start, sizeof start, 0) : -1;
+    if (n == (ssize_t)sizeof start && memcmp(start, TRACE_MAGIC " ", sizeof start) == 0) {
+        return QT_OK;
+    }
+    return qt_fail(QT_ERR_INPUT, "%s exists and is not a qtrain trace (it does not start with '"
+                   TRACE_MAGIC " '); a run replaces only a trace with its trace: remove it, name "
+                   "another file, or pass --force to replace it", path);
+}
+
+qt_status trace_check_output(const char *path, bool replace_other) {
+    QT_TRY(writer_check_path(path));
+    struct stat st;
+    if (stat(path, &st) != 0) return QT_OK;  // a new file (trace_open reports other failures)
+    if (!S_ISREG(st.st_mode)) return writer_check_kind(path, -1, &st, replace_other);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return QT_OK;  // unreadable: trace_open says why it cannot write either
+    qt_status status = writer_check_kind(path, fd, &st, replace_other);
+    close(fd);
+    return status;
+}
+
+qt_status trace_open(trace_writer *w, const char *path, const trace_header *h,
+                     bool replace_other) {
     QT_TRY(writer_check_path(path));
     QT_ASSERT(h->quantizers_count <= QT_TRACE_QUANTIZERS_MAX);
-    w->fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    // Not truncated at open: what is there is looked at first. O_NONBLOCK: a FIFO must not block.
+    w->fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0644);
     if (w->fd < 0) {
         return qt_fail(QT_ERR_IO, "%s: cannot create the trace file: %s; check that the folder "
                        "exists and is writable", path, strerror(errno));
     }
+    struct stat st;
+    qt_status status = QT_OK;
+    if (fstat(w->fd, &st) != 0) {
+        status = qt_fail(QT_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
+    }
+    if (status == QT_OK) status = writer_check_kind(path, w->fd, &st, replace_other);
+    if (status == QT_OK && ftruncate(w->fd, 0) != 0) {
+        status = qt_fail(QT_ERR_IO, "%s: cannot empty the file: %s", path, strerror(errno));
+    }
+    if (status != QT_OK) {
+        close(w->fd);
+        w->fd = -1;
+        return status;
+    }
+    input_file_blocking(w->fd);
     snprintf(w->path, sizeof w->path, "%s", path);
     w->quantizers_count = h->quantizers_count;
     w->records = 0;
@@ -199,14 +258,23 @@ static qt_status writer_check_prefix(trace_writer *w, const trace_header *h, uin
 qt_status trace_continue(trace_writer *w, const char *path, const trace_header *h,
                          uint64_t bytes, uint64_t hash, uint64_t records) {
     QT_TRY(writer_check_path(path));
-    w->fd = open(path, O_RDWR | O_CLOEXEC);
-    if (w->fd < 0 && errno == ENOENT) return trace_open(w, path, h);
+    w->fd = open(path, O_RDWR | O_CLOEXEC | O_NONBLOCK);
+    if (w->fd < 0 && errno == ENOENT) return trace_open(w, path, h, false);
     if (w->fd < 0) {
         return qt_fail(QT_ERR_IO, "%s: cannot open the trace to continue it: %s", path,
                        strerror(errno));
     }
     snprintf(w->path, sizeof w->path, "%s", path);
-    qt_status status = writer_check_prefix(w, h, bytes, hash);
+    struct stat st;
+    qt_status status = QT_OK;
+    if (fstat(w->fd, &st) != 0) {
+        status = qt_fail(QT_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
+    } else if (!S_ISREG(st.st_mode)) {
+        status = writer_check_kind(path, w->fd, &st, false);
+    } else {
+        input_file_blocking(w->fd);
+        status = writer_check_prefix(w, h, bytes, hash);
+    }
     if (status == QT_OK && (ftruncate(w->fd, (off_t)bytes) != 0 ||
                             lseek(w->fd, (off_t)bytes, SEEK_SET) != (off_t)bytes)) {
         status = qt_fail(QT_ERR_IO, "%s: cannot cut the trace back to the checkpoint: %s",
@@ -245,9 +313,16 @@ qt_status trace_write(trace_writer *w, const qt_trace_record *r) {
     return QT_OK;
 }
 
-qt_status trace_close(trace_writer *w) {
-    QT_ASSERT(w->fd >= 0);
+qt_status trace_close(trace_writer *w, trace_end end) {
+    QT_ASSERT(w->fd >= 0 && (unsigned)end < TRACE_END_COUNT);
     qt_status status = writer_flush(w);
+    if (status == QT_OK) {
+        // After the counted bytes: a continued trace (trace_continue) cuts it off again.
+        char line[64];
+        int n = snprintf(line, sizeof line, TRACE_END_KEY " status=%s records=%" PRIu64 "\n",
+                         end_names[end], w->records);
+        status = writer_write_all(w, line, (size_t)n);
+    }
     if (close(w->fd) != 0 && status == QT_OK) {
         status = qt_fail(QT_ERR_IO, "%s: cannot close the trace: %s", w->path, strerror(errno));
     }
@@ -262,9 +337,9 @@ static qt_status lines_open(trace_lines *r, const char *path) {
     memset(r, 0, offsetof(trace_lines, buffer));
     r->path = path;
     r->text = r->buffer;
-    r->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (r->fd < 0) return qt_fail(QT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    return QT_OK;
+    uint64_t bytes = 0;
+    r->fd = -1;
+    return input_file_open(path, "trace", NULL, &r->fd, &bytes);
 }
 
 // The whole file is already in memory[0 .. bytes), which the reader may write (it ends lines
@@ -284,7 +359,9 @@ static void lines_close(trace_lines *r) {
 }
 
 // The next line without its \n, NUL-terminated in place and valid until the next call; *have
-// is false at the end of the file.
+// is false at the end of the file. A NUL byte inside a line is refused (qtrain never writes one,
+// and a comparison must not stop at it). A last line without its \n is refused too, unless the
+// reader tolerates it (`qtrain diff` reports such a trace as cut short): then r->cut is set.
 static qt_status lines_next(trace_lines *r, char **line, bool *have) {
     for (;;) {
         char *begin = r->text + r->start;
@@ -295,6 +372,12 @@ static qt_status lines_next(trace_lines *r, char **line, bool *have) {
                            "qtrain trace file", r->path, r->line + 1, TRACE_LINE_BYTES_MAX);
         }
         if (newline != NULL) {
+            const char *nul = memchr(begin, '\0', length);
+            if (nul != NULL) {
+                return qt_fail(QT_ERR_INPUT, "%s:%" PRIu64 ":%zu: a NUL byte; qtrain writes none "
+                               "into a trace: the file is damaged or not a trace", r->path,
+                               r->line + 1, (size_t)(nul - begin) + 1);
+            }
             *newline = '\0';
             *line = begin;
             r->start = (size_t)(newline + 1 - r->text);
@@ -305,6 +388,11 @@ static qt_status lines_next(trace_lines *r, char **line, bool *have) {
         if (r->file_end) {
             *have = false;
             if (r->start == r->end) return QT_OK;
+            if (r->tolerate_cut) {
+                r->cut = true;
+                r->start = r->end;
+                return QT_OK;
+            }
             return qt_fail(QT_ERR_INPUT, "%s:%" PRIu64 ": the last line has no end: the trace "
                            "is cut short (was the run interrupted?)", r->path, r->line + 1);
         }
@@ -335,7 +423,7 @@ static qt_status lines_expect(trace_lines *r, char **line, const char *what) {
 static qt_status parse_header(trace_lines *r, trace_header *h) {
     memset(h, 0, sizeof *h);
     char *line;
-    QT_TRY(lines_expect(r, &line, "the header '" TRACE_MAGIC " 1 ...'"));
+    QT_TRY(lines_expect(r, &line, "the header '" TRACE_MAGIC " N ...'"));
     int version = 0, end = -1;
     int fields = sscanf(line, TRACE_MAGIC " %d recipe=%16" SCNx64 " quantizers=%" SCNu32
                         " checksum_every=%" SCNu32 "%n", &version, &h->recipe_hash,
@@ -346,13 +434,14 @@ static qt_status parse_header(trace_lines *r, trace_header *h) {
     }
     if (version != TRACE_VERSION) {
         return qt_fail(QT_ERR_INPUT, "%s:1: trace format version %d; this qtrain reads version "
-                       "%d", r->path, version, TRACE_VERSION);
+                       "%d%s", r->path, version, TRACE_VERSION, version == 1 ? " (version 1 "
+                       "traces have no completion record; run again to write one)" : "");
     }
     if (fields != 4 || end < 0 || line[end] != '\0' ||
         h->quantizers_count > QT_TRACE_QUANTIZERS_MAX) {
         return qt_fail(QT_ERR_INPUT, "%s:1: malformed header '%.120s'; expected '" TRACE_MAGIC
-                       " 1 recipe=<16 hex> quantizers=<0..%d> checksum_every=<N>'", r->path,
-                       line, QT_TRACE_QUANTIZERS_MAX);
+                       " %d recipe=<16 hex> quantizers=<0..%d> checksum_every=<N>'", r->path,
+                       line, TRACE_VERSION, QT_TRACE_QUANTIZERS_MAX);
     }
     for (uint32_t i = 0; i < h->quantizers_count; i++) {
         QT_TRY(lines_expect(r, &line, "a 'quantizer I NAME' line"));
@@ -369,9 +458,62 @@ static qt_status parse_header(trace_lines *r, trace_header *h) {
 
 static qt_status expect_record(const trace_lines *r, const char *line) {
     if (strncmp(line, "step=", 5) != 0) {
-        return qt_fail(QT_ERR_INPUT, "%s:%" PRIu64 ": expected a record line 'step=N ...', "
-                       "found '%.40s'", r->path, r->line, line);
+        return qt_fail(QT_ERR_INPUT, "%s:%" PRIu64 ": expected a record line 'step=N ...' or "
+                       "the completion record '" TRACE_END_KEY " status=...', found '%.40s'",
+                       r->path, r->line, line);
     }
+    return QT_OK;
+}
+
+static bool is_end_line(const char *line) {
+    return strncmp(line, TRACE_END_KEY " ", sizeof TRACE_END_KEY) == 0;
+}
+
+// "end status=complete records=12": the status and the count, which must be the file's.
+static qt_status parse_end(const trace_lines *r, const char *line, trace_tail *tail) {
+    char status[16] = "";
+    int end = -1;
+    sscanf(line, TRACE_END_KEY " status=%15s records=%" SCNu64 "%n", status, &tail->records,
+           &end);
+    tail->status = TRACE_END_COUNT;
+    for (int i = 0; i < TRACE_END_COUNT; i++) {
+        if (strcmp(status, end_names[i]) == 0) tail->status = (trace_end)i;
+    }
+    if (end < 0 || line[end] != '\0' || tail->status == TRACE_END_COUNT) {
+        return qt_fail(QT_ERR_INPUT, "%s:%" PRIu64 ": malformed completion record '%.80s'; "
+                       "expected '" TRACE_END_KEY " status=complete|stopped|failed records=N'",
+                       r->path, r->line, line);
+    }
+    if (tail->records != r->records) {
+        return qt_fail(QT_ERR_INPUT, "%s:%" PRIu64 ": the completion record counts %" PRIu64
+                       " records, the file has %" PRIu64 "; the file was changed after qtrain "
+                       "wrote it", r->path, r->line, tail->records, r->records);
+    }
+    return QT_OK;
+}
+
+// The next record line; at the completion record or the end of the file *have is false and
+// r->tail says which (a completion record must be the file's last line).
+static qt_status next_record(trace_lines *r, char **line, bool *have) {
+    QT_TRY(lines_next(r, line, have));
+    if (*have && is_end_line(*line)) {
+        QT_TRY(parse_end(r, *line, &r->tail));
+        r->tail.present = true;
+        r->tail.line = r->line;
+        char *after;
+        bool more;
+        QT_TRY(lines_next(r, &after, &more));
+        if (more || r->cut) {
+            return qt_fail(QT_ERR_INPUT, "%s:%" PRIu64 ": a line after the completion record "
+                           "of line %" PRIu64 "; expected the end of the file", r->path,
+                           r->line + (r->cut ? 1 : 0), r->tail.line);
+        }
+        *have = false;
+        return QT_OK;
+    }
+    if (!*have) return QT_OK;
+    QT_TRY(expect_record(r, *line));
+    r->records++;
     return QT_OK;
 }
 
@@ -447,7 +589,7 @@ static bool parse_fields(const char *line, uint32_t quantizers, qt_trace_record 
     v = take_value(&c, "checksum");
     if (v == NULL || (v[0] != '-' && sscanf(v, "0x%16" SCNx64, &rec->checksum) != 1)) return false;
     for (uint32_t i = 0; i < quantizers; i++) {
-        char key[16];
+        char key[24];  // "scale." and any u32
         snprintf(key, sizeof key, "amax.%" PRIu32, i);
         if (!parse_f32(take_value(&c, key), &rec->amax[i])) return false;
         snprintf(key, sizeof key, "scale.%" PRIu32, i);
@@ -565,21 +707,70 @@ static qt_status diff_align(trace_lines *ra, char **a, bool *have_a, trace_lines
     if (!*have_a || !*have_b) return QT_OK;
     uint64_t sa = record_step(*a), sb = record_step(*b);
     while (*have_a && sa < sb) {
-        QT_TRY(lines_next(ra, a, have_a));
-        if (*have_a) QT_TRY(expect_record(ra, *a));
+        QT_TRY(next_record(ra, a, have_a));
         if (*have_a) sa = record_step(*a);
         *from = sb;
     }
     while (*have_b && sb < sa) {
-        QT_TRY(lines_next(rb, b, have_b));
-        if (*have_b) QT_TRY(expect_record(rb, *b));
+        QT_TRY(next_record(rb, b, have_b));
         if (*have_b) sb = record_step(*b);
         *from = sa;
     }
     return QT_OK;
 }
 
-// Both readers are past their headers. Compares record lines until the first difference.
+// How a trace's records ended, for the report: " (its run completed)", or " (cut short: no
+// completion record)".
+static const char *tail_words(const trace_lines *r) {
+    if (!r->tail.present) return "cut short: no completion record";
+    static const char *const words[TRACE_END_COUNT] = {
+        "its run completed", "its run was stopped by a signal", "its run failed"};
+    return words[r->tail.status];
+}
+
+// Reads a trace's remaining records (after a difference was found) to tell how it ends.
+static qt_status diff_drain(trace_lines *r) {
+    char *line;
+    bool have = true;
+    while (have) QT_TRY(next_record(r, &line, &have));
+    return QT_OK;
+}
+
+// The line for a trace without a completion record, which a comparison must not take for a
+// complete shorter run.
+static void diff_note_cut(const trace_lines *r, const char *name, FILE *out) {
+    if (r->tail.present) return;
+    fprintf(out, "%s is cut short: %" PRIu64 " records%s and no completion record (its run was "
+            "killed, or is still running)\n", name, r->records,
+            r->cut ? ", a last line without its end," : "");
+}
+
+// Both traces' records are equal up to where one or both end: how they end decides.
+static void diff_ends(trace_lines *ra, trace_lines *rb, uint64_t records, uint64_t from,
+                      FILE *out, bool *identical) {
+    const trace_tail *ta = &ra->tail, *tb = &rb->tail;
+    bool same_end = ta->present == tb->present && ra->cut == rb->cut &&
+                    (!ta->present || ta->status == tb->status);
+    if (!same_end) {
+        *identical = false;
+        fprintf(out, "records equal (%" PRIu64 "), but the traces end differently: A (%s), B "
+                "(%s)\n", records, tail_words(ra), tail_words(rb));
+        diff_note_cut(ra, "A", out);
+        diff_note_cut(rb, "B", out);
+        return;
+    }
+    if (!*identical) return;  // the headers differ (reported)
+    const char *note = ta->present ? "" : " (both cut short: neither has a completion record)";
+    if (from != UINT64_MAX) {
+        fprintf(out, "identical: %" PRIu64 " records from step %" PRIu64 " (the other trace's "
+                "records before it are not compared)%s\n", records, from, note);
+    } else {
+        fprintf(out, "identical: %" PRIu64 " records%s\n", records, note);
+    }
+}
+
+// Both readers are past their headers. Compares record lines, byte for byte, until the first
+// difference.
 static qt_status diff_records(const trace_header *h, trace_lines *ra, trace_lines *rb,
                               FILE *out, bool *identical) {
     static const sides ab = {"A", "B"};
@@ -587,20 +778,23 @@ static qt_status diff_records(const trace_header *h, trace_lines *ra, trace_line
     for (;;) {
         char *a, *b;
         bool have_a, have_b;
-        QT_TRY(lines_next(ra, &a, &have_a));
-        QT_TRY(lines_next(rb, &b, &have_b));
-        if (have_a) QT_TRY(expect_record(ra, a));
-        if (have_b) QT_TRY(expect_record(rb, b));
+        QT_TRY(next_record(ra, &a, &have_a));
+        QT_TRY(next_record(rb, &b, &have_b));
         if (records == 0) QT_TRY(diff_align(ra, &a, &have_a, rb, &b, &have_b, &from));
         if (!have_a && !have_b) break;
         if (!have_a || !have_b) {
+            trace_lines *ended = have_a ? rb : ra, *longer_lines = have_a ? ra : rb;
             const char *longer = have_a ? a : b;
-            fprintf(out, "%s ends after %" PRIu64 " records; %s goes on with %.*s\n",
-                    have_a ? "B" : "A", records, have_a ? "A" : "B",
+            fprintf(out, "%s ends after %" PRIu64 " records (%s); %s goes on with %.*s\n",
+                    have_a ? "B" : "A", records, tail_words(ended), have_a ? "A" : "B",
                     capped(strcspn(longer, " ")), longer);
             *identical = false;
+            QT_TRY(diff_drain(longer_lines));
+            diff_note_cut(ra, "A", out);
+            diff_note_cut(rb, "B", out);
             return QT_OK;
         }
+        // No line holds a NUL byte (lines_next), so strcmp compares every byte of both.
         if (strcmp(a, b) != 0) {
             char report[REPORT_BYTES];
             text t = {report, sizeof report, 0};
@@ -609,16 +803,15 @@ static qt_status diff_records(const trace_header *h, trace_lines *ra, trace_line
             report_fields(h, a, b, ab, &t);
             fputs(report, out);
             *identical = false;
+            QT_TRY(diff_drain(ra));
+            QT_TRY(diff_drain(rb));
+            diff_note_cut(ra, "A", out);
+            diff_note_cut(rb, "B", out);
             return QT_OK;
         }
         records++;
     }
-    if (*identical && from != UINT64_MAX) {
-        fprintf(out, "identical: %" PRIu64 " records from step %" PRIu64 " (the other trace's "
-                "records before it are not compared)\n", records, from);
-    } else if (*identical) {
-        fprintf(out, "identical: %" PRIu64 " records\n", records);
-    }
+    diff_ends(ra, rb, records, from, out, identical);
     return QT_OK;
 }
 
@@ -635,6 +828,8 @@ qt_status trace_diff(const char *path_a, const char *path_b, FILE *out, bool *id
         lines_close(&ra);
         return status;
     }
+    // A trace cut inside its last line is a killed run's: reported, not refused.
+    ra.tolerate_cut = rb.tolerate_cut = true;
     status = parse_header(&ra, &ha);
     if (status == QT_OK) status = parse_header(&rb, &hb);
     if (status == QT_OK) {
@@ -663,9 +858,8 @@ qt_status trace_reader_open(trace_reader *r, const char *path) {
 
 qt_status trace_reader_next(trace_reader *r, qt_trace_record *rec, bool *have) {
     char *line;
-    QT_TRY(lines_next(&r->lines, &line, have));
+    QT_TRY(next_record(&r->lines, &line, have));
     if (!*have) return QT_OK;
-    QT_TRY(expect_record(&r->lines, line));
     memset(rec, 0, sizeof *rec);
     if (!parse_fields(line, r->header.quantizers_count, rec)) {
         return qt_fail(QT_ERR_INPUT, "%s:%" PRIu64 ": malformed record '%.60s...'; expected the "
@@ -682,37 +876,24 @@ void trace_reader_close(trace_reader *r) { lines_close(&r->lines); }
 // Golden-trace replay
 
 qt_status trace_check_bytes(const char *path, uint64_t *bytes) {
-    struct stat st;
-    if (stat(path, &st) != 0) {
-        return qt_fail(QT_ERR_IO, "%s: cannot open the golden trace: %s", path, strerror(errno));
-    }
-    *bytes = (uint64_t)st.st_size + 1;  // + 1: a byte more than the file shows it did not grow
+    int fd = -1;
+    uint64_t size = 0;
+    QT_TRY(input_file_open(path, "golden trace", NULL, &fd, &size));
+    close(fd);
+    *bytes = size + 1;  // + 1: a byte more than the file shows it did not grow
     return QT_OK;
 }
 
 // Reads the file into memory[0 .. bytes - 1); QT_ERR_MISMATCH if its size changed.
 static qt_status read_whole(const char *path, char *memory, uint64_t bytes) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        return qt_fail(QT_ERR_IO, "%s: cannot open the golden trace: %s", path, strerror(errno));
-    }
-    uint64_t done = 0;
-    while (done < bytes) {
-        ssize_t n = read(fd, memory + done, bytes - done);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) {
-            int error = errno;
-            close(fd);
-            return qt_fail(QT_ERR_IO, "%s: cannot read: %s", path, strerror(error));
-        }
-        if (n == 0) break;
-        done += (uint64_t)n;
-    }
-    close(fd);
+    size_t done = 0;
+    qt_status status = input_file_read(path, "golden trace", memory, bytes, &done);
+    if (status == QT_ERR_CAPACITY) done = bytes;  // it grew past the byte to spare
+    if (status != QT_OK && status != QT_ERR_CAPACITY) return status;
     if (done != bytes - 1) {
         return qt_fail(QT_ERR_MISMATCH, "%s: the golden trace changed size while qtrain started "
-                       "(%" PRIu64 " bytes, then %" PRIu64 "); do not write it during a run",
-                       path, bytes - 1, done);
+                       "(%" PRIu64 " bytes, then %s%zu); do not write it during a run",
+                       path, bytes - 1, done == bytes ? "more than " : "", done);
     }
     return QT_OK;
 }
@@ -729,6 +910,15 @@ qt_status trace_check_load(trace_checker *c, const char *path, char *memory, uin
         for (uint64_t i = c->lines.start; i < bytes - 1; i++) lines += memory[i] == '\n';
         return qt_fail(QT_ERR_INPUT, "%s:%" PRIu64 ": the last line has no end: the golden "
                        "trace is cut short; use a trace of a run that finished", path, lines + 1);
+    }
+    // And the last line must be the completion record: a golden trace without one is a killed
+    // run's, whose end is not where the run it checks would end.
+    uint64_t last = bytes - 1 > c->lines.start ? bytes - 2 : c->lines.start;
+    while (last > c->lines.start && memory[last - 1] != '\n') last--;
+    if (!is_end_line(memory + last)) {
+        return qt_fail(QT_ERR_INPUT, "%s: no completion record at its end: the golden trace is "
+                       "cut short (its run was killed, or was still running); use a trace of a "
+                       "run that finished", path);
     }
     return QT_OK;
 }
@@ -751,7 +941,7 @@ qt_status trace_check_skip_to(trace_checker *c, uint64_t step) {
            record_step(l->text + l->start) < step) {
         char *skipped;
         bool have;
-        QT_TRY(lines_next(l, &skipped, &have));
+        QT_TRY(next_record(l, &skipped, &have));
     }
     return QT_OK;
 }
@@ -762,12 +952,11 @@ qt_status trace_check_record(trace_checker *c, const qt_trace_record *r) {
     c->line[strcspn(c->line, "\n")] = '\0';
     char *golden;
     bool have;
-    QT_TRY(lines_next(&c->lines, &golden, &have));
+    QT_TRY(next_record(&c->lines, &golden, &have));
     if (!have) {
         return qt_fail(QT_ERR_MISMATCH, "%.256s: the golden trace ends after %" PRIu64 " records; "
                        "the run goes on with step=%" PRIu64, c->lines.path, c->records, r->step);
     }
-    QT_TRY(expect_record(&c->lines, golden));
     if (strcmp(golden, c->line) != 0) {
         char report[REPORT_BYTES];
         text t = {report, sizeof report, 0};
@@ -785,7 +974,7 @@ qt_status trace_check_record(trace_checker *c, const qt_trace_record *r) {
 qt_status trace_check_end(trace_checker *c) {
     char *golden;
     bool have;
-    QT_TRY(lines_next(&c->lines, &golden, &have));
+    QT_TRY(next_record(&c->lines, &golden, &have));
     if (!have) return QT_OK;
     return qt_fail(QT_ERR_MISMATCH, "%.256s: the run ended after %" PRIu64 " records; the golden "
                    "trace goes on with %.*s (line %" PRIu64 ")", c->lines.path, c->records,

@@ -15,6 +15,7 @@
 #include <stddef.h>  // offsetof
 
 #include "op_act.h"
+#include "op_quant_fp8.h"  // op_fp8_amax_zero
 #include "rig.h"
 #include "test.h"
 
@@ -238,7 +239,7 @@ typedef struct t_case {
 } t_case;
 
 // Slots of each kind.
-enum { A_X, A_BIAS, A_DY, A_Y, A_DX };
+enum { A_X, A_BIAS, A_DY, A_Y, A_DX, A_Y_AMAX, A_DX_AMAX };
 enum { R_X, R_GAMMA, R_DY, R_Y, R_INV, R_DX, R_DGAMMA, R_WS };
 enum { S_X, S_F, S_Y, S_DY, S_DX, S_DX_ACC };
 enum { X_LOGITS, X_LABELS, X_LOSS, X_DLOGITS, X_WS, X_STATS };
@@ -261,10 +262,17 @@ static void t_build_act(t_run *run, const t_case *c) {
     if (c->flags & T_BIAS) t_fill(run, A_BIAS, c->seed + 1, 0.5, 0, false);
     t_fill(run, A_DY, c->seed + 2, 1.0, 0, sp);
     program *p = &run->r.prog;
+    // Both outputs' amaxes too (act_args.amax), zeroed first.
+    t_buf_add(run, A_Y_AMAX, "y_amax", T_F32, 1, 0);
+    t_buf_add(run, A_DX_AMAX, "dx_amax", T_F32, 1, 0);
+    prog_ref y_amax = t_ref(run, A_Y_AMAX), dx_amax = t_ref(run, A_DX_AMAX);
+    RIG_OK(op_fp8_amax_zero(p, "y_amax", y_amax, 1));
+    RIG_OK(op_fp8_amax_zero(p, "dx_amax", dx_amax, 1));
     RIG_OK(op_act_forward(p, "act_fwd", c->op, c->rows, c->cols, t_tensor(run, A_X),
-                          t_tensor(run, A_BIAS), t_tensor(run, A_Y)));
+                          t_tensor(run, A_BIAS), t_tensor(run, A_Y), y_amax));
     RIG_OK(op_act_backward(p, "act_bwd", c->op, c->rows, c->cols, t_tensor(run, A_X),
-                           t_tensor(run, A_BIAS), t_tensor(run, A_DY), t_tensor(run, A_DX)));
+                           t_tensor(run, A_BIAS), t_tensor(run, A_DY), t_tensor(run, A_DX),
+                           dx_amax));
 }
 
 static void t_build_rmsnorm(t_run *run, const t_case *c) {
@@ -561,11 +569,14 @@ static double t_fd(double (*f)(double), double v) {
 #define T_GELU_K1 0.044715
 
 static double t_gelu_arg(double v) { return T_GELU_K0 * (v + T_GELU_K1 * v * v * v); }
-static double t_gelu(double v) { return 0.5 * v * (1 + tanh(t_gelu_arg(v))); }
+
+// In double through the logistic form x / (1 + exp(-2u)), u the tanh argument: it is the same
+// function, and 1 + tanh(u) would cancel for negative x even in double.
+static double t_gelu(double v) { return v / (1 + exp(-2 * t_gelu_arg(v))); }
 
 static double t_gelu_grad(double v) {
-    double t = tanh(t_gelu_arg(v));
-    return 0.5 * (1 + t) + 0.5 * v * (1 - t * t) * T_GELU_K0 * (1 + 3 * T_GELU_K1 * v * v);
+    double s = 1 / (1 + exp(-2 * t_gelu_arg(v)));
+    return s + 2 * v * T_GELU_K0 * (1 + 3 * T_GELU_K1 * v * v) * s * (1 - s);
 }
 
 static double t_silu(double v) { return v / (1 + exp(-v)); }
@@ -577,27 +588,36 @@ static double t_silu_grad(double v) {
     return s * (1 + v * (1 - s));
 }
 
-// GELU forward. The kernel's argument a' = a (1 + d) with |d| <= 6u (x^2, x^3, the fma, and
-// the roundings of k0, k1 and of the product; x and 0.044715 x^3 have the same sign, so nothing
-// cancels); tanh adds <= 1.46 ulp <= 3u of t; tanh(a') - tanh(a) = sech^2(a) a d. With h = x / 2
-// (exact) the final fma gives |y' - y| <= |h| (6u |a| sech^2 a + 3u) + u |y|. Bound: twice that.
-static double t_gelu_tol(double v) {
-    double a = t_gelu_arg(v), t = tanh(a), h = 0.5 * fabs(v);
-    return 2 * T_U * (h * (6 * fabs(a) * (1 - t * t) + 3) + fabs(t_gelu(v))) + T_TINY;
+// GELU forward, y = x / d, d = 1 + e, e = exp(z), z = -2u. The kernel's z' = z (1 + dz) with
+// |dz| <= 6u (x^2, x^3, the fma, and the roundings of -2 k0, k1 and of the product; x and
+// 0.044715 x^3 have the same sign, so nothing cancels), so e' = e exp(z' - z) (1 + 2u) errs by
+// de <= 6u |z| + 2u relatively; d by om de + u (om = e / d = 1 - s); the division adds u:
+// |y' - y| <= |y| (om de + 2u). Bound: twice that. Where e overflows (x below about -10.05)
+// y is -0 while |y| < |x| 2^-127: that much absolute slack.
+static double t_gelu_err(double v, double *de, double *om) {
+    double z = -2 * t_gelu_arg(v), e = exp(z);
+    *de = 6 * T_U * fabs(z) + 2 * T_U;
+    *om = isinf(e) ? 1 : e / (1 + e);
+    return *om * *de + T_U;  // relative error of d
 }
 
-// GELU derivative g = left + h sech2 du (left = (1 + t) / 2, du = k0 (1 + 3 k1 x^2)):
-// dt <= 6u |a| sech2 + 3u as above; left = fma(0.5, t, 0.5) errs by dt / 2 + u left;
-// sech2 = fma(-t, t, 1) by 2 |t| dt + u sech2; du by 5u du; the products by 2u; the last fma by
-// u |g|: |g' - g| <= dt (1/2 + 2 |h| du) + u (left + 9 |h| du sech2 + |g|). Bound: twice that.
+static double t_gelu_tol(double v) {
+    double de, om, dd = t_gelu_err(v, &de, &om);
+    return 2 * fabs(t_gelu(v)) * (dd + T_U) + fabs(v) * 0x1p-127 + T_TINY;
+}
+
+// GELU derivative g = s fma(w, om, 1), s = 1 / d, om = e s, w = 2 x du, du = k0 (1 + 3 k1 x^2):
+// s errs by dd + u, om by de + dd + 2u, w by 6u (x^2, the fma with 3 k1's rounding, k0, the
+// products); the fma by |w om| (dw + dom) + u |1 + w om|, the last product by u:
+// |g' - g| <= |g| (dd + 2u) + s (|w om| (dw + dom) + u |1 + w om|). Bound: twice that, with the
+// overflow slack as above ((1 + |w|) 2^-127).
 static double t_gelu_grad_tol(double v) {
-    double a = t_gelu_arg(v), t = tanh(a), h = 0.5 * fabs(v);
-    double sech2 = 1 - t * t, du = T_GELU_K0 * (1 + 3 * T_GELU_K1 * v * v);
-    double dt = 6 * T_U * fabs(a) * sech2 + 3 * T_U;
-    double left = 0.5 * (1 + t);
-    double bound = dt * (0.5 + 2 * h * du) + T_U * (left + 9 * h * du * sech2 +
-                                                    fabs(t_gelu_grad(v)));
-    return 2 * bound + T_TINY;
+    double de, om, dd = t_gelu_err(v, &de, &om);
+    double s = 1 - om, w = 2 * v * T_GELU_K0 * (1 + 3 * T_GELU_K1 * v * v);
+    double dom = de + dd + 2 * T_U, dw = 6 * T_U;
+    double bound = fabs(t_gelu_grad(v)) * (dd + 2 * T_U) +
+                   s * (fabs(w * om) * (dw + dom) + T_U * fabs(1 + w * om));
+    return 2 * bound + (1 + fabs(w)) * 0x1p-127 + T_TINY;
 }
 
 // SiLU forward: e = exp(-|x|) within 2u, d = 1 + e within 2u of d, then x / d (x >= 0: 3u) or
@@ -658,6 +678,20 @@ static float t_act_pre(t_run *run, const t_case *c, uint64_t i, uint64_t col) {
     return (c->flags & T_BIAS) ? v + t_in(run, A_BIAS, col) : v;
 }
 
+// The outputs' amaxes (y of ny elements, dx of nx) are max |stored value|, NaN skipped.
+static void t_check_amaxes(t_run *run, uint64_t ny, uint64_t nx) {
+    static const uint32_t outs[2][2] = {{A_Y, A_Y_AMAX}, {A_DX, A_DX_AMAX}};
+    for (int k = 0; k < 2; k++) {
+        float m = 0.0f;
+        for (uint64_t i = 0; i < (k ? nx : ny); i++) {
+            float v = fabsf(t_out(run, outs[k][0], i));
+            if (v > m) m = v;
+        }
+        float got = t_out(run, outs[k][1], 0);
+        CHECK(t_b(got) == t_b(m), "%s amax %a, want %a", k ? "dx" : "y", got, m);
+    }
+}
+
 static void t_check_act(t_run *run, const t_case *c) {
     uint64_t n = (uint64_t)c->rows * c->cols;
     for (uint64_t i = 0; i < n; i++) {
@@ -670,6 +704,7 @@ static void t_check_act(t_run *run, const t_case *c) {
         t_close("y", i, t_out(run, A_Y, i), y, tol_y);
         t_close("dx", i, t_out(run, A_DX, i), dx, t_tol_store(tol_dx, dx, c->out_dtype));
     }
+    t_check_amaxes(run, n, n);
 }
 
 // SwiGLU: y = RN(silu(a) b): |b| tol_silu(a) + u |y|; da = RN(RN(dy b) g): |dy b| tol_g + 2u
@@ -691,6 +726,7 @@ static void t_check_swiglu(t_run *run, const t_case *c) {
             t_close("db", ib, t_out(run, A_DX, ib), db, t_tol_store(tol_db, db, c->out_dtype));
         }
     }
+    t_check_amaxes(run, (uint64_t)c->rows * h, (uint64_t)c->rows * c->cols);
 }
 
 static const uint32_t t_shapes[][2] = {{1, 1}, {1, 10}, {257, 3}, {13, 1009}, {31, 97},
@@ -762,8 +798,10 @@ static void test_act_special_values(void) {
     static const uint32_t want[3][2][8] = {
         {{0, 0, 0x7F800000u, 0, 0x7FFFFFFFu, 0x7FFFFFFFu, 0x7149F2CAu, 0},  // relu
          {0, 0, 0x3F800000u, 0, 0x3F800000u, 0x3F800000u, 0x3F800000u, 0}},
-        {{0, 0, 0x7F800000u, 0, 0x7FFFFFFFu, 0x7FFFFFFFu, 0x7149F2CAu, 0},  // gelu
-         {0x3F000000u, 0x3F000000u, 0x3F800000u, 0, 0x7FFFFFFFu, 0x7FFFFFFFu, 0x3F800000u, 0}},
+        {{0, 0x80000000u, 0x7F800000u, 0x80000000u, 0x7FFFFFFFu, 0x7FFFFFFFu, 0x7149F2CAu,
+          0x80000000u},  // gelu
+         {0x3F000000u, 0x3F000000u, 0x3F800000u, 0x80000000u, 0x7FFFFFFFu, 0x7FFFFFFFu,
+          0x3F800000u, 0x80000000u}},
         {{0, 0x80000000u, 0x7F800000u, 0x80000000u, 0x7FFFFFFFu, 0x7FFFFFFFu, 0x7149F2CAu,
           0x80000000u},  // silu
          {0x3F000000u, 0x3F000000u, 0x3F800000u, 0x80000000u, 0x7FFFFFFFu, 0x7FFFFFFFu,
@@ -789,13 +827,13 @@ static void test_act_special_values(void) {
     t_case c;
     t_run *run = t_act_values(QT_ACT_RELU, xs, dys, 4, T_BF16, &c);
     const uint16_t *dx16 = (const uint16_t *)t_slot(run, A_DX)->out;
-    CHECK(dx16[0] == 0 && dx16[1] == 0 && dx16[2] == 0xFF80 && dx16[3] == 0x7FC0,
+    CHECK(dx16[0] == 0 && dx16[1] == 0 && dx16[2] == 0xFF80 && dx16[3] == QT_BF16_NAN,
           "relu dx bf16 %04x %04x %04x %04x", dx16[0], dx16[1], dx16[2], dx16[3]);
     t_ref_free(run);
-    // BF16 stores: NaN -> 0x7FC0, -0 kept, 1e30 rounded to nearest even.
+    // BF16 stores: NaN of either sign -> 0x7FFF, -0 kept, 1e30 rounded to nearest even.
     run = t_act_values(QT_ACT_SILU, x, NULL, 8, T_BF16, &c);
     const uint16_t *y16 = (const uint16_t *)t_slot(run, A_Y)->out;
-    CHECK(y16[1] == 0x8000 && y16[4] == 0x7FC0 && y16[5] == 0x7FC0 &&
+    CHECK(y16[1] == 0x8000 && y16[4] == QT_BF16_NAN && y16[5] == QT_BF16_NAN &&
               y16[6] == qt_f32_to_bf16(1e30f), "silu y bf16 %04x %04x %04x %04x", y16[1],
           y16[4], y16[5], y16[6]);
     t_ref_free(run);

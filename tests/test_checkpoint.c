@@ -696,8 +696,9 @@ static void kill_hook(void *ctx, ckpt_phase phase, uint64_t bytes) {
     if (k->write_index == 0 && phase == k->phase) kill(getpid(), SIGKILL);
 }
 
-// Saves the bound run to path in a child killed at the point; true when it was killed.
-static bool save_killed(const char *path, kill_point point) {
+// Saves the bound run to path in a child killed at the point; true when it was killed. The
+// child's temporary file is path.tmp-PID (runtime/atomic_file.h): its name goes to tmp.
+static bool save_killed(const char *path, kill_point point, char *tmp, size_t tmp_bytes) {
     fflush(stdout);
     pid_t pid = fork();
     if (pid == 0) {
@@ -708,6 +709,7 @@ static bool save_killed(const char *path, kill_point point) {
     }
     int status = 0;
     waitpid(pid, &status, 0);
+    snprintf(tmp, tmp_bytes, "%s.tmp-%ld", path, (long)pid);
     return WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
 }
 
@@ -724,9 +726,8 @@ static bool loads_at(const char *path, uint64_t step) {
 static void test_killed_writer(void) {
     test_begin("save_killed_at_every_write_keeps_the_previous_checkpoint");
     const char *text = resume_text("mxfp8", NULL);
-    char full[PATH_BYTES], trace[PATH_BYTES], ckpt[PATH_BYTES], tmp[PATH_BYTES + 8];
+    char full[PATH_BYTES], trace[PATH_BYTES], ckpt[PATH_BYTES], tmp[PATH_BYTES + 32];
     uint64_t digest = prepare(text, "crash", full, trace, ckpt);
-    snprintf(tmp, sizeof tmp, "%s.tmp", ckpt);
     // The previous checkpoint at step 30; small chunks make many writes.
     job a = job_of(text, BACKEND_REF, trace);
     a.options.save_path = ckpt;
@@ -747,7 +748,10 @@ static void test_killed_writer(void) {
     uint32_t points = 0, tmp_complete_at = 0;
     for (uint32_t w = 1; b.status == QT_OK && previous; w++) {
         kill_point k = {w, CKPT_PHASE_WRITTEN, 0};
-        if (!save_killed(ckpt, k)) break;  // the save wrote fewer than w times and finished
+        if (!save_killed(ckpt, k, tmp, sizeof tmp)) {
+            unlink(tmp);
+            break;  // the save wrote fewer than w times and finished
+        }
         points++;
         size_t m = 0;
         uint8_t *now = file_bytes(ckpt, &m);
@@ -760,17 +764,19 @@ static void test_killed_writer(void) {
         if (!tmp_complete_at && access(tmp, F_OK) == 0 && loads_at(tmp, 70)) {
             tmp_complete_at = w;
         }
+        unlink(tmp);  // a killed save's leftover (each save makes its own)
     }
-    CHECK(points > 40 && tmp_complete_at == points, "%u kill points; PATH.tmp loaded after "
+    CHECK(points > 40 && tmp_complete_at == points, "%u kill points; PATH.tmp-PID loaded after "
           "write %u", points, tmp_complete_at);
     if (previous) file_put(ckpt, previous, n);  // the save that was not killed replaced it
     // Killed after the fsync, before the rename: still the previous one.
     kill_point synced = {0, CKPT_PHASE_SYNCED, 0};
-    CHECK(b.status == QT_OK && save_killed(ckpt, synced) && loads_at(ckpt, 30),
+    CHECK(b.status == QT_OK && save_killed(ckpt, synced, tmp, sizeof tmp) && loads_at(ckpt, 30),
           "killed after the fsync: the previous checkpoint does not load");
+    unlink(tmp);
     // Killed after the rename: the new one, complete.
-    kill_point renamed = {0, CKPT_PHASE_RENAMED, 0};
-    CHECK(b.status == QT_OK && save_killed(ckpt, renamed) && loads_at(ckpt, 70),
+    kill_point renamed = {0, CKPT_PHASE_DONE, 0};
+    CHECK(b.status == QT_OK && save_killed(ckpt, renamed, tmp, sizeof tmp) && loads_at(ckpt, 70),
           "killed after the rename: the new checkpoint does not load");
     if (b.status == QT_OK) job_close(&b);
     // Both checkpoints resume bitwise, continuing the same trace file.

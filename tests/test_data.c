@@ -3,19 +3,23 @@
 // IDX files written by the test (plain, gzip, multi-member gzip) probe to exact sizes and load to
 // exact bytes; .npy pairs load like them (uint8 features, labels of every integer type) or as
 // regression data (float32 features and targets); every kind of bad file fails with a message
-// naming the file and the problem; the synthetic sources are deterministic (golden hashes) and
-// learnable; the shuffle is a permutation fixed by (seed, epoch); feeds pad the last batch, cover
-// every sample once per epoch and resume from a cursor. Fashion-MNIST is checked when extracted
+// naming the file and the problem (a FIFO or a directory at once; an IDX length that disagrees
+// with its header at the probe; damaged gzip data as a gzip error, wherever the damage is); the
+// synthetic sources are deterministic (golden hashes) and learnable; the shuffle is a
+// permutation fixed by (seed, epoch); feeds pad the last batch, cover every sample once per
+// epoch and resume from a cursor. Fashion-MNIST is checked when extracted
 // into .data/ or installed (else SKIP). Run from the repository root.
 #include <inttypes.h>
 #include <math.h>
 #include <string.h>
+#include <sys/stat.h>  // mkfifo
 #include <unistd.h>
 #include <zlib.h>
 
 #include "data.h"
 #include "npy_save.h"  // npy_save: .npy sources
 #include "op_sched.h"  // op_sched_stage_u8
+#include "pool.h"      // pool_start, pool_stop: ranges on 1 and 3 threads
 #include "rig.h"
 #include "test.h"
 
@@ -124,6 +128,7 @@ static recipe_source synthetic_source(recipe_source_kind kind, uint32_t inputs, 
     s.outputs = outputs;
     s.samples = samples;
     s.seed = seed;
+    s.task = seed;  // the parser's default: a source without task= draws the task from its seed
     s.line = 7;
     return s;
 }
@@ -257,6 +262,13 @@ static void test_idx_errors(void) {
     write_bytes(tmp_path("e_im"), im);
     write_bytes(tmp_path("e_lb"), lb);
     expect_failure("missing", "e_lb", FEATURES, false, QT_ERR_IO, "missing: cannot open");
+    // Not regular files: refused before opening (a FIFO with no writer would block the open).
+    CHECK(mkfifo(tmp_path("fifo"), 0600) == 0, "mkfifo");
+    expect_failure("fifo", "e_lb", FEATURES, false, QT_ERR_INPUT, "fifo is a FIFO (named pipe), "
+                   "not a regular file; qtrain reads a dataset from a regular file only");
+    expect_failure("e_im", "fifo", FEATURES, false, QT_ERR_INPUT, "fifo is a FIFO (named pipe)");
+    expect_failure("e_im", ".", FEATURES, false, QT_ERR_INPUT, "is a directory, not a regular "
+                   "file");
     expect_failure("e_lb", "e_im", FEATURES, false, QT_ERR_INPUT, "IMAGES and LABELS swapped");
     write_file(tmp_path("text"), "hello, world: not IDX", 21);
     expect_failure("text", "e_lb", FEATURES, false, QT_ERR_INPUT, "text: magic 0x68656c6c is "
@@ -274,16 +286,33 @@ static void test_idx_errors(void) {
     bytes zero = idx_images(0, ROWS, COLS);
     write_bytes(tmp_path("zero"), zero);
     expect_failure("zero", "e_lb", FEATURES, false, QT_ERR_INPUT, "the header gives 0 x 3 x 5");
-    // Body errors show at load only.
+    // A length that disagrees with the header shows at the probe, before anything is planned.
     write_file(tmp_path("cut"), im.data, im.size - 1);
-    expect_failure("cut", "e_lb", FEATURES, true, QT_ERR_INPUT, "cut: truncated: the images "
-                   "need 571 bytes in all, the data ends after 570");
+    expect_failure("cut", "e_lb", FEATURES, false, QT_ERR_INPUT, "cut: truncated: its header "
+                   "announces 37 images of 3 x 5 bytes, 571 bytes with the header, but the file "
+                   "has 570; download or extract it again");
     uint8_t *longer = malloc(im.size + 3);
     memcpy(longer, im.data, im.size);
     memset(longer + im.size, 0, 3);
     write_file(tmp_path("long"), longer, im.size + 3);
-    expect_failure("long", "e_lb", FEATURES, true, QT_ERR_INPUT, "long: trailing bytes after "
-                   "the 571 bytes");
+    expect_failure("long", "e_lb", FEATURES, false, QT_ERR_INPUT, "long: trailing bytes: its "
+                   "header announces 37 images of 3 x 5 bytes, 571 bytes with the header, but "
+                   "the file has 574");
+    write_file(tmp_path("lb_cut"), lb.data, lb.size - 2);
+    expect_failure("e_im", "lb_cut", FEATURES, false, QT_ERR_INPUT, "lb_cut: truncated: its "
+                   "header announces 37 labels of one byte, 45 bytes with the header, but the "
+                   "file has 43");
+    // Two 16-byte files whose headers claim 2^31 samples of 28 x 28: truncated files, named as
+    // such at the probe, not a dataset too large for memory.
+    uint8_t huge_im[16] = {0, 0, 8, 3, 0x80, 0, 0, 0, 0, 0, 0, 28, 0, 0, 0, 28};
+    uint8_t huge_lb[16] = {0, 0, 8, 1, 0x80, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8};
+    write_file(tmp_path("huge_im"), huge_im, sizeof huge_im);
+    write_file(tmp_path("huge_lb"), huge_lb, sizeof huge_lb);
+    expect_failure("huge_im", "huge_lb", 784, false, QT_ERR_INPUT, "huge_im: truncated: its "
+                   "header announces 2147483648 images of 28 x 28 bytes, 1683627180048 bytes "
+                   "with the header, but the file has 16");
+    expect_failure("e_im", "huge_lb", FEATURES, false, QT_ERR_INPUT, "huge_lb: truncated: its "
+                   "header announces 2147483648 labels of one byte");
     lb.data[8 + 30] = CLASSES;
     write_bytes(tmp_path("lb_range"), lb);
     expect_failure("e_im", "lb_range", FEATURES, true, QT_ERR_INPUT, "label 10 of sample 30 is "
@@ -318,7 +347,59 @@ static void test_idx_gzip_errors(void) {
     bytes long_gz = gzip_bytes(longer, im.size + 1, im.size + 1);
     write_bytes(tmp_path("long.gz"), long_gz);
     expect_failure("long.gz", "g_lb", FEATURES, true, QT_ERR_INPUT, "long.gz: trailing bytes");
-    free(junk), free(longer), free(long_gz.data), free(gz.data), free(im.data), free(lb.data);
+    // A header that claims more than a gzip file of this size can inflate to: truncated.
+    uint8_t huge_im[16] = {0, 0, 8, 3, 0x80, 0, 0, 0, 0, 0, 0, 28, 0, 0, 0, 28};
+    bytes huge_gz = gzip_bytes(huge_im, sizeof huge_im, sizeof huge_im);
+    write_bytes(tmp_path("huge.gz"), huge_gz);
+    expect_failure("huge.gz", "g_lb", 784, false, QT_ERR_INPUT, "huge.gz: truncated: its header "
+                   "announces 2147483648 images of 28 x 28 bytes, 1683627180048 bytes with the "
+                   "header, but a gzip file of");
+    // A plain file named .gz whose content is not IDX: the note says it is not gzip data.
+    write_file(tmp_path("text.gz"), "hello, world: not gzip", 22);
+    expect_failure("text.gz", "g_lb", FEATURES, false, QT_ERR_INPUT, "(unsigned bytes, MNIST "
+                   "format) (the name ends in .gz, but the file does not start with gzip's "
+                   "bytes 1f 8b");
+    free(junk), free(longer), free(long_gz.data), free(huge_gz.data), free(gz.data);
+    free(im.data), free(lb.data);
+    test_end();
+}
+
+// Damaged gzip data is named as such, wherever the damage is: every byte of a gzip file of a
+// dataset flipped in turn (but the header's time stamp, extra flags and OS, which nothing
+// reads) makes the probe or the load fail with a message about the gzip data, never about an
+// IDX header, a length or a label that the damaged data inflated to.
+static void test_idx_gzip_damage_named(void) {
+    test_begin("idx_gzip_damage_named_as_gzip");
+    bytes im = idx_images(N, ROWS, COLS), lb = idx_labels(N, CLASSES);
+    write_bytes(tmp_path("d_lb"), lb);
+    bytes gz = gzip_bytes(im.data, im.size, im.size);
+    uint32_t tried = 0, named = 0;
+    char first[QT_ERROR_MESSAGE_MAX] = "";
+    for (size_t at = 0; at < gz.size; at++) {
+        if (at >= 4 && at < 10) continue;  // MTIME, XFL, OS
+        gz.data[at] ^= 0xFF;
+        write_bytes(tmp_path("damaged.gz"), gz);
+        gz.data[at] ^= 0xFF;
+        recipe_source src = idx_source(tmp_path("damaged.gz"), tmp_path("d_lb"));
+        data_info info;
+        qt_status status = data_probe(&src, FEATURES, CLASSES, &info);
+        if (status == QT_OK) {
+            void *memory = aligned_alloc(DATA_ALIGN, info.bytes);
+            data_set set;
+            status = data_load(&src, &info, memory, info.bytes, &set);
+            free(memory);
+        }
+        tried++;
+        bool gzip = status == QT_ERR_INPUT && strstr(qt_error_message(), "gzip") != NULL;
+        named += gzip;
+        if (!gzip && first[0] == '\0') {
+            snprintf(first, sizeof first, "byte %zu: %s: %s", at, qt_status_name(status),
+                     qt_error_message());
+        }
+    }
+    CHECK(tried > 40 && named == tried, "%u of %u damaged files named as gzip errors; first "
+          "other: %s", named, tried, first);
+    free(gz.data), free(im.data), free(lb.data);
     test_end();
 }
 
@@ -492,6 +573,37 @@ static void test_npy_errors(void) {
 // ---------------------------------------------------------------------------------------------
 // synthetic sources
 
+// Correct predictions on `test` of the nearest class mean, the means taken from `fit` (at most
+// 8 classes of 32 features).
+static int nearest_mean_correct(const data_set *fit, const data_set *test, int classes,
+                                int features) {
+    double mean[8][32] = {{0}};
+    int count[8] = {0};
+    for (uint64_t s = 0; s < fit->info.samples; s++) {
+        int l = fit->labels[s];
+        count[l]++;
+        for (int f = 0; f < features; f++) mean[l][f] += fit->inputs_f32[s * features + f];
+    }
+    for (int k = 0; k < classes; k++) {
+        for (int f = 0; f < features; f++) mean[k][f] /= count[k] > 0 ? count[k] : 1;
+    }
+    int correct = 0;
+    for (uint64_t s = 0; s < test->info.samples; s++) {
+        int best = 0;
+        double best_d = INFINITY;
+        for (int k = 0; k < classes; k++) {
+            double d = 0;
+            for (int f = 0; f < features; f++) {
+                double e = test->inputs_f32[s * features + f] - mean[k][f];
+                d += e * e;
+            }
+            if (d < best_d) best_d = d, best = k;
+        }
+        correct += best == test->labels[s];
+    }
+    return correct;
+}
+
 static void test_synthetic_classes(void) {
     test_begin("synthetic_classes");
     enum { IN = 24, K = 5, S = 3000 };
@@ -516,35 +628,16 @@ static void test_synthetic_classes(void) {
     CHECK(h == 0xfcb76e2f12b255d3ull, "dataset hash %016" PRIx64, h);
     // Labels in range and every class present; a nearest-class-mean classifier (means from the
     // data itself) separates the blobs, as the generator's comment promises.
-    double mean[K][IN] = {{0}};
     int count[K] = {0};
-    for (int s = 0; s < S; s++) {
+    bool in_range = true;
+    for (int s = 0; s < S && in_range; s++) {
         int32_t l = a.labels[s];
-        if (l < 0 || l >= K) {
-            CHECK(false, "label %d of sample %d", l, s);
-            break;
-        }
-        count[l]++;
-        for (int f = 0; f < IN; f++) mean[l][f] += a.inputs_f32[s * IN + f];
+        in_range = l >= 0 && l < K;
+        CHECK(in_range, "label %d of sample %d", l, s);
+        if (in_range) count[l]++;
     }
-    for (int k = 0; k < K; k++) {
-        CHECK(count[k] > S / K / 2, "class %d has %d samples", k, count[k]);
-        for (int f = 0; f < IN; f++) mean[k][f] /= count[k] > 0 ? count[k] : 1;
-    }
-    int correct = 0;
-    for (int s = 0; s < S; s++) {
-        int best = 0;
-        double best_d = INFINITY;
-        for (int k = 0; k < K; k++) {
-            double d = 0;
-            for (int f = 0; f < IN; f++) {
-                double e = a.inputs_f32[s * IN + f] - mean[k][f];
-                d += e * e;
-            }
-            if (d < best_d) best_d = d, best = k;
-        }
-        correct += best == a.labels[s];
-    }
+    for (int k = 0; k < K; k++) CHECK(count[k] > S / K / 2, "class %d has %d samples", k, count[k]);
+    int correct = in_range ? nearest_mean_correct(&a, &a, K, IN) : 0;
     // Centers 4.2 noise deviations apart: the Bayes accuracy for 5 classes is about 95%.
     CHECK(correct > S * 85 / 100 && correct < S, "nearest mean accuracy %d / %d", correct, S);
     free(ma), free(mb), free(mc);
@@ -585,12 +678,49 @@ static void test_synthetic_teacher(void) {
     test_end();
 }
 
-// Generation is split over threads by sample (and by weight or center index); every count must
-// give the bytes of one thread, including counts that do not divide the work and counts above it.
+// task= draws the task (class centers, teacher weights) and seed= the samples: an eval source
+// with the train source's task and another seed is a fresh sample of the same problem, which a
+// classifier fit on the train samples scores well on, while another task scores at chance.
+static void test_synthetic_task(void) {
+    test_begin("synthetic_task_separate_from_sample_seed");
+    enum { IN = 16, K = 4, S = 2000 };
+    recipe_source train = synthetic_source(RECIPE_SOURCE_CLASSES, IN, K, S, 3);
+    recipe_source fresh = train, other = train, same = train;
+    fresh.seed = 4;                 // task 3, other samples
+    other.seed = 4, other.task = 4;  // what `seed=4` alone gives: another task
+    same.task = 3;                  // task= equal to the default: the same bytes
+    data_set a, b, c, d;
+    qt_status sa, sb, sc, sd;
+    void *ma = load(&train, IN, K, &a, &sa), *mb = load(&fresh, IN, K, &b, &sb);
+    void *mc = load(&other, IN, K, &c, &sc), *md = load(&same, IN, K, &d, &sd);
+    CHECK(sa == QT_OK && sb == QT_OK && sc == QT_OK && sd == QT_OK, "load: %s",
+          qt_error_message());
+    CHECK(memcmp(ma, md, a.info.bytes) == 0, "task=seed differs from the default");
+    // The centers (scratch part) are the task's; the samples are the seed's.
+    CHECK(memcmp((uint8_t *)ma + a.info.scratch_offset, (uint8_t *)mb + b.info.scratch_offset,
+                 a.info.scratch_bytes) == 0, "one task, two sets of centers");
+    CHECK(memcmp(ma, mb, a.info.targets_offset) != 0, "another seed, the same inputs");
+    int fresh_correct = nearest_mean_correct(&a, &b, K, IN);
+    int other_correct = nearest_mean_correct(&a, &c, K, IN);
+    CHECK(fresh_correct > S * 85 / 100, "fresh samples of the task: %d / %d", fresh_correct, S);
+    CHECK(other_correct < S * 50 / 100, "another task: %d / %d", other_correct, S);
+    recipe_source teacher = synthetic_source(RECIPE_SOURCE_TEACHER, IN, 2, 64, 5);
+    recipe_source teacher_fresh = teacher;
+    teacher_fresh.seed = 6;
+    void *mt = load(&teacher, IN, 2, &a, &sa), *mf = load(&teacher_fresh, IN, 2, &b, &sb);
+    CHECK(sa == QT_OK && sb == QT_OK, "teacher load: %s", qt_error_message());
+    CHECK(memcmp((uint8_t *)mt + a.info.scratch_offset, (uint8_t *)mf + b.info.scratch_offset,
+                 a.info.scratch_bytes) == 0, "one task, two teachers");
+    CHECK(memcmp(mt, mf, a.info.targets_offset) != 0, "another seed, the same teacher inputs");
+    free(ma), free(mb), free(mc), free(md), free(mt), free(mf);
+    test_end();
+}
+
+// Generation is split into ranges by sample (and by weight or center index) that the pool's
+// threads take; every count of ranges, on one thread or on the pool, must give the bytes of one
+// range, including counts that do not divide the work and counts above it.
 static void test_synthetic_threads(void) {
     test_begin("synthetic_threads_same_bytes");
-    CHECK(data_threads() >= 1 && data_threads() <= DATA_THREADS_MAX, "data_threads %u",
-          data_threads());
     const struct {
         recipe_source_kind kind;
         uint32_t inputs, outputs;
@@ -601,7 +731,8 @@ static void test_synthetic_threads(void) {
         {RECIPE_SOURCE_TEACHER, 29, 3, 777},
         {RECIPE_SOURCE_TEACHER, 4, 2, 2},
     };
-    const uint32_t counts[] = {2, 3, 7, DATA_THREADS_MAX};
+    const uint32_t counts[] = {2, 3, 7, 16, 61};
+    const uint32_t pool_sizes[] = {1, 3};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         recipe_source src = synthetic_source(cases[c].kind, cases[c].inputs, cases[c].outputs,
                                              cases[c].samples, 21);
@@ -613,12 +744,17 @@ static void test_synthetic_threads(void) {
         uint8_t *many = aligned_alloc(DATA_ALIGN, info.bytes);
         data_set set;
         memset(one, 0xAB, info.bytes);
-        CHECK(data_load_threads(&src, &info, one, info.bytes, &set, 1) == QT_OK, "1 thread");
-        for (size_t t = 0; t < sizeof counts / sizeof counts[0]; t++) {
-            memset(many, 0xAB, info.bytes);
-            status = data_load_threads(&src, &info, many, info.bytes, &set, counts[t]);
-            CHECK(status == QT_OK && memcmp(one, many, info.bytes) == 0,
-                  "case %zu: %u threads give other bytes than 1", c, counts[t]);
+        CHECK(data_load_parts(&src, &info, one, info.bytes, &set, 1) == QT_OK, "1 range");
+        for (size_t p = 0; p < sizeof pool_sizes / sizeof pool_sizes[0]; p++) {
+            pool_stop();
+            pool_start(pool_sizes[p]);
+            for (size_t t = 0; t < sizeof counts / sizeof counts[0]; t++) {
+                memset(many, 0xAB, info.bytes);
+                status = data_load_parts(&src, &info, many, info.bytes, &set, counts[t]);
+                CHECK(status == QT_OK && memcmp(one, many, info.bytes) == 0,
+                      "case %zu: %u ranges on %u threads give other bytes than 1", c, counts[t],
+                      pool_threads());
+            }
         }
         // data_load itself, with the count it picks for the machine and the size.
         memset(many, 0xAB, info.bytes);
@@ -635,7 +771,7 @@ static void test_synthetic_errors(void) {
     recipe_source src = synthetic_source(RECIPE_SOURCE_CLASSES, 8, 4, 100, 1);
     data_info info;
     qt_status status = data_probe(&src, 9, 4, &info);
-    CHECK_ERROR(status, QT_ERR_INPUT, "synthetic classes (recipe line 7): 8 inputs and 4 classes; "
+    CHECK_ERROR(status, QT_ERR_INPUT, "synthetic classes: 8 inputs and 4 classes; "
                 "the model has 9 inputs and 4 outputs");
     src.samples = (uint64_t)DATA_SAMPLES_MAX + 1;
     status = data_probe(&src, 8, 4, &info);
@@ -1019,12 +1155,14 @@ int main(void) {
     test_idx_probe_reads_headers_only();
     test_idx_errors();
     test_idx_gzip_errors();
+    test_idx_gzip_damage_named();
     test_idx_changed_after_probe();
     test_npy_u8_like_idx();
     test_npy_f32_targets();
     test_npy_errors();
     test_synthetic_classes();
     test_synthetic_teacher();
+    test_synthetic_task();
     test_synthetic_threads();
     test_synthetic_errors();
     test_shuffle();

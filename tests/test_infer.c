@@ -119,6 +119,7 @@ static void save_synthetic(uint64_t samples, uint64_t seed, const char *x_name,
     src.outputs = 4;
     src.samples = samples;
     src.seed = seed;
+    src.task = seed;
     data_info info;
     data_set set;
     qt_status s = data_probe(&src, 16, 4, &info);
@@ -256,6 +257,14 @@ static void test_npy_run_refusals(void) {
     npy_save(tmp_path("wide.npy"), NPY_DTYPE_F32, 2, 64, 17, wide);
     expect_run_refusal(recipe_with(pair("npy", "wide.npy", "y64.npy"), NULL, rows),
                        "17 features per sample; the model's input is 16", "wide.npy");
+    // Each names the recipe line of the source first: train = on line 12, eval = on line 13.
+    expect_run_refusal(recipe_with(pair("npy", "wide.npy", "y64.npy"), NULL, rows),
+                       "t.recipe:12:9: ", "wide.npy");
+    expect_run_refusal(recipe_with(pair("npy", "x64.npy", "targets.npy"), NULL, rows),
+                       "t.recipe:12:9: ", "targets.npy");
+    expect_run_refusal(recipe_with(pair("npy", "x64.npy", "y64.npy"),
+                                   pair("npy", "absent.npy", "y64.npy"), rows),
+                       "t.recipe:13:8: ", "absent.npy: cannot open");
     // Truncated: the last byte of the features is missing.
     size_t n = 0;
     char *bytes = file_read(tmp_path("x64.npy"), &n);

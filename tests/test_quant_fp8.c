@@ -417,8 +417,8 @@ static void test_dequantize_hand(void) {
     static const uint32_t want_f32[10] = {0x3F000000u, 0xBF800000u, 0x7FFFFFFFu, 0x43600000u,
                                           0x3A800000u, 0x3F000000u, 0x3F000000u, 0x3F000000u,
                                           0x3F000000u, 0x7FFFFFFFu};  // -NaN canonical too
-    static const uint16_t want_bf16[10] = {0x3F00, 0xBF80, 0x7FC0, 0x4360, 0x3A80,
-                                           0x3F00, 0x3F00, 0x3F00, 0x3F00, 0x7FC0};
+    static const uint16_t want_bf16[10] = {0x3F00, 0xBF80, 0x7FFF, 0x4360, 0x3A80,
+                                           0x3F00, 0x3F00, 0x3F00, 0x3F00, 0x7FFF};
     float out32[10];
     uint16_t out16[10];
     fp8_dequantize_args a = {0};

@@ -617,19 +617,19 @@ static void test_grouped_twin(void) {
 
 static void test_dequant_hand(void) {
     test_begin("mxfp8_dequantize_hand_values");
-    // x = fp8 * 2^(e - 127); NaN codes keep their decoded NaN (sign kept), e = 0xFF gives NaN.
+    // x = fp8 * 2^(e - 127); NaN codes of either sign and e = 0xFF give the canonical NaN.
     static const uint8_t codes[8] = {0x38, 0x7E, 0xFE, 0x7F, 0xFF, 0x01, 0x00, 0x80};
     static const uint8_t scales[4] = {127, 0, 254, 255};
     static const uint32_t want[4][8] = {
-        {0x3F800000u, 0x43E00000u, 0xC3E00000u, 0x7FFFFFFFu, 0xFFFFFFFFu, 0x3B000000u, 0u,
+        {0x3F800000u, 0x43E00000u, 0xC3E00000u, 0x7FFFFFFFu, 0x7FFFFFFFu, 0x3B000000u, 0u,
          0x80000000u},
         // 2^-127 (FP32 subnormal), 448 * 2^-127, and 2^-9 * 2^-127 = 2^-136 = 0x2000 ulps.
-        {0x00400000u, 0x04600000u, 0x84600000u, 0x7FFFFFFFu, 0xFFFFFFFFu, 0x00002000u, 0u,
+        {0x00400000u, 0x04600000u, 0x84600000u, 0x7FFFFFFFu, 0x7FFFFFFFu, 0x00002000u, 0u,
          0x80000000u},
         // 2^127; 448 * 2^127 overflows to Inf; 2^-9 * 2^127 = 2^118.
-        {0x7F000000u, 0x7F800000u, 0xFF800000u, 0x7FFFFFFFu, 0xFFFFFFFFu, 0x7A800000u, 0u,
+        {0x7F000000u, 0x7F800000u, 0xFF800000u, 0x7FFFFFFFu, 0x7FFFFFFFu, 0x7A800000u, 0u,
          0x80000000u},
-        {0x7FFFFFFFu, 0x7FFFFFFFu, 0x7FFFFFFFu, 0x7FFFFFFFu, 0xFFFFFFFFu, 0x7FFFFFFFu,
+        {0x7FFFFFFFu, 0x7FFFFFFFu, 0x7FFFFFFFu, 0x7FFFFFFFu, 0x7FFFFFFFu, 0x7FFFFFFFu,
          0x7FFFFFFFu, 0x7FFFFFFFu},
     };
     uint8_t c[4 * 32] = {0};
@@ -644,7 +644,7 @@ static void test_dequant_hand(void) {
         }
     }
     uint16_t bf[4 * 32];
-    static const uint16_t want_bf[8] = {0x3F80, 0x43E0, 0xC3E0, 0x7FC0, 0xFFC0, 0x3B00, 0, 0x8000};
+    static const uint16_t want_bf[8] = {0x3F80, 0x43E0, 0xC3E0, 0x7FFF, 0x7FFF, 0x3B00, 0, 0x8000};
     mx_twin_dequantize(c, scales, false, QT_ELEM_E4M3, 4, 32, bf, QT_DTYPE_BF16);
     for (int j = 0; j < 8; j++) {
         CHECK(bf[j] == want_bf[j], "bf16 code 0x%02x: %04x, expected %04x", codes[j], bf[j],

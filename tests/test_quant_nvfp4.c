@@ -339,14 +339,13 @@ static void test_rht_bf16_fused(void) {
         qt_nvfp4_rht16(y, signs);
         qt_nvfp4_rht16_bf16in(z, signs);
         for (int j = 0; j < 16; j++) {
-            bool same = qt_f32_bits(y[j]) == qt_f32_bits(z[j]) ||
-                        (qt_f32_is_nan(y[j]) && qt_f32_is_nan(z[j]));
+            bool same = qt_f32_bits(y[j]) == qt_f32_bits(z[j]);
             if (!same && bad++ < 8) {
                 CHECK(false, "trial %d j %d: %08x vs fused %08x", trial, j, qt_f32_bits(y[j]),
                       qt_f32_bits(z[j]));
             }
         }
-        // The packed rounding gives the same BF16 bits (NaN payloads aside).
+        // The packed rounding gives the same BF16 bits (NaN too: 0x7FFF).
         float u[16];
         uint32_t packed[8];
         memcpy(u, v, sizeof u);
@@ -354,12 +353,81 @@ static void test_rht_bf16_fused(void) {
         qt_nvfp4_pack_bf16(u, packed);
         for (int j = 0; j < 16; j++) {
             uint32_t hi = j % 2 ? packed[j / 2] & 0xFFFF0000u : packed[j / 2] << 16;
-            bool same = hi == qt_f32_bits(z[j]) || (qt_f32_is_nan(z[j]) && (hi & 0x7FFFFFFFu) >
-                                                                              0x7F800000u);
-            if (!same && bad++ < 8) CHECK(false, "trial %d j %d: packed %08x", trial, j, hi);
+            if (hi != qt_f32_bits(z[j]) && bad++ < 8) {
+                CHECK(false, "trial %d j %d: packed %08x", trial, j, hi);
+            }
         }
     }
     CHECK(bad == 0, "%llu mismatches", (unsigned long long)bad);
+    test_end();
+}
+
+// A zero RHT output is +0, whatever the signs of the zeros that meet in the butterflies: groups
+// of +-0 in every sign pattern and mask, groups where nonzero values cancel next to -0, through
+// both forms of the transform (FP32 and the fused BF16 one, rounded as each kernel path rounds);
+// and the twin's codes of an all -0 group in a quantized tensor are 0x0, not the -0 code 0x8.
+static bool rht_has_negative_zero(const float v[16], uint32_t signs) {
+    float y[16], z[16], u[16];
+    uint32_t packed[8];
+    memcpy(y, v, sizeof y);
+    memcpy(z, v, sizeof z);
+    memcpy(u, v, sizeof u);
+    qt_nvfp4_rht16(y, signs);
+    qt_nvfp4_rht16_bf16in(z, signs);
+    qt_nvfp4_rht16_bf16in_f32(u, signs);
+    qt_nvfp4_pack_bf16(u, packed);
+    bool negative_zero = false;
+    for (int j = 0; j < 16; j++) {
+        uint16_t h = (uint16_t)(packed[j / 2] >> (16 * (j % 2)));
+        negative_zero |= qt_f32_bits(y[j]) == 0x80000000u || qt_f32_bits(z[j]) == 0x80000000u ||
+                         h == 0x8000u;
+    }
+    return negative_zero;
+}
+
+static void test_rht_signed_zero(void) {
+    test_begin("rht_zero_output_is_plus_zero");
+    lcg_state = 29;
+    uint32_t bad = 0;
+    for (int trial = 0; trial < 20000; trial++) {
+        const uint32_t signs = trial % 3 == 0   ? QT_NVFP4_RHT_SIGNS_TE
+                               : trial % 3 == 1 ? 0u
+                                                : lcg_next() & 0xFFFFu;
+        const uint32_t zero_signs = trial < 16 ? (trial % 2 ? 0xFFFFu : 1u << trial) : lcg_next();
+        float v[16];
+        for (int j = 0; j < 16; j++) v[j] = (zero_signs >> j) & 1u ? -0.0f : 0.0f;
+        if (trial % 4 == 3) {  // two equal values that cancel in half of the outputs
+            const int a = (int)(lcg_next() % 16), b = (a + 1 + (int)(lcg_next() % 15)) % 16;
+            v[a] = v[b] = 1.5f;
+        }
+        if (rht_has_negative_zero(v, signs) && bad++ < 8) {
+            CHECK(false, "trial %d: signs %04x, zeros %04x: an output is -0", trial, signs,
+                  zero_signs & 0xFFFFu);
+        }
+    }
+    CHECK(bad == 0, "%u groups with a -0 output", bad);
+    for (uint32_t dtype = QT_DTYPE_F32; dtype <= QT_DTYPE_BF16; dtype++) {
+        for (int mask = 0; mask < 2; mask++) {
+            const uint32_t signs = mask ? QT_NVFP4_RHT_SIGNS_TE : 0u;
+            hq h;
+            hq_init(&h, 32, 3, dtype, 0);
+            for (uint32_t r = 0; r < 32; r++) {  // column 1: -0 in rows 0..15, then data
+                hq_set(&h, r, 0, 1.0f + (float)r);
+                hq_set(&h, r, 1, r < 16 ? -0.0f : (float)r - 20.0f);
+                hq_set(&h, r, 2, -0.0f);
+            }
+            hq_amax(&h, QT_NVFP4_RHT, signs);
+            hq_quant(&h, QT_NVFP4_ROWWISE | QT_NVFP4_COLWISE | QT_NVFP4_RHT, signs, 0, 0);
+            const uint64_t pitch = (h.rows + 1) / 2;
+            for (uint32_t m = 0; m < 32; m++) {
+                const uint8_t c1 = nib(h.col_data, pitch, 1, m), c2 = nib(h.col_data, pitch, 2, m);
+                CHECK(m >= 16 || c1 == 0, "dtype %u mask %d: column 1 position %u: 0x%x", dtype,
+                      mask, m, c1);
+                CHECK(c2 == 0, "dtype %u mask %d: column 2 position %u: 0x%x", dtype, mask, m, c2);
+            }
+            hq_free(&h);
+        }
+    }
     test_end();
 }
 
@@ -1036,6 +1104,19 @@ static void nv_check_transpose(const nv_case *c, const nv_result *res) {
     }
 }
 
+// The planted columnwise group of -0 (nv_plant) under RHT transforms to zeros, which are +0:
+// its 16 columnwise codes are 0x0 (the -0 code 0x8 would differ from TE's tensor-core bits).
+static void nv_check_zero_group(const nv_case *c, const nv_result *res, const char *what) {
+    if (!c->plant || c->members || c->rows < 48 || !(c->flags & QT_NVFP4_COLWISE) ||
+        !(c->flags & QT_NVFP4_RHT)) {
+        return;
+    }
+    for (uint32_t m = 32; m < 48; m++) {
+        const uint8_t code = nib(res->buf[R_COL_DATA], (c->rows + 1) / 2, c->cols - 1, m);
+        CHECK(code == 0, "%s: RHT of the -0 group, position %u: code 0x%x", what, m, code);
+    }
+}
+
 static rig gpu_rig, ref_rig;
 static program fill_gpu, fill_ref;
 
@@ -1056,6 +1137,8 @@ static void nv_gpu_case(const nv_case *base) {
     nv_run(&gpu_rig, &fill_gpu, &c, &gg, &grp, &gpu);
     nv_run(&ref_rig, &fill_ref, &c, &gr, &grp, &ref);
     nv_compare(&c, &grp, &gpu, &ref, "gpu vs ref");
+    nv_check_zero_group(&c, &gpu, "gpu");
+    nv_check_zero_group(&c, &ref, "ref");
     if ((c.flags & QT_NVFP4_2D) && (c.flags & QT_NVFP4_COLWISE) && (c.flags & QT_NVFP4_ROWWISE) &&
         !(c.flags & QT_NVFP4_SR)) {
         nv_check_transpose(&c, &gpu);
@@ -1136,6 +1219,7 @@ int main(void) {
     test_fast_e2m1_exhaustive();
     test_fast_block_encoder();
     test_rht_bf16_fused();
+    test_rht_signed_zero();
     test_dequant_nan();
     test_global_scale();
     test_block_hand();

@@ -10,6 +10,7 @@
 
 #include "recipe.h"
 #include "rules.h"
+#include "schedule.h"  // sched_table_build: the table a [schedule] expands to
 #include "test.h"
 
 static recipe R;  // about 37 KB: static, not on the stack
@@ -143,7 +144,7 @@ static void test_example_moe_residual(void) {
           R.optim.clip == 0.0f, "optim defaults");
     const recipe_source *t = &R.data.train;
     CHECK(t->kind == RECIPE_SOURCE_TEACHER && t->inputs == 64 && t->outputs == 16 &&
-          t->samples == 4096 && t->seed == 7, "teacher");
+          t->samples == 4096 && t->seed == 7 && t->task == 7, "teacher (task = seed)");
     CHECK(R.data.eval.samples == 512 && R.data.seed == 0, "eval source, default seed");
     CHECK(R.rows[0].lr_kind == RECIPE_LR_CONSTANT && R.rows[0].lr_from == 3e-4f &&
           R.rows[0].lr_to == 3e-4f, "constant row");
@@ -162,7 +163,7 @@ static void test_example_classes(void) {
     CHECK(s == QT_OK, "%s", qt_error_message());
     const recipe_source *t = &R.data.train;
     CHECK(t->kind == RECIPE_SOURCE_CLASSES && t->inputs == 32 && t->outputs == 4 &&
-          t->samples == 1000 && t->seed == 0, "classes");
+          t->samples == 1000 && t->seed == 0 && t->task == 0, "classes");
     CHECK(R.data.batch == 32 && R.data.seed == 42, "data");
     CHECK(R.optim.lr == 1e-3f && R.optim.beta1 == 0.9f && R.optim.eps == 1e-8f &&
           R.optim.weight_decay == 0.01f, "optimizer defaults");
@@ -220,16 +221,19 @@ static void test_load_errors(void) {
     static char buffer[1 << 16];
     qt_status s = recipe_load("tests/recipes/does-not-exist.recipe", buffer, sizeof buffer, &R);
     CHECK(s == QT_ERR_IO, "status %s", qt_status_name(s));
-    CHECK(strcmp(qt_error_message(), "tests/recipes/does-not-exist.recipe: cannot open: No such "
-                 "file or directory") == 0, "%s", qt_error_message());
+    CHECK(strcmp(qt_error_message(), "tests/recipes/does-not-exist.recipe: cannot open the "
+                 "recipe: No such file or directory") == 0, "%s", qt_error_message());
     s = recipe_load("tests/recipes/mlp_fashion.recipe", buffer, 100, &R);
     CHECK(s == QT_ERR_CAPACITY, "status %s", qt_status_name(s));
     CHECK(strcmp(qt_error_message(), "tests/recipes/mlp_fashion.recipe: file larger than the "
                  "100-byte buffer; expected a recipe of at most 100 bytes") == 0, "%s",
           qt_error_message());
+    // Not a regular file: refused before it is opened (a FIFO would block the open).
     s = recipe_load("tests/recipes", buffer, sizeof buffer, &R);
-    CHECK(s == QT_ERR_IO && strstr(qt_error_message(), "cannot read") != NULL, "%s",
-          qt_error_message());
+    CHECK(s == QT_ERR_INPUT && strcmp(qt_error_message(), "tests/recipes is a directory, not a "
+                 "regular file; qtrain reads a recipe from a regular file only (a pipe or a "
+                 "device could block it, or give other bytes on a second read): save the data "
+                 "to a file and name that") == 0, "%s", qt_error_message());
     test_end();
 }
 
@@ -275,6 +279,21 @@ static char *build(int line, char mode, const char *text) {
 
 // `npy FEATURES LABELS_OR_TARGETS` parses with either loss: whether the second file holds labels
 // or targets is known once it is read (runtime/data.c checks it against the loss).
+// `task=` draws the task apart from the samples' seed, which it defaults to.
+static void test_synthetic_task(void) {
+    test_begin("parse_synthetic_task_seed");
+    CHECK(parse(build(12, 'R', "train = synthetic classes inputs=4 classes=3 samples=64 seed=5 "
+                      "task=9")) == QT_OK, "%s", qt_error_message());
+    CHECK(R.data.train.seed == 5 && R.data.train.task == 9, "seed %llu task %llu",
+          (unsigned long long)R.data.train.seed, (unsigned long long)R.data.train.task);
+    CHECK(parse(build(12, 'R', "train = synthetic classes task=2 inputs=4 classes=3 "
+                      "samples=64")) == QT_OK, "%s", qt_error_message());
+    CHECK(R.data.train.seed == 0 && R.data.train.task == 2, "task without a seed");
+    CHECK(parse(build(0, 'N', "")) == QT_OK && R.data.train.task == 5, "default task %llu",
+          (unsigned long long)R.data.train.task);
+    test_end();
+}
+
 static void test_npy_source(void) {
     test_begin("parse_npy_source_with_either_loss");
     const char *text = build(12, 'R', "train = npy data/x.npy data/y.npy");
@@ -398,6 +417,10 @@ static const error_case error_cases[] = {
      "duplicate layer name 'rmsnorm2'; first declared at line 4"},
     {4, 'R', "layer = rmsnorm eps=0", IN, "r.recipe:4:21: number out of range: expected eps in "
      "(0, 1], found 0"},
+    {12, 'R', "train = synthetic classes inputs=4 classes=3 samples=64 task=1 task=2", IN,
+     "r.recipe:12:64: option 'task' given twice"},
+    {12, 'R', "train = synthetic teacher inputs=4 outputs=3 samples=64 task=x", IN,
+     "r.recipe:12:62: bad number: expected an integer for task, found 'x'"},
     {4, 'R', "layer = moe m experts=4 topk=1 hidden=8 gate=1", IN, "r.recipe:4:41: unknown "
      "option 'gate' for moe; expected experts, topk, hidden, act or aux"},
     {4, 'R', "layer = moe m experts=2 topk=3 hidden=8", IN, "r.recipe:4:30: topk=3 exceeds "
@@ -420,6 +443,12 @@ static const error_case error_cases[] = {
     {8, 'R', "recipe = none\nrule = linear.*@head -> bf16\nrule = *.weight@* -> mxfp8", IN,
      "r.recipe:3:9: no rule matches role linear.input@fc1; expected a rule for it, tried "
      "linear.*@head (line 9), *.weight@* (line 10) and no built-in rules (recipe = none)"},
+    {8, 'I', "rule = linear.*@fc9 -> bf16", IN, "r.recipe:9:8: rule linear.*@fc9 -> bf16 "
+     "matches no role of the model; expected a pattern that matches one of its roles "
+     "(linear.*@fc1, linear.*@head), or no such rule"},
+    {8, 'I', "rule = linear.*@head -> bf16\nrule = grouped_linear.*@* -> block", IN,
+     "r.recipe:10:8: rule grouped_linear.*@* -> block matches no role of the model; expected a "
+     "pattern that matches one of its roles (linear.*@fc1, linear.*@head), or no such rule"},
     {8, 'I', "rule = *.*@* -> current history=16", IN, "r.recipe:9:25: unsupported combination: "
      "history applies to delayed, found with current"},
     {8, 'I', "rule = linear.input@* -> mxfp8 rht=1", IN, "r.recipe:9:32: unsupported "
@@ -494,7 +523,8 @@ static const error_case error_cases[] = {
      "r.recipe:12:54: number out of range: expected samples in [1, 4294967295], found "
      "4294967296"},
     {12, 'R', "train = synthetic classes inputs=4 outputs=3 samples=64", IN, "r.recipe:12:36: "
-     "unknown option 'outputs' for synthetic classes; expected inputs, classes, samples or seed"},
+     "unknown option 'outputs' for synthetic classes; expected inputs, classes, samples, seed or "
+     "task"},
     {12, 'R', "train = synthetic", IN, "r.recipe:12:18: expected 'synthetic teacher' or "
      "'synthetic classes', found end of line"},
     {12, 'R', "train = idx images.gz", IN, "r.recipe:12:22: expected 'idx IMAGES LABELS', found "
@@ -526,15 +556,40 @@ static const error_case error_cases[] = {
      "1048576"},
     {15, 'I', "eval 1 train\nrepeat 1048576", QT_ERR_CAPACITY, "r.recipe:17:8: the schedule "
      "repeats to 2097152 rows: expanded_rows_max is 1048576"},
-    {15, 'R', "train", IN, "r.recipe:15:6: expected the number of steps, found end of line"},
+    {15, 'R', "train", IN, "r.recipe:15:6: expected the number of steps or epochs, found end "
+     "of line"},
     {15, 'R', "train all", IN, "r.recipe:15:7: bad number: expected an integer for steps, found "
      "'all'"},
     {15, 'R', "train 10 cosine 1e-3 1e-5", IN, "r.recipe:15:22: expected '->' between the "
      "learning rates, found '1e-5'"},
     {15, 'R', "train 10 cosine 1e-3 ->", IN, "r.recipe:15:24: expected a learning rate after "
      "'->', found end of line"},
-    {15, 'R', "train 10 step 1e-3", IN, "r.recipe:15:10: expected constant, warmup or cosine "
-     "after the steps, found 'step'"},
+    {15, 'R', "train 10 step 1e-3", IN, "r.recipe:15:15: expected a learning-rate rule "
+     "(constant, warmup, decay, cosine), a warmup clause, an eval clause or end of line, found "
+     "'1e-3'"},
+    {15, 'R', "train 10 epochs cosine 1 -> 0 hold 2", IN, "r.recipe:15:31: expected a warmup "
+     "clause (warmup N steps), an eval clause (eval every N epochs) or end of line, found "
+     "'hold'"},
+    {15, 'R', "train 10 warmup 1e-3 -> 1e-5", IN, "r.recipe:15:10: warmup raises the learning "
+     "rate: expected FROM <= TO, found 1e-3 -> 1e-5; a falling ramp is 'decay 1e-3 -> 1e-5'"},
+    {15, 'R', "train 10 decay 0 -> 1e-3", IN, "r.recipe:15:10: decay lowers the learning rate: "
+     "expected FROM >= TO, found 0 -> 1e-3; a rising ramp is 'warmup 0 -> 1e-3'"},
+    {15, 'R', "train 10 warmup 10 steps", IN, "r.recipe:15:17: a warmup of 10 steps in a row of "
+     "10; expected a warmup shorter than its row"},
+    {15, 'R', "train 10 warmup 2 warmup 3", IN, "r.recipe:15:19: the row has a warmup already"},
+    {15, 'R', "train 10 warmup", IN, "r.recipe:15:16: expected the warmup's length N "
+     "[steps|epochs], found end of line"},
+    {15, 'R', "train 2 epochs eval every epoch", IN, "r.recipe:15:1: the row's eval clause "
+     "reads the eval dataset; expected 'eval = SOURCE' in [data] or 'eval ... train every ...', "
+     "found no eval source"},
+    {15, 'R', "train 2 epochs eval train every", IN, "r.recipe:15:32: expected steps or epochs "
+     "after 'every', found end of line"},
+    {15, 'R', "train 2 epochs eval all train each epoch", IN, "r.recipe:15:31: expected 'every' "
+     "in 'eval [STEPS|all] [train|eval] every [N] steps|epochs', found 'each'"},
+    {15, 'R', "train 2 epochs eval train every epoch eval train every epoch", IN,
+     "r.recipe:15:39: the row has an eval clause already"},
+    {15, 'R', "train 2 epochs eval 0 train every epoch", IN, "r.recipe:15:21: number out of "
+     "range: expected eval steps in [1, 2147483647], found 0"},
     {15, 'R', "train 10 constant", IN, "r.recipe:15:18: expected a learning rate after "
      "'constant', found end of line"},
     {15, 'R', "eval 1 test", IN, "r.recipe:15:8: expected train, eval or end of line, found "
@@ -899,6 +954,7 @@ static const char *const fuzz_words[] = {
     "2d=1", "rht=1", "sr=1", "history=0", "swiglu", "all", "train ", "eval ", "infer ",
     "experts=", "topk=", "hidden=", "synthetic classes ", "idx a b", "recipe = none",
     "layer = rmsnorm", "\xff", "e5m2", "cosine 1 -> 0", "[", "]", "rule = linear.*@fc? -> bf16",
+    " epochs", " steps", " eval every epoch", " warmup 2 steps", "decay 1 -> 0", " task=3",
 };
 #define FUZZ_WORDS (sizeof fuzz_words / sizeof fuzz_words[0])
 
@@ -1028,6 +1084,217 @@ static void test_fuzz(void) {
     test_end();
 }
 
+// ---------------------------------------------------------------------------------------------
+// The schedule: the train row's units and clauses, and the fixed table they expand to
+
+// The base recipe with an eval source and the given [schedule] rows (from line 16).
+static const char *with_rows(const char *rows) {
+    static char text[1 << 14];
+    snprintf(text, sizeof text, "%.*seval = synthetic classes inputs=4 classes=3 samples=64 "
+             "seed=6 task=5\nbatch = 16\n[schedule]\n%s\n", (int)(strstr(build(0, 'N', ""),
+             "batch = 16") - build(0, 'N', "")), build(0, 'N', ""), rows);
+    return text;
+}
+
+#define TABLE_ROWS 8192    // rows of the tables these tests build
+#define TABLE_LR_ROWS 256
+static sched_table T, U;
+static uint64_t table_memory[2][(TABLE_ROWS * sizeof(sched_row) +
+                                 TABLE_LR_ROWS * sizeof(optim_lr_row)) / 8 + 1];
+
+// Builds R's table for a train set of 60000 and an eval set of 10000 samples in batches of
+// `batch` into t (T or U), or counting only (no rows stored).
+static qt_status table_build(sched_table *t, uint32_t batch, uint64_t steps_limit,
+                             bool counting) {
+    QT_ASSERT(sched_table_bytes(TABLE_ROWS, TABLE_LR_ROWS) <= sizeof table_memory[0]);
+    if (counting) {
+        sched_table_init(t, NULL, 0, 0);
+    } else {
+        sched_table_init(t, table_memory[t == &U], TABLE_ROWS, TABLE_LR_ROWS);
+    }
+    sched_build b = {60000, 10000, batch, steps_limit, 0, 0, false};
+    return sched_table_build(&R, &b, t);
+}
+
+// Parses rows and builds their table in batches of 256 (Fashion-MNIST's sizes: an epoch is 235
+// steps, an eval pass 40).
+static qt_status table_of(const char *rows, uint64_t steps_limit, sched_table *t) {
+    QT_TRY(parse(with_rows(rows)));
+    return table_build(t, 256, steps_limit, false);
+}
+
+static bool lr_row_is(const optim_lr_row *lr, uint64_t start, uint64_t steps, uint32_t rule,
+                      float a, float b) {
+    return lr->start == start && lr->steps == steps && lr->rule == rule && lr->a == a &&
+           lr->b == b;
+}
+
+// Row i of t with the rows after it that continue it (same mode and dataset) merged, from
+// *next; false after the last.
+static bool merged_row(const sched_table *t, uint32_t *next, sched_row *out) {
+    if (*next >= t->row_count) return false;
+    *out = t->rows[(*next)++];
+    while (*next < t->row_count && t->rows[*next].mode == out->mode &&
+           t->rows[*next].dataset == out->dataset) {
+        out->steps += t->rows[(*next)++].steps;
+    }
+    return true;
+}
+
+// Both tables run the same steps: the same mode on the same dataset at every step (how the
+// steps are split into rows does not show in a trace).
+static bool same_rows(const sched_table *a, const sched_table *b) {
+    uint32_t i = 0, j = 0;
+    sched_row x, y;
+    for (;;) {
+        bool more_a = merged_row(a, &i, &x), more_b = merged_row(b, &j, &y);
+        if (more_a != more_b) return false;
+        if (!more_a) return true;
+        if (x.mode != y.mode || x.steps != y.steps || x.dataset != y.dataset) return false;
+    }
+}
+
+// Every train step gets the same learning rate, bit for bit, from both tables (what the device
+// computes, ptx/optim.h).
+static bool same_lr_curve(const sched_table *a, const sched_table *b) {
+    for (uint64_t s = 0; s < a->steps[MODEL_MODE_TRAIN]; s++) {
+        float x = qt_optim_lr_at(a->lr, a->lr_count, s), y = qt_optim_lr_at(b->lr, b->lr_count, s);
+        if (memcmp(&x, &y, sizeof x) != 0) return false;
+    }
+    return a->steps[MODEL_MODE_TRAIN] == b->steps[MODEL_MODE_TRAIN];
+}
+
+static void test_schedule_parse(void) {
+    test_begin("schedule_units_rules_and_clauses_parse");
+    CHECK(parse(with_rows("train 10 epochs decay 1e-3 -> 1e-5 warmup 47 steps eval every epoch\n"
+                          "train 2 epoch eval 5 train every 100 steps warmup 1 epoch\n"
+                          "train 7 step cosine 1 -> 0\ntrain 300 warmup 0 -> 1e-3")) == QT_OK,
+          "%s", qt_error_message());
+    const recipe_row *a = &R.rows[0], *b = &R.rows[1], *c = &R.rows[2], *d = &R.rows[3];
+    CHECK(a->steps == 10 && a->unit == RECIPE_UNIT_EPOCHS && a->lr_kind == RECIPE_LR_DECAY &&
+          a->lr_from == 1e-3f && a->lr_to == 1e-5f && a->warmup == 47 &&
+          a->warmup_unit == RECIPE_UNIT_STEPS && a->eval_every == 1 &&
+          a->eval_unit == RECIPE_UNIT_EPOCHS && a->eval_all && a->dataset == RECIPE_DATASET_EVAL,
+          "row 1");
+    CHECK(b->steps == 2 && b->unit == RECIPE_UNIT_EPOCHS && b->lr_kind == RECIPE_LR_CONSTANT &&
+          b->lr_from == 1e-3f && b->warmup == 1 && b->warmup_unit == RECIPE_UNIT_EPOCHS &&
+          b->eval_every == 100 && b->eval_unit == RECIPE_UNIT_STEPS && !b->eval_all &&
+          b->eval_steps == 5 && b->dataset == RECIPE_DATASET_TRAIN, "row 2");
+    CHECK(c->unit == RECIPE_UNIT_STEPS && c->lr_kind == RECIPE_LR_COSINE && !c->eval_every &&
+          !c->warmup, "row 3");
+    CHECK(d->steps == 300 && d->lr_kind == RECIPE_LR_WARMUP && d->lr_from == 0.0f &&
+          d->lr_to == 1e-3f, "row 4: warmup as the rule");
+    test_end();
+}
+
+static void test_schedule_table(void) {
+    test_begin("schedule_expands_to_one_fixed_table");
+    // The shipped recipes' row: ten epochs, an eval pass after each, one learning-rate curve.
+    const char *shipped = "train 10 epochs decay 1e-3 -> 1e-5 warmup 47 steps eval every epoch";
+    CHECK(table_of(shipped, 0, &T) == QT_OK, "%s", qt_error_message());
+    CHECK(T.row_count == 20 && T.steps[MODEL_MODE_TRAIN] == 2350 &&
+          T.steps[MODEL_MODE_EVAL] == 400 && T.epoch_steps == 235 && !T.cut &&
+          T.modes[MODEL_MODE_EVAL], "%u rows", T.row_count);
+    for (uint32_t i = 0; i < T.row_count && i < 20; i++) {
+        const sched_row *row = &T.rows[i];
+        bool train = i % 2 == 0;
+        CHECK(row->mode == (train ? MODEL_MODE_TRAIN : MODEL_MODE_EVAL) &&
+              row->steps == (train ? 235u : 40u) && row->line == 16 &&
+              (train || row->dataset == RECIPE_DATASET_EVAL), "row %u", i);
+    }
+    CHECK(T.lr_count == 2 && lr_row_is(&T.lr[0], 0, 47, QT_OPTIM_LR_LINEAR, 0.0f, 1e-3f) &&
+          lr_row_is(&T.lr[1], 47, 2303, QT_OPTIM_LR_LINEAR, 1e-3f, 1e-5f), "lr rows");
+    // --steps cuts the expanded rows; the eval after the cut still runs, the curve is whole.
+    CHECK(table_of(shipped, 20, &T) == QT_OK && T.row_count == 2 && T.rows[0].steps == 20 &&
+          T.rows[1].mode == MODEL_MODE_EVAL && T.cut && T.lr_count == 2, "cut at 20");
+    CHECK(table_of(shipped, 300, &T) == QT_OK && T.row_count == 4 && T.rows[2].steps == 65 &&
+          T.steps[MODEL_MODE_TRAIN] == 300 && T.steps[MODEL_MODE_EVAL] == 80, "cut at 300");
+    // A warmup in epochs, an eval clause in steps on the train set: 4 x 100 + 70 train steps.
+    CHECK(table_of("train 2 epochs cosine 1e-2 -> 0 warmup 1 epoch eval 3 train every 100 "
+                   "steps", 0, &T) == QT_OK, "%s", qt_error_message());
+    CHECK(T.row_count == 10 && T.rows[8].steps == 70 && T.rows[9].steps == 3 &&
+          T.rows[5].dataset == RECIPE_DATASET_TRAIN && T.steps[MODEL_MODE_TRAIN] == 470 &&
+          lr_row_is(&T.lr[0], 0, 235, QT_OPTIM_LR_LINEAR, 0.0f, 1e-2f) &&
+          lr_row_is(&T.lr[1], 235, 235, QT_OPTIM_LR_COSINE, 1e-2f, 0.0f), "%u rows",
+          T.row_count);
+    // Errors that need the epoch's length name the row.
+    CHECK(table_of("train 1 epoch warmup 2 epochs", 0, &T) == QT_ERR_INPUT &&
+          strcmp(qt_error_message(), "r.recipe:16:15: a warmup of 2 epochs in a row of 235 "
+                 "steps (an epoch is 235 steps); expected a warmup shorter than its row") == 0,
+          "%s", qt_error_message());
+    CHECK(parse(with_rows("train 2147483647 epochs")) == QT_OK &&
+          table_build(&T, 1, 0, false) == QT_ERR_INPUT &&
+          strcmp(qt_error_message(), "r.recipe:16:7: 2147483647 epochs of 60000 steps exceed a "
+                 "row's 1099511627776 steps; expected fewer epochs") == 0, "%s",
+          qt_error_message());
+    // The table's memory is sized from a counting build, which stops at the rows' limit.
+    CHECK(parse(with_rows("train 600000 eval 1 every 1 step")) == QT_OK &&
+          table_build(&T, 256, 0, true) == QT_ERR_CAPACITY &&
+          strstr(qt_error_message(), "r.recipe:16:1: the schedule expands to more than 1048576 "
+                 "rows") == qt_error_message(), "%s", qt_error_message());
+    test_end();
+}
+
+// The new syntax gives the table of the old rows it replaces wherever the learning rates are the
+// same, so a recipe rewritten with it trains to the same bits (a run compares traces:
+// tests/cli.sh).
+static void test_schedule_same_table(void) {
+    test_begin("schedule_new_syntax_same_table_as_old_rows");
+    // A warmup clause is the old pair of rows: a `warmup` row, then the rule's row.
+    CHECK(table_of("train 40 warmup 0 -> 1e-2\ntrain 430 cosine 1e-2 -> 1e-3\neval all", 0, &T) ==
+          QT_OK, "%s", qt_error_message());
+    CHECK(table_of("train 2 epochs cosine 1e-2 -> 1e-3 warmup 40 steps\neval all", 0, &U) ==
+          QT_OK, "%s", qt_error_message());
+    CHECK(same_rows(&T, &U) && T.lr_count == U.lr_count &&
+          memcmp(T.lr, U.lr, T.lr_count * sizeof T.lr[0]) == 0, "warmup clause");
+    // The shipped recipes' old form (a warmup, one constant epoch, nine per-epoch decays, an eval
+    // pass after every epoch) in the new syntax: the same rows and learning-rate rows.
+    static char old_rows[2048], new_rows[2048];
+    static const char *const ends[] = {"0.001", "0.00089", "0.00078", "0.00067", "0.00056",
+                                       "0.00045", "0.00034", "0.00023", "0.00012", "1e-05"};
+    size_t o = (size_t)snprintf(old_rows, sizeof old_rows, "train 47 warmup 0 -> 1e-3\n"
+                                "train 188 constant 1e-3\neval all\n");
+    size_t n = (size_t)snprintf(new_rows, sizeof new_rows, "train 47 steps warmup 0 -> 1e-3\n"
+                                "train 188 steps constant 1e-3 eval every epoch\n");
+    for (int e = 0; e < 9; e++) {
+        o += (size_t)snprintf(old_rows + o, sizeof old_rows - o, "train 235 warmup %s -> %s\n"
+                              "eval all\n", ends[e], ends[e + 1]);
+        n += (size_t)snprintf(new_rows + n, sizeof new_rows - n, "train 1 epoch decay %s -> %s "
+                              "eval every epoch\n", ends[e], ends[e + 1]);
+    }
+    // The old form used `warmup` for the decays, which the parser now refuses: the old table is
+    // built from the same text with the rule's new name for a falling ramp, which is the same
+    // linear rule.
+    for (char *w = strstr(old_rows + 20, "warmup"); w; w = strstr(w + 1, "warmup")) {
+        memcpy(w, "decay ", 6);
+    }
+    CHECK(table_of(old_rows, 0, &T) == QT_OK, "old: %s", qt_error_message());
+    CHECK(table_of(new_rows, 0, &U) == QT_OK, "new: %s", qt_error_message());
+    CHECK(same_rows(&T, &U) && T.row_count == 21 && U.row_count == 21 && T.lr_count == 11 &&
+          memcmp(T.lr, U.lr, T.lr_count * sizeof T.lr[0]) == 0, "shipped form: %u and %u rows",
+          T.row_count, U.row_count);
+    // The one-row form the shipped recipes use now runs the same steps on another curve: its
+    // decay starts after the warmup instead of after the first epoch (so their traces changed).
+    CHECK(table_of("train 10 epochs decay 1e-3 -> 1e-5 warmup 47 steps eval every epoch", 0,
+                   &U) == QT_OK, "%s", qt_error_message());
+    CHECK(same_rows(&T, &U) && !same_lr_curve(&T, &U), "one-row form");
+    float old_lr = qt_optim_lr_at(T.lr, T.lr_count, 235), new_lr = qt_optim_lr_at(U.lr,
+                                                                                 U.lr_count, 235);
+    CHECK(old_lr == 1e-3f && new_lr < 1e-3f && new_lr > 0.9e-3f &&
+          qt_optim_lr_at(U.lr, U.lr_count, 47) == 1e-3f &&
+          qt_optim_lr_at(U.lr, U.lr_count, 0) == 0.0f, "step 235: %g and %g", (double)old_lr,
+          (double)new_lr);
+    // An eval clause is the old train rows with eval rows between: the rows are the same and so
+    // is every step's learning rate (one rule row instead of one per piece).
+    CHECK(table_of("train 235 constant 1e-2\neval all\ntrain 235 constant 1e-2\neval all\n"
+                   "train 100 constant 1e-2\neval all", 0, &T) == QT_OK, "%s",
+          qt_error_message());
+    CHECK(table_of("train 570 steps constant 1e-2 eval every epoch", 0, &U) == QT_OK, "%s",
+          qt_error_message());
+    CHECK(same_rows(&T, &U) && same_lr_curve(&T, &U), "eval clause");
+    test_end();
+}
+
 int main(void) {
     test_example_mlp();
     test_example_moe_residual();
@@ -1035,8 +1302,12 @@ int main(void) {
     test_crlf_tabs_comments();
     test_locale();
     test_load_errors();
+    test_synthetic_task();
     test_npy_source();
     test_infer_output();
+    test_schedule_parse();
+    test_schedule_table();
+    test_schedule_same_table();
     test_error_messages();
     test_error_limits();
     test_glob();

@@ -80,10 +80,17 @@ static void test_check_cli(void) {
     rc = qtrain("run %s --ref --checksum-every 20 --check %s", recipe, cut);
     CHECK(rc == 1 && strstr(output, "the golden trace is cut short") &&
               !strstr(output, "step      "), "cut golden: exit %d: %s", rc, output);
-    // Cut after the record of step 49: the run stops where the golden trace ends.
+    // Cut after the record of step 49 (a killed run's trace): no completion record, refused.
     char *line = text;
     for (int i = 0; i < 1 + 6 + 50 && line; i++) line = strchr(line, '\n') + 1;  // 6 quantizers
     file_write(cut, text, (size_t)(line - text));
+    rc = qtrain("run %s --ref --checksum-every 20 --check %s", recipe, cut);
+    CHECK(rc == 1 && strstr(output, "no completion record at its end: the golden trace is cut "
+          "short") && !strstr(output, "step      "), "killed golden: exit %d: %s", rc, output);
+    // The trace of a run that ended after step 49: the run stops where the golden trace ends.
+    FILE *f = fopen(cut, "ab");
+    fputs("end status=complete records=50\n", f);
+    fclose(f);
     rc = qtrain("run %s --ref --checksum-every 20 --check %s", recipe, cut);
     CHECK(rc == 1 && strstr(output, "the golden trace ends after 50 records; the run goes on "
           "with step=50"), "short golden: exit %d: %s", rc, output);
@@ -233,7 +240,7 @@ static void write_made_up(const char *path, uint64_t train, bool regression) {
     trace_header h;
     memset(&h, 0, sizeof h);
     h.recipe_hash = 1;
-    CHECK(trace_open(&w, path, &h) == QT_OK, "%s", qt_error_message());
+    CHECK(trace_open(&w, path, &h, false) == QT_OK, "%s", qt_error_message());
     static const float accuracy[3] = {0.5f, 0.6f, 0.75f}, loss[3] = {1.0f, 1.5f, 2.0f};
     uint64_t step = 0;
     for (int part = 0; part < 2; part++) {
@@ -248,7 +255,7 @@ static void write_made_up(const char *path, uint64_t train, bool regression) {
             trace_write(&w, &r);
         }
     }
-    CHECK(trace_close(&w) == QT_OK, "%s", qt_error_message());
+    CHECK(trace_close(&w, TRACE_END_COMPLETE) == QT_OK, "%s", qt_error_message());
 }
 
 // "STEP VALUE" as the plot writes a point.
@@ -334,8 +341,8 @@ static void test_plot_cli(void) {
     file_write(svg, "keep", 4);
     rc = qtrain("plot '%s' -o %s", made, svg);
     text = file_read(svg, &size);
-    CHECK(rc == 1 && strstr(output, "exists; pass --force") && size == 4, "exit %d: %s", rc,
-          output);
+    CHECK(rc == 1 && strstr(output, "exists; qtrain does not replace files") && size == 4,
+          "exit %d: %s", rc, output);
     free(text);
     rc = qtrain("plot '%s' -o %s --force", made, svg);
     CHECK(rc == 0, "--force: exit %d: %s", rc, output);

@@ -1,4 +1,5 @@
 // Status and driver-loading tests that need no GPU: messages, names, and the no-driver path.
+#include <stdio.h>
 #include <string.h>
 
 #include "driver.h"
@@ -17,6 +18,43 @@ static void test_status_names_and_messages(void) {
           qt_error_message());
     qt_error_clear();
     CHECK(qt_error_message()[0] == '\0', "clear");
+    test_end();
+}
+
+// User text quoted in a message shows what it holds: bytes and characters that would not show,
+// or would look like others, are escaped; visible UTF-8 stays.
+static void test_messages_escape_invisible_text(void) {
+    test_begin("messages_escape_invisible_text");
+    static const struct {
+        const char *text, *shown;
+    } cases[] = {
+        {"\xEF\xBB\xBF[model]", "<U+FEFF>[model]"},           // a byte-order mark
+        {"relu\xC2\xA0gelu", "relu<U+00A0>gelu"},               // a no-break space
+        {"[model]\rinput = 4\r", "[model]\\rinput = 4\\r"},  // CR-only line ends
+        {"a\tb\x01\x7F", "a\\tb\\x01\\x7F"},                  // control bytes
+        {"x\xFFy\xC3", "x\\xFFy\\xC3"},                         // not UTF-8, a cut sequence
+        {"\xC0\xAF", "\\xC0\\xAF"},                               // an overlong '/'
+        {"\xE2\x80\x8B\xE2\x80\xAE\xE2\x81\xA0", "<U+200B><U+202E><U+2060>"},
+        {"\xC2\x85", "<U+0085>"},                                // a C1 control
+        {"caf\xC3\xA9 \xE6\x97\xA5\xF0\x9F\x98\x80",                    // visible: kept
+         "caf\xC3\xA9 \xE6\x97\xA5\xF0\x9F\x98\x80"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        qt_fail(QT_ERR_INPUT, "r.recipe:1:1: found '%s'", cases[i].text);
+        char expected[256];
+        snprintf(expected, sizeof expected, "r.recipe:1:1: found '%s'", cases[i].shown);
+        CHECK(strcmp(qt_error_message(), expected) == 0, "case %zu: %s", i, qt_error_message());
+        CHECK(strcmp(qt_shown(cases[i].text), cases[i].shown) == 0, "case %zu: qt_shown %s", i,
+              qt_shown(cases[i].text));
+    }
+    // Line breaks stay in messages (a report may span lines), not in quoted text.
+    qt_fail(QT_ERR_MISMATCH, "two\nlines");
+    CHECK(strcmp(qt_error_message(), "two\nlines") == 0, "%s", qt_error_message());
+    CHECK(strcmp(qt_shown("a\nb"), "a\\nb") == 0, "%s", qt_shown("a\nb"));
+    // A full buffer cuts at an escape's boundary.
+    char out[8];
+    size_t n = qt_escape("ab\x01\x02", 4, out, sizeof out, false);
+    CHECK(n == 6 && strcmp(out, "ab\\x01") == 0, "%zu: %s", n, out);
     test_end();
 }
 
@@ -49,6 +87,7 @@ static void test_driver_load(void) {
 
 int main(void) {
     test_status_names_and_messages();
+    test_messages_escape_invisible_text();
     test_driver_fail_message();
     test_driver_load();
     return test_exit_code();

@@ -1,15 +1,18 @@
 // test_trace: the trace file (runtime/trace.c) and `qtrain diff`'s comparison.
 //
 // Exact text of hand-built records and headers; files written through the buffered writer are
-// byte-identical to the formatted lines; trace_diff reports identical traces, the first differing
-// step and field (one ulp, NaN payloads, flags, a quantizer's amax with its name), traces that
-// end early and different headers; bad files fail with file:line messages. Records read back
-// parse to the bits written; the replay check accepts the golden run's own records and names
-// the first differing step and field, a run or golden trace that ends early, another header,
-// and refuses a golden trace that is cut short.
+// byte-identical to the formatted lines and their completion record; trace_diff reports
+// identical traces, the first differing step and field (one ulp, NaN payloads, flags, a
+// quantizer's amax with its name), traces that end early and how, traces cut short (no
+// completion record, a cut line) against complete ones, and different headers; a NUL byte in a
+// record, a line after the completion record and a miscounted one are refused, bad files fail
+// with file:line messages. The writer replaces a trace or an empty file, another file only when
+// told to, and never a FIFO. Records read back parse to the bits written; the replay check
+// accepts the golden run's own records and names the first differing step and field, a run or
+// golden trace that ends early, another header, and refuses a golden trace that is cut short.
 #include <inttypes.h>
 #include <string.h>
-#include <sys/stat.h>
+#include <sys/stat.h>  // mkfifo
 #include <unistd.h>
 
 #include "files.h"  // tmp_path, file_read
@@ -58,11 +61,13 @@ static qt_trace_record record_of(uint64_t step) {
     return r;
 }
 
-// Writes `count` records of record_of, with `edit` applied to record `edit_step` if not NULL.
-static void write_trace(const char *path, const trace_header *h, uint64_t count,
-                        void (*edit)(qt_trace_record *), uint64_t edit_step) {
+// Writes `count` records of record_of, with `edit` applied to record `edit_step` if not NULL,
+// and the completion record `end`.
+static void write_trace_ended(const char *path, const trace_header *h, uint64_t count,
+                              void (*edit)(qt_trace_record *), uint64_t edit_step,
+                              trace_end end) {
     trace_writer *w = malloc(sizeof *w);
-    qt_status status = trace_open(w, path, h);
+    qt_status status = trace_open(w, path, h, false);
     CHECK(status == QT_OK, "open %s: %s", path, qt_error_message());
     if (status != QT_OK) {
         free(w);
@@ -74,9 +79,28 @@ static void write_trace(const char *path, const trace_header *h, uint64_t count,
         status = trace_write(w, &r);
         CHECK(status == QT_OK, "write: %s", qt_error_message());
     }
-    status = trace_close(w);
+    status = trace_close(w, end);
     CHECK(status == QT_OK, "close: %s", qt_error_message());
     free(w);
+}
+
+// The trace of a run that completed.
+static void write_trace(const char *path, const trace_header *h, uint64_t count,
+                        void (*edit)(qt_trace_record *), uint64_t edit_step) {
+    write_trace_ended(path, h, count, edit, edit_step, TRACE_END_COMPLETE);
+}
+
+// The trace of a run killed after `count` records: no completion record, and with `cut_bytes`
+// the last record cut that many bytes before its end.
+static void write_killed(const char *path, const trace_header *h, uint64_t count,
+                         size_t cut_bytes) {
+    write_trace(path, h, count, NULL, 0);
+    size_t size = 0;
+    char *text = file_read(path, &size);
+    size_t keep = size - 1;
+    while (keep > 0 && text[keep - 1] != '\n') keep--;  // the completion record's line
+    file_write(path, text, keep - cut_bytes);
+    free(text);
 }
 
 // Runs trace_diff and returns its report; *identical and the status through pointers.
@@ -161,7 +185,7 @@ static void test_header_exact(void) {
     trace_header h = header_of(0x00c0ffee12345678ull, 2);
     char text[4096];
     size_t n = trace_format_header(&h, text, sizeof text);
-    const char *expected = "qtrain-trace 1 recipe=00c0ffee12345678 quantizers=2 checksum_every=4\n"
+    const char *expected = "qtrain-trace 2 recipe=00c0ffee12345678 quantizers=2 checksum_every=4\n"
                            "quantizer 0 linear.weight@fc1\n"
                            "quantizer 1 linear.weight@fc2\n";
     CHECK(n == strlen(expected) && strcmp(text, expected) == 0, "got\n%s", text);
@@ -186,12 +210,13 @@ static void test_writer_file(void) {
         used += trace_format_record(&r, h.quantizers_count, expected + used,
                                     TRACE_LINE_BYTES_MAX);
     }
+    used += (size_t)sprintf(expected + used, "end status=complete records=400\n");
     CHECK(file != NULL && size == used && memcmp(file, expected, used) == 0,
           "file of %zu bytes, expected %zu", size, used);
     CHECK(size > 4 * TRACE_WRITE_BUFFER_BYTES, "only %zu bytes: the buffer never flushed", size);
     free(file), free(expected);
     trace_writer *w = malloc(sizeof *w);
-    qt_status status = trace_open(w, "/nonexistent-folder/x.trace", &h);
+    qt_status status = trace_open(w, "/nonexistent-folder/x.trace", &h, false);
     CHECK(status == QT_ERR_IO && strstr(qt_error_message(), "/nonexistent-folder/x.trace: cannot "
           "create the trace file") != NULL, "%s", qt_error_message());
     free(w);
@@ -244,9 +269,9 @@ static void test_diff_lengths_and_headers(void) {
     write_trace(tmp_path("recipe8"), &other, 10, NULL, 0);
     write_trace(tmp_path("renamed"), &renamed, 10, one_ulp_amax1, 2);
     CHECK_DIFF(tmp_path("ten"), tmp_path("four"), false,
-               "B ends after 4 records; A goes on with step=4\n");
+               "B ends after 4 records (its run completed); A goes on with step=4\n");
     CHECK_DIFF(tmp_path("none"), tmp_path("ten"), false,
-               "A ends after 0 records; B goes on with step=0\n");
+               "A ends after 0 records (its run completed); B goes on with step=0\n");
     CHECK_DIFF(tmp_path("none"), tmp_path("none"), true, "identical: 0 records\n");
     CHECK_DIFF(tmp_path("ten"), tmp_path("recipe8"), false,
                "header: recipe hash differs: A 0000000000000007, B 0000000000000008 (the runs "
@@ -275,31 +300,25 @@ static void test_diff_bad_files(void) {
     expect_diff_error(tmp_path("good"), tmp_path("missing"), QT_ERR_IO, "missing: cannot open");
     write_text(tmp_path("text"), "hello\n");
     expect_diff_error(tmp_path("text"), tmp_path("good"), QT_ERR_INPUT,
-                      "text:1: not a qtrain trace: expected 'qtrain-trace 1 recipe=...', found "
+                      "text:1: not a qtrain trace: expected 'qtrain-trace 2 recipe=...', found "
                       "'hello'");
-    write_text(tmp_path("v2"), "qtrain-trace 2 recipe=0000000000000007 quantizers=1\n");
-    expect_diff_error(tmp_path("good"), tmp_path("v2"), QT_ERR_INPUT,
-                      "v2:1: trace format version 2; this qtrain reads version 1");
-    write_text(tmp_path("q769"), "qtrain-trace 1 recipe=0000000000000007 quantizers=769 "
+    write_text(tmp_path("v1"), "qtrain-trace 1 recipe=0000000000000007 quantizers=1\n");
+    expect_diff_error(tmp_path("good"), tmp_path("v1"), QT_ERR_INPUT,
+                      "v1:1: trace format version 1; this qtrain reads version 2 (version 1 "
+                      "traces have no completion record");
+    write_text(tmp_path("q1025"), "qtrain-trace 2 recipe=0000000000000007 quantizers=1025 "
                "checksum_every=4\n");  // one more than QT_TRACE_QUANTIZERS_MAX
-    expect_diff_error(tmp_path("q769"), tmp_path("good"), QT_ERR_INPUT,
-                      "q769:1: malformed header");
-    write_text(tmp_path("noq"), "qtrain-trace 1 recipe=0000000000000007 quantizers=1 "
+    expect_diff_error(tmp_path("q1025"), tmp_path("good"), QT_ERR_INPUT,
+                      "q1025:1: malformed header");
+    write_text(tmp_path("noq"), "qtrain-trace 2 recipe=0000000000000007 quantizers=1 "
                "checksum_every=4\nstep=0 mode=train\n");
     expect_diff_error(tmp_path("noq"), tmp_path("good"), QT_ERR_INPUT,
                       "noq:2: expected 'quantizer 0 NAME', found 'step=0 mode=train'");
-    write_text(tmp_path("badrec"), "qtrain-trace 1 recipe=0000000000000007 quantizers=1 "
+    write_text(tmp_path("badrec"), "qtrain-trace 2 recipe=0000000000000007 quantizers=1 "
                "checksum_every=4\nquantizer 0 linear.weight@fc1\nhello\n");
     expect_diff_error(tmp_path("good"), tmp_path("badrec"), QT_ERR_INPUT,
-                      "badrec:3: expected a record line 'step=N ...', found 'hello'");
-    // A trace cut in the middle of a line (an interrupted run).
-    size_t size = 0;
-    char *good = file_read(tmp_path("good"), &size);
-    good[size - 10] = '\0';
-    write_text(tmp_path("cut"), good);
-    free(good);
-    expect_diff_error(tmp_path("good"), tmp_path("cut"), QT_ERR_INPUT,
-                      "cut:5: the last line has no end: the trace is cut short");
+                      "badrec:3: expected a record line 'step=N ...' or the completion record "
+                      "'end status=...', found 'hello'");
     char *huge = malloc(TRACE_LINE_BYTES_MAX + 64);
     memset(huge, 'x', TRACE_LINE_BYTES_MAX + 62);
     huge[TRACE_LINE_BYTES_MAX + 62] = '\n';
@@ -307,7 +326,119 @@ static void test_diff_bad_files(void) {
     write_text(tmp_path("huge"), huge);
     free(huge);
     expect_diff_error(tmp_path("huge"), tmp_path("good"), QT_ERR_INPUT,
-                      "huge:1: line longer than 65536 bytes");
+                      "huge:1: line longer than 131072 bytes");
+    test_end();
+}
+
+// Records that differ only after a NUL byte: the NUL is refused (qtrain writes none), so the
+// difference can never pass for identical.
+static void test_diff_nul_byte(void) {
+    test_begin("diff_refuses_nul_bytes");
+    trace_header h = header_of(7, 1);
+    write_trace(tmp_path("n0"), &h, 6, NULL, 0);
+    size_t size = 0;
+    char *text = file_read(tmp_path("n0"), &size);
+    char *line = strstr(text, "\nstep=3 ") + 1;
+    char *lr = strstr(line, " lr=");
+    lr[0] = '\0';  // the rest of the record follows the NUL byte
+    file_write(tmp_path("n1"), text, size);
+    lr[5] ^= 1;     // a bit after the NUL byte
+    file_write(tmp_path("n2"), text, size);
+    free(text);
+    expect_diff_error(tmp_path("n1"), tmp_path("n2"), QT_ERR_INPUT, "n1:6:");
+    CHECK(strstr(qt_error_message(), "a NUL byte; qtrain writes none into a trace") != NULL,
+          "%s", qt_error_message());
+    expect_diff_error(tmp_path("n0"), tmp_path("n2"), QT_ERR_INPUT, "n2:6:");
+    expect_diff_error(tmp_path("n1"), tmp_path("n1"), QT_ERR_INPUT, "a NUL byte");
+    test_end();
+}
+
+// A killed run's trace (no completion record, maybe a cut line) against a complete one: never
+// identical, and the report says which is cut short.
+static void test_diff_truncated(void) {
+    test_begin("diff_reports_truncated_traces");
+    trace_header h = header_of(7, 1);
+    write_trace(tmp_path("full10"), &h, 10, NULL, 0);
+    write_killed(tmp_path("killed15"), &h, 15, 0);
+    write_killed(tmp_path("killed10"), &h, 10, 0);
+    write_killed(tmp_path("killed10b"), &h, 10, 0);
+    write_killed(tmp_path("cut10"), &h, 10, 20);
+    write_trace_ended(tmp_path("stopped10"), &h, 10, NULL, 0, TRACE_END_STOPPED);
+    CHECK_DIFF(tmp_path("full10"), tmp_path("killed15"), false,
+               "A ends after 10 records (its run completed); B goes on with step=10\n"
+               "B is cut short: 15 records and no completion record (its run was killed, or is "
+               "still running)\n");
+    CHECK_DIFF(tmp_path("killed10"), tmp_path("full10"), false,
+               "records equal (10), but the traces end differently: A (cut short: no completion "
+               "record), B (its run completed)\n"
+               "A is cut short: 10 records and no completion record (its run was killed, or is "
+               "still running)\n");
+    CHECK_DIFF(tmp_path("full10"), tmp_path("cut10"), false,
+               "B ends after 9 records (cut short: no completion record); A goes on with step=9\n"
+               "B is cut short: 9 records, a last line without its end, and no completion record "
+               "(its run was killed, or is still running)\n");
+    CHECK_DIFF(tmp_path("stopped10"), tmp_path("full10"), false,
+               "records equal (10), but the traces end differently: A (its run was stopped by a "
+               "signal), B (its run completed)\n");
+    CHECK_DIFF(tmp_path("killed10"), tmp_path("killed10b"), true,
+               "identical: 10 records (both cut short: neither has a completion record)\n");
+    // A completion record must be last and count the file's records.
+    size_t size = 0;
+    char *text = file_read(tmp_path("full10"), &size);
+    file_write(tmp_path("after_end"), text, size);
+    FILE *f = fopen(tmp_path("after_end"), "ab");
+    fputs("step=10 mode=train\n", f);
+    fclose(f);
+    expect_diff_error(tmp_path("full10"), tmp_path("after_end"), QT_ERR_INPUT,
+                      "after_end:14: a line after the completion record of line 13");
+    char *count = strstr(text, "records=10");
+    count[9] = '2';  // "records=12"
+    file_write(tmp_path("miscount"), text, size);
+    free(text);
+    expect_diff_error(tmp_path("miscount"), tmp_path("full10"), QT_ERR_INPUT,
+                      "miscount:13: the completion record counts 12 records, the file has 10");
+    test_end();
+}
+
+// --trace replaces a trace or an empty file, never another file without --force, and never
+// what is not a regular file.
+static void test_writer_replaces_only_traces(void) {
+    test_begin("writer_replaces_only_traces");
+    trace_header h = header_of(7, 1);
+    trace_writer *w = malloc(sizeof *w);
+    const char *keep = tmp_path("keep.txt");
+    file_write(keep, "precious", 8);
+    qt_status s = trace_check_output(keep, false);
+    CHECK(s == QT_ERR_INPUT && strstr(qt_error_message(), "keep.txt exists and is not a qtrain "
+          "trace") && strstr(qt_error_message(), "--force"), "check: %s", qt_error_message());
+    s = trace_open(w, keep, &h, false);
+    size_t size = 0;
+    char *text = file_read(keep, &size);
+    CHECK(s == QT_ERR_INPUT && size == 8 && memcmp(text, "precious", 8) == 0,
+          "open: %s; %zu bytes left", qt_error_message(), size);
+    free(text);
+    s = trace_open(w, keep, &h, true);
+    CHECK(s == QT_OK, "--force: %s", qt_error_message());
+    if (s == QT_OK) trace_close(w, TRACE_END_COMPLETE);
+    write_trace(tmp_path("old.trace"), &h, 5, NULL, 0);
+    CHECK(trace_check_output(tmp_path("old.trace"), false) == QT_OK, "%s", qt_error_message());
+    write_trace(tmp_path("old.trace"), &h, 2, NULL, 0);  // replaced: two records now
+    CHECK_DIFF(tmp_path("old.trace"), keep, false,
+               "B ends after 0 records (its run completed); A goes on with step=0\n");
+    file_write(tmp_path("empty"), "", 0);
+    CHECK(trace_check_output(tmp_path("empty"), false) == QT_OK, "%s", qt_error_message());
+    const char *fifo = tmp_path("fifo");
+    CHECK(mkfifo(fifo, 0600) == 0, "mkfifo");
+    s = trace_check_output(fifo, true);
+    CHECK(s == QT_ERR_INPUT && strstr(qt_error_message(), "fifo is a FIFO (named pipe), not a "
+          "regular file"), "%s", qt_error_message());
+    s = trace_open(w, fifo, &h, true);  // must not block: no reader
+    CHECK(s == QT_ERR_INPUT, "%s", qt_error_message());
+    s = trace_open(w, tmp_dir, &h, true);
+    CHECK(s != QT_OK, "a directory: %s", qt_status_name(s));
+    expect_diff_error(fifo, tmp_path("old.trace"), QT_ERR_INPUT, "fifo is a FIFO (named pipe), "
+                      "not a regular file; qtrain reads a trace from a regular file only");
+    free(w);
     test_end();
 }
 
@@ -348,7 +479,7 @@ static void test_reader_round_trip(void) {
     }
     CHECK(count == 12, "%" PRIu64 " records", count);
     trace_reader_close(r);
-    write_text(tmp_path("badfield"), "qtrain-trace 1 recipe=0000000000000007 quantizers=0 "
+    write_text(tmp_path("badfield"), "qtrain-trace 2 recipe=0000000000000007 quantizers=0 "
                "checksum_every=4\nstep=0 mode=train flags=0x0:none loss=1.5 accuracy=0x0:0\n");
     status = trace_reader_open(r, tmp_path("badfield"));
     qt_trace_record rec;
@@ -438,8 +569,13 @@ static void test_check_bad_golden(void) {
     write_text(tmp_path("gcut"), good);
     free(good);
     qt_status s = check_load(tmp_path("gcut"));
-    CHECK(s == QT_ERR_INPUT && strstr(qt_error_message(), "gcut:8: the last line has no end: the "
+    CHECK(s == QT_ERR_INPUT && strstr(qt_error_message(), "gcut:9: the last line has no end: the "
           "golden trace is cut short"), "%s", qt_error_message());
+    // Whole lines but no completion record: a killed run's trace.
+    write_killed(tmp_path("gkilled"), &h, 6, 0);
+    s = check_load(tmp_path("gkilled"));
+    CHECK(s == QT_ERR_INPUT && strstr(qt_error_message(), "gkilled: no completion record at its "
+          "end: the golden trace is cut short"), "%s", qt_error_message());
     write_text(tmp_path("gtext"), "hello\n");
     s = check_load(tmp_path("gtext"));
     CHECK(s == QT_ERR_INPUT && strstr(qt_error_message(), "not a qtrain trace"), "%s",
@@ -463,6 +599,9 @@ int main(void) {
     test_diff_identical_and_first_difference();
     test_diff_lengths_and_headers();
     test_diff_bad_files();
+    test_diff_nul_byte();
+    test_diff_truncated();
+    test_writer_replaces_only_traces();
     test_reader_round_trip();
     test_check_against_golden();
     test_check_bad_golden();

@@ -1,6 +1,7 @@
 // Training end to end (runtime/run.h): synthetic recipes trained on the reference backend
-// (convergence, determinism, the eval-interleaving regression in every format, the plan
-// report, refusals, every step staged with its own batch), and with a GPU: eager vs graphs,
+// (convergence, determinism, the same traces on one and three threads, the step timing before
+// the loop, the eval-interleaving regression in every format, the plan report, refusals, every
+// step staged with its own batch), and with a GPU: eager vs graphs,
 // determinism, no synchronization inside the step loop, the staging copies beside the steps,
 // GPU vs reference, constant device memory.
 #include <math.h>
@@ -12,6 +13,7 @@
 #include "driver.h"  // driver_sync_total, drv
 #include "files.h"   // tmp_dir_make, tmp_path, command_output
 #include "plan.h"   // test_run_plan
+#include "pool.h"    // pool_start, pool_stop: the reference backend on 1 and 3 threads
 #include "run.h"
 #include "test.h"
 
@@ -74,6 +76,9 @@ typedef struct train_case {
     void *ctx;
     // After the loop, before the run closes: a look at the bound run (weights, memory).
     void (*inspect)(run *r, backend *b, void *ctx);
+    // After run_bind, before the loop.
+    void (*before_loop)(run *r, void *ctx);
+    void *before_ctx;
     double free_bytes_before, free_bytes_after;  // GPU: device free memory around the loop
     double free_bytes_first;                     // and after the first step (a progress hook)
     uint64_t syncs;                              // synchronizing driver calls in the loop
@@ -111,6 +116,7 @@ static qt_status train_on(train_case *c, backend *b, sched_summary *sum) {
         drv.cuMemGetInfo(&free_bytes, &total);
         c->free_bytes_before = (double)free_bytes;
     }
+    if (status == QT_OK && c->before_loop) c->before_loop(&the_run, c->before_ctx);
     uint64_t syncs = driver_sync_total();
     if (status == QT_OK) status = run_execute(&the_run, c->progress, c->ctx, sum);
     c->syncs = driver_sync_total() - syncs;
@@ -244,6 +250,81 @@ static void test_deterministic(const char *scheme) {
     test_end();
 }
 
+// The reference backend's twins cut their work into tasks of the thread pool whose results do
+// not depend on the thread that runs them: one thread and three give the same trace, checksums
+// of every weight, master, optimizer and scaling region included.
+static void test_threads(const char *scheme) {
+    char name[64];
+    snprintf(name, sizeof name, "train_one_and_three_threads_identical_%s", scheme);
+    test_begin(name);
+    static char text[RECIPE_TEXT_MAX];
+    char a[128], b[128];
+    trace_path(a, sizeof a, "threads_1");
+    trace_path(b, sizeof b, "threads_3");
+    train_case c = recipe_case("tests/recipes/synthetic_wide.recipe", scheme, BACKEND_REF, text,
+                               sizeof text);
+    c.options.checksum_every = 4;
+    sched_summary sum;
+    const char *why = NULL;
+    pool_stop();
+    pool_start(1);
+    c.options.trace_path = a;
+    train(&c, &sum, &why);
+    check_scheme(scheme);
+    pool_stop();
+    pool_start(3);
+    CHECK(pool_threads() == 3, "a pool of 3 threads has %u", pool_threads());
+    c.options.trace_path = b;
+    train(&c, &sum, &why);
+    check_identical(a, b);
+    pool_stop();
+    pool_start(0);
+    test_end();
+}
+
+// run_time_steps times each mode's step on the bound run and leaves it as it was: the run that
+// was timed before its loop gives the trace of one that was not.
+static void time_steps(run *r, void *ctx) {
+    double *ms = ctx;
+    uint64_t dev_bytes, host_bytes, left[MODEL_MODE_COUNT];
+    run_memory_bytes(r, &dev_bytes, &host_bytes);
+    void *scratch = arena_memory(dev_bytes + host_bytes);
+    run_time_steps(r, scratch, dev_bytes + host_bytes, ms);
+    free(scratch);
+    run_steps_left(r, left);
+    for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
+        CHECK(left[mode] == r->table.steps[mode], "%s: %llu steps left, the table has %llu",
+              model_mode_name((model_mode)mode), (unsigned long long)left[mode],
+              (unsigned long long)r->table.steps[mode]);
+        CHECK((ms[mode] > 0) == (left[mode] > 0), "%s: %g ms for %llu steps",
+              model_mode_name((model_mode)mode), ms[mode], (unsigned long long)left[mode]);
+    }
+}
+
+static void test_time_steps(void) {
+    test_begin("train_time_steps_leaves_the_run_as_it_was");
+    static char text[RECIPE_TEXT_MAX];
+    char a[128], b[128];
+    trace_path(a, sizeof a, "untimed");
+    trace_path(b, sizeof b, "timed");
+    train_case c = recipe_case("tests/recipes/synthetic_wide.recipe", "nvfp4", BACKEND_REF, text,
+                               sizeof text);
+    c.options.checksum_every = 4;
+    sched_summary sum;
+    const char *why = NULL;
+    c.options.trace_path = a;
+    train(&c, &sum, &why);
+    double ms[MODEL_MODE_COUNT] = {0};
+    c.options.trace_path = b;
+    c.before_loop = time_steps;
+    c.before_ctx = ms;
+    train(&c, &sum, &why);
+    check_identical(a, b);
+    CHECK(ms[MODEL_MODE_TRAIN] > 0 && ms[MODEL_MODE_EVAL] > 0, "train %g ms, eval %g ms",
+          ms[MODEL_MODE_TRAIN], ms[MODEL_MODE_EVAL]);
+    test_end();
+}
+
 // MXFP8 and NVFP4 GEMMs in the format's kernels and through BF16 copies (model.c's choice of
 // path) compute the same products in the same order: the traces, checksums included, are
 // identical. On the reference backend, and on the GPU, where the copies take the sm_90a BF16
@@ -307,8 +388,9 @@ static size_t train_lines(const char *path, char *out, size_t bytes) {
     return used;
 }
 
-// The stale-usage bug of PR #2929: evaluation between training steps must not
-// change training. 200 train steps with an eval step after each one against the same 200
+// Evaluation between training steps must not change training (an eval pass that configured a
+// weight's quantizer without its columnwise usage would leave a stale columnwise copy for the
+// next dgrad). 200 train steps with an eval step after each one against the same 200
 // steps alone: the train records (loss, accuracy, grad norm, lr, amaxes, scales, the
 // persistent-state checksum every 20 steps) must be identical.
 static void test_interleave(const char *path, const char *scheme, const char *rule,
@@ -379,6 +461,133 @@ static void test_step_times(void) {
     test_end();
 }
 
+// The metrics file (runtime/metrics.h): a train line every N train steps and at every train
+// row's end, over the steps since the previous one; an eval line per pass, the pass's whole
+// loss and accuracy. Every value is checked against the records the loop handed out.
+typedef struct metrics_expect {
+    char lines[64][METRICS_LINE_BYTES];
+    uint32_t count;
+    double loss_sum;
+    uint64_t rows, correct, steps;
+    float lr;
+    uint64_t every;
+    bool passes_match;  // each eval row's last progress said the summary's way of counting
+} metrics_expect;
+
+static void metrics_expect_progress(void *ctx, const sched_progress *p) {
+    metrics_expect *e = ctx;
+    const qt_trace_record *rec = p->record;
+    char *line = e->lines[e->count < 64 ? e->count : 63];
+    if (p->mode == MODEL_MODE_TRAIN) {
+        e->loss_sum += (double)rec->loss * p->rows_valid;
+        e->rows += p->rows_valid;
+        e->correct += (uint64_t)((double)rec->accuracy * p->rows_valid + 0.5);
+        e->steps++;
+        e->lr = rec->lr;
+        if (p->train_steps % e->every != 0 && p->row_step != p->row_steps) return;
+        snprintf(line, METRICS_LINE_BYTES, "{\"kind\":\"train\",\"step\":%llu,\"epoch\":%.4f,"
+                 "\"loss\":%.9g,\"accuracy\":%.9g,\"lr\":%.9g,", (unsigned long long)p->train_steps,
+                 (double)p->train_steps / (double)p->epoch_steps, e->loss_sum / (double)e->rows,
+                 (double)e->correct / (double)e->rows, (double)e->lr);
+        snprintf(line + strlen(line), 64, "steps=%llu", (unsigned long long)e->steps);
+        e->count++;
+        e->loss_sum = 0;
+        e->rows = e->correct = e->steps = 0;
+        return;
+    }
+    if (p->mode != MODEL_MODE_EVAL || p->row_step != p->row_steps) return;
+    snprintf(line, METRICS_LINE_BYTES, "{\"kind\":\"eval\",\"step\":%llu,\"epoch\":%.4f,"
+             "\"loss\":%.9g,\"accuracy\":%.9g,\"lr\":%.9g,", (unsigned long long)p->train_steps,
+             (double)p->train_steps / (double)p->epoch_steps, p->pass_loss, p->pass_accuracy,
+             (double)e->lr);
+    snprintf(line + strlen(line), 64, "steps=%llu,samples=%llu", (unsigned long long)p->row_steps,
+             (unsigned long long)p->pass_samples);
+    e->count++;
+}
+
+static void test_metrics_file(void) {
+    test_begin("metrics_file_lines_from_the_records");
+    static char text[RECIPE_TEXT_MAX];
+    train_case c = recipe_case("tests/recipes/synthetic_tiny.recipe", NULL, BACKEND_REF, text,
+                               sizeof text);
+    // Three epochs of 512 / 16 = 32 steps with an eval pass after each; a train line every 20
+    // train steps and at each epoch's end: 20, 32 | 40, 60, 64 | 80, 96.
+    char *rows = strstr(text, "[schedule]");
+    CHECK(rows != NULL, "no [schedule]");
+    if (rows) snprintf(rows, 200, "[schedule]\ntrain 3 epochs cosine 1e-2 -> 1e-3 warmup 8 steps "
+                       "eval every epoch\n");
+    static metrics_expect e;
+    memset(&e, 0, sizeof e);
+    e.every = 20;
+    c.progress = metrics_expect_progress;
+    c.ctx = &e;
+    char path[200];
+    tmp_path_copy(path, sizeof path, "m.jsonl");
+    c.options.metrics_path = path;
+    c.options.metrics_every = 20;
+    sched_summary sum;
+    const char *why = NULL;
+    train(&c, &sum, &why);
+    size_t size = 0;
+    char *file = file_read(path, &size);
+    CHECK(file != NULL, "no metrics file %s", path);
+    CHECK(e.count == 10, "%u lines expected", e.count);
+    uint32_t n = 0;
+    for (char *line = file; line && *line && n < 64; n++) {
+        char *end = strchr(line, '\n');
+        CHECK(end != NULL, "line %u is not ended", n + 1);
+        if (!end) break;
+        *end = '\0';
+        // The expected line's start is its first keys verbatim; the rest is checked by value.
+        const char *want = e.lines[n < 64 ? n : 63];
+        const char *steps_key = strstr(want, "steps=");
+        size_t prefix = steps_key ? (size_t)(steps_key - want) : strlen(want);
+        CHECK(n < e.count && strncmp(line, want, prefix) == 0, "line %u:\n    got      %s\n    "
+              "expected %.*s", n + 1, line, (int)prefix, want);
+        unsigned long long steps = 0, samples = 0;
+        const char *s = strstr(line, "\"steps\":");
+        CHECK(s && sscanf(s, "\"steps\":%llu", &steps) == 1 && steps_key &&
+              steps == strtoull(steps_key + 6, NULL, 10), "line %u: steps", n + 1);
+        if (strstr(want, "samples=")) {
+            const char *sa = strstr(line, "\"samples\":");
+            CHECK(sa && sscanf(sa, "\"samples\":%llu", &samples) == 1 &&
+                  samples == strtoull(strstr(want, "samples=") + 8, NULL, 10) &&
+                  strstr(line, "\"dataset\":\"eval\"}") != NULL, "line %u: samples", n + 1);
+        } else {
+            CHECK(strstr(line, ",\"skipped\":0}") != NULL, "line %u: skipped", n + 1);
+        }
+        CHECK(strstr(line, "\"steps_per_s\":") != NULL, "line %u: steps_per_s", n + 1);
+        line = end + 1;
+    }
+    CHECK(n == e.count, "%u lines in the file, %u expected", n, e.count);
+    // The last eval line is the summary's last eval row.
+    char summary[160];
+    snprintf(summary, sizeof summary, "\"loss\":%.9g,\"accuracy\":%.9g,", sum.eval_loss,
+             sum.eval_accuracy);
+    CHECK(e.count > 0 && strstr(e.lines[e.count - 1], summary) != NULL, "summary %s", summary);
+    free(file);
+    // The file exists now: a second run is refused before any data is read, unless replacing
+    // files is allowed (then the new file takes its place).
+    run_options o = c.options;
+    CHECK(recipe_parse(text, strlen(text), "m.recipe", &the_recipe) == QT_OK &&
+          test_run_plan(&the_run, &the_recipe, text, strlen(text), &o) == QT_OK, "%s",
+          qt_error_message());
+    static char data[1 << 20] __attribute__((aligned(256)));
+    qt_status status = run_data_bytes(&the_run) <= sizeof data
+                           ? run_load(&the_run, data, sizeof data) : QT_ERR_CAPACITY;
+    CHECK(status == QT_ERR_INPUT && strstr(qt_error_message(), "m.jsonl exists; qtrain does not "
+          "replace files") && strstr(qt_error_message(), "--force"), "%s: %s",
+          qt_status_name(status), qt_error_message());
+    run_close(&the_run);
+    c.options.replace_outputs = true;
+    e.count = 0;
+    train(&c, &sum, &why);
+    file = file_read(path, &size);
+    CHECK(file && strchr(file, '\n') && strncmp(file, e.lines[0], 20) == 0, "replaced file");
+    free(file);
+    test_end();
+}
+
 static void test_plan_report(void) {
     const char *path = "recipes/fashion_mnist_nvfp4.recipe";
     if (access(".data/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz", R_OK) != 0) {
@@ -414,19 +623,29 @@ static void test_plan_report(void) {
     test_end();
 }
 
+// An moe layer whose experts' weights have rows the weight format cannot stack (FP8 block
+// scaling's 128-row blocks against 2 x 96 rows of a SwiGLU expert) is refused at planning,
+// naming the layer and the fix.
 static void test_refusals(void) {
-    test_begin("plan_refuses_moe_not_supported_yet");
+    test_begin("plan_refuses_expert_rows_the_weight_format_cannot_stack");
     static char text[RECIPE_TEXT_MAX];
-    size_t used = 0;
+    char *line = NULL;
     const char *path = "tests/recipes/moe_residual.recipe";
+    size_t used = 0;
     CHECK(read_file(path, text, sizeof text, &used), "cannot read %s", path);
+    line = strstr(text, "-> current pow2=1 eps=1e-12");
+    CHECK(line != NULL, "%s: the experts' weight rule is not there", path);
+    if (line) memcpy(line, "-> block  ", 10);  // the rest of the line reads as block's options
+    used = strlen(text);
     qt_status status = recipe_parse(text, used, path, &the_recipe);
     CHECK(status == QT_OK, "%s", qt_error_message());
     run_options o = {0};
     if (status == QT_OK) status = test_run_plan(&the_run, &the_recipe, text, used, &o);
     CHECK(status == QT_ERR_INPUT, "status %s, expected QT_ERR_INPUT", qt_status_name(status));
     const char *msg = qt_error_message();
-    CHECK(strstr(msg, "moe_residual.recipe:14:9:") && strstr(msg, "not supported yet"),
+    CHECK(strstr(msg, "moe_residual.recipe:14:9:") &&
+              strstr(msg, "each expert's fc1 weight has 192 rows, which block weights take in "
+                     "multiples of 128; expected 2 x hidden (swiglu) a multiple of it"),
           "message '%s'", msg);
     test_end();
 }
@@ -509,10 +728,14 @@ static void test_cli(void) {
     CHECK(rc == 0 && strstr(out, "mixed(bf16)") && strstr(out, "RHT off for both") &&
               strstr(out, "\n  total ") && strstr(out, "program checksum"),
           "plan exit %d:\n%.2000s", rc, out);
-    rc = command_output("build/qtrain run tests/recipes/moe_residual.recipe --ref", out,
+    // The plan's head (the whole plan is larger than the buffer): the model and the first
+    // program.
+    rc = command_output("build/qtrain plan tests/recipes/moe_residual.recipe | head -c 30000", out,
                         sizeof out);
-    CHECK(rc == 1 && strstr(out, "moe_residual.recipe:14:9:") &&
-              strstr(out, "not supported yet"), "moe run exit %d: %s", rc, out);
+    CHECK(rc == 0 && strstr(out, "8 experts, top-2, hidden 96 (swiglu)") &&
+              strstr(out, "memory: router ") && strstr(out, " MiB, experts ") &&
+              strstr(out, "grouped_linear.weight@experts.fc1") && strstr(out, "qt_moe_permute"),
+          "moe plan exit %d:\n%.2000s", rc, out);
     test_end();
 }
 
@@ -928,6 +1151,8 @@ int main(void) {
     test_layers_train();
     test_deterministic("nvfp4");
     test_deterministic("delayed");
+    for (size_t i = 0; i < SCHEMES_COUNT; i++) test_threads(schemes[i]);
+    test_time_steps();
     test_emulated_paths(BACKEND_REF, "mxfp8");
     test_emulated_paths(BACKEND_REF, "nvfp4");
     const char *tiny = "tests/recipes/synthetic_tiny.recipe";
@@ -941,6 +1166,7 @@ int main(void) {
     test_interleave("tests/recipes/synthetic_custom.recipe", NULL, NULL, "custom_mixed");
     test_interleave("tests/recipes/synthetic_layers.recipe", NULL, NULL, "layers_delayed");
     test_step_times();
+    test_metrics_file();
     test_plan_report();
     test_refusals();
     test_cli();

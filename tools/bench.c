@@ -341,7 +341,7 @@ int bench_main(int argc, char **argv) {
         } else if (argv[i][0] != '-' && !what) {
             what = argv[i];
         } else {
-            fprintf(stderr, "qtrain bench: unexpected argument '%s'\n", argv[i]);
+            fprintf(stderr, "qtrain bench: unexpected argument '%s'\n", qt_shown(argv[i]));
             return 2;
         }
     }
@@ -378,7 +378,8 @@ int bench_main(int argc, char **argv) {
         }
     }
     if (ran == 0) {
-        fprintf(stderr, "qtrain bench: unknown benchmark '%s'; expected quant, copy", what);
+        fprintf(stderr, "qtrain bench: unknown benchmark '%s'; expected quant, copy",
+                qt_shown(what));
         for (size_t i = 1; i < sizeof bench_families / sizeof bench_families[0]; i++) {
             fprintf(stderr, ", %s", bench_families[i].name);
         }

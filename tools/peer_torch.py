@@ -4,10 +4,20 @@ the same GPU, so that qtrain's step times have a yardstick measured in the same 
 
     python3 tools/peer_torch.py RECIPE... [--modes M,M] [--steps N] [--warmup N] [--json FILE]
 
-The model ([model]: linear, relu, gelu (tanh form), silu, swiglu, rmsnorm, residual blocks,
+The model ([model]: linear, relu, gelu (tanh form), silu, swiglu, rmsnorm, residual blocks, moe,
 softmax_xent or mse), the optimizer ([optim]: AdamW with its lr, betas, eps, weight decay and
 gradient-norm clip) and the batch come from the recipe file, so they cannot drift from what qtrain
 runs. Weights start as in qtrain: normal(0, 1/sqrt(fan_in)), biases 0, RMSNorm gains 1.
+
+An moe layer is qtrain's: a router linear (FP32 logits), softmax, the top-k experts per token
+with the softmax probabilities as gates (not renormalized), the tokens sorted by expert (a
+stable argsort), both expert GEMMs as one grouped matmul each (torch._grouped_mm, BF16, member
+counts on the device), the activation between them, the gated outputs summed back per token
+(index_add_), and the load-balancing loss alpha E sum_e f_e P_e (f_e the fraction of
+assignments to expert e, P_e the mean probability) added to the loss. Without torch._grouped_mm
+it loops over the experts (which reads the counts on the host, so the graph mode fails). In the
+fp8 mode the experts and the router stay BF16 (PyTorch has no grouped FP8 GEMM to compare).
+FLOP counts take the router and the k experts a token runs, not the idle ones.
 
 A recipe whose training data is `synthetic classes` (recipes/bench/) is timed step by step in
 these modes (the training step: forward, loss, backward, gradient clip, fused AdamW):
@@ -82,20 +92,59 @@ def parse_source(text, where):
     raise RecipeError("%s: unknown data source '%s'" % (where, text))
 
 
+UNITS = {"step": "steps", "steps": "steps", "epoch": "epochs", "epochs": "epochs"}
+
+
+def parse_train_row(words, where):
+    """`train N [steps|epochs] [RULE] [warmup N [steps|epochs]] [eval ... every [N] UNIT]`."""
+    row = {"mode": "train", "count": int(words[1]), "unit": "steps", "rule": "default",
+           "warmup": None, "eval": None}
+    i = 2
+    if i < len(words) and words[i] in UNITS:
+        row["unit"] = UNITS[words[i]]
+        i += 1
+    rule_start = i < len(words) and (words[i] in ("constant", "cosine", "decay") or (
+        words[i] == "warmup" and i + 2 < len(words) and words[i + 2] == "->"))
+    if rule_start and words[i] == "constant":
+        row.update(rule="constant", a=float(words[i + 1]))
+        i += 2
+    elif rule_start:
+        if i + 3 >= len(words) or words[i + 2] != "->":
+            raise RecipeError("%s: expected '%s A -> B'" % (where, words[i]))
+        row.update(rule="cosine" if words[i] == "cosine" else "linear", a=float(words[i + 1]),
+                   b=float(words[i + 3]))
+        i += 4
+    while i < len(words):
+        if words[i] == "warmup" and i + 1 < len(words):
+            count, i = int(words[i + 1]), i + 2
+            unit = "steps"
+            if i < len(words) and words[i] in UNITS:
+                unit, i = UNITS[words[i]], i + 1
+            row["warmup"] = (count, unit)
+        elif words[i] == "eval":
+            i += 1
+            clause = {"steps": "all", "dataset": "eval", "every": None}
+            if i < len(words) and (words[i] == "all" or words[i].isdigit()):
+                clause["steps"], i = words[i], i + 1
+            if i < len(words) and words[i] in ("train", "eval"):
+                clause["dataset"], i = words[i], i + 1
+            if i >= len(words) or words[i] != "every":
+                raise RecipeError("%s: expected 'eval ... every [N] steps|epochs'" % where)
+            i, count = i + 1, 1
+            if i < len(words) and words[i].isdigit():
+                count, i = int(words[i]), i + 1
+            if i >= len(words) or words[i] not in UNITS:
+                raise RecipeError("%s: expected steps or epochs after 'every'" % where)
+            clause["every"], i = (count, UNITS[words[i]]), i + 1
+            row["eval"] = clause
+        else:
+            raise RecipeError("%s: unexpected '%s' in a train row" % (where, words[i]))
+    return row
+
+
 def parse_schedule_row(words, where):
     if words[0] == "train":
-        row = {"mode": "train", "steps": int(words[1]), "rule": "default"}
-        rest = words[2:]
-        if rest and rest[0] == "constant":
-            row.update(rule="constant", a=float(rest[1]))
-        elif rest and rest[0] in ("warmup", "cosine"):
-            if len(rest) != 4 or rest[2] != "->":
-                raise RecipeError("%s: expected '%s A -> B'" % (where, rest[0]))
-            row.update(rule="linear" if rest[0] == "warmup" else "cosine", a=float(rest[1]),
-                       b=float(rest[3]))
-        elif rest:
-            raise RecipeError("%s: unknown learning-rate rule '%s'" % (where, rest[0]))
-        return row
+        return parse_train_row(words, where)
     if words[0] in ("eval", "infer"):
         return {"mode": words[0], "steps": words[1], "dataset": words[2] if len(words) > 2 else
                 ("eval" if words[0] == "eval" else "")}
@@ -187,8 +236,18 @@ def linear_layers(r):
     return [layer for layer in r["layers"] if layer[0] == "linear"]
 
 
+def moe_options(layer):
+    o = parse_options(layer[2:], "moe")
+    act = o.get("act", "gelu")
+    hidden = int(o["hidden"])
+    return {"experts": int(o["experts"]), "topk": int(o["topk"]), "hidden": hidden, "act": act,
+            "aux": float(o.get("aux", "0.01")),
+            "fc1": 2 * hidden if act == "swiglu" else hidden}
+
+
 def linear_weights(r):
-    """Elements of every linear's weight matrix: the FLOP count is 6 x batch x this."""
+    """Elements of every linear's weight matrix (an moe layer: the router's and the k experts'
+    a token runs): the FLOP count is 6 x batch x this."""
     width, total = r["input"], 0
     for layer in r["layers"]:
         if layer[0] == "linear":
@@ -196,20 +255,53 @@ def linear_weights(r):
             width = int(layer[2])
         elif layer[0] == "swiglu":
             width //= 2
+        elif layer[0] == "moe":
+            o = moe_options(layer)
+            total += width * o["experts"] + o["topk"] * (width * o["fc1"] + o["hidden"] * width)
     return total
 
 
-def lr_at(rows, t, default_lr):
-    """qtrain's learning rate at train step t (ptx/optim.h qt_optim_lr_at)."""
-    start, chosen = 0, None
-    for row in rows:
+def expand_schedule(r, epoch, default_lr):
+    """The table qtrain builds from the [schedule] rows (runtime/schedule.c sched_table_build,
+    without a --steps cut): rows {"mode", "steps", "dataset"} in order, a train row's epochs
+    counted as `epoch` steps and its eval clause's eval rows put in, and the learning-rate rows
+    {"start", "steps", "rule", "a", "b"}, a warmup clause's before its rule's."""
+    rows, lr_rows, start = [], [], 0
+
+    def steps_of(count, unit):
+        return count * epoch if unit == "epochs" else count
+
+    for row in r["schedule"]:
         if row["mode"] != "train":
+            rows.append(row)
             continue
-        if start <= t or chosen is None:
-            chosen = dict(row, start=start)
-        start += row["steps"]
-    if chosen is None or chosen["rule"] == "default":
-        return default_lr
+        total = steps_of(row["count"], row["unit"])
+        rule = "constant" if row["rule"] == "default" else row["rule"]
+        a = row.get("a", default_lr)
+        b = row.get("b", a)
+        warm = steps_of(*row["warmup"]) if row["warmup"] else 0
+        if warm:
+            lr_rows.append({"start": start, "steps": warm, "rule": "linear", "a": 0.0, "b": a})
+        lr_rows.append({"start": start + warm, "steps": total - warm, "rule": rule, "a": a,
+                        "b": b})
+        start += total
+        if not row["eval"]:
+            rows.append({"mode": "train", "steps": total})
+            continue
+        every = steps_of(*row["eval"]["every"])
+        for done in range(0, total, every):
+            rows.append({"mode": "train", "steps": min(every, total - done)})
+            rows.append({"mode": "eval", "steps": row["eval"]["steps"],
+                         "dataset": row["eval"]["dataset"]})
+    return rows, lr_rows
+
+
+def lr_at(lr_rows, t):
+    """qtrain's learning rate at train step t (ptx/optim.h qt_optim_lr_at)."""
+    chosen = lr_rows[0]
+    for row in lr_rows[1:]:
+        if row["start"] <= t:
+            chosen = row
     if chosen["rule"] == "constant" or chosen["steps"] == 0:
         return chosen["a"]
     d = min(max(t - chosen["start"], 0), chosen["steps"])
@@ -294,11 +386,71 @@ def torch_modules():
                 y = y + self.bias.to(y.dtype)
             return y.reshape(*shape[:-1], y.shape[-1])
 
-    return torch, nn, Residual, SwiGLU, RMSNorm, Fp8Linear
+    class AuxLoss(torch.autograd.Function):
+        """Passes x through and adds `aux` to the loss: its gradient is 1 whatever the loss."""
+
+        @staticmethod
+        def forward(ctx, x, aux):
+            return x
+
+        @staticmethod
+        def backward(ctx, gx):
+            return gx, torch.ones((), device=gx.device, dtype=torch.float32)
+
+    acts = {"relu": F.relu, "gelu": lambda t: F.gelu(t, approximate="tanh"), "silu": F.silu,
+            "swiglu": lambda t: F.silu(t.chunk(2, dim=-1)[0]) * t.chunk(2, dim=-1)[1]}
+
+    def grouped(x, w, counts, offs):
+        """x [rows][k] sorted by expert, w [E][n][k]: each expert's rows times its w^T."""
+        if hasattr(torch, "_grouped_mm"):
+            return torch._grouped_mm(x, w.transpose(1, 2), offs=offs)
+        outs, start = [], 0
+        for e, c in enumerate(counts.tolist()):
+            outs.append(x[start:start + c] @ w[e].t())
+            start += c
+        return torch.cat(outs)
+
+    class MoE(nn.Module):
+        def __init__(self, width, o):
+            super().__init__()
+            self.o = o
+            e = o["experts"]
+            self.router = nn.Parameter(torch.randn(e, width) / math.sqrt(width))
+            self.w1 = nn.Parameter(torch.randn(e, o["fc1"], width) / math.sqrt(width))
+            self.w2 = nn.Parameter(torch.randn(e, width, o["hidden"]) / math.sqrt(o["hidden"]))
+
+        def forward(self, x):
+            o, shape = self.o, x.shape
+            x = x.reshape(-1, shape[-1])
+            tokens, e, k = x.shape[0], o["experts"], o["topk"]
+            with torch.autocast("cuda", enabled=False):  # FP32 logits, as qtrain's router
+                logits = F.linear(x.float(), self.router.float())
+            probs = logits.softmax(dim=-1)
+            gate, choice = probs.topk(k, dim=-1)
+            flat = choice.reshape(-1)
+            order = flat.argsort(stable=True)
+            token = order // k
+            # scatter_add, not bincount: its output size would be read on the host.
+            counts = torch.zeros(e, dtype=torch.long, device=x.device)
+            counts.scatter_add_(0, flat, torch.ones_like(flat))
+            offs = counts.cumsum(0).to(torch.int32)
+            xs = x.to(torch.bfloat16)[token]
+            h = acts[o["act"]](grouped(xs, self.w1.to(torch.bfloat16), counts, offs))
+            ys = grouped(h, self.w2.to(torch.bfloat16), counts, offs)
+            ys = ys * gate.reshape(-1)[order].unsqueeze(1).to(ys.dtype)
+            out = torch.zeros(tokens, shape[-1], device=x.device, dtype=ys.dtype)
+            out = out.index_add(0, token, ys)
+            if o["aux"] > 0 and self.training:
+                f = counts.float() / (tokens * k)
+                aux = o["aux"] * e * (f.detach() * probs.mean(dim=0)).sum()
+                out = AuxLoss.apply(out, aux)
+            return out.reshape(shape)
+
+    return torch, nn, Residual, SwiGLU, RMSNorm, Fp8Linear, MoE
 
 
 def build_model(r, device, fp8=False):
-    torch, nn, Residual, SwiGLU, RMSNorm, Fp8Linear = torch_modules()
+    torch, nn, Residual, SwiGLU, RMSNorm, Fp8Linear, MoE = torch_modules()
     torch.manual_seed(r["seed"])
     keep_bf16 = bf16_linears(r) if fp8 else set()
     stack = [[]]  # layers of each open residual block
@@ -324,6 +476,8 @@ def build_model(r, device, fp8=False):
         elif kind == "swiglu":
             stack[-1].append(SwiGLU())
             width //= 2
+        elif kind == "moe":
+            stack[-1].append(MoE(width, moe_options(layer)))
         elif kind == "rmsnorm":
             opts = parse_options([w for w in layer[1:] if "=" in w], "rmsnorm")
             stack[-1].append(RMSNorm(width, float(opts.get("eps", "1e-5"))))
@@ -514,6 +668,17 @@ def read_idx(path, images):
     return data[8:8 + count], count, 1
 
 
+def train_samples(r):
+    """Samples of the train source (an epoch's length), or None when its files are absent."""
+    src = r["train"]
+    if src["kind"] != "idx":
+        return src["samples"]
+    try:
+        return read_idx(src["labels"], False)[1]
+    except OSError:
+        return None
+
+
 def idx_tensors(src, device):
     import torch
     pixels, count, features = read_idx(src["images"], True)
@@ -576,7 +741,8 @@ def run_idx(r, device, report):
     eval_batches = padded_batches(ex, ey, b) if ex is not None else None
     t, position, train_s, accuracy, eval_loss = 0, 0, 0.0, None, None
     train_steps = 0
-    for row in r["schedule"]:
+    schedule, lr_rows = expand_schedule(r, len(epoch_batches), hp["lr"])
+    for row in schedule:
         if row["mode"] == "train":
             torch.cuda.synchronize()
             t0 = time.perf_counter()
@@ -585,7 +751,7 @@ def run_idx(r, device, report):
                     perm = torch.randperm(x.shape[0], generator=g, device=device)
                     epoch_batches = padded_batches(x, y, b, perm)
                     step.batches, position = epoch_batches, 0
-                step.opt.param_groups[0]["lr"].fill_(lr_at(r["schedule"], t, hp["lr"]))
+                step.opt.param_groups[0]["lr"].fill_(lr_at(lr_rows, t))
                 step(position)
                 position += 1
                 t += 1
@@ -641,6 +807,15 @@ def main():
                 r["path"], kind, r["batch"], linear_weights(r),
                 6 * r["batch"] * linear_weights(r),
                 "modes " + ",".join(modes) if kind != "idx" else "whole-run graph"))
+            samples = train_samples(r)
+            if samples is None:
+                continue
+            schedule, lr_rows = expand_schedule(r, -(-samples // r["batch"]),
+                                                optim_hparams(r)["lr"])
+            print("  schedule: %d rows, %d train steps; learning-rate rows: %s" % (
+                len(schedule), sum(row["steps"] for row in schedule if row["mode"] == "train"),
+                ", ".join("%d+%d %s %g -> %g" % (lr["start"], lr["steps"], lr["rule"], lr["a"],
+                                                  lr["b"]) for lr in lr_rows)))
         return 0
 
     import torch

@@ -433,8 +433,8 @@ int plot_main(int argc, char **argv) {
         return usage(!output ? "expected -o FILE.svg" : "expected at least one trace file");
     }
     // Refused before any trace is read: nothing is replaced by surprise.
-    int rc = !force && atomic_file_exists(output) ? 1 : 0;
-    if (rc) fprintf(stderr, "qtrain plot: %s exists; pass --force to replace it\n", output);
+    int rc = atomic_file_check(output, force, "--force") != QT_OK ? 1 : 0;
+    if (rc) fprintf(stderr, "qtrain plot: %s\n", qt_error_message());
     for (int r = 0; r < count && rc == 0; r++) rc = read_run(&runs[r]);
     svg s = {0};
     if (rc == 0) render(&s, runs, count);

@@ -17,8 +17,10 @@
 #include "backend.h"  // backend_open_gpu, kernel attributes
 #include "bench.h"    // bench_main
 #include "gemm_tier.h"  // gemm_tier_describe
+#include "input_file.h"  // input_file_read: the recipe, a regular file
 #include "export.h"   // export_safetensors
 #include "plot.h"     // plot_main
+#include "pool.h"     // pool_threads: the reference backend's threads
 #include "run.h"      // run_plan, run_bind, run_execute
 #include "trace.h"    // trace_diff
 
@@ -29,23 +31,27 @@ static void print_usage(FILE *out) {
             "             [--checksum-every K] [--profile] [--emulated-gemm auto|kernel|copies]\n"
             "             [--save CKPT [--save-every N]] [--resume CKPT] [--force]\n"
             "             [--check GOLDEN] [--inject-nonfinite STEP[:LAYER][=nan|inf|-inf]]\n"
+            "             [--metrics FILE [--metrics-every N]]\n"
             "          train through the recipe's schedule table: every step a replayed CUDA\n"
             "          graph (--eager: launched op by op; --ref or no GPU: the reference backend;\n"
             "          --profile: afterwards, time every op of each mode and the graph replay;\n"
             "          --save: a checkpoint at the end, at Ctrl-C and every N train steps;\n"
             "          --resume: continue, bit for bit, from a checkpoint;\n"
-            "          --force: infer rows' output files may replace existing files;\n"
+            "          --force: output files (infer rows, --save, --metrics) may replace\n"
+            "          existing files, and --trace a file that is not a trace;\n"
             "          --check: stop at the first record that differs from a golden trace;\n"
             "          --inject-nonfinite: a NaN or infinity in a weight gradient at a train\n"
-            "          step, which the optimizer must skip)\n"
+            "          step, which the optimizer must skip;\n"
+            "          --metrics: a JSON line per eval pass and per N train steps, default 100)\n"
             "  infer RECIPE --input FILE --output FILE.npy [--argmax] [--from CKPT] [--seed S]\n"
             "             [--eager] [--ref] [--force] [--emulated-gemm auto|kernel|copies]\n"
             "          the recipe's model on every sample of FILE (IDX images or .npy features):\n"
             "          float32 logits, or int32 classes with --argmax, into an .npy file\n"
             "          (--from: with a checkpoint's weights)\n"
-            "  plan RECIPE [--steps N] [--seed S] [--emulated-gemm auto|kernel|copies]\n"
+            "  plan RECIPE [--summary] [--steps N] [--seed S]\n"
+            "             [--emulated-gemm auto|kernel|copies]\n"
             "          the layers and their quantizers, padding and GEMM decisions, the schedule,\n"
-            "          the program of each mode and the memory map\n"
+            "          the program of each mode and the memory map (--summary: in brief)\n"
             "  info    driver, GPU and kernel report (registers, shared memory, local memory)\n"
             "  bench [quant|copy|gemm|quant_FAMILY] [--quick]\n"
             "          benchmarks on the GPU: medians of graph replays, next to a device copy\n"
@@ -58,7 +64,9 @@ static void print_usage(FILE *out) {
             "          scales of every usage) as safetensors; --force replaces OUT\n"
             "  plot A.trace [B.trace ...] -o curves.svg [--force]\n"
             "          loss, eval accuracy, gradient norm and learning rate against the step,\n"
-            "          every run overlaid, as one SVG file (--force: replace an existing file)\n");
+            "          every run overlaid, as one SVG file (--force: replace an existing file)\n"
+            "  --version\n"
+            "          the release, and the versions of the trace and checkpoint formats\n");
 }
 
 static int command_info(void) {
@@ -123,14 +131,22 @@ typedef struct cli_args {
     bool ref;
     uint32_t profile_reps;  // --profile: launches per op when timing the programs after the run
     const char *resume_path;
+    bool summary;           // plan --summary
 } cli_args;
 
-static bool parse_u64_arg(const char *flag, const char *text, uint64_t *out) {
+// A decimal integer in [min, max]: digits only (no sign, blank, or other base), so that ' -1'
+// or '1e3' is refused instead of read as something else.
+static bool parse_count_arg(const char *command, const char *flag, const char *text,
+                            uint64_t min, uint64_t max, uint64_t *out) {
+    bool digits = text[0] != '\0' && strspn(text, "0123456789") == strlen(text);
     char *end = NULL;
     errno = 0;
-    unsigned long long v = strtoull(text, &end, 10);
-    if (errno != 0 || end == text || *end != '\0' || text[0] == '-') {
-        fprintf(stderr, "qtrain: %s expects a non-negative integer, found '%s'\n", flag, text);
+    unsigned long long v = digits ? strtoull(text, &end, 10) : 0;
+    if (!digits || errno != 0 || v < min || v > max) {
+        fprintf(stderr, "qtrain %s: %s takes a whole number from %" PRIu64 " to %" PRIu64
+                ", not '%s'%s\n", command, flag, min, max, qt_shown(text),
+                digits && v < min && min == 1 ? " (leave the flag out for the recipe's default)"
+                                              : "");
         return false;
     }
     *out = v;
@@ -151,7 +167,7 @@ static bool parse_inject(const char *text, run_inject *out) {
     if (ok) {
         memcpy(step, text, digits);
         step[digits] = '\0';
-        ok = parse_u64_arg("--inject-nonfinite", step, &v);
+        ok = parse_count_arg("run", "--inject-nonfinite", step, 0, UINT64_MAX, &v);
         if (!ok) return false;
     }
     size_t name = colon ? head - digits - 1 : 0;
@@ -189,7 +205,7 @@ static bool parse_emulated_gemm(const char *command, const char *how,
         *out = MODEL_EMULATED_COPIES;
     } else {
         fprintf(stderr, "qtrain %s: --emulated-gemm takes auto, kernel or copies, not '%s'\n",
-                command, how);
+                command, qt_shown(how));
         return false;
     }
     return true;
@@ -221,19 +237,29 @@ static int parse_flag(cli_command command, int argc, char **argv, int *i, cli_ar
     } else if (infer && strcmp(arg, "--argmax") == 0) {
         o->infer_argmax = true;
         takes_value = false;
+    } else if (command == CLI_PLAN && strcmp(arg, "--summary") == 0) {
+        a->summary = true;
+        takes_value = false;
     } else if (!value) {
         return 0;
     } else if (train && strcmp(arg, "--trace") == 0) {
         o->trace_path = value;
+    } else if (train && strcmp(arg, "--metrics") == 0) {
+        o->metrics_path = value;
+    } else if (train && strcmp(arg, "--metrics-every") == 0) {
+        if (!parse_count_arg(a->command, arg, value, 1, UINT64_MAX, &o->metrics_every)) {
+            return -1;
+        }
     } else if (train && strcmp(arg, "--check") == 0) {
         o->golden_path = value;
     } else if (!infer && strcmp(arg, "--steps") == 0) {
-        if (!parse_u64_arg(arg, value, &o->steps_limit)) return -1;
+        // 0 would mean "no cut" to the planner: a run of 0 steps is not what was asked for.
+        if (!parse_count_arg(a->command, arg, value, 1, UINT64_MAX, &o->steps_limit)) return -1;
     } else if (strcmp(arg, "--seed") == 0) {
-        if (!parse_u64_arg(arg, value, &o->seed)) return -1;
+        if (!parse_count_arg(a->command, arg, value, 0, UINT64_MAX, &o->seed)) return -1;
         o->seed_given = true;
     } else if (train && strcmp(arg, "--checksum-every") == 0) {
-        if (!parse_u64_arg(arg, value, &v) || v > UINT32_MAX) return -1;
+        if (!parse_count_arg(a->command, arg, value, 0, UINT32_MAX, &v)) return -1;
         o->checksum_every = (uint32_t)v;
     } else if (infer && strcmp(arg, "--input") == 0) {
         o->infer_input = value;
@@ -244,7 +270,7 @@ static int parse_flag(cli_command command, int argc, char **argv, int *i, cli_ar
     } else if (train && strcmp(arg, "--save") == 0) {
         o->save_path = value;
     } else if (train && strcmp(arg, "--save-every") == 0) {
-        if (!parse_u64_arg(arg, value, &o->save_every)) return -1;
+        if (!parse_count_arg(a->command, arg, value, 1, UINT64_MAX, &o->save_every)) return -1;
     } else if (train && strcmp(arg, "--resume") == 0) {
         a->resume_path = value;
     } else if (train && strcmp(arg, "--inject-nonfinite") == 0) {
@@ -269,7 +295,7 @@ static bool parse_run_args(int argc, char **argv, cli_command command, cli_args 
         if (argv[i][0] != '-' && !a->recipe_path) {
             a->recipe_path = argv[i];
         } else {
-            fprintf(stderr, "qtrain %s: unexpected argument '%s'\n", argv[1], argv[i]);
+            fprintf(stderr, "qtrain %s: unexpected argument '%s'\n", argv[1], qt_shown(argv[i]));
             return false;
         }
     }
@@ -283,6 +309,10 @@ static bool parse_run_args(int argc, char **argv, cli_command command, cli_args 
     }
     if (a->options.save_every && !a->options.save_path) {
         fprintf(stderr, "qtrain run: --save-every needs --save CKPT (the file to write)\n");
+        return false;
+    }
+    if (a->options.metrics_every && !a->options.metrics_path) {
+        fprintf(stderr, "qtrain run: --metrics-every needs --metrics FILE (the file to write)\n");
         return false;
     }
     a->options.checkpoints = a->resume_path != NULL;
@@ -299,15 +329,12 @@ static int fail_status(const char *command, qt_status status) {
     return 1;
 }
 
-// Parses the recipe and plans the run (no backend, no data loaded).
+// Parses the recipe and plans the run (no backend, no data loaded). The text is read once: the
+// bytes parsed are the bytes hashed for the trace and the checkpoints.
 static qt_status load_and_plan(const cli_args *a) {
     size_t bytes = 0;
-    QT_TRY(recipe_load(a->recipe_path, recipe_text, sizeof recipe_text, &the_recipe));
-    FILE *f = fopen(a->recipe_path, "rb");  // the text again, for the trace's recipe hash
-    if (f) {
-        bytes = fread(recipe_text, 1, sizeof recipe_text, f);
-        fclose(f);
-    }
+    QT_TRY(input_file_read(a->recipe_path, "recipe", recipe_text, sizeof recipe_text, &bytes));
+    QT_TRY(recipe_parse(recipe_text, bytes, a->recipe_path, &the_recipe));
     uint64_t table_bytes = 0;
     QT_TRY(run_measure(&the_run, &the_recipe, recipe_text, bytes, &a->options, &table_bytes));
     // The run's tables, sized from the model; they live as long as the command.
@@ -324,28 +351,136 @@ static int command_plan(int argc, char **argv) {
     if (!parse_run_args(argc, argv, CLI_PLAN, &a)) return 2;
     qt_status status = load_and_plan(&a);
     if (status != QT_OK) return fail_status("plan", status);
-    run_print_plan(&the_run, stdout);
+    if (a.summary) {
+        run_print_summary(&the_run, stdout);
+    } else {
+        run_print_plan(&the_run, stdout);
+    }
     return 0;
 }
 
+// The progress line: one per row kept on screen (on a terminal it is redrawn in place while the
+// row runs; elsewhere a line every 5 s), so each eval pass leaves its result. Train lines show
+// the mean loss and accuracy of the current epoch's steps so far, eval lines the pass's so far
+// (the whole pass on its last line), both over real rows as the summary counts them.
 typedef struct progress_state {
     bool tty;
+    bool classification;
+    bool input_file;                         // `qtrain infer`: the rows read --input
     double last_print;
-    uint64_t last_done;
+    double last_elapsed;
+    double mode_seconds[MODEL_MODE_COUNT];  // the loop's time, by the mode of each step
+    uint64_t mode_steps[MODEL_MODE_COUNT];
+    uint64_t epoch;                          // the epoch the train sums are of
+    double loss_sum;
+    uint64_t rows, correct;
 } progress_state;
+
+// h:mm:ss, or -:--:-- when unknown.
+static void format_eta(double seconds, char *buf, size_t bytes) {
+    if (!(seconds >= 0) || seconds > 1e9) {
+        snprintf(buf, bytes, "-:--:--");
+        return;
+    }
+    uint64_t s = (uint64_t)(seconds + 0.5);
+    snprintf(buf, bytes, "%" PRIu64 ":%02u:%02u", s / 3600, (unsigned)(s / 60 % 60),
+             (unsigned)(s % 60));
+}
+
+// Three significant digits or so: "1234 steps/s", "56.7 steps/s", "8.90 steps/s", and below one
+// step a second the time of a step, "12.3 s/step".
+static void format_rate(double steps_per_s, char *buf, size_t bytes) {
+    if (!(steps_per_s > 0)) {
+        snprintf(buf, bytes, "- steps/s");
+    } else if (steps_per_s >= 100) {
+        snprintf(buf, bytes, "%.0f steps/s", steps_per_s);
+    } else if (steps_per_s >= 10) {
+        snprintf(buf, bytes, "%.1f steps/s", steps_per_s);
+    } else if (steps_per_s >= 1) {
+        snprintf(buf, bytes, "%.2f steps/s", steps_per_s);
+    } else {
+        snprintf(buf, bytes, "%.1f s/step", 1.0 / steps_per_s);
+    }
+}
+
+// The time left: each mode's steps left at that mode's pace so far (a mode not seen yet at the
+// pace of all steps so far).
+static double progress_eta(const progress_state *st, const sched_progress *p) {
+    double all_s = 0;
+    uint64_t all_steps = 0;
+    for (int m = 0; m < MODEL_MODE_COUNT; m++) {
+        all_s += st->mode_seconds[m];
+        all_steps += st->mode_steps[m];
+    }
+    if (all_steps == 0) return -1;
+    double eta = 0;
+    for (int m = 0; m < MODEL_MODE_COUNT; m++) {
+        double per_step = st->mode_steps[m] ? st->mode_seconds[m] / (double)st->mode_steps[m]
+                                            : all_s / (double)all_steps;
+        eta += per_step * (double)p->left[m];
+    }
+    return eta;
+}
+
+// " loss 0.41232  acc 85.12%" (no accuracy for a regression).
+static void format_loss(const progress_state *st, double loss, double accuracy, char *buf,
+                        size_t bytes) {
+    if (st->classification) {
+        snprintf(buf, bytes, "loss %-8.5g acc %6.2f%%", loss, 100.0 * accuracy);
+    } else {
+        snprintf(buf, bytes, "loss %-8.5g", loss);
+    }
+}
 
 static void print_progress(void *ctx, const sched_progress *p) {
     progress_state *st = ctx;
+    const qt_trace_record *rec = p->record;
+    st->mode_seconds[p->mode] += p->elapsed_s - st->last_elapsed;
+    st->mode_steps[p->mode]++;
+    st->last_elapsed = p->elapsed_s;
+    uint64_t epoch_steps = p->epoch_steps ? p->epoch_steps : 1;
+    if (p->mode == MODEL_MODE_TRAIN) {
+        uint64_t epoch = (p->train_steps - 1) / epoch_steps;
+        if (epoch != st->epoch || st->rows == 0) {
+            st->epoch = epoch;
+            st->loss_sum = 0;
+            st->rows = st->correct = 0;
+        }
+        st->loss_sum += (double)rec->loss * p->rows_valid;
+        st->rows += p->rows_valid;
+        st->correct += (uint64_t)((double)rec->accuracy * p->rows_valid + 0.5);
+    }
     bool row_end = p->row_step == p->row_steps;
-    double rate = p->elapsed_s > 0 ? (double)p->done / p->elapsed_s : 0.0;
     bool due = p->elapsed_s - st->last_print >= (st->tty ? 0.1 : 5.0);
     if (!row_end && !due) return;
     st->last_print = p->elapsed_s;
-    double eta = rate > 0 ? (double)(p->total - p->done) / rate : 0.0;
-    fprintf(stderr, "%s%-5s row %u step %7" PRIu64 "/%-7" PRIu64 " loss %-10.5g acc %6.2f%%  "
-            "%8.1f steps/s  ETA %6.1fs%s", st->tty ? "\r" : "", model_mode_name(p->mode), p->row,
-            p->row_step, p->row_steps, (double)p->record->loss,
-            100.0 * (double)p->record->accuracy, rate, eta,
+    char rate[32], eta[32], where[64], loss[64];
+    double seconds = st->mode_seconds[p->mode];
+    format_rate(seconds > 0 ? (double)st->mode_steps[p->mode] / seconds : 0.0, rate,
+                sizeof rate);
+    format_eta(progress_eta(st, p), eta, sizeof eta);
+    uint64_t train_total = p->train_steps + p->left[MODEL_MODE_TRAIN];
+    if (p->mode == MODEL_MODE_TRAIN) {
+        snprintf(where, sizeof where, "step %6" PRIu64 "/%-6" PRIu64 " epoch %5.2f/%-5.4g",
+                 p->train_steps, train_total, (double)p->train_steps / (double)epoch_steps,
+                 (double)train_total / (double)epoch_steps);
+        format_loss(st, st->rows ? st->loss_sum / (double)st->rows : 0.0,
+                    st->rows ? (double)st->correct / (double)st->rows : 0.0, loss, sizeof loss);
+    } else {
+        const char *set = st->input_file ? "input file" : p->dataset == RECIPE_DATASET_EVAL
+                                                               ? "eval set" : "train set";
+        loss[0] = '\0';
+        if (p->mode == MODEL_MODE_EVAL) {
+            snprintf(where, sizeof where, "pass %5" PRIu64 "/%-5" PRIu64 " %-9s %7" PRIu64
+                     " samples", p->row_step, p->row_steps, set, p->pass_samples);
+            format_loss(st, p->pass_loss, p->pass_accuracy, loss, sizeof loss);
+        } else {
+            snprintf(where, sizeof where, "step %5" PRIu64 "/%-5" PRIu64 " %s", p->row_step,
+                     p->row_steps, set);
+        }
+    }
+    fprintf(stderr, "%s%-5s %s  %-26s %14s  ETA %s%s", st->tty ? "\r" : "",
+            model_mode_name(p->mode), where, loss, rate, eta,
             (row_end || !st->tty) ? "\n" : "");
     fflush(stderr);
 }
@@ -386,6 +521,16 @@ static void print_position(const cli_args *a, const run *r, int signal_number) {
     }
 }
 
+// The summary's rates keep a decimal (benchmarks read them); below a step a second they give
+// the time of a step, as the progress line does.
+static void summary_rate(double steps_per_s, char *buf, size_t bytes) {
+    if (steps_per_s >= 1 || steps_per_s <= 0) {
+        snprintf(buf, bytes, "%.1f steps/s", steps_per_s);
+    } else {
+        format_rate(steps_per_s, buf, bytes);
+    }
+}
+
 static void print_summary(const sched_summary *s, const run *r, double wall_s,
                           double open_s) {
     printf("steps        %" PRIu64 " train (%" PRIu64 " skipped), %" PRIu64 " eval, %" PRIu64
@@ -395,7 +540,9 @@ static void print_summary(const sched_summary *s, const run *r, double wall_s,
         printf("train loss   %.6g (last step)\n", (double)s->last_train_loss);
         double rate = s->train_seconds > 0 ? (double)s->steps[MODEL_MODE_TRAIN] /
                                                  s->train_seconds : 0.0;
-        printf("train rate   %.1f steps/s\n", rate);
+        char text[32];
+        summary_rate(rate, text, sizeof text);
+        printf("train rate   %s\n", text);
         uint64_t kept = 0;
         double median = step_median_ms(s, &kept);
         if (kept) {
@@ -410,9 +557,10 @@ static void print_summary(const sched_summary *s, const run *r, double wall_s,
         printf("eval         loss %.6g over %" PRIu64 " samples (last eval row)\n",
                s->eval_loss, s->eval_samples);
     }
-    printf("wall time    %.3f s (loop %.3f s, %.1f steps/s)\n", wall_s, s->seconds,
-           s->seconds > 0 ? (double)(s->steps[0] + s->steps[1] + s->steps[2]) / s->seconds
-                          : 0.0);
+    char loop_rate[32];
+    summary_rate(s->seconds > 0 ? (double)(s->steps[0] + s->steps[1] + s->steps[2]) / s->seconds
+                                : 0.0, loop_rate, sizeof loop_rate);
+    printf("wall time    %.3f s (loop %.3f s, %s)\n", wall_s, s->seconds, loop_rate);
     const run_timings *t = &r->timings;
     printf("start-up     %.3f s backend open, %.3f s arenas, %.3f s data, %.3f s init program, "
            "%.3f s graph capture\n", open_s, t->bind_s, t->data_s, t->init_s, t->capture_s);
@@ -471,6 +619,46 @@ static qt_status resume_run(const cli_args *a) {
     return QT_OK;
 }
 
+// h:mm:ss of a duration, to the second (the hours grow as needed).
+static void format_hms(double seconds, char *out, size_t size) {
+    uint64_t s = seconds > 0 ? (uint64_t)(seconds + 0.5) : 0;
+    snprintf(out, size, "%" PRIu64 ":%02u:%02u", s / 3600, (unsigned)(s / 60 % 60),
+             (unsigned)(s % 60));
+}
+
+// Without a GPU a run can take long, so it says how long before it starts: one step of each mode
+// is timed on the bound run (run_time_steps, which leaves its state as it was) and multiplied by
+// the steps of that mode left. Staging batches, the trace and checkpoints are not in it; on the
+// reference backend they are a small part of a step.
+static void print_estimate(const cli_args *a) {
+    uint64_t steps[MODEL_MODE_COUNT], dev_bytes, host_bytes;
+    run_steps_left(&the_run, steps);
+    if (steps[0] + steps[1] + steps[2] == 0) return;
+    run_memory_bytes(&the_run, &dev_bytes, &host_bytes);
+    void *scratch = alloc_arena(dev_bytes + host_bytes);
+    if (!scratch) {
+        fprintf(stderr, "qtrain %s: no time estimate: cannot allocate %" PRIu64 " bytes to time "
+                "a step\n", a->command, dev_bytes + host_bytes);
+        return;
+    }
+    double ms[MODEL_MODE_COUNT], total_s = 0.0;
+    run_time_steps(&the_run, scratch, dev_bytes + host_bytes, ms);
+    free(scratch);
+    char parts[256] = "", hms[32];
+    size_t used = 0;
+    for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
+        if (steps[mode] == 0) continue;
+        total_s += (double)steps[mode] * ms[mode] / 1e3;
+        used += (size_t)snprintf(parts + used, sizeof parts - used, "%s%" PRIu64 " %s steps at "
+                                 "%.3g ms", used ? ", " : "", steps[mode],
+                                 model_mode_name((model_mode)mode), ms[mode]);
+    }
+    format_hms(total_s, hms, sizeof hms);
+    uint32_t threads = pool_threads();
+    fprintf(stderr, "qtrain %s: about %s on the reference backend (%s, timed before the start "
+            "on %u thread%s)\n", a->command, hms, parts, threads, threads == 1 ? "" : "s");
+}
+
 static int run_with_backend(const cli_args *a, backend *b, double start, double open_s) {
     if (a->profile_reps && b->kind == BACKEND_REF) {
         // Said before the run, not after it: the profile times GPU kernels and graph replays.
@@ -480,26 +668,43 @@ static int run_with_backend(const cli_args *a, backend *b, double start, double 
         run_close(&the_run);
         return 2;
     }
+    // Before the arenas are allocated: the device arena against the GPU's free memory, and what
+    // lives in host memory against what this process can get (the datasets are in already).
+    qt_status status = run_check_memory(&the_run, b, b->kind == BACKEND_REF, 0);
     void *ref_dev = NULL, *ref_host = NULL;
-    if (b->kind == BACKEND_REF) {
+    if (status == QT_OK && b->kind == BACKEND_REF) {
         uint64_t dev_bytes, host_bytes;
         run_memory_bytes(&the_run, &dev_bytes, &host_bytes);
         ref_dev = alloc_arena(dev_bytes);
         ref_host = alloc_arena(host_bytes);
         if (!ref_dev || !ref_host) {
-            fprintf(stderr, "qtrain %s: cannot allocate %" PRIu64 " + %" PRIu64 " bytes\n",
-                    a->command, dev_bytes, host_bytes);
-            return 1;
+            status = qt_fail(QT_ERR_MEMORY, "cannot allocate the reference backend's arenas, %"
+                             PRIu64 " + %" PRIu64 " bytes, although the limits allowed them "
+                             "when checked: other processes took memory meanwhile; try again, "
+                             "or make the run smaller (`qtrain plan` shows its memory map)",
+                             dev_bytes, host_bytes);
         }
+    }
+    if (status != QT_OK) {
+        run_close(&the_run);
+        free(ref_dev);
+        free(ref_host);
+        return fail_status(a->command, status);
     }
     fprintf(stderr, "qtrain %s: %s on %s (%s)\n", a->command, a->recipe_path, b->info.name,
             b->kind == BACKEND_REF ? "reference backend"
             : a->options.eager     ? "eager launches"
                                    : "CUDA graphs");
-    qt_status status = run_bind(&the_run, b, ref_dev, ref_host);
+    status = run_bind(&the_run, b, ref_dev, ref_host);
     if (status == QT_OK && a->resume_path) status = resume_run(a);
+    if (status == QT_OK && b->kind == BACKEND_REF) print_estimate(a);
     sched_summary summary;
-    progress_state progress = {isatty(2) != 0, -1.0, 0};
+    progress_state progress;
+    memset(&progress, 0, sizeof progress);
+    progress.tty = isatty(2) != 0;
+    progress.classification = the_run.model.classification;
+    progress.input_file = a->options.infer_input != NULL;
+    progress.last_print = -1.0;
     if (status == QT_OK) {
         // `qtrain infer` has nothing to save: a signal ends it as usual (no file is written).
         bool stoppable = a->options.interrupt != NULL;
@@ -545,6 +750,9 @@ static void *open_backend(void *ctx) {
 static qt_status plan_and_load(const cli_args *a, void **data) {
     QT_TRY(load_and_plan(a));
     uint64_t bytes = run_data_bytes(&the_run);
+    // Before the datasets are read: they, the host arena and (with --ref) the device arena must
+    // fit in what this process can get (the GPU's memory is checked once it is open).
+    QT_TRY(run_check_memory(&the_run, NULL, a->ref, bytes));
     *data = alloc_arena(bytes);
     if (!*data) {
         return qt_fail(QT_ERR_MEMORY, "cannot allocate %" PRIu64 " bytes for the datasets",
@@ -584,6 +792,7 @@ static int command_run(int argc, char **argv, cli_command command) {
         }
         rc = run_with_backend(&a, &b, start, job.seconds);
     }
+    run_close(&the_run);  // again after run_with_backend: a no-op then
     backend_close(&b);
     free(data);
     return rc;
@@ -617,7 +826,7 @@ static int command_export(int argc, char **argv) {
         } else if (argv[i][0] != '-' && count < 2) {
             paths[count++] = argv[i];
         } else {
-            fprintf(stderr, "qtrain export: unexpected argument '%s'\n", argv[i]);
+            fprintf(stderr, "qtrain export: unexpected argument '%s'\n", qt_shown(argv[i]));
             return 2;
         }
     }
@@ -653,10 +862,15 @@ static bool asks_for_help(int argc, char **argv) {
     return false;
 }
 
-int main(int argc, char **argv) {
+static int run_command(int argc, char **argv) {
     if (argc < 2 || strcmp(argv[1], "help") == 0 || asks_for_help(argc, argv)) {
         print_usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
+    }
+    if (strcmp(argv[1], "--version") == 0) {
+        printf("qtrain %s (trace format %d, checkpoint format %d)\n", QTRAIN_VERSION,
+               TRACE_VERSION, CKPT_VERSION);
+        return 0;
     }
     if (strcmp(argv[1], "info") == 0) return command_info();
     if (strcmp(argv[1], "bench") == 0) return bench_main(argc, argv);
@@ -666,7 +880,27 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "infer") == 0) return command_run(argc, argv, CLI_INFER);
     if (strcmp(argv[1], "plan") == 0) return command_plan(argc, argv);
     if (strcmp(argv[1], "export") == 0) return command_export(argc, argv);
-    fprintf(stderr, "qtrain: unknown command '%s'\n", argv[1]);
+    fprintf(stderr, "qtrain: unknown command '%s'\n", qt_shown(argv[1]));
     print_usage(stderr);
     return 2;
+}
+
+// Every command's report goes to stdout: output that could not be written (a full disk, a
+// closed pipe, /dev/full) fails the command, as any other lost output would.
+int main(int argc, char **argv) {
+    int rc = run_command(argc, argv);
+    errno = 0;
+    bool flushed = fflush(stdout) == 0;
+    int error = errno;
+    if (!flushed || ferror(stdout)) {
+        const char *command = argc >= 2 ? argv[1] : "";
+        fprintf(stderr, "qtrain%s%s: cannot write its output to standard output: %s\n",
+                command[0] ? " " : "", qt_shown(command),
+                error ? strerror(error) : "a write failed");
+        // diff(1)'s trouble is 2; the other commands fail with 1 (or what they failed with).
+        if (rc == 0 || (rc == 1 && strcmp(command, "diff") == 0)) {
+            rc = strcmp(command, "diff") == 0 ? 2 : 1;
+        }
+    }
+    return rc;
 }
