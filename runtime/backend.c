@@ -247,7 +247,7 @@ qt_status backend_profile(backend *b, const program *p, const backend_graph *g, 
 typedef struct capture_plan {
     int32_t last[BACKEND_CAPTURE_STREAMS];
     int32_t seen[BACKEND_CAPTURE_STREAMS][BACKEND_CAPTURE_STREAMS];
-    uint8_t stream_of[PROG_OPS_MAX];
+    uint32_t *stream_of;  // per op: the program's scratch
 } capture_plan;
 
 // need[s]: the latest earlier op on stream s that op j depends on (-1: none).
@@ -282,7 +282,8 @@ static int capture_pick(const capture_plan *c, const int32_t need[BACKEND_CAPTUR
 }
 
 static qt_status backend_capture_ops(backend *b, const program *p) {
-    static capture_plan c;  // about 4 KiB of stream indices: off the stack
+    capture_plan c;
+    c.stream_of = p->op_scratch;
     CUstream *streams = b->capture_streams;
     CUevent *events = b->capture_events;
     for (int s = 0; s < BACKEND_CAPTURE_STREAMS; s++) {
@@ -307,7 +308,7 @@ static qt_status backend_capture_ops(backend *b, const program *p) {
         QT_TRY(backend_launch_on(b, &p->ops[j], streams[s]));
         QT_CU(cuEventRecord(events[s], streams[s]));
         c.last[s] = (int32_t)j;
-        c.stream_of[j] = (uint8_t)s;
+        c.stream_of[j] = (uint32_t)s;
     }
     // Every side stream joins stream 0 again before the capture ends.
     for (int s = 1; s < BACKEND_CAPTURE_STREAMS; s++) {

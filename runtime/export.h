@@ -1,10 +1,10 @@
 // export: a checkpoint's weights as a safetensors file (`qtrain export`), for PyTorch and
 // every other reader of the format.
 //
-// Owns nothing past a call: the checkpoint reader and the buffer are the caller's (the CLI
-// allocates them at start-up; EXPORT_BUFFER_BYTES), the output file is written atomically
-// through runtime/atomic_file.h (OUT.tmp-PID, fsync, rename, fsync of the folder). Callers:
-// tools/qtrain. One thread.
+// Owns nothing past a call: the checkpoint reader and the memory are the caller's (the CLI
+// allocates them at start-up, export_memory_bytes for the checkpoint's table as ckpt_peek
+// reads it), the output file is written atomically through runtime/atomic_file.h (OUT.tmp-PID,
+// fsync, rename, fsync of the folder). Callers: tools/qtrain. One thread.
 //
 // The file (the safetensors layout):
 //
@@ -38,14 +38,16 @@
 
 #include "checkpoint.h"  // ckpt_reader
 
-// JSON header bound: every tensor entry and its metadata line within 512 bytes each.
-#define EXPORT_HEADER_BYTES_MAX ((ARENA_REGIONS_MAX + MODEL_PARAMS_MAX) * 2 * 512 + 4096)
-#define EXPORT_BUFFER_BYTES (EXPORT_HEADER_BYTES_MAX + CKPT_CHUNK_BYTES)
+// The memory export_safetensors needs for a checkpoint of `regions` regions and `params`
+// parameters (ckpt_peek): the reader's table, the list of tensors, the JSON header (every
+// tensor entry and its metadata line within 512 bytes each) and a chunk of CKPT_CHUNK_BYTES.
+uint64_t export_memory_bytes(uint32_t regions, uint32_t params);
 
 // Checks the whole checkpoint (every CRC), then writes out_path. Refuses (QT_ERR_INPUT), before
 // reading the checkpoint, an existing out_path unless force, and one that is not a regular
-// file. buffer: at least EXPORT_BUFFER_BYTES, 8-byte aligned.
+// file. memory: export_memory_bytes of the checkpoint's table (a larger table is refused),
+// 16-byte aligned; rd gets its table there and keeps the header.
 qt_status export_safetensors(ckpt_reader *rd, const char *ckpt_path, const char *out_path,
-                             bool quantized, bool force, void *buffer, uint64_t buffer_bytes);
+                             bool quantized, bool force, void *memory, uint64_t memory_bytes);
 
 #endif  // QT_EXPORT_H

@@ -30,7 +30,8 @@ static void print_usage(FILE *out) {
             "  run RECIPE [--trace F] [--eager] [--ref] [--steps N] [--seed S]\n"
             "             [--checksum-every K] [--profile] [--emulated-gemm auto|kernel|copies]\n"
             "             [--save CKPT [--save-every N]] [--resume CKPT] [--force]\n"
-            "             [--check GOLDEN] [--metrics FILE [--metrics-every N]]\n"
+            "             [--check GOLDEN] [--inject-nonfinite STEP[:LAYER][=nan|inf|-inf]]\n"
+            "             [--metrics FILE [--metrics-every N]]\n"
             "          train through the recipe's schedule table: every step a replayed CUDA\n"
             "          graph (--eager: launched op by op; --ref or no GPU: the reference backend;\n"
             "          --profile: afterwards, time every op of each mode and the graph replay;\n"
@@ -39,6 +40,8 @@ static void print_usage(FILE *out) {
             "          --force: output files (infer rows, --save, --metrics) may replace\n"
             "          existing files, and --trace a file that is not a trace;\n"
             "          --check: stop at the first record that differs from a golden trace;\n"
+            "          --inject-nonfinite: a NaN or infinity in a weight gradient at a train\n"
+            "          step, which the optimizer must skip;\n"
             "          --metrics: a JSON line per eval pass and per N train steps, default 100)\n"
             "  infer RECIPE --input FILE --output FILE.npy [--argmax] [--from CKPT] [--seed S]\n"
             "             [--eager] [--ref] [--force] [--emulated-gemm auto|kernel|copies]\n"
@@ -150,6 +153,48 @@ static bool parse_count_arg(const char *command, const char *flag, const char *t
     return true;
 }
 
+// `--inject-nonfinite STEP[:LAYER][=nan|inf|-inf]`: the trace's step index, a linear layer
+// (default: the first), the value (default: nan). '=' and ':' never occur in layer names.
+static bool parse_inject(const char *text, run_inject *out) {
+    static char layer[RECIPE_NAME_MAX];
+    const char *value = strchr(text, '=');
+    size_t head = value ? (size_t)(value - text) : strlen(text);
+    const char *colon = memchr(text, ':', head);
+    size_t digits = colon ? (size_t)(colon - text) : head;
+    char step[32];
+    uint64_t v = 0;
+    bool ok = digits > 0 && digits < sizeof step;
+    if (ok) {
+        memcpy(step, text, digits);
+        step[digits] = '\0';
+        ok = parse_count_arg("run", "--inject-nonfinite", step, 0, UINT64_MAX, &v);
+        if (!ok) return false;
+    }
+    size_t name = colon ? head - digits - 1 : 0;
+    ok = ok && (!colon || (name > 0 && name < sizeof layer));
+    uint32_t bits = 0x7FC00000u;
+    if (ok && value) {
+        if (strcmp(value, "=inf") == 0) {
+            bits = 0x7F800000u;
+        } else if (strcmp(value, "=-inf") == 0) {
+            bits = 0xFF800000u;
+        } else {
+            ok = strcmp(value, "=nan") == 0;
+        }
+    }
+    if (!ok) {
+        fprintf(stderr, "qtrain run: --inject-nonfinite takes STEP[:LAYER][=nan|inf|-inf] (a "
+                "train step of the trace, a linear layer, the value), not '%s'\n", text);
+        return false;
+    }
+    if (colon) {
+        memcpy(layer, colon + 1, name);
+        layer[name] = '\0';
+    }
+    *out = (run_inject){true, v, colon ? layer : NULL, bits};
+    return true;
+}
+
 static bool parse_emulated_gemm(const char *command, const char *how,
                                 model_emulated_gemm *out) {
     if (strcmp(how, "auto") == 0) {
@@ -228,6 +273,8 @@ static int parse_flag(cli_command command, int argc, char **argv, int *i, cli_ar
         if (!parse_count_arg(a->command, arg, value, 1, UINT64_MAX, &o->save_every)) return -1;
     } else if (train && strcmp(arg, "--resume") == 0) {
         a->resume_path = value;
+    } else if (train && strcmp(arg, "--inject-nonfinite") == 0) {
+        if (!parse_inject(value, &o->inject)) return -1;
     } else if (strcmp(arg, "--emulated-gemm") == 0) {
         if (!parse_emulated_gemm(a->command, value, &o->emulated_gemm)) return -1;
     } else {
@@ -288,7 +335,15 @@ static qt_status load_and_plan(const cli_args *a) {
     size_t bytes = 0;
     QT_TRY(input_file_read(a->recipe_path, "recipe", recipe_text, sizeof recipe_text, &bytes));
     QT_TRY(recipe_parse(recipe_text, bytes, a->recipe_path, &the_recipe));
-    return run_plan(&the_run, &the_recipe, recipe_text, bytes, &a->options);
+    uint64_t table_bytes = 0;
+    QT_TRY(run_measure(&the_run, &the_recipe, recipe_text, bytes, &a->options, &table_bytes));
+    // The run's tables, sized from the model; they live as long as the command.
+    void *tables = aligned_alloc(64, (table_bytes + 63) / 64 * 64);
+    if (!tables) {
+        return qt_fail(QT_ERR_CAPACITY, "cannot allocate %llu bytes for the run's tables",
+                       (unsigned long long)table_bytes);
+    }
+    return run_plan(&the_run, tables, table_bytes);
 }
 
 static int command_plan(int argc, char **argv) {
@@ -779,14 +834,17 @@ static int command_export(int argc, char **argv) {
         fprintf(stderr, "usage: qtrain export CKPT OUT.safetensors [--quantized] [--force]\n");
         return 2;
     }
-    static ckpt_reader reader;  // the checkpoint's table (large)
-    void *buffer = aligned_alloc(256, EXPORT_BUFFER_BYTES);
+    static ckpt_reader reader;
+    uint32_t regions = 0, params = 0;
+    qt_status status = ckpt_peek(paths[0], &regions, &params);
+    if (status != QT_OK) return fail_status("export", status);
+    uint64_t bytes = export_memory_bytes(regions, params);  // sized from the checkpoint's table
+    void *buffer = aligned_alloc(256, (bytes + 255) / 256 * 256);
     if (!buffer) {
-        fprintf(stderr, "qtrain export: cannot allocate %d bytes\n", (int)EXPORT_BUFFER_BYTES);
+        fprintf(stderr, "qtrain export: cannot allocate %llu bytes\n", (unsigned long long)bytes);
         return 1;
     }
-    qt_status status = export_safetensors(&reader, paths[0], paths[1], quantized, force, buffer,
-                                          EXPORT_BUFFER_BYTES);
+    status = export_safetensors(&reader, paths[0], paths[1], quantized, force, buffer, bytes);
     free(buffer);
     if (status != QT_OK) return fail_status("export", status);
     const ckpt_header *h = &reader.table.header;
