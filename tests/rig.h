@@ -11,6 +11,44 @@
 
 #include "backend.h"
 
+// Tables of test programs and arenas (runtime/program.h, arena/arena.h) are sized generously
+// instead of from a model: RIG_OPS ops, RIG_REGIONS regions, from malloc, one allocation per
+// program or arena variable (keyed by its address), reused by every later init of that variable
+// and kept for the process.
+#define RIG_OPS 2048
+#define RIG_REGIONS 2048
+#define RIG_TABLE_OWNERS 64
+
+static inline void *rig_table_for(const void *owner, size_t bytes) {
+    static struct {
+        const void *owner;
+        void *storage;
+        size_t bytes;
+    } tables[RIG_TABLE_OWNERS];
+    for (int i = 0; i < RIG_TABLE_OWNERS; i++) {
+        if (tables[i].owner == owner && tables[i].bytes >= bytes) return tables[i].storage;
+    }
+    for (int i = 0; i < RIG_TABLE_OWNERS; i++) {
+        if (tables[i].owner != NULL && tables[i].owner != owner) continue;
+        free(tables[i].storage);
+        tables[i].owner = owner;
+        tables[i].bytes = bytes;
+        tables[i].storage = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        if (tables[i].storage == NULL) abort();
+        return tables[i].storage;
+    }
+    fprintf(stderr, "rig_table_for: more than %d programs and arenas\n", RIG_TABLE_OWNERS);
+    abort();
+}
+
+static inline void rig_prog_init(program *p, const char *mode) {
+    prog_init(p, mode, 0, rig_table_for(p, prog_storage_bytes(RIG_OPS)), RIG_OPS);
+}
+
+static inline void rig_arena_init(arena *a, arena_kind kind, const char *name) {
+    arena_init(a, kind, name, rig_table_for(a, arena_storage_bytes(RIG_REGIONS)), RIG_REGIONS);
+}
+
 typedef struct rig {
     backend be;
     arena dev;
@@ -33,9 +71,9 @@ static inline bool rig_open(rig *r, backend_kind kind, const char **why) {
     } else {
         backend_open_ref(&r->be);
     }
-    arena_init(&r->dev, ARENA_KIND_DEVICE, "device");
-    arena_init(&r->host, ARENA_KIND_HOST, "host");
-    prog_init(&r->prog, "test", 0);
+    rig_arena_init(&r->dev, ARENA_KIND_DEVICE, "device");
+    rig_arena_init(&r->host, ARENA_KIND_HOST, "host");
+    rig_prog_init(&r->prog, "test");
     return true;
 }
 
@@ -86,9 +124,9 @@ static inline void rig_release(rig *r) {
 // A fresh case on an open rig: new arenas and an empty program, the same backend.
 static inline void rig_reset(rig *r) {
     rig_release(r);
-    arena_init(&r->dev, ARENA_KIND_DEVICE, "device");
-    arena_init(&r->host, ARENA_KIND_HOST, "host");
-    prog_init(&r->prog, "test", 0);
+    rig_arena_init(&r->dev, ARENA_KIND_DEVICE, "device");
+    rig_arena_init(&r->host, ARENA_KIND_HOST, "host");
+    rig_prog_init(&r->prog, "test");
 }
 
 static inline void rig_close(rig *r) {
