@@ -37,15 +37,34 @@ const char *arena_phase_name(arena_phase p) {
     return "";
 }
 
-void arena_init(arena *a, arena_kind kind, const char *name) {
+uint64_t arena_storage_bytes(uint32_t capacity) {
+    return (uint64_t)capacity * (sizeof(arena_region) + 2 * sizeof(arena_handle));
+}
+
+void arena_init(arena *a, arena_kind kind, const char *name, void *storage, uint32_t capacity) {
     QT_ASSERT(a != NULL && name != NULL);
     QT_ASSERT(kind == ARENA_KIND_DEVICE || kind == ARENA_KIND_HOST);
     QT_ASSERT(strlen(name) < ARENA_NAME_MAX);
-    // The whole table is zeroed so that a printed or compared arena never shows stale bytes.
+    QT_ASSERT((storage == NULL) == (capacity == 0) && capacity <= ARENA_REGIONS_LIMIT);
+    QT_ASSERT((uintptr_t)storage % 8 == 0);
     memset(a, 0, sizeof *a);
     a->kind = kind;
     a->phase = ARENA_PHASE_PLAN;
     strcpy(a->name, name);
+    if (storage == NULL) return;
+    // The whole table is zeroed so that a printed or compared arena never shows stale bytes.
+    memset(storage, 0, arena_storage_bytes(capacity));
+    a->region_capacity = capacity;
+    a->regions = storage;
+    a->pack_order = (arena_handle *)(a->regions + capacity);
+    a->pack_placed = a->pack_order + capacity;
+}
+
+bool arena_counting(const arena *a) { return a->regions == NULL; }
+
+uint32_t arena_persistent_regions(const arena *a, arena_category c) {
+    QT_ASSERT((unsigned)c < ARENA_CAT_COUNT);
+    return a->persistent_regions[c];
 }
 
 static qt_status arena_check_name(const arena *a, const char *name) {
@@ -60,7 +79,7 @@ static qt_status arena_check_name(const arena *a, const char *name) {
                        "(at most %d characters), shorten the name or raise ARENA_NAME_MAX",
                        a->name, name, length, ARENA_NAME_MAX, ARENA_NAME_MAX - 1);
     }
-    for (uint32_t i = 0; i < a->region_count; i++) {
+    for (uint32_t i = 0; i < a->region_count && !arena_counting(a); i++) {
         if (strcmp(a->regions[i].name, name) == 0) {
             return qt_fail(QT_ERR_INPUT,
                            "arena '%s': region '%s' reserved twice (first as handle %" PRIu32
@@ -95,14 +114,22 @@ qt_status arena_reserve(arena *a, const char *name, uint64_t bytes, uint64_t ali
     QT_ASSERT(a->phase == ARENA_PHASE_PLAN);
     QT_ASSERT((unsigned)category < ARENA_CAT_COUNT);
     QT_ASSERT(first_op == ARENA_LIFETIME_PERSISTENT || first_op >= 0);
-    if (a->region_count == ARENA_REGIONS_MAX) {
+    bool counting = arena_counting(a);
+    uint32_t capacity = counting ? ARENA_REGIONS_LIMIT : a->region_capacity;
+    if (a->region_count == capacity) {
         return qt_fail(QT_ERR_CAPACITY,
-                       "arena '%s': cannot reserve region '%s': all ARENA_REGIONS_MAX (%d) regions "
-                       "are in use; raise ARENA_REGIONS_MAX in arena/arena.h or merge regions",
-                       a->name, name, ARENA_REGIONS_MAX);
+                       "arena '%s': cannot reserve region '%s': the table holds %" PRIu32
+                       " regions%s", a->name, name, capacity,
+                       counting ? " (ARENA_REGIONS_LIMIT, which keeps offsets from overflowing)"
+                                : ", the count its plan was sized for");
     }
     QT_TRY(arena_check_name(a, name));
     QT_TRY(arena_check_size(a, name, bytes, align));
+    if (first_op == ARENA_LIFETIME_PERSISTENT && bytes > 0) a->persistent_regions[category]++;
+    if (counting) {
+        *handle_out = a->region_count++;
+        return QT_OK;
+    }
 
     arena_region *r = &a->regions[a->region_count];
     memset(r, 0, sizeof *r);
@@ -132,6 +159,7 @@ void arena_extend(arena *a, arena_handle h, int32_t op_index) {
     QT_ASSERT(a != NULL && a->phase == ARENA_PHASE_PLAN);
     QT_ASSERT(h < a->region_count);
     QT_ASSERT(op_index >= 0);
+    if (arena_counting(a)) return;
     arena_region *r = &a->regions[h];
     if (r->persistent) return;
     if (op_index < r->first_op) r->first_op = op_index;
@@ -165,7 +193,8 @@ static bool arena_pack_before(const arena *a, arena_handle x, arena_handle y) {
 }
 
 // Insertion sort: O(N^2) moves at worst is about 2M for 2048 regions, well inside the packing
-// budget, and unlike libc's qsort it cannot allocate and is stable by construction.
+// budget (a model of the parser's largest size has some 15000 regions: well under a second),
+// and unlike libc's qsort it cannot allocate and is stable by construction.
 static void arena_pack_order(const arena *a, arena_handle *order) {
     for (uint32_t i = 0; i < a->region_count; i++) {
         arena_handle h = i;
@@ -213,10 +242,10 @@ static void arena_placed_insert(const arena *a, arena_handle *placed, uint32_t p
 }
 
 void arena_pack(arena *a) {
-    QT_ASSERT(a != NULL && a->phase == ARENA_PHASE_PLAN);
-    // Scratch lives on the stack (16 KiB) because the library does not allocate.
-    arena_handle order[ARENA_REGIONS_MAX];
-    arena_handle placed[ARENA_REGIONS_MAX];
+    QT_ASSERT(a != NULL && a->phase == ARENA_PHASE_PLAN && !arena_counting(a));
+    // Scratch beside the table, sized with it: the library does not allocate.
+    arena_handle *order = a->pack_order;
+    arena_handle *placed = a->pack_placed;
     uint32_t placed_count = 0;
     uint64_t end_max = 0;
 
@@ -282,12 +311,12 @@ void *arena_host_pointer(const arena *a, arena_handle h) {
 }
 
 const arena_region *arena_region_get(const arena *a, arena_handle h) {
-    QT_ASSERT(a != NULL && h < a->region_count);
+    QT_ASSERT(a != NULL && h < a->region_count && !arena_counting(a));
     return &a->regions[h];
 }
 
 uint64_t arena_category_bytes(const arena *a, arena_category c) {
-    QT_ASSERT(a != NULL && (unsigned)c < ARENA_CAT_COUNT);
+    QT_ASSERT(a != NULL && (unsigned)c < ARENA_CAT_COUNT && !arena_counting(a));
     uint64_t bytes = 0;
     for (uint32_t i = 0; i < a->region_count; i++) {
         if (a->regions[i].category == c) bytes += a->regions[i].bytes;
@@ -308,7 +337,7 @@ static uint64_t arena_live_bytes_at(const arena *a, int32_t op) {
 // The live sum only rises where a lifetime starts, so the peak is at some region's first_op:
 // checking those ops is O(N^2) instead of a sweep over every op index.
 uint64_t arena_lower_bound(const arena *a) {
-    QT_ASSERT(a != NULL);
+    QT_ASSERT(a != NULL && !arena_counting(a));
     uint64_t persistent_bytes = 0, peak_bytes = 0;
     for (uint32_t i = 0; i < a->region_count; i++) {
         const arena_region *r = &a->regions[i];
@@ -386,7 +415,7 @@ static void arena_print_total(FILE *out, const char *label, uint64_t bytes) {
 }
 
 void arena_print(const arena *a, FILE *out) {
-    QT_ASSERT(a != NULL && out != NULL);
+    QT_ASSERT(a != NULL && out != NULL && !arena_counting(a));
     fprintf(out, "arena '%s' (%s, phase %s): %" PRIu32 " regions\n", a->name,
             a->kind == ARENA_KIND_DEVICE ? "device" : "host", arena_phase_name(a->phase),
             a->region_count);

@@ -33,6 +33,11 @@
 // Each region starts at a multiple of its alignment (device regions: at least 256 bytes).
 //
 // Packing is greedy (largest first, first gap that fits), deterministic, and O(N^2) in regions.
+//
+// The region table is the caller's memory (arena_storage_bytes for a given number of regions),
+// sized from the model at planning: runtime/run.h plans once with counting arenas (no table:
+// arena_reserve checks its arguments and numbers the regions, nothing else may be asked) and
+// then again over tables of exactly the counted size.
 #ifndef QT_ARENA_H
 #define QT_ARENA_H
 
@@ -42,14 +47,15 @@
 
 #include "status.h"  // qt_status, qt_fail, QT_ASSERT
 
-#define ARENA_REGIONS_MAX 2048
 #define ARENA_NAME_MAX 64
 // NOTE: cuMemAlloc returns 256-byte aligned memory and the vectorized kernels and TMA
 // descriptors want at least 16; 256 on every device region keeps any region usable by any kernel.
 #define ARENA_DEVICE_ALIGN_MIN 256
 #define ARENA_LIFETIME_PERSISTENT (-1)
-// Bounds that keep offset arithmetic far from uint64 overflow: 2048 regions of 2^48 bytes each,
-// each padded by at most 2^30, sum to less than 2^60.
+// Bounds that keep offset arithmetic from uint64 overflow: 2^15 regions of 2^48 bytes each,
+// each padded by at most 2^30, sum to less than 2^64. A model of the parser's largest size
+// (recipes/recipe.h) needs well under 2^15 regions per arena.
+#define ARENA_REGIONS_LIMIT (1u << 15)
 #define ARENA_BYTES_MAX (UINT64_C(1) << 48)
 #define ARENA_ALIGN_MAX (UINT64_C(1) << 30)
 
@@ -88,7 +94,11 @@ typedef struct arena {
     arena_phase phase;
     char name[ARENA_NAME_MAX];
     uint32_t region_count;
-    arena_region regions[ARENA_REGIONS_MAX];
+    uint32_t region_capacity;  // entries of the caller's table; 0: a counting arena
+    arena_region *regions;     // [region_capacity], the caller's (arena_init)
+    arena_handle *pack_order;  // [region_capacity] each: arena_pack's scratch, in the same
+    arena_handle *pack_placed; // storage
+    uint32_t persistent_regions[ARENA_CAT_COUNT];  // persistent regions with bytes, counting too
     uint64_t bytes_total;   // after packing: end of the highest region, rounded to 256
     uint64_t base_address;  // after bind: device address (or host address as integer)
     uint8_t *host_base;     // after bind: host pointer for host arenas / reference backend, or NULL
@@ -96,22 +106,32 @@ typedef struct arena {
                             // whoever releases the arena frees none
 } arena;
 
-// Starts an empty arena in PLAN. `name` (shorter than ARENA_NAME_MAX) appears in messages.
-void arena_init(arena *a, arena_kind kind, const char *name);
+// Bytes of storage for a table of `capacity` regions (8-byte aligned memory).
+uint64_t arena_storage_bytes(uint32_t capacity);
+
+// Starts an empty arena in PLAN over `storage` (arena_storage_bytes(capacity) bytes, the
+// caller's, outliving the arena; capacity <= ARENA_REGIONS_LIMIT). `name` (shorter than
+// ARENA_NAME_MAX) appears in messages. storage NULL (capacity 0): a counting arena, which only
+// numbers what arena_reserve accepts (region_count) and answers arena_counting.
+void arena_init(arena *a, arena_kind kind, const char *name, void *storage, uint32_t capacity);
+bool arena_counting(const arena *a);
 
 // PLAN only. Reserves `bytes` (may be 0: no space, but a valid handle) aligned to `align` (a power
 // of two, at most ARENA_ALIGN_MAX; device arenas raise it to ARENA_DEVICE_ALIGN_MIN).
 // first_op = ARENA_LIFETIME_PERSISTENT makes the region persistent (last_op ignored); otherwise
 // first_op >= 0 and the region lives over [first_op, last_op], and first_op > last_op means "not
-// used yet" (widen it with arena_extend). Fails with QT_ERR_CAPACITY when ARENA_REGIONS_MAX regions
-// exist, QT_ERR_INPUT on an empty, too long or duplicate name, a bad alignment or bytes above
-// ARENA_BYTES_MAX.
+// used yet" (widen it with arena_extend). Fails with QT_ERR_CAPACITY when the table is full (or
+// ARENA_REGIONS_LIMIT regions are counted), QT_ERR_INPUT on an empty, too long or duplicate name
+// (a counting arena keeps no names to compare), a bad alignment or bytes above ARENA_BYTES_MAX.
 qt_status arena_reserve(arena *a, const char *name, uint64_t bytes, uint64_t align,
                         arena_category category, int32_t first_op, int32_t last_op,
                         arena_handle *handle_out);
 
+// Any phase, counting arenas too: the persistent regions of category c that have bytes.
+uint32_t arena_persistent_regions(const arena *a, arena_category c);
+
 // PLAN only. Widens a transient region's lifetime to include op_index (>= 0); no effect on a
-// persistent region, which already includes every op.
+// persistent region, which already includes every op, nor on a counting arena.
 void arena_extend(arena *a, arena_handle h, int32_t op_index);
 
 // PLAN -> BIND. Places regions in order of decreasing bytes (ties: lower handle first), each at

@@ -8,10 +8,11 @@ extern "C" __global__ void qt_fill_random(const __grid_constant__ fill_random_ar
     for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < args.count;
          i += stride) {
         float value = qt_fill_value(args.seed, args.offset + i, args.dist, args.a, args.b);
+        uint64_t at = qt_fill_index(&args, i);
         if (args.dtype == QT_DTYPE_BF16) {
-            ((uint16_t *)args.out)[i] = qt_f32_to_bf16(value);
+            ((uint16_t *)args.out)[at] = qt_f32_to_bf16(value);
         } else {
-            ((float *)args.out)[i] = value;
+            ((float *)args.out)[at] = value;
         }
     }
 }

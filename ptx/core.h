@@ -3,7 +3,8 @@
 //
 // Owns nothing. Every kernel takes one args struct by value; sizes are asserted on both sides.
 //
-//   fill_random    out[i] = dist(philox(seed, offset + i))         any (seed, offset) window
+//   fill_random    out[at(i)] = dist(philox(seed, offset + i))     any (seed, offset) window;
+//                  at(i) = i / row_cols * row_stride + i % row_cols  (rows of a wider matrix)
 //   copy           dst[0..bytes) = src[0..bytes)
 //   checksum       out = H(src[0..bytes)), two launches: per-block partial sums of word hashes,
 //                  then one block over the partials. H is position-sensitive (each 64-bit word is
@@ -25,15 +26,17 @@
 #define QT_FILL_NORMAL 1u   // mean a, standard deviation b (Box-Muller)
 
 typedef struct fill_random_args {
-    uint64_t out;     // (count) f32 or bf16
-    uint64_t count;
+    uint64_t out;     // f32 or bf16: count values, row_cols to a row, rows row_stride apart
+    uint64_t count;   // a multiple of row_cols
     uint64_t seed;
     uint64_t offset;  // element i uses Philox counter offset + i: windows of one stream compose
+    uint64_t row_cols;    // >= 1; count for a contiguous fill
+    uint64_t row_stride;  // >= row_cols, in elements
     float a, b;
     uint32_t dtype;  // QT_DTYPE_F32 | QT_DTYPE_BF16 (rounded to nearest even)
     uint32_t dist;   // QT_FILL_UNIFORM | QT_FILL_NORMAL
 } fill_random_args;
-QT_STATIC_ASSERT(sizeof(fill_random_args) == 48, "fill_random_args layout");
+QT_STATIC_ASSERT(sizeof(fill_random_args) == 64, "fill_random_args layout");
 
 typedef struct copy_args {
     uint64_t dst, src, bytes;
@@ -66,6 +69,12 @@ QT_HD float qt_fill_value(uint64_t seed, uint64_t index, uint32_t dist, float a,
     float radius = qt_sqrtf(-2.0f * qt_logf(u1));
     float z = radius * qt_cospif(2.0f * u2);
     return qt_fmaf(z, b, a);
+}
+
+// Where element i of a fill goes: a contiguous fill (row_stride == row_cols) needs no division.
+QT_HD uint64_t qt_fill_index(const fill_random_args *a, uint64_t i) {
+    if (a->row_stride == a->row_cols) return i;
+    return i / a->row_cols * a->row_stride + i % a->row_cols;
 }
 
 // splitmix64's finalizer: a bijection with full avalanche, cheap on both sides.

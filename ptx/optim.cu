@@ -6,7 +6,8 @@
 extern "C" __global__ void __launch_bounds__(QT_OPTIM_BEGIN_THREADS)
     qt_optim_begin(const __grid_constant__ optim_begin_args args) {
     if (blockIdx.x != 0 || threadIdx.x != 0) return;
-    qt_optim_begin_apply((optim_state *)args.state, (const optim_grad_norm *)args.grad_norm,
+    qt_optim_begin_apply((uint64_t *)args.steps, (optim_state *)args.state,
+                         (const optim_grad_norm *)args.grad_norm,
                          (const optim_lr_row *)args.lr_rows, args.row_count);
 }
 

@@ -7,24 +7,31 @@
 // Owns nothing. Device state, written by device kernels only, so one captured graph serves every
 // step and every schedule row:
 //
-//   optim_state     (24 B, persistent)  step: counted steps so far (u64); lr, skip, clip: this
-//                                       step's values, written by qt_optim_begin
+//   steps           (8 B, persistent)   u64: the counted (not skipped) steps so far
+//   optim_state     (24 B, one step)    this step's values, written by qt_optim_begin: step
+//                                       (counted steps, this one included unless skipped), lr,
+//                                       skip, clip; read by the updates and the step's record
 //   optim_lr_row[n] (32 B each)         the learning-rate schedule, sorted by start
 //   optim_grad_norm (16 B, input)       {norm, clip_factor, nonfinite}: written by the global-norm
 //                                       kernel of the act family; optional
 //
 //   kernel            what                                               launch
 //   qt_optim_begin    skip = nonfinite || clip not finite; lr from the   1 block x 32 threads,
-//                     schedule row of step t = state.step (before the    thread 0 works
-//                     increment); step += 1 unless skipped
+//                     schedule row of step t = steps (before the         thread 0 works
+//                     increment); steps += 1 unless skipped; the state
 //   qt_optim_adamw    one parameter: grad, master, m, v -> master, m, v  one 64 x 64 tile per
 //                     and, fused, the BF16 copy or the FP8 per-tensor    block, 256 threads,
 //                     delayed codes (rowwise + transposed columnwise,    each 4 rows x 4 columns
 //                     scale_inv, atomic amax into history row 0); or
 //                     the new master's amax for a cast that follows
 //
-// A skipped step (state.skip = 1) changes nothing: qt_optim_adamw writes no master, m, v, codes,
-// scale_inv or amax history, and the step counter stays. Formats cast by a separate kernel after
+// A skipped step (state.skip = 1) changes no persistent byte of the model: qt_optim_adamw writes
+// no master, m, v, codes, scale_inv or amax history, the counted steps stay, the step's own
+// values live in a region of the train program alone, and the end of the step leaves the
+// delayed-scaling state as it was (ptx/quant_fp8.h: the step's amaxes are dropped, nothing
+// rolls), so a run that meets a non-finite gradient goes on from the state before it, bit for
+// bit (tests/test_faults.c checks every persistent region in every format). Formats cast by a
+// separate kernel after
 // the update (see runtime/op_optim.h) recast the unchanged master, which reproduces the weight's
 // bytes because the weight always is the cast of its master (op_optim_quantize establishes that
 // at start-up and every step keeps it); for them the update kernel still writes the master's
@@ -56,7 +63,8 @@
 // repeated multiplication, and needs no transcendental function.
 //
 // Learning rate at step index t (counted steps before this one): the row is the last one with
-// start <= t (row 0 if none); d = min(t - start, steps), f = float(d) / float(steps);
+// start <= t (row 0 if none; found by binary search over the sorted rows); d = min(t - start,
+// steps), f = float(d) / float(steps);
 //   CONSTANT  a
 //   LINEAR    a + (b - a) * f                       a at the row's first step, b at start + steps
 //   COSINE    a + (b - a) * (0.5 * (1 - cospi(f)))  cospi from qt_math.h (bit-identical twins)
@@ -92,7 +100,7 @@ QT_STATIC_ASSERT(QT_FP8_E4M3 == QT_BLOCK_E4M3 && QT_FP8_E5M2 == QT_BLOCK_E5M2,
                                           // master as it is (start-up quantization)
 
 typedef struct optim_state {
-    uint64_t step;  // counted (not skipped) steps, including the current one after begin
+    uint64_t step;  // counted (not skipped) steps, including this one unless it is skipped
     float lr;       // this step's schedule learning rate
     uint32_t skip;  // 1: this step is skipped
     float clip;     // this step's gradient multiplier (1 without a norm input)
@@ -119,13 +127,14 @@ typedef struct optim_lr_row {
 QT_STATIC_ASSERT(sizeof(optim_lr_row) == 32, "optim_lr_row layout");
 
 typedef struct optim_begin_args {
-    uint64_t state;      // optim_state, read and written
+    uint64_t steps;      // u64 counted steps, read; written (+1) unless the step is skipped
+    uint64_t state;      // optim_state, written
     uint64_t grad_norm;  // optim_grad_norm, read; 0 = none (clip 1, never skip)
     uint64_t lr_rows;    // optim_lr_row [row_count], read
     uint32_t row_count;  // >= 1
     uint32_t reserved;
 } optim_begin_args;
-QT_STATIC_ASSERT(sizeof(optim_begin_args) == 32, "optim_begin_args layout");
+QT_STATIC_ASSERT(sizeof(optim_begin_args) == 40, "optim_begin_args layout");
 
 typedef struct optim_adamw_args {
     uint64_t state;      // optim_state, read (not with QUANTIZE_ONLY)
@@ -181,12 +190,23 @@ QT_HD float qt_optim_bias_correction(float beta, uint64_t step) {
     return (float)(1.0 - qt_optim_powi((double)beta, step));
 }
 
-QT_HD float qt_optim_lr_at(const optim_lr_row *rows, uint32_t count, uint64_t t) {
-    uint32_t r = 0;
-    for (uint32_t i = 1; i < count; i++) {
-        if (rows[i].start <= t) r = i;
+// The row of step t: the last row i >= 1 with start <= t, else row 0. A binary search (rows
+// are sorted by start), so a schedule of many rows (repeats) costs a few reads per step.
+QT_HD uint32_t qt_optim_lr_row_of(const optim_lr_row *rows, uint32_t count, uint64_t t) {
+    uint32_t lo = 1, hi = count;  // rows [1, lo) start at or before t, rows [hi, count) after
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (rows[mid].start <= t) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
     }
-    const optim_lr_row *row = &rows[r];
+    return lo - 1;
+}
+
+QT_HD float qt_optim_lr_at(const optim_lr_row *rows, uint32_t count, uint64_t t) {
+    const optim_lr_row *row = &rows[qt_optim_lr_row_of(rows, count, t)];
     if (row->rule == QT_OPTIM_LR_CONSTANT || row->steps == 0) return row->a;
     uint64_t d = t > row->start ? t - row->start : 0;
     if (d > row->steps) d = row->steps;
@@ -196,7 +216,7 @@ QT_HD float qt_optim_lr_at(const optim_lr_row *rows, uint32_t count, uint64_t t)
 }
 
 // The whole of qt_optim_begin (one thread on the device).
-QT_HD void qt_optim_begin_apply(optim_state *s, const optim_grad_norm *norm,
+QT_HD void qt_optim_begin_apply(uint64_t *steps, optim_state *s, const optim_grad_norm *norm,
                                 const optim_lr_row *rows, uint32_t row_count) {
     float clip = 1.0f;
     uint32_t skip = 0;
@@ -204,10 +224,13 @@ QT_HD void qt_optim_begin_apply(optim_state *s, const optim_grad_norm *norm,
         clip = norm->clip_factor;
         skip = (norm->nonfinite != 0 || !qt_optim_finite(clip)) ? 1u : 0u;
     }
-    s->lr = qt_optim_lr_at(rows, row_count, s->step);
+    uint64_t done = *steps;
+    s->lr = qt_optim_lr_at(rows, row_count, done);
     s->clip = clip;
     s->skip = skip;
-    if (!skip) s->step += 1;
+    s->reserved = 0;
+    s->step = skip ? done : done + 1;
+    if (!skip) *steps = done + 1;
 }
 
 // What one launch of qt_optim_adamw does.

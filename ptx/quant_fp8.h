@@ -124,6 +124,10 @@ QT_STATIC_ASSERT(sizeof(fp8_dequantize_args) == 72, "fp8_dequantize_args layout"
 //   update = 1 (training):   amax_out[e] = history[0][j], this step's amax before the roll;
 //                            the update of qt_fp8_delayed_update_slot (no all-reduced amaxes);
 //                            scale_out[e] = scale[j], the scale the next step casts with
+//                            A step the optimizer skipped (*skip != 0: a non-finite gradient)
+//                            leaves the state as it was before the step: history[0][j] (zero
+//                            when the step began) := 0, no roll, the scale stays; the amax
+//                            snapshot still shows the step's amax
 //   update = 0 (eval, infer): scale_out[e] = scale[j]; nothing is written to the state
 // Snapshots are bit copies. States beyond QT_FP8_STATES_PER_OP take more launches; they touch
 // disjoint slots, so their order does not matter.
@@ -144,11 +148,12 @@ QT_STATIC_ASSERT(sizeof(fp8_delayed_state) == 40, "fp8_delayed_state layout");
 typedef struct fp8_delayed_states_args {
     uint64_t amax_out;   // f32 [entries], update only; 0 = no amax snapshot
     uint64_t scale_out;  // f32 [entries]; 0 = no scale snapshot
+    uint64_t skip;       // u32, update only: non-zero when this step is skipped; 0 = never
     uint32_t count;      // states in this launch, 1 ..= QT_FP8_STATES_PER_OP
     uint32_t update;     // 1: snapshot, roll and update (training); 0: scale snapshot only
     fp8_delayed_state states[QT_FP8_STATES_PER_OP];
 } fp8_delayed_states_args;
-QT_STATIC_ASSERT(sizeof(fp8_delayed_states_args) == 224, "fp8_delayed_states_args layout");
+QT_STATIC_ASSERT(sizeof(fp8_delayed_states_args) == 232, "fp8_delayed_states_args layout");
 
 #define QT_KERNELS_QUANT_FP8(X)                                                              \
     X(KERNEL_FP8_AMAX_ZERO, quant_fp8, qt_fp8_amax_zero, fp8_amax_zero_args)                 \
@@ -299,9 +304,13 @@ QT_HD void qt_fp8_delayed_states_slot(const fp8_delayed_states_args *a, uint32_t
             ((uint32_t *)(uintptr_t)a->amax_out)[entry] =
                 ((const uint32_t *)(uintptr_t)st->history)[j];
         }
-        fp8_delayed_update_args u = {st->history, st->scale, 0, st->slots, st->history_len,
-                                     st->algo, st->scaled_max};
-        qt_fp8_delayed_update_slot(&u, j);
+        if (a->skip != 0 && *(const uint32_t *)(uintptr_t)a->skip != 0) {
+            ((float *)(uintptr_t)st->history)[j] = 0.0f;
+        } else {
+            fp8_delayed_update_args u = {st->history, st->scale, 0, st->slots, st->history_len,
+                                         st->algo, st->scaled_max};
+            qt_fp8_delayed_update_slot(&u, j);
+        }
     }
     if (a->scale_out) {
         const uint32_t *scale = (const uint32_t *)(uintptr_t)st->scale;

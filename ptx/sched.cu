@@ -66,8 +66,8 @@ extern "C" __global__ void __launch_bounds__(QT_SCHED_RECORD_THREADS)
     qt_sched_record(const __grid_constant__ sched_record_args args) {
     uint64_t *counter = (uint64_t *)args.counter;
     uint64_t step = *(volatile uint64_t *)counter;
-    qt_trace_record *r = (qt_trace_record *)args.ring + step % args.ring_len;
-    for (uint32_t i = threadIdx.x; i < QT_TRACE_QUANTIZERS_MAX; i += blockDim.x) {
+    qt_trace_ring_head *r = qt_trace_ring_at(args.ring, step % args.ring_len, args.quantizers);
+    for (uint32_t i = threadIdx.x; i < args.quantizers; i += blockDim.x) {
         qt_sched_record_entry(&args, i, r);
     }
     if (threadIdx.x == 0) qt_sched_record_header(&args, step, r);
@@ -80,7 +80,16 @@ extern "C" __global__ void __launch_bounds__(QT_SCHED_RECORD_THREADS)
     if (threadIdx.x != 0) return;
     uint64_t counter = *(const volatile uint64_t *)args.counter;
     if (counter == 0) return;  // no step has been recorded yet
-    qt_trace_record *r = (qt_trace_record *)args.ring + (counter - 1) % args.ring_len;
+    qt_trace_ring_head *r = qt_trace_ring_at(args.ring, (counter - 1) % args.ring_len,
+                                             args.quantizers);
     r->checksum = qt_sched_checksum_fold((const uint64_t *)args.hashes, args.count);
     r->flags |= QT_TRACE_FLAG_CHECKSUM;
+}
+
+// Reads the counter before its write; the word it writes is read by later ops only.
+extern "C" __global__ void __launch_bounds__(1)
+    qt_sched_inject(const __grid_constant__ sched_inject_args args) {
+    if (*(const volatile uint64_t *)args.counter == args.step) {
+        *(uint32_t *)args.target = args.bits;
+    }
 }

@@ -16,11 +16,15 @@
 //                       src_slots) whose inputs are u8 pixels: header and   16-pixel chunks
 //                       targets copied, pixels -> FP32 x / 255 (IDX data
 //                       crosses PCIe as bytes, a quarter of FP32's)
-//   qt_sched_record     the step's qt_trace_record into ring[counter %      1 block x 32 threads
-//                       ring_len] (pinned host memory); counter += 1
+//   qt_sched_record     the step's record into ring[counter % ring_len]    1 block x 32 threads
+//                       (pinned host memory; ptx/trace_record.h's ring
+//                       layout); counter += 1
 //   qt_sched_checksum   folds the per-region hashes into the record of     1 block x 32 threads,
 //                       the step that just ended (ring[(counter - 1) %     thread 0 works
 //                       ring_len]) and sets its checksum flag
+//   qt_sched_inject     a fault for tests and soaks: when the counter is   1 thread
+//                       `step`, one FP32 word (a gradient element) := the
+//                       given bits (a NaN or an infinity)
 //
 // The batch of step s reaches device slot s % 2 through a copy-engine copy that the schedule
 // loop queues beside step s - 1, and step s's graph waits for it (runtime/schedule.h), so the
@@ -33,8 +37,7 @@
 // IEEE division, 0 when nothing is valid or the loss is not a classification); grad_norm = the
 // global norm before clipping; lr = the optimizer's lr of this step; flags: SKIPPED when the
 // optimizer skipped the step; amax[i] / scale[i] from two FP32 arrays of `quantizers` entries
-// (absent arrays give zeros); unused entries are written as zeros, so every byte of a record is
-// a function of the step.
+// (absent arrays give zeros), so every byte of a ring record is a function of the step.
 #ifndef QT_SCHED_H
 #define QT_SCHED_H
 
@@ -76,7 +79,7 @@ QT_STATIC_ASSERT(sizeof(sched_stage_u8_args) == 72, "sched_stage_u8_args layout"
 
 typedef struct sched_record_args {
     uint64_t counter;     // u64 device step counter, read and incremented
-    uint64_t ring;        // qt_trace_record [ring_len]
+    uint64_t ring;        // ring_len records of `quantizers` entries (qt_trace_ring_bytes)
     uint64_t loss;        // qt_loss_stats, or 0 (loss and accuracy 0)
     uint64_t gnorm;       // qt_gnorm_result, or 0 (grad_norm 0)
     uint64_t optim;       // optim_state, or 0 (lr 0, never skipped)
@@ -90,19 +93,31 @@ typedef struct sched_record_args {
 QT_STATIC_ASSERT(sizeof(sched_record_args) == 72, "sched_record_args layout");
 
 typedef struct sched_checksum_args {
-    uint64_t counter;   // u64 device step counter, read (records written so far)
-    uint64_t ring;      // qt_trace_record [ring_len]
-    uint64_t hashes;    // u64 [count]: one op_checksum result per persistent region, in order
-    uint32_t ring_len;  // >= 1
+    uint64_t counter;     // u64 device step counter, read (records written so far)
+    uint64_t ring;        // ring_len records of `quantizers` entries
+    uint64_t hashes;      // u64 [count]: one op_checksum result per persistent region, in order
+    uint32_t ring_len;    // >= 1
     uint32_t count;
+    uint32_t quantizers;  // of the ring's records
+    uint32_t reserved;
 } sched_checksum_args;
-QT_STATIC_ASSERT(sizeof(sched_checksum_args) == 32, "sched_checksum_args layout");
+QT_STATIC_ASSERT(sizeof(sched_checksum_args) == 40, "sched_checksum_args layout");
+
+typedef struct sched_inject_args {
+    uint64_t counter;  // u64 device step counter, read
+    uint64_t target;   // f32, written at step `step` only
+    uint64_t step;     // the global step index that gets the fault
+    uint32_t bits;     // the value written (0x7FC00000: NaN, 0x7F800000: +infinity)
+    uint32_t reserved;
+} sched_inject_args;
+QT_STATIC_ASSERT(sizeof(sched_inject_args) == 32, "sched_inject_args layout");
 
 #define QT_KERNELS_SCHED(X)                                                 \
     X(KERNEL_SCHED_COPY, sched, qt_sched_copy, sched_copy_args)            \
     X(KERNEL_SCHED_STAGE_U8, sched, qt_sched_stage_u8, sched_stage_u8_args) \
     X(KERNEL_SCHED_RECORD, sched, qt_sched_record, sched_record_args)      \
-    X(KERNEL_SCHED_CHECKSUM, sched, qt_sched_checksum, sched_checksum_args)
+    X(KERNEL_SCHED_CHECKSUM, sched, qt_sched_checksum, sched_checksum_args) \
+    X(KERNEL_SCHED_INJECT, sched, qt_sched_inject, sched_inject_args)
 
 // An IDX pixel as the model sees it: one IEEE division, correctly rounded.
 QT_HD float qt_sched_pixel(uint8_t value) { return (float)value / 255.0f; }
@@ -115,7 +130,7 @@ QT_HD uint64_t qt_sched_slot_offset(uint64_t counter, uint32_t slots, uint64_t s
 // Everything of a record but the amax and scale arrays, written field by field (the record
 // lives in pinned host memory; a device thread writes it through unified addressing).
 QT_HD void qt_sched_record_header(const sched_record_args *a, uint64_t step,
-                                  qt_trace_record *r) {
+                                  qt_trace_ring_head *r) {
     float loss = 0.0f, accuracy = 0.0f, grad_norm = 0.0f, lr = 0.0f;
     uint32_t flags = 0;
     if (a->loss != 0) {
@@ -139,15 +154,13 @@ QT_HD void qt_sched_record_header(const sched_record_args *a, uint64_t step,
     r->checksum = 0;
 }
 
-// Entry i (< QT_TRACE_QUANTIZERS_MAX) of the record's amax and scale arrays.
-QT_HD void qt_sched_record_entry(const sched_record_args *a, uint32_t i, qt_trace_record *r) {
+// Entry i (< quantizers) of the record's amax and scale arrays.
+QT_HD void qt_sched_record_entry(const sched_record_args *a, uint32_t i, qt_trace_ring_head *r) {
     float amax = 0.0f, scale = 0.0f;
-    if (i < a->quantizers) {
-        if (a->amax != 0) amax = ((const float *)(uintptr_t)a->amax)[i];
-        if (a->scale != 0) scale = ((const float *)(uintptr_t)a->scale)[i];
-    }
-    r->amax[i] = amax;
-    r->scale[i] = scale;
+    if (a->amax != 0) amax = ((const float *)(uintptr_t)a->amax)[i];
+    if (a->scale != 0) scale = ((const float *)(uintptr_t)a->scale)[i];
+    qt_trace_ring_amax(r)[i] = amax;
+    qt_trace_ring_scale(r, a->quantizers)[i] = scale;
 }
 
 // The persistent-state checksum of a step: the regions' hashes folded in order (position

@@ -1149,20 +1149,69 @@ static qt_status parse_row_output(parser *p, recipe_row *row, uint32_t first) {
     return QT_OK;
 }
 
+// `repeat N`: the rows since the previous repeat run N times in all. An infer row that writes a
+// file cannot repeat (each time would replace the file), and the expanded schedule keeps within
+// RECIPE_EXPANDED_ROWS_MAX rows (the run's table is sized from it).
+static qt_status parse_repeat(parser *p) {
+    recipe *r = p->r;
+    const token *t = p->tokens;
+    uint32_t n = p->tokens_count;
+    if (r->repeats_count == RECIPE_SCHEDULE_ROWS_MAX) {
+        return fail_capacity(&p->at, t[0].col, "too many repeats: schedule_rows_max is %d",
+                             RECIPE_SCHEDULE_ROWS_MAX);
+    }
+    uint32_t first = 0;
+    if (r->repeats_count > 0) {
+        const recipe_repeat *last = &r->repeats[r->repeats_count - 1];
+        first = last->first_row + last->row_count;
+    }
+    if (first == r->rows_count) {
+        return fail(&p->at, t[0].col, "repeat has no rows to repeat; expected train, eval or "
+                    "infer rows since the start of [schedule] or the previous repeat");
+    }
+    if (n < 2) return fail_expected(&p->at, t, n, 1, "the number of times");
+    uint32_t times = 0;
+    QT_TRY(parse_u32(&p->at, &t[1], "times", 1, RECIPE_EXPANDED_ROWS_MAX, &times));
+    QT_TRY(expect_end(&p->at, t, n, 2));
+    for (uint32_t i = first; i < r->rows_count && times > 1; i++) {
+        if (r->rows[i].output[0] != '\0') {
+            return fail(&p->at, t[1].col, "the infer row of line %u writes output=FILE, which "
+                        "%u repeats would write %u times; expected no output= in a repeated "
+                        "row", r->rows[i].line, times, times);
+        }
+    }
+    uint32_t block = r->rows_count - first;
+    uint64_t expanded = (uint64_t)r->expanded_rows + (uint64_t)block * (times - 1);
+    if (expanded > RECIPE_EXPANDED_ROWS_MAX) {
+        return fail_capacity(&p->at, t[1].col, "the schedule repeats to %llu rows: "
+                             "expanded_rows_max is %u", (unsigned long long)expanded,
+                             RECIPE_EXPANDED_ROWS_MAX);
+    }
+    r->expanded_rows = (uint32_t)expanded;
+    r->repeats[r->repeats_count++] = (recipe_repeat){first, block, times, p->at.line};
+    return QT_OK;
+}
+
 static qt_status parse_row(parser *p) {
     static const char *const modes[] = {"train", "eval", "infer"};
     static const char *const datasets[] = {"train", "eval"};
     recipe *r = p->r;
     const token *t = p->tokens;
     uint32_t n = p->tokens_count, index = r->rows_count;
+    if (strcmp(t[0].text, "repeat") == 0) return parse_repeat(p);
     if (index == RECIPE_SCHEDULE_ROWS_MAX) {
         return fail_capacity(&p->at, t[0].col, "too many schedule rows: schedule_rows_max is %d",
                              RECIPE_SCHEDULE_ROWS_MAX);
     }
     int m = find_name(modes, 3, t[0].text);
     if (m < 0) {
-        return fail(&p->at, t[0].col, "unknown schedule row '%.*s'; expected train, eval or "
-                    "infer", QUOTE_BYTES, t[0].text);
+        return fail(&p->at, t[0].col, "unknown schedule row '%.*s'; expected train, eval, "
+                    "infer or repeat", QUOTE_BYTES, t[0].text);
+    }
+    if (r->expanded_rows == RECIPE_EXPANDED_ROWS_MAX) {
+        return fail_capacity(&p->at, t[0].col, "the schedule has %u rows with its repeats: "
+                             "expanded_rows_max is %u", r->expanded_rows,
+                             RECIPE_EXPANDED_ROWS_MAX);
     }
     recipe_row *row = &r->rows[index];
     memset(row, 0, sizeof *row);
@@ -1194,6 +1243,7 @@ static qt_status parse_row(parser *p) {
         }
     }
     r->rows_count++;
+    r->expanded_rows++;
     return QT_OK;
 }
 

@@ -57,6 +57,9 @@
 //   infer STEPS|all [train|eval] [output=FILE] [argmax]
 //                                            default dataset: eval if given, else train; FILE
 //                                            (.npy) gets the logits, or with argmax the classes
+//   repeat N                                 the rows since the previous repeat (or the start of
+//                                            [schedule]) run N times in all; none may write an
+//                                            output file (N > 1)
 //
 // Layer names (linear, moe, rmsnorm) are unique in the whole model. The roles of a moe layer NAME
 // are NAME.router (module router) and NAME.fc1, NAME.fc2 (module grouped_linear). softmax_xent
@@ -80,13 +83,16 @@
 #define RECIPE_LAYERS_MAX 256
 #define RECIPE_RULES_MAX 64
 #define RECIPE_SCHEDULE_ROWS_MAX 64
+#define RECIPE_EXPANDED_ROWS_MAX (1u << 20)  // schedule rows with every repeat expanded
 #define RECIPE_RESIDUAL_DEPTH_MAX 16
 #define RECIPE_ROLES_MAX 1024        // quantized tensors of the model (3 per linear, 9 per moe)
 #define RECIPE_FEATURES_MAX 1048576  // widths of layers and samples
 #define RECIPE_EXPERTS_MAX 1024
 #define RECIPE_BATCH_MAX 65536
 #define RECIPE_STEPS_MAX 2147483647u
-#define RECIPE_SAMPLES_MAX (UINT64_C(1) << 40)
+// Synthetic samples: the shuffle order indexes samples with 32 bits (runtime/data.h), so a
+// larger count is refused where the recipe gives it.
+#define RECIPE_SAMPLES_MAX UINT64_C(4294967295)
 
 typedef enum recipe_section {
     RECIPE_SECTION_MODEL,
@@ -220,6 +226,13 @@ typedef struct recipe_row {
     uint32_t col;                // train: where the row's length is (for the table's errors)
 } recipe_row;
 
+// `repeat N`: rows [first_row, first_row + row_count) run `times` times in all, in order.
+typedef struct recipe_repeat {
+    uint32_t first_row, row_count;
+    uint32_t times;              // >= 1
+    uint32_t line;
+} recipe_repeat;
+
 typedef struct recipe {
     char file_name[RECIPE_FILE_NAME_MAX];  // for messages of later stages
     recipe_model model;
@@ -228,6 +241,9 @@ typedef struct recipe {
     recipe_data data;
     uint32_t rows_count;
     recipe_row rows[RECIPE_SCHEDULE_ROWS_MAX];
+    uint32_t repeats_count;      // in row order, disjoint
+    recipe_repeat repeats[RECIPE_SCHEDULE_ROWS_MAX];
+    uint32_t expanded_rows;      // rows of the schedule with the repeats expanded
 } recipe;
 
 // Parses and validates `bytes` bytes of text (no terminator needed; a NUL byte is an error).

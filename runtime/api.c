@@ -30,7 +30,6 @@ QT_STATIC_ASSERT((int)QT_EMULATED_GEMM_AUTO == MODEL_EMULATED_AUTO &&
                      (int)QT_EMULATED_GEMM_KERNEL == MODEL_EMULATED_KERNEL &&
                      (int)QT_EMULATED_GEMM_COPIES == MODEL_EMULATED_COPIES,
                  "qt_emulated_gemm mirrors model_emulated_gemm");
-QT_STATIC_ASSERT(QT_QUANTIZERS_MAX == QT_TRACE_QUANTIZERS_MAX, "a record's quantizers");
 QT_STATIC_ASSERT(QT_TRACE_FORMAT == TRACE_VERSION && QT_CHECKPOINT_FORMAT == CKPT_VERSION,
                  "the file formats' versions");
 QT_STATIC_ASSERT(QT_MEMORY_ALIGN >= DATA_ALIGN && QT_MEMORY_ALIGN >= ARENA_DEVICE_ALIGN_MIN,
@@ -46,7 +45,7 @@ struct qt_device {
     qt_runtime *bound;  // the runtime bound to it, or NULL
 };
 
-typedef enum api_phase { API_OPENED, API_PLANNED, API_LOADED, API_BOUND } api_phase;
+typedef enum api_phase { API_OPENED, API_MEASURED, API_PLANNED, API_LOADED, API_BOUND } api_phase;
 
 // The small fields first: qt_open zeroes them (api_open), the planner writes the tables after.
 struct qt_runtime {
@@ -66,6 +65,7 @@ struct qt_runtime {
     bool stepped;                     // a step ran since qt_bind
     bool has_last;
     qt_step_stats last;               // the last step's, for qt_last_step
+    qt_trace_record last_record;      // its record, which last.amax and last.scale point into
     recipe recipe;                    // the tables: written by the parser and the planner
     run run;
     sched_summary loop;               // the last loop's (qt_run, qt_step)
@@ -74,7 +74,8 @@ struct qt_runtime {
 };
 
 static const char *const api_phase_calls[] = {
-    [API_OPENED] = "qt_plan",
+    [API_OPENED] = "qt_measure",
+    [API_MEASURED] = "qt_plan",
     [API_PLANNED] = "qt_load",
     [API_LOADED] = "qt_bind",
     [API_BOUND] = "qt_close",
@@ -108,7 +109,7 @@ static qt_status api_phase_is(const qt_runtime *rt, const char *call, api_phase 
     }
     if (exact && rt->phase > phase) {
         return qt_fail(QT_ERR_STATE, "%s: the runtime is past this step (the lifecycle is "
-                       "qt_plan, qt_load, qt_bind, once each)", call);
+                       "qt_measure, qt_plan, qt_load, qt_bind, in this order)", call);
     }
     return QT_OK;
 }
@@ -282,11 +283,11 @@ static qt_status api_fill(void *ctx, model_mode mode, uint64_t step, void *slot,
 static qt_status api_options(qt_runtime *rt, const qt_options *o, run_options *ro) {
     memset(ro, 0, sizeof *ro);
     if ((unsigned)o->emulated_gemm > QT_EMULATED_GEMM_COPIES || (unsigned)o->inputs > 1) {
-        return qt_fail(QT_ERR_INPUT, "qt_plan: emulated_gemm %d, inputs %d: not a value of "
+        return qt_fail(QT_ERR_INPUT, "qt_measure: emulated_gemm %d, inputs %d: not a value of "
                        "their enums", (int)o->emulated_gemm, (int)o->inputs);
     }
     if (o->infer_input && !o->infer_output) {
-        return qt_fail(QT_ERR_INPUT, "qt_plan: infer_input needs infer_output (the .npy file "
+        return qt_fail(QT_ERR_INPUT, "qt_measure: infer_input needs infer_output (the .npy file "
                        "of the outputs)");
     }
     ro->eager = o->eager;
@@ -308,6 +309,15 @@ static qt_status api_options(qt_runtime *rt, const qt_options *o, run_options *r
     ro->golden_path = o->golden_path;
     ro->metrics_path = o->metrics_path;
     ro->metrics_every = o->metrics_every;
+    if (o->inject) {
+        if (!isnan(o->inject_value) && !isinf(o->inject_value)) {
+            return qt_fail(QT_ERR_INPUT, "qt_measure: inject_value %g; expected a NaN or an "
+                           "infinity", (double)o->inject_value);
+        }
+        uint32_t bits;
+        memcpy(&bits, &o->inject_value, sizeof bits);
+        ro->inject = (run_inject){true, o->inject_step, o->inject_layer, bits};
+    }
     for (int mode = 0; mode < QT_MODE_COUNT; mode++) ro->modes[mode] = o->modes[mode];
     ro->inputs = o->inputs == QT_INPUTS_U8 ? DATA_INPUT_U8 : DATA_INPUT_F32;
     ro->interrupt = &rt->stop;
@@ -316,13 +326,28 @@ static qt_status api_options(qt_runtime *rt, const qt_options *o, run_options *r
     return QT_OK;
 }
 
-qt_status qt_plan(qt_runtime *rt, const qt_options *options) {
-    QT_TRY(api_phase_is(rt, "qt_plan", API_OPENED, true));
+qt_status qt_measure(qt_runtime *rt, const qt_options *options, uint64_t *table_bytes) {
+    *table_bytes = 0;
+    QT_TRY(api_phase_is(rt, "qt_measure", API_OPENED, false));
+    if (rt->phase > API_MEASURED) {
+        return qt_fail(QT_ERR_STATE, "qt_measure: the runtime is planned already (measure, "
+                       "then plan, once)");
+    }
     qt_options defaults;
     memset(&defaults, 0, sizeof defaults);
     run_options ro;
     QT_TRY(api_options(rt, options ? options : &defaults, &ro));
-    QT_TRY(run_plan_hashed(&rt->run, &rt->recipe, rt->recipe_hash, &ro));
+    rt->phase = API_OPENED;  // until this measure succeeds
+    QT_TRY(run_measure_hashed(&rt->run, &rt->recipe, rt->recipe_hash, &ro, table_bytes));
+    rt->phase = API_MEASURED;
+    return QT_OK;
+}
+
+qt_status qt_plan(qt_runtime *rt, void *tables, uint64_t table_bytes) {
+    QT_TRY(api_phase_is(rt, "qt_plan", API_MEASURED, true));
+    QT_TRY(api_memory("the run's tables", tables, (size_t)table_bytes,
+                      (size_t)rt->run.tables.bytes));
+    QT_TRY(run_plan(&rt->run, tables, table_bytes));
     rt->phase = API_PLANNED;
     return QT_OK;
 }
@@ -592,8 +617,9 @@ static void api_progress(void *ctx, const sched_progress *p) {
     s->pass_samples = p->pass_samples;
     s->elapsed_s = p->elapsed_s;
     s->quantizers = rt->run.model.delayed_count;
-    memcpy(s->amax, rec->amax, sizeof s->amax);
-    memcpy(s->scale, rec->scale, sizeof s->scale);
+    rt->last_record = *rec;
+    s->amax = rt->last_record.amax;
+    s->scale = rt->last_record.scale;
     rt->has_last = true;
     if (rt->on_step) rt->on_step(rt->on_step_ctx, s);
 }
@@ -866,21 +892,28 @@ bool qt_resumed(const qt_runtime *rt, uint64_t *step, uint64_t *train_steps) {
     return true;
 }
 
-// qt_export's work area: the checkpoint's reader, then export_safetensors's buffer.
+// qt_export's work area: the checkpoint's reader, then export_safetensors's memory (sized from
+// the checkpoint's table).
 typedef struct api_export {
     ckpt_reader reader;
-    _Alignas(QT_MEMORY_ALIGN) uint8_t buffer[EXPORT_BUFFER_BYTES];
+    _Alignas(QT_MEMORY_ALIGN) uint8_t memory[];
 } api_export;
 
-size_t qt_export_bytes(void) { return sizeof(api_export); }
+qt_status qt_export_bytes(const char *checkpoint_path, uint64_t *bytes) {
+    *bytes = 0;
+    uint32_t regions = 0, params = 0;
+    QT_TRY(ckpt_peek(checkpoint_path, &regions, &params));
+    *bytes = sizeof(api_export) + export_memory_bytes(regions, params);
+    return QT_OK;
+}
 
-qt_status qt_export(void *memory, size_t bytes, const char *checkpoint_path,
+qt_status qt_export(void *memory, uint64_t bytes, const char *checkpoint_path,
                     const char *out_path, bool quantized, bool force, qt_export_info *info) {
     if (info) memset(info, 0, sizeof *info);
-    QT_TRY(api_memory("qt_export's work area", memory, bytes, sizeof(api_export)));
+    QT_TRY(api_memory("qt_export's work area", memory, (size_t)bytes, sizeof(api_export)));
     api_export *x = memory;
     QT_TRY(export_safetensors(&x->reader, checkpoint_path, out_path, quantized, force,
-                              x->buffer, sizeof x->buffer));
+                              x->memory, bytes - sizeof(api_export)));
     if (info) {
         const ckpt_header *h = &x->reader.table.header;
         snprintf(info->recipe_name, sizeof info->recipe_name, "%s", h->recipe_name);

@@ -280,8 +280,16 @@ qt_status backend_profile(backend *b, const program *p, const backend_graph *g, 
 // ---------------------------------------------------------------------------------------------
 // Capture: the program's dependency graph.
 
+// Per capture stream: the last op placed on it, and for each other stream the last op of that
+// stream it has already waited for (a wait covers everything before it on that stream).
+typedef struct capture_plan {
+    int32_t last[BACKEND_CAPTURE_STREAMS];
+    int32_t seen[BACKEND_CAPTURE_STREAMS][BACKEND_CAPTURE_STREAMS];
+    uint32_t *stream_of;  // per op: the program's scratch
+} capture_plan;
+
 // need[s]: the latest earlier op on stream s that op j depends on (-1: none).
-static void capture_needs(const program *p, const backend_capture_plan *c, uint32_t j,
+static void capture_needs(const program *p, const capture_plan *c, uint32_t j,
                           int32_t need[BACKEND_CAPTURE_STREAMS]) {
     for (int s = 0; s < BACKEND_CAPTURE_STREAMS; s++) need[s] = -1;
     for (uint32_t i = j; i-- > 0;) {
@@ -293,8 +301,7 @@ static void capture_needs(const program *p, const backend_capture_plan *c, uint3
 
 // A stream for op j: one whose last op j needs anyway (the chain goes on without a wait), else
 // an unused stream, else the one whose last op is oldest (the least likely to hold j back).
-static int capture_pick(const backend_capture_plan *c,
-                        const int32_t need[BACKEND_CAPTURE_STREAMS]) {
+static int capture_pick(const capture_plan *c, const int32_t need[BACKEND_CAPTURE_STREAMS]) {
     int best = -1;
     for (int s = 0; s < BACKEND_CAPTURE_STREAMS; s++) {
         if (c->last[s] >= 0 && need[s] == c->last[s] && (best < 0 || need[s] > need[best])) {
@@ -313,12 +320,13 @@ static int capture_pick(const backend_capture_plan *c,
 }
 
 static qt_status backend_capture_ops(backend *b, const program *p) {
-    backend_capture_plan *c = &b->capture_plan;
+    capture_plan c;
+    c.stream_of = p->op_scratch;
     CUstream *streams = b->capture_streams;
     CUevent *events = b->capture_events;
     for (int s = 0; s < BACKEND_CAPTURE_STREAMS; s++) {
-        c->last[s] = -1;
-        for (int t = 0; t < BACKEND_CAPTURE_STREAMS; t++) c->seen[s][t] = -1;
+        c.last[s] = -1;
+        for (int t = 0; t < BACKEND_CAPTURE_STREAMS; t++) c.seen[s][t] = -1;
     }
     // The side streams join the capture from stream 0's start.
     QT_CU(cuEventRecord(events[0], streams[0]));
@@ -327,22 +335,22 @@ static qt_status backend_capture_ops(backend *b, const program *p) {
     }
     for (uint32_t j = 0; j < p->op_count; j++) {
         int32_t need[BACKEND_CAPTURE_STREAMS];
-        capture_needs(p, c, j, need);
-        int s = capture_pick(c, need);
+        capture_needs(p, &c, j, need);
+        int s = capture_pick(&c, need);
         for (int t = 0; t < BACKEND_CAPTURE_STREAMS; t++) {
-            if (t == s || need[t] < 0 || need[t] <= c->seen[s][t]) continue;
+            if (t == s || need[t] < 0 || need[t] <= c.seen[s][t]) continue;
             // events[t] was recorded after stream t's last op, which is need[t] or later.
             QT_CU(cuStreamWaitEvent(streams[s], events[t], 0));
-            c->seen[s][t] = c->last[t];
+            c.seen[s][t] = c.last[t];
         }
         QT_TRY(backend_launch_on(b, &p->ops[j], streams[s]));
         QT_CU(cuEventRecord(events[s], streams[s]));
-        c->last[s] = (int32_t)j;
-        c->stream_of[j] = (uint8_t)s;
+        c.last[s] = (int32_t)j;
+        c.stream_of[j] = (uint32_t)s;
     }
     // Every side stream joins stream 0 again before the capture ends.
     for (int s = 1; s < BACKEND_CAPTURE_STREAMS; s++) {
-        if (c->last[s] >= 0) QT_CU(cuStreamWaitEvent(streams[0], events[s], 0));
+        if (c.last[s] >= 0) QT_CU(cuStreamWaitEvent(streams[0], events[s], 0));
     }
     return QT_OK;
 }

@@ -43,15 +43,6 @@ typedef struct backend_device_info {
 // Streams a capture spreads a program over (runtime/backend.c, backend_capture).
 #define BACKEND_CAPTURE_STREAMS 6
 
-// backend_capture's working state: per capture stream the last op placed on it, and for each
-// other stream the last op of that stream it has already waited for (a wait covers everything
-// before it on that stream). It lives in the backend (about 4 KiB) so that nothing of a capture
-// is shared between backends.
-typedef struct backend_capture_plan {
-    int32_t last[BACKEND_CAPTURE_STREAMS];
-    int32_t seen[BACKEND_CAPTURE_STREAMS][BACKEND_CAPTURE_STREAMS];
-    uint8_t stream_of[PROG_OPS_MAX];
-} backend_capture_plan;
 
 typedef struct backend {
     backend_kind kind;
@@ -71,7 +62,6 @@ typedef struct backend {
     // The sm_90a tier's persistent grid: at most this many CTAs (0: one per SM). Tests lower it
     // so that every CTA walks several tiles; results never depend on it.
     uint32_t gemm_ctas_max;
-    backend_capture_plan capture_plan;  // backend_capture's scratch
     driver_syncs syncs;  // the synchronizing calls made through this backend (driver.h)
 } backend;
 

@@ -20,7 +20,7 @@ static const char *const ckpt_format_names[CKPT_FORMAT_COUNT] = {
 
 static const char *const ckpt_usage_names[CKPT_USAGE_COUNT] = {
     "other", "master", "adam_m", "adam_v", "row_data", "row_scale", "col_data", "col_scale",
-    "scale_inv", "amax", "amax_col", "history", "state_scale", "optim_state", "lr_rows",
+    "scale_inv", "amax", "amax_col", "history", "state_scale", "optim_steps", "lr_rows",
     "counter"};
 
 const char *ckpt_format_name(ckpt_format f) {
@@ -58,15 +58,15 @@ static uint64_t ckpt_shape_bytes(const ckpt_region *e) {
 // ---------------------------------------------------------------------------------------------
 // Planning: what every persistent region is
 
-// The layout being described; its entry_of maps a device handle to its table entry.
 typedef struct ckpt_describer {
     ckpt_layout *c;
+    uint32_t *index_of;  // the layout's: table entry of a device handle, or CKPT_NONE
 } ckpt_describer;
 
 static void ckpt_describe(ckpt_describer *d, arena_handle h, ckpt_usage usage,
                           ckpt_format format, uint32_t param, uint32_t outer, uint32_t inner) {
-    QT_ASSERT(h < ARENA_REGIONS_MAX && d->c->entry_of[h] != CKPT_NONE);
-    ckpt_region *e = &d->c->table.regions[d->c->entry_of[h]];
+    QT_ASSERT(h < d->c->dev_regions && d->index_of[h] != CKPT_NONE);
+    ckpt_region *e = &d->c->table.regions[d->index_of[h]];
     e->usage = usage;
     e->format = format;
     e->param = param;
@@ -175,6 +175,7 @@ static ckpt_param_kind ckpt_param_kind_of(const model_param *p) {
 
 static void ckpt_describe_params(ckpt_describer *d, const model *m) {
     ckpt_table *t = &d->c->table;
+    QT_ASSERT(m->param_count <= t->param_capacity);
     t->header.param_count = m->param_count;
     for (uint32_t i = 0; i < m->param_count; i++) {
         const model_param *p = &m->params[i];
@@ -185,7 +186,7 @@ static void ckpt_describe_params(ckpt_describer *d, const model *m) {
         e->cols = p->cols;
         e->cols_valid = p->cols_valid;
         e->kind = ckpt_param_kind_of(p);
-        e->master = d->c->entry_of[p->master];
+        e->master = d->index_of[p->master];
         e->scheme = CKPT_NONE;
         ckpt_describe(d, p->master, CKPT_USAGE_MASTER, CKPT_FORMAT_F32, i, p->rows, p->cols);
         if (m->modes[MODEL_MODE_TRAIN]) {
@@ -211,8 +212,7 @@ static void ckpt_describe_state(ckpt_describer *d, const model *m) {
     }
     const model_io *io = &m->io;
     ckpt_describe(d, io->counter, CKPT_USAGE_COUNTER, CKPT_FORMAT_U64, CKPT_NONE, 0, 1);
-    ckpt_describe(d, io->optim_state, CKPT_USAGE_OPTIM_STATE, CKPT_FORMAT_BYTES, CKPT_NONE, 0,
-                  (uint32_t)arena_region_get(m->dev, io->optim_state)->bytes);
+    ckpt_describe(d, io->optim_steps, CKPT_USAGE_OPTIM_STEPS, CKPT_FORMAT_U64, CKPT_NONE, 0, 1);
     if (m->modes[MODEL_MODE_TRAIN]) {
         ckpt_describe(d, io->lr_rows, CKPT_USAGE_LR_ROWS, CKPT_FORMAT_BYTES, CKPT_NONE, 0,
                       (uint32_t)arena_region_get(m->dev, io->lr_rows)->bytes);
@@ -230,8 +230,9 @@ static void ckpt_list_regions(ckpt_describer *d, const model *m) {
     uint64_t offset = CKPT_HEADER_BYTES;
     for (uint32_t h = 0; h < dev->region_count; h++) {
         const arena_region *r = arena_region_get(dev, h);
-        d->c->entry_of[h] = CKPT_NONE;
+        d->index_of[h] = CKPT_NONE;
         if (!r->persistent || r->bytes == 0 || h == m->io.staged) continue;
+        QT_ASSERT(count < t->region_capacity);  // sized from the persistent regions
         ckpt_region *e = &t->regions[count];
         memset(e, 0, sizeof *e);
         snprintf(e->name, sizeof e->name, "%s", r->name);
@@ -248,17 +249,48 @@ static void ckpt_list_regions(ckpt_describer *d, const model *m) {
         e->dims[0] = (uint32_t)(e->rank == 1 ? r->bytes : r->bytes >> 16);
         e->dims[1] = e->rank == 1 ? 0 : 1u << 16;
         d->c->handles[count] = h;
-        d->c->entry_of[h] = count++;
+        d->index_of[h] = count++;
         offset += r->bytes;
     }
     t->header.region_count = count;
     t->header.table_offset = ckpt_align(offset);
 }
 
+// Storage of a table's entries: regions, then parameters (entries of 128 bytes, so both stay
+// aligned after any count).
+static uint64_t ckpt_entries_bytes(uint32_t regions, uint32_t params) {
+    return (uint64_t)regions * sizeof(ckpt_region) + (uint64_t)params * sizeof(ckpt_param);
+}
+
+static void ckpt_table_init(ckpt_table *t, uint8_t *storage, uint32_t regions, uint32_t params) {
+    memset(t, 0, sizeof *t);
+    t->regions = (ckpt_region *)(void *)storage;
+    t->params = (ckpt_param *)(void *)(storage + (uint64_t)regions * sizeof(ckpt_region));
+    t->region_capacity = regions;
+    t->param_capacity = params;
+}
+
+uint64_t ckpt_layout_bytes(uint32_t regions, uint32_t params, uint32_t dev_regions) {
+    return ckpt_entries_bytes(regions, params) + (uint64_t)regions * sizeof(arena_handle) +
+           (uint64_t)dev_regions * sizeof(uint32_t);
+}
+
 qt_status ckpt_plan(ckpt_layout *c, const model *m, uint64_t recipe_hash, uint64_t seed,
-                    const char *recipe_name, uint64_t chunk_bytes) {
+                    const char *recipe_name, uint64_t chunk_bytes, void *storage,
+                    uint32_t regions, uint32_t params) {
     memset(c, 0, sizeof *c);
-    ckpt_describer d = {c};
+    if (storage == NULL) {  // counting: the staging region is all that takes a table entry
+        QT_ASSERT(arena_counting(m->dev) && arena_counting(m->host));
+        return arena_reserve(m->host, "checkpoint.staging", CKPT_ALIGN, CKPT_ALIGN,
+                             ARENA_CAT_STAGING, ARENA_LIFETIME_PERSISTENT, 0, &c->staging);
+    }
+    QT_ASSERT((uintptr_t)storage % 16 == 0);
+    ckpt_table_init(&c->table, storage, regions, params);
+    uint8_t *after = (uint8_t *)storage + ckpt_entries_bytes(regions, params);
+    c->handles = (arena_handle *)(void *)after;
+    c->index_of = (uint32_t *)(void *)(after + (uint64_t)regions * sizeof(arena_handle));
+    c->dev_regions = m->dev->region_count;
+    ckpt_describer d = {c, c->index_of};
     ckpt_list_regions(&d, m);
     ckpt_describe_params(&d, m);
     ckpt_describe_state(&d, m);
@@ -429,6 +461,18 @@ static qt_status ckpt_pread(const ckpt_reader *rd, void *dst, uint64_t n, uint64
     return QT_OK;
 }
 
+uint64_t ckpt_reader_bytes(uint32_t regions, uint32_t params) {
+    return ckpt_entries_bytes(regions, params) + (uint64_t)regions * sizeof(uint32_t);
+}
+
+void ckpt_reader_init(ckpt_reader *rd, void *storage, uint32_t regions, uint32_t params) {
+    QT_ASSERT((uintptr_t)storage % 16 == 0 || regions + params == 0);
+    memset(rd, 0, sizeof *rd);
+    rd->fd = -1;
+    ckpt_table_init(&rd->table, storage, regions, params);
+    rd->target = (uint32_t *)(void *)((uint8_t *)storage + ckpt_entries_bytes(regions, params));
+}
+
 static qt_status ckpt_check_header(ckpt_reader *rd, uint64_t size) {
     const ckpt_header *h = &rd->table.header;
     uint64_t got = 0;
@@ -462,7 +506,6 @@ static qt_status ckpt_check_header(ckpt_reader *rd, uint64_t size) {
     uint64_t table = (uint64_t)h->region_count * sizeof(ckpt_region) +
                      (uint64_t)h->param_count * sizeof(ckpt_param) + sizeof(ckpt_host);
     if (h->header_bytes != CKPT_HEADER_BYTES || h->data_offset != CKPT_HEADER_BYTES ||
-        h->region_count > ARENA_REGIONS_MAX || h->param_count > MODEL_PARAMS_MAX ||
         h->table_bytes != table || h->table_offset < h->data_offset ||
         h->table_offset + table + CKPT_TRAILER_BYTES != h->file_bytes ||
         memchr(h->recipe_name, '\0', sizeof h->recipe_name) == NULL) {
@@ -473,13 +516,24 @@ static qt_status ckpt_check_header(ckpt_reader *rd, uint64_t size) {
     return QT_OK;
 }
 
+// A name as qtrain writes them: NUL-terminated within its field, printable ASCII without the
+// characters JSON escapes (exports copy names into a header of bounded size).
+static bool ckpt_name_ok(const char *name, size_t field) {
+    const char *end = memchr(name, '\0', field);
+    if (end == NULL) return false;
+    for (const char *c = name; c < end; c++) {
+        if (*c < 0x20 || *c > 0x7e || *c == '"' || *c == '\\') return false;
+    }
+    return true;
+}
+
 // One table entry that cannot be right even with a good CRC: the file was not written by qtrain.
 static qt_status ckpt_check_entries(const ckpt_reader *rd) {
     const ckpt_table *t = &rd->table;
     uint64_t end = t->header.data_offset;
     for (uint32_t i = 0; i < t->header.region_count; i++) {
         const ckpt_region *e = &t->regions[i];
-        bool ok = memchr(e->name, '\0', sizeof e->name) != NULL && e->offset >= end &&
+        bool ok = ckpt_name_ok(e->name, sizeof e->name) && e->offset >= end &&
                   e->offset % CKPT_ALIGN == 0 && e->bytes <= t->header.table_offset &&
                   e->offset <= t->header.table_offset - e->bytes &&
                   e->offset - end < CKPT_ALIGN && e->format < CKPT_FORMAT_COUNT &&
@@ -495,8 +549,8 @@ static qt_status ckpt_check_entries(const ckpt_reader *rd) {
     }
     for (uint32_t i = 0; i < t->header.param_count; i++) {
         const ckpt_param *p = &t->params[i];
-        if (memchr(p->name, '\0', sizeof p->name) == NULL ||
-            memchr(p->quantizer, '\0', sizeof p->quantizer) == NULL ||
+        if (!ckpt_name_ok(p->name, sizeof p->name) ||
+            !ckpt_name_ok(p->quantizer, sizeof p->quantizer) ||
             p->master >= t->header.region_count || p->cols_valid > p->cols ||
             t->regions[p->master].format != CKPT_FORMAT_F32 ||
             (uint64_t)p->rows * p->cols * 4 > t->regions[p->master].bytes) {
@@ -509,6 +563,14 @@ static qt_status ckpt_check_entries(const ckpt_reader *rd) {
 
 static qt_status ckpt_read_table(ckpt_reader *rd) {
     ckpt_table *t = &rd->table;
+    if (t->header.region_count > t->region_capacity ||
+        t->header.param_count > t->param_capacity) {
+        return qt_fail(QT_ERR_MISMATCH, "%s: a table of %" PRIu32 " regions and %" PRIu32
+                       " parameters, more than this run's checkpoints hold (%" PRIu32 " and %"
+                       PRIu32 "): it was saved from another recipe ('%s')", rd->path,
+                       t->header.region_count, t->header.param_count, t->region_capacity,
+                       t->param_capacity, t->header.recipe_name);
+    }
     uint8_t trailer[CKPT_TRAILER_BYTES];
     QT_TRY(ckpt_pread(rd, trailer, sizeof trailer, t->header.file_bytes - sizeof trailer, NULL));
     if (memcmp(trailer + 8, CKPT_END_MAGIC, 8) != 0) {
@@ -532,14 +594,31 @@ static qt_status ckpt_read_table(ckpt_reader *rd) {
     return ckpt_check_entries(rd);
 }
 
-qt_status ckpt_open(ckpt_reader *rd, const char *path) {
+// Opens path and checks its header and length; the table is not read.
+static qt_status ckpt_open_header(ckpt_reader *rd, const char *path) {
     rd->fd = -1;
     if (snprintf(rd->path, sizeof rd->path, "%s", path) >= (int)sizeof rd->path) {
         return qt_fail(QT_ERR_INPUT, "checkpoint path '%.64s...' is too long", path);
     }
     QT_TRY(input_file_open(path, "checkpoint", NULL, &rd->fd, &rd->file_bytes));
     qt_status status = ckpt_check_header(rd, rd->file_bytes);
-    if (status == QT_OK) status = ckpt_read_table(rd);
+    if (status != QT_OK) ckpt_close(rd);
+    return status;
+}
+
+qt_status ckpt_peek(const char *path, uint32_t *regions, uint32_t *params) {
+    ckpt_reader rd;
+    ckpt_reader_init(&rd, NULL, 0, 0);
+    QT_TRY(ckpt_open_header(&rd, path));
+    *regions = rd.table.header.region_count;
+    *params = rd.table.header.param_count;
+    ckpt_close(&rd);
+    return QT_OK;
+}
+
+qt_status ckpt_open(ckpt_reader *rd, const char *path) {
+    QT_TRY(ckpt_open_header(rd, path));
+    qt_status status = ckpt_read_table(rd);
     if (status != QT_OK) ckpt_close(rd);
     return status;
 }
@@ -751,7 +830,7 @@ static qt_status ckpt_match_params(const ckpt_reader *rd, const ckpt_table *run)
 typedef struct ckpt_model_ctx {
     backend *b;
     const arena *dev;
-    const arena_handle *target;  // the reader's model_target
+    const uint32_t *target;  // the reader's: device region of file region i, or CKPT_NONE
 } ckpt_model_ctx;
 
 static qt_status ckpt_model_sink(void *ctx, uint32_t region, uint64_t offset, const void *bytes,
@@ -765,8 +844,8 @@ static qt_status ckpt_model_sink(void *ctx, uint32_t region, uint64_t offset, co
 qt_status ckpt_load_model(ckpt_reader *rd, const ckpt_layout *c, backend *b, const arena *dev,
                           const arena *host_arena) {
     QT_TRY(ckpt_match_params(rd, &c->table));
-    ckpt_model_ctx l = {b, dev, rd->model_target};
-    for (uint32_t i = 0; i < ARENA_REGIONS_MAX; i++) rd->model_target[i] = CKPT_NONE;
+    ckpt_model_ctx l = {b, dev, rd->target};
+    for (uint32_t i = 0; i < rd->table.header.region_count; i++) rd->target[i] = CKPT_NONE;
     for (uint32_t i = 0; i < c->table.header.region_count; i++) {
         const ckpt_region *e = &c->table.regions[i];
         if (!ckpt_model_usage(e->usage)) continue;
@@ -783,7 +862,7 @@ qt_status ckpt_load_model(ckpt_reader *rd, const ckpt_layout *c, backend *b, con
             return qt_fail(QT_ERR_MISMATCH, "%s: region '%s': other format: %s in the "
                            "checkpoint, %s in this run", rd->path, e->name, have, want);
         }
-        rd->model_target[k] = c->handles[i];
+        rd->target[k] = c->handles[i];
     }
     return ckpt_read_data(rd, arena_host_pointer(host_arena, c->staging), c->chunk_bytes,
                           ckpt_model_sink, &l);

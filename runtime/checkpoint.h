@@ -55,10 +55,10 @@
 #include <stddef.h>  // size_t
 #include <stdint.h>
 
-#include "arena.h"     // arena, arena_handle, ARENA_REGIONS_MAX
+#include "arena.h"     // arena, arena_handle
 #include "atomic_file.h"  // atomic_file
 #include "backend.h"   // backend
-#include "model.h"     // model, MODEL_PARAMS_MAX
+#include "model.h"     // model
 #include "schedule.h"  // sched_state
 
 #define CKPT_MAGIC "QTRAINCK"
@@ -100,7 +100,7 @@ typedef enum ckpt_usage {
     CKPT_USAGE_AMAX_COL,     // nvfp4 with RHT: the columnwise global amax
     CKPT_USAGE_HISTORY,      // delayed scaling: f32 [history][slots]
     CKPT_USAGE_STATE_SCALE,  // delayed scaling: f32 [slots]
-    CKPT_USAGE_OPTIM_STATE,  // optim_state: step counter, learning rate, skip flag
+    CKPT_USAGE_OPTIM_STEPS,  // u64: the optimizer's counted steps
     CKPT_USAGE_LR_ROWS,      // optim_lr_row [n]
     CKPT_USAGE_COUNTER,      // u64 device step counter
     CKPT_USAGE_COUNT
@@ -172,19 +172,23 @@ typedef struct ckpt_host {
 } ckpt_host;
 QT_STATIC_ASSERT(sizeof(ckpt_host) == 256, "ckpt_host is part of the table on disk");
 
+// The header and the table; the entries live in caller memory sized from the model (a run's
+// layout) or from the file's header (a reader: ckpt_peek).
 typedef struct ckpt_table {
     ckpt_header header;
-    ckpt_region regions[ARENA_REGIONS_MAX];
-    ckpt_param params[MODEL_PARAMS_MAX];
+    ckpt_region *regions;       // [region_capacity]
+    ckpt_param *params;         // [param_capacity]
+    uint32_t region_capacity, param_capacity;
     ckpt_host host;
 } ckpt_table;
 
 // One run's checkpoints, planned with the run.
 typedef struct ckpt_layout {
-    ckpt_table table;                      // what the run's checkpoints hold (CRCs: the last)
-    arena_handle handles[ARENA_REGIONS_MAX];  // device region of table entry i
-    uint32_t entry_of[ARENA_REGIONS_MAX];     // table entry of device region h, or CKPT_NONE
-    arena_handle staging;                  // host arena, chunk_bytes, pinned on the GPU
+    ckpt_table table;          // what the run's checkpoints hold (CRCs: the last)
+    arena_handle *handles;     // [region_capacity]: device region of table entry i
+    uint32_t *index_of;        // [device regions]: table entry of a device region, or CKPT_NONE
+    uint32_t dev_regions;
+    arena_handle staging;      // host arena, chunk_bytes, pinned on the GPU
     uint64_t chunk_bytes;
     atomic_file file;                      // during ckpt_save
 } ckpt_layout;
@@ -200,13 +204,20 @@ typedef void (*ckpt_hook_fn)(void *ctx, ckpt_phase phase, uint64_t bytes);
 const char *ckpt_format_name(ckpt_format f);   // "f32", "e2m1x2", ...
 const char *ckpt_usage_name(ckpt_usage u);     // "master", "row_scale", ...
 
+// Memory of a layout for `regions` persistent regions (at least the device arena's persistent
+// regions with bytes), `params` parameters and a device arena of dev_regions regions.
+uint64_t ckpt_layout_bytes(uint32_t regions, uint32_t params, uint32_t dev_regions);
+
 // Start-up, arenas in PLAN, after every program is built: describes every persistent region
 // of m's device arena (format and shape from the model), lays the file out, and reserves the
 // staging region in m's host arena: chunk_bytes (0: CKPT_CHUNK_BYTES), at most the largest
-// region's bytes, rounded up to CKPT_ALIGN.
+// region's bytes, rounded up to CKPT_ALIGN. storage: ckpt_layout_bytes(regions, params, the
+// device arena's region count), 16-byte aligned; NULL with counting arenas (the pass that
+// sizes the tables: only the staging region is reserved).
 // recipe_name: the recipe's path (its folder is dropped).
 qt_status ckpt_plan(ckpt_layout *c, const model *m, uint64_t recipe_hash, uint64_t seed,
-                    const char *recipe_name, uint64_t chunk_bytes);
+                    const char *recipe_name, uint64_t chunk_bytes, void *storage,
+                    uint32_t regions, uint32_t params);
 
 // Writes the checkpoint of the bound run's device state and `host` atomically to path (see
 // above); an existing PATH is replaced only with `replace` (else QT_ERR_INPUT naming --force),
@@ -223,14 +234,24 @@ typedef struct ckpt_reader {
     uint64_t file_bytes;
     uint32_t table_crc;  // as stored in the trailer (and checked)
     uint32_t file_crc;   // as stored; ckpt_read_data checks it
-    ckpt_table table;    // the header and the table as read
-    // ckpt_load_model: the device region each file region goes to, or CKPT_NONE.
-    arena_handle model_target[ARENA_REGIONS_MAX];
+    ckpt_table table;    // the header and the table as read, in the reader's memory
+    uint32_t *target;    // [region_capacity]: ckpt_load_model's device region of file region i
 } ckpt_reader;
 
+// Memory of a reader for files of at most `regions` regions and `params` parameters.
+uint64_t ckpt_reader_bytes(uint32_t regions, uint32_t params);
+// Gives the reader its memory (ckpt_reader_bytes, 16-byte aligned, the caller's); once, before
+// any ckpt_open.
+void ckpt_reader_init(ckpt_reader *rd, void *storage, uint32_t regions, uint32_t params);
+
+// The table size of the checkpoint at path, after the checks of its header and length that
+// ckpt_open makes (same errors), for a reader's memory.
+qt_status ckpt_peek(const char *path, uint32_t *regions, uint32_t *params);
+
 // Opens a checkpoint and checks its header, length, trailer and table (CRCs and layout).
-// QT_ERR_IO when it cannot be read, QT_ERR_INPUT naming what is wrong otherwise. On failure
-// nothing stays open.
+// QT_ERR_IO when it cannot be read, QT_ERR_MISMATCH when its table is larger than the reader
+// holds (a resumed run's reader holds its own checkpoints: the file is another recipe's),
+// QT_ERR_INPUT naming what is wrong otherwise. On failure nothing stays open.
 qt_status ckpt_open(ckpt_reader *rd, const char *path);
 // Whether the checkpoint is one of this run's: recipe, seed, every region (QT_ERR_MISMATCH).
 qt_status ckpt_match(const ckpt_reader *rd, const ckpt_layout *c);

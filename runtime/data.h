@@ -82,6 +82,7 @@
 
 #define DATA_ALIGN 256                       // dataset parts and slot parts start at multiples
 #define DATA_SAMPLES_MAX UINT32_MAX          // the shuffle indexes samples with 32 bits
+QT_STATIC_ASSERT(RECIPE_SAMPLES_MAX == DATA_SAMPLES_MAX, "the parser refuses what cannot be held");
 #define DATA_TEACHER_HIDDEN 32               // hidden width of the synthetic teacher network
 #define DATA_LABEL_PAD (-1)                  // the label of a padding row
 

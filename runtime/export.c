@@ -7,6 +7,55 @@
 
 #include "atomic_file.h"  // the export appears whole or not at all
 
+// One tensor of the file: where its bytes come from and where they go.
+typedef struct export_tensor {
+    char name[ARENA_NAME_MAX + 8];
+    const char *dtype;      // safetensors dtype
+    uint32_t rank;
+    uint64_t dims[2];
+    uint32_t region;        // checkpoint region of its bytes
+    uint64_t rows;          // copied as rows of row_bytes at a source stride of stride bytes
+    uint64_t row_bytes, stride;
+    uint64_t begin;         // data offset in the file's data part
+    const ckpt_region *entry;  // quantized copies: the region (its usage and format)
+    const ckpt_param *param;
+} export_tensor;
+
+typedef struct export_list {
+    uint32_t count, capacity;
+    export_tensor *tensors;  // [regions + params of the checkpoint], in the caller's memory
+    uint64_t data_bytes;
+} export_list;
+
+// The JSON header's bound for a table of `entries` regions and parameters: a tensor's entry and
+// its metadata line take less than 1024 bytes, as names are at most 72 characters that JSON
+// does not escape (ckpt_open refuses others) and a description at most 256.
+static uint64_t export_header_bytes(uint64_t entries) { return entries * 2 * 512 + 4096; }
+
+// The caller's memory, carved: the reader's table, the tensor list, the header, the chunk, the
+// output file's state.
+typedef struct export_memory {
+    uint64_t reader, tensors, header, chunk, file;  // offsets
+    uint64_t header_bytes, total;
+} export_memory;
+
+static export_memory export_layout(uint32_t regions, uint32_t params) {
+    export_memory m;
+    uint64_t entries = (uint64_t)regions + params;
+    m.reader = 0;
+    m.tensors = (ckpt_reader_bytes(regions, params) + 15) / 16 * 16;
+    m.header = m.tensors + (entries * sizeof(export_tensor) + 15) / 16 * 16;
+    m.header_bytes = export_header_bytes(entries);
+    m.chunk = m.header + (m.header_bytes + 15) / 16 * 16;
+    m.file = m.chunk + CKPT_CHUNK_BYTES;
+    m.total = m.file + (sizeof(atomic_file) + 15) / 16 * 16;
+    return m;
+}
+
+uint64_t export_memory_bytes(uint32_t regions, uint32_t params) {
+    return export_layout(regions, params).total;
+}
+
 // JSON text into the caller's buffer, with the room checked once per append.
 typedef struct export_text {
     char *out;
@@ -47,7 +96,7 @@ static void export_string(export_text *t, const char *s) {
 // The tensors
 
 static void export_push(export_list *l, export_tensor *t) {
-    QT_ASSERT(l->count < sizeof l->tensors / sizeof l->tensors[0]);
+    QT_ASSERT(l->count < l->capacity);
     t->begin = l->data_bytes;
     l->data_bytes += t->rows * t->row_bytes;
     l->tensors[l->count++] = *t;
@@ -192,6 +241,7 @@ static void export_metadata(const ckpt_table *t, const export_list *l, bool quan
 // The JSON header, padded with spaces to a multiple of 8 bytes, after the 8-byte length.
 static qt_status export_header(const ckpt_table *t, const export_list *l, bool quantized,
                                uint8_t *out, uint64_t out_bytes, uint64_t *total) {
+    QT_ASSERT(out_bytes > 8);
     export_text x = {(char *)out + 8, out_bytes - 8, 0, false};
     export_metadata(t, l, quantized, &x);
     for (uint32_t i = 0; i < l->count; i++) {
@@ -205,10 +255,8 @@ static qt_status export_header(const ckpt_table *t, const export_list *l, bool q
     }
     export_add(&x, "}");
     while (!x.full && x.used % 8 != 0) export_add(&x, " ");
-    if (x.full) {
-        return qt_fail(QT_ERR_CAPACITY, "export: the safetensors header is longer than "
-                       "EXPORT_HEADER_BYTES_MAX (%d bytes)", EXPORT_HEADER_BYTES_MAX);
-    }
+    // Every entry is bounded (names and shapes are), so the bound of export_header_bytes holds.
+    QT_ASSERT(!x.full);
     uint64_t n = x.used;  // little-endian, as the host is
     memcpy(out, &n, 8);
     *total = 8 + n;
@@ -236,37 +284,47 @@ static qt_status export_data(const ckpt_reader *rd, const export_list *l, atomic
 }
 
 static qt_status export_write(const ckpt_reader *rd, const export_list *l, bool quantized,
-                              atomic_file *out, uint8_t *buffer, uint64_t buffer_bytes) {
+                              atomic_file *out, uint8_t *header_memory, uint64_t header_bytes,
+                              uint8_t *chunk) {
     uint64_t header = 0;
-    QT_TRY(export_header(&rd->table, l, quantized, buffer, EXPORT_HEADER_BYTES_MAX, &header));
-    QT_TRY(atomic_file_write(out, buffer, header));
-    return export_data(rd, l, out, buffer, buffer_bytes);
+    QT_TRY(export_header(&rd->table, l, quantized, header_memory, header_bytes, &header));
+    QT_TRY(atomic_file_write(out, header_memory, header));
+    return export_data(rd, l, out, chunk, CKPT_CHUNK_BYTES);
 }
 
 qt_status export_safetensors(ckpt_reader *rd, const char *ckpt_path, const char *out_path,
-                             bool quantized, bool force, void *buffer, uint64_t buffer_bytes) {
-    QT_ASSERT(buffer_bytes >= EXPORT_BUFFER_BYTES && (uintptr_t)buffer % 8 == 0);
+                             bool quantized, bool force, void *memory, uint64_t memory_bytes) {
+    QT_ASSERT((uintptr_t)memory % 16 == 0);
     // Refused before the checkpoint is read: nothing is replaced by surprise.
     QT_TRY(atomic_file_check(out_path, force, "--force"));
+    // The largest table this memory holds: the caller sized it with ckpt_peek's counts.
+    uint32_t regions = 0, params = 0;
+    QT_TRY(ckpt_peek(ckpt_path, &regions, &params));
+    export_memory at = export_layout(regions, params);
+    if (at.total > memory_bytes) {
+        return qt_fail(QT_ERR_CAPACITY, "%s: exporting its table of %" PRIu32 " regions and %"
+                       PRIu32 " parameters takes %" PRIu64 " bytes, %" PRIu64 " were given",
+                       ckpt_path, regions, params, at.total, memory_bytes);
+    }
+    uint8_t *base = memory;
+    ckpt_reader_init(rd, base + at.reader, regions, params);
     QT_TRY(ckpt_open(rd, ckpt_path));
-    // The tensor list and the output file take the buffer's first bytes; the rest carries the
-    // header and the data.
-    export_scratch *x = buffer;
-    memset(x, 0, sizeof *x);
-    buffer = (uint8_t *)buffer + EXPORT_SCRATCH_BYTES;
-    buffer_bytes -= EXPORT_SCRATCH_BYTES;
-    qt_status status = ckpt_read_data(rd, buffer, buffer_bytes, NULL, NULL);
+    export_list list = {0, regions + params, (export_tensor *)(void *)(base + at.tensors), 0};
+    atomic_file *out = (atomic_file *)(void *)(base + at.file);
+    uint8_t *chunk = base + at.chunk;
+    qt_status status = ckpt_read_data(rd, chunk, CKPT_CHUNK_BYTES, NULL, NULL);
     if (status == QT_OK) {
-        export_masters(&rd->table, &x->list);
-        if (quantized) export_copies(&rd->table, &x->list);
-        status = atomic_file_create(&x->out, out_path, force, "--force");
+        export_masters(&rd->table, &list);
+        if (quantized) export_copies(&rd->table, &list);
+        status = atomic_file_create(out, out_path, force, "--force");
         if (status == QT_OK) {
-            status = export_write(rd, &x->list, quantized, &x->out, buffer, buffer_bytes);
+            status = export_write(rd, &list, quantized, out, base + at.header, at.header_bytes,
+                                  chunk);
         }
         if (status == QT_OK) {
-            status = atomic_file_commit(&x->out);
+            status = atomic_file_commit(out);
         } else {
-            atomic_file_abandon(&x->out);
+            atomic_file_abandon(out);
         }
     }
     ckpt_close(rd);

@@ -1,10 +1,10 @@
 // export: a checkpoint's weights as a safetensors file (`qtrain export`), for PyTorch and
 // every other reader of the format.
 //
-// Owns nothing past a call: the checkpoint reader and the buffer (EXPORT_BUFFER_BYTES, the
-// tensor list and the output file's state included) are the caller's, the output file is written
-// atomically through runtime/atomic_file.h (OUT.tmp-PID, fsync, rename, fsync of the folder).
-// Callers: the embedding API (qt_export). One thread per call.
+// Owns nothing past a call: the checkpoint reader and the memory are the caller's (the CLI
+// allocates them at start-up, export_memory_bytes for the checkpoint's table as ckpt_peek
+// reads it), the output file is written atomically through runtime/atomic_file.h (OUT.tmp-PID,
+// fsync, rename, fsync of the folder). Callers: tools/qtrain. One thread.
 //
 // The file (the safetensors layout):
 //
@@ -36,46 +36,18 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "atomic_file.h"  // atomic_file
-#include "checkpoint.h"   // ckpt_reader
+#include "checkpoint.h"  // ckpt_reader
 
-// One tensor of the file: where its bytes come from and where they go.
-typedef struct export_tensor {
-    char name[ARENA_NAME_MAX + 8];
-    const char *dtype;      // safetensors dtype
-    uint32_t rank;
-    uint64_t dims[2];
-    uint32_t region;        // checkpoint region of its bytes
-    uint64_t rows;          // copied as rows of row_bytes at a source stride of stride bytes
-    uint64_t row_bytes, stride;
-    uint64_t begin;         // data offset in the file's data part
-    const ckpt_region *entry;  // quantized copies: the region (its usage and format)
-    const ckpt_param *param;
-} export_tensor;
-
-// Every tensor of the file, in file order.
-typedef struct export_list {
-    uint32_t count;
-    export_tensor tensors[ARENA_REGIONS_MAX + MODEL_PARAMS_MAX];
-    uint64_t data_bytes;
-} export_list;
-
-// What one export works with, in the first EXPORT_SCRATCH_BYTES of the caller's buffer.
-typedef struct export_scratch {
-    export_list list;
-    atomic_file out;
-} export_scratch;
-
-// JSON header bound: every tensor entry and its metadata line within 512 bytes each.
-#define EXPORT_HEADER_BYTES_MAX ((ARENA_REGIONS_MAX + MODEL_PARAMS_MAX) * 2 * 512 + 4096)
-#define EXPORT_SCRATCH_BYTES ((sizeof(export_scratch) + 255) / 256 * 256)
-#define EXPORT_BUFFER_BYTES (EXPORT_SCRATCH_BYTES + EXPORT_HEADER_BYTES_MAX + CKPT_CHUNK_BYTES)
+// The memory export_safetensors needs for a checkpoint of `regions` regions and `params`
+// parameters (ckpt_peek): the reader's table, the list of tensors, the JSON header (every
+// tensor entry and its metadata line within 512 bytes each) and a chunk of CKPT_CHUNK_BYTES.
+uint64_t export_memory_bytes(uint32_t regions, uint32_t params);
 
 // Checks the whole checkpoint (every CRC), then writes out_path. Refuses (QT_ERR_INPUT), before
 // reading the checkpoint, an existing out_path unless force, and one that is not a regular
-// file. buffer: at least EXPORT_BUFFER_BYTES, 8-byte aligned; it holds the tensor list, the
-// output file's state, the JSON header and the data on their way to the file.
+// file. memory: export_memory_bytes of the checkpoint's table (a larger table is refused),
+// 16-byte aligned; rd gets its table there and keeps the header.
 qt_status export_safetensors(ckpt_reader *rd, const char *ckpt_path, const char *out_path,
-                             bool quantized, bool force, void *buffer, uint64_t buffer_bytes);
+                             bool quantized, bool force, void *memory, uint64_t memory_bytes);
 
 #endif  // QT_EXPORT_H

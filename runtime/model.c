@@ -15,7 +15,11 @@
 #include "op_quant_nvfp4.h"  // op_nvfp4_sizes_of
 #include "optim.h"           // optim_state, optim_lr_row
 #include "quant_fp8.h"       // QT_FP8_*
-#include "trace_record.h"    // qt_trace_record, QT_TRACE_QUANTIZERS_MAX
+#include "trace_record.h"    // qt_trace_ring_bytes, QT_TRACE_QUANTIZERS_MAX
+
+// Every delayed-scaling quantizer of a model the parser accepts has a slot in a trace record
+// (an moe layer's per-expert slots past the record's end are noted, model_plan_states).
+QT_STATIC_ASSERT(QT_TRACE_QUANTIZERS_MAX >= MODEL_QUANTIZERS_MAX, "trace records hold a model");
 
 const char *model_mode_name(model_mode mode) {
     static const char *const names[MODEL_MODE_COUNT] = {"train", "eval", "infer"};
@@ -25,7 +29,10 @@ const char *model_mode_name(model_mode mode) {
 
 static void model_note(model *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void model_note(model *m, const char *fmt, ...) {
-    if (m->note_count == MODEL_NOTES_MAX) return;  // notes are a report; the plan stands
+    if (m->note_count == MODEL_NOTES_MAX) {  // notes are a report; the plan stands
+        m->notes_dropped++;
+        return;
+    }
     va_list args;
     va_start(args, fmt);
     vsnprintf(m->notes[m->note_count++], MODEL_NOTE_BYTES, fmt, args);
@@ -42,11 +49,7 @@ static uint32_t model_roundup(uint32_t value, uint32_t unit) {
 static qt_status model_add_linear(model *m, uint32_t layer, uint32_t in, uint32_t out,
                                   uint32_t members, bool needs_dx) {
     const recipe_layer *l = &m->recipe->model.layers[layer];
-    if (m->linear_count == MODEL_LINEARS_MAX) {
-        return recipe_fail_at(QT_ERR_CAPACITY, m->recipe->file_name, l->line, l->col,
-                              "too many linear layers: linears_max is %d (an moe layer counts "
-                              "three)", MODEL_LINEARS_MAX);
-    }
+    QT_ASSERT(m->linear_count < MODEL_LINEARS_MAX);  // the parser's layers_max bounds it
     model_linear *lin = &m->linears[m->linear_count];
     memset(lin, 0, sizeof *lin);
     lin->layer = layer;
@@ -66,10 +69,7 @@ static qt_status model_add_linear(model *m, uint32_t layer, uint32_t in, uint32_
 // parameters comes before.
 static qt_status model_add_moe(model *m, uint32_t layer) {
     const recipe_layer *l = &m->recipe->model.layers[layer];
-    if (m->moe_count == MODEL_MOES_MAX) {
-        return recipe_fail_at(QT_ERR_CAPACITY, m->recipe->file_name, l->line, l->col,
-                              "too many moe layers: moes_max is %d", MODEL_MOES_MAX);
-    }
+    QT_ASSERT(m->moe_count < MODEL_MOES_MAX);  // the parser's layers_max bounds it
     model_moe *mo = &m->moes[m->moe_count];
     memset(mo, 0, sizeof *mo);
     mo->layer = layer;
@@ -346,11 +346,7 @@ static qt_status model_plan_states(model *m) {
             s++;
         }
         if (s == m->state_count) {
-            if (s == MODEL_STATES_MAX) {
-                return qt_fail(QT_ERR_CAPACITY, "%s: too many distinct delayed-scaling settings "
-                               "(history, algo, format, margin): states_max is %d",
-                               m->recipe->file_name, MODEL_STATES_MAX);
-            }
+            QT_ASSERT(s < MODEL_STATES_MAX);  // at most one state per quantizer
             m->states[s] = (model_state){mq->q.history_len, algo, fp8, mq->q.margin, 0, 0, 0, 0};
             m->state_count++;
         }
@@ -505,10 +501,7 @@ qt_status model_qstore_reserve(const model_place *place, const model_quantizer *
 static qt_status model_add_param(model *m, const char *layer, const char *what, uint32_t rows,
                                  uint32_t cols, model_init init, int32_t quantizer,
                                  uint32_t *index) {
-    if (m->param_count == MODEL_PARAMS_MAX) {
-        return qt_fail(QT_ERR_CAPACITY, "%s: too many parameters: params_max is %d",
-                       m->recipe->file_name, MODEL_PARAMS_MAX);
-    }
+    QT_ASSERT(m->param_count < MODEL_PARAMS_MAX);  // two per layer at most
     model_param *p = &m->params[m->param_count];
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "%s.%s", layer, what);
@@ -626,7 +619,7 @@ static qt_status model_plan_io(model *m, const model_options *o) {
     QT_TRY(model_region(&dev, "staged", MODEL_DEVICE_SLOTS * io->slot.bytes, ARENA_CAT_STAGING,
                         &ref));
     io->staged = ref.region;
-    QT_TRY(model_region(&host, "records", MODEL_RING_LEN * sizeof(qt_trace_record),
+    QT_TRY(model_region(&host, "records", MODEL_RING_LEN * qt_trace_ring_bytes(m->delayed_count),
                         ARENA_CAT_STAGING, &ref));
     io->ring = ref.region;
     io->outputs_bytes = ((uint64_t)m->batch * m->outputs * 2 + 15) / 16 * 16;
@@ -637,8 +630,8 @@ static qt_status model_plan_io(model *m, const model_options *o) {
     }
     QT_TRY(model_region(&dev, "counter", 8, ARENA_CAT_STAGING, &ref));
     io->counter = ref.region;
-    QT_TRY(model_region(&dev, "optim_state", sizeof(optim_state), ARENA_CAT_OPTIM, &ref));
-    io->optim_state = ref.region;
+    QT_TRY(model_region(&dev, "optim_steps", 8, ARENA_CAT_OPTIM, &ref));
+    io->optim_steps = ref.region;
     if (m->modes[MODEL_MODE_TRAIN]) {
         QT_ASSERT(io->lr_row_count >= 1);
         QT_TRY(model_region(&dev, "lr_rows", io->lr_row_count * sizeof(optim_lr_row),
@@ -649,6 +642,29 @@ static qt_status model_plan_io(model *m, const model_options *o) {
         io->gnorm_ticket = ref.region;
     }
     return QT_OK;
+}
+
+// The parameter whose gradient gets the planted fault: the weight of the named linear layer.
+static qt_status model_plan_inject(model *m) {
+    if (!m->inject.on) return QT_OK;
+    for (uint32_t i = 0; i < m->linear_count; i++) {
+        const model_linear *lin = &m->linears[i];
+        const char *name = m->recipe->model.layers[lin->layer].name;
+        if (m->inject.layer == NULL || strcmp(m->inject.layer, name) == 0) {
+            m->inject_param = lin->weight;
+            return QT_OK;
+        }
+    }
+    char names[160] = "";
+    uint32_t used = 0, i = 0;
+    for (; i < m->linear_count && used < sizeof names - 48; i++) {
+        used += (uint32_t)snprintf(names + used, sizeof names - used, "%s%s", i ? ", " : "",
+                                   m->recipe->model.layers[m->linears[i].layer].name);
+    }
+    if (i < m->linear_count) snprintf(names + used, sizeof names - used, ", ...");
+    return qt_fail(QT_ERR_INPUT, "%s: the fault goes into a linear layer's weight gradient, and "
+                   "the model has no linear layer '%s'; name one of its linear layers (%s)",
+                   m->recipe->file_name, m->inject.layer, names);
 }
 
 qt_status model_plan(model *m, const recipe *r, arena *dev, arena *host,
@@ -671,6 +687,8 @@ qt_status model_plan(model *m, const recipe *r, arena *dev, arena *host,
     for (uint32_t i = 0; i < m->linear_count; i++) model_plan_linear_paths(m, &m->linears[i]);
     QT_TRY(model_plan_states(m));
     QT_TRY(model_plan_params(m));
+    m->inject = options->inject;
+    QT_TRY(model_plan_inject(m));
     return model_plan_io(m, options);
 }
 
@@ -790,6 +808,7 @@ void model_print(const model *m, FILE *out) {
     }
     fprintf(out, "notes:%s\n", m->note_count ? "" : " none");
     for (uint32_t i = 0; i < m->note_count; i++) fprintf(out, "  %s\n", m->notes[i]);
+    if (m->notes_dropped) fprintf(out, "  ... and %u more notes\n", m->notes_dropped);
 }
 
 // ---------------------------------------------------------------------------------------------

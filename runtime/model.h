@@ -53,16 +53,20 @@
 #include "arena.h"
 #include "data.h"     // data_slot_layout
 #include "op_moe.h"   // op_moe_routing, which the program builders keep per moe layer
+#include "op_quant_fp8.h"  // op_fp8_delayed_state, which the train program's builder keeps
 #include "program.h"
 #include "recipe.h"   // recipe, recipe_layer
 #include "rules.h"    // qt_quantizer, qt_role
 
-#define MODEL_LINEARS_MAX 128
-#define MODEL_MOES_MAX 32
-#define MODEL_QUANTIZERS_MAX (3 * MODEL_LINEARS_MAX)
-#define MODEL_PARAMS_MAX (2 * MODEL_LINEARS_MAX + 64)
-#define MODEL_STATES_MAX 16
-#define MODEL_NOTES_MAX 64
+// The model's tables hold the largest model the parser accepts (recipes/recipe.h: layers,
+// roles, widths), so every recipe that parses fits them and planning has no limit of its own.
+#define MODEL_LINEARS_MAX (3 * RECIPE_LAYERS_MAX)  // an moe layer has three: router, fc1, fc2
+#define MODEL_MOES_MAX RECIPE_LAYERS_MAX
+#define MODEL_QUANTIZERS_MAX RECIPE_ROLES_MAX      // input, weight, grad_output per linear
+#define MODEL_PARAMS_MAX (3 * RECIPE_LAYERS_MAX)   // a linear's weight and bias, a gain, an moe
+                                                   // layer's three weights
+#define MODEL_STATES_MAX MODEL_QUANTIZERS_MAX      // a state has at least one quantizer
+#define MODEL_NOTES_MAX 64            // the plan report's notes; more are counted, not kept
 #define MODEL_NOTE_BYTES 200
 #define MODEL_NAME_MAX 48
 #define MODEL_RING_LEN 4  // records in the pinned ring (the host reads 2 steps behind)
@@ -185,11 +189,11 @@ typedef struct model_io {
     data_slot_layout batch;      // the device batch the slot is staged into: FP32 inputs
     arena_handle staging;        // host: MODEL_HOST_SLOTS slots, the host fills them
     arena_handle staged;         // device: MODEL_DEVICE_SLOTS slots, the copy engine fills them
-    arena_handle ring;           // host: qt_trace_record [MODEL_RING_LEN]
+    arena_handle ring;           // host: MODEL_RING_LEN ring records (ptx/trace_record.h)
     arena_handle outputs;        // host: MODEL_OUTPUT_SLOTS slots of infer outputs (bf16)
     uint64_t outputs_bytes;      // one slot: [batch][outputs] bf16, rounded up to 16
     arena_handle counter;        // device: u64 step counter (ptx/sched_ops.h)
-    arena_handle optim_state;    // device: optim_state
+    arena_handle optim_steps;    // device: u64, the counted train steps (ptx/optim.h)
     arena_handle lr_rows;        // device: optim_lr_row [lr_row_count]
     arena_handle gnorm_ticket;   // device: u32 of the gradient norm's fold (op_grad_norm)
     uint32_t lr_row_count;
@@ -203,6 +207,15 @@ typedef enum model_emulated_gemm {
     MODEL_EMULATED_COPIES   // always BF16 copies and a BF16 GEMM
 } model_emulated_gemm;
 
+// A fault planted in a gradient (tests, soaks): at global step `step` the train program writes
+// `bits` into element 0 of the weight gradient of linear layer `layer` (NULL: the first).
+typedef struct model_inject {
+    bool on;
+    uint64_t step;
+    const char *layer;
+    uint32_t bits;
+} model_inject;
+
 typedef struct model_options {
     uint32_t batch;
     model_emulated_gemm emulated_gemm;
@@ -210,6 +223,7 @@ typedef struct model_options {
     bool modes[MODEL_MODE_COUNT];    // modes in the schedule table
     uint32_t lr_row_count;           // >= 1
     const data_info *data;           // the training set (widths)
+    model_inject inject;
 } model_options;
 
 // The tensors of one moe layer's forward pass that its backward pass reads.
@@ -220,8 +234,8 @@ typedef struct model_build_moe {
     model_tensor yp;         // fc2's output [capacity][width], bf16
 } model_build_moe;
 
-// What one program's builder knows while it appends ops (runtime/model_build.c). It lives in the
-// model, not on the stack or in a static, so that models never share it.
+// What one program's builder knows while it appends ops (runtime/model_build.c), about 120 KiB.
+// It lives in the model, not on the stack or in a static, so that models never share it.
 typedef struct model_builder {
     struct model *m;
     program *p;
@@ -237,7 +251,11 @@ typedef struct model_builder {
     prog_ref stats;         // qt_loss_stats
     model_tensor dlogits;   // train: gradient of the output
     prog_ref gnorm;         // train: qt_gnorm_result
+    prog_ref optim;         // train: this step's optim_state
     prog_ref snap_amax, snap_scale;  // f32 [delayed_slots]; the record copies delayed_count
+    prog_ref grads[MODEL_PARAMS_MAX];        // the optimizer's gradients, and their elements
+    uint64_t grad_counts[MODEL_PARAMS_MAX];
+    op_fp8_delayed_state states[MODEL_STATES_MAX];  // the end of step's delayed-scaling states
 } model_builder;
 
 typedef struct model {
@@ -271,14 +289,17 @@ typedef struct model {
     uint32_t delayed_count;       // the first slots, which the trace records (at most
                                   // QT_TRACE_QUANTIZERS_MAX)
     model_io io;
+    model_inject inject;
+    uint32_t inject_param;        // with inject.on: the parameter whose gradient gets the fault
     uint32_t note_count;          // planning decisions for `qtrain plan`
+    uint32_t notes_dropped;       // beyond MODEL_NOTES_MAX (the report says how many)
     char notes[MODEL_NOTES_MAX][MODEL_NOTE_BYTES];
     model_builder builder;        // model_build_*'s working state
 } model;
 
-// Plans the model of r into the two arenas (both in PLAN). Fails (QT_ERR_INPUT, naming the
-// recipe file, line and column) on what the runtime cannot do yet, and QT_ERR_CAPACITY on a
-// `*_max` limit.
+// Plans the model of r into the two arenas (both in PLAN, or both counting: the pass that
+// sizes their tables). Fails (QT_ERR_INPUT, naming the recipe file, line and column) on what
+// the runtime cannot do yet.
 qt_status model_plan(model *m, const recipe *r, arena *dev, arena *host,
                      const model_options *options);
 

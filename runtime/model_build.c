@@ -30,10 +30,15 @@ static prog_ref mb_at(prog_ref r, uint64_t offset) {
 
 static op_act_tensor mb_act(model_tensor t) { return (op_act_tensor){t.ref, t.dtype}; }
 
+// The name of a layer in region and op names. Layers without a name (activations, residual
+// ends) get their kind and index joined by '#', which no recipe name can contain
+// ([A-Za-z_][A-Za-z0-9_]*), so they never meet a user's layer name.
 static const char *mb_layer_name(const mb *b, uint32_t layer, char *buf, size_t bytes) {
+    static const char *const kinds[RECIPE_LAYER_KIND_COUNT] = {
+        "linear", "relu", "gelu", "silu", "swiglu", "rmsnorm", "residual", "residual", "moe"};
     const recipe_layer *l = &b->m->recipe->model.layers[layer];
     if (l->name[0]) return l->name;
-    snprintf(buf, bytes, "l%u", layer);
+    snprintf(buf, bytes, "%s#%u", kinds[l->kind], layer);
     return buf;
 }
 
@@ -101,7 +106,7 @@ static op_nvfp4_quant mb_nvfp4_quant(const mb *b, const model_quantizer *mq,
     q.stochastic = mq->q.sr;
     q.seed = b->m->seed;
     q.tensor_id = (uint32_t)(mq - b->m->quantizers);
-    q.step = mb_dev(b, b->m->io.optim_state);  // optim_state.step: the counted train steps
+    q.step = mb_dev(b, b->m->io.optim_steps);  // the counted train steps
     q.amax_row = s->amax_row;
     q.amax_col = s->amax_col;
     q.row_data = s->row_data;
@@ -614,7 +619,7 @@ static qt_status mb_moe_forward(mb *b, uint32_t layer, model_tensor x, model_ten
 static qt_status mb_layer_forward(mb *b, uint32_t i, model_tensor x, model_tensor *stack,
                                   uint32_t *depth, model_tensor *y) {
     const recipe_layer *l = &b->m->recipe->model.layers[i];
-    char buf[16], what[ARENA_NAME_MAX];
+    char buf[24], what[ARENA_NAME_MAX];
     const char *name = mb_layer_name(b, i, buf, sizeof buf);
     snprintf(what, sizeof what, "%s.y", name);
     uint32_t rows = x.rows;
@@ -868,7 +873,7 @@ static qt_status mb_moe_backward(mb *b, uint32_t layer, model_tensor dy, model_t
 static qt_status mb_layer_backward(mb *b, uint32_t i, model_tensor dy, model_tensor *stack,
                                    uint32_t *depth, model_tensor *dx) {
     const recipe_layer *l = &b->m->recipe->model.layers[i];
-    char buf[16], what[ARENA_NAME_MAX];
+    char buf[24], what[ARENA_NAME_MAX];
     const char *name = mb_layer_name(b, i, buf, sizeof buf);
     snprintf(what, sizeof what, "%s.dx", name);
     model_tensor x = b->acts[i];
@@ -990,11 +995,16 @@ static void mb_param_desc(const mb *b, uint32_t i, optim_param_desc *d) {
 
 static qt_status mb_optimizer(mb *b) {
     model *m = b->m;
-    prog_ref grads[MODEL_PARAMS_MAX];
-    uint64_t counts[MODEL_PARAMS_MAX];
+    prog_ref *grads = b->grads;
+    uint64_t *counts = b->grad_counts;
     for (uint32_t i = 0; i < m->param_count; i++) {
         grads[i] = mb_dev(b, m->params[i].grad);
         counts[i] = (uint64_t)m->params[i].rows * m->params[i].cols;
+    }
+    if (m->inject.on) {
+        // After every gradient is written, before the norm reads them (program order).
+        QT_TRY(op_sched_inject(b->p, "inject", mb_dev(b, m->io.counter), m->inject.step,
+                               grads[m->inject_param], m->inject.bits));
     }
     prog_ref ws;
     QT_TRY(mb_region(b, "grad_norm.ws", op_grad_norm_workspace_bytes(m->param_count, counts),
@@ -1002,9 +1012,12 @@ static qt_status mb_optimizer(mb *b) {
     QT_TRY(mb_region(b, "grad_norm", sizeof(qt_gnorm_result), ARENA_CAT_STAGING, &b->gnorm));
     QT_TRY(op_grad_norm(b->p, "grad_norm", m->param_count, grads, counts, m->recipe->optim.clip,
                         ws, mb_dev(b, m->io.gnorm_ticket), b->gnorm));
-    prog_ref state = mb_dev(b, m->io.optim_state);
-    QT_TRY(op_optim_begin(b->p, "optim.begin", state, b->gnorm, mb_dev(b, m->io.lr_rows),
-                          m->io.lr_row_count));
+    // This step's optimizer values: the updates, the delayed-scaling states and the record
+    // read them; nothing persistent changes when the step is skipped (ptx/optim.h).
+    QT_TRY(mb_region(b, "optim_state", sizeof(optim_state), ARENA_CAT_STAGING, &b->optim));
+    prog_ref state = b->optim;
+    QT_TRY(op_optim_begin(b->p, "optim.begin", mb_dev(b, m->io.optim_steps), state, b->gnorm,
+                          mb_dev(b, m->io.lr_rows), m->io.lr_row_count));
     for (uint32_t i = 0; i < m->param_count; i++) {
         optim_param_desc d;
         mb_param_desc(b, i, &d);
@@ -1029,16 +1042,18 @@ static qt_status mb_delayed(mb *b) {
         QT_TRY(mb_region(b, "record.amax", bytes, ARENA_CAT_STAGING, &b->snap_amax));
     }
     QT_TRY(mb_region(b, "record.scale", bytes, ARENA_CAT_STAGING, &b->snap_scale));
-    op_fp8_delayed_state states[MODEL_STATES_MAX];
+    op_fp8_delayed_state *states = b->states;
     for (uint32_t s = 0; s < m->state_count; s++) {
         const model_state *st = &m->states[s];
         states[s] = (op_fp8_delayed_state){mb_dev(b, st->history), mb_dev(b, st->scale),
                                            st->slots, st->history_len, st->algo, st->fp8,
                                            (int)st->margin, st->trace_first};
     }
-    prog_ref amax = b->train ? b->snap_amax : OP_FP8_NONE;
-    return op_fp8_delayed_states(b->p, "delayed", states, m->state_count, b->train, amax,
-                                 b->snap_scale, m->delayed_slots);
+    op_fp8_delayed_end end = {b->train, b->train ? b->snap_amax : OP_FP8_NONE, b->snap_scale,
+                              b->train ? mb_at(b->optim, offsetof(optim_state, skip))
+                                       : OP_FP8_NONE,
+                              m->delayed_slots};
+    return op_fp8_delayed_states(b->p, "delayed", states, m->state_count, &end);
 }
 
 static qt_status mb_record(mb *b) {
@@ -1056,7 +1071,7 @@ static qt_status mb_record(mb *b) {
     }
     if (b->train) {
         d.gnorm = b->gnorm;
-        d.optim = mb_dev(b, m->io.optim_state);
+        d.optim = b->optim;
         d.amax = b->snap_amax;
     }
     d.scale = b->snap_scale;
@@ -1161,17 +1176,12 @@ qt_status model_build_init(model *m, program *p) {
         if (pa->init == MODEL_INIT_ONE) {
             QT_TRY(op_fill_random(p, pa->name, master, (uint64_t)pa->rows * pa->cols,
                                   QT_DTYPE_F32, QT_FILL_UNIFORM, 0, 0, 1.0f, 1.0f));
-        } else if (pa->init == MODEL_INIT_NORMAL && pa->cols_valid == pa->cols) {
-            QT_TRY(op_fill_random(p, pa->name, master, (uint64_t)pa->rows * pa->cols,
-                                  QT_DTYPE_F32, QT_FILL_NORMAL, seed, 0, 0.0f, pa->init_std));
         } else if (pa->init == MODEL_INIT_NORMAL) {
-            // Padded columns stay zero: one fill per row, drawing the values an unpadded
-            // weight would have, so padding never changes the initial model.
-            for (uint32_t r = 0; r < pa->rows; r++) {
-                QT_TRY(op_fill_random(p, pa->name, mb_at(master, (uint64_t)r * pa->cols * 4),
-                                      pa->cols_valid, QT_DTYPE_F32, QT_FILL_NORMAL, seed,
-                                      (uint64_t)r * pa->cols_valid, 0.0f, pa->init_std));
-            }
+            // Padded columns stay zero: the valid columns of every row, in one op, draw the
+            // values an unpadded weight would have, so padding never changes the initial model.
+            QT_TRY(op_fill_random_rows(p, pa->name, master, pa->rows, pa->cols_valid, pa->cols,
+                                       QT_DTYPE_F32, QT_FILL_NORMAL, seed, 0, 0.0f,
+                                       pa->init_std));
         }
     }
     // Stacked expert weights: their members' rows, which every quantization of them reads.
@@ -1190,10 +1200,18 @@ qt_status model_build_init(model *m, program *p) {
     return QT_OK;
 }
 
-static bool mb_checksummed(const arena_region *r) {
-    return r->persistent && r->bytes > 0 &&
-           (r->category == ARENA_CAT_WEIGHTS || r->category == ARENA_CAT_MASTER ||
-            r->category == ARENA_CAT_OPTIM || r->category == ARENA_CAT_SCALING);
+static bool mb_checksummed_category(arena_category c) {
+    return c == ARENA_CAT_WEIGHTS || c == ARENA_CAT_MASTER || c == ARENA_CAT_OPTIM ||
+           c == ARENA_CAT_SCALING;
+}
+
+static qt_status mb_checksum_region(program *p, const char *name, prog_ref region,
+                                    uint64_t bytes, prog_ref partials, prog_ref hash) {
+    uint64_t words = (bytes + 7) / 8;
+    uint64_t blocks = (words + OP_CHECKSUM_THREADS - 1) / OP_CHECKSUM_THREADS;
+    if (blocks > OP_GRID_BLOCKS_MAX) blocks = OP_GRID_BLOCKS_MAX;
+    if (blocks == 0) blocks = 1;
+    return op_checksum(p, name, region, bytes, partials, (uint32_t)blocks, hash);
 }
 
 // One hash per persistent weight, master, optimizer and scaling region (in handle order),
@@ -1201,8 +1219,10 @@ static bool mb_checksummed(const arena_region *r) {
 qt_status model_build_checksum(model *m, program *p) {
     arena *dev = m->dev;
     uint32_t count = 0;
-    for (uint32_t h = 0; h < dev->region_count; h++) {
-        count += mb_checksummed(arena_region_get(dev, h)) ? 1u : 0u;
+    for (int c = 0; c < ARENA_CAT_COUNT; c++) {
+        if (mb_checksummed_category((arena_category)c)) {
+            count += arena_persistent_regions(dev, (arena_category)c);
+        }
     }
     QT_ASSERT(count > 0);  // every model has a weight
     model_place pl = {dev, "checksum", false, ARENA_CAT_WORKSPACE};
@@ -1210,18 +1230,19 @@ qt_status model_build_checksum(model *m, program *p) {
     QT_TRY(model_region(&pl, "hashes", (uint64_t)count * 8, ARENA_CAT_WORKSPACE, &hashes));
     QT_TRY(model_region(&pl, "partials", OP_GRID_BLOCKS_MAX * 8ull, ARENA_CAT_WORKSPACE,
                         &partials));
-    uint32_t i = 0;
-    for (uint32_t h = 0; h < dev->region_count; h++) {
+    for (uint32_t h = 0, i = 0; i < count; h++) {
+        prog_ref hash = mb_at(hashes, (uint64_t)i * 8);
+        if (arena_counting(dev)) {  // the counting pass needs the ops, not the regions
+            QT_TRY(mb_checksum_region(p, "checksum", (prog_ref){dev, 0, 0}, 8, partials, hash));
+            i++;
+            continue;
+        }
         const arena_region *r = arena_region_get(dev, h);
-        if (!mb_checksummed(r)) continue;
-        uint64_t words = (r->bytes + 7) / 8;
-        uint64_t blocks = (words + OP_CHECKSUM_THREADS - 1) / OP_CHECKSUM_THREADS;
-        if (blocks > OP_GRID_BLOCKS_MAX) blocks = OP_GRID_BLOCKS_MAX;
-        if (blocks == 0) blocks = 1;
-        QT_TRY(op_checksum(p, r->name, (prog_ref){dev, h, 0}, r->bytes, partials,
-                           (uint32_t)blocks, mb_at(hashes, (uint64_t)i * 8)));
+        if (!r->persistent || r->bytes == 0 || !mb_checksummed_category(r->category)) continue;
+        QT_TRY(mb_checksum_region(p, r->name, (prog_ref){dev, h, 0}, r->bytes, partials, hash));
         i++;
     }
     return op_sched_checksum(p, "checksum", (prog_ref){dev, m->io.counter, 0},
-                             (prog_ref){m->host, m->io.ring, 0}, MODEL_RING_LEN, hashes, count);
+                             (prog_ref){m->host, m->io.ring, 0}, MODEL_RING_LEN,
+                             m->delayed_count, hashes, count);
 }

@@ -13,16 +13,26 @@ launch_shape op_shape_1d(uint64_t count, uint32_t threads) {
     return op_shape_1d_capped(count, threads, OP_GRID_BLOCKS_MAX);
 }
 
+qt_status op_fill_random_rows(program *p, const char *name, prog_ref out, uint64_t rows,
+                              uint64_t cols, uint64_t stride, uint32_t dtype, uint32_t dist,
+                              uint64_t seed, uint64_t offset, float a, float b) {
+    QT_ASSERT(dtype == QT_DTYPE_F32 || dtype == QT_DTYPE_BF16);
+    QT_ASSERT(dist == QT_FILL_UNIFORM || dist == QT_FILL_NORMAL);
+    QT_ASSERT(cols >= 1 && stride >= cols);
+    fill_random_args args = {0, rows * cols, seed, offset, cols, stride, a, b, dtype, dist};
+    launch_shape shape = op_shape_1d(rows * cols, 256);
+    uint64_t reach = rows == 0 ? 0 : ((rows - 1) * stride + cols) * (dtype == QT_DTYPE_F32 ? 4 : 2);
+    uint32_t op;
+    QT_TRY(prog_append(p, KERNEL_FILL_RANDOM, name, &shape, &args, sizeof args, &op));
+    return prog_use_span(p, op, offsetof(fill_random_args, out), out, reach, PROG_WRITE);
+}
+
 qt_status op_fill_random(program *p, const char *name, prog_ref out, uint64_t count,
                          uint32_t dtype, uint32_t dist, uint64_t seed, uint64_t offset, float a,
                          float b) {
-    QT_ASSERT(dtype == QT_DTYPE_F32 || dtype == QT_DTYPE_BF16);
-    QT_ASSERT(dist == QT_FILL_UNIFORM || dist == QT_FILL_NORMAL);
-    fill_random_args args = {0, count, seed, offset, a, b, dtype, dist};
-    launch_shape shape = op_shape_1d(count, 256);
-    uint32_t op;
-    QT_TRY(prog_append(p, KERNEL_FILL_RANDOM, name, &shape, &args, sizeof args, &op));
-    return prog_use(p, op, offsetof(fill_random_args, out), out, PROG_WRITE);
+    uint64_t cols = count ? count : 1;
+    return op_fill_random_rows(p, name, out, count ? 1 : 0, cols, cols, dtype, dist, seed,
+                               offset, a, b);
 }
 
 qt_status op_copy(program *p, const char *name, prog_ref dst, prog_ref src, uint64_t bytes) {

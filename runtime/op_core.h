@@ -15,6 +15,12 @@
 qt_status op_fill_random(program *p, const char *name, prog_ref out, uint64_t count,
                          uint32_t dtype, uint32_t dist, uint64_t seed, uint64_t offset, float a,
                          float b);
+// rows x cols values into rows `stride` elements apart (the rest of each row is not written):
+// value (r, c) is the contiguous fill's element offset + r * cols + c, so a padded matrix holds
+// the values of its unpadded twin.
+qt_status op_fill_random_rows(program *p, const char *name, prog_ref out, uint64_t rows,
+                              uint64_t cols, uint64_t stride, uint32_t dtype, uint32_t dist,
+                              uint64_t seed, uint64_t offset, float a, float b);
 qt_status op_copy(program *p, const char *name, prog_ref dst, prog_ref src, uint64_t bytes);
 // Two ops: partial sums into `partials` (blocks u64) and the final hash into `out` (one u64).
 qt_status op_checksum(program *p, const char *name, prog_ref src, uint64_t bytes,

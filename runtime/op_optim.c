@@ -20,15 +20,16 @@ static bool op_optim_same(prog_ref a, prog_ref b) {
     return a.arena == b.arena && a.region == b.region && a.offset == b.offset;
 }
 
-qt_status op_optim_begin(program *p, const char *name, prog_ref state, prog_ref grad_norm,
-                         prog_ref lr_rows, uint32_t row_count) {
+qt_status op_optim_begin(program *p, const char *name, prog_ref steps, prog_ref state,
+                         prog_ref grad_norm, prog_ref lr_rows, uint32_t row_count) {
     QT_ASSERT(row_count >= 1);
-    optim_begin_args args = {0, 0, 0, row_count, 0};
+    optim_begin_args args = {0, 0, 0, 0, row_count, 0};
     launch_shape shape = {{1, 1, 1}, {QT_OPTIM_BEGIN_THREADS, 1, 1}, 0};
     uint32_t op;
     QT_TRY(prog_append(p, KERNEL_OPTIM_BEGIN, name, &shape, &args, sizeof args, &op));
+    QT_TRY(prog_use_span(p, op, offsetof(optim_begin_args, steps), steps, 8, PROG_READ_WRITE));
     QT_TRY(prog_use_span(p, op, offsetof(optim_begin_args, state), state, sizeof(optim_state),
-                        PROG_READ_WRITE));
+                        PROG_WRITE));
     QT_TRY(prog_use_optional(p, op, offsetof(optim_begin_args, grad_norm), grad_norm,
                             sizeof(optim_grad_norm), PROG_READ));
     return prog_use_span(p, op, offsetof(optim_begin_args, lr_rows), lr_rows,

@@ -107,10 +107,11 @@ typedef struct optim_param_desc {
     op_group group;
 } optim_param_desc;
 
-// skip, lr and step of this step (state: optim_state; grad_norm: optim_grad_norm or absent;
-// lr_rows: optim_lr_row [row_count], sorted by start).
-qt_status op_optim_begin(program *p, const char *name, prog_ref state, prog_ref grad_norm,
-                         prog_ref lr_rows, uint32_t row_count);
+// skip, lr and step of this step (steps: the persistent u64 of counted steps; state: this
+// step's optim_state; grad_norm: optim_grad_norm or absent; lr_rows: optim_lr_row [row_count],
+// sorted by start).
+qt_status op_optim_begin(program *p, const char *name, prog_ref steps, prog_ref state,
+                         prog_ref grad_norm, prog_ref lr_rows, uint32_t row_count);
 
 // The AdamW update of one parameter and its requantization (table above). `state` is the
 // optim_state that op_optim_begin wrote earlier in the same program.

@@ -130,8 +130,10 @@ qt_status op_fp8_delayed_update(program *p, const char *name, prog_ref history, 
 // One op for states[0..count), count <= QT_FP8_STATES_PER_OP.
 static qt_status op_fp8_delayed_states_op(program *p, const char *name,
                                           const op_fp8_delayed_state *states, uint32_t count,
-                                          bool update, prog_ref amax_out, prog_ref scale_out,
-                                          uint32_t entries) {
+                                          const op_fp8_delayed_end *end) {
+    bool update = end->update;
+    prog_ref amax_out = end->amax_out, scale_out = end->scale_out;
+    uint32_t entries = end->entries;
     QT_ASSERT(count >= 1 && count <= QT_FP8_STATES_PER_OP);
     fp8_delayed_states_args args = {0};
     args.count = count;
@@ -168,20 +170,20 @@ static qt_status op_fp8_delayed_states_op(program *p, const char *name,
     if (update) {
         QT_TRY(prog_use_optional(p, op, offsetof(fp8_delayed_states_args, amax_out), amax_out,
                                  (uint64_t)entries * 4, PROG_WRITE));
+        QT_TRY(prog_use_optional(p, op, offsetof(fp8_delayed_states_args, skip), end->skip, 4,
+                                 PROG_READ));
     }
     return prog_use_optional(p, op, offsetof(fp8_delayed_states_args, scale_out), scale_out,
                              (uint64_t)entries * 4, PROG_WRITE);
 }
 
 qt_status op_fp8_delayed_states(program *p, const char *name, const op_fp8_delayed_state *states,
-                                uint32_t count, bool update, prog_ref amax_out,
-                                prog_ref scale_out, uint32_t entries) {
+                                uint32_t count, const op_fp8_delayed_end *end) {
     QT_ASSERT(count >= 1);
-    QT_ASSERT(update || !prog_ref_present(amax_out));
+    QT_ASSERT(end->update || (!prog_ref_present(end->amax_out) && !prog_ref_present(end->skip)));
     for (uint32_t first = 0; first < count; first += QT_FP8_STATES_PER_OP) {
         uint32_t n = count - first < QT_FP8_STATES_PER_OP ? count - first : QT_FP8_STATES_PER_OP;
-        QT_TRY(op_fp8_delayed_states_op(p, name, states + first, n, update, amax_out, scale_out,
-                                        entries));
+        QT_TRY(op_fp8_delayed_states_op(p, name, states + first, n, end));
     }
     return QT_OK;
 }

@@ -79,14 +79,23 @@ typedef struct op_fp8_delayed_state {
     uint32_t first;        // snapshot entry of slot 0
 } op_fp8_delayed_state;
 
+// What the end of a step does with the states: update (training) or only snapshot the scales.
+typedef struct op_fp8_delayed_end {
+    bool update;
+    prog_ref amax_out;   // f32 [entries], or OP_FP8_NONE; update only
+    prog_ref scale_out;  // f32 [entries], or OP_FP8_NONE
+    prog_ref skip;       // u32, update only: the optimizer's skip flag of this step (optim_state),
+                         // or OP_FP8_NONE: never skipped
+    uint32_t entries;
+} op_fp8_delayed_end;
+
 // The end of a step for `count` states (ptx/quant_fp8.h, qt_fp8_delayed_states), one op per
-// QT_FP8_STATES_PER_OP states. update (training): amax_out (f32 [entries], or OP_FP8_NONE)
-// gets each slot's amax before the roll, then every state rolls and updates as
-// op_fp8_delayed_update does; scale_out (f32 [entries]) gets the scales after it. Without update
+// QT_FP8_STATES_PER_OP states. update (training): amax_out gets each slot's amax before the roll,
+// then every state rolls and updates as op_fp8_delayed_update does (a skipped step: only drops
+// its amaxes, so the state stays as it was); scale_out gets the scales after it. Without update
 // (eval, infer) only scale_out is written. Every slot's entry must lie below `entries`.
 qt_status op_fp8_delayed_states(program *p, const char *name, const op_fp8_delayed_state *states,
-                                uint32_t count, bool update, prog_ref amax_out,
-                                prog_ref scale_out, uint32_t entries);
+                                uint32_t count, const op_fp8_delayed_end *end);
 
 // hp->x = codes * scale_inv, in the [M][K] orientation of hp; `colwise` picks the transposed
 // codes. Padding rows of a grouped tensor are written as zeros.

@@ -6,9 +6,10 @@
 qt_status op_group_use(program *p, uint32_t op, uint32_t desc_offset, const op_group *g) {
     if (g->count == 0) return QT_OK;
     QT_ASSERT(op < p->op_count);
-    QT_ASSERT(desc_offset + sizeof(qt_group_desc) <= p->ops[op].args_bytes);
+    prog_op *entry = prog_op_at(p, op);
+    QT_ASSERT(desc_offset + sizeof(qt_group_desc) <= entry->args_bytes);
     uint32_t count = g->count;
-    memcpy(p->ops[op].args + desc_offset + offsetof(qt_group_desc, count), &count, sizeof count);
+    memcpy(entry->args + desc_offset + offsetof(qt_group_desc, count), &count, sizeof count);
     QT_ASSERT(g->row_offsets.offset % 4 == 0 && g->first_dims.offset % 4 == 0);
     QT_TRY(prog_use_span(p, op, desc_offset + (uint32_t)offsetof(qt_group_desc, row_offsets),
                          g->row_offsets, 4ull * (g->count + 1), PROG_READ));

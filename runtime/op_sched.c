@@ -73,7 +73,7 @@ qt_status op_sched_record(program *p, const char *name, const op_sched_record_de
     QT_TRY(prog_use_span(p, op, offsetof(sched_record_args, counter), d->counter, 8,
                         PROG_READ_WRITE));
     QT_TRY(prog_use_span(p, op, offsetof(sched_record_args, ring), d->ring,
-                        (uint64_t)d->ring_len * sizeof(qt_trace_record), PROG_WRITE));
+                        d->ring_len * qt_trace_ring_bytes(d->quantizers), PROG_WRITE));
     QT_TRY(prog_use_optional(p, op, offsetof(sched_record_args, loss), d->loss,
                             sizeof(qt_loss_stats), PROG_READ));
     QT_TRY(prog_use_optional(p, op, offsetof(sched_record_args, gnorm), d->gnorm,
@@ -91,15 +91,30 @@ qt_status op_sched_record(program *p, const char *name, const op_sched_record_de
 }
 
 qt_status op_sched_checksum(program *p, const char *name, prog_ref counter, prog_ref ring,
-                            uint32_t ring_len, prog_ref hashes, uint32_t count) {
-    QT_ASSERT(ring_len >= 1 && count >= 1);
-    sched_checksum_args args = {0, 0, 0, ring_len, count};
+                            uint32_t ring_len, uint32_t quantizers, prog_ref hashes,
+                            uint32_t count) {
+    QT_ASSERT(ring_len >= 1 && count >= 1 && quantizers <= QT_TRACE_QUANTIZERS_MAX);
+    sched_checksum_args args = {0, 0, 0, ring_len, count, quantizers, 0};
     launch_shape shape = {{1, 1, 1}, {QT_SCHED_RECORD_THREADS, 1, 1}, 0};
     uint32_t op;
     QT_TRY(prog_append(p, KERNEL_SCHED_CHECKSUM, name, &shape, &args, sizeof args, &op));
     QT_TRY(prog_use_span(p, op, offsetof(sched_checksum_args, counter), counter, 8, PROG_READ));
     QT_TRY(prog_use_span(p, op, offsetof(sched_checksum_args, ring), ring,
-                        (uint64_t)ring_len * sizeof(qt_trace_record), PROG_READ_WRITE));
+                        ring_len * qt_trace_ring_bytes(quantizers), PROG_READ_WRITE));
     return prog_use_span(p, op, offsetof(sched_checksum_args, hashes), hashes,
                         (uint64_t)count * 8, PROG_READ);
+}
+
+qt_status op_sched_inject(program *p, const char *name, prog_ref counter, uint64_t step,
+                          prog_ref target, uint32_t bits) {
+    QT_ASSERT(target.offset % 4 == 0);
+    sched_inject_args args = {0, 0, step, bits, 0};
+    launch_shape shape = {{1, 1, 1}, {1, 1, 1}, 0};
+    uint32_t op;
+    QT_TRY(prog_append(p, KERNEL_SCHED_INJECT, name, &shape, &args, sizeof args, &op));
+    QT_TRY(prog_use_span(p, op, offsetof(sched_inject_args, counter), counter, 8, PROG_READ));
+    // The target is read too: the kernel writes it at one step only, so at the others its old
+    // value must stay ordered with its writer.
+    return prog_use_span(p, op, offsetof(sched_inject_args, target), target, 4,
+                         PROG_READ_WRITE);
 }

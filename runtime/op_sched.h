@@ -39,7 +39,7 @@ qt_status op_sched_stage_u8(program *p, const char *name, const op_sched_stage_d
 
 typedef struct op_sched_record_desc {
     prog_ref counter;      // u64
-    prog_ref ring;         // qt_trace_record [ring_len]
+    prog_ref ring;         // ring_len records of `quantizers` entries (qt_trace_ring_bytes)
     uint32_t ring_len;
     uint32_t mode;         // QT_TRACE_MODE_*
     prog_ref loss;         // qt_loss_stats, optional
@@ -53,8 +53,15 @@ typedef struct op_sched_record_desc {
 
 qt_status op_sched_record(program *p, const char *name, const op_sched_record_desc *d);
 
-// Folds hashes (u64 [count]) into the last record written (see ptx/sched_ops.h).
+// Folds hashes (u64 [count]) into the last record written (see ptx/sched_ops.h); the ring's
+// records have `quantizers` entries.
 qt_status op_sched_checksum(program *p, const char *name, prog_ref counter, prog_ref ring,
-                            uint32_t ring_len, prog_ref hashes, uint32_t count);
+                            uint32_t ring_len, uint32_t quantizers, prog_ref hashes,
+                            uint32_t count);
+
+// At global step `step` only, the FP32 word at target := bits (qt_sched_inject: a fault that
+// tests and soaks plant in a gradient).
+qt_status op_sched_inject(program *p, const char *name, prog_ref counter, uint64_t step,
+                          prog_ref target, uint32_t bits);
 
 #endif  // QT_OP_SCHED_H

@@ -3,14 +3,34 @@
 #include <stdio.h>
 #include <string.h>
 
-void prog_init(program *p, const char *mode, int32_t op_base) {
+// Op indices are int32 across all programs of a run (arena lifetimes): one program stays far
+// below that.
+#define PROG_OPS_LIMIT (1u << 24)
+
+uint64_t prog_storage_bytes(uint32_t capacity) {
+    return (uint64_t)capacity * (sizeof(prog_op) + sizeof(uint32_t));
+}
+
+void prog_init(program *p, const char *mode, int32_t op_base, void *storage, uint32_t capacity) {
     QT_ASSERT(op_base >= 0);
     QT_ASSERT(strlen(mode) < sizeof p->mode);
-    memset(p->mode, 0, sizeof p->mode);
+    QT_ASSERT((storage == NULL) == (capacity == 0) && capacity <= PROG_OPS_LIMIT);
+    QT_ASSERT((uintptr_t)storage % _Alignof(prog_op) == 0);
+    memset(p, 0, sizeof *p);
     strcpy(p->mode, mode);
     p->op_base = op_base;
-    p->op_count = 0;
-    p->resolved = false;
+    p->op_capacity = capacity;
+    p->ops = storage;
+    p->op_scratch = storage ? (uint32_t *)(void *)(p->ops + capacity) : NULL;
+}
+
+bool prog_counting(const program *p) { return p->ops == NULL; }
+
+prog_op *prog_op_at(program *p, uint32_t op) {
+    QT_ASSERT(op < p->op_count);
+    if (!prog_counting(p)) return &p->ops[op];
+    QT_ASSERT(op + 1 == p->op_count);  // builders use an op right after appending it
+    return &p->pending;
 }
 
 qt_status prog_append(program *p, kernel_id kernel, const char *name, const launch_shape *shape,
@@ -20,12 +40,13 @@ qt_status prog_append(program *p, kernel_id kernel, const char *name, const laun
     QT_ASSERT(args_bytes == kernel_table[kernel].args_bytes);
     QT_ASSERT(shape->grid[0] > 0 && shape->grid[1] > 0 && shape->grid[2] > 0);
     QT_ASSERT(shape->block[0] > 0 && shape->block[1] > 0 && shape->block[2] > 0);
-    if (p->op_count == PROG_OPS_MAX) {
-        return qt_fail(QT_ERR_CAPACITY, "program '%s' is full at PROG_OPS_MAX = %d ops while "
-                       "adding '%s'; raise PROG_OPS_MAX in runtime/program.h", p->mode,
-                       PROG_OPS_MAX, name);
+    uint32_t capacity = prog_counting(p) ? PROG_OPS_LIMIT : p->op_capacity;
+    if (p->op_count == capacity) {
+        return qt_fail(QT_ERR_CAPACITY, "program '%s' holds %u ops%s; cannot add '%s'", p->mode,
+                       capacity, prog_counting(p) ? "" : ", the count its plan was sized for",
+                       name);
     }
-    prog_op *op = &p->ops[p->op_count];
+    prog_op *op = prog_counting(p) ? &p->pending : &p->ops[p->op_count];
     memset(op, 0, sizeof *op);
     op->kernel = kernel;
     snprintf(op->name, sizeof op->name, "%s", name);
@@ -44,19 +65,17 @@ int32_t prog_op_index(const program *p, uint32_t op) {
 qt_status prog_use(program *p, uint32_t op_number, uint32_t args_offset, prog_ref ref,
                    prog_access access) {
     QT_ASSERT(!p->resolved);
-    QT_ASSERT(op_number < p->op_count);
-    prog_op *op = &p->ops[op_number];
+    prog_op *op = prog_op_at(p, op_number);
     QT_ASSERT(args_offset == PROG_ARGS_FIELD_NONE ||
               (args_offset % 8 == 0 && args_offset + 8 <= op->args_bytes));
     QT_ASSERT(ref.arena != NULL && ref.region < ref.arena->region_count);
-    QT_ASSERT(ref.offset <= arena_region_get(ref.arena, ref.region)->bytes);
-    if (op->ref_count == PROG_OP_REFS_MAX) {
-        return qt_fail(QT_ERR_CAPACITY, "op '%s' uses more than PROG_OP_REFS_MAX = %d regions; "
-                       "raise PROG_OP_REFS_MAX in runtime/program.h", op->name,
-                       PROG_OP_REFS_MAX);
-    }
+    // A counting arena has no table: the bounds are checked when the plan is made for real.
+    bool regions = !arena_counting(ref.arena);
+    QT_ASSERT(!regions || ref.offset <= arena_region_get(ref.arena, ref.region)->bytes);
+    // Builders split their ops below this (a property of the code, whatever the model).
+    QT_ASSERT(op->ref_count < PROG_OP_REFS_MAX);
     op->refs[op->ref_count++] = (prog_op_ref){ref, (uint16_t)args_offset, (uint8_t)access};
-    if (!arena_region_get(ref.arena, ref.region)->persistent) {
+    if (regions && !arena_region_get(ref.arena, ref.region)->persistent) {
         arena_extend(ref.arena, ref.region, prog_op_index(p, op_number));
     }
     return QT_OK;
@@ -65,8 +84,10 @@ qt_status prog_use(program *p, uint32_t op_number, uint32_t args_offset, prog_re
 qt_status prog_use_span(program *p, uint32_t op, uint32_t args_offset, prog_ref ref,
                         uint64_t bytes, prog_access access) {
     QT_ASSERT(prog_ref_present(ref));
-    const arena_region *region = arena_region_get(ref.arena, ref.region);
-    QT_ASSERT(ref.offset <= region->bytes && bytes <= region->bytes - ref.offset);
+    if (!arena_counting(ref.arena)) {
+        const arena_region *region = arena_region_get(ref.arena, ref.region);
+        QT_ASSERT(ref.offset <= region->bytes && bytes <= region->bytes - ref.offset);
+    }
     return prog_use(p, op, args_offset, ref, access);
 }
 
@@ -77,7 +98,7 @@ qt_status prog_use_optional(program *p, uint32_t op, uint32_t args_offset, prog_
 }
 
 void prog_resolve(program *p) {
-    QT_ASSERT(!p->resolved);
+    QT_ASSERT(!p->resolved && !prog_counting(p));
     for (uint32_t i = 0; i < p->op_count; i++) {
         prog_op *op = &p->ops[i];
         for (uint32_t r = 0; r < op->ref_count; r++) {
@@ -108,23 +129,25 @@ bool prog_ops_conflict(const prog_op *x, const prog_op *y) {
     return false;
 }
 
-uint32_t prog_critical_path(program *p) {
+uint32_t prog_critical_path(const program *p) {
+    QT_ASSERT(!prog_counting(p));
+    uint32_t *depth = p->op_scratch;  // chain length ending at each op
     uint32_t longest = 0;
     for (uint32_t j = 0; j < p->op_count; j++) {
-        prog_op *op = &p->ops[j];
-        op->chain = 1;
+        depth[j] = 1;
         for (uint32_t i = 0; i < j; i++) {
-            if (p->ops[i].chain + 1 > op->chain && prog_ops_conflict(&p->ops[i], op)) {
-                op->chain = p->ops[i].chain + 1;
+            if (depth[i] + 1 > depth[j] && prog_ops_conflict(&p->ops[i], &p->ops[j])) {
+                depth[j] = depth[i] + 1;
             }
         }
-        if (op->chain > longest) longest = op->chain;
+        if (depth[j] > longest) longest = depth[j];
     }
     return longest;
 }
 
 // Whether every arena the program uses is packed (offsets final).
 static bool prog_packed(const program *p) {
+    QT_ASSERT(!prog_counting(p));
     for (uint32_t i = 0; i < p->op_count; i++) {
         for (uint32_t r = 0; r < p->ops[i].ref_count; r++) {
             if (p->ops[i].refs[r].ref.arena->phase == ARENA_PHASE_PLAN) return false;
@@ -133,7 +156,7 @@ static bool prog_packed(const program *p) {
     return true;
 }
 
-void prog_print(program *p, FILE *out) {
+void prog_print(const program *p, FILE *out) {
     fprintf(out, "program %s: %u ops", p->mode, p->op_count);
     if (p->op_count > 0 && prog_packed(p)) {
         fprintf(out, ", %u on the longest chain of ops that must stay in order",

@@ -14,6 +14,11 @@
 // Op indices are global across programs (each program starts at its op_base), so transient
 // regions of different modes never look simultaneously live to the planner, as the modes never
 // run at the same time.
+//
+// The op table is the caller's memory (prog_storage_bytes for a given number of ops), sized
+// from the model at planning: runtime/run.h builds every program once as a counting program (no
+// table: each op is checked as it is built, then only counted) and then again into tables of
+// exactly the counted size.
 #ifndef QT_PROGRAM_H
 #define QT_PROGRAM_H
 
@@ -21,7 +26,8 @@
 #include "kernels.h"  // kernel_id, QT_ARGS_BYTES_MAX
 #include "modules.h"  // launch_shape
 
-#define PROG_OPS_MAX 4096
+// Regions one op touches: a property of the op builders (grouped ops split beyond it), not of
+// the model.
 #define PROG_OP_REFS_MAX 24
 #define PROG_OP_NAME_MAX 48
 #define PROG_ARGS_FIELD_NONE 0xFFFFu  // a region the op touches without an args field for it
@@ -49,20 +55,32 @@ typedef struct prog_op {
     _Alignas(16) uint8_t args[QT_ARGS_BYTES_MAX];
     uint32_t ref_count;
     prog_op_ref refs[PROG_OP_REFS_MAX];
-    uint32_t chain;  // prog_critical_path: ops on the longest chain that ends with this one
 } prog_op;
 
 typedef struct program {
-    char mode[16];      // "train", "eval", "infer", or a test's name
-    int32_t op_base;    // global index of ops[0]
+    char mode[16];          // "train", "eval", "infer", or a test's name
+    int32_t op_base;        // global index of ops[0]
     uint32_t op_count;
+    uint32_t op_capacity;   // entries of ops; 0: a counting program
     bool resolved;
-    prog_op ops[PROG_OPS_MAX];
+    prog_op *ops;           // [op_capacity], the caller's (prog_init)
+    uint32_t *op_scratch;   // [op_capacity], in the same storage: working memory of one pass
+                            // over the ops at a time (critical path, graph capture, profile)
+    prog_op pending;        // a counting program's op being built
 } program;
 
-void prog_init(program *p, const char *mode, int32_t op_base);
-// Appends an op; its args are copied now and patched by prog_resolve. Returns QT_ERR_CAPACITY
-// naming PROG_OPS_MAX when full.
+// Bytes of storage for a program of `capacity` ops (16-byte aligned memory).
+uint64_t prog_storage_bytes(uint32_t capacity);
+// Starts an empty program over `storage` (prog_storage_bytes(capacity) bytes, the caller's,
+// outliving the program). storage NULL (capacity 0): a counting program, which checks every op
+// and use as it comes (the regions' bounds when their arenas have tables), keeps only the last
+// op, and counts.
+void prog_init(program *p, const char *mode, int32_t op_base, void *storage, uint32_t capacity);
+bool prog_counting(const program *p);
+// The entry of op `op` (a counting program: the last op appended only).
+prog_op *prog_op_at(program *p, uint32_t op);
+// Appends an op; its args are copied now and patched by prog_resolve. QT_ERR_CAPACITY when the
+// table is full (it holds the ops its plan counted).
 qt_status prog_append(program *p, kernel_id kernel, const char *name, const launch_shape *shape,
                       const void *args, size_t args_bytes, uint32_t *op_out);
 // Declares that op reads and/or writes ref; if args_offset is not PROG_ARGS_FIELD_NONE the
@@ -79,7 +97,8 @@ qt_status prog_use_span(program *p, uint32_t op, uint32_t args_offset, prog_ref 
 // prog_use_span for an optional buffer: nothing when the ref is absent.
 qt_status prog_use_optional(program *p, uint32_t op, uint32_t args_offset, prog_ref ref,
                             uint64_t bytes, prog_access access);
-// Writes every region address into the ops' args; all arenas used must be FROZEN.
+// Writes every region address into the ops' args; all arenas used must be FROZEN (not for a
+// counting program).
 void prog_resolve(program *p);
 int32_t prog_op_index(const program *p, uint32_t op);  // global index of ops[op]
 
@@ -90,10 +109,9 @@ int32_t prog_op_index(const program *p, uint32_t op);  // global index of ops[op
 // overlap here, which orders their users too. The arenas must be packed.
 bool prog_ops_conflict(const prog_op *x, const prog_op *y);
 // Ops on the longest chain of conflicting ops: the least number of kernels one after another
-// that a graph of the program can have (the op count when nothing can overlap). Sets every op's
-// chain on the way.
-uint32_t prog_critical_path(program *p);
+// that a graph of the program can have (the op count when nothing can overlap).
+uint32_t prog_critical_path(const program *p);
 // The op table; after the arenas are packed, with the program's critical path.
-void prog_print(program *p, FILE *out);
+void prog_print(const program *p, FILE *out);
 
 #endif  // QT_PROGRAM_H

@@ -9,8 +9,9 @@
 //   qt_device_open(memory, kind)            a GPU (or the reference backend), any thread
 //   qt_open_file(memory, path)              the recipe read and validated
 //     | qt_open_text(memory, text)
-//   qt_plan(options)                        data headers read, schedule, model, every program,
-//     |                                     both arenas packed: qt_plan_info_get, qt_plan_region
+//   qt_measure(options)                     data headers read, the run counted: its table bytes
+//   qt_plan(tables)                         schedule, model, every program, both arenas packed
+//     |                                     in caller memory: qt_plan_info_get, qt_plan_region
 //   qt_check_memory                         optional: the plan against the memory there is
 //   qt_load(memory)                         the datasets read into caller memory (no device)
 //   qt_bind(device, arenas)                 arenas allocated (or the caller's) and zeroed,
@@ -22,11 +23,11 @@
 //   qt_device_close
 //
 // Memory. The caller gives every block of host memory the library uses: the runtime
-// (qt_runtime_bytes), the device (qt_device_bytes), the datasets (qt_plan_info.data_bytes) and
-// an export's work area (qt_export_bytes), each aligned to QT_MEMORY_ALIGN, owned by the caller,
-// and untouched by it until the matching close. The two arenas come from the caller too
-// (qt_arenas) or, on a GPU, from the driver once at qt_bind (cuMemAlloc, cuMemHostAlloc; freed at
-// qt_close). The library itself never calls malloc or free.
+// (qt_runtime_bytes), the device (qt_device_bytes), the run's tables (qt_measure), the datasets
+// (qt_plan_info.data_bytes) and an export's work area (qt_export_bytes), each aligned to
+// QT_MEMORY_ALIGN, owned by the caller, and untouched by it until the matching close. The two
+// arenas come from the caller too (qt_arenas) or, on a GPU, from the driver once at qt_bind
+// (cuMemAlloc, cuMemHostAlloc; freed at qt_close). The library itself never calls malloc or free.
 //
 // Threads. A runtime or a device is used by one thread at a time; which thread may change from
 // call to call (the device's CUDA context is made current on entry). Separate runtimes share
@@ -188,13 +189,27 @@ typedef struct qt_options {
     const char *infer_input;
     const char *infer_output;
     bool infer_argmax;
+    // A NaN or an infinity (inject_value) planted in the first element of a linear layer's
+    // weight gradient (inject_layer; NULL: the first) at the train step whose trace index is
+    // inject_step, which the optimizer must skip: fault tests and soaks.
+    bool inject;
+    uint64_t inject_step;
+    const char *inject_layer;
+    float inject_value;
     bool modes[QT_MODE_COUNT];  // programs to build beyond the schedule's (qt_step_mode, qt_infer)
     qt_inputs inputs;           // pushed inputs' type when the recipe names no data source
 } qt_options;
 
-// Plans the run (options NULL: all defaults). Reads the data files' headers, builds the schedule
-// table, the model and every program, and packs both arenas; no device is needed.
-QT_API qt_status qt_plan(qt_runtime *rt, const qt_options *options);
+// Measures the run (options NULL: all defaults): reads the data files' headers, builds the
+// schedule table and plans the model and every program once with counting tables, which store
+// nothing: *table_bytes is the memory of the run's tables (the schedule, the arenas' regions,
+// the programs' ops, the checkpoint tables), sized from the recipe. May be repeated with other
+// options until qt_plan.
+QT_API qt_status qt_measure(qt_runtime *rt, const qt_options *options, uint64_t *table_bytes);
+// Plans the run into `tables` (at least the measured bytes, QT_MEMORY_ALIGN aligned, the
+// caller's until qt_close): the schedule table, the model, every program, both arenas packed.
+// No device is needed.
+QT_API qt_status qt_plan(qt_runtime *rt, void *tables, uint64_t table_bytes);
 
 typedef struct qt_plan_info {
     uint32_t batch;              // rows of every step's batch
@@ -290,8 +305,6 @@ QT_API qt_status qt_push_batch(qt_runtime *rt, const qt_batch *batch);
 typedef qt_status (*qt_data_fn)(void *ctx, qt_mode mode, uint64_t step, qt_batch *batch);
 QT_API void qt_on_data(qt_runtime *rt, qt_data_fn fn, void *ctx);  // fn NULL: none
 
-#define QT_QUANTIZERS_MAX 64
-
 // What one step did, as its record says (the trace prints the same fields).
 typedef struct qt_step_stats {
     uint64_t step;               // global index: train, eval and infer steps share it
@@ -316,8 +329,9 @@ typedef struct qt_step_stats {
     double pass_loss, pass_accuracy;
     uint64_t pass_samples;
     double elapsed_s;            // since the call that ran it began
-    uint32_t quantizers;         // delayed-scaling quantizers: their amax of this step and
-    float amax[QT_QUANTIZERS_MAX], scale[QT_QUANTIZERS_MAX];  // scale after its update
+    uint32_t quantizers;         // delayed-scaling quantizers: [quantizers] of their amax of
+    const float *amax, *scale;   // this step and scale after its update, valid until the
+                                 // runtime's next step
 } qt_step_stats;
 
 // The statistics callback: called after every step, when qtrain reads its record (on a GPU, up
@@ -446,12 +460,13 @@ typedef struct qt_export_info {
     uint32_t params;
 } qt_export_info;
 
-// Bytes of the work area of qt_export (QT_MEMORY_ALIGN aligned).
-QT_API size_t qt_export_bytes(void);
+// Bytes of qt_export's work area for the checkpoint at path (its table's size, read from the
+// header).
+QT_API qt_status qt_export_bytes(const char *checkpoint_path, uint64_t *bytes);
 // A checkpoint's weights as a safetensors file (every CRC checked first): the FP32 masters, and
 // with quantized the codes and scales of every usage. An existing out_path is refused unless
 // force. Needs no runtime.
-QT_API qt_status qt_export(void *memory, size_t bytes, const char *checkpoint_path,
+QT_API qt_status qt_export(void *memory, uint64_t bytes, const char *checkpoint_path,
                            const char *out_path, bool quantized, bool force,
                            qt_export_info *info);
 

@@ -9,10 +9,11 @@ POOL_CPU_CLONES static void ref_fill_range(void *ctx, uint64_t begin, uint64_t e
     const fill_random_args *a = ctx;
     for (uint64_t i = begin; i < end; i++) {
         float value = qt_fill_value(a->seed, a->offset + i, a->dist, a->a, a->b);
+        uint64_t at = qt_fill_index(a, i);
         if (a->dtype == QT_DTYPE_BF16) {
-            REF_PTR(uint16_t, a->out)[i] = qt_f32_to_bf16(value);
+            REF_PTR(uint16_t, a->out)[at] = qt_f32_to_bf16(value);
         } else {
-            REF_PTR(float, a->out)[i] = value;
+            REF_PTR(float, a->out)[at] = value;
         }
     }
 }

@@ -38,8 +38,8 @@ void ref_qt_sched_record(const sched_record_args *a, const launch_shape *shape) 
     (void)shape;
     uint64_t *counter = REF_PTR(uint64_t, a->counter);
     uint64_t step = *counter;
-    qt_trace_record *r = REF_PTR(qt_trace_record, a->ring) + step % a->ring_len;
-    for (uint32_t i = 0; i < QT_TRACE_QUANTIZERS_MAX; i++) qt_sched_record_entry(a, i, r);
+    qt_trace_ring_head *r = qt_trace_ring_at(a->ring, step % a->ring_len, a->quantizers);
+    for (uint32_t i = 0; i < a->quantizers; i++) qt_sched_record_entry(a, i, r);
     qt_sched_record_header(a, step, r);
     *counter = step + 1;
 }
@@ -48,7 +48,12 @@ void ref_qt_sched_checksum(const sched_checksum_args *a, const launch_shape *sha
     (void)shape;
     uint64_t counter = *REF_PTR(const uint64_t, a->counter);
     if (counter == 0) return;
-    qt_trace_record *r = REF_PTR(qt_trace_record, a->ring) + (counter - 1) % a->ring_len;
+    qt_trace_ring_head *r = qt_trace_ring_at(a->ring, (counter - 1) % a->ring_len, a->quantizers);
     r->checksum = qt_sched_checksum_fold(REF_PTR(const uint64_t, a->hashes), a->count);
     r->flags |= QT_TRACE_FLAG_CHECKSUM;
+}
+
+void ref_qt_sched_inject(const sched_inject_args *a, const launch_shape *shape) {
+    (void)shape;
+    if (*REF_PTR(const uint64_t, a->counter) == a->step) *REF_PTR(uint32_t, a->target) = a->bits;
 }

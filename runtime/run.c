@@ -114,25 +114,36 @@ static qt_status run_probe(run *r) {
     return QT_OK;
 }
 
-static qt_status run_table(run *r) {
+// The schedule table: counting (storage NULL) at run_measure, into its memory at run_plan.
+static qt_status run_table(run *r, void *storage) {
     const run_options *o = &r->options;
+    run_tables *t = &r->tables;
+    if (storage) {
+        sched_table_init(&r->table, storage, t->sched_rows, t->sched_lr_rows);
+    } else {
+        sched_table_init(&r->table, NULL, 0, 0);
+    }
     if (o->infer_input) {
         sched_table_infer(r->train_info.samples, r->recipe->data.batch, &r->table);
-        return QT_OK;
-    }
-    uint64_t eval_samples = r->has_eval ? r->eval_info.samples : 0;
-    QT_TRY(sched_table_build(r->recipe, r->train_info.samples, eval_samples,
-                             r->recipe->data.batch, o->steps_limit, &r->table));
-    if (o->eval_every > 0) {
-        if (!r->has_eval) {
+    } else {
+        if (o->eval_every > 0 && !r->has_eval) {
             return qt_fail(QT_ERR_INPUT, "%s: interleaved eval rows need an eval dataset; "
                            "expected 'eval = SOURCE' in [data]", r->recipe->file_name);
         }
-        r->table.modes[MODEL_MODE_EVAL] = true;
-        QT_TRY(sched_interleave_eval(&r->table, o->eval_every, o->eval_steps ? o->eval_steps
-                                                                              : 1));
+        sched_build b = {r->train_info.samples, r->has_eval ? r->eval_info.samples : 0,
+                         r->recipe->data.batch, o->steps_limit, o->eval_every,
+                         o->eval_steps ? o->eval_steps : 1, o->drop_eval};
+        QT_TRY(sched_table_build(r->recipe, &b, &r->table));
     }
-    if (o->drop_eval) sched_drop_eval(&r->table);
+    // A train program the schedule has no row for (run_options.modes) still needs a
+    // learning-rate row: the optimizer's constant rate.
+    if (o->modes[MODEL_MODE_TRAIN] && r->table.lr_count == 0) {
+        sched_add_constant_lr(&r->table, r->recipe->optim.lr);
+    }
+    if (!storage) {
+        t->sched_rows = r->table.row_count;
+        t->sched_lr_rows = r->table.lr_count;
+    }
     return QT_OK;
 }
 
@@ -155,9 +166,7 @@ static void run_output_spec(const run *r, uint32_t index, const char **path, boo
 // One step's rows, converted for the file, in host memory planned with the rest (any row that
 // writes a file uses it; only one row runs at a time).
 static qt_status run_plan_outputs(run *r) {
-    for (uint32_t i = 0; i < r->table.row_count; i++) {
-        if (r->table.rows[i].output) r->has_outputs = true;
-    }
+    r->has_outputs = r->table.outputs;
     if (!r->has_outputs) return QT_OK;
     uint64_t bytes = infer_out_scratch_bytes(r->recipe->data.batch, r->model.outputs);
     return arena_reserve(&r->host, "infer.file_rows", bytes, 64, ARENA_CAT_STAGING,
@@ -258,28 +267,91 @@ static void run_layout_data(run *r) {
     r->data_bytes = r->data_golden_offset + run_align(r->golden_bytes);
 }
 
+// `--inject-nonfinite`: the step must be a train step of this run's table (the fault goes into
+// the train program); the layer is checked by model_plan.
+static qt_status run_inject_plan(const run *r, model_inject *out) {
+    const run_inject *in = &r->options.inject;
+    memset(out, 0, sizeof *out);
+    if (!in->on) return QT_OK;
+    if (!r->table.rows) {  // counting: the step is checked when the rows exist
+        *out = (model_inject){true, in->step, in->layer, in->bits};
+        return QT_OK;
+    }
+    uint64_t first = 0;
+    for (uint32_t i = 0; i < r->table.row_count; i++) {
+        const sched_row *row = &r->table.rows[i];
+        if (in->step < first + row->steps) {
+            if (row->mode != MODEL_MODE_TRAIN) {
+                return qt_fail(QT_ERR_INPUT, "--inject-nonfinite %llu: step %llu is an %s step "
+                               "(row %u of the schedule); expected a train step",
+                               (unsigned long long)in->step, (unsigned long long)in->step,
+                               model_mode_name(row->mode), i);
+            }
+            *out = (model_inject){true, in->step, in->layer, in->bits};
+            return QT_OK;
+        }
+        first += row->steps;
+    }
+    return qt_fail(QT_ERR_INPUT, "--inject-nonfinite %llu: the schedule has %llu steps (0 to "
+                   "%llu); expected one of its train steps", (unsigned long long)in->step,
+                   (unsigned long long)first, (unsigned long long)(first ? first - 1 : 0));
+}
+
+// Table memory: run_measure's pass carves from no memory (counting: every table NULL, only the
+// sizes add up), run_plan's from the caller's.
+#define RUN_TABLE_ALIGN 64
+
+typedef struct run_carver {
+    uint8_t *base;  // NULL: counting
+    uint64_t used;
+} run_carver;
+
+static void *run_carve(run_carver *c, uint64_t bytes) {
+    uint8_t *at = c->base ? c->base + c->used : NULL;
+    c->used += (bytes + RUN_TABLE_ALIGN - 1) / RUN_TABLE_ALIGN * RUN_TABLE_ALIGN;
+    return at;
+}
+
 typedef qt_status (*run_build_fn)(model *m, program *p);
 
-static qt_status run_build(run *r, program *p, const char *name, int32_t *base,
-                           run_build_fn build) {
-    prog_init(p, name, *base);
+static program *run_program_of(run *r, run_program which) {
+    switch (which) {
+    case RUN_PROGRAM_INIT: return &r->init;
+    case RUN_PROGRAM_TRAIN: return &r->programs[MODEL_MODE_TRAIN];
+    case RUN_PROGRAM_EVAL: return &r->programs[MODEL_MODE_EVAL];
+    case RUN_PROGRAM_INFER: return &r->programs[MODEL_MODE_INFER];
+    case RUN_PROGRAM_CHECKSUM: return &r->checksum;
+    case RUN_PROGRAM_COUNT: break;
+    }
+    QT_ASSERT(false);
+    return NULL;
+}
+
+static qt_status run_build(run *r, run_carver *c, run_program which, const char *name,
+                           int32_t *base, run_build_fn build) {
+    program *p = run_program_of(r, which);
+    uint32_t ops = c->base ? r->tables.ops[which] : 0;
+    prog_init(p, name, *base, run_carve(c, prog_storage_bytes(ops)), ops);
     QT_TRY(build(&r->model, p));
+    if (!c->base) r->tables.ops[which] = p->op_count;
     *base += (int32_t)p->op_count;
     return QT_OK;
 }
 
-static qt_status run_build_programs(run *r) {
+static qt_status run_build_programs(run *r, run_carver *c) {
     static const run_build_fn builders[MODEL_MODE_COUNT] = {
         model_build_train, model_build_eval, model_build_infer};
+    static const run_program which[MODEL_MODE_COUNT] = {RUN_PROGRAM_TRAIN, RUN_PROGRAM_EVAL,
+                                                        RUN_PROGRAM_INFER};
     int32_t base = 0;
-    QT_TRY(run_build(r, &r->init, "init", &base, model_build_init));
+    QT_TRY(run_build(r, c, RUN_PROGRAM_INIT, "init", &base, model_build_init));
     for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
         if (!r->model.modes[mode]) continue;
-        QT_TRY(run_build(r, &r->programs[mode], model_mode_name((model_mode)mode), &base,
+        QT_TRY(run_build(r, c, which[mode], model_mode_name((model_mode)mode), &base,
                          builders[mode]));
     }
     if (r->model.modes[MODEL_MODE_TRAIN]) {
-        QT_TRY(run_build(r, &r->checksum, "checksum", &base, model_build_checksum));
+        QT_TRY(run_build(r, c, RUN_PROGRAM_CHECKSUM, "checksum", &base, model_build_checksum));
     }
     return QT_OK;
 }
@@ -310,26 +382,101 @@ static qt_status run_check_save_path(const run_options *o) {
     return QT_OK;
 }
 
-qt_status run_plan(run *r, const recipe *rc, const char *text, size_t text_bytes,
-                   const run_options *options) {
-    return run_plan_hashed(r, rc, trace_hash(text, text_bytes), options);
-}
-
-// The modes whose programs are built: the table's and the ones asked for; a train program needs
-// a learning-rate row even when the table has no train row (the optimizer's constant rate).
-static void run_modes(run *r, bool modes[MODEL_MODE_COUNT]) {
+// The modes whose programs are built: the table's and the ones asked for (run_options.modes).
+static void run_modes(const run *r, bool modes[MODEL_MODE_COUNT]) {
     for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
         modes[mode] = r->table.modes[mode] || r->options.modes[mode];
     }
-    if (modes[MODEL_MODE_TRAIN] && r->table.lr_count == 0) {
-        float lr = r->recipe->optim.lr;
-        r->table.lr[0] = (optim_lr_row){0, 1, QT_OPTIM_LR_CONSTANT, lr, lr, 0};
-        r->table.lr_count = 1;
-    }
 }
 
-qt_status run_plan_hashed(run *r, const recipe *rc, uint64_t recipe_hash,
-                          const run_options *options) {
+static bool run_has_checkpoints(const run_options *o) {
+    return o->save_path || o->checkpoints || o->from_path;
+}
+
+// The checkpoint layout and reader: counted from the model's persistent regions and
+// parameters (the reader's: a resumed run's own layout, or --from's file, whichever is larger).
+static qt_status run_plan_checkpoints(run *r, run_carver *c) {
+    run_tables *t = &r->tables;
+    if (!c->base) {
+        t->ckpt_regions = 0;
+        for (int k = 0; k < ARENA_CAT_COUNT; k++) {
+            t->ckpt_regions += arena_persistent_regions(&r->dev, (arena_category)k);
+        }
+        t->ckpt_params = r->model.param_count;
+        t->reader_regions = t->ckpt_regions;
+        t->reader_params = t->ckpt_params;
+        if (r->options.from_path) {
+            uint32_t regions = 0, params = 0;
+            QT_TRY(ckpt_peek(r->options.from_path, &regions, &params));
+            if (regions > t->reader_regions) t->reader_regions = regions;
+            if (params > t->reader_params) t->reader_params = params;
+        }
+    }
+    void *layout = run_carve(c, ckpt_layout_bytes(t->ckpt_regions, t->ckpt_params,
+                                                  r->dev.region_count));
+    void *reader = run_carve(c, ckpt_reader_bytes(t->reader_regions, t->reader_params));
+    QT_TRY(ckpt_plan(&r->ckpt, &r->model, r->recipe_hash, r->seed, r->recipe->file_name,
+                     r->options.ckpt_chunk_bytes, layout, t->ckpt_regions, t->ckpt_params));
+    if (reader) ckpt_reader_init(&r->reader, reader, t->reader_regions, t->reader_params);
+    r->ckpt_planned = true;
+    return QT_OK;
+}
+
+// One planning pass: counting (c->base NULL: arenas and programs keep no tables, r->tables
+// gets the counts) or for real into the caller's memory, sized by the counting pass.
+static qt_status run_plan_pass(run *r, run_carver *c) {
+    const recipe *rc = r->recipe;
+    run_tables *t = &r->tables;
+    bool counting = c->base == NULL;
+    QT_TRY(run_table(r, run_carve(c, sched_table_bytes(t->sched_rows, t->sched_lr_rows))));
+    uint32_t dev = counting ? 0 : t->dev_regions, host = counting ? 0 : t->host_regions;
+    arena_init(&r->dev, ARENA_KIND_DEVICE, "device", run_carve(c, arena_storage_bytes(dev)), dev);
+    arena_init(&r->host, ARENA_KIND_HOST, "host", run_carve(c, arena_storage_bytes(host)), host);
+    model_options mo = {0};
+    mo.batch = rc->data.batch;
+    mo.emulated_gemm = r->options.emulated_gemm;
+    mo.seed = r->seed;
+    run_modes(r, mo.modes);
+    mo.lr_row_count = r->table.lr_count;
+    mo.data = &r->train_info;
+    QT_TRY(run_inject_plan(r, &mo.inject));
+    QT_TRY(model_plan(&r->model, rc, &r->dev, &r->host, &mo));
+    QT_TRY(run_plan_outputs(r));
+    QT_TRY(run_build_programs(r, c));
+    if (run_has_checkpoints(&r->options)) QT_TRY(run_plan_checkpoints(r, c));
+    if (counting) {
+        t->dev_regions = r->dev.region_count;
+        t->host_regions = r->host.region_count;
+    }
+    return QT_OK;
+}
+
+// The bytes the real pass carves from the counts (run_plan asserts that it used exactly these).
+static void run_tables_size(run *r) {
+    run_tables *t = &r->tables;
+    run_carver c = {NULL, 0};
+    run_carve(&c, sched_table_bytes(t->sched_rows, t->sched_lr_rows));
+    t->schedule_bytes = c.used;
+    run_carve(&c, arena_storage_bytes(t->dev_regions));
+    run_carve(&c, arena_storage_bytes(t->host_regions));
+    t->arena_bytes = c.used - t->schedule_bytes;
+    for (int i = 0; i < RUN_PROGRAM_COUNT; i++) run_carve(&c, prog_storage_bytes(t->ops[i]));
+    t->program_bytes = c.used - t->schedule_bytes - t->arena_bytes;
+    if (run_has_checkpoints(&r->options)) {
+        run_carve(&c, ckpt_layout_bytes(t->ckpt_regions, t->ckpt_params, t->dev_regions));
+        run_carve(&c, ckpt_reader_bytes(t->reader_regions, t->reader_params));
+    }
+    t->ckpt_bytes = c.used - t->schedule_bytes - t->arena_bytes - t->program_bytes;
+    t->bytes = c.used;
+}
+
+qt_status run_measure(run *r, const recipe *rc, const char *text, size_t text_bytes,
+                      const run_options *options, uint64_t *table_bytes) {
+    return run_measure_hashed(r, rc, trace_hash(text, text_bytes), options, table_bytes);
+}
+
+qt_status run_measure_hashed(run *r, const recipe *rc, uint64_t recipe_hash,
+                             const run_options *options, uint64_t *table_bytes) {
     memset(r, 0, sizeof *r);
     r->recipe = rc;
     r->options = *options;
@@ -337,29 +484,32 @@ qt_status run_plan_hashed(run *r, const recipe *rc, uint64_t recipe_hash,
     r->seed = options->seed_given ? options->seed : rc->data.seed;
     QT_ASSERT(!options->infer_input || options->infer_output);
     QT_TRY(run_probe(r));
-    QT_TRY(run_table(r));
-    arena_init(&r->dev, ARENA_KIND_DEVICE, "device");
-    arena_init(&r->host, ARENA_KIND_HOST, "host");
-    model_options mo = {0};
-    mo.batch = rc->data.batch;
-    mo.emulated_gemm = options->emulated_gemm;
-    mo.seed = r->seed;
-    run_modes(r, mo.modes);
-    mo.lr_row_count = r->table.lr_count;
-    mo.data = &r->train_info;
-    QT_TRY(model_plan(&r->model, rc, &r->dev, &r->host, &mo));
-    QT_TRY(run_plan_outputs(r));
     if (options->golden_path) QT_TRY(trace_check_bytes(options->golden_path, &r->golden_bytes));
     run_layout_data(r);
-    QT_TRY(run_build_programs(r));
-    if (options->save_path || options->checkpoints || options->from_path) {
-        QT_TRY(run_check_save_path(options));
-        QT_TRY(ckpt_plan(&r->ckpt, &r->model, r->recipe_hash, r->seed, rc->file_name,
-                         options->ckpt_chunk_bytes));
-        r->ckpt_planned = true;
+    if (run_has_checkpoints(options)) QT_TRY(run_check_save_path(options));
+    run_carver counter = {NULL, 0};
+    QT_TRY(run_plan_pass(r, &counter));
+    run_tables_size(r);
+    r->measured = true;
+    *table_bytes = r->tables.bytes;
+    return QT_OK;
+}
+
+qt_status run_plan(run *r, void *tables, uint64_t table_bytes) {
+    QT_ASSERT(r->measured && !r->planned);
+    QT_ASSERT(tables != NULL && (uintptr_t)tables % 16 == 0);
+    if (table_bytes < r->tables.bytes) {
+        return qt_fail(QT_ERR_CAPACITY, "%s: the run's tables need %llu bytes (run_measure), "
+                       "%llu were given", r->recipe->file_name,
+                       (unsigned long long)r->tables.bytes, (unsigned long long)table_bytes);
     }
+    run_carver carver = {tables, 0};
+    r->table_memory = tables;
+    QT_TRY(run_plan_pass(r, &carver));
+    QT_ASSERT(carver.used == r->tables.bytes);
     arena_pack(&r->dev);
     arena_pack(&r->host);
+    r->planned = true;
     return QT_OK;
 }
 
@@ -830,8 +980,8 @@ void run_time_steps(run *r, void *scratch, uint64_t scratch_bytes, double ms[MOD
 // Per-op times of one mode's program, in op order, with each op's share of their sum, then the
 // graph replay: the replay over the sum shows what launch gaps and serialization cost.
 static qt_status run_profile_mode(run *r, int mode, uint32_t reps, FILE *out) {
-    float *op_us = r->profile_us;
     const program *p = &r->programs[mode];
+    float *op_us = (float *)(void *)p->op_scratch;  // the program's per-op scratch
     float graph_us = 0.0f;
     QT_TRY(backend_profile(r->backend, p, &r->graphs[mode], reps, op_us, &graph_us));
     double sum = 0.0;
@@ -935,7 +1085,27 @@ static void run_print_table(const run *r, FILE *out) {
     }
 }
 
-void run_print_plan(run *r, FILE *out) {
+// Host memory of the run besides what the arenas hold for the device.
+static void run_print_host_memory(const run *r, FILE *out) {
+    const run_tables *t = &r->tables;
+    uint64_t total = sizeof *r + t->bytes + r->host.bytes_total + r->data_bytes;
+    fprintf(out, "host memory: %llu bytes\n", (unsigned long long)total);
+    fprintf(out, "  run struct  %llu bytes\n", (unsigned long long)sizeof *r);
+    fprintf(out, "  tables      %llu bytes: schedule %llu (%u rows, %u learning-rate rows), "
+            "arena regions %llu (%u device, %u host), programs %llu (ops: init %u, train %u, "
+            "eval %u, infer %u, checksum %u), checkpoint %llu\n",
+            (unsigned long long)t->bytes, (unsigned long long)t->schedule_bytes, t->sched_rows,
+            t->sched_lr_rows, (unsigned long long)t->arena_bytes, t->dev_regions,
+            t->host_regions, (unsigned long long)t->program_bytes, t->ops[RUN_PROGRAM_INIT],
+            t->ops[RUN_PROGRAM_TRAIN], t->ops[RUN_PROGRAM_EVAL], t->ops[RUN_PROGRAM_INFER],
+            t->ops[RUN_PROGRAM_CHECKSUM], (unsigned long long)t->ckpt_bytes);
+    fprintf(out, "  host arena  %llu bytes (pinned on the GPU)\n",
+            (unsigned long long)r->host.bytes_total);
+    fprintf(out, "  datasets    %llu bytes (and shuffle order, read by the host only)\n\n",
+            (unsigned long long)r->data_bytes);
+}
+
+void run_print_plan(const run *r, FILE *out) {
     model_print(&r->model, out);
     run_print_table(r, out);
     fprintf(out, "data: train %llu samples of %u features%s",
@@ -944,8 +1114,7 @@ void run_print_plan(run *r, FILE *out) {
     if (r->has_eval) {
         fprintf(out, ", eval %llu samples\n", (unsigned long long)r->eval_info.samples);
     }
-    fprintf(out, "  %llu bytes of host memory outside the arenas (datasets and shuffle order, "
-            "read by the host only)\n\n", (unsigned long long)r->data_bytes);
+    run_print_host_memory(r, out);
     prog_print(&r->init, out);
     for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
         if (r->model.modes[mode]) prog_print(&r->programs[mode], out);

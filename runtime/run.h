@@ -1,15 +1,20 @@
 // run: one training run of a recipe, end to end: data, schedule table, model, programs, arenas,
 // backend, graphs, the schedule loop and the trace.
 //
-// Owns everything of the run inside the caller's `run` struct (about 25 MB: keep it static):
-// the two arenas' region tables, the programs, the captured graphs (from run_bind to
-// run_close), the datasets' views and feeds, and the trace writer during run_execute. The
-// memory behind the arenas comes from the backend (GPU) or from the caller (reference
-// backend: run_memory_bytes tells how much). The recipe and its text are the caller's and must
-// outlive the run. One thread.
+// Owns everything of the run inside the caller's `run` struct (about 2 MB whatever the model,
+// the program builders' state included: keep it off the stack) and the caller's table memory:
+// the schedule table, the two arenas' region tables, the programs' op tables and the checkpoint
+// tables, each sized from the recipe and its model (run_measure counts them by planning once
+// with a counting schedule table, arenas and programs, which store nothing; run_plan plans again
+// into exactly that much). Also the captured graphs (from run_bind to run_close), the datasets'
+// views and feeds, and the trace writer during run_execute. The memory behind the arenas comes
+// from the backend (GPU) or from the caller (reference backend: run_memory_bytes tells how
+// much). The recipe and its text are the caller's and must outlive the run. One thread.
 //
-//   run_plan      data headers probed, table built, model planned, every program built, arenas
-//                 packed: `qtrain plan` stops here (no backend, no data loaded)
+//   run_measure   data headers probed, the plan counted (schedule table, model, programs): the
+//                 table memory it needs
+//   run_plan      model planned, every program built, arenas packed, in the caller's table
+//                 memory: `qtrain plan` stops here (no backend, no data loaded)
 //   run_load      datasets (and a golden trace) read into caller memory (no backend needed)
 //   run_bind      arenas allocated and bound, programs resolved, learning-rate rows written,
 //                 init program run, one graph captured per mode (unless eager)
@@ -40,6 +45,16 @@
 #include "recipe.h"
 #include "schedule.h"
 #include "trace.h"
+
+// A fault planted in a gradient (`--inject-nonfinite`): the train program writes `bits` (a NaN
+// or an infinity) into the first element of parameter `param`'s gradient at global step `step`,
+// which the optimizer must skip (tests and soaks check that the state stays bit-identical).
+typedef struct run_inject {
+    bool on;
+    uint64_t step;       // the trace's step index; it must be a train step of the schedule
+    const char *layer;   // the layer whose weight gradient gets it; NULL: the first
+    uint32_t bits;       // 0x7FC00000 NaN, 0x7F800000 +inf, 0xFF800000 -inf
+} run_inject;
 
 typedef struct run_options {
     bool eager;               // launch the programs' ops instead of replaying graphs
@@ -80,6 +95,7 @@ typedef struct run_options {
     // A golden trace that every record of the run must equal (`--check`): the first record
     // that differs stops the run with QT_ERR_MISMATCH naming the step, the field and both values.
     const char *golden_path;
+    run_inject inject;
     // The metrics file (runtime/metrics.h, `--metrics`): a train line every metrics_every train
     // steps (0: 100) and after every train row, an eval line per eval row. An existing file is
     // refused at run_load unless replace_outputs. The first run_execute writes it and gives it
@@ -96,6 +112,27 @@ typedef struct run_options {
                       uint32_t *rows_valid);
     void *fill_ctx;
 } run_options;
+
+// The programs of a run, in the order of their op indices.
+typedef enum run_program {
+    RUN_PROGRAM_INIT,
+    RUN_PROGRAM_TRAIN,
+    RUN_PROGRAM_EVAL,
+    RUN_PROGRAM_INFER,
+    RUN_PROGRAM_CHECKSUM,
+    RUN_PROGRAM_COUNT
+} run_program;
+
+// The run's tables as run_measure counted them, and their bytes in the caller's memory.
+typedef struct run_tables {
+    uint32_t sched_rows, sched_lr_rows;      // the schedule table
+    uint32_t dev_regions, host_regions;
+    uint32_t ops[RUN_PROGRAM_COUNT];
+    uint32_t ckpt_regions, ckpt_params;      // the checkpoint layout (0: no checkpoints)
+    uint32_t reader_regions, reader_params;  // the checkpoint reader (resume, --from)
+    uint64_t schedule_bytes, arena_bytes, program_bytes, ckpt_bytes;
+    uint64_t bytes;                          // all of them
+} run_tables;
 
 // The checkpoints one run_execute wrote.
 typedef struct run_saves {
@@ -116,6 +153,9 @@ typedef struct run_timings {
 } run_timings;
 
 typedef struct run {
+    run_tables tables;          // run_measure's counts
+    bool measured, planned;
+    uint8_t *table_memory;      // the caller's, from run_plan on
     const recipe *recipe;
     uint64_t recipe_hash;     // trace_hash of the recipe file's text
     run_options options;
@@ -162,19 +202,24 @@ typedef struct run {
     metrics_writer metrics;
     bool metrics_written;      // the first run_execute wrote the metrics file
     trace_header trace_head;   // the trace's header, as run_execute and the golden check use it
-    float profile_us[PROG_OPS_MAX];  // run_profile: one mode's time per op
 } run;
 
 // Opens the GPU backend, or the reference backend when ref is set or when there is no usable
 // GPU (then *fell_back is set and the reason is in qt_error_message()).
 qt_status run_backend_open(backend *b, bool ref, bool *fell_back);
 
-// Everything up to packed arenas; text is the recipe file's text (for the trace's hash).
-qt_status run_plan(run *r, const recipe *rc, const char *text, size_t text_bytes,
-                   const run_options *options);
+// The bytes of table memory run_plan needs for this recipe and these options: probes the data
+// headers, builds the schedule table and plans once with counting tables (nothing is stored).
+// text is the recipe file's text (for the trace's hash).
+qt_status run_measure(run *r, const recipe *rc, const char *text, size_t text_bytes,
+                      const run_options *options, uint64_t *table_bytes);
 // The same with the text's hash (trace_hash) given instead of the text.
-qt_status run_plan_hashed(run *r, const recipe *rc, uint64_t recipe_hash,
-                          const run_options *options);
+qt_status run_measure_hashed(run *r, const recipe *rc, uint64_t recipe_hash,
+                             const run_options *options, uint64_t *table_bytes);
+
+// After run_measure: everything up to packed arenas, the tables carved from `tables` (16-byte
+// aligned, at least the measured bytes, the caller's until the run is closed).
+qt_status run_plan(run *r, void *tables, uint64_t table_bytes);
 
 // Bytes the reference backend needs for the device and the host arena.
 void run_memory_bytes(const run *r, uint64_t *dev_bytes, uint64_t *host_bytes);
@@ -253,8 +298,9 @@ qt_status run_profile(run *r, uint32_t reps, FILE *out);
 
 void run_close(run *r);
 
-// `qtrain plan`: the model, the schedule table, every program and both memory maps.
-void run_print_plan(run *r, FILE *out);
+// `qtrain plan`: the model, the schedule table, every program, the host memory of the run
+// (its struct, its tables, the host arena, the datasets) and both memory maps.
+void run_print_plan(const run *r, FILE *out);
 // `qtrain plan --summary`: the same in under 40 lines (model_print_summary, the schedule's
 // totals, the data, each program's op count and both arenas' totals).
 void run_print_summary(const run *r, FILE *out);

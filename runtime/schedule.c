@@ -19,20 +19,71 @@ static uint32_t sched_lr_rule(recipe_lr_kind k) {
     return 0;
 }
 
-static qt_status sched_push(sched_table *t, sched_row row) {
-    if (t->row_count == SCHED_ROWS_MAX) {
-        return qt_fail(QT_ERR_CAPACITY, "schedule table full: rows_max is %d", SCHED_ROWS_MAX);
+uint64_t sched_table_bytes(uint32_t rows, uint32_t lr_rows) {
+    return (uint64_t)rows * sizeof(sched_row) + (uint64_t)lr_rows * sizeof(optim_lr_row);
+}
+
+void sched_table_init(sched_table *t, void *storage, uint32_t rows, uint32_t lr_rows) {
+    QT_ASSERT((storage == NULL) == (rows == 0) && (uintptr_t)storage % 8 == 0);
+    memset(t, 0, sizeof *t);
+    if (storage == NULL) return;
+    t->rows = storage;
+    t->row_capacity = rows;
+    t->lr = (optim_lr_row *)(void *)(t->rows + rows);
+    t->lr_capacity = lr_rows;
+}
+
+static void sched_push(sched_table *t, sched_row row) {
+    if (t->rows) {
+        QT_ASSERT(t->row_count < t->row_capacity);  // the counting build sized it
+        t->rows[t->row_count] = row;
     }
-    t->rows[t->row_count++] = row;
+    t->row_count++;
     t->steps[row.mode] += row.steps;
-    return QT_OK;
+    if (row.output) t->outputs = true;
+}
+
+static void sched_push_lr(sched_table *t, optim_lr_row lr) {
+    if (t->lr) {
+        QT_ASSERT(t->lr_count < t->lr_capacity);
+        t->lr[t->lr_count] = lr;
+    }
+    t->lr_count++;
+}
+
+void sched_add_constant_lr(sched_table *t, float lr) {
+    sched_push_lr(t, (optim_lr_row){0, 1, QT_OPTIM_LR_CONSTANT, lr, lr, 0});
 }
 
 static const model_mode sched_modes[] = {MODEL_MODE_TRAIN, MODEL_MODE_EVAL, MODEL_MODE_INFER};
 
+// The recipe's rows in schedule order, every repeat expanded: next row index, or false at the
+// end.
+typedef struct sched_rows_iter {
+    uint32_t row;     // the next recipe row
+    uint32_t repeat;  // the repeat block at or after it
+    uint32_t round;   // repetitions of that block done
+} sched_rows_iter;
+
+static bool sched_rows_next(const recipe *r, sched_rows_iter *it, uint32_t *out) {
+    if (it->row >= r->rows_count) return false;
+    *out = it->row++;
+    if (it->repeat >= r->repeats_count) return true;
+    const recipe_repeat *rep = &r->repeats[it->repeat];
+    if (it->row != rep->first_row + rep->row_count) return true;
+    if (++it->round < rep->times) {  // the block again
+        it->row = rep->first_row;
+    } else {
+        it->round = 0;
+        it->repeat++;
+    }
+    return true;
+}
+
 // Building the table: the recipe's rows expanded, and the --steps cut applied as they come.
 typedef struct sched_builder {
     const recipe *r;
+    const sched_build *options;
     sched_table *t;
     uint64_t epoch;          // train steps of one epoch
     uint64_t pass[2];        // steps of one pass over the train and the eval set
@@ -40,8 +91,9 @@ typedef struct sched_builder {
     bool done;               // the cut was reached at a train row: no more rows
 } sched_builder;
 
-// Appends a row unless the cut has ended the table. A train row takes what the cut leaves of
-// it; eval and infer rows after the cut stay until the next train row (schedule.h).
+// Appends a row unless the cut has ended the table (or it is an eval or infer row and
+// drop_eval is set). A train row takes what the cut leaves of it; eval and infer rows after the
+// cut stay until the next train row (schedule.h).
 static qt_status sched_add(sched_builder *b, const recipe_row *rr, sched_row row) {
     if (b->done) return QT_OK;
     if (row.mode == MODEL_MODE_TRAIN) {
@@ -55,15 +107,17 @@ static qt_status sched_add(sched_builder *b, const recipe_row *rr, sched_row row
             b->t->cut = true;
         }
         b->left -= row.steps;
+    } else if (b->options->drop_eval) {
+        return QT_OK;
     }
     if (row.steps == 0) return QT_OK;
-    qt_status status = sched_push(b->t, row);
-    if (status != QT_OK) {
-        return recipe_fail_at(status, b->r->file_name, rr->line, 1, "the schedule expands to "
-                              "more than %d rows (an eval clause adds a row after every "
-                              "interval); expected a longer interval or fewer rows",
-                              SCHED_ROWS_MAX);
+    if (b->t->row_count == SCHED_ROWS_MAX) {  // a counting build stops here: memory stays bounded
+        return recipe_fail_at(QT_ERR_CAPACITY, b->r->file_name, rr->line, 1, "the schedule "
+                              "expands to more than %u rows (an eval clause adds a row after "
+                              "every interval, a repeat repeats its rows); expected a longer "
+                              "interval or fewer rows", SCHED_ROWS_MAX);
     }
+    sched_push(b->t, row);
     return QT_OK;
 }
 
@@ -82,18 +136,16 @@ static bool sched_steps_of(const sched_builder *b, uint64_t count, recipe_unit u
 // the rule's over the rest of the row. One graph serves them all (schedule.h).
 static void sched_add_lr(sched_builder *b, const recipe_row *rr, uint64_t start,
                          uint64_t steps, uint64_t warmup) {
-    sched_table *t = b->t;
-    QT_ASSERT(t->lr_count + 2 <= SCHED_LR_ROWS_MAX);
     if (warmup > 0) {
-        t->lr[t->lr_count++] = (optim_lr_row){start, warmup, QT_OPTIM_LR_LINEAR, 0.0f,
-                                              rr->lr_from, 0};
+        sched_push_lr(b->t, (optim_lr_row){start, warmup, QT_OPTIM_LR_LINEAR, 0.0f,
+                                           rr->lr_from, 0});
     }
-    t->lr[t->lr_count++] = (optim_lr_row){start + warmup, steps - warmup,
-                                          sched_lr_rule(rr->lr_kind), rr->lr_from, rr->lr_to, 0};
+    sched_push_lr(b->t, (optim_lr_row){start + warmup, steps - warmup,
+                                       sched_lr_rule(rr->lr_kind), rr->lr_from, rr->lr_to, 0});
 }
 
 // A train row: its learning-rate rows, then its steps, in pieces of the eval clause's interval
-// with an eval row after each (the last piece's too).
+// (or the build's eval_every) with an eval row after each (the last piece's too).
 static qt_status sched_add_train(sched_builder *b, const recipe_row *rr, uint64_t *start) {
     const char *file = b->r->file_name;
     uint64_t steps, warmup = 0, every;
@@ -113,12 +165,19 @@ static qt_status sched_add_train(sched_builder *b, const recipe_row *rr, uint64_
     }
     sched_add_lr(b, rr, *start, steps, warmup);
     *start += steps;
-    if (!rr->eval_every) return sched_add(b, rr, (sched_row){MODEL_MODE_TRAIN, steps,
-                                                             RECIPE_DATASET_TRAIN, rr->line, 0});
-    // An interval too long to count in steps is longer than the row: one eval, at its end.
-    if (!sched_steps_of(b, rr->eval_every, rr->eval_unit, &every)) every = steps;
-    sched_row eval = {MODEL_MODE_EVAL, rr->eval_all ? b->pass[rr->dataset] : rr->eval_steps,
-                      rr->dataset, rr->line, 0};
+    sched_row eval;
+    if (rr->eval_every) {
+        // An interval too long to count in steps is longer than the row: one eval, at its end.
+        if (!sched_steps_of(b, rr->eval_every, rr->eval_unit, &every)) every = steps;
+        eval = (sched_row){MODEL_MODE_EVAL, rr->eval_all ? b->pass[rr->dataset] : rr->eval_steps,
+                           rr->dataset, rr->line, 0};
+    } else if (b->options->eval_every) {
+        every = b->options->eval_every;
+        eval = (sched_row){MODEL_MODE_EVAL, b->options->eval_steps, RECIPE_DATASET_EVAL, 0, 0};
+    } else {
+        return sched_add(b, rr, (sched_row){MODEL_MODE_TRAIN, steps, RECIPE_DATASET_TRAIN,
+                                            rr->line, 0});
+    }
     for (uint64_t done = 0; done < steps; done += every) {
         uint64_t piece = steps - done < every ? steps - done : every;
         QT_TRY(sched_add(b, rr, (sched_row){MODEL_MODE_TRAIN, piece, RECIPE_DATASET_TRAIN,
@@ -128,16 +187,23 @@ static qt_status sched_add_train(sched_builder *b, const recipe_row *rr, uint64_
     return QT_OK;
 }
 
-qt_status sched_table_build(const recipe *r, uint64_t train_samples, uint64_t eval_samples,
-                            uint32_t batch, uint64_t steps_limit, sched_table *t) {
-    memset(t, 0, sizeof *t);
-    sched_builder b = {r, t, data_batches_per_epoch(train_samples, batch),
-                       {data_batches_per_epoch(train_samples, batch),
-                        data_batches_per_epoch(eval_samples, batch)},
-                       steps_limit ? steps_limit : UINT64_MAX, false};
+qt_status sched_table_build(const recipe *r, const sched_build *options, sched_table *t) {
+    QT_ASSERT(options->eval_every == 0 || options->eval_steps >= 1);
+    t->row_count = t->lr_count = 0;
+    memset(t->steps, 0, sizeof t->steps);
+    memset(t->modes, 0, sizeof t->modes);
+    t->cut = t->outputs = false;
+    sched_builder b = {r, options, t, data_batches_per_epoch(options->train_samples,
+                                                             options->batch),
+                       {data_batches_per_epoch(options->train_samples, options->batch),
+                        data_batches_per_epoch(options->eval_samples, options->batch)},
+                       options->steps_limit ? options->steps_limit : UINT64_MAX, false};
     t->epoch_steps = b.epoch;
+    if (options->eval_every > 0) t->modes[MODEL_MODE_EVAL] = true;
     uint64_t start = 0;
-    for (uint32_t i = 0; i < r->rows_count; i++) {
+    sched_rows_iter it = {0, 0, 0};
+    uint32_t i;
+    while (sched_rows_next(r, &it, &i)) {
         const recipe_row *rr = &r->rows[i];
         t->modes[sched_modes[rr->mode]] = true;
         if (rr->mode == RECIPE_MODE_TRAIN) {
@@ -149,40 +215,6 @@ qt_status sched_table_build(const recipe *r, uint64_t train_samples, uint64_t ev
                          rr->dataset, rr->line, rr->output[0] != '\0' ? i + 1 : 0};
         QT_TRY(sched_add(&b, rr, row));
     }
-    return QT_OK;
-}
-
-// In place: each row's pieces are written from the table's new end backwards, and every row
-// becomes at least one row, so no row is overwritten before it has been read.
-qt_status sched_interleave_eval(sched_table *t, uint64_t every, uint64_t eval_steps) {
-    QT_ASSERT(every >= 1 && eval_steps >= 1);
-    uint64_t count = 0;
-    for (uint32_t i = 0; i < t->row_count; i++) {
-        const sched_row *row = &t->rows[i];
-        count += row->mode == MODEL_MODE_TRAIN ? 2 * ((row->steps + every - 1) / every) : 1;
-    }
-    if (count > SCHED_ROWS_MAX) {
-        return qt_fail(QT_ERR_CAPACITY, "schedule table full: rows_max is %d", SCHED_ROWS_MAX);
-    }
-    uint32_t next = (uint32_t)count;
-    for (uint32_t i = t->row_count; i-- > 0;) {
-        sched_row row = t->rows[i];
-        if (row.mode != MODEL_MODE_TRAIN) {
-            t->rows[--next] = row;
-            continue;
-        }
-        for (uint64_t pieces = (row.steps + every - 1) / every; pieces-- > 0;) {
-            uint64_t done = pieces * every;
-            sched_row piece = row;
-            piece.steps = row.steps - done < every ? row.steps - done : every;
-            t->rows[--next] = (sched_row){MODEL_MODE_EVAL, eval_steps, RECIPE_DATASET_EVAL, 0, 0};
-            t->rows[--next] = piece;
-        }
-    }
-    QT_ASSERT(next == 0);
-    t->row_count = (uint32_t)count;
-    memset(t->steps, 0, sizeof t->steps);
-    for (uint32_t i = 0; i < t->row_count; i++) t->steps[t->rows[i].mode] += t->rows[i].steps;
     return QT_OK;
 }
 
@@ -234,23 +266,15 @@ qt_status sched_check_position(const sched_table *t, const sched_state *s,
     return QT_OK;
 }
 
-void sched_drop_eval(sched_table *t) {
-    uint32_t kept = 0;
-    for (uint32_t i = 0; i < t->row_count; i++) {
-        if (t->rows[i].mode == MODEL_MODE_TRAIN) t->rows[kept++] = t->rows[i];
-    }
-    t->row_count = kept;
-    t->steps[MODEL_MODE_EVAL] = 0;
-    t->steps[MODEL_MODE_INFER] = 0;
-}
-
 void sched_table_infer(uint64_t samples, uint32_t batch, sched_table *t) {
-    memset(t, 0, sizeof *t);
+    t->row_count = t->lr_count = 0;
+    memset(t->steps, 0, sizeof t->steps);
+    memset(t->modes, 0, sizeof t->modes);
+    t->cut = t->outputs = false;
     t->modes[MODEL_MODE_INFER] = true;
     sched_row row = {MODEL_MODE_INFER, data_batches_per_epoch(samples, batch),
                      RECIPE_DATASET_TRAIN, 0, 1};
-    qt_status pushed = sched_push(t, row);  // the first row of an empty table always fits
-    QT_ASSERT(pushed == QT_OK);
+    sched_push(t, row);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -344,17 +368,25 @@ static void sched_time_train_step(sched_loop *l, uint64_t step, double now) {
     l->last_train_read = now;
 }
 
+// The record of finished step `step` from the pinned ring, checked against the host's count.
+static qt_status sched_read_record(const model *m, uint64_t step, qt_trace_record *rec) {
+    uint64_t ring = (uint64_t)(uintptr_t)arena_host_pointer(m->host, m->io.ring);
+    qt_trace_ring_unpack(qt_trace_ring_at(ring, step % MODEL_RING_LEN, m->delayed_count),
+                         m->delayed_count, rec);
+    if (rec->step != step) {
+        return qt_fail(QT_ERR_MISMATCH, "step %llu: its record says step %llu; the device "
+                       "counter and the host loop disagree", (unsigned long long)step,
+                       (unsigned long long)rec->step);
+    }
+    return QT_OK;
+}
+
 // Reads the record of a finished step and hands it on.
 static qt_status sched_consume(sched_loop *l, const sched_pending *pd) {
     const sched_env *env = l->env;
     model *m = env->model;
-    const qt_trace_record *ring = arena_host_pointer(m->host, m->io.ring);
-    qt_trace_record rec = ring[pd->step % MODEL_RING_LEN];
-    if (rec.step != pd->step) {
-        return qt_fail(QT_ERR_MISMATCH, "step %llu: its record says step %llu; the device "
-                       "counter and the host loop disagree", (unsigned long long)pd->step,
-                       (unsigned long long)rec.step);
-    }
+    qt_trace_record rec;
+    QT_TRY(sched_read_record(m, pd->step, &rec));
     if (env->trace) QT_TRY(trace_write(env->trace, &rec));
     if (env->check) QT_TRY(trace_check_record(env->check, &rec));
     const sched_row *row = &l->t->rows[pd->row];
@@ -660,13 +692,7 @@ qt_status sched_step_outside(const sched_env *env, model_mode mode, sched_state 
                     (state->train_steps + 1) % env->checksum_every == 0;
     QT_TRY(sched_launch(env, mode, checksum));
     QT_TRY(backend_finish(b));
-    const qt_trace_record *ring = arena_host_pointer(m->host, m->io.ring);
-    *record = ring[step % MODEL_RING_LEN];
-    if (record->step != step) {
-        return qt_fail(QT_ERR_MISMATCH, "step %llu: its record says step %llu; the device "
-                       "counter and the host loop disagree", (unsigned long long)step,
-                       (unsigned long long)record->step);
-    }
+    QT_TRY(sched_read_record(m, step, record));
     state->step++;
     if (mode == MODEL_MODE_TRAIN) {
         state->train_steps++;

@@ -1,16 +1,19 @@
 // schedule: the schedule table and the host loop that runs it.
 //
 // Owns the table (rows of {mode, steps, dataset} and the device's learning-rate rows) inside the
-// caller's sched_table, and nothing during the loop but its locals: the programs, graphs, feeds
-// and trace belong to the caller (runtime/run.c). One thread.
+// caller's sched_table and memory (sized from the recipe: a counting build first, which stores
+// no row), and nothing during the loop but its locals: the programs, graphs, feeds and trace
+// belong to the caller (runtime/run.c). One thread.
 //
-// The table comes from the recipe's [schedule]: `eval all` and `infer all` become one pass over
-// their dataset (data_batches_per_epoch), every train row adds one optim_lr_row (start = the
-// train steps before it, so one graph serves every row: the device picks the row from its step
-// counter, ptx/optim.h). --steps N cuts the table after N train steps and keeps the eval and
-// infer rows that follow the cut up to the next train row; the learning-rate rows are those of
-// the whole recipe, so a cut run follows the same curve. sched_interleave_eval splits train rows
-// and puts an eval row after every k train steps (the eval-interleaving regression).
+// The table comes from the recipe's [schedule], its repeats expanded in order: `eval all` and
+// `infer all` become one pass over their dataset (data_batches_per_epoch), every train row adds
+// one optim_lr_row (start = the train steps before it, so one graph serves every row: the device
+// picks the row from its step counter, ptx/optim.h; a repeated train row gets one per
+// repetition). --steps N cuts the table after N train steps and keeps the eval and infer rows
+// that follow the cut up to the next train row; the learning-rate rows are those of the whole
+// recipe, so a cut run follows the same curve. A train row's warmup clause adds a learning-rate
+// row before its rule's; its eval clause (or sched_build.eval_every, the eval-interleaving
+// regression) splits it into pieces, each followed by an eval row.
 //
 // The loop runs global steps s0, s0 + 1, ... (train, eval and infer steps share one index, as
 // the device counter of ptx/sched_ops.h does; s0 is the state's step: 0 for a fresh run, a
@@ -98,9 +101,10 @@
 #include "recipe.h"
 #include "trace.h"    // trace_writer
 
-#define SCHED_ROWS_MAX 4096
-#define SCHED_LR_ROWS_MAX (2 * RECIPE_SCHEDULE_ROWS_MAX)  // a train row's warmup and rule
-#define SCHED_ROW_STEPS_MAX (UINT64_C(1) << 40)          // a train row's steps, epochs counted
+// Rows of a table with its repeats and eval clauses expanded: more is refused, naming the
+// recipe line, so the counting build bounds the table's memory.
+#define SCHED_ROWS_MAX RECIPE_EXPANDED_ROWS_MAX
+#define SCHED_ROW_STEPS_MAX (UINT64_C(1) << 40)  // a train row's steps, epochs counted
 #define SCHED_LAG 2  // steps between a launch and the read of its record (= host slots - 1)
 #define SCHED_STEP_TIMES 4096  // train-step intervals a summary keeps (the most recent)
 
@@ -108,21 +112,33 @@ typedef struct sched_row {
     model_mode mode;
     uint64_t steps;
     recipe_dataset dataset;  // eval and infer rows
-    uint32_t line;           // the recipe line it came from (0: added by sched_interleave_eval)
+    uint32_t line;           // the recipe line it came from (0: added by sched_build.eval_every)
     uint32_t output;         // infer rows that write a file: 1 + its index in sched_env.outputs
                              // (the recipe row's index); 0: none
 } sched_row;
 
 typedef struct sched_table {
-    uint32_t row_count;
-    sched_row rows[SCHED_ROWS_MAX];
-    uint32_t lr_count;
-    optim_lr_row lr[SCHED_LR_ROWS_MAX];
+    uint32_t row_count, row_capacity;  // capacity 0: a counting table (no rows stored)
+    sched_row *rows;                   // [row_capacity], the caller's
+    uint32_t lr_count, lr_capacity;    // a train row's warmup and rule: two at most
+    optim_lr_row *lr;                  // [lr_capacity], the caller's
     uint64_t steps[MODEL_MODE_COUNT];  // steps of each mode in the table
     uint64_t epoch_steps;              // train steps of one epoch (batches of the train set)
     bool modes[MODEL_MODE_COUNT];      // modes of the recipe's table (before any cut)
     bool cut;                          // --steps removed train steps of the recipe
+    bool outputs;                      // some row writes an output file
 } sched_table;
+
+// How the recipe's rows become the table.
+typedef struct sched_build {
+    uint64_t train_samples, eval_samples;  // eval_samples 0 without an eval set
+    uint32_t batch;
+    uint64_t steps_limit;  // cut after this many train steps; 0: none
+    uint64_t eval_every;   // > 0: train rows without an eval clause in pieces of this many
+    uint64_t eval_steps;   // steps, each followed by an eval row of eval_steps steps on the
+                           // eval set (tests)
+    bool drop_eval;        // only the train rows (the reference of that regression)
+} sched_build;
 
 // Where a run stands between two steps, and what its summary carries over: everything of the
 // host loop that a checkpoint keeps (runtime/checkpoint.h stores it as it is, little-endian).
@@ -144,17 +160,15 @@ typedef struct sched_state {
 } sched_state;
 QT_STATIC_ASSERT(sizeof(sched_state) == 136, "sched_state is saved in checkpoints");
 
-// The table of r for datasets of the given sizes (eval_samples 0 without an eval set), cut after
-// steps_limit train steps (0: no cut).
-qt_status sched_table_build(const recipe *r, uint64_t train_samples, uint64_t eval_samples,
-                            uint32_t batch, uint64_t steps_limit, sched_table *t);
+// Memory of a table of `rows` rows and `lr_rows` learning-rate rows (8-byte aligned).
+uint64_t sched_table_bytes(uint32_t rows, uint32_t lr_rows);
+// An empty table over `storage` (the caller's, sched_table_bytes), or NULL (0, 0): counting.
+void sched_table_init(sched_table *t, void *storage, uint32_t rows, uint32_t lr_rows);
 
-// Splits every train row into pieces of `every` steps, each followed by an eval row of
-// eval_steps steps on the eval dataset. QT_ERR_CAPACITY beyond SCHED_ROWS_MAX rows.
-qt_status sched_interleave_eval(sched_table *t, uint64_t every, uint64_t eval_steps);
-
-// Removes every eval and infer row (the reference run of the interleaving regression).
-void sched_drop_eval(sched_table *t);
+// The table of r (t from sched_table_init). A counting table ends with the counts a table of
+// storage needs; one with storage asserts they fit. Fails (naming the recipe line) on epochs
+// or a warmup that do not fit their row, and beyond SCHED_ROWS_MAX rows.
+qt_status sched_table_build(const recipe *r, const sched_build *b, sched_table *t);
 
 // Hash of rows [0, count) (mode, steps, dataset): a checkpoint keeps it to recognize the table
 // that it may continue.
@@ -167,8 +181,13 @@ uint64_t sched_rows_hash(const sched_table *t, uint32_t count);
 qt_status sched_check_position(const sched_table *t, const sched_state *s,
                                uint64_t saved_rows_hash, sched_row saved_row);
 
-// `qtrain infer`: one infer row of one pass over the (train) dataset, writing outputs[0].
+// `qtrain infer`: one infer row of one pass over the (train) dataset, writing outputs[0] (a
+// table of one row, or counting).
 void sched_table_infer(uint64_t samples, uint32_t batch, sched_table *t);
+
+// Appends a learning-rate row of the constant rate lr from step 0, for a train program outside
+// the table's rows (an embedder's steps; counted like the table's own rows).
+void sched_add_constant_lr(sched_table *t, float lr);
 
 // What the loop tells its caller after each record it reads.
 typedef struct sched_progress {

@@ -80,7 +80,7 @@ size_t trace_format_header(const trace_header *h, char *out, size_t out_bytes) {
 size_t trace_format_record(const qt_trace_record *r, uint32_t quantizers_count, char *out,
                            size_t out_bytes) {
     QT_ASSERT(quantizers_count <= QT_TRACE_QUANTIZERS_MAX);
-    QT_ASSERT(out_bytes >= TRACE_LINE_BYTES_MAX);
+    QT_ASSERT(out_bytes >= trace_line_bytes(quantizers_count));
     text t = {out, out_bytes, 0};
     text_add(&t, "step=%" PRIu64 " mode=%s flags=0x%" PRIx32 ":", r->step, mode_name(r->mode),
              r->flags);
@@ -310,7 +310,9 @@ qt_status trace_flush(trace_writer *w, bool durable) {
 
 qt_status trace_write(trace_writer *w, const qt_trace_record *r) {
     QT_ASSERT(w->fd >= 0);
-    if (sizeof w->buffer - w->used < TRACE_LINE_BYTES_MAX) QT_TRY(writer_flush(w));
+    if (sizeof w->buffer - w->used < trace_line_bytes(w->quantizers_count)) {
+        QT_TRY(writer_flush(w));
+    }
     w->used += trace_format_record(r, w->quantizers_count, w->buffer + w->used,
                                    sizeof w->buffer - w->used);
     w->records++;
@@ -593,7 +595,7 @@ static bool parse_fields(const char *line, uint32_t quantizers, qt_trace_record 
     v = take_value(&c, "checksum");
     if (v == NULL || (v[0] != '-' && sscanf(v, "0x%16" SCNx64, &rec->checksum) != 1)) return false;
     for (uint32_t i = 0; i < quantizers; i++) {
-        char key[16];
+        char key[24];  // "scale." and any u32
         snprintf(key, sizeof key, "amax.%" PRIu32, i);
         if (!parse_f32(take_value(&c, key), &rec->amax[i])) return false;
         snprintf(key, sizeof key, "scale.%" PRIu32, i);

@@ -52,8 +52,25 @@
 #define TRACE_VERSION 2
 #define TRACE_NAME_MAX 64           // quantizer names, terminator included
 #define TRACE_PATH_MAX 256
-#define TRACE_LINE_BYTES_MAX 8192   // a record with 64 quantizers takes about 5 KiB
-#define TRACE_WRITE_BUFFER_BYTES 65536
+// A record line takes at most TRACE_LINE_FIXED_BYTES for its fixed fields and
+// TRACE_LINE_QUANTIZER_BYTES per quantizer (every value at its longest, ' amax.1023=0x...:
+// -1.17549435e-38 scale.1023=...' is 75 bytes), so a line of the largest model fits.
+#define TRACE_LINE_FIXED_BYTES 384
+#define TRACE_LINE_QUANTIZER_BYTES 80
+#define TRACE_LINE_BYTES_MAX 131072
+#define TRACE_WRITE_BUFFER_BYTES 131072
+QT_STATIC_ASSERT(TRACE_LINE_FIXED_BYTES + TRACE_LINE_QUANTIZER_BYTES * QT_TRACE_QUANTIZERS_MAX <=
+                     TRACE_LINE_BYTES_MAX && TRACE_LINE_BYTES_MAX <= TRACE_WRITE_BUFFER_BYTES,
+                 "a record line of any model fits a line buffer and the writer's buffer");
+// The header (its first line, then one line of at most 16 + TRACE_NAME_MAX bytes per
+// quantizer) fits the writer's buffer, which trace_open formats it into.
+QT_STATIC_ASSERT(128 + QT_TRACE_QUANTIZERS_MAX * (16 + TRACE_NAME_MAX) <= TRACE_WRITE_BUFFER_BYTES,
+                 "a trace header fits the writer's buffer");
+
+// Bytes a record line of `quantizers` quantizers takes at most, its \n included.
+static inline size_t trace_line_bytes(uint32_t quantizers) {
+    return TRACE_LINE_FIXED_BYTES + (size_t)TRACE_LINE_QUANTIZER_BYTES * quantizers;
+}
 
 typedef struct trace_header {
     uint64_t recipe_hash;           // trace_hash of the recipe file's text
@@ -88,7 +105,8 @@ uint64_t trace_hash(const void *bytes, size_t n);
 uint64_t trace_hash_more(uint64_t hash, const void *bytes, size_t n);
 
 // Formats the header lines / one record line (with its \n) into out and returns the length.
-// out_bytes must be at least TRACE_LINE_BYTES_MAX (a record) or the header's size; asserted.
+// out_bytes must be at least trace_line_bytes(quantizers_count) (a record) or the header's
+// size; asserted.
 size_t trace_format_header(const trace_header *h, char *out, size_t out_bytes);
 size_t trace_format_record(const qt_trace_record *r, uint32_t quantizers_count, char *out,
                            size_t out_bytes);

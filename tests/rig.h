@@ -11,6 +11,63 @@
 
 #include "backend.h"
 
+// Tables of test programs and arenas (runtime/program.h, arena/arena.h) are sized generously
+// instead of from a model: RIG_OPS ops, RIG_REGIONS regions, from malloc, one allocation per
+// program or arena variable (keyed by its address), reused by every later init of that variable
+// and kept until its rig closes.
+#define RIG_OPS 2048
+#define RIG_REGIONS 2048
+#define RIG_TABLE_OWNERS 256
+
+// The owners' tables; a closed rig gives its three back (rig_close), so a test that opens rigs
+// in many frames reuses the slots instead of running out.
+typedef struct rig_table {
+    const void *owner;
+    void *storage;
+    size_t bytes;
+} rig_table;
+
+static inline rig_table *rig_tables(void) {
+    static rig_table tables[RIG_TABLE_OWNERS];
+    return tables;
+}
+
+static inline void *rig_table_for(const void *owner, size_t bytes) {
+    rig_table *tables = rig_tables();
+    for (int i = 0; i < RIG_TABLE_OWNERS; i++) {
+        if (tables[i].owner == owner && tables[i].bytes >= bytes) return tables[i].storage;
+    }
+    for (int i = 0; i < RIG_TABLE_OWNERS; i++) {
+        if (tables[i].owner != NULL && tables[i].owner != owner) continue;
+        free(tables[i].storage);
+        tables[i].owner = owner;
+        tables[i].bytes = bytes;
+        tables[i].storage = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        if (tables[i].storage == NULL) abort();
+        return tables[i].storage;
+    }
+    fprintf(stderr, "rig_table_for: more than %d programs and arenas open at once\n",
+            RIG_TABLE_OWNERS);
+    abort();
+}
+
+static inline void rig_table_drop(const void *owner) {
+    rig_table *tables = rig_tables();
+    for (int i = 0; i < RIG_TABLE_OWNERS; i++) {
+        if (tables[i].owner != owner) continue;
+        free(tables[i].storage);
+        memset(&tables[i], 0, sizeof tables[i]);
+    }
+}
+
+static inline void rig_prog_init(program *p, const char *mode) {
+    prog_init(p, mode, 0, rig_table_for(p, prog_storage_bytes(RIG_OPS)), RIG_OPS);
+}
+
+static inline void rig_arena_init(arena *a, arena_kind kind, const char *name) {
+    arena_init(a, kind, name, rig_table_for(a, arena_storage_bytes(RIG_REGIONS)), RIG_REGIONS);
+}
+
 typedef struct rig {
     backend be;
     arena dev;
@@ -33,9 +90,9 @@ static inline bool rig_open(rig *r, backend_kind kind, const char **why) {
     } else {
         backend_open_ref(&r->be);
     }
-    arena_init(&r->dev, ARENA_KIND_DEVICE, "device");
-    arena_init(&r->host, ARENA_KIND_HOST, "host");
-    prog_init(&r->prog, "test", 0);
+    rig_arena_init(&r->dev, ARENA_KIND_DEVICE, "device");
+    rig_arena_init(&r->host, ARENA_KIND_HOST, "host");
+    rig_prog_init(&r->prog, "test");
     return true;
 }
 
@@ -86,14 +143,17 @@ static inline void rig_release(rig *r) {
 // A fresh case on an open rig: new arenas and an empty program, the same backend.
 static inline void rig_reset(rig *r) {
     rig_release(r);
-    arena_init(&r->dev, ARENA_KIND_DEVICE, "device");
-    arena_init(&r->host, ARENA_KIND_HOST, "host");
-    prog_init(&r->prog, "test", 0);
+    rig_arena_init(&r->dev, ARENA_KIND_DEVICE, "device");
+    rig_arena_init(&r->host, ARENA_KIND_HOST, "host");
+    rig_prog_init(&r->prog, "test");
 }
 
 static inline void rig_close(rig *r) {
     rig_release(r);
     backend_close(&r->be);
+    rig_table_drop(&r->dev);
+    rig_table_drop(&r->host);
+    rig_table_drop(&r->prog);
 }
 
 // Runs a status-returning call inside a test; a failure is a failed check with the message.

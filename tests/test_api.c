@@ -21,7 +21,7 @@
 // A runtime with everything it needs, in memory of the test's own
 
 typedef struct session {
-    void *runtime_memory, *device_memory, *data, *arena_device, *arena_host;
+    void *runtime_memory, *device_memory, *tables, *data, *arena_device, *arena_host;
     qt_runtime *rt;
     qt_device *device;
     bool gpu_arenas_given;  // GPU: the test gives both arenas (else the driver allocates them)
@@ -66,7 +66,10 @@ static qt_status session_open(session *s, const char *path, const char *text,
         QT_TRY(qt_open_text(s->runtime_memory, qt_runtime_bytes(), text, strlen(text),
                             "embedded.recipe", &s->rt));
     }
-    QT_TRY(qt_plan(s->rt, o));
+    uint64_t table_bytes = 0;
+    QT_TRY(qt_measure(s->rt, o, &table_bytes));
+    s->tables = memory(table_bytes);
+    QT_TRY(qt_plan(s->rt, s->tables, table_bytes));
     qt_plan_info info;
     QT_TRY(qt_plan_info_get(s->rt, &info));
     s->data = info.data_bytes ? memory(info.data_bytes) : NULL;
@@ -85,6 +88,7 @@ static void session_close(session *s) {
     CHECK(closed == QT_OK, "qt_device_close: %s", qt_error_message());
     free(s->runtime_memory);
     free(s->device_memory);
+    free(s->tables);
     free(s->data);
     free(s->arena_device);
     free(s->arena_host);
@@ -163,11 +167,17 @@ static void test_lifecycle_refusals(void) {
     qt_step_stats st;
     CHECK(qt_step(NULL, &st) == QT_ERR_STATE, "a NULL runtime");
     if (session_ok(qt_open_file(rt_memory, qt_runtime_bytes(), TINY, &rt), "open")) {
-        CHECK(qt_load(rt, NULL, 0) == QT_ERR_STATE && strstr(qt_error_message(), "qt_plan"),
-              "load before plan: %s", qt_error_message());
+        CHECK(qt_load(rt, NULL, 0) == QT_ERR_STATE && strstr(qt_error_message(), "qt_measure"),
+              "load before measure: %s", qt_error_message());
         CHECK(qt_run(rt, NULL) == QT_ERR_STATE, "run before bind");
-        session_ok(qt_plan(rt, NULL), "plan");
-        CHECK(qt_plan(rt, NULL) == QT_ERR_STATE, "plan twice");
+        uint64_t table_bytes = 0;
+        session_ok(qt_measure(rt, NULL, &table_bytes), "measure");
+        char *tables = memory(table_bytes);
+        CHECK(table_bytes > 0 && qt_plan(rt, tables, table_bytes - 1) == QT_ERR_MEMORY,
+              "tables of %llu bytes less one", (unsigned long long)table_bytes);
+        session_ok(qt_plan(rt, tables, table_bytes), "plan");
+        CHECK(qt_plan(rt, tables, table_bytes) == QT_ERR_STATE, "plan twice");
+        CHECK(qt_measure(rt, NULL, &table_bytes) == QT_ERR_STATE, "measure after the plan");
         CHECK(qt_step(rt, &st) == QT_ERR_STATE && strstr(qt_error_message(), "qt_load"),
               "step before load: %s", qt_error_message());
         qt_plan_info info;
@@ -200,6 +210,7 @@ static void test_lifecycle_refusals(void) {
         free(data);
         free(a);
         free(h);
+        free(tables);
     }
     free(rt_memory);
     free(dev_memory);
@@ -208,10 +219,12 @@ static void test_lifecycle_refusals(void) {
 
 static void test_plan_queries(void) {
     test_begin("api_plan_info_regions_and_report");
-    char *rt_memory = memory(qt_runtime_bytes());
+    char *rt_memory = memory(qt_runtime_bytes()), *tables = NULL;
     qt_runtime *rt = NULL;
+    uint64_t table_bytes = 0;
     if (session_ok(qt_open_file(rt_memory, qt_runtime_bytes(), SMALL, &rt), "open") &&
-        session_ok(qt_plan(rt, NULL), "plan")) {
+        session_ok(qt_measure(rt, NULL, &table_bytes), "measure") &&
+        session_ok(qt_plan(rt, tables = memory(table_bytes), table_bytes), "plan")) {
         qt_plan_info info;
         session_ok(qt_plan_info_get(rt, &info), "info");
         CHECK(info.batch == 32 && info.input_features == 32 && info.outputs == 4 &&
@@ -251,6 +264,7 @@ static void test_plan_queries(void) {
         qt_close(rt);
     }
     free(rt_memory);
+    free(tables);
     test_end();
 }
 

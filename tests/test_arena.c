@@ -12,11 +12,24 @@
 
 #define NEVER_USED INT32_MAX, -1  // first_op > last_op: a transient region not used yet
 
-// The arena struct is large (~250 KiB), so tests keep it on the heap, not the stack.
-static arena *arena_new(arena_kind kind, const char *name) {
-    arena *a = malloc(sizeof *a);
+// The region tables of these tests: TEST_REGIONS entries right after the arena struct, in one
+// heap block (the runtime sizes its tables from the model).
+#define TEST_REGIONS 2048
+#define TEST_TABLE_OFFSET ((sizeof(arena) + 63) / 64 * 64)
+
+static void arena_start(arena *a, arena_kind kind, const char *name) {
+    arena_init(a, kind, name, (uint8_t *)a + TEST_TABLE_OFFSET, TEST_REGIONS);
+}
+
+static arena *arena_alloc(void) {
+    arena *a = malloc(TEST_TABLE_OFFSET + arena_storage_bytes(TEST_REGIONS));
     if (a == NULL) abort();
-    arena_init(a, kind, name);
+    return a;
+}
+
+static arena *arena_new(arena_kind kind, const char *name) {
+    arena *a = arena_alloc();
+    arena_start(a, kind, name);
     return a;
 }
 
@@ -196,16 +209,16 @@ static void test_errors(void) {
     arena *a = arena_new(ARENA_KIND_DEVICE, "device");
     arena_handle h = 0;
     char name[ARENA_NAME_MAX + 8];
-    for (int i = 0; i < ARENA_REGIONS_MAX; i++) {
+    for (int i = 0; i < TEST_REGIONS; i++) {
         snprintf(name, sizeof name, "r%d", i);
         reserve(a, name, 16, 1, ARENA_CAT_WEIGHTS, i, i);
     }
     qt_status s = arena_reserve(a, "one_more", 16, 1, ARENA_CAT_WEIGHTS, 0, 0, &h);
     CHECK(s == QT_ERR_CAPACITY, "status %s", qt_status_name(s));
-    CHECK(strstr(qt_error_message(), "ARENA_REGIONS_MAX") != NULL, "msg: %s", qt_error_message());
-    CHECK(strstr(qt_error_message(), "2048") != NULL, "msg: %s", qt_error_message());
+    CHECK(strstr(qt_error_message(), "holds 2048 regions, the count its plan was sized for") !=
+          NULL, "msg: %s", qt_error_message());
     CHECK(strstr(qt_error_message(), "one_more") != NULL, "msg: %s", qt_error_message());
-    CHECK(a->region_count == ARENA_REGIONS_MAX, "count %u", a->region_count);
+    CHECK(a->region_count == TEST_REGIONS, "count %u", a->region_count);
     free(a);
 
     a = arena_new(ARENA_KIND_HOST, "host");
@@ -231,6 +244,33 @@ static void test_errors(void) {
     CHECK(strstr(qt_error_message(), "ARENA_BYTES_MAX") != NULL, "msg: %s", qt_error_message());
     CHECK(a->region_count == 2, "failed reserves add nothing: count %u", a->region_count);
     free(a);
+    test_end();
+}
+
+// A counting arena (the pass that sizes the runtime's tables) numbers what arena_reserve accepts
+// and refuses what a table-backed arena refuses, names aside: it keeps none to compare.
+static void test_counting(void) {
+    test_begin("counting_arena_numbers_regions_and_keeps_nothing");
+    arena a;
+    arena_init(&a, ARENA_KIND_DEVICE, "device", NULL, 0);
+    CHECK(arena_counting(&a) && a.regions == NULL, "a counting arena has no table");
+    arena_handle h = UINT32_MAX;
+    for (uint32_t i = 0; i < 5000; i++) {  // more than any table of these tests
+        CHECK(arena_reserve(&a, "same_name", 64, 256, ARENA_CAT_ACTIVATIONS, 0, -1, &h) == QT_OK &&
+              h == i, "reserve %u: handle %u: %s", i, h, qt_error_message());
+    }
+    CHECK(arena_reserve(&a, "w", 64, 1, ARENA_CAT_WEIGHTS, ARENA_LIFETIME_PERSISTENT, 0, &h) ==
+          QT_OK && h == 5000, "persistent");
+    CHECK(arena_reserve(&a, "z", 0, 1, ARENA_CAT_WEIGHTS, ARENA_LIFETIME_PERSISTENT, 0, &h) ==
+          QT_OK, "empty persistent");
+    arena_extend(&a, 3, 17);  // nothing to widen
+    CHECK(arena_reserve(&a, "huge", ARENA_BYTES_MAX + 1, 1, ARENA_CAT_GRADS, 0, 1, &h) ==
+          QT_ERR_INPUT && strstr(qt_error_message(), "ARENA_BYTES_MAX"), "%s", qt_error_message());
+    CHECK(arena_reserve(&a, "", 1, 1, ARENA_CAT_GRADS, 0, 1, &h) == QT_ERR_INPUT, "empty name");
+    CHECK(a.region_count == 5002, "count %u", a.region_count);
+    CHECK(arena_persistent_regions(&a, ARENA_CAT_WEIGHTS) == 1 &&
+          arena_persistent_regions(&a, ARENA_CAT_ACTIVATIONS) == 0,
+          "persistent regions with bytes: %u", arena_persistent_regions(&a, ARENA_CAT_WEIGHTS));
     test_end();
 }
 
@@ -539,7 +579,7 @@ static bool model_fits(const model_region *m, const bool *placed, int n, int sel
 // Brute force: the lowest feasible aligned offset is 0 or the aligned end of some placed region,
 // so try every such candidate and keep the smallest that fits. Returns the model's bytes_total.
 static uint64_t model_pack(model_region *m, int n) {
-    bool placed[ARENA_REGIONS_MAX] = {false};
+    bool placed[TEST_REGIONS] = {false};
     uint64_t end_max = 0;
     for (int step = 0; step < n; step++) {
         int pick = -1;
@@ -606,14 +646,14 @@ static void random_plan(arena *a, model_region *m, int n, int32_t ops) {
 
 static void test_random_against_model(void) {
     test_begin("random_against_model");
-    model_region *m = malloc(sizeof(model_region) * ARENA_REGIONS_MAX);
-    arena *a = malloc(sizeof *a);
+    model_region *m = malloc(sizeof(model_region) * TEST_REGIONS);
+    arena *a = arena_alloc();
     int plans = 300;
     for (int plan = 0; plan < plans; plan++) {
         rng_state = UINT64_C(0x5eed0000) + (uint64_t)plan;
         int n = 1 + (int)rng_below(300);
         int32_t ops = 1 + (int32_t)rng_below(48);
-        arena_init(a, rng_below(2) ? ARENA_KIND_DEVICE : ARENA_KIND_HOST, "random");
+        arena_start(a, rng_below(2) ? ARENA_KIND_DEVICE : ARENA_KIND_HOST, "random");
         random_plan(a, m, n, ops);
         arena_pack(a);
         uint64_t total = model_pack(m, n);
@@ -649,11 +689,11 @@ static double seconds_now(void) {
 
 static void test_pack_2048_fast(void) {
     test_begin("pack_2048_fast");
-    model_region *m = malloc(sizeof(model_region) * ARENA_REGIONS_MAX);
-    arena *a = malloc(sizeof *a);
+    model_region *m = malloc(sizeof(model_region) * TEST_REGIONS);
+    arena *a = arena_alloc();
     rng_state = 2048;
-    arena_init(a, ARENA_KIND_DEVICE, "big");
-    random_plan(a, m, ARENA_REGIONS_MAX, 200);
+    arena_start(a, ARENA_KIND_DEVICE, "big");
+    random_plan(a, m, TEST_REGIONS, 200);
     double start = seconds_now();
     arena_pack(a);
     double seconds = seconds_now() - start;
@@ -662,9 +702,9 @@ static void test_pack_2048_fast(void) {
     check_packed(a);
 
     // Worst case for first fit: every region persistent and equal, so each walks all before it.
-    arena_init(a, ARENA_KIND_DEVICE, "stack");
+    arena_start(a, ARENA_KIND_DEVICE, "stack");
     char name[32];
-    for (int i = 0; i < ARENA_REGIONS_MAX; i++) {
+    for (int i = 0; i < TEST_REGIONS; i++) {
         snprintf(name, sizeof name, "p%d", i);
         reserve(a, name, 1000, 1, ARENA_CAT_MASTER, ARENA_LIFETIME_PERSISTENT, 0);
     }
@@ -672,7 +712,7 @@ static void test_pack_2048_fast(void) {
     arena_pack(a);
     seconds = seconds_now() - start;
     CHECK(seconds < 0.25, "packing 2048 persistent regions took %.3f s", seconds);
-    CHECK_OFFSET(a, ARENA_REGIONS_MAX - 1, (uint64_t)1024 * (ARENA_REGIONS_MAX - 1));
+    CHECK_OFFSET(a, TEST_REGIONS - 1, (uint64_t)1024 * (TEST_REGIONS - 1));
     check_packed(a);
     free(m);
     free(a);
@@ -734,7 +774,9 @@ static void test_mlp_memory_map(void) {
     arena *b = arena_new(ARENA_KIND_DEVICE, "device");
     mlp_plan(b);
     arena_pack(b);
-    CHECK(memcmp(a, b, sizeof *a) == 0, "two packings of one plan differ");
+    CHECK(a->region_count == b->region_count && a->bytes_total == b->bytes_total &&
+              memcmp(a->regions, b->regions, a->region_count * sizeof(arena_region)) == 0,
+          "two packings of one plan differ");
     free(b);
     free(a);
     test_end();
@@ -748,6 +790,7 @@ int main(void) {
     test_zero_bytes_and_unused();
     test_extend();
     test_errors();
+    test_counting();
     test_phase_asserts();
     test_bind();
     test_check_finds_faults();

@@ -12,6 +12,7 @@
 
 #include "driver.h"  // driver_sync_total
 #include "export.h"
+#include "plan.h"   // test_run_plan
 #include "run.h"
 #include "test.h"
 
@@ -149,7 +150,7 @@ static void job_close(job *j) {
 static qt_status job_steps(job *j, backend *b) {
     if (j->resume) j->options.checkpoints = true;
     QT_TRY(recipe_parse(j->text, strlen(j->text), "resume.recipe", &the_recipe));
-    QT_TRY(run_plan(&the_run, &the_recipe, j->text, strlen(j->text), &j->options));
+    QT_TRY(test_run_plan(&the_run, &the_recipe, j->text, strlen(j->text), &j->options));
     uint64_t dev_bytes, host_bytes;
     run_memory_bytes(&the_run, &dev_bytes, &host_bytes);
     if (b->kind == BACKEND_REF) {
@@ -592,6 +593,22 @@ static const char *expected_part(const ckpt_table *t, uint64_t at) {
     return "file: bad checksum";  // the zero gaps between regions
 }
 
+// A reader with memory for the table of the checkpoint at path (test code: malloc, kept).
+static qt_status reader_open(ckpt_reader *rd, const char *path) {
+    static void *storage;
+    static uint64_t capacity;
+    uint32_t regions = 0, params = 0;
+    QT_TRY(ckpt_peek(path, &regions, &params));
+    uint64_t bytes = ckpt_reader_bytes(regions, params);
+    if (bytes > capacity) {
+        free(storage);
+        storage = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        capacity = bytes;
+    }
+    ckpt_reader_init(rd, storage, regions, params);
+    return ckpt_open(rd, path);
+}
+
 static void test_refuse_damage(void) {
     test_begin("resume_refuses_every_flipped_byte_truncation_and_version");
     char ckpt[128], bad[128];
@@ -601,7 +618,7 @@ static void test_refuse_damage(void) {
     size_t n = 0;
     uint8_t *good = file_bytes(ckpt, &n);
     static ckpt_reader rd;
-    CHECK(good && ckpt_open(&rd, ckpt) == QT_OK, "cannot read %s: %s", ckpt,
+    CHECK(good && reader_open(&rd, ckpt) == QT_OK, "cannot read %s: %s", ckpt,
           qt_error_message());
     ckpt_close(&rd);
     if (!good) {
@@ -700,7 +717,7 @@ static bool save_killed(const char *path, kill_point point, char *tmp, size_t tm
 static bool loads_at(const char *path, uint64_t step) {
     static ckpt_reader rd;
     static uint8_t buffer[1 << 16];
-    bool ok = ckpt_open(&rd, path) == QT_OK &&
+    bool ok = reader_open(&rd, path) == QT_OK &&
               ckpt_read_data(&rd, buffer, sizeof buffer, NULL, NULL) == QT_OK;
     ckpt_close(&rd);
     return ok && rd.table.header.step == step;
@@ -1016,10 +1033,13 @@ static void test_export(void) {
     job_run(&j);
     job_expect_ok(&j, "run");
     static ckpt_reader rd;
-    void *buffer = aligned_alloc(256, EXPORT_BUFFER_BYTES);
-    qt_status st = export_safetensors(&rd, ckpt, out, false, false, buffer, EXPORT_BUFFER_BYTES);
+    uint32_t regions = 0, params = 0;
+    CHECK(ckpt_peek(ckpt, &regions, &params) == QT_OK, "peek: %s", qt_error_message());
+    uint64_t bytes = export_memory_bytes(regions, params);
+    void *buffer = aligned_alloc(256, (bytes + 255) / 256 * 256);
+    qt_status st = export_safetensors(&rd, ckpt, out, false, false, buffer, bytes);
     CHECK(st == QT_OK, "export: %s", qt_error_message());
-    st = export_safetensors(&rd, ckpt, quant, true, false, buffer, EXPORT_BUFFER_BYTES);
+    st = export_safetensors(&rd, ckpt, quant, true, false, buffer, bytes);
     CHECK(st == QT_OK, "export --quantized: %s", qt_error_message());
     static st_tensor tensors[256];
     uint32_t count = 0;
@@ -1061,17 +1081,17 @@ static void test_export(void) {
     }
     free(file);
     // An existing file is kept unless --force; a damaged checkpoint exports nothing.
-    st = export_safetensors(&rd, ckpt, out, false, false, buffer, EXPORT_BUFFER_BYTES);
+    st = export_safetensors(&rd, ckpt, out, false, false, buffer, bytes);
     CHECK(st == QT_ERR_INPUT && strstr(qt_error_message(), "--force"), "overwrite: %s",
           qt_error_message());
-    st = export_safetensors(&rd, ckpt, out, true, true, buffer, EXPORT_BUFFER_BYTES);
+    st = export_safetensors(&rd, ckpt, out, true, true, buffer, bytes);
     CHECK(st == QT_OK, "--force: %s", qt_error_message());
     file = file_bytes(ckpt, &n);
     if (file) file[rd.table.regions[0].offset] ^= 1;
     if (file) file_put(ckpt, file, n);
     free(file);
     unlink(quant);
-    st = export_safetensors(&rd, ckpt, quant, false, false, buffer, EXPORT_BUFFER_BYTES);
+    st = export_safetensors(&rd, ckpt, quant, false, false, buffer, bytes);
     CHECK(st == QT_ERR_INPUT && strstr(qt_error_message(), "bad checksum") &&
               access(quant, F_OK) != 0, "damaged checkpoint: %s", qt_error_message());
     free(buffer);

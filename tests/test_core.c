@@ -141,21 +141,39 @@ static void test_fill_windows_compose(void) {
     test_end();
 }
 
+// A program holds the ops its table was sized for and refuses one more with the count in the
+// message; a counting program (the pass that sizes the runtime's tables) counts any number of
+// ops and keeps only the last.
 static void test_program_capacity(void) {
-    test_begin("program_capacity_error");
-    static program p;
-    prog_init(&p, "full", 0);
+    test_begin("program_capacity_and_counting");
+    static uint8_t storage[4 * (sizeof(prog_op) + 4)] __attribute__((aligned(64)));
+    program p;
+    prog_init(&p, "full", 0, storage, 3);
+    CHECK(prog_storage_bytes(3) <= sizeof storage, "storage bytes %llu",
+          (unsigned long long)prog_storage_bytes(3));
     copy_args args = {0, 0, 0};
     launch_shape shape = op_shape_1d(1, 32);
     uint32_t op = 0;
-    for (int i = 0; i < PROG_OPS_MAX; i++) {
+    for (int i = 0; i < 3; i++) {
         qt_status s = prog_append(&p, KERNEL_COPY, "copy", &shape, &args, sizeof args, &op);
         CHECK(s == QT_OK, "append %d failed", i);
     }
     qt_status s = prog_append(&p, KERNEL_COPY, "one-too-many", &shape, &args, sizeof args, &op);
     CHECK(s == QT_ERR_CAPACITY, "expected QT_ERR_CAPACITY, got %s", qt_status_name(s));
-    CHECK(strstr(qt_error_message(), "PROG_OPS_MAX") != NULL, "message: %s",
-          qt_error_message());
+    CHECK(strstr(qt_error_message(), "program 'full' holds 3 ops, the count its plan was sized "
+                 "for; cannot add 'one-too-many'") != NULL, "message: %s", qt_error_message());
+    program c;
+    prog_init(&c, "counting", 7, NULL, 0);
+    CHECK(prog_counting(&c) && !prog_counting(&p), "counting");
+    for (uint32_t i = 0; i < 10000; i++) {
+        args.bytes = i;
+        CHECK(prog_append(&c, KERNEL_COPY, "copy", &shape, &args, sizeof args, &op) == QT_OK &&
+              op == i, "counting append %u", i);
+    }
+    CHECK(c.op_count == 10000 && prog_op_index(&c, 9999) == 10006, "count %u", c.op_count);
+    copy_args last;
+    memcpy(&last, prog_op_at(&c, 9999)->args, sizeof last);
+    CHECK(last.bytes == 9999, "the last op is kept: %llu", (unsigned long long)last.bytes);
     test_end();
 }
 
@@ -165,8 +183,8 @@ static void test_program_dependencies(void) {
     test_begin("program_dependencies");
     static program p;
     arena a;
-    arena_init(&a, ARENA_KIND_DEVICE, "device");
-    prog_init(&p, "deps", 0);
+    rig_arena_init(&a, ARENA_KIND_DEVICE, "device");
+    rig_prog_init(&p, "deps");
     arena_handle ra, rb, rc, rd;
     CHECK(arena_reserve(&a, "a", 1024, 256, ARENA_CAT_ACTIVATIONS, 0, -1, &ra) == QT_OK, "a");
     CHECK(arena_reserve(&a, "b", 1024, 256, ARENA_CAT_ACTIVATIONS, 0, -1, &rb) == QT_OK, "b");
@@ -282,6 +300,73 @@ static void test_gpu_matches_ref(void) {
     test_end();
 }
 
+// op_fill_random_rows: value (r, c) of a rows x cols fill into rows `stride` apart is element
+// r * cols + c of the contiguous fill with the same seed and offset, and the columns past cols
+// keep their bytes (the init program fills padded weights this way, one op per weight).
+#define ROWS_R 37
+#define ROWS_C 21
+#define ROWS_S 32
+
+static void rows_build(rig *r, arena_handle *strided, arena_handle *flat, arena_handle *bf16) {
+    *strided = rig_reserve(r, "strided", ROWS_R * ROWS_S * 4);
+    *flat = rig_reserve(r, "flat", ROWS_R * ROWS_C * 4);
+    *bf16 = rig_reserve(r, "strided_bf16", ROWS_R * ROWS_S * 2);
+    RIG_OK(op_fill_random_rows(&r->prog, "strided", rig_ref(r, *strided, 0), ROWS_R, ROWS_C,
+                               ROWS_S, QT_DTYPE_F32, QT_FILL_NORMAL, 99, 5, 0.0f, 0.5f));
+    RIG_OK(op_fill_random(&r->prog, "flat", rig_ref(r, *flat, 0), ROWS_R * ROWS_C, QT_DTYPE_F32,
+                          QT_FILL_NORMAL, 99, 5, 0.0f, 0.5f));
+    RIG_OK(op_fill_random_rows(&r->prog, "strided_bf16", rig_ref(r, *bf16, 0), ROWS_R, ROWS_C,
+                               ROWS_S, QT_DTYPE_BF16, QT_FILL_UNIFORM, 3, 0, -1.0f, 1.0f));
+    rig_bind(r);
+}
+
+static void rows_read(rig *r, const arena_handle h[3], float *strided, float *flat,
+                      uint16_t *bf16) {
+    RIG_OK(backend_read(&r->be, strided, rig_ref(r, h[0], 0), ROWS_R * ROWS_S * 4));
+    RIG_OK(backend_read(&r->be, flat, rig_ref(r, h[1], 0), ROWS_R * ROWS_C * 4));
+    RIG_OK(backend_read(&r->be, bf16, rig_ref(r, h[2], 0), ROWS_R * ROWS_S * 2));
+}
+
+static void test_fill_rows(void) {
+    static float strided[ROWS_R * ROWS_S], flat[ROWS_R * ROWS_C], gs[ROWS_R * ROWS_S];
+    static float gf[ROWS_R * ROWS_C];
+    static uint16_t bf16[ROWS_R * ROWS_S], gb[ROWS_R * ROWS_S];
+    static rig r;
+    const char *why = NULL;
+    test_begin("fill_rows_is_the_contiguous_fill_row_by_row");
+    arena_handle h[3];
+    rig_open(&r, BACKEND_REF, &why);
+    rows_build(&r, &h[0], &h[1], &h[2]);
+    RIG_OK(backend_run(&r.be, &r.prog));
+    rows_read(&r, h, strided, flat, bf16);
+    rig_close(&r);
+    uint32_t bad = 0;
+    for (uint32_t i = 0; i < ROWS_R; i++) {
+        for (uint32_t c = 0; c < ROWS_S; c++) {
+            uint32_t got = qt_f32_bits(strided[i * ROWS_S + c]);
+            uint32_t want = c < ROWS_C ? qt_f32_bits(flat[i * ROWS_C + c]) : 0u;
+            uint16_t b = bf16[i * ROWS_S + c];
+            bad += got != want || (c >= ROWS_C && b != 0) ||
+                   (c < ROWS_C && (qt_bf16_to_f32(b) < -1.0f || qt_bf16_to_f32(b) > 1.0f));
+        }
+    }
+    CHECK(bad == 0, "%u elements differ from the contiguous fill or touch the padding", bad);
+    test_end();
+    if (!rig_open(&r, BACKEND_GPU, &why)) {
+        test_skip("gpu_fill_rows_matches_ref", why);
+        return;
+    }
+    test_begin("gpu_fill_rows_matches_ref");
+    rows_build(&r, &h[0], &h[1], &h[2]);
+    RIG_OK(backend_run(&r.be, &r.prog));
+    RIG_OK(backend_finish(&r.be));
+    rows_read(&r, h, gs, gf, gb);
+    rig_close(&r);
+    CHECK(memcmp(gs, strided, sizeof gs) == 0 && memcmp(gf, flat, sizeof gf) == 0 &&
+          memcmp(gb, bf16, sizeof gb) == 0, "the GPU's fills differ from the reference's");
+    test_end();
+}
+
 // A write from pageable host memory must have landed before the next op on the backend's stream
 // reads it: a kernel launched right after backend_write hashes the whole region, including its
 // last bytes, which a copy still in flight would leave stale.
@@ -320,6 +405,7 @@ int main(void) {
     test_program_capacity();
     test_program_dependencies();
     test_ref_fill_statistics();
+    test_fill_rows();
     test_gpu_matches_ref();
     test_gpu_write_then_launch();
     return test_exit_code();

@@ -1456,12 +1456,12 @@ static void test_op_gemm_limits(void) {
     test_begin("gemm_op_grid_limit_and_empty");
     static program prog;
     static arena dev;
-    arena_init(&dev, ARENA_KIND_DEVICE, "limits");
+    rig_arena_init(&dev, ARENA_KIND_DEVICE, "limits");
     arena_handle h;
     RIG_OK(arena_reserve(&dev, "x", 256, 256, ARENA_CAT_WORKSPACE, ARENA_LIFETIME_PERSISTENT, 0,
                          &h));
     prog_ref ref = {&dev, h, 0}, none = {0};
-    prog_init(&prog, "limits", 0);
+    rig_prog_init(&prog, "limits");
     op_gemm_desc g = {0};
     g.format = GEMM_FORMAT_BF16;
     g.m = 65535u * 128u + 1u;

@@ -23,6 +23,7 @@
 #include "driver.h"    // driver_sync_total
 #include "files.h"     // tmp_path, file_read, command_output
 #include "npy_save.h"
+#include "plan.h"      // test_run_plan
 #include "qt_codec.h"  // qt_bf16_to_f32, qt_f32_to_bf16
 #include "run.h"
 #include "test.h"
@@ -70,7 +71,7 @@ static uint64_t loop_syncs;  // synchronizing driver calls during the last run's
 // Plans, loads, binds and runs a recipe text on the backend b (open).
 static qt_status run_on(backend *b, const char *text, const run_options *o, sched_summary *sum) {
     QT_TRY(recipe_parse(text, strlen(text), "t.recipe", &the_recipe));
-    QT_TRY(run_plan(&the_run, &the_recipe, text, strlen(text), o));
+    QT_TRY(test_run_plan(&the_run, &the_recipe, text, strlen(text), o));
     void *dev = NULL, *host = NULL;
     if (b->kind == BACKEND_REF) {
         uint64_t dev_bytes, host_bytes;

@@ -20,6 +20,7 @@
 #include "op_quant_fp8.h"
 #include "op_quant_mxfp8.h"
 #include "op_quant_nvfp4.h"
+#include "plan.h"  // test_run_plan
 #include "rig.h"
 #include "run.h"
 #include "test.h"
@@ -1121,7 +1122,7 @@ static void grad_case(const grad_net *n) {
     grad_current = n;
     run_options o = {0};
     qt_status st = recipe_parse(text, strlen(text), name, &the_recipe);
-    if (st == QT_OK) st = run_plan(&the_run, &the_recipe, text, strlen(text), &o);
+    if (st == QT_OK) st = test_run_plan(&the_run, &the_recipe, text, strlen(text), &o);
     CHECK(st == QT_OK, "%s", qt_error_message());
     if (st != QT_OK) {
         test_end();
@@ -1253,7 +1254,7 @@ static bool train_text(const char *text, backend_kind kind, const run_options *o
         backend_open_ref(&b);
     }
     qt_status st = recipe_parse(text, strlen(text), "moe.recipe", &the_recipe);
-    if (st == QT_OK) st = run_plan(&the_run, &the_recipe, text, strlen(text), options);
+    if (st == QT_OK) st = test_run_plan(&the_run, &the_recipe, text, strlen(text), options);
     void *dev = NULL, *host = NULL, *data = NULL;
     if (st == QT_OK) {
         if (kind == BACKEND_REF) {

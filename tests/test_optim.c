@@ -71,6 +71,34 @@ static double t_lr_double(uint64_t t) {
     return a + (b - a) * 0.5 * (1.0 - cos(M_PI * f));
 }
 
+// The binary search picks the row a scan picks: the last row i >= 1 with start <= t, else row 0,
+// over tables of 1 to 300 rows (starts strictly rising, as the schedule's, or with ties) and
+// steps around every start.
+static void test_lr_row_search(void) {
+    test_begin("optim_lr_row_search_equals_a_scan");
+    static optim_lr_row rows[300];
+    uint64_t state = 12345;
+    uint32_t mismatches = 0, probes = 0;
+    for (uint32_t count = 1; count <= 300; count += count < 20 ? 1 : 37) {
+        uint64_t start = (state = state * 6364136223846793005ull + 1442695040888963407ull) >> 60;
+        for (uint32_t i = 0; i < count; i++) {
+            rows[i].start = start;
+            state = state * 6364136223846793005ull + 1442695040888963407ull;
+            start += (state >> 61) + (i % 7 ? 1 : 0);  // steps of 1 to 8, a tie now and then
+        }
+        for (uint64_t t = 0; t <= start + 2; t++) {
+            uint32_t scan = 0;
+            for (uint32_t i = 1; i < count; i++) {
+                if (rows[i].start <= t) scan = i;
+            }
+            mismatches += qt_optim_lr_row_of(rows, count, t) != scan;
+            probes++;
+        }
+    }
+    CHECK(mismatches == 0, "%u of %u probes picked another row", mismatches, probes);
+    test_end();
+}
+
 static void test_lr_rules(void) {
     test_begin("optim_lr_rules_row_boundaries");
     // Exact values at row starts (the weight of b is exactly 0 there) and inside constant rows.
@@ -112,34 +140,43 @@ static void test_lr_rules(void) {
 
 typedef struct t_begin_rig {
     rig r;
-    arena_handle state, norm, rows;
+    arena_handle steps, state, norm, rows;
     program with_norm, without_norm;
 } t_begin_rig;
 
 static void t_begin_open(t_begin_rig *b) {
     const char *why = NULL;
     rig_open(&b->r, BACKEND_REF, &why);
+    b->steps = rig_reserve(&b->r, "steps", 8);
     b->state = rig_reserve(&b->r, "state", sizeof(optim_state));
     b->norm = rig_reserve(&b->r, "norm", sizeof(optim_grad_norm));
     b->rows = rig_reserve(&b->r, "lr_rows", sizeof t_lr_table);
-    prog_init(&b->with_norm, "with_norm", 0);
-    prog_init(&b->without_norm, "without_norm", 0);
-    RIG_OK(op_optim_begin(&b->with_norm, "begin", rig_ref(&b->r, b->state, 0),
-                          rig_ref(&b->r, b->norm, 0), rig_ref(&b->r, b->rows, 0), T_LR_ROWS));
-    RIG_OK(op_optim_begin(&b->without_norm, "begin", rig_ref(&b->r, b->state, 0),
-                          (prog_ref){0}, rig_ref(&b->r, b->rows, 0), T_LR_ROWS));
+    rig_prog_init(&b->with_norm, "with_norm");
+    rig_prog_init(&b->without_norm, "without_norm");
+    RIG_OK(op_optim_begin(&b->with_norm, "begin", rig_ref(&b->r, b->steps, 0),
+                          rig_ref(&b->r, b->state, 0), rig_ref(&b->r, b->norm, 0),
+                          rig_ref(&b->r, b->rows, 0), T_LR_ROWS));
+    RIG_OK(op_optim_begin(&b->without_norm, "begin", rig_ref(&b->r, b->steps, 0),
+                          rig_ref(&b->r, b->state, 0), (prog_ref){0},
+                          rig_ref(&b->r, b->rows, 0), T_LR_ROWS));
     rig_bind(&b->r);
     prog_resolve(&b->with_norm);
     prog_resolve(&b->without_norm);
     RIG_OK(backend_write(&b->r.be, rig_ref(&b->r, b->rows, 0), t_lr_table, sizeof t_lr_table));
 }
 
+// Runs begin after `step` counted steps; the counter after it must be the state's step.
 static optim_state t_begin_run(t_begin_rig *b, uint64_t step, const optim_grad_norm *norm) {
-    optim_state s = {step, -1.0f, 7, -1.0f, 0};
+    optim_state s = {~0ull, -1.0f, 7, -1.0f, 5};  // stale values: begin writes every field
+    RIG_OK(backend_write(&b->r.be, rig_ref(&b->r, b->steps, 0), &step, 8));
     RIG_OK(backend_write(&b->r.be, rig_ref(&b->r, b->state, 0), &s, sizeof s));
     if (norm) RIG_OK(backend_write(&b->r.be, rig_ref(&b->r, b->norm, 0), norm, sizeof *norm));
     RIG_OK(backend_run(&b->r.be, norm ? &b->with_norm : &b->without_norm));
     RIG_OK(backend_read(&b->r.be, &s, rig_ref(&b->r, b->state, 0), sizeof s));
+    uint64_t steps = 0;
+    RIG_OK(backend_read(&b->r.be, &steps, rig_ref(&b->r, b->steps, 0), 8));
+    CHECK(steps == s.step && s.reserved == 0, "counter %llu, state step %llu",
+          (unsigned long long)steps, (unsigned long long)s.step);
     return s;
 }
 
@@ -199,7 +236,7 @@ typedef struct t_case {
 } t_case;
 
 enum {
-    R_STATE, R_NORM, R_LR, R_GRAD, R_MASTER, R_M, R_V, R_WROW, R_WROWS, R_WCOL, R_WCOLS,
+    R_STEPS, R_STATE, R_NORM, R_LR, R_GRAD, R_MASTER, R_M, R_V, R_WROW, R_WROWS, R_WCOL, R_WCOLS,
     R_SCALE, R_SINV, R_AMAX, R_AMAXC,
     R_COPY, R_CROW, R_CROWS, R_CCOL, R_CCOLS, R_CSCALE, R_CSINV, R_CAMAX, R_CAMAXC, R_CHIST0,
     R_COUNT
@@ -208,8 +245,8 @@ enum {
 #define T_HISTORY_LEN 4u
 
 static const char *const t_region_names[R_COUNT] = {
-    "state", "grad_norm", "lr_rows", "grad", "master", "m", "v", "rowwise", "rowwise_scales",
-    "colwise", "colwise_scales", "scale", "scale_inv", "amax", "amax_col",
+    "steps", "state", "grad_norm", "lr_rows", "grad", "master", "m", "v", "rowwise",
+    "rowwise_scales", "colwise", "colwise_scales", "scale", "scale_inv", "amax", "amax_col",
     "master_copy", "check_rowwise", "check_rowwise_scales", "check_colwise",
     "check_colwise_scales", "check_scale", "check_scale_inv", "check_amax", "check_amax_col",
     "check_history0"};
@@ -223,7 +260,7 @@ typedef struct t_run {
     uint32_t step_count;  // steps run so far (skipped ones included)
 } t_run;
 
-// Runs are large (a program holds PROG_OPS_MAX ops): two static slots instead of the stack.
+// Runs are large (a rig holds its arenas): two static slots instead of the stack.
 static t_run t_slots[2];
 
 static prog_ref t_ref(t_run *run, int region) { return rig_ref(&run->r, run->h[region], 0); }
@@ -237,6 +274,7 @@ static void t_sizes(t_run *run) {
     uint64_t codes = elems * 2 + 64;
     uint64_t scales = 4ull * (c->rows + 32) * (c->cols + 32) / 16 + 256;
     uint64_t *b = run->bytes;
+    b[R_STEPS] = 8;
     b[R_STATE] = sizeof(optim_state);
     b[R_NORM] = sizeof(optim_grad_norm);
     b[R_LR] = sizeof(optim_lr_row) * 2;
@@ -293,7 +331,7 @@ static optim_param_desc t_desc(t_run *run, bool check) {
     d.block = (op_block_tensor){c->rows, c->cols, c->two_d, c->elem, true, true, row, rows, col,
                                 cols, {0}};
     d.nvfp4 = (op_nvfp4_quant){true, true, c->rht, QT_NVFP4_RHT_SIGNS_TE, c->two_d, c->sr,
-                               c->seed * 31 + 5, 7, t_ref(run, R_STATE), amax, amax_col,
+                               c->seed * 31 + 5, 7, t_ref(run, R_STEPS), amax, amax_col,
                                row, rows, col, cols};
     return d;
 }
@@ -348,8 +386,8 @@ static qt_status t_build(t_run *run) {
                           2 * elems, 0.0f, 1e-3f));
     QT_TRY(op_optim_quantize(&run->prep, &d));
     // The step.
-    QT_TRY(op_optim_begin(&r->prog, "begin", t_ref(run, R_STATE), t_ref(run, R_NORM),
-                          t_ref(run, R_LR), 2));
+    QT_TRY(op_optim_begin(&r->prog, "begin", t_ref(run, R_STEPS), t_ref(run, R_STATE),
+                          t_ref(run, R_NORM), t_ref(run, R_LR), 2));
     QT_TRY(op_optim_adamw(&r->prog, &d, t_ref(run, R_STATE)));
     QT_TRY(op_copy(&r->prog, "master_copy", t_ref(run, R_COPY), t_ref(run, R_MASTER),
                    elems * 4));
@@ -376,7 +414,7 @@ static bool t_run_open(t_run *run, backend_kind kind, const t_case *c, const cha
     for (int i = 0; i < R_COUNT; i++) {
         run->h[i] = rig_reserve(&run->r, t_region_names[i], run->bytes[i]);
     }
-    prog_init(&run->prep, "prepare", 0);
+    rig_prog_init(&run->prep, "prepare");
     RIG_OK(t_build(run));
     rig_bind(&run->r);
     prog_resolve(&run->prep);
@@ -711,7 +749,8 @@ static void test_formats_match_family(void) {
     }
 }
 
-// A skipped step: every byte of state (and inputs) unchanged; the next step changes the master.
+// A skipped step: every byte of state (the counted steps included) and of the inputs unchanged,
+// but the step's own optim_state; the next step changes the master.
 static void test_skip_changes_nothing(void) {
     for (size_t k = 0; k < T_CASES; k++) {
         char name[96];
@@ -729,10 +768,11 @@ static void test_skip_changes_nothing(void) {
         for (int i = 0; i < T_STATE_END; i++) {
             void *after = t_read(run, i);
             if (i == R_STATE) {
-                // Only this step's lr / skip / clip fields may change; the counter may not.
-                optim_state *a = after, *b = before[i];
-                CHECK(a->step == b->step && a->skip == 1, "%s: step %llu -> %llu, skip %u",
-                      t_cases[k].name, (unsigned long long)b->step,
+                // This step's own values: skipped, the counted steps as they were.
+                optim_state *a = after;
+                const uint64_t *steps = before[R_STEPS];
+                CHECK(a->step == *steps && a->skip == 1, "%s: step %llu -> %llu, skip %u",
+                      t_cases[k].name, (unsigned long long)*steps,
                       (unsigned long long)a->step, a->skip);
             } else if (i != R_NORM) {
                 t_compare(t_cases[k].name, t_region_names[i], after, before[i], run->bytes[i],
@@ -870,6 +910,7 @@ static void test_gpu(void) {
 }
 
 int main(void) {
+    test_lr_row_search();
     test_bias_correction();
     test_lr_rules();
     test_begin_rules();

@@ -148,10 +148,10 @@ static void bcase_run(const backend *gpu, const bcase *c, bout *o) {
     } else {
         backend_open_ref(&r.be);
     }
-    arena_init(&r.dev, ARENA_KIND_DEVICE, "device");
-    arena_init(&r.host, ARENA_KIND_HOST, "host");
-    prog_init(&r.prog, "test", 0);
-    prog_init(&fill, "fill", 0);
+    rig_arena_init(&r.dev, ARENA_KIND_DEVICE, "device");
+    rig_arena_init(&r.host, ARENA_KIND_HOST, "host");
+    rig_prog_init(&r.prog, "test");
+    rig_prog_init(&fill, "fill");
     bregions h;
     bcase_reserve(&r, c, &h);
     bcase_build(&r, &fill, c, &h);

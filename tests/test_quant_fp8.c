@@ -650,7 +650,7 @@ static bool t_run_open(fp8_run *run, backend_kind kind, const fp8_case *c, const
     run->offsets = rig_reserve(r, "row_offsets", (run->n + 1) * 4);
     run->deq_row = rig_reserve(r, "dequantized_rowwise", elems * 4);
     run->deq_col = rig_reserve(r, "dequantized_colwise", elems * 2);
-    prog_init(&run->prep, "prepare", 0);
+    rig_prog_init(&run->prep, "prepare");
     RIG_OK(op_fill_random(&run->prep, "fill", rig_ref(r, run->x, run->x_off), elems, c->dtype,
                           QT_FILL_NORMAL, c->seed, 0, 0.0f, 2.0f));
     if (c->members) {
@@ -1196,13 +1196,15 @@ typedef struct t_states_case {
     uint32_t count;  // <= T_STATES_MAX; more than QT_FP8_STATES_PER_OP takes several ops
     bool update;     // false: the scale snapshot alone (eval, infer)
     uint32_t slots_scale;  // state s has 1 + (s * 5 + 2) % 7 slots, times this
+    bool skipped;    // update: the optimizer's skip flag is set (a non-finite gradient); the
+                     // separate ops are then the amax copies and a zeroed row 0
 } t_states_case;
 
 // One program over `count` states, in either form, with its regions.
 typedef struct t_states_run {
     rig r;
     op_fp8_delayed_state st[T_STATES_MAX];
-    arena_handle history[T_STATES_MAX], scale[T_STATES_MAX], amax_out, scale_out;
+    arena_handle history[T_STATES_MAX], scale[T_STATES_MAX], amax_out, scale_out, skip, zeros;
     uint32_t entries;
     uint64_t bytes;  // of every region, in the order above (t_states_read's layout)
 } t_states_run;
@@ -1245,14 +1247,18 @@ static void t_states_build(t_states_run *run, const t_states_case *c, backend_ki
     }
     run->amax_out = rig_reserve(&run->r, "amax_out", run->entries * 4);
     run->scale_out = rig_reserve(&run->r, "scale_out", run->entries * 4);
+    run->skip = rig_reserve(&run->r, "skip", 4);
+    run->zeros = rig_reserve(&run->r, "zeros", (uint64_t)run->entries * 4);  // zero from bind
     run->bytes += run->entries * 8;
     prog_ref amax_out = rig_ref(&run->r, run->amax_out, 0);
     prog_ref scale_out = rig_ref(&run->r, run->scale_out, 0);
     program *p = &run->r.prog;
     if (fused) {
-        RIG_OK(op_fp8_delayed_states(p, "delayed", run->st, c->count, c->update,
-                                     c->update ? amax_out : OP_FP8_NONE, scale_out,
-                                     run->entries));
+        // Every update reads the skip flag (t_states_step writes it): 0, or 1 when skipped.
+        op_fp8_delayed_end end = {c->update, c->update ? amax_out : OP_FP8_NONE, scale_out,
+                                  c->update ? rig_ref(&run->r, run->skip, 0) : OP_FP8_NONE,
+                                  run->entries};
+        RIG_OK(op_fp8_delayed_states(p, "delayed", run->st, c->count, &end));
         uint32_t ops = (c->count + QT_FP8_STATES_PER_OP - 1) / QT_FP8_STATES_PER_OP;
         CHECK(p->op_count == ops, "%u states: %u ops, expected %u", c->count, p->op_count, ops);
     } else {
@@ -1263,6 +1269,11 @@ static void t_states_build(t_states_run *run, const t_states_case *c, backend_ki
         }
         for (uint32_t k = 0; c->update && k < c->count; k++) {
             const op_fp8_delayed_state *st = &run->st[k];
+            if (c->skipped) {  // the state as before the step: row 0 back to zero
+                RIG_OK(op_copy(p, "drop", st->history, rig_ref(&run->r, run->zeros, 0),
+                               st->slots * 4));
+                continue;
+            }
             RIG_OK(op_fp8_delayed_update(p, "update", st->history, st->scale, OP_FP8_NONE,
                                          st->slots, st->history_len, st->algo, st->fp8,
                                          st->margin));
@@ -1295,6 +1306,8 @@ static void t_states_step(t_states_run *run, const t_states_case *c, int step, u
         free(reduced);
     }
     if (step == 0) {
+        uint32_t skip = c->skipped ? 1u : 0u;
+        RIG_OK(backend_write(&run->r.be, rig_ref(&run->r, run->skip, 0), &skip, 4));
         uint8_t *sentinel = malloc(run->entries * 4);
         memset(sentinel, T_SENTINEL, run->entries * 4);
         RIG_OK(backend_write(&run->r.be, rig_ref(&run->r, run->amax_out, 0), sentinel,
@@ -1339,11 +1352,13 @@ static void t_states_compare(const t_states_run *run, const t_states_case *c, co
 }
 
 static const t_states_case t_states_cases[] = {
-    {"two_states", 2, true, 1},          // the shipped delayed recipes: one op
-    {"two_states_eval", 2, false, 1},    // eval and infer: scale snapshots only
-    {"seven_states", 7, true, 1},        // two ops
-    {"eight_states_eval", 8, false, 1},  // two ops, snapshots only
-    {"wide_states", 3, true, 150},       // 900 slots in all: four blocks
+    {"two_states", 2, true, 1, false},          // the shipped delayed recipes: one op
+    {"two_states_eval", 2, false, 1, false},    // eval and infer: scale snapshots only
+    {"seven_states", 7, true, 1, false},        // two ops
+    {"eight_states_eval", 8, false, 1, false},  // two ops, snapshots only
+    {"wide_states", 3, true, 150, false},       // 900 slots in all: four blocks
+    {"seven_states_skipped", 7, true, 1, true},  // a skipped step: the state stays
+    {"wide_states_skipped", 3, true, 150, true},
 };
 #define T_STATES_CASES (sizeof t_states_cases / sizeof t_states_cases[0])
 

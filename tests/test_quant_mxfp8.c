@@ -950,7 +950,7 @@ static void mx_data_free(mx_data *d) {
 static void mx_data_fill(mx_data *d, const mx_regions *g, uint64_t seed) {
     rig *r = &mx_ref_rig;
     uint64_t n = (uint64_t)d->rows * d->cols;
-    prog_init(&mx_fill_prog, "fill", 0);
+    rig_prog_init(&mx_fill_prog, "fill");
     RIG_OK(op_fill_random(&mx_fill_prog, "fill", rig_ref(r, g->in, 0), n, d->dtype,
                           QT_FILL_NORMAL, seed, 0, 0.0f, 1.0f));
     prog_resolve(&mx_fill_prog);

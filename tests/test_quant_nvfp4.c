@@ -966,7 +966,7 @@ static void nv_build(rig *r, program *fill, const nv_case *c, nv_regions *g) {
     g->raw_col = nv_reserve(r, "raw_col", decode && colwise ? elems * 2 : 0);
     op_group group = {c->members, g->offsets, g->first_dims};
     op_nvfp4_input in = {g->x, c->dtype, c->rows, c->cols, group};
-    prog_init(fill, "fill", 0);
+    rig_prog_init(fill, "fill");
     RIG_OK(op_fill_random(fill, "fill", g->x, elems, c->dtype, QT_FILL_NORMAL, 77, 0, 0, 1));
     const bool rht = c->flags & QT_NVFP4_RHT;
     op_nvfp4_amax_out ao = {g->amax_row, colwise ? g->amax_col : (prog_ref){0}, rht, c->signs};

@@ -548,6 +548,10 @@ static const error_case error_cases[] = {
      "synthetic classes gives 4 classes; expected 3, the width of the last layer"},
     {12, 'R', "train = synthetic classes inputs=4 classes=3", IN, "r.recipe:12:45: synthetic "
      "classes needs samples=N; found no samples= option"},
+    // The shuffle indexes samples with 32 bits: the parser holds the limit, not a later stage.
+    {12, 'R', "train = synthetic classes inputs=4 classes=3 samples=4294967296", IN,
+     "r.recipe:12:54: number out of range: expected samples in [1, 4294967295], found "
+     "4294967296"},
     {12, 'R', "train = synthetic classes inputs=4 outputs=3 samples=64", IN, "r.recipe:12:36: "
      "unknown option 'outputs' for synthetic classes; expected inputs, classes, samples, seed or "
      "task"},
@@ -562,8 +566,26 @@ static const error_case error_cases[] = {
     {12, 'R', "train = csv a.csv", IN, "r.recipe:12:9: unknown data source 'csv'; expected idx, "
      "npy or synthetic"},
     // schedule
-    {15, 'R', "test 10", IN, "r.recipe:15:1: unknown schedule row 'test'; expected train, eval "
-     "or infer"},
+    {15, 'R', "test 10", IN, "r.recipe:15:1: unknown schedule row 'test'; expected train, "
+     "eval, infer or repeat"},
+    {14, 'I', "repeat 3", IN, "r.recipe:15:1: repeat has no rows to repeat; expected train, "
+     "eval or infer rows since the start of [schedule] or the previous repeat"},
+    {15, 'I', "repeat 3\nrepeat 2", IN, "r.recipe:17:1: repeat has no rows to repeat; expected "
+     "train, eval or infer rows since the start of [schedule] or the previous repeat"},
+    {15, 'I', "repeat", IN, "r.recipe:16:7: expected the number of times, found end of line"},
+    {15, 'I', "repeat 0", IN, "r.recipe:16:8: number out of range: expected times in [1, "
+     "1048576], found 0"},
+    {15, 'I', "repeat 2 more", IN, "r.recipe:16:10: unexpected 'more'; expected end of line"},
+    {15, 'I', "infer 1 output=a.npy\nrepeat 2", IN, "r.recipe:17:8: the infer row of line 16 "
+     "writes output=FILE, which 2 repeats would write 2 times; expected no output= in a "
+     "repeated row"},
+    // Two rows 2^19 times make the 2^20 rows of the largest expanded schedule: one more row, or
+    // a larger repeat, is refused at its line.
+    {15, 'I', "eval 1 train\nrepeat 524288\neval 1 train", QT_ERR_CAPACITY,
+     "r.recipe:18:1: the schedule has 1048576 rows with its repeats: expanded_rows_max is "
+     "1048576"},
+    {15, 'I', "eval 1 train\nrepeat 1048576", QT_ERR_CAPACITY, "r.recipe:17:8: the schedule "
+     "repeats to 2097152 rows: expanded_rows_max is 1048576"},
     {15, 'R', "train", IN, "r.recipe:15:6: expected the number of steps or epochs, found end "
      "of line"},
     {15, 'R', "train all", IN, "r.recipe:15:7: bad number: expected an integer for steps, found "
@@ -659,6 +681,16 @@ static void test_error_messages(void) {
     CHECK(parse(build(0, 'N', "")) == QT_OK, "base: %s", qt_error_message());
     CHECK(parse(build(15, 'R', "eval 3 train")) == QT_OK, "eval on train: %s",
           qt_error_message());
+    CHECK(parse(build(12, 'R', "train = synthetic classes inputs=4 classes=3 samples=4294967295"))
+          == QT_OK, "the most samples: %s", qt_error_message());
+    // Two repeated blocks: train 10 and eval 2 three times, then infer 1 twice: 8 rows.
+    s = parse(build(15, 'I', "eval 2 train\nrepeat 3\ninfer 1\nrepeat 2"));
+    CHECK(s == QT_OK && R.rows_count == 3 && R.repeats_count == 2 && R.expanded_rows == 8 &&
+              R.repeats[0].first_row == 0 && R.repeats[0].row_count == 2 &&
+              R.repeats[0].times == 3 && R.repeats[0].line == 17 &&
+              R.repeats[1].first_row == 2 && R.repeats[1].row_count == 1 &&
+              R.repeats[1].times == 2,
+          "repeats: %s", qt_error_message());
     test_end();
 }
 
@@ -1094,13 +1126,31 @@ static const char *with_rows(const char *rows) {
     return text;
 }
 
-static sched_table T, U;  // about 150 KB each
+#define TABLE_ROWS 8192    // rows of the tables these tests build
+#define TABLE_LR_ROWS 256
+static sched_table T, U;
+static uint64_t table_memory[2][(TABLE_ROWS * sizeof(sched_row) +
+                                 TABLE_LR_ROWS * sizeof(optim_lr_row)) / 8 + 1];
 
-// Parses rows and builds their table for a train set of 60000 and an eval set of 10000 samples
-// in batches of 256 (Fashion-MNIST's sizes: an epoch is 235 steps, an eval pass 40).
+// Builds R's table for a train set of 60000 and an eval set of 10000 samples in batches of
+// `batch` into t (T or U), or counting only (no rows stored).
+static qt_status table_build(sched_table *t, uint32_t batch, uint64_t steps_limit,
+                             bool counting) {
+    QT_ASSERT(sched_table_bytes(TABLE_ROWS, TABLE_LR_ROWS) <= sizeof table_memory[0]);
+    if (counting) {
+        sched_table_init(t, NULL, 0, 0);
+    } else {
+        sched_table_init(t, table_memory[t == &U], TABLE_ROWS, TABLE_LR_ROWS);
+    }
+    sched_build b = {60000, 10000, batch, steps_limit, 0, 0, false};
+    return sched_table_build(&R, &b, t);
+}
+
+// Parses rows and builds their table in batches of 256 (Fashion-MNIST's sizes: an epoch is 235
+// steps, an eval pass 40).
 static qt_status table_of(const char *rows, uint64_t steps_limit, sched_table *t) {
     QT_TRY(parse(with_rows(rows)));
-    return sched_table_build(&R, 60000, 10000, 256, steps_limit, t);
+    return table_build(t, 256, steps_limit, false);
 }
 
 static bool lr_row_is(const optim_lr_row *lr, uint64_t start, uint64_t steps, uint32_t rule,
@@ -1203,12 +1253,14 @@ static void test_schedule_table(void) {
                  "steps (an epoch is 235 steps); expected a warmup shorter than its row") == 0,
           "%s", qt_error_message());
     CHECK(parse(with_rows("train 2147483647 epochs")) == QT_OK &&
-          sched_table_build(&R, 60000, 10000, 1, 0, &T) == QT_ERR_INPUT &&
+          table_build(&T, 1, 0, false) == QT_ERR_INPUT &&
           strcmp(qt_error_message(), "r.recipe:16:7: 2147483647 epochs of 60000 steps exceed a "
                  "row's 1099511627776 steps; expected fewer epochs") == 0, "%s",
           qt_error_message());
-    CHECK(table_of("train 5000 eval 1 every 1 step", 0, &T) == QT_ERR_CAPACITY &&
-          strstr(qt_error_message(), "r.recipe:16:1: the schedule expands to more than 4096 "
+    // The table's memory is sized from a counting build, which stops at the rows' limit.
+    CHECK(parse(with_rows("train 600000 eval 1 every 1 step")) == QT_OK &&
+          table_build(&T, 256, 0, true) == QT_ERR_CAPACITY &&
+          strstr(qt_error_message(), "r.recipe:16:1: the schedule expands to more than 1048576 "
                  "rows") == qt_error_message(), "%s", qt_error_message());
     test_end();
 }
@@ -1249,8 +1301,8 @@ static void test_schedule_same_table(void) {
     CHECK(table_of(old_rows, 0, &T) == QT_OK, "old: %s", qt_error_message());
     CHECK(table_of(new_rows, 0, &U) == QT_OK, "new: %s", qt_error_message());
     CHECK(same_rows(&T, &U) && T.row_count == 21 && U.row_count == 21 && T.lr_count == 11 &&
-          memcmp(T.lr, U.lr, sizeof T.lr) == 0, "shipped form: %u and %u rows", T.row_count,
-          U.row_count);
+          memcmp(T.lr, U.lr, T.lr_count * sizeof T.lr[0]) == 0, "shipped form: %u and %u rows",
+          T.row_count, U.row_count);
     // The one-row form the shipped recipes use now runs the same steps on another curve: its
     // decay starts after the warmup instead of after the first epoch (so their traces changed).
     CHECK(table_of("train 10 epochs decay 1e-3 -> 1e-5 warmup 47 steps eval every epoch", 0,

@@ -196,15 +196,15 @@ static void test_header_exact(void) {
 }
 
 // The buffered writer's file is the header and the formatted lines, byte for byte, across many
-// buffer flushes (400 records of 64 quantizers are about 2 MB).
+// buffer flushes (400 records of 768 quantizers are about 20 MB).
 static void test_writer_file(void) {
     test_begin("writer_file");
     trace_header h = header_of(42, QT_TRACE_QUANTIZERS_MAX);
     write_trace(tmp_path("w.trace"), &h, 400, NULL, 0);
     size_t size = 0;
     char *file = file_read(tmp_path("w.trace"), &size);
-    char *expected = malloc(400 * (size_t)TRACE_LINE_BYTES_MAX + 8192);
-    size_t used = trace_format_header(&h, expected, 8192);
+    char *expected = malloc(400 * (size_t)TRACE_LINE_BYTES_MAX + TRACE_WRITE_BUFFER_BYTES);
+    size_t used = trace_format_header(&h, expected, TRACE_WRITE_BUFFER_BYTES);
     for (uint64_t s = 0; s < 400; s++) {
         qt_trace_record r = record_of(s);
         used += trace_format_record(&r, h.quantizers_count, expected + used,
@@ -306,9 +306,10 @@ static void test_diff_bad_files(void) {
     expect_diff_error(tmp_path("good"), tmp_path("v1"), QT_ERR_INPUT,
                       "v1:1: trace format version 1; this qtrain reads version 2 (version 1 "
                       "traces have no completion record");
-    write_text(tmp_path("q65"), "qtrain-trace 2 recipe=0000000000000007 quantizers=65 "
-               "checksum_every=4\n");
-    expect_diff_error(tmp_path("q65"), tmp_path("good"), QT_ERR_INPUT, "q65:1: malformed header");
+    write_text(tmp_path("q1025"), "qtrain-trace 2 recipe=0000000000000007 quantizers=1025 "
+               "checksum_every=4\n");  // one more than QT_TRACE_QUANTIZERS_MAX
+    expect_diff_error(tmp_path("q1025"), tmp_path("good"), QT_ERR_INPUT,
+                      "q1025:1: malformed header");
     write_text(tmp_path("noq"), "qtrain-trace 2 recipe=0000000000000007 quantizers=1 "
                "checksum_every=4\nstep=0 mode=train\n");
     expect_diff_error(tmp_path("noq"), tmp_path("good"), QT_ERR_INPUT,
@@ -325,7 +326,7 @@ static void test_diff_bad_files(void) {
     write_text(tmp_path("huge"), huge);
     free(huge);
     expect_diff_error(tmp_path("huge"), tmp_path("good"), QT_ERR_INPUT,
-                      "huge:1: line longer than 8192 bytes");
+                      "huge:1: line longer than 131072 bytes");
     test_end();
 }
 

@@ -12,6 +12,7 @@
 
 #include "driver.h"  // driver_sync_total, drv
 #include "files.h"   // tmp_dir_make, tmp_path, command_output
+#include "plan.h"   // test_run_plan
 #include "pool.h"    // pool_start, pool_stop: the reference backend on 1 and 3 threads
 #include "run.h"
 #include "test.h"
@@ -99,7 +100,7 @@ static void *arena_memory(uint64_t bytes) {
 
 static qt_status train_on(train_case *c, backend *b, sched_summary *sum) {
     QT_TRY(recipe_parse(c->text, strlen(c->text), c->name, &the_recipe));
-    QT_TRY(run_plan(&the_run, &the_recipe, c->text, strlen(c->text), &c->options));
+    QT_TRY(test_run_plan(&the_run, &the_recipe, c->text, strlen(c->text), &c->options));
     void *dev = NULL, *host = NULL;
     if (b->kind == BACKEND_REF) {
         uint64_t dev_bytes, host_bytes;
@@ -553,7 +554,7 @@ static void test_metrics_file(void) {
     // files is allowed (then the new file takes its place).
     run_options o = c.options;
     CHECK(recipe_parse(text, strlen(text), "m.recipe", &the_recipe) == QT_OK &&
-          run_plan(&the_run, &the_recipe, text, strlen(text), &o) == QT_OK, "%s",
+          test_run_plan(&the_run, &the_recipe, text, strlen(text), &o) == QT_OK, "%s",
           qt_error_message());
     static char data[1 << 20] __attribute__((aligned(256)));
     qt_status status = run_data_bytes(&the_run) <= sizeof data
@@ -584,7 +585,7 @@ static void test_plan_report(void) {
     qt_status status = recipe_parse(text, used, path, &the_recipe);
     CHECK(status == QT_OK, "%s", qt_error_message());
     run_options o = {0};
-    if (status == QT_OK) status = run_plan(&the_run, &the_recipe, text, used, &o);
+    if (status == QT_OK) status = test_run_plan(&the_run, &the_recipe, text, used, &o);
     CHECK(status == QT_OK, "%s", qt_error_message());
     char *report = NULL;
     size_t bytes = 0;
@@ -623,7 +624,7 @@ static void test_refusals(void) {
     qt_status status = recipe_parse(text, used, path, &the_recipe);
     CHECK(status == QT_OK, "%s", qt_error_message());
     run_options o = {0};
-    if (status == QT_OK) status = run_plan(&the_run, &the_recipe, text, used, &o);
+    if (status == QT_OK) status = test_run_plan(&the_run, &the_recipe, text, used, &o);
     CHECK(status == QT_ERR_INPUT, "status %s, expected QT_ERR_INPUT", qt_status_name(status));
     const char *msg = qt_error_message();
     CHECK(strstr(msg, "moe_residual.recipe:14:9:") &&
@@ -653,7 +654,7 @@ static void test_usage_union(void) {
         recipe_text_for("tests/recipes/synthetic_tiny.recipe", quantized[i], text, sizeof text);
         run_options o = {0};
         qt_status st = recipe_parse(text, strlen(text), "tiny", &the_recipe);
-        if (st == QT_OK) st = run_plan(&the_run, &the_recipe, text, strlen(text), &o);
+        if (st == QT_OK) st = test_run_plan(&the_run, &the_recipe, text, strlen(text), &o);
         CHECK(st == QT_OK, "%s: %s", quantized[i], qt_error_message());
         char msg[256] = "";
         CHECK(st == QT_OK && arena_check(&the_run.dev, msg, sizeof msg) &&
@@ -669,7 +670,9 @@ static void test_usage_union(void) {
         snprintf(eval_only, sizeof eval_only, "%.*sinfer 3%s", (int)(at - text), text,
                  at + strlen(row));
         st = recipe_parse(eval_only, strlen(eval_only), "tiny_eval", &the_recipe);
-        if (st == QT_OK) st = run_plan(&the_run, &the_recipe, eval_only, strlen(eval_only), &o);
+        if (st == QT_OK) {
+            st = test_run_plan(&the_run, &the_recipe, eval_only, strlen(eval_only), &o);
+        }
         CHECK(st == QT_OK, "%s eval only: %s", quantized[i], qt_error_message());
         uint32_t any = columnwise_regions(&the_run.dev, false);
         CHECK(any == 0, "%s: %u columnwise regions without training", quantized[i], any);

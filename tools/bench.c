@@ -10,10 +10,36 @@ static int compare_doubles(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+static void *bench_table(uint64_t bytes) {
+    void *storage = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (!storage) fprintf(stderr, "bench: cannot allocate %llu bytes\n", (unsigned long long)bytes);
+    return storage;
+}
+
+void *bench_program_init(program *p, const char *name) {
+    void *storage = bench_table(prog_storage_bytes(BENCH_OPS));
+    if (!storage) exit(1);
+    prog_init(p, name, 0, storage, BENCH_OPS);
+    return storage;
+}
+
+void *bench_arena_init(arena *a, arena_kind kind, const char *name) {
+    void *storage = bench_table(arena_storage_bytes(BENCH_REGIONS));
+    if (!storage) exit(1);
+    arena_init(a, kind, name, storage, BENCH_REGIONS);
+    return storage;
+}
+
 void bench_case_begin(bench_env *env) {
-    arena_init(&env->dev, ARENA_KIND_DEVICE, "bench-device");
-    arena_init(&env->host, ARENA_KIND_HOST, "bench-host");
-    prog_init(&env->prog, "bench", 0);
+    if (!env->tables[0]) {
+        env->tables[0] = bench_arena_init(&env->dev, ARENA_KIND_DEVICE, "bench-device");
+        env->tables[1] = bench_arena_init(&env->host, ARENA_KIND_HOST, "bench-host");
+        env->tables[2] = bench_program_init(&env->prog, "bench");
+        return;
+    }
+    arena_init(&env->dev, ARENA_KIND_DEVICE, "bench-device", env->tables[0], BENCH_REGIONS);
+    arena_init(&env->host, ARENA_KIND_HOST, "bench-host", env->tables[1], BENCH_REGIONS);
+    prog_init(&env->prog, "bench", 0, env->tables[2], BENCH_OPS);
 }
 
 // Exits on failure: a region that does not fit is a bug in the benchmark, not a result.
@@ -34,7 +60,7 @@ prog_ref bench_reserve(bench_env *env, const char *name, uint64_t bytes) {
 void bench_inputs_begin(bench_inputs *in, const char *label) {
     char name[ARENA_NAME_MAX];
     snprintf(name, sizeof name, "%s-bench-input", label);
-    arena_init(&in->arena, ARENA_KIND_DEVICE, name);
+    in->table = bench_arena_init(&in->arena, ARENA_KIND_DEVICE, name);
     snprintf(in->who, sizeof in->who, "bench %s", label);
     in->fill_count = 0;
     in->row_offsets = in->first_dims = (prog_ref){0};
@@ -95,8 +121,8 @@ static qt_status bench_inputs_write_group(bench_env *env, const bench_inputs *in
 }
 
 bool bench_inputs_ready(bench_env *env, bench_inputs *in) {
-    static program fill;  // large: keep it off the stack
-    prog_init(&fill, "bench-inputs", 0);
+    program fill;
+    void *fill_table = bench_program_init(&fill, "bench-inputs");
     qt_status st = QT_OK;
     for (uint32_t i = 0; i < in->fill_count && st == QT_OK; i++) {
         const bench_input_fill *f = &in->fills[i];
@@ -110,6 +136,7 @@ bool bench_inputs_ready(bench_env *env, bench_inputs *in) {
         st = backend_run(&env->gpu, &fill);
     }
     if (st == QT_OK) st = backend_finish(&env->gpu);
+    free(fill_table);
     if (st != QT_OK) {
         fprintf(stderr, "%s: %s\n", in->who, qt_error_message());
         bench_inputs_release(env, in);
@@ -120,6 +147,8 @@ bool bench_inputs_ready(bench_env *env, bench_inputs *in) {
 
 void bench_inputs_release(bench_env *env, bench_inputs *in) {
     backend_release(&env->gpu, &in->arena);
+    free(in->table);
+    in->table = NULL;
 }
 
 static qt_status bench_events_time(bench_env *env, backend_graph *graph, double *median_ms) {

@@ -12,11 +12,20 @@
 #include "backend.h"
 #include "bench_main.h"  // bench_main
 
+// Tables of benchmark programs and arenas: fixed sizes that any case fits (a case has a few
+// ops and regions), from malloc; the caller frees the storage these return (NULL: out of
+// memory, after a message).
+#define BENCH_OPS 256
+#define BENCH_REGIONS 256
+void *bench_program_init(program *p, const char *name);
+void *bench_arena_init(arena *a, arena_kind kind, const char *name);
+
 typedef struct bench_env {
     backend gpu;
     arena dev;
     arena host;
     program prog;
+    void *tables[3];          // of dev, host and prog: made by the first case, kept
     FILE *out;
     int repeats;              // timed graph replays per measurement
     int warmup;               // untimed replays before them
@@ -67,6 +76,7 @@ typedef struct bench_input_fill {
 
 typedef struct bench_inputs {
     arena arena;
+    void *table;  // the arena's, from bench_inputs_begin to bench_inputs_release
     char who[32];  // "bench <label>", the prefix of its messages
     bench_input_fill fills[BENCH_INPUT_FILLS_MAX];
     uint32_t fill_count;

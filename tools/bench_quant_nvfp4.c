@@ -38,8 +38,7 @@ static void nvfp4_bench_row(bench_env *env, const nvfp4_bench_case *c, const cha
 }
 
 static void nvfp4_bench_case_run(bench_env *env, const nvfp4_bench_case *c) {
-    static program fill;  // large: keep it off the stack
-    static program amax;
+    program fill, amax;
     bench_case_begin(env);
     const uint64_t elems = (uint64_t)c->rows * c->cols;
     const op_nvfp4_sizes s = op_nvfp4_sizes_of(c->rows, c->cols, c->members);
@@ -59,8 +58,8 @@ static void nvfp4_bench_case_run(bench_env *env, const nvfp4_bench_case *c) {
     q.col_scales = bench_reserve(env, "col_scales", s.col_scales);
     op_nvfp4_amax_out a = {q.amax_row, q.amax_col, c->rht, QT_NVFP4_RHT_SIGNS_TE};
 
-    prog_init(&fill, "bench-fill", 0);
-    prog_init(&amax, "bench-amax", 0);
+    void *fill_table = bench_program_init(&fill, "bench-fill");
+    void *amax_table = bench_program_init(&amax, "bench-amax");
     qt_status st = op_fill_random(&fill, "fill", in.x, elems, QT_DTYPE_BF16, QT_FILL_NORMAL, 7,
                                   0, 0.0f, 1.0f);
     if (st == QT_OK) st = op_nvfp4_amax(&fill, "amax", &in, &a);
@@ -101,6 +100,8 @@ static void nvfp4_bench_case_run(bench_env *env, const nvfp4_bench_case *c) {
         nvfp4_bench_row(env, c, label, ms_amax, (double)elems * 2);
     }
     bench_case_end(env);
+    free(fill_table);
+    free(amax_table);
 }
 
 void bench_quant_nvfp4(bench_env *env) {

@@ -12,7 +12,7 @@ static const char recipe[] =
     "loss = softmax_xent\n[quant]\nrecipe = bf16\n[optim]\nadamw lr=1e-2\n"
     "[data]\nbatch = 32\n[schedule]\ntrain 100\n";
 
-static void *blocks[4];  // every block of memory qtrain takes: the caller's, aligned
+static void *blocks[5];  // every block of memory qtrain takes: the caller's, aligned
 static void *block(int i, size_t bytes) {
     size_t rounded = (bytes / QT_MEMORY_ALIGN + 1) * QT_MEMORY_ALIGN;
     return blocks[i] = aligned_alloc(QT_MEMORY_ALIGN, rounded);
@@ -32,12 +32,14 @@ int main(int argc, char **argv) {
     qt_plan_info plan;
     qt_step_stats st;
     qt_options options = {.modes[QT_MODE_INFER] = true};  // qt_infer needs the infer program
+    uint64_t tables = 0;
     bool ref = argc > 1 && strcmp(argv[1], "--ref") == 0;
     if (qt_device_open(block(0, qt_device_bytes()), qt_device_bytes(),
                        ref ? QT_DEVICE_REFERENCE : QT_DEVICE_AUTO, 0, &dev) != QT_OK ||
         qt_open_text(block(1, qt_runtime_bytes()), qt_runtime_bytes(), recipe, strlen(recipe),
                      "example", &rt) != QT_OK ||
-        qt_plan(rt, &options) != QT_OK || qt_plan_info_get(rt, &plan) != QT_OK ||
+        qt_measure(rt, &options, &tables) != QT_OK ||
+        qt_plan(rt, block(4, tables), tables) != QT_OK || qt_plan_info_get(rt, &plan) != QT_OK ||
         qt_load(rt, NULL, 0) != QT_OK) {
         return fail("start");
     }
@@ -61,6 +63,6 @@ int main(int argc, char **argv) {
     for (int r = 0; r < 32; r++) correct += classes[r] == y[r];
     printf("classified %d of 32 on %s\n", correct, info.name);
     if (qt_close(rt) != QT_OK || qt_device_close(dev) != QT_OK) return fail("close");
-    for (int i = 0; i < 4; i++) free(blocks[i]);
+    for (int i = 0; i < 5; i++) free(blocks[i]);
     return 0;
 }

@@ -9,6 +9,7 @@
 // keeps its argument parsing, printing and memory (allocated at start-up) to itself.
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>     // NAN, INFINITY: --inject-nonfinite's values
 #include <pthread.h>  // the GPU opens while the datasets load
 #include <signal.h>   // sigaction: Ctrl-C ends a run at a step boundary
 #include <stdarg.h>
@@ -51,7 +52,8 @@ static void print_usage(FILE *out) {
             "  run RECIPE [--trace F] [--eager] [--ref] [--steps N] [--seed S]\n"
             "             [--checksum-every K] [--profile] [--emulated-gemm auto|kernel|copies]\n"
             "             [--save CKPT [--save-every N]] [--resume CKPT] [--force]\n"
-            "             [--check GOLDEN] [--metrics FILE [--metrics-every N]]\n"
+            "             [--check GOLDEN] [--inject-nonfinite STEP[:LAYER][=nan|inf|-inf]]\n"
+            "             [--metrics FILE [--metrics-every N]]\n"
             "          train through the recipe's schedule table: every step a replayed CUDA\n"
             "          graph (--eager: launched op by op; --ref or no GPU: the reference backend;\n"
             "          --profile: afterwards, time every op of each mode and the graph replay;\n"
@@ -60,6 +62,8 @@ static void print_usage(FILE *out) {
             "          --force: output files (infer rows, --save, --metrics) may replace\n"
             "          existing files, and --trace a file that is not a trace;\n"
             "          --check: stop at the first record that differs from a golden trace;\n"
+            "          --inject-nonfinite: a NaN or infinity in a weight gradient at a train\n"
+            "          step, which the optimizer must skip;\n"
             "          --metrics: a JSON line per eval pass and per N train steps, default 100)\n"
             "  infer RECIPE --input FILE --output FILE.npy [--argmax] [--from CKPT] [--seed S]\n"
             "             [--eager] [--ref] [--force] [--emulated-gemm auto|kernel|copies]\n"
@@ -175,6 +179,51 @@ static bool parse_count_arg(const char *command, const char *flag, const char *t
     return true;
 }
 
+// `--inject-nonfinite STEP[:LAYER][=nan|inf|-inf]`: the trace's step index, a linear layer
+// (default: the first), the value (default: nan). '=' and ':' never occur in layer names.
+static bool parse_inject(const char *text, qt_options *o) {
+    static char layer[64];  // the command's: the options point to it until the run ends
+    const char *value = strchr(text, '=');
+    size_t head = value ? (size_t)(value - text) : strlen(text);
+    const char *colon = memchr(text, ':', head);
+    size_t digits = colon ? (size_t)(colon - text) : head;
+    char step[32];
+    uint64_t v = 0;
+    bool ok = digits > 0 && digits < sizeof step;
+    if (ok) {
+        memcpy(step, text, digits);
+        step[digits] = '\0';
+        ok = parse_count_arg("run", "--inject-nonfinite", step, 0, UINT64_MAX, &v);
+        if (!ok) return false;
+    }
+    size_t name = colon ? head - digits - 1 : 0;
+    ok = ok && (!colon || (name > 0 && name < sizeof layer));
+    float bad = NAN;
+    if (ok && value) {
+        if (strcmp(value, "=inf") == 0) {
+            bad = INFINITY;
+        } else if (strcmp(value, "=-inf") == 0) {
+            bad = -INFINITY;
+        } else {
+            ok = strcmp(value, "=nan") == 0;
+        }
+    }
+    if (!ok) {
+        fprintf(stderr, "qtrain run: --inject-nonfinite takes STEP[:LAYER][=nan|inf|-inf] (a "
+                "train step of the trace, a linear layer, the value), not '%s'\n", text);
+        return false;
+    }
+    if (colon) {
+        memcpy(layer, colon + 1, name);
+        layer[name] = '\0';
+    }
+    o->inject = true;
+    o->inject_step = v;
+    o->inject_layer = colon ? layer : NULL;
+    o->inject_value = bad;
+    return true;
+}
+
 static bool parse_emulated_gemm(const char *command, const char *how, qt_emulated_gemm *out) {
     if (strcmp(how, "auto") == 0) {
         *out = QT_EMULATED_GEMM_AUTO;
@@ -252,6 +301,8 @@ static int parse_flag(cli_command command, int argc, char **argv, int *i, cli_ar
         if (!parse_count_arg(a->command, arg, value, 1, UINT64_MAX, &o->save_every)) return -1;
     } else if (train && strcmp(arg, "--resume") == 0) {
         a->resume_path = value;
+    } else if (train && strcmp(arg, "--inject-nonfinite") == 0) {
+        if (!parse_inject(value, o)) return -1;
     } else if (strcmp(arg, "--emulated-gemm") == 0) {
         if (!parse_emulated_gemm(a->command, value, &o->emulated_gemm)) return -1;
     } else {
@@ -308,7 +359,7 @@ static int fail_status(const char *command, qt_status status) {
 
 // The memory of one command's runtime and device, and what their handles name in it.
 typedef struct cli_run {
-    void *runtime_memory, *device_memory, *data, *arena_device, *arena_host;
+    void *runtime_memory, *device_memory, *tables, *data, *arena_device, *arena_host;
     qt_runtime *rt;
     qt_device *device;
 } cli_run;
@@ -318,6 +369,7 @@ static void cli_run_close(cli_run *c) {
     if (c->device) qt_device_close(c->device);
     free(c->runtime_memory);
     free(c->device_memory);
+    free(c->tables);
     free(c->data);
     free(c->arena_device);
     free(c->arena_host);
@@ -333,7 +385,14 @@ static qt_status load_and_plan(const cli_args *a, cli_run *c) {
                         qt_runtime_bytes());
     }
     CLI_TRY(qt_open_file(c->runtime_memory, qt_runtime_bytes(), a->recipe_path, &c->rt));
-    return qt_plan(c->rt, &a->options);
+    uint64_t table_bytes = 0;
+    CLI_TRY(qt_measure(c->rt, &a->options, &table_bytes));
+    // The run's tables, sized from the model; they live as long as the command.
+    if (!(c->tables = cli_alloc(table_bytes))) {
+        return cli_fail(QT_ERR_MEMORY, "cannot allocate %" PRIu64 " bytes for the run's tables",
+                        table_bytes);
+    }
+    return qt_plan(c->rt, c->tables, table_bytes);
 }
 
 static int command_plan(int argc, char **argv) {
@@ -827,14 +886,16 @@ static int command_export(int argc, char **argv) {
         fprintf(stderr, "usage: qtrain export CKPT OUT.safetensors [--quantized] [--force]\n");
         return 2;
     }
-    void *memory = cli_alloc(qt_export_bytes());
+    uint64_t bytes = 0;  // sized from the checkpoint's table
+    qt_status status = qt_export_bytes(paths[0], &bytes);
+    if (status != QT_OK) return fail_status("export", status);
+    void *memory = cli_alloc(bytes);
     if (!memory) {
-        fprintf(stderr, "qtrain export: cannot allocate %zu bytes\n", qt_export_bytes());
+        fprintf(stderr, "qtrain export: cannot allocate %" PRIu64 " bytes\n", bytes);
         return 1;
     }
     qt_export_info info;
-    qt_status status = qt_export(memory, qt_export_bytes(), paths[0], paths[1], quantized, force,
-                                 &info);
+    status = qt_export(memory, bytes, paths[0], paths[1], quantized, force, &info);
     free(memory);
     if (status != QT_OK) return fail_status("export", status);
     printf("exported %s (%s, step %" PRIu64 ", train step %" PRIu64 ", %" PRIu32
