@@ -64,7 +64,10 @@ sample_memory() {
 # "first last steady_min steady_max own_min own_max" of a samples file (the steady state: the
 # samples after the first fifth).
 memory_summary() {
-    awk 'NF { free[n] = $1; own[n] = $2; n++ }
+    # n starts as the number 0: an unset awk variable used as an index is the string "", so the
+    # first sample would land under free[""] instead of free[0].
+    awk 'BEGIN { n = 0 }
+         NF { free[n] = $1; own[n] = $2; n++ }
          END {
              if (n == 0) { print "- - - - - -"; exit }
              start = int(n / 5); lo = hi = free[start]; olo = ohi = "-"
