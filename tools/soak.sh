@@ -62,18 +62,21 @@ sample_memory() {
 }
 
 # "first last steady_min steady_max own_min own_max" of a samples file (the steady state: the
-# samples after the first fifth).
+# samples after the first fifth). Where nvidia-smi reports the process's own memory, the steady
+# state counts only the samples that show it: the last sample can fall while the exiting process
+# has already given its memory back but not yet ended, and its free memory is then higher.
 memory_summary() {
     # n starts as the number 0: an unset awk variable used as an index is the string "", so the
     # first sample would land under free[""] instead of free[0].
-    awk 'BEGIN { n = 0 }
-         NF { free[n] = $1; own[n] = $2; n++ }
+    awk 'BEGIN { n = 0; owned = 0 }
+         NF { free[n] = $1; own[n] = $2; if ($2 != "-") owned = 1; n++ }
          END {
              if (n == 0) { print "- - - - - -"; exit }
-             start = int(n / 5); lo = hi = free[start]; olo = ohi = "-"
+             start = int(n / 5); lo = hi = olo = ohi = "-"
              for (i = start; i < n; i++) {
-                 if (free[i] < lo) lo = free[i]
-                 if (free[i] > hi) hi = free[i]
+                 if (owned && own[i] == "-") continue
+                 if (lo == "-" || free[i] < lo) lo = free[i]
+                 if (hi == "-" || free[i] > hi) hi = free[i]
                  if (own[i] != "-") {
                      if (olo == "-" || own[i] < olo) olo = own[i]
                      if (ohi == "-" || own[i] > ohi) ohi = own[i]
