@@ -43,14 +43,14 @@ extern "C" __global__ void __launch_bounds__(QT_MOE_COUNT_THREADS)
 // One thread per expert walks the chunks in order: exclusive prefix in place, total out.
 extern "C" __global__ void __launch_bounds__(QT_MOE_SCAN_THREADS)
     qt_moe_scan(const __grid_constant__ moe_scan_args args) {
-    uint32_t *counts = (uint32_t *)args.chunk_counts;
+    const uint32_t *counts = (const uint32_t *)args.chunk_counts;
+    uint32_t *base = (uint32_t *)args.chunk_base;
     for (uint32_t e = threadIdx.x; e < args.experts; e += blockDim.x) {
         uint32_t run = 0;
         for (uint32_t c = 0; c < args.chunks; c++) {
-            uint32_t *slot = counts + (uint64_t)c * args.experts + e;
-            uint32_t v = *slot;
-            *slot = run;
-            run += v;
+            uint64_t slot = (uint64_t)c * args.experts + e;
+            base[slot] = run;
+            run += counts[slot];
         }
         ((uint32_t *)args.first_dims)[e] = run;
         if (args.whole_dims) {

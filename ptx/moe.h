@@ -7,9 +7,11 @@
 //
 //   logits f32 [T][E] --route--> probs f32 [T][E] (softmax), expert u32 [A], gate f32 [A]
 //   expert --count--> chunk_counts u32 [C][E]  (C = ceil(A / QT_MOE_CHUNK) chunks of assignments)
-//          --scan---> chunk_counts = the exclusive prefix over chunks, first_dims u32 [E] (totals)
+//          --scan---> chunk_base u32 [C][E] (the exclusive prefix over chunks), first_dims u32 [E]
+//                     (totals); out of place, so every op of the routing gives the same result
+//                     when it runs again on the same inputs (`qtrain run --profile` repeats each)
 //   first_dims --qt_group_offsets (quant_group.h, padded to the layer's row_align)--> row_offsets
-//   expert, chunk_counts, row_offsets --permute--> row_of u32 [A], assign_of u32 [capacity]
+//   expert, chunk_base, row_offsets --permute--> row_of u32 [A], assign_of u32 [capacity]
 //
 // The permutation is a stable counting sort: expert e's rows [off[e], off[e] + first_dims[e])
 // hold its assignments in increasing a, so every row is a function of the routing alone (integer
@@ -78,13 +80,14 @@ typedef struct moe_count_args {
 QT_STATIC_ASSERT(sizeof(moe_count_args) == 32, "moe_count_args layout");
 
 typedef struct moe_scan_args {
-    uint64_t chunk_counts;  // u32 [chunks][experts]: counts in, exclusive prefix over chunks out
+    uint64_t chunk_counts;  // u32 [chunks][experts]: the counts, read
+    uint64_t chunk_base;    // u32 [chunks][experts], written: the exclusive prefix over chunks
     uint64_t first_dims;    // u32 [experts], written: assignments of each expert
     uint64_t whole_dims;    // u32 [experts], written unless 0: first_dims rounded up to whole
                             // QT_MOE_WHOLE_ROWS (the NVFP4 RHT's 16-row groups, see op_moe.h)
     uint32_t experts, chunks;
 } moe_scan_args;
-QT_STATIC_ASSERT(sizeof(moe_scan_args) == 32, "moe_scan_args layout");
+QT_STATIC_ASSERT(sizeof(moe_scan_args) == 40, "moe_scan_args layout");
 
 typedef struct moe_permute_args {
     uint64_t expert;       // u32 [assignments]

@@ -537,6 +537,9 @@ static qt_status mb_moe_route(mb *b, const char *name, const model_moe *mo, prog
     QT_TRY(mb_moe_array(b, name, "chunk_counts",
                         (uint64_t)op_moe_chunks((uint32_t)assignments) * r->experts,
                         ARENA_CAT_WORKSPACE, &r->chunk_counts));
+    QT_TRY(mb_moe_array(b, name, "chunk_base",
+                        (uint64_t)op_moe_chunks((uint32_t)assignments) * r->experts,
+                        ARENA_CAT_WORKSPACE, &r->chunk_base));
     QT_TRY(mb_moe_array(b, name, "row_of", assignments, keep, &r->row_of));
     QT_TRY(mb_moe_array(b, name, "assign_of", r->capacity, keep, &r->assign_of));
     r->group.count = r->experts;

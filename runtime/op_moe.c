@@ -71,8 +71,8 @@ static qt_status op_moe_scan(program *p, const char *name, const op_moe_routing 
     launch_shape shape = {{1, 1, 1}, {QT_MOE_SCAN_THREADS, 1, 1}, 0};
     uint32_t op;
     QT_TRY(prog_append(p, KERNEL_MOE_SCAN, name, &shape, &args, sizeof args, &op));
-    QT_TRY(prog_use(p, op, offsetof(moe_scan_args, chunk_counts), r->chunk_counts,
-                    PROG_READ_WRITE));
+    QT_TRY(prog_use(p, op, offsetof(moe_scan_args, chunk_counts), r->chunk_counts, PROG_READ));
+    QT_TRY(prog_use(p, op, offsetof(moe_scan_args, chunk_base), r->chunk_base, PROG_WRITE));
     QT_TRY(prog_use_optional(p, op, offsetof(moe_scan_args, whole_dims), r->whole_dims,
                              4ull * r->experts, PROG_WRITE));
     return prog_use(p, op, offsetof(moe_scan_args, first_dims), r->group.first_dims, PROG_WRITE);
@@ -88,7 +88,7 @@ static qt_status op_moe_permute(program *p, const char *name, const op_moe_routi
     uint32_t op;
     QT_TRY(prog_append(p, KERNEL_MOE_PERMUTE, name, &shape, &args, sizeof args, &op));
     QT_TRY(prog_use(p, op, offsetof(moe_permute_args, expert), r->expert, PROG_READ));
-    QT_TRY(prog_use(p, op, offsetof(moe_permute_args, chunk_base), r->chunk_counts, PROG_READ));
+    QT_TRY(prog_use(p, op, offsetof(moe_permute_args, chunk_base), r->chunk_base, PROG_READ));
     QT_TRY(prog_use(p, op, offsetof(moe_permute_args, row_offsets), r->group.row_offsets,
                     PROG_READ));
     QT_TRY(prog_use(p, op, offsetof(moe_permute_args, row_of), r->row_of, PROG_WRITE));

@@ -8,8 +8,8 @@
 // One layer's routing (op_moe_route_and_permute appends all of it, six ops):
 //
 //   route      logits -> probs, expert, gate
-//   count      expert -> chunk_counts           (u32 [op_moe_chunks(A)][E] workspace)
-//   scan       chunk_counts -> prefix, first_dims
+//   count      expert -> chunk_counts             (u32 [op_moe_chunks(A)][E] workspace)
+//   scan       chunk_counts -> chunk_base (their prefix over chunks), first_dims
 //   offsets    first_dims -> row_offsets          (quant_group's kernel, padded to row_align)
 //   permute    -> row_of [A], assign_of [capacity]
 //
@@ -39,7 +39,8 @@ typedef struct op_moe_routing {
     prog_ref probs;         // f32 [tokens][experts]
     prog_ref expert;        // u32 [tokens * topk]
     prog_ref gate;          // f32 [tokens * topk]
-    prog_ref chunk_counts;  // u32 [op_moe_chunks][experts] workspace
+    prog_ref chunk_counts;  // u32 [op_moe_chunks][experts] workspace: the counts
+    prog_ref chunk_base;    // u32 [op_moe_chunks][experts] workspace: their prefix over chunks
     prog_ref row_of;        // u32 [tokens * topk]
     prog_ref assign_of;     // u32 [capacity]
     op_group group;         // experts members: row_offsets u32 [E + 1], first_dims u32 [E]

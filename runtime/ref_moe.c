@@ -29,13 +29,14 @@ void ref_qt_moe_count(const moe_count_args *a, const launch_shape *shape) {
 
 void ref_qt_moe_scan(const moe_scan_args *a, const launch_shape *shape) {
     (void)shape;
-    uint32_t *counts = REF_PTR(uint32_t, a->chunk_counts);
+    const uint32_t *counts = REF_PTR(const uint32_t, a->chunk_counts);
+    uint32_t *base = REF_PTR(uint32_t, a->chunk_base);
     for (uint32_t e = 0; e < a->experts; e++) {
         uint32_t run = 0;
         for (uint32_t c = 0; c < a->chunks; c++) {
-            uint32_t v = counts[(uint64_t)c * a->experts + e];
-            counts[(uint64_t)c * a->experts + e] = run;
-            run += v;
+            uint64_t slot = (uint64_t)c * a->experts + e;
+            base[slot] = run;
+            run += counts[slot];
         }
         REF_PTR(uint32_t, a->first_dims)[e] = run;
         if (a->whole_dims) {
