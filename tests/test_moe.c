@@ -46,8 +46,8 @@ typedef struct routing_run {
     routing_case c;
     uint32_t capacity, assignments, chunks;
     op_moe_routing r;
-    arena_handle h_logits, h_probs, h_expert, h_gate, h_counts, h_base, h_row_of, h_assign_of, h_dims,
-        h_offsets, h_x, h_xp, h_yp, h_y, h_y2, h_dy, h_dyp, h_dgate, h_dlogits;
+    arena_handle h_logits, h_probs, h_expert, h_gate, h_counts, h_base, h_row_of, h_assign_of,
+        h_dims, h_offsets, h_x, h_xp, h_yp, h_y, h_y2, h_dy, h_dyp, h_dgate, h_dlogits;
     float *logits, *probs, *gate, *dgate, *dlogits;
     uint32_t *expert, *row_of, *assign_of, *dims, *offsets;
     uint16_t *x, *xp, *yp, *y, *y2, *dy, *dyp;
