@@ -120,6 +120,21 @@
                                      2u * GEMM_TILE_ROWS(tile) * 4u))
 #define GEMM_PORTABLE_SMEM_BYTES(format) GEMM_PORTABLE_SMEM_BYTES_TILE(format, GEMM_TILE_LARGE)
 
+// Split-K (dense GEMMs whose tiles would leave most SMs idle; op_gemm_split_parts picks the
+// parts from the shape). The GEMM op runs with split_parts > 1: block z of the launch computes
+// part z, the contraction over k in [z split_k, min(k, (z + 1) split_k)), every tile as the
+// unsplit kernel would over that range (its own accumulator, from zero), and writes the raw FP32
+// sums (no alpha, C or bias) to workspace[z][m][n]. The reduction op (qt_gemm_split_reduce, the
+// same gemm_args) then sums the parts of each element in index order, part 0 + part 1 + ..., one
+// FP32 addition each (qt_gemm_parts_add), and applies the epilogue (alpha', beta C, bias, D's
+// type) as the unsplit kernel does. No atomics, no order that depends on the grid or on timing:
+// the bits depend on the operands and split_k alone. Parts start at multiples of
+// GEMM_SPLIT_K_ALIGN = 128, so every part begins on a stage of every format, a per-tensor FP8
+// split-accumulator chunk and an FP8 block, MXFP8 and NVFP4 scale block.
+#define GEMM_SPLIT_K_ALIGN 128u
+#define GEMM_SPLIT_PARTS_MAX 16u
+#define GEMM_SPLIT_REDUCE_THREADS 256u
+
 // Bias gradient: 32 columns per block, one per lane; 8 warps take 32-row chunks in turn.
 #define GEMM_BGRAD_COLS 32u
 #define GEMM_BGRAD_CHUNK_ROWS 32u
@@ -159,8 +174,12 @@ typedef struct gemm_args {
     uint32_t format;      // GEMM_FORMAT_*; each kernel handles one
     uint32_t flags;       // GEMM_FLAG_*
     uint32_t tile;        // GEMM_TILE_*: the portable tier's tile (launch shape); twins ignore it
+    uint64_t workspace;   // split-K: f32 [split_parts][m][n], the parts' sums; else 0
+    uint32_t split_parts; // 0 or 1: no split-K; else parts along k (dense only)
+    uint32_t split_k;     // split-K: k of each part (a multiple of GEMM_SPLIT_K_ALIGN); the last
+                          // part takes what is left
 } gemm_args;
-QT_STATIC_ASSERT(sizeof(gemm_args) == 224, "gemm_args layout");
+QT_STATIC_ASSERT(sizeof(gemm_args) == 240, "gemm_args layout");
 
 // Column sums of dy over rows (per member when grouped): out[i][col] in FP32, in a fixed order
 // (qt_gemm_bias_grad_order below), so the value never depends on the grid.
@@ -200,6 +219,7 @@ QT_STATIC_ASSERT(sizeof(gemm_decode_table_args) == 24, "gemm_decode_table_args l
     X(KERNEL_GEMM_MXFP8_PORTABLE, gemm_portable, qt_gemm_mxfp8_portable, gemm_args)     \
     X(KERNEL_GEMM_NVFP4_PORTABLE, gemm_portable, qt_gemm_nvfp4_portable, gemm_args)     \
     X(KERNEL_GEMM_BIAS_GRAD, gemm_portable, qt_gemm_bias_grad, gemm_bias_grad_args)     \
+    X(KERNEL_GEMM_SPLIT_REDUCE, gemm_portable, qt_gemm_split_reduce, gemm_args)         \
     X(KERNEL_GEMM_DECODE_TABLE, gemm_portable, qt_gemm_decode_table, gemm_decode_table_args)
 
 // ---------------------------------------------------------------------------------------------
@@ -249,6 +269,22 @@ QT_HD float qt_gemm_promote(float acc, float partial, float scale_a, float scale
 
 // Split accumulation (per-tensor FP8): acc + partial, one FP32 addition per 128-wide K block.
 QT_HD float qt_gemm_split_add(float acc, float partial) { return acc + partial; }
+
+// Split-K reduction: sum + part, one FP32 addition per part after the first, in part order.
+QT_HD float qt_gemm_parts_add(float sum, float part) { return sum + part; }
+
+// Whether a GEMM's args ask for split-K.
+QT_HD int qt_gemm_is_split(const gemm_args *args) { return args->split_parts > 1u; }
+
+// The k range [begin, end) of split part `part` (begin may equal end only when the split is
+// misplanned; op_gemm never plans an empty part).
+QT_HD void qt_gemm_split_range(const gemm_args *args, uint32_t part, uint32_t *begin,
+                               uint32_t *end) {
+    uint64_t b = (uint64_t)part * args->split_k;
+    uint64_t e = b + args->split_k;
+    *begin = b < args->k ? (uint32_t)b : args->k;
+    *end = e < args->k ? (uint32_t)e : args->k;
+}
 
 // Epilogue: RN(alpha' * acc), then + RN(beta * c) when C is read, then + bias when given.
 QT_HD float qt_gemm_epilogue(float acc, float alpha, int has_c, float beta, float c,

@@ -2,11 +2,13 @@
 // bias gradient, and a table of the emulated formats' decode for tests. ABI, operand layouts and
 // the shared arithmetic: gemm.h.
 //
-// Every GEMM kernel computes one tile of D over the whole contraction: no split-K, so a tile's
-// value depends on the operands only, never on the grid. Two tiles (gemm_args.tile, which
-// op_gemm picks from the shape), both with 256 threads: 128 x 128 (8 warps as 2 x 4, each warp
-// 64 x 32 of the tile; two threads per tile row load the operands) and 64 x 64 (8 warps as 4 x 2,
-// each 16 x 32; four threads per row) for GEMMs whose large-tile grid would leave most SMs idle.
+// Every GEMM kernel computes one tile of D over the whole contraction, or, split-K (gemm.h), over
+// one part of it into an FP32 workspace that qt_gemm_split_reduce sums in part order: a tile's
+// value depends on the operands (and the planned split) only, never on the grid. Two tiles
+// (gemm_args.tile, which op_gemm picks from the shape), both with 256 threads: 128 x 128 (8 warps
+// as 2 x 4, each warp 64 x 32 of the tile; two threads per tile row load the operands) and
+// 64 x 64 (8 warps as 4 x 2, each 16 x 32; four threads per row) for GEMMs whose large-tile grid
+// would leave most SMs idle.
 // There a block's time is the latency of its stages, so the small tile splits each stage's
 // loads, decoding and multiplies over as many threads as the large one. Both walk the
 // contraction in the same stages and k steps, so every element of D sees the same sequence of
@@ -333,6 +335,8 @@ __device__ bool gemm_tile_setup(const gemm_args &args, gemm_tile &t) {
         member = blockIdx.z;
         t.k_begin = off[member];
         t.k_end = off[member] + first_dims[member];
+    } else if (qt_gemm_is_split(&args)) {
+        qt_gemm_split_range(&args, blockIdx.z, &t.k_begin, &t.k_end);  // block z: part z
     }
     t.n0 = blockIdx.x * Cfg::kRows;
     if (t.m0 >= t.m_end || t.n0 >= args.n) return false;
@@ -900,6 +904,11 @@ __device__ __forceinline__ void gemm_epilogue(const gemm_args &args, const gemm_
     uint32_t col0 = t.n0 + Cfg::warp_n() * GEMM_WARP_N + (lane & 3) * 2;
     int has_c = args.c != 0 && args.beta != 0.0f;
     int has_bias = args.bias != 0;
+    // Split-K (gemm.h): part blockIdx.z's raw sums into workspace[part][m][n], nothing else
+    // (dense, so no padding rows).
+    bool split = qt_gemm_is_split(&args);
+    float *part = reinterpret_cast<float *>(args.workspace) +
+                  (uint64_t)blockIdx.z * args.m * args.n;
 #pragma unroll
     for (uint32_t mi = 0; mi < Cfg::kFragsM; mi++) {
 #pragma unroll
@@ -913,6 +922,10 @@ __device__ __forceinline__ void gemm_epilogue(const gemm_args &args, const gemm_
                 for (uint32_t e = 0; e < 2; e++) {
                     uint32_t col = col0 + ni * 8 + e;
                     if (col >= args.n) continue;
+                    if (split) {
+                        part[(uint64_t)row * args.n + col] = acc[mi][ni][h * 2 + e];
+                        continue;
+                    }
                     uint64_t index = (uint64_t)row * args.ldd + col;
                     float v = 0.0f;
                     if (!padding) {
@@ -959,10 +972,11 @@ __device__ __forceinline__ void gemm_run(const gemm_args &args) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Entry points. Launch for tile T (gemm_args.tile): grid (ceil(n / rows), row tiles, members),
+// Entry points. Launch for tile T (gemm_args.tile): grid (ceil(n / rows), row tiles, members or
+// split parts),
 // GEMM_TILE_THREADS(T) threads, dynamic shared memory GEMM_PORTABLE_SMEM_BYTES_TILE(format, T),
 // rows = GEMM_TILE_ROWS(T); row tiles = ceil(m / rows) (+ count for GEMM_GROUP_M); members =
-// count for GEMM_GROUP_K, else 1.
+// count for GEMM_GROUP_K, split_parts for a split GEMM, else 1.
 
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
     qt_gemm_bf16_portable(const __grid_constant__ gemm_args args) {
@@ -1013,6 +1027,38 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
     qt_gemm_nvfp4_portable(const __grid_constant__ gemm_args args) {
     gemm_run<GEMM_FORMAT_NVFP4, gemm_mma_bf16, false, false>(args);
+}
+
+// Split-K reduction (gemm.h): thread i of the grid takes element i of D ([m][n], row-major);
+// its parts are summed in index order, then the unsplit kernel's epilogue. Launch:
+// ceil(m n / GEMM_SPLIT_REDUCE_THREADS) blocks (grid-stride beyond 2^31 - 1 of them),
+// GEMM_SPLIT_REDUCE_THREADS threads.
+extern "C" __global__ void __launch_bounds__(GEMM_SPLIT_REDUCE_THREADS)
+    qt_gemm_split_reduce(const __grid_constant__ gemm_args args) {
+    const float *parts = reinterpret_cast<const float *>(args.workspace);
+    const uint64_t elems = (uint64_t)args.m * args.n;
+    const uint8_t *c = reinterpret_cast<const uint8_t *>(args.c);
+    const uint8_t *bias = reinterpret_cast<const uint8_t *>(args.bias);
+    int has_c = args.c != 0 && args.beta != 0.0f;
+    int has_bias = args.bias != 0;
+    float alpha = qt_gemm_alpha(&args, 0);
+    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < elems;
+         i += (uint64_t)gridDim.x * blockDim.x) {
+        float sum = parts[i];
+        for (uint32_t p = 1; p < args.split_parts; p++) {
+            sum = qt_gemm_parts_add(sum, parts[(uint64_t)p * elems + i]);
+        }
+        uint32_t row = (uint32_t)(i / args.n), col = (uint32_t)(i % args.n);
+        uint64_t index = (uint64_t)row * args.ldd + col;
+        float cv = has_c ? gemm_load_value(c, index, args.d_dtype) : 0.0f;
+        float bv = has_bias ? gemm_load_value(bias, col, args.bias_dtype) : 0.0f;
+        float v = qt_gemm_epilogue(sum, alpha, has_c, args.beta, cv, has_bias, bv);
+        if (args.d_dtype == QT_DTYPE_BF16) {
+            reinterpret_cast<uint16_t *>(args.d)[index] = qt_f32_to_bf16(v);
+        } else {
+            reinterpret_cast<float *>(args.d)[index] = v;
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

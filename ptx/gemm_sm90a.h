@@ -150,15 +150,15 @@ typedef struct gemm_sm90a_args {
     uint32_t k_stages;        // ceil(k / stage k)
     uint32_t d_tma;           // 1: the epilogue stores D through the map d
     uint32_t scale_tma;       // 1: emulated formats' scale groups through a_scale and b_scale
-    uint32_t reserved[3];
+    uint32_t reserved[11];
     gemm_tensor_map a;
     gemm_tensor_map b;
     gemm_tensor_map b_scale;
     gemm_tensor_map d;
     gemm_tensor_map a_scale;
 } gemm_sm90a_args;
-QT_STATIC_ASSERT(sizeof(gemm_args) == 224, "gemm_sm90a_args pads gemm_args to 256 bytes");
-QT_STATIC_ASSERT(sizeof(gemm_sm90a_args) == 256 + 5 * 128, "gemm_sm90a_args layout");
+QT_STATIC_ASSERT(sizeof(gemm_args) == 240, "gemm_sm90a_args pads gemm_args to 320 bytes");
+QT_STATIC_ASSERT(sizeof(gemm_sm90a_args) == 320 + 5 * 128, "gemm_sm90a_args layout");
 
 #define QT_KERNELS_GEMM_SM90A(X)                                                      \
     X(KERNEL_GEMM_BF16_SM90A, gemm_sm90a, qt_gemm_bf16_sm90a, gemm_sm90a_args)       \

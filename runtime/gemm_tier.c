@@ -59,8 +59,11 @@ bool gemm_tier_sm90a_supports(const gemm_args *g) {
                      (g->format == GEMM_FORMAT_NVFP4 && g->k % 2 == 0);
     bool grouping_ok = g->grouping == GEMM_DENSE ||
                        (g->grouping == GEMM_GROUP_M && g->group.count >= 1);
-    // TMA coordinates are signed 32-bit; a contraction of length 0 has no stage to load.
-    if (!format_ok || !grouping_ok || g->k == 0 || g->m > INT32_MAX || g->n > INT32_MAX) {
+    // TMA coordinates are signed 32-bit; a contraction of length 0 has no stage to load. A
+    // split-K GEMM (gemm.h) writes FP32 parts for its reduction op, which only the portable
+    // kernels do; op_gemm_split_parts splits only GEMMs of too few tiles for this tier anyway.
+    if (!format_ok || !grouping_ok || g->k == 0 || g->m > INT32_MAX || g->n > INT32_MAX ||
+        qt_gemm_is_split(g)) {
         return false;
     }
     if (!gemm_tier_operand_ok(g, &g->a) || !gemm_tier_operand_ok(g, &g->b)) return false;

@@ -9,7 +9,7 @@
 // cover stays on the portable tier:
 //
 //   taken by sm90a (compute capability 9.0)                   stays portable
-//   bf16 with K-major or outer-major operands (fprop,        GEMM_GROUP_K, k = 0,
+//   bf16 with K-major or outer-major operands (fprop,        GEMM_GROUP_K, k = 0, split-K,
 //     dgrad, wgrad); fp8 per-tensor (fast or split), fp8     outer-major mxfp8 (dgrad and
 //     block (B 128 x 128, or 1 x 128 when dense), mxfp8      wgrad), E5M2 mxfp8, anything
 //     (E4M3), nvfp4 (even k), both operands K-major          misaligned; with gemm_tier AUTO

@@ -339,6 +339,19 @@ static qt_status mb_nvfp4_decoded(mb *b, const char *what, const mb_operand *o,
     return QT_OK;
 }
 
+// Appends the GEMM, split along k where its shape leaves most SMs idle (op_gemm_split_parts),
+// with the parts' workspace a region of this program ("<what>.split").
+static qt_status mb_op_gemm(mb *b, const char *what, op_gemm_desc *g) {
+    g->split_parts = op_gemm_split_parts(g, OP_GEMM_SPLIT_SMS);
+    if (g->split_parts > 1) {
+        char part[ARENA_NAME_MAX];
+        snprintf(part, sizeof part, "%s.split", what);
+        QT_TRY(mb_region(b, part, op_gemm_workspace_bytes(g, g->split_parts),
+                         ARENA_CAT_WORKSPACE, &g->workspace));
+    }
+    return op_gemm(b->p, what, g);
+}
+
 // An NVFP4 x NVFP4 GEMM through BF16 copies (model.c, model_emulated_copies): the raw decodes
 // and NVFP4's alpha (GEMM_FLAG_ALPHA_NVFP4) give the NVFP4 kernels' bits.
 static qt_status mb_gemm_nvfp4_copies(mb *b, const char *what, op_gemm_desc *g,
@@ -350,7 +363,7 @@ static qt_status mb_gemm_nvfp4_copies(mb *b, const char *what, op_gemm_desc *g,
     QT_TRY(mb_nvfp4_decoded(b, part, bo, &g->b));
     g->format = GEMM_FORMAT_BF16;
     g->flags = GEMM_FLAG_ALPHA_NVFP4;
-    return op_gemm(b->p, what, g);
+    return mb_op_gemm(b, what, g);
 }
 
 // A BF16 operand over a dequantized copy (mb_dequantize's layout).
@@ -397,7 +410,7 @@ static qt_status mb_gemm(mb *b, const char *what, model_gemm kind, const model_l
         if (g.format == GEMM_FORMAT_FP8 && kind != MODEL_FPROP) {
             g.flags = GEMM_FLAG_SPLIT_ACCUMULATE;
         }
-        return op_gemm(b->p, name, &g);
+        return mb_op_gemm(b, name, &g);
     }
     if (a->mq->q.scheme == QT_SCHEME_NVFP4 && bo->mq->q.scheme == QT_SCHEME_NVFP4) {
         return mb_gemm_nvfp4_copies(b, what, &g, a, bo);
@@ -411,7 +424,7 @@ static qt_status mb_gemm(mb *b, const char *what, model_gemm kind, const model_l
     g.format = GEMM_FORMAT_BF16;
     g.a = mb_bf16_operand(a, ta);
     g.b = mb_bf16_operand(bo, tb);
-    return op_gemm(b->p, name, &g);
+    return mb_op_gemm(b, name, &g);
 }
 
 // ---------------------------------------------------------------------------------------------

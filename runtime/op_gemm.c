@@ -1,6 +1,7 @@
 #include "op_gemm.h"
 
 #include <stddef.h>  // offsetof
+#include <stdio.h>   // snprintf
 
 #include "op_quant_group.h"  // op_group, op_group_use
 
@@ -145,6 +146,11 @@ static void op_gemm_check(const op_gemm_desc *g) {
     QT_ASSERT(g->bias.arena == NULL ||
               g->bias_dtype == QT_DTYPE_BF16 || g->bias_dtype == QT_DTYPE_F32);
     QT_ASSERT(g->ldd == 0 || g->ldd >= g->n);
+    // Split-K: dense, parts of whole 128-wide K blocks, none empty (op_gemm_split_parts).
+    QT_ASSERT(g->split_parts <= GEMM_SPLIT_PARTS_MAX);
+    QT_ASSERT(g->split_parts <= 1 ||
+              (g->grouping == GEMM_DENSE && g->workspace.arena != NULL &&
+               (uint64_t)op_gemm_split_k(g->k, g->split_parts) * (g->split_parts - 1) < g->k));
     if (g->grouping == GEMM_DENSE) {
         QT_ASSERT(g->count == 0 && g->d_member_bytes == 0 && g->bias_member_bytes == 0);
     } else {
@@ -173,12 +179,37 @@ uint32_t op_gemm_tile(const op_gemm_desc *g) {
     return tiles < OP_GEMM_SMALL_TILE_BELOW ? GEMM_TILE_SMALL : GEMM_TILE_LARGE;
 }
 
+uint32_t op_gemm_split_k(uint32_t k, uint32_t parts) {
+    QT_ASSERT(parts > 1);
+    uint32_t blocks = op_gemm_ceil_div(k, GEMM_SPLIT_K_ALIGN);
+    return op_gemm_ceil_div(blocks, parts) * GEMM_SPLIT_K_ALIGN;
+}
+
+uint32_t op_gemm_split_parts(const op_gemm_desc *g, uint32_t sm_count) {
+    if (g->grouping != GEMM_DENSE || g->m == 0 || g->n == 0) return 1;
+    uint32_t rows = GEMM_TILE_ROWS(op_gemm_tile(g));
+    uint64_t tiles = (uint64_t)op_gemm_ceil_div(g->m, rows) * op_gemm_ceil_div(g->n, rows);
+    uint32_t blocks = op_gemm_ceil_div(g->k, GEMM_SPLIT_K_ALIGN);
+    if (tiles * 2 > sm_count || blocks < OP_GEMM_SPLIT_BLOCKS_MIN) return 1;
+    uint64_t parts = sm_count / tiles;
+    if (parts > blocks) parts = blocks;
+    if (parts > GEMM_SPLIT_PARTS_MAX) parts = GEMM_SPLIT_PARTS_MAX;
+    // Whole blocks per part, the last part the rest: as many parts as that takes.
+    uint32_t split_k = op_gemm_split_k(g->k, (uint32_t)parts);
+    return op_gemm_ceil_div(g->k, split_k);
+}
+
+uint64_t op_gemm_workspace_bytes(const op_gemm_desc *g, uint32_t parts) {
+    return parts > 1 ? (uint64_t)parts * g->m * g->n * sizeof(float) : 0u;
+}
+
 launch_shape op_gemm_shape(const op_gemm_desc *g) {
     uint32_t tile = op_gemm_tile(g);
     uint32_t rows = GEMM_TILE_ROWS(tile);
     uint32_t row_tiles = op_gemm_ceil_div(g->m, rows);
     if (g->grouping == GEMM_GROUP_M) row_tiles += g->count;  // see qt_gemm_member_row_tiles
     uint32_t members = g->grouping == GEMM_GROUP_K ? g->count : 1u;
+    if (g->split_parts > 1) members = g->split_parts;  // block z: split part z
     launch_shape shape = {{op_gemm_ceil_div(g->n, rows), row_tiles, members},
                           {GEMM_TILE_THREADS(tile), 1, 1},
                           GEMM_PORTABLE_SMEM_BYTES_TILE(g->format, tile)};
@@ -236,7 +267,36 @@ static gemm_args op_gemm_args(const op_gemm_desc *g) {
     args.format = g->format;
     args.flags = g->flags;
     args.tile = op_gemm_tile(g);
+    if (g->split_parts > 1) {
+        args.split_parts = g->split_parts;
+        args.split_k = op_gemm_split_k(g->k, g->split_parts);
+    }
     return args;
+}
+
+// The reduction of a split GEMM's parts into D with the epilogue: one thread per element.
+static qt_status op_gemm_split_reduce(program *p, const char *name, const op_gemm_desc *g,
+                                      const gemm_args *args) {
+    uint64_t blocks = ((uint64_t)g->m * g->n + GEMM_SPLIT_REDUCE_THREADS - 1) /
+                      GEMM_SPLIT_REDUCE_THREADS;
+    if (blocks > 0x7FFFFFFFu) blocks = 0x7FFFFFFFu;  // the kernel strides over the rest
+    launch_shape shape = {{(uint32_t)blocks, 1, 1}, {GEMM_SPLIT_REDUCE_THREADS, 1, 1}, 0};
+    char reduce_name[PROG_OP_NAME_MAX];
+    snprintf(reduce_name, sizeof reduce_name, "%s.sum", name);
+    uint32_t op;
+    QT_TRY(prog_append(p, KERNEL_GEMM_SPLIT_REDUCE, reduce_name, &shape, args, sizeof *args,
+                       &op));
+    // alpha' reads the operands' per-tensor factors; their data is the GEMM op's alone.
+    QT_TRY(prog_use_optional(p, op, offsetof(gemm_args, a) + offsetof(gemm_operand, tensor_scale),
+                             g->a.tensor_scale, 4, PROG_READ));
+    QT_TRY(prog_use_optional(p, op, offsetof(gemm_args, b) + offsetof(gemm_operand, tensor_scale),
+                             g->b.tensor_scale, 4, PROG_READ));
+    QT_TRY(prog_use_span(p, op, offsetof(gemm_args, workspace), g->workspace,
+                         op_gemm_workspace_bytes(g, g->split_parts), PROG_READ));
+    bool reads_c = g->c.arena != NULL && g->beta != 0.0f;
+    if (reads_c) QT_TRY(prog_use(p, op, offsetof(gemm_args, c), g->c, PROG_READ));
+    QT_TRY(prog_use(p, op, offsetof(gemm_args, d), g->d, PROG_WRITE));
+    return prog_use_optional(p, op, offsetof(gemm_args, bias), g->bias, 0, PROG_READ);
 }
 
 qt_status op_gemm(program *p, const char *name, const op_gemm_desc *g) {
@@ -253,6 +313,12 @@ qt_status op_gemm(program *p, const char *name, const op_gemm_desc *g) {
     QT_TRY(prog_append(p, op_gemm_kernels[g->format], name, &shape, &args, sizeof args, &op));
     QT_TRY(op_gemm_use_operand(p, op, offsetof(gemm_args, a), &g->a));
     QT_TRY(op_gemm_use_operand(p, op, offsetof(gemm_args, b), &g->b));
+    if (g->split_parts > 1) {
+        QT_TRY(prog_use_span(p, op, offsetof(gemm_args, workspace), g->workspace,
+                             op_gemm_workspace_bytes(g, g->split_parts), PROG_WRITE));
+        // The reduction's args are the GEMM's with every address resolved in its own op.
+        return op_gemm_split_reduce(p, name, g, &args);
+    }
     bool reads_c = g->c.arena != NULL && g->beta != 0.0f;
     if (reads_c) QT_TRY(prog_use(p, op, offsetof(gemm_args, c), g->c, PROG_READ));
     QT_TRY(prog_use(p, op, offsetof(gemm_args, d), g->d, PROG_WRITE));

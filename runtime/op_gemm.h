@@ -59,6 +59,8 @@ typedef struct op_gemm_desc {
     prog_ref row_offsets;     // u32 [count + 1], device
     prog_ref first_dims;      // u32 [count], device
     uint32_t tile;            // OP_GEMM_TILE_*; 0 (AUTO) unless forced
+    uint32_t split_parts;     // split-K parts (gemm.h), 0 or 1 for none; dense only
+    prog_ref workspace;       // split-K: f32 [split_parts][m][n] (op_gemm_workspace_bytes)
 } op_gemm_desc;
 
 // The operand for one stored copy of a quantized tensor of logical shape rows x cols (cols
@@ -77,7 +79,27 @@ op_gemm_operand op_gemm_operand_of(uint32_t format, uint32_t elem, uint32_t rows
 void op_gemm_operand_stack(op_gemm_operand *o, uint32_t format, bool scale_2d, bool columnwise,
                            uint32_t member_rows, uint32_t cols);
 
-// Appends the GEMM; nothing when m or n is 0. QT_ERR_INPUT when the launch would exceed the
+// Split-K (gemm.h): the parts for a dense GEMM of this shape on a GPU of `sm_count` SMs, 1 when
+// it is not split. A pure function of (m, n, k, the portable tile op_gemm_tile picks, sm_count):
+// with T tiles of that tile, a GEMM of T <= sm_count / 2 tiles and at least
+// OP_GEMM_SPLIT_BLOCKS_MIN 128-wide K blocks (a shorter contraction ends before the reduction's
+// launch would pay for itself: the 10 x 1024 x 256 head wgrad stays whole) gets
+// min(sm_count / T, ceil(k / 128), GEMM_SPLIT_PARTS_MAX) parts of whole 128-wide K blocks each
+// (fewer when the blocks do not spread evenly: no part is empty). Planners pass
+// OP_GEMM_SPLIT_SMS, not the device's count, so that a program and its bits are the same on
+// every GPU and on the reference backend. 256 x 1024 x 1024 (64 small tiles) gets 2 parts of
+// 512; the 256 x 10 x 1024 head (4 tiles) 8 of 128. Such GEMMs have far fewer than the 32
+// tiles the sm_90a tier takes (gemm_tier.c), so a split never moves a GEMM off that tier.
+#define OP_GEMM_SPLIT_SMS 132u  // an H100 SXM's and an H200's SMs
+#define OP_GEMM_SPLIT_BLOCKS_MIN 4u
+uint32_t op_gemm_split_parts(const op_gemm_desc *g, uint32_t sm_count);
+// k per part of a split into `parts` (a multiple of GEMM_SPLIT_K_ALIGN; parts > 1).
+uint32_t op_gemm_split_k(uint32_t k, uint32_t parts);
+// Bytes of the workspace of a split into `parts` parts (0 when parts <= 1).
+uint64_t op_gemm_workspace_bytes(const op_gemm_desc *g, uint32_t parts);
+
+// Appends the GEMM (split-K: the GEMM writing its parts, then qt_gemm_split_reduce); nothing when
+// m or n is 0. QT_ERR_INPUT when the launch would exceed the
 // grid limits (more than 65535 row tiles or members).
 qt_status op_gemm(program *p, const char *name, const op_gemm_desc *g);
 launch_shape op_gemm_shape(const op_gemm_desc *g);

@@ -211,11 +211,13 @@ static void ref_gemm_store(uint64_t address, uint64_t index, uint32_t dtype, flo
     }
 }
 
-// Rows [m_begin, m_end) of one member's D, of which rows from m_valid_end on are padding (zeros).
+// Rows [m_begin, m_end) of one member's D, of which rows from m_valid_end on are padding (zeros),
+// over k in [k_begin, k_end); split-K: split part `split` of D, into the workspace.
 typedef struct ref_gemm_part {
     uint32_t member;
     uint32_t m_begin, m_end, m_valid_end;
     uint32_t k_begin, k_end;
+    uint32_t split;
 } ref_gemm_part;
 
 // One part's GEMM, the pool's job: tiles_n tiles across, row tiles from part.m_begin.
@@ -326,6 +328,14 @@ static void ref_gemm_tile(void *ctx, uint32_t task, uint32_t thread) {
                  a->format == GEMM_FORMAT_FP8_BLOCK;
     if (rows > 0 && exact) ref_gemm_accumulate_exact(job, s, m0, rows, n0, n1 - n0);
     if (rows > 0 && !exact) ref_gemm_accumulate(job, s, m0, rows, n0, n1 - n0);
+    if (qt_gemm_is_split(a)) {  // the part's raw sums (gemm.h); dense, so no padding rows
+        float *out = REF_PTR(float, a->workspace) + (uint64_t)part->split * a->m * a->n;
+        for (uint32_t m = m0; m < m1; m++) {
+            memcpy(out + (uint64_t)m * a->n + n0, s->acc + (m - m0) * REF_GEMM_TILE_N,
+                   (n1 - n0) * sizeof(float));
+        }
+        return;
+    }
     uint64_t d = a->d + part->member * a->d_member_bytes;
     uint64_t c = a->c + part->member * a->d_member_bytes;
     uint64_t bias = a->bias + part->member * a->bias_member_bytes;
@@ -368,13 +378,22 @@ static void ref_gemm(const gemm_args *a) {
     ref_gemm_tables_init(&tables, a);
     const uint32_t *off = REF_PTR(const uint32_t, a->group.row_offsets);
     const uint32_t *first_dims = REF_PTR(const uint32_t, a->group.first_dims);
+    if (qt_gemm_is_split(a)) {
+        QT_ASSERT(a->grouping == GEMM_DENSE && a->split_k % GEMM_SPLIT_K_ALIGN == 0);
+        for (uint32_t z = 0; z < a->split_parts; z++) {
+            ref_gemm_part part = {0, 0, a->m, a->m, 0, 0, z};
+            qt_gemm_split_range(a, z, &part.k_begin, &part.k_end);
+            ref_gemm_part_run(a, &tables, &part);
+        }
+        return;
+    }
     if (a->grouping == GEMM_DENSE) {
-        ref_gemm_part part = {0, 0, a->m, a->m, 0, a->k};
+        ref_gemm_part part = {0, 0, a->m, a->m, 0, a->k, 0};
         ref_gemm_part_run(a, &tables, &part);
         return;
     }
     for (uint32_t i = 0; i < a->group.count; i++) {
-        ref_gemm_part part = {i, 0, a->m, a->m, 0, a->k};
+        ref_gemm_part part = {i, 0, a->m, a->m, 0, a->k, 0};
         if (a->grouping == GEMM_GROUP_M) {
             part.m_begin = off[i];
             part.m_end = off[i + 1] < a->m ? off[i + 1] : a->m;
@@ -416,6 +435,37 @@ void ref_qt_gemm_nvfp4_portable(const gemm_args *a, const launch_shape *shape) {
     (void)shape;
     QT_ASSERT(a->format == GEMM_FORMAT_NVFP4);
     ref_gemm(a);
+}
+
+// Split-K reduction: rows [r_begin, r_end) of D, each element's parts in index order, then the
+// epilogue; the kernel's arithmetic (gemm.h), so the same bits.
+POOL_CPU_CLONES static void ref_gemm_split_rows(void *ctx, uint64_t r_begin, uint64_t r_end) {
+    const gemm_args *a = ctx;
+    const float *parts = REF_PTR(const float, a->workspace);
+    uint64_t elems = (uint64_t)a->m * a->n;
+    int has_c = a->c != 0 && a->beta != 0.0f;
+    int has_bias = a->bias != 0;
+    float alpha = qt_gemm_alpha(a, 0);
+    for (uint64_t row = r_begin; row < r_end; row++) {
+        for (uint32_t col = 0; col < a->n; col++) {
+            uint64_t i = row * a->n + col, index = row * a->ldd + col;
+            float sum = parts[i];
+            for (uint32_t p = 1; p < a->split_parts; p++) {
+                sum = qt_gemm_parts_add(sum, parts[p * elems + i]);
+            }
+            float cv = has_c ? ref_gemm_load(a->c, index, a->d_dtype) : 0.0f;
+            float bv = has_bias ? ref_gemm_load(a->bias, col, a->bias_dtype) : 0.0f;
+            ref_gemm_store(a->d, index, a->d_dtype,
+                           qt_gemm_epilogue(sum, alpha, has_c, a->beta, cv, has_bias, bv));
+        }
+    }
+}
+
+void ref_qt_gemm_split_reduce(const gemm_args *a, const launch_shape *shape) {
+    (void)shape;
+    QT_ASSERT(qt_gemm_is_split(a));
+    pool_for(a->m, ref_task_rows((uint64_t)a->n * a->split_parts), ref_gemm_split_rows,
+             (void *)a);
 }
 
 // The order of qt_gemm_bias_grad_add's comment: 32-row chunks in order, each summed in row order.

@@ -280,6 +280,7 @@ typedef struct tcase {
     bool want_sm90a;         // the sm_90a tier must take it (on a compute capability 9.0 GPU)
     int want_auto;           // AUTO's shape rule: 1 takes the sm_90a tier, -1 does not, 0 either
     bool want_scale_groups;  // MXFP8 on the sm_90a tier: scales in groups by TMA
+    uint32_t split_parts;    // split-K parts (dense), 0: none
     const char *tag;         // distinguishes cases of one kind
 } tcase;
 
@@ -506,9 +507,11 @@ static void problem_expect(tproblem *p) {
 
 static void case_name(const tcase *c, char *name, size_t size) {
     static const char *kinds[] = {"fprop", "dgrad", "wgrad"};
-    snprintf(name, size, "gemm_%s_%s_%s_%s%s%s", format_name(c->format), kinds[c->kind],
-             c->members ? "grouped" : "dense", c->ints ? "ints" : "random", c->tag ? "_" : "",
-             c->tag ? c->tag : "");
+    char split[24] = "";
+    if (c->split_parts > 1) snprintf(split, sizeof split, "_splitk%u", c->split_parts);
+    snprintf(name, size, "gemm_%s_%s_%s_%s%s%s%s", format_name(c->format), kinds[c->kind],
+             c->members ? "grouped" : "dense", c->ints ? "ints" : "random", split,
+             c->tag ? "_" : "", c->tag ? c->tag : "");
 }
 
 static void problem_init(tproblem *p, const tcase *c) {
@@ -613,7 +616,7 @@ static void greg_check(rig *r, const gregion *g, const char *when) {
 static void greg_free(gregion *g) { free(g->image); }
 
 enum { R_A_DATA, R_A_SCALE, R_A_TS, R_B_DATA, R_B_SCALE, R_B_TS, R_D, R_BIAS, R_OFF, R_FD,
-       R_COUNT };
+       R_SPLIT, R_COUNT };
 
 typedef struct tregions {
     gregion r[R_COUNT];
@@ -686,6 +689,11 @@ static void problem_program(rig *r, const tproblem *p, tregions *g) {
     greg_reserve(r, &R[R_OFF], "row_offsets", (p->count + 1) * sizeof(uint32_t), false);
     greg_reserve(r, &R[R_FD], "first_dims", p->count * sizeof(uint32_t), false);
     op_gemm_desc desc = {0};
+    desc.m = p->m;
+    desc.n = p->n;
+    desc.split_parts = p->c.split_parts;
+    greg_reserve(r, &R[R_SPLIT], "split", op_gemm_workspace_bytes(&desc, desc.split_parts), true);
+    if (desc.split_parts > 1) desc.workspace = greg_ref(r, &R[R_SPLIT]);
     desc.format = p->c.format;
     desc.grouping = p->grouping;
     desc.flags = p->c.split ? GEMM_FLAG_SPLIT_ACCUMULATE : 0u;
@@ -733,6 +741,7 @@ static void problem_program(rig *r, const tproblem *p, tregions *g) {
     greg_upload(r, &R[R_BIAS], p->bias, p->c.bias ? bias_bytes : 0);
     greg_upload(r, &R[R_OFF], p->off, p->count ? (p->count + 1) * sizeof(uint32_t) : 0);
     greg_upload(r, &R[R_FD], p->fd, p->count * sizeof(uint32_t));
+    greg_upload(r, &R[R_SPLIT], NULL, 0);
     free(b_data);
     free(b_scale);
     free(b_ts);
@@ -1286,6 +1295,176 @@ static void run_training_shapes(void) {
     }
 }
 
+// Split-K (gemm.h): every format, fprop, dgrad and wgrad, dense, with 2 parts (uneven: the last
+// takes the rest) and with one part per 128-wide K block (a short last part). Small integers
+// give exact sums, so the reference and the GPU must give the unsplit GEMM's bits; random inputs
+// stay within the same bounds. Then the Fashion-MNIST head's fprop with the parts the planner
+// picks for it (op_gemm_split_parts: 8).
+static void run_split_k(void) {
+    for (uint32_t f = 0; f < GEMM_FORMAT_COUNT; f++) {
+        for (int kind = KIND_FPROP; kind <= KIND_WGRAD; kind++) {
+            for (int ints = 1; ints >= 0; ints--) {
+                tcase c = base_case(f, (tkind)kind, false, ints != 0);
+                c.tokens = 300;
+                c.in_features = 400;
+                c.out_features = 272;
+                uint32_t k = kind == KIND_FPROP ? 400 : kind == KIND_DGRAD ? 272 : 300;
+                c.split_parts = 2;
+                run_case(&c);
+                c.split_parts = ceil_div(k, GEMM_SPLIT_K_ALIGN);
+                run_case(&c);
+            }
+        }
+        tcase c = base_case(f, KIND_FPROP, false, false);
+        c.tokens = 256;
+        c.in_features = 1024;
+        c.out_features = 10;
+        c.tag = "n10_planned";
+        op_gemm_desc d = {0};
+        d.m = 256;
+        d.n = 10;
+        d.k = 1024;
+        c.split_parts = op_gemm_split_parts(&d, OP_GEMM_SPLIT_SMS);
+        run_case(&c);
+    }
+}
+
+// The structure of a split, bit for bit on one backend: a BF16 GEMM split into 3 parts (256,
+// 256 and 128 of k = 640) gives exactly alpha times the in-order sum of three unsplit GEMMs
+// over those k ranges of the same operands (their data offset by the part's first k, alpha 1,
+// FP32 D): each part is the unsplit GEMM of its range, and the reduction adds them in order.
+static void split_structure_case(rig *r, const char *name) {
+    enum { M = 64, N = 48, K = 640, PARTS = 3 };
+    const uint32_t starts[PARTS + 1] = {0, 256, 512, K};
+    test_begin(name);
+    rig_reset(r);
+    uint16_t *a = malloc(sizeof(uint16_t) * M * K), *b = malloc(sizeof(uint16_t) * N * K);
+    for (uint32_t i = 0; i < M * K; i++) a[i] = qt_f32_to_bf16((float)rng_normal());
+    for (uint32_t i = 0; i < N * K; i++) b[i] = qt_f32_to_bf16((float)rng_normal());
+    arena_handle ha = rig_reserve(r, "a", sizeof(uint16_t) * M * K);
+    arena_handle hb = rig_reserve(r, "b", sizeof(uint16_t) * N * K);
+    arena_handle hd = rig_reserve(r, "d", 4u * M * N);
+    arena_handle hp = rig_reserve(r, "parts", 4u * M * N * PARTS);
+    arena_handle hw = rig_reserve(r, "ws", 4u * M * N * PARTS);
+    op_gemm_desc g = {0};
+    g.format = GEMM_FORMAT_BF16;
+    g.m = M;
+    g.n = N;
+    g.k = K;
+    g.alpha = 0.75f;
+    g.d_dtype = QT_DTYPE_F32;
+    g.a = op_gemm_operand_of(GEMM_FORMAT_BF16, GEMM_ELEM_BF16, M, K, false, false,
+                             rig_ref(r, ha, 0), (prog_ref){0}, (prog_ref){0});
+    g.b = op_gemm_operand_of(GEMM_FORMAT_BF16, GEMM_ELEM_BF16, N, K, false, false,
+                             rig_ref(r, hb, 0), (prog_ref){0}, (prog_ref){0});
+    g.d = rig_ref(r, hd, 0);
+    g.split_parts = PARTS;
+    g.workspace = rig_ref(r, hw, 0);
+    RIG_OK(op_gemm(&r->prog, "split", &g));
+    for (uint32_t z = 0; z < PARTS; z++) {
+        op_gemm_desc part = g;
+        part.split_parts = 0;
+        part.workspace = (prog_ref){0};
+        part.alpha = 1.0f;
+        part.k = starts[z + 1] - starts[z];
+        part.a.data = rig_ref(r, ha, 2u * starts[z]);
+        part.b.data = rig_ref(r, hb, 2u * starts[z]);
+        part.d = rig_ref(r, hp, 4u * M * N * z);
+        RIG_OK(op_gemm(&r->prog, "part", &part));
+    }
+    rig_bind(r);
+    RIG_OK(backend_write(&r->be, rig_ref(r, ha, 0), a, sizeof(uint16_t) * M * K));
+    RIG_OK(backend_write(&r->be, rig_ref(r, hb, 0), b, sizeof(uint16_t) * N * K));
+    rig_execute(r);
+    float *d = malloc(4u * M * N), *parts = malloc(4u * M * N * PARTS);
+    RIG_OK(backend_read(&r->be, d, rig_ref(r, hd, 0), 4u * M * N));
+    RIG_OK(backend_read(&r->be, parts, rig_ref(r, hp, 0), 4u * M * N * PARTS));
+    uint32_t bad = 0;
+    for (uint32_t i = 0; i < M * N; i++) {
+        float sum = parts[i];
+        for (uint32_t z = 1; z < PARTS; z++) sum = sum + parts[z * M * N + i];
+        float want = 0.75f * sum;
+        if (qt_f32_bits(want) != qt_f32_bits(d[i]) && bad++ < 4) {
+            CHECK(false, "element %u: 0x%08x, expected 0x%08x", i, qt_f32_bits(d[i]),
+                  qt_f32_bits(want));
+        }
+    }
+    CHECK(bad == 0, "%u elements differ", bad);
+    test_end();
+    free(a);
+    free(b);
+    free(d);
+    free(parts);
+}
+
+static void run_split_structure(void) {
+    split_structure_case(&ref_rig, "gemm_split_structure");
+    if (!gpu_ok) {
+        test_skip("gemm_split_structure_gpu", gpu_why);
+        return;
+    }
+    gpu_rig.be.gemm_tier = BACKEND_GEMM_TIER_PORTABLE;
+    split_structure_case(&gpu_rig, "gemm_split_structure_gpu");
+}
+
+// The split rule (op_gemm.h): a pure function of the shape and the SM count, with whole 128-wide
+// K blocks per part and no empty part.
+static void test_split_rule(void) {
+    test_begin("gemm_split_rule");
+    struct {
+        uint32_t m, n, k, grouping, parts;
+    } shapes[] = {
+        {256, 1024, 1024, GEMM_DENSE, 2},   // Fashion-MNIST fc2 fprop, fc2 dgrad: 64 small tiles
+        {256, 1024, 784, GEMM_DENSE, 2},    // fc1 fprop: 7 blocks, parts of 512 and 272
+        {256, 10, 1024, GEMM_DENSE, 8},     // the head's fprop: 4 tiles
+        {10, 1024, 256, GEMM_DENSE, 1},     // the head's wgrad: 16 tiles, only 2 blocks
+        {10, 1024, 512, GEMM_DENSE, 4},     // the same at batch 512: 4 blocks
+        {256, 1024, 10, GEMM_DENSE, 1},     // the head's dgrad: one block
+        {1024, 1024, 256, GEMM_DENSE, 1},   // fc2 wgrad: 256 small tiles
+        {4096, 4096, 4096, GEMM_DENSE, 1},  // large tiles enough
+        {256, 10, 1024, GEMM_GROUP_M, 1},   // grouped GEMMs are never split
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        op_gemm_desc d = {0};
+        d.m = shapes[i].m;
+        d.n = shapes[i].n;
+        d.k = shapes[i].k;
+        d.grouping = shapes[i].grouping;
+        uint32_t parts = op_gemm_split_parts(&d, OP_GEMM_SPLIT_SMS);
+        CHECK(parts == shapes[i].parts, "%u x %u x %u: %u parts, expected %u", d.m, d.n, d.k,
+              parts, shapes[i].parts);
+        CHECK(op_gemm_split_parts(&d, 0) == 1, "no SMs, no split");
+    }
+    // Every shape of a sweep: parts within bounds, whole blocks, none empty, tiles x parts within
+    // the SMs, and the same answer every time.
+    uint64_t bad = 0;
+    for (uint32_t m = 16; m <= 1024; m += 208) {
+        for (uint32_t n = 8; n <= 1024; n += 136) {
+            for (uint32_t k = 1; k <= 4200; k += 97) {
+                op_gemm_desc d = {0};
+                d.m = m;
+                d.n = n;
+                d.k = k;
+                uint32_t parts = op_gemm_split_parts(&d, OP_GEMM_SPLIT_SMS);
+                bool ok = parts >= 1 && parts <= GEMM_SPLIT_PARTS_MAX &&
+                          parts == op_gemm_split_parts(&d, OP_GEMM_SPLIT_SMS);
+                if (ok && parts > 1) {
+                    uint32_t split_k = op_gemm_split_k(k, parts);
+                    uint32_t rows = GEMM_TILE_ROWS(op_gemm_tile(&d));
+                    uint64_t tiles = (uint64_t)ceil_div(m, rows) * ceil_div(n, rows);
+                    ok = split_k % GEMM_SPLIT_K_ALIGN == 0 &&
+                         (uint64_t)split_k * (parts - 1) < k && (uint64_t)split_k * parts >= k &&
+                         tiles * parts <= OP_GEMM_SPLIT_SMS &&
+                         op_gemm_workspace_bytes(&d, parts) == (uint64_t)parts * m * n * 4;
+                }
+                if (!ok && bad++ < 4) CHECK(false, "%u x %u x %u: %u parts", m, n, k, parts);
+            }
+        }
+    }
+    CHECK(bad == 0, "%llu shapes broke the rule", (unsigned long long)bad);
+    test_end();
+}
+
 static void run_group_shapes(void) {
     static const uint32_t empty[] = {0, 0, 0};
     static const uint32_t one[] = {100};
@@ -1606,6 +1785,9 @@ int main(void) {
     run_matrix();
     run_odd_shapes();
     run_training_shapes();
+    test_split_rule();
+    run_split_k();
+    run_split_structure();
     run_decode_tables();
     run_group_shapes();
     run_sm90a_shapes();
