@@ -511,9 +511,11 @@ static const key_spec key_specs[KEY_COUNT] = {
     [KEY_SEED] = {"seed", RECIPE_SECTION_DATA, false, false, "seed = N"},
 };
 
-static const char *const section_names[RECIPE_SECTION_COUNT] = {
+static const char *const section_names[] = {
     "model", "quant", "optim", "data", "schedule",
 };
+_Static_assert(sizeof section_names / sizeof section_names[0] == RECIPE_SECTION_COUNT,
+               "a name per recipe_section");
 
 typedef struct parser {
     line_ctx at;
@@ -547,6 +549,19 @@ const recipe_layer *recipe_layer_find(const recipe *r, const char *name, size_t 
 // ---------------------------------------------------------------------------------------------
 // [model]
 
+static const char *const layer_kind_names[] = {
+    "linear", "relu", "gelu", "silu", "swiglu", "rmsnorm", "residual begin", "residual end",
+    "moe",
+};
+_Static_assert(sizeof layer_kind_names / sizeof layer_kind_names[0] == RECIPE_LAYER_KIND_COUNT,
+               "a name per recipe_layer_kind");
+
+const char *recipe_layer_kind_name(recipe_layer_kind kind) {
+    QT_ASSERT((unsigned)kind < RECIPE_LAYER_KIND_COUNT);
+    return layer_kind_names[kind];
+}
+
+// The first word of a layer line ("residual" takes begin or end after it).
 static const char *const layer_names[] = {
     "linear", "relu", "gelu", "silu", "swiglu", "rmsnorm", "residual", "moe",
 };
@@ -724,7 +739,12 @@ static qt_status parse_layer(parser *p, const token *v, uint32_t n) {
     case RECIPE_LAYER_RMSNORM: QT_TRY(parse_rmsnorm(p, v, n, l)); break;
     case RECIPE_LAYER_RESIDUAL_BEGIN: QT_TRY(parse_residual(p, v, n, l)); break;
     case RECIPE_LAYER_MOE: QT_TRY(parse_moe(p, v, n, l)); break;
-    default: QT_TRY(expect_end(&p->at, v, n, 1)); break;
+    case RECIPE_LAYER_RELU:
+    case RECIPE_LAYER_GELU:
+    case RECIPE_LAYER_SILU:
+    case RECIPE_LAYER_SWIGLU:
+    case RECIPE_LAYER_RESIDUAL_END:  // parse_residual's, never a first word
+    case RECIPE_LAYER_KIND_COUNT: QT_TRY(expect_end(&p->at, v, n, 1)); break;
     }
     m->layers_count++;
     return QT_OK;

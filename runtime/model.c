@@ -22,7 +22,8 @@
 QT_STATIC_ASSERT(QT_TRACE_QUANTIZERS_MAX >= MODEL_QUANTIZERS_MAX, "trace records hold a model");
 
 const char *model_mode_name(model_mode mode) {
-    static const char *const names[MODEL_MODE_COUNT] = {"train", "eval", "infer"};
+    static const char *const names[] = {"train", "eval", "infer"};
+    _Static_assert(sizeof names / sizeof names[0] == MODEL_MODE_COUNT, "a name per model_mode");
     QT_ASSERT((unsigned)mode < MODEL_MODE_COUNT);
     return names[mode];
 }
@@ -227,7 +228,9 @@ static bool model_gemm_native(const qt_quantizer *a, const qt_quantizer *b) {
     return true;
 }
 
-static const char *const model_gemm_names[MODEL_GEMM_COUNT] = {"fprop", "dgrad", "wgrad"};
+static const char *const model_gemm_names[] = {"fprop", "dgrad", "wgrad"};
+_Static_assert(sizeof model_gemm_names / sizeof model_gemm_names[0] == MODEL_GEMM_COUNT,
+               "a name per model_gemm");
 
 // MXFP8 and NVFP4 GEMMs through BF16 copies. The emulated formats decode every element to BF16
 // (gemm.h), and the dequantize kernels write exactly those values (NVFP4: the raw decode, its
@@ -677,10 +680,6 @@ qt_status model_plan(model *m, const recipe *r, arena *dev, arena *host,
 // ---------------------------------------------------------------------------------------------
 // Report
 
-static const char *const model_layer_names[RECIPE_LAYER_KIND_COUNT] = {
-    "linear", "relu", "gelu", "silu", "swiglu", "rmsnorm", "residual begin", "residual end",
-    "moe"};
-
 // "rule at line N" or "built-in SCHEME": where a quantizer came from.
 static void model_quantizer_source(const model *m, const model_quantizer *mq, char *buf,
                                    size_t buf_bytes) {
@@ -740,7 +739,7 @@ static void model_print_moe(const model *m, const model_moe *mo, FILE *out) {
     const recipe_layer *l = &m->recipe->model.layers[mo->layer];
     fprintf(out, "      %u experts, top-%u, hidden %u (%s), aux %g; permuted rows: capacity %u "
             "(batch %u x %u, each expert padded to a multiple of %u)\n", mo->experts, mo->topk,
-            mo->hidden, model_layer_names[mo->act], (double)l->aux, mo->capacity, m->batch,
+            mo->hidden, recipe_layer_kind_name(mo->act), (double)l->aux, mo->capacity, m->batch,
             mo->topk, mo->row_align);
     model_print_linear(m, &m->linears[mo->router], "router: ", out);
     model_print_linear(m, &m->linears[mo->fc1], "fc1 (per expert): ", out);
@@ -768,8 +767,8 @@ void model_print(const model *m, FILE *out) {
             m->classification ? "softmax_xent" : "mse", m->batch);
     for (uint32_t i = 0; i < rm->layers_count; i++) {
         const recipe_layer *l = &rm->layers[i];
-        fprintf(out, "  %3u %-14s %-16s %6u -> %-6u%s\n", i, model_layer_names[l->kind], l->name,
-                l->in_features, l->out_features, l->bias ? " bias" : "");
+        fprintf(out, "  %3u %-14s %-16s %6u -> %-6u%s\n", i, recipe_layer_kind_name(l->kind),
+                l->name, l->in_features, l->out_features, l->bias ? " bias" : "");
         if (l->kind == RECIPE_LAYER_LINEAR) {
             model_print_linear(m, &m->linears[m->layer_linear[i]], "", out);
         }
@@ -888,7 +887,7 @@ void model_print_summary(const model *m, FILE *out) {
         const recipe_layer *l = &rm->layers[i];
         if (l->name[0] == '\0') continue;
         if (++weighted > MODEL_SUMMARY_LAYERS) continue;
-        fprintf(out, "  %-16s %-8s %6u -> %u", l->name, model_layer_names[l->kind],
+        fprintf(out, "  %-16s %-8s %6u -> %u", l->name, recipe_layer_kind_name(l->kind),
                 l->in_features, l->out_features);
         if (l->kind == RECIPE_LAYER_LINEAR) {
             const model_linear *lin = &m->linears[m->layer_linear[i]];

@@ -31,14 +31,13 @@ static prog_ref mb_at(prog_ref r, uint64_t offset) {
 static op_act_tensor mb_act(model_tensor t) { return (op_act_tensor){t.ref, t.dtype}; }
 
 // The name of a layer in region and op names. Layers without a name (activations, residual
-// ends) get their kind and index joined by '#', which no recipe name can contain
-// ([A-Za-z_][A-Za-z0-9_]*), so they never meet a user's layer name.
+// ends) get the first word of their kind and their index joined by '#' ("residual#4"), which no
+// recipe name can contain ([A-Za-z_][A-Za-z0-9_]*), so they never meet a user's layer name.
 static const char *mb_layer_name(const mb *b, uint32_t layer, char *buf, size_t bytes) {
-    static const char *const kinds[RECIPE_LAYER_KIND_COUNT] = {
-        "linear", "relu", "gelu", "silu", "swiglu", "rmsnorm", "residual", "residual", "moe"};
     const recipe_layer *l = &b->m->recipe->model.layers[layer];
     if (l->name[0]) return l->name;
-    snprintf(buf, bytes, "%s#%u", kinds[l->kind], layer);
+    const char *kind = recipe_layer_kind_name(l->kind);
+    snprintf(buf, bytes, "%.*s#%u", (int)strcspn(kind, " "), kind, layer);
     return buf;
 }
 
