@@ -73,7 +73,9 @@ typedef struct qt_format_traits {
     float (*decode)(uint8_t);  // callers use qt_f32_to_bf16 / qt_bf16_to_f32)
 } qt_format_traits;
 
-extern const qt_format_traits qt_format_table[QT_FORMAT_COUNT];
+// Declared without its size so that the definition's rows give it, and the count assertion
+// beside the table (recipes/format.c) fails to compile when a qt_format has no row.
+extern const qt_format_traits qt_format_table[];
 
 // Row of a format; asserts that f is a valid enum value.
 const qt_format_traits *qt_format_get(qt_format f);
