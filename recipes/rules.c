@@ -89,7 +89,7 @@ typedef struct builtin_list {
     size_t count;
 } builtin_list;
 
-static const builtin_list builtins[QT_SCHEME_COUNT] = {
+static const builtin_list builtins[] = {
     [QT_SCHEME_BF16] = {builtin_bf16, ARRAY_COUNT(builtin_bf16)},
     [QT_SCHEME_DELAYED] = {builtin_delayed, ARRAY_COUNT(builtin_delayed)},
     [QT_SCHEME_CURRENT] = {builtin_current, ARRAY_COUNT(builtin_current)},
@@ -97,6 +97,7 @@ static const builtin_list builtins[QT_SCHEME_COUNT] = {
     [QT_SCHEME_BLOCK] = {builtin_block, ARRAY_COUNT(builtin_block)},
     [QT_SCHEME_NVFP4] = {builtin_nvfp4, ARRAY_COUNT(builtin_nvfp4)},
 };
+_Static_assert(ARRAY_COUNT(builtins) == QT_SCHEME_COUNT, "a built-in recipe per qt_scheme");
 _Static_assert(ARRAY_COUNT(builtin_delayed) <= RULES_BUILTIN_MAX, "RULES_BUILTIN_MAX");
 _Static_assert(ARRAY_COUNT(builtin_current) <= RULES_BUILTIN_MAX, "RULES_BUILTIN_MAX");
 _Static_assert(ARRAY_COUNT(builtin_block) <= RULES_BUILTIN_MAX, "RULES_BUILTIN_MAX");
