@@ -4,7 +4,8 @@
 // layout, K padding unit, GEMM kernel family); where a format needs code of its own (which
 // quantize, dequantize and optimizer kernels to build, the checkpoint's scale shapes), the
 // runtime switches over qt_format with a case per format and no `default:`, so that a new format
-// fails to compile at each of those places (runtime/DESIGN.md, "Adding a format", lists them).
+// fails to compile at each of those places (runtime/DESIGN.md "Formats, schemes and recipes"
+// lists them).
 //
 // Owns the const table, which lives for the whole program; any thread may read it.
 //
