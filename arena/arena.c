@@ -4,12 +4,14 @@
 #include <stdarg.h>
 #include <string.h>
 
-static const char *const arena_category_names[ARENA_CAT_COUNT] = {
+static const char *const arena_category_names[] = {
     [ARENA_CAT_WEIGHTS] = "weights",     [ARENA_CAT_MASTER] = "master",
     [ARENA_CAT_OPTIM] = "optim",         [ARENA_CAT_SCALING] = "scaling",
     [ARENA_CAT_GRADS] = "grads",         [ARENA_CAT_ACTIVATIONS] = "activations",
     [ARENA_CAT_WORKSPACE] = "workspace", [ARENA_CAT_STAGING] = "staging",
 };
+_Static_assert(sizeof arena_category_names / sizeof arena_category_names[0] == ARENA_CAT_COUNT,
+               "a name per arena_category");
 
 // Every arena's total is a multiple of this, so the host and device arenas of one plan can be
 // laid side by side (or compared) without further padding.

@@ -1,7 +1,11 @@
-// format: the table of storage formats (ggml type_traits style): one const row per format, indexed
-// by qt_format. A format is its row here and its reference codec in ptx/qt_codec.h; the model's
-// planning and program building (runtime/model.c, runtime/model_build.c) and the rules
-// (recipes/rules.c) also switch over formats and schemes, and a new format needs a case in each.
+// format: the table of number formats (ggml type_traits style): one const row per format, indexed
+// by qt_format. A format is its row here and its reference codec in ptx/qt_codec.h. The runtime
+// reads the facts of a format from its row (block shape, scale type, alignment, columnwise
+// layout, K padding unit, GEMM kernel family); where a format needs code of its own (which
+// quantize, dequantize and optimizer kernels to build, the checkpoint's scale shapes), the
+// runtime switches over qt_format with a case per format and no `default:`, so that a new format
+// fails to compile at each of those places (runtime/DESIGN.md "Formats, schemes and recipes"
+// lists them).
 //
 // Owns the const table, which lives for the whole program; any thread may read it.
 //
@@ -40,7 +44,8 @@ typedef enum qt_elem {
     QT_ELEM_E4M3,
     QT_ELEM_E5M2,
     QT_ELEM_E2M1,
-    QT_ELEM_E8M0
+    QT_ELEM_E8M0,
+    QT_ELEM_COUNT
 } qt_elem;
 
 typedef enum qt_scale_kind {
@@ -62,16 +67,24 @@ typedef struct qt_format_traits {
     qt_scale_kind scale_kind;
     bool colwise_transposed;   // columnwise codes stored as [K, M]
     uint32_t row_align;        // grouped members' rows are padded to a multiple of this
+    uint32_t k_unit;           // a row of codes takes K in multiples of this: whole 16-byte
+                               // vectors and whole scaling blocks along K (inputs are padded)
+    uint32_t gemm_format;      // GEMM_FORMAT_* of ptx/gemm.h: the GEMM kernels that take it
     uint8_t (*encode)(float);  // reference codec of elem_default; NULL for bf16 (16-bit codes:
     float (*decode)(uint8_t);  // callers use qt_f32_to_bf16 / qt_bf16_to_f32)
 } qt_format_traits;
 
-extern const qt_format_traits qt_format_table[QT_FORMAT_COUNT];
+// Declared without its size so that the definition's rows give it, and the count assertion
+// beside the table (recipes/format.c) fails to compile when a qt_format has no row.
+extern const qt_format_traits qt_format_table[];
 
 // Row of a format; asserts that f is a valid enum value.
 const qt_format_traits *qt_format_get(qt_format f);
 
 // Parsing helper for recipe files: name -> format; returns false if unknown.
 bool qt_format_from_name(const char *name, qt_format *out);
+
+// Recipe-file spelling of an element type: "bf16", "fp32", "e4m3", "e5m2", "e2m1", "e8m0".
+const char *qt_elem_name(qt_elem e);
 
 #endif  // QT_FORMAT_H

@@ -289,14 +289,13 @@ static qt_status option_require(const line_ctx *at, const char *const *names, ui
 // ---------------------------------------------------------------------------------------------
 // Rules (the syntax is in rules.h; the meaning of each option in rules.c)
 
-static const char *const scheme_names[QT_SCHEME_COUNT] = {
-    "bf16", "delayed", "current", "mxfp8", "block", "nvfp4",
-};
-static const char *const option_names[QT_OPTION_COUNT] = {
+static const char *const option_names[] = {
     [QT_OPTION_ELEM] = "e4m3|e5m2", [QT_OPTION_MARGIN] = "margin", [QT_OPTION_HISTORY] = "history",
     [QT_OPTION_ALGO] = "algo", [QT_OPTION_POW2] = "pow2", [QT_OPTION_EPS] = "eps",
     [QT_OPTION_SR] = "sr", [QT_OPTION_2D] = "2d", [QT_OPTION_RHT] = "rht",
 };
+_Static_assert(sizeof option_names / sizeof option_names[0] == QT_OPTION_COUNT,
+               "a name per qt_rule_option");
 
 static bool is_glob_char(char c, bool in_name) {
     if ((c >= 'a' && c <= 'z') || c == '_' || c == '*' || c == '?') return true;
@@ -425,7 +424,7 @@ static qt_status rule_parse_option(const line_ctx *at, const token *t, qt_rule *
         return fail(at, t->col, "unsupported combination: %s applies to %s, found with %s",
                     opt == QT_OPTION_ELEM ? t->text : option_names[opt],
                     rules_option_schemes(opt, schemes, sizeof schemes),
-                    scheme_names[rule->scheme]);
+                    rules_scheme_name(rule->scheme));
     }
     if (rule->set & (1u << opt)) {
         return fail(at, t->col, "option '%s' given twice", option_names[opt]);
@@ -450,14 +449,14 @@ static qt_status rule_parse_tokens(const line_ctx *at, const token *v, uint32_t 
         return fail(at, v[1].col, "expected '->' after the role pattern, found '%.*s'",
                     QUOTE_BYTES, v[1].text);
     }
-    if (n < 3) return fail(at, at->end_col, "expected a format after '->', found end of line");
-    int scheme = find_name(scheme_names, QT_SCHEME_COUNT, v[2].text);
-    if (scheme < 0) {
-        return fail(at, v[2].col, "unknown format '%.*s'; expected one of bf16, delayed, "
+    if (n < 3) return fail(at, at->end_col, "expected a scheme after '->', found end of line");
+    qt_scheme scheme;
+    if (!rules_scheme_from_name(v[2].text, &scheme)) {
+        return fail(at, v[2].col, "unknown scheme '%.*s'; expected one of bf16, delayed, "
                     "current, mxfp8, block, nvfp4", QUOTE_BYTES, v[2].text);
     }
-    rule->scheme = (qt_scheme)scheme;
-    rule->values.scheme = (qt_scheme)scheme;
+    rule->scheme = scheme;
+    rule->values.scheme = scheme;
     for (uint32_t i = 3; i < n; i++) QT_TRY(rule_parse_option(at, &v[i], rule));
     return QT_OK;
 }
@@ -512,9 +511,11 @@ static const key_spec key_specs[KEY_COUNT] = {
     [KEY_SEED] = {"seed", RECIPE_SECTION_DATA, false, false, "seed = N"},
 };
 
-static const char *const section_names[RECIPE_SECTION_COUNT] = {
+static const char *const section_names[] = {
     "model", "quant", "optim", "data", "schedule",
 };
+_Static_assert(sizeof section_names / sizeof section_names[0] == RECIPE_SECTION_COUNT,
+               "a name per recipe_section");
 
 typedef struct parser {
     line_ctx at;
@@ -548,6 +549,19 @@ const recipe_layer *recipe_layer_find(const recipe *r, const char *name, size_t 
 // ---------------------------------------------------------------------------------------------
 // [model]
 
+static const char *const layer_kind_names[] = {
+    "linear", "relu", "gelu", "silu", "swiglu", "rmsnorm", "residual begin", "residual end",
+    "moe",
+};
+_Static_assert(sizeof layer_kind_names / sizeof layer_kind_names[0] == RECIPE_LAYER_KIND_COUNT,
+               "a name per recipe_layer_kind");
+
+const char *recipe_layer_kind_name(recipe_layer_kind kind) {
+    QT_ASSERT((unsigned)kind < RECIPE_LAYER_KIND_COUNT);
+    return layer_kind_names[kind];
+}
+
+// The first word of a layer line ("residual" takes begin or end after it).
 static const char *const layer_names[] = {
     "linear", "relu", "gelu", "silu", "swiglu", "rmsnorm", "residual", "moe",
 };
@@ -725,7 +739,12 @@ static qt_status parse_layer(parser *p, const token *v, uint32_t n) {
     case RECIPE_LAYER_RMSNORM: QT_TRY(parse_rmsnorm(p, v, n, l)); break;
     case RECIPE_LAYER_RESIDUAL_BEGIN: QT_TRY(parse_residual(p, v, n, l)); break;
     case RECIPE_LAYER_MOE: QT_TRY(parse_moe(p, v, n, l)); break;
-    default: QT_TRY(expect_end(&p->at, v, n, 1)); break;
+    case RECIPE_LAYER_RELU:
+    case RECIPE_LAYER_GELU:
+    case RECIPE_LAYER_SILU:
+    case RECIPE_LAYER_SWIGLU:
+    case RECIPE_LAYER_RESIDUAL_END:  // parse_residual's, never a first word
+    case RECIPE_LAYER_KIND_COUNT: QT_TRY(expect_end(&p->at, v, n, 1)); break;
     }
     m->layers_count++;
     return QT_OK;
@@ -747,15 +766,13 @@ static qt_status parse_loss(parser *p, const token *v, uint32_t n) {
 
 static qt_status parse_recipe_key(parser *p, const token *v, uint32_t n) {
     recipe_quant *q = &p->r->quant;
-    int k = find_name(scheme_names, QT_SCHEME_COUNT, v[0].text);
-    if (k >= 0) {
+    if (rules_scheme_from_name(v[0].text, &q->builtin)) {
         q->has_builtin = true;
-        q->builtin = (qt_scheme)k;
     } else if (strcmp(v[0].text, "none") == 0) {
         q->has_builtin = false;
     } else {
-        return fail(&p->at, v[0].col, "unknown recipe '%.*s'; expected one of bf16, delayed, "
-                    "current, mxfp8, block, nvfp4, none", QUOTE_BYTES, v[0].text);
+        return fail(&p->at, v[0].col, "unknown built-in recipe '%.*s'; expected one of bf16, "
+                    "delayed, current, mxfp8, block, nvfp4, none", QUOTE_BYTES, v[0].text);
     }
     return expect_end(&p->at, v, n, 1);
 }

@@ -258,6 +258,9 @@ qt_status recipe_load(const char *path, char *buffer, size_t buffer_bytes, recip
 // The layer called name (linear, moe or rmsnorm), or NULL.
 const recipe_layer *recipe_layer_find(const recipe *r, const char *name, size_t name_bytes);
 
+// How a recipe file spells a layer kind: "linear", ..., "residual begin", "residual end", "moe".
+const char *recipe_layer_kind_name(recipe_layer_kind kind);
+
 // Parses one rule, "PATTERN -> SCHEME [OPTIONS]", from text[0 .. bytes) whose first byte is at
 // (line, col) of file (errors name that position). Used for the file's rules and for the
 // built-in lists of rules.c.

@@ -9,11 +9,16 @@
 #define BIT(scheme) (1u << (scheme))
 #define ARRAY_COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
-static const char *const scheme_names[QT_SCHEME_COUNT] = {
+// The name tables (recipe-file spellings) take their size from their names, so that an enum
+// value without a name fails the count assertion beside its table.
+static const char *const scheme_names[] = {
     "bf16", "delayed", "current", "mxfp8", "block", "nvfp4",
 };
-static const char *const module_names[QT_MODULE_COUNT] = {"linear", "grouped_linear", "router"};
-static const char *const tensor_names[QT_TENSOR_COUNT] = {"input", "weight", "grad_output"};
+_Static_assert(ARRAY_COUNT(scheme_names) == QT_SCHEME_COUNT, "a name per qt_scheme");
+static const char *const module_names[] = {"linear", "grouped_linear", "router"};
+_Static_assert(ARRAY_COUNT(module_names) == QT_MODULE_COUNT, "a name per qt_module_type");
+static const char *const tensor_names[] = {"input", "weight", "grad_output"};
+_Static_assert(ARRAY_COUNT(tensor_names) == QT_TENSOR_COUNT, "a name per qt_tensor_type");
 
 // Which schemes take which option. An option outside its scheme would be silently meaningless
 // (a history for current scaling, RHT for FP8), so the parser refuses it.
@@ -84,7 +89,7 @@ typedef struct builtin_list {
     size_t count;
 } builtin_list;
 
-static const builtin_list builtins[QT_SCHEME_COUNT] = {
+static const builtin_list builtins[] = {
     [QT_SCHEME_BF16] = {builtin_bf16, ARRAY_COUNT(builtin_bf16)},
     [QT_SCHEME_DELAYED] = {builtin_delayed, ARRAY_COUNT(builtin_delayed)},
     [QT_SCHEME_CURRENT] = {builtin_current, ARRAY_COUNT(builtin_current)},
@@ -92,6 +97,7 @@ static const builtin_list builtins[QT_SCHEME_COUNT] = {
     [QT_SCHEME_BLOCK] = {builtin_block, ARRAY_COUNT(builtin_block)},
     [QT_SCHEME_NVFP4] = {builtin_nvfp4, ARRAY_COUNT(builtin_nvfp4)},
 };
+_Static_assert(ARRAY_COUNT(builtins) == QT_SCHEME_COUNT, "a built-in recipe per qt_scheme");
 _Static_assert(ARRAY_COUNT(builtin_delayed) <= RULES_BUILTIN_MAX, "RULES_BUILTIN_MAX");
 _Static_assert(ARRAY_COUNT(builtin_current) <= RULES_BUILTIN_MAX, "RULES_BUILTIN_MAX");
 _Static_assert(ARRAY_COUNT(builtin_block) <= RULES_BUILTIN_MAX, "RULES_BUILTIN_MAX");
@@ -196,17 +202,13 @@ static void append(char *buf, size_t buf_bytes, size_t *used, const char *fmt, .
 
 void rules_quantizer_format(const qt_quantizer *q, char *buf, size_t buf_bytes) {
     QT_ASSERT(q != NULL && buf != NULL && buf_bytes > 0);
-    static const char *const elem_names[] = {
-        [QT_ELEM_BF16] = "bf16", [QT_ELEM_FP32] = "fp32", [QT_ELEM_E4M3] = "e4m3",
-        [QT_ELEM_E5M2] = "e5m2", [QT_ELEM_E2M1] = "e2m1", [QT_ELEM_E8M0] = "e8m0",
-    };
     size_t used = 0;
     buf[0] = '\0';
     append(buf, buf_bytes, &used, "%s", rules_scheme_name(q->scheme));
     for (int o = 0; o < QT_OPTION_COUNT; o++) {
         if (!rules_option_applies((qt_rule_option)o, q->scheme)) continue;
         switch ((qt_rule_option)o) {
-        case QT_OPTION_ELEM: append(buf, buf_bytes, &used, " %s", elem_names[q->elem]); break;
+        case QT_OPTION_ELEM: append(buf, buf_bytes, &used, " %s", qt_elem_name(q->elem)); break;
         case QT_OPTION_MARGIN: append(buf, buf_bytes, &used, " margin=%u", q->margin); break;
         case QT_OPTION_HISTORY: append(buf, buf_bytes, &used, " history=%u", q->history_len);
             break;

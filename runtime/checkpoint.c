@@ -15,13 +15,17 @@ QT_STATIC_ASSERT(offsetof(ckpt_header, header_crc) == CKPT_HEADER_BYTES - 4,
                  "the header's CRC is its last field");
 QT_STATIC_ASSERT(sizeof(CKPT_MAGIC) == 9 && sizeof(CKPT_END_MAGIC) == 9, "8-byte magics");
 
-static const char *const ckpt_format_names[CKPT_FORMAT_COUNT] = {
+static const char *const ckpt_format_names[] = {
     "bytes", "f32", "bf16", "u64", "e4m3", "e5m2", "e2m1x2", "e8m0"};
+QT_STATIC_ASSERT(sizeof ckpt_format_names / sizeof ckpt_format_names[0] == CKPT_FORMAT_COUNT,
+                 "a name per ckpt_format");
 
-static const char *const ckpt_usage_names[CKPT_USAGE_COUNT] = {
+static const char *const ckpt_usage_names[] = {
     "other", "master", "adam_m", "adam_v", "row_data", "row_scale", "col_data", "col_scale",
     "scale_inv", "amax", "amax_col", "history", "state_scale", "optim_steps", "lr_rows",
     "counter"};
+QT_STATIC_ASSERT(sizeof ckpt_usage_names / sizeof ckpt_usage_names[0] == CKPT_USAGE_COUNT,
+                 "a name per ckpt_usage");
 
 const char *ckpt_format_name(ckpt_format f) {
     return (unsigned)f < CKPT_FORMAT_COUNT ? ckpt_format_names[f] : "unknown";
@@ -51,8 +55,14 @@ static uint64_t ckpt_shape_bytes(const ckpt_region *e) {
     case CKPT_FORMAT_BF16: return outer * inner * 2;
     case CKPT_FORMAT_U64: return outer * inner * 8;
     case CKPT_FORMAT_E2M1X2: return outer * ((inner + 1) / 2);
-    default: return outer * inner;
+    case CKPT_FORMAT_BYTES:
+    case CKPT_FORMAT_E4M3:
+    case CKPT_FORMAT_E5M2:
+    case CKPT_FORMAT_E8M0: return outer * inner;
+    case CKPT_FORMAT_COUNT: break;  // a read table's formats are checked before their shapes
     }
+    QT_ASSERT(!"unknown region format");
+    return 0;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -84,8 +94,12 @@ static ckpt_format ckpt_elem_format(qt_elem e) {
     case QT_ELEM_E4M3: return CKPT_FORMAT_E4M3;
     case QT_ELEM_E5M2: return CKPT_FORMAT_E5M2;
     case QT_ELEM_E2M1: return CKPT_FORMAT_E2M1X2;
-    default: QT_ASSERT(false); return CKPT_FORMAT_BYTES;
+    case QT_ELEM_FP32:
+    case QT_ELEM_E8M0:
+    case QT_ELEM_COUNT: break;  // scale types, never codes
     }
+    QT_ASSERT(!"not a code type");
+    return CKPT_FORMAT_BYTES;
 }
 
 static uint32_t ckpt_blocks(uint32_t n, uint32_t block) { return (n + block - 1) / block; }
@@ -93,13 +107,14 @@ static uint32_t ckpt_blocks(uint32_t n, uint32_t block) { return (n + block - 1)
 // The scale shapes of ptx/quant.h's table: rowwise then columnwise, [outer][inner].
 static void ckpt_scale_shapes(const qt_quantizer *q, uint32_t rows, uint32_t cols,
                               uint32_t shape[2][2], ckpt_format *format) {
-    switch (q->scheme) {
-    case QT_SCHEME_MXFP8:
+    switch (q->format) {
+    case QT_FORMAT_MXFP8:
         *format = CKPT_FORMAT_E8M0;
         shape[0][0] = rows, shape[0][1] = ckpt_blocks(cols, 32);
         shape[1][0] = ckpt_blocks(rows, 32), shape[1][1] = cols;
         return;
-    case QT_SCHEME_BLOCK:
+    case QT_FORMAT_FP8_BLOCK_1D:
+    case QT_FORMAT_FP8_BLOCK_2D:
         *format = CKPT_FORMAT_F32;
         if (q->two_d) {
             shape[0][0] = ckpt_blocks(rows, 128), shape[0][1] = ckpt_blocks(cols, 128);
@@ -109,14 +124,17 @@ static void ckpt_scale_shapes(const qt_quantizer *q, uint32_t rows, uint32_t col
             shape[1][0] = ckpt_blocks(rows, 128), shape[1][1] = cols;
         }
         return;
-    case QT_SCHEME_NVFP4:
+    case QT_FORMAT_NVFP4:
         *format = CKPT_FORMAT_E4M3;
         shape[0][0] = rows, shape[0][1] = ckpt_blocks(cols, 16);
         shape[1][0] = cols, shape[1][1] = ckpt_blocks(rows, 16);
         return;
-    default:
-        QT_ASSERT(false);
+    case QT_FORMAT_BF16:
+    case QT_FORMAT_FP8_E4M3:
+    case QT_FORMAT_FP8_E5M2:
+    case QT_FORMAT_COUNT: break;  // no block scales
     }
+    QT_ASSERT(!"not a block-scaled format");
 }
 
 // A weight's quantized copies (model.c's model_qstore_reserve): data [rows][cols] rowwise;
@@ -126,13 +144,14 @@ static void ckpt_describe_qstore(ckpt_describer *d, const model_quantizer *mq, u
                                  uint32_t rows, uint32_t cols, uint32_t tensors,
                                  const model_qstore *s) {
     const qt_quantizer *q = &mq->q;
-    if (q->scheme == QT_SCHEME_BF16) {
+    const qt_format_traits *f = qt_format_get(q->format);
+    if (f->scale_kind == QT_SCALE_NONE) {
         ckpt_describe(d, s->bf16.ref.region, CKPT_USAGE_ROW_DATA, CKPT_FORMAT_BF16, param, rows,
                       cols);
         return;
     }
     ckpt_format codes = ckpt_elem_format(q->elem);
-    bool transposed = q->scheme != QT_SCHEME_MXFP8;
+    bool transposed = f->colwise_transposed;
     if (s->rowwise) {
         ckpt_describe(d, s->row_data.region, CKPT_USAGE_ROW_DATA, codes, param, rows, cols);
     }
@@ -140,7 +159,7 @@ static void ckpt_describe_qstore(ckpt_describer *d, const model_quantizer *mq, u
         ckpt_describe(d, s->col_data.region, CKPT_USAGE_COL_DATA, codes, param,
                       transposed ? cols : rows, transposed ? rows : cols);
     }
-    if (q->scheme == QT_SCHEME_DELAYED || q->scheme == QT_SCHEME_CURRENT) {
+    if (f->scale_kind == QT_SCALE_TENSOR_FP32) {
         ckpt_describe(d, s->scale_inv.region, CKPT_USAGE_SCALE_INV, CKPT_FORMAT_F32, param, 0,
                       tensors);
         if (q->scheme == QT_SCHEME_CURRENT) {
@@ -160,7 +179,7 @@ static void ckpt_describe_qstore(ckpt_describer *d, const model_quantizer *mq, u
         ckpt_describe(d, s->col_scale.region, CKPT_USAGE_COL_SCALE, scales, param, shape[1][0],
                       shape[1][1]);
     }
-    if (q->scheme != QT_SCHEME_NVFP4) return;
+    if (f->scale_kind != QT_SCALE_BLOCK_E4M3_TENSOR_FP32) return;  // no global amax
     ckpt_describe(d, s->amax_row.region, CKPT_USAGE_AMAX, CKPT_FORMAT_F32, param, 0, tensors);
     if (s->amax_col.region != s->amax_row.region) {
         ckpt_describe(d, s->amax_col.region, CKPT_USAGE_AMAX_COL, CKPT_FORMAT_F32, param, 0,
@@ -790,8 +809,15 @@ static bool ckpt_model_usage(uint32_t usage) {
     case CKPT_USAGE_AMAX_COL:
     case CKPT_USAGE_HISTORY:
     case CKPT_USAGE_STATE_SCALE: return true;
-    default: return false;
+    case CKPT_USAGE_OTHER:
+    case CKPT_USAGE_ADAM_M:
+    case CKPT_USAGE_ADAM_V:
+    case CKPT_USAGE_OPTIM_STEPS:
+    case CKPT_USAGE_LR_ROWS:
+    case CKPT_USAGE_COUNTER:
+    case CKPT_USAGE_COUNT: return false;
     }
+    return false;
 }
 
 static uint32_t ckpt_find_region(const ckpt_table *t, const char *name) {

@@ -146,8 +146,12 @@ static const char *export_dtype(ckpt_format f) {
     case CKPT_FORMAT_E4M3: return "F8_E4M3";
     case CKPT_FORMAT_E5M2: return "F8_E5M2";
     case CKPT_FORMAT_U64: return "U64";
-    default: return "U8";  // E8M0 scales, packed E2M1 pairs, opaque bytes
+    case CKPT_FORMAT_E8M0:    // E8M0 scales, packed E2M1 pairs, opaque bytes
+    case CKPT_FORMAT_E2M1X2:
+    case CKPT_FORMAT_BYTES:
+    case CKPT_FORMAT_COUNT: break;
     }
+    return "U8";
 }
 
 // The codes and scales that a weight's GEMMs read (the current-scaling amax is a workspace).
@@ -161,8 +165,18 @@ static bool export_is_copy(const ckpt_table *t, const ckpt_region *e) {
     case CKPT_USAGE_SCALE_INV:
     case CKPT_USAGE_AMAX_COL: return true;
     case CKPT_USAGE_AMAX: return t->params[e->param].scheme == QT_SCHEME_NVFP4;
-    default: return false;
+    case CKPT_USAGE_OTHER:
+    case CKPT_USAGE_MASTER:
+    case CKPT_USAGE_ADAM_M:
+    case CKPT_USAGE_ADAM_V:
+    case CKPT_USAGE_HISTORY:
+    case CKPT_USAGE_STATE_SCALE:
+    case CKPT_USAGE_OPTIM_STEPS:
+    case CKPT_USAGE_LR_ROWS:
+    case CKPT_USAGE_COUNTER:
+    case CKPT_USAGE_COUNT: break;
     }
+    return false;
 }
 
 static void export_copies(const ckpt_table *t, export_list *l) {

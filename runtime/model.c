@@ -22,7 +22,8 @@
 QT_STATIC_ASSERT(QT_TRACE_QUANTIZERS_MAX >= MODEL_QUANTIZERS_MAX, "trace records hold a model");
 
 const char *model_mode_name(model_mode mode) {
-    static const char *const names[MODEL_MODE_COUNT] = {"train", "eval", "infer"};
+    static const char *const names[] = {"train", "eval", "infer"};
+    _Static_assert(sizeof names / sizeof names[0] == MODEL_MODE_COUNT, "a name per model_mode");
     QT_ASSERT((unsigned)mode < MODEL_MODE_COUNT);
     return names[mode];
 }
@@ -195,19 +196,9 @@ static qt_status model_plan_moe(model *m, model_moe *mo) {
 // ---------------------------------------------------------------------------------------------
 // Padding, GEMM paths, RHT
 
-// Columns of K one row of codes needs to be a whole number of 16-byte vectors and of scaling
-// blocks along K (FP8 leading dimensions are multiples of 16).
-static uint32_t model_k_unit(const qt_quantizer *q) {
-    switch (q->scheme) {
-    case QT_SCHEME_BF16: return 8;       // 16 bytes of BF16
-    case QT_SCHEME_DELAYED:
-    case QT_SCHEME_CURRENT: return 16;   // 16 bytes of FP8
-    case QT_SCHEME_MXFP8: return 32;     // one 1x32 block (and 2 x 16 bytes)
-    case QT_SCHEME_BLOCK: return 128;    // one 1x128 block
-    case QT_SCHEME_NVFP4: return 32;     // 16 bytes of packed E2M1 (two 1x16 blocks)
-    default: QT_ASSERT(false); return 1;
-    }
-}
+// Columns of K one row of codes needs (recipes/format.c: whole 16-byte vectors and scaling
+// blocks along K).
+static uint32_t model_k_unit(const qt_quantizer *q) { return qt_format_get(q->format)->k_unit; }
 
 static void model_plan_padding(model *m) {
     m->input_stride = m->input_features;
@@ -226,28 +217,20 @@ static void model_plan_padding(model *m) {
                padded, rules_scheme_name(qi->scheme), rules_scheme_name(qw->scheme), unit);
 }
 
-uint32_t model_gemm_format_of(qt_scheme s) {
-    switch (s) {
-    case QT_SCHEME_BF16: return GEMM_FORMAT_BF16;
-    case QT_SCHEME_DELAYED:
-    case QT_SCHEME_CURRENT: return GEMM_FORMAT_FP8;
-    case QT_SCHEME_MXFP8: return GEMM_FORMAT_MXFP8;
-    case QT_SCHEME_BLOCK: return GEMM_FORMAT_FP8_BLOCK;
-    case QT_SCHEME_NVFP4: return GEMM_FORMAT_NVFP4;
-    default: QT_ASSERT(false); return 0;
-    }
-}
+uint32_t model_gemm_format_of(qt_format f) { return qt_format_get(f)->gemm_format; }
 
 // Whether A x B runs on the kernel of their format (runtime/op_gemm.c's rules): one format,
 // and for the FP8 tensor-core kinds an E4M3 B (the kernels take E4M3 x E4M3 and E5M2 x E4M3).
 static bool model_gemm_native(const qt_quantizer *a, const qt_quantizer *b) {
-    uint32_t f = model_gemm_format_of(a->scheme);
-    if (f != model_gemm_format_of(b->scheme)) return false;
+    uint32_t f = model_gemm_format_of(a->format);
+    if (f != model_gemm_format_of(b->format)) return false;
     if (f == GEMM_FORMAT_FP8 || f == GEMM_FORMAT_FP8_BLOCK) return b->elem == QT_ELEM_E4M3;
     return true;
 }
 
-static const char *const model_gemm_names[MODEL_GEMM_COUNT] = {"fprop", "dgrad", "wgrad"};
+static const char *const model_gemm_names[] = {"fprop", "dgrad", "wgrad"};
+_Static_assert(sizeof model_gemm_names / sizeof model_gemm_names[0] == MODEL_GEMM_COUNT,
+               "a name per model_gemm");
 
 // MXFP8 and NVFP4 GEMMs through BF16 copies. The emulated formats decode every element to BF16
 // (gemm.h), and the dequantize kernels write exactly those values (NVFP4: the raw decode, its
@@ -266,7 +249,7 @@ static const char *const model_gemm_names[MODEL_GEMM_COUNT] = {"fprop", "dgrad",
 
 static bool model_emulated_copies(const model *m, const model_linear *lin, int g,
                                   const qt_quantizer *a) {
-    uint32_t f = model_gemm_format_of(a->scheme);
+    uint32_t f = model_gemm_format_of(a->format);
     if (f != GEMM_FORMAT_MXFP8 && f != GEMM_FORMAT_NVFP4) return false;
     if (m->emulated_gemm != MODEL_EMULATED_AUTO) return m->emulated_gemm == MODEL_EMULATED_COPIES;
     uint64_t rows = lin->members ? m->moes[lin->moe].capacity : m->batch;
@@ -323,8 +306,12 @@ uint32_t model_gemm_elem_of(qt_elem e) {
     case QT_ELEM_E4M3: return GEMM_ELEM_E4M3;
     case QT_ELEM_E5M2: return GEMM_ELEM_E5M2;
     case QT_ELEM_E2M1: return GEMM_ELEM_E2M1;
-    default: QT_ASSERT(false); return 0;
+    case QT_ELEM_FP32:
+    case QT_ELEM_E8M0:
+    case QT_ELEM_COUNT: break;  // scale types, never codes
     }
+    QT_ASSERT(!"not a code type");
+    return 0;
 }
 
 uint32_t model_quantizer_tensors(const model *m, const model_quantizer *mq) {
@@ -423,17 +410,10 @@ static qt_status model_qstore_fp8(const model_place *pl, const model_quantizer *
     return QT_OK;
 }
 
-static qt_status model_qstore_blocks(const model_place *pl, const model_quantizer *mq,
-                                     uint32_t rows, uint32_t cols, model_qstore *s) {
+// FP8 codes with block scales of row_scale and col_scale bytes (MXFP8, FP8 block).
+static qt_status model_qstore_blocks(const model_place *pl, uint32_t rows, uint32_t cols,
+                                     uint64_t row_scale, uint64_t col_scale, model_qstore *s) {
     uint64_t elems = (uint64_t)rows * cols;
-    uint64_t row_scale = 0, col_scale = 0;
-    if (mq->q.scheme == QT_SCHEME_MXFP8) {
-        row_scale = op_mxfp8_row_scales_bytes(rows, cols);
-        col_scale = op_mxfp8_col_scales_bytes(rows, cols);
-    } else {
-        row_scale = op_block_scale_count(rows, cols, mq->q.two_d, false) * 4;
-        col_scale = op_block_scale_count(rows, cols, mq->q.two_d, true) * 4;
-    }
     if (s->rowwise) {
         QT_TRY(model_region(pl, "row_data", elems, pl->category, &s->row_data));
         QT_TRY(model_region(pl, "row_scale", row_scale, pl->category, &s->row_scale));
@@ -472,8 +452,8 @@ qt_status model_qstore_reserve(const model_place *place, const model_quantizer *
     out->rowwise = rowwise;
     out->colwise = colwise;
     QT_ASSERT(rowwise || colwise);
-    switch (mq->q.scheme) {
-    case QT_SCHEME_BF16:
+    switch (mq->q.format) {
+    case QT_FORMAT_BF16:
         if (!bf16_region) return QT_OK;
         QT_TRY(model_region(place, "bf16", (uint64_t)rows * cols * 2, place->category,
                             &out->bf16.ref));
@@ -481,18 +461,23 @@ qt_status model_qstore_reserve(const model_place *place, const model_quantizer *
         out->bf16.rows = rows;
         out->bf16.cols = cols;
         return QT_OK;
-    case QT_SCHEME_DELAYED:
-    case QT_SCHEME_CURRENT:
+    case QT_FORMAT_FP8_E4M3:
+    case QT_FORMAT_FP8_E5M2:
         return model_qstore_fp8(place, mq, (uint64_t)rows * cols, members ? members : 1, out);
-    case QT_SCHEME_MXFP8:
-    case QT_SCHEME_BLOCK:
-        return model_qstore_blocks(place, mq, rows, cols, out);
-    case QT_SCHEME_NVFP4:
+    case QT_FORMAT_MXFP8:
+        return model_qstore_blocks(place, rows, cols, op_mxfp8_row_scales_bytes(rows, cols),
+                                   op_mxfp8_col_scales_bytes(rows, cols), out);
+    case QT_FORMAT_FP8_BLOCK_1D:
+    case QT_FORMAT_FP8_BLOCK_2D:
+        return model_qstore_blocks(place, rows, cols,
+                                   op_block_scale_count(rows, cols, mq->q.two_d, false) * 4,
+                                   op_block_scale_count(rows, cols, mq->q.two_d, true) * 4, out);
+    case QT_FORMAT_NVFP4:
         return model_qstore_nvfp4(place, mq, rows, cols, members, out);
-    default:
-        QT_ASSERT(false);
-        return QT_ERR_INPUT;
+    case QT_FORMAT_COUNT: break;
     }
+    QT_ASSERT(!"unknown format");
+    return QT_ERR_INPUT;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -695,10 +680,6 @@ qt_status model_plan(model *m, const recipe *r, arena *dev, arena *host,
 // ---------------------------------------------------------------------------------------------
 // Report
 
-static const char *const model_layer_names[RECIPE_LAYER_KIND_COUNT] = {
-    "linear", "relu", "gelu", "silu", "swiglu", "rmsnorm", "residual begin", "residual end",
-    "moe"};
-
 // "rule at line N" or "built-in SCHEME": where a quantizer came from.
 static void model_quantizer_source(const model *m, const model_quantizer *mq, char *buf,
                                    size_t buf_bytes) {
@@ -758,7 +739,7 @@ static void model_print_moe(const model *m, const model_moe *mo, FILE *out) {
     const recipe_layer *l = &m->recipe->model.layers[mo->layer];
     fprintf(out, "      %u experts, top-%u, hidden %u (%s), aux %g; permuted rows: capacity %u "
             "(batch %u x %u, each expert padded to a multiple of %u)\n", mo->experts, mo->topk,
-            mo->hidden, model_layer_names[mo->act], (double)l->aux, mo->capacity, m->batch,
+            mo->hidden, recipe_layer_kind_name(mo->act), (double)l->aux, mo->capacity, m->batch,
             mo->topk, mo->row_align);
     model_print_linear(m, &m->linears[mo->router], "router: ", out);
     model_print_linear(m, &m->linears[mo->fc1], "fc1 (per expert): ", out);
@@ -786,8 +767,8 @@ void model_print(const model *m, FILE *out) {
             m->classification ? "softmax_xent" : "mse", m->batch);
     for (uint32_t i = 0; i < rm->layers_count; i++) {
         const recipe_layer *l = &rm->layers[i];
-        fprintf(out, "  %3u %-14s %-16s %6u -> %-6u%s\n", i, model_layer_names[l->kind], l->name,
-                l->in_features, l->out_features, l->bias ? " bias" : "");
+        fprintf(out, "  %3u %-14s %-16s %6u -> %-6u%s\n", i, recipe_layer_kind_name(l->kind),
+                l->name, l->in_features, l->out_features, l->bias ? " bias" : "");
         if (l->kind == RECIPE_LAYER_LINEAR) {
             model_print_linear(m, &m->linears[m->layer_linear[i]], "", out);
         }
@@ -906,7 +887,7 @@ void model_print_summary(const model *m, FILE *out) {
         const recipe_layer *l = &rm->layers[i];
         if (l->name[0] == '\0') continue;
         if (++weighted > MODEL_SUMMARY_LAYERS) continue;
-        fprintf(out, "  %-16s %-8s %6u -> %u", l->name, model_layer_names[l->kind],
+        fprintf(out, "  %-16s %-8s %6u -> %u", l->name, recipe_layer_kind_name(l->kind),
                 l->in_features, l->out_features);
         if (l->kind == RECIPE_LAYER_LINEAR) {
             const model_linear *lin = &m->linears[m->layer_linear[i]];

@@ -31,14 +31,13 @@ static prog_ref mb_at(prog_ref r, uint64_t offset) {
 static op_act_tensor mb_act(model_tensor t) { return (op_act_tensor){t.ref, t.dtype}; }
 
 // The name of a layer in region and op names. Layers without a name (activations, residual
-// ends) get their kind and index joined by '#', which no recipe name can contain
-// ([A-Za-z_][A-Za-z0-9_]*), so they never meet a user's layer name.
+// ends) get the first word of their kind and their index joined by '#' ("residual#4"), which no
+// recipe name can contain ([A-Za-z_][A-Za-z0-9_]*), so they never meet a user's layer name.
 static const char *mb_layer_name(const mb *b, uint32_t layer, char *buf, size_t bytes) {
-    static const char *const kinds[RECIPE_LAYER_KIND_COUNT] = {
-        "linear", "relu", "gelu", "silu", "swiglu", "rmsnorm", "residual", "residual", "moe"};
     const recipe_layer *l = &b->m->recipe->model.layers[layer];
     if (l->name[0]) return l->name;
-    snprintf(buf, bytes, "%s#%u", kinds[l->kind], layer);
+    const char *kind = recipe_layer_kind_name(l->kind);
+    snprintf(buf, bytes, "%.*s#%u", (int)strcspn(kind, " "), kind, layer);
     return buf;
 }
 
@@ -155,11 +154,11 @@ static qt_status mb_quantize(mb *b, const char *what, const model_quantizer *mq,
     char prefix[ARENA_NAME_MAX];
     snprintf(prefix, sizeof prefix, "%s.%s", model_mode_name(b->mode), what);
     model_place pl = {b->m->dev, prefix, false, ARENA_CAT_ACTIVATIONS};
-    bool convert = mq->q.scheme == QT_SCHEME_BF16 && x.dtype != QT_DTYPE_BF16;
+    bool convert = mq->q.format == QT_FORMAT_BF16 && x.dtype != QT_DTYPE_BF16;
     QT_TRY(model_qstore_reserve(&pl, mq, x.rows, x.cols, group.count, rowwise, colwise, convert,
                                 s));
-    switch (mq->q.scheme) {
-    case QT_SCHEME_BF16:
+    switch (mq->q.format) {
+    case QT_FORMAT_BF16:
         if (!convert) {
             s->bf16 = x;
             return QT_OK;
@@ -167,21 +166,22 @@ static qt_status mb_quantize(mb *b, const char *what, const model_quantizer *mq,
         // The residual kernel without its second operand is a converting copy.
         return op_residual_backward(b->p, what, (uint64_t)x.rows * x.cols, mb_act(x),
                                     mb_act(s->bf16), false);
-    case QT_SCHEME_DELAYED:
-    case QT_SCHEME_CURRENT:
+    case QT_FORMAT_FP8_E4M3:
+    case QT_FORMAT_FP8_E5M2:
         return mb_quantize_fp8(b, what, mq, x, group, record_amax, s);
-    case QT_SCHEME_MXFP8: {
+    case QT_FORMAT_MXFP8: {
         op_mxfp8_quantize_desc d = mb_mxfp8_desc(mq, x, s);
         d.group = group;
         return op_mxfp8_quantize(b->p, what, &d);
     }
-    case QT_SCHEME_BLOCK: {
+    case QT_FORMAT_FP8_BLOCK_1D:
+    case QT_FORMAT_FP8_BLOCK_2D: {
         op_block_tensor t = mb_block_tensor(mq, x.rows, x.cols, s);
         t.group = group;
         op_block_options o = {!mq->q.pow2, mq->q.amax_eps};
         return op_quant_block(b->p, what, x.ref, x.dtype, &t, &o);
     }
-    case QT_SCHEME_NVFP4: {
+    case QT_FORMAT_NVFP4: {
         op_nvfp4_input in = {x.ref, x.dtype, x.rows, x.cols, group};
         bool rht = s->colwise && mq->rht;
         op_nvfp4_amax_out amax = {s->amax_row, rht ? s->amax_col : OP_REF_NONE, rht,
@@ -190,10 +190,10 @@ static qt_status mb_quantize(mb *b, const char *what, const model_quantizer *mq,
         op_nvfp4_quant q = mb_nvfp4_quant(b, mq, s);
         return op_nvfp4_quantize(b->p, what, &in, &q);
     }
-    default:
-        QT_ASSERT(false);
-        return QT_ERR_INPUT;
+    case QT_FORMAT_COUNT: break;
     }
+    QT_ASSERT(!"unknown format");
+    return QT_ERR_INPUT;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -231,7 +231,7 @@ static void mb_operand_per_member(op_gemm_operand *op, const mb_operand *o) {
 
 static op_gemm_operand mb_gemm_operand(const mb_operand *o) {
     const qt_quantizer *q = &o->mq->q;
-    uint32_t f = model_gemm_format_of(q->scheme);
+    uint32_t f = model_gemm_format_of(q->format);
     const model_qstore *s = o->s;
     uint32_t rows = mb_stored_rows(o);
     op_gemm_operand op;
@@ -264,23 +264,23 @@ static qt_status mb_dequantize(mb *b, const char *what, const mb_operand *o,
                                model_tensor *out) {
     const qt_quantizer *q = &o->mq->q;
     const model_qstore *s = o->s;
-    if (q->scheme == QT_SCHEME_BF16) {
+    if (q->format == QT_FORMAT_BF16) {
         *out = s->bf16;
         return QT_OK;
     }
     uint32_t rows = mb_stored_rows(o);
     QT_TRY(mb_tensor(b, what, rows, o->cols, ARENA_CAT_WORKSPACE, out));
     const char *name = what;
-    switch (q->scheme) {
-    case QT_SCHEME_DELAYED:
-    case QT_SCHEME_CURRENT: {
+    switch (q->format) {
+    case QT_FORMAT_FP8_E4M3:
+    case QT_FORMAT_FP8_E5M2: {
         op_fp8_input hp = {out->ref, QT_DTYPE_BF16, rows, o->cols, o->group};
         op_fp8_output codes = {model_fp8_code(q->elem), s->row_data, s->col_data, s->scale_inv};
         if (!s->rowwise) codes.rowwise = OP_FP8_NONE;
         if (!s->colwise) codes.colwise = OP_FP8_NONE;
         return op_fp8_dequantize(b->p, name, &hp, &codes, o->colwise);
     }
-    case QT_SCHEME_MXFP8: {
+    case QT_FORMAT_MXFP8: {
         op_mxfp8_dequantize_desc d = {0};
         d.src = o->colwise ? (op_mxfp8_dir){s->col_data, s->col_scale}
                            : (op_mxfp8_dir){s->row_data, s->row_scale};
@@ -293,12 +293,13 @@ static qt_status mb_dequantize(mb *b, const char *what, const mb_operand *o,
         d.group = o->group;
         return op_mxfp8_dequantize(b->p, name, &d);
     }
-    case QT_SCHEME_BLOCK: {
+    case QT_FORMAT_FP8_BLOCK_1D:
+    case QT_FORMAT_FP8_BLOCK_2D: {
         op_block_tensor t = mb_block_tensor(o->mq, rows, o->cols, s);
         t.group = o->group;
         return op_dequant_block(b->p, name, &t, o->colwise, out->ref, QT_DTYPE_BF16);
     }
-    case QT_SCHEME_NVFP4: {
+    case QT_FORMAT_NVFP4: {
         op_nvfp4_dequant d = {0};
         d.rows = rows;
         d.cols = o->cols;
@@ -311,10 +312,11 @@ static qt_status mb_dequantize(mb *b, const char *what, const mb_operand *o,
         d.out_dtype = QT_DTYPE_BF16;
         return op_nvfp4_dequantize(b->p, name, &d);
     }
-    default:
-        QT_ASSERT(false);
-        return QT_ERR_INPUT;
+    case QT_FORMAT_BF16:  // the tensor itself, above
+    case QT_FORMAT_COUNT: break;
     }
+    QT_ASSERT(!"unknown format");
+    return QT_ERR_INPUT;
 }
 
 // One NVFP4 operand as its stored copy decoded to BF16 in the copy's own orientation (rowwise
@@ -402,7 +404,7 @@ static qt_status mb_gemm(mb *b, const char *what, model_gemm kind, const model_l
     }
     const char *name = what;
     if (lin->path[kind] == MODEL_GEMM_NATIVE) {
-        g.format = model_gemm_format_of(a->mq->q.scheme);
+        g.format = model_gemm_format_of(a->mq->q.format);
         g.a = mb_gemm_operand(a);
         g.b = mb_gemm_operand(bo);
         // TE's per-tensor FP8 defaults: fast accumulation in fprop only, grouped or not (so one
@@ -412,7 +414,7 @@ static qt_status mb_gemm(mb *b, const char *what, model_gemm kind, const model_l
         }
         return mb_op_gemm(b, name, &g);
     }
-    if (a->mq->q.scheme == QT_SCHEME_NVFP4 && bo->mq->q.scheme == QT_SCHEME_NVFP4) {
+    if (a->mq->q.format == QT_FORMAT_NVFP4 && bo->mq->q.format == QT_FORMAT_NVFP4) {
         return mb_gemm_nvfp4_copies(b, what, &g, a, bo);
     }
     char part[ARENA_NAME_MAX];
@@ -467,8 +469,15 @@ static uint32_t mb_act_kind(recipe_layer_kind k) {
     case RECIPE_LAYER_GELU: return QT_ACT_GELU;
     case RECIPE_LAYER_SILU: return QT_ACT_SILU;
     case RECIPE_LAYER_SWIGLU: return QT_ACT_SWIGLU;
-    default: QT_ASSERT(false); return 0;
+    case RECIPE_LAYER_LINEAR:
+    case RECIPE_LAYER_RMSNORM:
+    case RECIPE_LAYER_RESIDUAL_BEGIN:
+    case RECIPE_LAYER_RESIDUAL_END:
+    case RECIPE_LAYER_MOE:
+    case RECIPE_LAYER_KIND_COUNT: break;  // not activations
     }
+    QT_ASSERT(!"not an activation");
+    return 0;
 }
 
 // Whether the tensor that layer i produces (forward: its output; backward: its input's
@@ -671,10 +680,10 @@ static qt_status mb_layer_forward(mb *b, uint32_t i, model_tensor x, model_tenso
         QT_TRY(mb_tensor(b, what, rows, x.cols, ARENA_CAT_ACTIVATIONS, y));
         return op_residual_forward(b->p, what, (uint64_t)rows * x.cols,
                                    mb_act(stack[--(*depth)]), mb_act(x), mb_act(*y));
-    default:
-        QT_ASSERT(false);
-        return QT_ERR_INPUT;
+    case RECIPE_LAYER_KIND_COUNT: break;
     }
+    QT_ASSERT(!"unknown layer kind");
+    return QT_ERR_INPUT;
 }
 
 static qt_status mb_forward(mb *b) {
@@ -921,10 +930,10 @@ static qt_status mb_layer_backward(mb *b, uint32_t i, model_tensor dy, model_ten
         QT_TRY(mb_tensor(b, what, dy.rows, dy.cols, ARENA_CAT_ACTIVATIONS, dx));
         return op_residual_forward(b->p, what, (uint64_t)dy.rows * dy.cols,
                                    mb_act(stack[--(*depth)]), mb_act(dy), mb_act(*dx));
-    default:
-        QT_ASSERT(false);
-        return QT_ERR_INPUT;
+    case RECIPE_LAYER_KIND_COUNT: break;
     }
+    QT_ASSERT(!"unknown layer kind");
+    return QT_ERR_INPUT;
 }
 
 // From the loss gradient down to the first layer with parameters; its input's gradient is
@@ -969,13 +978,13 @@ static void mb_param_desc(const mb *b, uint32_t i, optim_param_desc *d) {
     if (p->members) {
         d->group = (op_group){p->members, mb_dev(b, p->group_offsets), mb_dev(b, p->group_dims)};
     }
-    switch (mq->q.scheme) {
-    case QT_SCHEME_BF16:
+    switch (mq->q.format) {
+    case QT_FORMAT_BF16:
         d->weight = OPTIM_WEIGHT_BF16;
         d->bf16 = s->bf16.ref;
-        break;
-    case QT_SCHEME_DELAYED:
-    case QT_SCHEME_CURRENT:
+        return;
+    case QT_FORMAT_FP8_E4M3:
+    case QT_FORMAT_FP8_E5M2:
         d->fp8 = (op_fp8_output){model_fp8_code(mq->q.elem), s->row_data, s->col_data,
                                  s->scale_inv};
         if (mq->q.scheme == QT_SCHEME_DELAYED) {
@@ -988,25 +997,26 @@ static void mb_param_desc(const mb *b, uint32_t i, optim_param_desc *d) {
             d->fp8_pow2 = mq->q.pow2;
             d->fp8_eps = mq->q.amax_eps;
         }
-        break;
-    case QT_SCHEME_MXFP8: {
+        return;
+    case QT_FORMAT_MXFP8: {
         model_tensor master = {d->master, QT_DTYPE_F32, p->rows, p->cols, OP_REF_NONE};
         d->weight = OPTIM_WEIGHT_MXFP8;
         d->mxfp8 = mb_mxfp8_desc(mq, master, s);
-        break;
+        return;
     }
-    case QT_SCHEME_BLOCK:
+    case QT_FORMAT_FP8_BLOCK_1D:
+    case QT_FORMAT_FP8_BLOCK_2D:
         d->weight = OPTIM_WEIGHT_FP8_BLOCK;
         d->block = mb_block_tensor(mq, p->rows, p->cols, s);
         d->block_options = (op_block_options){!mq->q.pow2, mq->q.amax_eps};
-        break;
-    case QT_SCHEME_NVFP4:
+        return;
+    case QT_FORMAT_NVFP4:
         d->weight = OPTIM_WEIGHT_NVFP4;
         d->nvfp4 = mb_nvfp4_quant(b, mq, s);
-        break;
-    default:
-        QT_ASSERT(false);
+        return;
+    case QT_FORMAT_COUNT: break;
     }
+    QT_ASSERT(!"unknown format");
 }
 
 static qt_status mb_optimizer(mb *b) {

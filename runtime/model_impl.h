@@ -28,8 +28,8 @@ qt_status model_region(const model_place *place, const char *part, uint64_t byte
 
 // The per-tensor FP8 element code of an element type.
 uint32_t model_fp8_code(qt_elem e);
-// GEMM_FORMAT_* of a scheme, GEMM_ELEM_* of an element type.
-uint32_t model_gemm_format_of(qt_scheme s);
+// GEMM_FORMAT_* of a format (its table row), GEMM_ELEM_* of an element type.
+uint32_t model_gemm_format_of(qt_format f);
 uint32_t model_gemm_elem_of(qt_elem e);
 
 #endif  // QT_MODEL_IMPL_H

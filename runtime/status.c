@@ -8,7 +8,7 @@
 
 static _Thread_local char status_message[QT_ERROR_MESSAGE_MAX];
 
-static const char *const status_names[QT_STATUS_COUNT] = {
+static const char *const status_names[] = {
     [QT_OK] = "QT_OK",
     [QT_ERR_INPUT] = "QT_ERR_INPUT",
     [QT_ERR_IO] = "QT_ERR_IO",
@@ -20,6 +20,8 @@ static const char *const status_names[QT_STATUS_COUNT] = {
     [QT_ERR_MISMATCH] = "QT_ERR_MISMATCH",
     [QT_ERR_STATE] = "QT_ERR_STATE",
 };
+_Static_assert(sizeof status_names / sizeof status_names[0] == QT_STATUS_COUNT,
+               "a name per qt_status");
 
 const char *qt_status_name(qt_status status) {
     if ((unsigned)status >= QT_STATUS_COUNT) return "QT_ERR_UNKNOWN";

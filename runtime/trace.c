@@ -16,7 +16,8 @@
 #define TRACE_END_KEY "end"
 
 // The completion record's status words, by trace_end.
-static const char *const end_names[TRACE_END_COUNT] = {"complete", "stopped", "failed"};
+static const char *const end_names[] = {"complete", "stopped", "failed"};
+_Static_assert(sizeof end_names / sizeof end_names[0] == TRACE_END_COUNT, "a name per trace_end");
 
 // ---------------------------------------------------------------------------------------------
 // Formatting
@@ -729,8 +730,9 @@ static qt_status diff_align(trace_lines *ra, char **a, bool *have_a, trace_lines
 // completion record)".
 static const char *tail_words(const trace_lines *r) {
     if (!r->tail.present) return "cut short: no completion record";
-    static const char *const words[TRACE_END_COUNT] = {
+    static const char *const words[] = {
         "its run completed", "its run was stopped by a signal", "its run failed"};
+    _Static_assert(sizeof words / sizeof words[0] == TRACE_END_COUNT, "a name per trace_end");
     return words[r->tail.status];
 }
 

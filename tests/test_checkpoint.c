@@ -1,6 +1,6 @@
 // Checkpoints (runtime/checkpoint.h) and their export (runtime/export.h): a run stopped at
 // every kind of schedule position, saved and resumed gives the uninterrupted run's trace and
-// final state in every format (reference backend, and the GPU when there is one); saves change
+// final state with every scheme (reference backend, and the GPU when there is one); saves change
 // nothing; damaged and foreign files are refused with a message naming the field; a writer
 // killed at any point leaves the previous checkpoint; the safetensors export follows the format.
 #include <signal.h>

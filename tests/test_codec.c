@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "format.h"    // qt_format_table, qt_format_get, qt_format_from_name
+#include "gemm.h"      // GEMM_FORMAT_*
 #include "qt_codec.h"  // the converters under test
 #include "qt_math.h"   // the transcendentals under test
 #include "test.h"
@@ -602,25 +603,29 @@ typedef struct format_row {
     uint32_t bits, block_rows, block_cols, weight_block_rows;
     qt_scale_kind scale;
     bool transposed;
-    uint32_t row_align;
+    uint32_t row_align, k_unit, gemm_format;
 } format_row;
 
 static void test_format_table(void) {
     test_begin("format_table");
-    static const format_row rows[QT_FORMAT_COUNT] = {
-        {QT_FORMAT_BF16, "bf16", QT_ELEM_BF16, 16, 1, 1, 1, QT_SCALE_NONE, false, 16},
+    static const format_row rows[] = {
+        {QT_FORMAT_BF16, "bf16", QT_ELEM_BF16, 16, 1, 1, 1, QT_SCALE_NONE, false, 16, 8,
+         GEMM_FORMAT_BF16},
         {QT_FORMAT_FP8_E4M3, "fp8_e4m3", QT_ELEM_E4M3, 8, 1, 1, 1, QT_SCALE_TENSOR_FP32, true,
-         16},
+         16, 16, GEMM_FORMAT_FP8},
         {QT_FORMAT_FP8_E5M2, "fp8_e5m2", QT_ELEM_E5M2, 8, 1, 1, 1, QT_SCALE_TENSOR_FP32, true,
-         16},
-        {QT_FORMAT_MXFP8, "mxfp8", QT_ELEM_E4M3, 8, 1, 32, 32, QT_SCALE_BLOCK_E8M0, false, 32},
+         16, 16, GEMM_FORMAT_FP8},
+        {QT_FORMAT_MXFP8, "mxfp8", QT_ELEM_E4M3, 8, 1, 32, 32, QT_SCALE_BLOCK_E8M0, false, 32, 32,
+         GEMM_FORMAT_MXFP8},
         {QT_FORMAT_FP8_BLOCK_1D, "fp8_block_1d", QT_ELEM_E4M3, 8, 1, 128, 1, QT_SCALE_BLOCK_FP32,
-         true, 128},
+         true, 128, 128, GEMM_FORMAT_FP8_BLOCK},
         {QT_FORMAT_FP8_BLOCK_2D, "fp8_block_2d", QT_ELEM_E4M3, 8, 128, 128, 128,
-         QT_SCALE_BLOCK_FP32, true, 128},
+         QT_SCALE_BLOCK_FP32, true, 128, 128, GEMM_FORMAT_FP8_BLOCK},
         {QT_FORMAT_NVFP4, "nvfp4", QT_ELEM_E2M1, 4, 1, 16, 16, QT_SCALE_BLOCK_E4M3_TENSOR_FP32,
-         true, 16},
+         true, 16, 32, GEMM_FORMAT_NVFP4},
     };
+    // A new format fails to compile here until its expected row is written.
+    _Static_assert(sizeof rows / sizeof rows[0] == QT_FORMAT_COUNT, "a row per qt_format");
     static const float samples[] = {0.0f, -0.3f, 1.0f, 2.5f, -5.0f, 300.0f, 1e9f, NAN};
     for (int i = 0; i < QT_FORMAT_COUNT; i++) {
         const format_row *want = &rows[i];
@@ -632,6 +637,10 @@ static void test_format_table(void) {
               t->weight_block_rows == want->weight_block_rows, "%s blocks", t->name);
         CHECK(t->scale_kind == want->scale && t->colwise_transposed == want->transposed &&
               t->row_align == want->row_align, "%s scale/layout", t->name);
+        // K padding: whole 16-byte vectors of codes and whole scaling blocks along K.
+        CHECK(t->k_unit == want->k_unit && t->k_unit * t->bits_per_elem % 128 == 0 &&
+              t->k_unit % t->block_cols == 0, "%s k_unit %u", t->name, t->k_unit);
+        CHECK(t->gemm_format == want->gemm_format, "%s gemm_format %u", t->name, t->gemm_format);
         qt_format parsed = QT_FORMAT_COUNT;
         CHECK(qt_format_from_name(want->name, &parsed) && parsed == want->format, "parse %s",
               want->name);
@@ -656,6 +665,12 @@ static void test_format_table(void) {
     CHECK(!qt_format_from_name("fp9", &untouched) && untouched == QT_FORMAT_NVFP4, "fp9");
     CHECK(!qt_format_from_name("", &untouched) && !qt_format_from_name("BF16", &untouched),
           "names are exact and case-sensitive");
+    static const char *const elems[] = {"bf16", "fp32", "e4m3", "e5m2", "e2m1", "e8m0"};
+    _Static_assert(sizeof elems / sizeof elems[0] == QT_ELEM_COUNT, "a name per qt_elem");
+    for (int e = 0; e < QT_ELEM_COUNT; e++) {
+        CHECK(strcmp(qt_elem_name((qt_elem)e), elems[e]) == 0, "elem %d: %s", e,
+              qt_elem_name((qt_elem)e));
+    }
     test_end();
 }
 

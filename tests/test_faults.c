@@ -2,7 +2,7 @@
 // (run_options.inject, `qtrain run --inject-nonfinite`) makes the optimizer skip that step, and
 // the skipped step leaves every persistent region of the device arena bit-identical (weights in
 // every usage, masters, moments, the counted steps, the delayed-scaling histories and scales),
-// in every format: the region bytes are read back before and after it, and the trace's
+// with every scheme: the region bytes are read back before and after it, and the trace's
 // checksums of the two steps are equal; the next step trains again. With a GPU the same runs
 // replay their graphs, skip the same step and keep the reference backend's losses.
 #include <math.h>
@@ -153,7 +153,7 @@ static void check_trace(const char *path, const char *what) {
           (unsigned long long)checksum[INJECT_STEP], (unsigned long long)checksum[INJECT_STEP + 1]);
 }
 
-// The fault's value and layer alternate over the cases, so every format meets a NaN and an
+// The fault's value and layer alternate over the cases, so every scheme meets a NaN and an
 // infinity, in the first layer (whose input gradient is not computed) and in a later one.
 static const struct {
     uint32_t bits;

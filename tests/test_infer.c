@@ -556,7 +556,7 @@ static int infer_cli(const char *recipe_path, const char *from, bool argmax, con
 }
 
 // `qtrain infer --from CKPT` runs the model a checkpoint holds: its predictions for the eval set
-// reproduce the eval accuracy of the run that saved it, exactly, in every format (the infer-only
+// reproduce the eval accuracy of the run that saved it, exactly, with every scheme (the infer-only
 // run plans no columnwise copies, moments or learning-rate rows: only what the forward pass
 // reads is loaded), and its logits are not those of the recipe's initial weights. A checkpoint
 // of another format is refused by parameter.

@@ -1,5 +1,5 @@
 // Limits are part of the plan (runtime/run.h): the run's tables are sized from the model, so
-// every model the parser accepts plans, in every format: a wide first layer (whose padded
+// every model the parser accepts plans, with every scheme: a wide first layer (whose padded
 // initialization once took an op per row), deep delayed-scaling models (once capped by the trace
 // record and by a fixed count of scaling states), layer names that read like the names qtrain
 // gives unnamed layers, and a model at the parser's layer limit. The tables are as large as the
@@ -170,7 +170,7 @@ static void test_deep_delayed(void) {
 // Layers named like the parts of the names qtrain makes itself: "l1" was once the name of layer
 // 1 when it has none (its regions "train.l1.y"), and the programs' own regions are
 // "<mode>.batch", "<mode>.loss.*", "<mode>.record.*", "step.*", "host.*", "checksum.*",
-// "delayedN.*". Every mode runs (train, eval, infer rows), in every format.
+// "delayedN.*". Every mode runs (train, eval, infer rows), with every scheme.
 static void test_names(void) {
     test_begin("layer_names_never_meet_internal_names");
     static const char *const names[] = {

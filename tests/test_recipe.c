@@ -466,9 +466,9 @@ static const error_case error_cases[] = {
     {5, 'R', "layer = linear head 1", IN, "r.recipe:6:1: softmax_xent needs at least 2 classes; "
      "expected a last layer of width >= 2, found 1"},
     // quant
-    {8, 'R', "recipe = fp9", IN, "r.recipe:8:10: unknown recipe 'fp9'; expected one of bf16, "
-     "delayed, current, mxfp8, block, nvfp4, none"},
-    {8, 'I', "rule = linear.*@head -> fp9", IN, "r.recipe:9:25: unknown format 'fp9'; expected "
+    {8, 'R', "recipe = fp9", IN, "r.recipe:8:10: unknown built-in recipe 'fp9'; expected one of "
+     "bf16, delayed, current, mxfp8, block, nvfp4, none"},
+    {8, 'I', "rule = linear.*@head -> fp9", IN, "r.recipe:9:25: unknown scheme 'fp9'; expected "
      "one of bf16, delayed, current, mxfp8, block, nvfp4"},
     {8, 'R', "recipe = none\nrule = linear.*@head -> bf16\nrule = *.weight@* -> mxfp8", IN,
      "r.recipe:3:9: no rule matches role linear.input@fc1; expected a rule for it, tried "
@@ -514,7 +514,7 @@ static const error_case error_cases[] = {
      "found 'bf16'"},
     {8, 'I', "rule = *.*@*", IN, "r.recipe:9:13: expected '->' after the role pattern, found end "
      "of line"},
-    {8, 'I', "rule = *.*@* ->", IN, "r.recipe:9:16: expected a format after '->', found end of "
+    {8, 'I', "rule = *.*@* ->", IN, "r.recipe:9:16: expected a scheme after '->', found end of "
      "line"},
     {8, 'I', "rule = linear@fc1 -> bf16", IN, "r.recipe:9:8: expected a role pattern "
      "MODULE.TENSOR@NAME (globs * and ?), found 'linear@fc1'"},

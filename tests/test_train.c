@@ -1,6 +1,6 @@
 // Training end to end (runtime/run.h): synthetic recipes trained on the reference backend
 // (convergence, determinism, the same traces on one and three threads, the step timing before
-// the loop, the eval-interleaving regression in every format, the plan report, refusals, every
+// the loop, the eval-interleaving regression with every scheme, the plan report, refusals, every
 // step staged with its own batch), and with a GPU: eager vs graphs,
 // determinism, no synchronization inside the step loop, the staging copies beside the steps,
 // GPU vs reference, constant device memory.

@@ -1,27 +1,28 @@
 #!/bin/sh
 # The soak, on a GPU machine: recipes/soak.recipe (100000 steps: five training steps, two eval
-# steps and one infer step, 12500 times) in each format, twice:
+# steps and one infer step, 12500 times) with each built-in recipe, twice:
 #
-#   sh tools/soak.sh [FORMAT...]        default: bf16 delayed current mxfp8 block nvfp4
+#   sh tools/soak.sh [BUILTIN...]       default: bf16 delayed current mxfp8 block nvfp4
 #
-# Builds build/qtrain, then for each format runs the recipe twice with a trace (a checksum of the
-# persistent state every 1000 training steps) while sampling the driver's free device memory
-# (nvidia-smi, every half second) and the process's own device memory. A format passes when both
-# runs end well, each trace holds all 100000 records and no skipped step, the two traces are
-# identical (qtrain diff), and the free memory of the steady state (the samples after the first
-# fifth of the run) does not move. One line per format, then PASS or FAIL; logs, memory samples
-# and the recipes go to $OUT (default: a new temporary folder), the traces too with KEEP=1.
+# Builds build/qtrain, then for each built-in recipe (`recipe = BUILTIN` in the recipe's [quant])
+# runs the recipe twice with a trace (a checksum of the persistent state every 1000 training
+# steps) while sampling the driver's free device memory (nvidia-smi, every half second) and the
+# process's own device memory. A built-in recipe passes when both runs end well, each trace holds
+# all 100000 records and no skipped step, the two traces are identical (qtrain diff), and the free
+# memory of the steady state (the samples after the first fifth of the run) does not move. One
+# line per built-in recipe, then PASS or FAIL; logs, memory samples and the recipes go to $OUT
+# (default: a new temporary folder), the traces too with KEEP=1.
 #
 # Environment: GPU (default 0) is the device nvidia-smi samples (the one CUDA_VISIBLE_DEVICES
 # gives qtrain); RECIPE (default recipes/soak.recipe) and STEPS_CHECK (default 100000, the
 # records a trace must hold) soak another recipe; SOAK_REF=1 runs it on the reference backend
 # without sampling memory (a check of the script itself on a machine without a GPU, with a
 # small RECIPE).
-# Exit status: 0 when every format passed, 1 when one failed, 2 when the build fails or there is
-# no GPU.
+# Exit status: 0 when every built-in recipe passed, 1 when one failed, 2 when the build fails or
+# there is no GPU.
 set -u
 
-formats=${*:-bf16 delayed current mxfp8 block nvfp4}
+builtins=${*:-bf16 delayed current mxfp8 block nvfp4}
 gpu=${GPU:-0}
 source_recipe=${RECIPE:-recipes/soak.recipe}
 records=${STEPS_CHECK:-100000}
@@ -87,9 +88,9 @@ memory_summary() {
 }
 
 failed=0
-printf '%-8s %8s %9s %9s %10s %10s %12s %10s %8s %s\n' format records wall_s steps/s \
+printf '%-8s %8s %9s %9s %10s %10s %12s %10s %8s %s\n' recipe records wall_s steps/s \
     free_first free_last free_steady own_MiB skipped traces
-for f in $formats; do
+for f in $builtins; do
     recipe=$out/soak_$f.recipe
     sed "s/^recipe = .*/recipe = $f/" "$source_recipe" > "$recipe"
     verdict=PASS
