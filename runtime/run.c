@@ -402,6 +402,7 @@ static qt_status run_plan_checkpoints(run *r, run_carver *c) {
         for (int k = 0; k < ARENA_CAT_COUNT; k++) {
             t->ckpt_regions += arena_persistent_regions(&r->dev, (arena_category)k);
         }
+        t->ckpt_regions += ckpt_remote_regions(&r->model);  // other ranks' masters, moments
         t->ckpt_params = r->model.param_count;
         t->reader_regions = t->ckpt_regions;
         t->reader_params = t->ckpt_params;
@@ -488,9 +489,7 @@ static qt_status run_check_parallel(run *r) {
                        rc->file_name, rc->data.batch, o->world, o->world,
                        (rc->data.batch / o->world + 1) * o->world);
     }
-    const char *refused = o->infer_input ? "qtrain infer"
-                          : run_has_checkpoints(o) ? "checkpoints (--save, --resume, --from)"
-                          : NULL;
+    const char *refused = o->infer_input ? "qtrain infer" : o->from_path ? "--from" : NULL;
     bool trains = false;
     for (uint32_t i = 0; i < rc->rows_count && !refused; i++) {
         if (rc->rows[i].mode == RECIPE_MODE_INFER) refused = "infer rows";
@@ -791,8 +790,13 @@ static qt_status run_save_to(run *r, const char *path, bool replace) {
         host.row_dataset = row->dataset;
         host.row_steps = row->steps;
     }
-    QT_TRY(ckpt_save(&r->ckpt, r->backend, &r->dev, &r->host, &host, path, replace,
-                     r->options.ckpt_hook, r->options.ckpt_hook_ctx));
+    if (r->dp.world > 1 && r->dp.rank > 0) {
+        // Rank 0 writes the file; this rank sends it the masters and moments it owns.
+        QT_TRY(ckpt_save_share(&r->ckpt, r->backend, &r->dev));
+    } else {
+        QT_TRY(ckpt_save(&r->ckpt, r->backend, &r->dev, &r->host, &host, path, replace,
+                         r->options.ckpt_hook, r->options.ckpt_hook_ctx));
+    }
     r->saves.count++;
     r->saves.last_step = r->state.step;
     r->saves.last_train_step = r->state.train_steps;

@@ -18,6 +18,7 @@
 #include "nccl_lib.h"    // nccl_load, ncclGetUniqueId: the workers' id
 #include "ref.h"    // ref_qt_dp_collective
 #include "rig.h"    // rig: a backend, its arenas and one program
+#include "checkpoint.h"  // ckpt_open: the tables of two checkpoints
 #include "run.h"
 #include "test.h"
 
@@ -527,6 +528,95 @@ static void test_skip_together(void) {
 }
 
 
+// Checkpoints: rank 0 writes the table of the run on one GPU (the other ranks' masters and
+// moments gathered into it), and a run on any count resumes from it.
+static rank_job jobs_c[DP_RANKS_MAX];
+
+static bool same_tables(const char *a, const char *b) {
+    static uint8_t sa[1 << 20], sb[1 << 20];
+    static ckpt_reader ra, rb;
+    ckpt_reader_init(&ra, sa, 256, 64);
+    ckpt_reader_init(&rb, sb, 256, 64);
+    if (ckpt_open(&ra, a) != QT_OK || ckpt_open(&rb, b) != QT_OK) return false;
+    const ckpt_table *x = &ra.table, *y = &rb.table;
+    bool same = x->header.region_count == y->header.region_count &&
+                x->header.param_count == y->header.param_count &&
+                x->header.file_bytes == y->header.file_bytes;
+    for (uint32_t i = 0; same && i < x->header.region_count; i++) {
+        const ckpt_region *p = &x->regions[i], *q = &y->regions[i];
+        same = strcmp(p->name, q->name) == 0 && p->offset == q->offset &&
+               p->bytes == q->bytes && p->format == q->format && p->usage == q->usage &&
+               p->param == q->param && p->category == q->category;
+    }
+    for (uint32_t i = 0; same && i < x->header.param_count; i++) {
+        same = memcmp(&x->params[i], &y->params[i], sizeof x->params[i]) == 0;
+    }
+    ckpt_close(&ra);
+    ckpt_close(&rb);
+    return same;
+}
+
+static void check_tail(const char *what, const step_log *resumed, const step_log *whole,
+                       uint32_t from, double tol) {
+    CHECK(resumed->count + from == whole->count, "%s: %u steps after step %u, expected %u",
+          what, resumed->count, from, whole->count - from);
+    for (uint32_t s = 0; s < resumed->count && from + s < whole->count; s++) {
+        double rel = loss_difference(resumed->loss[s], whole->loss[from + s]);
+        CHECK(tol == 0 ? resumed->loss[s] == whole->loss[from + s] &&
+                             resumed->norm[s] == whole->norm[from + s]
+                       : rel <= tol,
+              "%s: step %u: loss %.7g, uninterrupted %.7g", what, from + s,
+              (double)resumed->loss[s], (double)whole->loss[from + s]);
+    }
+}
+
+static void test_checkpoints(const char *scheme) {
+    static char text[RECIPE_TEXT_MAX];
+    begin_scheme_case("checkpoints_of_two_ranks_resume_on_any_count", scheme, text, sizeof text);
+    char two[200], one[200];
+    snprintf(two, sizeof two, "%s", tmp_path("two.ckpt"));
+    snprintf(one, sizeof one, "%s", tmp_path("one.ckpt"));
+    remove(two);
+    remove(one);
+    run_options whole = {0};
+    whole.steps_limit = 40;
+    whole.drop_eval = true;
+    run_options half = whole;
+    half.steps_limit = 20;
+    half.save_path = NULL;
+    run_options resumed = whole;
+    resumed.checkpoints = true;
+    const char *n = "synthetic_tiny.recipe";
+    // The uninterrupted runs on 2 ranks and on 1.
+    if (!run_ranks(n, text, 2, &whole, jobs_a) || !run_ranks(n, text, 1, &whole, jobs_1)) {
+        test_end();
+        return;
+    }
+    half.save_path = two;
+    bool ok = run_ranks(n, text, 2, &half, jobs_b);
+    half.save_path = one;
+    ok = ok && run_ranks(n, text, 1, &half, jobs_c);
+    CHECK(ok && same_tables(two, one), "the 2-rank checkpoint's table is not the 1-rank one's");
+    // 2 -> 2: bit for bit; 2 -> 1 and 1 -> 2: within the tolerance of another rank count.
+    if (ok && run_ranks_from(n, text, 2, &resumed, two, jobs_b)) {
+        check_tail("2 ranks resumed from 2", &jobs_b[0].log, &jobs_a[0].log, 20, 0);
+        CHECK(jobs_b[0].weights_hash == jobs_a[0].weights_hash, "2 -> 2: weights differ");
+    }
+    if (ok && run_ranks_from(n, text, 1, &resumed, two, jobs_c)) {
+        check_tail("1 rank resumed from 2", &jobs_c[0].log, &jobs_a[0].log, 20,
+                   tolerance_of(scheme));
+    }
+    if (ok && run_ranks_from(n, text, 2, &resumed, one, jobs_b)) {
+        check_tail("2 ranks resumed from 1", &jobs_b[0].log, &jobs_1[0].log, 20,
+                   tolerance_of(scheme));
+        CHECK(jobs_b[0].weights_hash == jobs_b[1].weights_hash, "1 -> 2: ranks' weights differ");
+    }
+    if (ok && run_ranks_from(n, text, 1, &resumed, one, jobs_c)) {
+        check_tail("1 rank resumed from 1", &jobs_c[0].log, &jobs_1[0].log, 20, 0);
+    }
+    test_end();
+}
+
 static void test_refusals(void) {
     test_begin("two_ranks_refuse_what_they_cannot_do");
     static char text[RECIPE_TEXT_MAX];
@@ -542,10 +632,10 @@ static void test_refusals(void) {
     CHECK(run_measure(&r, &rc, text, strlen(text), &o, &need) == QT_ERR_INPUT &&
           strstr(qt_error_message(), "divisible by 3"), "batch: %s", qt_error_message());
     o.world = 2;
-    o.save_path = tmp_path("never.ckpt");
+    o.from_path = tmp_path("never.ckpt");
     CHECK(run_measure(&r, &rc, text, strlen(text), &o, &need) == QT_ERR_INPUT &&
-          strstr(qt_error_message(), "checkpoints"), "save: %s", qt_error_message());
-    o.save_path = NULL;
+          strstr(qt_error_message(), "--from"), "from: %s", qt_error_message());
+    o.from_path = NULL;
     o.world = 8;  // 2 layers, 4 tensors with biases... fewer than 8
     rc.data.batch = 64;
     CHECK(run_measure(&r, &rc, text, strlen(text), &o, &need) == QT_ERR_INPUT &&
@@ -756,10 +846,52 @@ static bool gpu_losses(const char *path, float *loss, uint32_t *count) {
     return true;
 }
 
+// Checkpoints on the GPUs: 2 -> 2 bit for bit, 2 -> 1 and 1 -> 2 within the tolerance, against
+// the uninterrupted runs' losses (two: 2 GPUs, one: 1 GPU).
+static void gpu_checkpoints(const char *self, const char *scheme, const char *two,
+                            const char *one) {
+    char name[96], p2[200], p1[200], lr[200];
+    snprintf(name, sizeof name, "gpus2_checkpoints_resume_on_any_count_%s", scheme);
+    test_begin(name);
+    snprintf(p2, sizeof p2, "%s", tmp_path("two.ckpt"));
+    snprintf(p1, sizeof p1, "%s", tmp_path("one.ckpt"));
+    snprintf(lr, sizeof lr, "%s", tmp_path("resumed.losses"));
+    remove(p2);
+    remove(p1);
+    static float whole2[STEPS_MAX], whole1[STEPS_MAX], part[STEPS_MAX];
+    uint32_t n2 = 0, n1 = 0, n = 0;
+    CHECK(gpu_losses(two, whole2, &n2) && gpu_losses(one, whole1, &n1), "no uninterrupted runs");
+    // No traces: a resumed run would continue the saving run's.
+    bool saved2 = gpu_run(self, 2, scheme, "-", lr, false, p2, NULL, GPU_STEPS / 2);
+    bool saved1 = gpu_run(self, 1, scheme, "-", lr, false, p1, NULL, GPU_STEPS / 2);
+    CHECK(saved2 && saved1, "a save failed");
+    static const struct { uint32_t world; bool from_two; } cases[] = {{2, true}, {1, true},
+                                                                       {2, false}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0] && saved1 && saved2; c++) {
+        bool ok = gpu_run(self, cases[c].world, scheme, "-", lr, false, NULL,
+                          cases[c].from_two ? p2 : p1, GPU_STEPS) &&
+                  gpu_losses(lr, part, &n);
+        CHECK(ok && n == GPU_STEPS / 2, "%u GPUs from %s: failed or %u steps", cases[c].world,
+              cases[c].from_two ? "2" : "1", n);
+        const float *whole = cases[c].from_two ? whole2 : whole1;
+        bool exact = cases[c].world == (cases[c].from_two ? 2u : 1u);
+        for (uint32_t i = 0; ok && i < n; i++) {
+            float w = whole[GPU_STEPS / 2 + i];
+            double rel = loss_difference(part[i], w);
+            CHECK(exact ? part[i] == w : rel <= tolerance_of(scheme),
+                  "%u GPUs from %s GPUs' checkpoint, step %u: %.7g, uninterrupted %.7g",
+                  cases[c].world, cases[c].from_two ? "2" : "1", GPU_STEPS / 2 + i,
+                  (double)part[i], (double)w);
+        }
+    }
+    test_end();
+}
+
 static void test_gpus(const char *self) {
     static const char *const names[] = {
         "gpus2_traces_identical_across_runs", "gpus2_graphs_match_eager",
-        "gpus2_match_one_gpu_within_tolerance", "gpus2_no_synchronization_added"};
+        "gpus2_match_one_gpu_within_tolerance", "gpus2_no_synchronization_added",
+        "gpus2_checkpoints_resume_on_any_count"};
     const char *why = NULL;
     int count = 0;
     char reason[QT_ERROR_MESSAGE_MAX + 64];
@@ -823,6 +955,7 @@ static void test_gpus(const char *self) {
         CHECK(ran[0] && ran[1] && ran[2], "%s: a worker found synchronizing calls or failed",
               scheme);
         test_end();
+        gpu_checkpoints(self, scheme, l1, l4);
     }
 }
 
@@ -844,6 +977,8 @@ int main(int argc, char **argv) {
                                           "nvfp4"};
     for (size_t i = 0; i < sizeof schemes / sizeof schemes[0]; i++) test_two_ranks(schemes[i]);
     test_skip_together();
+    test_checkpoints("current");
+    test_checkpoints("mxfp8");
     test_refusals();
     test_gpus(argv[0]);
     (void)argc;
