@@ -45,6 +45,14 @@ qt_status backend_open_gpu(backend *b, int device_ordinal) {
     memset(b, 0, sizeof *b);
     b->kind = BACKEND_GPU;
     QT_TRY(driver_load());
+    int count = 0;
+    QT_CU(cuDeviceGetCount(&count));
+    if (device_ordinal >= count) {
+        // A data-parallel worker's ordinal is its rank: --gpus N needs N GPUs.
+        return qt_fail(QT_ERR_NO_DEVICE, "GPU %d asked for, but the driver shows %d GPU%s (GPUs "
+                       "count from 0; CUDA_VISIBLE_DEVICES may hide some): run on at most %d",
+                       device_ordinal, count, count == 1 ? "" : "s", count);
+    }
     QT_CU(cuDeviceGet(&b->device, device_ordinal));
     QT_CU(cuDevicePrimaryCtxRetain(&b->context, b->device));
     QT_CU(cuCtxSetCurrent(b->context));

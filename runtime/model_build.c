@@ -144,16 +144,19 @@ static qt_status mb_dp_broadcast_weights(mb *b) {
     return QT_OK;
 }
 
-// Each parameter's gradient summed over the ranks into its owner's copy.
+// Each parameter's gradient summed over the ranks into its owner's copy: one op per parameter,
+// last layer first, the order in which the backward pass finishes them, so that in a graph a
+// reduce waits for its own gradient only and overlaps the rest of the backward pass.
 static qt_status mb_dp_reduce_grads(mb *b) {
     const model *m = b->m;
-    mb_items items = {0};
-    for (uint32_t i = 0; i < m->param_count; i++) {
+    for (uint32_t i = m->param_count; i-- > 0;) {
+        char name[PROG_OP_NAME_MAX];
+        snprintf(name, sizeof name, "dp.reduce.%s", m->params[i].name);
         op_dp_item it = {DP_COLL_REDUCE, DP_DTYPE_F32, DP_OP_SUM, m->param_owner[i],
                          b->grads[i], b->grads[i], b->grad_counts[i]};
-        QT_TRY(mb_items_add(b, "dp.reduce_grads", &items, it));
+        QT_TRY(op_dp_collective(b->p, name, m->comm, b->dp_order, &it, 1));
     }
-    return mb_items_flush(b, "dp.reduce_grads", &items);
+    return QT_OK;
 }
 
 // `bytes` of every rank gathered in rank order into a new region [world][bytes] (f32 words).
