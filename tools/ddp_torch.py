@@ -74,21 +74,13 @@ def worker(rank, world, recipe_path, steps, warmup, init_file, out_file):
         for i in range(warmup):
             step(i)
         torch.cuda.synchronize(device)
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(steps)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(steps)]
-        loss = None
-        for i in range(steps):
-            starts[i].record()
-            loss = step(warmup + i)
-            ends[i].record()
-        torch.cuda.synchronize(device)
+        ms, total_ms, loss = peer_torch.timed_steps(step, warmup, steps)
         if rank == 0:
-            ms = [s.elapsed_time(e) for s, e in zip(starts, ends)]
             median = statistics.median(ms)
             flop = 6 * batch * peer_torch.linear_weights(r)
             result = {"peer": "torch-ddp", "recipe": recipe_path, "gpus": world, "ok": True,
                       "batch": batch, "batch_per_gpu": share, "ms_median": median,
-                      "ms_mean": starts[0].elapsed_time(ends[-1]) / steps,
+                      "ms_mean": total_ms / steps,
                       "samples_per_s": batch / (median * 1e-3),
                       "tflops": flop / (median * 1e-3) / 1e12,
                       "peak_bytes": torch.cuda.max_memory_allocated(device),
