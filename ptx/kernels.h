@@ -10,6 +10,7 @@
 
 #include "act.h"
 #include "core.h"
+#include "dp.h"
 #include "gemm.h"
 #include "gemm_sm90a.h"
 #include "moe.h"
@@ -29,7 +30,8 @@
     QT_KERNELS_ACT(X) \
     QT_KERNELS_GEMM(X) \
     QT_KERNELS_MOE(X) \
-    QT_KERNELS_SCHED(X)
+    QT_KERNELS_SCHED(X) \
+    QT_KERNELS_DP(X)
 
 // Every kernel: the ones programs hold, then the sm_90a GEMM tier, which runtime/gemm_tier.c
 // launches in place of a program's portable GEMM (never appended to a program).
@@ -43,7 +45,8 @@
     X(gemm_portable) \
     X(gemm_sm90a) \
     X(moe) \
-    X(sched)
+    X(sched) \
+    X(dp)
 
 // Every args struct of a kernel that programs hold fits the program's per-op args buffer (the
 // sm_90a GEMM args, tensor maps included, are built on the stack at launch).
@@ -57,8 +60,11 @@ QT_KERNELS_PROGRAM(QT_ARGS_FIT)
 typedef enum kernel_id { QT_KERNELS(QT_KERNEL_ID) KERNEL_COUNT } kernel_id;
 #undef QT_KERNEL_ID
 
+// MODULE_host: the ops that no image holds, which the backend runs on the host's side (the
+// collective op of ptx/dp.h, handed to NCCL); no module is loaded for it.
 #define QT_MODULE_ID(module) MODULE_##module,
-typedef enum module_id { QT_MODULES(QT_MODULE_ID) MODULE_COUNT } module_id;
+typedef enum module_id { QT_MODULES(QT_MODULE_ID) MODULE_COUNT, MODULE_host = MODULE_COUNT }
+    module_id;
 #undef QT_MODULE_ID
 
 #endif  // QT_KERNELS_H

@@ -224,7 +224,7 @@ qt_status qt_device_kernel(const qt_device *d, uint32_t index, qt_kernel_info *o
     }
     const kernel_attributes *a = &b->modules.attributes[index];
     out->symbol = kernel_table[index].symbol;
-    out->module = module_names[kernel_table[index].module];
+    out->module = modules_name(kernel_table[index].module);
     out->loaded = modules_loaded(&b->modules, (kernel_id)index);
     out->registers = a->registers;
     out->static_smem_bytes = a->static_smem_bytes;
@@ -320,9 +320,25 @@ static qt_status api_options(qt_runtime *rt, const qt_options *o, run_options *r
     }
     for (int mode = 0; mode < QT_MODE_COUNT; mode++) ro->modes[mode] = o->modes[mode];
     ro->inputs = o->inputs == QT_INPUTS_U8 ? DATA_INPUT_U8 : DATA_INPUT_F32;
+    ro->rank = o->rank;
+    ro->world = o->world;
+    ro->nccl_id = o->parallel_id;
     ro->interrupt = &rt->stop;
     ro->fill = api_fill;
     ro->fill_ctx = rt;
+    return QT_OK;
+}
+
+qt_status qt_parallel_id(void *out, size_t bytes) {
+    if (!out || bytes < QT_PARALLEL_ID_BYTES) {
+        return qt_fail(QT_ERR_INPUT, "qt_parallel_id: %zu bytes; expected %d",
+                       out ? bytes : 0, QT_PARALLEL_ID_BYTES);
+    }
+    QT_STATIC_ASSERT(QT_PARALLEL_ID_BYTES == sizeof(ncclUniqueId), "the id is NCCL's");
+    QT_TRY(nccl_load());
+    ncclUniqueId id;
+    QT_NCCL(ncclGetUniqueId(&id));
+    memcpy(out, &id, sizeof id);
     return QT_OK;
 }
 

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "gemm_tier.h"  // gemm_tier_takes, gemm_tier_launch
+#include "parallel.h"   // dp_launch: the collective op
 #include "pool.h"       // pool_start: the reference backend's and the staging gather's threads
 #include "ref.h"        // ref_<symbol> twins
 
@@ -44,6 +45,14 @@ qt_status backend_open_gpu(backend *b, int device_ordinal) {
     memset(b, 0, sizeof *b);
     b->kind = BACKEND_GPU;
     QT_TRY(driver_load());
+    int count = 0;
+    QT_CU(cuDeviceGetCount(&count));
+    if (device_ordinal >= count) {
+        // A data-parallel worker's ordinal is its rank: --gpus N needs N GPUs.
+        return qt_fail(QT_ERR_NO_DEVICE, "GPU %d asked for, but the driver shows %d GPU%s (GPUs "
+                       "count from 0; CUDA_VISIBLE_DEVICES may hide some): run on at most %d",
+                       device_ordinal, count, count == 1 ? "" : "s", count);
+    }
     QT_CU(cuDeviceGet(&b->device, device_ordinal));
     QT_CU(cuDevicePrimaryCtxRetain(&b->context, b->device));
     QT_CU(cuCtxSetCurrent(b->context));
@@ -201,11 +210,15 @@ void backend_release(backend *b, arena *a) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Running.
+// Running. Collective ops (runtime/parallel.h) launch through the same path.
 
 // The one place an op reaches the GPU: eager runs, captures and profiles all launch through it,
 // so all of them take the same GEMM tier (and give the same bits). The program is never changed.
 static qt_status backend_launch_on(backend *b, const prog_op *op, CUstream stream) {
+    // The collective op is NCCL's, enqueued on the op's stream like a kernel (captured too).
+    if (kernel_table[op->kernel].module == MODULE_host) {
+        return dp_launch((const dp_collective_args *)op->args, stream);
+    }
     if (gemm_tier_takes(b, op)) return gemm_tier_launch(b, op, stream);
     return modules_launch(&b->modules, op->kernel, &op->shape, stream, op->args,
                           op->args_bytes);

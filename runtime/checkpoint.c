@@ -10,6 +10,7 @@
 
 #include "atomic_file.h"  // the checkpoint appears whole or not at all
 #include "input_file.h"   // input_file_open: regular files only
+#include "parallel.h"     // dp_broadcast_now: a data-parallel save's gather
 
 QT_STATIC_ASSERT(offsetof(ckpt_header, header_crc) == CKPT_HEADER_BYTES - 4,
                  "the header's CRC is its last field");
@@ -68,15 +69,37 @@ static uint64_t ckpt_shape_bytes(const ckpt_region *e) {
 // ---------------------------------------------------------------------------------------------
 // Planning: what every persistent region is
 
+// The parts of a parameter that data parallelism leaves to its owner (model.c's
+// model_param_regions): its master, unless the master is the weight, and its Adam moments.
+enum { CKPT_PART_MASTER, CKPT_PART_M, CKPT_PART_V, CKPT_PARTS };
+
 typedef struct ckpt_describer {
     ckpt_layout *c;
     uint32_t *index_of;  // the layout's: table entry of a device handle, or CKPT_NONE
+    // Data parallelism: the table entry of each part of each parameter that this rank does
+    // not hold (CKPT_NONE: it holds it, or the run has no such part).
+    uint32_t remote[MODEL_PARAMS_MAX][CKPT_PARTS];
 } ckpt_describer;
 
-static void ckpt_describe(ckpt_describer *d, arena_handle h, ckpt_usage usage,
-                          ckpt_format format, uint32_t param, uint32_t outer, uint32_t inner) {
-    QT_ASSERT(h < d->c->dev_regions && d->index_of[h] != CKPT_NONE);
-    ckpt_region *e = &d->c->table.regions[d->index_of[h]];
+// A part's region on this rank, or MODEL_REGION_NONE.
+static arena_handle ckpt_part_handle(const model_param *p, int part) {
+    return part == CKPT_PART_MASTER ? p->master : part == CKPT_PART_M ? p->m : p->v;
+}
+
+// Table entry of a part of parameter `param` held here (h) or by its owner alone.
+static uint32_t ckpt_entry_of(const ckpt_describer *d, arena_handle h, uint32_t param, int part) {
+    if (h != MODEL_REGION_NONE) {
+        QT_ASSERT(h < d->c->dev_regions && d->index_of[h] != CKPT_NONE);
+        return d->index_of[h];
+    }
+    QT_ASSERT(param < MODEL_PARAMS_MAX && d->remote[param][part] != CKPT_NONE);
+    return d->remote[param][part];
+}
+
+static void ckpt_describe_at(ckpt_describer *d, uint32_t index, ckpt_usage usage,
+                             ckpt_format format, uint32_t param, uint32_t outer,
+                             uint32_t inner) {
+    ckpt_region *e = &d->c->table.regions[index];
     e->usage = usage;
     e->format = format;
     e->param = param;
@@ -86,6 +109,12 @@ static void ckpt_describe(ckpt_describer *d, arena_handle h, ckpt_usage usage,
     // The planner rounds every region up to 16 bytes: the shape must be what it reserved.
     uint64_t bytes = ckpt_shape_bytes(e);
     QT_ASSERT(bytes <= e->bytes && e->bytes - bytes < 16);
+}
+
+static void ckpt_describe(ckpt_describer *d, arena_handle h, ckpt_usage usage,
+                          ckpt_format format, uint32_t param, uint32_t outer, uint32_t inner) {
+    QT_ASSERT(h < d->c->dev_regions && d->index_of[h] != CKPT_NONE);
+    ckpt_describe_at(d, d->index_of[h], usage, format, param, outer, inner);
 }
 
 static ckpt_format ckpt_elem_format(qt_elem e) {
@@ -205,12 +234,14 @@ static void ckpt_describe_params(ckpt_describer *d, const model *m) {
         e->cols = p->cols;
         e->cols_valid = p->cols_valid;
         e->kind = ckpt_param_kind_of(p);
-        e->master = d->index_of[p->master];
+        e->master = ckpt_entry_of(d, p->master, i, CKPT_PART_MASTER);
         e->scheme = CKPT_NONE;
-        ckpt_describe(d, p->master, CKPT_USAGE_MASTER, CKPT_FORMAT_F32, i, p->rows, p->cols);
+        ckpt_describe_at(d, e->master, CKPT_USAGE_MASTER, CKPT_FORMAT_F32, i, p->rows, p->cols);
         if (m->modes[MODEL_MODE_TRAIN]) {
-            ckpt_describe(d, p->m, CKPT_USAGE_ADAM_M, CKPT_FORMAT_F32, i, p->rows, p->cols);
-            ckpt_describe(d, p->v, CKPT_USAGE_ADAM_V, CKPT_FORMAT_F32, i, p->rows, p->cols);
+            ckpt_describe_at(d, ckpt_entry_of(d, p->m, i, CKPT_PART_M), CKPT_USAGE_ADAM_M,
+                             CKPT_FORMAT_F32, i, p->rows, p->cols);
+            ckpt_describe_at(d, ckpt_entry_of(d, p->v, i, CKPT_PART_V), CKPT_USAGE_ADAM_V,
+                             CKPT_FORMAT_F32, i, p->rows, p->cols);
         }
         if (p->quantizer < 0) continue;
         const model_quantizer *mq = &m->quantizers[p->quantizer];
@@ -238,41 +269,127 @@ static void ckpt_describe_state(ckpt_describer *d, const model *m) {
     }
 }
 
+// Whether region `name` is one of parameter p's ("<param>.<part>", model_place's names).
+static bool ckpt_region_of(const char *name, const model_param *p) {
+    size_t n = strlen(p->name);
+    return strncmp(name, p->name, n) == 0 && name[n] == '.';
+}
+
+static ckpt_region *ckpt_new_entry(ckpt_describer *d, uint32_t *count, uint64_t *offset,
+                                   const char *name, uint64_t bytes, uint32_t category) {
+    ckpt_table *t = &d->c->table;
+    QT_ASSERT(*count < t->region_capacity);  // sized from the persistent and remote regions
+    ckpt_region *e = &t->regions[*count];
+    memset(e, 0, sizeof *e);
+    snprintf(e->name, sizeof e->name, "%s", name);
+    *offset = ckpt_align(*offset);
+    e->offset = *offset;
+    e->bytes = bytes;
+    e->category = category;
+    e->format = CKPT_FORMAT_BYTES;
+    e->usage = CKPT_USAGE_OTHER;
+    e->param = CKPT_NONE;
+    // Opaque bytes: [bytes], or [bytes / 2^16][2^16] beyond 32 bits (the model describes
+    // every large region it has, so this shape stays only on regions it does not know).
+    e->rank = bytes <= UINT32_MAX ? 1 : 2;
+    e->dims[0] = (uint32_t)(e->rank == 1 ? bytes : bytes >> 16);
+    e->dims[1] = e->rank == 1 ? 0 : 1u << 16;
+    d->c->handles[*count] = CKPT_NONE;
+    d->c->owner[*count] = CKPT_NONE;
+    *offset += bytes;
+    return e;
+}
+
+// Whether the run has a part at all (the moments: when it trains).
+static bool ckpt_part_exists(const model *m, int part) {
+    return part == CKPT_PART_MASTER || m->modes[MODEL_MODE_TRAIN];
+}
+
+// Data parallelism: the parts of parameter i that only its owner holds get their entries
+// where the run on one GPU has them (model_param_regions reserves master, m and v before the
+// weight's copies): `first` of them here, the others after.
+static void ckpt_list_parts(ckpt_describer *d, const model *m, uint32_t i, int first, int last,
+                            uint32_t *count, uint64_t *offset) {
+    const model_param *p = &m->params[i];
+    static const char *const names[CKPT_PARTS] = {"master", "m", "v"};
+    static const uint32_t categories[CKPT_PARTS] = {ARENA_CAT_MASTER, ARENA_CAT_OPTIM,
+                                                    ARENA_CAT_OPTIM};
+    uint64_t bytes = ((uint64_t)p->rows * p->cols * 4 + 15) / 16 * 16;  // model_region's
+    for (int part = first; part <= last; part++) {
+        if (!ckpt_part_exists(m, part)) continue;
+        uint32_t at = *count;
+        char name[ARENA_NAME_MAX];
+        snprintf(name, sizeof name, "%s.%s", p->name, names[part]);
+        ckpt_new_entry(d, count, offset, name, bytes, categories[part]);
+        (*count)++;
+        if (ckpt_part_handle(p, part) == MODEL_REGION_NONE) d->remote[i][part] = at;
+    }
+}
+
 // Every persistent device region with bytes, in handle order, as opaque bytes; then what the
 // model knows of them. Offsets: the regions one after the other from the header on. The device
 // batch slots are left out: they hold the inputs of steps already done, and the loop stages
 // every step's batch before the step reads it (runtime/schedule.h), a resumed run's first too.
+// A data-parallel rank lists the masters and moments of other ranks' parameters too, in the
+// places the run on one GPU has them, so every rank's table is that run's.
 static void ckpt_list_regions(ckpt_describer *d, const model *m) {
     const arena *dev = m->dev;
     ckpt_table *t = &d->c->table;
     uint32_t count = 0;
     uint64_t offset = CKPT_HEADER_BYTES;
+    bool placed[MODEL_PARAMS_MAX] = {false};
+    for (uint32_t i = 0; i < MODEL_PARAMS_MAX; i++) {
+        for (int part = 0; part < CKPT_PARTS; part++) d->remote[i][part] = CKPT_NONE;
+    }
     for (uint32_t h = 0; h < dev->region_count; h++) {
         const arena_region *r = arena_region_get(dev, h);
         d->index_of[h] = CKPT_NONE;
         if (!r->persistent || r->bytes == 0 || h == m->io.staged) continue;
-        QT_ASSERT(count < t->region_capacity);  // sized from the persistent regions
-        ckpt_region *e = &t->regions[count];
-        memset(e, 0, sizeof *e);
-        snprintf(e->name, sizeof e->name, "%s", r->name);
-        offset = ckpt_align(offset);
-        e->offset = offset;
-        e->bytes = r->bytes;
-        e->category = r->category;
-        e->format = CKPT_FORMAT_BYTES;
-        e->usage = CKPT_USAGE_OTHER;
-        e->param = CKPT_NONE;
-        // Opaque bytes: [bytes], or [bytes / 2^16][2^16] beyond 32 bits (the model describes
-        // every large region it has, so this shape stays only on regions it does not know).
-        e->rank = r->bytes <= UINT32_MAX ? 1 : 2;
-        e->dims[0] = (uint32_t)(e->rank == 1 ? r->bytes : r->bytes >> 16);
-        e->dims[1] = e->rank == 1 ? 0 : 1u << 16;
+        // A parameter's first region here: the parts it lacks come first (a quantized
+        // weight's master and moments) or right after its master (the moments of a master that
+        // is the weight, which every rank holds).
+        uint32_t after = UINT32_MAX;
+        for (uint32_t i = 0; i < m->param_count && m->world > 1; i++) {
+            if (placed[i] || !ckpt_region_of(r->name, &m->params[i])) continue;
+            placed[i] = true;
+            if (m->params[i].master == MODEL_REGION_NONE) {
+                ckpt_list_parts(d, m, i, CKPT_PART_MASTER, CKPT_PART_V, &count, &offset);
+            } else if (m->params[i].m == MODEL_REGION_NONE) {
+                after = i;
+            }
+        }
+        ckpt_new_entry(d, &count, &offset, r->name, r->bytes, r->category);
         d->c->handles[count] = h;
         d->index_of[h] = count++;
-        offset += r->bytes;
+        if (after != UINT32_MAX) ckpt_list_parts(d, m, after, CKPT_PART_M, CKPT_PART_V, &count,
+                                                 &offset);
+    }
+    // The owners of every part that one rank alone holds, whichever rank this is.
+    for (uint32_t i = 0; i < m->param_count && m->world > 1; i++) {
+        const model_param *p = &m->params[i];
+        for (int part = 0; part < CKPT_PARTS; part++) {
+            if (!ckpt_part_exists(m, part)) continue;
+            if (part == CKPT_PART_MASTER && p->quantizer < 0) continue;  // every rank's
+            arena_handle h = ckpt_part_handle(p, part);
+            uint32_t e = h != MODEL_REGION_NONE ? d->index_of[h] : d->remote[i][part];
+            QT_ASSERT(e != CKPT_NONE);
+            d->c->owner[e] = m->param_owner[i];
+        }
     }
     t->header.region_count = count;
     t->header.table_offset = ckpt_align(offset);
+}
+
+uint32_t ckpt_remote_regions(const model *m) {
+    uint32_t count = 0;
+    for (uint32_t i = 0; i < m->param_count && m->world > 1; i++) {
+        const model_param *p = &m->params[i];
+        for (int part = 0; part < CKPT_PARTS; part++) {
+            count += ckpt_part_exists(m, part) &&
+                     ckpt_part_handle(p, part) == MODEL_REGION_NONE;
+        }
+    }
+    return count;
 }
 
 // Storage of a table's entries: regions, then parameters (entries of 128 bytes, so both stay
@@ -291,7 +408,7 @@ static void ckpt_table_init(ckpt_table *t, uint8_t *storage, uint32_t regions, u
 
 uint64_t ckpt_layout_bytes(uint32_t regions, uint32_t params, uint32_t dev_regions) {
     return ckpt_entries_bytes(regions, params) + (uint64_t)regions * sizeof(arena_handle) +
-           (uint64_t)dev_regions * sizeof(uint32_t);
+           (uint64_t)regions * sizeof(uint32_t) + (uint64_t)dev_regions * sizeof(uint32_t);
 }
 
 qt_status ckpt_plan(ckpt_layout *c, const model *m, uint64_t recipe_hash, uint64_t seed,
@@ -307,9 +424,15 @@ qt_status ckpt_plan(ckpt_layout *c, const model *m, uint64_t recipe_hash, uint64
     ckpt_table_init(&c->table, storage, regions, params);
     uint8_t *after = (uint8_t *)storage + ckpt_entries_bytes(regions, params);
     c->handles = (arena_handle *)(void *)after;
-    c->index_of = (uint32_t *)(void *)(after + (uint64_t)regions * sizeof(arena_handle));
+    after += (uint64_t)regions * sizeof(arena_handle);
+    c->owner = (uint32_t *)(void *)after;
+    c->index_of = (uint32_t *)(void *)(after + (uint64_t)regions * sizeof(uint32_t));
     c->dev_regions = m->dev->region_count;
-    ckpt_describer d = {c, c->index_of};
+    c->model = m;
+    // About 5 KiB per 100 parameters: static storage would be shared between runtimes.
+    ckpt_describer d;
+    d.c = c;
+    d.index_of = c->index_of;
     ckpt_list_regions(&d, m);
     ckpt_describe_params(&d, m);
     ckpt_describe_state(&d, m);
@@ -369,15 +492,35 @@ static qt_status ckpt_put_gap(ckpt_writer *w, uint64_t offset) {
     return ckpt_put_hashed(w, zeros, offset - w->bytes);
 }
 
+// Data parallelism: where region i's bytes are on this rank for the save. A master or moment
+// that rank 0 does not hold is first broadcast from its owner into the parameter's gradient
+// region (the same bytes; transient, so free between steps) on every rank, every rank calling
+// this for every region in table order.
+static qt_status ckpt_gather(ckpt_layout *c, uint32_t i, backend *b, const arena *dev,
+                             arena_handle *at) {
+    *at = c->handles[i];
+    uint32_t owner = c->owner[i];
+    if (owner == CKPT_NONE || owner == 0) return QT_OK;
+    const model *m = c->model;
+    const ckpt_region *e = &c->table.regions[i];
+    QT_ASSERT(e->param < m->param_count);
+    if (*at == CKPT_NONE) *at = m->params[e->param].grad;
+    QT_ASSERT(arena_region_get(dev, *at)->bytes >= e->bytes);
+    return dp_broadcast_now(m->comm, b, (prog_ref){(arena *)dev, *at, 0}, e->bytes, owner);
+}
+
 // One region, device -> staging -> file, chunk by chunk.
 static qt_status ckpt_put_region(ckpt_writer *w, ckpt_layout *c, uint32_t i, backend *b,
                                  const arena *dev, uint8_t *staging) {
     ckpt_region *e = &c->table.regions[i];
+    arena_handle at;
+    QT_TRY(ckpt_gather(c, i, b, dev, &at));
+    QT_ASSERT(at != CKPT_NONE);
     QT_TRY(ckpt_put_gap(w, e->offset));
     uint32_t crc = 0;
     for (uint64_t done = 0; done < e->bytes;) {
         uint64_t n = e->bytes - done < c->chunk_bytes ? e->bytes - done : c->chunk_bytes;
-        prog_ref src = {(arena *)dev, c->handles[i], done};
+        prog_ref src = {(arena *)dev, at, done};
         QT_TRY(backend_read(b, staging, src, n));
         uint32_t piece = ckpt_crc(0, staging, n);
         QT_TRY(ckpt_put(w, staging, n, piece));
@@ -455,6 +598,15 @@ qt_status ckpt_save(ckpt_layout *c, backend *b, const arena *dev, const arena *h
     }
     if (status == QT_OK && hook) hook(ctx, CKPT_PHASE_DONE, w.bytes);
     return status;
+}
+
+qt_status ckpt_save_share(ckpt_layout *c, backend *b, const arena *dev) {
+    QT_ASSERT(c->model->world > 1 && c->model->rank > 0);
+    for (uint32_t i = 0; i < c->table.header.region_count; i++) {
+        arena_handle at;
+        QT_TRY(ckpt_gather(c, i, b, dev, &at));
+    }
+    return QT_OK;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -779,6 +931,7 @@ typedef struct ckpt_load_ctx {
 static qt_status ckpt_load_sink(void *ctx, uint32_t region, uint64_t offset, const void *bytes,
                                 uint64_t n) {
     const ckpt_load_ctx *l = ctx;
+    if (l->c->handles[region] == CKPT_NONE) return QT_OK;  // another rank's (still checked)
     prog_ref dst = {(arena *)l->dev, l->c->handles[region], offset};
     return backend_write(l->b, dst, bytes, n);
 }

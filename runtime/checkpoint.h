@@ -185,7 +185,13 @@ typedef struct ckpt_table {
 // One run's checkpoints, planned with the run.
 typedef struct ckpt_layout {
     ckpt_table table;          // what the run's checkpoints hold (CRCs: the last)
-    arena_handle *handles;     // [region_capacity]: device region of table entry i
+    arena_handle *handles;     // [region_capacity]: device region of table entry i; CKPT_NONE
+                               // for a master or moment that another rank holds
+    // Data parallelism: the owner rank of table entry i when it is a master or a moment that
+    // only its owner holds (CKPT_NONE: every rank holds the region). Every rank's layout is the
+    // table of the run on one GPU, so the file is the same whatever the GPU count.
+    uint32_t *owner;           // [region_capacity]
+    const model *model;
     uint32_t *index_of;        // [device regions]: table entry of a device region, or CKPT_NONE
     uint32_t dev_regions;
     arena_handle staging;      // host arena, chunk_bytes, pinned on the GPU
@@ -205,8 +211,12 @@ const char *ckpt_format_name(ckpt_format f);   // "f32", "e2m1x2", ...
 const char *ckpt_usage_name(ckpt_usage u);     // "master", "row_scale", ...
 
 // Memory of a layout for `regions` persistent regions (at least the device arena's persistent
-// regions with bytes), `params` parameters and a device arena of dev_regions regions.
+// regions with bytes, and ckpt_remote_regions), `params` parameters and a device arena of
+// dev_regions regions.
 uint64_t ckpt_layout_bytes(uint32_t regions, uint32_t params, uint32_t dev_regions);
+// Data parallelism: the table entries of the masters and moments a rank of m does not hold,
+// which its layout lists all the same (0 with one rank).
+uint32_t ckpt_remote_regions(const model *m);
 
 // Start-up, arenas in PLAN, after every program is built: describes every persistent region
 // of m's device arena (format and shape from the model), lays the file out, and reserves the
@@ -224,9 +234,14 @@ qt_status ckpt_plan(ckpt_layout *c, const model *m, uint64_t recipe_hash, uint64
 // and never when it is not a regular file. The device must be idle (the schedule loop drains
 // before it saves). QT_ERR_IO naming the file on failure, which removes PATH.tmp-PID and leaves
 // PATH as it was.
+// Data parallelism: rank 0 writes the file; every master and moment that another rank owns
+// reaches it first, region by region in table order, by a broadcast from its owner into the
+// parameter's gradient region (free between steps) on every rank, which every rank takes part
+// in: ranks other than 0 call ckpt_save_share at the same save point instead of ckpt_save.
 qt_status ckpt_save(ckpt_layout *c, backend *b, const arena *dev, const arena *host_arena,
                     const ckpt_host *host, const char *path, bool replace, ckpt_hook_fn hook,
                     void *ctx);
+qt_status ckpt_save_share(ckpt_layout *c, backend *b, const arena *dev);
 
 typedef struct ckpt_reader {
     int fd;

@@ -960,6 +960,14 @@ void data_feed_init(data_feed *f, const data_set *set, uint32_t batch, bool shuf
     f->seed = seed;
     f->order = order;
     f->order_epoch = UINT64_MAX;
+    f->share_first = 0;
+    f->share_rows = batch;
+}
+
+void data_feed_share(data_feed *f, uint32_t rank, uint32_t world) {
+    QT_ASSERT(world >= 1 && rank < world && f->batch % world == 0);
+    f->share_rows = f->batch / world;
+    f->share_first = rank * f->share_rows;
 }
 
 qt_status data_feed_seek(data_feed *f, data_cursor cursor) {
@@ -1026,7 +1034,7 @@ static void stage_rows(void *ctx, uint64_t begin, uint64_t end) {
     const stage_job *j = ctx;
     const data_feed *f = j->feed;
     for (uint64_t r = begin; r < end; r++) {
-        uint64_t at = f->cursor.position + r;
+        uint64_t at = f->cursor.position + f->share_first + r;
         stage_row(f->set, j->layout, j->slot, (uint32_t)r, f->shuffle ? f->order[at] : at);
     }
 }
@@ -1037,10 +1045,11 @@ static void stage_rows(void *ctx, uint64_t begin, uint64_t end) {
 #define DATA_STAGE_BYTES_PER_TASK_MIN (1u << 20)
 
 // The slot's first bytes: its rows and widths, and the cursor of its first row.
-static void stage_header(const data_slot_layout *l, uint32_t rows, data_cursor cursor,
-                         uint8_t *slot) {
+static void stage_header(const data_slot_layout *l, uint32_t rows, uint32_t rows_global,
+                         data_cursor cursor, uint8_t *slot) {
     data_slot_header header = {
         .rows_valid = rows,
+        .rows_global = rows_global,
         .batch = l->batch,
         .features = l->features,
         .stride = l->stride,
@@ -1082,13 +1091,13 @@ void data_stage_rows(const data_slot_layout *layout, uint32_t rows, const void *
                layout->features * elem);
     }
     stage_gaps(layout, bytes);
-    stage_header(layout, rows, (data_cursor){UINT64_MAX, 0}, bytes);  // no dataset's cursor
+    stage_header(layout, rows, rows, (data_cursor){UINT64_MAX, 0}, bytes);  // no dataset's cursor
 }
 
 uint32_t data_feed_next(data_feed *f, const data_slot_layout *layout, void *slot) {
     const data_set *set = f->set;
     uint64_t samples = set->info.samples;
-    QT_ASSERT(layout->batch == f->batch && layout->features == set->info.features);
+    QT_ASSERT(layout->batch == f->share_rows && layout->features == set->info.features);
     QT_ASSERT(layout->outputs == set->info.outputs &&
               layout->target_type == set->info.target_type &&
               layout->input_type == set->info.input_type);
@@ -1098,7 +1107,9 @@ uint32_t data_feed_next(data_feed *f, const data_slot_layout *layout, void *slot
         f->order_epoch = f->cursor.epoch;
     }
     uint64_t left = samples - f->cursor.position;
-    uint32_t rows = left < f->batch ? (uint32_t)left : f->batch;
+    uint32_t rows_global = left < f->batch ? (uint32_t)left : f->batch;
+    uint32_t rows = rows_global <= f->share_first ? 0 : rows_global - f->share_first;
+    if (rows > f->share_rows) rows = f->share_rows;
     uint8_t *bytes = slot;
     // Each row is written by one task and its bytes depend on its sample alone, so the slot is
     // the same on any number of threads.
@@ -1106,10 +1117,10 @@ uint32_t data_feed_next(data_feed *f, const data_slot_layout *layout, void *slot
     uint64_t grain = DATA_STAGE_BYTES_PER_TASK_MIN / (row_bytes ? row_bytes : 1) + 1;
     stage_job job = {f, layout, bytes};
     pool_for(rows, grain, stage_rows, &job);
-    for (uint32_t r = rows; r < f->batch; r++) stage_padding(layout, bytes, r);
+    for (uint32_t r = rows; r < f->share_rows; r++) stage_padding(layout, bytes, r);
     stage_gaps(layout, bytes);
-    stage_header(layout, rows, f->cursor, bytes);
-    f->cursor.position += rows;
+    stage_header(layout, rows, rows_global, f->cursor, bytes);
+    f->cursor.position += rows_global;
     if (f->cursor.position == samples) {
         f->cursor.epoch++;
         f->cursor.position = 0;

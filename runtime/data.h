@@ -138,7 +138,10 @@ typedef struct data_slot_header {
     uint32_t target_type;     // data_target_type
     uint64_t epoch;           // cursor of the batch's first row, for checks and traces
     uint64_t position;
-    uint64_t reserved[3];
+    uint32_t rows_global;     // real rows of the whole batch that this slot is a share of (data
+                              // parallelism: every rank stages its share); rows_valid without
+    uint32_t reserved32;
+    uint64_t reserved[2];
 } data_slot_header;
 QT_STATIC_ASSERT(sizeof(data_slot_header) == 64, "data_slot_header layout (read by the device)");
 
@@ -163,6 +166,10 @@ typedef struct data_feed {
     uint32_t *order;          // (samples) visiting order of order_epoch (shuffle only)
     uint64_t order_epoch;     // the epoch `order` holds; UINT64_MAX: none yet
     data_cursor cursor;       // the next batch
+    // Data parallelism (runtime/parallel.h): the feed's batch is the global batch, and this feed
+    // stages rows [share_first, share_first + share_rows) of each one, from the same shuffle on
+    // every rank; the cursor advances by the whole batch. A plain feed's share is the batch.
+    uint32_t share_first, share_rows;
 } data_feed;
 
 // Reads the headers of an IDX or .npy pair (or the parameters of a synthetic source), checks them
@@ -215,6 +222,12 @@ void data_shuffle(uint32_t *order, uint64_t samples, uint64_t seed, uint64_t epo
 // Starts a feed at {0, 0}. order (data_order_bytes, 4-byte aligned) is needed when shuffle is set.
 void data_feed_init(data_feed *f, const data_set *set, uint32_t batch, bool shuffle,
                     uint64_t seed, uint32_t *order);
+// Makes the feed stage rank `rank`'s contiguous share of each of its batches, of `world` ranks
+// (the batch a multiple of world): rows [rank * batch / world, (rank + 1) * batch / world). Its
+// slots are laid out for batch / world rows; the header's rows_valid counts the share's real
+// rows and rows_global the whole batch's, and the last partial batch of an epoch fills the
+// shares in rank order (a later rank may hold padding only).
+void data_feed_share(data_feed *f, uint32_t rank, uint32_t world);
 // Moves the feed to a cursor, e.g. one loaded from a checkpoint. QT_ERR_MISMATCH when the
 // position is not below the dataset's samples (the checkpoint belongs to other data).
 qt_status data_feed_seek(data_feed *f, data_cursor cursor);

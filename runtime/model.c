@@ -501,18 +501,51 @@ static qt_status model_add_param(model *m, const char *layer, const char *what, 
 
 // master, m, v (persistent) and the gradient (transient in the train program); the quantized
 // weight with rowwise data, plus columnwise data when the schedule trains.
-static qt_status model_param_regions(model *m, model_param *p) {
+bool model_param_owned(const model *m, uint32_t i) {
+    QT_ASSERT(i < m->param_count);
+    return m->param_owner[i] == m->rank;
+}
+
+bool model_param_master_here(const model *m, uint32_t i) {
+    return model_param_owned(m, i) || m->params[i].quantizer < 0;
+}
+
+// Each parameter's owner among the ranks (runtime/parallel.h's partition by elements).
+static qt_status model_plan_owners(model *m) {
+    if (m->world == 1) return QT_OK;  // param_owner is all 0: rank 0 owns everything
+    if (m->param_count < m->world) {
+        return qt_fail(QT_ERR_INPUT, "%s: the model has %u parameter tensors; a run on %u GPUs "
+                       "gives each GPU at least one to own: use at most %u GPUs",
+                       m->recipe->file_name, m->param_count, m->world, m->param_count);
+    }
+    uint64_t elems[MODEL_PARAMS_MAX];
+    for (uint32_t i = 0; i < m->param_count; i++) {
+        elems[i] = (uint64_t)m->params[i].rows * m->params[i].cols;
+    }
+    dp_partition(elems, m->param_count, m->world, m->param_owner);
+    return QT_OK;
+}
+
+// A data-parallel rank reserves the master and moments of the parameters it owns only (and
+// every master that is the weight itself), which is what ZeRO-1 takes off each rank's arena.
+static qt_status model_param_regions(model *m, uint32_t index) {
+    model_param *p = &m->params[index];
     bool train = m->modes[MODEL_MODE_TRAIN];
     uint64_t bytes = (uint64_t)p->rows * p->cols * 4;
     model_place pl = {m->dev, p->name, true, ARENA_CAT_MASTER};
     prog_ref ref;
-    QT_TRY(model_region(&pl, "master", bytes, ARENA_CAT_MASTER, &ref));
-    p->master = ref.region;
+    p->master = p->m = p->v = MODEL_REGION_NONE;
+    if (model_param_master_here(m, index)) {
+        QT_TRY(model_region(&pl, "master", bytes, ARENA_CAT_MASTER, &ref));
+        p->master = ref.region;
+    }
     if (train) {
-        QT_TRY(model_region(&pl, "m", bytes, ARENA_CAT_OPTIM, &ref));
-        p->m = ref.region;
-        QT_TRY(model_region(&pl, "v", bytes, ARENA_CAT_OPTIM, &ref));
-        p->v = ref.region;
+        if (model_param_owned(m, index)) {
+            QT_TRY(model_region(&pl, "m", bytes, ARENA_CAT_OPTIM, &ref));
+            p->m = ref.region;
+            QT_TRY(model_region(&pl, "v", bytes, ARENA_CAT_OPTIM, &ref));
+            p->v = ref.region;
+        }
         model_place grads = {m->dev, p->name, false, ARENA_CAT_GRADS};
         QT_TRY(model_region(&grads, "grad", bytes, ARENA_CAT_GRADS, &ref));
         p->grad = ref.region;
@@ -571,7 +604,8 @@ static qt_status model_plan_params(model *m) {
                                    &lin->bias_param));
         }
     }
-    for (uint32_t i = 0; i < m->param_count; i++) QT_TRY(model_param_regions(m, &m->params[i]));
+    QT_TRY(model_plan_owners(m));
+    for (uint32_t i = 0; i < m->param_count; i++) QT_TRY(model_param_regions(m, i));
     for (uint32_t s = 0; s < m->state_count; s++) {
         model_state *st = &m->states[s];
         char prefix[32];
@@ -661,6 +695,9 @@ qt_status model_plan(model *m, const recipe *r, arena *dev, arena *host,
     m->batch = options->batch;
     m->emulated_gemm = options->emulated_gemm;
     m->seed = options->seed;
+    m->comm = options->comm;
+    m->rank = options->comm ? options->comm->rank : 0;
+    m->world = options->comm ? options->comm->world : 1;
     memcpy(m->modes, options->modes, sizeof m->modes);
     m->classification = r->model.loss == RECIPE_LOSS_SOFTMAX_XENT;
     m->input_features = r->model.input_features;

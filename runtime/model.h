@@ -54,6 +54,7 @@
 #include "data.h"     // data_slot_layout
 #include "op_moe.h"   // op_moe_routing, which the program builders keep per moe layer
 #include "op_quant_fp8.h"  // op_fp8_delayed_state, which the train program's builder keeps
+#include "parallel.h"  // dp_comm: the ranks of a data-parallel run
 #include "program.h"
 #include "recipe.h"   // recipe, recipe_layer
 #include "rules.h"    // qt_quantizer, qt_role
@@ -135,6 +136,9 @@ typedef struct model_state {
     arena_handle scale;     // f32 [slots]
 } model_state;
 
+// A region a rank does not hold (a data-parallel run's masters and moments of other ranks).
+#define MODEL_REGION_NONE UINT32_MAX
+
 typedef enum model_init { MODEL_INIT_NORMAL, MODEL_INIT_ZERO, MODEL_INIT_ONE } model_init;
 
 typedef struct model_param {
@@ -143,7 +147,8 @@ typedef struct model_param {
     uint32_t cols_valid;        // columns that are filled at init; the rest stay zero
     model_init init;
     float init_std;             // NORMAL: 1/sqrt(fan_in)
-    arena_handle master, m, v;  // f32 [rows][cols]
+    arena_handle master, m, v;  // f32 [rows][cols]; MODEL_REGION_NONE on a rank that does
+                                // not hold them (data parallelism: model_param_master_here)
     arena_handle grad;          // f32 [rows][cols], transient in the train program
     int32_t quantizer;          // the weight's quantizer, or -1: the master is the parameter
     model_qstore weight;        // quantized copies (quantizer >= 0)
@@ -224,6 +229,9 @@ typedef struct model_options {
     uint32_t lr_row_count;           // >= 1
     const data_info *data;           // the training set (widths)
     model_inject inject;
+    // Data parallelism (runtime/parallel.h): this rank's communicator (NULL: one rank); batch
+    // is then this rank's share of the global batch.
+    const dp_comm *comm;
 } model_options;
 
 // The tensors of one moe layer's forward pass that its backward pass reads.
@@ -255,6 +263,7 @@ typedef struct model_builder {
     prog_ref snap_amax, snap_scale;  // f32 [delayed_slots]; the record copies delayed_count
     prog_ref grads[MODEL_PARAMS_MAX];        // the optimizer's gradients, and their elements
     uint64_t grad_counts[MODEL_PARAMS_MAX];
+    prog_ref dp_order;      // data parallelism: the region every collective op writes
     op_fp8_delayed_state states[MODEL_STATES_MAX];  // the end of step's delayed-scaling states
 } model_builder;
 
@@ -289,6 +298,11 @@ typedef struct model {
     uint32_t delayed_count;       // the first slots, which the trace records (at most
                                   // QT_TRACE_QUANTIZERS_MAX)
     model_io io;
+    // Data parallelism: the rank, the world, the communicator the collective ops name, and each
+    // parameter's owner (dp_partition; all 0 with one rank).
+    uint32_t rank, world;
+    const dp_comm *comm;
+    uint32_t param_owner[MODEL_PARAMS_MAX];
     model_inject inject;
     uint32_t inject_param;        // with inject.on: the parameter whose gradient gets the fault
     uint32_t note_count;          // planning decisions for `qtrain plan`
@@ -309,6 +323,11 @@ qt_status model_build_eval(model *m, program *p);
 qt_status model_build_infer(model *m, program *p);
 qt_status model_build_init(model *m, program *p);
 qt_status model_build_checksum(model *m, program *p);
+
+// Whether this rank owns parameter i (updates it, holds its moments), and whether it holds its
+// master: an owned one's, and every rank a master that is the weight itself (no quantizer).
+bool model_param_owned(const model *m, uint32_t i);
+bool model_param_master_here(const model *m, uint32_t i);
 
 // Tensors of one quantizer: an moe layer's experts (fc1, fc2) have one per expert, each with its
 // own scale, amax and delayed-scaling slot; every other quantizer has one.

@@ -65,6 +65,122 @@ static qt_status mb_tensor(mb *b, const char *what, uint32_t rows, uint32_t cols
 }
 
 // ---------------------------------------------------------------------------------------------
+// Data parallelism (runtime/parallel.h): collective ops, only when the run has several ranks
+
+QT_STATIC_ASSERT(offsetof(data_slot_header, rows_global) == QT_DP_ROWS_GLOBAL_OFFSET,
+                 "ptx/dp.h reads rows_global at its offset in the device batch's header");
+
+static bool mb_parallel(const mb *b) { return b->m->world > 1; }
+
+// The region every collective op of the program writes, which keeps them in program order in a
+// captured graph (NCCL needs the same order on every rank). prefix: the program's.
+static qt_status mb_dp_begin(mb *b, const char *prefix) {
+    if (!mb_parallel(b)) return QT_OK;
+    model_place pl = {b->m->dev, prefix, false, ARENA_CAT_WORKSPACE};
+    return model_region(&pl, "dp.order", 16, ARENA_CAT_WORKSPACE, &b->dp_order);
+}
+
+// Collective items appended as ops of at most DP_ITEMS_MAX items each (one NCCL group each).
+typedef struct mb_items {
+    op_dp_item item[DP_ITEMS_MAX];
+    uint32_t count;
+} mb_items;
+
+static qt_status mb_items_flush(mb *b, const char *name, mb_items *items) {
+    if (items->count == 0) return QT_OK;
+    QT_TRY(op_dp_collective(b->p, name, b->m->comm, b->dp_order, items->item, items->count));
+    items->count = 0;
+    return QT_OK;
+}
+
+static qt_status mb_items_add(mb *b, const char *name, mb_items *items, op_dp_item item) {
+    if (items->count == DP_ITEMS_MAX) QT_TRY(mb_items_flush(b, name, items));
+    items->item[items->count++] = item;
+    return QT_OK;
+}
+
+// A region's bytes from ref's offset to its end (a counting arena has no table: any size).
+static uint64_t mb_bytes_to_end(prog_ref ref) {
+    if (arena_counting(ref.arena)) return 16;
+    return arena_region_get(ref.arena, ref.region)->bytes - ref.offset;
+}
+
+// Every stored copy of parameter i's weight (a quantized weight's codes, scales and amaxes in
+// every usage; the master of one without a quantizer) broadcast from its owner, as stored.
+static qt_status mb_dp_broadcast_param(mb *b, uint32_t i) {
+    const model *m = b->m;
+    const model_param *pa = &m->params[i];
+    prog_ref refs[8];
+    uint32_t n = 0;
+    if (pa->quantizer < 0) {
+        refs[n++] = mb_dev(b, pa->master);
+    } else {
+        const model_qstore *s = &pa->weight;
+        const prog_ref all[] = {s->row_data, s->row_scale, s->col_data, s->col_scale,
+                                s->scale_inv, s->amax_row, s->amax_col, s->bf16.ref};
+        for (uint32_t k = 0; k < sizeof all / sizeof all[0]; k++) {
+            if (!prog_ref_present(all[k])) continue;
+            bool seen = false;  // amax_row and amax_col may be one region
+            for (uint32_t j = 0; j < n; j++) {
+                seen |= refs[j].arena == all[k].arena && refs[j].region == all[k].region;
+            }
+            if (!seen) refs[n++] = (prog_ref){all[k].arena, all[k].region, 0};
+        }
+    }
+    mb_items items = {0};
+    char name[PROG_OP_NAME_MAX];
+    snprintf(name, sizeof name, "dp.broadcast.%s", pa->name);
+    for (uint32_t j = 0; j < n; j++) {
+        op_dp_item it = {DP_COLL_BROADCAST, DP_DTYPE_U8, DP_OP_NONE, m->param_owner[i], refs[j],
+                         refs[j], mb_bytes_to_end(refs[j])};
+        QT_TRY(mb_items_add(b, name, &items, it));
+    }
+    return mb_items_flush(b, name, &items);
+}
+
+static qt_status mb_dp_broadcast_weights(mb *b) {
+    for (uint32_t i = 0; i < b->m->param_count; i++) QT_TRY(mb_dp_broadcast_param(b, i));
+    return QT_OK;
+}
+
+// Each parameter's gradient summed over the ranks into its owner's copy: one op per parameter,
+// last layer first, the order in which the backward pass finishes them, so that in a graph a
+// reduce waits for its own gradient only and overlaps the rest of the backward pass.
+static qt_status mb_dp_reduce_grads(mb *b) {
+    const model *m = b->m;
+    for (uint32_t i = m->param_count; i-- > 0;) {
+        char name[PROG_OP_NAME_MAX];
+        snprintf(name, sizeof name, "dp.reduce.%s", m->params[i].name);
+        op_dp_item it = {DP_COLL_REDUCE, DP_DTYPE_F32, DP_OP_SUM, m->param_owner[i],
+                         b->grads[i], b->grads[i], b->grad_counts[i]};
+        QT_TRY(op_dp_collective(b->p, name, m->comm, b->dp_order, &it, 1));
+    }
+    return QT_OK;
+}
+
+// `bytes` of every rank gathered in rank order into a new region [world][bytes] (f32 words).
+static qt_status mb_dp_gather(mb *b, const char *what, prog_ref local, uint64_t bytes,
+                              prog_ref *all) {
+    QT_TRY(mb_region(b, what, bytes * b->m->world, ARENA_CAT_STAGING, all));
+    op_dp_item it = {DP_COLL_ALL_GATHER, DP_DTYPE_F32, DP_OP_NONE, 0, local, *all, bytes / 4};
+    return op_dp_collective(b->p, what, b->m->comm, b->dp_order, &it, 1);
+}
+
+// This step's amaxes (row 0 of every delayed-scaling history) the maximum over the ranks, so
+// the states roll the same values on every rank: the global batch's amaxes.
+static qt_status mb_dp_amaxes(mb *b) {
+    const model *m = b->m;
+    mb_items items = {0};
+    for (uint32_t s = 0; s < m->state_count; s++) {
+        prog_ref row0 = mb_dev(b, m->states[s].history);
+        op_dp_item it = {DP_COLL_ALL_REDUCE, DP_DTYPE_F32, DP_OP_MAX, 0, row0, row0,
+                         m->states[s].slots};
+        QT_TRY(mb_items_add(b, "dp.amax", &items, it));
+    }
+    return mb_items_flush(b, "dp.amax", &items);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Quantization of activations and gradients
 
 static prog_ref mb_state_scale(const mb *b, const model_quantizer *mq) {
@@ -707,11 +823,29 @@ static qt_status mb_forward(mb *b) {
 // ---------------------------------------------------------------------------------------------
 // Loss
 
+// Several ranks: each rank's loss over its share, then the statistics of the global batch (the
+// ranks' sums in rank order) and the loss gradient scaled to the rank's part of the global mean.
+static qt_status mb_loss_parallel(mb *b, prog_ref local, uint32_t cols) {
+    model *m = b->m;
+    if (b->train) {
+        QT_TRY(op_dp_loss_share(b->p, "dp.loss_share", b->dlogits.ref, b->dlogits.dtype,
+                                (uint64_t)b->dlogits.rows * b->dlogits.cols, b->rows_valid));
+    }
+    prog_ref all;
+    QT_TRY(mb_dp_gather(b, "dp.loss_stats", local, sizeof(qt_loss_stats), &all));
+    return op_dp_stats_fold(b->p, "dp.loss_stats.fold", all, m->world,
+                            m->classification ? 1 : cols, b->stats);
+}
+
 static qt_status mb_loss(mb *b) {
     model *m = b->m;
     model_tensor out = b->acts[m->recipe->model.layers_count];
     uint32_t rows = out.rows, cols = out.cols;
     QT_TRY(mb_region(b, "loss.stats", sizeof(qt_loss_stats), ARENA_CAT_STAGING, &b->stats));
+    prog_ref stats = b->stats;  // several ranks: this rank's, folded into b->stats after
+    if (mb_parallel(b)) {
+        QT_TRY(mb_region(b, "loss.stats_rank", sizeof(qt_loss_stats), ARENA_CAT_STAGING, &stats));
+    }
     op_act_tensor grad = OP_ACT_NONE;
     if (b->train) {
         QT_TRY(mb_tensor(b, "loss.dy", rows, cols, ARENA_CAT_ACTIVATIONS, &b->dlogits));
@@ -723,12 +857,14 @@ static qt_status mb_loss(mb *b) {
     prog_ref ws = OP_REF_NONE;
     if (ws_bytes) QT_TRY(mb_region(b, "loss.ws", ws_bytes, ARENA_CAT_WORKSPACE, &ws));
     if (m->classification) {
-        return op_xent(b->p, "loss", rows, cols, mb_act(out), b->targets, OP_REF_NONE, grad, ws,
-                       b->stats);
+        QT_TRY(op_xent(b->p, "loss", rows, cols, mb_act(out), b->targets, OP_REF_NONE, grad, ws,
+                       stats));
+    } else {
+        op_act_tensor target = {b->targets, QT_DTYPE_F32};
+        QT_TRY(op_mse(b->p, "loss", rows, cols, mb_act(out), target, b->rows_valid, grad, ws,
+                      stats));
     }
-    op_act_tensor target = {b->targets, QT_DTYPE_F32};
-    return op_mse(b->p, "loss", rows, cols, mb_act(out), target, b->rows_valid, grad, ws,
-                  b->stats);
+    return mb_parallel(b) ? mb_loss_parallel(b, stats, cols) : QT_OK;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1032,12 +1168,34 @@ static qt_status mb_optimizer(mb *b) {
         QT_TRY(op_sched_inject(b->p, "inject", mb_dev(b, m->io.counter), m->inject.step,
                                grads[m->inject_param], m->inject.bits));
     }
+    // Several ranks: the gradients summed into their owners, and the norm over the owned ones
+    // (the parameters this rank updates), folded with the other ranks' after.
+    prog_ref owned_grads[MODEL_PARAMS_MAX];
+    uint64_t owned_counts[MODEL_PARAMS_MAX];
+    uint32_t owned = 0;
+    if (mb_parallel(b)) QT_TRY(mb_dp_reduce_grads(b));
+    for (uint32_t i = 0; i < m->param_count; i++) {
+        if (!model_param_owned(m, i)) continue;
+        owned_grads[owned] = grads[i];
+        owned_counts[owned++] = counts[i];
+    }
     prog_ref ws;
-    QT_TRY(mb_region(b, "grad_norm.ws", op_grad_norm_workspace_bytes(m->param_count, counts),
+    QT_TRY(mb_region(b, "grad_norm.ws", op_grad_norm_workspace_bytes(owned, owned_counts),
                      ARENA_CAT_WORKSPACE, &ws));
     QT_TRY(mb_region(b, "grad_norm", sizeof(qt_gnorm_result), ARENA_CAT_STAGING, &b->gnorm));
-    QT_TRY(op_grad_norm(b->p, "grad_norm", m->param_count, grads, counts, m->recipe->optim.clip,
-                        ws, mb_dev(b, m->io.gnorm_ticket), b->gnorm));
+    prog_ref norm = b->gnorm;
+    if (mb_parallel(b)) {
+        QT_TRY(mb_region(b, "grad_norm_rank", sizeof(qt_gnorm_result), ARENA_CAT_STAGING,
+                         &norm));
+    }
+    QT_TRY(op_grad_norm(b->p, "grad_norm", owned, owned_grads, owned_counts,
+                        m->recipe->optim.clip, ws, mb_dev(b, m->io.gnorm_ticket), norm));
+    if (mb_parallel(b)) {
+        prog_ref all;
+        QT_TRY(mb_dp_gather(b, "dp.grad_norm", norm, sizeof(qt_gnorm_result), &all));
+        QT_TRY(op_dp_gnorm_fold(b->p, "dp.grad_norm.fold", all, m->world,
+                                m->recipe->optim.clip, b->gnorm));
+    }
     // This step's optimizer values: the updates, the delayed-scaling states and the record
     // read them; nothing persistent changes when the step is skipped (ptx/optim.h).
     QT_TRY(mb_region(b, "optim_state", sizeof(optim_state), ARENA_CAT_STAGING, &b->optim));
@@ -1045,11 +1203,12 @@ static qt_status mb_optimizer(mb *b) {
     QT_TRY(op_optim_begin(b->p, "optim.begin", mb_dev(b, m->io.optim_steps), state, b->gnorm,
                           mb_dev(b, m->io.lr_rows), m->io.lr_row_count));
     for (uint32_t i = 0; i < m->param_count; i++) {
+        if (!model_param_owned(m, i)) continue;  // another rank's (data parallelism)
         optim_param_desc d;
         mb_param_desc(b, i, &d);
         QT_TRY(op_optim_adamw(b->p, &d, state));
     }
-    return QT_OK;
+    return mb_parallel(b) ? mb_dp_broadcast_weights(b) : QT_OK;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1068,6 +1227,7 @@ static qt_status mb_delayed(mb *b) {
         QT_TRY(mb_region(b, "record.amax", bytes, ARENA_CAT_STAGING, &b->snap_amax));
     }
     QT_TRY(mb_region(b, "record.scale", bytes, ARENA_CAT_STAGING, &b->snap_scale));
+    if (b->train && mb_parallel(b)) QT_TRY(mb_dp_amaxes(b));
     op_fp8_delayed_state *states = b->states;
     for (uint32_t s = 0; s < m->state_count; s++) {
         const model_state *st = &m->states[s];
@@ -1118,6 +1278,7 @@ static qt_status mb_begin(mb *b, model *m, program *p, model_mode mode) {
     b->mode = mode;
     b->train = mode == MODEL_MODE_TRAIN;
     QT_ASSERT(m->modes[mode]);
+    QT_TRY(mb_dp_begin(b, model_mode_name(mode)));
     const data_slot_layout *slot = &m->io.slot, *layout = &m->io.batch;
     prog_ref batch;
     QT_TRY(mb_region(b, "batch", layout->bytes, ARENA_CAT_STAGING, &batch));
@@ -1189,6 +1350,7 @@ qt_status model_build_init(model *m, program *p) {
     memset(b, 0, sizeof *b);
     b->m = m;
     b->p = p;
+    QT_TRY(mb_dp_begin(b, "init"));
     for (uint32_t s = 0; s < m->state_count; s++) {
         const model_state *st = &m->states[s];
         // A uniform fill over [1, 1) is exactly 1: fma(u, 0, 1).
@@ -1197,6 +1359,7 @@ qt_status model_build_init(model *m, program *p) {
     }
     for (uint32_t i = 0; i < m->param_count; i++) {
         const model_param *pa = &m->params[i];
+        if (!model_param_master_here(m, i)) continue;  // another rank's (data parallelism)
         prog_ref master = mb_dev(b, pa->master);
         uint64_t seed = qt_mix64(m->seed ^ (0x9E3779B97F4A7C15ull * (i + 1)));
         if (pa->init == MODEL_INIT_ONE) {
@@ -1218,12 +1381,13 @@ qt_status model_build_init(model *m, program *p) {
         QT_TRY(op_moe_uniform_group(p, pa->name, &g, pa->rows / pa->members));
     }
     for (uint32_t i = 0; i < m->param_count; i++) {
-        if (m->params[i].quantizer < 0) continue;
+        if (m->params[i].quantizer < 0 || !model_param_owned(m, i)) continue;
         optim_param_desc d;
         mb_param_desc(b, i, &d);
         QT_TRY(op_optim_quantize(p, &d));
     }
-    return QT_OK;
+    // Every rank starts from its owners' weights (they draw what one rank would draw).
+    return mb_parallel(b) ? mb_dp_broadcast_weights(b) : QT_OK;
 }
 
 static bool mb_checksummed_category(arena_category c) {

@@ -58,7 +58,7 @@ qt_status modules_load(modules *m, CUdevice device) {
     }
     for (int k = 0; k < KERNEL_COUNT; k++) {
         const kernel_info *info = &kernel_table[k];
-        if (!m->module[info->module]) continue;
+        if (info->module == MODULE_host || !m->module[info->module]) continue;
         CUresult result = drv.cuModuleGetFunction(&m->function[k], m->module[info->module],
                                                   info->symbol);
         if (result != CUDA_SUCCESS) {
@@ -73,7 +73,12 @@ qt_status modules_load(modules *m, CUdevice device) {
 
 bool modules_loaded(const modules *m, kernel_id kernel) {
     QT_ASSERT((unsigned)kernel < KERNEL_COUNT);
-    return m->function[kernel] != NULL;
+    return kernel_table[kernel].module == MODULE_host || m->function[kernel] != NULL;
+}
+
+const char *modules_name(module_id module) {
+    QT_ASSERT((unsigned)module <= MODULE_host);
+    return module == MODULE_host ? "host" : module_names[module];
 }
 
 void modules_unload(modules *m) {
@@ -87,7 +92,7 @@ qt_status modules_launch(const modules *m, kernel_id kernel, const launch_shape 
                          CUstream stream, const void *args, size_t args_bytes) {
     QT_ASSERT((unsigned)kernel < KERNEL_COUNT);
     QT_ASSERT(args_bytes == kernel_table[kernel].args_bytes);
-    QT_ASSERT(modules_loaded(m, kernel));
+    QT_ASSERT(kernel_table[kernel].module != MODULE_host && modules_loaded(m, kernel));
     // kernelParams, not a raw parameter buffer: the driver places the struct at the parameter's
     // own alignment. NOTE: a parameter aligned beyond 16 bytes (the sm_90a GEMM args, 64 for
     // their TMA tensor maps) does not start at offset 0 of the parameter space, so a buffer

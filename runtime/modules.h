@@ -39,8 +39,11 @@ typedef struct modules {
 // image loads on compute capability 9.0 only; elsewhere its kernels stay unresolved.
 qt_status modules_load(modules *m, CUdevice device);
 void modules_unload(modules *m);
-// Whether the kernel was resolved (false only for kernels of an image the device cannot run).
+// Whether the kernel was resolved (false only for kernels of an image the device cannot run);
+// a host op (MODULE_host: no image holds it) always is.
 bool modules_loaded(const modules *m, kernel_id kernel);
+// A module's name; "host" for MODULE_host.
+const char *modules_name(module_id module);
 
 typedef struct launch_shape {
     uint32_t grid[3];

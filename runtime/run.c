@@ -402,6 +402,7 @@ static qt_status run_plan_checkpoints(run *r, run_carver *c) {
         for (int k = 0; k < ARENA_CAT_COUNT; k++) {
             t->ckpt_regions += arena_persistent_regions(&r->dev, (arena_category)k);
         }
+        t->ckpt_regions += ckpt_remote_regions(&r->model);  // other ranks' masters, moments
         t->ckpt_params = r->model.param_count;
         t->reader_regions = t->ckpt_regions;
         t->reader_params = t->ckpt_params;
@@ -433,7 +434,8 @@ static qt_status run_plan_pass(run *r, run_carver *c) {
     arena_init(&r->dev, ARENA_KIND_DEVICE, "device", run_carve(c, arena_storage_bytes(dev)), dev);
     arena_init(&r->host, ARENA_KIND_HOST, "host", run_carve(c, arena_storage_bytes(host)), host);
     model_options mo = {0};
-    mo.batch = rc->data.batch;
+    mo.batch = rc->data.batch / r->dp.world;  // this rank's share
+    mo.comm = r->dp.world > 1 ? &r->dp : NULL;
     mo.emulated_gemm = r->options.emulated_gemm;
     mo.seed = r->seed;
     run_modes(r, mo.modes);
@@ -470,6 +472,39 @@ static void run_tables_size(run *r) {
     t->bytes = c.used;
 }
 
+// Data parallelism: what a run on several ranks can do, and the rank's communicator (opened
+// by run_bind).
+static qt_status run_check_parallel(run *r) {
+    const run_options *o = &r->options;
+    const recipe *rc = r->recipe;
+    dp_comm_single(&r->dp);
+    if (o->world <= 1) return QT_OK;
+    if (o->world > DP_RANKS_MAX || o->rank >= o->world) {
+        return qt_fail(QT_ERR_INPUT, "rank %u of %u: expected 2 to %u ranks and a rank below "
+                       "them", o->rank, o->world, DP_RANKS_MAX);
+    }
+    if (rc->data.batch % o->world != 0) {
+        return qt_fail(QT_ERR_INPUT, "%s: batch %u is the global batch of %u GPUs, which take "
+                       "equal shares of it; expected a batch divisible by %u (e.g. %u)",
+                       rc->file_name, rc->data.batch, o->world, o->world,
+                       (rc->data.batch / o->world + 1) * o->world);
+    }
+    const char *refused = o->infer_input ? "qtrain infer" : o->from_path ? "--from" : NULL;
+    bool trains = false;
+    for (uint32_t i = 0; i < rc->rows_count && !refused; i++) {
+        if (rc->rows[i].mode == RECIPE_MODE_INFER) refused = "infer rows";
+        trains |= rc->rows[i].mode == RECIPE_MODE_TRAIN;
+    }
+    if (!trains && !refused) refused = "a schedule without train rows";
+    if (refused) {
+        return qt_fail(QT_ERR_INPUT, "%s: a run on %u GPUs does not take %s; run them on one "
+                       "GPU", rc->file_name, o->world, refused);
+    }
+    r->dp.rank = o->rank;
+    r->dp.world = o->world;
+    return QT_OK;
+}
+
 qt_status run_measure(run *r, const recipe *rc, const char *text, size_t text_bytes,
                       const run_options *options, uint64_t *table_bytes) {
     return run_measure_hashed(r, rc, trace_hash(text, text_bytes), options, table_bytes);
@@ -483,6 +518,7 @@ qt_status run_measure_hashed(run *r, const recipe *rc, uint64_t recipe_hash,
     r->recipe_hash = recipe_hash;
     r->seed = options->seed_given ? options->seed : rc->data.seed;
     QT_ASSERT(!options->infer_input || options->infer_output);
+    QT_TRY(run_check_parallel(r));
     QT_TRY(run_probe(r));
     if (options->golden_path) QT_TRY(trace_check_bytes(options->golden_path, &r->golden_bytes));
     run_layout_data(r);
@@ -557,6 +593,8 @@ qt_status run_load(run *r, void *memory, uint64_t bytes) {
         data_feed_init(&r->train_feed, &r->train_set, batch, true, r->seed,
                        (uint32_t *)(void *)(base + r->data_order_offset));
         data_feed_init(&r->train_plain, &r->train_set, batch, false, 0, NULL);
+        data_feed_share(&r->train_feed, r->dp.rank, r->dp.world);
+        data_feed_share(&r->train_plain, r->dp.rank, r->dp.world);
     }
     if (r->has_eval) {
         QT_TRY(run_source_status(r, &rc->data.eval,
@@ -564,6 +602,7 @@ qt_status run_load(run *r, void *memory, uint64_t bytes) {
                                            base + r->data_eval_offset, r->eval_info.bytes,
                                            &r->eval_set)));
         data_feed_init(&r->eval_feed, &r->eval_set, batch, false, 0, NULL);
+        data_feed_share(&r->eval_feed, r->dp.rank, r->dp.world);
     }
     if (r->options.golden_path) {
         QT_TRY(trace_check_load(&r->check, r->options.golden_path,
@@ -599,6 +638,28 @@ qt_status run_bind(run *r, backend *b, void *ref_dev, void *ref_host) {
     return run_bind_given(r, b, ref_dev, r->dev.bytes_total, ref_host, r->host.bytes_total);
 }
 
+// The rank's communicator, before the init program's first collective.
+static qt_status run_open_parallel(run *r, backend *b) {
+    const run_options *o = &r->options;
+    if (b->kind == BACKEND_GPU) {
+        if (!o->nccl_id) {
+            return qt_fail(QT_ERR_INPUT, "rank %u of %u on a GPU needs the NCCL id of the "
+                           "run (qtrain run --gpus starts the ranks with it)", o->rank, o->world);
+        }
+        ncclUniqueId id;
+        memcpy(&id, o->nccl_id, sizeof id);
+        QT_TRY(dp_comm_open_gpu(&r->dp, &id, o->rank, o->world));
+    } else {
+        if (!o->ref_group || o->ref_group->world != o->world) {
+            return qt_fail(QT_ERR_INPUT, "rank %u of %u on the reference backend needs the "
+                           "ranks' group of %u threads", o->rank, o->world, o->world);
+        }
+        dp_comm_open_ref(&r->dp, o->ref_group, o->rank);
+    }
+    r->dp_open = true;
+    return QT_OK;
+}
+
 qt_status run_bind_given(run *r, backend *b, void *dev, uint64_t dev_bytes, void *host,
                          uint64_t host_bytes) {
     QT_ASSERT(r->data_loaded);
@@ -612,6 +673,7 @@ qt_status run_bind_given(run *r, backend *b, void *dev, uint64_t dev_bytes, void
     }
     r->bound = true;
     run_resolve(r);
+    if (r->dp.world > 1) QT_TRY(run_open_parallel(r, b));
     double t2 = run_clock();
     if (r->model.modes[MODEL_MODE_TRAIN]) {
         prog_ref lr = {&r->dev, r->model.io.lr_rows, 0};
@@ -728,8 +790,13 @@ static qt_status run_save_to(run *r, const char *path, bool replace) {
         host.row_dataset = row->dataset;
         host.row_steps = row->steps;
     }
-    QT_TRY(ckpt_save(&r->ckpt, r->backend, &r->dev, &r->host, &host, path, replace,
-                     r->options.ckpt_hook, r->options.ckpt_hook_ctx));
+    if (r->dp.world > 1 && r->dp.rank > 0) {
+        // Rank 0 writes the file; this rank sends it the masters and moments it owns.
+        QT_TRY(ckpt_save_share(&r->ckpt, r->backend, &r->dev));
+    } else {
+        QT_TRY(ckpt_save(&r->ckpt, r->backend, &r->dev, &r->host, &host, path, replace,
+                         r->options.ckpt_hook, r->options.ckpt_hook_ctx));
+    }
     r->saves.count++;
     r->saves.last_step = r->state.step;
     r->saves.last_train_step = r->state.train_steps;
@@ -1030,6 +1097,11 @@ void run_close(run *r) {
         backend_graph_destroy(r->backend, &r->graphs[mode]);
     }
     backend_graph_destroy(r->backend, &r->checksum_graph);
+    if (r->dp_open) {
+        // After a failed step the other ranks may never reach the destroy's barrier.
+        dp_comm_close(&r->dp, r->step_failed);
+        r->dp_open = false;
+    }
     if (r->bound) {
         backend_release(r->backend, &r->dev);
         backend_release(r->backend, &r->host);

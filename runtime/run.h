@@ -41,6 +41,7 @@
 #include "data.h"
 #include "metrics.h"     // metrics_writer
 #include "model.h"
+#include "parallel.h"   // dp_comm, dp_ref_group
 #include "program.h"
 #include "recipe.h"
 #include "schedule.h"
@@ -111,6 +112,17 @@ typedef struct run_options {
     qt_status (*fill)(void *ctx, model_mode mode, uint64_t step, void *slot,
                       uint32_t *rows_valid);
     void *fill_ctx;
+    // Data parallelism (runtime/parallel.h): this run is rank `rank` of `world` (0 or 1: one
+    // rank). The recipe's batch is the global batch; each rank takes its contiguous share of
+    // every batch. The ranks meet through nccl_id on the GPU (the QT_NCCL_UNIQUE_ID_BYTES of
+    // ncclGetUniqueId that every rank was given) or ref_group on the reference backend (the ranks
+    // are threads of this process). Several ranks refuse infer rows, `qtrain infer`, --from
+    // and a schedule without train rows. Checkpoints are those of the run on one GPU: rank 0
+    // writes them (ckpt_save gathers the other ranks' masters and moments), every rank resumes
+    // from one and keeps what it holds, whatever the GPU count that saved it.
+    uint32_t rank, world;
+    const void *nccl_id;
+    dp_ref_group *ref_group;
 } run_options;
 
 // The programs of a run, in the order of their op indices.
@@ -202,6 +214,8 @@ typedef struct run {
     metrics_writer metrics;
     bool metrics_written;      // the first run_execute wrote the metrics file
     trace_header trace_head;   // the trace's header, as run_execute and the golden check use it
+    dp_comm dp;                // this rank's communicator (one rank: world 1, no collectives)
+    bool dp_open;              // from run_bind to run_close
 } run;
 
 // Opens the GPU backend, or the reference backend when ref is set or when there is no usable

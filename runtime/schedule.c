@@ -498,7 +498,10 @@ static qt_status sched_fill(const sched_env *env, model_mode mode, data_feed *fe
                        "for it, and none was pushed (qt_push_batch) or given by the data "
                        "callback (qt_on_data)", (unsigned long long)step, model_mode_name(mode));
     }
-    *rows_valid = data_feed_next(feed, &env->model->io.slot, slot);
+    // The real rows of the whole batch: a data-parallel rank's record (its loss, its accuracy)
+    // is the global batch's, and an eval pass weighs it by them.
+    data_feed_next(feed, &env->model->io.slot, slot);
+    *rows_valid = ((const data_slot_header *)(const void *)slot)->rows_global;
     return QT_OK;
 }
 

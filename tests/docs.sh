@@ -91,9 +91,9 @@ for p in $paths; do
 done
 report paths_exist "$(printf '%s' "$missing" | sed '/^$/d')"
 
-# Names of documents that tools write (not documents cited): bench_step.md is the table
-# tools/bench_step.sh produces.
-generated_md="bench_step.md"
+# Names of documents that tools write (not documents cited): bench_step.md and bench_dp.md are
+# the tables tools/bench_step.sh and tools/bench_dp.sh produce.
+generated_md="bench_step.md bench_dp.md"
 outside=""
 mds=$(echo "$text" | sed 's/^[^:]*:[0-9]*: //' | grep -aoE '[A-Za-z0-9_./-]*\.md\b' |
     sed 's/^[./]*//' | sort -u)
