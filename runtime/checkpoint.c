@@ -10,7 +10,7 @@
 
 #include "atomic_file.h"  // the checkpoint appears whole or not at all
 #include "input_file.h"   // input_file_open: regular files only
-#include "parallel.h"     // dp_broadcast_now: a data-parallel save's gather
+#include "parallel.h"     // dp_launch, dp_ref_item: a data-parallel save's gather
 
 QT_STATIC_ASSERT(offsetof(ckpt_header, header_crc) == CKPT_HEADER_BYTES - 4,
                  "the header's CRC is its last field");
@@ -492,6 +492,28 @@ static qt_status ckpt_put_gap(ckpt_writer *w, uint64_t offset) {
     return ckpt_put_hashed(w, zeros, offset - w->bytes);
 }
 
+// A broadcast outside any program, waited for (a save runs between steps): `bytes` of `buffer`
+// from rank root's into every other rank's, on the backend's stream (GPU: one counted
+// synchronization, as a save makes them) or through the group's twin. It lives here, with its one
+// caller, so that the collectives (runtime/parallel.h) need nothing of the backend.
+static qt_status ckpt_broadcast_now(const dp_comm *c, backend *b, prog_ref buffer,
+                                    uint64_t bytes, uint32_t root) {
+    QT_ASSERT(c->world > 1 && root < c->world);
+    uint64_t address = arena_address(buffer.arena, buffer.region) + buffer.offset;
+    dp_item it = {address, address, bytes, DP_COLL_BROADCAST, DP_DTYPE_U8, DP_OP_NONE, 0, root};
+    if (b->kind != BACKEND_GPU) {
+        dp_ref_item(c, &it);
+        return QT_OK;
+    }
+    dp_collective_args a;
+    memset(&a, 0, sizeof a);
+    a.comm = (uint64_t)(uintptr_t)c;
+    a.items = 1;
+    a.item[0] = it;
+    QT_TRY(dp_launch(&a, b->stream));
+    return backend_finish(b);
+}
+
 // Data parallelism: where region i's bytes are on this rank for the save. A master or moment
 // that rank 0 does not hold is first broadcast from its owner into the parameter's gradient
 // region (the same bytes; transient, so free between steps) on every rank, every rank calling
@@ -506,7 +528,7 @@ static qt_status ckpt_gather(ckpt_layout *c, uint32_t i, backend *b, const arena
     QT_ASSERT(e->param < m->param_count);
     if (*at == CKPT_NONE) *at = m->params[e->param].grad;
     QT_ASSERT(arena_region_get(dev, *at)->bytes >= e->bytes);
-    return dp_broadcast_now(m->comm, b, (prog_ref){(arena *)dev, *at, 0}, e->bytes, owner);
+    return ckpt_broadcast_now(m->comm, b, (prog_ref){(arena *)dev, *at, 0}, e->bytes, owner);
 }
 
 // One region, device -> staging -> file, chunk by chunk.

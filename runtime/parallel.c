@@ -2,7 +2,6 @@
 
 #include <string.h>
 
-#include "backend.h"  // backend: dp_broadcast_now
 #include "kernels.h"  // KERNEL_DP_*
 
 // ---------------------------------------------------------------------------------------------
@@ -109,24 +108,6 @@ qt_status dp_launch(const dp_collective_args *a, CUstream stream) {
     if (status != QT_OK) return status;
     if (end != ncclSuccess) return nccl_fail(end, "ncclGroupEnd", __FILE__, __LINE__);
     return QT_OK;
-}
-
-qt_status dp_broadcast_now(const dp_comm *c, backend *b, prog_ref buffer, uint64_t bytes,
-                           uint32_t root) {
-    QT_ASSERT(c->world > 1 && root < c->world);
-    uint64_t address = arena_address(buffer.arena, buffer.region) + buffer.offset;
-    dp_item it = {address, address, bytes, DP_COLL_BROADCAST, DP_DTYPE_U8, DP_OP_NONE, 0, root};
-    if (b->kind != BACKEND_GPU) {
-        dp_ref_item(c, &it);
-        return QT_OK;
-    }
-    dp_collective_args a;
-    memset(&a, 0, sizeof a);
-    a.comm = (uint64_t)(uintptr_t)c;
-    a.items = 1;
-    a.item[0] = it;
-    QT_TRY(dp_launch(&a, b->stream));
-    return backend_finish(b);
 }
 
 // ---------------------------------------------------------------------------------------------

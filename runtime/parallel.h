@@ -74,13 +74,6 @@ qt_status dp_launch(const dp_collective_args *a, CUstream stream);
 // with its own item at the same point.
 void dp_ref_item(const dp_comm *c, const dp_item *it);
 
-struct backend;
-// A broadcast outside any program, waited for (a checkpoint's save, between steps): `bytes` of
-// `buffer` from rank root's into every other rank's, on the backend's stream (GPU: one counted
-// synchronization, as a save makes them) or through the group's twin.
-qt_status dp_broadcast_now(const dp_comm *c, struct backend *b, prog_ref buffer, uint64_t bytes,
-                           uint32_t root);
-
 // The owner of each of `count` parameters of `elems[i]` elements each: the largest first
 // (ties: the lower index), each to the rank that holds the fewest elements so far (ties: the
 // lower rank), which balances masters and moments by bytes. Whole tensors: a shard inside a
