@@ -1,6 +1,6 @@
 // dp kernels: data parallelism's per-rank to global folds (ABI and shared arithmetic in
 // ptx/dp.h). The collective op has no kernel: NCCL runs it.
-#include "dp.h"
+#include "ptx/dp.h"
 
 extern "C" __global__ void __launch_bounds__(QT_DP_THREADS)
     qt_dp_loss_share(const __grid_constant__ dp_loss_share_args args) {

@@ -1,5 +1,5 @@
-// dp: the ops of data parallelism (runtime/parallel.h): the collective op, which no kernel runs
-// (the GPU backend hands it to NCCL on the op's stream, the reference backend to its twin over
+// dp: the ops of data parallelism (runtime/parallel/parallel.h): the collective op, which no kernel
+// runs (the GPU backend hands it to NCCL on the op's stream, the reference backend to its twin over
 // the ranks' threads), and the three small kernels that turn per-rank results into the global
 // ones.
 //
@@ -21,8 +21,8 @@
 #ifndef QT_DP_H
 #define QT_DP_H
 
-#include "act.h"    // qt_loss_stats, qt_gnorm_result, qt_loss_mean, qt_gnorm_clip_factor
-#include "qt_hd.h"
+#include "ptx/act.h"    // qt_loss_stats, qt_gnorm_result, qt_loss_mean, qt_gnorm_clip_factor
+#include "ptx/qt_hd.h"
 
 #define QT_DP_THREADS 256u
 
@@ -48,7 +48,7 @@ QT_STATIC_ASSERT(sizeof(dp_item) == 32, "dp_item layout");
 #define DP_ITEMS_MAX 7
 
 typedef struct dp_collective_args {
-    uint64_t comm;    // host address of the run's dp_comm (runtime/parallel.h)
+    uint64_t comm;    // host address of the run's dp_comm (runtime/parallel/parallel.h)
     uint32_t items;   // 1 .. DP_ITEMS_MAX
     uint32_t reserved;
     dp_item item[DP_ITEMS_MAX];
@@ -65,7 +65,7 @@ typedef struct dp_loss_share_args {
 } dp_loss_share_args;
 QT_STATIC_ASSERT(sizeof(dp_loss_share_args) == 32, "dp_loss_share_args layout");
 
-// runtime/data.h's data_slot_header.rows_global (asserted there).
+// runtime/io/data.h's data_slot_header.rows_global (asserted there).
 #define QT_DP_ROWS_GLOBAL_OFFSET 40u
 
 typedef struct dp_stats_fold_args {

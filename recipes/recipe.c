@@ -1,4 +1,4 @@
-#include "recipe.h"
+#include "recipes/recipe.h"
 
 #include <float.h>     // FLT_MAX
 #include <inttypes.h>  // PRIu64
@@ -9,7 +9,7 @@
 #include <stdlib.h>    // strtof
 #include <string.h>
 
-#include "input_file.h"  // input_file_read: regular files only
+#include "runtime/base/input_file.h"  // input_file_read: regular files only
 
 _Static_assert(RECIPE_SCHEDULE_ROWS_MAX <= 64, "rows_lr_given and rows_dataset_given are uint64_t");
 _Static_assert(RECIPE_NAME_MAX + 8 <= QT_ROLE_NAME_MAX, "role names are layer names + a suffix");
@@ -1434,7 +1434,7 @@ static qt_status check_source(const parser *p, const recipe_source *s) {
                                         "npy"};
     const recipe_model *m = &p->r->model;
     const char *file = p->at.file;
-    // An .npy pair holds labels or targets, and its widths, as its files say: runtime/data.c
+    // An .npy pair holds labels or targets, and its widths, as its files say: runtime/io/data.c
     // checks them against the model and the loss when it reads the headers.
     if (s->kind == RECIPE_SOURCE_NPY) return QT_OK;
     bool labels = s->kind == RECIPE_SOURCE_IDX || s->kind == RECIPE_SOURCE_CLASSES;

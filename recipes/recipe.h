@@ -72,8 +72,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "rules.h"   // qt_rule, qt_scheme
-#include "status.h"  // qt_status
+#include "recipes/rules.h"        // qt_rule, qt_scheme
+#include "runtime/base/status.h"  // qt_status
 
 #define RECIPE_LINE_BYTES_MAX 512
 #define RECIPE_LINE_TOKENS_MAX 64
@@ -90,7 +90,7 @@
 #define RECIPE_EXPERTS_MAX 1024
 #define RECIPE_BATCH_MAX 65536
 #define RECIPE_STEPS_MAX 2147483647u
-// Synthetic samples: the shuffle order indexes samples with 32 bits (runtime/data.h), so a
+// Synthetic samples: the shuffle order indexes samples with 32 bits (runtime/io/data.h), so a
 // larger count is refused where the recipe gives it.
 #define RECIPE_SAMPLES_MAX UINT64_C(4294967295)
 
@@ -200,7 +200,8 @@ typedef enum recipe_lr_kind {
 } recipe_lr_kind;
 typedef enum recipe_dataset { RECIPE_DATASET_TRAIN, RECIPE_DATASET_EVAL } recipe_dataset;
 // What a train row's counts count: steps, or epochs of the train set (one epoch is
-// data_batches_per_epoch steps, known once the data is probed: runtime/schedule.c converts).
+// data_batches_per_epoch steps, known once the data is probed: runtime/schedule/schedule.c
+// converts).
 typedef enum recipe_unit { RECIPE_UNIT_STEPS, RECIPE_UNIT_EPOCHS } recipe_unit;
 
 typedef struct recipe_row {
@@ -251,7 +252,7 @@ typedef struct recipe {
 qt_status recipe_parse(const char *text, size_t bytes, const char *file_name, recipe *out);
 
 // Reads the file at path into buffer (QT_ERR_INPUT if it is not a regular file, e.g. a FIFO:
-// runtime/input_file.h; QT_ERR_IO if it cannot; QT_ERR_CAPACITY if it holds more than
+// runtime/base/input_file.h; QT_ERR_IO if it cannot; QT_ERR_CAPACITY if it holds more than
 // buffer_bytes) and parses it.
 qt_status recipe_load(const char *path, char *buffer, size_t buffer_bytes, recipe *out);
 

@@ -1,10 +1,10 @@
-#include "rules.h"
+#include "recipes/rules.h"
 
 #include <stdarg.h>
 #include <stdio.h>   // snprintf, vsnprintf
 #include <string.h>
 
-#include "recipe.h"  // recipe, recipe_rule_parse, recipe_fail_at, recipe_layer_find
+#include "recipes/recipe.h"  // recipe, recipe_rule_parse, recipe_fail_at, recipe_layer_find
 
 #define BIT(scheme) (1u << (scheme))
 #define ARRAY_COUNT(a) (sizeof(a) / sizeof((a)[0]))

@@ -32,8 +32,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "format.h"  // qt_format, qt_elem
-#include "status.h"  // qt_status
+#include "recipes/format.h"       // qt_format, qt_elem
+#include "runtime/base/status.h"  // qt_status
 
 typedef struct recipe recipe;  // recipes/recipe.h
 

@@ -3,18 +3,18 @@
 // between the public structs and the internal ones. Every function the library exports is here
 // (or is one of status.c's two), and each checks its handle and its place in the lifecycle
 // before it touches anything, so a misuse is a status, not a crash.
-#include "qtrain.h"
+#include "runtime/qtrain.h"
 
 #include <inttypes.h>
 #include <math.h>    // isfinite
 #include <string.h>
 
-#include "export.h"      // export_safetensors
-#include "gemm_tier.h"   // gemm_tier_describe
-#include "infer_out.h"   // infer_out_logits, infer_out_classes
-#include "input_file.h"  // input_file_read: the recipe, a regular file
-#include "pool.h"        // pool_threads: the reference backend's threads
-#include "run.h"
+#include "runtime/run/export.h"         // export_safetensors
+#include "runtime/backend/gemm_tier.h"  // gemm_tier_describe
+#include "runtime/io/infer_out.h"       // infer_out_logits, infer_out_classes
+#include "runtime/base/input_file.h"    // input_file_read: the recipe, a regular file
+#include "runtime/base/pool.h"          // pool_threads: the reference backend's threads
+#include "runtime/run/run.h"
 
 #define API_RUNTIME_MAGIC 0x51545254u  // "QTRT" while open
 #define API_DEVICE_MAGIC 0x51544456u   // "QTDV" while open

@@ -3,8 +3,8 @@
 # runtime/qtrain.h declares with QT_API (each starts with qt_), no object of the archive holds
 # writable static data but the process's two shared services, so that runtimes share nothing
 # else, and the CLI includes no internal header. The two: the driver's entry-point table, filled
-# once per process (runtime/driver.c), and the reference backend's thread pool with its
-# per-thread GEMM scratch (runtime/pool.c, runtime/ref_gemm.c), whose callers take turns and
+# once per process (runtime/driver/driver.c), and the reference backend's thread pool with its
+# per-thread GEMM scratch (runtime/base/pool.c, runtime/ref/ref_gemm.c), whose callers take turns and
 # whose results do not depend on the thread that computes them.
 # Usage: symbols.sh build/libqtrain.so build/libqtrain.a
 so=${1:?usage: symbols.sh LIBRARY.so LIBRARY.a}

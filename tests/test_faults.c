@@ -10,11 +10,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "driver.h"  // drv
-#include "files.h"   // tmp_dir_make, tmp_path, file_read, command_output
-#include "plan.h"    // test_run_plan
-#include "run.h"
-#include "test.h"
+#include "runtime/driver/driver.h"  // drv
+#include "tests/files.h"            // tmp_dir_make, tmp_path, file_read, command_output
+#include "tests/plan.h"             // test_run_plan
+#include "runtime/run/run.h"
+#include "tests/test.h"
 
 static run the_run;
 static recipe the_recipe;

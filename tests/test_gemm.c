@@ -1,4 +1,4 @@
-// GEMM tests (ptx/gemm_portable.cu, runtime/ref_gemm.c, runtime/op_gemm.c).
+// GEMM tests (ptx/gemm_portable.cu, runtime/ref/ref_gemm.c, runtime/ops/op_gemm.c).
 //
 // Each case is a Linear layer's GEMM (fprop, dgrad or wgrad) in one format, dense
 // or grouped, with its operands written here directly in the layouts of ptx/quant.h (random codes
@@ -19,11 +19,12 @@
 // CTA walks many tiles, and must reproduce the full grid's bits.
 #include <math.h>
 
-#include "gemm_tier.h"  // gemm_tier_takes
-#include "op_gemm.h"
-#include "pool.h"  // pool_start, pool_stop: the reference GEMM on one and three threads
-#include "rig.h"
-#include "test.h"
+#include "runtime/backend/gemm_tier.h"  // gemm_tier_takes
+#include "runtime/ops/op_gemm.h"
+// pool_start, pool_stop: the reference GEMM on one and three threads
+#include "runtime/base/pool.h"
+#include "tests/rig.h"
+#include "tests/test.h"
 
 // ---------------------------------------------------------------------------------------------
 // Random numbers (splitmix64), independent of the library's Philox so that the test data does not

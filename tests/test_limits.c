@@ -1,4 +1,4 @@
-// Limits are part of the plan (runtime/run.h): the run's tables are sized from the model, so
+// Limits are part of the plan (runtime/run/run.h): the run's tables are sized from the model, so
 // every model the parser accepts plans, with every scheme: a wide first layer (whose padded
 // initialization once took an op per row), deep delayed-scaling models (once capped by the trace
 // record and by a fixed count of scaling states), layer names that read like the names qtrain
@@ -8,10 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "files.h"  // tmp_dir_make, tmp_path
-#include "plan.h"   // test_run_plan
-#include "run.h"
-#include "test.h"
+#include "tests/files.h"  // tmp_dir_make, tmp_path
+#include "tests/plan.h"   // test_run_plan
+#include "runtime/run/run.h"
+#include "tests/test.h"
 
 static run the_run;
 static recipe the_recipe;

@@ -1,5 +1,5 @@
-// Data parallelism (runtime/parallel.h): the partition, the collectives' reference twin over
-// threads (rank-order sums, in-place gathers), the batch split, the folds, and whole runs of N
+// Data parallelism (runtime/parallel/parallel.h): the partition, the collectives' reference twin
+// over threads (rank-order sums, in-place gathers), the batch split, the folds, and whole runs of N
 // ranks as N threads on the reference backend: a 2-rank run against the 1-rank run of the same
 // recipe in every format (within the stated tolerance per step), two 2-rank runs (identical
 // records), the same weights on every rank, the skip decision on every rank, each rank's smaller
@@ -13,14 +13,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "driver.h"  // driver_load, driver_sync_total
-#include "files.h"  // tmp_dir_make, tmp_path, file_read
-#include "nccl_lib.h"    // nccl_load, ncclGetUniqueId: the workers' id
-#include "ref.h"    // ref_qt_dp_collective
-#include "rig.h"    // rig: a backend, its arenas and one program
-#include "checkpoint.h"  // ckpt_open: the tables of two checkpoints
-#include "run.h"
-#include "test.h"
+#include "runtime/driver/driver.h"    // driver_load, driver_sync_total
+#include "tests/files.h"              // tmp_dir_make, tmp_path, file_read
+#include "runtime/driver/nccl_lib.h"  // nccl_load, ncclGetUniqueId: the workers' id
+#include "runtime/ref/ref.h"          // ref_qt_dp_collective
+#include "tests/rig.h"                // rig: a backend, its arenas and one program
+#include "runtime/run/checkpoint.h"   // ckpt_open: the tables of two checkpoints
+#include "runtime/run/run.h"
+#include "tests/test.h"
 
 #define RECIPE_TEXT_MAX 8192
 #define STEPS_MAX 512

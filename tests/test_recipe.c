@@ -8,10 +8,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "recipe.h"
-#include "rules.h"
-#include "schedule.h"  // sched_table_build: the table a [schedule] expands to
-#include "test.h"
+#include "recipes/recipe.h"
+#include "recipes/rules.h"
+#include "runtime/schedule/schedule.h"  // sched_table_build: the table a [schedule] expands to
+#include "tests/test.h"
 
 static recipe R;  // about 37 KB: static, not on the stack
 
@@ -278,7 +278,7 @@ static char *build(int line, char mode, const char *text) {
 }
 
 // `npy FEATURES LABELS_OR_TARGETS` parses with either loss: whether the second file holds labels
-// or targets is known once it is read (runtime/data.c checks it against the loss).
+// or targets is known once it is read (runtime/io/data.c checks it against the loss).
 // `task=` draws the task apart from the samples' seed, which it defaults to.
 static void test_synthetic_task(void) {
     test_begin("parse_synthetic_task_seed");

@@ -7,9 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fuzz.h"
-#include "recipe.h"
-#include "run.h"
+#include "tests/fuzz/fuzz.h"
+#include "recipes/recipe.h"
+#include "runtime/run/run.h"
 
 const char *const fuzz_words[] = {
     "[model]\n", "[quant]\n", "[optim]\n", "[data]\n", "[schedule]\n", "input = ", "layer = ",
