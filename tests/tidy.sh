@@ -20,8 +20,9 @@ check() {
 check line_length awk 'length($0) > 100 { print FILENAME ":" FNR ": " length($0) " columns" }'
 check trailing_whitespace grep -n '[[:space:]]$'
 check no_tabs grep -n "$(printf '\t')"
-# Every folder is on the include path (-Iptx -Iruntime ...), so a project header named like a
-# system header (sched.h, time.h) would silently replace it for every file that includes it.
+# The API's clients build with -Iruntime -Itools (build.ninja's cc_client), so a header there
+# named like a system header (sched.h, time.h) would silently replace it for them; the rest of
+# the tree is reached by paths from the repository root (tests/deps.sh).
 shadow=""
 for h in $(echo "$files" | grep '\.h$'); do
     base=$(basename "$h")
