@@ -51,7 +51,7 @@ group_of() {
     case $1 in
     runtime/qtrain.h) echo public ;;
     runtime/api.c) echo api ;;
-    runtime/*/*) p=${1#runtime/}; echo "${p%%/*}" ;;
+    runtime/*/*) p=${1#*/}; echo "${p%%/*}" ;;
     runtime/*) echo "?" ;;
     arena/* | recipes/* | ptx/*) echo "${1%%/*}" ;;
     *) echo "" ;;
