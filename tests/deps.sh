@@ -16,15 +16,8 @@ cd "$(dirname "$0")/.." || exit 1
 files=$(git ls-files '*.c' '*.h' '*.cu' 2>/dev/null)
 [ -n "$files" ] || files=$(find runtime arena recipes ptx tests tools -name '*.[ch]' -o -name '*.cu')
 status=0
-report() {
-    if [ -n "$2" ]; then
-        echo "FAIL deps_$1:"
-        echo "$2" | head -10 | sed 's/^/  /'
-        status=1
-    else
-        echo "PASS deps_$1"
-    fi
-}
+report_prefix=deps_
+. tests/report.sh
 
 # The groups, lowest first, and the groups each may include besides its own. ptx/ is device code
 # and the headers it shares with the host; runtime/qtrain.h the public header (it includes none).

@@ -35,17 +35,8 @@ doc_text() {
 }
 text=$(doc_text)
 
-report() {
-    name=$1
-    hits=$2
-    if [ -n "$hits" ]; then
-        echo "FAIL docs_$name:"
-        echo "$hits" | head -10 | sed 's/^/  /'
-        status=1
-    else
-        echo "PASS docs_$name"
-    fi
-}
+report_prefix=docs_
+. tests/report.sh
 
 # A path exists: a file or folder, a glob or {a,b} list that matches, or a name whose
 # extension was left out.
