@@ -206,7 +206,8 @@ void qt_device_describe(const qt_device *d, qt_device_info *out) {
     out->free_bytes = info->free_bytes;
     out->threads = pool_threads();
     if (!out->gpu) return;
-    snprintf(out->gemm_tier, sizeof out->gemm_tier, "%s", gemm_tier_describe(b));
+    gemm_tier_device tier = backend_gemm_device(b);
+    snprintf(out->gemm_tier, sizeof out->gemm_tier, "%s", gemm_tier_describe(&tier));
     out->kernels = KERNEL_COUNT;
     out->modules = MODULE_COUNT;
     for (int k = 0; k < KERNEL_COUNT; k++) {

@@ -268,6 +268,32 @@ static bool parse_parallel_id(const char *hex, uint8_t *out) {
     return true;
 }
 
+// The data-parallel flags with their values: --gpus, and the workers' own (hidden) --rank,
+// --world and --parallel-id. 1 when taken, 0 when arg is none of them, -1 when its value is bad.
+static int parse_parallel_flag(cli_command command, const char *arg, const char *value,
+                               cli_args *a) {
+    bool train = command == CLI_RUN;
+    qt_options *o = &a->options;
+    uint64_t v = 0;
+    if (command != CLI_INFER && strcmp(arg, "--gpus") == 0) {
+        if (!parse_count_arg(a->command, arg, value, 1, QT_GPUS_MAX, &v)) return -1;
+        a->gpus = (uint32_t)v;
+    } else if (train && strcmp(arg, "--rank") == 0) {
+        if (!parse_count_arg(a->command, arg, value, 0, QT_GPUS_MAX - 1, &v)) return -1;
+        o->rank = (uint32_t)v;
+        a->worker = true;
+    } else if (train && strcmp(arg, "--world") == 0) {
+        if (!parse_count_arg(a->command, arg, value, 2, QT_GPUS_MAX, &v)) return -1;
+        o->world = (uint32_t)v;
+    } else if (train && strcmp(arg, "--parallel-id") == 0) {
+        if (!parse_parallel_id(value, a->parallel_id)) return -1;
+        o->parallel_id = a->parallel_id;
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
 // One flag at argv[*i] (its value at argv[*i + 1]): 1 when it is one of the command's flags and
 // was taken (*i moved past its value), 0 when it is not, -1 when its value is bad.
 static int parse_flag(cli_command command, int argc, char **argv, int *i, cli_args *a) {
@@ -332,21 +358,9 @@ static int parse_flag(cli_command command, int argc, char **argv, int *i, cli_ar
         if (!parse_inject(value, o)) return -1;
     } else if (strcmp(arg, "--emulated-gemm") == 0) {
         if (!parse_emulated_gemm(a->command, value, &o->emulated_gemm)) return -1;
-    } else if (command != CLI_INFER && strcmp(arg, "--gpus") == 0) {
-        if (!parse_count_arg(a->command, arg, value, 1, QT_GPUS_MAX, &v)) return -1;
-        a->gpus = (uint32_t)v;
-    } else if (train && strcmp(arg, "--rank") == 0) {  // the workers' own flags (hidden)
-        if (!parse_count_arg(a->command, arg, value, 0, QT_GPUS_MAX - 1, &v)) return -1;
-        o->rank = (uint32_t)v;
-        a->worker = true;
-    } else if (train && strcmp(arg, "--world") == 0) {
-        if (!parse_count_arg(a->command, arg, value, 2, QT_GPUS_MAX, &v)) return -1;
-        o->world = (uint32_t)v;
-    } else if (train && strcmp(arg, "--parallel-id") == 0) {
-        if (!parse_parallel_id(value, a->parallel_id)) return -1;
-        o->parallel_id = a->parallel_id;
     } else {
-        return 0;
+        int taken = parse_parallel_flag(command, arg, value, a);
+        if (taken <= 0) return taken;
     }
     *i += takes_value ? 1 : 0;
     return 1;
@@ -933,6 +947,34 @@ static qt_status plan_and_load(const cli_args *a, cli_run *c) {
     return qt_load(c->rt, c->data, plan.data_bytes);
 }
 
+// Waits for the `count` workers started (pids[r] <= 0: rank r did not start); the first that
+// fails ends the others, which would wait for it in their next collective. Returns the first
+// failure's exit code (128 + the signal of a killed one), 1 when a worker did not start, else 0.
+static int wait_ranks(const pid_t *pids, uint32_t count) {
+    // The terminal's Ctrl-C reaches the workers (the default action ends them); the launcher
+    // stays to collect them.
+    signal(SIGINT, SIG_IGN);
+    signal(SIGTERM, SIG_IGN);
+    int rc = 0;
+    uint32_t left = 0;
+    for (uint32_t r = 0; r < count; r++) left += pids[r] > 0;
+    if (left < count) rc = 1;
+    while (left > 0) {
+        int st = 0;
+        pid_t done = wait(&st);
+        if (done < 0) break;
+        left--;
+        int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        if (code != 0 && rc == 0) {
+            rc = code;
+            for (uint32_t r = 0; r < count; r++) {
+                if (pids[r] > 0 && pids[r] != done) kill(pids[r], SIGTERM);
+            }
+        }
+    }
+    return rc;
+}
+
 // `qtrain run --gpus N`: N workers, this program again on the same arguments with --rank R
 // --world N --parallel-id HEX, worker R on GPU R, all in NCCL's environment for a run that
 // repeats itself: NVLink multicast off (NCCL_NVLS_ENABLE=0, always), one algorithm and protocol
@@ -997,27 +1039,7 @@ static int launch_ranks(int argc, char **argv, const cli_args *a) {
             fprintf(stderr, "qtrain run: cannot start worker %u: %s\n", r, strerror(errno));
         }
     }
-    // The terminal's Ctrl-C reaches the workers (the default action ends them); the launcher
-    // stays to collect them.
-    signal(SIGINT, SIG_IGN);
-    signal(SIGTERM, SIG_IGN);
-    int rc = 0;
-    uint32_t left = 0;
-    for (uint32_t r = 0; r < a->gpus; r++) left += pids[r] > 0;
-    if (left < a->gpus) rc = 1;
-    while (left > 0) {
-        int st = 0;
-        pid_t done = wait(&st);
-        if (done < 0) break;
-        left--;
-        int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        if (code != 0 && rc == 0) {
-            rc = code;
-            for (uint32_t r = 0; r < a->gpus; r++) {
-                if (pids[r] > 0 && pids[r] != done) kill(pids[r], SIGTERM);
-            }
-        }
-    }
+    int rc = wait_ranks(pids, a->gpus);
     free(args);
     free(pids);
     return rc;

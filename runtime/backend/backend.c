@@ -215,12 +215,18 @@ void backend_release(backend *b, arena *a) {
 
 // The one place an op reaches the GPU: eager runs, captures and profiles all launch through it,
 // so all of them take the same GEMM tier (and give the same bits). The program is never changed.
+gemm_tier_device backend_gemm_device(const backend *b) {
+    return (gemm_tier_device){b->kind == BACKEND_GPU, b->info.cc_major, b->info.cc_minor,
+                              b->info.sm_count, b->gemm_tier, b->gemm_ctas_max, &b->modules};
+}
+
 static qt_status backend_launch_on(backend *b, const prog_op *op, CUstream stream) {
     // The collective op is NCCL's, enqueued on the op's stream like a kernel (captured too).
     if (kernel_table[op->kernel].module == MODULE_host) {
         return dp_launch((const dp_collective_args *)op->args, stream);
     }
-    if (gemm_tier_takes(b, op)) return gemm_tier_launch(b, op, stream);
+    gemm_tier_device tier = backend_gemm_device(b);
+    if (gemm_tier_takes(&tier, op)) return gemm_tier_launch(&tier, op, stream);
     return modules_launch(&b->modules, op->kernel, &op->shape, stream, op->args,
                           op->args_bytes);
 }

@@ -17,19 +17,10 @@
 #include "runtime/driver/driver.h"    // CUstream, CUgraphExec
 #include "runtime/driver/modules.h"   // modules
 #include "runtime/program/program.h"  // program, prog_ref
+#include "runtime/backend/gemm_tier.h"  // backend_gemm_tier, gemm_tier_device
 
 typedef enum backend_kind { BACKEND_REF, BACKEND_GPU } backend_kind;
 
-// Which kernels run a program's GEMM ops (runtime/backend/gemm_tier.h): AUTO takes the sm_90a tier
-// on a compute capability 9.0 GPU for the GEMMs it supports that have at least 32 of its tiles
-// (about a quarter of an H100's SMs), and the portable tier otherwise; SM90A takes the sm_90a tier
-// for every GEMM it supports; PORTABLE always runs the op's own (portable) kernel. All give results
-// within the GEMM contract; tests and benchmarks compare them.
-typedef enum backend_gemm_tier {
-    BACKEND_GEMM_TIER_AUTO,
-    BACKEND_GEMM_TIER_PORTABLE,
-    BACKEND_GEMM_TIER_SM90A
-} backend_gemm_tier;
 
 typedef struct backend_device_info {
     char name[128];
@@ -94,6 +85,8 @@ void backend_release(backend *b, arena *a);
 
 // Eager: launches every op in order on the stream (returns without waiting).
 qt_status backend_run(backend *b, const program *p);
+// What the GEMM tier (runtime/backend/gemm_tier.h) needs of this backend's GPU and settings.
+gemm_tier_device backend_gemm_device(const backend *b);
 // Captures the whole program into one CUDA graph; later launches replay it. The graph orders
 // only what the ops' declared regions require: op j waits for every earlier op i whose regions
 // overlap j's in memory with a write on either side (prog_use's contract is that every byte an

@@ -111,18 +111,17 @@ static bool gemm_tier_fills(const gemm_args *g) {
     return tiles >= GEMM_TIER_AUTO_MIN_TILES;
 }
 
-bool gemm_tier_takes(const backend *b, const prog_op *op) {
+bool gemm_tier_takes(const gemm_tier_device *d, const prog_op *op) {
     kernel_id sm90a = gemm_tier_sm90a_kernel(op->kernel);
-    if (sm90a == KERNEL_COUNT || b->kind != BACKEND_GPU ||
-        b->gemm_tier == BACKEND_GEMM_TIER_PORTABLE || b->info.cc_major != 9 ||
-        b->info.cc_minor != 0 || !modules_loaded(&b->modules, sm90a)) {
+    if (sm90a == KERNEL_COUNT || !d->gpu || d->setting == BACKEND_GEMM_TIER_PORTABLE ||
+        d->cc_major != 9 || d->cc_minor != 0 || !modules_loaded(d->modules, sm90a)) {
         return false;
     }
     QT_ASSERT(op->args_bytes == sizeof(gemm_args));
     gemm_args g;
     memcpy(&g, op->args, sizeof g);
     return gemm_tier_sm90a_supports(&g) &&
-           (b->gemm_tier == BACKEND_GEMM_TIER_SM90A || gemm_tier_fills(&g));
+           (d->setting == BACKEND_GEMM_TIER_SM90A || gemm_tier_fills(&g));
 }
 
 // One tensor map (cuTensorMapEncodeTiled), copied into the args' opaque slot.
@@ -261,7 +260,7 @@ static qt_status gemm_tier_output_map(const gemm_args *g, gemm_sm90a_args *args)
     return QT_OK;
 }
 
-qt_status gemm_tier_launch(backend *b, const prog_op *op, CUstream stream) {
+qt_status gemm_tier_launch(const gemm_tier_device *d, const prog_op *op, CUstream stream) {
     kernel_id kernel = gemm_tier_sm90a_kernel(op->kernel);
     QT_ASSERT(kernel != KERNEL_COUNT && op->args_bytes == sizeof(gemm_args));
     gemm_sm90a_args args;
@@ -279,20 +278,20 @@ qt_status gemm_tier_launch(backend *b, const prog_op *op, CUstream stream) {
     QT_TRY(gemm_tier_operand_maps(g, &args, tile_n));
     QT_TRY(gemm_tier_output_map(g, &args));
     uint64_t tiles = (uint64_t)row_tiles_max * args.col_tiles;
-    uint64_t ctas = (uint64_t)(b->info.sm_count > 0 ? b->info.sm_count : 1);
-    if (b->gemm_ctas_max != 0 && b->gemm_ctas_max < ctas) ctas = b->gemm_ctas_max;
+    uint64_t ctas = (uint64_t)(d->sm_count > 0 ? d->sm_count : 1);
+    if (d->ctas_max != 0 && d->ctas_max < ctas) ctas = d->ctas_max;
     if (tiles < ctas) ctas = tiles;
     launch_shape shape = {{(uint32_t)ctas, 1, 1}, {GEMM_SM90A_THREADS, 1, 1}, smem_bytes};
-    return modules_launch(&b->modules, kernel, &shape, stream, &args, sizeof args);
+    return modules_launch(d->modules, kernel, &shape, stream, &args, sizeof args);
 }
 
-const char *gemm_tier_describe(const backend *b) {
-    if (b->kind != BACKEND_GPU) return "reference (C twins)";
-    bool sm90 = b->info.cc_major == 9 && b->info.cc_minor == 0 &&
-                modules_loaded(&b->modules, KERNEL_GEMM_BF16_SM90A);
+const char *gemm_tier_describe(const gemm_tier_device *d) {
+    if (!d->gpu) return "reference (C twins)";
+    bool sm90 = d->cc_major == 9 && d->cc_minor == 0 &&
+                modules_loaded(d->modules, KERNEL_GEMM_BF16_SM90A);
     if (!sm90) return "portable (mma.sync): the sm_90a tier needs compute capability 9.0";
-    if (b->gemm_tier == BACKEND_GEMM_TIER_PORTABLE) return "portable (mma.sync), forced";
-    if (b->gemm_tier == BACKEND_GEMM_TIER_SM90A) {
+    if (d->setting == BACKEND_GEMM_TIER_PORTABLE) return "portable (mma.sync), forced";
+    if (d->setting == BACKEND_GEMM_TIER_SM90A) {
         return "sm_90a (TMA + wgmma) for every bf16 GEMM (K-major or outer-major operands) and "
                "every K-major fp8, fp8 block, mxfp8 and nvfp4 GEMM, dense and M-grouped, forced; "
                "portable (mma.sync) for the rest";

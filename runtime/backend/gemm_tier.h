@@ -22,8 +22,32 @@
 #ifndef QT_GEMM_TIER_H
 #define QT_GEMM_TIER_H
 
-#include "runtime/backend/backend.h"  // backend, prog_op
+#include "runtime/driver/modules.h"   // modules, modules_launch
+#include "runtime/program/program.h"  // prog_op
 #include "ptx/gemm_sm90a.h"           // gemm_sm90a_args
+
+// Which kernels run a program's GEMM ops (runtime/backend/gemm_tier.h): AUTO takes the sm_90a tier
+// on a compute capability 9.0 GPU for the GEMMs it supports that have at least 32 of its tiles
+// (about a quarter of an H100's SMs), and the portable tier otherwise; SM90A takes the sm_90a tier
+// for every GEMM it supports; PORTABLE always runs the op's own (portable) kernel. All give results
+// within the GEMM contract; tests and benchmarks compare them.
+typedef enum backend_gemm_tier {
+    BACKEND_GEMM_TIER_AUTO,
+    BACKEND_GEMM_TIER_PORTABLE,
+    BACKEND_GEMM_TIER_SM90A
+} backend_gemm_tier;
+
+// What the tier needs of the GPU it launches on, filled by the backend for each launch
+// (backend_gemm_device): the tier reads no backend, so that the backend uses the tier and not
+// the other way round.
+typedef struct gemm_tier_device {
+    bool gpu;  // false on the reference backend, where the tier takes nothing
+    int cc_major, cc_minor, sm_count;
+    backend_gemm_tier setting;
+    uint32_t ctas_max;  // the persistent grid's CTAs at most (0: one per SM)
+    const modules *modules;
+} gemm_tier_device;
+
 
 // Whether the sm90a tier can run these GEMM args (format, grouping, layouts, alignment); the
 // device and the backend's tier setting are not considered.
@@ -36,13 +60,13 @@ bool gemm_tier_scale_groups(const gemm_args *g);
 // Whether backend_launch_op hands this op to gemm_tier_launch: a portable GEMM kernel, a GPU
 // backend on a compute capability 9.0 device with the sm90a module loaded, tier AUTO or SM90A,
 // gemm_tier_sm90a_supports, and with AUTO at least 32 tiles (gemm_tier.c says why).
-bool gemm_tier_takes(const backend *b, const prog_op *op);
+bool gemm_tier_takes(const gemm_tier_device *d, const prog_op *op);
 
 // Launches the sm90a kernel for the op (gemm_tier_takes must hold) on `stream` (the backend's
 // stream, or one of its capture streams).
-qt_status gemm_tier_launch(backend *b, const prog_op *op, CUstream stream);
+qt_status gemm_tier_launch(const gemm_tier_device *d, const prog_op *op, CUstream stream);
 
 // The tier GEMMs take on this backend, in words (for `qtrain info`).
-const char *gemm_tier_describe(const backend *b);
+const char *gemm_tier_describe(const gemm_tier_device *d);
 
 #endif  // QT_GEMM_TIER_H
