@@ -1,5 +1,6 @@
-// recipe: the parser of recipe files and their data model. A recipe is one complete training plan:
-// model, quantization rules, optimizer, data and schedule.
+// recipe: the parser of recipe files, their data model and the resolution of the model's quantizer
+// roles through the recipe's rules. A recipe is one complete training plan: model, quantization
+// rules, optimizer, data and schedule.
 //
 // Owns nothing but the caller's `recipe` struct, which recipe_parse fills and which then lives as
 // long as the caller keeps it (the runtime keeps it for the whole run). No allocation: every list
@@ -271,5 +272,34 @@ qt_status recipe_rule_parse(const char *text, size_t bytes, const char *file, ui
 // Formats "file:line:col: " followed by the message and records it (qt_fail).
 qt_status recipe_fail_at(qt_status status, const char *file, uint32_t line, uint32_t col,
                          const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+// Roles (the resolution through the rules, recipes/rules.h).
+
+// Walks the roles of a model in a fixed order: layers in file order; per layer its GEMMs (linear:
+// itself; moe: router, fc1, fc2); per GEMM input, weight, grad_output. Start from {0}.
+typedef struct recipe_role_iter {
+    uint32_t layer_index;
+    uint32_t role_index;      // within the layer
+} recipe_role_iter;
+
+// The quantizer of one role: the recipe's rules, then its built-in recipe; first match wins.
+// Fails (QT_ERR_INPUT) if no rule matches, listing the role and the rules tried, or if the rule
+// that matched gives the role an option it cannot take (2d=1 on a tensor that is not a weight,
+// rht=1 on a weight); the message points at the layer or at the offending option.
+qt_status recipe_resolve_role(const recipe *r, qt_role role, qt_quantizer *out);
+
+// Next role of the model; false after the last one.
+bool recipe_roles_next(const recipe *r, recipe_role_iter *iter, qt_role *role,
+                      uint32_t *layer_index);
+// Number of roles of the model (3 per linear, 9 per moe layer).
+size_t recipe_roles_count(const recipe *r);
+
+// Fails on the first rule of the file that matches no role of the model (naming the rule and
+// the model's roles), then resolves every role of the model and fails on the first that does not
+// resolve.
+qt_status recipe_check_roles(const recipe *r);
+// The same, listing each role and its quantizer in out[0 .. *out_count).
+qt_status recipe_resolve_roles(const recipe *r, qt_role_quantizer *out, size_t out_max,
+                              size_t *out_count);
 
 #endif  // QT_RECIPE_H

@@ -94,7 +94,7 @@ static qt_status model_add_moe(model *m, uint32_t layer) {
     return QT_OK;
 }
 
-// Every role of the model, in the order of rules_roles_next: per linear input, weight,
+// Every role of the model, in the order of recipe_roles_next: per linear input, weight,
 // grad_output.
 static qt_status model_plan_quantizers(model *m) {
     const recipe *r = m->recipe;
@@ -116,13 +116,13 @@ static qt_status model_plan_quantizers(model *m) {
         if (k == RECIPE_LAYER_MOE) QT_TRY(model_add_moe(m, i));
     }
     QT_ASSERT(m->first_param_layer != UINT32_MAX);  // the parser requires a linear layer
-    rules_role_iter iter = {0, 0};
+    recipe_role_iter iter = {0, 0};
     qt_role role;
     uint32_t layer, previous = UINT32_MAX, role_in_layer = 0;
-    while (rules_roles_next(r, &iter, &role, &layer)) {
+    while (recipe_roles_next(r, &iter, &role, &layer)) {
         QT_ASSERT(m->quantizer_count < MODEL_QUANTIZERS_MAX);
         QT_ASSERT(m->layer_linear[layer] != UINT32_MAX);
-        // Roles come per layer, three per GEMM (rules_roles_next): an moe layer's router,
+        // Roles come per layer, three per GEMM (recipe_roles_next): an moe layer's router,
         // fc1, fc2 are its consecutive linears.
         role_in_layer = layer == previous ? role_in_layer + 1 : 0;
         previous = layer;
@@ -134,7 +134,7 @@ static qt_status model_plan_quantizers(model *m) {
         QT_ASSERT((role.module_type == QT_MODULE_GROUPED_LINEAR) ==
                   (m->linears[mq->linear].members > 0));
         mq->state = -1;
-        QT_TRY(rules_resolve(r, role, &mq->q));
+        QT_TRY(recipe_resolve_role(r, role, &mq->q));
         mq->rht = mq->q.scheme == QT_SCHEME_NVFP4 && mq->q.rht;
         model_linear *lin = &m->linears[mq->linear];
         if (role.tensor_type == QT_TENSOR_INPUT) lin->q_input = index;
