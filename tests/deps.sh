@@ -13,7 +13,10 @@
 #                            (X_impl.h, a header private to X's files, belongs to X).
 #   deps_function_length     no function body longer than the limit of its folder (below).
 cd "$(dirname "$0")/.." || exit 1
-files=$(git ls-files '*.c' '*.h' '*.cu' 2>/dev/null)
+# Tracked and untracked (not ignored) sources that exist: a copy of the tree whose index lags
+# its files (a synced copy, files moved since) must check the files that are there.
+files=$(git ls-files --cached --others --exclude-standard '*.c' '*.h' '*.cu' 2>/dev/null |
+    while read -r f; do [ -f "$f" ] && echo "$f"; done)
 [ -n "$files" ] || files=$(find runtime arena recipes ptx tests tools -name '*.[ch]' -o -name '*.cu')
 status=0
 report_prefix=deps_

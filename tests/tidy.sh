@@ -2,7 +2,10 @@
 # Tidy: every C, CUDA and header source keeps lines within 100 columns, has no trailing
 # whitespace and no tabs. Prints one PASS/FAIL line per rule.
 cd "$(dirname "$0")/.." || exit 1
-files=$(git ls-files '*.c' '*.h' '*.cu' 2>/dev/null)
+# Tracked and untracked (not ignored) sources that exist: a copy of the tree whose index lags
+# its files (a synced copy, files moved since) must check the files that are there.
+files=$(git ls-files --cached --others --exclude-standard '*.c' '*.h' '*.cu' 2>/dev/null |
+    while read -r f; do [ -f "$f" ] && echo "$f"; done)
 [ -n "$files" ] || files=$(find runtime arena recipes ptx tests tools -name '*.[ch]' -o -name '*.cu')
 status=0
 check() {
