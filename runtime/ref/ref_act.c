@@ -36,16 +36,16 @@ static float ref_act_pre(const act_args *a, uint64_t i, float x) {
 }
 
 // act_args.amax: max |x| over the stored outputs themselves (the kernels round the FP32 maximum
-// instead, which gives the same value), NaN skipped, merged as the GPU's atomicMax on the bits.
-static void ref_act_amax(const act_args *a, uint64_t count) {
+// instead, which gives the same value), NaN skipped. Each task merges the maximum of the outputs
+// it stored, [begin, end), while they are in its cache, as the kernels' blocks merge theirs.
+static void ref_act_amax(const act_args *a, uint64_t begin, uint64_t end) {
     if (!a->amax) return;
     uint32_t m = 0;
-    for (uint64_t i = 0; i < count; i++) {
+    for (uint64_t i = begin; i < end; i++) {
         uint32_t bits = qt_f32_bits(qt_act_load(a->out, i, a->out_dtype)) & 0x7FFFFFFFu;
         if (bits <= 0x7F800000u && bits > m) m = bits;
     }
-    uint32_t *slot = REF_PTR(uint32_t, a->amax);
-    if (m > *slot) *slot = m;
+    ref_amax_merge(REF_PTR(float, a->amax), qt_bits_f32(m));
 }
 
 // Element-wise activations run a chunk at a time: the pre-activations loaded into a local array,
@@ -74,12 +74,12 @@ REF_VECTOR_LOOPS POOL_CPU_CLONES static void ref_act_fwd_range(void *ctx, uint64
         }
         for (uint64_t j = 0; j < n; j++) qt_act_store(a->out, i0 + j, a->out_dtype, v[j]);
     }
+    ref_act_amax(a, begin, end);
 }
 
 void ref_qt_act_fwd(const act_args *a, const launch_shape *shape) {
     (void)shape;
     pool_for((uint64_t)a->rows * a->cols, REF_TASK_ELEMS, ref_act_fwd_range, (void *)a);
-    ref_act_amax(a, (uint64_t)a->rows * a->cols);
 }
 
 REF_VECTOR_LOOPS POOL_CPU_CLONES static void ref_act_bwd_range(void *ctx, uint64_t begin,
@@ -99,12 +99,12 @@ REF_VECTOR_LOOPS POOL_CPU_CLONES static void ref_act_bwd_range(void *ctx, uint64
         }
         for (uint64_t j = 0; j < n; j++) qt_act_store(a->out, i0 + j, a->out_dtype, v[j]);
     }
+    ref_act_amax(a, begin, end);
 }
 
 void ref_qt_act_bwd(const act_args *a, const launch_shape *shape) {
     (void)shape;
     pool_for((uint64_t)a->rows * a->cols, REF_TASK_ELEMS, ref_act_bwd_range, (void *)a);
-    ref_act_amax(a, (uint64_t)a->rows * a->cols);
 }
 
 POOL_CPU_CLONES static void ref_swiglu_fwd_rows(void *ctx, uint64_t begin, uint64_t end) {
@@ -117,12 +117,12 @@ POOL_CPU_CLONES static void ref_swiglu_fwd_rows(void *ctx, uint64_t begin, uint6
             qt_act_store(a->out, r * h + j, a->out_dtype, qt_swiglu_forward(va, vb));
         }
     }
+    ref_act_amax(a, begin * h, end * h);
 }
 
 void ref_qt_swiglu_fwd(const act_args *a, const launch_shape *shape) {
     (void)shape;
     pool_for(a->rows, ref_task_rows(a->cols), ref_swiglu_fwd_rows, (void *)a);
-    ref_act_amax(a, (uint64_t)a->rows * (a->cols / 2));
 }
 
 POOL_CPU_CLONES static void ref_swiglu_bwd_rows(void *ctx, uint64_t begin, uint64_t end) {
@@ -137,12 +137,12 @@ POOL_CPU_CLONES static void ref_swiglu_bwd_rows(void *ctx, uint64_t begin, uint6
             qt_act_store(a->out, r * a->cols + h + j, a->out_dtype, qt_swiglu_db(va, dy));
         }
     }
+    ref_act_amax(a, begin * a->cols, end * a->cols);
 }
 
 void ref_qt_swiglu_bwd(const act_args *a, const launch_shape *shape) {
     (void)shape;
     pool_for(a->rows, ref_task_rows(a->cols), ref_swiglu_bwd_rows, (void *)a);
-    ref_act_amax(a, (uint64_t)a->rows * a->cols);
 }
 
 // ---------------------------------------------------------------------------------------------
