@@ -1,7 +1,7 @@
 // optim kernels: qt_optim_begin (the per-step device state) and qt_optim_adamw (the fused AdamW
 // update of one parameter and its BF16 / FP8 per-tensor requantization). ABI, numerics and the
 // skip rule: optim.h.
-#include "optim.h"
+#include "ptx/optim.h"
 
 extern "C" __global__ void __launch_bounds__(QT_OPTIM_BEGIN_THREADS)
     qt_optim_begin(const __grid_constant__ optim_begin_args args) {

@@ -1,4 +1,4 @@
-// GEMM tests (ptx/gemm_portable.cu, runtime/ref_gemm.c, runtime/op_gemm.c).
+// GEMM tests (ptx/gemm_portable.cu, runtime/ref/ref_gemm.c, runtime/ops/op_gemm.c).
 //
 // Each case is a Linear layer's GEMM (fprop, dgrad or wgrad) in one format, dense
 // or grouped, with its operands written here directly in the layouts of ptx/quant.h (random codes
@@ -19,11 +19,18 @@
 // CTA walks many tiles, and must reproduce the full grid's bits.
 #include <math.h>
 
-#include "gemm_tier.h"  // gemm_tier_takes
-#include "op_gemm.h"
-#include "pool.h"  // pool_start, pool_stop: the reference GEMM on one and three threads
-#include "rig.h"
-#include "test.h"
+#include "runtime/backend/gemm_tier.h"  // gemm_tier_takes
+#include "runtime/ops/op_gemm.h"
+// pool_start, pool_stop: the reference GEMM on one and three threads
+#include "runtime/base/pool.h"
+#include "tests/rig.h"
+#include "tests/test.h"
+
+// Whether the tier takes op on backend b as its settings stand.
+static bool gemm_tier_takes_op(const backend *b, const prog_op *op) {
+    gemm_tier_device tier = backend_gemm_device(b);
+    return gemm_tier_takes(&tier, op);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Random numbers (splitmix64), independent of the library's Philox so that the test data does not
@@ -984,7 +991,7 @@ static void run_case_sm90a(const tproblem *p, const uint8_t *d_ref, const uint8_
     test_begin(name);
     gpu_rig.be.gemm_tier = BACKEND_GEMM_TIER_SM90A;
     run_on(&gpu_rig, p, d);
-    bool taken = gemm_tier_takes(&gpu_rig.be, &gpu_rig.prog.ops[0]);
+    bool taken = gemm_tier_takes_op(&gpu_rig.be, &gpu_rig.prog.ops[0]);
     sm90a_cases++;
     sm90a_taken += taken;
     CHECK(taken || !p->c.want_sm90a, "the sm_90a tier did not take the GEMM");
@@ -993,7 +1000,7 @@ static void run_case_sm90a(const tproblem *p, const uint8_t *d_ref, const uint8_
     CHECK(!p->c.want_scale_groups || gemm_tier_scale_groups(&args),
           "the MXFP8 scales do not come in groups by TMA");
     gpu_rig.be.gemm_tier = BACKEND_GEMM_TIER_AUTO;
-    bool auto_takes = gemm_tier_takes(&gpu_rig.be, &gpu_rig.prog.ops[0]);
+    bool auto_takes = gemm_tier_takes_op(&gpu_rig.be, &gpu_rig.prog.ops[0]);
     CHECK(p->c.want_auto == 0 || auto_takes == (p->c.want_auto > 0),
           "AUTO chose the %s tier for a GEMM of %u x %u", auto_takes ? "sm_90a" : "portable", p->m,
           p->n);
@@ -1163,26 +1170,29 @@ static void run_odd_shapes(void) {
 // random}; the cases it leaves to the portable tier (MXFP8 with an outer-major operand, K-grouped
 // MXFP8 and NVFP4 wgrad) run too. Then the persistent scheduler: more tiles than SMs at the full
 // grid, M = 1, one K stage.
-static void run_sm90a_shapes(void) {
+// The aligned shapes: one per format.
+static const struct {
+    uint32_t format, tokens, in_features;
+} sm90a_aligned[] = {{GEMM_FORMAT_BF16, 272, 160},       {GEMM_FORMAT_FP8, 272, 160},
+                     {GEMM_FORMAT_FP8_BLOCK, 272, 160},  {GEMM_FORMAT_MXFP8, 288, 192},
+                     {GEMM_FORMAT_NVFP4, 288, 192}};
+
+// The aligned shapes in every format, each kind, dense and grouped, integer and random data.
+static void run_sm90a_aligned(void) {
     // The emulated formats get rows of multiples of 16 bytes for NVFP4 too (192 and 96 k), and
     // contractions of 192, 96 (one stage and a half) and 288. MXFP8 dgrad and wgrad have an
     // outer-major operand, and the tier takes no K-grouped NVFP4: those stay portable. The
     // K-grouped members' k tails (37 and 90 rows, the next member's rows after them) are
     // masked by the tier.
-    static const struct {
-        uint32_t format, tokens, in_features;
-    } aligned[] = {{GEMM_FORMAT_BF16, 272, 160},  {GEMM_FORMAT_FP8, 272, 160},
-                   {GEMM_FORMAT_FP8_BLOCK, 272, 160}, {GEMM_FORMAT_MXFP8, 288, 192},
-                   {GEMM_FORMAT_NVFP4, 288, 192}};
-    for (size_t i = 0; i < sizeof aligned / sizeof aligned[0]; i++) {
-        uint32_t f = aligned[i].format;
+    for (size_t i = 0; i < sizeof sm90a_aligned / sizeof sm90a_aligned[0]; i++) {
+        uint32_t f = sm90a_aligned[i].format;
         bool outer_major_grads = f == GEMM_FORMAT_MXFP8;
         for (int kind = KIND_FPROP; kind <= KIND_WGRAD; kind++) {
             for (int grouped = 0; grouped < 2; grouped++) {
                 for (int ints = 1; ints >= 0; ints--) {
                     tcase c = base_case(f, (tkind)kind, grouped != 0, ints != 0);
-                    c.tokens = aligned[i].tokens;
-                    c.in_features = aligned[i].in_features;
+                    c.tokens = sm90a_aligned[i].tokens;
+                    c.in_features = sm90a_aligned[i].in_features;
                     c.out_features = 96;
                     c.want_sm90a = !(grouped && kind == KIND_WGRAD && qt_gemm_sm90a_emulated(f)) &&
                                    !(outer_major_grads && kind != KIND_FPROP);
@@ -1193,6 +1203,10 @@ static void run_sm90a_shapes(void) {
             }
         }
     }
+}
+
+static void run_sm90a_shapes(void) {
+    run_sm90a_aligned();
     // Per-tensor fp8: split accumulation in fprop, fast accumulation of an E5M2 dgrad.
     tcase c = base_case(GEMM_FORMAT_FP8, KIND_FPROP, false, false);
     c.split = true;
@@ -1208,11 +1222,11 @@ static void run_sm90a_shapes(void) {
     run_case(&c);
     // FP32 D, with a bias (dense, small integers) and without (M-grouped, random), through the
     // staged epilogue; the wgrad cases above add C, which keeps the register stores.
-    for (size_t i = 0; i < sizeof aligned / sizeof aligned[0]; i++) {
+    for (size_t i = 0; i < sizeof sm90a_aligned / sizeof sm90a_aligned[0]; i++) {
         for (int bias = 1; bias >= 0; bias--) {
-            c = base_case(aligned[i].format, KIND_FPROP, bias == 0, bias != 0);
-            c.tokens = aligned[i].tokens;
-            c.in_features = aligned[i].in_features;
+            c = base_case(sm90a_aligned[i].format, KIND_FPROP, bias == 0, bias != 0);
+            c.tokens = sm90a_aligned[i].tokens;
+            c.in_features = sm90a_aligned[i].in_features;
             c.out_features = 96;
             c.out_bf16 = false;
             c.bias = bias != 0;

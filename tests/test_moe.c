@@ -11,20 +11,20 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "driver.h"  // driver_sync_total
-#include "files.h"   // tmp_dir_make, tmp_path
-#include "gemm_tier.h"  // gemm_tier_takes
-#include "npy_save.h"
-#include "op_gemm.h"
-#include "op_moe.h"
-#include "op_quant_block.h"
-#include "op_quant_fp8.h"
-#include "op_quant_mxfp8.h"
-#include "op_quant_nvfp4.h"
-#include "plan.h"  // test_run_plan
-#include "rig.h"
-#include "run.h"
-#include "test.h"
+#include "runtime/driver/driver.h"  // driver_sync_total
+#include "tests/files.h"            // tmp_dir_make, tmp_path
+#include "runtime/backend/gemm_tier.h"  // gemm_tier_takes
+#include "tests/npy_save.h"
+#include "runtime/ops/op_gemm.h"
+#include "runtime/ops/op_moe.h"
+#include "runtime/ops/op_quant_block.h"
+#include "runtime/ops/op_quant_fp8.h"
+#include "runtime/ops/op_quant_mxfp8.h"
+#include "runtime/ops/op_quant_nvfp4.h"
+#include "tests/plan.h"             // test_run_plan
+#include "tests/rig.h"
+#include "runtime/run/run.h"
+#include "tests/test.h"
 
 // ---------------------------------------------------------------------------------------------
 // Routing kernels
@@ -666,6 +666,55 @@ static op_gemm_desc stack_gemm(stack_format f, uint32_t grouping, op_group group
 
 #define STACK_EXPERTS 3
 
+// The sm_90a tier's rule (plain C over the args, so checked without a GPU too) takes the
+// grouped GEMMs of the formats whose expert GEMMs are all K-major: M-grouped B with its members
+// side by side in the rows of the weights' columnwise copy, K-grouped wgrad. On the GPU every
+// GEMM then runs on the tier: the grouped ones must give the bits of the dense ones, which the
+// tier computes over the same stages.
+static void stack_check_tier(rig *g, stack_format f, const uint32_t grouped_ops[3], bool gpu) {
+    static const char *const grouped_names[3] = {"fprop", "dgrad", "wgrad"};
+    for (int i = 0; i < 3 && (f == STACK_CURRENT || f == STACK_BLOCK); i++) {
+        gemm_args args;
+        memcpy(&args, g->prog.ops[grouped_ops[i]].args, sizeof args);
+        CHECK(gemm_tier_sm90a_supports(&args), "the sm_90a tier's rule refuses the grouped %s",
+              grouped_names[i]);
+    }
+    if (!gpu) return;
+    g->be.gemm_tier = BACKEND_GEMM_TIER_SM90A;
+    gemm_tier_device tier = backend_gemm_device(&g->be);
+    for (int i = 0; i < 3; i++) {
+        CHECK(gemm_tier_takes(&tier, &g->prog.ops[grouped_ops[i]]),
+              "the sm_90a tier did not take the grouped %s", grouped_names[i]);
+    }
+}
+
+// Each expert's rows of the grouped fprop and dgrad outputs, and its weight gradient, against
+// the dense GEMMs of that expert alone (one[i][e]); an empty expert's weight gradient is zero.
+static void stack_compare(rig *g, const uint32_t *off, const uint32_t *dims, uint32_t n,
+                          uint32_t k, const prog_ref all[3], const prog_ref *const one[3]) {
+    static const char *const what[3] = {"fprop", "dgrad", "wgrad"};
+    uint8_t *got = zalloc((uint64_t)STACK_EXPERTS * n * k * 4);
+    for (int e = 0; e < STACK_EXPERTS; e++) {
+        uint32_t rows = off[e + 1] - off[e];
+        uint64_t offset[3] = {(uint64_t)off[e] * n * 2, (uint64_t)off[e] * k * 2,
+                              (uint64_t)e * n * k * 4};
+        uint64_t bytes[3] = {(uint64_t)rows * n * 2, (uint64_t)rows * k * 2,
+                             (uint64_t)n * k * 4};
+        for (int i = 0; i < 3; i++) {
+            if (rows == 0 && i < 2) continue;
+            uint8_t *want = zalloc(bytes[i]);
+            prog_ref at = all[i];
+            at.offset += offset[i];
+            RIG_OK(backend_read(&g->be, got, at, bytes[i]));
+            if (rows > 0) RIG_OK(backend_read(&g->be, want, one[i][e], bytes[i]));
+            CHECK(memcmp(got, want, bytes[i]) == 0, "expert %d (%u rows): %s differs", e,
+                  dims[e], what[i]);
+            free(want);
+        }
+    }
+    free(got);
+}
+
 static void test_stacked_gemms(stack_format f, const char *label, bool gpu) {
     char name[112];
     snprintf(name, sizeof name, "%smoe_expert_gemms_equal_per_expert_dense_gemms_%s",
@@ -787,50 +836,10 @@ static void test_stacked_gemms(stack_format f, const char *label, bool gpu) {
         RIG_OK(backend_write(&g->be, ex[e], x + (uint64_t)off[e] * k, (uint64_t)rows * k * 2));
         RIG_OK(backend_write(&g->be, edy[e], dy + (uint64_t)off[e] * n, (uint64_t)rows * n * 2));
     }
-    // The sm_90a tier's rule (plain C over the args, so checked without a GPU too) takes the
-    // grouped GEMMs of the formats whose expert GEMMs are all K-major: M-grouped B with its
-    // members side by side in the rows of the weights' columnwise copy, K-grouped wgrad.
-    static const char *const grouped_names[3] = {"fprop", "dgrad", "wgrad"};
-    for (int i = 0; i < 3 && (f == STACK_CURRENT || f == STACK_BLOCK); i++) {
-        gemm_args args;
-        memcpy(&args, g->prog.ops[grouped_ops[i]].args, sizeof args);
-        CHECK(gemm_tier_sm90a_supports(&args), "the sm_90a tier's rule refuses the grouped %s",
-              grouped_names[i]);
-    }
-    if (gpu) {
-        // Every GEMM on the sm_90a tier: the grouped ones must give the bits of the dense ones,
-        // which the tier computes over the same stages.
-        g->be.gemm_tier = BACKEND_GEMM_TIER_SM90A;
-        for (int i = 0; i < 3; i++) {
-            CHECK(gemm_tier_takes(&g->be, &g->prog.ops[grouped_ops[i]]),
-                  "the sm_90a tier did not take the grouped %s", grouped_names[i]);
-        }
-    }
+    stack_check_tier(g, f, grouped_ops, gpu);
     RIG_OK(backend_run(&g->be, &g->prog));
-    uint8_t *got = zalloc((uint64_t)STACK_EXPERTS * n * k * 4);
-    for (int e = 0; e < STACK_EXPERTS; e++) {
-        uint32_t rows = off[e + 1] - off[e];
-        struct {
-            const char *what;
-            prog_ref all, one;
-            uint64_t offset, bytes;
-        } parts[3] = {{"fprop", y, ey[e], (uint64_t)off[e] * n * 2, (uint64_t)rows * n * 2},
-                      {"dgrad", dx, edx[e], (uint64_t)off[e] * k * 2, (uint64_t)rows * k * 2},
-                      {"wgrad", dw, edw[e], (uint64_t)e * n * k * 4, (uint64_t)n * k * 4}};
-        for (int i = 0; i < 3; i++) {
-            if (rows == 0 && i < 2) continue;
-            uint8_t *want = zalloc(parts[i].bytes);
-            prog_ref at = parts[i].all;
-            at.offset += parts[i].offset;
-            RIG_OK(backend_read(&g->be, got, at, parts[i].bytes));
-            if (rows > 0) RIG_OK(backend_read(&g->be, want, parts[i].one, parts[i].bytes));
-            // An empty expert's weight gradient is zero; the others equal the dense GEMMs.
-            CHECK(memcmp(got, want, parts[i].bytes) == 0, "expert %d (%u rows): %s differs",
-                  e, dims[e], parts[i].what);
-            free(want);
-        }
-    }
-    free(got);
+    stack_compare(g, off, dims, n, k, (prog_ref[3]){y, dx, dw},
+                  (const prog_ref *const[3]){ey, edx, edw});
     free(w);
     free(x);
     free(dy);
