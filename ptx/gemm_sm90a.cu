@@ -1,7 +1,8 @@
 // gemm_sm90a: the sm_90a GEMM tier (TMA, wgmma, warp specialization, a persistent grid): BF16
 // with each operand K-major or outer-major (fprop, dgrad and wgrad alike), and with both operands
 // K-major per-tensor FP8 (fast or split accumulation), FP8 block scaling, and MXFP8 and NVFP4
-// decoded to BF16 (see "Emulated formats" below); dense or GEMM_GROUP_M. ABI and tile shapes:
+// decoded to BF16 (see "Emulated formats" below); dense or GEMM_GROUP_M, and for BF16, per-tensor
+// FP8 and FP8 block GEMM_GROUP_K (wgrad; gemm_sm90a.h, "Grouping"). ABI and tile shapes:
 // gemm_sm90a.h; arithmetic: gemm.h. Built for sm_90a only (wgmma and setmaxnreg exist nowhere
 // else); runtime/backend/gemm_tier.c launches it in place of the portable kernel and keeps the
 // portable tier for everything else.
@@ -263,10 +264,12 @@ __device__ __forceinline__ uint64_t gemm_smem_desc_outer(uint32_t address) {
 
 // One wrapper: `instr` over the N / 2 accumulators, then the two descriptors (operands `descs`),
 // the predicate made from `accumulate` (operand `pred`), and `tail` (scale-d immediates, and for
-// 16-bit types the two transpose flags, which outer_a and outer_b restate for the descriptors).
-#define GEMM_WGMMA(name, n, instr, regs, outs, descs, pred, tail, outer_a, outer_b)            \
+// 16-bit types the two transpose flags, which outer_a and outer_b restate for the descriptors);
+// elem_bytes: bytes of one operand element.
+#define GEMM_WGMMA(name, n, instr, regs, outs, descs, pred, tail, outer_a, outer_b, elem_bytes) \
     struct name {                                                                              \
         static constexpr uint32_t kN = n;                                                      \
+        static constexpr uint32_t kElemBytes = elem_bytes;                                     \
         static constexpr bool kOuterA = outer_a;                                               \
         static constexpr bool kOuterB = outer_b;                                               \
         static __device__ __forceinline__ void run(float (&d)[n / 2], uint64_t desc_a,         \
@@ -283,24 +286,63 @@ __device__ __forceinline__ uint64_t gemm_smem_desc_outer(uint32_t address) {
     }
 
 GEMM_WGMMA(gemm_wgmma_bf16_n256, 256, "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16",
-           GEMM_WGMMA_REGS_128, GEMM_WGMMA_D_128, "%128, %129", "%130", "1, 1, 0, 0", false, false);
+           GEMM_WGMMA_REGS_128, GEMM_WGMMA_D_128, "%128, %129", "%130", "1, 1, 0, 0", false, false,
+           2);
 GEMM_WGMMA(gemm_wgmma_bf16_n256_outer_a, 256,
            "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16", GEMM_WGMMA_REGS_128,
-           GEMM_WGMMA_D_128, "%128, %129", "%130", "1, 1, 1, 0", true, false);
+           GEMM_WGMMA_D_128, "%128, %129", "%130", "1, 1, 1, 0", true, false, 2);
 GEMM_WGMMA(gemm_wgmma_bf16_n256_outer_b, 256,
            "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16", GEMM_WGMMA_REGS_128,
-           GEMM_WGMMA_D_128, "%128, %129", "%130", "1, 1, 0, 1", false, true);
+           GEMM_WGMMA_D_128, "%128, %129", "%130", "1, 1, 0, 1", false, true, 2);
 GEMM_WGMMA(gemm_wgmma_bf16_n256_outer_ab, 256,
            "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16", GEMM_WGMMA_REGS_128,
-           GEMM_WGMMA_D_128, "%128, %129", "%130", "1, 1, 1, 1", true, true);
+           GEMM_WGMMA_D_128, "%128, %129", "%130", "1, 1, 1, 1", true, true, 2);
 GEMM_WGMMA(gemm_wgmma_e4m3_n256, 256, "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3",
-           GEMM_WGMMA_REGS_128, GEMM_WGMMA_D_128, "%128, %129", "%130", "1, 1", false, false);
+           GEMM_WGMMA_REGS_128, GEMM_WGMMA_D_128, "%128, %129", "%130", "1, 1", false, false, 1);
 GEMM_WGMMA(gemm_wgmma_e5m2_n256, 256, "wgmma.mma_async.sync.aligned.m64n256k32.f32.e5m2.e4m3",
-           GEMM_WGMMA_REGS_128, GEMM_WGMMA_D_128, "%128, %129", "%130", "1, 1", false, false);
+           GEMM_WGMMA_REGS_128, GEMM_WGMMA_D_128, "%128, %129", "%130", "1, 1", false, false, 1);
 GEMM_WGMMA(gemm_wgmma_e4m3_n192, 192, "wgmma.mma_async.sync.aligned.m64n192k32.f32.e4m3.e4m3",
-           GEMM_WGMMA_REGS_96, GEMM_WGMMA_D_96, "%96, %97", "%98", "1, 1", false, false);
+           GEMM_WGMMA_REGS_96, GEMM_WGMMA_D_96, "%96, %97", "%98", "1, 1", false, false, 1);
 GEMM_WGMMA(gemm_wgmma_e5m2_n192, 192, "wgmma.mma_async.sync.aligned.m64n192k32.f32.e5m2.e4m3",
-           GEMM_WGMMA_REGS_96, GEMM_WGMMA_D_96, "%96, %97", "%98", "1, 1", false, false);
+           GEMM_WGMMA_REGS_96, GEMM_WGMMA_D_96, "%96, %97", "%98", "1, 1", false, false, 1);
+
+// Shared-memory accesses of the consumers' own (the emulated formats' decode, a K-grouped
+// member's k tail) and their barrier.
+
+#define GEMM_SM90A_CONSUMER_BARRIER 1  // named barrier of the 256 consumer threads
+
+__device__ __forceinline__ uint4 gemm_lds128(uint32_t address) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(address)
+                 : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void gemm_sts128(uint32_t address, uint32_t x, uint32_t y, uint32_t z,
+                                            uint32_t w) {
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(address), "r"(x), "r"(y),
+                 "r"(z), "r"(w)
+                 : "memory");
+}
+
+__device__ __forceinline__ void gemm_consumer_barrier() {
+    asm volatile("bar.sync %0, 256;\n" ::"n"(GEMM_SM90A_CONSUMER_BARRIER) : "memory");
+}
+
+// Generic-proxy writes to shared memory (a decoded stage, a masked k tail) made visible to
+// wgmma (async proxy).
+__device__ __forceinline__ void gemm_fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// Byte offset of 16-byte chunk c of row r in a tile of kRowBytes rows that TMA wrote in the
+// swizzle of the same span (32, 64 or 128 bytes): the chunk index XOR the address bits 7 and up.
+template <uint32_t kRowBytes>
+__device__ __forceinline__ uint32_t gemm_swizzled(uint32_t r, uint32_t c) {
+    return r * kRowBytes + 16u * (c ^ ((r * kRowBytes / 128u) % (kRowBytes / 16u)));
+}
 
 // ---------------------------------------------------------------------------------------------
 // Shared memory, pipeline position, schedule.
@@ -409,20 +451,26 @@ struct gemm_pipe {
 };
 
 // D rows of a tile: [m0, min(m0 + 128, m_end)), of which rows from m_valid_end on are padding
-// (written as zeros); columns [n0, min(n0 + N, n)).
+// (written as zeros); columns [n0, min(n0 + N, n)). Its contraction: k_stages stages from k0
+// (GEMM_GROUP_K: the member's first row; else 0), of which the last holds k_last valid k (fewer
+// than a stage only for GEMM_GROUP_K: the rest is zeroed, gemm_zero_k_tail). b_member: B's
+// member coordinate (GEMM_GROUP_M: the member; else 0, one B for all).
 struct gemm_tile_pos {
     uint32_t member;
     uint32_t m0, m_end, m_valid_end;
     uint32_t n0;
+    uint32_t k0, k_stages, k_last;
+    uint32_t b_member;
 };
 
 // The tile order. Tile t lies in raster group t / (16 col_tiles): its 16 row tiles (fewer in the
 // last group), walked row tile fastest. GEMM_GROUP_M counts row tiles member by member (each
 // member's padded rows in whole tiles, qt_gemm_member_tiles); a cursor remembers the member of
 // the current group's first row tile, so the lookup walks each member once per CTA, plus at most
-// a group's worth per tile, with no per-member storage.
+// a group's worth per tile, with no per-member storage. GEMM_GROUP_K repeats the dense order for
+// each member in turn (member t / (row_tiles col_tiles)).
 struct gemm_sched {
-    uint32_t row_tiles, col_tiles, total;
+    uint32_t row_tiles, col_tiles, members, total;
     uint32_t cursor_member;  // GEMM_GROUP_M: the member holding row tile cursor_before
     uint32_t cursor_before;  // row tiles of the members before cursor_member
 };
@@ -433,7 +481,7 @@ __device__ __forceinline__ uint32_t gemm_member_row_tiles(const uint32_t *off, u
 
 // Called by whole warps (a warp sums the members' row tiles).
 __device__ __forceinline__ gemm_sched gemm_sched_init(const gemm_sm90a_args &args) {
-    gemm_sched s = {args.row_tiles, args.col_tiles, 0, 0, 0};
+    gemm_sched s = {args.row_tiles, args.col_tiles, 1, 0, 0, 0};
     if (args.gemm.grouping == GEMM_GROUP_M) {
         const uint32_t *off = reinterpret_cast<const uint32_t *>(args.gemm.group.row_offsets);
         uint32_t sum = 0;
@@ -444,13 +492,23 @@ __device__ __forceinline__ gemm_sched gemm_sched_init(const gemm_sm90a_args &arg
         for (uint32_t d = 16; d > 0; d >>= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, d);
         s.row_tiles = sum;
     }
-    s.total = s.row_tiles * s.col_tiles;
+    if (args.gemm.grouping == GEMM_GROUP_K) s.members = args.gemm.group.count;
+    s.total = s.row_tiles * s.col_tiles * s.members;  // gemm_tier.c keeps it below 2^31
     return s;
 }
 
-template <uint32_t kTileN>
-__device__ __forceinline__ gemm_tile_pos gemm_sched_tile(const gemm_args &g, gemm_sched &s,
-                                                         uint32_t t) {
+// Tile t's position; kStageK: k per stage (the native formats'; the emulated formats, whose
+// stages count bytes of codes, are never K-grouped).
+template <uint32_t kTileN, uint32_t kStageK>
+__device__ __forceinline__ gemm_tile_pos gemm_sched_tile(const gemm_sm90a_args &args,
+                                                         gemm_sched &s, uint32_t t) {
+    const gemm_args &g = args.gemm;
+    uint32_t k_member = 0;
+    if (g.grouping == GEMM_GROUP_K) {
+        uint32_t per_member = s.row_tiles * s.col_tiles;
+        k_member = t / per_member;
+        t -= k_member * per_member;
+    }
     uint32_t per_group = GEMM_SM90A_RASTER_M * s.col_tiles;
     uint32_t group = t / per_group;
     uint32_t first = group * GEMM_SM90A_RASTER_M;
@@ -459,15 +517,26 @@ __device__ __forceinline__ gemm_tile_pos gemm_sched_tile(const gemm_args &g, gem
     uint32_t row_tile = first + within % rows;
     gemm_tile_pos p;
     p.n0 = (within / rows) * kTileN;
+    p.k0 = 0;
+    p.k_stages = args.k_stages;
+    p.k_last = kStageK;
+    p.b_member = 0;
+    const uint32_t *off = reinterpret_cast<const uint32_t *>(g.group.row_offsets);
+    const uint32_t *first_dims = reinterpret_cast<const uint32_t *>(g.group.first_dims);
     if (g.grouping != GEMM_GROUP_M) {
-        p.member = 0;
+        p.member = k_member;
         p.m0 = row_tile * GEMM_SM90A_TILE_M;
         p.m_end = g.m;
         p.m_valid_end = g.m;
+        if (g.grouping == GEMM_GROUP_K) {
+            // The member's valid rows only: the stage holding its last row is masked after it.
+            uint32_t valid = __ldg(first_dims + k_member);
+            p.k0 = __ldg(off + k_member);
+            p.k_stages = (valid + kStageK - 1) / kStageK;
+            if (p.k_stages > 0) p.k_last = valid - (p.k_stages - 1) * kStageK;
+        }
         return p;
     }
-    const uint32_t *off = reinterpret_cast<const uint32_t *>(g.group.row_offsets);
-    const uint32_t *first_dims = reinterpret_cast<const uint32_t *>(g.group.first_dims);
     // Groups only move forward along a CTA's tiles, so the cursor does too.
     while (s.cursor_before + gemm_member_row_tiles(off, s.cursor_member) <= first) {
         s.cursor_before += gemm_member_row_tiles(off, s.cursor_member);
@@ -480,6 +549,7 @@ __device__ __forceinline__ gemm_tile_pos gemm_sched_tile(const gemm_args &g, gem
     }
     uint32_t start = __ldg(off + member);
     p.member = member;
+    p.b_member = member;
     p.m0 = start + (row_tile - before) * GEMM_SM90A_TILE_M;
     p.m_end = min(__ldg(off + member + 1), g.m);
     p.m_valid_end = min(start + __ldg(first_dims + member), p.m_end);
@@ -492,6 +562,70 @@ template <class Shape>
 __device__ __forceinline__ void gemm_release(const gemm_smem<Shape> &sm, uint32_t stage) {
     __syncwarp();
     if ((threadIdx.x & 31) == 0) gemm_mbar_arrive(sm.empty(stage));
+}
+
+// A K-grouped member's k tail (gemm_sm90a.h, "Grouping"): in a landed stage whose first `valid`
+// k belong to the member, every k from `valid` on is set to zero in both tiles, by the 256
+// consumer threads together, before either warpgroup's wgmma read the stage. Zeros in both
+// operands, not one: a zero times an Inf or NaN code of the other member's rows would still be
+// NaN. A tile of kRows rows is kRows lines of 128 bytes, either layout: K-major, line r is row r
+// (16-byte chunk c of it at chunk c ^ (r % 8), the 128-byte swizzle), whose bytes from
+// valid * element bytes on are zeroed (a chunk across that point keeps its low bytes);
+// outer-major BF16, line l is k l % 64 of the 64-row box l / 64, zeroed whole from k = valid on.
+template <uint32_t kRows, bool kOuter>
+__device__ __forceinline__ void gemm_zero_tile_k(uint32_t tile, uint32_t valid,
+                                                 uint32_t elem_bytes, uint32_t tid) {
+    static_assert(GEMM_SM90A_OUTER_BOX_BYTES == GEMM_SM90A_OUTER_BOX_K * GEMM_SM90A_K_BYTES,
+                  "an outer-major box is 64 lines of 128 bytes");
+    uint32_t valid_bytes = valid * elem_bytes;
+    // One chunk at a time: the accumulators hold most registers here (split tiles: 96 + 96).
+#pragma unroll 1
+    for (uint32_t i = tid; i < kRows * 8u; i += 2u * 128u) {
+        uint32_t line = i / 8u, c = i % 8u;
+        if (kOuter) {
+            if (line % GEMM_SM90A_OUTER_BOX_K >= valid) {
+                gemm_sts128(tile + line * GEMM_SM90A_K_BYTES + 16u * c, 0u, 0u, 0u, 0u);
+            }
+            continue;
+        }
+        uint32_t lo = 16u * c;
+        if (lo + 16u <= valid_bytes) continue;
+        uint32_t at = tile + gemm_swizzled<GEMM_SM90A_K_BYTES>(line, c);
+        uint32_t w[4] = {0u, 0u, 0u, 0u};
+        if (lo < valid_bytes) {
+            uint4 v = gemm_lds128(at);
+            uint32_t keep = valid_bytes - lo;  // 1 ... 15 bytes of the chunk stay
+            w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+#pragma unroll
+            for (uint32_t j = 0; j < 4; j++) {
+                uint32_t first = 4u * j;
+                if (keep <= first) {
+                    w[j] = 0u;
+                } else if (keep < first + 4u) {
+                    w[j] &= (1u << (8u * (keep - first))) - 1u;
+                }
+            }
+        }
+        gemm_sts128(at, w[0], w[1], w[2], w[3]);
+    }
+}
+
+// Masks tile p's stage `stage` when it is the member's last and holds fewer than kStageK valid
+// k; every consumer thread calls it for every stage (both warpgroups walk the same stages, so
+// they meet at the barrier together). The generic-proxy zeros are fenced for wgmma, which reads
+// through the async proxy, and the barrier keeps both warpgroups' wgmma until the whole stage
+// is masked.
+template <class Shape, class Mma>
+__device__ __forceinline__ void gemm_zero_k_tail(const gemm_smem<Shape> &sm, uint32_t stage,
+                                                 const gemm_tile_pos &p, uint32_t kb) {
+    constexpr uint32_t kStageK = GEMM_SM90A_K_BYTES / Mma::kElemBytes;
+    if (kb + 1 != p.k_stages || p.k_last >= kStageK) return;
+    uint32_t tid = threadIdx.x - 128u;  // consumer threads are 128 ... 383
+    gemm_zero_tile_k<GEMM_SM90A_TILE_M, Mma::kOuterA>(sm.a(stage), p.k_last, Mma::kElemBytes,
+                                                      tid);
+    gemm_zero_tile_k<Mma::kN, Mma::kOuterB>(sm.b(stage), p.k_last, Mma::kElemBytes, tid);
+    gemm_fence_proxy_async();
+    gemm_consumer_barrier();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -534,6 +668,17 @@ __device__ __forceinline__ void gemm_load_outer(uint32_t dst, const gemm_tensor_
     }
 }
 
+// A K-major B tile at k0: coordinates (k, column, member), or (k, member, column) where the map
+// has B's members inside its rows (gemm_sm90a.h).
+__device__ __forceinline__ void gemm_load_b(const gemm_sm90a_args &args, uint32_t dst,
+                                            uint32_t bar, int32_t k0, const gemm_tile_pos &p) {
+    if (args.b_members_inner != 0) {
+        gemm_tma_load_3d(dst, &args.b, bar, k0, (int32_t)p.b_member, (int32_t)p.n0);
+    } else {
+        gemm_tma_load_3d(dst, &args.b, bar, k0, (int32_t)p.n0, (int32_t)p.b_member);
+    }
+}
+
 template <class Shape, uint32_t kStageK, bool kScaleSlots, bool kScaleGroups, bool kOuterA,
           bool kOuterB>
 __device__ __forceinline__ void gemm_produce(const gemm_sm90a_args &args,
@@ -555,12 +700,12 @@ __device__ __forceinline__ void gemm_produce(const gemm_sm90a_args &args,
     gemm_pipe<smem::kStages> pipe = {0, 0};
     uint32_t group = 0;
     for (uint32_t t = blockIdx.x; t < s.total; t += gridDim.x) {
-        gemm_tile_pos p = gemm_sched_tile<Shape::kN>(args.gemm, s, t);
-        for (uint32_t kb = 0; kb < args.k_stages; kb++) {
+        gemm_tile_pos p = gemm_sched_tile<Shape::kN, kStageK>(args, s, t);
+        for (uint32_t kb = 0; kb < p.k_stages; kb++) {
             gemm_mbar_wait(sm.empty(pipe.stage), pipe.phase ^ 1u);
             uint32_t full = sm.full(pipe.stage);
             bool group_start = groups && kb % GEMM_SM90A_EMU_SCALE_GROUP == 0;
-            int32_t k0 = (int32_t)(kb * kStageK);
+            int32_t k0 = (int32_t)(p.k0 + kb * kStageK);
             if constexpr (kOuterA || kOuterB) {
                 uint32_t a_boxes = gemm_outer_boxes<GEMM_SM90A_TILE_M>(p.m0, args.gemm.m);
                 uint32_t b_boxes = gemm_outer_boxes<Shape::kN>(p.n0, args.gemm.n);
@@ -576,10 +721,9 @@ __device__ __forceinline__ void gemm_produce(const gemm_sm90a_args &args,
                 }
                 if constexpr (kOuterB) {
                     gemm_load_outer<Shape::kN, 3>(sm.b(pipe.stage), &args.b, full, p.n0, b_boxes,
-                                                  k0, p.member);
+                                                  k0, p.b_member);
                 } else {
-                    gemm_tma_load_3d(sm.b(pipe.stage), &args.b, full, k0, (int32_t)p.n0,
-                                     (int32_t)p.member);
+                    gemm_load_b(args, sm.b(pipe.stage), full, k0, p);
                 }
                 pipe.advance();
                 continue;
@@ -588,11 +732,12 @@ __device__ __forceinline__ void gemm_produce(const gemm_sm90a_args &args,
             // outside), so every stage completes the same byte count.
             gemm_mbar_expect_bytes(full, kBytes + (group_start ? kGroupBytes : 0u));
             gemm_tma_load_2d(sm.a(pipe.stage), &args.a, full, k0, (int32_t)p.m0);
-            gemm_tma_load_3d(sm.b(pipe.stage), &args.b, full, k0, (int32_t)p.n0,
-                             (int32_t)p.member);
+            gemm_load_b(args, sm.b(pipe.stage), full, k0, p);
             if (kScaleSlots) {
+                // Per-column scales [k block][n]: a stage is one 128-wide K block, and a
+                // K-grouped member starts on a block (gemm.h).
                 gemm_tma_load_2d(sm.base + sm.slot_offset(pipe.stage), &args.b_scale, full,
-                                 (int32_t)p.n0, (int32_t)kb);
+                                 (int32_t)p.n0, (int32_t)(p.k0 / GEMM_BLOCK_FP8 + kb));
             }
             if (group_start) {
                 uint32_t buffer = sm.base + sm.group_offset(group & 1u);
@@ -655,13 +800,14 @@ struct gemm_mainloop_fast : gemm_roles_native {
     template <class Pipe>
     static __device__ __forceinline__ void run(const gemm_sm90a_args &args,
                                                const gemm_smem<Shape> &sm,
-                                               const gemm_tile_pos &, uint32_t wg, Pipe &pipe,
+                                               const gemm_tile_pos &p, uint32_t wg, Pipe &pipe,
                                                float (&acc)[kAcc]) {
 #pragma unroll
         for (uint32_t i = 0; i < kAcc; i++) acc[i] = 0.0f;
         uint32_t previous = 0;
-        for (uint32_t kb = 0; kb < args.k_stages; kb++) {
+        for (uint32_t kb = 0; kb < p.k_stages; kb++) {
             gemm_mbar_wait(sm.full(pipe.stage), pipe.phase);
+            gemm_zero_k_tail<Shape, Mma>(sm, pipe.stage, p, kb);
             uint32_t a = sm.a(pipe.stage) + wg * 64u * GEMM_SM90A_K_BYTES;
             uint32_t b = sm.b(pipe.stage);
             gemm_fence_registers(acc);
@@ -678,7 +824,7 @@ struct gemm_mainloop_fast : gemm_roles_native {
         }
         gemm_wgmma_wait<0>();
         gemm_fence_registers(acc);
-        if (args.k_stages > 0) gemm_release(sm, previous);
+        if (p.k_stages > 0) gemm_release(sm, previous);
     }
 };
 
@@ -699,18 +845,22 @@ struct gemm_scale_source {
     bool a0, a1, b0, b1;   // which exist
 };
 
+// K block kb of a tile is K block p.k0 / 128 + kb of the operands (a K-grouped member starts on
+// a block, gemm.h).
 template <bool kScaleB2D>
 __device__ __forceinline__ gemm_scale_source gemm_scale_source_of(const gemm_args &g,
                                                                   const gemm_tile_pos &p,
                                                                   uint32_t row) {
     gemm_scale_source s;
-    s.a = reinterpret_cast<const float *>(g.a.scale + p.member * g.a.scale_member_bytes) + row;
+    uint64_t kb0 = p.k0 / GEMM_BLOCK_FP8;
+    s.a = reinterpret_cast<const float *>(g.a.scale + p.member * g.a.scale_member_bytes) + row +
+          kb0 * g.a.scale_ld;
     s.a_ld = g.a.scale_ld;
     s.a0 = row < g.m;
     s.a1 = row + 8 < g.m;
     uint32_t block = p.n0 / GEMM_BLOCK_FP8;
     s.b = reinterpret_cast<const float *>(g.b.scale + p.member * g.b.scale_member_bytes) +
-          (uint64_t)block * g.b.scale_ld;
+          (uint64_t)block * g.b.scale_ld + kb0;
     s.b_ld = g.b.scale_ld;
     s.b0 = kScaleB2D && block * GEMM_BLOCK_FP8 < g.n;
     s.b1 = kScaleB2D && (block + 1) * GEMM_BLOCK_FP8 < g.n;
@@ -758,12 +908,13 @@ struct gemm_mainloop_split : gemm_roles_native {
         }
         gemm_scale_source source = {};
         gemm_block_scales scales = {0.0f, 0.0f, 0.0f, 0.0f};
-        if (kBlock) {
+        if (kBlock && p.k_stages > 0) {  // an empty K-grouped member reads no scales
             source = gemm_scale_source_of<kScaleB2D>(args.gemm, p, row);
             scales = gemm_load_block_scales(source, 0);
         }
-        for (uint32_t kb = 0; kb < args.k_stages; kb++) {
+        for (uint32_t kb = 0; kb < p.k_stages; kb++) {
             gemm_mbar_wait(sm.full(pipe.stage), pipe.phase);
+            gemm_zero_k_tail<Shape, Mma>(sm, pipe.stage, p, kb);
             uint32_t a = sm.a(pipe.stage) + wg * 64u * GEMM_SM90A_K_BYTES;
             uint32_t b = sm.b(pipe.stage);
             gemm_fence_registers(part);
@@ -789,7 +940,7 @@ struct gemm_mainloop_split : gemm_roles_native {
             }
             gemm_release(sm, pipe.stage);
             pipe.advance();
-            if (kBlock && kb + 1 < args.k_stages) scales = gemm_load_block_scales(source, kb + 1);
+            if (kBlock && kb + 1 < p.k_stages) scales = gemm_load_block_scales(source, kb + 1);
         }
     }
 
@@ -825,40 +976,6 @@ struct gemm_mainloop_split : gemm_roles_native {
 // wgmma run), release the codes, wait for the previous stage's wgmma, then one named barrier of
 // both consumer warpgroups: after it the decoded stage is whole, and no wgmma still reads the
 // other one, which the next stage decodes into.
-
-#define GEMM_SM90A_CONSUMER_BARRIER 1  // named barrier of the 256 consumer threads
-
-__device__ __forceinline__ uint4 gemm_lds128(uint32_t address) {
-    uint4 v;
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "r"(address)
-                 : "memory");
-    return v;
-}
-
-__device__ __forceinline__ void gemm_sts128(uint32_t address, uint32_t x, uint32_t y, uint32_t z,
-                                            uint32_t w) {
-    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(address), "r"(x), "r"(y),
-                 "r"(z), "r"(w)
-                 : "memory");
-}
-
-__device__ __forceinline__ void gemm_consumer_barrier() {
-    asm volatile("bar.sync %0, 256;\n" ::"n"(GEMM_SM90A_CONSUMER_BARRIER) : "memory");
-}
-
-// Generic-proxy writes to shared memory (the decoded stage) made visible to wgmma (async proxy).
-__device__ __forceinline__ void gemm_fence_proxy_async() {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-// Byte offset of 16-byte chunk c of row r in a tile of kRowBytes rows that TMA wrote in the
-// swizzle of the same span (32, 64 or 128 bytes): the chunk index XOR the address bits 7 and up.
-template <uint32_t kRowBytes>
-__device__ __forceinline__ uint32_t gemm_swizzled(uint32_t r, uint32_t c) {
-    return r * kRowBytes + 16u * (c ^ ((r * kRowBytes / 128u) % (kRowBytes / 16u)));
-}
 
 // Scale loading (warps 1-3 of the producer warpgroup): per stage, after its `empty` barrier,
 // each thread loads the stage's block scales of some of the tile's 384 rows (A rows, then B
@@ -901,8 +1018,8 @@ __device__ __forceinline__ void gemm_emu_load_scales(const gemm_sm90a_args &args
     uint32_t t0 = threadIdx.x - 32u;
     gemm_pipe<Shape::kStages> pipe = {0, 0};
     for (uint32_t t = blockIdx.x; t < s.total; t += gridDim.x) {
-        gemm_tile_pos p = gemm_sched_tile<Shape::kN>(g, s, t);
-        for (uint32_t kb = 0; kb < args.k_stages; kb++) {
+        gemm_tile_pos p = gemm_sched_tile<Shape::kN, Shape::kRowBytes>(args, s, t);
+        for (uint32_t kb = 0; kb < p.k_stages; kb++) {
             gemm_mbar_wait(sm.empty(pipe.stage), pipe.phase ^ 1u);
             uint32_t *slot = reinterpret_cast<uint32_t *>(sm.bytes + sm.slot_offset(pipe.stage));
             uint32_t words[kRows / kThreads];
@@ -1075,13 +1192,13 @@ struct gemm_mainloop_emulated {
     template <class Pipe>
     static __device__ __forceinline__ void run(const gemm_sm90a_args &args,
                                                const gemm_smem<Shape> &sm,
-                                               const gemm_tile_pos &, uint32_t wg, Pipe &pipe,
+                                               const gemm_tile_pos &p, uint32_t wg, Pipe &pipe,
                                                float (&acc)[kAcc]) {
         uint32_t tid = threadIdx.x & 127u;
         uint32_t b_row = wg * 128u + tid;
 #pragma unroll
         for (uint32_t i = 0; i < kAcc; i++) acc[i] = 0.0f;
-        for (uint32_t kb = 0; kb < args.k_stages; kb++) {
+        for (uint32_t kb = 0; kb < p.k_stages; kb++) {
             uint32_t dec_a = sm.decoded(pipe.decoded);
             uint32_t dec_b = dec_a + kDecodedA;
             gemm_mbar_wait(sm.full(pipe.stage), pipe.phase);
@@ -1376,7 +1493,7 @@ __device__ __forceinline__ void gemm_sm90a_run(const gemm_sm90a_args &args) {
     float acc[Mainloop::kAcc];
     uint32_t chunks = 0;  // epilogue chunks this warpgroup has staged (its buffers' turn)
     for (uint32_t t = blockIdx.x; t < sched.total; t += gridDim.x) {
-        gemm_tile_pos p = gemm_sched_tile<Shape::kN>(args.gemm, sched, t);
+        gemm_tile_pos p = gemm_sched_tile<Shape::kN, kStageK>(args, sched, t);
         Mainloop::run(args, sm, p, wg, pipe, acc);
         gemm_epilogue_tile(args, sm, p, wg, acc, chunks);
     }

@@ -18,6 +18,15 @@
 //
 // The grid is persistent: CTA i takes tiles i, i + grid, ... in a fixed order, so which CTA
 // computes a tile never changes a bit of it.
+//
+// Grouping. GEMM_GROUP_M: a member's padded rows in whole row tiles, counted on the device.
+// GEMM_GROUP_K (wgrad): members x row tiles x column tiles, member-major; a tile of member i
+// contracts k in [off[i], off[i] + first_dims[i]) in stages from off[i] (the member counts are
+// read on the device), so its stages and 128-wide K blocks start where the twin's do. The last
+// stage's k past the member's valid rows is zeroed in shared memory before the multiply: those
+// are the next member's rows (the padding to row_align, 16 for BF16 and FP8, ends inside a
+// stage) or rows past the last member, which no kernel writes. An empty member's tiles run no
+// stage and store D_i = 0 (+ beta C_i) (+ bias_i).
 #ifndef QT_GEMM_SM90A_H
 #define QT_GEMM_SM90A_H
 
@@ -132,6 +141,10 @@ QT_STATIC_ASSERT(sizeof(gemm_tensor_map) == 128, "gemm_tensor_map is a CUtensorM
 // is how row, column and k tails read as zeros), for tiles of N columns:
 //   a        A codes:  {k, m}              box {stage k, 128}      128-byte swizzle
 //   b        B codes:  {k, n, members}     box {stage k, N, 1}     128-byte swizzle
+//            or, with b_members_inner (M-grouped B whose members lie side by side inside each
+//            stored row, as in the stacked weights' transposed columnwise copy):
+//            {k, members, n}, strides {member bytes, row bytes}, box {stage k, 1, N}: the same
+//            bytes in shared memory, with strides that grow as cuTensorMapEncodeTiled requires
 //   b_scale  FP8 block 1x128 scales of B (dense): {n, k blocks}, box {N, 1}; MXFP8 and NVFP4
 //            with scale_tma: B's scale bytes {k / block, n, members}, box {16 or 32, 256, 1}
 //   a_scale  MXFP8 and NVFP4 with scale_tma: A's scale bytes {k / block, m}, box {16 or 32,
@@ -145,12 +158,14 @@ QT_STATIC_ASSERT(sizeof(gemm_tensor_map) == 128, "gemm_tensor_map is a CUtensorM
 // {64, 64, 1}, loaded once per 64 tile rows).
 typedef struct gemm_sm90a_args {
     gemm_args gemm;           // first: the portable kernel's twin reads it
-    uint32_t row_tiles;       // dense: ceil(m / 128); GEMM_GROUP_M: 0 (counted on the device)
+    uint32_t row_tiles;       // dense, GEMM_GROUP_K (per member): ceil(m / 128); GEMM_GROUP_M:
+                              // 0 (counted on the device)
     uint32_t col_tiles;       // ceil(n / N)
     uint32_t k_stages;        // ceil(k / stage k)
     uint32_t d_tma;           // 1: the epilogue stores D through the map d
     uint32_t scale_tma;       // 1: emulated formats' scale groups through a_scale and b_scale
-    uint32_t reserved[11];
+    uint32_t b_members_inner; // 1: map b is {k, members, n} (coordinates k, member, column)
+    uint32_t reserved[10];
     gemm_tensor_map a;
     gemm_tensor_map b;
     gemm_tensor_map b_scale;

@@ -288,6 +288,9 @@ typedef struct tcase {
     int want_auto;           // AUTO's shape rule: 1 takes the sm_90a tier, -1 does not, 0 either
     bool want_scale_groups;  // MXFP8 on the sm_90a tier: scales in groups by TMA
     uint32_t split_parts;    // split-K parts (dense), 0: none
+    bool b_inner;            // grouped dgrad (fp8, fp8 block, nvfp4): the stacked weights'
+                             // columnwise copy as one tensor, [in][members x out], members side
+                             // by side in its rows (as an moe layer stores them)
     const char *tag;         // distinguishes cases of one kind
 } tcase;
 
@@ -666,6 +669,28 @@ static uint8_t *concat_b(const tproblem *p, int what, size_t *bytes) {
     return all;
 }
 
+// The members' transposed columnwise B copies ([in][out] each) side by side in the rows of one
+// tensor, [in][members x out] (b_inner): data, or the block scales (fp8 block 2-D: rows of
+// ceil(in / 128); nvfp4: rows of in), each member's row of a copy after the previous member's.
+static uint8_t *interleave_b(const tproblem *p, bool scales, size_t *bytes) {
+    const ttensor *t = &p->b[0];
+    size_t each = scales ? t->scale_bytes : t->data_bytes;
+    uint32_t rows = scales && t->format == GEMM_FORMAT_FP8_BLOCK ? ceil_div(t->cols, 128)
+                                                                 : t->cols;
+    size_t row_bytes = each / rows;
+    CHECK(row_bytes * rows == each, "b_inner: whole rows");
+    uint8_t *all = malloc(each * p->b_count + 1);
+    for (uint32_t i = 0; i < p->b_count; i++) {
+        const uint8_t *src = scales ? p->b[i].scale : p->b[i].data;
+        for (uint32_t r = 0; r < rows; r++) {
+            memcpy(all + (r * (size_t)p->b_count + i) * row_bytes, src + r * row_bytes,
+                   row_bytes);
+        }
+    }
+    *bytes = each * p->b_count;
+    return all;
+}
+
 static op_gemm_operand problem_operand(rig *r, const tproblem *p, const ttensor *t,
                                        const gregion *data, const gregion *scale,
                                        const gregion *ts) {
@@ -680,8 +705,10 @@ static op_gemm_operand problem_operand(rig *r, const tproblem *p, const ttensor 
 
 static void problem_program(rig *r, const tproblem *p, tregions *g) {
     size_t b_data_bytes, b_scale_bytes, b_ts_bytes;
-    uint8_t *b_data = concat_b(p, 0, &b_data_bytes);
-    uint8_t *b_scale = concat_b(p, 1, &b_scale_bytes);
+    bool inner = p->c.b_inner;
+    uint8_t *b_data = inner ? interleave_b(p, false, &b_data_bytes) : concat_b(p, 0, &b_data_bytes);
+    uint8_t *b_scale = inner ? interleave_b(p, true, &b_scale_bytes)
+                             : concat_b(p, 1, &b_scale_bytes);
     uint8_t *b_ts = concat_b(p, 2, &b_ts_bytes);
     size_t d_bytes = p->d_elems * (p->d_dtype == QT_DTYPE_BF16 ? 2 : 4);
     gregion *R = g->r;
@@ -710,11 +737,20 @@ static void problem_program(rig *r, const tproblem *p, tregions *g) {
     desc.k = p->k;
     desc.a = problem_operand(r, p, &p->a, &R[R_A_DATA], &R[R_A_SCALE], &R[R_A_TS]);
     desc.b = problem_operand(r, p, &p->b[0], &R[R_B_DATA], &R[R_B_SCALE], &R[R_B_TS]);
-    if (p->b_stacked) {
+    if (p->b_stacked && inner) {
+        // One stacked weight of members x out rows, read through its columnwise copy.
+        const ttensor *t = &p->b[0];
+        prog_ref none = {0};
+        desc.b = op_gemm_operand_of(p->c.format, t->elem, p->b_count * t->rows, t->cols, true,
+                                    t->two_d, greg_ref(r, &R[R_B_DATA]),
+                                    t->scale_bytes ? greg_ref(r, &R[R_B_SCALE]) : none,
+                                    t->tscale_count ? greg_ref(r, &R[R_B_TS]) : none);
+        op_gemm_operand_stack(&desc.b, p->c.format, t->two_d, true, t->rows, t->cols);
+    } else if (p->b_stacked) {
         desc.b.data_member_bytes = p->b[0].data_bytes;
         desc.b.scale_member_bytes = p->b[0].scale_bytes;
-        if (p->b[0].tscale_count) desc.b.flags |= GEMM_OPERAND_TENSOR_PER_MEMBER;
     }
+    if (p->b_stacked && p->b[0].tscale_count) desc.b.flags |= GEMM_OPERAND_TENSOR_PER_MEMBER;
     desc.alpha = p->alpha;
     desc.d = greg_ref(r, &R[R_D]);
     desc.d_dtype = p->d_dtype;
@@ -1011,6 +1047,12 @@ static void run_case(const tcase *c) {
     test_begin(p.name);
     run_on(&ref_rig, &p, d_ref);
     check_ref_result(&p, d_ref);
+    if (c->want_sm90a) {
+        // The tier's rule is plain C over the op's args: checked here too, GPU or not.
+        gemm_args args;
+        memcpy(&args, ref_rig.prog.ops[0].args, sizeof args);
+        CHECK(gemm_tier_sm90a_supports(&args), "the sm_90a tier's rule refuses the GEMM");
+    }
     test_end();
     char gpu_name[160];
     snprintf(gpu_name, sizeof gpu_name, "%s_gpu", p.name);
@@ -1126,28 +1168,33 @@ static void run_odd_shapes(void) {
 // Shapes the sm_90a tier takes (rows of multiples of 16 bytes; K-major operands, or outer-major
 // BF16): every format it covers x {fprop, dgrad, wgrad} x {dense, grouped} x {small integers,
 // random}; the cases it leaves to the portable tier (MXFP8 with an outer-major operand, K-grouped
-// wgrad) run too. Then the persistent scheduler: more tiles than SMs at the full grid, M = 1,
-// one K stage.
-static void run_sm90a_shapes(void) {
+// MXFP8 and NVFP4 wgrad) run too. Then the persistent scheduler: more tiles than SMs at the full
+// grid, M = 1, one K stage.
+// The aligned shapes: one per format.
+static const struct {
+    uint32_t format, tokens, in_features;
+} sm90a_aligned[] = {{GEMM_FORMAT_BF16, 272, 160},       {GEMM_FORMAT_FP8, 272, 160},
+                     {GEMM_FORMAT_FP8_BLOCK, 272, 160},  {GEMM_FORMAT_MXFP8, 288, 192},
+                     {GEMM_FORMAT_NVFP4, 288, 192}};
+
+// The aligned shapes in every format, each kind, dense and grouped, integer and random data.
+static void run_sm90a_aligned(void) {
     // The emulated formats get rows of multiples of 16 bytes for NVFP4 too (192 and 96 k), and
     // contractions of 192, 96 (one stage and a half) and 288. MXFP8 dgrad and wgrad have an
-    // outer-major operand, and K-grouped wgrad is portable-only: those stay portable.
-    static const struct {
-        uint32_t format, tokens, in_features;
-    } aligned[] = {{GEMM_FORMAT_BF16, 272, 160},  {GEMM_FORMAT_FP8, 272, 160},
-                   {GEMM_FORMAT_FP8_BLOCK, 272, 160}, {GEMM_FORMAT_MXFP8, 288, 192},
-                   {GEMM_FORMAT_NVFP4, 288, 192}};
-    for (size_t i = 0; i < sizeof aligned / sizeof aligned[0]; i++) {
-        uint32_t f = aligned[i].format;
+    // outer-major operand, and the tier takes no K-grouped NVFP4: those stay portable. The
+    // K-grouped members' k tails (37 and 90 rows, the next member's rows after them) are
+    // masked by the tier.
+    for (size_t i = 0; i < sizeof sm90a_aligned / sizeof sm90a_aligned[0]; i++) {
+        uint32_t f = sm90a_aligned[i].format;
         bool outer_major_grads = f == GEMM_FORMAT_MXFP8;
         for (int kind = KIND_FPROP; kind <= KIND_WGRAD; kind++) {
             for (int grouped = 0; grouped < 2; grouped++) {
                 for (int ints = 1; ints >= 0; ints--) {
                     tcase c = base_case(f, (tkind)kind, grouped != 0, ints != 0);
-                    c.tokens = aligned[i].tokens;
-                    c.in_features = aligned[i].in_features;
+                    c.tokens = sm90a_aligned[i].tokens;
+                    c.in_features = sm90a_aligned[i].in_features;
                     c.out_features = 96;
-                    c.want_sm90a = !(grouped && kind == KIND_WGRAD) &&
+                    c.want_sm90a = !(grouped && kind == KIND_WGRAD && qt_gemm_sm90a_emulated(f)) &&
                                    !(outer_major_grads && kind != KIND_FPROP);
                     c.want_auto = -1;  // at most 9 tiles: AUTO keeps the portable tier
                     c.tag = "aligned";
@@ -1156,6 +1203,10 @@ static void run_sm90a_shapes(void) {
             }
         }
     }
+}
+
+static void run_sm90a_shapes(void) {
+    run_sm90a_aligned();
     // Per-tensor fp8: split accumulation in fprop, fast accumulation of an E5M2 dgrad.
     tcase c = base_case(GEMM_FORMAT_FP8, KIND_FPROP, false, false);
     c.split = true;
@@ -1171,11 +1222,11 @@ static void run_sm90a_shapes(void) {
     run_case(&c);
     // FP32 D, with a bias (dense, small integers) and without (M-grouped, random), through the
     // staged epilogue; the wgrad cases above add C, which keeps the register stores.
-    for (size_t i = 0; i < sizeof aligned / sizeof aligned[0]; i++) {
+    for (size_t i = 0; i < sizeof sm90a_aligned / sizeof sm90a_aligned[0]; i++) {
         for (int bias = 1; bias >= 0; bias--) {
-            c = base_case(aligned[i].format, KIND_FPROP, bias == 0, bias != 0);
-            c.tokens = aligned[i].tokens;
-            c.in_features = aligned[i].in_features;
+            c = base_case(sm90a_aligned[i].format, KIND_FPROP, bias == 0, bias != 0);
+            c.tokens = sm90a_aligned[i].tokens;
+            c.in_features = sm90a_aligned[i].in_features;
             c.out_features = 96;
             c.out_bf16 = false;
             c.bias = bias != 0;
@@ -1265,6 +1316,81 @@ static void run_sm90a_shapes(void) {
     c.want_auto = 1;
     c.tag = "tiles144";
     run_case(&c);
+}
+
+// The sm_90a tier's grouped GEMMs of an moe layer's backward pass, against the reference:
+// K-grouped wgrad (BF16, per-tensor FP8 with split and with fast accumulation, FP8 block) over
+// 1, 8, 64 and 65 members of uneven sizes with empty ones, whose k tails are no multiple of a
+// stage (37, 90, 129 rows: the rest of the last stage is the next member's rows, or rows past
+// the last member, which the tier zeroes); 65 members make 65 tiles that the repeat run's 3 CTAs
+// walk 22 at a time. M-grouped dgrad whose B is the stacked weights' transposed columnwise copy,
+// members side by side in its rows (FP8 with k = 96 per member, less than a stage, FP8 block and
+// NVFP4), over the usual 5 and over 65 members.
+static void run_sm90a_grouped(void) {
+    static const uint32_t one[] = {100};
+    static const uint32_t eight[] = {37, 0, 300, 1, 129, 0, 64, 90};
+    uint32_t *many64 = many_sizes(64, 200), *many65 = many_sizes(65, 200);
+    const struct {
+        uint32_t count;
+        const uint32_t *sizes;
+        bool random;  // a random-input case too
+        const char *tag;
+    } groups[] = {{1, one, false, "k_members1"},
+                  {8, eight, true, "k_members8"},
+                  {64, many64, true, "k_members64"},
+                  {65, many65, false, "k_members65"}};
+    static const uint32_t wgrad_formats[] = {GEMM_FORMAT_BF16, GEMM_FORMAT_FP8,
+                                             GEMM_FORMAT_FP8_BLOCK};
+    for (size_t f = 0; f < sizeof wgrad_formats / sizeof wgrad_formats[0]; f++) {
+        for (size_t g = 0; g < sizeof groups / sizeof groups[0]; g++) {
+            for (int ints = 1; ints >= (groups[g].random ? 0 : 1); ints--) {
+                tcase c = base_case(wgrad_formats[f], KIND_WGRAD, true, ints != 0);
+                c.members = groups[g].count;
+                c.sizes = groups[g].sizes;
+                c.out_features = 96;
+                c.want_sm90a = true;
+                c.tag = groups[g].tag;
+                run_case(&c);
+            }
+        }
+    }
+    tcase c = base_case(GEMM_FORMAT_FP8, KIND_WGRAD, true, false);
+    c.members = 8;
+    c.sizes = eight;
+    c.out_features = 96;
+    c.split = false;
+    c.want_sm90a = true;
+    c.tag = "k_members8_fast";
+    run_case(&c);
+    static const struct {
+        uint32_t format, out_features, members;
+        const uint32_t *sizes;
+        bool ints, split;
+        const char *tag;
+    } inner[] = {
+        {GEMM_FORMAT_FP8, 96, 0, NULL, true, true, "b_inner"},
+        {GEMM_FORMAT_FP8, 96, 0, NULL, false, false, "b_inner_fast"},
+        {GEMM_FORMAT_FP8, 96, 65, NULL, false, true, "b_inner_members65"},
+        {GEMM_FORMAT_FP8_BLOCK, 128, 0, NULL, true, false, "b_inner"},
+        {GEMM_FORMAT_FP8_BLOCK, 128, 0, NULL, false, false, "b_inner"},
+        {GEMM_FORMAT_NVFP4, 128, 0, NULL, true, false, "b_inner"},
+        {GEMM_FORMAT_NVFP4, 128, 0, NULL, false, false, "b_inner"},
+    };
+    for (size_t i = 0; i < sizeof inner / sizeof inner[0]; i++) {
+        c = base_case(inner[i].format, KIND_DGRAD, true, inner[i].ints);
+        if (inner[i].members) {
+            c.members = inner[i].members;
+            c.sizes = many65;
+        }
+        c.out_features = inner[i].out_features;
+        c.split = inner[i].split;
+        c.b_inner = true;
+        c.want_sm90a = true;
+        c.tag = inner[i].tag;
+        run_case(&c);
+    }
+    free(many64);
+    free(many65);
 }
 
 // Training-sized GEMMs (the Fashion-MNIST MLP at batch 256) in every format, all on the small
@@ -1798,6 +1924,7 @@ int main(void) {
     run_decode_tables();
     run_group_shapes();
     run_sm90a_shapes();
+    run_sm90a_grouped();
     run_bias_grad();
     if (sm90a_ok) printf("the sm_90a tier took %u of %u GEMM cases\n", sm90a_taken, sm90a_cases);
     rig_close(&ref_rig);

@@ -13,6 +13,7 @@
 
 #include "runtime/driver/driver.h"  // driver_sync_total
 #include "tests/files.h"            // tmp_dir_make, tmp_path
+#include "runtime/backend/gemm_tier.h"  // gemm_tier_takes
 #include "tests/npy_save.h"
 #include "runtime/ops/op_gemm.h"
 #include "runtime/ops/op_moe.h"
@@ -665,9 +666,59 @@ static op_gemm_desc stack_gemm(stack_format f, uint32_t grouping, op_group group
 
 #define STACK_EXPERTS 3
 
-static void test_stacked_gemms(stack_format f, const char *label) {
-    char name[96];
-    snprintf(name, sizeof name, "moe_expert_gemms_equal_per_expert_dense_gemms_%s", label);
+// The sm_90a tier's rule (plain C over the args, so checked without a GPU too) takes the
+// grouped GEMMs of the formats whose expert GEMMs are all K-major: M-grouped B with its members
+// side by side in the rows of the weights' columnwise copy, K-grouped wgrad. On the GPU every
+// GEMM then runs on the tier: the grouped ones must give the bits of the dense ones, which the
+// tier computes over the same stages.
+static void stack_check_tier(rig *g, stack_format f, const uint32_t grouped_ops[3], bool gpu) {
+    static const char *const grouped_names[3] = {"fprop", "dgrad", "wgrad"};
+    for (int i = 0; i < 3 && (f == STACK_CURRENT || f == STACK_BLOCK); i++) {
+        gemm_args args;
+        memcpy(&args, g->prog.ops[grouped_ops[i]].args, sizeof args);
+        CHECK(gemm_tier_sm90a_supports(&args), "the sm_90a tier's rule refuses the grouped %s",
+              grouped_names[i]);
+    }
+    if (!gpu) return;
+    g->be.gemm_tier = BACKEND_GEMM_TIER_SM90A;
+    gemm_tier_device tier = backend_gemm_device(&g->be);
+    for (int i = 0; i < 3; i++) {
+        CHECK(gemm_tier_takes(&tier, &g->prog.ops[grouped_ops[i]]),
+              "the sm_90a tier did not take the grouped %s", grouped_names[i]);
+    }
+}
+
+// Each expert's rows of the grouped fprop and dgrad outputs, and its weight gradient, against
+// the dense GEMMs of that expert alone (one[i][e]); an empty expert's weight gradient is zero.
+static void stack_compare(rig *g, const uint32_t *off, const uint32_t *dims, uint32_t n,
+                          uint32_t k, const prog_ref all[3], const prog_ref *const one[3]) {
+    static const char *const what[3] = {"fprop", "dgrad", "wgrad"};
+    uint8_t *got = zalloc((uint64_t)STACK_EXPERTS * n * k * 4);
+    for (int e = 0; e < STACK_EXPERTS; e++) {
+        uint32_t rows = off[e + 1] - off[e];
+        uint64_t offset[3] = {(uint64_t)off[e] * n * 2, (uint64_t)off[e] * k * 2,
+                              (uint64_t)e * n * k * 4};
+        uint64_t bytes[3] = {(uint64_t)rows * n * 2, (uint64_t)rows * k * 2,
+                             (uint64_t)n * k * 4};
+        for (int i = 0; i < 3; i++) {
+            if (rows == 0 && i < 2) continue;
+            uint8_t *want = zalloc(bytes[i]);
+            prog_ref at = all[i];
+            at.offset += offset[i];
+            RIG_OK(backend_read(&g->be, got, at, bytes[i]));
+            if (rows > 0) RIG_OK(backend_read(&g->be, want, one[i][e], bytes[i]));
+            CHECK(memcmp(got, want, bytes[i]) == 0, "expert %d (%u rows): %s differs", e,
+                  dims[e], what[i]);
+            free(want);
+        }
+    }
+    free(got);
+}
+
+static void test_stacked_gemms(stack_format f, const char *label, bool gpu) {
+    char name[112];
+    snprintf(name, sizeof name, "%smoe_expert_gemms_equal_per_expert_dense_gemms_%s",
+             gpu ? "gpu_sm90a_" : "", label);
     test_begin(name);
     bool block = f == STACK_BLOCK;
     uint32_t align = block ? 128 : 32, n = block ? 128 : 32, k = block ? 160 : 48;
@@ -678,9 +729,18 @@ static void test_stacked_gemms(stack_format f, const char *label) {
         whole[e] = (dims[e] + 15) / 16 * 16;
     }
     uint32_t cap = off[STACK_EXPERTS] + align;  // a spare member's rows past the active end
-    static rig g;
+    static rig ref_rig, gpu_rig;
+    rig *g = gpu ? &gpu_rig : &ref_rig;
     const char *why = NULL;
-    rig_open(&g, BACKEND_REF, &why);
+    if (!rig_open(g, gpu ? BACKEND_GPU : BACKEND_REF, &why)) {
+        test_skip(name, why);
+        return;
+    }
+    if (gpu && (g->be.info.cc_major != 9 || g->be.info.cc_minor != 0)) {
+        rig_close(g);
+        test_skip(name, "the sm_90a GEMM tier needs a compute capability 9.0 GPU");
+        return;
+    }
     rng_state = 77 + f;
     float *w = zalloc((uint64_t)STACK_EXPERTS * n * k * 4);
     uint16_t *x = zalloc((uint64_t)cap * k * 2), *dy = zalloc((uint64_t)cap * n * 2);
@@ -691,116 +751,99 @@ static void test_stacked_gemms(stack_format f, const char *label) {
             for (uint32_t c = 0; c < n; c++) dy[(uint64_t)r * n + c] = rng_bf16();
         }
     }
-    prog_ref hw = stack_region(&g, "w", (uint64_t)STACK_EXPERTS * n * k * 4);
-    prog_ref hx = stack_region(&g, "x", (uint64_t)cap * k * 2);
-    prog_ref hdy = stack_region(&g, "dy", (uint64_t)cap * n * 2);
-    prog_ref hoff = stack_region(&g, "off", sizeof off), hdims = stack_region(&g, "dims", 12);
-    prog_ref hwhole = stack_region(&g, "whole", 12);
-    prog_ref woff = stack_region(&g, "woff", 16), wdims = stack_region(&g, "wdims", 12);
+    prog_ref hw = stack_region(g, "w", (uint64_t)STACK_EXPERTS * n * k * 4);
+    prog_ref hx = stack_region(g, "x", (uint64_t)cap * k * 2);
+    prog_ref hdy = stack_region(g, "dy", (uint64_t)cap * n * 2);
+    prog_ref hoff = stack_region(g, "off", sizeof off), hdims = stack_region(g, "dims", 12);
+    prog_ref hwhole = stack_region(g, "whole", 12);
+    prog_ref woff = stack_region(g, "woff", 16), wdims = stack_region(g, "wdims", 12);
     op_group routing = {STACK_EXPERTS, hoff, hdims}, stack = {STACK_EXPERTS, woff, wdims};
     op_group contraction = {STACK_EXPERTS, hoff, f == STACK_NVFP4 ? hwhole : hdims};
-    RIG_OK(op_moe_uniform_group(&g.prog, "stack", &stack, n));
-    stack_q qw = stack_quantize(&g, "qw", f, hw, QT_DTYPE_F32, STACK_EXPERTS * n, k, stack,
+    RIG_OK(op_moe_uniform_group(&g->prog, "stack", &stack, n));
+    stack_q qw = stack_quantize(g, "qw", f, hw, QT_DTYPE_F32, STACK_EXPERTS * n, k, stack,
                                 true);
-    stack_q qx = stack_quantize(&g, "qx", f, hx, QT_DTYPE_BF16, cap, k, routing, false);
-    stack_q qdy = stack_quantize(&g, "qdy", f, hdy, QT_DTYPE_BF16, cap, n, routing, false);
-    prog_ref y = stack_region(&g, "y", (uint64_t)cap * n * 2);
-    prog_ref dx = stack_region(&g, "dx", (uint64_t)cap * k * 2);
-    prog_ref dw = stack_region(&g, "dw", (uint64_t)STACK_EXPERTS * n * k * 4);
+    stack_q qx = stack_quantize(g, "qx", f, hx, QT_DTYPE_BF16, cap, k, routing, false);
+    stack_q qdy = stack_quantize(g, "qdy", f, hdy, QT_DTYPE_BF16, cap, n, routing, false);
+    prog_ref y = stack_region(g, "y", (uint64_t)cap * n * 2);
+    prog_ref dx = stack_region(g, "dx", (uint64_t)cap * k * 2);
+    prog_ref dw = stack_region(g, "dw", (uint64_t)STACK_EXPERTS * n * k * 4);
     op_gemm_desc gd;
     gd = stack_gemm(f, GEMM_GROUP_M, routing, cap, n, k,
                     stack_operand(&qx, f, false, false, 0, true),
                     stack_operand(&qw, f, false, true, STACK_EXPERTS, true), y, QT_DTYPE_BF16,
                     true);
-    RIG_OK(op_gemm(&g.prog, "fprop", &gd));
+    RIG_OK(op_gemm(&g->prog, "fprop", &gd));
+    uint32_t grouped_ops[3];  // the op of each grouped GEMM
+    grouped_ops[0] = g->prog.op_count - 1;
     gd = stack_gemm(f, GEMM_GROUP_M, routing, cap, k, n,
                     stack_operand(&qdy, f, false, false, 0, true),
                     stack_operand(&qw, f, true, true, STACK_EXPERTS, true), dx, QT_DTYPE_BF16,
                     false);
-    RIG_OK(op_gemm(&g.prog, "dgrad", &gd));
+    RIG_OK(op_gemm(&g->prog, "dgrad", &gd));
+    grouped_ops[1] = g->prog.op_count - 1;
     gd = stack_gemm(f, GEMM_GROUP_K, contraction, n, k, cap,
                     stack_operand(&qdy, f, true, false, 0, true),
                     stack_operand(&qx, f, true, false, 0, true), dw, QT_DTYPE_F32, false);
-    RIG_OK(op_gemm(&g.prog, "wgrad", &gd));
+    RIG_OK(op_gemm(&g->prog, "wgrad", &gd));
+    grouped_ops[2] = g->prog.op_count - 1;
     // Each non-empty expert alone: its weight, and its padded rows as dense tensors.
     prog_ref ew[STACK_EXPERTS], ex[STACK_EXPERTS], edy[STACK_EXPERTS];
     prog_ref ey[STACK_EXPERTS], edx[STACK_EXPERTS], edw[STACK_EXPERTS];
     for (int e = 0; e < STACK_EXPERTS; e++) {
         uint32_t rows = off[e + 1] - off[e];
         if (rows == 0) continue;
-        ew[e] = stack_expert_region(&g, "w", e, (uint64_t)n * k * 4);
-        ex[e] = stack_expert_region(&g, "x", e, (uint64_t)rows * k * 2);
-        edy[e] = stack_expert_region(&g, "dy", e, (uint64_t)rows * n * 2);
-        ey[e] = stack_expert_region(&g, "y", e, (uint64_t)rows * n * 2);
-        edx[e] = stack_expert_region(&g, "dx", e, (uint64_t)rows * k * 2);
-        edw[e] = stack_expert_region(&g, "dw", e, (uint64_t)n * k * 4);
+        ew[e] = stack_expert_region(g, "w", e, (uint64_t)n * k * 4);
+        ex[e] = stack_expert_region(g, "x", e, (uint64_t)rows * k * 2);
+        edy[e] = stack_expert_region(g, "dy", e, (uint64_t)rows * n * 2);
+        ey[e] = stack_expert_region(g, "y", e, (uint64_t)rows * n * 2);
+        edx[e] = stack_expert_region(g, "dx", e, (uint64_t)rows * k * 2);
+        edw[e] = stack_expert_region(g, "dw", e, (uint64_t)n * k * 4);
         char part[32];
         snprintf(part, sizeof part, "qw%d", e);
-        stack_q dw_q = stack_quantize(&g, part, f, ew[e], QT_DTYPE_F32, n, k, op_group_dense(),
+        stack_q dw_q = stack_quantize(g, part, f, ew[e], QT_DTYPE_F32, n, k, op_group_dense(),
                                       true);
         snprintf(part, sizeof part, "qx%d", e);
-        stack_q dx_q = stack_quantize(&g, part, f, ex[e], QT_DTYPE_BF16, rows, k,
+        stack_q dx_q = stack_quantize(g, part, f, ex[e], QT_DTYPE_BF16, rows, k,
                                       op_group_dense(), false);
         snprintf(part, sizeof part, "qdy%d", e);
-        stack_q ddy_q = stack_quantize(&g, part, f, edy[e], QT_DTYPE_BF16, rows, n,
+        stack_q ddy_q = stack_quantize(g, part, f, edy[e], QT_DTYPE_BF16, rows, n,
                                        op_group_dense(), false);
         op_group none = op_group_dense();
         gd = stack_gemm(f, GEMM_DENSE, none, rows, n, k, stack_operand(&dx_q, f, false, false,
                         0, false), stack_operand(&dw_q, f, false, true, 0, false), ey[e],
                         QT_DTYPE_BF16, true);
-        RIG_OK(op_gemm(&g.prog, "fprop_e", &gd));
+        RIG_OK(op_gemm(&g->prog, "fprop_e", &gd));
         gd = stack_gemm(f, GEMM_DENSE, none, rows, k, n, stack_operand(&ddy_q, f, false, false,
                         0, false), stack_operand(&dw_q, f, true, true, 0, false), edx[e],
                         QT_DTYPE_BF16, false);
-        RIG_OK(op_gemm(&g.prog, "dgrad_e", &gd));
+        RIG_OK(op_gemm(&g->prog, "dgrad_e", &gd));
         gd = stack_gemm(f, GEMM_DENSE, none, n, k, rows, stack_operand(&ddy_q, f, true, false,
                         0, false), stack_operand(&dx_q, f, true, false, 0, false), edw[e],
                         QT_DTYPE_F32, false);
-        RIG_OK(op_gemm(&g.prog, "wgrad_e", &gd));
+        RIG_OK(op_gemm(&g->prog, "wgrad_e", &gd));
     }
-    rig_bind(&g);
-    RIG_OK(backend_write(&g.be, hw, w, (uint64_t)STACK_EXPERTS * n * k * 4));
-    RIG_OK(backend_write(&g.be, hx, x, (uint64_t)cap * k * 2));
-    RIG_OK(backend_write(&g.be, hdy, dy, (uint64_t)cap * n * 2));
-    RIG_OK(backend_write(&g.be, hoff, off, sizeof off));
-    RIG_OK(backend_write(&g.be, hdims, dims, sizeof dims));
-    RIG_OK(backend_write(&g.be, hwhole, whole, sizeof whole));
+    rig_bind(g);
+    RIG_OK(backend_write(&g->be, hw, w, (uint64_t)STACK_EXPERTS * n * k * 4));
+    RIG_OK(backend_write(&g->be, hx, x, (uint64_t)cap * k * 2));
+    RIG_OK(backend_write(&g->be, hdy, dy, (uint64_t)cap * n * 2));
+    RIG_OK(backend_write(&g->be, hoff, off, sizeof off));
+    RIG_OK(backend_write(&g->be, hdims, dims, sizeof dims));
+    RIG_OK(backend_write(&g->be, hwhole, whole, sizeof whole));
     for (int e = 0; e < STACK_EXPERTS; e++) {
         uint32_t rows = off[e + 1] - off[e];
         if (rows == 0) continue;
-        RIG_OK(backend_write(&g.be, ew[e], w + (uint64_t)e * n * k, (uint64_t)n * k * 4));
-        RIG_OK(backend_write(&g.be, ex[e], x + (uint64_t)off[e] * k, (uint64_t)rows * k * 2));
-        RIG_OK(backend_write(&g.be, edy[e], dy + (uint64_t)off[e] * n, (uint64_t)rows * n * 2));
+        RIG_OK(backend_write(&g->be, ew[e], w + (uint64_t)e * n * k, (uint64_t)n * k * 4));
+        RIG_OK(backend_write(&g->be, ex[e], x + (uint64_t)off[e] * k, (uint64_t)rows * k * 2));
+        RIG_OK(backend_write(&g->be, edy[e], dy + (uint64_t)off[e] * n, (uint64_t)rows * n * 2));
     }
-    RIG_OK(backend_run(&g.be, &g.prog));
-    uint8_t *got = zalloc((uint64_t)STACK_EXPERTS * n * k * 4);
-    for (int e = 0; e < STACK_EXPERTS; e++) {
-        uint32_t rows = off[e + 1] - off[e];
-        struct {
-            const char *what;
-            prog_ref all, one;
-            uint64_t offset, bytes;
-        } parts[3] = {{"fprop", y, ey[e], (uint64_t)off[e] * n * 2, (uint64_t)rows * n * 2},
-                      {"dgrad", dx, edx[e], (uint64_t)off[e] * k * 2, (uint64_t)rows * k * 2},
-                      {"wgrad", dw, edw[e], (uint64_t)e * n * k * 4, (uint64_t)n * k * 4}};
-        for (int i = 0; i < 3; i++) {
-            if (rows == 0 && i < 2) continue;
-            uint8_t *want = zalloc(parts[i].bytes);
-            prog_ref at = parts[i].all;
-            at.offset += parts[i].offset;
-            RIG_OK(backend_read(&g.be, got, at, parts[i].bytes));
-            if (rows > 0) RIG_OK(backend_read(&g.be, want, parts[i].one, parts[i].bytes));
-            // An empty expert's weight gradient is zero; the others equal the dense GEMMs.
-            CHECK(memcmp(got, want, parts[i].bytes) == 0, "expert %d (%u rows): %s differs",
-                  e, dims[e], parts[i].what);
-            free(want);
-        }
-    }
-    free(got);
+    stack_check_tier(g, f, grouped_ops, gpu);
+    RIG_OK(backend_run(&g->be, &g->prog));
+    stack_compare(g, off, dims, n, k, (prog_ref[3]){y, dx, dw},
+                  (const prog_ref *const[3]){ey, edx, edw});
     free(w);
     free(x);
     free(dy);
-    rig_close(&g);
+    rig_close(g);
     test_end();
 }
 
@@ -1736,10 +1779,15 @@ int main(void) {
     }
     test_routing_ref();
     test_routing_gpu();
-    test_stacked_gemms(STACK_CURRENT, "current");
-    test_stacked_gemms(STACK_MXFP8, "mxfp8");
-    test_stacked_gemms(STACK_BLOCK, "block");
-    test_stacked_gemms(STACK_NVFP4, "nvfp4");
+    test_stacked_gemms(STACK_CURRENT, "current", false);
+    test_stacked_gemms(STACK_MXFP8, "mxfp8", false);
+    test_stacked_gemms(STACK_BLOCK, "block", false);
+    test_stacked_gemms(STACK_NVFP4, "nvfp4", false);
+    // On the sm_90a tier, the formats whose every expert GEMM it takes (MXFP8's columnwise
+    // copies are outer-major and NVFP4's wgrad K-grouped: those stay portable, whose bits differ
+    // from the tier's).
+    test_stacked_gemms(STACK_CURRENT, "current", true);
+    test_stacked_gemms(STACK_BLOCK, "block", true);
     test_layer_gradients();
     static const char *const schemes[] = {"bf16", "delayed", "current", "mxfp8", "block",
                                           "nvfp4"};

@@ -52,33 +52,81 @@ static bool gemm_tier_operand_ok(const gemm_args *g, const gemm_operand *op) {
            gemm_tier_aligned16(op->data) && gemm_tier_aligned16(row_bytes);
 }
 
+// Stacked B members (GEMM_GROUP_M) one after another: member i's rows start
+// data_member_bytes after member i - 1's, past all of them, so the map {k, n, members} has
+// strides {row bytes, member bytes} that grow as cuTensorMapEncodeTiled requires (each stride
+// at least the one before it times its dimension).
+static bool gemm_tier_b_members_apart(const gemm_args *g) {
+    uint64_t rows = gemm_tier_outer(&g->b) ? g->k : g->n;
+    return g->b.data_member_bytes >= gemm_tier_bytes(g, g->b.ld) * rows;
+}
+
+// Stacked K-major B members side by side inside each stored row (the transposed columnwise copy
+// of stacked weights, [n][members x k]): member i's k values start data_member_bytes after
+// member i - 1's in every row. The map {k, members, n}, strides {member bytes, row bytes}, keeps
+// the strides growing where {k, n, members} could not: a member's k fit before the next member
+// and all members fit in a row.
+static bool gemm_tier_b_members_inner(const gemm_args *g) {
+    if (g->grouping != GEMM_GROUP_M || g->group.count <= 1 || gemm_tier_outer(&g->b)) {
+        return false;
+    }
+    uint64_t member_bytes = g->b.data_member_bytes;
+    return member_bytes >= gemm_tier_bytes(g, g->k) &&
+           gemm_tier_bytes(g, g->b.ld) >= member_bytes * g->group.count;
+}
+
+// Bytes of one member's D (and C): m rows of ldd elements.
+static uint64_t gemm_tier_d_bytes(const gemm_args *g) {
+    return (uint64_t)g->m * g->ldd * (g->d_dtype == QT_DTYPE_BF16 ? 2u : 4u);
+}
+
+// GEMM_GROUP_K: BF16, per-tensor FP8 and FP8 block (the emulated formats' scale loaders index k
+// from the tensor's start, not from a member's); each operand one grouped tensor (no member
+// strides: the members are its row ranges), members' D apart so that no two tiles write one
+// element, and a tile count (members x row tiles x column tiles) the kernel's 32-bit tile
+// index holds.
+static bool gemm_tier_k_grouped_ok(const gemm_args *g) {
+    uint64_t row_tiles = (g->m + GEMM_SM90A_TILE_M - 1) / GEMM_SM90A_TILE_M;
+    uint64_t col_tiles = (g->n + GEMM_SM90A_TILE_N_SPLIT - 1) / GEMM_SM90A_TILE_N_SPLIT;
+    uint64_t tiles = g->group.count * row_tiles * col_tiles;  // the narrower tile: a bound
+    return !qt_gemm_sm90a_emulated(g->format) && g->a.data_member_bytes == 0 &&
+           g->b.data_member_bytes == 0 && g->a.scale_member_bytes == 0 &&
+           g->b.scale_member_bytes == 0 &&
+           (g->group.count == 1 || g->d_member_bytes >= gemm_tier_d_bytes(g)) &&
+           tiles <= INT32_MAX;
+}
+
 bool gemm_tier_sm90a_supports(const gemm_args *g) {
     bool format_ok = g->format == GEMM_FORMAT_BF16 || g->format == GEMM_FORMAT_FP8 ||
                      g->format == GEMM_FORMAT_FP8_BLOCK || g->format == GEMM_FORMAT_MXFP8 ||
                      // TMA loads whole bytes: an odd contraction would read a stray nibble.
                      (g->format == GEMM_FORMAT_NVFP4 && g->k % 2 == 0);
     bool grouping_ok = g->grouping == GEMM_DENSE ||
-                       (g->grouping == GEMM_GROUP_M && g->group.count >= 1);
-    // TMA coordinates are signed 32-bit; a contraction of length 0 has no stage to load. A
-    // split-K GEMM (gemm.h) writes FP32 parts for its reduction op, which only the portable
-    // kernels do; op_gemm_split_parts splits only GEMMs of too few tiles for this tier anyway.
+                       ((g->grouping == GEMM_GROUP_M || g->grouping == GEMM_GROUP_K) &&
+                        g->group.count >= 1);
+    // TMA coordinates are signed 32-bit (k's reach a stage past k); a contraction of length 0 has
+    // no stage to load. A split-K GEMM (gemm.h) writes FP32 parts for its reduction op, which
+    // only the portable kernels do; op_gemm_split_parts splits only GEMMs of too few tiles for
+    // this tier anyway.
     if (!format_ok || !grouping_ok || g->k == 0 || g->m > INT32_MAX || g->n > INT32_MAX ||
-        qt_gemm_is_split(g)) {
+        g->k > INT32_MAX - GEMM_SM90A_K_BYTES || qt_gemm_is_split(g)) {
         return false;
     }
     if (!gemm_tier_operand_ok(g, &g->a) || !gemm_tier_operand_ok(g, &g->b)) return false;
-    uint64_t b_member_bytes = gemm_tier_bytes(g, g->b.ld) * (gemm_tier_outer(&g->b) ? g->k : g->n);
     if (g->grouping == GEMM_GROUP_M && g->group.count > 1 &&
-        (!gemm_tier_aligned16(g->b.data_member_bytes) || g->b.data_member_bytes < b_member_bytes)) {
+        (!gemm_tier_aligned16(g->b.data_member_bytes) ||
+         !(gemm_tier_b_members_apart(g) || gemm_tier_b_members_inner(g)))) {
         return false;
     }
+    if (g->grouping == GEMM_GROUP_K && !gemm_tier_k_grouped_ok(g)) return false;
     if (g->format == GEMM_FORMAT_MXFP8 &&
         (g->a.elem != GEMM_ELEM_E4M3 || g->b.elem != GEMM_ELEM_E4M3)) {
         return false;  // the tier decodes E4M3 (the only K-major x K-major MXFP8 GEMM is fprop)
     }
     if (g->format == GEMM_FORMAT_FP8_BLOCK && !(g->b.flags & GEMM_OPERAND_SCALE_2D)) {
-        // Per-column scales of B travel by TMA with the stage: dense only, 16-byte rows.
-        return g->grouping == GEMM_DENSE && gemm_tier_aligned16(g->b.scale) &&
+        // Per-column scales of B travel by TMA with the stage: one B (dense or K-grouped, whose
+        // members are B's row ranges), 16-byte rows.
+        return g->grouping != GEMM_GROUP_M && gemm_tier_aligned16(g->b.scale) &&
                g->b.scale_ld % 4 == 0;
     }
     return true;
@@ -86,9 +134,9 @@ bool gemm_tier_sm90a_supports(const gemm_args *g) {
 
 static uint32_t gemm_tier_ceil_div(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
 
-// Row tiles of the launch: dense ceil(m / 128); GEMM_GROUP_M the bound of
-// qt_gemm_member_tiles (padded rows sum to at most m, one partial tile per member), since it
-// counts its row tiles on the device from the member sizes there.
+// Row tiles of the launch: dense and GEMM_GROUP_K (per member) ceil(m / 128); GEMM_GROUP_M the
+// bound of qt_gemm_member_tiles (padded rows sum to at most m, one partial tile per member),
+// since it counts its row tiles on the device from the member sizes there.
 static uint32_t gemm_tier_row_tiles_max(const gemm_args *g) {
     uint32_t tiles = gemm_tier_ceil_div(g->m, GEMM_SM90A_TILE_M);
     return g->grouping == GEMM_GROUP_M ? tiles + g->group.count : tiles;
@@ -96,6 +144,13 @@ static uint32_t gemm_tier_row_tiles_max(const gemm_args *g) {
 
 static uint32_t gemm_tier_col_tiles(const gemm_args *g) {
     return gemm_tier_ceil_div(g->n, qt_gemm_sm90a_tile_n(g->format, g->flags));
+}
+
+// Tiles of the launch (at most; GEMM_GROUP_M counts its own): GEMM_GROUP_K has every member's
+// row and column tiles, an empty member's too (their D is written).
+static uint64_t gemm_tier_tiles_max(const gemm_args *g) {
+    uint64_t tiles = (uint64_t)gemm_tier_row_tiles_max(g) * gemm_tier_col_tiles(g);
+    return g->grouping == GEMM_GROUP_K ? tiles * g->group.count : tiles;
 }
 
 // AUTO's shape rule. One sm_90a tile is 128 x 192 or 128 x 256 of D for one CTA per SM; with
@@ -107,8 +162,7 @@ static uint32_t gemm_tier_col_tiles(const gemm_args *g) {
 #define GEMM_TIER_AUTO_MIN_TILES 32u
 
 static bool gemm_tier_fills(const gemm_args *g) {
-    uint64_t tiles = (uint64_t)gemm_tier_row_tiles_max(g) * gemm_tier_col_tiles(g);
-    return tiles >= GEMM_TIER_AUTO_MIN_TILES;
+    return gemm_tier_tiles_max(g) >= GEMM_TIER_AUTO_MIN_TILES;
 }
 
 bool gemm_tier_takes(const gemm_tier_device *d, const prog_op *op) {
@@ -172,9 +226,10 @@ bool gemm_tier_scale_groups(const gemm_args *g) {
 }
 
 // A: {k, m} K-major, box {stage k, 128}; B: {k, n, members}, box {stage k, N, 1}, members
-// data_member_bytes apart (dense: one member). An outer-major (BF16) operand swaps the first two
-// dimensions, box {64 rows, 64 k}: the kernel loads one box per 64 tile rows. Out-of-bounds
-// elements read as zeros. The
+// data_member_bytes apart (dense and GEMM_GROUP_K: one member), or members side by side inside
+// B's rows {k, members, n}, box {stage k, 1, N} (gemm_tier_b_members_inner). An outer-major
+// (BF16) operand swaps the first two dimensions, box {64 rows, 64 k}: the kernel loads one box
+// per 64 tile rows. Out-of-bounds elements read as zeros. The
 // emulated formats' maps count bytes of codes along k, in the swizzle of their stage row (64
 // bytes MXFP8, 32 NVFP4), which the consumers undo as they read.
 static qt_status gemm_tier_operand_maps(const gemm_args *g, gemm_sm90a_args *args,
@@ -207,6 +262,12 @@ static qt_status gemm_tier_operand_maps(const gemm_args *g, gemm_sm90a_args *arg
                                {b_row_bytes, b_member_bytes},
                                {GEMM_SM90A_OUTER_BOX_ROWS, GEMM_SM90A_OUTER_BOX_K, 1}, swizzle};
         b = outer;
+    } else if (stacked && !gemm_tier_b_members_apart(g)) {
+        QT_ASSERT(gemm_tier_b_members_inner(g));
+        gemm_tier_map inner = {type, 3, g->b.data, {k_elems, g->group.count, g->n},
+                               {b_member_bytes, b_row_bytes}, {box_k, 1, tile_n}, swizzle};
+        b = inner;
+        args->b_members_inner = 1;
     }
     QT_TRY(gemm_tier_encode(&b, &args->b));
     if (g->format == GEMM_FORMAT_FP8_BLOCK && !(g->b.flags & GEMM_OPERAND_SCALE_2D)) {
@@ -277,7 +338,7 @@ qt_status gemm_tier_launch(const gemm_tier_device *d, const prog_op *op, CUstrea
     if (g->grouping != GEMM_GROUP_M) args.row_tiles = row_tiles_max;  // else counted on the device
     QT_TRY(gemm_tier_operand_maps(g, &args, tile_n));
     QT_TRY(gemm_tier_output_map(g, &args));
-    uint64_t tiles = (uint64_t)row_tiles_max * args.col_tiles;
+    uint64_t tiles = gemm_tier_tiles_max(g);
     uint64_t ctas = (uint64_t)(d->sm_count > 0 ? d->sm_count : 1);
     if (d->ctas_max != 0 && d->ctas_max < ctas) ctas = d->ctas_max;
     if (tiles < ctas) ctas = tiles;
@@ -293,10 +354,10 @@ const char *gemm_tier_describe(const gemm_tier_device *d) {
     if (d->setting == BACKEND_GEMM_TIER_PORTABLE) return "portable (mma.sync), forced";
     if (d->setting == BACKEND_GEMM_TIER_SM90A) {
         return "sm_90a (TMA + wgmma) for every bf16 GEMM (K-major or outer-major operands) and "
-               "every K-major fp8, fp8 block, mxfp8 and nvfp4 GEMM, dense and M-grouped, forced; "
-               "portable (mma.sync) for the rest";
+               "every K-major fp8, fp8 block, mxfp8 and nvfp4 GEMM, dense and M-grouped, and "
+               "K-grouped bf16, fp8 and fp8 block, forced; portable (mma.sync) for the rest";
     }
     return "sm_90a (TMA + wgmma) for bf16 GEMMs (K-major or outer-major operands) and K-major fp8, "
-           "fp8 block, mxfp8 and nvfp4 GEMMs, dense and M-grouped, of at least 32 tiles; portable "
-           "(mma.sync) for the rest";
+           "fp8 block, mxfp8 and nvfp4 GEMMs, dense and M-grouped, and K-grouped bf16, fp8 and "
+           "fp8 block, of at least 32 tiles; portable (mma.sync) for the rest";
 }

@@ -9,16 +9,20 @@
 // cover stays on the portable tier:
 //
 //   taken by sm90a (compute capability 9.0)                   stays portable
-//   bf16 with K-major or outer-major operands (fprop,        GEMM_GROUP_K, k = 0, split-K,
-//     dgrad, wgrad); fp8 per-tensor (fast or split), fp8     outer-major mxfp8 (dgrad and
-//     block (B 128 x 128, or 1 x 128 when dense), mxfp8      wgrad), E5M2 mxfp8, anything
-//     (E4M3), nvfp4 (even k), both operands K-major          misaligned; with gemm_tier AUTO
-//   dense or GEMM_GROUP_M, TMA-aligned (below)               also GEMMs of fewer than 32 tiles
+//   bf16 with K-major or outer-major operands (fprop,        GEMM_GROUP_K mxfp8 and nvfp4,
+//     dgrad, wgrad); fp8 per-tensor (fast or split), fp8     k = 0, split-K, outer-major
+//     block (B 128 x 128, or 1 x 128 when not M-grouped),    mxfp8 (dgrad and wgrad), E5M2
+//     mxfp8 (E4M3), nvfp4 (even k), both operands K-major    mxfp8, anything misaligned;
+//   dense or GEMM_GROUP_M; GEMM_GROUP_K (wgrad) for bf16,    with gemm_tier AUTO also GEMMs
+//     fp8 and fp8 block; TMA-aligned (below)                 of fewer than 32 tiles
 //
 // NOTE: TMA needs 16-byte aligned global addresses and row strides that are multiples of 16
 // bytes (bf16, either layout: ld % 8 == 0; fp8 and mxfp8: ld % 16 == 0; nvfp4: ld % 32 == 0);
-// stacked B members (GEMM_GROUP_M) must be a multiple of 16 bytes apart and must not overlap;
-// per-column FP8 block scales of B (a tensor map too) need scale_ld % 4 == 0.
+// stacked B members (GEMM_GROUP_M) must be a multiple of 16 bytes apart and must not overlap:
+// either one after another, or (K-major) side by side inside B's rows, as in the transposed
+// columnwise copy of stacked weights; per-column FP8 block scales of B (a tensor map too) need
+// scale_ld % 4 == 0. GEMM_GROUP_K operands are one grouped tensor each (no member strides) and
+// its members' D must not overlap.
 #ifndef QT_GEMM_TIER_H
 #define QT_GEMM_TIER_H
 
