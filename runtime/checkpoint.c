@@ -242,6 +242,7 @@ static void ckpt_describe_state(ckpt_describer *d, const model *m) {
 // model knows of them. Offsets: the regions one after the other from the header on. The device
 // batch slots are left out: they hold the inputs of steps already done, and the loop stages
 // every step's batch before the step reads it (runtime/schedule.h), a resumed run's first too.
+// So is the optimizer's table: it holds this process's addresses, which the init program wrote.
 static void ckpt_list_regions(ckpt_describer *d, const model *m) {
     const arena *dev = m->dev;
     ckpt_table *t = &d->c->table;
@@ -251,6 +252,7 @@ static void ckpt_list_regions(ckpt_describer *d, const model *m) {
         const arena_region *r = arena_region_get(dev, h);
         d->index_of[h] = CKPT_NONE;
         if (!r->persistent || r->bytes == 0 || h == m->io.staged) continue;
+        if (m->modes[MODEL_MODE_TRAIN] && h == m->io.optim_table) continue;
         QT_ASSERT(count < t->region_capacity);  // sized from the persistent regions
         ckpt_region *e = &t->regions[count];
         memset(e, 0, sizeof *e);

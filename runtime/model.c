@@ -625,6 +625,9 @@ static qt_status model_plan_io(model *m, const model_options *o) {
         // Zero from bind on; only the norm's fold writes it, and leaves it zero.
         QT_TRY(model_region(&dev, "gnorm_ticket", 4, ARENA_CAT_WORKSPACE, &ref));
         io->gnorm_ticket = ref.region;
+        QT_TRY(model_region(&dev, "optim_table", op_optim_table_bytes(m->param_count),
+                            ARENA_CAT_STAGING, &ref));
+        io->optim_table = ref.region;
     }
     return QT_OK;
 }

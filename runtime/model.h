@@ -53,6 +53,7 @@
 #include "arena.h"
 #include "data.h"     // data_slot_layout
 #include "op_moe.h"   // op_moe_routing, which the program builders keep per moe layer
+#include "op_optim.h"  // optim_param_desc, the list the train program's builder keeps
 #include "op_quant_fp8.h"  // op_fp8_delayed_state, which the train program's builder keeps
 #include "program.h"
 #include "recipe.h"   // recipe, recipe_layer
@@ -196,6 +197,9 @@ typedef struct model_io {
     arena_handle optim_steps;    // device: u64, the counted train steps (ptx/optim.h)
     arena_handle lr_rows;        // device: optim_lr_row [lr_row_count]
     arena_handle gnorm_ticket;   // device: u32 of the gradient norm's fold (op_grad_norm)
+    arena_handle optim_table;    // device: the multi-tensor optimizer's table (op_optim.h),
+                                 // written by the init program; holds addresses, so no
+                                 // checkpoint holds it
     uint32_t lr_row_count;
 } model_io;
 
@@ -255,6 +259,7 @@ typedef struct model_builder {
     prog_ref snap_amax, snap_scale;  // f32 [delayed_slots]; the record copies delayed_count
     prog_ref grads[MODEL_PARAMS_MAX];        // the optimizer's gradients, and their elements
     uint64_t grad_counts[MODEL_PARAMS_MAX];
+    optim_param_desc optim_list[MODEL_PARAMS_MAX];  // the parameters the optimizer updates
     op_fp8_delayed_state states[MODEL_STATES_MAX];  // the end of step's delayed-scaling states
 } model_builder;
 

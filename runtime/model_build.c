@@ -1019,6 +1019,11 @@ static void mb_param_desc(const mb *b, uint32_t i, optim_param_desc *d) {
     QT_ASSERT(!"unknown format");
 }
 
+// Every parameter, in order: the list the optimizer's launches cover.
+static void mb_optim_list(mb *b) {
+    for (uint32_t i = 0; i < b->m->param_count; i++) mb_param_desc(b, i, &b->optim_list[i]);
+}
+
 static qt_status mb_optimizer(mb *b) {
     model *m = b->m;
     prog_ref *grads = b->grads;
@@ -1044,12 +1049,9 @@ static qt_status mb_optimizer(mb *b) {
     prog_ref state = b->optim;
     QT_TRY(op_optim_begin(b->p, "optim.begin", mb_dev(b, m->io.optim_steps), state, b->gnorm,
                           mb_dev(b, m->io.lr_rows), m->io.lr_row_count));
-    for (uint32_t i = 0; i < m->param_count; i++) {
-        optim_param_desc d;
-        mb_param_desc(b, i, &d);
-        QT_TRY(op_optim_adamw(b->p, &d, state));
-    }
-    return QT_OK;
+    mb_optim_list(b);
+    return op_optim_adamw_multi(b->p, "optim.adamw", b->optim_list, m->param_count, state,
+                                mb_dev(b, m->io.optim_table));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1223,7 +1225,9 @@ qt_status model_build_init(model *m, program *p) {
         mb_param_desc(b, i, &d);
         QT_TRY(op_optim_quantize(p, &d));
     }
-    return QT_OK;
+    if (!m->modes[MODEL_MODE_TRAIN]) return QT_OK;
+    mb_optim_list(b);
+    return op_optim_describe(p, b->optim_list, m->param_count, mb_dev(b, m->io.optim_table));
 }
 
 static bool mb_checksummed_category(arena_category c) {
