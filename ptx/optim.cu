@@ -13,10 +13,10 @@ extern "C" __global__ void __launch_bounds__(QT_OPTIM_BEGIN_THREADS)
 }
 
 // ---------------------------------------------------------------------------------------------
-// qt_optim_adamw. Block b (of the parameter) takes the 64 x 64 tile (b / tiles_k, b % tiles_k); thread t takes rows
-// 4 (t / 16) .. +3 and columns 4 (t % 16) .. +3 of it, so a warp reads two rows of 256
-// contiguous bytes per FP32 array and instruction. All four rows are loaded before any is
-// computed (64 independent loads in flight per thread). The FP8 columnwise codes go through
+// qt_optim_adamw. Block b (of the parameter) takes the 64 x 64 tile (b / tiles_k, b % tiles_k);
+// thread t takes rows 4 (t / 16) .. +3 and columns 4 (t % 16) .. +3 of it, so a warp reads two
+// rows of 256 contiguous bytes per FP32 array and instruction. All four rows are loaded before
+// any is computed (64 independent loads in flight per thread). The FP8 columnwise codes go through
 // shared memory: each thread transposes its 4 x 4 codes in registers (prmt), stores the four
 // column words, and after a barrier each thread writes 16 consecutive bytes of one column.
 // Elements past the matrix are computed on zeros and never stored or counted.

@@ -251,8 +251,7 @@ static void ckpt_list_regions(ckpt_describer *d, const model *m) {
     for (uint32_t h = 0; h < dev->region_count; h++) {
         const arena_region *r = arena_region_get(dev, h);
         d->index_of[h] = CKPT_NONE;
-        if (!r->persistent || r->bytes == 0 || h == m->io.staged) continue;
-        if (m->modes[MODEL_MODE_TRAIN] && h == m->io.optim_table) continue;
+        if (!r->persistent || r->bytes == 0 || !model_region_saved(m, h)) continue;
         QT_ASSERT(count < t->region_capacity);  // sized from the persistent regions
         ckpt_region *e = &t->regions[count];
         memset(e, 0, sizeof *e);

@@ -21,6 +21,11 @@
 // (an moe layer's per-expert slots past the record's end are noted, model_plan_states).
 QT_STATIC_ASSERT(QT_TRACE_QUANTIZERS_MAX >= MODEL_QUANTIZERS_MAX, "trace records hold a model");
 
+bool model_region_saved(const model *m, arena_handle h) {
+    if (h == m->io.staged) return false;
+    return !(m->modes[MODEL_MODE_TRAIN] && h == m->io.optim_table);
+}
+
 const char *model_mode_name(model_mode mode) {
     static const char *const names[] = {"train", "eval", "infer"};
     _Static_assert(sizeof names / sizeof names[0] == MODEL_MODE_COUNT, "a name per model_mode");

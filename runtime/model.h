@@ -302,6 +302,12 @@ typedef struct model {
     model_builder builder;        // model_build_*'s working state
 } model;
 
+// Whether a checkpoint keeps persistent device region h (one with bytes): every one but the
+// batch slots (the inputs of steps already done; the loop stages every step's batch before the
+// step reads it) and the optimizer's table (this process's addresses, which the init program
+// writes at every start).
+bool model_region_saved(const model *m, arena_handle h);
+
 // Plans the model of r into the two arenas (both in PLAN, or both counting: the pass that
 // sizes their tables). Fails (QT_ERR_INPUT, naming the recipe file, line and column) on what
 // the runtime cannot do yet.
