@@ -1,4 +1,4 @@
-#include "arena.h"
+#include "arena/arena.h"
 
 #include <inttypes.h>  // PRIu64, PRIx64
 #include <stdarg.h>

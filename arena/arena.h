@@ -35,7 +35,7 @@
 // Packing is greedy (largest first, first gap that fits), deterministic, and O(N^2) in regions.
 //
 // The region table is the caller's memory (arena_storage_bytes for a given number of regions),
-// sized from the model at planning: runtime/run.h plans once with counting arenas (no table:
+// sized from the model at planning: runtime/run/run.h plans once with counting arenas (no table:
 // arena_reserve checks its arguments and numbers the regions, nothing else may be asked) and
 // then again over tables of exactly the counted size.
 #ifndef QT_ARENA_H
@@ -45,7 +45,7 @@
 #include <stdint.h>
 #include <stdio.h>  // FILE, for arena_print
 
-#include "status.h"  // qt_status, qt_fail, QT_ASSERT
+#include "runtime/base/status.h"  // qt_status, qt_fail, QT_ASSERT
 
 #define ARENA_NAME_MAX 64
 // NOTE: cuMemAlloc returns 256-byte aligned memory and the vectorized kernels and TMA

@@ -11,7 +11,7 @@
 // fusing dgamma into the dx pass would need per-column accumulators in a row-split layout.
 // Rows whose length is not a multiple of 8 (or tensors at unaligned offsets) take the element
 // path, which is correct but slower: pad vocabularies to a multiple of 8.
-#include "act.h"
+#include "ptx/act.h"
 
 #define ACT_FULL_MASK 0xFFFFFFFFu
 

@@ -1,6 +1,6 @@
 // act: the elementwise, normalization and loss ops of a training step (activations, RMSNorm,
 // residual add, softmax cross-entropy, MSE, global gradient norm): the kernels' ABI (ptx/act.cu)
-// and the per-element arithmetic they share with their C twins (runtime/ref_act.c).
+// and the per-element arithmetic they share with their C twins (runtime/ref/ref_act.c).
 //
 // Owns nothing. Tensors are row-major [rows][cols] of BF16 or FP32 (each tensor has its own
 // dtype field); everything accumulated (inverse RMS, losses, norms, gradients of parameters) is
@@ -53,10 +53,10 @@
 #ifndef QT_ACT_H
 #define QT_ACT_H
 
-#include "core.h"      // QT_DTYPE_BF16, QT_DTYPE_F32
-#include "qt_codec.h"  // qt_f32_to_bf16, qt_bf16_to_f32, qt_f32_is_nan
-#include "qt_hd.h"
-#include "qt_math.h"  // qt_expf, qt_logf, qt_math_exp_core
+#include "ptx/core.h"      // QT_DTYPE_BF16, QT_DTYPE_F32
+#include "ptx/qt_codec.h"  // qt_f32_to_bf16, qt_bf16_to_f32, qt_f32_is_nan
+#include "ptx/qt_hd.h"
+#include "ptx/qt_math.h"   // qt_expf, qt_logf, qt_math_exp_core
 
 // Activation functions (act_args.act).
 #define QT_ACT_RELU 0u

@@ -1,5 +1,5 @@
 // core kernels: fill_random, copy, checksum (ABI and shared arithmetic in core.h).
-#include "core.h"
+#include "ptx/core.h"
 
 // Grid-stride over elements; each element is an independent Philox draw, so the grid shape never
 // changes a value.

@@ -1,5 +1,5 @@
 // core: the foundation kernels' ABI (fill, copy, checksum) and their per-element arithmetic,
-// shared by ptx/core.cu and the reference backend (runtime/ref_core.c).
+// shared by ptx/core.cu and the reference backend (runtime/ref/ref_core.c).
 //
 // Owns nothing. Every kernel takes one args struct by value; sizes are asserted on both sides.
 //
@@ -14,10 +14,10 @@
 #ifndef QT_CORE_H
 #define QT_CORE_H
 
-#include "philox.h"
-#include "qt_codec.h"  // qt_f32_to_bf16
-#include "qt_hd.h"
-#include "qt_math.h"  // qt_logf, qt_cospif
+#include "ptx/philox.h"
+#include "ptx/qt_codec.h"  // qt_f32_to_bf16
+#include "ptx/qt_hd.h"
+#include "ptx/qt_math.h"   // qt_logf, qt_cospif
 
 #define QT_DTYPE_F32 0u
 #define QT_DTYPE_BF16 1u

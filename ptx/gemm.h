@@ -1,6 +1,6 @@
 // gemm: the GEMM family's ABI (args structs, operand descriptors, kernel list) and the per-element
 // arithmetic shared by the kernels (ptx/gemm_portable.cu, and the sm_90a tier ptx/gemm_sm90a.cu,
-// whose args carry these gemm_args) and their C twins (runtime/ref_gemm.c).
+// whose args carry these gemm_args) and their C twins (runtime/ref/ref_gemm.c).
 //
 // Owns nothing. The quantized layouts are those of ptx/quant.h. The operation, FP32 accumulation:
 //
@@ -49,10 +49,10 @@
 #ifndef QT_GEMM_H
 #define QT_GEMM_H
 
-#include "core.h"      // QT_DTYPE_F32, QT_DTYPE_BF16
-#include "qt_codec.h"  // qt_e4m3_to_f32, qt_e5m2_to_f32, qt_e2m1_to_f32, qt_e8m0_to_f32, bf16
-#include "qt_hd.h"
-#include "quant.h"  // qt_group_desc
+#include "ptx/core.h"      // QT_DTYPE_F32, QT_DTYPE_BF16
+#include "ptx/qt_codec.h"  // qt_e4m3_to_f32, qt_e5m2_to_f32, qt_e2m1_to_f32, qt_e8m0_to_f32, bf16
+#include "ptx/qt_hd.h"
+#include "ptx/quant.h"     // qt_group_desc
 
 #define GEMM_FORMAT_BF16 0u
 #define GEMM_FORMAT_FP8 1u        // per-tensor scaling (delayed or current)

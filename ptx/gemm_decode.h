@@ -26,7 +26,7 @@
 #ifndef QT_GEMM_DECODE_H
 #define QT_GEMM_DECODE_H
 
-#include "gemm.h"
+#include "ptx/gemm.h"
 
 // MXFP8 pieces whose e8m0 scales are all at least this (and not the NaN scale 255 where a piece
 // has one scale per element) give products that are BF16 values: no rounding (see above).

@@ -43,7 +43,7 @@
 //
 // Decoding the emulated formats (each element once per block, into the shared stage):
 // ptx/gemm_decode.h, which the sm_90a tier shares.
-#include "gemm_decode.h"  // gemm.h; the emulated formats' decode
+#include "ptx/gemm_decode.h"  // gemm.h; the emulated formats' decode
 
 #define GEMM_WARP_N 32u    // columns of a warp's tile, either tile
 #define GEMM_ROW_BF16 80u  // row stride of the 64-byte stages (bf16, mxfp8, nvfp4)

@@ -3,8 +3,8 @@
 // K-major per-tensor FP8 (fast or split accumulation), FP8 block scaling, and MXFP8 and NVFP4
 // decoded to BF16 (see "Emulated formats" below); dense or GEMM_GROUP_M. ABI and tile shapes:
 // gemm_sm90a.h; arithmetic: gemm.h. Built for sm_90a only (wgmma and setmaxnreg exist nowhere
-// else); runtime/gemm_tier.c launches it in place of the portable kernel and keeps the portable
-// tier for everything else.
+// else); runtime/backend/gemm_tier.c launches it in place of the portable kernel and keeps the
+// portable tier for everything else.
 //
 // One CTA, 384 threads:
 //   warpgroup 0, producer: one thread walks the CTA's tiles and their k stages; per stage it
@@ -39,8 +39,8 @@
 // fresh partial accumulator (wgmma with scale-d = 0 for its first k step) and add it to the FP32
 // accumulator with qt_gemm_split_add / qt_gemm_promote (tiles of 192 columns: 96 registers of
 // partial and 96 of accumulator per consumer thread).
-#include "gemm_sm90a.h"
-#include "gemm_decode.h"  // the emulated formats' decode, shared with the portable tier
+#include "ptx/gemm_sm90a.h"
+#include "ptx/gemm_decode.h"  // the emulated formats' decode, shared with the portable tier
 
 // Register budgets after setmaxnreg: the producer warpgroup gives registers up to the consumers.
 // The emulated formats' producer warpgroup also loads block scales (warps 1-3), which needs more.

@@ -3,8 +3,8 @@
 // differs (TMA loads, wgmma, warp specialization, a persistent grid).
 //
 // Owns nothing. Programs never hold these kernels: a program's GEMM op is a portable kernel with
-// its gemm_args, and runtime/gemm_tier.c launches the sm90a kernel of the same format in its
-// place when the device is an sm_90 GPU and the GEMM fits this tier (gemm_tier.h says which).
+// its gemm_args, and runtime/backend/gemm_tier.c launches the sm90a kernel of the same format in
+// its place when the device is an sm_90 GPU and the GEMM fits this tier (gemm_tier.h says which).
 // The launch builds gemm_sm90a_args on the stack: the op's gemm_args first, so the C twin of the
 // portable kernel serves these kernel ids too, then the TMA tensor maps of the operands.
 //
@@ -21,7 +21,7 @@
 #ifndef QT_GEMM_SM90A_H
 #define QT_GEMM_SM90A_H
 
-#include "gemm.h"  // gemm_args, GEMM_*
+#include "ptx/gemm.h"  // gemm_args, GEMM_*
 
 #define GEMM_SM90A_THREADS 384u
 #define GEMM_SM90A_TILE_M 128u

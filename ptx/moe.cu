@@ -4,9 +4,9 @@
 // Every count is an integer: the per-chunk histograms use shared-memory integer atomics (their
 // sums do not depend on the order), and the places within a chunk come from one warp walking the
 // chunk in assignment order, so the permutation is the same on every run and every GPU.
-#include "moe.h"
+#include "ptx/moe.h"
 
-#include "quant_group.h"  // qt_group_find_warp, qt_group_active_rows
+#include "ptx/quant_group.h"  // qt_group_find_warp, qt_group_active_rows
 
 #define MOE_FULL_MASK 0xFFFFFFFFu
 

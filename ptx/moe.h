@@ -1,6 +1,6 @@
 // moe: the mixture-of-experts routing ops (ptx/moe.cu): the kernels' ABI, launch constants and the
-// per-token arithmetic they share with their C twins (runtime/ref_moe.c). The expert GEMMs are the
-// GEMM family's M- and K-grouped GEMMs; the grouped quantization is each format's.
+// per-token arithmetic they share with their C twins (runtime/ref/ref_moe.c). The expert GEMMs are
+// the GEMM family's M- and K-grouped GEMMs; the grouped quantization is each format's.
 //
 // Owns nothing. One MoE layer of T tokens (the batch rows), E experts, top-k K; an assignment is
 // one (token t, choice j) pair, index a = t K + j, A = T K assignments in all:
@@ -47,9 +47,9 @@
 #ifndef QT_MOE_H
 #define QT_MOE_H
 
-#include "act.h"       // qt_act_load, qt_act_store, QT_ACT_TREE32, QT_ACT_CHUNK
-#include "qt_math.h"   // qt_expf
-#include "quant.h"     // qt_group_desc
+#include "ptx/act.h"      // qt_act_load, qt_act_store, QT_ACT_TREE32, QT_ACT_CHUNK
+#include "ptx/qt_math.h"  // qt_expf
+#include "ptx/quant.h"    // qt_group_desc
 
 // Assignments per chunk of the counting sort: one block counts a chunk, one warp places it.
 #define QT_MOE_CHUNK 256u

@@ -2,7 +2,7 @@
 // update of one parameter and its BF16 / FP8 per-tensor requantization), its multi-tensor launch
 // over a table of parameters, the table's amax zeroing, and the op that writes a table entry.
 // ABI, numerics and the skip rule: optim.h.
-#include "optim.h"
+#include "ptx/optim.h"
 
 extern "C" __global__ void __launch_bounds__(QT_OPTIM_BEGIN_THREADS)
     qt_optim_begin(const __grid_constant__ optim_begin_args args) {

@@ -1,8 +1,8 @@
 // optim: the fused AdamW optimizer's ABI (ptx/optim.cu) and the per-step and per-element
-// arithmetic it shares with its C twins (runtime/ref_optim.c): the AdamW update rule in IEEE
+// arithmetic it shares with its C twins (runtime/ref/ref_optim.c): the AdamW update rule in IEEE
 // arithmetic instead of fast math (so the C twins reproduce the GPU bit for bit), delayed scaling
 // (ptx/quant_fp8.h), quantized parameters requantized from the FP32 master every step
-// (runtime/op_optim.h), and the learning-rate schedule (runtime/schedule.h).
+// (runtime/ops/op_optim.h), and the learning-rate schedule (runtime/schedule/schedule.h).
 //
 // Owns nothing. Device state, written by device kernels only, so one captured graph serves every
 // step and every schedule row:
@@ -37,9 +37,9 @@
 // rolls), so a run that meets a non-finite gradient goes on from the state before it, bit for
 // bit (tests/test_faults.c checks every persistent region in every format). Formats cast by a
 // separate kernel after
-// the update (see runtime/op_optim.h) recast the unchanged master, which reproduces the weight's
-// bytes because the weight always is the cast of its master (op_optim_quantize establishes that
-// at start-up and every step keeps it); for them the update kernel still writes the master's
+// the update (see runtime/ops/op_optim.h) recast the unchanged master, which reproduces the
+// weight's bytes because the weight always is the cast of its master (op_optim_quantize establishes
+// that at start-up and every step keeps it); for them the update kernel still writes the master's
 // amax on a skipped step (QT_OPTIM_FLAG_AMAX_ON_SKIP), since the cast reads it from a workspace
 // that was zeroed this step.
 //
@@ -78,12 +78,12 @@
 #ifndef QT_OPTIM_H
 #define QT_OPTIM_H
 
-#include "core.h"         // QT_DTYPE_BF16, QT_DTYPE_F32
-#include "qt_codec.h"     // qt_f32_to_bf16, qt_bf16_to_f32
-#include "qt_hd.h"        // qt_fmaf, qt_sqrtf
-#include "qt_math.h"      // qt_cospif
-#include "quant_block.h"  // qt_block_fp8x2 (cvt.rn.satfinite on the device, the codec on host)
-#include "quant_fp8.h"    // QT_FP8_E4M3/E5M2, qt_fp8_amax_step, qt_fp8_scale_inv, ...
+#include "ptx/core.h"         // QT_DTYPE_BF16, QT_DTYPE_F32
+#include "ptx/qt_codec.h"     // qt_f32_to_bf16, qt_bf16_to_f32
+#include "ptx/qt_hd.h"        // qt_fmaf, qt_sqrtf
+#include "ptx/qt_math.h"      // qt_cospif
+#include "ptx/quant_block.h"  // qt_block_fp8x2 (cvt.rn.satfinite on the device, the codec on host)
+#include "ptx/quant_fp8.h"    // QT_FP8_E4M3/E5M2, qt_fp8_amax_step, qt_fp8_scale_inv, ...
 
 QT_STATIC_ASSERT(QT_FP8_E4M3 == QT_BLOCK_E4M3 && QT_FP8_E5M2 == QT_BLOCK_E5M2,
                  "qt_block_fp8x2 takes the per-tensor FP8 element codes");

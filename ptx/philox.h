@@ -6,7 +6,7 @@
 #ifndef QT_PHILOX_H
 #define QT_PHILOX_H
 
-#include "qt_hd.h"
+#include "ptx/qt_hd.h"
 
 typedef struct qt_philox4 {
     uint32_t v[4];

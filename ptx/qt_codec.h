@@ -13,7 +13,7 @@
 
 #include <stdint.h>
 
-#include "qt_hd.h"  // QT_HD, qt_f32_bits, qt_bits_f32, qt_fmaf
+#include "ptx/qt_hd.h"  // QT_HD, qt_f32_bits, qt_bits_f32, qt_fmaf
 
 #define QT_E4M3_MAX 448.0f
 #define QT_E5M2_MAX 57344.0f

@@ -56,4 +56,13 @@ QT_HD float qt_sqrtf(float x) {
 #endif
 }
 
+// The same in FP64.
+QT_HD double qt_sqrt(double x) {
+#if defined(__CUDA_ARCH__)
+    return __dsqrt_rn(x);
+#else
+    return __builtin_sqrt(x);
+#endif
+}
+
 #endif  // QT_HD_H

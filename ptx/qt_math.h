@@ -19,7 +19,7 @@
 
 #include <stdint.h>
 
-#include "qt_hd.h"  // QT_HD, qt_f32_bits, qt_bits_f32, qt_fmaf
+#include "ptx/qt_hd.h"  // QT_HD, qt_f32_bits, qt_bits_f32, qt_fmaf
 
 // Every NaN result is this one pattern, the canonical NaN that GPU arithmetic produces. Host x86
 // arithmetic would instead keep an input NaN's payload (x + x) or make 0xFFC00000 (Inf - Inf), so

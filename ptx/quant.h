@@ -1,5 +1,5 @@
 // quant: conventions shared by every quantization family (ptx/quant_*.cu, their op builders
-// runtime/op_quant_*.c and C twins runtime/ref_quant_*.c). Codecs: ptx/qt_codec.h.
+// runtime/ops/op_quant_*.c and C twins runtime/ref/ref_quant_*.c). Codecs: ptx/qt_codec.h.
 //
 // Owns nothing. What it fixes:
 //
@@ -41,8 +41,8 @@
 #ifndef QT_QUANT_H
 #define QT_QUANT_H
 
-#include "philox.h"
-#include "qt_hd.h"
+#include "ptx/philox.h"
+#include "ptx/qt_hd.h"
 
 typedef struct qt_group_desc {
     uint64_t row_offsets;  // u32 [count + 1] device; row_offsets[0] = 0

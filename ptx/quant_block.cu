@@ -19,8 +19,8 @@
 // no data register lives across a barrier: 64 registers and 4 blocks per SM instead of 105 and
 // 2, which took the dense 1-D cast from 85% to 91% of copy and the 2-D one from 88% to 93%
 // (H200). FP32 tiles (64 KiB) exceed the static shared-memory limit and keep the register path.
-#include "quant_block.h"
-#include "quant_group.h"  // qt_group_find_warp
+#include "ptx/quant_block.h"
+#include "ptx/quant_group.h"  // qt_group_find_warp
 
 #define QB_THREADS 256u
 #define QB_TILE 128u

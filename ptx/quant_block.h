@@ -1,5 +1,6 @@
 // quant_block: FP8 block scaling (TE's Float8BlockScaling): the kernels' ABI and the
-// per-block arithmetic shared by ptx/quant_block.cu and its C twins (runtime/ref_quant_block.c).
+// per-block arithmetic shared by ptx/quant_block.cu and its C twins
+// (runtime/ref/ref_quant_block.c).
 //
 // Owns nothing. Layouts (ptx/quant.h), for an M x K input (M = rows, K = cols):
 //
@@ -27,9 +28,9 @@
 #ifndef QT_QUANT_BLOCK_H
 #define QT_QUANT_BLOCK_H
 
-#include "core.h"      // QT_DTYPE_BF16, QT_DTYPE_F32
-#include "qt_codec.h"  // qt_scale_from_amax, qt_f32_to_e4m3, qt_e4m3_to_f32, ...
-#include "quant.h"     // qt_group_desc
+#include "ptx/core.h"      // QT_DTYPE_BF16, QT_DTYPE_F32
+#include "ptx/qt_codec.h"  // qt_scale_from_amax, qt_f32_to_e4m3, qt_e4m3_to_f32, ...
+#include "ptx/quant.h"     // qt_group_desc
 
 #define QT_BLOCK_LEN 128u  // block length, and the side of a 2-D tile
 

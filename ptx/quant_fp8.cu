@@ -1,6 +1,6 @@
 // quant_fp8 kernels: amax, fused cast + transpose, delayed-scaling updates, dequantize (ABI,
 // launch constants and the arithmetic shared with the C twins in quant_fp8.h).
-#include "quant_fp8.h"
+#include "ptx/quant_fp8.h"
 
 // 1 converts with the shared software codec instead of cvt.rn.satfinite. Both give the same
 // bytes (checked bit for bit on H100); the switch exists to bisect a mismatch.

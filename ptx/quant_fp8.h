@@ -1,6 +1,6 @@
 // quant_fp8: per-tensor FP8 (E4M3 / E5M2) with delayed or current scaling: the kernels' ABI
 // (ptx/quant_fp8.cu) and the per-element and per-slot arithmetic they share with their C twins
-// (runtime/ref_quant_fp8.c).
+// (runtime/ref/ref_quant_fp8.c).
 //
 // Owns nothing. Storage (ptx/quant.h): rowwise codes u8 [M][K], columnwise codes u8 [K][M] (the
 // exact byte transpose), one FP32 scale_inv per member shared by both. Grouped tensors keep the
@@ -33,10 +33,10 @@
 #ifndef QT_QUANT_FP8_H
 #define QT_QUANT_FP8_H
 
-#include "core.h"         // QT_DTYPE_BF16, QT_DTYPE_F32
-#include "qt_codec.h"     // qt_f32_to_e4m3, qt_scale_from_amax, ...
-#include "quant.h"        // qt_group_desc
-#include "quant_group.h"  // qt_group_member_rows, qt_group_find
+#include "ptx/core.h"         // QT_DTYPE_BF16, QT_DTYPE_F32
+#include "ptx/qt_codec.h"     // qt_f32_to_e4m3, qt_scale_from_amax, ...
+#include "ptx/quant.h"        // qt_group_desc
+#include "ptx/quant_group.h"  // qt_group_member_rows, qt_group_find
 
 #define QT_FP8_E4M3 0u
 #define QT_FP8_E5M2 1u

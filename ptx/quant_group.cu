@@ -1,5 +1,5 @@
 // quant_group kernels: grouped-tensor row offsets (ABI and helpers in quant_group.h).
-#include "quant_group.h"
+#include "ptx/quant_group.h"
 
 #define QT_GROUP_WARPS (QT_GROUP_OFFSETS_THREADS / 32)
 

@@ -24,7 +24,7 @@
 #ifndef QT_QUANT_GROUP_H
 #define QT_QUANT_GROUP_H
 
-#include "quant.h"  // qt_group_desc
+#include "ptx/quant.h"  // qt_group_desc
 
 typedef struct group_offsets_args {
     uint64_t first_dims;   // u32 [count] device, read

@@ -20,8 +20,8 @@
 // 4 rows x 64 contiguous bytes. The tile stays in registers (BF16 packed in pairs), so the input
 // is read exactly once. Only the rowwise scales go through shared memory, to leave the block as
 // one 8-byte store per row instead of 8 single bytes.
-#include "quant_mxfp8.h"
-#include "gemm_decode.h"  // the MXFP8 GEMMs' decode, for the dequantize's BF16 path
+#include "ptx/quant_mxfp8.h"
+#include "ptx/gemm_decode.h"  // the MXFP8 GEMMs' decode, for the dequantize's BF16 path
 
 #define MX_LANE_ROWS 8
 

@@ -1,6 +1,6 @@
 // quant_mxfp8: the MXFP8 kernels' ABI (fused rowwise + columnwise quantize, dequantize) and the
 // per-element and per-block arithmetic shared by ptx/quant_mxfp8.cu and its C twins
-// (runtime/ref_quant_mxfp8.c). Layouts: ptx/quant.h.
+// (runtime/ref/ref_quant_mxfp8.c). Layouts: ptx/quant.h.
 //
 // Owns nothing. For an M x K input (rows = M, or rows_capacity of a grouped tensor):
 //
@@ -22,9 +22,9 @@
 #ifndef QT_QUANT_MXFP8_H
 #define QT_QUANT_MXFP8_H
 
-#include "core.h"         // QT_DTYPE_*
-#include "qt_codec.h"     // qt_f32_to_e4m3/e5m2, qt_f32_to_e8m0, qt_e8m0_inv_f32, decoders
-#include "quant_group.h"  // qt_group_desc, qt_group_active_rows, qt_group_find
+#include "ptx/core.h"         // QT_DTYPE_*
+#include "ptx/qt_codec.h"     // qt_f32_to_e4m3/e5m2, qt_f32_to_e8m0, qt_e8m0_inv_f32, decoders
+#include "ptx/quant_group.h"  // qt_group_desc, qt_group_active_rows, qt_group_find
 
 #define QT_MXFP8_BLOCK 32u  // elements per scaling block, along K (rowwise) or M (columnwise)
 

@@ -2,9 +2,9 @@
 // quantize (rowwise + transposed columnwise, RHT, 2-D, stochastic rounding), dequantize. ABI,
 // layouts and all per-element arithmetic live in quant_nvfp4.h; this file only tiles, moves
 // memory and reduces.
-#include "core.h"  // QT_DTYPE_*
-#include "quant_nvfp4.h"
-#include "gemm_decode.h"  // the NVFP4 GEMMs' decode, for qt_nvfp4_decode
+#include "ptx/core.h"         // QT_DTYPE_*
+#include "ptx/quant_nvfp4.h"
+#include "ptx/gemm_decode.h"  // the NVFP4 GEMMs' decode, for qt_nvfp4_decode
 
 #define NV_THREADS QT_NVFP4_THREADS
 #define NV_WARPS (NV_THREADS / 32)

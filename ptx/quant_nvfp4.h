@@ -1,9 +1,9 @@
 // quant_nvfp4: NVFP4 quantization: the kernels' ABI (args structs,
 // flags, QT_KERNELS_QUANT_NVFP4) and every per-element and per-block operation, shared by
-// ptx/quant_nvfp4.cu and its C twins (runtime/ref_quant_nvfp4.c) so that both run the very same
+// ptx/quant_nvfp4.cu and its C twins (runtime/ref/ref_quant_nvfp4.c) so that both run the very same
 // IEEE operations in the same order.
 //
-// Owns nothing. Kernels, launched by runtime/op_quant_nvfp4.c:
+// Owns nothing. Kernels, launched by runtime/ops/op_quant_nvfp4.c:
 //
 //   qt_nvfp4_amax_zero   amax_row[0..n) = 0 (and amax_col): the atomic maxima below start at 0
 //   qt_nvfp4_amax        amax_row[i] = max |x| over member i's valid rows; amax_col[i] = the same,
@@ -59,8 +59,8 @@
 #ifndef QT_QUANT_NVFP4_H
 #define QT_QUANT_NVFP4_H
 
-#include "qt_codec.h"  // qt_f32_to_e4m3, qt_e4m3_to_f32, qt_f32_to_e2m1_sr, qt_f32_to_bf16
-#include "quant.h"     // qt_group_desc, qt_quant_random16
+#include "ptx/qt_codec.h"  // qt_f32_to_e4m3, qt_e4m3_to_f32, qt_f32_to_e2m1_sr, qt_f32_to_bf16
+#include "ptx/quant.h"     // qt_group_desc, qt_quant_random16
 
 #define QT_NVFP4_BLOCK 16u              // elements per block scale, both directions
 #define QT_NVFP4_RHT_SIGNS_TE 0xD7E8u   // TE's fixed sign vector, bit j = index j is -1
@@ -131,7 +131,7 @@ typedef struct nvfp4_decode_args {
 } nvfp4_decode_args;
 QT_STATIC_ASSERT(sizeof(nvfp4_decode_args) == 32, "nvfp4_decode_args layout");
 
-// Launch geometry, shared by the kernels and their op builders (runtime/op_quant_nvfp4.c).
+// Launch geometry, shared by the kernels and their op builders (runtime/ops/op_quant_nvfp4.c).
 #define QT_NVFP4_THREADS 256u
 // qt_nvfp4_amax: a CTA covers 16 rows x (256 threads x one 16-byte chunk) columns per row block
 // and strides over row blocks; about QT_NVFP4_AMAX_CTAS CTAs in all (4 waves of 2 per SM on a

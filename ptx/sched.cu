@@ -1,6 +1,6 @@
 // sched kernels: the schedule loop's per-step copy, record and checksum (ABI and shared
 // arithmetic in ptx/sched_ops.h).
-#include "sched_ops.h"
+#include "ptx/sched_ops.h"
 
 // Every thread reads the counter before any write of this step; nothing in this kernel writes
 // the counter, so there is no race.

@@ -1,5 +1,5 @@
-// sched_ops: the bookkeeping kernels of the schedule loop (runtime/schedule.c): the ABI of
-// ptx/sched.cu and the per-record arithmetic it shares with its C twins (runtime/ref_sched.c).
+// sched_ops: the bookkeeping kernels of the schedule loop (runtime/schedule/schedule.c): the ABI of
+// ptx/sched.cu and the per-record arithmetic it shares with its C twins (runtime/ref/ref_sched.c).
 //
 // Owns nothing. One captured graph per mode serves every step, so whatever changes from step to
 // step is chosen on the device from one counter that the graph itself advances:
@@ -27,9 +27,9 @@
 //                       given bits (a NaN or an infinity)
 //
 // The batch of step s reaches device slot s % 2 through a copy-engine copy that the schedule
-// loop queues beside step s - 1, and step s's graph waits for it (runtime/schedule.h), so the
-// first op reads device memory only. The host reads record s a few steps later, after waiting for
-// an event recorded behind step s: the record and the infer outputs are written to pinned host
+// loop queues beside step s - 1, and step s's graph waits for it (runtime/schedule/schedule.h), so
+// the first op reads device memory only. The host reads record s a few steps later, after waiting
+// for an event recorded behind step s: the record and the infer outputs are written to pinned host
 // memory directly (unified addressing), so no copy call and no synchronization is needed inside
 // a step.
 //
@@ -41,11 +41,11 @@
 #ifndef QT_SCHED_H
 #define QT_SCHED_H
 
-#include "act.h"           // qt_loss_stats, qt_gnorm_result
-#include "core.h"          // qt_mix64
-#include "optim.h"         // optim_state
-#include "qt_hd.h"
-#include "trace_record.h"  // qt_trace_record, QT_TRACE_*
+#include "ptx/act.h"           // qt_loss_stats, qt_gnorm_result
+#include "ptx/core.h"          // qt_mix64
+#include "ptx/optim.h"         // optim_state
+#include "ptx/qt_hd.h"
+#include "ptx/trace_record.h"  // qt_trace_record, QT_TRACE_*
 
 #define QT_SCHED_THREADS 256u      // qt_sched_copy block size
 #define QT_SCHED_RECORD_THREADS 32u
@@ -61,7 +61,7 @@ typedef struct sched_copy_args {
 } sched_copy_args;
 QT_STATIC_ASSERT(sizeof(sched_copy_args) == 56, "sched_copy_args layout");
 
-// Both sides have the parts of runtime/data.h's slot layout at the same offsets up to the
+// Both sides have the parts of runtime/io/data.h's slot layout at the same offsets up to the
 // inputs (the header region, `inputs_offset` bytes); the targets sit at their own offsets.
 typedef struct sched_stage_u8_args {
     uint64_t counter;         // u64 device step counter, read

@@ -1,5 +1,5 @@
 // trace_record: the per-step record that the device writes into a pinned ring and the host
-// prints to the trace file (runtime/trace.h). Plain C, shared by host and device code.
+// prints to the trace file (runtime/io/trace.h). Plain C, shared by host and device code.
 //
 // Owns nothing. One record per step. On the host a record (qt_trace_record) has room for the
 // largest model the parser accepts, and the trace file's header says how many quantizer entries
@@ -27,10 +27,10 @@
 
 #include <stddef.h>  // offsetof
 
-#include "qt_hd.h"  // QT_STATIC_ASSERT, uint*_t
+#include "ptx/qt_hd.h"  // QT_STATIC_ASSERT, uint*_t
 
 // Delayed-scaling slots a record can carry: one per quantized tensor of the parser's largest
-// model (roles_max; runtime/model.c asserts that it is enough). Only an moe layer's grouped
+// model (roles_max; runtime/model/model.c asserts that it is enough). Only an moe layer's grouped
 // quantizers, with one slot per expert, can pass it: the record then carries the first slots
 // (model.h, delayed_count) and the plan notes it.
 #define QT_TRACE_QUANTIZERS_MAX 1024

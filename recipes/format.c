@@ -1,10 +1,10 @@
-#include "format.h"
+#include "recipes/format.h"
 
 #include <string.h>  // strcmp
 
-#include "gemm.h"      // GEMM_FORMAT_*
-#include "qt_codec.h"  // the scalar codecs the rows point to
-#include "status.h"    // QT_ASSERT
+#include "ptx/gemm.h"             // GEMM_FORMAT_*
+#include "ptx/qt_codec.h"         // the scalar codecs the rows point to
+#include "runtime/base/status.h"  // QT_ASSERT
 
 #define ARRAY_COUNT(a) (sizeof(a) / sizeof((a)[0]))
 

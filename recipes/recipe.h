@@ -1,5 +1,6 @@
-// recipe: the parser of recipe files and their data model. A recipe is one complete training plan:
-// model, quantization rules, optimizer, data and schedule.
+// recipe: the parser of recipe files, their data model and the resolution of the model's quantizer
+// roles through the recipe's rules. A recipe is one complete training plan: model, quantization
+// rules, optimizer, data and schedule.
 //
 // Owns nothing but the caller's `recipe` struct, which recipe_parse fills and which then lives as
 // long as the caller keeps it (the runtime keeps it for the whole run). No allocation: every list
@@ -72,8 +73,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "rules.h"   // qt_rule, qt_scheme
-#include "status.h"  // qt_status
+#include "recipes/rules.h"        // qt_rule, qt_scheme
+#include "runtime/base/status.h"  // qt_status
 
 #define RECIPE_LINE_BYTES_MAX 512
 #define RECIPE_LINE_TOKENS_MAX 64
@@ -90,7 +91,7 @@
 #define RECIPE_EXPERTS_MAX 1024
 #define RECIPE_BATCH_MAX 65536
 #define RECIPE_STEPS_MAX 2147483647u
-// Synthetic samples: the shuffle order indexes samples with 32 bits (runtime/data.h), so a
+// Synthetic samples: the shuffle order indexes samples with 32 bits (runtime/io/data.h), so a
 // larger count is refused where the recipe gives it.
 #define RECIPE_SAMPLES_MAX UINT64_C(4294967295)
 
@@ -200,7 +201,8 @@ typedef enum recipe_lr_kind {
 } recipe_lr_kind;
 typedef enum recipe_dataset { RECIPE_DATASET_TRAIN, RECIPE_DATASET_EVAL } recipe_dataset;
 // What a train row's counts count: steps, or epochs of the train set (one epoch is
-// data_batches_per_epoch steps, known once the data is probed: runtime/schedule.c converts).
+// data_batches_per_epoch steps, known once the data is probed: runtime/schedule/schedule.c
+// converts).
 typedef enum recipe_unit { RECIPE_UNIT_STEPS, RECIPE_UNIT_EPOCHS } recipe_unit;
 
 typedef struct recipe_row {
@@ -251,7 +253,7 @@ typedef struct recipe {
 qt_status recipe_parse(const char *text, size_t bytes, const char *file_name, recipe *out);
 
 // Reads the file at path into buffer (QT_ERR_INPUT if it is not a regular file, e.g. a FIFO:
-// runtime/input_file.h; QT_ERR_IO if it cannot; QT_ERR_CAPACITY if it holds more than
+// runtime/base/input_file.h; QT_ERR_IO if it cannot; QT_ERR_CAPACITY if it holds more than
 // buffer_bytes) and parses it.
 qt_status recipe_load(const char *path, char *buffer, size_t buffer_bytes, recipe *out);
 
@@ -270,5 +272,34 @@ qt_status recipe_rule_parse(const char *text, size_t bytes, const char *file, ui
 // Formats "file:line:col: " followed by the message and records it (qt_fail).
 qt_status recipe_fail_at(qt_status status, const char *file, uint32_t line, uint32_t col,
                          const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+// Roles (the resolution through the rules, recipes/rules.h).
+
+// Walks the roles of a model in a fixed order: layers in file order; per layer its GEMMs (linear:
+// itself; moe: router, fc1, fc2); per GEMM input, weight, grad_output. Start from {0}.
+typedef struct recipe_role_iter {
+    uint32_t layer_index;
+    uint32_t role_index;      // within the layer
+} recipe_role_iter;
+
+// The quantizer of one role: the recipe's rules, then its built-in recipe; first match wins.
+// Fails (QT_ERR_INPUT) if no rule matches, listing the role and the rules tried, or if the rule
+// that matched gives the role an option it cannot take (2d=1 on a tensor that is not a weight,
+// rht=1 on a weight); the message points at the layer or at the offending option.
+qt_status recipe_resolve_role(const recipe *r, qt_role role, qt_quantizer *out);
+
+// Next role of the model; false after the last one.
+bool recipe_roles_next(const recipe *r, recipe_role_iter *iter, qt_role *role,
+                      uint32_t *layer_index);
+// Number of roles of the model (3 per linear, 9 per moe layer).
+size_t recipe_roles_count(const recipe *r);
+
+// Fails on the first rule of the file that matches no role of the model (naming the rule and
+// the model's roles), then resolves every role of the model and fails on the first that does not
+// resolve.
+qt_status recipe_check_roles(const recipe *r);
+// The same, listing each role and its quantizer in out[0 .. *out_count).
+qt_status recipe_resolve_roles(const recipe *r, qt_role_quantizer *out, size_t out_max,
+                              size_t *out_count);
 
 #endif  // QT_RECIPE_H

@@ -1,10 +1,9 @@
-#include "rules.h"
+#include "recipes/rules.h"
 
 #include <stdarg.h>
 #include <stdio.h>   // snprintf, vsnprintf
 #include <string.h>
 
-#include "recipe.h"  // recipe, recipe_rule_parse, recipe_fail_at, recipe_layer_find
 
 #define BIT(scheme) (1u << (scheme))
 #define ARRAY_COUNT(a) (sizeof(a) / sizeof((a)[0]))
@@ -245,7 +244,7 @@ static qt_format format_of(const qt_quantizer *q) {
 }
 
 // The derived fields, once the options are final.
-static void quantizer_finish(qt_quantizer *q) {
+void rules_quantizer_finish(qt_quantizer *q) {
     q->rht_mask = q->rht ? (uint16_t)RULES_RHT_MASK : 0;
     q->format = format_of(q);
 }
@@ -278,7 +277,7 @@ qt_quantizer rules_scheme_defaults(qt_scheme scheme, qt_tensor_type tensor_type)
         break;
     case QT_SCHEME_COUNT: break;
     }
-    quantizer_finish(&q);
+    rules_quantizer_finish(&q);
     return q;
 }
 
@@ -290,233 +289,4 @@ size_t rules_builtin_count(qt_scheme scheme) {
 const char *rules_builtin_text(qt_scheme scheme, size_t index) {
     QT_ASSERT(index < rules_builtin_count(scheme));
     return builtins[scheme].rules[index];
-}
-
-// A built-in rule, parsed. The lists are constants that test_recipe parses one by one, so a
-// failure here is a programmer error.
-static void builtin_rule(qt_scheme scheme, size_t index, qt_rule *rule) {
-    const char *text = rules_builtin_text(scheme, index);
-    qt_status status = recipe_rule_parse(text, strlen(text), "built-in", (uint32_t)index + 1, 1,
-                                         rule);
-    QT_ASSERT(status == QT_OK);
-    rule->line = 0;
-}
-
-// The position of the layer that owns a role: the name up to its first '.'.
-static const recipe_layer *role_layer(const recipe *r, const qt_role *role) {
-    const char *dot = strchr(role->name, '.');
-    size_t bytes = dot ? (size_t)(dot - role->name) : strlen(role->name);
-    return recipe_layer_find(r, role->name, bytes);
-}
-
-// Fails at the option's position in the file, or, for a built-in rule, at the role's layer.
-static qt_status fail_option(const recipe *r, const qt_rule *rule, qt_rule_option opt,
-                             const qt_role *role, const char *what) {
-    char role_text[96];
-    rules_role_format(role, role_text, sizeof role_text);
-    uint32_t line = rule->line, col = rule->option_col[opt];
-    const recipe_layer *l = role_layer(r, role);
-    if (line == 0 && l != NULL) {
-        line = l->line;
-        col = l->col;
-    }
-    return recipe_fail_at(QT_ERR_INPUT, r->file_name, line, col, "unsupported combination: %s, "
-                          "found on %s (rule %s.%s@%s)", what, role_text, rule->module_glob,
-                          rule->tensor_glob, rule->name_glob);
-}
-
-// A matched rule applied to a role: the scheme's defaults for the tensor type, the rule's options
-// over them, then the checks that need the role.
-static qt_status rule_apply(const recipe *r, const qt_rule *rule, uint32_t index,
-                            const qt_role *role, qt_quantizer *out) {
-    qt_quantizer q = rules_scheme_defaults(rule->scheme, role->tensor_type);
-    const qt_quantizer *v = &rule->values;
-    uint32_t set = rule->set;
-    if (set & (1u << QT_OPTION_ELEM)) q.elem = v->elem;
-    if (set & (1u << QT_OPTION_MARGIN)) q.margin = v->margin;
-    if (set & (1u << QT_OPTION_HISTORY)) q.history_len = v->history_len;
-    if (set & (1u << QT_OPTION_ALGO)) q.amax_algo = v->amax_algo;
-    if (set & (1u << QT_OPTION_POW2)) q.pow2 = v->pow2;
-    if (set & (1u << QT_OPTION_EPS)) q.amax_eps = v->amax_eps;
-    if (set & (1u << QT_OPTION_SR)) q.sr = v->sr;
-    if (set & (1u << QT_OPTION_2D)) q.two_d = v->two_d;
-    if (set & (1u << QT_OPTION_RHT)) q.rht = v->rht;
-    quantizer_finish(&q);
-    q.rule_line = rule->line;
-    q.rule_index = index;
-    // 2-D tiles serve W and its transpose alike; activations and
-    // gradients are 1-D in every reference recipe, and 2-D x 2-D block GEMMs are refused there.
-    if (q.two_d && role->tensor_type != QT_TENSOR_WEIGHT) {
-        return fail_option(r, rule, QT_OPTION_2D, role, "2d=1 applies to weights");
-    }
-    // RHT cancels only in the wgrad GEMM, whose operands are the columnwise copies of input and
-    // grad_output; a weight's columnwise copy feeds dgrad, where it would not.
-    if (q.rht && role->tensor_type == QT_TENSOR_WEIGHT) {
-        return fail_option(r, rule, QT_OPTION_RHT, role,
-                           "rht=1 applies to input and grad_output (the wgrad operands)");
-    }
-    *out = q;
-    return QT_OK;
-}
-
-static qt_status unresolved(const recipe *r, const qt_role *role) {
-    char role_text[96], tried[640];
-    rules_role_format(role, role_text, sizeof role_text);
-    size_t used = 0;
-    tried[0] = '\0';
-    for (uint32_t i = 0; i < r->quant.rules_count; i++) {
-        const qt_rule *rule = &r->quant.rules[i];
-        if (used + 160 > sizeof tried) {
-            append(tried, sizeof tried, &used, ", ... (%u rules in all)", r->quant.rules_count);
-            break;
-        }
-        append(tried, sizeof tried, &used, "%s%s.%s@%s (line %u)", i == 0 ? "" : ", ",
-               rule->module_glob, rule->tensor_glob, rule->name_glob, rule->line);
-    }
-    if (r->quant.rules_count == 0) append(tried, sizeof tried, &used, "no rules of the file");
-    char builtin_text[64];
-    if (r->quant.has_builtin) {
-        snprintf(builtin_text, sizeof builtin_text, "the built-in recipe %s",
-                 rules_scheme_name(r->quant.builtin));
-    } else {
-        snprintf(builtin_text, sizeof builtin_text, "no built-in rules (recipe = none)");
-    }
-    const recipe_layer *l = role_layer(r, role);
-    if (l == NULL) {  // a role the caller made up: there is no layer to point at
-        return qt_fail(QT_ERR_INPUT, "%s: no rule matches role %s; expected a rule for it, "
-                       "tried %s and %s", r->file_name, role_text, tried, builtin_text);
-    }
-    return recipe_fail_at(QT_ERR_INPUT, r->file_name, l->line, l->col, "no rule matches role %s; "
-                          "expected a rule for it, tried %s and %s", role_text, tried,
-                          builtin_text);
-}
-
-qt_status rules_resolve(const recipe *r, qt_role role, qt_quantizer *out) {
-    QT_ASSERT(r != NULL && out != NULL);
-    QT_ASSERT((unsigned)role.module_type < QT_MODULE_COUNT);
-    QT_ASSERT((unsigned)role.tensor_type < QT_TENSOR_COUNT);
-    QT_ASSERT(memchr(role.name, '\0', sizeof role.name) != NULL);
-    for (uint32_t i = 0; i < r->quant.rules_count; i++) {
-        if (rules_match(&r->quant.rules[i], &role)) {
-            return rule_apply(r, &r->quant.rules[i], i, &role, out);
-        }
-    }
-    if (r->quant.has_builtin) {
-        for (size_t i = 0; i < rules_builtin_count(r->quant.builtin); i++) {
-            qt_rule rule;
-            builtin_rule(r->quant.builtin, i, &rule);
-            if (rules_match(&rule, &role)) return rule_apply(r, &rule, (uint32_t)i, &role, out);
-        }
-    }
-    return unresolved(r, &role);
-}
-
-// ---------------------------------------------------------------------------------------------
-// The roles of a model
-
-static uint32_t layer_roles(const recipe_layer *l) {
-    if (l->kind == RECIPE_LAYER_LINEAR) return 3;
-    if (l->kind == RECIPE_LAYER_MOE) return 9;
-    return 0;
-}
-
-bool rules_roles_next(const recipe *r, rules_role_iter *iter, qt_role *role,
-                      uint32_t *layer_index) {
-    QT_ASSERT(r != NULL && iter != NULL && role != NULL);
-    static const char *const moe_gemms[3] = {"router", "fc1", "fc2"};
-    while (iter->layer_index < r->model.layers_count) {
-        const recipe_layer *l = &r->model.layers[iter->layer_index];
-        if (iter->role_index >= layer_roles(l)) {
-            iter->layer_index++;
-            iter->role_index = 0;
-            continue;
-        }
-        uint32_t gemm = iter->role_index / 3;
-        memset(role, 0, sizeof *role);
-        role->tensor_type = (qt_tensor_type)(iter->role_index % 3);
-        if (l->kind == RECIPE_LAYER_LINEAR) {
-            role->module_type = QT_MODULE_LINEAR;
-            snprintf(role->name, sizeof role->name, "%s", l->name);
-        } else {
-            role->module_type = gemm == 0 ? QT_MODULE_ROUTER : QT_MODULE_GROUPED_LINEAR;
-            snprintf(role->name, sizeof role->name, "%s.%s", l->name, moe_gemms[gemm]);
-        }
-        if (layer_index != NULL) *layer_index = iter->layer_index;
-        iter->role_index++;
-        return true;
-    }
-    return false;
-}
-
-size_t rules_roles_count(const recipe *r) {
-    QT_ASSERT(r != NULL);
-    size_t count = 0;
-    for (uint32_t i = 0; i < r->model.layers_count; i++) count += layer_roles(&r->model.layers[i]);
-    return count;
-}
-
-// A rule of the file that matches no role of the model is a mistake (a misspelt layer name, a
-// layer that was removed) that would otherwise pass silently while another rule quantizes the
-// layer it meant.
-static qt_status rules_check_used(const recipe *r) {
-    for (uint32_t i = 0; i < r->quant.rules_count; i++) {
-        const qt_rule *rule = &r->quant.rules[i];
-        rules_role_iter iter = {0, 0};
-        qt_role role;
-        bool used = false;
-        while (!used && rules_roles_next(r, &iter, &role, NULL)) used = rules_match(rule, &role);
-        if (used) continue;
-        char roles[512];
-        size_t n = 0;
-        roles[0] = '\0';
-        iter = (rules_role_iter){0, 0};
-        while (rules_roles_next(r, &iter, &role, NULL)) {
-            if (role.tensor_type != QT_TENSOR_INPUT) continue;  // one entry per GEMM
-            if (n + 80 > sizeof roles) {
-                append(roles, sizeof roles, &n, ", ...");
-                break;
-            }
-            append(roles, sizeof roles, &n, "%s%s.*@%s", n ? ", " : "",
-                   rules_module_type_name(role.module_type), role.name);
-        }
-        return recipe_fail_at(QT_ERR_INPUT, r->file_name, rule->line, rule->col, "rule %s.%s@%s "
-                              "-> %s matches no role of the model; expected a pattern that "
-                              "matches one of its roles (%s), or no such rule",
-                              rule->module_glob, rule->tensor_glob, rule->name_glob,
-                              rules_scheme_name(rule->scheme), roles);
-    }
-    return QT_OK;
-}
-
-qt_status rules_check_model(const recipe *r) {
-    QT_ASSERT(r != NULL);
-    QT_TRY(rules_check_used(r));
-    rules_role_iter iter = {0, 0};
-    qt_role role;
-    while (rules_roles_next(r, &iter, &role, NULL)) {
-        qt_quantizer q;
-        QT_TRY(rules_resolve(r, role, &q));
-    }
-    return QT_OK;
-}
-
-qt_status rules_resolve_model(const recipe *r, qt_role_quantizer *out, size_t out_max,
-                              size_t *out_count) {
-    QT_ASSERT(r != NULL && out_count != NULL && (out != NULL || out_max == 0));
-    rules_role_iter iter = {0, 0};
-    qt_role role;
-    uint32_t layer_index;
-    *out_count = 0;
-    while (rules_roles_next(r, &iter, &role, &layer_index)) {
-        if (*out_count == out_max) {
-            return qt_fail(QT_ERR_CAPACITY, "%s: the model has %zu roles; the table given holds "
-                           "%zu", r->file_name, rules_roles_count(r), out_max);
-        }
-        qt_role_quantizer *entry = &out[*out_count];
-        entry->role = role;
-        entry->layer_index = layer_index;
-        QT_TRY(rules_resolve(r, role, &entry->quantizer));
-        (*out_count)++;
-    }
-    return QT_OK;
 }

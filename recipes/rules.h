@@ -1,10 +1,11 @@
-// rules: quantizer roles, quantization rules, the built-in recipes and role resolution.
+// rules: quantizer roles, quantization rules, the built-in recipes, matching.
 //
 // Owns the built-in rule lists (const text, for the whole program) and nothing else: rules live in
 // the caller's `recipe` (recipes/recipe.h), quantizers in the caller's storage. Pure functions of
-// their arguments; any thread may call them. Callers: recipe_parse (which checks that every role
-// of the model resolves, so later stages never see an unresolved role), runtime/model (which asks
-// for the quantizer of each role it builds) and `qtrain plan` (which prints them).
+// their arguments; any thread may call them. They read no recipe: resolving a model's roles
+// through a parsed recipe's rules is the recipe's (recipe_resolve_role and the rest in
+// recipes/recipe.h), which recipe_parse runs over every role, so later stages never see an
+// unresolved role.
 //
 // A role names one quantized tensor of one GEMM:
 //
@@ -21,7 +22,7 @@
 //   linear.weight@fc* -> delayed margin=0 history=1024 algo=max
 //
 // Resolution: the recipe's own rules in file order, then the rules of its built-in recipe; the
-// first match wins. Every rule of the file must match some role of the model (rules_check_model).
+// first match wins. Every rule of the file must match some role of the model (recipe_check_roles).
 // Options a rule leaves out take the scheme's defaults for the role's tensor
 // type (rules_scheme_defaults), which are exactly the built-in recipe of the same name, so
 // `-> nvfp4` gives a weight 2-D blocks and a gradient RHT and stochastic rounding.
@@ -32,10 +33,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "format.h"  // qt_format, qt_elem
-#include "status.h"  // qt_status
+#include "recipes/format.h"       // qt_format, qt_elem
+#include "runtime/base/status.h"  // qt_status
 
-typedef struct recipe recipe;  // recipes/recipe.h
 
 // Role names are layer paths: a layer name (RECIPE_NAME_MAX - 1 bytes at most) plus a suffix of at
 // most 7 bytes (".router").
@@ -132,19 +132,12 @@ typedef struct qt_rule {
     uint32_t option_col[QT_OPTION_COUNT];  // column of each option given, for later errors
 } qt_rule;
 
-// One resolved role of a model, as rules_resolve_model lists them.
+// One resolved role of a model, as recipe_resolve_roles lists them.
 typedef struct qt_role_quantizer {
     qt_role role;
     qt_quantizer quantizer;
     uint32_t layer_index;     // the layer in recipe.model.layers that owns the GEMM
 } qt_role_quantizer;
-
-// Walks the roles of a model in a fixed order: layers in file order; per layer its GEMMs (linear:
-// itself; moe: router, fc1, fc2); per GEMM input, weight, grad_output. Start from {0}.
-typedef struct rules_role_iter {
-    uint32_t layer_index;
-    uint32_t role_index;      // within the layer
-} rules_role_iter;
 
 const char *rules_scheme_name(qt_scheme scheme);
 const char *rules_module_type_name(qt_module_type module_type);
@@ -165,31 +158,14 @@ void rules_quantizer_format(const qt_quantizer *q, char *buf, size_t buf_bytes);
 bool rules_option_applies(qt_rule_option opt, qt_scheme scheme);
 const char *rules_option_schemes(qt_rule_option opt, char *buf, size_t buf_bytes);
 
+// Derives what follows from a quantizer's options: its format and its RHT sign mask.
+void rules_quantizer_finish(qt_quantizer *q);
+
 // The scheme's defaults for one tensor type (the built-in recipe's values), with format derived.
 qt_quantizer rules_scheme_defaults(qt_scheme scheme, qt_tensor_type tensor_type);
 
 // Built-in recipe `scheme` as rule text, e.g. "*.weight@* -> nvfp4 2d=1 rht=0 sr=0".
 size_t rules_builtin_count(qt_scheme scheme);
 const char *rules_builtin_text(qt_scheme scheme, size_t index);
-
-// The quantizer of one role: the recipe's rules, then its built-in recipe; first match wins.
-// Fails (QT_ERR_INPUT) if no rule matches, listing the role and the rules tried, or if the rule
-// that matched gives the role an option it cannot take (2d=1 on a tensor that is not a weight,
-// rht=1 on a weight); the message points at the layer or at the offending option.
-qt_status rules_resolve(const recipe *r, qt_role role, qt_quantizer *out);
-
-// Next role of the model; false after the last one.
-bool rules_roles_next(const recipe *r, rules_role_iter *iter, qt_role *role,
-                      uint32_t *layer_index);
-// Number of roles of the model (3 per linear, 9 per moe layer).
-size_t rules_roles_count(const recipe *r);
-
-// Fails on the first rule of the file that matches no role of the model (naming the rule and
-// the model's roles), then resolves every role of the model and fails on the first that does not
-// resolve.
-qt_status rules_check_model(const recipe *r);
-// The same, listing each role and its quantizer in out[0 .. *out_count).
-qt_status rules_resolve_model(const recipe *r, qt_role_quantizer *out, size_t out_max,
-                              size_t *out_count);
 
 #endif  // QT_RULES_H

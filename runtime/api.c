@@ -3,18 +3,18 @@
 // between the public structs and the internal ones. Every function the library exports is here
 // (or is one of status.c's two), and each checks its handle and its place in the lifecycle
 // before it touches anything, so a misuse is a status, not a crash.
-#include "qtrain.h"
+#include "runtime/qtrain.h"
 
 #include <inttypes.h>
 #include <math.h>    // isfinite
 #include <string.h>
 
-#include "export.h"      // export_safetensors
-#include "gemm_tier.h"   // gemm_tier_describe
-#include "infer_out.h"   // infer_out_logits, infer_out_classes
-#include "input_file.h"  // input_file_read: the recipe, a regular file
-#include "pool.h"        // pool_threads: the reference backend's threads
-#include "run.h"
+#include "runtime/run/export.h"         // export_safetensors
+#include "runtime/backend/gemm_tier.h"  // gemm_tier_describe
+#include "runtime/io/infer_out.h"       // infer_out_logits, infer_out_classes
+#include "runtime/base/input_file.h"    // input_file_read: the recipe, a regular file
+#include "runtime/base/pool.h"          // pool_threads: the reference backend's threads
+#include "runtime/run/run.h"
 
 #define API_RUNTIME_MAGIC 0x51545254u  // "QTRT" while open
 #define API_DEVICE_MAGIC 0x51544456u   // "QTDV" while open
@@ -206,7 +206,8 @@ void qt_device_describe(const qt_device *d, qt_device_info *out) {
     out->free_bytes = info->free_bytes;
     out->threads = pool_threads();
     if (!out->gpu) return;
-    snprintf(out->gemm_tier, sizeof out->gemm_tier, "%s", gemm_tier_describe(b));
+    gemm_tier_device tier = backend_gemm_device(b);
+    snprintf(out->gemm_tier, sizeof out->gemm_tier, "%s", gemm_tier_describe(&tier));
     out->kernels = KERNEL_COUNT;
     out->modules = MODULE_COUNT;
     for (int k = 0; k < KERNEL_COUNT; k++) {
@@ -224,7 +225,7 @@ qt_status qt_device_kernel(const qt_device *d, uint32_t index, qt_kernel_info *o
     }
     const kernel_attributes *a = &b->modules.attributes[index];
     out->symbol = kernel_table[index].symbol;
-    out->module = module_names[kernel_table[index].module];
+    out->module = modules_name(kernel_table[index].module);
     out->loaded = modules_loaded(&b->modules, (kernel_id)index);
     out->registers = a->registers;
     out->static_smem_bytes = a->static_smem_bytes;
@@ -320,9 +321,25 @@ static qt_status api_options(qt_runtime *rt, const qt_options *o, run_options *r
     }
     for (int mode = 0; mode < QT_MODE_COUNT; mode++) ro->modes[mode] = o->modes[mode];
     ro->inputs = o->inputs == QT_INPUTS_U8 ? DATA_INPUT_U8 : DATA_INPUT_F32;
+    ro->rank = o->rank;
+    ro->world = o->world;
+    ro->nccl_id = o->parallel_id;
     ro->interrupt = &rt->stop;
     ro->fill = api_fill;
     ro->fill_ctx = rt;
+    return QT_OK;
+}
+
+qt_status qt_parallel_id(void *out, size_t bytes) {
+    if (!out || bytes < QT_PARALLEL_ID_BYTES) {
+        return qt_fail(QT_ERR_INPUT, "qt_parallel_id: %zu bytes; expected %d",
+                       out ? bytes : 0, QT_PARALLEL_ID_BYTES);
+    }
+    QT_STATIC_ASSERT(QT_PARALLEL_ID_BYTES == sizeof(ncclUniqueId), "the id is NCCL's");
+    QT_TRY(nccl_load());
+    ncclUniqueId id;
+    QT_NCCL(ncclGetUniqueId(&id));
+    memcpy(out, &id, sizeof id);
     return QT_OK;
 }
 

@@ -198,7 +198,22 @@ typedef struct qt_options {
     float inject_value;
     bool modes[QT_MODE_COUNT];  // programs to build beyond the schedule's (qt_step_mode, qt_infer)
     qt_inputs inputs;           // pushed inputs' type when the recipe names no data source
+    // Data parallelism: this runtime is rank `rank` of `world` processes (0 or 1: alone), each on
+    // GPU `rank` (qt_device_open's ordinal), that train one model on their shares of every batch
+    // (the recipe's batch is the global batch, a multiple of world) and meet through NCCL under
+    // `parallel_id` (QT_PARALLEL_ID_BYTES from qt_parallel_id, the same for every rank). Only
+    // qt_measure and qt_plan are possible without parallel_id (a rank's plan). Several ranks
+    // refuse infer rows, infer_input, from_path and a schedule without train rows; their
+    // checkpoints (rank 0 writes them) are those of the run on one GPU, and resume on any count.
+    uint32_t rank, world;
+    const void *parallel_id;
 } qt_options;
+
+#define QT_PARALLEL_ID_BYTES 128
+// The id under which the ranks of one data-parallel run meet (NCCL's unique id): made once by
+// the process that starts them and given to each. Loads NCCL (QT_ERR_NO_DRIVER naming the places
+// tried when it cannot).
+QT_API qt_status qt_parallel_id(void *out, size_t bytes);
 
 // Measures the run (options NULL: all defaults): reads the data files' headers, builds the
 // schedule table and plans the model and every program once with counting tables, which store

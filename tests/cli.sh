@@ -513,6 +513,36 @@ else
     echo "FAIL cli_memory_checked_before_allocation:$bad"
     exit 1
 fi
+# --gpus: what every rank would refuse is said once by the launcher, before any worker starts
+# (no GPU needed); plan --gpus prints every rank's arena, each holding part of the masters and
+# moments; the workers' own flags need each other.
+bad=""
+"$qtrain" run "$tiny" --gpus 3 > "$dir/out" 2>&1
+[ $? -eq 1 ] && grep -q 'batch 16 is the global batch of 3 GPUs.*divisible by 3 (e.g. 18)' \
+    "$dir/out" || bad="$bad [batch: $(tail -1 "$dir/out")]"
+"$qtrain" run "$tiny" --gpus 2 --ref > "$dir/out" 2>&1
+[ $? -eq 2 ] && grep -q 'drop one of them' "$dir/out" || bad="$bad [--ref: $(tail -1 "$dir/out")]"
+"$qtrain" run "$tiny" --gpus 0 > "$dir/out" 2>&1
+[ $? -eq 2 ] || bad="$bad [--gpus 0 taken]"
+"$qtrain" run "$tiny" --rank 1 > "$dir/out" 2>&1
+[ $? -eq 2 ] && grep -q 'needs --world and --parallel-id' "$dir/out" ||
+    bad="$bad [--rank alone: $(tail -1 "$dir/out")]"
+"$qtrain" plan "$tiny" --gpus 2 --summary > "$dir/out" 2>&1
+rc=$?
+mib() { sed -n "s/^  $1 .* $2 \([0-9.]*\) .*/\1/p" "$dir/out"; }
+[ $rc -eq 0 ] && grep -q '^rank 0 of 2 GPUs:' "$dir/out" && grep -q '^  rank 1 ' "$dir/out" &&
+    grep -q '(batch 8)' "$dir/out" && grep -q '^  one GPU .*(batch 16)' "$dir/out" ||
+    bad="$bad [plan --gpus: exit $rc]"
+"$qtrain" plan recipes/bench/resmlp_current_b16k.recipe --gpus 2 --summary > "$dir/out" 2>&1
+r0=$(mib 'rank 0' optim) r1=$(mib 'rank 1' optim) one=$(mib 'one GPU' optim)
+awk "BEGIN { exit !($r0 < $one && $r1 < $one && $r0 + $r1 >= $one * 0.999) }" 2>/dev/null ||
+    bad="$bad [moments per rank: $r0 + $r1 of $one MiB]"
+if [ -z "$bad" ]; then
+    echo "PASS cli_gpus_refusals_and_plan"
+else
+    echo "FAIL cli_gpus_refusals_and_plan:$bad"
+    exit 1
+fi
 # Invisible characters in quoted text are shown escaped.
 printf '\357\273\277[model]\ninput = 4\n' > "$dir/bom.recipe"
 printf '[model]\ninput\302\240= 4\n' > "$dir/nbsp.recipe"

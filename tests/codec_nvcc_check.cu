@@ -1,8 +1,8 @@
 // codec_nvcc_check: compile-only proof that ptx/qt_codec.h and ptx/qt_math.h build as device code
 // under nvcc (-fmad=false, warnings as errors) and that every function is callable from a kernel.
 // Built by `ninja build/tests/codec_nvcc_check.o`; never linked or launched.
-#include "qt_codec.h"
-#include "qt_math.h"
+#include "ptx/qt_codec.h"
+#include "ptx/qt_math.h"
 
 __global__ void codec_nvcc_check(const float *in, float *out, uint8_t *codes, uint16_t *halves) {
     const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;

@@ -35,17 +35,8 @@ doc_text() {
 }
 text=$(doc_text)
 
-report() {
-    name=$1
-    hits=$2
-    if [ -n "$hits" ]; then
-        echo "FAIL docs_$name:"
-        echo "$hits" | head -10 | sed 's/^/  /'
-        status=1
-    else
-        echo "PASS docs_$name"
-    fi
-}
+report_prefix=docs_
+. tests/report.sh
 
 # A path exists: a file or folder, a glob or {a,b} list that matches, or a name whose
 # extension was left out.
@@ -91,9 +82,9 @@ for p in $paths; do
 done
 report paths_exist "$(printf '%s' "$missing" | sed '/^$/d')"
 
-# Names of documents that tools write (not documents cited): bench_step.md is the table
-# tools/bench_step.sh produces.
-generated_md="bench_step.md"
+# Names of documents that tools write (not documents cited): bench_step.md and bench_dp.md are
+# the tables tools/bench_step.sh and tools/bench_dp.sh produce.
+generated_md="bench_step.md bench_dp.md"
 outside=""
 mds=$(echo "$text" | sed 's/^[^:]*:[0-9]*: //' | grep -aoE '[A-Za-z0-9_./-]*\.md\b' |
     sed 's/^[./]*//' | sort -u)

@@ -47,6 +47,16 @@ static inline char *file_read(const char *path, size_t *size) {
     return data;
 }
 
+// Whether two files hold the same bytes (false when either cannot be read).
+static inline bool file_same(const char *a, const char *b) {
+    size_t na = 0, nb = 0;
+    char *x = file_read(a, &na), *y = file_read(b, &nb);
+    bool same = x && y && na == nb && memcmp(x, y, na) == 0;
+    free(x);
+    free(y);
+    return same;
+}
+
 static inline void file_write(const char *path, const void *data, size_t size) {
     FILE *f = fopen(path, "wb");
     if (f == NULL || fwrite(data, 1, size, f) != size || fclose(f) != 0) {

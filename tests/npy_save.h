@@ -1,11 +1,11 @@
-// npy_save: writes an array as an .npy file through runtime/npy.h, for the test programs.
+// npy_save: writes an array as an .npy file through runtime/io/npy.h, for the test programs.
 #ifndef QT_TEST_NPY_SAVE_H
 #define QT_TEST_NPY_SAVE_H
 
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "npy.h"
+#include "runtime/io/npy.h"
 
 // rows x cols values of dtype (rank 1: cols = 1), replacing the file; aborts on failure.
 static inline void npy_save(const char *path, npy_dtype dtype, uint32_t rank, uint64_t rows,

@@ -1,11 +1,11 @@
-// plan: a run planned as tools/qtrain plans one (runtime/run.h: run_measure, then run_plan into
+// plan: a run planned as tools/qtrain plans one (runtime/run/run.h: run_measure, then run_plan into
 // table memory of the measured size), the table memory from malloc. Test code only.
 #ifndef QT_TEST_PLAN_H
 #define QT_TEST_PLAN_H
 
 #include <stdlib.h>
 
-#include "run.h"
+#include "runtime/run/run.h"
 
 // The tables stay until the next plan: one run of a test program at a time.
 static inline qt_status test_run_plan(run *r, const recipe *rc, const char *text, size_t bytes,

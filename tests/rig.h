@@ -9,11 +9,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
+#include "runtime/backend/backend.h"
 
-// Tables of test programs and arenas (runtime/program.h, arena/arena.h) are sized generously
-// instead of from a model: RIG_OPS ops, RIG_REGIONS regions, from malloc, one allocation per
-// program or arena variable (keyed by its address), reused by every later init of that variable
+// Tables of test programs and arenas (runtime/program/program.h, arena/arena.h) are sized
+// generously instead of from a model: RIG_OPS ops, RIG_REGIONS regions, from malloc, one allocation
+// per program or arena variable (keyed by its address), reused by every later init of that variable
 // and kept until its rig closes.
 #define RIG_OPS 2048
 #define RIG_REGIONS 2048

@@ -3,8 +3,8 @@
 # runtime/qtrain.h declares with QT_API (each starts with qt_), no object of the archive holds
 # writable static data but the process's two shared services, so that runtimes share nothing
 # else, and the CLI includes no internal header. The two: the driver's entry-point table, filled
-# once per process (runtime/driver.c), and the reference backend's thread pool with its
-# per-thread GEMM scratch (runtime/pool.c, runtime/ref_gemm.c), whose callers take turns and
+# once per process (runtime/driver/driver.c), and the reference backend's thread pool with its
+# per-thread GEMM scratch (runtime/base/pool.c, runtime/ref/ref_gemm.c), whose callers take turns and
 # whose results do not depend on the thread that computes them.
 # Usage: symbols.sh build/libqtrain.so build/libqtrain.a
 so=${1:?usage: symbols.sh LIBRARY.so LIBRARY.a}
@@ -45,17 +45,19 @@ writable=$(objdump -t "$archive" | awk '
     /^[^ ]+\.o:/ { object = $1 }
     $3 == "O" && ($4 ~ /^\.(data|bss)(\.|$)/) && $4 !~ /rel\.ro/ { print object " " $NF }')
 allowed='^(driver\.o: (drv|driver_once|driver_status|driver_message)|pool\.o: pool|'
+allowed="${allowed}nccl_lib\.o: (nccl|nccl_once|nccl_status|nccl_message|nccl_found)|"
 allowed="${allowed}ref_gemm\.o: ref_gemm_scratch_of)\$"
 unexpected=$(echo "$writable" | grep . | grep -Ev "$allowed")
 seen=$(echo "$writable" | grep -Ec "$allowed")
-if [ -n "$unexpected" ] || [ "$seen" -ne 6 ]; then
+if [ -n "$unexpected" ] || [ "$seen" -ne 11 ]; then
     echo "FAIL library_has_no_shared_mutable_state:"
     [ -n "$unexpected" ] && echo "$unexpected" | sed 's/^/  writable static: /'
-    [ "$seen" -ne 6 ] &&
-        echo "  expected the driver's 4 once-written statics and the pool's 2, read $seen"
+    [ "$seen" -ne 11 ] &&
+        echo "  expected the driver's 4 and NCCL's 5 once-written statics and the pool's 2," \
+            "read $seen"
     status=1
 else
-    echo "PASS library_has_no_shared_mutable_state (the driver's table and the thread pool alone)"
+    echo "PASS library_has_no_shared_mutable_state (the driver's and NCCL's tables and the thread pool alone)"
 fi
 # The CLI is the API's first client: of the library's headers it includes runtime/qtrain.h alone
 # (plot.h and bench_main.h are tools/ headers that name those commands' entry points).

@@ -1,5 +1,5 @@
-// Tests of the act family (ptx/act.cu, its C twins runtime/ref_act.c, the builders
-// runtime/op_act.c): activations, RMSNorm, residual add, softmax cross-entropy, MSE and the
+// Tests of the act family (ptx/act.cu, its C twins runtime/ref/ref_act.c, the builders
+// runtime/ops/op_act.c): activations, RMSNorm, residual add, softmax cross-entropy, MSE and the
 // global gradient norm.
 //
 // CPU: every op runs as a program on the reference backend and is checked against a
@@ -14,10 +14,10 @@
 #include <math.h>
 #include <stddef.h>  // offsetof
 
-#include "op_act.h"
-#include "op_quant_fp8.h"  // op_fp8_amax_zero
-#include "rig.h"
-#include "test.h"
+#include "runtime/ops/op_act.h"
+#include "runtime/ops/op_quant_fp8.h"  // op_fp8_amax_zero
+#include "tests/rig.h"
+#include "tests/test.h"
 
 #define T_U 0x1p-24       // FP32 unit roundoff
 #define T_U_BF16 0x1p-8   // BF16 unit roundoff (8 significant bits)

@@ -10,12 +10,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "qtrain.h"
+#include "runtime/qtrain.h"
 
-#include "driver.h"    // drv: device memory the GPU cases give as an arena
-#include "files.h"     // tmp_dir_make, tmp_path, file_read
-#include "npy_save.h"  // npy_save
-#include "test.h"
+#include "runtime/driver/driver.h"  // drv: device memory the GPU cases give as an arena
+#include "tests/files.h"            // tmp_dir_make, tmp_path, file_read
+#include "tests/npy_save.h"         // npy_save
+#include "tests/test.h"
 
 // ---------------------------------------------------------------------------------------------
 // A runtime with everything it needs, in memory of the test's own

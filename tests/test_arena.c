@@ -7,8 +7,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "arena.h"
-#include "test.h"
+#include "arena/arena.h"
+#include "tests/test.h"
 
 #define NEVER_USED INT32_MAX, -1  // first_op > last_op: a transient region not used yet
 

@@ -1,4 +1,4 @@
-// Checkpoints (runtime/checkpoint.h) and their export (runtime/export.h): a run stopped at
+// Checkpoints (runtime/run/checkpoint.h) and their export (runtime/run/export.h): a run stopped at
 // every kind of schedule position, saved and resumed gives the uninterrupted run's trace and
 // final state with every scheme (reference backend, and the GPU when there is one); saves change
 // nothing; damaged and foreign files are refused with a message naming the field; a writer
@@ -10,11 +10,11 @@
 #include <sys/wait.h>  // waitpid
 #include <unistd.h>    // fork, _exit, unlink
 
-#include "driver.h"  // driver_sync_total
-#include "export.h"
-#include "plan.h"   // test_run_plan
-#include "run.h"
-#include "test.h"
+#include "runtime/driver/driver.h"  // driver_sync_total
+#include "runtime/run/export.h"
+#include "tests/plan.h"             // test_run_plan
+#include "runtime/run/run.h"
+#include "tests/test.h"
 
 #define RECIPE_TEXT_MAX 8192
 #define RESUME_RECIPE "tests/recipes/synthetic_resume.recipe"
@@ -697,7 +697,7 @@ static void kill_hook(void *ctx, ckpt_phase phase, uint64_t bytes) {
 }
 
 // Saves the bound run to path in a child killed at the point; true when it was killed. The
-// child's temporary file is path.tmp-PID (runtime/atomic_file.h): its name goes to tmp.
+// child's temporary file is path.tmp-PID (runtime/io/atomic_file.h): its name goes to tmp.
 static bool save_killed(const char *path, kill_point point, char *tmp, size_t tmp_bytes) {
     fflush(stdout);
     pid_t pid = fork();

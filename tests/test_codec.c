@@ -12,11 +12,11 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "format.h"    // qt_format_table, qt_format_get, qt_format_from_name
-#include "gemm.h"      // GEMM_FORMAT_*
-#include "qt_codec.h"  // the converters under test
-#include "qt_math.h"   // the transcendentals under test
-#include "test.h"
+#include "recipes/format.h"  // qt_format_table, qt_format_get, qt_format_from_name
+#include "ptx/gemm.h"        // GEMM_FORMAT_*
+#include "ptx/qt_codec.h"    // the converters under test
+#include "ptx/qt_math.h"     // the transcendentals under test
+#include "tests/test.h"
 
 #ifndef SWEEP_THREADS
 #define SWEEP_THREADS 2  // the test budget assumes two cores

@@ -3,9 +3,9 @@
 // compared bit for bit.
 #include <math.h>
 
-#include "op_core.h"
-#include "rig.h"
-#include "test.h"
+#include "runtime/ops/op_core.h"
+#include "tests/rig.h"
+#include "tests/test.h"
 
 static void test_philox_known_answers(void) {
     test_begin("philox4x32_10_known_answers");

@@ -1,4 +1,4 @@
-// test_data: datasets and batches (runtime/data.c).
+// test_data: datasets and batches (runtime/io/data.c).
 //
 // IDX files written by the test (plain, gzip, multi-member gzip) probe to exact sizes and load to
 // exact bytes; .npy pairs load like them (uint8 features, labels of every integer type) or as
@@ -16,12 +16,12 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "data.h"
-#include "npy_save.h"  // npy_save: .npy sources
-#include "op_sched.h"  // op_sched_stage_u8
-#include "pool.h"      // pool_start, pool_stop: ranges on 1 and 3 threads
-#include "rig.h"
-#include "test.h"
+#include "runtime/io/data.h"
+#include "tests/npy_save.h"        // npy_save: .npy sources
+#include "runtime/ops/op_sched.h"  // op_sched_stage_u8
+#include "runtime/base/pool.h"     // pool_start, pool_stop: ranges on 1 and 3 threads
+#include "tests/rig.h"
+#include "tests/test.h"
 
 static char tmp_dir[64];
 

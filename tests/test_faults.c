@@ -10,11 +10,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "driver.h"  // drv
-#include "files.h"   // tmp_dir_make, tmp_path, file_read, command_output
-#include "plan.h"    // test_run_plan
-#include "run.h"
-#include "test.h"
+#include "runtime/driver/driver.h"  // drv
+#include "tests/files.h"            // tmp_dir_make, tmp_path, file_read, command_output
+#include "tests/plan.h"             // test_run_plan
+#include "runtime/run/run.h"
+#include "tests/test.h"
 
 static run the_run;
 static recipe the_recipe;
@@ -171,6 +171,20 @@ static void check_result(const fault_result *f, const char *what) {
           (unsigned long long)f->skipped);
 }
 
+// Fault k in format i on backend b, its trace into `trace`: the run, its state and its trace
+// checked. Returns whether the run went through (its trace is then complete).
+static bool fault_case(backend *b, size_t i, size_t k, const char *trace, const char *what) {
+    fault_result f = {0};
+    qt_status s = fault_run(b, formats[i], faults[k].layer, faults[k].bits, tmp_path(trace), &f);
+    CHECK(s == QT_OK, "%s: %s", what, qt_error_message());
+    if (s == QT_OK) {
+        check_result(&f, what);
+        check_trace(tmp_path(trace), what);
+    }
+    fault_free(&f);
+    return s == QT_OK;
+}
+
 static void test_ref(void) {
     static backend b;
     backend_open_ref(&b);
@@ -183,15 +197,7 @@ static void test_ref(void) {
             snprintf(what, sizeof what, "%s, %s in %s", formats[i], faults[k].name,
                      faults[k].layer ? faults[k].layer : "the first layer");
             snprintf(trace, sizeof trace, "ref_%s_%zu.trace", formats[i], k);
-            fault_result f = {0};
-            qt_status s = fault_run(&b, formats[i], faults[k].layer, faults[k].bits,
-                                    tmp_path(trace), &f);
-            CHECK(s == QT_OK, "%s: %s", what, qt_error_message());
-            if (s == QT_OK) {
-                check_result(&f, what);
-                check_trace(tmp_path(trace), what);
-            }
-            fault_free(&f);
+            fault_case(&b, i, k, trace, what);
         }
         test_end();
     }
@@ -244,16 +250,9 @@ static void test_gpu(void) {
             snprintf(what, sizeof what, "gpu %s, %s", formats[i], faults[k].name);
             snprintf(trace, sizeof trace, "gpu_%s_%zu.trace", formats[i], k);
             snprintf(ref_trace, sizeof ref_trace, "ref_%s_%zu.trace", formats[i], k);
-            fault_result f = {0};
-            qt_status s = fault_run(&b, formats[i], faults[k].layer, faults[k].bits,
-                                    tmp_path(trace), &f);
-            CHECK(s == QT_OK, "%s: %s", what, qt_error_message());
-            if (s == QT_OK) {
-                check_result(&f, what);
-                check_trace(tmp_path(trace), what);
+            if (fault_case(&b, i, k, trace, what)) {
                 check_against_ref(tmp_path(trace), tmp_path(ref_trace), what);
             }
-            fault_free(&f);
         }
     }
     backend_close(&b);

@@ -1,4 +1,4 @@
-// GEMM tests (ptx/gemm_portable.cu, runtime/ref_gemm.c, runtime/op_gemm.c).
+// GEMM tests (ptx/gemm_portable.cu, runtime/ref/ref_gemm.c, runtime/ops/op_gemm.c).
 //
 // Each case is a Linear layer's GEMM (fprop, dgrad or wgrad) in one format, dense
 // or grouped, with its operands written here directly in the layouts of ptx/quant.h (random codes
@@ -19,11 +19,18 @@
 // CTA walks many tiles, and must reproduce the full grid's bits.
 #include <math.h>
 
-#include "gemm_tier.h"  // gemm_tier_takes
-#include "op_gemm.h"
-#include "pool.h"  // pool_start, pool_stop: the reference GEMM on one and three threads
-#include "rig.h"
-#include "test.h"
+#include "runtime/backend/gemm_tier.h"  // gemm_tier_takes
+#include "runtime/ops/op_gemm.h"
+// pool_start, pool_stop: the reference GEMM on one and three threads
+#include "runtime/base/pool.h"
+#include "tests/rig.h"
+#include "tests/test.h"
+
+// Whether the tier takes op on backend b as its settings stand.
+static bool gemm_tier_takes_op(const backend *b, const prog_op *op) {
+    gemm_tier_device tier = backend_gemm_device(b);
+    return gemm_tier_takes(&tier, op);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Random numbers (splitmix64), independent of the library's Philox so that the test data does not
@@ -948,7 +955,7 @@ static void run_case_sm90a(const tproblem *p, const uint8_t *d_ref, const uint8_
     test_begin(name);
     gpu_rig.be.gemm_tier = BACKEND_GEMM_TIER_SM90A;
     run_on(&gpu_rig, p, d);
-    bool taken = gemm_tier_takes(&gpu_rig.be, &gpu_rig.prog.ops[0]);
+    bool taken = gemm_tier_takes_op(&gpu_rig.be, &gpu_rig.prog.ops[0]);
     sm90a_cases++;
     sm90a_taken += taken;
     CHECK(taken || !p->c.want_sm90a, "the sm_90a tier did not take the GEMM");
@@ -957,7 +964,7 @@ static void run_case_sm90a(const tproblem *p, const uint8_t *d_ref, const uint8_
     CHECK(!p->c.want_scale_groups || gemm_tier_scale_groups(&args),
           "the MXFP8 scales do not come in groups by TMA");
     gpu_rig.be.gemm_tier = BACKEND_GEMM_TIER_AUTO;
-    bool auto_takes = gemm_tier_takes(&gpu_rig.be, &gpu_rig.prog.ops[0]);
+    bool auto_takes = gemm_tier_takes_op(&gpu_rig.be, &gpu_rig.prog.ops[0]);
     CHECK(p->c.want_auto == 0 || auto_takes == (p->c.want_auto > 0),
           "AUTO chose the %s tier for a GEMM of %u x %u", auto_takes ? "sm_90a" : "portable", p->m,
           p->n);

@@ -20,13 +20,13 @@
 #include <sys/wait.h>  // WEXITSTATUS
 #include <unistd.h>
 
-#include "driver.h"    // driver_sync_total
-#include "files.h"     // tmp_path, file_read, command_output
-#include "npy_save.h"
-#include "plan.h"      // test_run_plan
-#include "qt_codec.h"  // qt_bf16_to_f32, qt_f32_to_bf16
-#include "run.h"
-#include "test.h"
+#include "runtime/driver/driver.h"  // driver_sync_total
+#include "tests/files.h"            // tmp_path, file_read, command_output
+#include "tests/npy_save.h"
+#include "tests/plan.h"             // test_run_plan
+#include "ptx/qt_codec.h"           // qt_bf16_to_f32, qt_f32_to_bf16
+#include "runtime/run/run.h"
+#include "tests/test.h"
 
 static run the_run;
 static recipe the_recipe;

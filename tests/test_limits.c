@@ -1,4 +1,4 @@
-// Limits are part of the plan (runtime/run.h): the run's tables are sized from the model, so
+// Limits are part of the plan (runtime/run/run.h): the run's tables are sized from the model, so
 // every model the parser accepts plans, with every scheme: a wide first layer (whose padded
 // initialization once took an op per row), deep delayed-scaling models (once capped by the trace
 // record and by a fixed count of scaling states), layer names that read like the names qtrain
@@ -8,10 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "files.h"  // tmp_dir_make, tmp_path
-#include "plan.h"   // test_run_plan
-#include "run.h"
-#include "test.h"
+#include "tests/files.h"  // tmp_dir_make, tmp_path
+#include "tests/plan.h"   // test_run_plan
+#include "runtime/run/run.h"
+#include "tests/test.h"
 
 static run the_run;
 static recipe the_recipe;
@@ -115,6 +115,25 @@ static void deep_text(char *out, size_t bytes, uint32_t linears, uint32_t width,
 // 30 linear layers in delayed scaling: 90 quantizers (a trace record held 64, with or without a
 // trace) in 42 distinct scaling settings (at most 16 before), trained on the reference backend
 // with a trace whose header names all 90.
+// Loads, binds and runs the planned run to its end on the reference backend, then closes it
+// (the trace, when the options name one, is complete then). Returns the run's status.
+static qt_status run_planned_on_ref(sched_summary *sum) {
+    uint64_t dev = 0, host = 0;
+    run_memory_bytes(&the_run, &dev, &host);
+    void *dev_memory = aligned_alloc(256, (dev + 511) / 256 * 256);
+    void *host_memory = aligned_alloc(256, (host + 511) / 256 * 256);
+    void *data = aligned_alloc(256, (run_data_bytes(&the_run) + 511) / 256 * 256);
+    static backend b;
+    backend_open_ref(&b);
+    qt_status s = run_load(&the_run, data, run_data_bytes(&the_run));
+    if (s == QT_OK) s = run_bind(&the_run, &b, dev_memory, host_memory);
+    if (s == QT_OK) s = run_execute(&the_run, NULL, NULL, sum);
+    run_close(&the_run);
+    backend_close(&b);
+    free(dev_memory), free(host_memory), free(data);
+    return s;
+}
+
 static void test_deep_delayed(void) {
     test_begin("delayed_scaling_with_30_linear_layers_trains_with_a_trace");
     static char text[TEXT_MAX];
@@ -132,21 +151,9 @@ static void test_deep_delayed(void) {
     CHECK(the_run.model.delayed_count == 90 && the_run.model.state_count == 42,
           "%u quantizers in %u states", the_run.model.delayed_count, the_run.model.state_count);
     check_tables_exact("deep");
-    uint64_t dev = 0, host = 0;
-    run_memory_bytes(&the_run, &dev, &host);
-    void *dev_memory = aligned_alloc(256, (dev + 511) / 256 * 256);
-    void *host_memory = aligned_alloc(256, (host + 511) / 256 * 256);
-    void *data = aligned_alloc(256, (run_data_bytes(&the_run) + 511) / 256 * 256);
-    static backend b;
-    backend_open_ref(&b);
     sched_summary sum;
-    s = run_load(&the_run, data, run_data_bytes(&the_run));
-    if (s == QT_OK) s = run_bind(&the_run, &b, dev_memory, host_memory);
-    if (s == QT_OK) s = run_execute(&the_run, NULL, NULL, &sum);
+    s = run_planned_on_ref(&sum);
     CHECK(s == QT_OK, "run: %s", qt_error_message());
-    run_close(&the_run);
-    backend_close(&b);
-    free(dev_memory), free(host_memory), free(data);
     static trace_reader reader;
     s = trace_reader_open(&reader, tmp_path("deep.trace"));
     CHECK(s == QT_OK && reader.header.quantizers_count == 90 &&
@@ -339,22 +346,10 @@ static void test_repeats(void) {
         test_end();
         return;
     }
-    uint64_t dev = 0, host = 0;
-    run_memory_bytes(&the_run, &dev, &host);
-    void *dev_memory = aligned_alloc(256, (dev + 511) / 256 * 256);
-    void *host_memory = aligned_alloc(256, (host + 511) / 256 * 256);
-    void *data = aligned_alloc(256, (run_data_bytes(&the_run) + 511) / 256 * 256);
-    static backend b;
-    backend_open_ref(&b);
     sched_summary sum;
-    s = run_load(&the_run, data, run_data_bytes(&the_run));
-    if (s == QT_OK) s = run_bind(&the_run, &b, dev_memory, host_memory);
-    if (s == QT_OK) s = run_execute(&the_run, NULL, NULL, &sum);
+    s = run_planned_on_ref(&sum);
     CHECK(s == QT_OK && sum.steps[MODEL_MODE_TRAIN] == 1200 && sum.skipped == 0, "run: %s",
           qt_error_message());
-    run_close(&the_run);
-    backend_close(&b);
-    free(dev_memory), free(host_memory), free(data);
     // Modes in order: train, train, train, eval, infer, ..., then the eval pass; the learning
     // rate starts every repetition over at the warm-up's first value.
     static trace_reader reader;

@@ -1,4 +1,4 @@
-// test_memory: what the process can get (runtime/host_memory.c), which the run's memory check
+// test_memory: what the process can get (runtime/run/host_memory.c), which the run's memory check
 // compares its needs with.
 //
 // MemAvailable is read; an address-space limit (ulimit -v) and a data limit (ulimit -d) set in a
@@ -10,8 +10,8 @@
 #include <sys/wait.h>      // waitpid
 #include <unistd.h>        // fork
 
-#include "host_memory.h"
-#include "test.h"
+#include "runtime/run/host_memory.h"
+#include "tests/test.h"
 
 #define MIB (UINT64_C(1) << 20)
 

@@ -11,19 +11,19 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "driver.h"  // driver_sync_total
-#include "files.h"   // tmp_dir_make, tmp_path
-#include "npy_save.h"
-#include "op_gemm.h"
-#include "op_moe.h"
-#include "op_quant_block.h"
-#include "op_quant_fp8.h"
-#include "op_quant_mxfp8.h"
-#include "op_quant_nvfp4.h"
-#include "plan.h"  // test_run_plan
-#include "rig.h"
-#include "run.h"
-#include "test.h"
+#include "runtime/driver/driver.h"  // driver_sync_total
+#include "tests/files.h"            // tmp_dir_make, tmp_path
+#include "tests/npy_save.h"
+#include "runtime/ops/op_gemm.h"
+#include "runtime/ops/op_moe.h"
+#include "runtime/ops/op_quant_block.h"
+#include "runtime/ops/op_quant_fp8.h"
+#include "runtime/ops/op_quant_mxfp8.h"
+#include "runtime/ops/op_quant_nvfp4.h"
+#include "tests/plan.h"             // test_run_plan
+#include "tests/rig.h"
+#include "runtime/run/run.h"
+#include "tests/test.h"
 
 // ---------------------------------------------------------------------------------------------
 // Routing kernels

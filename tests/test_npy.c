@@ -1,4 +1,4 @@
-// test_npy: .npy files (runtime/npy.c) and atomic result files (runtime/atomic_file.c).
+// test_npy: .npy files (runtime/io/npy.c) and atomic result files (runtime/io/atomic_file.c).
 //
 // Written headers are byte-exact (NumPy's layout: the data at a multiple of 64) and read back;
 // headers as other writers produce them (version 2.0, double quotes, keys in another order, no
@@ -10,9 +10,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "files.h"  // tmp_path, file_read, file_write
-#include "npy.h"
-#include "test.h"
+#include "tests/files.h"  // tmp_path, file_read, file_write
+#include "runtime/io/npy.h"
+#include "tests/test.h"
 
 // Up to `bytes` bytes of the file into out; how many it has.
 static size_t read_whole(const char *path, uint8_t *out, size_t bytes) {

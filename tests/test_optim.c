@@ -1,4 +1,4 @@
-// Fused AdamW optimizer tests (ptx/optim.h, runtime/op_optim.c, runtime/ref_optim.c).
+// Fused AdamW optimizer tests (ptx/optim.h, runtime/ops/op_optim.c, runtime/ref/ref_optim.c).
 //
 // CPU: bias corrections against TE's formula, learning-rate rules at row boundaries,
 // the begin kernel's skip / step / clip rules, the update against a double-precision reference
@@ -11,10 +11,10 @@
 // eager execution, and the multi-tensor kernels against the per-parameter twins.
 #include <math.h>
 
-#include "op_core.h"
-#include "op_optim.h"
-#include "rig.h"
-#include "test.h"
+#include "runtime/ops/op_core.h"
+#include "runtime/ops/op_optim.h"
+#include "tests/rig.h"
+#include "tests/test.h"
 
 static const double t_u = 0x1p-24;  // FP32 unit roundoff
 

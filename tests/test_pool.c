@@ -1,4 +1,4 @@
-// Thread pool tests (runtime/pool.c): every task runs once, on a thread index below the pool's
+// Thread pool tests (runtime/base/pool.c): every task runs once, on a thread index below the pool's
 // size, for any pool size and task count; jobs from several threads take turns; ranges cover
 // their count exactly.
 #include <pthread.h>
@@ -6,8 +6,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "pool.h"
-#include "test.h"
+#include "runtime/base/pool.h"
+#include "tests/test.h"
 
 #define TASKS_MAX 4099
 

@@ -5,10 +5,10 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "op_core.h"         // op_fill_random
-#include "op_quant_block.h"  // op_quant_block, op_dequant_block
-#include "rig.h"
-#include "test.h"
+#include "runtime/ops/op_core.h"         // op_fill_random
+#include "runtime/ops/op_quant_block.h"  // op_quant_block, op_dequant_block
+#include "tests/rig.h"
+#include "tests/test.h"
 
 // ---------------------------------------------------------------------------------------------
 // Harness: one cast (+ dequantize of each direction) of one case on one backend.

@@ -4,12 +4,12 @@
 // the same programs on both backends, every output compared byte for byte (SKIP without a GPU).
 #include <math.h>
 
-#include "op_core.h"         // op_fill_random
-#include "op_quant_fp8.h"    // op_fp8_*
-#include "op_quant_group.h"  // op_group_offsets
-#include "ref.h"             // ref_qt_fp8_* (the twins, called directly)
-#include "rig.h"
-#include "test.h"
+#include "runtime/ops/op_core.h"         // op_fill_random
+#include "runtime/ops/op_quant_fp8.h"    // op_fp8_*
+#include "runtime/ops/op_quant_group.h"  // op_group_offsets
+#include "runtime/ref/ref.h"             // ref_qt_fp8_* (the twins, called directly)
+#include "tests/rig.h"
+#include "tests/test.h"
 
 #define T_ADDR(p) ((uint64_t)(uintptr_t)(p))
 #define T_SENTINEL 0xA5u  // output bytes a kernel must leave alone start as this

@@ -1,15 +1,15 @@
-// MXFP8 tests. CPU: the C twins (runtime/ref_quant_mxfp8.c) against hand-derived codes and
+// MXFP8 tests. CPU: the C twins (runtime/ref/ref_quant_mxfp8.c) against hand-derived codes and
 // scales, against a test-local oracle written from the MXFP8 rules with the scalar codec
 // alone, the grouped rules of quant.h, dequantize error bounds, and the op
 // builders on the reference backend. GPU: the same programs on both backends, every output
 // compared byte for byte (SKIP without a GPU).
 #include <math.h>
 
-#include "op_core.h"          // op_fill_random
-#include "op_quant_mxfp8.h"   // op_mxfp8_quantize, op_mxfp8_dequantize
-#include "ref.h"              // ref_qt_mxfp8_* (the twins, called directly)
-#include "rig.h"
-#include "test.h"
+#include "runtime/ops/op_core.h"         // op_fill_random
+#include "runtime/ops/op_quant_mxfp8.h"  // op_mxfp8_quantize, op_mxfp8_dequantize
+#include "runtime/ref/ref.h"             // ref_qt_mxfp8_* (the twins, called directly)
+#include "tests/rig.h"
+#include "tests/test.h"
 
 #define MX_ADDR(p) ((uint64_t)(uintptr_t)(p))
 #define MX_SENTINEL 0xA5u  // output bytes a kernel must leave alone start as this

@@ -6,11 +6,11 @@
 // grouped, BF16 and FP32, with planted edge values.
 #include <math.h>
 
-#include "op_core.h"          // op_fill_random
-#include "op_quant_nvfp4.h"   // op_nvfp4_*
-#include "ref.h"              // ref_qt_nvfp4_* (CPU tests call the twins directly)
-#include "rig.h"
-#include "test.h"
+#include "runtime/ops/op_core.h"         // op_fill_random
+#include "runtime/ops/op_quant_nvfp4.h"  // op_nvfp4_*
+#include "runtime/ref/ref.h"             // ref_qt_nvfp4_* (CPU tests call the twins directly)
+#include "tests/rig.h"
+#include "tests/test.h"
 
 #define HOST(ptr) ((uint64_t)(uintptr_t)(ptr))
 

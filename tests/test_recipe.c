@@ -8,10 +8,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "recipe.h"
-#include "rules.h"
-#include "schedule.h"  // sched_table_build: the table a [schedule] expands to
-#include "test.h"
+#include "recipes/recipe.h"
+#include "recipes/rules.h"
+#include "runtime/schedule/schedule.h"  // sched_table_build: the table a [schedule] expands to
+#include "tests/test.h"
 
 static recipe R;  // about 37 KB: static, not on the stack
 
@@ -40,7 +40,7 @@ static qt_role role_of(qt_module_type m, qt_tensor_type t, const char *name) {
 static qt_quantizer resolve(qt_module_type m, qt_tensor_type t, const char *name) {
     qt_quantizer q;
     memset(&q, 0, sizeof q);
-    qt_status s = rules_resolve(&R, role_of(m, t, name), &q);
+    qt_status s = recipe_resolve_role(&R, role_of(m, t, name), &q);
     CHECK(s == QT_OK, "resolve %s: %s", name, qt_error_message());
     return q;
 }
@@ -152,7 +152,7 @@ static void test_example_moe_residual(void) {
           "row without a rate takes the optimizer's");
     CHECK(R.rows[1].dataset == RECIPE_DATASET_EVAL && R.rows[3].all &&
           R.rows[3].dataset == RECIPE_DATASET_TRAIN, "datasets");
-    CHECK(rules_roles_count(&R) == 3 * 4 + 9, "roles %zu", rules_roles_count(&R));
+    CHECK(recipe_roles_count(&R) == 3 * 4 + 9, "roles %zu", recipe_roles_count(&R));
     test_end();
 }
 
@@ -278,7 +278,7 @@ static char *build(int line, char mode, const char *text) {
 }
 
 // `npy FEATURES LABELS_OR_TARGETS` parses with either loss: whether the second file holds labels
-// or targets is known once it is read (runtime/data.c checks it against the loss).
+// or targets is known once it is read (runtime/io/data.c checks it against the loss).
 // `task=` draws the task apart from the samples' seed, which it defaults to.
 static void test_synthetic_task(void) {
     test_begin("parse_synthetic_task_seed");
@@ -824,7 +824,7 @@ static void test_precedence(void) {
     CHECK(q.scheme == QT_SCHEME_NVFP4, "foreign role");
     // ...and without a built-in recipe fails with a message that names no layer position.
     R.quant.has_builtin = false;
-    qt_status s = rules_resolve(&R, role_of(QT_MODULE_ROUTER, W, "elsewhere"), &q);
+    qt_status s = recipe_resolve_role(&R, role_of(QT_MODULE_ROUTER, W, "elsewhere"), &q);
     CHECK(s == QT_ERR_INPUT && strcmp(qt_error_message(), "r.recipe: no rule matches role "
           "router.weight@elsewhere; expected a rule for it, tried linear.*@head (line 10), "
           "linear.weight@fc? (line 11), *.grad_output@* (line 12), linear.*@fc* (line 13), "
@@ -847,10 +847,10 @@ static void test_role_enumeration(void) {
         "linear.grad_output@head",
     };
     static const uint32_t layers[] = {0, 0, 0, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3};
-    CHECK(rules_roles_count(&R) == 18, "count %zu", rules_roles_count(&R));
+    CHECK(recipe_roles_count(&R) == 18, "count %zu", recipe_roles_count(&R));
     static qt_role_quantizer table[RECIPE_ROLES_MAX];
     size_t count = 0;
-    qt_status s = rules_resolve_model(&R, table, RECIPE_ROLES_MAX, &count);
+    qt_status s = recipe_resolve_roles(&R, table, RECIPE_ROLES_MAX, &count);
     CHECK(s == QT_OK && count == 18, "%s %zu", qt_error_message(), count);
     for (size_t i = 0; i < count && i < 18; i++) {
         char text[96];
@@ -858,7 +858,7 @@ static void test_role_enumeration(void) {
         CHECK(strcmp(text, expected[i]) == 0 && table[i].layer_index == layers[i],
               "role %zu: %s in layer %u", i, text, table[i].layer_index);
     }
-    s = rules_resolve_model(&R, table, 5, &count);
+    s = recipe_resolve_roles(&R, table, 5, &count);
     CHECK(s == QT_ERR_CAPACITY && strcmp(qt_error_message(), "r.recipe: the model has 18 roles; "
           "the table given holds 5") == 0, "%s", qt_error_message());
     test_end();
@@ -886,7 +886,7 @@ static void test_builtins(void) {
               qt_error_message());
         static qt_role_quantizer table[RECIPE_ROLES_MAX];
         size_t count = 0;
-        CHECK(rules_resolve_model(&R, table, RECIPE_ROLES_MAX, &count) == QT_OK && count == 15,
+        CHECK(recipe_resolve_roles(&R, table, RECIPE_ROLES_MAX, &count) == QT_OK && count == 15,
               "%s: %zu roles", rules_scheme_name((qt_scheme)s), count);
         for (size_t i = 0; i < count; i++) {
             const qt_role *role = &table[i].role;
@@ -1020,7 +1020,7 @@ static void fuzz_one(const char *text, size_t bytes, fuzz_stats *stats) {
     }
     static qt_role_quantizer table[RECIPE_ROLES_MAX];
     size_t count;
-    CHECK(rules_resolve_model(&R, table, RECIPE_ROLES_MAX, &count) == QT_OK, "resolve after "
+    CHECK(recipe_resolve_roles(&R, table, RECIPE_ROLES_MAX, &count) == QT_OK, "resolve after "
           "parse: %s", qt_error_message());
 }
 

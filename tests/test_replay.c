@@ -15,11 +15,11 @@
 #include <sys/wait.h>  // WEXITSTATUS
 #include <unistd.h>
 
-#include "backend.h"  // backend_open_gpu: GPU cases are skipped without one
-#include "../tools/plot.h"  // PLOT_POINTS_MAX
-#include "files.h"    // tmp_path, file_read, file_write, command_output
-#include "test.h"
-#include "trace.h"
+#include "runtime/backend/backend.h"  // backend_open_gpu: GPU cases are skipped without one
+#include "tools/plot.h"               // PLOT_POINTS_MAX
+#include "tests/files.h"              // tmp_path, file_read, file_write, command_output
+#include "tests/test.h"
+#include "runtime/io/trace.h"
 
 
 static char output[1 << 16];

@@ -2,8 +2,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "driver.h"
-#include "test.h"
+#include "runtime/driver/driver.h"
+#include "tests/test.h"
 
 static void test_status_names_and_messages(void) {
     test_begin("status_names_and_messages");

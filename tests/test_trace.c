@@ -1,4 +1,4 @@
-// test_trace: the trace file (runtime/trace.c) and `qtrain diff`'s comparison.
+// test_trace: the trace file (runtime/io/trace.c) and `qtrain diff`'s comparison.
 //
 // Exact text of hand-built records and headers; files written through the buffered writer are
 // byte-identical to the formatted lines and their completion record; trace_diff reports
@@ -15,9 +15,9 @@
 #include <sys/stat.h>  // mkfifo
 #include <unistd.h>
 
-#include "files.h"  // tmp_path, file_read
-#include "test.h"
-#include "trace.h"
+#include "tests/files.h"  // tmp_path, file_read
+#include "tests/test.h"
+#include "runtime/io/trace.h"
 
 static void write_text(const char *path, const char *text) {
     FILE *f = fopen(path, "wb");

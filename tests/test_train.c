@@ -1,4 +1,4 @@
-// Training end to end (runtime/run.h): synthetic recipes trained on the reference backend
+// Training end to end (runtime/run/run.h): synthetic recipes trained on the reference backend
 // (convergence, determinism, the same traces on one and three threads, the step timing before
 // the loop, the eval-interleaving regression with every scheme, the plan report, refusals, every
 // step staged with its own batch), and with a GPU: eager vs graphs,
@@ -10,12 +10,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "driver.h"  // driver_sync_total, drv
-#include "files.h"   // tmp_dir_make, tmp_path, command_output
-#include "plan.h"   // test_run_plan
-#include "pool.h"    // pool_start, pool_stop: the reference backend on 1 and 3 threads
-#include "run.h"
-#include "test.h"
+#include "runtime/driver/driver.h"  // driver_sync_total, drv
+#include "tests/files.h"  // tmp_dir_make, tmp_path, command_output
+#include "tests/plan.h"  // test_run_plan
+#include "runtime/base/pool.h"  // pool_start, pool_stop: the reference backend on 1 and 3 threads
+#include "runtime/run/run.h"
+#include "tests/test.h"
 
 #define RECIPE_TEXT_MAX 8192
 
@@ -445,7 +445,7 @@ static void test_step_times(void) {
     test_end();
 }
 
-// The metrics file (runtime/metrics.h): a train line every N train steps and at every train
+// The metrics file (runtime/run/metrics.h): a train line every N train steps and at every train
 // row's end, over the steps since the previous one; an eval line per pass, the pass's whole
 // loss and accuracy. Every value is checked against the records the loop handed out.
 typedef struct metrics_expect {

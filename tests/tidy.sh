@@ -2,7 +2,10 @@
 # Tidy: every C, CUDA and header source keeps lines within 100 columns, has no trailing
 # whitespace and no tabs. Prints one PASS/FAIL line per rule.
 cd "$(dirname "$0")/.." || exit 1
-files=$(git ls-files '*.c' '*.h' '*.cu' 2>/dev/null)
+# Tracked and untracked (not ignored) sources that exist: a copy of the tree whose index lags
+# its files (a synced copy, files moved since) must check the files that are there.
+files=$(git ls-files --cached --others --exclude-standard '*.c' '*.h' '*.cu' 2>/dev/null |
+    while read -r f; do [ -f "$f" ] && echo "$f"; done)
 [ -n "$files" ] || files=$(find runtime arena recipes ptx tests tools -name '*.[ch]' -o -name '*.cu')
 status=0
 check() {
@@ -20,8 +23,9 @@ check() {
 check line_length awk 'length($0) > 100 { print FILENAME ":" FNR ": " length($0) " columns" }'
 check trailing_whitespace grep -n '[[:space:]]$'
 check no_tabs grep -n "$(printf '\t')"
-# Every folder is on the include path (-Iptx -Iruntime ...), so a project header named like a
-# system header (sched.h, time.h) would silently replace it for every file that includes it.
+# The API's clients build with -Iruntime -Itools (build.ninja's cc_client), so a header there
+# named like a system header (sched.h, time.h) would silently replace it for them; the rest of
+# the tree is reached by paths from the repository root (tests/deps.sh).
 shadow=""
 for h in $(echo "$files" | grep '\.h$'); do
     base=$(basename "$h")

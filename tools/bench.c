@@ -1,9 +1,9 @@
-#include "bench.h"
+#include "tools/bench.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "op_core.h"  // op_copy, op_fill_random
+#include "runtime/ops/op_core.h"  // op_copy, op_fill_random
 
 static int compare_doubles(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;

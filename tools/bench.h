@@ -9,8 +9,8 @@
 
 #include <stdio.h>
 
-#include "backend.h"
-#include "bench_main.h"  // bench_main
+#include "runtime/backend/backend.h"
+#include "tools/bench_main.h"  // bench_main
 
 // Tables of benchmark programs and arenas: fixed sizes that any case fits (a case has a few
 // ops and regions), from malloc; the caller frees the storage these return (NULL: out of

@@ -1,4 +1,4 @@
-#include "bench_cublaslt.h"
+#include "tools/bench_cublaslt.h"
 
 #include <dlfcn.h>   // dlopen, dlsym
 #include <stdlib.h>  // getenv

@@ -18,7 +18,7 @@
 #ifndef QT_BENCH_CUBLASLT_H
 #define QT_BENCH_CUBLASLT_H
 
-#include "bench.h"  // bench_env
+#include "tools/bench.h"  // bench_env
 
 typedef enum bench_lt_mode {
     BENCH_LT_BF16,       // bf16 operands

@@ -29,10 +29,10 @@
 #include <stdlib.h>  // malloc, free
 #include <string.h>
 
-#include "bench.h"
-#include "bench_cublaslt.h"  // bench_lt_time
-#include "op_gemm.h"         // op_gemm
-#include "qt_codec.h"        // qt_bf16_to_f32
+#include "tools/bench.h"
+#include "tools/bench_cublaslt.h"  // bench_lt_time
+#include "runtime/ops/op_gemm.h"   // op_gemm
+#include "ptx/qt_codec.h"          // qt_bf16_to_f32
 
 // ---------------------------------------------------------------------------------------------
 // What is timed

@@ -5,8 +5,8 @@
 // Bytes counted are the minimum any implementation moves: the input read once, both code
 // tensors and both scale tensors written once. The input is bench_inputs, filled once before the
 // timed program, so the timed graph holds the cast alone.
-#include "bench.h"
-#include "op_quant_block.h"  // op_quant_block, op_block_scale_count
+#include "tools/bench.h"
+#include "runtime/ops/op_quant_block.h"  // op_quant_block, op_block_scale_count
 
 // Uneven members whose padded sizes are multiples of 128 and sum to `rows`: pairs of base + d
 // and base - d rows, d = 128 * (pair % (base / 128 + 1)), so some members are empty; each

@@ -6,8 +6,8 @@
 // tensors written once (the per-member scale_inv and amax words are noise). The input, member
 // sizes and scaling state are bench_inputs, prepared once before the timed program, so the timed
 // graph holds the cast alone.
-#include "bench.h"
-#include "op_quant_fp8.h"  // op_fp8_cast_delayed
+#include "tools/bench.h"
+#include "runtime/ops/op_quant_fp8.h"  // op_fp8_cast_delayed
 
 typedef struct fp8_bench_input {
     bench_inputs inputs;

@@ -4,8 +4,8 @@
 // Bytes counted are the minimum any implementation moves: the input read once, both code
 // tensors and both scale tensors written once. The input is bench_inputs, filled once before the
 // timed program, so the timed graph holds the cast alone.
-#include "bench.h"
-#include "op_quant_mxfp8.h"  // op_mxfp8_quantize
+#include "tools/bench.h"
+#include "runtime/ops/op_quant_mxfp8.h"  // op_mxfp8_quantize
 
 // Uneven members whose padded sizes are multiples of 32 and sum to `rows`: pairs of
 // base + d and base - d rows, d = 32 * (pair % (base / 32)); each member's last i % 17 rows are

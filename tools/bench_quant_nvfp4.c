@@ -4,9 +4,9 @@
 // written once (codes and E4M3 scales of both directions; the few amax bytes are ignored).
 #include <stdlib.h>
 
-#include "bench.h"
-#include "op_core.h"         // op_fill_random
-#include "op_quant_nvfp4.h"  // op_nvfp4_amax, op_nvfp4_quantize
+#include "tools/bench.h"
+#include "runtime/ops/op_core.h"         // op_fill_random
+#include "runtime/ops/op_quant_nvfp4.h"  // op_nvfp4_amax, op_nvfp4_quantize
 
 typedef struct nvfp4_bench_case {
     const char *label;

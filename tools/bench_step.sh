@@ -21,19 +21,7 @@ set -u
 python=${PYTHON:-python3}
 peer_modes=${QT_BENCH_PEER_MODES:-eager,compile,fp8,graph}
 fashion_dir=.data/usr/share/datasets/fashion-mnist
-if [ -n "${OUT:-}" ]; then
-    logs=$OUT
-    mkdir -p "$logs" || exit 2
-else
-    logs=$(mktemp -d) || exit 2
-fi
-failures=""
-
-fail() {
-    echo "FAILED: $1" >&2
-    failures="$failures
-FAILED: $1"
-}
+. tools/bench_lib.sh  # logs, failures, fail
 
 # The value of "key" in a flat JSON line (numbers, strings without commas, true/false/null).
 json_field() {

@@ -262,7 +262,7 @@ def linear_weights(r):
 
 
 def expand_schedule(r, epoch, default_lr):
-    """The table qtrain builds from the [schedule] rows (runtime/schedule.c sched_table_build,
+    """The table qtrain builds from the [schedule] rows (runtime/schedule/schedule.c sched_table_build,
     without a --steps cut): rows {"mode", "steps", "dataset"} in order, a train row's epochs
     counted as `epoch` steps and its eval clause's eval rows put in, and the learning-rate rows
     {"start", "steps", "rule", "a", "b"}, a warmup clause's before its rule's."""
@@ -596,6 +596,22 @@ class Step:
         return self._body(x, y, self.fwd)
 
 
+def timed_steps(step, first, steps):
+    """step(i) for i in first .. first + steps - 1, each between two CUDA events on the current
+    stream: the ms of each, the ms from the first start to the last end, the last step's loss."""
+    import torch
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(steps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(steps)]
+    loss = None
+    for i in range(steps):
+        starts[i].record()
+        loss = step(first + i)
+        ends[i].record()
+    torch.cuda.synchronize()
+    ms = [s.elapsed_time(e) for s, e in zip(starts, ends)]
+    return ms, starts[0].elapsed_time(ends[-1]), loss
+
+
 def time_steps(r, mode, device, batches, steps, warmup, data_bytes):
     import torch
     torch.cuda.synchronize()
@@ -606,16 +622,7 @@ def time_steps(r, mode, device, batches, steps, warmup, data_bytes):
         step(i)
     torch.cuda.synchronize()
     setup_s = time.perf_counter() - t0
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(steps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(steps)]
-    loss = None
-    for i in range(steps):
-        starts[i].record()
-        loss = step(warmup + i)
-        ends[i].record()
-    torch.cuda.synchronize()
-    ms = [s.elapsed_time(e) for s, e in zip(starts, ends)]
-    total_ms = starts[0].elapsed_time(ends[-1])
+    ms, total_ms, loss = timed_steps(step, warmup, steps)
     peak = torch.cuda.max_memory_allocated()
     flop = 6 * r["batch"] * linear_weights(r)
     median = statistics.median(ms)

@@ -1,4 +1,4 @@
-#include "plot.h"
+#include "tools/plot.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "atomic_file.h"  // the SVG is written whole or not at all
-#include "trace.h"        // trace_reader
+#include "runtime/io/atomic_file.h"  // the SVG is written whole or not at all
+#include "runtime/io/trace.h"        // trace_reader
 
 // ---------------------------------------------------------------------------------------------
 // Curves

@@ -16,7 +16,9 @@
 #include <stdio.h>
 #include <stdlib.h>  // aligned_alloc, strtoull
 #include <string.h>
+#include <sys/prctl.h>  // PR_SET_PDEATHSIG: a data-parallel worker ends with its launcher
 #include <sys/stat.h>  // stat: is --save the file --resume names?
+#include <sys/wait.h>  // wait: the launcher collects its workers
 #include <time.h>    // clock_gettime
 #include <unistd.h>  // isatty, write, _exit
 
@@ -158,6 +160,12 @@ typedef struct cli_args {
     uint32_t profile_reps;  // --profile: launches per op when timing the programs after the run
     const char *resume_path;
     bool summary;           // plan --summary
+    // --gpus N: the ranks of a data-parallel run. The launcher (no --rank) starts N workers, this
+    // program again with the hidden --rank R --world N --parallel-id HEX; a worker runs rank R on
+    // GPU R.
+    uint32_t gpus;
+    bool worker;
+    uint8_t parallel_id[QT_PARALLEL_ID_BYTES];
 } cli_args;
 
 // A decimal integer in [min, max]: digits only (no sign, blank, or other base), so that ' -1'
@@ -241,6 +249,51 @@ static bool parse_emulated_gemm(const char *command, const char *how, qt_emulate
 
 typedef enum cli_command { CLI_PLAN, CLI_RUN, CLI_INFER } cli_command;
 
+// The most GPUs of one host that --gpus takes (the runtime's rank limit).
+#define QT_GPUS_MAX 16
+
+// --parallel-id: QT_PARALLEL_ID_BYTES as lower-case hex, as the launcher writes it.
+static bool parse_parallel_id(const char *hex, uint8_t *out) {
+    if (strlen(hex) != 2 * QT_PARALLEL_ID_BYTES ||
+        strspn(hex, "0123456789abcdef") != 2 * QT_PARALLEL_ID_BYTES) {
+        fprintf(stderr, "qtrain run: --parallel-id: expected %d hex digits (qtrain run --gpus "
+                "starts its workers with it)\n", 2 * QT_PARALLEL_ID_BYTES);
+        return false;
+    }
+    for (int i = 0; i < QT_PARALLEL_ID_BYTES; i++) {
+        unsigned byte = 0;
+        sscanf(hex + 2 * i, "%2x", &byte);
+        out[i] = (uint8_t)byte;
+    }
+    return true;
+}
+
+// The data-parallel flags with their values: --gpus, and the workers' own (hidden) --rank,
+// --world and --parallel-id. 1 when taken, 0 when arg is none of them, -1 when its value is bad.
+static int parse_parallel_flag(cli_command command, const char *arg, const char *value,
+                               cli_args *a) {
+    bool train = command == CLI_RUN;
+    qt_options *o = &a->options;
+    uint64_t v = 0;
+    if (command != CLI_INFER && strcmp(arg, "--gpus") == 0) {
+        if (!parse_count_arg(a->command, arg, value, 1, QT_GPUS_MAX, &v)) return -1;
+        a->gpus = (uint32_t)v;
+    } else if (train && strcmp(arg, "--rank") == 0) {
+        if (!parse_count_arg(a->command, arg, value, 0, QT_GPUS_MAX - 1, &v)) return -1;
+        o->rank = (uint32_t)v;
+        a->worker = true;
+    } else if (train && strcmp(arg, "--world") == 0) {
+        if (!parse_count_arg(a->command, arg, value, 2, QT_GPUS_MAX, &v)) return -1;
+        o->world = (uint32_t)v;
+    } else if (train && strcmp(arg, "--parallel-id") == 0) {
+        if (!parse_parallel_id(value, a->parallel_id)) return -1;
+        o->parallel_id = a->parallel_id;
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
 // One flag at argv[*i] (its value at argv[*i + 1]): 1 when it is one of the command's flags and
 // was taken (*i moved past its value), 0 when it is not, -1 when its value is bad.
 static int parse_flag(cli_command command, int argc, char **argv, int *i, cli_args *a) {
@@ -306,7 +359,8 @@ static int parse_flag(cli_command command, int argc, char **argv, int *i, cli_ar
     } else if (strcmp(arg, "--emulated-gemm") == 0) {
         if (!parse_emulated_gemm(a->command, value, &o->emulated_gemm)) return -1;
     } else {
-        return 0;
+        int taken = parse_parallel_flag(command, arg, value, a);
+        if (taken <= 0) return taken;
     }
     *i += takes_value ? 1 : 0;
     return 1;
@@ -342,6 +396,19 @@ static bool parse_run_args(int argc, char **argv, cli_command command, cli_args 
     if (a->options.metrics_every && !a->options.metrics_path) {
         fprintf(stderr, "qtrain run: --metrics-every needs --metrics FILE (the file to write)\n");
         return false;
+    }
+    if (a->worker && (!a->options.world || !a->options.parallel_id)) {
+        fprintf(stderr, "qtrain run: --rank needs --world and --parallel-id (qtrain run --gpus N "
+                "starts its workers with them)\n");
+        return false;
+    }
+    if (a->gpus > 1 && a->ref) {
+        fprintf(stderr, "qtrain %s: --gpus %u runs one process per GPU; --ref runs on the CPU: "
+                "drop one of them\n", argv[1], a->gpus);
+        return false;
+    }
+    if (command == CLI_PLAN && a->gpus > 1) {  // a rank's plan (qtrain plan --gpus)
+        a->options.world = a->gpus;
     }
     a->options.checkpoints = a->resume_path != NULL;
     struct stat save, resume;
@@ -395,6 +462,43 @@ static qt_status load_and_plan(const cli_args *a, cli_run *c) {
     return qt_plan(c->rt, c->tables, table_bytes);
 }
 
+// One rank's device arena (world 1: the run on one GPU) by category, for `qtrain plan --gpus`.
+static qt_status plan_rank_line(const cli_args *a, uint32_t rank, uint32_t world) {
+    cli_args ranked = *a;
+    ranked.options.rank = rank;
+    ranked.options.world = world;
+    cli_run c;
+    memset(&c, 0, sizeof c);
+    qt_status status = load_and_plan(&ranked, &c);
+    if (status != QT_OK) {
+        cli_run_close(&c);
+        return status;
+    }
+    static const char *const shown[] = {"weights", "master", "optim", "grads", "activations",
+                                        "workspace", "staging"};
+    uint64_t bytes[7] = {0};
+    qt_plan_info info;
+    qt_plan_info_get(c.rt, &info);
+    for (uint32_t i = 0; i < info.device_regions; i++) {
+        qt_region region;
+        if (qt_plan_region(c.rt, QT_ARENA_DEVICE, i, &region) != QT_OK) continue;
+        for (int k = 0; k < 7; k++) {
+            if (strcmp(region.category, shown[k]) == 0) bytes[k] += region.bytes;
+        }
+    }
+    if (world == 1) {
+        printf("  one GPU    device %10.2f MiB (batch %u)", (double)info.device_bytes / 1048576.0,
+               info.batch);
+    } else {
+        printf("  rank %-5u device %10.2f MiB (batch %u)", rank,
+               (double)info.device_bytes / 1048576.0, info.batch);
+    }
+    for (int k = 0; k < 7; k++) printf(" %s %.2f", shown[k], (double)bytes[k] / 1048576.0);
+    printf(" MiB\n");
+    cli_run_close(&c);
+    return QT_OK;
+}
+
 static int command_plan(int argc, char **argv) {
     cli_args a;
     if (!parse_run_args(argc, argv, CLI_PLAN, &a)) return 2;
@@ -402,11 +506,20 @@ static int command_plan(int argc, char **argv) {
     memset(&c, 0, sizeof c);
     qt_status status = load_and_plan(&a, &c);
     if (status == QT_OK) {
+        if (a.gpus > 1) printf("rank 0 of %u GPUs:\n", a.gpus);
         status = a.summary ? qt_plan_print_summary(c.rt, stdout) : qt_plan_print(c.rt, stdout);
     }
-    int rc = status == QT_OK ? 0 : fail_status("plan", status);
     cli_run_close(&c);
-    return rc;
+    if (status == QT_OK && a.gpus > 1) {
+        // Every rank's arena: the masters and moments of the parameters it owns, the rest alike.
+        printf("data parallel: %u GPUs, each rank's device arena by category (ZeRO-1: masters "
+               "and Adam moments of its own parameters only), next to one GPU's\n", a.gpus);
+        for (uint32_t r = 0; r < a.gpus && status == QT_OK; r++) {
+            status = plan_rank_line(&a, r, a.gpus);
+        }
+        if (status == QT_OK) status = plan_rank_line(&a, 0, 1);
+    }
+    return status == QT_OK ? 0 : fail_status("plan", status);
 }
 
 // The progress line: one per row kept on screen (on a terminal it is redrawn in place while the
@@ -655,6 +768,7 @@ static qt_status resume_run(const cli_args *a, qt_runtime *rt) {
     CLI_TRY(qt_resume(rt, a->resume_path));
     qt_position at;
     qt_position_get(rt, &at);
+    if (a->worker && a->options.rank > 0) return QT_OK;  // rank 0 says it
     fprintf(stderr, "qtrain run: resumed from %s at step %" PRIu64 " (train step %" PRIu64
             ")%s\n", a->resume_path, at.step, at.train_steps,
             at.row == at.rows ? "; the schedule is complete, nothing is left to run" : "");
@@ -738,10 +852,16 @@ static int run_on_device(const cli_args *a, cli_run *c, double start, double ope
                 a->ref ? "--ref" : "no GPU");
         return 2;
     }
-    fprintf(stderr, "qtrain %s: %s on %s (%s)\n", a->command, a->recipe_path, device.name,
-            !device.gpu        ? "reference backend"
-            : a->options.eager ? "eager launches"
-                               : "CUDA graphs");
+    // A data-parallel run reports through rank 0 alone (its records are the global batch's).
+    bool quiet = a->worker && a->options.rank > 0;
+    if (!quiet) {
+        fprintf(stderr, "qtrain %s: %s on %s (%s)", a->command, a->recipe_path, device.name,
+                !device.gpu        ? "reference backend"
+                : a->options.eager ? "eager launches"
+                                   : "CUDA graphs");
+        if (a->worker) fprintf(stderr, ", rank 0 of %u GPUs", a->options.world);
+        fputc('\n', stderr);
+    }
     qt_status status = bind_run(c, &device);
     if (status == QT_OK && a->resume_path) status = resume_run(a, c->rt);
     bool is_run = strcmp(a->command, "run") == 0;  // a training run is what can take long
@@ -753,19 +873,27 @@ static int run_on_device(const cli_args *a, cli_run *c, double start, double ope
     progress.classification = plan.classification;
     progress.input_file = a->options.infer_input != NULL;
     progress.last_print = -1.0;
-    qt_on_step(c->rt, print_progress, &progress);
+    if (!quiet) qt_on_step(c->rt, print_progress, &progress);
     if (status == QT_OK) {
         // `qtrain infer` has nothing to save: a signal ends it as usual (no file is written).
-        bool stoppable = strcmp(a->command, "run") == 0;
+        // A data-parallel worker is ended by its signal: ranks that stopped at different steps
+        // would wait for each other's next collective.
+        bool stoppable = strcmp(a->command, "run") == 0 && !a->worker;
         if (stoppable) catch_stop_signals(c->rt);
         status = qt_run(c->rt, &summary);
         if (stoppable) catch_stop_signals(NULL);
     }
     if (stop_signal && progress.tty) fputc('\n', stderr);  // after a progress line's \r
-    if (status == QT_OK) {
+    if (status == QT_OK && !quiet) {
         print_position(a, c->rt, &summary, stop_signal);
         print_summary(&summary, c->rt, now_seconds() - start, open_s);
-        if (a->profile_reps && !stop_signal) status = qt_profile(c->rt, a->profile_reps, stdout);
+    }
+    if (status == QT_OK && a->profile_reps && !stop_signal) {
+        // Every rank profiles (the collective ops meet the other ranks'); rank 0 reports.
+        FILE *out = quiet ? fopen("/dev/null", "w") : stdout;
+        status = out ? qt_profile(c->rt, a->profile_reps, out)
+                     : cli_fail(QT_ERR_IO, "cannot open /dev/null for a rank's profile");
+        if (out && out != stdout) fclose(out);
     }
     if (status != QT_OK) return fail_status(a->command, status);
     return stop_signal ? 128 + stop_signal : 0;
@@ -776,6 +904,8 @@ static int run_on_device(const cli_args *a, cli_run *c, double start, double ope
 typedef struct open_job {
     cli_run *run;
     bool ref;
+    int ordinal;  // a data-parallel worker's GPU (its rank), which it needs: no fallback
+    bool gpu_only;
     qt_status status;
     double seconds;
     char message[1024];  // the opening thread's error text (per thread in the library)
@@ -785,10 +915,11 @@ static void *open_device(void *ctx) {
     open_job *job = ctx;
     double start = now_seconds();
     cli_run *c = job->run;
-    job->status = c->device_memory ? qt_device_open(c->device_memory, qt_device_bytes(),
-                                                    job->ref ? QT_DEVICE_REFERENCE
-                                                             : QT_DEVICE_AUTO,
-                                                    0, &c->device)
+    qt_device_kind kind = job->ref        ? QT_DEVICE_REFERENCE
+                          : job->gpu_only ? QT_DEVICE_GPU
+                                          : QT_DEVICE_AUTO;
+    job->status = c->device_memory ? qt_device_open(c->device_memory, qt_device_bytes(), kind,
+                                                    job->ordinal, &c->device)
                                    : QT_ERR_MEMORY;
     snprintf(job->message, sizeof job->message, "%s", c->device_memory ? qt_error_message()
                                                       : "cannot allocate the device's tables");
@@ -816,6 +947,104 @@ static qt_status plan_and_load(const cli_args *a, cli_run *c) {
     return qt_load(c->rt, c->data, plan.data_bytes);
 }
 
+// Waits for the `count` workers started (pids[r] <= 0: rank r did not start); the first that
+// fails ends the others, which would wait for it in their next collective. Returns the first
+// failure's exit code (128 + the signal of a killed one), 1 when a worker did not start, else 0.
+static int wait_ranks(const pid_t *pids, uint32_t count) {
+    // The terminal's Ctrl-C reaches the workers (the default action ends them); the launcher
+    // stays to collect them.
+    signal(SIGINT, SIG_IGN);
+    signal(SIGTERM, SIG_IGN);
+    int rc = 0;
+    uint32_t left = 0;
+    for (uint32_t r = 0; r < count; r++) left += pids[r] > 0;
+    if (left < count) rc = 1;
+    while (left > 0) {
+        int st = 0;
+        pid_t done = wait(&st);
+        if (done < 0) break;
+        left--;
+        int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        if (code != 0 && rc == 0) {
+            rc = code;
+            for (uint32_t r = 0; r < count; r++) {
+                if (pids[r] > 0 && pids[r] != done) kill(pids[r], SIGTERM);
+            }
+        }
+    }
+    return rc;
+}
+
+// `qtrain run --gpus N`: N workers, this program again on the same arguments with --rank R
+// --world N --parallel-id HEX, worker R on GPU R, all in NCCL's environment for a run that
+// repeats itself: NVLink multicast off (NCCL_NVLS_ENABLE=0, always), one algorithm and protocol
+// (NCCL_ALGO=Ring, NCCL_PROTO=Simple) and every connection made when the communicator is
+// (NCCL_RUNTIME_CONNECT=0), not in the first collective, which a graph capture may hold (each
+// unless set already). Waits for them all; when one
+// fails the others are ended (they would wait for it in their next collective). Ctrl-C ends
+// every worker at once (no summary or save: a stop needs every rank at the same step).
+static int launch_ranks(int argc, char **argv, const cli_args *a) {
+    // What every rank would refuse (a batch the GPUs cannot share, checkpoints, infer rows) is
+    // said once, before any worker starts: rank 0's plan.
+    cli_run plan;
+    memset(&plan, 0, sizeof plan);
+    cli_args planned = *a;
+    planned.options.world = a->gpus;
+    qt_status status = load_and_plan(&planned, &plan);
+    cli_run_close(&plan);
+    if (status != QT_OK) return fail_status(a->command, status);
+    uint8_t id[QT_PARALLEL_ID_BYTES];
+    status = qt_parallel_id(id, sizeof id);
+    if (status != QT_OK) return fail_status(a->command, status);
+    char hex[2 * QT_PARALLEL_ID_BYTES + 1], world[16], ranks[QT_GPUS_MAX][16];
+    for (int i = 0; i < QT_PARALLEL_ID_BYTES; i++) snprintf(hex + 2 * i, 3, "%02x", id[i]);
+    snprintf(world, sizeof world, "%u", a->gpus);
+    setenv("NCCL_NVLS_ENABLE", "0", 1);
+    setenv("NCCL_ALGO", "Ring", 0);
+    setenv("NCCL_PROTO", "Simple", 0);
+    setenv("NCCL_RUNTIME_CONNECT", "0", 0);  // connections at start-up, not inside a capture
+    char **args = calloc((size_t)argc + 8, sizeof *args);
+    pid_t *pids = calloc(a->gpus, sizeof *pids);
+    if (!args || !pids) {
+        free(args);
+        free(pids);
+        return fail_status(a->command, cli_fail(QT_ERR_MEMORY, "cannot start the workers"));
+    }
+    int n = 0;
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], "--gpus") == 0) {
+            i++;  // its value
+            continue;
+        }
+        args[n++] = argv[i];
+    }
+    args[n++] = "--world";
+    args[n++] = world;
+    args[n++] = "--parallel-id";
+    args[n++] = hex;
+    args[n++] = "--rank";
+    fflush(NULL);
+    for (uint32_t r = 0; r < a->gpus; r++) {
+        snprintf(ranks[r], sizeof ranks[r], "%u", r);
+        args[n] = ranks[r];
+        args[n + 1] = NULL;
+        pids[r] = fork();
+        if (pids[r] == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGTERM);  // a worker does not outlive its launcher
+            execv("/proc/self/exe", args);
+            fprintf(stderr, "qtrain run: cannot start worker %u: %s\n", r, strerror(errno));
+            _exit(127);
+        }
+        if (pids[r] < 0) {
+            fprintf(stderr, "qtrain run: cannot start worker %u: %s\n", r, strerror(errno));
+        }
+    }
+    int rc = wait_ranks(pids, a->gpus);
+    free(args);
+    free(pids);
+    return rc;
+}
+
 // `qtrain run` and `qtrain infer`.
 static int command_run(int argc, char **argv, cli_command command) {
     double start = now_seconds();
@@ -823,8 +1052,15 @@ static int command_run(int argc, char **argv, cli_command command) {
     if (!parse_run_args(argc, argv, command, &a)) return 2;
     cli_run c;
     memset(&c, 0, sizeof c);
+    if (command == CLI_RUN && a.gpus > 1 && !a.worker) return launch_ranks(argc, argv, &a);
+    if (a.worker && a.options.rank > 0) {
+        // Rank 0 reports and writes the run's files; the others train beside it in silence.
+        a.options.trace_path = NULL;
+        a.options.metrics_path = NULL;
+        a.options.golden_path = NULL;
+    }
     c.device_memory = cli_alloc(qt_device_bytes());
-    open_job job = {&c, a.ref, QT_OK, 0.0, ""};
+    open_job job = {&c, a.ref, (int)a.options.rank, a.worker, QT_OK, 0.0, ""};
     pthread_t opener;
     bool threaded = pthread_create(&opener, NULL, open_device, &job) == 0;
     if (!threaded) open_device(&job);

@@ -22,7 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "fuzz.h"
+#include "tests/fuzz/fuzz.h"
 
 #define FUZZ_INPUT_MAX (1u << 20)  // bytes of one input; longer seeds are cut
 #define FUZZ_SEEDS_MAX 256

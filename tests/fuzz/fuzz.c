@@ -5,7 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "fuzz.h"
+#include "tests/fuzz/fuzz.h"
 
 static char temp_dir[64];
 

@@ -1,5 +1,5 @@
-// Fuzz harness of the checkpoint loader (runtime/checkpoint.h): any bytes as a checkpoint file are
-// read or refused with a status of the loader and a message, through every way qtrain reads
+// Fuzz harness of the checkpoint loader (runtime/run/checkpoint.h): any bytes as a checkpoint file
+// are read or refused with a status of the loader and a message, through every way qtrain reads
 // one: ckpt_open and the CRC pass of ckpt_read_data, `qtrain export` (export_safetensors), a
 // resume of a bound run of tests/fuzz/checkpoint.recipe on the reference backend (run_resume:
 // ckpt_match, the position, ckpt_load) and `qtrain infer --from` (ckpt_load_model into it).
@@ -12,9 +12,9 @@
 #include <string.h>
 #include <zlib.h>    // crc32
 
-#include "export.h"
-#include "fuzz.h"
-#include "run.h"
+#include "runtime/run/export.h"
+#include "tests/fuzz/fuzz.h"
+#include "runtime/run/run.h"
 
 const char *const fuzz_words[] = {
     "QTRAINCK", "QTCKEND1", "\x01\x00\x00\x00", "\x00\x01\x00\x00", "fc1.weight", "head.weight",

@@ -1,5 +1,5 @@
-// Fuzz harness of the data readers (runtime/data.h, runtime/npy.h): IDX pairs, plain or gzip, .npy
-// pairs, and a file of inputs alone (`qtrain infer --input`). The input is framed:
+// Fuzz harness of the data readers (runtime/io/data.h, runtime/io/npy.h): IDX pairs, plain or gzip,
+// .npy pairs, and a file of inputs alone (`qtrain infer --input`). The input is framed:
 //
 //   byte 0      mode: 0 IDX pair, 1 .npy pair, 2 inputs alone (mode % 3)
 //   bytes 1..4  the model's inputs per sample, 5..8 its outputs (little-endian, clamped to >= 1)
@@ -12,8 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "data.h"
-#include "fuzz.h"
+#include "runtime/io/data.h"
+#include "tests/fuzz/fuzz.h"
 
 const char *const fuzz_words[] = {
     "\x00\x00\x08\x03", "\x00\x00\x08\x01", "\x1f\x8b\x08\x00", "\x93NUMPY\x01\x00",

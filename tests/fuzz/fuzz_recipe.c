@@ -7,9 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fuzz.h"
-#include "recipe.h"
-#include "run.h"
+#include "tests/fuzz/fuzz.h"
+#include "recipes/recipe.h"
+#include "runtime/run/run.h"
 
 const char *const fuzz_words[] = {
     "[model]\n", "[quant]\n", "[optim]\n", "[data]\n", "[schedule]\n", "input = ", "layer = ",
@@ -79,7 +79,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     static qt_role_quantizer roles[RECIPE_ROLES_MAX];
     size_t count = 0;
-    if (rules_resolve_model(&the_recipe, roles, RECIPE_ROLES_MAX, &count) != QT_OK) {
+    if (recipe_resolve_roles(&the_recipe, roles, RECIPE_ROLES_MAX, &count) != QT_OK) {
         fuzz_fail("a parsed recipe whose roles do not resolve: %s", qt_error_message());
     }
     if (plannable(&the_recipe)) plan((const char *)data, size);

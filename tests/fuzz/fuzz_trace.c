@@ -1,4 +1,4 @@
-// Fuzz harness of the trace readers (runtime/trace.h): the record reader of `qtrain plot`, the
+// Fuzz harness of the trace readers (runtime/io/trace.h): the record reader of `qtrain plot`, the
 // comparison of `qtrain diff` and the golden trace of `qtrain run --check`. Any bytes are either
 // read or refused with a status of the readers and a message; a trace that reads compares equal
 // to itself, and its records, checked against the same file as a golden trace, match it.
@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fuzz.h"
-#include "trace.h"
+#include "tests/fuzz/fuzz.h"
+#include "runtime/io/trace.h"
 
 const char *const fuzz_words[] = {
     "qtrain-trace 1 recipe=", "0123456789abcdef", " quantizers=", " checksum_every=",

@@ -1,0 +1,463 @@
+#include "runtime/backend/backend.h"
+
+#include <string.h>
+
+#include "runtime/backend/gemm_tier.h"  // gemm_tier_takes, gemm_tier_launch
+#include "runtime/parallel/parallel.h"  // dp_launch: the collective op
+// pool_start: the reference backend's and the staging gather's threads
+#include "runtime/base/pool.h"
+#include "runtime/ref/ref.h"  // ref_<symbol> twins
+
+// ---------------------------------------------------------------------------------------------
+// Reference dispatch: one table built from the kernel list, so a kernel without a twin does not
+// link.
+typedef void (*ref_fn)(const void *args, const launch_shape *shape);
+
+#define QT_REF_ENTRY(id, module, symbol, args) [id] = (ref_fn)ref_##symbol,
+static const ref_fn ref_table[KERNEL_COUNT] = {QT_KERNELS(QT_REF_ENTRY)};
+#undef QT_REF_ENTRY
+
+void backend_ref_op(const prog_op *op) {
+    QT_ASSERT((unsigned)op->kernel < KERNEL_COUNT);
+    ref_table[op->kernel](op->args, &op->shape);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Opening and closing.
+
+static qt_status backend_read_info(backend *b) {
+    backend_device_info *info = &b->info;
+    QT_CU(cuDriverGetVersion(&info->driver_version));
+    QT_CU(cuDeviceGetName(info->name, (int)sizeof info->name, b->device));
+    QT_CU(cuDeviceGetAttribute(&info->cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                               b->device));
+    QT_CU(cuDeviceGetAttribute(&info->cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+                               b->device));
+    QT_CU(cuDeviceGetAttribute(&info->sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                               b->device));
+    size_t total = 0, free_bytes = 0;
+    QT_CU(cuMemGetInfo(&free_bytes, &total));
+    info->memory_bytes = total;
+    info->free_bytes = free_bytes;
+    return QT_OK;
+}
+
+qt_status backend_open_gpu(backend *b, int device_ordinal) {
+    memset(b, 0, sizeof *b);
+    b->kind = BACKEND_GPU;
+    QT_TRY(driver_load());
+    int count = 0;
+    QT_CU(cuDeviceGetCount(&count));
+    if (device_ordinal >= count) {
+        // A data-parallel worker's ordinal is its rank: --gpus N needs N GPUs.
+        return qt_fail(QT_ERR_NO_DEVICE, "GPU %d asked for, but the driver shows %d GPU%s (GPUs "
+                       "count from 0; CUDA_VISIBLE_DEVICES may hide some): run on at most %d",
+                       device_ordinal, count, count == 1 ? "" : "s", count);
+    }
+    QT_CU(cuDeviceGet(&b->device, device_ordinal));
+    QT_CU(cuDevicePrimaryCtxRetain(&b->context, b->device));
+    QT_CU(cuCtxSetCurrent(b->context));
+    QT_TRY(backend_read_info(b));
+    pool_start(0);  // the host's threads gather each batch into its staging slot (data_feed_next)
+    if (b->info.cc_major * 10 + b->info.cc_minor < 89) {
+        return qt_fail(QT_ERR_NO_DEVICE, "GPU '%s' has compute capability %d.%d; qtrain's kernels "
+                       "need 8.9 or newer (Ada, Hopper, Blackwell)", b->info.name,
+                       b->info.cc_major, b->info.cc_minor);
+    }
+    QT_CU(cuStreamCreate(&b->stream, CU_STREAM_NON_BLOCKING));
+    QT_CU(cuStreamCreate(&b->copy_stream, CU_STREAM_NON_BLOCKING));
+    b->capture_streams[0] = b->stream;
+    for (int s = 0; s < BACKEND_CAPTURE_STREAMS; s++) {
+        if (s > 0) QT_CU(cuStreamCreate(&b->capture_streams[s], CU_STREAM_NON_BLOCKING));
+        QT_CU(cuEventCreate(&b->capture_events[s], CU_EVENT_DISABLE_TIMING));
+    }
+    QT_TRY(modules_load(&b->modules, b->device));
+    return QT_OK;
+}
+
+qt_status backend_attach_thread(backend *b) {
+    if (b->kind != BACKEND_GPU) return QT_OK;
+    QT_CU(cuCtxSetCurrent(b->context));
+    return QT_OK;
+}
+
+qt_status backend_memory_free(backend *b, uint64_t *free_bytes, uint64_t *total_bytes) {
+    QT_ASSERT(b->kind == BACKEND_GPU);
+    size_t free_now = 0, total = 0;
+    QT_CU(cuMemGetInfo(&free_now, &total));
+    *free_bytes = free_now;
+    *total_bytes = total;
+    return QT_OK;
+}
+
+void backend_open_ref(backend *b) {
+    memset(b, 0, sizeof *b);
+    b->kind = BACKEND_REF;
+    snprintf(b->info.name, sizeof b->info.name, "reference (CPU)");
+    pool_start(0);  // the twins' threads, one per processor, before the first op runs
+}
+
+void backend_close(backend *b) {
+    if (b->kind != BACKEND_GPU || !b->context) return;
+    modules_unload(&b->modules);
+    for (int s = 0; s < BACKEND_CAPTURE_STREAMS; s++) {
+        if (b->capture_events[s]) drv.cuEventDestroy(b->capture_events[s]);
+        if (s > 0 && b->capture_streams[s]) drv.cuStreamDestroy(b->capture_streams[s]);
+        b->capture_events[s] = NULL;
+        b->capture_streams[s] = NULL;
+    }
+    if (b->copy_stream) drv.cuStreamDestroy(b->copy_stream);
+    if (b->stream) drv.cuStreamDestroy(b->stream);
+    drv.cuDevicePrimaryCtxRelease(b->device);
+    b->copy_stream = NULL;
+    b->stream = NULL;
+    b->context = NULL;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Arenas.
+
+typedef struct bind_request {
+    backend *backend;
+    arena *arena;
+    uint8_t *memory;  // the caller's, or NULL
+    uint64_t memory_bytes;
+} bind_request;
+
+static qt_status backend_given(const bind_request *req, uint64_t bytes) {
+    if (bytes <= req->memory_bytes && ((uintptr_t)req->memory % ARENA_DEVICE_ALIGN_MIN) == 0) {
+        return QT_OK;
+    }
+    return qt_fail(QT_ERR_MEMORY, "the %s arena needs %llu bytes of 256-byte aligned memory; "
+                   "%llu bytes at %p given", req->arena->name, (unsigned long long)bytes,
+                   (unsigned long long)req->memory_bytes, (void *)req->memory);
+}
+
+// Memory the caller gave: the reference backend's arenas (plain memory), or on the GPU a device
+// pointer of the context, or host memory that is pinned here for the copy engine and the
+// device's direct reads.
+static qt_status backend_alloc_given(bind_request *req, uint64_t bytes, uint64_t *base,
+                                     uint8_t **host_base) {
+    backend *b = req->backend;
+    QT_TRY(backend_given(req, bytes));
+    req->arena->external = true;
+    *base = (uint64_t)(uintptr_t)req->memory;
+    if (b->kind == BACKEND_GPU && req->arena->kind == ARENA_KIND_DEVICE) {
+        if (bytes == 0) return QT_OK;
+        QT_CU(cuMemsetD8Async(*base, 0, bytes, b->stream));
+        return driver_sync_stream(&b->syncs, b->stream);
+    }
+    if (b->kind == BACKEND_GPU && bytes > 0) {
+        QT_CU(cuMemHostRegister(req->memory, bytes, CU_MEMHOSTREGISTER_PORTABLE |
+                                                       CU_MEMHOSTREGISTER_DEVICEMAP));
+        // The kernels reach host regions at their host addresses, as with cuMemHostAlloc.
+        CUdeviceptr mapped = 0;
+        CUresult got = drv.cuMemHostGetDevicePointer(&mapped, req->memory, 0);
+        if (got != CUDA_SUCCESS || mapped != (CUdeviceptr)(uintptr_t)req->memory) {
+            drv.cuMemHostUnregister(req->memory);
+            return qt_fail(QT_ERR_MEMORY, "this GPU maps the given host arena at another address "
+                           "than the host's; let qtrain allocate the host arena (NULL)");
+        }
+    }
+    memset(req->memory, 0, bytes);
+    *host_base = req->memory;
+    return QT_OK;
+}
+
+static qt_status backend_alloc(void *ctx, uint64_t bytes, uint64_t *base, uint8_t **host_base) {
+    bind_request *req = ctx;
+    backend *b = req->backend;
+    *base = 0;
+    *host_base = NULL;
+    req->arena->external = false;
+    if (req->memory) return backend_alloc_given(req, bytes, base, host_base);
+    if (b->kind == BACKEND_REF) {
+        return qt_fail(QT_ERR_MEMORY, "the reference backend needs %llu bytes of 256-byte "
+                       "aligned memory for the %s arena; none given", (unsigned long long)bytes,
+                       req->arena->name);
+    }
+    if (bytes == 0) return QT_OK;
+    if (req->arena->kind == ARENA_KIND_DEVICE) {
+        CUdeviceptr ptr = 0;
+        QT_CU(cuMemAlloc(&ptr, bytes));
+        *base = ptr;
+        QT_CU(cuMemsetD8Async(ptr, 0, bytes, b->stream));
+        return driver_sync_stream(&b->syncs, b->stream);
+    }
+    void *host = NULL;
+    QT_CU(cuMemHostAlloc(&host, bytes, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP));
+    memset(host, 0, bytes);
+    *base = (uint64_t)(uintptr_t)host;
+    *host_base = host;
+    return QT_OK;
+}
+
+qt_status backend_bind(backend *b, arena *a, void *memory, uint64_t memory_bytes) {
+    bind_request req = {b, a, memory, memory_bytes};
+    return arena_bind(a, backend_alloc, &req);
+}
+
+void backend_release(backend *b, arena *a) {
+    if (b->kind != BACKEND_GPU || a->phase != ARENA_PHASE_FROZEN || a->bytes_total == 0) return;
+    if (a->external) {
+        if (a->kind == ARENA_KIND_HOST) drv.cuMemHostUnregister(a->host_base);
+    } else if (a->kind == ARENA_KIND_DEVICE) {
+        drv.cuMemFree((CUdeviceptr)a->base_address);
+    } else {
+        drv.cuMemFreeHost(a->host_base);
+    }
+    a->base_address = 0;
+    a->host_base = NULL;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running. Collective ops (runtime/parallel/parallel.h) launch through the same path.
+
+// The one place an op reaches the GPU: eager runs, captures and profiles all launch through it,
+// so all of them take the same GEMM tier (and give the same bits). The program is never changed.
+gemm_tier_device backend_gemm_device(const backend *b) {
+    return (gemm_tier_device){b->kind == BACKEND_GPU, b->info.cc_major, b->info.cc_minor,
+                              b->info.sm_count, b->gemm_tier, b->gemm_ctas_max, &b->modules};
+}
+
+static qt_status backend_launch_on(backend *b, const prog_op *op, CUstream stream) {
+    // The collective op is NCCL's, enqueued on the op's stream like a kernel (captured too).
+    if (kernel_table[op->kernel].module == MODULE_host) {
+        return dp_launch((const dp_collective_args *)op->args, stream);
+    }
+    gemm_tier_device tier = backend_gemm_device(b);
+    if (gemm_tier_takes(&tier, op)) return gemm_tier_launch(&tier, op, stream);
+    return modules_launch(&b->modules, op->kernel, &op->shape, stream, op->args,
+                          op->args_bytes);
+}
+
+static qt_status backend_launch_op(backend *b, const prog_op *op) {
+    return backend_launch_on(b, op, b->stream);
+}
+
+qt_status backend_run(backend *b, const program *p) {
+    QT_ASSERT(p->resolved);
+    for (uint32_t i = 0; i < p->op_count; i++) {
+        const prog_op *op = &p->ops[i];
+        if (b->kind == BACKEND_REF) {
+            backend_ref_op(op);
+        } else {
+            QT_TRY(backend_launch_op(b, op));
+        }
+    }
+    return QT_OK;
+}
+
+// Milliseconds between two events around `reps` launches of one op (op != NULL) or of a graph.
+static qt_status backend_time(backend *b, const prog_op *op, const backend_graph *g,
+                              uint32_t reps, CUevent start, CUevent stop, float *ms) {
+    QT_CU(cuEventRecord(start, b->stream));
+    for (uint32_t r = 0; r < reps; r++) {
+        if (op) {
+            QT_TRY(backend_launch_op(b, op));
+        } else {
+            QT_TRY(backend_launch(b, g));
+        }
+    }
+    QT_CU(cuEventRecord(stop, b->stream));
+    QT_CU(cuEventSynchronize(stop));
+    QT_CU(cuEventElapsedTime(ms, start, stop));
+    return QT_OK;
+}
+
+static qt_status backend_profile_timed(backend *b, const program *p, const backend_graph *g,
+                                       uint32_t reps, float *op_us, float *graph_us,
+                                       CUevent start, CUevent stop) {
+    float ms = 0.0f;
+    QT_TRY(backend_time(b, NULL, g, reps, start, stop, &ms));  // warm-up
+    for (uint32_t i = 0; i < p->op_count; i++) {
+        QT_TRY(backend_time(b, &p->ops[i], NULL, reps, start, stop, &ms));
+        op_us[i] = 1000.0f * ms / (float)reps;
+    }
+    QT_TRY(backend_time(b, NULL, g, reps, start, stop, &ms));
+    *graph_us = 1000.0f * ms / (float)reps;
+    return QT_OK;
+}
+
+qt_status backend_profile(backend *b, const program *p, const backend_graph *g, uint32_t reps,
+                          float *op_us, float *graph_us) {
+    QT_ASSERT(p->resolved && g->program == p && reps > 0);
+    if (b->kind != BACKEND_GPU || !g->exec) {
+        return qt_fail(QT_ERR_INPUT, "profiling times GPU kernels and graph replays; it needs "
+                       "the GPU backend with graphs (drop --ref and --eager)");
+    }
+    CUevent start = NULL, stop = NULL;
+    QT_CU(cuEventCreate(&start, CU_EVENT_DEFAULT));
+    CUresult created = drv.cuEventCreate(&stop, CU_EVENT_DEFAULT);
+    qt_status status = created == CUDA_SUCCESS
+                           ? backend_profile_timed(b, p, g, reps, op_us, graph_us, start, stop)
+                           : driver_fail(created, "cuEventCreate", __FILE__, __LINE__);
+    drv.cuEventDestroy(start);
+    if (stop) drv.cuEventDestroy(stop);
+    return status;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Capture: the program's dependency graph.
+
+// Per capture stream: the last op placed on it, and for each other stream the last op of that
+// stream it has already waited for (a wait covers everything before it on that stream).
+typedef struct capture_plan {
+    int32_t last[BACKEND_CAPTURE_STREAMS];
+    int32_t seen[BACKEND_CAPTURE_STREAMS][BACKEND_CAPTURE_STREAMS];
+    uint32_t *stream_of;  // per op: the program's scratch
+} capture_plan;
+
+// need[s]: the latest earlier op on stream s that op j depends on (-1: none).
+static void capture_needs(const program *p, const capture_plan *c, uint32_t j,
+                          int32_t need[BACKEND_CAPTURE_STREAMS]) {
+    for (int s = 0; s < BACKEND_CAPTURE_STREAMS; s++) need[s] = -1;
+    for (uint32_t i = j; i-- > 0;) {
+        int s = c->stream_of[i];
+        if (need[s] >= 0) continue;  // a later op of that stream is needed already
+        if (prog_ops_conflict(&p->ops[i], &p->ops[j])) need[s] = (int32_t)i;
+    }
+}
+
+// A stream for op j: one whose last op j needs anyway (the chain goes on without a wait), else
+// an unused stream, else the one whose last op is oldest (the least likely to hold j back).
+static int capture_pick(const capture_plan *c, const int32_t need[BACKEND_CAPTURE_STREAMS]) {
+    int best = -1;
+    for (int s = 0; s < BACKEND_CAPTURE_STREAMS; s++) {
+        if (c->last[s] >= 0 && need[s] == c->last[s] && (best < 0 || need[s] > need[best])) {
+            best = s;
+        }
+    }
+    if (best >= 0) return best;
+    for (int s = 0; s < BACKEND_CAPTURE_STREAMS; s++) {
+        if (c->last[s] < 0) return s;
+    }
+    best = 0;
+    for (int s = 1; s < BACKEND_CAPTURE_STREAMS; s++) {
+        if (c->last[s] < c->last[best]) best = s;
+    }
+    return best;
+}
+
+static qt_status backend_capture_ops(backend *b, const program *p) {
+    capture_plan c;
+    c.stream_of = p->op_scratch;
+    CUstream *streams = b->capture_streams;
+    CUevent *events = b->capture_events;
+    for (int s = 0; s < BACKEND_CAPTURE_STREAMS; s++) {
+        c.last[s] = -1;
+        for (int t = 0; t < BACKEND_CAPTURE_STREAMS; t++) c.seen[s][t] = -1;
+    }
+    // The side streams join the capture from stream 0's start.
+    QT_CU(cuEventRecord(events[0], streams[0]));
+    for (int s = 1; s < BACKEND_CAPTURE_STREAMS; s++) {
+        QT_CU(cuStreamWaitEvent(streams[s], events[0], 0));
+    }
+    for (uint32_t j = 0; j < p->op_count; j++) {
+        int32_t need[BACKEND_CAPTURE_STREAMS];
+        capture_needs(p, &c, j, need);
+        int s = capture_pick(&c, need);
+        for (int t = 0; t < BACKEND_CAPTURE_STREAMS; t++) {
+            if (t == s || need[t] < 0 || need[t] <= c.seen[s][t]) continue;
+            // events[t] was recorded after stream t's last op, which is need[t] or later.
+            QT_CU(cuStreamWaitEvent(streams[s], events[t], 0));
+            c.seen[s][t] = c.last[t];
+        }
+        QT_TRY(backend_launch_on(b, &p->ops[j], streams[s]));
+        QT_CU(cuEventRecord(events[s], streams[s]));
+        c.last[s] = (int32_t)j;
+        c.stream_of[j] = (uint32_t)s;
+    }
+    // Every side stream joins stream 0 again before the capture ends.
+    for (int s = 1; s < BACKEND_CAPTURE_STREAMS; s++) {
+        if (c.last[s] >= 0) QT_CU(cuStreamWaitEvent(streams[0], events[s], 0));
+    }
+    return QT_OK;
+}
+
+qt_status backend_capture(backend *b, const program *p, backend_graph *g) {
+    QT_ASSERT(p->resolved);
+    g->program = p;
+    g->exec = NULL;
+    if (b->kind == BACKEND_REF) return QT_OK;
+    QT_CU(cuStreamBeginCapture(b->stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+    qt_status status = backend_capture_ops(b, p);
+    CUgraph graph = NULL;
+    CUresult end = drv.cuStreamEndCapture(b->stream, &graph);
+    if (status != QT_OK) {
+        if (graph) drv.cuGraphDestroy(graph);
+        return status;
+    }
+    if (end != CUDA_SUCCESS) return driver_fail(end, "cuStreamEndCapture", __FILE__, __LINE__);
+    CUresult inst = drv.cuGraphInstantiateWithFlags(&g->exec, graph, 0);
+    drv.cuGraphDestroy(graph);
+    if (inst != CUDA_SUCCESS) {
+        return driver_fail(inst, "cuGraphInstantiateWithFlags", __FILE__, __LINE__);
+    }
+    return QT_OK;
+}
+
+qt_status backend_launch(backend *b, const backend_graph *g) {
+    if (b->kind == BACKEND_REF) return backend_run(b, g->program);
+    QT_CU(cuGraphLaunch(g->exec, b->stream));
+    return QT_OK;
+}
+
+void backend_graph_destroy(backend *b, backend_graph *g) {
+    if (b->kind == BACKEND_GPU && g->exec) drv.cuGraphExecDestroy(g->exec);
+    g->exec = NULL;
+}
+
+qt_status backend_finish(backend *b) {
+    if (b->kind == BACKEND_REF) return QT_OK;
+    return driver_sync_stream(&b->syncs, b->stream);
+}
+
+static uint64_t backend_ref_address(prog_ref ref, uint64_t bytes) {
+    const arena_region *region = arena_region_get(ref.arena, ref.region);
+    QT_ASSERT(ref.offset + bytes <= region->bytes);
+    return arena_address(ref.arena, ref.region) + ref.offset;
+}
+
+qt_status backend_copy_beside(backend *b, prog_ref dst, prog_ref src, uint64_t bytes,
+                              CUevent after, CUevent done) {
+    QT_ASSERT(src.arena->kind == ARENA_KIND_HOST && dst.arena->kind == ARENA_KIND_DEVICE);
+    uint64_t to = backend_ref_address(dst, bytes), from = backend_ref_address(src, bytes);
+    if (b->kind == BACKEND_REF) {
+        memcpy((void *)(uintptr_t)to, (const void *)(uintptr_t)from, bytes);
+        return QT_OK;
+    }
+    if (after) QT_CU(cuStreamWaitEvent(b->copy_stream, after, 0));
+    // The host arena is pinned, so this is a DMA on the copy engine that returns at once.
+    QT_CU(cuMemcpyHtoDAsync((CUdeviceptr)to, (const void *)(uintptr_t)from, bytes,
+                            b->copy_stream));
+    QT_CU(cuEventRecord(done, b->copy_stream));
+    return QT_OK;
+}
+
+qt_status backend_wait(backend *b, CUevent event) {
+    if (b->kind == BACKEND_REF) return QT_OK;
+    QT_CU(cuStreamWaitEvent(b->stream, event, 0));
+    return QT_OK;
+}
+
+qt_status backend_write(backend *b, prog_ref dst, const void *src, uint64_t bytes) {
+    uint64_t address = backend_ref_address(dst, bytes);
+    if (b->kind == BACKEND_REF || dst.arena->kind == ARENA_KIND_HOST) {
+        QT_TRY(backend_finish(b));
+        memcpy((void *)(uintptr_t)address, src, bytes);
+        return QT_OK;
+    }
+    QT_TRY(backend_finish(b));
+    return driver_copy_to_device(&b->syncs, address, src, bytes, b->stream);
+}
+
+qt_status backend_read(backend *b, void *dst, prog_ref src, uint64_t bytes) {
+    uint64_t address = backend_ref_address(src, bytes);
+    QT_TRY(backend_finish(b));
+    if (b->kind == BACKEND_REF || src.arena->kind == ARENA_KIND_HOST) {
+        memcpy(dst, (const void *)(uintptr_t)address, bytes);
+        return QT_OK;
+    }
+    return driver_copy_to_host(&b->syncs, dst, address, bytes, b->stream);
+}

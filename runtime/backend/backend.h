@@ -1,0 +1,127 @@
+// backend: where a program runs. GPU: one context, one stream (plus a copy stream for the
+// schedule loop's batches), the loaded kernel modules, eager launches or one captured CUDA graph
+// per program. Reference (ref): the same programs run by the plain C twin of every kernel
+// (runtime/ref/ref_*.c), on the CPU.
+//
+// Owns the GPU context (primary context, retained), the streams and the modules from
+// backend_open_* to backend_close, and the arena allocations from backend_bind to
+// backend_release. The reference backend owns nothing: its arenas live in caller memory, since
+// the library never allocates host memory itself.
+//
+// Contract: eager and graph execution of one program give bitwise identical results, and the
+// reference backend gives the GPU's bits for every op but the GEMMs, whose FP32 accumulation
+// order differs (recipes/NUMERICS.md "The two backends and what is bitwise").
+#ifndef QT_BACKEND_H
+#define QT_BACKEND_H
+
+#include "runtime/driver/driver.h"    // CUstream, CUgraphExec
+#include "runtime/driver/modules.h"   // modules
+#include "runtime/program/program.h"  // program, prog_ref
+#include "runtime/backend/gemm_tier.h"  // backend_gemm_tier, gemm_tier_device
+
+typedef enum backend_kind { BACKEND_REF, BACKEND_GPU } backend_kind;
+
+
+typedef struct backend_device_info {
+    char name[128];
+    int driver_version;  // e.g. 13000
+    int cc_major, cc_minor;
+    int sm_count;
+    uint64_t memory_bytes;
+    uint64_t free_bytes;
+} backend_device_info;
+
+// Streams a capture spreads a program over (runtime/backend/backend.c, backend_capture).
+#define BACKEND_CAPTURE_STREAMS 6
+
+
+typedef struct backend {
+    backend_kind kind;
+    CUdevice device;
+    CUcontext context;
+    CUstream stream;
+    // Side streams and one event per stream (stream 0 is `stream`): a capture forks and joins
+    // through them so that independent ops become parallel branches of the graph.
+    CUstream capture_streams[BACKEND_CAPTURE_STREAMS];
+    CUevent capture_events[BACKEND_CAPTURE_STREAMS];
+    // The next step's batch crosses PCIe on this stream, on the copy engine, beside the step
+    // that runs on `stream` (backend_copy_beside).
+    CUstream copy_stream;
+    modules modules;
+    backend_device_info info;
+    backend_gemm_tier gemm_tier;  // AUTO after backend_open_*; set it before running or capturing
+    // The sm_90a tier's persistent grid: at most this many CTAs (0: one per SM). Tests lower it
+    // so that every CTA walks several tiles; results never depend on it.
+    uint32_t gemm_ctas_max;
+    driver_syncs syncs;  // the synchronizing calls made through this backend (driver.h)
+} backend;
+
+typedef struct backend_graph {
+    const program *program;
+    CUgraphExec exec;  // GPU only; the reference backend replays the op table
+} backend_graph;
+
+// Loads the driver, retains the device's primary context, creates the stream and loads every
+// kernel module. QT_ERR_NO_DRIVER / QT_ERR_NO_DEVICE when there is no GPU to use.
+qt_status backend_open_gpu(backend *b, int device_ordinal);
+void backend_open_ref(backend *b);
+// Makes the backend's context current on the calling thread (a backend opened on another thread
+// is used from this one); nothing for the reference backend.
+qt_status backend_attach_thread(backend *b);
+void backend_close(backend *b);
+
+// GPU: the device memory free now and in all (cuMemGetInfo, on the calling thread's context):
+// what a run's device arena is compared with before it is allocated.
+qt_status backend_memory_free(backend *b, uint64_t *free_bytes, uint64_t *total_bytes);
+
+// Binds an arena to memory once and zeroes it, so every run starts from the same bytes. The
+// memory: `memory` when given (at least memory_bytes >= the arena's bytes_total, 256-byte
+// aligned: on the GPU a device arena takes it as a device pointer of the backend's context and a
+// host arena pins it with cuMemHostRegister; the reference backend needs it), else on the GPU
+// cuMemAlloc for device arenas and cuMemHostAlloc for pinned host arenas.
+qt_status backend_bind(backend *b, arena *a, void *memory, uint64_t memory_bytes);
+// Frees what backend_bind allocated, unpins what it pinned (given memory stays the caller's).
+void backend_release(backend *b, arena *a);
+
+// Eager: launches every op in order on the stream (returns without waiting).
+qt_status backend_run(backend *b, const program *p);
+// What the GEMM tier (runtime/backend/gemm_tier.h) needs of this backend's GPU and settings.
+gemm_tier_device backend_gemm_device(const backend *b);
+// Captures the whole program into one CUDA graph; later launches replay it. The graph orders
+// only what the ops' declared regions require: op j waits for every earlier op i whose regions
+// overlap j's in memory with a write on either side (prog_use's contract is that every byte an
+// op reads or writes is declared), and ops with no such chain between them run concurrently.
+// Eager runs keep program order on one stream; both give the same bits.
+qt_status backend_capture(backend *b, const program *p, backend_graph *g);
+qt_status backend_launch(backend *b, const backend_graph *g);
+void backend_graph_destroy(backend *b, backend_graph *g);
+// Diagnostics after a run (GPU with graphs only): each op of p launched `reps` times back to
+// back between two events (op_us[i]: microseconds per launch, the launch gaps of identical
+// kernels included), then g, p's graph, replayed `reps` times (graph_us: per replay). The ops
+// run on whatever state the arenas hold, so this is for a finished run only: it changes weights,
+// optimizer state and statistics.
+qt_status backend_profile(backend *b, const program *p, const backend_graph *g, uint32_t reps,
+                          float *op_us, float *graph_us);
+// Waits for the stream (a counted synchronization).
+qt_status backend_finish(backend *b);
+
+// The schedule loop's batch copy (runtime/schedule/schedule.h): `bytes` from a pinned host arena
+// region to a device arena region, queued on the copy stream after `after` (an event recorded on
+// the compute stream; NULL: nothing to wait for), then `done` recorded behind it for the compute
+// stream to wait on (backend_wait). Neither call makes the host wait. The reference backend
+// copies at once and ignores the events, so both backends see the same bytes at the same point
+// of the loop.
+qt_status backend_copy_beside(backend *b, prog_ref dst, prog_ref src, uint64_t bytes,
+                              CUevent after, CUevent done);
+// The compute stream's next launch waits for `event` (GPU; nothing on the reference backend).
+qt_status backend_wait(backend *b, CUevent event);
+
+// Set-up and test copies between caller memory and an arena; they wait for the stream first, go
+// through it, and are complete when they return (so the next launch sees every byte).
+qt_status backend_write(backend *b, prog_ref dst, const void *src, uint64_t bytes);
+qt_status backend_read(backend *b, void *dst, prog_ref src, uint64_t bytes);
+
+// Runs one op with its C twin (the reference backend's dispatch, also used by tests).
+void backend_ref_op(const prog_op *op);
+
+#endif  // QT_BACKEND_H

@@ -1,0 +1,1452 @@
+// model programs: the init, train, eval, infer and checksum programs of a planned model
+// (model.h). Every region a program needs besides the persistent ones of model_plan is reserved
+// here as a transient region of that program ("<mode>.<layer>.<part>"), so the planner packs
+// the modes' activations into the same bytes.
+#include <stdio.h>   // snprintf
+#include <string.h>
+
+#include "runtime/model/model_impl.h"
+#include "runtime/ops/op_act.h"    // activations, losses, grad norm
+#include "runtime/ops/op_core.h"   // op_fill_random, op_checksum
+#include "runtime/ops/op_gemm.h"   // op_gemm, op_gemm_bias_grad
+#include "runtime/ops/op_moe.h"    // routing, gather, combine
+#include "runtime/ops/op_optim.h"  // op_optim_*
+#include "runtime/ops/op_quant_block.h"
+#include "runtime/ops/op_quant_fp8.h"
+#include "runtime/ops/op_quant_mxfp8.h"
+#include "runtime/ops/op_quant_nvfp4.h"
+#include "runtime/ops/op_sched.h"  // op_sched_copy, op_sched_record, op_sched_checksum
+
+// What one program's builder knows while it appends ops: the model's model_builder.
+typedef model_builder mb;
+typedef model_build_moe mb_moe;
+
+static prog_ref mb_dev(const mb *b, arena_handle h) { return (prog_ref){b->m->dev, h, 0}; }
+
+static prog_ref mb_at(prog_ref r, uint64_t offset) {
+    r.offset += offset;
+    return r;
+}
+
+static op_act_tensor mb_act(model_tensor t) { return (op_act_tensor){t.ref, t.dtype}; }
+
+// The name of a layer in region and op names. Layers without a name (activations, residual
+// ends) get the first word of their kind and their index joined by '#' ("residual#4"), which no
+// recipe name can contain ([A-Za-z_][A-Za-z0-9_]*), so they never meet a user's layer name.
+static const char *mb_layer_name(const mb *b, uint32_t layer, char *buf, size_t bytes) {
+    const recipe_layer *l = &b->m->recipe->model.layers[layer];
+    if (l->name[0]) return l->name;
+    const char *kind = recipe_layer_kind_name(l->kind);
+    snprintf(buf, bytes, "%.*s#%u", (int)strcspn(kind, " "), kind, layer);
+    return buf;
+}
+
+// A transient region of this program, "<mode>.<what>".
+static qt_status mb_region(mb *b, const char *what, uint64_t bytes, arena_category cat,
+                           prog_ref *out) {
+    model_place pl = {b->m->dev, model_mode_name(b->mode), false, cat};
+    return model_region(&pl, what, bytes, cat, out);
+}
+
+// A tensor of this program [rows][cols] of dtype (BF16 or F32).
+static qt_status mb_tensor_of(mb *b, const char *what, uint32_t rows, uint32_t cols,
+                              uint32_t dtype, arena_category cat, model_tensor *out) {
+    out->dtype = dtype;
+    out->rows = rows;
+    out->cols = cols;
+    out->amax = OP_REF_NONE;
+    uint64_t elem = dtype == QT_DTYPE_BF16 ? 2 : 4;
+    return mb_region(b, what, (uint64_t)rows * cols * elem, cat, &out->ref);
+}
+
+static qt_status mb_tensor(mb *b, const char *what, uint32_t rows, uint32_t cols,
+                           arena_category cat, model_tensor *out) {
+    return mb_tensor_of(b, what, rows, cols, QT_DTYPE_BF16, cat, out);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Data parallelism (runtime/parallel/parallel.h): collective ops, only when the run has several
+// ranks
+
+QT_STATIC_ASSERT(offsetof(data_slot_header, rows_global) == QT_DP_ROWS_GLOBAL_OFFSET,
+                 "ptx/dp.h reads rows_global at its offset in the device batch's header");
+
+static bool mb_parallel(const mb *b) { return b->m->world > 1; }
+
+// The region every collective op of the program writes, which keeps them in program order in a
+// captured graph (NCCL needs the same order on every rank). prefix: the program's.
+static qt_status mb_dp_begin(mb *b, const char *prefix) {
+    if (!mb_parallel(b)) return QT_OK;
+    model_place pl = {b->m->dev, prefix, false, ARENA_CAT_WORKSPACE};
+    return model_region(&pl, "dp.order", 16, ARENA_CAT_WORKSPACE, &b->dp_order);
+}
+
+// Collective items appended as ops of at most DP_ITEMS_MAX items each (one NCCL group each).
+typedef struct mb_items {
+    op_dp_item item[DP_ITEMS_MAX];
+    uint32_t count;
+} mb_items;
+
+static qt_status mb_items_flush(mb *b, const char *name, mb_items *items) {
+    if (items->count == 0) return QT_OK;
+    QT_TRY(op_dp_collective(b->p, name, b->m->comm, b->dp_order, items->item, items->count));
+    items->count = 0;
+    return QT_OK;
+}
+
+static qt_status mb_items_add(mb *b, const char *name, mb_items *items, op_dp_item item) {
+    if (items->count == DP_ITEMS_MAX) QT_TRY(mb_items_flush(b, name, items));
+    items->item[items->count++] = item;
+    return QT_OK;
+}
+
+// A region's bytes from ref's offset to its end (a counting arena has no table: any size).
+static uint64_t mb_bytes_to_end(prog_ref ref) {
+    if (arena_counting(ref.arena)) return 16;
+    return arena_region_get(ref.arena, ref.region)->bytes - ref.offset;
+}
+
+// Every stored copy of parameter i's weight (a quantized weight's codes, scales and amaxes in
+// every usage; the master of one without a quantizer) broadcast from its owner, as stored.
+static qt_status mb_dp_broadcast_param(mb *b, uint32_t i) {
+    const model *m = b->m;
+    const model_param *pa = &m->params[i];
+    prog_ref refs[8];
+    uint32_t n = 0;
+    if (pa->quantizer < 0) {
+        refs[n++] = mb_dev(b, pa->master);
+    } else {
+        const model_qstore *s = &pa->weight;
+        const prog_ref all[] = {s->row_data, s->row_scale, s->col_data, s->col_scale,
+                                s->scale_inv, s->amax_row, s->amax_col, s->bf16.ref};
+        for (uint32_t k = 0; k < sizeof all / sizeof all[0]; k++) {
+            if (!prog_ref_present(all[k])) continue;
+            bool seen = false;  // amax_row and amax_col may be one region
+            for (uint32_t j = 0; j < n; j++) {
+                seen |= refs[j].arena == all[k].arena && refs[j].region == all[k].region;
+            }
+            if (!seen) refs[n++] = (prog_ref){all[k].arena, all[k].region, 0};
+        }
+    }
+    mb_items items = {0};
+    char name[PROG_OP_NAME_MAX];
+    snprintf(name, sizeof name, "dp.broadcast.%s", pa->name);
+    for (uint32_t j = 0; j < n; j++) {
+        op_dp_item it = {DP_COLL_BROADCAST, DP_DTYPE_U8, DP_OP_NONE, m->param_owner[i], refs[j],
+                         refs[j], mb_bytes_to_end(refs[j])};
+        QT_TRY(mb_items_add(b, name, &items, it));
+    }
+    return mb_items_flush(b, name, &items);
+}
+
+static qt_status mb_dp_broadcast_weights(mb *b) {
+    for (uint32_t i = 0; i < b->m->param_count; i++) QT_TRY(mb_dp_broadcast_param(b, i));
+    return QT_OK;
+}
+
+// Each parameter's gradient summed over the ranks into its owner's copy: one op per parameter,
+// last layer first, the order in which the backward pass finishes them, so that in a graph a
+// reduce waits for its own gradient only and overlaps the rest of the backward pass.
+static qt_status mb_dp_reduce_grads(mb *b) {
+    const model *m = b->m;
+    for (uint32_t i = m->param_count; i-- > 0;) {
+        char name[PROG_OP_NAME_MAX];
+        snprintf(name, sizeof name, "dp.reduce.%s", m->params[i].name);
+        op_dp_item it = {DP_COLL_REDUCE, DP_DTYPE_F32, DP_OP_SUM, m->param_owner[i],
+                         b->grads[i], b->grads[i], b->grad_counts[i]};
+        QT_TRY(op_dp_collective(b->p, name, m->comm, b->dp_order, &it, 1));
+    }
+    return QT_OK;
+}
+
+// `bytes` of every rank gathered in rank order into a new region [world][bytes] (f32 words).
+static qt_status mb_dp_gather(mb *b, const char *what, prog_ref local, uint64_t bytes,
+                              prog_ref *all) {
+    QT_TRY(mb_region(b, what, bytes * b->m->world, ARENA_CAT_STAGING, all));
+    op_dp_item it = {DP_COLL_ALL_GATHER, DP_DTYPE_F32, DP_OP_NONE, 0, local, *all, bytes / 4};
+    return op_dp_collective(b->p, what, b->m->comm, b->dp_order, &it, 1);
+}
+
+// This step's amaxes (row 0 of every delayed-scaling history) the maximum over the ranks, so
+// the states roll the same values on every rank: the global batch's amaxes.
+static qt_status mb_dp_amaxes(mb *b) {
+    const model *m = b->m;
+    mb_items items = {0};
+    for (uint32_t s = 0; s < m->state_count; s++) {
+        prog_ref row0 = mb_dev(b, m->states[s].history);
+        op_dp_item it = {DP_COLL_ALL_REDUCE, DP_DTYPE_F32, DP_OP_MAX, 0, row0, row0,
+                         m->states[s].slots};
+        QT_TRY(mb_items_add(b, "dp.amax", &items, it));
+    }
+    return mb_items_flush(b, "dp.amax", &items);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Quantization of activations and gradients
+
+static prog_ref mb_state_scale(const mb *b, const model_quantizer *mq) {
+    return mb_at(mb_dev(b, b->m->states[mq->state].scale), (uint64_t)mq->slot * 4);
+}
+
+static prog_ref mb_state_amax(const mb *b, const model_quantizer *mq) {
+    return mb_at(mb_dev(b, b->m->states[mq->state].history), (uint64_t)mq->slot * 4);
+}
+
+static qt_status mb_quantize_fp8(mb *b, const char *name, const model_quantizer *mq,
+                                 model_tensor x, op_group group, bool record_amax,
+                                 const model_qstore *s) {
+    op_fp8_input in = {x.ref, x.dtype, x.rows, x.cols, group};
+    op_fp8_output out = {model_fp8_code(mq->q.elem), s->row_data, s->col_data, s->scale_inv};
+    if (mq->q.scheme == QT_SCHEME_DELAYED) {
+        // Eval and infer read the scale and leave the history alone (no amax slot).
+        prog_ref amax = record_amax ? mb_state_amax(b, mq) : OP_FP8_NONE;
+        return op_fp8_cast_delayed(b->p, name, &in, &out, mb_state_scale(b, mq), amax);
+    }
+    // A producer that already took x's amax saves the pass over x (mb_amax_for_consumer).
+    if (prog_ref_present(x.amax)) {
+        return op_fp8_cast_current(b->p, name, &in, &out, x.amax, OP_FP8_NONE, mq->q.pow2,
+                                   mq->q.amax_eps);
+    }
+    return op_fp8_quantize_current(b->p, name, &in, &out, s->amax_row, OP_FP8_NONE, mq->q.pow2,
+                                   mq->q.amax_eps);
+}
+
+static op_nvfp4_quant mb_nvfp4_quant(const mb *b, const model_quantizer *mq,
+                                     const model_qstore *s) {
+    op_nvfp4_quant q = {0};
+    q.rowwise = s->rowwise;
+    q.colwise = s->colwise;
+    q.rht = s->colwise && mq->rht;
+    q.rht_signs = QT_NVFP4_RHT_SIGNS_TE;
+    q.two_d = mq->q.two_d;
+    q.stochastic = mq->q.sr;
+    q.seed = b->m->seed;
+    q.tensor_id = (uint32_t)(mq - b->m->quantizers);
+    q.step = mb_dev(b, b->m->io.optim_steps);  // the counted train steps
+    q.amax_row = s->amax_row;
+    q.amax_col = s->amax_col;
+    q.row_data = s->row_data;
+    q.row_scales = s->row_scale;
+    q.col_data = s->col_data;
+    q.col_scales = s->col_scale;
+    return q;
+}
+
+static op_block_tensor mb_block_tensor(const model_quantizer *mq, uint32_t rows, uint32_t cols,
+                                       const model_qstore *s) {
+    op_block_tensor t = {0};
+    t.rows = rows;
+    t.cols = cols;
+    t.two_d = mq->q.two_d;
+    t.fp8 = model_fp8_code(mq->q.elem);
+    t.rowwise = s->rowwise;
+    t.colwise = s->colwise;
+    t.row_codes = s->row_data;
+    t.row_scale_inv = s->row_scale;
+    t.col_codes = s->col_data;
+    t.col_scale_inv = s->col_scale;
+    return t;
+}
+
+static op_mxfp8_quantize_desc mb_mxfp8_desc(const model_quantizer *mq, model_tensor x,
+                                            const model_qstore *s) {
+    op_mxfp8_quantize_desc d = {0};
+    d.in = x.ref;
+    d.dtype = x.dtype;
+    d.rows = x.rows;
+    d.cols = x.cols;
+    d.elem = mq->q.elem;
+    d.tile_2d = mq->q.two_d;
+    if (s->rowwise) d.rowwise = (op_mxfp8_dir){s->row_data, s->row_scale};
+    if (s->colwise) d.colwise = (op_mxfp8_dir){s->col_data, s->col_scale};
+    return d;
+}
+
+// Quantizes x with the role's quantizer into new regions "<mode>.<what>.*" of the directions
+// asked for; a grouped x (group.count members: an moe layer's permuted rows) gets per-member
+// scales. record_amax: delayed scaling adds this cast's amax to the history (train only).
+static qt_status mb_quantize(mb *b, const char *what, const model_quantizer *mq, model_tensor x,
+                             op_group group, bool rowwise, bool colwise, bool record_amax,
+                             model_qstore *s) {
+    char prefix[ARENA_NAME_MAX];
+    snprintf(prefix, sizeof prefix, "%s.%s", model_mode_name(b->mode), what);
+    model_place pl = {b->m->dev, prefix, false, ARENA_CAT_ACTIVATIONS};
+    bool convert = mq->q.format == QT_FORMAT_BF16 && x.dtype != QT_DTYPE_BF16;
+    QT_TRY(model_qstore_reserve(&pl, mq, x.rows, x.cols, group.count, rowwise, colwise, convert,
+                                s));
+    switch (mq->q.format) {
+    case QT_FORMAT_BF16:
+        if (!convert) {
+            s->bf16 = x;
+            return QT_OK;
+        }
+        // The residual kernel without its second operand is a converting copy.
+        return op_residual_backward(b->p, what, (uint64_t)x.rows * x.cols, mb_act(x),
+                                    mb_act(s->bf16), false);
+    case QT_FORMAT_FP8_E4M3:
+    case QT_FORMAT_FP8_E5M2:
+        return mb_quantize_fp8(b, what, mq, x, group, record_amax, s);
+    case QT_FORMAT_MXFP8: {
+        op_mxfp8_quantize_desc d = mb_mxfp8_desc(mq, x, s);
+        d.group = group;
+        return op_mxfp8_quantize(b->p, what, &d);
+    }
+    case QT_FORMAT_FP8_BLOCK_1D:
+    case QT_FORMAT_FP8_BLOCK_2D: {
+        op_block_tensor t = mb_block_tensor(mq, x.rows, x.cols, s);
+        t.group = group;
+        op_block_options o = {!mq->q.pow2, mq->q.amax_eps};
+        return op_quant_block(b->p, what, x.ref, x.dtype, &t, &o);
+    }
+    case QT_FORMAT_NVFP4: {
+        op_nvfp4_input in = {x.ref, x.dtype, x.rows, x.cols, group};
+        bool rht = s->colwise && mq->rht;
+        op_nvfp4_amax_out amax = {s->amax_row, rht ? s->amax_col : OP_REF_NONE, rht,
+                                  QT_NVFP4_RHT_SIGNS_TE};
+        QT_TRY(op_nvfp4_amax(b->p, what, &in, &amax));
+        op_nvfp4_quant q = mb_nvfp4_quant(b, mq, s);
+        return op_nvfp4_quantize(b->p, what, &in, &q);
+    }
+    case QT_FORMAT_COUNT: break;
+    }
+    QT_ASSERT(!"unknown format");
+    return QT_ERR_INPUT;
+}
+
+// ---------------------------------------------------------------------------------------------
+// GEMMs
+
+// One GEMM operand: a quantized tensor of logical shape rows x cols, read through one copy.
+// A stacked expert weight (stacked = its members) is `stacked` such tensors back to back, one per
+// member of an M-grouped GEMM; a grouped tensor (an moe layer's permuted rows, rows = its
+// capacity) and a stacked weight carry their members in `group` (per-member scales).
+typedef struct mb_operand {
+    const model_quantizer *mq;
+    const model_qstore *s;
+    uint32_t rows, cols;
+    bool colwise;
+    uint32_t stacked;
+    op_group group;
+} mb_operand;
+
+static mb_operand mb_dense(const model_quantizer *mq, const model_qstore *s, uint32_t rows,
+                           uint32_t cols, bool colwise) {
+    mb_operand o = {mq, s, rows, cols, colwise, 0, op_group_dense()};
+    return o;
+}
+
+static uint32_t mb_stored_rows(const mb_operand *o) {
+    return o->rows * (o->stacked ? o->stacked : 1u);
+}
+
+// Grouped and stacked operands' per-tensor factors (fp8 scale_inv, nvfp4 amax) are per member.
+static void mb_operand_per_member(op_gemm_operand *op, const mb_operand *o) {
+    if (o->group.count > 0 && prog_ref_present(op->tensor_scale)) {
+        op->flags |= GEMM_OPERAND_TENSOR_PER_MEMBER;
+    }
+}
+
+static op_gemm_operand mb_gemm_operand(const mb_operand *o) {
+    const qt_quantizer *q = &o->mq->q;
+    uint32_t f = model_gemm_format_of(q->format);
+    const model_qstore *s = o->s;
+    uint32_t rows = mb_stored_rows(o);
+    op_gemm_operand op;
+    if (f == GEMM_FORMAT_BF16) {
+        op = op_gemm_operand_of(f, GEMM_ELEM_BF16, rows, o->cols, o->colwise, false, s->bf16.ref,
+                                OP_REF_NONE, OP_REF_NONE);
+    } else {
+        QT_ASSERT(o->colwise ? s->colwise : s->rowwise);
+        prog_ref data = o->colwise ? s->col_data : s->row_data;
+        prog_ref scale = o->colwise ? s->col_scale : s->row_scale;
+        prog_ref tensor_scale = OP_REF_NONE;
+        if (f == GEMM_FORMAT_FP8) {
+            scale = OP_REF_NONE;
+            tensor_scale = s->scale_inv;
+        } else if (f == GEMM_FORMAT_NVFP4) {
+            tensor_scale = o->colwise ? s->amax_col : s->amax_row;
+        }
+        bool scale_2d = f == GEMM_FORMAT_FP8_BLOCK && q->two_d;
+        op = op_gemm_operand_of(f, model_gemm_elem_of(q->elem), rows, o->cols, o->colwise,
+                                scale_2d, data, scale, tensor_scale);
+    }
+    if (o->stacked) op_gemm_operand_stack(&op, f, q->two_d, o->colwise, o->rows, o->cols);
+    mb_operand_per_member(&op, o);
+    return op;
+}
+
+// The operand's values as a BF16 [stored rows][cols] tensor (for a mixed-format GEMM); a grouped
+// tensor's rows past its active end are not written.
+static qt_status mb_dequantize(mb *b, const char *what, const mb_operand *o,
+                               model_tensor *out) {
+    const qt_quantizer *q = &o->mq->q;
+    const model_qstore *s = o->s;
+    if (q->format == QT_FORMAT_BF16) {
+        *out = s->bf16;
+        return QT_OK;
+    }
+    uint32_t rows = mb_stored_rows(o);
+    QT_TRY(mb_tensor(b, what, rows, o->cols, ARENA_CAT_WORKSPACE, out));
+    const char *name = what;
+    switch (q->format) {
+    case QT_FORMAT_FP8_E4M3:
+    case QT_FORMAT_FP8_E5M2: {
+        op_fp8_input hp = {out->ref, QT_DTYPE_BF16, rows, o->cols, o->group};
+        op_fp8_output codes = {model_fp8_code(q->elem), s->row_data, s->col_data, s->scale_inv};
+        if (!s->rowwise) codes.rowwise = OP_FP8_NONE;
+        if (!s->colwise) codes.colwise = OP_FP8_NONE;
+        return op_fp8_dequantize(b->p, name, &hp, &codes, o->colwise);
+    }
+    case QT_FORMAT_MXFP8: {
+        op_mxfp8_dequantize_desc d = {0};
+        d.src = o->colwise ? (op_mxfp8_dir){s->col_data, s->col_scale}
+                           : (op_mxfp8_dir){s->row_data, s->row_scale};
+        d.colwise = o->colwise;
+        d.elem = q->elem;
+        d.rows = rows;
+        d.cols = o->cols;
+        d.out = out->ref;
+        d.dtype = QT_DTYPE_BF16;
+        d.group = o->group;
+        return op_mxfp8_dequantize(b->p, name, &d);
+    }
+    case QT_FORMAT_FP8_BLOCK_1D:
+    case QT_FORMAT_FP8_BLOCK_2D: {
+        op_block_tensor t = mb_block_tensor(o->mq, rows, o->cols, s);
+        t.group = o->group;
+        return op_dequant_block(b->p, name, &t, o->colwise, out->ref, QT_DTYPE_BF16);
+    }
+    case QT_FORMAT_NVFP4: {
+        op_nvfp4_dequant d = {0};
+        d.rows = rows;
+        d.cols = o->cols;
+        d.group = o->group;
+        d.colwise = o->colwise;
+        d.data = o->colwise ? s->col_data : s->row_data;
+        d.scales = o->colwise ? s->col_scale : s->row_scale;
+        d.amax = o->colwise ? s->amax_col : s->amax_row;
+        d.out = out->ref;
+        d.out_dtype = QT_DTYPE_BF16;
+        return op_nvfp4_dequantize(b->p, name, &d);
+    }
+    case QT_FORMAT_BF16:  // the tensor itself, above
+    case QT_FORMAT_COUNT: break;
+    }
+    QT_ASSERT(!"unknown format");
+    return QT_ERR_INPUT;
+}
+
+// One NVFP4 operand as its stored copy decoded to BF16 in the copy's own orientation (rowwise
+// [rows][cols], columnwise [cols][rows]: both K-major), without the global factor, and the
+// operand of the BF16 GEMM that reads it, which carries the global amax for the GEMM's alpha.
+static qt_status mb_nvfp4_decoded(mb *b, const char *what, const mb_operand *o,
+                                  op_gemm_operand *out) {
+    const model_qstore *s = o->s;
+    uint32_t rows = o->colwise ? o->cols : mb_stored_rows(o);
+    uint32_t k = o->colwise ? mb_stored_rows(o) : o->cols;
+    model_tensor t;
+    QT_TRY(mb_tensor(b, what, rows, k, ARENA_CAT_WORKSPACE, &t));
+    QT_TRY(op_nvfp4_decode(b->p, what, o->colwise ? s->col_data : s->row_data,
+                           o->colwise ? s->col_scale : s->row_scale, t.ref, rows, k));
+    *out = op_gemm_operand_of(GEMM_FORMAT_BF16, GEMM_ELEM_BF16, rows, k, false, false, t.ref,
+                              OP_REF_NONE, o->colwise ? s->amax_col : s->amax_row);
+    if (o->stacked) {
+        // A member's n rows of the rowwise decode, or its n columns of the columnwise one.
+        out->data_member_bytes = o->colwise ? 2ull * o->rows : 2ull * o->rows * o->cols;
+    }
+    mb_operand_per_member(out, o);
+    return QT_OK;
+}
+
+// Appends the GEMM, split along k where its shape leaves most SMs idle (op_gemm_split_parts),
+// with the parts' workspace a region of this program ("<what>.split").
+static qt_status mb_op_gemm(mb *b, const char *what, op_gemm_desc *g) {
+    g->split_parts = op_gemm_split_parts(g, OP_GEMM_SPLIT_SMS);
+    if (g->split_parts > 1) {
+        char part[ARENA_NAME_MAX];
+        snprintf(part, sizeof part, "%s.split", what);
+        QT_TRY(mb_region(b, part, op_gemm_workspace_bytes(g, g->split_parts),
+                         ARENA_CAT_WORKSPACE, &g->workspace));
+    }
+    return op_gemm(b->p, what, g);
+}
+
+// An NVFP4 x NVFP4 GEMM through BF16 copies (model.c, model_emulated_copies): the raw decodes
+// and NVFP4's alpha (GEMM_FLAG_ALPHA_NVFP4) give the NVFP4 kernels' bits.
+static qt_status mb_gemm_nvfp4_copies(mb *b, const char *what, op_gemm_desc *g,
+                                      const mb_operand *a, const mb_operand *bo) {
+    char part[ARENA_NAME_MAX];
+    snprintf(part, sizeof part, "%s.a_bf16", what);
+    QT_TRY(mb_nvfp4_decoded(b, part, a, &g->a));
+    snprintf(part, sizeof part, "%s.b_bf16", what);
+    QT_TRY(mb_nvfp4_decoded(b, part, bo, &g->b));
+    g->format = GEMM_FORMAT_BF16;
+    g->flags = GEMM_FLAG_ALPHA_NVFP4;
+    return mb_op_gemm(b, what, g);
+}
+
+// A BF16 operand over a dequantized copy (mb_dequantize's layout).
+static op_gemm_operand mb_bf16_operand(const mb_operand *o, model_tensor t) {
+    op_gemm_operand op = op_gemm_operand_of(GEMM_FORMAT_BF16, GEMM_ELEM_BF16, mb_stored_rows(o),
+                                            o->cols, o->colwise, false, t.ref, OP_REF_NONE,
+                                            OP_REF_NONE);
+    if (o->stacked) op_gemm_operand_stack(&op, GEMM_FORMAT_BF16, false, o->colwise, o->rows,
+                                         o->cols);
+    return op;
+}
+
+// D [m][n] = A (m x k) B (n x k)^T (+ bias). A's rows are D's rows: a->colwise reads the
+// transposed view. path MIXED: both operands through BF16 copies. grouping GEMM_GROUP_M: A is
+// grouped by `group` and B a stacked weight (D has A's rows); GEMM_GROUP_K: both are grouped by
+// `group` along the contraction and D is one [m][n] per member, back to back.
+static qt_status mb_gemm(mb *b, const char *what, model_gemm kind, const model_linear *lin,
+                         const mb_operand *a, const mb_operand *bo, model_tensor d,
+                         prog_ref bias, uint32_t grouping, op_group group) {
+    op_gemm_desc g = {0};
+    g.grouping = grouping;
+    g.alpha = 1.0f;
+    g.m = a->colwise ? a->cols : a->rows;
+    g.n = bo->colwise ? bo->cols : bo->rows;
+    g.k = a->colwise ? a->rows : a->cols;
+    g.d = d.ref;
+    g.d_dtype = d.dtype;
+    g.bias = bias;
+    g.bias_dtype = QT_DTYPE_F32;
+    QT_ASSERT(d.rows == g.m && d.cols == g.n);
+    QT_ASSERT((grouping == GEMM_DENSE) == (group.count == 0));
+    if (grouping != GEMM_DENSE) {
+        g.count = group.count;
+        g.row_offsets = group.row_offsets;
+        g.first_dims = group.first_dims;
+    }
+    const char *name = what;
+    if (lin->path[kind] == MODEL_GEMM_NATIVE) {
+        g.format = model_gemm_format_of(a->mq->q.format);
+        g.a = mb_gemm_operand(a);
+        g.b = mb_gemm_operand(bo);
+        // TE's per-tensor FP8 defaults: fast accumulation in fprop only, grouped or not (so one
+        // expert computes what the dense layers would, bit for bit).
+        if (g.format == GEMM_FORMAT_FP8 && kind != MODEL_FPROP) {
+            g.flags = GEMM_FLAG_SPLIT_ACCUMULATE;
+        }
+        return mb_op_gemm(b, name, &g);
+    }
+    if (a->mq->q.format == QT_FORMAT_NVFP4 && bo->mq->q.format == QT_FORMAT_NVFP4) {
+        return mb_gemm_nvfp4_copies(b, what, &g, a, bo);
+    }
+    char part[ARENA_NAME_MAX];
+    model_tensor ta, tb;
+    snprintf(part, sizeof part, "%s.a_bf16", what);
+    QT_TRY(mb_dequantize(b, part, a, &ta));
+    snprintf(part, sizeof part, "%s.b_bf16", what);
+    QT_TRY(mb_dequantize(b, part, bo, &tb));
+    g.format = GEMM_FORMAT_BF16;
+    g.a = mb_bf16_operand(a, ta);
+    g.b = mb_bf16_operand(bo, tb);
+    return mb_op_gemm(b, name, &g);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward
+
+static const model_qstore *mb_weight(const mb *b, const model_linear *lin) {
+    return &b->m->params[lin->weight].weight;
+}
+
+static prog_ref mb_bias(const mb *b, const model_linear *lin) {
+    if (!lin->bias) return OP_REF_NONE;
+    return mb_dev(b, b->m->params[lin->bias_param].master);
+}
+
+static qt_status mb_linear_forward(mb *b, uint32_t layer, model_tensor x, model_tensor *y) {
+    model *m = b->m;
+    uint32_t li = m->layer_linear[layer];
+    const model_linear *lin = &m->linears[li];
+    const char *name = m->recipe->model.layers[layer].name;
+    QT_ASSERT(x.cols == lin->in_padded);
+    char what[ARENA_NAME_MAX];
+    snprintf(what, sizeof what, "%s.x", name);
+    // Training also keeps the columnwise copy for wgrad.
+    QT_TRY(mb_quantize(b, what, &m->quantizers[lin->q_input], x, op_group_dense(), true,
+                       b->train, b->train, &b->xq[li]));
+    snprintf(what, sizeof what, "%s.y", name);
+    QT_TRY(mb_tensor(b, what, x.rows, lin->out, ARENA_CAT_ACTIVATIONS, y));
+    mb_operand a = mb_dense(&m->quantizers[lin->q_input], &b->xq[li], x.rows, lin->in_padded,
+                            false);
+    mb_operand w = mb_dense(&m->quantizers[lin->q_weight], mb_weight(b, lin), lin->out,
+                            lin->in_padded, false);
+    snprintf(what, sizeof what, "%s.fprop", name);
+    return mb_gemm(b, what, MODEL_FPROP, lin, &a, &w, *y, mb_bias(b, lin), GEMM_DENSE,
+                   op_group_dense());
+}
+
+static uint32_t mb_act_kind(recipe_layer_kind k) {
+    switch (k) {
+    case RECIPE_LAYER_RELU: return QT_ACT_RELU;
+    case RECIPE_LAYER_GELU: return QT_ACT_GELU;
+    case RECIPE_LAYER_SILU: return QT_ACT_SILU;
+    case RECIPE_LAYER_SWIGLU: return QT_ACT_SWIGLU;
+    case RECIPE_LAYER_LINEAR:
+    case RECIPE_LAYER_RMSNORM:
+    case RECIPE_LAYER_RESIDUAL_BEGIN:
+    case RECIPE_LAYER_RESIDUAL_END:
+    case RECIPE_LAYER_MOE:
+    case RECIPE_LAYER_KIND_COUNT: break;  // not activations
+    }
+    QT_ASSERT(!"not an activation");
+    return 0;
+}
+
+// Whether the tensor that layer i produces (forward: its output; backward: its input's
+// gradient) is next cast by a per-tensor current-scaling quantizer: the input quantizer of the
+// following linear, or the gradient quantizer of the preceding one, past residual markers that
+// hand the tensor on unchanged. Then the producer takes the amax as it writes, and the cast reads
+// it instead of making its own pass over the tensor.
+static bool mb_current_consumer(const mb *b, uint32_t i, bool backward) {
+    const model *m = b->m;
+    const recipe_model *rm = &m->recipe->model;
+    recipe_layer_kind pass = backward ? RECIPE_LAYER_RESIDUAL_END : RECIPE_LAYER_RESIDUAL_BEGIN;
+    uint32_t j = i;
+    do {
+        if (backward ? j <= m->first_param_layer : j + 1 >= rm->layers_count) return false;
+        j = backward ? j - 1 : j + 1;
+    } while (rm->layers[j].kind == pass);
+    if (rm->layers[j].kind != RECIPE_LAYER_LINEAR) return false;
+    const model_linear *lin = &m->linears[m->layer_linear[j]];
+    const model_quantizer *q = &m->quantizers[backward ? lin->q_grad : lin->q_input];
+    return q->q.scheme == QT_SCHEME_CURRENT;
+}
+
+// The amax slot "<mode>.<what>.amax" of a producer that mb_current_consumer approved, zeroed by
+// an op of its own before the producer merges into it; absent otherwise.
+static qt_status mb_producer_amax(mb *b, uint32_t i, bool backward, const char *what,
+                                  prog_ref *amax) {
+    *amax = OP_REF_NONE;
+    if (!mb_current_consumer(b, i, backward)) return QT_OK;
+    char name[ARENA_NAME_MAX];
+    snprintf(name, sizeof name, "%s.amax", what);
+    QT_TRY(mb_region(b, name, 4, ARENA_CAT_WORKSPACE, amax));
+    return op_fp8_amax_zero(b->p, name, *amax, 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mixture of experts (ptx/moe.h draws the routing, model.h's model_moe the plan)
+
+static mb_moe *mb_moe_state(mb *b, uint32_t layer) { return &b->moes[b->m->layer_moe[layer]]; }
+
+// One of the layer's permuted tensors (rows: the capacity, members: the experts).
+static mb_operand mb_grouped(const model_quantizer *mq, const model_qstore *s, const mb_moe *st,
+                             uint32_t cols, bool colwise) {
+    mb_operand o = {mq, s, st->routing.capacity, cols, colwise, 0, st->routing.group};
+    return o;
+}
+
+// A stacked expert weight, read rowwise (fprop) or columnwise (dgrad).
+static mb_operand mb_stacked(const mb *b, const model_linear *lin, bool colwise) {
+    const model_param *w = &b->m->params[lin->weight];
+    op_group g = {lin->members, mb_dev(b, w->group_offsets), mb_dev(b, w->group_dims)};
+    mb_operand o = {&b->m->quantizers[lin->q_weight], &w->weight, lin->out, lin->in_padded,
+                    colwise, lin->members, g};
+    return o;
+}
+
+// The region "<mode>.<layer>.<part>" of a u32 or f32 array.
+static qt_status mb_moe_array(mb *b, const char *name, const char *part, uint64_t count,
+                              arena_category cat, prog_ref *out) {
+    char what[ARENA_NAME_MAX];
+    snprintf(what, sizeof what, "%s.%s", name, part);
+    return mb_region(b, what, count * 4, cat, out);
+}
+
+// Softmax, top-k and the permutation by expert (op_moe_route_and_permute).
+static qt_status mb_moe_route(mb *b, const char *name, const model_moe *mo, prog_ref logits,
+                              op_moe_routing *r) {
+    memset(r, 0, sizeof *r);
+    r->tokens = b->m->batch;
+    r->experts = mo->experts;
+    r->topk = mo->topk;
+    r->row_align = mo->row_align;
+    r->capacity = mo->capacity;
+    r->logits = logits;
+    uint64_t assignments = (uint64_t)r->tokens * r->topk;
+    arena_category keep = ARENA_CAT_ACTIVATIONS;
+    QT_TRY(mb_moe_array(b, name, "probs", (uint64_t)r->tokens * r->experts, keep, &r->probs));
+    QT_TRY(mb_moe_array(b, name, "expert", assignments, keep, &r->expert));
+    QT_TRY(mb_moe_array(b, name, "gate", assignments, keep, &r->gate));
+    QT_TRY(mb_moe_array(b, name, "chunk_counts",
+                        (uint64_t)op_moe_chunks((uint32_t)assignments) * r->experts,
+                        ARENA_CAT_WORKSPACE, &r->chunk_counts));
+    QT_TRY(mb_moe_array(b, name, "chunk_base",
+                        (uint64_t)op_moe_chunks((uint32_t)assignments) * r->experts,
+                        ARENA_CAT_WORKSPACE, &r->chunk_base));
+    QT_TRY(mb_moe_array(b, name, "row_of", assignments, keep, &r->row_of));
+    QT_TRY(mb_moe_array(b, name, "assign_of", r->capacity, keep, &r->assign_of));
+    r->group.count = r->experts;
+    QT_TRY(mb_moe_array(b, name, "first_dims", r->experts, keep, &r->group.first_dims));
+    QT_TRY(mb_moe_array(b, name, "row_offsets", r->experts + 1ull, keep,
+                        &r->group.row_offsets));
+    const model *m = b->m;
+    bool rht = m->quantizers[m->linears[mo->fc1].q_input].rht ||
+               m->quantizers[m->linears[mo->fc2].q_input].rht;
+    if (b->train && rht) {
+        QT_TRY(mb_moe_array(b, name, "whole_dims", r->experts, keep, &r->whole_dims));
+    }
+    return op_moe_route_and_permute(b->p, name, r);
+}
+
+// An expert GEMM's fprop: y [capacity][out] = the grouped input (quantized into xq) times each
+// expert's weight.
+static qt_status mb_moe_expert_fprop(mb *b, const char *name, const char *gemm, uint32_t li,
+                                     const mb_moe *st, model_tensor x, model_tensor *y) {
+    model *m = b->m;
+    const model_linear *lin = &m->linears[li];
+    char what[ARENA_NAME_MAX];
+    snprintf(what, sizeof what, "%s.%s.x", name, gemm);
+    QT_TRY(mb_quantize(b, what, &m->quantizers[lin->q_input], x, st->routing.group, true,
+                       b->train, b->train, &b->xq[li]));
+    snprintf(what, sizeof what, "%s.%s.y", name, gemm);
+    QT_TRY(mb_tensor(b, what, x.rows, lin->out, ARENA_CAT_ACTIVATIONS, y));
+    mb_operand a = mb_grouped(&m->quantizers[lin->q_input], &b->xq[li], st, lin->in, false);
+    mb_operand w = mb_stacked(b, lin, false);
+    snprintf(what, sizeof what, "%s.%s.fprop", name, gemm);
+    return mb_gemm(b, what, MODEL_FPROP, lin, &a, &w, *y, OP_REF_NONE, GEMM_GROUP_M,
+                   st->routing.group);
+}
+
+// router -> softmax -> top-k -> permutation -> gather -> fc1 -> activation -> fc2 -> combine.
+static qt_status mb_moe_forward(mb *b, uint32_t layer, model_tensor x, model_tensor *y) {
+    model *m = b->m;
+    const model_moe *mo = &m->moes[m->layer_moe[layer]];
+    mb_moe *st = mb_moe_state(b, layer);
+    const model_linear *router = &m->linears[mo->router];
+    const char *name = m->recipe->model.layers[layer].name;
+    QT_ASSERT(x.cols == mo->width && x.rows == m->batch);
+    char what[ARENA_NAME_MAX];
+    snprintf(what, sizeof what, "%s.router.x", name);
+    QT_TRY(mb_quantize(b, what, &m->quantizers[router->q_input], x, op_group_dense(), true,
+                       b->train, b->train, &b->xq[mo->router]));
+    model_tensor logits;
+    snprintf(what, sizeof what, "%s.logits", name);
+    QT_TRY(mb_tensor_of(b, what, x.rows, mo->experts, QT_DTYPE_F32, ARENA_CAT_ACTIVATIONS,
+                        &logits));
+    mb_operand a = mb_dense(&m->quantizers[router->q_input], &b->xq[mo->router], x.rows,
+                            mo->width, false);
+    mb_operand w = mb_dense(&m->quantizers[router->q_weight],
+                            &m->params[router->weight].weight, mo->experts, mo->width, false);
+    snprintf(what, sizeof what, "%s.router.fprop", name);
+    QT_TRY(mb_gemm(b, what, MODEL_FPROP, router, &a, &w, logits, OP_REF_NONE, GEMM_DENSE,
+                   op_group_dense()));
+    QT_TRY(mb_moe_route(b, name, mo, logits.ref, &st->routing));
+    snprintf(what, sizeof what, "%s.xp", name);
+    QT_TRY(mb_tensor_of(b, what, mo->capacity, mo->width, x.dtype, ARENA_CAT_ACTIVATIONS,
+                        &st->xp));
+    snprintf(what, sizeof what, "%s.gather", name);
+    QT_TRY(op_moe_gather(b->p, what, &st->routing, x.ref,
+                         mo->width * qt_act_dtype_bytes(x.dtype), st->xp.ref));
+    QT_TRY(mb_moe_expert_fprop(b, name, "fc1", mo->fc1, st, st->xp, &st->h));
+    model_tensor act;
+    snprintf(what, sizeof what, "%s.act", name);
+    QT_TRY(mb_tensor(b, what, mo->capacity, mo->hidden, ARENA_CAT_ACTIVATIONS, &act));
+    QT_TRY(op_act_forward(b->p, what, mb_act_kind(mo->act), mo->capacity, st->h.cols,
+                          mb_act(st->h), OP_ACT_NONE, mb_act(act), OP_REF_NONE));
+    QT_TRY(mb_moe_expert_fprop(b, name, "fc2", mo->fc2, st, act, &st->yp));
+    snprintf(what, sizeof what, "%s.y", name);
+    QT_TRY(mb_tensor(b, what, x.rows, mo->width, ARENA_CAT_ACTIVATIONS, y));
+    op_moe_tensor src = {st->yp.ref, st->yp.dtype}, out = {y->ref, y->dtype};
+    op_moe_tensor none = {OP_REF_NONE, QT_DTYPE_F32};
+    return op_moe_combine(b->p, what, &st->routing, mo->width, src, st->routing.gate, none,
+                          out);
+}
+
+static qt_status mb_layer_forward(mb *b, uint32_t i, model_tensor x, model_tensor *stack,
+                                  uint32_t *depth, model_tensor *y) {
+    const recipe_layer *l = &b->m->recipe->model.layers[i];
+    char buf[24], what[ARENA_NAME_MAX];
+    const char *name = mb_layer_name(b, i, buf, sizeof buf);
+    snprintf(what, sizeof what, "%s.y", name);
+    uint32_t rows = x.rows;
+    switch (l->kind) {
+    case RECIPE_LAYER_LINEAR:
+        return mb_linear_forward(b, i, x, y);
+    case RECIPE_LAYER_MOE:
+        return mb_moe_forward(b, i, x, y);
+    case RECIPE_LAYER_RELU:
+    case RECIPE_LAYER_GELU:
+    case RECIPE_LAYER_SILU:
+    case RECIPE_LAYER_SWIGLU:
+        QT_TRY(mb_tensor(b, what, rows, l->out_features, ARENA_CAT_ACTIVATIONS, y));
+        QT_TRY(mb_producer_amax(b, i, false, what, &y->amax));
+        return op_act_forward(b->p, what, mb_act_kind(l->kind), rows, x.cols, mb_act(x),
+                              OP_ACT_NONE, mb_act(*y), y->amax);
+    case RECIPE_LAYER_RMSNORM: {
+        QT_TRY(mb_tensor(b, what, rows, x.cols, ARENA_CAT_ACTIVATIONS, y));
+        snprintf(what, sizeof what, "%s.inv_rms", name);
+        QT_TRY(mb_region(b, what, (uint64_t)rows * 4, ARENA_CAT_ACTIVATIONS, &b->inv_rms[i]));
+        op_act_tensor gamma = {mb_dev(b, b->m->params[b->m->layer_param[i]].master),
+                               QT_DTYPE_F32};
+        return op_rmsnorm_forward(b->p, name, rows, x.cols, l->eps, mb_act(x), gamma,
+                                  mb_act(*y), b->inv_rms[i]);
+    }
+    case RECIPE_LAYER_RESIDUAL_BEGIN:
+        QT_ASSERT(*depth < RECIPE_RESIDUAL_DEPTH_MAX);
+        stack[(*depth)++] = x;
+        *y = x;
+        return QT_OK;
+    case RECIPE_LAYER_RESIDUAL_END:
+        QT_ASSERT(*depth > 0);
+        QT_TRY(mb_tensor(b, what, rows, x.cols, ARENA_CAT_ACTIVATIONS, y));
+        return op_residual_forward(b->p, what, (uint64_t)rows * x.cols,
+                                   mb_act(stack[--(*depth)]), mb_act(x), mb_act(*y));
+    case RECIPE_LAYER_KIND_COUNT: break;
+    }
+    QT_ASSERT(!"unknown layer kind");
+    return QT_ERR_INPUT;
+}
+
+static qt_status mb_forward(mb *b) {
+    const recipe_model *rm = &b->m->recipe->model;
+    model_tensor stack[RECIPE_RESIDUAL_DEPTH_MAX];
+    uint32_t depth = 0;
+    model_tensor x = b->input;
+    // A model that does not start with a linear has no padding: its input is the data's width.
+    x.cols = b->m->input_stride;
+    for (uint32_t i = 0; i < rm->layers_count; i++) {
+        b->acts[i] = x;
+        model_tensor y;
+        QT_TRY(mb_layer_forward(b, i, x, stack, &depth, &y));
+        x = y;
+    }
+    QT_ASSERT(depth == 0);
+    b->acts[rm->layers_count] = x;
+    return QT_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Loss
+
+// Several ranks: each rank's loss over its share, then the statistics of the global batch (the
+// ranks' sums in rank order) and the loss gradient scaled to the rank's part of the global mean.
+static qt_status mb_loss_parallel(mb *b, prog_ref local, uint32_t cols) {
+    model *m = b->m;
+    if (b->train) {
+        QT_TRY(op_dp_loss_share(b->p, "dp.loss_share", b->dlogits.ref, b->dlogits.dtype,
+                                (uint64_t)b->dlogits.rows * b->dlogits.cols, b->rows_valid));
+    }
+    prog_ref all;
+    QT_TRY(mb_dp_gather(b, "dp.loss_stats", local, sizeof(qt_loss_stats), &all));
+    return op_dp_stats_fold(b->p, "dp.loss_stats.fold", all, m->world,
+                            m->classification ? 1 : cols, b->stats);
+}
+
+static qt_status mb_loss(mb *b) {
+    model *m = b->m;
+    model_tensor out = b->acts[m->recipe->model.layers_count];
+    uint32_t rows = out.rows, cols = out.cols;
+    QT_TRY(mb_region(b, "loss.stats", sizeof(qt_loss_stats), ARENA_CAT_STAGING, &b->stats));
+    prog_ref stats = b->stats;  // several ranks: this rank's, folded into b->stats after
+    if (mb_parallel(b)) {
+        QT_TRY(mb_region(b, "loss.stats_rank", sizeof(qt_loss_stats), ARENA_CAT_STAGING, &stats));
+    }
+    op_act_tensor grad = OP_ACT_NONE;
+    if (b->train) {
+        QT_TRY(mb_tensor(b, "loss.dy", rows, cols, ARENA_CAT_ACTIVATIONS, &b->dlogits));
+        grad = mb_act(b->dlogits);
+    }
+    // Small losses run in one kernel that needs no workspace (0 bytes).
+    uint64_t ws_bytes = m->classification ? op_xent_workspace_bytes(rows, cols)
+                                          : op_mse_workspace_bytes(rows, cols);
+    prog_ref ws = OP_REF_NONE;
+    if (ws_bytes) QT_TRY(mb_region(b, "loss.ws", ws_bytes, ARENA_CAT_WORKSPACE, &ws));
+    if (m->classification) {
+        QT_TRY(op_xent(b->p, "loss", rows, cols, mb_act(out), b->targets, OP_REF_NONE, grad, ws,
+                       stats));
+    } else {
+        op_act_tensor target = {b->targets, QT_DTYPE_F32};
+        QT_TRY(op_mse(b->p, "loss", rows, cols, mb_act(out), target, b->rows_valid, grad, ws,
+                      stats));
+    }
+    return mb_parallel(b) ? mb_loss_parallel(b, stats, cols) : QT_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward
+
+static qt_status mb_linear_backward(mb *b, uint32_t layer, model_tensor dy, model_tensor *dx) {
+    model *m = b->m;
+    uint32_t li = m->layer_linear[layer];
+    const model_linear *lin = &m->linears[li];
+    const char *name = m->recipe->model.layers[layer].name;
+    const model_quantizer *qg = &m->quantizers[lin->q_grad];
+    char what[ARENA_NAME_MAX];
+    snprintf(what, sizeof what, "%s.dy", name);
+    model_qstore dyq;
+    // dgrad reads the rowwise copy, wgrad the columnwise one; the first layer has no dgrad.
+    QT_TRY(mb_quantize(b, what, qg, dy, op_group_dense(), lin->needs_dx, true, true, &dyq));
+    uint32_t rows = dy.rows;
+    const model_param *w = &m->params[lin->weight];
+    model_tensor dw = {mb_dev(b, w->grad), QT_DTYPE_F32, lin->out, lin->in_padded,
+                       OP_REF_NONE};
+    mb_operand g_col = mb_dense(qg, &dyq, rows, lin->out, true);
+    mb_operand x_col = mb_dense(&m->quantizers[lin->q_input], &b->xq[li], rows, lin->in_padded,
+                                true);
+    snprintf(what, sizeof what, "%s.wgrad", name);
+    QT_TRY(mb_gemm(b, what, MODEL_WGRAD, lin, &g_col, &x_col, dw, OP_REF_NONE, GEMM_DENSE,
+                   op_group_dense()));
+    if (lin->bias) {
+        snprintf(what, sizeof what, "%s.bgrad", name);
+        prog_ref db = mb_dev(b, m->params[lin->bias_param].grad);
+        QT_TRY(op_gemm_bias_grad(b->p, what, dy.ref, dy.dtype, rows, lin->out, lin->out, 0,
+                                 OP_REF_NONE, OP_REF_NONE, db));
+    }
+    if (!lin->needs_dx) return QT_OK;
+    snprintf(what, sizeof what, "%s.dx", name);
+    QT_TRY(mb_tensor(b, what, rows, lin->in_padded, ARENA_CAT_ACTIVATIONS, dx));
+    mb_operand g_row = mb_dense(qg, &dyq, rows, lin->out, false);
+    mb_operand w_col = mb_dense(&m->quantizers[lin->q_weight], mb_weight(b, lin), lin->out,
+                                lin->in_padded, true);
+    snprintf(what, sizeof what, "%s.dgrad", name);
+    return mb_gemm(b, what, MODEL_DGRAD, lin, &g_row, &w_col, *dx, OP_REF_NONE, GEMM_DENSE,
+                   op_group_dense());
+}
+
+static qt_status mb_rmsnorm_backward(mb *b, uint32_t i, const char *name, model_tensor dy,
+                                     model_tensor *dx) {
+    model_tensor x = b->acts[i];
+    char what[ARENA_NAME_MAX];
+    snprintf(what, sizeof what, "%s.dx", name);
+    QT_TRY(mb_tensor(b, what, x.rows, x.cols, ARENA_CAT_ACTIVATIONS, dx));
+    snprintf(what, sizeof what, "%s.dgamma_ws", name);
+    op_rmsnorm_grads grads = {mb_act(*dx), mb_dev(b, b->m->params[b->m->layer_param[i]].grad),
+                              false, OP_REF_NONE};
+    QT_TRY(mb_region(b, what, op_rmsnorm_workspace_bytes(x.rows, x.cols), ARENA_CAT_WORKSPACE,
+                     &grads.workspace));
+    op_act_tensor gamma = {mb_dev(b, b->m->params[b->m->layer_param[i]].master), QT_DTYPE_F32};
+    return op_rmsnorm_backward(b->p, name, x.rows, x.cols, mb_act(x), gamma, b->inv_rms[i],
+                               mb_act(dy), &grads);
+}
+
+// An expert GEMM's gradients from dy [capacity][out]: dW (K-grouped: each expert's rows) and,
+// when dx is given, dx [capacity][in] (M-grouped, each expert's columnwise weight).
+static qt_status mb_moe_expert_backward(mb *b, const char *name, const char *gemm, uint32_t li,
+                                        const mb_moe *st, model_tensor dy, model_tensor *dx) {
+    model *m = b->m;
+    const model_linear *lin = &m->linears[li];
+    const model_quantizer *qg = &m->quantizers[lin->q_grad];
+    char what[ARENA_NAME_MAX];
+    snprintf(what, sizeof what, "%s.%s.dy", name, gemm);
+    model_qstore dyq;
+    QT_TRY(mb_quantize(b, what, qg, dy, st->routing.group, dx != NULL, true, true, &dyq));
+    const model_param *w = &m->params[lin->weight];
+    model_tensor dw = {mb_dev(b, w->grad), QT_DTYPE_F32, lin->out, lin->in_padded,
+                       OP_REF_NONE};
+    mb_operand g_col = mb_grouped(qg, &dyq, st, lin->out, true);
+    mb_operand x_col = mb_grouped(&m->quantizers[lin->q_input], &b->xq[li], st, lin->in, true);
+    // With RHT on both operands (model.c pairs them) the contraction covers whole 16-row groups,
+    // where the transform cancels (op_moe_routing.whole_dims).
+    op_group contraction = st->routing.group;
+    if (m->quantizers[lin->q_input].rht) contraction.first_dims = st->routing.whole_dims;
+    snprintf(what, sizeof what, "%s.%s.wgrad", name, gemm);
+    QT_TRY(mb_gemm(b, what, MODEL_WGRAD, lin, &g_col, &x_col, dw, OP_REF_NONE, GEMM_GROUP_K,
+                   contraction));
+    if (dx == NULL) return QT_OK;
+    snprintf(what, sizeof what, "%s.%s.dx", name, gemm);
+    QT_TRY(mb_tensor(b, what, dy.rows, lin->in, ARENA_CAT_ACTIVATIONS, dx));
+    mb_operand g_row = mb_grouped(qg, &dyq, st, lin->out, false);
+    mb_operand w_col = mb_stacked(b, lin, true);
+    snprintf(what, sizeof what, "%s.%s.dgrad", name, gemm);
+    return mb_gemm(b, what, MODEL_DGRAD, lin, &g_row, &w_col, *dx, OP_REF_NONE, GEMM_GROUP_M,
+                   st->routing.group);
+}
+
+// The router's gradients: dlogits through the softmax (the gates' gradient and the
+// load-balancing loss), dW, and when the layer needs its input's gradient, dx [tokens][width].
+static qt_status mb_moe_router_backward(mb *b, const char *name, const model_moe *mo,
+                                        const mb_moe *st, prog_ref dgate, model_tensor *dx) {
+    model *m = b->m;
+    const model_linear *router = &m->linears[mo->router];
+    const model_quantizer *qg = &m->quantizers[router->q_grad];
+    const model_quantizer *qi = &m->quantizers[router->q_input];
+    char what[ARENA_NAME_MAX];
+    model_tensor dlogits;
+    snprintf(what, sizeof what, "%s.dlogits", name);
+    QT_TRY(mb_tensor_of(b, what, m->batch, mo->experts, QT_DTYPE_F32, ARENA_CAT_ACTIVATIONS,
+                        &dlogits));
+    op_moe_tensor out = {dlogits.ref, dlogits.dtype};
+    snprintf(what, sizeof what, "%s.router_bwd", name);
+    QT_TRY(op_moe_router_backward(b->p, what, &st->routing, dgate, mo->aux_scale, out));
+    snprintf(what, sizeof what, "%s.router.dy", name);
+    model_qstore dlq;
+    QT_TRY(mb_quantize(b, what, qg, dlogits, op_group_dense(), router->needs_dx, true, true,
+                       &dlq));
+    const model_param *w = &m->params[router->weight];
+    model_tensor dw = {mb_dev(b, w->grad), QT_DTYPE_F32, mo->experts, mo->width, OP_REF_NONE};
+    mb_operand g_col = mb_dense(qg, &dlq, m->batch, mo->experts, true);
+    mb_operand x_col = mb_dense(qi, &b->xq[mo->router], m->batch, mo->width, true);
+    snprintf(what, sizeof what, "%s.router.wgrad", name);
+    QT_TRY(mb_gemm(b, what, MODEL_WGRAD, router, &g_col, &x_col, dw, OP_REF_NONE, GEMM_DENSE,
+                   op_group_dense()));
+    if (!router->needs_dx) return QT_OK;
+    snprintf(what, sizeof what, "%s.router.dx", name);
+    QT_TRY(mb_tensor(b, what, m->batch, mo->width, ARENA_CAT_ACTIVATIONS, dx));
+    mb_operand g_row = mb_dense(qg, &dlq, m->batch, mo->experts, false);
+    mb_operand w_col = mb_dense(&m->quantizers[router->q_weight], &w->weight, mo->experts,
+                                mo->width, true);
+    snprintf(what, sizeof what, "%s.router.dgrad", name);
+    return mb_gemm(b, what, MODEL_DGRAD, router, &g_row, &w_col, *dx, OP_REF_NONE, GEMM_DENSE,
+                   op_group_dense());
+}
+
+// combine -> fc2 -> activation -> fc1 -> un-permute, and the router: every weight's gradient,
+// and dx = the router's input gradient + each token's fc1 input gradients.
+static qt_status mb_moe_backward(mb *b, uint32_t layer, model_tensor dy, model_tensor *dx) {
+    model *m = b->m;
+    const model_moe *mo = &m->moes[m->layer_moe[layer]];
+    const mb_moe *st = mb_moe_state(b, layer);
+    const char *name = m->recipe->model.layers[layer].name;
+    char what[ARENA_NAME_MAX];
+    model_tensor dyp;
+    prog_ref dgate;
+    snprintf(what, sizeof what, "%s.dyp", name);
+    QT_TRY(mb_tensor(b, what, mo->capacity, mo->width, ARENA_CAT_ACTIVATIONS, &dyp));
+    QT_TRY(mb_moe_array(b, name, "dgate", (uint64_t)m->batch * mo->topk, ARENA_CAT_ACTIVATIONS,
+                        &dgate));
+    snprintf(what, sizeof what, "%s.combine_bwd", name);
+    op_moe_tensor tdy = {dy.ref, dy.dtype}, typ = {st->yp.ref, st->yp.dtype};
+    op_moe_tensor tdyp = {dyp.ref, dyp.dtype};
+    QT_TRY(op_moe_combine_backward(b->p, what, &st->routing, mo->width, tdy, typ, tdyp, dgate));
+    model_tensor dact, dh;
+    QT_TRY(mb_moe_expert_backward(b, name, "fc2", mo->fc2, st, dyp, &dact));
+    snprintf(what, sizeof what, "%s.dact", name);
+    QT_TRY(mb_tensor(b, what, mo->capacity, st->h.cols, ARENA_CAT_ACTIVATIONS, &dh));
+    QT_TRY(op_act_backward(b->p, what, mb_act_kind(mo->act), mo->capacity, st->h.cols,
+                           mb_act(st->h), OP_ACT_NONE, mb_act(dact), mb_act(dh), OP_REF_NONE));
+    bool needs_dx = m->linears[mo->fc1].needs_dx;
+    model_tensor dxp = {0}, dxr = {0};
+    QT_TRY(mb_moe_expert_backward(b, name, "fc1", mo->fc1, st, dh, needs_dx ? &dxp : NULL));
+    QT_TRY(mb_moe_router_backward(b, name, mo, st, dgate, &dxr));
+    if (!needs_dx) return QT_OK;
+    snprintf(what, sizeof what, "%s.dx", name);
+    QT_TRY(mb_tensor(b, what, m->batch, mo->width, ARENA_CAT_ACTIVATIONS, dx));
+    op_moe_tensor src = {dxp.ref, dxp.dtype}, add = {dxr.ref, dxr.dtype};
+    op_moe_tensor out = {dx->ref, dx->dtype};
+    return op_moe_combine(b->p, what, &st->routing, mo->width, src, OP_REF_NONE, add, out);
+}
+
+static qt_status mb_layer_backward(mb *b, uint32_t i, model_tensor dy, model_tensor *stack,
+                                   uint32_t *depth, model_tensor *dx) {
+    const recipe_layer *l = &b->m->recipe->model.layers[i];
+    char buf[24], what[ARENA_NAME_MAX];
+    const char *name = mb_layer_name(b, i, buf, sizeof buf);
+    snprintf(what, sizeof what, "%s.dx", name);
+    model_tensor x = b->acts[i];
+    switch (l->kind) {
+    case RECIPE_LAYER_LINEAR:
+        return mb_linear_backward(b, i, dy, dx);
+    case RECIPE_LAYER_MOE:
+        return mb_moe_backward(b, i, dy, dx);
+    case RECIPE_LAYER_RELU:
+    case RECIPE_LAYER_GELU:
+    case RECIPE_LAYER_SILU:
+    case RECIPE_LAYER_SWIGLU:
+        QT_TRY(mb_tensor(b, what, x.rows, x.cols, ARENA_CAT_ACTIVATIONS, dx));
+        QT_TRY(mb_producer_amax(b, i, true, what, &dx->amax));
+        return op_act_backward(b->p, what, mb_act_kind(l->kind), x.rows, x.cols, mb_act(x),
+                               OP_ACT_NONE, mb_act(dy), mb_act(*dx), dx->amax);
+    case RECIPE_LAYER_RMSNORM:
+        return mb_rmsnorm_backward(b, i, name, dy, dx);
+    case RECIPE_LAYER_RESIDUAL_END:
+        // The block's output gradient goes to its branch (dy, unchanged) and to the skip path.
+        QT_ASSERT(*depth < RECIPE_RESIDUAL_DEPTH_MAX);
+        stack[(*depth)++] = dy;
+        *dx = dy;
+        return QT_OK;
+    case RECIPE_LAYER_RESIDUAL_BEGIN:
+        // The input's gradient sums both paths, into a new tensor: the skip gradient may be the
+        // very tensor of the branch (an empty block) or of an enclosing block's skip path.
+        QT_ASSERT(*depth > 0);
+        QT_TRY(mb_tensor(b, what, dy.rows, dy.cols, ARENA_CAT_ACTIVATIONS, dx));
+        return op_residual_forward(b->p, what, (uint64_t)dy.rows * dy.cols,
+                                   mb_act(stack[--(*depth)]), mb_act(dy), mb_act(*dx));
+    case RECIPE_LAYER_KIND_COUNT: break;
+    }
+    QT_ASSERT(!"unknown layer kind");
+    return QT_ERR_INPUT;
+}
+
+// From the loss gradient down to the first layer with parameters; its input's gradient is
+// not needed.
+static qt_status mb_backward(mb *b) {
+    const recipe_model *rm = &b->m->recipe->model;
+    model_tensor stack[RECIPE_RESIDUAL_DEPTH_MAX];
+    uint32_t depth = 0;
+    model_tensor dy = b->dlogits;
+    for (uint32_t i = rm->layers_count; i-- > b->m->first_param_layer;) {
+        model_tensor dx = {0};
+        QT_TRY(mb_layer_backward(b, i, dy, stack, &depth, &dx));
+        dy = dx;
+    }
+    return QT_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Optimizer
+
+// The optimizer's view of parameter i (op_optim.h): its update inputs and its weight's copies.
+static void mb_param_desc(const mb *b, uint32_t i, optim_param_desc *d) {
+    const model *m = b->m;
+    const model_param *p = &m->params[i];
+    const recipe_optim *o = &m->recipe->optim;
+    memset(d, 0, sizeof *d);
+    d->name = p->name;
+    d->rows = p->rows;
+    d->cols = p->cols;
+    d->grad_dtype = QT_DTYPE_F32;
+    d->master = mb_dev(b, p->master);
+    if (m->modes[MODEL_MODE_TRAIN]) {
+        d->grad = mb_dev(b, p->grad);
+        d->m = mb_dev(b, p->m);
+        d->v = mb_dev(b, p->v);
+    }
+    d->hp = (optim_hparams){o->beta1, o->beta2, o->eps, o->weight_decay, 1.0f, true};
+    d->weight = OPTIM_WEIGHT_NONE;
+    if (p->quantizer < 0) return;
+    const model_quantizer *mq = &m->quantizers[p->quantizer];
+    const model_qstore *s = &p->weight;
+    if (p->members) {
+        d->group = (op_group){p->members, mb_dev(b, p->group_offsets), mb_dev(b, p->group_dims)};
+    }
+    switch (mq->q.format) {
+    case QT_FORMAT_BF16:
+        d->weight = OPTIM_WEIGHT_BF16;
+        d->bf16 = s->bf16.ref;
+        return;
+    case QT_FORMAT_FP8_E4M3:
+    case QT_FORMAT_FP8_E5M2:
+        d->fp8 = (op_fp8_output){model_fp8_code(mq->q.elem), s->row_data, s->col_data,
+                                 s->scale_inv};
+        if (mq->q.scheme == QT_SCHEME_DELAYED) {
+            d->weight = OPTIM_WEIGHT_FP8_DELAYED;
+            d->fp8_scale = mb_state_scale(b, mq);
+            d->fp8_amax = mb_state_amax(b, mq);
+        } else {
+            d->weight = OPTIM_WEIGHT_FP8_CURRENT;
+            d->fp8_amax = s->amax_row;
+            d->fp8_pow2 = mq->q.pow2;
+            d->fp8_eps = mq->q.amax_eps;
+        }
+        return;
+    case QT_FORMAT_MXFP8: {
+        model_tensor master = {d->master, QT_DTYPE_F32, p->rows, p->cols, OP_REF_NONE};
+        d->weight = OPTIM_WEIGHT_MXFP8;
+        d->mxfp8 = mb_mxfp8_desc(mq, master, s);
+        return;
+    }
+    case QT_FORMAT_FP8_BLOCK_1D:
+    case QT_FORMAT_FP8_BLOCK_2D:
+        d->weight = OPTIM_WEIGHT_FP8_BLOCK;
+        d->block = mb_block_tensor(mq, p->rows, p->cols, s);
+        d->block_options = (op_block_options){!mq->q.pow2, mq->q.amax_eps};
+        return;
+    case QT_FORMAT_NVFP4:
+        d->weight = OPTIM_WEIGHT_NVFP4;
+        d->nvfp4 = mb_nvfp4_quant(b, mq, s);
+        return;
+    case QT_FORMAT_COUNT: break;
+    }
+    QT_ASSERT(!"unknown format");
+}
+
+// Every parameter, in order: the list the optimizer's launches cover.
+// The parameters this rank updates (every one on a single GPU; with data parallelism those it
+// owns), in parameter order, into optim_list; returns their count.
+static uint32_t mb_optim_list(mb *b) {
+    uint32_t count = 0;
+    for (uint32_t i = 0; i < b->m->param_count; i++) {
+        if (!model_param_owned(b->m, i)) continue;  // another rank's
+        mb_param_desc(b, i, &b->optim_list[count++]);
+    }
+    return count;
+}
+
+static qt_status mb_optimizer(mb *b) {
+    model *m = b->m;
+    prog_ref *grads = b->grads;
+    uint64_t *counts = b->grad_counts;
+    for (uint32_t i = 0; i < m->param_count; i++) {
+        grads[i] = mb_dev(b, m->params[i].grad);
+        counts[i] = (uint64_t)m->params[i].rows * m->params[i].cols;
+    }
+    if (m->inject.on) {
+        // After every gradient is written, before the norm reads them (program order).
+        QT_TRY(op_sched_inject(b->p, "inject", mb_dev(b, m->io.counter), m->inject.step,
+                               grads[m->inject_param], m->inject.bits));
+    }
+    // Several ranks: the gradients summed into their owners, and the norm over the owned ones
+    // (the parameters this rank updates), folded with the other ranks' after.
+    prog_ref owned_grads[MODEL_PARAMS_MAX];
+    uint64_t owned_counts[MODEL_PARAMS_MAX];
+    uint32_t owned = 0;
+    if (mb_parallel(b)) QT_TRY(mb_dp_reduce_grads(b));
+    for (uint32_t i = 0; i < m->param_count; i++) {
+        if (!model_param_owned(m, i)) continue;
+        owned_grads[owned] = grads[i];
+        owned_counts[owned++] = counts[i];
+    }
+    prog_ref ws;
+    QT_TRY(mb_region(b, "grad_norm.ws", op_grad_norm_workspace_bytes(owned, owned_counts),
+                     ARENA_CAT_WORKSPACE, &ws));
+    QT_TRY(mb_region(b, "grad_norm", sizeof(qt_gnorm_result), ARENA_CAT_STAGING, &b->gnorm));
+    prog_ref norm = b->gnorm;
+    if (mb_parallel(b)) {
+        QT_TRY(mb_region(b, "grad_norm_rank", sizeof(qt_gnorm_result), ARENA_CAT_STAGING,
+                         &norm));
+    }
+    QT_TRY(op_grad_norm(b->p, "grad_norm", owned, owned_grads, owned_counts,
+                        m->recipe->optim.clip, ws, mb_dev(b, m->io.gnorm_ticket), norm));
+    if (mb_parallel(b)) {
+        prog_ref all;
+        QT_TRY(mb_dp_gather(b, "dp.grad_norm", norm, sizeof(qt_gnorm_result), &all));
+        QT_TRY(op_dp_gnorm_fold(b->p, "dp.grad_norm.fold", all, m->world,
+                                m->recipe->optim.clip, b->gnorm));
+    }
+    // This step's optimizer values: the updates, the delayed-scaling states and the record
+    // read them; nothing persistent changes when the step is skipped (ptx/optim.h).
+    QT_TRY(mb_region(b, "optim_state", sizeof(optim_state), ARENA_CAT_STAGING, &b->optim));
+    prog_ref state = b->optim;
+    QT_TRY(op_optim_begin(b->p, "optim.begin", mb_dev(b, m->io.optim_steps), state, b->gnorm,
+                          mb_dev(b, m->io.lr_rows), m->io.lr_row_count));
+    uint32_t updated = mb_optim_list(b);
+    QT_TRY(op_optim_adamw_multi(b->p, "optim.adamw", b->optim_list, updated, state,
+                                mb_dev(b, m->io.optim_table)));
+    return mb_parallel(b) ? mb_dp_broadcast_weights(b) : QT_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Delayed scaling and the record
+
+// The end of a step for every delayed-scaling state, in one op (QT_FP8_STATES_PER_OP states per
+// op): training runs the roll and scale update of ptx/quant_fp8.h after every cast of the
+// step (the optimizer's weight casts included), between a copy of this step's amaxes (history
+// row 0 before the roll) and one of the updated scales; eval and infer copy the scales alone.
+// The copies are in trace order, for the record.
+static qt_status mb_delayed(mb *b) {
+    model *m = b->m;
+    if (m->state_count == 0) return QT_OK;
+    uint64_t bytes = (uint64_t)m->delayed_slots * 4;
+    if (b->train) {
+        QT_TRY(mb_region(b, "record.amax", bytes, ARENA_CAT_STAGING, &b->snap_amax));
+    }
+    QT_TRY(mb_region(b, "record.scale", bytes, ARENA_CAT_STAGING, &b->snap_scale));
+    if (b->train && mb_parallel(b)) QT_TRY(mb_dp_amaxes(b));
+    op_fp8_delayed_state *states = b->states;
+    for (uint32_t s = 0; s < m->state_count; s++) {
+        const model_state *st = &m->states[s];
+        states[s] = (op_fp8_delayed_state){mb_dev(b, st->history), mb_dev(b, st->scale),
+                                           st->slots, st->history_len, st->algo, st->fp8,
+                                           (int)st->margin, st->trace_first};
+    }
+    op_fp8_delayed_end end = {b->train, b->train ? b->snap_amax : OP_FP8_NONE, b->snap_scale,
+                              b->train ? mb_at(b->optim, offsetof(optim_state, skip))
+                                       : OP_FP8_NONE,
+                              m->delayed_slots};
+    return op_fp8_delayed_states(b->p, "delayed", states, m->state_count, &end);
+}
+
+static qt_status mb_record(mb *b) {
+    model *m = b->m;
+    op_sched_record_desc d = {0};
+    d.counter = mb_dev(b, m->io.counter);
+    d.ring = (prog_ref){m->host, m->io.ring, 0};
+    d.ring_len = MODEL_RING_LEN;
+    static const uint32_t modes[MODEL_MODE_COUNT] = {QT_TRACE_MODE_TRAIN, QT_TRACE_MODE_EVAL,
+                                                     QT_TRACE_MODE_INFER};
+    d.mode = modes[b->mode];
+    if (b->mode != MODEL_MODE_INFER) {
+        d.loss = b->stats;
+        d.accuracy = m->classification;
+    }
+    if (b->train) {
+        d.gnorm = b->gnorm;
+        d.optim = b->optim;
+        d.amax = b->snap_amax;
+    }
+    d.scale = b->snap_scale;
+    d.quantizers = m->delayed_count;
+    return op_sched_record(b->p, "record", &d);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Programs
+
+// The first op of every step: this step's device slot (the counter's parity picks it; the copy
+// engine filled it from the pinned host slot, runtime/schedule/schedule.h) into the program's batch
+// region, a device-to-device pass (IDX pixels become FP32 x / 255 on the way).
+static qt_status mb_begin(mb *b, model *m, program *p, model_mode mode) {
+    memset(b, 0, sizeof *b);
+    b->m = m;
+    b->p = p;
+    b->mode = mode;
+    b->train = mode == MODEL_MODE_TRAIN;
+    QT_ASSERT(m->modes[mode]);
+    QT_TRY(mb_dp_begin(b, model_mode_name(mode)));
+    const data_slot_layout *slot = &m->io.slot, *layout = &m->io.batch;
+    prog_ref batch;
+    QT_TRY(mb_region(b, "batch", layout->bytes, ARENA_CAT_STAGING, &batch));
+    op_sched_slots src = {mb_dev(b, m->io.staged), slot->bytes, MODEL_DEVICE_SLOTS};
+    if (slot->input_type == DATA_INPUT_U8) {
+        op_sched_stage_desc d = {0};
+        d.counter = mb_dev(b, m->io.counter);
+        d.dst = batch;
+        d.src = src;
+        d.dst_bytes = layout->bytes;
+        d.src_bytes = slot->bytes;
+        d.pixels = (uint64_t)slot->batch * slot->stride;
+        d.inputs_offset = slot->inputs_offset;
+        d.src_targets_offset = slot->targets_offset;
+        d.dst_targets_offset = layout->targets_offset;
+        d.targets_bytes = (uint32_t)(slot->bytes - slot->targets_offset);
+        QT_TRY(op_sched_stage_u8(p, "stage", &d));
+    } else {
+        op_sched_slots dst = {batch, 0, 1};
+        QT_TRY(op_sched_copy(p, "stage", mb_dev(b, m->io.counter), dst, src, slot->bytes));
+    }
+    b->input = (model_tensor){mb_at(batch, layout->inputs_offset), QT_DTYPE_F32, m->batch,
+                              layout->stride, OP_REF_NONE};
+    b->targets = mb_at(batch, layout->targets_offset);
+    b->rows_valid = batch;  // data_slot_header.rows_valid is its first field
+    return QT_OK;
+}
+
+qt_status model_build_train(model *m, program *p) {
+    mb *b = &m->builder;
+    QT_TRY(mb_begin(b, m, p, MODEL_MODE_TRAIN));
+    QT_TRY(mb_forward(b));
+    QT_TRY(mb_loss(b));
+    QT_TRY(mb_backward(b));
+    QT_TRY(mb_optimizer(b));
+    QT_TRY(mb_delayed(b));
+    return mb_record(b);
+}
+
+qt_status model_build_eval(model *m, program *p) {
+    mb *b = &m->builder;
+    QT_TRY(mb_begin(b, m, p, MODEL_MODE_EVAL));
+    QT_TRY(mb_forward(b));
+    QT_TRY(mb_loss(b));
+    QT_TRY(mb_delayed(b));
+    return mb_record(b);
+}
+
+qt_status model_build_infer(model *m, program *p) {
+    mb *b = &m->builder;
+    QT_TRY(mb_begin(b, m, p, MODEL_MODE_INFER));
+    QT_TRY(mb_forward(b));
+    model_tensor out = b->acts[m->recipe->model.layers_count];
+    QT_ASSERT(out.dtype == QT_DTYPE_BF16);
+    op_sched_slots dst = {(prog_ref){m->host, m->io.outputs, 0}, m->io.outputs_bytes,
+                          MODEL_OUTPUT_SLOTS};
+    op_sched_slots src = {out.ref, 0, 1};
+    QT_TRY(op_sched_copy(p, "outputs", mb_dev(b, m->io.counter), dst, src,
+                         m->io.outputs_bytes));
+    QT_TRY(mb_delayed(b));
+    return mb_record(b);
+}
+
+// Start-up: every master from its seeded fill, delayed-scaling states at scale 1 with an empty
+// history (the arena is zeroed at bind), then every weight cast from its master, so that the
+// weights are the cast of their masters from the first step on (ptx/optim.h).
+qt_status model_build_init(model *m, program *p) {
+    mb *b = &m->builder;
+    memset(b, 0, sizeof *b);
+    b->m = m;
+    b->p = p;
+    QT_TRY(mb_dp_begin(b, "init"));
+    for (uint32_t s = 0; s < m->state_count; s++) {
+        const model_state *st = &m->states[s];
+        // A uniform fill over [1, 1) is exactly 1: fma(u, 0, 1).
+        QT_TRY(op_fill_random(p, "init.delayed_scale", mb_dev(b, st->scale), st->slots,
+                              QT_DTYPE_F32, QT_FILL_UNIFORM, 0, 0, 1.0f, 1.0f));
+    }
+    for (uint32_t i = 0; i < m->param_count; i++) {
+        const model_param *pa = &m->params[i];
+        if (!model_param_master_here(m, i)) continue;  // another rank's (data parallelism)
+        prog_ref master = mb_dev(b, pa->master);
+        uint64_t seed = qt_mix64(m->seed ^ (0x9E3779B97F4A7C15ull * (i + 1)));
+        if (pa->init == MODEL_INIT_ONE) {
+            QT_TRY(op_fill_random(p, pa->name, master, (uint64_t)pa->rows * pa->cols,
+                                  QT_DTYPE_F32, QT_FILL_UNIFORM, 0, 0, 1.0f, 1.0f));
+        } else if (pa->init == MODEL_INIT_NORMAL) {
+            // Padded columns stay zero: the valid columns of every row, in one op, draw the
+            // values an unpadded weight would have, so padding never changes the initial model.
+            QT_TRY(op_fill_random_rows(p, pa->name, master, pa->rows, pa->cols_valid, pa->cols,
+                                       QT_DTYPE_F32, QT_FILL_NORMAL, seed, 0, 0.0f,
+                                       pa->init_std));
+        }
+    }
+    // Stacked expert weights: their members' rows, which every quantization of them reads.
+    for (uint32_t i = 0; i < m->param_count; i++) {
+        const model_param *pa = &m->params[i];
+        if (!pa->members) continue;
+        op_group g = {pa->members, mb_dev(b, pa->group_offsets), mb_dev(b, pa->group_dims)};
+        QT_TRY(op_moe_uniform_group(p, pa->name, &g, pa->rows / pa->members));
+    }
+    for (uint32_t i = 0; i < m->param_count; i++) {
+        if (m->params[i].quantizer < 0 || !model_param_owned(m, i)) continue;
+        optim_param_desc d;
+        mb_param_desc(b, i, &d);
+        QT_TRY(op_optim_quantize(p, &d));
+    }
+    if (m->modes[MODEL_MODE_TRAIN]) {
+        uint32_t updated = mb_optim_list(b);
+        QT_TRY(op_optim_describe(p, b->optim_list, updated, mb_dev(b, m->io.optim_table)));
+    }
+    // Every rank starts from its owners' weights (they draw what one rank would draw).
+    return mb_parallel(b) ? mb_dp_broadcast_weights(b) : QT_OK;
+}
+
+static bool mb_checksummed_category(arena_category c) {
+    return c == ARENA_CAT_WEIGHTS || c == ARENA_CAT_MASTER || c == ARENA_CAT_OPTIM ||
+           c == ARENA_CAT_SCALING;
+}
+
+static qt_status mb_checksum_region(program *p, const char *name, prog_ref region,
+                                    uint64_t bytes, prog_ref partials, prog_ref hash) {
+    uint64_t words = (bytes + 7) / 8;
+    uint64_t blocks = (words + OP_CHECKSUM_THREADS - 1) / OP_CHECKSUM_THREADS;
+    if (blocks > OP_GRID_BLOCKS_MAX) blocks = OP_GRID_BLOCKS_MAX;
+    if (blocks == 0) blocks = 1;
+    return op_checksum(p, name, region, bytes, partials, (uint32_t)blocks, hash);
+}
+
+// One hash per persistent weight, master, optimizer and scaling region (in handle order),
+// folded into the record of the step that just ran.
+qt_status model_build_checksum(model *m, program *p) {
+    arena *dev = m->dev;
+    uint32_t count = 0;
+    for (int c = 0; c < ARENA_CAT_COUNT; c++) {
+        if (mb_checksummed_category((arena_category)c)) {
+            count += arena_persistent_regions(dev, (arena_category)c);
+        }
+    }
+    QT_ASSERT(count > 0);  // every model has a weight
+    model_place pl = {dev, "checksum", false, ARENA_CAT_WORKSPACE};
+    prog_ref hashes, partials;
+    QT_TRY(model_region(&pl, "hashes", (uint64_t)count * 8, ARENA_CAT_WORKSPACE, &hashes));
+    QT_TRY(model_region(&pl, "partials", OP_GRID_BLOCKS_MAX * 8ull, ARENA_CAT_WORKSPACE,
+                        &partials));
+    for (uint32_t h = 0, i = 0; i < count; h++) {
+        prog_ref hash = mb_at(hashes, (uint64_t)i * 8);
+        if (arena_counting(dev)) {  // the counting pass needs the ops, not the regions
+            QT_TRY(mb_checksum_region(p, "checksum", (prog_ref){dev, 0, 0}, 8, partials, hash));
+            i++;
+            continue;
+        }
+        const arena_region *r = arena_region_get(dev, h);
+        if (!r->persistent || r->bytes == 0 || !mb_checksummed_category(r->category)) continue;
+        QT_TRY(mb_checksum_region(p, r->name, (prog_ref){dev, h, 0}, r->bytes, partials, hash));
+        i++;
+    }
+    return op_sched_checksum(p, "checksum", (prog_ref){dev, m->io.counter, 0},
+                             (prog_ref){m->host, m->io.ring, 0}, MODEL_RING_LEN,
+                             m->delayed_count, hashes, count);
+}

@@ -1,0 +1,368 @@
+#include "runtime/ops/op_act.h"
+
+#include <stddef.h>  // offsetof
+
+#include "runtime/ops/op_core.h"  // op_shape_1d_capped
+
+static void op_act_check_tensor(op_act_tensor t) {
+    QT_ASSERT(prog_ref_present(t.ref));
+    QT_ASSERT(t.dtype == QT_DTYPE_BF16 || t.dtype == QT_DTYPE_F32);
+}
+
+// One warp per row, QT_ACT_ROWS_PER_BLOCK rows per block.
+static launch_shape op_act_row_shape(uint32_t rows) {
+    uint32_t blocks = (rows + QT_ACT_ROWS_PER_BLOCK - 1) / QT_ACT_ROWS_PER_BLOCK;
+    return (launch_shape){{blocks, 1, 1}, {QT_ACT_THREADS, 1, 1}, 0};
+}
+
+static const launch_shape op_act_one_block = {{1, 1, 1}, {QT_ACT_THREADS, 1, 1}, 0};
+
+// Grid-stride element kernels: one thread per chunk of 8, each chunk its own thread up to
+// OP_ACT_FLAT_BLOCKS_MAX blocks (values never depend on the grid). op_core's cap of
+// OP_GRID_BLOCKS_MAX blocks made a large activation two waves with a short second one (GELU at
+// 40 registers: 6 resident blocks per SM, 792 of 1024 in the first wave on 132 SMs), while a
+// grid of one chunk per thread leaves only the last blocks' tail.
+#define OP_ACT_FLAT_BLOCKS_MAX (1u << 20)
+
+static launch_shape op_act_flat_shape(uint64_t count) {
+    return op_shape_1d_capped((count + QT_ACT_CHUNK - 1) / QT_ACT_CHUNK, QT_ACT_THREADS,
+                              OP_ACT_FLAT_BLOCKS_MAX);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activations.
+
+static qt_status op_act_append(program *p, const char *name, bool backward, uint32_t act,
+                               uint32_t rows, uint32_t cols, op_act_tensor x, op_act_tensor bias,
+                               op_act_tensor dy, op_act_tensor out, prog_ref amax) {
+    QT_ASSERT(act <= QT_ACT_SWIGLU);
+    QT_ASSERT(rows >= 1 && cols >= 1);
+    QT_ASSERT(act != QT_ACT_SWIGLU || cols % 2 == 0);
+    op_act_check_tensor(x);
+    op_act_check_tensor(out);
+    if (prog_ref_present(bias.ref)) op_act_check_tensor(bias);
+    if (backward) op_act_check_tensor(dy);
+    act_args args = {0};
+    args.rows = rows;
+    args.cols = cols;
+    args.act = act;
+    args.x_dtype = x.dtype;
+    args.bias_dtype = bias.dtype;
+    args.dy_dtype = dy.dtype;
+    args.out_dtype = out.dtype;
+    bool swiglu = act == QT_ACT_SWIGLU;
+    kernel_id kernel = swiglu ? (backward ? KERNEL_SWIGLU_BWD : KERNEL_SWIGLU_FWD)
+                              : (backward ? KERNEL_ACT_BWD : KERNEL_ACT_FWD);
+    uint64_t items = (uint64_t)rows * (swiglu ? cols / 2 : cols);
+    launch_shape shape = op_act_flat_shape(items);
+    uint32_t op;
+    QT_TRY(prog_append(p, kernel, name, &shape, &args, sizeof args, &op));
+    QT_TRY(prog_use(p, op, offsetof(act_args, x), x.ref, PROG_READ));
+    QT_TRY(prog_use_optional(p, op, offsetof(act_args, bias), bias.ref, 0, PROG_READ));
+    if (backward) QT_TRY(prog_use(p, op, offsetof(act_args, dy), dy.ref, PROG_READ));
+    QT_TRY(prog_use_optional(p, op, offsetof(act_args, amax), amax, 0, PROG_READ_WRITE));
+    return prog_use(p, op, offsetof(act_args, out), out.ref, PROG_WRITE);
+}
+
+qt_status op_act_forward(program *p, const char *name, uint32_t act, uint32_t rows,
+                         uint32_t cols, op_act_tensor x, op_act_tensor bias, op_act_tensor y,
+                         prog_ref amax) {
+    return op_act_append(p, name, false, act, rows, cols, x, bias, OP_ACT_NONE, y, amax);
+}
+
+qt_status op_act_backward(program *p, const char *name, uint32_t act, uint32_t rows,
+                          uint32_t cols, op_act_tensor x, op_act_tensor bias, op_act_tensor dy,
+                          op_act_tensor dx, prog_ref amax) {
+    return op_act_append(p, name, true, act, rows, cols, x, bias, dy, dx, amax);
+}
+
+// ---------------------------------------------------------------------------------------------
+// RMSNorm.
+
+uint32_t op_rmsnorm_rows_per_part(uint32_t rows) {
+    uint32_t per_part = (uint32_t)(((uint64_t)rows + QT_RMSNORM_PARTS_MAX - 1) /
+                                   QT_RMSNORM_PARTS_MAX);
+    return per_part > QT_RMSNORM_PART_ROWS_MIN ? per_part : QT_RMSNORM_PART_ROWS_MIN;
+}
+
+static uint32_t op_rmsnorm_parts(uint32_t rows) {
+    uint32_t per_part = op_rmsnorm_rows_per_part(rows);
+    return (uint32_t)(((uint64_t)rows + per_part - 1) / per_part);
+}
+
+uint64_t op_rmsnorm_workspace_bytes(uint32_t rows, uint32_t cols) {
+    return (uint64_t)op_rmsnorm_parts(rows) * cols * 4;
+}
+
+static void op_rmsnorm_check(uint32_t rows, uint32_t cols, op_act_tensor x, op_act_tensor gamma,
+                             prog_ref inv_rms) {
+    QT_ASSERT(rows >= 1 && cols >= 1);
+    QT_ASSERT(cols < (1u << 24));  // (float)cols is exact
+    op_act_check_tensor(x);
+    op_act_check_tensor(gamma);
+    QT_ASSERT(prog_ref_present(inv_rms));
+}
+
+qt_status op_rmsnorm_forward(program *p, const char *name, uint32_t rows, uint32_t cols,
+                             float eps, op_act_tensor x, op_act_tensor gamma, op_act_tensor y,
+                             prog_ref inv_rms) {
+    op_rmsnorm_check(rows, cols, x, gamma, inv_rms);
+    op_act_check_tensor(y);
+    rmsnorm_args args = {0};
+    args.rows = rows;
+    args.cols = cols;
+    args.eps = eps;
+    args.x_dtype = x.dtype;
+    args.gamma_dtype = gamma.dtype;
+    args.out_dtype = y.dtype;
+    launch_shape shape = op_act_row_shape(rows);
+    uint32_t op;
+    QT_TRY(prog_append(p, KERNEL_RMSNORM_FWD, name, &shape, &args, sizeof args, &op));
+    QT_TRY(prog_use(p, op, offsetof(rmsnorm_args, x), x.ref, PROG_READ));
+    QT_TRY(prog_use(p, op, offsetof(rmsnorm_args, gamma), gamma.ref, PROG_READ));
+    QT_TRY(prog_use(p, op, offsetof(rmsnorm_args, out), y.ref, PROG_WRITE));
+    return prog_use(p, op, offsetof(rmsnorm_args, inv_rms), inv_rms, PROG_WRITE);
+}
+
+qt_status op_rmsnorm_backward(program *p, const char *name, uint32_t rows, uint32_t cols,
+                              op_act_tensor x, op_act_tensor gamma, prog_ref inv_rms,
+                              op_act_tensor dy, const op_rmsnorm_grads *grads) {
+    op_rmsnorm_check(rows, cols, x, gamma, inv_rms);
+    op_act_check_tensor(dy);
+    op_act_check_tensor(grads->dx);
+    QT_ASSERT(prog_ref_present(grads->dgamma) && prog_ref_present(grads->workspace));
+    rmsnorm_args args = {0};
+    args.rows = rows;
+    args.cols = cols;
+    args.rows_per_part = op_rmsnorm_rows_per_part(rows);
+    args.parts = op_rmsnorm_parts(rows);
+    args.accumulate = grads->accumulate ? 1u : 0u;
+    args.x_dtype = x.dtype;
+    args.gamma_dtype = gamma.dtype;
+    args.dy_dtype = dy.dtype;
+    args.out_dtype = grads->dx.dtype;
+    launch_shape shape = op_act_row_shape(rows);
+    uint32_t op;
+    QT_TRY(prog_append(p, KERNEL_RMSNORM_BWD_DX, name, &shape, &args, sizeof args, &op));
+    QT_TRY(prog_use(p, op, offsetof(rmsnorm_args, x), x.ref, PROG_READ));
+    QT_TRY(prog_use(p, op, offsetof(rmsnorm_args, gamma), gamma.ref, PROG_READ));
+    QT_TRY(prog_use(p, op, offsetof(rmsnorm_args, inv_rms), inv_rms, PROG_READ));
+    QT_TRY(prog_use(p, op, offsetof(rmsnorm_args, dy), dy.ref, PROG_READ));
+    QT_TRY(prog_use(p, op, offsetof(rmsnorm_args, out), grads->dx.ref, PROG_WRITE));
+
+    uint32_t col_blocks = (cols + QT_ACT_THREADS - 1) / QT_ACT_THREADS;
+    launch_shape partial_shape = {{col_blocks, args.parts, 1}, {QT_ACT_THREADS, 1, 1}, 0};
+    QT_TRY(prog_append(p, KERNEL_RMSNORM_DGAMMA_PARTIAL, name, &partial_shape, &args,
+                       sizeof args, &op));
+    QT_TRY(prog_use(p, op, offsetof(rmsnorm_args, x), x.ref, PROG_READ));
+    QT_TRY(prog_use(p, op, offsetof(rmsnorm_args, inv_rms), inv_rms, PROG_READ));
+    QT_TRY(prog_use(p, op, offsetof(rmsnorm_args, dy), dy.ref, PROG_READ));
+    QT_TRY(prog_use(p, op, offsetof(rmsnorm_args, partials), grads->workspace, PROG_WRITE));
+
+    launch_shape final_shape = {{col_blocks, 1, 1}, {QT_ACT_THREADS, 1, 1}, 0};
+    QT_TRY(prog_append(p, KERNEL_RMSNORM_DGAMMA_FINAL, name, &final_shape, &args, sizeof args,
+                       &op));
+    QT_TRY(prog_use(p, op, offsetof(rmsnorm_args, partials), grads->workspace, PROG_READ));
+    return prog_use(p, op, offsetof(rmsnorm_args, dgamma), grads->dgamma,
+                    grads->accumulate ? PROG_READ_WRITE : PROG_WRITE);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Residual add.
+
+static qt_status op_residual_append(program *p, const char *name, uint64_t count,
+                                    op_act_tensor a, op_act_tensor b, op_act_tensor y) {
+    QT_ASSERT(count >= 1);
+    op_act_check_tensor(a);
+    op_act_check_tensor(y);
+    if (prog_ref_present(b.ref)) op_act_check_tensor(b);
+    residual_args args = {0, 0, 0, count, a.dtype, b.dtype, y.dtype, 0};
+    launch_shape shape = op_act_flat_shape(count);
+    uint32_t op;
+    QT_TRY(prog_append(p, KERNEL_RESIDUAL_ADD, name, &shape, &args, sizeof args, &op));
+    QT_TRY(prog_use(p, op, offsetof(residual_args, a), a.ref, PROG_READ));
+    QT_TRY(prog_use_optional(p, op, offsetof(residual_args, b), b.ref, 0, PROG_READ));
+    return prog_use(p, op, offsetof(residual_args, y), y.ref, PROG_WRITE);
+}
+
+qt_status op_residual_forward(program *p, const char *name, uint64_t count, op_act_tensor x,
+                              op_act_tensor f, op_act_tensor y) {
+    op_act_check_tensor(f);
+    return op_residual_append(p, name, count, x, f, y);
+}
+
+qt_status op_residual_backward(program *p, const char *name, uint64_t count, op_act_tensor dy,
+                               op_act_tensor dx, bool accumulate) {
+    // accumulate: dx = dx + dy, reading dx through the kernel's `a` and writing it through `y`.
+    if (accumulate) return op_residual_append(p, name, count, dx, dy, dx);
+    return op_residual_append(p, name, count, dy, OP_ACT_NONE, dx);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Losses.
+
+static uint32_t op_act_row_blocks(uint32_t rows) {
+    return (rows + QT_ACT_ROWS_PER_BLOCK - 1) / QT_ACT_ROWS_PER_BLOCK;
+}
+
+uint64_t op_xent_workspace_bytes(uint32_t rows, uint32_t classes) {
+    return qt_loss_one_block(rows, classes) ? 0 : (uint64_t)op_act_row_blocks(rows) * 8;
+}
+
+uint64_t op_mse_workspace_bytes(uint32_t rows, uint32_t cols) {
+    return qt_loss_one_block(rows, cols) ? 0 : (uint64_t)op_act_row_blocks(rows) * 4;
+}
+
+// What the row pass (and the one-block kernel) of xent reads and writes.
+static qt_status op_xent_use_rows(program *p, uint32_t op, op_act_tensor logits, prog_ref labels,
+                                  prog_ref loss, op_act_tensor dlogits) {
+    QT_TRY(prog_use(p, op, offsetof(xent_args, logits), logits.ref, PROG_READ));
+    QT_TRY(prog_use(p, op, offsetof(xent_args, labels), labels, PROG_READ));
+    QT_TRY(prog_use_optional(p, op, offsetof(xent_args, loss), loss, 0, PROG_WRITE));
+    return prog_use_optional(p, op, offsetof(xent_args, dlogits), dlogits.ref, 0, PROG_WRITE);
+}
+
+qt_status op_xent(program *p, const char *name, uint32_t rows, uint32_t classes,
+                  op_act_tensor logits, prog_ref labels, prog_ref loss, op_act_tensor dlogits,
+                  prog_ref workspace, prog_ref stats) {
+    QT_ASSERT(rows >= 1 && classes >= 1);
+    QT_ASSERT(classes < 0x7FFFFFFFu);  // labels are i32
+    op_act_check_tensor(logits);
+    if (prog_ref_present(dlogits.ref)) op_act_check_tensor(dlogits);
+    QT_ASSERT(prog_ref_present(labels) && prog_ref_present(stats));
+    xent_args args = {0};
+    args.rows = rows;
+    args.classes = classes;
+    args.blocks = op_act_row_blocks(rows);
+    args.logits_dtype = logits.dtype;
+    args.dlogits_dtype = dlogits.dtype;
+    uint32_t op;
+    if (qt_loss_one_block(rows, classes)) {
+        QT_TRY(prog_append(p, KERNEL_XENT_SMALL, name, &op_act_one_block, &args, sizeof args,
+                           &op));
+        QT_TRY(op_xent_use_rows(p, op, logits, labels, loss, dlogits));
+        return prog_use(p, op, offsetof(xent_args, stats), stats, PROG_WRITE);
+    }
+    QT_ASSERT(prog_ref_present(workspace));
+    QT_TRY(prog_append(p, KERNEL_XENT_COUNT, name, &op_act_one_block, &args, sizeof args, &op));
+    QT_TRY(prog_use(p, op, offsetof(xent_args, labels), labels, PROG_READ));
+    QT_TRY(prog_use(p, op, offsetof(xent_args, stats), stats, PROG_WRITE));
+
+    launch_shape shape = op_act_row_shape(rows);
+    QT_TRY(prog_append(p, KERNEL_XENT_ROWS, name, &shape, &args, sizeof args, &op));
+    QT_TRY(op_xent_use_rows(p, op, logits, labels, loss, dlogits));
+    QT_TRY(prog_use(p, op, offsetof(xent_args, partials), workspace, PROG_WRITE));
+    QT_TRY(prog_use(p, op, offsetof(xent_args, stats), stats, PROG_READ));
+
+    QT_TRY(prog_append(p, KERNEL_XENT_FINAL, name, &op_act_one_block, &args, sizeof args, &op));
+    QT_TRY(prog_use(p, op, offsetof(xent_args, partials), workspace, PROG_READ));
+    return prog_use(p, op, offsetof(xent_args, stats), stats, PROG_READ_WRITE);
+}
+
+// What the row pass (and the one-block kernel) of mse reads and writes.
+static qt_status op_mse_use_rows(program *p, uint32_t op, op_act_tensor pred,
+                                 op_act_tensor target, prog_ref valid_rows,
+                                 op_act_tensor dpred) {
+    QT_TRY(prog_use(p, op, offsetof(mse_args, pred), pred.ref, PROG_READ));
+    QT_TRY(prog_use(p, op, offsetof(mse_args, target), target.ref, PROG_READ));
+    QT_TRY(prog_use_optional(p, op, offsetof(mse_args, valid_rows), valid_rows, 0, PROG_READ));
+    return prog_use_optional(p, op, offsetof(mse_args, dpred), dpred.ref, 0, PROG_WRITE);
+}
+
+qt_status op_mse(program *p, const char *name, uint32_t rows, uint32_t cols, op_act_tensor pred,
+                 op_act_tensor target, prog_ref valid_rows, op_act_tensor dpred,
+                 prog_ref workspace, prog_ref stats) {
+    QT_ASSERT(rows >= 1 && cols >= 1);
+    op_act_check_tensor(pred);
+    op_act_check_tensor(target);
+    if (prog_ref_present(dpred.ref)) op_act_check_tensor(dpred);
+    QT_ASSERT(prog_ref_present(stats));
+    mse_args args = {0};
+    args.rows = rows;
+    args.cols = cols;
+    args.blocks = op_act_row_blocks(rows);
+    args.pred_dtype = pred.dtype;
+    args.target_dtype = target.dtype;
+    args.dpred_dtype = dpred.dtype;
+    uint32_t op;
+    if (qt_loss_one_block(rows, cols)) {
+        QT_TRY(prog_append(p, KERNEL_MSE_SMALL, name, &op_act_one_block, &args, sizeof args,
+                           &op));
+        QT_TRY(op_mse_use_rows(p, op, pred, target, valid_rows, dpred));
+        return prog_use(p, op, offsetof(mse_args, stats), stats, PROG_WRITE);
+    }
+    QT_ASSERT(prog_ref_present(workspace));
+    launch_shape shape = op_act_row_shape(rows);
+    QT_TRY(prog_append(p, KERNEL_MSE_ROWS, name, &shape, &args, sizeof args, &op));
+    QT_TRY(op_mse_use_rows(p, op, pred, target, valid_rows, dpred));
+    QT_TRY(prog_use(p, op, offsetof(mse_args, partials), workspace, PROG_WRITE));
+
+    QT_TRY(prog_append(p, KERNEL_MSE_FINAL, name, &op_act_one_block, &args, sizeof args, &op));
+    QT_TRY(prog_use_optional(p, op, offsetof(mse_args, valid_rows), valid_rows, 0, PROG_READ));
+    QT_TRY(prog_use(p, op, offsetof(mse_args, partials), workspace, PROG_READ));
+    return prog_use(p, op, offsetof(mse_args, stats), stats, PROG_WRITE);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Global gradient norm.
+
+static uint32_t op_gnorm_blocks(uint64_t count) {
+    uint64_t blocks = (count + QT_GNORM_BLOCK_ELEMS - 1) / QT_GNORM_BLOCK_ELEMS;
+    QT_ASSERT(blocks <= 0x7FFFFFFFu);
+    return blocks ? (uint32_t)blocks : 1u;
+}
+
+static uint64_t op_gnorm_partials(uint32_t regions, const uint64_t *counts) {
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < regions; i++) total += op_gnorm_blocks(counts[i]);
+    return total;
+}
+
+uint64_t op_grad_norm_workspace_bytes(uint32_t regions, const uint64_t *counts) {
+    return op_gnorm_partials(regions, counts) * 8;
+}
+
+qt_status op_grad_norm(program *p, const char *name, uint32_t regions, const prog_ref *grads,
+                       const uint64_t *counts, float clip, prog_ref workspace, prog_ref ticket,
+                       prog_ref out) {
+    QT_ASSERT(regions >= 1);
+    QT_ASSERT(prog_ref_present(workspace) && prog_ref_present(ticket) && prog_ref_present(out));
+    uint64_t total = op_gnorm_partials(regions, counts);
+    QT_ASSERT(total <= 0x7FFFFFFFu);
+    // Region i's partials follow those of regions 0..i-1: the fold takes them in order.
+    uint32_t base = 0;
+    for (uint32_t first = 0; first < regions; first += QT_GNORM_REGIONS) {
+        uint32_t n = regions - first < QT_GNORM_REGIONS ? regions - first : QT_GNORM_REGIONS;
+        bool last = first + n == regions;
+        gnorm_args args = {0};
+        args.regions = n;
+        args.base = base;
+        args.total = (uint32_t)total;
+        args.clip = clip;
+        uint32_t blocks = 0;
+        for (uint32_t r = 0; r < n; r++) {
+            QT_ASSERT(prog_ref_present(grads[first + r]));
+            args.count[r] = counts[first + r];
+            args.first_block[r] = blocks;
+            blocks += op_gnorm_blocks(counts[first + r]);
+        }
+        launch_shape shape = {{blocks, 1, 1}, {QT_ACT_THREADS, 1, 1}, 0};
+        uint32_t op;
+        QT_TRY(prog_append(p, KERNEL_GNORM, name, &shape, &args, sizeof args, &op));
+        for (uint32_t r = 0; r < n; r++) {
+            QT_TRY(prog_use_span(p, op, (uint32_t)(offsetof(gnorm_args, src) + 8 * r),
+                                 grads[first + r], counts[first + r] * 4, PROG_READ));
+        }
+        // Earlier launches write their partials; the last one also reads all of them.
+        QT_TRY(prog_use_span(p, op, offsetof(gnorm_args, partials), workspace, total * 8,
+                             last ? PROG_READ_WRITE : PROG_WRITE));
+        if (last) {
+            QT_TRY(prog_use_span(p, op, offsetof(gnorm_args, ticket), ticket, 4,
+                                 PROG_READ_WRITE));
+            QT_TRY(prog_use_span(p, op, offsetof(gnorm_args, out), out,
+                                 sizeof(qt_gnorm_result), PROG_WRITE));
+        }
+        base += blocks;
+    }
+    return QT_OK;
+}

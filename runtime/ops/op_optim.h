@@ -1,0 +1,146 @@
+// op_optim: builders that append the fused AdamW optimizer (ptx/optim.cu) to a program, together
+// with the requantization of each parameter's weight from its updated FP32 master
+// (every format, every step, inside the captured graph).
+//
+// Owns nothing; each builder picks the launch shapes, fills the args structs and declares every
+// region each op reads and writes. Device state and numerics: ptx/optim.h.
+//
+// One training step's optimizer part:
+//
+//   op_optim_begin        once: skip flag, lr of this step, step += 1 (unless skipped)
+//   op_optim_adamw        per parameter, after it; ops by weight format (op_optim_adamw_multi
+//                         runs the same ops for a list, the updates and the amax zeroing as
+//                         multi-tensor launches, then the casts):
+//
+//   weight        ops (in order)                                       cast by
+//   NONE          adamw                                                -
+//   BF16          adamw (writes the BF16 copy)                         fused
+//   FP8_DELAYED   adamw (codes rowwise + transposed, scale_inv,        fused
+//                 atomic amax into the history's row 0 slot)
+//   FP8_CURRENT   fp8_amax_zero, adamw (+ amax), op_fp8_cast_current   quant_fp8
+//   MXFP8         adamw, op_mxfp8_quantize                             quant_mxfp8
+//   FP8_BLOCK     adamw, op_quant_block (1x128 or 128x128)             quant_block
+//   NVFP4         fp8_amax_zero per global amax, adamw (+ amax into     quant_nvfp4
+//                 both), op_nvfp4_quantize; with RHT: adamw,
+//                 op_nvfp4_amax (post-RHT columnwise amax), quantize
+//
+// A stacked expert weight (`group`: members of an moe layer's experts, back to back) has one
+// scale, amax and delayed-scaling slot per member, which a fused cast of the whole tensor cannot
+// give: its update is the plain adamw, then the family's grouped cast from the new master
+// (FP8_DELAYED: op_fp8_cast_delayed, FP8_CURRENT: op_fp8_quantize_current, NVFP4:
+// op_nvfp4_amax and op_nvfp4_quantize, all with the group). MXFP8 and FP8 block scales are local
+// to blocks that never straddle two members (model.c keeps member rows whole blocks), so their
+// casts are the dense ones, which give the grouped casts' bits.
+//
+// Why two kernels for the other formats: per-tensor current scaling and NVFP4 need the amax of
+// the whole new master before the first code is written, which one kernel cannot have without a
+// grid-wide barrier. MXFP8 and FP8 block scales are local, so a fused cast is possible, but it
+// needs the families' 32- and 128-row tiles in the update kernel; reusing their casts costs one
+// extra FP32 read of the master (about 4 of ~34 bytes per element) and keeps exactly one
+// implementation of each format's cast. The zeroing op is the per-tensor FP8 family's
+// qt_fp8_amax_zero (one slot).
+//
+// The weight is always the cast of its master: op_optim_quantize appends the same casts without
+// the update (start-up, after the master is initialized; a delayed-scaling weight's amax goes to
+// its history row 0 as with any cast), and a skipped step recasts an unchanged master into the
+// same bytes (ptx/optim.h).
+#ifndef QT_OP_OPTIM_H
+#define QT_OP_OPTIM_H
+
+#include "runtime/ops/op_quant_block.h"  // op_block_tensor, op_block_options
+#include "runtime/ops/op_quant_fp8.h"    // op_fp8_output
+#include "runtime/ops/op_quant_mxfp8.h"  // op_mxfp8_quantize_desc
+#include "runtime/ops/op_quant_nvfp4.h"  // op_nvfp4_quant
+#include "ptx/optim.h"
+#include "runtime/program/program.h"
+
+typedef enum optim_weight {
+    OPTIM_WEIGHT_NONE,         // FP32 parameter: the master is the weight
+    OPTIM_WEIGHT_BF16,
+    OPTIM_WEIGHT_FP8_DELAYED,  // per-tensor FP8, delayed scaling
+    OPTIM_WEIGHT_FP8_CURRENT,  // per-tensor FP8, current scaling
+    OPTIM_WEIGHT_MXFP8,
+    OPTIM_WEIGHT_FP8_BLOCK,
+    OPTIM_WEIGHT_NVFP4,
+} optim_weight;
+
+// AdamW hyper-parameters of one parameter group.
+typedef struct optim_hparams {
+    float beta1, beta2, eps, weight_decay;
+    float lr_scale;        // the group's lr = schedule lr * lr_scale
+    bool bias_correction;
+} optim_hparams;
+
+// TE FusedAdam's defaults: betas (0.9, 0.999), eps 1e-8, no weight decay, bias correction.
+optim_hparams optim_hparams_default(void);
+
+// One parameter. Only the fields of the chosen weight format are read; a prog_ref whose arena is
+// NULL is absent.
+typedef struct optim_param_desc {
+    const char *name;
+    uint32_t rows, cols;   // the weight's M x K (a vector is 1 x n)
+    prog_ref grad;         // [rows][cols] of grad_dtype
+    uint32_t grad_dtype;   // QT_DTYPE_BF16 | QT_DTYPE_F32
+    prog_ref master, m, v; // f32 [rows][cols]
+    optim_hparams hp;
+    optim_weight weight;
+
+    prog_ref bf16;         // BF16: u16 [rows][cols]
+
+    // FP8_DELAYED and FP8_CURRENT: codes (rowwise [rows][cols], columnwise [cols][rows]; either
+    // may be absent) and the shared scale_inv.
+    op_fp8_output fp8;
+    prog_ref fp8_scale;    // DELAYED: f32, read; CURRENT: f32, written (optional)
+    prog_ref fp8_amax;     // DELAYED: the history's row 0 slot (optional); CURRENT: f32 workspace
+    bool fp8_pow2;         // CURRENT: scales rounded down to powers of two
+    float fp8_eps;         // CURRENT: amax epsilon
+
+    // MXFP8: elem, tile_2d, rowwise, colwise (in, dtype, rows, cols are the master's; dense).
+    op_mxfp8_quantize_desc mxfp8;
+
+    // FP8_BLOCK: rows and cols equal the parameter's; dense. NULL-equivalent options: recipe's.
+    op_block_tensor block;
+    op_block_options block_options;
+
+    // NVFP4: amax_row / amax_col are written by the update (f32 each); the rest as the family.
+    op_nvfp4_quant nvfp4;
+
+    // A stacked weight's members (count 0: one tensor); per-tensor quantities are [count].
+    op_group group;
+} optim_param_desc;
+
+// skip, lr and step of this step (steps: the persistent u64 of counted steps; state: this
+// step's optim_state; grad_norm: optim_grad_norm or absent; lr_rows: optim_lr_row [row_count],
+// sorted by start).
+qt_status op_optim_begin(program *p, const char *name, prog_ref steps, prog_ref state,
+                         prog_ref grad_norm, prog_ref lr_rows, uint32_t row_count);
+
+// The AdamW update of one parameter and its requantization (table above). `state` is the
+// optim_state that op_optim_begin wrote earlier in the same program.
+qt_status op_optim_adamw(program *p, const optim_param_desc *d, prog_ref state);
+
+// op_optim_adamw over a list of parameters, in order.
+qt_status op_optim_adamw_list(program *p, const optim_param_desc *list, uint32_t count,
+                              prog_ref state);
+
+// The multi-tensor update of a list of parameters (ptx/optim.h): the same ops' results as
+// op_optim_adamw_list, bit for bit, in few launches. The parameters' update args live in a
+// device table of op_optim_table_bytes(count) bytes (a persistent region that no checkpoint
+// holds: it holds addresses), which op_optim_describe writes once, in the init program (one
+// small op per parameter, its addresses resolved as any op's args); every step then runs, per
+// run of consecutive parameters whose regions fit one op (PROG_OP_REFS_MAX), one
+// qt_optim_amax_zero (when a parameter's cast needs an amax workspace zeroed) and one
+// qt_optim_adamw_multi, and after them the casts of the formats that have one, parameter by
+// parameter. The list is a plain array: a caller updates any subset of its parameters by passing
+// that subset, to op_optim_describe and op_optim_adamw_multi alike.
+uint64_t op_optim_table_bytes(uint32_t count);
+qt_status op_optim_describe(program *init, const optim_param_desc *list, uint32_t count,
+                            prog_ref table);
+qt_status op_optim_adamw_multi(program *p, const char *name, const optim_param_desc *list,
+                               uint32_t count, prog_ref state, prog_ref table);
+
+// The weight's quantization from its master as it is (no update, no state): start-up, and any
+// time the master is written from outside (checkpoint load).
+qt_status op_optim_quantize(program *p, const optim_param_desc *d);
+
+#endif  // QT_OP_OPTIM_H

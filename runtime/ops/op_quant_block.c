@@ -1,0 +1,91 @@
+#include "runtime/ops/op_quant_block.h"
+
+#include <stddef.h>  // offsetof
+
+#define OP_BLOCK_THREADS 256u  // the kernels' QB_THREADS: one block per 128 x 128 tile
+
+static uint64_t op_block_tiles(uint64_t n) { return (n + QT_BLOCK_LEN - 1) / QT_BLOCK_LEN; }
+
+uint64_t op_block_scale_count(uint32_t rows, uint32_t cols, bool two_d, bool colwise) {
+    if (two_d) return op_block_tiles(rows) * op_block_tiles(cols);
+    return colwise ? op_block_tiles(rows) * cols : op_block_tiles(cols) * rows;
+}
+
+// One block per tile; a grid is never empty, the kernels skip tiles past the matrix.
+static launch_shape op_block_shape(uint32_t rows, uint32_t cols) {
+    uint64_t tiles = op_block_tiles(rows) * op_block_tiles(cols);
+    QT_ASSERT(tiles < (1ull << 31));
+    if (tiles == 0) tiles = 1;
+    return (launch_shape){{(uint32_t)tiles, 1, 1}, {OP_BLOCK_THREADS, 1, 1}, 0};
+}
+
+static kernel_id op_block_cast_kernel(bool two_d, uint32_t in_dtype) {
+    if (two_d) {
+        return in_dtype == QT_DTYPE_BF16 ? KERNEL_QUANT_BLOCK_2D_BF16 : KERNEL_QUANT_BLOCK_2D_F32;
+    }
+    return in_dtype == QT_DTYPE_BF16 ? KERNEL_QUANT_BLOCK_1D_BF16 : KERNEL_QUANT_BLOCK_1D_F32;
+}
+
+qt_status op_quant_block(program *p, const char *name, prog_ref input, uint32_t in_dtype,
+                         const op_block_tensor *t, const op_block_options *options) {
+    QT_ASSERT(in_dtype == QT_DTYPE_BF16 || in_dtype == QT_DTYPE_F32);
+    QT_ASSERT(t->fp8 == QT_BLOCK_E4M3 || t->fp8 == QT_BLOCK_E5M2);
+    QT_ASSERT(t->rowwise || t->colwise);
+    op_block_options defaults = {false, 0.0f};
+    if (options == NULL) options = &defaults;
+    quant_block_args args = {0};
+    args.rows = t->rows;
+    args.cols = t->cols;
+    args.fp8 = t->fp8;
+    args.directions = (t->rowwise ? QT_BLOCK_ROWWISE : 0u) | (t->colwise ? QT_BLOCK_COLWISE : 0u);
+    args.pow2 = options->fp32_scales ? 0u : 1u;
+    args.eps = options->eps;
+    launch_shape shape = op_block_shape(t->rows, t->cols);
+    uint32_t op;
+    QT_TRY(prog_append(p, op_block_cast_kernel(t->two_d, in_dtype), name, &shape, &args,
+                       sizeof args, &op));
+    uint64_t elems = (uint64_t)t->rows * t->cols;
+    QT_TRY(prog_use_span(p, op, offsetof(quant_block_args, input), input,
+                        elems * (in_dtype == QT_DTYPE_BF16 ? 2 : 4), PROG_READ));
+    if (t->rowwise) {
+        QT_TRY(prog_use_span(p, op, offsetof(quant_block_args, row_codes), t->row_codes, elems,
+                            PROG_WRITE));
+        QT_TRY(prog_use_span(p, op, offsetof(quant_block_args, row_scale_inv), t->row_scale_inv,
+                            4 * op_block_scale_count(t->rows, t->cols, t->two_d, false),
+                            PROG_WRITE));
+    }
+    if (t->colwise) {
+        QT_TRY(prog_use_span(p, op, offsetof(quant_block_args, col_codes), t->col_codes, elems,
+                            PROG_WRITE));
+        QT_TRY(prog_use_span(p, op, offsetof(quant_block_args, col_scale_inv), t->col_scale_inv,
+                            4 * op_block_scale_count(t->rows, t->cols, t->two_d, true),
+                            PROG_WRITE));
+    }
+    return op_group_use(p, op, offsetof(quant_block_args, group), &t->group);
+}
+
+qt_status op_dequant_block(program *p, const char *name, const op_block_tensor *t, bool colwise,
+                           prog_ref out, uint32_t out_dtype) {
+    QT_ASSERT(out_dtype == QT_DTYPE_BF16 || out_dtype == QT_DTYPE_F32);
+    QT_ASSERT(t->fp8 == QT_BLOCK_E4M3 || t->fp8 == QT_BLOCK_E5M2);
+    QT_ASSERT(colwise ? t->colwise : t->rowwise);
+    dequant_block_args args = {0};
+    args.rows = t->rows;
+    args.cols = t->cols;
+    args.fp8 = t->fp8;
+    args.colwise = colwise ? 1u : 0u;
+    args.out_dtype = out_dtype;
+    launch_shape shape = op_block_shape(t->rows, t->cols);
+    uint32_t op;
+    QT_TRY(prog_append(p, t->two_d ? KERNEL_DEQUANT_BLOCK_2D : KERNEL_DEQUANT_BLOCK_1D, name,
+                       &shape, &args, sizeof args, &op));
+    uint64_t elems = (uint64_t)t->rows * t->cols;
+    QT_TRY(prog_use_span(p, op, offsetof(dequant_block_args, codes),
+                        colwise ? t->col_codes : t->row_codes, elems, PROG_READ));
+    QT_TRY(prog_use_span(p, op, offsetof(dequant_block_args, scale_inv),
+                        colwise ? t->col_scale_inv : t->row_scale_inv,
+                        4 * op_block_scale_count(t->rows, t->cols, t->two_d, colwise), PROG_READ));
+    QT_TRY(prog_use_span(p, op, offsetof(dequant_block_args, out), out,
+                        elems * (out_dtype == QT_DTYPE_BF16 ? 2 : 4), PROG_WRITE));
+    return op_group_use(p, op, offsetof(dequant_block_args, group), &t->group);
+}

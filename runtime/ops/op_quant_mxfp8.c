@@ -1,0 +1,99 @@
+#include "runtime/ops/op_quant_mxfp8.h"
+
+#include <stddef.h>  // offsetof
+
+#include "runtime/ops/op_core.h"  // op_shape_1d
+
+uint64_t op_mxfp8_codes_bytes(uint32_t rows, uint32_t cols) { return (uint64_t)rows * cols; }
+
+uint64_t op_mxfp8_row_scales_bytes(uint32_t rows, uint32_t cols) {
+    return (uint64_t)rows * ((cols + QT_MXFP8_BLOCK - 1) / QT_MXFP8_BLOCK);
+}
+
+uint64_t op_mxfp8_col_scales_bytes(uint32_t rows, uint32_t cols) {
+    return (uint64_t)((rows + QT_MXFP8_BLOCK - 1) / QT_MXFP8_BLOCK) * cols;
+}
+
+// Programmer errors: a region too small for the layout the kernel will touch.
+static void op_mxfp8_assert_fits(prog_ref ref, uint64_t bytes) {
+    QT_ASSERT(ref.arena != NULL);
+    if (arena_counting(ref.arena)) return;  // checked when the plan is made for real
+    const arena_region *region = arena_region_get(ref.arena, ref.region);
+    QT_ASSERT(ref.offset <= region->bytes && region->bytes - ref.offset >= bytes);
+}
+
+static uint32_t op_mxfp8_elem(qt_elem elem) {
+    QT_ASSERT(elem == QT_ELEM_E4M3 || elem == QT_ELEM_E5M2);
+    return elem == QT_ELEM_E5M2 ? QT_MXFP8_E5M2 : QT_MXFP8_E4M3;
+}
+
+static qt_status op_mxfp8_use_dir(program *p, uint32_t op, size_t codes_offset,
+                                  size_t scales_offset, const op_mxfp8_dir *dir,
+                                  uint64_t codes_bytes, uint64_t scales_bytes,
+                                  prog_access access) {
+    op_mxfp8_assert_fits(dir->codes, codes_bytes);
+    op_mxfp8_assert_fits(dir->scales, scales_bytes);
+    QT_TRY(prog_use(p, op, (uint32_t)codes_offset, dir->codes, access));
+    return prog_use(p, op, (uint32_t)scales_offset, dir->scales, access);
+}
+
+qt_status op_mxfp8_quantize(program *p, const char *name, const op_mxfp8_quantize_desc *d) {
+    QT_ASSERT(d->dtype == QT_DTYPE_BF16 || d->dtype == QT_DTYPE_F32);
+    if (d->rows == 0 || d->cols == 0) return QT_OK;
+    bool row = d->rowwise.codes.arena != NULL, col = d->colwise.codes.arena != NULL;
+    mxfp8_quantize_args args = {0};
+    args.rows = d->rows;
+    args.cols = d->cols;
+    args.dtype = d->dtype;
+    args.elem = op_mxfp8_elem(d->elem);
+    args.flags = d->tile_2d ? QT_MXFP8_FLAG_2D : 0u;
+    // One block per 32 x 512 tile, row tiles outer, so neighbouring blocks share rows.
+    uint64_t tiles = (uint64_t)((d->rows + QT_MXFP8_TILE_ROWS - 1) / QT_MXFP8_TILE_ROWS) *
+                     ((d->cols + QT_MXFP8_TILE_COLS - 1) / QT_MXFP8_TILE_COLS);
+    QT_ASSERT(tiles <= 0x7FFFFFFFu);
+    launch_shape shape = {{(uint32_t)tiles, 1, 1}, {QT_MXFP8_THREADS, 1, 1}, 0};
+    kernel_id kernel =
+        d->dtype == QT_DTYPE_BF16 ? KERNEL_MXFP8_QUANTIZE_BF16 : KERNEL_MXFP8_QUANTIZE_F32;
+    uint32_t op;
+    QT_TRY(prog_append(p, kernel, name, &shape, &args, sizeof args, &op));
+    uint64_t elem_bytes = d->dtype == QT_DTYPE_BF16 ? 2 : 4;
+    op_mxfp8_assert_fits(d->in, (uint64_t)d->rows * d->cols * elem_bytes);
+    QT_TRY(prog_use(p, op, offsetof(mxfp8_quantize_args, in), d->in, PROG_READ));
+    uint64_t codes = op_mxfp8_codes_bytes(d->rows, d->cols);
+    if (row) {
+        QT_TRY(op_mxfp8_use_dir(p, op, offsetof(mxfp8_quantize_args, row_codes),
+                                offsetof(mxfp8_quantize_args, row_scales), &d->rowwise, codes,
+                                op_mxfp8_row_scales_bytes(d->rows, d->cols), PROG_WRITE));
+    }
+    if (col) {
+        QT_TRY(op_mxfp8_use_dir(p, op, offsetof(mxfp8_quantize_args, col_codes),
+                                offsetof(mxfp8_quantize_args, col_scales), &d->colwise, codes,
+                                op_mxfp8_col_scales_bytes(d->rows, d->cols), PROG_WRITE));
+    }
+    return op_group_use(p, op, offsetof(mxfp8_quantize_args, group), &d->group);
+}
+
+qt_status op_mxfp8_dequantize(program *p, const char *name, const op_mxfp8_dequantize_desc *d) {
+    QT_ASSERT(d->dtype == QT_DTYPE_BF16 || d->dtype == QT_DTYPE_F32);
+    if (d->rows == 0 || d->cols == 0) return QT_OK;
+    mxfp8_dequantize_args args = {0};
+    args.rows = d->rows;
+    args.cols = d->cols;
+    args.dtype = d->dtype;
+    args.elem = op_mxfp8_elem(d->elem);
+    args.colwise = d->colwise ? 1u : 0u;
+    // Grid-stride over 16-element chunks of each row.
+    uint64_t chunks = (uint64_t)d->rows * ((d->cols + 15) / 16);
+    launch_shape shape = op_shape_1d(chunks, 256);
+    uint32_t op;
+    QT_TRY(prog_append(p, KERNEL_MXFP8_DEQUANTIZE, name, &shape, &args, sizeof args, &op));
+    uint64_t scales = d->colwise ? op_mxfp8_col_scales_bytes(d->rows, d->cols)
+                                 : op_mxfp8_row_scales_bytes(d->rows, d->cols);
+    QT_TRY(op_mxfp8_use_dir(p, op, offsetof(mxfp8_dequantize_args, codes),
+                            offsetof(mxfp8_dequantize_args, scales), &d->src,
+                            op_mxfp8_codes_bytes(d->rows, d->cols), scales, PROG_READ));
+    uint64_t elem_bytes = d->dtype == QT_DTYPE_BF16 ? 2 : 4;
+    op_mxfp8_assert_fits(d->out, (uint64_t)d->rows * d->cols * elem_bytes);
+    QT_TRY(prog_use(p, op, offsetof(mxfp8_dequantize_args, out), d->out, PROG_WRITE));
+    return op_group_use(p, op, offsetof(mxfp8_dequantize_args, group), &d->group);
+}

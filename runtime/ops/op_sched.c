@@ -1,0 +1,120 @@
+#include "runtime/ops/op_sched.h"
+
+#include <stddef.h>  // offsetof
+
+#include "runtime/ops/op_core.h"  // op_shape_1d
+
+qt_status op_sched_copy(program *p, const char *name, prog_ref counter, op_sched_slots dst,
+                        op_sched_slots src, uint64_t bytes) {
+    QT_ASSERT(dst.slots >= 1 && src.slots >= 1);
+    QT_ASSERT(bytes % 16 == 0 && dst.stride % 16 == 0 && src.stride % 16 == 0);
+    QT_ASSERT(dst.ref.offset % 16 == 0 && src.ref.offset % 16 == 0);
+    QT_ASSERT(dst.slots == 1 || dst.stride >= bytes);
+    QT_ASSERT(src.slots == 1 || src.stride >= bytes);
+    sched_copy_args args = {0, 0, 0, dst.stride, src.stride, bytes, dst.slots, src.slots};
+    launch_shape shape = op_shape_1d(bytes / 16, QT_SCHED_THREADS);
+    uint32_t op;
+    QT_TRY(prog_append(p, KERNEL_SCHED_COPY, name, &shape, &args, sizeof args, &op));
+    QT_TRY(prog_use_span(p, op, offsetof(sched_copy_args, counter), counter, 8, PROG_READ));
+    uint64_t dst_span = (uint64_t)(dst.slots - 1) * dst.stride + bytes;
+    uint64_t src_span = (uint64_t)(src.slots - 1) * src.stride + bytes;
+    QT_TRY(prog_use_span(p, op, offsetof(sched_copy_args, dst), dst.ref, dst_span, PROG_WRITE));
+    return prog_use_span(p, op, offsetof(sched_copy_args, src), src.ref, src_span, PROG_READ);
+}
+
+qt_status op_sched_stage_u8(program *p, const char *name, const op_sched_stage_desc *d) {
+    uint32_t targets_bytes = (d->targets_bytes + 15u) / 16u * 16u;
+    QT_ASSERT(d->src.slots >= 1 && d->src.stride % 16 == 0 && d->src.ref.offset % 16 == 0);
+    QT_ASSERT(d->dst.offset % 16 == 0 && d->inputs_offset % 16 == 0);
+    QT_ASSERT(d->src_targets_offset % 16 == 0 && d->dst_targets_offset % 16 == 0);
+    QT_ASSERT(d->inputs_offset + d->pixels <= d->src_targets_offset &&
+              d->src_targets_offset + targets_bytes <= d->src_bytes);
+    QT_ASSERT(d->inputs_offset + d->pixels * 4 <= d->dst_targets_offset &&
+              d->dst_targets_offset + targets_bytes <= d->dst_bytes);
+    QT_ASSERT(d->src.slots == 1 || d->src.stride >= d->src_bytes);
+    sched_stage_u8_args args = {0};
+    args.src_stride = d->src.stride;
+    args.pixels = d->pixels;
+    args.inputs_offset = d->inputs_offset;
+    args.src_targets_offset = d->src_targets_offset;
+    args.dst_targets_offset = d->dst_targets_offset;
+    args.targets_bytes = targets_bytes;
+    args.src_slots = d->src.slots;
+    // Every loop of the kernel strides over the grid, so any grid is correct; one thread per
+    // unit of the longest loop (16-pixel chunks, the pixel tail, header or target words) is
+    // enough to take each loop in one round.
+    uint64_t threads = d->pixels / QT_SCHED_STAGE_CHUNK;
+    uint64_t others[3] = {d->pixels % QT_SCHED_STAGE_CHUNK, d->inputs_offset / 16,
+                          targets_bytes / 16};
+    for (int i = 0; i < 3; i++) threads = others[i] > threads ? others[i] : threads;
+    launch_shape shape = op_shape_1d(threads, QT_SCHED_THREADS);
+    uint32_t op;
+    QT_TRY(prog_append(p, KERNEL_SCHED_STAGE_U8, name, &shape, &args, sizeof args, &op));
+    QT_TRY(prog_use_span(p, op, offsetof(sched_stage_u8_args, counter), d->counter, 8,
+                        PROG_READ));
+    QT_TRY(prog_use_span(p, op, offsetof(sched_stage_u8_args, dst), d->dst, d->dst_bytes,
+                        PROG_WRITE));
+    uint64_t src_span = (uint64_t)(d->src.slots - 1) * d->src.stride + d->src_bytes;
+    return prog_use_span(p, op, offsetof(sched_stage_u8_args, src), d->src.ref, src_span,
+                         PROG_READ);
+}
+
+qt_status op_sched_record(program *p, const char *name, const op_sched_record_desc *d) {
+    QT_ASSERT(d->ring_len >= 1 && d->quantizers <= QT_TRACE_QUANTIZERS_MAX);
+    QT_ASSERT(d->mode <= QT_TRACE_MODE_INFER);
+    sched_record_args args = {0};
+    args.ring_len = d->ring_len;
+    args.quantizers = d->quantizers;
+    args.mode = d->mode;
+    args.accuracy = d->accuracy ? 1u : 0u;
+    launch_shape shape = {{1, 1, 1}, {QT_SCHED_RECORD_THREADS, 1, 1}, 0};
+    uint32_t op;
+    QT_TRY(prog_append(p, KERNEL_SCHED_RECORD, name, &shape, &args, sizeof args, &op));
+    QT_TRY(prog_use_span(p, op, offsetof(sched_record_args, counter), d->counter, 8,
+                        PROG_READ_WRITE));
+    QT_TRY(prog_use_span(p, op, offsetof(sched_record_args, ring), d->ring,
+                        d->ring_len * qt_trace_ring_bytes(d->quantizers), PROG_WRITE));
+    QT_TRY(prog_use_optional(p, op, offsetof(sched_record_args, loss), d->loss,
+                            sizeof(qt_loss_stats), PROG_READ));
+    QT_TRY(prog_use_optional(p, op, offsetof(sched_record_args, gnorm), d->gnorm,
+                            sizeof(qt_gnorm_result), PROG_READ));
+    QT_TRY(prog_use_optional(p, op, offsetof(sched_record_args, optim), d->optim,
+                            sizeof(optim_state), PROG_READ));
+    uint64_t array_bytes = (uint64_t)d->quantizers * 4;
+    if (d->quantizers > 0) {
+        QT_TRY(prog_use_optional(p, op, offsetof(sched_record_args, amax), d->amax, array_bytes,
+                                PROG_READ));
+        QT_TRY(prog_use_optional(p, op, offsetof(sched_record_args, scale), d->scale,
+                                array_bytes, PROG_READ));
+    }
+    return QT_OK;
+}
+
+qt_status op_sched_checksum(program *p, const char *name, prog_ref counter, prog_ref ring,
+                            uint32_t ring_len, uint32_t quantizers, prog_ref hashes,
+                            uint32_t count) {
+    QT_ASSERT(ring_len >= 1 && count >= 1 && quantizers <= QT_TRACE_QUANTIZERS_MAX);
+    sched_checksum_args args = {0, 0, 0, ring_len, count, quantizers, 0};
+    launch_shape shape = {{1, 1, 1}, {QT_SCHED_RECORD_THREADS, 1, 1}, 0};
+    uint32_t op;
+    QT_TRY(prog_append(p, KERNEL_SCHED_CHECKSUM, name, &shape, &args, sizeof args, &op));
+    QT_TRY(prog_use_span(p, op, offsetof(sched_checksum_args, counter), counter, 8, PROG_READ));
+    QT_TRY(prog_use_span(p, op, offsetof(sched_checksum_args, ring), ring,
+                        ring_len * qt_trace_ring_bytes(quantizers), PROG_READ_WRITE));
+    return prog_use_span(p, op, offsetof(sched_checksum_args, hashes), hashes,
+                        (uint64_t)count * 8, PROG_READ);
+}
+
+qt_status op_sched_inject(program *p, const char *name, prog_ref counter, uint64_t step,
+                          prog_ref target, uint32_t bits) {
+    QT_ASSERT(target.offset % 4 == 0);
+    sched_inject_args args = {0, 0, step, bits, 0};
+    launch_shape shape = {{1, 1, 1}, {1, 1, 1}, 0};
+    uint32_t op;
+    QT_TRY(prog_append(p, KERNEL_SCHED_INJECT, name, &shape, &args, sizeof args, &op));
+    QT_TRY(prog_use_span(p, op, offsetof(sched_inject_args, counter), counter, 8, PROG_READ));
+    // The target is read too: the kernel writes it at one step only, so at the others its old
+    // value must stay ordered with its writer.
+    return prog_use_span(p, op, offsetof(sched_inject_args, target), target, 4,
+                         PROG_READ_WRITE);
+}

@@ -1,0 +1,67 @@
+// op_sched: builders that append the schedule loop's bookkeeping kernels (ptx/sched.cu) to a
+// program: the slot-indexed copy, the step record and the checksum fold.
+//
+// Owns nothing; each builder picks the launch shape, fills the args struct and declares every
+// region the op reads and writes. The counter, the slots and the ring are described in
+// ptx/sched_ops.h.
+#ifndef QT_OP_SCHED_H
+#define QT_OP_SCHED_H
+
+#include "runtime/program/program.h"
+#include "ptx/sched_ops.h"
+
+// One side of a slot-indexed copy: slot i starts at ref + i * stride (slots >= 1).
+typedef struct op_sched_slots {
+    prog_ref ref;
+    uint64_t stride;
+    uint32_t slots;
+} op_sched_slots;
+
+// dst slot (counter % dst.slots) <- src slot (counter % src.slots), `bytes` bytes (a multiple
+// of 16, as are the offsets and strides).
+qt_status op_sched_copy(program *p, const char *name, prog_ref counter, op_sched_slots dst,
+                        op_sched_slots src, uint64_t bytes);
+
+// The device batch `dst` <- this step's slot of `src` (slot i at src.ref + i * src.stride),
+// whose inputs are u8 pixels (ptx/sched_ops.h, qt_sched_stage_u8). The offsets and sizes are those
+// of the two layouts (runtime/io/data.h: data_slot_plan for the slot, data_batch_plan for dst).
+typedef struct op_sched_stage_desc {
+    prog_ref counter;         // u64
+    prog_ref dst;             // dst_bytes
+    op_sched_slots src;       // src.slots slots of src_bytes
+    uint64_t dst_bytes, src_bytes;
+    uint64_t pixels;          // batch x stride
+    uint64_t inputs_offset;   // of both
+    uint64_t src_targets_offset, dst_targets_offset;
+    uint32_t targets_bytes;
+} op_sched_stage_desc;
+qt_status op_sched_stage_u8(program *p, const char *name, const op_sched_stage_desc *d);
+
+typedef struct op_sched_record_desc {
+    prog_ref counter;      // u64
+    prog_ref ring;         // ring_len records of `quantizers` entries (qt_trace_ring_bytes)
+    uint32_t ring_len;
+    uint32_t mode;         // QT_TRACE_MODE_*
+    prog_ref loss;         // qt_loss_stats, optional
+    bool accuracy;         // classification: accuracy = correct / valid
+    prog_ref gnorm;        // qt_gnorm_result, optional
+    prog_ref optim;        // optim_state, optional
+    prog_ref amax;         // f32 [quantizers], optional
+    prog_ref scale;        // f32 [quantizers], optional
+    uint32_t quantizers;
+} op_sched_record_desc;
+
+qt_status op_sched_record(program *p, const char *name, const op_sched_record_desc *d);
+
+// Folds hashes (u64 [count]) into the last record written (see ptx/sched_ops.h); the ring's
+// records have `quantizers` entries.
+qt_status op_sched_checksum(program *p, const char *name, prog_ref counter, prog_ref ring,
+                            uint32_t ring_len, uint32_t quantizers, prog_ref hashes,
+                            uint32_t count);
+
+// At global step `step` only, the FP32 word at target := bits (qt_sched_inject: a fault that
+// tests and soaks plant in a gradient).
+qt_status op_sched_inject(program *p, const char *name, prog_ref counter, uint64_t step,
+                          prog_ref target, uint32_t bits);
+
+#endif  // QT_OP_SCHED_H

@@ -1,0 +1,167 @@
+// C twins of ptx/quant_mxfp8.cu: plain loops over the MXFP8 blocks, with the per-element
+// arithmetic of ptx/quant_mxfp8.h, so the bits are the kernels' bits. Rows (rowwise) and 32-row
+// blocks (columnwise, 2-D), which own their codes and scales, are tasks of the thread pool.
+#include "runtime/base/pool.h"    // pool_for, POOL_CPU_CLONES
+#include "runtime/ref/ref.h"
+#include "runtime/base/status.h"  // QT_ASSERT
+
+// 1 when active row `row` holds data (not padding); the reference backend's group arrays are
+// host memory, so the descriptor's addresses are used as they are.
+static uint32_t mxfp8_ref_state(const mxfp8_quantize_args *a, uint32_t row) {
+    return (uint32_t)qt_mxfp8_row_valid(a->group, a->rows, row);
+}
+
+// Element (row, col) as the kernel sees it: zero in padding rows.
+static float mxfp8_ref_x(const mxfp8_quantize_args *a, uint32_t row, uint32_t state,
+                         uint32_t col) {
+    if (!state) return 0.0f;
+    return qt_mxfp8_load(REF_PTR(const void, a->in), a->dtype, (uint64_t)row * a->cols + col);
+}
+
+// Rows [r_begin, r_end).
+POOL_CPU_CLONES static void mxfp8_ref_rowwise(void *ctx, uint64_t r_begin, uint64_t r_end) {
+    const mxfp8_quantize_args *a = ctx;
+    uint8_t *codes = REF_PTR(uint8_t, a->row_codes);
+    uint8_t *scales = REF_PTR(uint8_t, a->row_scales);
+    uint32_t blocks = (a->cols + QT_MXFP8_BLOCK - 1) / QT_MXFP8_BLOCK;
+    for (uint32_t r = (uint32_t)r_begin; r < r_end; r++) {
+        uint32_t state = mxfp8_ref_state(a, r);
+        for (uint32_t b = 0; b < blocks; b++) {
+            uint32_t k0 = b * QT_MXFP8_BLOCK;
+            uint32_t k1 = k0 + QT_MXFP8_BLOCK < a->cols ? k0 + QT_MXFP8_BLOCK : a->cols;
+            float amax = 0.0f;
+            for (uint32_t k = k0; k < k1; k++) {
+                amax = qt_mxfp8_amax_step(amax, mxfp8_ref_x(a, r, state, k));
+            }
+            uint8_t e = qt_mxfp8_scale_e8m0(amax, a->elem);
+            float mult = qt_e8m0_inv_f32(e);
+            scales[(uint64_t)r * blocks + b] = e;
+            for (uint32_t k = k0; k < k1; k++) {
+                float x = mxfp8_ref_x(a, r, state, k);
+                codes[(uint64_t)r * a->cols + k] = qt_mxfp8_encode(x, mult, a->elem);
+            }
+        }
+    }
+}
+
+typedef struct mxfp8_ref_job {
+    const mxfp8_quantize_args *a;
+    uint32_t end;  // active rows
+} mxfp8_ref_job;
+
+// The 32-row blocks [b_begin, b_end) of the active rows.
+POOL_CPU_CLONES static void mxfp8_ref_colwise(void *ctx, uint64_t b_begin, uint64_t b_end) {
+    const mxfp8_quantize_args *a = ((const mxfp8_ref_job *)ctx)->a;
+    uint32_t end = ((const mxfp8_ref_job *)ctx)->end;
+    uint8_t *codes = REF_PTR(uint8_t, a->col_codes);
+    uint8_t *scales = REF_PTR(uint8_t, a->col_scales);
+    uint32_t state[QT_MXFP8_BLOCK];
+    for (uint32_t m0 = (uint32_t)b_begin * QT_MXFP8_BLOCK; m0 < b_end * QT_MXFP8_BLOCK;
+         m0 += QT_MXFP8_BLOCK) {
+        uint32_t m1 = m0 + QT_MXFP8_BLOCK < end ? m0 + QT_MXFP8_BLOCK : end;
+        for (uint32_t r = m0; r < m1; r++) state[r - m0] = mxfp8_ref_state(a, r);
+        for (uint32_t k = 0; k < a->cols; k++) {
+            float amax = 0.0f;
+            for (uint32_t r = m0; r < m1; r++) {
+                amax = qt_mxfp8_amax_step(amax, mxfp8_ref_x(a, r, state[r - m0], k));
+            }
+            uint8_t e = qt_mxfp8_scale_e8m0(amax, a->elem);
+            float mult = qt_e8m0_inv_f32(e);
+            scales[(uint64_t)(m0 / QT_MXFP8_BLOCK) * a->cols + k] = e;
+            for (uint32_t r = m0; r < m1; r++) {
+                float x = mxfp8_ref_x(a, r, state[r - m0], k);
+                codes[(uint64_t)r * a->cols + k] = qt_mxfp8_encode(x, mult, a->elem);
+            }
+        }
+    }
+}
+
+// One 32 x 32 tile (rows [m0, m1), columns [k0, k1)): one scale for both directions, written in
+// both layouts.
+static void mxfp8_ref_tile_2d(const mxfp8_quantize_args *a, const uint32_t *state, uint32_t m0,
+                              uint32_t m1, uint32_t k0, uint32_t k1) {
+    uint32_t blocks = (a->cols + QT_MXFP8_BLOCK - 1) / QT_MXFP8_BLOCK;
+    float amax = 0.0f;
+    for (uint32_t r = m0; r < m1; r++) {
+        for (uint32_t k = k0; k < k1; k++) {
+            amax = qt_mxfp8_amax_step(amax, mxfp8_ref_x(a, r, state[r - m0], k));
+        }
+    }
+    uint8_t e = qt_mxfp8_scale_e8m0(amax, a->elem);
+    float mult = qt_e8m0_inv_f32(e);
+    for (uint32_t r = m0; r < m1; r++) {
+        if (a->row_codes) REF_PTR(uint8_t, a->row_scales)[(uint64_t)r * blocks + k0 / 32] = e;
+        for (uint32_t k = k0; k < k1; k++) {
+            uint8_t q = qt_mxfp8_encode(mxfp8_ref_x(a, r, state[r - m0], k), mult, a->elem);
+            if (a->row_codes) REF_PTR(uint8_t, a->row_codes)[(uint64_t)r * a->cols + k] = q;
+            if (a->col_codes) REF_PTR(uint8_t, a->col_codes)[(uint64_t)r * a->cols + k] = q;
+        }
+    }
+    if (a->col_codes) {
+        uint8_t *scales = REF_PTR(uint8_t, a->col_scales);
+        for (uint32_t k = k0; k < k1; k++) scales[(uint64_t)(m0 / 32) * a->cols + k] = e;
+    }
+}
+
+// The 32 x 32 tiles of the 32-row blocks [b_begin, b_end).
+POOL_CPU_CLONES static void mxfp8_ref_2d(void *ctx, uint64_t b_begin, uint64_t b_end) {
+    const mxfp8_quantize_args *a = ((const mxfp8_ref_job *)ctx)->a;
+    uint32_t end = ((const mxfp8_ref_job *)ctx)->end;
+    uint32_t state[QT_MXFP8_BLOCK];
+    for (uint32_t m0 = (uint32_t)b_begin * QT_MXFP8_BLOCK; m0 < b_end * QT_MXFP8_BLOCK;
+         m0 += QT_MXFP8_BLOCK) {
+        uint32_t m1 = m0 + QT_MXFP8_BLOCK < end ? m0 + QT_MXFP8_BLOCK : end;
+        for (uint32_t r = m0; r < m1; r++) state[r - m0] = mxfp8_ref_state(a, r);
+        for (uint32_t k0 = 0; k0 < a->cols; k0 += QT_MXFP8_BLOCK) {
+            uint32_t k1 = k0 + QT_MXFP8_BLOCK < a->cols ? k0 + QT_MXFP8_BLOCK : a->cols;
+            mxfp8_ref_tile_2d(a, state, m0, m1, k0, k1);
+        }
+    }
+}
+
+static void mxfp8_ref_quantize(const mxfp8_quantize_args *a) {
+    mxfp8_ref_job job = {a, qt_group_active_rows(a->group, a->rows)};
+    uint64_t blocks = (job.end + QT_MXFP8_BLOCK - 1) / QT_MXFP8_BLOCK;
+    uint64_t block_rows = ref_task_rows((uint64_t)QT_MXFP8_BLOCK * a->cols);
+    if (a->flags & QT_MXFP8_FLAG_2D) {
+        if (a->row_codes || a->col_codes) pool_for(blocks, block_rows, mxfp8_ref_2d, &job);
+        return;
+    }
+    if (a->row_codes) pool_for(job.end, ref_task_rows(a->cols), mxfp8_ref_rowwise, (void *)a);
+    if (a->col_codes) pool_for(blocks, block_rows, mxfp8_ref_colwise, &job);
+}
+
+void ref_qt_mxfp8_quantize_bf16(const mxfp8_quantize_args *a, const launch_shape *shape) {
+    (void)shape;
+    QT_ASSERT(a->dtype == QT_DTYPE_BF16);
+    mxfp8_ref_quantize(a);
+}
+
+void ref_qt_mxfp8_quantize_f32(const mxfp8_quantize_args *a, const launch_shape *shape) {
+    (void)shape;
+    QT_ASSERT(a->dtype == QT_DTYPE_F32);
+    mxfp8_ref_quantize(a);
+}
+
+POOL_CPU_CLONES static void mxfp8_ref_dequantize_rows(void *ctx, uint64_t r_begin,
+                                                      uint64_t r_end) {
+    const mxfp8_dequantize_args *a = ctx;
+    const uint8_t *codes = REF_PTR(const uint8_t, a->codes);
+    const uint8_t *scales = REF_PTR(const uint8_t, a->scales);
+    uint32_t blocks = (a->cols + QT_MXFP8_BLOCK - 1) / QT_MXFP8_BLOCK;
+    for (uint32_t r = (uint32_t)r_begin; r < r_end; r++) {
+        for (uint32_t k = 0; k < a->cols; k++) {
+            uint64_t index = (uint64_t)r * a->cols + k;
+            uint8_t e = a->colwise ? scales[(uint64_t)(r / QT_MXFP8_BLOCK) * a->cols + k]
+                                   : scales[(uint64_t)r * blocks + k / QT_MXFP8_BLOCK];
+            qt_mxfp8_store(REF_PTR(void, a->out), a->dtype, index,
+                           qt_mxfp8_decode(codes[index], e, a->elem));
+        }
+    }
+}
+
+void ref_qt_mxfp8_dequantize(const mxfp8_dequantize_args *a, const launch_shape *shape) {
+    (void)shape;
+    pool_for(qt_group_active_rows(a->group, a->rows), ref_task_rows(a->cols),
+             mxfp8_ref_dequantize_rows, (void *)a);
+}

@@ -1,0 +1,59 @@
+// C twins of ptx/sched.cu.
+#include <string.h>
+
+#include "runtime/base/pool.h"  // pool_for: the pixels in ranges
+#include "runtime/ref/ref.h"
+
+void ref_qt_sched_copy(const sched_copy_args *a, const launch_shape *shape) {
+    (void)shape;
+    uint64_t counter = *REF_PTR(const uint64_t, a->counter);
+    uint64_t src = a->src + qt_sched_slot_offset(counter, a->src_slots, a->src_stride);
+    uint64_t dst = a->dst + qt_sched_slot_offset(counter, a->dst_slots, a->dst_stride);
+    memmove(REF_PTR(void, dst), REF_PTR(const void, src), a->bytes);
+}
+
+typedef struct ref_stage_job {
+    const uint8_t *pixels;
+    float *values;
+} ref_stage_job;
+
+static void ref_stage_pixels(void *ctx, uint64_t begin, uint64_t end) {
+    const ref_stage_job *job = ctx;
+    for (uint64_t i = begin; i < end; i++) job->values[i] = qt_sched_pixel(job->pixels[i]);
+}
+
+void ref_qt_sched_stage_u8(const sched_stage_u8_args *a, const launch_shape *shape) {
+    (void)shape;
+    uint64_t counter = *REF_PTR(const uint64_t, a->counter);
+    const uint8_t *src = REF_PTR(const uint8_t, a->src) +
+                         qt_sched_slot_offset(counter, a->src_slots, a->src_stride);
+    uint8_t *dst = REF_PTR(uint8_t, a->dst);
+    ref_stage_job job = {src + a->inputs_offset, (float *)(void *)(dst + a->inputs_offset)};
+    pool_for(a->pixels, REF_TASK_ELEMS, ref_stage_pixels, &job);
+    memmove(dst, src, a->inputs_offset);
+    memmove(dst + a->dst_targets_offset, src + a->src_targets_offset, a->targets_bytes);
+}
+
+void ref_qt_sched_record(const sched_record_args *a, const launch_shape *shape) {
+    (void)shape;
+    uint64_t *counter = REF_PTR(uint64_t, a->counter);
+    uint64_t step = *counter;
+    qt_trace_ring_head *r = qt_trace_ring_at(a->ring, step % a->ring_len, a->quantizers);
+    for (uint32_t i = 0; i < a->quantizers; i++) qt_sched_record_entry(a, i, r);
+    qt_sched_record_header(a, step, r);
+    *counter = step + 1;
+}
+
+void ref_qt_sched_checksum(const sched_checksum_args *a, const launch_shape *shape) {
+    (void)shape;
+    uint64_t counter = *REF_PTR(const uint64_t, a->counter);
+    if (counter == 0) return;
+    qt_trace_ring_head *r = qt_trace_ring_at(a->ring, (counter - 1) % a->ring_len, a->quantizers);
+    r->checksum = qt_sched_checksum_fold(REF_PTR(const uint64_t, a->hashes), a->count);
+    r->flags |= QT_TRACE_FLAG_CHECKSUM;
+}
+
+void ref_qt_sched_inject(const sched_inject_args *a, const launch_shape *shape) {
+    (void)shape;
+    if (*REF_PTR(const uint64_t, a->counter) == a->step) *REF_PTR(uint32_t, a->target) = a->bits;
+}
