@@ -1,6 +1,7 @@
-// optim kernels: qt_optim_begin (the per-step device state) and qt_optim_adamw (the fused AdamW
-// update of one parameter and its BF16 / FP8 per-tensor requantization). ABI, numerics and the
-// skip rule: optim.h.
+// optim kernels: qt_optim_begin (the per-step device state), qt_optim_adamw (the fused AdamW
+// update of one parameter and its BF16 / FP8 per-tensor requantization), its multi-tensor launch
+// over a table of parameters, the table's amax zeroing, and the op that writes a table entry.
+// ABI, numerics and the skip rule: optim.h.
 #include "ptx/optim.h"
 
 extern "C" __global__ void __launch_bounds__(QT_OPTIM_BEGIN_THREADS)
@@ -12,10 +13,10 @@ extern "C" __global__ void __launch_bounds__(QT_OPTIM_BEGIN_THREADS)
 }
 
 // ---------------------------------------------------------------------------------------------
-// qt_optim_adamw. Block b takes the 64 x 64 tile (b / tiles_k, b % tiles_k); thread t takes rows
-// 4 (t / 16) .. +3 and columns 4 (t % 16) .. +3 of it, so a warp reads two rows of 256
-// contiguous bytes per FP32 array and instruction. All four rows are loaded before any is
-// computed (64 independent loads in flight per thread). The FP8 columnwise codes go through
+// qt_optim_adamw. Block b (of the parameter) takes the 64 x 64 tile (b / tiles_k, b % tiles_k);
+// thread t takes rows 4 (t / 16) .. +3 and columns 4 (t % 16) .. +3 of it, so a warp reads two
+// rows of 256 contiguous bytes per FP32 array and instruction. All four rows are loaded before
+// any is computed (64 independent loads in flight per thread). The FP8 columnwise codes go through
 // shared memory: each thread transposes its 4 x 4 codes in registers (prmt), stores the four
 // column words, and after a barrier each thread writes 16 consecutive bytes of one column.
 // Elements past the matrix are computed on zeros and never stored or counted.
@@ -157,8 +158,9 @@ __device__ __forceinline__ void opt_amax_block(const optim_adamw_args &a, float 
     if (a.amax1 != 0) atomicMax((unsigned int *)a.amax1, __float_as_uint(block));
 }
 
-extern "C" __global__ void __launch_bounds__(QT_OPTIM_THREADS)
-    qt_optim_adamw(const __grid_constant__ optim_adamw_args a) {
+// Tile `block` of the parameter of args a: the whole of qt_optim_adamw, and of one block of
+// qt_optim_adamw_multi. Every thread of the block calls it (it has barriers).
+__device__ __forceinline__ void opt_adamw_tile(const optim_adamw_args &a, uint32_t block) {
     // Aligned so that the compiler's vector loads of the whole struct stay inside it: unaligned,
     // they also read the neighbouring s_amax word that another warp writes later, which
     // racecheck reports (the extra word is discarded, but the report would hide real races).
@@ -172,8 +174,8 @@ extern "C" __global__ void __launch_bounds__(QT_OPTIM_THREADS)
     if (mode == 0) return;
     const qt_optim_coef c = s_coef;
     const uint32_t tiles_k = (a.cols + QT_OPTIM_TILE - 1u) / QT_OPTIM_TILE;
-    const uint32_t r0 = blockIdx.x / tiles_k * QT_OPTIM_TILE;
-    const uint32_t c0 = blockIdx.x % tiles_k * QT_OPTIM_TILE;
+    const uint32_t r0 = block / tiles_k * QT_OPTIM_TILE;
+    const uint32_t c0 = block % tiles_k * QT_OPTIM_TILE;
     const uint32_t cg = threadIdx.x & 15u, rg = threadIdx.x >> 4;
     const uint32_t col = c0 + 4u * cg;
     const uint32_t n = col < a.cols ? min(4u, a.cols - col) : 0u;
@@ -224,7 +226,43 @@ extern "C" __global__ void __launch_bounds__(QT_OPTIM_THREADS)
     const bool fp8_out = (mode & QT_OPTIM_DO_OUT) && a.out == QT_OPTIM_OUT_FP8;
     if (fp8_out && a.weight_t != 0) opt_store_colwise(a, s_t, codes, r0, c0, cg, rg);
     if (mode & QT_OPTIM_DO_AMAX) opt_amax_block(a, amax, s_amax);
-    if (fp8_out && a.scale_inv != 0 && blockIdx.x == 0 && threadIdx.x == 0) {
+    if (fp8_out && a.scale_inv != 0 && block == 0 && threadIdx.x == 0) {
         *(float *)a.scale_inv = qt_fp8_scale_inv(c.scale);
     }
+}
+
+extern "C" __global__ void __launch_bounds__(QT_OPTIM_THREADS)
+    qt_optim_adamw(const __grid_constant__ optim_adamw_args a) {
+    opt_adamw_tile(a, blockIdx.x);
+}
+
+// The block's entry, with the launch's state, staged in shared memory by thread 0 (a binary
+// search of a few global reads per block).
+extern "C" __global__ void __launch_bounds__(QT_OPTIM_THREADS)
+    qt_optim_adamw_multi(const __grid_constant__ optim_multi_args m) {
+    __shared__ __align__(16) optim_multi_entry s_entry;
+    if (threadIdx.x == 0) {
+        const optim_multi_entry *entries = (const optim_multi_entry *)m.entries;
+        s_entry = entries[qt_optim_entry_of(entries, m.count, blockIdx.x)];
+        s_entry.args.state = m.state;
+    }
+    __syncthreads();
+    opt_adamw_tile(s_entry.args, blockIdx.x - s_entry.first_block);
+}
+
+extern "C" __global__ void __launch_bounds__(QT_OPTIM_ZERO_THREADS)
+    qt_optim_amax_zero(const __grid_constant__ optim_multi_args m) {
+    const optim_multi_entry *entries = (const optim_multi_entry *)m.entries;
+    for (uint32_t i = threadIdx.x; i < m.count; i += blockDim.x) {
+        const optim_multi_entry *e = &entries[i];
+        if (!qt_optim_entry_zeroes(e)) continue;
+        if (e->args.amax0 != 0) *(float *)e->args.amax0 = 0.0f;
+        if (e->args.amax1 != 0) *(float *)e->args.amax1 = 0.0f;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(QT_OPTIM_DESCRIBE_THREADS)
+    qt_optim_describe(const __grid_constant__ optim_describe_args a) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    *(optim_multi_entry *)a.entry = a.value;
 }

@@ -24,6 +24,11 @@
 //                     delayed codes (rowwise + transposed columnwise,    each 4 rows x 4 columns
 //                     scale_inv, atomic amax into history row 0); or
 //                     the new master's amax for a cast that follows
+//   qt_optim_adamw_   qt_optim_adamw of every entry of a table          the entries' tiles
+//     multi           (optim_multi_entry), each with its own args       one after the other
+//   qt_optim_amax_    +0 into the amax targets of the table's entries   1 block x 32 threads
+//     zero            that qt_optim_entry_zeroes (before the update)
+//   qt_optim_describe writes one table entry (init program)             1 block x 32 threads
 //
 // A skipped step (state.skip = 1) changes no persistent byte of the model: qt_optim_adamw writes
 // no master, m, v, codes, scale_inv or amax history, the counted steps stay, the step's own
@@ -158,14 +163,48 @@ typedef struct optim_adamw_args {
 } optim_adamw_args;
 QT_STATIC_ASSERT(sizeof(optim_adamw_args) == 136, "optim_adamw_args layout");
 
+// The multi-tensor update: one launch over many parameters. Each parameter is one entry of a
+// device table: its qt_optim_adamw args (state 0: the launch's own), and its tiles' place among
+// the launch's blocks. A block finds its entry by a binary search over first_block, then runs
+// the per-parameter kernel's tile on it, so every parameter gets the per-parameter kernel's
+// bits. The table holds addresses, so it is written once at start-up (qt_optim_describe in the
+// init program, one op per entry, its args' addresses resolved like any op's) and read by every
+// step.
+typedef struct optim_multi_entry {
+    optim_adamw_args args;  // state unused: the launch's
+    uint32_t first_block;   // the blocks of the launch's entries before this one
+    uint32_t blocks;        // this parameter's tiles (>= 1)
+} optim_multi_entry;
+QT_STATIC_ASSERT(sizeof(optim_multi_entry) == 144, "optim_multi_entry layout");
+
+typedef struct optim_describe_args {
+    uint64_t entry;           // optim_multi_entry, written: a copy of `value`
+    optim_multi_entry value;  // the addresses of its args resolved by the program
+} optim_describe_args;
+QT_STATIC_ASSERT(sizeof(optim_describe_args) == 152, "optim_describe_args layout");
+
+typedef struct optim_multi_args {
+    uint64_t state;    // optim_state, read
+    uint64_t entries;  // optim_multi_entry [count], read; first_block rising from 0
+    uint32_t count;    // >= 1
+    uint32_t reserved;
+} optim_multi_args;
+QT_STATIC_ASSERT(sizeof(optim_multi_args) == 24, "optim_multi_args layout");
+
 // Launch geometry shared by the kernel and its op builder.
 #define QT_OPTIM_TILE 64u      // a block's tile is QT_OPTIM_TILE x QT_OPTIM_TILE elements
 #define QT_OPTIM_THREADS 256u  // 16 x 16 threads, each 4 rows x 4 columns of the tile
 #define QT_OPTIM_BEGIN_THREADS 32u
 
-#define QT_KERNELS_OPTIM(X)                                              \
-    X(KERNEL_OPTIM_BEGIN, optim, qt_optim_begin, optim_begin_args)      \
-    X(KERNEL_OPTIM_ADAMW, optim, qt_optim_adamw, optim_adamw_args)
+#define QT_OPTIM_DESCRIBE_THREADS 32u
+#define QT_OPTIM_ZERO_THREADS 32u
+
+#define QT_KERNELS_OPTIM(X)                                                       \
+    X(KERNEL_OPTIM_BEGIN, optim, qt_optim_begin, optim_begin_args)               \
+    X(KERNEL_OPTIM_ADAMW, optim, qt_optim_adamw, optim_adamw_args)               \
+    X(KERNEL_OPTIM_DESCRIBE, optim, qt_optim_describe, optim_describe_args)      \
+    X(KERNEL_OPTIM_AMAX_ZERO, optim, qt_optim_amax_zero, optim_multi_args)       \
+    X(KERNEL_OPTIM_ADAMW_MULTI, optim, qt_optim_adamw_multi, optim_multi_args)
 
 // ---------------------------------------------------------------------------------------------
 // Per step.
@@ -293,6 +332,32 @@ QT_HD void qt_optim_adamw_elem(const qt_optim_coef *c, float grad, float *p, flo
     *m = qt_fp8_nan_canonical(m_new);
     *v = qt_fp8_nan_canonical(v_new);
     *p = qt_fp8_nan_canonical(p_new);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Multi-tensor launches.
+
+// The entry of block `block`: the last one whose first_block is <= block (first_block rises
+// strictly, every entry having a block).
+QT_HD uint32_t qt_optim_entry_of(const optim_multi_entry *entries, uint32_t count,
+                                 uint32_t block) {
+    uint32_t lo = 1, hi = count;  // entries [1, lo) start at or before block, [hi, count) after
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (entries[mid].first_block <= block) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo - 1;
+}
+
+// Whether qt_optim_amax_zero zeroes the entry's amax targets: the ones that are a workspace the
+// update fills for a cast that follows (QT_OPTIM_FLAG_AMAX_ON_SKIP), never a delayed-scaling
+// history slot, which other casts of the step max into too.
+QT_HD bool qt_optim_entry_zeroes(const optim_multi_entry *e) {
+    return (e->args.flags & QT_OPTIM_FLAG_AMAX_ON_SKIP) != 0;
 }
 
 // Two FP8 codes (p0 in the low byte) of q = satFP8(RN(p * scale)), the per-tensor FP8 rule:

@@ -121,13 +121,13 @@ typedef struct job {
     void *memory[3];
 } job;
 
-// FNV-1a over every persistent device region but the batch slots (inputs of steps done, which
-// checkpoints leave out): the run's final state.
+// FNV-1a over every persistent device region a checkpoint keeps (model_region_saved): the run's
+// final state.
 static uint64_t state_digest(run *r) {
     uint64_t h = trace_hash(NULL, 0);
     for (uint32_t i = 0; i < r->dev.region_count; i++) {
         const arena_region *reg = arena_region_get(&r->dev, i);
-        if (!reg->persistent || reg->bytes == 0 || i == r->model.io.staged) continue;
+        if (!reg->persistent || reg->bytes == 0 || !model_region_saved(&r->model, i)) continue;
         uint8_t *bytes = malloc(reg->bytes);
         if (backend_read(r->backend, bytes, (prog_ref){&r->dev, i, 0}, reg->bytes) == QT_OK) {
             h = trace_hash_more(h, bytes, reg->bytes);

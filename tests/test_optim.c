@@ -4,9 +4,11 @@
 // the begin kernel's skip / step / clip rules, the update against a double-precision reference
 // with a derived bound, the clip factor, a skipped step leaving every byte of state unchanged
 // (every weight format), and the requantized weight equal, bit for bit, to the format family's
-// own quantization of the new master. GPU (skipped without one): every format, GPU against the
-// reference backend byte for byte over several steps (one skipped, planted NaN / Inf / huge /
-// subnormal gradients), and a captured graph replayed 10 times against eager execution.
+// own quantization of the new master; the multi-tensor launches against the per-parameter ops,
+// byte for byte, with the case's parameter among 20 others. GPU (skipped without one): every
+// format, GPU against the reference backend byte for byte over several steps (one skipped,
+// planted NaN / Inf / huge / subnormal gradients), a captured graph replayed 10 times against
+// eager execution, and the multi-tensor kernels against the per-parameter twins.
 #include <math.h>
 
 #include "runtime/ops/op_core.h"
@@ -237,23 +239,35 @@ typedef struct t_case {
 
 enum {
     R_STEPS, R_STATE, R_NORM, R_LR, R_GRAD, R_MASTER, R_M, R_V, R_WROW, R_WROWS, R_WCOL, R_WCOLS,
-    R_SCALE, R_SINV, R_AMAX, R_AMAXC,
+    R_SCALE, R_SINV, R_AMAX, R_AMAXC, R_EXTRA,
     R_COPY, R_CROW, R_CROWS, R_CCOL, R_CCOLS, R_CSCALE, R_CSINV, R_CAMAX, R_CAMAXC, R_CHIST0,
-    R_COUNT
+    R_TABLE, R_COUNT
 };
+#define T_COMPARE_END R_TABLE  // the multi-tensor table holds each rig's own addresses
 #define T_STATE_END R_COPY  // regions below are state and inputs; the rest are check outputs
 #define T_HISTORY_LEN 4u
 
 static const char *const t_region_names[R_COUNT] = {
     "steps", "state", "grad_norm", "lr_rows", "grad", "master", "m", "v", "rowwise",
     "rowwise_scales", "colwise", "colwise_scales", "scale", "scale_inv", "amax", "amax_col",
-    "master_copy", "check_rowwise", "check_rowwise_scales", "check_colwise",
+    "extra_params", "master_copy", "check_rowwise", "check_rowwise_scales", "check_colwise",
     "check_colwise_scales", "check_scale", "check_scale_inv", "check_amax", "check_amax_col",
-    "check_history0"};
+    "check_history0", "optim_table"};
+
+// How a run's step updates its parameters: the case's parameter alone by op_optim_adamw, or
+// with T_EXTRAS small FP32 parameters around it (half before, half after, so that the case's
+// entry is neither the first nor the last of a launch, and so many that their regions need two
+// launches), by op_optim_adamw_list or by the multi-tensor op_optim_adamw_multi.
+typedef enum t_list { T_LIST_ONE, T_LIST_EACH, T_LIST_MULTI } t_list;
+#define T_EXTRAS 20u
+
+static uint32_t t_extra_rows(uint32_t k) { return 1 + (k * 7) % 40; }
+static uint32_t t_extra_cols(uint32_t k) { return 1 + (k * 13 + 5) % 150; }
 
 typedef struct t_run {
     rig r;
     const t_case *c;
+    t_list list;
     program prep;
     arena_handle h[R_COUNT];
     uint64_t bytes[R_COUNT];
@@ -285,6 +299,9 @@ static void t_sizes(t_run *run) {
     b[R_SCALE] = b[R_SINV] = b[R_AMAXC] = b[R_CSCALE] = b[R_CSINV] = b[R_CAMAX] = 4;
     b[R_CAMAXC] = b[R_CHIST0] = 4;
     b[R_AMAX] = 4 * T_HISTORY_LEN;  // delayed scaling: the history [L][1], row 0 first
+    b[R_EXTRA] = 0;
+    for (uint32_t k = 0; k < T_EXTRAS; k++) b[R_EXTRA] += 16ull * t_extra_rows(k) * t_extra_cols(k);
+    b[R_TABLE] = op_optim_table_bytes(T_EXTRAS + 1);
 }
 
 static uint32_t t_elem_size(const t_case *c, int region) {
@@ -333,6 +350,35 @@ static optim_param_desc t_desc(t_run *run, bool check) {
     d.nvfp4 = (op_nvfp4_quant){true, true, c->rht, QT_NVFP4_RHT_SIGNS_TE, c->two_d, c->sr,
                                c->seed * 31 + 5, 7, t_ref(run, R_STEPS), amax, amax_col,
                                row, rows, col, cols};
+    return d;
+}
+
+// Extra parameter k: FP32 grad, master, m, v one after the other in the extra region (4-byte
+// aligned only, so the kernels' unaligned paths run too), with hyper-parameters of its own.
+static optim_param_desc t_extra_desc(t_run *run, uint32_t k) {
+    uint64_t offset = 0;
+    for (uint32_t j = 0; j < k; j++) offset += 16ull * t_extra_rows(j) * t_extra_cols(j);
+    uint64_t bytes = 4ull * t_extra_rows(k) * t_extra_cols(k);
+    prog_ref at = t_ref(run, R_EXTRA);
+    optim_param_desc d;
+    memset(&d, 0, sizeof d);
+    d.name = "extra";
+    d.rows = t_extra_rows(k);
+    d.cols = t_extra_cols(k);
+    d.grad_dtype = QT_DTYPE_F32;
+    at.offset = offset;
+    d.grad = at;
+    at.offset += bytes;
+    d.master = at;
+    at.offset += bytes;
+    d.m = at;
+    at.offset += bytes;
+    d.v = at;
+    d.hp = optim_hparams_default();
+    d.hp.weight_decay = k % 2 ? 0.01f : 0.0f;
+    d.hp.lr_scale = k % 3 ? 1.0f : 0.5f;
+    d.hp.bias_correction = k % 4 != 1;
+    d.weight = OPTIM_WEIGHT_NONE;
     return d;
 }
 
@@ -385,10 +431,29 @@ static qt_status t_build(t_run *run) {
     QT_TRY(op_fill_random(&run->prep, "v", d.v, elems, QT_DTYPE_F32, QT_FILL_UNIFORM, c->seed,
                           2 * elems, 0.0f, 1e-3f));
     QT_TRY(op_optim_quantize(&run->prep, &d));
+    // Positive values throughout: the extra parameters' v must not be negative.
+    QT_TRY(op_fill_random(&run->prep, "extra", t_ref(run, R_EXTRA), run->bytes[R_EXTRA] / 4,
+                          QT_DTYPE_F32, QT_FILL_UNIFORM, c->seed, 3 * elems, 0.0f, 1e-3f));
+    static optim_param_desc list[T_EXTRAS + 1];  // read while the ops are built only
+    for (uint32_t k = 0; k <= T_EXTRAS; k++) {
+        uint32_t half = T_EXTRAS / 2;
+        list[k] = k == half ? d : t_extra_desc(run, k < half ? k : k - 1);
+    }
+    if (run->list == T_LIST_MULTI) {
+        QT_TRY(op_optim_describe(&run->prep, list, T_EXTRAS + 1, t_ref(run, R_TABLE)));
+    }
     // The step.
-    QT_TRY(op_optim_begin(&r->prog, "begin", t_ref(run, R_STEPS), t_ref(run, R_STATE),
-                          t_ref(run, R_NORM), t_ref(run, R_LR), 2));
-    QT_TRY(op_optim_adamw(&r->prog, &d, t_ref(run, R_STATE)));
+    prog_ref state = t_ref(run, R_STATE);
+    QT_TRY(op_optim_begin(&r->prog, "begin", t_ref(run, R_STEPS), state, t_ref(run, R_NORM),
+                          t_ref(run, R_LR), 2));
+    if (run->list == T_LIST_ONE) {
+        QT_TRY(op_optim_adamw(&r->prog, &d, state));
+    } else if (run->list == T_LIST_EACH) {
+        QT_TRY(op_optim_adamw_list(&r->prog, list, T_EXTRAS + 1, state));
+    } else {
+        QT_TRY(op_optim_adamw_multi(&r->prog, "multi", list, T_EXTRAS + 1, state,
+                                    t_ref(run, R_TABLE)));
+    }
     QT_TRY(op_copy(&r->prog, "master_copy", t_ref(run, R_COPY), t_ref(run, R_MASTER),
                    elems * 4));
     QT_TRY(t_family_ops(run, &r->prog));
@@ -406,10 +471,12 @@ static const optim_lr_row t_run_lr[2] = {
     {3, 20, QT_OPTIM_LR_COSINE, 1e-2f, 1e-3f, 0},
 };
 
-static bool t_run_open(t_run *run, backend_kind kind, const t_case *c, const char **why) {
+static bool t_run_open_list(t_run *run, backend_kind kind, const t_case *c, t_list list,
+                            const char **why) {
     memset(run, 0, sizeof *run);
     if (!rig_open(&run->r, kind, why)) return false;
     run->c = c;
+    run->list = list;
     t_sizes(run);
     for (int i = 0; i < R_COUNT; i++) {
         run->h[i] = rig_reserve(&run->r, t_region_names[i], run->bytes[i]);
@@ -429,6 +496,10 @@ static bool t_run_open(t_run *run, backend_kind kind, const t_case *c, const cha
     RIG_OK(backend_run(be, &run->prep));
     RIG_OK(backend_finish(be));
     return true;
+}
+
+static bool t_run_open(t_run *run, backend_kind kind, const t_case *c, const char **why) {
+    return t_run_open_list(run, kind, c, T_LIST_ONE, why);
 }
 
 static void *t_read(t_run *run, int region) {
@@ -817,6 +888,89 @@ static void test_nan_canonical(void) {
 #define T_GPU_STEPS 5u
 #define T_GPU_SKIPPED_STEP 3u
 
+// ---------------------------------------------------------------------------------------------
+// Multi-tensor launches.
+
+// The binary search picks the entry a scan picks: the last one whose first_block is <= block,
+// for tables of 1 to 40 entries of 1 to 5 blocks each, at every block of the launch.
+static void test_entry_search(void) {
+    test_begin("optim_multi_entry_search_equals_a_scan");
+    static optim_multi_entry entries[40];
+    uint64_t state = 777;
+    for (uint32_t count = 1; count <= 40; count++) {
+        uint32_t blocks = 0;
+        for (uint32_t i = 0; i < count; i++) {
+            state = qt_mix64(state + i);
+            entries[i].first_block = blocks;
+            entries[i].blocks = 1 + (uint32_t)(state % 5);
+            blocks += entries[i].blocks;
+        }
+        for (uint32_t b = 0; b < blocks; b++) {
+            uint32_t want = 0;
+            for (uint32_t i = 0; i < count; i++) {
+                if (entries[i].first_block <= b) want = i;
+            }
+            uint32_t got = qt_optim_entry_of(entries, count, b);
+            CHECK(got == want, "%u entries, block %u: entry %u, a scan gives %u", count, b, got,
+                  want);
+        }
+    }
+    test_end();
+}
+
+// Ops of each kernel in a run's step program.
+static uint32_t t_ops_of(t_run *run, kernel_id kernel) {
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < run->r.prog.op_count; i++) n += run->r.prog.ops[i].kernel == kernel;
+    return n;
+}
+
+// Steps 0, 1, 3 and 4 counted, step 2 skipped, then every state region (the extra parameters'
+// included) and every check region of both runs byte for byte.
+static void t_compare_steps(t_run *a, t_run *b, const char *what) {
+    for (uint32_t s = 0; s < 5; s++) {
+        t_step(a, s == 2, NULL);
+        t_step(b, s == 2, NULL);
+        char label[96];
+        snprintf(label, sizeof label, "%s step %u%s", what, s, s == 2 ? " skipped" : "");
+        t_compare_regions(a, b, 0, T_COMPARE_END, label);
+    }
+}
+
+// On the reference backend, the multi-tensor launches give the per-parameter ops' bytes in
+// every format, in launches that hold many parameters each (two here: the regions of 21
+// parameters exceed one op's).
+static void test_multi_equals_per_param(void) {
+    for (size_t k = 0; k < T_CASES; k++) {
+        char name[96];
+        snprintf(name, sizeof name, "optim_multi_%s_equals_per_parameter_ops", t_cases[k].name);
+        test_begin(name);
+        t_run *each = &t_slots[0], *multi = &t_slots[1];
+        const char *why = NULL;
+        t_run_open_list(each, BACKEND_REF, &t_cases[k], T_LIST_EACH, &why);
+        t_run_open_list(multi, BACKEND_REF, &t_cases[k], T_LIST_MULTI, &why);
+        uint32_t launches = t_ops_of(multi, KERNEL_OPTIM_ADAMW_MULTI);
+        CHECK(launches == 2 && t_ops_of(multi, KERNEL_OPTIM_ADAMW) == 0,
+              "%s: %u multi-tensor launches and %u per-parameter ones, expected 2 and 0",
+              t_cases[k].name, launches, t_ops_of(multi, KERNEL_OPTIM_ADAMW));
+        bool zeroes = t_cases[k].weight == OPTIM_WEIGHT_FP8_CURRENT ||
+                      (t_cases[k].weight == OPTIM_WEIGHT_NVFP4 && !t_cases[k].rht);
+        // The per-parameter zeroing launches (the check casts have zeroing launches of their
+        // own, in both runs) are gone, one launch for the whole list instead.
+        uint32_t each_zero = t_ops_of(each, KERNEL_FP8_AMAX_ZERO);
+        uint32_t multi_zero = t_ops_of(multi, KERNEL_FP8_AMAX_ZERO);
+        CHECK(t_ops_of(multi, KERNEL_OPTIM_AMAX_ZERO) == (zeroes ? 1u : 0u) &&
+                  (zeroes ? multi_zero < each_zero : multi_zero == each_zero),
+              "%s: %u multi-tensor zeroing launches; %u and %u per-parameter ones",
+              t_cases[k].name, t_ops_of(multi, KERNEL_OPTIM_AMAX_ZERO), multi_zero, each_zero);
+        t_compare_regions(each, multi, 0, T_COMPARE_END, "after start-up (multi vs each)");
+        t_compare_steps(each, multi, "multi vs each");
+        rig_close(&each->r);
+        rig_close(&multi->r);
+        test_end();
+    }
+}
+
 static const t_case t_gpu_big[] = {
     {"fp8_delayed_e4m3_large", OPTIM_WEIGHT_FP8_DELAYED, 512, 1024, QT_DTYPE_BF16, QT_FP8_E4M3,
      0, 0, 0, 0, 1, 201},
@@ -839,7 +993,7 @@ static void t_gpu_case(const t_case *c, const char *why_none) {
         return;
     }
     t_run_open(ref, BACKEND_REF, c, &why);
-    t_compare_regions(gpu, ref, 0, R_COUNT, "after start-up quantization");
+    t_compare_regions(gpu, ref, 0, T_COMPARE_END, "after start-up quantization");
     for (uint32_t s = 0; s < T_GPU_STEPS; s++) {
         bool skip = s == T_GPU_SKIPPED_STEP;
         t_step(gpu, skip, NULL);
@@ -847,8 +1001,31 @@ static void t_gpu_case(const t_case *c, const char *why_none) {
         char what[64];
         snprintf(what, sizeof what, "%s step %u%s (gpu vs ref)", c->name, s,
                  skip ? " skipped" : "");
-        t_compare_regions(gpu, ref, 0, R_COUNT, what);
+        t_compare_regions(gpu, ref, 0, T_COMPARE_END, what);
     }
+    rig_close(&gpu->r);
+    rig_close(&ref->r);
+    test_end();
+}
+
+// The multi-tensor kernels on the GPU against the per-parameter twins on the reference backend.
+static void t_gpu_multi(const t_case *c, const char *why_none) {
+    char name[96];
+    snprintf(name, sizeof name, "gpu_optim_multi_%s_matches_ref_per_parameter", c->name);
+    const char *why = NULL;
+    t_run *gpu = &t_slots[0], *ref = &t_slots[1];
+    if (why_none) {
+        test_skip(name, why_none);
+        return;
+    }
+    test_begin(name);
+    if (!t_run_open_list(gpu, BACKEND_GPU, c, T_LIST_MULTI, &why)) {
+        test_skip(name, why);
+        return;
+    }
+    t_run_open_list(ref, BACKEND_REF, c, T_LIST_EACH, &why);
+    t_compare_regions(gpu, ref, 0, T_COMPARE_END, "after start-up (gpu multi vs ref)");
+    t_compare_steps(gpu, ref, "gpu multi vs ref each");
     rig_close(&gpu->r);
     rig_close(&ref->r);
     test_end();
@@ -871,13 +1048,13 @@ static void t_gpu_graph(const t_case *c, const char *why_none) {
     }
     for (uint32_t s = 0; s < 10; s++) t_step(eager, s == 4, NULL);
     void *eager_out[R_COUNT];
-    for (int i = 0; i < R_COUNT; i++) eager_out[i] = t_read(eager, i);
+    for (int i = 0; i < T_COMPARE_END; i++) eager_out[i] = t_read(eager, i);
     rig_close(&eager->r);
     t_run_open(graphed, BACKEND_GPU, c, &why);
     backend_graph graph;
     RIG_OK(backend_capture(&graphed->r.be, &graphed->r.prog, &graph));
     for (uint32_t s = 0; s < 10; s++) t_step(graphed, s == 4, &graph);
-    for (int i = 0; i < R_COUNT; i++) {
+    for (int i = 0; i < T_COMPARE_END; i++) {
         void *x = t_read(graphed, i);
         t_compare("graph vs eager", t_region_names[i], x, eager_out[i], graphed->bytes[i],
                   t_elem_size(c, i));
@@ -885,8 +1062,8 @@ static void t_gpu_graph(const t_case *c, const char *why_none) {
     }
     t_run_open(ref, BACKEND_REF, c, &why);
     for (uint32_t s = 0; s < 10; s++) t_step(ref, s == 4, NULL);
-    t_compare_regions(graphed, ref, 0, R_COUNT, "graph vs ref");
-    for (int i = 0; i < R_COUNT; i++) free(eager_out[i]);
+    t_compare_regions(graphed, ref, 0, T_COMPARE_END, "graph vs ref");
+    for (int i = 0; i < T_COMPARE_END; i++) free(eager_out[i]);
     backend_graph_destroy(&graphed->r.be, &graph);
     rig_close(&graphed->r);
     rig_close(&ref->r);
@@ -907,6 +1084,10 @@ static void test_gpu(void) {
         t_gpu_case(&t_gpu_big[k], why_none);
     }
     for (size_t k = 0; k < T_CASES; k++) t_gpu_graph(&t_cases[k], why_none);
+    for (size_t k = 0; k < T_CASES; k++) t_gpu_multi(&t_cases[k], why_none);
+    for (size_t k = 0; k < sizeof t_gpu_big / sizeof t_gpu_big[0]; k++) {
+        t_gpu_multi(&t_gpu_big[k], why_none);
+    }
 }
 
 int main(void) {
@@ -919,6 +1100,8 @@ int main(void) {
     test_clip_factor();
     test_formats_match_family();
     test_skip_changes_nothing();
+    test_entry_search();
+    test_multi_equals_per_param();
     test_gpu();
     return test_exit_code();
 }

@@ -21,6 +21,11 @@
 // (an moe layer's per-expert slots past the record's end are noted, model_plan_states).
 QT_STATIC_ASSERT(QT_TRACE_QUANTIZERS_MAX >= MODEL_QUANTIZERS_MAX, "trace records hold a model");
 
+bool model_region_saved(const model *m, arena_handle h) {
+    if (h == m->io.staged) return false;
+    return !(m->modes[MODEL_MODE_TRAIN] && h == m->io.optim_table);
+}
+
 const char *model_mode_name(model_mode mode) {
     static const char *const names[] = {"train", "eval", "infer"};
     _Static_assert(sizeof names / sizeof names[0] == MODEL_MODE_COUNT, "a name per model_mode");
@@ -659,6 +664,9 @@ static qt_status model_plan_io(model *m, const model_options *o) {
         // Zero from bind on; only the norm's fold writes it, and leaves it zero.
         QT_TRY(model_region(&dev, "gnorm_ticket", 4, ARENA_CAT_WORKSPACE, &ref));
         io->gnorm_ticket = ref.region;
+        QT_TRY(model_region(&dev, "optim_table", op_optim_table_bytes(m->param_count),
+                            ARENA_CAT_STAGING, &ref));
+        io->optim_table = ref.region;
     }
     return QT_OK;
 }

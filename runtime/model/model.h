@@ -53,6 +53,7 @@
 #include "arena/arena.h"
 #include "runtime/io/data.h"  // data_slot_layout
 #include "runtime/ops/op_moe.h"  // op_moe_routing, which the program builders keep per moe layer
+#include "runtime/ops/op_optim.h"  // optim_param_desc, the list the train program's builder keeps
 // op_fp8_delayed_state, which the train program's builder keeps
 #include "runtime/ops/op_quant_fp8.h"
 #include "runtime/parallel/parallel.h"  // dp_comm: the ranks of a data-parallel run
@@ -202,6 +203,9 @@ typedef struct model_io {
     arena_handle optim_steps;    // device: u64, the counted train steps (ptx/optim.h)
     arena_handle lr_rows;        // device: optim_lr_row [lr_row_count]
     arena_handle gnorm_ticket;   // device: u32 of the gradient norm's fold (op_grad_norm)
+    arena_handle optim_table;    // device: the multi-tensor optimizer's table (op_optim.h),
+                                 // written by the init program; holds addresses, so no
+                                 // checkpoint holds it
     uint32_t lr_row_count;
 } model_io;
 
@@ -264,6 +268,7 @@ typedef struct model_builder {
     prog_ref snap_amax, snap_scale;  // f32 [delayed_slots]; the record copies delayed_count
     prog_ref grads[MODEL_PARAMS_MAX];        // the optimizer's gradients, and their elements
     uint64_t grad_counts[MODEL_PARAMS_MAX];
+    optim_param_desc optim_list[MODEL_PARAMS_MAX];  // the parameters the optimizer updates
     prog_ref dp_order;      // data parallelism: the region every collective op writes
     op_fp8_delayed_state states[MODEL_STATES_MAX];  // the end of step's delayed-scaling states
 } model_builder;
@@ -311,6 +316,12 @@ typedef struct model {
     char notes[MODEL_NOTES_MAX][MODEL_NOTE_BYTES];
     model_builder builder;        // model_build_*'s working state
 } model;
+
+// Whether a checkpoint keeps persistent device region h (one with bytes): every one but the
+// batch slots (the inputs of steps already done; the loop stages every step's batch before the
+// step reads it) and the optimizer's table (this process's addresses, which the init program
+// writes at every start).
+bool model_region_saved(const model *m, arena_handle h);
 
 // Plans the model of r into the two arenas (both in PLAN, or both counting: the pass that
 // sizes their tables). Fails (QT_ERR_INPUT, naming the recipe file, line and column) on what

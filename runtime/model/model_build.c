@@ -1156,6 +1156,18 @@ static void mb_param_desc(const mb *b, uint32_t i, optim_param_desc *d) {
     QT_ASSERT(!"unknown format");
 }
 
+// Every parameter, in order: the list the optimizer's launches cover.
+// The parameters this rank updates (every one on a single GPU; with data parallelism those it
+// owns), in parameter order, into optim_list; returns their count.
+static uint32_t mb_optim_list(mb *b) {
+    uint32_t count = 0;
+    for (uint32_t i = 0; i < b->m->param_count; i++) {
+        if (!model_param_owned(b->m, i)) continue;  // another rank's
+        mb_param_desc(b, i, &b->optim_list[count++]);
+    }
+    return count;
+}
+
 static qt_status mb_optimizer(mb *b) {
     model *m = b->m;
     prog_ref *grads = b->grads;
@@ -1203,12 +1215,9 @@ static qt_status mb_optimizer(mb *b) {
     prog_ref state = b->optim;
     QT_TRY(op_optim_begin(b->p, "optim.begin", mb_dev(b, m->io.optim_steps), state, b->gnorm,
                           mb_dev(b, m->io.lr_rows), m->io.lr_row_count));
-    for (uint32_t i = 0; i < m->param_count; i++) {
-        if (!model_param_owned(m, i)) continue;  // another rank's (data parallelism)
-        optim_param_desc d;
-        mb_param_desc(b, i, &d);
-        QT_TRY(op_optim_adamw(b->p, &d, state));
-    }
+    uint32_t updated = mb_optim_list(b);
+    QT_TRY(op_optim_adamw_multi(b->p, "optim.adamw", b->optim_list, updated, state,
+                                mb_dev(b, m->io.optim_table)));
     return mb_parallel(b) ? mb_dp_broadcast_weights(b) : QT_OK;
 }
 
@@ -1386,6 +1395,10 @@ qt_status model_build_init(model *m, program *p) {
         optim_param_desc d;
         mb_param_desc(b, i, &d);
         QT_TRY(op_optim_quantize(p, &d));
+    }
+    if (m->modes[MODEL_MODE_TRAIN]) {
+        uint32_t updated = mb_optim_list(b);
+        QT_TRY(op_optim_describe(p, b->optim_list, updated, mb_dev(b, m->io.optim_table)));
     }
     // Every rank starts from its owners' weights (they draw what one rank would draw).
     return mb_parallel(b) ? mb_dp_broadcast_weights(b) : QT_OK;

@@ -49,35 +49,112 @@ static qt_status op_optim_zero(program *p, const char *name, prog_ref amax) {
 typedef struct op_optim_outputs {
     uint32_t out;             // QT_OPTIM_OUT_*
     prog_ref amax0, amax1;    // optional
-    bool amax_on_skip;
+    bool amax_on_skip;        // the amax targets are a workspace zeroed before the update
 } op_optim_outputs;
 
-static qt_status op_optim_update_outputs(program *p, uint32_t op, const optim_param_desc *d,
-                                         const op_optim_outputs *o) {
-    uint64_t elems = (uint64_t)d->rows * d->cols;
-    if (o->out == QT_OPTIM_OUT_BF16) {
-        QT_TRY(prog_use_span(p, op, offsetof(optim_adamw_args, weight), d->bf16, elems * 2,
-                            PROG_WRITE));
-    } else if (o->out == QT_OPTIM_OUT_FP8) {
-        QT_TRY(prog_use_optional(p, op, offsetof(optim_adamw_args, weight), d->fp8.rowwise, elems,
-                                PROG_WRITE));
-        QT_TRY(prog_use_optional(p, op, offsetof(optim_adamw_args, weight_t), d->fp8.colwise,
-                                elems, PROG_WRITE));
-        QT_TRY(prog_use_span(p, op, offsetof(optim_adamw_args, scale), d->fp8_scale, 4,
-                            PROG_READ));
-        QT_TRY(prog_use_span(p, op, offsetof(optim_adamw_args, scale_inv), d->fp8.scale_inv, 4,
-                            PROG_WRITE));
+// The fused outputs of the update of d (the table in op_optim.h): what the formats without a
+// cast kernel of their own write, and the amaxes a following cast needs.
+static op_optim_outputs op_optim_outputs_of(const optim_param_desc *d) {
+    op_optim_outputs o = {QT_OPTIM_OUT_NONE, {0}, {0}, false};
+    switch (d->weight) {
+    case OPTIM_WEIGHT_NONE:
+    case OPTIM_WEIGHT_MXFP8:
+    case OPTIM_WEIGHT_FP8_BLOCK:
+        return o;
+    case OPTIM_WEIGHT_BF16:
+        o.out = QT_OPTIM_OUT_BF16;
+        return o;
+    case OPTIM_WEIGHT_FP8_DELAYED:
+        QT_ASSERT(d->fp8.fp8 == QT_FP8_E4M3 || d->fp8.fp8 == QT_FP8_E5M2);
+        if (d->group.count > 0) return o;
+        o.out = QT_OPTIM_OUT_FP8;
+        o.amax0 = d->fp8_amax;
+        return o;
+    case OPTIM_WEIGHT_FP8_CURRENT:
+        if (d->group.count > 0) return o;
+        QT_ASSERT(prog_ref_present(d->fp8_amax));
+        o.amax0 = d->fp8_amax;
+        o.amax_on_skip = true;
+        return o;
+    case OPTIM_WEIGHT_NVFP4: {
+        // Fused unless RHT needs the post-transform columnwise amax (or the weight is stacked).
+        const op_nvfp4_quant *q = &d->nvfp4;
+        QT_ASSERT(q->rowwise || q->colwise);
+        if (q->rht || d->group.count > 0) return o;
+        o.amax_on_skip = true;
+        if (q->rowwise) o.amax0 = q->amax_row;
+        if (q->colwise) o.amax1 = q->amax_col;
+        if (prog_ref_present(o.amax0) && prog_ref_present(o.amax1) &&
+            op_optim_same(o.amax0, o.amax1)) {
+            o.amax1 = (prog_ref){0};
+        }
+        return o;
     }
-    // An atomic max reads and writes its target.
-    QT_TRY(prog_use_optional(p, op, offsetof(optim_adamw_args, amax0), o->amax0, 4,
-                            PROG_READ_WRITE));
-    return prog_use_optional(p, op, offsetof(optim_adamw_args, amax1), o->amax1, 4,
-                            PROG_READ_WRITE);
+    }
+    QT_ASSERT(!"unknown optim_weight");
+    return o;
 }
 
-// One qt_optim_adamw op: the update (or, quantize_only, none) with the outputs o.
-static qt_status op_optim_update(program *p, const optim_param_desc *d, prog_ref state,
-                                 bool quantize_only, const op_optim_outputs *o) {
+// Whether an update op of d has anything to do: a quantize-only one without outputs has not.
+static bool op_optim_updates(const op_optim_outputs *o, bool quantize_only) {
+    return !quantize_only || o->out != QT_OPTIM_OUT_NONE || prog_ref_present(o->amax0) ||
+           prog_ref_present(o->amax1);
+}
+
+// One region an update reads or writes, at its optim_adamw_args field.
+typedef struct op_optim_use {
+    uint32_t field;
+    prog_ref ref;
+    uint64_t bytes;
+    prog_access access;
+} op_optim_use;
+#define OP_OPTIM_USES_MAX 11
+
+// Every region of d's update with outputs o, in args order (state first, where present and not
+// quantize_only).
+static uint32_t op_optim_uses(const optim_param_desc *d, const op_optim_outputs *o,
+                              prog_ref state, bool quantize_only, op_optim_use *u) {
+    uint32_t n = 0;
+    uint64_t elems = (uint64_t)d->rows * d->cols;
+#define OP_OPTIM_USE(f, r, b, acc)                                              \
+    do {                                                                        \
+        if (prog_ref_present(r)) {                                              \
+            u[n++] = (op_optim_use){offsetof(optim_adamw_args, f), r, b, acc};  \
+        }                                                                       \
+    } while (0)
+    QT_ASSERT(prog_ref_present(d->master));
+    if (quantize_only) {
+        OP_OPTIM_USE(master, d->master, elems * 4, PROG_READ);
+    } else {
+        uint64_t grad_bytes = elems * (d->grad_dtype == QT_DTYPE_BF16 ? 2 : 4);
+        QT_ASSERT(prog_ref_present(d->grad) && prog_ref_present(d->m) && prog_ref_present(d->v));
+        OP_OPTIM_USE(state, state, sizeof(optim_state), PROG_READ);
+        OP_OPTIM_USE(grad, d->grad, grad_bytes, PROG_READ);
+        OP_OPTIM_USE(master, d->master, elems * 4, PROG_READ_WRITE);
+        OP_OPTIM_USE(m, d->m, elems * 4, PROG_READ_WRITE);
+        OP_OPTIM_USE(v, d->v, elems * 4, PROG_READ_WRITE);
+    }
+    if (o->out == QT_OPTIM_OUT_BF16) {
+        QT_ASSERT(prog_ref_present(d->bf16));
+        OP_OPTIM_USE(weight, d->bf16, elems * 2, PROG_WRITE);
+    } else if (o->out == QT_OPTIM_OUT_FP8) {
+        QT_ASSERT(prog_ref_present(d->fp8_scale) && prog_ref_present(d->fp8.scale_inv));
+        OP_OPTIM_USE(weight, d->fp8.rowwise, elems, PROG_WRITE);
+        OP_OPTIM_USE(weight_t, d->fp8.colwise, elems, PROG_WRITE);
+        OP_OPTIM_USE(scale, d->fp8_scale, 4, PROG_READ);
+        OP_OPTIM_USE(scale_inv, d->fp8.scale_inv, 4, PROG_WRITE);
+    }
+    // An atomic max reads and writes its target.
+    OP_OPTIM_USE(amax0, o->amax0, 4, PROG_READ_WRITE);
+    OP_OPTIM_USE(amax1, o->amax1, 4, PROG_READ_WRITE);
+#undef OP_OPTIM_USE
+    QT_ASSERT(n <= OP_OPTIM_USES_MAX);
+    return n;
+}
+
+// The args of d's update with outputs o (addresses left 0, as prog_append wants them).
+static optim_adamw_args op_optim_args(const optim_param_desc *d, const op_optim_outputs *o,
+                                      bool quantize_only) {
     optim_adamw_args args = {0};
     args.rows = d->rows;
     args.cols = d->cols;
@@ -92,113 +169,57 @@ static qt_status op_optim_update(program *p, const optim_param_desc *d, prog_ref
     args.eps = d->hp.eps;
     args.weight_decay = d->hp.weight_decay;
     args.lr_scale = d->hp.lr_scale;
+    return args;
+}
+
+// The 64 x 64 tiles of d: the blocks of its update.
+static uint32_t op_optim_tiles(const optim_param_desc *d) {
     uint64_t tiles = (uint64_t)((d->rows + QT_OPTIM_TILE - 1) / QT_OPTIM_TILE) *
                      ((d->cols + QT_OPTIM_TILE - 1) / QT_OPTIM_TILE);
     QT_ASSERT(tiles >= 1 && tiles <= 0x7FFFFFFFu);
-    launch_shape shape = {{(uint32_t)tiles, 1, 1}, {QT_OPTIM_THREADS, 1, 1}, 0};
+    return (uint32_t)tiles;
+}
+
+// One qt_optim_adamw op: the update (or, quantize_only, none) with the outputs o.
+static qt_status op_optim_update(program *p, const optim_param_desc *d, prog_ref state,
+                                 bool quantize_only, const op_optim_outputs *o) {
+    QT_ASSERT(quantize_only || prog_ref_present(state));
+    optim_adamw_args args = op_optim_args(d, o, quantize_only);
+    launch_shape shape = {{op_optim_tiles(d), 1, 1}, {QT_OPTIM_THREADS, 1, 1}, 0};
     uint32_t op;
     QT_TRY(prog_append(p, KERNEL_OPTIM_ADAMW, d->name, &shape, &args, sizeof args, &op));
-    uint64_t elems = (uint64_t)d->rows * d->cols;
-    if (quantize_only) {
-        QT_TRY(prog_use_span(p, op, offsetof(optim_adamw_args, master), d->master, elems * 4,
-                            PROG_READ));
-    } else {
-        uint64_t grad_bytes = elems * (d->grad_dtype == QT_DTYPE_BF16 ? 2 : 4);
-        QT_TRY(prog_use_span(p, op, offsetof(optim_adamw_args, state), state,
-                            sizeof(optim_state), PROG_READ));
-        QT_TRY(prog_use_span(p, op, offsetof(optim_adamw_args, grad), d->grad, grad_bytes,
-                            PROG_READ));
-        QT_TRY(prog_use_span(p, op, offsetof(optim_adamw_args, master), d->master, elems * 4,
-                            PROG_READ_WRITE));
-        QT_TRY(prog_use_span(p, op, offsetof(optim_adamw_args, m), d->m, elems * 4,
-                            PROG_READ_WRITE));
-        QT_TRY(prog_use_span(p, op, offsetof(optim_adamw_args, v), d->v, elems * 4,
-                            PROG_READ_WRITE));
+    op_optim_use uses[OP_OPTIM_USES_MAX];
+    uint32_t n = op_optim_uses(d, o, state, quantize_only, uses);
+    for (uint32_t i = 0; i < n; i++) {
+        QT_TRY(prog_use_span(p, op, uses[i].field, uses[i].ref, uses[i].bytes, uses[i].access));
     }
-    return op_optim_update_outputs(p, op, d, o);
+    return QT_OK;
 }
 
-// The update alone (no fused output, no amax), if there is one to do.
-static qt_status op_optim_update_plain(program *p, const optim_param_desc *d, prog_ref state,
-                                       bool quantize_only) {
-    if (quantize_only) return QT_OK;
-    op_optim_outputs o = {QT_OPTIM_OUT_NONE, {0}, {0}, false};
-    return op_optim_update(p, d, state, false, &o);
-}
-
-// NVFP4: the global amaxes of the new master (fused into the update unless RHT needs the
-// post-transform columnwise amax), then the family's cast.
-static qt_status op_optim_nvfp4(program *p, const optim_param_desc *d, prog_ref state,
-                                bool quantize_only) {
-    const op_nvfp4_quant *q = &d->nvfp4;
-    op_nvfp4_input in = {d->master, QT_DTYPE_F32, d->rows, d->cols, d->group};
-    if (q->rht || d->group.count > 0) {
-        QT_TRY(op_optim_update_plain(p, d, state, quantize_only));
-        op_nvfp4_amax_out amax = {q->amax_row, q->rht ? q->amax_col : (prog_ref){0}, q->rht,
-                                  q->rht_signs};
-        QT_TRY(op_nvfp4_amax(p, d->name, &in, &amax));
-    } else {
-        op_optim_outputs o = {QT_OPTIM_OUT_NONE, {0}, {0}, true};
-        if (q->rowwise) o.amax0 = q->amax_row;
-        if (q->colwise) o.amax1 = q->amax_col;
-        if (prog_ref_present(o.amax0) && prog_ref_present(o.amax1) &&
-            op_optim_same(o.amax0, o.amax1)) {
-            o.amax1 = (prog_ref){0};
-        }
-        if (prog_ref_present(o.amax0)) QT_TRY(op_optim_zero(p, d->name, o.amax0));
-        if (prog_ref_present(o.amax1)) QT_TRY(op_optim_zero(p, d->name, o.amax1));
-        QT_TRY(op_optim_update(p, d, state, quantize_only, &o));
-    }
-    return op_nvfp4_quantize(p, d->name, &in, q);
-}
-
-// A stacked weight's per-tensor FP8: the update, then the grouped cast from the new master.
-static qt_status op_optim_fp8_grouped(program *p, const optim_param_desc *d, prog_ref state,
-                                      bool quantize_only) {
-    QT_TRY(op_optim_update_plain(p, d, state, quantize_only));
-    op_fp8_input in = {d->master, QT_DTYPE_F32, d->rows, d->cols, d->group};
-    if (d->weight == OPTIM_WEIGHT_FP8_DELAYED) {
-        return op_fp8_cast_delayed(p, d->name, &in, &d->fp8, d->fp8_scale, d->fp8_amax);
-    }
-    return op_fp8_quantize_current(p, d->name, &in, &d->fp8, d->fp8_amax, d->fp8_scale,
-                                   d->fp8_pow2, d->fp8_eps);
-}
-
-static qt_status op_optim_fp8_current(program *p, const optim_param_desc *d, prog_ref state,
-                                      bool quantize_only) {
-    QT_ASSERT(prog_ref_present(d->fp8_amax));
-    QT_TRY(op_optim_zero(p, d->name, d->fp8_amax));
-    op_optim_outputs o = {QT_OPTIM_OUT_NONE, d->fp8_amax, {0}, true};
-    QT_TRY(op_optim_update(p, d, state, quantize_only, &o));
-    op_fp8_input in = {d->master, QT_DTYPE_F32, d->rows, d->cols, op_group_dense()};
-    return op_fp8_cast_current(p, d->name, &in, &d->fp8, d->fp8_amax, d->fp8_scale,
-                               d->fp8_pow2, d->fp8_eps);
-}
-
-static qt_status op_optim_param(program *p, const optim_param_desc *d, prog_ref state,
-                                bool quantize_only) {
-    QT_ASSERT(d->name != NULL);
-    QT_ASSERT(d->grad_dtype == QT_DTYPE_BF16 || d->grad_dtype == QT_DTYPE_F32);
-    if (d->rows == 0 || d->cols == 0) return QT_OK;
+// The casts that follow the update of d (the formats whose weight the update does not write).
+static qt_status op_optim_casts(program *p, const optim_param_desc *d) {
     switch (d->weight) {
     case OPTIM_WEIGHT_NONE:
-        return op_optim_update_plain(p, d, state, quantize_only);
-    case OPTIM_WEIGHT_BF16: {
-        op_optim_outputs o = {QT_OPTIM_OUT_BF16, {0}, {0}, false};
-        return op_optim_update(p, d, state, quantize_only, &o);
+    case OPTIM_WEIGHT_BF16:
+        return QT_OK;
+    case OPTIM_WEIGHT_FP8_DELAYED:
+    case OPTIM_WEIGHT_FP8_CURRENT: {
+        // A stacked weight's per-tensor FP8: the grouped cast from the new master.
+        op_fp8_input in = {d->master, QT_DTYPE_F32, d->rows, d->cols, d->group};
+        if (d->group.count > 0) {
+            if (d->weight == OPTIM_WEIGHT_FP8_DELAYED) {
+                return op_fp8_cast_delayed(p, d->name, &in, &d->fp8, d->fp8_scale, d->fp8_amax);
+            }
+            return op_fp8_quantize_current(p, d->name, &in, &d->fp8, d->fp8_amax, d->fp8_scale,
+                                           d->fp8_pow2, d->fp8_eps);
+        }
+        if (d->weight == OPTIM_WEIGHT_FP8_DELAYED) return QT_OK;
+        in.group = op_group_dense();
+        return op_fp8_cast_current(p, d->name, &in, &d->fp8, d->fp8_amax, d->fp8_scale,
+                                   d->fp8_pow2, d->fp8_eps);
     }
-    case OPTIM_WEIGHT_FP8_DELAYED: {
-        QT_ASSERT(d->fp8.fp8 == QT_FP8_E4M3 || d->fp8.fp8 == QT_FP8_E5M2);
-        if (d->group.count > 0) return op_optim_fp8_grouped(p, d, state, quantize_only);
-        op_optim_outputs o = {QT_OPTIM_OUT_FP8, d->fp8_amax, {0}, false};
-        return op_optim_update(p, d, state, quantize_only, &o);
-    }
-    case OPTIM_WEIGHT_FP8_CURRENT:
-        if (d->group.count > 0) return op_optim_fp8_grouped(p, d, state, quantize_only);
-        return op_optim_fp8_current(p, d, state, quantize_only);
     case OPTIM_WEIGHT_MXFP8: {
         QT_ASSERT(d->mxfp8.group.count == 0);
-        QT_TRY(op_optim_update_plain(p, d, state, quantize_only));
         op_mxfp8_quantize_desc q = d->mxfp8;
         q.in = d->master;
         q.dtype = QT_DTYPE_F32;
@@ -209,15 +230,42 @@ static qt_status op_optim_param(program *p, const optim_param_desc *d, prog_ref 
     case OPTIM_WEIGHT_FP8_BLOCK:
         QT_ASSERT(d->block.rows == d->rows && d->block.cols == d->cols);
         QT_ASSERT(d->block.group.count == 0);
-        QT_TRY(op_optim_update_plain(p, d, state, quantize_only));
         return op_quant_block(p, d->name, d->master, QT_DTYPE_F32, &d->block,
                               &d->block_options);
-    case OPTIM_WEIGHT_NVFP4:
-        QT_ASSERT(d->nvfp4.rowwise || d->nvfp4.colwise);
-        return op_optim_nvfp4(p, d, state, quantize_only);
+    case OPTIM_WEIGHT_NVFP4: {
+        const op_nvfp4_quant *q = &d->nvfp4;
+        op_nvfp4_input in = {d->master, QT_DTYPE_F32, d->rows, d->cols, d->group};
+        if (q->rht || d->group.count > 0) {
+            op_nvfp4_amax_out amax = {q->amax_row, q->rht ? q->amax_col : (prog_ref){0}, q->rht,
+                                      q->rht_signs};
+            QT_TRY(op_nvfp4_amax(p, d->name, &in, &amax));
+        }
+        return op_nvfp4_quantize(p, d->name, &in, q);
+    }
     }
     QT_ASSERT(!"unknown optim_weight");
     return QT_OK;
+}
+
+static bool op_optim_empty(const optim_param_desc *d) {
+    QT_ASSERT(d->name != NULL);
+    QT_ASSERT(d->grad_dtype == QT_DTYPE_BF16 || d->grad_dtype == QT_DTYPE_F32);
+    return d->rows == 0 || d->cols == 0;
+}
+
+// One parameter on its own: the zeroing of its amax workspace, the update, the casts.
+static qt_status op_optim_param(program *p, const optim_param_desc *d, prog_ref state,
+                                bool quantize_only) {
+    if (op_optim_empty(d)) return QT_OK;
+    op_optim_outputs o = op_optim_outputs_of(d);
+    if (o.amax_on_skip) {
+        if (prog_ref_present(o.amax0)) QT_TRY(op_optim_zero(p, d->name, o.amax0));
+        if (prog_ref_present(o.amax1)) QT_TRY(op_optim_zero(p, d->name, o.amax1));
+    }
+    if (op_optim_updates(&o, quantize_only)) {
+        QT_TRY(op_optim_update(p, d, state, quantize_only, &o));
+    }
+    return op_optim_casts(p, d);
 }
 
 qt_status op_optim_adamw(program *p, const optim_param_desc *d, prog_ref state) {
@@ -227,6 +275,153 @@ qt_status op_optim_adamw(program *p, const optim_param_desc *d, prog_ref state) 
 qt_status op_optim_adamw_list(program *p, const optim_param_desc *list, uint32_t count,
                               prog_ref state) {
     for (uint32_t i = 0; i < count; i++) QT_TRY(op_optim_param(p, &list[i], state, false));
+    return QT_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Multi-tensor launches
+
+uint64_t op_optim_table_bytes(uint32_t count) {
+    return (uint64_t)count * sizeof(optim_multi_entry);
+}
+
+// The regions of d's update in a multi-tensor launch, which has the state (and the table) of
+// its own.
+static uint32_t op_optim_multi_uses(const optim_param_desc *d, const op_optim_outputs *o,
+                                    op_optim_use *u) {
+    return op_optim_uses(d, o, (prog_ref){0}, false, u);
+}
+
+// The end of the launch that starts at list[first]: the parameters after it while their
+// regions, the state's and the table's fit one op and their tiles one grid (at least one).
+static uint32_t op_optim_launch_end(const optim_param_desc *list, uint32_t count,
+                                    uint32_t first) {
+    uint32_t refs = 2, end = first;
+    uint64_t blocks = 0;
+    for (; end < count; end++) {
+        const optim_param_desc *d = &list[end];
+        if (op_optim_empty(d)) continue;
+        op_optim_outputs o = op_optim_outputs_of(d);
+        op_optim_use uses[OP_OPTIM_USES_MAX];
+        uint32_t n = op_optim_multi_uses(d, &o, uses);
+        uint32_t tiles = op_optim_tiles(d);
+        if (end > first && (refs + n > PROG_OP_REFS_MAX || blocks + tiles > 0x7FFFFFFFu)) break;
+        refs += n;
+        blocks += tiles;
+    }
+    return end;
+}
+
+static prog_ref op_optim_entry_ref(prog_ref table, uint32_t entry) {
+    table.offset += (uint64_t)entry * sizeof(optim_multi_entry);
+    return table;
+}
+
+qt_status op_optim_describe(program *p, const optim_param_desc *list, uint32_t count,
+                            prog_ref table) {
+    uint32_t entry = 0;
+    for (uint32_t first = 0; first < count;) {
+        uint32_t end = op_optim_launch_end(list, count, first);
+        uint32_t block = 0;
+        for (uint32_t i = first; i < end; i++) {
+            const optim_param_desc *d = &list[i];
+            if (op_optim_empty(d)) continue;
+            op_optim_outputs o = op_optim_outputs_of(d);
+            optim_describe_args args = {0};
+            args.value.args = op_optim_args(d, &o, false);
+            args.value.first_block = block;
+            args.value.blocks = op_optim_tiles(d);
+            block += args.value.blocks;
+            launch_shape shape = {{1, 1, 1}, {QT_OPTIM_DESCRIBE_THREADS, 1, 1}, 0};
+            uint32_t op;
+            QT_TRY(prog_append(p, KERNEL_OPTIM_DESCRIBE, d->name, &shape, &args, sizeof args,
+                               &op));
+            QT_TRY(prog_use_span(p, op, offsetof(optim_describe_args, entry),
+                                 op_optim_entry_ref(table, entry), sizeof(optim_multi_entry),
+                                 PROG_WRITE));
+            op_optim_use uses[OP_OPTIM_USES_MAX];
+            uint32_t n = op_optim_multi_uses(d, &o, uses);
+            for (uint32_t u = 0; u < n; u++) {
+                uint32_t field = (uint32_t)(offsetof(optim_describe_args, value) +
+                                            offsetof(optim_multi_entry, args) + uses[u].field);
+                QT_TRY(prog_use_span(p, op, field, uses[u].ref, uses[u].bytes, PROG_ADDRESS));
+            }
+            entry++;
+        }
+        first = end;
+    }
+    return QT_OK;
+}
+
+// One launch's zeroing of the amax workspaces of its entries, when one of them has any.
+static qt_status op_optim_multi_zero(program *p, const char *name, const optim_param_desc *list,
+                                     uint32_t first, uint32_t end, prog_ref entries,
+                                     uint32_t count) {
+    bool any = false;
+    for (uint32_t i = first; i < end; i++) {
+        any = any || (!op_optim_empty(&list[i]) && op_optim_outputs_of(&list[i]).amax_on_skip);
+    }
+    if (!any) return QT_OK;
+    optim_multi_args args = {0, 0, count, 0};
+    launch_shape shape = {{1, 1, 1}, {QT_OPTIM_ZERO_THREADS, 1, 1}, 0};
+    uint32_t op;
+    QT_TRY(prog_append(p, KERNEL_OPTIM_AMAX_ZERO, name, &shape, &args, sizeof args, &op));
+    QT_TRY(prog_use_span(p, op, offsetof(optim_multi_args, entries), entries,
+                         (uint64_t)count * sizeof(optim_multi_entry), PROG_READ));
+    for (uint32_t i = first; i < end; i++) {
+        if (op_optim_empty(&list[i])) continue;
+        op_optim_outputs o = op_optim_outputs_of(&list[i]);
+        if (!o.amax_on_skip) continue;
+        QT_TRY(prog_use_optional(p, op, PROG_ARGS_FIELD_NONE, o.amax0, 4, PROG_WRITE));
+        QT_TRY(prog_use_optional(p, op, PROG_ARGS_FIELD_NONE, o.amax1, 4, PROG_WRITE));
+    }
+    return QT_OK;
+}
+
+qt_status op_optim_adamw_multi(program *p, const char *name, const optim_param_desc *list,
+                               uint32_t count, prog_ref state, prog_ref table) {
+    QT_ASSERT(prog_ref_present(state) && prog_ref_present(table));
+    uint32_t entry = 0;
+    for (uint32_t first = 0; first < count;) {
+        uint32_t end = op_optim_launch_end(list, count, first);
+        uint32_t n = 0;
+        uint64_t blocks = 0;
+        for (uint32_t i = first; i < end; i++) {
+            if (op_optim_empty(&list[i])) continue;
+            n++;
+            blocks += op_optim_tiles(&list[i]);
+        }
+        if (n == 0) {
+            first = end;
+            continue;
+        }
+        prog_ref entries = op_optim_entry_ref(table, entry);
+        QT_TRY(op_optim_multi_zero(p, name, list, first, end, entries, n));
+        optim_multi_args args = {0, 0, n, 0};
+        launch_shape shape = {{(uint32_t)blocks, 1, 1}, {QT_OPTIM_THREADS, 1, 1}, 0};
+        uint32_t op;
+        QT_TRY(prog_append(p, KERNEL_OPTIM_ADAMW_MULTI, name, &shape, &args, sizeof args, &op));
+        QT_TRY(prog_use_span(p, op, offsetof(optim_multi_args, state), state,
+                             sizeof(optim_state), PROG_READ));
+        QT_TRY(prog_use_span(p, op, offsetof(optim_multi_args, entries), entries,
+                             (uint64_t)n * sizeof(optim_multi_entry), PROG_READ));
+        for (uint32_t i = first; i < end; i++) {
+            const optim_param_desc *d = &list[i];
+            if (op_optim_empty(d)) continue;
+            op_optim_outputs o = op_optim_outputs_of(d);
+            op_optim_use uses[OP_OPTIM_USES_MAX];
+            uint32_t k = op_optim_multi_uses(d, &o, uses);
+            for (uint32_t u = 0; u < k; u++) {
+                QT_TRY(prog_use_span(p, op, PROG_ARGS_FIELD_NONE, uses[u].ref, uses[u].bytes,
+                                     uses[u].access));
+            }
+        }
+        entry += n;
+        first = end;
+    }
+    for (uint32_t i = 0; i < count; i++) {
+        if (!op_optim_empty(&list[i])) QT_TRY(op_optim_casts(p, &list[i]));
+    }
     return QT_OK;
 }
 

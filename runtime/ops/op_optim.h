@@ -8,7 +8,9 @@
 // One training step's optimizer part:
 //
 //   op_optim_begin        once: skip flag, lr of this step, step += 1 (unless skipped)
-//   op_optim_adamw        per parameter, after it; ops by weight format:
+//   op_optim_adamw        per parameter, after it; ops by weight format (op_optim_adamw_multi
+//                         runs the same ops for a list, the updates and the amax zeroing as
+//                         multi-tensor launches, then the casts):
 //
 //   weight        ops (in order)                                       cast by
 //   NONE          adamw                                                -
@@ -120,6 +122,22 @@ qt_status op_optim_adamw(program *p, const optim_param_desc *d, prog_ref state);
 // op_optim_adamw over a list of parameters, in order.
 qt_status op_optim_adamw_list(program *p, const optim_param_desc *list, uint32_t count,
                               prog_ref state);
+
+// The multi-tensor update of a list of parameters (ptx/optim.h): the same ops' results as
+// op_optim_adamw_list, bit for bit, in few launches. The parameters' update args live in a
+// device table of op_optim_table_bytes(count) bytes (a persistent region that no checkpoint
+// holds: it holds addresses), which op_optim_describe writes once, in the init program (one
+// small op per parameter, its addresses resolved as any op's args); every step then runs, per
+// run of consecutive parameters whose regions fit one op (PROG_OP_REFS_MAX), one
+// qt_optim_amax_zero (when a parameter's cast needs an amax workspace zeroed) and one
+// qt_optim_adamw_multi, and after them the casts of the formats that have one, parameter by
+// parameter. The list is a plain array: a caller updates any subset of its parameters by passing
+// that subset, to op_optim_describe and op_optim_adamw_multi alike.
+uint64_t op_optim_table_bytes(uint32_t count);
+qt_status op_optim_describe(program *init, const optim_param_desc *list, uint32_t count,
+                            prog_ref table);
+qt_status op_optim_adamw_multi(program *p, const char *name, const optim_param_desc *list,
+                               uint32_t count, prog_ref state, prog_ref table);
 
 // The weight's quantization from its master as it is (no update, no state): start-up, and any
 // time the master is written from outside (checkpoint load).

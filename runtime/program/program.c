@@ -68,6 +68,7 @@ qt_status prog_use(program *p, uint32_t op_number, uint32_t args_offset, prog_re
     prog_op *op = prog_op_at(p, op_number);
     QT_ASSERT(args_offset == PROG_ARGS_FIELD_NONE ||
               (args_offset % 8 == 0 && args_offset + 8 <= op->args_bytes));
+    QT_ASSERT(access != PROG_ADDRESS || args_offset != PROG_ARGS_FIELD_NONE);
     QT_ASSERT(ref.arena != NULL && ref.region < ref.arena->region_count);
     // A counting arena has no table: the bounds are checked when the plan is made for real.
     bool regions = !arena_counting(ref.arena);
@@ -75,7 +76,8 @@ qt_status prog_use(program *p, uint32_t op_number, uint32_t args_offset, prog_re
     // Builders split their ops below this (a property of the code, whatever the model).
     QT_ASSERT(op->ref_count < PROG_OP_REFS_MAX);
     op->refs[op->ref_count++] = (prog_op_ref){ref, (uint16_t)args_offset, (uint8_t)access};
-    if (regions && !arena_region_get(ref.arena, ref.region)->persistent) {
+    if (regions && access != PROG_ADDRESS &&
+        !arena_region_get(ref.arena, ref.region)->persistent) {
         arena_extend(ref.arena, ref.region, prog_op_index(p, op_number));
     }
     return QT_OK;
@@ -113,6 +115,7 @@ void prog_resolve(program *p) {
 
 static bool prog_uses_conflict(const prog_op_ref *x, const prog_op_ref *y) {
     if (x->ref.arena != y->ref.arena) return false;
+    if (x->access == PROG_ADDRESS || y->access == PROG_ADDRESS) return false;
     if (!((x->access | y->access) & PROG_WRITE)) return false;
     QT_ASSERT(x->ref.arena->phase != ARENA_PHASE_PLAN);
     const arena_region *rx = arena_region_get(x->ref.arena, x->ref.region);
@@ -171,7 +174,8 @@ void prog_print(const program *p, FILE *out) {
                 op->shape.block[2], op->shape.smem_bytes);
         for (uint32_t r = 0; r < op->ref_count; r++) {
             const prog_op_ref *use = &op->refs[r];
-            const char *access = use->access == PROG_READ    ? "r "
+            const char *access = use->access == PROG_ADDRESS ? "@ "
+                                 : use->access == PROG_READ  ? "r "
                                  : use->access == PROG_WRITE ? " w"
                                                              : "rw";
             fprintf(out, "         %s %s+%llu\n", access,

@@ -26,13 +26,22 @@
 #include "ptx/kernels.h"             // kernel_id, QT_ARGS_BYTES_MAX
 #include "runtime/driver/modules.h"  // launch_shape
 
-// Regions one op touches: a property of the op builders (grouped ops split beyond it), not of
-// the model.
-#define PROG_OP_REFS_MAX 24
+// Regions one op touches: a property of the op builders (grouped ops and the multi-tensor
+// optimizer split beyond it), not of the model.
+#define PROG_OP_REFS_MAX 64
 #define PROG_OP_NAME_MAX 48
 #define PROG_ARGS_FIELD_NONE 0xFFFFu  // a region the op touches without an args field for it
 
-typedef enum prog_access { PROG_READ = 1, PROG_WRITE = 2, PROG_READ_WRITE = 3 } prog_access;
+// PROG_ADDRESS: the op takes the region's address (to store it in a table that a later op
+// reads) and touches none of its bytes, so the use neither widens the region's lifetime nor
+// orders the op against the region's users; the op that dereferences the stored address
+// declares its own access.
+typedef enum prog_access {
+    PROG_ADDRESS = 0,
+    PROG_READ = 1,
+    PROG_WRITE = 2,
+    PROG_READ_WRITE = 3
+} prog_access;
 
 // A byte position inside an arena region.
 typedef struct prog_ref {

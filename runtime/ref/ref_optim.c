@@ -1,6 +1,8 @@
 // C twins of ptx/optim.cu: the same per-step and per-element functions of optim.h, in plain
 // loops over ranges of the parameter's elements, tasks of the thread pool (ref.h): every element
-// is updated on its own.
+// is updated on its own. The multi-tensor twins walk the same table as the kernels.
+#include <string.h>  // memcpy
+
 #include "runtime/base/pool.h"  // pool_for, POOL_CPU_CLONES
 #include "runtime/ref/ref.h"
 
@@ -70,4 +72,29 @@ void ref_qt_optim_adamw(const optim_adamw_args *a, const launch_shape *shape) {
     if ((job.mode & QT_OPTIM_DO_OUT) && a->out == QT_OPTIM_OUT_FP8 && a->scale_inv) {
         *REF_PTR(float, a->scale_inv) = qt_fp8_scale_inv(job.c.scale);
     }
+}
+
+void ref_qt_optim_adamw_multi(const optim_multi_args *m, const launch_shape *shape) {
+    const optim_multi_entry *entries = REF_PTR(const optim_multi_entry, m->entries);
+    for (uint32_t i = 0; i < m->count; i++) {
+        optim_adamw_args a = entries[i].args;
+        a.state = m->state;
+        ref_qt_optim_adamw(&a, shape);
+    }
+}
+
+void ref_qt_optim_amax_zero(const optim_multi_args *m, const launch_shape *shape) {
+    (void)shape;
+    const optim_multi_entry *entries = REF_PTR(const optim_multi_entry, m->entries);
+    for (uint32_t i = 0; i < m->count; i++) {
+        const optim_multi_entry *e = &entries[i];
+        if (!qt_optim_entry_zeroes(e)) continue;
+        if (e->args.amax0) *REF_PTR(float, e->args.amax0) = 0.0f;
+        if (e->args.amax1) *REF_PTR(float, e->args.amax1) = 0.0f;
+    }
+}
+
+void ref_qt_optim_describe(const optim_describe_args *a, const launch_shape *shape) {
+    (void)shape;
+    memcpy(REF_PTR(optim_multi_entry, a->entry), &a->value, sizeof a->value);
 }

@@ -332,6 +332,8 @@ static void ckpt_list_parts(ckpt_describer *d, const model *m, uint32_t i, int f
 // every step's batch before the step reads it (runtime/schedule/schedule.h), a resumed run's first
 // too. A data-parallel rank lists the masters and moments of other ranks' parameters too, in the
 // places the run on one GPU has them, so every rank's table is that run's.
+// So is the optimizer's table: it holds this process's addresses, which the init program
+// wrote.
 static void ckpt_list_regions(ckpt_describer *d, const model *m) {
     const arena *dev = m->dev;
     ckpt_table *t = &d->c->table;
@@ -344,7 +346,7 @@ static void ckpt_list_regions(ckpt_describer *d, const model *m) {
     for (uint32_t h = 0; h < dev->region_count; h++) {
         const arena_region *r = arena_region_get(dev, h);
         d->index_of[h] = CKPT_NONE;
-        if (!r->persistent || r->bytes == 0 || h == m->io.staged) continue;
+        if (!r->persistent || r->bytes == 0 || !model_region_saved(m, h)) continue;
         // A parameter's first region here: the parts it lacks come first (a quantized
         // weight's master and moments) or right after its master (the moments of a master that
         // is the weight, which every rank holds).
