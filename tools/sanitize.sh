@@ -5,23 +5,66 @@
 #
 # Builds the tests (ninja), then runs each test program under each of compute-sanitizer's tools
 # (memcheck with leak checking, racecheck, initcheck, synccheck; TOOLS overrides the list) and
-# prints a summary: per test and tool the sanitizer's error count and the test's own result
-# (its PASS/FAIL/SKIP lines), then one CLEAN or DIRTY line. A tool's run is DIRTY when the
-# sanitizer reports an error or the run does not finish (TIMEOUT seconds, default 3600, per
-# run); a test that fails only under the sanitizer (a timing budget) is reported, not counted
-# as dirty. The logs go to $OUT (default: a new temporary folder).
+# prints a summary: per test and tool the sanitizer's error count, the longest run's seconds and
+# the test's own result (its PASS/FAIL/SKIP lines), then one CLEAN or DIRTY line. A tool's run is
+# DIRTY when the sanitizer reports an error or the run does not finish (TIMEOUT seconds, default
+# 3600, per run); a test that fails only under the sanitizer (a timing budget) is reported, not
+# counted as dirty. The logs go to $OUT (default: a new temporary folder).
 #
-# Environment: CUDA_HOME (default /usr/local/cuda), TOOLS, TIMEOUT, OUT.
+# The runs are independent processes on one GPU, and the sanitizers' cost is mostly on the host,
+# so JOBS of them run at once (default: half the cores). test_gemm, by far the longest, runs as
+# GEMM_SHARDS processes (default: JOBS) that each take an interleaved share of its cases
+# (QT_TEST_GEMM_SHARD); its row sums their counts.
+#
+# Environment: CUDA_HOME (default /usr/local/cuda), TOOLS, TIMEOUT, OUT, JOBS, GEMM_SHARDS.
 # Exit status: 0 when every run is clean, 1 when one is not, 2 when the build fails, there is no
 # compute-sanitizer or no GPU.
 set -u
 
 cuda=${CUDA_HOME:-/usr/local/cuda}
 sanitizer=$cuda/bin/compute-sanitizer
+
+# The options of each tool: every error reported (print-limit 0 prints them all), the child
+# processes some tests start (build/qtrain) checked too.
+tool_options() {
+    case $1 in
+    memcheck) echo "--tool memcheck --leak-check full" ;;
+    racecheck) echo "--tool racecheck --racecheck-report all" ;;
+    initcheck) echo "--tool initcheck" ;;
+    synccheck) echo "--tool synccheck" ;;
+    *) echo "--tool $1" ;;
+    esac
+}
+
+# One run (called back through xargs): TEST TOOL SHARD (SHARD "-" for an unsharded test). Writes
+# the log, and a line "rc seconds" beside it.
+if [ "${1:-}" = "--run" ]; then
+    t=$2 tool=$3 shard=$4 out=$5 limit=$6
+    if [ "$shard" = "-" ]; then
+        base=$out/$t.$tool
+        shard_env=""
+    else
+        base=$out/$t.$tool.shard$(echo "$shard" | sed "s,/,of,")
+        shard_env="QT_TEST_GEMM_SHARD=$shard"
+    fi
+    start=$(date +%s)
+    # shellcheck disable=SC2046,SC2086
+    env $shard_env timeout "$limit" "$sanitizer" $(tool_options "$tool") \
+        --target-processes all --print-limit 0 --error-exitcode 99 "build/tests/$t" \
+        > "$base.log" 2>&1
+    rc=$?
+    echo "$rc $(( $(date +%s) - start ))" > "$base.rc"
+    exit 0
+fi
+
 tools=${TOOLS:-memcheck racecheck initcheck synccheck}
 limit=${TIMEOUT:-3600}
+cores=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)
+jobs=${JOBS:-$(( cores / 2 > 0 ? cores / 2 : 1 ))}
+shards=${GEMM_SHARDS:-$jobs}
 tests=${*:-test_core test_act test_optim test_quant_fp8 test_quant_mxfp8 test_quant_block \
-test_quant_nvfp4 test_gemm test_train test_faults test_infer test_checkpoint test_replay}
+test_quant_nvfp4 test_gemm test_moe test_train test_faults test_infer test_checkpoint test_replay \
+test_api test_parallel}
 if [ -n "${OUT:-}" ]; then
     out=$OUT
     mkdir -p "$out" || exit 2
@@ -36,39 +79,57 @@ if ! build/qtrain info 2>&1 | grep -q '^device'; then
     exit 2
 fi
 
-# The options of each tool: every error reported (print-limit 0 prints them all), the child
-# processes some tests start (build/qtrain) checked too.
-tool_options() {
-    case $1 in
-    memcheck) echo "--tool memcheck --leak-check full" ;;
-    racecheck) echo "--tool racecheck --racecheck-report all" ;;
-    initcheck) echo "--tool initcheck" ;;
-    synccheck) echo "--tool synccheck" ;;
-    *) echo "--tool $1" ;;
-    esac
-}
+# The list of runs, the GEMM shards first: they are the longest, and starting them first keeps
+# the pool's tail short.
+list=$out/runs.txt
+: > "$list"
+for tool in $tools; do
+    for t in $tests; do
+        [ "$t" = test_gemm ] || continue
+        i=0
+        while [ "$i" -lt "$shards" ]; do
+            echo "$t $tool $i/$shards" >> "$list"
+            i=$((i + 1))
+        done
+    done
+done
+for tool in $tools; do
+    for t in $tests; do
+        [ "$t" = test_gemm ] || echo "$t $tool -" >> "$list"
+    done
+done
+# shellcheck disable=SC2016
+sed "s|\$| $out $limit|" "$list" |
+    xargs -P "$jobs" -L 1 sh -c 'sh "$0" --run "$1" "$2" "$3" "$4" "$5"' "$0"
 
 dirty=0
 printf '%-18s %-10s %10s %8s %s\n' test tool errors seconds "test result"
 for t in $tests; do
     for tool in $tools; do
-        log=$out/$t.$tool.log
-        start=$(date +%s)
-        # shellcheck disable=SC2046
-        timeout "$limit" "$sanitizer" $(tool_options "$tool") --target-processes all \
-            --print-limit 0 --error-exitcode 99 "build/tests/$t" > "$log" 2>&1
-        rc=$?
-        seconds=$(( $(date +%s) - start ))
-        errors=$(sed -n 's/.*ERROR SUMMARY: \([0-9][0-9]*\) error.*/\1/p' "$log" |
-                 awk '{ s += $1 } END { print s + 0 }')
-        passed=$(grep -c '^PASS ' "$log")
-        failed=$(grep -c '^FAIL ' "$log")
-        skipped=$(grep -c '^SKIP ' "$log")
+        errors=0 seconds=0 passed=0 failed=0 skipped=0 timed_out=0 missing=0
+        for rcfile in "$out/$t.$tool.rc" "$out/$t.$tool".shard*.rc; do
+            [ -e "$rcfile" ] || continue
+            log=${rcfile%.rc}.log
+            read -r rc secs < "$rcfile"
+            [ "$rc" = 124 ] && timed_out=1
+            [ "$rc" = 99 ] && dirty=1
+            e=$(sed -n 's/.*ERROR SUMMARY: \([0-9][0-9]*\) error.*/\1/p' "$log" |
+                awk '{ s += $1 } END { print s + 0 }')
+            errors=$((errors + e))
+            [ "$secs" -gt "$seconds" ] && seconds=$secs
+            passed=$((passed + $(grep -c '^PASS ' "$log")))
+            failed=$((failed + $(grep -c '^FAIL ' "$log")))
+            skipped=$((skipped + $(grep -c '^SKIP ' "$log")))
+        done
+        [ "$seconds" = 0 ] && [ "$passed" = 0 ] && [ "$failed" = 0 ] && missing=1
         result="$passed passed, $failed failed, $skipped skipped"
-        if [ "$rc" = 124 ]; then
+        if [ "$timed_out" = 1 ]; then
             errors="timeout"
             dirty=1
-        elif [ "$errors" != 0 ] || [ "$rc" = 99 ]; then
+        elif [ "$missing" = 1 ]; then
+            errors="no run"
+            dirty=1
+        elif [ "$errors" != 0 ]; then
             dirty=1
         fi
         printf '%-18s %-10s %10s %8s %s\n' "$t" "$tool" "$errors" "$seconds" "$result"
