@@ -53,6 +53,38 @@ static inline void test_skip(const char *name, const char *why) {
     fflush(stdout);
 }
 
+// QT_TEST_SHARD=i/n runs the i-th of n interleaved shares of a program's units (the calls its
+// main wraps in TEST_UNIT, in a fixed order), so that n processes together run every unit
+// exactly once: tools/sanitize.sh spreads a program that takes hours under a sanitizer over a
+// machine's cores. Unset: one share, everything. A malformed value ends the program (exit 2).
+static unsigned test_shard_index, test_shard_count, test_shard_units;
+
+static inline bool test_shard_take(void) {
+    if (test_shard_count == 0) {
+        const char *text = getenv("QT_TEST_SHARD");
+        unsigned index = 0, count = 1;
+        char tail = 0;
+        if (text && (sscanf(text, "%u/%u%c", &index, &count, &tail) != 2 || count == 0 ||
+                     index >= count)) {
+            fprintf(stderr, "QT_TEST_SHARD='%s': expected i/n with 0 <= i < n, e.g. 0/4\n",
+                    text);
+            exit(2);
+        }
+        test_shard_index = index;
+        test_shard_count = count;
+    }
+    return test_shard_units++ % test_shard_count == test_shard_index;
+}
+
+#define TEST_UNIT(call)                 \
+    do {                                \
+        if (test_shard_take()) { call; } \
+    } while (0)
+
+// The compute-sanitizer tool a test program runs under (tools/sanitize.sh sets
+// QT_TEST_SANITIZER), or NULL: for the rare case a tool cannot run, which then says so.
+static inline const char *test_sanitizer(void) { return getenv("QT_TEST_SANITIZER"); }
+
 // Exit status of a test program: non-zero when any case failed.
 static inline int test_exit_code(void) { return test_program_failures ? 1 : 0; }
 

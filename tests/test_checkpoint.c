@@ -724,7 +724,15 @@ static bool loads_at(const char *path, uint64_t step) {
 }
 
 static void test_killed_writer(void) {
-    test_begin("save_killed_at_every_write_keeps_the_previous_checkpoint");
+    const char *name = "save_killed_at_every_write_keeps_the_previous_checkpoint";
+    const char *tool = test_sanitizer();
+    if (tool && strcmp(tool, "racecheck") == 0) {
+        // No kernel runs here (the reference backend), and racecheck's process dies with the
+        // forked writers it follows when they are killed; ninja test and memcheck run it.
+        test_skip(name, "racecheck does not survive forked children killed by SIGKILL");
+        return;
+    }
+    test_begin(name);
     const char *text = resume_text("mxfp8", NULL);
     char full[PATH_BYTES], trace[PATH_BYTES], ckpt[PATH_BYTES], tmp[PATH_BYTES + 32];
     uint64_t digest = prepare(text, "crash", full, trace, ckpt);
@@ -1105,17 +1113,21 @@ int main(void) {
         printf("FAIL test_checkpoint: cannot create a temporary directory\n");
         return 1;
     }
-    for (size_t i = 0; i < FORMATS_COUNT; i++) test_resume_bitwise(&formats[i], BACKEND_REF);
-    test_saves_change_nothing();
-    test_steps_cut();
-    test_golden_resume();
-    test_outputs_across_stops();
-    test_refuse_foreign();
-    test_refuse_damage();
-    test_killed_writer();
-    test_export();
-    for (size_t i = 0; i < FORMATS_COUNT; i++) test_resume_bitwise(&formats[i], BACKEND_GPU);
-    test_gpu_syncs();
+    for (size_t i = 0; i < FORMATS_COUNT; i++) {
+        TEST_UNIT(test_resume_bitwise(&formats[i], BACKEND_REF));
+    }
+    TEST_UNIT(test_saves_change_nothing());
+    TEST_UNIT(test_steps_cut());
+    TEST_UNIT(test_golden_resume());
+    TEST_UNIT(test_outputs_across_stops());
+    TEST_UNIT(test_refuse_foreign());
+    TEST_UNIT(test_refuse_damage());
+    TEST_UNIT(test_killed_writer());
+    TEST_UNIT(test_export());
+    for (size_t i = 0; i < FORMATS_COUNT; i++) {
+        TEST_UNIT(test_resume_bitwise(&formats[i], BACKEND_GPU));
+    }
+    TEST_UNIT(test_gpu_syncs());
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_dir);
     if (system(cmd) != 0) printf("  (could not remove %s)\n", tmp_dir);

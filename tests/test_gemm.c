@@ -1034,36 +1034,13 @@ static void run_case_other_tile(const tproblem *p, const uint8_t *d_portable) {
 // of a few cases); unset, all of them.
 static const char *case_filter;
 
-// QT_TEST_GEMM_SHARD=i/n runs the i-th of n interleaved shares of the program's units (each
-// GEMM case, and each group of checks that is not a case), so that n processes together run
-// every unit exactly once: a sanitizer run, hours long in one process, spread over a machine's
-// cores. Unset: one share, everything.
-static unsigned shard_index, shard_count = 1, shard_units;
-
-static void shard_parse(const char *text) {
-    unsigned index = 0, count = 0;
-    char tail = 0;
-    if (!text) return;
-    if (sscanf(text, "%u/%u%c", &index, &count, &tail) != 2 || count == 0 || index >= count) {
-        fprintf(stderr, "QT_TEST_GEMM_SHARD='%s': expected i/n with 0 <= i < n, e.g. 0/4\n",
-                text);
-        exit(2);
-    }
-    shard_index = index;
-    shard_count = count;
-}
-
-// Whether the next unit belongs to this process's share; every unit asks exactly once, in the
-// program's fixed order, so the shares are disjoint and cover everything.
-static bool shard_take(void) { return shard_units++ % shard_count == shard_index; }
-
 static void run_case(const tcase *c) {
     if (case_filter) {
         char name[160];
         case_name(c, name, sizeof name);
         if (!strstr(name, case_filter)) return;
     }
-    if (!shard_take()) return;
+    if (!test_shard_take()) return;
     tproblem p;
     problem_init(&p, c);
     size_t d_bytes = p.d_elems * (p.d_dtype == QT_DTYPE_BF16 ? 2 : 4);
@@ -1435,7 +1412,8 @@ static void run_training_shapes(void) {
             }
             char name[160];
             case_name(&c, name, sizeof name);
-            if (shard_take()) test_skip(name, "a training-sized shape: checked only beside a GPU");
+            const char *why = "a training-sized shape: checked only beside a GPU";
+            if (test_shard_take()) test_skip(name, why);
         }
         tcase c = base_case(f, KIND_FPROP, false, false);
         c.tokens = 256;
@@ -1938,21 +1916,21 @@ int main(void) {
              gpu_ok ? "the sm_90a GEMM tier needs a compute capability 9.0 GPU" : gpu_why);
     rng_state = 20261122;
     case_filter = getenv("QT_TEST_GEMM_CASES");
-    shard_parse(getenv("QT_TEST_GEMM_SHARD"));
-    // The groups that are not GEMM cases are one unit each, and only run unfiltered.
+    // The groups that are not GEMM cases are one unit each of QT_TEST_SHARD (every GEMM case is
+    // one), and only run unfiltered.
     bool whole_groups = case_filter == NULL;
-    if (whole_groups && shard_take()) test_op_gemm_limits();
+    if (whole_groups && test_shard_take()) test_op_gemm_limits();
     run_matrix();
     run_odd_shapes();
     run_training_shapes();
-    if (whole_groups && shard_take()) test_split_rule();
+    if (whole_groups && test_shard_take()) test_split_rule();
     run_split_k();
-    if (whole_groups && shard_take()) run_split_structure();
-    if (whole_groups && shard_take()) run_decode_tables();
+    if (whole_groups && test_shard_take()) run_split_structure();
+    if (whole_groups && test_shard_take()) run_decode_tables();
     run_group_shapes();
     run_sm90a_shapes();
     run_sm90a_grouped();
-    if (whole_groups && shard_take()) run_bias_grad();
+    if (whole_groups && test_shard_take()) run_bias_grad();
     if (sm90a_ok) printf("the sm_90a tier took %u of %u GEMM cases\n", sm90a_taken, sm90a_cases);
     rig_close(&ref_rig);
     if (gpu_ok) rig_close(&gpu_rig);

@@ -1777,34 +1777,35 @@ int main(void) {
         printf("FAIL moe_temporary_folder: cannot make one under /tmp\n");
         return 1;
     }
-    test_routing_ref();
-    test_routing_gpu();
-    test_stacked_gemms(STACK_CURRENT, "current", false);
-    test_stacked_gemms(STACK_MXFP8, "mxfp8", false);
-    test_stacked_gemms(STACK_BLOCK, "block", false);
-    test_stacked_gemms(STACK_NVFP4, "nvfp4", false);
+    TEST_UNIT(test_routing_ref());
+    TEST_UNIT(test_routing_gpu());
+    TEST_UNIT(test_stacked_gemms(STACK_CURRENT, "current", false));
+    TEST_UNIT(test_stacked_gemms(STACK_MXFP8, "mxfp8", false));
+    TEST_UNIT(test_stacked_gemms(STACK_BLOCK, "block", false));
+    TEST_UNIT(test_stacked_gemms(STACK_NVFP4, "nvfp4", false));
     // On the sm_90a tier, the formats whose every expert GEMM it takes (MXFP8's columnwise
     // copies are outer-major and NVFP4's wgrad K-grouped: those stay portable, whose bits differ
     // from the tier's).
-    test_stacked_gemms(STACK_CURRENT, "current", true);
-    test_stacked_gemms(STACK_BLOCK, "block", true);
-    test_layer_gradients();
+    TEST_UNIT(test_stacked_gemms(STACK_CURRENT, "current", true));
+    TEST_UNIT(test_stacked_gemms(STACK_BLOCK, "block", true));
+    TEST_UNIT(test_layer_gradients());
     static const char *const schemes[] = {"bf16", "delayed", "current", "mxfp8", "block",
                                           "nvfp4"};
     for (size_t i = 0; i < 6; i++) {
-        test_one_expert_dense(schemes[i], strcmp(schemes[i], "block") == 0);
+        TEST_UNIT(test_one_expert_dense(schemes[i], strcmp(schemes[i], "block") == 0));
     }
-    test_converges();
+    TEST_UNIT(test_converges());
     for (size_t i = 0; i < 6; i++) {
-        test_determinism_interleave(schemes[i], strcmp(schemes[i], "block") == 0 ? 40 : 200);
+        uint32_t steps = strcmp(schemes[i], "block") == 0 ? 40 : 200;
+        TEST_UNIT(test_determinism_interleave(schemes[i], steps));
     }
-    test_one_expert_takes_all();
-    test_many_experts(64, "current");
-    test_many_experts(65, "delayed");
-    test_many_experts(256, "nvfp4");
-    test_checkpoint("delayed");
-    test_checkpoint("nvfp4");
-    for (size_t i = 0; i < 6; i++) test_gpu_train(schemes[i]);
+    TEST_UNIT(test_one_expert_takes_all());
+    TEST_UNIT(test_many_experts(64, "current"));
+    TEST_UNIT(test_many_experts(65, "delayed"));
+    TEST_UNIT(test_many_experts(256, "nvfp4"));
+    TEST_UNIT(test_checkpoint("delayed"));
+    TEST_UNIT(test_checkpoint("nvfp4"));
+    for (size_t i = 0; i < 6; i++) TEST_UNIT(test_gpu_train(schemes[i]));
     tmp_dir_remove();
     return test_exit_code();
 }

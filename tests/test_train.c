@@ -1131,44 +1131,46 @@ int main(void) {
         printf("FAIL test_train: cannot create a temporary directory\n");
         return 1;
     }
-    test_bf16_converges();
-    test_layers_train();
+    TEST_UNIT(test_bf16_converges());
+    TEST_UNIT(test_layers_train());
     const char *tiny = "tests/recipes/synthetic_tiny.recipe";
-    test_two_runs("train_two_runs_identical_traces", tiny, "nvfp4", 50, 0, 0);
-    test_two_runs("train_two_runs_identical_traces", tiny, "delayed", 50, 0, 0);
+    TEST_UNIT(test_two_runs("train_two_runs_identical_traces", tiny, "nvfp4", 50, 0, 0));
+    TEST_UNIT(test_two_runs("train_two_runs_identical_traces", tiny, "delayed", 50, 0, 0));
     for (size_t i = 0; i < SCHEMES_COUNT; i++) {
-        test_two_runs("train_one_and_three_threads_identical",
-                      "tests/recipes/synthetic_wide.recipe", schemes[i], 4, 1, 3);
+        TEST_UNIT(test_two_runs("train_one_and_three_threads_identical",
+                                "tests/recipes/synthetic_wide.recipe", schemes[i], 4, 1, 3));
     }
-    test_time_steps();
-    test_emulated_paths(BACKEND_REF, "mxfp8");
-    test_emulated_paths(BACKEND_REF, "nvfp4");
+    TEST_UNIT(test_time_steps());
+    TEST_UNIT(test_emulated_paths(BACKEND_REF, "mxfp8"));
+    TEST_UNIT(test_emulated_paths(BACKEND_REF, "nvfp4"));
     for (size_t i = 0; i < SCHEMES_COUNT; i++) {
-        test_interleave(tiny, schemes[i], NULL, schemes[i]);
+        TEST_UNIT(test_interleave(tiny, schemes[i], NULL, schemes[i]));
     }
     // A one-step window makes the next scale the max of whatever entered history row 0, so an
     // eval cast that recorded its amax would show at once.
-    test_interleave(tiny, "delayed", "*.*@* -> delayed history=1 algo=most_recent",
-                    "delayed_history1");
-    test_interleave("tests/recipes/synthetic_custom.recipe", NULL, NULL, "custom_mixed");
-    test_interleave("tests/recipes/synthetic_layers.recipe", NULL, NULL, "layers_delayed");
-    test_step_times();
-    test_metrics_file();
-    test_plan_report();
-    test_refusals();
-    test_cli();
-    test_usage_union();
-    test_stage_ref();
+    TEST_UNIT(test_interleave(tiny, "delayed", "*.*@* -> delayed history=1 algo=most_recent",
+                              "delayed_history1"));
+    TEST_UNIT(test_interleave("tests/recipes/synthetic_custom.recipe", NULL, NULL, "custom_mixed"));
+    TEST_UNIT(test_interleave("tests/recipes/synthetic_layers.recipe", NULL, NULL,
+                              "layers_delayed"));
+    TEST_UNIT(test_step_times());
+    TEST_UNIT(test_metrics_file());
+    TEST_UNIT(test_plan_report());
+    TEST_UNIT(test_refusals());
+    TEST_UNIT(test_cli());
+    TEST_UNIT(test_usage_union());
+    TEST_UNIT(test_stage_ref());
     for (size_t i = 0; i < SCHEMES_COUNT; i++) {
-        test_gpu_eager_graph("tests/recipes/synthetic_tiny.recipe", schemes[i], schemes[i]);
+        TEST_UNIT(test_gpu_eager_graph("tests/recipes/synthetic_tiny.recipe", schemes[i],
+                                       schemes[i]));
     }
-    test_gpu_eager_graph("tests/recipes/synthetic_custom.recipe", NULL, "custom_mixed");
-    test_emulated_paths(BACKEND_GPU, "mxfp8");
-    test_emulated_paths(BACKEND_GPU, "nvfp4");
-    test_gpu_no_sync();
-    test_gpu_stage();
-    test_gpu_memory_constant();
-    for (size_t i = 0; i < SCHEMES_COUNT; i++) test_gpu_vs_ref(schemes[i]);
+    TEST_UNIT(test_gpu_eager_graph("tests/recipes/synthetic_custom.recipe", NULL, "custom_mixed"));
+    TEST_UNIT(test_emulated_paths(BACKEND_GPU, "mxfp8"));
+    TEST_UNIT(test_emulated_paths(BACKEND_GPU, "nvfp4"));
+    TEST_UNIT(test_gpu_no_sync());
+    TEST_UNIT(test_gpu_stage());
+    TEST_UNIT(test_gpu_memory_constant());
+    for (size_t i = 0; i < SCHEMES_COUNT; i++) TEST_UNIT(test_gpu_vs_ref(schemes[i]));
     tmp_dir_remove();
     return test_exit_code();
 }

@@ -12,11 +12,12 @@
 # counted as dirty. The logs go to $OUT (default: a new temporary folder).
 #
 # The runs are independent processes on one GPU, and the sanitizers' cost is mostly on the host,
-# so JOBS of them run at once (default: half the cores). test_gemm, by far the longest, runs as
-# GEMM_SHARDS processes (default: JOBS) that each take an interleaved share of its cases
-# (QT_TEST_GEMM_SHARD); its row sums their counts.
+# so JOBS of them run at once (default: half the cores). The longest programs (SHARDED, default
+# test_gemm test_moe test_train test_checkpoint) run as SHARDS processes each (default: JOBS),
+# each process an interleaved share of the program's units (QT_TEST_SHARD, tests/test.h); their
+# row sums the shares' counts. Every run gets QT_TEST_SANITIZER=TOOL.
 #
-# Environment: CUDA_HOME (default /usr/local/cuda), TOOLS, TIMEOUT, OUT, JOBS, GEMM_SHARDS.
+# Environment: CUDA_HOME (default /usr/local/cuda), TOOLS, TIMEOUT, OUT, JOBS, SHARDS, SHARDED.
 # Exit status: 0 when every run is clean, 1 when one is not, 2 when the build fails, there is no
 # compute-sanitizer or no GPU.
 set -u
@@ -45,11 +46,11 @@ if [ "${1:-}" = "--run" ]; then
         shard_env=""
     else
         base=$out/$t.$tool.shard$(echo "$shard" | sed "s,/,of,")
-        shard_env="QT_TEST_GEMM_SHARD=$shard"
+        shard_env="QT_TEST_SHARD=$shard"
     fi
     start=$(date +%s)
     # shellcheck disable=SC2046,SC2086
-    env $shard_env timeout "$limit" "$sanitizer" $(tool_options "$tool") \
+    env QT_TEST_SANITIZER="$tool" $shard_env timeout "$limit" "$sanitizer" $(tool_options "$tool") \
         --target-processes all --print-limit 0 --error-exitcode 99 "build/tests/$t" \
         > "$base.log" 2>&1
     rc=$?
@@ -61,7 +62,8 @@ tools=${TOOLS:-memcheck racecheck initcheck synccheck}
 limit=${TIMEOUT:-3600}
 cores=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)
 jobs=${JOBS:-$(( cores / 2 > 0 ? cores / 2 : 1 ))}
-shards=${GEMM_SHARDS:-$jobs}
+shards=${SHARDS:-$jobs}
+sharded=${SHARDED:-test_gemm test_moe test_train test_checkpoint}
 tests=${*:-test_core test_act test_optim test_quant_fp8 test_quant_mxfp8 test_quant_block \
 test_quant_nvfp4 test_gemm test_moe test_train test_faults test_infer test_checkpoint test_replay \
 test_api test_parallel}
@@ -79,13 +81,18 @@ if ! build/qtrain info 2>&1 | grep -q '^device'; then
     exit 2
 fi
 
-# The list of runs, the GEMM shards first: they are the longest, and starting them first keeps
-# the pool's tail short.
+is_sharded() {
+    for s in $sharded; do [ "$s" = "$1" ] && return 0; done
+    return 1
+}
+
+# The list of runs, the shards first: they are the longest, and starting them first keeps the
+# pool's tail short.
 list=$out/runs.txt
 : > "$list"
 for tool in $tools; do
     for t in $tests; do
-        [ "$t" = test_gemm ] || continue
+        is_sharded "$t" || continue
         i=0
         while [ "$i" -lt "$shards" ]; do
             echo "$t $tool $i/$shards" >> "$list"
@@ -95,7 +102,7 @@ for tool in $tools; do
 done
 for tool in $tools; do
     for t in $tests; do
-        [ "$t" = test_gemm ] || echo "$t $tool -" >> "$list"
+        is_sharded "$t" || echo "$t $tool -" >> "$list"
     done
 done
 # shellcheck disable=SC2016
