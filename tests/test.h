@@ -81,10 +81,6 @@ static inline bool test_shard_take(void) {
         if (test_shard_take()) { call; } \
     } while (0)
 
-// The compute-sanitizer tool a test program runs under (tools/sanitize.sh sets
-// QT_TEST_SANITIZER), or NULL: for the rare case a tool cannot run, which then says so.
-static inline const char *test_sanitizer(void) { return getenv("QT_TEST_SANITIZER"); }
-
 // Exit status of a test program: non-zero when any case failed.
 static inline int test_exit_code(void) { return test_program_failures ? 1 : 0; }
 

@@ -724,15 +724,7 @@ static bool loads_at(const char *path, uint64_t step) {
 }
 
 static void test_killed_writer(void) {
-    const char *name = "save_killed_at_every_write_keeps_the_previous_checkpoint";
-    const char *tool = test_sanitizer();
-    if (tool && strcmp(tool, "racecheck") == 0) {
-        // No kernel runs here (the reference backend), and racecheck's process dies with the
-        // forked writers it follows when they are killed; ninja test and memcheck run it.
-        test_skip(name, "racecheck does not survive forked children killed by SIGKILL");
-        return;
-    }
-    test_begin(name);
+    test_begin("save_killed_at_every_write_keeps_the_previous_checkpoint");
     const char *text = resume_text("mxfp8", NULL);
     char full[PATH_BYTES], trace[PATH_BYTES], ckpt[PATH_BYTES], tmp[PATH_BYTES + 32];
     uint64_t digest = prepare(text, "crash", full, trace, ckpt);

@@ -15,7 +15,7 @@
 # so JOBS of them run at once (default: half the cores). The longest programs (SHARDED, default
 # test_gemm test_moe test_train test_checkpoint) run as SHARDS processes each (default: JOBS),
 # each process an interleaved share of the program's units (QT_TEST_SHARD, tests/test.h); their
-# row sums the shares' counts. Every run gets QT_TEST_SANITIZER=TOOL.
+# row sums the shares' counts.
 #
 # Environment: CUDA_HOME (default /usr/local/cuda), TOOLS, TIMEOUT, OUT, JOBS, SHARDS, SHARDED.
 # Exit status: 0 when every run is clean, 1 when one is not, 2 when the build fails, there is no
@@ -50,7 +50,7 @@ if [ "${1:-}" = "--run" ]; then
     fi
     start=$(date +%s)
     # shellcheck disable=SC2046,SC2086
-    env QT_TEST_SANITIZER="$tool" $shard_env timeout "$limit" "$sanitizer" $(tool_options "$tool") \
+    env $shard_env timeout "$limit" "$sanitizer" $(tool_options "$tool") \
         --target-processes all --print-limit 0 --error-exitcode 99 "build/tests/$t" \
         > "$base.log" 2>&1
     rc=$?
@@ -113,12 +113,22 @@ dirty=0
 printf '%-18s %-10s %10s %8s %s\n' test tool errors seconds "test result"
 for t in $tests; do
     for tool in $tools; do
-        errors=0 seconds=0 passed=0 failed=0 skipped=0 timed_out=0 missing=0
+        errors=0 seconds=0 passed=0 failed=0 skipped=0 timed_out=0 missing=0 crashed=''
         for rcfile in "$out/$t.$tool.rc" "$out/$t.$tool".shard*.rc; do
             [ -e "$rcfile" ] || continue
             log=${rcfile%.rc}.log
             read -r rc secs < "$rcfile"
-            [ "$rc" = 124 ] && timed_out=1
+            # 0: passed; 1: a case failed (reported); 99: the sanitizer found errors; 124: the
+            # time limit; 255 with the sanitizer's "terminated before first instrumented API
+            # call": a share that ran no GPU work (the reference backend's cases); anything
+            # else (a signal, a sanitizer failure) is a crash.
+            case $rc in
+            0 | 1 | 99) ;;
+            124) timed_out=1 ;;
+            255) grep -q 'terminated before first instrumented API call' "$log" ||
+                     crashed="$crashed $rc" ;;
+            *) crashed="$crashed $rc" ;;
+            esac
             [ "$rc" = 99 ] && dirty=1
             e=$(sed -n 's/.*ERROR SUMMARY: \([0-9][0-9]*\) error.*/\1/p' "$log" |
                 awk '{ s += $1 } END { print s + 0 }')
@@ -132,6 +142,9 @@ for t in $tests; do
         result="$passed passed, $failed failed, $skipped skipped"
         if [ "$timed_out" = 1 ]; then
             errors="timeout"
+            dirty=1
+        elif [ -n "$crashed" ]; then
+            errors="crash:$(echo $crashed | tr ' ' ',')"
             dirty=1
         elif [ "$missing" = 1 ]; then
             errors="no run"
