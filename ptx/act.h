@@ -11,6 +11,8 @@
 //   kernel                    what                                          launch
 //   qt_act_fwd / qt_act_bwd   y = act(x + bias[c]) / dx = dy * act'(x + b)  1-D grid-stride,
 //   qt_swiglu_fwd / _bwd      x [rows][2H] -> y = silu(a) * b [rows][H]     8 elements a thread
+//   qt_*_grouped              the four above over a grouped tensor (act_args.group): the active
+//                             rows alone, the amax per member (dynamic shared memory)
 //   qt_rmsnorm_fwd            y = x * inv_rms * gamma, inv_rms [rows]       one warp per row,
 //   qt_rmsnorm_bwd_dx         dx                                            8 rows per block
 //   qt_rmsnorm_dgamma_partial partials[p][c] = sum over rows of part p      256 columns x part
@@ -57,6 +59,7 @@
 #include "ptx/qt_codec.h"  // qt_f32_to_bf16, qt_bf16_to_f32, qt_f32_is_nan
 #include "ptx/qt_hd.h"
 #include "ptx/qt_math.h"   // qt_expf, qt_logf, qt_math_exp_core
+#include "ptx/quant.h"     // qt_group_desc
 
 // Activation functions (act_args.act).
 #define QT_ACT_RELU 0u
@@ -99,12 +102,17 @@ typedef struct act_args {
     uint32_t act;         // QT_ACT_RELU | GELU | SILU (qt_act_*); QT_ACT_SWIGLU (qt_swiglu_*)
     uint32_t x_dtype, bias_dtype, dy_dtype, out_dtype;
     uint32_t reserved;
-    // f32 [1], 0 = none: max |out| over the stored values is merged in
+    // f32 [max(group.count, 1)], 0 = none: max |out| over the stored values is merged in
     // (an unsigned maximum of the bit patterns, NaN skipped), so that a per-tensor FP8 cast of
     // out needs no amax pass of its own. The caller zeroes it first.
     uint64_t amax;
+    // count 0: a dense tensor. Otherwise x, dy and out are grouped tensors of rows = the
+    // capacity (an moe layer's permuted rows, ptx/quant_group.h): rows from the active end on are
+    // neither read nor written, and amax[i] gets the maximum over member i's valid rows alone
+    // (the launch's dynamic shared memory: 4 x count bytes, act_device.h's table).
+    qt_group_desc group;
 } act_args;
-QT_STATIC_ASSERT(sizeof(act_args) == 72, "act_args layout");
+QT_STATIC_ASSERT(sizeof(act_args) == 96, "act_args layout");
 
 // RMSNorm. Forward writes y and inv_rms; backward writes dx, the dgamma partials and dgamma.
 typedef struct rmsnorm_args {
@@ -211,6 +219,10 @@ QT_STATIC_ASSERT(sizeof(gnorm_args) == 200, "gnorm_args layout");
     X(KERNEL_ACT_BWD, act, qt_act_bwd, act_args)                                             \
     X(KERNEL_SWIGLU_FWD, act, qt_swiglu_fwd, act_args)                                       \
     X(KERNEL_SWIGLU_BWD, act, qt_swiglu_bwd, act_args)                                       \
+    X(KERNEL_ACT_FWD_GROUPED, act, qt_act_fwd_grouped, act_args)                             \
+    X(KERNEL_ACT_BWD_GROUPED, act, qt_act_bwd_grouped, act_args)                             \
+    X(KERNEL_SWIGLU_FWD_GROUPED, act, qt_swiglu_fwd_grouped, act_args)                       \
+    X(KERNEL_SWIGLU_BWD_GROUPED, act, qt_swiglu_bwd_grouped, act_args)                       \
     X(KERNEL_RMSNORM_FWD, act, qt_rmsnorm_fwd, rmsnorm_args)                                 \
     X(KERNEL_RMSNORM_BWD_DX, act, qt_rmsnorm_bwd_dx, rmsnorm_args)                           \
     X(KERNEL_RMSNORM_DGAMMA_PARTIAL, act, qt_rmsnorm_dgamma_partial, rmsnorm_args)           \
