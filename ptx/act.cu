@@ -12,13 +12,12 @@
 // Rows whose length is not a multiple of 8 (or tensors at unaligned offsets) take the element
 // path, which is correct but slower: pad vocabularies to a multiple of 8.
 #include "ptx/act.h"
-#include "ptx/act_device.h"   // act_load8, act_store8, the per-member amax table
 #include "ptx/quant_group.h"  // qt_group_find, qt_group_member_rows, qt_group_active_rows
 
 #define ACT_FULL_MASK 0xFFFFFFFFu
 
 // ---------------------------------------------------------------------------------------------
-// Chunks of 8 elements (the 16-byte loads and stores themselves: act_device.h).
+// Chunks of 8 elements (the 16-byte loads and stores themselves: ptx/act.h).
 
 // Elements [first, first + n), n <= 8, zeros after; one vector load when vec (then n == 8).
 __device__ __forceinline__ void act_load_chunk(uint64_t base, uint64_t first, uint32_t n,
@@ -296,31 +295,6 @@ __device__ __forceinline__ void act_bwd_of_kind(const act_args &args, uint32_t *
     }
 }
 
-// Dense and grouped outputs have kernels of their own, so that the dense ones keep the registers
-// (and the occupancy) they had before grouped outputs came. The grouped ones take dynamic shared
-// memory with an amax output: the per-member table (act_device.h), 4 x group.count bytes.
-extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
-    qt_act_fwd(const __grid_constant__ act_args args) {
-    act_fwd_of_kind<false>(args, nullptr);
-}
-
-extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
-    qt_act_bwd(const __grid_constant__ act_args args) {
-    act_bwd_of_kind<false>(args, nullptr);
-}
-
-extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
-    qt_act_fwd_grouped(const __grid_constant__ act_args args) {
-    extern __shared__ uint32_t act_member_amax[];
-    act_fwd_of_kind<true>(args, act_member_amax);
-}
-
-extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
-    qt_act_bwd_grouped(const __grid_constant__ act_args args) {
-    extern __shared__ uint32_t act_member_amax[];
-    act_bwd_of_kind<true>(args, act_member_amax);
-}
-
 // SwiGLU: output element (r, j), j < H, reads a = x[r][j] and b = x[r][H + j]. Chunks of the
 // output need H % 8 == 0 so that both halves start chunk-aligned.
 __device__ __forceinline__ bool act_swiglu_vec(const act_args &a) {
@@ -421,27 +395,24 @@ __device__ __forceinline__ void act_swiglu_bwd(const act_args &args, uint32_t *t
     act_amax_finish<kGrouped>(args, s, table);
 }
 
-extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
-    qt_swiglu_fwd(const __grid_constant__ act_args args) {
-    act_swiglu_fwd<false>(args, nullptr);
-}
+// Dense and grouped outputs have kernels of their own, so that the dense ones keep the registers
+// (and the occupancy) they had before grouped outputs came. The grouped ones take dynamic shared
+// memory with an amax output: the per-member table (ptx/act.h), 4 x group.count bytes.
+#define ACT_KERNEL(symbol, body, grouped)                                   \
+    extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)            \
+        symbol(const __grid_constant__ act_args args) {                     \
+        extern __shared__ uint32_t act_member_amax[];                       \
+        body<grouped>(args, act_member_amax);                               \
+    }
 
-extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
-    qt_swiglu_bwd(const __grid_constant__ act_args args) {
-    act_swiglu_bwd<false>(args, nullptr);
-}
-
-extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
-    qt_swiglu_fwd_grouped(const __grid_constant__ act_args args) {
-    extern __shared__ uint32_t act_member_amax[];
-    act_swiglu_fwd<true>(args, act_member_amax);
-}
-
-extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
-    qt_swiglu_bwd_grouped(const __grid_constant__ act_args args) {
-    extern __shared__ uint32_t act_member_amax[];
-    act_swiglu_bwd<true>(args, act_member_amax);
-}
+ACT_KERNEL(qt_act_fwd, act_fwd_of_kind, false)
+ACT_KERNEL(qt_act_bwd, act_bwd_of_kind, false)
+ACT_KERNEL(qt_swiglu_fwd, act_swiglu_fwd, false)
+ACT_KERNEL(qt_swiglu_bwd, act_swiglu_bwd, false)
+ACT_KERNEL(qt_act_fwd_grouped, act_fwd_of_kind, true)
+ACT_KERNEL(qt_act_bwd_grouped, act_bwd_of_kind, true)
+ACT_KERNEL(qt_swiglu_fwd_grouped, act_swiglu_fwd, true)
+ACT_KERNEL(qt_swiglu_bwd_grouped, act_swiglu_bwd, true)
 
 // ---------------------------------------------------------------------------------------------
 // RMSNorm.

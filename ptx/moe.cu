@@ -6,10 +6,9 @@
 // chunk in assignment order, so the permutation is the same on every run and every GPU.
 //
 // gather and combine_bwd take dynamic shared memory only with an amax output: the per-member
-// table of act_device.h, 4 x experts bytes.
+// table of ptx/act.h, 4 x experts bytes.
 #include "ptx/moe.h"
 
-#include "ptx/act_device.h"   // act_load8, act_store8, the per-member amax table
 #include "ptx/quant_group.h"  // qt_group_find_warp, qt_group_active_rows
 
 #define MOE_FULL_MASK 0xFFFFFFFFu

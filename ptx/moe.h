@@ -49,7 +49,7 @@
 // layer's group (NaN skipped, padding rows and rows past off[E] not counted): the
 // current-scaling casts of xp and dyp read them instead of a pass of their own. Each block keeps
 // one maximum per member in shared memory and merges them into the slots with atomicMax
-// (ptx/act_device.h); a maximum is order-free, so the values are the separate pass's bits.
+// (ptx/act.h); a maximum is order-free, so the values are the separate pass's bits.
 //
 // Traffic. gather and combine_bwd walk tokens, one warp each: the warp reads x[t] (dy[t]) once
 // and writes (and reads) its K permuted rows row_of[t K + j], so x (dy) comes from DRAM once and

@@ -4,10 +4,11 @@
 // all-in-one experts, and the per-member amaxes that the producers of grouped tensors (gather,
 // the grouped activations and their gradients, combine_bwd) merge against separate qt_fp8_amax
 // passes over what they stored, bit for bit; with a GPU, the same programs on both backends
-// compared bit for bit, eager and as a graph. Then the layer: its gradients on the reference backend against a double-precision model
-// of the same network, and training runs (convergence, two runs identical, eval steps
-// interleaved, every token routed to one expert, every format; with a GPU: weights after step 1
-// and losses against the reference backend, eager == graph, no synchronization in the loop).
+// compared bit for bit, eager and as a graph. Then the layer: its gradients on the reference
+// backend against a double-precision model of the same network, and training runs (convergence,
+// two runs identical, eval steps interleaved, every token routed to one expert, every format;
+// with a GPU: weights after step 1 and losses against the reference backend, eager == graph, no
+// synchronization in the loop).
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,7 +61,7 @@ typedef struct routing_run {
         h_pass, h_gelu, h_dgelu, h_swiglu, h_dswiglu;
     float *logits, *probs, *gate, *dgate, *dlogits;
     float *amax, *pass;  // [AMAX_SLOTS][experts]: the producers' and the separate passes'
-    uint32_t *expert, *row_of, *assign_of, *dims, *offsets;
+    uint32_t *expert, *row_of, *assign_of, *dims, *offsets, *chunk_base;
     uint16_t *x, *xp, *yp, *y, *y2, *dy, *dyp, *gelu, *dgelu, *swiglu, *dswiglu;
 } routing_run;
 
@@ -97,6 +98,7 @@ static void routing_alloc(routing_run *w) {
     w->assign_of = zalloc(w->capacity * 4ull);
     w->dims = zalloc(c->experts * 4ull);
     w->offsets = zalloc((c->experts + 1) * 4ull);
+    w->chunk_base = zalloc((uint64_t)w->chunks * c->experts * 4);
     w->x = zalloc(td * 2);
     w->y = zalloc(td * 2);
     w->y2 = zalloc(td * 2);
@@ -115,7 +117,8 @@ static void routing_alloc(routing_run *w) {
 static void routing_free(routing_run *w) {
     void *all[] = {w->logits, w->probs, w->dlogits, w->gate, w->dgate, w->expert, w->row_of,
                    w->assign_of, w->dims, w->offsets, w->x, w->y, w->y2, w->dy, w->xp, w->yp,
-                   w->dyp, w->gelu, w->dgelu, w->swiglu, w->dswiglu, w->amax, w->pass};
+                   w->dyp, w->gelu, w->dgelu, w->swiglu, w->dswiglu, w->amax, w->pass,
+                   w->chunk_base};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
 }
 
@@ -286,6 +289,7 @@ static void routing_read(rig *g, routing_run *w) {
                 {w->h_gelu, w->gelu, cd * 2},         {w->h_dgelu, w->dgelu, cd * 2},
                 {w->h_swiglu, w->swiglu, cd},         {w->h_dswiglu, w->dswiglu, cd * 2},
                 {w->h_amax, w->amax, AMAX_SLOTS * c->experts * 4ull},
+                {w->h_base, w->chunk_base, (uint64_t)w->chunks * c->experts * 4},
                 {w->h_pass, w->pass, AMAX_SLOTS * c->experts * 4ull}};
     for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++) {
         RIG_OK(backend_read(&g->be, outs[i].to, rr(g, outs[i].h), outs[i].bytes));
@@ -362,7 +366,19 @@ static void check_softmax_topk(const routing_run *w) {
 static void check_permutation(const routing_run *w) {
     const routing_case *c = &w->c;
     uint32_t *count = zalloc(c->experts * 4ull);
-    for (uint32_t a = 0; a < w->assignments; a++) count[w->expert[a]]++;
+    // The scan's prefix: each chunk's base is the expert's assignments in the chunks before it.
+    for (uint32_t a = 0; a < w->assignments; a++) {
+        uint32_t e = w->expert[a];
+        if (a % QT_MOE_CHUNK == 0) {
+            for (uint32_t f = 0; f < c->experts; f++) {
+                uint32_t got = w->chunk_base[(uint64_t)(a / QT_MOE_CHUNK) * c->experts + f];
+                CHECK(got == count[f], "chunk %u expert %u: base %u, %u before it",
+                      a / QT_MOE_CHUNK, f, got, count[f]);
+                if (got != count[f]) break;
+            }
+        }
+        count[e]++;
+    }
     CHECK(w->offsets[0] == 0, "row_offsets[0] = %u", w->offsets[0]);
     for (uint32_t e = 0; e < c->experts; e++) {
         CHECK(w->dims[e] == count[e], "expert %u: first_dims %u, %u assignments", e, w->dims[e],
@@ -546,6 +562,8 @@ static void routing_compare(const routing_run *gw, const routing_run *rw, size_t
     same_bytes(gw->dims, rw->dims, c->experts * 4ull, "first_dims", i);
     same_bytes(gw->offsets, rw->offsets, (c->experts + 1) * 4ull, "row_offsets", i);
     same_bytes(gw->row_of, rw->row_of, a, "row_of", i);
+    same_bytes(gw->chunk_base, rw->chunk_base, (uint64_t)rw->chunks * c->experts * 4,
+               "chunk_base", i);
     same_bytes(gw->xp, rw->xp, active_rows * c->cols * 2, "xp", i);
     same_bytes(gw->y, rw->y, td, "combine", i);
     same_bytes(gw->y2, rw->y2, td, "un-permute", i);
@@ -641,6 +659,7 @@ static void test_routing_gpu(void) {
             }
             routing_read(&gpu, &gw);
             routing_compare(&gw, &rw, i);
+            check_amaxes(&gw);
         }
         routing_free(&gw);
         routing_free(&rw);

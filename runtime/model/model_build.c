@@ -672,8 +672,7 @@ typedef enum mb_moe_amax_slot {
 static bool mb_moe_amax_used(const mb *b, const model_moe *mo, mb_moe_amax_slot slot) {
     const model *m = b->m;
     const model_linear *fc1 = &m->linears[mo->fc1], *fc2 = &m->linears[mo->fc2];
-    static const uint32_t slots_forward = MB_MOE_AMAX_FC2_DY;
-    if (!b->train && (uint32_t)slot >= slots_forward) return false;
+    if (!b->train && slot >= MB_MOE_AMAX_FC2_DY) return false;  // a gradient's
     uint32_t q = slot == MB_MOE_AMAX_FC1_X    ? fc1->q_input
                  : slot == MB_MOE_AMAX_FC2_X  ? fc2->q_input
                  : slot == MB_MOE_AMAX_FC2_DY ? fc2->q_grad

@@ -49,7 +49,8 @@ qt_status op_act_backward(program *p, const char *name, uint32_t act, uint32_t r
 // ptx/quant_group.h). Rows from the active end on are neither read nor written; amax (optional,
 // f32 [group->count], zeroed by the caller) gets each member's max |out| over its valid rows
 // (padding rows count for none), so that the members' current-scaling cast needs no amax pass.
-// The block's table of per-member maxima is shared memory: at most OP_ACT_GROUP_MEMBERS_MAX.
+// Each block keeps a table of the members' maxima in shared memory, 4 bytes a member: at most
+// OP_ACT_GROUP_MEMBERS_MAX members (16 KiB, a quarter of what a block may take by default).
 #define OP_ACT_GROUP_MEMBERS_MAX 4096u
 qt_status op_act_grouped(program *p, const char *name, bool backward, uint32_t act,
                          uint32_t rows, uint32_t cols, op_act_tensor x, op_act_tensor dy,
