@@ -3,7 +3,9 @@
 #include <stddef.h>  // offsetof
 #include <stdio.h>   // snprintf
 
-#include "runtime/ops/op_core.h"  // op_shape_1d
+#include "runtime/ops/op_core.h"  // op_shape_1d_capped
+
+#define OP_MOE_FLAT_BLOCKS_MAX (1u << 20)
 
 uint64_t op_moe_capacity(uint32_t tokens, uint32_t topk, uint32_t experts, uint32_t row_align) {
     QT_ASSERT(row_align >= 1 && experts >= 1 && topk >= 1 && topk <= experts);
@@ -169,7 +171,13 @@ qt_status op_moe_combine(program *p, const char *name, const op_moe_routing *r, 
     args.src_dtype = src.dtype;
     args.addend_dtype = has_addend ? addend.dtype : QT_DTYPE_F32;
     args.out_dtype = out.dtype;
-    launch_shape shape = op_shape_1d((uint64_t)r->tokens * cols, QT_MOE_FLAT_THREADS);
+    // A thread per chunk of 8 columns (per element when rows are not whole chunks) up to
+    // OP_MOE_FLAT_BLOCKS_MAX blocks: op_shape_1d's OP_GRID_BLOCKS_MAX blocks (16 chunks a thread
+    // at the bench's size) would be a full wave and a short second one at 5 resident blocks an
+    // SM (48 registers a thread) on 132 SMs.
+    uint64_t items = (uint64_t)r->tokens * cols;
+    if (cols % QT_ACT_CHUNK == 0) items /= QT_ACT_CHUNK;
+    launch_shape shape = op_shape_1d_capped(items, QT_MOE_FLAT_THREADS, OP_MOE_FLAT_BLOCKS_MAX);
     uint32_t op;
     QT_TRY(prog_append(p, KERNEL_MOE_COMBINE, name, &shape, &args, sizeof args, &op));
     QT_TRY(prog_use(p, op, offsetof(moe_combine_args, src), src.ref, PROG_READ));
