@@ -12,70 +12,12 @@
 // Rows whose length is not a multiple of 8 (or tensors at unaligned offsets) take the element
 // path, which is correct but slower: pad vocabularies to a multiple of 8.
 #include "ptx/act.h"
+#include "ptx/quant_group.h"  // qt_group_find, qt_group_member_rows, qt_group_active_rows
 
 #define ACT_FULL_MASK 0xFFFFFFFFu
 
 // ---------------------------------------------------------------------------------------------
-// Chunks of 8 elements.
-
-__device__ __forceinline__ bool act_aligned16(uint64_t address) { return (address & 15u) == 0; }
-
-// base[first .. first + 8), first % 8 == 0, base 16-byte aligned.
-__device__ __forceinline__ void act_load8(uint64_t base, uint64_t first, uint32_t dtype,
-                                          float v[8]) {
-    if (dtype == QT_DTYPE_BF16) {
-        uint4 u = __ldg((const uint4 *)(uintptr_t)(base + first * 2));
-        uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-        for (int k = 0; k < 4; k++) {  // element 2k is the low half of word k (little-endian)
-            v[2 * k] = __uint_as_float(w[k] << 16);
-            v[2 * k + 1] = __uint_as_float(w[k] & 0xFFFF0000u);
-        }
-    } else {
-        const float4 *p = (const float4 *)(uintptr_t)(base + first * 4);
-        float4 a = __ldg(p), b = __ldg(p + 1);
-        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
-        v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-    }
-}
-
-__device__ __forceinline__ void act_store8(uint64_t base, uint64_t first, uint32_t dtype,
-                                           const float v[8]) {
-    if (dtype == QT_DTYPE_BF16) {
-        uint32_t w[4];
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            uint32_t lo = qt_f32_to_bf16(qt_act_canonical(v[2 * k]));
-            uint32_t hi = qt_f32_to_bf16(qt_act_canonical(v[2 * k + 1]));
-            w[k] = lo | hi << 16;
-        }
-        *(uint4 *)(uintptr_t)(base + first * 2) = make_uint4(w[0], w[1], w[2], w[3]);
-    } else {
-        float c[8];
-#pragma unroll
-        for (int k = 0; k < 8; k++) c[k] = qt_act_canonical(v[k]);
-        float4 *p = (float4 *)(uintptr_t)(base + first * 4);
-        p[0] = make_float4(c[0], c[1], c[2], c[3]);
-        p[1] = make_float4(c[4], c[5], c[6], c[7]);
-    }
-}
-
-// act_store8 for the flat activation kernels: BF16 pairs through cvt.rn.bf16x2, which gives
-// qt_f32_to_bf16's bits for every input (RNE, subnormals kept, the canonical NaN 0x7FFF), so the
-// bits match the reference backend's. (The other kernels keep act_store8.)
-__device__ __forceinline__ void act_store8_pairs(uint64_t base, uint64_t first, uint32_t dtype,
-                                                 const float v[8]) {
-    if (dtype != QT_DTYPE_BF16) {
-        act_store8(base, first, dtype, v);
-        return;
-    }
-    uint32_t w[4];
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(w[k]) : "f"(v[2 * k + 1]), "f"(v[2 * k]));
-    }
-    *(uint4 *)(uintptr_t)(base + first * 2) = make_uint4(w[0], w[1], w[2], w[3]);
-}
+// Chunks of 8 elements (the 16-byte loads and stores themselves: ptx/act.h).
 
 // Elements [first, first + n), n <= 8, zeros after; one vector load when vec (then n == 8).
 __device__ __forceinline__ void act_load_chunk(uint64_t base, uint64_t first, uint32_t n,
@@ -172,9 +114,11 @@ __device__ __forceinline__ uint32_t act_chunk_len(uint32_t c, uint32_t cols) {
 // Activations.
 
 // Flat kernels take 8-element chunks of the whole tensor where the addresses allow (and, with a
-// bias, rows are whole chunks); the last count % 8 elements go to the first threads.
+// bias or a grouped output, rows are whole chunks, so that a chunk lies in one row); the last
+// count % 8 elements go to the first threads.
 __device__ __forceinline__ bool act_flat_vec(const act_args &a) {
-    return act_aligned16(a.x | a.bias | a.dy | a.out) && (a.bias == 0 || a.cols % 8 == 0);
+    return act_aligned16(a.x | a.bias | a.dy | a.out) &&
+           ((a.bias == 0 && a.group.count == 0) || a.cols % 8 == 0);
 }
 
 __device__ __forceinline__ float act_pre(const act_args &a, uint64_t i, float x) {
@@ -189,15 +133,11 @@ __device__ __forceinline__ void act_pre8(const act_args &a, uint64_t first, floa
     for (int k = 0; k < 8; k++) v[k] = v[k] + b[k];
 }
 
-// The flat kernels' loops for one activation, so that each element's code is that activation's
-// alone: with the activation a run-time value the compiler if-converted the dispatch and every
-// element paid for GELU and SiLU together (GELU on 8192 x 16384 was compute-bound at 0.6 ms on
-// an H200, 18% of DRAM bandwidth).
-// act_args.amax: the block's max |v| (NaN skipped, as fmaxf does) as a stored value, merged into
-// the slot by one atomic per block. Blocks whose maximum does not beat what the slot already holds
-// skip the atomic, so that a grid of many small blocks does not queue one per block on a single
-// address; a stale read only costs an atomic that changes nothing. Every thread of the block
-// calls it.
+// act_args.amax of a dense output: the block's max |v| (NaN skipped, as fmaxf does) as a stored
+// value, merged into the slot by one atomic per block. Blocks whose maximum does not beat what the
+// slot already holds skip the atomic, so that a grid of many small blocks does not queue one per
+// block on a single address; a stale read only costs an atomic that changes nothing. Every thread
+// of the block calls it.
 __device__ __forceinline__ void act_amax_flush(const act_args &a, float m) {
     __shared__ float warp_max[QT_ACT_WARPS];
 #pragma unroll
@@ -213,42 +153,104 @@ __device__ __forceinline__ void act_amax_flush(const act_args &a, float m) {
     }
 }
 
-template <uint32_t kAct>
-__device__ __forceinline__ void act_fwd_flat(const act_args &args) {
-    uint64_t count = (uint64_t)args.rows * args.cols;
+// act_args.amax as one thread sees it: the max |v| of the values it stored so far and, for a
+// grouped output, the member they belong to, with that member's elements of out [begin, end) and
+// the end of its valid rows. kGrouped is a template parameter of the kernels, so the dense ones
+// keep their registers and code.
+struct act_amax_state {
+    float m;
+    uint32_t member;
+    uint64_t begin, valid_end, end;
+};
+
+// The rows a kernel walks: a grouped tensor's stop at its active end.
+template <bool kGrouped>
+__device__ __forceinline__ uint64_t act_rows(const act_args &a) {
+    return kGrouped ? qt_group_active_rows(a.group, a.rows) : a.rows;
+}
+
+// Every thread of the block, before its first store.
+template <bool kGrouped>
+__device__ __forceinline__ act_amax_state act_amax_start(const act_args &a, uint32_t *table) {
+    act_amax_state s = {0.0f, 0, 0, 0, 0};
+    if (kGrouped && a.amax) act_amax_table_zero(table, a.group.count);
+    return s;
+}
+
+// Element i of out (rows of out_cols; a chunk's first element for a chunk in one row) was stored
+// from values of magnitude up to m. A grouped output's other member merges the running maximum
+// into the block's table and looks the new one up.
+template <bool kGrouped>
+__device__ __forceinline__ void act_amax_note(const act_args &a, act_amax_state &s,
+                                              uint32_t *table, uint64_t i, uint32_t out_cols,
+                                              float m) {
+    if (!kGrouped) {
+        s.m = fmaxf(s.m, m);
+        return;
+    }
+    if (i < s.begin || i >= s.end) {
+        act_amax_table_merge(table, s.member, s.m, a.out_dtype);
+        s.member = qt_group_find(a.group, 0, a.group.count, (uint32_t)(i / out_cols));
+        qt_group_rows r = qt_group_member_rows(a.group, a.rows, s.member);
+        s.begin = (uint64_t)r.begin * out_cols;
+        s.valid_end = (uint64_t)r.valid_end * out_cols;
+        s.end = (uint64_t)r.end * out_cols;
+        s.m = 0.0f;
+    }
+    if (i < s.valid_end) s.m = fmaxf(s.m, m);  // padding rows count for no amax
+}
+
+// Every thread of the block, after its last store.
+template <bool kGrouped>
+__device__ __forceinline__ void act_amax_finish(const act_args &a, const act_amax_state &s,
+                                                uint32_t *table) {
+    if (!a.amax) return;
+    if (!kGrouped) {
+        act_amax_flush(a, s.m);
+        return;
+    }
+    act_amax_table_merge_warp(table, s.member, s.m, a.out_dtype);
+    act_amax_table_flush(table, a.group.count, a.amax);
+}
+
+// The flat kernels' loops for one activation, so that each element's code is that activation's
+// alone: with the activation a run-time value the compiler if-converted the dispatch and every
+// element paid for GELU and SiLU together (GELU on 8192 x 16384 was compute-bound at 0.6 ms on
+// an H200, 18% of DRAM bandwidth).
+template <uint32_t kAct, bool kGrouped>
+__device__ __forceinline__ void act_fwd_flat(const act_args &args, uint32_t *table) {
+    uint64_t count = act_rows<kGrouped>(args) * args.cols;
     uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
     uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
     uint64_t scalar_first = 0;
-    float m = 0.0f;  // max |value| stored by this thread (act_args.amax)
+    act_amax_state s = act_amax_start<kGrouped>(args, table);
     if (act_flat_vec(args)) {
         for (uint64_t c = tid; c < count / 8; c += stride) {
             float v[8];
             act_load8(args.x, c * 8, args.x_dtype, v);
             act_pre8(args, c * 8, v);
 #pragma unroll
-            for (int k = 0; k < 8; k++) {
-                v[k] = qt_act_forward(kAct, v[k]);
-                m = fmaxf(m, fabsf(v[k]));
-            }
+            for (int k = 0; k < 8; k++) v[k] = qt_act_forward(kAct, v[k]);
+            if (args.amax) act_amax_note<kGrouped>(args, s, table, c * 8, args.cols, act_max8(v));
             act_store8_pairs(args.out, c * 8, args.out_dtype, v);
         }
         scalar_first = count / 8 * 8;
     }
     for (uint64_t i = scalar_first + tid; i < count; i += stride) {
         float v = qt_act_forward(kAct, act_pre(args, i, qt_act_load(args.x, i, args.x_dtype)));
-        m = fmaxf(m, fabsf(v));
+        if (args.amax) act_amax_note<kGrouped>(args, s, table, i, args.cols, fabsf(v));
         qt_act_store(args.out, i, args.out_dtype, v);
     }
-    if (args.amax) act_amax_flush(args, m);
+    act_amax_finish<kGrouped>(args, s, table);
 }
 
-template <uint32_t kAct>
-__device__ __forceinline__ void act_bwd_flat(const act_args &args) {
-    uint64_t count = (uint64_t)args.rows * args.cols;
+template <uint32_t kAct, bool kGrouped>
+__device__ __forceinline__ void act_bwd_flat(const act_args &args, uint32_t *table) {
+    uint64_t count = act_rows<kGrouped>(args) * args.cols;
     uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
     uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
     uint64_t scalar_first = 0;
-    float m = 0.0f;  // max |value| stored by this thread (act_args.amax)
+    act_amax_state s = act_amax_start<kGrouped>(args, table);
     if (act_flat_vec(args)) {
         for (uint64_t c = tid; c < count / 8; c += stride) {
             float v[8], dy[8];
@@ -256,10 +258,8 @@ __device__ __forceinline__ void act_bwd_flat(const act_args &args) {
             act_load8(args.dy, c * 8, args.dy_dtype, dy);
             act_pre8(args, c * 8, v);
 #pragma unroll
-            for (int k = 0; k < 8; k++) {
-                v[k] = qt_act_backward(kAct, v[k], dy[k]);
-                m = fmaxf(m, fabsf(v[k]));
-            }
+            for (int k = 0; k < 8; k++) v[k] = qt_act_backward(kAct, v[k], dy[k]);
+            if (args.amax) act_amax_note<kGrouped>(args, s, table, c * 8, args.cols, act_max8(v));
             act_store8_pairs(args.out, c * 8, args.out_dtype, v);
         }
         scalar_first = count / 8 * 8;
@@ -267,31 +267,31 @@ __device__ __forceinline__ void act_bwd_flat(const act_args &args) {
     for (uint64_t i = scalar_first + tid; i < count; i += stride) {
         float v = act_pre(args, i, qt_act_load(args.x, i, args.x_dtype));
         v = qt_act_backward(kAct, v, qt_act_load(args.dy, i, args.dy_dtype));
-        m = fmaxf(m, fabsf(v));
+        if (args.amax) act_amax_note<kGrouped>(args, s, table, i, args.cols, fabsf(v));
         qt_act_store(args.out, i, args.out_dtype, v);
     }
-    if (args.amax) act_amax_flush(args, m);
+    act_amax_finish<kGrouped>(args, s, table);
 }
 
-extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
-    qt_act_fwd(const __grid_constant__ act_args args) {
+template <bool kGrouped>
+__device__ __forceinline__ void act_fwd_of_kind(const act_args &args, uint32_t *table) {
     if (args.act == QT_ACT_GELU) {
-        act_fwd_flat<QT_ACT_GELU>(args);
+        act_fwd_flat<QT_ACT_GELU, kGrouped>(args, table);
     } else if (args.act == QT_ACT_SILU) {
-        act_fwd_flat<QT_ACT_SILU>(args);
+        act_fwd_flat<QT_ACT_SILU, kGrouped>(args, table);
     } else {
-        act_fwd_flat<QT_ACT_RELU>(args);
+        act_fwd_flat<QT_ACT_RELU, kGrouped>(args, table);
     }
 }
 
-extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
-    qt_act_bwd(const __grid_constant__ act_args args) {
+template <bool kGrouped>
+__device__ __forceinline__ void act_bwd_of_kind(const act_args &args, uint32_t *table) {
     if (args.act == QT_ACT_GELU) {
-        act_bwd_flat<QT_ACT_GELU>(args);
+        act_bwd_flat<QT_ACT_GELU, kGrouped>(args, table);
     } else if (args.act == QT_ACT_SILU) {
-        act_bwd_flat<QT_ACT_SILU>(args);
+        act_bwd_flat<QT_ACT_SILU, kGrouped>(args, table);
     } else {
-        act_bwd_flat<QT_ACT_RELU>(args);
+        act_bwd_flat<QT_ACT_RELU, kGrouped>(args, table);
     }
 }
 
@@ -318,13 +318,13 @@ __device__ __forceinline__ void act_swiglu_ab(const act_args &a, uint64_t first,
     }
 }
 
-extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
-    qt_swiglu_fwd(const __grid_constant__ act_args args) {
+template <bool kGrouped>
+__device__ __forceinline__ void act_swiglu_fwd(const act_args &args, uint32_t *table) {
     uint32_t h = args.cols / 2;
-    uint64_t count = (uint64_t)args.rows * h;
+    uint64_t count = act_rows<kGrouped>(args) * h;
     uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
     uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    float m = 0.0f;  // max |value| stored by this thread (act_args.amax)
+    act_amax_state s = act_amax_start<kGrouped>(args, table);
     if (act_swiglu_vec(args)) {
         for (uint64_t c = tid; c < count / 8; c += stride) {
             uint64_t r = c * 8 / h;
@@ -332,10 +332,8 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
             float a[8], b[8];
             act_swiglu_ab(args, r * args.cols + j, j, true, a, b);
 #pragma unroll
-            for (int k = 0; k < 8; k++) {
-                a[k] = qt_swiglu_forward(a[k], b[k]);
-                m = fmaxf(m, fabsf(a[k]));
-            }
+            for (int k = 0; k < 8; k++) a[k] = qt_swiglu_forward(a[k], b[k]);
+            if (args.amax) act_amax_note<kGrouped>(args, s, table, c * 8, h, act_max8(a));
             act_store8(args.out, c * 8, args.out_dtype, a);
         }
     } else {
@@ -345,20 +343,20 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
             float a, b;
             qt_swiglu_ab(&args, r, j, &a, &b);
             float y = qt_swiglu_forward(a, b);
-            m = fmaxf(m, fabsf(y));
+            if (args.amax) act_amax_note<kGrouped>(args, s, table, i, h, fabsf(y));
             qt_act_store(args.out, i, args.out_dtype, y);
         }
     }
-    if (args.amax) act_amax_flush(args, m);
+    act_amax_finish<kGrouped>(args, s, table);
 }
 
-extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
-    qt_swiglu_bwd(const __grid_constant__ act_args args) {
+template <bool kGrouped>
+__device__ __forceinline__ void act_swiglu_bwd(const act_args &args, uint32_t *table) {
     uint32_t h = args.cols / 2;
-    uint64_t count = (uint64_t)args.rows * h;
+    uint64_t count = act_rows<kGrouped>(args) * h;
     uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
     uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    float m = 0.0f;  // max |value| stored by this thread (act_args.amax)
+    act_amax_state s = act_amax_start<kGrouped>(args, table);
     if (act_swiglu_vec(args)) {
         for (uint64_t c = tid; c < count / 8; c += stride) {
             uint64_t r = c * 8 / h;
@@ -370,7 +368,10 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
             for (int k = 0; k < 8; k++) {
                 da[k] = qt_swiglu_da(a[k], b[k], dy[k]);
                 db[k] = qt_swiglu_db(a[k], dy[k]);
-                m = fmaxf(m, fmaxf(fabsf(da[k]), fabsf(db[k])));
+            }
+            if (args.amax) {
+                act_amax_note<kGrouped>(args, s, table, r * args.cols + j, args.cols,
+                                        fmaxf(act_max8(da), act_max8(db)));
             }
             act_store8(args.out, r * args.cols + j, args.out_dtype, da);
             act_store8(args.out, r * args.cols + h + j, args.out_dtype, db);
@@ -383,13 +384,35 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
             qt_swiglu_ab(&args, r, j, &a, &b);
             float dy = qt_act_load(args.dy, i, args.dy_dtype);
             float da = qt_swiglu_da(a, b, dy), db = qt_swiglu_db(a, dy);
-            m = fmaxf(m, fmaxf(fabsf(da), fabsf(db)));
+            if (args.amax) {
+                act_amax_note<kGrouped>(args, s, table, r * args.cols + j, args.cols,
+                                        fmaxf(fabsf(da), fabsf(db)));
+            }
             qt_act_store(args.out, r * args.cols + j, args.out_dtype, da);
             qt_act_store(args.out, r * args.cols + h + j, args.out_dtype, db);
         }
     }
-    if (args.amax) act_amax_flush(args, m);
+    act_amax_finish<kGrouped>(args, s, table);
 }
+
+// Dense and grouped outputs have kernels of their own, so that the dense ones keep the registers
+// (and the occupancy) they had before grouped outputs came. The grouped ones take dynamic shared
+// memory with an amax output: the per-member table (ptx/act.h), 4 x group.count bytes.
+#define ACT_KERNEL(symbol, body, grouped)                                   \
+    extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)            \
+        symbol(const __grid_constant__ act_args args) {                     \
+        extern __shared__ uint32_t act_member_amax[];                       \
+        body<grouped>(args, act_member_amax);                               \
+    }
+
+ACT_KERNEL(qt_act_fwd, act_fwd_of_kind, false)
+ACT_KERNEL(qt_act_bwd, act_bwd_of_kind, false)
+ACT_KERNEL(qt_swiglu_fwd, act_swiglu_fwd, false)
+ACT_KERNEL(qt_swiglu_bwd, act_swiglu_bwd, false)
+ACT_KERNEL(qt_act_fwd_grouped, act_fwd_of_kind, true)
+ACT_KERNEL(qt_act_bwd_grouped, act_bwd_of_kind, true)
+ACT_KERNEL(qt_swiglu_fwd_grouped, act_swiglu_fwd, true)
+ACT_KERNEL(qt_swiglu_bwd_grouped, act_swiglu_bwd, true)
 
 // ---------------------------------------------------------------------------------------------
 // RMSNorm.

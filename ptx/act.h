@@ -11,6 +11,8 @@
 //   kernel                    what                                          launch
 //   qt_act_fwd / qt_act_bwd   y = act(x + bias[c]) / dx = dy * act'(x + b)  1-D grid-stride,
 //   qt_swiglu_fwd / _bwd      x [rows][2H] -> y = silu(a) * b [rows][H]     8 elements a thread
+//   qt_*_grouped              the four above over a grouped tensor (act_args.group): the active
+//                             rows alone, the amax per member (dynamic shared memory)
 //   qt_rmsnorm_fwd            y = x * inv_rms * gamma, inv_rms [rows]       one warp per row,
 //   qt_rmsnorm_bwd_dx         dx                                            8 rows per block
 //   qt_rmsnorm_dgamma_partial partials[p][c] = sum over rows of part p      256 columns x part
@@ -57,6 +59,7 @@
 #include "ptx/qt_codec.h"  // qt_f32_to_bf16, qt_bf16_to_f32, qt_f32_is_nan
 #include "ptx/qt_hd.h"
 #include "ptx/qt_math.h"   // qt_expf, qt_logf, qt_math_exp_core
+#include "ptx/quant.h"     // qt_group_desc
 
 // Activation functions (act_args.act).
 #define QT_ACT_RELU 0u
@@ -99,12 +102,17 @@ typedef struct act_args {
     uint32_t act;         // QT_ACT_RELU | GELU | SILU (qt_act_*); QT_ACT_SWIGLU (qt_swiglu_*)
     uint32_t x_dtype, bias_dtype, dy_dtype, out_dtype;
     uint32_t reserved;
-    // f32 [1], 0 = none: max |out| over the stored values is merged in
+    // f32 [max(group.count, 1)], 0 = none: max |out| over the stored values is merged in
     // (an unsigned maximum of the bit patterns, NaN skipped), so that a per-tensor FP8 cast of
     // out needs no amax pass of its own. The caller zeroes it first.
     uint64_t amax;
+    // count 0: a dense tensor. Otherwise x, dy and out are grouped tensors of rows = the
+    // capacity (an moe layer's permuted rows, ptx/quant_group.h): rows from the active end on are
+    // neither read nor written, and amax[i] gets the maximum over member i's valid rows alone
+    // (the launch's dynamic shared memory: 4 x count bytes, the per-member table below).
+    qt_group_desc group;
 } act_args;
-QT_STATIC_ASSERT(sizeof(act_args) == 72, "act_args layout");
+QT_STATIC_ASSERT(sizeof(act_args) == 96, "act_args layout");
 
 // RMSNorm. Forward writes y and inv_rms; backward writes dx, the dgamma partials and dgamma.
 typedef struct rmsnorm_args {
@@ -211,6 +219,10 @@ QT_STATIC_ASSERT(sizeof(gnorm_args) == 200, "gnorm_args layout");
     X(KERNEL_ACT_BWD, act, qt_act_bwd, act_args)                                             \
     X(KERNEL_SWIGLU_FWD, act, qt_swiglu_fwd, act_args)                                       \
     X(KERNEL_SWIGLU_BWD, act, qt_swiglu_bwd, act_args)                                       \
+    X(KERNEL_ACT_FWD_GROUPED, act, qt_act_fwd_grouped, act_args)                             \
+    X(KERNEL_ACT_BWD_GROUPED, act, qt_act_bwd_grouped, act_args)                             \
+    X(KERNEL_SWIGLU_FWD_GROUPED, act, qt_swiglu_fwd_grouped, act_args)                       \
+    X(KERNEL_SWIGLU_BWD_GROUPED, act, qt_swiglu_bwd_grouped, act_args)                       \
     X(KERNEL_RMSNORM_FWD, act, qt_rmsnorm_fwd, rmsnorm_args)                                 \
     X(KERNEL_RMSNORM_BWD_DX, act, qt_rmsnorm_bwd_dx, rmsnorm_args)                           \
     X(KERNEL_RMSNORM_DGAMMA_PARTIAL, act, qt_rmsnorm_dgamma_partial, rmsnorm_args)           \
@@ -501,5 +513,136 @@ QT_HD uint32_t qt_gnorm_region(const gnorm_args *a, uint32_t block) {
 QT_HD uint32_t qt_act_nonfinite(float v) {
     return (qt_f32_bits(v) & 0x7FFFFFFFu) >= 0x7F800000u;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Device code shared by the element kernels of ptx/act.cu and ptx/moe.cu: loads and stores of
+// 8-element chunks of BF16 or FP32 tensors, and the per-member amax of a grouped output
+// (ptx/quant_group.h) that its producer merges for the current-scaling cast that reads it next.
+// The per-element arithmetic is the functions above (qt_act_load, qt_act_store,
+// qt_act_stored_amax), which the C twins run; a chunk load or store gives exactly the values of
+// eight of those calls.
+//
+// Per-member amax. A block keeps one maximum per member in dynamic shared memory (u32 bits,
+// 4 x members bytes, zeroed when the block starts): every thread folds the magnitudes it stores
+// into a running maximum (fmaxf: NaN skipped) and merges it, rounded to the stored dtype
+// (qt_act_stored_amax: rounding is monotonic, so that is the largest stored magnitude), into its
+// member's entry with a shared atomicMax on the bits (non-negative floats order like their bits);
+// then the block merges each nonzero entry into the member's global slot with one atomicMax,
+// skipped when the slot already holds as much. A maximum is exact and order-free, so the slots
+// get the bits of a separate qt_fp8_amax pass over the stored tensor's valid rows.
+#if defined(__CUDACC__)
+
+__device__ __forceinline__ bool act_aligned16(uint64_t address) { return (address & 15u) == 0; }
+
+// base[first .. first + 8), first % 8 == 0, base 16-byte aligned.
+__device__ __forceinline__ void act_load8(uint64_t base, uint64_t first, uint32_t dtype,
+                                          float v[8]) {
+    if (dtype == QT_DTYPE_BF16) {
+        uint4 u = __ldg((const uint4 *)(uintptr_t)(base + first * 2));
+        uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {  // element 2k is the low half of word k (little-endian)
+            v[2 * k] = __uint_as_float(w[k] << 16);
+            v[2 * k + 1] = __uint_as_float(w[k] & 0xFFFF0000u);
+        }
+    } else {
+        const float4 *p = (const float4 *)(uintptr_t)(base + first * 4);
+        float4 a = __ldg(p), b = __ldg(p + 1);
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+        v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    }
+}
+
+__device__ __forceinline__ void act_store8(uint64_t base, uint64_t first, uint32_t dtype,
+                                           const float v[8]) {
+    if (dtype == QT_DTYPE_BF16) {
+        uint32_t w[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            uint32_t lo = qt_f32_to_bf16(qt_act_canonical(v[2 * k]));
+            uint32_t hi = qt_f32_to_bf16(qt_act_canonical(v[2 * k + 1]));
+            w[k] = lo | hi << 16;
+        }
+        *(uint4 *)(uintptr_t)(base + first * 2) = make_uint4(w[0], w[1], w[2], w[3]);
+    } else {
+        float c[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) c[k] = qt_act_canonical(v[k]);
+        float4 *p = (float4 *)(uintptr_t)(base + first * 4);
+        p[0] = make_float4(c[0], c[1], c[2], c[3]);
+        p[1] = make_float4(c[4], c[5], c[6], c[7]);
+    }
+}
+
+// act_store8 with BF16 pairs through cvt.rn.bf16x2, which gives qt_f32_to_bf16's bits for every
+// input (RNE, subnormals kept, the canonical NaN 0x7FFF), so the bits match the reference
+// backend's with fewer instructions.
+__device__ __forceinline__ void act_store8_pairs(uint64_t base, uint64_t first, uint32_t dtype,
+                                                 const float v[8]) {
+    if (dtype != QT_DTYPE_BF16) {
+        act_store8(base, first, dtype, v);
+        return;
+    }
+    uint32_t w[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(w[k]) : "f"(v[2 * k + 1]), "f"(v[2 * k]));
+    }
+    *(uint4 *)(uintptr_t)(base + first * 2) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// max |v[k]| over a chunk (NaN skipped, as fmaxf does).
+__device__ __forceinline__ float act_max8(const float v[8]) {
+    float m = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 8; k++) m = fmaxf(m, fabsf(v[k]));
+    return m;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-member amax tables (see the header comment). Every thread of the block calls the zero and
+// flush steps; the table is the block's dynamic shared memory.
+
+__device__ __forceinline__ void act_amax_table_zero(uint32_t *table, uint32_t members) {
+    for (uint32_t e = threadIdx.x; e < members; e += blockDim.x) table[e] = 0;
+    __syncthreads();
+}
+
+// m: max |v| over FP32 values before their stores to dtype.
+__device__ __forceinline__ void act_amax_table_merge(uint32_t *table, uint32_t member, float m,
+                                                     uint32_t dtype) {
+    m = qt_act_stored_amax(m, dtype);
+    if (m > 0.0f) atomicMax(table + member, __float_as_uint(m));
+}
+
+// act_amax_table_merge by a whole warp (all 32 lanes converged): when the lanes that hold a
+// maximum share one member, they fold theirs first and send one shared atomic.
+__device__ __forceinline__ void act_amax_table_merge_warp(uint32_t *table, uint32_t member,
+                                                          float m, uint32_t dtype) {
+    uint32_t live = __ballot_sync(0xFFFFFFFFu, m > 0.0f);
+    if (live == 0) return;
+    uint32_t lead = __shfl_sync(0xFFFFFFFFu, member, __ffs(live) - 1);
+    if (!__all_sync(0xFFFFFFFFu, !(m > 0.0f) || member == lead)) {
+        act_amax_table_merge(table, member, m, dtype);
+        return;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+    if ((threadIdx.x & 31u) == 0) act_amax_table_merge(table, lead, m, dtype);
+}
+
+// The table's nonzero entries into the global slots (f32 [members]), once every thread of the
+// block has merged its share.
+__device__ __forceinline__ void act_amax_table_flush(const uint32_t *table, uint32_t members,
+                                                     uint64_t slots) {
+    __syncthreads();
+    unsigned int *global = (unsigned int *)(uintptr_t)slots;
+    for (uint32_t e = threadIdx.x; e < members; e += blockDim.x) {
+        uint32_t v = table[e];
+        if (v != 0 && v > *(volatile unsigned int *)(global + e)) atomicMax(global + e, v);
+    }
+}
+
+#endif  // __CUDACC__
 
 #endif  // QT_ACT_H

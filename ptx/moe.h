@@ -9,7 +9,10 @@
 //   expert --count--> chunk_counts u32 [C][E]  (C = ceil(A / QT_MOE_CHUNK) chunks of assignments)
 //          --scan---> chunk_base u32 [C][E] (the exclusive prefix over chunks), first_dims u32 [E]
 //                     (totals); out of place, so every op of the routing gives the same result
-//                     when it runs again on the same inputs (`qtrain run --profile` repeats each)
+//                     when it runs again on the same inputs (`qtrain run --profile` repeats each).
+//                     It also zeroes the layer's per-member amax slots (optional, f32
+//                     [slots][E]), which later ops of the layer merge maxima into, so that those
+//                     need no zeroing launch of their own.
 //   first_dims --qt_group_offsets (quant_group.h, padded to the layer's row_align)--> row_offsets
 //   expert, chunk_base, row_offsets --permute--> row_of u32 [A], assign_of u32 [capacity]
 //
@@ -22,11 +25,13 @@
 // qt_group_find(_warp), never from assign_of, whose entries outside valid rows are stale.
 //
 //   gather        x [T][cols] -> xp [capacity][cols]: valid row r = x[assign_of[r] / K], padding
-//                 rows zero, rows from off[E] on untouched (dtype kept: a byte copy)
+//                 rows zero, rows from off[E] on untouched (dtype kept: a byte copy); optional
+//                 amax[e] = max |x| over member e's valid rows
 //   combine       out[t] = addend[t] + sum over j of w_j yp[row_of[a]], a = t K + j, w_j = gate[a]
 //                 (forward) or 1 (the input gradient's un-permute); in FP32, one rounding at
 //                 the store
-//   combine_bwd   dyp[r] = gate[a] dy[t] (padding rows zero), dgate[a] = dy[t] . yp[r]
+//   combine_bwd   dyp[r] = gate[a] dy[t] (padding rows zero), dgate[a] = dy[t] . yp[r]; optional
+//                 amax[e] = max |dyp| over member e's valid rows (the stored values)
 //   router_bwd    dlogits[t][e] = p_e (g_e - sum_f p_f g_f), g_e = dgate of the choice of e
 //                 (0 when e was not chosen) + aux_scale first_dims[e] (the load-balancing loss)
 //
@@ -39,6 +44,18 @@
 // of ptx/act.h (lane j of a warp owns chunks j, j + 32, ... of 8 elements, folds them in index
 // order with qt_fmaf, then QT_ACT_TREE32); the per-token loops of route, combine and router_bwd
 // run in index order on one thread. So the twins give the kernels' bits.
+//
+// Amaxes. The optional amax outputs are what qt_fp8_amax gives over the stored tensor with the
+// layer's group (NaN skipped, padding rows and rows past off[E] not counted): the
+// current-scaling casts of xp and dyp read them instead of a pass of their own. Each block keeps
+// one maximum per member in shared memory and merges them into the slots with atomicMax
+// (ptx/act.h); a maximum is order-free, so the values are the separate pass's bits.
+//
+// Traffic. gather and combine_bwd walk tokens, one warp each: the warp reads x[t] (dy[t]) once
+// and writes (and reads) its K permuted rows row_of[t K + j], so x (dy) comes from DRAM once and
+// not once per choice; the warp of permuted row w also zeroes it when it is a padding row. All
+// three kernels move 16-byte vectors where cols is a multiple of 8 and the tensors are 16-byte
+// aligned (single elements otherwise, the same values), with several loads in flight per thread.
 //
 // Load-balancing loss (Switch Transformer's, with the top-k fraction): L_aux = alpha E sum_e f_e
 // P_e, f_e = first_dims[e] / (T K), P_e = mean over t of p[t][e], f taken as a constant; so
@@ -54,11 +71,18 @@
 // Assignments per chunk of the counting sort: one block counts a chunk, one warp places it.
 #define QT_MOE_CHUNK 256u
 #define QT_MOE_COUNT_THREADS 256u
-#define QT_MOE_SCAN_THREADS 1024u
+#define QT_MOE_SCAN_EXPERTS 32u     // scan: a block's experts, one per lane of each warp
+#define QT_MOE_SCAN_THREADS 1024u   // scan: 32 warps, each over a 32nd of the chunks
 #define QT_MOE_TOKEN_THREADS 128u   // route, router_bwd: one token per thread
-#define QT_MOE_ROW_THREADS 256u     // gather, combine_bwd: one permuted row per warp
+#define QT_MOE_ROW_THREADS 256u     // gather, combine_bwd: one token and one permuted row per warp
 #define QT_MOE_ROWS_PER_BLOCK 8u
 #define QT_MOE_FLAT_THREADS 256u    // combine: one chunk of QT_ACT_CHUNK columns per thread
+// 16-byte loads a thread issues before it uses them: gather, 4 vectors of its row (40 registers);
+// combine_bwd, 2 chunks of dy and yp each (64 registers; 4 took 102, half the warps for the
+// same bytes in flight); combine, the chunks of 2 choices (top-2 in one round).
+#define QT_MOE_GATHER_UNROLL 4u
+#define QT_MOE_COMBINE_BWD_UNROLL 2u
+#define QT_MOE_COMBINE_UNROLL 2u
 #define QT_MOE_NONE 0xFFFFFFFFu
 #define QT_MOE_EXPERTS_MAX 1024u    // the recipe's experts_max; permute's shared memory
 #define QT_MOE_WHOLE_ROWS 16u       // whole_dims: rows of the NVFP4 RHT's groups
@@ -85,9 +109,12 @@ typedef struct moe_scan_args {
     uint64_t first_dims;    // u32 [experts], written: assignments of each expert
     uint64_t whole_dims;    // u32 [experts], written unless 0: first_dims rounded up to whole
                             // QT_MOE_WHOLE_ROWS (the NVFP4 RHT's 16-row groups, see op_moe.h)
+    uint64_t amax;          // f32 [amax_slots][experts], set to +0 unless 0: the layer's
+                            // per-member amax slots
     uint32_t experts, chunks;
+    uint32_t amax_slots, reserved;
 } moe_scan_args;
-QT_STATIC_ASSERT(sizeof(moe_scan_args) == 40, "moe_scan_args layout");
+QT_STATIC_ASSERT(sizeof(moe_scan_args) == 56, "moe_scan_args layout");
 
 typedef struct moe_permute_args {
     uint64_t expert;       // u32 [assignments]
@@ -102,14 +129,17 @@ QT_STATIC_ASSERT(sizeof(moe_permute_args) == 56, "moe_permute_args layout");
 typedef struct moe_gather_args {
     uint64_t x;           // [tokens][row_bytes]
     uint64_t out;         // [capacity][row_bytes]
-    uint64_t assign_of;   // u32 [capacity]
+    uint64_t row_of;      // u32 [tokens * topk]
+    uint64_t expert;      // u32 [tokens * topk]: each choice's member; read with amax only
+    uint64_t amax;        // f32 [experts], or 0: max |x| over each member's rows merged in
     qt_group_desc group;  // the experts' row_offsets and first_dims
-    uint32_t capacity;
-    uint32_t row_bytes;   // a multiple of 2
+    uint32_t tokens, capacity;
+    uint32_t row_bytes;   // cols times the element's bytes
     uint32_t topk;
+    uint32_t dtype;       // x's elements: QT_DTYPE_BF16 | QT_DTYPE_F32
     uint32_t reserved;
 } moe_gather_args;
-QT_STATIC_ASSERT(sizeof(moe_gather_args) == 64, "moe_gather_args layout");
+QT_STATIC_ASSERT(sizeof(moe_gather_args) == 88, "moe_gather_args layout");
 
 typedef struct moe_combine_args {
     uint64_t src;      // [capacity][cols] src_dtype: permuted rows
@@ -126,14 +156,17 @@ typedef struct moe_combine_bwd_args {
     uint64_t dy;          // [tokens][cols] dy_dtype: the layer output's gradient
     uint64_t yp;          // [capacity][cols] yp_dtype: the experts' outputs (permuted)
     uint64_t gate;        // f32 [tokens * topk]
-    uint64_t assign_of;   // u32 [capacity]
+    uint64_t row_of;      // u32 [tokens * topk]
+    uint64_t expert;      // u32 [tokens * topk]: each choice's member; read with amax only
     uint64_t dyp;         // [capacity][cols] dyp_dtype, written (padding rows zero)
     uint64_t dgate;       // f32 [tokens * topk], written
+    uint64_t amax;        // f32 [experts], or 0: max |dyp| over each member's valid rows merged in
     qt_group_desc group;
-    uint32_t capacity, cols, topk;
+    uint32_t tokens, capacity, cols, topk;
     uint32_t dy_dtype, yp_dtype, dyp_dtype;
+    uint32_t reserved;
 } moe_combine_bwd_args;
-QT_STATIC_ASSERT(sizeof(moe_combine_bwd_args) == 96, "moe_combine_bwd_args layout");
+QT_STATIC_ASSERT(sizeof(moe_combine_bwd_args) == 120, "moe_combine_bwd_args layout");
 
 typedef struct moe_router_bwd_args {
     uint64_t probs;       // f32 [tokens][experts]

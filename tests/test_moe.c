@@ -1,11 +1,14 @@
 // Mixture-of-experts tests. The routing kernels' C twins against plain C of their definitions
 // (softmax, the top-k order, a stable sort by expert with padded offsets, gather, combine and
-// their gradients) for expert counts 1, 4, 8, 64, 65 and 256 with uneven, empty and all-in-one
-// experts; with a GPU, the same programs on both backends compared bit for bit, eager and as a
-// graph. Then the layer: its gradients on the reference backend against a double-precision model
-// of the same network, and training runs (convergence, two runs identical, eval steps
-// interleaved, every token routed to one expert, every format; with a GPU: weights after step 1
-// and losses against the reference backend, eager == graph, no synchronization in the loop).
+// their gradients) for expert counts 1, 4, 8, 16, 64, 65, 256 and 1024 with uneven, empty and
+// all-in-one experts, and the per-member amaxes that the producers of grouped tensors (gather,
+// the grouped activations and their gradients, combine_bwd) merge against separate qt_fp8_amax
+// passes over what they stored, bit for bit; with a GPU, the same programs on both backends
+// compared bit for bit, eager and as a graph. Then the layer: its gradients on the reference
+// backend against a double-precision model of the same network, and training runs (convergence,
+// two runs identical, eval steps interleaved, every token routed to one expert, every format;
+// with a GPU: weights after step 1 and losses against the reference backend, eager == graph, no
+// synchronization in the loop).
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +18,7 @@
 #include "tests/files.h"            // tmp_dir_make, tmp_path
 #include "runtime/backend/gemm_tier.h"  // gemm_tier_takes
 #include "tests/npy_save.h"
+#include "runtime/ops/op_act.h"
 #include "runtime/ops/op_gemm.h"
 #include "runtime/ops/op_moe.h"
 #include "runtime/ops/op_quant_block.h"
@@ -42,17 +46,27 @@ typedef struct routing_case {
     float aux;
 } routing_case;
 
+// The grouped tensors whose producers merge per-member amaxes (slots of the routing's amax
+// region, which the scan zeroes): xp (gather), GELU of xp and its gradient (dy = yp), SwiGLU of
+// xp and its gradient (dy = the SwiGLU output; even cols only) and dyp (combine_bwd).
+enum { AMAX_XP, AMAX_GELU, AMAX_DGELU, AMAX_SWIGLU, AMAX_DSWIGLU, AMAX_DYP, AMAX_SLOTS };
+
 // Every region of the routing program, and the host copies of inputs and outputs.
 typedef struct routing_run {
     routing_case c;
     uint32_t capacity, assignments, chunks;
     op_moe_routing r;
     arena_handle h_logits, h_probs, h_expert, h_gate, h_counts, h_base, h_row_of, h_assign_of,
-        h_dims, h_offsets, h_x, h_xp, h_yp, h_y, h_y2, h_dy, h_dyp, h_dgate, h_dlogits;
+        h_dims, h_offsets, h_x, h_xp, h_yp, h_y, h_y2, h_dy, h_dyp, h_dgate, h_dlogits, h_amax,
+        h_pass, h_gelu, h_dgelu, h_swiglu, h_dswiglu;
     float *logits, *probs, *gate, *dgate, *dlogits;
-    uint32_t *expert, *row_of, *assign_of, *dims, *offsets;
-    uint16_t *x, *xp, *yp, *y, *y2, *dy, *dyp;
+    float *amax, *pass;  // [AMAX_SLOTS][experts]: the producers' and the separate passes'
+    uint32_t *expert, *row_of, *assign_of, *dims, *offsets, *chunk_base;
+    uint16_t *x, *xp, *yp, *y, *y2, *dy, *dyp, *gelu, *dgelu, *swiglu, *dswiglu;
 } routing_run;
+
+// Bytes that no kernel writes into the rows of a grouped output past its active end.
+#define UNTOUCHED 0x5Au
 
 static uint64_t rng_state;
 
@@ -84,6 +98,7 @@ static void routing_alloc(routing_run *w) {
     w->assign_of = zalloc(w->capacity * 4ull);
     w->dims = zalloc(c->experts * 4ull);
     w->offsets = zalloc((c->experts + 1) * 4ull);
+    w->chunk_base = zalloc((uint64_t)w->chunks * c->experts * 4);
     w->x = zalloc(td * 2);
     w->y = zalloc(td * 2);
     w->y2 = zalloc(td * 2);
@@ -91,12 +106,19 @@ static void routing_alloc(routing_run *w) {
     w->xp = zalloc(cd * 2);
     w->yp = zalloc(cd * 2);
     w->dyp = zalloc(cd * 2);
+    w->gelu = zalloc(cd * 2);
+    w->dgelu = zalloc(cd * 2);
+    w->swiglu = zalloc(cd);
+    w->dswiglu = zalloc(cd * 2);
+    w->amax = zalloc(AMAX_SLOTS * c->experts * 4ull);
+    w->pass = zalloc(AMAX_SLOTS * c->experts * 4ull);
 }
 
 static void routing_free(routing_run *w) {
     void *all[] = {w->logits, w->probs, w->dlogits, w->gate, w->dgate, w->expert, w->row_of,
                    w->assign_of, w->dims, w->offsets, w->x, w->y, w->y2, w->dy, w->xp, w->yp,
-                   w->dyp};
+                   w->dyp, w->gelu, w->dgelu, w->swiglu, w->dswiglu, w->amax, w->pass,
+                   w->chunk_base};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
 }
 
@@ -119,6 +141,47 @@ static void routing_inputs(routing_run *w, uint64_t seed) {
 }
 
 static prog_ref rr(rig *g, arena_handle h) { return rig_ref(g, h, 0); }
+
+static prog_ref amax_slot(rig *g, arena_handle h, const routing_case *c, uint32_t slot) {
+    return rig_ref(g, h, 4ull * slot * c->experts);
+}
+
+// The grouped activations of xp with their amaxes, then a separate qt_fp8_amax pass (its own
+// zeroing op) over every tensor that took a fused amax.
+static void routing_build_amaxes(rig *g, routing_run *w) {
+    const routing_case *c = &w->c;
+    program *p = &g->prog;
+    const op_group *group = &w->r.group;
+    op_act_tensor xp = {rr(g, w->h_xp), QT_DTYPE_BF16}, yp = {rr(g, w->h_yp), QT_DTYPE_BF16};
+    op_act_tensor gelu = {rr(g, w->h_gelu), QT_DTYPE_BF16};
+    op_act_tensor dgelu = {rr(g, w->h_dgelu), QT_DTYPE_BF16};
+    op_act_tensor swiglu = {rr(g, w->h_swiglu), QT_DTYPE_BF16};
+    op_act_tensor dswiglu = {rr(g, w->h_dswiglu), QT_DTYPE_BF16};
+    RIG_OK(op_act_grouped(p, "gelu", false, QT_ACT_GELU, w->capacity, c->cols, xp, OP_ACT_NONE,
+                          gelu, group, amax_slot(g, w->h_amax, c, AMAX_GELU)));
+    RIG_OK(op_act_grouped(p, "dgelu", true, QT_ACT_GELU, w->capacity, c->cols, xp, yp, dgelu,
+                          group, amax_slot(g, w->h_amax, c, AMAX_DGELU)));
+    bool even = c->cols % 2 == 0;
+    if (even) {
+        RIG_OK(op_act_grouped(p, "swiglu", false, QT_ACT_SWIGLU, w->capacity, c->cols, xp,
+                              OP_ACT_NONE, swiglu, group,
+                              amax_slot(g, w->h_amax, c, AMAX_SWIGLU)));
+        RIG_OK(op_act_grouped(p, "dswiglu", true, QT_ACT_SWIGLU, w->capacity, c->cols, xp,
+                              swiglu, dswiglu, group, amax_slot(g, w->h_amax, c, AMAX_DSWIGLU)));
+    }
+    struct {
+        arena_handle h;
+        uint32_t cols;
+    } tensors[AMAX_SLOTS] = {{w->h_xp, c->cols},     {w->h_gelu, c->cols},
+                             {w->h_dgelu, c->cols},  {w->h_swiglu, c->cols / 2},
+                             {w->h_dswiglu, c->cols}, {w->h_dyp, c->cols}};
+    for (uint32_t s = 0; s < AMAX_SLOTS; s++) {
+        if (!even && (s == AMAX_SWIGLU || s == AMAX_DSWIGLU)) continue;
+        op_fp8_input in = {rr(g, tensors[s].h), QT_DTYPE_BF16, w->capacity, tensors[s].cols,
+                           *group};
+        RIG_OK(op_fp8_amax(p, "pass", &in, amax_slot(g, w->h_pass, c, s)));
+    }
+}
 
 static void routing_build(rig *g, routing_run *w) {
     const routing_case *c = &w->c;
@@ -143,6 +206,12 @@ static void routing_build(rig *g, routing_run *w) {
     w->h_dyp = rig_reserve(g, "dyp", cd * 2);
     w->h_dgate = rig_reserve(g, "dgate", a * 4);
     w->h_dlogits = rig_reserve(g, "dlogits", te * 4);
+    w->h_amax = rig_reserve(g, "amax", AMAX_SLOTS * c->experts * 4ull);
+    w->h_pass = rig_reserve(g, "amax_pass", AMAX_SLOTS * c->experts * 4ull);
+    w->h_gelu = rig_reserve(g, "gelu", cd * 2);
+    w->h_dgelu = rig_reserve(g, "dgelu", cd * 2);
+    w->h_swiglu = rig_reserve(g, "swiglu", cd);
+    w->h_dswiglu = rig_reserve(g, "dswiglu", cd * 2);
     op_moe_routing *r = &w->r;
     memset(r, 0, sizeof *r);
     r->tokens = c->tokens;
@@ -159,6 +228,8 @@ static void routing_build(rig *g, routing_run *w) {
     r->row_of = rr(g, w->h_row_of);
     r->assign_of = rr(g, w->h_assign_of);
     r->group = (op_group){c->experts, rr(g, w->h_offsets), rr(g, w->h_dims)};
+    r->amax = rr(g, w->h_amax);
+    r->amax_slots = AMAX_SLOTS;
     program *p = &g->prog;
     op_moe_tensor yp = {rr(g, w->h_yp), QT_DTYPE_BF16}, y = {rr(g, w->h_y), QT_DTYPE_BF16};
     op_moe_tensor y2 = {rr(g, w->h_y2), QT_DTYPE_BF16}, x = {rr(g, w->h_x), QT_DTYPE_BF16};
@@ -167,12 +238,14 @@ static void routing_build(rig *g, routing_run *w) {
     op_moe_tensor dlogits = {rr(g, w->h_dlogits), QT_DTYPE_F32};
     float aux = op_moe_aux_scale(c->aux, c->experts, c->tokens, c->topk);
     RIG_OK(op_moe_route_and_permute(p, "moe", r));
-    RIG_OK(op_moe_gather(p, "gather", r, x.ref, c->cols * 2, rr(g, w->h_xp)));
+    RIG_OK(op_moe_gather(p, "gather", r, x, c->cols, rr(g, w->h_xp),
+                         amax_slot(g, w->h_amax, c, AMAX_XP)));
     RIG_OK(op_moe_combine(p, "combine", r, c->cols, yp, r->gate, none, y));
     RIG_OK(op_moe_combine(p, "unpermute", r, c->cols, yp, (prog_ref){NULL, 0, 0}, x, y2));
     RIG_OK(op_moe_combine_backward(p, "combine_bwd", r, c->cols, dy, yp, dyp,
-                                   rr(g, w->h_dgate)));
+                                   rr(g, w->h_dgate), amax_slot(g, w->h_amax, c, AMAX_DYP)));
     RIG_OK(op_moe_router_backward(p, "router_bwd", r, rr(g, w->h_dgate), aux, dlogits));
+    routing_build_amaxes(g, w);
     rig_bind(g);
 }
 
@@ -183,6 +256,18 @@ static void routing_write(rig *g, const routing_run *w) {
     RIG_OK(backend_write(&g->be, rr(g, w->h_x), w->x, td * 2));
     RIG_OK(backend_write(&g->be, rr(g, w->h_dy), w->dy, td * 2));
     RIG_OK(backend_write(&g->be, rr(g, w->h_yp), w->yp, (uint64_t)w->capacity * c->cols * 2));
+    // The outputs of grouped producers start as UNTOUCHED bytes, so that rows past the active
+    // end show whether anything wrote there (and the slots of the skipped SwiGLU stay zero).
+    uint64_t cd = (uint64_t)w->capacity * c->cols * 2;
+    uint8_t *fill = malloc(cd);
+    memset(fill, UNTOUCHED, cd);
+    arena_handle outs[] = {w->h_xp, w->h_gelu, w->h_dgelu, w->h_swiglu, w->h_dswiglu, w->h_dyp};
+    for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++) {
+        RIG_OK(backend_write(&g->be, rr(g, outs[i]), fill, outs[i] == w->h_swiglu ? cd / 2 : cd));
+    }
+    memset(fill, 0, cd);
+    RIG_OK(backend_write(&g->be, rr(g, w->h_pass), fill, AMAX_SLOTS * c->experts * 4ull));
+    free(fill);
 }
 
 static void routing_read(rig *g, routing_run *w) {
@@ -200,7 +285,12 @@ static void routing_read(rig *g, routing_run *w) {
                 {w->h_offsets, w->offsets, (c->experts + 1) * 4ull},
                 {w->h_xp, w->xp, cd * 2},             {w->h_y, w->y, td * 2},
                 {w->h_y2, w->y2, td * 2},             {w->h_dyp, w->dyp, cd * 2},
-                {w->h_dgate, w->dgate, a * 4},        {w->h_dlogits, w->dlogits, te * 4}};
+                {w->h_dgate, w->dgate, a * 4},        {w->h_dlogits, w->dlogits, te * 4},
+                {w->h_gelu, w->gelu, cd * 2},         {w->h_dgelu, w->dgelu, cd * 2},
+                {w->h_swiglu, w->swiglu, cd},         {w->h_dswiglu, w->dswiglu, cd * 2},
+                {w->h_amax, w->amax, AMAX_SLOTS * c->experts * 4ull},
+                {w->h_base, w->chunk_base, (uint64_t)w->chunks * c->experts * 4},
+                {w->h_pass, w->pass, AMAX_SLOTS * c->experts * 4ull}};
     for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++) {
         RIG_OK(backend_read(&g->be, outs[i].to, rr(g, outs[i].h), outs[i].bytes));
     }
@@ -276,7 +366,19 @@ static void check_softmax_topk(const routing_run *w) {
 static void check_permutation(const routing_run *w) {
     const routing_case *c = &w->c;
     uint32_t *count = zalloc(c->experts * 4ull);
-    for (uint32_t a = 0; a < w->assignments; a++) count[w->expert[a]]++;
+    // The scan's prefix: each chunk's base is the expert's assignments in the chunks before it.
+    for (uint32_t a = 0; a < w->assignments; a++) {
+        uint32_t e = w->expert[a];
+        if (a % QT_MOE_CHUNK == 0) {
+            for (uint32_t f = 0; f < c->experts; f++) {
+                uint32_t got = w->chunk_base[(uint64_t)(a / QT_MOE_CHUNK) * c->experts + f];
+                CHECK(got == count[f], "chunk %u expert %u: base %u, %u before it",
+                      a / QT_MOE_CHUNK, f, got, count[f]);
+                if (got != count[f]) break;
+            }
+        }
+        count[e]++;
+    }
     CHECK(w->offsets[0] == 0, "row_offsets[0] = %u", w->offsets[0]);
     for (uint32_t e = 0; e < c->experts; e++) {
         CHECK(w->dims[e] == count[e], "expert %u: first_dims %u, %u assignments", e, w->dims[e],
@@ -358,6 +460,39 @@ static void check_gather_combine(const routing_run *w) {
     }
 }
 
+// The producers' amaxes are the separate passes' bits; each member with rows has a positive one
+// and an empty member 0; the rows past the active end of every grouped output kept their bytes.
+static void check_amaxes(const routing_run *w) {
+    const routing_case *c = &w->c;
+    static const char *const what[AMAX_SLOTS] = {"xp", "gelu", "dgelu", "swiglu", "dswiglu",
+                                                 "dyp"};
+    uint32_t bad = 0;
+    for (uint32_t s = 0; s < AMAX_SLOTS; s++) {
+        if (c->cols % 2 != 0 && (s == AMAX_SWIGLU || s == AMAX_DSWIGLU)) continue;
+        for (uint32_t e = 0; e < c->experts; e++) {
+            float got = w->amax[s * c->experts + e], want = w->pass[s * c->experts + e];
+            bool ok = memcmp(&got, &want, 4) == 0 && (w->dims[e] > 0 ? want > 0.0f : want == 0.0f);
+            if (!ok && bad++ < 4) {
+                CHECK(false, "%s amax of expert %u (%u rows): %a, separate pass %a", what[s], e,
+                      w->dims[e], got, want);
+            }
+        }
+    }
+    uint32_t active = w->offsets[c->experts];
+    const uint16_t *outs[] = {w->xp, w->gelu, w->dgelu, w->swiglu, w->dswiglu, w->dyp};
+    for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++) {
+        uint64_t cols = outs[i] == w->swiglu ? c->cols / 2 : c->cols;
+        const uint8_t *tail = (const uint8_t *)(outs[i] + active * cols);
+        for (uint64_t b = 0; b < (w->capacity - active) * cols * 2; b++) {
+            if (tail[b] != UNTOUCHED && bad++ < 4) {
+                CHECK(false, "%s: byte %llu past the active end (row %u) was written", what[i],
+                      (unsigned long long)b, active);
+                break;
+            }
+        }
+    }
+}
+
 static void check_router_grad(const routing_run *w) {
     const routing_case *c = &w->c;
     double aux = (double)c->aux * c->experts / ((double)c->tokens * c->tokens * c->topk);
@@ -397,6 +532,11 @@ static const routing_case routing_cases[] = {
     {600, 8, 2, 16, 32, LOGITS_ONE_EXPERT, 5, 0.01f},  // every token's first choice is 5
     {530, 8, 1, 24, 16, LOGITS_ONE_EXPERT, 7, 0.01f},  // every token in expert 7 alone
     {130, 4, 2, 16, 16, LOGITS_EQUAL, 0, 0.0f},       // ties: experts 0 and 1 for every token
+    {70, 8, 2, 13, 16, LOGITS_RANDOM, 0, 0.01f},      // odd rows: the element paths
+    {1000, 8, 2, 264, 16, LOGITS_RANDOM, 0, 0.01f},   // 8 chunks; rows of 33 vectors
+    {300, 16, 5, 24, 16, LOGITS_RANDOM, 0, 0.01f},    // top-5: two rounds of loads in combine
+    {2500, 64, 4, 16, 16, LOGITS_RANDOM, 0, 0.01f},   // 40 chunks: several per warp of the scan
+    {400, 1024, 2, 8, 16, LOGITS_RANDOM, 0, 0.01f},   // the most experts: 32 blocks of the scan
 };
 #define ROUTING_CASES (sizeof routing_cases / sizeof routing_cases[0])
 
@@ -422,12 +562,20 @@ static void routing_compare(const routing_run *gw, const routing_run *rw, size_t
     same_bytes(gw->dims, rw->dims, c->experts * 4ull, "first_dims", i);
     same_bytes(gw->offsets, rw->offsets, (c->experts + 1) * 4ull, "row_offsets", i);
     same_bytes(gw->row_of, rw->row_of, a, "row_of", i);
+    same_bytes(gw->chunk_base, rw->chunk_base, (uint64_t)rw->chunks * c->experts * 4,
+               "chunk_base", i);
     same_bytes(gw->xp, rw->xp, active_rows * c->cols * 2, "xp", i);
     same_bytes(gw->y, rw->y, td, "combine", i);
     same_bytes(gw->y2, rw->y2, td, "un-permute", i);
     same_bytes(gw->dyp, rw->dyp, active_rows * c->cols * 2, "dyp", i);
     same_bytes(gw->dgate, rw->dgate, a, "dgate", i);
     same_bytes(gw->dlogits, rw->dlogits, te, "dlogits", i);
+    same_bytes(gw->gelu, rw->gelu, active_rows * c->cols * 2, "gelu", i);
+    same_bytes(gw->dgelu, rw->dgelu, active_rows * c->cols * 2, "dgelu", i);
+    same_bytes(gw->swiglu, rw->swiglu, active_rows * c->cols, "swiglu", i);
+    same_bytes(gw->dswiglu, rw->dswiglu, active_rows * c->cols * 2, "dswiglu", i);
+    same_bytes(gw->amax, rw->amax, AMAX_SLOTS * c->experts * 4ull, "amax", i);
+    same_bytes(gw->pass, rw->pass, AMAX_SLOTS * c->experts * 4ull, "amax pass", i);
 }
 
 static void test_routing_ref(void) {
@@ -447,6 +595,7 @@ static void test_routing_ref(void) {
         check_permutation(&w);
         check_gather_combine(&w);
         check_router_grad(&w);
+        check_amaxes(&w);
         const routing_case *c = &routing_cases[i];
         if (c->logits == LOGITS_ONE_EXPERT && c->topk == 1) {
             CHECK(w.dims[c->hot] == c->tokens, "expert %u holds %u of %u tokens", c->hot,
@@ -510,6 +659,7 @@ static void test_routing_gpu(void) {
             }
             routing_read(&gpu, &gw);
             routing_compare(&gw, &rw, i);
+            check_amaxes(&gw);
         }
         routing_free(&gw);
         routing_free(&rw);

@@ -95,7 +95,9 @@ typedef struct model_tensor {
     prog_ref ref;
     uint32_t dtype;  // QT_DTYPE_BF16 | QT_DTYPE_F32
     uint32_t rows, cols;
-    prog_ref amax;   // f32 [1] holding max |x| when the producer computed it (else absent)
+    prog_ref amax;   // f32 [1] holding max |x| when the producer computed it (else absent);
+                     // a grouped tensor's (an moe layer's permuted rows): f32 [members], each
+                     // member's over its valid rows
 } model_tensor;
 
 // The stored copies of one quantized tensor (layouts: ptx/quant.h). Which fields are used

@@ -658,6 +658,36 @@ static qt_status mb_moe_array(mb *b, const char *name, const char *part, uint64_
     return mb_region(b, what, count * 4, cat, out);
 }
 
+// The layer's per-member amax slots (op_moe_routing.amax, which its scan zeroes): one for each
+// grouped tensor whose producer (gather, activation, combine backward, activation backward) can
+// take the amax that the tensor's cast reads next; the gradients' slots in training only.
+typedef enum mb_moe_amax_slot {
+    MB_MOE_AMAX_FC1_X,
+    MB_MOE_AMAX_FC2_X,
+    MB_MOE_AMAX_FC2_DY,
+    MB_MOE_AMAX_FC1_DY,
+    MB_MOE_AMAX_SLOTS
+} mb_moe_amax_slot;
+
+static bool mb_moe_amax_used(const mb *b, const model_moe *mo, mb_moe_amax_slot slot) {
+    const model *m = b->m;
+    const model_linear *fc1 = &m->linears[mo->fc1], *fc2 = &m->linears[mo->fc2];
+    if (!b->train && slot >= MB_MOE_AMAX_FC2_DY) return false;  // a gradient's
+    uint32_t q = slot == MB_MOE_AMAX_FC1_X    ? fc1->q_input
+                 : slot == MB_MOE_AMAX_FC2_X  ? fc2->q_input
+                 : slot == MB_MOE_AMAX_FC2_DY ? fc2->q_grad
+                                              : fc1->q_grad;
+    return m->quantizers[q].q.scheme == QT_SCHEME_CURRENT;
+}
+
+// The amax of the slot's producer (f32 [experts]), absent when its tensor's cast is not a
+// per-tensor current-scaling one.
+static prog_ref mb_moe_amax(const mb *b, const model_moe *mo, const mb_moe *st,
+                            mb_moe_amax_slot slot) {
+    if (!mb_moe_amax_used(b, mo, slot)) return OP_REF_NONE;
+    return mb_at(st->routing.amax, 4ull * slot * mo->experts);
+}
+
 // Softmax, top-k and the permutation by expert (op_moe_route_and_permute).
 static qt_status mb_moe_route(mb *b, const char *name, const model_moe *mo, prog_ref logits,
                               op_moe_routing *r) {
@@ -690,6 +720,15 @@ static qt_status mb_moe_route(mb *b, const char *name, const model_moe *mo, prog
                m->quantizers[m->linears[mo->fc2].q_input].rht;
     if (b->train && rht) {
         QT_TRY(mb_moe_array(b, name, "whole_dims", r->experts, keep, &r->whole_dims));
+    }
+    bool amax = false;
+    for (uint32_t slot = 0; slot < MB_MOE_AMAX_SLOTS; slot++) {
+        amax |= mb_moe_amax_used(b, mo, (mb_moe_amax_slot)slot);
+    }
+    if (amax) {
+        r->amax_slots = MB_MOE_AMAX_SLOTS;
+        QT_TRY(mb_moe_array(b, name, "amax", (uint64_t)r->amax_slots * r->experts,
+                            ARENA_CAT_WORKSPACE, &r->amax));
     }
     return op_moe_route_and_permute(b->p, name, r);
 }
@@ -741,14 +780,17 @@ static qt_status mb_moe_forward(mb *b, uint32_t layer, model_tensor x, model_ten
     QT_TRY(mb_tensor_of(b, what, mo->capacity, mo->width, x.dtype, ARENA_CAT_ACTIVATIONS,
                         &st->xp));
     snprintf(what, sizeof what, "%s.gather", name);
-    QT_TRY(op_moe_gather(b->p, what, &st->routing, x.ref,
-                         mo->width * qt_act_dtype_bytes(x.dtype), st->xp.ref));
+    op_moe_tensor tx = {x.ref, x.dtype};
+    st->xp.amax = mb_moe_amax(b, mo, st, MB_MOE_AMAX_FC1_X);
+    QT_TRY(op_moe_gather(b->p, what, &st->routing, tx, mo->width, st->xp.ref, st->xp.amax));
     QT_TRY(mb_moe_expert_fprop(b, name, "fc1", mo->fc1, st, st->xp, &st->h));
     model_tensor act;
     snprintf(what, sizeof what, "%s.act", name);
     QT_TRY(mb_tensor(b, what, mo->capacity, mo->hidden, ARENA_CAT_ACTIVATIONS, &act));
-    QT_TRY(op_act_forward(b->p, what, mb_act_kind(mo->act), mo->capacity, st->h.cols,
-                          mb_act(st->h), OP_ACT_NONE, mb_act(act), OP_REF_NONE));
+    act.amax = mb_moe_amax(b, mo, st, MB_MOE_AMAX_FC2_X);
+    QT_TRY(op_act_grouped(b->p, what, false, mb_act_kind(mo->act), mo->capacity, st->h.cols,
+                          mb_act(st->h), OP_ACT_NONE, mb_act(act), &st->routing.group,
+                          act.amax));
     QT_TRY(mb_moe_expert_fprop(b, name, "fc2", mo->fc2, st, act, &st->yp));
     snprintf(what, sizeof what, "%s.y", name);
     QT_TRY(mb_tensor(b, what, x.rows, mo->width, ARENA_CAT_ACTIVATIONS, y));
@@ -1013,13 +1055,17 @@ static qt_status mb_moe_backward(mb *b, uint32_t layer, model_tensor dy, model_t
     snprintf(what, sizeof what, "%s.combine_bwd", name);
     op_moe_tensor tdy = {dy.ref, dy.dtype}, typ = {st->yp.ref, st->yp.dtype};
     op_moe_tensor tdyp = {dyp.ref, dyp.dtype};
-    QT_TRY(op_moe_combine_backward(b->p, what, &st->routing, mo->width, tdy, typ, tdyp, dgate));
+    dyp.amax = mb_moe_amax(b, mo, st, MB_MOE_AMAX_FC2_DY);
+    QT_TRY(op_moe_combine_backward(b->p, what, &st->routing, mo->width, tdy, typ, tdyp, dgate,
+                                   dyp.amax));
     model_tensor dact, dh;
     QT_TRY(mb_moe_expert_backward(b, name, "fc2", mo->fc2, st, dyp, &dact));
     snprintf(what, sizeof what, "%s.dact", name);
     QT_TRY(mb_tensor(b, what, mo->capacity, st->h.cols, ARENA_CAT_ACTIVATIONS, &dh));
-    QT_TRY(op_act_backward(b->p, what, mb_act_kind(mo->act), mo->capacity, st->h.cols,
-                           mb_act(st->h), OP_ACT_NONE, mb_act(dact), mb_act(dh), OP_REF_NONE));
+    dh.amax = mb_moe_amax(b, mo, st, MB_MOE_AMAX_FC1_DY);
+    QT_TRY(op_act_grouped(b->p, what, true, mb_act_kind(mo->act), mo->capacity, st->h.cols,
+                          mb_act(st->h), mb_act(dact), mb_act(dh), &st->routing.group,
+                          dh.amax));
     bool needs_dx = m->linears[mo->fc1].needs_dx;
     model_tensor dxp = {0}, dxr = {0};
     QT_TRY(mb_moe_expert_backward(b, name, "fc1", mo->fc1, st, dh, needs_dx ? &dxp : NULL));

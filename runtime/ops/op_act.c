@@ -32,9 +32,11 @@ static launch_shape op_act_flat_shape(uint64_t count) {
 // ---------------------------------------------------------------------------------------------
 // Activations.
 
+// group: NULL for a dense tensor; a grouped one gets the per-member amax table (act_args.group).
 static qt_status op_act_append(program *p, const char *name, bool backward, uint32_t act,
                                uint32_t rows, uint32_t cols, op_act_tensor x, op_act_tensor bias,
-                               op_act_tensor dy, op_act_tensor out, prog_ref amax) {
+                               op_act_tensor dy, op_act_tensor out, const op_group *group,
+                               prog_ref amax) {
     QT_ASSERT(act <= QT_ACT_SWIGLU);
     QT_ASSERT(rows >= 1 && cols >= 1);
     QT_ASSERT(act != QT_ACT_SWIGLU || cols % 2 == 0);
@@ -51,29 +53,45 @@ static qt_status op_act_append(program *p, const char *name, bool backward, uint
     args.dy_dtype = dy.dtype;
     args.out_dtype = out.dtype;
     bool swiglu = act == QT_ACT_SWIGLU;
+    bool grouped = group != NULL && group->count > 0;
     kernel_id kernel = swiglu ? (backward ? KERNEL_SWIGLU_BWD : KERNEL_SWIGLU_FWD)
                               : (backward ? KERNEL_ACT_BWD : KERNEL_ACT_FWD);
+    if (grouped) {
+        kernel = swiglu ? (backward ? KERNEL_SWIGLU_BWD_GROUPED : KERNEL_SWIGLU_FWD_GROUPED)
+                        : (backward ? KERNEL_ACT_BWD_GROUPED : KERNEL_ACT_FWD_GROUPED);
+    }
     uint64_t items = (uint64_t)rows * (swiglu ? cols / 2 : cols);
     launch_shape shape = op_act_flat_shape(items);
+    if (grouped && prog_ref_present(amax)) shape.smem_bytes = 4 * group->count;
     uint32_t op;
     QT_TRY(prog_append(p, kernel, name, &shape, &args, sizeof args, &op));
     QT_TRY(prog_use(p, op, offsetof(act_args, x), x.ref, PROG_READ));
     QT_TRY(prog_use_optional(p, op, offsetof(act_args, bias), bias.ref, 0, PROG_READ));
     if (backward) QT_TRY(prog_use(p, op, offsetof(act_args, dy), dy.ref, PROG_READ));
-    QT_TRY(prog_use_optional(p, op, offsetof(act_args, amax), amax, 0, PROG_READ_WRITE));
+    QT_TRY(prog_use_optional(p, op, offsetof(act_args, amax), amax,
+                             grouped ? 4ull * group->count : 0, PROG_READ_WRITE));
+    if (grouped) QT_TRY(op_group_use(p, op, offsetof(act_args, group), group));
     return prog_use(p, op, offsetof(act_args, out), out.ref, PROG_WRITE);
 }
 
 qt_status op_act_forward(program *p, const char *name, uint32_t act, uint32_t rows,
                          uint32_t cols, op_act_tensor x, op_act_tensor bias, op_act_tensor y,
                          prog_ref amax) {
-    return op_act_append(p, name, false, act, rows, cols, x, bias, OP_ACT_NONE, y, amax);
+    return op_act_append(p, name, false, act, rows, cols, x, bias, OP_ACT_NONE, y, NULL, amax);
 }
 
 qt_status op_act_backward(program *p, const char *name, uint32_t act, uint32_t rows,
                           uint32_t cols, op_act_tensor x, op_act_tensor bias, op_act_tensor dy,
                           op_act_tensor dx, prog_ref amax) {
-    return op_act_append(p, name, true, act, rows, cols, x, bias, dy, dx, amax);
+    return op_act_append(p, name, true, act, rows, cols, x, bias, dy, dx, NULL, amax);
+}
+
+qt_status op_act_grouped(program *p, const char *name, bool backward, uint32_t act,
+                         uint32_t rows, uint32_t cols, op_act_tensor x, op_act_tensor dy,
+                         op_act_tensor out, const op_group *group, prog_ref amax) {
+    QT_ASSERT(group->count >= 1 && group->count <= OP_ACT_GROUP_MEMBERS_MAX);
+    return op_act_append(p, name, backward, act, rows, cols, x, OP_ACT_NONE,
+                         backward ? dy : OP_ACT_NONE, out, group, amax);
 }
 
 // ---------------------------------------------------------------------------------------------

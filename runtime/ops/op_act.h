@@ -16,6 +16,7 @@
 #ifndef QT_OP_ACT_H
 #define QT_OP_ACT_H
 
+#include "runtime/ops/op_quant_group.h"  // op_group
 #include "runtime/program/program.h"
 
 // A tensor operand: where it is and how its elements are stored. Optional operands are absent
@@ -42,6 +43,18 @@ qt_status op_act_forward(program *p, const char *name, uint32_t act, uint32_t ro
 qt_status op_act_backward(program *p, const char *name, uint32_t act, uint32_t rows,
                           uint32_t cols, op_act_tensor x, op_act_tensor bias, op_act_tensor dy,
                           op_act_tensor dx, prog_ref amax);
+
+// The activation (backward: its gradient, from dy) of a grouped tensor without bias: rows is the
+// capacity of x, dy and out, group their members (an moe layer's permuted rows,
+// ptx/quant_group.h). Rows from the active end on are neither read nor written; amax (optional,
+// f32 [group->count], zeroed by the caller) gets each member's max |out| over its valid rows
+// (padding rows count for none), so that the members' current-scaling cast needs no amax pass.
+// Each block keeps a table of the members' maxima in shared memory, 4 bytes a member: at most
+// OP_ACT_GROUP_MEMBERS_MAX members (16 KiB, a quarter of what a block may take by default).
+#define OP_ACT_GROUP_MEMBERS_MAX 4096u
+qt_status op_act_grouped(program *p, const char *name, bool backward, uint32_t act,
+                         uint32_t rows, uint32_t cols, op_act_tensor x, op_act_tensor dy,
+                         op_act_tensor out, const op_group *group, prog_ref amax);
 
 // y = x / sqrt(mean(x^2) + eps) * gamma; inv_rms: f32 [rows] saved for the backward pass.
 qt_status op_rmsnorm_forward(program *p, const char *name, uint32_t rows, uint32_t cols,

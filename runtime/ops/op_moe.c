@@ -3,7 +3,9 @@
 #include <stddef.h>  // offsetof
 #include <stdio.h>   // snprintf
 
-#include "runtime/ops/op_core.h"  // op_shape_1d
+#include "runtime/ops/op_core.h"  // op_shape_1d_capped
+
+#define OP_MOE_FLAT_BLOCKS_MAX (1u << 20)
 
 uint64_t op_moe_capacity(uint32_t tokens, uint32_t topk, uint32_t experts, uint32_t row_align) {
     QT_ASSERT(row_align >= 1 && experts >= 1 && topk >= 1 && topk <= experts);
@@ -34,6 +36,7 @@ static void op_moe_check(const op_moe_routing *r) {
     QT_ASSERT(r->capacity == op_moe_capacity(r->tokens, r->topk, r->experts, r->row_align));
     QT_ASSERT(r->capacity > 0);
     QT_ASSERT(r->row_align % QT_MOE_WHOLE_ROWS == 0 || !prog_ref_present(r->whole_dims));
+    QT_ASSERT(prog_ref_present(r->amax) == (r->amax_slots > 0));
 }
 
 static qt_status op_moe_route(program *p, const char *name, const op_moe_routing *r) {
@@ -68,9 +71,13 @@ static qt_status op_moe_scan(program *p, const char *name, const op_moe_routing 
     moe_scan_args args = {0};
     args.experts = r->experts;
     args.chunks = op_moe_chunks(r->tokens * r->topk);
-    launch_shape shape = {{1, 1, 1}, {QT_MOE_SCAN_THREADS, 1, 1}, 0};
+    args.amax_slots = r->amax_slots;
+    uint32_t blocks = (r->experts + QT_MOE_SCAN_EXPERTS - 1) / QT_MOE_SCAN_EXPERTS;
+    launch_shape shape = {{blocks, 1, 1}, {QT_MOE_SCAN_THREADS, 1, 1}, 0};
     uint32_t op;
     QT_TRY(prog_append(p, KERNEL_MOE_SCAN, name, &shape, &args, sizeof args, &op));
+    QT_TRY(prog_use_optional(p, op, offsetof(moe_scan_args, amax), r->amax,
+                             4ull * r->amax_slots * r->experts, PROG_WRITE));
     QT_TRY(prog_use(p, op, offsetof(moe_scan_args, chunk_counts), r->chunk_counts, PROG_READ));
     QT_TRY(prog_use(p, op, offsetof(moe_scan_args, chunk_base), r->chunk_base, PROG_WRITE));
     QT_TRY(prog_use_optional(p, op, offsetof(moe_scan_args, whole_dims), r->whole_dims,
@@ -110,26 +117,42 @@ qt_status op_moe_route_and_permute(program *p, const char *name, const op_moe_ro
     return op_moe_permute(p, part, r);
 }
 
-qt_status op_moe_gather(program *p, const char *name, const op_moe_routing *r, prog_ref x,
-                        uint32_t row_bytes, prog_ref out) {
-    op_moe_check(r);
-    QT_ASSERT(row_bytes >= 2 && row_bytes % 2 == 0);
-    moe_gather_args args = {0};
-    args.capacity = r->capacity;
-    args.row_bytes = row_bytes;
-    args.topk = r->topk;
-    launch_shape shape = op_moe_blocks(r->capacity, QT_MOE_ROWS_PER_BLOCK, QT_MOE_ROW_THREADS, 0);
-    uint32_t op;
-    QT_TRY(prog_append(p, KERNEL_MOE_GATHER, name, &shape, &args, sizeof args, &op));
-    QT_TRY(prog_use(p, op, offsetof(moe_gather_args, x), x, PROG_READ));
-    QT_TRY(prog_use(p, op, offsetof(moe_gather_args, out), out, PROG_WRITE));
-    QT_TRY(prog_use(p, op, offsetof(moe_gather_args, assign_of), r->assign_of, PROG_READ));
-    return op_group_use(p, op, offsetof(moe_gather_args, group), &r->group);
-}
-
 static void op_moe_check_tensor(op_moe_tensor t) {
     QT_ASSERT(prog_ref_present(t.ref));
     QT_ASSERT(t.dtype == QT_DTYPE_BF16 || t.dtype == QT_DTYPE_F32);
+}
+
+// One warp per token and per permuted row (the capacity holds every token's K rows, so it
+// bounds both); with an amax output, the per-member table as dynamic shared memory.
+static launch_shape op_moe_row_shape(const op_moe_routing *r, prog_ref amax) {
+    QT_ASSERT(r->capacity >= r->tokens);
+    uint32_t smem = prog_ref_present(amax) ? 4 * r->experts : 0;
+    return op_moe_blocks(r->capacity, QT_MOE_ROWS_PER_BLOCK, QT_MOE_ROW_THREADS, smem);
+}
+
+qt_status op_moe_gather(program *p, const char *name, const op_moe_routing *r, op_moe_tensor x,
+                        uint32_t cols, prog_ref out, prog_ref amax) {
+    op_moe_check(r);
+    op_moe_check_tensor(x);
+    QT_ASSERT(cols >= 1);
+    moe_gather_args args = {0};
+    args.tokens = r->tokens;
+    args.capacity = r->capacity;
+    args.row_bytes = cols * qt_act_dtype_bytes(x.dtype);
+    args.topk = r->topk;
+    args.dtype = x.dtype;
+    launch_shape shape = op_moe_row_shape(r, amax);
+    uint32_t op;
+    QT_TRY(prog_append(p, KERNEL_MOE_GATHER, name, &shape, &args, sizeof args, &op));
+    QT_TRY(prog_use(p, op, offsetof(moe_gather_args, x), x.ref, PROG_READ));
+    QT_TRY(prog_use(p, op, offsetof(moe_gather_args, out), out, PROG_WRITE));
+    QT_TRY(prog_use(p, op, offsetof(moe_gather_args, row_of), r->row_of, PROG_READ));
+    if (prog_ref_present(amax)) {
+        QT_TRY(prog_use(p, op, offsetof(moe_gather_args, expert), r->expert, PROG_READ));
+        QT_TRY(prog_use_span(p, op, offsetof(moe_gather_args, amax), amax, 4ull * r->experts,
+                             PROG_READ_WRITE));
+    }
+    return op_group_use(p, op, offsetof(moe_gather_args, group), &r->group);
 }
 
 qt_status op_moe_combine(program *p, const char *name, const op_moe_routing *r, uint32_t cols,
@@ -148,7 +171,13 @@ qt_status op_moe_combine(program *p, const char *name, const op_moe_routing *r, 
     args.src_dtype = src.dtype;
     args.addend_dtype = has_addend ? addend.dtype : QT_DTYPE_F32;
     args.out_dtype = out.dtype;
-    launch_shape shape = op_shape_1d((uint64_t)r->tokens * cols, QT_MOE_FLAT_THREADS);
+    // A thread per chunk of 8 columns (per element when rows are not whole chunks) up to
+    // OP_MOE_FLAT_BLOCKS_MAX blocks: op_shape_1d's OP_GRID_BLOCKS_MAX blocks (16 chunks a thread
+    // at the bench's size) would be a full wave and a short second one at 5 resident blocks an
+    // SM (48 registers a thread) on 132 SMs.
+    uint64_t items = (uint64_t)r->tokens * cols;
+    if (cols % QT_ACT_CHUNK == 0) items /= QT_ACT_CHUNK;
+    launch_shape shape = op_shape_1d_capped(items, QT_MOE_FLAT_THREADS, OP_MOE_FLAT_BLOCKS_MAX);
     uint32_t op;
     QT_TRY(prog_append(p, KERNEL_MOE_COMBINE, name, &shape, &args, sizeof args, &op));
     QT_TRY(prog_use(p, op, offsetof(moe_combine_args, src), src.ref, PROG_READ));
@@ -161,28 +190,34 @@ qt_status op_moe_combine(program *p, const char *name, const op_moe_routing *r, 
 
 qt_status op_moe_combine_backward(program *p, const char *name, const op_moe_routing *r,
                                   uint32_t cols, op_moe_tensor dy, op_moe_tensor yp,
-                                  op_moe_tensor dyp, prog_ref dgate) {
+                                  op_moe_tensor dyp, prog_ref dgate, prog_ref amax) {
     op_moe_check(r);
     QT_ASSERT(cols >= 1);
     op_moe_check_tensor(dy);
     op_moe_check_tensor(yp);
     op_moe_check_tensor(dyp);
     moe_combine_bwd_args args = {0};
+    args.tokens = r->tokens;
     args.capacity = r->capacity;
     args.cols = cols;
     args.topk = r->topk;
     args.dy_dtype = dy.dtype;
     args.yp_dtype = yp.dtype;
     args.dyp_dtype = dyp.dtype;
-    launch_shape shape = op_moe_blocks(r->capacity, QT_MOE_ROWS_PER_BLOCK, QT_MOE_ROW_THREADS, 0);
+    launch_shape shape = op_moe_row_shape(r, amax);
     uint32_t op;
     QT_TRY(prog_append(p, KERNEL_MOE_COMBINE_BWD, name, &shape, &args, sizeof args, &op));
     QT_TRY(prog_use(p, op, offsetof(moe_combine_bwd_args, dy), dy.ref, PROG_READ));
     QT_TRY(prog_use(p, op, offsetof(moe_combine_bwd_args, yp), yp.ref, PROG_READ));
     QT_TRY(prog_use(p, op, offsetof(moe_combine_bwd_args, gate), r->gate, PROG_READ));
-    QT_TRY(prog_use(p, op, offsetof(moe_combine_bwd_args, assign_of), r->assign_of, PROG_READ));
+    QT_TRY(prog_use(p, op, offsetof(moe_combine_bwd_args, row_of), r->row_of, PROG_READ));
     QT_TRY(prog_use(p, op, offsetof(moe_combine_bwd_args, dyp), dyp.ref, PROG_WRITE));
     QT_TRY(prog_use(p, op, offsetof(moe_combine_bwd_args, dgate), dgate, PROG_WRITE));
+    if (prog_ref_present(amax)) {
+        QT_TRY(prog_use(p, op, offsetof(moe_combine_bwd_args, expert), r->expert, PROG_READ));
+        QT_TRY(prog_use_span(p, op, offsetof(moe_combine_bwd_args, amax), amax,
+                             4ull * r->experts, PROG_READ_WRITE));
+    }
     return op_group_use(p, op, offsetof(moe_combine_bwd_args, group), &r->group);
 }
 

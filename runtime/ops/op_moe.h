@@ -9,7 +9,7 @@
 //
 //   route      logits -> probs, expert, gate
 //   count      expert -> chunk_counts             (u32 [op_moe_chunks(A)][E] workspace)
-//   scan       chunk_counts -> chunk_base (their prefix over chunks), first_dims
+//   scan       chunk_counts -> chunk_base (their prefix over chunks), first_dims; amax := 0
 //   offsets    first_dims -> row_offsets          (quant_group's kernel, padded to row_align)
 //   permute    -> row_of [A], assign_of [capacity]
 //
@@ -49,20 +49,27 @@ typedef struct op_moe_routing {
     // its padding positions (ptx/quant_nvfp4.h), so a weight-gradient GEMM of two such tensors
     // contracts over whole groups to let the transform cancel: it takes these as first_dims.
     prog_ref whole_dims;
+    // Optional (arena NULL and amax_slots 0: none): f32 [amax_slots][E], zeroed by the scan: the
+    // per-member amaxes that the layer's producers of grouped tensors (op_moe_gather,
+    // op_moe_combine_backward, op_act_grouped) merge in for the current-scaling casts that read
+    // them, so that none of them needs a zeroing op of its own.
+    prog_ref amax;
+    uint32_t amax_slots;
 } op_moe_routing;
 
 qt_status op_moe_route_and_permute(program *p, const char *name, const op_moe_routing *r);
 
-// out [capacity][row_bytes] = the permuted rows of x [tokens][row_bytes] (a byte copy; padding
-// rows zero).
-qt_status op_moe_gather(program *p, const char *name, const op_moe_routing *r, prog_ref x,
-                        uint32_t row_bytes, prog_ref out);
-
-// A tensor of the combine ops: where, and BF16 or F32.
+// A tensor of the gather and combine ops: where, and BF16 or F32.
 typedef struct op_moe_tensor {
     prog_ref ref;
     uint32_t dtype;
 } op_moe_tensor;
+
+// out [capacity][cols] = the permuted rows of x [tokens][cols] (a copy in x's dtype; padding
+// rows zero). amax (optional, f32 [E], zeroed before: a slot of r->amax): each expert's max |x|
+// over its rows is merged in.
+qt_status op_moe_gather(program *p, const char *name, const op_moe_routing *r, op_moe_tensor x,
+                        uint32_t cols, prog_ref out, prog_ref amax);
 
 // out [tokens][cols] = addend + sum over the choices of (gate or 1) src[row]; gate and addend
 // optional (arena NULL).
@@ -71,10 +78,11 @@ qt_status op_moe_combine(program *p, const char *name, const op_moe_routing *r, 
                          op_moe_tensor out);
 
 // dyp [capacity][cols] and dgate f32 [tokens * topk] from dy [tokens][cols] and the experts'
-// outputs yp [capacity][cols].
+// outputs yp [capacity][cols]. amax (optional, f32 [E], zeroed before): each expert's max |dyp|
+// over its valid rows is merged in.
 qt_status op_moe_combine_backward(program *p, const char *name, const op_moe_routing *r,
                                   uint32_t cols, op_moe_tensor dy, op_moe_tensor yp,
-                                  op_moe_tensor dyp, prog_ref dgate);
+                                  op_moe_tensor dyp, prog_ref dgate, prog_ref amax);
 
 // dlogits [tokens][experts] from probs, the choices, dgate and the counts (aux_scale: the
 // load-balancing loss's factor, 0 for none).

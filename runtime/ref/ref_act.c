@@ -35,17 +35,35 @@ static float ref_act_pre(const act_args *a, uint64_t i, float x) {
     return a->bias ? x + qt_act_load(a->bias, i % a->cols, a->bias_dtype) : x;
 }
 
+// The rows the kernels walk: a grouped tensor's stop at its active end (act_args.group).
+static uint64_t ref_act_rows(const act_args *a) {
+    return a->group.count ? qt_group_active_rows(a->group, a->rows) : a->rows;
+}
+
 // act_args.amax: max |x| over the stored outputs themselves (the kernels round the FP32 maximum
 // instead, which gives the same value), NaN skipped. Each task merges the maximum of the outputs
-// it stored, [begin, end), while they are in its cache, as the kernels' blocks merge theirs.
-static void ref_act_amax(const act_args *a, uint64_t begin, uint64_t end) {
+// it stored, elements [begin, end) of out (rows of out_cols), while they are in its cache, as the
+// kernels' blocks merge theirs: one slot, or for a grouped output each member's over its valid
+// rows, merged whenever the walk enters another member.
+static void ref_act_amax(const act_args *a, uint64_t begin, uint64_t end, uint32_t out_cols) {
     if (!a->amax) return;
-    uint32_t m = 0;
+    bool grouped = a->group.count > 0;
+    uint32_t member = 0, m = 0;
+    uint64_t valid_end = end, member_end = grouped ? begin : end;
     for (uint64_t i = begin; i < end; i++) {
+        if (i >= member_end) {
+            ref_amax_merge(REF_PTR(float, a->amax) + member, qt_bits_f32(m));
+            member = qt_group_find(a->group, 0, a->group.count, (uint32_t)(i / out_cols));
+            qt_group_rows rows = qt_group_member_rows(a->group, a->rows, member);
+            valid_end = (uint64_t)rows.valid_end * out_cols;
+            member_end = (uint64_t)rows.end * out_cols;
+            m = 0;
+        }
+        if (i >= valid_end) continue;  // padding rows count for no amax
         uint32_t bits = qt_f32_bits(qt_act_load(a->out, i, a->out_dtype)) & 0x7FFFFFFFu;
         if (bits <= 0x7F800000u && bits > m) m = bits;
     }
-    ref_amax_merge(REF_PTR(float, a->amax), qt_bits_f32(m));
+    ref_amax_merge(REF_PTR(float, a->amax) + member, qt_bits_f32(m));
 }
 
 // Element-wise activations run a chunk at a time: the pre-activations loaded into a local array,
@@ -74,12 +92,12 @@ REF_VECTOR_LOOPS POOL_CPU_CLONES static void ref_act_fwd_range(void *ctx, uint64
         }
         for (uint64_t j = 0; j < n; j++) qt_act_store(a->out, i0 + j, a->out_dtype, v[j]);
     }
-    ref_act_amax(a, begin, end);
+    ref_act_amax(a, begin, end, a->cols);
 }
 
 void ref_qt_act_fwd(const act_args *a, const launch_shape *shape) {
     (void)shape;
-    pool_for((uint64_t)a->rows * a->cols, REF_TASK_ELEMS, ref_act_fwd_range, (void *)a);
+    pool_for(ref_act_rows(a) * a->cols, REF_TASK_ELEMS, ref_act_fwd_range, (void *)a);
 }
 
 REF_VECTOR_LOOPS POOL_CPU_CLONES static void ref_act_bwd_range(void *ctx, uint64_t begin,
@@ -99,12 +117,12 @@ REF_VECTOR_LOOPS POOL_CPU_CLONES static void ref_act_bwd_range(void *ctx, uint64
         }
         for (uint64_t j = 0; j < n; j++) qt_act_store(a->out, i0 + j, a->out_dtype, v[j]);
     }
-    ref_act_amax(a, begin, end);
+    ref_act_amax(a, begin, end, a->cols);
 }
 
 void ref_qt_act_bwd(const act_args *a, const launch_shape *shape) {
     (void)shape;
-    pool_for((uint64_t)a->rows * a->cols, REF_TASK_ELEMS, ref_act_bwd_range, (void *)a);
+    pool_for(ref_act_rows(a) * a->cols, REF_TASK_ELEMS, ref_act_bwd_range, (void *)a);
 }
 
 POOL_CPU_CLONES static void ref_swiglu_fwd_rows(void *ctx, uint64_t begin, uint64_t end) {
@@ -117,12 +135,12 @@ POOL_CPU_CLONES static void ref_swiglu_fwd_rows(void *ctx, uint64_t begin, uint6
             qt_act_store(a->out, r * h + j, a->out_dtype, qt_swiglu_forward(va, vb));
         }
     }
-    ref_act_amax(a, begin * h, end * h);
+    ref_act_amax(a, begin * h, end * h, h);
 }
 
 void ref_qt_swiglu_fwd(const act_args *a, const launch_shape *shape) {
     (void)shape;
-    pool_for(a->rows, ref_task_rows(a->cols), ref_swiglu_fwd_rows, (void *)a);
+    pool_for(ref_act_rows(a), ref_task_rows(a->cols), ref_swiglu_fwd_rows, (void *)a);
 }
 
 POOL_CPU_CLONES static void ref_swiglu_bwd_rows(void *ctx, uint64_t begin, uint64_t end) {
@@ -137,12 +155,29 @@ POOL_CPU_CLONES static void ref_swiglu_bwd_rows(void *ctx, uint64_t begin, uint6
             qt_act_store(a->out, r * a->cols + h + j, a->out_dtype, qt_swiglu_db(va, dy));
         }
     }
-    ref_act_amax(a, begin * a->cols, end * a->cols);
+    ref_act_amax(a, begin * a->cols, end * a->cols, a->cols);
 }
 
 void ref_qt_swiglu_bwd(const act_args *a, const launch_shape *shape) {
     (void)shape;
-    pool_for(a->rows, ref_task_rows(a->cols), ref_swiglu_bwd_rows, (void *)a);
+    pool_for(ref_act_rows(a), ref_task_rows(a->cols), ref_swiglu_bwd_rows, (void *)a);
+}
+
+// The grouped kernels are the same twins: every twin above reads act_args.group.
+void ref_qt_act_fwd_grouped(const act_args *a, const launch_shape *shape) {
+    ref_qt_act_fwd(a, shape);
+}
+
+void ref_qt_act_bwd_grouped(const act_args *a, const launch_shape *shape) {
+    ref_qt_act_bwd(a, shape);
+}
+
+void ref_qt_swiglu_fwd_grouped(const act_args *a, const launch_shape *shape) {
+    ref_qt_swiglu_fwd(a, shape);
+}
+
+void ref_qt_swiglu_bwd_grouped(const act_args *a, const launch_shape *shape) {
+    ref_qt_swiglu_bwd(a, shape);
 }
 
 // ---------------------------------------------------------------------------------------------

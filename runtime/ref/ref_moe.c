@@ -1,6 +1,10 @@
 // C twins of ptx/moe.cu. The counting sort is the sequential one (its result is the kernels': a
 // stable sort by expert); dgate folds each row in the warp's lane order (moe.h) and then runs the
-// same lane tree; the per-token loops are moe.h's own functions.
+// same lane tree; the per-token loops are moe.h's own functions. gather and combine_bwd walk the
+// tokens and then the padding rows, as the kernels' warps do; their amaxes are maxima (NaN
+// skipped), merged per member with the kernels' atomicMax rule.
+#include <string.h>  // memcpy, memset
+
 #include "ptx/quant_group.h"      // qt_group_roundup
 #include "runtime/ref/ref.h"
 #include "runtime/base/status.h"  // QT_ASSERT
@@ -43,6 +47,9 @@ void ref_qt_moe_scan(const moe_scan_args *a, const launch_shape *shape) {
             REF_PTR(uint32_t, a->whole_dims)[e] = qt_group_roundup(run, QT_MOE_WHOLE_ROWS);
         }
     }
+    for (uint64_t i = 0; a->amax && i < (uint64_t)a->amax_slots * a->experts; i++) {
+        REF_PTR(float, a->amax)[i] = 0.0f;
+    }
 }
 
 // Chunk by chunk, each expert's rows handed out in assignment order.
@@ -70,24 +77,41 @@ void ref_qt_moe_permute(const moe_permute_args *a, const launch_shape *shape) {
     }
 }
 
-// The member of a row as the kernels find it, and the rows every member owns.
-static uint32_t ref_moe_active(qt_group_desc g, uint32_t capacity) {
-    return qt_group_active_rows(g, capacity);
+// Padding rows of a grouped tensor of `capacity` rows (row_bytes each) set to zeros.
+static void ref_moe_zero_padding(qt_group_desc g, uint32_t capacity, uint64_t base,
+                                 uint64_t row_bytes) {
+    uint32_t active = qt_group_active_rows(g, capacity);
+    for (uint32_t r = 0; r < active; r++) {
+        uint32_t member = qt_group_find(g, 0, g.count, r);
+        if (!qt_moe_row_valid(g, member, r)) memset(REF_PTR(void, base + r * row_bytes), 0,
+                                                    row_bytes);
+    }
+}
+
+// The kernels' amax merge of a row's maximum into each member the row went to.
+static void ref_moe_amax_merge(uint64_t amax, const uint32_t *expert, uint32_t topk, float m) {
+    for (uint32_t j = 0; amax && j < topk; j++) ref_amax_merge(REF_PTR(float, amax) + expert[j], m);
 }
 
 void ref_qt_moe_gather(const moe_gather_args *a, const launch_shape *shape) {
     (void)shape;
-    uint32_t active = ref_moe_active(a->group, a->capacity);
-    for (uint32_t r = 0; r < active; r++) {
-        uint32_t member = qt_group_find(a->group, 0, a->group.count, r);
-        uint16_t *dst = REF_PTR(uint16_t, a->out + (uint64_t)r * a->row_bytes);
-        const uint16_t *src = NULL;
-        if (qt_moe_row_valid(a->group, member, r)) {
-            uint32_t token = REF_PTR(const uint32_t, a->assign_of)[r] / a->topk;
-            src = REF_PTR(const uint16_t, a->x + (uint64_t)token * a->row_bytes);
+    uint32_t elem = a->dtype == QT_DTYPE_F32 ? 4 : 2;
+    for (uint32_t t = 0; t < a->tokens; t++) {
+        const uint32_t *row_of = REF_PTR(const uint32_t, a->row_of) + (uint64_t)t * a->topk;
+        uint64_t src = a->x + (uint64_t)t * a->row_bytes;
+        for (uint32_t j = 0; j < a->topk; j++) {
+            memcpy(REF_PTR(void, a->out + (uint64_t)row_of[j] * a->row_bytes),
+                   REF_PTR(const void, src), a->row_bytes);
         }
-        for (uint32_t i = 0; i < a->row_bytes / 2; i++) dst[i] = src ? src[i] : 0;
+        if (!a->amax) continue;
+        float m = 0.0f;
+        for (uint32_t i = 0; i < a->row_bytes / elem; i++) {
+            m = qt_fp8_amax_step(m, qt_act_load(src, i, a->dtype));
+        }
+        ref_moe_amax_merge(a->amax, REF_PTR(const uint32_t, a->expert) + (uint64_t)t * a->topk,
+                           a->topk, m);
     }
+    ref_moe_zero_padding(a->group, a->capacity, a->out, a->row_bytes);
 }
 
 void ref_qt_moe_combine(const moe_combine_args *a, const launch_shape *shape) {
@@ -100,31 +124,34 @@ void ref_qt_moe_combine(const moe_combine_args *a, const launch_shape *shape) {
     }
 }
 
+// One assignment's row: dyp[r] = g dy[t] and dgate, folded in the kernels' lane order; returns
+// max |g dy| over the row.
+static float ref_moe_combine_bwd_row(const moe_combine_bwd_args *a, uint64_t assignment) {
+    uint64_t in = assignment / a->topk * a->cols;
+    uint64_t out = (uint64_t)REF_PTR(const uint32_t, a->row_of)[assignment] * a->cols;
+    float g = REF_PTR(const float, a->gate)[assignment];
+    float lanes[QT_ACT_LANES] = {0};
+    float m = 0.0f;
+    for (uint32_t c = 0; c < a->cols; c++) {
+        float dy = qt_act_load(a->dy, in + c, a->dy_dtype);
+        float *acc = &lanes[(c / QT_ACT_CHUNK) % QT_ACT_LANES];
+        *acc = qt_fmaf(dy, qt_act_load(a->yp, out + c, a->yp_dtype), *acc);
+        m = qt_fp8_amax_step(m, g * dy);
+        qt_act_store(a->dyp, out + c, a->dyp_dtype, g * dy);
+    }
+    QT_ACT_TREE32(lanes, qt_act_add);
+    REF_PTR(float, a->dgate)[assignment] = qt_act_canonical(lanes[0]);
+    return m;
+}
+
 void ref_qt_moe_combine_bwd(const moe_combine_bwd_args *a, const launch_shape *shape) {
     (void)shape;
-    uint32_t active = ref_moe_active(a->group, a->capacity);
-    for (uint32_t r = 0; r < active; r++) {
-        uint32_t member = qt_group_find(a->group, 0, a->group.count, r);
-        uint64_t out = (uint64_t)r * a->cols;
-        if (!qt_moe_row_valid(a->group, member, r)) {
-            for (uint32_t c = 0; c < a->cols; c++) {
-                qt_act_store(a->dyp, out + c, a->dyp_dtype, 0.0f);
-            }
-            continue;
-        }
-        uint32_t assignment = REF_PTR(const uint32_t, a->assign_of)[r];
-        uint64_t in = (uint64_t)(assignment / a->topk) * a->cols;
-        float g = REF_PTR(const float, a->gate)[assignment];
-        float lanes[QT_ACT_LANES] = {0};
-        for (uint32_t c = 0; c < a->cols; c++) {
-            float dy = qt_act_load(a->dy, in + c, a->dy_dtype);
-            float *acc = &lanes[(c / QT_ACT_CHUNK) % QT_ACT_LANES];
-            *acc = qt_fmaf(dy, qt_act_load(a->yp, out + c, a->yp_dtype), *acc);
-            qt_act_store(a->dyp, out + c, a->dyp_dtype, g * dy);
-        }
-        QT_ACT_TREE32(lanes, qt_act_add);
-        REF_PTR(float, a->dgate)[assignment] = qt_act_canonical(lanes[0]);
+    for (uint64_t i = 0; i < (uint64_t)a->tokens * a->topk; i++) {
+        float m = qt_act_stored_amax(ref_moe_combine_bwd_row(a, i), a->dyp_dtype);
+        ref_moe_amax_merge(a->amax, REF_PTR(const uint32_t, a->expert) + i, 1, m);
     }
+    ref_moe_zero_padding(a->group, a->capacity, a->dyp,
+                         (uint64_t)a->cols * qt_act_dtype_bytes(a->dyp_dtype));
 }
 
 void ref_qt_moe_router_bwd(const moe_router_bwd_args *a, const launch_shape *shape) {
