@@ -251,8 +251,8 @@ struct skinny_m {
             uint32_t af[kFrags][4], bf[4][2];
 #pragma unroll
             for (uint32_t mf = 0; mf < kFrags; mf++) {
-                gemm_ldmatrix_x4_trans(af[mf],
-                                       a_base + skinny_offset<kRowA>(16 * j + a_row, 2 * mf + a_half));
+                uint32_t address = a_base + skinny_offset<kRowA>(16 * j + a_row, 2 * mf + a_half);
+                gemm_ldmatrix_x4_trans(af[mf], address);
             }
 #pragma unroll
             for (uint32_t p = 0; p < 2; p++) {
