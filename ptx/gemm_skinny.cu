@@ -473,6 +473,9 @@ extern "C" __global__ void __launch_bounds__(GEMM_SKINNY_THREADS)
     }
 }
 
+// One block per SM at the least lets ptxas take the 148 registers the 64 accumulators of a 32 x 64
+// warp tile want (its default target of four blocks capped them at 128 and spilled); three
+// blocks still fit an SM, each with a whole tile of D's stores in flight.
 extern "C" __global__ void __launch_bounds__(GEMM_SKINNY_THREADS, 1)
     qt_gemm_bf16_skinny_k(const __grid_constant__ gemm_args args) {
     bool outer = (args.b.flags & GEMM_OPERAND_OUTER_MAJOR) != 0;

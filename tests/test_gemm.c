@@ -1544,6 +1544,23 @@ static tcase skinny_case(tkind kind, bool ints, uint32_t tokens, uint32_t in, ui
     return c;
 }
 
+// One case per `out` of a table, small integers and random, of one kind and shape otherwise.
+typedef struct skinny_size {
+    uint32_t out;
+    const char *tag;
+} skinny_size;
+
+static void run_skinny_sizes(tkind kind, uint32_t tokens, uint32_t in, const skinny_size *sizes,
+                             size_t count, uint32_t kind_want) {
+    for (size_t i = 0; i < count; i++) {
+        for (int ints = 1; ints >= 0; ints--) {
+            tcase c = skinny_case(kind, ints != 0, tokens, in, sizes[i].out, kind_want,
+                                  sizes[i].tag);
+            run_case(&c);
+        }
+    }
+}
+
 // A training-sized case: only beside a GPU (its reference and FP64 evaluation take seconds of a
 // CPU, and its point is the kernel's stream), otherwise one skip.
 static void run_case_beside_gpu(const tcase *c) {
@@ -1563,18 +1580,11 @@ static void run_case_beside_gpu(const tcase *c) {
 // bias; 3 forced split parts and the Fashion-MNIST head's
 // planned 7 (256 x 10 x 784).
 static void run_skinny_n(void) {
-    static const struct {
-        uint32_t out;
-        const char *tag;
-    } widths[] = {{1, "skinny_n1"},   {8, "skinny_n8"},   {10, "skinny_n10"},
-                  {16, "skinny_n16"}, {33, "skinny_n33"}, {64, "skinny_n64"}};
-    for (size_t i = 0; i < sizeof widths / sizeof widths[0]; i++) {
-        for (int ints = 1; ints >= 0; ints--) {
-            tcase c = skinny_case(KIND_FPROP, ints != 0, 150, 200, widths[i].out, GEMM_SKINNY_N,
-                                  widths[i].tag);
-            run_case(&c);
-        }
-    }
+    static const skinny_size widths[] = {{1, "skinny_n1"},   {8, "skinny_n8"},
+                                         {10, "skinny_n10"}, {16, "skinny_n16"},
+                                         {33, "skinny_n33"}, {64, "skinny_n64"}};
+    run_skinny_sizes(KIND_FPROP, 150, 200, widths, sizeof widths / sizeof widths[0],
+                     GEMM_SKINNY_N);
     tcase c = skinny_case(KIND_FPROP, false, 70, 72, 16, GEMM_SKINNY_N, "skinny_n16_k72");
     run_case(&c);
     c = skinny_case(KIND_FPROP, false, 70, 8, 16, GEMM_SKINNY_N, "skinny_n16_k8");
@@ -1599,18 +1609,11 @@ static void run_skinny_n(void) {
 // C (k 500, one part); one stage (k 20); the planned split of a longer contraction (3000 rows: 8
 // parts of 384, the last 312).
 static void run_skinny_m(void) {
-    static const struct {
-        uint32_t out;
-        const char *tag;
-    } heights[] = {{8, "skinny_m8"},   {16, "skinny_m16"}, {24, "skinny_m24"},
-                   {40, "skinny_m40"}, {64, "skinny_m64"}};
-    for (size_t i = 0; i < sizeof heights / sizeof heights[0]; i++) {
-        for (int ints = 1; ints >= 0; ints--) {
-            tcase c = skinny_case(KIND_WGRAD, ints != 0, 700, 264, heights[i].out, GEMM_SKINNY_M,
-                                  heights[i].tag);
-            run_case(&c);
-        }
-    }
+    static const skinny_size heights[] = {{8, "skinny_m8"},   {16, "skinny_m16"},
+                                          {24, "skinny_m24"}, {40, "skinny_m40"},
+                                          {64, "skinny_m64"}};
+    run_skinny_sizes(KIND_WGRAD, 700, 264, heights, sizeof heights / sizeof heights[0],
+                     GEMM_SKINNY_M);
     tcase c = skinny_case(KIND_WGRAD, false, 500, 264, 16, GEMM_SKINNY_M, "skinny_m16_bf16");
     c.out_bf16 = true;
     c.accumulate = false;
@@ -1630,17 +1633,10 @@ static void run_skinny_m(void) {
 // fprop of 16 inputs), whose D rows of 100 BF16 values are no 16-byte pieces (D written
 // element by element).
 static void run_skinny_k(void) {
-    static const struct {
-        uint32_t out;
-        const char *tag;
-    } depths[] = {{8, "skinny_k8"}, {16, "skinny_k16"}, {40, "skinny_k40"}, {64, "skinny_k64"}};
-    for (size_t i = 0; i < sizeof depths / sizeof depths[0]; i++) {
-        for (int ints = 1; ints >= 0; ints--) {
-            tcase c = skinny_case(KIND_DGRAD, ints != 0, 150, 264, depths[i].out, GEMM_SKINNY_K,
-                                  depths[i].tag);
-            run_case(&c);
-        }
-    }
+    static const skinny_size depths[] = {
+        {8, "skinny_k8"}, {16, "skinny_k16"}, {40, "skinny_k40"}, {64, "skinny_k64"}};
+    run_skinny_sizes(KIND_DGRAD, 150, 264, depths, sizeof depths / sizeof depths[0],
+                     GEMM_SKINNY_K);
     tcase c = skinny_case(KIND_DGRAD, false, 150, 264, 10, GEMM_SKINNY_K, "skinny_k10");
     run_case(&c);
     c = skinny_case(KIND_DGRAD, false, 150, 264, 16, GEMM_SKINNY_K, "skinny_k16_f32_c");
