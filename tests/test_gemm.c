@@ -1599,7 +1599,6 @@ static void run_skinny_n(void) {
         c.split_parts = 3;
         run_case(&c);
         c = skinny_case(KIND_FPROP, ints != 0, 256, 784, 10, GEMM_SKINNY_N, "skinny_n10_planned");
-        CHECK(c.split_parts == 7, "the planner split 256 x 10 x 784 into %u parts", c.split_parts);
         run_case(&c);
     }
 }
@@ -1622,8 +1621,6 @@ static void run_skinny_m(void) {
     run_case(&c);
     for (int ints = 1; ints >= 0; ints--) {
         c = skinny_case(KIND_WGRAD, ints != 0, 3000, 264, 16, GEMM_SKINNY_M, "skinny_m16_planned");
-        CHECK(c.split_parts == 8, "the planner split 16 x 264 x 3000 into %u parts",
-              c.split_parts);
         run_case(&c);
     }
 }
@@ -1715,11 +1712,13 @@ static void test_skinny_rule(void) {
         {16384, 64, 2048, false, false, 2048, 2048, GEMM_SKINNY_N, 1},  // a 64-expert router
         {16384, 65, 2048, false, false, 2048, 2048, GEMM_SKINNY_NONE, 1},
         {256, 10, 1024, false, false, 1024, 1024, GEMM_SKINNY_N, 8},  // Fashion head: split
+        {256, 10, 784, false, false, 784, 784, GEMM_SKINNY_N, 7},     // run_skinny_n's
         {256, 10, 1028, false, false, 1028, 1028, GEMM_SKINNY_NONE, 9},  // rows of 2056 bytes
         {16, 2048, 16384, true, true, 16, 2048, GEMM_SKINNY_M, 16},   // moe8 head wgrad
         {64, 2048, 16384, true, true, 64, 2048, GEMM_SKINNY_M, 16},   // parts of 1024 rows
         {16, 4096, 8192, true, true, 16, 4096, GEMM_SKINNY_M, 8},     // resmlp head wgrad
         {16, 128, 1000, true, true, 16, 128, GEMM_SKINNY_M, 3},       // 3 of at least 256
+        {16, 264, 3000, true, true, 16, 264, GEMM_SKINNY_M, 8},       // run_skinny_m's
         {16, 2048, 400, true, true, 16, 2048, GEMM_SKINNY_M, 1},      // one part
         {10, 1024, 256, true, true, 10, 1024, GEMM_SKINNY_NONE, 1},   // dy rows of 20 bytes
         {65, 2048, 16384, true, true, 72, 2048, GEMM_SKINNY_NONE, 2},  // the portable split
