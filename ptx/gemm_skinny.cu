@@ -12,7 +12,8 @@
 //     32 w .. 32 w + 31.
 //   K (dgrad-like, k <= 64): block = one 64 x 128 tile of D, warps 2 x 2 of 32 x 64. One stage
 //     holds the whole contraction; then D's tile goes through shared memory (the operand tiles'
-//     bytes) so that every warp writes whole 512-byte runs of D's rows in 16-byte stores.
+//     bytes) so that each warp's 16-byte stores cover whole rows of the tile (256 or 512
+//     consecutive bytes of D).
 //
 // Every element sees the portable tier's sequence of m16n8k16 instructions (gemm.h): k steps of
 // 16 from the range's start, 2 per 32 of k, zeros past the end. Shared tiles keep rows of 16-byte
@@ -306,8 +307,8 @@ __device__ __forceinline__ void skinny_m_run(const gemm_args &args) {
 // Kind K: D [m][n] = A [m][k <= 64] B^T, A K-major, B outer-major ([k][n]) or K-major ([n][k]).
 
 // D's tile (64 x 128 of kDBytes-byte values, rows of 128 kDBytes bytes, swizzled) from shared
-// memory into D: each thread copies 16-byte chunks, a warp 512 consecutive bytes of D's rows;
-// chunks at D's edges, or of a misaligned D, element by element.
+// memory into D: each thread copies 16-byte chunks, a warp 512 bytes of whole tile rows; chunks
+// at D's edges, or of a misaligned D, element by element.
 template <uint32_t kDBytes>
 __device__ __forceinline__ void skinny_k_write(const gemm_args &args, const uint8_t *tile,
                                                uint32_t m0, uint32_t n0) {
