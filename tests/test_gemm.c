@@ -1435,6 +1435,19 @@ static void run_sm90a_grouped(void) {
     free(many65);
 }
 
+// A training-sized case: only beside a GPU (its reference and FP64 evaluation take seconds of a
+// CPU, and its point is the kernel's stream), otherwise one skip.
+static void run_case_beside_gpu(const tcase *c) {
+    if (gpu_ok) {
+        run_case(c);
+        return;
+    }
+    char name[160];
+    case_name(c, name, sizeof name);
+    if (case_filter && !strstr(name, case_filter)) return;
+    if (shard_take()) test_skip(name, "a training-sized shape: checked only beside a GPU");
+}
+
 // Training-sized GEMMs (the Fashion-MNIST MLP at batch 256) in every format, all on the small
 // tile: fprop 256 x 1024 with K 800 (small integers) and 1024 (random), 16 large tiles; the
 // 10-wide head, fprop N = 10 and wgrad M = 10. The big two cost seconds of reference time on a
@@ -1447,13 +1460,7 @@ static void run_training_shapes(void) {
             c.in_features = ints ? 800 : 1024;
             c.out_features = 1024;
             c.tag = ints ? "m256_n1024_k800" : "m256_n1024_k1024";
-            if (gpu_ok) {
-                run_case(&c);
-                continue;
-            }
-            char name[160];
-            case_name(&c, name, sizeof name);
-            if (shard_take()) test_skip(name, "a training-sized shape: checked only beside a GPU");
+            run_case_beside_gpu(&c);
         }
         tcase c = base_case(f, KIND_FPROP, false, false);
         c.tokens = 256;
@@ -1559,19 +1566,6 @@ static void run_skinny_sizes(tkind kind, uint32_t tokens, uint32_t in, const ski
             run_case(&c);
         }
     }
-}
-
-// A training-sized case: only beside a GPU (its reference and FP64 evaluation take seconds of a
-// CPU, and its point is the kernel's stream), otherwise one skip.
-static void run_case_beside_gpu(const tcase *c) {
-    if (gpu_ok) {
-        run_case(c);
-        return;
-    }
-    char name[160];
-    case_name(c, name, sizeof name);
-    if (case_filter && !strstr(name, case_filter)) return;
-    if (shard_take()) test_skip(name, "a training-sized shape: checked only beside a GPU");
 }
 
 // Kind N: every fragment count (n of 1 to 64; 33 pads to 64), 150 rows (a partial block), k 200
