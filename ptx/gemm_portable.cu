@@ -44,6 +44,7 @@
 // Decoding the emulated formats (each element once per block, into the shared stage):
 // ptx/gemm_decode.h, which the sm_90a tier shares.
 #include "ptx/gemm_decode.h"  // gemm.h; the emulated formats' decode
+#include "ptx/gemm_mma.h"     // ldmatrix, cp.async, mma.sync, guarded loads, the epilogue
 
 #define GEMM_WARP_N 32u    // columns of a warp's tile, either tile
 #define GEMM_ROW_BF16 80u  // row stride of the 64-byte stages (bf16, mxfp8, nvfp4)
@@ -147,56 +148,8 @@ struct gemm_regs {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Hardware primitives: the only code that is PTX.
-
-extern __shared__ __align__(16) uint8_t gemm_dynamic_smem[];
-
-__device__ __forceinline__ uint32_t gemm_smem_address(const void *p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-__device__ __forceinline__ void gemm_ldmatrix_x4(uint32_t (&r)[4], uint32_t address) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(address)
-                 : "memory");
-}
-
-// Asynchronous global -> shared copies (sm_80+). src_bytes < size zero-fills the rest of the
-// destination; the source address must be aligned to `size` even then.
-__device__ __forceinline__ void gemm_cp_async16(void *dst, const void *src, uint32_t src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(gemm_smem_address(dst)),
-                 "l"(src), "r"(src_bytes)
-                 : "memory");
-}
-
-__device__ __forceinline__ void gemm_cp_async4(void *dst, const void *src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(gemm_smem_address(dst)),
-                 "l"(src)
-                 : "memory");
-}
-
-__device__ __forceinline__ void gemm_cp_async_commit() {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-// Waits until at most `kPending` of this thread's most recent groups are still in flight.
-template <int kPending>
-__device__ __forceinline__ void gemm_cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-
-// The tensor-core instructions, D += A x B on one 16 x 8 output fragment.
-struct gemm_mma_bf16 {
-    static __device__ __forceinline__ void run(float (&d)[4], const uint32_t (&a)[4],
-                                               const uint32_t (&b)[2]) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-    }
-};
+// The FP8 tensor-core instructions, D += A x B on one 16 x 8 output fragment (ptx/gemm_mma.h
+// holds the BF16 one and the rest of the PTX).
 
 struct gemm_mma_e4m3_e4m3 {
     static __device__ __forceinline__ void run(float (&d)[4], const uint32_t (&a)[4],
@@ -219,34 +172,6 @@ struct gemm_mma_e5m2_e4m3 {
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
     }
 };
-
-// ---------------------------------------------------------------------------------------------
-// Small helpers.
-
-// Loads the first n_valid (0..N) bytes at p into a zeroed N-byte vector (N = 4, 8 or 16).
-// Whole, aligned vectors take one load; row edges, the k tail and misaligned rows take one byte
-// load per valid byte, all issued before any is used, so that a partial piece (a 10-row operand,
-// a contraction of 10) waits for one memory latency, not one per byte.
-template <int N>
-__device__ __forceinline__ uint4 gemm_load_bytes(const uint8_t *p, uint32_t n_valid) {
-    if (n_valid >= (uint32_t)N && ((uintptr_t)p & (uintptr_t)(N - 1)) == 0) {
-        if constexpr (N == 16) {
-            return __ldg(reinterpret_cast<const uint4 *>(p));
-        } else if constexpr (N == 8) {
-            uint2 h = __ldg(reinterpret_cast<const uint2 *>(p));
-            return make_uint4(h.x, h.y, 0u, 0u);
-        } else {
-            return make_uint4(__ldg(reinterpret_cast<const uint32_t *>(p)), 0u, 0u, 0u);
-        }
-    }
-    uint32_t bytes[N];
-#pragma unroll
-    for (int j = 0; j < N; j++) bytes[j] = (uint32_t)j < n_valid ? (uint32_t)__ldg(p + j) : 0u;
-    uint32_t w[4] = {0u, 0u, 0u, 0u};
-#pragma unroll
-    for (int j = 0; j < N; j++) w[j / 4] |= bytes[j] << (8 * (j % 4));
-    return make_uint4(w[0], w[1], w[2], w[3]);
-}
 
 // ---------------------------------------------------------------------------------------------
 // Which tile this block computes.
@@ -491,13 +416,9 @@ __device__ __forceinline__ void gemm_issue_direct(const gemm_view &v, uint32_t k
         uint32_t n_bytes = 0;
         if (r < v.r_end && k < v.k_end) n_bytes = min(v.k_end - k, 16u / ES) * ES;
         const uint8_t *p = v.data + ((uint64_t)r * v.ld + k) * ES;
-        uint8_t *dst =
-            tile + (c / chunks::kPerRow) * (kStageBytes + 16) + (c % chunks::kPerRow) * 16;
-        if (n_bytes != 0 && ((uintptr_t)p & 15u) == 0) {
-            gemm_cp_async16(dst, p, n_bytes);
-        } else {
-            *reinterpret_cast<uint4 *>(dst) = gemm_load_bytes<16>(p, n_bytes);
-        }
+        gemm_copy_chunk(
+            tile + (c / chunks::kPerRow) * (kStageBytes + 16) + (c % chunks::kPerRow) * 16, p,
+            n_bytes);
     }
 }
 
@@ -888,22 +809,12 @@ __device__ __forceinline__ void gemm_mainloop_staged(const gemm_tile &t,
 // Epilogue: each thread writes its own accumulator elements (rows gid, gid + 8 of each 16-row
 // fragment, columns 2 tig, 2 tig + 1 of each 8-column fragment).
 
-__device__ __forceinline__ float gemm_load_value(const uint8_t *base, uint64_t index,
-                                                 uint32_t dtype) {
-    if (dtype == QT_DTYPE_BF16) {
-        return qt_bf16_to_f32(reinterpret_cast<const uint16_t *>(base)[index]);
-    }
-    return reinterpret_cast<const float *>(base)[index];
-}
-
 template <class Cfg>
 __device__ __forceinline__ void gemm_epilogue(const gemm_args &args, const gemm_tile &t,
                                               const float (&acc)[Cfg::kFragsM][4][4]) {
     uint32_t lane = threadIdx.x & 31;
     uint32_t row0 = t.m0 + Cfg::warp_m() * Cfg::kWarpM + (lane >> 2);
     uint32_t col0 = t.n0 + Cfg::warp_n() * GEMM_WARP_N + (lane & 3) * 2;
-    int has_c = args.c != 0 && args.beta != 0.0f;
-    int has_bias = args.bias != 0;
     // Split-K (gemm.h): part blockIdx.z's raw sums into workspace[part][m][n], nothing else
     // (dense, so no padding rows).
     bool split = qt_gemm_is_split(&args);
@@ -927,19 +838,10 @@ __device__ __forceinline__ void gemm_epilogue(const gemm_args &args, const gemm_
                         continue;
                     }
                     uint64_t index = (uint64_t)row * args.ldd + col;
-                    float v = 0.0f;
-                    if (!padding) {
-                        float c = has_c ? gemm_load_value(t.c, index, args.d_dtype) : 0.0f;
-                        float bias = has_bias ? gemm_load_value(t.bias, col, args.bias_dtype)
-                                              : 0.0f;
-                        v = qt_gemm_epilogue(acc[mi][ni][h * 2 + e], t.alpha, has_c, args.beta,
-                                             c, has_bias, bias);
-                    }
-                    if (args.d_dtype == QT_DTYPE_BF16) {
-                        reinterpret_cast<uint16_t *>(t.d)[index] = qt_f32_to_bf16(v);
-                    } else {
-                        reinterpret_cast<float *>(t.d)[index] = v;
-                    }
+                    float v = padding ? 0.0f
+                                      : gemm_epilogue_value(args, t.c, t.bias, t.alpha, index,
+                                                            col, acc[mi][ni][h * 2 + e]);
+                    gemm_store_value(t.d, index, args.d_dtype, v);
                 }
             }
         }
@@ -1039,8 +941,6 @@ extern "C" __global__ void __launch_bounds__(GEMM_SPLIT_REDUCE_THREADS)
     const uint64_t elems = (uint64_t)args.m * args.n;
     const uint8_t *c = reinterpret_cast<const uint8_t *>(args.c);
     const uint8_t *bias = reinterpret_cast<const uint8_t *>(args.bias);
-    int has_c = args.c != 0 && args.beta != 0.0f;
-    int has_bias = args.bias != 0;
     float alpha = qt_gemm_alpha(&args, 0);
     for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < elems;
          i += (uint64_t)gridDim.x * blockDim.x) {
@@ -1050,14 +950,8 @@ extern "C" __global__ void __launch_bounds__(GEMM_SPLIT_REDUCE_THREADS)
         }
         uint32_t row = (uint32_t)(i / args.n), col = (uint32_t)(i % args.n);
         uint64_t index = (uint64_t)row * args.ldd + col;
-        float cv = has_c ? gemm_load_value(c, index, args.d_dtype) : 0.0f;
-        float bv = has_bias ? gemm_load_value(bias, col, args.bias_dtype) : 0.0f;
-        float v = qt_gemm_epilogue(sum, alpha, has_c, args.beta, cv, has_bias, bv);
-        if (args.d_dtype == QT_DTYPE_BF16) {
-            reinterpret_cast<uint16_t *>(args.d)[index] = qt_f32_to_bf16(v);
-        } else {
-            reinterpret_cast<float *>(args.d)[index] = v;
-        }
+        gemm_store_value(reinterpret_cast<uint8_t *>(args.d), index, args.d_dtype,
+                         gemm_epilogue_value(args, c, bias, alpha, index, col, sum));
     }
 }
 

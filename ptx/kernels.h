@@ -44,6 +44,7 @@
     X(optim) \
     X(act) \
     X(gemm_portable) \
+    X(gemm_skinny) \
     X(gemm_sm90a) \
     X(moe) \
     X(sched) \

@@ -16,7 +16,10 @@
 // left to the backend (`_gpu_sm90a`: the sm_90a tier where it takes the GEMM; skipped on GPUs
 // other than compute capability 9.0), each against the reference; on small-integer inputs the
 // two tiers must give the same bits. The sm_90a run's repeat uses a grid of 3 CTAs, so that each
-// CTA walks many tiles, and must reproduce the full grid's bits.
+// CTA walks many tiles, and must reproduce the full grid's bits. A GEMM that op_gemm gives a
+// skinny kernel (ptx/gemm_skinny.cu) runs it in `_gpu` and `_gpu_sm90a` (the tier never takes
+// it); its `_gpu_other_tile` run, with a forced tile, is the portable kernel, whose bits it must
+// give on every input.
 #include <math.h>
 
 #include "runtime/backend/gemm_tier.h"  // gemm_tier_takes
@@ -288,6 +291,7 @@ typedef struct tcase {
     int want_auto;           // AUTO's shape rule: 1 takes the sm_90a tier, -1 does not, 0 either
     bool want_scale_groups;  // MXFP8 on the sm_90a tier: scales in groups by TMA
     uint32_t split_parts;    // split-K parts (dense), 0: none
+    uint32_t skinny;         // 1 + the skinny kind (GEMM_SKINNY_*) op_gemm must pick; 0: unchecked
     bool b_inner;            // grouped dgrad (fp8, fp8 block, nvfp4): the stacked weights'
                              // columnwise copy as one tensor, [in][members x out], members side
                              // by side in its rows (as an moe layer stores them)
@@ -1013,7 +1017,8 @@ static void run_case_sm90a(const tproblem *p, const uint8_t *d_ref, const uint8_
 
 // The same case on the portable tier with the tile op_gemm did not pick (the last GPU run's):
 // the same bits, since both tiles give every element of D the same sequence of tensor-core
-// instructions.
+// instructions. Where op_gemm picked a skinny kernel, any forced tile runs the portable kernel
+// instead, with the same sequence again (gemm.h "Skinny GEMMs"): the skinny kernel's check.
 static void run_case_other_tile(const tproblem *p, const uint8_t *d_portable) {
     char name[176];
     snprintf(name, sizeof name, "%s_gpu_other_tile", p->name);
@@ -1034,6 +1039,16 @@ static void run_case_other_tile(const tproblem *p, const uint8_t *d_portable) {
 // of a few cases); unset, all of them.
 static const char *case_filter;
 
+// The skinny kind of a program's GEMM op, GEMM_SKINNY_NONE for a portable kernel.
+static uint32_t op_skinny_kind(const prog_op *op) {
+    switch (op->kernel) {
+    case KERNEL_GEMM_BF16_SKINNY_N: return GEMM_SKINNY_N;
+    case KERNEL_GEMM_BF16_SKINNY_M: return GEMM_SKINNY_M;
+    case KERNEL_GEMM_BF16_SKINNY_K: return GEMM_SKINNY_K;
+    default: return GEMM_SKINNY_NONE;
+    }
+}
+
 static void run_case(const tcase *c) {
     if (case_filter) {
         char name[160];
@@ -1048,6 +1063,9 @@ static void run_case(const tcase *c) {
     test_begin(p.name);
     run_on(&ref_rig, &p, d_ref);
     check_ref_result(&p, d_ref);
+    uint32_t skinny = op_skinny_kind(&ref_rig.prog.ops[0]);
+    CHECK(c->skinny == 0 || skinny == c->skinny - 1, "op_gemm picked skinny kind %u, expected %u",
+          skinny, c->skinny - 1);
     if (c->want_sm90a) {
         // The tier's rule is plain C over the op's args: checked here too, GPU or not.
         gemm_args args;
@@ -1394,6 +1412,19 @@ static void run_sm90a_grouped(void) {
     free(many65);
 }
 
+// A training-sized case: only beside a GPU (its reference and FP64 evaluation take seconds of a
+// CPU, and its point is the kernel's stream), otherwise one skip.
+static void run_case_beside_gpu(const tcase *c) {
+    if (gpu_ok) {
+        run_case(c);
+        return;
+    }
+    char name[160];
+    case_name(c, name, sizeof name);
+    if (case_filter && !strstr(name, case_filter)) return;
+    if (test_shard_take()) test_skip(name, "a training-sized shape: checked only beside a GPU");
+}
+
 // Training-sized GEMMs (the Fashion-MNIST MLP at batch 256) in every format, all on the small
 // tile: fprop 256 x 1024 with K 800 (small integers) and 1024 (random), 16 large tiles; the
 // 10-wide head, fprop N = 10 and wgrad M = 10. The big two cost seconds of reference time on a
@@ -1406,14 +1437,7 @@ static void run_training_shapes(void) {
             c.in_features = ints ? 800 : 1024;
             c.out_features = 1024;
             c.tag = ints ? "m256_n1024_k800" : "m256_n1024_k1024";
-            if (gpu_ok) {
-                run_case(&c);
-                continue;
-            }
-            char name[160];
-            case_name(&c, name, sizeof name);
-            const char *why = "a training-sized shape: checked only beside a GPU";
-            if (test_shard_take()) test_skip(name, why);
+            run_case_beside_gpu(&c);
         }
         tcase c = base_case(f, KIND_FPROP, false, false);
         c.tokens = 256;
@@ -1464,12 +1488,320 @@ static void run_split_k(void) {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Skinny GEMMs (gemm.h "Skinny GEMMs", ptx/gemm_skinny.cu): dense BF16 GEMMs with n (kind N,
+// fprop-like), m (M, wgrad-like) or k (K, dgrad-like) of at most 64, which op_gemm gives kernels
+// of their own. Every case states the kind op_gemm must pick (checked on both backends); beside
+// a GPU its `_gpu_other_tile` run is the portable kernel, whose bits the skinny kernel must give
+// on random inputs too (run_case_other_tile). The tags all start with "skinny", so that
+// QT_TEST_GEMM_CASES=skinny runs them alone.
+
+// The split parts the planner gives a case's dense BF16 GEMM (op_gemm_split_parts), with the
+// operands' layouts of a Linear layer (op_gemm.h).
+static uint32_t planned_parts(const tcase *c) {
+    prog_ref none = {0};
+    bool fprop = c->kind == KIND_FPROP, wgrad = c->kind == KIND_WGRAD;
+    uint32_t in = c->in_features, out = c->out_features, t = c->tokens;
+    op_gemm_desc d = {0};
+    d.format = GEMM_FORMAT_BF16;
+    d.m = wgrad ? out : t;
+    d.n = fprop ? out : in;
+    d.k = fprop ? in : wgrad ? t : out;
+    d.a = op_gemm_operand_of(GEMM_FORMAT_BF16, GEMM_ELEM_BF16, t, fprop ? in : out, wgrad, false,
+                             none, none, none);
+    d.b = wgrad ? op_gemm_operand_of(GEMM_FORMAT_BF16, GEMM_ELEM_BF16, t, in, true, false, none,
+                                     none, none)
+                : op_gemm_operand_of(GEMM_FORMAT_BF16, GEMM_ELEM_BF16, out, in, !fprop, false,
+                                     none, none, none);
+    return op_gemm_split_parts(&d, OP_GEMM_SPLIT_SMS);
+}
+
+static tcase skinny_case(tkind kind, bool ints, uint32_t tokens, uint32_t in, uint32_t out,
+                         uint32_t kind_want, const char *tag) {
+    tcase c = base_case(GEMM_FORMAT_BF16, kind, false, ints);
+    c.tokens = tokens;
+    c.in_features = in;
+    c.out_features = out;
+    c.skinny = kind_want + 1;
+    c.tag = tag;
+    c.split_parts = planned_parts(&c);
+    return c;
+}
+
+// One case per `out` of a table, small integers and random, of one kind and shape otherwise.
+typedef struct skinny_size {
+    uint32_t out;
+    const char *tag;
+} skinny_size;
+
+static void run_skinny_sizes(tkind kind, uint32_t tokens, uint32_t in, const skinny_size *sizes,
+                             size_t count, uint32_t kind_want) {
+    for (size_t i = 0; i < count; i++) {
+        for (int ints = 1; ints >= 0; ints--) {
+            tcase c = skinny_case(kind, ints != 0, tokens, in, sizes[i].out, kind_want,
+                                  sizes[i].tag);
+            run_case(&c);
+        }
+    }
+}
+
+// Kind N: every fragment count (n of 1 to 64; 33 pads to 64), 150 rows (a partial block), k 200
+// (4 stages of 64, the last of 2 k steps), with bias and BF16 D; k 72 (a stage of 4 steps and one
+// of 2, the second step all zeros) and k 8 (one stage of one 16-byte piece); FP32 D with C and no
+// bias; 3 forced split parts and the Fashion-MNIST head's
+// planned 7 (256 x 10 x 784).
+static void run_skinny_n(void) {
+    static const skinny_size widths[] = {{1, "skinny_n1"},   {8, "skinny_n8"},
+                                         {10, "skinny_n10"}, {16, "skinny_n16"},
+                                         {33, "skinny_n33"}, {64, "skinny_n64"}};
+    run_skinny_sizes(KIND_FPROP, 150, 200, widths, sizeof widths / sizeof widths[0],
+                     GEMM_SKINNY_N);
+    tcase c = skinny_case(KIND_FPROP, false, 70, 72, 16, GEMM_SKINNY_N, "skinny_n16_k72");
+    run_case(&c);
+    c = skinny_case(KIND_FPROP, false, 70, 8, 16, GEMM_SKINNY_N, "skinny_n16_k8");
+    run_case(&c);
+    c = skinny_case(KIND_FPROP, false, 150, 200, 33, GEMM_SKINNY_N, "skinny_n33_f32_c");
+    c.out_bf16 = false;
+    c.bias = false;
+    c.accumulate = true;
+    run_case(&c);
+    for (int ints = 1; ints >= 0; ints--) {
+        c = skinny_case(KIND_FPROP, ints != 0, 150, 1000, 16, GEMM_SKINNY_N, "skinny_n16_split3");
+        c.split_parts = 3;
+        run_case(&c);
+        c = skinny_case(KIND_FPROP, ints != 0, 256, 784, 10, GEMM_SKINNY_N, "skinny_n10_planned");
+        run_case(&c);
+    }
+}
+
+// Kind M: every fragment count (m of 8 to 64), 264 columns (a partial block of 8), k 700 (a
+// stage tail; m 8 and 16 in 2 planned parts, the rest whole), with C and FP32 D; BF16 D without
+// C (k 500, one part); one stage (k 20); the planned split of a longer contraction (3000 rows: 8
+// parts of 384, the last 312).
+static void run_skinny_m(void) {
+    static const skinny_size heights[] = {{8, "skinny_m8"},   {16, "skinny_m16"},
+                                          {24, "skinny_m24"}, {40, "skinny_m40"},
+                                          {64, "skinny_m64"}};
+    run_skinny_sizes(KIND_WGRAD, 700, 264, heights, sizeof heights / sizeof heights[0],
+                     GEMM_SKINNY_M);
+    tcase c = skinny_case(KIND_WGRAD, false, 500, 264, 16, GEMM_SKINNY_M, "skinny_m16_bf16");
+    c.out_bf16 = true;
+    c.accumulate = false;
+    run_case(&c);
+    c = skinny_case(KIND_WGRAD, false, 20, 264, 16, GEMM_SKINNY_M, "skinny_m16_k20");
+    run_case(&c);
+    for (int ints = 1; ints >= 0; ints--) {
+        c = skinny_case(KIND_WGRAD, ints != 0, 3000, 264, 16, GEMM_SKINNY_M, "skinny_m16_planned");
+        run_case(&c);
+    }
+}
+
+// Kind K: both k pads (k 8 and 16 pad to 32, 40 and 64 to 64), 150 x 264 (partial blocks both
+// ways), BF16 D; k 10 (A's rows of 20 bytes, read byte by byte); FP32 D with C; a K-major B (a
+// fprop of 16 inputs), whose D rows of 100 BF16 values are no 16-byte pieces (D written
+// element by element).
+static void run_skinny_k(void) {
+    static const skinny_size depths[] = {
+        {8, "skinny_k8"}, {16, "skinny_k16"}, {40, "skinny_k40"}, {64, "skinny_k64"}};
+    run_skinny_sizes(KIND_DGRAD, 150, 264, depths, sizeof depths / sizeof depths[0],
+                     GEMM_SKINNY_K);
+    tcase c = skinny_case(KIND_DGRAD, false, 150, 264, 10, GEMM_SKINNY_K, "skinny_k10");
+    run_case(&c);
+    c = skinny_case(KIND_DGRAD, false, 150, 264, 16, GEMM_SKINNY_K, "skinny_k16_f32_c");
+    c.out_bf16 = false;
+    c.accumulate = true;
+    run_case(&c);
+    for (int ints = 1; ints >= 0; ints--) {
+        c = skinny_case(KIND_FPROP, ints != 0, 150, 16, 100, GEMM_SKINNY_K, "skinny_k16_bkmajor");
+        run_case(&c);
+    }
+}
+
+// The training shapes: the moe8 bench's head (16 classes) and routers (8 and 64 experts) over
+// 16384 tokens of 2048, the resmlp bench's head over 8192 of 4096, and a 10-class head over
+// 4096 tokens of 784; their wgrad (planned splits of 16, 16 and 8 parts) and dgrad.
+static void run_skinny_training(void) {
+    static const struct {
+        tkind kind;
+        uint32_t tokens, in, out;
+        bool ints;
+        const char *tag;
+    } shapes[] = {
+        {KIND_FPROP, 16384, 2048, 16, true, "skinny_train_head"},
+        {KIND_FPROP, 16384, 2048, 16, false, "skinny_train_head"},
+        {KIND_FPROP, 16384, 2048, 8, false, "skinny_train_router8"},
+        {KIND_FPROP, 16384, 2048, 64, false, "skinny_train_router64"},
+        {KIND_FPROP, 8192, 4096, 16, false, "skinny_train_resmlp_head"},
+        {KIND_FPROP, 4096, 784, 10, false, "skinny_train_head10"},
+        {KIND_WGRAD, 16384, 2048, 16, true, "skinny_train_head"},
+        {KIND_WGRAD, 16384, 2048, 16, false, "skinny_train_head"},
+        {KIND_WGRAD, 16384, 2048, 64, false, "skinny_train_router64"},
+        {KIND_WGRAD, 8192, 4096, 16, false, "skinny_train_resmlp_head"},
+        {KIND_DGRAD, 8192, 2048, 16, true, "skinny_train_head"},
+        {KIND_DGRAD, 8192, 2048, 16, false, "skinny_train_head"},
+        {KIND_DGRAD, 4096, 2048, 64, false, "skinny_train_router64"},
+    };
+    static const uint32_t kinds[] = {GEMM_SKINNY_N, GEMM_SKINNY_K, GEMM_SKINNY_M};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        tcase c = skinny_case(shapes[i].kind, shapes[i].ints, shapes[i].tokens, shapes[i].in,
+                              shapes[i].out, kinds[shapes[i].kind], shapes[i].tag);
+        run_case_beside_gpu(&c);
+    }
+}
+
+static void run_skinny(void) {
+    run_skinny_n();
+    run_skinny_m();
+    run_skinny_k();
+    run_skinny_training();
+}
+
+// The skinny rule (op_gemm_skinny) on descriptors: the kind for each layout and bound, what keeps
+// a GEMM off them, kind M's planned parts, the launch shapes, and the ops op_gemm appends.
+static op_gemm_desc skinny_desc(uint32_t m, uint32_t n, uint32_t k, bool a_outer, bool b_outer,
+                                uint32_t a_ld, uint32_t b_ld) {
+    op_gemm_desc d = {0};
+    d.format = GEMM_FORMAT_BF16;
+    d.m = m;
+    d.n = n;
+    d.k = k;
+    d.a.ld = a_ld;
+    d.b.ld = b_ld;
+    d.a.flags = a_outer ? GEMM_OPERAND_OUTER_MAJOR : 0u;
+    d.b.flags = b_outer ? GEMM_OPERAND_OUTER_MAJOR : 0u;
+    return d;
+}
+
+static void test_skinny_rule(void) {
+    test_begin("gemm_skinny_rule");
+    struct {
+        uint32_t m, n, k;
+        bool a_outer, b_outer;
+        uint32_t a_ld, b_ld, kind, parts;
+    } rows[] = {
+        {16384, 16, 2048, false, false, 2048, 2048, GEMM_SKINNY_N, 1},  // moe8 head fprop
+        {16384, 64, 2048, false, false, 2048, 2048, GEMM_SKINNY_N, 1},  // a 64-expert router
+        {16384, 65, 2048, false, false, 2048, 2048, GEMM_SKINNY_NONE, 1},
+        {256, 10, 1024, false, false, 1024, 1024, GEMM_SKINNY_N, 8},  // Fashion head: split
+        {256, 10, 784, false, false, 784, 784, GEMM_SKINNY_N, 7},     // run_skinny_n's
+        {256, 10, 1028, false, false, 1028, 1028, GEMM_SKINNY_NONE, 9},  // rows of 2056 bytes
+        {16, 2048, 16384, true, true, 16, 2048, GEMM_SKINNY_M, 16},   // moe8 head wgrad
+        {64, 2048, 16384, true, true, 64, 2048, GEMM_SKINNY_M, 16},   // parts of 1024 rows
+        {16, 4096, 8192, true, true, 16, 4096, GEMM_SKINNY_M, 8},     // resmlp head wgrad
+        {16, 128, 1000, true, true, 16, 128, GEMM_SKINNY_M, 3},       // 3 of at least 256
+        {16, 264, 3000, true, true, 16, 264, GEMM_SKINNY_M, 8},       // run_skinny_m's
+        {16, 2048, 400, true, true, 16, 2048, GEMM_SKINNY_M, 1},      // one part
+        {10, 1024, 256, true, true, 10, 1024, GEMM_SKINNY_NONE, 1},   // dy rows of 20 bytes
+        {65, 2048, 16384, true, true, 72, 2048, GEMM_SKINNY_NONE, 2},  // the portable split
+        {16384, 2048, 16, false, true, 16, 2048, GEMM_SKINNY_K, 1},   // moe8 head dgrad
+        {256, 1024, 10, false, true, 10, 1024, GEMM_SKINNY_K, 1},     // Fashion head dgrad
+        {256, 1020, 10, false, true, 10, 1020, GEMM_SKINNY_NONE, 1},  // W rows of 2040 bytes
+        {8192, 4096, 16, false, false, 16, 16, GEMM_SKINNY_K, 1},     // fprop of 16 inputs
+        {8192, 4096, 65, false, true, 65, 4096, GEMM_SKINNY_NONE, 1},
+        {16384, 16, 2048, true, false, 16384, 2048, GEMM_SKINNY_NONE, 1},  // an outer-major A
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        op_gemm_desc d = skinny_desc(rows[i].m, rows[i].n, rows[i].k, rows[i].a_outer,
+                                     rows[i].b_outer, rows[i].a_ld, rows[i].b_ld);
+        uint32_t kind = op_gemm_skinny(&d), parts = op_gemm_split_parts(&d, OP_GEMM_SPLIT_SMS);
+        CHECK(kind == rows[i].kind && parts == rows[i].parts,
+              "%u x %u x %u (lds %u, %u): kind %u, %u parts; expected %u, %u", d.m, d.n, d.k,
+              d.a.ld, d.b.ld, kind, parts, rows[i].kind, rows[i].parts);
+        CHECK(op_gemm_split_parts(&d, 0) == 1, "no SMs, no split");
+    }
+    // What keeps a GEMM off them: another format, grouping, a forced tile; kind K when split.
+    op_gemm_desc head = skinny_desc(16384, 16, 2048, false, false, 2048, 2048);
+    op_gemm_desc d = head;
+    d.format = GEMM_FORMAT_FP8;
+    CHECK(op_gemm_skinny(&d) == GEMM_SKINNY_NONE, "fp8 taken");
+    d = head;
+    d.grouping = GEMM_GROUP_M;
+    CHECK(op_gemm_skinny(&d) == GEMM_SKINNY_NONE, "grouped taken");
+    d = head;
+    d.tile = OP_GEMM_TILE_SMALL;
+    CHECK(op_gemm_skinny(&d) == GEMM_SKINNY_NONE && op_gemm_kernel(&d) ==
+          KERNEL_GEMM_BF16_PORTABLE, "a forced tile taken");
+    d = skinny_desc(16384, 2048, 16, false, true, 16, 2048);
+    d.split_parts = 2;
+    CHECK(op_gemm_skinny(&d) == GEMM_SKINNY_NONE, "a split kind K taken");
+    // Kind M's parts over a sweep: whole 128-wide blocks, none empty, each at least
+    // max(256, 16 m) rows, at most about two blocks per SM.
+    uint64_t bad = 0;
+    for (uint32_t m = 8; m <= 64; m += 8) {
+        for (uint32_t n = 128; n <= 8192; n *= 2) {
+            for (uint32_t k = 1; k <= 40000; k += 997) {
+                d = skinny_desc(m, n, k, true, true, m, n);
+                uint32_t parts = op_gemm_split_parts(&d, OP_GEMM_SPLIT_SMS);
+                bool ok = op_gemm_skinny(&d) == GEMM_SKINNY_M && parts >= 1 &&
+                          parts <= GEMM_SPLIT_PARTS_MAX;
+                if (ok && parts > 1) {
+                    uint32_t split_k = op_gemm_split_k(k, parts), rows_min = 16 * m;
+                    if (rows_min < 256) rows_min = 256;
+                    ok = split_k % GEMM_SPLIT_K_ALIGN == 0 && (uint64_t)split_k * (parts - 1) < k &&
+                         (uint64_t)split_k * parts >= k && split_k >= rows_min &&
+                         (uint64_t)ceil_div(n, GEMM_SKINNY_M_COLS) * (parts - 1) <
+                             2 * OP_GEMM_SPLIT_SMS;
+                }
+                if (!ok && bad++ < 4) CHECK(false, "%u x %u x %u: %u parts", m, n, k, parts);
+            }
+        }
+    }
+    CHECK(bad == 0, "%llu shapes broke the rule", (unsigned long long)bad);
+    // Launch shapes: N 64-row blocks, M 128-column blocks by parts, K 64 x 128 tiles.
+    launch_shape shape = op_gemm_shape(&head);
+    CHECK(shape.grid[0] == 256 && shape.grid[1] == 1 && shape.grid[2] == 1 &&
+              shape.block[0] == GEMM_SKINNY_THREADS &&
+              shape.smem_bytes == GEMM_SKINNY_N_SMEM_BYTES(2),
+          "N: %ux%ux%u, %u bytes", shape.grid[0], shape.grid[1], shape.grid[2], shape.smem_bytes);
+    d = skinny_desc(16, 2048, 16384, true, true, 16, 2048);
+    d.split_parts = 16;
+    shape = op_gemm_shape(&d);
+    CHECK(shape.grid[0] == 16 && shape.grid[1] == 1 && shape.grid[2] == 16 &&
+              shape.smem_bytes == GEMM_SKINNY_M_SMEM_BYTES(1),
+          "M: %ux%ux%u, %u bytes", shape.grid[0], shape.grid[1], shape.grid[2], shape.smem_bytes);
+    d = skinny_desc(16384, 2048, 16, false, true, 16, 2048);
+    d.d_dtype = QT_DTYPE_BF16;
+    shape = op_gemm_shape(&d);
+    CHECK(shape.grid[0] == 16 && shape.grid[1] == 256 && shape.grid[2] == 1 &&
+              shape.smem_bytes == GEMM_SKINNY_K_SMEM_BYTES(32, 2),
+          "K: %ux%ux%u, %u bytes", shape.grid[0], shape.grid[1], shape.grid[2], shape.smem_bytes);
+    // The ops: a split kind M is its kernel and the reduction; kind N alone.
+    static program prog;
+    static arena dev;
+    rig_arena_init(&dev, ARENA_KIND_DEVICE, "skinny");
+    d = skinny_desc(16, 2048, 16384, true, true, 16, 2048);
+    d.split_parts = op_gemm_split_parts(&d, OP_GEMM_SPLIT_SMS);
+    arena_handle h, hw;
+    RIG_OK(arena_reserve(&dev, "x", 256, 256, ARENA_CAT_WORKSPACE, ARENA_LIFETIME_PERSISTENT, 0,
+                         &h));
+    RIG_OK(arena_reserve(&dev, "ws", op_gemm_workspace_bytes(&d, d.split_parts), 256,
+                         ARENA_CAT_WORKSPACE, ARENA_LIFETIME_PERSISTENT, 0, &hw));
+    prog_ref ref = {&dev, h, 0}, ws = {&dev, hw, 0};
+    rig_prog_init(&prog, "skinny");
+    d.a.data = d.b.data = d.d = ref;
+    d.workspace = ws;
+    d.alpha = 1.0f;
+    d.d_dtype = QT_DTYPE_F32;
+    RIG_OK(op_gemm(&prog, "wgrad", &d));
+    CHECK(prog.op_count == 2 && prog.ops[0].kernel == KERNEL_GEMM_BF16_SKINNY_M &&
+              prog.ops[1].kernel == KERNEL_GEMM_SPLIT_REDUCE,
+          "wgrad: %u ops", prog.op_count);
+    head.a.data = head.b.data = head.d = ref;
+    head.alpha = 1.0f;
+    head.d_dtype = QT_DTYPE_BF16;
+    RIG_OK(op_gemm(&prog, "fprop", &head));
+    CHECK(prog.op_count == 3 && prog.ops[2].kernel == KERNEL_GEMM_BF16_SKINNY_N,
+          "fprop: %u ops", prog.op_count);
+    test_end();
+}
+
 // The structure of a split, bit for bit on one backend: a BF16 GEMM split into 3 parts (256,
 // 256 and 128 of k = 640) gives exactly alpha times the in-order sum of three unsplit GEMMs
 // over those k ranges of the same operands (their data offset by the part's first k, alpha 1,
 // FP32 D): each part is the unsplit GEMM of its range, and the reduction adds them in order.
-static void split_structure_case(rig *r, const char *name) {
-    enum { M = 64, N = 48, K = 640, PARTS = 3 };
+// N = 72 runs the portable kernel, N = 48 the skinny kind N (gemm.h), whose kind is checked.
+static void split_structure_case(rig *r, const char *name, uint32_t N) {
+    enum { M = 64, K = 640, PARTS = 3 };
     const uint32_t starts[PARTS + 1] = {0, 256, 512, K};
     test_begin(name);
     rig_reset(r);
@@ -1496,6 +1828,9 @@ static void split_structure_case(rig *r, const char *name) {
     g.split_parts = PARTS;
     g.workspace = rig_ref(r, hw, 0);
     RIG_OK(op_gemm(&r->prog, "split", &g));
+    uint32_t kind = N <= GEMM_SKINNY_MAX ? GEMM_SKINNY_N : GEMM_SKINNY_NONE;
+    CHECK(op_skinny_kind(&r->prog.ops[0]) == kind, "skinny kind %u, expected %u",
+          op_skinny_kind(&r->prog.ops[0]), kind);
     for (uint32_t z = 0; z < PARTS; z++) {
         op_gemm_desc part = g;
         part.split_parts = 0;
@@ -1533,13 +1868,16 @@ static void split_structure_case(rig *r, const char *name) {
 }
 
 static void run_split_structure(void) {
-    split_structure_case(&ref_rig, "gemm_split_structure");
+    split_structure_case(&ref_rig, "gemm_split_structure", 72);
+    split_structure_case(&ref_rig, "gemm_skinny_split_structure", 48);
     if (!gpu_ok) {
         test_skip("gemm_split_structure_gpu", gpu_why);
+        test_skip("gemm_skinny_split_structure_gpu", gpu_why);
         return;
     }
     gpu_rig.be.gemm_tier = BACKEND_GEMM_TIER_PORTABLE;
-    split_structure_case(&gpu_rig, "gemm_split_structure_gpu");
+    split_structure_case(&gpu_rig, "gemm_split_structure_gpu", 72);
+    split_structure_case(&gpu_rig, "gemm_skinny_split_structure_gpu", 48);
 }
 
 // The split rule (op_gemm.h): a pure function of the shape and the SM count, with whole 128-wide
@@ -1778,9 +2116,10 @@ static void test_op_gemm_limits(void) {
     rig_prog_init(&prog, "limits");
     op_gemm_desc g = {0};
     g.format = GEMM_FORMAT_BF16;
+    // 72 columns and k 72: above the skinny kernels' 64 (gemm.h), so the portable tier's grid.
     g.m = 65535u * 128u + 1u;
-    g.n = 8;
-    g.k = 8;
+    g.n = 72;
+    g.k = 72;
     g.a = op_gemm_operand_of(GEMM_FORMAT_BF16, GEMM_ELEM_BF16, g.m, g.k, false, false, ref, none,
                              none);
     g.b = op_gemm_operand_of(GEMM_FORMAT_BF16, GEMM_ELEM_BF16, g.n, g.k, false, false, ref, none,
@@ -1797,9 +2136,10 @@ static void test_op_gemm_limits(void) {
     CHECK(prog.op_count == 0, "an empty GEMM appended %u ops", prog.op_count);
     g.m = 130;
     RIG_OK(op_gemm(&prog, "shape", &g));
-    // Two 128 x 128 tiles: far fewer than SMs, so the 64 x 64 tile (3 row tiles of 128 threads).
+    // Two 128 x 128 tiles: far fewer than SMs, so the 64 x 64 tile (3 row tiles of 2 column
+    // tiles).
     launch_shape shape = op_gemm_shape(&g);
-    CHECK(prog.op_count == 1 && shape.grid[0] == 1 && shape.grid[1] == 3 && shape.grid[2] == 1 &&
+    CHECK(prog.op_count == 1 && shape.grid[0] == 2 && shape.grid[1] == 3 && shape.grid[2] == 1 &&
               shape.block[0] == GEMM_TILE_THREADS(GEMM_TILE_SMALL) &&
               shape.smem_bytes == GEMM_PORTABLE_SMEM_BYTES_TILE(GEMM_FORMAT_BF16,
                                                                 GEMM_TILE_SMALL),
@@ -1925,6 +2265,8 @@ int main(void) {
     run_training_shapes();
     if (whole_groups && test_shard_take()) test_split_rule();
     run_split_k();
+    if (whole_groups && test_shard_take()) test_skinny_rule();
+    run_skinny();
     if (whole_groups && test_shard_take()) run_split_structure();
     if (whole_groups && test_shard_take()) run_decode_tables();
     run_group_shapes();

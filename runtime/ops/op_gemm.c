@@ -179,31 +179,115 @@ uint32_t op_gemm_tile(const op_gemm_desc *g) {
     return tiles < OP_GEMM_SMALL_TILE_BELOW ? GEMM_TILE_SMALL : GEMM_TILE_LARGE;
 }
 
+// The skinny kernels' rule (gemm.h "Skinny GEMMs"). A GEMM with one dimension of at most 64 is
+// memory-bound: its time is reading its large operand (or, kind K, writing D) once. The portable
+// tier's 64- or 128-column tiles and the sm_90a tier's 192 or 256 compute mostly padding there,
+// and their pipelines, sized for square tiles, keep too few of the large operand's bytes in
+// flight. On an H200 (moe8 bench, 16384 tokens of 2048): the head's fprop (n = 16) took 43 us on
+// the sm_90a tier, its wgrad (m = 16, k = 16384) 98 us on the portable tier's 4 split parts plus
+// 3.5 us of reduction, its dgrad (k = 16) 28 us on the sm_90a tier, where reading x or writing
+// dx once takes about 17 us. The skinny kernels stream that operand in 16-byte copies, 4 to 6
+// stages deep, and give the portable tier's bits (gemm.h), so taking a GEMM moves no bit:
+//   N  n <= 64, A and B K-major: fprop of a head or router. Its block is the small tile's 64
+//      rows, so at least as many blocks as the portable tier has (split parts included), each
+//      with more of A in flight and none of the padding.
+//   M  m <= 64, A and B outer-major: their wgrad (columnwise BF16 copies), split into parts by
+//      op_gemm_skinny_m_parts.
+//   K  k <= 64, A K-major, not split: their dgrad (B the weight's outer-major copy) or a K-major
+//      B (fprop of a layer of at most 64 inputs); one block per 64 x 128 tile of D.
+// Only dense BF16 GEMMs of the automatic tile (a forced tile asks for the portable tier, which
+// tests compare with) whose streamed rows are whole 16-byte pieces (ld a multiple of 8; a
+// 10-class head's 20-byte rows of dy would be read byte by byte, and stay portable). Kind K
+// reads A (at most 128 bytes a row, one stage) byte by byte where it must. A function of the
+// descriptor alone, so every GPU and the reference backend build the same program.
+static bool op_gemm_outer(const op_gemm_operand *o) {
+    return (o->flags & GEMM_OPERAND_OUTER_MAJOR) != 0;
+}
+
+uint32_t op_gemm_skinny(const op_gemm_desc *g) {
+    if (g->format != GEMM_FORMAT_BF16 || g->grouping != GEMM_DENSE ||
+        g->tile != OP_GEMM_TILE_AUTO) {
+        return GEMM_SKINNY_NONE;
+    }
+    bool a_outer = op_gemm_outer(&g->a), b_outer = op_gemm_outer(&g->b);
+    bool a_rows16 = g->a.ld % 8 == 0, b_rows16 = g->b.ld % 8 == 0;
+    if (g->n <= GEMM_SKINNY_MAX && !a_outer && !b_outer && a_rows16 && b_rows16) {
+        return GEMM_SKINNY_N;
+    }
+    if (g->m <= GEMM_SKINNY_MAX && a_outer && b_outer && a_rows16 && b_rows16) {
+        return GEMM_SKINNY_M;
+    }
+    if (g->k <= GEMM_SKINNY_MAX && !a_outer && b_rows16 && g->split_parts <= 1) {
+        return GEMM_SKINNY_K;
+    }
+    return GEMM_SKINNY_NONE;
+}
+
 uint32_t op_gemm_split_k(uint32_t k, uint32_t parts) {
     QT_ASSERT(parts > 1);
     uint32_t blocks = op_gemm_ceil_div(k, GEMM_SPLIT_K_ALIGN);
     return op_gemm_ceil_div(blocks, parts) * GEMM_SPLIT_K_ALIGN;
 }
 
+// Parts of whole 128-wide K blocks, `parts` at most, the last the rest: as many as that takes.
+static uint32_t op_gemm_whole_parts(uint32_t k, uint64_t parts) {
+    if (parts > GEMM_SPLIT_PARTS_MAX) parts = GEMM_SPLIT_PARTS_MAX;
+    if (parts <= 1) return 1;
+    return op_gemm_ceil_div(k, op_gemm_split_k(k, (uint32_t)parts));
+}
+
+// Kind M's parts: about two blocks per SM (128 columns of D a block, 2 x 132 blocks in all: two
+// or three fit an SM, and that keeps every SM's share of the stream in flight), each part at
+// least max(256, 16 m) rows, so that the parts' FP32 sums (written and read again: 8 m bytes per
+// column of a part) stay within a quarter of the operand bytes they replace (2 bytes per row and
+// column). The moe8 head's 16 x 2048 x 16384: 16 parts of 1024 rows, 256 blocks.
+static uint32_t op_gemm_skinny_m_parts(const op_gemm_desc *g, uint32_t sm_count) {
+    uint64_t want = op_gemm_ceil_div(2u * sm_count, op_gemm_ceil_div(g->n, GEMM_SKINNY_M_COLS));
+    uint32_t rows_min = 16u * g->m > 256u ? 16u * g->m : 256u;
+    uint64_t by_rows = g->k / rows_min;
+    return op_gemm_whole_parts(g->k, want < by_rows ? want : by_rows);
+}
+
 uint32_t op_gemm_split_parts(const op_gemm_desc *g, uint32_t sm_count) {
     if (g->grouping != GEMM_DENSE || g->m == 0 || g->n == 0) return 1;
+    if (op_gemm_skinny(g) == GEMM_SKINNY_M) return op_gemm_skinny_m_parts(g, sm_count);
     uint32_t rows = GEMM_TILE_ROWS(op_gemm_tile(g));
     uint64_t tiles = (uint64_t)op_gemm_ceil_div(g->m, rows) * op_gemm_ceil_div(g->n, rows);
     uint32_t blocks = op_gemm_ceil_div(g->k, GEMM_SPLIT_K_ALIGN);
     if (tiles * 2 > sm_count || blocks < OP_GEMM_SPLIT_BLOCKS_MIN) return 1;
     uint64_t parts = sm_count / tiles;
-    if (parts > blocks) parts = blocks;
-    if (parts > GEMM_SPLIT_PARTS_MAX) parts = GEMM_SPLIT_PARTS_MAX;
-    // Whole blocks per part, the last part the rest: as many parts as that takes.
-    uint32_t split_k = op_gemm_split_k(g->k, (uint32_t)parts);
-    return op_gemm_ceil_div(g->k, split_k);
+    return op_gemm_whole_parts(g->k, parts < blocks ? parts : blocks);
 }
 
 uint64_t op_gemm_workspace_bytes(const op_gemm_desc *g, uint32_t parts) {
     return parts > 1 ? (uint64_t)parts * g->m * g->n * sizeof(float) : 0u;
 }
 
+// The skinny kernels' launches (ptx/gemm_skinny.cu): block z of kinds N and M is split part z.
+static launch_shape op_gemm_skinny_shape(const op_gemm_desc *g, uint32_t kind) {
+    uint32_t parts = g->split_parts > 1 ? g->split_parts : 1u;
+    launch_shape shape = {{1, 1, 1}, {GEMM_SKINNY_THREADS, 1, 1}, 0};
+    if (kind == GEMM_SKINNY_N) {
+        shape.grid[0] = op_gemm_ceil_div(g->m, GEMM_SKINNY_N_ROWS);
+        shape.grid[2] = parts;
+        shape.smem_bytes = GEMM_SKINNY_N_SMEM_BYTES(qt_gemm_skinny_n_frags(g->n));
+    } else if (kind == GEMM_SKINNY_M) {
+        shape.grid[0] = op_gemm_ceil_div(g->n, GEMM_SKINNY_M_COLS);
+        shape.grid[2] = parts;
+        shape.smem_bytes = GEMM_SKINNY_M_SMEM_BYTES(qt_gemm_skinny_m_frags(g->m));
+    } else {
+        QT_ASSERT(kind == GEMM_SKINNY_K && parts == 1);
+        shape.grid[0] = op_gemm_ceil_div(g->n, GEMM_SKINNY_K_COLS);
+        shape.grid[1] = op_gemm_ceil_div(g->m, GEMM_SKINNY_K_ROWS);
+        shape.smem_bytes = GEMM_SKINNY_K_SMEM_BYTES(qt_gemm_skinny_k_pad(g->k),
+                                                    g->d_dtype == QT_DTYPE_BF16 ? 2u : 4u);
+    }
+    return shape;
+}
+
 launch_shape op_gemm_shape(const op_gemm_desc *g) {
+    uint32_t skinny = op_gemm_skinny(g);
+    if (skinny != GEMM_SKINNY_NONE) return op_gemm_skinny_shape(g, skinny);
     uint32_t tile = op_gemm_tile(g);
     uint32_t rows = GEMM_TILE_ROWS(tile);
     uint32_t row_tiles = op_gemm_ceil_div(g->m, rows);
@@ -223,6 +307,15 @@ static const kernel_id op_gemm_kernels[GEMM_FORMAT_COUNT] = {
     [GEMM_FORMAT_MXFP8] = KERNEL_GEMM_MXFP8_PORTABLE,
     [GEMM_FORMAT_NVFP4] = KERNEL_GEMM_NVFP4_PORTABLE,
 };
+
+kernel_id op_gemm_kernel(const op_gemm_desc *g) {
+    switch (op_gemm_skinny(g)) {
+    case GEMM_SKINNY_N: return KERNEL_GEMM_BF16_SKINNY_N;
+    case GEMM_SKINNY_M: return KERNEL_GEMM_BF16_SKINNY_M;
+    case GEMM_SKINNY_K: return KERNEL_GEMM_BF16_SKINNY_K;
+    default: return op_gemm_kernels[g->format];
+    }
+}
 
 static gemm_operand op_gemm_operand_args(const op_gemm_operand *o) {
     gemm_operand a = {0};
@@ -310,7 +403,7 @@ qt_status op_gemm(program *p, const char *name, const op_gemm_desc *g) {
     }
     gemm_args args = op_gemm_args(g);
     uint32_t op;
-    QT_TRY(prog_append(p, op_gemm_kernels[g->format], name, &shape, &args, sizeof args, &op));
+    QT_TRY(prog_append(p, op_gemm_kernel(g), name, &shape, &args, sizeof args, &op));
     QT_TRY(op_gemm_use_operand(p, op, offsetof(gemm_args, a), &g->a));
     QT_TRY(op_gemm_use_operand(p, op, offsetof(gemm_args, b), &g->b));
     if (g->split_parts > 1) {

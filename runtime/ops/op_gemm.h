@@ -1,5 +1,5 @@
-// op_gemm: builders that append the GEMM kernels (ptx/gemm_portable.cu) and the bias gradient to
-// a program.
+// op_gemm: builders that append the GEMM kernels (ptx/gemm_portable.cu, ptx/gemm_skinny.cu) and
+// the bias gradient to a program.
 //
 // Owns nothing; each builder checks the descriptor, picks the kernel and launch shape, fills the
 // args struct (ptx/gemm.h) and declares every region the op reads and writes.
@@ -80,7 +80,10 @@ void op_gemm_operand_stack(op_gemm_operand *o, uint32_t format, bool scale_2d, b
                            uint32_t member_rows, uint32_t cols);
 
 // Split-K (gemm.h): the parts for a dense GEMM of this shape on a GPU of `sm_count` SMs, 1 when
-// it is not split. A pure function of (m, n, k, the portable tile op_gemm_tile picks, sm_count):
+// it is not split. A skinny kind M GEMM (op_gemm_skinny; a wgrad of at most 64 rows of D) gets
+// about two of its 128-column blocks per SM, in parts of at least max(256, 16 m) rows (the moe8
+// head's 16 x 2048 x 16384: 16 parts). Otherwise a pure function of (m, n, k, the portable tile
+// op_gemm_tile picks, sm_count):
 // with T tiles of that tile, a GEMM of T <= sm_count / 2 tiles and at least
 // OP_GEMM_SPLIT_BLOCKS_MIN 128-wide K blocks (a shorter contraction ends before the reduction's
 // launch would pay for itself: the 10 x 1024 x 256 head wgrad stays whole) gets
@@ -97,6 +100,16 @@ uint32_t op_gemm_split_parts(const op_gemm_desc *g, uint32_t sm_count);
 uint32_t op_gemm_split_k(uint32_t k, uint32_t parts);
 // Bytes of the workspace of a split into `parts` parts (0 when parts <= 1).
 uint64_t op_gemm_workspace_bytes(const op_gemm_desc *g, uint32_t parts);
+
+// The skinny kernel that runs this GEMM (gemm.h "Skinny GEMMs": GEMM_SKINNY_N, _M or _K), or
+// GEMM_SKINNY_NONE for the format's portable kernel: dense BF16 GEMMs of the automatic tile with
+// n (kind N: A and B K-major), m (M: both outer-major) or k (K: A K-major, not split) at most
+// GEMM_SKINNY_MAX, whose streamed operands' rows are whole 16-byte pieces (op_gemm.c says why).
+// A function of the descriptor alone; the kernels give the portable tier's bits.
+uint32_t op_gemm_skinny(const op_gemm_desc *g);
+// The kernel the GEMM's op names: the skinny kernel, else the format's portable kernel (which the
+// GPU backend may hand to the sm_90a tier at launch, runtime/backend/gemm_tier.h).
+kernel_id op_gemm_kernel(const op_gemm_desc *g);
 
 // Appends the GEMM (split-K: the GEMM writing its parts, then qt_gemm_split_reduce); nothing when
 // m or n is 0. QT_ERR_INPUT when the launch would exceed the

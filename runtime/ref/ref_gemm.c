@@ -1,9 +1,9 @@
-// C twins of ptx/gemm_portable.cu and ptx/gemm_sm90a.cu: the same GEMMs with the per-element
-// decode, scale application, promotion and epilogue of gemm.h. Only the order of the FP32
-// accumulation differs from the kernels (sequential along k for each element here; per-tensor FP8
-// with the split accumulator and FP8 block keep the kernels' structure of 128-wide K blocks), so
-// results agree within the tolerances of tests/test_gemm.c and exactly when every partial sum is
-// exact.
+// C twins of ptx/gemm_portable.cu, ptx/gemm_skinny.cu and ptx/gemm_sm90a.cu: the same GEMMs with
+// the per-element decode, scale application, promotion and epilogue of gemm.h. Only the order of
+// the FP32 accumulation differs from the kernels (sequential along k for each element here;
+// per-tensor FP8 with the split accumulator and FP8 block keep the kernels' structure of
+// 128-wide K blocks), so results agree within the tolerances of tests/test_gemm.c and exactly
+// when every partial sum is exact.
 //
 // How it runs, without changing a bit of that order: D is cut into tiles of REF_GEMM_TILE_M x
 // REF_GEMM_TILE_N, one task of the thread pool (runtime/base/pool.h) each. For every 128-wide block
@@ -514,6 +514,20 @@ void ref_qt_gemm_decode_table(const gemm_decode_table_args *a, const launch_shap
             out[scale * codes + code] = qt_f32_to_bf16(v);
         }
     }
+}
+
+// The skinny kernels (ptx/gemm_skinny.cu) are the portable BF16 kernel's GEMM (gemm.h: the same
+// instruction sequence for every element, so the same bits on the GPU), and so is their twin.
+void ref_qt_gemm_bf16_skinny_n(const gemm_args *a, const launch_shape *shape) {
+    ref_qt_gemm_bf16_portable(a, shape);
+}
+
+void ref_qt_gemm_bf16_skinny_m(const gemm_args *a, const launch_shape *shape) {
+    ref_qt_gemm_bf16_portable(a, shape);
+}
+
+void ref_qt_gemm_bf16_skinny_k(const gemm_args *a, const launch_shape *shape) {
+    ref_qt_gemm_bf16_portable(a, shape);
 }
 
 // The sm_90a tier computes the same GEMMs (ptx/gemm_sm90a.cu); its args start with gemm_args.
