@@ -135,12 +135,12 @@
 #define GEMM_SPLIT_PARTS_MAX 16u
 #define GEMM_SPLIT_REDUCE_THREADS 256u
 
-// Skinny GEMMs (ptx/gemm_skinny.cu): dense BF16 GEMMs with one dimension of at most
-// GEMM_SKINNY_MAX, which are memory-bound (a classifier head's or an moe router's fprop, dgrad
-// and wgrad): the portable and sm_90a tiles of 64 to 256 columns would compute mostly padding
-// and leave the operands' bytes too few loads in flight. op_gemm runs them on kernels of their
-// own, picked from the descriptor alone (op_gemm_skinny says when); each reads its large operand
-// once, in 16-byte cp.async copies, many stages deep:
+// Skinny GEMMs (ptx/gemm_skinny.cu): dense BF16 GEMMs with n or m of at most GEMM_SKINNY_MAX,
+// which are memory-bound (a classifier head's or an moe router's fprop and wgrad): the portable
+// and sm_90a tiles of 64 to 256 columns would compute mostly padding and leave the operands'
+// bytes too few loads in flight. op_gemm runs them on kernels of their own, picked from the
+// descriptor alone (op_gemm_skinny says when); each reads its large operand once, in 16-byte
+// cp.async copies, many stages deep:
 //
 //   kind  small    layouts                       a block computes
 //   N     n <= 64  A, B K-major                  64 rows of D (16 per warp) x all n, over k
@@ -148,20 +148,19 @@
 //                                                rows ride along with each stage of A
 //   M     m <= 64  A, B outer-major              all m x 128 columns of D (32 per warp) over
 //                                                one split part of k in stages of 32
-//   K     k <= 64  A K-major, B either           one 64 x 128 tile of D from one stage (warps
-//                                                2 x 2), stored through shared memory in
-//                                                16-byte rows of D
+//
+// A GEMM whose small dimension is k (dgrad of a head or router) has no kind: it writes D rather
+// than reading a large operand, and the tiers write D faster than a kernel of its own (op_gemm.c).
 //
 // Order: every element of D (of a split part) is the portable tier's BF16 sum exactly: the
 // m16n8k16 instructions over k from the range's start in 16-wide steps, 2 ceil(k_len / 32) of
 // them (the portable tier's stages of 32; the k past the end read as zeros), from +0. Each
 // instruction sees the same products in the same positions as there, so D has the portable
-// tier's bits, split parts and their reduction included (split-K above). Split: kinds N and M
-// (block z: part z, as in the portable kernels); kind K never is (one K block).
+// tier's bits, split parts and their reduction included (split-K above). Split: block z is part
+// z, as in the portable kernels.
 #define GEMM_SKINNY_NONE 0u
 #define GEMM_SKINNY_N 1u
 #define GEMM_SKINNY_M 2u
-#define GEMM_SKINNY_K 3u
 #define GEMM_SKINNY_MAX 64u
 #define GEMM_SKINNY_THREADS 128u      // 4 warps, every kind
 #define GEMM_SKINNY_N_ROWS 64u        // N: rows of D per block
@@ -169,8 +168,6 @@
 #define GEMM_SKINNY_M_COLS 128u       // M: columns of D per block
 #define GEMM_SKINNY_M_STAGE_K 32u     // M: k per stage
 #define GEMM_SKINNY_M_STAGES 6u
-#define GEMM_SKINNY_K_ROWS 64u        // K: the tile of D
-#define GEMM_SKINNY_K_COLS 128u
 
 // N: B's 8-row fragments (8 n-columns of D each) for n columns: 1, 2, 4 or 8.
 QT_HD uint32_t qt_gemm_skinny_n_frags(uint32_t n) {
@@ -190,19 +187,6 @@ QT_HD uint32_t qt_gemm_skinny_m_frags(uint32_t m) { return m <= 16u ? 1u : m <= 
 // columns}, bf16.
 #define GEMM_SKINNY_M_SMEM_BYTES(frags) \
     (GEMM_SKINNY_M_STAGES * GEMM_SKINNY_M_STAGE_K * (32u * (frags) + 2u * GEMM_SKINNY_M_COLS))
-
-// K: k padded to whole stages of the portable tier (32 or 64), the stage's k.
-QT_HD uint32_t qt_gemm_skinny_k_pad(uint32_t k) { return k <= 32u ? 32u : 64u; }
-
-// K: dynamic shared memory, the larger of the operand tiles (A 64 rows, B 128 columns, each of
-// k_pad values) and D's tile in its dtype (4 or 2 bytes), which reuses their bytes.
-#define GEMM_SKINNY_K_OPERAND_BYTES(k_pad) \
-    ((GEMM_SKINNY_K_ROWS + GEMM_SKINNY_K_COLS) * (k_pad) * 2u)
-#define GEMM_SKINNY_K_D_BYTES(d_bytes) (GEMM_SKINNY_K_ROWS * GEMM_SKINNY_K_COLS * (d_bytes))
-#define GEMM_SKINNY_K_SMEM_BYTES(k_pad, d_bytes)                                   \
-    (GEMM_SKINNY_K_OPERAND_BYTES(k_pad) > GEMM_SKINNY_K_D_BYTES(d_bytes)           \
-         ? GEMM_SKINNY_K_OPERAND_BYTES(k_pad)                                      \
-         : GEMM_SKINNY_K_D_BYTES(d_bytes))
 
 // Bias gradient: 32 columns per block, one per lane; 8 warps take 32-row chunks in turn.
 #define GEMM_BGRAD_COLS 32u
@@ -291,8 +275,7 @@ QT_STATIC_ASSERT(sizeof(gemm_decode_table_args) == 24, "gemm_decode_table_args l
     X(KERNEL_GEMM_SPLIT_REDUCE, gemm_portable, qt_gemm_split_reduce, gemm_args)         \
     X(KERNEL_GEMM_DECODE_TABLE, gemm_portable, qt_gemm_decode_table, gemm_decode_table_args) \
     X(KERNEL_GEMM_BF16_SKINNY_N, gemm_skinny, qt_gemm_bf16_skinny_n, gemm_args)         \
-    X(KERNEL_GEMM_BF16_SKINNY_M, gemm_skinny, qt_gemm_bf16_skinny_m, gemm_args)         \
-    X(KERNEL_GEMM_BF16_SKINNY_K, gemm_skinny, qt_gemm_bf16_skinny_k, gemm_args)
+    X(KERNEL_GEMM_BF16_SKINNY_M, gemm_skinny, qt_gemm_bf16_skinny_m, gemm_args)
 
 // ---------------------------------------------------------------------------------------------
 // Per-element arithmetic, the same on both backends.

@@ -1,7 +1,7 @@
-// gemm_skinny: the skinny BF16 GEMMs (gemm.h "Skinny GEMMs"), kernels N, M and K for dense GEMMs
-// with one dimension of at most 64, which are memory-bound: each reads its large operand once,
-// in 16-byte asynchronous copies, and keeps enough of them in flight to run at the memory's
-// rate, where the portable and sm_90a tiles would compute mostly padding.
+// gemm_skinny: the skinny BF16 GEMMs (gemm.h "Skinny GEMMs"), kernels N and M for dense GEMMs
+// with n or m of at most 64, which are memory-bound: each reads its large operand once, in 16-byte
+// asynchronous copies, and keeps enough of them in flight to run at the memory's rate, where the
+// portable and sm_90a tiles would compute mostly padding.
 //
 //   N (fprop-like, n <= 64): block = 64 rows of D, all n columns. Stages of 64 k: A's 64 rows
 //     and B's 8 frags rows (n padded to 8, 16, 32 or 64), 4 to 6 stages in flight. Warp w
@@ -10,10 +10,6 @@
 //     Stages of 32 k rows: A's m values and B's 128 of each row (both outer-major, so both
 //     fragments come through ldmatrix .trans), 6 stages in flight. Warp w takes columns
 //     32 w .. 32 w + 31.
-//   K (dgrad-like, k <= 64): block = one 64 x 128 tile of D, warps 2 x 2 of 32 x 64. One stage
-//     holds the whole contraction; then D's tile goes through shared memory (the operand tiles'
-//     bytes) so that each warp's 16-byte stores cover whole rows of the tile (256 or 512
-//     consecutive bytes of D).
 //
 // Every element sees the portable tier's sequence of m16n8k16 instructions (gemm.h): k steps of
 // 16 from the range's start, 2 per 32 of k, zeros past the end. Shared tiles keep rows of 16-byte
@@ -24,14 +20,14 @@
 #define SKINNY_THREADS GEMM_SKINNY_THREADS
 
 // Byte offset of chunk `chunk` (16 bytes) of row `row` in a tile of kRowBytes rows (a power of
-// two of 16 to 512 bytes). The chunk moves to chunk ^ f(row), f chosen so that 8 consecutive rows
+// two of 16 to 256 bytes). The chunk moves to chunk ^ f(row), f chosen so that 8 consecutive rows
 // from a multiple of 8, at one chunk, land in 8 distinct 16-byte bank groups of the 128-byte bank
 // sweep: rows of 128 bytes or more XOR with row % 8; narrower rows share a sweep (2 rows of 64,
 // 4 of 32 bytes) and XOR with the sweep's index among 8 rows.
 template <uint32_t kRowBytes>
 __device__ __forceinline__ uint32_t skinny_offset(uint32_t row, uint32_t chunk) {
-    static_assert(kRowBytes >= 16 && kRowBytes <= 512 && (kRowBytes & (kRowBytes - 1)) == 0,
-                  "rows of a power of two of 16 to 512 bytes");
+    static_assert(kRowBytes >= 16 && kRowBytes <= 256 && (kRowBytes & (kRowBytes - 1)) == 0,
+                  "rows of a power of two of 16 to 256 bytes");
     constexpr uint32_t kChunks = kRowBytes / 16;
     constexpr uint32_t kRowsPerSweep = kChunks >= 8 ? 1u : 8u / kChunks;
     constexpr uint32_t kMask = (kChunks >= 8 ? 8u : kChunks) - 1u;
@@ -62,8 +58,8 @@ __device__ __forceinline__ void skinny_issue(uint8_t *tile, const uint8_t *data,
 }
 
 // The block's range of k: the whole contraction, or split part blockIdx.z (gemm.h).
-__device__ __forceinline__ void skinny_k_range(const gemm_args &args, uint32_t *begin,
-                                               uint32_t *end) {
+__device__ __forceinline__ void skinny_part_range(const gemm_args &args, uint32_t *begin,
+                                                  uint32_t *end) {
     *begin = 0;
     *end = args.k;
     if (qt_gemm_is_split(&args)) qt_gemm_split_range(&args, blockIdx.z, begin, end);
@@ -200,7 +196,7 @@ struct skinny_n {
 template <uint32_t kFrags>
 __device__ __forceinline__ void skinny_n_run(const gemm_args &args) {
     skinny_n<kFrags> kernel{args, blockIdx.x * GEMM_SKINNY_N_ROWS, 0, 0, 0, {}};
-    skinny_k_range(args, &kernel.k_begin, &kernel.k_end);
+    skinny_part_range(args, &kernel.k_begin, &kernel.k_end);
     kernel.steps = skinny_steps(kernel.k_begin, kernel.k_end);
     skinny_pipeline<skinny_n<kFrags>::kStages>(kernel, (kernel.steps + 3) / 4);
     kernel.epilogue();
@@ -297,163 +293,16 @@ struct skinny_m {
 template <uint32_t kFrags>
 __device__ __forceinline__ void skinny_m_run(const gemm_args &args) {
     skinny_m<kFrags> kernel{args, blockIdx.x * GEMM_SKINNY_M_COLS, 0, 0, {}};
-    skinny_k_range(args, &kernel.k_begin, &kernel.k_end);
+    skinny_part_range(args, &kernel.k_begin, &kernel.k_end);
     uint32_t steps = skinny_steps(kernel.k_begin, kernel.k_end);
     skinny_pipeline<GEMM_SKINNY_M_STAGES>(kernel, steps / 2);
     kernel.epilogue();
 }
 
 // ---------------------------------------------------------------------------------------------
-// Kind K: D [m][n] = A [m][k <= 64] B^T, A K-major, B outer-major ([k][n]) or K-major ([n][k]).
-
-// D's tile (64 x 128 of kDBytes-byte values, rows of 128 kDBytes bytes, swizzled) from shared
-// memory into D: each thread copies 16-byte chunks, a warp 512 bytes of whole tile rows; chunks
-// at D's edges, or of a misaligned D, element by element.
-template <uint32_t kDBytes>
-__device__ __forceinline__ void skinny_k_write(const gemm_args &args, const uint8_t *tile,
-                                               uint32_t m0, uint32_t n0) {
-    constexpr uint32_t kRowBytes = GEMM_SKINNY_K_COLS * kDBytes;
-    constexpr uint32_t kChunks = kRowBytes / 16, kPerChunk = 16 / kDBytes;
-    constexpr uint32_t kTotal = GEMM_SKINNY_K_ROWS * kChunks;
-    static_assert(kTotal % SKINNY_THREADS == 0, "whole chunks per thread");
-    uint8_t *d = reinterpret_cast<uint8_t *>(args.d);
-#pragma unroll 4
-    for (uint32_t c = threadIdx.x; c < kTotal; c += SKINNY_THREADS) {
-        uint32_t row = m0 + c / kChunks, col = n0 + (c % kChunks) * kPerChunk;
-        if (row >= args.m || col >= args.n) continue;
-        uint4 v = *reinterpret_cast<const uint4 *>(tile +
-                                                   skinny_offset<kRowBytes>(c / kChunks,
-                                                                            c % kChunks));
-        uint8_t *dst = d + ((uint64_t)row * args.ldd + col) * kDBytes;
-        if (col + kPerChunk <= args.n && ((uintptr_t)dst & 15u) == 0) {
-            *reinterpret_cast<uint4 *>(dst) = v;
-            continue;
-        }
-        for (uint32_t e = 0; e < kPerChunk && col + e < args.n; e++) {
-            uint32_t w = e * kDBytes / 4;  // selects, not an indexed array: no local memory
-            uint32_t word = w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;
-            if constexpr (kDBytes == 2) {
-                reinterpret_cast<uint16_t *>(dst)[e] = (uint16_t)(word >> (16 * (e & 1)));
-            } else {
-                reinterpret_cast<uint32_t *>(dst)[e] = word;
-            }
-        }
-    }
-}
-
-template <uint32_t kPad, bool kBOuter>
-__device__ __forceinline__ void skinny_k_run(const gemm_args &args) {
-    constexpr uint32_t kRowA = 2 * kPad;  // bytes of an A row (and of a K-major B row)
-    constexpr uint32_t kTileA = GEMM_SKINNY_K_ROWS * kRowA;
-    static_assert(kTileA + GEMM_SKINNY_K_COLS * kRowA == GEMM_SKINNY_K_OPERAND_BYTES(kPad),
-                  "launch shape and kernel agree on shared memory");
-    uint8_t *smem = gemm_dynamic_smem;
-    uint32_t m0 = blockIdx.y * GEMM_SKINNY_K_ROWS, n0 = blockIdx.x * GEMM_SKINNY_K_COLS;
-    const uint8_t *b = reinterpret_cast<const uint8_t *>(args.b.data);
-    skinny_issue<GEMM_SKINNY_K_ROWS, kRowA>(smem, reinterpret_cast<const uint8_t *>(args.a.data),
-                                            args.a.ld, m0, args.m, 0, args.k);
-    if constexpr (kBOuter) {
-        skinny_issue<kPad, 2 * GEMM_SKINNY_K_COLS>(smem + kTileA, b, args.b.ld, 0, args.k, n0,
-                                                   args.n);
-    } else {
-        skinny_issue<GEMM_SKINNY_K_COLS, kRowA>(smem + kTileA, b, args.b.ld, n0, args.n, 0,
-                                                args.k);
-    }
-    gemm_cp_async_commit();
-    gemm_cp_async_wait<0>();
-    __syncthreads();
-    // Warp (wm, wn) = (w / 2, w % 2): rows 32 wm + 16 mi + ..., columns 64 wn + 8 f + ...;
-    // fragment lanes as in kinds N (A, K-major B) and M (outer-major B).
-    uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wm = warp >> 1, wn = warp & 1;
-    uint32_t a_base = gemm_smem_address(smem), b_base = a_base + kTileA;
-    uint32_t steps = skinny_steps(0, args.k);
-    float acc[2][8][4] = {};
-#pragma unroll
-    for (uint32_t j = 0; j < kPad / 16; j++) {
-        if (j >= steps) break;
-        uint32_t af[2][4], bf[8][2];
-#pragma unroll
-        for (uint32_t mi = 0; mi < 2; mi++) {
-            gemm_ldmatrix_x4(af[mi], a_base + skinny_offset<kRowA>(32 * wm + 16 * mi + (lane & 15),
-                                                                   2 * j + (lane >> 4)));
-        }
-#pragma unroll
-        for (uint32_t p = 0; p < 4; p++) {
-            uint32_t r[4];
-            if constexpr (kBOuter) {
-                gemm_ldmatrix_x4_trans(
-                    r, b_base + skinny_offset<2 * GEMM_SKINNY_K_COLS>(
-                                    16 * j + (lane & 7) + 8 * ((lane >> 3) & 1),
-                                    8 * wn + 2 * p + (lane >> 4)));
-            } else {
-                gemm_ldmatrix_x4(r, b_base + skinny_offset<kRowA>(
-                                                 64 * wn + 16 * p + (lane & 7) + 8 * (lane >> 4),
-                                                 2 * j + ((lane >> 3) & 1)));
-            }
-            bf[2 * p][0] = r[0];
-            bf[2 * p][1] = r[1];
-            bf[2 * p + 1][0] = r[2];
-            bf[2 * p + 1][1] = r[3];
-        }
-#pragma unroll
-        for (uint32_t mi = 0; mi < 2; mi++) {
-#pragma unroll
-            for (uint32_t f = 0; f < 8; f++) gemm_mma_bf16::run(acc[mi][f], af[mi], bf[f]);
-        }
-    }
-    __syncthreads();  // every warp is done with the operand tiles: D's tile takes their bytes
-    // Each thread's pairs (rows gid, gid + 8; columns 2 tig, 2 tig + 1 of each fragment) through
-    // the epilogue into D's tile; elements outside D are never written out.
-    float alpha = qt_gemm_alpha(&args, 0);
-    bool bf16 = args.d_dtype == QT_DTYPE_BF16;
-    const uint8_t *c = reinterpret_cast<const uint8_t *>(args.c);
-    const uint8_t *bias = reinterpret_cast<const uint8_t *>(args.bias);
-#pragma unroll
-    for (uint32_t mi = 0; mi < 2; mi++) {
-#pragma unroll
-        for (uint32_t h = 0; h < 2; h++) {
-            uint32_t row_t = 32 * wm + 16 * mi + 8 * h + (lane >> 2);
-            uint32_t row = m0 + row_t;
-#pragma unroll
-            for (uint32_t f = 0; f < 8; f++) {
-                uint32_t col_t = 64 * wn + 8 * f + 2 * (lane & 3);
-                float v[2];
-#pragma unroll
-                for (uint32_t e = 0; e < 2; e++) {
-                    uint32_t col = n0 + col_t + e;
-                    uint64_t index = (uint64_t)row * args.ldd + col;
-                    v[e] = row < args.m && col < args.n
-                               ? gemm_epilogue_value(args, c, bias, alpha, index, col,
-                                                     acc[mi][f][2 * h + e])
-                               : 0.0f;
-                }
-                if (bf16) {
-                    uint32_t pair = (uint32_t)qt_f32_to_bf16(v[0]) |
-                                    ((uint32_t)qt_f32_to_bf16(v[1]) << 16);
-                    *reinterpret_cast<uint32_t *>(
-                        smem + skinny_offset<2 * GEMM_SKINNY_K_COLS>(row_t, col_t / 8) +
-                        (col_t % 8) * 2) = pair;
-                } else {
-                    *reinterpret_cast<float2 *>(
-                        smem + skinny_offset<4 * GEMM_SKINNY_K_COLS>(row_t, col_t / 4) +
-                        (col_t % 4) * 4) = make_float2(v[0], v[1]);
-                }
-            }
-        }
-    }
-    __syncthreads();
-    if (bf16) {
-        skinny_k_write<2>(args, smem, m0, n0);
-    } else {
-        skinny_k_write<4>(args, smem, m0, n0);
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
 // Entry points. GEMM_SKINNY_THREADS threads each; launches (op_gemm):
 //   N: grid (ceil(m / 64), 1, split parts or 1), GEMM_SKINNY_N_SMEM_BYTES(frags of n)
 //   M: grid (ceil(n / 128), 1, split parts or 1), GEMM_SKINNY_M_SMEM_BYTES(frags of m)
-//   K: grid (ceil(n / 128), ceil(m / 64), 1), GEMM_SKINNY_K_SMEM_BYTES(k pad, D's bytes)
 
 extern "C" __global__ void __launch_bounds__(GEMM_SKINNY_THREADS)
     qt_gemm_bf16_skinny_n(const __grid_constant__ gemm_args args) {
@@ -471,24 +320,5 @@ extern "C" __global__ void __launch_bounds__(GEMM_SKINNY_THREADS)
     case 1: skinny_m_run<1>(args); break;
     case 2: skinny_m_run<2>(args); break;
     default: skinny_m_run<4>(args); break;
-    }
-}
-
-// One block per SM at the least lets ptxas take the 148 registers the 64 accumulators of a 32 x 64
-// warp tile want (its default target of four blocks capped them at 128 and spilled); three
-// blocks still fit an SM, each with a whole tile of D's stores in flight.
-extern "C" __global__ void __launch_bounds__(GEMM_SKINNY_THREADS, 1)
-    qt_gemm_bf16_skinny_k(const __grid_constant__ gemm_args args) {
-    bool outer = (args.b.flags & GEMM_OPERAND_OUTER_MAJOR) != 0;
-    if (qt_gemm_skinny_k_pad(args.k) == 32) {
-        if (outer) {
-            skinny_k_run<32, true>(args);
-        } else {
-            skinny_k_run<32, false>(args);
-        }
-    } else if (outer) {
-        skinny_k_run<64, true>(args);
-    } else {
-        skinny_k_run<64, false>(args);
     }
 }

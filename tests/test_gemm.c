@@ -1040,11 +1040,10 @@ static void run_case_other_tile(const tproblem *p, const uint8_t *d_portable) {
 static const char *case_filter;
 
 // The skinny kind of a program's GEMM op, GEMM_SKINNY_NONE for a portable kernel.
-static uint32_t op_skinny_kind(const prog_op *op) {
+static uint32_t skinny_of_op(const prog_op *op) {
     switch (op->kernel) {
     case KERNEL_GEMM_BF16_SKINNY_N: return GEMM_SKINNY_N;
     case KERNEL_GEMM_BF16_SKINNY_M: return GEMM_SKINNY_M;
-    case KERNEL_GEMM_BF16_SKINNY_K: return GEMM_SKINNY_K;
     default: return GEMM_SKINNY_NONE;
     }
 }
@@ -1063,7 +1062,7 @@ static void run_case(const tcase *c) {
     test_begin(p.name);
     run_on(&ref_rig, &p, d_ref);
     check_ref_result(&p, d_ref);
-    uint32_t skinny = op_skinny_kind(&ref_rig.prog.ops[0]);
+    uint32_t skinny = skinny_of_op(&ref_rig.prog.ops[0]);
     CHECK(c->skinny == 0 || skinny == c->skinny - 1, "op_gemm picked skinny kind %u, expected %u",
           skinny, c->skinny - 1);
     if (c->want_sm90a) {
@@ -1268,10 +1267,7 @@ static void run_sm90a_shapes(void) {
         c = base_case(all[i], KIND_FPROP, false, true);
         c.tokens = 200;
         c.in_features = one_stage[i];
-        // BF16's one stage is 64 k: the skinny kernel's kind K takes it before the tier can.
-        bool skinny_k = all[i] == GEMM_FORMAT_BF16;
-        c.want_sm90a = !skinny_k;
-        c.skinny = skinny_k ? 1 + GEMM_SKINNY_K : 0;
+        c.want_sm90a = true;
         c.tag = "one_stage";
         run_case(&c);
     }
@@ -1599,30 +1595,25 @@ static void run_skinny_m(void) {
     }
 }
 
-// Kind K: both k pads (k 8 and 16 pad to 32, 40 and 64 to 64), 150 x 264 (partial blocks both
-// ways), BF16 D; k 10 (A's rows of 20 bytes, read byte by byte); FP32 D with C; a K-major B (a
-// fprop of 16 inputs), whose D rows of 100 BF16 values are no 16-byte pieces (D written
-// element by element).
-static void run_skinny_k(void) {
-    static const skinny_size depths[] = {
-        {8, "skinny_k8"}, {16, "skinny_k16"}, {40, "skinny_k40"}, {64, "skinny_k64"}};
-    run_skinny_sizes(KIND_DGRAD, 150, 264, depths, sizeof depths / sizeof depths[0],
-                     GEMM_SKINNY_K);
-    tcase c = skinny_case(KIND_DGRAD, false, 150, 264, 10, GEMM_SKINNY_K, "skinny_k10");
-    run_case(&c);
-    c = skinny_case(KIND_DGRAD, false, 150, 264, 16, GEMM_SKINNY_K, "skinny_k16_f32_c");
-    c.out_bf16 = false;
-    c.accumulate = true;
-    run_case(&c);
+// No kind for a small k (op_gemm.c: the tiers write D faster): a dgrad of k 16 (dy's rows of 32
+// bytes) names the portable kernel and the sm_90a tier must take it; k 10 (rows of 20 bytes, no
+// TMA) stays portable.
+static void run_skinny_small_k(void) {
     for (int ints = 1; ints >= 0; ints--) {
-        c = skinny_case(KIND_FPROP, ints != 0, 150, 16, 100, GEMM_SKINNY_K, "skinny_k16_bkmajor");
+        tcase c = skinny_case(KIND_DGRAD, ints != 0, 150, 264, 16, GEMM_SKINNY_NONE,
+                              "skinny_none_dgrad16");
+        c.want_sm90a = true;
         run_case(&c);
     }
+    tcase c = skinny_case(KIND_DGRAD, false, 150, 264, 10, GEMM_SKINNY_NONE,
+                          "skinny_none_dgrad10");
+    run_case(&c);
 }
 
 // The training shapes: the moe8 bench's head (16 classes) and routers (8 and 64 experts) over
 // 16384 tokens of 2048, the resmlp bench's head over 8192 of 4096, and a 10-class head over
-// 4096 tokens of 784; their wgrad (planned splits of 16, 16 and 8 parts) and dgrad.
+// 4096 tokens of 784; their wgrad (planned splits of 16, 16 and 8 parts) and dgrad, which no
+// skinny kernel takes: the sm_90a tier does, AUTO included.
 static void run_skinny_training(void) {
     static const struct {
         tkind kind;
@@ -1644,10 +1635,14 @@ static void run_skinny_training(void) {
         {KIND_DGRAD, 8192, 2048, 16, false, "skinny_train_head"},
         {KIND_DGRAD, 4096, 2048, 64, false, "skinny_train_router64"},
     };
-    static const uint32_t kinds[] = {GEMM_SKINNY_N, GEMM_SKINNY_K, GEMM_SKINNY_M};
+    static const uint32_t kinds[] = {GEMM_SKINNY_N, GEMM_SKINNY_NONE, GEMM_SKINNY_M};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         tcase c = skinny_case(shapes[i].kind, shapes[i].ints, shapes[i].tokens, shapes[i].in,
                               shapes[i].out, kinds[shapes[i].kind], shapes[i].tag);
+        if (shapes[i].kind == KIND_DGRAD) {
+            c.want_sm90a = true;
+            c.want_auto = 1;
+        }
         run_case_beside_gpu(&c);
     }
 }
@@ -1655,7 +1650,7 @@ static void run_skinny_training(void) {
 static void run_skinny(void) {
     run_skinny_n();
     run_skinny_m();
-    run_skinny_k();
+    run_skinny_small_k();
     run_skinny_training();
 }
 
@@ -1696,10 +1691,10 @@ static void test_skinny_rule(void) {
         {16, 2048, 400, true, true, 16, 2048, GEMM_SKINNY_M, 1},      // one part
         {10, 1024, 256, true, true, 10, 1024, GEMM_SKINNY_NONE, 1},   // dy rows of 20 bytes
         {65, 2048, 16384, true, true, 72, 2048, GEMM_SKINNY_NONE, 2},  // the portable split
-        {16384, 2048, 16, false, true, 16, 2048, GEMM_SKINNY_K, 1},   // moe8 head dgrad
-        {256, 1024, 10, false, true, 10, 1024, GEMM_SKINNY_K, 1},     // Fashion head dgrad
+        {16384, 2048, 16, false, true, 16, 2048, GEMM_SKINNY_NONE, 1},  // moe8 head dgrad
+        {256, 1024, 10, false, true, 10, 1024, GEMM_SKINNY_NONE, 1},    // Fashion head dgrad
         {256, 1020, 10, false, true, 10, 1020, GEMM_SKINNY_NONE, 1},  // W rows of 2040 bytes
-        {8192, 4096, 16, false, false, 16, 16, GEMM_SKINNY_K, 1},     // fprop of 16 inputs
+        {8192, 4096, 16, false, false, 16, 16, GEMM_SKINNY_NONE, 1},    // fprop of 16 inputs
         {8192, 4096, 65, false, true, 65, 4096, GEMM_SKINNY_NONE, 1},
         {16384, 16, 2048, true, false, 16384, 2048, GEMM_SKINNY_NONE, 1},  // an outer-major A
     };
@@ -1712,7 +1707,7 @@ static void test_skinny_rule(void) {
               d.a.ld, d.b.ld, kind, parts, rows[i].kind, rows[i].parts);
         CHECK(op_gemm_split_parts(&d, 0) == 1, "no SMs, no split");
     }
-    // What keeps a GEMM off them: another format, grouping, a forced tile; kind K when split.
+    // What keeps a GEMM off them: another format, grouping, a forced tile.
     op_gemm_desc head = skinny_desc(16384, 16, 2048, false, false, 2048, 2048);
     op_gemm_desc d = head;
     d.format = GEMM_FORMAT_FP8;
@@ -1724,9 +1719,6 @@ static void test_skinny_rule(void) {
     d.tile = OP_GEMM_TILE_SMALL;
     CHECK(op_gemm_skinny(&d) == GEMM_SKINNY_NONE && op_gemm_kernel(&d) ==
           KERNEL_GEMM_BF16_PORTABLE, "a forced tile taken");
-    d = skinny_desc(16384, 2048, 16, false, true, 16, 2048);
-    d.split_parts = 2;
-    CHECK(op_gemm_skinny(&d) == GEMM_SKINNY_NONE, "a split kind K taken");
     // Kind M's parts over a sweep: whole 128-wide blocks, none empty, each at least
     // max(256, 16 m) rows, at most about two blocks per SM.
     uint64_t bad = 0;
@@ -1750,7 +1742,7 @@ static void test_skinny_rule(void) {
         }
     }
     CHECK(bad == 0, "%llu shapes broke the rule", (unsigned long long)bad);
-    // Launch shapes: N 64-row blocks, M 128-column blocks by parts, K 64 x 128 tiles.
+    // Launch shapes: N 64-row blocks, M 128-column blocks by parts.
     launch_shape shape = op_gemm_shape(&head);
     CHECK(shape.grid[0] == 256 && shape.grid[1] == 1 && shape.grid[2] == 1 &&
               shape.block[0] == GEMM_SKINNY_THREADS &&
@@ -1762,12 +1754,16 @@ static void test_skinny_rule(void) {
     CHECK(shape.grid[0] == 16 && shape.grid[1] == 1 && shape.grid[2] == 16 &&
               shape.smem_bytes == GEMM_SKINNY_M_SMEM_BYTES(1),
           "M: %ux%ux%u, %u bytes", shape.grid[0], shape.grid[1], shape.grid[2], shape.smem_bytes);
+    // A small k names the portable kernel and its launch, which the tiers take (the moe8 head's
+    // dgrad and the Fashion-MNIST head's).
     d = skinny_desc(16384, 2048, 16, false, true, 16, 2048);
-    d.d_dtype = QT_DTYPE_BF16;
     shape = op_gemm_shape(&d);
-    CHECK(shape.grid[0] == 16 && shape.grid[1] == 256 && shape.grid[2] == 1 &&
-              shape.smem_bytes == GEMM_SKINNY_K_SMEM_BYTES(32, 2),
-          "K: %ux%ux%u, %u bytes", shape.grid[0], shape.grid[1], shape.grid[2], shape.smem_bytes);
+    CHECK(op_gemm_kernel(&d) == KERNEL_GEMM_BF16_PORTABLE &&
+              shape.block[0] == GEMM_TILE_THREADS(op_gemm_tile(&d)),
+          "moe8 head dgrad: kernel %d, %u threads", (int)op_gemm_kernel(&d), shape.block[0]);
+    d = skinny_desc(256, 1024, 10, false, true, 10, 1024);
+    CHECK(op_gemm_kernel(&d) == KERNEL_GEMM_BF16_PORTABLE, "Fashion head dgrad: kernel %d",
+          (int)op_gemm_kernel(&d));
     // The ops: a split kind M is its kernel and the reduction; kind N alone.
     static program prog;
     static arena dev;
@@ -1832,8 +1828,8 @@ static void split_structure_case(rig *r, const char *name, uint32_t N) {
     g.workspace = rig_ref(r, hw, 0);
     RIG_OK(op_gemm(&r->prog, "split", &g));
     uint32_t kind = N <= GEMM_SKINNY_MAX ? GEMM_SKINNY_N : GEMM_SKINNY_NONE;
-    CHECK(op_skinny_kind(&r->prog.ops[0]) == kind, "skinny kind %u, expected %u",
-          op_skinny_kind(&r->prog.ops[0]), kind);
+    CHECK(skinny_of_op(&r->prog.ops[0]) == kind, "skinny kind %u, expected %u",
+          skinny_of_op(&r->prog.ops[0]), kind);
     for (uint32_t z = 0; z < PARTS; z++) {
         op_gemm_desc part = g;
         part.split_parts = 0;

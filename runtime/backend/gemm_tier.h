@@ -1,8 +1,9 @@
 // gemm_tier: which GEMM kernels run a program's GEMM ops on the GPU.
 //
 // Owns nothing. A program's GEMM op names its portable kernel (ptx/gemm_portable.cu) with its
-// gemm_args, or a skinny kernel (ptx/gemm_skinny.cu, op_gemm_skinny: dense BF16 GEMMs with a
-// dimension of at most 64, which this tier never takes: its tiles would be mostly padding). At
+// gemm_args, or a skinny kernel (ptx/gemm_skinny.cu, op_gemm_skinny: dense BF16 GEMMs with n or m
+// of at most 64, which this tier never takes: its tiles would be mostly padding; a k of at most 64
+// names the portable kernel, and this tier takes it where it can: it writes D faster). At
 // launch time of a portable kernel's op (eager, captured or profiled alike: backend.c launches
 // every op through one function) the GPU backend asks gemm_tier_takes whether the sm_90a tier
 // (ptx/gemm_sm90a.cu) takes it, and if so gemm_tier_launch builds gemm_sm90a_args on the stack

@@ -179,27 +179,27 @@ uint32_t op_gemm_tile(const op_gemm_desc *g) {
     return tiles < OP_GEMM_SMALL_TILE_BELOW ? GEMM_TILE_SMALL : GEMM_TILE_LARGE;
 }
 
-// The skinny kernels' rule (gemm.h "Skinny GEMMs"). A GEMM with one dimension of at most 64 is
-// memory-bound: its time is reading its large operand (or, kind K, writing D) once. The portable
-// tier's 64- or 128-column tiles and the sm_90a tier's 192 or 256 compute mostly padding there,
-// and their pipelines, sized for square tiles, keep too few of the large operand's bytes in
-// flight. On an H200 (moe8 bench, 16384 tokens of 2048): the head's fprop (n = 16) took 43 us on
-// the sm_90a tier, its wgrad (m = 16, k = 16384) 98 us on the portable tier's 4 split parts plus
-// 3.5 us of reduction, its dgrad (k = 16) 28 us on the sm_90a tier, where reading x or writing
-// dx once takes about 17 us. The skinny kernels stream that operand in 16-byte copies, 4 to 6
-// stages deep, and give the portable tier's bits (gemm.h), so taking a GEMM moves no bit:
+// The skinny kernels' rule (gemm.h "Skinny GEMMs"). A GEMM with n or m of at most 64 is
+// memory-bound: its time is reading its large operand once. The portable tier's 64- or 128-column
+// tiles and the sm_90a tier's 192 or 256 compute mostly padding there, and their pipelines, sized
+// for square tiles, keep too few of the large operand's bytes in flight. The skinny kernels stream
+// that operand in 16-byte copies, 4 to 6 stages deep, and give the portable tier's bits (gemm.h),
+// so taking a GEMM moves no bit. On an H200 (moe8 bench, 16384 tokens of 2048):
 //   N  n <= 64, A and B K-major: fprop of a head or router. Its block is the small tile's 64
 //      rows, so at least as many blocks as the portable tier has (split parts included), each
-//      with more of A in flight and none of the padding.
+//      with more of A in flight and none of the padding. The head's fprop (n = 16): 21 us, 43 on
+//      the sm_90a tier.
 //   M  m <= 64, A and B outer-major: their wgrad (columnwise BF16 copies), split into parts by
-//      op_gemm_skinny_m_parts.
-//   K  k <= 64, A K-major, not split: their dgrad (B the weight's outer-major copy) or a K-major
-//      B (fprop of a layer of at most 64 inputs); one block per 64 x 128 tile of D.
+//      op_gemm_skinny_m_parts. The head's wgrad (m = 16, k = 16384): 28 us, 98 on the portable
+//      tier's 4 split parts plus 3.5 of reduction.
+// There is no kind K: a GEMM of k <= 64 (their dgrad, B the weight's outer-major copy) stays on
+// the tiers, because writing D through them measured faster. The head's dgrad (16384 x 2048 of
+// D, k = 16) took 28 us on the sm_90a tier and 100.6 us on a skinny kernel of one 64 x 128 tile
+// of D a block, the router's 32 us against 118.7 (writing dx once takes about 17 us).
 // Only dense BF16 GEMMs of the automatic tile (a forced tile asks for the portable tier, which
 // tests compare with) whose streamed rows are whole 16-byte pieces (ld a multiple of 8; a
-// 10-class head's 20-byte rows of dy would be read byte by byte, and stay portable). Kind K
-// reads A (at most 128 bytes a row, one stage) byte by byte where it must. A function of the
-// descriptor alone, so every GPU and the reference backend build the same program.
+// 10-class head's 20-byte rows of dy would be read byte by byte, and stay portable). A function
+// of the descriptor alone, so every GPU and the reference backend build the same program.
 static bool op_gemm_outer(const op_gemm_operand *o) {
     return (o->flags & GEMM_OPERAND_OUTER_MAJOR) != 0;
 }
@@ -216,9 +216,6 @@ uint32_t op_gemm_skinny(const op_gemm_desc *g) {
     }
     if (g->m <= GEMM_SKINNY_MAX && a_outer && b_outer && a_rows16 && b_rows16) {
         return GEMM_SKINNY_M;
-    }
-    if (g->k <= GEMM_SKINNY_MAX && !a_outer && b_rows16 && g->split_parts <= 1) {
-        return GEMM_SKINNY_K;
     }
     return GEMM_SKINNY_NONE;
 }
@@ -271,16 +268,11 @@ static launch_shape op_gemm_skinny_shape(const op_gemm_desc *g, uint32_t kind) {
         shape.grid[0] = op_gemm_ceil_div(g->m, GEMM_SKINNY_N_ROWS);
         shape.grid[2] = parts;
         shape.smem_bytes = GEMM_SKINNY_N_SMEM_BYTES(qt_gemm_skinny_n_frags(g->n));
-    } else if (kind == GEMM_SKINNY_M) {
+    } else {
+        QT_ASSERT(kind == GEMM_SKINNY_M);
         shape.grid[0] = op_gemm_ceil_div(g->n, GEMM_SKINNY_M_COLS);
         shape.grid[2] = parts;
         shape.smem_bytes = GEMM_SKINNY_M_SMEM_BYTES(qt_gemm_skinny_m_frags(g->m));
-    } else {
-        QT_ASSERT(kind == GEMM_SKINNY_K && parts == 1);
-        shape.grid[0] = op_gemm_ceil_div(g->n, GEMM_SKINNY_K_COLS);
-        shape.grid[1] = op_gemm_ceil_div(g->m, GEMM_SKINNY_K_ROWS);
-        shape.smem_bytes = GEMM_SKINNY_K_SMEM_BYTES(qt_gemm_skinny_k_pad(g->k),
-                                                    g->d_dtype == QT_DTYPE_BF16 ? 2u : 4u);
     }
     return shape;
 }
@@ -312,7 +304,6 @@ kernel_id op_gemm_kernel(const op_gemm_desc *g) {
     switch (op_gemm_skinny(g)) {
     case GEMM_SKINNY_N: return KERNEL_GEMM_BF16_SKINNY_N;
     case GEMM_SKINNY_M: return KERNEL_GEMM_BF16_SKINNY_M;
-    case GEMM_SKINNY_K: return KERNEL_GEMM_BF16_SKINNY_K;
     default: return op_gemm_kernels[g->format];
     }
 }

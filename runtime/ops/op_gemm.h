@@ -101,11 +101,11 @@ uint32_t op_gemm_split_k(uint32_t k, uint32_t parts);
 // Bytes of the workspace of a split into `parts` parts (0 when parts <= 1).
 uint64_t op_gemm_workspace_bytes(const op_gemm_desc *g, uint32_t parts);
 
-// The skinny kernel that runs this GEMM (gemm.h "Skinny GEMMs": GEMM_SKINNY_N, _M or _K), or
+// The skinny kernel that runs this GEMM (gemm.h "Skinny GEMMs": GEMM_SKINNY_N or _M), or
 // GEMM_SKINNY_NONE for the format's portable kernel: dense BF16 GEMMs of the automatic tile with
-// n (kind N: A and B K-major), m (M: both outer-major) or k (K: A K-major, not split) at most
-// GEMM_SKINNY_MAX, whose streamed operands' rows are whole 16-byte pieces (op_gemm.c says why).
-// A function of the descriptor alone; the kernels give the portable tier's bits.
+// n (kind N: A and B K-major) or m (M: both outer-major) at most GEMM_SKINNY_MAX, whose streamed
+// operands' rows are whole 16-byte pieces (op_gemm.c says why); a k of at most 64 stays on the
+// tiers. A function of the descriptor alone; the kernels give the portable tier's bits.
 uint32_t op_gemm_skinny(const op_gemm_desc *g);
 // The kernel the GEMM's op names: the skinny kernel, else the format's portable kernel (which the
 // GPU backend may hand to the sm_90a tier at launch, runtime/backend/gemm_tier.h).

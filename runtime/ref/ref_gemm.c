@@ -526,10 +526,6 @@ void ref_qt_gemm_bf16_skinny_m(const gemm_args *a, const launch_shape *shape) {
     ref_qt_gemm_bf16_portable(a, shape);
 }
 
-void ref_qt_gemm_bf16_skinny_k(const gemm_args *a, const launch_shape *shape) {
-    ref_qt_gemm_bf16_portable(a, shape);
-}
-
 // The sm_90a tier computes the same GEMMs (ptx/gemm_sm90a.cu); its args start with gemm_args.
 void ref_qt_gemm_bf16_sm90a(const gemm_sm90a_args *a, const launch_shape *shape) {
     ref_qt_gemm_bf16_portable(&a->gemm, shape);
