@@ -51,6 +51,24 @@ else
     echo "FAIL cli_version: $out"
     exit 1
 fi
+# qtrain bench's counts from the environment: anything but 1 ... 1000000 is refused (exit 2,
+# the variable named) before a GPU is looked for, so this holds on any machine.
+bench_bad=""
+for value in abc 0 -5 12x 1e3 99999999999; do
+    out=$(QT_BENCH_REPEATS=$value "$qtrain" bench copy 2>&1)
+    rc=$?
+    if [ $rc -ne 2 ] || ! echo "$out" | grep -q "QT_BENCH_REPEATS='$value' is not a count"; then
+        bench_bad="$bench_bad [$value: exit $rc: $out]"
+    fi
+done
+out=$(QT_BENCH_ROUNDS=two "$qtrain" bench copy 2>&1)
+[ $? -eq 2 ] && echo "$out" | grep -q "QT_BENCH_ROUNDS='two'" || bench_bad="$bench_bad [ROUNDS]"
+if [ -z "$bench_bad" ]; then
+    echo "PASS cli_bench_env_counts_checked"
+else
+    echo "FAIL cli_bench_env_counts_checked:$bench_bad"
+    exit 1
+fi
 # The verdict of a loop over recipes: PASS when it found no problem ($bad) in at least $2 of
 # them ($count).
 recipes_verdict() {

@@ -1,5 +1,7 @@
 #include "tools/bench.h"
 
+#include <ctype.h>
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -325,11 +327,25 @@ static const bench_family bench_families[] = {
     {"quant_mxfp8", bench_quant_mxfp8},
 };
 
-// A positive integer from the environment, or `fallback`.
-static int bench_env_int(const char *name, int fallback) {
+// A count from the environment in [1, BENCH_ENV_MAX], or `fallback` when the variable is unset
+// or empty; anything else (a sign, a suffix, zero, too large) is refused with a message, so a
+// typo never silently measures something other than what was asked.
+#define BENCH_ENV_MAX 1000000
+static bool bench_env_int(const char *name, int fallback, int *out) {
     const char *v = getenv(name);
-    int n = v ? atoi(v) : 0;
-    return n > 0 ? n : fallback;
+    *out = fallback;
+    if (!v || !*v) return true;
+    char *end = NULL;
+    errno = 0;
+    long n = strtol(v, &end, 10);
+    if (errno != 0 || *end != '\0' || !isdigit((unsigned char)v[0]) || n < 1 ||
+        n > BENCH_ENV_MAX) {
+        fprintf(stderr, "qtrain bench: %s='%s' is not a count from 1 to %d; set it to one, or "
+                "unset it for %d\n", name, qt_shown(v), BENCH_ENV_MAX, fallback);
+        return false;
+    }
+    *out = (int)n;
+    return true;
 }
 
 int bench_main(int argc, char **argv) {
@@ -346,21 +362,22 @@ int bench_main(int argc, char **argv) {
         }
     }
     if (!what) what = "quant";
+    // Overrides for studies (a profiler wants one replay; warm-up and order effects want more
+    // of each): QT_BENCH_REPEATS timed replays, QT_BENCH_WARMUP untimed ones before them, and
+    // QT_BENCH_ROUNDS passes over the selected families.
+    int rounds = 1;
+    if (!bench_env_int("QT_BENCH_REPEATS", 50, &env.repeats)) return 2;
+    // 50 warm-up replays: with 3, the first case of each family measured several percent slow
+    // (H200, 2026-11-22: 87% of copy in the first round, 94% in a second round of the same
+    // process, and 94% in the first round after 50), a start-up effect that a training loop,
+    // replaying the same graphs thousands of times, never sees.
+    if (!bench_env_int("QT_BENCH_WARMUP", 50, &env.warmup)) return 2;
+    if (!bench_env_int("QT_BENCH_ROUNDS", 1, &rounds)) return 2;
     if (backend_open_gpu(&env.gpu, 0) != QT_OK) {
         fprintf(stderr, "qtrain bench needs a GPU: %s\n", qt_error_message());
         return 1;
     }
     env.out = stdout;
-    // Overrides for studies (a profiler wants one replay; warm-up and order effects want more
-    // of each): QT_BENCH_REPEATS timed replays, QT_BENCH_WARMUP untimed ones before them, and
-    // QT_BENCH_ROUNDS passes over the selected families.
-    env.repeats = bench_env_int("QT_BENCH_REPEATS", 50);
-    // 50 warm-up replays: with 3, the first case of each family measured several percent slow
-    // (H200, 2026-11-22: 87% of copy in the first round, 94% in a second round of the same
-    // process, and 94% in the first round after 50), a start-up effect that a training loop,
-    // replaying the same graphs thousands of times, never sees.
-    env.warmup = bench_env_int("QT_BENCH_WARMUP", 50);
-    int rounds = bench_env_int("QT_BENCH_ROUNDS", 1);
     env.copy_gbps = bench_copy_gbps(&env, 1ull << 30);
     fprintf(env.out, "device %s, %d SMs; copy %.0f GB/s (1 GiB, read + write, median of %d after "
             "%d warm-up replays)\n", env.gpu.info.name, env.gpu.info.sm_count, env.copy_gbps,
