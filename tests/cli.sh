@@ -51,6 +51,16 @@ else
     echo "FAIL cli_version: $out"
     exit 1
 fi
+# The plan's quantizer column starts at one column in every role line, a MoE layer's long
+# grouped_linear roles included.
+starts=$("$qtrain" plan recipes/bench/moe8_current.recipe 2>&1 | grep '^      [a-z_.]*@' |
+         awk '{ print index($0, " " $2 " ") }' | sort -u | wc -l)
+if [ "$starts" = 1 ]; then
+    echo "PASS cli_plan_role_column_aligned"
+else
+    echo "FAIL cli_plan_role_column_aligned: the quantizer column starts at $starts columns"
+    exit 1
+fi
 # qtrain bench's counts from the environment: anything but 1 ... 1000000 is refused (exit 2,
 # the variable named) before a GPU is looked for, so this holds on any machine.
 bench_bad=""

@@ -735,6 +735,19 @@ static void model_quantizer_source(const model *m, const model_quantizer *mq, ch
     }
 }
 
+// The role column's width: 30, or the model's longest role (a MoE layer's
+// grouped_linear.grad_output@NAME.fc1 is longer), so the quantizer column stays aligned.
+static int model_role_width(const model *m) {
+    int width = 30;
+    for (uint32_t i = 0; i < m->quantizer_count; i++) {
+        char role[96];
+        rules_role_format(&m->quantizers[i].role, role, sizeof role);
+        int len = (int)strlen(role);
+        if (len > width) width = len;
+    }
+    return width;
+}
+
 static void model_print_quantizer(const model *m, uint32_t index, FILE *out) {
     const model_quantizer *mq = &m->quantizers[index];
     char role[96], q[160];
@@ -742,7 +755,7 @@ static void model_print_quantizer(const model *m, uint32_t index, FILE *out) {
     rules_quantizer_format(&mq->q, q, sizeof q);
     char from[64];
     model_quantizer_source(m, mq, from, sizeof from);
-    fprintf(out, "      %-30s %-44s (%s)", role, q, from);
+    fprintf(out, "      %-*s %-44s (%s)", model_role_width(m), role, q, from);
     if (mq->q.scheme == QT_SCHEME_NVFP4 && mq->role.tensor_type != QT_TENSOR_WEIGHT) {
         fprintf(out, " rht %s", mq->rht ? "on" : "off");
     }
