@@ -748,14 +748,14 @@ static int model_role_width(const model *m) {
     return width;
 }
 
-static void model_print_quantizer(const model *m, uint32_t index, FILE *out) {
+static void model_print_quantizer(const model *m, uint32_t index, int role_width, FILE *out) {
     const model_quantizer *mq = &m->quantizers[index];
     char role[96], q[160];
     rules_role_format(&mq->role, role, sizeof role);
     rules_quantizer_format(&mq->q, q, sizeof q);
     char from[64];
     model_quantizer_source(m, mq, from, sizeof from);
-    fprintf(out, "      %-*s %-44s (%s)", model_role_width(m), role, q, from);
+    fprintf(out, "      %-*s %-44s (%s)", role_width, role, q, from);
     if (mq->q.scheme == QT_SCHEME_NVFP4 && mq->role.tensor_type != QT_TENSOR_WEIGHT) {
         fprintf(out, " rht %s", mq->rht ? "on" : "off");
     }
@@ -764,7 +764,7 @@ static void model_print_quantizer(const model *m, uint32_t index, FILE *out) {
 }
 
 static void model_print_linear(const model *m, const model_linear *lin, const char *label,
-                               FILE *out) {
+                               int role_width, FILE *out) {
     fprintf(out, "      %sK %u", label, lin->in);
     if (lin->in_padded != lin->in) fprintf(out, " padded to %u", lin->in_padded);
     fprintf(out, ", N %u, dgrad %s; GEMMs:", lin->out, lin->needs_dx ? "yes" : "no (first)");
@@ -773,9 +773,9 @@ static void model_print_linear(const model *m, const model_linear *lin, const ch
                 lin->path[g] == MODEL_GEMM_NATIVE ? "native" : "mixed(bf16)");
     }
     fputc('\n', out);
-    model_print_quantizer(m, lin->q_input, out);
-    model_print_quantizer(m, lin->q_weight, out);
-    model_print_quantizer(m, lin->q_grad, out);
+    model_print_quantizer(m, lin->q_input, role_width, out);
+    model_print_quantizer(m, lin->q_weight, role_width, out);
+    model_print_quantizer(m, lin->q_grad, role_width, out);
 }
 
 // Bytes of the device regions whose names start with `prefix`.
@@ -793,15 +793,15 @@ static double model_mib(uint64_t bytes) { return (double)bytes / (1024.0 * 1024.
 // An moe layer: its routing, the three GEMMs, and where its memory goes: the router's and the
 // experts' persistent regions (weights in every usage, masters, optimizer state) and the
 // routing and expert tensors of one step of the first mode the schedule has.
-static void model_print_moe(const model *m, const model_moe *mo, FILE *out) {
+static void model_print_moe(const model *m, const model_moe *mo, int role_width, FILE *out) {
     const recipe_layer *l = &m->recipe->model.layers[mo->layer];
     fprintf(out, "      %u experts, top-%u, hidden %u (%s), aux %g; permuted rows: capacity %u "
             "(batch %u x %u, each expert padded to a multiple of %u)\n", mo->experts, mo->topk,
             mo->hidden, recipe_layer_kind_name(mo->act), (double)l->aux, mo->capacity, m->batch,
             mo->topk, mo->row_align);
-    model_print_linear(m, &m->linears[mo->router], "router: ", out);
-    model_print_linear(m, &m->linears[mo->fc1], "fc1 (per expert): ", out);
-    model_print_linear(m, &m->linears[mo->fc2], "fc2 (per expert): ", out);
+    model_print_linear(m, &m->linears[mo->router], "router: ", role_width, out);
+    model_print_linear(m, &m->linears[mo->fc1], "fc1 (per expert): ", role_width, out);
+    model_print_linear(m, &m->linears[mo->fc2], "fc2 (per expert): ", role_width, out);
     char prefix[ARENA_NAME_MAX + 16];
     snprintf(prefix, sizeof prefix, "%s.router.", l->name);
     uint64_t router = model_region_bytes(m, prefix);
@@ -823,14 +823,17 @@ void model_print(const model *m, FILE *out) {
     fprintf(out, "model: %u layers, input %u (stride %u), %u outputs, loss %s, batch %u\n",
             rm->layers_count, m->input_features, m->input_stride, m->outputs,
             m->classification ? "softmax_xent" : "mse", m->batch);
+    int role_width = model_role_width(m);
     for (uint32_t i = 0; i < rm->layers_count; i++) {
         const recipe_layer *l = &rm->layers[i];
         fprintf(out, "  %3u %-14s %-16s %6u -> %-6u%s\n", i, recipe_layer_kind_name(l->kind),
                 l->name, l->in_features, l->out_features, l->bias ? " bias" : "");
         if (l->kind == RECIPE_LAYER_LINEAR) {
-            model_print_linear(m, &m->linears[m->layer_linear[i]], "", out);
+            model_print_linear(m, &m->linears[m->layer_linear[i]], "", role_width, out);
         }
-        if (l->kind == RECIPE_LAYER_MOE) model_print_moe(m, &m->moes[m->layer_moe[i]], out);
+        if (l->kind == RECIPE_LAYER_MOE) {
+            model_print_moe(m, &m->moes[m->layer_moe[i]], role_width, out);
+        }
     }
     fprintf(out, "parameters: %u\n", m->param_count);
     for (uint32_t i = 0; i < m->param_count; i++) {
