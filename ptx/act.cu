@@ -12,6 +12,7 @@
 // Rows whose length is not a multiple of 8 (or tensors at unaligned offsets) take the element
 // path, which is correct but slower: pad vocabularies to a multiple of 8.
 #include "ptx/act.h"
+#include "ptx/grid_order.h"  // qt_grid_enter, every kernel's first statement
 #include "ptx/quant_group.h"  // qt_group_find, qt_group_member_rows, qt_group_active_rows
 
 #define ACT_FULL_MASK 0xFFFFFFFFu
@@ -401,6 +402,7 @@ __device__ __forceinline__ void act_swiglu_bwd(const act_args &args, uint32_t *t
 #define ACT_KERNEL(symbol, body, grouped)                                   \
     extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)            \
         symbol(const __grid_constant__ act_args args) {                     \
+        qt_grid_enter();                                                    \
         extern __shared__ uint32_t act_member_amax[];                       \
         body<grouped>(args, act_member_amax);                               \
     }
@@ -425,6 +427,7 @@ __device__ __forceinline__ bool act_rows_vec(uint64_t addresses, uint32_t cols) 
 // the row (which the first pass left in L1/L2).
 extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
     qt_rmsnorm_fwd(const __grid_constant__ rmsnorm_args args) {
+    qt_grid_enter();
     uint64_t row = act_row();
     if (row >= args.rows) return;  // whole warps leave; no block barrier below
     uint32_t lane = threadIdx.x % 32, cols = args.cols;
@@ -456,6 +459,7 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
 
 extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
     qt_rmsnorm_bwd_dx(const __grid_constant__ rmsnorm_args args) {
+    qt_grid_enter();
     uint64_t row = act_row();
     if (row >= args.rows) return;
     uint32_t lane = threadIdx.x % 32, cols = args.cols;
@@ -492,6 +496,7 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
 // columns of a row, so each row's loads coalesce.
 extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
     qt_rmsnorm_dgamma_partial(const __grid_constant__ rmsnorm_args args) {
+    qt_grid_enter();
     uint32_t col = blockIdx.x * QT_ACT_THREADS + threadIdx.x;
     if (col >= args.cols) return;
     uint64_t first = (uint64_t)blockIdx.y * args.rows_per_part;
@@ -511,6 +516,7 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
 
 extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
     qt_rmsnorm_dgamma_final(const __grid_constant__ rmsnorm_args args) {
+    qt_grid_enter();
     uint32_t col = blockIdx.x * QT_ACT_THREADS + threadIdx.x;
     if (col >= args.cols) return;
     const float *partials = (const float *)(uintptr_t)args.partials;
@@ -526,6 +532,7 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
 
 extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
     qt_residual_add(const __grid_constant__ residual_args args) {
+    qt_grid_enter();
     uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
     uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
     uint64_t scalar_first = 0;
@@ -554,6 +561,7 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
 
 extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
     qt_xent_count(const __grid_constant__ xent_args args) {
+    qt_grid_enter();
     uint32_t valid = 0;
     for (uint32_t r = threadIdx.x; r < args.rows; r += QT_ACT_THREADS) {
         valid += qt_xent_label(args.labels, r, args.classes) >= 0;
@@ -626,6 +634,7 @@ __device__ float act_xent_row(const xent_args &a, uint64_t row, uint32_t *correc
 
 extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
     qt_xent_rows(const __grid_constant__ xent_args args) {
+    qt_grid_enter();
     __shared__ float row_loss[QT_ACT_ROWS_PER_BLOCK];
     __shared__ uint32_t row_correct[QT_ACT_ROWS_PER_BLOCK];
     uint64_t row = act_row();
@@ -654,6 +663,7 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
 
 extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
     qt_xent_final(const __grid_constant__ xent_args args) {
+    qt_grid_enter();
     float sum = act_final_sum(args.partials, args.blocks);
     const uint32_t *hits = (const uint32_t *)(uintptr_t)args.partials + args.blocks;
     uint32_t correct = 0;
@@ -695,6 +705,7 @@ __device__ float act_mse_row(const mse_args &a, uint64_t row, uint32_t valid) {
 
 extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
     qt_mse_rows(const __grid_constant__ mse_args args) {
+    qt_grid_enter();
     __shared__ float row_sum[QT_ACT_ROWS_PER_BLOCK];
     uint64_t row = act_row();
     uint32_t valid = qt_mse_valid(args.valid_rows, args.rows);
@@ -710,6 +721,7 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
 
 extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
     qt_mse_final(const __grid_constant__ mse_args args) {
+    qt_grid_enter();
     float sum = act_final_sum(args.partials, args.blocks);
     if (threadIdx.x != 0) return;
     uint32_t valid = qt_mse_valid(args.valid_rows, args.rows);
@@ -818,6 +830,7 @@ __device__ void act_xent_row_thread(const xent_args &a, uint32_t r, act_xent_sma
 // qt_xent_rows and qt_xent_final.
 extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
     qt_xent_small(const __grid_constant__ xent_args args) {
+    qt_grid_enter();
     __shared__ act_xent_small_rows rows;
     uint32_t valid = 0;
     for (uint32_t r = threadIdx.x; r < args.rows; r += QT_ACT_THREADS) {
@@ -880,6 +893,7 @@ __device__ float act_mse_row_thread(const mse_args &a, uint32_t row, uint32_t va
 
 extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
     qt_mse_small(const __grid_constant__ mse_args args) {
+    qt_grid_enter();
     __shared__ float row_sum[QT_LOSS_SMALL_ROWS_MAX];
     uint32_t valid = qt_mse_valid(args.valid_rows, args.rows);
     for (uint32_t r = threadIdx.x; r < args.blocks * QT_ACT_ROWS_PER_BLOCK;
@@ -910,6 +924,7 @@ __device__ float act_final_sum_cg(uint64_t partials, uint32_t count) {
 
 extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
     qt_gnorm(const __grid_constant__ gnorm_args args) {
+    qt_grid_enter();
     uint32_t region = qt_gnorm_region(&args, blockIdx.x);
     uint64_t count = args.count[region];
     uint64_t block_first = (uint64_t)(blockIdx.x - args.first_block[region]) *

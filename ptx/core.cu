@@ -1,9 +1,11 @@
 // core kernels: fill_random, copy, checksum (ABI and shared arithmetic in core.h).
 #include "ptx/core.h"
+#include "ptx/grid_order.h"  // qt_grid_enter, every kernel's first statement
 
 // Grid-stride over elements; each element is an independent Philox draw, so the grid shape never
 // changes a value.
 extern "C" __global__ void qt_fill_random(const __grid_constant__ fill_random_args args) {
+    qt_grid_enter();
     uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
     for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < args.count;
          i += stride) {
@@ -19,6 +21,7 @@ extern "C" __global__ void qt_fill_random(const __grid_constant__ fill_random_ar
 
 // 16-byte vectors when both ends and the length allow it, bytes otherwise.
 extern "C" __global__ void qt_copy(const __grid_constant__ copy_args args) {
+    qt_grid_enter();
     uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
     uint64_t first = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (((args.dst | args.src | args.bytes) & 15u) == 0) {
@@ -58,6 +61,7 @@ __device__ uint64_t qt_load_word(const uint8_t *src, uint64_t bytes, uint64_t wo
 
 extern "C" __global__ void __launch_bounds__(QT_CHECKSUM_THREADS)
     qt_checksum_partial(const __grid_constant__ checksum_args args) {
+    qt_grid_enter();
     const uint8_t *src = (const uint8_t *)args.src;
     uint64_t words = (args.bytes + 7) / 8;
     uint64_t stride = (uint64_t)args.blocks * QT_CHECKSUM_THREADS;
@@ -72,6 +76,7 @@ extern "C" __global__ void __launch_bounds__(QT_CHECKSUM_THREADS)
 
 extern "C" __global__ void __launch_bounds__(QT_CHECKSUM_THREADS)
     qt_checksum_final(const __grid_constant__ checksum_args args) {
+    qt_grid_enter();
     const uint64_t *partials = (const uint64_t *)args.partials;
     uint64_t sum = 0;
     for (uint32_t i = threadIdx.x; i < args.blocks; i += QT_CHECKSUM_THREADS) sum += partials[i];

@@ -44,6 +44,7 @@
 // Decoding the emulated formats (each element once per block, into the shared stage):
 // ptx/gemm_decode.h, which the sm_90a tier shares.
 #include "ptx/gemm_decode.h"  // gemm.h; the emulated formats' decode
+#include "ptx/grid_order.h"  // qt_grid_enter, every kernel's first statement
 #include "ptx/gemm_mma.h"     // ldmatrix, cp.async, mma.sync, guarded loads, the epilogue
 
 #define GEMM_WARP_N 32u    // columns of a warp's tile, either tile
@@ -882,6 +883,7 @@ __device__ __forceinline__ void gemm_run(const gemm_args &args) {
 
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
     qt_gemm_bf16_portable(const __grid_constant__ gemm_args args) {
+    qt_grid_enter();
     // Small tiles take the register-staged pipeline even with both operands K-major: it loads
     // two stages ahead, and at training shapes (256 x 1024 x 1024, 64 blocks) it ran about twice
     // as fast as the cp.async pipeline on an H100. Both walk k in the same order: same bits.
@@ -896,6 +898,7 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 // B is always E4M3 (weights, activations); A is E4M3 or E5M2 (gradients of HYBRID recipes).
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
     qt_gemm_fp8_portable(const __grid_constant__ gemm_args args) {
+    qt_grid_enter();
     bool split = (args.flags & GEMM_FLAG_SPLIT_ACCUMULATE) != 0;
     if (args.a.elem == GEMM_ELEM_E5M2) {
         if (split) {
@@ -914,6 +917,7 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
     qt_gemm_fp8_block_portable(const __grid_constant__ gemm_args args) {
+    qt_grid_enter();
     if (args.a.elem == GEMM_ELEM_E5M2) {
         gemm_run<GEMM_FORMAT_FP8_BLOCK, gemm_mma_e5m2_e4m3, true, true>(args);
     } else {
@@ -923,11 +927,13 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
     qt_gemm_mxfp8_portable(const __grid_constant__ gemm_args args) {
+    qt_grid_enter();
     gemm_run<GEMM_FORMAT_MXFP8, gemm_mma_bf16, false, false>(args);
 }
 
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
     qt_gemm_nvfp4_portable(const __grid_constant__ gemm_args args) {
+    qt_grid_enter();
     gemm_run<GEMM_FORMAT_NVFP4, gemm_mma_bf16, false, false>(args);
 }
 
@@ -937,6 +943,7 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 // GEMM_SPLIT_REDUCE_THREADS threads.
 extern "C" __global__ void __launch_bounds__(GEMM_SPLIT_REDUCE_THREADS)
     qt_gemm_split_reduce(const __grid_constant__ gemm_args args) {
+    qt_grid_enter();
     const float *parts = reinterpret_cast<const float *>(args.workspace);
     const uint64_t elems = (uint64_t)args.m * args.n;
     const uint8_t *c = reinterpret_cast<const uint8_t *>(args.c);
@@ -1000,6 +1007,7 @@ __device__ __forceinline__ void gemm_decode_table_piece(const gemm_decode_table_
 
 extern "C" __global__ void __launch_bounds__(GEMM_DECODE_TABLE_THREADS)
     qt_gemm_decode_table(const __grid_constant__ gemm_decode_table_args args) {
+    qt_grid_enter();
     if (args.piece == gemm_cfg_small::kPiece) {
         gemm_decode_table_piece<gemm_cfg_small::kPiece>(args);
     } else {
@@ -1014,6 +1022,7 @@ extern "C" __global__ void __launch_bounds__(GEMM_DECODE_TABLE_THREADS)
 // order of qt_gemm_bias_grad_add's comment, whatever the grid.
 extern "C" __global__ void __launch_bounds__(GEMM_BGRAD_THREADS)
     qt_gemm_bias_grad(const __grid_constant__ gemm_bias_grad_args args) {
+    qt_grid_enter();
     constexpr uint32_t kWarps = GEMM_BGRAD_THREADS / 32;
     __shared__ float partial[kWarps][GEMM_BGRAD_COLS];
     uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;

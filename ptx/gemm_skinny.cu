@@ -16,6 +16,7 @@
 // chunks, swizzled (skinny_offset) so that the 8 rows an ldmatrix phase reads fall in distinct
 // banks.
 #include "ptx/gemm_mma.h"  // gemm.h; ldmatrix, cp.async, mma.sync, the epilogue
+#include "ptx/grid_order.h"  // qt_grid_enter, every kernel's first statement
 
 #define SKINNY_THREADS GEMM_SKINNY_THREADS
 
@@ -306,6 +307,7 @@ __device__ __forceinline__ void skinny_m_run(const gemm_args &args) {
 
 extern "C" __global__ void __launch_bounds__(GEMM_SKINNY_THREADS)
     qt_gemm_bf16_skinny_n(const __grid_constant__ gemm_args args) {
+    qt_grid_enter();
     switch (qt_gemm_skinny_n_frags(args.n)) {
     case 1: skinny_n_run<1>(args); break;
     case 2: skinny_n_run<2>(args); break;
@@ -316,6 +318,7 @@ extern "C" __global__ void __launch_bounds__(GEMM_SKINNY_THREADS)
 
 extern "C" __global__ void __launch_bounds__(GEMM_SKINNY_THREADS)
     qt_gemm_bf16_skinny_m(const __grid_constant__ gemm_args args) {
+    qt_grid_enter();
     switch (qt_gemm_skinny_m_frags(args.m)) {
     case 1: skinny_m_run<1>(args); break;
     case 2: skinny_m_run<2>(args); break;

@@ -41,6 +41,7 @@
 // accumulator with qt_gemm_split_add / qt_gemm_promote (tiles of 192 columns: 96 registers of
 // partial and 96 of accumulator per consumer thread).
 #include "ptx/gemm_sm90a.h"
+#include "ptx/grid_order.h"  // qt_grid_enter, every kernel's first statement
 #include "ptx/gemm_decode.h"  // the emulated formats' decode, shared with the portable tier
 
 // Register budgets after setmaxnreg: the producer warpgroup gives registers up to the consumers.
@@ -1513,6 +1514,7 @@ __device__ __forceinline__ void gemm_sm90a_run(const gemm_sm90a_args &args) {
 // BF16 in every layout: fprop (both K-major), dgrad (B outer-major: the weight over its rows),
 // wgrad (both outer-major), and A alone outer-major for completeness.
 GEMM_SM90A_KERNEL(qt_gemm_bf16_sm90a) {
+    qt_grid_enter();
     bool outer_a = (args.gemm.a.flags & GEMM_OPERAND_OUTER_MAJOR) != 0;
     bool outer_b = (args.gemm.b.flags & GEMM_OPERAND_OUTER_MAJOR) != 0;
     if (outer_a && outer_b) {
@@ -1527,6 +1529,7 @@ GEMM_SM90A_KERNEL(qt_gemm_bf16_sm90a) {
 }
 
 GEMM_SM90A_KERNEL(qt_gemm_fp8_sm90a) {
+    qt_grid_enter();
     bool split = (args.gemm.flags & GEMM_FLAG_SPLIT_ACCUMULATE) != 0;
     if (args.gemm.a.elem == GEMM_ELEM_E5M2) {
         if (split) {
@@ -1546,6 +1549,7 @@ GEMM_SM90A_KERNEL(qt_gemm_fp8_sm90a) {
 }
 
 GEMM_SM90A_KERNEL(qt_gemm_fp8_block_sm90a) {
+    qt_grid_enter();
     bool b_2d = (args.gemm.b.flags & GEMM_OPERAND_SCALE_2D) != 0;
     if (args.gemm.a.elem == GEMM_ELEM_E5M2) {
         if (b_2d) {
@@ -1567,11 +1571,13 @@ GEMM_SM90A_KERNEL(qt_gemm_fp8_block_sm90a) {
 }
 
 GEMM_SM90A_KERNEL(qt_gemm_mxfp8_sm90a) {
+    qt_grid_enter();
     gemm_sm90a_run<GEMM_SM90A_EMU_ROW_BYTES(GEMM_FORMAT_MXFP8), false,
                    gemm_mainloop_emulated<GEMM_FORMAT_MXFP8>>(args);
 }
 
 GEMM_SM90A_KERNEL(qt_gemm_nvfp4_sm90a) {
+    qt_grid_enter();
     gemm_sm90a_run<GEMM_SM90A_EMU_ROW_BYTES(GEMM_FORMAT_NVFP4), false,
                    gemm_mainloop_emulated<GEMM_FORMAT_NVFP4>>(args);
 }

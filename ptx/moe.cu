@@ -8,6 +8,7 @@
 // gather and combine_bwd take dynamic shared memory only with an amax output: the per-member
 // table of ptx/act.h, 4 x experts bytes.
 #include "ptx/moe.h"
+#include "ptx/grid_order.h"  // qt_grid_enter, every kernel's first statement
 
 #include "ptx/quant_group.h"  // qt_group_find_warp, qt_group_active_rows
 
@@ -16,6 +17,7 @@
 // One token per thread: softmax, then the K choices.
 extern "C" __global__ void __launch_bounds__(QT_MOE_TOKEN_THREADS)
     qt_moe_route(const __grid_constant__ moe_route_args args) {
+    qt_grid_enter();
     uint32_t t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= args.tokens) return;
     const float *logits = (const float *)args.logits + (uint64_t)t * args.experts;
@@ -29,6 +31,7 @@ extern "C" __global__ void __launch_bounds__(QT_MOE_TOKEN_THREADS)
 // 4 * experts bytes).
 extern "C" __global__ void __launch_bounds__(QT_MOE_COUNT_THREADS)
     qt_moe_count(const __grid_constant__ moe_count_args args) {
+    qt_grid_enter();
     extern __shared__ uint32_t hist[];
     for (uint32_t e = threadIdx.x; e < args.experts; e += blockDim.x) hist[e] = 0;
     __syncthreads();
@@ -51,6 +54,7 @@ extern "C" __global__ void __launch_bounds__(QT_MOE_COUNT_THREADS)
 // every chunk waited out one dependent load per chunk (21 us for 128 chunks on an H200).
 extern "C" __global__ void __launch_bounds__(QT_MOE_SCAN_THREADS)
     qt_moe_scan(const __grid_constant__ moe_scan_args args) {
+    qt_grid_enter();
     __shared__ uint32_t warp_sums[QT_MOE_SCAN_THREADS / 32][QT_MOE_SCAN_EXPERTS];
     uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x / 32u;
     uint32_t e = blockIdx.x * QT_MOE_SCAN_EXPERTS + lane;
@@ -87,6 +91,7 @@ extern "C" __global__ void __launch_bounds__(QT_MOE_SCAN_THREADS)
 // the group's last lane advances the expert's row after every lane has read it.
 extern "C" __global__ void __launch_bounds__(32)
     qt_moe_permute(const __grid_constant__ moe_permute_args args) {
+    qt_grid_enter();
     extern __shared__ uint32_t next[];
     uint32_t lane = threadIdx.x;
     uint32_t chunk = blockIdx.x;
@@ -199,6 +204,7 @@ __device__ __forceinline__ float moe_gather_token(const moe_gather_args &a, uint
 // Warp w: token w (when w < tokens), then permuted row w when it is a padding row.
 extern "C" __global__ void __launch_bounds__(QT_MOE_ROW_THREADS)
     qt_moe_gather(const __grid_constant__ moe_gather_args args) {
+    qt_grid_enter();
     extern __shared__ uint32_t moe_member_amax[];
     uint32_t w = blockIdx.x * QT_MOE_ROWS_PER_BLOCK + threadIdx.x / 32u;
     uint32_t lane = threadIdx.x & 31u;
@@ -262,6 +268,7 @@ __device__ __forceinline__ void moe_combine_chunks(const moe_combine_args &a) {
 // Chunks where the shape allows, else one element per step of a grid-stride loop.
 extern "C" __global__ void __launch_bounds__(QT_MOE_FLAT_THREADS)
     qt_moe_combine(const __grid_constant__ moe_combine_args args) {
+    qt_grid_enter();
     if (args.cols % QT_ACT_CHUNK == 0 && act_aligned16(args.src | args.addend | args.out)) {
         moe_combine_chunks(args);
         return;
@@ -326,6 +333,7 @@ __device__ __forceinline__ float moe_combine_bwd_row(const moe_combine_bwd_args 
 // then permuted row w when it is a padding row (zeros).
 extern "C" __global__ void __launch_bounds__(QT_MOE_ROW_THREADS)
     qt_moe_combine_bwd(const __grid_constant__ moe_combine_bwd_args args) {
+    qt_grid_enter();
     extern __shared__ uint32_t moe_member_amax[];
     uint32_t w = blockIdx.x * QT_MOE_ROWS_PER_BLOCK + threadIdx.x / 32u;
     uint32_t lane = threadIdx.x & 31u;
@@ -357,12 +365,14 @@ extern "C" __global__ void __launch_bounds__(QT_MOE_ROW_THREADS)
 // One token per thread.
 extern "C" __global__ void __launch_bounds__(QT_MOE_TOKEN_THREADS)
     qt_moe_router_bwd(const __grid_constant__ moe_router_bwd_args args) {
+    qt_grid_enter();
     uint32_t t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t < args.tokens) qt_moe_router_grad(&args, t);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
     qt_moe_uniform_group(const __grid_constant__ moe_uniform_group_args args) {
+    qt_grid_enter();
     uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i <= args.count) ((uint32_t *)args.row_offsets)[i] = i * args.rows;
     if (i < args.count) ((uint32_t *)args.first_dims)[i] = args.rows;

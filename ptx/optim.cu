@@ -3,9 +3,11 @@
 // over a table of parameters, the table's amax zeroing, and the op that writes a table entry.
 // ABI, numerics and the skip rule: optim.h.
 #include "ptx/optim.h"
+#include "ptx/grid_order.h"  // qt_grid_enter, every kernel's first statement
 
 extern "C" __global__ void __launch_bounds__(QT_OPTIM_BEGIN_THREADS)
     qt_optim_begin(const __grid_constant__ optim_begin_args args) {
+    qt_grid_enter();
     if (blockIdx.x != 0 || threadIdx.x != 0) return;
     qt_optim_begin_apply((uint64_t *)args.steps, (optim_state *)args.state,
                          (const optim_grad_norm *)args.grad_norm,
@@ -233,6 +235,7 @@ __device__ __forceinline__ void opt_adamw_tile(const optim_adamw_args &a, uint32
 
 extern "C" __global__ void __launch_bounds__(QT_OPTIM_THREADS)
     qt_optim_adamw(const __grid_constant__ optim_adamw_args a) {
+    qt_grid_enter();
     opt_adamw_tile(a, blockIdx.x);
 }
 
@@ -240,6 +243,7 @@ extern "C" __global__ void __launch_bounds__(QT_OPTIM_THREADS)
 // search of a few global reads per block).
 extern "C" __global__ void __launch_bounds__(QT_OPTIM_THREADS)
     qt_optim_adamw_multi(const __grid_constant__ optim_multi_args m) {
+    qt_grid_enter();
     __shared__ __align__(16) optim_multi_entry s_entry;
     if (threadIdx.x == 0) {
         const optim_multi_entry *entries = (const optim_multi_entry *)m.entries;
@@ -252,6 +256,7 @@ extern "C" __global__ void __launch_bounds__(QT_OPTIM_THREADS)
 
 extern "C" __global__ void __launch_bounds__(QT_OPTIM_ZERO_THREADS)
     qt_optim_amax_zero(const __grid_constant__ optim_multi_args m) {
+    qt_grid_enter();
     const optim_multi_entry *entries = (const optim_multi_entry *)m.entries;
     for (uint32_t i = threadIdx.x; i < m.count; i += blockDim.x) {
         const optim_multi_entry *e = &entries[i];
@@ -263,6 +268,7 @@ extern "C" __global__ void __launch_bounds__(QT_OPTIM_ZERO_THREADS)
 
 extern "C" __global__ void __launch_bounds__(QT_OPTIM_DESCRIBE_THREADS)
     qt_optim_describe(const __grid_constant__ optim_describe_args a) {
+    qt_grid_enter();
     if (blockIdx.x != 0 || threadIdx.x != 0) return;
     *(optim_multi_entry *)a.entry = a.value;
 }

@@ -20,6 +20,7 @@
 // 2, which took the dense 1-D cast from 85% to 91% of copy and the 2-D one from 88% to 93%
 // (H200). FP32 tiles (64 KiB) exceed the static shared-memory limit and keep the register path.
 #include "ptx/quant_block.h"
+#include "ptx/grid_order.h"  // qt_grid_enter, every kernel's first statement
 #include "ptx/quant_group.h"  // qt_group_find_warp
 
 #define QB_THREADS 256u
@@ -597,18 +598,22 @@ __device__ __forceinline__ void qb_cast(const quant_block_args &a) {
 // their own symbols so that a change to one path's register use cannot spill the other.
 extern "C" __global__ void __launch_bounds__(QB_THREADS, 4)
     qt_quant_block_1d_bf16(const __grid_constant__ quant_block_args args) {
+    qt_grid_enter();
     qb_cast<uint16_t, false>(args);
 }
 extern "C" __global__ void __launch_bounds__(QB_THREADS, 2)
     qt_quant_block_1d_f32(const __grid_constant__ quant_block_args args) {
+    qt_grid_enter();
     qb_cast<float, false>(args);
 }
 extern "C" __global__ void __launch_bounds__(QB_THREADS, 4)
     qt_quant_block_2d_bf16(const __grid_constant__ quant_block_args args) {
+    qt_grid_enter();
     qb_cast<uint16_t, true>(args);
 }
 extern "C" __global__ void __launch_bounds__(QB_THREADS, 2)
     qt_quant_block_2d_f32(const __grid_constant__ quant_block_args args) {
+    qt_grid_enter();
     qb_cast<float, true>(args);
 }
 
@@ -768,9 +773,11 @@ __device__ __forceinline__ void qb_dequant(const dequant_block_args &a) {
 
 extern "C" __global__ void __launch_bounds__(QB_THREADS)
     qt_dequant_block_1d(const __grid_constant__ dequant_block_args args) {
+    qt_grid_enter();
     qb_dequant<false>(args);
 }
 extern "C" __global__ void __launch_bounds__(QB_THREADS)
     qt_dequant_block_2d(const __grid_constant__ dequant_block_args args) {
+    qt_grid_enter();
     qb_dequant<true>(args);
 }

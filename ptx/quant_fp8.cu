@@ -1,6 +1,7 @@
 // quant_fp8 kernels: amax, fused cast + transpose, delayed-scaling updates, dequantize (ABI,
 // launch constants and the arithmetic shared with the C twins in quant_fp8.h).
 #include "ptx/quant_fp8.h"
+#include "ptx/grid_order.h"  // qt_grid_enter, every kernel's first statement
 
 // 1 converts with the shared software codec instead of cvt.rn.satfinite. Both give the same
 // bytes (checked bit for bit on H100); the switch exists to bisect a mismatch.
@@ -110,6 +111,7 @@ __device__ __forceinline__ void qt_fp8_atomic_amax(uint64_t slots, uint32_t memb
 // Zeroing and amax.
 
 extern "C" __global__ void qt_fp8_amax_zero(const __grid_constant__ fp8_amax_zero_args args) {
+    qt_grid_enter();
     uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < args.slots) ((float *)args.amax)[i] = 0.0f;
 }
@@ -205,6 +207,7 @@ __device__ void qt_fp8_amax_body(const fp8_amax_args &a, float *scratch) {
 
 extern "C" __global__ void __launch_bounds__(QT_FP8_AMAX_THREADS)
     qt_fp8_amax(const __grid_constant__ fp8_amax_args args) {
+    qt_grid_enter();
     __shared__ float scratch[QT_FP8_AMAX_THREADS / 32];
     if (args.dtype == QT_DTYPE_BF16) {
         qt_fp8_amax_body<uint16_t>(args, scratch);
@@ -442,6 +445,7 @@ __device__ __forceinline__ void qt_fp8_cast_tile(const fp8_cast_args &a, qt_fp8_
 // row lookups below were added (uncapped, they take 52 and leave room for 4).
 extern "C" __global__ void __launch_bounds__(QT_FP8_CAST_THREADS, 5)
     qt_fp8_cast_bf16(const __grid_constant__ fp8_cast_args args) {
+    qt_grid_enter();
     __shared__ qt_fp8_cast_smem sm;
     if (args.fp8 == QT_FP8_E5M2) {
         qt_fp8_cast_tile<uint16_t, true>(args, sm);
@@ -452,6 +456,7 @@ extern "C" __global__ void __launch_bounds__(QT_FP8_CAST_THREADS, 5)
 
 extern "C" __global__ void __launch_bounds__(QT_FP8_CAST_THREADS)
     qt_fp8_cast_f32(const __grid_constant__ fp8_cast_args args) {
+    qt_grid_enter();
     __shared__ qt_fp8_cast_smem sm;
     if (args.fp8 == QT_FP8_E5M2) {
         qt_fp8_cast_tile<float, true>(args, sm);
@@ -466,6 +471,7 @@ extern "C" __global__ void __launch_bounds__(QT_FP8_CAST_THREADS)
 
 extern "C" __global__ void __launch_bounds__(QT_FP8_UPDATE_THREADS)
     qt_fp8_delayed_update(const __grid_constant__ fp8_delayed_update_args args) {
+    qt_grid_enter();
     uint32_t j = blockIdx.x * QT_FP8_UPDATE_THREADS + threadIdx.x;
     if (j < args.slots) qt_fp8_delayed_update_slot(&args, j);
 }
@@ -474,6 +480,7 @@ extern "C" __global__ void __launch_bounds__(QT_FP8_UPDATE_THREADS)
 // states in order); each thread reads and writes only its own slot's words.
 extern "C" __global__ void __launch_bounds__(QT_FP8_UPDATE_THREADS)
     qt_fp8_delayed_states(const __grid_constant__ fp8_delayed_states_args args) {
+    qt_grid_enter();
     uint32_t state, slot;
     uint32_t index = blockIdx.x * QT_FP8_UPDATE_THREADS + threadIdx.x;
     if (qt_fp8_delayed_states_find(&args, index, &state, &slot)) {
@@ -488,6 +495,7 @@ extern "C" __global__ void __launch_bounds__(QT_FP8_UPDATE_THREADS)
 
 extern "C" __global__ void __launch_bounds__(QT_FP8_DEQ_THREADS)
     qt_fp8_dequantize(const __grid_constant__ fp8_dequantize_args args) {
+    qt_grid_enter();
     __shared__ uint32_t tile[QT_FP8_DEQ_TILE][QT_FP8_DEQ_TILE + 1];
     const fp8_dequantize_args &a = args;
     uint32_t tiles_k = (a.cols + QT_FP8_DEQ_TILE - 1) / QT_FP8_DEQ_TILE;

@@ -1,5 +1,6 @@
 // quant_group kernels: grouped-tensor row offsets (ABI and helpers in quant_group.h).
 #include "ptx/quant_group.h"
+#include "ptx/grid_order.h"  // qt_grid_enter, every kernel's first statement
 
 #define QT_GROUP_WARPS (QT_GROUP_OFFSETS_THREADS / 32)
 
@@ -33,6 +34,7 @@ __device__ uint32_t qt_group_block_scan(uint32_t value, uint32_t *warp_totals, u
 // running total, so any count works with one launch and a deterministic order of sums.
 extern "C" __global__ void __launch_bounds__(QT_GROUP_OFFSETS_THREADS)
     qt_group_offsets(const __grid_constant__ group_offsets_args args) {
+    qt_grid_enter();
     __shared__ uint32_t warp_totals[QT_GROUP_WARPS];
     const uint32_t *dims = (const uint32_t *)args.first_dims;
     uint32_t *off = (uint32_t *)args.row_offsets;

@@ -21,6 +21,7 @@
 // is read exactly once. Only the rowwise scales go through shared memory, to leave the block as
 // one 8-byte store per row instead of 8 single bytes.
 #include "ptx/quant_mxfp8.h"
+#include "ptx/grid_order.h"  // qt_grid_enter, every kernel's first statement
 #include "ptx/gemm_decode.h"  // the MXFP8 GEMMs' decode, for the dequantize's BF16 path
 
 #define MX_LANE_ROWS 8
@@ -450,11 +451,13 @@ __device__ __forceinline__ void mx_quantize(const mxfp8_quantize_args &a) {
 // at 64 registers, which it fits without spills (uncapped it takes 72, 7 blocks).
 extern "C" __global__ void __launch_bounds__(QT_MXFP8_THREADS, 8)
     qt_mxfp8_quantize_bf16(const __grid_constant__ mxfp8_quantize_args args) {
+    qt_grid_enter();
     mx_quantize<mx_tile_bf16, uint16_t>(args);
 }
 
 extern "C" __global__ void __launch_bounds__(QT_MXFP8_THREADS)
     qt_mxfp8_quantize_f32(const __grid_constant__ mxfp8_quantize_args args) {
+    qt_grid_enter();
     mx_quantize<mx_tile_f32, float>(args);
 }
 
@@ -552,6 +555,7 @@ __device__ __forceinline__ void mx_dequant_bf16_fast(const mxfp8_dequantize_args
 
 extern "C" __global__ void __launch_bounds__(256)
     qt_mxfp8_dequantize(const __grid_constant__ mxfp8_dequantize_args args) {
+    qt_grid_enter();
     const mxfp8_dequantize_args &a = args;
     uint32_t end = qt_group_active_rows(a.group, a.rows);
     uint64_t chunks_per_row = (a.cols + 15u) / 16u;

@@ -3,6 +3,7 @@
 // layouts and all per-element arithmetic live in quant_nvfp4.h; this file only tiles, moves
 // memory and reduces.
 #include "ptx/core.h"         // QT_DTYPE_*
+#include "ptx/grid_order.h"  // qt_grid_enter, every kernel's first statement
 #include "ptx/quant_nvfp4.h"
 #include "ptx/gemm_decode.h"  // the NVFP4 GEMMs' decode, for qt_nvfp4_decode
 
@@ -77,6 +78,7 @@ __device__ __forceinline__ void nv_amax_update(uint64_t amax, uint32_t member, u
 
 extern "C" __global__ void __launch_bounds__(NV_THREADS)
     qt_nvfp4_amax_zero(const __grid_constant__ nvfp4_amax_args args) {
+    qt_grid_enter();
     uint32_t n = args.group.count ? args.group.count : 1u;
     for (uint32_t i = threadIdx.x; i < n; i += NV_THREADS) {
         ((float *)args.amax_row)[i] = 0.0f;
@@ -222,6 +224,7 @@ __device__ __forceinline__ void nv_amax_body(const nvfp4_amax_args &a) {
 // Two CTAs per SM (up to 128 registers) keep 128 KiB of loads in flight per SM.
 extern "C" __global__ void __launch_bounds__(NV_THREADS, 2)
     qt_nvfp4_amax(const __grid_constant__ nvfp4_amax_args args) {
+    qt_grid_enter();
     if (args.dtype == QT_DTYPE_F32) {
         nv_amax_body<4>(args);
     } else {
@@ -733,6 +736,7 @@ __device__ __forceinline__ void nvq_body(const nvfp4_quantize_args &a, nvq_share
 // (up to 80 registers, no spills).
 extern "C" __global__ void __launch_bounds__(NV_THREADS, 3)
     qt_nvfp4_quantize(const __grid_constant__ nvfp4_quantize_args args) {
+    qt_grid_enter();
     __shared__ nvq_shared sh;  // one copy for the variants
     if (args.dtype == QT_DTYPE_BF16) {
         nvq_body<2, false>(args, sh);
@@ -955,6 +959,7 @@ __device__ __forceinline__ void nvq_body_bf16(const nvfp4_quantize_args &a, nvq_
 
 extern "C" __global__ void __launch_bounds__(NV_THREADS, 4)
     qt_nvfp4_quantize_bf16(const __grid_constant__ nvfp4_quantize_args args) {
+    qt_grid_enter();
     __shared__ nvq_shared sh;  // the multiplier table only
     nvq_body_bf16(args, sh);
 }
@@ -965,6 +970,7 @@ extern "C" __global__ void __launch_bounds__(NV_THREADS, 4)
 
 extern "C" __global__ void __launch_bounds__(NV_THREADS)
     qt_nvfp4_dequantize(const __grid_constant__ nvfp4_dequantize_args a) {
+    qt_grid_enter();
     const uint32_t k = blockIdx.x * NV_THREADS + threadIdx.x;
     if (k >= a.cols) return;  // no barriers below
     const uint8_t *data = (const uint8_t *)a.data;
@@ -1005,6 +1011,7 @@ extern "C" __global__ void __launch_bounds__(NV_THREADS)
 // rows (k a multiple of 16) take the vector path: 8 code bytes and the scale in, 32 bytes out.
 extern "C" __global__ void __launch_bounds__(NV_THREADS)
     qt_nvfp4_decode(const __grid_constant__ nvfp4_decode_args a) {
+    qt_grid_enter();
     uint64_t blocks = (uint64_t)a.rows * ((a.k + 15) / 16);
     uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
     bool vec = a.k % 16 == 0;

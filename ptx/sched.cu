@@ -1,11 +1,13 @@
 // sched kernels: the schedule loop's per-step copy, record and checksum (ABI and shared
 // arithmetic in ptx/sched_ops.h).
 #include "ptx/sched_ops.h"
+#include "ptx/grid_order.h"  // qt_grid_enter, every kernel's first statement
 
 // Every thread reads the counter before any write of this step; nothing in this kernel writes
 // the counter, so there is no race.
 extern "C" __global__ void __launch_bounds__(QT_SCHED_THREADS)
     qt_sched_copy(const __grid_constant__ sched_copy_args args) {
+    qt_grid_enter();
     uint64_t counter = *(const volatile uint64_t *)args.counter;
     const uint4 *src = (const uint4 *)(args.src +
                                        qt_sched_slot_offset(counter, args.src_slots,
@@ -23,6 +25,7 @@ extern "C" __global__ void __launch_bounds__(QT_SCHED_THREADS)
 // pixels per thread step, four float4 stores: a device-to-device pass.
 extern "C" __global__ void __launch_bounds__(QT_SCHED_THREADS)
     qt_sched_stage_u8(const __grid_constant__ sched_stage_u8_args args) {
+    qt_grid_enter();
     uint64_t counter = *(const volatile uint64_t *)args.counter;
     const uint8_t *src =
         (const uint8_t *)(args.src + qt_sched_slot_offset(counter, args.src_slots,
@@ -64,6 +67,7 @@ extern "C" __global__ void __launch_bounds__(QT_SCHED_THREADS)
 // this kernel, which orders them.
 extern "C" __global__ void __launch_bounds__(QT_SCHED_RECORD_THREADS)
     qt_sched_record(const __grid_constant__ sched_record_args args) {
+    qt_grid_enter();
     uint64_t *counter = (uint64_t *)args.counter;
     uint64_t step = *(volatile uint64_t *)counter;
     qt_trace_ring_head *r = qt_trace_ring_at(args.ring, step % args.ring_len, args.quantizers);
@@ -77,6 +81,7 @@ extern "C" __global__ void __launch_bounds__(QT_SCHED_RECORD_THREADS)
 
 extern "C" __global__ void __launch_bounds__(QT_SCHED_RECORD_THREADS)
     qt_sched_checksum(const __grid_constant__ sched_checksum_args args) {
+    qt_grid_enter();
     if (threadIdx.x != 0) return;
     uint64_t counter = *(const volatile uint64_t *)args.counter;
     if (counter == 0) return;  // no step has been recorded yet
@@ -89,6 +94,7 @@ extern "C" __global__ void __launch_bounds__(QT_SCHED_RECORD_THREADS)
 // Reads the counter before its write; the word it writes is read by later ops only.
 extern "C" __global__ void __launch_bounds__(1)
     qt_sched_inject(const __grid_constant__ sched_inject_args args) {
+    qt_grid_enter();
     if (*(const volatile uint64_t *)args.counter == args.step) {
         *(uint32_t *)args.target = args.bits;
     }

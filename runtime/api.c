@@ -208,6 +208,7 @@ void qt_device_describe(const qt_device *d, qt_device_info *out) {
     if (!out->gpu) return;
     gemm_tier_device tier = backend_gemm_device(b);
     snprintf(out->gemm_tier, sizeof out->gemm_tier, "%s", gemm_tier_describe(&tier));
+    out->overlapping_launches = b->modules.overlap_launches;
     out->kernels = KERNEL_COUNT;
     out->modules = MODULE_COUNT;
     for (int k = 0; k < KERNEL_COUNT; k++) {

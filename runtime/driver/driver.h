@@ -32,7 +32,7 @@
     X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventSynchronize)               \
     X(cuEventQuery) X(cuEventElapsedTime)                                                   \
     X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction)                            \
-    X(cuFuncGetAttribute) X(cuFuncSetAttribute) X(cuLaunchKernel)                           \
+    X(cuFuncGetAttribute) X(cuFuncSetAttribute) X(cuLaunchKernel) X(cuLaunchKernelEx)       \
     X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuGraphInstantiateWithFlags)            \
     X(cuGraphLaunch) X(cuGraphDestroy) X(cuGraphExecDestroy)                               \
     X(cuTensorMapEncodeTiled)

@@ -1,6 +1,8 @@
 #include "runtime/driver/modules.h"
 
 #include <stdio.h>
+#include <stdlib.h>  // getenv
+#include <string.h>  // strcmp
 
 #define QT_KERNEL_INFO(id, module, symbol, args) [id] = {#symbol, MODULE_##module, sizeof(args)},
 const kernel_info kernel_table[KERNEL_COUNT] = {QT_KERNELS(QT_KERNEL_INFO)};
@@ -46,6 +48,10 @@ qt_status modules_load(modules *m, CUdevice device) {
     int cc_major = 0, cc_minor = 0;
     QT_CU(cuDeviceGetAttribute(&cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device));
     QT_CU(cuDeviceGetAttribute(&cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device));
+    // The JIT image of other GPUs is compute_89 PTX, which has no griddepcontrol.wait: there the
+    // kernels run in plain stream order.
+    const char *serial = getenv("QTRAIN_SERIAL_LAUNCH");
+    m->overlap_launches = cc_major == 9 && cc_minor == 0 && !(serial && strcmp(serial, "1") == 0);
     for (int i = 0; i < MODULE_COUNT; i++) {
         if (!modules_wanted((module_id)i, cc_major, cc_minor)) continue;
         CUresult result = drv.cuModuleLoadData(&m->module[i], module_images[i]);
@@ -98,9 +104,21 @@ qt_status modules_launch(const modules *m, kernel_id kernel, const launch_shape 
     // their TMA tensor maps) does not start at offset 0 of the parameter space, so a buffer
     // passed with CU_LAUNCH_PARAM_BUFFER_POINTER would reach the kernel shifted.
     void *params[] = {(void *)args};
-    CUresult result = drv.cuLaunchKernel(m->function[kernel], shape->grid[0], shape->grid[1],
-                                         shape->grid[2], shape->block[0], shape->block[1],
-                                         shape->block[2], shape->smem_bytes, stream, params, NULL);
+    CUresult result;
+    if (m->overlap_launches) {
+        CUlaunchAttribute overlap = {.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION};
+        overlap.value.programmaticStreamSerializationAllowed = 1;
+        CUlaunchConfig config = {
+            .gridDimX = shape->grid[0], .gridDimY = shape->grid[1], .gridDimZ = shape->grid[2],
+            .blockDimX = shape->block[0], .blockDimY = shape->block[1],
+            .blockDimZ = shape->block[2], .sharedMemBytes = shape->smem_bytes,
+            .hStream = stream, .attrs = &overlap, .numAttrs = 1};
+        result = drv.cuLaunchKernelEx(&config, m->function[kernel], params, NULL);
+    } else {
+        result = drv.cuLaunchKernel(m->function[kernel], shape->grid[0], shape->grid[1],
+                                    shape->grid[2], shape->block[0], shape->block[1],
+                                    shape->block[2], shape->smem_bytes, stream, params, NULL);
+    }
     if (result != CUDA_SUCCESS) {
         char call[160];
         snprintf(call, sizeof call, "cuLaunchKernel(%s, grid %ux%ux%u, block %ux%ux%u, smem %u)",

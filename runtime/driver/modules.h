@@ -31,12 +31,19 @@ typedef struct modules {
     CUfunction function[KERNEL_COUNT];
     kernel_attributes attributes[KERNEL_COUNT];
     int dynamic_smem_max_bytes;  // opt-in limit applied to every kernel
+    // Every launch carries programmatic stream serialization: a kernel's blocks may start while
+    // the kernel ahead of it finishes, and wait for it themselves (ptx/grid_order.h). On compute
+    // capability 9.0 only, where the sm_90a SASS that holds that wait is what runs; the
+    // environment variable QTRAIN_SERIAL_LAUNCH=1 turns it off (plain stream order, for
+    // comparison). Results are the same bits either way.
+    bool overlap_launches;
 } modules;
 
 // Loads every embedded image into the current context and resolves every kernel; fails naming
 // the first missing symbol. Raises each kernel's dynamic shared memory limit to the device's
 // opt-in maximum so launch shapes are the only thing that decides it. The sm_90a GEMM tier's
-// image loads on compute capability 9.0 only; elsewhere its kernels stay unresolved.
+// image loads on compute capability 9.0 only; elsewhere its kernels stay unresolved. Decides
+// overlap_launches once.
 qt_status modules_load(modules *m, CUdevice device);
 void modules_unload(modules *m);
 // Whether the kernel was resolved (false only for kernels of an image the device cannot run);

@@ -1,0 +1,30 @@
+// grid_order: the first statement of every kernel, for programmatic dependent launch.
+//
+// On compute capability 9.0 the runtime launches every kernel with programmatic stream
+// serialization (runtime/driver/modules.c), which lets the driver start a kernel's blocks before
+// the kernel ahead of it in the stream has finished: the launch latency and the block scheduling
+// of a small kernel then overlap the tail of the one before, the gap that dominates a step made
+// of many short kernels. The price is that each kernel must itself wait for its predecessor's
+// results, which is what qt_grid_enter does, before any load or store: griddepcontrol.wait
+// returns once every prerequisite grid has completed and its memory operations are visible. It
+// comes before everything else, so every kernel's blocks pass it, which keeps the order
+// transitive: a kernel two places behind cannot finish before the one between has waited too.
+// griddepcontrol.launch_dependents then lets the next kernel be scheduled as soon as every
+// block of this one has passed its wait; its own wait keeps it from reading what this one is
+// still writing.
+//
+// Images compiled for targets below sm_90 (the compute_89 PTX that JITs on other GPUs) hold no
+// such instruction, and the runtime launches them without the attribute, in plain stream order.
+#ifndef QT_GRID_ORDER_H
+#define QT_GRID_ORDER_H
+
+#if defined(__CUDACC__)
+__device__ __forceinline__ void qt_grid_enter(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+#endif
+
+#endif  // QT_GRID_ORDER_H
