@@ -22,7 +22,8 @@
 // give on every input.
 #include <math.h>
 
-#include "runtime/backend/gemm_tier.h"  // gemm_tier_takes
+#include "runtime/backend/gemm_tier.h"  // gemm_tier_takes, gemm_tier_describe
+#include "runtime/qtrain.h"              // qt_device_info
 #include "runtime/ops/op_gemm.h"
 // pool_start, pool_stop: the reference GEMM on one and three threads
 #include "runtime/base/pool.h"
@@ -2101,6 +2102,27 @@ static void run_bias_grad(void) {
     free(sizes1000);
 }
 
+// Every description of the GEMM tier fits the public device report's field whole
+// (qt_device_info.gemm_tier), for every setting on an sm_90a device and on others.
+static void test_tier_descriptions_fit(void) {
+    test_begin("gemm_tier_descriptions_fit_the_device_report");
+    static modules loaded;
+    loaded.function[KERNEL_GEMM_BF16_SM90A] = (CUfunction)(uintptr_t)1;  // never called
+    static const backend_gemm_tier settings[] = {BACKEND_GEMM_TIER_AUTO, BACKEND_GEMM_TIER_SM90A,
+                                                 BACKEND_GEMM_TIER_PORTABLE};
+    size_t field = sizeof ((qt_device_info *)0)->gemm_tier;
+    for (int cc_minor = 0; cc_minor <= 1; cc_minor++) {
+        for (size_t i = 0; i < sizeof settings / sizeof settings[0]; i++) {
+            gemm_tier_device d = {.gpu = true, .cc_major = 9, .cc_minor = cc_minor,
+                                  .sm_count = 132, .setting = settings[i], .modules = &loaded};
+            size_t length = strlen(gemm_tier_describe(&d));
+            CHECK(length > 0 && length < field, "setting %zu, cc 9.%d: %zu characters for a "
+                  "field of %zu", i, cc_minor, length, field);
+        }
+    }
+    test_end();
+}
+
 // Launch shapes come from capacities; a GEMM whose row tiles exceed the grid limit is refused
 // with an operating error naming the limit, and empty GEMMs append nothing.
 static void test_op_gemm_limits(void) {
@@ -2259,6 +2281,7 @@ int main(void) {
     // one), and only run unfiltered.
     bool whole_groups = case_filter == NULL;
     if (whole_groups && test_shard_take()) test_op_gemm_limits();
+    if (whole_groups && test_shard_take()) test_tier_descriptions_fit();
     run_matrix();
     run_odd_shapes();
     run_training_shapes();
