@@ -35,7 +35,8 @@
 
 // Class centers of `synthetic classes` are N(0, s^2) per feature with s = 3 / sqrt(features):
 // two centers then lie about 3 sqrt(2) = 4.2 noise standard deviations apart (noise is N(0, 1)
-// per feature) whatever the width, so a classifier can reach 95-99% but has to learn to.
+// per feature) whatever the width, so a classifier can reach 95-99% but has to learn to. `spread=F`
+// puts F in place of the 3.
 #define CLASSES_CENTER_SPREAD 3.0f
 
 // ---------------------------------------------------------------------------------------------
@@ -818,7 +819,8 @@ static void generate_classes(const recipe_source *src, const data_info *info, ui
         .x = (float *)(dst + info->inputs_offset),
         .labels = (int32_t *)(dst + info->targets_offset),
         .centers = (float *)(dst + info->scratch_offset),
-        .spread = CLASSES_CENTER_SPREAD / qt_sqrtf((float)info->features),
+        .spread = (src->spread > 0.0f ? src->spread : CLASSES_CENTER_SPREAD) /
+                  qt_sqrtf((float)info->features),
         .key_x = tag_seed(src->seed, TAG_INPUTS),
         .key_c = tag_seed(src->task, TAG_CENTERS),
         .key_l = tag_seed(src->seed, TAG_LABELS),
