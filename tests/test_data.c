@@ -647,7 +647,7 @@ static void test_synthetic_classes(void) {
 // zipf=S: label c with probability (c + 1)^-S / sum_k (k + 1)^-S, drawn from the seed and the
 // sample's index alone; zipf=0 is the uniform draw, byte for byte.
 static void test_synthetic_zipf(void) {
-    test_begin("synthetic_classes_zipf");
+    test_begin("synthetic_classes_zipf_and_spread");
     enum { IN = 8, K = 6, S = 60000 };
     recipe_source src = synthetic_source(RECIPE_SOURCE_CLASSES, IN, K, S, 11);
     data_set a, b, u;
@@ -700,7 +700,22 @@ static void test_synthetic_zipf(void) {
         first += b.labels[s] == 0;
     }
     CHECK(in_range && first > S - 10, "zipf=16: %d of %d samples in class 0", first, S);
-    free(ma), free(mb), free(mc), free(mu);
+    // spread=3 is the default's draw, byte for byte; spread=30 puts the centers ten times as far.
+    src.zipf = 0.0f;
+    src.spread = 3.0f;
+    void *md = load(&src, IN, K, &b, &sb);
+    CHECK(sb == QT_OK && memcmp(md, mu, u.info.bytes) == 0, "spread=3 differs from the default");
+    src.spread = 30.0f;
+    void *me = load(&src, IN, K, &b, &sb);
+    const float *near = (const float *)((uint8_t *)mu + u.info.scratch_offset);
+    const float *far = (const float *)((uint8_t *)me + b.info.scratch_offset);
+    bool scaled = sb == QT_OK;
+    for (int i = 0; i < K * IN && scaled; i++) {
+        scaled = fabsf(far[i] - near[i] * 10.0f) <= 1e-5f * fabsf(far[i]);  // a few roundings
+    }
+    CHECK(scaled && memcmp(b.labels, u.labels, S * sizeof(int32_t)) == 0,
+          "spread=30: centers not ten times the default's, or other labels");
+    free(ma), free(mb), free(mc), free(mu), free(md), free(me);
     test_end();
 }
 

@@ -295,8 +295,9 @@ static void test_synthetic_task(void) {
 }
 
 // `zipf=S` skews the labels of synthetic classes; without it the labels are uniform (0).
+// `spread=F` sets the class centers' length.
 static void test_synthetic_zipf(void) {
-    test_begin("parse_synthetic_zipf");
+    test_begin("parse_synthetic_zipf_and_spread");
     CHECK(parse(build(0, 'N', "")) == QT_OK && R.data.train.zipf == 0.0f, "default zipf %g",
           (double)R.data.train.zipf);
     CHECK(parse(build(12, 'R', "train = synthetic classes inputs=4 classes=3 samples=64 "
@@ -309,6 +310,11 @@ static void test_synthetic_zipf(void) {
     CHECK(parse(build(12, 'R', "train = synthetic classes inputs=4 classes=3 samples=64 "
                       "zipf=16")) == QT_OK && R.data.train.zipf == 16.0f, "zipf=16: %s",
           qt_error_message());
+    // spread= (the centers' length): 0 stands for the default, 3.
+    CHECK(R.data.train.spread == 0.0f, "default spread %g", (double)R.data.train.spread);
+    CHECK(parse(build(12, 'R', "train = synthetic classes inputs=4 classes=3 samples=64 "
+                      "spread=50 zipf=2")) == QT_OK && R.data.train.spread == 50.0f &&
+          R.data.train.zipf == 2.0f, "spread=50: %s", qt_error_message());
     test_end();
 }
 
@@ -572,7 +578,9 @@ static const error_case error_cases[] = {
      "4294967296"},
     {12, 'R', "train = synthetic classes inputs=4 outputs=3 samples=64", IN, "r.recipe:12:36: "
      "unknown option 'outputs' for synthetic classes; expected inputs, classes, samples, seed, "
-     "task or zipf"},
+     "task, zipf or spread"},
+    {12, 'R', "train = synthetic classes inputs=4 classes=3 samples=64 spread=0", IN,
+     "r.recipe:12:64: number out of range: expected spread in (0, 10000], found 0"},
     // zipf= (the skew of the labels): a decimal in [0, 16], on classes only.
     {12, 'R', "train = synthetic classes inputs=4 classes=3 samples=64 zipf=-0.5", IN,
      "r.recipe:12:62: number out of range: expected zipf in [0, 16], found -0.5"},
