@@ -802,7 +802,8 @@ static qt_status path_copy(const parser *p, const token *t, char *out) {
 
 static qt_status parse_synthetic(parser *p, const token *v, uint32_t n, recipe_source *s) {
     static const char *const teacher[] = {"inputs", "outputs", "samples", "seed", "task"};
-    static const char *const classes[] = {"inputs", "classes", "samples", "seed", "task"};
+    static const char *const classes[] = {"inputs", "classes", "samples", "seed", "task",
+                                          "zipf", "spread"};
     if (n < 2 || (strcmp(v[1].text, "teacher") != 0 && strcmp(v[1].text, "classes") != 0)) {
         return fail_expected(&p->at, v, n, 1, "'synthetic teacher' or 'synthetic classes'");
     }
@@ -814,7 +815,8 @@ static qt_status parse_synthetic(parser *p, const token *v, uint32_t n, recipe_s
     for (uint32_t i = 2; i < n; i++) {
         uint32_t index;
         token value;
-        QT_TRY(option_split(&p->at, &v[i], names, 5, owner, &seen, &index, &value));
+        QT_TRY(option_split(&p->at, &v[i], names, is_teacher ? 5 : 7, owner, &seen, &index,
+                            &value));
         if (index == 0) {
             QT_TRY(parse_u32(&p->at, &value, "inputs", 1, RECIPE_FEATURES_MAX, &s->inputs));
         } else if (index == 1) {
@@ -825,8 +827,14 @@ static qt_status parse_synthetic(parser *p, const token *v, uint32_t n, recipe_s
             QT_TRY(parse_u64(&p->at, &value, "samples", 1, RECIPE_SAMPLES_MAX, &s->samples));
         } else if (index == 3) {
             QT_TRY(parse_u64(&p->at, &value, "seed", 0, UINT64_MAX, &s->seed));
-        } else {
+        } else if (index == 4) {
             QT_TRY(parse_u64(&p->at, &value, "task", 0, UINT64_MAX, &s->task));
+        } else if (index == 5) {
+            QT_TRY(parse_f32(&p->at, &value, "zipf", 0.0f, RECIPE_ZIPF_MAX, RANGE_CLOSED,
+                             &s->zipf));
+        } else {
+            QT_TRY(parse_f32(&p->at, &value, "spread", 0.0f, RECIPE_SPREAD_MAX, RANGE_LO_OPEN,
+                             &s->spread));
         }
     }
     // Without task= the seed draws the task too, as it did before the two were separate.

@@ -45,9 +45,15 @@
 //            | npy FEATURES LABELS_OR_TARGETS   .npy files: features 2-D float32 or uint8;
 //                                           labels 1-D integers or targets 2-D float32
 //            | synthetic teacher inputs=N outputs=N samples=N [seed=N] [task=N]
-//            | synthetic classes inputs=N classes=N samples=N [seed=N] [task=N]
+//            | synthetic classes inputs=N classes=N samples=N [seed=N] [task=N] [zipf=S]
+//                                [spread=F]
 //                                           task= draws the task (class centers, teacher
-//                                           weights), seed= the samples; task defaults to seed
+//                                           weights), seed= the samples; task defaults to seed;
+//                                           zipf= (0 to 16, default 0: uniform) draws class c
+//                                           with probability proportional to 1 / (c + 1)^S;
+//                                           spread= (default 3) is the centers' distance from
+//                                           the origin in noise deviations (the noise's length
+//                                           is sqrt(inputs))
 //   [schedule]                               rows run in order
 //   train N [steps|epochs] [RULE] [warmup N [steps|epochs]]
 //         [eval [STEPS|all] [train|eval] every [N] steps|epochs]
@@ -94,6 +100,11 @@
 // Synthetic samples: the shuffle order indexes samples with 32 bits (runtime/io/data.h), so a
 // larger count is refused where the recipe gives it.
 #define RECIPE_SAMPLES_MAX UINT64_C(4294967295)
+// `synthetic classes ... zipf=S`: beyond 16 the first class takes all but 2^-16 of the samples
+// whatever the class count, which is no longer a mixture worth drawing.
+#define RECIPE_ZIPF_MAX 16.0f
+// `spread=F`: class centers of length F (noise: sqrt(inputs)); far beyond any width's noise.
+#define RECIPE_SPREAD_MAX 1e4f
 
 typedef enum recipe_section {
     RECIPE_SECTION_MODEL,
@@ -181,6 +192,9 @@ typedef struct recipe_source {
     uint64_t seed;               // synthetic: the samples (inputs, labels, noise)
     uint64_t task;               // synthetic: the task (class centers, teacher weights); the
                                  // seed when the recipe gives no task=
+    float zipf;                  // classes: label c drawn with weight 1 / (c + 1)^zipf; 0:
+                                 // uniform (the draw of every recipe without zipf=)
+    float spread;                // classes: the centers' length; 0: the default, 3
     uint32_t line;               // where it was given, for messages of later stages
     uint32_t col;
 } recipe_source;

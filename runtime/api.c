@@ -395,6 +395,7 @@ qt_status qt_plan_info_get(const qt_runtime *rt, qt_plan_info *out) {
     out->host_lower_bound = arena_lower_bound(&r->host);
     out->device_regions = r->dev.region_count;
     out->host_regions = r->host.region_count;
+    out->moe_layers = m->moe_count;
     return QT_OK;
 }
 
@@ -816,6 +817,37 @@ qt_status qt_output_file_get(const qt_runtime *rt, uint32_t index, qt_output_fil
         return QT_OK;
     }
     return qt_fail(QT_ERR_INPUT, "qt_output_file_get: file %u of %u", index, seen);
+}
+
+QT_STATIC_ASSERT(QT_EXPERTS_MAX == RECIPE_EXPERTS_MAX, "the API's bound is the parser's");
+
+qt_status qt_expert_loads_get(qt_runtime *rt, uint32_t index, uint32_t *counts,
+                              uint32_t counts_len, qt_expert_loads *out) {
+    memset(out, 0, sizeof *out);
+    QT_TRY(api_bound(rt, "qt_expert_loads_get"));
+    const model *m = &rt->run.model;
+    if (index >= m->moe_count) {
+        return qt_fail(QT_ERR_INPUT, "qt_expert_loads_get: moe layer %u; the model has %u",
+                       index, m->moe_count);
+    }
+    const model_moe *mo = &m->moes[index];
+    if (counts && counts_len < mo->experts) {
+        return qt_fail(QT_ERR_INPUT, "qt_expert_loads_get: counts holds %u; layer %s has %u "
+                       "experts", counts_len, m->recipe->model.layers[mo->layer].name,
+                       mo->experts);
+    }
+    uint32_t read[QT_EXPERTS_MAX];
+    QT_TRY(run_expert_loads(&rt->run, index, read));
+    out->layer = m->recipe->model.layers[mo->layer].name;
+    out->experts = mo->experts;
+    out->topk = mo->topk;
+    out->tokens = m->batch;
+    for (uint32_t e = 0; e < mo->experts; e++) {
+        if (read[e] > out->max) out->max = read[e];
+    }
+    out->mean = (double)m->batch * mo->topk / mo->experts;
+    if (counts) memcpy(counts, read, mo->experts * sizeof(uint32_t));
+    return QT_OK;
 }
 
 qt_status qt_check_memory(const qt_runtime *rt, qt_device *device, bool reference,

@@ -244,6 +244,7 @@ typedef struct qt_plan_info {
     uint64_t device_bytes, host_bytes;              // the arenas
     uint64_t device_lower_bound, host_lower_bound;  // no packing uses fewer bytes
     uint32_t device_regions, host_regions;
+    uint32_t moe_layers;         // mixture-of-experts layers (qt_expert_loads_get)
 } qt_plan_info;
 
 QT_API qt_status qt_plan_info_get(const qt_runtime *rt, qt_plan_info *out);
@@ -425,6 +426,27 @@ typedef struct qt_output_file {
 } qt_output_file;
 
 QT_API qt_status qt_output_file_get(const qt_runtime *rt, uint32_t index, qt_output_file *out);
+
+// The most experts of one moe layer (a recipe's experts= is at most this).
+#define QT_EXPERTS_MAX 1024
+
+// How moe layer `index` (< qt_plan_info.moe_layers, in model order) spread the last train step's
+// tokens over its experts.
+typedef struct qt_expert_loads {
+    const char *layer;           // the layer's name, valid until qt_close
+    uint32_t experts, topk;
+    uint32_t tokens;             // rows of the step's batch (this rank's share with world > 1)
+    uint32_t max;                // the busiest expert's count
+    double mean;                 // tokens x topk / experts, what each would take if balanced
+} qt_expert_loads;
+
+// The loads of moe layer `index` in the last train step that ran: counts[e] (counts_len >=
+// experts; counts NULL: only *out) is how many of the step's token-expert pairs expert e took;
+// they sum to tokens x topk. The counts live on the device and are read here, after the steps
+// in flight finish: a call between qt_run calls, not a per-step query. QT_ERR_STATE before the
+// first train step since qt_bind, QT_ERR_INPUT for an index past the layers or a short counts.
+QT_API qt_status qt_expert_loads_get(qt_runtime *rt, uint32_t index, uint32_t *counts,
+                                     uint32_t counts_len, qt_expert_loads *out);
 
 // Before memory is allocated (after qt_plan): the device arena against a GPU device's free
 // memory (cuMemGetInfo), and what lives in host memory against what this process can get (the

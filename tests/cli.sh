@@ -588,3 +588,43 @@ else
     exit 1
 fi
 rm -rf "$dir"
+# The summary's expert loads: each moe layer's tokens per expert in the last train step, read
+# after the loop; they sum to batch x topk. Labels skewed by zipf= (class centers far apart, so
+# each class's tokens go to the same experts) load the busiest expert clearly more than the
+# balanced labels of the same recipe do; a model without moe layers prints no such line.
+dir=$(mktemp -d)
+loads_recipe() {  # ZIPF_OPTION: a small moe block on 16 classes, one train step
+    printf '[model]\ninput = 32\nlayer = residual begin\nlayer = rmsnorm\nlayer = moe moe '
+    printf 'experts=8 topk=2 hidden=16 act=swiglu aux=0.01\nlayer = residual end\n'
+    printf 'layer = linear head 16\nloss = softmax_xent\n[quant]\nrecipe = bf16\n[optim]\n'
+    printf 'adamw lr=1e-3\n[data]\ntrain = synthetic classes inputs=32 classes=16 '
+    printf 'samples=2048 spread=20%s\nbatch = 512\nseed = 1\n[schedule]\ntrain 1\n' "$1"
+}
+loads_recipe '' > "$dir/balanced.recipe"
+loads_recipe ' zipf=2' > "$dir/skewed.recipe"
+bad=""
+for which in balanced skewed; do
+    "$qtrain" run "$dir/$which.recipe" --ref > "$dir/$which.out" 2>&1 || bad="$bad [$which: exit $?]"
+    # The ratio, and the counts' sum and number.
+    lead='^experts      moe: max [0-9]* = \([0-9.]*\) x mean 128.0'
+    rest='(512 tokens x top-2 over 8 experts, last train step)$'
+    ratio=$(sed -n "s/$lead $rest/\\1/p" "$dir/$which.out")
+    sum=$(sed -n 's/^ *tokens //p' "$dir/$which.out" |
+          awk '{ for (i = 1; i <= NF; i++) s += $i; n += NF } END { print s "/" n }')
+    [ -n "$ratio" ] && [ "$sum" = "1024/8" ] || bad="$bad [$which: ratio '$ratio', sum/count $sum]"
+    eval "ratio_$which=\${ratio:-0}"
+done
+awk "BEGIN { exit !($ratio_skewed >= 2 && $ratio_skewed > $ratio_balanced + 0.5) }" ||
+    bad="$bad [max/mean skewed $ratio_skewed, balanced $ratio_balanced]"
+"$qtrain" run tests/recipes/synthetic_tiny.recipe --ref --steps 2 > "$dir/mlp.out" 2>&1 &&
+    grep -q '^arena bytes' "$dir/mlp.out" && ! grep -q '^experts' "$dir/mlp.out" ||
+    bad="$bad [a model without moe layers: an experts line, or no summary]"
+if [ -z "$bad" ]; then
+    echo "PASS cli_expert_loads (max/mean $ratio_balanced balanced, $ratio_skewed with zipf=2)"
+else
+    echo "FAIL cli_expert_loads:$bad"
+    cat "$dir/balanced.out" "$dir/skewed.out" | sed 's/^/  /' | tail -20
+    rm -rf "$dir"
+    exit 1
+fi
+rm -rf "$dir"

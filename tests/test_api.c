@@ -712,6 +712,54 @@ static void test_gpu_given_arenas(void) {
     test_end();
 }
 
+// qt_expert_loads_get: nothing before a train step, then the last train step's counts (one
+// qt_step_mode train step, then an eval step, which must not disturb them), summing to batch x
+// topk; refusals name the layer count and the experts.
+static void test_expert_loads(void) {
+    test_begin("api_expert_loads");
+    const char *text = "[model]\ninput = 16\nlayer = moe m experts=5 topk=2 hidden=8\n"
+                       "layer = linear head 4\nloss = softmax_xent\n[quant]\nrecipe = bf16\n"
+                       "[optim]\nadamw\n[data]\ntrain = synthetic classes inputs=16 classes=4 "
+                       "samples=256 zipf=1\nbatch = 32\n[schedule]\ntrain 3\neval 1 train\n";
+    session s = {0};
+    qt_options o;
+    memset(&o, 0, sizeof o);
+    if (session_ok(session_open(&s, NULL, text, &o, QT_DEVICE_REFERENCE), "open")) {
+        qt_plan_info info;
+        qt_plan_info_get(s.rt, &info);
+        CHECK(info.moe_layers == 1, "%u moe layers", info.moe_layers);
+        uint32_t counts[QT_EXPERTS_MAX];
+        qt_expert_loads l;
+        CHECK(qt_expert_loads_get(s.rt, 0, counts, QT_EXPERTS_MAX, &l) == QT_ERR_STATE &&
+              strstr(qt_error_message(), "no train step has run"), "before a step: %s",
+              qt_error_message());
+        qt_step_stats st;
+        session_ok(qt_step_mode(s.rt, QT_MODE_EVAL, &st), "eval step");
+        CHECK(qt_expert_loads_get(s.rt, 0, NULL, 0, &l) == QT_ERR_STATE, "after an eval step");
+        session_ok(qt_step_mode(s.rt, QT_MODE_TRAIN, &st), "train step");
+        session_ok(qt_step_mode(s.rt, QT_MODE_EVAL, &st), "eval step");
+        uint32_t sum = 0, max = 0;
+        if (session_ok(qt_expert_loads_get(s.rt, 0, counts, 5, &l), "qt_expert_loads_get")) {
+            for (uint32_t e = 0; e < 5; e++) {
+                sum += counts[e];
+                if (counts[e] > max) max = counts[e];
+            }
+        }
+        CHECK(l.layer && strcmp(l.layer, "m") == 0 && l.experts == 5 && l.topk == 2 &&
+              l.tokens == 32 && sum == 64 && l.max == max && l.mean == 12.8,
+              "layer %s: %u experts, top-%u, %u tokens, sum %u, max %u (%u), mean %g",
+              l.layer ? l.layer : "(none)", l.experts, l.topk, l.tokens, sum, l.max, max, l.mean);
+        CHECK(qt_expert_loads_get(s.rt, 1, NULL, 0, &l) == QT_ERR_INPUT &&
+              strstr(qt_error_message(), "moe layer 1; the model has 1"), "index past: %s",
+              qt_error_message());
+        CHECK(qt_expert_loads_get(s.rt, 0, counts, 4, &l) == QT_ERR_INPUT &&
+              strstr(qt_error_message(), "counts holds 4; layer m has 5 experts"), "short: %s",
+              qt_error_message());
+    }
+    session_close(&s);
+    test_end();
+}
+
 int main(void) {
     if (!tmp_dir_make("api")) {
         printf("FAIL api_temporary_folder: cannot create one\n");
@@ -726,6 +774,7 @@ int main(void) {
     test_batch_refusals();
     test_infer_matches_infer_row();
     test_save_and_resume();
+    test_expert_loads();
     test_steps_match_run(QT_DEVICE_GPU, "gpu_api_steps_one_by_one_give_the_runs_trace");
     test_gpu_given_arenas();
     tmp_dir_remove();

@@ -644,6 +644,81 @@ static void test_synthetic_classes(void) {
     test_end();
 }
 
+// zipf=S: label c with probability (c + 1)^-S / sum_k (k + 1)^-S, drawn from the seed and the
+// sample's index alone; zipf=0 is the uniform draw, byte for byte.
+static void test_synthetic_zipf(void) {
+    test_begin("synthetic_classes_zipf_and_spread");
+    enum { IN = 8, K = 6, S = 60000 };
+    recipe_source src = synthetic_source(RECIPE_SOURCE_CLASSES, IN, K, S, 11);
+    data_set a, b, u;
+    qt_status sa, sb, su;
+    void *mu = load(&src, IN, K, &u, &su);
+    src.zipf = 0.0f;  // given explicitly: the same as not given
+    void *mz = load(&src, IN, K, &b, &sb);
+    CHECK(su == QT_OK && sb == QT_OK && u.info.bytes == b.info.bytes &&
+          memcmp(mu, mz, u.info.bytes) == 0, "zipf=0 differs from the uniform draw");
+    free(mz);
+    src.zipf = 1.0f;
+    void *ma = load(&src, IN, K, &a, &sa);
+    void *mb = load(&src, IN, K, &b, &sb);
+    CHECK(sa == QT_OK && sb == QT_OK, "load: %s", qt_error_message());
+    // The centers (6 x 8 x 4 = 192 bytes) and the table after them, u64 [6]: 240 bytes.
+    CHECK(a.info.scratch_offset == u.info.scratch_offset && a.info.scratch_bytes == 240,
+          "layout: scratch %" PRIu64 " bytes", a.info.scratch_bytes);
+    CHECK(memcmp(ma, mb, a.info.bytes) == 0, "two loads of one seed differ");
+    // The same task: the same centers as the uniform draw; other labels, hence other inputs.
+    CHECK(memcmp((uint8_t *)ma + a.info.scratch_offset, (uint8_t *)mu + u.info.scratch_offset,
+                 192) == 0, "zipf= changed the class centers");
+    CHECK(memcmp(a.labels, u.labels, S * sizeof(int32_t)) != 0, "zipf=1: the uniform labels");
+    // Golden: a change of the skewed draw changes every trace that uses it.
+    uint64_t h = fnv(ma, a.info.scratch_offset);
+    CHECK(h == 0x74f3bbe69780fb02ull, "dataset hash %016" PRIx64, h);
+    // Frequencies within 5 standard deviations of (1 / (c + 1)) / H_6, H_6 = 2.45.
+    int count[K] = {0}, uniform[K] = {0};
+    for (int s = 0; s < S; s++) {
+        if (a.labels[s] >= 0 && a.labels[s] < K) count[a.labels[s]]++;
+        if (u.labels[s] >= 0 && u.labels[s] < K) uniform[u.labels[s]]++;
+    }
+    double harmonic = 0.0;
+    for (int c = 0; c < K; c++) harmonic += 1.0 / (c + 1);
+    for (int c = 0; c < K; c++) {
+        double p = 1.0 / (c + 1) / harmonic, expected = p * S;
+        double sd = sqrt(S * p * (1 - p));
+        CHECK(fabs(count[c] - expected) < 5 * sd, "class %d: %d samples, expected %.0f", c,
+              count[c], expected);
+        // The uniform draw: S / K each.
+        CHECK(fabs(uniform[c] - (double)S / K) < 5 * sqrt(S * (1.0 / K) * (1 - 1.0 / K)),
+              "uniform class %d: %d samples", c, uniform[c]);
+    }
+    // A steep skew leaves the far classes nearly empty but every label in range.
+    src.zipf = 16.0f;
+    void *mc = load(&src, IN, K, &b, &sb);
+    int first = 0;
+    bool in_range = sb == QT_OK;
+    for (int s = 0; s < S && in_range; s++) {
+        in_range = b.labels[s] >= 0 && b.labels[s] < K;
+        first += b.labels[s] == 0;
+    }
+    CHECK(in_range && first > S - 10, "zipf=16: %d of %d samples in class 0", first, S);
+    // spread=3 is the default's draw, byte for byte; spread=30 puts the centers ten times as far.
+    src.zipf = 0.0f;
+    src.spread = 3.0f;
+    void *md = load(&src, IN, K, &b, &sb);
+    CHECK(sb == QT_OK && memcmp(md, mu, u.info.bytes) == 0, "spread=3 differs from the default");
+    src.spread = 30.0f;
+    void *me = load(&src, IN, K, &b, &sb);
+    const float *near = (const float *)((uint8_t *)mu + u.info.scratch_offset);
+    const float *far = (const float *)((uint8_t *)me + b.info.scratch_offset);
+    bool scaled = sb == QT_OK;
+    for (int i = 0; i < K * IN && scaled; i++) {
+        scaled = fabsf(far[i] - near[i] * 10.0f) <= 1e-5f * fabsf(far[i]);  // a few roundings
+    }
+    CHECK(scaled && memcmp(b.labels, u.labels, S * sizeof(int32_t)) == 0,
+          "spread=30: centers not ten times the default's, or other labels");
+    free(ma), free(mb), free(mc), free(mu), free(md), free(me);
+    test_end();
+}
+
 static void test_synthetic_teacher(void) {
     test_begin("synthetic_teacher");
     enum { IN = 20, OUT = 3, S = 4000 };
@@ -725,17 +800,20 @@ static void test_synthetic_threads(void) {
         recipe_source_kind kind;
         uint32_t inputs, outputs;
         uint64_t samples;
+        float zipf;
     } cases[] = {
-        {RECIPE_SOURCE_CLASSES, 37, 5, 1001},
-        {RECIPE_SOURCE_CLASSES, 8, 3, 5},     // fewer samples than threads
-        {RECIPE_SOURCE_TEACHER, 29, 3, 777},
-        {RECIPE_SOURCE_TEACHER, 4, 2, 2},
+        {RECIPE_SOURCE_CLASSES, 37, 5, 1001, 0.0f},
+        {RECIPE_SOURCE_CLASSES, 8, 3, 5, 0.0f},     // fewer samples than threads
+        {RECIPE_SOURCE_CLASSES, 13, 9, 1003, 1.5f},  // skewed labels
+        {RECIPE_SOURCE_TEACHER, 29, 3, 777, 0.0f},
+        {RECIPE_SOURCE_TEACHER, 4, 2, 2, 0.0f},
     };
     const uint32_t counts[] = {2, 3, 7, 16, 61};
     const uint32_t pool_sizes[] = {1, 3};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         recipe_source src = synthetic_source(cases[c].kind, cases[c].inputs, cases[c].outputs,
                                              cases[c].samples, 21);
+        src.zipf = cases[c].zipf;
         data_info info;
         qt_status status = data_probe(&src, cases[c].inputs, cases[c].outputs, &info);
         CHECK(status == QT_OK, "probe: %s", qt_error_message());
@@ -1213,6 +1291,7 @@ int main(void) {
     test_npy_f32_targets();
     test_npy_errors();
     test_synthetic_classes();
+    test_synthetic_zipf();
     test_synthetic_teacher();
     test_synthetic_task();
     test_synthetic_threads();

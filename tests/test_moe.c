@@ -1413,6 +1413,8 @@ struct train_log {
     uint64_t syncs, lagged_reads;
     void (*inspect)(run *r, backend *b, struct train_log *l);  // before the run closes
     uint32_t first_dims[8];  // test_one_expert_takes_all's look into a step
+    uint32_t loads[8];       // and run_expert_loads after the run (its last train step)
+    bool loads_kept;         // first_dims lives from the scan to the last op of every program
 };
 
 static void log_record(void *ctx, const sched_progress *p) {
@@ -1720,6 +1722,12 @@ static void routing_inspect(run *r, backend *b, train_log *l) {
     arena_handle h = 0;
     const arena_region *reg = region_named(&r->dev, "train.m.first_dims", &h);
     CHECK(reg != NULL, "no region train.m.first_dims");
+    // After the run (an eval pass followed the last train step): the last train step's counts,
+    // which no later op of any program may have overwritten.
+    RIG_OK(run_expert_loads(r, 0, l->loads));
+    const program *last = &r->checksum;
+    l->loads_kept = reg && last->op_count > 0 &&
+                    reg->last_op == last->op_base + (int32_t)last->op_count - 1;
     for (uint32_t op = 0; reg && op < p->op_count; op++) {
         backend_ref_op(&p->ops[op]);
         if (strcmp(p->ops[op].name, "m.scan") != 0) continue;
@@ -1774,6 +1782,14 @@ static void test_one_expert_takes_all(void) {
                               l.first_dims[4] + l.first_dims[5] == 64,
           "tokens per expert %u %u %u %u %u %u", l.first_dims[0], l.first_dims[1],
           l.first_dims[2], l.first_dims[3], l.first_dims[4], l.first_dims[5]);
+    // The last train step's counts, read after the eval pass that followed it: one expert took
+    // the batch (which one may differ from the look above, which routes with the weights that
+    // step updated).
+    uint32_t hot_after = 0, sum_after = 0;
+    for (uint32_t e = 0; e < 6; e++) hot_after += l.loads[e] == 64, sum_after += l.loads[e];
+    CHECK(hot_after == 1 && sum_after == 64 && l.loads_kept,
+          "run_expert_loads after the run: %u %u %u %u %u %u (kept to the last op: %d)",
+          l.loads[0], l.loads[1], l.loads[2], l.loads[3], l.loads[4], l.loads[5], l.loads_kept);
     o.trace_path = b;
     memset(&l, 0, sizeof l);
     train_text(text, BACKEND_REF, &o, &l, &why);

@@ -294,6 +294,30 @@ static void test_synthetic_task(void) {
     test_end();
 }
 
+// `zipf=S` skews the labels of synthetic classes; without it the labels are uniform (0).
+// `spread=F` sets the class centers' length.
+static void test_synthetic_zipf(void) {
+    test_begin("parse_synthetic_zipf_and_spread");
+    CHECK(parse(build(0, 'N', "")) == QT_OK && R.data.train.zipf == 0.0f, "default zipf %g",
+          (double)R.data.train.zipf);
+    CHECK(parse(build(12, 'R', "train = synthetic classes inputs=4 classes=3 samples=64 "
+                      "zipf=1.25 seed=5")) == QT_OK, "%s", qt_error_message());
+    CHECK(R.data.train.zipf == 1.25f && R.data.train.seed == 5, "zipf %g",
+          (double)R.data.train.zipf);
+    CHECK(parse(build(12, 'R', "train = synthetic classes inputs=4 classes=3 samples=64 "
+                      "zipf=0")) == QT_OK && R.data.train.zipf == 0.0f, "zipf=0: %s",
+          qt_error_message());
+    CHECK(parse(build(12, 'R', "train = synthetic classes inputs=4 classes=3 samples=64 "
+                      "zipf=16")) == QT_OK && R.data.train.zipf == 16.0f, "zipf=16: %s",
+          qt_error_message());
+    // spread= (the centers' length): 0 stands for the default, 3.
+    CHECK(R.data.train.spread == 0.0f, "default spread %g", (double)R.data.train.spread);
+    CHECK(parse(build(12, 'R', "train = synthetic classes inputs=4 classes=3 samples=64 "
+                      "spread=50 zipf=2")) == QT_OK && R.data.train.spread == 50.0f &&
+          R.data.train.zipf == 2.0f, "spread=50: %s", qt_error_message());
+    test_end();
+}
+
 static void test_npy_source(void) {
     test_begin("parse_npy_source_with_either_loss");
     const char *text = build(12, 'R', "train = npy data/x.npy data/y.npy");
@@ -553,8 +577,24 @@ static const error_case error_cases[] = {
      "r.recipe:12:54: number out of range: expected samples in [1, 4294967295], found "
      "4294967296"},
     {12, 'R', "train = synthetic classes inputs=4 outputs=3 samples=64", IN, "r.recipe:12:36: "
-     "unknown option 'outputs' for synthetic classes; expected inputs, classes, samples, seed or "
-     "task"},
+     "unknown option 'outputs' for synthetic classes; expected inputs, classes, samples, seed, "
+     "task, zipf or spread"},
+    {12, 'R', "train = synthetic classes inputs=4 classes=3 samples=64 spread=0", IN,
+     "r.recipe:12:64: number out of range: expected spread in (0, 10000], found 0"},
+    // zipf= (the skew of the labels): a decimal in [0, 16], on classes only.
+    {12, 'R', "train = synthetic classes inputs=4 classes=3 samples=64 zipf=-0.5", IN,
+     "r.recipe:12:62: number out of range: expected zipf in [0, 16], found -0.5"},
+    {12, 'R', "train = synthetic classes inputs=4 classes=3 samples=64 zipf=16.5", IN,
+     "r.recipe:12:62: number out of range: expected zipf in [0, 16], found 16.5"},
+    {12, 'R', "train = synthetic classes inputs=4 classes=3 samples=64 zipf=1,5", IN,
+     "r.recipe:12:62: bad number: expected a decimal number for zipf, found '1,5'"},
+    {12, 'R', "train = synthetic classes inputs=4 classes=3 samples=64 zipf=", IN,
+     "r.recipe:12:62: expected a value after 'zipf=', found nothing"},
+    {12, 'R', "train = synthetic classes inputs=4 classes=3 samples=64 zipf=1 zipf=2", IN,
+     "r.recipe:12:64: option 'zipf' given twice"},
+    {12, 'R', "train = synthetic teacher inputs=4 outputs=3 samples=64 zipf=1", IN,
+     "r.recipe:12:57: unknown option 'zipf' for synthetic teacher; expected inputs, outputs, "
+     "samples, seed or task"},
     {12, 'R', "train = synthetic", IN, "r.recipe:12:18: expected 'synthetic teacher' or "
      "'synthetic classes', found end of line"},
     {12, 'R', "train = idx images.gz", IN, "r.recipe:12:22: expected 'idx IMAGES LABELS', found "
@@ -1333,6 +1373,7 @@ int main(void) {
     test_locale();
     test_load_errors();
     test_synthetic_task();
+    test_synthetic_zipf();
     test_npy_source();
     test_infer_output();
     test_no_train_source();

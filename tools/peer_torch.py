@@ -28,8 +28,10 @@ these modes (the training step: forward, loss, backward, gradient clip, fused Ad
            torch.compile; linears that a `rule = linear.*@NAME -> bf16` line of the recipe keeps
            in BF16 stay BF16 (the bench recipes' head)
   graph    BF16 autocast, the whole step captured in one CUDA graph (fused capturable AdamW)
-The data is generated on the device (class centers N(0, 9 / inputs), N(0, 1) noise, uniform labels;
-qtrain's generator draws other numbers of the same distribution) and batches are slices of it.
+The data is generated on the device (class centers N(0, spread^2 / inputs), spread 3 unless the
+recipe's `spread=` says otherwise, N(0, 1) noise, uniform labels or with `zipf=S` label c with
+weight 1 / (c + 1)^S; qtrain's generator draws other numbers of the same distribution) and batches
+are slices of it.
 Each mode warms up (compilation included), then times --steps steps (at least 30) with CUDA events
 around each step and reports the median and mean ms/step, TFLOP/s of the step counted as
 6 x batch x (weights of every linear), and torch.cuda.max_memory_allocated over the mode, also
@@ -86,7 +88,8 @@ def parse_source(text, where):
     if words[0] == "synthetic" and len(words) >= 2 and words[1] in ("classes", "teacher"):
         opts = parse_options(words[2:], where)
         src = {"kind": words[1], "inputs": int(opts["inputs"]), "samples": int(opts["samples"]),
-               "seed": int(opts.get("seed", "0"))}
+               "seed": int(opts.get("seed", "0")), "zipf": float(opts.get("zipf", "0")),
+               "spread": float(opts.get("spread", "3"))}
         src["outputs"] = int(opts["classes"] if words[1] == "classes" else opts["outputs"])
         return src
     raise RecipeError("%s: unknown data source '%s'" % (where, text))
@@ -522,8 +525,12 @@ def synthetic_data(r, device):
     g.manual_seed(src["seed"])
     n, k, samples = src["inputs"], src["outputs"], src["samples"]
     if src["kind"] == "classes":
-        centers = torch.randn(k, n, generator=g, device=device) * (3.0 / math.sqrt(n))
-        y = torch.randint(0, k, (samples,), generator=g, device=device)
+        centers = torch.randn(k, n, generator=g, device=device) * (src["spread"] / math.sqrt(n))
+        if src["zipf"] > 0:  # label c with weight 1 / (c + 1)^zipf, as qtrain draws them
+            w = torch.arange(1, k + 1, device=device, dtype=torch.float64) ** -src["zipf"]
+            y = torch.multinomial(w, samples, replacement=True, generator=g)
+        else:
+            y = torch.randint(0, k, (samples,), generator=g, device=device)
         x = centers[y] + torch.randn(samples, n, generator=g, device=device)
         del centers
     else:

@@ -740,6 +740,29 @@ static void print_summary(const qt_summary *s, const qt_runtime *rt, double wall
     print_outputs(rt, s);
 }
 
+// How each moe layer spread the last train step's tokens over its experts: the busiest
+// expert's count against the mean, then every expert's count, 16 a line. Read from the device
+// once, after the loop.
+static qt_status print_expert_loads(qt_runtime *rt, const qt_summary *s) {
+    qt_plan_info plan;
+    CLI_TRY(qt_plan_info_get(rt, &plan));
+    if (s->steps[QT_MODE_TRAIN] == 0) return QT_OK;
+    for (uint32_t i = 0; i < plan.moe_layers; i++) {
+        uint32_t counts[QT_EXPERTS_MAX];
+        qt_expert_loads l;
+        CLI_TRY(qt_expert_loads_get(rt, i, counts, QT_EXPERTS_MAX, &l));
+        printf("experts      %s: max %u = %.2f x mean %.1f (%u tokens x top-%u over %u experts, "
+               "last train step)\n", l.layer, l.max, l.mean > 0 ? l.max / l.mean : 0.0, l.mean,
+               l.tokens, l.topk, l.experts);
+        for (uint32_t e = 0; e < l.experts; e++) {
+            const char *lead = e == 0 ? "             tokens " : "                    ";
+            printf("%s%u", e % 16 == 0 ? lead : " ", counts[e]);
+            if (e % 16 == 15 || e + 1 == l.experts) putchar('\n');
+        }
+    }
+    return QT_OK;
+}
+
 // Ctrl-C (SIGINT) or SIGTERM: the first asks the loop to stop at the next step boundary (it
 // drains, flushes the trace, saves with --save, and the summary follows); a second one exits at
 // once. Handlers are installed for the loop only: before it nothing is lost by dying.
@@ -891,6 +914,7 @@ static int run_on_device(const cli_args *a, cli_run *c, double start, double ope
     if (status == QT_OK && !quiet) {
         print_position(a, c->rt, &summary, stop_signal);
         print_summary(&summary, c->rt, now_seconds() - start, open_s);
+        status = print_expert_loads(c->rt, &summary);
     }
     if (status == QT_OK && a->profile_reps && !stop_signal) {
         // Every rank profiles (the collective ops meet the other ranks'); rank 0 reports.

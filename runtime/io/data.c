@@ -10,6 +10,7 @@
 #include "runtime/base/input_file.h"  // input_file_open: regular files only
 #include "runtime/io/npy.h"  // npy_open, npy_read: .npy sources
 #include "ptx/philox.h"  // qt_philox_at
+#include "ptx/qt_math.h"  // qt_expf, qt_logf: zipf= weights, the same bits everywhere
 // pool_run, pool_for: synthetic sources and batch gathers on the pool
 #include "runtime/base/pool.h"
 
@@ -34,7 +35,8 @@
 
 // Class centers of `synthetic classes` are N(0, s^2) per feature with s = 3 / sqrt(features):
 // two centers then lie about 3 sqrt(2) = 4.2 noise standard deviations apart (noise is N(0, 1)
-// per feature) whatever the width, so a classifier can reach 95-99% but has to learn to.
+// per feature) whatever the width, so a classifier can reach 95-99% but has to learn to. `spread=F`
+// puts F in place of the 3.
 #define CLASSES_CENTER_SPREAD 3.0f
 
 // ---------------------------------------------------------------------------------------------
@@ -392,6 +394,12 @@ static qt_status probe_idx(const recipe_source *src, uint32_t features, uint32_t
     return QT_OK;
 }
 
+// `synthetic classes ... zipf=S`: the labels' cumulative table (u64 [classes]) follows the class
+// centers in the scratch part.
+static uint64_t classes_table_offset(uint32_t classes, uint32_t features) {
+    return align_up((uint64_t)classes * features * sizeof(float), sizeof(uint64_t));
+}
+
 static qt_status probe_synthetic(const recipe_source *src, uint32_t features, uint32_t outputs,
                                  data_info *info) {
     bool teacher = src->kind == RECIPE_SOURCE_TEACHER;
@@ -414,10 +422,15 @@ static qt_status probe_synthetic(const recipe_source *src, uint32_t features, ui
     info->outputs = outputs;
     info->input_type = DATA_INPUT_F32;
     info->target_type = teacher ? DATA_TARGET_VALUES : DATA_TARGET_LABEL;
-    // Scratch: the teacher's weights, or the class centers.
+    // Scratch: the teacher's weights, or the class centers (and with zipf= the labels'
+    // cumulative table after them).
     uint64_t scratch = teacher ? (uint64_t)DATA_TEACHER_HIDDEN * (features + (uint64_t)outputs)
                                : (uint64_t)outputs * features;
-    info_layout(info, sizeof(float), scratch * sizeof(float));
+    uint64_t scratch_bytes = scratch * sizeof(float);
+    if (!teacher && src->zipf > 0.0f) {
+        scratch_bytes = classes_table_offset(outputs, features) + outputs * sizeof(uint64_t);
+    }
+    info_layout(info, sizeof(float), scratch_bytes);
     return QT_OK;
 }
 
@@ -721,9 +734,46 @@ typedef struct classes_job {
     float *x;             // (samples, features)
     int32_t *labels;      // (samples)
     float *centers;       // (classes, features), in the scratch part
+    // zipf= only (else NULL): bound[c] = 2^32 x P(label <= c), bound[classes - 1] = 2^32
+    const uint64_t *bound;
     float spread;
     uint64_t key_x, key_c, key_l;
 } classes_job;
+
+// The cumulative table of `synthetic classes ... zipf=S`: class c weighs (c + 1)^-S, computed as
+// qt_expf(-S qt_logf(c + 1)) (qt_math.h: the same bits on every machine, unlike libm's pow), the
+// weights are summed in double in class order, and each prefix sum becomes a bound in units of
+// 2^-32 (truncated: exact IEEE operations only), so that a label is the first class whose bound
+// exceeds a uniform 32-bit word: P(c) is its weight's share to within 2^-32. A class whose share
+// is below that may get no sample.
+static void classes_zipf_table(uint32_t classes, float zipf, uint64_t *bound) {
+    double total = 0.0;
+    for (uint32_t c = 0; c < classes; c++) {
+        total += (double)qt_expf(-zipf * qt_logf((float)(c + 1)));
+    }
+    double sum = 0.0;
+    for (uint32_t c = 0; c < classes; c++) {
+        sum += (double)qt_expf(-zipf * qt_logf((float)(c + 1)));
+        bound[c] = (uint64_t)(sum / total * 4294967296.0);
+    }
+    // The same additions in the same order: the last prefix is the total, exactly.
+    QT_ASSERT(bound[classes - 1] == UINT64_C(1) << 32);
+}
+
+// The label of a uniform 32-bit word: the first class whose bound exceeds it (binary search; the
+// last bound, 2^32, exceeds every word).
+static uint32_t classes_zipf_label(const uint64_t *bound, uint32_t classes, uint32_t word) {
+    uint32_t lo = 0, hi = classes - 1;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if ((uint64_t)word < bound[mid]) {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    return lo;
+}
 
 DATA_GENERATOR static void classes_centers(void *ctx, uint64_t begin, uint64_t end) {
     const classes_job *job = ctx;
@@ -733,13 +783,16 @@ DATA_GENERATOR static void classes_centers(void *ctx, uint64_t begin, uint64_t e
 }
 
 // Labels uniform over the classes (multiply-shift of a 32-bit word; the bias, below classes /
-// 2^32, is immaterial), then inputs = center of the class + N(0, 1) noise.
+// 2^32, is immaterial) or, with zipf=, the same word looked up in the cumulative table; then
+// inputs = center of the class + N(0, 1) noise.
 DATA_GENERATOR static void classes_rows(void *ctx, uint64_t begin, uint64_t end) {
     const classes_job *job = ctx;
     uint64_t n = job->info->features;
+    uint32_t classes = job->info->outputs;
     for (uint64_t s = begin; s < end; s++) {
         uint32_t word = qt_philox_at(job->key_l, s, 0).v[0];
-        uint32_t label = (uint32_t)(((uint64_t)word * job->info->outputs) >> 32);
+        uint32_t label = job->bound ? classes_zipf_label(job->bound, classes, word)
+                                    : (uint32_t)(((uint64_t)word * classes) >> 32);
         job->labels[s] = (int32_t)label;
         const float *center = job->centers + label * n;
         float *row = job->x + s * n;
@@ -747,16 +800,27 @@ DATA_GENERATOR static void classes_rows(void *ctx, uint64_t begin, uint64_t end)
     }
 }
 
-// `synthetic classes`: the class centers first (each is read by every sample of its class), then
-// the samples.
+// `synthetic classes`: the class centers first (each is read by every sample of its class), and
+// with zipf= the labels' table (on this thread: a few operations per class), then the samples.
 static void generate_classes(const recipe_source *src, const data_info *info, uint8_t *dst,
                              uint32_t parts) {
+    uint64_t *bound = NULL;
+    if (src->zipf > 0.0f) {
+        uint64_t offset = info->scratch_offset +
+                          classes_table_offset(info->outputs, info->features);
+        QT_ASSERT(offset + info->outputs * sizeof(uint64_t) <=
+                  info->scratch_offset + info->scratch_bytes);
+        bound = (uint64_t *)(dst + offset);
+        classes_zipf_table(info->outputs, src->zipf, bound);
+    }
     classes_job job = {
+        .bound = bound,
         .info = info,
         .x = (float *)(dst + info->inputs_offset),
         .labels = (int32_t *)(dst + info->targets_offset),
         .centers = (float *)(dst + info->scratch_offset),
-        .spread = CLASSES_CENTER_SPREAD / qt_sqrtf((float)info->features),
+        .spread = (src->spread > 0.0f ? src->spread : CLASSES_CENTER_SPREAD) /
+                  qt_sqrtf((float)info->features),
         .key_x = tag_seed(src->seed, TAG_INPUTS),
         .key_c = tag_seed(src->task, TAG_CENTERS),
         .key_l = tag_seed(src->seed, TAG_LABELS),

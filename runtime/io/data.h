@@ -21,7 +21,8 @@
 //   | u8 (IDX, npy uint8) or f32  | targets (samples, outputs)| centers f32 (synthetic; |
 //   |                             | f32                       | data_load, then idle)   |
 //   +-----------------------------+---------------------------+-------------------------+
-//   each part starts at a multiple of DATA_ALIGN; bytes is rounded up to one
+//   each part starts at a multiple of DATA_ALIGN; bytes is rounded up to one; with zipf= the
+//   scratch part holds the labels' cumulative table (u64 [classes]) after the class centers
 //
 // Input precision, a decision: IDX pixels stay bytes in the dataset (exact, a quarter of the
 // pinned memory FP32 would take: 47 MB instead of 188 MB for Fashion-MNIST) and in the staging

@@ -177,6 +177,11 @@ typedef struct model_moe {
                                  // row_align of their formats
     uint32_t capacity;           // rows of the permuted tensors (op_moe_capacity)
     float aux_scale;             // the load-balancing loss's factor (op_moe_aux_scale)
+    // The train program's first_dims (u32 [experts]: each expert's tokens in the step), set by
+    // model_build_train; model_keep_expert_loads keeps its bytes from the routing's scan to the
+    // end of every program, so that after a run they hold the last train step's counts.
+    bool has_loads;
+    arena_handle loads;
 } model_moe;
 
 typedef struct model_linear {
@@ -337,6 +342,11 @@ qt_status model_build_eval(model *m, program *p);
 qt_status model_build_infer(model *m, program *p);
 qt_status model_build_init(model *m, program *p);
 qt_status model_build_checksum(model *m, program *p);
+// After every program is built (last_op: the last op index of all of them): widens the lifetime
+// of each moe layer's train first_dims (model_moe.loads) to last_op, so that no later op of any
+// program shares its bytes and the counts of the last train step stay readable after the loop
+// (`qtrain run`'s summary; nothing in the step reads them back).
+void model_keep_expert_loads(model *m, int32_t last_op);
 
 // Whether this rank owns parameter i (updates it, holds its moments), and whether it holds its
 // master: an owned one's, and every rank a master that is the weight itself (no quantizer).

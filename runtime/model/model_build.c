@@ -776,6 +776,11 @@ static qt_status mb_moe_forward(mb *b, uint32_t layer, model_tensor x, model_ten
     QT_TRY(mb_gemm(b, what, MODEL_FPROP, router, &a, &w, logits, OP_REF_NONE, GEMM_DENSE,
                    op_group_dense()));
     QT_TRY(mb_moe_route(b, name, mo, logits.ref, &st->routing));
+    if (b->train) {
+        model_moe *loads = &m->moes[m->layer_moe[layer]];
+        loads->has_loads = true;
+        loads->loads = st->routing.group.first_dims.region;
+    }
     snprintf(what, sizeof what, "%s.xp", name);
     QT_TRY(mb_tensor_of(b, what, mo->capacity, mo->width, x.dtype, ARENA_CAT_ACTIVATIONS,
                         &st->xp));
@@ -1462,6 +1467,12 @@ static qt_status mb_checksum_region(program *p, const char *name, prog_ref regio
     if (blocks > OP_GRID_BLOCKS_MAX) blocks = OP_GRID_BLOCKS_MAX;
     if (blocks == 0) blocks = 1;
     return op_checksum(p, name, region, bytes, partials, (uint32_t)blocks, hash);
+}
+
+void model_keep_expert_loads(model *m, int32_t last_op) {
+    for (uint32_t i = 0; i < m->moe_count; i++) {
+        if (m->moes[i].has_loads) arena_extend(m->dev, m->moes[i].loads, last_op);
+    }
 }
 
 // One hash per persistent weight, master, optimizer and scaling region (in handle order),

@@ -353,6 +353,7 @@ static qt_status run_build_programs(run *r, run_carver *c) {
     if (r->model.modes[MODEL_MODE_TRAIN]) {
         QT_TRY(run_build(r, c, RUN_PROGRAM_CHECKSUM, "checksum", &base, model_build_checksum));
     }
+    model_keep_expert_loads(&r->model, base - 1);
     return QT_OK;
 }
 
@@ -751,10 +752,24 @@ static qt_status run_loop(run *r, const sched_env *env, uint32_t outputs_to,
     QT_TRY(run_check_begin(r, env));
     uint32_t outputs_from = run_outputs_from(r);
     if (r->has_outputs) QT_TRY(run_outputs_open(r, outputs_from, outputs_to));
-    QT_TRY(sched_run(env, &r->table, &r->state, out));
+    uint64_t train_steps = r->state.train_steps;
+    qt_status status = sched_run(env, &r->table, &r->state, out);
+    r->trained = r->trained || r->state.train_steps != train_steps;
+    QT_TRY(status);
     // A stopped run has more records to come: the golden trace goes on.
     if (env->check && !out->stopped) QT_TRY(trace_check_end(env->check));
     return r->has_outputs ? run_outputs_commit(r, outputs_from) : QT_OK;
+}
+
+qt_status run_expert_loads(run *r, uint32_t moe, uint32_t *counts) {
+    QT_ASSERT(r->bound && moe < r->model.moe_count);
+    const model_moe *mo = &r->model.moes[moe];
+    if (!r->trained || !mo->has_loads) {
+        return qt_fail(QT_ERR_STATE, "the experts' loads are those of the last train step, and "
+                       "no train step has run since the run was bound");
+    }
+    return backend_read(r->backend, counts, (prog_ref){&r->dev, mo->loads, 0},
+                        (uint64_t)mo->experts * sizeof(uint32_t));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -967,6 +982,7 @@ qt_status run_step_outside(run *r, model_mode mode, sched_progress_fn progress, 
     run_env(r, &env, progress, ctx);
     qt_status status = run_check_begin(r, &env);
     if (status == QT_OK) status = sched_step_outside(&env, mode, &r->state, record, rows_valid);
+    r->trained = r->trained || (status == QT_OK && mode == MODEL_MODE_TRAIN);
     if (status == QT_OK && r->trace_active) status = trace_flush(&r->trace, false);
     r->step_failed = status != QT_OK;
     return status;

@@ -214,6 +214,7 @@ typedef struct run {
     metrics_writer metrics;
     bool metrics_written;      // the first run_execute wrote the metrics file
     trace_header trace_head;   // the trace's header, as run_execute and the golden check use it
+    bool trained;              // a train step ran since run_bind (run_expert_loads)
     dp_comm dp;                // this rank's communicator (one rank: world 1, no collectives)
     bool dp_open;              // from run_bind to run_close
 } run;
@@ -284,6 +285,13 @@ qt_status run_step(run *r, sched_progress_fn progress, void *ctx, sched_summary 
 // others; the mode's program must be built (the table's modes or options.modes).
 qt_status run_step_outside(run *r, model_mode mode, sched_progress_fn progress, void *ctx,
                            qt_trace_record *record, uint32_t *rows_valid);
+
+// The experts' loads of moe layer `moe` (< model.moe_count) in the last train step that ran:
+// counts u32 [experts], each expert's token-expert pairs of this rank's batch (they sum to batch
+// x topk), read from the train program's first_dims (model_keep_expert_loads keeps them there
+// after the step). A device read that waits for the steps in flight: call it after the loop,
+// never between its steps. QT_ERR_STATE before the first train step of this bind.
+qt_status run_expert_loads(run *r, uint32_t moe, uint32_t *counts);
 
 // Closes a trace that steps left open, with its completion record: failed when the last step
 // failed, complete when the table is done, stopped otherwise (nothing when no trace is open).
