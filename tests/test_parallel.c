@@ -297,10 +297,17 @@ static void test_batch_split(void) {
 // ---------------------------------------------------------------------------------------------
 // Whole runs: ranks as threads on the reference backend
 
+#define PASSES_MAX 8
+
+// Rank 0's records: every train step's, every eval step's, and each eval pass as the summary
+// counts it (its mean loss over the real rows, correct / real rows, the real rows).
 typedef struct step_log {
-    uint32_t count;
+    uint32_t count, evals, passes;
     float loss[STEPS_MAX], norm[STEPS_MAX];
     bool skipped[STEPS_MAX];
+    float eval_loss[STEPS_MAX], eval_accuracy[STEPS_MAX];
+    double pass_loss[PASSES_MAX], pass_accuracy[PASSES_MAX];
+    uint64_t pass_samples[PASSES_MAX];
 } step_log;
 
 typedef struct rank_job {
@@ -318,6 +325,15 @@ typedef struct rank_job {
 
 static void job_progress(void *ctx, const sched_progress *p) {
     step_log *log = ctx;
+    if (p->mode == MODEL_MODE_EVAL && log->evals < STEPS_MAX) {
+        log->eval_loss[log->evals] = p->record->loss;
+        log->eval_accuracy[log->evals++] = p->record->accuracy;
+        if (p->row_step == p->row_steps && log->passes < PASSES_MAX) {
+            log->pass_loss[log->passes] = p->pass_loss;
+            log->pass_accuracy[log->passes] = p->pass_accuracy;
+            log->pass_samples[log->passes++] = p->pass_samples;
+        }
+    }
     if (p->mode != MODEL_MODE_TRAIN || log->count >= STEPS_MAX) return;
     log->loss[log->count] = p->record->loss;
     log->norm[log->count] = p->record->grad_norm;
@@ -335,6 +351,7 @@ static void *aligned(uint64_t bytes) { return aligned_alloc(256, (bytes / 256 + 
 static qt_status job_run(rank_job *j, run *r, recipe *rc, backend *b) {
     QT_TRY(recipe_parse(j->text, strlen(j->text), j->name, rc));
     run_options o = j->options;
+    if (j->rank != 0) o.trace_path = NULL;  // rank 0 writes the files
     o.rank = j->rank;
     o.world = j->world;
     o.ref_group = j->group;
@@ -353,6 +370,7 @@ static qt_status job_run(rank_job *j, run *r, recipe *rc, backend *b) {
         sched_summary sum;
         status = run_execute(r, j->rank == 0 ? job_progress : NULL, &j->log, &sum);
     }
+    if (status == QT_OK && o.trace_path) status = run_end_trace(r);
     if (status == QT_OK) {
         j->dev_bytes = r->dev.bytes_total;
         uint64_t h = 0xCBF29CE484222325ull;
@@ -454,7 +472,7 @@ static double loss_difference(float loss, float reference) {
     return fabs((double)loss - reference) / fmax(1.0, fabs((double)reference));
 }
 
-static rank_job jobs_a[DP_RANKS_MAX], jobs_b[DP_RANKS_MAX], jobs_1[1];
+static rank_job jobs_a[DP_RANKS_MAX], jobs_b[DP_RANKS_MAX], jobs_c[DP_RANKS_MAX], jobs_1[1];
 
 // Begins case `what`_`scheme` with synthetic_tiny.recipe in that scheme read into text.
 static void begin_scheme_case(const char *what, const char *scheme, char *text, size_t bytes) {
@@ -530,9 +548,9 @@ static void test_skip_together(void) {
 
 // Checkpoints: rank 0 writes the table of the run on one GPU (the other ranks' masters and
 // moments gathered into it), and a run on any count resumes from it.
-static rank_job jobs_c[DP_RANKS_MAX];
-
-static bool same_tables(const char *a, const char *b) {
+// Whether two checkpoints have the same table (regions, parameters, sizes); with `crcs` the same
+// bytes in every region too.
+static bool same_tables_of(const char *a, const char *b, bool crcs) {
     static uint8_t sa[1 << 20], sb[1 << 20];
     static ckpt_reader ra, rb;
     ckpt_reader_init(&ra, sa, 256, 64);
@@ -546,7 +564,8 @@ static bool same_tables(const char *a, const char *b) {
         const ckpt_region *p = &x->regions[i], *q = &y->regions[i];
         same = strcmp(p->name, q->name) == 0 && p->offset == q->offset &&
                p->bytes == q->bytes && p->format == q->format && p->usage == q->usage &&
-               p->param == q->param && p->category == q->category;
+               p->param == q->param && p->category == q->category &&
+               (!crcs || p->crc == q->crc);
     }
     for (uint32_t i = 0; same && i < x->header.param_count; i++) {
         same = memcmp(&x->params[i], &y->params[i], sizeof x->params[i]) == 0;
@@ -555,6 +574,8 @@ static bool same_tables(const char *a, const char *b) {
     ckpt_close(&rb);
     return same;
 }
+
+static bool same_tables(const char *a, const char *b) { return same_tables_of(a, b, false); }
 
 static void check_tail(const char *what, const step_log *resumed, const step_log *whole,
                        uint32_t from, double tol) {
@@ -613,6 +634,161 @@ static void test_checkpoints(const char *scheme) {
     }
     if (ok && run_ranks_from(n, text, 1, &resumed, one, jobs_c)) {
         check_tail("1 rank resumed from 1", &jobs_c[0].log, &jobs_1[0].log, 20, 0);
+    }
+    test_end();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Eval rows on several ranks
+
+// synthetic_tiny.recipe in `scheme` with `schedule` for its [schedule], a bias in its head and an
+// eval set of 70 samples: a pass's last batch has 6 real rows of 16, so on 2 ranks the second
+// share and on 4 the last two hold padding only.
+static bool eval_recipe_text(const char *scheme, const char *schedule, char *out, size_t bytes) {
+    static char text[RECIPE_TEXT_MAX];
+    if (!recipe_text("tests/recipes/synthetic_tiny.recipe", scheme, text, sizeof text)) {
+        return false;
+    }
+    char *samples = strstr(text, "samples=64"), *rows = strstr(text, "[schedule]\n");
+    if (!samples || !rows) return false;
+    samples[strlen("samples=")] = '7';
+    samples[strlen("samples=") + 1] = '0';
+    rows[strlen("[schedule]\n")] = '\0';
+    // The head's bias makes 4 parameter tensors, an owner for each of 4 ranks.
+    char *head = strstr(text, "linear head 4\n");
+    if (!head) return false;
+    head[strlen("linear head 4")] = '\0';
+    int n = snprintf(out, bytes, "%s bias\n%s%s", text, head + strlen("linear head 4") + 1,
+                     schedule);
+    return n > 0 && (size_t)n < bytes;
+}
+
+// The eval records of an N-rank run against the 1-rank run's: each step's and each pass's
+// accuracy to the bit where the forward pass of a share gives the whole batch's rows (`exact`:
+// the accuracy is a count of correct rows over the real rows, summed in integers), else each
+// pass's within `tol` (a step's may differ by a row: 1/16); the losses within `tol` relative to
+// max(1, |loss|) (the same rows' losses summed in another order, or rows of other weights).
+static void check_evals(const char *what, const step_log *n, const step_log *one, bool exact,
+                        double tol) {
+    CHECK(n->evals == one->evals && n->passes == one->passes && n->evals > 0,
+          "%s: %u eval steps in %u passes, 1 rank %u in %u", what, n->evals, n->passes,
+          one->evals, one->passes);
+    double worst = 0;
+    for (uint32_t s = 0; s < n->evals && s < one->evals; s++) {
+        double rel = loss_difference(n->eval_loss[s], one->eval_loss[s]);
+        worst = rel > worst ? rel : worst;
+        CHECK(rel <= tol, "%s: eval step %u: loss %.9g, 1 rank %.9g", what, s,
+              (double)n->eval_loss[s], (double)one->eval_loss[s]);
+        CHECK(!exact || n->eval_accuracy[s] == one->eval_accuracy[s],
+              "%s: eval step %u: accuracy %.9g, 1 rank %.9g", what, s,
+              (double)n->eval_accuracy[s], (double)one->eval_accuracy[s]);
+    }
+    for (uint32_t k = 0; k < n->passes && k < one->passes; k++) {
+        CHECK(n->pass_samples[k] == one->pass_samples[k], "%s: pass %u: %llu samples, 1 rank "
+              "%llu", what, k, (unsigned long long)n->pass_samples[k],
+              (unsigned long long)one->pass_samples[k]);
+        CHECK(loss_difference((float)n->pass_loss[k], (float)one->pass_loss[k]) <= tol,
+              "%s: pass %u: loss %.9g, 1 rank %.9g", what, k, n->pass_loss[k],
+              one->pass_loss[k]);
+        CHECK(exact ? n->pass_accuracy[k] == one->pass_accuracy[k]
+                    : fabs(n->pass_accuracy[k] - one->pass_accuracy[k]) <= tol,
+              "%s: pass %u: accuracy %.9g, 1 rank %.9g", what, k, n->pass_accuracy[k],
+              one->pass_accuracy[k]);
+    }
+    printf("  %s: worst relative eval loss difference %.3g (tolerance %.3g)\n", what, worst, tol);
+}
+
+// Whether a share's forward pass gives the whole batch's rows bit for bit (README.md, "Data
+// parallelism"): not per-tensor current scaling (each rank's own amax) nor NVFP4.
+static bool rows_exact(const char *scheme) {
+    return strcmp(scheme, "current") != 0 && strcmp(scheme, "nvfp4") != 0;
+}
+
+// The tolerance of an eval record's loss on N ranks against 1 rank's, relative to max(1, |loss|),
+// with the same weights: the per-row losses are the same, summed in another order.
+#define EVAL_SUM_TOLERANCE 1e-6
+
+static rank_job jobs_4[4];
+
+// A schedule of eval rows alone (the recipe's initial weights, the same on every rank count):
+// 1, 2 and 4 ranks give the same eval records, and two 2-rank runs the same trace.
+static void test_eval_only(const char *scheme) {
+    static char text[RECIPE_TEXT_MAX];
+    char name[96], t1[200], t2[200], c1[200], c2[200];
+    snprintf(name, sizeof name, "eval_only_schedule_on_ranks_matches_one_rank_%s", scheme);
+    test_begin(name);
+    CHECK(eval_recipe_text(scheme, "eval all\neval 7 train\neval all\n", text, sizeof text),
+          "cannot read the recipe");
+    snprintf(t1, sizeof t1, "%s", tmp_path("eval_a.trace"));
+    snprintf(t2, sizeof t2, "%s", tmp_path("eval_b.trace"));
+    snprintf(c1, sizeof c1, "%s", tmp_path("eval_one.ckpt"));
+    snprintf(c2, sizeof c2, "%s", tmp_path("eval_two.ckpt"));
+    run_options o = {0};
+    o.replace_outputs = true;
+    const char *n = "synthetic_tiny.recipe";
+    o.save_path = c1;
+    bool ok = run_ranks(n, text, 1, &o, jobs_1);
+    o.trace_path = t1;
+    o.save_path = c2;
+    ok = ok && run_ranks(n, text, 2, &o, jobs_a);
+    o.trace_path = t2;
+    o.save_path = NULL;
+    ok = ok && run_ranks(n, text, 2, &o, jobs_b);
+    o.trace_path = NULL;
+    ok = ok && run_ranks(n, text, 4, &o, jobs_4);
+    if (ok) {
+        CHECK(jobs_1[0].log.passes == 3 && jobs_1[0].log.pass_samples[0] == 70 &&
+              jobs_1[0].log.pass_samples[1] == 7 * 16, "1 rank: %u passes",
+              jobs_1[0].log.passes);
+        double tol = rows_exact(scheme) ? EVAL_SUM_TOLERANCE : tolerance_of(scheme);
+        char what[64];
+        snprintf(what, sizeof what, "%s, 2 ranks", scheme);
+        check_evals(what, &jobs_a[0].log, &jobs_1[0].log, rows_exact(scheme), tol);
+        snprintf(what, sizeof what, "%s, 4 ranks", scheme);
+        check_evals(what, &jobs_4[0].log, &jobs_1[0].log, rows_exact(scheme), tol);
+        CHECK(file_same(t1, t2), "two 2-rank runs wrote different traces");
+        // Without training every rank holds every master: rank 0 saves the 1-rank file's
+        // regions, byte for byte.
+        CHECK(same_tables_of(c2, c1, true), "the 2-rank checkpoint differs from the 1-rank one");
+    }
+    test_end();
+}
+
+// Train and eval rows alternating on 2 ranks: the eval passes change nothing of the training
+// (the train records are those of the run without them, bit for bit), two runs give the same
+// trace, and the eval records follow the 1-rank run's within the scheme's tolerance.
+static void test_train_eval(const char *scheme) {
+    static char text[RECIPE_TEXT_MAX];
+    char name[96], t1[200], t2[200];
+    snprintf(name, sizeof name, "train_eval_alternation_on_ranks_%s", scheme);
+    test_begin(name);
+    CHECK(eval_recipe_text(scheme, "train 40 cosine 1e-2 -> 1e-3 eval all every 20 steps\n"
+                           "eval 3 train\n", text, sizeof text), "cannot read the recipe");
+    snprintf(t1, sizeof t1, "%s", tmp_path("mixed_a.trace"));
+    snprintf(t2, sizeof t2, "%s", tmp_path("mixed_b.trace"));
+    run_options o = {0};
+    o.replace_outputs = true;
+    const char *n = "synthetic_tiny.recipe";
+    run_options plain = o;
+    plain.drop_eval = true;
+    bool ok = run_ranks(n, text, 1, &o, jobs_1) && run_ranks(n, text, 2, &plain, jobs_c);
+    o.trace_path = t1;
+    ok = ok && run_ranks(n, text, 2, &o, jobs_a);
+    o.trace_path = t2;
+    ok = ok && run_ranks(n, text, 2, &o, jobs_b);
+    if (ok) {
+        const step_log *a = &jobs_a[0].log, *c = &jobs_c[0].log;
+        CHECK(a->passes == 3 && a->count == 40 && c->evals == 0, "%u passes, %u train steps",
+              a->passes, a->count);
+        CHECK(memcmp(a->loss, c->loss, sizeof a->loss) == 0 &&
+              memcmp(a->norm, c->norm, sizeof a->norm) == 0,
+              "the eval rows changed the training of 2 ranks");
+        CHECK(jobs_a[0].weights_hash == jobs_c[0].weights_hash &&
+              jobs_a[0].weights_hash == jobs_a[1].weights_hash, "weights differ");
+        CHECK(file_same(t1, t2), "two 2-rank runs wrote different traces");
+        char what[64];
+        snprintf(what, sizeof what, "%s, 2 ranks after training", scheme);
+        check_evals(what, a, &jobs_1[0].log, false, tolerance_of(scheme));
     }
     test_end();
 }
@@ -977,6 +1153,10 @@ int main(int argc, char **argv) {
                                           "nvfp4"};
     for (size_t i = 0; i < sizeof schemes / sizeof schemes[0]; i++) test_two_ranks(schemes[i]);
     test_skip_together();
+    for (size_t i = 0; i < sizeof schemes / sizeof schemes[0]; i++) {
+        test_eval_only(schemes[i]);
+        test_train_eval(schemes[i]);
+    }
     test_checkpoints("current");
     test_checkpoints("mxfp8");
     test_refusals();

@@ -511,8 +511,12 @@ bool model_param_owned(const model *m, uint32_t i) {
     return m->param_owner[i] == m->rank;
 }
 
+// A run without train steps (eval and infer rows alone) has no moments to split and no gradient
+// regions, through which a save gathers the masters that a rank lacks: every rank then draws
+// every master (the same values) and a checkpoint finds them all on rank 0.
 bool model_param_master_here(const model *m, uint32_t i) {
-    return model_param_owned(m, i) || m->params[i].quantizer < 0;
+    return model_param_owned(m, i) || m->params[i].quantizer < 0 ||
+           !m->modes[MODEL_MODE_TRAIN];
 }
 
 // Each parameter's owner among the ranks (runtime/parallel/parallel.h's partition by elements).

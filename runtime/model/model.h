@@ -339,7 +339,8 @@ qt_status model_build_init(model *m, program *p);
 qt_status model_build_checksum(model *m, program *p);
 
 // Whether this rank owns parameter i (updates it, holds its moments), and whether it holds its
-// master: an owned one's, and every rank a master that is the weight itself (no quantizer).
+// master: an owned one's, and every rank a master that is the weight itself (no quantizer) and
+// every master of a run that does not train.
 bool model_param_owned(const model *m, uint32_t i);
 bool model_param_master_here(const model *m, uint32_t i);
 

@@ -1446,8 +1446,14 @@ qt_status model_build_init(model *m, program *p) {
         uint32_t updated = mb_optim_list(b);
         QT_TRY(op_optim_describe(p, b->optim_list, updated, mb_dev(b, m->io.optim_table)));
     }
+    if (!mb_parallel(b)) return QT_OK;
+    // The owners' casts put the amaxes of their weights alone into the delayed-scaling histories'
+    // row 0; their maximum over the ranks is the row that one rank's casts of every weight
+    // leave, so a run without train steps (whose first step would take that maximum) holds and
+    // saves the states of the run on one GPU.
+    QT_TRY(mb_dp_amaxes(b));
     // Every rank starts from its owners' weights (they draw what one rank would draw).
-    return mb_parallel(b) ? mb_dp_broadcast_weights(b) : QT_OK;
+    return mb_dp_broadcast_weights(b);
 }
 
 static bool mb_checksummed_category(arena_category c) {

@@ -490,12 +490,9 @@ static qt_status run_check_parallel(run *r) {
                        (rc->data.batch / o->world + 1) * o->world);
     }
     const char *refused = o->infer_input ? "qtrain infer" : o->from_path ? "--from" : NULL;
-    bool trains = false;
     for (uint32_t i = 0; i < rc->rows_count && !refused; i++) {
         if (rc->rows[i].mode == RECIPE_MODE_INFER) refused = "infer rows";
-        trains |= rc->rows[i].mode == RECIPE_MODE_TRAIN;
     }
-    if (!trains && !refused) refused = "a schedule without train rows";
     if (refused) {
         return qt_fail(QT_ERR_INPUT, "%s: a run on %u GPUs does not take %s; run them on one "
                        "GPU", rc->file_name, o->world, refused);
