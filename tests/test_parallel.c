@@ -793,6 +793,136 @@ static void test_train_eval(const char *scheme) {
     test_end();
 }
 
+// ---------------------------------------------------------------------------------------------
+// Infer rows on several ranks
+
+// The float32 or int32 values of an .npy file that qtrain wrote (format 1.0: a 10-byte preamble
+// whose last two bytes are the header's length), or NULL; *count gets how many.
+static void *npy_values(const char *path, size_t *count, char **file) {
+    size_t size = 0;
+    *file = file_read(path, &size);
+    if (!*file || size < 10) return NULL;
+    const uint8_t *b = (const uint8_t *)*file;
+    size_t data = 10 + (size_t)(b[8] | b[9] << 8);
+    if (data > size || (size - data) % 4 != 0) return NULL;
+    *count = (size - data) / 4;
+    return *file + data;
+}
+
+// Two infer files of the same rows: byte for byte (`tol` 0), else the same length and header,
+// and the logits' difference within tol of the reference's L2 norm (a logit of an FP8 forward
+// pass of other scales moves by a step of its format), or (`classes`) at most a share tol of the
+// rows predicted otherwise.
+static bool same_outputs(const char *a, const char *b, bool classes, double tol) {
+    if (tol == 0) return file_same(a, b);
+    size_t na = 0, nb = 0;
+    char *fa = NULL, *fb = NULL;
+    const void *va = npy_values(a, &na, &fa), *vb = npy_values(b, &nb, &fb);
+    bool same = va && vb && na == nb && na > 0 &&
+                (const char *)va - fa == (const char *)vb - fb &&
+                memcmp(fa, fb, (size_t)((const char *)va - fa)) == 0;
+    size_t differ = 0;
+    double diff2 = 0, ref2 = 0;
+    for (size_t i = 0; same && i < na; i++) {
+        if (classes) {
+            differ += ((const int32_t *)va)[i] != ((const int32_t *)vb)[i];
+        } else {
+            double x = ((const float *)va)[i], y = ((const float *)vb)[i];
+            diff2 += (x - y) * (x - y);
+            ref2 += y * y;
+        }
+    }
+    same = same && (double)differ <= tol * (double)na && diff2 <= tol * tol * ref2;
+    free(fa);
+    free(fb);
+    return same;
+}
+
+// The files of a run (logits.npy, classes.npy in the temporary folder) renamed to
+// `label`_logits.npy and `label`_classes.npy, so that the next run of the same recipe writes anew.
+static bool keep_outputs(const char *label) {
+    static const char *const kinds[] = {"logits", "classes"};
+    bool ok = true;
+    for (int k = 0; k < 2; k++) {
+        char from[200], to[200], name[64];
+        snprintf(from, sizeof from, "%s", tmp_path(kinds[k]));
+        snprintf(name, sizeof name, "%s_%s", label, kinds[k]);
+        snprintf(to, sizeof to, "%s", tmp_path(name));
+        ok &= rename(from, to) == 0;
+    }
+    return ok;
+}
+
+static bool outputs_match(const char *label, const char *reference, double tol) {
+    char a[200], b[200], c[200], d[200], name[64];
+    snprintf(name, sizeof name, "%s_logits", label);
+    snprintf(a, sizeof a, "%s", tmp_path(name));
+    snprintf(name, sizeof name, "%s_logits", reference);
+    snprintf(b, sizeof b, "%s", tmp_path(name));
+    snprintf(name, sizeof name, "%s_classes", label);
+    snprintf(c, sizeof c, "%s", tmp_path(name));
+    snprintf(name, sizeof name, "%s_classes", reference);
+    snprintf(d, sizeof d, "%s", tmp_path(name));
+    return same_outputs(a, b, false, tol) && same_outputs(c, d, true, tol);
+}
+
+// The schedule of the infer tests: `prefix`, then a pass of logits over the eval set (70 samples:
+// the last batch's padding fills the later shares), an eval pass and 3 steps of classes over the
+// train set, into logits and classes in the temporary folder.
+static bool infer_recipe_text(const char *scheme, const char *prefix, char *out, size_t bytes) {
+    char schedule[1024];
+    int n = snprintf(schedule, sizeof schedule, "%sinfer all output=%s\neval all\n"
+                     "infer 3 train argmax output=%s\n", prefix, tmp_path("logits"),
+                     tmp_path("classes"));
+    return n > 0 && (size_t)n < sizeof schedule &&
+           eval_recipe_text(scheme, schedule, out, bytes);
+}
+
+// Infer rows with the recipe's initial weights on 1, 2 and 4 ranks: rank 0 writes the whole
+// batch's outputs in sample order (the shares gathered in rank order), the files of the run on
+// one rank byte for byte where a share's rows are the whole batch's; and after train steps, two
+// 2-rank runs write the same files and the same trace.
+static void test_infer_rows(const char *scheme) {
+    static char text[RECIPE_TEXT_MAX];
+    char name[96], t1[200], t2[200];
+    snprintf(name, sizeof name, "infer_rows_on_ranks_write_the_whole_batch_%s", scheme);
+    test_begin(name);
+    CHECK(infer_recipe_text(scheme, "", text, sizeof text), "cannot read the recipe");
+    snprintf(t1, sizeof t1, "%s", tmp_path("infer_a.trace"));
+    snprintf(t2, sizeof t2, "%s", tmp_path("infer_b.trace"));
+    run_options o = {0};
+    const char *n = "synthetic_tiny.recipe";
+    double tol = rows_exact(scheme) ? 0 : tolerance_of(scheme);
+    bool ok = run_ranks(n, text, 1, &o, jobs_1) && keep_outputs("one") &&
+              run_ranks(n, text, 2, &o, jobs_a) && keep_outputs("two") &&
+              run_ranks(n, text, 4, &o, jobs_4) && keep_outputs("four");
+    CHECK(ok, "a run failed");
+    if (ok) {
+        CHECK(outputs_match("two", "one", tol), "2 ranks' files differ from 1 rank's");
+        CHECK(outputs_match("four", "one", tol), "4 ranks' files differ from 1 rank's");
+        char what[64];
+        snprintf(what, sizeof what, "%s, infer schedule on 2 ranks", scheme);
+        check_evals(what, &jobs_a[0].log, &jobs_1[0].log, rows_exact(scheme),
+                    rows_exact(scheme) ? EVAL_SUM_TOLERANCE : tolerance_of(scheme));
+    }
+    CHECK(infer_recipe_text(scheme, "train 30 cosine 1e-2 -> 1e-3\n", text, sizeof text),
+          "cannot read the recipe");
+    o.trace_path = t1;
+    ok = ok && run_ranks(n, text, 2, &o, jobs_a) && keep_outputs("trained_a");
+    o.trace_path = t2;
+    ok = ok && run_ranks(n, text, 2, &o, jobs_b) && keep_outputs("trained_b");
+    o.trace_path = NULL;
+    ok = ok && run_ranks(n, text, 1, &o, jobs_1) && keep_outputs("trained_one");
+    CHECK(ok, "a run after training failed");
+    if (ok) {
+        CHECK(file_same(t1, t2) && outputs_match("trained_a", "trained_b", 0),
+              "two 2-rank runs wrote different traces or files");
+        CHECK(outputs_match("trained_a", "trained_one", tolerance_of(scheme)),
+              "after training, 2 ranks' files are beyond the tolerance of 1 rank's");
+    }
+    test_end();
+}
+
 static void test_refusals(void) {
     test_begin("two_ranks_refuse_what_they_cannot_do");
     static char text[RECIPE_TEXT_MAX];
@@ -1156,6 +1286,7 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < sizeof schemes / sizeof schemes[0]; i++) {
         test_eval_only(schemes[i]);
         test_train_eval(schemes[i]);
+        test_infer_rows(schemes[i]);
     }
     test_checkpoints("current");
     test_checkpoints("mxfp8");

@@ -650,7 +650,8 @@ static qt_status model_plan_io(model *m, const model_options *o) {
     QT_TRY(model_region(&host, "records", MODEL_RING_LEN * qt_trace_ring_bytes(m->delayed_count),
                         ARENA_CAT_STAGING, &ref));
     io->ring = ref.region;
-    io->outputs_bytes = ((uint64_t)m->batch * m->outputs * 2 + 15) / 16 * 16;
+    // The whole batch's outputs: a data-parallel rank's infer program gathers every share.
+    io->outputs_bytes = ((uint64_t)m->batch * m->world * m->outputs * 2 + 15) / 16 * 16;
     if (m->modes[MODEL_MODE_INFER]) {
         QT_TRY(model_region(&host, "outputs", MODEL_OUTPUT_SLOTS * io->outputs_bytes,
                             ARENA_CAT_STAGING, &ref));
