@@ -666,10 +666,11 @@ static bool eval_recipe_text(const char *scheme, const char *schedule, char *out
 // The eval records of an N-rank run against the 1-rank run's: each step's and each pass's
 // accuracy to the bit where the forward pass of a share gives the whole batch's rows (`exact`:
 // the accuracy is a count of correct rows over the real rows, summed in integers), else each
-// pass's within `tol` (a step's may differ by a row: 1/16); the losses within `tol` relative to
-// max(1, |loss|) (the same rows' losses summed in another order, or rows of other weights).
+// pass's within `accuracy_tol` (a step's may differ by a row: 1/16); the losses within `tol`
+// relative to max(1, |loss|) (the same rows' losses summed in another order, or rows of other
+// weights).
 static void check_evals(const char *what, const step_log *n, const step_log *one, bool exact,
-                        double tol) {
+                        double tol, double accuracy_tol) {
     CHECK(n->evals == one->evals && n->passes == one->passes && n->evals > 0,
           "%s: %u eval steps in %u passes, 1 rank %u in %u", what, n->evals, n->passes,
           one->evals, one->passes);
@@ -691,7 +692,7 @@ static void check_evals(const char *what, const step_log *n, const step_log *one
               "%s: pass %u: loss %.9g, 1 rank %.9g", what, k, n->pass_loss[k],
               one->pass_loss[k]);
         CHECK(exact ? n->pass_accuracy[k] == one->pass_accuracy[k]
-                    : fabs(n->pass_accuracy[k] - one->pass_accuracy[k]) <= tol,
+                    : fabs(n->pass_accuracy[k] - one->pass_accuracy[k]) <= accuracy_tol,
               "%s: pass %u: accuracy %.9g, 1 rank %.9g", what, k, n->pass_accuracy[k],
               one->pass_accuracy[k]);
     }
@@ -710,6 +711,13 @@ static bool rows_exact(const char *scheme) {
 
 static rank_job jobs_4[4];
 
+// Eval rows alone: two passes over the eval set and one over part of the train set.
+#define EVAL_ONLY_SCHEDULE "eval all\neval 7 train\neval all\n"
+// Train, eval and infer rows alternating: 40 train steps, 3 eval passes, an infer row between.
+#define MIXED_SCHEDULE                                                                         \
+    "train 20 cosine 1e-2 -> 1e-3 eval all every 10 steps\ninfer 3\ntrain 20 constant 1e-3\n" \
+    "eval 3 train\n"
+
 // A schedule of eval rows alone (the recipe's initial weights, the same on every rank count):
 // 1, 2 and 4 ranks give the same eval records, and two 2-rank runs the same trace.
 static void test_eval_only(const char *scheme) {
@@ -717,7 +725,7 @@ static void test_eval_only(const char *scheme) {
     char name[96], t1[200], t2[200], c1[200], c2[200];
     snprintf(name, sizeof name, "eval_only_schedule_on_ranks_matches_one_rank_%s", scheme);
     test_begin(name);
-    CHECK(eval_recipe_text(scheme, "eval all\neval 7 train\neval all\n", text, sizeof text),
+    CHECK(eval_recipe_text(scheme, EVAL_ONLY_SCHEDULE, text, sizeof text),
           "cannot read the recipe");
     snprintf(t1, sizeof t1, "%s", tmp_path("eval_a.trace"));
     snprintf(t2, sizeof t2, "%s", tmp_path("eval_b.trace"));
@@ -743,9 +751,9 @@ static void test_eval_only(const char *scheme) {
         double tol = rows_exact(scheme) ? EVAL_SUM_TOLERANCE : tolerance_of(scheme);
         char what[64];
         snprintf(what, sizeof what, "%s, 2 ranks", scheme);
-        check_evals(what, &jobs_a[0].log, &jobs_1[0].log, rows_exact(scheme), tol);
+        check_evals(what, &jobs_a[0].log, &jobs_1[0].log, rows_exact(scheme), tol, tol);
         snprintf(what, sizeof what, "%s, 4 ranks", scheme);
-        check_evals(what, &jobs_4[0].log, &jobs_1[0].log, rows_exact(scheme), tol);
+        check_evals(what, &jobs_4[0].log, &jobs_1[0].log, rows_exact(scheme), tol, tol);
         CHECK(file_same(t1, t2), "two 2-rank runs wrote different traces");
         // Without training every rank holds every master: rank 0 saves the 1-rank file's
         // regions, byte for byte.
@@ -754,16 +762,15 @@ static void test_eval_only(const char *scheme) {
     test_end();
 }
 
-// Train and eval rows alternating on 2 ranks: the eval passes change nothing of the training
-// (the train records are those of the run without them, bit for bit), two runs give the same
-// trace, and the eval records follow the 1-rank run's within the scheme's tolerance.
+// Train, eval and infer rows alternating on 2 ranks: the eval and infer rows change nothing of
+// the training (the train records are those of the run without them, bit for bit), two runs give
+// the same trace, and the eval records follow the 1-rank run's within the scheme's tolerance.
 static void test_train_eval(const char *scheme) {
     static char text[RECIPE_TEXT_MAX];
     char name[96], t1[200], t2[200];
     snprintf(name, sizeof name, "train_eval_alternation_on_ranks_%s", scheme);
     test_begin(name);
-    CHECK(eval_recipe_text(scheme, "train 40 cosine 1e-2 -> 1e-3 eval all every 20 steps\n"
-                           "eval 3 train\n", text, sizeof text), "cannot read the recipe");
+    CHECK(eval_recipe_text(scheme, MIXED_SCHEDULE, text, sizeof text), "cannot read the recipe");
     snprintf(t1, sizeof t1, "%s", tmp_path("mixed_a.trace"));
     snprintf(t2, sizeof t2, "%s", tmp_path("mixed_b.trace"));
     run_options o = {0};
@@ -788,7 +795,7 @@ static void test_train_eval(const char *scheme) {
         CHECK(file_same(t1, t2), "two 2-rank runs wrote different traces");
         char what[64];
         snprintf(what, sizeof what, "%s, 2 ranks after training", scheme);
-        check_evals(what, a, &jobs_1[0].log, false, tolerance_of(scheme));
+        check_evals(what, a, &jobs_1[0].log, false, tolerance_of(scheme), tolerance_of(scheme));
     }
     test_end();
 }
@@ -868,12 +875,12 @@ static bool outputs_match(const char *label, const char *reference, double tol) 
 
 // The schedule of the infer tests: `prefix`, then a pass of logits over the eval set (70 samples:
 // the last batch's padding fills the later shares), an eval pass and 3 steps of classes over the
-// train set, into logits and classes in the temporary folder.
-static bool infer_recipe_text(const char *scheme, const char *prefix, char *out, size_t bytes) {
+// train set, into logits and classes in `folder`.
+static bool infer_recipe_text(const char *scheme, const char *prefix, const char *folder,
+                              char *out, size_t bytes) {
     char schedule[1024];
-    int n = snprintf(schedule, sizeof schedule, "%sinfer all output=%s\neval all\n"
-                     "infer 3 train argmax output=%s\n", prefix, tmp_path("logits"),
-                     tmp_path("classes"));
+    int n = snprintf(schedule, sizeof schedule, "%sinfer all output=%s/logits\neval all\n"
+                     "infer 3 train argmax output=%s/classes\n", prefix, folder, folder);
     return n > 0 && (size_t)n < sizeof schedule &&
            eval_recipe_text(scheme, schedule, out, bytes);
 }
@@ -887,7 +894,7 @@ static void test_infer_rows(const char *scheme) {
     char name[96], t1[200], t2[200];
     snprintf(name, sizeof name, "infer_rows_on_ranks_write_the_whole_batch_%s", scheme);
     test_begin(name);
-    CHECK(infer_recipe_text(scheme, "", text, sizeof text), "cannot read the recipe");
+    CHECK(infer_recipe_text(scheme, "", tmp_dir, text, sizeof text), "cannot read the recipe");
     snprintf(t1, sizeof t1, "%s", tmp_path("infer_a.trace"));
     snprintf(t2, sizeof t2, "%s", tmp_path("infer_b.trace"));
     run_options o = {0};
@@ -902,11 +909,12 @@ static void test_infer_rows(const char *scheme) {
         CHECK(outputs_match("four", "one", tol), "4 ranks' files differ from 1 rank's");
         char what[64];
         snprintf(what, sizeof what, "%s, infer schedule on 2 ranks", scheme);
-        check_evals(what, &jobs_a[0].log, &jobs_1[0].log, rows_exact(scheme),
-                    rows_exact(scheme) ? EVAL_SUM_TOLERANCE : tolerance_of(scheme));
+        double eval_tol = rows_exact(scheme) ? EVAL_SUM_TOLERANCE : tolerance_of(scheme);
+        check_evals(what, &jobs_a[0].log, &jobs_1[0].log, rows_exact(scheme), eval_tol,
+                    eval_tol);
     }
-    CHECK(infer_recipe_text(scheme, "train 30 cosine 1e-2 -> 1e-3\n", text, sizeof text),
-          "cannot read the recipe");
+    CHECK(infer_recipe_text(scheme, "train 30 cosine 1e-2 -> 1e-3\n", tmp_dir, text,
+                            sizeof text), "cannot read the recipe");
     o.trace_path = t1;
     ok = ok && run_ranks(n, text, 2, &o, jobs_a) && keep_outputs("trained_a");
     o.trace_path = t2;
@@ -1027,10 +1035,42 @@ static void test_loader(const char *self) {
 
 #define GPU_STEPS 40
 
-// A worker: rank `rank` of `world` on GPU `rank`, the recipe in `scheme`, `steps` train steps,
-// saving to `save` or resuming from `resume` ("-": not); rank 0 writes the trace and its train
-// losses (%a per line) to `losses`. Checks that the loop made no synchronizing call beyond its
-// lagged statistics reads (a run without saves). Exit 0 when everything held.
+// The worker's recipe for `kind`: train (synthetic_tiny.recipe's train rows), eval
+// (EVAL_ONLY_SCHEDULE), mixed (MIXED_SCHEDULE) or infer (infer_recipe_text's rows, their files in
+// `folder`).
+static bool worker_text(const char *kind, const char *scheme, const char *folder, char *text) {
+    if (strcmp(kind, "eval") == 0) {
+        return eval_recipe_text(scheme, EVAL_ONLY_SCHEDULE, text, RECIPE_TEXT_MAX);
+    }
+    if (strcmp(kind, "mixed") == 0) {
+        return eval_recipe_text(scheme, MIXED_SCHEDULE, text, RECIPE_TEXT_MAX);
+    }
+    if (strcmp(kind, "infer") == 0) {
+        return infer_recipe_text(scheme, "", folder, text, RECIPE_TEXT_MAX);
+    }
+    return recipe_text("tests/recipes/synthetic_tiny.recipe", scheme, text, RECIPE_TEXT_MAX);
+}
+
+// Rank 0's records for the parent: each train loss (%a per line), then each eval step's loss and
+// accuracy (`e`) and each pass's loss, accuracy and samples (`p`).
+static bool worker_records(const char *path, const step_log *log) {
+    FILE *f = fopen(path, "w");
+    for (uint32_t i = 0; f && i < log->count; i++) fprintf(f, "%a\n", (double)log->loss[i]);
+    for (uint32_t i = 0; f && i < log->evals; i++) {
+        fprintf(f, "e %a %a\n", (double)log->eval_loss[i], (double)log->eval_accuracy[i]);
+    }
+    for (uint32_t i = 0; f && i < log->passes; i++) {
+        fprintf(f, "p %a %a %llu\n", log->pass_loss[i], log->pass_accuracy[i],
+                (unsigned long long)log->pass_samples[i]);
+    }
+    return f && fclose(f) == 0;
+}
+
+// A worker: rank `rank` of `world` on GPU `rank`, the recipe of `kind` in `scheme`, `steps` train
+// steps, saving to `save` or resuming from `resume` ("-": not); rank 0 writes the trace and its
+// records to `losses` (worker_records) and the infer rows' files beside it. Checks that the loop
+// made no synchronizing call beyond its lagged statistics reads (a run without saves). Exit 0
+// when everything held.
 static int worker_main(char **argv) {
     uint32_t rank = (uint32_t)atoi(argv[0]), world = (uint32_t)atoi(argv[1]);
     const char *id_hex = argv[2], *scheme = argv[3], *trace = argv[4], *losses = argv[5];
@@ -1038,8 +1078,13 @@ static int worker_main(char **argv) {
     const char *save = strcmp(argv[7], "-") == 0 ? NULL : argv[7];
     const char *resume = strcmp(argv[8], "-") == 0 ? NULL : argv[8];
     uint64_t steps = strtoull(argv[9], NULL, 10);
+    const char *kind = argv[10];
+    char folder[200];
+    snprintf(folder, sizeof folder, "%s", losses);
+    char *slash = strrchr(folder, '/');
+    if (slash) *slash = '\0';
     static char text[RECIPE_TEXT_MAX];
-    if (!recipe_text("tests/recipes/synthetic_tiny.recipe", scheme, text, sizeof text)) {
+    if (!worker_text(kind, scheme, slash ? folder : ".", text)) {
         printf("worker %u: cannot read the recipe\n", rank);
         return 1;
     }
@@ -1056,7 +1101,7 @@ static int worker_main(char **argv) {
     qt_status status = backend_open_gpu(&b, (int)rank);
     run_options o = {0};
     o.steps_limit = steps;
-    o.drop_eval = true;
+    o.drop_eval = strcmp(kind, "train") == 0;
     o.eager = eager;
     o.save_path = save;
     o.checkpoints = resume != NULL;
@@ -1089,11 +1134,7 @@ static int worker_main(char **argv) {
                world, (unsigned long long)syncs, (unsigned long long)sum.lagged_reads);
         code = 1;
     }
-    if (code == 0 && rank == 0) {
-        FILE *f = fopen(losses, "w");
-        for (uint32_t i = 0; f && i < log.count; i++) fprintf(f, "%a\n", (double)log.loss[i]);
-        if (!f || fclose(f) != 0) code = 1;
-    }
+    if (code == 0 && rank == 0 && !worker_records(losses, &log)) code = 1;
     run_close(&r);
     backend_close(&b);
     free(tables);
@@ -1102,9 +1143,9 @@ static int worker_main(char **argv) {
 }
 
 // Starts `world` workers (one per GPU) and waits for them; false when any failed.
-static bool gpu_run(const char *self, uint32_t world, const char *scheme, const char *trace,
-                    const char *losses, bool eager, const char *save, const char *resume,
-                    uint32_t steps) {
+static bool gpu_run_kind(const char *self, const char *kind, uint32_t world, const char *scheme,
+                         const char *trace, const char *losses, bool eager, const char *save,
+                         const char *resume, uint32_t steps) {
     // Every run of several ranks meets under a fresh id.
     ncclUniqueId id;
     char id_hex[2 * QT_NCCL_UNIQUE_ID_BYTES + 1];
@@ -1124,7 +1165,7 @@ static bool gpu_run(const char *self, uint32_t world, const char *scheme, const 
             char *args[] = {(char *)self, "--worker", rank, count, id_hex, (char *)scheme,
                             (char *)trace, (char *)losses, eager ? "eager" : "graphs",
                             save ? (char *)save : "-", resume ? (char *)resume : "-",
-                            count_steps, NULL};
+                            count_steps, (char *)kind, NULL};
             setenv("NCCL_NVLS_ENABLE", "0", 1);
             setenv("NCCL_ALGO", "Ring", 0);
             setenv("NCCL_PROTO", "Simple", 0);
@@ -1140,6 +1181,12 @@ static bool gpu_run(const char *self, uint32_t world, const char *scheme, const 
               WEXITSTATUS(st) == 0;
     }
     return ok;
+}
+
+static bool gpu_run(const char *self, uint32_t world, const char *scheme, const char *trace,
+                    const char *losses, bool eager, const char *save, const char *resume,
+                    uint32_t steps) {
+    return gpu_run_kind(self, "train", world, scheme, trace, losses, eager, save, resume, steps);
 }
 
 static bool gpu_losses(const char *path, float *loss, uint32_t *count) {
@@ -1193,11 +1240,103 @@ static void gpu_checkpoints(const char *self, const char *scheme, const char *tw
     test_end();
 }
 
+// rank 0's records of a worker (worker_records) into a step log; false when the file is missing.
+static bool gpu_log(const char *path, step_log *log) {
+    FILE *f = fopen(path, "r");
+    if (!f) return false;
+    memset(log, 0, sizeof *log);
+    char line[200];
+    while (fgets(line, sizeof line, f)) {
+        double loss = 0, accuracy = 0;
+        unsigned long long samples = 0;
+        if (line[0] == 'e' && log->evals < STEPS_MAX &&
+            sscanf(line + 1, "%la %la", &loss, &accuracy) == 2) {
+            log->eval_loss[log->evals] = (float)loss;
+            log->eval_accuracy[log->evals++] = (float)accuracy;
+        } else if (line[0] == 'p' && log->passes < PASSES_MAX &&
+                   sscanf(line + 1, "%la %la %llu", &loss, &accuracy, &samples) == 3) {
+            log->pass_loss[log->passes] = loss;
+            log->pass_accuracy[log->passes] = accuracy;
+            log->pass_samples[log->passes++] = samples;
+        } else if (log->count < STEPS_MAX && sscanf(line, "%la", &loss) == 1) {
+            log->loss[log->count++] = (float)loss;
+        }
+    }
+    fclose(f);
+    return true;
+}
+
+// The pass accuracy of 2 GPUs against 1 with the same weights where a share's rows are the whole
+// batch's: a share's GEMMs may take another kernel (M picks it) and round a near tie the other
+// way, so two of a pass's 70 rows.
+#define GPU_EVAL_ACCURACY_TOLERANCE (2.0 / 70.0)
+
+// Eval and infer rows on 2 GPUs: eval rows alone against 1 GPU (two runs, graphs and eager giving
+// one trace), train, eval and infer rows alternating (two runs, one trace; the eval records
+// within the training tolerance of 1 GPU's), and infer rows' files against 1 GPU's. Every worker
+// checks that its loop added no synchronization.
+static void gpu_rows(const char *self, const char *scheme) {
+    char name[96], ta[200], tb[200], te[200], la[200], lb[200], l1[200], what[64];
+    snprintf(ta, sizeof ta, "%s", tmp_path("rows_a.trace"));
+    snprintf(tb, sizeof tb, "%s", tmp_path("rows_b.trace"));
+    snprintf(te, sizeof te, "%s", tmp_path("rows_eager.trace"));
+    snprintf(la, sizeof la, "%s", tmp_path("rows_a.records"));
+    snprintf(lb, sizeof lb, "%s", tmp_path("rows_b.records"));
+    snprintf(l1, sizeof l1, "%s", tmp_path("rows_one.records"));
+    static step_log two, one;
+    bool exact = rows_exact(scheme);
+    double tol = tolerance_of(scheme);
+    snprintf(name, sizeof name, "gpus2_eval_only_matches_one_gpu_%s", scheme);
+    test_begin(name);
+    bool ok = gpu_run_kind(self, "eval", 1, scheme, "-", l1, false, NULL, NULL, 0) &&
+              gpu_run_kind(self, "eval", 2, scheme, ta, la, false, NULL, NULL, 0) &&
+              gpu_run_kind(self, "eval", 2, scheme, tb, lb, false, NULL, NULL, 0) &&
+              gpu_run_kind(self, "eval", 2, scheme, te, lb, true, NULL, NULL, 0);
+    CHECK(ok && gpu_log(la, &two) && gpu_log(l1, &one),
+          "a worker failed or found synchronizing calls (its output above)");
+    if (ok) {
+        CHECK(file_same(ta, tb) && file_same(ta, te), "traces differ (two runs, or eager)");
+        snprintf(what, sizeof what, "%s, 2 GPUs", scheme);
+        check_evals(what, &two, &one, false, exact ? 1e-3 : tol,
+                    exact ? GPU_EVAL_ACCURACY_TOLERANCE : tol);
+    }
+    test_end();
+    snprintf(name, sizeof name, "gpus2_train_eval_infer_rows_follow_one_gpu_%s", scheme);
+    test_begin(name);
+    ok = gpu_run_kind(self, "mixed", 1, scheme, "-", l1, false, NULL, NULL, 0) &&
+         gpu_run_kind(self, "mixed", 2, scheme, ta, la, false, NULL, NULL, 0) &&
+         gpu_run_kind(self, "mixed", 2, scheme, tb, lb, false, NULL, NULL, 0);
+    CHECK(ok && gpu_log(la, &two) && gpu_log(l1, &one),
+          "a worker failed or found synchronizing calls (its output above)");
+    if (ok) {
+        CHECK(file_same(ta, tb), "two 2-GPU runs wrote different traces");
+        CHECK(two.count == 40 && one.count == 40, "%u and %u train steps", two.count, one.count);
+        for (uint32_t i = 0; i < two.count && i < one.count; i++) {
+            CHECK(loss_difference(two.loss[i], one.loss[i]) <= tol, "step %u: %.7g on 2 GPUs, "
+                  "%.7g on 1", i, (double)two.loss[i], (double)one.loss[i]);
+        }
+        snprintf(what, sizeof what, "%s, 2 GPUs after training", scheme);
+        check_evals(what, &two, &one, false, tol, tol);
+    }
+    test_end();
+    snprintf(name, sizeof name, "gpus2_infer_rows_write_the_whole_batch_%s", scheme);
+    test_begin(name);
+    ok = gpu_run_kind(self, "infer", 1, scheme, "-", l1, false, NULL, NULL, 0) &&
+         keep_outputs("gpu_one") &&
+         gpu_run_kind(self, "infer", 2, scheme, "-", la, false, NULL, NULL, 0) &&
+         keep_outputs("gpu_two");
+    CHECK(ok, "a worker failed or found synchronizing calls (its output above)");
+    CHECK(!ok || outputs_match("gpu_two", "gpu_one", exact ? 1e-3 : tol),
+          "the files of 2 GPUs are beyond the tolerance of 1 GPU's");
+    test_end();
+}
+
 static void test_gpus(const char *self) {
     static const char *const names[] = {
         "gpus2_traces_identical_across_runs", "gpus2_graphs_match_eager",
         "gpus2_match_one_gpu_within_tolerance", "gpus2_no_synchronization_added",
-        "gpus2_checkpoints_resume_on_any_count"};
+        "gpus2_checkpoints_resume_on_any_count", "gpus2_eval_only_matches_one_gpu",
+        "gpus2_train_eval_infer_rows_follow_one_gpu", "gpus2_infer_rows_write_the_whole_batch"};
     const char *why = NULL;
     int count = 0;
     char reason[QT_ERROR_MESSAGE_MAX + 64];
@@ -1262,11 +1401,12 @@ static void test_gpus(const char *self) {
               scheme);
         test_end();
         gpu_checkpoints(self, scheme, l1, l4);
+        gpu_rows(self, scheme);
     }
 }
 
 int main(int argc, char **argv) {
-    if (argc == 12 && strcmp(argv[1], "--worker") == 0) return worker_main(argv + 2);
+    if (argc == 13 && strcmp(argv[1], "--worker") == 0) return worker_main(argv + 2);
     if (argc == 2 && strcmp(argv[1], "--loader") == 0) return loader_main();
     if (!tmp_dir_make("parallel")) {
         printf("FAIL parallel: cannot make a temporary folder\n");
