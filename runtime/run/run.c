@@ -491,11 +491,12 @@ static qt_status run_check_parallel(run *r) {
                        rc->file_name, rc->data.batch, o->world, o->world,
                        (rc->data.batch / o->world + 1) * o->world);
     }
-    // `qtrain infer` runs one rank: its input file and --from's weights are not shared out.
+    // `qtrain infer` (an input file, --from's checkpoint) is one process's: its CLI starts no
+    // ranks, and a recipe's infer rows are what runs on several.
     const char *refused = o->infer_input ? "qtrain infer" : o->from_path ? "--from" : NULL;
     if (refused) {
-        return qt_fail(QT_ERR_INPUT, "%s: a run on %u GPUs does not take %s; run them on one "
-                       "GPU", rc->file_name, o->world, refused);
+        return qt_fail(QT_ERR_INPUT, "%s: a run on %u GPUs does not take %s; run it on one GPU",
+                       rc->file_name, o->world, refused);
     }
     r->dp.rank = o->rank;
     r->dp.world = o->world;
