@@ -3,8 +3,10 @@
 // ranks as N threads on the reference backend: a 2-rank run against the 1-rank run of the same
 // recipe in every format (within the stated tolerance per step), two 2-rank runs (identical
 // records), the same weights on every rank, the skip decision on every rank, each rank's smaller
-// arena, and the refusals. With 2 GPUs (and NCCL): the same runs as processes, one per GPU
-// (this program re-executed as its workers), graphs and eager, and no synchronization added.
+// arena, eval rows (alone on 1, 2 and 4 ranks, and between train steps) and infer rows (rank 0's
+// files of the whole batch) against one rank, and the refusals. With 2 GPUs (and NCCL): the same
+// runs as processes, one per GPU (this program re-executed as its workers), graphs and eager,
+// and no synchronization added.
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -950,6 +952,12 @@ static void test_refusals(void) {
     CHECK(run_measure(&r, &rc, text, strlen(text), &o, &need) == QT_ERR_INPUT &&
           strstr(qt_error_message(), "--from"), "from: %s", qt_error_message());
     o.from_path = NULL;
+    o.infer_input = tmp_path("never.npy");
+    o.infer_output = tmp_path("never_out.npy");
+    CHECK(run_measure(&r, &rc, text, strlen(text), &o, &need) == QT_ERR_INPUT &&
+          strstr(qt_error_message(), "does not take qtrain infer; run it on one GPU"),
+          "infer: %s", qt_error_message());
+    o.infer_input = o.infer_output = NULL;
     o.world = 8;  // 2 layers, 4 tensors with biases... fewer than 8
     rc.data.batch = 64;
     CHECK(run_measure(&r, &rc, text, strlen(text), &o, &need) == QT_ERR_INPUT &&
