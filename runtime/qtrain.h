@@ -206,8 +206,9 @@ typedef struct qt_options {
     // (the recipe's batch is the global batch, a multiple of world) and meet through NCCL under
     // `parallel_id` (QT_PARALLEL_ID_BYTES from qt_parallel_id, the same for every rank). Only
     // qt_measure and qt_plan are possible without parallel_id (a rank's plan). Several ranks
-    // refuse infer rows, infer_input, from_path and a schedule without train rows; their
-    // checkpoints (rank 0 writes them) are those of the run on one GPU, and resume on any count.
+    // run train and eval rows (a schedule of eval rows alone too) and refuse infer rows,
+    // infer_input and from_path; their checkpoints (rank 0 writes them) are those of the run on
+    // one GPU, and resume on any count.
     uint32_t rank, world;
     const void *parallel_id;
 } qt_options;

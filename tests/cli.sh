@@ -565,6 +565,18 @@ mib() { sed -n "s/^  $1 .* $2 \([0-9.]*\) .*/\1/p" "$dir/out"; }
 r0=$(mib 'rank 0' optim) r1=$(mib 'rank 1' optim) one=$(mib 'one GPU' optim)
 awk "BEGIN { exit !($r0 < $one && $r1 < $one && $r0 + $r1 >= $one * 0.999) }" 2>/dev/null ||
     bad="$bad [moments per rank: $r0 + $r1 of $one MiB]"
+# Eval and infer rows alone are planned on several GPUs (no moments: every master on every rank);
+# qtrain infer runs on one GPU and says where infer rows run on several.
+sed 's/^train 200 .*$/infer all output=never.npy/' "$tiny" > "$dir/rows.recipe"
+"$qtrain" plan "$dir/rows.recipe" --gpus 2 --summary > "$dir/out" 2>&1
+rc=$?
+[ $rc -eq 0 ] && grep -q 'no train steps: every master on every rank' "$dir/out" &&
+    grep -q '0 train, 4 eval, 4 infer steps' "$dir/out" ||
+    bad="$bad [plan --gpus of eval and infer rows: exit $rc: $(tail -1 "$dir/out")]"
+"$qtrain" infer "$tiny" --input "$dir/none.npy" --output "$dir/none_out.npy" --gpus 2 \
+    > "$dir/out" 2>&1
+[ $? -eq 2 ] && grep -q 'qtrain infer runs on one GPU.*qtrain run RECIPE --gpus N' "$dir/out" ||
+    bad="$bad [infer --gpus: $(tail -1 "$dir/out")]"
 if [ -z "$bad" ]; then
     echo "PASS cli_gpus_refusals_and_plan"
 else

@@ -3,8 +3,10 @@
 // ranks as N threads on the reference backend: a 2-rank run against the 1-rank run of the same
 // recipe in every format (within the stated tolerance per step), two 2-rank runs (identical
 // records), the same weights on every rank, the skip decision on every rank, each rank's smaller
-// arena, and the refusals. With 2 GPUs (and NCCL): the same runs as processes, one per GPU
-// (this program re-executed as its workers), graphs and eager, and no synchronization added.
+// arena, eval rows (alone on 1, 2 and 4 ranks, and between train steps) and infer rows (rank 0's
+// files of the whole batch) against one rank, and the refusals. With 2 GPUs (and NCCL): the same
+// runs as processes, one per GPU (this program re-executed as its workers), graphs and eager,
+// and no synchronization added.
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -297,10 +299,17 @@ static void test_batch_split(void) {
 // ---------------------------------------------------------------------------------------------
 // Whole runs: ranks as threads on the reference backend
 
+#define PASSES_MAX 8
+
+// Rank 0's records: every train step's, every eval step's, and each eval pass as the summary
+// counts it (its mean loss over the real rows, correct / real rows, the real rows).
 typedef struct step_log {
-    uint32_t count;
+    uint32_t count, evals, passes;
     float loss[STEPS_MAX], norm[STEPS_MAX];
     bool skipped[STEPS_MAX];
+    float eval_loss[STEPS_MAX], eval_accuracy[STEPS_MAX];
+    double pass_loss[PASSES_MAX], pass_accuracy[PASSES_MAX];
+    uint64_t pass_samples[PASSES_MAX];
 } step_log;
 
 typedef struct rank_job {
@@ -318,6 +327,15 @@ typedef struct rank_job {
 
 static void job_progress(void *ctx, const sched_progress *p) {
     step_log *log = ctx;
+    if (p->mode == MODEL_MODE_EVAL && log->evals < STEPS_MAX) {
+        log->eval_loss[log->evals] = p->record->loss;
+        log->eval_accuracy[log->evals++] = p->record->accuracy;
+        if (p->row_step == p->row_steps && log->passes < PASSES_MAX) {
+            log->pass_loss[log->passes] = p->pass_loss;
+            log->pass_accuracy[log->passes] = p->pass_accuracy;
+            log->pass_samples[log->passes++] = p->pass_samples;
+        }
+    }
     if (p->mode != MODEL_MODE_TRAIN || log->count >= STEPS_MAX) return;
     log->loss[log->count] = p->record->loss;
     log->norm[log->count] = p->record->grad_norm;
@@ -335,6 +353,7 @@ static void *aligned(uint64_t bytes) { return aligned_alloc(256, (bytes / 256 + 
 static qt_status job_run(rank_job *j, run *r, recipe *rc, backend *b) {
     QT_TRY(recipe_parse(j->text, strlen(j->text), j->name, rc));
     run_options o = j->options;
+    if (j->rank != 0) o.trace_path = NULL;  // rank 0 writes the files
     o.rank = j->rank;
     o.world = j->world;
     o.ref_group = j->group;
@@ -353,6 +372,7 @@ static qt_status job_run(rank_job *j, run *r, recipe *rc, backend *b) {
         sched_summary sum;
         status = run_execute(r, j->rank == 0 ? job_progress : NULL, &j->log, &sum);
     }
+    if (status == QT_OK && o.trace_path) status = run_end_trace(r);
     if (status == QT_OK) {
         j->dev_bytes = r->dev.bytes_total;
         uint64_t h = 0xCBF29CE484222325ull;
@@ -454,7 +474,7 @@ static double loss_difference(float loss, float reference) {
     return fabs((double)loss - reference) / fmax(1.0, fabs((double)reference));
 }
 
-static rank_job jobs_a[DP_RANKS_MAX], jobs_b[DP_RANKS_MAX], jobs_1[1];
+static rank_job jobs_a[DP_RANKS_MAX], jobs_b[DP_RANKS_MAX], jobs_c[DP_RANKS_MAX], jobs_1[1];
 
 // Begins case `what`_`scheme` with synthetic_tiny.recipe in that scheme read into text.
 static void begin_scheme_case(const char *what, const char *scheme, char *text, size_t bytes) {
@@ -530,9 +550,9 @@ static void test_skip_together(void) {
 
 // Checkpoints: rank 0 writes the table of the run on one GPU (the other ranks' masters and
 // moments gathered into it), and a run on any count resumes from it.
-static rank_job jobs_c[DP_RANKS_MAX];
-
-static bool same_tables(const char *a, const char *b) {
+// Whether two checkpoints have the same table (regions, parameters, sizes); with `crcs` the same
+// bytes in every region too.
+static bool same_tables_of(const char *a, const char *b, bool crcs) {
     static uint8_t sa[1 << 20], sb[1 << 20];
     static ckpt_reader ra, rb;
     ckpt_reader_init(&ra, sa, 256, 64);
@@ -546,7 +566,8 @@ static bool same_tables(const char *a, const char *b) {
         const ckpt_region *p = &x->regions[i], *q = &y->regions[i];
         same = strcmp(p->name, q->name) == 0 && p->offset == q->offset &&
                p->bytes == q->bytes && p->format == q->format && p->usage == q->usage &&
-               p->param == q->param && p->category == q->category;
+               p->param == q->param && p->category == q->category &&
+               (!crcs || p->crc == q->crc);
     }
     for (uint32_t i = 0; same && i < x->header.param_count; i++) {
         same = memcmp(&x->params[i], &y->params[i], sizeof x->params[i]) == 0;
@@ -555,6 +576,8 @@ static bool same_tables(const char *a, const char *b) {
     ckpt_close(&rb);
     return same;
 }
+
+static bool same_tables(const char *a, const char *b) { return same_tables_of(a, b, false); }
 
 static void check_tail(const char *what, const step_log *resumed, const step_log *whole,
                        uint32_t from, double tol) {
@@ -617,6 +640,299 @@ static void test_checkpoints(const char *scheme) {
     test_end();
 }
 
+// ---------------------------------------------------------------------------------------------
+// Eval rows on several ranks
+
+// synthetic_tiny.recipe in `scheme` with `schedule` for its [schedule], a bias in its head and an
+// eval set of 70 samples: a pass's last batch has 6 real rows of 16, so on 2 ranks the second
+// share and on 4 the last two hold padding only.
+static bool eval_recipe_text(const char *scheme, const char *schedule, char *out, size_t bytes) {
+    static char text[RECIPE_TEXT_MAX];
+    if (!recipe_text("tests/recipes/synthetic_tiny.recipe", scheme, text, sizeof text)) {
+        return false;
+    }
+    char *samples = strstr(text, "samples=64"), *rows = strstr(text, "[schedule]\n");
+    if (!samples || !rows) return false;
+    samples[strlen("samples=")] = '7';
+    samples[strlen("samples=") + 1] = '0';
+    rows[strlen("[schedule]\n")] = '\0';
+    // The head's bias makes 4 parameter tensors, an owner for each of 4 ranks.
+    char *head = strstr(text, "linear head 4\n");
+    if (!head) return false;
+    head[strlen("linear head 4")] = '\0';
+    int n = snprintf(out, bytes, "%s bias\n%s%s", text, head + strlen("linear head 4") + 1,
+                     schedule);
+    return n > 0 && (size_t)n < bytes;
+}
+
+// The eval records of an N-rank run against the 1-rank run's: each step's and each pass's
+// accuracy to the bit where the forward pass of a share gives the whole batch's rows (`exact`:
+// the accuracy is a count of correct rows over the real rows, summed in integers), else each
+// pass's within `accuracy_tol` (a step's may differ by a row: 1/16); the losses within `tol`
+// relative to max(1, |loss|) (the same rows' losses summed in another order, or rows of other
+// weights).
+static void check_evals(const char *what, const step_log *n, const step_log *one, bool exact,
+                        double tol, double accuracy_tol) {
+    CHECK(n->evals == one->evals && n->passes == one->passes && n->evals > 0,
+          "%s: %u eval steps in %u passes, 1 rank %u in %u", what, n->evals, n->passes,
+          one->evals, one->passes);
+    double worst = 0;
+    for (uint32_t s = 0; s < n->evals && s < one->evals; s++) {
+        double rel = loss_difference(n->eval_loss[s], one->eval_loss[s]);
+        worst = rel > worst ? rel : worst;
+        CHECK(rel <= tol, "%s: eval step %u: loss %.9g, 1 rank %.9g", what, s,
+              (double)n->eval_loss[s], (double)one->eval_loss[s]);
+        CHECK(!exact || n->eval_accuracy[s] == one->eval_accuracy[s],
+              "%s: eval step %u: accuracy %.9g, 1 rank %.9g", what, s,
+              (double)n->eval_accuracy[s], (double)one->eval_accuracy[s]);
+    }
+    for (uint32_t k = 0; k < n->passes && k < one->passes; k++) {
+        CHECK(n->pass_samples[k] == one->pass_samples[k], "%s: pass %u: %llu samples, 1 rank "
+              "%llu", what, k, (unsigned long long)n->pass_samples[k],
+              (unsigned long long)one->pass_samples[k]);
+        CHECK(loss_difference((float)n->pass_loss[k], (float)one->pass_loss[k]) <= tol,
+              "%s: pass %u: loss %.9g, 1 rank %.9g", what, k, n->pass_loss[k],
+              one->pass_loss[k]);
+        CHECK(exact ? n->pass_accuracy[k] == one->pass_accuracy[k]
+                    : fabs(n->pass_accuracy[k] - one->pass_accuracy[k]) <= accuracy_tol,
+              "%s: pass %u: accuracy %.9g, 1 rank %.9g", what, k, n->pass_accuracy[k],
+              one->pass_accuracy[k]);
+    }
+    printf("  %s: worst relative eval loss difference %.3g (tolerance %.3g)\n", what, worst, tol);
+}
+
+// Whether a share's forward pass gives the whole batch's rows bit for bit (README.md, "Data
+// parallelism"): not per-tensor current scaling (each rank's own amax) nor NVFP4.
+static bool rows_exact(const char *scheme) {
+    return strcmp(scheme, "current") != 0 && strcmp(scheme, "nvfp4") != 0;
+}
+
+// The tolerance of an eval record's loss on N ranks against 1 rank's, relative to max(1, |loss|),
+// with the same weights: the per-row losses are the same, summed in another order.
+#define EVAL_SUM_TOLERANCE 1e-6
+
+static rank_job jobs_4[4];
+
+// Eval rows alone: two passes over the eval set and one over part of the train set.
+#define EVAL_ONLY_SCHEDULE "eval all\neval 7 train\neval all\n"
+// Train, eval and infer rows alternating: 40 train steps, 3 eval passes, an infer row between.
+#define MIXED_SCHEDULE                                                                         \
+    "train 20 cosine 1e-2 -> 1e-3 eval all every 10 steps\ninfer 3\ntrain 20 constant 1e-3\n" \
+    "eval 3 train\n"
+
+// A schedule of eval rows alone (the recipe's initial weights, the same on every rank count):
+// 1, 2 and 4 ranks give the same eval records, and two 2-rank runs the same trace.
+static void test_eval_only(const char *scheme) {
+    static char text[RECIPE_TEXT_MAX];
+    char name[96], t1[200], t2[200], c1[200], c2[200];
+    snprintf(name, sizeof name, "eval_only_schedule_on_ranks_matches_one_rank_%s", scheme);
+    test_begin(name);
+    CHECK(eval_recipe_text(scheme, EVAL_ONLY_SCHEDULE, text, sizeof text),
+          "cannot read the recipe");
+    snprintf(t1, sizeof t1, "%s", tmp_path("eval_a.trace"));
+    snprintf(t2, sizeof t2, "%s", tmp_path("eval_b.trace"));
+    snprintf(c1, sizeof c1, "%s", tmp_path("eval_one.ckpt"));
+    snprintf(c2, sizeof c2, "%s", tmp_path("eval_two.ckpt"));
+    run_options o = {0};
+    o.replace_outputs = true;
+    const char *n = "synthetic_tiny.recipe";
+    o.save_path = c1;
+    bool ok = run_ranks(n, text, 1, &o, jobs_1);
+    o.trace_path = t1;
+    o.save_path = c2;
+    ok = ok && run_ranks(n, text, 2, &o, jobs_a);
+    o.trace_path = t2;
+    o.save_path = NULL;
+    ok = ok && run_ranks(n, text, 2, &o, jobs_b);
+    o.trace_path = NULL;
+    ok = ok && run_ranks(n, text, 4, &o, jobs_4);
+    if (ok) {
+        CHECK(jobs_1[0].log.passes == 3 && jobs_1[0].log.pass_samples[0] == 70 &&
+              jobs_1[0].log.pass_samples[1] == 7 * 16, "1 rank: %u passes",
+              jobs_1[0].log.passes);
+        double tol = rows_exact(scheme) ? EVAL_SUM_TOLERANCE : tolerance_of(scheme);
+        char what[64];
+        snprintf(what, sizeof what, "%s, 2 ranks", scheme);
+        check_evals(what, &jobs_a[0].log, &jobs_1[0].log, rows_exact(scheme), tol, tol);
+        snprintf(what, sizeof what, "%s, 4 ranks", scheme);
+        check_evals(what, &jobs_4[0].log, &jobs_1[0].log, rows_exact(scheme), tol, tol);
+        CHECK(file_same(t1, t2), "two 2-rank runs wrote different traces");
+        // Without training every rank holds every master: rank 0 saves the 1-rank file's
+        // regions, byte for byte.
+        CHECK(same_tables_of(c2, c1, true), "the 2-rank checkpoint differs from the 1-rank one");
+    }
+    test_end();
+}
+
+// Train, eval and infer rows alternating on 2 ranks: the eval and infer rows change nothing of
+// the training (the train records are those of the run without them, bit for bit), two runs give
+// the same trace, and the eval records follow the 1-rank run's within the scheme's tolerance.
+static void test_train_eval(const char *scheme) {
+    static char text[RECIPE_TEXT_MAX];
+    char name[96], t1[200], t2[200];
+    snprintf(name, sizeof name, "train_eval_alternation_on_ranks_%s", scheme);
+    test_begin(name);
+    CHECK(eval_recipe_text(scheme, MIXED_SCHEDULE, text, sizeof text), "cannot read the recipe");
+    snprintf(t1, sizeof t1, "%s", tmp_path("mixed_a.trace"));
+    snprintf(t2, sizeof t2, "%s", tmp_path("mixed_b.trace"));
+    run_options o = {0};
+    o.replace_outputs = true;
+    const char *n = "synthetic_tiny.recipe";
+    run_options plain = o;
+    plain.drop_eval = true;
+    bool ok = run_ranks(n, text, 1, &o, jobs_1) && run_ranks(n, text, 2, &plain, jobs_c);
+    o.trace_path = t1;
+    ok = ok && run_ranks(n, text, 2, &o, jobs_a);
+    o.trace_path = t2;
+    ok = ok && run_ranks(n, text, 2, &o, jobs_b);
+    if (ok) {
+        const step_log *a = &jobs_a[0].log, *c = &jobs_c[0].log;
+        CHECK(a->passes == 3 && a->count == 40 && c->evals == 0, "%u passes, %u train steps",
+              a->passes, a->count);
+        CHECK(memcmp(a->loss, c->loss, sizeof a->loss) == 0 &&
+              memcmp(a->norm, c->norm, sizeof a->norm) == 0,
+              "the eval rows changed the training of 2 ranks");
+        CHECK(jobs_a[0].weights_hash == jobs_c[0].weights_hash &&
+              jobs_a[0].weights_hash == jobs_a[1].weights_hash, "weights differ");
+        CHECK(file_same(t1, t2), "two 2-rank runs wrote different traces");
+        char what[64];
+        snprintf(what, sizeof what, "%s, 2 ranks after training", scheme);
+        check_evals(what, a, &jobs_1[0].log, false, tolerance_of(scheme), tolerance_of(scheme));
+    }
+    test_end();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Infer rows on several ranks
+
+// The float32 or int32 values of an .npy file that qtrain wrote (format 1.0: a 10-byte preamble
+// whose last two bytes are the header's length), or NULL; *count gets how many.
+static void *npy_values(const char *path, size_t *count, char **file) {
+    size_t size = 0;
+    *file = file_read(path, &size);
+    if (!*file || size < 10) return NULL;
+    const uint8_t *b = (const uint8_t *)*file;
+    size_t data = 10 + (size_t)(b[8] | b[9] << 8);
+    if (data > size || (size - data) % 4 != 0) return NULL;
+    *count = (size - data) / 4;
+    return *file + data;
+}
+
+// Two infer files of the same rows: byte for byte (`tol` 0), else the same length and header,
+// and the logits' difference within tol of the reference's L2 norm (a logit of an FP8 forward
+// pass of other scales moves by a step of its format), or (`classes`) at most a share tol of the
+// rows predicted otherwise.
+static bool same_outputs(const char *a, const char *b, bool classes, double tol) {
+    if (tol == 0) return file_same(a, b);
+    size_t na = 0, nb = 0;
+    char *fa = NULL, *fb = NULL;
+    const void *va = npy_values(a, &na, &fa), *vb = npy_values(b, &nb, &fb);
+    bool same = va && vb && na == nb && na > 0 &&
+                (const char *)va - fa == (const char *)vb - fb &&
+                memcmp(fa, fb, (size_t)((const char *)va - fa)) == 0;
+    size_t differ = 0;
+    double diff2 = 0, ref2 = 0;
+    for (size_t i = 0; same && i < na; i++) {
+        if (classes) {
+            differ += ((const int32_t *)va)[i] != ((const int32_t *)vb)[i];
+        } else {
+            double x = ((const float *)va)[i], y = ((const float *)vb)[i];
+            diff2 += (x - y) * (x - y);
+            ref2 += y * y;
+        }
+    }
+    same = same && (double)differ <= tol * (double)na && diff2 <= tol * tol * ref2;
+    free(fa);
+    free(fb);
+    return same;
+}
+
+// The files of a run (logits.npy, classes.npy in the temporary folder) renamed to
+// `label`_logits.npy and `label`_classes.npy, so that the next run of the same recipe writes anew.
+static bool keep_outputs(const char *label) {
+    static const char *const kinds[] = {"logits", "classes"};
+    bool ok = true;
+    for (int k = 0; k < 2; k++) {
+        char from[200], to[200], name[64];
+        snprintf(from, sizeof from, "%s", tmp_path(kinds[k]));
+        snprintf(name, sizeof name, "%s_%s", label, kinds[k]);
+        snprintf(to, sizeof to, "%s", tmp_path(name));
+        ok &= rename(from, to) == 0;
+    }
+    return ok;
+}
+
+static bool outputs_match(const char *label, const char *reference, double tol) {
+    char a[200], b[200], c[200], d[200], name[64];
+    snprintf(name, sizeof name, "%s_logits", label);
+    snprintf(a, sizeof a, "%s", tmp_path(name));
+    snprintf(name, sizeof name, "%s_logits", reference);
+    snprintf(b, sizeof b, "%s", tmp_path(name));
+    snprintf(name, sizeof name, "%s_classes", label);
+    snprintf(c, sizeof c, "%s", tmp_path(name));
+    snprintf(name, sizeof name, "%s_classes", reference);
+    snprintf(d, sizeof d, "%s", tmp_path(name));
+    return same_outputs(a, b, false, tol) && same_outputs(c, d, true, tol);
+}
+
+// The schedule of the infer tests: `prefix`, then a pass of logits over the eval set (70 samples:
+// the last batch's padding fills the later shares), an eval pass and 3 steps of classes over the
+// train set, into logits and classes in `folder`.
+static bool infer_recipe_text(const char *scheme, const char *prefix, const char *folder,
+                              char *out, size_t bytes) {
+    char schedule[1024];
+    int n = snprintf(schedule, sizeof schedule, "%sinfer all output=%s/logits\neval all\n"
+                     "infer 3 train argmax output=%s/classes\n", prefix, folder, folder);
+    return n > 0 && (size_t)n < sizeof schedule &&
+           eval_recipe_text(scheme, schedule, out, bytes);
+}
+
+// Infer rows with the recipe's initial weights on 1, 2 and 4 ranks: rank 0 writes the whole
+// batch's outputs in sample order (the shares gathered in rank order), the files of the run on
+// one rank byte for byte where a share's rows are the whole batch's; and after train steps, two
+// 2-rank runs write the same files and the same trace.
+static void test_infer_rows(const char *scheme) {
+    static char text[RECIPE_TEXT_MAX];
+    char name[96], t1[200], t2[200];
+    snprintf(name, sizeof name, "infer_rows_on_ranks_write_the_whole_batch_%s", scheme);
+    test_begin(name);
+    CHECK(infer_recipe_text(scheme, "", tmp_dir, text, sizeof text), "cannot read the recipe");
+    snprintf(t1, sizeof t1, "%s", tmp_path("infer_a.trace"));
+    snprintf(t2, sizeof t2, "%s", tmp_path("infer_b.trace"));
+    run_options o = {0};
+    const char *n = "synthetic_tiny.recipe";
+    double tol = rows_exact(scheme) ? 0 : tolerance_of(scheme);
+    bool ok = run_ranks(n, text, 1, &o, jobs_1) && keep_outputs("one") &&
+              run_ranks(n, text, 2, &o, jobs_a) && keep_outputs("two") &&
+              run_ranks(n, text, 4, &o, jobs_4) && keep_outputs("four");
+    CHECK(ok, "a run failed");
+    if (ok) {
+        CHECK(outputs_match("two", "one", tol), "2 ranks' files differ from 1 rank's");
+        CHECK(outputs_match("four", "one", tol), "4 ranks' files differ from 1 rank's");
+        char what[64];
+        snprintf(what, sizeof what, "%s, infer schedule on 2 ranks", scheme);
+        double eval_tol = rows_exact(scheme) ? EVAL_SUM_TOLERANCE : tolerance_of(scheme);
+        check_evals(what, &jobs_a[0].log, &jobs_1[0].log, rows_exact(scheme), eval_tol,
+                    eval_tol);
+    }
+    CHECK(infer_recipe_text(scheme, "train 30 cosine 1e-2 -> 1e-3\n", tmp_dir, text,
+                            sizeof text), "cannot read the recipe");
+    o.trace_path = t1;
+    ok = ok && run_ranks(n, text, 2, &o, jobs_a) && keep_outputs("trained_a");
+    o.trace_path = t2;
+    ok = ok && run_ranks(n, text, 2, &o, jobs_b) && keep_outputs("trained_b");
+    o.trace_path = NULL;
+    ok = ok && run_ranks(n, text, 1, &o, jobs_1) && keep_outputs("trained_one");
+    CHECK(ok, "a run after training failed");
+    if (ok) {
+        CHECK(file_same(t1, t2) && outputs_match("trained_a", "trained_b", 0),
+              "two 2-rank runs wrote different traces or files");
+        CHECK(outputs_match("trained_a", "trained_one", tolerance_of(scheme)),
+              "after training, 2 ranks' files are beyond the tolerance of 1 rank's");
+    }
+    test_end();
+}
+
 static void test_refusals(void) {
     test_begin("two_ranks_refuse_what_they_cannot_do");
     static char text[RECIPE_TEXT_MAX];
@@ -636,6 +952,12 @@ static void test_refusals(void) {
     CHECK(run_measure(&r, &rc, text, strlen(text), &o, &need) == QT_ERR_INPUT &&
           strstr(qt_error_message(), "--from"), "from: %s", qt_error_message());
     o.from_path = NULL;
+    o.infer_input = tmp_path("never.npy");
+    o.infer_output = tmp_path("never_out.npy");
+    CHECK(run_measure(&r, &rc, text, strlen(text), &o, &need) == QT_ERR_INPUT &&
+          strstr(qt_error_message(), "does not take qtrain infer; run it on one GPU"),
+          "infer: %s", qt_error_message());
+    o.infer_input = o.infer_output = NULL;
     o.world = 8;  // 2 layers, 4 tensors with biases... fewer than 8
     rc.data.batch = 64;
     CHECK(run_measure(&r, &rc, text, strlen(text), &o, &need) == QT_ERR_INPUT &&
@@ -721,10 +1043,42 @@ static void test_loader(const char *self) {
 
 #define GPU_STEPS 40
 
-// A worker: rank `rank` of `world` on GPU `rank`, the recipe in `scheme`, `steps` train steps,
-// saving to `save` or resuming from `resume` ("-": not); rank 0 writes the trace and its train
-// losses (%a per line) to `losses`. Checks that the loop made no synchronizing call beyond its
-// lagged statistics reads (a run without saves). Exit 0 when everything held.
+// The worker's recipe for `kind`: train (synthetic_tiny.recipe's train rows), eval
+// (EVAL_ONLY_SCHEDULE), mixed (MIXED_SCHEDULE) or infer (infer_recipe_text's rows, their files in
+// `folder`).
+static bool worker_text(const char *kind, const char *scheme, const char *folder, char *text) {
+    if (strcmp(kind, "eval") == 0) {
+        return eval_recipe_text(scheme, EVAL_ONLY_SCHEDULE, text, RECIPE_TEXT_MAX);
+    }
+    if (strcmp(kind, "mixed") == 0) {
+        return eval_recipe_text(scheme, MIXED_SCHEDULE, text, RECIPE_TEXT_MAX);
+    }
+    if (strcmp(kind, "infer") == 0) {
+        return infer_recipe_text(scheme, "", folder, text, RECIPE_TEXT_MAX);
+    }
+    return recipe_text("tests/recipes/synthetic_tiny.recipe", scheme, text, RECIPE_TEXT_MAX);
+}
+
+// Rank 0's records for the parent: each train loss (%a per line), then each eval step's loss and
+// accuracy (`e`) and each pass's loss, accuracy and samples (`p`).
+static bool worker_records(const char *path, const step_log *log) {
+    FILE *f = fopen(path, "w");
+    for (uint32_t i = 0; f && i < log->count; i++) fprintf(f, "%a\n", (double)log->loss[i]);
+    for (uint32_t i = 0; f && i < log->evals; i++) {
+        fprintf(f, "e %a %a\n", (double)log->eval_loss[i], (double)log->eval_accuracy[i]);
+    }
+    for (uint32_t i = 0; f && i < log->passes; i++) {
+        fprintf(f, "p %a %a %llu\n", log->pass_loss[i], log->pass_accuracy[i],
+                (unsigned long long)log->pass_samples[i]);
+    }
+    return f && fclose(f) == 0;
+}
+
+// A worker: rank `rank` of `world` on GPU `rank`, the recipe of `kind` in `scheme`, `steps` train
+// steps, saving to `save` or resuming from `resume` ("-": not); rank 0 writes the trace and its
+// records to `losses` (worker_records) and the infer rows' files beside it. Checks that the loop
+// made no synchronizing call beyond its lagged statistics reads (a run without saves). Exit 0
+// when everything held.
 static int worker_main(char **argv) {
     uint32_t rank = (uint32_t)atoi(argv[0]), world = (uint32_t)atoi(argv[1]);
     const char *id_hex = argv[2], *scheme = argv[3], *trace = argv[4], *losses = argv[5];
@@ -732,8 +1086,13 @@ static int worker_main(char **argv) {
     const char *save = strcmp(argv[7], "-") == 0 ? NULL : argv[7];
     const char *resume = strcmp(argv[8], "-") == 0 ? NULL : argv[8];
     uint64_t steps = strtoull(argv[9], NULL, 10);
+    const char *kind = argv[10];
+    char folder[200];
+    snprintf(folder, sizeof folder, "%s", losses);
+    char *slash = strrchr(folder, '/');
+    if (slash) *slash = '\0';
     static char text[RECIPE_TEXT_MAX];
-    if (!recipe_text("tests/recipes/synthetic_tiny.recipe", scheme, text, sizeof text)) {
+    if (!worker_text(kind, scheme, slash ? folder : ".", text)) {
         printf("worker %u: cannot read the recipe\n", rank);
         return 1;
     }
@@ -750,7 +1109,7 @@ static int worker_main(char **argv) {
     qt_status status = backend_open_gpu(&b, (int)rank);
     run_options o = {0};
     o.steps_limit = steps;
-    o.drop_eval = true;
+    o.drop_eval = strcmp(kind, "train") == 0;
     o.eager = eager;
     o.save_path = save;
     o.checkpoints = resume != NULL;
@@ -783,11 +1142,7 @@ static int worker_main(char **argv) {
                world, (unsigned long long)syncs, (unsigned long long)sum.lagged_reads);
         code = 1;
     }
-    if (code == 0 && rank == 0) {
-        FILE *f = fopen(losses, "w");
-        for (uint32_t i = 0; f && i < log.count; i++) fprintf(f, "%a\n", (double)log.loss[i]);
-        if (!f || fclose(f) != 0) code = 1;
-    }
+    if (code == 0 && rank == 0 && !worker_records(losses, &log)) code = 1;
     run_close(&r);
     backend_close(&b);
     free(tables);
@@ -796,9 +1151,9 @@ static int worker_main(char **argv) {
 }
 
 // Starts `world` workers (one per GPU) and waits for them; false when any failed.
-static bool gpu_run(const char *self, uint32_t world, const char *scheme, const char *trace,
-                    const char *losses, bool eager, const char *save, const char *resume,
-                    uint32_t steps) {
+static bool gpu_run_kind(const char *self, const char *kind, uint32_t world, const char *scheme,
+                         const char *trace, const char *losses, bool eager, const char *save,
+                         const char *resume, uint32_t steps) {
     // Every run of several ranks meets under a fresh id.
     ncclUniqueId id;
     char id_hex[2 * QT_NCCL_UNIQUE_ID_BYTES + 1];
@@ -818,7 +1173,7 @@ static bool gpu_run(const char *self, uint32_t world, const char *scheme, const 
             char *args[] = {(char *)self, "--worker", rank, count, id_hex, (char *)scheme,
                             (char *)trace, (char *)losses, eager ? "eager" : "graphs",
                             save ? (char *)save : "-", resume ? (char *)resume : "-",
-                            count_steps, NULL};
+                            count_steps, (char *)kind, NULL};
             setenv("NCCL_NVLS_ENABLE", "0", 1);
             setenv("NCCL_ALGO", "Ring", 0);
             setenv("NCCL_PROTO", "Simple", 0);
@@ -834,6 +1189,12 @@ static bool gpu_run(const char *self, uint32_t world, const char *scheme, const 
               WEXITSTATUS(st) == 0;
     }
     return ok;
+}
+
+static bool gpu_run(const char *self, uint32_t world, const char *scheme, const char *trace,
+                    const char *losses, bool eager, const char *save, const char *resume,
+                    uint32_t steps) {
+    return gpu_run_kind(self, "train", world, scheme, trace, losses, eager, save, resume, steps);
 }
 
 static bool gpu_losses(const char *path, float *loss, uint32_t *count) {
@@ -887,11 +1248,103 @@ static void gpu_checkpoints(const char *self, const char *scheme, const char *tw
     test_end();
 }
 
+// rank 0's records of a worker (worker_records) into a step log; false when the file is missing.
+static bool gpu_log(const char *path, step_log *log) {
+    FILE *f = fopen(path, "r");
+    if (!f) return false;
+    memset(log, 0, sizeof *log);
+    char line[200];
+    while (fgets(line, sizeof line, f)) {
+        double loss = 0, accuracy = 0;
+        unsigned long long samples = 0;
+        if (line[0] == 'e' && log->evals < STEPS_MAX &&
+            sscanf(line + 1, "%la %la", &loss, &accuracy) == 2) {
+            log->eval_loss[log->evals] = (float)loss;
+            log->eval_accuracy[log->evals++] = (float)accuracy;
+        } else if (line[0] == 'p' && log->passes < PASSES_MAX &&
+                   sscanf(line + 1, "%la %la %llu", &loss, &accuracy, &samples) == 3) {
+            log->pass_loss[log->passes] = loss;
+            log->pass_accuracy[log->passes] = accuracy;
+            log->pass_samples[log->passes++] = samples;
+        } else if (log->count < STEPS_MAX && sscanf(line, "%la", &loss) == 1) {
+            log->loss[log->count++] = (float)loss;
+        }
+    }
+    fclose(f);
+    return true;
+}
+
+// The pass accuracy of 2 GPUs against 1 with the same weights where a share's rows are the whole
+// batch's: a share's GEMMs may take another kernel (M picks it) and round a near tie the other
+// way, so two of a pass's 70 rows.
+#define GPU_EVAL_ACCURACY_TOLERANCE (2.0 / 70.0)
+
+// Eval and infer rows on 2 GPUs: eval rows alone against 1 GPU (two runs, graphs and eager giving
+// one trace), train, eval and infer rows alternating (two runs, one trace; the eval records
+// within the training tolerance of 1 GPU's), and infer rows' files against 1 GPU's. Every worker
+// checks that its loop added no synchronization.
+static void gpu_rows(const char *self, const char *scheme) {
+    char name[96], ta[200], tb[200], te[200], la[200], lb[200], l1[200], what[64];
+    snprintf(ta, sizeof ta, "%s", tmp_path("rows_a.trace"));
+    snprintf(tb, sizeof tb, "%s", tmp_path("rows_b.trace"));
+    snprintf(te, sizeof te, "%s", tmp_path("rows_eager.trace"));
+    snprintf(la, sizeof la, "%s", tmp_path("rows_a.records"));
+    snprintf(lb, sizeof lb, "%s", tmp_path("rows_b.records"));
+    snprintf(l1, sizeof l1, "%s", tmp_path("rows_one.records"));
+    static step_log two, one;
+    bool exact = rows_exact(scheme);
+    double tol = tolerance_of(scheme);
+    snprintf(name, sizeof name, "gpus2_eval_only_matches_one_gpu_%s", scheme);
+    test_begin(name);
+    bool ok = gpu_run_kind(self, "eval", 1, scheme, "-", l1, false, NULL, NULL, 0) &&
+              gpu_run_kind(self, "eval", 2, scheme, ta, la, false, NULL, NULL, 0) &&
+              gpu_run_kind(self, "eval", 2, scheme, tb, lb, false, NULL, NULL, 0) &&
+              gpu_run_kind(self, "eval", 2, scheme, te, lb, true, NULL, NULL, 0);
+    CHECK(ok && gpu_log(la, &two) && gpu_log(l1, &one),
+          "a worker failed or found synchronizing calls (its output above)");
+    if (ok) {
+        CHECK(file_same(ta, tb) && file_same(ta, te), "traces differ (two runs, or eager)");
+        snprintf(what, sizeof what, "%s, 2 GPUs", scheme);
+        check_evals(what, &two, &one, false, exact ? 1e-3 : tol,
+                    exact ? GPU_EVAL_ACCURACY_TOLERANCE : tol);
+    }
+    test_end();
+    snprintf(name, sizeof name, "gpus2_train_eval_infer_rows_follow_one_gpu_%s", scheme);
+    test_begin(name);
+    ok = gpu_run_kind(self, "mixed", 1, scheme, "-", l1, false, NULL, NULL, 0) &&
+         gpu_run_kind(self, "mixed", 2, scheme, ta, la, false, NULL, NULL, 0) &&
+         gpu_run_kind(self, "mixed", 2, scheme, tb, lb, false, NULL, NULL, 0);
+    CHECK(ok && gpu_log(la, &two) && gpu_log(l1, &one),
+          "a worker failed or found synchronizing calls (its output above)");
+    if (ok) {
+        CHECK(file_same(ta, tb), "two 2-GPU runs wrote different traces");
+        CHECK(two.count == 40 && one.count == 40, "%u and %u train steps", two.count, one.count);
+        for (uint32_t i = 0; i < two.count && i < one.count; i++) {
+            CHECK(loss_difference(two.loss[i], one.loss[i]) <= tol, "step %u: %.7g on 2 GPUs, "
+                  "%.7g on 1", i, (double)two.loss[i], (double)one.loss[i]);
+        }
+        snprintf(what, sizeof what, "%s, 2 GPUs after training", scheme);
+        check_evals(what, &two, &one, false, tol, tol);
+    }
+    test_end();
+    snprintf(name, sizeof name, "gpus2_infer_rows_write_the_whole_batch_%s", scheme);
+    test_begin(name);
+    ok = gpu_run_kind(self, "infer", 1, scheme, "-", l1, false, NULL, NULL, 0) &&
+         keep_outputs("gpu_one") &&
+         gpu_run_kind(self, "infer", 2, scheme, "-", la, false, NULL, NULL, 0) &&
+         keep_outputs("gpu_two");
+    CHECK(ok, "a worker failed or found synchronizing calls (its output above)");
+    CHECK(!ok || outputs_match("gpu_two", "gpu_one", exact ? 1e-3 : tol),
+          "the files of 2 GPUs are beyond the tolerance of 1 GPU's");
+    test_end();
+}
+
 static void test_gpus(const char *self) {
     static const char *const names[] = {
         "gpus2_traces_identical_across_runs", "gpus2_graphs_match_eager",
         "gpus2_match_one_gpu_within_tolerance", "gpus2_no_synchronization_added",
-        "gpus2_checkpoints_resume_on_any_count"};
+        "gpus2_checkpoints_resume_on_any_count", "gpus2_eval_only_matches_one_gpu",
+        "gpus2_train_eval_infer_rows_follow_one_gpu", "gpus2_infer_rows_write_the_whole_batch"};
     const char *why = NULL;
     int count = 0;
     char reason[QT_ERROR_MESSAGE_MAX + 64];
@@ -956,11 +1409,12 @@ static void test_gpus(const char *self) {
               scheme);
         test_end();
         gpu_checkpoints(self, scheme, l1, l4);
+        gpu_rows(self, scheme);
     }
 }
 
 int main(int argc, char **argv) {
-    if (argc == 12 && strcmp(argv[1], "--worker") == 0) return worker_main(argv + 2);
+    if (argc == 13 && strcmp(argv[1], "--worker") == 0) return worker_main(argv + 2);
     if (argc == 2 && strcmp(argv[1], "--loader") == 0) return loader_main();
     if (!tmp_dir_make("parallel")) {
         printf("FAIL parallel: cannot make a temporary folder\n");
@@ -977,6 +1431,11 @@ int main(int argc, char **argv) {
                                           "nvfp4"};
     for (size_t i = 0; i < sizeof schemes / sizeof schemes[0]; i++) test_two_ranks(schemes[i]);
     test_skip_together();
+    for (size_t i = 0; i < sizeof schemes / sizeof schemes[0]; i++) {
+        test_eval_only(schemes[i]);
+        test_train_eval(schemes[i]);
+        test_infer_rows(schemes[i]);
+    }
     test_checkpoints("current");
     test_checkpoints("mxfp8");
     test_refusals();

@@ -279,7 +279,12 @@ static int parse_parallel_flag(cli_command command, const char *arg, const char 
     bool train = command == CLI_RUN;
     qt_options *o = &a->options;
     uint64_t v = 0;
-    if (command != CLI_INFER && strcmp(arg, "--gpus") == 0) {
+    if (command == CLI_INFER && strcmp(arg, "--gpus") == 0) {
+        // Its input file and --from's checkpoint are read by one process; infer rows are not.
+        fprintf(stderr, "qtrain infer: --gpus: qtrain infer runs on one GPU; a recipe's infer "
+                "rows run on several (qtrain run RECIPE --gpus N)\n");
+        return -1;
+    } else if (command != CLI_INFER && strcmp(arg, "--gpus") == 0) {
         if (!parse_count_arg(a->command, arg, value, 1, QT_GPUS_MAX, &v)) return -1;
         a->gpus = (uint32_t)v;
     } else if (train && strcmp(arg, "--rank") == 0) {
@@ -509,15 +514,21 @@ static int command_plan(int argc, char **argv) {
     cli_run c;
     memset(&c, 0, sizeof c);
     qt_status status = load_and_plan(&a, &c);
+    qt_plan_info info;
+    memset(&info, 0, sizeof info);
     if (status == QT_OK) {
         if (a.gpus > 1) printf("rank 0 of %u GPUs:\n", a.gpus);
+        qt_plan_info_get(c.rt, &info);
         status = a.summary ? qt_plan_print_summary(c.rt, stdout) : qt_plan_print(c.rt, stdout);
     }
     cli_run_close(&c);
     if (status == QT_OK && a.gpus > 1) {
-        // Every rank's arena: the masters and moments of the parameters it owns, the rest alike.
-        printf("data parallel: %u GPUs, each rank's device arena by category (ZeRO-1: masters "
-               "and Adam moments of its own parameters only), next to one GPU's\n", a.gpus);
+        // Every rank's arena: the masters and moments of the parameters it owns, the rest alike;
+        // a run without train steps has no moments and keeps every master on every rank.
+        printf("data parallel: %u GPUs, each rank's device arena by category (%s), next to one "
+               "GPU's\n", a.gpus, info.modes[QT_MODE_TRAIN]
+                                  ? "ZeRO-1: masters and Adam moments of its own parameters only"
+                                  : "no train steps: every master on every rank");
         for (uint32_t r = 0; r < a.gpus && status == QT_OK; r++) {
             status = plan_rank_line(&a, r, a.gpus);
         }
@@ -1012,7 +1023,7 @@ static int wait_ranks(const pid_t *pids, uint32_t count) {
 // fails the others are ended (they would wait for it in their next collective). Ctrl-C ends
 // every worker at once (no summary or save: a stop needs every rank at the same step).
 static int launch_ranks(int argc, char **argv, const cli_args *a) {
-    // What every rank would refuse (a batch the GPUs cannot share, checkpoints, infer rows) is
+    // What every rank would refuse (a batch the GPUs cannot share, too few parameter tensors) is
     // said once, before any worker starts: rank 0's plan.
     cli_run plan;
     memset(&plan, 0, sizeof plan);

@@ -511,8 +511,12 @@ bool model_param_owned(const model *m, uint32_t i) {
     return m->param_owner[i] == m->rank;
 }
 
+// A run without train steps (eval and infer rows alone) has no moments to split and no gradient
+// regions, through which a save gathers the masters that a rank lacks: every rank then draws
+// every master (the same values) and a checkpoint finds them all on rank 0.
 bool model_param_master_here(const model *m, uint32_t i) {
-    return model_param_owned(m, i) || m->params[i].quantizer < 0;
+    return model_param_owned(m, i) || m->params[i].quantizer < 0 ||
+           !m->modes[MODEL_MODE_TRAIN];
 }
 
 // Each parameter's owner among the ranks (runtime/parallel/parallel.h's partition by elements).
@@ -646,7 +650,8 @@ static qt_status model_plan_io(model *m, const model_options *o) {
     QT_TRY(model_region(&host, "records", MODEL_RING_LEN * qt_trace_ring_bytes(m->delayed_count),
                         ARENA_CAT_STAGING, &ref));
     io->ring = ref.region;
-    io->outputs_bytes = ((uint64_t)m->batch * m->outputs * 2 + 15) / 16 * 16;
+    // The whole batch's outputs: a data-parallel rank's infer program gathers every share.
+    io->outputs_bytes = ((uint64_t)m->batch * m->world * m->outputs * 2 + 15) / 16 * 16;
     if (m->modes[MODEL_MODE_INFER]) {
         QT_TRY(model_region(&host, "outputs", MODEL_OUTPUT_SLOTS * io->outputs_bytes,
                             ARENA_CAT_STAGING, &ref));

@@ -205,7 +205,8 @@ typedef struct model_io {
     arena_handle staged;         // device: MODEL_DEVICE_SLOTS slots, the copy engine fills them
     arena_handle ring;           // host: MODEL_RING_LEN ring records (ptx/trace_record.h)
     arena_handle outputs;        // host: MODEL_OUTPUT_SLOTS slots of infer outputs (bf16)
-    uint64_t outputs_bytes;      // one slot: [batch][outputs] bf16, rounded up to 16
+    uint64_t outputs_bytes;      // one slot: [batch x world][outputs] bf16 (the whole batch's,
+                                 // every rank's share gathered), rounded up to 16
     arena_handle counter;        // device: u64 step counter (ptx/sched_ops.h)
     arena_handle optim_steps;    // device: u64, the counted train steps (ptx/optim.h)
     arena_handle lr_rows;        // device: optim_lr_row [lr_row_count]
@@ -349,7 +350,8 @@ qt_status model_build_checksum(model *m, program *p);
 void model_keep_expert_loads(model *m, int32_t last_op);
 
 // Whether this rank owns parameter i (updates it, holds its moments), and whether it holds its
-// master: an owned one's, and every rank a master that is the weight itself (no quantizer).
+// master: an owned one's, and every rank a master that is the weight itself (no quantizer) and
+// every master of a run that does not train.
 bool model_param_owned(const model *m, uint32_t i);
 bool model_param_master_here(const model *m, uint32_t i);
 

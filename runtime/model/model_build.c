@@ -159,11 +159,14 @@ static qt_status mb_dp_reduce_grads(mb *b) {
     return QT_OK;
 }
 
-// `bytes` of every rank gathered in rank order into a new region [world][bytes] (f32 words).
+// `bytes` of every rank gathered in rank order into a new region [world][bytes] (f32 words, or
+// bytes where `bytes` is no multiple of 4: the gather moves them as they are either way).
 static qt_status mb_dp_gather(mb *b, const char *what, prog_ref local, uint64_t bytes,
                               prog_ref *all) {
     QT_TRY(mb_region(b, what, bytes * b->m->world, ARENA_CAT_STAGING, all));
-    op_dp_item it = {DP_COLL_ALL_GATHER, DP_DTYPE_F32, DP_OP_NONE, 0, local, *all, bytes / 4};
+    bool words = bytes % 4 == 0;
+    op_dp_item it = {DP_COLL_ALL_GATHER, words ? DP_DTYPE_F32 : DP_DTYPE_U8, DP_OP_NONE, 0, local,
+                     *all, words ? bytes / 4 : bytes};
     return op_dp_collective(b->p, what, b->m->comm, b->dp_order, &it, 1);
 }
 
@@ -1393,10 +1396,17 @@ qt_status model_build_infer(model *m, program *p) {
     QT_TRY(mb_begin(b, m, p, MODEL_MODE_INFER));
     QT_TRY(mb_forward(b));
     model_tensor out = b->acts[m->recipe->model.layers_count];
-    QT_ASSERT(out.dtype == QT_DTYPE_BF16);
+    QT_ASSERT(out.dtype == QT_DTYPE_BF16 && out.cols == m->outputs);
     op_sched_slots dst = {(prog_ref){m->host, m->io.outputs, 0}, m->io.outputs_bytes,
                           MODEL_OUTPUT_SLOTS};
     op_sched_slots src = {out.ref, 0, 1};
+    // Several ranks: the shares are contiguous rows of the batch in rank order, so the shares
+    // gathered in rank order are the whole batch's outputs in sample order, as one rank's run
+    // gives them; every rank's slot holds them, and rank 0 writes the files.
+    if (mb_parallel(b)) {
+        QT_TRY(mb_dp_gather(b, "dp.outputs", out.ref, (uint64_t)out.rows * out.cols * 2,
+                            &src.ref));
+    }
     QT_TRY(op_sched_copy(p, "outputs", mb_dev(b, m->io.counter), dst, src,
                          m->io.outputs_bytes));
     QT_TRY(mb_delayed(b));
@@ -1451,8 +1461,14 @@ qt_status model_build_init(model *m, program *p) {
         uint32_t updated = mb_optim_list(b);
         QT_TRY(op_optim_describe(p, b->optim_list, updated, mb_dev(b, m->io.optim_table)));
     }
+    if (!mb_parallel(b)) return QT_OK;
+    // The owners' casts put the amaxes of their weights alone into the delayed-scaling histories'
+    // row 0; their maximum over the ranks is the row that one rank's casts of every weight
+    // leave, so a run without train steps (whose first step would take that maximum) holds and
+    // saves the states of the run on one GPU.
+    QT_TRY(mb_dp_amaxes(b));
     // Every rank starts from its owners' weights (they draw what one rank would draw).
-    return mb_parallel(b) ? mb_dp_broadcast_weights(b) : QT_OK;
+    return mb_dp_broadcast_weights(b);
 }
 
 static bool mb_checksummed_category(arena_category c) {

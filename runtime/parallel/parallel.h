@@ -25,6 +25,11 @@
 //   AdamW + requantization, owned only  -> each owner broadcasts its parameter's weight copies
 //   delayed-scaling amaxes              -> all-reduced (max) before the states roll
 //
+// An eval step gathers and folds its loss statistics as a train step does; an infer step gathers
+// every rank's outputs in rank order (the shares are contiguous: the whole batch in sample
+// order), which rank 0 writes. The init program, after the owners' casts, all-reduces (max) the
+// delayed-scaling amaxes and broadcasts the weights.
+//
 // With world 1 no program has a collective op: the programs, their bits and the checkpoints of
 // a run on one GPU are those of a run without data parallelism.
 #ifndef QT_PARALLEL_H

@@ -164,9 +164,10 @@ static void run_output_spec(const run *r, uint32_t index, const char **path, boo
 }
 
 // One step's rows, converted for the file, in host memory planned with the rest (any row that
-// writes a file uses it; only one row runs at a time).
+// writes a file uses it; only one row runs at a time). Rank 0 writes a data-parallel run's files
+// (every rank's infer program gathers the whole batch's outputs).
 static qt_status run_plan_outputs(run *r) {
-    r->has_outputs = r->table.outputs;
+    r->has_outputs = r->table.outputs && r->dp.rank == 0;
     if (!r->has_outputs) return QT_OK;
     uint64_t bytes = infer_out_scratch_bytes(r->recipe->data.batch, r->model.outputs);
     return arena_reserve(&r->host, "infer.file_rows", bytes, 64, ARENA_CAT_STAGING,
@@ -186,6 +187,7 @@ static uint32_t run_outputs_from(const run *r) {
 // when the file is made): at run_load, before the slow part of start-up, or once a resumed
 // run's position is known.
 static qt_status run_check_outputs(const run *r) {
+    if (!r->has_outputs) return QT_OK;  // no files, or another rank's to write
     for (uint32_t i = run_outputs_from(r); i < r->table.row_count; i++) {
         const sched_row *row = &r->table.rows[i];
         const char *path;
@@ -490,16 +492,12 @@ static qt_status run_check_parallel(run *r) {
                        rc->file_name, rc->data.batch, o->world, o->world,
                        (rc->data.batch / o->world + 1) * o->world);
     }
+    // `qtrain infer` (an input file, --from's checkpoint) is one process's: its CLI starts no
+    // ranks, and a recipe's infer rows are what runs on several.
     const char *refused = o->infer_input ? "qtrain infer" : o->from_path ? "--from" : NULL;
-    bool trains = false;
-    for (uint32_t i = 0; i < rc->rows_count && !refused; i++) {
-        if (rc->rows[i].mode == RECIPE_MODE_INFER) refused = "infer rows";
-        trains |= rc->rows[i].mode == RECIPE_MODE_TRAIN;
-    }
-    if (!trains && !refused) refused = "a schedule without train rows";
     if (refused) {
-        return qt_fail(QT_ERR_INPUT, "%s: a run on %u GPUs does not take %s; run them on one "
-                       "GPU", rc->file_name, o->world, refused);
+        return qt_fail(QT_ERR_INPUT, "%s: a run on %u GPUs does not take %s; run it on one GPU",
+                       rc->file_name, o->world, refused);
     }
     r->dp.rank = o->rank;
     r->dp.world = o->world;
@@ -905,7 +903,7 @@ static void run_env(run *r, sched_env *env, sched_progress_fn progress, void *ct
     env->eval_feed = r->has_eval ? &r->eval_feed : NULL;
     env->progress = progress;
     env->progress_ctx = ctx;
-    env->outputs = r->outputs;
+    env->outputs = r->has_outputs ? r->outputs : NULL;
     env->check = r->options.golden_path ? &r->check : NULL;
     env->trace = r->trace_active ? &r->trace : NULL;
     env->fill = r->options.fill;

@@ -409,8 +409,9 @@ static qt_status sched_consume(sched_loop *l, const sched_pending *pd) {
         const uint8_t *slots = arena_host_pointer(m->host, m->io.outputs);
         p.outputs = (const uint16_t *)(slots + (pd->step % MODEL_OUTPUT_SLOTS) *
                                                    m->io.outputs_bytes);
-        if (row->output) QT_TRY(infer_out_write(&env->outputs[row->output - 1], p.outputs,
-                                                pd->rows_valid));
+        if (row->output && env->outputs) {
+            QT_TRY(infer_out_write(&env->outputs[row->output - 1], p.outputs, pd->rows_valid));
+        }
     }
     if (!env->progress && !env->record) return QT_OK;
     p.record = &rec;

@@ -228,7 +228,8 @@ typedef struct sched_env {
     data_feed *eval_feed;     // the eval set in file order, or NULL
     trace_writer *trace;      // NULL: no trace
     trace_checker *check;     // NULL: no golden trace; else each record must match its own
-    infer_out *outputs;       // the files of infer rows with an output (sched_row.output)
+    infer_out *outputs;       // the files of infer rows with an output (sched_row.output);
+                              // NULL: none written (a data-parallel rank but rank 0)
     sched_progress_fn progress;
     void *progress_ctx;
     sched_record_fn record;   // NULL: none; called before progress
