@@ -539,8 +539,21 @@ static void *api_next_slot(const qt_runtime *rt) {
     return slots + (rt->run.state.step % MODEL_HOST_SLOTS) * m->io.slot.bytes;
 }
 
+// A caller's batch is one runtime's whole batch, staged with itself as the global batch; a
+// data-parallel rank's slot is its share of the recipe's global batch, whose real rows every rank
+// must agree on (the loss is the global batch's mean). Several ranks therefore take the recipe's
+// sources only: a pushed share would be weighed as the whole batch, silently.
+static qt_status api_batches_one_rank(const qt_runtime *rt, const char *call) {
+    if (rt->run.dp.world <= 1) return QT_OK;
+    return qt_fail(QT_ERR_INPUT, "%s: rank %u of %u: a data-parallel rank takes its share of the "
+                   "recipe's data sources, not batches of the caller; push batches (or give "
+                   "them through qt_on_data) on one GPU", call, rt->run.dp.rank,
+                   rt->run.dp.world);
+}
+
 qt_status qt_push_batch(qt_runtime *rt, const qt_batch *batch) {
     QT_TRY(api_usable(rt, "qt_push_batch"));
+    QT_TRY(api_batches_one_rank(rt, "qt_push_batch"));
     if (rt->pushed) {
         return qt_fail(QT_ERR_STATE, "qt_push_batch: a pushed batch waits for its step; run a "
                        "step first");
@@ -583,6 +596,7 @@ static qt_status api_fill(void *ctx, model_mode mode, uint64_t step, void *slot,
     memset(&b, 0, sizeof b);
     QT_TRY(rt->on_data(rt->on_data_ctx, (qt_mode)mode, step, &b));
     if (b.rows == 0) return QT_OK;  // the recipe's source
+    QT_TRY(api_batches_one_rank(rt, "the data callback (qt_on_data)"));
     QT_TRY(api_batch_check(rt, &b, mode));
     api_stage(rt, &b, slot);
     *rows_valid = b.rows;

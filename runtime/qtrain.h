@@ -206,9 +206,9 @@ typedef struct qt_options {
     // (the recipe's batch is the global batch, a multiple of world) and meet through NCCL under
     // `parallel_id` (QT_PARALLEL_ID_BYTES from qt_parallel_id, the same for every rank). Only
     // qt_measure and qt_plan are possible without parallel_id (a rank's plan). Several ranks
-    // run train and eval rows (a schedule of eval rows alone too) and refuse infer rows,
-    // infer_input and from_path; their checkpoints (rank 0 writes them) are those of the run on
-    // one GPU, and resume on any count.
+    // run train, eval and infer rows (a schedule of eval rows alone too; rank 0 writes the infer
+    // files of the whole batch) and refuse infer_input and from_path; their checkpoints (rank 0
+    // writes them) are those of the run on one GPU, and resume on any count.
     uint32_t rank, world;
     const void *parallel_id;
 } qt_options;
@@ -315,7 +315,9 @@ typedef struct qt_batch {
 } qt_batch;
 
 // The next step that runs takes this batch instead of its data source's (copied now: the
-// arrays may change once this returns). After qt_bind; one batch at a time.
+// arrays may change once this returns). After qt_bind; one batch at a time. A data-parallel
+// rank (world > 1) refuses pushed and callback batches (QT_ERR_INPUT): it takes its share of
+// the recipe's sources.
 QT_API qt_status qt_push_batch(qt_runtime *rt, const qt_batch *batch);
 
 // The data callback: called for every step that has no pushed batch, before the step, with the
