@@ -284,7 +284,7 @@ static int parse_parallel_flag(cli_command command, const char *arg, const char 
         fprintf(stderr, "qtrain infer: --gpus: qtrain infer runs on one GPU; a recipe's infer "
                 "rows run on several (qtrain run RECIPE --gpus N)\n");
         return -1;
-    } else if (command != CLI_INFER && strcmp(arg, "--gpus") == 0) {
+    } else if (strcmp(arg, "--gpus") == 0) {
         if (!parse_count_arg(a->command, arg, value, 1, QT_GPUS_MAX, &v)) return -1;
         a->gpus = (uint32_t)v;
     } else if (train && strcmp(arg, "--rank") == 0) {
