@@ -1813,26 +1813,26 @@ static const t_case t_gpu_cases[] = {
 #undef BF16
 
 int main(void) {
-    test_act_special_values();
-    test_gelu_chunks_scalar();
-    test_act_edge_ranges();
-    test_act_accuracy();
-    test_swiglu_accuracy();
-    test_rmsnorm_parts();
-    test_rmsnorm_accuracy();
-    test_rmsnorm_special_rows();
-    test_documented_row_order();
-    test_residual_exact();
-    test_xent_accuracy();
-    test_xent_special();
-    test_mse_accuracy();
-    test_mse_valid_rows();
-    test_gnorm_accuracy();
-    test_gnorm_special();
-    test_loss_one_block_matches_split_ref();
+    TEST_UNIT(test_act_special_values());
+    TEST_UNIT(test_gelu_chunks_scalar());
+    TEST_UNIT(test_act_edge_ranges());
+    TEST_UNIT(test_act_accuracy());
+    TEST_UNIT(test_swiglu_accuracy());
+    TEST_UNIT(test_rmsnorm_parts());
+    TEST_UNIT(test_rmsnorm_accuracy());
+    TEST_UNIT(test_rmsnorm_special_rows());
+    TEST_UNIT(test_documented_row_order());
+    TEST_UNIT(test_residual_exact());
+    TEST_UNIT(test_xent_accuracy());
+    TEST_UNIT(test_xent_special());
+    TEST_UNIT(test_mse_accuracy());
+    TEST_UNIT(test_mse_valid_rows());
+    TEST_UNIT(test_gnorm_accuracy());
+    TEST_UNIT(test_gnorm_special());
+    TEST_UNIT(test_loss_one_block_matches_split_ref());
     for (size_t i = 0; i < sizeof t_gpu_cases / sizeof t_gpu_cases[0]; i++) {
-        t_gpu_case(&t_gpu_cases[i]);
+        TEST_UNIT(t_gpu_case(&t_gpu_cases[i]));
     }
-    test_gpu_loss_one_block();
+    TEST_UNIT(test_gpu_loss_one_block());
     return test_exit_code();
 }

@@ -1079,29 +1079,29 @@ static void test_gpu(void) {
     } else {
         rig_close(&probe);
     }
-    for (size_t k = 0; k < T_CASES; k++) t_gpu_case(&t_cases[k], why_none);
+    for (size_t k = 0; k < T_CASES; k++) TEST_UNIT(t_gpu_case(&t_cases[k], why_none));
     for (size_t k = 0; k < sizeof t_gpu_big / sizeof t_gpu_big[0]; k++) {
-        t_gpu_case(&t_gpu_big[k], why_none);
+        TEST_UNIT(t_gpu_case(&t_gpu_big[k], why_none));
     }
-    for (size_t k = 0; k < T_CASES; k++) t_gpu_graph(&t_cases[k], why_none);
-    for (size_t k = 0; k < T_CASES; k++) t_gpu_multi(&t_cases[k], why_none);
+    for (size_t k = 0; k < T_CASES; k++) TEST_UNIT(t_gpu_graph(&t_cases[k], why_none));
+    for (size_t k = 0; k < T_CASES; k++) TEST_UNIT(t_gpu_multi(&t_cases[k], why_none));
     for (size_t k = 0; k < sizeof t_gpu_big / sizeof t_gpu_big[0]; k++) {
-        t_gpu_multi(&t_gpu_big[k], why_none);
+        TEST_UNIT(t_gpu_multi(&t_gpu_big[k], why_none));
     }
 }
 
 int main(void) {
-    test_lr_row_search();
-    test_bias_correction();
-    test_lr_rules();
-    test_begin_rules();
-    test_nan_canonical();
-    test_update_vs_double();
-    test_clip_factor();
-    test_formats_match_family();
-    test_skip_changes_nothing();
-    test_entry_search();
-    test_multi_equals_per_param();
-    test_gpu();
+    TEST_UNIT(test_lr_row_search());
+    TEST_UNIT(test_bias_correction());
+    TEST_UNIT(test_lr_rules());
+    TEST_UNIT(test_begin_rules());
+    TEST_UNIT(test_nan_canonical());
+    TEST_UNIT(test_update_vs_double());
+    TEST_UNIT(test_clip_factor());
+    TEST_UNIT(test_formats_match_family());
+    TEST_UNIT(test_skip_changes_nothing());
+    TEST_UNIT(test_entry_search());
+    TEST_UNIT(test_multi_equals_per_param());
+    test_gpu();  // not a unit: each of its GPU cases is one
     return test_exit_code();
 }

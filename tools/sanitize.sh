@@ -8,16 +8,21 @@
 # prints a summary: per test and tool the sanitizer's error count, the longest run's seconds and
 # the test's own result (its PASS/FAIL/SKIP lines), then one CLEAN or DIRTY line. A tool's run is
 # DIRTY when the sanitizer reports an error or the run does not finish (TIMEOUT seconds, default
-# 3600, per run); a test that fails only under the sanitizer (a timing budget) is reported, not
-# counted as dirty. The logs go to $OUT (default: a new temporary folder).
+# 3600, per run; none runs past DEADLINE, seconds since the epoch, when given); a test that fails
+# only under the sanitizer (a timing budget) is reported, not counted as dirty. The logs go to
+# $OUT (default: a new temporary folder).
 #
-# The runs are independent processes on one GPU, and the sanitizers' cost is mostly on the host,
-# so JOBS of them run at once (default: half the cores). The longest programs (SHARDED, default
-# test_gemm test_moe test_train test_checkpoint) run as SHARDS processes each (default: JOBS),
+# The runs are independent processes, and the sanitizers' cost is mostly on the host, so JOBS of
+# them run at once (default: half the cores). On a machine of several GPUs they are spread over
+# the GPUs of GPUS (CUDA device ordinals in PCI bus order, default every GPU nvidia-smi lists):
+# the run in xargs' process slot s gets the (s mod n)-th of the n, as its only visible device, so
+# the GPUs share the load evenly. The longest programs (SHARDED, default test_gemm test_moe
+# test_train test_checkpoint test_act test_optim) run as SHARDS processes each (default: JOBS),
 # each process an interleaved share of the program's units (QT_TEST_SHARD, tests/test.h); their
 # row sums the shares' counts.
 #
-# Environment: CUDA_HOME (default /usr/local/cuda), TOOLS, TIMEOUT, OUT, JOBS, SHARDS, SHARDED.
+# Environment: CUDA_HOME (default /usr/local/cuda), TOOLS, TIMEOUT, DEADLINE, OUT, JOBS, SHARDS,
+# SHARDED, GPUS.
 # Exit status: 0 when every run is clean, 1 when one is not, 2 when the build fails, there is no
 # compute-sanitizer or no GPU.
 set -u
@@ -37,8 +42,8 @@ tool_options() {
     esac
 }
 
-# One run (called back through xargs): TEST TOOL SHARD (SHARD "-" for an unsharded test). Writes
-# the log, and a line "rc seconds" beside it.
+# One run (called back through xargs): TEST TOOL SHARD (SHARD "-" for an unsharded test), the
+# GPU list in QT_SANITIZE_GPUS. Writes the log, and a line "rc seconds" beside it.
 if [ "${1:-}" = "--run" ]; then
     t=$2 tool=$3 shard=$4 out=$5 limit=$6
     if [ "$shard" = "-" ]; then
@@ -48,11 +53,22 @@ if [ "${1:-}" = "--run" ]; then
         base=$out/$t.$tool.shard$(echo "$shard" | sed "s,/,of,")
         shard_env="QT_TEST_SHARD=$shard"
     fi
+    # This run's GPU: its process slot's share of GPUS (the slot is 0 when xargs has no slots).
+    gpu=$(echo "$QT_SANITIZE_GPUS" | awk -v s="${QT_SANITIZE_SLOT:-0}" '{ print $(s % NF + 1) }')
     start=$(date +%s)
+    # A run that DEADLINE leaves no time for is not started: it counts as timed out.
+    if [ -n "${DEADLINE:-}" ] && [ $((DEADLINE - start)) -lt "$limit" ]; then
+        limit=$((DEADLINE - start))
+    fi
+    if [ "$limit" -le 0 ]; then
+        echo "not started: DEADLINE passed" > "$base.log"
+        echo "124 0" > "$base.rc"
+        exit 0
+    fi
     # shellcheck disable=SC2046,SC2086
-    env $shard_env timeout "$limit" "$sanitizer" $(tool_options "$tool") \
-        --target-processes all --print-limit 0 --error-exitcode 99 "build/tests/$t" \
-        > "$base.log" 2>&1
+    env $shard_env CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES="$gpu" \
+        timeout "$limit" "$sanitizer" $(tool_options "$tool") --target-processes all \
+        --print-limit 0 --error-exitcode 99 "build/tests/$t" > "$base.log" 2>&1
     rc=$?
     echo "$rc $(( $(date +%s) - start ))" > "$base.rc"
     exit 0
@@ -63,7 +79,7 @@ limit=${TIMEOUT:-3600}
 cores=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)
 jobs=${JOBS:-$(( cores / 2 > 0 ? cores / 2 : 1 ))}
 shards=${SHARDS:-$jobs}
-sharded=${SHARDED:-test_gemm test_moe test_train test_checkpoint}
+sharded=${SHARDED:-test_gemm test_moe test_train test_checkpoint test_act test_optim}
 tests=${*:-test_core test_act test_optim test_quant_fp8 test_quant_mxfp8 test_quant_block \
 test_quant_nvfp4 test_gemm test_moe test_train test_faults test_infer test_checkpoint test_replay \
 test_api test_parallel}
@@ -75,6 +91,14 @@ else
 fi
 
 [ -x "$sanitizer" ] || { echo "sanitize: no $sanitizer" >&2; exit 2; }
+gpus=${GPUS:-$(nvidia-smi --query-gpu=index --format=csv,noheader 2> /dev/null | tr '\n' ' ')}
+[ -n "$(echo "$gpus" | tr -d ' ')" ] || gpus=0
+# GNU xargs numbers its process slots (--process-slot-var), which spreads the runs over the GPUs;
+# without it every run takes the first GPU of the list.
+slot_option=""
+if xargs --process-slot-var=QT_SANITIZE_SLOT true < /dev/null > /dev/null 2>&1; then
+    slot_option="--process-slot-var=QT_SANITIZE_SLOT"
+fi
 ninja all > "$out/build.log" 2>&1 || { tail -20 "$out/build.log"; exit 2; }
 if ! build/qtrain info 2>&1 | grep -q '^device'; then
     echo "sanitize: no GPU; the kernel tests' GPU cases would all be skipped" >&2
@@ -105,9 +129,10 @@ for tool in $tools; do
         is_sharded "$t" || echo "$t $tool -" >> "$list"
     done
 done
-# shellcheck disable=SC2016
+# shellcheck disable=SC2016,SC2086
 sed "s|\$| $out $limit|" "$list" |
-    xargs -P "$jobs" -L 1 sh -c 'sh "$0" --run "$1" "$2" "$3" "$4" "$5"' "$0"
+    QT_SANITIZE_GPUS=$gpus xargs $slot_option -P "$jobs" -L 1 \
+        sh -c 'sh "$0" --run "$1" "$2" "$3" "$4" "$5"' "$0"
 
 dirty=0
 printf '%-18s %-10s %10s %8s %s\n' test tool errors seconds "test result"

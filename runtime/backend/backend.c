@@ -231,6 +231,17 @@ static qt_status backend_launch_on(backend *b, const prog_op *op, CUstream strea
                           op->args_bytes);
 }
 
+void backend_launched(const backend *b, const prog_op *op, kernel_id *kernel,
+                      launch_shape *shape) {
+    gemm_tier_device tier = backend_gemm_device(b);
+    if (kernel_table[op->kernel].module != MODULE_host && gemm_tier_takes(&tier, op)) {
+        gemm_tier_launched(&tier, op, kernel, shape);
+        return;
+    }
+    *kernel = op->kernel;
+    *shape = op->shape;
+}
+
 static qt_status backend_launch_op(backend *b, const prog_op *op) {
     return backend_launch_on(b, op, b->stream);
 }

@@ -87,6 +87,10 @@ void backend_release(backend *b, arena *a);
 qt_status backend_run(backend *b, const program *p);
 // What the GEMM tier (runtime/backend/gemm_tier.h) needs of this backend's GPU and settings.
 gemm_tier_device backend_gemm_device(const backend *b);
+// The kernel and launch shape that running the op launches: the op's own, or the sm_90a GEMM
+// tier's persistent kernel where the tier takes it (a profile names what ran).
+void backend_launched(const backend *b, const prog_op *op, kernel_id *kernel,
+                      launch_shape *shape);
 // Captures the whole program into one CUDA graph; later launches replay it. The graph orders
 // only what the ops' declared regions require: op j waits for every earlier op i whose regions
 // overlap j's in memory with a write on either side (prog_use's contract is that every byte an

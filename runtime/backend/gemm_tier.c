@@ -321,6 +321,19 @@ static qt_status gemm_tier_output_map(const gemm_args *g, gemm_sm90a_args *args)
     return QT_OK;
 }
 
+// The persistent grid: one CTA per SM (at most ctas_max, at most one per tile), each with the
+// shared memory of the format's tile.
+static launch_shape gemm_tier_shape(const gemm_tier_device *d, const gemm_args *g) {
+    uint32_t tile_n = qt_gemm_sm90a_tile_n(g->format, g->flags);
+    uint32_t smem_bytes = qt_gemm_sm90a_emulated(g->format) ? GEMM_SM90A_EMU_SMEM_BYTES(g->format)
+                                                             : GEMM_SM90A_SMEM_BYTES(tile_n);
+    uint64_t tiles = gemm_tier_tiles_max(g);
+    uint64_t ctas = (uint64_t)(d->sm_count > 0 ? d->sm_count : 1);
+    if (d->ctas_max != 0 && d->ctas_max < ctas) ctas = d->ctas_max;
+    if (tiles < ctas) ctas = tiles;
+    return (launch_shape){{(uint32_t)ctas, 1, 1}, {GEMM_SM90A_THREADS, 1, 1}, smem_bytes};
+}
+
 qt_status gemm_tier_launch(const gemm_tier_device *d, const prog_op *op, CUstream stream) {
     kernel_id kernel = gemm_tier_sm90a_kernel(op->kernel);
     QT_ASSERT(kernel != KERNEL_COUNT && op->args_bytes == sizeof(gemm_args));
@@ -330,20 +343,23 @@ qt_status gemm_tier_launch(const gemm_tier_device *d, const prog_op *op, CUstrea
     const gemm_args *g = &args.gemm;
     QT_ASSERT(gemm_tier_sm90a_supports(g));
     uint32_t tile_n = qt_gemm_sm90a_tile_n(g->format, g->flags);
-    uint32_t smem_bytes = qt_gemm_sm90a_emulated(g->format) ? GEMM_SM90A_EMU_SMEM_BYTES(g->format)
-                                                             : GEMM_SM90A_SMEM_BYTES(tile_n);
     args.col_tiles = gemm_tier_col_tiles(g);
     args.k_stages = gemm_tier_ceil_div(g->k, gemm_tier_stage_k(g));
     uint32_t row_tiles_max = gemm_tier_row_tiles_max(g);
     if (g->grouping != GEMM_GROUP_M) args.row_tiles = row_tiles_max;  // else counted on the device
     QT_TRY(gemm_tier_operand_maps(g, &args, tile_n));
     QT_TRY(gemm_tier_output_map(g, &args));
-    uint64_t tiles = gemm_tier_tiles_max(g);
-    uint64_t ctas = (uint64_t)(d->sm_count > 0 ? d->sm_count : 1);
-    if (d->ctas_max != 0 && d->ctas_max < ctas) ctas = d->ctas_max;
-    if (tiles < ctas) ctas = tiles;
-    launch_shape shape = {{(uint32_t)ctas, 1, 1}, {GEMM_SM90A_THREADS, 1, 1}, smem_bytes};
+    launch_shape shape = gemm_tier_shape(d, g);
     return modules_launch(d->modules, kernel, &shape, stream, &args, sizeof args);
+}
+
+void gemm_tier_launched(const gemm_tier_device *d, const prog_op *op, kernel_id *kernel,
+                        launch_shape *shape) {
+    *kernel = gemm_tier_sm90a_kernel(op->kernel);
+    QT_ASSERT(*kernel != KERNEL_COUNT && op->args_bytes == sizeof(gemm_args));
+    gemm_args g;
+    memcpy(&g, op->args, sizeof g);
+    *shape = gemm_tier_shape(d, &g);
 }
 
 const char *gemm_tier_describe(const gemm_tier_device *d) {

@@ -73,6 +73,11 @@ bool gemm_tier_takes(const gemm_tier_device *d, const prog_op *op);
 // stream, or one of its capture streams).
 qt_status gemm_tier_launch(const gemm_tier_device *d, const prog_op *op, CUstream stream);
 
+// The kernel and launch shape gemm_tier_launch gives the op (gemm_tier_takes must hold): what a
+// profile names, since the program's op names its portable kernel and grid.
+void gemm_tier_launched(const gemm_tier_device *d, const prog_op *op, kernel_id *kernel,
+                        launch_shape *shape);
+
 // The tier GEMMs take on this backend, in words (for `qtrain info`).
 const char *gemm_tier_describe(const gemm_tier_device *d);
 

@@ -1058,8 +1058,9 @@ void run_time_steps(run *r, void *scratch, uint64_t scratch_bytes, double ms[MOD
     memcpy(r->host.host_base, copy + dev, host);
 }
 
-// Per-op times of one mode's program, in op order, with each op's share of their sum, then the
-// graph replay: the replay over the sum shows what launch gaps and serialization cost.
+// Per-op times of one mode's program, in op order, each with the kernel and grid that ran it (the
+// sm_90a tier's where it takes a GEMM) and its share of their sum, then the graph replay: the
+// replay over the sum shows what launch gaps and serialization cost.
 static qt_status run_profile_mode(run *r, int mode, uint32_t reps, FILE *out) {
     const program *p = &r->programs[mode];
     float *op_us = (float *)(void *)p->op_scratch;  // the program's per-op scratch
@@ -1072,11 +1073,13 @@ static qt_status run_profile_mode(run *r, int mode, uint32_t reps, FILE *out) {
             "us", "share");
     for (uint32_t i = 0; i < p->op_count; i++) {
         const prog_op *op = &p->ops[i];
+        kernel_id kernel;
+        launch_shape shape;
+        backend_launched(r->backend, op, &kernel, &shape);
         char grid[32];
-        snprintf(grid, sizeof grid, "%ux%ux%u", op->shape.grid[0], op->shape.grid[1],
-                 op->shape.grid[2]);
+        snprintf(grid, sizeof grid, "%ux%ux%u", shape.grid[0], shape.grid[1], shape.grid[2]);
         fprintf(out, "  %4u  %-28s %-28s %-12s %9.2f %5.1f%%\n", i, op->name,
-                kernel_table[op->kernel].symbol, grid, (double)op_us[i],
+                kernel_table[kernel].symbol, grid, (double)op_us[i],
                 sum > 0 ? 100.0 * op_us[i] / sum : 0.0);
     }
     fprintf(out, "  sum of ops %.2f us; graph replay %.2f us per step\n", sum,
