@@ -111,23 +111,21 @@ is_sharded() {
 }
 
 # The list of runs, the shards first: they are the longest, and starting them first keeps the
-# pool's tail short.
+# pool's tail short. The tools alternate within each program and share, so that a pass cut short
+# by DEADLINE has checked what it reached with every tool, not with the first tools alone.
 list=$out/runs.txt
 : > "$list"
-for tool in $tools; do
-    for t in $tests; do
-        is_sharded "$t" || continue
-        i=0
-        while [ "$i" -lt "$shards" ]; do
-            echo "$t $tool $i/$shards" >> "$list"
-            i=$((i + 1))
-        done
+for t in $tests; do
+    is_sharded "$t" || continue
+    i=0
+    while [ "$i" -lt "$shards" ]; do
+        for tool in $tools; do echo "$t $tool $i/$shards" >> "$list"; done
+        i=$((i + 1))
     done
 done
-for tool in $tools; do
-    for t in $tests; do
-        is_sharded "$t" || echo "$t $tool -" >> "$list"
-    done
+for t in $tests; do
+    is_sharded "$t" && continue
+    for tool in $tools; do echo "$t $tool -" >> "$list"; done
 done
 # shellcheck disable=SC2016,SC2086
 sed "s|\$| $out $limit|" "$list" |
