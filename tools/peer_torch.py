@@ -265,8 +265,8 @@ def linear_weights(r):
 
 
 def expand_schedule(r, epoch, default_lr):
-    """The table qtrain builds from the [schedule] rows (runtime/schedule/schedule.c sched_table_build,
-    without a --steps cut): rows {"mode", "steps", "dataset"} in order, a train row's epochs
+    """The table qtrain builds from the [schedule] rows (runtime/schedule/schedule.c
+    sched_table_build, without a --steps cut): rows {"mode", "steps", "dataset"} in order, a train row's epochs
     counted as `epoch` steps and its eval clause's eval rows put in, and the learning-rate rows
     {"start", "steps", "rule", "a", "b"}, a warmup clause's before its rule's."""
     rows, lr_rows, start = [], [], 0

@@ -6,11 +6,11 @@
 # Builds the tests (ninja), then runs each test program under each of compute-sanitizer's tools
 # (memcheck with leak checking, racecheck, initcheck, synccheck; TOOLS overrides the list) and
 # prints a summary: per test and tool the sanitizer's error count, the longest run's seconds and
-# the test's own result (its PASS/FAIL/SKIP lines), then one CLEAN or DIRTY line. A tool's run is
-# DIRTY when the sanitizer reports an error or the run does not finish (TIMEOUT seconds, default
-# 3600, per run; none runs past DEADLINE, seconds since the epoch, when given); a test that fails
-# only under the sanitizer (a timing budget) is reported, not counted as dirty. The logs go to
-# $OUT (default: a new temporary folder).
+# the test's own result (its PASS/FAIL/SKIP lines), the slowest cases, then one CLEAN or DIRTY
+# line. A tool's run is DIRTY when the sanitizer reports an error or the run does not finish
+# (TIMEOUT seconds, default 3600, per run; none runs past DEADLINE, seconds since the epoch, when
+# given); a test that fails only under the sanitizer (a timing budget) is reported, not counted
+# as dirty. The logs go to $OUT (default: a new temporary folder).
 #
 # The runs are independent processes, and the sanitizers' cost is mostly on the host, so JOBS of
 # them run at once (default: half the cores). On a machine of several GPUs they are spread over
@@ -65,11 +65,30 @@ if [ "${1:-}" = "--run" ]; then
         echo "124 0" > "$base.rc"
         exit 0
     fi
+    # The log as the program wrote it; beside it (.times) each case line with the seconds since
+    # the one before (or the start), for the summary's slowest cases. A shell loop reads the
+    # lines as they come (awk may read its input in blocks).
     # shellcheck disable=SC2046,SC2086
-    env $shard_env CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES="$gpu" \
-        timeout "$limit" "$sanitizer" $(tool_options "$tool") --target-processes all \
-        --print-limit 0 --error-exitcode 99 "build/tests/$t" > "$base.log" 2>&1
-    rc=$?
+    {
+        env $shard_env CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES="$gpu" \
+            timeout "$limit" "$sanitizer" $(tool_options "$tool") --target-processes all \
+            --print-limit 0 --error-exitcode 99 "build/tests/$t" 2>&1
+        echo $? > "$base.status"
+    } | {
+        last=$start
+        while IFS= read -r line; do
+            printf '%s\n' "$line"
+            case $line in
+            "PASS "* | "FAIL "* | "SKIP "*)
+                now=$(date +%s)
+                printf '%s %s\n' $((now - last)) "$line" >> "$base.times"
+                last=$now
+                ;;
+            esac
+        done
+    } > "$base.log"
+    rc=$(cat "$base.status")
+    rm -f "$base.status"
     echo "$rc $(( $(date +%s) - start ))" > "$base.rc"
     exit 0
 fi
@@ -167,7 +186,7 @@ for t in $tests; do
             errors="timeout"
             dirty=1
         elif [ -n "$crashed" ]; then
-            errors="crash:$(echo $crashed | tr ' ' ',')"
+            errors="crash:$(echo "$crashed" | sed 's/^ *//; s/ /,/g')"
             dirty=1
         elif [ "$missing" = 1 ]; then
             errors="no run"
@@ -178,6 +197,13 @@ for t in $tests; do
         printf '%-18s %-10s %10s %8s %s\n' "$t" "$tool" "$errors" "$seconds" "$result"
     done
 done
+# Where the time went: the slowest cases of every run (seconds, program.tool[.share], case).
+echo "slowest cases:"
+for f in "$out"/*.times; do
+    [ -e "$f" ] || continue
+    run_name=$(basename "$f" .times)
+    awk -v r="$run_name" '{ print $1, r, $3 }' "$f"
+done | sort -rn | head -12 | awk '{ printf "  %6d s  %-34s %s\n", $1, $2, $3 }'
 if [ "$dirty" = 0 ]; then
     echo "CLEAN: no sanitizer errors (logs: $out)"
 else
