@@ -2123,6 +2123,62 @@ static void test_tier_descriptions_fit(void) {
     test_end();
 }
 
+// What a profile names for an op (backend_launched): the sm_90a tier's kernel and persistent
+// grid, one CTA per SM but never more CTAs than tiles nor than ctas_max, where the tier takes
+// the GEMM; the op's own kernel and shape on the reference backend.
+static void test_tier_launched(void) {
+    test_begin("gemm_tier_launched_names_the_kernel_and_grid_that_run");
+    static prog_op op;
+    memset(&op, 0, sizeof op);
+    gemm_args g;
+    memset(&g, 0, sizeof g);
+    g.format = GEMM_FORMAT_FP8;
+    g.grouping = GEMM_DENSE;
+    g.flags = GEMM_FLAG_SPLIT_ACCUMULATE;  // a gradient's GEMM: the 128 x 192 tile
+    g.m = 8192, g.n = 16384, g.k = 4096;
+    op.kernel = KERNEL_GEMM_FP8_PORTABLE;
+    op.args_bytes = sizeof g;
+    op.shape = (launch_shape){{128, 64, 1}, {128, 1, 1}, 0};
+    static modules loaded;
+    gemm_tier_device d = {.gpu = true, .cc_major = 9, .cc_minor = 0, .sm_count = 132,
+                          .setting = BACKEND_GEMM_TIER_AUTO, .modules = &loaded};
+    struct {
+        uint32_t m, n, ctas_max, grid;
+    } cases[] = {
+        {8192, 16384, 0, 132},  // 64 x 86 tiles: one CTA per SM
+        {8192, 16384, 100, 100},
+        {256, 1024, 0, 12},     // 2 x 6 tiles
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        g.m = cases[i].m, g.n = cases[i].n;
+        memcpy(op.args, &g, sizeof g);
+        d.ctas_max = cases[i].ctas_max;
+        kernel_id kernel = KERNEL_COUNT;
+        launch_shape shape;
+        memset(&shape, 0, sizeof shape);
+        gemm_tier_launched(&d, &op, &kernel, &shape);
+        CHECK(kernel == KERNEL_GEMM_FP8_SM90A, "case %zu: kernel %s", i,
+              kernel < KERNEL_COUNT ? kernel_table[kernel].symbol : "none");
+        CHECK(shape.grid[0] == cases[i].grid && shape.grid[1] == 1 && shape.grid[2] == 1,
+              "case %zu: grid %ux%ux%u, expected %ux1x1", i, shape.grid[0], shape.grid[1],
+              shape.grid[2], cases[i].grid);
+        CHECK(shape.block[0] == GEMM_SM90A_THREADS &&
+                  shape.smem_bytes == GEMM_SM90A_SMEM_BYTES(GEMM_SM90A_TILE_N_SPLIT),
+              "case %zu: block %u, %u bytes of shared memory", i, shape.block[0],
+              shape.smem_bytes);
+    }
+    static backend ref;
+    backend_open_ref(&ref);
+    kernel_id kernel = KERNEL_COUNT;
+    launch_shape shape;
+    backend_launched(&ref, &op, &kernel, &shape);
+    CHECK(kernel == KERNEL_GEMM_FP8_PORTABLE && shape.grid[0] == 128 && shape.grid[1] == 64,
+          "reference backend: kernel %d, grid %ux%u", (int)kernel, shape.grid[0],
+          shape.grid[1]);
+    backend_close(&ref);
+    test_end();
+}
+
 // Launch shapes come from capacities; a GEMM whose row tiles exceed the grid limit is refused
 // with an operating error naming the limit, and empty GEMMs append nothing.
 static void test_op_gemm_limits(void) {
@@ -2282,6 +2338,7 @@ int main(void) {
     bool whole_groups = case_filter == NULL;
     if (whole_groups && test_shard_take()) test_op_gemm_limits();
     if (whole_groups && test_shard_take()) test_tier_descriptions_fit();
+    if (whole_groups && test_shard_take()) test_tier_launched();
     run_matrix();
     run_odd_shapes();
     run_training_shapes();
