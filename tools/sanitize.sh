@@ -70,7 +70,8 @@ if [ "${1:-}" = "--run" ]; then
     # lines as they come (awk may read its input in blocks).
     # shellcheck disable=SC2046,SC2086
     {
-        env $shard_env CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES="$gpu" \
+        env $shard_env QT_TEST_SANITIZER="$tool" CUDA_DEVICE_ORDER=PCI_BUS_ID \
+            CUDA_VISIBLE_DEVICES="$gpu" \
             timeout "$limit" "$sanitizer" $(tool_options "$tool") --target-processes all \
             --print-limit 0 --error-exitcode 99 "build/tests/$t" 2>&1
         echo $? > "$base.status"
