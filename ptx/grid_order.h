@@ -1,11 +1,11 @@
 // grid_order: the first statement of every kernel, for programmatic dependent launch.
 //
 // On compute capability 9.0 the runtime launches every kernel with programmatic stream
-// serialization (runtime/driver/modules.c), which lets the driver start a kernel's blocks before
-// the kernel ahead of it in the stream has finished: the launch latency and the block scheduling
-// of a small kernel then overlap the tail of the one before, the gap that dominates a step made
-// of many short kernels. The price is that each kernel must itself wait for its predecessor's
-// results, which is what qt_grid_enter does, before any load or store: griddepcontrol.wait
+// serialization (runtime/driver/modules.c), which lets the driver launch a kernel before the
+// kernel ahead of it in the stream has finished: the launch latency of a small kernel then
+// overlaps the one before, the gap that dominates a step made of many short kernels. The price
+// is that each kernel must itself wait for its predecessor's results, which is what
+// qt_grid_enter does, before any load or store: griddepcontrol.wait
 // returns once every prerequisite grid has completed and its memory operations are visible. It
 // comes before everything else, so every kernel's blocks pass it, which keeps the order
 // transitive: a kernel two places behind cannot finish before the one between has waited too.

@@ -120,8 +120,9 @@ typedef struct qt_device_info {
     uint64_t memory_bytes, free_bytes;  // when opened (GPU)
     uint32_t threads;         // threads that run the reference backend's work (the process's)
     char gemm_tier[384];      // which GEMM kernels run on this device (whole sentence)
-    // Kernels start while the one ahead of them finishes (programmatic dependent launch, compute
-    // capability 9.0 unless QTRAIN_SERIAL_LAUNCH=1); false: plain stream order. Same results.
+    // Kernels are launched while the one ahead of them runs and wait for it themselves
+    // (programmatic dependent launch, compute capability 9.0 unless QTRAIN_SERIAL_LAUNCH=1);
+    // false: plain stream order. Same results.
     bool overlapping_launches;
     uint32_t kernels, kernels_loaded, modules;
 } qt_device_info;

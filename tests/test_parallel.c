@@ -847,31 +847,34 @@ static bool same_outputs(const char *a, const char *b, bool classes, double tol)
     return same;
 }
 
+// Where keep_outputs puts a run's file of `kind` (logits or classes): `label`_`kind` in the
+// temporary folder.
+static void kept_path(char out[200], const char *label, const char *kind) {
+    char name[64];
+    snprintf(name, sizeof name, "%s_%s", label, kind);
+    snprintf(out, 200, "%s", tmp_path(name));
+}
+
 // The files of a run (logits.npy, classes.npy in the temporary folder) renamed to
 // `label`_logits.npy and `label`_classes.npy, so that the next run of the same recipe writes anew.
 static bool keep_outputs(const char *label) {
     static const char *const kinds[] = {"logits", "classes"};
     bool ok = true;
     for (int k = 0; k < 2; k++) {
-        char from[200], to[200], name[64];
+        char from[200], to[200];
         snprintf(from, sizeof from, "%s", tmp_path(kinds[k]));
-        snprintf(name, sizeof name, "%s_%s", label, kinds[k]);
-        snprintf(to, sizeof to, "%s", tmp_path(name));
+        kept_path(to, label, kinds[k]);
         ok &= rename(from, to) == 0;
     }
     return ok;
 }
 
 static bool outputs_match(const char *label, const char *reference, double tol) {
-    char a[200], b[200], c[200], d[200], name[64];
-    snprintf(name, sizeof name, "%s_logits", label);
-    snprintf(a, sizeof a, "%s", tmp_path(name));
-    snprintf(name, sizeof name, "%s_logits", reference);
-    snprintf(b, sizeof b, "%s", tmp_path(name));
-    snprintf(name, sizeof name, "%s_classes", label);
-    snprintf(c, sizeof c, "%s", tmp_path(name));
-    snprintf(name, sizeof name, "%s_classes", reference);
-    snprintf(d, sizeof d, "%s", tmp_path(name));
+    char a[200], b[200], c[200], d[200];
+    kept_path(a, label, "logits");
+    kept_path(b, reference, "logits");
+    kept_path(c, label, "classes");
+    kept_path(d, reference, "classes");
     return same_outputs(a, b, false, tol) && same_outputs(c, d, true, tol);
 }
 

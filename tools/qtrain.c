@@ -125,8 +125,8 @@ static int command_info(void) {
            (double)info.memory_bytes / (1 << 30), (double)info.free_bytes / (1 << 30));
     printf("gemm tier   %s\n", info.gemm_tier);
     printf("launches    %s\n", info.overlapping_launches
-                                   ? "overlapping: each kernel starts while the one ahead finishes "
-                                     "(QTRAIN_SERIAL_LAUNCH=1: in plain stream order)"
+                                   ? "overlapping: each kernel is launched while the one ahead "
+                                     "runs (QTRAIN_SERIAL_LAUNCH=1: in plain stream order)"
                                    : "in plain stream order");
     printf("kernels     %u of %u loaded from %u modules\n", info.kernels_loaded, info.kernels,
            info.modules);

@@ -31,8 +31,8 @@ typedef struct modules {
     CUfunction function[KERNEL_COUNT];
     kernel_attributes attributes[KERNEL_COUNT];
     int dynamic_smem_max_bytes;  // opt-in limit applied to every kernel
-    // Every launch carries programmatic stream serialization: a kernel's blocks may start while
-    // the kernel ahead of it finishes, and wait for it themselves (ptx/grid_order.h). On compute
+    // Every launch carries programmatic stream serialization: a kernel is launched while the
+    // kernel ahead of it runs, and waits for it itself (ptx/grid_order.h). On compute
     // capability 9.0 only, where the sm_90a SASS that holds that wait is what runs; the
     // environment variable QTRAIN_SERIAL_LAUNCH=1 turns it off (plain stream order, for
     // comparison). Results are the same bits either way.

@@ -116,10 +116,11 @@ typedef struct run_options {
     // one rank). The recipe's batch is the global batch; each rank takes its contiguous share of
     // every batch. The ranks meet through nccl_id on the GPU (the QT_NCCL_UNIQUE_ID_BYTES of
     // ncclGetUniqueId that every rank was given) or ref_group on the reference backend (the ranks
-    // are threads of this process). Several ranks run train and eval rows (eval rows alone too)
-    // and refuse infer rows, `qtrain infer` and --from. Checkpoints are those of the run on one
-    // GPU: rank 0 writes them (ckpt_save gathers the other ranks' masters and moments), every
-    // rank resumes from one and keeps what it holds, whatever the GPU count that saved it.
+    // are threads of this process). Several ranks run train, eval and infer rows (eval rows alone
+    // too; rank 0 writes the infer files of the whole batch) and refuse `qtrain infer` and
+    // --from. Checkpoints are those of the run on one GPU: rank 0 writes them (ckpt_save
+    // gathers the other ranks' masters and moments), every rank resumes from one and keeps what
+    // it holds, whatever the GPU count that saved it.
     uint32_t rank, world;
     const void *nccl_id;
     dp_ref_group *ref_group;
