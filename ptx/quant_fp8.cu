@@ -1,5 +1,5 @@
-// quant_fp8 kernels: amax, fused cast + transpose, delayed-scaling updates, dequantize (ABI,
-// launch constants and the arithmetic shared with the C twins in quant_fp8.h).
+// quant_fp8 kernels: amax, fused cast + transpose, transpose of codes, delayed-scaling updates,
+// dequantize (ABI, launch constants and the arithmetic shared with the C twins in quant_fp8.h).
 #include "ptx/quant_fp8.h"
 #include "ptx/grid_order.h"  // qt_grid_enter, every kernel's first statement
 
@@ -399,27 +399,28 @@ __device__ __forceinline__ void qt_fp8_cast_flush_amax(const fp8_cast_args &a,
     }
 }
 
-// Phase 2: the columnwise (transposed) codes from the shared tile.
-__device__ __forceinline__ void qt_fp8_cast_columns(const fp8_cast_args &a,
-                                                    const qt_fp8_cast_smem &sm, uint32_t m0,
-                                                    uint32_t k0, uint32_t active) {
+// Phase 2: the columnwise (transposed) codes from the shared tile, into colwise [cols][rows]
+// (its first `active` rows only).
+__device__ __forceinline__ void qt_fp8_tile_columns(const uint32_t (*tile)[QT_FP8_PITCH],
+                                                    uint32_t rows, uint32_t cols, uint64_t colwise,
+                                                    uint32_t m0, uint32_t k0, uint32_t active) {
     uint32_t w = threadIdx.x / 32, l = threadIdx.x % 32;
     uint32_t mc = (w & 1u) * 4 + (l & 3u), kw = (w >> 1) * 8 + (l >> 2);
     uint32_t m = m0 + 8 * mc, kb = k0 + 4 * kw;
-    if (m >= active || kb >= a.cols) return;
+    if (m >= active || kb >= cols) return;
     uint32_t lo4[4], hi4[4];  // rows 8mc..8mc+3 and 8mc+4..8mc+7, cols 4kw..4kw+3
 #pragma unroll
     for (uint32_t q = 0; q < 4; q++) {
-        lo4[q] = sm.tile[8 * mc + q][kw];
-        hi4[q] = sm.tile[8 * mc + 4 + q][kw];
+        lo4[q] = tile[8 * mc + q][kw];
+        hi4[q] = tile[8 * mc + 4 + q][kw];
     }
     qt_fp8_transpose4x4(lo4);  // now lo4[j] = col j, rows 0..3
     qt_fp8_transpose4x4(hi4);
-    const bool vec = a.rows % 8 == 0 && a.colwise % 8 == 0;
+    const bool vec = rows % 8 == 0 && colwise % 8 == 0;
 #pragma unroll
     for (uint32_t j = 0; j < 4; j++) {
-        if (kb + j >= a.cols) break;
-        uint8_t *dst = (uint8_t *)a.colwise + (uint64_t)(kb + j) * a.rows + m;
+        if (kb + j >= cols) break;
+        uint8_t *dst = (uint8_t *)colwise + (uint64_t)(kb + j) * rows + m;
         qt_fp8_store8(dst, lo4[j], hi4[j], vec, active - m);
     }
 }
@@ -438,7 +439,7 @@ __device__ __forceinline__ void qt_fp8_cast_tile(const fp8_cast_args &a, qt_fp8_
     qt_fp8_cast_rows<In, kE5M2>(a, sm, m0, k0, active, &lo, &hi);
     __syncthreads();  // the tile and the row amaxes are complete
     qt_fp8_cast_flush_amax(a, sm, lo, hi);
-    if (a.colwise) qt_fp8_cast_columns(a, sm, m0, k0, active);
+    if (a.colwise) qt_fp8_tile_columns(sm.tile, a.rows, a.cols, a.colwise, m0, k0, active);
 }
 
 // BF16: at most 48 registers, so that 5 blocks (40 warps) share an SM, as before the grouped
@@ -463,6 +464,49 @@ extern "C" __global__ void __launch_bounds__(QT_FP8_CAST_THREADS)
     } else {
         qt_fp8_cast_tile<float, false>(args, sm);
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Transpose of FP8 codes: the cast's tiles and phase 2, with phase 1 a copy of codes into the
+// shared tile (thread t loads 8 bytes of row t/16 + 16i at column 8(t%16): a warp reads two
+// rows of 128 B per load).
+extern "C" __global__ void __launch_bounds__(QT_FP8_CAST_THREADS)
+    qt_fp8_transpose(const __grid_constant__ fp8_transpose_args args) {
+    qt_grid_enter();
+    __shared__ uint32_t tile[QT_FP8_TM][QT_FP8_PITCH];
+    uint32_t tiles_k = (args.cols + QT_FP8_TK - 1) / QT_FP8_TK;
+    uint32_t m0 = blockIdx.x / tiles_k * QT_FP8_TM, k0 = blockIdx.x % tiles_k * QT_FP8_TK;
+    const uint32_t t = threadIdx.x, v = t % 16, k = k0 + 8 * v;
+    const bool vec = args.cols % 8 == 0 && args.codes % 8 == 0;
+    uint2 raw[QT_FP8_ITEMS];
+#pragma unroll
+    for (uint32_t i = 0; i < QT_FP8_ITEMS; i++) {
+        uint32_t r = m0 + t / 16 + 16 * i;
+        raw[i] = make_uint2(0u, 0u);
+        if (r >= args.rows || k >= args.cols) continue;
+        const uint8_t *p = (const uint8_t *)args.codes + (uint64_t)r * args.cols + k;
+        if (vec) {
+            raw[i] = __ldg((const uint2 *)p);
+            continue;
+        }
+        uint32_t n = args.cols - k < 8 ? args.cols - k : 8;
+        for (uint32_t j = 0; j < n; j++) {
+            uint32_t byte = (uint32_t)__ldg(p + j) << (8 * (j % 4));
+            if (j < 4) {
+                raw[i].x |= byte;
+            } else {
+                raw[i].y |= byte;
+            }
+        }
+    }
+#pragma unroll
+    for (uint32_t i = 0; i < QT_FP8_ITEMS; i++) {
+        uint32_t rl = t / 16 + 16 * i;
+        tile[rl][2 * v] = raw[i].x;
+        tile[rl][2 * v + 1] = raw[i].y;
+    }
+    __syncthreads();
+    qt_fp8_tile_columns(tile, args.rows, args.cols, args.out, m0, k0, args.rows);
 }
 
 // ---------------------------------------------------------------------------------------------

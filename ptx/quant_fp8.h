@@ -118,6 +118,18 @@ typedef struct fp8_dequantize_args {
 } fp8_dequantize_args;
 QT_STATIC_ASSERT(sizeof(fp8_dequantize_args) == 72, "fp8_dequantize_args layout");
 
+// The columnwise copy of a per-tensor FP8 tensor from its rowwise one: out [cols][rows] is the
+// byte transpose of codes [rows][cols]. Both copies share one scale, so this is bit for bit the
+// columnwise output of the cast that wrote the rowwise codes (a weight whose columnwise copy is
+// made in the step that reads it, rather than stored beside the rowwise one). One block of
+// QT_FP8_CAST_THREADS per QT_FP8_CAST_TILE_ROWS x QT_FP8_CAST_TILE_COLS tile, as the cast.
+typedef struct fp8_transpose_args {
+    uint64_t codes;  // u8 [rows][cols]
+    uint64_t out;    // u8 [cols][rows]
+    uint32_t rows, cols;
+} fp8_transpose_args;
+QT_STATIC_ASSERT(sizeof(fp8_transpose_args) == 24, "fp8_transpose_args layout");
+
 // The end of a step for several delayed-scaling states in one launch (a step's tail otherwise
 // costs three small launches per state). Slot j of state s is entry first + j of the snapshot
 // arrays (the trace's quantizer order), and one thread does, in this order:
@@ -162,7 +174,8 @@ QT_STATIC_ASSERT(sizeof(fp8_delayed_states_args) == 232, "fp8_delayed_states_arg
     X(KERNEL_FP8_CAST_F32, quant_fp8, qt_fp8_cast_f32, fp8_cast_args)                        \
     X(KERNEL_FP8_DELAYED_UPDATE, quant_fp8, qt_fp8_delayed_update, fp8_delayed_update_args)  \
     X(KERNEL_FP8_DELAYED_STATES, quant_fp8, qt_fp8_delayed_states, fp8_delayed_states_args)  \
-    X(KERNEL_FP8_DEQUANTIZE, quant_fp8, qt_fp8_dequantize, fp8_dequantize_args)
+    X(KERNEL_FP8_DEQUANTIZE, quant_fp8, qt_fp8_dequantize, fp8_dequantize_args)           \
+    X(KERNEL_FP8_TRANSPOSE, quant_fp8, qt_fp8_transpose, fp8_transpose_args)
 
 // ---------------------------------------------------------------------------------------------
 // Per element.

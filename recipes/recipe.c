@@ -484,7 +484,7 @@ qt_status recipe_rule_parse(const char *text, size_t bytes, const char *file, ui
 
 typedef enum key_id {
     KEY_INPUT, KEY_LAYER, KEY_LOSS,         // [model]
-    KEY_RECIPE, KEY_RULE,                   // [quant]
+    KEY_RECIPE, KEY_RULE, KEY_WEIGHT_T,     // [quant]
     KEY_TRAIN, KEY_EVAL, KEY_BATCH, KEY_SEED,  // [data]
     KEY_COUNT
 } key_id;
@@ -504,6 +504,8 @@ static const key_spec key_specs[KEY_COUNT] = {
     [KEY_RECIPE] = {"recipe", RECIPE_SECTION_QUANT, false, true,
                     "recipe = bf16 | delayed | current | mxfp8 | block | nvfp4 | none"},
     [KEY_RULE] = {"rule", RECIPE_SECTION_QUANT, true, false, "rule = PATTERN -> FORMAT"},
+    [KEY_WEIGHT_T] = {"weight_transpose", RECIPE_SECTION_QUANT, false, false,
+                      "weight_transpose = auto | stored | per_step"},
     // Optional: without it the embedder gives the batches (runtime/qtrain.h).
     [KEY_TRAIN] = {"train", RECIPE_SECTION_DATA, false, false, "train = SOURCE"},
     [KEY_EVAL] = {"eval", RECIPE_SECTION_DATA, false, false, "eval = SOURCE"},
@@ -777,6 +779,18 @@ static qt_status parse_recipe_key(parser *p, const token *v, uint32_t n) {
     return expect_end(&p->at, v, n, 1);
 }
 
+static qt_status parse_weight_transpose_key(parser *p, const token *v, uint32_t n) {
+    static const char *const names[RECIPE_WEIGHT_T_COUNT] = {"auto", "stored", "per_step"};
+    for (uint32_t i = 0; i < RECIPE_WEIGHT_T_COUNT; i++) {
+        if (strcmp(v[0].text, names[i]) == 0) {
+            p->r->quant.weight_transpose = (recipe_weight_transpose)i;
+            return expect_end(&p->at, v, n, 1);
+        }
+    }
+    return fail(&p->at, v[0].col, "unknown weight_transpose '%.*s'; expected auto, stored or "
+                "per_step", QUOTE_BYTES, v[0].text);
+}
+
 static qt_status parse_rule_key(parser *p, const token *v, uint32_t n) {
     recipe_quant *q = &p->r->quant;
     if (q->rules_count == RECIPE_RULES_MAX) {
@@ -882,6 +896,7 @@ static qt_status parse_key_value(parser *p, key_id key, const token *v, uint32_t
     case KEY_LOSS: return parse_loss(p, v, n);
     case KEY_RECIPE: return parse_recipe_key(p, v, n);
     case KEY_RULE: return parse_rule_key(p, v, n);
+    case KEY_WEIGHT_T: return parse_weight_transpose_key(p, v, n);
     case KEY_TRAIN: return parse_source(p, v, n, &r->data.train);
     case KEY_EVAL: return parse_source(p, v, n, &r->data.eval);
     case KEY_BATCH:

@@ -155,9 +155,19 @@ typedef struct recipe_model {
     recipe_layer layers[RECIPE_LAYERS_MAX];
 } recipe_model;
 
+// Where a per-tensor FP8 weight's columnwise copy (the dgrad GEMM's operand, the rowwise codes
+// transposed) lives: `weight_transpose = auto | stored | per_step` in [quant].
+typedef enum recipe_weight_transpose {
+    RECIPE_WEIGHT_T_AUTO,      // per step for the large weights of large batches (model.c)
+    RECIPE_WEIGHT_T_STORED,    // written by the optimizer beside the rowwise copy, kept
+    RECIPE_WEIGHT_T_PER_STEP,  // transposed by each train step before the weight's dgrad
+    RECIPE_WEIGHT_T_COUNT
+} recipe_weight_transpose;
+
 typedef struct recipe_quant {
     bool has_builtin;            // false for `recipe = none`: the rules must cover every role
     qt_scheme builtin;
+    recipe_weight_transpose weight_transpose;
     uint32_t rules_count;
     qt_rule rules[RECIPE_RULES_MAX];  // the file's rules, in file order
 } recipe_quant;

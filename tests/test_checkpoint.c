@@ -1069,9 +1069,15 @@ static void test_export(void) {
               codes->shape[1] == 16 && scales && strcmp(scales->dtype, "F8_E4M3") == 0 &&
               scales->shape[0] == 32 && scales->shape[1] == 2 &&
               st_find(tensors, count, "fc1.weight.amax") &&
-              st_find(tensors, count, "fc1.weight.col_scale") &&
               strstr(st_meta(meta, "qtrain.tensor.fc1.weight.row_data"), "e2m1x2 [32][32]"),
           "quantized copies of fc1.weight");
+    // The head's dgrad reads a columnwise copy, which the checkpoint carries; fc1, the first
+    // layer, has no dgrad and no columnwise copy.
+    CHECK(st_find(tensors, count, "head.weight.col_data") &&
+              st_find(tensors, count, "head.weight.col_scale") &&
+              !st_find(tensors, count, "fc1.weight.col_data") &&
+              !st_find(tensors, count, "fc1.weight.col_scale"),
+          "columnwise copies: the head's exported, fc1's absent");
     if (codes && meta) {
         const model_qstore *q = &the_run.model.params[0].weight;
         uint8_t device[512];

@@ -1410,6 +1410,90 @@ static void test_gpu_delayed_states(void) {
     test_end();
 }
 
+// The transpose of rowwise codes (op_fp8_transpose) equals the columnwise codes the cast wrote
+// beside them, byte for byte, on each backend, and the GPU's equals the reference backend's:
+// shapes with partial tiles, odd rows (bytewise stores) and odd columns (bytewise loads).
+typedef struct t_transpose_regions {
+    arena_handle x, row, col, scale_inv, amax, t;
+} t_transpose_regions;
+
+static void t_transpose_build(rig *r, uint32_t rows, uint32_t cols, t_transpose_regions *h) {
+    uint64_t elems = (uint64_t)rows * cols;
+    h->x = rig_reserve(r, "x", elems * 2);
+    h->row = rig_reserve(r, "row", elems);
+    h->col = rig_reserve(r, "col", elems);
+    h->scale_inv = rig_reserve(r, "scale_inv", 4);
+    h->amax = rig_reserve(r, "amax", 4);
+    h->t = rig_reserve(r, "t", elems);
+    op_fp8_input in = {rig_ref(r, h->x, 0), QT_DTYPE_BF16, rows, cols, op_group_dense()};
+    op_fp8_output out = {QT_FP8_E4M3, rig_ref(r, h->row, 0), rig_ref(r, h->col, 0),
+                         rig_ref(r, h->scale_inv, 0)};
+    RIG_OK(op_fp8_quantize_current(&r->prog, "cast", &in, &out, rig_ref(r, h->amax, 0),
+                                   OP_FP8_NONE, false, 0.0f));
+    RIG_OK(op_fp8_transpose(&r->prog, "transpose", rows, cols, rig_ref(r, h->row, 0),
+                            rig_ref(r, h->t, 0)));
+    rig_bind(r);
+}
+
+// Runs the program on x; returns the transposed codes (the caller frees them).
+static uint8_t *t_transpose_run(rig *r, const t_transpose_regions *h, uint32_t rows,
+                                uint32_t cols, const uint16_t *x, const char *on) {
+    uint64_t elems = (uint64_t)rows * cols;
+    uint8_t *col = malloc(elems), *t = malloc(elems);
+    RIG_OK(backend_write(&r->be, rig_ref(r, h->x, 0), x, elems * 2));
+    RIG_OK(backend_run(&r->be, &r->prog));
+    RIG_OK(backend_read(&r->be, col, rig_ref(r, h->col, 0), elems));
+    RIG_OK(backend_read(&r->be, t, rig_ref(r, h->t, 0), elems));
+    char what[64];
+    snprintf(what, sizeof what, "%u x %u on %s", rows, cols, on);
+    t_compare("transpose against the cast's columns", what, t, col, elems, 1, 0, rows);
+    free(col);
+    return t;
+}
+
+static void test_transpose_equals_cast_columns(void) {
+    static const uint32_t shapes[][2] = {{1, 1},     {7, 13},     {64, 128},  {65, 129},
+                                         {128, 72},  {200, 1000}, {3000, 520}, {1024, 4096},
+                                         {4096, 1024}};
+    rig *gpu = calloc(1, sizeof *gpu), *ref = calloc(1, sizeof *ref);  // large: off the stack
+    const char *why = NULL;
+    bool on_gpu = rig_open(gpu, BACKEND_GPU, &why);
+    rig_open(ref, BACKEND_REF, &why);
+    test_begin("transpose_equals_cast_columns");
+    uint64_t state = 7;
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        uint32_t rows = shapes[i][0], cols = shapes[i][1];
+        uint64_t elems = (uint64_t)rows * cols;
+        uint16_t *x = malloc(elems * 2);
+        // BF16 over 8 binades and both signs: every code byte value is likely.
+        for (uint64_t e = 0; e < elems; e++) {
+            uint64_t v = t_lcg(&state);
+            x[e] = (uint16_t)(((v >> 20) & 1u) << 15 | (0x3C00u + (v >> 24) % 0x400u));
+        }
+        t_transpose_regions hr, hg;
+        rig_reset(ref);
+        t_transpose_build(ref, rows, cols, &hr);
+        uint8_t *tr = t_transpose_run(ref, &hr, rows, cols, x, "ref");
+        if (on_gpu) {
+            rig_reset(gpu);
+            t_transpose_build(gpu, rows, cols, &hg);
+            uint8_t *tg = t_transpose_run(gpu, &hg, rows, cols, x, "gpu");
+            char what[64];
+            snprintf(what, sizeof what, "%u x %u", rows, cols);
+            t_compare("transpose", what, tg, tr, elems, 1, 0, rows);
+            free(tg);
+        }
+        free(tr);
+        free(x);
+    }
+    if (on_gpu) rig_close(gpu);
+    rig_close(ref);
+    free(gpu);
+    free(ref);
+    test_end();
+    if (!on_gpu) test_skip("gpu_transpose_matches_ref", why);
+}
+
 int main(void) {
     test_byte_transpose();
     test_cast_hand_codes();
@@ -1423,6 +1507,7 @@ int main(void) {
     test_dequantize_hand();
     test_roundtrip_bounds();
     test_ref_programs();
+    test_transpose_equals_cast_columns();
     for (size_t i = 0; i < T_CASE_COUNT; i++) t_gpu_case(&t_cases[i]);
     test_gpu_graph_replay(&t_cases[14]);  // grouped65, current scaling
     test_gpu_group_offsets();

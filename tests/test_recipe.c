@@ -492,6 +492,10 @@ static const error_case error_cases[] = {
     // quant
     {8, 'R', "recipe = fp9", IN, "r.recipe:8:10: unknown built-in recipe 'fp9'; expected one of "
      "bf16, delayed, current, mxfp8, block, nvfp4, none"},
+    {8, 'I', "weight_transpose = sideways", IN, "r.recipe:9:20: unknown weight_transpose "
+     "'sideways'; expected auto, stored or per_step"},
+    {8, 'I', "weight_transpose = stored stored", IN, "r.recipe:9:27: unexpected 'stored'; "
+     "expected end of line"},
     {8, 'I', "rule = linear.*@head -> fp9", IN, "r.recipe:9:25: unknown scheme 'fp9'; expected "
      "one of bf16, delayed, current, mxfp8, block, nvfp4"},
     {8, 'R', "recipe = none\nrule = linear.*@head -> bf16\nrule = *.weight@* -> mxfp8", IN,

@@ -634,6 +634,17 @@ static void test_refusals(void) {
     test_end();
 }
 
+// Whether the arena has a region of that name (and whether it is persistent).
+static bool region_named(const arena *a, const char *name, bool *persistent) {
+    for (uint32_t h = 0; h < a->region_count; h++) {
+        const arena_region *r = arena_region_get(a, h);
+        if (strcmp(r->name, name) != 0) continue;
+        if (persistent) *persistent = r->persistent;
+        return true;
+    }
+    return false;
+}
+
 static uint32_t columnwise_regions(const arena *a, bool weights_only) {
     uint32_t n = 0;
     for (uint32_t h = 0; h < a->region_count; h++) {
@@ -644,8 +655,9 @@ static uint32_t columnwise_regions(const arena *a, bool weights_only) {
     return n;
 }
 
-// Usages are the union over the schedule: training keeps both copies of every
-// weight; a schedule of eval and infer rows only allocates no columnwise data at all.
+// Usages are the union over the schedule: training keeps both copies of every weight with a
+// dgrad (the tiny model's head; fc1, the first layer, has none); a schedule of eval and infer
+// rows only allocates no columnwise data at all.
 static void test_usage_union(void) {
     test_begin("plan_usages_union_over_schedule");
     for (size_t i = 0; i < 5; i++) {
@@ -661,8 +673,9 @@ static void test_usage_union(void) {
                   arena_check(&the_run.host, msg, sizeof msg),
               "%s: packed arenas: %s", quantized[i], msg);
         uint32_t train_weights = columnwise_regions(&the_run.dev, true);
-        CHECK(train_weights >= 2, "%s: %u columnwise weight regions with training",
-              quantized[i], train_weights);
+        CHECK(train_weights >= 1 && !region_named(&the_run.dev, "fc1.weight.col_data", NULL),
+              "%s: %u columnwise weight regions with training (fc1's: %d)", quantized[i],
+              train_weights, region_named(&the_run.dev, "fc1.weight.col_data", NULL));
         const char *row = "train 200 cosine 1e-2 -> 1e-3";
         const char *at = strstr(text, row);
         CHECK(at != NULL, "no train row in the tiny recipe");
@@ -676,6 +689,110 @@ static void test_usage_union(void) {
         CHECK(st == QT_OK, "%s eval only: %s", quantized[i], qt_error_message());
         uint32_t any = columnwise_regions(&the_run.dev, false);
         CHECK(any == 0, "%s: %u columnwise regions without training", quantized[i], any);
+    }
+    test_end();
+}
+
+// `weight_transpose`: with per_step a weight with a dgrad keeps no columnwise copy and the
+// train program holds its transpose ("train.<layer>.weight_t"); with stored the copy is
+// persistent; the first layer's weight (no dgrad) has none either way. The traces of both are
+// identical, bit for bit (the transposed bytes are the ones the cast writes), on the reference
+// backend and on the GPU, where an eager per_step run (checksums on) also equals its graph run.
+// Two traces of recipes that differ (so do their headers' recipe hashes) agree after their
+// first line: the quantizer lines and every record.
+static void check_same_after_header(const char *a, const char *b) {
+    static char ta[1 << 22], tb[1 << 22];
+    size_t na = 0, nb = 0;
+    CHECK(read_file(a, ta, sizeof ta, &na) && read_file(b, tb, sizeof tb, &nb),
+          "cannot read %s or %s", a, b);
+    const char *ra = memchr(ta, '\n', na), *rb = memchr(tb, '\n', nb);
+    CHECK(ra && rb, "a trace without a header line");
+    if (!ra || !rb) return;
+    size_t la = na - (size_t)(ra - ta), lb = nb - (size_t)(rb - tb);
+    size_t same = 0, line = 1;
+    while (same < la && same < lb && ra[same] == rb[same]) line += ra[same++] == '\n';
+    CHECK(la == lb && same == la, "the traces differ from line %zu (%zu and %zu bytes after the "
+          "header line)", line, la, lb);
+}
+
+static void transpose_text(const char *scheme, const char *where, char *out, size_t bytes) {
+    snprintf(out, bytes, "[model]\ninput = 16\nlayer = linear fc1 32\nlayer = relu\n"
+             "layer = linear fc2 48\nlayer = relu\nlayer = linear head 4\n"
+             "loss = softmax_xent\n[quant]\nrecipe = %s\nweight_transpose = %s\n"
+             "[optim]\nadamw lr=1e-2 wd=0.01 clip=1.0\n[data]\n"
+             "train = synthetic classes inputs=16 classes=4 samples=512 seed=3\n"
+             "eval = synthetic classes inputs=16 classes=4 samples=64 seed=3\nbatch = 16\n"
+             "seed = 5\n[schedule]\ntrain 40 cosine 1e-2 -> 1e-3\neval all\ninfer 2\n",
+             scheme, where);
+}
+
+static void transpose_check_plan(const char *scheme, const char *where) {
+    static char text[RECIPE_TEXT_MAX];
+    transpose_text(scheme, where, text, sizeof text);
+    run_options o = {0};
+    qt_status st = recipe_parse(text, strlen(text), "transpose", &the_recipe);
+    if (st == QT_OK) st = test_run_plan(&the_run, &the_recipe, text, strlen(text), &o);
+    CHECK(st == QT_OK, "%s %s: %s", scheme, where, qt_error_message());
+    if (st != QT_OK) return;
+    bool per_step = strcmp(where, "per_step") == 0;
+    CHECK(!region_named(&the_run.dev, "fc1.weight.col_data", NULL),
+          "%s %s: the first layer's weight has a columnwise copy", scheme, where);
+    static const char *const layers[] = {"fc2", "head"};
+    for (int i = 0; i < 2; i++) {
+        char stored[64], step[64];
+        snprintf(stored, sizeof stored, "%s.weight.col_data", layers[i]);
+        snprintf(step, sizeof step, "train.%s.weight_t", layers[i]);
+        bool persistent = false;
+        bool has_stored = region_named(&the_run.dev, stored, &persistent);
+        bool has_step = region_named(&the_run.dev, step, NULL);
+        CHECK(has_stored == !per_step && (!has_stored || persistent) && has_step == per_step,
+              "%s %s: %s %s (persistent %d), %s %s", scheme, where, stored,
+              has_stored ? "reserved" : "absent", persistent, step,
+              has_step ? "reserved" : "absent");
+    }
+    run_close(&the_run);
+}
+
+static void test_weight_transpose(backend_kind kind, const char *scheme) {
+    char name[96];
+    snprintf(name, sizeof name, "%sweight_transpose_per_step_equals_stored_%s",
+             kind == BACKEND_GPU ? "gpu_" : "", scheme);
+    static char texts[2][RECIPE_TEXT_MAX];
+    static const char *const wheres[2] = {"stored", "per_step"};
+    char traces[3][128];
+    for (int i = 0; i < 2; i++) transpose_text(scheme, wheres[i], texts[i], sizeof texts[i]);
+    for (int i = 0; i < 3; i++) {
+        char base[32];
+        snprintf(base, sizeof base, "transpose_%d", i);
+        trace_path(traces[i], sizeof traces[i], base);
+    }
+    test_begin(name);
+    if (kind == BACKEND_REF) {
+        transpose_check_plan(scheme, "stored");
+        transpose_check_plan(scheme, "per_step");
+    }
+    for (int i = 0; i < 2; i++) {
+        train_case c = {.name = wheres[i], .text = texts[i], .kind = kind};
+        c.options.trace_path = traces[i];
+        sched_summary sum;
+        const char *why = NULL;
+        if (!train(&c, &sum, &why)) {
+            test_skip(name, why);
+            return;
+        }
+    }
+    check_same_after_header(traces[0], traces[1]);
+    if (kind == BACKEND_GPU) {
+        train_case c = {.name = "per_step", .text = texts[1], .kind = kind};
+        c.options.checksum_every = 10;
+        sched_summary sum;
+        const char *why = NULL;
+        c.options.trace_path = traces[1];
+        train(&c, &sum, &why);
+        c.options.trace_path = traces[2];
+        c.options.eager = true;
+        train(&c, &sum, &why);
+        check_identical(traces[1], traces[2]);
     }
     test_end();
 }
@@ -1173,6 +1290,8 @@ int main(void) {
     TEST_UNIT(test_refusals());
     TEST_UNIT(test_cli());
     TEST_UNIT(test_usage_union());
+    TEST_UNIT(test_weight_transpose(BACKEND_REF, "current"));
+    TEST_UNIT(test_weight_transpose(BACKEND_REF, "delayed"));
     TEST_UNIT(test_stage_ref());
     for (size_t i = 0; i < SCHEMES_COUNT; i++) {
         TEST_UNIT(test_gpu_eager_graph("tests/recipes/synthetic_tiny.recipe", schemes[i],
@@ -1184,6 +1303,8 @@ int main(void) {
     TEST_UNIT(test_gpu_no_sync());
     TEST_UNIT(test_gpu_stage());
     TEST_UNIT(test_gpu_memory_constant());
+    TEST_UNIT(test_weight_transpose(BACKEND_GPU, "current"));
+    TEST_UNIT(test_weight_transpose(BACKEND_GPU, "delayed"));
     for (size_t i = 0; i < SCHEMES_COUNT; i++) TEST_UNIT(test_gpu_vs_ref(schemes[i]));
     tmp_dir_remove();
     return test_exit_code();

@@ -145,6 +145,14 @@ typedef struct model_state {
 
 typedef enum model_init { MODEL_INIT_NORMAL, MODEL_INIT_ZERO, MODEL_INIT_ONE } model_init;
 
+// A quantized weight's columnwise copy, the dgrad GEMM's operand (model.c decides).
+typedef enum model_weight_t {
+    MODEL_WEIGHT_T_NONE,      // no train step, or no dgrad (the model's first layer): no copy
+    MODEL_WEIGHT_T_STORED,    // persistent, written with the rowwise copy (init, optimizer)
+    MODEL_WEIGHT_T_PER_STEP   // per-tensor FP8: a transient region of the train program, the
+                              // rowwise codes transposed (op_fp8_transpose) before the dgrad
+} model_weight_t;
+
 typedef struct model_param {
     char name[MODEL_NAME_MAX];  // "fc1.weight", "fc1.bias", "rmsnorm1.gamma"
     uint32_t rows, cols;        // stored shape (cols include the padding columns)
@@ -156,6 +164,7 @@ typedef struct model_param {
     arena_handle grad;          // f32 [rows][cols], transient in the train program
     int32_t quantizer;          // the weight's quantizer, or -1: the master is the parameter
     model_qstore weight;        // quantized copies (quantizer >= 0)
+    model_weight_t weight_t;    // where the columnwise copy comes from (quantizer >= 0)
     // Stacked expert weights: `members` members of rows / members rows each, quantized as one
     // grouped tensor (per-member scales, amaxes and delayed slots); group_offsets u32
     // [members + 1] and group_dims u32 [members] are written once by the init program.

@@ -921,6 +921,20 @@ static qt_status mb_loss(mb *b) {
 // ---------------------------------------------------------------------------------------------
 // Backward
 
+// The weight's columnwise copy for its dgrad: the stored one, or (MODEL_WEIGHT_T_PER_STEP) a
+// region of this program that a transpose of the rowwise codes fills right before the dgrad, so
+// that its bytes are taken only from there to the dgrad.
+static qt_status mb_weight_columns(mb *b, const model_param *w, const char *name,
+                                   model_qstore *out) {
+    *out = w->weight;
+    if (w->weight_t != MODEL_WEIGHT_T_PER_STEP) return QT_OK;
+    char what[ARENA_NAME_MAX];
+    snprintf(what, sizeof what, "%s.weight_t", name);
+    QT_TRY(mb_region(b, what, (uint64_t)w->rows * w->cols, ARENA_CAT_WEIGHTS, &out->col_data));
+    out->colwise = true;
+    return op_fp8_transpose(b->p, what, w->rows, w->cols, w->weight.row_data, out->col_data);
+}
+
 static qt_status mb_linear_backward(mb *b, uint32_t layer, model_tensor dy, model_tensor *dx) {
     model *m = b->m;
     uint32_t li = m->layer_linear[layer];
@@ -952,8 +966,10 @@ static qt_status mb_linear_backward(mb *b, uint32_t layer, model_tensor dy, mode
     snprintf(what, sizeof what, "%s.dx", name);
     QT_TRY(mb_tensor(b, what, rows, lin->in_padded, ARENA_CAT_ACTIVATIONS, dx));
     mb_operand g_row = mb_dense(qg, &dyq, rows, lin->out, false);
-    mb_operand w_col = mb_dense(&m->quantizers[lin->q_weight], mb_weight(b, lin), lin->out,
-                                lin->in_padded, true);
+    model_qstore wt;
+    QT_TRY(mb_weight_columns(b, w, name, &wt));
+    mb_operand w_col = mb_dense(&m->quantizers[lin->q_weight], &wt, lin->out, lin->in_padded,
+                                true);
     snprintf(what, sizeof what, "%s.dgrad", name);
     return mb_gemm(b, what, MODEL_DGRAD, lin, &g_row, &w_col, *dx, OP_REF_NONE, GEMM_DENSE,
                    op_group_dense());
@@ -1039,8 +1055,11 @@ static qt_status mb_moe_router_backward(mb *b, const char *name, const model_moe
     snprintf(what, sizeof what, "%s.router.dx", name);
     QT_TRY(mb_tensor(b, what, m->batch, mo->width, ARENA_CAT_ACTIVATIONS, dx));
     mb_operand g_row = mb_dense(qg, &dlq, m->batch, mo->experts, false);
-    mb_operand w_col = mb_dense(&m->quantizers[router->q_weight], &w->weight, mo->experts,
-                                mo->width, true);
+    model_qstore wt;
+    snprintf(what, sizeof what, "%s.router", name);
+    QT_TRY(mb_weight_columns(b, w, what, &wt));
+    mb_operand w_col = mb_dense(&m->quantizers[router->q_weight], &wt, mo->experts, mo->width,
+                                true);
     snprintf(what, sizeof what, "%s.router.dgrad", name);
     return mb_gemm(b, what, MODEL_DGRAD, router, &g_row, &w_col, *dx, OP_REF_NONE, GEMM_DENSE,
                    op_group_dense());

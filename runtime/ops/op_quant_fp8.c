@@ -211,3 +211,19 @@ qt_status op_fp8_dequantize(program *p, const char *name, const op_fp8_input *hp
     QT_TRY(prog_use(p, op, offsetof(fp8_dequantize_args, out), hp->x, PROG_WRITE));
     return op_group_use(p, op, offsetof(fp8_dequantize_args, group), &hp->group);
 }
+
+qt_status op_fp8_transpose(program *p, const char *name, uint32_t rows, uint32_t cols,
+                           prog_ref codes, prog_ref out) {
+    QT_ASSERT(rows >= 1 && cols >= 1);
+    QT_ASSERT(prog_ref_present(codes) && prog_ref_present(out));
+    fp8_transpose_args args = {0, 0, rows, cols};
+    uint64_t tiles = (uint64_t)((rows + QT_FP8_CAST_TILE_ROWS - 1) / QT_FP8_CAST_TILE_ROWS) *
+                     ((cols + QT_FP8_CAST_TILE_COLS - 1) / QT_FP8_CAST_TILE_COLS);
+    QT_ASSERT(tiles <= 0x7FFFFFFFu);
+    launch_shape shape = {{(uint32_t)tiles, 1, 1}, {QT_FP8_CAST_THREADS, 1, 1}, 0};
+    uint32_t op;
+    QT_TRY(prog_append(p, KERNEL_FP8_TRANSPOSE, name, &shape, &args, sizeof args, &op));
+    uint64_t bytes = (uint64_t)rows * cols;
+    QT_TRY(prog_use_span(p, op, offsetof(fp8_transpose_args, codes), codes, bytes, PROG_READ));
+    return prog_use_span(p, op, offsetof(fp8_transpose_args, out), out, bytes, PROG_WRITE);
+}

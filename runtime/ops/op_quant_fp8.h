@@ -97,6 +97,11 @@ typedef struct op_fp8_delayed_end {
 qt_status op_fp8_delayed_states(program *p, const char *name, const op_fp8_delayed_state *states,
                                 uint32_t count, const op_fp8_delayed_end *end);
 
+// out [cols][rows] = the byte transpose of codes [rows][cols]: a per-tensor FP8 tensor's
+// columnwise copy from its rowwise one (one scale serves both, so the bytes equal the cast's).
+qt_status op_fp8_transpose(program *p, const char *name, uint32_t rows, uint32_t cols,
+                           prog_ref codes, prog_ref out);
+
 // hp->x = codes * scale_inv, in the [M][K] orientation of hp; `colwise` picks the transposed
 // codes. Padding rows of a grouped tensor are written as zeros.
 qt_status op_fp8_dequantize(program *p, const char *name, const op_fp8_input *hp,

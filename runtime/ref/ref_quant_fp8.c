@@ -147,3 +147,18 @@ void ref_qt_fp8_dequantize(const fp8_dequantize_args *a, const launch_shape *sha
                  ref_task_rows(a->cols), ref_fp8_dequantize_rows, &job);
     }
 }
+
+POOL_CPU_CLONES static void ref_fp8_transpose_rows(void *ctx, uint64_t begin, uint64_t end) {
+    const fp8_transpose_args *a = ctx;
+    const uint8_t *codes = REF_PTR(const uint8_t, a->codes);
+    uint8_t *out = REF_PTR(uint8_t, a->out);
+    for (uint64_t r = begin; r < end; r++) {
+        for (uint64_t k = 0; k < a->cols; k++) out[k * a->rows + r] = codes[r * a->cols + k];
+    }
+}
+
+void ref_qt_fp8_transpose(const fp8_transpose_args *a, const launch_shape *shape) {
+    (void)shape;
+    fp8_transpose_args job = *a;
+    pool_for(a->rows, ref_task_rows(a->cols), ref_fp8_transpose_rows, &job);
+}
