@@ -57,6 +57,24 @@ static inline bool file_same(const char *a, const char *b) {
     return same;
 }
 
+// Whether two files agree after their first lines (two traces of recipes that differ, whose
+// headers' recipe hashes do: the quantizer lines and every record). 0 when they do, else the
+// 1-based line of the first difference (past the end of the shorter file: its line count + 1).
+static inline size_t file_differs_after_first_line(const char *a, const char *b) {
+    size_t na = 0, nb = 0;
+    char *x = file_read(a, &na), *y = file_read(b, &nb);
+    const char *ra = x ? memchr(x, '\n', na) : NULL, *rb = y ? memchr(y, '\n', nb) : NULL;
+    size_t line = 1;
+    if (ra && rb) {
+        size_t la = na - (size_t)(ra - x), lb = nb - (size_t)(rb - y), same = 0;
+        while (same < la && same < lb && ra[same] == rb[same]) line += ra[same++] == '\n';
+        if (la == lb && same == la) line = 0;
+    }
+    free(x);
+    free(y);
+    return line;
+}
+
 static inline void file_write(const char *path, const void *data, size_t size) {
     FILE *f = fopen(path, "wb");
     if (f == NULL || fwrite(data, 1, size, f) != size || fclose(f) != 0) {

@@ -455,6 +455,20 @@ static bool recipe_text(const char *path, const char *scheme, char *out, size_t 
     return line != NULL || scheme == NULL;
 }
 
+// The tiny recipe in `scheme` with `weight_transpose = per_step`: its head's columnwise weight
+// (the first layer has none) transposed in every step instead of stored.
+static bool per_step_text(const char *scheme, char *out, size_t bytes) {
+    static char tiny[RECIPE_TEXT_MAX];
+    if (!recipe_text("tests/recipes/synthetic_tiny.recipe", scheme, tiny, sizeof tiny)) {
+        return false;
+    }
+    const char *quant = strstr(tiny, "\n[quant]\n");
+    if (!quant) return false;
+    size_t head = (size_t)(quant - tiny) + strlen("\n[quant]\n");
+    snprintf(out, bytes, "%.*sweight_transpose = per_step\n%s", (int)head, tiny, tiny + head);
+    return true;
+}
+
 // The tolerance of a 2-rank run against the 1-rank run, per step, on the training loss relative
 // to max(1, |loss|) (README.md states these numbers). The ranks' gradients are summed in another
 // order than one GEMM over the whole batch, so the weights drift apart by rounding steps; where
@@ -523,6 +537,30 @@ static void test_two_ranks(const char *scheme) {
           (unsigned long long)jobs_a[0].master_optim_bytes,
           (unsigned long long)jobs_a[1].master_optim_bytes,
           (unsigned long long)jobs_1[0].master_optim_bytes);
+    test_end();
+}
+
+// Two ranks with the head's weight transposed per step train as two with the stored copy: the
+// same records, bit for bit, and every rank ends with the same weights.
+static void test_two_ranks_per_step(void) {
+    test_begin("two_ranks_weight_transpose_per_step_equals_stored_current");
+    static char stored[RECIPE_TEXT_MAX], per_step[RECIPE_TEXT_MAX];
+    CHECK(recipe_text("tests/recipes/synthetic_tiny.recipe", "current", stored, sizeof stored) &&
+              per_step_text("current", per_step, sizeof per_step),
+          "cannot read the recipe");
+    run_options o = {0};
+    o.steps_limit = 60;
+    o.drop_eval = true;
+    if (!run_ranks("synthetic_tiny.recipe", stored, 2, &o, jobs_a) ||
+        !run_ranks("per_step.recipe", per_step, 2, &o, jobs_c)) {
+        test_end();
+        return;
+    }
+    const step_log *a = &jobs_a[0].log, *c = &jobs_c[0].log;
+    CHECK(a->count == 60 && memcmp(a, c, sizeof *a) == 0,
+          "%u and %u steps: the per_step run's records differ from the stored copy's", a->count,
+          c->count);
+    CHECK(jobs_c[0].weights_hash == jobs_c[1].weights_hash, "the per_step ranks' weights differ");
     test_end();
 }
 
@@ -1059,6 +1097,7 @@ static bool worker_text(const char *kind, const char *scheme, const char *folder
     if (strcmp(kind, "infer") == 0) {
         return infer_recipe_text(scheme, "", folder, text, RECIPE_TEXT_MAX);
     }
+    if (strcmp(kind, "per_step") == 0) return per_step_text(scheme, text, RECIPE_TEXT_MAX);
     return recipe_text("tests/recipes/synthetic_tiny.recipe", scheme, text, RECIPE_TEXT_MAX);
 }
 
@@ -1342,12 +1381,30 @@ static void gpu_rows(const char *self, const char *scheme) {
     test_end();
 }
 
+// On two ranks too, a weight transposed per step (weight_transpose = per_step: the head's) trains
+// to the trace of the stored columnwise copy (`stored`, the tiny recipe's choice), after the
+// header's recipe hash: each rank transposes the rowwise codes its owner broadcast.
+static void gpu_per_step(const char *self, const char *stored_trace) {
+    const char *name = "gpus2_weight_transpose_per_step_equals_stored_current";
+    char trace[200], losses[200];
+    snprintf(trace, sizeof trace, "%s", tmp_path("per_step.trace"));
+    snprintf(losses, sizeof losses, "%s", tmp_path("per_step.losses"));
+    bool ran = gpu_run_kind(self, "per_step", 2, "current", trace, losses, false, NULL, NULL,
+                            GPU_STEPS);
+    test_begin(name);
+    size_t line = ran ? file_differs_after_first_line(stored_trace, trace) : 0;
+    CHECK(ran && line == 0, "per_step on 2 GPUs: %s (line %zu)",
+          ran ? "the trace differs from the stored copy's" : "a worker failed", line);
+    test_end();
+}
+
 static void test_gpus(const char *self) {
     static const char *const names[] = {
         "gpus2_traces_identical_across_runs", "gpus2_graphs_match_eager",
         "gpus2_match_one_gpu_within_tolerance", "gpus2_no_synchronization_added",
         "gpus2_checkpoints_resume_on_any_count", "gpus2_eval_only_matches_one_gpu",
-        "gpus2_train_eval_infer_rows_follow_one_gpu", "gpus2_infer_rows_write_the_whole_batch"};
+        "gpus2_train_eval_infer_rows_follow_one_gpu", "gpus2_infer_rows_write_the_whole_batch",
+        "gpus2_weight_transpose_per_step_equals_stored_current"};
     const char *why = NULL;
     int count = 0;
     char reason[QT_ERROR_MESSAGE_MAX + 64];
@@ -1413,6 +1470,7 @@ static void test_gpus(const char *self) {
         test_end();
         gpu_checkpoints(self, scheme, l1, l4);
         gpu_rows(self, scheme);
+        if (strcmp(scheme, "current") == 0) gpu_per_step(self, t1);
     }
 }
 
@@ -1434,6 +1492,7 @@ int main(int argc, char **argv) {
                                           "nvfp4"};
     for (size_t i = 0; i < sizeof schemes / sizeof schemes[0]; i++) test_two_ranks(schemes[i]);
     test_skip_together();
+    test_two_ranks_per_step();
     for (size_t i = 0; i < sizeof schemes / sizeof schemes[0]; i++) {
         test_eval_only(schemes[i]);
         test_train_eval(schemes[i]);

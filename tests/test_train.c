@@ -698,23 +698,6 @@ static void test_usage_union(void) {
 // persistent; the first layer's weight (no dgrad) has none either way. The traces of both are
 // identical, bit for bit (the transposed bytes are the ones the cast writes), on the reference
 // backend and on the GPU, where an eager per_step run (checksums on) also equals its graph run.
-// Two traces of recipes that differ (so do their headers' recipe hashes) agree after their
-// first line: the quantizer lines and every record.
-static void check_same_after_header(const char *a, const char *b) {
-    static char ta[1 << 22], tb[1 << 22];
-    size_t na = 0, nb = 0;
-    CHECK(read_file(a, ta, sizeof ta, &na) && read_file(b, tb, sizeof tb, &nb),
-          "cannot read %s or %s", a, b);
-    const char *ra = memchr(ta, '\n', na), *rb = memchr(tb, '\n', nb);
-    CHECK(ra && rb, "a trace without a header line");
-    if (!ra || !rb) return;
-    size_t la = na - (size_t)(ra - ta), lb = nb - (size_t)(rb - tb);
-    size_t same = 0, line = 1;
-    while (same < la && same < lb && ra[same] == rb[same]) line += ra[same++] == '\n';
-    CHECK(la == lb && same == la, "the traces differ from line %zu (%zu and %zu bytes after the "
-          "header line)", line, la, lb);
-}
-
 static void transpose_text(const char *scheme, const char *where, char *out, size_t bytes) {
     snprintf(out, bytes, "[model]\ninput = 16\nlayer = linear fc1 32\nlayer = relu\n"
              "layer = linear fc2 48\nlayer = relu\nlayer = linear head 4\n"
@@ -781,7 +764,8 @@ static void test_weight_transpose(backend_kind kind, const char *scheme) {
             return;
         }
     }
-    check_same_after_header(traces[0], traces[1]);
+    size_t line = file_differs_after_first_line(traces[0], traces[1]);
+    CHECK(line == 0, "%s: the traces of stored and per_step differ from line %zu", scheme, line);
     if (kind == BACKEND_GPU) {
         train_case c = {.name = "per_step", .text = texts[1], .kind = kind};
         c.options.checksum_every = 10;
