@@ -1151,7 +1151,7 @@ static int worker_main(char **argv) {
     qt_status status = backend_open_gpu(&b, (int)rank);
     run_options o = {0};
     o.steps_limit = steps;
-    o.drop_eval = strcmp(kind, "train") == 0;
+    o.drop_eval = strcmp(kind, "train") == 0 || strcmp(kind, "per_step") == 0;
     o.eager = eager;
     o.save_path = save;
     o.checkpoints = resume != NULL;
