@@ -467,13 +467,21 @@ extern "C" __global__ void __launch_bounds__(QT_FP8_CAST_THREADS)
 }
 
 // ---------------------------------------------------------------------------------------------
-// Transpose of FP8 codes: the cast's tiles and phase 2, with phase 1 a copy of codes into the
-// shared tile (thread t loads 8 bytes of row t/16 + 16i at column 8(t%16): a warp reads two
-// rows of 128 B per load).
+// Transpose of FP8 codes (and of a block-scale grid): the cast's tiles and phase 2, with phase 1
+// a copy of codes into the shared tile (thread t loads 8 bytes of row t/16 + 16i at column
+// 8(t%16): a warp reads two rows of 128 B per load).
 extern "C" __global__ void __launch_bounds__(QT_FP8_CAST_THREADS)
     qt_fp8_transpose(const __grid_constant__ fp8_transpose_args args) {
     qt_grid_enter();
     __shared__ uint32_t tile[QT_FP8_TM][QT_FP8_PITCH];
+    if (args.scales) {
+        uint64_t n = (uint64_t)args.scale_rows * args.scale_cols;
+        uint64_t step = (uint64_t)gridDim.x * blockDim.x;
+        for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
+            uint64_t r = i / args.scale_cols, c = i % args.scale_cols;
+            ((float *)args.scales_out)[c * args.scale_rows + r] = ((const float *)args.scales)[i];
+        }
+    }
     uint32_t tiles_k = (args.cols + QT_FP8_TK - 1) / QT_FP8_TK;
     uint32_t m0 = blockIdx.x / tiles_k * QT_FP8_TM, k0 = blockIdx.x % tiles_k * QT_FP8_TK;
     const uint32_t t = threadIdx.x, v = t % 16, k = k0 + 8 * v;

@@ -118,17 +118,24 @@ typedef struct fp8_dequantize_args {
 } fp8_dequantize_args;
 QT_STATIC_ASSERT(sizeof(fp8_dequantize_args) == 72, "fp8_dequantize_args layout");
 
-// The columnwise copy of a per-tensor FP8 tensor from its rowwise one: out [cols][rows] is the
-// byte transpose of codes [rows][cols]. Both copies share one scale, so this is bit for bit the
-// columnwise output of the cast that wrote the rowwise codes (a weight whose columnwise copy is
-// made in the step that reads it, rather than stored beside the rowwise one). One block of
-// QT_FP8_CAST_THREADS per QT_FP8_CAST_TILE_ROWS x QT_FP8_CAST_TILE_COLS tile, as the cast.
+// The columnwise copy of an FP8 tensor from its rowwise one, where the first is the second
+// transposed: out [cols][rows] is the byte transpose of codes [rows][cols], and, when scales is
+// given, scales_out [scale_cols][scale_rows] the transpose of the f32 grid scales
+// [scale_rows][scale_cols]. That holds for a per-tensor scale (no grid: both copies share it)
+// and for FP8 block scaling's 128 x 128 tiles (ptx/quant_block.h), so the result is bit for bit
+// the columnwise output of the cast that wrote the rowwise copy (a weight whose columnwise copy
+// is made in the step that reads it, rather than stored). One block of QT_FP8_CAST_THREADS per
+// QT_FP8_CAST_TILE_ROWS x QT_FP8_CAST_TILE_COLS tile, as the cast; the grid's threads also
+// stride over the scale grid, one element each.
 typedef struct fp8_transpose_args {
-    uint64_t codes;  // u8 [rows][cols]
-    uint64_t out;    // u8 [cols][rows]
+    uint64_t codes;       // u8 [rows][cols]
+    uint64_t out;         // u8 [cols][rows]
+    uint64_t scales;      // f32 [scale_rows][scale_cols]; 0 = none
+    uint64_t scales_out;  // f32 [scale_cols][scale_rows]
     uint32_t rows, cols;
+    uint32_t scale_rows, scale_cols;
 } fp8_transpose_args;
-QT_STATIC_ASSERT(sizeof(fp8_transpose_args) == 24, "fp8_transpose_args layout");
+QT_STATIC_ASSERT(sizeof(fp8_transpose_args) == 48, "fp8_transpose_args layout");
 
 // The end of a step for several delayed-scaling states in one launch (a step's tail otherwise
 // costs three small launches per state). Slot j of state s is entry first + j of the snapshot

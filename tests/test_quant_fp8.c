@@ -5,6 +5,7 @@
 #include <math.h>
 
 #include "runtime/ops/op_core.h"         // op_fill_random
+#include "runtime/ops/op_quant_block.h"  // op_quant_block: 128 x 128 tiles, transposed
 #include "runtime/ops/op_quant_fp8.h"    // op_fp8_*
 #include "runtime/ops/op_quant_group.h"  // op_group_offsets
 #include "runtime/ref/ref.h"             // ref_qt_fp8_* (the twins, called directly)
@@ -1412,41 +1413,74 @@ static void test_gpu_delayed_states(void) {
 
 // The transpose of rowwise codes (op_fp8_transpose) equals the columnwise codes the cast wrote
 // beside them, byte for byte, on each backend, and the GPU's equals the reference backend's:
-// shapes with partial tiles, odd rows (bytewise stores) and odd columns (bytewise loads).
+// per-tensor current scaling, and FP8 block scaling's 128 x 128 tiles with the tile scales
+// transposed too; shapes with partial tiles, odd rows (bytewise stores) and odd columns
+// (bytewise loads).
 typedef struct t_transpose_regions {
     arena_handle x, row, col, scale_inv, amax, t;
+    arena_handle row_scales, col_scales, t_scales;  // block: [rows/128][cols/128] and transposed
+    uint32_t grid_rows, grid_cols;
 } t_transpose_regions;
 
-static void t_transpose_build(rig *r, uint32_t rows, uint32_t cols, t_transpose_regions *h) {
+static void t_transpose_build(rig *r, uint32_t rows, uint32_t cols, bool block,
+                              t_transpose_regions *h) {
     uint64_t elems = (uint64_t)rows * cols;
     h->x = rig_reserve(r, "x", elems * 2);
     h->row = rig_reserve(r, "row", elems);
     h->col = rig_reserve(r, "col", elems);
-    h->scale_inv = rig_reserve(r, "scale_inv", 4);
-    h->amax = rig_reserve(r, "amax", 4);
     h->t = rig_reserve(r, "t", elems);
-    op_fp8_input in = {rig_ref(r, h->x, 0), QT_DTYPE_BF16, rows, cols, op_group_dense()};
-    op_fp8_output out = {QT_FP8_E4M3, rig_ref(r, h->row, 0), rig_ref(r, h->col, 0),
-                         rig_ref(r, h->scale_inv, 0)};
-    RIG_OK(op_fp8_quantize_current(&r->prog, "cast", &in, &out, rig_ref(r, h->amax, 0),
-                                   OP_FP8_NONE, false, 0.0f));
+    h->grid_rows = (rows + QT_BLOCK_LEN - 1) / QT_BLOCK_LEN;
+    h->grid_cols = (cols + QT_BLOCK_LEN - 1) / QT_BLOCK_LEN;
+    op_fp8_scale_grid grid = {OP_FP8_NONE, OP_FP8_NONE, 0, 0};
+    prog_ref x = rig_ref(r, h->x, 0);
+    if (block) {
+        uint64_t scale_bytes = 4ull * h->grid_rows * h->grid_cols;
+        h->row_scales = rig_reserve(r, "row_scales", scale_bytes);
+        h->col_scales = rig_reserve(r, "col_scales", scale_bytes);
+        h->t_scales = rig_reserve(r, "t_scales", scale_bytes);
+        op_block_tensor t = {rows, cols, true, QT_BLOCK_E4M3, true, true,
+                             rig_ref(r, h->row, 0), rig_ref(r, h->row_scales, 0),
+                             rig_ref(r, h->col, 0), rig_ref(r, h->col_scales, 0),
+                             op_group_dense()};
+        RIG_OK(op_quant_block(&r->prog, "cast", x, QT_DTYPE_BF16, &t, NULL));
+        grid = (op_fp8_scale_grid){rig_ref(r, h->row_scales, 0), rig_ref(r, h->t_scales, 0),
+                                   h->grid_rows, h->grid_cols};
+    } else {
+        h->scale_inv = rig_reserve(r, "scale_inv", 4);
+        h->amax = rig_reserve(r, "amax", 4);
+        op_fp8_input in = {x, QT_DTYPE_BF16, rows, cols, op_group_dense()};
+        op_fp8_output out = {QT_FP8_E4M3, rig_ref(r, h->row, 0), rig_ref(r, h->col, 0),
+                             rig_ref(r, h->scale_inv, 0)};
+        RIG_OK(op_fp8_quantize_current(&r->prog, "cast", &in, &out, rig_ref(r, h->amax, 0),
+                                       OP_FP8_NONE, false, 0.0f));
+    }
     RIG_OK(op_fp8_transpose(&r->prog, "transpose", rows, cols, rig_ref(r, h->row, 0),
-                            rig_ref(r, h->t, 0)));
+                            rig_ref(r, h->t, 0), block ? &grid : NULL));
     rig_bind(r);
 }
 
-// Runs the program on x; returns the transposed codes (the caller frees them).
+// Runs the program on x; returns the transposed codes, then (block) the transposed scales (the
+// caller frees them).
 static uint8_t *t_transpose_run(rig *r, const t_transpose_regions *h, uint32_t rows,
-                                uint32_t cols, const uint16_t *x, const char *on) {
+                                uint32_t cols, bool block, const uint16_t *x, const char *on) {
     uint64_t elems = (uint64_t)rows * cols;
-    uint8_t *col = malloc(elems), *t = malloc(elems);
+    uint64_t scale_bytes = block ? 4ull * h->grid_rows * h->grid_cols : 0;
+    uint8_t *col = malloc(elems + scale_bytes), *t = malloc(elems + scale_bytes);
     RIG_OK(backend_write(&r->be, rig_ref(r, h->x, 0), x, elems * 2));
     RIG_OK(backend_run(&r->be, &r->prog));
     RIG_OK(backend_read(&r->be, col, rig_ref(r, h->col, 0), elems));
     RIG_OK(backend_read(&r->be, t, rig_ref(r, h->t, 0), elems));
+    if (block) {
+        RIG_OK(backend_read(&r->be, col + elems, rig_ref(r, h->col_scales, 0), scale_bytes));
+        RIG_OK(backend_read(&r->be, t + elems, rig_ref(r, h->t_scales, 0), scale_bytes));
+    }
     char what[64];
-    snprintf(what, sizeof what, "%u x %u on %s", rows, cols, on);
+    snprintf(what, sizeof what, "%u x %u %s on %s", rows, cols, block ? "block" : "current", on);
     t_compare("transpose against the cast's columns", what, t, col, elems, 1, 0, rows);
+    if (block) {
+        t_compare("transposed scales against the cast's", what, t + elems, col + elems,
+                  scale_bytes, 4, 0, h->grid_rows);
+    }
     free(col);
     return t;
 }
@@ -1461,9 +1495,11 @@ static void test_transpose_equals_cast_columns(void) {
     rig_open(ref, BACKEND_REF, &why);
     test_begin("transpose_equals_cast_columns");
     uint64_t state = 7;
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
-        uint32_t rows = shapes[i][0], cols = shapes[i][1];
+    for (size_t i = 0; i < 2 * sizeof shapes / sizeof shapes[0]; i++) {
+        uint32_t rows = shapes[i / 2][0], cols = shapes[i / 2][1];
+        bool block = i % 2 == 1;
         uint64_t elems = (uint64_t)rows * cols;
+        uint64_t bytes = elems + (block ? 4ull * ((rows + 127) / 128) * ((cols + 127) / 128) : 0);
         uint16_t *x = malloc(elems * 2);
         // BF16 over 8 binades and both signs: every code byte value is likely.
         for (uint64_t e = 0; e < elems; e++) {
@@ -1472,15 +1508,15 @@ static void test_transpose_equals_cast_columns(void) {
         }
         t_transpose_regions hr, hg;
         rig_reset(ref);
-        t_transpose_build(ref, rows, cols, &hr);
-        uint8_t *tr = t_transpose_run(ref, &hr, rows, cols, x, "ref");
+        t_transpose_build(ref, rows, cols, block, &hr);
+        uint8_t *tr = t_transpose_run(ref, &hr, rows, cols, block, x, "ref");
         if (on_gpu) {
             rig_reset(gpu);
-            t_transpose_build(gpu, rows, cols, &hg);
-            uint8_t *tg = t_transpose_run(gpu, &hg, rows, cols, x, "gpu");
+            t_transpose_build(gpu, rows, cols, block, &hg);
+            uint8_t *tg = t_transpose_run(gpu, &hg, rows, cols, block, x, "gpu");
             char what[64];
-            snprintf(what, sizeof what, "%u x %u", rows, cols);
-            t_compare("transpose", what, tg, tr, elems, 1, 0, rows);
+            snprintf(what, sizeof what, "%u x %u %s", rows, cols, block ? "block" : "current");
+            t_compare("transpose", what, tg, tr, bytes, 1, 0, rows);
             free(tg);
         }
         free(tr);
@@ -1495,24 +1531,24 @@ static void test_transpose_equals_cast_columns(void) {
 }
 
 int main(void) {
-    test_byte_transpose();
-    test_cast_hand_codes();
-    test_cast_hand_codes_e5m2_and_scale();
-    test_amax_hand();
-    test_group_offsets_hand();
-    test_grouped_cast_twin();
-    test_current_scaling_hand();
-    test_delayed_update_hand();
-    test_delayed_update_long_history();
-    test_dequantize_hand();
-    test_roundtrip_bounds();
-    test_ref_programs();
-    test_transpose_equals_cast_columns();
-    for (size_t i = 0; i < T_CASE_COUNT; i++) t_gpu_case(&t_cases[i]);
-    test_gpu_graph_replay(&t_cases[14]);  // grouped65, current scaling
-    test_gpu_group_offsets();
-    test_gpu_delayed_update();
-    test_delayed_states_match_separate_ops();
-    test_gpu_delayed_states();
+    TEST_UNIT(test_byte_transpose());
+    TEST_UNIT(test_cast_hand_codes());
+    TEST_UNIT(test_cast_hand_codes_e5m2_and_scale());
+    TEST_UNIT(test_amax_hand());
+    TEST_UNIT(test_group_offsets_hand());
+    TEST_UNIT(test_grouped_cast_twin());
+    TEST_UNIT(test_current_scaling_hand());
+    TEST_UNIT(test_delayed_update_hand());
+    TEST_UNIT(test_delayed_update_long_history());
+    TEST_UNIT(test_dequantize_hand());
+    TEST_UNIT(test_roundtrip_bounds());
+    TEST_UNIT(test_ref_programs());
+    TEST_UNIT(test_transpose_equals_cast_columns());
+    for (size_t i = 0; i < T_CASE_COUNT; i++) TEST_UNIT(t_gpu_case(&t_cases[i]));
+    TEST_UNIT(test_gpu_graph_replay(&t_cases[14]));  // grouped65, current scaling
+    TEST_UNIT(test_gpu_group_offsets());
+    TEST_UNIT(test_gpu_delayed_update());
+    TEST_UNIT(test_delayed_states_match_separate_ops());
+    TEST_UNIT(test_gpu_delayed_states());
     return test_exit_code();
 }

@@ -1276,6 +1276,7 @@ int main(void) {
     TEST_UNIT(test_usage_union());
     TEST_UNIT(test_weight_transpose(BACKEND_REF, "current"));
     TEST_UNIT(test_weight_transpose(BACKEND_REF, "delayed"));
+    TEST_UNIT(test_weight_transpose(BACKEND_REF, "block"));
     TEST_UNIT(test_stage_ref());
     for (size_t i = 0; i < SCHEMES_COUNT; i++) {
         TEST_UNIT(test_gpu_eager_graph("tests/recipes/synthetic_tiny.recipe", schemes[i],
@@ -1289,6 +1290,7 @@ int main(void) {
     TEST_UNIT(test_gpu_memory_constant());
     TEST_UNIT(test_weight_transpose(BACKEND_GPU, "current"));
     TEST_UNIT(test_weight_transpose(BACKEND_GPU, "delayed"));
+    TEST_UNIT(test_weight_transpose(BACKEND_GPU, "block"));
     for (size_t i = 0; i < SCHEMES_COUNT; i++) TEST_UNIT(test_gpu_vs_ref(schemes[i]));
     tmp_dir_remove();
     return test_exit_code();

@@ -573,10 +573,10 @@ static qt_status model_param_regions(model *m, uint32_t index) {
                                 &p->weight);
 }
 
-// `weight_transpose = auto` makes a dense per-tensor FP8 weight's columnwise copy per step
-// when the weight has at least MODEL_WEIGHT_T_ELEMS_MIN elements and the step at least
-// MODEL_WEIGHT_T_ROWS_MIN rows. The transpose moves 2 bytes per element where the dgrad GEMM
-// does 2 x rows FLOPs per element: from 4096 rows on it costs under 10% of that GEMM (about
+// `weight_transpose = auto` makes a dense FP8 weight's columnwise copy per step (where it is the
+// rowwise copy transposed) when the weight has at least MODEL_WEIGHT_T_ELEMS_MIN elements and
+// the step at least MODEL_WEIGHT_T_ROWS_MIN rows. The transpose moves 2 bytes per element where
+// the dgrad GEMM does 2 x rows FLOPs per element: from 4096 rows on it costs under 10% of it (about
 // 3 TB/s against 1000 TFLOP/s on an H100) and under 4% of the weight's three GEMMs, while the
 // arena's peak, which falls in the backward pass, loses the copy's bytes (one per element).
 #define MODEL_WEIGHT_T_ELEMS_MIN (1u << 22)
@@ -586,9 +586,11 @@ static model_weight_t model_weight_t_of(const model *m, const model_linear *lin,
                                         const model_param *w) {
     if (!m->modes[MODEL_MODE_TRAIN] || !lin->needs_dx) return MODEL_WEIGHT_T_NONE;
     qt_format f = m->quantizers[lin->q_weight].q.format;
-    // Only a per-tensor scale makes the columnwise codes the rowwise ones transposed; block
-    // scales run along the other dimension there.
-    bool transposable = (f == QT_FORMAT_FP8_E4M3 || f == QT_FORMAT_FP8_E5M2) && !lin->members;
+    // The columnwise copy is the rowwise one transposed where one scale covers the tensor
+    // (per-tensor FP8) or square tiles (FP8 block scaling's 128 x 128 weights); 1-D blocks,
+    // MXFP8's and NVFP4's scales run along the other dimension in the columnwise copy.
+    bool transposable = (f == QT_FORMAT_FP8_E4M3 || f == QT_FORMAT_FP8_E5M2 ||
+                         f == QT_FORMAT_FP8_BLOCK_2D) && !lin->members;
     switch (m->recipe->quant.weight_transpose) {
     case RECIPE_WEIGHT_T_STORED: return MODEL_WEIGHT_T_STORED;
     case RECIPE_WEIGHT_T_PER_STEP:

@@ -921,9 +921,9 @@ static qt_status mb_loss(mb *b) {
 // ---------------------------------------------------------------------------------------------
 // Backward
 
-// The weight's columnwise copy for its dgrad: the stored one, or (MODEL_WEIGHT_T_PER_STEP) a
-// region of this program that a transpose of the rowwise codes fills right before the dgrad, so
-// that its bytes are taken only from there to the dgrad.
+// The weight's columnwise copy for its dgrad: the stored one, or (MODEL_WEIGHT_T_PER_STEP) regions
+// of this program that a transpose of the rowwise codes (and of FP8 block scaling's tile scales)
+// fills right before the dgrad, so that their bytes are taken only from there to the dgrad.
 static qt_status mb_weight_columns(mb *b, const model_param *w, const char *name,
                                    model_qstore *out) {
     *out = w->weight;
@@ -932,7 +932,19 @@ static qt_status mb_weight_columns(mb *b, const model_param *w, const char *name
     snprintf(what, sizeof what, "%s.weight_t", name);
     QT_TRY(mb_region(b, what, (uint64_t)w->rows * w->cols, ARENA_CAT_WEIGHTS, &out->col_data));
     out->colwise = true;
-    return op_fp8_transpose(b->p, what, w->rows, w->cols, w->weight.row_data, out->col_data);
+    op_fp8_scale_grid grid = {OP_REF_NONE, OP_REF_NONE, 0, 0};
+    if (prog_ref_present(w->weight.row_scale)) {  // 128 x 128 tiles, [rows/128][cols/128]
+        char scales[ARENA_NAME_MAX];
+        snprintf(scales, sizeof scales, "%s.weight_t_scale", name);
+        grid.rows = (w->rows + QT_BLOCK_LEN - 1) / QT_BLOCK_LEN;
+        grid.cols = (w->cols + QT_BLOCK_LEN - 1) / QT_BLOCK_LEN;
+        QT_TRY(mb_region(b, scales, 4ull * grid.rows * grid.cols, ARENA_CAT_WEIGHTS,
+                         &out->col_scale));
+        grid.scales = w->weight.row_scale;
+        grid.out = out->col_scale;
+    }
+    return op_fp8_transpose(b->p, what, w->rows, w->cols, w->weight.row_data, out->col_data,
+                            &grid);
 }
 
 static qt_status mb_linear_backward(mb *b, uint32_t layer, model_tensor dy, model_tensor *dx) {

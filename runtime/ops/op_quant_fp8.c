@@ -213,10 +213,18 @@ qt_status op_fp8_dequantize(program *p, const char *name, const op_fp8_input *hp
 }
 
 qt_status op_fp8_transpose(program *p, const char *name, uint32_t rows, uint32_t cols,
-                           prog_ref codes, prog_ref out) {
+                           prog_ref codes, prog_ref out, const op_fp8_scale_grid *grid) {
     QT_ASSERT(rows >= 1 && cols >= 1);
     QT_ASSERT(prog_ref_present(codes) && prog_ref_present(out));
-    fp8_transpose_args args = {0, 0, rows, cols};
+    bool has_grid = grid && prog_ref_present(grid->scales);
+    fp8_transpose_args args = {0};
+    args.rows = rows;
+    args.cols = cols;
+    if (has_grid) {
+        QT_ASSERT(prog_ref_present(grid->out) && grid->rows >= 1 && grid->cols >= 1);
+        args.scale_rows = grid->rows;
+        args.scale_cols = grid->cols;
+    }
     uint64_t tiles = (uint64_t)((rows + QT_FP8_CAST_TILE_ROWS - 1) / QT_FP8_CAST_TILE_ROWS) *
                      ((cols + QT_FP8_CAST_TILE_COLS - 1) / QT_FP8_CAST_TILE_COLS);
     QT_ASSERT(tiles <= 0x7FFFFFFFu);
@@ -225,5 +233,11 @@ qt_status op_fp8_transpose(program *p, const char *name, uint32_t rows, uint32_t
     QT_TRY(prog_append(p, KERNEL_FP8_TRANSPOSE, name, &shape, &args, sizeof args, &op));
     uint64_t bytes = (uint64_t)rows * cols;
     QT_TRY(prog_use_span(p, op, offsetof(fp8_transpose_args, codes), codes, bytes, PROG_READ));
-    return prog_use_span(p, op, offsetof(fp8_transpose_args, out), out, bytes, PROG_WRITE);
+    QT_TRY(prog_use_span(p, op, offsetof(fp8_transpose_args, out), out, bytes, PROG_WRITE));
+    if (!has_grid) return QT_OK;
+    uint64_t scale_bytes = 4ull * grid->rows * grid->cols;
+    QT_TRY(prog_use_span(p, op, offsetof(fp8_transpose_args, scales), grid->scales, scale_bytes,
+                         PROG_READ));
+    return prog_use_span(p, op, offsetof(fp8_transpose_args, scales_out), grid->out, scale_bytes,
+                         PROG_WRITE);
 }

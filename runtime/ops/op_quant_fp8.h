@@ -97,10 +97,18 @@ typedef struct op_fp8_delayed_end {
 qt_status op_fp8_delayed_states(program *p, const char *name, const op_fp8_delayed_state *states,
                                 uint32_t count, const op_fp8_delayed_end *end);
 
-// out [cols][rows] = the byte transpose of codes [rows][cols]: a per-tensor FP8 tensor's
-// columnwise copy from its rowwise one (one scale serves both, so the bytes equal the cast's).
+// An optional f32 grid of block scales, [rows][cols], for op_fp8_transpose.
+typedef struct op_fp8_scale_grid {
+    prog_ref scales, out;  // scales OP_REF_NONE: no grid
+    uint32_t rows, cols;
+} op_fp8_scale_grid;
+
+// out [cols][rows] = the byte transpose of codes [rows][cols], and the grid's out its scales
+// transposed: a per-tensor FP8 tensor's columnwise copy from its rowwise one (one scale serves
+// both) or an FP8 block-scaled one's with 128 x 128 tiles (the grid: its tile scales); the bytes
+// equal the cast's columnwise output.
 qt_status op_fp8_transpose(program *p, const char *name, uint32_t rows, uint32_t cols,
-                           prog_ref codes, prog_ref out);
+                           prog_ref codes, prog_ref out, const op_fp8_scale_grid *grid);
 
 // hp->x = codes * scale_inv, in the [M][K] orientation of hp; `colwise` picks the transposed
 // codes. Padding rows of a grouped tensor are written as zeros.

@@ -161,4 +161,12 @@ void ref_qt_fp8_transpose(const fp8_transpose_args *a, const launch_shape *shape
     (void)shape;
     fp8_transpose_args job = *a;
     pool_for(a->rows, ref_task_rows(a->cols), ref_fp8_transpose_rows, &job);
+    if (!a->scales) return;
+    const float *scales = REF_PTR(const float, a->scales);
+    float *out = REF_PTR(float, a->scales_out);
+    for (uint64_t r = 0; r < a->scale_rows; r++) {
+        for (uint64_t c = 0; c < a->scale_cols; c++) {
+            out[c * a->scale_rows + r] = scales[r * a->scale_cols + c];
+        }
+    }
 }
