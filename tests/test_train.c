@@ -733,6 +733,19 @@ static void transpose_check_plan(const char *scheme, const char *where) {
               has_stored ? "reserved" : "absent", persistent, step,
               has_step ? "reserved" : "absent");
     }
+    // The plan's summary names the choice on the layers that transpose per step.
+    char *report = NULL;
+    size_t bytes = 0;
+    FILE *out = open_memstream(&report, &bytes);
+    model_print_summary(&the_run.model, out);
+    fclose(out);
+    const char *head = report ? strstr(report, "\n  head ") : NULL;
+    const char *end = head ? strchr(head + 1, '\n') : NULL;
+    const char *mark = head ? strstr(head, "W^T per step") : NULL;
+    bool marked = mark && (!end || mark < end);
+    CHECK(marked == per_step, "%s %s: the summary's head line %s 'W^T per step':\n%s", scheme,
+          where, marked ? "says" : "lacks", report ? report : "");
+    free(report);
     run_close(&the_run);
 }
 

@@ -803,6 +803,16 @@ static void model_print_quantizer(const model *m, uint32_t index, int role_width
     fputc('\n', out);
 }
 
+static const char *model_weight_t_name(model_weight_t t) {
+    switch (t) {
+    case MODEL_WEIGHT_T_NONE: return "none";
+    case MODEL_WEIGHT_T_STORED: return "stored";
+    case MODEL_WEIGHT_T_PER_STEP: return "transposed per step";
+    }
+    QT_ASSERT(!"unknown model_weight_t");
+    return "?";
+}
+
 static void model_print_linear(const model *m, const model_linear *lin, const char *label,
                                int role_width, FILE *out) {
     fprintf(out, "      %sK %u", label, lin->in);
@@ -812,7 +822,7 @@ static void model_print_linear(const model *m, const model_linear *lin, const ch
         fprintf(out, " %s %s", model_gemm_names[g],
                 lin->path[g] == MODEL_GEMM_NATIVE ? "native" : "mixed(bf16)");
     }
-    fputc('\n', out);
+    fprintf(out, "; columnwise weight %s\n", model_weight_t_name(m->params[lin->weight].weight_t));
     model_print_quantizer(m, lin->q_input, role_width, out);
     model_print_quantizer(m, lin->q_weight, role_width, out);
     model_print_quantizer(m, lin->q_grad, role_width, out);
@@ -998,6 +1008,9 @@ void model_print_summary(const model *m, FILE *out) {
                 bool runs = g != MODEL_DGRAD || lin->needs_dx;
                 fprintf(out, " %s %s", model_gemm_names[g],
                         !runs ? "-" : lin->path[g] == MODEL_GEMM_NATIVE ? "native" : "mixed");
+            }
+            if (m->params[lin->weight].weight_t == MODEL_WEIGHT_T_PER_STEP) {
+                fprintf(out, ", W^T per step");
             }
         }
         fputc('\n', out);
