@@ -155,8 +155,9 @@ typedef struct recipe_model {
     recipe_layer layers[RECIPE_LAYERS_MAX];
 } recipe_model;
 
-// Where a per-tensor FP8 weight's columnwise copy (the dgrad GEMM's operand, the rowwise codes
-// transposed) lives: `weight_transpose = auto | stored | per_step` in [quant].
+// Where an FP8 weight's columnwise copy (the dgrad GEMM's operand) lives when it is the rowwise
+// copy transposed (per-tensor scaling, 128 x 128 block tiles): `weight_transpose = auto | stored
+// | per_step` in [quant].
 typedef enum recipe_weight_transpose {
     RECIPE_WEIGHT_T_AUTO,      // per step for the large weights of large batches (model.c)
     RECIPE_WEIGHT_T_STORED,    // written by the optimizer beside the rowwise copy, kept

@@ -149,8 +149,9 @@ typedef enum model_init { MODEL_INIT_NORMAL, MODEL_INIT_ZERO, MODEL_INIT_ONE } m
 typedef enum model_weight_t {
     MODEL_WEIGHT_T_NONE,      // no train step, or no dgrad (the model's first layer): no copy
     MODEL_WEIGHT_T_STORED,    // persistent, written with the rowwise copy (init, optimizer)
-    MODEL_WEIGHT_T_PER_STEP   // per-tensor FP8: a transient region of the train program, the
-                              // rowwise codes transposed (op_fp8_transpose) before the dgrad
+    MODEL_WEIGHT_T_PER_STEP   // per-tensor FP8, FP8 block 128 x 128: transient regions of the
+                              // train program, the rowwise codes (and tile scales) transposed
+                              // (op_fp8_transpose) before the dgrad
 } model_weight_t;
 
 typedef struct model_param {
