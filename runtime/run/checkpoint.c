@@ -878,7 +878,13 @@ qt_status ckpt_match(const ckpt_reader *rd, const ckpt_layout *c) {
                        PRIu64 "; resume with --seed %" PRIu64, rd->path, f->seed, r->seed,
                        f->seed);
     }
-    if (differs) return qt_fail(QT_ERR_MISMATCH, "%s: %s", rd->path, difference);
+    if (differs) {
+        // Same recipe text and seed: another qtrain planned the model's regions otherwise.
+        return qt_fail(QT_ERR_MISMATCH, "%s: %s; the checkpoint holds this recipe's model as "
+                       "another qtrain version planned it, which this one cannot resume ("
+                       "`qtrain export` and `qtrain infer --from` still read its weights)",
+                       rd->path, difference);
+    }
     for (uint32_t i = 0; i < f->param_count; i++) {
         const ckpt_param *a = &rd->table.params[i];
         if (i >= r->param_count || memcmp(a, &c->table.params[i], sizeof *a) != 0) {
