@@ -698,15 +698,21 @@ static void test_usage_union(void) {
 // persistent; the first layer's weight (no dgrad) has none either way. The traces of both are
 // identical, bit for bit (the transposed bytes are the ones the cast writes), on the reference
 // backend and on the GPU, where an eager per_step run (checksums on) also equals its graph run.
-static void transpose_text(const char *scheme, const char *where, char *out, size_t bytes) {
+// A label SCHEME_mxfp8_grads adds MXFP8 gradients, whose dgrads then run on BF16 copies of both
+// operands (the transposed weight dequantized).
+static void transpose_text(const char *label, const char *where, char *out, size_t bytes) {
+    const char *suffix = "_mxfp8_grads";
+    size_t n = strlen(label), k = strlen(suffix);
+    bool mixed = n > k && strcmp(label + n - k, suffix) == 0;
     snprintf(out, bytes, "[model]\ninput = 16\nlayer = linear fc1 32\nlayer = relu\n"
              "layer = linear fc2 48\nlayer = relu\nlayer = linear head 4\n"
-             "loss = softmax_xent\n[quant]\nrecipe = %s\nweight_transpose = %s\n"
+             "loss = softmax_xent\n[quant]\nrecipe = %.*s\n%sweight_transpose = %s\n"
              "[optim]\nadamw lr=1e-2 wd=0.01 clip=1.0\n[data]\n"
              "train = synthetic classes inputs=16 classes=4 samples=512 seed=3\n"
              "eval = synthetic classes inputs=16 classes=4 samples=64 seed=3\nbatch = 16\n"
              "seed = 5\n[schedule]\ntrain 40 cosine 1e-2 -> 1e-3\neval all\ninfer 2\n",
-             scheme, where);
+             (int)(mixed ? n - k : n), label,
+             mixed ? "rule = linear.grad_output@* -> mxfp8 e5m2\n" : "", where);
 }
 
 static void transpose_check_plan(const char *scheme, const char *where) {
@@ -1290,6 +1296,8 @@ int main(void) {
     TEST_UNIT(test_weight_transpose(BACKEND_REF, "current"));
     TEST_UNIT(test_weight_transpose(BACKEND_REF, "delayed"));
     TEST_UNIT(test_weight_transpose(BACKEND_REF, "block"));
+    TEST_UNIT(test_weight_transpose(BACKEND_REF, "current_mxfp8_grads"));
+    TEST_UNIT(test_weight_transpose(BACKEND_REF, "block_mxfp8_grads"));
     TEST_UNIT(test_stage_ref());
     for (size_t i = 0; i < SCHEMES_COUNT; i++) {
         TEST_UNIT(test_gpu_eager_graph("tests/recipes/synthetic_tiny.recipe", schemes[i],
@@ -1304,6 +1312,7 @@ int main(void) {
     TEST_UNIT(test_weight_transpose(BACKEND_GPU, "current"));
     TEST_UNIT(test_weight_transpose(BACKEND_GPU, "delayed"));
     TEST_UNIT(test_weight_transpose(BACKEND_GPU, "block"));
+    TEST_UNIT(test_weight_transpose(BACKEND_GPU, "current_mxfp8_grads"));
     for (size_t i = 0; i < SCHEMES_COUNT; i++) TEST_UNIT(test_gpu_vs_ref(schemes[i]));
     tmp_dir_remove();
     return test_exit_code();
