@@ -234,7 +234,7 @@ static qt_status backend_launch_on(backend *b, const prog_op *op, CUstream strea
 void backend_launched(const backend *b, const prog_op *op, kernel_id *kernel,
                       launch_shape *shape) {
     gemm_tier_device tier = backend_gemm_device(b);
-    if (kernel_table[op->kernel].module != MODULE_host && gemm_tier_takes(&tier, op)) {
+    if (gemm_tier_takes(&tier, op)) {  // never a collective: those are no GEMMs
         gemm_tier_launched(&tier, op, kernel, shape);
         return;
     }

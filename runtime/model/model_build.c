@@ -936,8 +936,8 @@ static qt_status mb_weight_columns(mb *b, const model_param *w, const char *name
     if (prog_ref_present(w->weight.row_scale)) {  // 128 x 128 tiles, [rows/128][cols/128]
         char scales[ARENA_NAME_MAX];
         snprintf(scales, sizeof scales, "%s.weight_t_scale", name);
-        grid.rows = (w->rows + QT_BLOCK_LEN - 1) / QT_BLOCK_LEN;
-        grid.cols = (w->cols + QT_BLOCK_LEN - 1) / QT_BLOCK_LEN;
+        grid.rows = (uint32_t)op_block_tiles(w->rows);
+        grid.cols = (uint32_t)op_block_tiles(w->cols);
         QT_TRY(mb_region(b, scales, 4ull * grid.rows * grid.cols, ARENA_CAT_WEIGHTS,
                          &out->col_scale));
         grid.scales = w->weight.row_scale;

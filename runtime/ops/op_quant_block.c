@@ -4,7 +4,7 @@
 
 #define OP_BLOCK_THREADS 256u  // the kernels' QB_THREADS: one block per 128 x 128 tile
 
-static uint64_t op_block_tiles(uint64_t n) { return (n + QT_BLOCK_LEN - 1) / QT_BLOCK_LEN; }
+uint64_t op_block_tiles(uint64_t n) { return (n + QT_BLOCK_LEN - 1) / QT_BLOCK_LEN; }
 
 uint64_t op_block_scale_count(uint32_t rows, uint32_t cols, bool two_d, bool colwise) {
     if (two_d) return op_block_tiles(rows) * op_block_tiles(cols);

@@ -30,6 +30,8 @@ typedef struct op_block_options {
 
 // Number of FP32 scale_inv entries of one direction of a tensor.
 uint64_t op_block_scale_count(uint32_t rows, uint32_t cols, bool two_d, bool colwise);
+// Blocks (or 2-D tiles) of QT_BLOCK_LEN along a dimension of n elements, the last one partial.
+uint64_t op_block_tiles(uint64_t n);
 
 // Quantizes `input` (rows x cols, QT_DTYPE_BF16 or QT_DTYPE_F32) into every enabled direction of
 // t in one pass over the input.
