@@ -3,6 +3,7 @@
 // compared bit for bit.
 #include <math.h>
 
+#include "runtime/backend/capture.h"  // capture_begin, capture_next
 #include "runtime/ops/op_core.h"
 #include "tests/rig.h"
 #include "tests/test.h"
@@ -229,6 +230,139 @@ static void test_program_dependencies(void) {
     test_end();
 }
 
+// The capture plan (runtime/backend/capture.h) over random programs: replaying its steps as the
+// graph would (stream order, and each wait on its mark's op or the stream's last op), every pair
+// of conflicting ops is ordered; a wait through a mark targets the latest conflicting op of its
+// stream, and the mark then follows that op. A program of many independent readers of one op
+// runs out of marks, and the fallback keeps the order.
+enum { CAPTURE_TEST_OPS = 400, CAPTURE_TEST_WORDS = CAPTURE_TEST_OPS / 64 + 1 };
+
+static uint64_t capture_test_next(uint64_t *state) {
+    *state = *state * 6364136223846793005ull + 1442695040888963407ull;
+    return *state >> 33;
+}
+
+static void capture_check(const program *p, const char *what) {
+    static uint64_t reach[CAPTURE_TEST_OPS][CAPTURE_TEST_WORDS];  // reach[j]: ops before j
+    int32_t last[CAPTURE_STREAMS], mark_op[CAPTURE_MARKS];
+    for (int s = 0; s < CAPTURE_STREAMS; s++) last[s] = CAPTURE_NONE;
+    for (int k = 0; k < CAPTURE_MARKS; k++) mark_op[k] = CAPTURE_NONE;
+    capture_plan c;
+    capture_begin(&c, p);
+    uint32_t marked_waits = 0, fallbacks = 0;
+    for (uint32_t j = 0; j < p->op_count; j++) {
+        capture_step st;
+        capture_next(&c, j, &st);
+        memset(reach[j], 0, sizeof reach[j]);
+        int32_t before[CAPTURE_STREAMS + 1];
+        uint32_t n = 0;
+        if (last[st.stream] != CAPTURE_NONE) before[n++] = last[st.stream];
+        for (uint32_t w = 0; w < st.wait_count; w++) {
+            const capture_wait *wt = &st.waits[w];
+            int32_t target = wt->mark != CAPTURE_NONE ? mark_op[wt->mark] : last[wt->stream];
+            if (wt->mark != CAPTURE_NONE) {
+                marked_waits++;
+                CHECK(target == wt->op, "%s: op %u waits through mark %d, which follows op %d, "
+                      "not op %d", what, j, wt->mark, target, wt->op);
+                bool latest = true;
+                for (uint32_t i = (uint32_t)wt->op + 1; i < j; i++) {
+                    latest &= !(c.stream_of[i] == (uint32_t)wt->stream &&
+                                prog_ops_conflict(&p->ops[i], &p->ops[j]));
+                }
+                CHECK(latest && prog_ops_conflict(&p->ops[wt->op], &p->ops[j]),
+                      "%s: op %u waits for op %d, not the latest op it conflicts with there",
+                      what, j, wt->op);
+            } else {
+                fallbacks++;
+                CHECK(target >= wt->op, "%s: op %u falls back to op %d, before op %d", what, j,
+                      target, wt->op);
+            }
+            if (target != CAPTURE_NONE) before[n++] = target;
+        }
+        for (uint32_t b = 0; b < n; b++) {
+            for (uint32_t w = 0; w < CAPTURE_TEST_WORDS; w++) reach[j][w] |= reach[before[b]][w];
+            reach[j][before[b] / 64] |= 1ull << (before[b] % 64);
+        }
+        last[st.stream] = (int32_t)j;
+        if (st.mark != CAPTURE_NONE) mark_op[st.mark] = (int32_t)j;
+    }
+    uint64_t unordered = 0;
+    for (uint32_t j = 0; j < p->op_count; j++) {
+        for (uint32_t i = 0; i < j; i++) {
+            if (!prog_ops_conflict(&p->ops[i], &p->ops[j])) continue;
+            if (reach[j][i / 64] >> (i % 64) & 1) continue;
+            if (unordered++ < 4) CHECK(false, "%s: ops %u and %u conflict, unordered", what, i, j);
+        }
+    }
+    CHECK(unordered == 0, "%s: %llu conflicting pairs unordered", what,
+          (unsigned long long)unordered);
+    printf("  %s: %u ops, %u waits through marks, %u on a stream's last op\n", what,
+           p->op_count, marked_waits, fallbacks);
+}
+
+// ops random ops over `regions` regions, each reading up to two and writing one (fan > 0: the
+// first op writes region 0 and the next fan ops each read it and write their own region;
+// fan UINT32_MAX: ops/2 writers of their own regions, then one op after each of them, in order,
+// so that more ops are waited for at once than there are marks).
+static void capture_program(program *p, arena *a, uint32_t ops, uint32_t regions, uint32_t fan,
+                            uint64_t seed) {
+    rig_arena_init(a, ARENA_KIND_DEVICE, "device");
+    rig_prog_init(p, "capture");
+    arena_handle h[64];
+    QT_ASSERT(regions <= 64 && ops <= CAPTURE_TEST_OPS);
+    for (uint32_t r = 0; r < regions; r++) {
+        char name[16];
+        snprintf(name, sizeof name, "r%u", r);
+        CHECK(arena_reserve(a, name, 256, 256, ARENA_CAT_WORKSPACE, ARENA_LIFETIME_PERSISTENT, 0,
+                            &h[r]) == QT_OK, "reserve");
+    }
+    copy_args args = {0, 0, 0};
+    launch_shape shape = op_shape_1d(1, 32);
+    uint64_t state = seed;
+    for (uint32_t i = 0; i < ops; i++) {
+        uint32_t op = 0;
+        CHECK(prog_append(p, KERNEL_COPY, "op", &shape, &args, sizeof args, &op) == QT_OK, "op");
+        uint32_t reads[2] = {(uint32_t)(capture_test_next(&state) % regions),
+                             (uint32_t)(capture_test_next(&state) % regions)};
+        uint32_t write = (uint32_t)(capture_test_next(&state) % regions);
+        if (fan == UINT32_MAX) {  // op i < ops/2 writes region i, op ops/2 + i rewrites it
+            reads[0] = reads[1] = write = i % (ops / 2);
+        } else if (fan && i <= fan) {
+            reads[0] = reads[1] = 0;
+            write = i == 0 ? 0 : 1 + (i - 1) % (regions - 1);
+        }
+        for (int r = 0; r < 2; r++) {
+            prog_ref ref = {a, h[reads[r]], 0};
+            CHECK(prog_use(p, op, PROG_ARGS_FIELD_NONE, ref, PROG_READ) == QT_OK, "read");
+        }
+        prog_ref out = {a, h[write], 0};
+        CHECK(prog_use(p, op, PROG_ARGS_FIELD_NONE, out, PROG_WRITE) == QT_OK, "write");
+    }
+    arena_pack(a);
+}
+
+static void test_capture_plan(void) {
+    test_begin("capture_plan_orders_every_conflict");
+    static program p;
+    static arena a;
+    static const struct {
+        uint32_t ops, regions, fan;
+        uint64_t seed;
+        const char *what;
+    } cases[] = {
+        {60, 6, 0, 1, "60 ops over 6 regions"},
+        {400, 24, 0, 2, "400 ops over 24 regions"},
+        {400, 64, 0, 3, "400 ops over 64 regions"},
+        {200, 64, 63, 4, "one op read by 63"},
+        {128, 64, UINT32_MAX, 5, "64 writers, then 64 ops after them"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        capture_program(&p, &a, cases[i].ops, cases[i].regions, cases[i].fan, cases[i].seed);
+        capture_check(&p, cases[i].what);
+    }
+    test_end();
+}
+
 static void compare_results(const core_result *a, const core_result *b, uint64_t count,
                             const char *what) {
     uint64_t mismatches = 0;
@@ -404,6 +538,7 @@ int main(void) {
     test_fill_windows_compose();
     test_program_capacity();
     test_program_dependencies();
+    test_capture_plan();
     test_ref_fill_statistics();
     test_fill_rows();
     test_gpu_matches_ref();

@@ -71,6 +71,9 @@ qt_status backend_open_gpu(backend *b, int device_ordinal) {
         if (s > 0) QT_CU(cuStreamCreate(&b->capture_streams[s], CU_STREAM_NON_BLOCKING));
         QT_CU(cuEventCreate(&b->capture_events[s], CU_EVENT_DISABLE_TIMING));
     }
+    for (int k = 0; k < CAPTURE_MARKS; k++) {
+        QT_CU(cuEventCreate(&b->capture_marks[k], CU_EVENT_DISABLE_TIMING));
+    }
     QT_TRY(modules_load(&b->modules, b->device));
     return QT_OK;
 }
@@ -105,6 +108,10 @@ void backend_close(backend *b) {
         if (s > 0 && b->capture_streams[s]) drv.cuStreamDestroy(b->capture_streams[s]);
         b->capture_events[s] = NULL;
         b->capture_streams[s] = NULL;
+    }
+    for (int k = 0; k < CAPTURE_MARKS; k++) {
+        if (b->capture_marks[k]) drv.cuEventDestroy(b->capture_marks[k]);
+        b->capture_marks[k] = NULL;
     }
     if (b->copy_stream) drv.cuStreamDestroy(b->copy_stream);
     if (b->stream) drv.cuStreamDestroy(b->stream);
@@ -309,79 +316,37 @@ qt_status backend_profile(backend *b, const program *p, const backend_graph *g, 
 }
 
 // ---------------------------------------------------------------------------------------------
-// Capture: the program's dependency graph.
-
-// Per capture stream: the last op placed on it, and for each other stream the last op of that
-// stream it has already waited for (a wait covers everything before it on that stream).
-typedef struct capture_plan {
-    int32_t last[BACKEND_CAPTURE_STREAMS];
-    int32_t seen[BACKEND_CAPTURE_STREAMS][BACKEND_CAPTURE_STREAMS];
-    uint32_t *stream_of;  // per op: the program's scratch
-} capture_plan;
-
-// need[s]: the latest earlier op on stream s that op j depends on (-1: none).
-static void capture_needs(const program *p, const capture_plan *c, uint32_t j,
-                          int32_t need[BACKEND_CAPTURE_STREAMS]) {
-    for (int s = 0; s < BACKEND_CAPTURE_STREAMS; s++) need[s] = -1;
-    for (uint32_t i = j; i-- > 0;) {
-        int s = c->stream_of[i];
-        if (need[s] >= 0) continue;  // a later op of that stream is needed already
-        if (prog_ops_conflict(&p->ops[i], &p->ops[j])) need[s] = (int32_t)i;
-    }
-}
-
-// A stream for op j: one whose last op j needs anyway (the chain goes on without a wait), else
-// an unused stream, else the one whose last op is oldest (the least likely to hold j back).
-static int capture_pick(const capture_plan *c, const int32_t need[BACKEND_CAPTURE_STREAMS]) {
-    int best = -1;
-    for (int s = 0; s < BACKEND_CAPTURE_STREAMS; s++) {
-        if (c->last[s] >= 0 && need[s] == c->last[s] && (best < 0 || need[s] > need[best])) {
-            best = s;
-        }
-    }
-    if (best >= 0) return best;
-    for (int s = 0; s < BACKEND_CAPTURE_STREAMS; s++) {
-        if (c->last[s] < 0) return s;
-    }
-    best = 0;
-    for (int s = 1; s < BACKEND_CAPTURE_STREAMS; s++) {
-        if (c->last[s] < c->last[best]) best = s;
-    }
-    return best;
-}
+// Capture: the program's dependency graph, as runtime/backend/capture.h plans it.
 
 static qt_status backend_capture_ops(backend *b, const program *p) {
     capture_plan c;
-    c.stream_of = p->op_scratch;
+    capture_begin(&c, p);
     CUstream *streams = b->capture_streams;
     CUevent *events = b->capture_events;
-    for (int s = 0; s < BACKEND_CAPTURE_STREAMS; s++) {
-        c.last[s] = -1;
-        for (int t = 0; t < BACKEND_CAPTURE_STREAMS; t++) c.seen[s][t] = -1;
-    }
     // The side streams join the capture from stream 0's start.
     QT_CU(cuEventRecord(events[0], streams[0]));
     for (int s = 1; s < BACKEND_CAPTURE_STREAMS; s++) {
         QT_CU(cuStreamWaitEvent(streams[s], events[0], 0));
     }
     for (uint32_t j = 0; j < p->op_count; j++) {
-        int32_t need[BACKEND_CAPTURE_STREAMS];
-        capture_needs(p, &c, j, need);
-        int s = capture_pick(&c, need);
-        for (int t = 0; t < BACKEND_CAPTURE_STREAMS; t++) {
-            if (t == s || need[t] < 0 || need[t] <= c.seen[s][t]) continue;
-            // events[t] was recorded after stream t's last op, which is need[t] or later.
-            QT_CU(cuStreamWaitEvent(streams[s], events[t], 0));
-            c.seen[s][t] = c.last[t];
+        capture_step step;
+        capture_next(&c, j, &step);
+        CUstream stream = streams[step.stream];
+        for (uint32_t w = 0; w < step.wait_count; w++) {
+            const capture_wait *wait = &step.waits[w];
+            // A mark was recorded right after the op waited for; a stream's event after its
+            // last op, which is that op or later.
+            CUevent after = wait->mark != CAPTURE_NONE ? b->capture_marks[wait->mark]
+                                                       : events[wait->stream];
+            QT_CU(cuStreamWaitEvent(stream, after, 0));
         }
-        QT_TRY(backend_launch_on(b, &p->ops[j], streams[s]));
-        QT_CU(cuEventRecord(events[s], streams[s]));
-        c.last[s] = (int32_t)j;
-        c.stream_of[j] = (uint32_t)s;
+        QT_TRY(backend_launch_on(b, &p->ops[j], stream));
+        QT_CU(cuEventRecord(events[step.stream], stream));
+        if (step.mark != CAPTURE_NONE) QT_CU(cuEventRecord(b->capture_marks[step.mark], stream));
     }
     // Every side stream joins stream 0 again before the capture ends.
     for (int s = 1; s < BACKEND_CAPTURE_STREAMS; s++) {
-        if (c.last[s] >= 0) QT_CU(cuStreamWaitEvent(streams[0], events[s], 0));
+        if (c.last[s] != CAPTURE_NONE) QT_CU(cuStreamWaitEvent(streams[0], events[s], 0));
     }
     return QT_OK;
 }

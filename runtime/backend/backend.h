@@ -17,6 +17,7 @@
 #include "runtime/driver/driver.h"    // CUstream, CUgraphExec
 #include "runtime/driver/modules.h"   // modules
 #include "runtime/program/program.h"  // program, prog_ref
+#include "runtime/backend/capture.h"    // CAPTURE_STREAMS, CAPTURE_MARKS
 #include "runtime/backend/gemm_tier.h"  // backend_gemm_tier, gemm_tier_device
 
 typedef enum backend_kind { BACKEND_REF, BACKEND_GPU } backend_kind;
@@ -31,8 +32,8 @@ typedef struct backend_device_info {
     uint64_t free_bytes;
 } backend_device_info;
 
-// Streams a capture spreads a program over (runtime/backend/backend.c, backend_capture).
-#define BACKEND_CAPTURE_STREAMS 6
+// Streams a capture spreads a program over (runtime/backend/capture.h).
+#define BACKEND_CAPTURE_STREAMS CAPTURE_STREAMS
 
 
 typedef struct backend {
@@ -44,6 +45,7 @@ typedef struct backend {
     // through them so that independent ops become parallel branches of the graph.
     CUstream capture_streams[BACKEND_CAPTURE_STREAMS];
     CUevent capture_events[BACKEND_CAPTURE_STREAMS];
+    CUevent capture_marks[CAPTURE_MARKS];  // events after the ops that other streams wait for
     // The next step's batch crosses PCIe on this stream, on the copy engine, beside the step
     // that runs on `stream` (backend_copy_beside).
     CUstream copy_stream;

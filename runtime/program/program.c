@@ -8,7 +8,7 @@
 #define PROG_OPS_LIMIT (1u << 24)
 
 uint64_t prog_storage_bytes(uint32_t capacity) {
-    return (uint64_t)capacity * (sizeof(prog_op) + sizeof(uint32_t));
+    return (uint64_t)capacity * (sizeof(prog_op) + 2 * sizeof(uint32_t));
 }
 
 void prog_init(program *p, const char *mode, int32_t op_base, void *storage, uint32_t capacity) {

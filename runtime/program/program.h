@@ -73,8 +73,8 @@ typedef struct program {
     uint32_t op_capacity;   // entries of ops; 0: a counting program
     bool resolved;
     prog_op *ops;           // [op_capacity], the caller's (prog_init)
-    uint32_t *op_scratch;   // [op_capacity], in the same storage: working memory of one pass
-                            // over the ops at a time (critical path, graph capture, profile)
+    uint32_t *op_scratch;   // [2 x op_capacity], in the same storage: working memory of one
+                            // pass over the ops at a time (critical path, graph capture, profile)
     prog_op pending;        // a counting program's op being built
 } program;
 

@@ -1,0 +1,105 @@
+#include "runtime/backend/capture.h"
+
+static void capture_reset(capture_plan *c) {
+    for (int s = 0; s < CAPTURE_STREAMS; s++) {
+        c->last[s] = CAPTURE_NONE;
+        for (int t = 0; t < CAPTURE_STREAMS; t++) c->seen[s][t] = CAPTURE_NONE;
+    }
+    for (int k = 0; k < CAPTURE_MARKS; k++) c->mark_op[k] = CAPTURE_NONE;
+}
+
+// need[s]: the latest earlier op on stream s that op j conflicts with (NONE: none).
+static void capture_needs(const capture_plan *c, uint32_t j, int32_t need[CAPTURE_STREAMS]) {
+    const program *p = c->p;
+    for (int s = 0; s < CAPTURE_STREAMS; s++) need[s] = CAPTURE_NONE;
+    for (uint32_t i = j; i-- > 0;) {
+        int s = (int)c->stream_of[i];
+        if (need[s] != CAPTURE_NONE) continue;  // a later op of that stream is needed already
+        if (prog_ops_conflict(&p->ops[i], &p->ops[j])) need[s] = (int32_t)i;
+    }
+}
+
+// A stream for op j: one whose last op j needs anyway (the chain goes on without a wait), else
+// an unused stream, else the one whose last op is oldest (the least likely to hold j back).
+static int capture_pick(const capture_plan *c, const int32_t need[CAPTURE_STREAMS]) {
+    int best = -1;
+    for (int s = 0; s < CAPTURE_STREAMS; s++) {
+        if (c->last[s] != CAPTURE_NONE && need[s] == c->last[s] &&
+            (best < 0 || need[s] > need[best])) {
+            best = s;
+        }
+    }
+    if (best >= 0) return best;
+    for (int s = 0; s < CAPTURE_STREAMS; s++) {
+        if (c->last[s] == CAPTURE_NONE) return s;
+    }
+    best = 0;
+    for (int s = 1; s < CAPTURE_STREAMS; s++) {
+        if (c->last[s] < c->last[best]) best = s;
+    }
+    return best;
+}
+
+void capture_begin(capture_plan *c, const program *p) {
+    QT_ASSERT(!prog_counting(p));
+    c->p = p;
+    c->stream_of = p->op_scratch;
+    c->last_waiter = p->op_scratch + p->op_capacity;
+    capture_reset(c);
+    for (uint32_t j = 0; j < p->op_count; j++) c->last_waiter[j] = UINT32_MAX;
+    // The dry run: streams as the capture will pick them, each wait aimed at its very op.
+    for (uint32_t j = 0; j < p->op_count; j++) {
+        int32_t need[CAPTURE_STREAMS];
+        capture_needs(c, j, need);
+        int s = capture_pick(c, need);
+        for (int t = 0; t < CAPTURE_STREAMS; t++) {
+            if (t == s || need[t] == CAPTURE_NONE || need[t] <= c->seen[s][t]) continue;
+            c->last_waiter[need[t]] = j;
+            c->seen[s][t] = need[t];
+        }
+        c->last[s] = (int32_t)j;
+        c->stream_of[j] = (uint32_t)s;
+    }
+    capture_reset(c);
+}
+
+static int32_t capture_mark_of(const capture_plan *c, int32_t op) {
+    for (int k = 0; k < CAPTURE_MARKS; k++) {
+        if (c->mark_op[k] == op) return k;
+    }
+    return CAPTURE_NONE;
+}
+
+void capture_next(capture_plan *c, uint32_t j, capture_step *out) {
+    int32_t need[CAPTURE_STREAMS];
+    capture_needs(c, j, need);
+    int s = (int)c->stream_of[j];
+    // The streams' last ops evolve as in the dry run, so the pick is the one planned.
+    QT_ASSERT(capture_pick(c, need) == s);
+    out->stream = s;
+    out->wait_count = 0;
+    // Waits go through marks, so seen grows no further than in the dry run where one is found;
+    // a fallback to the stream's last op covers more of it. Either way this run waits for a
+    // subset of the dry run's targets, which last_waiter bounds.
+    for (int t = 0; t < CAPTURE_STREAMS; t++) {
+        if (t == s || need[t] == CAPTURE_NONE || need[t] <= c->seen[s][t]) continue;
+        int32_t mark = capture_mark_of(c, need[t]);
+        out->waits[out->wait_count++] = (capture_wait){t, need[t], mark};
+        c->seen[s][t] = mark != CAPTURE_NONE ? need[t] : c->last[t];
+    }
+    c->last[s] = (int32_t)j;
+    // A mark whose op no later op waits for is free again.
+    for (int k = 0; k < CAPTURE_MARKS; k++) {
+        if (c->mark_op[k] != CAPTURE_NONE && c->last_waiter[c->mark_op[k]] <= j) {
+            c->mark_op[k] = CAPTURE_NONE;
+        }
+    }
+    out->mark = CAPTURE_NONE;
+    if (c->last_waiter[j] == UINT32_MAX) return;
+    for (int k = 0; k < CAPTURE_MARKS; k++) {
+        if (c->mark_op[k] != CAPTURE_NONE) continue;
+        c->mark_op[k] = (int32_t)j;
+        out->mark = k;
+        return;
+    }
+}

@@ -1,0 +1,59 @@
+// capture: how a program's ops spread over the capture streams of a CUDA graph, and which
+// earlier op each op waits for (runtime/backend/backend.c replays the plan into stream-capture
+// calls; it is plain C so that tests check it without a GPU).
+//
+// Owns nothing: the plan's per-op arrays are the program's scratch (program.h op_scratch).
+//
+// An op waits, on every other stream, for the latest earlier op of that stream whose regions
+// conflict with its own (prog_ops_conflict); the ops before that one on its stream come with it.
+// A wait targets that very op, through a mark (an event recorded right after it) of a small
+// pool, not the stream's last op: a stream that went on with other work (the backward pass after
+// a layer's weight gradient) does not hold back an op that needs only its earlier part (the
+// gradient's reduction). When no mark is free, the wait falls back to the stream's last op,
+// which is later and so always safe.
+#ifndef QT_BACKEND_CAPTURE_H
+#define QT_BACKEND_CAPTURE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "runtime/program/program.h"
+
+#define CAPTURE_STREAMS 6
+#define CAPTURE_MARKS 32
+#define CAPTURE_NONE (-1)
+
+typedef struct capture_plan {
+    const program *p;
+    int32_t last[CAPTURE_STREAMS];                   // each stream's last op placed
+    int32_t seen[CAPTURE_STREAMS][CAPTURE_STREAMS];  // [s][t]: stream t's ops s already follows
+    int32_t mark_op[CAPTURE_MARKS];                  // the op each mark follows (NONE: free)
+    uint32_t *stream_of;    // per op: its stream (the first half of the program's scratch)
+    uint32_t *last_waiter;  // per op: the last op of another stream that waits for it, or
+                            // UINT32_MAX (the second half)
+} capture_plan;
+
+// One wait of an op: for stream `stream` up to op `op`, through mark `mark`, or (mark NONE)
+// through the stream's last op.
+typedef struct capture_wait {
+    int32_t stream;
+    int32_t op;
+    int32_t mark;
+} capture_wait;
+
+// What the capture does for one op: waits, the launch on `stream`, then the stream's event and,
+// when `mark` is not NONE, that mark recorded after it.
+typedef struct capture_step {
+    int32_t stream;
+    uint32_t wait_count;
+    capture_wait waits[CAPTURE_STREAMS];
+    int32_t mark;
+} capture_step;
+
+// Plans every op's stream and which ops other streams wait for (a dry run of the placement),
+// then readies the plan for capture_next from op 0.
+void capture_begin(capture_plan *c, const program *p);
+// The step of op j (0, 1, ... in order).
+void capture_next(capture_plan *c, uint32_t j, capture_step *out);
+
+#endif  // QT_BACKEND_CAPTURE_H
