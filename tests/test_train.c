@@ -1065,12 +1065,16 @@ static void test_gpu_eager_graph(const char *path, const char *scheme, const cha
     c.options.eager = true;
     train(&c, &sum, &why);
     // Kernels that overlap the tail of the one ahead (compute capability 9.0) must give the bits
-    // of plain stream order: a kernel that read before its griddepcontrol.wait would not.
+    // of plain stream order: a kernel that read before its griddepcontrol.wait would not. The
+    // same run waits on each branch's last op (QTRAIN_CAPTURE_STREAM_WAITS), where the others
+    // wait on the very ops they need: a wait aimed too early would show here too.
     setenv("QTRAIN_SERIAL_LAUNCH", "1", 1);
+    setenv("QTRAIN_CAPTURE_STREAM_WAITS", "1", 1);
     c.options.trace_path = serial;
     c.options.eager = false;
     train(&c, &sum, &why);
     unsetenv("QTRAIN_SERIAL_LAUNCH");
+    unsetenv("QTRAIN_CAPTURE_STREAM_WAITS");
     check_identical(a, b);
     check_identical(a, e);
     check_identical(a, serial);

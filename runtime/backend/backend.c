@@ -1,5 +1,6 @@
 #include "runtime/backend/backend.h"
 
+#include <stdlib.h>  // getenv
 #include <string.h>
 
 #include "runtime/backend/gemm_tier.h"  // gemm_tier_takes, gemm_tier_launch
@@ -321,6 +322,10 @@ qt_status backend_profile(backend *b, const program *p, const backend_graph *g, 
 static qt_status backend_capture_ops(backend *b, const program *p) {
     capture_plan c;
     capture_begin(&c, p);
+    // QTRAIN_CAPTURE_STREAM_WAITS=1: every wait on the stream's last op, the marks unused (the
+    // capture's order before marks; the same traces, for A/B runs).
+    const char *stream_waits = getenv("QTRAIN_CAPTURE_STREAM_WAITS");
+    bool marks = !(stream_waits && strcmp(stream_waits, "1") == 0);
     CUstream *streams = b->capture_streams;
     CUevent *events = b->capture_events;
     // The side streams join the capture from stream 0's start.
@@ -336,13 +341,15 @@ static qt_status backend_capture_ops(backend *b, const program *p) {
             const capture_wait *wait = &step.waits[w];
             // A mark was recorded right after the op waited for; a stream's event after its
             // last op, which is that op or later.
-            CUevent after = wait->mark != CAPTURE_NONE ? b->capture_marks[wait->mark]
-                                                       : events[wait->stream];
+            CUevent after = marks && wait->mark != CAPTURE_NONE ? b->capture_marks[wait->mark]
+                                                                : events[wait->stream];
             QT_CU(cuStreamWaitEvent(stream, after, 0));
         }
         QT_TRY(backend_launch_on(b, &p->ops[j], stream));
         QT_CU(cuEventRecord(events[step.stream], stream));
-        if (step.mark != CAPTURE_NONE) QT_CU(cuEventRecord(b->capture_marks[step.mark], stream));
+        if (marks && step.mark != CAPTURE_NONE) {
+            QT_CU(cuEventRecord(b->capture_marks[step.mark], stream));
+        }
     }
     // Every side stream joins stream 0 again before the capture ends.
     for (int s = 1; s < BACKEND_CAPTURE_STREAMS; s++) {
