@@ -2,6 +2,8 @@
 // reference backend, and (with a GPU) the same program on both backends, eager and graphed,
 // compared bit for bit.
 #include <math.h>
+#include <stdlib.h>  // setenv
+#include <string.h>  // strstr
 
 #include "runtime/backend/capture.h"  // capture_begin, capture_next
 #include "runtime/ops/op_core.h"
@@ -533,8 +535,46 @@ static void test_gpu_write_then_launch(void) {
     test_end();
 }
 
+// QTRAIN_COMM_SMS: unset gives the default, a number in range is taken, anything else is
+// refused with a message that names the variable and the range.
+static void test_comm_sms_setting(void) {
+    test_begin("comm_sms_reads_the_environment");
+    const char *saved = getenv("QTRAIN_COMM_SMS");
+    char keep[32] = "";
+    if (saved) snprintf(keep, sizeof keep, "%s", saved);
+    uint32_t sms = 999;
+    unsetenv("QTRAIN_COMM_SMS");
+    CHECK(backend_comm_sms(&sms) == QT_OK && sms == BACKEND_COMM_SMS_DEFAULT,
+          "unset: %u, expected %u", sms, BACKEND_COMM_SMS_DEFAULT);
+    const struct { const char *text; uint32_t sms; bool ok; } cases[] = {
+        {"0", 0, true}, {"24", 24, true}, {"64", 64, true}, {"65", 0, false},
+        {"-1", 0, false}, {"8x", 0, false}, {"lots", 0, false},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        setenv("QTRAIN_COMM_SMS", cases[k].text, 1);
+        sms = 999;
+        qt_status status = backend_comm_sms(&sms);
+        if (cases[k].ok) {
+            CHECK(status == QT_OK && sms == cases[k].sms, "'%s': status %d, %u SMs",
+                  cases[k].text, (int)status, sms);
+        } else {
+            CHECK(status == QT_ERR_INPUT && strstr(qt_error_message(), "QTRAIN_COMM_SMS") &&
+                      strstr(qt_error_message(), "0 to 64"),
+                  "'%s': status %d, message '%s'", cases[k].text, (int)status,
+                  qt_error_message());
+        }
+    }
+    if (saved) {
+        setenv("QTRAIN_COMM_SMS", keep, 1);
+    } else {
+        unsetenv("QTRAIN_COMM_SMS");
+    }
+    test_end();
+}
+
 int main(void) {
     test_philox_known_answers();
+    test_comm_sms_setting();
     test_fill_windows_compose();
     test_program_capacity();
     test_program_dependencies();

@@ -258,7 +258,10 @@ static const char *const t_region_names[R_COUNT] = {
 // with T_EXTRAS small FP32 parameters around it (half before, half after, so that the case's
 // entry is neither the first nor the last of a launch, and so many that their regions need two
 // launches), by op_optim_adamw_list or by the multi-tensor op_optim_adamw_multi.
-typedef enum t_list { T_LIST_ONE, T_LIST_EACH, T_LIST_MULTI } t_list;
+// T_LIST_PIPELINED: the multi-tensor launches of T_LIST_PIPELINED_PER_LAUNCH parameters each,
+// each launch's casts right after it (as a data-parallel step builds them).
+typedef enum t_list { T_LIST_ONE, T_LIST_EACH, T_LIST_MULTI, T_LIST_PIPELINED } t_list;
+#define T_LIST_PIPELINED_PER_LAUNCH 2u
 #define T_EXTRAS 20u
 
 static uint32_t t_extra_rows(uint32_t k) { return 1 + (k * 7) % 40; }
@@ -439,8 +442,10 @@ static qt_status t_build(t_run *run) {
         uint32_t half = T_EXTRAS / 2;
         list[k] = k == half ? d : t_extra_desc(run, k < half ? k : k - 1);
     }
-    if (run->list == T_LIST_MULTI) {
-        QT_TRY(op_optim_describe(&run->prep, list, T_EXTRAS + 1, t_ref(run, R_TABLE)));
+    uint32_t per_launch = run->list == T_LIST_PIPELINED ? T_LIST_PIPELINED_PER_LAUNCH : 0;
+    if (run->list == T_LIST_MULTI || run->list == T_LIST_PIPELINED) {
+        QT_TRY(op_optim_describe(&run->prep, list, T_EXTRAS + 1, t_ref(run, R_TABLE),
+                                 per_launch));
     }
     // The step.
     prog_ref state = t_ref(run, R_STATE);
@@ -452,7 +457,7 @@ static qt_status t_build(t_run *run) {
         QT_TRY(op_optim_adamw_list(&r->prog, list, T_EXTRAS + 1, state));
     } else {
         QT_TRY(op_optim_adamw_multi(&r->prog, "multi", list, T_EXTRAS + 1, state,
-                                    t_ref(run, R_TABLE)));
+                                    t_ref(run, R_TABLE), per_launch));
     }
     QT_TRY(op_copy(&r->prog, "master_copy", t_ref(run, R_COPY), t_ref(run, R_MASTER),
                    elems * 4));
@@ -965,8 +970,21 @@ static void test_multi_equals_per_param(void) {
               t_cases[k].name, t_ops_of(multi, KERNEL_OPTIM_AMAX_ZERO), multi_zero, each_zero);
         t_compare_regions(each, multi, 0, T_COMPARE_END, "after start-up (multi vs each)");
         t_compare_steps(each, multi, "multi vs each");
-        rig_close(&each->r);
         rig_close(&multi->r);
+        // Two parameters a launch, each launch's casts right after it: the same bytes again.
+        t_run *pipelined = multi;
+        t_run_open_list(pipelined, BACKEND_REF, &t_cases[k], T_LIST_PIPELINED, &why);
+        uint32_t expected = (T_EXTRAS + 1 + T_LIST_PIPELINED_PER_LAUNCH - 1) /
+                            T_LIST_PIPELINED_PER_LAUNCH;
+        launches = t_ops_of(pipelined, KERNEL_OPTIM_ADAMW_MULTI);
+        CHECK(launches == expected, "%s: %u pipelined launches, expected %u", t_cases[k].name,
+              launches, expected);
+        rig_close(&each->r);
+        t_run_open_list(each, BACKEND_REF, &t_cases[k], T_LIST_EACH, &why);
+        t_compare_regions(each, pipelined, 0, T_COMPARE_END, "after start-up (pipelined)");
+        t_compare_steps(each, pipelined, "pipelined vs each");
+        rig_close(&each->r);
+        rig_close(&pipelined->r);
         test_end();
     }
 }

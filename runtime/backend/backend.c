@@ -76,6 +76,21 @@ qt_status backend_open_gpu(backend *b, int device_ordinal) {
         QT_CU(cuEventCreate(&b->capture_marks[k], CU_EVENT_DISABLE_TIMING));
     }
     QT_TRY(modules_load(&b->modules, b->device));
+    return backend_comm_sms(&b->comm_sms);
+}
+
+qt_status backend_comm_sms(uint32_t *sms) {
+    *sms = BACKEND_COMM_SMS_DEFAULT;
+    const char *text = getenv("QTRAIN_COMM_SMS");
+    if (!text || !*text) return QT_OK;
+    char *end = NULL;
+    unsigned long value = strtoul(text, &end, 10);
+    if (*end != '\0' || text[0] == '-' || value > BACKEND_COMM_SMS_MAX) {
+        return qt_fail(QT_ERR_INPUT, "QTRAIN_COMM_SMS is '%s': give the SMs a data-parallel "
+                       "step leaves to NCCL beside its GEMMs, a whole number from 0 to %d "
+                       "(unset: %d)", text, BACKEND_COMM_SMS_MAX, BACKEND_COMM_SMS_DEFAULT);
+    }
+    *sms = (uint32_t)value;
     return QT_OK;
 }
 
@@ -228,12 +243,19 @@ gemm_tier_device backend_gemm_device(const backend *b) {
                               b->info.sm_count, b->gemm_tier, b->gemm_ctas_max, &b->modules};
 }
 
-static qt_status backend_launch_on(backend *b, const prog_op *op, CUstream stream) {
+static bool backend_collective(const prog_op *op) {
+    return kernel_table[op->kernel].module == MODULE_host;
+}
+
+// gemm_ctas: the sm_90a tier's persistent grid at most this many CTAs (0: the backend's own).
+static qt_status backend_launch_on(backend *b, const prog_op *op, CUstream stream,
+                                   uint32_t gemm_ctas) {
     // The collective op is NCCL's, enqueued on the op's stream like a kernel (captured too).
-    if (kernel_table[op->kernel].module == MODULE_host) {
-        return dp_launch((const dp_collective_args *)op->args, stream);
-    }
+    if (backend_collective(op)) return dp_launch((const dp_collective_args *)op->args, stream);
     gemm_tier_device tier = backend_gemm_device(b);
+    if (gemm_ctas != 0 && (tier.ctas_max == 0 || gemm_ctas < tier.ctas_max)) {
+        tier.ctas_max = gemm_ctas;
+    }
     if (gemm_tier_takes(&tier, op)) return gemm_tier_launch(&tier, op, stream);
     return modules_launch(&b->modules, op->kernel, &op->shape, stream, op->args,
                           op->args_bytes);
@@ -251,7 +273,7 @@ void backend_launched(const backend *b, const prog_op *op, kernel_id *kernel,
 }
 
 static qt_status backend_launch_op(backend *b, const prog_op *op) {
-    return backend_launch_on(b, op, b->stream);
+    return backend_launch_on(b, op, b->stream, 0);
 }
 
 qt_status backend_run(backend *b, const program *p) {
@@ -328,6 +350,16 @@ static qt_status backend_capture_ops(backend *b, const program *p) {
     bool marks = !(stream_waits && strcmp(stream_waits, "1") == 0);
     CUstream *streams = b->capture_streams;
     CUevent *events = b->capture_events;
+    // The GEMMs between the first collective and the last may run beside one: they leave
+    // comm_sms SMs to NCCL (the bits do not depend on the grid).
+    uint32_t first_collective = p->op_count, last_collective = 0;
+    for (uint32_t j = 0; j < p->op_count; j++) {
+        if (!backend_collective(&p->ops[j])) continue;
+        if (first_collective == p->op_count) first_collective = j;
+        last_collective = j;
+    }
+    uint32_t sms = (uint32_t)b->info.sm_count;
+    uint32_t beside_ctas = b->comm_sms > 0 && b->comm_sms < sms ? sms - b->comm_sms : 0;
     // The side streams join the capture from stream 0's start.
     QT_CU(cuEventRecord(events[0], streams[0]));
     for (int s = 1; s < BACKEND_CAPTURE_STREAMS; s++) {
@@ -345,7 +377,8 @@ static qt_status backend_capture_ops(backend *b, const program *p) {
                                                                 : events[wait->stream];
             QT_CU(cuStreamWaitEvent(stream, after, 0));
         }
-        QT_TRY(backend_launch_on(b, &p->ops[j], stream));
+        bool beside = j > first_collective && j < last_collective;
+        QT_TRY(backend_launch_on(b, &p->ops[j], stream, beside ? beside_ctas : 0));
         QT_CU(cuEventRecord(events[step.stream], stream));
         if (marks && step.mark != CAPTURE_NONE) {
             QT_CU(cuEventRecord(b->capture_marks[step.mark], stream));

@@ -55,8 +55,20 @@ typedef struct backend {
     // The sm_90a tier's persistent grid: at most this many CTAs (0: one per SM). Tests lower it
     // so that every CTA walks several tiles; results never depend on it.
     uint32_t gemm_ctas_max;
+    // SMs that a captured step's GEMMs leave free while its collectives may run beside them
+    // (backend_capture): a persistent GEMM holds every SM it is given to its end, so without
+    // this margin NCCL's kernels wait for it and the communication does not overlap.
+    uint32_t comm_sms;
     driver_syncs syncs;  // the synchronizing calls made through this backend (driver.h)
 } backend;
+
+// The SMs a data-parallel step leaves to NCCL beside its GEMMs (backend.comm_sms): $QTRAIN_COMM_SMS
+// when set (0 to BACKEND_COMM_SMS_MAX; 0 gives the GEMMs every SM), else the default. `qtrain run
+// --gpus` caps NCCL's CTAs at the same count (NCCL_MAX_CTAS, unless set). QT_ERR_INPUT for a
+// value that is no such number.
+#define BACKEND_COMM_SMS_DEFAULT 16
+#define BACKEND_COMM_SMS_MAX 64
+qt_status backend_comm_sms(uint32_t *sms);
 
 typedef struct backend_graph {
     const program *program;

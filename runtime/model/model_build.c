@@ -1244,6 +1244,10 @@ static void mb_param_desc(const mb *b, uint32_t i, optim_param_desc *d) {
 // Every parameter, in order: the list the optimizer's launches cover.
 // The parameters this rank updates (every one on a single GPU; with data parallelism those it
 // owns), in parameter order, into optim_list; returns their count.
+// Several ranks: one parameter a multi-tensor launch, its casts right after it, so that the
+// broadcast of each updated weight runs beside the next parameter's update.
+static uint32_t mb_optim_per_launch(const mb *b) { return mb_parallel(b) ? 1 : 0; }
+
 static uint32_t mb_optim_list(mb *b) {
     uint32_t count = 0;
     for (uint32_t i = 0; i < b->m->param_count; i++) {
@@ -1302,7 +1306,7 @@ static qt_status mb_optimizer(mb *b) {
                           mb_dev(b, m->io.lr_rows), m->io.lr_row_count));
     uint32_t updated = mb_optim_list(b);
     QT_TRY(op_optim_adamw_multi(b->p, "optim.adamw", b->optim_list, updated, state,
-                                mb_dev(b, m->io.optim_table)));
+                                mb_dev(b, m->io.optim_table), mb_optim_per_launch(b)));
     return mb_parallel(b) ? mb_dp_broadcast_weights(b) : QT_OK;
 }
 
@@ -1490,7 +1494,8 @@ qt_status model_build_init(model *m, program *p) {
     }
     if (m->modes[MODEL_MODE_TRAIN]) {
         uint32_t updated = mb_optim_list(b);
-        QT_TRY(op_optim_describe(p, b->optim_list, updated, mb_dev(b, m->io.optim_table)));
+        QT_TRY(op_optim_describe(p, b->optim_list, updated, mb_dev(b, m->io.optim_table),
+                                 mb_optim_per_launch(b)));
     }
     if (!mb_parallel(b)) return QT_OK;
     // The owners' casts put the amaxes of their weights alone into the delayed-scaling histories'

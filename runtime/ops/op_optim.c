@@ -293,14 +293,17 @@ static uint32_t op_optim_multi_uses(const optim_param_desc *d, const op_optim_ou
 }
 
 // The end of the launch that starts at list[first]: the parameters after it while their
-// regions, the state's and the table's fit one op and their tiles one grid (at least one).
+// regions, the state's and the table's fit one op and their tiles one grid (at least one), and
+// at most per_launch non-empty ones (0: no such limit).
 static uint32_t op_optim_launch_end(const optim_param_desc *list, uint32_t count,
-                                    uint32_t first) {
-    uint32_t refs = 2, end = first;
+                                    uint32_t first, uint32_t per_launch) {
+    uint32_t refs = 2, end = first, taken = 0;
     uint64_t blocks = 0;
     for (; end < count; end++) {
         const optim_param_desc *d = &list[end];
         if (op_optim_empty(d)) continue;
+        if (per_launch != 0 && taken == per_launch) break;
+        taken++;
         op_optim_outputs o = op_optim_outputs_of(d);
         op_optim_use uses[OP_OPTIM_USES_MAX];
         uint32_t n = op_optim_multi_uses(d, &o, uses);
@@ -318,10 +321,10 @@ static prog_ref op_optim_entry_ref(prog_ref table, uint32_t entry) {
 }
 
 qt_status op_optim_describe(program *p, const optim_param_desc *list, uint32_t count,
-                            prog_ref table) {
+                            prog_ref table, uint32_t per_launch) {
     uint32_t entry = 0;
     for (uint32_t first = 0; first < count;) {
-        uint32_t end = op_optim_launch_end(list, count, first);
+        uint32_t end = op_optim_launch_end(list, count, first, per_launch);
         uint32_t block = 0;
         for (uint32_t i = first; i < end; i++) {
             const optim_param_desc *d = &list[i];
@@ -379,11 +382,12 @@ static qt_status op_optim_multi_zero(program *p, const char *name, const optim_p
 }
 
 qt_status op_optim_adamw_multi(program *p, const char *name, const optim_param_desc *list,
-                               uint32_t count, prog_ref state, prog_ref table) {
+                               uint32_t count, prog_ref state, prog_ref table,
+                               uint32_t per_launch) {
     QT_ASSERT(prog_ref_present(state) && prog_ref_present(table));
     uint32_t entry = 0;
     for (uint32_t first = 0; first < count;) {
-        uint32_t end = op_optim_launch_end(list, count, first);
+        uint32_t end = op_optim_launch_end(list, count, first, per_launch);
         uint32_t n = 0;
         uint64_t blocks = 0;
         for (uint32_t i = first; i < end; i++) {
@@ -417,9 +421,14 @@ qt_status op_optim_adamw_multi(program *p, const char *name, const optim_param_d
             }
         }
         entry += n;
+        if (per_launch != 0) {  // this launch's casts before the next launch
+            for (uint32_t i = first; i < end; i++) {
+                if (!op_optim_empty(&list[i])) QT_TRY(op_optim_casts(p, &list[i]));
+            }
+        }
         first = end;
     }
-    for (uint32_t i = 0; i < count; i++) {
+    for (uint32_t i = 0; i < count && per_launch == 0; i++) {
         if (!op_optim_empty(&list[i])) QT_TRY(op_optim_casts(p, &list[i]));
     }
     return QT_OK;

@@ -133,11 +133,16 @@ qt_status op_optim_adamw_list(program *p, const optim_param_desc *list, uint32_t
 // qt_optim_adamw_multi, and after them the casts of the formats that have one, parameter by
 // parameter. The list is a plain array: a caller updates any subset of its parameters by passing
 // that subset, to op_optim_describe and op_optim_adamw_multi alike.
+// per_launch (the same in both calls; 0: as many as fit) caps the parameters of one launch and
+// puts each launch's casts right after it, so that what waits for a parameter's update (a
+// data-parallel step's broadcast of its weight) starts while the next launch runs. The bits do
+// not depend on it.
 uint64_t op_optim_table_bytes(uint32_t count);
 qt_status op_optim_describe(program *init, const optim_param_desc *list, uint32_t count,
-                            prog_ref table);
+                            prog_ref table, uint32_t per_launch);
 qt_status op_optim_adamw_multi(program *p, const char *name, const optim_param_desc *list,
-                               uint32_t count, prog_ref state, prog_ref table);
+                               uint32_t count, prog_ref state, prog_ref table,
+                               uint32_t per_launch);
 
 // The weight's quantization from its master as it is (no update, no state): start-up, and any
 // time the master is written from outside (checkpoint load).

@@ -1,5 +1,7 @@
 #include "runtime/parallel/parallel.h"
 
+#include <stdio.h>   // snprintf
+#include <stdlib.h>  // setenv
 #include <string.h>
 
 #include "ptx/kernels.h"  // KERNEL_DP_*
@@ -24,12 +26,18 @@ void dp_comm_single(dp_comm *c) {
     c->world = 1;
 }
 
-qt_status dp_comm_open_gpu(dp_comm *c, const ncclUniqueId *id, uint32_t rank, uint32_t world) {
+qt_status dp_comm_open_gpu(dp_comm *c, const ncclUniqueId *id, uint32_t rank, uint32_t world,
+                           uint32_t max_ctas) {
     QT_ASSERT(world >= 1 && world <= DP_RANKS_MAX && rank < world);
     memset(c, 0, sizeof *c);
     c->rank = rank;
     c->world = world;
     c->gpu = true;
+    if (max_ctas > 0) {
+        char value[16];
+        snprintf(value, sizeof value, "%u", max_ctas);
+        setenv("NCCL_MAX_CTAS", value, 0);
+    }
     QT_TRY(nccl_load());
     ncclComm_t comm = NULL;
     ncclResult_t result = nccl.ncclCommInitRank(&comm, (int)world, *id, (int)rank);

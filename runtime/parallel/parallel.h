@@ -67,8 +67,11 @@ typedef struct dp_comm {
 void dp_comm_single(dp_comm *c);
 // The NCCL communicator of rank `rank` of `world`, on the calling thread's current context (the
 // GPU of ordinal `rank`); every rank must call it with the same id (ncclGetUniqueId of one of
-// them), and it returns when all have. Loads NCCL first (nccl_load).
-qt_status dp_comm_open_gpu(dp_comm *c, const ncclUniqueId *id, uint32_t rank, uint32_t world);
+// them), and it returns when all have. Loads NCCL first (nccl_load). max_ctas (0: NCCL's choice)
+// caps the CTAs of NCCL's kernels through NCCL_MAX_CTAS, unless the environment sets it: NCCL
+// reads it once per process, at its first communicator.
+qt_status dp_comm_open_gpu(dp_comm *c, const ncclUniqueId *id, uint32_t rank, uint32_t world,
+                           uint32_t max_ctas);
 void dp_comm_open_ref(dp_comm *c, dp_ref_group *g, uint32_t rank);
 // Destroys the NCCL communicator (abort: without waiting for the other ranks, after a failure).
 void dp_comm_close(dp_comm *c, bool abort);

@@ -647,7 +647,8 @@ static qt_status run_open_parallel(run *r, backend *b) {
         }
         ncclUniqueId id;
         memcpy(&id, o->nccl_id, sizeof id);
-        QT_TRY(dp_comm_open_gpu(&r->dp, &id, o->rank, o->world));
+        // NCCL's CTAs fit the SMs that the step's GEMMs leave to them (backend_capture).
+        QT_TRY(dp_comm_open_gpu(&r->dp, &id, o->rank, o->world, b->comm_sms));
     } else {
         if (!o->ref_group || o->ref_group->world != o->world) {
             return qt_fail(QT_ERR_INPUT, "rank %u of %u on the reference backend needs the "
