@@ -251,10 +251,15 @@ static void capture_check(const program *p, const char *what) {
     for (int k = 0; k < CAPTURE_MARKS; k++) mark_op[k] = CAPTURE_NONE;
     capture_plan c;
     capture_begin(&c, p);
-    uint32_t marked_waits = 0, fallbacks = 0;
+    uint32_t marked_waits = 0, fallbacks = 0, collectives = 0, misplaced = 0;
     for (uint32_t j = 0; j < p->op_count; j++) {
         capture_step st;
         capture_next(&c, j, &st);
+        // Collectives, where the program has any, on the last stream, and nothing else there.
+        bool collective = p->ops[j].kernel == KERNEL_DP_COLLECTIVE;
+        collectives += collective;
+        misplaced += collective != (st.stream == CAPTURE_STREAMS - 1) &&
+                     c.collective_stream != CAPTURE_NONE;
         memset(reach[j], 0, sizeof reach[j]);
         int32_t before[CAPTURE_STREAMS + 1];
         uint32_t n = 0;
@@ -298,6 +303,9 @@ static void capture_check(const program *p, const char *what) {
     }
     CHECK(unordered == 0, "%s: %llu conflicting pairs unordered", what,
           (unsigned long long)unordered);
+    CHECK(misplaced == 0 && (collectives == 0) == (c.collective_stream == CAPTURE_NONE),
+          "%s: %u of %u collectives or other ops on the wrong stream (collective stream %d)",
+          what, misplaced, collectives, c.collective_stream);
     printf("  %s: %u ops, %u waits through marks, %u on a stream's last op\n", what,
            p->op_count, marked_waits, fallbacks);
 }
@@ -306,8 +314,10 @@ static void capture_check(const program *p, const char *what) {
 // first op writes region 0 and the next fan ops each read it and write their own region;
 // fan UINT32_MAX: ops/2 writers of their own regions, then one op after each of them, in order,
 // so that more ops are waited for at once than there are marks).
+// collective_every > 0: every such op (from the first) is a collective (its args are never
+// read: the plan looks at the kernel and the regions only).
 static void capture_program(program *p, arena *a, uint32_t ops, uint32_t regions, uint32_t fan,
-                            uint64_t seed) {
+                            uint64_t seed, uint32_t collective_every) {
     rig_arena_init(a, ARENA_KIND_DEVICE, "device");
     rig_prog_init(p, "capture");
     arena_handle h[64];
@@ -319,11 +329,18 @@ static void capture_program(program *p, arena *a, uint32_t ops, uint32_t regions
                             &h[r]) == QT_OK, "reserve");
     }
     copy_args args = {0, 0, 0};
+    static const dp_collective_args collective_args;
     launch_shape shape = op_shape_1d(1, 32);
     uint64_t state = seed;
     for (uint32_t i = 0; i < ops; i++) {
         uint32_t op = 0;
-        CHECK(prog_append(p, KERNEL_COPY, "op", &shape, &args, sizeof args, &op) == QT_OK, "op");
+        if (collective_every && i % collective_every == 0) {
+            CHECK(prog_append(p, KERNEL_DP_COLLECTIVE, "collective", &shape, &collective_args,
+                              sizeof collective_args, &op) == QT_OK, "collective");
+        } else {
+            CHECK(prog_append(p, KERNEL_COPY, "op", &shape, &args, sizeof args, &op) == QT_OK,
+                  "op");
+        }
         uint32_t reads[2] = {(uint32_t)(capture_test_next(&state) % regions),
                              (uint32_t)(capture_test_next(&state) % regions)};
         uint32_t write = (uint32_t)(capture_test_next(&state) % regions);
@@ -351,15 +368,19 @@ static void test_capture_plan(void) {
         uint32_t ops, regions, fan;
         uint64_t seed;
         const char *what;
+        uint32_t collective_every;
     } cases[] = {
-        {60, 6, 0, 1, "60 ops over 6 regions"},
-        {400, 24, 0, 2, "400 ops over 24 regions"},
-        {400, 64, 0, 3, "400 ops over 64 regions"},
-        {200, 64, 63, 4, "one op read by 63"},
-        {128, 64, UINT32_MAX, 5, "64 writers, then 64 ops after them"},
+        {60, 6, 0, 1, "60 ops over 6 regions", 0},
+        {400, 24, 0, 2, "400 ops over 24 regions", 0},
+        {400, 64, 0, 3, "400 ops over 64 regions", 0},
+        {200, 64, 63, 4, "one op read by 63", 0},
+        {128, 64, UINT32_MAX, 5, "64 writers, then 64 ops after them", 0},
+        {400, 24, 0, 6, "400 ops over 24 regions, every 7th a collective", 7},
+        {128, 64, UINT32_MAX, 7, "64 writers, then 64 ops after them, every 5th a collective", 5},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        capture_program(&p, &a, cases[i].ops, cases[i].regions, cases[i].fan, cases[i].seed);
+        capture_program(&p, &a, cases[i].ops, cases[i].regions, cases[i].fan, cases[i].seed,
+                        cases[i].collective_every);
         capture_check(&p, cases[i].what);
     }
     test_end();

@@ -79,19 +79,27 @@ qt_status backend_open_gpu(backend *b, int device_ordinal) {
     return backend_comm_sms(&b->comm_sms);
 }
 
-qt_status backend_comm_sms(uint32_t *sms) {
-    *sms = BACKEND_COMM_SMS_DEFAULT;
-    const char *text = getenv("QTRAIN_COMM_SMS");
+// A whole number from $name in [lo, hi], else `fallback` when unset; QT_ERR_INPUT naming the
+// variable, what it sets and its range otherwise.
+static qt_status backend_env_uint(const char *name, const char *what, uint32_t lo, uint32_t hi,
+                                  uint32_t fallback, uint32_t *out) {
+    *out = fallback;
+    const char *text = getenv(name);
     if (!text || !*text) return QT_OK;
     char *end = NULL;
     unsigned long value = strtoul(text, &end, 10);
-    if (*end != '\0' || text[0] == '-' || value > BACKEND_COMM_SMS_MAX) {
-        return qt_fail(QT_ERR_INPUT, "QTRAIN_COMM_SMS is '%s': give the SMs a data-parallel "
-                       "step leaves to NCCL beside its GEMMs, a whole number from 0 to %d "
-                       "(unset: %d)", text, BACKEND_COMM_SMS_MAX, BACKEND_COMM_SMS_DEFAULT);
+    if (*end != '\0' || text[0] < '0' || text[0] > '9' || value < lo || value > hi) {
+        return qt_fail(QT_ERR_INPUT, "%s is '%s': give %s, a whole number from %u to %u (unset: "
+                       "%u)", name, text, what, lo, hi, fallback);
     }
-    *sms = (uint32_t)value;
+    *out = (uint32_t)value;
     return QT_OK;
+}
+
+qt_status backend_comm_sms(uint32_t *sms) {
+    return backend_env_uint("QTRAIN_COMM_SMS", "the SMs a data-parallel step leaves to NCCL "
+                            "beside its GEMMs", 0, BACKEND_COMM_SMS_MAX,
+                            BACKEND_COMM_SMS_DEFAULT, sms);
 }
 
 qt_status backend_attach_thread(backend *b) {
@@ -351,7 +359,10 @@ static qt_status backend_capture_ops(backend *b, const program *p) {
     CUstream *streams = b->capture_streams;
     CUevent *events = b->capture_events;
     // The GEMMs between the first collective and the last may run beside one: they leave
-    // comm_sms SMs to NCCL (the bits do not depend on the grid).
+    // comm_sms SMs to NCCL (the bits do not depend on the grid). Which of them do is not known
+    // here (a collective waits for its producer's mark on its own stream, whatever the program
+    // order), and an estimate from bytes and FLOPs that capped only some measured slower than
+    // no margin at all: a collective that meets an uncapped GEMM waits for its whole grid.
     uint32_t first_collective = p->op_count, last_collective = 0;
     for (uint32_t j = 0; j < p->op_count; j++) {
         if (!backend_collective(&p->ops[j])) continue;

@@ -70,6 +70,7 @@ typedef struct backend {
 #define BACKEND_COMM_SMS_MAX 64
 qt_status backend_comm_sms(uint32_t *sms);
 
+
 typedef struct backend_graph {
     const program *program;
     CUgraphExec exec;  // GPU only; the reference backend replays the op table

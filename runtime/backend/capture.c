@@ -1,5 +1,7 @@
 #include "runtime/backend/capture.h"
 
+#include "runtime/driver/modules.h"  // kernel_table: which ops are collectives
+
 static void capture_reset(capture_plan *c) {
     for (int s = 0; s < CAPTURE_STREAMS; s++) {
         c->last[s] = CAPTURE_NONE;
@@ -19,22 +21,31 @@ static void capture_needs(const capture_plan *c, uint32_t j, int32_t need[CAPTUR
     }
 }
 
-// A stream for op j: one whose last op j needs anyway (the chain goes on without a wait), else
-// an unused stream, else the one whose last op is oldest (the least likely to hold j back).
-static int capture_pick(const capture_plan *c, const int32_t need[CAPTURE_STREAMS]) {
+static bool capture_collective(const capture_plan *c, uint32_t j) {
+    return kernel_table[c->p->ops[j].kernel].module == MODULE_host;
+}
+
+// A stream for op j: in a program with collectives, the last stream for each collective and
+// never for another op; else one whose last op j needs anyway (the chain goes on without a
+// wait), else an unused stream, else the one whose last op is oldest (the least likely to hold
+// j back).
+static int capture_pick(const capture_plan *c, uint32_t j, const int32_t need[CAPTURE_STREAMS]) {
+    bool own = c->collective_stream != CAPTURE_NONE;
+    if (own && capture_collective(c, j)) return c->collective_stream;
+    int streams = own ? CAPTURE_STREAMS - 1 : CAPTURE_STREAMS;
     int best = -1;
-    for (int s = 0; s < CAPTURE_STREAMS; s++) {
+    for (int s = 0; s < streams; s++) {
         if (c->last[s] != CAPTURE_NONE && need[s] == c->last[s] &&
             (best < 0 || need[s] > need[best])) {
             best = s;
         }
     }
     if (best >= 0) return best;
-    for (int s = 0; s < CAPTURE_STREAMS; s++) {
+    for (int s = 0; s < streams; s++) {
         if (c->last[s] == CAPTURE_NONE) return s;
     }
     best = 0;
-    for (int s = 1; s < CAPTURE_STREAMS; s++) {
+    for (int s = 1; s < streams; s++) {
         if (c->last[s] < c->last[best]) best = s;
     }
     return best;
@@ -46,12 +57,16 @@ void capture_begin(capture_plan *c, const program *p) {
     c->stream_of = p->op_scratch;
     c->last_waiter = p->op_scratch + p->op_capacity;
     capture_reset(c);
-    for (uint32_t j = 0; j < p->op_count; j++) c->last_waiter[j] = UINT32_MAX;
+    c->collective_stream = CAPTURE_NONE;
+    for (uint32_t j = 0; j < p->op_count; j++) {
+        c->last_waiter[j] = UINT32_MAX;
+        if (capture_collective(c, j)) c->collective_stream = CAPTURE_STREAMS - 1;
+    }
     // The dry run: streams as the capture will pick them, each wait aimed at its very op.
     for (uint32_t j = 0; j < p->op_count; j++) {
         int32_t need[CAPTURE_STREAMS];
         capture_needs(c, j, need);
-        int s = capture_pick(c, need);
+        int s = capture_pick(c, j, need);
         for (int t = 0; t < CAPTURE_STREAMS; t++) {
             if (t == s || need[t] == CAPTURE_NONE || need[t] <= c->seen[s][t]) continue;
             c->last_waiter[need[t]] = j;
@@ -75,7 +90,7 @@ void capture_next(capture_plan *c, uint32_t j, capture_step *out) {
     capture_needs(c, j, need);
     int s = (int)c->stream_of[j];
     // The streams' last ops evolve as in the dry run, so the pick is the one planned.
-    QT_ASSERT(capture_pick(c, need) == s);
+    QT_ASSERT(capture_pick(c, j, need) == s);
     out->stream = s;
     out->wait_count = 0;
     // Waits go through marks, so seen grows no further than in the dry run where one is found;

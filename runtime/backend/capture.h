@@ -10,7 +10,8 @@
 // pool, not the stream's last op: a stream that went on with other work (the backward pass after
 // a layer's weight gradient) does not hold back an op that needs only its earlier part (the
 // gradient's reduction). When no mark is free, the wait falls back to the stream's last op,
-// which is later and so always safe.
+// which is later and so always safe. In a program with collectives (runtime/parallel), they
+// have a stream of their own.
 #ifndef QT_BACKEND_CAPTURE_H
 #define QT_BACKEND_CAPTURE_H
 
@@ -28,6 +29,10 @@ typedef struct capture_plan {
     int32_t last[CAPTURE_STREAMS];                   // each stream's last op placed
     int32_t seen[CAPTURE_STREAMS][CAPTURE_STREAMS];  // [s][t]: stream t's ops s already follows
     int32_t mark_op[CAPTURE_MARKS];                  // the op each mark follows (NONE: free)
+    // The stream of the collectives, which holds nothing else (NONE: the program has none): a
+    // gradient's reduction, placed after the whole backward pass in program order, then starts
+    // once its gradient is written, not behind the backward ops of a shared stream.
+    int32_t collective_stream;
     uint32_t *stream_of;    // per op: its stream (the first half of the program's scratch)
     uint32_t *last_waiter;  // per op: the last op of another stream that waits for it, or
                             // UINT32_MAX (the second half)
