@@ -68,8 +68,10 @@ void dp_comm_single(dp_comm *c);
 // The NCCL communicator of rank `rank` of `world`, on the calling thread's current context (the
 // GPU of ordinal `rank`); every rank must call it with the same id (ncclGetUniqueId of one of
 // them), and it returns when all have. Loads NCCL first (nccl_load). max_ctas (0: NCCL's choice)
-// caps the CTAs of NCCL's kernels through NCCL_MAX_CTAS, unless the environment sets it: NCCL
-// reads it once per process, at its first communicator.
+// caps the CTAs of NCCL's kernels through NCCL_MAX_CTAS (NCCL 2.17 and newer), unless the
+// environment sets it (setenv; NCCL reads it at its first communicator). A rank is a process
+// (qtrain run --gpus); a program that runs ranks as threads of one process sets NCCL_MAX_CTAS
+// itself before it starts them, since setenv beside another thread's getenv is a race.
 qt_status dp_comm_open_gpu(dp_comm *c, const ncclUniqueId *id, uint32_t rank, uint32_t world,
                            uint32_t max_ctas);
 void dp_comm_open_ref(dp_comm *c, dp_ref_group *g, uint32_t rank);
