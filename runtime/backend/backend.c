@@ -76,7 +76,8 @@ qt_status backend_open_gpu(backend *b, int device_ordinal) {
         QT_CU(cuEventCreate(&b->capture_marks[k], CU_EVENT_DISABLE_TIMING));
     }
     QT_TRY(modules_load(&b->modules, b->device));
-    return backend_comm_sms(&b->comm_sms);
+    b->comm_sms = BACKEND_COMM_SMS_DEFAULT;  // a data-parallel run reads QTRAIN_COMM_SMS
+    return QT_OK;
 }
 
 // A whole number from $name in [lo, hi], else `fallback` when unset; QT_ERR_INPUT naming the
@@ -352,8 +353,9 @@ qt_status backend_profile(backend *b, const program *p, const backend_graph *g, 
 static qt_status backend_capture_ops(backend *b, const program *p) {
     capture_plan c;
     capture_begin(&c, p);
-    // QTRAIN_CAPTURE_STREAM_WAITS=1: every wait on the stream's last op, the marks unused (the
-    // capture's order before marks; the same traces, for A/B runs).
+    // QTRAIN_CAPTURE_STREAM_WAITS=1 (any other value: unset): every wait on the other stream's
+    // last op, the marks unused; the plan's streams and wait list stay, so the run may wait
+    // again where a mark would have covered less. The same traces, for A/B runs.
     const char *stream_waits = getenv("QTRAIN_CAPTURE_STREAM_WAITS");
     bool marks = !(stream_waits && strcmp(stream_waits, "1") == 0);
     CUstream *streams = b->capture_streams;

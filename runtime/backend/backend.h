@@ -62,10 +62,11 @@ typedef struct backend {
     driver_syncs syncs;  // the synchronizing calls made through this backend (driver.h)
 } backend;
 
-// The SMs a data-parallel step leaves to NCCL beside its GEMMs (backend.comm_sms): $QTRAIN_COMM_SMS
-// when set (0 to BACKEND_COMM_SMS_MAX; 0 gives the GEMMs every SM), else the default. `qtrain run
-// --gpus` caps NCCL's CTAs at the same count (NCCL_MAX_CTAS, unless set). QT_ERR_INPUT for a
-// value that is no such number.
+// The SMs a data-parallel step leaves to NCCL beside its GEMMs (backend.comm_sms, the default
+// from backend_open_gpu; a rank reads this before it opens its communicator): $QTRAIN_COMM_SMS
+// when set (0 to BACKEND_COMM_SMS_MAX; 0 gives the GEMMs every SM), else the default. NCCL's
+// CTAs are capped at the same count (NCCL_MAX_CTAS, unless set). QT_ERR_INPUT for a value that
+// is no such number.
 #define BACKEND_COMM_SMS_DEFAULT 16
 #define BACKEND_COMM_SMS_MAX 64
 qt_status backend_comm_sms(uint32_t *sms);

@@ -1241,13 +1241,13 @@ static void mb_param_desc(const mb *b, uint32_t i, optim_param_desc *d) {
     QT_ASSERT(!"unknown format");
 }
 
-// Every parameter, in order: the list the optimizer's launches cover.
-// The parameters this rank updates (every one on a single GPU; with data parallelism those it
-// owns), in parameter order, into optim_list; returns their count.
 // Several ranks: one parameter a multi-tensor launch, its casts right after it, so that the
 // broadcast of each updated weight runs beside the next parameter's update.
 static uint32_t mb_optim_per_launch(const mb *b) { return mb_parallel(b) ? 1 : 0; }
 
+// Every parameter, in order: the list the optimizer's launches cover.
+// The parameters this rank updates (every one on a single GPU; with data parallelism those it
+// owns), in parameter order, into optim_list; returns their count.
 static uint32_t mb_optim_list(mb *b) {
     uint32_t count = 0;
     for (uint32_t i = 0; i < b->m->param_count; i++) {

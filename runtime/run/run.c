@@ -647,7 +647,9 @@ static qt_status run_open_parallel(run *r, backend *b) {
         }
         ncclUniqueId id;
         memcpy(&id, o->nccl_id, sizeof id);
-        // NCCL's CTAs fit the SMs that the step's GEMMs leave to them (backend_capture).
+        // NCCL's CTAs fit the SMs that the step's GEMMs leave to them (backend_capture). Read
+        // here, so that a bad value fails the runs it concerns, not every GPU open.
+        QT_TRY(backend_comm_sms(&b->comm_sms));
         QT_TRY(dp_comm_open_gpu(&r->dp, &id, o->rank, o->world, b->comm_sms));
     } else {
         if (!o->ref_group || o->ref_group->world != o->world) {
