@@ -305,6 +305,15 @@ static void capture_check(const program *p, const char *what, bool exhausts) {
     }
     CHECK(unordered == 0, "%s: %llu conflicting pairs unordered", what,
           (unsigned long long)unordered);
+    int32_t first_collective = CAPTURE_NONE, last_collective = CAPTURE_NONE;
+    for (uint32_t j = 0; j < p->op_count; j++) {
+        if (p->ops[j].kernel != KERNEL_DP_COLLECTIVE) continue;
+        if (first_collective == CAPTURE_NONE) first_collective = (int32_t)j;
+        last_collective = (int32_t)j;
+    }
+    CHECK(c.first_collective == first_collective && c.last_collective == last_collective,
+          "%s: the plan's collectives span ops %d..%d, the program's %d..%d", what,
+          c.first_collective, c.last_collective, first_collective, last_collective);
     CHECK(misplaced == 0 && (collectives == 0) == (c.collective_stream == CAPTURE_NONE),
           "%s: %u of %u collectives or other ops on the wrong stream (collective stream %d)",
           what, misplaced, collectives, c.collective_stream);

@@ -68,7 +68,7 @@ qt_status backend_open_gpu(backend *b, int device_ordinal) {
     QT_CU(cuStreamCreate(&b->stream, CU_STREAM_NON_BLOCKING));
     QT_CU(cuStreamCreate(&b->copy_stream, CU_STREAM_NON_BLOCKING));
     b->capture_streams[0] = b->stream;
-    for (int s = 0; s < BACKEND_CAPTURE_STREAMS; s++) {
+    for (int s = 0; s < CAPTURE_STREAMS; s++) {
         if (s > 0) QT_CU(cuStreamCreate(&b->capture_streams[s], CU_STREAM_NON_BLOCKING));
         QT_CU(cuEventCreate(&b->capture_events[s], CU_EVENT_DISABLE_TIMING));
     }
@@ -80,27 +80,19 @@ qt_status backend_open_gpu(backend *b, int device_ordinal) {
     return QT_OK;
 }
 
-// A whole number from $name in [lo, hi], else `fallback` when unset; QT_ERR_INPUT naming the
-// variable, what it sets and its range otherwise.
-static qt_status backend_env_uint(const char *name, const char *what, uint32_t lo, uint32_t hi,
-                                  uint32_t fallback, uint32_t *out) {
-    *out = fallback;
-    const char *text = getenv(name);
+qt_status backend_comm_sms(uint32_t *sms) {
+    *sms = BACKEND_COMM_SMS_DEFAULT;
+    const char *text = getenv("QTRAIN_COMM_SMS");
     if (!text || !*text) return QT_OK;
     char *end = NULL;
     unsigned long value = strtoul(text, &end, 10);
-    if (*end != '\0' || text[0] < '0' || text[0] > '9' || value < lo || value > hi) {
-        return qt_fail(QT_ERR_INPUT, "%s is '%s': give %s, a whole number from %u to %u (unset: "
-                       "%u)", name, text, what, lo, hi, fallback);
+    if (*end != '\0' || text[0] < '0' || text[0] > '9' || value > BACKEND_COMM_SMS_MAX) {
+        return qt_fail(QT_ERR_INPUT, "QTRAIN_COMM_SMS is '%s': give the SMs a data-parallel step "
+                       "leaves to NCCL beside its GEMMs, a whole number from 0 to %u (unset: %u)",
+                       text, BACKEND_COMM_SMS_MAX, BACKEND_COMM_SMS_DEFAULT);
     }
-    *out = (uint32_t)value;
+    *sms = (uint32_t)value;
     return QT_OK;
-}
-
-qt_status backend_comm_sms(uint32_t *sms) {
-    return backend_env_uint("QTRAIN_COMM_SMS", "the SMs a data-parallel step leaves to NCCL "
-                            "beside its GEMMs", 0, BACKEND_COMM_SMS_MAX,
-                            BACKEND_COMM_SMS_DEFAULT, sms);
 }
 
 qt_status backend_attach_thread(backend *b) {
@@ -128,7 +120,7 @@ void backend_open_ref(backend *b) {
 void backend_close(backend *b) {
     if (b->kind != BACKEND_GPU || !b->context) return;
     modules_unload(&b->modules);
-    for (int s = 0; s < BACKEND_CAPTURE_STREAMS; s++) {
+    for (int s = 0; s < CAPTURE_STREAMS; s++) {
         if (b->capture_events[s]) drv.cuEventDestroy(b->capture_events[s]);
         if (s > 0 && b->capture_streams[s]) drv.cuStreamDestroy(b->capture_streams[s]);
         b->capture_events[s] = NULL;
@@ -252,15 +244,11 @@ gemm_tier_device backend_gemm_device(const backend *b) {
                               b->info.sm_count, b->gemm_tier, b->gemm_ctas_max, &b->modules};
 }
 
-static bool backend_collective(const prog_op *op) {
-    return kernel_table[op->kernel].module == MODULE_host;
-}
-
 // gemm_ctas: the sm_90a tier's persistent grid at most this many CTAs (0: the backend's own).
 static qt_status backend_launch_on(backend *b, const prog_op *op, CUstream stream,
                                    uint32_t gemm_ctas) {
     // The collective op is NCCL's, enqueued on the op's stream like a kernel (captured too).
-    if (backend_collective(op)) return dp_launch((const dp_collective_args *)op->args, stream);
+    if (capture_collective(op)) return dp_launch((const dp_collective_args *)op->args, stream);
     gemm_tier_device tier = backend_gemm_device(b);
     if (gemm_ctas != 0 && (tier.ctas_max == 0 || gemm_ctas < tier.ctas_max)) {
         tier.ctas_max = gemm_ctas;
@@ -365,17 +353,11 @@ static qt_status backend_capture_ops(backend *b, const program *p) {
     // here (a collective waits for its producer's mark on its own stream, whatever the program
     // order), and an estimate from bytes and FLOPs that capped only some measured slower than
     // no margin at all: a collective that meets an uncapped GEMM waits for its whole grid.
-    uint32_t first_collective = p->op_count, last_collective = 0;
-    for (uint32_t j = 0; j < p->op_count; j++) {
-        if (!backend_collective(&p->ops[j])) continue;
-        if (first_collective == p->op_count) first_collective = j;
-        last_collective = j;
-    }
     uint32_t sms = (uint32_t)b->info.sm_count;
     uint32_t beside_ctas = b->comm_sms > 0 && b->comm_sms < sms ? sms - b->comm_sms : 0;
     // The side streams join the capture from stream 0's start.
     QT_CU(cuEventRecord(events[0], streams[0]));
-    for (int s = 1; s < BACKEND_CAPTURE_STREAMS; s++) {
+    for (int s = 1; s < CAPTURE_STREAMS; s++) {
         QT_CU(cuStreamWaitEvent(streams[s], events[0], 0));
     }
     for (uint32_t j = 0; j < p->op_count; j++) {
@@ -390,7 +372,7 @@ static qt_status backend_capture_ops(backend *b, const program *p) {
                                                                 : events[wait->stream];
             QT_CU(cuStreamWaitEvent(stream, after, 0));
         }
-        bool beside = j > first_collective && j < last_collective;
+        bool beside = (int32_t)j > c.first_collective && (int32_t)j < c.last_collective;
         QT_TRY(backend_launch_on(b, &p->ops[j], stream, beside ? beside_ctas : 0));
         QT_CU(cuEventRecord(events[step.stream], stream));
         if (marks && step.mark != CAPTURE_NONE) {
@@ -398,7 +380,7 @@ static qt_status backend_capture_ops(backend *b, const program *p) {
         }
     }
     // Every side stream joins stream 0 again before the capture ends.
-    for (int s = 1; s < BACKEND_CAPTURE_STREAMS; s++) {
+    for (int s = 1; s < CAPTURE_STREAMS; s++) {
         if (c.last[s] != CAPTURE_NONE) QT_CU(cuStreamWaitEvent(streams[0], events[s], 0));
     }
     return QT_OK;

@@ -32,8 +32,6 @@ typedef struct backend_device_info {
     uint64_t free_bytes;
 } backend_device_info;
 
-// Streams a capture spreads a program over (runtime/backend/capture.h).
-#define BACKEND_CAPTURE_STREAMS CAPTURE_STREAMS
 
 
 typedef struct backend {
@@ -43,8 +41,8 @@ typedef struct backend {
     CUstream stream;
     // Side streams and one event per stream (stream 0 is `stream`): a capture forks and joins
     // through them so that independent ops become parallel branches of the graph.
-    CUstream capture_streams[BACKEND_CAPTURE_STREAMS];
-    CUevent capture_events[BACKEND_CAPTURE_STREAMS];
+    CUstream capture_streams[CAPTURE_STREAMS];
+    CUevent capture_events[CAPTURE_STREAMS];
     CUevent capture_marks[CAPTURE_MARKS];  // events after the ops that other streams wait for
     // The next step's batch crosses PCIe on this stream, on the copy engine, beside the step
     // that runs on `stream` (backend_copy_beside).

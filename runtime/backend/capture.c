@@ -21,8 +21,8 @@ static void capture_needs(const capture_plan *c, uint32_t j, int32_t need[CAPTUR
     }
 }
 
-static bool capture_collective(const capture_plan *c, uint32_t j) {
-    return kernel_table[c->p->ops[j].kernel].module == MODULE_host;
+bool capture_collective(const prog_op *op) {
+    return kernel_table[op->kernel].module == MODULE_host;
 }
 
 // A stream for op j: in a program with collectives, the last stream for each collective and
@@ -31,7 +31,7 @@ static bool capture_collective(const capture_plan *c, uint32_t j) {
 // j back).
 static int capture_pick(const capture_plan *c, uint32_t j, const int32_t need[CAPTURE_STREAMS]) {
     bool own = c->collective_stream != CAPTURE_NONE;
-    if (own && capture_collective(c, j)) return c->collective_stream;
+    if (own && capture_collective(&c->p->ops[j])) return c->collective_stream;
     int streams = own ? CAPTURE_STREAMS - 1 : CAPTURE_STREAMS;
     int best = -1;
     for (int s = 0; s < streams; s++) {
@@ -57,11 +57,15 @@ void capture_begin(capture_plan *c, const program *p) {
     c->stream_of = p->op_scratch;
     c->last_waiter = p->op_scratch + p->op_capacity;
     capture_reset(c);
-    c->collective_stream = CAPTURE_NONE;
+    c->first_collective = c->last_collective = CAPTURE_NONE;
     for (uint32_t j = 0; j < p->op_count; j++) {
         c->last_waiter[j] = UINT32_MAX;
-        if (capture_collective(c, j)) c->collective_stream = CAPTURE_STREAMS - 1;
+        if (!capture_collective(&p->ops[j])) continue;
+        if (c->first_collective == CAPTURE_NONE) c->first_collective = (int32_t)j;
+        c->last_collective = (int32_t)j;
     }
+    c->collective_stream =
+        c->first_collective != CAPTURE_NONE ? CAPTURE_STREAMS - 1 : CAPTURE_NONE;
     // The dry run: streams as the capture will pick them, each wait aimed at its very op.
     for (uint32_t j = 0; j < p->op_count; j++) {
         int32_t need[CAPTURE_STREAMS];

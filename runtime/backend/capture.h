@@ -33,6 +33,9 @@ typedef struct capture_plan {
     // gradient's reduction, placed after the whole backward pass in program order, then starts
     // once its gradient is written, not behind the backward ops of a shared stream.
     int32_t collective_stream;
+    // The program's first and last collective (both NONE: none): the ops between them may run
+    // beside one.
+    int32_t first_collective, last_collective;
     uint32_t *stream_of;    // per op: its stream (the first half of the program's scratch)
     uint32_t *last_waiter;  // per op: the last op of another stream that waits for it, or
                             // UINT32_MAX (the second half)
@@ -54,6 +57,9 @@ typedef struct capture_step {
     capture_wait waits[CAPTURE_STREAMS];
     int32_t mark;
 } capture_step;
+
+// Whether op is a collective (runtime/parallel: NCCL's, run from the host's side).
+bool capture_collective(const prog_op *op);
 
 // Plans every op's stream and which ops other streams wait for (a dry run of the placement),
 // then readies the plan for capture_next from op 0.

@@ -381,6 +381,15 @@ static qt_status op_optim_multi_zero(program *p, const char *name, const optim_p
     return QT_OK;
 }
 
+// The casts of the non-empty parameters list[first, end), in order.
+static qt_status op_optim_casts_of(program *p, const optim_param_desc *list, uint32_t first,
+                                   uint32_t end) {
+    for (uint32_t i = first; i < end; i++) {
+        if (!op_optim_empty(&list[i])) QT_TRY(op_optim_casts(p, &list[i]));
+    }
+    return QT_OK;
+}
+
 qt_status op_optim_adamw_multi(program *p, const char *name, const optim_param_desc *list,
                                uint32_t count, prog_ref state, prog_ref table,
                                uint32_t per_launch) {
@@ -421,17 +430,11 @@ qt_status op_optim_adamw_multi(program *p, const char *name, const optim_param_d
             }
         }
         entry += n;
-        if (per_launch != 0) {  // this launch's casts before the next launch
-            for (uint32_t i = first; i < end; i++) {
-                if (!op_optim_empty(&list[i])) QT_TRY(op_optim_casts(p, &list[i]));
-            }
-        }
+        // Capped launches: this launch's casts before the next launch.
+        if (per_launch != 0) QT_TRY(op_optim_casts_of(p, list, first, end));
         first = end;
     }
-    for (uint32_t i = 0; i < count && per_launch == 0; i++) {
-        if (!op_optim_empty(&list[i])) QT_TRY(op_optim_casts(p, &list[i]));
-    }
-    return QT_OK;
+    return per_launch == 0 ? op_optim_casts_of(p, list, 0, count) : QT_OK;
 }
 
 qt_status op_optim_quantize(program *p, const optim_param_desc *d) {
