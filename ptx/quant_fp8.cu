@@ -528,15 +528,87 @@ extern "C" __global__ void __launch_bounds__(QT_FP8_UPDATE_THREADS)
     if (j < args.slots) qt_fp8_delayed_update_slot(&args, j);
 }
 
-// Every slot of up to QT_FP8_STATES_PER_OP states, one thread each (slots counted over the
-// states in order); each thread reads and writes only its own slot's words.
+// Every slot of up to QT_FP8_STATES_PER_OP states, one block each (slots counted over the states
+// in order). A slot's history roll is a column of up to RULES_HISTORY_MAX words a row of the
+// history apart: one thread walking it alone waits out the memory latency once per few rows
+// (113 us for 1024 rows on an H200, more than the rest of a small model's step), so the block's
+// threads share it. The block rolls QT_FP8_ROLL_BLOCK_ROWS rows at a time: every thread reads its
+// rows' old[i + 1] into registers, the block synchronizes, then every thread writes its new[i].
+// No write lands on a row that a later chunk reads (those are past the chunk's last row + 1), so
+// the roll is in place, as in the one-thread rule (quant_fp8.h). The history's maximum is a
+// maximum whatever the order (NaN rows skipped, as fmaxf does; zeros of either sign give no
+// scale), so the block's tree gives the one-thread loop's scale bit for bit.
+#define QT_FP8_ROLL_PER_THREAD 4u
+#define QT_FP8_ROLL_BLOCK_ROWS (QT_FP8_UPDATE_THREADS * QT_FP8_ROLL_PER_THREAD)
+
+// The block's maximum of each thread's `v` (fmaxf's NaN rule), in thread 0.
+__device__ __forceinline__ float qt_fp8_block_fmax(float v) {
+    __shared__ float warp_max[QT_FP8_UPDATE_THREADS / 32];
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(QT_FP8_FULL_MASK, v, o));
+    if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (uint32_t w = 1; w < QT_FP8_UPDATE_THREADS / 32; w++) v = fmaxf(v, warp_max[w]);
+    }
+    return v;
+}
+
+// qt_fp8_delayed_update_slot (quant_fp8.h) by the whole block: the same history and scale.
+__device__ __forceinline__ void qt_fp8_delayed_update_block(const fp8_delayed_state *st,
+                                                            uint32_t j) {
+    float *history = (float *)(uintptr_t)st->history;
+    uint32_t slots = st->slots, len = st->history_len;
+    // Every thread reads a_cur before any thread writes row 0 (the barrier in the first chunk).
+    float a_cur = history[j];
+    float amax = 0.0f;
+    // a_cur == 0: nothing rolls and the update's amax is 0 (the scale rule still runs: an
+    // infinite old scale becomes FLT_MAX).
+    for (uint32_t c = 0; a_cur != 0.0f && c < len; c += QT_FP8_ROLL_BLOCK_ROWS) {
+        float v[QT_FP8_ROLL_PER_THREAD];
+#pragma unroll
+        for (uint32_t q = 0; q < QT_FP8_ROLL_PER_THREAD; q++) {
+            uint32_t i = c + q * QT_FP8_UPDATE_THREADS + threadIdx.x;
+            v[q] = i + 1 < len ? history[(uint64_t)(i + 1) * slots + j] : a_cur;
+        }
+        __syncthreads();  // every read of the chunk before any of its writes
+#pragma unroll
+        for (uint32_t q = 0; q < QT_FP8_ROLL_PER_THREAD; q++) {
+            uint32_t i = c + q * QT_FP8_UPDATE_THREADS + threadIdx.x;
+            if (i >= len) continue;
+            amax = fmaxf(amax, v[q]);
+            history[(uint64_t)i * slots + j] = i > 0 ? v[q] : 0.0f;
+        }
+    }
+    amax = qt_fp8_block_fmax(amax);
+    if (threadIdx.x != 0) return;
+    if (st->algo == QT_FP8_AMAX_ALGO_MOST_RECENT) amax = a_cur;
+    float *scale = (float *)(uintptr_t)st->scale;
+    scale[j] = qt_fp8_delayed_scale(amax, st->scaled_max, scale[j]);
+}
+
+// One block per slot; its snapshots in qt_fp8_delayed_states_slot's order (quant_fp8.h).
 extern "C" __global__ void __launch_bounds__(QT_FP8_UPDATE_THREADS)
     qt_fp8_delayed_states(const __grid_constant__ fp8_delayed_states_args args) {
     qt_grid_enter();
-    uint32_t state, slot;
-    uint32_t index = blockIdx.x * QT_FP8_UPDATE_THREADS + threadIdx.x;
-    if (qt_fp8_delayed_states_find(&args, index, &state, &slot)) {
-        qt_fp8_delayed_states_slot(&args, state, slot);
+    uint32_t state, j;
+    if (!qt_fp8_delayed_states_find(&args, blockIdx.x, &state, &j)) return;
+    const fp8_delayed_state *st = &args.states[state];
+    uint32_t entry = st->first + j;
+    if (args.update) {
+        uint32_t *history = (uint32_t *)(uintptr_t)st->history;
+        if (threadIdx.x == 0 && args.amax_out) {
+            ((uint32_t *)(uintptr_t)args.amax_out)[entry] = history[j];
+        }
+        if (args.skip != 0 && *(const uint32_t *)(uintptr_t)args.skip != 0) {
+            if (threadIdx.x == 0) history[j] = 0u;  // after its snapshot, in thread order
+        } else {
+            qt_fp8_delayed_update_block(st, j);
+        }
+        __syncthreads();  // thread 0 wrote the scale that the snapshot reads
+    }
+    if (threadIdx.x == 0 && args.scale_out) {
+        const uint32_t *scale = (const uint32_t *)(uintptr_t)st->scale;
+        ((uint32_t *)(uintptr_t)args.scale_out)[entry] = scale[j];
     }
 }
 

@@ -14,7 +14,7 @@
 //                             optional amax (delayed) or scale from      block, 256 threads
 //                             amax (current)
 //   qt_fp8_delayed_update     history roll + scale update of k slots     one thread per slot
-//   qt_fp8_delayed_states     end of step of up to QT_FP8_STATES_PER_OP  one thread per slot
+//   qt_fp8_delayed_states     end of step of up to QT_FP8_STATES_PER_OP  one block per slot
 //                             states: amax snapshot, roll + scale        of all the states
 //                             update, scale snapshot (eval and infer:
 //                             the scale snapshot alone)
@@ -139,7 +139,8 @@ QT_STATIC_ASSERT(sizeof(fp8_transpose_args) == 48, "fp8_transpose_args layout");
 
 // The end of a step for several delayed-scaling states in one launch (a step's tail otherwise
 // costs three small launches per state). Slot j of state s is entry first + j of the snapshot
-// arrays (the trace's quantizer order), and one thread does, in this order:
+// arrays (the trace's quantizer order), and its work is, in this order (the C twin: one call of
+// qt_fp8_delayed_states_slot; the kernel: one block, which shares the roll among its threads):
 //   update = 1 (training):   amax_out[e] = history[0][j], this step's amax before the roll;
 //                            the update of qt_fp8_delayed_update_slot (no all-reduced amaxes);
 //                            scale_out[e] = scale[j], the scale the next step casts with

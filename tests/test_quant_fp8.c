@@ -1210,16 +1210,17 @@ typedef struct t_states_run {
     uint64_t bytes;  // of every region, in the order above (t_states_read's layout)
 } t_states_run;
 
-// Shapes of every kind: lengths 1, 2, 17 and 1024 (rolls of one, two and many chunks), both
-// algorithms and formats, margins 0..2. Snapshot entries run in reverse state order, so that the
+// Shapes of every kind: lengths 1, 2, 16, 17, 1024 and 2500 (the C twin's rolls of one, two and
+// many 16-row chunks; the kernel's of one whole and three 1024-row chunks, the last partial),
+// both algorithms and formats, margins 0..2. Snapshot entries run in reverse state order, so that the
 // kernel cannot rely on them following the states.
 static void t_states_shapes(const t_states_case *c, t_states_run *run) {
-    static const uint32_t lens[] = {1024, 16, 1, 2, 17};
+    static const uint32_t lens[] = {1024, 16, 1, 2, 17, 2500};
     uint32_t entry = 0;
     for (uint32_t k = c->count; k-- > 0;) {
         op_fp8_delayed_state *st = &run->st[k];
         st->slots = (1 + (k * 5 + 2) % 7) * c->slots_scale;
-        st->history_len = lens[k % 5];
+        st->history_len = lens[k % (sizeof lens / sizeof lens[0])];
         st->algo = k % 2 ? QT_FP8_AMAX_ALGO_MOST_RECENT : QT_FP8_AMAX_ALGO_MAX;
         st->fp8 = k % 3 == 1 ? QT_FP8_E5M2 : QT_FP8_E4M3;
         st->margin = (int)(k % 3);
@@ -1357,7 +1358,7 @@ static const t_states_case t_states_cases[] = {
     {"two_states_eval", 2, false, 1, false},    // eval and infer: scale snapshots only
     {"seven_states", 7, true, 1, false},        // two ops
     {"eight_states_eval", 8, false, 1, false},  // two ops, snapshots only
-    {"wide_states", 3, true, 150, false},       // 900 slots in all: four blocks
+    {"wide_states", 3, true, 150, false},       // 900 slots in all: 900 blocks
     {"seven_states_skipped", 7, true, 1, true},  // a skipped step: the state stays
     {"wide_states_skipped", 3, true, 150, true},
 };

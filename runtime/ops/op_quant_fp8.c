@@ -149,9 +149,10 @@ static qt_status op_fp8_delayed_states_op(program *p, const char *name,
                                              0};
         slots_total += st->slots;
     }
-    // One thread per slot: the kernel has no grid-stride loop, so the grid is never capped.
-    uint64_t blocks = (slots_total + QT_FP8_UPDATE_THREADS - 1) / QT_FP8_UPDATE_THREADS;
-    QT_ASSERT(slots_total <= 0xFFFFFFFFu && blocks <= 0x7FFFFFFFu);
+    // One block per slot (its threads share the history roll): the kernel has no grid-stride
+    // loop, so the grid is never capped.
+    uint64_t blocks = slots_total;
+    QT_ASSERT(blocks <= 0x7FFFFFFFu);
     launch_shape shape = {{(uint32_t)blocks, 1, 1}, {QT_FP8_UPDATE_THREADS, 1, 1}, 0};
     uint32_t op;
     QT_TRY(prog_append(p, KERNEL_FP8_DELAYED_STATES, name, &shape, &args, sizeof args, &op));
