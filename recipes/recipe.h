@@ -155,13 +155,14 @@ typedef struct recipe_model {
     recipe_layer layers[RECIPE_LAYERS_MAX];
 } recipe_model;
 
-// Where an FP8 weight's columnwise copy (the dgrad GEMM's operand) lives when it is the rowwise
-// copy transposed (per-tensor scaling, 128 x 128 block tiles): `weight_transpose = auto | stored
-// | per_step` in [quant].
+// Where a weight's columnwise copy (the dgrad GEMM's operand) lives when each step can make it:
+// the rowwise copy transposed (per-tensor FP8 scaling, 128 x 128 block tiles) or MXFP8's 1-D
+// columnwise cast from the master (one GPU): `weight_transpose = auto | stored | per_step` in
+// [quant].
 typedef enum recipe_weight_transpose {
     RECIPE_WEIGHT_T_AUTO,      // per step for the large weights of large batches (model.c)
     RECIPE_WEIGHT_T_STORED,    // written by the optimizer beside the rowwise copy, kept
-    RECIPE_WEIGHT_T_PER_STEP,  // transposed by each train step before the weight's dgrad
+    RECIPE_WEIGHT_T_PER_STEP,  // made by each train step before the weight's dgrad
     RECIPE_WEIGHT_T_COUNT
 } recipe_weight_transpose;
 

@@ -1302,6 +1302,7 @@ int main(void) {
     TEST_UNIT(test_weight_transpose(BACKEND_REF, "block"));
     TEST_UNIT(test_weight_transpose(BACKEND_REF, "current_mxfp8_grads"));
     TEST_UNIT(test_weight_transpose(BACKEND_REF, "block_mxfp8_grads"));
+    TEST_UNIT(test_weight_transpose(BACKEND_REF, "mxfp8"));
     TEST_UNIT(test_stage_ref());
     for (size_t i = 0; i < SCHEMES_COUNT; i++) {
         TEST_UNIT(test_gpu_eager_graph("tests/recipes/synthetic_tiny.recipe", schemes[i],
@@ -1316,6 +1317,7 @@ int main(void) {
     TEST_UNIT(test_weight_transpose(BACKEND_GPU, "current"));
     TEST_UNIT(test_weight_transpose(BACKEND_GPU, "delayed"));
     TEST_UNIT(test_weight_transpose(BACKEND_GPU, "block"));
+    TEST_UNIT(test_weight_transpose(BACKEND_GPU, "mxfp8"));
     TEST_UNIT(test_weight_transpose(BACKEND_GPU, "current_mxfp8_grads"));
     for (size_t i = 0; i < SCHEMES_COUNT; i++) TEST_UNIT(test_gpu_vs_ref(schemes[i]));
     tmp_dir_remove();

@@ -573,32 +573,39 @@ static qt_status model_param_regions(model *m, uint32_t index) {
                                 &p->weight);
 }
 
-// `weight_transpose = auto` makes a dense FP8 weight's columnwise copy per step (where it is the
-// rowwise copy transposed) when the weight has at least MODEL_WEIGHT_T_ELEMS_MIN elements and
-// the step at least MODEL_WEIGHT_T_ROWS_MIN rows. The transpose moves 2 bytes per element where
-// the dgrad GEMM does 2 x rows FLOPs per element: from 4096 rows on it costs under 10% of it (about
-// 3 TB/s against 1000 TFLOP/s on an H100) and under 4% of the weight's three GEMMs, while the
-// arena's peak, which falls in the backward pass, loses the copy's bytes (one per element).
+// `weight_transpose = auto` makes a dense FP8 or MXFP8 weight's columnwise copy per step when the
+// weight has at least MODEL_WEIGHT_T_ELEMS_MIN elements and the step at least
+// MODEL_WEIGHT_T_ROWS_MIN rows. The transpose moves 2 bytes per element where the dgrad GEMM
+// does 2 x rows FLOPs per element: from 4096 rows on it costs under 10% of it (about 3 TB/s
+// against 1000 TFLOP/s on an H100) and under 4% of the weight's three GEMMs, while the arena's
+// peak, which falls in the backward pass, loses the copy's bytes (one per element). MXFP8's
+// columnwise cast from the master moves 5 bytes per element (FP32 in, codes out, a scale per 32)
+// against a dgrad that Hopper runs at about half the FP8 rate: the same share of it.
 #define MODEL_WEIGHT_T_ELEMS_MIN (1u << 22)
 #define MODEL_WEIGHT_T_ROWS_MIN 4096u
 
 static model_weight_t model_weight_t_of(const model *m, const model_linear *lin,
                                         const model_param *w) {
     if (!m->modes[MODEL_MODE_TRAIN] || !lin->needs_dx) return MODEL_WEIGHT_T_NONE;
-    qt_format f = m->quantizers[lin->q_weight].q.format;
+    const qt_quantizer *q = &m->quantizers[lin->q_weight].q;
+    qt_format f = q->format;
     // The columnwise copy is the rowwise one transposed where one scale covers the tensor
-    // (per-tensor FP8) or square tiles (FP8 block scaling's 128 x 128 weights); 1-D blocks,
-    // MXFP8's and NVFP4's scales run along the other dimension in the columnwise copy.
-    bool transposable = (f == QT_FORMAT_FP8_E4M3 || f == QT_FORMAT_FP8_E5M2 ||
-                         f == QT_FORMAT_FP8_BLOCK_2D) && !lin->members;
+    // (per-tensor FP8) or square tiles (FP8 block scaling's 128 x 128 weights). MXFP8's 1-D
+    // columnwise blocks run along the other dimension, so its copy is cast again from the FP32
+    // master, which only a run on one GPU holds for every weight (ZeRO-1 gives each rank the
+    // masters it owns). NVFP4's columnwise copy is stored.
+    bool per_step_able = ((f == QT_FORMAT_FP8_E4M3 || f == QT_FORMAT_FP8_E5M2 ||
+                           f == QT_FORMAT_FP8_BLOCK_2D) ||
+                          (f == QT_FORMAT_MXFP8 && !q->two_d && m->world == 1)) &&
+                         !lin->members;
     switch (m->recipe->quant.weight_transpose) {
     case RECIPE_WEIGHT_T_STORED: return MODEL_WEIGHT_T_STORED;
     case RECIPE_WEIGHT_T_PER_STEP:
-        return transposable ? MODEL_WEIGHT_T_PER_STEP : MODEL_WEIGHT_T_STORED;
+        return per_step_able ? MODEL_WEIGHT_T_PER_STEP : MODEL_WEIGHT_T_STORED;
     case RECIPE_WEIGHT_T_AUTO: {
         bool large = (uint64_t)w->rows * w->cols >= MODEL_WEIGHT_T_ELEMS_MIN &&
                      m->batch >= MODEL_WEIGHT_T_ROWS_MIN;
-        return transposable && large ? MODEL_WEIGHT_T_PER_STEP : MODEL_WEIGHT_T_STORED;
+        return per_step_able && large ? MODEL_WEIGHT_T_PER_STEP : MODEL_WEIGHT_T_STORED;
     }
     case RECIPE_WEIGHT_T_COUNT: break;
     }
@@ -803,11 +810,14 @@ static void model_print_quantizer(const model *m, uint32_t index, int role_width
     fputc('\n', out);
 }
 
-static const char *model_weight_t_name(model_weight_t t) {
-    switch (t) {
+static const char *model_weight_t_name(const model *m, const model_linear *lin) {
+    switch (m->params[lin->weight].weight_t) {
     case MODEL_WEIGHT_T_NONE: return "none";
     case MODEL_WEIGHT_T_STORED: return "stored";
-    case MODEL_WEIGHT_T_PER_STEP: return "transposed per step";
+    case MODEL_WEIGHT_T_PER_STEP:
+        return m->quantizers[lin->q_weight].q.format == QT_FORMAT_MXFP8
+                   ? "cast per step from the master"
+                   : "transposed per step";
     }
     QT_ASSERT(!"unknown model_weight_t");
     return "?";
@@ -822,7 +832,7 @@ static void model_print_linear(const model *m, const model_linear *lin, const ch
         fprintf(out, " %s %s", model_gemm_names[g],
                 lin->path[g] == MODEL_GEMM_NATIVE ? "native" : "mixed(bf16)");
     }
-    fprintf(out, "; columnwise weight %s\n", model_weight_t_name(m->params[lin->weight].weight_t));
+    fprintf(out, "; columnwise weight %s\n", model_weight_t_name(m, lin));
     model_print_quantizer(m, lin->q_input, role_width, out);
     model_print_quantizer(m, lin->q_weight, role_width, out);
     model_print_quantizer(m, lin->q_grad, role_width, out);

@@ -923,15 +923,29 @@ static qt_status mb_loss(mb *b) {
 
 // The weight's columnwise copy for its dgrad: the stored one, or (MODEL_WEIGHT_T_PER_STEP) regions
 // of this program that a transpose of the rowwise codes (and of FP8 block scaling's tile scales)
-// fills right before the dgrad, so that their bytes are taken only from there to the dgrad.
-static qt_status mb_weight_columns(mb *b, const model_param *w, const char *name,
-                                   model_qstore *out) {
+// fills right before the dgrad, so that their bytes are taken only from there to the dgrad. An
+// MXFP8 weight's copy is cast there from the master, the tensor that the optimizer's cast read
+// (no write comes between): the stored copy's bytes.
+static qt_status mb_weight_columns(mb *b, const model_param *w, const model_quantizer *mq,
+                                   const char *name, model_qstore *out) {
     *out = w->weight;
     if (w->weight_t != MODEL_WEIGHT_T_PER_STEP) return QT_OK;
     char what[ARENA_NAME_MAX];
     snprintf(what, sizeof what, "%s.weight_t", name);
     QT_TRY(mb_region(b, what, (uint64_t)w->rows * w->cols, ARENA_CAT_WEIGHTS, &out->col_data));
     out->colwise = true;
+    if (mq->q.format == QT_FORMAT_MXFP8) {
+        char scales[ARENA_NAME_MAX];
+        snprintf(scales, sizeof scales, "%s.weight_t_scale", name);
+        QT_TRY(mb_region(b, scales, op_mxfp8_col_scales_bytes(w->rows, w->cols),
+                         ARENA_CAT_WEIGHTS, &out->col_scale));
+        model_tensor master = {mb_dev(b, w->master), QT_DTYPE_F32, w->rows, w->cols,
+                               OP_REF_NONE};
+        model_qstore columns_only = *out;
+        columns_only.rowwise = false;
+        op_mxfp8_quantize_desc d = mb_mxfp8_desc(mq, master, &columns_only);
+        return op_mxfp8_quantize(b->p, what, &d);
+    }
     op_fp8_scale_grid grid = {OP_REF_NONE, OP_REF_NONE, 0, 0};
     if (prog_ref_present(w->weight.row_scale)) {  // 128 x 128 tiles, [rows/128][cols/128]
         char scales[ARENA_NAME_MAX];
@@ -979,7 +993,7 @@ static qt_status mb_linear_backward(mb *b, uint32_t layer, model_tensor dy, mode
     QT_TRY(mb_tensor(b, what, rows, lin->in_padded, ARENA_CAT_ACTIVATIONS, dx));
     mb_operand g_row = mb_dense(qg, &dyq, rows, lin->out, false);
     model_qstore wt;
-    QT_TRY(mb_weight_columns(b, w, name, &wt));
+    QT_TRY(mb_weight_columns(b, w, &m->quantizers[lin->q_weight], name, &wt));
     mb_operand w_col = mb_dense(&m->quantizers[lin->q_weight], &wt, lin->out, lin->in_padded,
                                 true);
     snprintf(what, sizeof what, "%s.dgrad", name);
@@ -1069,7 +1083,7 @@ static qt_status mb_moe_router_backward(mb *b, const char *name, const model_moe
     mb_operand g_row = mb_dense(qg, &dlq, m->batch, mo->experts, false);
     model_qstore wt;
     snprintf(what, sizeof what, "%s.router", name);
-    QT_TRY(mb_weight_columns(b, w, what, &wt));
+    QT_TRY(mb_weight_columns(b, w, &m->quantizers[router->q_weight], what, &wt));
     mb_operand w_col = mb_dense(&m->quantizers[router->q_weight], &wt, mo->experts, mo->width,
                                 true);
     snprintf(what, sizeof what, "%s.router.dgrad", name);
