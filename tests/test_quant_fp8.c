@@ -1212,8 +1212,8 @@ typedef struct t_states_run {
 
 // Shapes of every kind: lengths 1, 2, 16, 17, 1024 and 2500 (the C twin's rolls of one, two and
 // many 16-row chunks; the kernel's of one whole and three 1024-row chunks, the last partial),
-// both algorithms and formats, margins 0..2. Snapshot entries run in reverse state order, so that the
-// kernel cannot rely on them following the states.
+// both algorithms and formats, margins 0..2. Snapshot entries run in reverse state order, so
+// that the kernel cannot rely on them following the states.
 static void t_states_shapes(const t_states_case *c, t_states_run *run) {
     static const uint32_t lens[] = {1024, 16, 1, 2, 17, 2500};
     uint32_t entry = 0;
