@@ -417,6 +417,57 @@ ACT_KERNEL(qt_swiglu_fwd_grouped, act_swiglu_fwd, true)
 ACT_KERNEL(qt_swiglu_bwd_grouped, act_swiglu_bwd, true)
 
 // ---------------------------------------------------------------------------------------------
+// A split-K GEMM's reduction fused with the activation of its D (act.h, gemm_act_args): thread i
+// of the grid takes element i, as qt_gemm_split_reduce does, stores D, and runs the dense
+// activation kernels' per-element code on the stored value, so that the pair's two launches
+// become one with the same bits (act_pre adds the activation's own bias; the amax is the dense
+// kernels' block flush). One element a thread, unlike the chunked act kernels: the parts' loads
+// dominate, and the launch is the reduction's. kAct as in act_fwd_flat.
+template <uint32_t kAct, bool kBackward>
+__device__ __forceinline__ void act_split_reduce(const gemm_act_args &args) {
+    const gemm_args &g = args.gemm;
+    const act_args &a = args.act;
+    const uint64_t elems = (uint64_t)g.m * g.n;
+    float alpha = qt_gemm_alpha(&g, 0);
+    float amax = 0.0f;
+    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < elems;
+         i += (uint64_t)gridDim.x * blockDim.x) {
+        float d = qt_gemm_split_element(&g, alpha, i);
+        qt_gemm_store_value(g.d, i, g.d_dtype, d);  // ldd = n
+        d = qt_gemm_stored_value(d, g.d_dtype);
+        float v = kBackward
+                      ? qt_act_backward(kAct, act_pre(a, i, qt_act_load(a.x, i, a.x_dtype)), d)
+                      : qt_act_forward(kAct, act_pre(a, i, d));
+        if (a.amax) amax = fmaxf(amax, fabsf(v));
+        qt_act_store(a.out, i, a.out_dtype, v);
+    }
+    if (a.amax) act_amax_flush(a, amax);
+}
+
+template <bool kBackward>
+__device__ __forceinline__ void act_split_reduce_of_kind(const gemm_act_args &args) {
+    if (args.act.act == QT_ACT_GELU) {
+        act_split_reduce<QT_ACT_GELU, kBackward>(args);
+    } else if (args.act.act == QT_ACT_SILU) {
+        act_split_reduce<QT_ACT_SILU, kBackward>(args);
+    } else {
+        act_split_reduce<QT_ACT_RELU, kBackward>(args);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
+    qt_gemm_split_reduce_act_fwd(const __grid_constant__ gemm_act_args args) {
+    qt_grid_enter();
+    act_split_reduce_of_kind<false>(args);
+}
+
+extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
+    qt_gemm_split_reduce_act_bwd(const __grid_constant__ gemm_act_args args) {
+    qt_grid_enter();
+    act_split_reduce_of_kind<true>(args);
+}
+
+// ---------------------------------------------------------------------------------------------
 // RMSNorm.
 
 __device__ __forceinline__ bool act_rows_vec(uint64_t addresses, uint32_t cols) {

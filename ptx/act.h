@@ -13,6 +13,10 @@
 //   qt_swiglu_fwd / _bwd      x [rows][2H] -> y = silu(a) * b [rows][H]     8 elements a thread
 //   qt_*_grouped              the four above over a grouped tensor (act_args.group): the active
 //                             rows alone, the amax per member (dynamic shared memory)
+//   qt_gemm_split_reduce_act_fwd / _bwd                                     1-D grid-stride,
+//                             a split-K GEMM's reduction (gemm.h) and the   one element a
+//                             dense qt_act_fwd / _bwd that reads its D, in  thread
+//                             one launch (gemm_act_args below)
 //   qt_rmsnorm_fwd            y = x * inv_rms * gamma, inv_rms [rows]       one warp per row,
 //   qt_rmsnorm_bwd_dx         dx                                            8 rows per block
 //   qt_rmsnorm_dgamma_partial partials[p][c] = sum over rows of part p      256 columns x part
@@ -56,6 +60,7 @@
 #define QT_ACT_H
 
 #include "ptx/core.h"      // QT_DTYPE_BF16, QT_DTYPE_F32
+#include "ptx/gemm.h"      // gemm_args, qt_gemm_split_element, qt_gemm_stored_value
 #include "ptx/qt_codec.h"  // qt_f32_to_bf16, qt_bf16_to_f32, qt_f32_is_nan
 #include "ptx/qt_hd.h"
 #include "ptx/qt_math.h"   // qt_expf, qt_logf, qt_math_exp_core
@@ -113,6 +118,28 @@ typedef struct act_args {
     qt_group_desc group;
 } act_args;
 QT_STATIC_ASSERT(sizeof(act_args) == 96, "act_args layout");
+
+// A split-K GEMM's reduction fused with the activation that consumes its D, one launch in place
+// of qt_gemm_split_reduce and qt_act_fwd (or qt_act_bwd) one after the other, with their bits.
+// Element i of D (gemm.h "Split-K": the parts' sum in index order and the epilogue) is stored to
+// D in d_dtype as the reduction stores it, and the activation then takes that stored (rounded)
+// value as qt_act_fwd / qt_act_bwd would load it from D:
+//   forward (_fwd):   out = act(D + act.bias), D the pre-activation the backward pass reads;
+//   backward (_bwd):  D is the gradient at the activation's output (a dgrad), out = dx =
+//                     D * act'(act.x + act.bias) from the saved pre-activation act.x.
+// amax, NaN canonicalization and out's dtype are the activation's (act_args). Only dense GEMMs
+// and activations of QT_ACT_RELU, GELU or SILU: gemm.split_parts > 1, gemm.ldd = n (D is the
+// activation's [rows][cols] tensor), act.rows = m, act.cols = n, act.group.count = 0. The
+// activation's own read of D is the store above, so act.x (forward) and act.dy (backward) are
+// not read; their dtype fields equal d_dtype.
+typedef struct gemm_act_args {
+    gemm_args gemm;  // qt_gemm_split_reduce's args
+    act_args act;    // qt_act_fwd's or qt_act_bwd's
+} gemm_act_args;
+QT_STATIC_ASSERT(sizeof(gemm_act_args) == 336, "gemm_act_args layout");
+// Their launch is the reduction's (GEMM_SPLIT_REDUCE_THREADS a block), and the dense amax's
+// block flush takes QT_ACT_THREADS.
+QT_STATIC_ASSERT(GEMM_SPLIT_REDUCE_THREADS == QT_ACT_THREADS, "one block size");
 
 // RMSNorm. Forward writes y and inv_rms; backward writes dx, the dgamma partials and dgamma.
 typedef struct rmsnorm_args {
@@ -235,7 +262,9 @@ QT_STATIC_ASSERT(sizeof(gnorm_args) == 200, "gnorm_args layout");
     X(KERNEL_MSE_FINAL, act, qt_mse_final, mse_args)                                         \
     X(KERNEL_XENT_SMALL, act, qt_xent_small, xent_args)                                      \
     X(KERNEL_MSE_SMALL, act, qt_mse_small, mse_args)                                         \
-    X(KERNEL_GNORM, act, qt_gnorm, gnorm_args)
+    X(KERNEL_GNORM, act, qt_gnorm, gnorm_args)                                               \
+    X(KERNEL_GEMM_SPLIT_REDUCE_ACT_FWD, act, qt_gemm_split_reduce_act_fwd, gemm_act_args)    \
+    X(KERNEL_GEMM_SPLIT_REDUCE_ACT_BWD, act, qt_gemm_split_reduce_act_bwd, gemm_act_args)
 
 // ---------------------------------------------------------------------------------------------
 // Loads and stores. Addresses are device addresses on the GPU and host addresses on the reference

@@ -130,7 +130,10 @@
 // type) as the unsplit kernel does. No atomics, no order that depends on the grid or on timing:
 // the bits depend on the operands and split_k alone. Parts start at multiples of
 // GEMM_SPLIT_K_ALIGN = 128, so every part begins on a stage of every format, a per-tensor FP8
-// split-accumulator chunk and an FP8 block, MXFP8 and NVFP4 scale block.
+// split-accumulator chunk and an FP8 block, MXFP8 and NVFP4 scale block. Where an activation
+// reads D, the reduction may take it along: qt_gemm_split_reduce_act_fwd / _bwd (ptx/act.h,
+// gemm_act_args) store D exactly as qt_gemm_split_reduce does (qt_gemm_split_element) and apply
+// the activation to the stored value in the same launch.
 #define GEMM_SPLIT_K_ALIGN 128u
 #define GEMM_SPLIT_PARTS_MAX 16u
 #define GEMM_SPLIT_REDUCE_THREADS 256u
@@ -328,6 +331,27 @@ QT_HD float qt_gemm_split_add(float acc, float partial) { return acc + partial; 
 // Split-K reduction: sum + part, one FP32 addition per part after the first, in part order.
 QT_HD float qt_gemm_parts_add(float sum, float part) { return sum + part; }
 
+// D's elements (and C's, of D's dtype) as the kernels and twins load and store them: BF16 stores
+// round to nearest even (qt_f32_to_bf16), FP32 ones keep the value's bits.
+QT_HD float qt_gemm_load_value(uint64_t base, uint64_t index, uint32_t dtype) {
+    if (dtype == QT_DTYPE_BF16) return qt_bf16_to_f32(((const uint16_t *)(uintptr_t)base)[index]);
+    return ((const float *)(uintptr_t)base)[index];
+}
+
+QT_HD void qt_gemm_store_value(uint64_t base, uint64_t index, uint32_t dtype, float v) {
+    if (dtype == QT_DTYPE_BF16) {
+        ((uint16_t *)(uintptr_t)base)[index] = qt_f32_to_bf16(v);
+    } else {
+        ((float *)(uintptr_t)base)[index] = v;
+    }
+}
+
+// The value a load of D returns after qt_gemm_store_value stored v, without the round trip
+// through memory (a consumer fused with the store sees what a later kernel would read).
+QT_HD float qt_gemm_stored_value(float v, uint32_t dtype) {
+    return dtype == QT_DTYPE_BF16 ? qt_bf16_to_f32(qt_f32_to_bf16(v)) : v;
+}
+
 // Whether a GEMM's args ask for split-K.
 QT_HD int qt_gemm_is_split(const gemm_args *args) { return args->split_parts > 1u; }
 
@@ -348,6 +372,26 @@ QT_HD float qt_gemm_epilogue(float acc, float alpha, int has_c, float beta, floa
     if (has_c) v = v + beta * c;
     if (has_bias) v = v + bias;
     return v;
+}
+
+// Split-K reduction of element i of D (i = row * n + col, the workspace's order), before D's
+// rounding: the parts' sum in index order, then the epilogue with alpha' (qt_gemm_alpha) and the
+// C element and bias column of D's position (row * ldd + col). qt_gemm_split_reduce, its fused
+// form with an activation (ptx/act.h) and their twins all compute it here.
+QT_HD float qt_gemm_split_element(const gemm_args *args, float alpha, uint64_t i) {
+    const float *parts = (const float *)(uintptr_t)args->workspace;
+    const uint64_t elems = (uint64_t)args->m * args->n;
+    float sum = parts[i];
+    for (uint32_t p = 1; p < args->split_parts; p++) {
+        sum = qt_gemm_parts_add(sum, parts[(uint64_t)p * elems + i]);
+    }
+    uint32_t col = (uint32_t)(i % args->n);
+    uint64_t index = i / args->n * args->ldd + col;
+    int has_c = args->c != 0 && args->beta != 0.0f;
+    int has_bias = args->bias != 0;
+    float c = has_c ? qt_gemm_load_value(args->c, index, args->d_dtype) : 0.0f;
+    float bias = has_bias ? qt_gemm_load_value(args->bias, col, args->bias_dtype) : 0.0f;
+    return qt_gemm_epilogue(sum, alpha, has_c, args->beta, c, has_bias, bias);
 }
 
 // Index of block scale (r, kb) of an operand, per the table above.

@@ -938,27 +938,18 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 }
 
 // Split-K reduction (gemm.h): thread i of the grid takes element i of D ([m][n], row-major);
-// its parts are summed in index order, then the unsplit kernel's epilogue. Launch:
-// ceil(m n / GEMM_SPLIT_REDUCE_THREADS) blocks (grid-stride beyond 2^31 - 1 of them),
-// GEMM_SPLIT_REDUCE_THREADS threads.
+// its parts are summed in index order, then the unsplit kernel's epilogue
+// (qt_gemm_split_element). Launch: ceil(m n / GEMM_SPLIT_REDUCE_THREADS) blocks (grid-stride
+// beyond 2^31 - 1 of them), GEMM_SPLIT_REDUCE_THREADS threads.
 extern "C" __global__ void __launch_bounds__(GEMM_SPLIT_REDUCE_THREADS)
     qt_gemm_split_reduce(const __grid_constant__ gemm_args args) {
     qt_grid_enter();
-    const float *parts = reinterpret_cast<const float *>(args.workspace);
     const uint64_t elems = (uint64_t)args.m * args.n;
-    const uint8_t *c = reinterpret_cast<const uint8_t *>(args.c);
-    const uint8_t *bias = reinterpret_cast<const uint8_t *>(args.bias);
     float alpha = qt_gemm_alpha(&args, 0);
     for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < elems;
          i += (uint64_t)gridDim.x * blockDim.x) {
-        float sum = parts[i];
-        for (uint32_t p = 1; p < args.split_parts; p++) {
-            sum = qt_gemm_parts_add(sum, parts[(uint64_t)p * elems + i]);
-        }
-        uint32_t row = (uint32_t)(i / args.n), col = (uint32_t)(i % args.n);
-        uint64_t index = (uint64_t)row * args.ldd + col;
-        gemm_store_value(reinterpret_cast<uint8_t *>(args.d), index, args.d_dtype,
-                         gemm_epilogue_value(args, c, bias, alpha, index, col, sum));
+        uint64_t index = i / args.n * args.ldd + i % args.n;
+        qt_gemm_store_value(args.d, index, args.d_dtype, qt_gemm_split_element(&args, alpha, i));
     }
 }
 

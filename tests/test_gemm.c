@@ -2323,6 +2323,355 @@ static void run_decode_tables(void) {
     decode_table_case(GEMM_DECODE_NVFP4, GEMM_ELEM_E2M1, "gemm_decode_nvfp4");
 }
 
+// ---------------------------------------------------------------------------------------------
+// A split-K GEMM's reduction fused with the activation of its D (op_gemm_act, ptx/act.h
+// gemm_act_args) against the two ops it replaces: one program holds both forms over the same
+// operands (own workspaces and outputs), and D, the activation's output and its amax must agree
+// bit for bit. GPU units (`_gpu`) compare the GPU's fused form with its unfused pair and with the
+// reference backend's fused form: the operands are small integers, so every part's sum is exact
+// and the GEMMs of the two backends agree too.
+
+typedef struct split_act_form {
+    uint32_t seed;
+    uint32_t format;  // GEMM_FORMAT_BF16 | GEMM_FORMAT_FP8
+    uint32_t m, n, k, parts;
+    uint32_t act;
+    bool backward;
+    uint32_t d_dtype, out_dtype, x_dtype, act_bias_dtype;
+    bool gemm_bias, act_bias, amax, specials;  // specials: NaN, Inf, huge and tiny C and x
+} split_act_form;
+
+// Outputs of one run: [0] unfused, [1] fused.
+typedef struct split_act_result {
+    uint8_t *d[2], *out[2];
+    float amax[2];
+    size_t d_bytes, out_bytes;
+    uint32_t fused_kernel;  // the fused op's kernel id
+    uint32_t ops;           // ops in the program
+} split_act_result;
+
+static uint32_t dtype_bytes(uint32_t dtype) { return dtype == QT_DTYPE_BF16 ? 2u : 4u; }
+
+// Values of a tensor in a dtype: normal(0, scale), with specials (NaN, +-Inf, -0, huge, tiny and
+// GELU's and SiLU's cut-off regions) at about one element in 16 when asked.
+static uint8_t *split_act_values(uint32_t dtype, size_t count, double scale, bool specials) {
+    static const uint32_t bits[] = {0x7FC00000u, 0xFFC12345u, 0x7F800000u, 0xFF800000u,
+                                    0x80000000u, 0x00000000u, 0x7F7FFFFFu, 0xFF7FFFFFu,
+                                    0x00000001u, 0x80400000u, 0x41200000u, 0xC1200000u,
+                                    0x42B00000u, 0xC2D00000u, 0x3F800000u, 0xC0800000u};
+    uint8_t *out = malloc(count * dtype_bytes(dtype));
+    for (size_t i = 0; i < count; i++) {
+        float v = (float)(rng_normal() * scale);
+        if (specials && rng_int(0, 15) == 0) v = qt_bits_f32(bits[rng_int(0, 15)]);
+        out_store(dtype, out, i, v);
+    }
+    return out;
+}
+
+static const char *act_name(uint32_t act) {
+    return act == QT_ACT_GELU ? "gelu" : act == QT_ACT_SILU ? "silu" : "relu";
+}
+
+// Builds, runs and reads back both forms of f on rig r.
+static void split_act_run(rig *r, const split_act_form *f, split_act_result *res) {
+    rng_state = f->seed;
+    const uint32_t m = f->m, n = f->n, k = f->k;
+    const bool fp8 = f->format == GEMM_FORMAT_FP8;
+    const size_t ab_bytes = fp8 ? 1u : 2u;
+    uint8_t *a = malloc((size_t)m * k * ab_bytes), *b = malloc((size_t)n * k * ab_bytes);
+    for (size_t i = 0; i < (size_t)m * k; i++) {
+        if (fp8) a[i] = qt_f32_to_e4m3((float)rng_int(-2, 2));
+        else ((uint16_t *)a)[i] = qt_f32_to_bf16((float)rng_int(-2, 2));
+    }
+    for (size_t i = 0; i < (size_t)n * k; i++) {
+        if (fp8) b[i] = qt_f32_to_e4m3((float)rng_int(-2, 2));
+        else ((uint16_t *)b)[i] = qt_f32_to_bf16((float)rng_int(-2, 2));
+    }
+    const float tensor_scales[2] = {0.5f, 2.0f}, zeros[2] = {0.0f, 0.0f};
+    uint8_t *bias = split_act_values(QT_DTYPE_F32, n, 0.5, false);
+    uint8_t *c = split_act_values(f->d_dtype, (size_t)m * n, 2.0, true);
+    uint8_t *x = split_act_values(f->x_dtype, (size_t)m * n, 3.0, f->specials);
+    uint8_t *act_bias_values = split_act_values(f->act_bias_dtype, n, 0.5, false);
+    res->d_bytes = (size_t)m * n * dtype_bytes(f->d_dtype);
+    res->out_bytes = (size_t)m * n * dtype_bytes(f->out_dtype);
+
+    rig_reset(r);
+    arena_handle ha = rig_reserve(r, "a", (uint64_t)m * k * ab_bytes);
+    arena_handle hb = rig_reserve(r, "b", (uint64_t)n * k * ab_bytes);
+    arena_handle hs = rig_reserve(r, "tensor_scales", sizeof tensor_scales);
+    arena_handle hbias = rig_reserve(r, "bias", 4u * n);
+    arena_handle hc = rig_reserve(r, "c", res->d_bytes);
+    arena_handle hx = rig_reserve(r, "x", (uint64_t)m * n * dtype_bytes(f->x_dtype));
+    arena_handle habias = rig_reserve(r, "act_bias", (uint64_t)n * dtype_bytes(f->act_bias_dtype));
+    arena_handle hamax = rig_reserve(r, "amax", sizeof zeros);
+    arena_handle hws[2], hd[2], hout[2];
+    op_gemm_desc g = {0};
+    g.format = f->format;
+    g.flags = fp8 && f->backward ? GEMM_FLAG_SPLIT_ACCUMULATE : 0u;
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    g.alpha = 0.0371f;
+    uint32_t elem = fp8 ? GEMM_ELEM_E4M3 : GEMM_ELEM_BF16;
+    prog_ref none = {0};
+    g.a = op_gemm_operand_of(f->format, elem, m, k, false, false, rig_ref(r, ha, 0), none,
+                             fp8 ? rig_ref(r, hs, 0) : none);
+    g.b = op_gemm_operand_of(f->format, elem, n, k, false, false, rig_ref(r, hb, 0), none,
+                             fp8 ? rig_ref(r, hs, 4) : none);
+    g.d_dtype = f->d_dtype;
+    if (f->specials) {  // C brings NaN and Inf into D
+        g.c = rig_ref(r, hc, 0);
+        g.beta = 0.5f;
+    }
+    if (f->gemm_bias) {
+        g.bias = rig_ref(r, hbias, 0);
+        g.bias_dtype = QT_DTYPE_F32;
+    }
+    g.split_parts = f->parts;
+    op_act_tensor act_bias = OP_ACT_NONE;
+    if (f->act_bias) act_bias = (op_act_tensor){rig_ref(r, habias, 0), f->act_bias_dtype};
+    op_act_tensor x_saved = {rig_ref(r, hx, 0), f->x_dtype};
+    for (int form = 0; form < 2; form++) {
+        char name[16];
+        snprintf(name, sizeof name, "ws%d", form);
+        hws[form] = rig_reserve(r, name, op_gemm_workspace_bytes(&g, f->parts));
+        snprintf(name, sizeof name, "d%d", form);
+        hd[form] = rig_reserve(r, name, res->d_bytes);
+        snprintf(name, sizeof name, "out%d", form);
+        hout[form] = rig_reserve(r, name, res->out_bytes);
+        op_gemm_desc gf = g;
+        gf.workspace = rig_ref(r, hws[form], 0);
+        gf.d = rig_ref(r, hd[form], 0);
+        op_act_tensor out = {rig_ref(r, hout[form], 0), f->out_dtype};
+        op_act_tensor d = {gf.d, f->d_dtype};
+        prog_ref amax = f->amax ? rig_ref(r, hamax, 4u * form) : none;
+        if (form == 1) {
+            uint32_t before = r->prog.op_count;
+            op_gemm_act_desc act = {"act", f->act, f->backward, f->backward ? x_saved : OP_ACT_NONE,
+                                    act_bias, out, amax};
+            CHECK(op_gemm_act_fuses(&gf), "op_gemm_act_fuses refuses a split GEMM");
+            RIG_OK(op_gemm_act(&r->prog, "gemm", &gf, &act));
+            CHECK(r->prog.op_count == before + 2, "%u ops for the fused form, expected 2",
+                  r->prog.op_count - before);
+            res->fused_kernel = r->prog.ops[r->prog.op_count - 1].kernel;
+        } else {
+            RIG_OK(op_gemm(&r->prog, "gemm", &gf));
+            if (f->backward) {
+                RIG_OK(op_act_backward(&r->prog, "act", f->act, m, n, x_saved, act_bias, d, out,
+                                       amax));
+            } else {
+                RIG_OK(op_act_forward(&r->prog, "act", f->act, m, n, d, act_bias, out, amax));
+            }
+        }
+    }
+    res->ops = r->prog.op_count;
+    rig_bind(r);
+    RIG_OK(backend_write(&r->be, rig_ref(r, ha, 0), a, (uint64_t)m * k * ab_bytes));
+    RIG_OK(backend_write(&r->be, rig_ref(r, hb, 0), b, (uint64_t)n * k * ab_bytes));
+    RIG_OK(backend_write(&r->be, rig_ref(r, hs, 0), tensor_scales, sizeof tensor_scales));
+    RIG_OK(backend_write(&r->be, rig_ref(r, hbias, 0), bias, 4u * n));
+    RIG_OK(backend_write(&r->be, rig_ref(r, hc, 0), c, res->d_bytes));
+    RIG_OK(backend_write(&r->be, rig_ref(r, hx, 0), x, (uint64_t)m * n * dtype_bytes(f->x_dtype)));
+    RIG_OK(backend_write(&r->be, rig_ref(r, habias, 0), act_bias_values,
+                         (uint64_t)n * dtype_bytes(f->act_bias_dtype)));
+    RIG_OK(backend_write(&r->be, rig_ref(r, hamax, 0), zeros, sizeof zeros));
+    rig_execute(r);
+    for (int form = 0; form < 2; form++) {
+        res->d[form] = malloc(res->d_bytes);
+        res->out[form] = malloc(res->out_bytes);
+        RIG_OK(backend_read(&r->be, res->d[form], rig_ref(r, hd[form], 0), res->d_bytes));
+        RIG_OK(backend_read(&r->be, res->out[form], rig_ref(r, hout[form], 0), res->out_bytes));
+    }
+    float amax[2];
+    RIG_OK(backend_read(&r->be, amax, rig_ref(r, hamax, 0), sizeof amax));
+    res->amax[0] = amax[0];
+    res->amax[1] = amax[1];
+    free(a);
+    free(b);
+    free(bias);
+    free(c);
+    free(x);
+    free(act_bias_values);
+}
+
+static void split_act_free(split_act_result *res) {
+    for (int form = 0; form < 2; form++) {
+        free(res->d[form]);
+        free(res->out[form]);
+    }
+}
+
+// Bytes of two results of one dtype, element by element; reports the first difference.
+static void split_act_same(const char *what, const char *label, uint32_t dtype,
+                           const uint8_t *got, const uint8_t *want, size_t bytes) {
+    size_t esz = dtype_bytes(dtype), first = 0;
+    while (first < bytes && got[first] == want[first]) first++;
+    if (first == bytes) return;
+    size_t i = first / esz;
+    CHECK(false, "%s: %s differs at element %zu: 0x%08x, expected 0x%08x", label, what, i,
+          out_bits(dtype, got, i), out_bits(dtype, want, i));
+}
+
+static void split_act_compare(const char *label, const split_act_form *f,
+                              const split_act_result *got, int got_form,
+                              const split_act_result *want, int want_form) {
+    split_act_same("D", label, f->d_dtype, got->d[got_form], want->d[want_form], got->d_bytes);
+    split_act_same("out", label, f->out_dtype, got->out[got_form], want->out[want_form],
+                   got->out_bytes);
+    CHECK(qt_f32_bits(got->amax[got_form]) == qt_f32_bits(want->amax[want_form]),
+          "%s: amax 0x%08x, expected 0x%08x", label, qt_f32_bits(got->amax[got_form]),
+          qt_f32_bits(want->amax[want_form]));
+}
+
+// The combinations of one unit: D and out in BF16 and FP32, with and without the GEMM's bias,
+// the amax and special values, on an odd shape (67 x 131, k 640 in 3 parts) and on
+// Fashion-MNIST's hidden layer (256 x 1024, k 1024 in 2) for some.
+#define SPLIT_ACT_FORMS 16u
+
+static split_act_form split_act_form_of(uint32_t format, uint32_t act, bool backward,
+                                        uint32_t i) {
+    split_act_form f = {0};
+    f.seed = 7001u + 97u * i + 13u * act + (backward ? 5u : 0u) + format;
+    f.format = format;
+    f.act = act;
+    f.backward = backward;
+    f.d_dtype = i & 1u ? QT_DTYPE_F32 : QT_DTYPE_BF16;
+    f.gemm_bias = (i & 2u) != 0;
+    f.amax = (i & 4u) != 0;
+    f.specials = (i & 8u) != 0;
+    // The other dtypes and the activation's own bias vary with the combination.
+    f.out_dtype = (i % 3u) == 0 ? QT_DTYPE_F32 : QT_DTYPE_BF16;
+    f.x_dtype = (i % 5u) < 2 ? QT_DTYPE_F32 : QT_DTYPE_BF16;
+    f.act_bias = (i % 3u) == 1;
+    f.act_bias_dtype = (i & 1u) ? QT_DTYPE_BF16 : QT_DTYPE_F32;
+    bool fashion = f.amax && !f.specials && (i & 2u);
+    f.m = fashion ? 256 : 67;
+    f.n = fashion ? 1024 : 131;
+    f.k = fashion ? 1024 : 640;
+    f.parts = fashion ? 2 : 3;
+    return f;
+}
+
+static void split_act_label(const split_act_form *f, char *label, size_t size) {
+    snprintf(label, size, "%ux%ux%u/%u d %s out %s%s%s%s%s", f->m, f->n, f->k, f->parts,
+             f->d_dtype == QT_DTYPE_BF16 ? "bf16" : "f32",
+             f->out_dtype == QT_DTYPE_BF16 ? "bf16" : "f32", f->gemm_bias ? " gemm_bias" : "",
+             f->act_bias ? " act_bias" : "", f->amax ? " amax" : "",
+             f->specials ? " specials" : "");
+}
+
+// One unit: an activation, a direction and a GEMM format, every combination of
+// split_act_form_of; on the reference backend, then on the GPU.
+static void split_act_unit(uint32_t format, uint32_t act, bool backward) {
+    char name[96];
+    snprintf(name, sizeof name, "gemm_split_act_%s_%s_%s", act_name(act),
+             backward ? "bwd" : "fwd", format_name(format));
+    if (case_filter && !strstr(name, case_filter)) return;
+    if (!test_shard_take()) return;
+    uint32_t want_kernel = backward ? KERNEL_GEMM_SPLIT_REDUCE_ACT_BWD
+                                    : KERNEL_GEMM_SPLIT_REDUCE_ACT_FWD;
+    test_begin(name);
+    for (uint32_t i = 0; i < SPLIT_ACT_FORMS; i++) {
+        split_act_form f = split_act_form_of(format, act, backward, i);
+        char label[128];
+        split_act_label(&f, label, sizeof label);
+        split_act_result ref;
+        split_act_run(&ref_rig, &f, &ref);
+        CHECK(ref.fused_kernel == want_kernel && ref.ops == 5,
+              "%s: fused kernel %u in %u ops, expected %u in 5", label, ref.fused_kernel,
+              ref.ops, want_kernel);
+        split_act_compare(label, &f, &ref, 1, &ref, 0);
+        split_act_free(&ref);
+    }
+    test_end();
+    char gpu_name[112];
+    snprintf(gpu_name, sizeof gpu_name, "%s_gpu", name);
+    if (!gpu_ok) {
+        test_skip(gpu_name, gpu_why);
+        return;
+    }
+    test_begin(gpu_name);
+    gpu_rig.be.gemm_tier = BACKEND_GEMM_TIER_PORTABLE;
+    for (uint32_t i = 0; i < SPLIT_ACT_FORMS; i++) {
+        split_act_form f = split_act_form_of(format, act, backward, i);
+        char label[160], what[192];
+        split_act_label(&f, label, sizeof label);
+        split_act_result ref, gpu;
+        split_act_run(&ref_rig, &f, &ref);
+        split_act_run(&gpu_rig, &f, &gpu);
+        snprintf(what, sizeof what, "%s, gpu fused vs gpu unfused", label);
+        split_act_compare(what, &f, &gpu, 1, &gpu, 0);
+        snprintf(what, sizeof what, "%s, gpu fused vs reference fused", label);
+        split_act_compare(what, &f, &gpu, 1, &ref, 1);
+        split_act_free(&ref);
+        split_act_free(&gpu);
+    }
+    test_end();
+}
+
+// What op_gemm_act builds: the fused op only for a split dense GEMM with a contiguous D; an
+// unsplit GEMM (or a D with a row pitch) keeps the activation's own op, under its name.
+static void test_split_act_rule(void) {
+    test_begin("gemm_split_act_rule");
+    static program prog;
+    static arena dev;
+    rig_arena_init(&dev, ARENA_KIND_DEVICE, "split_act_rule");
+    arena_handle h;
+    RIG_OK(arena_reserve(&dev, "x", 1u << 20, 256, ARENA_CAT_WORKSPACE,
+                         ARENA_LIFETIME_PERSISTENT, 0, &h));
+    prog_ref ref = {&dev, h, 0}, none = {0};
+    op_gemm_desc g = {0};
+    g.format = GEMM_FORMAT_BF16;
+    g.m = 64;
+    g.n = 96;
+    g.k = 512;
+    g.alpha = 1.0f;
+    g.a = op_gemm_operand_of(GEMM_FORMAT_BF16, GEMM_ELEM_BF16, g.m, g.k, false, false, ref, none,
+                             none);
+    g.b = op_gemm_operand_of(GEMM_FORMAT_BF16, GEMM_ELEM_BF16, g.n, g.k, false, false, ref, none,
+                             none);
+    g.d = ref;
+    g.d_dtype = QT_DTYPE_BF16;
+    g.workspace = ref;
+    op_act_tensor out = {ref, QT_DTYPE_BF16};
+    op_gemm_act_desc act = {"gelu#1.y", QT_ACT_GELU, false, OP_ACT_NONE, OP_ACT_NONE, out, none};
+    struct {
+        uint32_t parts, ldd, ops, last;
+        const char *last_name;
+    } cases[] = {
+        {2, 0, 2, KERNEL_GEMM_SPLIT_REDUCE_ACT_FWD, "gelu#1.y"},
+        {2, 96, 2, KERNEL_GEMM_SPLIT_REDUCE_ACT_FWD, "gelu#1.y"},
+        {1, 0, 2, KERNEL_ACT_FWD, "gelu#1.y"},
+        {2, 100, 3, KERNEL_ACT_FWD, "gelu#1.y"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        rig_prog_init(&prog, "split_act_rule");
+        g.split_parts = cases[i].parts;
+        g.ldd = cases[i].ldd;
+        RIG_OK(op_gemm_act(&prog, "fc1.fprop", &g, &act));
+        const prog_op *last = prog_op_at(&prog, prog.op_count - 1);
+        CHECK(prog.op_count == cases[i].ops && last->kernel == cases[i].last &&
+                  strcmp(last->name, cases[i].last_name) == 0,
+              "case %zu: %u ops, the last %s '%s'", i, prog.op_count,
+              kernel_table[last->kernel].symbol, last->name);
+        CHECK(op_gemm_act_fuses(&g) == (cases[i].ops == 2 && cases[i].parts > 1),
+              "case %zu: op_gemm_act_fuses", i);
+    }
+    test_end();
+}
+
+static void run_split_act(void) {
+    if (!case_filter && test_shard_take()) test_split_act_rule();
+    static const uint32_t acts[] = {QT_ACT_RELU, QT_ACT_GELU, QT_ACT_SILU};
+    for (uint32_t a = 0; a < 3; a++) {
+        split_act_unit(GEMM_FORMAT_BF16, acts[a], false);
+        split_act_unit(GEMM_FORMAT_BF16, acts[a], true);
+    }
+    // Per-tensor FP8 (alpha' from the operands' scales): the Fashion-MNIST current recipe's.
+    split_act_unit(GEMM_FORMAT_FP8, QT_ACT_GELU, false);
+    split_act_unit(GEMM_FORMAT_FP8, QT_ACT_GELU, true);
+}
+
 int main(void) {
     const char *why = NULL;
     rig_open(&ref_rig, BACKEND_REF, &why);
@@ -2352,6 +2701,7 @@ int main(void) {
     run_sm90a_shapes();
     run_sm90a_grouped();
     if (whole_groups && test_shard_take()) run_bias_grad();
+    run_split_act();
     if (sm90a_ok) printf("the sm_90a tier took %u of %u GEMM cases\n", sm90a_taken, sm90a_cases);
     rig_close(&ref_rig);
     if (gpu_ok) rig_close(&gpu_rig);

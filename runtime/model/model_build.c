@@ -461,128 +461,6 @@ static qt_status mb_nvfp4_decoded(mb *b, const char *what, const mb_operand *o,
     return QT_OK;
 }
 
-// Appends the GEMM, split along k where its shape leaves most SMs idle (op_gemm_split_parts),
-// with the parts' workspace a region of this program ("<what>.split").
-static qt_status mb_op_gemm(mb *b, const char *what, op_gemm_desc *g) {
-    g->split_parts = op_gemm_split_parts(g, OP_GEMM_SPLIT_SMS);
-    if (g->split_parts > 1) {
-        char part[ARENA_NAME_MAX];
-        snprintf(part, sizeof part, "%s.split", what);
-        QT_TRY(mb_region(b, part, op_gemm_workspace_bytes(g, g->split_parts),
-                         ARENA_CAT_WORKSPACE, &g->workspace));
-    }
-    return op_gemm(b->p, what, g);
-}
-
-// An NVFP4 x NVFP4 GEMM through BF16 copies (model.c, model_emulated_copies): the raw decodes
-// and NVFP4's alpha (GEMM_FLAG_ALPHA_NVFP4) give the NVFP4 kernels' bits.
-static qt_status mb_gemm_nvfp4_copies(mb *b, const char *what, op_gemm_desc *g,
-                                      const mb_operand *a, const mb_operand *bo) {
-    char part[ARENA_NAME_MAX];
-    snprintf(part, sizeof part, "%s.a_bf16", what);
-    QT_TRY(mb_nvfp4_decoded(b, part, a, &g->a));
-    snprintf(part, sizeof part, "%s.b_bf16", what);
-    QT_TRY(mb_nvfp4_decoded(b, part, bo, &g->b));
-    g->format = GEMM_FORMAT_BF16;
-    g->flags = GEMM_FLAG_ALPHA_NVFP4;
-    return mb_op_gemm(b, what, g);
-}
-
-// A BF16 operand over a dequantized copy (mb_dequantize's layout).
-static op_gemm_operand mb_bf16_operand(const mb_operand *o, model_tensor t) {
-    op_gemm_operand op = op_gemm_operand_of(GEMM_FORMAT_BF16, GEMM_ELEM_BF16, mb_stored_rows(o),
-                                            o->cols, o->colwise, false, t.ref, OP_REF_NONE,
-                                            OP_REF_NONE);
-    if (o->stacked) op_gemm_operand_stack(&op, GEMM_FORMAT_BF16, false, o->colwise, o->rows,
-                                         o->cols);
-    return op;
-}
-
-// D [m][n] = A (m x k) B (n x k)^T (+ bias). A's rows are D's rows: a->colwise reads the
-// transposed view. path MIXED: both operands through BF16 copies. grouping GEMM_GROUP_M: A is
-// grouped by `group` and B a stacked weight (D has A's rows); GEMM_GROUP_K: both are grouped by
-// `group` along the contraction and D is one [m][n] per member, back to back.
-static qt_status mb_gemm(mb *b, const char *what, model_gemm kind, const model_linear *lin,
-                         const mb_operand *a, const mb_operand *bo, model_tensor d,
-                         prog_ref bias, uint32_t grouping, op_group group) {
-    op_gemm_desc g = {0};
-    g.grouping = grouping;
-    g.alpha = 1.0f;
-    g.m = a->colwise ? a->cols : a->rows;
-    g.n = bo->colwise ? bo->cols : bo->rows;
-    g.k = a->colwise ? a->rows : a->cols;
-    g.d = d.ref;
-    g.d_dtype = d.dtype;
-    g.bias = bias;
-    g.bias_dtype = QT_DTYPE_F32;
-    QT_ASSERT(d.rows == g.m && d.cols == g.n);
-    QT_ASSERT((grouping == GEMM_DENSE) == (group.count == 0));
-    if (grouping != GEMM_DENSE) {
-        g.count = group.count;
-        g.row_offsets = group.row_offsets;
-        g.first_dims = group.first_dims;
-    }
-    const char *name = what;
-    if (lin->path[kind] == MODEL_GEMM_NATIVE) {
-        g.format = model_gemm_format_of(a->mq->q.format);
-        g.a = mb_gemm_operand(a);
-        g.b = mb_gemm_operand(bo);
-        // TE's per-tensor FP8 defaults: fast accumulation in fprop only, grouped or not (so one
-        // expert computes what the dense layers would, bit for bit).
-        if (g.format == GEMM_FORMAT_FP8 && kind != MODEL_FPROP) {
-            g.flags = GEMM_FLAG_SPLIT_ACCUMULATE;
-        }
-        return mb_op_gemm(b, name, &g);
-    }
-    if (a->mq->q.format == QT_FORMAT_NVFP4 && bo->mq->q.format == QT_FORMAT_NVFP4) {
-        return mb_gemm_nvfp4_copies(b, what, &g, a, bo);
-    }
-    char part[ARENA_NAME_MAX];
-    model_tensor ta, tb;
-    snprintf(part, sizeof part, "%s.a_bf16", what);
-    QT_TRY(mb_dequantize(b, part, a, &ta));
-    snprintf(part, sizeof part, "%s.b_bf16", what);
-    QT_TRY(mb_dequantize(b, part, bo, &tb));
-    g.format = GEMM_FORMAT_BF16;
-    g.a = mb_bf16_operand(a, ta);
-    g.b = mb_bf16_operand(bo, tb);
-    return mb_op_gemm(b, name, &g);
-}
-
-// ---------------------------------------------------------------------------------------------
-// Forward
-
-static const model_qstore *mb_weight(const mb *b, const model_linear *lin) {
-    return &b->m->params[lin->weight].weight;
-}
-
-static prog_ref mb_bias(const mb *b, const model_linear *lin) {
-    if (!lin->bias) return OP_REF_NONE;
-    return mb_dev(b, b->m->params[lin->bias_param].master);
-}
-
-static qt_status mb_linear_forward(mb *b, uint32_t layer, model_tensor x, model_tensor *y) {
-    model *m = b->m;
-    uint32_t li = m->layer_linear[layer];
-    const model_linear *lin = &m->linears[li];
-    const char *name = m->recipe->model.layers[layer].name;
-    QT_ASSERT(x.cols == lin->in_padded);
-    char what[ARENA_NAME_MAX];
-    snprintf(what, sizeof what, "%s.x", name);
-    // Training also keeps the columnwise copy for wgrad.
-    QT_TRY(mb_quantize(b, what, &m->quantizers[lin->q_input], x, op_group_dense(), true,
-                       b->train, b->train, &b->xq[li]));
-    snprintf(what, sizeof what, "%s.y", name);
-    QT_TRY(mb_tensor(b, what, x.rows, lin->out, ARENA_CAT_ACTIVATIONS, y));
-    mb_operand a = mb_dense(&m->quantizers[lin->q_input], &b->xq[li], x.rows, lin->in_padded,
-                            false);
-    mb_operand w = mb_dense(&m->quantizers[lin->q_weight], mb_weight(b, lin), lin->out,
-                            lin->in_padded, false);
-    snprintf(what, sizeof what, "%s.fprop", name);
-    return mb_gemm(b, what, MODEL_FPROP, lin, &a, &w, *y, mb_bias(b, lin), GEMM_DENSE,
-                   op_group_dense());
-}
-
 static uint32_t mb_act_kind(recipe_layer_kind k) {
     switch (k) {
     case RECIPE_LAYER_RELU: return QT_ACT_RELU;
@@ -630,6 +508,165 @@ static qt_status mb_producer_amax(mb *b, uint32_t i, bool backward, const char *
     snprintf(name, sizeof name, "%s.amax", what);
     QT_TRY(mb_region(b, name, 4, ARENA_CAT_WORKSPACE, amax));
     return op_fp8_amax_zero(b->p, name, *amax, 1);
+}
+
+// The activation layer that reads a GEMM's D, built with it (op_gemm_act, which fuses it with
+// a split GEMM's reduction): a linear's fprop followed by its activation, or the dgrad of a
+// linear whose input an activation made.
+typedef struct mb_then_act {
+    uint32_t layer;     // the activation's layer
+    bool backward;      // D is the gradient at its output: out = its input's gradient
+    model_tensor x;     // backward: the activation's saved input (b->acts[layer])
+    model_tensor *out;  // its output (y) or input's gradient (dx), made by mb_gemm_act
+} mb_then_act;
+
+// The activation's tensor "<layer>.y" or "<layer>.dx" (with the amax of a current-scaling cast
+// that reads it next, mb_producer_amax) and the GEMM with the activation after it.
+static qt_status mb_gemm_act(mb *b, const char *what, const op_gemm_desc *g,
+                             const mb_then_act *then) {
+    char buf[24], name[ARENA_NAME_MAX];
+    snprintf(name, sizeof name, "%s.%s", mb_layer_name(b, then->layer, buf, sizeof buf),
+             then->backward ? "dx" : "y");
+    QT_TRY(mb_tensor(b, name, g->m, g->n, ARENA_CAT_ACTIVATIONS, then->out));
+    QT_TRY(mb_producer_amax(b, then->layer, then->backward, name, &then->out->amax));
+    QT_ASSERT(!then->backward || (then->x.rows == g->m && then->x.cols == g->n));
+    op_gemm_act_desc act = {.name = name,
+                            .act = mb_act_kind(b->m->recipe->model.layers[then->layer].kind),
+                            .backward = then->backward,
+                            .x = then->backward ? mb_act(then->x) : OP_ACT_NONE,
+                            .bias = OP_ACT_NONE,
+                            .out = mb_act(*then->out),
+                            .amax = then->out->amax};
+    return op_gemm_act(b->p, what, g, &act);
+}
+
+// Appends the GEMM, split along k where its shape leaves most SMs idle (op_gemm_split_parts),
+// with the parts' workspace a region of this program ("<what>.split"); then the activation
+// `then` when there is one (else NULL).
+static qt_status mb_op_gemm(mb *b, const char *what, op_gemm_desc *g, const mb_then_act *then) {
+    g->split_parts = op_gemm_split_parts(g, OP_GEMM_SPLIT_SMS);
+    if (g->split_parts > 1) {
+        char part[ARENA_NAME_MAX];
+        snprintf(part, sizeof part, "%s.split", what);
+        QT_TRY(mb_region(b, part, op_gemm_workspace_bytes(g, g->split_parts),
+                         ARENA_CAT_WORKSPACE, &g->workspace));
+    }
+    return then ? mb_gemm_act(b, what, g, then) : op_gemm(b->p, what, g);
+}
+
+// An NVFP4 x NVFP4 GEMM through BF16 copies (model.c, model_emulated_copies): the raw decodes
+// and NVFP4's alpha (GEMM_FLAG_ALPHA_NVFP4) give the NVFP4 kernels' bits.
+static qt_status mb_gemm_nvfp4_copies(mb *b, const char *what, op_gemm_desc *g,
+                                      const mb_operand *a, const mb_operand *bo,
+                                      const mb_then_act *then) {
+    char part[ARENA_NAME_MAX];
+    snprintf(part, sizeof part, "%s.a_bf16", what);
+    QT_TRY(mb_nvfp4_decoded(b, part, a, &g->a));
+    snprintf(part, sizeof part, "%s.b_bf16", what);
+    QT_TRY(mb_nvfp4_decoded(b, part, bo, &g->b));
+    g->format = GEMM_FORMAT_BF16;
+    g->flags = GEMM_FLAG_ALPHA_NVFP4;
+    return mb_op_gemm(b, what, g, then);
+}
+
+// A BF16 operand over a dequantized copy (mb_dequantize's layout).
+static op_gemm_operand mb_bf16_operand(const mb_operand *o, model_tensor t) {
+    op_gemm_operand op = op_gemm_operand_of(GEMM_FORMAT_BF16, GEMM_ELEM_BF16, mb_stored_rows(o),
+                                            o->cols, o->colwise, false, t.ref, OP_REF_NONE,
+                                            OP_REF_NONE);
+    if (o->stacked) op_gemm_operand_stack(&op, GEMM_FORMAT_BF16, false, o->colwise, o->rows,
+                                         o->cols);
+    return op;
+}
+
+// D [m][n] = A (m x k) B (n x k)^T (+ bias). A's rows are D's rows: a->colwise reads the
+// transposed view. path MIXED: both operands through BF16 copies. grouping GEMM_GROUP_M: A is
+// grouped by `group` and B a stacked weight (D has A's rows); GEMM_GROUP_K: both are grouped by
+// `group` along the contraction and D is one [m][n] per member, back to back. then: the
+// activation that reads D, built with the GEMM (dense only), or NULL.
+static qt_status mb_gemm(mb *b, const char *what, model_gemm kind, const model_linear *lin,
+                         const mb_operand *a, const mb_operand *bo, model_tensor d,
+                         prog_ref bias, uint32_t grouping, op_group group,
+                         const mb_then_act *then) {
+    op_gemm_desc g = {0};
+    g.grouping = grouping;
+    g.alpha = 1.0f;
+    g.m = a->colwise ? a->cols : a->rows;
+    g.n = bo->colwise ? bo->cols : bo->rows;
+    g.k = a->colwise ? a->rows : a->cols;
+    g.d = d.ref;
+    g.d_dtype = d.dtype;
+    g.bias = bias;
+    g.bias_dtype = QT_DTYPE_F32;
+    QT_ASSERT(d.rows == g.m && d.cols == g.n);
+    QT_ASSERT((grouping == GEMM_DENSE) == (group.count == 0));
+    QT_ASSERT(then == NULL || grouping == GEMM_DENSE);
+    if (grouping != GEMM_DENSE) {
+        g.count = group.count;
+        g.row_offsets = group.row_offsets;
+        g.first_dims = group.first_dims;
+    }
+    const char *name = what;
+    if (lin->path[kind] == MODEL_GEMM_NATIVE) {
+        g.format = model_gemm_format_of(a->mq->q.format);
+        g.a = mb_gemm_operand(a);
+        g.b = mb_gemm_operand(bo);
+        // TE's per-tensor FP8 defaults: fast accumulation in fprop only, grouped or not (so one
+        // expert computes what the dense layers would, bit for bit).
+        if (g.format == GEMM_FORMAT_FP8 && kind != MODEL_FPROP) {
+            g.flags = GEMM_FLAG_SPLIT_ACCUMULATE;
+        }
+        return mb_op_gemm(b, name, &g, then);
+    }
+    if (a->mq->q.format == QT_FORMAT_NVFP4 && bo->mq->q.format == QT_FORMAT_NVFP4) {
+        return mb_gemm_nvfp4_copies(b, what, &g, a, bo, then);
+    }
+    char part[ARENA_NAME_MAX];
+    model_tensor ta, tb;
+    snprintf(part, sizeof part, "%s.a_bf16", what);
+    QT_TRY(mb_dequantize(b, part, a, &ta));
+    snprintf(part, sizeof part, "%s.b_bf16", what);
+    QT_TRY(mb_dequantize(b, part, bo, &tb));
+    g.format = GEMM_FORMAT_BF16;
+    g.a = mb_bf16_operand(a, ta);
+    g.b = mb_bf16_operand(bo, tb);
+    return mb_op_gemm(b, name, &g, then);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward
+
+static const model_qstore *mb_weight(const mb *b, const model_linear *lin) {
+    return &b->m->params[lin->weight].weight;
+}
+
+static prog_ref mb_bias(const mb *b, const model_linear *lin) {
+    if (!lin->bias) return OP_REF_NONE;
+    return mb_dev(b, b->m->params[lin->bias_param].master);
+}
+
+// y: the linear's output; then: the activation that reads it, or NULL.
+static qt_status mb_linear_forward(mb *b, uint32_t layer, model_tensor x, model_tensor *y,
+                                   const mb_then_act *then) {
+    model *m = b->m;
+    uint32_t li = m->layer_linear[layer];
+    const model_linear *lin = &m->linears[li];
+    const char *name = m->recipe->model.layers[layer].name;
+    QT_ASSERT(x.cols == lin->in_padded);
+    char what[ARENA_NAME_MAX];
+    snprintf(what, sizeof what, "%s.x", name);
+    // Training also keeps the columnwise copy for wgrad.
+    QT_TRY(mb_quantize(b, what, &m->quantizers[lin->q_input], x, op_group_dense(), true,
+                       b->train, b->train, &b->xq[li]));
+    snprintf(what, sizeof what, "%s.y", name);
+    QT_TRY(mb_tensor(b, what, x.rows, lin->out, ARENA_CAT_ACTIVATIONS, y));
+    mb_operand a = mb_dense(&m->quantizers[lin->q_input], &b->xq[li], x.rows, lin->in_padded,
+                            false);
+    mb_operand w = mb_dense(&m->quantizers[lin->q_weight], mb_weight(b, lin), lin->out,
+                            lin->in_padded, false);
+    snprintf(what, sizeof what, "%s.fprop", name);
+    return mb_gemm(b, what, MODEL_FPROP, lin, &a, &w, *y, mb_bias(b, lin), GEMM_DENSE,
+                   op_group_dense(), then);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -752,7 +789,7 @@ static qt_status mb_moe_expert_fprop(mb *b, const char *name, const char *gemm, 
     mb_operand w = mb_stacked(b, lin, false);
     snprintf(what, sizeof what, "%s.%s.fprop", name, gemm);
     return mb_gemm(b, what, MODEL_FPROP, lin, &a, &w, *y, OP_REF_NONE, GEMM_GROUP_M,
-                   st->routing.group);
+                   st->routing.group, NULL);
 }
 
 // router -> softmax -> top-k -> permutation -> gather -> fc1 -> activation -> fc2 -> combine.
@@ -777,7 +814,7 @@ static qt_status mb_moe_forward(mb *b, uint32_t layer, model_tensor x, model_ten
                             &m->params[router->weight].weight, mo->experts, mo->width, false);
     snprintf(what, sizeof what, "%s.router.fprop", name);
     QT_TRY(mb_gemm(b, what, MODEL_FPROP, router, &a, &w, logits, OP_REF_NONE, GEMM_DENSE,
-                   op_group_dense()));
+                   op_group_dense(), NULL));
     QT_TRY(mb_moe_route(b, name, mo, logits.ref, &st->routing));
     if (b->train) {
         model_moe *loads = &m->moes[m->layer_moe[layer]];
@@ -817,7 +854,7 @@ static qt_status mb_layer_forward(mb *b, uint32_t i, model_tensor x, model_tenso
     uint32_t rows = x.rows;
     switch (l->kind) {
     case RECIPE_LAYER_LINEAR:
-        return mb_linear_forward(b, i, x, y);
+        return mb_linear_forward(b, i, x, y, NULL);
     case RECIPE_LAYER_MOE:
         return mb_moe_forward(b, i, x, y);
     case RECIPE_LAYER_RELU:
@@ -853,6 +890,17 @@ static qt_status mb_layer_forward(mb *b, uint32_t i, model_tensor x, model_tenso
     return QT_ERR_INPUT;
 }
 
+// Whether layer i is an activation that op_gemm_act takes (ReLU, GELU, SiLU: dense, one output
+// per input).
+static bool mb_dense_act(const mb *b, uint32_t i) {
+    recipe_layer_kind k = b->m->recipe->model.layers[i].kind;
+    return k == RECIPE_LAYER_RELU || k == RECIPE_LAYER_GELU || k == RECIPE_LAYER_SILU;
+}
+
+static bool mb_linear(const mb *b, uint32_t i) {
+    return b->m->recipe->model.layers[i].kind == RECIPE_LAYER_LINEAR;
+}
+
 static qt_status mb_forward(mb *b) {
     const recipe_model *rm = &b->m->recipe->model;
     model_tensor stack[RECIPE_RESIDUAL_DEPTH_MAX];
@@ -863,7 +911,15 @@ static qt_status mb_forward(mb *b) {
     for (uint32_t i = 0; i < rm->layers_count; i++) {
         b->acts[i] = x;
         model_tensor y;
-        QT_TRY(mb_layer_forward(b, i, x, stack, &depth, &y));
+        if (mb_linear(b, i) && i + 1 < rm->layers_count && mb_dense_act(b, i + 1)) {
+            // A linear and its activation together, so that a split fprop's reduction takes
+            // the activation along (op_gemm_act); the activation's input is the linear's y.
+            mb_then_act then = {.layer = i + 1, .backward = false, .out = &y};
+            QT_TRY(mb_linear_forward(b, i, x, &b->acts[i + 1], &then));
+            i++;
+        } else {
+            QT_TRY(mb_layer_forward(b, i, x, stack, &depth, &y));
+        }
         x = y;
     }
     QT_ASSERT(depth == 0);
@@ -961,12 +1017,16 @@ static qt_status mb_weight_columns(mb *b, const model_param *w, const model_quan
                             &grid);
 }
 
-static qt_status mb_linear_backward(mb *b, uint32_t layer, model_tensor dy, model_tensor *dx) {
+// dx: the gradient at the linear's input; then: the activation that made that input, whose
+// backward pass reads dx (or NULL).
+static qt_status mb_linear_backward(mb *b, uint32_t layer, model_tensor dy, model_tensor *dx,
+                                    const mb_then_act *then) {
     model *m = b->m;
     uint32_t li = m->layer_linear[layer];
     const model_linear *lin = &m->linears[li];
     const char *name = m->recipe->model.layers[layer].name;
     const model_quantizer *qg = &m->quantizers[lin->q_grad];
+    QT_ASSERT(then == NULL || lin->needs_dx);
     char what[ARENA_NAME_MAX];
     snprintf(what, sizeof what, "%s.dy", name);
     model_qstore dyq;
@@ -981,7 +1041,7 @@ static qt_status mb_linear_backward(mb *b, uint32_t layer, model_tensor dy, mode
                                 true);
     snprintf(what, sizeof what, "%s.wgrad", name);
     QT_TRY(mb_gemm(b, what, MODEL_WGRAD, lin, &g_col, &x_col, dw, OP_REF_NONE, GEMM_DENSE,
-                   op_group_dense()));
+                   op_group_dense(), NULL));
     if (lin->bias) {
         snprintf(what, sizeof what, "%s.bgrad", name);
         prog_ref db = mb_dev(b, m->params[lin->bias_param].grad);
@@ -998,7 +1058,7 @@ static qt_status mb_linear_backward(mb *b, uint32_t layer, model_tensor dy, mode
                                 true);
     snprintf(what, sizeof what, "%s.dgrad", name);
     return mb_gemm(b, what, MODEL_DGRAD, lin, &g_row, &w_col, *dx, OP_REF_NONE, GEMM_DENSE,
-                   op_group_dense());
+                   op_group_dense(), then);
 }
 
 static qt_status mb_rmsnorm_backward(mb *b, uint32_t i, const char *name, model_tensor dy,
@@ -1039,7 +1099,7 @@ static qt_status mb_moe_expert_backward(mb *b, const char *name, const char *gem
     if (m->quantizers[lin->q_input].rht) contraction.first_dims = st->routing.whole_dims;
     snprintf(what, sizeof what, "%s.%s.wgrad", name, gemm);
     QT_TRY(mb_gemm(b, what, MODEL_WGRAD, lin, &g_col, &x_col, dw, OP_REF_NONE, GEMM_GROUP_K,
-                   contraction));
+                   contraction, NULL));
     if (dx == NULL) return QT_OK;
     snprintf(what, sizeof what, "%s.%s.dx", name, gemm);
     QT_TRY(mb_tensor(b, what, dy.rows, lin->in, ARENA_CAT_ACTIVATIONS, dx));
@@ -1047,7 +1107,7 @@ static qt_status mb_moe_expert_backward(mb *b, const char *name, const char *gem
     mb_operand w_col = mb_stacked(b, lin, true);
     snprintf(what, sizeof what, "%s.%s.dgrad", name, gemm);
     return mb_gemm(b, what, MODEL_DGRAD, lin, &g_row, &w_col, *dx, OP_REF_NONE, GEMM_GROUP_M,
-                   st->routing.group);
+                   st->routing.group, NULL);
 }
 
 // The router's gradients: dlogits through the softmax (the gates' gradient and the
@@ -1076,7 +1136,7 @@ static qt_status mb_moe_router_backward(mb *b, const char *name, const model_moe
     mb_operand x_col = mb_dense(qi, &b->xq[mo->router], m->batch, mo->width, true);
     snprintf(what, sizeof what, "%s.router.wgrad", name);
     QT_TRY(mb_gemm(b, what, MODEL_WGRAD, router, &g_col, &x_col, dw, OP_REF_NONE, GEMM_DENSE,
-                   op_group_dense()));
+                   op_group_dense(), NULL));
     if (!router->needs_dx) return QT_OK;
     snprintf(what, sizeof what, "%s.router.dx", name);
     QT_TRY(mb_tensor(b, what, m->batch, mo->width, ARENA_CAT_ACTIVATIONS, dx));
@@ -1088,7 +1148,7 @@ static qt_status mb_moe_router_backward(mb *b, const char *name, const model_moe
                                 true);
     snprintf(what, sizeof what, "%s.router.dgrad", name);
     return mb_gemm(b, what, MODEL_DGRAD, router, &g_row, &w_col, *dx, OP_REF_NONE, GEMM_DENSE,
-                   op_group_dense());
+                   op_group_dense(), NULL);
 }
 
 // combine -> fc2 -> activation -> fc1 -> un-permute, and the router: every weight's gradient,
@@ -1140,7 +1200,7 @@ static qt_status mb_layer_backward(mb *b, uint32_t i, model_tensor dy, model_ten
     model_tensor x = b->acts[i];
     switch (l->kind) {
     case RECIPE_LAYER_LINEAR:
-        return mb_linear_backward(b, i, dy, dx);
+        return mb_linear_backward(b, i, dy, dx, NULL);
     case RECIPE_LAYER_MOE:
         return mb_moe_backward(b, i, dy, dx);
     case RECIPE_LAYER_RELU:
@@ -1181,7 +1241,17 @@ static qt_status mb_backward(mb *b) {
     model_tensor dy = b->dlogits;
     for (uint32_t i = rm->layers_count; i-- > b->m->first_param_layer;) {
         model_tensor dx = {0};
-        QT_TRY(mb_layer_backward(b, i, dy, stack, &depth, &dx));
+        if (mb_linear(b, i) && i > b->m->first_param_layer && mb_dense_act(b, i - 1)) {
+            // A linear's dgrad and the backward pass of the activation below, which reads it:
+            // together, as in mb_forward.
+            model_tensor act_dy = {0};
+            mb_then_act then = {.layer = i - 1, .backward = true, .x = b->acts[i - 1],
+                                .out = &dx};
+            QT_TRY(mb_linear_backward(b, i, dy, &act_dy, &then));
+            i--;
+        } else {
+            QT_TRY(mb_layer_backward(b, i, dy, stack, &depth, &dx));
+        }
         dy = dx;
     }
     return QT_OK;

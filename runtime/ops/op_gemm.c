@@ -358,9 +358,24 @@ static gemm_args op_gemm_args(const op_gemm_desc *g) {
     return args;
 }
 
-// The reduction of a split GEMM's parts into D with the epilogue: one thread per element.
+// The fused reduction's activation args (gemm_act_args.act); the act's addresses are declared
+// by op_gemm_split_reduce.
+static act_args op_gemm_act_args(const op_gemm_desc *g, const op_gemm_act_desc *act) {
+    act_args a = {0};
+    a.rows = g->m;
+    a.cols = g->n;
+    a.act = act->act;
+    a.x_dtype = act->backward ? act->x.dtype : g->d_dtype;
+    a.bias_dtype = act->bias.dtype;
+    a.dy_dtype = g->d_dtype;
+    a.out_dtype = act->out.dtype;
+    return a;
+}
+
+// The reduction of a split GEMM's parts into D with the epilogue, one thread per element; with
+// `act`, fused with the activation of D (gemm_act_args), named after the activation.
 static qt_status op_gemm_split_reduce(program *p, const char *name, const op_gemm_desc *g,
-                                      const gemm_args *args) {
+                                      const gemm_args *args, const op_gemm_act_desc *act) {
     uint64_t blocks = ((uint64_t)g->m * g->n + GEMM_SPLIT_REDUCE_THREADS - 1) /
                       GEMM_SPLIT_REDUCE_THREADS;
     if (blocks > 0x7FFFFFFFu) blocks = 0x7FFFFFFFu;  // the kernel strides over the rest
@@ -368,8 +383,25 @@ static qt_status op_gemm_split_reduce(program *p, const char *name, const op_gem
     char reduce_name[PROG_OP_NAME_MAX];
     snprintf(reduce_name, sizeof reduce_name, "%s.sum", name);
     uint32_t op;
-    QT_TRY(prog_append(p, KERNEL_GEMM_SPLIT_REDUCE, reduce_name, &shape, args, sizeof *args,
-                       &op));
+    if (act == NULL) {
+        QT_TRY(prog_append(p, KERNEL_GEMM_SPLIT_REDUCE, reduce_name, &shape, args, sizeof *args,
+                           &op));
+    } else {
+        gemm_act_args fused = {*args, op_gemm_act_args(g, act)};
+        kernel_id kernel = act->backward ? KERNEL_GEMM_SPLIT_REDUCE_ACT_BWD
+                                         : KERNEL_GEMM_SPLIT_REDUCE_ACT_FWD;
+        QT_TRY(prog_append(p, kernel, act->name, &shape, &fused, sizeof fused, &op));
+        const size_t at = offsetof(gemm_act_args, act);
+        if (act->backward) QT_TRY(prog_use(p, op, at + offsetof(act_args, x), act->x.ref,
+                                           PROG_READ));
+        QT_TRY(prog_use_optional(p, op, at + offsetof(act_args, bias), act->bias.ref, 0,
+                                 PROG_READ));
+        QT_TRY(prog_use_optional(p, op, at + offsetof(act_args, amax), act->amax, 4,
+                                 PROG_READ_WRITE));
+        QT_TRY(prog_use(p, op, at + offsetof(act_args, out), act->out.ref, PROG_WRITE));
+    }
+    // The GEMM's fields have the same offsets in both args structs (gemm_act_args.gemm first).
+    QT_STATIC_ASSERT(offsetof(gemm_act_args, gemm) == 0, "gemm_args at the start");
     // alpha' reads the operands' per-tensor factors; their data is the GEMM op's alone.
     QT_TRY(prog_use_optional(p, op, offsetof(gemm_args, a) + offsetof(gemm_operand, tensor_scale),
                              g->a.tensor_scale, 4, PROG_READ));
@@ -383,7 +415,10 @@ static qt_status op_gemm_split_reduce(program *p, const char *name, const op_gem
     return prog_use_optional(p, op, offsetof(gemm_args, bias), g->bias, 0, PROG_READ);
 }
 
-qt_status op_gemm(program *p, const char *name, const op_gemm_desc *g) {
+// op_gemm, and with `act` (a split GEMM that op_gemm_act_fuses takes) the reduction fused with
+// the activation.
+static qt_status op_gemm_append(program *p, const char *name, const op_gemm_desc *g,
+                                const op_gemm_act_desc *act) {
     op_gemm_check(g);
     if (g->m == 0 || g->n == 0) return QT_OK;
     launch_shape shape = op_gemm_shape(g);
@@ -401,8 +436,9 @@ qt_status op_gemm(program *p, const char *name, const op_gemm_desc *g) {
         QT_TRY(prog_use_span(p, op, offsetof(gemm_args, workspace), g->workspace,
                              op_gemm_workspace_bytes(g, g->split_parts), PROG_WRITE));
         // The reduction's args are the GEMM's with every address resolved in its own op.
-        return op_gemm_split_reduce(p, name, g, &args);
+        return op_gemm_split_reduce(p, name, g, &args, act);
     }
+    QT_ASSERT(act == NULL);
     bool reads_c = g->c.arena != NULL && g->beta != 0.0f;
     if (reads_c) QT_TRY(prog_use(p, op, offsetof(gemm_args, c), g->c, PROG_READ));
     QT_TRY(prog_use(p, op, offsetof(gemm_args, d), g->d, PROG_WRITE));
@@ -410,6 +446,37 @@ qt_status op_gemm(program *p, const char *name, const op_gemm_desc *g) {
     if (g->grouping == GEMM_DENSE) return QT_OK;
     op_group group = {g->count, g->row_offsets, g->first_dims};
     return op_group_use(p, op, offsetof(gemm_args, group), &group);
+}
+
+qt_status op_gemm(program *p, const char *name, const op_gemm_desc *g) {
+    return op_gemm_append(p, name, g, NULL);
+}
+
+bool op_gemm_act_fuses(const op_gemm_desc *g) {
+    return g->split_parts > 1 && g->grouping == GEMM_DENSE && (g->ldd == 0 || g->ldd == g->n);
+}
+
+static void op_gemm_act_check_tensor(op_act_tensor t) {
+    QT_ASSERT(prog_ref_present(t.ref));
+    QT_ASSERT(t.dtype == QT_DTYPE_BF16 || t.dtype == QT_DTYPE_F32);
+}
+
+qt_status op_gemm_act(program *p, const char *name, const op_gemm_desc *g,
+                      const op_gemm_act_desc *act) {
+    QT_ASSERT(act->act == QT_ACT_RELU || act->act == QT_ACT_GELU || act->act == QT_ACT_SILU);
+    QT_ASSERT(g->m >= 1 && g->n >= 1);
+    op_gemm_act_check_tensor(act->out);
+    if (act->backward) op_gemm_act_check_tensor(act->x);
+    if (prog_ref_present(act->bias.ref)) op_gemm_act_check_tensor(act->bias);
+    if (op_gemm_act_fuses(g)) return op_gemm_append(p, name, g, act);
+    QT_TRY(op_gemm(p, name, g));
+    op_act_tensor d = {g->d, g->d_dtype};
+    if (act->backward) {
+        return op_act_backward(p, act->name, act->act, g->m, g->n, act->x, act->bias, d,
+                               act->out, act->amax);
+    }
+    return op_act_forward(p, act->name, act->act, g->m, g->n, d, act->bias, act->out,
+                          act->amax);
 }
 
 qt_status op_gemm_decode_table(program *p, const char *name, uint32_t path, uint32_t elem,

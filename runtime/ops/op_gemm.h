@@ -1,5 +1,6 @@
-// op_gemm: builders that append the GEMM kernels (ptx/gemm_portable.cu, ptx/gemm_skinny.cu) and
-// the bias gradient to a program.
+// op_gemm: builders that append the GEMM kernels (ptx/gemm_portable.cu, ptx/gemm_skinny.cu), the
+// bias gradient, and a GEMM with the activation that reads its D (op_gemm_act: a split GEMM's
+// reduction fused with it, ptx/act.cu) to a program.
 //
 // Owns nothing; each builder checks the descriptor, picks the kernel and launch shape, fills the
 // args struct (ptx/gemm.h) and declares every region the op reads and writes.
@@ -19,6 +20,7 @@
 #define QT_OP_GEMM_H
 
 #include "ptx/gemm.h"                 // gemm_args, GEMM_*
+#include "runtime/ops/op_act.h"       // op_act_tensor
 #include "runtime/program/program.h"  // program, prog_ref
 
 typedef struct op_gemm_operand {
@@ -111,11 +113,36 @@ uint32_t op_gemm_skinny(const op_gemm_desc *g);
 // GPU backend may hand to the sm_90a tier at launch, runtime/backend/gemm_tier.h).
 kernel_id op_gemm_kernel(const op_gemm_desc *g);
 
-// Appends the GEMM (split-K: the GEMM writing its parts, then qt_gemm_split_reduce); nothing when
-// m or n is 0. QT_ERR_INPUT when the launch would exceed the
-// grid limits (more than 65535 row tiles or members).
+// Appends the GEMM (split-K: the GEMM writing its parts, then qt_gemm_split_reduce, which
+// op_gemm_act may fuse with an activation); nothing when m or n is 0. QT_ERR_INPUT when the
+// launch would exceed the grid limits (more than 65535 row tiles or members).
 qt_status op_gemm(program *p, const char *name, const op_gemm_desc *g);
 launch_shape op_gemm_shape(const op_gemm_desc *g);
+
+// The activation that reads a GEMM's D (a linear layer followed by ReLU, GELU or SiLU), for
+// op_gemm_act. Forward: out = act(D + bias) (op_act_forward with x = D); backward: D is the
+// gradient at the activation's output and out = dx from the saved pre-activation x
+// (op_act_backward with dy = D). Tensors are [m][n] of the GEMM; amax as op_act_forward's.
+typedef struct op_gemm_act_desc {
+    const char *name;    // the activation's op ("gelu#1.y"), fused or not
+    uint32_t act;        // QT_ACT_RELU | QT_ACT_GELU | QT_ACT_SILU
+    bool backward;
+    op_act_tensor x;     // backward: the saved pre-activation; forward: unused
+    op_act_tensor bias;  // the activation's own bias [n], or OP_ACT_NONE
+    op_act_tensor out;   // forward: y; backward: dx
+    prog_ref amax;       // optional f32 [1], zeroed by the caller: max |out| merged in
+} op_gemm_act_desc;
+
+// Whether op_gemm_act fuses: a split GEMM (split_parts > 1, as the caller planned it) whose D
+// is dense and contiguous (ldd = n).
+bool op_gemm_act_fuses(const op_gemm_desc *g);
+// Appends the GEMM, then the activation of its D. Unfused: op_gemm (split: the GEMM and
+// qt_gemm_split_reduce), then op_act_forward or op_act_backward. Where op_gemm_act_fuses, the
+// split GEMM's reduction and the activation are one op, qt_gemm_split_reduce_act_fwd or _bwd
+// (ptx/act.h gemm_act_args), which takes the activation's name (no "<name>.sum" op), one launch
+// fewer with the same bits in D and out. D is written in both forms. m, n >= 1.
+qt_status op_gemm_act(program *p, const char *name, const op_gemm_desc *g,
+                      const op_gemm_act_desc *act);
 
 // GEMM_TILE_LARGE or GEMM_TILE_SMALL: the forced tile, else the large one unless its grid has
 // fewer than OP_GEMM_SMALL_TILE_BELOW blocks of work. A function of the shape alone.

@@ -438,25 +438,14 @@ void ref_qt_gemm_nvfp4_portable(const gemm_args *a, const launch_shape *shape) {
 }
 
 // Split-K reduction: rows [r_begin, r_end) of D, each element's parts in index order, then the
-// epilogue; the kernel's arithmetic (gemm.h), so the same bits.
+// epilogue; the kernel's arithmetic (gemm.h, qt_gemm_split_element), so the same bits.
 POOL_CPU_CLONES static void ref_gemm_split_rows(void *ctx, uint64_t r_begin, uint64_t r_end) {
     const gemm_args *a = ctx;
-    const float *parts = REF_PTR(const float, a->workspace);
-    uint64_t elems = (uint64_t)a->m * a->n;
-    int has_c = a->c != 0 && a->beta != 0.0f;
-    int has_bias = a->bias != 0;
     float alpha = qt_gemm_alpha(a, 0);
     for (uint64_t row = r_begin; row < r_end; row++) {
         for (uint32_t col = 0; col < a->n; col++) {
-            uint64_t i = row * a->n + col, index = row * a->ldd + col;
-            float sum = parts[i];
-            for (uint32_t p = 1; p < a->split_parts; p++) {
-                sum = qt_gemm_parts_add(sum, parts[p * elems + i]);
-            }
-            float cv = has_c ? ref_gemm_load(a->c, index, a->d_dtype) : 0.0f;
-            float bv = has_bias ? ref_gemm_load(a->bias, col, a->bias_dtype) : 0.0f;
-            ref_gemm_store(a->d, index, a->d_dtype,
-                           qt_gemm_epilogue(sum, alpha, has_c, a->beta, cv, has_bias, bv));
+            qt_gemm_store_value(a->d, row * a->ldd + col, a->d_dtype,
+                                qt_gemm_split_element(a, alpha, row * a->n + col));
         }
     }
 }
