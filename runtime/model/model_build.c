@@ -515,8 +515,8 @@ static qt_status mb_producer_amax(mb *b, uint32_t i, bool backward, const char *
 // linear whose input an activation made.
 typedef struct mb_then_act {
     uint32_t layer;     // the activation's layer
-    bool backward;      // D is the gradient at its output: out = its input's gradient
-    model_tensor x;     // backward: the activation's saved input (b->acts[layer])
+    bool backward;      // D is the gradient at its output (out = its input's gradient), which
+                        // reads the activation's saved input b->acts[layer]
     model_tensor *out;  // its output (y) or input's gradient (dx), made by mb_gemm_act
 } mb_then_act;
 
@@ -529,11 +529,12 @@ static qt_status mb_gemm_act(mb *b, const char *what, const op_gemm_desc *g,
              then->backward ? "dx" : "y");
     QT_TRY(mb_tensor(b, name, g->m, g->n, ARENA_CAT_ACTIVATIONS, then->out));
     QT_TRY(mb_producer_amax(b, then->layer, then->backward, name, &then->out->amax));
-    QT_ASSERT(!then->backward || (then->x.rows == g->m && then->x.cols == g->n));
+    model_tensor x = b->acts[then->layer];
+    QT_ASSERT(!then->backward || (x.rows == g->m && x.cols == g->n));
     op_gemm_act_desc act = {.name = name,
                             .act = mb_act_kind(b->m->recipe->model.layers[then->layer].kind),
                             .backward = then->backward,
-                            .x = then->backward ? mb_act(then->x) : OP_ACT_NONE,
+                            .x = then->backward ? mb_act(x) : OP_ACT_NONE,
                             .bias = OP_ACT_NONE,
                             .out = mb_act(*then->out),
                             .amax = then->out->amax};
@@ -1245,8 +1246,7 @@ static qt_status mb_backward(mb *b) {
             // A linear's dgrad and the backward pass of the activation below, which reads it:
             // together, as in mb_forward.
             model_tensor act_dy = {0};
-            mb_then_act then = {.layer = i - 1, .backward = true, .x = b->acts[i - 1],
-                                .out = &dx};
+            mb_then_act then = {.layer = i - 1, .backward = true, .out = &dx};
             QT_TRY(mb_linear_backward(b, i, dy, &act_dy, &then));
             i--;
         } else {

@@ -125,55 +125,41 @@ void ref_qt_act_bwd(const act_args *a, const launch_shape *shape) {
     pool_for(ref_act_rows(a) * a->cols, REF_TASK_ELEMS, ref_act_bwd_range, (void *)a);
 }
 
-// qt_gemm_split_reduce_act_fwd / _bwd: element i of D as ref_qt_gemm_split_reduce stores it,
-// then the activation of the stored value in ref_act_fwd_range's and ref_act_bwd_range's chunks,
-// so the bits of the two twins run one after the other.
+// qt_gemm_split_reduce_act_fwd / _bwd: a task stores its elements of D as
+// ref_qt_gemm_split_reduce does, then runs the activation's own twin (ref_act_fwd_range,
+// ref_act_bwd_range) over the same elements with D as the tensor it reads (x forward, dy
+// backward): the two twins one after the other, by construction.
 typedef struct ref_split_act_job {
-    const gemm_act_args *args;
+    const gemm_args *gemm;
+    act_args act;  // x (forward) or dy (backward) is D
     bool backward;
 } ref_split_act_job;
 
-REF_VECTOR_LOOPS POOL_CPU_CLONES static void ref_split_act_range(void *ctx, uint64_t begin,
-                                                               uint64_t end) {
+POOL_CPU_CLONES static void ref_split_act_range(void *ctx, uint64_t begin, uint64_t end) {
     const ref_split_act_job *job = ctx;
-    const gemm_args *g = &job->args->gemm;
-    const act_args *a = &job->args->act;
+    const gemm_args *g = job->gemm;
     float alpha = qt_gemm_alpha(g, 0);
-    float v[REF_ACT_CHUNK], dy[REF_ACT_CHUNK];
-    for (uint64_t i0 = begin; i0 < end; i0 += REF_ACT_CHUNK) {
-        uint64_t n = ref_act_chunk(i0, end);
-        for (uint64_t j = 0; j < REF_ACT_CHUNK; j++) {
-            v[j] = dy[j] = 0.0f;
-            if (j >= n) continue;
-            float d = qt_gemm_split_element(g, alpha, i0 + j);
-            qt_gemm_store_value(g->d, i0 + j, g->d_dtype, d);  // ldd = n
-            d = qt_gemm_stored_value(d, g->d_dtype);
-            if (job->backward) {
-                v[j] = ref_act_pre(a, i0 + j, qt_act_load(a->x, i0 + j, a->x_dtype));
-                dy[j] = d;
-            } else {
-                v[j] = ref_act_pre(a, i0 + j, d);
-            }
-        }
-        if (a->act == QT_ACT_GELU && job->backward) {
-            for (uint64_t j = 0; j < REF_ACT_CHUNK; j++) v[j] = dy[j] * qt_act_gelu_grad(v[j]);
-        } else if (a->act == QT_ACT_GELU) {
-            for (uint64_t j = 0; j < REF_ACT_CHUNK; j++) v[j] = qt_act_gelu(v[j]);
-        } else if (job->backward) {
-            for (uint64_t j = 0; j < n; j++) v[j] = qt_act_backward(a->act, v[j], dy[j]);
-        } else {
-            for (uint64_t j = 0; j < n; j++) v[j] = qt_act_forward(a->act, v[j]);
-        }
-        for (uint64_t j = 0; j < n; j++) qt_act_store(a->out, i0 + j, a->out_dtype, v[j]);
+    for (uint64_t i = begin; i < end; i++) {  // ldd = n: element i of D is at i
+        qt_gemm_store_value(g->d, i, g->d_dtype, qt_gemm_split_element(g, alpha, i));
     }
-    ref_act_amax(a, begin, end, a->cols);
+    if (job->backward) {
+        ref_act_bwd_range((void *)&job->act, begin, end);
+    } else {
+        ref_act_fwd_range((void *)&job->act, begin, end);
+    }
 }
 
 static void ref_split_act(const gemm_act_args *args, bool backward) {
     QT_ASSERT(qt_gemm_is_split(&args->gemm) && args->gemm.grouping == GEMM_DENSE);
     QT_ASSERT(args->gemm.ldd == args->gemm.n && args->act.group.count == 0);
     QT_ASSERT(args->act.rows == args->gemm.m && args->act.cols == args->gemm.n);
-    ref_split_act_job job = {args, backward};
+    ref_split_act_job job = {&args->gemm, args->act, backward};
+    if (backward) {
+        job.act.dy = args->gemm.d;
+    } else {
+        job.act.x = args->gemm.d;
+    }
+    QT_ASSERT((backward ? job.act.dy_dtype : job.act.x_dtype) == args->gemm.d_dtype);
     pool_for((uint64_t)args->gemm.m * args->gemm.n, REF_TASK_ELEMS, ref_split_act_range, &job);
 }
 

@@ -198,18 +198,6 @@ static float ref_gemm_block_scale(const ref_gemm_side *s, uint64_t r, uint64_t k
                                       s->op->scale_ld)];
 }
 
-static float ref_gemm_load(uint64_t address, uint64_t index, uint32_t dtype) {
-    if (dtype == QT_DTYPE_BF16) return qt_bf16_to_f32(REF_PTR(const uint16_t, address)[index]);
-    return REF_PTR(const float, address)[index];
-}
-
-static void ref_gemm_store(uint64_t address, uint64_t index, uint32_t dtype, float v) {
-    if (dtype == QT_DTYPE_BF16) {
-        REF_PTR(uint16_t, address)[index] = qt_f32_to_bf16(v);
-    } else {
-        REF_PTR(float, address)[index] = v;
-    }
-}
 
 // Rows [m_begin, m_end) of one member's D, of which rows from m_valid_end on are padding (zeros),
 // over k in [k_begin, k_end); split-K: split part `split` of D, into the workspace.
@@ -348,11 +336,11 @@ static void ref_gemm_tile(void *ctx, uint32_t task, uint32_t thread) {
             float v = 0.0f;
             if (m < valid_end) {
                 float acc = s->acc[(m - m0) * REF_GEMM_TILE_N + (n - n0)];
-                float cv = has_c ? ref_gemm_load(c, index, a->d_dtype) : 0.0f;
-                float bv = has_bias ? ref_gemm_load(bias, n, a->bias_dtype) : 0.0f;
+                float cv = has_c ? qt_gemm_load_value(c, index, a->d_dtype) : 0.0f;
+                float bv = has_bias ? qt_gemm_load_value(bias, n, a->bias_dtype) : 0.0f;
                 v = qt_gemm_epilogue(acc, alpha, has_c, a->beta, cv, has_bias, bv);
             }
-            ref_gemm_store(d, index, a->d_dtype, v);
+            qt_gemm_store_value(d, index, a->d_dtype, v);
         }
     }
 }
@@ -475,8 +463,8 @@ POOL_CPU_CLONES static void ref_gemm_bias_grad_cols(void *ctx, uint64_t c_begin,
                                                                  : r0 + GEMM_BGRAD_CHUNK_ROWS;
                 float p = 0.0f;
                 for (uint32_t r = r0; r < r1; r++) {
-                    p = qt_gemm_bias_grad_add(p, ref_gemm_load(a->dy, (uint64_t)r * a->ld + col,
-                                                               a->dtype));
+                    float dy = qt_gemm_load_value(a->dy, (uint64_t)r * a->ld + col, a->dtype);
+                    p = qt_gemm_bias_grad_add(p, dy);
                 }
                 total = qt_gemm_bias_grad_add(total, p);
             }
