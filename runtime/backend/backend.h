@@ -22,7 +22,6 @@
 
 typedef enum backend_kind { BACKEND_REF, BACKEND_GPU } backend_kind;
 
-
 typedef struct backend_device_info {
     char name[128];
     int driver_version;  // e.g. 13000
@@ -31,8 +30,6 @@ typedef struct backend_device_info {
     uint64_t memory_bytes;
     uint64_t free_bytes;
 } backend_device_info;
-
-
 
 typedef struct backend {
     backend_kind kind;
@@ -68,7 +65,6 @@ typedef struct backend {
 #define BACKEND_COMM_SMS_DEFAULT 16
 #define BACKEND_COMM_SMS_MAX 64
 qt_status backend_comm_sms(uint32_t *sms);
-
 
 typedef struct backend_graph {
     const program *program;
