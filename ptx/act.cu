@@ -1035,4 +1035,10 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
     out->nonfinite = any ? 1u : 0u;
     out->reserved = 0;
     *(uint32_t *)(uintptr_t)args.ticket = 0;  // the next step's launch starts from 0
+    if (args.begin_state != 0) {  // this thread wrote out: it reads its own stores
+        qt_optim_begin_apply((uint64_t *)(uintptr_t)args.begin_steps,
+                             (optim_state *)(uintptr_t)args.begin_state,
+                             (const optim_grad_norm *)out,
+                             (const optim_lr_row *)(uintptr_t)args.begin_lr_rows, args.begin_rows);
+    }
 }

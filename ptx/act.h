@@ -61,6 +61,7 @@
 
 #include "ptx/core.h"      // QT_DTYPE_BF16, QT_DTYPE_F32
 #include "ptx/gemm.h"      // gemm_args, qt_gemm_split_element, qt_gemm_stored_value
+#include "ptx/optim.h"     // qt_optim_begin_apply: the norm's last block may begin the update
 #include "ptx/qt_codec.h"  // qt_f32_to_bf16, qt_bf16_to_f32, qt_f32_is_nan
 #include "ptx/qt_hd.h"
 #include "ptx/qt_math.h"   // qt_expf, qt_logf, qt_math_exp_core
@@ -238,8 +239,16 @@ typedef struct gnorm_args {
     uint32_t base;      // partial index of this launch's block 0
     uint32_t total;     // partials of all launches
     float clip;         // max norm; <= 0 disables clipping (factor 1)
+    // With out: after writing it, the folding block runs qt_optim_begin (ptx/optim.h) on it, so
+    // that a step on one GPU spends no launch of its own on that one thread's work (0: the
+    // program has a qt_optim_begin op, as with several ranks, whose norms are folded first).
+    uint64_t begin_steps;    // u64, read and written
+    uint64_t begin_state;    // optim_state, written; 0: none
+    uint64_t begin_lr_rows;  // optim_lr_row [begin_rows]
+    uint32_t begin_rows;
+    uint32_t reserved;
 } gnorm_args;
-QT_STATIC_ASSERT(sizeof(gnorm_args) == 200, "gnorm_args layout");
+QT_STATIC_ASSERT(sizeof(gnorm_args) == 232, "gnorm_args layout");
 
 #define QT_KERNELS_ACT(X)                                                                    \
     X(KERNEL_ACT_FWD, act, qt_act_fwd, act_args)                                             \

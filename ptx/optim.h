@@ -19,6 +19,8 @@
 //   qt_optim_begin    skip = nonfinite || clip not finite; lr from the   1 block x 32 threads,
 //                     schedule row of step t = steps (before the         thread 0 works
 //                     increment); steps += 1 unless skipped; the state
+//                     (several ranks only: on one GPU qt_gnorm's folding thread runs
+//                     qt_optim_begin_apply itself, ptx/act.h gnorm_args.begin_*)
 //   qt_optim_adamw    one parameter: grad, master, m, v -> master, m, v  one 64 x 64 tile per
 //                     and, fused, the BF16 copy or the FP8 per-tensor    block, 256 threads,
 //                     delayed codes (rowwise + transposed columnwise,    each 4 rows x 4 columns
@@ -356,7 +358,7 @@ QT_HD uint32_t qt_optim_entry_of(const optim_multi_entry *entries, uint32_t coun
 // Whether qt_optim_amax_zero zeroes the entry's amax targets: the ones that are a workspace the
 // update fills for a cast that follows (QT_OPTIM_FLAG_AMAX_ON_SKIP), never a delayed-scaling
 // history slot, which other casts of the step max into too.
-QT_HD bool qt_optim_entry_zeroes(const optim_multi_entry *e) {
+QT_HD int qt_optim_entry_zeroes(const optim_multi_entry *e) {
     return (e->args.flags & QT_OPTIM_FLAG_AMAX_ON_SKIP) != 0;
 }
 

@@ -1374,20 +1374,25 @@ static qt_status mb_optimizer(mb *b) {
         QT_TRY(mb_region(b, "grad_norm_rank", sizeof(qt_gnorm_result), ARENA_CAT_STAGING,
                          &norm));
     }
-    QT_TRY(op_grad_norm(b->p, "grad_norm", owned, owned_grads, owned_counts,
-                        m->recipe->optim.clip, ws, mb_dev(b, m->io.gnorm_ticket), norm));
+    // This step's optimizer values: the updates, the delayed-scaling states and the record
+    // read them; nothing persistent changes when the step is skipped (ptx/optim.h).
+    QT_TRY(mb_region(b, "optim_state", sizeof(optim_state), ARENA_CAT_STAGING, &b->optim));
+    prog_ref state = b->optim;
+    op_gnorm_begin begin = {mb_dev(b, m->io.optim_steps), state, mb_dev(b, m->io.lr_rows),
+                            m->io.lr_row_count};
+    // One rank: the norm's folding block also begins the update (one launch fewer). Several:
+    // the begin needs the norm folded across the ranks, so it is an op after the fold.
+    QT_TRY(op_grad_norm_begin(b->p, "grad_norm", owned, owned_grads, owned_counts,
+                              m->recipe->optim.clip, ws, mb_dev(b, m->io.gnorm_ticket), norm,
+                              mb_parallel(b) ? NULL : &begin));
     if (mb_parallel(b)) {
         prog_ref all;
         QT_TRY(mb_dp_gather(b, "dp.grad_norm", norm, sizeof(qt_gnorm_result), &all));
         QT_TRY(op_dp_gnorm_fold(b->p, "dp.grad_norm.fold", all, m->world,
                                 m->recipe->optim.clip, b->gnorm));
+        QT_TRY(op_optim_begin(b->p, "optim.begin", begin.steps, state, b->gnorm,
+                              begin.lr_rows, begin.lr_row_count));
     }
-    // This step's optimizer values: the updates, the delayed-scaling states and the record
-    // read them; nothing persistent changes when the step is skipped (ptx/optim.h).
-    QT_TRY(mb_region(b, "optim_state", sizeof(optim_state), ARENA_CAT_STAGING, &b->optim));
-    prog_ref state = b->optim;
-    QT_TRY(op_optim_begin(b->p, "optim.begin", mb_dev(b, m->io.optim_steps), state, b->gnorm,
-                          mb_dev(b, m->io.lr_rows), m->io.lr_row_count));
     uint32_t updated = mb_optim_list(b);
     QT_TRY(op_optim_adamw_multi(b->p, "optim.adamw", b->optim_list, updated, state,
                                 mb_dev(b, m->io.optim_table), mb_optim_per_launch(b)));

@@ -343,6 +343,25 @@ uint64_t op_grad_norm_workspace_bytes(uint32_t regions, const uint64_t *counts) 
 qt_status op_grad_norm(program *p, const char *name, uint32_t regions, const prog_ref *grads,
                        const uint64_t *counts, float clip, prog_ref workspace, prog_ref ticket,
                        prog_ref out) {
+    return op_grad_norm_begin(p, name, regions, grads, counts, clip, workspace, ticket, out,
+                              NULL);
+}
+
+// The begin's regions, as op_optim_begin declares them (its grad_norm is the norm's out).
+static qt_status op_gnorm_begin_use(program *p, uint32_t op, const op_gnorm_begin *begin) {
+    QT_ASSERT(begin->lr_row_count >= 1);
+    QT_TRY(prog_use_span(p, op, offsetof(gnorm_args, begin_steps), begin->steps, 8,
+                         PROG_READ_WRITE));
+    QT_TRY(prog_use_span(p, op, offsetof(gnorm_args, begin_state), begin->state,
+                         sizeof(optim_state), PROG_WRITE));
+    return prog_use_span(p, op, offsetof(gnorm_args, begin_lr_rows), begin->lr_rows,
+                         (uint64_t)begin->lr_row_count * sizeof(optim_lr_row), PROG_READ);
+}
+
+qt_status op_grad_norm_begin(program *p, const char *name, uint32_t regions,
+                             const prog_ref *grads, const uint64_t *counts, float clip,
+                             prog_ref workspace, prog_ref ticket, prog_ref out,
+                             const op_gnorm_begin *begin) {
     QT_ASSERT(regions >= 1);
     QT_ASSERT(prog_ref_present(workspace) && prog_ref_present(ticket) && prog_ref_present(out));
     uint64_t total = op_gnorm_partials(regions, counts);
@@ -357,6 +376,7 @@ qt_status op_grad_norm(program *p, const char *name, uint32_t regions, const pro
         args.base = base;
         args.total = (uint32_t)total;
         args.clip = clip;
+        args.begin_rows = last && begin ? begin->lr_row_count : 0;
         uint32_t blocks = 0;
         for (uint32_t r = 0; r < n; r++) {
             QT_ASSERT(prog_ref_present(grads[first + r]));
@@ -379,6 +399,7 @@ qt_status op_grad_norm(program *p, const char *name, uint32_t regions, const pro
                                  PROG_READ_WRITE));
             QT_TRY(prog_use_span(p, op, offsetof(gnorm_args, out), out,
                                  sizeof(qt_gnorm_result), PROG_WRITE));
+            if (begin) QT_TRY(op_gnorm_begin_use(p, op, begin));
         }
         base += blocks;
     }

@@ -111,6 +111,17 @@ uint64_t op_mse_workspace_bytes(uint32_t rows, uint32_t cols);
 qt_status op_grad_norm(program *p, const char *name, uint32_t regions, const prog_ref *grads,
                        const uint64_t *counts, float clip, prog_ref workspace, prog_ref ticket,
                        prog_ref out);
+// op_grad_norm, and then what op_optim_begin (runtime/ops/op_optim.h) does with out, by the
+// folding block of the norm's last op: one launch fewer in a step whose norm needs no folding
+// across ranks. The regions are op_optim_begin's.
+typedef struct op_gnorm_begin {
+    prog_ref steps, state, lr_rows;
+    uint32_t lr_row_count;
+} op_gnorm_begin;
+qt_status op_grad_norm_begin(program *p, const char *name, uint32_t regions,
+                             const prog_ref *grads, const uint64_t *counts, float clip,
+                             prog_ref workspace, prog_ref ticket, prog_ref out,
+                             const op_gnorm_begin *begin);
 uint64_t op_grad_norm_workspace_bytes(uint32_t regions, const uint64_t *counts);
 
 #endif  // QT_OP_ACT_H

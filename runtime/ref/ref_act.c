@@ -562,4 +562,10 @@ void ref_qt_gnorm(const gnorm_args *a, const launch_shape *shape) {
     out->nonfinite = nonfinite ? 1u : 0u;
     out->reserved = 0;
     *REF_PTR(uint32_t, a->ticket) = 0;
+    if (a->begin_state != 0) {
+        qt_optim_begin_apply(REF_PTR(uint64_t, a->begin_steps),
+                             REF_PTR(optim_state, a->begin_state),
+                             (const optim_grad_norm *)out,
+                             REF_PTR(const optim_lr_row, a->begin_lr_rows), a->begin_rows);
+    }
 }
