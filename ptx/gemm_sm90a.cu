@@ -39,15 +39,25 @@
 // FP8 with split accumulation and FP8 block scaling sum each 128-wide K block (one stage) into a
 // fresh partial accumulator (wgmma with scale-d = 0 for its first k step) and add it to the FP32
 // accumulator with qt_gemm_split_add / qt_gemm_promote (tiles of 192 columns: 96 registers of
-// partial and 96 of accumulator per consumer thread).
+// partial and 96 of accumulator per consumer thread; FP8 block scaling multiplies and promotes
+// the partial as two halves of 96 columns, gemm_mainloop_block).
 #include "ptx/gemm_sm90a.h"
 #include "ptx/grid_order.h"  // qt_grid_enter, every kernel's first statement
 #include "ptx/gemm_decode.h"  // the emulated formats' decode, shared with the portable tier
 
 // Register budgets after setmaxnreg: the producer warpgroup gives registers up to the consumers.
 // The emulated formats' producer warpgroup also loads block scales (warps 1-3), which needs more.
+// A CTA is launched with GEMM_SM90A_LAUNCH_REGS per thread (65536 / 384, rounded down to the
+// allocation unit of 8), and setmaxnreg.inc waits until the registers it asks for are free: the
+// consumers can take only what the producer gave up, or they wait forever.
+#define GEMM_SM90A_LAUNCH_REGS 168
 #define GEMM_SM90A_PRODUCER_REGS 40
 #define GEMM_SM90A_CONSUMER_REGS 232
+// FP8 block scaling's consumers hold the accumulator, two half partials (one still being
+// written by wgmma while the other is promoted) and the promotion's scales; its producer only
+// loads K-major tiles and their scale slots.
+#define GEMM_SM90A_BLOCK_PRODUCER_REGS 24
+#define GEMM_SM90A_BLOCK_CONSUMER_REGS 240
 #define GEMM_SM90A_EMU_PRODUCER_REGS 56
 #define GEMM_SM90A_EMU_CONSUMER_REGS 224
 #define GEMM_SM90A_CONSUMER_WARPS 8u
@@ -56,10 +66,15 @@ QT_STATIC_ASSERT(GEMM_SM90A_THREADS == 3 * 128, "one producer and two consumer w
 QT_STATIC_ASSERT(GEMM_SM90A_TILE_M == 2 * 64, "each consumer warpgroup owns 64 rows");
 QT_STATIC_ASSERT(GEMM_SM90A_TILE_M == GEMM_TILE_M,
                  "qt_gemm_member_tiles counts a member's rows in tiles of this height");
-QT_STATIC_ASSERT(128 * GEMM_SM90A_PRODUCER_REGS + 256 * GEMM_SM90A_CONSUMER_REGS <= 65536 &&
+QT_STATIC_ASSERT(GEMM_SM90A_LAUNCH_REGS == 65536 / GEMM_SM90A_THREADS / 8 * 8,
+                 "the registers a thread gets at launch");
+QT_STATIC_ASSERT(128 * GEMM_SM90A_PRODUCER_REGS + 256 * GEMM_SM90A_CONSUMER_REGS <=
+                         GEMM_SM90A_THREADS * GEMM_SM90A_LAUNCH_REGS &&
+                     128 * GEMM_SM90A_BLOCK_PRODUCER_REGS + 256 * GEMM_SM90A_BLOCK_CONSUMER_REGS <=
+                         GEMM_SM90A_THREADS * GEMM_SM90A_LAUNCH_REGS &&
                      128 * GEMM_SM90A_EMU_PRODUCER_REGS + 256 * GEMM_SM90A_EMU_CONSUMER_REGS <=
-                         65536,
-                 "the register file holds both roles after setmaxnreg");
+                         GEMM_SM90A_THREADS * GEMM_SM90A_LAUNCH_REGS,
+                 "the consumers take no more registers than the producer gives up");
 QT_STATIC_ASSERT(GEMM_SM90A_K_BYTES == GEMM_SPLIT_K && GEMM_SM90A_K_BYTES == GEMM_BLOCK_FP8,
                  "an fp8 stage is exactly one 128-wide K block");
 QT_STATIC_ASSERT(GEMM_SM90A_SMEM_BYTES(GEMM_SM90A_TILE_N_FAST) <= 227u * 1024u &&
@@ -222,8 +237,12 @@ __device__ __forceinline__ uint64_t gemm_smem_desc_outer(uint32_t address) {
 // E5M2 A (gradients) and E4M3 B, as the portable tier does.
 
 // The accumulator operands of a 64 x N wgmma, N / 2 FP32 registers per thread: the register
-// list of the instruction template and the matching "+f" constraints, written once for the five
+// list of the instruction template and the matching "+f" constraints, written once for the
 // wrappers below, which differ only in shape, types and the trailing immediates.
+#define GEMM_WGMMA_REGS_48 \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
+    "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
+    "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}"
 #define GEMM_WGMMA_REGS_96 \
     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
     "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
@@ -240,21 +259,23 @@ __device__ __forceinline__ uint64_t gemm_smem_desc_outer(uint32_t address) {
     "%87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, " \
     "%104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, " \
     "%118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
-#define GEMM_WGMMA_D_96(d) \
+#define GEMM_WGMMA_D_48(d) \
     "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), \
     "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), \
     "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
     "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
     "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), \
     "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), \
-    "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), \
-    "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), \
-    "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), \
-    "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), \
-    "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), \
-    "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), \
-    "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+    "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+#define GEMM_WGMMA_D_96(d) \
+    GEMM_WGMMA_D_48(d), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), \
+    "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), \
+    "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), \
+    "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), \
+    "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), \
+    "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), \
+    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), \
+    "+f"(d[95])
 #define GEMM_WGMMA_D_128(d) \
     GEMM_WGMMA_D_96(d), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), \
     "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), \
@@ -306,6 +327,11 @@ GEMM_WGMMA(gemm_wgmma_e4m3_n192, 192, "wgmma.mma_async.sync.aligned.m64n192k32.f
            GEMM_WGMMA_REGS_96, GEMM_WGMMA_D_96, "%96, %97", "%98", "1, 1", false, false, 1);
 GEMM_WGMMA(gemm_wgmma_e5m2_n192, 192, "wgmma.mma_async.sync.aligned.m64n192k32.f32.e5m2.e4m3",
            GEMM_WGMMA_REGS_96, GEMM_WGMMA_D_96, "%96, %97", "%98", "1, 1", false, false, 1);
+// Half of a split tile's columns (gemm_mainloop_split multiplies its 192 columns as two halves).
+GEMM_WGMMA(gemm_wgmma_e4m3_n96, 96, "wgmma.mma_async.sync.aligned.m64n96k32.f32.e4m3.e4m3",
+           GEMM_WGMMA_REGS_48, GEMM_WGMMA_D_48, "%48, %49", "%50", "1, 1", false, false, 1);
+GEMM_WGMMA(gemm_wgmma_e5m2_n96, 96, "wgmma.mma_async.sync.aligned.m64n96k32.f32.e5m2.e4m3",
+           GEMM_WGMMA_REGS_48, GEMM_WGMMA_D_48, "%48, %49", "%50", "1, 1", false, false, 1);
 
 // Shared-memory accesses of the consumers' own (the emulated formats' decode, a K-grouped
 // member's k tail) and their barrier.
@@ -879,13 +905,10 @@ __device__ __forceinline__ gemm_block_scales gemm_load_block_scales(const gemm_s
     return v;
 }
 
-// Split accumulation (per-tensor fp8 with GEMM_FLAG_SPLIT_ACCUMULATE) and FP8 block scaling
-// (kBlock; kScaleB2D: B has 128 x 128 scales, else per-column scales in the stage's slot). Each
-// stage is one 128-wide K block: four wgmma k steps sum it into `part` (the first with
-// scale-d = 0), and the completed partial is added into acc in FP32. The next K block's scales
-// are loaded right after a block's promotion, so the loads are in flight while the next block is
-// waited for and multiplied.
-template <class Mma, bool kBlock, bool kScaleB2D>
+// Split accumulation (per-tensor fp8 with GEMM_FLAG_SPLIT_ACCUMULATE). Each stage is one
+// 128-wide K block: four wgmma k steps sum it into `part` (the first with scale-d = 0), and the
+// completed partial is added into acc in FP32 (qt_gemm_split_add).
+template <class Mma>
 struct gemm_mainloop_split : gemm_roles_native {
     static constexpr uint32_t kTileN = Mma::kN;
     static constexpr uint32_t kAcc = kTileN / 2;
@@ -895,23 +918,12 @@ struct gemm_mainloop_split : gemm_roles_native {
                                                const gemm_smem<Shape> &sm,
                                                const gemm_tile_pos &p, uint32_t wg, Pipe &pipe,
                                                float (&acc)[kAcc]) {
-        static_assert(kTileN % 64 == 0, "tiles start at 0 or 64 within a 128-column block");
-        uint32_t lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
-        uint32_t row = p.m0 + wg * 64u + warp * 16u + (lane >> 2);
-        // 128 x 128 scales: the tile's columns from 128 - n0 % 128 on take the second column
-        // block's scale; the two cases are compiled apart, so the choice costs no registers.
-        bool second_block_at_64 = p.n0 % GEMM_BLOCK_FP8 != 0;
+        (void)args;
         float part[kAcc];
 #pragma unroll
         for (uint32_t i = 0; i < kAcc; i++) {
             acc[i] = 0.0f;
             part[i] = 0.0f;
-        }
-        gemm_scale_source source = {};
-        gemm_block_scales scales = {0.0f, 0.0f, 0.0f, 0.0f};
-        if (kBlock && p.k_stages > 0) {  // an empty K-grouped member reads no scales
-            source = gemm_scale_source_of<kScaleB2D>(args.gemm, p, row);
-            scales = gemm_load_block_scales(source, 0);
         }
         for (uint32_t kb = 0; kb < p.k_stages; kb++) {
             gemm_mbar_wait(sm.full(pipe.stage), pipe.phase);
@@ -924,36 +936,119 @@ struct gemm_mainloop_split : gemm_roles_native {
             gemm_wgmma_commit();
             gemm_wgmma_wait<0>();
             gemm_fence_registers(part);
-            if constexpr (!kBlock) {
 #pragma unroll
-                for (uint32_t i = 0; i < kAcc; i++) acc[i] = qt_gemm_split_add(acc[i], part[i]);
-            } else if constexpr (kScaleB2D) {
-                if (second_block_at_64) {
-                    promote<64>(acc, part, scales, nullptr);
-                } else {
-                    promote<128>(acc, part, scales, nullptr);
-                }
-            } else {
-                const float *slot =
-                    reinterpret_cast<const float *>(sm.bytes + sm.slot_offset(pipe.stage)) +
-                    2u * (lane & 3);
-                promote<0>(acc, part, scales, slot);
-            }
+            for (uint32_t i = 0; i < kAcc; i++) acc[i] = qt_gemm_split_add(acc[i], part[i]);
             gemm_release(sm, pipe.stage);
             pipe.advance();
-            if (kBlock && kb + 1 < p.k_stages) scales = gemm_load_block_scales(source, kb + 1);
+        }
+    }
+};
+
+// FP8 block scaling (kScaleB2D: B has 128 x 128 scales, else per-column scales in the stage's
+// slot). Each stage is one 128-wide K block: four wgmma k steps sum it into a fresh partial (the
+// first with scale-d = 0), and the completed partial is promoted into acc in FP32 with the
+// block's scales (qt_gemm_promote).
+//
+// The tile's 192 columns are multiplied as two halves of 96 (Half: the n96 instruction), each
+// with its own partial and its own wgmma group: the low half is waited for (wait_group 1) and
+// promoted while the high half's wgmma still run, then the high half. Each element's sum is the
+// same as with one 192-column instruction (same k steps, same order, same partial), so the
+// halves move no bit. Per-tensor split accumulation, whose addition is one FADD per element,
+// measured slower this way (gemm_mainloop_split keeps one 192-column partial). A longer overlap,
+// the high half of one block promoted under the next block's low half, makes ptxas serialize
+// every wgmma (C7514): its pipeline analysis does not follow wgmma groups across the loop's
+// back edge.
+//
+// The next K block's scales are loaded right after a block's promotion, so the loads are in
+// flight while the next block is waited for and multiplied.
+template <class Mma, class Half, bool kScaleB2D>
+struct gemm_mainloop_block : gemm_roles_native {
+    static constexpr uint32_t kTileN = Mma::kN;
+    static constexpr uint32_t kAcc = kTileN / 2;
+    static constexpr uint32_t kHalf = kAcc / 2;  // registers of one half's partial
+    static_assert(Half::kN * 2 == kTileN && Half::kElemBytes == Mma::kElemBytes,
+                  "two halves make the tile");
+    static constexpr uint32_t kProducerRegs = GEMM_SM90A_BLOCK_PRODUCER_REGS;
+    static constexpr uint32_t kConsumerRegs = GEMM_SM90A_BLOCK_CONSUMER_REGS;
+    using Shape = gemm_shape_native<kTileN>;
+    template <class Pipe>
+    static __device__ __forceinline__ void run(const gemm_sm90a_args &args,
+                                               const gemm_smem<Shape> &sm,
+                                               const gemm_tile_pos &p, uint32_t wg, Pipe &pipe,
+                                               float (&acc)[kAcc]) {
+        static_assert(kTileN % 64 == 0, "tiles start at 0 or 64 within a 128-column block");
+        uint32_t lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
+        uint32_t row = p.m0 + wg * 64u + warp * 16u + (lane >> 2);
+        // 128 x 128 scales: the tile's columns from 128 - n0 % 128 on take the second column
+        // block's scale; the two cases are compiled apart, so the choice costs no registers.
+        bool second_block_at_64 = p.n0 % GEMM_BLOCK_FP8 != 0;
+        float lo[kHalf], hi[kHalf];
+#pragma unroll
+        for (uint32_t i = 0; i < kAcc; i++) acc[i] = 0.0f;
+#pragma unroll
+        for (uint32_t i = 0; i < kHalf; i++) {
+            lo[i] = 0.0f;
+            hi[i] = 0.0f;
+        }
+        if (p.k_stages == 0) return;  // an empty K-grouped member: D is its zeros
+        constexpr uint32_t kHalfBBytes = Half::kN * GEMM_SM90A_K_BYTES;  // B rows of one half
+        gemm_scale_source source = gemm_scale_source_of<kScaleB2D>(args.gemm, p, row);
+        gemm_block_scales scales = gemm_load_block_scales(source, 0);
+        for (uint32_t kb = 0; kb < p.k_stages; kb++) {
+            gemm_mbar_wait(sm.full(pipe.stage), pipe.phase);
+            gemm_zero_k_tail<Shape, Mma>(sm, pipe.stage, p, kb);
+            uint32_t a = sm.a(pipe.stage) + wg * 64u * GEMM_SM90A_K_BYTES;
+            uint32_t b = sm.b(pipe.stage);
+            gemm_fence_registers(lo);
+            gemm_fence_registers(hi);
+            gemm_wgmma_fence();
+            gemm_wgmma_stage<Half>(lo, a, b, 0u);
+            gemm_wgmma_commit();
+            gemm_wgmma_stage<Half>(hi, a, b + kHalfBBytes, 0u);
+            gemm_wgmma_commit();
+            gemm_wgmma_wait<1>();  // the low half
+            gemm_fence_registers(lo);
+            add<0>(acc, lo, scales, sm, pipe.stage, second_block_at_64);
+            gemm_wgmma_wait<0>();  // the high half
+            gemm_fence_registers(hi);
+            add<kHalf>(acc, hi, scales, sm, pipe.stage, second_block_at_64);
+            gemm_release(sm, pipe.stage);
+            pipe.advance();
+            if (kb + 1 < p.k_stages) scales = gemm_load_block_scales(source, kb + 1);
         }
     }
 
-    // acc = qt_gemm_promote(acc, part, scale of A's row, scale of B's column). kSecondBlock: the
-    // tile column where B's second 128 x 128 scale starts; 0: per-column scales from the slot
-    // (this thread's columns 8 chunk + 2 (lane % 4) + {0, 1} relative to n0).
-    template <uint32_t kSecondBlock>
-    static __device__ __forceinline__ void promote(float (&acc)[kAcc], const float (&part)[kAcc],
+    // Promotes one half's partial (acc[kFirst ...]) for the K block in `stage`.
+    template <uint32_t kFirst>
+    static __device__ __forceinline__ void add(float (&acc)[kAcc], const float (&part)[kHalf],
+                                               const gemm_block_scales &s,
+                                               const gemm_smem<Shape> &sm, uint32_t stage,
+                                               bool second_block_at_64) {
+        if constexpr (kScaleB2D) {
+            if (second_block_at_64) {
+                promote<kFirst, 64>(acc, part, s, nullptr);
+            } else {
+                promote<kFirst, 128>(acc, part, s, nullptr);
+            }
+        } else {
+            const float *slot =
+                reinterpret_cast<const float *>(sm.bytes + sm.slot_offset(stage)) +
+                2u * (threadIdx.x & 3);
+            promote<kFirst, 0>(acc, part, s, slot);
+        }
+    }
+
+    // acc = qt_gemm_promote(acc, part, scale of A's row, scale of B's column) for the half whose
+    // first register is kFirst. kSecondBlock: the tile column where B's second 128 x 128 scale
+    // starts; 0: per-column scales from the slot (this thread's columns 8 chunk + 2 (lane % 4)
+    // + {0, 1} relative to n0).
+    template <uint32_t kFirst, uint32_t kSecondBlock>
+    static __device__ __forceinline__ void promote(float (&acc)[kAcc], const float (&part)[kHalf],
                                                    const gemm_block_scales &s,
                                                    const float *slot) {
 #pragma unroll
-        for (uint32_t i = 0; i < kAcc; i++) {
+        for (uint32_t j = 0; j < kHalf; j++) {
+            uint32_t i = kFirst + j;
             float sa = (i & 2) ? s.a1 : s.a0;
             float sb;
             if constexpr (kSecondBlock == 0) {
@@ -961,7 +1056,7 @@ struct gemm_mainloop_split : gemm_roles_native {
             } else {
                 sb = 8u * (i / 4) >= kSecondBlock ? s.b1 : s.b0;
             }
-            acc[i] = qt_gemm_promote(acc[i], part[i], sa, sb);
+            acc[i] = qt_gemm_promote(acc[i], part[j], sa, sb);
         }
     }
 };
@@ -1528,20 +1623,24 @@ GEMM_SM90A_KERNEL(qt_gemm_bf16_sm90a) {
     }
 }
 
+// The block-scaled mainloops of each A type (B is E4M3).
+template <bool kScaleB2D>
+using gemm_block_e5m2 = gemm_mainloop_block<gemm_wgmma_e5m2_n192, gemm_wgmma_e5m2_n96, kScaleB2D>;
+template <bool kScaleB2D>
+using gemm_block_e4m3 = gemm_mainloop_block<gemm_wgmma_e4m3_n192, gemm_wgmma_e4m3_n96, kScaleB2D>;
+
 GEMM_SM90A_KERNEL(qt_gemm_fp8_sm90a) {
     qt_grid_enter();
     bool split = (args.gemm.flags & GEMM_FLAG_SPLIT_ACCUMULATE) != 0;
     if (args.gemm.a.elem == GEMM_ELEM_E5M2) {
         if (split) {
-            gemm_sm90a_run<128, false, gemm_mainloop_split<gemm_wgmma_e5m2_n192, false, false>>(
-                args);
+            gemm_sm90a_run<128, false, gemm_mainloop_split<gemm_wgmma_e5m2_n192>>(args);
         } else {
             gemm_sm90a_run<128, false, gemm_mainloop_fast<gemm_wgmma_e5m2_n256>>(args);
         }
     } else {
         if (split) {
-            gemm_sm90a_run<128, false, gemm_mainloop_split<gemm_wgmma_e4m3_n192, false, false>>(
-                args);
+            gemm_sm90a_run<128, false, gemm_mainloop_split<gemm_wgmma_e4m3_n192>>(args);
         } else {
             gemm_sm90a_run<128, false, gemm_mainloop_fast<gemm_wgmma_e4m3_n256>>(args);
         }
@@ -1553,19 +1652,15 @@ GEMM_SM90A_KERNEL(qt_gemm_fp8_block_sm90a) {
     bool b_2d = (args.gemm.b.flags & GEMM_OPERAND_SCALE_2D) != 0;
     if (args.gemm.a.elem == GEMM_ELEM_E5M2) {
         if (b_2d) {
-            gemm_sm90a_run<128, false, gemm_mainloop_split<gemm_wgmma_e5m2_n192, true, true>>(
-                args);
+            gemm_sm90a_run<128, false, gemm_block_e5m2<true>>(args);
         } else {
-            gemm_sm90a_run<128, true, gemm_mainloop_split<gemm_wgmma_e5m2_n192, true, false>>(
-                args);
+            gemm_sm90a_run<128, true, gemm_block_e5m2<false>>(args);
         }
     } else {
         if (b_2d) {
-            gemm_sm90a_run<128, false, gemm_mainloop_split<gemm_wgmma_e4m3_n192, true, true>>(
-                args);
+            gemm_sm90a_run<128, false, gemm_block_e4m3<true>>(args);
         } else {
-            gemm_sm90a_run<128, true, gemm_mainloop_split<gemm_wgmma_e4m3_n192, true, false>>(
-                args);
+            gemm_sm90a_run<128, true, gemm_block_e4m3<false>>(args);
         }
     }
 }
