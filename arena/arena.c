@@ -157,15 +157,52 @@ qt_status arena_reserve(arena *a, const char *name, uint64_t bytes, uint64_t ali
     return QT_OK;
 }
 
+qt_status arena_reserve_part(arena *a, arena_handle whole, const char *name, uint64_t bytes,
+                             uint64_t align, arena_handle *handle_out) {
+    QT_ASSERT(a != NULL && name != NULL && handle_out != NULL);
+    QT_ASSERT(a->phase == ARENA_PHASE_PLAN && whole < a->region_count);
+    // 0 > -1: not used yet, like any region reserved ahead of its ops.
+    if (arena_counting(a)) {
+        return arena_reserve(a, name, bytes, align, ARENA_CAT_WORKSPACE, 0, -1, handle_out);
+    }
+    const arena_region *w = &a->regions[whole];
+    QT_ASSERT(!w->persistent && !w->part);
+    QT_TRY(arena_check_size(a, name, bytes, align));
+    uint64_t part_align = a->kind == ARENA_KIND_DEVICE && align < ARENA_DEVICE_ALIGN_MIN
+                              ? ARENA_DEVICE_ALIGN_MIN
+                              : align;
+    uint64_t at = arena_align_up(w->bytes, part_align);
+    if (at > ARENA_BYTES_MAX - bytes) {
+        return qt_fail(QT_ERR_INPUT,
+                       "arena '%s': part '%s' of %" PRIu64 " bytes would take region '%s' past "
+                       "ARENA_BYTES_MAX (%" PRIu64 "); check the shapes that sized its parts",
+                       a->name, name, bytes, w->name, ARENA_BYTES_MAX);
+    }
+    QT_TRY(arena_reserve(a, name, bytes, align, w->category, 0, -1, handle_out));
+    arena_region *r = &a->regions[*handle_out];
+    arena_region *grown = &a->regions[whole];
+    r->part = true;
+    r->whole = whole;
+    r->part_offset = at;
+    grown->bytes = at + bytes;
+    if (r->align > grown->align) grown->align = r->align;
+    return QT_OK;
+}
+
+static void arena_widen(arena_region *r, int32_t op_index) {
+    if (r->persistent) return;
+    if (op_index < r->first_op) r->first_op = op_index;
+    if (op_index > r->last_op) r->last_op = op_index;
+}
+
 void arena_extend(arena *a, arena_handle h, int32_t op_index) {
     QT_ASSERT(a != NULL && a->phase == ARENA_PHASE_PLAN);
     QT_ASSERT(h < a->region_count);
     QT_ASSERT(op_index >= 0);
     if (arena_counting(a)) return;
     arena_region *r = &a->regions[h];
-    if (r->persistent) return;
-    if (op_index < r->first_op) r->first_op = op_index;
-    if (op_index > r->last_op) r->last_op = op_index;
+    arena_widen(r, op_index);
+    if (r->part) arena_widen(&a->regions[r->whole], op_index);
 }
 
 static bool arena_region_used(const arena_region *r) {
@@ -254,11 +291,16 @@ void arena_pack(arena *a) {
     arena_pack_order(a, order);
     for (uint32_t i = 0; i < a->region_count; i++) {
         arena_region *r = &a->regions[order[i]];
+        if (r->part) continue;  // placed with its whole, below
         r->offset = arena_first_fit(a, r, placed, placed_count);
         if (r->bytes == 0) continue;
         arena_placed_insert(a, placed, placed_count, order[i]);
         placed_count++;
         if (r->offset + r->bytes > end_max) end_max = r->offset + r->bytes;
+    }
+    for (uint32_t i = 0; i < a->region_count; i++) {
+        arena_region *r = &a->regions[i];
+        if (r->part) r->offset = a->regions[r->whole].offset + r->part_offset;
     }
     a->bytes_total = arena_align_up(end_max, ARENA_TOTAL_ALIGN);
     a->phase = ARENA_PHASE_BIND;
@@ -321,7 +363,7 @@ uint64_t arena_category_bytes(const arena *a, arena_category c) {
     QT_ASSERT(a != NULL && (unsigned)c < ARENA_CAT_COUNT && !arena_counting(a));
     uint64_t bytes = 0;
     for (uint32_t i = 0; i < a->region_count; i++) {
-        if (a->regions[i].category == c) bytes += a->regions[i].bytes;
+        if (a->regions[i].category == c && !a->regions[i].part) bytes += a->regions[i].bytes;
     }
     return bytes;
 }
@@ -331,7 +373,8 @@ static uint64_t arena_live_bytes_at(const arena *a, int32_t op) {
     uint64_t bytes = 0;
     for (uint32_t i = 0; i < a->region_count; i++) {
         const arena_region *r = &a->regions[i];
-        if (!r->persistent && r->first_op <= op && op <= r->last_op) bytes += r->bytes;
+        if (r->persistent || r->part) continue;  // a part's bytes are its whole's
+        if (r->first_op <= op && op <= r->last_op) bytes += r->bytes;
     }
     return bytes;
 }
@@ -345,7 +388,7 @@ uint64_t arena_lower_bound(const arena *a) {
         const arena_region *r = &a->regions[i];
         if (r->persistent) {
             persistent_bytes += r->bytes;
-        } else if (r->first_op <= r->last_op) {
+        } else if (!r->part && r->first_op <= r->last_op) {
             uint64_t live = arena_live_bytes_at(a, r->first_op);
             if (live > peak_bytes) peak_bytes = live;
         }
@@ -369,12 +412,14 @@ void arena_format_size(uint64_t bytes, char *buf, size_t buf_bytes) {
 }
 
 static void arena_format_lifetime(const arena_region *r, char *buf, size_t buf_bytes) {
+    char in[24] = "";
+    if (r->part) snprintf(in, sizeof in, " in %" PRIu32, r->whole);
     if (r->persistent) {
         snprintf(buf, buf_bytes, "persistent");
     } else if (r->first_op > r->last_op) {
-        snprintf(buf, buf_bytes, "unused");
+        snprintf(buf, buf_bytes, "unused%s", in);
     } else {
-        snprintf(buf, buf_bytes, "ops %" PRId32 "..%" PRId32, r->first_op, r->last_op);
+        snprintf(buf, buf_bytes, "ops %" PRId32 "..%" PRId32 "%s", r->first_op, r->last_op, in);
     }
 }
 
@@ -396,7 +441,7 @@ static void arena_print_regions(const arena *a, FILE *out, int name_width) {
             ARENA_CATEGORY_WIDTH, "category", "offset", "bytes", "size", "lifetime");
     for (uint32_t i = 0; i < a->region_count; i++) {
         const arena_region *r = &a->regions[i];
-        char offset[24], size[24], lifetime[40];
+        char offset[24], size[24], lifetime[64];
         if (packed) {
             snprintf(offset, sizeof offset, "0x%08" PRIx64, r->offset);
         } else {
@@ -485,6 +530,16 @@ static bool arena_check_region(const arena *a, arena_handle h, char *msg, size_t
                                 ") ends past bytes_total %" PRIu64,
                                 h, r->name, r->offset, r->bytes, a->bytes_total);
     }
+    if (r->part) {
+        const arena_region *w = &a->regions[r->whole];
+        if (r->part_offset > w->bytes || r->bytes > w->bytes - r->part_offset ||
+            r->offset != w->offset + r->part_offset) {
+            return arena_check_fail(msg, msg_bytes,
+                                    "region %" PRIu32 " '%s': not inside its whole %" PRIu32
+                                    " '%s' at +%" PRIu64, h, r->name, r->whole, w->name,
+                                    r->part_offset);
+        }
+    }
     if (a->phase == ARENA_PHASE_FROZEN && (a->base_address + r->offset) % r->align != 0) {
         return arena_check_fail(msg, msg_bytes,
                                 "region %" PRIu32 " '%s': address 0x%" PRIx64 " misaligned",
@@ -508,9 +563,10 @@ bool arena_check(const arena *a, char *msg, size_t msg_bytes) {
     }
     for (uint32_t i = 0; i < a->region_count; i++) {
         const arena_region *x = &a->regions[i];
+        if (x->part) continue;  // inside its whole, checked as that
         for (uint32_t j = i + 1; j < a->region_count; j++) {
             const arena_region *y = &a->regions[j];
-            if (!arena_lifetimes_intersect(x, y)) continue;
+            if (y->part || !arena_lifetimes_intersect(x, y)) continue;
             if (!arena_ranges_intersect(x->offset, x->bytes, y->offset, y->bytes)) continue;
             return arena_check_fail(msg, msg_bytes,
                                     "regions %" PRIu32 " '%s' [%" PRIu64 ", +%" PRIu64

@@ -34,6 +34,11 @@
 //
 // Packing is greedy (largest first, first gap that fits), deterministic, and O(N^2) in regions.
 //
+// A region may be made of parts (arena_reserve_part): regions of their own (a name, bytes, an
+// address) laid one after another inside it, so one op can reach all of them through the whole
+// while other ops reach each part alone. Parts are not packed on their own: the whole is, with a
+// lifetime that covers every part's, and each part lands at its offset inside the whole.
+//
 // The region table is the caller's memory (arena_storage_bytes for a given number of regions),
 // sized from the model at planning: runtime/run/run.h plans once with counting arenas (no table:
 // arena_reserve checks its arguments and numbers the regions, nothing else may be asked) and
@@ -87,6 +92,10 @@ typedef struct arena_region {
     // Inclusive lifetime in op indices, transient regions only. A region not used yet has
     // first_op = INT32_MAX, last_op = -1 (empty), so arena_extend widens it with min/max.
     int32_t first_op, last_op;
+    // A part (arena_reserve_part): its bytes start part_offset bytes into region `whole`.
+    bool part;
+    arena_handle whole;
+    uint64_t part_offset;
 } arena_region;
 
 typedef struct arena {
@@ -127,17 +136,28 @@ qt_status arena_reserve(arena *a, const char *name, uint64_t bytes, uint64_t ali
                         arena_category category, int32_t first_op, int32_t last_op,
                         arena_handle *handle_out);
 
+// PLAN only. Reserves a part of the transient region `whole` (not a part itself): `bytes` at
+// the end of the whole so far, aligned to `align` (raised as arena_reserve raises it; the whole's
+// alignment grows to the largest of its parts'), and the whole grows to end with it. The part
+// has the whole's category and its own name and lifetime; arena_extend on it widens the whole's
+// too. Uses of two parts of one whole touch different bytes; a use of the whole touches every
+// part. Errors as arena_reserve's (a counting arena numbers the part only).
+qt_status arena_reserve_part(arena *a, arena_handle whole, const char *name, uint64_t bytes,
+                             uint64_t align, arena_handle *handle_out);
+
 // Any phase, counting arenas too: the persistent regions of category c that have bytes.
 uint32_t arena_persistent_regions(const arena *a, arena_category c);
 
-// PLAN only. Widens a transient region's lifetime to include op_index (>= 0); no effect on a
-// persistent region, which already includes every op, nor on a counting arena.
+// PLAN only. Widens a transient region's lifetime to include op_index (>= 0), and a part's
+// whole's too; no effect on a persistent region, which already includes every op, nor on a
+// counting arena.
 void arena_extend(arena *a, arena_handle h, int32_t op_index);
 
 // PLAN -> BIND. Places regions in order of decreasing bytes (ties: lower handle first), each at
 // the lowest offset, aligned, where it overlaps no placed region whose lifetime intersects its own.
 // Persistent regions intersect every region that is used; a region never used intersects nothing
-// and lands at offset 0. Zero-byte regions occupy nothing and land at offset 0. Sets bytes_total.
+// and lands at offset 0. Zero-byte regions occupy nothing and land at offset 0. Parts land inside
+// their wholes. Sets bytes_total.
 void arena_pack(arena *a);
 
 // The allocator arena_bind calls: gives `bytes` (may be 0) and returns the base address and, when
@@ -158,11 +178,13 @@ void *arena_host_pointer(const arena *a, arena_handle h);
 // Any phase.
 const arena_region *arena_region_get(const arena *a, arena_handle h);
 
-// Any phase. Sum of persistent bytes plus the peak over ops of the live transient bytes: no
-// packing can use fewer bytes (alignment ignored), so bytes_total >= this after packing.
+// Any phase. Sum of persistent bytes plus the peak over ops of the live transient bytes (a part
+// counted in its whole): no packing can use fewer bytes (alignment ignored), so bytes_total >=
+// this after packing.
 uint64_t arena_lower_bound(const arena *a);
 // Any phase. Bytes reserved in a category, counted without sharing (regions that share bytes each
-// count in full), so the categories can sum to more than bytes_total.
+// count in full; a part counts in its whole only), so the categories can sum to more than
+// bytes_total.
 uint64_t arena_category_bytes(const arena *a, arena_category c);
 // "weights", "master", "optim", "scaling", "grads", "activations", "workspace", "staging".
 const char *arena_category_name(arena_category c);
@@ -170,8 +192,9 @@ const char *arena_category_name(arena_category c);
 const char *arena_phase_name(arena_phase p);
 
 // Any phase. Writes the memory map: a header, one line per region in handle order (handle, name,
-// category, offset, exact bytes, human-readable size, lifetime), per-category totals, the lower
-// bound and the total (`total` line). Offsets print as "-" before packing.
+// category, offset, exact bytes, human-readable size, lifetime; a part's lifetime is followed by
+// "in H", its whole's handle), per-category totals, the lower bound and the total (`total`
+// line). Offsets print as "-" before packing.
 void arena_print(const arena *a, FILE *out);
 // Any phase. Two lines: the arena's name, regions, total and lower bound; the bytes of each
 // category that has any.
@@ -179,9 +202,10 @@ void arena_print_summary(const arena *a, FILE *out);
 // Writes "n B", "x.xx KiB", "x.xx MiB", "x.xx GiB" or "x.xx TiB" into buf.
 void arena_format_size(uint64_t bytes, char *buf, size_t buf_bytes);
 
-// BIND or FROZEN. Checks every region is aligned, inside bytes_total, and that no two regions with
-// intersecting lifetimes have intersecting byte ranges. Returns true if so; else false, with the
-// first violation described in msg (msg may be NULL when msg_bytes is 0).
+// BIND or FROZEN. Checks every region is aligned, inside bytes_total, every part inside its
+// whole, and that no two regions (parts aside) with intersecting lifetimes have intersecting
+// byte ranges. Returns true if so; else false, with the first violation described in msg (msg
+// may be NULL when msg_bytes is 0).
 bool arena_check(const arena *a, char *msg, size_t msg_bytes);
 
 #endif  // QT_ARENA_H

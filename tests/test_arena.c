@@ -201,6 +201,96 @@ static void test_extend(void) {
     test_end();
 }
 
+static char *print_to_string(const arena *a);
+
+static arena_handle part(arena *a, arena_handle whole, const char *name, uint64_t bytes,
+                         uint64_t align) {
+    arena_handle h = UINT32_MAX;
+    qt_status s = arena_reserve_part(a, whole, name, bytes, align, &h);
+    CHECK(s == QT_OK, "part '%s': %s: %s", name, qt_status_name(s), qt_error_message());
+    return h;
+}
+
+// Parts lie one after another inside their whole, each at its own alignment; the whole grows
+// with them, takes the largest alignment and a lifetime over every part's use, and is packed
+// for them: a region live beside a part's use never shares the whole's bytes, one live before
+// or after every part does. Totals and the lower bound count the parts in the whole only.
+static void test_parts(void) {
+    test_begin("parts_inside_their_whole");
+    arena *a = arena_new(ARENA_KIND_DEVICE, "device");
+    arena_handle p = reserve(a, "p", 1024, 256, ARENA_CAT_MASTER, ARENA_LIFETIME_PERSISTENT, 0);
+    arena_handle w = reserve(a, "amax", 0, 256, ARENA_CAT_WORKSPACE, NEVER_USED);
+    arena_handle x = part(a, w, "x.amax", 4, 16);
+    arena_handle y = part(a, w, "y.amax", 40, 1024);
+    arena_handle z = part(a, w, "z.amax", 8, 1);
+    const arena_region *rw = arena_region_get(a, w), *ry = arena_region_get(a, y);
+    CHECK(rw->bytes == 1288 && rw->align == 1024, "whole: %" PRIu64 " bytes, align %" PRIu64,
+          rw->bytes, rw->align);
+    CHECK(arena_region_get(a, x)->part_offset == 0 && ry->part_offset == 1024 &&
+              arena_region_get(a, z)->part_offset == 1280,
+          "parts at +%" PRIu64 " +%" PRIu64 " +%" PRIu64, arena_region_get(a, x)->part_offset,
+          ry->part_offset, arena_region_get(a, z)->part_offset);
+    CHECK(arena_region_get(a, x)->align == ARENA_DEVICE_ALIGN_MIN && ry->part &&
+              ry->whole == w && ry->category == ARENA_CAT_WORKSPACE,
+          "a part is raised to the device alignment and has its whole's category");
+    arena_extend(a, x, 3);
+    arena_extend(a, y, 7);
+    CHECK(rw->first_op == 3 && rw->last_op == 7, "whole lifetime %d..%d", rw->first_op,
+          rw->last_op);
+    CHECK(ry->first_op == 7 && ry->last_op == 7, "part keeps its own lifetime %d..%d",
+          ry->first_op, ry->last_op);
+    arena_handle during = reserve(a, "during", 512, 256, ARENA_CAT_ACTIVATIONS, 5, 5);
+    arena_handle after = reserve(a, "after", 2048, 256, ARENA_CAT_ACTIVATIONS, 8, 9);
+    CHECK(arena_category_bytes(a, ARENA_CAT_WORKSPACE) == 1288, "workspace %" PRIu64,
+          arena_category_bytes(a, ARENA_CAT_WORKSPACE));
+    // 1024 persistent + the peak at op 5 (the whole and `during`) or at 8 (`after`).
+    CHECK(arena_lower_bound(a) == 1024 + 2048, "lower bound %" PRIu64, arena_lower_bound(a));
+    arena_pack(a);
+    // after (2048) at 0; the whole (1288, ops 3..7) shares its bytes; p (persistent) above
+    // both; during (op 5) above the whole's end 1288, aligned: 1536.
+    CHECK_OFFSET(a, after, 0);
+    CHECK_OFFSET(a, w, 0);
+    CHECK_OFFSET(a, x, 0);
+    CHECK_OFFSET(a, y, 1024);
+    CHECK_OFFSET(a, z, 1280);
+    CHECK_OFFSET(a, p, 2048);
+    CHECK_OFFSET(a, during, 1536);
+    check_packed(a);
+    char msg[256];
+    a->regions[y].offset += 1024;  // out of its whole
+    CHECK(!arena_check(a, msg, sizeof msg) && strstr(msg, "'y.amax'") &&
+              strstr(msg, "not inside its whole"), "part moved: %s", msg);
+    a->regions[y].offset -= 1024;
+    CHECK(arena_check(a, msg, sizeof msg), "repaired: %s", msg);
+    char *map = print_to_string(a);
+    CHECK(strstr(map, "ops 7..7 in 1\n") && strstr(map, "unused in 1\n") &&
+              strstr(map, "ops 3..7\n"), "a part's line names its whole:\n%s", map);
+    free(map);
+    free(a);
+
+    arena *c = arena_new(ARENA_KIND_HOST, "host");
+    arena_handle cw = reserve(c, "whole", 8, 1, ARENA_CAT_WORKSPACE, NEVER_USED);
+    arena_handle h = 0;
+    qt_status s = arena_reserve_part(c, cw, "huge", ARENA_BYTES_MAX - 4, 1, &h);
+    CHECK(s == QT_ERR_INPUT && strstr(qt_error_message(), "'whole' past ARENA_BYTES_MAX"),
+          "%s: %s", qt_status_name(s), qt_error_message());
+    s = arena_reserve_part(c, cw, "whole", 4, 1, &h);
+    CHECK(s == QT_ERR_INPUT && strstr(qt_error_message(), "reserved twice"), "duplicate: %s",
+          qt_error_message());
+    CHECK(c->region_count == 1 && arena_region_get(c, cw)->bytes == 8,
+          "failed parts add nothing: %u regions, %" PRIu64 " bytes", c->region_count,
+          arena_region_get(c, cw)->bytes);
+    free(c);
+
+    arena counting;
+    arena_init(&counting, ARENA_KIND_DEVICE, "device", NULL, 0);
+    CHECK(arena_reserve(&counting, "whole", 0, 256, ARENA_CAT_WORKSPACE, 0, -1, &h) == QT_OK &&
+              arena_reserve_part(&counting, h, "part", 4, 16, &h) == QT_OK && h == 1 &&
+              counting.region_count == 2,
+          "a counting arena numbers parts: handle %u", h);
+    test_end();
+}
+
 // ---------------------------------------------------------------------------------------------
 // operating errors
 
@@ -789,6 +879,7 @@ int main(void) {
     test_device_raises_alignment();
     test_zero_bytes_and_unused();
     test_extend();
+    test_parts();
     test_errors();
     test_counting();
     test_phase_asserts();
