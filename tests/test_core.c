@@ -2,6 +2,7 @@
 // reference backend, and (with a GPU) the same program on both backends, eager and graphed,
 // compared bit for bit.
 #include <math.h>
+#include <stddef.h>  // offsetof
 #include <stdlib.h>  // setenv
 #include <string.h>  // strstr
 
@@ -229,6 +230,62 @@ static void test_program_dependencies(void) {
     CHECK(!prog_ops_conflict(&o[3], &o[4]), "c and b are apart");
     // Chain 0 -> 1 -> 2 -> 4 -> 5; op 3 runs beside it.
     CHECK(prog_critical_path(&p) == 5, "critical path %u", prog_critical_path(&p));
+    test_end();
+}
+
+// A use declared on an earlier op once later ops are built (prog_use_late) is that op's like any
+// other: it widens the region's lifetime back to the op, orders the op before the region's later
+// users, and its address lands in the op's args, as does a value set later (prog_args_set). A
+// counting program keeps the last op only: the late use is checked, the write to a gone op is
+// nothing, and the last op takes both.
+static void test_program_late_use(void) {
+    test_begin("program_late_use");
+    static program p;
+    arena a;
+    rig_arena_init(&a, ARENA_KIND_HOST, "host");
+    rig_prog_init(&p, "late");
+    arena_handle src, dst;
+    CHECK(arena_reserve(&a, "src", 256, 256, ARENA_CAT_ACTIVATIONS, 0, -1, &src) == QT_OK &&
+              arena_reserve(&a, "dst", 256, 256, ARENA_CAT_ACTIVATIONS, 0, -1, &dst) == QT_OK,
+          "reserve");
+    copy_args args = {0, 0, 0};
+    launch_shape shape = op_shape_1d(1, 32);
+    uint32_t first = 0, second = 0;
+    RIG_OK(prog_append(&p, KERNEL_COPY, "first", &shape, &args, sizeof args, &first));
+    RIG_OK(prog_append(&p, KERNEL_COPY, "second", &shape, &args, sizeof args, &second));
+    RIG_OK(prog_use(&p, second, offsetof(copy_args, src), (prog_ref){&a, dst, 0}, PROG_READ));
+    RIG_OK(prog_use_late(&p, first, offsetof(copy_args, dst), (prog_ref){&a, dst, 0},
+                         PROG_WRITE));
+    uint64_t bytes = 256;
+    prog_args_set(&p, first, offsetof(copy_args, bytes), &bytes, sizeof bytes);
+    const arena_region *r = arena_region_get(&a, dst);
+    CHECK(r->first_op == 0 && r->last_op == 1, "dst lives over ops %d..%d", r->first_op,
+          r->last_op);
+    CHECK(p.ops[0].ref_count == 1 && p.ops[0].refs[0].access == PROG_WRITE, "first: %u refs",
+          p.ops[0].ref_count);
+    arena_pack(&a);
+    CHECK(prog_ops_conflict(&p.ops[0], &p.ops[1]), "the late write orders the later reader");
+    copy_args got;
+    memcpy(&got, p.ops[0].args, sizeof got);
+    CHECK(got.bytes == 256, "args set later: %llu", (unsigned long long)got.bytes);
+
+    program c;
+    arena counting;
+    arena_init(&counting, ARENA_KIND_HOST, "host", NULL, 0);
+    prog_init(&c, "counting", 0, NULL, 0);
+    CHECK(arena_reserve(&counting, "dst", 256, 256, ARENA_CAT_ACTIVATIONS, 0, -1, &dst) == QT_OK,
+          "reserve");
+    RIG_OK(prog_append(&c, KERNEL_COPY, "first", &shape, &args, sizeof args, &first));
+    RIG_OK(prog_append(&c, KERNEL_COPY, "second", &shape, &args, sizeof args, &second));
+    RIG_OK(prog_use_late(&c, first, offsetof(copy_args, dst), (prog_ref){&counting, dst, 0},
+                         PROG_WRITE));
+    prog_args_set(&c, first, offsetof(copy_args, bytes), &bytes, sizeof bytes);
+    CHECK(prog_op_at(&c, second)->ref_count == 0, "the kept op has no use of the gone one");
+    RIG_OK(prog_use_late(&c, second, offsetof(copy_args, dst), (prog_ref){&counting, dst, 0},
+                         PROG_WRITE));
+    prog_args_set(&c, second, offsetof(copy_args, bytes), &bytes, sizeof bytes);
+    memcpy(&got, prog_op_at(&c, second)->args, sizeof got);
+    CHECK(prog_op_at(&c, second)->ref_count == 1 && got.bytes == 256, "the last op takes both");
     test_end();
 }
 
@@ -611,6 +668,7 @@ int main(void) {
     test_fill_windows_compose();
     test_program_capacity();
     test_program_dependencies();
+    test_program_late_use();
     test_capture_plan();
     test_ref_fill_statistics();
     test_fill_rows();

@@ -62,25 +62,53 @@ int32_t prog_op_index(const program *p, uint32_t op) {
     return p->op_base + (int32_t)op;
 }
 
-qt_status prog_use(program *p, uint32_t op_number, uint32_t args_offset, prog_ref ref,
-                   prog_access access) {
+// prog_use into `op`, the entry of op_number, or NULL: a counting program's earlier op, whose
+// entry is gone (the use is checked, then dropped).
+static qt_status prog_use_into(program *p, prog_op *op, uint32_t op_number, uint32_t args_offset,
+                               prog_ref ref, prog_access access) {
     QT_ASSERT(!p->resolved);
-    prog_op *op = prog_op_at(p, op_number);
     QT_ASSERT(args_offset == PROG_ARGS_FIELD_NONE ||
-              (args_offset % 8 == 0 && args_offset + 8 <= op->args_bytes));
+              (args_offset % 8 == 0 && (op == NULL || args_offset + 8 <= op->args_bytes)));
     QT_ASSERT(access != PROG_ADDRESS || args_offset != PROG_ARGS_FIELD_NONE);
     QT_ASSERT(ref.arena != NULL && ref.region < ref.arena->region_count);
     // A counting arena has no table: the bounds are checked when the plan is made for real.
     bool regions = !arena_counting(ref.arena);
     QT_ASSERT(!regions || ref.offset <= arena_region_get(ref.arena, ref.region)->bytes);
-    // Builders split their ops below this (a property of the code, whatever the model).
-    QT_ASSERT(op->ref_count < PROG_OP_REFS_MAX);
-    op->refs[op->ref_count++] = (prog_op_ref){ref, (uint16_t)args_offset, (uint8_t)access};
+    if (op != NULL) {
+        // Builders split their ops below this (a property of the code, whatever the model).
+        QT_ASSERT(op->ref_count < PROG_OP_REFS_MAX);
+        op->refs[op->ref_count++] = (prog_op_ref){ref, (uint16_t)args_offset, (uint8_t)access};
+    }
     if (regions && access != PROG_ADDRESS &&
         !arena_region_get(ref.arena, ref.region)->persistent) {
         arena_extend(ref.arena, ref.region, prog_op_index(p, op_number));
     }
     return QT_OK;
+}
+
+qt_status prog_use(program *p, uint32_t op_number, uint32_t args_offset, prog_ref ref,
+                   prog_access access) {
+    return prog_use_into(p, prog_op_at(p, op_number), op_number, args_offset, ref, access);
+}
+
+// The entry of op_number, or NULL for an op of a counting program that is not its last.
+static prog_op *prog_op_kept(program *p, uint32_t op_number) {
+    QT_ASSERT(op_number < p->op_count);
+    return prog_counting(p) && op_number + 1 < p->op_count ? NULL : prog_op_at(p, op_number);
+}
+
+qt_status prog_use_late(program *p, uint32_t op_number, uint32_t args_offset, prog_ref ref,
+                        prog_access access) {
+    return prog_use_into(p, prog_op_kept(p, op_number), op_number, args_offset, ref, access);
+}
+
+void prog_args_set(program *p, uint32_t op_number, uint32_t args_offset, const void *value,
+                   size_t bytes) {
+    QT_ASSERT(!p->resolved);
+    prog_op *op = prog_op_kept(p, op_number);
+    if (op == NULL) return;
+    QT_ASSERT(args_offset <= op->args_bytes && bytes <= op->args_bytes - args_offset);
+    memcpy(op->args + args_offset, value, bytes);
 }
 
 qt_status prog_use_span(program *p, uint32_t op, uint32_t args_offset, prog_ref ref,

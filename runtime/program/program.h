@@ -97,6 +97,17 @@ qt_status prog_append(program *p, kernel_id kernel, const char *name, const laun
 // lifetime to include the op.
 qt_status prog_use(program *p, uint32_t op, uint32_t args_offset, prog_ref ref,
                    prog_access access);
+// prog_use on an op appended earlier than the last one: an op whose regions are known only once
+// later ops are built (the step's first op, which zeroes the amax slots that the step's
+// producers take as they are built). A counting program, which keeps its last op only, checks
+// the use, widens the lifetime and drops the entry. The builder keeps such an op below
+// PROG_OP_REFS_MAX itself: the counting pass cannot count its refs.
+qt_status prog_use_late(program *p, uint32_t op, uint32_t args_offset, prog_ref ref,
+                        prog_access access);
+// Writes `bytes` of op's args at args_offset (before prog_resolve): a value its builder learns
+// once later ops are built. A counting program's earlier op is gone: nothing is written.
+void prog_args_set(program *p, uint32_t op, uint32_t args_offset, const void *value,
+                   size_t bytes);
 // A prog_ref without an arena stands for an absent optional buffer: its args field stays 0, which
 // the kernels read as "no such input or output".
 static inline bool prog_ref_present(prog_ref ref) { return ref.arena != NULL; }
