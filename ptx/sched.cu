@@ -3,11 +3,22 @@
 #include "ptx/sched_ops.h"
 #include "ptx/grid_order.h"  // qt_grid_enter, every kernel's first statement
 
+// The step's amax slots (sched_zero) set to +0, the grid striding over their words.
+static __device__ void sched_zero_slots(const sched_zero &zero) {
+    uint32_t *words = (uint32_t *)zero.at;
+    uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < zero.words;
+         i += stride) {
+        words[i] = 0u;
+    }
+}
+
 // Every thread reads the counter before any write of this step; nothing in this kernel writes
 // the counter, so there is no race.
 extern "C" __global__ void __launch_bounds__(QT_SCHED_THREADS)
     qt_sched_copy(const __grid_constant__ sched_copy_args args) {
     qt_grid_enter();
+    sched_zero_slots(args.zero);
     uint64_t counter = *(const volatile uint64_t *)args.counter;
     const uint4 *src = (const uint4 *)(args.src +
                                        qt_sched_slot_offset(counter, args.src_slots,
@@ -26,6 +37,7 @@ extern "C" __global__ void __launch_bounds__(QT_SCHED_THREADS)
 extern "C" __global__ void __launch_bounds__(QT_SCHED_THREADS)
     qt_sched_stage_u8(const __grid_constant__ sched_stage_u8_args args) {
     qt_grid_enter();
+    sched_zero_slots(args.zero);
     uint64_t counter = *(const volatile uint64_t *)args.counter;
     const uint8_t *src =
         (const uint8_t *)(args.src + qt_sched_slot_offset(counter, args.src_slots,

@@ -16,6 +16,9 @@
 //                       src_slots) whose inputs are u8 pixels: header and   16-pixel chunks
 //                       targets copied, pixels -> FP32 x / 255 (IDX data
 //                       crosses PCIe as bytes, a quarter of FP32's)
+//                       Both, as a step's first op, also zero the step's
+//                       amax slots (sched_zero), the same grid striding
+//                       over their words
 //   qt_sched_record     the step's record into ring[counter % ring_len]    1 block x 32 threads
 //                       (pinned host memory; ptx/trace_record.h's ring
 //                       layout); counter += 1
@@ -41,6 +44,8 @@
 #ifndef QT_SCHED_H
 #define QT_SCHED_H
 
+#include <stddef.h>  // offsetof
+
 #include "ptx/act.h"           // qt_loss_stats, qt_gnorm_result
 #include "ptx/core.h"          // qt_mix64
 #include "ptx/optim.h"         // optim_state
@@ -50,7 +55,19 @@
 #define QT_SCHED_THREADS 256u      // qt_sched_copy block size
 #define QT_SCHED_RECORD_THREADS 32u
 
+// The step's amax slots (runtime/model/model_build.c: the program's region "<mode>.amax", whose
+// parts the step's per-tensor amaxes are): a producer merges each tensor's amax into its slot
+// with an atomic max, so every slot must be +0 before the step's first merge. The step's first
+// op zeroes them all, in place of one launch per slot.
+typedef struct sched_zero {
+    uint64_t at;      // u32 [words] set to 0 (+0.0f); 0: none
+    uint32_t words;
+    uint32_t reserved;
+} sched_zero;
+QT_STATIC_ASSERT(sizeof(sched_zero) == 16, "sched_zero layout");
+
 typedef struct sched_copy_args {
+    sched_zero zero;      // first in both staging ops' args (op_sched_zero sets it in either)
     uint64_t counter;     // u64 device step counter, read
     uint64_t dst, src;    // slot 0 of each side
     uint64_t dst_stride;  // bytes from one slot to the next
@@ -59,11 +76,12 @@ typedef struct sched_copy_args {
     uint32_t dst_slots;   // >= 1: the slot is counter % slots (1: always slot 0)
     uint32_t src_slots;
 } sched_copy_args;
-QT_STATIC_ASSERT(sizeof(sched_copy_args) == 56, "sched_copy_args layout");
+QT_STATIC_ASSERT(sizeof(sched_copy_args) == 72, "sched_copy_args layout");
 
 // Both sides have the parts of runtime/io/data.h's slot layout at the same offsets up to the
 // inputs (the header region, `inputs_offset` bytes); the targets sit at their own offsets.
 typedef struct sched_stage_u8_args {
+    sched_zero zero;          // as sched_copy_args.zero
     uint64_t counter;         // u64 device step counter, read
     uint64_t dst, src;        // the device batch; slot 0 of the device slots
     uint64_t src_stride;      // bytes from one slot to the next
@@ -73,7 +91,10 @@ typedef struct sched_stage_u8_args {
     uint32_t targets_bytes;   // a multiple of 16
     uint32_t src_slots;       // >= 1
 } sched_stage_u8_args;
-QT_STATIC_ASSERT(sizeof(sched_stage_u8_args) == 72, "sched_stage_u8_args layout");
+QT_STATIC_ASSERT(sizeof(sched_stage_u8_args) == 88, "sched_stage_u8_args layout");
+QT_STATIC_ASSERT(offsetof(sched_copy_args, zero) == 0 &&
+                     offsetof(sched_stage_u8_args, zero) == 0,
+                 "the staging ops' zero spans share their place");
 
 #define QT_SCHED_STAGE_CHUNK 16u  // pixels per thread step: one 16-byte load, four float4 stores
 

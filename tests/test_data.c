@@ -1201,9 +1201,37 @@ static void test_fashion_mnist(void) {
 #define STAGE_ROWS 5u
 #define STAGE_STRIDE 13u  // 65 pixels: four 16-pixel chunks and a tail of one
 
+// The step's amax slots that a staging op zeroes (op_sched_zero): SLOT_WORDS words of a region
+// one word larger on both sides, filled with a pattern before the run.
+#define SLOT_WORDS 37u
+
+static arena_handle slots_zeroed_by(rig *r, uint32_t op) {
+    arena_handle slots = rig_reserve(r, "amax_slots", (SLOT_WORDS + 2) * 4);
+    RIG_OK(op_sched_zero(&r->prog, op, rig_ref(r, slots, 4), SLOT_WORDS * 4));
+    return slots;
+}
+
+static void slots_fill(rig *r, arena_handle slots) {
+    static uint8_t pattern[(SLOT_WORDS + 2) * 4];
+    memset(pattern, 0xA5, sizeof pattern);
+    RIG_OK(backend_write(&r->be, rig_ref(r, slots, 0), pattern, sizeof pattern));
+}
+
+// The span is +0 word by word, the words on either side untouched.
+static void slots_check(rig *r, arena_handle slots) {
+    uint32_t words[SLOT_WORDS + 2];
+    RIG_OK(backend_read(&r->be, words, rig_ref(r, slots, 0), sizeof words));
+    CHECK(words[0] == 0xA5A5A5A5u && words[SLOT_WORDS + 1] == 0xA5A5A5A5u,
+          "%s: the words beside the slots became %08x and %08x", r->be.info.name, words[0],
+          words[SLOT_WORDS + 1]);
+    for (uint32_t i = 1; i <= SLOT_WORDS; i++) {
+        CHECK(words[i] == 0, "%s: slot word %u is %08x", r->be.info.name, i - 1, words[i]);
+    }
+}
+
 // Runs the op on slot 1 of two (counter 1) on an open rig and checks the batch against the slot
 // byte by byte: the header region and the labels copied, every pixel b as the float
-// (float)b / 255 computed here. Closes the rig.
+// (float)b / 255 computed here; and the amax slots it zeroes. Closes the rig.
 static void stage_case(rig *rp) {
     rig *r = rp;
     data_info info = {0};
@@ -1228,6 +1256,7 @@ static void stage_case(rig *rp) {
     d.dst_targets_offset = batch.targets_offset;
     d.targets_bytes = (uint32_t)(slot.bytes - slot.targets_offset);
     RIG_OK(op_sched_stage_u8(&r->prog, "stage", &d));
+    arena_handle zeroed = slots_zeroed_by(r, r->prog.op_count - 1);
     rig_bind(r);
     static uint8_t slots[2 * 1024], out[2048];
     QT_ASSERT(2 * slot.bytes <= sizeof slots && batch.bytes <= sizeof out);
@@ -1235,7 +1264,9 @@ static void stage_case(rig *rp) {
     for (uint64_t i = 0; i < 2 * slot.bytes; i++) slots[i] = (uint8_t)(qt_mix64(i) >> 7);
     RIG_OK(backend_write(&r->be, rig_ref(r, counter, 0), &one, 8));
     RIG_OK(backend_write(&r->be, rig_ref(r, src, 0), slots, 2 * slot.bytes));
+    slots_fill(r, zeroed);
     RIG_OK(backend_run(&r->be, &r->prog));
+    slots_check(r, zeroed);
     RIG_OK(backend_read(&r->be, out, rig_ref(r, dst, 0), batch.bytes));
     const uint8_t *s1 = slots + slot.bytes;
     CHECK(memcmp(out, s1, slot.inputs_offset) == 0, "%s: header region differs",
@@ -1251,6 +1282,32 @@ static void stage_case(rig *rp) {
     rig_close(r);
 }
 
+// qt_sched_copy as a step's first op: slot 1 of three (counter 4) into the batch, and the amax
+// slots zeroed. Closes the rig.
+static void stage_copy_case(rig *r) {
+    enum { COPY_BYTES = 4096 + 48 };  // a grid of more than one block, and a tail
+    arena_handle counter = rig_reserve(r, "counter", 8);
+    arena_handle src = rig_reserve(r, "slots", 3 * COPY_BYTES);
+    arena_handle dst = rig_reserve(r, "batch", COPY_BYTES);
+    op_sched_slots to = {rig_ref(r, dst, 0), 0, 1};
+    op_sched_slots from = {rig_ref(r, src, 0), COPY_BYTES, 3};
+    RIG_OK(op_sched_copy(&r->prog, "stage", rig_ref(r, counter, 0), to, from, COPY_BYTES));
+    arena_handle zeroed = slots_zeroed_by(r, r->prog.op_count - 1);
+    rig_bind(r);
+    static uint8_t slots[3 * COPY_BYTES], out[COPY_BYTES];
+    for (uint64_t i = 0; i < sizeof slots; i++) slots[i] = (uint8_t)(qt_mix64(i + 5) >> 9);
+    uint64_t four = 4;
+    RIG_OK(backend_write(&r->be, rig_ref(r, counter, 0), &four, 8));
+    RIG_OK(backend_write(&r->be, rig_ref(r, src, 0), slots, sizeof slots));
+    slots_fill(r, zeroed);
+    RIG_OK(backend_run(&r->be, &r->prog));
+    slots_check(r, zeroed);
+    RIG_OK(backend_read(&r->be, out, rig_ref(r, dst, 0), sizeof out));
+    CHECK(memcmp(out, slots + COPY_BYTES, COPY_BYTES) == 0, "%s: the batch is not slot 1",
+          r->be.info.name);
+    rig_close(r);
+}
+
 static void test_stage_u8(void) {
     static rig r;
     const char *why = NULL;
@@ -1258,12 +1315,21 @@ static void test_stage_u8(void) {
     test_begin("stage_u8_ref");
     stage_case(&r);
     test_end();
+    rig_open(&r, BACKEND_REF, &why);
+    test_begin("stage_copy_zeroes_amax_slots_ref");
+    stage_copy_case(&r);
+    test_end();
     if (!rig_open(&r, BACKEND_GPU, &why)) {
         test_skip("stage_u8_gpu", why);
+        test_skip("stage_copy_zeroes_amax_slots_gpu", why);
         return;
     }
     test_begin("stage_u8_gpu");
     stage_case(&r);
+    test_end();
+    rig_open(&r, BACKEND_GPU, &why);
+    test_begin("stage_copy_zeroes_amax_slots_gpu");
+    stage_copy_case(&r);
     test_end();
 }
 

@@ -11,7 +11,12 @@ qt_status op_sched_copy(program *p, const char *name, prog_ref counter, op_sched
     QT_ASSERT(dst.ref.offset % 16 == 0 && src.ref.offset % 16 == 0);
     QT_ASSERT(dst.slots == 1 || dst.stride >= bytes);
     QT_ASSERT(src.slots == 1 || src.stride >= bytes);
-    sched_copy_args args = {0, 0, 0, dst.stride, src.stride, bytes, dst.slots, src.slots};
+    sched_copy_args args = {0};
+    args.dst_stride = dst.stride;
+    args.src_stride = src.stride;
+    args.bytes = bytes;
+    args.dst_slots = dst.slots;
+    args.src_slots = src.slots;
     launch_shape shape = op_shape_1d(bytes / 16, QT_SCHED_THREADS);
     uint32_t op;
     QT_TRY(prog_append(p, KERNEL_SCHED_COPY, name, &shape, &args, sizeof args, &op));
@@ -57,6 +62,17 @@ qt_status op_sched_stage_u8(program *p, const char *name, const op_sched_stage_d
     uint64_t src_span = (uint64_t)(d->src.slots - 1) * d->src.stride + d->src_bytes;
     return prog_use_span(p, op, offsetof(sched_stage_u8_args, src), d->src.ref, src_span,
                          PROG_READ);
+}
+
+qt_status op_sched_zero(program *p, uint32_t op, prog_ref slots, uint64_t bytes) {
+    QT_ASSERT(bytes % 4 == 0 && bytes / 4 <= UINT32_MAX);
+    if (!prog_counting(p)) {
+        kernel_id k = prog_op_at(p, op)->kernel;
+        QT_ASSERT(k == KERNEL_SCHED_COPY || k == KERNEL_SCHED_STAGE_U8);
+    }
+    uint32_t words = (uint32_t)(bytes / 4);
+    prog_args_set(p, op, offsetof(sched_zero, words), &words, sizeof words);
+    return prog_use_late(p, op, offsetof(sched_zero, at), slots, PROG_WRITE);
 }
 
 qt_status op_sched_record(program *p, const char *name, const op_sched_record_desc *d) {

@@ -1,5 +1,6 @@
 // op_sched: builders that append the schedule loop's bookkeeping kernels (ptx/sched.cu) to a
-// program: the slot-indexed copy, the step record and the checksum fold.
+// program: the slot-indexed copy (with the step's amax slots zeroed), the step record and the
+// checksum fold.
 //
 // Owns nothing; each builder picks the launch shape, fills the args struct and declares every
 // region the op reads and writes. The counter, the slots and the ring are described in
@@ -36,6 +37,13 @@ typedef struct op_sched_stage_desc {
     uint32_t targets_bytes;
 } op_sched_stage_desc;
 qt_status op_sched_stage_u8(program *p, const char *name, const op_sched_stage_desc *d);
+
+// `bytes` of `slots` (the step's amax slots, ptx/sched_ops.h sched_zero; a multiple of 4) set to
+// +0 by `op`, the step's staging op appended earlier (op_sched_copy or op_sched_stage_u8), in
+// the same launch as its copy. Declared once the program's other ops are built (prog_use_late):
+// the region is whole then, and its declared write orders every later use of the slots after
+// the op, so no producer of the step merges into a slot before it is zeroed.
+qt_status op_sched_zero(program *p, uint32_t op, prog_ref slots, uint64_t bytes);
 
 typedef struct op_sched_record_desc {
     prog_ref counter;      // u64

@@ -4,8 +4,13 @@
 #include "runtime/base/pool.h"  // pool_for: the pixels in ranges
 #include "runtime/ref/ref.h"
 
+static void ref_sched_zero_slots(const sched_zero *zero) {
+    if (zero->words > 0) memset(REF_PTR(void, zero->at), 0, (size_t)zero->words * 4);
+}
+
 void ref_qt_sched_copy(const sched_copy_args *a, const launch_shape *shape) {
     (void)shape;
+    ref_sched_zero_slots(&a->zero);
     uint64_t counter = *REF_PTR(const uint64_t, a->counter);
     uint64_t src = a->src + qt_sched_slot_offset(counter, a->src_slots, a->src_stride);
     uint64_t dst = a->dst + qt_sched_slot_offset(counter, a->dst_slots, a->dst_stride);
@@ -24,6 +29,7 @@ static void ref_stage_pixels(void *ctx, uint64_t begin, uint64_t end) {
 
 void ref_qt_sched_stage_u8(const sched_stage_u8_args *a, const launch_shape *shape) {
     (void)shape;
+    ref_sched_zero_slots(&a->zero);
     uint64_t counter = *REF_PTR(const uint64_t, a->counter);
     const uint8_t *src = REF_PTR(const uint8_t, a->src) +
                          qt_sched_slot_offset(counter, a->src_slots, a->src_stride);
