@@ -1040,5 +1040,9 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
                              (optim_state *)(uintptr_t)args.begin_state,
                              (const optim_grad_norm *)out,
                              (const optim_lr_row *)(uintptr_t)args.begin_lr_rows, args.begin_rows);
+        if (args.begin_zero != 0) {
+            qt_optim_zero_amaxes((const optim_multi_entry *)(uintptr_t)args.begin_zero,
+                                 args.begin_zero_count);
+        }
     }
 }

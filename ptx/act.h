@@ -241,14 +241,16 @@ typedef struct gnorm_args {
     float clip;         // max norm; <= 0 disables clipping (factor 1)
     // With out: after writing it, the folding block runs qt_optim_begin (ptx/optim.h) on it, so
     // that a step on one GPU spends no launch of its own on that one thread's work (0: the
-    // program has a qt_optim_begin op, as with several ranks, whose norms are folded first).
+    // program has a qt_optim_begin op, as with several ranks, whose norms are folded first):
+    // the state, and the table's amaxes zeroed (qt_optim_zero_amaxes).
     uint64_t begin_steps;    // u64, read and written
     uint64_t begin_state;    // optim_state, written; 0: none
     uint64_t begin_lr_rows;  // optim_lr_row [begin_rows]
+    uint64_t begin_zero;     // optim_multi_entry [begin_zero_count], read; 0: none
     uint32_t begin_rows;
-    uint32_t reserved;
+    uint32_t begin_zero_count;
 } gnorm_args;
-QT_STATIC_ASSERT(sizeof(gnorm_args) == 232, "gnorm_args layout");
+QT_STATIC_ASSERT(sizeof(gnorm_args) == 240, "gnorm_args layout");
 
 #define QT_KERNELS_ACT(X)                                                                    \
     X(KERNEL_ACT_FWD, act, qt_act_fwd, act_args)                                             \

@@ -12,6 +12,9 @@ extern "C" __global__ void __launch_bounds__(QT_OPTIM_BEGIN_THREADS)
     qt_optim_begin_apply((uint64_t *)args.steps, (optim_state *)args.state,
                          (const optim_grad_norm *)args.grad_norm,
                          (const optim_lr_row *)args.lr_rows, args.row_count);
+    if (args.zero != 0) {
+        qt_optim_zero_amaxes((const optim_multi_entry *)args.zero, args.zero_count);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

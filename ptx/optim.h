@@ -18,7 +18,8 @@
 //   kernel            what                                               launch
 //   qt_optim_begin    skip = nonfinite || clip not finite; lr from the   1 block x 32 threads,
 //                     schedule row of step t = steps (before the         thread 0 works
-//                     increment); steps += 1 unless skipped; the state
+//                     increment); steps += 1 unless skipped; the state;
+//                     the table's amaxes zeroed (qt_optim_zero_amaxes)
 //                     (several ranks only: on one GPU qt_gnorm's folding thread runs
 //                     qt_optim_begin_apply itself, ptx/act.h gnorm_args.begin_*)
 //   qt_optim_adamw    one parameter: grad, master, m, v -> master, m, v  one 64 x 64 tile per
@@ -29,7 +30,9 @@
 //   qt_optim_adamw_   qt_optim_adamw of every entry of a table          the entries' tiles
 //     multi           (optim_multi_entry), each with its own args       one after the other
 //   qt_optim_amax_    +0 into the amax targets of the table's entries   1 block x 32 threads
-//     zero            that qt_optim_entry_zeroes (before the update)
+//     zero            that qt_optim_entry_zeroes (before the update),
+//                     where the step's begin does not (a list whose
+//                     targets are more than one op declares)
 //   qt_optim_describe writes one table entry (init program)             1 block x 32 threads
 //
 // A skipped step (state.skip = 1) changes no persistent byte of the model: qt_optim_adamw writes
@@ -138,10 +141,11 @@ typedef struct optim_begin_args {
     uint64_t state;      // optim_state, written
     uint64_t grad_norm;  // optim_grad_norm, read; 0 = none (clip 1, never skip)
     uint64_t lr_rows;    // optim_lr_row [row_count], read
+    uint64_t zero;       // optim_multi_entry [zero_count], read: qt_optim_zero_amaxes; 0 = none
     uint32_t row_count;  // >= 1
-    uint32_t reserved;
+    uint32_t zero_count;
 } optim_begin_args;
-QT_STATIC_ASSERT(sizeof(optim_begin_args) == 40, "optim_begin_args layout");
+QT_STATIC_ASSERT(sizeof(optim_begin_args) == 48, "optim_begin_args layout");
 
 typedef struct optim_adamw_args {
     uint64_t state;      // optim_state, read (not with QUANTIZE_ONLY)
@@ -176,14 +180,20 @@ typedef struct optim_multi_entry {
     optim_adamw_args args;  // state unused: the launch's
     uint32_t first_block;   // the blocks of the launch's entries before this one
     uint32_t blocks;        // this parameter's tiles (>= 1)
+    // The amax arrays that the parameter's cast kernel after the update merges into (a stacked
+    // weight's per-member amaxes, NVFP4's pair with RHT), f32 [cast_amax_words] each, which the
+    // step's begin zeroes (qt_optim_zero_amaxes); 0: none. The update never reads them.
+    uint64_t cast_amax[2];
+    uint32_t cast_amax_words;
+    uint32_t reserved;
 } optim_multi_entry;
-QT_STATIC_ASSERT(sizeof(optim_multi_entry) == 144, "optim_multi_entry layout");
+QT_STATIC_ASSERT(sizeof(optim_multi_entry) == 168, "optim_multi_entry layout");
 
 typedef struct optim_describe_args {
     uint64_t entry;           // optim_multi_entry, written: a copy of `value`
     optim_multi_entry value;  // the addresses of its args resolved by the program
 } optim_describe_args;
-QT_STATIC_ASSERT(sizeof(optim_describe_args) == 152, "optim_describe_args layout");
+QT_STATIC_ASSERT(sizeof(optim_describe_args) == 176, "optim_describe_args layout");
 
 typedef struct optim_multi_args {
     uint64_t state;    // optim_state, read
@@ -360,6 +370,24 @@ QT_HD uint32_t qt_optim_entry_of(const optim_multi_entry *entries, uint32_t coun
 // history slot, which other casts of the step max into too.
 QT_HD int qt_optim_entry_zeroes(const optim_multi_entry *e) {
     return (e->args.flags & QT_OPTIM_FLAG_AMAX_ON_SKIP) != 0;
+}
+
+// +0 into every amax of entries[0, count) that the step maxes into from zero: the update's
+// targets where qt_optim_entry_zeroes (what qt_optim_amax_zero does), and the cast kernels'
+// arrays (cast_amax). The step's begin does it (qt_optim_begin, gnorm_args.begin_zero), one
+// thread, before any update or cast of the step merges into them.
+QT_HD void qt_optim_zero_amaxes(const optim_multi_entry *entries, uint32_t count) {
+    for (uint32_t i = 0; i < count; i++) {
+        const optim_multi_entry *e = &entries[i];
+        if (qt_optim_entry_zeroes(e)) {
+            if (e->args.amax0 != 0) *(float *)(uintptr_t)e->args.amax0 = 0.0f;
+            if (e->args.amax1 != 0) *(float *)(uintptr_t)e->args.amax1 = 0.0f;
+        }
+        for (uint32_t k = 0; k < 2; k++) {
+            float *amax = (float *)(uintptr_t)e->cast_amax[k];
+            for (uint32_t w = 0; amax != 0 && w < e->cast_amax_words; w++) amax[w] = 0.0f;
+        }
+    }
 }
 
 // Two FP8 codes (p0 in the low byte) of q = satFP8(RN(p * scale)), the per-tensor FP8 rule:

@@ -11,6 +11,7 @@
 // eager execution, and the multi-tensor kernels against the per-parameter twins.
 #include <math.h>
 
+#include "runtime/ops/op_act.h"  // op_grad_norm_begin: the norm's fold that begins the step
 #include "runtime/ops/op_core.h"
 #include "runtime/ops/op_optim.h"
 #include "tests/rig.h"
@@ -157,10 +158,10 @@ static void t_begin_open(t_begin_rig *b) {
     rig_prog_init(&b->without_norm, "without_norm");
     RIG_OK(op_optim_begin(&b->with_norm, "begin", rig_ref(&b->r, b->steps, 0),
                           rig_ref(&b->r, b->state, 0), rig_ref(&b->r, b->norm, 0),
-                          rig_ref(&b->r, b->rows, 0), T_LR_ROWS));
+                          rig_ref(&b->r, b->rows, 0), T_LR_ROWS, NULL));
     RIG_OK(op_optim_begin(&b->without_norm, "begin", rig_ref(&b->r, b->steps, 0),
                           rig_ref(&b->r, b->state, 0), (prog_ref){0},
-                          rig_ref(&b->r, b->rows, 0), T_LR_ROWS));
+                          rig_ref(&b->r, b->rows, 0), T_LR_ROWS, NULL));
     rig_bind(&b->r);
     prog_resolve(&b->with_norm);
     prog_resolve(&b->without_norm);
@@ -220,6 +221,154 @@ static void test_begin_rules(void) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The begin's zeroing of the updates' amax workspaces (op_optim_zeroes), by op_optim_begin and
+// by the norm's fold that does its work (op_grad_norm_begin).
+
+#define T_ZERO_ENTRIES 3u
+#define T_ZERO_TARGETS 5u
+#define T_ZERO_WORDS 3u
+#define T_ZERO_FILL 0xA5A5A5A5u
+
+// A table of three entries (written after the bind, their addresses the targets'): entry 0
+// zeroes targets 0 and 1 (amax0, amax1); entry 1 has no AMAX_ON_SKIP flag and an update target
+// `kept`, which stays, and its cast's amax arrays are targets 2 and 3 (T_ZERO_WORDS words
+// each); entry 2 zeroes target 4. Both programs begin the same step from the same norm; every
+// target is filled before each, and the state each writes is the one without zeroes.
+static void t_begin_zeroes_case(rig *r) {
+    arena_handle steps = rig_reserve(r, "steps", 8);
+    arena_handle state = rig_reserve(r, "state", sizeof(optim_state));
+    arena_handle norm = rig_reserve(r, "norm", sizeof(optim_grad_norm));
+    arena_handle rows = rig_reserve(r, "lr_rows", sizeof t_lr_table);
+    arena_handle table = rig_reserve(r, "table", op_optim_table_bytes(T_ZERO_ENTRIES));
+    arena_handle grad = rig_reserve(r, "grad", 4 * 3);
+    arena_handle ws = rig_reserve(r, "gnorm_ws", op_grad_norm_workspace_bytes(1, &(uint64_t){3}));
+    arena_handle ticket = rig_reserve(r, "ticket", 4);
+    arena_handle kept = rig_reserve(r, "kept", 4);
+    arena_handle targets[T_ZERO_TARGETS];
+    static op_optim_zeroes z;
+    z = (op_optim_zeroes){rig_ref(r, table, 0), T_ZERO_ENTRIES, T_ZERO_TARGETS, {{0}}, {0}};
+    for (uint32_t t = 0; t < T_ZERO_TARGETS; t++) {
+        char name[16];
+        snprintf(name, sizeof name, "target%u", t);
+        z.target_bytes[t] = t == 2 || t == 3 ? 4 * T_ZERO_WORDS : 4;
+        targets[t] = rig_reserve(r, name, z.target_bytes[t]);
+        z.targets[t] = rig_ref(r, targets[t], 0);
+    }
+    program *begin = &r->prog;
+    static program fold;
+    rig_prog_init(&fold, "fold");
+    RIG_OK(op_optim_begin(begin, "begin", rig_ref(r, steps, 0), rig_ref(r, state, 0),
+                          rig_ref(r, norm, 0), rig_ref(r, rows, 0), T_LR_ROWS, &z));
+    op_gnorm_begin gb = {rig_ref(r, steps, 0), rig_ref(r, state, 0), rig_ref(r, rows, 0),
+                         T_LR_ROWS, &z};
+    prog_ref grads[1] = {rig_ref(r, grad, 0)};
+    RIG_OK(op_grad_norm_begin(&fold, "grad_norm", 1, grads, &(uint64_t){3}, 1.0f,
+                              rig_ref(r, ws, 0), rig_ref(r, ticket, 0), rig_ref(r, norm, 0),
+                              &gb));
+    rig_bind(r);
+    prog_resolve(&fold);
+    static optim_multi_entry entries[T_ZERO_ENTRIES];
+    memset(entries, 0, sizeof entries);
+    entries[0].args.flags = QT_OPTIM_FLAG_AMAX_ON_SKIP;
+    entries[0].args.amax0 = arena_address(&r->dev, targets[0]);
+    entries[0].args.amax1 = arena_address(&r->dev, targets[1]);
+    entries[1].args.amax0 = arena_address(&r->dev, kept);
+    entries[1].cast_amax[0] = arena_address(&r->dev, targets[2]);
+    entries[1].cast_amax[1] = arena_address(&r->dev, targets[3]);
+    entries[1].cast_amax_words = T_ZERO_WORDS;
+    entries[2].args.flags = QT_OPTIM_FLAG_AMAX_ON_SKIP;
+    entries[2].args.amax0 = arena_address(&r->dev, targets[4]);
+    RIG_OK(backend_write(&r->be, rig_ref(r, table, 0), entries, sizeof entries));
+    RIG_OK(backend_write(&r->be, rig_ref(r, rows, 0), t_lr_table, sizeof t_lr_table));
+    const float g[3] = {3.0f, 4.0f, 0.0f};  // norm 5, clip 1
+    RIG_OK(backend_write(&r->be, rig_ref(r, grad, 0), g, sizeof g));
+    program *programs[2] = {begin, &fold};
+    for (int k = 0; k < 2; k++) {
+        uint32_t fill = T_ZERO_FILL, zero = 0;
+        uint64_t step = 9;
+        optim_grad_norm n = {5.0f, 1.0f / (5.0f + 1e-6f), 0, 0};
+        RIG_OK(backend_write(&r->be, rig_ref(r, steps, 0), &step, 8));
+        RIG_OK(backend_write(&r->be, rig_ref(r, norm, 0), &n, sizeof n));
+        RIG_OK(backend_write(&r->be, rig_ref(r, ticket, 0), &zero, 4));
+        RIG_OK(backend_write(&r->be, rig_ref(r, kept, 0), &fill, 4));
+        const uint32_t fills[T_ZERO_WORDS] = {fill, fill, fill};
+        for (uint32_t t = 0; t < T_ZERO_TARGETS; t++) {
+            RIG_OK(backend_write(&r->be, rig_ref(r, targets[t], 0), fills, z.target_bytes[t]));
+        }
+        RIG_OK(backend_run(&r->be, programs[k]));
+        const char *what = k == 0 ? "op_optim_begin" : "the norm's fold";
+        for (uint32_t t = 0; t < T_ZERO_TARGETS; t++) {
+            uint32_t v[T_ZERO_WORDS] = {1, 1, 1};
+            RIG_OK(backend_read(&r->be, v, rig_ref(r, targets[t], 0), z.target_bytes[t]));
+            for (uint32_t w = 0; w < z.target_bytes[t] / 4; w++) {
+                CHECK(v[w] == 0, "%s, %s: target %u word %u is %08x", r->be.info.name, what, t,
+                      w, v[w]);
+            }
+        }
+        uint32_t v = 0;
+        RIG_OK(backend_read(&r->be, &v, rig_ref(r, kept, 0), 4));
+        CHECK(v == T_ZERO_FILL, "%s, %s: an entry without the flag lost its amax: %08x",
+              r->be.info.name, what, v);
+        optim_state s;
+        RIG_OK(backend_read(&r->be, &s, rig_ref(r, state, 0), sizeof s));
+        float lr = qt_optim_lr_at(t_lr_table, T_LR_ROWS, 9);
+        CHECK(s.step == 10 && s.skip == 0 && qt_f32_bits(s.lr) == qt_f32_bits(lr) &&
+                  qt_f32_bits(s.clip) == qt_f32_bits(n.clip_factor),
+              "%s, %s: state step %llu skip %u lr %.9g clip %.9g", r->be.info.name, what,
+              (unsigned long long)s.step, s.skip, s.lr, s.clip);
+    }
+    rig_table_drop(&fold);
+    rig_close(r);
+}
+
+// The begin takes at most OP_OPTIM_ZEROES_MAX targets (one op's regions); a list of more keeps
+// its launches' own zeroing. Parameters without a target (FP32, delayed scaling) count as
+// entries only.
+static void t_zeroes_limit(void) {
+    static arena a;
+    rig_arena_init(&a, ARENA_KIND_DEVICE, "device");
+    arena_handle h;
+    RIG_OK(arena_reserve(&a, "amax", 4, 256, ARENA_CAT_WORKSPACE, ARENA_LIFETIME_PERSISTENT, 0,
+                         &h));
+    static optim_param_desc list[OP_OPTIM_ZEROES_MAX + 2];
+    for (uint32_t i = 0; i < OP_OPTIM_ZEROES_MAX + 2; i++) {
+        optim_param_desc *d = &list[i];
+        memset(d, 0, sizeof *d);
+        d->name = "p";
+        d->rows = d->cols = 1;
+        d->grad_dtype = QT_DTYPE_F32;
+        d->weight = i == 0 ? OPTIM_WEIGHT_NONE : OPTIM_WEIGHT_FP8_CURRENT;
+        d->fp8_amax = (prog_ref){&a, h, 0};
+    }
+    static op_optim_zeroes z;
+    prog_ref table = {&a, h, 0};
+    CHECK(!op_optim_zeroes_of(list, 1, table, &z), "a list without targets has no zeroes");
+    CHECK(op_optim_zeroes_of(list, OP_OPTIM_ZEROES_MAX + 1, table, &z) &&
+              z.count == OP_OPTIM_ZEROES_MAX + 1 && z.target_count == OP_OPTIM_ZEROES_MAX,
+          "%u targets of %u entries", z.target_count, z.count);
+    CHECK(!op_optim_zeroes_of(list, OP_OPTIM_ZEROES_MAX + 2, table, &z),
+          "%u targets fit the begin", OP_OPTIM_ZEROES_MAX + 1);
+    rig_table_drop(&a);
+}
+
+static void test_begin_zeroes(void) {
+    static rig r;
+    const char *why = NULL;
+    test_begin("optim_begin_and_norm_fold_zero_amax_targets");
+    rig_open(&r, BACKEND_REF, &why);
+    t_begin_zeroes_case(&r);
+    t_zeroes_limit();
+    test_end();
+    if (!rig_open(&r, BACKEND_GPU, &why)) {
+        test_skip("gpu_optim_begin_and_norm_fold_zero_amax_targets", why);
+        return;
+    }
+    test_begin("gpu_optim_begin_and_norm_fold_zero_amax_targets");
+    t_begin_zeroes_case(&r);
+    test_end();
+}
+
+// ---------------------------------------------------------------------------------------------
 // A parameter on a rig: every region, the start-up program (fills, then the weight's
 // quantization from the master) and the step program (begin, update + requantization, then the
 // family's own quantization of a copy of the new master into separate check regions).
@@ -259,8 +408,17 @@ static const char *const t_region_names[R_COUNT] = {
 // entry is neither the first nor the last of a launch, and so many that their regions need two
 // launches), by op_optim_adamw_list or by the multi-tensor op_optim_adamw_multi.
 // T_LIST_PIPELINED: the multi-tensor launches of T_LIST_PIPELINED_PER_LAUNCH parameters each,
-// each launch's casts right after it (as a data-parallel step builds them).
-typedef enum t_list { T_LIST_ONE, T_LIST_EACH, T_LIST_MULTI, T_LIST_PIPELINED } t_list;
+// each launch's casts right after it (as a data-parallel step builds them). The multi-tensor
+// lists have their amax workspaces zeroed by the begin (op_optim_zeroes), as a model's step
+// has them, except T_LIST_OWN_ZEROES: the launches' own zeroing, as a list of more targets than
+// the begin takes has it.
+typedef enum t_list {
+    T_LIST_ONE,
+    T_LIST_EACH,
+    T_LIST_MULTI,
+    T_LIST_PIPELINED,
+    T_LIST_OWN_ZEROES
+} t_list;
 #define T_LIST_PIPELINED_PER_LAUNCH 2u
 #define T_EXTRAS 20u
 
@@ -443,21 +601,28 @@ static qt_status t_build(t_run *run) {
         list[k] = k == half ? d : t_extra_desc(run, k < half ? k : k - 1);
     }
     uint32_t per_launch = run->list == T_LIST_PIPELINED ? T_LIST_PIPELINED_PER_LAUNCH : 0;
-    if (run->list == T_LIST_MULTI || run->list == T_LIST_PIPELINED) {
+    bool multi = run->list >= T_LIST_MULTI;
+    if (multi) {
         QT_TRY(op_optim_describe(&run->prep, list, T_EXTRAS + 1, t_ref(run, R_TABLE),
                                  per_launch));
+    }
+    static op_optim_zeroes zeroes;
+    const op_optim_zeroes *zeroed = NULL;
+    if (multi && run->list != T_LIST_OWN_ZEROES &&
+        op_optim_zeroes_of(list, T_EXTRAS + 1, t_ref(run, R_TABLE), &zeroes)) {
+        zeroed = &zeroes;
     }
     // The step.
     prog_ref state = t_ref(run, R_STATE);
     QT_TRY(op_optim_begin(&r->prog, "begin", t_ref(run, R_STEPS), state, t_ref(run, R_NORM),
-                          t_ref(run, R_LR), 2));
+                          t_ref(run, R_LR), 2, zeroed));
     if (run->list == T_LIST_ONE) {
         QT_TRY(op_optim_adamw(&r->prog, &d, state));
     } else if (run->list == T_LIST_EACH) {
         QT_TRY(op_optim_adamw_list(&r->prog, list, T_EXTRAS + 1, state));
     } else {
         QT_TRY(op_optim_adamw_multi(&r->prog, "multi", list, T_EXTRAS + 1, state,
-                                    t_ref(run, R_TABLE), per_launch));
+                                    t_ref(run, R_TABLE), per_launch, zeroed));
     }
     QT_TRY(op_copy(&r->prog, "master_copy", t_ref(run, R_COPY), t_ref(run, R_MASTER),
                    elems * 4));
@@ -961,15 +1126,25 @@ static void test_multi_equals_per_param(void) {
         bool zeroes = t_cases[k].weight == OPTIM_WEIGHT_FP8_CURRENT ||
                       (t_cases[k].weight == OPTIM_WEIGHT_NVFP4 && !t_cases[k].rht);
         // The per-parameter zeroing launches (the check casts have zeroing launches of their
-        // own, in both runs) are gone, one launch for the whole list instead.
+        // own, in both runs) are gone: the begin zeroes the list's targets.
         uint32_t each_zero = t_ops_of(each, KERNEL_FP8_AMAX_ZERO);
         uint32_t multi_zero = t_ops_of(multi, KERNEL_FP8_AMAX_ZERO);
-        CHECK(t_ops_of(multi, KERNEL_OPTIM_AMAX_ZERO) == (zeroes ? 1u : 0u) &&
+        CHECK(t_ops_of(multi, KERNEL_OPTIM_AMAX_ZERO) == 0 &&
                   (zeroes ? multi_zero < each_zero : multi_zero == each_zero),
               "%s: %u multi-tensor zeroing launches; %u and %u per-parameter ones",
               t_cases[k].name, t_ops_of(multi, KERNEL_OPTIM_AMAX_ZERO), multi_zero, each_zero);
         t_compare_regions(each, multi, 0, T_COMPARE_END, "after start-up (multi vs each)");
         t_compare_steps(each, multi, "multi vs each");
+        rig_close(&multi->r);
+        // The launches' own zeroing (no begin zeroes): one launch for the whole list.
+        t_run_open_list(multi, BACKEND_REF, &t_cases[k], T_LIST_OWN_ZEROES, &why);
+        CHECK(t_ops_of(multi, KERNEL_OPTIM_AMAX_ZERO) == (zeroes ? 1u : 0u),
+              "%s: %u zeroing launches of the list's own", t_cases[k].name,
+              t_ops_of(multi, KERNEL_OPTIM_AMAX_ZERO));
+        rig_close(&each->r);
+        t_run_open_list(each, BACKEND_REF, &t_cases[k], T_LIST_EACH, &why);
+        t_compare_regions(each, multi, 0, T_COMPARE_END, "after start-up (own zeroes)");
+        t_compare_steps(each, multi, "own zeroes vs each");
         rig_close(&multi->r);
         // Two parameters a launch, each launch's casts right after it: the same bytes again.
         t_run *pipelined = multi;
@@ -1113,6 +1288,7 @@ int main(void) {
     TEST_UNIT(test_bias_correction());
     TEST_UNIT(test_lr_rules());
     TEST_UNIT(test_begin_rules());
+    TEST_UNIT(test_begin_zeroes());
     TEST_UNIT(test_nan_canonical());
     TEST_UNIT(test_update_vs_double());
     TEST_UNIT(test_clip_factor());

@@ -1034,6 +1034,142 @@ static void test_stage_ref(void) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The step's amax slots (runtime/model/model.h, model_amax_slots)
+
+// A train, eval and infer schedule for the slot runs, in place of the recipe's.
+static void slots_text(const char *path, const char *scheme, char *out, size_t bytes) {
+    CHECK(recipe_text_for(path, scheme, out, bytes), "cannot read %s", path);
+    char *schedule = strstr(out, "[schedule]");
+    QT_ASSERT(schedule != NULL);
+    snprintf(schedule, bytes - (size_t)(schedule - out),
+             "[schedule]\ntrain 12\neval all\ninfer 2\ntrain 3\neval 2\n");
+}
+
+// Ops of kernels that zero amaxes of their own (the slots' first op and the optimizer's begin
+// take them all) in the train, eval and infer programs.
+static uint32_t slots_zero_ops(const run *r) {
+    uint32_t n = 0;
+    for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
+        const program *p = &r->programs[mode];
+        for (uint32_t i = 0; r->model.modes[mode] && i < p->op_count; i++) {
+            kernel_id k = p->ops[i].kernel;
+            n += k == KERNEL_FP8_AMAX_ZERO || k == KERNEL_NVFP4_AMAX_ZERO ||
+                 k == KERNEL_OPTIM_AMAX_ZERO;
+        }
+    }
+    return n;
+}
+
+// Every step's amax slots ("<mode>.step#amax") filled with a huge amax, as a step would find
+// them if the previous step's larger amaxes carried over. Returns the regions filled.
+#define SLOTS_POISON 0x7F000000u  // 1.7e38: scales from it take nearly every value to 0
+
+static uint32_t slots_poison(run *r, backend *b) {
+    uint32_t filled = 0;
+    for (uint32_t h = 0; h < r->dev.region_count; h++) {
+        const arena_region *reg = arena_region_get(&r->dev, h);
+        size_t n = strlen(reg->name), tail = strlen(".step#amax");
+        if (n < tail || strcmp(reg->name + n - tail, ".step#amax") != 0) continue;
+        uint32_t *words = malloc(reg->bytes);
+        QT_ASSERT(words != NULL);
+        for (uint64_t i = 0; i < reg->bytes / 4; i++) words[i] = SLOTS_POISON;
+        CHECK(backend_write(b, (prog_ref){&r->dev, h, 0}, words, reg->bytes) == QT_OK, "%s",
+              qt_error_message());
+        free(words);
+        filled++;
+    }
+    return filled;
+}
+
+// Runs the text's schedule step by step into `trace` (checksums every train step), with the
+// slots poisoned before every step or not; *regions: the slot regions the run has, *zero_ops:
+// slots_zero_ops. False (with *why) when the backend cannot be opened.
+static bool slots_run(const char *text, backend_kind kind, bool eager, bool poison,
+                      const char *trace, uint32_t *regions, uint32_t *zero_ops,
+                      const char **why) {
+    static backend b;
+    memset(&b, 0, sizeof b);
+    if (kind == BACKEND_GPU && backend_open_gpu(&b, 0) != QT_OK) {
+        *why = qt_error_message();
+        backend_close(&b);
+        return false;
+    }
+    if (kind == BACKEND_REF) backend_open_ref(&b);
+    run_options o = {0};
+    o.trace_path = trace;
+    o.checksum_every = 1;
+    o.eager = eager;
+    uint64_t dev_bytes = 0, host_bytes = 0, steps[MODEL_MODE_COUNT];
+    void *dev = NULL, *host = NULL, *data = NULL;
+    qt_status st = recipe_parse(text, strlen(text), "slots.recipe", &the_recipe);
+    if (st == QT_OK) st = test_run_plan(&the_run, &the_recipe, text, strlen(text), &o);
+    if (st == QT_OK) {
+        run_memory_bytes(&the_run, &dev_bytes, &host_bytes);
+        if (kind == BACKEND_REF) {
+            dev = arena_memory(dev_bytes);
+            host = arena_memory(host_bytes);
+        }
+        data = arena_memory(run_data_bytes(&the_run));
+        st = run_load(&the_run, data, run_data_bytes(&the_run));
+    }
+    if (st == QT_OK) st = run_bind(&the_run, &b, dev, host);
+    *regions = 0;
+    *zero_ops = st == QT_OK ? slots_zero_ops(&the_run) : 0;
+    for (;;) {
+        if (st != QT_OK) break;
+        run_steps_left(&the_run, steps);
+        if (steps[0] + steps[1] + steps[2] == 0) break;
+        if (poison) *regions = slots_poison(&the_run, &b);
+        sched_summary sum;
+        st = run_step(&the_run, NULL, NULL, &sum);
+    }
+    if (st == QT_OK) st = run_end_trace(&the_run);
+    CHECK(st == QT_OK, "%s: %s", qt_status_name(st), qt_error_message());
+    run_close(&the_run);
+    free(dev);
+    free(host);
+    free(data);
+    backend_close(&b);
+    return true;
+}
+
+// Every train, eval and infer program zeroes the step's amax slots in its first op and has no
+// zeroing launch of its own (nor has the optimizer, whose begin zeroes its workspaces), and a
+// step's amaxes never carry over: a run whose slots hold a huge amax before every step (as a
+// step that found the previous one's larger amax would) gives the trace of a run without, byte
+// for byte, checksums of every weight, master, optimizer and scaling region after every train
+// step included. On the GPU an eager run and a graph run, each poisoned, give the graph trace.
+static void test_amax_slots(backend_kind kind, const char *path, const char *scheme,
+                            const char *label) {
+    char name[96];
+    snprintf(name, sizeof name, "%samax_slots_zeroed_every_step_%s",
+             kind == BACKEND_GPU ? "gpu_" : "", label);
+    static char text[RECIPE_TEXT_MAX];
+    slots_text(path, scheme, text, sizeof text);
+    char clean[128], poisoned[128], eager[128];
+    trace_path(clean, sizeof clean, "slots_clean");
+    trace_path(poisoned, sizeof poisoned, "slots_poisoned");
+    trace_path(eager, sizeof eager, "slots_eager");
+    uint32_t regions = 0, zero_ops = 0;
+    const char *why = NULL;
+    test_begin(name);
+    if (!slots_run(text, kind, false, false, clean, &regions, &zero_ops, &why)) {
+        test_skip(name, why);
+        return;
+    }
+    CHECK(zero_ops == 0, "%u ops zero amaxes of their own", zero_ops);
+    slots_run(text, kind, false, true, poisoned, &regions, &zero_ops, &why);
+    // train, eval and infer: each has slots.
+    CHECK(regions == 3, "%u programs with amax slots, expected 3", regions);
+    check_identical(clean, poisoned);
+    if (kind == BACKEND_GPU) {
+        slots_run(text, kind, true, true, eager, &regions, &zero_ops, &why);
+        check_identical(clean, eager);
+    }
+    test_end();
+}
+
+// ---------------------------------------------------------------------------------------------
 // GPU
 
 static const char *const schemes[] = {"bf16", "delayed", "current", "mxfp8", "block", "nvfp4"};
@@ -1264,6 +1400,16 @@ static void test_gpu_vs_ref(const char *scheme) {
     test_end();
 }
 
+// The recipes whose steps have amax slots: current scaling (a producer's slot after each
+// activation), NVFP4 (global amaxes of activations and gradients), the mixed custom recipe, and
+// an moe layer's grouped NVFP4 expert inputs (a slot of one amax per expert).
+static const char *const slot_cases[][3] = {
+    {"tests/recipes/synthetic_tiny.recipe", "current", "current"},
+    {"tests/recipes/synthetic_tiny.recipe", "nvfp4", "nvfp4"},
+    {"tests/recipes/synthetic_custom.recipe", NULL, "custom"},
+    {"tests/recipes/synthetic_moe.recipe", "nvfp4", "moe_nvfp4"},
+};
+
 int main(void) {
     if (!tmp_dir_make("train")) {
         printf("FAIL test_train: cannot create a temporary directory\n");
@@ -1304,6 +1450,10 @@ int main(void) {
     TEST_UNIT(test_weight_transpose(BACKEND_REF, "block_mxfp8_grads"));
     TEST_UNIT(test_weight_transpose(BACKEND_REF, "mxfp8"));
     TEST_UNIT(test_stage_ref());
+    for (size_t i = 0; i < sizeof slot_cases / sizeof slot_cases[0]; i++) {
+        TEST_UNIT(test_amax_slots(BACKEND_REF, slot_cases[i][0], slot_cases[i][1],
+                                  slot_cases[i][2]));
+    }
     for (size_t i = 0; i < SCHEMES_COUNT; i++) {
         TEST_UNIT(test_gpu_eager_graph("tests/recipes/synthetic_tiny.recipe", schemes[i],
                                        schemes[i]));
@@ -1320,6 +1470,10 @@ int main(void) {
     TEST_UNIT(test_weight_transpose(BACKEND_GPU, "mxfp8"));
     TEST_UNIT(test_weight_transpose(BACKEND_GPU, "current_mxfp8_grads"));
     for (size_t i = 0; i < SCHEMES_COUNT; i++) TEST_UNIT(test_gpu_vs_ref(schemes[i]));
+    for (size_t i = 0; i < sizeof slot_cases / sizeof slot_cases[0]; i++) {
+        TEST_UNIT(test_amax_slots(BACKEND_GPU, slot_cases[i][0], slot_cases[i][1],
+                                  slot_cases[i][2]));
+    }
     tmp_dir_remove();
     return test_exit_code();
 }

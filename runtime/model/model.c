@@ -388,19 +388,46 @@ void model_trace_name(const model *m, uint32_t trace_index, char *buf, size_t bu
 // ---------------------------------------------------------------------------------------------
 // Regions
 
-qt_status model_region(const model_place *place, const char *part, uint64_t bytes,
-                       arena_category category, prog_ref *out) {
-    char name[ARENA_NAME_MAX + 16];
-    int n = snprintf(name, sizeof name, "%s.%s", place->prefix, part);
+// "<prefix>.<part>" into name (ARENA_NAME_MAX + 16 bytes), or the error of a name too long.
+static qt_status model_region_name(const char *prefix, const char *part, char *name) {
+    int n = snprintf(name, ARENA_NAME_MAX + 16, "%s.%s", prefix, part);
     if (n < 0 || n >= ARENA_NAME_MAX) {
         return qt_fail(QT_ERR_INPUT, "region name '%s' is longer than %d bytes; expected shorter "
                        "layer names", name, ARENA_NAME_MAX - 1);
     }
+    return QT_OK;
+}
+
+qt_status model_region(const model_place *place, const char *part, uint64_t bytes,
+                       arena_category category, prog_ref *out) {
+    char name[ARENA_NAME_MAX + 16];
+    QT_TRY(model_region_name(place->prefix, part, name));
     bytes = (bytes + 15) / 16 * 16;
     int32_t first = place->persistent ? ARENA_LIFETIME_PERSISTENT : 1;
     arena_handle h;
     QT_TRY(arena_reserve(place->arena, name, bytes, 256, category, first, 0, &h));
     *out = (prog_ref){place->arena, h, 0};
+    return QT_OK;
+}
+
+qt_status model_amax(const model_place *place, const char *part, uint64_t bytes,
+                     arena_category category, prog_ref *out) {
+    model_amax_slots *slots = place->amax_slots;
+    if (slots == NULL) return model_region(place, part, bytes, category, out);
+    QT_ASSERT(!place->persistent && slots->arena == place->arena);
+    if (!slots->reserved) {
+        model_place whole = {slots->arena, slots->mode, false, ARENA_CAT_WORKSPACE, NULL};
+        prog_ref ref;
+        QT_TRY(model_region(&whole, "step#amax", 0, ARENA_CAT_WORKSPACE, &ref));
+        slots->region = ref.region;
+        slots->reserved = true;
+    }
+    char name[ARENA_NAME_MAX + 16];
+    QT_TRY(model_region_name(place->prefix, part, name));
+    arena_handle h;
+    QT_TRY(arena_reserve_part(slots->arena, slots->region, name, (bytes + 15) / 16 * 16, 256,
+                              &h));
+    *out = (prog_ref){slots->arena, h, 0};
     return QT_OK;
 }
 
@@ -410,7 +437,7 @@ static qt_status model_qstore_fp8(const model_place *pl, const model_quantizer *
     if (s->colwise) QT_TRY(model_region(pl, "col_data", elems, pl->category, &s->col_data));
     QT_TRY(model_region(pl, "scale_inv", 4ull * tensors, pl->category, &s->scale_inv));
     if (mq->q.scheme == QT_SCHEME_CURRENT) {
-        QT_TRY(model_region(pl, "amax", 4ull * tensors, ARENA_CAT_WORKSPACE, &s->amax_row));
+        QT_TRY(model_amax(pl, "amax", 4ull * tensors, ARENA_CAT_WORKSPACE, &s->amax_row));
     }
     return QT_OK;
 }
@@ -442,10 +469,10 @@ static qt_status model_qstore_nvfp4(const model_place *pl, const model_quantizer
         QT_TRY(model_region(pl, "col_data", z.col_data, pl->category, &s->col_data));
         QT_TRY(model_region(pl, "col_scale", z.col_scales, pl->category, &s->col_scale));
     }
-    QT_TRY(model_region(pl, "amax", z.amax, pl->category, &s->amax_row));
+    QT_TRY(model_amax(pl, "amax", z.amax, pl->category, &s->amax_row));
     s->amax_col = s->amax_row;  // without RHT both directions have the tensor's amax
     if (s->colwise && mq->rht) {
-        QT_TRY(model_region(pl, "amax_col", z.amax, pl->category, &s->amax_col));
+        QT_TRY(model_amax(pl, "amax_col", z.amax, pl->category, &s->amax_col));
     }
     return QT_OK;
 }
@@ -541,7 +568,7 @@ static qt_status model_param_regions(model *m, uint32_t index) {
     model_param *p = &m->params[index];
     bool train = m->modes[MODEL_MODE_TRAIN];
     uint64_t bytes = (uint64_t)p->rows * p->cols * 4;
-    model_place pl = {m->dev, p->name, true, ARENA_CAT_MASTER};
+    model_place pl = {m->dev, p->name, true, ARENA_CAT_MASTER, NULL};
     prog_ref ref;
     p->master = p->m = p->v = MODEL_REGION_NONE;
     if (model_param_master_here(m, index)) {
@@ -555,12 +582,12 @@ static qt_status model_param_regions(model *m, uint32_t index) {
             QT_TRY(model_region(&pl, "v", bytes, ARENA_CAT_OPTIM, &ref));
             p->v = ref.region;
         }
-        model_place grads = {m->dev, p->name, false, ARENA_CAT_GRADS};
+        model_place grads = {m->dev, p->name, false, ARENA_CAT_GRADS, NULL};
         QT_TRY(model_region(&grads, "grad", bytes, ARENA_CAT_GRADS, &ref));
         p->grad = ref.region;
     }
     if (p->quantizer < 0) return QT_OK;
-    model_place wp = {m->dev, p->name, true, ARENA_CAT_WEIGHTS};
+    model_place wp = {m->dev, p->name, true, ARENA_CAT_WEIGHTS, NULL};
     if (p->members) {
         QT_TRY(model_region(&wp, "group_offsets", 4ull * (p->members + 1), ARENA_CAT_WEIGHTS,
                             &ref));
@@ -661,7 +688,7 @@ static qt_status model_plan_params(model *m) {
         model_state *st = &m->states[s];
         char prefix[32];
         snprintf(prefix, sizeof prefix, "delayed%u", s);
-        model_place pl = {m->dev, prefix, true, ARENA_CAT_SCALING};
+        model_place pl = {m->dev, prefix, true, ARENA_CAT_SCALING, NULL};
         prog_ref ref;
         QT_TRY(model_region(&pl, "history", (uint64_t)st->history_len * st->slots * 4,
                             ARENA_CAT_SCALING, &ref));
@@ -680,8 +707,8 @@ static qt_status model_plan_io(model *m, const model_options *o) {
     io->slot = data_slot_plan(o->data, m->batch, m->input_stride);
     io->batch = data_batch_plan(o->data, m->batch, m->input_stride);
     io->lr_row_count = o->lr_row_count;
-    model_place host = {m->host, "host", true, ARENA_CAT_STAGING};
-    model_place dev = {m->dev, "step", true, ARENA_CAT_STAGING};
+    model_place host = {m->host, "host", true, ARENA_CAT_STAGING, NULL};
+    model_place dev = {m->dev, "step", true, ARENA_CAT_STAGING, NULL};
     prog_ref ref;
     QT_TRY(model_region(&host, "staging", MODEL_HOST_SLOTS * io->slot.bytes, ARENA_CAT_STAGING,
                         &ref));

@@ -265,6 +265,19 @@ typedef struct model_build_moe {
     model_tensor yp;         // fc2's output [capacity][width], bf16
 } model_build_moe;
 
+// A step's amax slots: the per-tensor amaxes that the step's producers merge maxima into with
+// atomics (current scaling's amax before its cast, the one a producer takes for the
+// current-scaling cast after it, NVFP4's global amaxes of activations and gradients), each a
+// part of one region of the program, "<mode>.step#amax" ('#' is never part of a recipe's
+// names), reserved as the builder meets them. The step's first op zeroes the whole region
+// (op_sched_zero), in place of a zeroing launch per slot.
+typedef struct model_amax_slots {
+    arena *arena;
+    const char *mode;     // the program's: the region's name prefix
+    bool reserved;        // the region exists (a program without slots has none)
+    arena_handle region;
+} model_amax_slots;
+
 // What one program's builder knows while it appends ops (runtime/model/model_build.c), about 120
 // KiB. It lives in the model, not on the stack or in a static, so that models never share it.
 typedef struct model_builder {
@@ -287,7 +300,10 @@ typedef struct model_builder {
     prog_ref grads[MODEL_PARAMS_MAX];        // the optimizer's gradients, and their elements
     uint64_t grad_counts[MODEL_PARAMS_MAX];
     optim_param_desc optim_list[MODEL_PARAMS_MAX];  // the parameters the optimizer updates
+    op_optim_zeroes optim_zeroes;  // their amax workspaces, which the step's begin zeroes
     prog_ref dp_order;      // data parallelism: the region every collective op writes
+    model_amax_slots amax_slots;  // train, eval, infer: the step's amax slots
+    uint32_t stage_op;      // train, eval, infer: the step's first op, which zeroes them
     op_fp8_delayed_state states[MODEL_STATES_MAX];  // the end of step's delayed-scaling states
 } model_builder;
 

@@ -44,7 +44,7 @@ static const char *mb_layer_name(const mb *b, uint32_t layer, char *buf, size_t 
 // A transient region of this program, "<mode>.<what>".
 static qt_status mb_region(mb *b, const char *what, uint64_t bytes, arena_category cat,
                            prog_ref *out) {
-    model_place pl = {b->m->dev, model_mode_name(b->mode), false, cat};
+    model_place pl = {b->m->dev, model_mode_name(b->mode), false, cat, NULL};
     return model_region(&pl, what, bytes, cat, out);
 }
 
@@ -77,7 +77,7 @@ static bool mb_parallel(const mb *b) { return b->m->world > 1; }
 // captured graph (NCCL needs the same order on every rank). prefix: the program's.
 static qt_status mb_dp_begin(mb *b, const char *prefix) {
     if (!mb_parallel(b)) return QT_OK;
-    model_place pl = {b->m->dev, prefix, false, ARENA_CAT_WORKSPACE};
+    model_place pl = {b->m->dev, prefix, false, ARENA_CAT_WORKSPACE, NULL};
     return model_region(&pl, "dp.order", 16, ARENA_CAT_WORKSPACE, &b->dp_order);
 }
 
@@ -205,13 +205,16 @@ static qt_status mb_quantize_fp8(mb *b, const char *name, const model_quantizer 
         prog_ref amax = record_amax ? mb_state_amax(b, mq) : OP_FP8_NONE;
         return op_fp8_cast_delayed(b->p, name, &in, &out, mb_state_scale(b, mq), amax);
     }
-    // A producer that already took x's amax saves the pass over x (mb_amax_for_consumer).
-    if (prog_ref_present(x.amax)) {
-        return op_fp8_cast_current(b->p, name, &in, &out, x.amax, OP_FP8_NONE, mq->q.pow2,
-                                   mq->q.amax_eps);
+    // A producer that already took x's amax saves the pass over x (mb_current_consumer);
+    // otherwise the pass merges into the store's amax, a slot of the step (zeroed by its first
+    // op).
+    prog_ref amax = x.amax;
+    if (!prog_ref_present(amax)) {
+        amax = s->amax_row;
+        QT_TRY(op_fp8_amax_merge(b->p, name, &in, amax));
     }
-    return op_fp8_quantize_current(b->p, name, &in, &out, s->amax_row, OP_FP8_NONE, mq->q.pow2,
-                                   mq->q.amax_eps);
+    return op_fp8_cast_current(b->p, name, &in, &out, amax, OP_FP8_NONE, mq->q.pow2,
+                               mq->q.amax_eps);
 }
 
 static op_nvfp4_quant mb_nvfp4_quant(const mb *b, const model_quantizer *mq,
@@ -267,13 +270,16 @@ static op_mxfp8_quantize_desc mb_mxfp8_desc(const model_quantizer *mq, model_ten
 
 // Quantizes x with the role's quantizer into new regions "<mode>.<what>.*" of the directions
 // asked for; a grouped x (group.count members: an moe layer's permuted rows) gets per-member
-// scales. record_amax: delayed scaling adds this cast's amax to the history (train only).
+// scales. record_amax: delayed scaling adds this cast's amax to the history (train only). The
+// amaxes it merges into are slots of the step (model_amax_slots); where the producer of x took
+// x's amax already, the store's own amax is not used.
 static qt_status mb_quantize(mb *b, const char *what, const model_quantizer *mq, model_tensor x,
                              op_group group, bool rowwise, bool colwise, bool record_amax,
                              model_qstore *s) {
     char prefix[ARENA_NAME_MAX];
     snprintf(prefix, sizeof prefix, "%s.%s", model_mode_name(b->mode), what);
-    model_place pl = {b->m->dev, prefix, false, ARENA_CAT_ACTIVATIONS};
+    model_place pl = {b->m->dev, prefix, false, ARENA_CAT_ACTIVATIONS,
+                      prog_ref_present(x.amax) ? NULL : &b->amax_slots};
     bool convert = mq->q.format == QT_FORMAT_BF16 && x.dtype != QT_DTYPE_BF16;
     QT_TRY(model_qstore_reserve(&pl, mq, x.rows, x.cols, group.count, rowwise, colwise, convert,
                                 s));
@@ -302,11 +308,12 @@ static qt_status mb_quantize(mb *b, const char *what, const model_quantizer *mq,
         return op_quant_block(b->p, what, x.ref, x.dtype, &t, &o);
     }
     case QT_FORMAT_NVFP4: {
+        QT_ASSERT(!prog_ref_present(x.amax));  // only current scaling's producers take one
         op_nvfp4_input in = {x.ref, x.dtype, x.rows, x.cols, group};
         bool rht = s->colwise && mq->rht;
         op_nvfp4_amax_out amax = {s->amax_row, rht ? s->amax_col : OP_REF_NONE, rht,
                                   QT_NVFP4_RHT_SIGNS_TE};
-        QT_TRY(op_nvfp4_amax(b->p, what, &in, &amax));
+        QT_TRY(op_nvfp4_amax_merge(b->p, what, &in, &amax));
         op_nvfp4_quant q = mb_nvfp4_quant(b, mq, s);
         return op_nvfp4_quantize(b->p, what, &in, &q);
     }
@@ -498,16 +505,16 @@ static bool mb_current_consumer(const mb *b, uint32_t i, bool backward) {
     return q->q.scheme == QT_SCHEME_CURRENT;
 }
 
-// The amax slot "<mode>.<what>.amax" of a producer that mb_current_consumer approved, zeroed by
-// an op of its own before the producer merges into it; absent otherwise.
+// The amax slot "<mode>.<what>.amax" of a producer that mb_current_consumer approved, a slot of
+// the step (zeroed by its first op before the producer merges into it); absent otherwise.
 static qt_status mb_producer_amax(mb *b, uint32_t i, bool backward, const char *what,
                                   prog_ref *amax) {
     *amax = OP_REF_NONE;
     if (!mb_current_consumer(b, i, backward)) return QT_OK;
-    char name[ARENA_NAME_MAX];
-    snprintf(name, sizeof name, "%s.amax", what);
-    QT_TRY(mb_region(b, name, 4, ARENA_CAT_WORKSPACE, amax));
-    return op_fp8_amax_zero(b->p, name, *amax, 1);
+    char prefix[ARENA_NAME_MAX];
+    snprintf(prefix, sizeof prefix, "%s.%s", model_mode_name(b->mode), what);
+    model_place pl = {b->m->dev, prefix, false, ARENA_CAT_WORKSPACE, &b->amax_slots};
+    return model_amax(&pl, "amax", 4, ARENA_CAT_WORKSPACE, amax);
 }
 
 // The activation layer that reads a GEMM's D, built with it (op_gemm_act, which fuses it with
@@ -1378,8 +1385,13 @@ static qt_status mb_optimizer(mb *b) {
     // read them; nothing persistent changes when the step is skipped (ptx/optim.h).
     QT_TRY(mb_region(b, "optim_state", sizeof(optim_state), ARENA_CAT_STAGING, &b->optim));
     prog_ref state = b->optim;
+    // The begin zeroes the updates' amax workspaces too, when one op can declare them.
+    uint32_t updated = mb_optim_list(b);
+    prog_ref table = mb_dev(b, m->io.optim_table);
+    op_optim_zeroes *zeroes = &b->optim_zeroes;
+    if (!op_optim_zeroes_of(b->optim_list, updated, table, zeroes)) zeroes = NULL;
     op_gnorm_begin begin = {mb_dev(b, m->io.optim_steps), state, mb_dev(b, m->io.lr_rows),
-                            m->io.lr_row_count};
+                            m->io.lr_row_count, zeroes};
     // One rank: the norm's folding block also begins the update (one launch fewer). Several:
     // the begin needs the norm folded across the ranks, so it is an op after the fold.
     QT_TRY(op_grad_norm_begin(b->p, "grad_norm", owned, owned_grads, owned_counts,
@@ -1391,11 +1403,10 @@ static qt_status mb_optimizer(mb *b) {
         QT_TRY(op_dp_gnorm_fold(b->p, "dp.grad_norm.fold", all, m->world,
                                 m->recipe->optim.clip, b->gnorm));
         QT_TRY(op_optim_begin(b->p, "optim.begin", begin.steps, state, b->gnorm,
-                              begin.lr_rows, begin.lr_row_count));
+                              begin.lr_rows, begin.lr_row_count, zeroes));
     }
-    uint32_t updated = mb_optim_list(b);
-    QT_TRY(op_optim_adamw_multi(b->p, "optim.adamw", b->optim_list, updated, state,
-                                mb_dev(b, m->io.optim_table), mb_optim_per_launch(b)));
+    QT_TRY(op_optim_adamw_multi(b->p, "optim.adamw", b->optim_list, updated, state, table,
+                                mb_optim_per_launch(b), zeroes));
     return mb_parallel(b) ? mb_dp_broadcast_weights(b) : QT_OK;
 }
 
@@ -1466,11 +1477,13 @@ static qt_status mb_begin(mb *b, model *m, program *p, model_mode mode) {
     b->mode = mode;
     b->train = mode == MODEL_MODE_TRAIN;
     QT_ASSERT(m->modes[mode]);
+    b->amax_slots = (model_amax_slots){m->dev, model_mode_name(mode), false, 0};
     QT_TRY(mb_dp_begin(b, model_mode_name(mode)));
     const data_slot_layout *slot = &m->io.slot, *layout = &m->io.batch;
     prog_ref batch;
     QT_TRY(mb_region(b, "batch", layout->bytes, ARENA_CAT_STAGING, &batch));
     op_sched_slots src = {mb_dev(b, m->io.staged), slot->bytes, MODEL_DEVICE_SLOTS};
+    b->stage_op = p->op_count;
     if (slot->input_type == DATA_INPUT_U8) {
         op_sched_stage_desc d = {0};
         d.counter = mb_dev(b, m->io.counter);
@@ -1495,6 +1508,15 @@ static qt_status mb_begin(mb *b, model *m, program *p, model_mode mode) {
     return QT_OK;
 }
 
+// The last of every step: its record, and the step's amax slots, now all reserved, zeroed by
+// its first op.
+static qt_status mb_end(mb *b) {
+    QT_TRY(mb_record(b));
+    if (!b->amax_slots.reserved) return QT_OK;
+    prog_ref slots = mb_dev(b, b->amax_slots.region);
+    return op_sched_zero(b->p, b->stage_op, slots, mb_bytes_to_end(slots));
+}
+
 qt_status model_build_train(model *m, program *p) {
     mb *b = &m->builder;
     QT_TRY(mb_begin(b, m, p, MODEL_MODE_TRAIN));
@@ -1503,7 +1525,7 @@ qt_status model_build_train(model *m, program *p) {
     QT_TRY(mb_backward(b));
     QT_TRY(mb_optimizer(b));
     QT_TRY(mb_delayed(b));
-    return mb_record(b);
+    return mb_end(b);
 }
 
 qt_status model_build_eval(model *m, program *p) {
@@ -1512,7 +1534,7 @@ qt_status model_build_eval(model *m, program *p) {
     QT_TRY(mb_forward(b));
     QT_TRY(mb_loss(b));
     QT_TRY(mb_delayed(b));
-    return mb_record(b);
+    return mb_end(b);
 }
 
 qt_status model_build_infer(model *m, program *p) {
@@ -1534,7 +1556,7 @@ qt_status model_build_infer(model *m, program *p) {
     QT_TRY(op_sched_copy(p, "outputs", mb_dev(b, m->io.counter), dst, src,
                          m->io.outputs_bytes));
     QT_TRY(mb_delayed(b));
-    return mb_record(b);
+    return mb_end(b);
 }
 
 // Start-up: every master from its seeded fill, delayed-scaling states at scale 1 with an empty
@@ -1627,7 +1649,7 @@ qt_status model_build_checksum(model *m, program *p) {
         }
     }
     QT_ASSERT(count > 0);  // every model has a weight
-    model_place pl = {dev, "checksum", false, ARENA_CAT_WORKSPACE};
+    model_place pl = {dev, "checksum", false, ARENA_CAT_WORKSPACE, NULL};
     prog_ref hashes, partials;
     QT_TRY(model_region(&pl, "hashes", (uint64_t)count * 8, ARENA_CAT_WORKSPACE, &hashes));
     QT_TRY(model_region(&pl, "partials", OP_GRID_BLOCKS_MAX * 8ull, ARENA_CAT_WORKSPACE,

@@ -12,6 +12,9 @@ typedef struct model_place {
     const char *prefix;
     bool persistent;
     arena_category category;
+    // A transient place of a step whose amaxes are merged into from +0 every step: they are
+    // slots of the step (model_amax); NULL: regions of their own, zeroed by whoever merges.
+    model_amax_slots *amax_slots;
 } model_place;
 
 // Reserves the stored copies of one quantized tensor [rows][cols] for the enabled directions;
@@ -25,6 +28,10 @@ qt_status model_qstore_reserve(const model_place *place, const model_quantizer *
 // A region of `bytes` (rounded up to 16) at `place`.
 qt_status model_region(const model_place *place, const char *part, uint64_t bytes,
                        arena_category category, prog_ref *out);
+// A per-tensor amax array of `bytes` at `place`: a slot of the step (its part of the step's
+// region, model_amax_slots) where the place has them, else a region of `category`.
+qt_status model_amax(const model_place *place, const char *part, uint64_t bytes,
+                     arena_category category, prog_ref *out);
 
 // The per-tensor FP8 element code of an element type.
 uint32_t model_fp8_code(qt_elem e);

@@ -347,6 +347,11 @@ qt_status op_grad_norm(program *p, const char *name, uint32_t regions, const pro
                               NULL);
 }
 
+// The norm's last op: its sources, partials, ticket and out, the begin's three regions and the
+// table, and the targets of the zeroes.
+_Static_assert(QT_GNORM_REGIONS + 7 + OP_OPTIM_ZEROES_MAX <= PROG_OP_REFS_MAX,
+               "the norm's last op with the begin's regions");
+
 // The begin's regions, as op_optim_begin declares them (its grad_norm is the norm's out).
 static qt_status op_gnorm_begin_use(program *p, uint32_t op, const op_gnorm_begin *begin) {
     QT_ASSERT(begin->lr_row_count >= 1);
@@ -354,8 +359,10 @@ static qt_status op_gnorm_begin_use(program *p, uint32_t op, const op_gnorm_begi
                          PROG_READ_WRITE));
     QT_TRY(prog_use_span(p, op, offsetof(gnorm_args, begin_state), begin->state,
                          sizeof(optim_state), PROG_WRITE));
-    return prog_use_span(p, op, offsetof(gnorm_args, begin_lr_rows), begin->lr_rows,
-                         (uint64_t)begin->lr_row_count * sizeof(optim_lr_row), PROG_READ);
+    QT_TRY(prog_use_span(p, op, offsetof(gnorm_args, begin_lr_rows), begin->lr_rows,
+                         (uint64_t)begin->lr_row_count * sizeof(optim_lr_row), PROG_READ));
+    if (!begin->zeroes) return QT_OK;
+    return op_optim_zeroes_use(p, op, offsetof(gnorm_args, begin_zero), begin->zeroes);
 }
 
 qt_status op_grad_norm_begin(program *p, const char *name, uint32_t regions,
@@ -377,6 +384,7 @@ qt_status op_grad_norm_begin(program *p, const char *name, uint32_t regions,
         args.total = (uint32_t)total;
         args.clip = clip;
         args.begin_rows = last && begin ? begin->lr_row_count : 0;
+        args.begin_zero_count = last && begin && begin->zeroes ? begin->zeroes->count : 0;
         uint32_t blocks = 0;
         for (uint32_t r = 0; r < n; r++) {
             QT_ASSERT(prog_ref_present(grads[first + r]));

@@ -16,6 +16,7 @@
 #ifndef QT_OP_ACT_H
 #define QT_OP_ACT_H
 
+#include "runtime/ops/op_optim.h"        // op_optim_zeroes, which the norm's fold may take
 #include "runtime/ops/op_quant_group.h"  // op_group
 #include "runtime/program/program.h"
 
@@ -117,6 +118,7 @@ qt_status op_grad_norm(program *p, const char *name, uint32_t regions, const pro
 typedef struct op_gnorm_begin {
     prog_ref steps, state, lr_rows;
     uint32_t lr_row_count;
+    const op_optim_zeroes *zeroes;  // the amax targets zeroed too, or NULL
 } op_gnorm_begin;
 qt_status op_grad_norm_begin(program *p, const char *name, uint32_t regions,
                              const prog_ref *grads, const uint64_t *counts, float clip,

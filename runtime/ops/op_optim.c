@@ -20,13 +20,32 @@ static bool op_optim_same(prog_ref a, prog_ref b) {
     return a.arena == b.arena && a.region == b.region && a.offset == b.offset;
 }
 
+qt_status op_optim_zeroes_use(program *p, uint32_t op, uint32_t entries_field,
+                              const op_optim_zeroes *z) {
+    QT_ASSERT(z->count >= 1 && z->target_count >= 1 && z->target_count <= OP_OPTIM_ZEROES_MAX);
+    QT_TRY(prog_use_span(p, op, entries_field, z->entries,
+                         op_optim_table_bytes(z->count), PROG_READ));
+    for (uint32_t t = 0; t < z->target_count; t++) {
+        QT_TRY(prog_use_span(p, op, PROG_ARGS_FIELD_NONE, z->targets[t], z->target_bytes[t],
+                             PROG_WRITE));
+    }
+    return QT_OK;
+}
+
+// Its own refs and OP_OPTIM_ZEROES_MAX targets fit one op.
+_Static_assert(5 + OP_OPTIM_ZEROES_MAX <= PROG_OP_REFS_MAX, "op_optim_begin's regions");
+
 qt_status op_optim_begin(program *p, const char *name, prog_ref steps, prog_ref state,
-                         prog_ref grad_norm, prog_ref lr_rows, uint32_t row_count) {
+                         prog_ref grad_norm, prog_ref lr_rows, uint32_t row_count,
+                         const op_optim_zeroes *zeroes) {
     QT_ASSERT(row_count >= 1);
-    optim_begin_args args = {0, 0, 0, 0, row_count, 0};
+    optim_begin_args args = {0};
+    args.row_count = row_count;
+    args.zero_count = zeroes ? zeroes->count : 0;
     launch_shape shape = {{1, 1, 1}, {QT_OPTIM_BEGIN_THREADS, 1, 1}, 0};
     uint32_t op;
     QT_TRY(prog_append(p, KERNEL_OPTIM_BEGIN, name, &shape, &args, sizeof args, &op));
+    if (zeroes) QT_TRY(op_optim_zeroes_use(p, op, offsetof(optim_begin_args, zero), zeroes));
     QT_TRY(prog_use_span(p, op, offsetof(optim_begin_args, steps), steps, 8, PROG_READ_WRITE));
     QT_TRY(prog_use_span(p, op, offsetof(optim_begin_args, state), state, sizeof(optim_state),
                         PROG_WRITE));
@@ -196,8 +215,39 @@ static qt_status op_optim_update(program *p, const optim_param_desc *d, prog_ref
     return QT_OK;
 }
 
+// The amax arrays that the cast kernel after d's update merges into (optim_multi_entry
+// .cast_amax), f32 [*words] each: a stacked weight's per-member amaxes (FP8 current scaling,
+// NVFP4) and NVFP4's pair with RHT. Returns how many (0: the cast takes no amax of its own).
+static uint32_t op_optim_cast_amaxes(const optim_param_desc *d, prog_ref out[2],
+                                     uint32_t *words) {
+    out[0] = out[1] = (prog_ref){0};
+    *words = d->group.count ? d->group.count : 1u;
+    switch (d->weight) {
+    case OPTIM_WEIGHT_NONE:
+    case OPTIM_WEIGHT_BF16:
+    case OPTIM_WEIGHT_FP8_DELAYED:
+    case OPTIM_WEIGHT_MXFP8:
+    case OPTIM_WEIGHT_FP8_BLOCK:
+        return 0;
+    case OPTIM_WEIGHT_FP8_CURRENT:
+        if (d->group.count == 0) return 0;
+        out[0] = d->fp8_amax;
+        return 1;
+    case OPTIM_WEIGHT_NVFP4:
+        if (!d->nvfp4.rht && d->group.count == 0) return 0;
+        out[0] = d->nvfp4.amax_row;
+        if (!d->nvfp4.rht) return 1;
+        out[1] = d->nvfp4.amax_col;
+        return 2;
+    }
+    QT_ASSERT(!"unknown optim_weight");
+    return 0;
+}
+
 // The casts that follow the update of d (the formats whose weight the update does not write).
-static qt_status op_optim_casts(program *p, const optim_param_desc *d) {
+// zeroed: the step's begin zeroed the amaxes they merge into (op_optim_cast_amaxes), so the
+// casts take no zeroing launch of their own.
+static qt_status op_optim_casts(program *p, const optim_param_desc *d, bool zeroed) {
     switch (d->weight) {
     case OPTIM_WEIGHT_NONE:
     case OPTIM_WEIGHT_BF16:
@@ -210,8 +260,13 @@ static qt_status op_optim_casts(program *p, const optim_param_desc *d) {
             if (d->weight == OPTIM_WEIGHT_FP8_DELAYED) {
                 return op_fp8_cast_delayed(p, d->name, &in, &d->fp8, d->fp8_scale, d->fp8_amax);
             }
-            return op_fp8_quantize_current(p, d->name, &in, &d->fp8, d->fp8_amax, d->fp8_scale,
-                                           d->fp8_pow2, d->fp8_eps);
+            if (zeroed) {
+                QT_TRY(op_fp8_amax_merge(p, d->name, &in, d->fp8_amax));
+            } else {
+                QT_TRY(op_fp8_amax(p, d->name, &in, d->fp8_amax));
+            }
+            return op_fp8_cast_current(p, d->name, &in, &d->fp8, d->fp8_amax, d->fp8_scale,
+                                       d->fp8_pow2, d->fp8_eps);
         }
         if (d->weight == OPTIM_WEIGHT_FP8_DELAYED) return QT_OK;
         in.group = op_group_dense();
@@ -238,7 +293,7 @@ static qt_status op_optim_casts(program *p, const optim_param_desc *d) {
         if (q->rht || d->group.count > 0) {
             op_nvfp4_amax_out amax = {q->amax_row, q->rht ? q->amax_col : (prog_ref){0}, q->rht,
                                       q->rht_signs};
-            QT_TRY(op_nvfp4_amax(p, d->name, &in, &amax));
+            QT_TRY((zeroed ? op_nvfp4_amax_merge : op_nvfp4_amax)(p, d->name, &in, &amax));
         }
         return op_nvfp4_quantize(p, d->name, &in, q);
     }
@@ -265,7 +320,7 @@ static qt_status op_optim_param(program *p, const optim_param_desc *d, prog_ref 
     if (op_optim_updates(&o, quantize_only)) {
         QT_TRY(op_optim_update(p, d, state, quantize_only, &o));
     }
-    return op_optim_casts(p, d);
+    return op_optim_casts(p, d, false);
 }
 
 qt_status op_optim_adamw(program *p, const optim_param_desc *d, prog_ref state) {
@@ -320,6 +375,24 @@ static prog_ref op_optim_entry_ref(prog_ref table, uint32_t entry) {
     return table;
 }
 
+// The entry's cast_amax (op_optim_cast_amaxes), in the describe op's args.
+static qt_status op_optim_describe_cast_amaxes(program *p, uint32_t op,
+                                               const optim_param_desc *d) {
+    prog_ref amax[2];
+    uint32_t words;
+    uint32_t n = op_optim_cast_amaxes(d, amax, &words);
+    if (n == 0) return QT_OK;
+    uint32_t at = (uint32_t)(offsetof(optim_describe_args, value) +
+                             offsetof(optim_multi_entry, cast_amax_words));
+    prog_args_set(p, op, at, &words, sizeof words);
+    for (uint32_t k = 0; k < n; k++) {
+        uint32_t field = (uint32_t)(offsetof(optim_describe_args, value) +
+                                    offsetof(optim_multi_entry, cast_amax) + 8 * k);
+        QT_TRY(prog_use_span(p, op, field, amax[k], 4ull * words, PROG_ADDRESS));
+    }
+    return QT_OK;
+}
+
 qt_status op_optim_describe(program *p, const optim_param_desc *list, uint32_t count,
                             prog_ref table, uint32_t per_launch) {
     uint32_t entry = 0;
@@ -349,11 +422,43 @@ qt_status op_optim_describe(program *p, const optim_param_desc *list, uint32_t c
                                             offsetof(optim_multi_entry, args) + uses[u].field);
                 QT_TRY(prog_use_span(p, op, field, uses[u].ref, uses[u].bytes, PROG_ADDRESS));
             }
+            QT_TRY(op_optim_describe_cast_amaxes(p, op, d));
             entry++;
         }
         first = end;
     }
     return QT_OK;
+}
+
+// Adds a target of `bytes` to z; false when z is full.
+static bool op_optim_zeroes_add(op_optim_zeroes *z, prog_ref target, uint64_t bytes) {
+    if (!prog_ref_present(target)) return true;
+    if (z->target_count == OP_OPTIM_ZEROES_MAX) return false;
+    z->targets[z->target_count] = target;
+    z->target_bytes[z->target_count++] = bytes;
+    return true;
+}
+
+bool op_optim_zeroes_of(const optim_param_desc *list, uint32_t count, prog_ref table,
+                        op_optim_zeroes *z) {
+    *z = (op_optim_zeroes){table, 0, 0, {{0}}, {0}};
+    for (uint32_t i = 0; i < count; i++) {
+        const optim_param_desc *d = &list[i];
+        if (op_optim_empty(d)) continue;
+        z->count++;
+        op_optim_outputs o = op_optim_outputs_of(d);
+        if (o.amax_on_skip &&
+            (!op_optim_zeroes_add(z, o.amax0, 4) || !op_optim_zeroes_add(z, o.amax1, 4))) {
+            return false;
+        }
+        prog_ref amax[2];
+        uint32_t words;
+        uint32_t n = op_optim_cast_amaxes(d, amax, &words);
+        for (uint32_t k = 0; k < n; k++) {
+            if (!op_optim_zeroes_add(z, amax[k], 4ull * words)) return false;
+        }
+    }
+    return z->target_count > 0;
 }
 
 // One launch's zeroing of the amax workspaces of its entries, when one of them has any.
@@ -383,17 +488,20 @@ static qt_status op_optim_multi_zero(program *p, const char *name, const optim_p
 
 // The casts of the non-empty parameters list[first, end), in order.
 static qt_status op_optim_casts_of(program *p, const optim_param_desc *list, uint32_t first,
-                                   uint32_t end) {
+                                   uint32_t end, bool zeroed) {
     for (uint32_t i = first; i < end; i++) {
-        if (!op_optim_empty(&list[i])) QT_TRY(op_optim_casts(p, &list[i]));
+        if (!op_optim_empty(&list[i])) QT_TRY(op_optim_casts(p, &list[i], zeroed));
     }
     return QT_OK;
 }
 
 qt_status op_optim_adamw_multi(program *p, const char *name, const optim_param_desc *list,
                                uint32_t count, prog_ref state, prog_ref table,
-                               uint32_t per_launch) {
+                               uint32_t per_launch, const op_optim_zeroes *zeroed) {
     QT_ASSERT(prog_ref_present(state) && prog_ref_present(table));
+    QT_ASSERT(!zeroed || (zeroed->entries.arena == table.arena &&
+                          zeroed->entries.region == table.region &&
+                          zeroed->entries.offset == table.offset));
     uint32_t entry = 0;
     for (uint32_t first = 0; first < count;) {
         uint32_t end = op_optim_launch_end(list, count, first, per_launch);
@@ -409,7 +517,7 @@ qt_status op_optim_adamw_multi(program *p, const char *name, const optim_param_d
             continue;
         }
         prog_ref entries = op_optim_entry_ref(table, entry);
-        QT_TRY(op_optim_multi_zero(p, name, list, first, end, entries, n));
+        if (!zeroed) QT_TRY(op_optim_multi_zero(p, name, list, first, end, entries, n));
         optim_multi_args args = {0, 0, n, 0};
         launch_shape shape = {{(uint32_t)blocks, 1, 1}, {QT_OPTIM_THREADS, 1, 1}, 0};
         uint32_t op;
@@ -431,10 +539,11 @@ qt_status op_optim_adamw_multi(program *p, const char *name, const optim_param_d
         }
         entry += n;
         // Capped launches: this launch's casts before the next launch.
-        if (per_launch != 0) QT_TRY(op_optim_casts_of(p, list, first, end));
+        if (per_launch != 0) QT_TRY(op_optim_casts_of(p, list, first, end, zeroed != NULL));
         first = end;
     }
-    return per_launch == 0 ? op_optim_casts_of(p, list, 0, count) : QT_OK;
+    QT_ASSERT(!zeroed || zeroed->count == entry);
+    return per_launch == 0 ? op_optim_casts_of(p, list, 0, count, zeroed != NULL) : QT_OK;
 }
 
 qt_status op_optim_quantize(program *p, const optim_param_desc *d) {

@@ -7,7 +7,8 @@
 //
 // One training step's optimizer part:
 //
-//   op_optim_begin        once: skip flag, lr of this step, step += 1 (unless skipped)
+//   op_optim_begin        once: skip flag, lr of this step, step += 1 (unless skipped), and
+//                         the updates' amax workspaces zeroed (op_optim_zeroes)
 //   op_optim_adamw        per parameter, after it; ops by weight format (op_optim_adamw_multi
 //                         runs the same ops for a list, the updates and the amax zeroing as
 //                         multi-tensor launches, then the casts):
@@ -109,11 +110,39 @@ typedef struct optim_param_desc {
     op_group group;
 } optim_param_desc;
 
+// The amaxes that a list's multi-tensor step merges into from +0: the workspaces its updates
+// max the new masters into for a cast that follows (QT_OPTIM_FLAG_AMAX_ON_SKIP; FP8 current
+// scaling's amax, NVFP4's global amax), and the amax arrays of the cast kernels that take their
+// own pass over a new master (a stacked weight's per-member amaxes, NVFP4's pair with RHT). The
+// step's begin zeroes them (op_optim_begin, or the norm's fold that does its work,
+// op_grad_norm_begin), in place of the zeroing launches of the updates and casts, when one op
+// can declare them all: the table's entries [0, count) (the kernel finds the amaxes there,
+// ptx/optim.h qt_optim_zero_amaxes) and every target, written.
+#define OP_OPTIM_ZEROES_MAX 48
+typedef struct op_optim_zeroes {
+    prog_ref entries;       // optim_multi_entry [count]: op_optim_adamw_multi's table
+    uint32_t count;         // the list's non-empty parameters
+    uint32_t target_count;  // 1 ..= OP_OPTIM_ZEROES_MAX
+    prog_ref targets[OP_OPTIM_ZEROES_MAX];
+    uint64_t target_bytes[OP_OPTIM_ZEROES_MAX];  // f32 each, or f32 [members]
+} op_optim_zeroes;
+
+// The zeroes of op_optim_adamw_multi(list, count, table): true with *z filled, false when the
+// list has no target or more than OP_OPTIM_ZEROES_MAX (its launches and casts then zero their
+// own).
+bool op_optim_zeroes_of(const optim_param_desc *list, uint32_t count, prog_ref table,
+                        op_optim_zeroes *z);
+// Declares z on op, whose args field `entries_field` takes the table's address: the table read,
+// every target written (no args field: the kernel reads their addresses from the table).
+qt_status op_optim_zeroes_use(program *p, uint32_t op, uint32_t entries_field,
+                              const op_optim_zeroes *z);
+
 // skip, lr and step of this step (steps: the persistent u64 of counted steps; state: this
 // step's optim_state; grad_norm: optim_grad_norm or absent; lr_rows: optim_lr_row [row_count],
-// sorted by start).
+// sorted by start), and the amax targets of zeroes set to +0 (NULL: none).
 qt_status op_optim_begin(program *p, const char *name, prog_ref steps, prog_ref state,
-                         prog_ref grad_norm, prog_ref lr_rows, uint32_t row_count);
+                         prog_ref grad_norm, prog_ref lr_rows, uint32_t row_count,
+                         const op_optim_zeroes *zeroes);
 
 // The AdamW update of one parameter and its requantization (table above). `state` is the
 // optim_state that op_optim_begin wrote earlier in the same program.
@@ -129,10 +158,13 @@ qt_status op_optim_adamw_list(program *p, const optim_param_desc *list, uint32_t
 // holds: it holds addresses), which op_optim_describe writes once, in the init program (one
 // small op per parameter, its addresses resolved as any op's args); every step then runs, per
 // run of consecutive parameters whose regions fit one op (PROG_OP_REFS_MAX), one
-// qt_optim_amax_zero (when a parameter's cast needs an amax workspace zeroed) and one
-// qt_optim_adamw_multi, and after them the casts of the formats that have one, parameter by
-// parameter. The list is a plain array: a caller updates any subset of its parameters by passing
-// that subset, to op_optim_describe and op_optim_adamw_multi alike.
+// qt_optim_amax_zero (when a parameter's cast needs an amax workspace zeroed and the step's
+// begin did not zero it: `zeroed` NULL) and one qt_optim_adamw_multi, and after them the casts
+// of the formats that have one, parameter by parameter (with zeroing launches of their own
+// where they take an amax pass, unless `zeroed`). zeroed: the zeroes of the list
+// (op_optim_zeroes_of) that the step's begin took. The list is a plain array: a caller updates
+// any subset of its parameters by passing that subset, to op_optim_describe and
+// op_optim_adamw_multi alike.
 // per_launch (the same in both calls; 0: as many as fit) caps the parameters of one launch and
 // puts each launch's casts right after it, so that what waits for a parameter's update (a
 // data-parallel step's broadcast of its weight) starts while the next launch runs. The bits do
@@ -142,7 +174,7 @@ qt_status op_optim_describe(program *init, const optim_param_desc *list, uint32_
                             prog_ref table, uint32_t per_launch);
 qt_status op_optim_adamw_multi(program *p, const char *name, const optim_param_desc *list,
                                uint32_t count, prog_ref state, prog_ref table,
-                               uint32_t per_launch);
+                               uint32_t per_launch, const op_optim_zeroes *zeroed);
 
 // The weight's quantization from its master as it is (no update, no state): start-up, and any
 // time the master is written from outside (checkpoint load).

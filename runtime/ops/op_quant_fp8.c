@@ -27,6 +27,12 @@ qt_status op_fp8_amax_zero(program *p, const char *name, prog_ref amax, uint32_t
 qt_status op_fp8_amax(program *p, const char *name, const op_fp8_input *in, prog_ref amax) {
     op_fp8_check_input(in);
     QT_TRY(op_fp8_amax_zero(p, name, amax, op_fp8_members(in)));
+    return op_fp8_amax_merge(p, name, in, amax);
+}
+
+qt_status op_fp8_amax_merge(program *p, const char *name, const op_fp8_input *in,
+                            prog_ref amax) {
+    op_fp8_check_input(in);
     uint32_t op;
     fp8_amax_args args = {0};
     args.rows = in->rows;

@@ -44,6 +44,12 @@ qt_status op_fp8_amax_zero(program *p, const char *name, prog_ref amax, uint32_t
 // Two ops: amax[0..n) = 0, then amax[i] = max |x| over member i's valid rows.
 qt_status op_fp8_amax(program *p, const char *name, const op_fp8_input *in, prog_ref amax);
 
+// The second of them alone, amax[i] = max(amax[i], max |x| over member i's valid rows), for
+// slots that are +0 already: a step's amax slots, which the step's first op zeroes
+// (op_sched_zero).
+qt_status op_fp8_amax_merge(program *p, const char *name, const op_fp8_input *in,
+                            prog_ref amax);
+
 // Delayed scaling cast: q = satFP8(RN(x * scale[i])). amax_slots (f32 [n], history row 0 of the
 // members' slots) receives the atomic max of |x| unless OP_FP8_NONE.
 qt_status op_fp8_cast_delayed(program *p, const char *name, const op_fp8_input *in,

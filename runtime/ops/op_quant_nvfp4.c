@@ -42,33 +42,47 @@ op_nvfp4_sizes op_nvfp4_sizes_of(uint32_t rows, uint32_t cols, uint32_t group_co
     return s;
 }
 
-qt_status op_nvfp4_amax(program *p, const char *name, const op_nvfp4_input *in,
-                        const op_nvfp4_amax_out *out) {
-    const uint32_t esize = op_nvfp4_esize(in->dtype);
+// The args of both amax kernels.
+static nvfp4_amax_args op_nvfp4_amax_args_of(const op_nvfp4_input *in,
+                                             const op_nvfp4_amax_out *out) {
     const bool colwise = prog_ref_present(out->amax_col);
     QT_ASSERT(!out->rht || colwise);
-    const uint64_t amax_bytes = op_nvfp4_sizes_of(in->rows, in->cols, in->group.count).amax;
     nvfp4_amax_args args = {0};
     args.rows = in->rows;
     args.cols = in->cols;
     args.dtype = in->dtype;
     args.flags = (colwise ? QT_NVFP4_COLWISE : 0u) | (out->rht ? QT_NVFP4_RHT : 0u);
     args.rht_signs = out->rht_signs & 0xFFFFu;
+    args.group.count = in->group.count;  // the zeroing reads the count alone of the group
+    return args;
+}
 
+qt_status op_nvfp4_amax(program *p, const char *name, const op_nvfp4_input *in,
+                        const op_nvfp4_amax_out *out) {
+    const uint64_t amax_bytes = op_nvfp4_sizes_of(in->rows, in->cols, in->group.count).amax;
+    nvfp4_amax_args args = op_nvfp4_amax_args_of(in, out);
     // Zeroing is its own launch: every CTA of the next one maxes into the arrays, so they must
     // be 0 before any of them starts, and stream order guarantees that. It zeroes one entry per
-    // member: the count is all it reads of the group.
-    args.group.count = in->group.count;
+    // member.
     launch_shape zero_shape = {{1, 1, 1}, {QT_NVFP4_THREADS, 1, 1}, 0};
     uint32_t op;
     QT_TRY(prog_append(p, KERNEL_NVFP4_AMAX_ZERO, name, &zero_shape, &args, sizeof args, &op));
     QT_TRY(op_nvfp4_use(p, op, offsetof(nvfp4_amax_args, amax_row), out->amax_row, amax_bytes, 4,
                         PROG_WRITE));
-    if (colwise) {
+    if (prog_ref_present(out->amax_col)) {
         QT_TRY(op_nvfp4_use(p, op, offsetof(nvfp4_amax_args, amax_col), out->amax_col,
                             amax_bytes, 4, PROG_WRITE));
     }
+    return op_nvfp4_amax_merge(p, name, in, out);
+}
 
+qt_status op_nvfp4_amax_merge(program *p, const char *name, const op_nvfp4_input *in,
+                              const op_nvfp4_amax_out *out) {
+    const uint32_t esize = op_nvfp4_esize(in->dtype);
+    const bool colwise = prog_ref_present(out->amax_col);
+    const uint64_t amax_bytes = op_nvfp4_sizes_of(in->rows, in->cols, in->group.count).amax;
+    nvfp4_amax_args args = op_nvfp4_amax_args_of(in, out);
+    uint32_t op;
     // grid.y: about QT_NVFP4_AMAX_CTAS CTAs in all, each striding over row blocks.
     const uint32_t grid_x = op_nvfp4_div_up(in->cols, QT_NVFP4_AMAX_COLS(esize));
     const uint64_t row_blocks = (in->rows + 15ull) / 16;

@@ -43,6 +43,10 @@ typedef struct op_nvfp4_amax_out {
 // Two ops: zero the amax arrays, then the atomic-max pass over x.
 qt_status op_nvfp4_amax(program *p, const char *name, const op_nvfp4_input *in,
                         const op_nvfp4_amax_out *out);
+// The pass alone, for arrays that are +0 already: a step's amax slots, which the step's first op
+// zeroes (op_sched_zero).
+qt_status op_nvfp4_amax_merge(program *p, const char *name, const op_nvfp4_input *in,
+                              const op_nvfp4_amax_out *out);
 
 typedef struct op_nvfp4_quant {
     bool rowwise, colwise;  // at least one

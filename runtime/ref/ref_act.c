@@ -567,5 +567,9 @@ void ref_qt_gnorm(const gnorm_args *a, const launch_shape *shape) {
                              REF_PTR(optim_state, a->begin_state),
                              (const optim_grad_norm *)out,
                              REF_PTR(const optim_lr_row, a->begin_lr_rows), a->begin_rows);
+        if (a->begin_zero != 0) {
+            qt_optim_zero_amaxes(REF_PTR(const optim_multi_entry, a->begin_zero),
+                                 a->begin_zero_count);
+        }
     }
 }

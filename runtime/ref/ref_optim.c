@@ -12,6 +12,9 @@ void ref_qt_optim_begin(const optim_begin_args *a, const launch_shape *shape) {
     const optim_lr_row *rows = REF_PTR(const optim_lr_row, a->lr_rows);
     qt_optim_begin_apply(REF_PTR(uint64_t, a->steps), REF_PTR(optim_state, a->state), norm, rows,
                          a->row_count);
+    if (a->zero != 0) {
+        qt_optim_zero_amaxes(REF_PTR(const optim_multi_entry, a->zero), a->zero_count);
+    }
 }
 
 static float ref_optim_grad(const optim_adamw_args *a, uint64_t i) {
