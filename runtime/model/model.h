@@ -32,9 +32,10 @@
 //
 // Programs (model_build_*), one per mode, each a complete step:
 //
-//   train  stage copy -> forward -> loss -> backward (dgrad, wgrad, bias grad) -> grad norm ->
-//          optimizer begin -> AdamW + requantization per parameter -> delayed-scaling snapshot
-//          and update -> record
+//   train  stage copy (and the step's amax slots zeroed, model_amax_slots) -> forward -> loss
+//          -> backward (dgrad, wgrad, bias grad) -> grad norm -> optimizer begin (and the
+//          optimizer's amaxes zeroed, op_optim_zeroes) -> AdamW + requantization per parameter
+//          -> delayed-scaling snapshot and update -> record
 //   eval   stage copy -> forward -> loss and accuracy -> record (no state is written: delayed
 //          casts read the scale and record no amax)
 //   infer  stage copy -> forward -> outputs to the pinned host slot -> record

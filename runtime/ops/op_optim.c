@@ -45,14 +45,15 @@ qt_status op_optim_begin(program *p, const char *name, prog_ref steps, prog_ref 
     launch_shape shape = {{1, 1, 1}, {QT_OPTIM_BEGIN_THREADS, 1, 1}, 0};
     uint32_t op;
     QT_TRY(prog_append(p, KERNEL_OPTIM_BEGIN, name, &shape, &args, sizeof args, &op));
-    if (zeroes) QT_TRY(op_optim_zeroes_use(p, op, offsetof(optim_begin_args, zero), zeroes));
     QT_TRY(prog_use_span(p, op, offsetof(optim_begin_args, steps), steps, 8, PROG_READ_WRITE));
     QT_TRY(prog_use_span(p, op, offsetof(optim_begin_args, state), state, sizeof(optim_state),
                         PROG_WRITE));
     QT_TRY(prog_use_optional(p, op, offsetof(optim_begin_args, grad_norm), grad_norm,
                             sizeof(optim_grad_norm), PROG_READ));
-    return prog_use_span(p, op, offsetof(optim_begin_args, lr_rows), lr_rows,
-                        (uint64_t)row_count * sizeof(optim_lr_row), PROG_READ);
+    QT_TRY(prog_use_span(p, op, offsetof(optim_begin_args, lr_rows), lr_rows,
+                         (uint64_t)row_count * sizeof(optim_lr_row), PROG_READ));
+    if (!zeroes) return QT_OK;
+    return op_optim_zeroes_use(p, op, offsetof(optim_begin_args, zero), zeroes);
 }
 
 // amax[0] = +0 before an update maxes into it: the per-tensor FP8 family's zeroing kernel.

@@ -39,7 +39,9 @@
 // needs the families' 32- and 128-row tiles in the update kernel; reusing their casts costs one
 // extra FP32 read of the master (about 4 of ~34 bytes per element) and keeps exactly one
 // implementation of each format's cast. The zeroing op is the per-tensor FP8 family's
-// qt_fp8_amax_zero (one slot).
+// qt_fp8_amax_zero (one slot); in a step of multi-tensor launches the step's begin zeroes every
+// such amax instead (op_optim_zeroes), and the stacked weights' and RHT casts merge into arrays
+// it zeroed (op_fp8_amax_merge, op_nvfp4_amax_merge).
 //
 // The weight is always the cast of its master: op_optim_quantize appends the same casts without
 // the update (start-up, after the master is initialized; a delayed-scaling weight's amax goes to

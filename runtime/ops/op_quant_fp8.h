@@ -10,7 +10,9 @@
 //                             of one state, or op_fp8_delayed_states for all of a model's
 //                             states with the snapshots a step's record needs.
 // Current scaling:            op_fp8_quantize_current = zero amax, amax kernel, cast whose blocks
-//                             each derive the scale from the amax (qt_codec.h's scale_from_amax).
+//                             each derive the scale from the amax (qt_codec.h's scale_from_amax);
+//                             in a step, whose first op zeroes its amax slots: op_fp8_amax_merge
+//                             and op_fp8_cast_current.
 // Grouped tensors: scale, scale_inv and amax are arrays of n = group.count members (1 if dense).
 #ifndef QT_OP_QUANT_FP8_H
 #define QT_OP_QUANT_FP8_H
