@@ -55,7 +55,7 @@
 #define QT_SCHED_THREADS 256u      // qt_sched_copy block size
 #define QT_SCHED_RECORD_THREADS 32u
 
-// The step's amax slots (runtime/model/model_build.c: the program's region "<mode>.amax", whose
+// The step's amax slots (runtime/model/model.c: the program's region "<mode>.step#amax", whose
 // parts the step's per-tensor amaxes are): a producer merges each tensor's amax into its slot
 // with an atomic max, so every slot must be +0 before the step's first merge. The step's first
 // op zeroes them all, in place of one launch per slot.

@@ -511,7 +511,7 @@ static void t_build_gnorm(t_run *run, const t_case *c) {
     t_buf_add(run, G_OUT, "result", T_U32, 4, c->misalign);
     float clip = (float)c->op;  // the case's op field carries the clip norm
     RIG_OK(op_grad_norm(&run->r.prog, "grad_norm", T_GNORM_REGIONS, grads, counts, clip,
-                        t_ref(run, G_WS), t_ref(run, G_TICKET), t_ref(run, G_OUT)));
+                        t_ref(run, G_WS), t_ref(run, G_TICKET), t_ref(run, G_OUT), NULL));
 }
 
 static void t_build(t_run *run, const t_case *c) {

@@ -11,7 +11,7 @@
 // eager execution, and the multi-tensor kernels against the per-parameter twins.
 #include <math.h>
 
-#include "runtime/ops/op_act.h"  // op_grad_norm_begin: the norm's fold that begins the step
+#include "runtime/ops/op_act.h"  // op_grad_norm: the norm's fold that begins the step
 #include "runtime/ops/op_core.h"
 #include "runtime/ops/op_optim.h"
 #include "tests/rig.h"
@@ -222,7 +222,7 @@ static void test_begin_rules(void) {
 
 // ---------------------------------------------------------------------------------------------
 // The begin's zeroing of the updates' amax workspaces (op_optim_zeroes), by op_optim_begin and
-// by the norm's fold that does its work (op_grad_norm_begin).
+// by the norm's fold that does its work (op_grad_norm with a begin).
 
 #define T_ZERO_ENTRIES 3u
 #define T_ZERO_TARGETS 5u
@@ -262,9 +262,8 @@ static void t_begin_zeroes_case(rig *r) {
     op_gnorm_begin gb = {rig_ref(r, steps, 0), rig_ref(r, state, 0), rig_ref(r, rows, 0),
                          T_LR_ROWS, &z};
     prog_ref grads[1] = {rig_ref(r, grad, 0)};
-    RIG_OK(op_grad_norm_begin(&fold, "grad_norm", 1, grads, &(uint64_t){3}, 1.0f,
-                              rig_ref(r, ws, 0), rig_ref(r, ticket, 0), rig_ref(r, norm, 0),
-                              &gb));
+    RIG_OK(op_grad_norm(&fold, "grad_norm", 1, grads, &(uint64_t){3}, 1.0f, rig_ref(r, ws, 0),
+                        rig_ref(r, ticket, 0), rig_ref(r, norm, 0), &gb));
     rig_bind(r);
     prog_resolve(&fold);
     static optim_multi_entry entries[T_ZERO_ENTRIES];

@@ -1394,9 +1394,9 @@ static qt_status mb_optimizer(mb *b) {
                             m->io.lr_row_count, zeroes};
     // One rank: the norm's folding block also begins the update (one launch fewer). Several:
     // the begin needs the norm folded across the ranks, so it is an op after the fold.
-    QT_TRY(op_grad_norm_begin(b->p, "grad_norm", owned, owned_grads, owned_counts,
-                              m->recipe->optim.clip, ws, mb_dev(b, m->io.gnorm_ticket), norm,
-                              mb_parallel(b) ? NULL : &begin));
+    QT_TRY(op_grad_norm(b->p, "grad_norm", owned, owned_grads, owned_counts,
+                        m->recipe->optim.clip, ws, mb_dev(b, m->io.gnorm_ticket), norm,
+                        mb_parallel(b) ? NULL : &begin));
     if (mb_parallel(b)) {
         prog_ref all;
         QT_TRY(mb_dp_gather(b, "dp.grad_norm", norm, sizeof(qt_gnorm_result), &all));

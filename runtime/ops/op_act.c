@@ -340,13 +340,6 @@ uint64_t op_grad_norm_workspace_bytes(uint32_t regions, const uint64_t *counts) 
     return op_gnorm_partials(regions, counts) * 8;
 }
 
-qt_status op_grad_norm(program *p, const char *name, uint32_t regions, const prog_ref *grads,
-                       const uint64_t *counts, float clip, prog_ref workspace, prog_ref ticket,
-                       prog_ref out) {
-    return op_grad_norm_begin(p, name, regions, grads, counts, clip, workspace, ticket, out,
-                              NULL);
-}
-
 // The norm's last op: its sources, partials, ticket and out, the begin's three regions and the
 // table, and the targets of the zeroes.
 _Static_assert(QT_GNORM_REGIONS + 7 + OP_OPTIM_ZEROES_MAX <= PROG_OP_REFS_MAX,
@@ -365,10 +358,9 @@ static qt_status op_gnorm_begin_use(program *p, uint32_t op, const op_gnorm_begi
     return op_optim_zeroes_use(p, op, offsetof(gnorm_args, begin_zero), begin->zeroes);
 }
 
-qt_status op_grad_norm_begin(program *p, const char *name, uint32_t regions,
-                             const prog_ref *grads, const uint64_t *counts, float clip,
-                             prog_ref workspace, prog_ref ticket, prog_ref out,
-                             const op_gnorm_begin *begin) {
+qt_status op_grad_norm(program *p, const char *name, uint32_t regions, const prog_ref *grads,
+                       const uint64_t *counts, float clip, prog_ref workspace, prog_ref ticket,
+                       prog_ref out, const op_gnorm_begin *begin) {
     QT_ASSERT(regions >= 1);
     QT_ASSERT(prog_ref_present(workspace) && prog_ref_present(ticket) && prog_ref_present(out));
     uint64_t total = op_gnorm_partials(regions, counts);

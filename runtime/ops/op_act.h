@@ -104,26 +104,24 @@ qt_status op_mse(program *p, const char *name, uint32_t rows, uint32_t cols, op_
                  prog_ref workspace, prog_ref stats);
 uint64_t op_mse_workspace_bytes(uint32_t rows, uint32_t cols);
 
-// Global L2 norm of `regions` FP32 gradient regions (grads[i]: counts[i] elements), the clip
-// factor min(1, clip / (norm + 1e-6)) (clip <= 0: 1) and a non-finite flag, into out
-// (qt_gnorm_result). One op per QT_GNORM_REGIONS regions; the last block of the last op folds
-// (ptx/act.h). ticket: a u32 that is zero at bind and never written by anything else (a
-// persistent region: the fold leaves it zero for the next step).
-qt_status op_grad_norm(program *p, const char *name, uint32_t regions, const prog_ref *grads,
-                       const uint64_t *counts, float clip, prog_ref workspace, prog_ref ticket,
-                       prog_ref out);
-// op_grad_norm, and then what op_optim_begin (runtime/ops/op_optim.h) does with out, by the
-// folding block of the norm's last op: one launch fewer in a step whose norm needs no folding
-// across ranks. The regions are op_optim_begin's.
+// What op_optim_begin (runtime/ops/op_optim.h) does with the norm, done by the folding block of
+// the norm's last op instead: one launch fewer in a step whose norm needs no folding across
+// ranks. The regions are op_optim_begin's.
 typedef struct op_gnorm_begin {
     prog_ref steps, state, lr_rows;
     uint32_t lr_row_count;
     const op_optim_zeroes *zeroes;  // the amax targets zeroed too, or NULL
 } op_gnorm_begin;
-qt_status op_grad_norm_begin(program *p, const char *name, uint32_t regions,
-                             const prog_ref *grads, const uint64_t *counts, float clip,
-                             prog_ref workspace, prog_ref ticket, prog_ref out,
-                             const op_gnorm_begin *begin);
+
+// Global L2 norm of `regions` FP32 gradient regions (grads[i]: counts[i] elements), the clip
+// factor min(1, clip / (norm + 1e-6)) (clip <= 0: 1) and a non-finite flag, into out
+// (qt_gnorm_result). One op per QT_GNORM_REGIONS regions; the last block of the last op folds
+// (ptx/act.h), then begins the optimizer step on out when `begin` is given (else NULL). ticket:
+// a u32 that is zero at bind and never written by anything else (a persistent region: the fold
+// leaves it zero for the next step).
+qt_status op_grad_norm(program *p, const char *name, uint32_t regions, const prog_ref *grads,
+                       const uint64_t *counts, float clip, prog_ref workspace, prog_ref ticket,
+                       prog_ref out, const op_gnorm_begin *begin);
 uint64_t op_grad_norm_workspace_bytes(uint32_t regions, const uint64_t *counts);
 
 #endif  // QT_OP_ACT_H

@@ -261,11 +261,7 @@ static qt_status op_optim_casts(program *p, const optim_param_desc *d, bool zero
             if (d->weight == OPTIM_WEIGHT_FP8_DELAYED) {
                 return op_fp8_cast_delayed(p, d->name, &in, &d->fp8, d->fp8_scale, d->fp8_amax);
             }
-            if (zeroed) {
-                QT_TRY(op_fp8_amax_merge(p, d->name, &in, d->fp8_amax));
-            } else {
-                QT_TRY(op_fp8_amax(p, d->name, &in, d->fp8_amax));
-            }
+            QT_TRY((zeroed ? op_fp8_amax_merge : op_fp8_amax)(p, d->name, &in, d->fp8_amax));
             return op_fp8_cast_current(p, d->name, &in, &d->fp8, d->fp8_amax, d->fp8_scale,
                                        d->fp8_pow2, d->fp8_eps);
         }
@@ -500,9 +496,7 @@ qt_status op_optim_adamw_multi(program *p, const char *name, const optim_param_d
                                uint32_t count, prog_ref state, prog_ref table,
                                uint32_t per_launch, const op_optim_zeroes *zeroed) {
     QT_ASSERT(prog_ref_present(state) && prog_ref_present(table));
-    QT_ASSERT(!zeroed || (zeroed->entries.arena == table.arena &&
-                          zeroed->entries.region == table.region &&
-                          zeroed->entries.offset == table.offset));
+    QT_ASSERT(!zeroed || op_optim_same(zeroed->entries, table));
     uint32_t entry = 0;
     for (uint32_t first = 0; first < count;) {
         uint32_t end = op_optim_launch_end(list, count, first, per_launch);

@@ -116,9 +116,9 @@ typedef struct optim_param_desc {
 // max the new masters into for a cast that follows (QT_OPTIM_FLAG_AMAX_ON_SKIP; FP8 current
 // scaling's amax, NVFP4's global amax), and the amax arrays of the cast kernels that take their
 // own pass over a new master (a stacked weight's per-member amaxes, NVFP4's pair with RHT). The
-// step's begin zeroes them (op_optim_begin, or the norm's fold that does its work,
-// op_grad_norm_begin), in place of the zeroing launches of the updates and casts, when one op
-// can declare them all: the table's entries [0, count) (the kernel finds the amaxes there,
+// step's begin zeroes them (op_optim_begin, or the norm's fold that does its work: op_grad_norm
+// with a begin), in place of the zeroing launches of the updates and casts, when one op can
+// declare them all: the table's entries [0, count) (the kernel finds the amaxes there,
 // ptx/optim.h qt_optim_zero_amaxes) and every target, written.
 #define OP_OPTIM_ZEROES_MAX 48
 typedef struct op_optim_zeroes {
