@@ -1367,10 +1367,15 @@ static void stage_copy_case(rig *r) {
     rig_bind(r);
     static uint8_t slots[3 * COPY_BYTES], out[COPY_BYTES];
     for (uint64_t i = 0; i < sizeof slots; i++) slots[i] = (uint8_t)(qt_mix64(i + 5) >> 9);
-    // Slot 2's largest input is an infinity (which counts), just past the range a larger one.
-    float inf = INFINITY, huge = -3e38f;
-    memcpy(slots + 2 * COPY_BYTES + FIRST + 4 * (COUNT - 3), &inf, 4);
-    memcpy(slots + 2 * COPY_BYTES + FIRST + 4 * COUNT, &huge, 4);
+    // Slot 1's first input is -Inf (its amax +Inf); slot 2's word just past the range is +Inf,
+    // which must not count. Every other word is a random bit pattern.
+    float minus_inf = -INFINITY, inf = INFINITY;
+    memcpy(slots + COPY_BYTES + FIRST, &minus_inf, 4);
+    for (uint32_t i = 0; i < COUNT; i++) {  // no infinity in slot 2's range
+        uint8_t *exponent = slots + 2 * COPY_BYTES + FIRST + 4 * i + 3;
+        if ((*exponent & 0x7F) == 0x7F) *exponent &= 0xFE;
+    }
+    memcpy(slots + 2 * COPY_BYTES + FIRST + 4 * COUNT, &inf, 4);
     RIG_OK(backend_write(&r->be, rig_ref(r, src, 0), slots, sizeof slots));
     for (uint64_t step = 4; step <= 5; step++) {
         RIG_OK(backend_write(&r->be, rig_ref(r, counter, 0), &step, 8));
