@@ -992,9 +992,9 @@ static qt_status mb_loss(mb *b) {
         QT_TRY(mb_tensor(b, "loss.dy", rows, cols, ARENA_CAT_ACTIVATIONS, &b->dlogits));
         grad = mb_act(b->dlogits);
         // Several ranks scale the gradient after the loss (op_dp_loss_share): the cast's own
-        // pass then reads the scaled values.
+        // pass then reads the scaled values. "loss#dy": a linear named "loss" has "loss.dy".
         if (!mb_parallel(b)) {
-            QT_TRY(mb_producer_amax(b, m->recipe->model.layers_count, true, "loss.dy",
+            QT_TRY(mb_producer_amax(b, m->recipe->model.layers_count, true, "loss#dy",
                                     &b->dlogits.amax));
         }
     }
