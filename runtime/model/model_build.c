@@ -205,7 +205,7 @@ static qt_status mb_quantize_fp8(mb *b, const char *name, const model_quantizer 
         prog_ref amax = record_amax ? mb_state_amax(b, mq) : OP_FP8_NONE;
         return op_fp8_cast_delayed(b->p, name, &in, &out, mb_state_scale(b, mq), amax);
     }
-    // A producer that already took x's amax saves the pass over x (mb_current_consumer);
+    // A producer that already took x's amax saves the pass over x (mb_producer_serves);
     // otherwise the pass merges into the store's amax, a slot of the step (zeroed by its first
     // op).
     prog_ref amax = x.amax;
