@@ -134,12 +134,12 @@ __device__ __forceinline__ void act_pre8(const act_args &a, uint64_t first, floa
     for (int k = 0; k < 8; k++) v[k] = v[k] + b[k];
 }
 
-// act_args.amax of a dense output: the block's max |v| (NaN skipped, as fmaxf does) as a stored
-// value, merged into the slot by one atomic per block. Blocks whose maximum does not beat what the
-// slot already holds skip the atomic, so that a grid of many small blocks does not queue one per
-// block on a single address; a stale read only costs an atomic that changes nothing. Every thread
-// of the block calls it.
-__device__ __forceinline__ void act_amax_flush(const act_args &a, float m) {
+// The amax of a dense output (act.h): the block's max |v| over the FP32 values it stored in
+// dtype (NaN skipped, as fmaxf does), rounded as they were, merged into the slot by one atomic
+// per block. Blocks whose maximum does not beat what the slot already holds skip the atomic, so
+// that a grid of many small blocks does not queue one per block on a single address; a stale
+// read only costs an atomic that changes nothing. Every thread of the block calls it (a barrier).
+__device__ __forceinline__ void act_amax_flush_slot(uint64_t amax, uint32_t dtype, float m) {
     __shared__ float warp_max[QT_ACT_WARPS];
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
@@ -147,11 +147,25 @@ __device__ __forceinline__ void act_amax_flush(const act_args &a, float m) {
     __syncthreads();
     if (threadIdx.x != 0) return;
     for (uint32_t w = 1; w < QT_ACT_WARPS; w++) m = fmaxf(m, warp_max[w]);
-    m = qt_act_stored_amax(fmaxf(m, warp_max[0]), a.out_dtype);
-    unsigned int *slot = (unsigned int *)(uintptr_t)a.amax;
+    m = qt_act_stored_amax(fmaxf(m, warp_max[0]), dtype);
+    unsigned int *slot = (unsigned int *)(uintptr_t)amax;
     if (m > 0.0f && __float_as_uint(m) > *(volatile unsigned int *)slot) {
         atomicMax(slot, __float_as_uint(m));
     }
+}
+
+// act_args.amax of a dense output.
+__device__ __forceinline__ void act_amax_flush(const act_args &a, float m) {
+    act_amax_flush_slot(a.amax, a.out_dtype, m);
+}
+
+// max(m, |v[k]|) over the first n of a chunk's values (NaN skipped).
+__device__ __forceinline__ float act_max_chunk(float m, const float v[8], uint32_t n) {
+#pragma unroll
+    for (uint32_t k = 0; k < 8; k++) {
+        if (k < n) m = fmaxf(m, fabsf(v[k]));
+    }
+    return m;
 }
 
 // act_args.amax as one thread sees it: the max |v| of the values it stored so far and, for a
@@ -475,12 +489,8 @@ __device__ __forceinline__ bool act_rows_vec(uint64_t addresses, uint32_t cols) 
 }
 
 // One warp per row: sum of squares (lane chunks, lane tree), inv, then y from a second read of
-// the row (which the first pass left in L1/L2).
-extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
-    qt_rmsnorm_fwd(const __grid_constant__ rmsnorm_args args) {
-    qt_grid_enter();
-    uint64_t row = act_row();
-    if (row >= args.rows) return;  // whole warps leave; no block barrier below
+// the row (which the first pass left in L1/L2). Returns the max |y| this lane stored.
+__device__ __forceinline__ float act_rmsnorm_fwd_row(const rmsnorm_args &args, uint64_t row) {
     uint32_t lane = threadIdx.x % 32, cols = args.cols;
     uint32_t chunks = (cols + QT_ACT_CHUNK - 1) / QT_ACT_CHUNK;
     bool vec = act_rows_vec(args.x | args.gamma | args.out, cols);
@@ -497,6 +507,7 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
     }
     float inv = qt_rmsnorm_inv(act_warp_sum(acc), cols, args.eps);
     if (lane == 0) ((float *)(uintptr_t)args.inv_rms)[row] = qt_act_canonical(inv);
+    float m = 0.0f;
     for (uint32_t c = lane; c < chunks; c += 32) {
         uint32_t n = act_chunk_len(c, cols);
         float v[8], g[8];
@@ -505,7 +516,19 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
 #pragma unroll
         for (uint32_t k = 0; k < 8; k++) v[k] = qt_rmsnorm_y(v[k], inv, g[k]);
         act_store_chunk(args.out, base + c * 8, n, args.out_dtype, vec, v);
+        m = act_max_chunk(m, v, n);
     }
+    return m;
+}
+
+// Rows past the end leave their warps idle rather than return: the amax's flush is a block
+// barrier.
+extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
+    qt_rmsnorm_fwd(const __grid_constant__ rmsnorm_args args) {
+    qt_grid_enter();
+    uint64_t row = act_row();
+    float m = row < args.rows ? act_rmsnorm_fwd_row(args, row) : 0.0f;  // warp-uniform
+    if (args.amax) act_amax_flush_slot(args.amax, args.out_dtype, m);
 }
 
 extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
@@ -587,6 +610,7 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
     uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
     uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
     uint64_t scalar_first = 0;
+    float m = 0.0f;  // max |y| this thread stored (residual_args.amax)
     if (act_aligned16(args.a | args.b | args.y)) {
         for (uint64_t c = tid; c < args.count / 8; c += stride) {
             float a[8], b[8];
@@ -597,6 +621,7 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
                 for (int k = 0; k < 8; k++) a[k] = a[k] + b[k];
             }
             act_store8(args.y, c * 8, args.y_dtype, a);
+            m = act_max_chunk(m, a, 8);
         }
         scalar_first = args.count / 8 * 8;
     }
@@ -604,7 +629,9 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
         float a = qt_act_load(args.a, i, args.a_dtype);
         if (args.b) a = a + qt_act_load(args.b, i, args.b_dtype);
         qt_act_store(args.y, i, args.y_dtype, a);
+        m = fmaxf(m, fabsf(a));
     }
+    if (args.amax) act_amax_flush_slot(args.amax, args.y_dtype, m);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -622,8 +649,10 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
 }
 
 // One row by one warp: (max, argmax), then the sum of exponentials, then dlogits. Returns the
-// row's loss (0 when ignored); *correct says whether the argmax is the label.
-__device__ float act_xent_row(const xent_args &a, uint64_t row, uint32_t *correct) {
+// row's loss (0 when ignored); *correct says whether the argmax is the label, *dmax is raised to
+// the max |dlogit| this lane stored.
+__device__ float act_xent_row(const xent_args &a, uint64_t row, uint32_t *correct,
+                              float *dmax) {
     uint32_t lane = threadIdx.x % 32, classes = a.classes;
     int32_t label = qt_xent_label(a.labels, row, classes);
     *correct = 0;
@@ -678,6 +707,7 @@ __device__ float act_xent_row(const xent_args &a, uint64_t row, uint32_t *correc
                 v[k] = qt_xent_dlogit(v[k], best.value, sum_exp, is_label, valid);
             }
             act_store_chunk(a.dlogits, base + c * 8, n, a.dlogits_dtype, vec, v);
+            *dmax = act_max_chunk(*dmax, v, n);
         }
     }
     return qt_xent_row_loss(best.value, z_label, sum_exp);
@@ -690,12 +720,13 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
     __shared__ uint32_t row_correct[QT_ACT_ROWS_PER_BLOCK];
     uint64_t row = act_row();
     uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    float loss = 0.0f;
+    float loss = 0.0f, dmax = 0.0f;
     uint32_t correct = 0;
     if (row < args.rows) {  // warp-uniform
-        loss = act_xent_row(args, row, &correct);
+        loss = act_xent_row(args, row, &correct, &dmax);
         if (args.loss && lane == 0) ((float *)(uintptr_t)args.loss)[row] = qt_act_canonical(loss);
     }
+    if (args.dlogits_amax) act_amax_flush_slot(args.dlogits_amax, args.dlogits_dtype, dmax);
     if (lane == 0) {
         row_loss[warp] = loss;
         row_correct[warp] = correct;
@@ -730,7 +761,8 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
 // ---------------------------------------------------------------------------------------------
 // Mean squared error.
 
-__device__ float act_mse_row(const mse_args &a, uint64_t row, uint32_t valid) {
+// *dmax is raised to the max |dpred| this lane stored.
+__device__ float act_mse_row(const mse_args &a, uint64_t row, uint32_t valid, float *dmax) {
     uint32_t lane = threadIdx.x % 32, cols = a.cols;
     uint32_t chunks = (cols + QT_ACT_CHUNK - 1) / QT_ACT_CHUNK;
     bool vec = act_rows_vec(a.pred | a.target | a.dpred, cols);
@@ -749,7 +781,10 @@ __device__ float act_mse_row(const mse_args &a, uint64_t row, uint32_t valid) {
             if (k < len && is_valid) acc = qt_fmaf(d, d, acc);
             p[k] = is_valid ? qt_mse_dpred(d, n) : 0.0f;
         }
-        if (a.dpred) act_store_chunk(a.dpred, base + c * 8, len, a.dpred_dtype, vec, p);
+        if (a.dpred) {
+            act_store_chunk(a.dpred, base + c * 8, len, a.dpred_dtype, vec, p);
+            *dmax = act_max_chunk(*dmax, p, len);
+        }
     }
     return act_warp_sum(acc);
 }
@@ -760,8 +795,9 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
     __shared__ float row_sum[QT_ACT_ROWS_PER_BLOCK];
     uint64_t row = act_row();
     uint32_t valid = qt_mse_valid(args.valid_rows, args.rows);
-    float sum = 0.0f;
-    if (row < args.rows) sum = act_mse_row(args, row, valid);  // warp-uniform
+    float sum = 0.0f, dmax = 0.0f;
+    if (row < args.rows) sum = act_mse_row(args, row, valid, &dmax);  // warp-uniform
+    if (args.dpred_amax) act_amax_flush_slot(args.dpred_amax, args.dpred_dtype, dmax);
     if (threadIdx.x % 32 == 0) row_sum[threadIdx.x / 32] = sum;
     __syncthreads();
     if (threadIdx.x != 0) return;
@@ -894,6 +930,7 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
     }
     __syncthreads();
     uint32_t count = args.rows * args.classes;
+    float dmax = 0.0f;
     for (uint32_t e = threadIdx.x; args.dlogits && e < count; e += QT_ACT_THREADS) {
         uint32_t r = e / args.classes, j = e - r * args.classes;
         int32_t label = rows.label[r];
@@ -904,7 +941,9 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
                                (float)valid);
         }
         qt_act_store(args.dlogits, e, args.dlogits_dtype, d);
+        dmax = fmaxf(dmax, fabsf(d));
     }
+    if (args.dlogits_amax) act_amax_flush_slot(args.dlogits_amax, args.dlogits_dtype, dmax);
     float sum = act_small_total(rows.loss, args.blocks);
     uint32_t hits = 0;
     for (uint32_t r = threadIdx.x; r < args.rows; r += QT_ACT_THREADS) hits += rows.correct[r];
@@ -918,7 +957,8 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
 }
 
 // act_mse_row by one thread.
-__device__ float act_mse_row_thread(const mse_args &a, uint32_t row, uint32_t valid) {
+__device__ float act_mse_row_thread(const mse_args &a, uint32_t row, uint32_t valid,
+                                    float *dmax) {
     uint32_t cols = a.cols;
     bool is_valid = row < valid;
     float n = (float)((uint64_t)valid * cols);
@@ -934,6 +974,7 @@ __device__ float act_mse_row_thread(const mse_args &a, uint32_t row, uint32_t va
             if (a.dpred) {
                 float g = is_valid ? qt_mse_dpred(d, n) : 0.0f;
                 qt_act_store(a.dpred, base + j, a.dpred_dtype, g);
+                *dmax = fmaxf(*dmax, fabsf(g));
             }
         }
         lane[l] = acc;
@@ -947,10 +988,12 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
     qt_grid_enter();
     __shared__ float row_sum[QT_LOSS_SMALL_ROWS_MAX];
     uint32_t valid = qt_mse_valid(args.valid_rows, args.rows);
+    float dmax = 0.0f;
     for (uint32_t r = threadIdx.x; r < args.blocks * QT_ACT_ROWS_PER_BLOCK;
          r += QT_ACT_THREADS) {
-        row_sum[r] = r < args.rows ? act_mse_row_thread(args, r, valid) : 0.0f;
+        row_sum[r] = r < args.rows ? act_mse_row_thread(args, r, valid, &dmax) : 0.0f;
     }
+    if (args.dpred_amax) act_amax_flush_slot(args.dpred_amax, args.dpred_dtype, dmax);
     __syncthreads();
     float sum = act_small_total(row_sum, args.blocks);
     if (threadIdx.x != 0) return;

@@ -56,6 +56,14 @@
 // R is an args field chosen from rows alone (op_rmsnorm_rows_per_part); no result depends on a
 // grid, a block count or the path (vector or element, split or one-block) a kernel takes.
 // Integer reductions (counts) are exact, so their order does not matter.
+//
+// Amaxes of stored outputs: the activations (act_args.amax, the split-reduce pair's too),
+// qt_rmsnorm_fwd (rmsnorm_args.amax), qt_residual_add (residual_args.amax) and the loss
+// gradients of qt_xent_rows / qt_xent_small and qt_mse_rows / qt_mse_small merge max |out| over
+// the values they store (rounded to the stored dtype, NaN skipped, -0 as +0: what qt_fp8_amax
+// would read back) into an optional f32 slot that the caller zeroes first, so that the
+// per-tensor cast that reads the tensor next needs no amax pass of its own. A maximum is exact
+// and order-free: the slot gets the separate pass's bits whatever the grid.
 #ifndef QT_ACT_H
 #define QT_ACT_H
 
@@ -157,8 +165,11 @@ typedef struct rmsnorm_args {
     uint32_t parts;          // ceil(rows / rows_per_part)
     uint32_t accumulate;     // dgamma final: 1 = dgamma += sum, 0 = dgamma = sum
     uint32_t x_dtype, gamma_dtype, dy_dtype, out_dtype;
+    // Forward: f32 [1], 0 = none: max |y| over the stored values merged in, as act_args.amax
+    // (the caller zeroes it first), for the per-tensor cast of y that follows.
+    uint64_t amax;
 } rmsnorm_args;
-QT_STATIC_ASSERT(sizeof(rmsnorm_args) == 96, "rmsnorm_args layout");
+QT_STATIC_ASSERT(sizeof(rmsnorm_args) == 104, "rmsnorm_args layout");
 
 // y = a + b elementwise; b = 0: y = a (a copy with dtype conversion). y may alias a or b
 // (each element is read before it is written, by the same thread).
@@ -167,8 +178,9 @@ typedef struct residual_args {
     uint64_t count;
     uint32_t a_dtype, b_dtype, y_dtype;
     uint32_t reserved;
+    uint64_t amax;  // f32 [1], 0 = none: max |y| over the stored values merged in (act_args.amax)
 } residual_args;
-QT_STATIC_ASSERT(sizeof(residual_args) == 48, "residual_args layout");
+QT_STATIC_ASSERT(sizeof(residual_args) == 56, "residual_args layout");
 
 // Loss statistics written by the final pass of a loss (device memory, 16 bytes).
 typedef struct qt_loss_stats {
@@ -192,8 +204,11 @@ typedef struct xent_args {
     uint32_t blocks;    // ceil(rows / QT_ACT_ROWS_PER_BLOCK), the row pass's grid
     uint32_t logits_dtype, dlogits_dtype;
     uint32_t reserved;
+    // f32 [1], 0 = none (needs dlogits): max |dlogits| over the stored values merged in
+    // (act_args.amax) by the pass that writes them (qt_xent_rows, qt_xent_small).
+    uint64_t dlogits_amax;
 } xent_args;
-QT_STATIC_ASSERT(sizeof(xent_args) == 72, "xent_args layout");
+QT_STATIC_ASSERT(sizeof(xent_args) == 80, "xent_args layout");
 
 // Mean squared error over the first `valid` rows (the rest pad a last partial batch).
 typedef struct mse_args {
@@ -205,8 +220,9 @@ typedef struct mse_args {
     uint32_t rows, cols;
     uint32_t blocks;        // ceil(rows / QT_ACT_ROWS_PER_BLOCK)
     uint32_t pred_dtype, target_dtype, dpred_dtype;
+    uint64_t dpred_amax;    // f32 [1], 0 = none (needs dpred): as xent_args.dlogits_amax
 } mse_args;
-QT_STATIC_ASSERT(sizeof(mse_args) == 72, "mse_args layout");
+QT_STATIC_ASSERT(sizeof(mse_args) == 80, "mse_args layout");
 
 // Result of the global gradient norm (device memory, 16 bytes).
 typedef struct qt_gnorm_result {

@@ -13,6 +13,41 @@ static __device__ void sched_zero_slots(const sched_zero &zero) {
     }
 }
 
+// sched_amax: the block's maximum of the values its threads stored (m, each thread's own) into
+// fold[0], then a ticket; the block that takes the last one stores the grid's maximum to out and
+// leaves both fold words zero for the next launch. Every thread of the block calls it.
+static __device__ void sched_amax_fold(const sched_amax &a, float m) {
+    __shared__ float warp_max[QT_SCHED_THREADS / 32];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+    if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    for (uint32_t w = 0; w < QT_SCHED_THREADS / 32; w++) m = fmaxf(m, warp_max[w]);
+    unsigned int *fold = (unsigned int *)(uintptr_t)a.fold;
+    // Values are >= +0 and never NaN, so the integer order of the bits is the float order.
+    if (m > 0.0f) atomicMax(fold, __float_as_uint(m));
+    __threadfence();  // this block's maximum before its ticket
+    if (atomicAdd(fold + 1, 1u) != gridDim.x - 1) return;
+    __threadfence();  // every other block's maximum, merged before its ticket, is seen
+    *(unsigned int *)(uintptr_t)a.out = atomicExch(fold, 0u);
+    fold[1] = 0u;  // the next launch starts from 0
+}
+
+// max |x| over this thread's words of the copy that hold FP32 inputs (sched_amax.first/count).
+static __device__ __forceinline__ float sched_copy_amax(const sched_amax &a, uint64_t word,
+                                                        uint4 w, float m) {
+    uint64_t first = word * 4 - a.first / 4;  // inputs index of the word's first float
+    if (word * 16 < a.first || first >= a.count) return m;
+    float v[4] = {__uint_as_float(w.x), __uint_as_float(w.y), __uint_as_float(w.z),
+                  __uint_as_float(w.w)};
+#pragma unroll
+    for (uint32_t k = 0; k < 4; k++) {
+        if (first + k < a.count) m = qt_fp8_amax_step(m, v[k]);
+    }
+    return m;
+}
+
 // Every thread reads the counter before any write of this step; nothing in this kernel writes
 // the counter, so there is no race.
 extern "C" __global__ void __launch_bounds__(QT_SCHED_THREADS)
@@ -27,9 +62,13 @@ extern "C" __global__ void __launch_bounds__(QT_SCHED_THREADS)
                            qt_sched_slot_offset(counter, args.dst_slots, args.dst_stride));
     uint64_t words = args.bytes / 16;
     uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    float m = 0.0f;
     for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < words; i += stride) {
-        dst[i] = src[i];
+        uint4 w = src[i];
+        dst[i] = w;
+        if (args.amax.out) m = sched_copy_amax(args.amax, i, w, m);
     }
+    if (args.amax.out) sched_amax_fold(args.amax, m);
 }
 
 // Every thread reads the counter before any write; nothing here writes it. One 16-byte load of
@@ -48,6 +87,7 @@ extern "C" __global__ void __launch_bounds__(QT_SCHED_THREADS)
     const uint8_t *pixels = src + args.inputs_offset;
     float *values = (float *)(dst + args.inputs_offset);
     uint64_t chunks = args.pixels / QT_SCHED_STAGE_CHUNK;
+    uint32_t brightest = 0;  // four byte lanes of maxima, then this thread's largest pixel
     for (uint64_t c = thread; c < chunks; c += stride) {
         uint4 word = *(const uint4 *)(pixels + c * QT_SCHED_STAGE_CHUNK);
         uint32_t w[4] = {word.x, word.y, word.z, word.w};
@@ -58,11 +98,17 @@ extern "C" __global__ void __launch_bounds__(QT_SCHED_THREADS)
                                  qt_sched_pixel((uint8_t)(w[q] >> 8)),
                                  qt_sched_pixel((uint8_t)(w[q] >> 16)),
                                  qt_sched_pixel((uint8_t)(w[q] >> 24)));
+            brightest = __vmaxu4(brightest, w[q]);
         }
     }
+    brightest = max(max(brightest & 0xFFu, (brightest >> 8) & 0xFFu),
+                    max((brightest >> 16) & 0xFFu, brightest >> 24));
     for (uint64_t i = chunks * QT_SCHED_STAGE_CHUNK + thread; i < args.pixels; i += stride) {
         values[i] = qt_sched_pixel(pixels[i]);
+        brightest = max(brightest, (uint32_t)pixels[i]);
     }
+    // The values are x / 255 >= +0, and x / 255 is monotonic: the largest is the brightest's.
+    if (args.amax.out) sched_amax_fold(args.amax, qt_sched_pixel((uint8_t)brightest));
     const uint4 *header = (const uint4 *)src;
     for (uint64_t i = thread; i < args.inputs_offset / 16; i += stride) {
         ((uint4 *)dst)[i] = header[i];

@@ -18,7 +18,8 @@
 //                       crosses PCIe as bytes, a quarter of FP32's)
 //                       Both, as a step's first op, also zero the step's
 //                       amax slots (sched_zero), the same grid striding
-//                       over their words
+//                       over their words, and may store the amax of the
+//                       inputs they write (sched_amax)
 //   qt_sched_record     the step's record into ring[counter % ring_len]    1 block x 32 threads
 //                       (pinned host memory; ptx/trace_record.h's ring
 //                       layout); counter += 1
@@ -49,6 +50,7 @@
 #include "ptx/act.h"           // qt_loss_stats, qt_gnorm_result
 #include "ptx/core.h"          // qt_mix64
 #include "ptx/optim.h"         // optim_state
+#include "ptx/quant_fp8.h"     // qt_fp8_amax_step: the staging ops' amax is the pass's
 #include "ptx/qt_hd.h"
 #include "ptx/trace_record.h"  // qt_trace_record, QT_TRACE_*
 
@@ -66,8 +68,26 @@ typedef struct sched_zero {
 } sched_zero;
 QT_STATIC_ASSERT(sizeof(sched_zero) == 16, "sched_zero layout");
 
+// The amax of the inputs a staging op stores, for the per-tensor cast (current scaling, NVFP4's
+// global amax) of the first linear's input: max |x| over the FP32 values written (NaN skipped,
+// -0 as +0, Inf kept: what qt_fp8_amax would read back), so that the step needs no amax pass
+// over its batch. The slot is written, not merged: the op's own blocks combine their maxima
+// through `fold`, and the block that takes the last ticket stores the maximum and leaves
+// `fold` zero again, as qt_gnorm's fold does (the step's amax slots are being zeroed by this
+// very launch, so a merge into one of them could meet a zeroing block).
+typedef struct sched_amax {
+    uint64_t out;     // f32 [1], written; 0: none
+    uint64_t fold;    // u32 [2]: the blocks' running maximum (bits), their ticket; zero before
+                      // the launch and after it (a persistent region, zero from bind)
+    uint64_t first;   // qt_sched_copy: byte offset of the first FP32 input in the slot, a
+                      // multiple of 16; qt_sched_stage_u8: 0 (the pixels are the inputs)
+    uint64_t count;   // qt_sched_copy: FP32 inputs from there; qt_sched_stage_u8: 0
+} sched_amax;
+QT_STATIC_ASSERT(sizeof(sched_amax) == 32, "sched_amax layout");
+
 typedef struct sched_copy_args {
     sched_zero zero;      // first in both staging ops' args (op_sched_zero sets it in either)
+    sched_amax amax;      // the inputs' amax; out 0 for none
     uint64_t counter;     // u64 device step counter, read
     uint64_t dst, src;    // slot 0 of each side
     uint64_t dst_stride;  // bytes from one slot to the next
@@ -76,12 +96,13 @@ typedef struct sched_copy_args {
     uint32_t dst_slots;   // >= 1: the slot is counter % slots (1: always slot 0)
     uint32_t src_slots;
 } sched_copy_args;
-QT_STATIC_ASSERT(sizeof(sched_copy_args) == 72, "sched_copy_args layout");
+QT_STATIC_ASSERT(sizeof(sched_copy_args) == 104, "sched_copy_args layout");
 
 // Both sides have the parts of runtime/io/data.h's slot layout at the same offsets up to the
 // inputs (the header region, `inputs_offset` bytes); the targets sit at their own offsets.
 typedef struct sched_stage_u8_args {
     sched_zero zero;          // as sched_copy_args.zero
+    sched_amax amax;          // the pixels' FP32 values' amax; out 0 for none
     uint64_t counter;         // u64 device step counter, read
     uint64_t dst, src;        // the device batch; slot 0 of the device slots
     uint64_t src_stride;      // bytes from one slot to the next
@@ -91,10 +112,12 @@ typedef struct sched_stage_u8_args {
     uint32_t targets_bytes;   // a multiple of 16
     uint32_t src_slots;       // >= 1
 } sched_stage_u8_args;
-QT_STATIC_ASSERT(sizeof(sched_stage_u8_args) == 88, "sched_stage_u8_args layout");
+QT_STATIC_ASSERT(sizeof(sched_stage_u8_args) == 120, "sched_stage_u8_args layout");
 QT_STATIC_ASSERT(offsetof(sched_copy_args, zero) == 0 &&
                      offsetof(sched_stage_u8_args, zero) == 0,
                  "the staging ops' zero spans share their place");
+QT_STATIC_ASSERT(offsetof(sched_copy_args, amax) == offsetof(sched_stage_u8_args, amax),
+                 "the staging ops' amaxes share their place");
 
 #define QT_SCHED_STAGE_CHUNK 16u  // pixels per thread step: one 16-byte load, four float4 stores
 
@@ -140,7 +163,8 @@ QT_STATIC_ASSERT(sizeof(sched_inject_args) == 32, "sched_inject_args layout");
     X(KERNEL_SCHED_CHECKSUM, sched, qt_sched_checksum, sched_checksum_args) \
     X(KERNEL_SCHED_INJECT, sched, qt_sched_inject, sched_inject_args)
 
-// An IDX pixel as the model sees it: one IEEE division, correctly rounded.
+// An IDX pixel as the model sees it: one IEEE division, correctly rounded. It is monotonic, so
+// the largest value staged is the largest pixel's: the staging op's amax needs one conversion.
 QT_HD float qt_sched_pixel(uint8_t value) { return (float)value / 255.0f; }
 
 // Byte offsets of this step's slots.

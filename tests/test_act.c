@@ -240,10 +240,11 @@ typedef struct t_case {
 
 // Slots of each kind.
 enum { A_X, A_BIAS, A_DY, A_Y, A_DX, A_Y_AMAX, A_DX_AMAX };
-enum { R_X, R_GAMMA, R_DY, R_Y, R_INV, R_DX, R_DGAMMA, R_WS };
-enum { S_X, S_F, S_Y, S_DY, S_DX, S_DX_ACC };
-enum { X_LOGITS, X_LABELS, X_LOSS, X_DLOGITS, X_WS, X_STATS };
-enum { M_PRED, M_TARGET, M_VALID, M_DPRED, M_WS, M_STATS };
+// The *_AMAX slots: the amax of a stored output (ptx/act.h), +0 before every run.
+enum { R_X, R_GAMMA, R_DY, R_Y, R_INV, R_DX, R_DGAMMA, R_WS, R_Y_AMAX };
+enum { S_X, S_F, S_Y, S_DY, S_DX, S_DX_ACC, S_Y_AMAX };
+enum { X_LOGITS, X_LABELS, X_LOSS, X_DLOGITS, X_WS, X_STATS, X_DLOGITS_AMAX };
+enum { M_PRED, M_TARGET, M_VALID, M_DPRED, M_WS, M_STATS, M_DPRED_AMAX };
 // Eleven gradient regions: two qt_gnorm launches (QT_GNORM_REGIONS = 8 per launch).
 #define T_GNORM_REGIONS 11u
 enum { G_R0, G_R2 = G_R0 + 2, G_WS = G_R0 + T_GNORM_REGIONS, G_TICKET, G_OUT };
@@ -287,13 +288,15 @@ static void t_build_rmsnorm(t_run *run, const t_case *c) {
     t_buf_add(run, R_DGAMMA, "dgamma", T_F32, c->cols, c->misalign);
     t_buf_add(run, R_WS, "workspace", T_F32, op_rmsnorm_workspace_bytes(c->rows, c->cols) / 4,
               0);
+    t_buf_add(run, R_Y_AMAX, "y_amax", T_F32, 1, 0);
     t_fill(run, R_X, c->seed, c->scale, 0, sp);
     t_fill(run, R_GAMMA, c->seed + 1, 0.3, 1.0, false);
     t_fill(run, R_DY, c->seed + 2, 1.0, 0, sp);
     if (c->flags & T_ACCUM) t_fill(run, R_DGAMMA, c->seed + 3, 1.0, 0, false);
     program *p = &run->r.prog;
     RIG_OK(op_rmsnorm_forward(p, "rmsnorm_fwd", c->rows, c->cols, 1e-5f, t_tensor(run, R_X),
-                              t_tensor(run, R_GAMMA), t_tensor(run, R_Y), t_ref(run, R_INV)));
+                              t_tensor(run, R_GAMMA), t_tensor(run, R_Y), t_ref(run, R_INV),
+                              t_ref(run, R_Y_AMAX)));
     op_rmsnorm_grads grads = {t_tensor(run, R_DX), t_ref(run, R_DGAMMA),
                               (c->flags & T_ACCUM) != 0, t_ref(run, R_WS)};
     RIG_OK(op_rmsnorm_backward(p, "rmsnorm_bwd", c->rows, c->cols, t_tensor(run, R_X),
@@ -310,13 +313,14 @@ static void t_build_residual(t_run *run, const t_case *c) {
     t_buf_add(run, S_DY, "dy", c->out_dtype, n, c->misalign);
     t_buf_add(run, S_DX, "dx", c->in_dtype, n, c->misalign);
     t_buf_add(run, S_DX_ACC, "dx_acc", c->in_dtype, n, c->misalign);
+    t_buf_add(run, S_Y_AMAX, "y_amax", T_F32, 1, 0);
     t_fill(run, S_X, c->seed, c->scale, 0, sp);
     t_fill(run, S_F, c->seed + 1, c->scale, 0, sp);
     t_fill(run, S_DY, c->seed + 2, 1.0, 0, sp);
     t_fill(run, S_DX_ACC, c->seed + 3, 1.0, 0, false);
     program *p = &run->r.prog;
     RIG_OK(op_residual_forward(p, "residual_fwd", n, t_tensor(run, S_X), t_tensor(run, S_F),
-                               t_tensor(run, S_Y)));
+                               t_tensor(run, S_Y), t_ref(run, S_Y_AMAX)));
     RIG_OK(op_residual_backward(p, "residual_bwd", n, t_tensor(run, S_DY), t_tensor(run, S_DX),
                                 false));
     RIG_OK(op_residual_backward(p, "residual_bwd_acc", n, t_tensor(run, S_DY),
@@ -378,6 +382,7 @@ static void t_xent_split(t_run *run, const t_case *c) {
     t_use(run, op, offsetof(xent_args, labels), X_LABELS, PROG_READ);
     t_use(run, op, offsetof(xent_args, loss), X_LOSS, PROG_WRITE);
     t_use(run, op, offsetof(xent_args, dlogits), X_DLOGITS, PROG_WRITE);
+    t_use(run, op, offsetof(xent_args, dlogits_amax), X_DLOGITS_AMAX, PROG_READ_WRITE);
     t_use(run, op, offsetof(xent_args, partials), X_WS, PROG_WRITE);
     t_use(run, op, offsetof(xent_args, stats), X_STATS, PROG_READ);
     RIG_OK(prog_append(p, KERNEL_XENT_FINAL, "final", &t_one_block, &args, sizeof args, &op));
@@ -394,6 +399,7 @@ static void t_xent_one_block(t_run *run, const t_case *c) {
     t_use(run, op, offsetof(xent_args, labels), X_LABELS, PROG_READ);
     t_use(run, op, offsetof(xent_args, loss), X_LOSS, PROG_WRITE);
     t_use(run, op, offsetof(xent_args, dlogits), X_DLOGITS, PROG_WRITE);
+    t_use(run, op, offsetof(xent_args, dlogits_amax), X_DLOGITS_AMAX, PROG_READ_WRITE);
     t_use(run, op, offsetof(xent_args, stats), X_STATS, PROG_WRITE);
 }
 
@@ -406,6 +412,7 @@ static void t_mse_one_block(t_run *run, const t_case *c) {
     t_use(run, op, offsetof(mse_args, target), M_TARGET, PROG_READ);
     t_use(run, op, offsetof(mse_args, valid_rows), M_VALID, PROG_READ);
     t_use(run, op, offsetof(mse_args, dpred), M_DPRED, PROG_WRITE);
+    t_use(run, op, offsetof(mse_args, dpred_amax), M_DPRED_AMAX, PROG_READ_WRITE);
     t_use(run, op, offsetof(mse_args, stats), M_STATS, PROG_WRITE);
 }
 
@@ -419,6 +426,7 @@ static void t_mse_split(t_run *run, const t_case *c) {
     t_use(run, op, offsetof(mse_args, target), M_TARGET, PROG_READ);
     t_use(run, op, offsetof(mse_args, valid_rows), M_VALID, PROG_READ);
     t_use(run, op, offsetof(mse_args, dpred), M_DPRED, PROG_WRITE);
+    t_use(run, op, offsetof(mse_args, dpred_amax), M_DPRED_AMAX, PROG_READ_WRITE);
     t_use(run, op, offsetof(mse_args, partials), M_WS, PROG_WRITE);
     RIG_OK(prog_append(p, KERNEL_MSE_FINAL, "final", &t_one_block, &args, sizeof args, &op));
     t_use(run, op, offsetof(mse_args, valid_rows), M_VALID, PROG_READ);
@@ -433,7 +441,10 @@ static void t_build_xent(t_run *run, const t_case *c) {
     t_buf_add(run, X_LOGITS, "logits", c->in_dtype, n, c->misalign);
     t_buf_add(run, X_LABELS, "labels", T_I32, c->rows, c->misalign);
     t_buf_add(run, X_LOSS, "loss", T_F32, c->rows, c->misalign);
-    if (!(c->flags & T_NO_GRAD)) t_buf_add(run, X_DLOGITS, "dlogits", c->out_dtype, n, c->misalign);
+    if (!(c->flags & T_NO_GRAD)) {
+        t_buf_add(run, X_DLOGITS, "dlogits", c->out_dtype, n, c->misalign);
+        t_buf_add(run, X_DLOGITS_AMAX, "dlogits_amax", T_F32, 1, 0);
+    }
     bool split = c->flags & T_SPLIT, one_block = c->flags & T_ONE_BLOCK;
     uint64_t ws_bytes = split ? t_row_blocks(c->rows) * 8ull
                         : one_block ? 0 : op_xent_workspace_bytes(c->rows, c->cols);
@@ -454,7 +465,7 @@ static void t_build_xent(t_run *run, const t_case *c) {
     }
     RIG_OK(op_xent(&run->r.prog, "xent", c->rows, c->cols, t_tensor(run, X_LOGITS),
                    t_ref(run, X_LABELS), t_ref(run, X_LOSS), t_tensor(run, X_DLOGITS),
-                   t_ref(run, X_WS), t_ref(run, X_STATS)));
+                   t_ref(run, X_DLOGITS_AMAX), t_ref(run, X_WS), t_ref(run, X_STATS)));
 }
 
 // With T_IGNORE the valid-row count on the device is about two thirds of the rows.
@@ -464,7 +475,10 @@ static void t_build_mse(t_run *run, const t_case *c) {
     t_buf_add(run, M_PRED, "pred", c->in_dtype, n, c->misalign);
     t_buf_add(run, M_TARGET, "target", c->out_dtype, n, c->misalign);
     if (c->flags & T_IGNORE) t_buf_add(run, M_VALID, "valid_rows", T_U32, 1, c->misalign);
-    if (!(c->flags & T_NO_GRAD)) t_buf_add(run, M_DPRED, "dpred", c->out_dtype, n, c->misalign);
+    if (!(c->flags & T_NO_GRAD)) {
+        t_buf_add(run, M_DPRED, "dpred", c->out_dtype, n, c->misalign);
+        t_buf_add(run, M_DPRED_AMAX, "dpred_amax", T_F32, 1, 0);
+    }
     bool split = c->flags & T_SPLIT, one_block = c->flags & T_ONE_BLOCK;
     uint64_t ws_bytes = split ? t_row_blocks(c->rows) * 4ull
                         : one_block ? 0 : op_mse_workspace_bytes(c->rows, c->cols);
@@ -482,7 +496,7 @@ static void t_build_mse(t_run *run, const t_case *c) {
     }
     RIG_OK(op_mse(&run->r.prog, "mse", c->rows, c->cols, t_tensor(run, M_PRED),
                   t_tensor(run, M_TARGET), t_ref(run, M_VALID), t_tensor(run, M_DPRED),
-                  t_ref(run, M_WS), t_ref(run, M_STATS)));
+                  t_ref(run, M_DPRED_AMAX), t_ref(run, M_WS), t_ref(run, M_STATS)));
 }
 
 // FP32 regions of rows, cols, rows * cols and 1 + seed % 5 elements, then small ones of 1 to 37.
@@ -678,18 +692,25 @@ static float t_act_pre(t_run *run, const t_case *c, uint64_t i, uint64_t col) {
     return (c->flags & T_BIAS) ? v + t_in(run, A_BIAS, col) : v;
 }
 
-// The outputs' amaxes (y of ny elements, dx of nx) are max |stored value|, NaN skipped.
-static void t_check_amaxes(t_run *run, uint64_t ny, uint64_t nx) {
-    static const uint32_t outs[2][2] = {{A_Y, A_Y_AMAX}, {A_DX, A_DX_AMAX}};
-    for (int k = 0; k < 2; k++) {
-        float m = 0.0f;
-        for (uint64_t i = 0; i < (k ? nx : ny); i++) {
-            float v = fabsf(t_out(run, outs[k][0], i));
-            if (v > m) m = v;
-        }
-        float got = t_out(run, outs[k][1], 0);
-        CHECK(t_b(got) == t_b(m), "%s amax %a, want %a", k ? "dx" : "y", got, m);
+// The amax an op merged for its output (slot `out`, its first n elements) from +0 is
+// max |stored value|, NaN skipped, -0 as +0: the bits a separate qt_fp8_amax pass would give.
+// Nothing to check when the case has no such output.
+static void t_check_amax(t_run *run, uint32_t out, uint32_t amax, uint64_t n) {
+    if (run->slot[amax] == T_NONE) return;
+    float m = 0.0f;
+    for (uint64_t i = 0; i < n; i++) {
+        float v = fabsf(t_out(run, out, i));
+        if (v > m) m = v;
     }
+    float got = t_out(run, amax, 0);
+    CHECK(t_b(got) == t_b(m), "%s: amax %a (%08x), want %a (%08x)", t_slot(run, amax)->name, got,
+          t_b(got), m, t_b(m));
+}
+
+// The activations' amaxes (y of ny elements, dx of nx).
+static void t_check_amaxes(t_run *run, uint64_t ny, uint64_t nx) {
+    t_check_amax(run, A_Y, A_Y_AMAX, ny);
+    t_check_amax(run, A_DX, A_DX_AMAX, nx);
 }
 
 static void t_check_act(t_run *run, const t_case *c) {
@@ -998,6 +1019,7 @@ static void t_check_rmsnorm_row(t_run *run, const t_case *c, uint64_t r, double 
 }
 
 static void t_check_rmsnorm(t_run *run, const t_case *c) {
+    t_check_amax(run, R_Y, R_Y_AMAX, (uint64_t)c->rows * c->cols);
     double *ref = calloc(c->cols, sizeof *ref), *abs_sum = calloc(c->cols, sizeof *abs_sum);
     for (uint64_t r = 0; r < c->rows; r++) t_check_rmsnorm_row(run, c, r, ref, abs_sum);
     uint32_t per_part = op_rmsnorm_rows_per_part(c->rows);
@@ -1095,6 +1117,9 @@ static void test_rmsnorm_special_rows(void) {
     CHECK(t_b(t_out(run, R_INV, 4)) == 0, "inv_rms of an Inf row %08x", t_b(t_out(run, R_INV, 4)));
     CHECK(t_b(t_out(run, R_Y, 41)) == 0x7FFFFFFFu, "y at the Inf %08x", t_b(t_out(run, R_Y, 41)));
     CHECK(t_out(run, R_Y, 42) == 0.0f, "y beside the Inf %g", t_out(run, R_Y, 42));
+    // y's amax skips the NaN: the other rows' largest magnitude.
+    t_check_amax(run, R_Y, R_Y_AMAX, 50);
+    CHECK(t_out(run, R_Y_AMAX, 0) > 0.0f, "y amax %g", t_out(run, R_Y_AMAX, 0));
     t_ref_free(run);
     test_end();
 }
@@ -1104,6 +1129,7 @@ static void test_rmsnorm_special_rows(void) {
 
 static void t_check_residual(t_run *run, const t_case *c) {
     uint64_t n = (uint64_t)c->rows * c->cols;
+    t_check_amax(run, S_Y, S_Y_AMAX, n);
     uint32_t bad = 0;
     for (uint64_t i = 0; i < n; i++) {
         float y = t_in(run, S_X, i) + t_in(run, S_F, i);
@@ -1228,6 +1254,7 @@ static double t_check_xent_row(t_run *run, const t_case *c, uint64_t r, double v
 // Stats: valid and correct exact; loss_sum within the rows' bounds plus the reduction's chain
 // (8 rows, the final pass's fold and two trees: about 40 + blocks / 256 roundings).
 static void t_check_xent(t_run *run, const t_case *c) {
+    t_check_amax(run, X_DLOGITS, X_DLOGITS_AMAX, (uint64_t)c->rows * c->cols);
     uint32_t valid = 0, correct = 0;
     for (uint64_t r = 0; r < c->rows; r++) valid += t_label(run, r, c->cols) >= 0;
     double sum = 0, tol = 0;
@@ -1308,6 +1335,10 @@ static void test_xent_special(void) {
           t_b(t_out(run, X_LOSS, 0)));
     CHECK(t_word(run, X_STATS, 0) == 0x7FFFFFFFu && t_word(run, X_STATS, 1) == 0x7FFFFFFFu,
           "NaN mean %08x sum %08x", t_word(run, X_STATS, 0), t_word(run, X_STATS, 1));
+    // The NaN row's gradients are NaN; their amax is the other row's (NaN skipped).
+    t_check_amax(run, X_DLOGITS, X_DLOGITS_AMAX, 6);
+    CHECK(t_out(run, X_DLOGITS_AMAX, 0) > 0.0f, "dlogits amax %g",
+          t_out(run, X_DLOGITS_AMAX, 0));
     t_ref_free(run);
 
     // Every row ignored (one holds a NaN, which must not leak): nothing valid, mean +0, all
@@ -1331,6 +1362,7 @@ static void test_xent_special(void) {
 // dsum <= u (D + 43 + blocks / 256) sum d^2; the mean adds the roundings of n and the division.
 // dpred = RN(2 RN(p - t) / RN(n)): 3u of itself. Doubled in the checks.
 static void t_check_mse(t_run *run, const t_case *c) {
+    t_check_amax(run, M_DPRED, M_DPRED_AMAX, (uint64_t)c->rows * c->cols);
     uint32_t valid = (c->flags & T_IGNORE) ? c->rows - c->rows / 3 : c->rows;
     double n = (double)valid * c->cols, sum = 0;
     for (uint64_t r = 0; r < c->rows; r++) {
@@ -1679,12 +1711,14 @@ static void t_compare_loss_forms(const t_case *c, backend_kind kind, const char 
     split.flags |= T_SPLIT;
     t_run *one = t_run_on(&one_block, kind), *two = t_run_on(&split, kind);
     QT_ASSERT(one && two);
-    static const uint32_t xent_slots[] = {X_LOGITS, X_LABELS, X_LOSS, X_DLOGITS, X_STATS};
-    static const uint32_t mse_slots[] = {M_PRED, M_TARGET, M_VALID, M_DPRED, M_STATS};
+    static const uint32_t xent_slots[] = {X_LOGITS, X_LABELS, X_LOSS, X_DLOGITS, X_STATS,
+                                          X_DLOGITS_AMAX};
+    static const uint32_t mse_slots[] = {M_PRED, M_TARGET, M_VALID, M_DPRED, M_STATS,
+                                         M_DPRED_AMAX};
     const uint32_t *slots = c->kind == T_KIND_XENT ? xent_slots : mse_slots;
     char what[160];
     snprintf(what, sizeof what, "%s %s", label, c->name);
-    for (uint32_t i = 0; i < 5; i++) {
+    for (uint32_t i = 0; i < 6; i++) {
         if (one->slot[slots[i]] == T_NONE) continue;
         t_compare_buf(what, t_slot(one, slots[i]), t_slot(two, slots[i]), c->cols);
     }

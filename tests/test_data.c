@@ -1196,10 +1196,9 @@ static void test_fashion_mnist(void) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The step's staging op (qt_sched_stage_u8): a slot of u8 pixels becomes the FP32 device batch.
-
-#define STAGE_ROWS 5u
-#define STAGE_STRIDE 13u  // 65 pixels: four 16-pixel chunks and a tail of one
+// The step's staging ops (qt_sched_stage_u8, qt_sched_copy): a slot of u8 pixels becomes the
+// FP32 device batch, or FP32 inputs are copied; the step's amax slots zeroed; the staged inputs'
+// amax stored (sched_amax).
 
 // The step's amax slots that a staging op zeroes (op_sched_zero): SLOT_WORDS words of a region
 // one word larger on both sides, filled with a pattern before the run.
@@ -1229,108 +1228,199 @@ static void slots_check(rig *r, arena_handle slots) {
     }
 }
 
-// Runs the op on slot 1 of two (counter 1) on an open rig and checks the batch against the slot
-// byte by byte: the header region and the labels copied, every pixel b as the float
-// (float)b / 255 computed here; and the amax slots it zeroes. Closes the rig.
-static void stage_case(rig *rp) {
+// The staged inputs' amax (op_sched_amax): its output word and the fold's two words, which are
+// zero before the first launch (as at bind) and must be after every launch.
+typedef struct stage_amax {
+    arena_handle out, fold;
+    op_sched_amax desc;
+} stage_amax;
+
+static void stage_amax_plan(rig *r, stage_amax *a, uint64_t first, uint64_t count) {
+    a->out = rig_reserve(r, "stage_amax", 16);
+    a->fold = rig_reserve(r, "stage_fold", 16);
+    a->desc = (op_sched_amax){rig_ref(r, a->out, 0), rig_ref(r, a->fold, 0), first, count};
+}
+
+// Before a launch: the output holds a stale value (a run that skipped its store would show it).
+static void stage_amax_poison(rig *r, const stage_amax *a) {
+    uint32_t stale = 0x7F7FFFFFu;
+    RIG_OK(backend_write(&r->be, rig_ref(r, a->out, 0), &stale, 4));
+}
+
+// After a launch: the output is `want`'s bits (max |x| over the FP32 inputs as stored, NaN
+// skipped), the fold is zero again.
+static void stage_amax_check(rig *r, const stage_amax *a, float want, const char *what) {
+    uint32_t got, fold[2];
+    RIG_OK(backend_read(&r->be, &got, rig_ref(r, a->out, 0), 4));
+    RIG_OK(backend_read(&r->be, fold, rig_ref(r, a->fold, 0), 8));
+    CHECK(got == qt_f32_bits(want), "%s %s: inputs' amax %08x, want %08x (%a)",
+          r->be.info.name, what, got, qt_f32_bits(want), (double)want);
+    CHECK(fold[0] == 0 && fold[1] == 0, "%s %s: the fold is left at %08x %08x",
+          r->be.info.name, what, fold[0], fold[1]);
+}
+
+// max |v| over n FP32 values (bytes, any alignment), NaN skipped: qt_fp8_amax's rule.
+static float stage_amax_of(const uint8_t *values, uint64_t n) {
+    float m = 0.0f;
+    for (uint64_t i = 0; i < n; i++) {
+        float v;
+        memcpy(&v, values + 4 * i, 4);
+        v = fabsf(v);
+        if (v > m) m = v;
+    }
+    return m;
+}
+
+typedef struct stage_shape {
+    uint32_t rows, stride;
+    const char *label;
+} stage_shape;
+
+// Runs the op on slot 1 of two (counter 1), then on slot 0 (counter 2), on an open rig and
+// checks the batch against the slot byte by byte each time: the header region and the labels
+// copied, every pixel b as the float (float)b / 255 computed here; the amax slots it zeroes;
+// the stored inputs' amax (pixels below 251 but for one 251 planted at the end in one slot and
+// in the middle in the other). Closes the rig.
+static void stage_case(rig *rp, const stage_shape *sh) {
     rig *r = rp;
     data_info info = {0};
-    info.features = 11;
+    info.features = sh->stride - 2;
     info.outputs = 10;
     info.input_type = DATA_INPUT_U8;
     info.target_type = DATA_TARGET_LABEL;
-    data_slot_layout slot = data_slot_plan(&info, STAGE_ROWS, STAGE_STRIDE);
-    data_slot_layout batch = data_batch_plan(&info, STAGE_ROWS, STAGE_STRIDE);
+    data_slot_layout slot = data_slot_plan(&info, sh->rows, sh->stride);
+    data_slot_layout batch = data_batch_plan(&info, sh->rows, sh->stride);
+    uint32_t pixels = sh->rows * sh->stride;
     arena_handle counter = rig_reserve(r, "counter", 8);
     arena_handle src = rig_reserve(r, "slots", 2 * slot.bytes);
     arena_handle dst = rig_reserve(r, "batch", batch.bytes);
+    stage_amax amax;
+    stage_amax_plan(r, &amax, 0, 0);
     op_sched_stage_desc d = {0};
     d.counter = rig_ref(r, counter, 0);
     d.dst = rig_ref(r, dst, 0);
     d.src = (op_sched_slots){rig_ref(r, src, 0), slot.bytes, 2};
     d.dst_bytes = batch.bytes;
     d.src_bytes = slot.bytes;
-    d.pixels = STAGE_ROWS * STAGE_STRIDE;
+    d.pixels = pixels;
     d.inputs_offset = slot.inputs_offset;
     d.src_targets_offset = slot.targets_offset;
     d.dst_targets_offset = batch.targets_offset;
     d.targets_bytes = (uint32_t)(slot.bytes - slot.targets_offset);
+    d.amax = &amax.desc;
     RIG_OK(op_sched_stage_u8(&r->prog, "stage", &d));
     arena_handle zeroed = slots_zeroed_by(r, r->prog.op_count - 1);
     rig_bind(r);
-    static uint8_t slots[2 * 1024], out[2048];
+    static uint8_t slots[2 * 16384], out[65536];
     QT_ASSERT(2 * slot.bytes <= sizeof slots && batch.bytes <= sizeof out);
-    uint64_t one = 1;
     for (uint64_t i = 0; i < 2 * slot.bytes; i++) slots[i] = (uint8_t)(qt_mix64(i) >> 7);
-    RIG_OK(backend_write(&r->be, rig_ref(r, counter, 0), &one, 8));
+    for (uint32_t k = 0; k < 2; k++) {
+        uint8_t *in = slots + k * slot.bytes + slot.inputs_offset;
+        for (uint32_t i = 0; i < pixels; i++) in[i] %= 251;
+        in[k ? pixels - 1 : pixels / 2] = 251;
+    }
     RIG_OK(backend_write(&r->be, rig_ref(r, src, 0), slots, 2 * slot.bytes));
-    slots_fill(r, zeroed);
-    RIG_OK(backend_run(&r->be, &r->prog));
-    slots_check(r, zeroed);
-    RIG_OK(backend_read(&r->be, out, rig_ref(r, dst, 0), batch.bytes));
-    const uint8_t *s1 = slots + slot.bytes;
-    CHECK(memcmp(out, s1, slot.inputs_offset) == 0, "%s: header region differs",
-          r->be.info.name);
-    CHECK(memcmp(out + batch.targets_offset, s1 + slot.targets_offset, STAGE_ROWS * 4) == 0,
-          "%s: labels differ", r->be.info.name);
-    for (uint32_t i = 0; i < STAGE_ROWS * STAGE_STRIDE; i++) {
-        float expected = (float)s1[slot.inputs_offset + i] / 255.0f, got;
-        memcpy(&got, out + batch.inputs_offset + 4 * i, 4);
-        CHECK(memcmp(&got, &expected, 4) == 0, "%s: pixel %u (%u) became %a, expected %a",
-              r->be.info.name, i, s1[slot.inputs_offset + i], (double)got, (double)expected);
+    for (uint64_t step = 1; step <= 2; step++) {
+        RIG_OK(backend_write(&r->be, rig_ref(r, counter, 0), &step, 8));
+        slots_fill(r, zeroed);
+        stage_amax_poison(r, &amax);
+        RIG_OK(backend_run(&r->be, &r->prog));
+        slots_check(r, zeroed);
+        RIG_OK(backend_read(&r->be, out, rig_ref(r, dst, 0), batch.bytes));
+        const uint8_t *s1 = slots + (step % 2) * slot.bytes;
+        CHECK(memcmp(out, s1, slot.inputs_offset) == 0, "%s: header region differs",
+              r->be.info.name);
+        CHECK(memcmp(out + batch.targets_offset, s1 + slot.targets_offset, sh->rows * 4) == 0,
+              "%s: labels differ", r->be.info.name);
+        uint32_t bad = 0;
+        for (uint32_t i = 0; i < pixels; i++) {
+            float expected = (float)s1[slot.inputs_offset + i] / 255.0f, got;
+            memcpy(&got, out + batch.inputs_offset + 4 * i, 4);
+            if (memcmp(&got, &expected, 4) != 0 && bad++ < 4) {
+                CHECK(false, "%s: pixel %u (%u) became %a, expected %a", r->be.info.name, i,
+                      s1[slot.inputs_offset + i], (double)got, (double)expected);
+            }
+        }
+        CHECK(bad == 0, "%s: %u pixels differ", r->be.info.name, bad);
+        stage_amax_check(r, &amax, stage_amax_of(out + batch.inputs_offset, pixels),
+                         sh->label);
     }
     rig_close(r);
 }
 
-// qt_sched_copy as a step's first op: slot 1 of three (counter 4) into the batch, and the amax
-// slots zeroed. Closes the rig.
+// qt_sched_copy as a step's first op: slot 1 of three (counter 4), then slot 2 (counter 5), into
+// the batch, the amax slots zeroed and the amax of the FP32 inputs in the middle of the slot
+// (random bit patterns: NaNs, infinities and subnormals among them) stored. Closes the rig.
 static void stage_copy_case(rig *r) {
-    enum { COPY_BYTES = 4096 + 48 };  // a grid of more than one block, and a tail
+    enum { COPY_BYTES = 16 * 4096 + 48 };  // a grid of 17 blocks, and a tail
+    enum { FIRST = 48, COUNT = (COPY_BYTES - FIRST - 16) / 4 };
     arena_handle counter = rig_reserve(r, "counter", 8);
     arena_handle src = rig_reserve(r, "slots", 3 * COPY_BYTES);
     arena_handle dst = rig_reserve(r, "batch", COPY_BYTES);
+    stage_amax amax;
+    stage_amax_plan(r, &amax, FIRST, COUNT);
     op_sched_slots to = {rig_ref(r, dst, 0), 0, 1};
     op_sched_slots from = {rig_ref(r, src, 0), COPY_BYTES, 3};
-    RIG_OK(op_sched_copy(&r->prog, "stage", rig_ref(r, counter, 0), to, from, COPY_BYTES));
+    RIG_OK(op_sched_copy(&r->prog, "stage", rig_ref(r, counter, 0), to, from, COPY_BYTES,
+                         &amax.desc));
     arena_handle zeroed = slots_zeroed_by(r, r->prog.op_count - 1);
     rig_bind(r);
     static uint8_t slots[3 * COPY_BYTES], out[COPY_BYTES];
     for (uint64_t i = 0; i < sizeof slots; i++) slots[i] = (uint8_t)(qt_mix64(i + 5) >> 9);
-    uint64_t four = 4;
-    RIG_OK(backend_write(&r->be, rig_ref(r, counter, 0), &four, 8));
+    // Slot 1's first input is -Inf (its amax +Inf); slot 2's word just past the range is +Inf,
+    // which must not count. Every other word is a random bit pattern.
+    float minus_inf = -INFINITY, inf = INFINITY;
+    memcpy(slots + COPY_BYTES + FIRST, &minus_inf, 4);
+    for (uint32_t i = 0; i < COUNT; i++) {  // no infinity in slot 2's range
+        uint8_t *exponent = slots + 2 * COPY_BYTES + FIRST + 4 * i + 3;
+        if ((*exponent & 0x7F) == 0x7F) *exponent &= 0xFE;
+    }
+    memcpy(slots + 2 * COPY_BYTES + FIRST + 4 * COUNT, &inf, 4);
     RIG_OK(backend_write(&r->be, rig_ref(r, src, 0), slots, sizeof slots));
-    slots_fill(r, zeroed);
-    RIG_OK(backend_run(&r->be, &r->prog));
-    slots_check(r, zeroed);
-    RIG_OK(backend_read(&r->be, out, rig_ref(r, dst, 0), sizeof out));
-    CHECK(memcmp(out, slots + COPY_BYTES, COPY_BYTES) == 0, "%s: the batch is not slot 1",
-          r->be.info.name);
+    for (uint64_t step = 4; step <= 5; step++) {
+        RIG_OK(backend_write(&r->be, rig_ref(r, counter, 0), &step, 8));
+        slots_fill(r, zeroed);
+        stage_amax_poison(r, &amax);
+        RIG_OK(backend_run(&r->be, &r->prog));
+        slots_check(r, zeroed);
+        RIG_OK(backend_read(&r->be, out, rig_ref(r, dst, 0), sizeof out));
+        const uint8_t *slot = slots + (step % 3) * COPY_BYTES;
+        CHECK(memcmp(out, slot, COPY_BYTES) == 0, "%s: the batch is not slot %u",
+              r->be.info.name, (unsigned)(step % 3));
+        stage_amax_check(r, &amax, stage_amax_of(slot + FIRST, COUNT), "copy");
+    }
     rig_close(r);
 }
+
+// Rows of 13 pixels (four 16-pixel chunks and a tail of one, one block), and 300 rows of 29
+// (three blocks, the planted maximum in the last one or in the middle).
+static const stage_shape stage_shapes[] = {{5, 13, "5x13"}, {300, 29, "300x29"}};
 
 static void test_stage_u8(void) {
     static rig r;
     const char *why = NULL;
-    rig_open(&r, BACKEND_REF, &why);
-    test_begin("stage_u8_ref");
-    stage_case(&r);
-    test_end();
-    rig_open(&r, BACKEND_REF, &why);
-    test_begin("stage_copy_zeroes_amax_slots_ref");
-    stage_copy_case(&r);
-    test_end();
-    if (!rig_open(&r, BACKEND_GPU, &why)) {
-        test_skip("stage_u8_gpu", why);
-        test_skip("stage_copy_zeroes_amax_slots_gpu", why);
-        return;
+    for (int kind = 0; kind < 2; kind++) {
+        const char *suffix = kind ? "gpu" : "ref";
+        char u8_name[64], copy_name[64];
+        snprintf(u8_name, sizeof u8_name, "stage_u8_and_its_amax_%s", suffix);
+        snprintf(copy_name, sizeof copy_name, "stage_copy_zeroes_amax_slots_and_takes_amax_%s",
+                 suffix);
+        if (!rig_open(&r, kind ? BACKEND_GPU : BACKEND_REF, &why)) {
+            test_skip(u8_name, why);
+            test_skip(copy_name, why);
+            continue;
+        }
+        test_begin(u8_name);
+        for (size_t i = 0; i < sizeof stage_shapes / sizeof stage_shapes[0]; i++) {
+            if (i > 0) rig_open(&r, kind ? BACKEND_GPU : BACKEND_REF, &why);
+            stage_case(&r, &stage_shapes[i]);
+        }
+        test_end();
+        rig_open(&r, kind ? BACKEND_GPU : BACKEND_REF, &why);
+        test_begin(copy_name);
+        stage_copy_case(&r);
+        test_end();
     }
-    test_begin("stage_u8_gpu");
-    stage_case(&r);
-    test_end();
-    rig_open(&r, BACKEND_GPU, &why);
-    test_begin("stage_copy_zeroes_amax_slots_gpu");
-    stage_copy_case(&r);
-    test_end();
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1047,16 +1047,22 @@ static void slots_text(const char *path, const char *scheme, char *out, size_t b
 
 // Ops of kernels that zero amaxes of their own (the slots' first op and the optimizer's begin
 // take them all) in the train, eval and infer programs.
-static uint32_t slots_zero_ops(const run *r) {
+// Ops of the given kernels in the program of `mode` (0 when the run has none).
+static uint32_t slots_count_ops(const run *r, int mode, const kernel_id *kernels,
+                                uint32_t count) {
     uint32_t n = 0;
-    for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
-        const program *p = &r->programs[mode];
-        for (uint32_t i = 0; r->model.modes[mode] && i < p->op_count; i++) {
-            kernel_id k = p->ops[i].kernel;
-            n += k == KERNEL_FP8_AMAX_ZERO || k == KERNEL_NVFP4_AMAX_ZERO ||
-                 k == KERNEL_OPTIM_AMAX_ZERO;
-        }
+    const program *p = &r->programs[mode];
+    for (uint32_t i = 0; r->model.modes[mode] && i < p->op_count; i++) {
+        for (uint32_t k = 0; k < count; k++) n += p->ops[i].kernel == kernels[k];
     }
+    return n;
+}
+
+static uint32_t slots_zero_ops(const run *r) {
+    static const kernel_id zeroing[] = {KERNEL_FP8_AMAX_ZERO, KERNEL_NVFP4_AMAX_ZERO,
+                                        KERNEL_OPTIM_AMAX_ZERO};
+    uint32_t n = 0;
+    for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) n += slots_count_ops(r, mode, zeroing, 3);
     return n;
 }
 
@@ -1081,12 +1087,25 @@ static uint32_t slots_poison(run *r, backend *b) {
     return filled;
 }
 
-// Runs the text's schedule step by step into `trace` (checksums every train step), with the
-// slots poisoned before every step or not; *regions: the slot regions the run has, *zero_ops:
-// slots_zero_ops. False (with *why) when the backend cannot be opened.
-static bool slots_run(const char *text, backend_kind kind, bool eager, bool poison,
-                      const char *trace, uint32_t *regions, uint32_t *zero_ops,
-                      const char **why) {
+// How slots_run runs a recipe, and what it saw.
+typedef struct slots_setup {
+    backend_kind kind;
+    bool eager;
+    bool poison;       // the slots filled with SLOTS_POISON before every step
+    bool amax_passes;  // run_options.amax_passes: no producer takes an amax
+} slots_setup;
+
+typedef struct slots_seen {
+    uint32_t regions;                   // the slot regions the run has (when poisoned)
+    uint32_t zero_ops;                  // slots_zero_ops
+    uint32_t passes[MODEL_MODE_COUNT];  // each program's amax passes (qt_fp8_amax, qt_nvfp4_amax)
+} slots_seen;
+
+// Runs the text's schedule step by step into `trace` (checksums every train step) as `su` says.
+// False (with *why) when the backend cannot be opened.
+static bool slots_run(const char *text, const slots_setup *su, const char *trace,
+                      slots_seen *seen, const char **why) {
+    backend_kind kind = su->kind;
     static backend b;
     memset(&b, 0, sizeof b);
     if (kind == BACKEND_GPU && backend_open_gpu(&b, 0) != QT_OK) {
@@ -1098,7 +1117,8 @@ static bool slots_run(const char *text, backend_kind kind, bool eager, bool pois
     run_options o = {0};
     o.trace_path = trace;
     o.checksum_every = 1;
-    o.eager = eager;
+    o.eager = su->eager;
+    o.amax_passes = su->amax_passes;
     uint64_t dev_bytes = 0, host_bytes = 0, steps[MODEL_MODE_COUNT];
     void *dev = NULL, *host = NULL, *data = NULL;
     qt_status st = recipe_parse(text, strlen(text), "slots.recipe", &the_recipe);
@@ -1113,13 +1133,17 @@ static bool slots_run(const char *text, backend_kind kind, bool eager, bool pois
         st = run_load(&the_run, data, run_data_bytes(&the_run));
     }
     if (st == QT_OK) st = run_bind(&the_run, &b, dev, host);
-    *regions = 0;
-    *zero_ops = st == QT_OK ? slots_zero_ops(&the_run) : 0;
+    memset(seen, 0, sizeof *seen);
+    static const kernel_id passes[] = {KERNEL_FP8_AMAX, KERNEL_NVFP4_AMAX};
+    for (int mode = 0; st == QT_OK && mode < MODEL_MODE_COUNT; mode++) {
+        seen->passes[mode] = slots_count_ops(&the_run, mode, passes, 2);
+    }
+    seen->zero_ops = st == QT_OK ? slots_zero_ops(&the_run) : 0;
     for (;;) {
         if (st != QT_OK) break;
         run_steps_left(&the_run, steps);
         if (steps[0] + steps[1] + steps[2] == 0) break;
-        if (poison) *regions = slots_poison(&the_run, &b);
+        if (su->poison) seen->regions = slots_poison(&the_run, &b);
         sched_summary sum;
         st = run_step(&the_run, NULL, NULL, &sum);
     }
@@ -1150,24 +1174,145 @@ static void test_amax_slots(backend_kind kind, const char *path, const char *sch
     trace_path(clean, sizeof clean, "slots_clean");
     trace_path(poisoned, sizeof poisoned, "slots_poisoned");
     trace_path(eager, sizeof eager, "slots_eager");
-    uint32_t regions = 0, zero_ops = 0;
+    slots_seen seen;
     const char *why = NULL;
     test_begin(name);
-    if (!slots_run(text, kind, false, false, clean, &regions, &zero_ops, &why)) {
+    slots_setup su = {kind, false, false, false};
+    if (!slots_run(text, &su, clean, &seen, &why)) {
         test_skip(name, why);
         return;
     }
-    CHECK(zero_ops == 0, "%u ops zero amaxes of their own", zero_ops);
-    slots_run(text, kind, false, true, poisoned, &regions, &zero_ops, &why);
+    CHECK(seen.zero_ops == 0, "%u ops zero amaxes of their own", seen.zero_ops);
+    su.poison = true;
+    slots_run(text, &su, poisoned, &seen, &why);
     // train, eval and infer: each has slots.
-    CHECK(regions == 3, "%u programs with amax slots, expected 3", regions);
+    CHECK(seen.regions == 3, "%u programs with amax slots, expected 3", seen.regions);
     check_identical(clean, poisoned);
     if (kind == BACKEND_GPU) {
-        slots_run(text, kind, true, true, eager, &regions, &zero_ops, &why);
+        su.eager = true;
+        slots_run(text, &su, eager, &seen, &why);
         check_identical(clean, eager);
     }
     test_end();
 }
+
+// ---------------------------------------------------------------------------------------------
+// Producers' amaxes (runtime/model/model_build.c, mb_producer_serves)
+
+// A residual model that puts a producer of every kind in front of a quantized linear: forward,
+// the staging op (the input of `in`), an rmsnorm (of `up`), an activation (of `down`) and a
+// residual end (of `head`); backward, the loss gradient (of `head`), an activation's gradient
+// (of `up`) and a residual begin's sum (of `in`). head's dgrad, a GEMM, leaves down's gradient
+// to a pass of its own. Or a recipe file (path) with the slot runs' schedule.
+typedef struct producer_case {
+    const char *label;
+    const char *path;    // NULL: the residual model
+    const char *scheme;  // the built-in recipe
+    const char *rule;    // the residual model's extra rule line, or ""
+    const char *loss;    // the residual model's: softmax_xent or mse
+    bool idx;            // the residual model's inputs: u8 pixels of IDX files, else FP32
+    // Amax passes of the train, eval and infer programs: with the producers', with none.
+    uint32_t passes[2][MODEL_MODE_COUNT];
+} producer_case;
+
+#define PRODUCER_SIDE 4u  // IDX images 4 x 4: 16 inputs
+#define PRODUCER_EVAL 40u  // eval samples: two batches of 16 and one of 8
+
+static void producer_text(const producer_case *pc, char *out, size_t bytes) {
+    if (pc->path) {
+        slots_text(pc->path, pc->scheme, out, bytes);
+        return;
+    }
+    static char train_source[320], eval_source[320];
+    uint32_t inputs = PRODUCER_SIDE * PRODUCER_SIDE;
+    if (pc->idx) {
+        char images[128], labels[128];
+        tmp_path_copy(images, sizeof images, "producer_train_images");
+        tmp_path_copy(labels, sizeof labels, "producer_train_labels");
+        stage_write_idx(images, labels, 0, 48, PRODUCER_SIDE, PRODUCER_SIDE);
+        snprintf(train_source, sizeof train_source, "idx %s %s", images, labels);
+        tmp_path_copy(images, sizeof images, "producer_eval_images");
+        tmp_path_copy(labels, sizeof labels, "producer_eval_labels");
+        stage_write_idx(images, labels, 48, PRODUCER_EVAL, PRODUCER_SIDE, PRODUCER_SIDE);
+        snprintf(eval_source, sizeof eval_source, "idx %s %s", images, labels);
+    } else {
+        bool classes = strcmp(pc->loss, "softmax_xent") == 0;
+        const char *kind = classes ? "classes" : "teacher";
+        const char *outputs = classes ? "classes" : "outputs";
+        snprintf(train_source, sizeof train_source,
+                 "synthetic %s inputs=%u %s=%u samples=256 seed=3", kind, inputs, outputs,
+                 STAGE_OUTPUTS);
+        snprintf(eval_source, sizeof eval_source, "synthetic %s inputs=%u %s=%u samples=%u seed=4",
+                 kind, inputs, outputs, STAGE_OUTPUTS, PRODUCER_EVAL);
+    }
+    snprintf(out, bytes,
+             "[model]\ninput = %u\nlayer = linear in 32\nlayer = residual begin\n"
+             "layer = rmsnorm\nlayer = linear up 64 bias\nlayer = gelu\nlayer = linear down 32\n"
+             "layer = residual end\nlayer = linear head %u\nloss = %s\n"
+             "[quant]\nrecipe = %s\n%s\n[optim]\nadamw lr=1e-2 wd=0.01 clip=1.0\n"
+             "[data]\ntrain = %s\neval = %s\nbatch = 16\nseed = 11\n"
+             "[schedule]\ntrain 12\neval all\ninfer 2\ntrain 3\neval 2\n",
+             inputs, STAGE_OUTPUTS, pc->loss, pc->scheme, pc->rule, train_source, eval_source);
+}
+
+// A run whose producers take the amaxes that the casts after them read gives the trace of a run
+// whose every amax comes from a pass of its own (run_options.amax_passes), byte for byte,
+// checksums of every weight, master, optimizer and scaling region after every train step
+// included, with the passes the case expects (fewer); on the GPU an eager run gives the graph
+// run's trace too.
+static void test_producer_amax(backend_kind kind, const producer_case *pc) {
+    char name[96];
+    snprintf(name, sizeof name, "%sproducer_amaxes_match_separate_passes_%s",
+             kind == BACKEND_GPU ? "gpu_" : "", pc->label);
+    static char text[RECIPE_TEXT_MAX];
+    producer_text(pc, text, sizeof text);
+    char merged[128], passes[128], eager[128];
+    trace_path(merged, sizeof merged, "producer_merged");
+    trace_path(passes, sizeof passes, "producer_passes");
+    trace_path(eager, sizeof eager, "producer_eager");
+    slots_seen seen[2];
+    const char *why = NULL;
+    test_begin(name);
+    slots_setup su = {kind, false, false, false};
+    if (!slots_run(text, &su, merged, &seen[0], &why)) {
+        test_skip(name, why);
+        return;
+    }
+    su.amax_passes = true;
+    slots_run(text, &su, passes, &seen[1], &why);
+    check_identical(passes, merged);
+    static const char *const way[2] = {"producers", "passes"};
+    for (int w = 0; w < 2; w++) {
+        for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
+            CHECK(seen[w].passes[mode] == pc->passes[w][mode], "%s, %s program: %u amax "
+                  "passes, expected %u", way[w], model_mode_name((model_mode)mode),
+                  seen[w].passes[mode], pc->passes[w][mode]);
+        }
+    }
+    if (kind == BACKEND_GPU) {
+        su.amax_passes = false;
+        su.eager = true;
+        slots_run(text, &su, eager, &seen[0], &why);
+        check_identical(merged, eager);
+    }
+    test_end();
+}
+
+// Current scaling: every producer serves (head's dgrad, a GEMM, does not); NVFP4 with RHT:
+// eval and infer only (training stores RHT columnwise copies, whose amax is the transform's);
+// NVFP4 without RHT: as current scaling; an moe layer in a residual block, whose own producers
+// (gather, grouped activations, combine backward) are switched off too (the experts' stacked
+// weights keep their passes after the optimizer either way).
+static const producer_case producer_cases[] = {
+    {"current_xent_fp32", NULL, "current", "", "softmax_xent", false, {{1, 0, 0}, {8, 4, 4}}},
+    {"current_mse_fp32", NULL, "current", "", "mse", false, {{1, 0, 0}, {8, 4, 4}}},
+    {"current_xent_u8", NULL, "current", "", "softmax_xent", true, {{1, 0, 0}, {8, 4, 4}}},
+    {"nvfp4_rht", NULL, "nvfp4", "", "softmax_xent", false, {{8, 0, 0}, {8, 4, 4}}},
+    {"nvfp4_no_rht", NULL, "nvfp4", "rule = linear.*@* -> nvfp4 rht=0", "softmax_xent", false,
+     {{1, 0, 0}, {8, 4, 4}}},
+    {"moe_current", "tests/recipes/synthetic_moe.recipe", "current", "", "", false,
+     {{2, 0, 0}, {10, 4, 4}}},
+};
 
 // ---------------------------------------------------------------------------------------------
 // GPU
@@ -1454,6 +1599,9 @@ int main(void) {
         TEST_UNIT(test_amax_slots(BACKEND_REF, slot_cases[i][0], slot_cases[i][1],
                                   slot_cases[i][2]));
     }
+    for (size_t i = 0; i < sizeof producer_cases / sizeof producer_cases[0]; i++) {
+        TEST_UNIT(test_producer_amax(BACKEND_REF, &producer_cases[i]));
+    }
     for (size_t i = 0; i < SCHEMES_COUNT; i++) {
         TEST_UNIT(test_gpu_eager_graph("tests/recipes/synthetic_tiny.recipe", schemes[i],
                                        schemes[i]));
@@ -1473,6 +1621,9 @@ int main(void) {
     for (size_t i = 0; i < sizeof slot_cases / sizeof slot_cases[0]; i++) {
         TEST_UNIT(test_amax_slots(BACKEND_GPU, slot_cases[i][0], slot_cases[i][1],
                                   slot_cases[i][2]));
+    }
+    for (size_t i = 0; i < sizeof producer_cases / sizeof producer_cases[0]; i++) {
+        TEST_UNIT(test_producer_amax(BACKEND_GPU, &producer_cases[i]));
     }
     tmp_dir_remove();
     return test_exit_code();

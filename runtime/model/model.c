@@ -23,6 +23,7 @@ QT_STATIC_ASSERT(QT_TRACE_QUANTIZERS_MAX >= MODEL_QUANTIZERS_MAX, "trace records
 
 bool model_region_saved(const model *m, arena_handle h) {
     if (h == m->io.staged) return false;
+    if (m->io.has_stage_fold && h == m->io.stage_fold) return false;  // zero between steps
     return !(m->modes[MODEL_MODE_TRAIN] && h == m->io.optim_table);
 }
 
@@ -776,6 +777,7 @@ qt_status model_plan(model *m, const recipe *r, arena *dev, arena *host,
     m->host = host;
     m->batch = options->batch;
     m->emulated_gemm = options->emulated_gemm;
+    m->amax_passes = options->amax_passes;
     m->seed = options->seed;
     m->comm = options->comm;
     m->rank = options->comm ? options->comm->rank : 0;

@@ -225,6 +225,11 @@ typedef struct model_io {
     arena_handle optim_table;    // device: the multi-tensor optimizer's table (op_optim.h),
                                  // written by the init program; holds addresses, so no
                                  // checkpoint holds it
+    // device: u32 [2] of the staging ops' amax fold (op_sched_amax), reserved by the first
+    // program whose staging op takes its inputs' amax; zero from bind on and between launches,
+    // so no checkpoint holds it
+    bool has_stage_fold;
+    arena_handle stage_fold;
     uint32_t lr_row_count;
 } model_io;
 
@@ -256,6 +261,10 @@ typedef struct model_options {
     // Data parallelism (runtime/parallel/parallel.h): this rank's communicator (NULL: one rank);
     // batch is then this rank's share of the global batch.
     const dp_comm *comm;
+    // Every per-tensor amax of a step from a pass of its own over the stored tensor, none taken
+    // by the tensor's producer as it writes (model_build.c, mb_producer_serves): the same bits
+    // with more launches, for tests that compare the two.
+    bool amax_passes;
 } model_options;
 
 // The tensors of one moe layer's forward pass that its backward pass reads.
@@ -314,6 +323,7 @@ typedef struct model {
     uint32_t batch;
     uint64_t seed;
     model_emulated_gemm emulated_gemm;
+    bool amax_passes;             // model_options.amax_passes
     bool modes[MODEL_MODE_COUNT];
     bool classification;          // softmax_xent (else mse)
     uint32_t input_features;      // the dataset's
@@ -354,8 +364,8 @@ typedef struct model {
 
 // Whether a checkpoint keeps persistent device region h (one with bytes): every one but the
 // batch slots (the inputs of steps already done; the loop stages every step's batch before the
-// step reads it) and the optimizer's table (this process's addresses, which the init program
-// writes at every start).
+// step reads it), the staging ops' amax fold (zero between steps) and the optimizer's table
+// (this process's addresses, which the init program writes at every start).
 bool model_region_saved(const model *m, arena_handle h);
 
 // Plans the model of r into the two arenas (both in PLAN, or both counting: the pass that

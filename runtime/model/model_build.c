@@ -205,7 +205,7 @@ static qt_status mb_quantize_fp8(mb *b, const char *name, const model_quantizer 
         prog_ref amax = record_amax ? mb_state_amax(b, mq) : OP_FP8_NONE;
         return op_fp8_cast_delayed(b->p, name, &in, &out, mb_state_scale(b, mq), amax);
     }
-    // A producer that already took x's amax saves the pass over x (mb_current_consumer);
+    // A producer that already took x's amax saves the pass over x (mb_producer_serves);
     // otherwise the pass merges into the store's amax, a slot of the step (zeroed by its first
     // op).
     prog_ref amax = x.amax;
@@ -308,12 +308,18 @@ static qt_status mb_quantize(mb *b, const char *what, const model_quantizer *mq,
         return op_quant_block(b->p, what, x.ref, x.dtype, &t, &o);
     }
     case QT_FORMAT_NVFP4: {
-        QT_ASSERT(!prog_ref_present(x.amax));  // only current scaling's producers take one
         op_nvfp4_input in = {x.ref, x.dtype, x.rows, x.cols, group};
         bool rht = s->colwise && mq->rht;
-        op_nvfp4_amax_out amax = {s->amax_row, rht ? s->amax_col : OP_REF_NONE, rht,
-                                  QT_NVFP4_RHT_SIGNS_TE};
-        QT_TRY(op_nvfp4_amax_merge(b->p, what, &in, &amax));
+        if (prog_ref_present(x.amax)) {
+            // The producer took max |x|, both directions' global amax without RHT
+            // (mb_producer_serves); the GEMMs read it from the store.
+            QT_ASSERT(!rht && group.count == 0);
+            s->amax_row = s->amax_col = x.amax;
+        } else {
+            op_nvfp4_amax_out amax = {s->amax_row, rht ? s->amax_col : OP_REF_NONE, rht,
+                                      QT_NVFP4_RHT_SIGNS_TE};
+            QT_TRY(op_nvfp4_amax_merge(b->p, what, &in, &amax));
+        }
         op_nvfp4_quant q = mb_nvfp4_quant(b, mq, s);
         return op_nvfp4_quantize(b->p, what, &in, &q);
     }
@@ -485,32 +491,49 @@ static uint32_t mb_act_kind(recipe_layer_kind k) {
     return 0;
 }
 
-// Whether the tensor that layer i produces (forward: its output; backward: its input's
-// gradient) is next cast by a per-tensor current-scaling quantizer: the input quantizer of the
-// following linear, or the gradient quantizer of the preceding one, past residual markers that
-// hand the tensor on unchanged. Then the producer takes the amax as it writes, and the cast reads
-// it instead of making its own pass over the tensor.
-static bool mb_current_consumer(const mb *b, uint32_t i, bool backward) {
+// The quantizer that casts next the tensor entering layer j (forward: as its input; backward:
+// as the gradient at its output), past residual markers that hand the tensor on unchanged: the
+// input quantizer of a linear, or the gradient quantizer of one; NULL when another layer takes
+// it first, or none does (past the end, or below the first layer with parameters backward).
+static const model_quantizer *mb_next_cast(const mb *b, int64_t j, bool backward) {
     const model *m = b->m;
     const recipe_model *rm = &m->recipe->model;
     recipe_layer_kind pass = backward ? RECIPE_LAYER_RESIDUAL_END : RECIPE_LAYER_RESIDUAL_BEGIN;
-    uint32_t j = i;
-    do {
-        if (backward ? j <= m->first_param_layer : j + 1 >= rm->layers_count) return false;
-        j = backward ? j - 1 : j + 1;
-    } while (rm->layers[j].kind == pass);
-    if (rm->layers[j].kind != RECIPE_LAYER_LINEAR) return false;
+    for (;; j += backward ? -1 : 1) {
+        if (backward ? j < (int64_t)m->first_param_layer : j >= (int64_t)rm->layers_count) {
+            return NULL;
+        }
+        if (rm->layers[j].kind != pass) break;
+    }
+    if (rm->layers[j].kind != RECIPE_LAYER_LINEAR) return NULL;
     const model_linear *lin = &m->linears[m->layer_linear[j]];
-    const model_quantizer *q = &m->quantizers[backward ? lin->q_grad : lin->q_input];
-    return q->q.scheme == QT_SCHEME_CURRENT;
+    return &m->quantizers[backward ? lin->q_grad : lin->q_input];
 }
 
-// The amax slot "<mode>.<what>.amax" of a producer that mb_current_consumer approved, a slot of
-// the step (zeroed by its first op before the producer merges into it); absent otherwise.
+// Whether the producer of the tensor entering layer j (mb_next_cast) takes the amax that the
+// cast reads, as it writes the tensor, so that the cast makes no pass of its own over it: a
+// per-tensor current-scaling cast, or an NVFP4 one whose global amaxes are both max |x| (no RHT
+// columnwise copy, whose amax is the transform's; forward casts store that copy in training,
+// for wgrad, backward ones always). Never with model.amax_passes.
+static bool mb_producer_serves(const mb *b, int64_t j, bool backward) {
+    if (b->m->amax_passes) return false;
+    const model_quantizer *q = mb_next_cast(b, j, backward);
+    if (q == NULL) return false;
+    if (q->q.scheme == QT_SCHEME_CURRENT) return true;
+    bool colwise = backward || b->train;
+    return q->q.scheme == QT_SCHEME_NVFP4 && !(colwise && q->rht);
+}
+
+// The amax slot "<mode>.<what>.amax" of the tensor that layer i produces (forward: its output;
+// backward: its input's gradient; i = the layer count backward: the loss gradient), when its
+// producer serves the cast that reads it next (mb_producer_serves): a slot of the step, zeroed
+// by its first op before the producer merges into it; absent otherwise.
 static qt_status mb_producer_amax(mb *b, uint32_t i, bool backward, const char *what,
                                   prog_ref *amax) {
     *amax = OP_REF_NONE;
-    if (!mb_current_consumer(b, i, backward)) return QT_OK;
+    if (!mb_producer_serves(b, backward ? (int64_t)i - 1 : (int64_t)i + 1, backward)) {
+        return QT_OK;
+    }
     char prefix[ARENA_NAME_MAX];
     snprintf(prefix, sizeof prefix, "%s.%s", model_mode_name(b->mode), what);
     model_place pl = {b->m->dev, prefix, false, ARENA_CAT_WORKSPACE, &b->amax_slots};
@@ -719,6 +742,7 @@ typedef enum mb_moe_amax_slot {
 
 static bool mb_moe_amax_used(const mb *b, const model_moe *mo, mb_moe_amax_slot slot) {
     const model *m = b->m;
+    if (m->amax_passes) return false;
     const model_linear *fc1 = &m->linears[mo->fc1], *fc2 = &m->linears[mo->fc2];
     if (!b->train && slot >= MB_MOE_AMAX_FC2_DY) return false;  // a gradient's
     uint32_t q = slot == MB_MOE_AMAX_FC1_X    ? fc1->q_input
@@ -875,12 +899,13 @@ static qt_status mb_layer_forward(mb *b, uint32_t i, model_tensor x, model_tenso
                               OP_ACT_NONE, mb_act(*y), y->amax);
     case RECIPE_LAYER_RMSNORM: {
         QT_TRY(mb_tensor(b, what, rows, x.cols, ARENA_CAT_ACTIVATIONS, y));
+        QT_TRY(mb_producer_amax(b, i, false, what, &y->amax));
         snprintf(what, sizeof what, "%s.inv_rms", name);
         QT_TRY(mb_region(b, what, (uint64_t)rows * 4, ARENA_CAT_ACTIVATIONS, &b->inv_rms[i]));
         op_act_tensor gamma = {mb_dev(b, b->m->params[b->m->layer_param[i]].master),
                                QT_DTYPE_F32};
         return op_rmsnorm_forward(b->p, name, rows, x.cols, l->eps, mb_act(x), gamma,
-                                  mb_act(*y), b->inv_rms[i]);
+                                  mb_act(*y), b->inv_rms[i], y->amax);
     }
     case RECIPE_LAYER_RESIDUAL_BEGIN:
         QT_ASSERT(*depth < RECIPE_RESIDUAL_DEPTH_MAX);
@@ -890,8 +915,9 @@ static qt_status mb_layer_forward(mb *b, uint32_t i, model_tensor x, model_tenso
     case RECIPE_LAYER_RESIDUAL_END:
         QT_ASSERT(*depth > 0);
         QT_TRY(mb_tensor(b, what, rows, x.cols, ARENA_CAT_ACTIVATIONS, y));
+        QT_TRY(mb_producer_amax(b, i, false, what, &y->amax));
         return op_residual_forward(b->p, what, (uint64_t)rows * x.cols,
-                                   mb_act(stack[--(*depth)]), mb_act(x), mb_act(*y));
+                                   mb_act(stack[--(*depth)]), mb_act(x), mb_act(*y), y->amax);
     case RECIPE_LAYER_KIND_COUNT: break;
     }
     QT_ASSERT(!"unknown layer kind");
@@ -965,6 +991,12 @@ static qt_status mb_loss(mb *b) {
     if (b->train) {
         QT_TRY(mb_tensor(b, "loss.dy", rows, cols, ARENA_CAT_ACTIVATIONS, &b->dlogits));
         grad = mb_act(b->dlogits);
+        // Several ranks scale the gradient after the loss (op_dp_loss_share): the cast's own
+        // pass then reads the scaled values. "loss#dy": a linear named "loss" has "loss.dy".
+        if (!mb_parallel(b)) {
+            QT_TRY(mb_producer_amax(b, m->recipe->model.layers_count, true, "loss#dy",
+                                    &b->dlogits.amax));
+        }
     }
     // Small losses run in one kernel that needs no workspace (0 bytes).
     uint64_t ws_bytes = m->classification ? op_xent_workspace_bytes(rows, cols)
@@ -972,12 +1004,12 @@ static qt_status mb_loss(mb *b) {
     prog_ref ws = OP_REF_NONE;
     if (ws_bytes) QT_TRY(mb_region(b, "loss.ws", ws_bytes, ARENA_CAT_WORKSPACE, &ws));
     if (m->classification) {
-        QT_TRY(op_xent(b->p, "loss", rows, cols, mb_act(out), b->targets, OP_REF_NONE, grad, ws,
-                       stats));
+        QT_TRY(op_xent(b->p, "loss", rows, cols, mb_act(out), b->targets, OP_REF_NONE, grad,
+                       b->dlogits.amax, ws, stats));
     } else {
         op_act_tensor target = {b->targets, QT_DTYPE_F32};
-        QT_TRY(op_mse(b->p, "loss", rows, cols, mb_act(out), target, b->rows_valid, grad, ws,
-                      stats));
+        QT_TRY(op_mse(b->p, "loss", rows, cols, mb_act(out), target, b->rows_valid, grad,
+                      b->dlogits.amax, ws, stats));
     }
     return mb_parallel(b) ? mb_loss_parallel(b, stats, cols) : QT_OK;
 }
@@ -1232,8 +1264,10 @@ static qt_status mb_layer_backward(mb *b, uint32_t i, model_tensor dy, model_ten
         // very tensor of the branch (an empty block) or of an enclosing block's skip path.
         QT_ASSERT(*depth > 0);
         QT_TRY(mb_tensor(b, what, dy.rows, dy.cols, ARENA_CAT_ACTIVATIONS, dx));
+        QT_TRY(mb_producer_amax(b, i, true, what, &dx->amax));
         return op_residual_forward(b->p, what, (uint64_t)dy.rows * dy.cols,
-                                   mb_act(stack[--(*depth)]), mb_act(dy), mb_act(*dx));
+                                   mb_act(stack[--(*depth)]), mb_act(dy), mb_act(*dx),
+                                   dx->amax);
     case RECIPE_LAYER_KIND_COUNT: break;
     }
     QT_ASSERT(!"unknown layer kind");
@@ -1467,9 +1501,33 @@ static qt_status mb_record(mb *b) {
 // ---------------------------------------------------------------------------------------------
 // Programs
 
+// The staged inputs' amax, when the first linear's cast reads it from the staging op
+// (mb_producer_serves): "<mode>.stage#amax", which the op writes (no slot of the step: those it
+// zeroes in the same launch), folded through the model's "step.stage#fold" ('#' is never part
+// of a recipe's names). *use: NULL when the cast makes its own pass.
+static qt_status mb_stage_amax(mb *b, op_sched_amax *amax, const op_sched_amax **use) {
+    *use = NULL;
+    if (!mb_producer_serves(b, 0, false)) return QT_OK;
+    model *m = b->m;
+    prog_ref ref;
+    if (!m->io.has_stage_fold) {
+        model_place dev = {m->dev, "step", true, ARENA_CAT_WORKSPACE, NULL};
+        QT_TRY(model_region(&dev, "stage#fold", 8, ARENA_CAT_WORKSPACE, &ref));
+        m->io.stage_fold = ref.region;
+        m->io.has_stage_fold = true;
+    }
+    QT_TRY(mb_region(b, "stage#amax", 4, ARENA_CAT_WORKSPACE, &ref));
+    const data_slot_layout *layout = &m->io.batch;
+    *amax = (op_sched_amax){ref, mb_dev(b, m->io.stage_fold), layout->inputs_offset,
+                            (uint64_t)m->batch * layout->stride};
+    *use = amax;
+    return QT_OK;
+}
+
 // The first op of every step: this step's device slot (the counter's parity picks it; the copy
 // engine filled it from the pinned host slot, runtime/schedule/schedule.h) into the program's batch
-// region, a device-to-device pass (IDX pixels become FP32 x / 255 on the way).
+// region, a device-to-device pass (IDX pixels become FP32 x / 255 on the way), which may take
+// the inputs' amax on the way (mb_stage_amax).
 static qt_status mb_begin(mb *b, model *m, program *p, model_mode mode) {
     memset(b, 0, sizeof *b);
     b->m = m;
@@ -1483,6 +1541,9 @@ static qt_status mb_begin(mb *b, model *m, program *p, model_mode mode) {
     prog_ref batch;
     QT_TRY(mb_region(b, "batch", layout->bytes, ARENA_CAT_STAGING, &batch));
     op_sched_slots src = {mb_dev(b, m->io.staged), slot->bytes, MODEL_DEVICE_SLOTS};
+    op_sched_amax amax_desc;
+    const op_sched_amax *amax;
+    QT_TRY(mb_stage_amax(b, &amax_desc, &amax));
     b->stage_op = p->op_count;
     if (slot->input_type == DATA_INPUT_U8) {
         op_sched_stage_desc d = {0};
@@ -1496,13 +1557,17 @@ static qt_status mb_begin(mb *b, model *m, program *p, model_mode mode) {
         d.src_targets_offset = slot->targets_offset;
         d.dst_targets_offset = layout->targets_offset;
         d.targets_bytes = (uint32_t)(slot->bytes - slot->targets_offset);
+        d.amax = amax;
         QT_TRY(op_sched_stage_u8(p, "stage", &d));
     } else {
+        // FP32 inputs: the slot and the batch have one layout.
+        QT_ASSERT(slot->inputs_offset == layout->inputs_offset);
         op_sched_slots dst = {batch, 0, 1};
-        QT_TRY(op_sched_copy(p, "stage", mb_dev(b, m->io.counter), dst, src, slot->bytes));
+        QT_TRY(op_sched_copy(p, "stage", mb_dev(b, m->io.counter), dst, src, slot->bytes,
+                             amax));
     }
     b->input = (model_tensor){mb_at(batch, layout->inputs_offset), QT_DTYPE_F32, m->batch,
-                              layout->stride, OP_REF_NONE};
+                              layout->stride, amax ? amax->out : OP_REF_NONE};
     b->targets = mb_at(batch, layout->targets_offset);
     b->rows_valid = batch;  // data_slot_header.rows_valid is its first field
     return QT_OK;
@@ -1554,7 +1619,7 @@ qt_status model_build_infer(model *m, program *p) {
                             &src.ref));
     }
     QT_TRY(op_sched_copy(p, "outputs", mb_dev(b, m->io.counter), dst, src,
-                         m->io.outputs_bytes));
+                         m->io.outputs_bytes, NULL));
     QT_TRY(mb_delayed(b));
     return mb_end(b);
 }

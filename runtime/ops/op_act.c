@@ -123,7 +123,7 @@ static void op_rmsnorm_check(uint32_t rows, uint32_t cols, op_act_tensor x, op_a
 
 qt_status op_rmsnorm_forward(program *p, const char *name, uint32_t rows, uint32_t cols,
                              float eps, op_act_tensor x, op_act_tensor gamma, op_act_tensor y,
-                             prog_ref inv_rms) {
+                             prog_ref inv_rms, prog_ref amax) {
     op_rmsnorm_check(rows, cols, x, gamma, inv_rms);
     op_act_check_tensor(y);
     rmsnorm_args args = {0};
@@ -139,6 +139,7 @@ qt_status op_rmsnorm_forward(program *p, const char *name, uint32_t rows, uint32
     QT_TRY(prog_use(p, op, offsetof(rmsnorm_args, x), x.ref, PROG_READ));
     QT_TRY(prog_use(p, op, offsetof(rmsnorm_args, gamma), gamma.ref, PROG_READ));
     QT_TRY(prog_use(p, op, offsetof(rmsnorm_args, out), y.ref, PROG_WRITE));
+    QT_TRY(prog_use_optional(p, op, offsetof(rmsnorm_args, amax), amax, 4, PROG_READ_WRITE));
     return prog_use(p, op, offsetof(rmsnorm_args, inv_rms), inv_rms, PROG_WRITE);
 }
 
@@ -189,31 +190,33 @@ qt_status op_rmsnorm_backward(program *p, const char *name, uint32_t rows, uint3
 // Residual add.
 
 static qt_status op_residual_append(program *p, const char *name, uint64_t count,
-                                    op_act_tensor a, op_act_tensor b, op_act_tensor y) {
+                                    op_act_tensor a, op_act_tensor b, op_act_tensor y,
+                                    prog_ref amax) {
     QT_ASSERT(count >= 1);
     op_act_check_tensor(a);
     op_act_check_tensor(y);
     if (prog_ref_present(b.ref)) op_act_check_tensor(b);
-    residual_args args = {0, 0, 0, count, a.dtype, b.dtype, y.dtype, 0};
+    residual_args args = {0, 0, 0, count, a.dtype, b.dtype, y.dtype, 0, 0};
     launch_shape shape = op_act_flat_shape(count);
     uint32_t op;
     QT_TRY(prog_append(p, KERNEL_RESIDUAL_ADD, name, &shape, &args, sizeof args, &op));
     QT_TRY(prog_use(p, op, offsetof(residual_args, a), a.ref, PROG_READ));
     QT_TRY(prog_use_optional(p, op, offsetof(residual_args, b), b.ref, 0, PROG_READ));
+    QT_TRY(prog_use_optional(p, op, offsetof(residual_args, amax), amax, 4, PROG_READ_WRITE));
     return prog_use(p, op, offsetof(residual_args, y), y.ref, PROG_WRITE);
 }
 
 qt_status op_residual_forward(program *p, const char *name, uint64_t count, op_act_tensor x,
-                              op_act_tensor f, op_act_tensor y) {
+                              op_act_tensor f, op_act_tensor y, prog_ref amax) {
     op_act_check_tensor(f);
-    return op_residual_append(p, name, count, x, f, y);
+    return op_residual_append(p, name, count, x, f, y, amax);
 }
 
 qt_status op_residual_backward(program *p, const char *name, uint64_t count, op_act_tensor dy,
                                op_act_tensor dx, bool accumulate) {
     // accumulate: dx = dx + dy, reading dx through the kernel's `a` and writing it through `y`.
-    if (accumulate) return op_residual_append(p, name, count, dx, dy, dx);
-    return op_residual_append(p, name, count, dy, OP_ACT_NONE, dx);
+    if (accumulate) return op_residual_append(p, name, count, dx, dy, dx, OP_REF_NONE);
+    return op_residual_append(p, name, count, dy, OP_ACT_NONE, dx, OP_REF_NONE);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -231,18 +234,26 @@ uint64_t op_mse_workspace_bytes(uint32_t rows, uint32_t cols) {
     return qt_loss_one_block(rows, cols) ? 0 : (uint64_t)op_act_row_blocks(rows) * 4;
 }
 
+// A loss gradient's amax slot, written by the op that stores the gradient.
+static qt_status op_loss_use_amax(program *p, uint32_t op, uint32_t field, op_act_tensor grad,
+                                  prog_ref amax) {
+    QT_ASSERT(!prog_ref_present(amax) || prog_ref_present(grad.ref));
+    return prog_use_optional(p, op, field, amax, 4, PROG_READ_WRITE);
+}
+
 // What the row pass (and the one-block kernel) of xent reads and writes.
 static qt_status op_xent_use_rows(program *p, uint32_t op, op_act_tensor logits, prog_ref labels,
-                                  prog_ref loss, op_act_tensor dlogits) {
+                                  prog_ref loss, op_act_tensor dlogits, prog_ref dlogits_amax) {
     QT_TRY(prog_use(p, op, offsetof(xent_args, logits), logits.ref, PROG_READ));
     QT_TRY(prog_use(p, op, offsetof(xent_args, labels), labels, PROG_READ));
     QT_TRY(prog_use_optional(p, op, offsetof(xent_args, loss), loss, 0, PROG_WRITE));
+    QT_TRY(op_loss_use_amax(p, op, offsetof(xent_args, dlogits_amax), dlogits, dlogits_amax));
     return prog_use_optional(p, op, offsetof(xent_args, dlogits), dlogits.ref, 0, PROG_WRITE);
 }
 
 qt_status op_xent(program *p, const char *name, uint32_t rows, uint32_t classes,
                   op_act_tensor logits, prog_ref labels, prog_ref loss, op_act_tensor dlogits,
-                  prog_ref workspace, prog_ref stats) {
+                  prog_ref dlogits_amax, prog_ref workspace, prog_ref stats) {
     QT_ASSERT(rows >= 1 && classes >= 1);
     QT_ASSERT(classes < 0x7FFFFFFFu);  // labels are i32
     op_act_check_tensor(logits);
@@ -258,7 +269,7 @@ qt_status op_xent(program *p, const char *name, uint32_t rows, uint32_t classes,
     if (qt_loss_one_block(rows, classes)) {
         QT_TRY(prog_append(p, KERNEL_XENT_SMALL, name, &op_act_one_block, &args, sizeof args,
                            &op));
-        QT_TRY(op_xent_use_rows(p, op, logits, labels, loss, dlogits));
+        QT_TRY(op_xent_use_rows(p, op, logits, labels, loss, dlogits, dlogits_amax));
         return prog_use(p, op, offsetof(xent_args, stats), stats, PROG_WRITE);
     }
     QT_ASSERT(prog_ref_present(workspace));
@@ -268,7 +279,7 @@ qt_status op_xent(program *p, const char *name, uint32_t rows, uint32_t classes,
 
     launch_shape shape = op_act_row_shape(rows);
     QT_TRY(prog_append(p, KERNEL_XENT_ROWS, name, &shape, &args, sizeof args, &op));
-    QT_TRY(op_xent_use_rows(p, op, logits, labels, loss, dlogits));
+    QT_TRY(op_xent_use_rows(p, op, logits, labels, loss, dlogits, dlogits_amax));
     QT_TRY(prog_use(p, op, offsetof(xent_args, partials), workspace, PROG_WRITE));
     QT_TRY(prog_use(p, op, offsetof(xent_args, stats), stats, PROG_READ));
 
@@ -280,16 +291,17 @@ qt_status op_xent(program *p, const char *name, uint32_t rows, uint32_t classes,
 // What the row pass (and the one-block kernel) of mse reads and writes.
 static qt_status op_mse_use_rows(program *p, uint32_t op, op_act_tensor pred,
                                  op_act_tensor target, prog_ref valid_rows,
-                                 op_act_tensor dpred) {
+                                 op_act_tensor dpred, prog_ref dpred_amax) {
     QT_TRY(prog_use(p, op, offsetof(mse_args, pred), pred.ref, PROG_READ));
     QT_TRY(prog_use(p, op, offsetof(mse_args, target), target.ref, PROG_READ));
     QT_TRY(prog_use_optional(p, op, offsetof(mse_args, valid_rows), valid_rows, 0, PROG_READ));
+    QT_TRY(op_loss_use_amax(p, op, offsetof(mse_args, dpred_amax), dpred, dpred_amax));
     return prog_use_optional(p, op, offsetof(mse_args, dpred), dpred.ref, 0, PROG_WRITE);
 }
 
 qt_status op_mse(program *p, const char *name, uint32_t rows, uint32_t cols, op_act_tensor pred,
                  op_act_tensor target, prog_ref valid_rows, op_act_tensor dpred,
-                 prog_ref workspace, prog_ref stats) {
+                 prog_ref dpred_amax, prog_ref workspace, prog_ref stats) {
     QT_ASSERT(rows >= 1 && cols >= 1);
     op_act_check_tensor(pred);
     op_act_check_tensor(target);
@@ -306,13 +318,13 @@ qt_status op_mse(program *p, const char *name, uint32_t rows, uint32_t cols, op_
     if (qt_loss_one_block(rows, cols)) {
         QT_TRY(prog_append(p, KERNEL_MSE_SMALL, name, &op_act_one_block, &args, sizeof args,
                            &op));
-        QT_TRY(op_mse_use_rows(p, op, pred, target, valid_rows, dpred));
+        QT_TRY(op_mse_use_rows(p, op, pred, target, valid_rows, dpred, dpred_amax));
         return prog_use(p, op, offsetof(mse_args, stats), stats, PROG_WRITE);
     }
     QT_ASSERT(prog_ref_present(workspace));
     launch_shape shape = op_act_row_shape(rows);
     QT_TRY(prog_append(p, KERNEL_MSE_ROWS, name, &shape, &args, sizeof args, &op));
-    QT_TRY(op_mse_use_rows(p, op, pred, target, valid_rows, dpred));
+    QT_TRY(op_mse_use_rows(p, op, pred, target, valid_rows, dpred, dpred_amax));
     QT_TRY(prog_use(p, op, offsetof(mse_args, partials), workspace, PROG_WRITE));
 
     QT_TRY(prog_append(p, KERNEL_MSE_FINAL, name, &op_act_one_block, &args, sizeof args, &op));

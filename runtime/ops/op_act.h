@@ -58,9 +58,10 @@ qt_status op_act_grouped(program *p, const char *name, bool backward, uint32_t a
                          op_act_tensor out, const op_group *group, prog_ref amax);
 
 // y = x / sqrt(mean(x^2) + eps) * gamma; inv_rms: f32 [rows] saved for the backward pass.
+// amax (optional, f32 [1]): max |y| over the stored values, merged as op_act_forward's.
 qt_status op_rmsnorm_forward(program *p, const char *name, uint32_t rows, uint32_t cols,
                              float eps, op_act_tensor x, op_act_tensor gamma, op_act_tensor y,
-                             prog_ref inv_rms);
+                             prog_ref inv_rms, prog_ref amax);
 
 typedef struct op_rmsnorm_grads {
     op_act_tensor dx;  // [rows][cols]
@@ -78,9 +79,10 @@ qt_status op_rmsnorm_backward(program *p, const char *name, uint32_t rows, uint3
 uint32_t op_rmsnorm_rows_per_part(uint32_t rows);
 uint64_t op_rmsnorm_workspace_bytes(uint32_t rows, uint32_t cols);
 
-// y = x + f (count elements).
+// y = x + f (count elements). amax (optional, f32 [1]): max |y| over the stored values, merged
+// as op_act_forward's.
 qt_status op_residual_forward(program *p, const char *name, uint64_t count, op_act_tensor x,
-                              op_act_tensor f, op_act_tensor y);
+                              op_act_tensor f, op_act_tensor y, prog_ref amax);
 // The residual's backward pass hands dy to both branches: dx = dy (a copy, converting the
 // dtype), or dx = dx + dy with accumulate (dx already holds the other branch's gradient).
 qt_status op_residual_backward(program *p, const char *name, uint64_t count, op_act_tensor dy,
@@ -88,20 +90,22 @@ qt_status op_residual_backward(program *p, const char *name, uint64_t count, op_
 
 // Softmax cross-entropy of logits [rows][classes] with i32 labels [rows]; rows whose label is
 // not a class (-1) are ignored. loss (optional): f32 [rows]; dlogits (optional, training):
-// (softmax - onehot) / valid rows; stats: qt_loss_stats. Three ops (count, rows, final), or one
-// when qt_loss_one_block(rows, classes) (ptx/act.h), with the same results bit for bit; the
-// workspace is then not used and may be OP_REF_NONE.
+// (softmax - onehot) / valid rows; dlogits_amax (optional, with dlogits, f32 [1]): max |dlogits|
+// over the stored values, merged as op_act_forward's; stats: qt_loss_stats. Three ops (count,
+// rows, final), or one when qt_loss_one_block(rows, classes) (ptx/act.h), with the same results
+// bit for bit; the workspace is then not used and may be OP_REF_NONE.
 qt_status op_xent(program *p, const char *name, uint32_t rows, uint32_t classes,
                   op_act_tensor logits, prog_ref labels, prog_ref loss, op_act_tensor dlogits,
-                  prog_ref workspace, prog_ref stats);
+                  prog_ref dlogits_amax, prog_ref workspace, prog_ref stats);
 uint64_t op_xent_workspace_bytes(uint32_t rows, uint32_t classes);
 
 // Mean squared error over the first valid rows (valid_rows: optional u32 on the device, written
 // by the data pipeline; absent = all rows): loss = mean((p - t)^2), dpred (optional) =
-// 2 (p - t) / (valid * cols), 0 on padding rows. Two ops (rows, final), or one as op_xent.
+// 2 (p - t) / (valid * cols), 0 on padding rows; dpred_amax as op_xent's dlogits_amax. Two ops
+// (rows, final), or one as op_xent.
 qt_status op_mse(program *p, const char *name, uint32_t rows, uint32_t cols, op_act_tensor pred,
                  op_act_tensor target, prog_ref valid_rows, op_act_tensor dpred,
-                 prog_ref workspace, prog_ref stats);
+                 prog_ref dpred_amax, prog_ref workspace, prog_ref stats);
 uint64_t op_mse_workspace_bytes(uint32_t rows, uint32_t cols);
 
 // What op_optim_begin (runtime/ops/op_optim.h) does with the norm, done by the folding block of

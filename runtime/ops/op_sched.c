@@ -4,19 +4,36 @@
 
 #include "runtime/ops/op_core.h"  // op_shape_1d
 
+// The amax's regions of a staging op (sched_amax sits at the same offset in both).
+static qt_status op_sched_amax_use(program *p, uint32_t op, const op_sched_amax *amax) {
+    if (amax == NULL) return QT_OK;
+    QT_ASSERT(prog_ref_present(amax->out) && prog_ref_present(amax->fold));
+    size_t at = offsetof(sched_copy_args, amax);
+    QT_TRY(prog_use_span(p, op, (uint32_t)(at + offsetof(sched_amax, out)), amax->out, 4,
+                         PROG_WRITE));
+    return prog_use_span(p, op, (uint32_t)(at + offsetof(sched_amax, fold)), amax->fold, 8,
+                         PROG_READ_WRITE);
+}
+
 qt_status op_sched_copy(program *p, const char *name, prog_ref counter, op_sched_slots dst,
-                        op_sched_slots src, uint64_t bytes) {
+                        op_sched_slots src, uint64_t bytes, const op_sched_amax *amax) {
     QT_ASSERT(dst.slots >= 1 && src.slots >= 1);
     QT_ASSERT(bytes % 16 == 0 && dst.stride % 16 == 0 && src.stride % 16 == 0);
     QT_ASSERT(dst.ref.offset % 16 == 0 && src.ref.offset % 16 == 0);
     QT_ASSERT(dst.slots == 1 || dst.stride >= bytes);
     QT_ASSERT(src.slots == 1 || src.stride >= bytes);
+    QT_ASSERT(amax == NULL ||
+              (dst.slots == 1 && amax->first % 16 == 0 && amax->first + 4 * amax->count <= bytes));
     sched_copy_args args = {0};
     args.dst_stride = dst.stride;
     args.src_stride = src.stride;
     args.bytes = bytes;
     args.dst_slots = dst.slots;
     args.src_slots = src.slots;
+    if (amax) {
+        args.amax.first = amax->first;
+        args.amax.count = amax->count;
+    }
     launch_shape shape = op_shape_1d(bytes / 16, QT_SCHED_THREADS);
     uint32_t op;
     QT_TRY(prog_append(p, KERNEL_SCHED_COPY, name, &shape, &args, sizeof args, &op));
@@ -24,6 +41,7 @@ qt_status op_sched_copy(program *p, const char *name, prog_ref counter, op_sched
     uint64_t dst_span = (uint64_t)(dst.slots - 1) * dst.stride + bytes;
     uint64_t src_span = (uint64_t)(src.slots - 1) * src.stride + bytes;
     QT_TRY(prog_use_span(p, op, offsetof(sched_copy_args, dst), dst.ref, dst_span, PROG_WRITE));
+    QT_TRY(op_sched_amax_use(p, op, amax));
     return prog_use_span(p, op, offsetof(sched_copy_args, src), src.ref, src_span, PROG_READ);
 }
 
@@ -60,6 +78,7 @@ qt_status op_sched_stage_u8(program *p, const char *name, const op_sched_stage_d
     QT_TRY(prog_use_span(p, op, offsetof(sched_stage_u8_args, dst), d->dst, d->dst_bytes,
                         PROG_WRITE));
     uint64_t src_span = (uint64_t)(d->src.slots - 1) * d->src.stride + d->src_bytes;
+    QT_TRY(op_sched_amax_use(p, op, d->amax));  // the kernel's inputs are its pixels
     return prog_use_span(p, op, offsetof(sched_stage_u8_args, src), d->src.ref, src_span,
                          PROG_READ);
 }

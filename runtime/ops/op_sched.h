@@ -1,6 +1,6 @@
 // op_sched: builders that append the schedule loop's bookkeeping kernels (ptx/sched.cu) to a
-// program: the slot-indexed copy (with the step's amax slots zeroed), the step record and the
-// checksum fold.
+// program: the slot-indexed copy (with the step's amax slots zeroed and, for current scaling or
+// NVFP4, the staged inputs' amax), the step record and the checksum fold.
 //
 // Owns nothing; each builder picks the launch shape, fills the args struct and declares every
 // region the op reads and writes. The counter, the slots and the ring are described in
@@ -18,10 +18,20 @@ typedef struct op_sched_slots {
     uint32_t slots;
 } op_sched_slots;
 
+// The amax of the FP32 inputs a staging op stores (ptx/sched_ops.h, sched_amax), for the
+// per-tensor cast of the first linear's input: written to `out`, f32 [1] (not merged, so it
+// needs no zeroing), through `fold`, u32 [2] that are zero at bind and left zero by every launch
+// (a persistent region that nothing else writes). op_sched_copy: inputs [first, first + 4 count)
+// bytes of the slot; op_sched_stage_u8: its pixels (first, count unused).
+typedef struct op_sched_amax {
+    prog_ref out, fold;
+    uint64_t first, count;
+} op_sched_amax;
+
 // dst slot (counter % dst.slots) <- src slot (counter % src.slots), `bytes` bytes (a multiple
-// of 16, as are the offsets and strides).
+// of 16, as are the offsets and strides). amax: NULL, or the copied inputs' (dst has one slot).
 qt_status op_sched_copy(program *p, const char *name, prog_ref counter, op_sched_slots dst,
-                        op_sched_slots src, uint64_t bytes);
+                        op_sched_slots src, uint64_t bytes, const op_sched_amax *amax);
 
 // The device batch `dst` <- this step's slot of `src` (slot i at src.ref + i * src.stride),
 // whose inputs are u8 pixels (ptx/sched_ops.h, qt_sched_stage_u8). The offsets and sizes are those
@@ -35,6 +45,7 @@ typedef struct op_sched_stage_desc {
     uint64_t inputs_offset;   // of both
     uint64_t src_targets_offset, dst_targets_offset;
     uint32_t targets_bytes;
+    const op_sched_amax *amax;  // NULL, or the staged values'
 } op_sched_stage_desc;
 qt_status op_sched_stage_u8(program *p, const char *name, const op_sched_stage_desc *d);
 

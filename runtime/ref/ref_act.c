@@ -40,11 +40,29 @@ static uint64_t ref_act_rows(const act_args *a) {
     return a->group.count ? qt_group_active_rows(a->group, a->rows) : a->rows;
 }
 
-// act_args.amax: max |x| over the stored outputs themselves (the kernels round the FP32 maximum
-// instead, which gives the same value), NaN skipped. Each task merges the maximum of the outputs
-// it stored, elements [begin, end) of out (rows of out_cols), while they are in its cache, as the
-// kernels' blocks merge theirs: one slot, or for a grouped output each member's over its valid
-// rows, merged whenever the walk enters another member.
+// The bits of max(m, |v|) for the bits m of a non-negative amax, NaN skipped (the kernels'
+// fmaxf folds).
+static uint32_t ref_act_abs_max(uint32_t m, float v) {
+    uint32_t bits = qt_f32_bits(v) & 0x7FFFFFFFu;
+    return bits <= 0x7F800000u && bits > m ? bits : m;
+}
+
+// An output's amax (ptx/act.h: max |x| over the stored values themselves; the kernels round the
+// FP32 maximum instead, which gives the same value): elements [begin, end) of out, which the
+// calling task stored, merged into the slot `amax` (0: none), as a block of the kernel merges
+// its share.
+static void ref_act_amax_range(uint64_t amax, uint64_t out, uint32_t dtype, uint64_t begin,
+                               uint64_t end) {
+    if (!amax) return;
+    uint32_t m = 0;
+    for (uint64_t i = begin; i < end; i++) m = ref_act_abs_max(m, qt_act_load(out, i, dtype));
+    ref_amax_merge(REF_PTR(float, amax), qt_bits_f32(m));
+}
+
+// act_args.amax: each task merges the maximum of the outputs it stored, elements [begin, end) of
+// out (rows of out_cols), while they are in its cache (ref_act_amax_range): one slot, or for a
+// grouped output each member's over its valid rows, merged whenever the walk enters another
+// member.
 static void ref_act_amax(const act_args *a, uint64_t begin, uint64_t end, uint32_t out_cols) {
     if (!a->amax) return;
     bool grouped = a->group.count > 0;
@@ -60,8 +78,7 @@ static void ref_act_amax(const act_args *a, uint64_t begin, uint64_t end, uint32
             m = 0;
         }
         if (i >= valid_end) continue;  // padding rows count for no amax
-        uint32_t bits = qt_f32_bits(qt_act_load(a->out, i, a->out_dtype)) & 0x7FFFFFFFu;
-        if (bits <= 0x7F800000u && bits > m) m = bits;
+        m = ref_act_abs_max(m, qt_act_load(a->out, i, a->out_dtype));
     }
     ref_amax_merge(REF_PTR(float, a->amax) + member, qt_bits_f32(m));
 }
@@ -249,6 +266,7 @@ POOL_CPU_CLONES static void ref_rmsnorm_fwd_rows(void *ctx, uint64_t begin, uint
             qt_act_store(a->out, base + j, a->out_dtype, qt_rmsnorm_y(v, inv, g));
         }
     }
+    ref_act_amax_range(a->amax, a->out, a->out_dtype, begin * a->cols, end * a->cols);
 }
 
 void ref_qt_rmsnorm_fwd(const rmsnorm_args *a, const launch_shape *shape) {
@@ -333,6 +351,7 @@ POOL_CPU_CLONES static void ref_residual_add_range(void *ctx, uint64_t begin, ui
         if (a->b) v = v + qt_act_load(a->b, i, a->b_dtype);
         qt_act_store(a->y, i, a->y_dtype, v);
     }
+    ref_act_amax_range(a->amax, a->y, a->y_dtype, begin, end);
 }
 
 void ref_qt_residual_add(const residual_args *a, const launch_shape *shape) {
@@ -416,6 +435,8 @@ static void ref_xent_rows(const xent_args *a, float *sums, uint32_t *hits) {
         sums[b] = qt_act_canonical(sum);
         hits[b] = correct_total;
     }
+    ref_act_amax_range(a->dlogits_amax, a->dlogits, a->dlogits_dtype, 0,
+                       (uint64_t)a->rows * a->classes);
 }
 
 void ref_qt_xent_rows(const xent_args *a, const launch_shape *shape) {
@@ -485,6 +506,7 @@ static void ref_mse_rows(const mse_args *a, float *sums) {
         }
         sums[b] = qt_act_canonical(sum);
     }
+    ref_act_amax_range(a->dpred_amax, a->dpred, a->dpred_dtype, 0, (uint64_t)a->rows * a->cols);
 }
 
 void ref_qt_mse_rows(const mse_args *a, const launch_shape *shape) {

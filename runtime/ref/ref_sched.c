@@ -8,6 +8,12 @@ static void ref_sched_zero_slots(const sched_zero *zero) {
     if (zero->words > 0) memset(REF_PTR(void, zero->at), 0, (size_t)zero->words * 4);
 }
 
+// sched_amax: the kernels' fold ends with the maximum stored to out and the fold words zero;
+// here the maximum is taken in one pass and the fold words are left as they are (zero).
+static void ref_sched_amax_store(const sched_amax *a, float m) {
+    *REF_PTR(float, a->out) = m;
+}
+
 void ref_qt_sched_copy(const sched_copy_args *a, const launch_shape *shape) {
     (void)shape;
     ref_sched_zero_slots(&a->zero);
@@ -15,16 +21,28 @@ void ref_qt_sched_copy(const sched_copy_args *a, const launch_shape *shape) {
     uint64_t src = a->src + qt_sched_slot_offset(counter, a->src_slots, a->src_stride);
     uint64_t dst = a->dst + qt_sched_slot_offset(counter, a->dst_slots, a->dst_stride);
     memmove(REF_PTR(void, dst), REF_PTR(const void, src), a->bytes);
+    if (a->amax.out == 0) return;
+    const float *inputs = REF_PTR(const float, dst + a->amax.first);
+    float m = 0.0f;
+    for (uint64_t i = 0; i < a->amax.count; i++) m = qt_fp8_amax_step(m, inputs[i]);
+    ref_sched_amax_store(&a->amax, m);
 }
 
 typedef struct ref_stage_job {
     const uint8_t *pixels;
     float *values;
+    float amax;  // the largest value, merged by the tasks
 } ref_stage_job;
 
+// The values are x / 255, monotonic in x: a task's largest is its brightest pixel's.
 static void ref_stage_pixels(void *ctx, uint64_t begin, uint64_t end) {
-    const ref_stage_job *job = ctx;
-    for (uint64_t i = begin; i < end; i++) job->values[i] = qt_sched_pixel(job->pixels[i]);
+    ref_stage_job *job = ctx;
+    uint8_t brightest = 0;
+    for (uint64_t i = begin; i < end; i++) {
+        job->values[i] = qt_sched_pixel(job->pixels[i]);
+        if (job->pixels[i] > brightest) brightest = job->pixels[i];
+    }
+    ref_amax_merge(&job->amax, qt_sched_pixel(brightest));
 }
 
 void ref_qt_sched_stage_u8(const sched_stage_u8_args *a, const launch_shape *shape) {
@@ -34,8 +52,10 @@ void ref_qt_sched_stage_u8(const sched_stage_u8_args *a, const launch_shape *sha
     const uint8_t *src = REF_PTR(const uint8_t, a->src) +
                          qt_sched_slot_offset(counter, a->src_slots, a->src_stride);
     uint8_t *dst = REF_PTR(uint8_t, a->dst);
-    ref_stage_job job = {src + a->inputs_offset, (float *)(void *)(dst + a->inputs_offset)};
+    ref_stage_job job = {src + a->inputs_offset, (float *)(void *)(dst + a->inputs_offset),
+                         0.0f};
     pool_for(a->pixels, REF_TASK_ELEMS, ref_stage_pixels, &job);
+    if (a->amax.out != 0) ref_sched_amax_store(&a->amax, job.amax);
     memmove(dst, src, a->inputs_offset);
     memmove(dst + a->dst_targets_offset, src + a->src_targets_offset, a->targets_bytes);
 }

@@ -440,6 +440,7 @@ static qt_status run_plan_pass(run *r, run_carver *c) {
     mo.batch = rc->data.batch / r->dp.world;  // this rank's share
     mo.comm = r->dp.world > 1 ? &r->dp : NULL;
     mo.emulated_gemm = r->options.emulated_gemm;
+    mo.amax_passes = r->options.amax_passes;
     mo.seed = r->seed;
     run_modes(r, mo.modes);
     mo.lr_row_count = r->table.lr_count;

@@ -68,6 +68,7 @@ typedef struct run_options {
     uint64_t eval_steps;
     bool drop_eval;           // remove the table's eval and infer rows (after eval_every)
     model_emulated_gemm emulated_gemm;  // where MXFP8 and NVFP4 GEMMs run (same bits)
+    bool amax_passes;         // tests: model_options.amax_passes (same bits, more launches)
     // Checkpoints (runtime/run/checkpoint.h): save_path gets one at the save points of
     // schedule.h (every save_every train steps; 0: at the end or a stop only); `checkpoints`
     // plans their staging without save_path (for run_resume, run_save), and defers the check of
