@@ -537,21 +537,9 @@ extern "C" __global__ void __launch_bounds__(QT_FP8_UPDATE_THREADS)
 // No write lands on a row that a later chunk reads (those are past the chunk's last row + 1), so
 // the roll is in place, as in the one-thread rule (quant_fp8.h). The history's maximum is a
 // maximum whatever the order (NaN rows skipped, as fmaxf does; zeros of either sign give no
-// scale), so the block's tree gives the one-thread loop's scale bit for bit.
+// scale), so the block's tree (qt_fp8_block_max) gives the one-thread loop's scale bit for bit.
 #define QT_FP8_ROLL_PER_THREAD 4u
 #define QT_FP8_ROLL_BLOCK_ROWS (QT_FP8_UPDATE_THREADS * QT_FP8_ROLL_PER_THREAD)
-
-// The block's maximum of each thread's `v` (fmaxf's NaN rule), in thread 0.
-__device__ __forceinline__ float qt_fp8_block_fmax(float v) {
-    __shared__ float warp_max[QT_FP8_UPDATE_THREADS / 32];
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(QT_FP8_FULL_MASK, v, o));
-    if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = v;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (uint32_t w = 1; w < QT_FP8_UPDATE_THREADS / 32; w++) v = fmaxf(v, warp_max[w]);
-    }
-    return v;
-}
 
 // qt_fp8_delayed_update_slot (quant_fp8.h) by the whole block: the same history and scale.
 __device__ __forceinline__ void qt_fp8_delayed_update_block(const fp8_delayed_state *st,
@@ -579,7 +567,8 @@ __device__ __forceinline__ void qt_fp8_delayed_update_block(const fp8_delayed_st
             history[(uint64_t)i * slots + j] = i > 0 ? v[q] : 0.0f;
         }
     }
-    amax = qt_fp8_block_fmax(amax);
+    __shared__ float scratch[QT_FP8_UPDATE_THREADS / 32];
+    amax = qt_fp8_block_max(amax, scratch);
     if (threadIdx.x != 0) return;
     if (st->algo == QT_FP8_AMAX_ALGO_MOST_RECENT) amax = a_cur;
     float *scale = (float *)(uintptr_t)st->scale;
