@@ -139,14 +139,16 @@ __device__ __forceinline__ void act_pre8(const act_args &a, uint64_t first, floa
 // per block. Blocks whose maximum does not beat what the slot already holds skip the atomic, so
 // that a grid of many small blocks does not queue one per block on a single address; a stale
 // read only costs an atomic that changes nothing. Every thread of the block calls it (a barrier).
+// kWarps: the block's warps.
+template <uint32_t kWarps = QT_ACT_WARPS>
 __device__ __forceinline__ void act_amax_flush_slot(uint64_t amax, uint32_t dtype, float m) {
-    __shared__ float warp_max[QT_ACT_WARPS];
+    __shared__ float warp_max[kWarps];
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
     if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
     __syncthreads();
     if (threadIdx.x != 0) return;
-    for (uint32_t w = 1; w < QT_ACT_WARPS; w++) m = fmaxf(m, warp_max[w]);
+    for (uint32_t w = 1; w < kWarps; w++) m = fmaxf(m, warp_max[w]);
     m = qt_act_stored_amax(fmaxf(m, warp_max[0]), dtype);
     unsigned int *slot = (unsigned int *)(uintptr_t)amax;
     if (m > 0.0f && __float_as_uint(m) > *(volatile unsigned int *)slot) {
@@ -420,6 +422,91 @@ __device__ __forceinline__ void act_swiglu_bwd(const act_args &args, uint32_t *t
         extern __shared__ uint32_t act_member_amax[];                       \
         body<grouped>(args, act_member_amax);                               \
     }
+
+// ---------------------------------------------------------------------------------------------
+// GELU and SiLU of a BF16 input without a bias through a table (act.h, QT_ACT_LUT_*): dense,
+// one block of QT_ACT_LUT_THREADS an SM (op_act picks them for large tensors, whose elements
+// repay the table), two chunks a thread in flight so that one block an SM keeps enough loads
+// outstanding. Values, amax and element order are the flat kernels' (act_fwd_flat,
+// act_bwd_flat); the out-of-table inputs call the functions themselves, out of line, so that the
+// table's path stays a load and a branch an element.
+
+template <uint32_t kAct, bool kBackward>
+__device__ __noinline__ float act_lut_miss(float v) {
+    return qt_act_lut_value(kAct, kBackward, v);
+}
+
+// Element v (a BF16 value) forward, or its dx with dy backward.
+template <uint32_t kAct, bool kBackward>
+__device__ __forceinline__ float act_lut_apply(const float *table, float v, float dy) {
+    uint32_t e = qt_act_lut_entry(v);
+    float f = e < QT_ACT_LUT_ENTRIES ? table[e] : act_lut_miss<kAct, kBackward>(v);
+    return kBackward ? dy * f : f;
+}
+
+// One chunk at element `first`: loads, applies, stores; returns max |out| of its values.
+template <uint32_t kAct, bool kBackward>
+__device__ __forceinline__ void act_lut_chunk(const act_args &args, const float *table,
+                                              const float v[8], const float dy[8],
+                                              uint64_t first, float &m) {
+    float out[8];
+#pragma unroll
+    for (int k = 0; k < 8; k++) out[k] = act_lut_apply<kAct, kBackward>(table, v[k], dy[k]);
+    m = fmaxf(m, act_max8(out));
+    act_store8_pairs(args.out, first, args.out_dtype, out);
+}
+
+template <uint32_t kAct, bool kBackward>
+__device__ __forceinline__ void act_lut_flat(const act_args &args, float *table) {
+    for (uint32_t e = threadIdx.x; e < QT_ACT_LUT_ENTRIES; e += QT_ACT_LUT_THREADS) {
+        table[e] = qt_act_lut_value(kAct, kBackward, qt_act_lut_input(e));
+    }
+    __syncthreads();
+    uint64_t count = (uint64_t)args.rows * args.cols;
+    uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    uint64_t scalar_first = 0;
+    float m = 0.0f;  // max |out| (NaN skipped); merged only with an amax slot
+    if (act_aligned16(args.x | args.dy | args.out)) {
+        uint64_t chunks = count / 8;
+        for (uint64_t c = tid; c < chunks; c += 2 * stride) {
+            uint64_t c2 = c + stride;
+            bool two = c2 < chunks;
+            float v[8], w[8], dv[8] = {0}, dw[8] = {0};
+            act_load8(args.x, c * 8, QT_DTYPE_BF16, v);
+            if (two) act_load8(args.x, c2 * 8, QT_DTYPE_BF16, w);
+            if (kBackward) {
+                act_load8(args.dy, c * 8, args.dy_dtype, dv);
+                if (two) act_load8(args.dy, c2 * 8, args.dy_dtype, dw);
+            }
+            act_lut_chunk<kAct, kBackward>(args, table, v, dv, c * 8, m);
+            if (two) act_lut_chunk<kAct, kBackward>(args, table, w, dw, c2 * 8, m);
+        }
+        scalar_first = chunks * 8;
+    }
+    for (uint64_t i = scalar_first + tid; i < count; i += stride) {
+        float dy = kBackward ? qt_act_load(args.dy, i, args.dy_dtype) : 0.0f;
+        float v = act_lut_apply<kAct, kBackward>(table, qt_act_load(args.x, i, QT_DTYPE_BF16), dy);
+        m = fmaxf(m, fabsf(v));
+        qt_act_store(args.out, i, args.out_dtype, v);
+    }
+    if (args.amax) act_amax_flush_slot<QT_ACT_LUT_WARPS>(args.amax, args.out_dtype, m);
+}
+
+#define ACT_LUT_KERNEL(symbol, backward)                                                  \
+    extern "C" __global__ void __launch_bounds__(QT_ACT_LUT_THREADS, 1)                   \
+        symbol(const __grid_constant__ act_args args) {                                   \
+        qt_grid_enter();                                                                  \
+        __shared__ float act_lut_table[QT_ACT_LUT_ENTRIES];                               \
+        if (args.act == QT_ACT_GELU) {                                                    \
+            act_lut_flat<QT_ACT_GELU, backward>(args, act_lut_table);                     \
+        } else {                                                                          \
+            act_lut_flat<QT_ACT_SILU, backward>(args, act_lut_table);                     \
+        }                                                                                 \
+    }
+
+ACT_LUT_KERNEL(qt_act_fwd_lut, false)
+ACT_LUT_KERNEL(qt_act_bwd_lut, true)
 
 ACT_KERNEL(qt_act_fwd, act_fwd_of_kind, false)
 ACT_KERNEL(qt_act_bwd, act_bwd_of_kind, false)

@@ -13,8 +13,10 @@
 // graph replay compared with the first run.
 #include <math.h>
 #include <stddef.h>  // offsetof
+#include <string.h>  // memset
 
 #include "runtime/ops/op_act.h"
+#include "runtime/ops/op_gemm.h"  // OP_GEMM_SPLIT_SMS, the table kernels' grid
 #include "runtime/ops/op_quant_fp8.h"  // op_fp8_amax_zero
 #include "tests/rig.h"
 #include "tests/test.h"
@@ -225,6 +227,7 @@ enum { T_KIND_ACT, T_KIND_RMSNORM, T_KIND_RESIDUAL, T_KIND_XENT, T_KIND_MSE, T_K
 #define T_NO_GRAD 16u   // xent / mse: no gradient output (evaluation)
 #define T_SPLIT 32u     // xent / mse: the split kernels, whatever the shape (hand-built)
 #define T_ONE_BLOCK 64u // xent / mse: the one-block kernel, whatever op_xent would take
+#define T_EVERY_BF16 128u // act: x holds every BF16 bit pattern, in order, over and over
 
 typedef struct t_case {
     const char *name;
@@ -260,6 +263,12 @@ static void t_build_act(t_run *run, const t_case *c) {
     t_buf_add(run, A_Y, "y", c->out_dtype, ny, c->misalign);
     t_buf_add(run, A_DX, "dx", c->out_dtype, n, c->misalign);
     t_fill(run, A_X, c->seed, c->scale, 0, sp);
+    if (c->flags & T_EVERY_BF16) {
+        uint16_t *words = malloc(n * 2);
+        for (uint64_t i = 0; i < n; i++) words[i] = (uint16_t)i;
+        t_set_words(run, A_X, words);
+        free(words);
+    }
     if (c->flags & T_BIAS) t_fill(run, A_BIAS, c->seed + 1, 0.5, 0, false);
     t_fill(run, A_DY, c->seed + 2, 1.0, 0, sp);
     program *p = &run->r.prog;
@@ -894,6 +903,74 @@ static void test_gelu_chunks_scalar(void) {
     }
     CHECK(bad == 0, "%u elements differ", bad);
     t_ref_free(run);
+    test_end();
+}
+
+// The table kernels' entries (ptx/act.h, QT_ACT_LUT_*): every BF16 value of the 16 binades
+// [2^-12, 2^4) of either sign has its own entry, whose input is that value; every other one
+// (zeros, subnormals, smaller and larger magnitudes, Inf, NaN) has none.
+static void test_act_lut_entries(void) {
+    test_begin("act_table_entries_cover_their_binades_once");
+    static uint8_t seen[QT_ACT_LUT_ENTRIES];
+    memset(seen, 0, sizeof seen);
+    uint32_t inside = 0, bad = 0;
+    for (uint32_t b = 0; b < 65536; b++) {
+        float v = t_f(b << 16);
+        float magnitude = fabsf(v);
+        bool want = magnitude >= 0x1p-12f && magnitude < 0x1p4f;  // false for NaN
+        uint32_t e = qt_act_lut_entry(v);
+        bool got = e < QT_ACT_LUT_ENTRIES;
+        if (got != want || (got && (seen[e]++ || t_b(qt_act_lut_input(e)) != b << 16))) {
+            if (bad++ < 6) CHECK(false, "bf16 %04x: entry %u", b, e);
+        }
+        inside += got;
+    }
+    CHECK(bad == 0 && inside == QT_ACT_LUT_ENTRIES, "%u wrong, %u inside of %u", bad, inside,
+          QT_ACT_LUT_ENTRIES);
+    test_end();
+}
+
+// Which activations op_act gives the table kernels: GELU and SiLU of a dense BF16 input without
+// a bias from 2^21 elements, forward and backward; the flat kernels take everything else.
+static void test_act_lut_choice(void) {
+    test_begin("act_table_kernels_for_large_bf16_inputs_only");
+    static const struct {
+        uint32_t act, rows, cols, in, flags;
+        bool table;
+    } cases[] = {
+        {QT_ACT_GELU, 512, 4096, T_BF16, 0, true},
+        {QT_ACT_SILU, 2048, 1024, T_BF16, 0, true},
+        {QT_ACT_GELU, 4097, 513, T_BF16, 0, true},
+        {QT_ACT_GELU, 511, 4096, T_BF16, 0, false},  // one row short of 2^21
+        {QT_ACT_GELU, 512, 4096, T_BF16, T_BIAS, false},
+        {QT_ACT_GELU, 512, 4096, T_F32, 0, false},
+        {QT_ACT_RELU, 512, 4096, T_BF16, 0, false},
+        {QT_ACT_SWIGLU, 512, 8192, T_BF16, 0, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        t_case c = {"choice", T_KIND_ACT, cases[i].act, cases[i].rows, cases[i].cols,
+                    cases[i].in, T_BF16, cases[i].flags, 0, 1, 1.0};
+        t_run *run = calloc(1, sizeof *run);
+        t_run_open(run, BACKEND_REF);
+        t_build(run, &c);
+        const program *p = &run->r.prog;
+        uint32_t fwd = p->op_count - 2, bwd = p->op_count - 1;
+        kernel_id want_fwd = cases[i].table ? KERNEL_ACT_FWD_LUT
+                             : c.op == QT_ACT_SWIGLU ? KERNEL_SWIGLU_FWD : KERNEL_ACT_FWD;
+        kernel_id want_bwd = cases[i].table ? KERNEL_ACT_BWD_LUT
+                             : c.op == QT_ACT_SWIGLU ? KERNEL_SWIGLU_BWD : KERNEL_ACT_BWD;
+        CHECK(p->ops[fwd].kernel == want_fwd && p->ops[bwd].kernel == want_bwd,
+              "case %zu (act %u, %u x %u): kernels %u %u, expected %u %u", i, c.op, c.rows,
+              c.cols, p->ops[fwd].kernel, p->ops[bwd].kernel, want_fwd, want_bwd);
+        if (cases[i].table) {
+            CHECK(p->ops[fwd].shape.block[0] == QT_ACT_LUT_THREADS &&
+                      p->ops[fwd].shape.grid[0] == OP_GEMM_SPLIT_SMS,
+                  "case %zu: grid %u of %u threads", i, p->ops[fwd].shape.grid[0],
+                  p->ops[fwd].shape.block[0]);
+        }
+        t_run_close(run);
+        free(run);
+    }
     test_end();
 }
 
@@ -1803,6 +1880,19 @@ static const t_case t_gpu_cases[] = {
      T_BIAS, 4, 12, 3.0},
     {"swiglu_f32_1x2", T_KIND_ACT, QT_ACT_SWIGLU, 1, 2, F32, F32, 0, 0, 13, 3.0},
     {"swiglu_bf16_512x8192", T_KIND_ACT, QT_ACT_SWIGLU, 512, 8192, BF16, BF16, 0, 0, 14, 3.0},
+    // The table kernels (op_act_lut_takes): random values and planted specials (in and out of
+    // the table's binades), every BF16 input into FP32 outputs (each table value in full), and
+    // element paths at misaligned addresses.
+    {"gelu_bf16_512x4096_table_special", T_KIND_ACT, QT_ACT_GELU, 512, 4096, BF16, BF16,
+     T_SPECIAL, 0, 15, 3.0},
+    {"gelu_bf16_f32_2048x1024_table_every_bf16", T_KIND_ACT, QT_ACT_GELU, 2048, 1024, BF16, F32,
+     T_EVERY_BF16, 0, 16, 1.0},
+    {"silu_bf16_f32_2048x1024_table_every_bf16", T_KIND_ACT, QT_ACT_SILU, 2048, 1024, BF16, F32,
+     T_EVERY_BF16, 0, 17, 1.0},
+    {"silu_bf16_2048x1024_table", T_KIND_ACT, QT_ACT_SILU, 2048, 1024, BF16, BF16, 0, 0, 18,
+     2.0},
+    {"gelu_bf16_4097x513_table_misaligned", T_KIND_ACT, QT_ACT_GELU, 4097, 513, BF16, BF16,
+     T_SPECIAL, 4, 19, 3.0},
     {"rmsnorm_bf16_64x4096", T_KIND_RMSNORM, 0, 64, 4096, BF16, BF16, 0, 0, 20, 1.0},
     {"rmsnorm_f32_257x3_special", T_KIND_RMSNORM, 0, 257, 3, F32, F32, T_SPECIAL, 0, 21, 1.0},
     {"rmsnorm_bf16_f32_13x1009_accum", T_KIND_RMSNORM, 0, 13, 1009, BF16, F32, T_ACCUM, 0, 22,
@@ -1850,6 +1940,8 @@ int main(void) {
     TEST_UNIT(test_act_special_values());
     TEST_UNIT(test_gelu_chunks_scalar());
     TEST_UNIT(test_act_edge_ranges());
+    TEST_UNIT(test_act_lut_entries());
+    TEST_UNIT(test_act_lut_choice());
     TEST_UNIT(test_act_accuracy());
     TEST_UNIT(test_swiglu_accuracy());
     TEST_UNIT(test_rmsnorm_parts());

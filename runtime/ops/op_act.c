@@ -3,6 +3,7 @@
 #include <stddef.h>  // offsetof
 
 #include "runtime/ops/op_core.h"  // op_shape_1d_capped
+#include "runtime/ops/op_gemm.h"  // OP_GEMM_SPLIT_SMS
 
 static void op_act_check_tensor(op_act_tensor t) {
     QT_ASSERT(prog_ref_present(t.ref));
@@ -27,6 +28,26 @@ static const launch_shape op_act_one_block = {{1, 1, 1}, {QT_ACT_THREADS, 1, 1},
 static launch_shape op_act_flat_shape(uint64_t count) {
     return op_shape_1d_capped((count + QT_ACT_CHUNK - 1) / QT_ACT_CHUNK, QT_ACT_THREADS,
                               OP_ACT_FLAT_BLOCKS_MAX);
+}
+
+// The table kernels (qt_act_fwd_lut, qt_act_bwd_lut; ptx/act.h, QT_ACT_LUT_*): one block of
+// QT_ACT_LUT_THREADS an SM of the GPUs the programs are planned for (OP_GEMM_SPLIT_SMS: a
+// program, like its bits, is the same on every GPU; the grid changes no value), fewer for a
+// tensor of fewer chunks. Each block computes the 4096-entry table first, 4 exact evaluations a
+// thread, which tensors from OP_ACT_LUT_ITEMS_MIN elements (1024 a block and more) repay many
+// times; smaller ones keep the flat kernels.
+#define OP_ACT_LUT_ITEMS_MIN (1ull << 21)
+
+static bool op_act_lut_takes(uint32_t act, bool grouped, op_act_tensor x, op_act_tensor bias,
+                             uint64_t items) {
+    return (act == QT_ACT_GELU || act == QT_ACT_SILU) && !grouped &&
+           x.dtype == QT_DTYPE_BF16 && !prog_ref_present(bias.ref) &&
+           items >= OP_ACT_LUT_ITEMS_MIN;
+}
+
+static launch_shape op_act_lut_shape(uint64_t items) {
+    return op_shape_1d_capped((items + QT_ACT_CHUNK - 1) / QT_ACT_CHUNK, QT_ACT_LUT_THREADS,
+                              OP_GEMM_SPLIT_SMS);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -62,6 +83,10 @@ static qt_status op_act_append(program *p, const char *name, bool backward, uint
     }
     uint64_t items = (uint64_t)rows * (swiglu ? cols / 2 : cols);
     launch_shape shape = op_act_flat_shape(items);
+    if (op_act_lut_takes(act, grouped, x, bias, items)) {
+        kernel = backward ? KERNEL_ACT_BWD_LUT : KERNEL_ACT_FWD_LUT;
+        shape = op_act_lut_shape(items);
+    }
     if (grouped && prog_ref_present(amax)) shape.smem_bytes = 4 * group->count;
     uint32_t op;
     QT_TRY(prog_append(p, kernel, name, &shape, &args, sizeof args, &op));

@@ -228,6 +228,11 @@ void ref_qt_swiglu_bwd(const act_args *a, const launch_shape *shape) {
     pool_for(ref_act_rows(a), ref_task_rows(a->cols), ref_swiglu_bwd_rows, (void *)a);
 }
 
+// The table kernels compute the same values (their tables hold qt_act_lut_value's).
+void ref_qt_act_fwd_lut(const act_args *a, const launch_shape *shape) { ref_qt_act_fwd(a, shape); }
+
+void ref_qt_act_bwd_lut(const act_args *a, const launch_shape *shape) { ref_qt_act_bwd(a, shape); }
+
 // The grouped kernels are the same twins: every twin above reads act_args.group.
 void ref_qt_act_fwd_grouped(const act_args *a, const launch_shape *shape) {
     ref_qt_act_fwd(a, shape);
