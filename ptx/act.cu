@@ -431,6 +431,10 @@ __device__ __forceinline__ void act_swiglu_bwd(const act_args &args, uint32_t *t
 // act_bwd_flat); the out-of-table inputs call the functions themselves, out of line, so that the
 // table's path stays a load and a branch an element.
 
+// Chunks a thread loads at once: 64 bytes forward, 96 backward (x and dy; a fourth chunk spills
+// at the 64 registers of 1024-thread blocks).
+#define QT_ACT_LUT_UNROLL(backward) ((backward) ? 3u : 4u)
+
 template <uint32_t kAct, bool kBackward>
 __device__ __noinline__ float act_lut_miss(float v) {
     return qt_act_lut_value(kAct, kBackward, v);
@@ -467,7 +471,34 @@ __device__ __forceinline__ void act_lut_flat(const act_args &args, float *table)
     uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
     uint64_t scalar_first = 0;
     float m = 0.0f;  // max |out| (NaN skipped); merged only with an amax slot
-    if (act_aligned16(args.x | args.dy | args.out)) {
+    bool dy_bf16 = !kBackward || args.dy_dtype == QT_DTYPE_BF16;
+    if (act_aligned16(args.x | args.dy | args.out) && dy_bf16) {
+        // BF16 inputs: QT_ACT_LUT_UNROLL chunks' loads issued before any of their arithmetic,
+        // kept as the loaded words (4 registers a chunk).
+        uint64_t chunks = count / 8;
+        const uint4 *x = (const uint4 *)(uintptr_t)args.x;
+        const uint4 *dy = (const uint4 *)(uintptr_t)args.dy;
+        for (uint64_t c = tid; c < chunks; c += QT_ACT_LUT_UNROLL(kBackward) * stride) {
+            uint4 xw[QT_ACT_LUT_UNROLL(kBackward)], dw[QT_ACT_LUT_UNROLL(kBackward)];
+#pragma unroll
+            for (uint32_t u = 0; u < QT_ACT_LUT_UNROLL(kBackward); u++) {
+                uint64_t cu = c + u * stride;
+                if (cu >= chunks) continue;
+                xw[u] = __ldg(x + cu);
+                if (kBackward) dw[u] = __ldg(dy + cu);
+            }
+#pragma unroll
+            for (uint32_t u = 0; u < QT_ACT_LUT_UNROLL(kBackward); u++) {
+                uint64_t cu = c + u * stride;
+                if (cu >= chunks) continue;
+                float v[8], dv[8] = {0};
+                act_unpack8_bf16(xw[u], v);
+                if (kBackward) act_unpack8_bf16(dw[u], dv);
+                act_lut_chunk<kAct, kBackward>(args, table, v, dv, cu * 8, m);
+            }
+        }
+        scalar_first = chunks * 8;
+    } else if (act_aligned16(args.x | args.dy | args.out)) {  // FP32 dy
         uint64_t chunks = count / 8;
         for (uint64_t c = tid; c < chunks; c += 2 * stride) {
             uint64_t c2 = c + stride;
@@ -575,6 +606,22 @@ __device__ __forceinline__ bool act_rows_vec(uint64_t addresses, uint32_t cols) 
     return act_aligned16(addresses) && cols % QT_ACT_CHUNK == 0;
 }
 
+// A lane's chunks of a row are c = lane, lane + 32, ... in order; each pass takes them
+// ACT_ROW_BATCH at a time, all of a batch's loads issued before any of its arithmetic, so that a
+// row of 4096 costs each pass 4 round trips to memory instead of 16 (one warp per row and one
+// wave of rows: each load's latency was the kernels' whole time, RMSNorm at 1.5 TB/s on an
+// H200). The arithmetic and its order are the same as one chunk at a time.
+#define ACT_ROW_BATCH 4u
+
+// Chunk b of the batch at c0 (a lane's chunk c0 + 32 b), or none past the row.
+__device__ __forceinline__ bool act_row_chunk(uint32_t c0, uint32_t b, uint32_t chunks,
+                                              uint32_t cols, uint32_t &c, uint32_t &n) {
+    c = c0 + 32u * b;
+    if (c >= chunks) return false;
+    n = act_chunk_len(c, cols);
+    return true;
+}
+
 // One warp per row: sum of squares (lane chunks, lane tree), inv, then y from a second read of
 // the row (which the first pass left in L1/L2). Returns the max |y| this lane stored.
 __device__ __forceinline__ float act_rmsnorm_fwd_row(const rmsnorm_args &args, uint64_t row) {
@@ -583,27 +630,45 @@ __device__ __forceinline__ float act_rmsnorm_fwd_row(const rmsnorm_args &args, u
     bool vec = act_rows_vec(args.x | args.gamma | args.out, cols);
     uint64_t base = row * cols;
     float acc = 0.0f;
-    for (uint32_t c = lane; c < chunks; c += 32) {
-        uint32_t n = act_chunk_len(c, cols);
-        float v[8];
-        act_load_chunk(args.x, base + c * 8, n, args.x_dtype, vec, v);
+    for (uint32_t c0 = lane; c0 < chunks; c0 += 32u * ACT_ROW_BATCH) {
+        float v[ACT_ROW_BATCH][8];
+        uint32_t c, n;
 #pragma unroll
-        for (uint32_t k = 0; k < 8; k++) {
-            if (k < n) acc = qt_fmaf(v[k], v[k], acc);
+        for (uint32_t b = 0; b < ACT_ROW_BATCH; b++) {
+            if (act_row_chunk(c0, b, chunks, cols, c, n)) {
+                act_load_chunk(args.x, base + c * 8, n, args.x_dtype, vec, v[b]);
+            }
+        }
+#pragma unroll
+        for (uint32_t b = 0; b < ACT_ROW_BATCH; b++) {
+            if (!act_row_chunk(c0, b, chunks, cols, c, n)) continue;
+#pragma unroll
+            for (uint32_t k = 0; k < 8; k++) {
+                if (k < n) acc = qt_fmaf(v[b][k], v[b][k], acc);
+            }
         }
     }
     float inv = qt_rmsnorm_inv(act_warp_sum(acc), cols, args.eps);
     if (lane == 0) ((float *)(uintptr_t)args.inv_rms)[row] = qt_act_canonical(inv);
     float m = 0.0f;
-    for (uint32_t c = lane; c < chunks; c += 32) {
-        uint32_t n = act_chunk_len(c, cols);
-        float v[8], g[8];
-        act_load_chunk(args.x, base + c * 8, n, args.x_dtype, vec, v);
-        act_load_chunk(args.gamma, (uint64_t)c * 8, n, args.gamma_dtype, vec, g);
+    for (uint32_t c0 = lane; c0 < chunks; c0 += 32u * ACT_ROW_BATCH) {
+        float v[ACT_ROW_BATCH][8], g[ACT_ROW_BATCH][8];
+        uint32_t c, n;
 #pragma unroll
-        for (uint32_t k = 0; k < 8; k++) v[k] = qt_rmsnorm_y(v[k], inv, g[k]);
-        act_store_chunk(args.out, base + c * 8, n, args.out_dtype, vec, v);
-        m = act_max_chunk(m, v, n);
+        for (uint32_t b = 0; b < ACT_ROW_BATCH; b++) {
+            if (act_row_chunk(c0, b, chunks, cols, c, n)) {
+                act_load_chunk(args.x, base + c * 8, n, args.x_dtype, vec, v[b]);
+                act_load_chunk(args.gamma, (uint64_t)c * 8, n, args.gamma_dtype, vec, g[b]);
+            }
+        }
+#pragma unroll
+        for (uint32_t b = 0; b < ACT_ROW_BATCH; b++) {
+            if (!act_row_chunk(c0, b, chunks, cols, c, n)) continue;
+#pragma unroll
+            for (uint32_t k = 0; k < 8; k++) v[b][k] = qt_rmsnorm_y(v[b][k], inv, g[b][k]);
+            act_store_chunk(args.out, base + c * 8, n, args.out_dtype, vec, v[b]);
+            m = act_max_chunk(m, v[b], n);
+        }
     }
     return m;
 }
@@ -629,27 +694,48 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
     uint64_t base = row * cols;
     float inv = ((const float *)(uintptr_t)args.inv_rms)[row];
     float acc = 0.0f;
-    for (uint32_t c = lane; c < chunks; c += 32) {
-        uint32_t n = act_chunk_len(c, cols);
-        float v[8], dy[8], g[8];
-        act_load_chunk(args.x, base + c * 8, n, args.x_dtype, vec, v);
-        act_load_chunk(args.dy, base + c * 8, n, args.dy_dtype, vec, dy);
-        act_load_chunk(args.gamma, (uint64_t)c * 8, n, args.gamma_dtype, vec, g);
+    // Two passes of ACT_ROW_BATCH chunks (act_rmsnorm_fwd_row), the same dot in the same order.
+    for (uint32_t c0 = lane; c0 < chunks; c0 += 32u * ACT_ROW_BATCH) {
+        float v[ACT_ROW_BATCH][8], dy[ACT_ROW_BATCH][8], g[ACT_ROW_BATCH][8];
+        uint32_t c, n;
 #pragma unroll
-        for (uint32_t k = 0; k < 8; k++) {
-            if (k < n) acc = qt_rmsnorm_dot(v[k], dy[k], g[k], inv, acc);
+        for (uint32_t b = 0; b < ACT_ROW_BATCH; b++) {
+            if (act_row_chunk(c0, b, chunks, cols, c, n)) {
+                act_load_chunk(args.x, base + c * 8, n, args.x_dtype, vec, v[b]);
+                act_load_chunk(args.dy, base + c * 8, n, args.dy_dtype, vec, dy[b]);
+                act_load_chunk(args.gamma, (uint64_t)c * 8, n, args.gamma_dtype, vec, g[b]);
+            }
+        }
+#pragma unroll
+        for (uint32_t b = 0; b < ACT_ROW_BATCH; b++) {
+            if (!act_row_chunk(c0, b, chunks, cols, c, n)) continue;
+#pragma unroll
+            for (uint32_t k = 0; k < 8; k++) {
+                if (k < n) acc = qt_rmsnorm_dot(v[b][k], dy[b][k], g[b][k], inv, acc);
+            }
         }
     }
     float mean_dot = qt_rmsnorm_mean_dot(act_warp_sum(acc), cols);
-    for (uint32_t c = lane; c < chunks; c += 32) {
-        uint32_t n = act_chunk_len(c, cols);
-        float v[8], dy[8], g[8];
-        act_load_chunk(args.x, base + c * 8, n, args.x_dtype, vec, v);
-        act_load_chunk(args.dy, base + c * 8, n, args.dy_dtype, vec, dy);
-        act_load_chunk(args.gamma, (uint64_t)c * 8, n, args.gamma_dtype, vec, g);
+    for (uint32_t c0 = lane; c0 < chunks; c0 += 32u * ACT_ROW_BATCH) {
+        float v[ACT_ROW_BATCH][8], dy[ACT_ROW_BATCH][8], g[ACT_ROW_BATCH][8];
+        uint32_t c, n;
 #pragma unroll
-        for (uint32_t k = 0; k < 8; k++) v[k] = qt_rmsnorm_dx(v[k], dy[k], g[k], inv, mean_dot);
-        act_store_chunk(args.out, base + c * 8, n, args.out_dtype, vec, v);
+        for (uint32_t b = 0; b < ACT_ROW_BATCH; b++) {
+            if (act_row_chunk(c0, b, chunks, cols, c, n)) {
+                act_load_chunk(args.x, base + c * 8, n, args.x_dtype, vec, v[b]);
+                act_load_chunk(args.dy, base + c * 8, n, args.dy_dtype, vec, dy[b]);
+                act_load_chunk(args.gamma, (uint64_t)c * 8, n, args.gamma_dtype, vec, g[b]);
+            }
+        }
+#pragma unroll
+        for (uint32_t b = 0; b < ACT_ROW_BATCH; b++) {
+            if (!act_row_chunk(c0, b, chunks, cols, c, n)) continue;
+#pragma unroll
+            for (uint32_t k = 0; k < 8; k++) {
+                v[b][k] = qt_rmsnorm_dx(v[b][k], dy[b][k], g[b][k], inv, mean_dot);
+            }
+            act_store_chunk(args.out, base + c * 8, n, args.out_dtype, vec, v[b]);
+        }
     }
 }
 
@@ -665,6 +751,8 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
     if (end > args.rows) end = args.rows;
     const float *inv = (const float *)(uintptr_t)args.inv_rms;
     float acc = 0.0f;
+    // Unrolled so that the loads of 4 rows are in flight together (the sum's order is the rows').
+#pragma unroll 4
     for (uint64_t r = first; r < end; r++) {
         uint64_t i = r * args.cols + col;
         float x = qt_act_load(args.x, i, args.x_dtype);

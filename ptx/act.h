@@ -633,17 +633,21 @@ QT_HD uint32_t qt_act_nonfinite(float v) {
 
 __device__ __forceinline__ bool act_aligned16(uint64_t address) { return (address & 15u) == 0; }
 
+// Eight BF16 values of one 16-byte load as FP32.
+__device__ __forceinline__ void act_unpack8_bf16(uint4 u, float v[8]) {
+    uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {  // element 2k is the low half of word k (little-endian)
+        v[2 * k] = __uint_as_float(w[k] << 16);
+        v[2 * k + 1] = __uint_as_float(w[k] & 0xFFFF0000u);
+    }
+}
+
 // base[first .. first + 8), first % 8 == 0, base 16-byte aligned.
 __device__ __forceinline__ void act_load8(uint64_t base, uint64_t first, uint32_t dtype,
                                           float v[8]) {
     if (dtype == QT_DTYPE_BF16) {
-        uint4 u = __ldg((const uint4 *)(uintptr_t)(base + first * 2));
-        uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-        for (int k = 0; k < 4; k++) {  // element 2k is the low half of word k (little-endian)
-            v[2 * k] = __uint_as_float(w[k] << 16);
-            v[2 * k + 1] = __uint_as_float(w[k] & 0xFFFF0000u);
-        }
+        act_unpack8_bf16(__ldg((const uint4 *)(uintptr_t)(base + first * 2)), v);
     } else {
         const float4 *p = (const float4 *)(uintptr_t)(base + first * 4);
         float4 a = __ldg(p), b = __ldg(p + 1);
