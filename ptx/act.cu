@@ -606,22 +606,6 @@ __device__ __forceinline__ bool act_rows_vec(uint64_t addresses, uint32_t cols) 
     return act_aligned16(addresses) && cols % QT_ACT_CHUNK == 0;
 }
 
-// A lane's chunks of a row are c = lane, lane + 32, ... in order; each pass takes them
-// ACT_ROW_BATCH at a time, all of a batch's loads issued before any of its arithmetic, so that a
-// row of 4096 costs each pass 4 round trips to memory instead of 16 (one warp per row and one
-// wave of rows: each load's latency was the kernels' whole time, RMSNorm at 1.5 TB/s on an
-// H200). The arithmetic and its order are the same as one chunk at a time.
-#define ACT_ROW_BATCH 4u
-
-// Chunk b of the batch at c0 (a lane's chunk c0 + 32 b), or none past the row.
-__device__ __forceinline__ bool act_row_chunk(uint32_t c0, uint32_t b, uint32_t chunks,
-                                              uint32_t cols, uint32_t &c, uint32_t &n) {
-    c = c0 + 32u * b;
-    if (c >= chunks) return false;
-    n = act_chunk_len(c, cols);
-    return true;
-}
-
 // One warp per row: sum of squares (lane chunks, lane tree), inv, then y from a second read of
 // the row (which the first pass left in L1/L2). Returns the max |y| this lane stored.
 __device__ __forceinline__ float act_rmsnorm_fwd_row(const rmsnorm_args &args, uint64_t row) {
@@ -630,45 +614,27 @@ __device__ __forceinline__ float act_rmsnorm_fwd_row(const rmsnorm_args &args, u
     bool vec = act_rows_vec(args.x | args.gamma | args.out, cols);
     uint64_t base = row * cols;
     float acc = 0.0f;
-    for (uint32_t c0 = lane; c0 < chunks; c0 += 32u * ACT_ROW_BATCH) {
-        float v[ACT_ROW_BATCH][8];
-        uint32_t c, n;
+    for (uint32_t c = lane; c < chunks; c += 32) {
+        uint32_t n = act_chunk_len(c, cols);
+        float v[8];
+        act_load_chunk(args.x, base + c * 8, n, args.x_dtype, vec, v);
 #pragma unroll
-        for (uint32_t b = 0; b < ACT_ROW_BATCH; b++) {
-            if (act_row_chunk(c0, b, chunks, cols, c, n)) {
-                act_load_chunk(args.x, base + c * 8, n, args.x_dtype, vec, v[b]);
-            }
-        }
-#pragma unroll
-        for (uint32_t b = 0; b < ACT_ROW_BATCH; b++) {
-            if (!act_row_chunk(c0, b, chunks, cols, c, n)) continue;
-#pragma unroll
-            for (uint32_t k = 0; k < 8; k++) {
-                if (k < n) acc = qt_fmaf(v[b][k], v[b][k], acc);
-            }
+        for (uint32_t k = 0; k < 8; k++) {
+            if (k < n) acc = qt_fmaf(v[k], v[k], acc);
         }
     }
     float inv = qt_rmsnorm_inv(act_warp_sum(acc), cols, args.eps);
     if (lane == 0) ((float *)(uintptr_t)args.inv_rms)[row] = qt_act_canonical(inv);
     float m = 0.0f;
-    for (uint32_t c0 = lane; c0 < chunks; c0 += 32u * ACT_ROW_BATCH) {
-        float v[ACT_ROW_BATCH][8], g[ACT_ROW_BATCH][8];
-        uint32_t c, n;
+    for (uint32_t c = lane; c < chunks; c += 32) {
+        uint32_t n = act_chunk_len(c, cols);
+        float v[8], g[8];
+        act_load_chunk(args.x, base + c * 8, n, args.x_dtype, vec, v);
+        act_load_chunk(args.gamma, (uint64_t)c * 8, n, args.gamma_dtype, vec, g);
 #pragma unroll
-        for (uint32_t b = 0; b < ACT_ROW_BATCH; b++) {
-            if (act_row_chunk(c0, b, chunks, cols, c, n)) {
-                act_load_chunk(args.x, base + c * 8, n, args.x_dtype, vec, v[b]);
-                act_load_chunk(args.gamma, (uint64_t)c * 8, n, args.gamma_dtype, vec, g[b]);
-            }
-        }
-#pragma unroll
-        for (uint32_t b = 0; b < ACT_ROW_BATCH; b++) {
-            if (!act_row_chunk(c0, b, chunks, cols, c, n)) continue;
-#pragma unroll
-            for (uint32_t k = 0; k < 8; k++) v[b][k] = qt_rmsnorm_y(v[b][k], inv, g[b][k]);
-            act_store_chunk(args.out, base + c * 8, n, args.out_dtype, vec, v[b]);
-            m = act_max_chunk(m, v[b], n);
-        }
+        for (uint32_t k = 0; k < 8; k++) v[k] = qt_rmsnorm_y(v[k], inv, g[k]);
+        act_store_chunk(args.out, base + c * 8, n, args.out_dtype, vec, v);
+        m = act_max_chunk(m, v, n);
     }
     return m;
 }
@@ -694,48 +660,27 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
     uint64_t base = row * cols;
     float inv = ((const float *)(uintptr_t)args.inv_rms)[row];
     float acc = 0.0f;
-    // Two passes of ACT_ROW_BATCH chunks (act_rmsnorm_fwd_row), the same dot in the same order.
-    for (uint32_t c0 = lane; c0 < chunks; c0 += 32u * ACT_ROW_BATCH) {
-        float v[ACT_ROW_BATCH][8], dy[ACT_ROW_BATCH][8], g[ACT_ROW_BATCH][8];
-        uint32_t c, n;
+    for (uint32_t c = lane; c < chunks; c += 32) {
+        uint32_t n = act_chunk_len(c, cols);
+        float v[8], dy[8], g[8];
+        act_load_chunk(args.x, base + c * 8, n, args.x_dtype, vec, v);
+        act_load_chunk(args.dy, base + c * 8, n, args.dy_dtype, vec, dy);
+        act_load_chunk(args.gamma, (uint64_t)c * 8, n, args.gamma_dtype, vec, g);
 #pragma unroll
-        for (uint32_t b = 0; b < ACT_ROW_BATCH; b++) {
-            if (act_row_chunk(c0, b, chunks, cols, c, n)) {
-                act_load_chunk(args.x, base + c * 8, n, args.x_dtype, vec, v[b]);
-                act_load_chunk(args.dy, base + c * 8, n, args.dy_dtype, vec, dy[b]);
-                act_load_chunk(args.gamma, (uint64_t)c * 8, n, args.gamma_dtype, vec, g[b]);
-            }
-        }
-#pragma unroll
-        for (uint32_t b = 0; b < ACT_ROW_BATCH; b++) {
-            if (!act_row_chunk(c0, b, chunks, cols, c, n)) continue;
-#pragma unroll
-            for (uint32_t k = 0; k < 8; k++) {
-                if (k < n) acc = qt_rmsnorm_dot(v[b][k], dy[b][k], g[b][k], inv, acc);
-            }
+        for (uint32_t k = 0; k < 8; k++) {
+            if (k < n) acc = qt_rmsnorm_dot(v[k], dy[k], g[k], inv, acc);
         }
     }
     float mean_dot = qt_rmsnorm_mean_dot(act_warp_sum(acc), cols);
-    for (uint32_t c0 = lane; c0 < chunks; c0 += 32u * ACT_ROW_BATCH) {
-        float v[ACT_ROW_BATCH][8], dy[ACT_ROW_BATCH][8], g[ACT_ROW_BATCH][8];
-        uint32_t c, n;
+    for (uint32_t c = lane; c < chunks; c += 32) {
+        uint32_t n = act_chunk_len(c, cols);
+        float v[8], dy[8], g[8];
+        act_load_chunk(args.x, base + c * 8, n, args.x_dtype, vec, v);
+        act_load_chunk(args.dy, base + c * 8, n, args.dy_dtype, vec, dy);
+        act_load_chunk(args.gamma, (uint64_t)c * 8, n, args.gamma_dtype, vec, g);
 #pragma unroll
-        for (uint32_t b = 0; b < ACT_ROW_BATCH; b++) {
-            if (act_row_chunk(c0, b, chunks, cols, c, n)) {
-                act_load_chunk(args.x, base + c * 8, n, args.x_dtype, vec, v[b]);
-                act_load_chunk(args.dy, base + c * 8, n, args.dy_dtype, vec, dy[b]);
-                act_load_chunk(args.gamma, (uint64_t)c * 8, n, args.gamma_dtype, vec, g[b]);
-            }
-        }
-#pragma unroll
-        for (uint32_t b = 0; b < ACT_ROW_BATCH; b++) {
-            if (!act_row_chunk(c0, b, chunks, cols, c, n)) continue;
-#pragma unroll
-            for (uint32_t k = 0; k < 8; k++) {
-                v[b][k] = qt_rmsnorm_dx(v[b][k], dy[b][k], g[b][k], inv, mean_dot);
-            }
-            act_store_chunk(args.out, base + c * 8, n, args.out_dtype, vec, v[b]);
-        }
+        for (uint32_t k = 0; k < 8; k++) v[k] = qt_rmsnorm_dx(v[k], dy[k], g[k], inv, mean_dot);
+        act_store_chunk(args.out, base + c * 8, n, args.out_dtype, vec, v);
     }
 }
 
@@ -751,8 +696,6 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
     if (end > args.rows) end = args.rows;
     const float *inv = (const float *)(uintptr_t)args.inv_rms;
     float acc = 0.0f;
-    // Unrolled so that the loads of 4 rows are in flight together (the sum's order is the rows').
-#pragma unroll 4
     for (uint64_t r = first; r < end; r++) {
         uint64_t i = r * args.cols + col;
         float x = qt_act_load(args.x, i, args.x_dtype);
