@@ -16,7 +16,7 @@
 #include <string.h>  // memset
 
 #include "runtime/ops/op_act.h"
-#include "runtime/ops/op_gemm.h"  // OP_GEMM_SPLIT_SMS, the table kernels' grid
+#include "runtime/ops/op_core.h"  // OP_PLAN_SMS, the table kernels' grid
 #include "runtime/ops/op_quant_fp8.h"  // op_fp8_amax_zero
 #include "tests/rig.h"
 #include "tests/test.h"
@@ -964,7 +964,7 @@ static void test_act_lut_choice(void) {
               c.cols, p->ops[fwd].kernel, p->ops[bwd].kernel, want_fwd, want_bwd);
         if (cases[i].table) {
             CHECK(p->ops[fwd].shape.block[0] == QT_ACT_LUT_THREADS &&
-                      p->ops[fwd].shape.grid[0] == OP_GEMM_SPLIT_SMS,
+                      p->ops[fwd].shape.grid[0] == OP_PLAN_SMS,
                   "case %zu: grid %u of %u threads", i, p->ops[fwd].shape.grid[0],
                   p->ops[fwd].shape.block[0]);
         }

@@ -2,8 +2,7 @@
 
 #include <stddef.h>  // offsetof
 
-#include "runtime/ops/op_core.h"  // op_shape_1d_capped
-#include "runtime/ops/op_gemm.h"  // OP_GEMM_SPLIT_SMS
+#include "runtime/ops/op_core.h"  // op_shape_1d_capped, OP_PLAN_SMS
 
 static void op_act_check_tensor(op_act_tensor t) {
     QT_ASSERT(prog_ref_present(t.ref));
@@ -31,11 +30,10 @@ static launch_shape op_act_flat_shape(uint64_t count) {
 }
 
 // The table kernels (qt_act_fwd_lut, qt_act_bwd_lut; ptx/act.h, QT_ACT_LUT_*): one block of
-// QT_ACT_LUT_THREADS an SM of the GPUs the programs are planned for (OP_GEMM_SPLIT_SMS: a
-// program, like its bits, is the same on every GPU; the grid changes no value), fewer for a
-// tensor of fewer chunks. Each block computes the 4096-entry table first, 4 exact evaluations a
-// thread, which tensors from OP_ACT_LUT_ITEMS_MIN elements (1024 a block and more) repay many
-// times; smaller ones keep the flat kernels.
+// QT_ACT_LUT_THREADS an SM of the GPUs the programs are planned for (OP_PLAN_SMS; the grid
+// changes no value), fewer for a tensor of fewer chunks. Each block computes the 4096-entry
+// table first, 4 exact evaluations a thread, which tensors from OP_ACT_LUT_ITEMS_MIN elements
+// (1024 a block and more) repay many times; smaller ones keep the flat kernels.
 #define OP_ACT_LUT_ITEMS_MIN (1ull << 21)
 
 static bool op_act_lut_takes(uint32_t act, bool grouped, op_act_tensor x, op_act_tensor bias,
@@ -47,7 +45,7 @@ static bool op_act_lut_takes(uint32_t act, bool grouped, op_act_tensor x, op_act
 
 static launch_shape op_act_lut_shape(uint64_t items) {
     return op_shape_1d_capped((items + QT_ACT_CHUNK - 1) / QT_ACT_CHUNK, QT_ACT_LUT_THREADS,
-                              OP_GEMM_SPLIT_SMS);
+                              OP_PLAN_SMS);
 }
 
 // ---------------------------------------------------------------------------------------------

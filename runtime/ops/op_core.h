@@ -10,6 +10,11 @@
 // Grid-stride kernels never need more blocks than this to fill any current GPU; values do not
 // depend on it.
 #define OP_GRID_BLOCKS_MAX 1024u
+// The SMs of the GPUs programs are planned for (an H100 SXM's and an H200's): launch shapes that
+// want one block or a few per SM take this count, not the device's, so that a program and its
+// bits are the same on every GPU and on the reference backend (on another GPU the grid only
+// fills the SMs less evenly).
+#define OP_PLAN_SMS 132u
 #define OP_CHECKSUM_THREADS 256u  // must equal QT_CHECKSUM_THREADS in ptx/core.cu
 
 qt_status op_fill_random(program *p, const char *name, prog_ref out, uint64_t count,

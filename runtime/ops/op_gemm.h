@@ -21,6 +21,7 @@
 
 #include "ptx/gemm.h"                 // gemm_args, GEMM_*
 #include "runtime/ops/op_act.h"       // op_act_tensor
+#include "runtime/ops/op_core.h"      // OP_PLAN_SMS
 #include "runtime/program/program.h"  // program, prog_ref
 
 typedef struct op_gemm_operand {
@@ -95,7 +96,7 @@ void op_gemm_operand_stack(op_gemm_operand *o, uint32_t format, bool scale_2d, b
 // every GPU and on the reference backend. 256 x 1024 x 1024 (64 small tiles) gets 2 parts of
 // 512; the 256 x 10 x 1024 head (4 tiles) 8 of 128. Such GEMMs have far fewer than the 32
 // tiles the sm_90a tier takes (gemm_tier.c), so a split never moves a GEMM off that tier.
-#define OP_GEMM_SPLIT_SMS 132u  // an H100 SXM's and an H200's SMs
+#define OP_GEMM_SPLIT_SMS OP_PLAN_SMS
 #define OP_GEMM_SPLIT_BLOCKS_MIN 4u
 uint32_t op_gemm_split_parts(const op_gemm_desc *g, uint32_t sm_count);
 // k per part of a split into `parts` (a multiple of GEMM_SPLIT_K_ALIGN; parts > 1).
