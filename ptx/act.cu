@@ -431,9 +431,9 @@ __device__ __forceinline__ void act_swiglu_bwd(const act_args &args, uint32_t *t
 // act_bwd_flat); the out-of-table inputs call the functions themselves, out of line, so that the
 // table's path stays a load and a branch an element.
 
-// Chunks a thread loads at once: 64 bytes forward, 96 backward (x and dy; a fourth chunk spills
-// at the 64 registers of 1024-thread blocks).
-#define QT_ACT_LUT_UNROLL(backward) ((backward) ? 3u : 4u)
+// Chunks a thread loads at once, 96 bytes either way: 6 forward, 3 backward (x and dy). One more
+// spills at the 64 registers of 1024-thread blocks.
+#define QT_ACT_LUT_UNROLL(backward) ((backward) ? 3u : 6u)
 
 template <uint32_t kAct, bool kBackward>
 __device__ __noinline__ float act_lut_miss(float v) {
