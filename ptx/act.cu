@@ -448,7 +448,13 @@ __device__ __forceinline__ float act_lut_apply(const float *table, float v, floa
     return kBackward ? dy * f : f;
 }
 
-// One chunk at element `first`: loads, applies, stores; returns max |out| of its values.
+// One chunk at element `first`: applies, stores, and merges max |out| of its values into m.
+__device__ __forceinline__ void act_lut_store(const act_args &args, const float out[8],
+                                              uint64_t first, float &m) {
+    m = fmaxf(m, act_max8(out));
+    act_store8_pairs(args.out, first, args.out_dtype, out);
+}
+
 template <uint32_t kAct, bool kBackward>
 __device__ __forceinline__ void act_lut_chunk(const act_args &args, const float *table,
                                               const float v[8], const float dy[8],
@@ -456,8 +462,42 @@ __device__ __forceinline__ void act_lut_chunk(const act_args &args, const float 
     float out[8];
 #pragma unroll
     for (int k = 0; k < 8; k++) out[k] = act_lut_apply<kAct, kBackward>(table, v[k], dy[k]);
-    m = fmaxf(m, act_max8(out));
-    act_store8_pairs(args.out, first, args.out_dtype, out);
+    act_lut_store(args, out, first, m);
+}
+
+// The same for a chunk of BF16 inputs as loaded (xw): the eight entries straight from the words,
+// one test for the chunk, and the per-element path only for a chunk with an input outside the
+// table.
+template <uint32_t kAct, bool kBackward>
+__device__ __forceinline__ void act_lut_chunk_words(const act_args &args, const float *table,
+                                                    uint4 xw, const float dy[8], uint64_t first,
+                                                    float &m) {
+    const uint32_t w[4] = {xw.x, xw.y, xw.z, xw.w};
+    uint32_t h[8], offset[8], any = 0;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {  // element 2k is the low half of word k (act_unpack8_bf16)
+        h[2 * k] = w[k] & 0xFFFFu;
+        h[2 * k + 1] = w[k] >> 16;
+    }
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        offset[k] = qt_act_lut_offset(h[k]);
+        any |= offset[k];
+    }
+    float out[8];
+    if (any < QT_ACT_LUT_SIGN_ENTRIES) {  // every offset is: its bits are all below bit 11
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            float f = table[qt_act_lut_entry_of(h[k], offset[k])];
+            out[k] = kBackward ? dy[k] * f : f;
+        }
+    } else {
+        float v[8];
+        act_unpack8_bf16(xw, v);
+#pragma unroll
+        for (int k = 0; k < 8; k++) out[k] = act_lut_apply<kAct, kBackward>(table, v[k], dy[k]);
+    }
+    act_lut_store(args, out, first, m);
 }
 
 template <uint32_t kAct, bool kBackward>
@@ -491,10 +531,9 @@ __device__ __forceinline__ void act_lut_flat(const act_args &args, float *table)
             for (uint32_t u = 0; u < QT_ACT_LUT_UNROLL(kBackward); u++) {
                 uint64_t cu = c + u * stride;
                 if (cu >= chunks) continue;
-                float v[8], dv[8] = {0};
-                act_unpack8_bf16(xw[u], v);
+                float dv[8] = {0};
                 if (kBackward) act_unpack8_bf16(dw[u], dv);
-                act_lut_chunk<kAct, kBackward>(args, table, v, dv, cu * 8, m);
+                act_lut_chunk_words<kAct, kBackward>(args, table, xw[u], dv, cu * 8, m);
             }
         }
         scalar_first = chunks * 8;

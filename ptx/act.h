@@ -466,13 +466,25 @@ QT_HD float qt_act_backward(uint32_t act, float v, float dy) {
 #define QT_ACT_LUT_THREADS 1024  // one block an SM: the table's cost is paid once per block
 #define QT_ACT_LUT_WARPS 32
 
+// A BF16 word h (the low 16 bits) has an entry iff its magnitude's offset into the table's
+// binades, qt_act_lut_offset(h), is below QT_ACT_LUT_SIGN_ENTRIES (it wraps below the first
+// binade): then the entry is the offset with the sign as bit 11 (qt_act_lut_entry_of). The
+// kernels test a chunk's eight offsets at once (one OR) and take each entry in three operations.
+QT_STATIC_ASSERT(QT_ACT_LUT_SIGN_ENTRIES == 0x800u, "the sign is the entry's bit 11");
+QT_HD uint32_t qt_act_lut_offset(uint32_t h) {
+    return (h & 0x7FFFu) - (QT_ACT_LUT_EXP_FIRST << 7);
+}
+
+QT_HD uint32_t qt_act_lut_entry_of(uint32_t h, uint32_t offset) {
+    return offset | ((h >> 4) & QT_ACT_LUT_SIGN_ENTRIES);
+}
+
 // The entry of v, a BF16 value (its low 16 FP32 bits zero), or QT_ACT_LUT_ENTRIES outside the
 // table's binades.
 QT_HD uint32_t qt_act_lut_entry(float v) {
-    uint32_t b = qt_f32_bits(v) >> 16;
-    uint32_t binade = ((b >> 7) & 0xFFu) - QT_ACT_LUT_EXP_FIRST;  // wraps below the first
-    if (binade >= QT_ACT_LUT_EXPS) return QT_ACT_LUT_ENTRIES;
-    return (b >> 15) * QT_ACT_LUT_SIGN_ENTRIES + binade * 128u + (b & 0x7Fu);
+    uint32_t h = qt_f32_bits(v) >> 16;
+    uint32_t offset = qt_act_lut_offset(h);
+    return offset < QT_ACT_LUT_SIGN_ENTRIES ? qt_act_lut_entry_of(h, offset) : QT_ACT_LUT_ENTRIES;
 }
 
 // The input of entry e < QT_ACT_LUT_ENTRIES (qt_act_lut_entry's inverse).
