@@ -249,7 +249,7 @@ __device__ __forceinline__ void act_fwd_flat(const act_args &args, uint32_t *tab
 #pragma unroll
             for (int k = 0; k < 8; k++) v[k] = qt_act_forward(kAct, v[k]);
             if (args.amax) act_amax_note<kGrouped>(args, s, table, c * 8, args.cols, act_max8(v));
-            act_store8_pairs(args.out, c * 8, args.out_dtype, v);
+            act_store8(args.out, c * 8, args.out_dtype, v);
         }
         scalar_first = count / 8 * 8;
     }
@@ -277,7 +277,7 @@ __device__ __forceinline__ void act_bwd_flat(const act_args &args, uint32_t *tab
 #pragma unroll
             for (int k = 0; k < 8; k++) v[k] = qt_act_backward(kAct, v[k], dy[k]);
             if (args.amax) act_amax_note<kGrouped>(args, s, table, c * 8, args.cols, act_max8(v));
-            act_store8_pairs(args.out, c * 8, args.out_dtype, v);
+            act_store8(args.out, c * 8, args.out_dtype, v);
         }
         scalar_first = count / 8 * 8;
     }
@@ -452,7 +452,7 @@ __device__ __forceinline__ float act_lut_apply(const float *table, float v, floa
 __device__ __forceinline__ void act_lut_store(const act_args &args, const float out[8],
                                               uint64_t first, float &m) {
     m = fmaxf(m, act_max8(out));
-    act_store8_pairs(args.out, first, args.out_dtype, out);
+    act_store8(args.out, first, args.out_dtype, out);
 }
 
 template <uint32_t kAct, bool kBackward>

@@ -261,7 +261,7 @@ __device__ __forceinline__ void moe_combine_chunks(const moe_combine_args &a) {
                 for (int k = 0; k < 8; k++) acc[k] = qt_fmaf(w[u], v[u][k], acc[k]);
             }
         }
-        act_store8_pairs(a.out, i * QT_ACT_CHUNK, a.out_dtype, acc);
+        act_store8(a.out, i * QT_ACT_CHUNK, a.out_dtype, acc);
     }
 }
 
