@@ -1247,6 +1247,17 @@ static void stage_amax_poison(rig *r, const stage_amax *a) {
     RIG_OK(backend_write(&r->be, rig_ref(r, a->out, 0), &stale, 4));
 }
 
+// One step of a staging test: the step counter set, the slots' zeroed region filled and the
+// amax output poisoned, the program run, and the zeroed region checked.
+static void stage_run_step(rig *r, arena_handle counter, uint64_t step, arena_handle zeroed,
+                           const stage_amax *amax) {
+    RIG_OK(backend_write(&r->be, rig_ref(r, counter, 0), &step, 8));
+    slots_fill(r, zeroed);
+    stage_amax_poison(r, amax);
+    RIG_OK(backend_run(&r->be, &r->prog));
+    slots_check(r, zeroed);
+}
+
 // After a launch: the output is `want`'s bits (max |x| over the FP32 inputs as stored, NaN
 // skipped), the fold is zero again.
 static void stage_amax_check(rig *r, const stage_amax *a, float want, const char *what) {
@@ -1321,11 +1332,7 @@ static void stage_case(rig *rp, const stage_shape *sh) {
     }
     RIG_OK(backend_write(&r->be, rig_ref(r, src, 0), slots, 2 * slot.bytes));
     for (uint64_t step = 1; step <= 2; step++) {
-        RIG_OK(backend_write(&r->be, rig_ref(r, counter, 0), &step, 8));
-        slots_fill(r, zeroed);
-        stage_amax_poison(r, &amax);
-        RIG_OK(backend_run(&r->be, &r->prog));
-        slots_check(r, zeroed);
+        stage_run_step(r, counter, step, zeroed, &amax);
         RIG_OK(backend_read(&r->be, out, rig_ref(r, dst, 0), batch.bytes));
         const uint8_t *s1 = slots + (step % 2) * slot.bytes;
         CHECK(memcmp(out, s1, slot.inputs_offset) == 0, "%s: header region differs",
@@ -1378,11 +1385,7 @@ static void stage_copy_case(rig *r) {
     memcpy(slots + 2 * COPY_BYTES + FIRST + 4 * COUNT, &inf, 4);
     RIG_OK(backend_write(&r->be, rig_ref(r, src, 0), slots, sizeof slots));
     for (uint64_t step = 4; step <= 5; step++) {
-        RIG_OK(backend_write(&r->be, rig_ref(r, counter, 0), &step, 8));
-        slots_fill(r, zeroed);
-        stage_amax_poison(r, &amax);
-        RIG_OK(backend_run(&r->be, &r->prog));
-        slots_check(r, zeroed);
+        stage_run_step(r, counter, step, zeroed, &amax);
         RIG_OK(backend_read(&r->be, out, rig_ref(r, dst, 0), sizeof out));
         const uint8_t *slot = slots + (step % 3) * COPY_BYTES;
         CHECK(memcmp(out, slot, COPY_BYTES) == 0, "%s: the batch is not slot %u",
