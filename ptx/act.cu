@@ -426,10 +426,12 @@ __device__ __forceinline__ void act_swiglu_bwd(const act_args &args, uint32_t *t
 // ---------------------------------------------------------------------------------------------
 // GELU and SiLU of a BF16 input without a bias through a table (act.h, QT_ACT_LUT_*): dense,
 // one block of QT_ACT_LUT_THREADS an SM (op_act picks them for large tensors, whose elements
-// repay the table), two chunks a thread in flight so that one block an SM keeps enough loads
-// outstanding. Values, amax and element order are the flat kernels' (act_fwd_flat,
-// act_bwd_flat); the out-of-table inputs call the functions themselves, out of line, so that the
-// table's path stays a load and a branch an element.
+// repay the table), several chunks a thread in flight (QT_ACT_LUT_UNROLL) so that one block an
+// SM keeps enough loads outstanding. Values, amax and element order are the flat kernels'
+// (act_fwd_flat, act_bwd_flat). A chunk of aligned BF16 words takes its entries from the words
+// with one test for all eight (act_lut_chunk_words); inputs outside the table call the functions
+// themselves, out of line (act_lut_miss), so that the table's path stays a few integer
+// operations and a shared-memory load an element.
 
 // Chunks a thread loads at once, 96 bytes either way: 6 forward, 3 backward (x and dy). One more
 // spills at the 64 registers of 1024-thread blocks.
