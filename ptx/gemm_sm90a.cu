@@ -324,7 +324,8 @@ GEMM_WGMMA(gemm_wgmma_e4m3_n192, 192, "wgmma.mma_async.sync.aligned.m64n192k32.f
            GEMM_WGMMA_REGS_96, GEMM_WGMMA_D_96, "%96, %97", "%98", "1, 1", false, false, 1);
 GEMM_WGMMA(gemm_wgmma_e5m2_n192, 192, "wgmma.mma_async.sync.aligned.m64n192k32.f32.e5m2.e4m3",
            GEMM_WGMMA_REGS_96, GEMM_WGMMA_D_96, "%96, %97", "%98", "1, 1", false, false, 1);
-// Half of a split tile's columns (gemm_mainloop_split multiplies its 192 columns as two halves).
+// Half of a block-scaled tile's columns (gemm_mainloop_block multiplies its 192 columns as two
+// halves).
 GEMM_WGMMA(gemm_wgmma_e4m3_n96, 96, "wgmma.mma_async.sync.aligned.m64n96k32.f32.e4m3.e4m3",
            GEMM_WGMMA_REGS_48, GEMM_WGMMA_D_48, "%48, %49", "%50", "1, 1", false, false, 1);
 GEMM_WGMMA(gemm_wgmma_e5m2_n96, 96, "wgmma.mma_async.sync.aligned.m64n96k32.f32.e5m2.e4m3",

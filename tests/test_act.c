@@ -262,12 +262,13 @@ static void t_build_act(t_run *run, const t_case *c) {
     t_buf_add(run, A_DY, "dy", c->out_dtype, ny, c->misalign);
     t_buf_add(run, A_Y, "y", c->out_dtype, ny, c->misalign);
     t_buf_add(run, A_DX, "dx", c->out_dtype, n, c->misalign);
-    t_fill(run, A_X, c->seed, c->scale, 0, sp);
     if (c->flags & T_EVERY_BF16) {
         uint16_t *words = malloc(n * 2);
         for (uint64_t i = 0; i < n; i++) words[i] = (uint16_t)i;
         t_set_words(run, A_X, words);
         free(words);
+    } else {
+        t_fill(run, A_X, c->seed, c->scale, 0, sp);
     }
     if (c->flags & T_BIAS) t_fill(run, A_BIAS, c->seed + 1, 0.5, 0, false);
     t_fill(run, A_DY, c->seed + 2, 1.0, 0, sp);
