@@ -161,15 +161,6 @@ __device__ __forceinline__ void act_amax_flush(const act_args &a, float m) {
     act_amax_flush_slot(a.amax, a.out_dtype, m);
 }
 
-// max(m, |v[k]|) over the first n of a chunk's values (NaN skipped).
-__device__ __forceinline__ float act_max_chunk(float m, const float v[8], uint32_t n) {
-#pragma unroll
-    for (uint32_t k = 0; k < 8; k++) {
-        if (k < n) m = fmaxf(m, fabsf(v[k]));
-    }
-    return m;
-}
-
 // act_args.amax as one thread sees it: the max |v| of the values it stored so far and, for a
 // grouped output, the member they belong to, with that member's elements of out [begin, end) and
 // the end of its valid rows. kGrouped is a template parameter of the kernels, so the dense ones

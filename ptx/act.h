@@ -691,13 +691,17 @@ __device__ __forceinline__ void act_store8(uint64_t base, uint64_t first, uint32
     }
 }
 
-// max |v[k]| over a chunk (NaN skipped, as fmaxf does).
-__device__ __forceinline__ float act_max8(const float v[8]) {
-    float m = 0.0f;
+// max(m, |v[k]|) over the first n of a chunk's values (NaN skipped, as fmaxf does).
+__device__ __forceinline__ float act_max_chunk(float m, const float v[8], uint32_t n) {
 #pragma unroll
-    for (int k = 0; k < 8; k++) m = fmaxf(m, fabsf(v[k]));
+    for (uint32_t k = 0; k < 8; k++) {
+        if (k < n) m = fmaxf(m, fabsf(v[k]));
+    }
     return m;
 }
+
+// max |v[k]| over a whole chunk.
+__device__ __forceinline__ float act_max8(const float v[8]) { return act_max_chunk(0.0f, v, 8); }
 
 // ---------------------------------------------------------------------------------------------
 // Per-member amax tables (see the header comment). Every thread of the block calls the zero and
