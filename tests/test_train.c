@@ -1045,8 +1045,6 @@ static void slots_text(const char *path, const char *scheme, char *out, size_t b
              "[schedule]\ntrain 12\neval all\ninfer 2\ntrain 3\neval 2\n");
 }
 
-// Ops of kernels that zero amaxes of their own (the slots' first op and the optimizer's begin
-// take them all) in the train, eval and infer programs.
 // Ops of the given kernels in the program of `mode` (0 when the run has none).
 static uint32_t slots_count_ops(const run *r, int mode, const kernel_id *kernels,
                                 uint32_t count) {
@@ -1058,6 +1056,8 @@ static uint32_t slots_count_ops(const run *r, int mode, const kernel_id *kernels
     return n;
 }
 
+// Ops of kernels that zero amaxes of their own (the slots' first op and the optimizer's begin
+// take them all) in the train, eval and infer programs.
 static uint32_t slots_zero_ops(const run *r) {
     static const kernel_id zeroing[] = {KERNEL_FP8_AMAX_ZERO, KERNEL_NVFP4_AMAX_ZERO,
                                         KERNEL_OPTIM_AMAX_ZERO};
