@@ -158,6 +158,16 @@ __device__ __forceinline__ void gemm_tma_store_2d(const gemm_tensor_map *map, ui
         : "memory");
 }
 
+// The same into the D of member z, through a map whose third dimension is the member.
+__device__ __forceinline__ void gemm_tma_store_3d(const gemm_tensor_map *map, uint32_t src,
+                                                  int32_t x, int32_t y, int32_t z) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group"
+        " [%0, {%2, %3, %4}], [%1];\n" ::"l"(map),
+        "r"(src), "r"(x), "r"(y), "r"(z)
+        : "memory");
+}
+
 __device__ __forceinline__ void gemm_bulk_commit() {
     asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }
@@ -1410,13 +1420,14 @@ __device__ __forceinline__ uint32_t gemm_pack_bf16_d(float lo, float hi) {
 }
 
 // The rows of chunk `buffer` (columns col0 ...) that lie inside the tile, rows r0 ... m_end - 1,
-// copied to D by the warpgroup's threads.
+// copied to the member's D by the warpgroup's threads.
 template <uint32_t kOutBytes>
 __device__ __forceinline__ void gemm_epilogue_copy(const gemm_args &g, uint32_t buffer,
-                                                   uint32_t r0, uint32_t m_end, uint32_t col0) {
+                                                   uint32_t member, uint32_t r0, uint32_t m_end,
+                                                   uint32_t col0) {
     constexpr uint32_t kPieces = GEMM_SM90A_EPI_ROWS * 8u;  // 16-byte pieces of a chunk
     uint32_t tid = threadIdx.x & 127u;
-    uint8_t *d = reinterpret_cast<uint8_t *>(g.d);
+    uint8_t *d = reinterpret_cast<uint8_t *>(g.d) + member * g.d_member_bytes;
 #pragma unroll
     for (uint32_t i = 0; i < kPieces / 128u; i++) {
         uint32_t piece = tid + 128u * i, row = piece / 8u, c16 = piece % 8u;
@@ -1499,9 +1510,14 @@ __device__ __forceinline__ void gemm_epilogue_staged(const gemm_sm90a_args &args
         gemm_fence_proxy_async();
         gemm_epi_barrier(wg);
         if (!tma) {
-            gemm_epilogue_copy<kOutBytes>(g, buffer, r0, p.m_end, col0);
+            gemm_epilogue_copy<kOutBytes>(g, buffer, p.member, r0, p.m_end, col0);
         } else if (tid == 0) {
-            gemm_tma_store_2d(&args.d, buffer, (int32_t)col0, (int32_t)r0);
+            if (g.d_member_bytes != 0) {
+                gemm_tma_store_3d(&args.d, buffer, (int32_t)col0, (int32_t)r0,
+                                  (int32_t)p.member);
+            } else {
+                gemm_tma_store_2d(&args.d, buffer, (int32_t)col0, (int32_t)r0);
+            }
             gemm_bulk_commit();
         }
         chunks++;

@@ -150,9 +150,11 @@ QT_STATIC_ASSERT(sizeof(gemm_tensor_map) == 128, "gemm_tensor_map is a CUtensorM
 //   a_scale  MXFP8 and NVFP4 with scale_tma: A's scale bytes {k / block, m}, box {16 or 32,
 //            128}
 //   d        D (bf16 or fp32): {n, m}, box {128 bytes of columns, 64}, 128-byte swizzle; the
-//            epilogue's TMA stores, which clip at the tensor's edges. Valid when d_tma is 1:
-//            D 16-byte aligned with rows a multiple of 16 bytes long and apart, no C to add, and
-//            one D for all members; else the consumers store D from registers.
+//            epilogue's TMA stores, which clip at the tensor's edges. Where each member has its
+//            own D (d_member_bytes, the K-grouped wgrad's): {n, m, members}, box {.., .., 1},
+//            each tile stored at its member. Valid when d_tma is 1: D 16-byte aligned with rows
+//            (and members' Ds) a multiple of 16 bytes long and apart, no C to add; else the
+//            consumers store D from registers.
 // (the emulated formats' maps hold code bytes: {k bytes, rows}, box {64 or 32, rows}; an
 // outer-major BF16 operand's map is {rows, k} or {rows, k, members}, box {64, 64} or
 // {64, 64, 1}, loaded once per 64 tile rows).

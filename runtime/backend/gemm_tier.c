@@ -295,25 +295,28 @@ static qt_status gemm_tier_operand_maps(const gemm_args *g, gemm_sm90a_args *arg
     return QT_OK;
 }
 
-// D's map for the epilogue's TMA stores (gemm_sm90a.h): {n, m}, box {128 bytes of columns,
-// 64 rows}, 128-byte swizzle. Only where the staged epilogue can write D as the register stores
-// would: D, its row pitch and its row length in whole 16-byte pieces (TMA's alignment, and the
-// copies of the boxes that would cross a member), no C to read (beta C is added on the register
-// path), one D for every member. Otherwise d_tma stays 0.
+// D's map for the epilogue's TMA stores (gemm_sm90a.h): {n, m}, box {128 bytes of columns, 64
+// rows}, 128-byte swizzle; {n, m, members}, box {.., .., 1} where each member has its own D (the
+// K-grouped wgrad's, d_member_bytes apart). Only where the staged epilogue can write D as the
+// register stores would: D, its row pitch, its row length and the distance between members' Ds
+// in whole 16-byte pieces (TMA's alignment, and the copies of the boxes that would cross a
+// member), no C to read (beta C is added on the register path). Otherwise d_tma stays 0.
 static qt_status gemm_tier_output_map(const gemm_args *g, gemm_sm90a_args *args) {
     bool bf16 = g->d_dtype == QT_DTYPE_BF16;
     uint64_t elem_bytes = bf16 ? 2u : 4u;
+    uint64_t row_bytes = g->ldd * elem_bytes;
     bool reads_c = g->c != 0 && g->beta != 0.0f;
-    if ((!bf16 && g->d_dtype != QT_DTYPE_F32) || reads_c || g->d_member_bytes != 0 ||
-        !gemm_tier_aligned16(g->d) || !gemm_tier_aligned16(g->ldd * elem_bytes) ||
-        !gemm_tier_aligned16(g->n * elem_bytes)) {
+    bool members_apart = g->d_member_bytes != 0;
+    if ((!bf16 && g->d_dtype != QT_DTYPE_F32) || reads_c || !gemm_tier_aligned16(g->d) ||
+        !gemm_tier_aligned16(row_bytes) || !gemm_tier_aligned16(g->n * elem_bytes) ||
+        (members_apart && !gemm_tier_aligned16(g->d_member_bytes))) {
         return QT_OK;
     }
     gemm_tier_map d = {bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
-                       2,
+                       members_apart ? 3u : 2u,
                        g->d,
-                       {g->n, g->m, 1},
-                       {g->ldd * elem_bytes, 0},
+                       {g->n, g->m, members_apart ? g->group.count : 1u},
+                       {row_bytes, members_apart ? g->d_member_bytes : 0u},
                        {(cuuint32_t)(128u / elem_bytes), GEMM_SM90A_EPI_ROWS, 1},
                        CU_TENSOR_MAP_SWIZZLE_128B};
     QT_TRY(gemm_tier_encode(&d, &args->d));
