@@ -12,7 +12,11 @@
 # lines) and the table (bench_step.md) go to $OUT when it is set, else to a new temporary folder.
 #
 # Environment: PYTHON (default python3) runs the peer; QT_BENCH_PEER_MODES its --modes (default
-# eager,compile,fp8,graph); QT_BENCH_FASHION=0 skips Fashion-MNIST.
+# eager,compile,fp8,graph); QT_BENCH_FASHION=0 skips Fashion-MNIST; QT_BENCH_RUNS=N (default 1)
+# runs qtrain N times per recipe, in rounds (every recipe once, then again), so that a slow
+# stretch of the machine falls on every recipe alike: the tables then show the median of the N
+# runs (ms/step, steps/s; arena and accuracy from the first), and a list after them every run's
+# figure.
 # Exit status: 0 when every run succeeded; 1 (after the table, with a FAILED line per run) when
 # any qtrain run or peer mode failed or printed no timing; 2 when the build fails or there is no
 # GPU (the reference backend would take hours at this size).
@@ -20,6 +24,13 @@ set -u
 
 python=${PYTHON:-python3}
 peer_modes=${QT_BENCH_PEER_MODES:-eager,compile,fp8,graph}
+runs=${QT_BENCH_RUNS:-1}
+case $runs in
+'' | *[!0-9]* | 0*)
+    echo "bench_step: QT_BENCH_RUNS must be a whole number from 1 (got '$runs')" >&2
+    exit 2
+    ;;
+esac
 fashion_dir=.data/usr/share/datasets/fashion-mnist
 . tools/bench_lib.sh  # logs, failures, fail
 
@@ -50,11 +61,16 @@ peer_of() {
     if [ -f "$peer" ]; then echo "$peer"; else echo "$1"; fi
 }
 
-# Runs qtrain on a recipe into its log; a failure, or a summary without the line that starts
-# with $2, is recorded.
+# The log of run $2 (1 ... runs) of recipe $1.
+qtrain_log() {
+    echo "$logs/qtrain_$(basename "$1" .recipe).$2.log"
+}
+
+# Runs qtrain on a recipe (run $3) into its log; a failure, or a summary without the line that
+# starts with $2, is recorded.
 run_qtrain() {
-    log=$logs/qtrain_$(basename "$1" .recipe).log
-    echo "qtrain run $1" >&2
+    log=$(qtrain_log "$1" "$3")
+    echo "qtrain run $1 (run $3 of $runs)" >&2
     if ! build/qtrain run "$1" > "$log" 2>&1; then
         tail -5 "$log" >&2
         fail "qtrain run $1 (log: $log)"
@@ -62,6 +78,27 @@ run_qtrain() {
         fail "qtrain run $1 printed no '$2' line (log: $log)"
     fi
 }
+
+# The figure that sed expression $2 takes from each run's log of recipe $1, one per line ("-"
+# where a run printed none).
+run_figures() {
+    r=1
+    while [ "$r" -le "$runs" ]; do
+        v=$(sed -n "$2" "$(qtrain_log "$1" "$r")" 2>/dev/null | head -n 1)
+        echo "${v:--}"
+        r=$((r + 1))
+    done
+}
+
+# The median of the numbers on standard input ("-" lines skipped; "-" when none is left).
+median() {
+    grep -v '^-$' | sort -g | awk '{ v[NR] = $1 }
+        END { if (NR == 0) print "-"; else if (NR % 2) print v[(NR + 1) / 2];
+              else printf "%.3f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+
+ms_sed='s/^step time    median \([0-9.]*\) ms.*/\1/p'
+rate_sed='s/^train rate   \([0-9.]*\) steps\/s.*/\1/p'
 
 # a / b to two decimals, "-" when either is missing.
 ratio() {
@@ -87,19 +124,23 @@ else
     recipes=$(ls recipes/bench/*.recipe)
 fi
 
-# qtrain: one run per recipe; the peer once per model shape (resmlp_*, swiglu_*, ...).
+# qtrain: runs rounds of one run per recipe; the peer once per model shape (resmlp_*, ...).
 peers=""
 for recipe in $recipes; do
-    run_qtrain "$recipe" "step time    median "
     peer=$(peer_of "$recipe")
     case " $peers " in *" $peer "*) ;; *) peers="$peers $peer" ;; esac
 done
 fashion=""
 if [ "${QT_BENCH_FASHION:-1}" != 0 ] && [ -f "$fashion_dir/train-images-idx3-ubyte.gz" ]; then
     fashion=$(ls recipes/fashion_mnist_*.recipe)
-    for recipe in $fashion; do run_qtrain "$recipe" "train rate "; done
     peers="$peers recipes/fashion_mnist_bf16.recipe"
 fi
+round=1
+while [ "$round" -le "$runs" ]; do
+    for recipe in $recipes; do run_qtrain "$recipe" "step time    median " "$round"; done
+    for recipe in $fashion; do run_qtrain "$recipe" "train rate " "$round"; done
+    round=$((round + 1))
+done
 rm -f "$logs/peer.jsonl"
 echo "$python tools/peer_torch.py$peers --modes $peer_modes" >&2
 # shellcheck disable=SC2086  # the recipe paths have no blanks
@@ -128,11 +169,9 @@ table=$logs/bench_step.md
     echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
     for recipe in $recipes; do
         name=$(basename "$recipe" .recipe)
-        log=$logs/qtrain_$name.log
+        log=$(qtrain_log "$recipe" 1)
         peer=$(peer_of "$recipe")
-        ms=$(sed -n 's/^step time    median \([0-9.]*\) ms.*/\1/p' "$log" 2>/dev/null |
-             head -n 1)
-        [ -n "$ms" ] || ms=-
+        ms=$(run_figures "$recipe" "$ms_sed" | median)
         arena=$(sed -n 's/^arena bytes  device \([0-9]*\),.*/\1/p' "$log" 2>/dev/null |
                 head -n 1)
         flop=$("$python" tools/peer_torch.py --parse-only "$recipe" |
@@ -167,9 +206,8 @@ table=$logs/bench_step.md
              "steps/s | PyTorch accuracy | qtrain / PyTorch rate |"
         echo "|---|---|---|---|---|---|"
         for recipe in $fashion; do
-            log=$logs/qtrain_$(basename "$recipe" .recipe).log
-            rate=$(sed -n 's/^train rate   \([0-9.]*\) steps\/s.*/\1/p' "$log" 2>/dev/null |
-                   head -n 1)
+            log=$(qtrain_log "$recipe" 1)
+            rate=$(run_figures "$recipe" "$rate_sed" | median)
             acc=$(sed -n 's/^eval         accuracy \([0-9.]*%\).*/\1/p' "$log" 2>/dev/null |
                   head -n 1)
             awk -v r="$(basename "$recipe" .recipe)" -v q="${rate:--}" -v a="${acc:--}" \
@@ -181,6 +219,19 @@ table=$logs/bench_step.md
     elif [ "${QT_BENCH_FASHION:-1}" != 0 ]; then
         echo
         echo "Fashion-MNIST: not run ($fashion_dir/train-images-idx3-ubyte.gz is missing)."
+    fi
+    if [ "$runs" -gt 1 ]; then
+        echo
+        echo "Every run ($runs per recipe, in rounds; the tables show their median):"
+        echo
+        for recipe in $recipes; do
+            echo "- $(basename "$recipe" .recipe) ms/step:" \
+                 "$(run_figures "$recipe" "$ms_sed" | paste -sd ' ' -)"
+        done
+        for recipe in $fashion; do
+            echo "- $(basename "$recipe" .recipe) steps/s:" \
+                 "$(run_figures "$recipe" "$rate_sed" | paste -sd ' ' -)"
+        done
     fi
     [ -z "$failures" ] || printf '%s\n' "$failures"
 } > "$table"
