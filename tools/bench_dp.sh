@@ -13,15 +13,19 @@
 # folder.
 #
 # Environment: PYTHON (default python3) runs the DDP peer; QTRAIN_NCCL as for qtrain (where
-# libnccl.so.2 is; PyTorch's wheel is found without it). NCCL_NVLS_ENABLE=0 is set for every run.
+# libnccl.so.2 is; PyTorch's wheel is found without it); QT_BENCH_RUNS=N (default 1) runs each
+# qtrain configuration N times, in rounds (every configuration once, then again): the table then
+# shows the median of the N runs, and a list after it every run's figure. NCCL_NVLS_ENABLE=0 is
+# set for every run.
 # Exit status: 0 when every run succeeded; 1 (after the table, with a FAILED line per run) when a
-# run failed or printed no timing; 2 when the build fails.
+# run failed or printed no timing; 2 when the build fails or QT_BENCH_RUNS is no whole number
+# from 1.
 set -u
 
 python=${PYTHON:-python3}
 gpus=${1:-2}
 export NCCL_NVLS_ENABLE=0
-. tools/bench_lib.sh  # logs, failures, fail
+. tools/bench_lib.sh  # logs, failures, fail, runs, median
 
 ninja > "$logs/build.log" 2>&1 || { tail -20 "$logs/build.log" >&2; exit 2; }
 
@@ -31,15 +35,30 @@ qtrain_ms() {
     echo "${ms:--}"
 }
 
-# qtrain on RECIPE with --gpus N, into its log.
+# The log of run $3 (1 ... runs) of qtrain on format $1's recipe with --gpus $2.
+qtrain_log() {
+    echo "$logs/qtrain_resmlp_$1_b16k_gpus$2.$3.log"
+}
+
+# Every run's median step time (ms, or "-") of format $1 with --gpus $2, one per line.
+qtrain_figures() {
+    r=1
+    while [ "$r" -le "$runs" ]; do
+        qtrain_ms "$(qtrain_log "$1" "$2" "$r")"
+        r=$((r + 1))
+    done
+}
+
+# Run $3 of qtrain on format $1's recipe with --gpus $2, into its log.
 run_qtrain() {
-    log=$logs/qtrain_$(basename "$1" .recipe)_gpus$2.log
-    echo "qtrain run $1 --gpus $2" >&2
-    if ! build/qtrain run "$1" --gpus "$2" > "$log" 2>&1; then
+    recipe=recipes/bench/resmlp_$1_b16k.recipe
+    log=$(qtrain_log "$1" "$2" "$3")
+    echo "qtrain run $recipe --gpus $2 (run $3 of $runs)" >&2
+    if ! build/qtrain run "$recipe" --gpus "$2" > "$log" 2>&1; then
         tail -5 "$log" >&2
-        fail "qtrain run $1 --gpus $2 (log: $log)"
+        fail "qtrain run $recipe --gpus $2 (log: $log)"
     elif [ "$(qtrain_ms "$log")" = - ]; then
-        fail "qtrain run $1 --gpus $2 printed no step time (log: $log)"
+        fail "qtrain run $recipe --gpus $2 printed no step time (log: $log)"
     fi
 }
 
@@ -47,8 +66,14 @@ for fmt in current bf16; do
     recipe=recipes/bench/resmlp_${fmt}_b16k.recipe
     build/qtrain plan "$recipe" --gpus "$gpus" --summary > "$logs/plan_${fmt}.log" 2>&1 ||
         fail "qtrain plan $recipe --gpus $gpus (log: $logs/plan_${fmt}.log)"
-    run_qtrain "$recipe" "$gpus"
-    run_qtrain "$recipe" 1
+done
+round=1
+while [ "$round" -le "$runs" ]; do
+    for fmt in current bf16; do
+        run_qtrain "$fmt" "$gpus" "$round"
+        run_qtrain "$fmt" 1 "$round"
+    done
+    round=$((round + 1))
 done
 
 echo "torch DDP on $gpus and 1 GPUs" >&2
@@ -82,8 +107,8 @@ table=$logs/bench_dp.md
     echo "| run | GPUs | ms/step | samples/s | scaling ($gpus vs 1) | DDP BF16 ms/step | vs DDP |"
     echo "|---|---|---|---|---|---|---|"
     for fmt in current bf16; do
-        one=$(qtrain_ms "$logs/qtrain_resmlp_${fmt}_b16k_gpus1.log")
-        many=$(qtrain_ms "$logs/qtrain_resmlp_${fmt}_b16k_gpus$gpus.log")
+        one=$(qtrain_figures "$fmt" 1 | median)
+        many=$(qtrain_figures "$fmt" "$gpus" | median)
         for n in "$gpus" 1; do
             ms=$many
             scale=$(ratio "$one" "$many")
@@ -97,6 +122,17 @@ table=$logs/bench_dp.md
     dn=$(ddp_ms "$gpus")
     echo "| torch DDP bf16 | $gpus | $dn | $(rate "$dn") | $(ratio "$d1" "$dn") | $dn | 1.00 |"
     echo "| torch DDP bf16 | 1 | $d1 | $(rate "$d1") | 1.00 | $d1 | 1.00 |"
+    if [ "$runs" -gt 1 ]; then
+        echo
+        echo "Every run ($runs per configuration, in rounds; the table shows their median):"
+        echo
+        for fmt in current bf16; do
+            for n in "$gpus" 1; do
+                echo "- qtrain $fmt on $n GPUs, ms/step:" \
+                     "$(qtrain_figures "$fmt" "$n" | paste -sd ' ' -)"
+            done
+        done
+    fi
     echo
     echo "Each rank's device arena (qtrain plan --gpus $gpus):"
     grep -h '^  rank \|^  one GPU' "$logs/plan_current.log" 2>/dev/null | sed 's/^/    /'

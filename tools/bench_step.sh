@@ -18,21 +18,15 @@
 # runs (ms/step, steps/s; arena and accuracy from the first), and a list after them every run's
 # figure.
 # Exit status: 0 when every run succeeded; 1 (after the table, with a FAILED line per run) when
-# any qtrain run or peer mode failed or printed no timing; 2 when the build fails or there is no
-# GPU (the reference backend would take hours at this size).
+# any qtrain run or peer mode failed or printed no timing; 2 when the build fails, there is no
+# GPU (the reference backend would take hours at this size) or QT_BENCH_RUNS is no whole number
+# from 1.
 set -u
 
 python=${PYTHON:-python3}
 peer_modes=${QT_BENCH_PEER_MODES:-eager,compile,fp8,graph}
-runs=${QT_BENCH_RUNS:-1}
-case $runs in
-'' | *[!0-9]* | 0*)
-    echo "bench_step: QT_BENCH_RUNS must be a whole number from 1 (got '$runs')" >&2
-    exit 2
-    ;;
-esac
 fashion_dir=.data/usr/share/datasets/fashion-mnist
-. tools/bench_lib.sh  # logs, failures, fail
+. tools/bench_lib.sh  # logs, failures, fail, runs, median
 
 # The value of "key" in a flat JSON line (numbers, strings without commas, true/false/null).
 json_field() {
@@ -88,13 +82,6 @@ run_figures() {
         echo "${v:--}"
         r=$((r + 1))
     done
-}
-
-# The median of the numbers on standard input ("-" lines skipped; "-" when none is left).
-median() {
-    grep -v '^-$' | sort -g | awk '{ v[NR] = $1 }
-        END { if (NR == 0) print "-"; else if (NR % 2) print v[(NR + 1) / 2];
-              else printf "%.3f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 
 ms_sed='s/^step time    median \([0-9.]*\) ms.*/\1/p'
