@@ -42,11 +42,7 @@ qtrain_log() {
 
 # Every run's median step time (ms, or "-") of format $1 with --gpus $2, one per line.
 qtrain_figures() {
-    r=1
-    while [ "$r" -le "$runs" ]; do
-        qtrain_ms "$(qtrain_log "$1" "$2" "$r")"
-        r=$((r + 1))
-    done
+    for r in $(seq "$runs"); do qtrain_ms "$(qtrain_log "$1" "$2" "$r")"; done
 }
 
 # Run $3 of qtrain on format $1's recipe with --gpus $2, into its log.
@@ -67,13 +63,11 @@ for fmt in current bf16; do
     build/qtrain plan "$recipe" --gpus "$gpus" --summary > "$logs/plan_${fmt}.log" 2>&1 ||
         fail "qtrain plan $recipe --gpus $gpus (log: $logs/plan_${fmt}.log)"
 done
-round=1
-while [ "$round" -le "$runs" ]; do
+for round in $(seq "$runs"); do
     for fmt in current bf16; do
         run_qtrain "$fmt" "$gpus" "$round"
         run_qtrain "$fmt" 1 "$round"
     done
-    round=$((round + 1))
 done
 
 echo "torch DDP on $gpus and 1 GPUs" >&2

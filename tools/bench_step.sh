@@ -76,11 +76,9 @@ run_qtrain() {
 # The figure that sed expression $2 takes from each run's log of recipe $1, one per line ("-"
 # where a run printed none).
 run_figures() {
-    r=1
-    while [ "$r" -le "$runs" ]; do
+    for r in $(seq "$runs"); do
         v=$(sed -n "$2" "$(qtrain_log "$1" "$r")" 2>/dev/null | head -n 1)
         echo "${v:--}"
-        r=$((r + 1))
     done
 }
 
@@ -122,11 +120,9 @@ if [ "${QT_BENCH_FASHION:-1}" != 0 ] && [ -f "$fashion_dir/train-images-idx3-uby
     fashion=$(ls recipes/fashion_mnist_*.recipe)
     peers="$peers recipes/fashion_mnist_bf16.recipe"
 fi
-round=1
-while [ "$round" -le "$runs" ]; do
+for round in $(seq "$runs"); do
     for recipe in $recipes; do run_qtrain "$recipe" "step time    median " "$round"; done
     for recipe in $fashion; do run_qtrain "$recipe" "train rate " "$round"; done
-    round=$((round + 1))
 done
 rm -f "$logs/peer.jsonl"
 echo "$python tools/peer_torch.py$peers --modes $peer_modes" >&2

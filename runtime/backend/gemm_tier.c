@@ -301,6 +301,9 @@ static qt_status gemm_tier_operand_maps(const gemm_args *g, gemm_sm90a_args *arg
 // register stores would: D, its row pitch, its row length and the distance between members' Ds
 // in whole 16-byte pieces (TMA's alignment, and the copies of the boxes that would cross a
 // member), no C to read (beta C is added on the register path). Otherwise d_tma stays 0.
+// A single D keeps the rank-2 map (and the kernel its 2D store): one rank-3 map for every D
+// measured 0.17-0.38 ms slower on moe_dense_current in both calls that ran it, and no faster
+// elsewhere (BENCHMARKS.md, "the K-grouped wgrad stores by TMA").
 static qt_status gemm_tier_output_map(const gemm_args *g, gemm_sm90a_args *args) {
     bool bf16 = g->d_dtype == QT_DTYPE_BF16;
     uint64_t elem_bytes = bf16 ? 2u : 4u;
