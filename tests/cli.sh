@@ -482,14 +482,17 @@ else
 fi
 # A killed run's trace has no completion record: diff tells it from a complete shorter run.
 grep -v '^eval' "$tiny" | sed 's/^train 200 cosine/train 100000 cosine/' > "$dir/noeval.recipe"
-"$qtrain" run "$dir/noeval.recipe" --ref --trace "$dir/killed.trace" > "$dir/out" 2>&1 &
+"$qtrain" run "$dir/noeval.recipe" --ref --trace "$dir/killed.trace" > "$dir/killed.out" 2>&1 &
 pid=$!
+# The count is read once per turn and a missing file counts 0: testing the file's existence
+# apart from the count would let a file created between the two tests end the wait at once.
 i=0
-while [ "$(grep -c '^step=' "$dir/killed.trace" 2>/dev/null)" -lt 100 ] 2>/dev/null ||
-      [ ! -e "$dir/killed.trace" ]; do
-    [ $i -lt 600 ] || break
+records=0
+while [ "$records" -lt 100 ] && [ $i -lt 600 ]; do
     sleep 0.05
     i=$((i + 1))
+    records=$(grep -c '^step=' "$dir/killed.trace" 2>/dev/null)
+    records=${records:-0}
 done
 kill -KILL $pid
 wait $pid 2>/dev/null
@@ -505,6 +508,8 @@ if [ $rc -eq 1 ] && [ "$records" -ge 100 ] && tail -1 "$dir/short.trace" |
 else
     echo "FAIL cli_diff_tells_a_killed_run_from_a_shorter_one: exit $rc, $records records"
     sed 's/^/  /' "$dir/out"
+    echo "  the killed run printed:"
+    sed 's/^/    /' "$dir/killed.out"
     exit 1
 fi
 # Memory: a run that cannot get its memory is refused before anything is allocated or written,
