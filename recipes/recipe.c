@@ -617,6 +617,17 @@ static qt_status parse_linear(parser *p, const token *v, uint32_t n, recipe_laye
     return expect_end(&p->at, v, n, 4);
 }
 
+static qt_status parse_activation(parser *p, const token *v, uint32_t n, recipe_layer *l) {
+    if (n >= 2) {
+        if (strcmp(v[1].text, "recompute") != 0) {
+            return fail(&p->at, v[1].col, "expected 'recompute' or end of line, found '%.*s'",
+                        QUOTE_BYTES, v[1].text);
+        }
+        l->recompute = true;
+    }
+    return expect_end(&p->at, v, n, 2);
+}
+
 static qt_status parse_rmsnorm(parser *p, const token *v, uint32_t n, recipe_layer *l) {
     static const char *const names[] = {"eps"};
     uint32_t first_option = 1;
@@ -744,7 +755,7 @@ static qt_status parse_layer(parser *p, const token *v, uint32_t n) {
     case RECIPE_LAYER_RELU:
     case RECIPE_LAYER_GELU:
     case RECIPE_LAYER_SILU:
-    case RECIPE_LAYER_SWIGLU:
+    case RECIPE_LAYER_SWIGLU: QT_TRY(parse_activation(p, v, n, l)); break;
     case RECIPE_LAYER_RESIDUAL_END:  // parse_residual's, never a first word
     case RECIPE_LAYER_KIND_COUNT: QT_TRY(expect_end(&p->at, v, n, 1)); break;
     }
@@ -1433,6 +1444,13 @@ static qt_status finish_model(const parser *p) {
             return fail_layer(p, l, "residual block (begin at line %u) changes the width from %u "
                               "to %u; expected the same width at its end",
                               m->layers[l->match].line, m->layers[l->match].in_features, width);
+        }
+        if (l->recompute && (i + 1 == m->layers_count ||
+                             m->layers[i + 1].kind != RECIPE_LAYER_LINEAR)) {
+            return fail_layer(p, l, "'recompute' makes the output again for the weight gradient "
+                              "of the linear right after the activation; expected a linear "
+                              "next, found %s", i + 1 == m->layers_count ? "the end of [model]"
+                              : recipe_layer_kind_name(m->layers[i + 1].kind));
         }
         l->out_features = width;
         roles += l->kind == RECIPE_LAYER_LINEAR ? 3 : l->kind == RECIPE_LAYER_MOE ? 9 : 0;

@@ -21,8 +21,13 @@
 //   [model]                                  sections appear once each, in any order
 //   input = N                                features of one sample
 //   layer = linear NAME OUT [bias]           layers run in file order
-//   layer = relu | gelu | silu               keep the width (gelu: tanh form)
-//   layer = swiglu                           halves the width: silu(first half) * second half
+//   layer = relu | gelu | silu [recompute]   keep the width (gelu: tanh form)
+//   layer = swiglu [recompute]               halves the width: silu(first half) * second half
+//                                            recompute: the linear right after it keeps no copy
+//                                            of this output for its weight gradient; backward
+//                                            makes it again from the activation's input (where
+//                                            that linear's input is BF16: a quantized input
+//                                            keeps its own copy, and the flag changes nothing)
 //   layer = rmsnorm [NAME] [eps=F]           eps 1e-5; NAME defaults to rmsnorm1, rmsnorm2, ...
 //   layer = residual begin                   x + f(x), f = the layers up to the matching end;
 //   layer = residual end                     f keeps the width; blocks nest
@@ -134,6 +139,7 @@ typedef struct recipe_layer {
     uint32_t in_features;        // width entering the layer (set for every layer)
     uint32_t out_features;       // width leaving it
     bool bias;                   // linear
+    bool recompute;              // relu, gelu, silu, swiglu: output made again in backward
     float eps;                   // rmsnorm
     uint32_t experts;            // moe
     uint32_t topk;               // moe

@@ -382,6 +382,26 @@ static void test_infer_output(void) {
     test_end();
 }
 
+// `recompute` marks an activation right before a linear; the other layers keep it off.
+static void test_recompute_flag(void) {
+    test_begin("parse_recompute_flag");
+    const char *text = build(4, 'R', "layer = gelu recompute");
+    qt_status s = recipe_parse(text, strlen(text), "r.recipe", &R);
+    CHECK(s == QT_OK, "%s", qt_error_message());
+    CHECK(s == QT_OK && R.model.layers[1].kind == RECIPE_LAYER_GELU &&
+              R.model.layers[1].recompute && !R.model.layers[0].recompute &&
+              !R.model.layers[2].recompute,
+          "the gelu's flag");
+    text = build(4, 'R', "layer = swiglu recompute");
+    s = recipe_parse(text, strlen(text), "r.recipe", &R);
+    CHECK(s == QT_OK && R.model.layers[1].recompute && R.model.layers[2].in_features == 4,
+          "swiglu recompute: %s", s == QT_OK ? "flag or width" : qt_error_message());
+    text = build(4, 'R', "layer = gelu");
+    s = recipe_parse(text, strlen(text), "r.recipe", &R);
+    CHECK(s == QT_OK && !R.model.layers[1].recompute, "a plain gelu recomputes");
+    test_end();
+}
+
 typedef struct error_case {
     int line;
     char mode;
@@ -451,7 +471,16 @@ static const error_case error_cases[] = {
      "end of line"},
     {3, 'R', "layer = linear fc1 8 biased", IN, "r.recipe:3:22: expected 'bias' or end of line, "
      "found 'biased'"},
-    {4, 'R', "layer = gelu fast", IN, "r.recipe:4:14: unexpected 'fast'; expected end of line"},
+    {4, 'R', "layer = gelu fast", IN, "r.recipe:4:14: expected 'recompute' or end of line, "
+     "found 'fast'"},
+    {4, 'R', "layer = gelu recompute fast", IN, "r.recipe:4:24: unexpected 'fast'; expected end "
+     "of line"},
+    {4, 'I', "layer = relu recompute\nlayer = residual begin\nlayer = silu\nlayer = residual end",
+     IN, "r.recipe:5:9: 'recompute' makes the output again for the weight gradient of the linear "
+     "right after the activation; expected a linear next, found residual begin"},
+    {5, 'I', "layer = silu recompute", IN, "r.recipe:6:9: 'recompute' makes the output again for "
+     "the weight gradient of the linear right after the activation; expected a linear next, found "
+     "the end of [model]"},
     {6, 'R', "loss = hinge", IN, "r.recipe:6:8: unknown loss 'hinge'; expected softmax_xent or "
      "mse"},
     {4, 'R', "layer = residual end", IN, "r.recipe:4:9: unexpected 'residual end'; expected a "
@@ -1380,6 +1409,7 @@ int main(void) {
     test_synthetic_zipf();
     test_npy_source();
     test_infer_output();
+    test_recompute_flag();
     test_no_train_source();
     test_schedule_parse();
     test_schedule_table();

@@ -693,6 +693,98 @@ static void test_usage_union(void) {
     test_end();
 }
 
+// The text with every line `from` (whole lines) made `to`; false when there is none.
+static bool text_lines_replaced(const char *in, const char *from, const char *to, char *out,
+                                size_t bytes) {
+    size_t used = 0, n = strlen(from), count = 0;
+    for (const char *at = in; *at != '\0';) {
+        const char *end = strchr(at, '\n');
+        size_t len = end ? (size_t)(end - at) : strlen(at);
+        bool hit = len == n && memcmp(at, from, n) == 0;
+        int w = snprintf(out + used, bytes - used, "%.*s%s", hit ? (int)strlen(to) : (int)len,
+                         hit ? to : at, end ? "\n" : "");
+        if (w < 0 || (size_t)w >= bytes - used) return false;
+        used += (size_t)w;
+        count += hit;
+        at += len + (end != NULL);
+    }
+    return count > 0;
+}
+
+// `recompute` on the activations named by `from` (a layer line, e.g. "layer = relu"): the
+// training records, loss to the persistent-state checksums, are those of the recipe without it,
+// bit for bit (the op that makes the output again is the forward's), on either backend. Where
+// the next linear's input is BF16 the train program holds the copy ("train.<act>.y_again");
+// where it is quantized the flag changes nothing and the plan notes it.
+static void test_recompute(backend_kind kind, const char *path, const char *scheme,
+                           const char *from, const char *copy_region, const char *label) {
+    char name[96];
+    snprintf(name, sizeof name, "%s_recompute_same_training_records_%s",
+             kind == BACKEND_GPU ? "gpu" : "train", label);
+    test_begin(name);
+    static char text[RECIPE_TEXT_MAX], again[RECIPE_TEXT_MAX];
+    char to[64];
+    snprintf(to, sizeof to, "%s recompute", from);
+    CHECK(recipe_text_for(path, scheme, text, sizeof text) &&
+              text_lines_replaced(text, from, to, again, sizeof again),
+          "%s: no '%s' line to mark", path, from);
+    qt_status st = recipe_parse(again, strlen(again), path, &the_recipe);
+    run_options o = {0};
+    if (st == QT_OK) st = test_run_plan(&the_run, &the_recipe, again, strlen(again), &o);
+    CHECK(st == QT_OK, "%s with recompute: %s", path, qt_error_message());
+    bool copies = st == QT_OK && region_named(&the_run.dev, copy_region, NULL);
+    bool quantized = scheme && strcmp(scheme, "bf16") != 0;
+    CHECK(copies != quantized, "%s: region %s %s", label, copy_region,
+          copies ? "planned for a quantized input" : "missing");
+    char traces[2][128];
+    trace_path(traces[0], sizeof traces[0], "kept");
+    trace_path(traces[1], sizeof traces[1], "recomputed");
+    for (int i = 0; i < 2; i++) {
+        train_case c = {.name = path, .text = i ? again : text, .kind = kind};
+        c.options.checksum_every = 10;
+        c.options.trace_path = traces[i];
+        sched_summary sum;
+        const char *why = NULL;
+        if (!train(&c, &sum, &why)) {
+            test_skip(name, why);
+            return;
+        }
+    }
+    static char la[1 << 21], lb[1 << 21];
+    size_t na = train_lines(traces[0], la, sizeof la), nb = train_lines(traces[1], lb, sizeof lb);
+    CHECK(na > 0 && na == nb && memcmp(la, lb, na) == 0,
+          "train records differ with recompute (%zu vs %zu bytes)", na, nb);
+    test_end();
+}
+
+// The bench model in BF16: with its GELU outputs recomputed, the device arena drops by at least
+// the three 256 MiB outputs that the first blocks no longer keep through backward, less the
+// copy that lives while a block's wgrad runs.
+static void test_recompute_plan(void) {
+    test_begin("plan_recompute_shrinks_the_bf16_bench_arena");
+    static char text[RECIPE_TEXT_MAX], again[RECIPE_TEXT_MAX];
+    const char *path = "recipes/bench/resmlp_bf16.recipe";
+    CHECK(recipe_text_for(path, NULL, text, sizeof text) &&
+              text_lines_replaced(text, "layer = gelu", "layer = gelu recompute", again,
+                                  sizeof again),
+          "cannot read %s or it has no gelu", path);
+    uint64_t dev[2] = {0, 0}, host[2] = {0, 0};
+    for (int i = 0; i < 2; i++) {
+        const char *t = i ? again : text;
+        run_options o = {0};
+        qt_status st = recipe_parse(t, strlen(t), path, &the_recipe);
+        if (st == QT_OK) st = test_run_plan(&the_run, &the_recipe, t, strlen(t), &o);
+        CHECK(st == QT_OK, "%s: %s", path, qt_error_message());
+        if (st == QT_OK) run_memory_bytes(&the_run, &dev[i], &host[i]);
+    }
+    uint64_t mib = 1u << 20;
+    CHECK(dev[1] + 256 * mib <= dev[0], "device arena %llu MiB with recompute, %llu without",
+          (unsigned long long)(dev[1] / mib), (unsigned long long)(dev[0] / mib));
+    CHECK(host[0] == host[1], "host arena changed: %llu -> %llu", (unsigned long long)host[0],
+          (unsigned long long)host[1]);
+    test_end();
+}
+
 // `weight_transpose`: with per_step a weight with a dgrad keeps no columnwise copy and the
 // train program holds its transpose ("train.<layer>.weight_t"); with stored the copy is
 // persistent; the first layer's weight (no dgrad) has none either way. The traces of both are
@@ -1582,6 +1674,15 @@ int main(void) {
     TEST_UNIT(test_interleave("tests/recipes/synthetic_custom.recipe", NULL, NULL, "custom_mixed"));
     TEST_UNIT(test_interleave("tests/recipes/synthetic_layers.recipe", NULL, NULL,
                               "layers_delayed"));
+    TEST_UNIT(test_recompute(BACKEND_REF, tiny, "bf16", "layer = relu", "train.relu#1.y_again",
+                             "tiny_bf16"));
+    TEST_UNIT(test_recompute(BACKEND_REF, tiny, "current", "layer = relu",
+                             "train.relu#1.y_again", "tiny_current"));
+    TEST_UNIT(test_recompute(BACKEND_REF, "tests/recipes/synthetic_recompute.recipe", "bf16",
+                             "layer = swiglu", "train.swiglu#4.y_again", "swiglu_bf16"));
+    TEST_UNIT(test_recompute(BACKEND_REF, "tests/recipes/synthetic_recompute.recipe", "bf16",
+                             "layer = gelu", "train.gelu#10.y_again", "gelu_bf16"));
+    TEST_UNIT(test_recompute_plan());
     TEST_UNIT(test_step_times());
     TEST_UNIT(test_metrics_file());
     TEST_UNIT(test_plan_report());
@@ -1609,6 +1710,10 @@ int main(void) {
     TEST_UNIT(test_gpu_eager_graph("tests/recipes/synthetic_custom.recipe", NULL, "custom_mixed"));
     TEST_UNIT(test_emulated_paths(BACKEND_GPU, "mxfp8"));
     TEST_UNIT(test_emulated_paths(BACKEND_GPU, "nvfp4"));
+    TEST_UNIT(test_recompute(BACKEND_GPU, tiny, "bf16", "layer = relu", "train.relu#1.y_again",
+                             "tiny_bf16"));
+    TEST_UNIT(test_recompute(BACKEND_GPU, "tests/recipes/synthetic_recompute.recipe", "bf16",
+                             "layer = gelu", "train.gelu#10.y_again", "gelu_bf16"));
     TEST_UNIT(test_gpu_no_sync());
     TEST_UNIT(test_gpu_stage());
     TEST_UNIT(test_gpu_memory_constant());

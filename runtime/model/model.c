@@ -223,6 +223,29 @@ static void model_plan_padding(model *m) {
                padded, rules_scheme_name(qi->scheme), rules_scheme_name(qw->scheme), unit);
 }
 
+// `recompute` takes effect where the linear after the activation keeps its input as BF16, the
+// activation's own output. A quantized input is kept as its codes (half or a quarter of the
+// bytes), which the linear's wgrad reads; making the output again would not free them.
+static void model_plan_recompute(model *m) {
+    const recipe_model *rm = &m->recipe->model;
+    for (uint32_t i = 0; i < rm->layers_count; i++) {
+        m->recompute[i] = false;
+        if (!rm->layers[i].recompute) continue;
+        QT_ASSERT(i + 1 < rm->layers_count && m->layer_linear[i + 1] != UINT32_MAX);
+        const model_quantizer *mq = &m->quantizers[m->linears[m->layer_linear[i + 1]].q_input];
+        if (mq->q.format == QT_FORMAT_BF16) {
+            m->recompute[i] = m->modes[MODEL_MODE_TRAIN];
+            continue;
+        }
+        char role[96];
+        rules_role_format(&mq->role, role, sizeof role);
+        model_note(m, "%s (layer %u, line %u): recompute changes nothing: %s is %s, so %s keeps "
+                   "its quantized input for the weight gradient, not this output",
+                   recipe_layer_kind_name(rm->layers[i].kind), i, rm->layers[i].line, role,
+                   rules_scheme_name(mq->q.scheme), rm->layers[i + 1].name);
+    }
+}
+
 uint32_t model_gemm_format_of(qt_format f) { return qt_format_get(f)->gemm_format; }
 
 // Whether A x B runs on the kernel of their format (runtime/ops/op_gemm.c's rules): one format,
@@ -790,6 +813,7 @@ qt_status model_plan(model *m, const recipe *r, arena *dev, arena *host,
     QT_TRY(model_plan_quantizers(m));
     for (uint32_t i = 0; i < m->moe_count; i++) QT_TRY(model_plan_moe(m, &m->moes[i]));
     model_plan_padding(m);
+    model_plan_recompute(m);
     for (uint32_t i = 0; i < m->linear_count; i++) model_plan_linear_paths(m, &m->linears[i]);
     QT_TRY(model_plan_states(m));
     QT_TRY(model_plan_params(m));
@@ -916,7 +940,10 @@ void model_print(const model *m, FILE *out) {
     for (uint32_t i = 0; i < rm->layers_count; i++) {
         const recipe_layer *l = &rm->layers[i];
         fprintf(out, "  %3u %-14s %-16s %6u -> %-6u%s\n", i, recipe_layer_kind_name(l->kind),
-                l->name, l->in_features, l->out_features, l->bias ? " bias" : "");
+                l->name, l->in_features, l->out_features,
+                l->bias           ? " bias"
+                : m->recompute[i] ? " recomputed in backward for the next linear's wgrad"
+                                  : "");
         if (l->kind == RECIPE_LAYER_LINEAR) {
             model_print_linear(m, &m->linears[m->layer_linear[i]], "", role_width, out);
         }

@@ -1059,6 +1059,24 @@ static qt_status mb_weight_columns(mb *b, const model_param *w, const model_quan
 
 // dx: the gradient at the linear's input; then: the activation that made that input, whose
 // backward pass reads dx (or NULL).
+// The input of linear `layer` that its wgrad reads: the forward's copy, or, after an activation
+// that recomputes (model.h), its output made again here from the activation's own input. The
+// op is the forward's (op_gemm_act gives the bits of op_act_forward on D), so the copy holds
+// the forward's bits, and it lives from here to the wgrad that follows.
+static qt_status mb_wgrad_input(mb *b, uint32_t layer, model_qstore *x) {
+    uint32_t li = b->m->layer_linear[layer];
+    *x = b->xq[li];
+    if (layer == 0 || !b->m->recompute[layer - 1]) return QT_OK;
+    const recipe_layer *act = &b->m->recipe->model.layers[layer - 1];
+    model_tensor in = b->acts[layer - 1], out = b->acts[layer];
+    QT_ASSERT(x->bf16.ref.region == out.ref.region && out.dtype == QT_DTYPE_BF16);
+    char buf[24], what[ARENA_NAME_MAX];
+    snprintf(what, sizeof what, "%s.y_again", mb_layer_name(b, layer - 1, buf, sizeof buf));
+    QT_TRY(mb_tensor(b, what, out.rows, out.cols, ARENA_CAT_ACTIVATIONS, &x->bf16));
+    return op_act_forward(b->p, what, mb_act_kind(act->kind), in.rows, in.cols, mb_act(in),
+                          OP_ACT_NONE, mb_act(x->bf16), OP_REF_NONE);
+}
+
 static qt_status mb_linear_backward(mb *b, uint32_t layer, model_tensor dy, model_tensor *dx,
                                     const mb_then_act *then) {
     model *m = b->m;
@@ -1077,8 +1095,9 @@ static qt_status mb_linear_backward(mb *b, uint32_t layer, model_tensor dy, mode
     model_tensor dw = {mb_dev(b, w->grad), QT_DTYPE_F32, lin->out, lin->in_padded,
                        OP_REF_NONE};
     mb_operand g_col = mb_dense(qg, &dyq, rows, lin->out, true);
-    mb_operand x_col = mb_dense(&m->quantizers[lin->q_input], &b->xq[li], rows, lin->in_padded,
-                                true);
+    model_qstore xq;
+    QT_TRY(mb_wgrad_input(b, layer, &xq));
+    mb_operand x_col = mb_dense(&m->quantizers[lin->q_input], &xq, rows, lin->in_padded, true);
     snprintf(what, sizeof what, "%s.wgrad", name);
     QT_TRY(mb_gemm(b, what, MODEL_WGRAD, lin, &g_col, &x_col, dw, OP_REF_NONE, GEMM_DENSE,
                    op_group_dense(), NULL));
