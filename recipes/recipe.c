@@ -601,31 +601,27 @@ static qt_status layer_name_set(const parser *p, const token *t, recipe_layer *l
     return QT_OK;
 }
 
+// The optional last word of a layer line, v[at] (`bias`, `recompute`): *flag set when present,
+// anything else refused.
+static qt_status parse_last_word(const parser *p, const token *v, uint32_t n, uint32_t at,
+                                 const char *word, bool *flag) {
+    if (n > at) {
+        if (strcmp(v[at].text, word) != 0) {
+            return fail(&p->at, v[at].col, "expected '%s' or end of line, found '%.*s'", word,
+                        QUOTE_BYTES, v[at].text);
+        }
+        *flag = true;
+    }
+    return expect_end(&p->at, v, n, at + 1);
+}
+
 static qt_status parse_linear(parser *p, const token *v, uint32_t n, recipe_layer *l) {
     if (n < 3) {
         return fail(&p->at, p->at.end_col, "expected 'linear NAME OUT [bias]', found end of line");
     }
     QT_TRY(layer_name_set(p, &v[1], l));
     QT_TRY(parse_u32(&p->at, &v[2], "OUT", 1, RECIPE_FEATURES_MAX, &l->out_features));
-    if (n >= 4) {
-        if (strcmp(v[3].text, "bias") != 0) {
-            return fail(&p->at, v[3].col, "expected 'bias' or end of line, found '%.*s'",
-                        QUOTE_BYTES, v[3].text);
-        }
-        l->bias = true;
-    }
-    return expect_end(&p->at, v, n, 4);
-}
-
-static qt_status parse_activation(parser *p, const token *v, uint32_t n, recipe_layer *l) {
-    if (n >= 2) {
-        if (strcmp(v[1].text, "recompute") != 0) {
-            return fail(&p->at, v[1].col, "expected 'recompute' or end of line, found '%.*s'",
-                        QUOTE_BYTES, v[1].text);
-        }
-        l->recompute = true;
-    }
-    return expect_end(&p->at, v, n, 2);
+    return parse_last_word(p, v, n, 3, "bias", &l->bias);
 }
 
 static qt_status parse_rmsnorm(parser *p, const token *v, uint32_t n, recipe_layer *l) {
@@ -755,7 +751,9 @@ static qt_status parse_layer(parser *p, const token *v, uint32_t n) {
     case RECIPE_LAYER_RELU:
     case RECIPE_LAYER_GELU:
     case RECIPE_LAYER_SILU:
-    case RECIPE_LAYER_SWIGLU: QT_TRY(parse_activation(p, v, n, l)); break;
+    case RECIPE_LAYER_SWIGLU:
+        QT_TRY(parse_last_word(p, v, n, 1, "recompute", &l->recompute));
+        break;
     case RECIPE_LAYER_RESIDUAL_END:  // parse_residual's, never a first word
     case RECIPE_LAYER_KIND_COUNT: QT_TRY(expect_end(&p->at, v, n, 1)); break;
     }
