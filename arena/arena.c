@@ -224,21 +224,49 @@ static bool arena_ranges_intersect(uint64_t x_offset, uint64_t x_bytes, uint64_t
     return x_offset < y_offset + y_bytes && y_offset < x_offset + x_bytes;
 }
 
-// True when region x goes before region y in packing order: larger first, then lower handle.
-static bool arena_pack_before(const arena *a, arena_handle x, arena_handle y) {
-    uint64_t x_bytes = a->regions[x].bytes, y_bytes = a->regions[y].bytes;
-    if (x_bytes != y_bytes) return x_bytes > y_bytes;
+// The orders arena_pack tries (arena.h). Each is a first-fit greedy; none wins on every
+// lifetime pattern, so the arena keeps whichever ends lowest.
+typedef enum arena_order {
+    ARENA_ORDER_SIZE,       // larger first
+    ARENA_ORDER_SIZE_LIFE,  // persistent first, then larger, then the longer lifetime
+    ARENA_ORDER_AREA,       // persistent first (larger first), then bytes x ops live
+    ARENA_ORDER_COUNT
+} arena_order;
+
+// Ops a transient region is live at (0 for one never used).
+static uint64_t arena_ops_live(const arena_region *r) {
+    return r->first_op <= r->last_op ? (uint64_t)(r->last_op - r->first_op) + 1 : 0;
+}
+
+// Whether region x goes before region y in `order`; ties go to the lower handle, so every order
+// is total and the packing deterministic.
+static bool arena_pack_before(const arena *a, arena_order order, arena_handle x, arena_handle y) {
+    const arena_region *rx = &a->regions[x], *ry = &a->regions[y];
+    if (order != ARENA_ORDER_SIZE && rx->persistent != ry->persistent) return rx->persistent;
+    bool transient = !rx->persistent;  // both are, or neither (the order SIZE aside)
+    if (order == ARENA_ORDER_AREA && transient) {
+        // bytes < 2^48 and ops < 2^31 may overflow 64 bits; a double holds the product to 53
+        // bits, which orders all but near ties, and those fall through to the bytes.
+        double ax = (double)rx->bytes * (double)arena_ops_live(rx);
+        double ay = (double)ry->bytes * (double)arena_ops_live(ry);
+        if (ax != ay) return ax > ay;
+    }
+    if (rx->bytes != ry->bytes) return rx->bytes > ry->bytes;
+    if (order == ARENA_ORDER_SIZE_LIFE && transient) {
+        uint64_t lx = arena_ops_live(rx), ly = arena_ops_live(ry);
+        if (lx != ly) return lx > ly;
+    }
     return x < y;
 }
 
 // Insertion sort: O(N^2) moves at worst is about 2M for 2048 regions, well inside the packing
 // budget (a model of the parser's largest size has some 15000 regions: well under a second),
 // and unlike libc's qsort it cannot allocate and is stable by construction.
-static void arena_pack_order(const arena *a, arena_handle *order) {
+static void arena_pack_order(const arena *a, arena_order rule, arena_handle *order) {
     for (uint32_t i = 0; i < a->region_count; i++) {
         arena_handle h = i;
         uint32_t j = i;
-        while (j > 0 && arena_pack_before(a, h, order[j - 1])) {
+        while (j > 0 && arena_pack_before(a, rule, h, order[j - 1])) {
             order[j] = order[j - 1];
             j--;
         }
@@ -280,29 +308,51 @@ static void arena_placed_insert(const arena *a, arena_handle *placed, uint32_t p
     placed[j] = h;
 }
 
-void arena_pack(arena *a) {
-    QT_ASSERT(a != NULL && a->phase == ARENA_PHASE_PLAN && !arena_counting(a));
+// Places every region in `rule`'s order, each at its first fit; returns the highest end.
+static uint64_t arena_pack_in_order(arena *a, arena_order rule) {
     // Scratch beside the table, sized with it: the library does not allocate.
     arena_handle *order = a->pack_order;
     arena_handle *placed = a->pack_placed;
     uint32_t placed_count = 0;
     uint64_t end_max = 0;
-
-    arena_pack_order(a, order);
+    arena_pack_order(a, rule, order);
     for (uint32_t i = 0; i < a->region_count; i++) {
         arena_region *r = &a->regions[order[i]];
-        if (r->part) continue;  // placed with its whole, below
+        if (r->part) continue;  // placed with its whole, by arena_pack
         r->offset = arena_first_fit(a, r, placed, placed_count);
         if (r->bytes == 0) continue;
         arena_placed_insert(a, placed, placed_count, order[i]);
         placed_count++;
         if (r->offset + r->bytes > end_max) end_max = r->offset + r->bytes;
     }
+    return end_max;
+}
+
+void arena_pack(arena *a) {
+    QT_ASSERT(a != NULL && a->phase == ARENA_PHASE_PLAN && !arena_counting(a));
+    // Each order in turn, stopping at one that reaches the lower bound (nothing packs tighter);
+    // the first of the lowest ends wins, packed again when a later order ran after it.
+    uint64_t bound = arena_lower_bound(a);
+    arena_order best = ARENA_ORDER_SIZE, last = ARENA_ORDER_SIZE;
+    uint64_t best_end = UINT64_MAX;
+    for (int rule = 0; rule < ARENA_ORDER_COUNT; rule++) {
+        last = (arena_order)rule;
+        uint64_t end = arena_pack_in_order(a, last);
+        if (end < best_end) {
+            best_end = end;
+            best = last;
+        }
+        if (end <= bound) break;
+    }
+    if (last != best) {
+        uint64_t end = arena_pack_in_order(a, best);
+        QT_ASSERT(end == best_end);  // the packing is a function of the table and the order
+    }
     for (uint32_t i = 0; i < a->region_count; i++) {
         arena_region *r = &a->regions[i];
         if (r->part) r->offset = a->regions[r->whole].offset + r->part_offset;
     }
-    a->bytes_total = arena_align_up(end_max, ARENA_TOTAL_ALIGN);
+    a->bytes_total = arena_align_up(best_end, ARENA_TOTAL_ALIGN);
     a->phase = ARENA_PHASE_BIND;
 }
 

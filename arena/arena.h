@@ -32,7 +32,8 @@
 //
 // Each region starts at a multiple of its alignment (device regions: at least 256 bytes).
 //
-// Packing is greedy (largest first, first gap that fits), deterministic, and O(N^2) in regions.
+// Packing is greedy (each region in turn at the first gap that fits), deterministic, and O(N^2)
+// in regions, tried in up to three orders (arena_pack).
 //
 // A region may be made of parts (arena_reserve_part): regions of their own (a name, bytes, an
 // address) laid one after another inside it, so one op can reach all of them through the whole
@@ -153,11 +154,15 @@ uint32_t arena_persistent_regions(const arena *a, arena_category c);
 // counting arena.
 void arena_extend(arena *a, arena_handle h, int32_t op_index);
 
-// PLAN -> BIND. Places regions in order of decreasing bytes (ties: lower handle first), each at
-// the lowest offset, aligned, where it overlaps no placed region whose lifetime intersects its own.
-// Persistent regions intersect every region that is used; a region never used intersects nothing
-// and lands at offset 0. Zero-byte regions occupy nothing and land at offset 0. Parts land inside
-// their wholes. Sets bytes_total.
+// PLAN -> BIND. Places regions one at a time, each at the lowest offset, aligned, where it
+// overlaps no placed region whose lifetime intersects its own. Persistent regions intersect every
+// region that is used; a region never used intersects nothing and lands at offset 0. Zero-byte
+// regions occupy nothing and land at offset 0. Parts land inside their wholes. The orders tried,
+// each with ties to the lower handle: decreasing bytes; persistent first, then decreasing bytes,
+// then the longer lifetime; persistent first, then decreasing bytes x ops live. It stops at an
+// order that reaches arena_lower_bound and keeps the first of the lowest ends (a large model's
+// greedy packing can leave a gap of a whole activation at its peak in one order and none in
+// another). Sets bytes_total.
 void arena_pack(arena *a);
 
 // The allocator arena_bind calls: gives `bytes` (may be 0) and returns the base address and, when
