@@ -431,18 +431,42 @@ static uint64_t arena_live_bytes_at(const arena *a, int32_t op) {
 
 // The live sum only rises where a lifetime starts, so the peak is at some region's first_op:
 // checking those ops is O(N^2) instead of a sweep over every op index.
+int32_t arena_peak_op(const arena *a, uint64_t *bytes) {
+    QT_ASSERT(a != NULL && !arena_counting(a));
+    int32_t peak_op = -1;
+    uint64_t peak_bytes = 0;
+    for (uint32_t i = 0; i < a->region_count; i++) {
+        const arena_region *r = &a->regions[i];
+        if (r->persistent || r->part || r->first_op > r->last_op) continue;
+        uint64_t live = arena_live_bytes_at(a, r->first_op);
+        if (peak_op < 0 || live > peak_bytes || (live == peak_bytes && r->first_op < peak_op)) {
+            peak_bytes = live;
+            peak_op = r->first_op;
+        }
+    }
+    if (bytes) *bytes = peak_bytes;
+    return peak_op;
+}
+
+uint64_t arena_live_bytes(const arena *a, int32_t op, arena_category c) {
+    QT_ASSERT(a != NULL && !arena_counting(a));
+    uint64_t bytes = 0;
+    for (uint32_t i = 0; i < a->region_count; i++) {
+        const arena_region *r = &a->regions[i];
+        if (r->part || r->category != c) continue;
+        if (r->persistent || (r->first_op <= op && op <= r->last_op)) bytes += r->bytes;
+    }
+    return bytes;
+}
+
 uint64_t arena_lower_bound(const arena *a) {
     QT_ASSERT(a != NULL && !arena_counting(a));
     uint64_t persistent_bytes = 0, peak_bytes = 0;
     for (uint32_t i = 0; i < a->region_count; i++) {
         const arena_region *r = &a->regions[i];
-        if (r->persistent) {
-            persistent_bytes += r->bytes;
-        } else if (!r->part && r->first_op <= r->last_op) {
-            uint64_t live = arena_live_bytes_at(a, r->first_op);
-            if (live > peak_bytes) peak_bytes = live;
-        }
+        if (r->persistent) persistent_bytes += r->bytes;
     }
+    arena_peak_op(a, &peak_bytes);
     return persistent_bytes + peak_bytes;
 }
 

@@ -187,6 +187,13 @@ const arena_region *arena_region_get(const arena *a, arena_handle h);
 // counted in its whole): no packing can use fewer bytes (alignment ignored), so bytes_total >=
 // this after packing.
 uint64_t arena_lower_bound(const arena *a);
+// Any phase but on a counting arena. The op at which the most transient bytes are live (a part
+// counted in its whole; the lowest such op), with those bytes in *bytes (when not NULL); -1 (and
+// 0) when no transient region is used.
+int32_t arena_peak_op(const arena *a, uint64_t *bytes);
+// Any phase but on a counting arena. Bytes of category c live at op: its persistent regions and
+// the transient ones whose lifetime holds op (a part counted in its whole).
+uint64_t arena_live_bytes(const arena *a, int32_t op, arena_category c);
 // Any phase. Bytes reserved in a category, counted without sharing (regions that share bytes each
 // count in full; a part counts in its whole only), so the categories can sum to more than
 // bytes_total.

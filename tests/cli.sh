@@ -108,6 +108,9 @@ for recipe in tests/recipes/synthetic_*.recipe recipes/bench/*.recipe \
     for key in recipe model quantizers parameters schedule data programs device host; do
         echo "$out" | grep -q "^$key " || bad="$bad $recipe: no '$key' line;"
     done
+    # Where the device arena peaks: an op of a named program, and what is live there.
+    echo "$out" | grep -q '^  *peak at op [0-9]* ([a-z]*: [^)]*), [0-9.]* [KMG]*i*B live: ' ||
+        bad="$bad $recipe: no device peak line;"
 done
 recipes_verdict cli_plan_summary 12
 # A rule that matches no role of the model is refused, naming the rule and the model's roles.

@@ -734,6 +734,26 @@ static uint64_t model_pack(model_region *m, int n, int32_t ops, int *rule_out) {
     return (best_end + 255) / 256 * 256;
 }
 
+// The lowest op with the most transient bytes live, or -1 when no transient region is used.
+static int32_t model_peak_op(const model_region *m, int n, int32_t ops, uint64_t *bytes) {
+    int32_t peak_op = -1;
+    *bytes = 0;
+    for (int32_t op = 0; op < ops; op++) {
+        uint64_t live = 0;
+        bool any = false;
+        for (int i = 0; i < n; i++) {
+            bool on = !m[i].persistent && m[i].used && m[i].first <= op && op <= m[i].last;
+            live += on ? m[i].bytes : 0;
+            any = any || on;
+        }
+        if (any && (peak_op < 0 || live > *bytes)) {
+            peak_op = op;
+            *bytes = live;
+        }
+    }
+    return peak_op;
+}
+
 static uint64_t model_lower_bound(const model_region *m, int n, int32_t ops) {
     uint64_t persistent = 0, peak = 0;
     for (int i = 0; i < n; i++) persistent += m[i].persistent ? m[i].bytes : 0;
@@ -807,6 +827,20 @@ static void test_random_against_model(void) {
         uint64_t bound = model_lower_bound(m, n, ops);
         CHECK(arena_lower_bound(a) == bound, "plan %d: lower bound %" PRIu64 ", model %" PRIu64,
               plan, arena_lower_bound(a), bound);
+        uint64_t peak_bytes = 0, model_peak_bytes = 0;
+        int32_t peak = arena_peak_op(a, &peak_bytes);
+        int32_t model_peak = model_peak_op(m, n, ops, &model_peak_bytes);
+        CHECK(peak == model_peak && peak_bytes == model_peak_bytes, "plan %d: peak at op %d "
+              "(%" PRIu64 " bytes), model op %d (%" PRIu64 ")", plan, peak, peak_bytes,
+              model_peak, model_peak_bytes);
+        if (peak >= 0) {
+            uint64_t by_category = 0;
+            for (int c = 0; c < ARENA_CAT_COUNT; c++) {
+                by_category += arena_live_bytes(a, peak, (arena_category)c);
+            }
+            CHECK(by_category == bound, "plan %d: %" PRIu64 " bytes live by category at the "
+                  "peak, lower bound %" PRIu64, plan, by_category, bound);
+        }
         check_packed(a);
     }
     // Every order wins some plans, so the model checks each one's packing, not just the first.

@@ -607,8 +607,10 @@ static void test_plan_report(void) {
     FILE *out = open_memstream(&report, &bytes);
     if (status == QT_OK) run_print_plan(&the_run, out);
     fclose(out);
-    // Both memory maps with their totals, the programs, the quantizers and the padding note.
+    // Both memory maps with their totals and the device's peak, the programs, the quantizers and
+    // the padding note.
     const char *needles[] = {"arena 'device'", "arena 'host'", "lower bound", "program train",
+                             "peak of arena 'device': at op ", "its largest transient regions:",
                              "program eval", "program init",
                              "linear.grad_output@fc1", "nvfp4", "padded to 800", "weights",
                              "master", "optim", "activations"};

@@ -1198,6 +1198,73 @@ static void run_print_host_memory(const run *r, FILE *out) {
             (unsigned long long)r->data_bytes);
 }
 
+// The program holding global op index `op` and the op's entry in it, or NULL.
+static const prog_op *run_op_at(const run *r, int32_t op, const char **mode) {
+    const program *programs[MODEL_MODE_COUNT + 2] = {&r->init, NULL, NULL, NULL, NULL};
+    uint32_t n = 1;
+    for (int m = 0; m < MODEL_MODE_COUNT; m++) {
+        if (r->model.modes[m]) programs[n++] = &r->programs[m];
+    }
+    if (r->model.modes[MODEL_MODE_TRAIN]) programs[n++] = &r->checksum;
+    for (uint32_t i = 0; i < n; i++) {
+        const program *p = programs[i];
+        if (op < p->op_base || (int64_t)op >= (int64_t)p->op_base + p->op_count) continue;
+        *mode = p->mode;
+        return &p->ops[op - p->op_base];
+    }
+    return NULL;
+}
+
+// Where the device arena peaks: the op at which the most transient bytes are live, and every
+// category's bytes live there (persistent ones included), so that a plan shows what fills the
+// memory at its fullest (a large model's: the end of its backward pass, the weight gradients
+// beside the saved activations). `lead` starts the line; full: also the largest regions live.
+static void run_print_peak(const run *r, FILE *out, const char *lead, bool full) {
+    const arena *a = &r->dev;
+    uint64_t transient = 0;
+    int32_t op = arena_peak_op(a, &transient);
+    if (op < 0) return;
+    const char *mode = "";
+    const prog_op *at = run_op_at(r, op, &mode);
+    char size[24];
+    uint64_t live = 0;
+    for (int c = 0; c < ARENA_CAT_COUNT; c++) live += arena_live_bytes(a, op, (arena_category)c);
+    arena_format_size(live, size, sizeof size);
+    fprintf(out, "%sat op %d (%s: %s), %s live:", lead, op, at ? mode : "?", at ? at->name : "?",
+            size);
+    for (int c = 0; c < ARENA_CAT_COUNT; c++) {
+        uint64_t bytes = arena_live_bytes(a, op, (arena_category)c);
+        if (bytes == 0) continue;
+        arena_format_size(bytes, size, sizeof size);
+        fprintf(out, " %s %s", arena_category_name((arena_category)c), size);
+    }
+    fputc('\n', out);
+    if (!full) return;
+    // The largest transient regions live there, largest first (ties: lower handle), at most 8.
+    fprintf(out, "  its largest transient regions:\n");
+    uint64_t below = UINT64_MAX;
+    arena_handle below_handle = 0;
+    for (int k = 0; k < 8; k++) {
+        const arena_region *pick = NULL;
+        arena_handle pick_handle = 0;
+        for (arena_handle h = 0; h < a->region_count; h++) {
+            const arena_region *g = arena_region_get(a, h);
+            if (g->persistent || g->part || g->first_op > op || op > g->last_op) continue;
+            bool after = g->bytes < below || (g->bytes == below && h > below_handle);
+            if (after && (!pick || g->bytes > pick->bytes)) {
+                pick = g;
+                pick_handle = h;
+            }
+        }
+        if (!pick) break;
+        arena_format_size(pick->bytes, size, sizeof size);
+        fprintf(out, "    %-*s %11s  ops %d..%d\n", ARENA_NAME_MAX / 2, pick->name, size,
+                pick->first_op, pick->last_op);
+        below = pick->bytes;
+        below_handle = pick_handle;
+    }
+}
+
 void run_print_plan(const run *r, FILE *out) {
     model_print(&r->model, out);
     run_print_table(r, out);
@@ -1215,6 +1282,7 @@ void run_print_plan(const run *r, FILE *out) {
     if (r->model.modes[MODEL_MODE_TRAIN]) prog_print(&r->checksum, out);
     fprintf(out, "\n");
     arena_print(&r->dev, out);
+    run_print_peak(r, out, "peak of arena 'device': ", true);
     fprintf(out, "\n");
     arena_print(&r->host, out);
 }
@@ -1243,5 +1311,6 @@ void run_print_summary(const run *r, FILE *out) {
     if (r->model.modes[MODEL_MODE_TRAIN]) fprintf(out, ", checksum %u ops", r->checksum.op_count);
     fputc('\n', out);
     arena_print_summary(&r->dev, out);
+    run_print_peak(r, out, "             peak ", false);
     arena_print_summary(&r->host, out);
 }
