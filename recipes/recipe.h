@@ -26,8 +26,8 @@
 //                                            recompute: the linear right after it keeps no copy
 //                                            of this output for its weight gradient; backward
 //                                            makes it again from the activation's input (where
-//                                            that linear's input is BF16: a quantized input
-//                                            keeps its own copy, and the flag changes nothing)
+//                                            that linear's input is BF16 and a layer below has
+//                                            weights; elsewhere the flag changes nothing)
 //   layer = rmsnorm [NAME] [eps=F]           eps 1e-5; NAME defaults to rmsnorm1, rmsnorm2, ...
 //   layer = residual begin                   x + f(x), f = the layers up to the matching end;
 //   layer = residual end                     f keeps the width; blocks nest

@@ -766,9 +766,9 @@ static void test_recompute(backend_kind kind, const char *path, const char *sche
 
 // The bench model in BF16: with its GELU outputs recomputed, the device arena drops by at least
 // the three 256 MiB outputs that the first blocks no longer keep through backward, less the
-// copy that lives while a block's wgrad runs.
+// copy that lives while a block's wgrad runs. And the flag takes no effect where it cannot save.
 static void test_recompute_plan(void) {
-    test_begin("plan_recompute_shrinks_the_bf16_bench_arena");
+    test_begin("plan_recompute_shrinks_the_bf16_bench_arena_and_not_below_the_first_weights");
     static char text[RECIPE_TEXT_MAX], again[RECIPE_TEXT_MAX];
     const char *path = "recipes/bench/resmlp_bf16.recipe";
     CHECK(recipe_text_for(path, NULL, text, sizeof text) &&
@@ -789,6 +789,24 @@ static void test_recompute_plan(void) {
           (unsigned long long)(dev[1] / mib), (unsigned long long)(dev[0] / mib));
     CHECK(host[0] == host[1], "host arena changed: %llu -> %llu", (unsigned long long)host[0],
           (unsigned long long)host[1]);
+    // An activation below every layer with parameters has no backward pass: the flag would keep
+    // its input (the FP32 batch) alive for the copy alone, so it takes no effect, and says so.
+    CHECK(recipe_text_for("tests/recipes/synthetic_tiny.recipe", NULL, text, sizeof text) &&
+              text_lines_replaced(text, "layer = linear fc1 32 bias",
+                                  "layer = gelu recompute\nlayer = linear fc1 32 bias", again,
+                                  sizeof again),
+          "cannot make the tiny recipe's first layer a gelu");
+    run_options o = {0};
+    qt_status st = recipe_parse(again, strlen(again), "first_gelu", &the_recipe);
+    if (st == QT_OK) st = test_run_plan(&the_run, &the_recipe, again, strlen(again), &o);
+    CHECK(st == QT_OK, "first gelu: %s", qt_error_message());
+    bool noted = false;
+    for (uint32_t i = 0; st == QT_OK && i < the_run.model.note_count; i++) {
+        noted = noted || strstr(the_run.model.notes[i], "no layer below it has parameters");
+    }
+    CHECK(st == QT_OK && noted && !the_run.model.recompute[0] &&
+              !region_named(&the_run.dev, "train.gelu#0.y_again", NULL),
+          "a first-layer gelu recomputes (noted %d)", noted);
     test_end();
 }
 

@@ -224,14 +224,25 @@ static void model_plan_padding(model *m) {
 }
 
 // `recompute` takes effect where the linear after the activation keeps its input as BF16, the
-// activation's own output. A quantized input is kept as its codes (half or a quarter of the
-// bytes), which the linear's wgrad reads; making the output again would not free them.
+// activation's own output, and where the activation's backward runs (a layer below it has
+// parameters), which keeps the activation's input anyway. A quantized input is kept as its codes
+// (half or a quarter of the bytes), which the linear's wgrad reads; making the output again
+// would not free them. Below the first layer with parameters the input would be kept for the
+// copy alone (the model's input: the FP32 batch, twice the output's bytes).
 static void model_plan_recompute(model *m) {
     const recipe_model *rm = &m->recipe->model;
     for (uint32_t i = 0; i < rm->layers_count; i++) {
         m->recompute[i] = false;
         if (!rm->layers[i].recompute) continue;
         QT_ASSERT(i + 1 < rm->layers_count && m->layer_linear[i + 1] != UINT32_MAX);
+        const char *kind = recipe_layer_kind_name(rm->layers[i].kind);
+        if (i < m->first_param_layer) {
+            model_note(m, "%s (layer %u, line %u): recompute changes nothing: no layer below it "
+                       "has parameters, so its backward does not run, and its input would be "
+                       "kept for the copy alone; %s keeps this output", kind, i,
+                       rm->layers[i].line, rm->layers[i + 1].name);
+            continue;
+        }
         const model_quantizer *mq = &m->quantizers[m->linears[m->layer_linear[i + 1]].q_input];
         if (mq->q.format == QT_FORMAT_BF16) {
             m->recompute[i] = m->modes[MODEL_MODE_TRAIN];
@@ -240,9 +251,9 @@ static void model_plan_recompute(model *m) {
         char role[96];
         rules_role_format(&mq->role, role, sizeof role);
         model_note(m, "%s (layer %u, line %u): recompute changes nothing: %s is %s, so %s keeps "
-                   "its quantized input for the weight gradient, not this output",
-                   recipe_layer_kind_name(rm->layers[i].kind), i, rm->layers[i].line, role,
-                   rules_scheme_name(mq->q.scheme), rm->layers[i + 1].name);
+                   "its quantized input for the weight gradient, not this output", kind, i,
+                   rm->layers[i].line, role, rules_scheme_name(mq->q.scheme),
+                   rm->layers[i + 1].name);
     }
 }
 

@@ -335,8 +335,9 @@ typedef struct model {
     uint32_t layer_param[RECIPE_LAYERS_MAX];   // rmsnorm: its gamma's param index
     uint32_t layer_moe[RECIPE_LAYERS_MAX];     // moe: its index into moes, or UINT32_MAX
     // An activation whose output train steps make again in backward (`recompute`, taking
-    // effect: the linear after it keeps its input as BF16, that very output): the linear's
-    // wgrad reads the copy made just before it, and the forward's output dies with its fprop.
+    // effect: the linear after it keeps its input as BF16, that very output, and a layer below
+    // has parameters; model.c's model_plan_recompute): the linear's wgrad reads the copy made
+    // just before it, and the forward's output dies with its fprop.
     bool recompute[RECIPE_LAYERS_MAX];
     uint32_t linear_count;
     model_linear linears[MODEL_LINEARS_MAX];

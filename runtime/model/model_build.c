@@ -1057,8 +1057,6 @@ static qt_status mb_weight_columns(mb *b, const model_param *w, const model_quan
                             &grid);
 }
 
-// dx: the gradient at the linear's input; then: the activation that made that input, whose
-// backward pass reads dx (or NULL).
 // The input of linear `layer` that its wgrad reads: the forward's copy, or, after an activation
 // that recomputes (model.h), its output made again here from the activation's own input. The
 // op is the forward's (op_gemm_act gives the bits of op_act_forward on D), so the copy holds
@@ -1077,6 +1075,8 @@ static qt_status mb_wgrad_input(mb *b, uint32_t layer, model_qstore *x) {
                           OP_ACT_NONE, mb_act(x->bf16), OP_REF_NONE);
 }
 
+// dx: the gradient at the linear's input; then: the activation that made that input, whose
+// backward pass reads dx (or NULL).
 static qt_status mb_linear_backward(mb *b, uint32_t layer, model_tensor dy, model_tensor *dx,
                                     const mb_then_act *then) {
     model *m = b->m;
