@@ -527,7 +527,18 @@ rc=$?
 [ $rc -eq 1 ] && grep -q 'QT_ERR_MEMORY: not enough \(host\|GPU\) memory: .* needs [0-9]* bytes' \
     "$dir/out" && grep -q 'largest regions: fc1.weight' "$dir/out" &&
     grep -q 'to fit, change the recipe: a smaller `batch`' "$dir/out" &&
-    [ ! -e "$dir/huge.trace" ] || bad="$bad [huge: exit $rc: $(tail -1 "$dir/out")]"
+    grep -q '; or `recompute` on the activations at lines 4 (backward keeps their outputs' \
+        "$dir/out" && [ ! -e "$dir/huge.trace" ] ||
+    bad="$bad [huge: exit $rc: $(tail -1 "$dir/out")]"
+# No `recompute` hint where it is set already, or where the next linear's input is quantized.
+for change in 's/^layer = relu$/layer = relu recompute/' 's/^recipe = bf16$/recipe = current/'; do
+    sed "$change" "$dir/huge.recipe" > "$dir/huge2.recipe"
+    "$qtrain" run "$dir/huge2.recipe" > "$dir/out" 2>&1
+    rc=$?
+    [ $rc -eq 1 ] && grep -q 'to fit, change the recipe' "$dir/out" &&
+        ! grep -q 'or `recompute`' "$dir/out" ||
+        bad="$bad [$change: exit $rc: $(tail -1 "$dir/out")]"
+done
 sed 's/262144/8192/g' "$dir/huge.recipe" > "$dir/mid.recipe"
 (ulimit -v 1000000 && "$qtrain" run "$dir/mid.recipe" --ref) > "$dir/out" 2>&1
 rc=$?

@@ -257,6 +257,21 @@ static void model_plan_recompute(model *m) {
     }
 }
 
+bool model_recompute_would_help(const model *m, uint32_t i) {
+    const recipe_model *rm = &m->recipe->model;
+    QT_ASSERT(i < rm->layers_count);
+    recipe_layer_kind k = rm->layers[i].kind;
+    bool act = k == RECIPE_LAYER_RELU || k == RECIPE_LAYER_GELU || k == RECIPE_LAYER_SILU ||
+               k == RECIPE_LAYER_SWIGLU;
+    if (!act || m->recompute[i] || !m->modes[MODEL_MODE_TRAIN] || i < m->first_param_layer ||
+        i + 1 == rm->layers_count || m->layer_linear[i + 1] == UINT32_MAX ||
+        rm->layers[i + 1].kind != RECIPE_LAYER_LINEAR) {
+        return false;
+    }
+    const model_linear *next = &m->linears[m->layer_linear[i + 1]];
+    return m->quantizers[next->q_input].q.format == QT_FORMAT_BF16;
+}
+
 uint32_t model_gemm_format_of(qt_format f) { return qt_format_get(f)->gemm_format; }
 
 // Whether A x B runs on the kernel of their format (runtime/ops/op_gemm.c's rules): one format,

@@ -395,6 +395,10 @@ void model_keep_expert_loads(model *m, int32_t last_op);
 // master: an owned one's, and every rank a master that is the weight itself (no quantizer) and
 // every master of a run that does not train.
 bool model_param_owned(const model *m, uint32_t i);
+// Whether layer i is an activation whose output train steps keep through backward and whose
+// `recompute` would take effect but is not set (model.c's model_plan_recompute): what to suggest
+// to a run that does not fit.
+bool model_recompute_would_help(const model *m, uint32_t i);
 bool model_param_master_here(const model *m, uint32_t i);
 
 // Tensors of one quantizer: an moe layer's experts (fc1, fc2) have one per expert, each with its

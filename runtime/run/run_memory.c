@@ -53,15 +53,51 @@ static void run_largest_regions(const arena *a, char *out, size_t out_bytes) {
     }
 }
 
-// What to change in the recipe, by what the memory goes to.
-static void run_fit_hint(const run *r, bool datasets, char *out, size_t out_bytes) {
+// "; or `recompute` on the activations at lines 7, 13, 19 (...)" where the device arena could
+// shrink so (model_recompute_would_help), else nothing; at most RUN_MEMORY_RECOMPUTE_LINES
+// lines named, and how many more.
+#define RUN_MEMORY_RECOMPUTE_LINES 6
+static void run_recompute_hint(const run *r, char *out, size_t out_bytes) {
+    const recipe_model *rm = &r->recipe->model;
+    uint32_t count = 0;
+    size_t used = 0;
+    out[0] = '\0';
+    for (uint32_t i = 0; i < rm->layers_count; i++) {
+        if (!model_recompute_would_help(&r->model, i)) continue;
+        if (count < RUN_MEMORY_RECOMPUTE_LINES) {
+            int n = snprintf(out + used, out_bytes - used, "%s%u",
+                             count == 0 ? "; or `recompute` on the activations at lines "
+                                        : ", ",
+                             rm->layers[i].line);
+            if (n < 0 || (size_t)n >= out_bytes - used) return;
+            used += (size_t)n;
+        }
+        count++;
+    }
+    if (count > RUN_MEMORY_RECOMPUTE_LINES) {
+        int n = snprintf(out + used, out_bytes - used, " and %u more",
+                         count - RUN_MEMORY_RECOMPUTE_LINES);
+        if (n < 0 || (size_t)n >= out_bytes - used) return;
+        used += (size_t)n;
+    }
+    if (count > 0) {
+        snprintf(out + used, out_bytes - used, " (backward keeps their outputs; it would make "
+                 "them again, a pass each)");
+    }
+}
+
+// What to change in the recipe, by what the memory goes to. device: the device arena is short
+// (the activations' outputs live there).
+static void run_fit_hint(const run *r, bool datasets, bool device, char *out, size_t out_bytes) {
+    char recompute[256] = "";
+    if (device) run_recompute_hint(r, recompute, sizeof recompute);
     snprintf(out, out_bytes, "to fit, change the recipe: a smaller `batch` in [data] (now %u: "
              "activations, gradients and the batch slots grow with it), narrower linear layers "
              "(weights, masters and Adam moments grow with inputs x outputs), or smaller formats "
              "in [quant] (a weight's copy takes 2 bytes in bf16, about 1 in fp8 or mxfp8, about "
-             "0.6 in nvfp4, beside 12 bytes of FP32 master and moments)%s",
-             r->recipe->data.batch, datasets ? "; or fewer samples (the datasets are read into "
-                                               "host memory whole)" : "");
+             "0.6 in nvfp4, beside 12 bytes of FP32 master and moments)%s%s",
+             r->recipe->data.batch, recompute, datasets ? "; or fewer samples (the datasets "
+                                                          "are read into host memory whole)" : "");
 }
 
 static qt_status run_check_device(const run *r, backend *b) {
@@ -69,12 +105,12 @@ static qt_status run_check_device(const run *r, backend *b) {
     QT_TRY(backend_memory_free(b, &free_bytes, &total));
     uint64_t need = r->dev.bytes_total;
     if (need <= free_bytes) return QT_OK;
-    char need_text[32], free_text[32], total_text[32], regions[512], hint[640];
+    char need_text[32], free_text[32], total_text[32], regions[512], hint[1024];
     run_size_text(need, need_text, sizeof need_text);
     run_size_text(free_bytes, free_text, sizeof free_text);
     run_size_text(total, total_text, sizeof total_text);
     run_largest_regions(&r->dev, regions, sizeof regions);
-    run_fit_hint(r, false, hint, sizeof hint);
+    run_fit_hint(r, false, true, hint, sizeof hint);
     return qt_fail(QT_ERR_MEMORY, "not enough GPU memory: the device arena needs %" PRIu64
                    " bytes (%s), and %s has %" PRIu64 " bytes (%s) free of %s (cuMemGetInfo); "
                    "its largest regions: %s; %s", need, need_text, b->info.name, free_bytes,
@@ -88,7 +124,7 @@ qt_status run_check_memory(const run *r, backend *b, bool ref, uint64_t extra_ho
     host_memory m;
     host_memory_read(&m);
     if (need <= m.available) return QT_OK;
-    char need_text[32], have_text[32], parts[256], regions[1100], hint[640];
+    char need_text[32], have_text[32], parts[256], regions[1100], hint[1024];
     run_size_text(need, need_text, sizeof need_text);
     run_size_text(m.available, have_text, sizeof have_text);
     size_t used = (size_t)snprintf(parts, sizeof parts, "the host arena %" PRIu64, host);
@@ -101,7 +137,7 @@ qt_status run_check_memory(const run *r, backend *b, bool ref, uint64_t extra_ho
     }
     const arena *largest = ref && dev > host ? &r->dev : &r->host;
     run_largest_regions(largest, regions, sizeof regions);
-    run_fit_hint(r, extra_host > 0, hint, sizeof hint);
+    run_fit_hint(r, extra_host > 0, ref && dev > 0, hint, sizeof hint);
     return qt_fail(QT_ERR_MEMORY, "not enough host memory: the run needs %" PRIu64 " bytes (%s: "
                    "%s), and this process can get %" PRIu64 " bytes (%s; the tightest limit: "
                    "%s); the %s arena's largest regions: %s; %s", need, need_text, parts,
