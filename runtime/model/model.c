@@ -223,17 +223,33 @@ static void model_plan_padding(model *m) {
                padded, rules_scheme_name(qi->scheme), rules_scheme_name(qw->scheme), unit);
 }
 
-// `recompute` takes effect where the linear after the activation keeps its input as BF16, the
-// activation's own output, and where the activation's backward runs (a layer below it has
-// parameters), which keeps the activation's input anyway. A quantized input is kept as its codes
-// (half or a quarter of the bytes), which the linear's wgrad reads; making the output again
-// would not free them. Below the first layer with parameters the input would be kept for the
-// copy alone (the model's input: the FP32 batch, twice the output's bytes).
+// Whether `recompute` on layer i takes effect: an activation right before a linear that keeps
+// its input as BF16, the activation's own output, in a run that trains, with a layer below it
+// that has parameters (so the activation's backward runs and keeps its input anyway). A
+// quantized input is kept as its codes (half or a quarter of the bytes), which the linear's
+// wgrad reads; making the output again would not free them. Below the first layer with
+// parameters the input would be kept for the copy alone (the model's input: the FP32 batch,
+// twice the output's bytes).
+static bool model_recompute_takes(const model *m, uint32_t i) {
+    const recipe_model *rm = &m->recipe->model;
+    recipe_layer_kind k = rm->layers[i].kind;
+    bool act = k == RECIPE_LAYER_RELU || k == RECIPE_LAYER_GELU || k == RECIPE_LAYER_SILU ||
+               k == RECIPE_LAYER_SWIGLU;
+    if (!act || !m->modes[MODEL_MODE_TRAIN] || i < m->first_param_layer ||
+        i + 1 == rm->layers_count || rm->layers[i + 1].kind != RECIPE_LAYER_LINEAR) {
+        return false;
+    }
+    const model_linear *next = &m->linears[m->layer_linear[i + 1]];
+    return m->quantizers[next->q_input].q.format == QT_FORMAT_BF16;
+}
+
+// The recipe's flags where they take effect; where the model rules them out, a note says why
+// (a run without train steps has no backward pass to change, and needs none).
 static void model_plan_recompute(model *m) {
     const recipe_model *rm = &m->recipe->model;
     for (uint32_t i = 0; i < rm->layers_count; i++) {
-        m->recompute[i] = false;
-        if (!rm->layers[i].recompute) continue;
+        m->recompute[i] = rm->layers[i].recompute && model_recompute_takes(m, i);
+        if (!rm->layers[i].recompute || m->recompute[i]) continue;
         QT_ASSERT(i + 1 < rm->layers_count && m->layer_linear[i + 1] != UINT32_MAX);
         const char *kind = recipe_layer_kind_name(rm->layers[i].kind);
         if (i < m->first_param_layer) {
@@ -244,10 +260,7 @@ static void model_plan_recompute(model *m) {
             continue;
         }
         const model_quantizer *mq = &m->quantizers[m->linears[m->layer_linear[i + 1]].q_input];
-        if (mq->q.format == QT_FORMAT_BF16) {
-            m->recompute[i] = m->modes[MODEL_MODE_TRAIN];
-            continue;
-        }
+        if (mq->q.format == QT_FORMAT_BF16) continue;  // no train steps
         char role[96];
         rules_role_format(&mq->role, role, sizeof role);
         model_note(m, "%s (layer %u, line %u): recompute changes nothing: %s is %s, so %s keeps "
@@ -258,18 +271,8 @@ static void model_plan_recompute(model *m) {
 }
 
 bool model_recompute_would_help(const model *m, uint32_t i) {
-    const recipe_model *rm = &m->recipe->model;
-    QT_ASSERT(i < rm->layers_count);
-    recipe_layer_kind k = rm->layers[i].kind;
-    bool act = k == RECIPE_LAYER_RELU || k == RECIPE_LAYER_GELU || k == RECIPE_LAYER_SILU ||
-               k == RECIPE_LAYER_SWIGLU;
-    if (!act || m->recompute[i] || !m->modes[MODEL_MODE_TRAIN] || i < m->first_param_layer ||
-        i + 1 == rm->layers_count || m->layer_linear[i + 1] == UINT32_MAX ||
-        rm->layers[i + 1].kind != RECIPE_LAYER_LINEAR) {
-        return false;
-    }
-    const model_linear *next = &m->linears[m->layer_linear[i + 1]];
-    return m->quantizers[next->q_input].q.format == QT_FORMAT_BF16;
+    QT_ASSERT(i < m->recipe->model.layers_count);
+    return !m->recompute[i] && model_recompute_takes(m, i);
 }
 
 uint32_t model_gemm_format_of(qt_format f) { return qt_format_get(f)->gemm_format; }
