@@ -448,6 +448,24 @@ int32_t arena_peak_op(const arena *a, uint64_t *bytes) {
     return peak_op;
 }
 
+arena_handle arena_next_largest(const arena *a, int32_t op, arena_handle after) {
+    QT_ASSERT(a != NULL && !arena_counting(a));
+    QT_ASSERT(after == ARENA_HANDLE_NONE || after < a->region_count);
+    uint64_t below = after == ARENA_HANDLE_NONE ? UINT64_MAX : a->regions[after].bytes;
+    arena_handle pick = ARENA_HANDLE_NONE;
+    for (arena_handle h = 0; h < a->region_count; h++) {
+        const arena_region *r = &a->regions[h];
+        if (r->bytes == 0) continue;
+        if (op >= 0 && (r->persistent || r->part || r->first_op > op || op > r->last_op)) {
+            continue;
+        }
+        bool later = r->bytes < below || (r->bytes == below && after != ARENA_HANDLE_NONE &&
+                                          h > after);
+        if (later && (pick == ARENA_HANDLE_NONE || r->bytes > a->regions[pick].bytes)) pick = h;
+    }
+    return pick;
+}
+
 uint64_t arena_live_bytes(const arena *a, int32_t op, arena_category c) {
     QT_ASSERT(a != NULL && !arena_counting(a));
     uint64_t bytes = 0;

@@ -82,6 +82,7 @@ typedef enum arena_category {
 typedef enum arena_phase { ARENA_PHASE_PLAN, ARENA_PHASE_BIND, ARENA_PHASE_FROZEN } arena_phase;
 
 typedef uint32_t arena_handle;  // index into regions[]; handles are dense 0..region_count-1
+#define ARENA_HANDLE_NONE UINT32_MAX
 
 typedef struct arena_region {
     char name[ARENA_NAME_MAX];
@@ -191,6 +192,12 @@ uint64_t arena_lower_bound(const arena *a);
 // counted in its whole; the lowest such op), with those bytes in *bytes (when not NULL); -1 (and
 // 0) when no transient region is used.
 int32_t arena_peak_op(const arena *a, uint64_t *bytes);
+// Any phase but on a counting arena. The region after `after` (ARENA_HANDLE_NONE: before the
+// first) in the order of decreasing bytes, ties to the lower handle, among the regions with
+// bytes: every one for op < 0, parts and persistent ones included; for op >= 0 the transient
+// regions live at op, not parts. ARENA_HANDLE_NONE when none is left. Reports list the largest
+// regions by calling it in turn.
+arena_handle arena_next_largest(const arena *a, int32_t op, arena_handle after);
 // Any phase but on a counting arena. Bytes of category c live at op: its persistent regions and
 // the transient ones whose lifetime holds op (a part counted in its whole).
 uint64_t arena_live_bytes(const arena *a, int32_t op, arena_category c);

@@ -833,6 +833,28 @@ static void test_random_against_model(void) {
         CHECK(peak == model_peak && peak_bytes == model_peak_bytes, "plan %d: peak at op %d "
               "(%" PRIu64 " bytes), model op %d (%" PRIu64 ")", plan, peak, peak_bytes,
               model_peak, model_peak_bytes);
+        // arena_next_largest walks every region with bytes once, by decreasing bytes, ties to
+        // the lower handle; at the peak op, only the transient regions live there.
+        const int32_t walks[2] = {-1, peak};
+        for (int w = 0; w < (peak >= 0 ? 2 : 1); w++) {
+            int32_t at = walks[w];
+            int walked = 0, expected = 0;
+            for (int i = 0; i < n; i++) {
+                bool live = !m[i].persistent && m[i].used && m[i].first <= at && at <= m[i].last;
+                expected += m[i].bytes > 0 && (at < 0 || live);
+            }
+            arena_handle prev = ARENA_HANDLE_NONE, h = ARENA_HANDLE_NONE;
+            while ((h = arena_next_largest(a, at, h)) != ARENA_HANDLE_NONE) {
+                bool ordered = prev == ARENA_HANDLE_NONE || m[h].bytes < m[prev].bytes ||
+                               (m[h].bytes == m[prev].bytes && h > prev);
+                CHECK(ordered && walked < n, "plan %d op %d: region %u after %u", plan, at, h,
+                      prev);
+                if (!ordered || ++walked > n) break;
+                prev = h;
+            }
+            CHECK(walked == expected, "plan %d op %d: walked %d regions, expected %d", plan, at,
+                  walked, expected);
+        }
         if (peak >= 0) {
             uint64_t by_category = 0;
             for (int c = 0; c < ARENA_CAT_COUNT; c++) {

@@ -1221,47 +1221,33 @@ static const prog_op *run_op_at(const run *r, int32_t op, const char **mode) {
 // beside the saved activations). `lead` starts the line; full: also the largest regions live.
 static void run_print_peak(const run *r, FILE *out, const char *lead, bool full) {
     const arena *a = &r->dev;
-    uint64_t transient = 0;
-    int32_t op = arena_peak_op(a, &transient);
+    int32_t op = arena_peak_op(a, NULL);
     if (op < 0) return;
     const char *mode = "";
     const prog_op *at = run_op_at(r, op, &mode);
+    uint64_t bytes[ARENA_CAT_COUNT], live = 0;
+    for (int c = 0; c < ARENA_CAT_COUNT; c++) {
+        bytes[c] = arena_live_bytes(a, op, (arena_category)c);
+        live += bytes[c];
+    }
     char size[24];
-    uint64_t live = 0;
-    for (int c = 0; c < ARENA_CAT_COUNT; c++) live += arena_live_bytes(a, op, (arena_category)c);
     arena_format_size(live, size, sizeof size);
     fprintf(out, "%sat op %d (%s: %s), %s live:", lead, op, at ? mode : "?", at ? at->name : "?",
             size);
     for (int c = 0; c < ARENA_CAT_COUNT; c++) {
-        uint64_t bytes = arena_live_bytes(a, op, (arena_category)c);
-        if (bytes == 0) continue;
-        arena_format_size(bytes, size, sizeof size);
+        if (bytes[c] == 0) continue;
+        arena_format_size(bytes[c], size, sizeof size);
         fprintf(out, " %s %s", arena_category_name((arena_category)c), size);
     }
     fputc('\n', out);
     if (!full) return;
-    // The largest transient regions live there, largest first (ties: lower handle), at most 8.
     fprintf(out, "  its largest transient regions:\n");
-    uint64_t below = UINT64_MAX;
-    arena_handle below_handle = 0;
-    for (int k = 0; k < 8; k++) {
-        const arena_region *pick = NULL;
-        arena_handle pick_handle = 0;
-        for (arena_handle h = 0; h < a->region_count; h++) {
-            const arena_region *g = arena_region_get(a, h);
-            if (g->persistent || g->part || g->first_op > op || op > g->last_op) continue;
-            bool after = g->bytes < below || (g->bytes == below && h > below_handle);
-            if (after && (!pick || g->bytes > pick->bytes)) {
-                pick = g;
-                pick_handle = h;
-            }
-        }
-        if (!pick) break;
-        arena_format_size(pick->bytes, size, sizeof size);
-        fprintf(out, "    %-*s %11s  ops %d..%d\n", ARENA_NAME_MAX / 2, pick->name, size,
-                pick->first_op, pick->last_op);
-        below = pick->bytes;
-        below_handle = pick_handle;
+    arena_handle h = ARENA_HANDLE_NONE;
+    for (int k = 0; k < 8 && (h = arena_next_largest(a, op, h)) != ARENA_HANDLE_NONE; k++) {
+        const arena_region *g = arena_region_get(a, h);
+        arena_format_size(g->bytes, size, sizeof size);
+        fprintf(out, "    %-*s %11s  ops %d..%d\n", ARENA_NAME_MAX / 2, g->name, size,
+                g->first_op, g->last_op);
     }
 }
 

@@ -22,28 +22,14 @@ static void run_size_text(uint64_t bytes, char *out, size_t out_bytes) {
     snprintf(out, out_bytes, unit == 0 ? "%.0f %s" : "%.1f %s", value, units[unit]);
 }
 
-// Whether region i is among the first `count` picked.
-static bool run_region_picked(const uint32_t *picked, int count, uint32_t i) {
-    for (int k = 0; k < count; k++) {
-        if (picked[k] == i) return true;
-    }
-    return false;
-}
-
 // "name (category, 1.0 GiB), ..." for the largest regions of the arena.
 static void run_largest_regions(const arena *a, char *out, size_t out_bytes) {
-    uint32_t picked[RUN_MEMORY_TOP_REGIONS];  // the arena's table is sized to its model
     size_t used = 0;
     out[0] = '\0';
-    for (int k = 0; k < RUN_MEMORY_TOP_REGIONS; k++) {
-        uint32_t best = UINT32_MAX;
-        for (uint32_t i = 0; i < a->region_count; i++) {
-            if (run_region_picked(picked, k, i) || a->regions[i].bytes == 0) continue;
-            if (best == UINT32_MAX || a->regions[i].bytes > a->regions[best].bytes) best = i;
-        }
-        if (best == UINT32_MAX) break;
-        picked[k] = best;
-        const arena_region *region = &a->regions[best];
+    arena_handle h = ARENA_HANDLE_NONE;
+    for (int k = 0; k < RUN_MEMORY_TOP_REGIONS && (h = arena_next_largest(a, -1, h)) !=
+                                                       ARENA_HANDLE_NONE; k++) {
+        const arena_region *region = arena_region_get(a, h);
         char size[32];
         run_size_text(region->bytes, size, sizeof size);
         int n = snprintf(out + used, out_bytes - used, "%s%s (%s, %s)", k ? ", " : "",
