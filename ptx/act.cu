@@ -263,7 +263,7 @@ __device__ __forceinline__ void act_bwd_flat(const act_args &args, uint32_t *tab
         for (uint64_t c = tid; c < count / 8; c += stride) {
             float v[8], dy[8];
             act_load8(args.x, c * 8, args.x_dtype, v);
-            act_load8(args.dy, c * 8, args.dy_dtype, dy);
+            act_load8<false>(args.dy, c * 8, args.dy_dtype, dy);  // out may be dy
             act_pre8(args, c * 8, v);
 #pragma unroll
             for (int k = 0; k < 8; k++) v[k] = qt_act_backward(kAct, v[k], dy[k]);
@@ -518,7 +518,7 @@ __device__ __forceinline__ void act_lut_flat(const act_args &args, float *table)
                 uint64_t cu = c + u * stride;
                 if (cu >= chunks) continue;
                 xw[u] = __ldg(x + cu);
-                if (kBackward) dw[u] = __ldg(dy + cu);
+                if (kBackward) dw[u] = act_ld16<false>(dy + cu);  // out may be dy
             }
 #pragma unroll
             for (uint32_t u = 0; u < QT_ACT_LUT_UNROLL(kBackward); u++) {
@@ -539,8 +539,8 @@ __device__ __forceinline__ void act_lut_flat(const act_args &args, float *table)
             act_load8(args.x, c * 8, QT_DTYPE_BF16, v);
             if (two) act_load8(args.x, c2 * 8, QT_DTYPE_BF16, w);
             if (kBackward) {
-                act_load8(args.dy, c * 8, args.dy_dtype, dv);
-                if (two) act_load8(args.dy, c2 * 8, args.dy_dtype, dw);
+                act_load8<false>(args.dy, c * 8, args.dy_dtype, dv);
+                if (two) act_load8<false>(args.dy, c2 * 8, args.dy_dtype, dw);
             }
             act_lut_chunk<kAct, kBackward>(args, table, v, dv, c * 8, m);
             if (two) act_lut_chunk<kAct, kBackward>(args, table, w, dw, c2 * 8, m);

@@ -112,6 +112,9 @@ typedef struct act_args {
     uint64_t bias;  // [cols] bias_dtype, 0 = none: the activation sees RN(x + bias[col])
     uint64_t dy;    // backward: (rows, out_cols) dy_dtype; forward: 0
     uint64_t out;   // forward: y (rows, out_cols); backward: dx (rows, cols); out_dtype
+                    // ReLU, GELU, SiLU backward: out may be dy itself, of the same dtype (dx
+                    // written in place): each thread reads an element's dy before it writes
+                    // that element, with plain loads (act_ld16)
     uint32_t rows, cols;  // of x; out_cols = cols, or cols / 2 for swiglu
     uint32_t act;         // QT_ACT_RELU | GELU | SILU (qt_act_*); QT_ACT_SWIGLU (qt_swiglu_*)
     uint32_t x_dtype, bias_dtype, dy_dtype, out_dtype;
@@ -135,7 +138,8 @@ QT_STATIC_ASSERT(sizeof(act_args) == 96, "act_args layout");
 // value as qt_act_fwd / qt_act_bwd would load it from D:
 //   forward (_fwd):   out = act(D + act.bias), D the pre-activation the backward pass reads;
 //   backward (_bwd):  D is the gradient at the activation's output (a dgrad), out = dx =
-//                     D * act'(act.x + act.bias) from the saved pre-activation act.x.
+//                     D * act'(act.x + act.bias) from the saved pre-activation act.x; out may
+//                     be D itself (a thread stores D's element, then out's over it).
 // amax, NaN canonicalization and out's dtype are the activation's (act_args). Only dense GEMMs
 // and activations of QT_ACT_RELU, GELU or SILU: gemm.split_parts > 1, gemm.ldd = n (D is the
 // activation's [rows][cols] tensor), act.rows = m, act.cols = n, act.group.count = 0. The
@@ -655,14 +659,24 @@ __device__ __forceinline__ void act_unpack8_bf16(uint4 u, float v[8]) {
     }
 }
 
-// base[first .. first + 8), first % 8 == 0, base 16-byte aligned.
+// One 16-byte load: through the non-coherent path where the kernel never writes the tensor
+// (kReadOnly), else a plain load. A backward's dy, which its dx may overwrite in place, takes
+// plain loads: ld.global.nc is defined only for memory that no thread of the kernel writes.
+template <bool kReadOnly, typename T>
+__device__ __forceinline__ T act_ld16(const T *p) {
+    if (kReadOnly) return __ldg(p);
+    return *p;
+}
+
+// base[first .. first + 8), first % 8 == 0, base 16-byte aligned; kReadOnly as act_ld16's.
+template <bool kReadOnly = true>
 __device__ __forceinline__ void act_load8(uint64_t base, uint64_t first, uint32_t dtype,
                                           float v[8]) {
     if (dtype == QT_DTYPE_BF16) {
-        act_unpack8_bf16(__ldg((const uint4 *)(uintptr_t)(base + first * 2)), v);
+        act_unpack8_bf16(act_ld16<kReadOnly>((const uint4 *)(uintptr_t)(base + first * 2)), v);
     } else {
         const float4 *p = (const float4 *)(uintptr_t)(base + first * 4);
-        float4 a = __ldg(p), b = __ldg(p + 1);
+        float4 a = act_ld16<kReadOnly>(p), b = act_ld16<kReadOnly>(p + 1);
         v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
         v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
     }

@@ -551,13 +551,21 @@ typedef struct mb_then_act {
 } mb_then_act;
 
 // The activation's tensor "<layer>.y" or "<layer>.dx" (with the amax of a current-scaling cast
-// that reads it next, mb_producer_amax) and the GEMM with the activation after it.
+// that reads it next, mb_producer_amax) and the GEMM with the activation after it. Backward, dx
+// is written over D in place (act_args.out): D, the gradient at the activation's output, has
+// no other reader, and a second tensor of its size would live beside it at the peak of a large
+// model's train program (the end of its backward pass).
 static qt_status mb_gemm_act(mb *b, const char *what, const op_gemm_desc *g,
                              const mb_then_act *then) {
     char buf[24], name[ARENA_NAME_MAX];
     snprintf(name, sizeof name, "%s.%s", mb_layer_name(b, then->layer, buf, sizeof buf),
              then->backward ? "dx" : "y");
-    QT_TRY(mb_tensor(b, name, g->m, g->n, ARENA_CAT_ACTIVATIONS, then->out));
+    if (then->backward) {
+        QT_ASSERT(g->d_dtype == QT_DTYPE_BF16 && g->ldd == 0);
+        *then->out = (model_tensor){g->d, g->d_dtype, g->m, g->n, OP_REF_NONE};
+    } else {
+        QT_TRY(mb_tensor(b, name, g->m, g->n, ARENA_CAT_ACTIVATIONS, then->out));
+    }
     QT_TRY(mb_producer_amax(b, then->layer, then->backward, name, &then->out->amax));
     model_tensor x = b->acts[then->layer];
     QT_ASSERT(!then->backward || (x.rows == g->m && x.cols == g->n));
