@@ -228,6 +228,7 @@ enum { T_KIND_ACT, T_KIND_RMSNORM, T_KIND_RESIDUAL, T_KIND_XENT, T_KIND_MSE, T_K
 #define T_SPLIT 32u     // xent / mse: the split kernels, whatever the shape (hand-built)
 #define T_ONE_BLOCK 64u // xent / mse: the one-block kernel, whatever op_xent would take
 #define T_EVERY_BF16 128u // act: x holds every BF16 bit pattern, in order, over and over
+#define T_IN_PLACE 256u   // act (not swiglu): the backward writes dx over dy (act_args.out)
 
 typedef struct t_case {
     const char *name;
@@ -281,8 +282,11 @@ static void t_build_act(t_run *run, const t_case *c) {
     RIG_OK(op_fp8_amax_zero(p, "dx_amax", dx_amax, 1));
     RIG_OK(op_act_forward(p, "act_fwd", c->op, c->rows, c->cols, t_tensor(run, A_X),
                           t_tensor(run, A_BIAS), t_tensor(run, A_Y), y_amax));
+    // In place, dx lands in the dy buffer and the dx buffer keeps its zeros.
+    uint32_t dx_slot = c->flags & T_IN_PLACE ? A_DY : A_DX;
+    QT_ASSERT(!(c->flags & T_IN_PLACE) || !swiglu);
     RIG_OK(op_act_backward(p, "act_bwd", c->op, c->rows, c->cols, t_tensor(run, A_X),
-                           t_tensor(run, A_BIAS), t_tensor(run, A_DY), t_tensor(run, A_DX),
+                           t_tensor(run, A_BIAS), t_tensor(run, A_DY), t_tensor(run, dx_slot),
                            dx_amax));
 }
 
@@ -1894,6 +1898,16 @@ static const t_case t_gpu_cases[] = {
      2.0},
     {"gelu_bf16_4097x513_table_misaligned", T_KIND_ACT, QT_ACT_GELU, 4097, 513, BF16, BF16,
      T_SPECIAL, 4, 19, 3.0},
+    // dx written over dy (a linear's dgrad D, model_build.c's mb_gemm_act): the table kernel's
+    // BF16 and FP32 dy paths, the flat kernel's vectors, and the element paths.
+    {"gelu_bf16_2048x4096_table_in_place", T_KIND_ACT, QT_ACT_GELU, 2048, 4096, BF16, BF16,
+     T_SPECIAL | T_IN_PLACE, 0, 50, 3.0},
+    {"silu_bf16_f32_2048x1024_table_in_place", T_KIND_ACT, QT_ACT_SILU, 2048, 1024, BF16, F32,
+     T_IN_PLACE, 0, 51, 2.0},
+    {"relu_bf16_1024x4096_in_place", T_KIND_ACT, QT_ACT_RELU, 1024, 4096, BF16, BF16,
+     T_BIAS | T_IN_PLACE, 0, 52, 2.0},
+    {"gelu_f32_13x1009_in_place_misaligned", T_KIND_ACT, QT_ACT_GELU, 13, 1009, F32, F32,
+     T_SPECIAL | T_IN_PLACE, 4, 53, 3.0},
     {"rmsnorm_bf16_64x4096", T_KIND_RMSNORM, 0, 64, 4096, BF16, BF16, 0, 0, 20, 1.0},
     {"rmsnorm_f32_257x3_special", T_KIND_RMSNORM, 0, 257, 3, F32, F32, T_SPECIAL, 0, 21, 1.0},
     {"rmsnorm_bf16_f32_13x1009_accum", T_KIND_RMSNORM, 0, 13, 1009, BF16, F32, T_ACCUM, 0, 22,
@@ -1934,6 +1948,29 @@ static const t_case t_gpu_cases[] = {
     {"gnorm_1x1_misaligned", T_KIND_GNORM, 2, 1, 1, F32, F32, 0, 4, 63, 1.0},
     {"gnorm_13x1009_misaligned", T_KIND_GNORM, 5, 13, 1009, F32, F32, 0, 4, 64, 1.0},
 };
+
+// On the reference backend, each in-place case's dy buffer ends with the dx (and the dx amax)
+// of the same case written to a buffer of its own: the twin reads a chunk before it writes it.
+static void test_act_in_place_ref(void) {
+    test_begin("act_backward_in_place_equals_out_of_place_ref");
+    uint32_t cases = 0;
+    for (size_t i = 0; i < sizeof t_gpu_cases / sizeof t_gpu_cases[0]; i++) {
+        const t_case *c = &t_gpu_cases[i];
+        if (!(c->flags & T_IN_PLACE)) continue;
+        t_case apart = *c;
+        apart.flags &= ~T_IN_PLACE;
+        t_run *in = t_ref_run(c), *out = t_ref_run(&apart);
+        t_compare_buf(c->name, t_slot(in, A_DY), t_slot(out, A_DX), c->cols);
+        t_compare_buf(c->name, t_slot(in, A_DX_AMAX), t_slot(out, A_DX_AMAX), 1);
+        t_compare_buf(c->name, t_slot(in, A_Y), t_slot(out, A_Y), c->cols);
+        t_ref_free(in);
+        t_ref_free(out);
+        cases++;
+    }
+    CHECK(cases == 4, "%u in-place cases", cases);
+    test_end();
+}
+
 #undef F32
 #undef BF16
 
@@ -1957,6 +1994,7 @@ int main(void) {
     TEST_UNIT(test_gnorm_accuracy());
     TEST_UNIT(test_gnorm_special());
     TEST_UNIT(test_loss_one_block_matches_split_ref());
+    TEST_UNIT(test_act_in_place_ref());
     for (size_t i = 0; i < sizeof t_gpu_cases / sizeof t_gpu_cases[0]; i++) {
         TEST_UNIT(t_gpu_case(&t_gpu_cases[i]));
     }
