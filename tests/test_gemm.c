@@ -2361,6 +2361,7 @@ typedef struct split_act_form {
     bool backward;
     uint32_t d_dtype, out_dtype, x_dtype, act_bias_dtype;
     bool gemm_bias, act_bias, amax, specials;  // specials: NaN, Inf, huge and tiny C and x
+    bool in_place;  // backward, out_dtype = d_dtype: both forms write dx over D (act_args.out)
 } split_act_form;
 
 // Outputs of one run: [0] unfused, [1] fused.
@@ -2400,6 +2401,7 @@ static void split_act_run(rig *r, const split_act_form *f, split_act_result *res
     const uint32_t m = f->m, n = f->n, k = f->k;
     const bool fp8 = f->format == GEMM_FORMAT_FP8;
     const size_t ab_bytes = fp8 ? 1u : 2u;
+    QT_ASSERT(!f->in_place || (f->backward && f->out_dtype == f->d_dtype));
     uint8_t *a = malloc((size_t)m * k * ab_bytes), *b = malloc((size_t)n * k * ab_bytes);
     for (size_t i = 0; i < (size_t)m * k; i++) {
         if (fp8) a[i] = qt_f32_to_e4m3((float)rng_int(-2, 2));
@@ -2466,6 +2468,7 @@ static void split_act_run(rig *r, const split_act_form *f, split_act_result *res
         gf.d = rig_ref(r, hd[form], 0);
         op_act_tensor out = {rig_ref(r, hout[form], 0), f->out_dtype};
         op_act_tensor d = {gf.d, f->d_dtype};
+        if (f->in_place) out = d;
         prog_ref amax = f->amax ? rig_ref(r, hamax, 4u * form) : none;
         if (form == 1) {
             uint32_t before = r->prog.op_count;
@@ -2502,7 +2505,8 @@ static void split_act_run(rig *r, const split_act_form *f, split_act_result *res
         res->d[form] = malloc(res->d_bytes);
         res->out[form] = malloc(res->out_bytes);
         RIG_OK(backend_read(&r->be, res->d[form], rig_ref(r, hd[form], 0), res->d_bytes));
-        RIG_OK(backend_read(&r->be, res->out[form], rig_ref(r, hout[form], 0), res->out_bytes));
+        arena_handle hdx = f->in_place ? hd[form] : hout[form];
+        RIG_OK(backend_read(&r->be, res->out[form], rig_ref(r, hdx, 0), res->out_bytes));
     }
     float amax[2];
     RIG_OK(backend_read(&r->be, amax, rig_ref(r, hamax, 0), sizeof amax));
@@ -2554,6 +2558,29 @@ static void split_act_compare(const char *label, const split_act_form *f,
     CHECK(qt_f32_bits(got->amax[got_form]) == qt_f32_bits(want->amax[want_form]),
           "%s: amax 0x%08x, expected 0x%08x", label, qt_f32_bits(got->amax[got_form]),
           qt_f32_bits(want->amax[want_form]));
+}
+
+// Backward with out in D's dtype: both forms again, each writing dx over D (the model's dgrad
+// and its activation, runtime/model/model_build.c's mb_gemm_act); each form's dx must be `apart`'s
+// unfused out, bit for bit, and so must the amax.
+static void split_act_in_place(const char *label, const split_act_form *f, rig *r,
+                               const split_act_result *apart) {
+    if (!f->backward || f->out_dtype != f->d_dtype) return;
+    split_act_form g = *f;
+    g.in_place = true;
+    split_act_result in;
+    split_act_run(r, &g, &in);
+    char what[224];
+    for (int form = 0; form < 2; form++) {
+        snprintf(what, sizeof what, "%s, %s in place vs unfused apart", label,
+                 form ? "fused" : "unfused");
+        split_act_same("dx", what, f->out_dtype, in.out[form], apart->out[0], in.out_bytes,
+                       false);
+        CHECK(qt_f32_bits(in.amax[form]) == qt_f32_bits(apart->amax[0]),
+              "%s: amax 0x%08x, expected 0x%08x", what, qt_f32_bits(in.amax[form]),
+              qt_f32_bits(apart->amax[0]));
+    }
+    split_act_free(&in);
 }
 
 // The combinations of one unit: D and out in BF16 and FP32, with and without the GEMM's bias,
@@ -2614,6 +2641,7 @@ static void split_act_unit(uint32_t format, uint32_t act, bool backward) {
               "%s: fused kernel %u in %u ops, expected %u in 5", label, ref.fused_kernel,
               ref.ops, want_kernel);
         split_act_compare(label, &f, &ref, 1, &ref, 0, false);
+        split_act_in_place(label, &f, &ref_rig, &ref);
         split_act_free(&ref);
     }
     test_end();
@@ -2636,6 +2664,8 @@ static void split_act_unit(uint32_t format, uint32_t act, bool backward) {
         split_act_compare(what, &f, &gpu, 1, &gpu, 0, false);
         snprintf(what, sizeof what, "%s, gpu fused vs reference fused", label);
         split_act_compare(what, &f, &gpu, 1, &ref, 1, true);
+        snprintf(what, sizeof what, "%s, gpu", label);
+        split_act_in_place(what, &f, &gpu_rig, &gpu);
         split_act_free(&ref);
         split_act_free(&gpu);
     }
@@ -2649,10 +2679,13 @@ static void test_split_act_rule(void) {
     static program prog;
     static arena dev;
     rig_arena_init(&dev, ARENA_KIND_DEVICE, "split_act_rule");
-    arena_handle h;
+    arena_handle h, hy;
     RIG_OK(arena_reserve(&dev, "x", 1u << 20, 256, ARENA_CAT_WORKSPACE,
                          ARENA_LIFETIME_PERSISTENT, 0, &h));
-    prog_ref ref = {&dev, h, 0}, none = {0};
+    // The activation's output apart from D (op_gemm_act allows only dx over D in place).
+    RIG_OK(arena_reserve(&dev, "y", 1u << 20, 256, ARENA_CAT_WORKSPACE,
+                         ARENA_LIFETIME_PERSISTENT, 0, &hy));
+    prog_ref ref = {&dev, h, 0}, yref = {&dev, hy, 0}, none = {0};
     op_gemm_desc g = {0};
     g.format = GEMM_FORMAT_BF16;
     g.m = 64;
@@ -2666,7 +2699,7 @@ static void test_split_act_rule(void) {
     g.d = ref;
     g.d_dtype = QT_DTYPE_BF16;
     g.workspace = ref;
-    op_act_tensor out = {ref, QT_DTYPE_BF16};
+    op_act_tensor out = {yref, QT_DTYPE_BF16};
     op_gemm_act_desc act = {"gelu#1.y", QT_ACT_GELU, false, OP_ACT_NONE, OP_ACT_NONE, out, none};
     struct {
         uint32_t parts, ldd, ops, last;

@@ -58,6 +58,14 @@ static qt_status op_act_append(program *p, const char *name, bool backward, uint
                                prog_ref amax) {
     QT_ASSERT(act <= QT_ACT_SWIGLU);
     QT_ASSERT(rows >= 1 && cols >= 1);
+    // The kernels read x through the non-coherent path, so out never shares its bytes. A
+    // backward's dx may be written over dy (act_args.out): the very same bytes in the same dtype,
+    // one output per input; any other overlap would race.
+    QT_ASSERT(!prog_ref_same_region(x.ref, out.ref));
+    if (backward && prog_ref_same_region(dy.ref, out.ref)) {
+        QT_ASSERT(dy.ref.offset == out.ref.offset && dy.dtype == out.dtype &&
+                  act != QT_ACT_SWIGLU);
+    }
     QT_ASSERT(act != QT_ACT_SWIGLU || cols % 2 == 0);
     op_act_check_tensor(x);
     op_act_check_tensor(out);

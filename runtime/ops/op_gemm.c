@@ -468,6 +468,13 @@ qt_status op_gemm_act(program *p, const char *name, const op_gemm_desc *g,
     op_gemm_act_check_tensor(act->out);
     if (act->backward) op_gemm_act_check_tensor(act->x);
     if (prog_ref_present(act->bias.ref)) op_gemm_act_check_tensor(act->bias);
+    // out may be D itself (dx over the dgrad, in place): then the very same bytes and dtype
+    // (the fused kernel stores D's element, then out's over it; op_act_append asserts the same
+    // of the unfused pair).
+    if (prog_ref_same_region(act->out.ref, g->d)) {
+        QT_ASSERT(act->backward && act->out.ref.offset == g->d.offset &&
+                  act->out.dtype == g->d_dtype && (g->ldd == 0 || g->ldd == g->n));
+    }
     if (op_gemm_act_fuses(g)) return op_gemm_append(p, name, g, act);
     QT_TRY(op_gemm(p, name, g));
     op_act_tensor d = {g->d, g->d_dtype};

@@ -111,6 +111,10 @@ void prog_args_set(program *p, uint32_t op, uint32_t args_offset, const void *va
 // A prog_ref without an arena stands for an absent optional buffer: its args field stays 0, which
 // the kernels read as "no such input or output".
 static inline bool prog_ref_present(prog_ref ref) { return ref.arena != NULL; }
+// Whether two refs point into the same region (at any offsets).
+static inline bool prog_ref_same_region(prog_ref a, prog_ref b) {
+    return a.arena != NULL && a.arena == b.arena && a.region == b.region;
+}
 // prog_use after asserting that the `bytes` the op reaches from ref.offset lie inside the region.
 qt_status prog_use_span(program *p, uint32_t op, uint32_t args_offset, prog_ref ref,
                         uint64_t bytes, prog_access access);
