@@ -311,6 +311,7 @@ static void capture_check(const program *p, const char *what, bool exhausts) {
     capture_plan c;
     capture_begin(&c, p);
     uint32_t marked_waits = 0, fallbacks = 0, collectives = 0, misplaced = 0;
+    uint32_t beside = 0, beside_misplaced = 0;
     for (uint32_t j = 0; j < p->op_count; j++) {
         capture_step st;
         capture_next(&c, j, &st);
@@ -319,6 +320,10 @@ static void capture_check(const program *p, const char *what, bool exhausts) {
         collectives += collective;
         misplaced += collective != (st.stream == CAPTURE_STREAMS - 1) &&
                      c.collective_stream != CAPTURE_NONE;
+        // Ops off the main line on their own stream (the last but the collectives'), and
+        // nothing else there.
+        beside += p->ops[j].beside;
+        beside_misplaced += p->ops[j].beside != (st.stream == c.beside_stream);
         memset(reach[j], 0, sizeof reach[j]);
         int32_t before[CAPTURE_STREAMS + 1];
         uint32_t n = 0;
@@ -374,6 +379,12 @@ static void capture_check(const program *p, const char *what, bool exhausts) {
     CHECK(misplaced == 0 && (collectives == 0) == (c.collective_stream == CAPTURE_NONE),
           "%s: %u of %u collectives or other ops on the wrong stream (collective stream %d)",
           what, misplaced, collectives, c.collective_stream);
+    int32_t beside_stream = c.collective_stream != CAPTURE_NONE ? CAPTURE_STREAMS - 2
+                                                                : CAPTURE_STREAMS - 1;
+    CHECK(beside_misplaced == 0 &&
+              c.beside_stream == (beside ? beside_stream : CAPTURE_NONE),
+          "%s: %u of %u ops beside or other ops on the wrong stream (beside stream %d)", what,
+          beside_misplaced, beside, c.beside_stream);
     CHECK(!exhausts || fallbacks > 0, "%s: no wait fell back to a stream's last op", what);
     printf("  %s: %u ops, %u waits through marks, %u on a stream's last op\n", what,
            p->op_count, marked_waits, fallbacks);
@@ -384,9 +395,10 @@ static void capture_check(const program *p, const char *what, bool exhausts) {
 // fan UINT32_MAX: ops/2 writers of their own regions, then one op after each of them, in order,
 // so that more ops are waited for at once than there are marks).
 // collective_every > 0: every such op (from the first) is a collective (its args are never
-// read: the plan looks at the kernel and the regions only).
+// read: the plan looks at the kernel and the regions only). beside_every > 0: every such op
+// (from the second) is off the main line (prog_op.beside).
 static void capture_program(program *p, arena *a, uint32_t ops, uint32_t regions, uint32_t fan,
-                            uint64_t seed, uint32_t collective_every) {
+                            uint64_t seed, uint32_t collective_every, uint32_t beside_every) {
     rig_arena_init(a, ARENA_KIND_DEVICE, "device");
     rig_prog_init(p, "capture");
     arena_handle h[64];
@@ -409,6 +421,7 @@ static void capture_program(program *p, arena *a, uint32_t ops, uint32_t regions
         } else {
             CHECK(prog_append(p, KERNEL_COPY, "op", &shape, &args, sizeof args, &op) == QT_OK,
                   "op");
+            if (beside_every && i % beside_every == 1) prog_set_beside(p, op);
         }
         uint32_t reads[2] = {(uint32_t)(capture_test_next(&state) % regions),
                              (uint32_t)(capture_test_next(&state) % regions)};
@@ -437,19 +450,23 @@ static void test_capture_plan(void) {
         uint32_t ops, regions, fan;
         uint64_t seed;
         const char *what;
-        uint32_t collective_every;
+        uint32_t collective_every, beside_every;
     } cases[] = {
-        {60, 6, 0, 1, "60 ops over 6 regions", 0},
-        {400, 24, 0, 2, "400 ops over 24 regions", 0},
-        {400, 64, 0, 3, "400 ops over 64 regions", 0},
-        {200, 64, 63, 4, "one op read by 63", 0},
-        {128, 64, UINT32_MAX, 5, "64 writers, then 64 ops after them", 0},
-        {400, 24, 0, 6, "400 ops over 24 regions, every 7th a collective", 7},
-        {128, 64, UINT32_MAX, 7, "64 writers, then 64 ops after them, every 5th a collective", 5},
+        {60, 6, 0, 1, "60 ops over 6 regions", 0, 0},
+        {400, 24, 0, 2, "400 ops over 24 regions", 0, 0},
+        {400, 64, 0, 3, "400 ops over 64 regions", 0, 0},
+        {200, 64, 63, 4, "one op read by 63", 0, 0},
+        {128, 64, UINT32_MAX, 5, "64 writers, then 64 ops after them", 0, 0},
+        {400, 24, 0, 6, "400 ops over 24 regions, every 7th a collective", 7, 0},
+        {128, 64, UINT32_MAX, 7, "64 writers, then 64 ops after them, every 5th a collective", 5,
+         0},
+        {400, 24, 0, 8, "400 ops over 24 regions, every 6th beside", 0, 6},
+        {400, 24, 0, 9, "400 ops over 24 regions, every 7th a collective, every 4th beside", 7,
+         4},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         capture_program(&p, &a, cases[i].ops, cases[i].regions, cases[i].fan, cases[i].seed,
-                        cases[i].collective_every);
+                        cases[i].collective_every, cases[i].beside_every);
         capture_check(&p, cases[i].what, cases[i].fan == UINT32_MAX);
     }
     test_end();

@@ -13,6 +13,7 @@
 #include "runtime/driver/driver.h"  // driver_sync_total, drv
 #include "tests/files.h"  // tmp_dir_make, tmp_path, command_output
 #include "tests/plan.h"  // test_run_plan
+#include "runtime/backend/capture.h"  // capture_begin, capture_next: the norm beside backward
 #include "runtime/base/pool.h"  // pool_start, pool_stop: the reference backend on 1 and 3 threads
 #include "runtime/run/run.h"
 #include "tests/test.h"
@@ -767,6 +768,63 @@ static void test_recompute(backend_kind kind, const char *path, const char *sche
 // The bench model in BF16: with its GELU outputs recomputed, the device arena drops by at least
 // the three 256 MiB outputs that the first blocks no longer keep through backward, less the
 // copy that lives while a block's wgrad runs. And the flag takes no effect where it cannot save.
+// The captured train program of a bench recipe (plan only, no GPU): the gradient norm reads its
+// groups in `min_beside` launches or more beside the backward pass, each on the stream that holds
+// nothing else, and no other op before the norm's fold waits for one of them, directly or through
+// other ops: the backward pass never queues behind the norm (runtime/backend/capture.h).
+static void test_norm_beside_capture(const char *path, uint32_t min_beside) {
+    char name[128];
+    const char *slash = strrchr(path, '/');
+    snprintf(name, sizeof name, "plan_norm_beside_the_backward_pass_%s", slash ? slash + 1 : path);
+    test_begin(name);
+    static char text[RECIPE_TEXT_MAX];
+    CHECK(recipe_text_for(path, NULL, text, sizeof text), "cannot read %s", path);
+    run_options o = {0};
+    qt_status st = recipe_parse(text, strlen(text), path, &the_recipe);
+    if (st == QT_OK) st = test_run_plan(&the_run, &the_recipe, text, strlen(text), &o);
+    CHECK(st == QT_OK, "%s: %s", path, qt_error_message());
+    if (st != QT_OK) return;
+    const program *p = &the_run.programs[MODEL_MODE_TRAIN];
+    uint32_t fold = 0, beside = 0, misplaced = 0, queued = 0;
+    for (uint32_t j = 0; j < p->op_count; j++) {
+        if (p->ops[j].kernel == KERNEL_GNORM && !p->ops[j].beside) fold = j;
+    }
+    // waits_beside[j]: op j starts only after some beside op ends.
+    bool *waits_beside = calloc(p->op_count, sizeof *waits_beside);
+    int32_t last[CAPTURE_STREAMS];
+    for (int s = 0; s < CAPTURE_STREAMS; s++) last[s] = CAPTURE_NONE;
+    static capture_plan c;
+    capture_begin(&c, p);
+    for (uint32_t j = 0; waits_beside && j < p->op_count; j++) {
+        capture_step step;
+        capture_next(&c, j, &step);
+        bool on_beside = step.stream == c.beside_stream;
+        beside += p->ops[j].beside;
+        misplaced += p->ops[j].beside != on_beside;
+        int32_t before[CAPTURE_STREAMS + 1];
+        uint32_t n = 0;
+        if (last[step.stream] != CAPTURE_NONE) before[n++] = last[step.stream];
+        for (uint32_t w = 0; w < step.wait_count; w++) {
+            const capture_wait *wt = &step.waits[w];
+            before[n++] = wt->mark != CAPTURE_NONE ? wt->op : last[wt->stream];
+        }
+        for (uint32_t k = 0; k < n; k++) {
+            waits_beside[j] |= p->ops[before[k]].beside || waits_beside[before[k]];
+        }
+        if (!p->ops[j].beside && j < fold && waits_beside[j] && queued++ < 4) {
+            CHECK(false, "op %u (%s) waits for a norm launch beside the backward pass", j,
+                  p->ops[j].name);
+        }
+        last[step.stream] = (int32_t)j;
+    }
+    CHECK(waits_beside != NULL, "out of memory");
+    CHECK(beside >= min_beside && misplaced == 0 && queued == 0,
+          "%u norm launches beside (expected %u or more), %u on the wrong stream, %u ops of the "
+          "main line behind one", beside, min_beside, misplaced, queued);
+    free(waits_beside);
+    test_end();
+}
+
 static void test_recompute_plan(void) {
     test_begin("plan_recompute_shrinks_the_bf16_bench_arena_and_not_below_the_first_weights");
     static char text[RECIPE_TEXT_MAX], again[RECIPE_TEXT_MAX];
@@ -1203,12 +1261,14 @@ typedef struct slots_setup {
     bool eager;
     bool poison;       // the slots filled with SLOTS_POISON before every step
     bool amax_passes;  // run_options.amax_passes: no producer takes an amax
+    uint64_t norm_group_elems;  // run_options.norm_group_elems
 } slots_setup;
 
 typedef struct slots_seen {
     uint32_t regions;                   // the slot regions the run has (when poisoned)
     uint32_t zero_ops;                  // slots_zero_ops
     uint32_t passes[MODEL_MODE_COUNT];  // each program's amax passes (qt_fp8_amax, qt_nvfp4_amax)
+    uint32_t norm_ops, norm_beside;     // the train program's norm launches, and those beside
 } slots_seen;
 
 // Runs the text's schedule step by step into `trace` (checksums every train step) as `su` says.
@@ -1229,6 +1289,7 @@ static bool slots_run(const char *text, const slots_setup *su, const char *trace
     o.checksum_every = 1;
     o.eager = su->eager;
     o.amax_passes = su->amax_passes;
+    o.norm_group_elems = su->norm_group_elems;
     uint64_t dev_bytes = 0, host_bytes = 0, steps[MODEL_MODE_COUNT];
     void *dev = NULL, *host = NULL, *data = NULL;
     qt_status st = recipe_parse(text, strlen(text), "slots.recipe", &the_recipe);
@@ -1249,6 +1310,11 @@ static bool slots_run(const char *text, const slots_setup *su, const char *trace
         seen->passes[mode] = slots_count_ops(&the_run, mode, passes, 2);
     }
     seen->zero_ops = st == QT_OK ? slots_zero_ops(&the_run) : 0;
+    const program *train = &the_run.programs[MODEL_MODE_TRAIN];
+    for (uint32_t i = 0; st == QT_OK && i < train->op_count; i++) {
+        seen->norm_ops += train->ops[i].kernel == KERNEL_GNORM;
+        seen->norm_beside += train->ops[i].kernel == KERNEL_GNORM && train->ops[i].beside;
+    }
     for (;;) {
         if (st != QT_OK) break;
         run_steps_left(&the_run, steps);
@@ -1287,7 +1353,7 @@ static void test_amax_slots(backend_kind kind, const char *path, const char *sch
     slots_seen seen;
     const char *why = NULL;
     test_begin(name);
-    slots_setup su = {kind, false, false, false};
+    slots_setup su = {kind, false, false, false, 0};
     if (!slots_run(text, &su, clean, &seen, &why)) {
         test_skip(name, why);
         return;
@@ -1383,7 +1449,7 @@ static void test_producer_amax(backend_kind kind, const producer_case *pc) {
     slots_seen seen[2];
     const char *why = NULL;
     test_begin(name);
-    slots_setup su = {kind, false, false, false};
+    slots_setup su = {kind, false, false, false, 0};
     if (!slots_run(text, &su, merged, &seen[0], &why)) {
         test_skip(name, why);
         return;
@@ -1423,6 +1489,56 @@ static const producer_case producer_cases[] = {
     {"moe_current", "tests/recipes/synthetic_moe.recipe", "current", "", "", false,
      {{2, 0, 0}, {10, 4, 4}}},
 };
+
+// The gradient norm read group by group during the backward pass (model_build.c,
+// mb_norm_ready) gives the trace of the norm in one pass after it, byte for byte, checksums of
+// every persistent region after every train step included: with every parameter a group of its
+// own (a launch beside the backward pass each, but the last), and with the usual groups (one
+// launch for these small models). A launch placed before the last write of a gradient it reads
+// would change the norm, the clip factor and every update after it. On the GPU the graph's
+// streams run the launches beside the backward pass, and an eager run gives the same trace.
+static void test_norm_groups(backend_kind kind, const producer_case *pc) {
+    char name[96];
+    snprintf(name, sizeof name, "%snorm_during_backward_matches_one_pass_%s",
+             kind == BACKEND_GPU ? "gpu_" : "", pc->label);
+    static char text[RECIPE_TEXT_MAX];
+    producer_text(pc, text, sizeof text);
+    char one_pass[128], groups[128], usual[128], eager[128];
+    trace_path(one_pass, sizeof one_pass, "norm_one_pass");
+    trace_path(groups, sizeof groups, "norm_groups");
+    trace_path(usual, sizeof usual, "norm_usual");
+    trace_path(eager, sizeof eager, "norm_eager");
+    slots_seen seen;
+    const char *why = NULL;
+    test_begin(name);
+    slots_setup su = {kind, false, false, false, UINT64_MAX};
+    if (!slots_run(text, &su, one_pass, &seen, &why)) {
+        test_skip(name, why);
+        return;
+    }
+    CHECK(seen.norm_ops >= 1 && seen.norm_beside == 0, "one pass: %u norm launches, %u beside",
+          seen.norm_ops, seen.norm_beside);
+    uint32_t one_pass_ops = seen.norm_ops;
+    su.norm_group_elems = 1;
+    slots_run(text, &su, groups, &seen, &why);
+    check_identical(one_pass, groups);
+    CHECK(seen.norm_ops >= 3 && seen.norm_beside == seen.norm_ops - 1,
+          "groups of one parameter: %u norm launches, %u beside (expected all but the last)",
+          seen.norm_ops, seen.norm_beside);
+    su.norm_group_elems = 0;
+    slots_run(text, &su, usual, &seen, &why);
+    check_identical(one_pass, usual);
+    CHECK(seen.norm_ops == one_pass_ops && seen.norm_beside == 0,
+          "usual groups: %u norm launches, %u beside (expected %u, 0: the model is small)",
+          seen.norm_ops, seen.norm_beside, one_pass_ops);
+    if (kind == BACKEND_GPU) {
+        su.norm_group_elems = 1;
+        su.eager = true;
+        slots_run(text, &su, eager, &seen, &why);
+        check_identical(one_pass, eager);
+    }
+    test_end();
+}
 
 // ---------------------------------------------------------------------------------------------
 // GPU
@@ -1700,6 +1816,9 @@ int main(void) {
                              "layer = swiglu", "train.swiglu#4.y_again", "swiglu_bf16"));
     TEST_UNIT(test_recompute(BACKEND_REF, "tests/recipes/synthetic_recompute.recipe", "bf16",
                              "layer = gelu", "train.gelu#10.y_again", "gelu_bf16"));
+    TEST_UNIT(test_norm_beside_capture("recipes/bench/resmlp_current.recipe", 8));
+    TEST_UNIT(test_norm_beside_capture("recipes/bench/swiglu_bf16.recipe", 4));
+    TEST_UNIT(test_norm_beside_capture("recipes/bench/moe8_current.recipe", 2));
     TEST_UNIT(test_recompute_plan());
     TEST_UNIT(test_step_times());
     TEST_UNIT(test_metrics_file());
@@ -1720,6 +1839,9 @@ int main(void) {
     }
     for (size_t i = 0; i < sizeof producer_cases / sizeof producer_cases[0]; i++) {
         TEST_UNIT(test_producer_amax(BACKEND_REF, &producer_cases[i]));
+    }
+    for (size_t i = 0; i < sizeof producer_cases / sizeof producer_cases[0]; i++) {
+        TEST_UNIT(test_norm_groups(BACKEND_REF, &producer_cases[i]));
     }
     for (size_t i = 0; i < SCHEMES_COUNT; i++) {
         TEST_UNIT(test_gpu_eager_graph("tests/recipes/synthetic_tiny.recipe", schemes[i],
@@ -1747,6 +1869,9 @@ int main(void) {
     }
     for (size_t i = 0; i < sizeof producer_cases / sizeof producer_cases[0]; i++) {
         TEST_UNIT(test_producer_amax(BACKEND_GPU, &producer_cases[i]));
+    }
+    for (size_t i = 0; i < sizeof producer_cases / sizeof producer_cases[0]; i++) {
+        TEST_UNIT(test_norm_groups(BACKEND_GPU, &producer_cases[i]));
     }
     tmp_dir_remove();
     return test_exit_code();

@@ -26,13 +26,19 @@ bool capture_collective(const prog_op *op) {
 }
 
 // A stream for op j: in a program with collectives, the last stream for each collective and
-// never for another op; else one whose last op j needs anyway (the chain goes on without a
-// wait), else an unused stream, else the one whose last op is oldest (the least likely to hold
-// j back).
+// never for another op; in one with ops off the main line, the last stream but that one for each
+// of them and never for another op; else one whose last op j needs anyway (the chain goes on
+// without a wait), else an unused stream, else the one whose last op is oldest (the least likely
+// to hold j back).
 static int capture_pick(const capture_plan *c, uint32_t j, const int32_t need[CAPTURE_STREAMS]) {
-    bool own = c->collective_stream != CAPTURE_NONE;
-    if (own && capture_collective(&c->p->ops[j])) return c->collective_stream;
-    int streams = own ? CAPTURE_STREAMS - 1 : CAPTURE_STREAMS;
+    const prog_op *op = &c->p->ops[j];
+    if (c->collective_stream != CAPTURE_NONE && capture_collective(op)) {
+        return c->collective_stream;
+    }
+    if (c->beside_stream != CAPTURE_NONE && op->beside) return c->beside_stream;
+    // The main line's streams: those below the reserved ones, which are the last.
+    int streams = CAPTURE_STREAMS - (c->collective_stream != CAPTURE_NONE) -
+                  (c->beside_stream != CAPTURE_NONE);
     int best = -1;
     for (int s = 0; s < streams; s++) {
         if (c->last[s] != CAPTURE_NONE && need[s] == c->last[s] &&
@@ -58,14 +64,21 @@ void capture_begin(capture_plan *c, const program *p) {
     c->last_waiter = p->op_scratch + p->op_capacity;
     capture_reset(c);
     c->first_collective = c->last_collective = CAPTURE_NONE;
+    bool beside = false;
     for (uint32_t j = 0; j < p->op_count; j++) {
         c->last_waiter[j] = UINT32_MAX;
+        beside |= p->ops[j].beside;
         if (!capture_collective(&p->ops[j])) continue;
         if (c->first_collective == CAPTURE_NONE) c->first_collective = (int32_t)j;
         c->last_collective = (int32_t)j;
     }
     c->collective_stream =
         c->first_collective != CAPTURE_NONE ? CAPTURE_STREAMS - 1 : CAPTURE_NONE;
+    c->beside_stream = CAPTURE_NONE;
+    if (beside) {
+        c->beside_stream = c->collective_stream != CAPTURE_NONE ? CAPTURE_STREAMS - 2
+                                                               : CAPTURE_STREAMS - 1;
+    }
     // The dry run: streams as the capture will pick them, each wait aimed at its very op.
     for (uint32_t j = 0; j < p->op_count; j++) {
         int32_t need[CAPTURE_STREAMS];

@@ -11,7 +11,8 @@
 // a layer's weight gradient) does not hold back an op that needs only its earlier part (the
 // gradient's reduction). When no mark is free, the wait falls back to the stream's last op,
 // which is later and so always safe. In a program with collectives (runtime/parallel), they
-// have a stream of their own.
+// have a stream of their own; so do the ops off the main line (prog_op.beside), so that no op of
+// the main line queues behind one of them.
 #ifndef QT_BACKEND_CAPTURE_H
 #define QT_BACKEND_CAPTURE_H
 
@@ -33,6 +34,9 @@ typedef struct capture_plan {
     // gradient's reduction, placed after the whole backward pass in program order, then starts
     // once its gradient is written, not behind the backward ops of a shared stream.
     int32_t collective_stream;
+    // The stream of the ops off the main line (prog_op.beside), which holds nothing else (NONE:
+    // the program has none): the last stream but the collectives'.
+    int32_t beside_stream;
     // The program's first and last collective (both NONE: none): the ops between them may run
     // beside one.
     int32_t first_collective, last_collective;

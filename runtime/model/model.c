@@ -568,13 +568,16 @@ qt_status model_qstore_reserve(const model_place *place, const model_quantizer *
 // ---------------------------------------------------------------------------------------------
 // Parameters
 
-static qt_status model_add_param(model *m, const char *layer, const char *what, uint32_t rows,
-                                 uint32_t cols, model_init init, int32_t quantizer,
-                                 uint32_t *index) {
+static qt_status model_add_param(model *m, uint32_t layer_index, const char *layer,
+                                 const char *what, uint32_t rows, uint32_t cols, model_init init,
+                                 int32_t quantizer, uint32_t *index) {
     QT_ASSERT(m->param_count < MODEL_PARAMS_MAX);  // two per layer at most
     model_param *p = &m->params[m->param_count];
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "%s.%s", layer, what);
+    // Layers add their parameters in order (model_plan_params).
+    QT_ASSERT(m->param_count == 0 || m->params[m->param_count - 1].layer <= layer_index);
+    p->layer = layer_index;
     p->rows = rows;
     p->cols = cols;
     p->cols_valid = cols;
@@ -697,7 +700,7 @@ static model_weight_t model_weight_t_of(const model *m, const model_linear *lin,
 // stay zero.
 static qt_status model_add_weight(model *m, const char *name, model_linear *lin) {
     uint32_t members = lin->members ? lin->members : 1;
-    QT_TRY(model_add_param(m, name, "weight", lin->out * members, lin->in_padded,
+    QT_TRY(model_add_param(m, lin->layer, name, "weight", lin->out * members, lin->in_padded,
                            MODEL_INIT_NORMAL, (int32_t)lin->q_weight, &lin->weight));
     model_param *w = &m->params[lin->weight];
     w->cols_valid = lin->in;
@@ -712,8 +715,8 @@ static qt_status model_plan_params(model *m) {
     for (uint32_t i = 0; i < rm->layers_count; i++) {
         const recipe_layer *l = &rm->layers[i];
         if (l->kind == RECIPE_LAYER_RMSNORM) {
-            QT_TRY(model_add_param(m, l->name, "gamma", 1, l->in_features, MODEL_INIT_ONE, -1,
-                                   &m->layer_param[i]));
+            QT_TRY(model_add_param(m, i, l->name, "gamma", 1, l->in_features, MODEL_INIT_ONE,
+                                   -1, &m->layer_param[i]));
             continue;
         }
         if (l->kind == RECIPE_LAYER_MOE) {
@@ -731,8 +734,8 @@ static qt_status model_plan_params(model *m) {
         model_linear *lin = &m->linears[m->layer_linear[i]];
         QT_TRY(model_add_weight(m, l->name, lin));
         if (lin->bias) {
-            QT_TRY(model_add_param(m, l->name, "bias", 1, lin->out, MODEL_INIT_ZERO, -1,
-                                   &lin->bias_param));
+            QT_TRY(model_add_param(m, lin->layer, l->name, "bias", 1, lin->out,
+                                   MODEL_INIT_ZERO, -1, &lin->bias_param));
         }
     }
     QT_TRY(model_plan_owners(m));
@@ -830,6 +833,7 @@ qt_status model_plan(model *m, const recipe *r, arena *dev, arena *host,
     m->batch = options->batch;
     m->emulated_gemm = options->emulated_gemm;
     m->amax_passes = options->amax_passes;
+    m->norm_group_elems = options->norm_group_elems;
     m->seed = options->seed;
     m->comm = options->comm;
     m->rank = options->comm ? options->comm->rank : 0;

@@ -53,6 +53,8 @@
 
 #include "arena/arena.h"
 #include "runtime/io/data.h"  // data_slot_layout
+#include "runtime/ops/op_act.h"  // op_gnorm_set, the gradient norm the train program's builder
+                                 // spreads over the backward pass
 #include "runtime/ops/op_moe.h"  // op_moe_routing, which the program builders keep per moe layer
 #include "runtime/ops/op_optim.h"  // optim_param_desc, the list the train program's builder keeps
 // op_fp8_delayed_state, which the train program's builder keeps
@@ -157,6 +159,8 @@ typedef enum model_weight_t {
 
 typedef struct model_param {
     char name[MODEL_NAME_MAX];  // "fc1.weight", "fc1.bias", "rmsnorm1.gamma"
+    uint32_t layer;             // its layer, index into recipe.model.layers (ascending with
+                                // the parameter's index)
     uint32_t rows, cols;        // stored shape (cols include the padding columns)
     uint32_t cols_valid;        // columns that are filled at init; the rest stay zero
     model_init init;
@@ -265,6 +269,11 @@ typedef struct model_options {
     // by the tensor's producer as it writes (model_build.c, mb_producer_serves): the same bits
     // with more launches, for tests that compare the two.
     bool amax_passes;
+    // The gradient norm's groups during the backward pass (model_build.c, MB_NORM_GROUP_ELEMS):
+    // 0, the usual size; another count, groups of at least that many elements; UINT64_MAX, no
+    // groups (the norm in one pass after the backward pass). The same bits every way, for tests
+    // that compare them.
+    uint64_t norm_group_elems;
 } model_options;
 
 // The tensors of one moe layer's forward pass that its backward pass reads.
@@ -310,7 +319,14 @@ typedef struct model_builder {
     prog_ref grads[MODEL_PARAMS_MAX];        // the optimizer's gradients, and their elements
     uint64_t grad_counts[MODEL_PARAMS_MAX];
     optim_param_desc optim_list[MODEL_PARAMS_MAX];  // the parameters the optimizer updates
+    uint32_t optim_updated;                         // entries of optim_list
     op_optim_zeroes optim_zeroes;  // their amax workspaces, which the step's begin zeroes
+    // The gradient norm read during the backward pass (model_build.c, mb_norm_during_backward):
+    // its set, the begin its fold does, and the parameters whose gradients it has not read yet
+    // (those below norm_left).
+    op_gnorm_set norm;
+    op_gnorm_begin norm_begin;
+    uint32_t norm_left;
     prog_ref dp_order;      // data parallelism: the region every collective op writes
     model_amax_slots amax_slots;  // train, eval, infer: the step's amax slots
     uint32_t stage_op;      // train, eval, infer: the step's first op, which zeroes them
@@ -324,6 +340,7 @@ typedef struct model {
     uint64_t seed;
     model_emulated_gemm emulated_gemm;
     bool amax_passes;             // model_options.amax_passes
+    uint64_t norm_group_elems;    // model_options.norm_group_elems
     bool modes[MODEL_MODE_COUNT];
     bool classification;          // softmax_xent (else mse)
     uint32_t input_features;      // the dataset's

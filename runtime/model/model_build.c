@@ -1301,12 +1301,17 @@ static qt_status mb_layer_backward(mb *b, uint32_t i, model_tensor dy, model_ten
     return QT_ERR_INPUT;
 }
 
+// The gradient norm's launches, which the backward pass places (Optimizer, below).
+static qt_status mb_norm_begin(mb *b);
+static qt_status mb_norm_ready(mb *b, uint32_t done);
+
 // From the loss gradient down to the first layer with parameters; its input's gradient is
-// not needed.
+// not needed. The gradient norm reads each group of gradients once they are all written.
 static qt_status mb_backward(mb *b) {
     const recipe_model *rm = &b->m->recipe->model;
     model_tensor stack[RECIPE_RESIDUAL_DEPTH_MAX];
     uint32_t depth = 0;
+    QT_TRY(mb_norm_begin(b));
     model_tensor dy = b->dlogits;
     for (uint32_t i = rm->layers_count; i-- > b->m->first_param_layer;) {
         model_tensor dx = {0};
@@ -1320,6 +1325,7 @@ static qt_status mb_backward(mb *b) {
         } else {
             QT_TRY(mb_layer_backward(b, i, dy, stack, &depth, &dx));
         }
+        QT_TRY(mb_norm_ready(b, i));
         dy = dx;
     }
     return QT_OK;
@@ -1409,35 +1415,26 @@ static uint32_t mb_optim_list(mb *b) {
     return count;
 }
 
-static qt_status mb_optimizer(mb *b) {
+// The gradient regions in parameter order, and their elements.
+static void mb_grad_list(mb *b) {
     model *m = b->m;
-    prog_ref *grads = b->grads;
-    uint64_t *counts = b->grad_counts;
     for (uint32_t i = 0; i < m->param_count; i++) {
-        grads[i] = mb_dev(b, m->params[i].grad);
-        counts[i] = (uint64_t)m->params[i].rows * m->params[i].cols;
+        b->grads[i] = mb_dev(b, m->params[i].grad);
+        b->grad_counts[i] = (uint64_t)m->params[i].rows * m->params[i].cols;
     }
-    if (m->inject.on) {
-        // After every gradient is written, before the norm reads them (program order).
-        QT_TRY(op_sched_inject(b->p, "inject", mb_dev(b, m->io.counter), m->inject.step,
-                               grads[m->inject_param], m->inject.bits));
-    }
-    // Several ranks: the gradients summed into their owners, and the norm over the owned ones
-    // (the parameters this rank updates), folded with the other ranks' after.
-    prog_ref owned_grads[MODEL_PARAMS_MAX];
-    uint64_t owned_counts[MODEL_PARAMS_MAX];
-    uint32_t owned = 0;
-    if (mb_parallel(b)) QT_TRY(mb_dp_reduce_grads(b));
-    for (uint32_t i = 0; i < m->param_count; i++) {
-        if (!model_param_owned(m, i)) continue;
-        owned_grads[owned] = grads[i];
-        owned_counts[owned++] = counts[i];
-    }
-    prog_ref ws;
-    QT_TRY(mb_region(b, "grad_norm.ws", op_grad_norm_workspace_bytes(owned, owned_counts),
+}
+
+// The norm's regions (its partials' workspace for `set`'s regions and counts, its result, and
+// on several ranks this rank's result before the fold), this step's optimizer state, and the
+// begin that the norm's fold (one rank) or an op after it (several) does. `set` takes all but its
+// gradients and begin, which the caller gives.
+static qt_status mb_norm_regions(mb *b, op_gnorm_set *set) {
+    model *m = b->m;
+    prog_ref ws, norm;
+    QT_TRY(mb_region(b, "grad_norm.ws", op_grad_norm_workspace_bytes(set->regions, set->counts),
                      ARENA_CAT_WORKSPACE, &ws));
     QT_TRY(mb_region(b, "grad_norm", sizeof(qt_gnorm_result), ARENA_CAT_STAGING, &b->gnorm));
-    prog_ref norm = b->gnorm;
+    norm = b->gnorm;
     if (mb_parallel(b)) {
         QT_TRY(mb_region(b, "grad_norm_rank", sizeof(qt_gnorm_result), ARENA_CAT_STAGING,
                          &norm));
@@ -1445,29 +1442,114 @@ static qt_status mb_optimizer(mb *b) {
     // This step's optimizer values: the updates, the delayed-scaling states and the record
     // read them; nothing persistent changes when the step is skipped (ptx/optim.h).
     QT_TRY(mb_region(b, "optim_state", sizeof(optim_state), ARENA_CAT_STAGING, &b->optim));
-    prog_ref state = b->optim;
     // The begin zeroes the updates' amax workspaces too, when one op can declare them.
-    uint32_t updated = mb_optim_list(b);
-    prog_ref table = mb_dev(b, m->io.optim_table);
+    b->optim_updated = mb_optim_list(b);
     op_optim_zeroes *zeroes = &b->optim_zeroes;
-    if (!op_optim_zeroes_of(b->optim_list, updated, table, zeroes)) zeroes = NULL;
-    op_gnorm_begin begin = {mb_dev(b, m->io.optim_steps), state, mb_dev(b, m->io.lr_rows),
-                            m->io.lr_row_count, zeroes};
-    // One rank: the norm's folding block also begins the update (one launch fewer). Several:
-    // the begin needs the norm folded across the ranks, so it is an op after the fold.
-    QT_TRY(op_grad_norm(b->p, "grad_norm", owned, owned_grads, owned_counts,
-                        m->recipe->optim.clip, ws, mb_dev(b, m->io.gnorm_ticket), norm,
-                        mb_parallel(b) ? NULL : &begin));
-    if (mb_parallel(b)) {
-        prog_ref all;
-        QT_TRY(mb_dp_gather(b, "dp.grad_norm", norm, sizeof(qt_gnorm_result), &all));
-        QT_TRY(op_dp_gnorm_fold(b->p, "dp.grad_norm.fold", all, m->world,
-                                m->recipe->optim.clip, b->gnorm));
-        QT_TRY(op_optim_begin(b->p, "optim.begin", begin.steps, state, b->gnorm,
-                              begin.lr_rows, begin.lr_row_count, zeroes));
+    if (!op_optim_zeroes_of(b->optim_list, b->optim_updated, mb_dev(b, m->io.optim_table),
+                            zeroes)) {
+        zeroes = NULL;
     }
-    QT_TRY(op_optim_adamw_multi(b->p, "optim.adamw", b->optim_list, updated, state, table,
-                                mb_optim_per_launch(b), zeroes));
+    b->norm_begin = (op_gnorm_begin){mb_dev(b, m->io.optim_steps), b->optim,
+                                     mb_dev(b, m->io.lr_rows), m->io.lr_row_count, zeroes};
+    set->clip = m->recipe->optim.clip;
+    set->workspace = ws;
+    set->ticket = mb_dev(b, m->io.gnorm_ticket);
+    set->out = norm;
+    return QT_OK;
+}
+
+// The gradient norm during the backward pass (one rank, no injected fault): the parameters in
+// groups of consecutive indices, from the last, each of at least MB_NORM_GROUP_ELEMS gradient
+// elements (or QT_GNORM_REGIONS regions, or down to parameter 0). A group's launch comes right
+// after the backward pass of its lowest layer, which writes the last of its gradients, so the
+// captured graph reads those gradients beside the rest of the backward pass (in the tails of its
+// GEMMs) instead of in one pass after it. Only the group of parameter 0, the last, folds; it
+// reads the first layers' gradients alone after the backward pass. A model of fewer elements is
+// one group, where the norm was before: small launches on their own cost more than they save.
+// The partials sit in parameter order whatever the groups (op_grad_norm_part), so the bits are
+// those of one norm after the backward pass (model_options.norm_group_elems lets tests compare).
+#define MB_NORM_GROUP_ELEMS (16ull << 20)
+
+static bool mb_norm_during_backward(const mb *b) {
+    return !mb_parallel(b) && !b->m->inject.on && b->m->norm_group_elems != UINT64_MAX;
+}
+
+static qt_status mb_norm_begin(mb *b) {
+    b->norm_left = 0;
+    if (!mb_norm_during_backward(b)) return QT_OK;
+    mb_grad_list(b);
+    b->norm = (op_gnorm_set){.regions = b->m->param_count, .counts = b->grad_counts};
+    QT_TRY(mb_norm_regions(b, &b->norm));
+    b->norm.grads = b->grads;
+    b->norm.begin = &b->norm_begin;
+    b->norm_left = b->m->param_count;
+    return QT_OK;
+}
+
+// The norm's groups whose gradients are all written once the backward pass has done layers
+// `done` and above.
+static qt_status mb_norm_ready(mb *b, uint32_t done) {
+    const model *m = b->m;
+    uint64_t group = m->norm_group_elems ? m->norm_group_elems : MB_NORM_GROUP_ELEMS;
+    while (b->norm_left > 0) {
+        uint32_t first = b->norm_left;
+        uint64_t elems = 0;
+        while (first > 0 && elems < group &&
+               b->norm_left - first < QT_GNORM_REGIONS) {
+            elems += b->grad_counts[--first];
+        }
+        if (m->params[first].layer < done) return QT_OK;  // a gradient still to be written
+        QT_TRY(op_grad_norm_part(b->p, "grad_norm", &b->norm, first, b->norm_left - first,
+                                 first == 0));
+        b->norm_left = first;
+    }
+    return QT_OK;
+}
+
+// After the backward pass: on several ranks (or with an injected fault) the whole norm, then the
+// optimizer's updates.
+static qt_status mb_optimizer(mb *b) {
+    model *m = b->m;
+    if (mb_norm_during_backward(b)) {
+        QT_ASSERT(b->norm_left == 0);  // every group read (mb_backward)
+    } else {
+        mb_grad_list(b);
+        if (m->inject.on) {
+            // After every gradient is written, before the norm reads them (program order).
+            QT_TRY(op_sched_inject(b->p, "inject", mb_dev(b, m->io.counter), m->inject.step,
+                                   b->grads[m->inject_param], m->inject.bits));
+        }
+        // Several ranks: the gradients summed into their owners, and the norm over the owned
+        // ones (the parameters this rank updates), folded with the other ranks' after.
+        prog_ref owned_grads[MODEL_PARAMS_MAX];
+        uint64_t owned_counts[MODEL_PARAMS_MAX];
+        uint32_t owned = 0;
+        if (mb_parallel(b)) QT_TRY(mb_dp_reduce_grads(b));
+        for (uint32_t i = 0; i < m->param_count; i++) {
+            if (!model_param_owned(m, i)) continue;
+            owned_grads[owned] = b->grads[i];
+            owned_counts[owned++] = b->grad_counts[i];
+        }
+        op_gnorm_set set = {.regions = owned, .grads = owned_grads, .counts = owned_counts};
+        QT_TRY(mb_norm_regions(b, &set));
+        // One rank: the norm's folding block also begins the update (one launch fewer).
+        // Several: the begin needs the norm folded across the ranks, so it is an op after the
+        // fold.
+        set.begin = mb_parallel(b) ? NULL : &b->norm_begin;
+        QT_TRY(op_grad_norm_part(b->p, "grad_norm", &set, 0, owned, true));
+        if (mb_parallel(b)) {
+            prog_ref all;
+            const op_gnorm_begin *begin = &b->norm_begin;
+            QT_TRY(mb_dp_gather(b, "dp.grad_norm", set.out, sizeof(qt_gnorm_result), &all));
+            QT_TRY(op_dp_gnorm_fold(b->p, "dp.grad_norm.fold", all, m->world, set.clip,
+                                    b->gnorm));
+            QT_TRY(op_optim_begin(b->p, "optim.begin", begin->steps, b->optim, b->gnorm,
+                                  begin->lr_rows, begin->lr_row_count, begin->zeroes));
+        }
+    }
+    QT_TRY(op_optim_adamw_multi(b->p, "optim.adamw", b->optim_list, b->optim_updated, b->optim,
+                                mb_dev(b, m->io.optim_table), mb_optim_per_launch(b),
+                                b->norm_begin.zeroes));
     return mb_parallel(b) ? mb_dp_broadcast_weights(b) : QT_OK;
 }
 

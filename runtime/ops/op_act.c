@@ -401,50 +401,63 @@ static qt_status op_gnorm_begin_use(program *p, uint32_t op, const op_gnorm_begi
     return op_optim_zeroes_use(p, op, offsetof(gnorm_args, begin_zero), begin->zeroes);
 }
 
-qt_status op_grad_norm(program *p, const char *name, uint32_t regions, const prog_ref *grads,
-                       const uint64_t *counts, float clip, prog_ref workspace, prog_ref ticket,
-                       prog_ref out, const op_gnorm_begin *begin) {
-    QT_ASSERT(regions >= 1);
-    QT_ASSERT(prog_ref_present(workspace) && prog_ref_present(ticket) && prog_ref_present(out));
-    uint64_t total = op_gnorm_partials(regions, counts);
+qt_status op_grad_norm_part(program *p, const char *name, const op_gnorm_set *set,
+                            uint32_t first, uint32_t count, bool fold) {
+    QT_ASSERT(set->regions >= 1 && count >= 1 && first + count <= set->regions);
+    QT_ASSERT(prog_ref_present(set->workspace) && prog_ref_present(set->ticket) &&
+              prog_ref_present(set->out));
+    uint64_t total = op_gnorm_partials(set->regions, set->counts);
     QT_ASSERT(total <= 0x7FFFFFFFu);
-    // Region i's partials follow those of regions 0..i-1: the fold takes them in order.
-    uint32_t base = 0;
-    for (uint32_t first = 0; first < regions; first += QT_GNORM_REGIONS) {
-        uint32_t n = regions - first < QT_GNORM_REGIONS ? regions - first : QT_GNORM_REGIONS;
-        bool last = first + n == regions;
+    // Region i's partials follow those of regions 0..i-1 whichever launch writes them: the fold
+    // takes them in that order, so the norm's bits do not depend on how the regions are split.
+    uint32_t base = (uint32_t)op_gnorm_partials(first, set->counts);
+    const op_gnorm_begin *begin = set->begin;
+    for (uint32_t at = first; at < first + count; at += QT_GNORM_REGIONS) {
+        uint32_t left = first + count - at;
+        uint32_t n = left < QT_GNORM_REGIONS ? left : QT_GNORM_REGIONS;
+        bool last = fold && at + n == first + count;
         gnorm_args args = {0};
         args.regions = n;
         args.base = base;
         args.total = (uint32_t)total;
-        args.clip = clip;
+        args.clip = set->clip;
         args.begin_rows = last && begin ? begin->lr_row_count : 0;
         args.begin_zero_count = last && begin && begin->zeroes ? begin->zeroes->count : 0;
         uint32_t blocks = 0;
         for (uint32_t r = 0; r < n; r++) {
-            QT_ASSERT(prog_ref_present(grads[first + r]));
-            args.count[r] = counts[first + r];
+            QT_ASSERT(prog_ref_present(set->grads[at + r]));
+            args.count[r] = set->counts[at + r];
             args.first_block[r] = blocks;
-            blocks += op_gnorm_blocks(counts[first + r]);
+            blocks += op_gnorm_blocks(set->counts[at + r]);
         }
         launch_shape shape = {{blocks, 1, 1}, {QT_ACT_THREADS, 1, 1}, 0};
         uint32_t op;
         QT_TRY(prog_append(p, KERNEL_GNORM, name, &shape, &args, sizeof args, &op));
+        // Partial sums alone, which only the later launches wait for, run beside the rest.
+        if (!fold) prog_set_beside(p, op);
         for (uint32_t r = 0; r < n; r++) {
             QT_TRY(prog_use_span(p, op, (uint32_t)(offsetof(gnorm_args, src) + 8 * r),
-                                 grads[first + r], counts[first + r] * 4, PROG_READ));
+                                 set->grads[at + r], set->counts[at + r] * 4, PROG_READ));
         }
-        // Earlier launches write their partials; the last one also reads all of them.
-        QT_TRY(prog_use_span(p, op, offsetof(gnorm_args, partials), workspace, total * 8,
+        // Earlier launches write their partials (each launch after the one before it, in
+        // program order); the folding one also reads all of them.
+        QT_TRY(prog_use_span(p, op, offsetof(gnorm_args, partials), set->workspace, total * 8,
                              last ? PROG_READ_WRITE : PROG_WRITE));
         if (last) {
-            QT_TRY(prog_use_span(p, op, offsetof(gnorm_args, ticket), ticket, 4,
+            QT_TRY(prog_use_span(p, op, offsetof(gnorm_args, ticket), set->ticket, 4,
                                  PROG_READ_WRITE));
-            QT_TRY(prog_use_span(p, op, offsetof(gnorm_args, out), out,
+            QT_TRY(prog_use_span(p, op, offsetof(gnorm_args, out), set->out,
                                  sizeof(qt_gnorm_result), PROG_WRITE));
             if (begin) QT_TRY(op_gnorm_begin_use(p, op, begin));
         }
         base += blocks;
     }
     return QT_OK;
+}
+
+qt_status op_grad_norm(program *p, const char *name, uint32_t regions, const prog_ref *grads,
+                       const uint64_t *counts, float clip, prog_ref workspace, prog_ref ticket,
+                       prog_ref out, const op_gnorm_begin *begin) {
+    op_gnorm_set set = {regions, grads, counts, clip, workspace, ticket, out, begin};
+    return op_grad_norm_part(p, name, &set, 0, regions, true);
 }

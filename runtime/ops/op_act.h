@@ -128,4 +128,22 @@ qt_status op_grad_norm(program *p, const char *name, uint32_t regions, const pro
                        prog_ref out, const op_gnorm_begin *begin);
 uint64_t op_grad_norm_workspace_bytes(uint32_t regions, const uint64_t *counts);
 
+// The same norm in parts: op_grad_norm's arguments as one set, and the launches of regions
+// first .. first + count - 1 alone, their partials where op_grad_norm puts them. A program can
+// then read each group of gradients as soon as the backward pass has written it, beside the
+// rest of the backward pass. Every region must be in exactly one part, and the part with `fold`
+// must come last in program order: its last launch folds every partial (then begins, with the
+// set's begin). The bits equal op_grad_norm's however the regions are split (the fold sums the
+// partials in region order).
+typedef struct op_gnorm_set {
+    uint32_t regions;
+    const prog_ref *grads;
+    const uint64_t *counts;
+    float clip;
+    prog_ref workspace, ticket, out;
+    const op_gnorm_begin *begin;  // or NULL
+} op_gnorm_set;
+qt_status op_grad_norm_part(program *p, const char *name, const op_gnorm_set *set,
+                            uint32_t first, uint32_t count, bool fold);
+
 #endif  // QT_OP_ACT_H

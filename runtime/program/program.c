@@ -57,6 +57,8 @@ qt_status prog_append(program *p, kernel_id kernel, const char *name, const laun
     return QT_OK;
 }
 
+void prog_set_beside(program *p, uint32_t op) { prog_op_at(p, op)->beside = true; }
+
 int32_t prog_op_index(const program *p, uint32_t op) {
     QT_ASSERT(op < p->op_count);
     return p->op_base + (int32_t)op;
@@ -196,10 +198,11 @@ void prog_print(const program *p, FILE *out) {
     fprintf(out, "\n");
     for (uint32_t i = 0; i < p->op_count; i++) {
         const prog_op *op = &p->ops[i];
-        fprintf(out, "  %5d  %-28s %-24s grid %ux%ux%u block %u smem %u\n",
+        fprintf(out, "  %5d  %-28s %-24s grid %ux%ux%u block %u smem %u%s\n",
                 prog_op_index(p, i), op->name, kernel_table[op->kernel].symbol, op->shape.grid[0],
                 op->shape.grid[1], op->shape.grid[2], op->shape.block[0] * op->shape.block[1] *
-                op->shape.block[2], op->shape.smem_bytes);
+                op->shape.block[2], op->shape.smem_bytes,
+                op->beside ? "  (beside: a stream of its own)" : "");
         for (uint32_t r = 0; r < op->ref_count; r++) {
             const prog_op_ref *use = &op->refs[r];
             const char *access = use->access == PROG_ADDRESS ? "@ "

@@ -64,6 +64,11 @@ typedef struct prog_op {
     _Alignas(16) uint8_t args[QT_ARGS_BYTES_MAX];
     uint32_t ref_count;
     prog_op_ref refs[PROG_OP_REFS_MAX];
+    // Off the program's main line: an op whose results only later ops marked the same way and
+    // the op that folds them read (the gradient norm's partial sums during the backward pass).
+    // A captured graph gives these a stream of their own, so that no other op queues behind one
+    // (runtime/backend/capture.h).
+    bool beside;
 } prog_op;
 
 typedef struct program {
@@ -106,6 +111,8 @@ qt_status prog_use_late(program *p, uint32_t op, uint32_t args_offset, prog_ref 
                         prog_access access);
 // Writes `bytes` of op's args at args_offset (before prog_resolve): a value its builder learns
 // once later ops are built. A counting program's earlier op is gone: nothing is written.
+// Marks op (the one just appended) as off the main line (prog_op.beside).
+void prog_set_beside(program *p, uint32_t op);
 void prog_args_set(program *p, uint32_t op, uint32_t args_offset, const void *value,
                    size_t bytes);
 // A prog_ref without an arena stands for an absent optional buffer: its args field stays 0, which

@@ -441,6 +441,7 @@ static qt_status run_plan_pass(run *r, run_carver *c) {
     mo.comm = r->dp.world > 1 ? &r->dp : NULL;
     mo.emulated_gemm = r->options.emulated_gemm;
     mo.amax_passes = r->options.amax_passes;
+    mo.norm_group_elems = r->options.norm_group_elems;
     mo.seed = r->seed;
     run_modes(r, mo.modes);
     mo.lr_row_count = r->table.lr_count;
