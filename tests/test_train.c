@@ -1431,6 +1431,16 @@ static void producer_text(const producer_case *pc, char *out, size_t bytes) {
              inputs, STAGE_OUTPUTS, pc->loss, pc->scheme, pc->rule, train_source, eval_source);
 }
 
+// A test of a producer case: its name (`what`, the case's label, gpu_ first on the GPU) and its
+// recipe text (one buffer, rewritten by the next call).
+static const char *producer_test(backend_kind kind, const producer_case *pc, const char *what,
+                                 char *name, size_t name_bytes) {
+    snprintf(name, name_bytes, "%s%s_%s", kind == BACKEND_GPU ? "gpu_" : "", what, pc->label);
+    static char text[RECIPE_TEXT_MAX];
+    producer_text(pc, text, sizeof text);
+    return text;
+}
+
 // A run whose producers take the amaxes that the casts after them read gives the trace of a run
 // whose every amax comes from a pass of its own (run_options.amax_passes), byte for byte,
 // checksums of every weight, master, optimizer and scaling region after every train step
@@ -1438,10 +1448,8 @@ static void producer_text(const producer_case *pc, char *out, size_t bytes) {
 // run's trace too.
 static void test_producer_amax(backend_kind kind, const producer_case *pc) {
     char name[96];
-    snprintf(name, sizeof name, "%sproducer_amaxes_match_separate_passes_%s",
-             kind == BACKEND_GPU ? "gpu_" : "", pc->label);
-    static char text[RECIPE_TEXT_MAX];
-    producer_text(pc, text, sizeof text);
+    const char *text = producer_test(kind, pc, "producer_amaxes_match_separate_passes", name,
+                                     sizeof name);
     char merged[128], passes[128], eager[128];
     trace_path(merged, sizeof merged, "producer_merged");
     trace_path(passes, sizeof passes, "producer_passes");
@@ -1499,10 +1507,8 @@ static const producer_case producer_cases[] = {
 // streams run the launches beside the backward pass, and an eager run gives the same trace.
 static void test_norm_groups(backend_kind kind, const producer_case *pc) {
     char name[96];
-    snprintf(name, sizeof name, "%snorm_during_backward_matches_one_pass_%s",
-             kind == BACKEND_GPU ? "gpu_" : "", pc->label);
-    static char text[RECIPE_TEXT_MAX];
-    producer_text(pc, text, sizeof text);
+    const char *text = producer_test(kind, pc, "norm_during_backward_matches_one_pass", name,
+                                     sizeof name);
     char one_pass[128], groups[128], usual[128], eager[128];
     trace_path(one_pass, sizeof one_pass, "norm_one_pass");
     trace_path(groups, sizeof groups, "norm_groups");
