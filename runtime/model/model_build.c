@@ -1506,8 +1506,9 @@ static qt_status mb_norm_ready(mb *b, uint32_t done) {
     return QT_OK;
 }
 
-// After the backward pass: on several ranks (or with an injected fault) the whole norm, then the
-// optimizer's updates.
+// After the backward pass: the whole norm where it is not read during the backward pass (several
+// ranks, an injected fault, or model_options.norm_group_elems UINT64_MAX), then the optimizer's
+// updates.
 static qt_status mb_optimizer(mb *b) {
     model *m = b->m;
     if (mb_norm_during_backward(b)) {
