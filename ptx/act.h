@@ -237,7 +237,8 @@ typedef struct qt_gnorm_result {
 } qt_gnorm_result;
 QT_STATIC_ASSERT(sizeof(qt_gnorm_result) == 16, "qt_gnorm_result layout");
 
-// The global norm in one launch per QT_GNORM_REGIONS regions (usually one launch in all): block
+// The global norm in one launch per QT_GNORM_REGIONS regions, or per group of regions read during
+// the backward pass (runtime/ops/op_act.h, op_grad_norm_part; one launch for a small model): block
 // j of a launch belongs to the last region r with first_block[r] <= j and sums squares of that
 // region's elements [b E, (b + 1) E), b = j - first_block[r], E = QT_GNORM_BLOCK_ELEMS; thread t
 // folds float4 number k * 256 + t of the block for k = 0..7. Partial j goes to
@@ -245,7 +246,8 @@ QT_STATIC_ASSERT(sizeof(qt_gnorm_result) == 16, "qt_gnorm_result layout");
 // launch that has `out`, every block then takes a ticket (an integer atomic counter, which only
 // decides who folds, never what); the block that takes the last one folds partials [0, total)
 // in index order exactly like a single final block would (every earlier launch has finished:
-// they are earlier in the stream), writes out and resets the ticket to 0 for the next step.
+// they write the partials it reads, so the program orders them before it, on its stream or
+// another), writes out and resets the ticket to 0 for the next step.
 #define QT_GNORM_REGIONS 8u
 
 typedef struct gnorm_args {
