@@ -82,8 +82,10 @@ typedef struct fault_result {
     uint64_t skipped;          // the summaries' skipped steps, over the run's four pieces
 } fault_result;
 
+// groups: run_options.norm_group_elems (1: the norm reads every parameter's gradient in a launch
+// of its own during the backward pass, so the fault must land before its own launch).
 static qt_status fault_run(backend *b, const char *format, const char *layer, uint32_t bits,
-                           const char *trace, fault_result *out) {
+                           uint64_t groups, const char *trace, fault_result *out) {
     const char *text = recipe_for(format);
     run_options o;
     memset(&o, 0, sizeof o);
@@ -91,6 +93,7 @@ static qt_status fault_run(backend *b, const char *format, const char *layer, ui
     o.trace_path = trace;
     o.replace_outputs = true;
     o.inject = (run_inject){true, INJECT_STEP, layer, bits};
+    o.norm_group_elems = groups;
     QT_TRY(recipe_parse(text, strlen(text), "faults.recipe", &the_recipe));
     QT_TRY(test_run_plan(&the_run, &the_recipe, text, strlen(text), &o));
     uint64_t dev_bytes = 0, host_bytes = 0;
@@ -154,13 +157,15 @@ static void check_trace(const char *path, const char *what) {
 }
 
 // The fault's value and layer alternate over the cases, so every scheme meets a NaN and an
-// infinity, in the first layer (whose input gradient is not computed) and in a later one.
+// infinity, in the first layer (whose input gradient is not computed) and in a later one; the
+// fault in fc2 meets the norm's groups of one parameter, read during the backward pass.
 static const struct {
     uint32_t bits;
     const char *layer;
     const char *name;
-} faults[] = {{0x7FC00000u, "fc1", "nan"}, {0x7F800000u, "fc2", "inf"},
-              {0xFF800000u, NULL, "-inf"}};
+    uint64_t groups;  // run_options.norm_group_elems
+} faults[] = {{0x7FC00000u, "fc1", "nan", 0}, {0x7F800000u, "fc2", "inf", 1},
+              {0xFF800000u, NULL, "-inf", 1}};
 #define FAULTS (sizeof faults / sizeof faults[0])
 
 static void check_result(const fault_result *f, const char *what) {
@@ -175,7 +180,8 @@ static void check_result(const fault_result *f, const char *what) {
 // checked. Returns whether the run went through (its trace is then complete).
 static bool fault_case(backend *b, size_t i, size_t k, const char *trace, const char *what) {
     fault_result f = {0};
-    qt_status s = fault_run(b, formats[i], faults[k].layer, faults[k].bits, tmp_path(trace), &f);
+    qt_status s = fault_run(b, formats[i], faults[k].layer, faults[k].bits, faults[k].groups,
+                            tmp_path(trace), &f);
     CHECK(s == QT_OK, "%s: %s", what, qt_error_message());
     if (s == QT_OK) {
         check_result(&f, what);

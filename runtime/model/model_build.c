@@ -1301,9 +1301,22 @@ static qt_status mb_layer_backward(mb *b, uint32_t i, model_tensor dy, model_ten
     return QT_ERR_INPUT;
 }
 
-// The gradient norm's launches, which the backward pass places (Optimizer, below).
+// The gradient list and the norm's launches, which the backward pass places (Optimizer, below).
+static void mb_grad_list(mb *b);
 static qt_status mb_norm_begin(mb *b);
 static qt_status mb_norm_ready(mb *b, uint32_t done);
+
+// The planted fault (run_options.inject): written into its gradient right after the backward
+// pass of layers done ..= top, which wrote that gradient, so before anything reads it (the norm,
+// a reduction to its owner), whatever the layout of the norm.
+static qt_status mb_inject(mb *b, uint32_t done, uint32_t top) {
+    const model *m = b->m;
+    if (!m->inject.on) return QT_OK;
+    uint32_t layer = m->params[m->inject_param].layer;
+    if (layer < done || layer > top) return QT_OK;
+    return op_sched_inject(b->p, "inject", mb_dev(b, m->io.counter), m->inject.step,
+                           b->grads[m->inject_param], m->inject.bits);
+}
 
 // From the loss gradient down to the first layer with parameters; its input's gradient is
 // not needed. The gradient norm reads each group of gradients once they are all written.
@@ -1311,9 +1324,11 @@ static qt_status mb_backward(mb *b) {
     const recipe_model *rm = &b->m->recipe->model;
     model_tensor stack[RECIPE_RESIDUAL_DEPTH_MAX];
     uint32_t depth = 0;
+    mb_grad_list(b);
     QT_TRY(mb_norm_begin(b));
     model_tensor dy = b->dlogits;
     for (uint32_t i = rm->layers_count; i-- > b->m->first_param_layer;) {
+        uint32_t top = i;  // with the activation below a linear, layers i - 1 ..= top go together
         model_tensor dx = {0};
         if (mb_linear(b, i) && i > b->m->first_param_layer && mb_dense_act(b, i - 1)) {
             // A linear's dgrad and the backward pass of the activation below, which reads it:
@@ -1325,6 +1340,7 @@ static qt_status mb_backward(mb *b) {
         } else {
             QT_TRY(mb_layer_backward(b, i, dy, stack, &depth, &dx));
         }
+        QT_TRY(mb_inject(b, i, top));
         QT_TRY(mb_norm_ready(b, i));
         dy = dx;
     }
@@ -1458,7 +1474,7 @@ static qt_status mb_norm_regions(mb *b, op_gnorm_set *set) {
     return QT_OK;
 }
 
-// The gradient norm during the backward pass (one rank, no injected fault): the parameters in
+// The gradient norm during the backward pass (one rank): the parameters in
 // groups of consecutive indices, from the last, each of at least MB_NORM_GROUP_ELEMS gradient
 // elements (or QT_GNORM_REGIONS regions, or down to parameter 0). A group's launch comes right
 // after the backward pass of its lowest layer, which writes the last of its gradients, so the
@@ -1471,13 +1487,13 @@ static qt_status mb_norm_regions(mb *b, op_gnorm_set *set) {
 #define MB_NORM_GROUP_ELEMS (16ull << 20)
 
 static bool mb_norm_during_backward(const mb *b) {
-    return !mb_parallel(b) && !b->m->inject.on && b->m->norm_group_elems != UINT64_MAX;
+    return !mb_parallel(b) && b->m->norm_group_elems != UINT64_MAX;
 }
 
+// After mb_grad_list.
 static qt_status mb_norm_begin(mb *b) {
     b->norm_left = 0;
     if (!mb_norm_during_backward(b)) return QT_OK;
-    mb_grad_list(b);
     b->norm = (op_gnorm_set){.regions = b->m->param_count, .counts = b->grad_counts};
     QT_TRY(mb_norm_regions(b, &b->norm));
     b->norm.grads = b->grads;
@@ -1507,19 +1523,12 @@ static qt_status mb_norm_ready(mb *b, uint32_t done) {
 }
 
 // After the backward pass: the whole norm where it is not read during the backward pass (several
-// ranks, an injected fault, or model_options.norm_group_elems UINT64_MAX), then the optimizer's
-// updates.
+// ranks, or model_options.norm_group_elems UINT64_MAX), then the optimizer's updates.
 static qt_status mb_optimizer(mb *b) {
     model *m = b->m;
     if (mb_norm_during_backward(b)) {
         QT_ASSERT(b->norm_left == 0);  // every group read (mb_backward)
     } else {
-        mb_grad_list(b);
-        if (m->inject.on) {
-            // After every gradient is written, before the norm reads them (program order).
-            QT_TRY(op_sched_inject(b->p, "inject", mb_dev(b, m->io.counter), m->inject.step,
-                                   b->grads[m->inject_param], m->inject.bits));
-        }
         // Several ranks: the gradients summed into their owners, and the norm over the owned
         // ones (the parameters this rank updates), folded with the other ranks' after.
         prog_ref owned_grads[MODEL_PARAMS_MAX];
