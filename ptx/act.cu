@@ -716,6 +716,59 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
     }
 }
 
+// qt_rmsnorm_bwd_dx for rows of whole chunks of BF16 x and dy, at most QT_RMSNORM_REGS_COLS_MAX
+// columns (op_rmsnorm_backward picks it): each lane holds its chunks of x and dy in registers
+// from the first pass to the second, so DRAM sees each row once. The generic kernel reads the
+// row again for the second pass, from L2 at best: on 8192 x 4096 it ran at about a third of the
+// DRAM bandwidth. The same lanes fold the same chunks in the same order (act.h), so the bits are
+// the generic kernel's.
+extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
+    qt_rmsnorm_bwd_dx_regs(const __grid_constant__ rmsnorm_args args) {
+    qt_grid_enter();
+    uint64_t row = act_row();
+    if (row >= args.rows) return;
+    uint32_t lane = threadIdx.x % 32, cols = args.cols;
+    uint32_t chunks = cols / QT_ACT_CHUNK;
+    uint64_t base = row * cols;
+    float inv = ((const float *)(uintptr_t)args.inv_rms)[row];
+    const uint4 *x = (const uint4 *)(uintptr_t)args.x + base / QT_ACT_CHUNK;
+    const uint4 *dy = (const uint4 *)(uintptr_t)args.dy + base / QT_ACT_CHUNK;
+    uint4 xw[QT_RMSNORM_REGS_CHUNKS], dw[QT_RMSNORM_REGS_CHUNKS];
+#pragma unroll
+    for (uint32_t i = 0; i < QT_RMSNORM_REGS_CHUNKS; i++) {
+        uint32_t c = lane + 32u * i;
+        if (c < chunks) {
+            xw[i] = act_ld16<true>(x + c);
+            dw[i] = act_ld16<true>(dy + c);
+        }
+    }
+    float acc = 0.0f;
+#pragma unroll
+    for (uint32_t i = 0; i < QT_RMSNORM_REGS_CHUNKS; i++) {
+        uint32_t c = lane + 32u * i;
+        if (c >= chunks) break;
+        float v[8], d[8], g[8];
+        act_unpack8_bf16(xw[i], v);
+        act_unpack8_bf16(dw[i], d);
+        act_load8(args.gamma, (uint64_t)c * 8, args.gamma_dtype, g);
+#pragma unroll
+        for (uint32_t k = 0; k < 8; k++) acc = qt_rmsnorm_dot(v[k], d[k], g[k], inv, acc);
+    }
+    float mean_dot = qt_rmsnorm_mean_dot(act_warp_sum(acc), cols);
+#pragma unroll
+    for (uint32_t i = 0; i < QT_RMSNORM_REGS_CHUNKS; i++) {
+        uint32_t c = lane + 32u * i;
+        if (c >= chunks) break;
+        float v[8], d[8], g[8];
+        act_unpack8_bf16(xw[i], v);
+        act_unpack8_bf16(dw[i], d);
+        act_load8(args.gamma, (uint64_t)c * 8, args.gamma_dtype, g);
+#pragma unroll
+        for (uint32_t k = 0; k < 8; k++) v[k] = qt_rmsnorm_dx(v[k], d[k], g[k], inv, mean_dot);
+        act_store8(args.out, base + (uint64_t)c * 8, args.out_dtype, v);
+    }
+}
+
 // Column c of part p (blockIdx.y): rows in order from +0. Consecutive threads read consecutive
 // columns of a row, so each row's loads coalesce.
 extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)

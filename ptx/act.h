@@ -19,6 +19,8 @@
 //                             one launch (gemm_act_args below)
 //   qt_rmsnorm_fwd            y = x * inv_rms * gamma, inv_rms [rows]       one warp per row,
 //   qt_rmsnorm_bwd_dx         dx                                            8 rows per block
+//   qt_rmsnorm_bwd_dx_regs    dx, the row held in registers (BF16 x and dy,
+//                             whole chunks, at most 4096 columns)
 //   qt_rmsnorm_dgamma_partial partials[p][c] = sum over rows of part p      256 columns x part
 //   qt_rmsnorm_dgamma_final   dgamma[c] (+)= sum over p in order            256 columns a block
 //   qt_residual_add           y = a + b (b absent: y = a)                   1-D grid-stride
@@ -89,6 +91,9 @@
 #define QT_ACT_LANES 32
 #define QT_GNORM_BLOCK_ELEMS 8192  // elements of one gnorm partial: 8 float4 per thread
 #define QT_RMSNORM_PART_ROWS_MIN 64
+// qt_rmsnorm_bwd_dx_regs: chunks of x and dy a lane holds, so rows of at most 32 x 16 x 8 columns.
+#define QT_RMSNORM_REGS_CHUNKS 16u
+#define QT_RMSNORM_REGS_COLS_MAX (QT_ACT_LANES * QT_RMSNORM_REGS_CHUNKS * QT_ACT_CHUNK)
 #define QT_RMSNORM_PARTS_MAX 256
 
 // One-block losses (qt_xent_small, qt_mse_small) replace two or three launches whose fixed cost
@@ -287,6 +292,7 @@ QT_STATIC_ASSERT(sizeof(gnorm_args) == 240, "gnorm_args layout");
     X(KERNEL_SWIGLU_BWD_GROUPED, act, qt_swiglu_bwd_grouped, act_args)                       \
     X(KERNEL_RMSNORM_FWD, act, qt_rmsnorm_fwd, rmsnorm_args)                                 \
     X(KERNEL_RMSNORM_BWD_DX, act, qt_rmsnorm_bwd_dx, rmsnorm_args)                           \
+    X(KERNEL_RMSNORM_BWD_DX_REGS, act, qt_rmsnorm_bwd_dx_regs, rmsnorm_args)                 \
     X(KERNEL_RMSNORM_DGAMMA_PARTIAL, act, qt_rmsnorm_dgamma_partial, rmsnorm_args)           \
     X(KERNEL_RMSNORM_DGAMMA_FINAL, act, qt_rmsnorm_dgamma_final, rmsnorm_args)               \
     X(KERNEL_RESIDUAL_ADD, act, qt_residual_add, residual_args)                              \

@@ -313,9 +313,17 @@ static void t_build_rmsnorm(t_run *run, const t_case *c) {
                               t_ref(run, R_Y_AMAX)));
     op_rmsnorm_grads grads = {t_tensor(run, R_DX), t_ref(run, R_DGAMMA),
                               (c->flags & T_ACCUM) != 0, t_ref(run, R_WS)};
+    uint32_t dx_op = p->op_count;
     RIG_OK(op_rmsnorm_backward(p, "rmsnorm_bwd", c->rows, c->cols, t_tensor(run, R_X),
                                t_tensor(run, R_GAMMA), t_ref(run, R_INV), t_tensor(run, R_DY),
                                &grads));
+    // The dx kernel: the row held in registers for BF16 x and dy of whole chunks up to
+    // QT_RMSNORM_REGS_COLS_MAX columns at 16-byte offsets (op_act.c), else the generic one.
+    bool regs = c->in_dtype == T_BF16 && c->out_dtype == T_BF16 && c->cols % 8 == 0 &&
+                c->cols <= QT_RMSNORM_REGS_COLS_MAX && c->misalign % 16 == 0;
+    CHECK(p->ops[dx_op].kernel == (regs ? KERNEL_RMSNORM_BWD_DX_REGS : KERNEL_RMSNORM_BWD_DX),
+          "%s: dx kernel %d, the row in registers expected: %d", c->name, p->ops[dx_op].kernel,
+          regs);
 }
 
 static void t_build_residual(t_run *run, const t_case *c) {
@@ -1918,6 +1926,12 @@ static const t_case t_gpu_cases[] = {
      25, 3.0},
     {"rmsnorm_bf16_20000x128_many_parts", T_KIND_RMSNORM, 0, 20000, 128, BF16, BF16, 0, 0, 26,
      1.0},
+    // dx from the row held in registers (qt_rmsnorm_bwd_dx_regs: BF16, whole chunks, at most
+    // 4096 columns): lanes holding 9 chunks and 8, special values; then one chunk past its
+    // limit, where the generic kernel takes the row.
+    {"rmsnorm_bf16_37x2056_special_regs", T_KIND_RMSNORM, 0, 37, 2056, BF16, BF16, T_SPECIAL, 0,
+     27, 1.0},
+    {"rmsnorm_bf16_19x4104_past_regs", T_KIND_RMSNORM, 0, 19, 4104, BF16, BF16, 0, 0, 28, 1.0},
     {"residual_bf16_1024x1000", T_KIND_RESIDUAL, 0, 1024, 1000, BF16, BF16, 0, 0, 30, 2.0},
     {"residual_f32_bf16_257x3_special", T_KIND_RESIDUAL, 0, 257, 3, F32, BF16, T_SPECIAL, 0, 31,
      2.0},

@@ -174,6 +174,18 @@ qt_status op_rmsnorm_forward(program *p, const char *name, uint32_t rows, uint32
     return prog_use(p, op, offsetof(rmsnorm_args, inv_rms), inv_rms, PROG_WRITE);
 }
 
+// The dx kernel: qt_rmsnorm_bwd_dx_regs (the row in registers between its two passes) where its
+// 16-byte loads and stores fit, BF16 x and dy, rows of whole chunks up to
+// QT_RMSNORM_REGS_COLS_MAX (regions start 256-byte aligned, so the offsets decide); the same
+// bits either way.
+static kernel_id op_rmsnorm_dx_kernel(uint32_t cols, op_act_tensor x, op_act_tensor gamma,
+                                      op_act_tensor dy, op_act_tensor dx) {
+    bool aligned = (x.ref.offset | gamma.ref.offset | dy.ref.offset | dx.ref.offset) % 16 == 0;
+    bool fits = x.dtype == QT_DTYPE_BF16 && dy.dtype == QT_DTYPE_BF16 &&
+                cols % QT_ACT_CHUNK == 0 && cols <= QT_RMSNORM_REGS_COLS_MAX;
+    return aligned && fits ? KERNEL_RMSNORM_BWD_DX_REGS : KERNEL_RMSNORM_BWD_DX;
+}
+
 qt_status op_rmsnorm_backward(program *p, const char *name, uint32_t rows, uint32_t cols,
                               op_act_tensor x, op_act_tensor gamma, prog_ref inv_rms,
                               op_act_tensor dy, const op_rmsnorm_grads *grads) {
@@ -193,7 +205,8 @@ qt_status op_rmsnorm_backward(program *p, const char *name, uint32_t rows, uint3
     args.out_dtype = grads->dx.dtype;
     launch_shape shape = op_act_row_shape(rows);
     uint32_t op;
-    QT_TRY(prog_append(p, KERNEL_RMSNORM_BWD_DX, name, &shape, &args, sizeof args, &op));
+    QT_TRY(prog_append(p, op_rmsnorm_dx_kernel(cols, x, gamma, dy, grads->dx), name, &shape,
+                       &args, sizeof args, &op));
     QT_TRY(prog_use(p, op, offsetof(rmsnorm_args, x), x.ref, PROG_READ));
     QT_TRY(prog_use(p, op, offsetof(rmsnorm_args, gamma), gamma.ref, PROG_READ));
     QT_TRY(prog_use(p, op, offsetof(rmsnorm_args, inv_rms), inv_rms, PROG_READ));

@@ -307,6 +307,11 @@ void ref_qt_rmsnorm_bwd_dx(const rmsnorm_args *a, const launch_shape *shape) {
     pool_for(a->rows, ref_task_rows(a->cols), ref_rmsnorm_bwd_dx_rows, (void *)a);
 }
 
+// The kernel that holds its rows in registers computes the generic kernel's bits.
+void ref_qt_rmsnorm_bwd_dx_regs(const rmsnorm_args *a, const launch_shape *shape) {
+    ref_qt_rmsnorm_bwd_dx(a, shape);
+}
+
 // Parts [begin, end): each sums its own rows into its own partials.
 POOL_CPU_CLONES static void ref_rmsnorm_dgamma_parts(void *ctx, uint64_t p_begin,
                                                      uint64_t p_end) {
