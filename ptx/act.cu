@@ -716,6 +716,15 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
     }
 }
 
+// Chunk c of a row held in registers (x and dy as loaded) and gamma's chunk c, as floats.
+__device__ __forceinline__ void act_rmsnorm_held_chunk(const rmsnorm_args &args, uint4 xw,
+                                                       uint4 dw, uint32_t c, float v[8],
+                                                       float d[8], float g[8]) {
+    act_unpack8_bf16(xw, v);
+    act_unpack8_bf16(dw, d);
+    act_load8(args.gamma, (uint64_t)c * 8, args.gamma_dtype, g);
+}
+
 // qt_rmsnorm_bwd_dx for rows of whole chunks of BF16 x and dy, at most QT_RMSNORM_REGS_COLS_MAX
 // columns (op_rmsnorm_backward picks it): each lane holds its chunks of x and dy in registers
 // from the first pass to the second, so DRAM sees each row once. The generic kernel reads the
@@ -748,9 +757,7 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
         uint32_t c = lane + 32u * i;
         if (c >= chunks) break;
         float v[8], d[8], g[8];
-        act_unpack8_bf16(xw[i], v);
-        act_unpack8_bf16(dw[i], d);
-        act_load8(args.gamma, (uint64_t)c * 8, args.gamma_dtype, g);
+        act_rmsnorm_held_chunk(args, xw[i], dw[i], c, v, d, g);
 #pragma unroll
         for (uint32_t k = 0; k < 8; k++) acc = qt_rmsnorm_dot(v[k], d[k], g[k], inv, acc);
     }
@@ -760,9 +767,7 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
         uint32_t c = lane + 32u * i;
         if (c >= chunks) break;
         float v[8], d[8], g[8];
-        act_unpack8_bf16(xw[i], v);
-        act_unpack8_bf16(dw[i], d);
-        act_load8(args.gamma, (uint64_t)c * 8, args.gamma_dtype, g);
+        act_rmsnorm_held_chunk(args, xw[i], dw[i], c, v, d, g);
 #pragma unroll
         for (uint32_t k = 0; k < 8; k++) v[k] = qt_rmsnorm_dx(v[k], d[k], g[k], inv, mean_dot);
         act_store8(args.out, base + (uint64_t)c * 8, args.out_dtype, v);
