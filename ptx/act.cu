@@ -681,6 +681,54 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
     if (args.amax) act_amax_flush_slot(args.amax, args.out_dtype, m);
 }
 
+// qt_rmsnorm_fwd for rows of whole chunks of BF16 x, at most QT_RMSNORM_REGS_COLS_MAX columns
+// (op_rmsnorm_forward picks it): each lane holds its chunks of x in registers from the sum of
+// squares to y, so DRAM sees each row once; the generic kernel reads the row again for y and ran
+// at about half the DRAM bandwidth on 8192 x 4096. The same lanes fold the same chunks in the
+// same order, so the bits (y, inv_rms, the amax) are the generic kernel's.
+extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
+    qt_rmsnorm_fwd_regs(const __grid_constant__ rmsnorm_args args) {
+    qt_grid_enter();
+    uint64_t row = act_row();
+    float m = 0.0f;  // max |y| this lane stored
+    if (row < args.rows) {  // warp-uniform; idle warps still meet the amax flush's barrier
+        uint32_t lane = threadIdx.x % 32, cols = args.cols;
+        uint32_t chunks = cols / QT_ACT_CHUNK;
+        uint64_t base = row * cols;
+        const uint4 *x = (const uint4 *)(uintptr_t)args.x + base / QT_ACT_CHUNK;
+        uint4 xw[QT_RMSNORM_REGS_CHUNKS];
+#pragma unroll
+        for (uint32_t i = 0; i < QT_RMSNORM_REGS_CHUNKS; i++) {
+            uint32_t c = lane + 32u * i;
+            if (c < chunks) xw[i] = act_ld16<true>(x + c);
+        }
+        float acc = 0.0f;
+#pragma unroll
+        for (uint32_t i = 0; i < QT_RMSNORM_REGS_CHUNKS; i++) {
+            if (lane + 32u * i >= chunks) break;
+            float v[8];
+            act_unpack8_bf16(xw[i], v);
+#pragma unroll
+            for (uint32_t k = 0; k < 8; k++) acc = qt_fmaf(v[k], v[k], acc);
+        }
+        float inv = qt_rmsnorm_inv(act_warp_sum(acc), cols, args.eps);
+        if (lane == 0) ((float *)(uintptr_t)args.inv_rms)[row] = qt_act_canonical(inv);
+#pragma unroll
+        for (uint32_t i = 0; i < QT_RMSNORM_REGS_CHUNKS; i++) {
+            uint32_t c = lane + 32u * i;
+            if (c >= chunks) break;
+            float v[8], g[8];
+            act_unpack8_bf16(xw[i], v);
+            act_load8(args.gamma, (uint64_t)c * 8, args.gamma_dtype, g);
+#pragma unroll
+            for (uint32_t k = 0; k < 8; k++) v[k] = qt_rmsnorm_y(v[k], inv, g[k]);
+            act_store8(args.out, base + (uint64_t)c * 8, args.out_dtype, v);
+            m = act_max_chunk(m, v, 8);
+        }
+    }
+    if (args.amax) act_amax_flush_slot(args.amax, args.out_dtype, m);
+}
+
 extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
     qt_rmsnorm_bwd_dx(const __grid_constant__ rmsnorm_args args) {
     qt_grid_enter();

@@ -18,7 +18,9 @@
 //                             dense qt_act_fwd / _bwd that reads its D, in  thread
 //                             one launch (gemm_act_args below)
 //   qt_rmsnorm_fwd            y = x * inv_rms * gamma, inv_rms [rows]       one warp per row,
-//   qt_rmsnorm_bwd_dx         dx                                            8 rows per block
+//   qt_rmsnorm_fwd_regs       y, the row held in registers (BF16 x, whole   8 rows per block
+//                             chunks, at most 4096 columns)                 (every RMSNorm
+//   qt_rmsnorm_bwd_dx         dx                                            row kernel)
 //   qt_rmsnorm_bwd_dx_regs    dx, the row held in registers (BF16 x and dy,
 //                             whole chunks, at most 4096 columns)
 //   qt_rmsnorm_dgamma_partial partials[p][c] = sum over rows of part p      256 columns x part
@@ -91,7 +93,8 @@
 #define QT_ACT_LANES 32
 #define QT_GNORM_BLOCK_ELEMS 8192  // elements of one gnorm partial: 8 float4 per thread
 #define QT_RMSNORM_PART_ROWS_MIN 64
-// qt_rmsnorm_bwd_dx_regs: chunks of x and dy a lane holds, so rows of at most 32 x 16 x 8 columns.
+// qt_rmsnorm_fwd_regs, qt_rmsnorm_bwd_dx_regs: chunks of x (and dy) a lane holds, so rows of at
+// most 32 x 16 x 8 columns.
 #define QT_RMSNORM_REGS_CHUNKS 16u
 #define QT_RMSNORM_REGS_COLS_MAX (QT_ACT_LANES * QT_RMSNORM_REGS_CHUNKS * QT_ACT_CHUNK)
 #define QT_RMSNORM_PARTS_MAX 256
@@ -291,6 +294,7 @@ QT_STATIC_ASSERT(sizeof(gnorm_args) == 240, "gnorm_args layout");
     X(KERNEL_SWIGLU_FWD_GROUPED, act, qt_swiglu_fwd_grouped, act_args)                       \
     X(KERNEL_SWIGLU_BWD_GROUPED, act, qt_swiglu_bwd_grouped, act_args)                       \
     X(KERNEL_RMSNORM_FWD, act, qt_rmsnorm_fwd, rmsnorm_args)                                 \
+    X(KERNEL_RMSNORM_FWD_REGS, act, qt_rmsnorm_fwd_regs, rmsnorm_args)                       \
     X(KERNEL_RMSNORM_BWD_DX, act, qt_rmsnorm_bwd_dx, rmsnorm_args)                           \
     X(KERNEL_RMSNORM_BWD_DX_REGS, act, qt_rmsnorm_bwd_dx_regs, rmsnorm_args)                 \
     X(KERNEL_RMSNORM_DGAMMA_PARTIAL, act, qt_rmsnorm_dgamma_partial, rmsnorm_args)           \

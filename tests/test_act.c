@@ -311,6 +311,7 @@ static void t_build_rmsnorm(t_run *run, const t_case *c) {
     RIG_OK(op_rmsnorm_forward(p, "rmsnorm_fwd", c->rows, c->cols, 1e-5f, t_tensor(run, R_X),
                               t_tensor(run, R_GAMMA), t_tensor(run, R_Y), t_ref(run, R_INV),
                               t_ref(run, R_Y_AMAX)));
+    uint32_t y_op = p->op_count - 1;
     op_rmsnorm_grads grads = {t_tensor(run, R_DX), t_ref(run, R_DGAMMA),
                               (c->flags & T_ACCUM) != 0, t_ref(run, R_WS)};
     uint32_t dx_op = p->op_count;
@@ -324,6 +325,12 @@ static void t_build_rmsnorm(t_run *run, const t_case *c) {
     CHECK(p->ops[dx_op].kernel == (regs ? KERNEL_RMSNORM_BWD_DX_REGS : KERNEL_RMSNORM_BWD_DX),
           "%s: dx kernel %d, the row in registers expected: %d", c->name, p->ops[dx_op].kernel,
           regs);
+    // The forward kernel: the row in registers for BF16 x alone, whatever y's type.
+    bool y_regs = c->in_dtype == T_BF16 && c->cols % 8 == 0 &&
+                  c->cols <= QT_RMSNORM_REGS_COLS_MAX && c->misalign % 16 == 0;
+    CHECK(p->ops[y_op].kernel == (y_regs ? KERNEL_RMSNORM_FWD_REGS : KERNEL_RMSNORM_FWD),
+          "%s: forward kernel %d, the row in registers expected: %d", c->name,
+          p->ops[y_op].kernel, y_regs);
 }
 
 static void t_build_residual(t_run *run, const t_case *c) {
@@ -1932,6 +1939,9 @@ static const t_case t_gpu_cases[] = {
     {"rmsnorm_bf16_37x2056_special_regs", T_KIND_RMSNORM, 0, 37, 2056, BF16, BF16, T_SPECIAL, 0,
      27, 1.0},
     {"rmsnorm_bf16_19x4104_past_regs", T_KIND_RMSNORM, 0, 19, 4104, BF16, BF16, 0, 0, 28, 1.0},
+    // The forward kernel in registers with FP32 y (and the generic dx: FP32 dy), the widest row.
+    {"rmsnorm_bf16_f32_33x4096_regs", T_KIND_RMSNORM, 0, 33, 4096, BF16, F32, T_SPECIAL, 0, 29,
+     1.0},
     {"residual_bf16_1024x1000", T_KIND_RESIDUAL, 0, 1024, 1000, BF16, BF16, 0, 0, 30, 2.0},
     {"residual_f32_bf16_257x3_special", T_KIND_RESIDUAL, 0, 257, 3, F32, BF16, T_SPECIAL, 0, 31,
      2.0},

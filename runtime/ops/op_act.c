@@ -152,6 +152,17 @@ static void op_rmsnorm_check(uint32_t rows, uint32_t cols, op_act_tensor x, op_a
     QT_ASSERT(prog_ref_present(inv_rms));
 }
 
+// The forward kernel: qt_rmsnorm_fwd_regs (the row in registers from the sum of squares to y)
+// for BF16 x of whole chunks up to QT_RMSNORM_REGS_COLS_MAX at 16-byte offsets, as the dx kernel
+// below; the same bits either way.
+static kernel_id op_rmsnorm_fwd_kernel(uint32_t cols, op_act_tensor x, op_act_tensor gamma,
+                                       op_act_tensor y) {
+    bool aligned = (x.ref.offset | gamma.ref.offset | y.ref.offset) % 16 == 0;
+    bool fits = x.dtype == QT_DTYPE_BF16 && cols % QT_ACT_CHUNK == 0 &&
+                cols <= QT_RMSNORM_REGS_COLS_MAX;
+    return aligned && fits ? KERNEL_RMSNORM_FWD_REGS : KERNEL_RMSNORM_FWD;
+}
+
 qt_status op_rmsnorm_forward(program *p, const char *name, uint32_t rows, uint32_t cols,
                              float eps, op_act_tensor x, op_act_tensor gamma, op_act_tensor y,
                              prog_ref inv_rms, prog_ref amax) {
@@ -166,7 +177,8 @@ qt_status op_rmsnorm_forward(program *p, const char *name, uint32_t rows, uint32
     args.out_dtype = y.dtype;
     launch_shape shape = op_act_row_shape(rows);
     uint32_t op;
-    QT_TRY(prog_append(p, KERNEL_RMSNORM_FWD, name, &shape, &args, sizeof args, &op));
+    QT_TRY(prog_append(p, op_rmsnorm_fwd_kernel(cols, x, gamma, y), name, &shape, &args,
+                       sizeof args, &op));
     QT_TRY(prog_use(p, op, offsetof(rmsnorm_args, x), x.ref, PROG_READ));
     QT_TRY(prog_use(p, op, offsetof(rmsnorm_args, gamma), gamma.ref, PROG_READ));
     QT_TRY(prog_use(p, op, offsetof(rmsnorm_args, out), y.ref, PROG_WRITE));

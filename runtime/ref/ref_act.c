@@ -307,7 +307,11 @@ void ref_qt_rmsnorm_bwd_dx(const rmsnorm_args *a, const launch_shape *shape) {
     pool_for(a->rows, ref_task_rows(a->cols), ref_rmsnorm_bwd_dx_rows, (void *)a);
 }
 
-// The kernel that holds its rows in registers computes the generic kernel's bits.
+// The kernels that hold their rows in registers compute the generic kernels' bits.
+void ref_qt_rmsnorm_fwd_regs(const rmsnorm_args *a, const launch_shape *shape) {
+    ref_qt_rmsnorm_fwd(a, shape);
+}
+
 void ref_qt_rmsnorm_bwd_dx_regs(const rmsnorm_args *a, const launch_shape *shape) {
     ref_qt_rmsnorm_bwd_dx(a, shape);
 }
