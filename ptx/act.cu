@@ -729,39 +729,81 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
     if (args.amax) act_amax_flush_slot(args.amax, args.out_dtype, m);
 }
 
+// Eight values as the BF16 words act_store8 stores (act_unpack8_bf16's inverse).
+__device__ __forceinline__ uint4 act_pack8_bf16(const float v[8]) {
+    uint32_t w[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(w[k]) : "f"(v[2 * k + 1]), "f"(v[2 * k]));
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// v[k] as a store of dtype would keep it (act_store8's conversion, qt_act_stored's bits).
+__device__ __forceinline__ void act_round8(uint32_t dtype, float v[8]) {
+    if (dtype != QT_DTYPE_BF16) {
+#pragma unroll
+        for (int k = 0; k < 8; k++) v[k] = qt_act_canonical(v[k]);
+        return;
+    }
+    act_unpack8_bf16(act_pack8_bf16(v), v);
+}
+
+// A dx chunk's values v[0 .. n) as the dx kernels store them: dx itself, or with args.skip the
+// residual add after it (rmsnorm_args.skip); merges max |out| into m.
+__device__ __forceinline__ void act_rmsnorm_dx_out(const rmsnorm_args &args, uint64_t first,
+                                                   uint32_t n, bool vec, float v[8], float &m) {
+    if (args.skip) {
+        float s[8];
+        act_round8(args.out_dtype, v);
+        act_load_chunk(args.skip, first, n, args.skip_dtype, vec, s);
+#pragma unroll
+        for (uint32_t k = 0; k < 8; k++) v[k] = s[k] + v[k];
+    }
+    act_store_chunk(args.out, first, n, args.out_dtype, vec, v);
+    m = act_max_chunk(m, v, n);
+}
+
+// Rows past the end leave their warps idle rather than return: the amax's flush is a block
+// barrier.
 extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
     qt_rmsnorm_bwd_dx(const __grid_constant__ rmsnorm_args args) {
     qt_grid_enter();
     uint64_t row = act_row();
-    if (row >= args.rows) return;
-    uint32_t lane = threadIdx.x % 32, cols = args.cols;
-    uint32_t chunks = (cols + QT_ACT_CHUNK - 1) / QT_ACT_CHUNK;
-    bool vec = act_rows_vec(args.x | args.gamma | args.dy | args.out, cols);
-    uint64_t base = row * cols;
-    float inv = ((const float *)(uintptr_t)args.inv_rms)[row];
-    float acc = 0.0f;
-    for (uint32_t c = lane; c < chunks; c += 32) {
-        uint32_t n = act_chunk_len(c, cols);
-        float v[8], dy[8], g[8];
-        act_load_chunk(args.x, base + c * 8, n, args.x_dtype, vec, v);
-        act_load_chunk(args.dy, base + c * 8, n, args.dy_dtype, vec, dy);
-        act_load_chunk(args.gamma, (uint64_t)c * 8, n, args.gamma_dtype, vec, g);
+    float m = 0.0f;  // max |out| this lane stored
+    if (row < args.rows) {  // warp-uniform
+        uint32_t lane = threadIdx.x % 32, cols = args.cols;
+        uint32_t chunks = (cols + QT_ACT_CHUNK - 1) / QT_ACT_CHUNK;
+        bool vec = act_rows_vec(args.x | args.gamma | args.dy | args.out | args.skip, cols);
+        uint64_t base = row * cols;
+        float inv = ((const float *)(uintptr_t)args.inv_rms)[row];
+        float acc = 0.0f;
+        for (uint32_t c = lane; c < chunks; c += 32) {
+            uint32_t n = act_chunk_len(c, cols);
+            float v[8], dy[8], g[8];
+            act_load_chunk(args.x, base + c * 8, n, args.x_dtype, vec, v);
+            act_load_chunk(args.dy, base + c * 8, n, args.dy_dtype, vec, dy);
+            act_load_chunk(args.gamma, (uint64_t)c * 8, n, args.gamma_dtype, vec, g);
 #pragma unroll
-        for (uint32_t k = 0; k < 8; k++) {
-            if (k < n) acc = qt_rmsnorm_dot(v[k], dy[k], g[k], inv, acc);
+            for (uint32_t k = 0; k < 8; k++) {
+                if (k < n) acc = qt_rmsnorm_dot(v[k], dy[k], g[k], inv, acc);
+            }
+        }
+        float mean_dot = qt_rmsnorm_mean_dot(act_warp_sum(acc), cols);
+        for (uint32_t c = lane; c < chunks; c += 32) {
+            uint32_t n = act_chunk_len(c, cols);
+            float v[8], dy[8], g[8];
+            act_load_chunk(args.x, base + c * 8, n, args.x_dtype, vec, v);
+            act_load_chunk(args.dy, base + c * 8, n, args.dy_dtype, vec, dy);
+            act_load_chunk(args.gamma, (uint64_t)c * 8, n, args.gamma_dtype, vec, g);
+#pragma unroll
+            for (uint32_t k = 0; k < 8; k++) {
+                v[k] = qt_rmsnorm_dx(v[k], dy[k], g[k], inv, mean_dot);
+            }
+            act_rmsnorm_dx_out(args, base + c * 8, n, vec, v, m);
         }
     }
-    float mean_dot = qt_rmsnorm_mean_dot(act_warp_sum(acc), cols);
-    for (uint32_t c = lane; c < chunks; c += 32) {
-        uint32_t n = act_chunk_len(c, cols);
-        float v[8], dy[8], g[8];
-        act_load_chunk(args.x, base + c * 8, n, args.x_dtype, vec, v);
-        act_load_chunk(args.dy, base + c * 8, n, args.dy_dtype, vec, dy);
-        act_load_chunk(args.gamma, (uint64_t)c * 8, n, args.gamma_dtype, vec, g);
-#pragma unroll
-        for (uint32_t k = 0; k < 8; k++) v[k] = qt_rmsnorm_dx(v[k], dy[k], g[k], inv, mean_dot);
-        act_store_chunk(args.out, base + c * 8, n, args.out_dtype, vec, v);
-    }
+    if (args.amax) act_amax_flush_slot(args.amax, args.out_dtype, m);
 }
 
 // Chunk c of a row held in registers (x and dy as loaded) and gamma's chunk c, as floats.
@@ -783,43 +825,85 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
     qt_rmsnorm_bwd_dx_regs(const __grid_constant__ rmsnorm_args args) {
     qt_grid_enter();
     uint64_t row = act_row();
-    if (row >= args.rows) return;
-    uint32_t lane = threadIdx.x % 32, cols = args.cols;
-    uint32_t chunks = cols / QT_ACT_CHUNK;
-    uint64_t base = row * cols;
-    float inv = ((const float *)(uintptr_t)args.inv_rms)[row];
-    const uint4 *x = (const uint4 *)(uintptr_t)args.x + base / QT_ACT_CHUNK;
-    const uint4 *dy = (const uint4 *)(uintptr_t)args.dy + base / QT_ACT_CHUNK;
-    uint4 xw[QT_RMSNORM_REGS_CHUNKS], dw[QT_RMSNORM_REGS_CHUNKS];
+    float m = 0.0f;  // max |out| this lane stored
+    if (row < args.rows) {  // warp-uniform; idle warps still meet the amax flush's barrier
+        uint32_t lane = threadIdx.x % 32, cols = args.cols;
+        uint32_t chunks = cols / QT_ACT_CHUNK;
+        uint64_t base = row * cols;
+        float inv = ((const float *)(uintptr_t)args.inv_rms)[row];
+        const uint4 *x = (const uint4 *)(uintptr_t)args.x + base / QT_ACT_CHUNK;
+        const uint4 *dy = (const uint4 *)(uintptr_t)args.dy + base / QT_ACT_CHUNK;
+        uint4 xw[QT_RMSNORM_REGS_CHUNKS], dw[QT_RMSNORM_REGS_CHUNKS];
 #pragma unroll
-    for (uint32_t i = 0; i < QT_RMSNORM_REGS_CHUNKS; i++) {
-        uint32_t c = lane + 32u * i;
-        if (c < chunks) {
-            xw[i] = act_ld16<true>(x + c);
-            dw[i] = act_ld16<true>(dy + c);
+        for (uint32_t i = 0; i < QT_RMSNORM_REGS_CHUNKS; i++) {
+            uint32_t c = lane + 32u * i;
+            if (c < chunks) {
+                xw[i] = act_ld16<true>(x + c);
+                dw[i] = act_ld16<true>(dy + c);
+            }
+        }
+        float acc = 0.0f;
+#pragma unroll
+        for (uint32_t i = 0; i < QT_RMSNORM_REGS_CHUNKS; i++) {
+            uint32_t c = lane + 32u * i;
+            if (c >= chunks) break;
+            float v[8], d[8], g[8];
+            act_rmsnorm_held_chunk(args, xw[i], dw[i], c, v, d, g);
+#pragma unroll
+            for (uint32_t k = 0; k < 8; k++) acc = qt_rmsnorm_dot(v[k], d[k], g[k], inv, acc);
+        }
+        float mean_dot = qt_rmsnorm_mean_dot(act_warp_sum(acc), cols);
+        if (!args.skip) {
+#pragma unroll
+            for (uint32_t i = 0; i < QT_RMSNORM_REGS_CHUNKS; i++) {
+                uint32_t c = lane + 32u * i;
+                if (c >= chunks) break;
+                float v[8], d[8], g[8];
+                act_rmsnorm_held_chunk(args, xw[i], dw[i], c, v, d, g);
+#pragma unroll
+                for (uint32_t k = 0; k < 8; k++) {
+                    v[k] = qt_rmsnorm_dx(v[k], d[k], g[k], inv, mean_dot);
+                }
+                act_rmsnorm_dx_out(args, base + (uint64_t)c * 8, 8, true, v, m);
+            }
+        } else {
+            // With the skip gradient (BF16, as out: op_rmsnorm_dx_kernel): every chunk's dx,
+            // rounded to BF16 as its tensor would hold it, packed over x's words; then every
+            // chunk's skip loaded over dy's, so that those loads are in flight together, as
+            // the row's were; then the sums.
+#pragma unroll
+            for (uint32_t i = 0; i < QT_RMSNORM_REGS_CHUNKS; i++) {
+                uint32_t c = lane + 32u * i;
+                if (c >= chunks) break;
+                float v[8], d[8], g[8];
+                act_rmsnorm_held_chunk(args, xw[i], dw[i], c, v, d, g);
+#pragma unroll
+                for (uint32_t k = 0; k < 8; k++) {
+                    v[k] = qt_rmsnorm_dx(v[k], d[k], g[k], inv, mean_dot);
+                }
+                xw[i] = act_pack8_bf16(v);
+            }
+            const uint4 *skip = (const uint4 *)(uintptr_t)args.skip + base / QT_ACT_CHUNK;
+#pragma unroll
+            for (uint32_t i = 0; i < QT_RMSNORM_REGS_CHUNKS; i++) {
+                uint32_t c = lane + 32u * i;
+                if (c < chunks) dw[i] = act_ld16<true>(skip + c);
+            }
+#pragma unroll
+            for (uint32_t i = 0; i < QT_RMSNORM_REGS_CHUNKS; i++) {
+                uint32_t c = lane + 32u * i;
+                if (c >= chunks) break;
+                float v[8], s[8];
+                act_unpack8_bf16(xw[i], v);
+                act_unpack8_bf16(dw[i], s);
+#pragma unroll
+                for (uint32_t k = 0; k < 8; k++) v[k] = s[k] + v[k];
+                act_store8(args.out, base + (uint64_t)c * 8, QT_DTYPE_BF16, v);
+                m = act_max_chunk(m, v, 8);
+            }
         }
     }
-    float acc = 0.0f;
-#pragma unroll
-    for (uint32_t i = 0; i < QT_RMSNORM_REGS_CHUNKS; i++) {
-        uint32_t c = lane + 32u * i;
-        if (c >= chunks) break;
-        float v[8], d[8], g[8];
-        act_rmsnorm_held_chunk(args, xw[i], dw[i], c, v, d, g);
-#pragma unroll
-        for (uint32_t k = 0; k < 8; k++) acc = qt_rmsnorm_dot(v[k], d[k], g[k], inv, acc);
-    }
-    float mean_dot = qt_rmsnorm_mean_dot(act_warp_sum(acc), cols);
-#pragma unroll
-    for (uint32_t i = 0; i < QT_RMSNORM_REGS_CHUNKS; i++) {
-        uint32_t c = lane + 32u * i;
-        if (c >= chunks) break;
-        float v[8], d[8], g[8];
-        act_rmsnorm_held_chunk(args, xw[i], dw[i], c, v, d, g);
-#pragma unroll
-        for (uint32_t k = 0; k < 8; k++) v[k] = qt_rmsnorm_dx(v[k], d[k], g[k], inv, mean_dot);
-        act_store8(args.out, base + (uint64_t)c * 8, args.out_dtype, v);
-    }
+    if (args.amax) act_amax_flush_slot(args.amax, args.out_dtype, m);
 }
 
 // Column c of part p (blockIdx.y): rows in order from +0. Consecutive threads read consecutive

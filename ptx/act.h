@@ -20,9 +20,9 @@
 //   qt_rmsnorm_fwd            y = x * inv_rms * gamma, inv_rms [rows]       one warp per row,
 //   qt_rmsnorm_fwd_regs       y, the row held in registers (BF16 x, whole   8 rows per block
 //                             chunks, at most 4096 columns)                 (every RMSNorm
-//   qt_rmsnorm_bwd_dx         dx                                            row kernel)
-//   qt_rmsnorm_bwd_dx_regs    dx, the row held in registers (BF16 x and dy,
-//                             whole chunks, at most 4096 columns)
+//   qt_rmsnorm_bwd_dx         dx (+ skip: the residual add after it)        row kernel)
+//   qt_rmsnorm_bwd_dx_regs    dx (+ skip), the row held in registers (BF16
+//                             x and dy, whole chunks, at most 4096 columns)
 //   qt_rmsnorm_dgamma_partial partials[p][c] = sum over rows of part p      256 columns x part
 //   qt_rmsnorm_dgamma_final   dgamma[c] (+)= sum over p in order            256 columns a block
 //   qt_residual_add           y = a + b (b absent: y = a)                   1-D grid-stride
@@ -177,11 +177,19 @@ typedef struct rmsnorm_args {
     uint32_t parts;          // ceil(rows / rows_per_part)
     uint32_t accumulate;     // dgamma final: 1 = dgamma += sum, 0 = dgamma = sum
     uint32_t x_dtype, gamma_dtype, dy_dtype, out_dtype;
-    // Forward: f32 [1], 0 = none: max |y| over the stored values merged in, as act_args.amax
-    // (the caller zeroes it first), for the per-tensor cast of y that follows.
+    // f32 [1], 0 = none: max |out| over the stored values merged in, as act_args.amax (the
+    // caller zeroes it first), for the per-tensor cast that follows: forward y, or backward the
+    // sum with skip below.
     uint64_t amax;
+    // Backward (dx kernels): (rows, cols) skip_dtype, 0 = none. With it out is the residual
+    // add that would follow (qt_residual_add with a = skip, b = dx): RN_out(skip + RN_out(dx)),
+    // dx rounded as a dx tensor of out_dtype would store it, so the bits are those of the two
+    // kernels, without dx's write and second read.
+    uint64_t skip;
+    uint32_t skip_dtype;
+    uint32_t reserved;
 } rmsnorm_args;
-QT_STATIC_ASSERT(sizeof(rmsnorm_args) == 104, "rmsnorm_args layout");
+QT_STATIC_ASSERT(sizeof(rmsnorm_args) == 120, "rmsnorm_args layout");
 
 // y = a + b elementwise; b = 0: y = a (a copy with dtype conversion). y may alias a or b
 // (each element is read before it is written, by the same thread).
@@ -339,6 +347,13 @@ QT_HD void qt_act_store(uint64_t base, uint64_t i, uint32_t dtype, float v) {
 }
 
 QT_HD uint32_t qt_act_dtype_bytes(uint32_t dtype) { return dtype == QT_DTYPE_BF16 ? 2u : 4u; }
+
+// The value a load returns after qt_act_store stored v (a kernel that adds to a value it would
+// have stored uses it, so that the sum is the one a later kernel would compute).
+QT_HD float qt_act_stored(float v, uint32_t dtype) {
+    v = qt_act_canonical(v);
+    return dtype == QT_DTYPE_BF16 ? qt_bf16_to_f32(qt_f32_to_bf16(v)) : v;
+}
 
 // max |stored value| from m = max |v| over the FP32 values before their stores (act_args.amax):
 // rounding to BF16 is monotonic and symmetric, so the largest stored magnitude is m rounded.

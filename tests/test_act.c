@@ -245,7 +245,8 @@ typedef struct t_case {
 // Slots of each kind.
 enum { A_X, A_BIAS, A_DY, A_Y, A_DX, A_Y_AMAX, A_DX_AMAX };
 // The *_AMAX slots: the amax of a stored output (ptx/act.h), +0 before every run.
-enum { R_X, R_GAMMA, R_DY, R_Y, R_INV, R_DX, R_DGAMMA, R_WS, R_Y_AMAX };
+enum { R_X, R_GAMMA, R_DY, R_Y, R_INV, R_DX, R_DGAMMA, R_WS, R_Y_AMAX, R_SKIP, R_DX_SUM,
+       R_DX_AMAX, R_DGAMMA_SUM };
 enum { S_X, S_F, S_Y, S_DY, S_DX, S_DX_ACC, S_Y_AMAX };
 enum { X_LOGITS, X_LABELS, X_LOSS, X_DLOGITS, X_WS, X_STATS, X_DLOGITS_AMAX };
 enum { M_PRED, M_TARGET, M_VALID, M_DPRED, M_WS, M_STATS, M_DPRED_AMAX };
@@ -303,6 +304,11 @@ static void t_build_rmsnorm(t_run *run, const t_case *c) {
     t_buf_add(run, R_WS, "workspace", T_F32, op_rmsnorm_workspace_bytes(c->rows, c->cols) / 4,
               0);
     t_buf_add(run, R_Y_AMAX, "y_amax", T_F32, 1, 0);
+    t_buf_add(run, R_SKIP, "skip", c->out_dtype, n, c->misalign);
+    t_buf_add(run, R_DX_SUM, "dx_sum", c->out_dtype, n, c->misalign);
+    t_buf_add(run, R_DX_AMAX, "dx_amax", T_F32, 1, 0);
+    t_buf_add(run, R_DGAMMA_SUM, "dgamma_sum", T_F32, c->cols, c->misalign);
+    t_fill(run, R_SKIP, c->seed + 4, 1.0, 0, sp);
     t_fill(run, R_X, c->seed, c->scale, 0, sp);
     t_fill(run, R_GAMMA, c->seed + 1, 0.3, 1.0, false);
     t_fill(run, R_DY, c->seed + 2, 1.0, 0, sp);
@@ -312,8 +318,9 @@ static void t_build_rmsnorm(t_run *run, const t_case *c) {
                               t_tensor(run, R_GAMMA), t_tensor(run, R_Y), t_ref(run, R_INV),
                               t_ref(run, R_Y_AMAX)));
     uint32_t y_op = p->op_count - 1;
+    op_act_tensor none = {OP_REF_NONE, 0};
     op_rmsnorm_grads grads = {t_tensor(run, R_DX), t_ref(run, R_DGAMMA),
-                              (c->flags & T_ACCUM) != 0, t_ref(run, R_WS)};
+                              (c->flags & T_ACCUM) != 0, t_ref(run, R_WS), none, OP_REF_NONE};
     uint32_t dx_op = p->op_count;
     RIG_OK(op_rmsnorm_backward(p, "rmsnorm_bwd", c->rows, c->cols, t_tensor(run, R_X),
                                t_tensor(run, R_GAMMA), t_ref(run, R_INV), t_tensor(run, R_DY),
@@ -325,6 +332,20 @@ static void t_build_rmsnorm(t_run *run, const t_case *c) {
     CHECK(p->ops[dx_op].kernel == (regs ? KERNEL_RMSNORM_BWD_DX_REGS : KERNEL_RMSNORM_BWD_DX),
           "%s: dx kernel %d, the row in registers expected: %d", c->name, p->ops[dx_op].kernel,
           regs);
+    // The same backward pass with a residual block's skip gradient added as dx is stored
+    // (op_rmsnorm_grads.skip) and the sum's amax, by the same kernel.
+    op_rmsnorm_grads summed = grads;
+    summed.dx = t_tensor(run, R_DX_SUM);
+    summed.dgamma = t_ref(run, R_DGAMMA_SUM);  // dgamma's own checks read the first one's
+    summed.accumulate = false;
+    summed.skip = t_tensor(run, R_SKIP);
+    summed.amax = t_ref(run, R_DX_AMAX);
+    uint32_t sum_op = p->op_count;
+    RIG_OK(op_rmsnorm_backward(p, "rmsnorm_bwd_skip", c->rows, c->cols, t_tensor(run, R_X),
+                               t_tensor(run, R_GAMMA), t_ref(run, R_INV), t_tensor(run, R_DY),
+                               &summed));
+    CHECK(p->ops[sum_op].kernel == p->ops[dx_op].kernel, "%s: dx kernel with skip %d, not %d",
+          c->name, p->ops[sum_op].kernel, p->ops[dx_op].kernel);
     // The forward kernel: the row in registers for BF16 x alone, whatever y's type.
     bool y_regs = c->in_dtype == T_BF16 && c->cols % 8 == 0 &&
                   c->cols <= QT_RMSNORM_REGS_COLS_MAX && c->misalign % 16 == 0;
@@ -1117,6 +1138,15 @@ static void t_check_rmsnorm_row(t_run *run, const t_case *c, uint64_t r, double 
 
 static void t_check_rmsnorm(t_run *run, const t_case *c) {
     t_check_amax(run, R_Y, R_Y_AMAX, (uint64_t)c->rows * c->cols);
+    // dx with the skip gradient added: exactly the residual add of the stored dx and skip.
+    for (uint64_t i = 0; i < (uint64_t)c->rows * c->cols; i++) {
+        float sum = (float)t_in(run, R_SKIP, i) + (float)t_out(run, R_DX, i);
+        float want = qt_act_stored(sum, c->out_dtype);
+        float got = (float)t_out(run, R_DX_SUM, i);
+        CHECK(t_b(got) == t_b(want), "dx + skip [%llu]: %08x, the residual add gives %08x",
+              (unsigned long long)i, t_b(got), t_b(want));
+    }
+    t_check_amax(run, R_DX_SUM, R_DX_AMAX, (uint64_t)c->rows * c->cols);
     double *ref = calloc(c->cols, sizeof *ref), *abs_sum = calloc(c->cols, sizeof *abs_sum);
     for (uint64_t r = 0; r < c->rows; r++) t_check_rmsnorm_row(run, c, r, ref, abs_sum);
     uint32_t per_part = op_rmsnorm_rows_per_part(c->rows);

@@ -1128,15 +1128,29 @@ static qt_status mb_linear_backward(mb *b, uint32_t layer, model_tensor dy, mode
                    op_group_dense(), then);
 }
 
+// skip (NULL: none): the gradient of the skip path of the residual block that layer i begins
+// (layer i - 1 is its `residual begin`). Then dx is that layer's input gradient, the sum of both
+// paths, which the RMSNorm's dx kernel adds as it stores (op_rmsnorm_grads.skip), named and
+// measured as the residual's (its amax serves the cast that reads it).
 static qt_status mb_rmsnorm_backward(mb *b, uint32_t i, const char *name, model_tensor dy,
-                                     model_tensor *dx) {
+                                     const model_tensor *skip, model_tensor *dx) {
     model_tensor x = b->acts[i];
     char what[ARENA_NAME_MAX];
-    snprintf(what, sizeof what, "%s.dx", name);
-    QT_TRY(mb_tensor(b, what, x.rows, x.cols, ARENA_CAT_ACTIVATIONS, dx));
+    prog_ref amax = OP_REF_NONE;
+    if (skip != NULL) {
+        char buf[24];
+        snprintf(what, sizeof what, "%s.dx", mb_layer_name(b, i - 1, buf, sizeof buf));
+        QT_TRY(mb_tensor(b, what, x.rows, x.cols, ARENA_CAT_ACTIVATIONS, dx));
+        QT_TRY(mb_producer_amax(b, i - 1, true, what, &dx->amax));
+        amax = dx->amax;
+    } else {
+        snprintf(what, sizeof what, "%s.dx", name);
+        QT_TRY(mb_tensor(b, what, x.rows, x.cols, ARENA_CAT_ACTIVATIONS, dx));
+    }
     snprintf(what, sizeof what, "%s.dgamma_ws", name);
+    op_act_tensor none = {OP_REF_NONE, 0};
     op_rmsnorm_grads grads = {mb_act(*dx), mb_dev(b, b->m->params[b->m->layer_param[i]].grad),
-                              false, OP_REF_NONE};
+                              false, OP_REF_NONE, skip != NULL ? mb_act(*skip) : none, amax};
     QT_TRY(mb_region(b, what, op_rmsnorm_workspace_bytes(x.rows, x.cols), ARENA_CAT_WORKSPACE,
                      &grads.workspace));
     op_act_tensor gamma = {mb_dev(b, b->m->params[b->m->layer_param[i]].master), QT_DTYPE_F32};
@@ -1279,7 +1293,7 @@ static qt_status mb_layer_backward(mb *b, uint32_t i, model_tensor dy, model_ten
         return op_act_backward(b->p, what, mb_act_kind(l->kind), x.rows, x.cols, mb_act(x),
                                OP_ACT_NONE, mb_act(dy), mb_act(*dx), dx->amax);
     case RECIPE_LAYER_RMSNORM:
-        return mb_rmsnorm_backward(b, i, name, dy, dx);
+        return mb_rmsnorm_backward(b, i, name, dy, NULL, dx);
     case RECIPE_LAYER_RESIDUAL_END:
         // The block's output gradient goes to its branch (dy, unchanged) and to the skip path.
         QT_ASSERT(*depth < RECIPE_RESIDUAL_DEPTH_MAX);
@@ -1318,6 +1332,14 @@ static qt_status mb_inject(mb *b, uint32_t done, uint32_t top) {
                            b->grads[m->inject_param], m->inject.bits);
 }
 
+// Whether layer i is an RMSNorm right after a `residual begin` whose input's gradient the
+// backward pass computes (the residual begin lies at or above the first layer with parameters).
+static bool mb_norm_after_residual(const mb *b, uint32_t i) {
+    const recipe_layer *layers = b->m->recipe->model.layers;
+    return i > b->m->first_param_layer && layers[i].kind == RECIPE_LAYER_RMSNORM &&
+           layers[i - 1].kind == RECIPE_LAYER_RESIDUAL_BEGIN;
+}
+
 // From the loss gradient down to the first layer with parameters; its input's gradient is
 // not needed. The gradient norm reads each group of gradients once they are all written.
 static qt_status mb_backward(mb *b) {
@@ -1336,6 +1358,15 @@ static qt_status mb_backward(mb *b) {
             model_tensor act_dy = {0};
             mb_then_act then = {.layer = i - 1, .backward = true, .out = &dx};
             QT_TRY(mb_linear_backward(b, i, dy, &act_dy, &then));
+            i--;
+        } else if (mb_norm_after_residual(b, i)) {
+            // An RMSNorm that begins a residual block, and the sum of the block's two paths:
+            // one kernel (mb_rmsnorm_backward), the skip path's gradient taken off the stack.
+            QT_ASSERT(depth > 0);
+            model_tensor skip = stack[--depth];
+            char buf[24];
+            QT_TRY(mb_rmsnorm_backward(b, i, mb_layer_name(b, i, buf, sizeof buf), dy, &skip,
+                                       &dx));
             i--;
         } else {
             QT_TRY(mb_layer_backward(b, i, dy, stack, &depth, &dx));

@@ -188,12 +188,18 @@ qt_status op_rmsnorm_forward(program *p, const char *name, uint32_t rows, uint32
 
 // The dx kernel: qt_rmsnorm_bwd_dx_regs (the row in registers between its two passes) where its
 // 16-byte loads and stores fit, BF16 x and dy, rows of whole chunks up to
-// QT_RMSNORM_REGS_COLS_MAX (regions start 256-byte aligned, so the offsets decide); the same
-// bits either way.
+// QT_RMSNORM_REGS_COLS_MAX (regions start 256-byte aligned, so the offsets decide), and with a
+// skip gradient (op_rmsnorm_grads.skip) BF16 skip and dx; the same bits either way.
 static kernel_id op_rmsnorm_dx_kernel(uint32_t cols, op_act_tensor x, op_act_tensor gamma,
-                                      op_act_tensor dy, op_act_tensor dx) {
-    bool aligned = (x.ref.offset | gamma.ref.offset | dy.ref.offset | dx.ref.offset) % 16 == 0;
-    bool fits = x.dtype == QT_DTYPE_BF16 && dy.dtype == QT_DTYPE_BF16 &&
+                                      op_act_tensor dy, op_act_tensor dx, op_act_tensor skip) {
+    uint64_t offsets = x.ref.offset | gamma.ref.offset | dy.ref.offset | dx.ref.offset;
+    bool skip_bf16 = true;  // with a skip gradient, it and dx in BF16 (the kernel packs dx)
+    if (prog_ref_present(skip.ref)) {
+        offsets |= skip.ref.offset;
+        skip_bf16 = skip.dtype == QT_DTYPE_BF16 && dx.dtype == QT_DTYPE_BF16;
+    }
+    bool aligned = offsets % 16 == 0;
+    bool fits = x.dtype == QT_DTYPE_BF16 && dy.dtype == QT_DTYPE_BF16 && skip_bf16 &&
                 cols % QT_ACT_CHUNK == 0 && cols <= QT_RMSNORM_REGS_COLS_MAX;
     return aligned && fits ? KERNEL_RMSNORM_BWD_DX_REGS : KERNEL_RMSNORM_BWD_DX;
 }
@@ -215,15 +221,21 @@ qt_status op_rmsnorm_backward(program *p, const char *name, uint32_t rows, uint3
     args.gamma_dtype = gamma.dtype;
     args.dy_dtype = dy.dtype;
     args.out_dtype = grads->dx.dtype;
+    bool skip = prog_ref_present(grads->skip.ref);
+    if (skip) op_act_check_tensor(grads->skip);
+    args.skip_dtype = skip ? grads->skip.dtype : 0u;
     launch_shape shape = op_act_row_shape(rows);
     uint32_t op;
-    QT_TRY(prog_append(p, op_rmsnorm_dx_kernel(cols, x, gamma, dy, grads->dx), name, &shape,
-                       &args, sizeof args, &op));
+    kernel_id dx_kernel = op_rmsnorm_dx_kernel(cols, x, gamma, dy, grads->dx, grads->skip);
+    QT_TRY(prog_append(p, dx_kernel, name, &shape, &args, sizeof args, &op));
     QT_TRY(prog_use(p, op, offsetof(rmsnorm_args, x), x.ref, PROG_READ));
     QT_TRY(prog_use(p, op, offsetof(rmsnorm_args, gamma), gamma.ref, PROG_READ));
     QT_TRY(prog_use(p, op, offsetof(rmsnorm_args, inv_rms), inv_rms, PROG_READ));
     QT_TRY(prog_use(p, op, offsetof(rmsnorm_args, dy), dy.ref, PROG_READ));
     QT_TRY(prog_use(p, op, offsetof(rmsnorm_args, out), grads->dx.ref, PROG_WRITE));
+    if (skip) QT_TRY(prog_use(p, op, offsetof(rmsnorm_args, skip), grads->skip.ref, PROG_READ));
+    QT_TRY(prog_use_optional(p, op, offsetof(rmsnorm_args, amax), grads->amax, 4,
+                             PROG_READ_WRITE));
 
     uint32_t col_blocks = (cols + QT_ACT_THREADS - 1) / QT_ACT_THREADS;
     launch_shape partial_shape = {{col_blocks, args.parts, 1}, {QT_ACT_THREADS, 1, 1}, 0};

@@ -68,6 +68,11 @@ typedef struct op_rmsnorm_grads {
     prog_ref dgamma;   // f32 [cols]
     bool accumulate;   // dgamma += this batch's gradient (dx is always overwritten)
     prog_ref workspace;
+    // Optional: the gradient of a residual block's skip path ([rows][cols], ref absent: none).
+    // With it dx receives skip + dx, the residual add that would follow, with that add's bits
+    // (rmsnorm_args.skip): one pass over dx fewer.
+    op_act_tensor skip;
+    prog_ref amax;  // optional, f32 [1]: max |dx| over the stored values, merged as the forward's
 } op_rmsnorm_grads;
 
 // Three ops: dx (one warp per row), dgamma partials over fixed row ranges, dgamma final.

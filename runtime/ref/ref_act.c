@@ -297,9 +297,15 @@ POOL_CPU_CLONES static void ref_rmsnorm_bwd_dx_rows(void *ctx, uint64_t begin, u
             float x = qt_act_load(a->x, base + j, a->x_dtype);
             float dy = qt_act_load(a->dy, base + j, a->dy_dtype);
             float g = qt_act_load(a->gamma, j, a->gamma_dtype);
-            qt_act_store(a->out, base + j, a->out_dtype, qt_rmsnorm_dx(x, dy, g, inv, mean_dot));
+            float v = qt_rmsnorm_dx(x, dy, g, inv, mean_dot);
+            // The residual add after it (rmsnorm_args.skip): skip + dx as a dx tensor holds it.
+            if (a->skip) {
+                v = qt_act_load(a->skip, base + j, a->skip_dtype) + qt_act_stored(v, a->out_dtype);
+            }
+            qt_act_store(a->out, base + j, a->out_dtype, v);
         }
     }
+    ref_act_amax_range(a->amax, a->out, a->out_dtype, begin * a->cols, end * a->cols);
 }
 
 void ref_qt_rmsnorm_bwd_dx(const rmsnorm_args *a, const launch_shape *shape) {
