@@ -764,6 +764,15 @@ __device__ __forceinline__ void act_rmsnorm_dx_out(const rmsnorm_args &args, uin
     m = act_max_chunk(m, v, n);
 }
 
+// Chunk c (n elements) of a row's x and dy at element base, and gamma's chunk c.
+__device__ __forceinline__ void act_rmsnorm_bwd_chunk(const rmsnorm_args &args, uint64_t base,
+                                                      uint32_t c, uint32_t n, bool vec,
+                                                      float v[8], float dy[8], float g[8]) {
+    act_load_chunk(args.x, base + c * 8, n, args.x_dtype, vec, v);
+    act_load_chunk(args.dy, base + c * 8, n, args.dy_dtype, vec, dy);
+    act_load_chunk(args.gamma, (uint64_t)c * 8, n, args.gamma_dtype, vec, g);
+}
+
 // Rows past the end leave their warps idle rather than return: the amax's flush is a block
 // barrier.
 extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
@@ -781,9 +790,7 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
         for (uint32_t c = lane; c < chunks; c += 32) {
             uint32_t n = act_chunk_len(c, cols);
             float v[8], dy[8], g[8];
-            act_load_chunk(args.x, base + c * 8, n, args.x_dtype, vec, v);
-            act_load_chunk(args.dy, base + c * 8, n, args.dy_dtype, vec, dy);
-            act_load_chunk(args.gamma, (uint64_t)c * 8, n, args.gamma_dtype, vec, g);
+            act_rmsnorm_bwd_chunk(args, base, c, n, vec, v, dy, g);
 #pragma unroll
             for (uint32_t k = 0; k < 8; k++) {
                 if (k < n) acc = qt_rmsnorm_dot(v[k], dy[k], g[k], inv, acc);
@@ -793,9 +800,7 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
         for (uint32_t c = lane; c < chunks; c += 32) {
             uint32_t n = act_chunk_len(c, cols);
             float v[8], dy[8], g[8];
-            act_load_chunk(args.x, base + c * 8, n, args.x_dtype, vec, v);
-            act_load_chunk(args.dy, base + c * 8, n, args.dy_dtype, vec, dy);
-            act_load_chunk(args.gamma, (uint64_t)c * 8, n, args.gamma_dtype, vec, g);
+            act_rmsnorm_bwd_chunk(args, base, c, n, vec, v, dy, g);
 #pragma unroll
             for (uint32_t k = 0; k < 8; k++) {
                 v[k] = qt_rmsnorm_dx(v[k], dy[k], g[k], inv, mean_dot);
@@ -813,6 +818,16 @@ __device__ __forceinline__ void act_rmsnorm_held_chunk(const rmsnorm_args &args,
     act_unpack8_bf16(xw, v);
     act_unpack8_bf16(dw, d);
     act_load8(args.gamma, (uint64_t)c * 8, args.gamma_dtype, g);
+}
+
+// dx of held chunk c (act_rmsnorm_held_chunk) into v.
+__device__ __forceinline__ void act_rmsnorm_held_dx(const rmsnorm_args &args, uint4 xw, uint4 dw,
+                                                    uint32_t c, float inv, float mean_dot,
+                                                    float v[8]) {
+    float d[8], g[8];
+    act_rmsnorm_held_chunk(args, xw, dw, c, v, d, g);
+#pragma unroll
+    for (uint32_t k = 0; k < 8; k++) v[k] = qt_rmsnorm_dx(v[k], d[k], g[k], inv, mean_dot);
 }
 
 // qt_rmsnorm_bwd_dx for rows of whole chunks of BF16 x and dy, at most QT_RMSNORM_REGS_COLS_MAX
@@ -858,12 +873,8 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
             for (uint32_t i = 0; i < QT_RMSNORM_REGS_CHUNKS; i++) {
                 uint32_t c = lane + 32u * i;
                 if (c >= chunks) break;
-                float v[8], d[8], g[8];
-                act_rmsnorm_held_chunk(args, xw[i], dw[i], c, v, d, g);
-#pragma unroll
-                for (uint32_t k = 0; k < 8; k++) {
-                    v[k] = qt_rmsnorm_dx(v[k], d[k], g[k], inv, mean_dot);
-                }
+                float v[8];
+                act_rmsnorm_held_dx(args, xw[i], dw[i], c, inv, mean_dot, v);
                 act_rmsnorm_dx_out(args, base + (uint64_t)c * 8, 8, true, v, m);
             }
         } else {
@@ -875,12 +886,8 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
             for (uint32_t i = 0; i < QT_RMSNORM_REGS_CHUNKS; i++) {
                 uint32_t c = lane + 32u * i;
                 if (c >= chunks) break;
-                float v[8], d[8], g[8];
-                act_rmsnorm_held_chunk(args, xw[i], dw[i], c, v, d, g);
-#pragma unroll
-                for (uint32_t k = 0; k < 8; k++) {
-                    v[k] = qt_rmsnorm_dx(v[k], d[k], g[k], inv, mean_dot);
-                }
+                float v[8];
+                act_rmsnorm_held_dx(args, xw[i], dw[i], c, inv, mean_dot, v);
                 xw[i] = act_pack8_bf16(v);
             }
             const uint4 *skip = (const uint4 *)(uintptr_t)args.skip + base / QT_ACT_CHUNK;
