@@ -681,6 +681,17 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
     if (args.amax) act_amax_flush_slot(args.amax, args.out_dtype, m);
 }
 
+// The register kernels' row: lane's chunks c = lane + 32 i (i < QT_RMSNORM_REGS_CHUNKS, c <
+// chunks) of the 16-byte words at src, loaded into w[i] together.
+__device__ __forceinline__ void act_rmsnorm_hold(const uint4 *src, uint32_t lane, uint32_t chunks,
+                                                 uint4 (&w)[QT_RMSNORM_REGS_CHUNKS]) {
+#pragma unroll
+    for (uint32_t i = 0; i < QT_RMSNORM_REGS_CHUNKS; i++) {
+        uint32_t c = lane + 32u * i;
+        if (c < chunks) w[i] = act_ld16<true>(src + c);
+    }
+}
+
 // qt_rmsnorm_fwd for rows of whole chunks of BF16 x, at most QT_RMSNORM_REGS_COLS_MAX columns
 // (op_rmsnorm_forward picks it): each lane holds its chunks of x in registers from the sum of
 // squares to y, so DRAM sees each row once; the generic kernel reads the row again for y and ran
@@ -697,11 +708,7 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
         uint64_t base = row * cols;
         const uint4 *x = (const uint4 *)(uintptr_t)args.x + base / QT_ACT_CHUNK;
         uint4 xw[QT_RMSNORM_REGS_CHUNKS];
-#pragma unroll
-        for (uint32_t i = 0; i < QT_RMSNORM_REGS_CHUNKS; i++) {
-            uint32_t c = lane + 32u * i;
-            if (c < chunks) xw[i] = act_ld16<true>(x + c);
-        }
+        act_rmsnorm_hold(x, lane, chunks, xw);
         float acc = 0.0f;
 #pragma unroll
         for (uint32_t i = 0; i < QT_RMSNORM_REGS_CHUNKS; i++) {
@@ -891,11 +898,7 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
                 xw[i] = act_pack8_bf16(v);
             }
             const uint4 *skip = (const uint4 *)(uintptr_t)args.skip + base / QT_ACT_CHUNK;
-#pragma unroll
-            for (uint32_t i = 0; i < QT_RMSNORM_REGS_CHUNKS; i++) {
-                uint32_t c = lane + 32u * i;
-                if (c < chunks) dw[i] = act_ld16<true>(skip + c);
-            }
+            act_rmsnorm_hold(skip, lane, chunks, dw);
 #pragma unroll
             for (uint32_t i = 0; i < QT_RMSNORM_REGS_CHUNKS; i++) {
                 uint32_t c = lane + 32u * i;

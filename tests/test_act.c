@@ -318,9 +318,9 @@ static void t_build_rmsnorm(t_run *run, const t_case *c) {
                               t_tensor(run, R_GAMMA), t_tensor(run, R_Y), t_ref(run, R_INV),
                               t_ref(run, R_Y_AMAX)));
     uint32_t y_op = p->op_count - 1;
-    op_act_tensor none = {OP_REF_NONE, 0};
     op_rmsnorm_grads grads = {t_tensor(run, R_DX), t_ref(run, R_DGAMMA),
-                              (c->flags & T_ACCUM) != 0, t_ref(run, R_WS), none, OP_REF_NONE};
+                              (c->flags & T_ACCUM) != 0, t_ref(run, R_WS), OP_ACT_NONE,
+                              OP_REF_NONE};
     uint32_t dx_op = p->op_count;
     RIG_OK(op_rmsnorm_backward(p, "rmsnorm_bwd", c->rows, c->cols, t_tensor(run, R_X),
                                t_tensor(run, R_GAMMA), t_ref(run, R_INV), t_tensor(run, R_DY),

@@ -1135,22 +1135,15 @@ static qt_status mb_linear_backward(mb *b, uint32_t layer, model_tensor dy, mode
 static qt_status mb_rmsnorm_backward(mb *b, uint32_t i, const char *name, model_tensor dy,
                                      const model_tensor *skip, model_tensor *dx) {
     model_tensor x = b->acts[i];
-    char what[ARENA_NAME_MAX];
-    prog_ref amax = OP_REF_NONE;
-    if (skip != NULL) {
-        char buf[24];
-        snprintf(what, sizeof what, "%s.dx", mb_layer_name(b, i - 1, buf, sizeof buf));
-        QT_TRY(mb_tensor(b, what, x.rows, x.cols, ARENA_CAT_ACTIVATIONS, dx));
-        QT_TRY(mb_producer_amax(b, i - 1, true, what, &dx->amax));
-        amax = dx->amax;
-    } else {
-        snprintf(what, sizeof what, "%s.dx", name);
-        QT_TRY(mb_tensor(b, what, x.rows, x.cols, ARENA_CAT_ACTIVATIONS, dx));
-    }
+    char what[ARENA_NAME_MAX], buf[24];
+    const char *owner = skip != NULL ? mb_layer_name(b, i - 1, buf, sizeof buf) : name;
+    snprintf(what, sizeof what, "%s.dx", owner);
+    QT_TRY(mb_tensor(b, what, x.rows, x.cols, ARENA_CAT_ACTIVATIONS, dx));
+    if (skip != NULL) QT_TRY(mb_producer_amax(b, i - 1, true, what, &dx->amax));
     snprintf(what, sizeof what, "%s.dgamma_ws", name);
-    op_act_tensor none = {OP_REF_NONE, 0};
     op_rmsnorm_grads grads = {mb_act(*dx), mb_dev(b, b->m->params[b->m->layer_param[i]].grad),
-                              false, OP_REF_NONE, skip != NULL ? mb_act(*skip) : none, amax};
+                              false, OP_REF_NONE, skip != NULL ? mb_act(*skip) : OP_ACT_NONE,
+                              dx->amax};
     QT_TRY(mb_region(b, what, op_rmsnorm_workspace_bytes(x.rows, x.cols), ARENA_CAT_WORKSPACE,
                      &grads.workspace));
     op_act_tensor gamma = {mb_dev(b, b->m->params[b->m->layer_param[i]].master), QT_DTYPE_F32};

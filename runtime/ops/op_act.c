@@ -192,14 +192,13 @@ qt_status op_rmsnorm_forward(program *p, const char *name, uint32_t rows, uint32
 // skip gradient (op_rmsnorm_grads.skip) BF16 skip and dx; the same bits either way.
 static kernel_id op_rmsnorm_dx_kernel(uint32_t cols, op_act_tensor x, op_act_tensor gamma,
                                       op_act_tensor dy, op_act_tensor dx, op_act_tensor skip) {
-    uint64_t offsets = x.ref.offset | gamma.ref.offset | dy.ref.offset | dx.ref.offset;
-    bool skip_bf16 = true;  // with a skip gradient, it and dx in BF16 (the kernel packs dx)
-    if (prog_ref_present(skip.ref)) {
-        offsets |= skip.ref.offset;
-        skip_bf16 = skip.dtype == QT_DTYPE_BF16 && dx.dtype == QT_DTYPE_BF16;
-    }
+    bool has_skip = prog_ref_present(skip.ref);
+    uint64_t offsets = x.ref.offset | gamma.ref.offset | dy.ref.offset | dx.ref.offset |
+                       (has_skip ? skip.ref.offset : 0u);
+    // With a skip gradient, the kernel packs dx to BF16 and reads skip as BF16.
+    bool skip_fits = !has_skip || (skip.dtype == QT_DTYPE_BF16 && dx.dtype == QT_DTYPE_BF16);
     bool aligned = offsets % 16 == 0;
-    bool fits = x.dtype == QT_DTYPE_BF16 && dy.dtype == QT_DTYPE_BF16 && skip_bf16 &&
+    bool fits = x.dtype == QT_DTYPE_BF16 && dy.dtype == QT_DTYPE_BF16 && skip_fits &&
                 cols % QT_ACT_CHUNK == 0 && cols <= QT_RMSNORM_REGS_COLS_MAX;
     return aligned && fits ? KERNEL_RMSNORM_BWD_DX_REGS : KERNEL_RMSNORM_BWD_DX;
 }
