@@ -1377,24 +1377,39 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
     const float *src = (const float *)(uintptr_t)args.src[region];
     float acc = 0.0f;
     uint32_t nonfinite = 0;
-#pragma unroll 2
-    for (uint32_t k = 0; k < QT_GNORM_BLOCK_ELEMS / (QT_ACT_THREADS * 4); k++) {
-        uint64_t first = block_first + ((uint64_t)k * QT_ACT_THREADS + threadIdx.x) * 4;
-        float v[4];
-        uint64_t left = first < count ? count - first : 0;
-        uint32_t n = left < 4 ? (uint32_t)left : 4u;
-        if (vec && n == 4) {
-            float4 q = __ldg((const float4 *)(src + first));
-            v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
-        } else {
+    if ((args.units >> region) & 1u) {
+        // A region of norm units: sums, then flags (whole units, so no square and no test).
+        const uint32_t *unit_flags = (const uint32_t *)(src + count);
+        for (uint32_t k = 0; k < QT_GNORM_BLOCK_ELEMS / (QT_ACT_THREADS * 4); k++) {
+            uint64_t first = block_first + ((uint64_t)k * QT_ACT_THREADS + threadIdx.x) * 4;
 #pragma unroll
-            for (uint32_t e = 0; e < 4; e++) v[e] = e < n ? src[first + e] : 0.0f;
+            for (uint32_t e = 0; e < 4; e++) {
+                if (first + e < count) {
+                    acc = acc + src[first + e];
+                    nonfinite |= unit_flags[first + e];
+                }
+            }
         }
+    } else {
+#pragma unroll 2
+        for (uint32_t k = 0; k < QT_GNORM_BLOCK_ELEMS / (QT_ACT_THREADS * 4); k++) {
+            uint64_t first = block_first + ((uint64_t)k * QT_ACT_THREADS + threadIdx.x) * 4;
+            float v[4];
+            uint64_t left = first < count ? count - first : 0;
+            uint32_t n = left < 4 ? (uint32_t)left : 4u;
+            if (vec && n == 4) {
+                float4 q = __ldg((const float4 *)(src + first));
+                v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+            } else {
 #pragma unroll
-        for (uint32_t e = 0; e < 4; e++) {
-            if (e < n) {
-                acc = qt_fmaf(v[e], v[e], acc);
-                nonfinite |= qt_act_nonfinite(v[e]);
+                for (uint32_t e = 0; e < 4; e++) v[e] = e < n ? src[first + e] : 0.0f;
+            }
+#pragma unroll
+            for (uint32_t e = 0; e < 4; e++) {
+                if (e < n) {
+                    acc = qt_fmaf(v[e], v[e], acc);
+                    nonfinite |= qt_act_nonfinite(v[e]);
+                }
             }
         }
     }

@@ -157,7 +157,7 @@ typedef struct gemm_act_args {
     gemm_args gemm;  // qt_gemm_split_reduce's args
     act_args act;    // qt_act_fwd's or qt_act_bwd's
 } gemm_act_args;
-QT_STATIC_ASSERT(sizeof(gemm_act_args) == 336, "gemm_act_args layout");
+QT_STATIC_ASSERT(sizeof(gemm_act_args) == 344, "gemm_act_args layout");
 // Their launch is the reduction's (GEMM_SPLIT_REDUCE_THREADS a block), and the dense amax's
 // block flush takes QT_ACT_THREADS.
 QT_STATIC_ASSERT(GEMM_SPLIT_REDUCE_THREADS == QT_ACT_THREADS, "one block size");
@@ -257,7 +257,8 @@ QT_STATIC_ASSERT(sizeof(qt_gnorm_result) == 16, "qt_gnorm_result layout");
 // the backward pass (runtime/ops/op_act.h, op_grad_norm_part; one launch for a small model): block
 // j of a launch belongs to the last region r with first_block[r] <= j and sums squares of that
 // region's elements [b E, (b + 1) E), b = j - first_block[r], E = QT_GNORM_BLOCK_ELEMS; thread t
-// folds float4 number k * 256 + t of the block for k = 0..7. Partial j goes to
+// folds float4 number k * 256 + t of the block for k = 0..7 (a region of a GEMM's norm units,
+// gnorm_args.units: the same walk over its unit sums, added instead of squared). Partial j goes to
 // partials[base + j] and its NaN/Inf flag to flags[base + j] (flags = partials + total). In the
 // launch that has `out`, every block then takes a ticket (an integer atomic counter, which only
 // decides who folds, never what); the block that takes the last one folds partials [0, total)
@@ -287,8 +288,13 @@ typedef struct gnorm_args {
     uint64_t begin_zero;     // optim_multi_entry [begin_zero_count], read; 0: none
     uint32_t begin_rows;
     uint32_t begin_zero_count;
+    // Bit r: region r is a GEMM's gradient-norm units (ptx/gemm.h), count[r] of them, their
+    // sums then their flags; its blocks fold the sums, acc = acc + u, in the elements' order and
+    // take the flags. Else src[r] holds the gradient's elements.
+    uint32_t units;
+    uint32_t reserved;
 } gnorm_args;
-QT_STATIC_ASSERT(sizeof(gnorm_args) == 240, "gnorm_args layout");
+QT_STATIC_ASSERT(sizeof(gnorm_args) == 248, "gnorm_args layout");
 
 #define QT_KERNELS_ACT(X)                                                                    \
     X(KERNEL_ACT_FWD, act, qt_act_fwd, act_args)                                             \

@@ -234,8 +234,9 @@ typedef struct gemm_args {
     uint32_t split_parts; // 0 or 1: no split-K; else parts along k (dense only)
     uint32_t split_k;     // split-K: k of each part (a multiple of GEMM_SPLIT_K_ALIGN); the last
                           // part takes what is left
+    uint64_t norm_units;  // 0, or D's gradient-norm units (below): dense, f32 D, no C, no bias
 } gemm_args;
-QT_STATIC_ASSERT(sizeof(gemm_args) == 240, "gemm_args layout");
+QT_STATIC_ASSERT(sizeof(gemm_args) == 248, "gemm_args layout");
 
 // Column sums of dy over rows (per member when grouped): out[i][col] in FP32, in a fixed order
 // (qt_gemm_bias_grad_order below), so the value never depends on the grid.
@@ -277,6 +278,7 @@ QT_STATIC_ASSERT(sizeof(gemm_decode_table_args) == 24, "gemm_decode_table_args l
     X(KERNEL_GEMM_BIAS_GRAD, gemm_portable, qt_gemm_bias_grad, gemm_bias_grad_args)     \
     X(KERNEL_GEMM_SPLIT_REDUCE, gemm_portable, qt_gemm_split_reduce, gemm_args)         \
     X(KERNEL_GEMM_DECODE_TABLE, gemm_portable, qt_gemm_decode_table, gemm_decode_table_args) \
+    X(KERNEL_GEMM_NORM_UNITS, gemm_portable, qt_gemm_norm_units, gemm_args)             \
     X(KERNEL_GEMM_BF16_SKINNY_N, gemm_skinny, qt_gemm_bf16_skinny_n, gemm_args)         \
     X(KERNEL_GEMM_BF16_SKINNY_M, gemm_skinny, qt_gemm_bf16_skinny_m, gemm_args)
 
@@ -372,6 +374,62 @@ QT_HD float qt_gemm_epilogue(float acc, float alpha, int has_c, float beta, floa
     if (has_c) v = v + beta * c;
     if (has_bias) v = v + bias;
     return v;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gradient-norm units (gemm_args.norm_units). A weight's gradient is a dense FP32 D that the
+// global norm reads right after the GEMM writes it (ptx/act.h, qt_gnorm). The GEMM also gives
+// D's sums of squares in units of 16 rows x 64 columns, so the norm reads 1/1024 of D's bytes.
+//   Unit (s, c): rows [16 s, 16 s + 16) and columns [64 c, 64 c + 64) of D, clipped at m and n;
+//   number s * ceil(n / 64) + c. Layout: the sums, f32 [U], then the flags, u32 [U] (1 when an
+//   element is NaN or +-Inf), U = ceil(m / 16) * ceil(n / 64) (qt_gemm_norm_unit_count).
+//   Order: that of the sm_90a tier's accumulator fragments. Lane l of 32 holds the elements of
+//   rows 16 s + l / 4 + 8 h and columns 64 c + 8 j + 2 (l % 4) + e, and folds them for
+//   j = 0..7, h = 0..1, e = 0..1 as acc = fma(v, v, acc) from +0, skipping those outside D.
+//   Then the lane tree: for w = 16, 8, 4, 2, 1, lane i < w takes own + lane i + w. Lane 0's
+//   value is the unit's sum.
+// The sm_90a tier computes the units in its epilogue from the values it stores. After any other
+// kernel that writes such a D (portable, skinny, the split-K reduction) the backend launches
+// qt_gemm_norm_units over D. The twins do the same. Every path gives these bits.
+#define GEMM_NORM_UNIT_ROWS 16u
+#define GEMM_NORM_UNIT_COLS 64u
+#define GEMM_NORM_UNITS_THREADS 256u  // qt_gemm_norm_units: 8 warps, one unit each
+
+QT_HD uint64_t qt_gemm_norm_unit_count(uint32_t m, uint32_t n) {
+    uint64_t slabs = (m + GEMM_NORM_UNIT_ROWS - 1) / GEMM_NORM_UNIT_ROWS;
+    return slabs * ((n + GEMM_NORM_UNIT_COLS - 1) / GEMM_NORM_UNIT_COLS);
+}
+
+QT_HD uint32_t qt_gemm_nonfinite(float v) {
+    return (qt_f32_bits(v) & 0x7FFFFFFFu) >= 0x7F800000u;
+}
+
+// Whether a GEMM's D can have norm units: dense, FP32, nothing added to the products' sum.
+QT_HD int qt_gemm_norm_units_fit(const gemm_args *a) {
+    return a->grouping == GEMM_DENSE && a->d_dtype == QT_DTYPE_F32 &&
+           (a->c == 0 || a->beta == 0.0f) && a->bias == 0;
+}
+
+// Lane `lane`'s fold over unit (s, c) of D as stored (f32, rows ldd apart); nonfinite gets its
+// flag.
+QT_HD float qt_gemm_norm_unit_lane(const float *d, const gemm_args *a, uint32_t s, uint32_t c,
+                                   uint32_t lane, uint32_t *nonfinite) {
+    float acc = 0.0f;
+    uint32_t bad = 0;
+    for (uint32_t j = 0; j < GEMM_NORM_UNIT_COLS / 8u; j++) {
+        for (uint32_t h = 0; h < 2; h++) {
+            uint32_t row = GEMM_NORM_UNIT_ROWS * s + lane / 4u + 8u * h;
+            for (uint32_t e = 0; e < 2; e++) {
+                uint32_t col = GEMM_NORM_UNIT_COLS * c + 8u * j + 2u * (lane % 4u) + e;
+                if (row >= a->m || col >= a->n) continue;
+                float v = d[(uint64_t)row * a->ldd + col];
+                acc = qt_fmaf(v, v, acc);
+                bad |= qt_gemm_nonfinite(v);
+            }
+        }
+    }
+    *nonfinite = bad;
+    return acc;
 }
 
 // Split-K reduction of element i of D (i = row * n + col, the workspace's order), before D's

@@ -1524,11 +1524,65 @@ __device__ __forceinline__ void gemm_epilogue_staged(const gemm_sm90a_args &args
     }
 }
 
-// Tile p's D rows of consumer warpgroup wg: staged where D has its map, else from registers.
+// D's gradient-norm units (gemm.h) from the values the epilogue stores: a warp's fragment
+// rows are one unit's 16 rows, and each 64 columns of them (8 column groups j) one unit, in the
+// lanes and the order that gemm.h states. The tile's columns are whole units (192 or 256 from a
+// multiple of them), so no unit spans two tiles. Dense D only (qt_gemm_norm_units_fit).
+template <uint32_t kAcc>
+__device__ __forceinline__ void gemm_norm_units(const gemm_args &g, const gemm_tile_pos &p,
+                                                uint32_t wg, const float (&acc)[kAcc]) {
+    constexpr uint32_t kGroups = GEMM_NORM_UNIT_COLS / 8u;
+    static_assert(kAcc % (4u * kGroups) == 0, "whole units per tile");
+    uint32_t lane = threadIdx.x & 31u, warp = (threadIdx.x >> 5) & 3u;
+    uint32_t slab_row = p.m0 + wg * 64u + warp * GEMM_NORM_UNIT_ROWS;
+    if (slab_row >= p.m_end) return;  // the whole warp: no unit of D here
+    uint32_t row = slab_row + (lane >> 2);
+    bool valid[2] = {row < p.m_end, row + 8u < p.m_end};
+    uint32_t unit_cols = (g.n + GEMM_NORM_UNIT_COLS - 1) / GEMM_NORM_UNIT_COLS;
+    uint64_t units = qt_gemm_norm_unit_count(g.m, g.n);
+    float *sums = reinterpret_cast<float *>(g.norm_units);
+    uint32_t *flags = reinterpret_cast<uint32_t *>(sums + units);
+    uint64_t slab = slab_row / GEMM_NORM_UNIT_ROWS;
+    float alpha = qt_gemm_alpha(&g, p.member);
+#pragma unroll
+    for (uint32_t u = 0; u < kAcc / (4u * kGroups); u++) {
+        uint32_t unit_col = p.n0 / GEMM_NORM_UNIT_COLS + u;
+        if (unit_col >= unit_cols) break;
+        float sum = 0.0f;
+        uint32_t bad = 0;
+#pragma unroll
+        for (uint32_t jl = 0; jl < kGroups; jl++) {
+            uint32_t j = u * kGroups + jl;
+            uint32_t col = p.n0 + 8u * j + 2u * (lane & 3u);
+#pragma unroll
+            for (uint32_t h = 0; h < 2; h++) {
+#pragma unroll
+                for (uint32_t e = 0; e < 2; e++) {
+                    if (!valid[h] || col + e >= g.n) continue;
+                    float v = qt_gemm_epilogue(acc[4 * j + 2 * h + e], alpha, 0, 0.0f, 0.0f, 0,
+                                               0.0f);
+                    sum = qt_fmaf(v, v, sum);
+                    bad |= qt_gemm_nonfinite(v);
+                }
+            }
+        }
+#pragma unroll
+        for (uint32_t w = 16; w > 0; w >>= 1) sum = sum + __shfl_down_sync(0xFFFFFFFFu, sum, w);
+        bad = __any_sync(0xFFFFFFFFu, bad != 0);
+        if (lane == 0) {
+            sums[slab * unit_cols + unit_col] = sum;
+            flags[slab * unit_cols + unit_col] = bad ? 1u : 0u;
+        }
+    }
+}
+
+// Tile p's D rows of consumer warpgroup wg: staged where D has its map, else from registers;
+// then D's norm units where the GEMM has them.
 template <class Smem, uint32_t kAcc>
 __device__ __forceinline__ void gemm_epilogue_tile(const gemm_sm90a_args &args, const Smem &sm,
                                                    const gemm_tile_pos &p, uint32_t wg,
                                                    const float (&acc)[kAcc], uint32_t &chunks) {
+    if (args.gemm.norm_units != 0) gemm_norm_units(args.gemm, p, wg, acc);
     if (args.d_tma == 0) {
         gemm_epilogue(args.gemm, p, wg, acc);
         return;

@@ -174,7 +174,7 @@ typedef struct gemm_sm90a_args {
     gemm_tensor_map d;
     gemm_tensor_map a_scale;
 } gemm_sm90a_args;
-QT_STATIC_ASSERT(sizeof(gemm_args) == 240, "gemm_sm90a_args pads gemm_args to 320 bytes");
+QT_STATIC_ASSERT(sizeof(gemm_args) == 248, "gemm_sm90a_args pads gemm_args to 320 bytes");
 QT_STATIC_ASSERT(sizeof(gemm_sm90a_args) == 320 + 5 * 128, "gemm_sm90a_args layout");
 
 #define QT_KERNELS_GEMM_SM90A(X)                                                      \

@@ -53,7 +53,7 @@
 // Every args struct of a kernel that programs hold fits the program's per-op args buffer (the
 // sm_90a GEMM args, tensor maps included, are built on the stack at launch). The largest is
 // gemm_act_args, a GEMM's args and an activation's (ptx/act.h).
-#define QT_ARGS_BYTES_MAX 336
+#define QT_ARGS_BYTES_MAX 352
 #define QT_ARGS_FIT(id, module, symbol, args) \
     QT_STATIC_ASSERT(sizeof(args) <= QT_ARGS_BYTES_MAX, #args " exceeds QT_ARGS_BYTES_MAX");
 QT_KERNELS_PROGRAM(QT_ARGS_FIT)

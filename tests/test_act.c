@@ -558,15 +558,40 @@ static void t_gnorm_counts(const t_case *c, uint64_t counts[T_GNORM_REGIONS]) {
     for (uint32_t i = 4; i < T_GNORM_REGIONS; i++) counts[i] = 1 + (c->seed * i) % 37;
 }
 
+// Regions 1 and 9 are a GEMM's norm units (ptx/gemm.h): counts[i] sums, then as many flags.
+static bool t_gnorm_units(uint32_t region) { return region == 1 || region == 9; }
+
+// A units region's sums (magnitudes of the case's values) and flags (with T_SPECIAL, unit
+// count / 2 of region 9 flags a non-finite element).
+static void t_fill_units(t_run *run, const t_case *c, uint32_t region, uint64_t count) {
+    float *v = t_values(count, c->seed + region, c->scale, 0, false);
+    uint32_t *words = calloc(2 * count, 4);
+    for (uint64_t i = 0; i < count; i++) {
+        float sum = fabsf(v[i]);
+        memcpy(&words[i], &sum, 4);
+    }
+    if ((c->flags & T_SPECIAL) && region == 9) words[count + count / 2] = 1;
+    t_set_words(run, G_R0 + region, words);
+    free(words);
+    free(v);
+}
+
 static void t_build_gnorm(t_run *run, const t_case *c) {
     uint64_t counts[T_GNORM_REGIONS];
     t_gnorm_counts(c, counts);
     static char names[T_GNORM_REGIONS][16];
     prog_ref grads[T_GNORM_REGIONS];
+    bool units[T_GNORM_REGIONS];
     for (uint32_t i = 0; i < T_GNORM_REGIONS; i++) {
         snprintf(names[i], sizeof names[i], "grad%u", i);
-        t_buf_add(run, G_R0 + i, names[i], T_F32, counts[i], i == 1 ? 0 : c->misalign);
-        t_fill(run, G_R0 + i, c->seed + i, c->scale, 0, (c->flags & T_SPECIAL) && i == 2);
+        units[i] = t_gnorm_units(i);
+        if (units[i]) {
+            t_buf_add(run, G_R0 + i, names[i], T_U32, 2 * counts[i], 0);
+            t_fill_units(run, c, i, counts[i]);
+        } else {
+            t_buf_add(run, G_R0 + i, names[i], T_F32, counts[i], c->misalign);
+            t_fill(run, G_R0 + i, c->seed + i, c->scale, 0, (c->flags & T_SPECIAL) && i == 2);
+        }
         grads[i] = t_ref(run, G_R0 + i);
     }
     t_buf_add(run, G_WS, "workspace", T_U32,
@@ -574,8 +599,11 @@ static void t_build_gnorm(t_run *run, const t_case *c) {
     t_buf_add(run, G_TICKET, "ticket", T_U32, 1, 0);
     t_buf_add(run, G_OUT, "result", T_U32, 4, c->misalign);
     float clip = (float)c->op;  // the case's op field carries the clip norm
-    RIG_OK(op_grad_norm(&run->r.prog, "grad_norm", T_GNORM_REGIONS, grads, counts, clip,
-                        t_ref(run, G_WS), t_ref(run, G_TICKET), t_ref(run, G_OUT), NULL));
+    op_gnorm_set set = {.regions = T_GNORM_REGIONS, .grads = grads, .counts = counts,
+                        .clip = clip, .workspace = t_ref(run, G_WS),
+                        .ticket = t_ref(run, G_TICKET), .out = t_ref(run, G_OUT),
+                        .units = units};
+    RIG_OK(op_grad_norm_part(&run->r.prog, "grad_norm", &set, 0, T_GNORM_REGIONS, true));
 }
 
 static void t_build(t_run *run, const t_case *c) {
@@ -1586,6 +1614,16 @@ static void t_check_gnorm(t_run *run, const t_case *c) {
     uint32_t nonfinite = 0, partials = 0;
     for (uint32_t k = 0; k < T_GNORM_REGIONS; k++) {
         for (uint64_t i = 0; i < counts[k]; i++) {
+            if (t_gnorm_units(k)) {  // the sums count as they are; the flags say
+                const uint8_t *init = t_slot(run, G_R0 + k)->init;
+                float sum;
+                uint32_t flag;
+                memcpy(&sum, init + 4 * i, 4);
+                memcpy(&flag, init + 4 * (counts[k] + i), 4);
+                ss += sum;
+                nonfinite |= flag != 0;
+                continue;
+            }
             double v = t_in(run, G_R0 + k, i);
             ss += v * v;
             nonfinite |= !isfinite(v);

@@ -631,7 +631,7 @@ static void greg_check(rig *r, const gregion *g, const char *when) {
 static void greg_free(gregion *g) { free(g->image); }
 
 enum { R_A_DATA, R_A_SCALE, R_A_TS, R_B_DATA, R_B_SCALE, R_B_TS, R_D, R_BIAS, R_OFF, R_FD,
-       R_SPLIT, R_COUNT };
+       R_SPLIT, R_UNITS, R_COUNT };
 
 typedef struct tregions {
     gregion r[R_COUNT];
@@ -708,6 +708,66 @@ static op_gemm_operand problem_operand(rig *r, const tproblem *p, const ttensor 
     return o;
 }
 
+// The norm units of the case's D (gemm.h), 0 where the GEMM cannot have them.
+static uint64_t problem_units(const tproblem *p) {
+    bool fit = p->grouping == GEMM_DENSE && p->d_dtype == QT_DTYPE_F32 && !p->c.accumulate &&
+               !p->c.bias;
+    return fit ? qt_gemm_norm_unit_count(p->m, p->n) : 0;
+}
+
+// The units of D as stored, written out from gemm.h's statement of the order (not through its
+// helpers): lane l's elements in (j, h, e) order, each fma(v, v, acc), then the lane tree.
+static void units_expect(const tproblem *p, const float *d, float *sums, uint32_t *flags) {
+    uint32_t unit_cols = ceil_div(p->n, 64);
+    uint64_t units = problem_units(p);
+    for (uint64_t u = 0; u < units; u++) {
+        uint32_t s0 = (uint32_t)(u / unit_cols) * 16, c0 = (uint32_t)(u % unit_cols) * 64;
+        float lane[32];
+        uint32_t bad = 0;
+        for (uint32_t l = 0; l < 32; l++) {
+            lane[l] = 0.0f;
+            for (uint32_t j = 0; j < 8; j++) {
+                for (uint32_t h = 0; h < 2; h++) {
+                    for (uint32_t e = 0; e < 2; e++) {
+                        uint32_t row = s0 + l / 4 + 8 * h, col = c0 + 8 * j + 2 * (l % 4) + e;
+                        if (row >= p->m || col >= p->n) continue;
+                        float v = d[(size_t)row * p->n + col];
+                        lane[l] = fmaf(v, v, lane[l]);
+                        bad |= !isfinite(v);
+                    }
+                }
+            }
+        }
+        for (uint32_t w = 16; w > 0; w >>= 1) {
+            for (uint32_t i = 0; i < w; i++) lane[i] = lane[i] + lane[i + w];
+        }
+        sums[u] = lane[0];
+        flags[u] = bad;
+    }
+}
+
+// The units a run wrote against those of the D it wrote, bit for bit.
+static void problem_units_check(rig *r, const tproblem *p, const tregions *g, const uint8_t *d,
+                                const char *when) {
+    uint64_t units = problem_units(p);
+    if (units == 0) return;
+    uint8_t *got = malloc(units * 8), *want = malloc(units * 8);
+    RIG_OK(backend_read(&r->be, got, greg_ref(r, &g->r[R_UNITS]), units * 8));
+    units_expect(p, (const float *)d, (float *)want, (uint32_t *)(want + units * 4));
+    for (uint64_t u = 0; u < 2 * units; u++) {
+        uint32_t a, b;
+        memcpy(&a, got + 4 * u, 4);
+        memcpy(&b, want + 4 * u, 4);
+        if (a == b) continue;
+        CHECK(false, "%s: norm unit %s %llu of %llu is 0x%08x, D's is 0x%08x", when,
+              u < units ? "sum" : "flag", (unsigned long long)(u % units),
+              (unsigned long long)units, a, b);
+        break;
+    }
+    free(got);
+    free(want);
+}
+
 static void problem_program(rig *r, const tproblem *p, tregions *g) {
     size_t b_data_bytes, b_scale_bytes, b_ts_bytes;
     bool inner = p->c.b_inner;
@@ -733,6 +793,10 @@ static void problem_program(rig *r, const tproblem *p, tregions *g) {
     desc.split_parts = p->c.split_parts;
     greg_reserve(r, &R[R_SPLIT], "split", op_gemm_workspace_bytes(&desc, desc.split_parts), true);
     if (desc.split_parts > 1) desc.workspace = greg_ref(r, &R[R_SPLIT]);
+    // Every GEMM that can have norm units (a weight gradient's: dense f32 D, no C, no bias) has
+    // them, so that every kernel's path to them is compared (problem_units_check).
+    greg_reserve(r, &R[R_UNITS], "norm_units", problem_units(p) * 8, true);
+    if (problem_units(p)) desc.norm_units = greg_ref(r, &R[R_UNITS]);
     desc.format = p->c.format;
     desc.grouping = p->grouping;
     desc.flags = p->c.split ? GEMM_FLAG_SPLIT_ACCUMULATE : 0u;
@@ -790,6 +854,7 @@ static void problem_program(rig *r, const tproblem *p, tregions *g) {
     greg_upload(r, &R[R_OFF], p->off, p->count ? (p->count + 1) * sizeof(uint32_t) : 0);
     greg_upload(r, &R[R_FD], p->fd, p->count * sizeof(uint32_t));
     greg_upload(r, &R[R_SPLIT], NULL, 0);
+    greg_upload(r, &R[R_UNITS], NULL, 0);
     free(b_data);
     free(b_scale);
     free(b_ts);
@@ -936,6 +1001,7 @@ static void run_on(rig *r, const tproblem *p, uint8_t *d_out) {
     rig_execute(r);
     RIG_OK(backend_read(&r->be, d_out, greg_ref(r, d), d_bytes));
     regions_check(r, &g, "first run");
+    problem_units_check(r, p, &g, d_out, "first run");
     if (r != &gpu_rig) {
         // The reference GEMM's tiles are tasks of the thread pool and each element sums in k
         // order, so its bytes do not depend on the threads: again from the same initial D on
@@ -970,12 +1036,19 @@ static void run_on(rig *r, const tproblem *p, uint8_t *d_out) {
         // A captured graph replay (launch shapes depend on capacities only): same bits again.
         backend_graph graph;
         RIG_OK(backend_write(&r->be, greg_ref(r, d), p->d_init, d_bytes));
+        uint64_t units_bytes = problem_units(p) * 8;
+        if (units_bytes) {  // so that the replay's units are its own
+            uint8_t *zeros = calloc(units_bytes, 1);
+            RIG_OK(backend_write(&r->be, greg_ref(r, &g.r[R_UNITS]), zeros, units_bytes));
+            free(zeros);
+        }
         RIG_OK(backend_capture(&r->be, &r->prog, &graph));
         RIG_OK(backend_launch(&r->be, &graph));
         RIG_OK(backend_read(&r->be, again, greg_ref(r, d), d_bytes));
         backend_graph_destroy(&r->be, &graph);
         check_same_d(p, d_out, again, "graph replay");
         regions_check(r, &g, "graph replay");
+        problem_units_check(r, p, &g, again, "graph replay");
     }
     free(again);
     regions_free(&g);

@@ -772,14 +772,17 @@ static void test_recompute(backend_kind kind, const char *path, const char *sche
 // groups in `min_beside` launches or more beside the backward pass, each on the stream that holds
 // nothing else, and no other op before the norm's fold waits for one of them, directly or through
 // other ops: the backward pass never queues behind the norm (runtime/backend/capture.h).
-static void test_norm_beside_capture(const char *path, uint32_t min_beside) {
+// With the weights' norm units (the default) the norm reads a few MiB and its groups are few;
+// `elements` reads every gradient's elements (run_options.norm_elements), in more groups.
+static void test_norm_beside_capture(const char *path, uint32_t min_beside, bool elements) {
     char name[128];
     const char *slash = strrchr(path, '/');
-    snprintf(name, sizeof name, "plan_norm_beside_the_backward_pass_%s", slash ? slash + 1 : path);
+    snprintf(name, sizeof name, "plan_norm_beside_the_backward_pass_%s%s",
+             slash ? slash + 1 : path, elements ? "_elements" : "");
     test_begin(name);
     static char text[RECIPE_TEXT_MAX];
     CHECK(recipe_text_for(path, NULL, text, sizeof text), "cannot read %s", path);
-    run_options o = {0};
+    run_options o = {.norm_elements = elements};
     qt_status st = recipe_parse(text, strlen(text), path, &the_recipe);
     if (st == QT_OK) st = test_run_plan(&the_run, &the_recipe, text, strlen(text), &o);
     CHECK(st == QT_OK, "%s: %s", path, qt_error_message());
@@ -1822,9 +1825,10 @@ int main(void) {
                              "layer = swiglu", "train.swiglu#4.y_again", "swiglu_bf16"));
     TEST_UNIT(test_recompute(BACKEND_REF, "tests/recipes/synthetic_recompute.recipe", "bf16",
                              "layer = gelu", "train.gelu#10.y_again", "gelu_bf16"));
-    TEST_UNIT(test_norm_beside_capture("recipes/bench/resmlp_current.recipe", 8));
-    TEST_UNIT(test_norm_beside_capture("recipes/bench/swiglu_bf16.recipe", 4));
-    TEST_UNIT(test_norm_beside_capture("recipes/bench/moe8_current.recipe", 2));
+    TEST_UNIT(test_norm_beside_capture("recipes/bench/resmlp_current.recipe", 1, false));
+    TEST_UNIT(test_norm_beside_capture("recipes/bench/resmlp_current.recipe", 8, true));
+    TEST_UNIT(test_norm_beside_capture("recipes/bench/swiglu_bf16.recipe", 4, true));
+    TEST_UNIT(test_norm_beside_capture("recipes/bench/moe8_current.recipe", 2, false));
     TEST_UNIT(test_recompute_plan());
     TEST_UNIT(test_step_times());
     TEST_UNIT(test_metrics_file());

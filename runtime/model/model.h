@@ -274,6 +274,10 @@ typedef struct model_options {
     // groups (the norm in one pass after the backward pass). The same bits every way, for tests
     // that compare them.
     uint64_t norm_group_elems;
+    // The gradient norm reads every gradient's elements, none through its wgrad GEMM's norm
+    // units (model_build.c, mb_grad_units): other bits (another order of the sums), for tests
+    // that compare a dense layer with one the GEMM cannot give units for.
+    bool norm_elements;
 } model_options;
 
 // The tensors of one moe layer's forward pass that its backward pass reads.
@@ -318,6 +322,11 @@ typedef struct model_builder {
     prog_ref snap_amax, snap_scale;  // f32 [delayed_slots]; the record copies delayed_count
     prog_ref grads[MODEL_PARAMS_MAX];        // the optimizer's gradients, and their elements
     uint64_t grad_counts[MODEL_PARAMS_MAX];
+    // The gradient norm's regions (model_build.c, mb_grad_list): a gradient's elements, or the
+    // norm units (ptx/gemm.h) that its wgrad GEMM writes with it, and how many.
+    prog_ref norm_srcs[MODEL_PARAMS_MAX];
+    uint64_t norm_counts[MODEL_PARAMS_MAX];
+    bool norm_units[MODEL_PARAMS_MAX];
     optim_param_desc optim_list[MODEL_PARAMS_MAX];  // the parameters the optimizer updates
     uint32_t optim_updated;                         // entries of optim_list
     op_optim_zeroes optim_zeroes;  // their amax workspaces, which the step's begin zeroes
@@ -341,6 +350,7 @@ typedef struct model {
     model_emulated_gemm emulated_gemm;
     bool amax_passes;             // model_options.amax_passes
     uint64_t norm_group_elems;    // model_options.norm_group_elems
+    bool norm_elements;           // model_options.norm_elements
     bool modes[MODEL_MODE_COUNT];
     bool classification;          // softmax_xent (else mse)
     uint32_t input_features;      // the dataset's

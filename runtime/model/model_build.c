@@ -645,6 +645,11 @@ static qt_status mb_gemm(mb *b, const char *what, model_gemm kind, const model_l
         g.row_offsets = group.row_offsets;
         g.first_dims = group.first_dims;
     }
+    if (kind == MODEL_WGRAD && grouping == GEMM_DENSE && b->norm_units[lin->weight]) {
+        // The gradient's norm units with it (mb_grad_list).
+        QT_ASSERT(g.m == b->m->params[lin->weight].rows && g.n == b->m->params[lin->weight].cols);
+        g.norm_units = b->norm_srcs[lin->weight];
+    }
     const char *name = what;
     if (lin->path[kind] == MODEL_GEMM_NATIVE) {
         g.format = model_gemm_format_of(a->mq->q.format);
@@ -1309,7 +1314,7 @@ static qt_status mb_layer_backward(mb *b, uint32_t i, model_tensor dy, model_ten
 }
 
 // The gradient list and the norm's launches, which the backward pass places (Optimizer, below).
-static void mb_grad_list(mb *b);
+static qt_status mb_grad_list(mb *b);
 static qt_status mb_norm_begin(mb *b);
 static qt_status mb_norm_ready(mb *b, uint32_t done);
 
@@ -1339,7 +1344,7 @@ static qt_status mb_backward(mb *b) {
     const recipe_model *rm = &b->m->recipe->model;
     model_tensor stack[RECIPE_RESIDUAL_DEPTH_MAX];
     uint32_t depth = 0;
-    mb_grad_list(b);
+    QT_TRY(mb_grad_list(b));
     QT_TRY(mb_norm_begin(b));
     model_tensor dy = b->dlogits;
     for (uint32_t i = rm->layers_count; i-- > b->m->first_param_layer;) {
@@ -1455,13 +1460,52 @@ static uint32_t mb_optim_list(mb *b) {
     return count;
 }
 
-// The gradient regions in parameter order, and their elements.
-static void mb_grad_list(mb *b) {
+// Whether the norm reads dense weight w's gradient through the norm units its wgrad GEMM writes
+// (ptx/gemm.h): 1/1024 of the gradient's bytes instead of all of them. One rank only: with
+// several the norm is taken over the owners' sums, which a collective writes after the GEMM.
+// Not the gradient that gets a planted fault either, which is written after the GEMM too.
+static bool mb_grad_units(const mb *b, uint32_t w) {
+    const model *m = b->m;
+    return !mb_parallel(b) && !m->norm_elements && !(m->inject.on && m->inject_param == w);
+}
+
+// The gradient regions in parameter order, and their elements; the norm's regions.
+static qt_status mb_grad_list(mb *b) {
     model *m = b->m;
     for (uint32_t i = 0; i < m->param_count; i++) {
         b->grads[i] = mb_dev(b, m->params[i].grad);
         b->grad_counts[i] = (uint64_t)m->params[i].rows * m->params[i].cols;
+        b->norm_srcs[i] = b->grads[i];
+        b->norm_counts[i] = b->grad_counts[i];
+        b->norm_units[i] = false;
     }
+    // Every weight's units a part of one region (arena_reserve_part): the whole lives from the
+    // first wgrad to the norm's fold, so no op of the backward pass reuses the bytes of units
+    // that a launch beside it may still be reading (a region of their own would end at their
+    // norm launch), and the parts, apart from each other, order no GEMM after another's read.
+    prog_ref whole = OP_REF_NONE;
+    for (uint32_t li = 0; li < m->linear_count; li++) {
+        uint32_t w = m->linears[li].weight;
+        if (m->linears[li].members != 0 || !mb_grad_units(b, w)) continue;
+        if (!prog_ref_present(whole)) {
+            QT_TRY(mb_region(b, "grad_norm.units", 0, ARENA_CAT_WORKSPACE, &whole));
+        }
+        uint64_t units = qt_gemm_norm_unit_count(m->params[w].rows, m->params[w].cols);
+        char name[ARENA_NAME_MAX + 32];
+        int n = snprintf(name, sizeof name, "%s.%s.norm_units", model_mode_name(b->mode),
+                         m->params[w].name);
+        if (n < 0 || n >= ARENA_NAME_MAX) {
+            return qt_fail(QT_ERR_INPUT, "region name '%s' is longer than %d bytes; expected "
+                           "shorter layer names", name, ARENA_NAME_MAX - 1);
+        }
+        arena_handle h;
+        QT_TRY(arena_reserve_part(m->dev, whole.region, name, (units * 8 + 15) / 16 * 16, 256,
+                                  &h));
+        b->norm_srcs[w] = (prog_ref){m->dev, h, 0};
+        b->norm_counts[w] = units;
+        b->norm_units[w] = true;
+    }
+    return QT_OK;
 }
 
 // The norm's regions (its partials' workspace for `set`'s regions and counts, its result, and
@@ -1518,9 +1562,10 @@ static bool mb_norm_during_backward(const mb *b) {
 static qt_status mb_norm_begin(mb *b) {
     b->norm_left = 0;
     if (!mb_norm_during_backward(b)) return QT_OK;
-    b->norm = (op_gnorm_set){.regions = b->m->param_count, .counts = b->grad_counts};
+    b->norm = (op_gnorm_set){.regions = b->m->param_count, .counts = b->norm_counts};
     QT_TRY(mb_norm_regions(b, &b->norm));
-    b->norm.grads = b->grads;
+    b->norm.grads = b->norm_srcs;
+    b->norm.units = b->norm_units;
     b->norm.begin = &b->norm_begin;
     b->norm_left = b->m->param_count;
     return QT_OK;
@@ -1536,7 +1581,7 @@ static qt_status mb_norm_ready(mb *b, uint32_t done) {
         uint64_t elems = 0;
         while (first > 0 && elems < group &&
                b->norm_left - first < QT_GNORM_REGIONS) {
-            elems += b->grad_counts[--first];
+            elems += b->norm_counts[--first];
         }
         if (m->params[first].layer < done) return QT_OK;  // a gradient still to be written
         QT_TRY(op_grad_norm_part(b->p, "grad_norm", &b->norm, first, b->norm_left - first,
@@ -1557,14 +1602,17 @@ static qt_status mb_optimizer(mb *b) {
         // ones (the parameters this rank updates), folded with the other ranks' after.
         prog_ref owned_grads[MODEL_PARAMS_MAX];
         uint64_t owned_counts[MODEL_PARAMS_MAX];
+        bool owned_units[MODEL_PARAMS_MAX];
         uint32_t owned = 0;
         if (mb_parallel(b)) QT_TRY(mb_dp_reduce_grads(b));
         for (uint32_t i = 0; i < m->param_count; i++) {
             if (!model_param_owned(m, i)) continue;
-            owned_grads[owned] = b->grads[i];
-            owned_counts[owned++] = b->grad_counts[i];
+            owned_grads[owned] = b->norm_srcs[i];
+            owned_units[owned] = b->norm_units[i];
+            owned_counts[owned++] = b->norm_counts[i];
         }
-        op_gnorm_set set = {.regions = owned, .grads = owned_grads, .counts = owned_counts};
+        op_gnorm_set set = {.regions = owned, .grads = owned_grads, .counts = owned_counts,
+                            .units = owned_units};
         QT_TRY(mb_norm_regions(b, &set));
         // One rank: the norm's folding block also begins the update (one launch fewer).
         // Several: the begin needs the norm folded across the ranks, so it is an op after the

@@ -462,6 +462,7 @@ qt_status op_grad_norm_part(program *p, const char *name, const op_gnorm_set *se
         uint32_t blocks = 0;
         for (uint32_t r = 0; r < n; r++) {
             QT_ASSERT(prog_ref_present(set->grads[at + r]));
+            if (set->units && set->units[at + r]) args.units |= 1u << r;
             args.count[r] = set->counts[at + r];
             args.first_block[r] = blocks;
             blocks += op_gnorm_blocks(set->counts[at + r]);
@@ -472,8 +473,9 @@ qt_status op_grad_norm_part(program *p, const char *name, const op_gnorm_set *se
         // Partial sums alone, which only the later launches wait for, run beside the rest.
         if (!fold) prog_set_beside(p, op);
         for (uint32_t r = 0; r < n; r++) {
+            uint64_t bytes = set->counts[at + r] * ((args.units >> r) & 1u ? 8u : 4u);
             QT_TRY(prog_use_span(p, op, (uint32_t)(offsetof(gnorm_args, src) + 8 * r),
-                                 set->grads[at + r], set->counts[at + r] * 4, PROG_READ));
+                                 set->grads[at + r], bytes, PROG_READ));
         }
         // Earlier launches write their partials (each launch after the one before it, in
         // program order); the folding one also reads all of them.
@@ -494,6 +496,6 @@ qt_status op_grad_norm_part(program *p, const char *name, const op_gnorm_set *se
 qt_status op_grad_norm(program *p, const char *name, uint32_t regions, const prog_ref *grads,
                        const uint64_t *counts, float clip, prog_ref workspace, prog_ref ticket,
                        prog_ref out, const op_gnorm_begin *begin) {
-    op_gnorm_set set = {regions, grads, counts, clip, workspace, ticket, out, begin};
+    op_gnorm_set set = {regions, grads, counts, clip, workspace, ticket, out, begin, NULL};
     return op_grad_norm_part(p, name, &set, 0, regions, true);
 }

@@ -147,6 +147,9 @@ typedef struct op_gnorm_set {
     float clip;
     prog_ref workspace, ticket, out;
     const op_gnorm_begin *begin;  // or NULL
+    // NULL, or per region: grads[i] is the norm units (ptx/gemm.h) of the GEMM that wrote the
+    // gradient, counts[i] of them, instead of its elements.
+    const bool *units;
 } op_gnorm_set;
 qt_status op_grad_norm_part(program *p, const char *name, const op_gnorm_set *set,
                             uint32_t first, uint32_t count, bool fold);

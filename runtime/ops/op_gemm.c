@@ -160,6 +160,10 @@ static void op_gemm_check(const op_gemm_desc *g) {
     }
     op_gemm_check_operand(g, &g->a, false, g->m);
     op_gemm_check_operand(g, &g->b, true, g->n);
+    // Norm units: what qt_gemm_norm_units_fit asks of the args.
+    QT_ASSERT(g->norm_units.arena == NULL ||
+              (g->grouping == GEMM_DENSE && g->d_dtype == QT_DTYPE_F32 &&
+               (g->c.arena == NULL || g->beta == 0.0f) && g->bias.arena == NULL));
 }
 
 // The small tile when the large tile's grid has fewer blocks of work than a GPU has SMs (about
@@ -372,6 +376,13 @@ static act_args op_gemm_act_args(const op_gemm_desc *g, const op_gemm_act_desc *
     return a;
 }
 
+// D's norm units, where the GEMM has them, in the op that writes D (the split GEMM's reduction).
+static qt_status op_gemm_use_units(program *p, uint32_t op, const op_gemm_desc *g) {
+    if (!prog_ref_present(g->norm_units)) return QT_OK;
+    return prog_use_span(p, op, offsetof(gemm_args, norm_units), g->norm_units,
+                         qt_gemm_norm_unit_count(g->m, g->n) * 8u, PROG_WRITE);
+}
+
 // The reduction of a split GEMM's parts into D with the epilogue, one thread per element; with
 // `act`, fused with the activation of D (gemm_act_args), named after the activation.
 static qt_status op_gemm_split_reduce(program *p, const char *name, const op_gemm_desc *g,
@@ -412,6 +423,7 @@ static qt_status op_gemm_split_reduce(program *p, const char *name, const op_gem
     bool reads_c = g->c.arena != NULL && g->beta != 0.0f;
     if (reads_c) QT_TRY(prog_use(p, op, offsetof(gemm_args, c), g->c, PROG_READ));
     QT_TRY(prog_use(p, op, offsetof(gemm_args, d), g->d, PROG_WRITE));
+    QT_TRY(op_gemm_use_units(p, op, g));
     return prog_use_optional(p, op, offsetof(gemm_args, bias), g->bias, 0, PROG_READ);
 }
 
@@ -420,6 +432,7 @@ static qt_status op_gemm_split_reduce(program *p, const char *name, const op_gem
 static qt_status op_gemm_append(program *p, const char *name, const op_gemm_desc *g,
                                 const op_gemm_act_desc *act) {
     op_gemm_check(g);
+    QT_ASSERT(act == NULL || g->norm_units.arena == NULL);
     if (g->m == 0 || g->n == 0) return QT_OK;
     launch_shape shape = op_gemm_shape(g);
     if (shape.grid[1] > OP_GEMM_GRID_YZ_MAX || shape.grid[2] > OP_GEMM_GRID_YZ_MAX) {
@@ -442,6 +455,7 @@ static qt_status op_gemm_append(program *p, const char *name, const op_gemm_desc
     bool reads_c = g->c.arena != NULL && g->beta != 0.0f;
     if (reads_c) QT_TRY(prog_use(p, op, offsetof(gemm_args, c), g->c, PROG_READ));
     QT_TRY(prog_use(p, op, offsetof(gemm_args, d), g->d, PROG_WRITE));
+    QT_TRY(op_gemm_use_units(p, op, g));
     QT_TRY(prog_use_optional(p, op, offsetof(gemm_args, bias), g->bias, 0, PROG_READ));
     if (g->grouping == GEMM_DENSE) return QT_OK;
     op_group group = {g->count, g->row_offsets, g->first_dims};

@@ -64,6 +64,9 @@ typedef struct op_gemm_desc {
     uint32_t tile;            // OP_GEMM_TILE_*; 0 (AUTO) unless forced
     uint32_t split_parts;     // split-K parts (gemm.h), 0 or 1 for none; dense only
     prog_ref workspace;       // split-K: f32 [split_parts][m][n] (op_gemm_workspace_bytes)
+    // .arena NULL: none; else D's gradient-norm units (gemm.h), written with D: f32 [U] then
+    // u32 [U], U = qt_gemm_norm_unit_count(m, n). Dense f32 D, no C, no bias.
+    prog_ref norm_units;
 } op_gemm_desc;
 
 // The operand for one stored copy of a quantized tensor of logical shape rows x cols (cols

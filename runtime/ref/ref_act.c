@@ -575,12 +575,19 @@ POOL_CPU_CLONES static void ref_gnorm_blocks(void *ctx, uint64_t begin, uint64_t
         float acc[QT_ACT_THREADS];
         uint32_t nonfinite = 0;
         for (uint32_t t = 0; t < QT_ACT_THREADS; t++) acc[t] = 0.0f;
+        bool units = (a->units >> region) & 1u;
+        const uint32_t *unit_flags = (const uint32_t *)(src + a->count[region]);
         for (uint32_t k = 0; k < QT_GNORM_BLOCK_ELEMS / (QT_ACT_THREADS * 4); k++) {
             for (uint32_t t = 0; t < QT_ACT_THREADS; t++) {
                 uint64_t first = block_first + ((uint64_t)k * QT_ACT_THREADS + t) * 4;
                 for (uint64_t i = first; i < first + 4 && i < a->count[region]; i++) {
-                    acc[t] = qt_fmaf(src[i], src[i], acc[t]);
-                    nonfinite |= qt_act_nonfinite(src[i]);
+                    if (units) {
+                        acc[t] = acc[t] + src[i];
+                        nonfinite |= unit_flags[i];
+                    } else {
+                        acc[t] = qt_fmaf(src[i], src[i], acc[t]);
+                        nonfinite |= qt_act_nonfinite(src[i]);
+                    }
                 }
             }
         }

@@ -445,6 +445,38 @@ void ref_qt_gemm_split_reduce(const gemm_args *a, const launch_shape *shape) {
              (void *)a);
 }
 
+// Gradient-norm units of D (gemm.h): each unit's 32 lane folds, then the lane tree. Units
+// [begin, end) are a task; each writes its own sum and flag.
+POOL_CPU_CLONES static void ref_gemm_norm_units_range(void *ctx, uint64_t begin, uint64_t end) {
+    const gemm_args *a = ctx;
+    uint32_t unit_cols = (a->n + GEMM_NORM_UNIT_COLS - 1) / GEMM_NORM_UNIT_COLS;
+    uint64_t units = qt_gemm_norm_unit_count(a->m, a->n);
+    float *sums = REF_PTR(float, a->norm_units);
+    uint32_t *flags = (uint32_t *)(sums + units);
+    const float *d = REF_PTR(const float, a->d);
+    for (uint64_t u = begin; u < end; u++) {
+        float lanes[32];
+        uint32_t bad = 0;
+        for (uint32_t l = 0; l < 32; l++) {
+            uint32_t lane_bad = 0;
+            lanes[l] = qt_gemm_norm_unit_lane(d, a, (uint32_t)(u / unit_cols),
+                                              (uint32_t)(u % unit_cols), l, &lane_bad);
+            bad |= lane_bad;
+        }
+        QT_ACT_TREE32(lanes, qt_act_add);
+        sums[u] = lanes[0];
+        flags[u] = bad ? 1u : 0u;
+    }
+}
+
+void ref_qt_gemm_norm_units(const gemm_args *a, const launch_shape *shape) {
+    (void)shape;
+    QT_ASSERT(a->norm_units != 0 && qt_gemm_norm_units_fit(a));
+    pool_for(qt_gemm_norm_unit_count(a->m, a->n),
+             ref_task_rows(GEMM_NORM_UNIT_ROWS * GEMM_NORM_UNIT_COLS), ref_gemm_norm_units_range,
+             (void *)a);
+}
+
 // The order of qt_gemm_bias_grad_add's comment: 32-row chunks in order, each summed in row order.
 // Columns [c_begin, c_end) of every member are a task: each column's sum is one task's.
 POOL_CPU_CLONES static void ref_gemm_bias_grad_cols(void *ctx, uint64_t c_begin, uint64_t c_end) {

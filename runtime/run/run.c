@@ -442,6 +442,7 @@ static qt_status run_plan_pass(run *r, run_carver *c) {
     mo.emulated_gemm = r->options.emulated_gemm;
     mo.amax_passes = r->options.amax_passes;
     mo.norm_group_elems = r->options.norm_group_elems;
+    mo.norm_elements = r->options.norm_elements;
     mo.seed = r->seed;
     run_modes(r, mo.modes);
     mo.lr_row_count = r->table.lr_count;

@@ -70,6 +70,7 @@ typedef struct run_options {
     model_emulated_gemm emulated_gemm;  // where MXFP8 and NVFP4 GEMMs run (same bits)
     bool amax_passes;         // tests: model_options.amax_passes (same bits, more launches)
     uint64_t norm_group_elems;  // tests: model_options.norm_group_elems (same bits)
+    bool norm_elements;         // tests: model_options.norm_elements (other bits)
     // Checkpoints (runtime/run/checkpoint.h): save_path gets one at the save points of
     // schedule.h (every save_every train steps; 0: at the end or a stop only); `checkpoints`
     // plans their staging without save_path (for run_resume, run_save), and defers the check of
