@@ -789,9 +789,41 @@ static void test_norm_beside_capture(const char *path, uint32_t min_beside, bool
     if (st != QT_OK) return;
     const program *p = &the_run.programs[MODEL_MODE_TRAIN];
     uint32_t fold = 0, beside = 0, misplaced = 0, queued = 0;
+    uint64_t read = 0, units_ops = 0;  // bytes the norm reads; GEMMs that write norm units
     for (uint32_t j = 0; j < p->op_count; j++) {
-        if (p->ops[j].kernel == KERNEL_GNORM && !p->ops[j].beside) fold = j;
+        const prog_op *op = &p->ops[j];
+        if (op->kernel == KERNEL_GNORM && !op->beside) fold = j;
+        if (op->kernel == KERNEL_GNORM) {
+            gnorm_args a;
+            memcpy(&a, op->args, sizeof a);
+            for (uint32_t r = 0; r < a.regions; r++) {
+                read += a.count[r] * ((a.units >> r) & 1u ? 8 : 4);
+            }
+        }
+        // A GEMM's units are a use of its args' norm_units field (the address lands at bind).
+        for (uint32_t r = 0; op->args_bytes == sizeof(gemm_args) && r < op->ref_count; r++) {
+            units_ops += op->refs[r].args_offset == offsetof(gemm_args, norm_units);
+        }
     }
+    // What the norm must read: a dense weight's units (gemm.h: 8 bytes per 16 x 64 unit of
+    // its gradient) unless `elements`, every other gradient's elements.
+    uint64_t grad_bytes = 0, want = 0, dense = 0;
+    const model *mdl = &the_run.model;
+    for (uint32_t i = 0; i < mdl->param_count; i++) {
+        grad_bytes += (uint64_t)mdl->params[i].rows * mdl->params[i].cols * 4;
+    }
+    want = grad_bytes;
+    for (uint32_t li = 0; li < mdl->linear_count && !elements; li++) {
+        if (mdl->linears[li].members != 0) continue;
+        const model_param *w = &mdl->params[mdl->linears[li].weight];
+        want -= (uint64_t)w->rows * w->cols * 4;
+        want += qt_gemm_norm_unit_count(w->rows, w->cols) * 8;
+        dense++;
+    }
+    CHECK(read == want && units_ops == dense, "the norm reads %llu bytes (expected %llu of the "
+          "gradients' %llu); %llu wgrad GEMMs write units (expected %llu)",
+          (unsigned long long)read, (unsigned long long)want, (unsigned long long)grad_bytes,
+          (unsigned long long)units_ops, (unsigned long long)dense);
     // waits_beside[j]: op j starts only after some beside op ends.
     bool *waits_beside = calloc(p->op_count, sizeof *waits_beside);
     int32_t last[CAPTURE_STREAMS];
