@@ -474,7 +474,8 @@ static bool per_step_text(const char *scheme, char *out, size_t bytes) {
 // order than one GEMM over the whole batch, so the weights drift apart by rounding steps; where
 // the forward pass of a share is the whole batch's rows (BF16, delayed scaling with the amaxes'
 // maximum over the ranks, MXFP8 and FP8 block scaling, whose scales are local to rows or
-// blocks) the loss stays within 1e-3 (on this recipe it is bitwise). Per-tensor current scaling
+// blocks) the loss stays within 1e-3 (the 1-rank norm also sums its dense weights' GEMM norm
+// units, ptx/gemm.h, in another order than the ranks' shards). Per-tensor current scaling
 // takes each rank's own amax of its activations, NVFP4 that and stochastic rounding keyed by the
 // row's position in the rank's share, so their forward passes differ from the first step on.
 static double tolerance_of(const char *scheme) {
