@@ -1408,7 +1408,7 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
             for (uint32_t e = 0; e < 4; e++) {
                 if (e < n) {
                     acc = qt_fmaf(v[e], v[e], acc);
-                    nonfinite |= qt_act_nonfinite(v[e]);
+                    nonfinite |= qt_f32_nonfinite(v[e]);
                 }
             }
         }

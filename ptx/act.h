@@ -658,10 +658,6 @@ QT_HD uint32_t qt_gnorm_region(const gnorm_args *a, uint32_t block) {
     return r;
 }
 
-QT_HD uint32_t qt_act_nonfinite(float v) {
-    return (qt_f32_bits(v) & 0x7FFFFFFFu) >= 0x7F800000u;
-}
-
 // ---------------------------------------------------------------------------------------------
 // Device code shared by the element kernels of ptx/act.cu and ptx/moe.cu: loads and stores of
 // 8-element chunks of BF16 or FP32 tensors, and the per-member amax of a grouped output

@@ -400,10 +400,6 @@ QT_HD uint64_t qt_gemm_norm_unit_count(uint32_t m, uint32_t n) {
     return slabs * ((n + GEMM_NORM_UNIT_COLS - 1) / GEMM_NORM_UNIT_COLS);
 }
 
-QT_HD uint32_t qt_gemm_nonfinite(float v) {
-    return (qt_f32_bits(v) & 0x7FFFFFFFu) >= 0x7F800000u;
-}
-
 // Whether a GEMM's D can have norm units: dense, FP32, nothing added to the products' sum.
 QT_HD int qt_gemm_norm_units_fit(const gemm_args *a) {
     return a->grouping == GEMM_DENSE && a->d_dtype == QT_DTYPE_F32 &&
@@ -424,7 +420,7 @@ QT_HD float qt_gemm_norm_unit_lane(const float *d, const gemm_args *a, uint32_t 
                 if (row >= a->m || col >= a->n) continue;
                 float v = d[(uint64_t)row * a->ldd + col];
                 acc = qt_fmaf(v, v, acc);
-                bad |= qt_gemm_nonfinite(v);
+                bad |= qt_f32_nonfinite(v);
             }
         }
     }

@@ -1562,7 +1562,7 @@ __device__ __forceinline__ void gemm_norm_units(const gemm_args &g, const gemm_t
                     float v = qt_gemm_epilogue(acc[4 * j + 2 * h + e], alpha, 0, 0.0f, 0.0f, 0,
                                                0.0f);
                     sum = qt_fmaf(v, v, sum);
-                    bad |= qt_gemm_nonfinite(v);
+                    bad |= qt_f32_nonfinite(v);
                 }
             }
         }

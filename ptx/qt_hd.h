@@ -37,6 +37,11 @@ QT_HD float qt_bits_f32(uint32_t bits) {
 #endif
 }
 
+// 1 when v is NaN or +-Inf (the gradient norm's flags), else 0.
+QT_HD uint32_t qt_f32_nonfinite(float v) {
+    return (qt_f32_bits(v) & 0x7FFFFFFFu) >= 0x7F800000u;
+}
+
 // Explicit fused multiply-add: the only place where device or host code contracts a*b+c, since
 // both are compiled without automatic contraction (-fmad=false, -ffp-contract=off).
 QT_HD float qt_fmaf(float a, float b, float c) {

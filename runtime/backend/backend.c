@@ -18,40 +18,12 @@ typedef void (*ref_fn)(const void *args, const launch_shape *shape);
 static const ref_fn ref_table[KERNEL_COUNT] = {QT_KERNELS(QT_REF_ENTRY)};
 #undef QT_REF_ENTRY
 
-// The kernels that write a GEMM's D without its gradient-norm units (gemm.h): where the op asks
-// for them (gemm_args.norm_units), qt_gemm_norm_units runs after the kernel, on both backends.
-// The sm_90a tier computes them in its epilogue instead.
-static bool backend_units_after(const prog_op *op, gemm_args *g) {
-    switch (op->kernel) {
-    case KERNEL_GEMM_BF16_PORTABLE:
-    case KERNEL_GEMM_FP8_PORTABLE:
-    case KERNEL_GEMM_FP8_BLOCK_PORTABLE:
-    case KERNEL_GEMM_MXFP8_PORTABLE:
-    case KERNEL_GEMM_NVFP4_PORTABLE:
-    case KERNEL_GEMM_BF16_SKINNY_N:
-    case KERNEL_GEMM_BF16_SKINNY_M:
-    case KERNEL_GEMM_SPLIT_REDUCE: break;
-    default: return false;
-    }
-    QT_ASSERT(op->args_bytes == sizeof *g);
-    memcpy(g, op->args, sizeof *g);
-    return g->norm_units != 0;
-}
-
-static launch_shape backend_units_shape(const gemm_args *g) {
-    const uint64_t per_block = GEMM_NORM_UNITS_THREADS / 32u;
-    uint64_t blocks = (qt_gemm_norm_unit_count(g->m, g->n) + per_block - 1) / per_block;
-    QT_ASSERT(blocks >= 1 && blocks <= 0x7FFFFFFFu);
-    return (launch_shape){{(uint32_t)blocks, 1, 1}, {GEMM_NORM_UNITS_THREADS, 1, 1}, 0};
-}
-
 void backend_ref_op(const prog_op *op) {
     QT_ASSERT((unsigned)op->kernel < KERNEL_COUNT);
     ref_table[op->kernel](op->args, &op->shape);
     gemm_args g;
-    if (!backend_units_after(op, &g)) return;
-    launch_shape shape = backend_units_shape(&g);
-    ref_qt_gemm_norm_units(&g, &shape);
+    launch_shape shape;
+    if (gemm_tier_units_after(op, &g, &shape)) ref_qt_gemm_norm_units(&g, &shape);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -288,8 +260,8 @@ static qt_status backend_launch_on(backend *b, const prog_op *op, CUstream strea
     QT_TRY(modules_launch(&b->modules, op->kernel, &op->shape, stream, op->args,
                           op->args_bytes));
     gemm_args g;
-    if (!backend_units_after(op, &g)) return QT_OK;
-    launch_shape shape = backend_units_shape(&g);
+    launch_shape shape;
+    if (!gemm_tier_units_after(op, &g, &shape)) return QT_OK;
     return modules_launch(&b->modules, KERNEL_GEMM_NORM_UNITS, &shape, stream, &g, sizeof g);
 }
 

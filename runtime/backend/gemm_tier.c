@@ -165,6 +165,28 @@ static bool gemm_tier_fills(const gemm_args *g) {
     return gemm_tier_tiles_max(g) >= GEMM_TIER_AUTO_MIN_TILES;
 }
 
+bool gemm_tier_units_after(const prog_op *op, gemm_args *g, launch_shape *shape) {
+    switch (op->kernel) {
+    case KERNEL_GEMM_BF16_PORTABLE:
+    case KERNEL_GEMM_FP8_PORTABLE:
+    case KERNEL_GEMM_FP8_BLOCK_PORTABLE:
+    case KERNEL_GEMM_MXFP8_PORTABLE:
+    case KERNEL_GEMM_NVFP4_PORTABLE:
+    case KERNEL_GEMM_BF16_SKINNY_N:
+    case KERNEL_GEMM_BF16_SKINNY_M:
+    case KERNEL_GEMM_SPLIT_REDUCE: break;
+    default: return false;
+    }
+    QT_ASSERT(op->args_bytes == sizeof *g);
+    memcpy(g, op->args, sizeof *g);
+    if (g->norm_units == 0) return false;
+    const uint64_t per_block = GEMM_NORM_UNITS_THREADS / 32u;  // a warp per unit
+    uint64_t blocks = (qt_gemm_norm_unit_count(g->m, g->n) + per_block - 1) / per_block;
+    QT_ASSERT(blocks >= 1 && blocks <= 0x7FFFFFFFu);
+    *shape = (launch_shape){{(uint32_t)blocks, 1, 1}, {GEMM_NORM_UNITS_THREADS, 1, 1}, 0};
+    return true;
+}
+
 bool gemm_tier_takes(const gemm_tier_device *d, const prog_op *op) {
     kernel_id sm90a = gemm_tier_sm90a_kernel(op->kernel);
     if (sm90a == KERNEL_COUNT || !d->gpu || d->setting == BACKEND_GEMM_TIER_PORTABLE ||

@@ -69,6 +69,11 @@ bool gemm_tier_scale_groups(const gemm_args *g);
 // gemm_tier_sm90a_supports, and with AUTO at least 32 tiles (gemm_tier.c says why).
 bool gemm_tier_takes(const gemm_tier_device *d, const prog_op *op);
 
+// Whether op's kernel writes a GEMM's D without the norm units the op asks for
+// (gemm_args.norm_units; ptx/gemm.h): the portable and skinny kernels and the split-K reduction.
+// Then the backend runs qt_gemm_norm_units right after the op's kernel, on either backend, with
+// *g (the op's args) and *shape. The sm90a tier computes the units in its epilogue instead.
+bool gemm_tier_units_after(const prog_op *op, gemm_args *g, launch_shape *shape);
 // Launches the sm90a kernel for the op (gemm_tier_takes must hold) on `stream` (the backend's
 // stream, or one of its capture streams).
 qt_status gemm_tier_launch(const gemm_tier_device *d, const prog_op *op, CUstream stream);

@@ -463,6 +463,17 @@ qt_status model_region(const model_place *place, const char *part, uint64_t byte
     return QT_OK;
 }
 
+qt_status model_region_part(const model_place *place, prog_ref whole, const char *part,
+                            uint64_t bytes, prog_ref *out) {
+    QT_ASSERT(whole.arena == place->arena && !place->persistent);
+    char name[ARENA_NAME_MAX + 16];
+    QT_TRY(model_region_name(place->prefix, part, name));
+    arena_handle h;
+    QT_TRY(arena_reserve_part(place->arena, whole.region, name, (bytes + 15) / 16 * 16, 256, &h));
+    *out = (prog_ref){place->arena, h, 0};
+    return QT_OK;
+}
+
 qt_status model_amax(const model_place *place, const char *part, uint64_t bytes,
                      arena_category category, prog_ref *out) {
     model_amax_slots *slots = place->amax_slots;
@@ -475,13 +486,7 @@ qt_status model_amax(const model_place *place, const char *part, uint64_t bytes,
         slots->region = ref.region;
         slots->reserved = true;
     }
-    char name[ARENA_NAME_MAX + 16];
-    QT_TRY(model_region_name(place->prefix, part, name));
-    arena_handle h;
-    QT_TRY(arena_reserve_part(slots->arena, slots->region, name, (bytes + 15) / 16 * 16, 256,
-                              &h));
-    *out = (prog_ref){slots->arena, h, 0};
-    return QT_OK;
+    return model_region_part(place, (prog_ref){slots->arena, slots->region, 0}, part, bytes, out);
 }
 
 static qt_status model_qstore_fp8(const model_place *pl, const model_quantizer *mq,

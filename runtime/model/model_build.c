@@ -1484,6 +1484,7 @@ static qt_status mb_grad_list(mb *b) {
     // that a launch beside it may still be reading (a region of their own would end at their
     // norm launch), and the parts, apart from each other, order no GEMM after another's read.
     prog_ref whole = OP_REF_NONE;
+    model_place pl = {m->dev, model_mode_name(b->mode), false, ARENA_CAT_WORKSPACE, NULL};
     for (uint32_t li = 0; li < m->linear_count; li++) {
         uint32_t w = m->linears[li].weight;
         if (m->linears[li].members != 0 || !mb_grad_units(b, w)) continue;
@@ -1491,17 +1492,9 @@ static qt_status mb_grad_list(mb *b) {
             QT_TRY(mb_region(b, "grad_norm.units", 0, ARENA_CAT_WORKSPACE, &whole));
         }
         uint64_t units = qt_gemm_norm_unit_count(m->params[w].rows, m->params[w].cols);
-        char name[ARENA_NAME_MAX + 32];
-        int n = snprintf(name, sizeof name, "%s.%s.norm_units", model_mode_name(b->mode),
-                         m->params[w].name);
-        if (n < 0 || n >= ARENA_NAME_MAX) {
-            return qt_fail(QT_ERR_INPUT, "region name '%s' is longer than %d bytes; expected "
-                           "shorter layer names", name, ARENA_NAME_MAX - 1);
-        }
-        arena_handle h;
-        QT_TRY(arena_reserve_part(m->dev, whole.region, name, (units * 8 + 15) / 16 * 16, 256,
-                                  &h));
-        b->norm_srcs[w] = (prog_ref){m->dev, h, 0};
+        char what[ARENA_NAME_MAX];
+        snprintf(what, sizeof what, "%s.norm_units", m->params[w].name);
+        QT_TRY(model_region_part(&pl, whole, what, units * 8, &b->norm_srcs[w]));
         b->norm_counts[w] = units;
         b->norm_units[w] = true;
     }

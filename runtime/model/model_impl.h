@@ -28,6 +28,10 @@ qt_status model_qstore_reserve(const model_place *place, const model_quantizer *
 // A region of `bytes` (rounded up to 16) at `place`.
 qt_status model_region(const model_place *place, const char *part, uint64_t bytes,
                        arena_category category, prog_ref *out);
+// A part (arena_reserve_part) of `bytes` (rounded up to 16) of the transient region `whole`,
+// named as model_region names its regions.
+qt_status model_region_part(const model_place *place, prog_ref whole, const char *part,
+                            uint64_t bytes, prog_ref *out);
 // A per-tensor amax array of `bytes` at `place`: a slot of the step (its part of the step's
 // region, model_amax_slots) where the place has them, else a region of `category`.
 qt_status model_amax(const model_place *place, const char *part, uint64_t bytes,

@@ -586,7 +586,7 @@ POOL_CPU_CLONES static void ref_gnorm_blocks(void *ctx, uint64_t begin, uint64_t
                         nonfinite |= unit_flags[i];
                     } else {
                         acc[t] = qt_fmaf(src[i], src[i], acc[t]);
-                        nonfinite |= qt_act_nonfinite(src[i]);
+                        nonfinite |= qt_f32_nonfinite(src[i]);
                     }
                 }
             }
