@@ -1,6 +1,7 @@
 // quant_fp8 kernels: amax, fused cast + transpose, transpose of codes, delayed-scaling updates,
 // dequantize (ABI, launch constants and the arithmetic shared with the C twins in quant_fp8.h).
 #include "ptx/quant_fp8.h"
+#include "ptx/act_math.h"    // the activation tables of qt_fp8_act_cast_*
 #include "ptx/grid_order.h"  // qt_grid_enter, every kernel's first statement
 
 // 1 converts with the shared software codec instead of cvt.rn.satfinite. Both give the same
@@ -646,4 +647,234 @@ extern "C" __global__ void __launch_bounds__(QT_FP8_DEQ_THREADS)
             ((float *)a.out)[at] = value;
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// An activation and the cast of its output in one pass (fp8_act_cast_args). Per tile, phase 1
+// is qt_fp8_cast_rows's for a dense tensor, with the loaded words of x (and dy) turned into the
+// words of y through the table first; phase 2 is qt_fp8_tile_columns itself. A block runs many
+// tiles, so that its table (4096 exact evaluations) is paid once per block, not once per tile,
+// and its amax is one atomic at its end (a maximum: the order of the tiles and of the atomics
+// does not matter).
+
+// An input outside the table: the function itself, out of line, as act.cu's table kernels do.
+template <bool kBackward>
+__device__ __noinline__ float qt_fp8_act_miss(uint32_t act, float v) {
+    return qt_act_lut_value(act, kBackward, v);
+}
+
+// Eight BF16 inputs (and gradients), packed as loaded (element 2k is the low half of word k),
+// -> the eight outputs in FP32 before their rounding to BF16: act.cu's table kernels' values
+// (act_lut_chunk_words), forward with one test for the chunk and the per-element path only for
+// a chunk with an input outside the table.
+template <bool kBackward>
+__device__ __forceinline__ void qt_fp8_act_values(uint32_t act, const float *table, uint4 xw,
+                                                  uint4 dw, float f[8]) {
+    const uint32_t w[4] = {xw.x, xw.y, xw.z, xw.w}, d[4] = {dw.x, dw.y, dw.z, dw.w};
+    uint32_t h[8], offset[8], any = 0;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        h[2 * k] = w[k] & 0xFFFFu;
+        h[2 * k + 1] = w[k] >> 16;
+    }
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        offset[k] = qt_act_lut_offset(h[k]);
+        any |= offset[k];
+    }
+    // Backward (x and dy of four chunks live) the chunk's test would spill at 4 blocks an SM.
+    if (!kBackward && any < QT_ACT_LUT_SIGN_ENTRIES) {  // every offset is: all bits below 11
+#pragma unroll
+        for (int k = 0; k < 8; k++) f[k] = table[qt_act_lut_entry_of(h[k], offset[k])];
+    } else {
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            f[k] = offset[k] < QT_ACT_LUT_SIGN_ENTRIES
+                       ? table[qt_act_lut_entry_of(h[k], offset[k])]
+                       : qt_fp8_act_miss<kBackward>(act, __uint_as_float(h[k] << 16));
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < 4 && kBackward; k++) {
+        f[2 * k] = __uint_as_float(d[k] << 16) * f[2 * k];
+        f[2 * k + 1] = __uint_as_float(d[k] & 0xFFFF0000u) * f[2 * k + 1];
+    }
+}
+
+// The same outputs rounded to BF16 as act_store8 rounds them, packed as the inputs.
+template <bool kBackward>
+__device__ __forceinline__ uint4 qt_fp8_act_words(uint32_t act, const float *table, uint4 xw,
+                                                  uint4 dw) {
+    float f[8];
+    qt_fp8_act_values<kBackward>(act, table, xw, dw, f);
+    uint32_t out[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(out[k]) : "f"(f[2 * k + 1]), "f"(f[2 * k]));
+    }
+    return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
+// The words of one tile that this thread takes (zeros outside the tensor): x, and dy backward.
+template <bool kBackward>
+__device__ __forceinline__ void qt_fp8_act_cast_load(const fp8_act_cast_args &a, uint32_t tile,
+                                                     uint32_t tiles_k, uint4 xw[QT_FP8_ITEMS],
+                                                     uint4 dw[QT_FP8_ITEMS]) {
+    const fp8_cast_args &c = a.cast;
+    uint32_t m0 = tile / tiles_k * QT_FP8_TM;
+    uint32_t k = tile % tiles_k * QT_FP8_TK + 8 * (threadIdx.x % 16);
+#pragma unroll
+    for (uint32_t i = 0; i < QT_FP8_ITEMS; i++) {
+        uint32_t r = m0 + threadIdx.x / 16 + 16 * i;
+        xw[i] = dw[i] = make_uint4(0u, 0u, 0u, 0u);
+        if (r >= c.rows || k >= c.cols) continue;
+        uint64_t at = ((uint64_t)r * c.cols + k) / 8;
+        xw[i] = __ldg((const uint4 *)c.x + at);
+        if (kBackward) dw[i] = __ldg((const uint4 *)a.dy + at);
+    }
+}
+
+// Phase 1 of one tile from its loaded words: y's codes to the rowwise output and the shared
+// tile (zero codes outside the tensor). Returns max |y| over the tile's elements that this
+// thread holds.
+template <bool kBackward, bool kE5M2>
+__device__ __forceinline__ float qt_fp8_act_cast_rows(const fp8_act_cast_args &a,
+                                                      const float *table,
+                                                      uint32_t (*tile)[QT_FP8_PITCH], uint32_t m0,
+                                                      uint32_t k0, float scale,
+                                                      const uint4 xw[QT_FP8_ITEMS],
+                                                      const uint4 dw[QT_FP8_ITEMS]) {
+    const fp8_cast_args &c = a.cast;
+    const uint32_t t = threadIdx.x, v = t % 16, k = k0 + 8 * v;
+    float amax = 0.0f;
+#pragma unroll
+    for (uint32_t i = 0; i < QT_FP8_ITEMS; i++) {
+        uint32_t rl = t / 16 + 16 * i, r = m0 + rl;
+        bool valid = r < c.rows && k < c.cols;
+        qt_fp8_vec8<uint16_t> y;
+        y.w = qt_fp8_act_words<kBackward>(a.act, table, xw[i], dw[i]);
+        uint32_t codes[2] = {0u, 0u};
+        if (valid) {
+            amax = fmaxf(amax, qt_fp8_convert8<uint16_t, kE5M2>(y, scale, codes));
+            if (c.rowwise) {
+                qt_fp8_store8((uint8_t *)c.rowwise + (uint64_t)r * c.cols + k, codes[0],
+                              codes[1], true, c.cols - k);
+            }
+        }
+        tile[rl][2 * v] = codes[0];
+        tile[rl][2 * v + 1] = codes[1];
+    }
+    return amax;
+}
+
+struct qt_fp8_act_cast_smem {
+    float table[QT_ACT_LUT_ENTRIES];
+    uint32_t tile[QT_FP8_TM][QT_FP8_PITCH];
+    float scratch[QT_FP8_CAST_THREADS / 32];
+};
+
+// The table of act (f forward, f' backward), each block its own.
+template <bool kBackward>
+__device__ __forceinline__ void qt_fp8_act_table(uint32_t act, float *table) {
+    for (uint32_t e = threadIdx.x; e < QT_ACT_LUT_ENTRIES; e += QT_FP8_CAST_THREADS) {
+        table[e] = qt_act_lut_value(act, kBackward, qt_act_lut_input(e));
+    }
+}
+
+// Chunks of 8 a thread loads at once in the amax-only pass, 128 bytes forward (x), 96 backward
+// (x and dy): no tiles there, only loads in flight and the table.
+#define QT_FP8_ACT_AMAX_UNROLL(backward) ((backward) ? 3u : 8u)
+
+// max |y| over the whole tensor into cast.amax_out: a grid-stride pass over 8-element chunks.
+// The maximum is taken over the FP32 values and rounded to BF16 once, as act.h's
+// qt_act_stored_amax does:
+// rounding is monotonic and symmetric, so that is the largest stored magnitude (NaN skipped
+// either way), without rounding each value.
+template <bool kBackward>
+__device__ __forceinline__ void qt_fp8_act_amax_body(const fp8_act_cast_args &a,
+                                                     qt_fp8_act_cast_smem &sm) {
+    qt_fp8_act_table<kBackward>(a.act, sm.table);
+    __syncthreads();  // the table is complete
+    const uint64_t chunks = (uint64_t)a.cast.rows * a.cast.cols / 8;  // cols % 8 == 0
+    const uint64_t stride = (uint64_t)gridDim.x * QT_FP8_CAST_THREADS;
+    const uint4 *x = (const uint4 *)a.cast.x, *dy = (const uint4 *)a.dy;
+    float amax = 0.0f;
+    for (uint64_t c = (uint64_t)blockIdx.x * QT_FP8_CAST_THREADS + threadIdx.x; c < chunks;
+         c += QT_FP8_ACT_AMAX_UNROLL(kBackward) * stride) {
+        uint4 xw[QT_FP8_ACT_AMAX_UNROLL(kBackward)], dw[QT_FP8_ACT_AMAX_UNROLL(kBackward)];
+#pragma unroll
+        for (uint32_t u = 0; u < QT_FP8_ACT_AMAX_UNROLL(kBackward); u++) {
+            uint64_t cu = c + u * stride;
+            xw[u] = dw[u] = make_uint4(0u, 0u, 0u, 0u);
+            if (cu >= chunks) continue;
+            xw[u] = __ldg(x + cu);
+            if (kBackward) dw[u] = __ldg(dy + cu);
+        }
+#pragma unroll
+        for (uint32_t u = 0; u < QT_FP8_ACT_AMAX_UNROLL(kBackward); u++) {
+            if (c + u * stride >= chunks) continue;
+            float f[8];
+            qt_fp8_act_values<kBackward>(a.act, sm.table, xw[u], dw[u], f);
+#pragma unroll
+            for (uint32_t j = 0; j < 8; j++) amax = fmaxf(amax, fabsf(f[j]));
+        }
+    }
+    float m = qt_fp8_block_max(qt_bf16_to_f32(qt_f32_to_bf16(amax)), sm.scratch);
+    if (threadIdx.x == 0) qt_fp8_atomic_amax(a.cast.amax_out, 0, m);
+}
+
+// The codes, tile after tile. (Loading the next tile before this tile's arithmetic, or 5 blocks
+// an SM forward, measured the same: H100, 2026-11-27.)
+template <bool kBackward, bool kE5M2>
+__device__ __forceinline__ void qt_fp8_act_cast_body(const fp8_act_cast_args &a,
+                                                     qt_fp8_act_cast_smem &sm) {
+    const fp8_cast_args &c = a.cast;
+    qt_fp8_act_table<kBackward>(a.act, sm.table);
+    if (blockIdx.x == 0) qt_fp8_cast_write_scales(c);
+    float scale = qt_fp8_member_scale(&c, 0);
+    __syncthreads();  // the table is complete
+    uint32_t tiles_k = (c.cols + QT_FP8_TK - 1) / QT_FP8_TK;
+    uint32_t tiles = (c.rows + QT_FP8_TM - 1) / QT_FP8_TM * tiles_k;
+    float amax = 0.0f;
+    for (uint32_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {  // uniform
+        uint32_t m0 = tile / tiles_k * QT_FP8_TM, k0 = tile % tiles_k * QT_FP8_TK;
+        uint4 xw[QT_FP8_ITEMS], dw[QT_FP8_ITEMS];
+        qt_fp8_act_cast_load<kBackward>(a, tile, tiles_k, xw, dw);
+        amax = fmaxf(amax, qt_fp8_act_cast_rows<kBackward, kE5M2>(a, sm.table, sm.tile, m0, k0,
+                                                                   scale, xw, dw));
+        if (c.colwise) {  // uniform
+            __syncthreads();  // the tile is complete
+            qt_fp8_tile_columns(sm.tile, c.rows, c.cols, c.colwise, m0, k0, c.rows);
+            __syncthreads();  // read before the next tile overwrites it
+        }
+    }
+    if (!c.amax_out) return;  // uniform
+    float m = qt_fp8_block_max(amax, sm.scratch);
+    if (threadIdx.x == 0) qt_fp8_atomic_amax(c.amax_out, 0, m);
+}
+
+template <bool kBackward>
+__device__ __forceinline__ void qt_fp8_act_cast_of_mode(const fp8_act_cast_args &a,
+                                                        qt_fp8_act_cast_smem &sm) {
+    if (!a.cast.rowwise && !a.cast.colwise) {
+        qt_fp8_act_amax_body<kBackward>(a, sm);
+    } else if (a.cast.fp8 == QT_FP8_E5M2) {
+        qt_fp8_act_cast_body<kBackward, true>(a, sm);
+    } else {
+        qt_fp8_act_cast_body<kBackward, false>(a, sm);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(QT_FP8_CAST_THREADS, QT_FP8_ACT_CAST_BLOCKS_PER_SM)
+    qt_fp8_act_cast_fwd(const __grid_constant__ fp8_act_cast_args args) {
+    qt_grid_enter();
+    __shared__ qt_fp8_act_cast_smem sm;
+    qt_fp8_act_cast_of_mode<false>(args, sm);
+}
+
+extern "C" __global__ void __launch_bounds__(QT_FP8_CAST_THREADS, QT_FP8_ACT_CAST_BLOCKS_PER_SM)
+    qt_fp8_act_cast_bwd(const __grid_constant__ fp8_act_cast_args args) {
+    qt_grid_enter();
+    __shared__ qt_fp8_act_cast_smem sm;
+    qt_fp8_act_cast_of_mode<true>(args, sm);
 }

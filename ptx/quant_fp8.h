@@ -19,6 +19,9 @@
 //                             update, scale snapshot (eval and infer:
 //                             the scale snapshot alone)
 //   qt_fp8_dequantize         codes * scale_inv -> bf16 / f32 [M][K]     32 x 32 tiles, 256 thr.
+//   qt_fp8_act_cast_fwd/_bwd  GELU / SiLU (or its backward) and the      persistent, 256 thr.,
+//                             cast of its BF16 output, or only the       up to 4 blocks an SM
+//                             output's amax (fp8_act_cast_args)
 //
 // Fast paths: 16-byte input loads need a 16-byte aligned x and cols % 8 == 0; 8-byte code stores
 // need 8-byte aligned outputs and cols % 8 == 0 (rowwise) or rows % 8 == 0 (columnwise). Anything
@@ -137,6 +140,26 @@ typedef struct fp8_transpose_args {
 } fp8_transpose_args;
 QT_STATIC_ASSERT(sizeof(fp8_transpose_args) == 48, "fp8_transpose_args layout");
 
+// An activation and the per-tensor FP8 cast of its output, in one pass over the activation's
+// input (qt_fp8_act_cast_fwd, qt_fp8_act_cast_bwd). y = act(x) forward, dy * act'(x) backward,
+// rounded to BF16: the very tensor that qt_act_fwd or qt_act_bwd (ptx/act.h) would store, through
+// the same table, which is never written; then y is cast as qt_fp8_cast_bf16 casts a dense BF16
+// tensor: the same codes, scale_inv and (delayed) amax. With neither rowwise nor colwise, the
+// launch writes only max |y| into cast.amax_out (NaN skipped): the amax that a current-scaling
+// cast of y reads, so that the activation's output is never stored at all, at one more read of x.
+// Dense only (cast.group.count 0), x and dy BF16, cols % 8 == 0, x, dy and the outputs 16-byte
+// aligned. Persistent: each block computes its table once, then takes the 64 x 128 tiles
+// blockIdx.x, blockIdx.x + gridDim.x, ... (values never depend on the grid).
+typedef struct fp8_act_cast_args {
+    fp8_cast_args cast;  // x: the activation's input; dtype QT_DTYPE_BF16
+    uint64_t dy;         // backward only: BF16 (rows, cols), the gradient at the output
+    uint32_t act;        // QT_ACT_GELU | QT_ACT_SILU (ptx/act.h)
+    uint32_t reserved;
+} fp8_act_cast_args;
+QT_STATIC_ASSERT(sizeof(fp8_act_cast_args) == 128, "fp8_act_cast_args layout");
+
+#define QT_FP8_ACT_CAST_BLOCKS_PER_SM 4  // the kernels' __launch_bounds__ minimum
+
 // The end of a step for several delayed-scaling states in one launch (a step's tail otherwise
 // costs three small launches per state). Slot j of state s is entry first + j of the snapshot
 // arrays (the trace's quantizer order), and its work is, in this order (the C twin: one call of
@@ -183,7 +206,9 @@ QT_STATIC_ASSERT(sizeof(fp8_delayed_states_args) == 232, "fp8_delayed_states_arg
     X(KERNEL_FP8_DELAYED_UPDATE, quant_fp8, qt_fp8_delayed_update, fp8_delayed_update_args)  \
     X(KERNEL_FP8_DELAYED_STATES, quant_fp8, qt_fp8_delayed_states, fp8_delayed_states_args)  \
     X(KERNEL_FP8_DEQUANTIZE, quant_fp8, qt_fp8_dequantize, fp8_dequantize_args)           \
-    X(KERNEL_FP8_TRANSPOSE, quant_fp8, qt_fp8_transpose, fp8_transpose_args)
+    X(KERNEL_FP8_TRANSPOSE, quant_fp8, qt_fp8_transpose, fp8_transpose_args)               \
+    X(KERNEL_FP8_ACT_CAST_FWD, quant_fp8, qt_fp8_act_cast_fwd, fp8_act_cast_args)         \
+    X(KERNEL_FP8_ACT_CAST_BWD, quant_fp8, qt_fp8_act_cast_bwd, fp8_act_cast_args)
 
 // ---------------------------------------------------------------------------------------------
 // Per element.

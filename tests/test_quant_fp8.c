@@ -4,6 +4,7 @@
 // the same programs on both backends, every output compared byte for byte (SKIP without a GPU).
 #include <math.h>
 
+#include "runtime/ops/op_act.h"          // op_act_forward, op_act_backward
 #include "runtime/ops/op_core.h"         // op_fill_random
 #include "runtime/ops/op_quant_block.h"  // op_quant_block: 128 x 128 tiles, transposed
 #include "runtime/ops/op_quant_fp8.h"    // op_fp8_*
@@ -1531,6 +1532,170 @@ static void test_transpose_equals_cast_columns(void) {
     if (!on_gpu) test_skip("gpu_transpose_matches_ref", why);
 }
 
+// The activation and the cast of its output in one pass (op_fp8_act_*) against the activation
+// storing its BF16 output and the cast reading it (op_act_forward or op_act_backward, then
+// op_fp8_quantize_current or op_fp8_cast_delayed): the same codes in both directions, scale_inv
+// and amax, byte for byte, on each backend, and the GPU's fused outputs equal the reference
+// backend's. Inputs cover the tables' binades and beyond (the kernels' out-of-line path), zeros,
+// subnormals, Inf and NaN; shapes with partial tiles and with more tiles than the grid's blocks
+// (each block then runs several); GELU and SiLU, forward and backward, E4M3 and E5M2, delayed
+// and current scaling, and a cast without its columnwise copy.
+typedef struct t_act_cast_mode {
+    uint32_t act;
+    bool backward, delayed, colwise;
+    uint32_t fp8;
+} t_act_cast_mode;
+
+typedef struct t_act_cast_regions {
+    arena_handle x, dy, y, scale;
+    arena_handle row[2], col[2], scale_inv[2], amax[2];  // [0] act then cast, [1] fused
+} t_act_cast_regions;
+
+static void t_act_cast_build(rig *r, uint32_t rows, uint32_t cols, const t_act_cast_mode *md,
+                             t_act_cast_regions *h) {
+    uint64_t elems = (uint64_t)rows * cols;
+    h->x = rig_reserve(r, "x", elems * 2);
+    h->dy = rig_reserve(r, "dy", elems * 2);
+    h->y = rig_reserve(r, "y", elems * 2);
+    h->scale = rig_reserve(r, "scale", 4);
+    for (int w = 0; w < 2; w++) {
+        h->row[w] = rig_reserve(r, w ? "row_fused" : "row", elems);
+        h->col[w] = rig_reserve(r, w ? "col_fused" : "col", elems);
+        h->scale_inv[w] = rig_reserve(r, w ? "scale_inv_fused" : "scale_inv", 4);
+        h->amax[w] = rig_reserve(r, w ? "amax_fused" : "amax", 4);
+    }
+    prog_ref x = rig_ref(r, h->x, 0), dy = rig_ref(r, h->dy, 0), y = rig_ref(r, h->y, 0);
+    op_act_tensor xt = {x, QT_DTYPE_BF16}, dyt = {dy, QT_DTYPE_BF16}, yt = {y, QT_DTYPE_BF16};
+    if (md->backward) {
+        RIG_OK(op_act_backward(&r->prog, "act", md->act, rows, cols, xt, OP_ACT_NONE, dyt, yt,
+                               OP_FP8_NONE));
+    } else {
+        RIG_OK(op_act_forward(&r->prog, "act", md->act, rows, cols, xt, OP_ACT_NONE, yt,
+                              OP_FP8_NONE));
+    }
+    op_fp8_output out[2];
+    for (int w = 0; w < 2; w++) {
+        out[w] = (op_fp8_output){md->fp8, rig_ref(r, h->row[w], 0),
+                                 md->colwise ? rig_ref(r, h->col[w], 0) : OP_FP8_NONE,
+                                 rig_ref(r, h->scale_inv[w], 0)};
+    }
+    op_fp8_input in = {y, QT_DTYPE_BF16, rows, cols, op_group_dense()};
+    op_fp8_act_input act = {md->act, md->backward, x, md->backward ? dy : OP_FP8_NONE, rows,
+                            cols};
+    prog_ref scale = rig_ref(r, h->scale, 0), amax0 = rig_ref(r, h->amax[0], 0);
+    prog_ref amax1 = rig_ref(r, h->amax[1], 0);
+    RIG_OK(op_fp8_amax_zero(&r->prog, "zero", amax1, 1));
+    if (md->delayed) {
+        RIG_OK(op_fp8_amax_zero(&r->prog, "zero", amax0, 1));
+        RIG_OK(op_fp8_cast_delayed(&r->prog, "cast", &in, &out[0], scale, amax0));
+        RIG_OK(op_fp8_act_cast_delayed(&r->prog, "act_cast", &act, &out[1], scale, amax1));
+    } else {
+        RIG_OK(op_fp8_quantize_current(&r->prog, "cast", &in, &out[0], amax0, OP_FP8_NONE, false,
+                                       0.0f));
+        RIG_OK(op_fp8_act_amax_merge(&r->prog, "act_amax", &act, amax1));
+        RIG_OK(op_fp8_act_cast_current(&r->prog, "act_cast", &act, &out[1], amax1, false, 0.0f));
+    }
+    rig_bind(r);
+}
+
+// Runs the program; returns both ways' outputs, [2][rowwise, columnwise, scale_inv, amax]
+// back to back (the caller frees them), after comparing them with each other.
+static uint8_t *t_act_cast_run(rig *r, const t_act_cast_regions *h, uint32_t rows,
+                               uint32_t cols, const t_act_cast_mode *md, const uint16_t *x,
+                               const uint16_t *dy, const char *on) {
+    uint64_t elems = (uint64_t)rows * cols, half = 2 * elems + 8;
+    uint8_t *o = calloc(2, half);
+    float scale = md->fp8 == QT_FP8_E5M2 ? 0.25f : 3.0f;
+    RIG_OK(backend_write(&r->be, rig_ref(r, h->x, 0), x, elems * 2));
+    RIG_OK(backend_write(&r->be, rig_ref(r, h->dy, 0), dy, elems * 2));
+    RIG_OK(backend_write(&r->be, rig_ref(r, h->scale, 0), &scale, 4));
+    RIG_OK(backend_run(&r->be, &r->prog));
+    for (int w = 0; w < 2; w++) {
+        uint8_t *at = o + w * half;
+        RIG_OK(backend_read(&r->be, at, rig_ref(r, h->row[w], 0), elems));
+        if (md->colwise) RIG_OK(backend_read(&r->be, at + elems, rig_ref(r, h->col[w], 0), elems));
+        RIG_OK(backend_read(&r->be, at + 2 * elems, rig_ref(r, h->scale_inv[w], 0), 4));
+        RIG_OK(backend_read(&r->be, at + 2 * elems + 4, rig_ref(r, h->amax[w], 0), 4));
+    }
+    char what[96];
+    snprintf(what, sizeof what, "%u x %u %s %s %s on %s", rows, cols,
+             md->act == QT_ACT_GELU ? "gelu" : "silu", md->backward ? "backward" : "forward",
+             md->delayed ? "delayed" : "current", on);
+    t_compare("fused rowwise", what, o + half, o, elems, 1, 0, cols);
+    t_compare("fused columnwise", what, o + half + elems, o + elems, elems, 1, 0, rows);
+    t_compare("fused scale_inv and amax", what, o + half + 2 * elems, o + 2 * elems, 8, 4, 0, 2);
+    return o;
+}
+
+// A BF16 input: mostly values in and near the tables' binades [2^-12, 2^4), both signs; one in
+// 64 anything at all (NaN, Inf, subnormals, huge values included).
+static uint16_t t_act_cast_value(uint64_t *state) {
+    uint64_t v = t_lcg(state);
+    if ((v >> 10) % 64 == 0) return (uint16_t)(v >> 40);
+    uint32_t sign = (uint32_t)((v >> 20) & 1u) << 15;
+    uint32_t exponent = 110u + (uint32_t)((v >> 24) % 28u);  // 2^-17 .. 2^10
+    return (uint16_t)(sign | exponent << 7 | (uint32_t)((v >> 32) & 0x7Fu));
+}
+
+static void test_act_cast_equals_act_then_cast(void) {
+    // 33870 x 24 and 2048 x 4096: more tiles (530, 1024) than the grid has blocks (528).
+    static const uint32_t shapes[][2] = {{7, 8},      {64, 128},   {65, 136},   {200, 1000},
+                                         {3000, 520}, {33870, 24}, {2048, 4096}};
+    static const t_act_cast_mode modes[] = {
+        {QT_ACT_GELU, false, false, true, QT_FP8_E4M3},
+        {QT_ACT_SILU, false, true, true, QT_FP8_E4M3},
+        {QT_ACT_GELU, true, true, true, QT_FP8_E5M2},
+        {QT_ACT_SILU, true, false, true, QT_FP8_E5M2},
+        {QT_ACT_GELU, false, true, false, QT_FP8_E4M3},
+        {QT_ACT_GELU, true, false, true, QT_FP8_E4M3},
+    };
+    const size_t n_shapes = sizeof shapes / sizeof shapes[0];
+    const size_t n_modes = sizeof modes / sizeof modes[0];
+    rig *gpu = calloc(1, sizeof *gpu), *ref = calloc(1, sizeof *ref);  // large: off the stack
+    const char *why = NULL;
+    bool on_gpu = rig_open(gpu, BACKEND_GPU, &why);
+    rig_open(ref, BACKEND_REF, &why);
+    test_begin("act_cast_equals_act_then_cast");
+    uint64_t state = 19;
+    for (size_t i = 0; i < n_shapes * 2; i++) {
+        uint32_t rows = shapes[i % n_shapes][0], cols = shapes[i % n_shapes][1];
+        const t_act_cast_mode *md = &modes[i % n_modes];
+        uint64_t elems = (uint64_t)rows * cols;
+        // Under compute-sanitizer the largest shape would take most of the run; 33870 x 24
+        // keeps blocks of several tiles.
+        if (test_sanitizer() && elems > (1u << 22)) continue;
+        uint16_t *x = malloc(elems * 2), *dy = malloc(elems * 2);
+        for (uint64_t e = 0; e < elems; e++) {
+            x[e] = t_act_cast_value(&state);
+            dy[e] = t_act_cast_value(&state);
+        }
+        t_act_cast_regions hr, hg;
+        rig_reset(ref);
+        t_act_cast_build(ref, rows, cols, md, &hr);
+        uint8_t *or = t_act_cast_run(ref, &hr, rows, cols, md, x, dy, "ref");
+        if (on_gpu) {
+            rig_reset(gpu);
+            t_act_cast_build(gpu, rows, cols, md, &hg);
+            uint8_t *og = t_act_cast_run(gpu, &hg, rows, cols, md, x, dy, "gpu");
+            char what[64];
+            snprintf(what, sizeof what, "%u x %u, mode %zu", rows, cols, i % n_modes);
+            uint64_t half = 2 * elems + 8;
+            t_compare("fused outputs, gpu against ref", what, og + half, or + half, half, 1, 0,
+                      cols);
+            free(og);
+        }
+        free(or);
+        free(x);
+        free(dy);
+    }
+    if (on_gpu) rig_close(gpu);
+    rig_close(ref);
+    free(gpu);
+    free(ref);
+    test_end();
+    if (!on_gpu) test_skip("gpu_act_cast_matches_ref", why);
+}
+
 int main(void) {
     TEST_UNIT(test_byte_transpose());
     TEST_UNIT(test_cast_hand_codes());
@@ -1545,6 +1710,7 @@ int main(void) {
     TEST_UNIT(test_roundtrip_bounds());
     TEST_UNIT(test_ref_programs());
     TEST_UNIT(test_transpose_equals_cast_columns());
+    TEST_UNIT(test_act_cast_equals_act_then_cast());
     for (size_t i = 0; i < T_CASE_COUNT; i++) TEST_UNIT(t_gpu_case(&t_cases[i]));
     TEST_UNIT(test_gpu_graph_replay(&t_cases[14]));  // grouped65, current scaling
     TEST_UNIT(test_gpu_group_offsets());

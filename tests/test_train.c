@@ -1297,6 +1297,7 @@ typedef struct slots_setup {
     bool poison;       // the slots filled with SLOTS_POISON before every step
     bool amax_passes;  // run_options.amax_passes: no producer takes an amax
     uint64_t norm_group_elems;  // run_options.norm_group_elems
+    uint64_t act_cast_elems;    // run_options.act_cast_elems
 } slots_setup;
 
 typedef struct slots_seen {
@@ -1304,6 +1305,7 @@ typedef struct slots_seen {
     uint32_t zero_ops;                  // slots_zero_ops
     uint32_t passes[MODEL_MODE_COUNT];  // each program's amax passes (qt_fp8_amax, qt_nvfp4_amax)
     uint32_t norm_ops, norm_beside;     // the train program's norm launches, and those beside
+    uint32_t act_casts[MODEL_MODE_COUNT];  // each program's activation casts (qt_fp8_act_cast_*)
 } slots_seen;
 
 // Runs the text's schedule step by step into `trace` (checksums every train step) as `su` says.
@@ -1325,6 +1327,7 @@ static bool slots_run(const char *text, const slots_setup *su, const char *trace
     o.eager = su->eager;
     o.amax_passes = su->amax_passes;
     o.norm_group_elems = su->norm_group_elems;
+    o.act_cast_elems = su->act_cast_elems;
     uint64_t dev_bytes = 0, host_bytes = 0, steps[MODEL_MODE_COUNT];
     void *dev = NULL, *host = NULL, *data = NULL;
     qt_status st = recipe_parse(text, strlen(text), "slots.recipe", &the_recipe);
@@ -1341,8 +1344,10 @@ static bool slots_run(const char *text, const slots_setup *su, const char *trace
     if (st == QT_OK) st = run_bind(&the_run, &b, dev, host);
     memset(seen, 0, sizeof *seen);
     static const kernel_id passes[] = {KERNEL_FP8_AMAX, KERNEL_NVFP4_AMAX};
+    static const kernel_id act_casts[] = {KERNEL_FP8_ACT_CAST_FWD, KERNEL_FP8_ACT_CAST_BWD};
     for (int mode = 0; st == QT_OK && mode < MODEL_MODE_COUNT; mode++) {
         seen->passes[mode] = slots_count_ops(&the_run, mode, passes, 2);
+        seen->act_casts[mode] = slots_count_ops(&the_run, mode, act_casts, 2);
     }
     seen->zero_ops = st == QT_OK ? slots_zero_ops(&the_run) : 0;
     const program *train = &the_run.programs[MODEL_MODE_TRAIN];
@@ -1388,7 +1393,7 @@ static void test_amax_slots(backend_kind kind, const char *path, const char *sch
     slots_seen seen;
     const char *why = NULL;
     test_begin(name);
-    slots_setup su = {kind, false, false, false, 0};
+    slots_setup su = {kind, false, false, false, 0, 0};
     if (!slots_run(text, &su, clean, &seen, &why)) {
         test_skip(name, why);
         return;
@@ -1424,6 +1429,11 @@ typedef struct producer_case {
     bool idx;            // the residual model's inputs: u8 pixels of IDX files, else FP32
     // Amax passes of the train, eval and infer programs: with the producers', with none.
     uint32_t passes[2][MODEL_MODE_COUNT];
+    // The residual model's activation casts at any size (run_options.act_cast_elems 1, up
+    // without a bias so that the backward pass takes one too), and their launches in the train,
+    // eval and infer programs; the runs with every amax a pass of their own store y and dx.
+    bool act_cast;
+    uint32_t act_casts[MODEL_MODE_COUNT];
 } producer_case;
 
 #define PRODUCER_SIDE 4u  // IDX images 4 x 4: 16 inputs
@@ -1458,12 +1468,13 @@ static void producer_text(const producer_case *pc, char *out, size_t bytes) {
     }
     snprintf(out, bytes,
              "[model]\ninput = %u\nlayer = linear in 32\nlayer = residual begin\n"
-             "layer = rmsnorm\nlayer = linear up 64 bias\nlayer = gelu\nlayer = linear down 32\n"
+             "layer = rmsnorm\nlayer = linear up 64%s\nlayer = gelu\nlayer = linear down 32\n"
              "layer = residual end\nlayer = linear head %u\nloss = %s\n"
              "[quant]\nrecipe = %s\n%s\n[optim]\nadamw lr=1e-2 wd=0.01 clip=1.0\n"
              "[data]\ntrain = %s\neval = %s\nbatch = 16\nseed = 11\n"
              "[schedule]\ntrain 12\neval all\ninfer 2\ntrain 3\neval 2\n",
-             inputs, STAGE_OUTPUTS, pc->loss, pc->scheme, pc->rule, train_source, eval_source);
+             inputs, pc->act_cast ? "" : " bias", STAGE_OUTPUTS, pc->loss, pc->scheme, pc->rule,
+             train_source, eval_source);
 }
 
 // A test of a producer case: its name (`what`, the case's label, gpu_ first on the GPU) and its
@@ -1492,7 +1503,7 @@ static void test_producer_amax(backend_kind kind, const producer_case *pc) {
     slots_seen seen[2];
     const char *why = NULL;
     test_begin(name);
-    slots_setup su = {kind, false, false, false, 0};
+    slots_setup su = {kind, false, false, false, 0, pc->act_cast ? 1 : 0};
     if (!slots_run(text, &su, merged, &seen[0], &why)) {
         test_skip(name, why);
         return;
@@ -1506,6 +1517,10 @@ static void test_producer_amax(backend_kind kind, const producer_case *pc) {
             CHECK(seen[w].passes[mode] == pc->passes[w][mode], "%s, %s program: %u amax "
                   "passes, expected %u", way[w], model_mode_name((model_mode)mode),
                   seen[w].passes[mode], pc->passes[w][mode]);
+            uint32_t casts = w == 0 ? pc->act_casts[mode] : 0;
+            CHECK(seen[w].act_casts[mode] == casts, "%s, %s program: %u activation casts, "
+                  "expected %u", way[w], model_mode_name((model_mode)mode),
+                  seen[w].act_casts[mode], casts);
         }
     }
     if (kind == BACKEND_GPU) {
@@ -1523,14 +1538,24 @@ static void test_producer_amax(backend_kind kind, const producer_case *pc) {
 // (gather, grouped activations, combine backward) are switched off too (the experts' stacked
 // weights keep their passes after the optimizer either way).
 static const producer_case producer_cases[] = {
-    {"current_xent_fp32", NULL, "current", "", "softmax_xent", false, {{1, 0, 0}, {8, 4, 4}}},
-    {"current_mse_fp32", NULL, "current", "", "mse", false, {{1, 0, 0}, {8, 4, 4}}},
-    {"current_xent_u8", NULL, "current", "", "softmax_xent", true, {{1, 0, 0}, {8, 4, 4}}},
-    {"nvfp4_rht", NULL, "nvfp4", "", "softmax_xent", false, {{8, 0, 0}, {8, 4, 4}}},
+    {"current_xent_fp32", NULL, "current", "", "softmax_xent", false, {{1, 0, 0}, {8, 4, 4}},
+     false, {0, 0, 0}},
+    {"current_mse_fp32", NULL, "current", "", "mse", false, {{1, 0, 0}, {8, 4, 4}},
+     false, {0, 0, 0}},
+    {"current_xent_u8", NULL, "current", "", "softmax_xent", true, {{1, 0, 0}, {8, 4, 4}},
+     false, {0, 0, 0}},
+    {"nvfp4_rht", NULL, "nvfp4", "", "softmax_xent", false, {{8, 0, 0}, {8, 4, 4}},
+     false, {0, 0, 0}},
     {"nvfp4_no_rht", NULL, "nvfp4", "rule = linear.*@* -> nvfp4 rht=0", "softmax_xent", false,
-     {{1, 0, 0}, {8, 4, 4}}},
+     {{1, 0, 0}, {8, 4, 4}}, false, {0, 0, 0}},
     {"moe_current", "tests/recipes/synthetic_moe.recipe", "current", "", "", false,
-     {{2, 0, 0}, {10, 4, 4}}},
+     {{2, 0, 0}, {10, 4, 4}}, false, {0, 0, 0}},
+    // The activation's output and its input gradient straight into the casts: current scaling
+    // forward (y's amax, then the cast; in every program), delayed scaling forward and backward.
+    {"current_act_cast", NULL, "current", "", "softmax_xent", false, {{1, 0, 0}, {8, 4, 4}},
+     true, {2, 2, 2}},
+    {"delayed_act_cast", NULL, "delayed", "", "softmax_xent", false, {{0, 0, 0}, {0, 0, 0}},
+     true, {2, 1, 1}},
 };
 
 // The gradient norm read group by group during the backward pass (model_build.c,
@@ -1552,7 +1577,7 @@ static void test_norm_groups(backend_kind kind, const producer_case *pc) {
     slots_seen seen;
     const char *why = NULL;
     test_begin(name);
-    slots_setup su = {kind, false, false, false, UINT64_MAX};
+    slots_setup su = {kind, false, false, false, UINT64_MAX, pc->act_cast ? 1 : 0};
     if (!slots_run(text, &su, one_pass, &seen, &why)) {
         test_skip(name, why);
         return;

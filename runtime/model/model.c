@@ -840,6 +840,7 @@ qt_status model_plan(model *m, const recipe *r, arena *dev, arena *host,
     m->amax_passes = options->amax_passes;
     m->norm_group_elems = options->norm_group_elems;
     m->norm_elements = options->norm_elements;
+    m->act_cast_elems = options->act_cast_elems;
     m->seed = options->seed;
     m->comm = options->comm;
     m->rank = options->comm ? options->comm->rank : 0;

@@ -266,8 +266,9 @@ typedef struct model_options {
     // batch is then this rank's share of the global batch.
     const dp_comm *comm;
     // Every per-tensor amax of a step from a pass of its own over the stored tensor, none taken
-    // by the tensor's producer as it writes (model_build.c, mb_producer_serves): the same bits
-    // with more launches, for tests that compare the two.
+    // by the tensor's producer as it writes (model_build.c, mb_producer_serves), and every
+    // activation's output stored before its cast (no act_cast_elems): the same bits with more
+    // launches, for tests that compare the two.
     bool amax_passes;
     // The gradient norm's groups during the backward pass (model_build.c, MB_NORM_GROUP_ELEMS):
     // 0, the usual size; another count, groups of at least that many elements; UINT64_MAX, no
@@ -278,6 +279,11 @@ typedef struct model_options {
     // units (model_build.c, mb_grad_units): other bits (another order of the sums), for tests
     // that compare a dense layer with one the GEMM cannot give units for.
     bool norm_elements;
+    // Activations whose output only a per-tensor FP8 cast reads, and that cast, in one pass
+    // (model_build.c, mb_act_casts): 0, for activations of MB_ACT_CAST_ELEMS_MIN elements and
+    // more; another count, from that many; UINT64_MAX, never. The same bits every way, for tests
+    // that compare them on small models.
+    uint64_t act_cast_elems;
 } model_options;
 
 // The tensors of one moe layer's forward pass that its backward pass reads.
@@ -313,6 +319,11 @@ typedef struct model_builder {
     prog_ref rows_valid;    // u32 (the staging header)
     model_tensor acts[RECIPE_LAYERS_MAX + 1];  // acts[i]: input of layer i; acts[n]: output
     model_qstore xq[MODEL_LINEARS_MAX];        // quantized inputs of the linears
+    // Copies that an activation's cast made before the linear that reads them was built
+    // (model_build.c, mb_act_casts): an input (xq_made, in xq) or an output gradient (dyq).
+    bool xq_made[MODEL_LINEARS_MAX];
+    model_qstore dyq[MODEL_LINEARS_MAX];
+    bool dyq_made[MODEL_LINEARS_MAX];
     model_build_moe moes[MODEL_MOES_MAX];
     prog_ref inv_rms[RECIPE_LAYERS_MAX];
     prog_ref stats;         // qt_loss_stats
@@ -351,6 +362,7 @@ typedef struct model {
     bool amax_passes;             // model_options.amax_passes
     uint64_t norm_group_elems;    // model_options.norm_group_elems
     bool norm_elements;           // model_options.norm_elements
+    uint64_t act_cast_elems;      // model_options.act_cast_elems
     bool modes[MODEL_MODE_COUNT];
     bool classification;          // softmax_xent (else mse)
     uint32_t input_features;      // the dataset's

@@ -272,17 +272,24 @@ static op_mxfp8_quantize_desc mb_mxfp8_desc(const model_quantizer *mq, model_ten
 // asked for; a grouped x (group.count members: an moe layer's permuted rows) gets per-member
 // scales. record_amax: delayed scaling adds this cast's amax to the history (train only). The
 // amaxes it merges into are slots of the step (model_amax_slots); where the producer of x took
-// x's amax already, the store's own amax is not used.
-static qt_status mb_quantize(mb *b, const char *what, const model_quantizer *mq, model_tensor x,
-                             op_group group, bool rowwise, bool colwise, bool record_amax,
-                             model_qstore *s) {
+// x's amax already, the store's own amax is not used. mb_qstore reserves the store alone, for a
+// producer that fills it itself (mb_act_cast).
+static qt_status mb_qstore(mb *b, const char *what, const model_quantizer *mq, model_tensor x,
+                           op_group group, bool rowwise, bool colwise, model_qstore *s) {
     char prefix[ARENA_NAME_MAX];
     snprintf(prefix, sizeof prefix, "%s.%s", model_mode_name(b->mode), what);
     model_place pl = {b->m->dev, prefix, false, ARENA_CAT_ACTIVATIONS,
                       prog_ref_present(x.amax) ? NULL : &b->amax_slots};
     bool convert = mq->q.format == QT_FORMAT_BF16 && x.dtype != QT_DTYPE_BF16;
-    QT_TRY(model_qstore_reserve(&pl, mq, x.rows, x.cols, group.count, rowwise, colwise, convert,
-                                s));
+    return model_qstore_reserve(&pl, mq, x.rows, x.cols, group.count, rowwise, colwise, convert,
+                                s);
+}
+
+static qt_status mb_quantize(mb *b, const char *what, const model_quantizer *mq, model_tensor x,
+                             op_group group, bool rowwise, bool colwise, bool record_amax,
+                             model_qstore *s) {
+    bool convert = mq->q.format == QT_FORMAT_BF16 && x.dtype != QT_DTYPE_BF16;
+    QT_TRY(mb_qstore(b, what, mq, x, group, rowwise, colwise, s));
     switch (mq->q.format) {
     case QT_FORMAT_BF16:
         if (!convert) {
@@ -699,9 +706,12 @@ static qt_status mb_linear_forward(mb *b, uint32_t layer, model_tensor x, model_
     QT_ASSERT(x.cols == lin->in_padded);
     char what[ARENA_NAME_MAX];
     snprintf(what, sizeof what, "%s.x", name);
-    // Training also keeps the columnwise copy for wgrad.
-    QT_TRY(mb_quantize(b, what, &m->quantizers[lin->q_input], x, op_group_dense(), true,
-                       b->train, b->train, &b->xq[li]));
+    // Training also keeps the columnwise copy for wgrad. An activation's cast may have made
+    // both already (mb_act_cast_forward).
+    if (!b->xq_made[li]) {
+        QT_TRY(mb_quantize(b, what, &m->quantizers[lin->q_input], x, op_group_dense(), true,
+                           b->train, b->train, &b->xq[li]));
+    }
     snprintf(what, sizeof what, "%s.y", name);
     QT_TRY(mb_tensor(b, what, x.rows, lin->out, ARENA_CAT_ACTIVATIONS, y));
     mb_operand a = mb_dense(&m->quantizers[lin->q_input], &b->xq[li], x.rows, lin->in_padded,
@@ -948,6 +958,103 @@ static bool mb_linear(const mb *b, uint32_t i) {
     return b->m->recipe->model.layers[i].kind == RECIPE_LAYER_LINEAR;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Activations whose output only a cast reads (ptx/quant_fp8.h, fp8_act_cast_args)
+
+// Smaller activations keep their stored output: a block's table (4096 exact evaluations) is
+// repaid by large tensors only, and a small step's split GEMMs take their activation along in
+// their reduction (op_gemm_act) at no launch of its own.
+#define MB_ACT_CAST_ELEMS_MIN (1ull << 21)
+
+// Whether activation layer `act`, between two linears, hands its output (forward: to the input
+// cast of linear act + 1) or its input's gradient (backward: to the gradient cast of linear
+// act - 1) to that cast without storing it, the cast reading the activation's own inputs
+// instead (mb_act_cast_forward, mb_act_cast_backward). The cast must be a per-tensor FP8 one:
+// forward with delayed or current scaling (current reads x once more for y's amax first, which
+// still saves a pass, y's store and its read), backward with delayed scaling only (with current
+// scaling the amax pass would read dy and x both: as many bytes as the stored dx). The stored
+// tensor must have no other reader: no recompute (which re-makes y in BF16), and backward no
+// bias gradient below (which sums the BF16 dx).
+static bool mb_act_casts(const mb *b, uint32_t act, bool backward) {
+    const model *m = b->m;
+    const recipe_model *rm = &m->recipe->model;
+    recipe_layer_kind kind = rm->layers[act].kind;
+    if (m->amax_passes || m->act_cast_elems == UINT64_MAX) return false;
+    if (kind != RECIPE_LAYER_GELU && kind != RECIPE_LAYER_SILU) return false;
+    if (act == 0 || act + 1 >= rm->layers_count || m->recompute[act]) return false;
+    if (!mb_linear(b, act - 1) || !mb_linear(b, act + 1)) return false;
+    const model_linear *below = &m->linears[m->layer_linear[act - 1]];
+    const model_linear *above = &m->linears[m->layer_linear[act + 1]];
+    const model_quantizer *q = backward ? &m->quantizers[below->q_grad]
+                                        : &m->quantizers[above->q_input];
+    bool fp8 = q->q.format == QT_FORMAT_FP8_E4M3 || q->q.format == QT_FORMAT_FP8_E5M2;
+    bool scheme = q->q.scheme == QT_SCHEME_DELAYED ||
+                  (!backward && q->q.scheme == QT_SCHEME_CURRENT);
+    if (!fp8 || !scheme || above->in_padded != below->out || below->out % 8 != 0) return false;
+    if (backward && (below->bias || !b->train)) return false;
+    uint64_t min = m->act_cast_elems ? m->act_cast_elems : MB_ACT_CAST_ELEMS_MIN;
+    return (uint64_t)m->batch * below->out >= min;
+}
+
+// The ops of one activation's cast into the store s of quantizer mq (mb_quantize_fp8's bits
+// for the stored tensor): delayed scaling, one; current scaling, y's amax into the store's slot
+// of the step and then the cast.
+static qt_status mb_act_cast(mb *b, const char *name, const model_quantizer *mq,
+                             const op_fp8_act_input *in, bool record_amax, const model_qstore *s) {
+    op_fp8_output out = {model_fp8_code(mq->q.elem), s->row_data, s->col_data, s->scale_inv};
+    if (mq->q.scheme == QT_SCHEME_DELAYED) {
+        prog_ref amax = record_amax ? mb_state_amax(b, mq) : OP_FP8_NONE;
+        return op_fp8_act_cast_delayed(b->p, name, in, &out, mb_state_scale(b, mq), amax);
+    }
+    QT_TRY(op_fp8_act_amax_merge(b->p, name, in, s->amax_row));
+    return op_fp8_act_cast_current(b->p, name, in, &out, s->amax_row, mq->q.pow2,
+                                   mq->q.amax_eps);
+}
+
+// x, linear act - 1's output, through activation `act` into the input copies of linear act + 1
+// (b->xq, which its forward then reads as made: xq_made); *y: the activation's output by its
+// shape alone (no region: nothing reads it).
+static qt_status mb_act_cast_forward(mb *b, uint32_t act, model_tensor x, model_tensor *y) {
+    const model *m = b->m;
+    const recipe_layer *layers = m->recipe->model.layers;
+    uint32_t li = m->layer_linear[act + 1];
+    const model_quantizer *mq = &m->quantizers[m->linears[li].q_input];
+    QT_ASSERT(x.dtype == QT_DTYPE_BF16);
+    *y = (model_tensor){OP_REF_NONE, QT_DTYPE_BF16, x.rows, x.cols, OP_REF_NONE};
+    char what[ARENA_NAME_MAX], name[ARENA_NAME_MAX];
+    snprintf(what, sizeof what, "%s.x", layers[act + 1].name);
+    QT_TRY(mb_qstore(b, what, mq, *y, op_group_dense(), true, b->train, &b->xq[li]));
+    b->xq_made[li] = true;
+    char buf[24];
+    snprintf(name, sizeof name, "%s.y", mb_layer_name(b, act, buf, sizeof buf));
+    op_fp8_act_input in = {mb_act_kind(layers[act].kind), false, x.ref, OP_FP8_NONE, x.rows,
+                           x.cols};
+    return mb_act_cast(b, name, mq, &in, b->train, &b->xq[li]);
+}
+
+// dy, the gradient at activation act's output (linear act + 1's dgrad), through the
+// activation's backward pass into the gradient copies of linear act - 1 (b->dyq, dyq_made);
+// *dx: the activation's input gradient by its shape alone.
+static qt_status mb_act_cast_backward(mb *b, uint32_t act, model_tensor dy, model_tensor *dx) {
+    const model *m = b->m;
+    const recipe_layer *layers = m->recipe->model.layers;
+    uint32_t li = m->layer_linear[act - 1];
+    const model_linear *lin = &m->linears[li];
+    const model_quantizer *qg = &m->quantizers[lin->q_grad];
+    model_tensor x = b->acts[act];
+    QT_ASSERT(dy.dtype == QT_DTYPE_BF16 && x.dtype == QT_DTYPE_BF16);
+    QT_ASSERT(dy.rows == x.rows && dy.cols == x.cols);
+    *dx = (model_tensor){OP_REF_NONE, QT_DTYPE_BF16, x.rows, x.cols, OP_REF_NONE};
+    char what[ARENA_NAME_MAX], name[ARENA_NAME_MAX];
+    snprintf(what, sizeof what, "%s.dy", layers[act - 1].name);
+    QT_TRY(mb_qstore(b, what, qg, *dx, op_group_dense(), lin->needs_dx, true, &b->dyq[li]));
+    b->dyq_made[li] = true;
+    char buf[24];
+    snprintf(name, sizeof name, "%s.dx", mb_layer_name(b, act, buf, sizeof buf));
+    op_fp8_act_input in = {mb_act_kind(layers[act].kind), true, x.ref, dy.ref, x.rows, x.cols};
+    return mb_act_cast(b, name, qg, &in, true, &b->dyq[li]);
+}
+
 static qt_status mb_forward(mb *b) {
     const recipe_model *rm = &b->m->recipe->model;
     model_tensor stack[RECIPE_RESIDUAL_DEPTH_MAX];
@@ -958,7 +1065,12 @@ static qt_status mb_forward(mb *b) {
     for (uint32_t i = 0; i < rm->layers_count; i++) {
         b->acts[i] = x;
         model_tensor y;
-        if (mb_linear(b, i) && i + 1 < rm->layers_count && mb_dense_act(b, i + 1)) {
+        if (mb_linear(b, i) && i + 1 < rm->layers_count && mb_act_casts(b, i + 1, false)) {
+            // The activation's output goes to the next linear's cast without being stored.
+            QT_TRY(mb_linear_forward(b, i, x, &b->acts[i + 1], NULL));
+            QT_TRY(mb_act_cast_forward(b, i + 1, b->acts[i + 1], &y));
+            i++;
+        } else if (mb_linear(b, i) && i + 1 < rm->layers_count && mb_dense_act(b, i + 1)) {
             // A linear and its activation together, so that a split fprop's reduction takes
             // the activation along (op_gemm_act); the activation's input is the linear's y.
             mb_then_act then = {.layer = i + 1, .backward = false, .out = &y};
@@ -1100,9 +1212,12 @@ static qt_status mb_linear_backward(mb *b, uint32_t layer, model_tensor dy, mode
     QT_ASSERT(then == NULL || lin->needs_dx);
     char what[ARENA_NAME_MAX];
     snprintf(what, sizeof what, "%s.dy", name);
-    model_qstore dyq;
-    // dgrad reads the rowwise copy, wgrad the columnwise one; the first layer has no dgrad.
-    QT_TRY(mb_quantize(b, what, qg, dy, op_group_dense(), lin->needs_dx, true, true, &dyq));
+    model_qstore dyq = b->dyq[li];
+    // dgrad reads the rowwise copy, wgrad the columnwise one; the first layer has no dgrad. An
+    // activation's cast may have made both already (mb_act_cast_backward).
+    if (!b->dyq_made[li]) {
+        QT_TRY(mb_quantize(b, what, qg, dy, op_group_dense(), lin->needs_dx, true, true, &dyq));
+    }
     uint32_t rows = dy.rows;
     const model_param *w = &m->params[lin->weight];
     model_tensor dw = {mb_dev(b, w->grad), QT_DTYPE_F32, lin->out, lin->in_padded,
@@ -1350,7 +1465,14 @@ static qt_status mb_backward(mb *b) {
     for (uint32_t i = rm->layers_count; i-- > b->m->first_param_layer;) {
         uint32_t top = i;  // with the activation below a linear, layers i - 1 ..= top go together
         model_tensor dx = {0};
-        if (mb_linear(b, i) && i > b->m->first_param_layer && mb_dense_act(b, i - 1)) {
+        if (mb_linear(b, i) && i > b->m->first_param_layer && mb_act_casts(b, i - 1, true)) {
+            // The activation's input gradient goes to the cast of the linear below without
+            // being stored.
+            model_tensor act_dy = {0};
+            QT_TRY(mb_linear_backward(b, i, dy, &act_dy, NULL));
+            QT_TRY(mb_act_cast_backward(b, i - 1, act_dy, &dx));
+            i--;
+        } else if (mb_linear(b, i) && i > b->m->first_param_layer && mb_dense_act(b, i - 1)) {
             // A linear's dgrad and the backward pass of the activation below, which reads it:
             // together, as in mb_forward.
             model_tensor act_dy = {0};

@@ -3,7 +3,8 @@
 #include <math.h>    // ldexpf
 #include <stddef.h>  // offsetof
 
-#include "runtime/ops/op_core.h"  // OP_GRID_BLOCKS_MAX
+#include "ptx/act_math.h"         // QT_ACT_GELU, QT_ACT_SILU
+#include "runtime/ops/op_core.h"  // OP_GRID_BLOCKS_MAX, OP_PLAN_SMS
 
 static void op_fp8_check_input(const op_fp8_input *in) {
     QT_ASSERT(in->dtype == QT_DTYPE_BF16 || in->dtype == QT_DTYPE_F32);
@@ -247,4 +248,87 @@ qt_status op_fp8_transpose(program *p, const char *name, uint32_t rows, uint32_t
                          PROG_READ));
     return prog_use_span(p, op, offsetof(fp8_transpose_args, scales_out), grid->out, scale_bytes,
                          PROG_WRITE);
+}
+
+// ---------------------------------------------------------------------------------------------
+// An activation and the cast of its output (fp8_act_cast_args).
+
+// The op shared by the three: args->cast holds the scaling mode and its fields; out NULL: the
+// amax alone. The grid: every tile its block up to QT_FP8_ACT_CAST_BLOCKS_PER_SM blocks an SM of
+// the planned GPUs (OP_PLAN_SMS), each block taking every gridDim.x-th tile after its own.
+static qt_status op_fp8_act_append(program *p, const char *name, const op_fp8_act_input *in,
+                                   const op_fp8_output *out, fp8_act_cast_args *args,
+                                   uint32_t *op) {
+    QT_ASSERT(in->act == QT_ACT_GELU || in->act == QT_ACT_SILU);
+    QT_ASSERT(in->rows >= 1 && in->cols >= 1 && in->cols % 8 == 0);
+    QT_ASSERT(prog_ref_present(in->x) && in->x.offset % 16 == 0);
+    QT_ASSERT(!in->backward || (prog_ref_present(in->dy) && in->dy.offset % 16 == 0));
+    args->act = in->act;
+    args->cast.rows = in->rows;
+    args->cast.cols = in->cols;
+    args->cast.dtype = QT_DTYPE_BF16;
+    uint64_t tiles = (uint64_t)((in->rows + QT_FP8_CAST_TILE_ROWS - 1) / QT_FP8_CAST_TILE_ROWS) *
+                     ((in->cols + QT_FP8_CAST_TILE_COLS - 1) / QT_FP8_CAST_TILE_COLS);
+    QT_ASSERT(tiles <= 0xFFFFFFFFu);
+    uint64_t blocks = OP_PLAN_SMS * QT_FP8_ACT_CAST_BLOCKS_PER_SM;
+    if (tiles < blocks) blocks = tiles;
+    launch_shape shape = {{(uint32_t)blocks, 1, 1}, {QT_FP8_CAST_THREADS, 1, 1}, 0};
+    kernel_id kernel = in->backward ? KERNEL_FP8_ACT_CAST_BWD : KERNEL_FP8_ACT_CAST_FWD;
+    if (out) {
+        QT_ASSERT(out->fp8 == QT_FP8_E4M3 || out->fp8 == QT_FP8_E5M2);
+        QT_ASSERT(prog_ref_present(out->scale_inv));
+        QT_ASSERT(prog_ref_present(out->rowwise) || prog_ref_present(out->colwise));
+        QT_ASSERT(out->rowwise.offset % 8 == 0 && out->colwise.offset % 8 == 0);
+        args->cast.fp8 = out->fp8;
+    }
+    uint64_t bytes = (uint64_t)in->rows * in->cols;
+    QT_TRY(prog_append(p, kernel, name, &shape, args, sizeof *args, op));
+    QT_TRY(prog_use_span(p, *op, offsetof(fp8_act_cast_args, cast.x), in->x, 2 * bytes,
+                         PROG_READ));
+    if (in->backward) {
+        QT_TRY(prog_use_span(p, *op, offsetof(fp8_act_cast_args, dy), in->dy, 2 * bytes,
+                             PROG_READ));
+    }
+    if (!out) return QT_OK;
+    QT_TRY(prog_use_optional(p, *op, offsetof(fp8_act_cast_args, cast.rowwise), out->rowwise,
+                             bytes, PROG_WRITE));
+    QT_TRY(prog_use_optional(p, *op, offsetof(fp8_act_cast_args, cast.colwise), out->colwise,
+                             bytes, PROG_WRITE));
+    return prog_use_span(p, *op, offsetof(fp8_act_cast_args, cast.scale_inv), out->scale_inv, 4,
+                         PROG_WRITE);
+}
+
+qt_status op_fp8_act_amax_merge(program *p, const char *name, const op_fp8_act_input *in,
+                                prog_ref amax) {
+    QT_ASSERT(prog_ref_present(amax));
+    fp8_act_cast_args args = {0};
+    uint32_t op;
+    QT_TRY(op_fp8_act_append(p, name, in, NULL, &args, &op));
+    // An atomic max reads and writes the slot.
+    return prog_use_span(p, op, offsetof(fp8_act_cast_args, cast.amax_out), amax, 4,
+                         PROG_READ_WRITE);
+}
+
+qt_status op_fp8_act_cast_delayed(program *p, const char *name, const op_fp8_act_input *in,
+                                  const op_fp8_output *out, prog_ref scale, prog_ref amax_slots) {
+    QT_ASSERT(prog_ref_present(scale));
+    fp8_act_cast_args args = {0};
+    args.cast.scale_mode = QT_FP8_SCALE_DELAYED;
+    uint32_t op;
+    QT_TRY(op_fp8_act_append(p, name, in, out, &args, &op));
+    QT_TRY(prog_use_span(p, op, offsetof(fp8_act_cast_args, cast.scale), scale, 4, PROG_READ));
+    return prog_use_optional(p, op, offsetof(fp8_act_cast_args, cast.amax_out), amax_slots, 4,
+                             PROG_READ_WRITE);
+}
+
+qt_status op_fp8_act_cast_current(program *p, const char *name, const op_fp8_act_input *in,
+                                  const op_fp8_output *out, prog_ref amax, bool pow2, float eps) {
+    QT_ASSERT(prog_ref_present(amax));
+    fp8_act_cast_args args = {0};
+    args.cast.scale_mode = QT_FP8_SCALE_CURRENT;
+    args.cast.pow2 = pow2 ? 1u : 0u;
+    args.cast.eps = eps;
+    uint32_t op;
+    QT_TRY(op_fp8_act_append(p, name, in, out, &args, &op));
+    return prog_use_span(p, op, offsetof(fp8_act_cast_args, cast.amax_in), amax, 4, PROG_READ);
 }

@@ -123,4 +123,28 @@ qt_status op_fp8_transpose(program *p, const char *name, uint32_t rows, uint32_t
 qt_status op_fp8_dequantize(program *p, const char *name, const op_fp8_input *hp,
                             const op_fp8_output *codes, bool colwise);
 
+// An activation's input, whose output y a cast takes without y being stored
+// (ptx/quant_fp8.h, fp8_act_cast_args): y = act(x) forward, dy * act'(x) backward, in BF16.
+typedef struct op_fp8_act_input {
+    uint32_t act;  // QT_ACT_GELU | QT_ACT_SILU
+    bool backward;
+    prog_ref x;    // BF16 (rows, cols), the activation's input
+    prog_ref dy;   // backward: BF16 (rows, cols), the gradient at its output; else OP_FP8_NONE
+    uint32_t rows, cols;  // cols % 8 == 0
+} op_fp8_act_input;
+
+// amax = max(amax, max |y|) (NaN skipped) for a slot that is +0 already (a step's amax slot):
+// what op_fp8_amax_merge would take from a stored y. One op.
+qt_status op_fp8_act_amax_merge(program *p, const char *name, const op_fp8_act_input *in,
+                                prog_ref amax);
+
+// y's codes with delayed scaling: op_fp8_cast_delayed's bits for the stored y. One op.
+qt_status op_fp8_act_cast_delayed(program *p, const char *name, const op_fp8_act_input *in,
+                                  const op_fp8_output *out, prog_ref scale, prog_ref amax_slots);
+
+// y's codes with current scaling from y's amax (op_fp8_act_amax_merge): op_fp8_cast_current's
+// bits for the stored y. One op.
+qt_status op_fp8_act_cast_current(program *p, const char *name, const op_fp8_act_input *in,
+                                  const op_fp8_output *out, prog_ref amax, bool pow2, float eps);
+
 #endif  // QT_OP_QUANT_FP8_H

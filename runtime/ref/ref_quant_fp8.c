@@ -4,6 +4,7 @@
 // do (a maximum, whatever the order).
 #include <stdbool.h>
 
+#include "ptx/act_math.h"          // qt_act_lut_value: the values of the act casts' tables
 #include "runtime/base/pool.h"  // pool_for, POOL_CPU_CLONES
 #include "runtime/ref/ref.h"
 
@@ -169,4 +170,64 @@ void ref_qt_fp8_transpose(const fp8_transpose_args *a, const launch_shape *shape
             out[c * a->scale_rows + r] = scales[r * a->scale_cols + c];
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The activation and the cast of its output (fp8_act_cast_args): each element's y as the act
+// twins store it (the table's values are qt_act_lut_value's), then the cast's code and amax.
+
+typedef struct ref_fp8_act_job {
+    const fp8_act_cast_args *a;
+    bool backward;
+    float scale;
+} ref_fp8_act_job;
+
+static float ref_fp8_act_y(const fp8_act_cast_args *a, bool backward, uint64_t i) {
+    float x = qt_bf16_to_f32(REF_PTR(const uint16_t, a->cast.x)[i]);
+    float f = qt_act_lut_value(a->act, backward, x);
+    if (backward) f = qt_bf16_to_f32(REF_PTR(const uint16_t, a->dy)[i]) * f;
+    return qt_bf16_to_f32(qt_f32_to_bf16(f));
+}
+
+POOL_CPU_CLONES static void ref_fp8_act_cast_rows(void *ctx, uint64_t begin, uint64_t end) {
+    const ref_fp8_act_job *job = ctx;
+    const fp8_cast_args *c = &job->a->cast;
+    uint8_t *rowwise = REF_PTR(uint8_t, c->rowwise);
+    uint8_t *colwise = REF_PTR(uint8_t, c->colwise);
+    bool codes = rowwise || colwise;
+    float amax = 0.0f;
+    for (uint64_t r = begin; r < end; r++) {
+        for (uint64_t k = 0; k < c->cols; k++) {
+            float y = ref_fp8_act_y(job->a, job->backward, r * c->cols + k);
+            amax = qt_fp8_amax_step(amax, y);
+            if (!codes) continue;
+            uint8_t code = qt_fp8_quantize(y, job->scale, c->fp8);
+            if (rowwise) rowwise[r * c->cols + k] = code;
+            if (colwise) colwise[k * c->rows + r] = code;
+        }
+    }
+    if (c->amax_out) ref_amax_merge(REF_PTR(float, c->amax_out), amax);
+}
+
+static void ref_fp8_act_cast(const fp8_act_cast_args *a, bool backward) {
+    const fp8_cast_args *c = &a->cast;
+    ref_fp8_act_job job = {a, backward, 0.0f};
+    if (c->rowwise || c->colwise) {
+        job.scale = qt_fp8_member_scale(c, 0);
+        if (c->scale_mode == QT_FP8_SCALE_CURRENT && c->scale) {
+            REF_PTR(float, c->scale)[0] = job.scale;
+        }
+        REF_PTR(float, c->scale_inv)[0] = qt_fp8_scale_inv(job.scale);
+    }
+    pool_for(c->rows, ref_task_rows(c->cols), ref_fp8_act_cast_rows, &job);
+}
+
+void ref_qt_fp8_act_cast_fwd(const fp8_act_cast_args *a, const launch_shape *shape) {
+    (void)shape;
+    ref_fp8_act_cast(a, false);
+}
+
+void ref_qt_fp8_act_cast_bwd(const fp8_act_cast_args *a, const launch_shape *shape) {
+    (void)shape;
+    ref_fp8_act_cast(a, true);
 }
