@@ -465,18 +465,8 @@ template <uint32_t kAct, bool kBackward>
 __device__ __forceinline__ void act_lut_chunk_words(const act_args &args, const float *table,
                                                     uint4 xw, const float dy[8], uint64_t first,
                                                     float &m) {
-    const uint32_t w[4] = {xw.x, xw.y, xw.z, xw.w};
-    uint32_t h[8], offset[8], any = 0;
-#pragma unroll
-    for (int k = 0; k < 4; k++) {  // element 2k is the low half of word k (act_unpack8_bf16)
-        h[2 * k] = w[k] & 0xFFFFu;
-        h[2 * k + 1] = w[k] >> 16;
-    }
-#pragma unroll
-    for (int k = 0; k < 8; k++) {
-        offset[k] = qt_act_lut_offset(h[k]);
-        any |= offset[k];
-    }
+    uint32_t h[8], offset[8];
+    uint32_t any = qt_act_lut_chunk(xw, h, offset);
     float out[8];
     if (any < QT_ACT_LUT_SIGN_ENTRIES) {  // every offset is: its bits are all below bit 11
 #pragma unroll

@@ -175,4 +175,27 @@ QT_HD float qt_act_lut_value(uint32_t act, uint32_t backward, float v) {
     return backward ? qt_act_grad(act, v) : qt_act_forward(act, v);
 }
 
+#if defined(__CUDACC__)
+// The entries' offsets of a chunk of eight BF16 inputs as loaded (element 2k is the low half of
+// word k): h[k] the inputs' bits, offset[k] = qt_act_lut_offset(h[k]). Returns their OR, below
+// QT_ACT_LUT_SIGN_ENTRIES iff every input of the chunk has an entry, so that the kernels test a
+// chunk with one comparison.
+__device__ __forceinline__ uint32_t qt_act_lut_chunk(uint4 xw, uint32_t h[8],
+                                                     uint32_t offset[8]) {
+    const uint32_t w[4] = {xw.x, xw.y, xw.z, xw.w};
+    uint32_t any = 0;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        h[2 * k] = w[k] & 0xFFFFu;
+        h[2 * k + 1] = w[k] >> 16;
+    }
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        offset[k] = qt_act_lut_offset(h[k]);
+        any |= offset[k];
+    }
+    return any;
+}
+#endif  // __CUDACC__
+
 #endif  // QT_ACT_MATH_H

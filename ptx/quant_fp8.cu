@@ -670,18 +670,9 @@ __device__ __noinline__ float qt_fp8_act_miss(uint32_t act, float v) {
 template <bool kBackward>
 __device__ __forceinline__ void qt_fp8_act_values(uint32_t act, const float *table, uint4 xw,
                                                   uint4 dw, float f[8]) {
-    const uint32_t w[4] = {xw.x, xw.y, xw.z, xw.w}, d[4] = {dw.x, dw.y, dw.z, dw.w};
-    uint32_t h[8], offset[8], any = 0;
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        h[2 * k] = w[k] & 0xFFFFu;
-        h[2 * k + 1] = w[k] >> 16;
-    }
-#pragma unroll
-    for (int k = 0; k < 8; k++) {
-        offset[k] = qt_act_lut_offset(h[k]);
-        any |= offset[k];
-    }
+    const uint32_t d[4] = {dw.x, dw.y, dw.z, dw.w};
+    uint32_t h[8], offset[8];
+    uint32_t any = qt_act_lut_chunk(xw, h, offset);
     // Backward (x and dy of four chunks live) the chunk's test would spill at 4 blocks an SM.
     if (!kBackward && any < QT_ACT_LUT_SIGN_ENTRIES) {  // every offset is: all bits below 11
 #pragma unroll
