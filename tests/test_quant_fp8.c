@@ -1413,6 +1413,32 @@ static void test_gpu_delayed_states(void) {
     test_end();
 }
 
+// Both backends' rigs for a test that runs one program on each and compares them: the GPU's
+// (on_gpu false, with why, when there is none) and the reference backend's. Large: off the stack.
+typedef struct t_rig_pair {
+    rig *gpu, *ref;
+    bool on_gpu;
+    const char *why;
+} t_rig_pair;
+
+static void t_rig_pair_open(t_rig_pair *r) {
+    r->gpu = calloc(1, sizeof *r->gpu);
+    r->ref = calloc(1, sizeof *r->ref);
+    r->why = NULL;
+    r->on_gpu = rig_open(r->gpu, BACKEND_GPU, &r->why);
+    const char *ref_why = NULL;
+    rig_open(r->ref, BACKEND_REF, &ref_why);
+}
+
+// Closes both; without a GPU, `gpu_case` is reported skipped with the reason.
+static void t_rig_pair_close(t_rig_pair *r, const char *gpu_case) {
+    if (r->on_gpu) rig_close(r->gpu);
+    rig_close(r->ref);
+    free(r->gpu);
+    free(r->ref);
+    if (!r->on_gpu) test_skip(gpu_case, r->why);
+}
+
 // The transpose of rowwise codes (op_fp8_transpose) equals the columnwise codes the cast wrote
 // beside them, byte for byte, on each backend, and the GPU's equals the reference backend's:
 // per-tensor current scaling, and FP8 block scaling's 128 x 128 tiles with the tile scales
@@ -1491,10 +1517,9 @@ static void test_transpose_equals_cast_columns(void) {
     static const uint32_t shapes[][2] = {{1, 1},     {7, 13},     {64, 128},  {65, 129},
                                          {128, 72},  {200, 1000}, {3000, 520}, {1024, 4096},
                                          {4096, 1024}};
-    rig *gpu = calloc(1, sizeof *gpu), *ref = calloc(1, sizeof *ref);  // large: off the stack
-    const char *why = NULL;
-    bool on_gpu = rig_open(gpu, BACKEND_GPU, &why);
-    rig_open(ref, BACKEND_REF, &why);
+    t_rig_pair rigs;
+    t_rig_pair_open(&rigs);
+    rig *gpu = rigs.gpu, *ref = rigs.ref;
     test_begin("transpose_equals_cast_columns");
     uint64_t state = 7;
     for (size_t i = 0; i < 2 * sizeof shapes / sizeof shapes[0]; i++) {
@@ -1511,7 +1536,7 @@ static void test_transpose_equals_cast_columns(void) {
         rig_reset(ref);
         t_transpose_build(ref, rows, cols, block, &hr);
         uint8_t *tr = t_transpose_run(ref, &hr, rows, cols, block, x, "ref");
-        if (on_gpu) {
+        if (rigs.on_gpu) {
             rig_reset(gpu);
             t_transpose_build(gpu, rows, cols, block, &hg);
             uint8_t *tg = t_transpose_run(gpu, &hg, rows, cols, block, x, "gpu");
@@ -1524,12 +1549,8 @@ static void test_transpose_equals_cast_columns(void) {
         free(tr);
         free(x);
     }
-    if (on_gpu) rig_close(gpu);
-    rig_close(ref);
-    free(gpu);
-    free(ref);
     test_end();
-    if (!on_gpu) test_skip("gpu_transpose_matches_ref", why);
+    t_rig_pair_close(&rigs, "gpu_transpose_matches_ref");
 }
 
 // The activation and the cast of its output in one pass (op_fp8_act_*) against the activation
@@ -1651,10 +1672,9 @@ static void test_act_cast_equals_act_then_cast(void) {
     };
     const size_t n_shapes = sizeof shapes / sizeof shapes[0];
     const size_t n_modes = sizeof modes / sizeof modes[0];
-    rig *gpu = calloc(1, sizeof *gpu), *ref = calloc(1, sizeof *ref);  // large: off the stack
-    const char *why = NULL;
-    bool on_gpu = rig_open(gpu, BACKEND_GPU, &why);
-    rig_open(ref, BACKEND_REF, &why);
+    t_rig_pair rigs;
+    t_rig_pair_open(&rigs);
+    rig *gpu = rigs.gpu, *ref = rigs.ref;
     test_begin("act_cast_equals_act_then_cast");
     uint64_t state = 19;
     for (size_t i = 0; i < n_shapes * 2; i++) {
@@ -1673,7 +1693,7 @@ static void test_act_cast_equals_act_then_cast(void) {
         rig_reset(ref);
         t_act_cast_build(ref, rows, cols, md, &hr);
         uint8_t *or = t_act_cast_run(ref, &hr, rows, cols, md, x, dy, "ref");
-        if (on_gpu) {
+        if (rigs.on_gpu) {
             rig_reset(gpu);
             t_act_cast_build(gpu, rows, cols, md, &hg);
             uint8_t *og = t_act_cast_run(gpu, &hg, rows, cols, md, x, dy, "gpu");
@@ -1688,12 +1708,8 @@ static void test_act_cast_equals_act_then_cast(void) {
         free(x);
         free(dy);
     }
-    if (on_gpu) rig_close(gpu);
-    rig_close(ref);
-    free(gpu);
-    free(ref);
     test_end();
-    if (!on_gpu) test_skip("gpu_act_cast_matches_ref", why);
+    t_rig_pair_close(&rigs, "gpu_act_cast_matches_ref");
 }
 
 int main(void) {
