@@ -319,11 +319,9 @@ typedef struct model_builder {
     prog_ref rows_valid;    // u32 (the staging header)
     model_tensor acts[RECIPE_LAYERS_MAX + 1];  // acts[i]: input of layer i; acts[n]: output
     model_qstore xq[MODEL_LINEARS_MAX];        // quantized inputs of the linears
-    // Copies that an activation's cast made before the linear that reads them was built
-    // (model_build.c, mb_act_casts): an input (xq_made, in xq) or an output gradient (dyq).
-    bool xq_made[MODEL_LINEARS_MAX];
+    // Output gradients' copies that an activation's cast made before the backward pass of the
+    // linear that reads them was built (model_build.c, mb_act_casts).
     model_qstore dyq[MODEL_LINEARS_MAX];
-    bool dyq_made[MODEL_LINEARS_MAX];
     model_build_moe moes[MODEL_MOES_MAX];
     prog_ref inv_rms[RECIPE_LAYERS_MAX];
     prog_ref stats;         // qt_loss_stats

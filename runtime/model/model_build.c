@@ -288,11 +288,10 @@ static qt_status mb_qstore(mb *b, const char *what, const model_quantizer *mq, m
 static qt_status mb_quantize(mb *b, const char *what, const model_quantizer *mq, model_tensor x,
                              op_group group, bool rowwise, bool colwise, bool record_amax,
                              model_qstore *s) {
-    bool convert = mq->q.format == QT_FORMAT_BF16 && x.dtype != QT_DTYPE_BF16;
     QT_TRY(mb_qstore(b, what, mq, x, group, rowwise, colwise, s));
     switch (mq->q.format) {
     case QT_FORMAT_BF16:
-        if (!convert) {
+        if (!prog_ref_present(s->bf16.ref)) {  // x is BF16 already (mb_qstore reserved nothing)
             s->bf16 = x;
             return QT_OK;
         }
@@ -685,6 +684,49 @@ static qt_status mb_gemm(mb *b, const char *what, model_gemm kind, const model_l
 }
 
 // ---------------------------------------------------------------------------------------------
+// Activations whose output only a cast reads (ptx/quant_fp8.h, fp8_act_cast_args): which ones.
+// The ops come after the forward and backward passes of a linear (mb_act_cast).
+
+static bool mb_linear(const mb *b, uint32_t i) {
+    return b->m->recipe->model.layers[i].kind == RECIPE_LAYER_LINEAR;
+}
+
+// Smaller activations keep their stored output: a block's table (4096 exact evaluations) is
+// repaid by large tensors only, and a small step's split GEMMs take their activation along in
+// their reduction (op_gemm_act) at no launch of its own.
+#define MB_ACT_CAST_ELEMS_MIN (1ull << 21)
+
+// Whether activation layer `act`, between two linears, hands its output (forward: to the input
+// cast of linear act + 1) or its input's gradient (backward: to the gradient cast of linear
+// act - 1) to that cast without storing it, the cast reading the activation's own inputs
+// instead (mb_act_cast_forward, mb_act_cast_backward). The cast must be a per-tensor FP8 one:
+// forward with delayed or current scaling (current reads x once more for y's amax first, which
+// still saves a pass, y's store and its read), backward with delayed scaling only (with current
+// scaling the amax pass would read dy and x both: as many bytes as the stored dx). The stored
+// tensor must have no other reader: no recompute (which re-makes y in BF16), and backward no
+// bias gradient below (which sums the BF16 dx).
+static bool mb_act_casts(const mb *b, uint32_t act, bool backward) {
+    const model *m = b->m;
+    const recipe_model *rm = &m->recipe->model;
+    recipe_layer_kind kind = rm->layers[act].kind;
+    if (m->amax_passes || m->act_cast_elems == UINT64_MAX) return false;
+    if (kind != RECIPE_LAYER_GELU && kind != RECIPE_LAYER_SILU) return false;
+    if (act == 0 || act + 1 >= rm->layers_count || m->recompute[act]) return false;
+    if (!mb_linear(b, act - 1) || !mb_linear(b, act + 1)) return false;
+    const model_linear *below = &m->linears[m->layer_linear[act - 1]];
+    const model_linear *above = &m->linears[m->layer_linear[act + 1]];
+    const model_quantizer *q = backward ? &m->quantizers[below->q_grad]
+                                        : &m->quantizers[above->q_input];
+    bool fp8 = q->q.format == QT_FORMAT_FP8_E4M3 || q->q.format == QT_FORMAT_FP8_E5M2;
+    bool scheme = q->q.scheme == QT_SCHEME_DELAYED ||
+                  (!backward && q->q.scheme == QT_SCHEME_CURRENT);
+    if (!fp8 || !scheme || above->in_padded != below->out || below->out % 8 != 0) return false;
+    if (backward && below->bias) return false;
+    uint64_t min = m->act_cast_elems ? m->act_cast_elems : MB_ACT_CAST_ELEMS_MIN;
+    return (uint64_t)m->batch * below->out >= min;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Forward
 
 static const model_qstore *mb_weight(const mb *b, const model_linear *lin) {
@@ -706,9 +748,9 @@ static qt_status mb_linear_forward(mb *b, uint32_t layer, model_tensor x, model_
     QT_ASSERT(x.cols == lin->in_padded);
     char what[ARENA_NAME_MAX];
     snprintf(what, sizeof what, "%s.x", name);
-    // Training also keeps the columnwise copy for wgrad. An activation's cast may have made
-    // both already (mb_act_cast_forward).
-    if (!b->xq_made[li]) {
+    // Training also keeps the columnwise copy for wgrad. The activation before may have made
+    // both already, its cast reading its input (mb_act_cast_forward).
+    if (layer == 0 || !mb_act_casts(b, layer - 1, false)) {
         QT_TRY(mb_quantize(b, what, &m->quantizers[lin->q_input], x, op_group_dense(), true,
                            b->train, b->train, &b->xq[li]));
     }
@@ -954,47 +996,8 @@ static bool mb_dense_act(const mb *b, uint32_t i) {
     return k == RECIPE_LAYER_RELU || k == RECIPE_LAYER_GELU || k == RECIPE_LAYER_SILU;
 }
 
-static bool mb_linear(const mb *b, uint32_t i) {
-    return b->m->recipe->model.layers[i].kind == RECIPE_LAYER_LINEAR;
-}
-
 // ---------------------------------------------------------------------------------------------
-// Activations whose output only a cast reads (ptx/quant_fp8.h, fp8_act_cast_args)
-
-// Smaller activations keep their stored output: a block's table (4096 exact evaluations) is
-// repaid by large tensors only, and a small step's split GEMMs take their activation along in
-// their reduction (op_gemm_act) at no launch of its own.
-#define MB_ACT_CAST_ELEMS_MIN (1ull << 21)
-
-// Whether activation layer `act`, between two linears, hands its output (forward: to the input
-// cast of linear act + 1) or its input's gradient (backward: to the gradient cast of linear
-// act - 1) to that cast without storing it, the cast reading the activation's own inputs
-// instead (mb_act_cast_forward, mb_act_cast_backward). The cast must be a per-tensor FP8 one:
-// forward with delayed or current scaling (current reads x once more for y's amax first, which
-// still saves a pass, y's store and its read), backward with delayed scaling only (with current
-// scaling the amax pass would read dy and x both: as many bytes as the stored dx). The stored
-// tensor must have no other reader: no recompute (which re-makes y in BF16), and backward no
-// bias gradient below (which sums the BF16 dx).
-static bool mb_act_casts(const mb *b, uint32_t act, bool backward) {
-    const model *m = b->m;
-    const recipe_model *rm = &m->recipe->model;
-    recipe_layer_kind kind = rm->layers[act].kind;
-    if (m->amax_passes || m->act_cast_elems == UINT64_MAX) return false;
-    if (kind != RECIPE_LAYER_GELU && kind != RECIPE_LAYER_SILU) return false;
-    if (act == 0 || act + 1 >= rm->layers_count || m->recompute[act]) return false;
-    if (!mb_linear(b, act - 1) || !mb_linear(b, act + 1)) return false;
-    const model_linear *below = &m->linears[m->layer_linear[act - 1]];
-    const model_linear *above = &m->linears[m->layer_linear[act + 1]];
-    const model_quantizer *q = backward ? &m->quantizers[below->q_grad]
-                                        : &m->quantizers[above->q_input];
-    bool fp8 = q->q.format == QT_FORMAT_FP8_E4M3 || q->q.format == QT_FORMAT_FP8_E5M2;
-    bool scheme = q->q.scheme == QT_SCHEME_DELAYED ||
-                  (!backward && q->q.scheme == QT_SCHEME_CURRENT);
-    if (!fp8 || !scheme || above->in_padded != below->out || below->out % 8 != 0) return false;
-    if (backward && (below->bias || !b->train)) return false;
-    uint64_t min = m->act_cast_elems ? m->act_cast_elems : MB_ACT_CAST_ELEMS_MIN;
-    return (uint64_t)m->batch * below->out >= min;
-}
+// Activations whose output only a cast reads: the ops (mb_act_casts says which)
 
 // The ops of one activation's cast into the store s of quantizer mq (mb_quantize_fp8's bits
 // for the stored tensor): delayed scaling, one; current scaling, y's amax into the store's slot
@@ -1012,8 +1015,8 @@ static qt_status mb_act_cast(mb *b, const char *name, const model_quantizer *mq,
 }
 
 // x, linear act - 1's output, through activation `act` into the input copies of linear act + 1
-// (b->xq, which its forward then reads as made: xq_made); *y: the activation's output by its
-// shape alone (no region: nothing reads it).
+// (b->xq, which its forward then reads as they are); *y: the activation's output by its shape
+// alone (no region: nothing reads it).
 static qt_status mb_act_cast_forward(mb *b, uint32_t act, model_tensor x, model_tensor *y) {
     const model *m = b->m;
     const recipe_layer *layers = m->recipe->model.layers;
@@ -1024,7 +1027,6 @@ static qt_status mb_act_cast_forward(mb *b, uint32_t act, model_tensor x, model_
     char what[ARENA_NAME_MAX], name[ARENA_NAME_MAX];
     snprintf(what, sizeof what, "%s.x", layers[act + 1].name);
     QT_TRY(mb_qstore(b, what, mq, *y, op_group_dense(), true, b->train, &b->xq[li]));
-    b->xq_made[li] = true;
     char buf[24];
     snprintf(name, sizeof name, "%s.y", mb_layer_name(b, act, buf, sizeof buf));
     op_fp8_act_input in = {mb_act_kind(layers[act].kind), false, x.ref, OP_FP8_NONE, x.rows,
@@ -1033,8 +1035,8 @@ static qt_status mb_act_cast_forward(mb *b, uint32_t act, model_tensor x, model_
 }
 
 // dy, the gradient at activation act's output (linear act + 1's dgrad), through the
-// activation's backward pass into the gradient copies of linear act - 1 (b->dyq, dyq_made);
-// *dx: the activation's input gradient by its shape alone.
+// activation's backward pass into the gradient copies of linear act - 1 (b->dyq, which its
+// backward pass then reads as they are); *dx: the activation's input gradient by its shape alone.
 static qt_status mb_act_cast_backward(mb *b, uint32_t act, model_tensor dy, model_tensor *dx) {
     const model *m = b->m;
     const recipe_layer *layers = m->recipe->model.layers;
@@ -1048,7 +1050,6 @@ static qt_status mb_act_cast_backward(mb *b, uint32_t act, model_tensor dy, mode
     char what[ARENA_NAME_MAX], name[ARENA_NAME_MAX];
     snprintf(what, sizeof what, "%s.dy", layers[act - 1].name);
     QT_TRY(mb_qstore(b, what, qg, *dx, op_group_dense(), lin->needs_dx, true, &b->dyq[li]));
-    b->dyq_made[li] = true;
     char buf[24];
     snprintf(name, sizeof name, "%s.dx", mb_layer_name(b, act, buf, sizeof buf));
     op_fp8_act_input in = {mb_act_kind(layers[act].kind), true, x.ref, dy.ref, x.rows, x.cols};
@@ -1213,10 +1214,12 @@ static qt_status mb_linear_backward(mb *b, uint32_t layer, model_tensor dy, mode
     char what[ARENA_NAME_MAX];
     snprintf(what, sizeof what, "%s.dy", name);
     model_qstore dyq = b->dyq[li];
-    // dgrad reads the rowwise copy, wgrad the columnwise one; the first layer has no dgrad. An
-    // activation's cast may have made both already (mb_act_cast_backward).
-    if (!b->dyq_made[li]) {
+    // dgrad reads the rowwise copy, wgrad the columnwise one; the first layer has no dgrad. The
+    // activation after may have made both already (mb_act_cast_backward).
+    if (layer + 1 >= m->recipe->model.layers_count || !mb_act_casts(b, layer + 1, true)) {
         QT_TRY(mb_quantize(b, what, qg, dy, op_group_dense(), lin->needs_dx, true, true, &dyq));
+    } else {
+        QT_ASSERT(prog_ref_present(dyq.scale_inv));
     }
     uint32_t rows = dy.rows;
     const model_param *w = &m->params[lin->weight];

@@ -16,6 +16,15 @@ static uint32_t op_fp8_members(const op_fp8_input *in) {
     return in->group.count ? in->group.count : 1u;
 }
 
+// The QT_FP8_CAST_TILE_ROWS x QT_FP8_CAST_TILE_COLS tiles of a rows x cols tensor: the grid of
+// the cast and the transpose, and the work list of the activation casts.
+static uint64_t op_fp8_tiles(uint32_t rows, uint32_t cols) {
+    uint64_t tiles = (uint64_t)((rows + QT_FP8_CAST_TILE_ROWS - 1) / QT_FP8_CAST_TILE_ROWS) *
+                     ((cols + QT_FP8_CAST_TILE_COLS - 1) / QT_FP8_CAST_TILE_COLS);
+    QT_ASSERT(tiles <= 0x7FFFFFFFu);
+    return tiles;
+}
+
 qt_status op_fp8_amax_zero(program *p, const char *name, prog_ref amax, uint32_t slots) {
     QT_ASSERT(slots >= 1);
     fp8_amax_zero_args zero = {0, slots, 0};
@@ -60,10 +69,8 @@ static qt_status op_fp8_cast_append(program *p, const char *name, const op_fp8_i
     args->cols = in->cols;
     args->dtype = in->dtype;
     args->fp8 = out->fp8;
-    uint64_t tiles_m = (in->rows + QT_FP8_CAST_TILE_ROWS - 1) / QT_FP8_CAST_TILE_ROWS;
-    uint64_t tiles_k = (in->cols + QT_FP8_CAST_TILE_COLS - 1) / QT_FP8_CAST_TILE_COLS;
-    QT_ASSERT(tiles_m * tiles_k <= 0x7FFFFFFFu);
-    launch_shape shape = {{(uint32_t)(tiles_m * tiles_k), 1, 1}, {QT_FP8_CAST_THREADS, 1, 1}, 0};
+    uint64_t tiles = op_fp8_tiles(in->rows, in->cols);
+    launch_shape shape = {{(uint32_t)tiles, 1, 1}, {QT_FP8_CAST_THREADS, 1, 1}, 0};
     kernel_id kernel = in->dtype == QT_DTYPE_BF16 ? KERNEL_FP8_CAST_BF16 : KERNEL_FP8_CAST_F32;
     QT_TRY(prog_append(p, kernel, name, &shape, args, sizeof *args, op));
     QT_TRY(prog_use(p, *op, offsetof(fp8_cast_args, x), in->x, PROG_READ));
@@ -233,9 +240,7 @@ qt_status op_fp8_transpose(program *p, const char *name, uint32_t rows, uint32_t
         args.scale_rows = grid->rows;
         args.scale_cols = grid->cols;
     }
-    uint64_t tiles = (uint64_t)((rows + QT_FP8_CAST_TILE_ROWS - 1) / QT_FP8_CAST_TILE_ROWS) *
-                     ((cols + QT_FP8_CAST_TILE_COLS - 1) / QT_FP8_CAST_TILE_COLS);
-    QT_ASSERT(tiles <= 0x7FFFFFFFu);
+    uint64_t tiles = op_fp8_tiles(rows, cols);
     launch_shape shape = {{(uint32_t)tiles, 1, 1}, {QT_FP8_CAST_THREADS, 1, 1}, 0};
     uint32_t op;
     QT_TRY(prog_append(p, KERNEL_FP8_TRANSPOSE, name, &shape, &args, sizeof args, &op));
@@ -267,9 +272,7 @@ static qt_status op_fp8_act_append(program *p, const char *name, const op_fp8_ac
     args->cast.rows = in->rows;
     args->cast.cols = in->cols;
     args->cast.dtype = QT_DTYPE_BF16;
-    uint64_t tiles = (uint64_t)((in->rows + QT_FP8_CAST_TILE_ROWS - 1) / QT_FP8_CAST_TILE_ROWS) *
-                     ((in->cols + QT_FP8_CAST_TILE_COLS - 1) / QT_FP8_CAST_TILE_COLS);
-    QT_ASSERT(tiles <= 0xFFFFFFFFu);
+    uint64_t tiles = op_fp8_tiles(in->rows, in->cols);
     uint64_t blocks = OP_PLAN_SMS * QT_FP8_ACT_CAST_BLOCKS_PER_SM;
     if (tiles < blocks) blocks = tiles;
     launch_shape shape = {{(uint32_t)blocks, 1, 1}, {QT_FP8_CAST_THREADS, 1, 1}, 0};
