@@ -153,7 +153,7 @@ typedef struct gemm_act_args {
     gemm_args gemm;  // qt_gemm_split_reduce's args
     act_args act;    // qt_act_fwd's or qt_act_bwd's
 } gemm_act_args;
-QT_STATIC_ASSERT(sizeof(gemm_act_args) == 344, "gemm_act_args layout");
+QT_STATIC_ASSERT(sizeof(gemm_act_args) == 352, "gemm_act_args layout");
 // Their launch is the reduction's (GEMM_SPLIT_REDUCE_THREADS a block), and the dense amax's
 // block flush takes QT_ACT_THREADS.
 QT_STATIC_ASSERT(GEMM_SPLIT_REDUCE_THREADS == QT_ACT_THREADS, "one block size");

@@ -114,6 +114,26 @@ QT_HD float qt_act_forward(uint32_t act, float v) {
     return qt_act_relu(v);
 }
 
+// An output amax from the input's maximum. GELU and SiLU are negative with a single lobe below
+// zero, at least as deep as any of their negative values: |f(x)| <= QT_ACT_*_NEG_AMAX for every
+// BF16 x < 0 (NaN aside), and rise monotonically from +0 (f(x) >= +0 and nondecreasing over BF16
+// inputs x >= +0, +Inf included). Both are exact statements about qt_act_forward over the 65536
+// BF16 inputs, checked one by one by test_act. Hence, for the largest non-NaN input x_max of a
+// tensor: where y = f(x_max) is at least the lobe's depth, y is max |f(x)| over the tensor (a
+// positive input below x_max gives at most y, a negative one at most the depth, a NaN input a NaN
+// output that an amax skips). Returns that and sets *y, else returns 0 (a pass must look at every
+// element). The depths are the largest |f(x)| over BF16 x < 0, in FP32.
+#define QT_ACT_GELU_NEG_AMAX 0x1.5c3e14p-3f  // at x = -0x1.82p-1 (BF16 0xBF41)
+#define QT_ACT_SILU_NEG_AMAX 0x1.1d2596p-2f  // at x = -0x1.48p+0 (BF16 0xBFA4)
+
+QT_HD int qt_act_amax_from_max(uint32_t act, float x_max, float *y) {
+    float depth = act == QT_ACT_GELU ? QT_ACT_GELU_NEG_AMAX
+                  : act == QT_ACT_SILU ? QT_ACT_SILU_NEG_AMAX
+                                       : QT_ACT_POS_INF;  // others: never
+    *y = qt_act_forward(act, x_max);
+    return *y >= depth && depth != QT_ACT_POS_INF;
+}
+
 // d/dx of GELU or SiLU (not ReLU, whose backward selects).
 QT_HD float qt_act_grad(uint32_t act, float v) {
     return act == QT_ACT_GELU ? qt_act_gelu_grad(v) : qt_act_silu_grad(v);

@@ -235,8 +235,9 @@ typedef struct gemm_args {
     uint32_t split_k;     // split-K: k of each part (a multiple of GEMM_SPLIT_K_ALIGN); the last
                           // part takes what is left
     uint64_t norm_units;  // 0, or D's gradient-norm units (below): dense, f32 D, no C, no bias
+    uint64_t d_max;       // 0, or D's maximum slot (below): dense, unsplit
 } gemm_args;
-QT_STATIC_ASSERT(sizeof(gemm_args) == 248, "gemm_args layout");
+QT_STATIC_ASSERT(sizeof(gemm_args) == 256, "gemm_args layout");
 
 // Column sums of dy over rows (per member when grouped): out[i][col] in FP32, in a fixed order
 // (qt_gemm_bias_grad_order below), so the value never depends on the grid.
@@ -427,6 +428,42 @@ QT_HD float qt_gemm_norm_unit_lane(const float *d, const gemm_args *a, uint32_t 
     *nonfinite = bad;
     return acc;
 }
+
+// D's maximum (gemm_args.d_max). A GELU or SiLU whose output only a current-scaling FP8 cast
+// reads needs that output's amax before the cast (ptx/quant_fp8.h, fp8_act_cast_args.x_max),
+// which otherwise costs a pass over the GEMM's D. Both functions rise monotonically above their
+// negative lobe, so the amax follows from D's largest value alone (ptx/act_math.h,
+// qt_act_amax_from_max). The GEMM gives that value as it stores D:
+//   slot (u32) = max(slot, bits of max(+0, the largest non-NaN value of D as stored)),
+// an atomic maximum of FP32 bits, which order like the values they hold since every one is +0
+// or positive. The kernels take the maximum over FP32 values before D's rounding, which gives
+// the same bits (rounding to BF16 is monotonic), and may count zeros of rows or columns past D,
+// which the floor at +0 absorbs. Dense, unsplit GEMMs of the portable kernels and the sm_90a
+// tier write it, and their twins; op_gemm gives no slot to the skinny kernels or a split
+// GEMM, whose reader then takes its own pass. The slot starts at +0 (a step's amax slots).
+// A running maximum folds each stored value in (NaN leaves it as it was).
+QT_HD float qt_gemm_d_max_fold(float running, float v) { return v > running ? v : running; }
+
+// The slot's bits for a running maximum of values before D's rounding to d_dtype.
+QT_HD uint32_t qt_gemm_d_max_bits(float running, uint32_t d_dtype) {
+    float stored = qt_gemm_stored_value(running, d_dtype);
+    return stored > 0.0f ? qt_f32_bits(stored) : 0u;
+}
+
+#if defined(__CUDACC__)
+// A warp's maxima (every lane's slot bits) merged into the slot: one atomic per warp. All 32
+// lanes take part.
+__device__ __forceinline__ void qt_gemm_d_max_merge(uint64_t slot, uint32_t bits) {
+#pragma unroll
+    for (uint32_t w = 16; w > 0; w >>= 1) {
+        uint32_t other = __shfl_xor_sync(0xFFFFFFFFu, bits, w);
+        bits = other > bits ? other : bits;
+    }
+    if ((threadIdx.x & 31u) == 0 && bits != 0) {
+        atomicMax(reinterpret_cast<unsigned int *>(slot), bits);
+    }
+}
+#endif
 
 // Split-K reduction of element i of D (i = row * n + col, the workspace's order), before D's
 // rounding: the parts' sum in index order, then the epilogue with alpha' (qt_gemm_alpha) and the

@@ -813,6 +813,7 @@ __device__ __forceinline__ void gemm_mainloop_staged(const gemm_tile &t,
 template <class Cfg>
 __device__ __forceinline__ void gemm_epilogue(const gemm_args &args, const gemm_tile &t,
                                               const float (&acc)[Cfg::kFragsM][4][4]) {
+    float d_max = 0.0f;  // the thread's stored values' maximum, for gemm_args.d_max
     uint32_t lane = threadIdx.x & 31;
     uint32_t row0 = t.m0 + Cfg::warp_m() * Cfg::kWarpM + (lane >> 2);
     uint32_t col0 = t.n0 + Cfg::warp_n() * GEMM_WARP_N + (lane & 3) * 2;
@@ -843,9 +844,14 @@ __device__ __forceinline__ void gemm_epilogue(const gemm_args &args, const gemm_
                                       : gemm_epilogue_value(args, t.c, t.bias, t.alpha, index,
                                                             col, acc[mi][ni][h * 2 + e]);
                     gemm_store_value(t.d, index, args.d_dtype, v);
+                    d_max = qt_gemm_d_max_fold(d_max, v);
                 }
             }
         }
+    }
+    // Every thread of the block gets here (the tile loops above only skip elements).
+    if (args.d_max != 0) {
+        qt_gemm_d_max_merge(args.d_max, qt_gemm_d_max_bits(d_max, args.d_dtype));
     }
 }
 

@@ -1360,7 +1360,8 @@ __device__ __forceinline__ void gemm_store_pair(uint8_t *d, uint64_t index, uint
 
 template <uint32_t kAcc>
 __device__ __forceinline__ void gemm_epilogue(const gemm_args &g, const gemm_tile_pos &p,
-                                              uint32_t wg, const float (&acc)[kAcc]) {
+                                              uint32_t wg, const float (&acc)[kAcc],
+                                              float &d_max) {
     uint32_t lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
     uint32_t row0 = p.m0 + wg * 64u + warp * 16u + (lane >> 2);
     uint32_t col0 = p.n0 + 2u * (lane & 3);
@@ -1390,6 +1391,7 @@ __device__ __forceinline__ void gemm_epilogue(const gemm_args &g, const gemm_til
                 float bv = has_bias ? gemm_load_value(bias, col + e, g.bias_dtype) : 0.0f;
                 v[e] = qt_gemm_epilogue(acc[4 * j + 2 * h + e], alpha, has_c, g.beta, cv,
                                         has_bias, bv);
+                d_max = qt_gemm_d_max_fold(d_max, v[e]);
             }
             gemm_store_pair(d, index, g.d_dtype, v[0], v[1], pair);
         }
@@ -1449,8 +1451,8 @@ __device__ __forceinline__ bool gemm_epilogue_box_fits(const gemm_args &g, const
 template <uint32_t kOutBytes, bool kBias, class Smem, uint32_t kAcc>
 __device__ __forceinline__ void gemm_epilogue_staged(const gemm_sm90a_args &args, const Smem &sm,
                                                      const gemm_tile_pos &p, uint32_t wg,
-                                                     const float (&acc)[kAcc],
-                                                     uint32_t &chunks) {
+                                                     const float (&acc)[kAcc], uint32_t &chunks,
+                                                     float &d_max) {
     constexpr uint32_t kCols = 128u / kOutBytes;  // columns per chunk
     constexpr uint32_t kGroups = kCols / 8u;      // accumulator column groups per chunk
     constexpr uint32_t kTileN = kAcc * 2u;
@@ -1491,6 +1493,7 @@ __device__ __forceinline__ void gemm_epilogue_staged(const gemm_sm90a_args &args
                     v[e] = zero[h] ? 0.0f
                                    : qt_gemm_epilogue(acc[4 * j + 2 * h + e], alpha, 0, 0.0f,
                                                       0.0f, kBias, bv[e]);
+                    d_max = qt_gemm_d_max_fold(d_max, v[e]);
                 }
                 uint32_t line = buffer + (row + 8u * h) * 128u;
                 if (kOutBytes == 2) {
@@ -1577,27 +1580,29 @@ __device__ __forceinline__ void gemm_norm_units(const gemm_args &g, const gemm_t
 }
 
 // Tile p's D rows of consumer warpgroup wg: staged where D has its map, else from registers;
-// then D's norm units where the GEMM has them.
+// then D's norm units where the GEMM has them. d_max: the thread's running maximum of the values
+// it stored (gemm_args.d_max), over all its tiles.
 template <class Smem, uint32_t kAcc>
 __device__ __forceinline__ void gemm_epilogue_tile(const gemm_sm90a_args &args, const Smem &sm,
                                                    const gemm_tile_pos &p, uint32_t wg,
-                                                   const float (&acc)[kAcc], uint32_t &chunks) {
+                                                   const float (&acc)[kAcc], uint32_t &chunks,
+                                                   float &d_max) {
     if (args.gemm.norm_units != 0) gemm_norm_units(args.gemm, p, wg, acc);
     if (args.d_tma == 0) {
-        gemm_epilogue(args.gemm, p, wg, acc);
+        gemm_epilogue(args.gemm, p, wg, acc, d_max);
         return;
     }
     bool bias = args.gemm.bias != 0;
     if (args.gemm.d_dtype == QT_DTYPE_BF16) {
         if (bias) {
-            gemm_epilogue_staged<2, true>(args, sm, p, wg, acc, chunks);
+            gemm_epilogue_staged<2, true>(args, sm, p, wg, acc, chunks, d_max);
         } else {
-            gemm_epilogue_staged<2, false>(args, sm, p, wg, acc, chunks);
+            gemm_epilogue_staged<2, false>(args, sm, p, wg, acc, chunks, d_max);
         }
     } else if (bias) {
-        gemm_epilogue_staged<4, true>(args, sm, p, wg, acc, chunks);
+        gemm_epilogue_staged<4, true>(args, sm, p, wg, acc, chunks, d_max);
     } else {
-        gemm_epilogue_staged<4, false>(args, sm, p, wg, acc, chunks);
+        gemm_epilogue_staged<4, false>(args, sm, p, wg, acc, chunks, d_max);
     }
 }
 
@@ -1645,10 +1650,15 @@ __device__ __forceinline__ void gemm_sm90a_run(const gemm_sm90a_args &args) {
     gemm_pipe<smem::kStages> pipe = {0, 0};
     float acc[Mainloop::kAcc];
     uint32_t chunks = 0;  // epilogue chunks this warpgroup has staged (its buffers' turn)
+    float d_max = 0.0f;   // the values this thread stored, all tiles (gemm_args.d_max)
     for (uint32_t t = blockIdx.x; t < sched.total; t += gridDim.x) {
         gemm_tile_pos p = gemm_sched_tile<Shape::kN, kStageK>(args, sched, t);
         Mainloop::run(args, sm, p, wg, pipe, acc);
-        gemm_epilogue_tile(args, sm, p, wg, acc, chunks);
+        gemm_epilogue_tile(args, sm, p, wg, acc, chunks, d_max);
+    }
+    // Every consumer thread leaves the loop here, so whole warps merge.
+    if (args.gemm.d_max != 0) {
+        qt_gemm_d_max_merge(args.gemm.d_max, qt_gemm_d_max_bits(d_max, args.gemm.d_dtype));
     }
     // The stores still running read this CTA's shared memory: they finish before it exits.
     if ((threadIdx.x & 127u) == 0) gemm_bulk_wait_all();

@@ -167,14 +167,14 @@ typedef struct gemm_sm90a_args {
     uint32_t d_tma;           // 1: the epilogue stores D through the map d
     uint32_t scale_tma;       // 1: emulated formats' scale groups through a_scale and b_scale
     uint32_t b_members_inner; // 1: map b is {k, members, n} (coordinates k, member, column)
-    uint32_t reserved[10];
+    uint32_t reserved[8];
     gemm_tensor_map a;
     gemm_tensor_map b;
     gemm_tensor_map b_scale;
     gemm_tensor_map d;
     gemm_tensor_map a_scale;
 } gemm_sm90a_args;
-QT_STATIC_ASSERT(sizeof(gemm_args) == 248, "gemm_sm90a_args pads gemm_args to 320 bytes");
+QT_STATIC_ASSERT(sizeof(gemm_args) == 256, "gemm_sm90a_args pads gemm_args to 320 bytes");
 QT_STATIC_ASSERT(sizeof(gemm_sm90a_args) == 320 + 5 * 128, "gemm_sm90a_args layout");
 
 #define QT_KERNELS_GEMM_SM90A(X)                                                      \

@@ -784,6 +784,16 @@ __device__ __forceinline__ void qt_fp8_act_table(uint32_t act, float *table) {
 template <bool kBackward>
 __device__ __forceinline__ void qt_fp8_act_amax_body(const fp8_act_cast_args &a,
                                                      qt_fp8_act_cast_smem &sm) {
+    if (!kBackward && a.x_max != 0) {  // uniform: every thread reads the same slot
+        float y;
+        float x_max = __uint_as_float(*reinterpret_cast<const uint32_t *>(a.x_max));
+        if (qt_act_amax_from_max(a.act, x_max, &y)) {
+            if (blockIdx.x == 0 && threadIdx.x == 0) {
+                qt_fp8_atomic_amax(a.cast.amax_out, 0, qt_bf16_to_f32(qt_f32_to_bf16(y)));
+            }
+            return;
+        }
+    }
     qt_fp8_act_table<kBackward>(a.act, sm.table);
     __syncthreads();  // the table is complete
     const uint64_t chunks = (uint64_t)a.cast.rows * a.cast.cols / 8;  // cols % 8 == 0

@@ -147,6 +147,9 @@ QT_STATIC_ASSERT(sizeof(fp8_transpose_args) == 48, "fp8_transpose_args layout");
 // tensor: the same codes, scale_inv and (delayed) amax. With neither rowwise nor colwise, the
 // launch writes only max |y| into cast.amax_out (NaN skipped): the amax that a current-scaling
 // cast of y reads, so that the activation's output is never stored at all, at one more read of x.
+// Forward, where the GEMM that wrote x gave its maximum (x_max, the slot of gemm_args.d_max) and
+// that maximum alone gives the amax (ptx/act_math.h, qt_act_amax_from_max), the launch writes that
+// amax without reading x: block 0 merges it, every block returns at once.
 // Dense only (cast.group.count 0), x and dy BF16, cols % 8 == 0, x, dy and the outputs 16-byte
 // aligned. Persistent: each block computes its table once, then takes the 64 x 128 tiles
 // blockIdx.x, blockIdx.x + gridDim.x, ... (values never depend on the grid).
@@ -155,8 +158,9 @@ typedef struct fp8_act_cast_args {
     uint64_t dy;         // backward only: BF16 (rows, cols), the gradient at the output
     uint32_t act;        // QT_ACT_GELU | QT_ACT_SILU (ptx/act.h)
     uint32_t reserved;
+    uint64_t x_max;      // forward amax only, 0 = none: u32, x's maximum slot (gemm.h d_max)
 } fp8_act_cast_args;
-QT_STATIC_ASSERT(sizeof(fp8_act_cast_args) == 128, "fp8_act_cast_args layout");
+QT_STATIC_ASSERT(sizeof(fp8_act_cast_args) == 136, "fp8_act_cast_args layout");
 
 #define QT_FP8_ACT_CAST_BLOCKS_PER_SM 4  // the kernels' __launch_bounds__ minimum
 

@@ -999,6 +999,59 @@ static void test_act_lut_entries(void) {
     test_end();
 }
 
+// qt_act_amax_from_max (ptx/act_math.h) over every BF16 input, in the order of their values from
+// -Inf to +Inf: the two facts it rests on (the negative lobe's depth is the constant, reached at
+// its stated input; f is >= +0 and nondecreasing from +0 on) and its claim itself: wherever it
+// answers for x_max, its y is the largest |f(x)| over every non-NaN x <= x_max (NaN outputs
+// skipped, as an amax skips them), bit for bit. Its answer must also come for every input from
+// the lobe's depth on (where trained pre-activations' maxima lie), and never for ReLU.
+static void test_act_amax_from_max(void) {
+    test_begin("act_amax_from_max_is_the_amax_of_every_smaller_input");
+    static const struct {
+        uint32_t act;
+        float depth;
+        uint32_t depth_at;  // BF16 bits of the input where |f| reaches the depth
+    } acts[] = {{QT_ACT_GELU, QT_ACT_GELU_NEG_AMAX, 0xBF41u},
+                {QT_ACT_SILU, QT_ACT_SILU_NEG_AMAX, 0xBFA4u}};
+    for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++) {
+        uint32_t act = acts[i].act, bad = 0, answers = 0;
+        float deepest = 0.0f, prefix = 0.0f, previous = 0.0f, y;
+        // Negative inputs from -Inf (0xFF80) up to -0 (0x8000), then +0 up to +Inf (0x7F80).
+        for (int32_t step = -0x7F80; step <= 0x7F80; step++) {
+            uint32_t bits = step < 0 ? 0x8000u | (uint32_t)(-step) : (uint32_t)step;
+            if (step == 0) bits = 0x8000u;  // -0 first, then +0 below
+            for (int zero = 0; zero < (step == 0 ? 2 : 1); zero++) {
+                if (zero) bits = 0u;
+                float x = t_f(bits << 16), f = qt_act_forward(act, x);
+                bool negative = (bits & 0x8000u) != 0;
+                if (negative && f == f && fabsf(f) > deepest) deepest = fabsf(f);
+                if (!negative && (!(f >= 0.0f) || f < previous)) {
+                    if (bad++ < 4) CHECK(false, "act %u: f(%a) = %a after %a", act, x, f, previous);
+                }
+                if (!negative) previous = f;
+                if (f == f && fabsf(f) > prefix) prefix = fabsf(f);
+                if (qt_act_amax_from_max(act, x, &y)) {
+                    answers++;
+                    if (t_b(y) != t_b(prefix) && bad++ < 4) {
+                        CHECK(false, "act %u: x_max %a gives %a, the amax is %a", act, x, y,
+                              prefix);
+                    }
+                } else if (!negative && f >= acts[i].depth && bad++ < 4) {
+                    CHECK(false, "act %u: no answer for x_max %a, f = %a", act, x, f);
+                }
+            }
+        }
+        CHECK(bad == 0, "act %u: %u wrong", act, bad);
+        CHECK(t_b(deepest) == t_b(acts[i].depth) &&
+                  t_b(fabsf(qt_act_forward(act, t_f(acts[i].depth_at << 16)))) ==
+                      t_b(acts[i].depth),
+              "act %u: the lobe's depth is %a, the constant %a", act, deepest, acts[i].depth);
+        CHECK(answers > 0x3000u, "act %u: %u answers", act, answers);
+    }
+    CHECK(!qt_act_amax_from_max(QT_ACT_RELU, 100.0f, &(float){0}), "ReLU answered");
+    test_end();
+}
+
 // Which activations op_act gives the table kernels: GELU and SiLU of a dense BF16 input without
 // a bias from 2^21 elements, forward and backward; the flat kernels take everything else.
 static void test_act_lut_choice(void) {
@@ -2072,6 +2125,7 @@ int main(void) {
     TEST_UNIT(test_act_edge_ranges());
     TEST_UNIT(test_act_lut_entries());
     TEST_UNIT(test_act_lut_choice());
+    TEST_UNIT(test_act_amax_from_max());
     TEST_UNIT(test_act_accuracy());
     TEST_UNIT(test_swiglu_accuracy());
     TEST_UNIT(test_rmsnorm_parts());

@@ -631,10 +631,11 @@ static void greg_check(rig *r, const gregion *g, const char *when) {
 static void greg_free(gregion *g) { free(g->image); }
 
 enum { R_A_DATA, R_A_SCALE, R_A_TS, R_B_DATA, R_B_SCALE, R_B_TS, R_D, R_BIAS, R_OFF, R_FD,
-       R_SPLIT, R_UNITS, R_COUNT };
+       R_SPLIT, R_UNITS, R_D_MAX, R_COUNT };
 
 typedef struct tregions {
     gregion r[R_COUNT];
+    bool d_max_written;  // op_gemm_writes_d_max of the case's GEMM
 } tregions;
 
 static void regions_check(rig *r, const tregions *g, const char *when) {
@@ -768,6 +769,25 @@ static void problem_units_check(rig *r, const tproblem *p, const tregions *g, co
     free(want);
 }
 
+// D's maximum slot (gemm.h, gemm_args.d_max): every dense case has one, so that every kernel's
+// path to it is compared; the kernels that op_gemm gives none (split, skinny) must leave it +0.
+// The value is written out from gemm.h's statement (the largest non-NaN value of D as stored,
+// floored at +0), not through its helpers.
+static void problem_d_max_check(rig *r, const tproblem *p, const tregions *g, const uint8_t *d,
+                                const char *when) {
+    if (p->grouping != GEMM_DENSE) return;
+    uint32_t got;
+    RIG_OK(backend_read(&r->be, &got, greg_ref(r, &g->r[R_D_MAX]), 4));
+    double largest = 0.0;
+    for (size_t i = 0; i < p->d_elems; i++) {
+        double v = out_value(p->d_dtype, d, i);
+        if (v > largest) largest = v;  // NaN skipped
+    }
+    uint32_t want = g->d_max_written ? qt_f32_bits((float)largest) : 0u;
+    CHECK(got == want, "%s: D's maximum slot 0x%08x, want 0x%08x (%s)", when, got, want,
+          g->d_max_written ? "D's largest value" : "untouched");
+}
+
 static void problem_program(rig *r, const tproblem *p, tregions *g) {
     size_t b_data_bytes, b_scale_bytes, b_ts_bytes;
     bool inner = p->c.b_inner;
@@ -797,6 +817,9 @@ static void problem_program(rig *r, const tproblem *p, tregions *g) {
     // them, so that every kernel's path to them is compared (problem_units_check).
     greg_reserve(r, &R[R_UNITS], "norm_units", problem_units(p) * 8, true);
     if (problem_units(p)) desc.norm_units = greg_ref(r, &R[R_UNITS]);
+    bool dense = p->grouping == GEMM_DENSE;
+    greg_reserve(r, &R[R_D_MAX], "d_max", dense ? 4 : 0, true);
+    if (dense) desc.d_max = greg_ref(r, &R[R_D_MAX]);
     desc.format = p->c.format;
     desc.grouping = p->grouping;
     desc.flags = p->c.split ? GEMM_FLAG_SPLIT_ACCUMULATE : 0u;
@@ -840,6 +863,7 @@ static void problem_program(rig *r, const tproblem *p, tregions *g) {
         desc.first_dims = greg_ref(r, &R[R_FD]);
     }
     RIG_OK(op_gemm(&r->prog, p->name, &desc));
+    g->d_max_written = op_gemm_writes_d_max(&desc);
     rig_bind(r);
     greg_upload(r, &R[R_A_DATA], p->a.data, p->a.data_bytes);
     greg_upload(r, &R[R_A_SCALE], p->a.scale, p->a.scale_bytes);
@@ -855,6 +879,7 @@ static void problem_program(rig *r, const tproblem *p, tregions *g) {
     greg_upload(r, &R[R_FD], p->fd, p->count * sizeof(uint32_t));
     greg_upload(r, &R[R_SPLIT], NULL, 0);
     greg_upload(r, &R[R_UNITS], NULL, 0);
+    greg_upload(r, &R[R_D_MAX], NULL, 0);
     free(b_data);
     free(b_scale);
     free(b_ts);
@@ -1002,6 +1027,7 @@ static void run_on(rig *r, const tproblem *p, uint8_t *d_out) {
     RIG_OK(backend_read(&r->be, d_out, greg_ref(r, d), d_bytes));
     regions_check(r, &g, "first run");
     problem_units_check(r, p, &g, d_out, "first run");
+    problem_d_max_check(r, p, &g, d_out, "first run");
     if (r != &gpu_rig) {
         // The reference GEMM's tiles are tasks of the thread pool and each element sums in k
         // order, so its bytes do not depend on the threads: again from the same initial D on
@@ -1025,17 +1051,23 @@ static void run_on(rig *r, const tproblem *p, uint8_t *d_out) {
     // Second GPU run from the same initial D (C aliases D when accumulating): same bits. On the
     // sm_90a tier, from a grid of a few CTAs that each walk many tiles.
     uint8_t *again = malloc(d_bytes);
+    const uint32_t zero = 0;  // each run's D maximum its own
     RIG_OK(backend_write(&r->be, greg_ref(r, d), p->d_init, d_bytes));
+    if (g.r[R_D_MAX].bytes) RIG_OK(backend_write(&r->be, greg_ref(r, &g.r[R_D_MAX]), &zero, 4));
     if (r->be.gemm_tier != BACKEND_GEMM_TIER_PORTABLE) r->be.gemm_ctas_max = SM90A_REPEAT_CTAS;
     rig_execute(r);
     r->be.gemm_ctas_max = 0;
     RIG_OK(backend_read(&r->be, again, greg_ref(r, d), d_bytes));
     check_same_d(p, d_out, again, "second GPU run");
     regions_check(r, &g, "second run");
+    problem_d_max_check(r, p, &g, again, "second GPU run");
     if (r->be.kind == BACKEND_GPU) {
         // A captured graph replay (launch shapes depend on capacities only): same bits again.
         backend_graph graph;
         RIG_OK(backend_write(&r->be, greg_ref(r, d), p->d_init, d_bytes));
+        if (g.r[R_D_MAX].bytes) {
+            RIG_OK(backend_write(&r->be, greg_ref(r, &g.r[R_D_MAX]), &zero, 4));
+        }
         uint64_t units_bytes = problem_units(p) * 8;
         if (units_bytes) {  // so that the replay's units are its own
             uint8_t *zeros = calloc(units_bytes, 1);
@@ -1049,6 +1081,7 @@ static void run_on(rig *r, const tproblem *p, uint8_t *d_out) {
         check_same_d(p, d_out, again, "graph replay");
         regions_check(r, &g, "graph replay");
         problem_units_check(r, p, &g, again, "graph replay");
+        problem_d_max_check(r, p, &g, again, "graph replay");
     }
     free(again);
     regions_free(&g);

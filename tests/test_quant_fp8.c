@@ -1602,7 +1602,7 @@ static void t_act_cast_build(rig *r, uint32_t rows, uint32_t cols, const t_act_c
     }
     op_fp8_input in = {y, QT_DTYPE_BF16, rows, cols, op_group_dense()};
     op_fp8_act_input act = {md->act, md->backward, x, md->backward ? dy : OP_FP8_NONE, rows,
-                            cols};
+                            cols, OP_FP8_NONE};
     prog_ref scale = rig_ref(r, h->scale, 0), amax0 = rig_ref(r, h->amax[0], 0);
     prog_ref amax1 = rig_ref(r, h->amax[1], 0);
     RIG_OK(op_fp8_amax_zero(&r->prog, "zero", amax1, 1));
@@ -1712,6 +1712,96 @@ static void test_act_cast_equals_act_then_cast(void) {
     t_rig_pair_close(&rigs, "gpu_act_cast_matches_ref");
 }
 
+// The forward amax from x's maximum slot (fp8_act_cast_args.x_max, which a GEMM fills: gemm.h
+// d_max) against the pass over x without it, on each backend, and the GPU's amaxes against the
+// reference's: GELU and SiLU; x's true maximum where it gives the amax (inputs as above, up to
+// 2^10) and where it does not (every input below the lobe's depth, so the pass runs); an empty
+// slot (+0); and a slot above x's true maximum, whose amax must be f(slot), which shows the launch
+// took it without reading x.
+typedef struct t_amax_max_case {
+    const char *what;
+    uint32_t act;
+    int inputs;        // 0: t_act_cast_value's; 1: in [-4, 0.25)
+    int slot;          // 0: +0; 1: x's maximum; 2: 64.0
+    bool pass_equals;  // the amax equals the pass's (else f(64))
+} t_amax_max_case;
+
+static float t_amax_max_run(rig *r, const t_amax_max_case *c, const uint16_t *x, uint32_t rows,
+                            uint32_t cols, uint32_t slot, float *pass) {
+    uint64_t elems = (uint64_t)rows * cols;
+    rig_reset(r);
+    arena_handle hx = rig_reserve(r, "x", elems * 2), hs = rig_reserve(r, "x_max", 4);
+    arena_handle ha[2] = {rig_reserve(r, "amax_pass", 4), rig_reserve(r, "amax_max", 4)};
+    prog_ref xr = rig_ref(r, hx, 0);
+    op_fp8_act_input in[2] = {{c->act, false, xr, OP_FP8_NONE, rows, cols, OP_FP8_NONE},
+                              {c->act, false, xr, OP_FP8_NONE, rows, cols, rig_ref(r, hs, 0)}};
+    for (int w = 0; w < 2; w++) {
+        RIG_OK(op_fp8_amax_zero(&r->prog, "zero", rig_ref(r, ha[w], 0), 1));
+        RIG_OK(op_fp8_act_amax_merge(&r->prog, w ? "amax_max" : "amax_pass", &in[w],
+                                     rig_ref(r, ha[w], 0)));
+    }
+    rig_bind(r);
+    RIG_OK(backend_write(&r->be, xr, x, elems * 2));
+    RIG_OK(backend_write(&r->be, rig_ref(r, hs, 0), &slot, 4));
+    RIG_OK(backend_run(&r->be, &r->prog));
+    float got;
+    RIG_OK(backend_read(&r->be, pass, rig_ref(r, ha[0], 0), 4));
+    RIG_OK(backend_read(&r->be, &got, rig_ref(r, ha[1], 0), 4));
+    return got;
+}
+
+static void test_act_amax_from_max(void) {
+    static const t_amax_max_case cases[] = {
+        {"gelu, x's maximum", QT_ACT_GELU, 0, 1, true},
+        {"silu, x's maximum", QT_ACT_SILU, 0, 1, true},
+        {"gelu, below the lobe", QT_ACT_GELU, 1, 1, true},
+        {"silu, below the lobe", QT_ACT_SILU, 1, 1, true},
+        {"gelu, empty slot", QT_ACT_GELU, 0, 0, true},
+        {"silu, a larger slot", QT_ACT_SILU, 0, 2, false},
+        {"gelu, a larger slot", QT_ACT_GELU, 1, 2, false},
+    };
+    const uint32_t rows = 300, cols = 136;
+    const uint64_t elems = (uint64_t)rows * cols;
+    t_rig_pair rigs;
+    t_rig_pair_open(&rigs);
+    test_begin("act_amax_from_max_equals_the_pass");
+    uint16_t *x = malloc(elems * 2);
+    uint64_t state = 23;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const t_amax_max_case *c = &cases[i];
+        float largest = 0.0f;
+        for (uint64_t e = 0; e < elems; e++) {
+            uint16_t v = t_act_cast_value(&state);
+            if (c->inputs == 1) {  // [-4, 0.25): below both lobes' depths' inputs
+                v = qt_f32_to_bf16(-4.0f + (float)(t_lcg(&state) % 4250u) * 0.001f);
+            }
+            x[e] = v;
+            float f = qt_bf16_to_f32(v);
+            if (f > largest) largest = f;  // NaN skipped
+        }
+        uint32_t slot = c->slot == 0 ? 0u : c->slot == 1 ? qt_f32_bits(largest) : 0x42800000u;
+        float y, want_max = 0.0f;
+        bool answers = qt_act_amax_from_max(c->act, qt_bits_f32(slot), &y);
+        bool expect = c->slot == 2 || (c->slot == 1 && c->inputs == 0);
+        CHECK(answers == expect, "%s: qt_act_amax_from_max says %d", c->what, answers);
+        if (answers) want_max = qt_bf16_to_f32(qt_f32_to_bf16(y));
+        float pass_ref, pass_gpu;
+        float got_ref = t_amax_max_run(rigs.ref, c, x, rows, cols, slot, &pass_ref);
+        float want = c->pass_equals ? pass_ref : want_max;
+        CHECK(qt_f32_bits(got_ref) == qt_f32_bits(want), "%s, ref: amax %a, want %a (pass %a)",
+              c->what, got_ref, want, pass_ref);
+        if (!rigs.on_gpu) continue;
+        float got_gpu = t_amax_max_run(rigs.gpu, c, x, rows, cols, slot, &pass_gpu);
+        CHECK(qt_f32_bits(got_gpu) == qt_f32_bits(got_ref) &&
+                  qt_f32_bits(pass_gpu) == qt_f32_bits(pass_ref),
+              "%s, gpu: amax %a and pass %a, ref %a and %a", c->what, got_gpu, pass_gpu, got_ref,
+              pass_ref);
+    }
+    free(x);
+    test_end();
+    t_rig_pair_close(&rigs, "gpu_act_amax_from_max_matches_ref");
+}
+
 int main(void) {
     TEST_UNIT(test_byte_transpose());
     TEST_UNIT(test_cast_hand_codes());
@@ -1727,6 +1817,7 @@ int main(void) {
     TEST_UNIT(test_ref_programs());
     TEST_UNIT(test_transpose_equals_cast_columns());
     TEST_UNIT(test_act_cast_equals_act_then_cast());
+    TEST_UNIT(test_act_amax_from_max());
     for (size_t i = 0; i < T_CASE_COUNT; i++) TEST_UNIT(t_gpu_case(&t_cases[i]));
     TEST_UNIT(test_gpu_graph_replay(&t_cases[14]));  // grouped65, current scaling
     TEST_UNIT(test_gpu_group_offsets());

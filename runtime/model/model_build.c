@@ -530,6 +530,15 @@ static bool mb_producer_serves(const mb *b, int64_t j, bool backward) {
     return q->q.scheme == QT_SCHEME_NVFP4 && !(colwise && q->rht);
 }
 
+// A 4-byte slot "<mode>.<what>.<part>" among the step's amax slots (model_amax_slots): +0 when
+// the step begins.
+static qt_status mb_step_slot(mb *b, const char *what, const char *part, prog_ref *slot) {
+    char prefix[ARENA_NAME_MAX];
+    snprintf(prefix, sizeof prefix, "%s.%s", model_mode_name(b->mode), what);
+    model_place pl = {b->m->dev, prefix, false, ARENA_CAT_WORKSPACE, &b->amax_slots};
+    return model_amax(&pl, part, 4, ARENA_CAT_WORKSPACE, slot);
+}
+
 // The amax slot "<mode>.<what>.amax" of the tensor that layer i produces (forward: its output;
 // backward: its input's gradient; i = the layer count backward: the loss gradient), when its
 // producer serves the cast that reads it next (mb_producer_serves): a slot of the step, zeroed
@@ -540,10 +549,7 @@ static qt_status mb_producer_amax(mb *b, uint32_t i, bool backward, const char *
     if (!mb_producer_serves(b, backward ? (int64_t)i - 1 : (int64_t)i + 1, backward)) {
         return QT_OK;
     }
-    char prefix[ARENA_NAME_MAX];
-    snprintf(prefix, sizeof prefix, "%s.%s", model_mode_name(b->mode), what);
-    model_place pl = {b->m->dev, prefix, false, ARENA_CAT_WORKSPACE, &b->amax_slots};
-    return model_amax(&pl, "amax", 4, ARENA_CAT_WORKSPACE, amax);
+    return mb_step_slot(b, what, "amax", amax);
 }
 
 // The activation layer that reads a GEMM's D, built with it (op_gemm_act, which fuses it with
@@ -627,11 +633,12 @@ static op_gemm_operand mb_bf16_operand(const mb_operand *o, model_tensor t) {
 // D [m][n] = A (m x k) B (n x k)^T (+ bias). A's rows are D's rows: a->colwise reads the
 // transposed view. path MIXED: both operands through BF16 copies. grouping GEMM_GROUP_M: A is
 // grouped by `group` and B a stacked weight (D has A's rows); GEMM_GROUP_K: both are grouped by
-// `group` along the contraction and D is one [m][n] per member, back to back. then: the
-// activation that reads D, built with the GEMM (dense only), or NULL.
+// `group` along the contraction and D is one [m][n] per member, back to back. d_max: D's maximum
+// slot (op_gemm_desc.d_max) or OP_REF_NONE. then: the activation that reads D, built with the
+// GEMM (dense only), or NULL.
 static qt_status mb_gemm(mb *b, const char *what, model_gemm kind, const model_linear *lin,
                          const mb_operand *a, const mb_operand *bo, model_tensor d,
-                         prog_ref bias, uint32_t grouping, op_group group,
+                         prog_ref bias, prog_ref d_max, uint32_t grouping, op_group group,
                          const mb_then_act *then) {
     op_gemm_desc g = {0};
     g.grouping = grouping;
@@ -641,6 +648,7 @@ static qt_status mb_gemm(mb *b, const char *what, model_gemm kind, const model_l
     g.k = a->colwise ? a->rows : a->cols;
     g.d = d.ref;
     g.d_dtype = d.dtype;
+    g.d_max = d_max;
     g.bias = bias;
     g.bias_dtype = QT_DTYPE_F32;
     QT_ASSERT(d.rows == g.m && d.cols == g.n);
@@ -726,6 +734,16 @@ static bool mb_act_casts(const mb *b, uint32_t act, bool backward) {
     return (uint64_t)m->batch * below->out >= min;
 }
 
+// Whether activation layer `act` takes its output's amax from the maximum of its input, which the
+// GEMM before it gives (ptx/gemm.h, gemm_args.d_max; ptx/act_math.h, qt_act_amax_from_max):
+// where its cast is a current-scaling one that needs that amax before it (mb_act_casts).
+static bool mb_act_amax_from_max(const mb *b, uint32_t act) {
+    const model *m = b->m;
+    if (!mb_act_casts(b, act, false)) return false;
+    const model_linear *above = &m->linears[m->layer_linear[act + 1]];
+    return m->quantizers[above->q_input].q.scheme == QT_SCHEME_CURRENT;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Forward
 
@@ -756,12 +774,17 @@ static qt_status mb_linear_forward(mb *b, uint32_t layer, model_tensor x, model_
     }
     snprintf(what, sizeof what, "%s.y", name);
     QT_TRY(mb_tensor(b, what, x.rows, lin->out, ARENA_CAT_ACTIVATIONS, y));
+    prog_ref y_max = OP_REF_NONE;
+    if (layer + 1 < m->recipe->model.layers_count && mb_act_amax_from_max(b, layer + 1)) {
+        QT_TRY(mb_step_slot(b, what, "max", &y_max));  // "<mode>.<name>.y.max"
+    }
+    b->act_x_max = y_max;
     mb_operand a = mb_dense(&m->quantizers[lin->q_input], &b->xq[li], x.rows, lin->in_padded,
                             false);
     mb_operand w = mb_dense(&m->quantizers[lin->q_weight], mb_weight(b, lin), lin->out,
                             lin->in_padded, false);
     snprintf(what, sizeof what, "%s.fprop", name);
-    return mb_gemm(b, what, MODEL_FPROP, lin, &a, &w, *y, mb_bias(b, lin), GEMM_DENSE,
+    return mb_gemm(b, what, MODEL_FPROP, lin, &a, &w, *y, mb_bias(b, lin), y_max, GEMM_DENSE,
                    op_group_dense(), then);
 }
 
@@ -885,7 +908,7 @@ static qt_status mb_moe_expert_fprop(mb *b, const char *name, const char *gemm, 
     mb_operand a = mb_grouped(&m->quantizers[lin->q_input], &b->xq[li], st, lin->in, false);
     mb_operand w = mb_stacked(b, lin, false);
     snprintf(what, sizeof what, "%s.%s.fprop", name, gemm);
-    return mb_gemm(b, what, MODEL_FPROP, lin, &a, &w, *y, OP_REF_NONE, GEMM_GROUP_M,
+    return mb_gemm(b, what, MODEL_FPROP, lin, &a, &w, *y, OP_REF_NONE, OP_REF_NONE, GEMM_GROUP_M,
                    st->routing.group, NULL);
 }
 
@@ -910,8 +933,8 @@ static qt_status mb_moe_forward(mb *b, uint32_t layer, model_tensor x, model_ten
     mb_operand w = mb_dense(&m->quantizers[router->q_weight],
                             &m->params[router->weight].weight, mo->experts, mo->width, false);
     snprintf(what, sizeof what, "%s.router.fprop", name);
-    QT_TRY(mb_gemm(b, what, MODEL_FPROP, router, &a, &w, logits, OP_REF_NONE, GEMM_DENSE,
-                   op_group_dense(), NULL));
+    QT_TRY(mb_gemm(b, what, MODEL_FPROP, router, &a, &w, logits, OP_REF_NONE, OP_REF_NONE,
+                   GEMM_DENSE, op_group_dense(), NULL));
     QT_TRY(mb_moe_route(b, name, mo, logits.ref, &st->routing));
     if (b->train) {
         model_moe *loads = &m->moes[m->layer_moe[layer]];
@@ -1029,8 +1052,10 @@ static qt_status mb_act_cast_forward(mb *b, uint32_t act, model_tensor x, model_
     QT_TRY(mb_qstore(b, what, mq, *y, op_group_dense(), true, b->train, &b->xq[li]));
     char buf[24];
     snprintf(name, sizeof name, "%s.y", mb_layer_name(b, act, buf, sizeof buf));
+    // The linear before gave x's maximum exactly where the amax can come from it.
+    QT_ASSERT(prog_ref_present(b->act_x_max) == mb_act_amax_from_max(b, act));
     op_fp8_act_input in = {mb_act_kind(layers[act].kind), false, x.ref, OP_FP8_NONE, x.rows,
-                           x.cols};
+                           x.cols, b->act_x_max};
     return mb_act_cast(b, name, mq, &in, b->train, &b->xq[li]);
 }
 
@@ -1052,7 +1077,8 @@ static qt_status mb_act_cast_backward(mb *b, uint32_t act, model_tensor dy, mode
     QT_TRY(mb_qstore(b, what, qg, *dx, op_group_dense(), lin->needs_dx, true, &b->dyq[li]));
     char buf[24];
     snprintf(name, sizeof name, "%s.dx", mb_layer_name(b, act, buf, sizeof buf));
-    op_fp8_act_input in = {mb_act_kind(layers[act].kind), true, x.ref, dy.ref, x.rows, x.cols};
+    op_fp8_act_input in = {mb_act_kind(layers[act].kind), true, x.ref, dy.ref, x.rows, x.cols,
+                           OP_FP8_NONE};
     return mb_act_cast(b, name, qg, &in, true, &b->dyq[li]);
 }
 
@@ -1230,8 +1256,8 @@ static qt_status mb_linear_backward(mb *b, uint32_t layer, model_tensor dy, mode
     QT_TRY(mb_wgrad_input(b, layer, &xq));
     mb_operand x_col = mb_dense(&m->quantizers[lin->q_input], &xq, rows, lin->in_padded, true);
     snprintf(what, sizeof what, "%s.wgrad", name);
-    QT_TRY(mb_gemm(b, what, MODEL_WGRAD, lin, &g_col, &x_col, dw, OP_REF_NONE, GEMM_DENSE,
-                   op_group_dense(), NULL));
+    QT_TRY(mb_gemm(b, what, MODEL_WGRAD, lin, &g_col, &x_col, dw, OP_REF_NONE, OP_REF_NONE,
+                   GEMM_DENSE, op_group_dense(), NULL));
     if (lin->bias) {
         snprintf(what, sizeof what, "%s.bgrad", name);
         prog_ref db = mb_dev(b, m->params[lin->bias_param].grad);
@@ -1247,8 +1273,8 @@ static qt_status mb_linear_backward(mb *b, uint32_t layer, model_tensor dy, mode
     mb_operand w_col = mb_dense(&m->quantizers[lin->q_weight], &wt, lin->out, lin->in_padded,
                                 true);
     snprintf(what, sizeof what, "%s.dgrad", name);
-    return mb_gemm(b, what, MODEL_DGRAD, lin, &g_row, &w_col, *dx, OP_REF_NONE, GEMM_DENSE,
-                   op_group_dense(), then);
+    return mb_gemm(b, what, MODEL_DGRAD, lin, &g_row, &w_col, *dx, OP_REF_NONE, OP_REF_NONE,
+                   GEMM_DENSE, op_group_dense(), then);
 }
 
 // skip (NULL: none): the gradient of the skip path of the residual block that layer i begins
@@ -1295,16 +1321,16 @@ static qt_status mb_moe_expert_backward(mb *b, const char *name, const char *gem
     op_group contraction = st->routing.group;
     if (m->quantizers[lin->q_input].rht) contraction.first_dims = st->routing.whole_dims;
     snprintf(what, sizeof what, "%s.%s.wgrad", name, gemm);
-    QT_TRY(mb_gemm(b, what, MODEL_WGRAD, lin, &g_col, &x_col, dw, OP_REF_NONE, GEMM_GROUP_K,
-                   contraction, NULL));
+    QT_TRY(mb_gemm(b, what, MODEL_WGRAD, lin, &g_col, &x_col, dw, OP_REF_NONE, OP_REF_NONE,
+                   GEMM_GROUP_K, contraction, NULL));
     if (dx == NULL) return QT_OK;
     snprintf(what, sizeof what, "%s.%s.dx", name, gemm);
     QT_TRY(mb_tensor(b, what, dy.rows, lin->in, ARENA_CAT_ACTIVATIONS, dx));
     mb_operand g_row = mb_grouped(qg, &dyq, st, lin->out, false);
     mb_operand w_col = mb_stacked(b, lin, true);
     snprintf(what, sizeof what, "%s.%s.dgrad", name, gemm);
-    return mb_gemm(b, what, MODEL_DGRAD, lin, &g_row, &w_col, *dx, OP_REF_NONE, GEMM_GROUP_M,
-                   st->routing.group, NULL);
+    return mb_gemm(b, what, MODEL_DGRAD, lin, &g_row, &w_col, *dx, OP_REF_NONE, OP_REF_NONE,
+                   GEMM_GROUP_M, st->routing.group, NULL);
 }
 
 // The router's gradients: dlogits through the softmax (the gates' gradient and the
@@ -1332,8 +1358,8 @@ static qt_status mb_moe_router_backward(mb *b, const char *name, const model_moe
     mb_operand g_col = mb_dense(qg, &dlq, m->batch, mo->experts, true);
     mb_operand x_col = mb_dense(qi, &b->xq[mo->router], m->batch, mo->width, true);
     snprintf(what, sizeof what, "%s.router.wgrad", name);
-    QT_TRY(mb_gemm(b, what, MODEL_WGRAD, router, &g_col, &x_col, dw, OP_REF_NONE, GEMM_DENSE,
-                   op_group_dense(), NULL));
+    QT_TRY(mb_gemm(b, what, MODEL_WGRAD, router, &g_col, &x_col, dw, OP_REF_NONE, OP_REF_NONE,
+                   GEMM_DENSE, op_group_dense(), NULL));
     if (!router->needs_dx) return QT_OK;
     snprintf(what, sizeof what, "%s.router.dx", name);
     QT_TRY(mb_tensor(b, what, m->batch, mo->width, ARENA_CAT_ACTIVATIONS, dx));
@@ -1344,8 +1370,8 @@ static qt_status mb_moe_router_backward(mb *b, const char *name, const model_moe
     mb_operand w_col = mb_dense(&m->quantizers[router->q_weight], &wt, mo->experts, mo->width,
                                 true);
     snprintf(what, sizeof what, "%s.router.dgrad", name);
-    return mb_gemm(b, what, MODEL_DGRAD, router, &g_row, &w_col, *dx, OP_REF_NONE, GEMM_DENSE,
-                   op_group_dense(), NULL);
+    return mb_gemm(b, what, MODEL_DGRAD, router, &g_row, &w_col, *dx, OP_REF_NONE, OP_REF_NONE,
+                   GEMM_DENSE, op_group_dense(), NULL);
 }
 
 // combine -> fc2 -> activation -> fc1 -> un-permute, and the router: every weight's gradient,

@@ -160,6 +160,7 @@ static void op_gemm_check(const op_gemm_desc *g) {
     }
     op_gemm_check_operand(g, &g->a, false, g->m);
     op_gemm_check_operand(g, &g->b, true, g->n);
+    QT_ASSERT(g->d_max.arena == NULL || g->grouping == GEMM_DENSE);
     // Norm units: what qt_gemm_norm_units_fit asks of the args.
     QT_ASSERT(g->norm_units.arena == NULL ||
               (g->grouping == GEMM_DENSE && g->d_dtype == QT_DTYPE_F32 &&
@@ -362,6 +363,11 @@ static gemm_args op_gemm_args(const op_gemm_desc *g) {
     return args;
 }
 
+bool op_gemm_writes_d_max(const op_gemm_desc *g) {
+    return prog_ref_present(g->d_max) && g->grouping == GEMM_DENSE && g->split_parts <= 1 &&
+           op_gemm_skinny(g) == GEMM_SKINNY_NONE;
+}
+
 // The fused reduction's activation args (gemm_act_args.act); the act's addresses are declared
 // by op_gemm_split_reduce.
 static act_args op_gemm_act_args(const op_gemm_desc *g, const op_gemm_act_desc *act) {
@@ -457,6 +463,9 @@ static qt_status op_gemm_append(program *p, const char *name, const op_gemm_desc
     QT_TRY(prog_use(p, op, offsetof(gemm_args, d), g->d, PROG_WRITE));
     QT_TRY(op_gemm_use_units(p, op, g));
     QT_TRY(prog_use_optional(p, op, offsetof(gemm_args, bias), g->bias, 0, PROG_READ));
+    if (op_gemm_writes_d_max(g)) {  // an atomic maximum into the slot
+        QT_TRY(prog_use_span(p, op, offsetof(gemm_args, d_max), g->d_max, 4, PROG_READ_WRITE));
+    }
     if (g->grouping == GEMM_DENSE) return QT_OK;
     op_group group = {g->count, g->row_offsets, g->first_dims};
     return op_group_use(p, op, offsetof(gemm_args, group), &group);

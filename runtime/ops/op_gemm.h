@@ -67,6 +67,10 @@ typedef struct op_gemm_desc {
     // .arena NULL: none; else D's gradient-norm units (gemm.h), written with D: f32 [U] then
     // u32 [U], U = qt_gemm_norm_unit_count(m, n). Dense f32 D, no C, no bias.
     prog_ref norm_units;
+    // .arena NULL: none; else D's maximum slot (gemm.h, gemm_args.d_max): u32, a step's amax
+    // slot (zeroed before the GEMM). Dense only. A split GEMM or a skinny kernel leaves the slot
+    // as it is (op_gemm_writes_d_max), which its reader takes as "no maximum".
+    prog_ref d_max;
 } op_gemm_desc;
 
 // The operand for one stored copy of a quantized tensor of logical shape rows x cols (cols
@@ -116,6 +120,10 @@ uint32_t op_gemm_skinny(const op_gemm_desc *g);
 // The kernel the GEMM's op names: the skinny kernel, else the format's portable kernel (which the
 // GPU backend may hand to the sm_90a tier at launch, runtime/backend/gemm_tier.h).
 kernel_id op_gemm_kernel(const op_gemm_desc *g);
+
+// Whether the GEMM's op writes the slot g->d_max: one is given, and the GEMM is dense, unsplit
+// and not skinny (op_gemm_kernel names a portable kernel, which the sm_90a tier may take).
+bool op_gemm_writes_d_max(const op_gemm_desc *g);
 
 // Appends the GEMM (split-K: the GEMM writing its parts, then qt_gemm_split_reduce, which
 // op_gemm_act may fuse with an activation); nothing when m or n is 0. QT_ERR_INPUT when the

@@ -307,6 +307,9 @@ qt_status op_fp8_act_amax_merge(program *p, const char *name, const op_fp8_act_i
     fp8_act_cast_args args = {0};
     uint32_t op;
     QT_TRY(op_fp8_act_append(p, name, in, NULL, &args, &op));
+    QT_ASSERT(!in->backward || !prog_ref_present(in->x_max));
+    QT_TRY(prog_use_optional(p, op, offsetof(fp8_act_cast_args, x_max), in->x_max, 4,
+                             PROG_READ));
     // An atomic max reads and writes the slot.
     return prog_use_span(p, op, offsetof(fp8_act_cast_args, cast.amax_out), amax, 4,
                          PROG_READ_WRITE);

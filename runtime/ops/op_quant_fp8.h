@@ -131,10 +131,14 @@ typedef struct op_fp8_act_input {
     prog_ref x;    // BF16 (rows, cols), the activation's input
     prog_ref dy;   // backward: BF16 (rows, cols), the gradient at its output; else OP_FP8_NONE
     uint32_t rows, cols;  // cols % 8 == 0
+    // Forward, optional (OP_FP8_NONE: none): x's maximum slot, which the GEMM that wrote x fills
+    // (op_gemm_desc.d_max); op_fp8_act_amax_merge then takes the amax from it where it can.
+    prog_ref x_max;
 } op_fp8_act_input;
 
 // amax = max(amax, max |y|) (NaN skipped) for a slot that is +0 already (a step's amax slot):
-// what op_fp8_amax_merge would take from a stored y. One op.
+// what op_fp8_amax_merge would take from a stored y, without reading x where in->x_max gives it
+// (fp8_act_cast_args.x_max). One op.
 qt_status op_fp8_act_amax_merge(program *p, const char *name, const op_fp8_act_input *in,
                                 prog_ref amax);
 

@@ -361,6 +361,20 @@ static void ref_gemm_part_run(const gemm_args *a, const ref_gemm_tables *tables,
     pool_run(tiles_m * job.tiles_n, ref_gemm_tile, &job);
 }
 
+// D's maximum (gemm.h, gemm_args.d_max) over D as stored, merged into the slot.
+static void ref_gemm_d_max(const gemm_args *a) {
+    float running = 0.0f;
+    for (uint64_t row = 0; row < a->m; row++) {
+        for (uint32_t col = 0; col < a->n; col++) {
+            running = qt_gemm_d_max_fold(running,
+                                         qt_gemm_load_value(a->d, row * a->ldd + col, a->d_dtype));
+        }
+    }
+    uint32_t *slot = REF_PTR(uint32_t, a->d_max);
+    uint32_t bits = qt_gemm_d_max_bits(running, a->d_dtype);
+    if (bits > *slot) *slot = bits;
+}
+
 static void ref_gemm(const gemm_args *a) {
     ref_gemm_tables tables;  // 21 KiB of stack, so that GEMMs on several threads stay apart
     ref_gemm_tables_init(&tables, a);
@@ -378,6 +392,7 @@ static void ref_gemm(const gemm_args *a) {
     if (a->grouping == GEMM_DENSE) {
         ref_gemm_part part = {0, 0, a->m, a->m, 0, a->k, 0};
         ref_gemm_part_run(a, &tables, &part);
+        if (a->d_max != 0) ref_gemm_d_max(a);
         return;
     }
     for (uint32_t i = 0; i < a->group.count; i++) {

@@ -212,6 +212,13 @@ POOL_CPU_CLONES static void ref_fp8_act_cast_rows(void *ctx, uint64_t begin, uin
 static void ref_fp8_act_cast(const fp8_act_cast_args *a, bool backward) {
     const fp8_cast_args *c = &a->cast;
     ref_fp8_act_job job = {a, backward, 0.0f};
+    float y;
+    bool codes = c->rowwise || c->colwise;
+    if (!backward && !codes && a->x_max != 0 &&
+        qt_act_amax_from_max(a->act, qt_bits_f32(*REF_PTR(const uint32_t, a->x_max)), &y)) {
+        ref_amax_merge(REF_PTR(float, c->amax_out), qt_bf16_to_f32(qt_f32_to_bf16(y)));
+        return;
+    }
     if (c->rowwise || c->colwise) {
         job.scale = qt_fp8_member_scale(c, 0);
         if (c->scale_mode == QT_FP8_SCALE_CURRENT && c->scale) {
