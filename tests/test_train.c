@@ -1306,7 +1306,23 @@ typedef struct slots_seen {
     uint32_t passes[MODEL_MODE_COUNT];  // each program's amax passes (qt_fp8_amax, qt_nvfp4_amax)
     uint32_t norm_ops, norm_beside;     // the train program's norm launches, and those beside
     uint32_t act_casts[MODEL_MODE_COUNT];  // each program's activation casts (qt_fp8_act_cast_*)
+    uint32_t from_max[MODEL_MODE_COUNT];   // those of them that read a GEMM's maximum slot
 } slots_seen;
+
+// The activation casts of a program that read their input's maximum slot (fp8_act_cast_args
+// x_max, which the fprop before fills: ptx/gemm.h, gemm_args.d_max).
+static uint32_t slots_from_max_ops(const run *r, int mode) {
+    uint32_t n = 0;
+    const program *p = &r->programs[mode];
+    for (uint32_t i = 0; r->model.modes[mode] && i < p->op_count; i++) {
+        const prog_op *op = &p->ops[i];
+        if (op->kernel != KERNEL_FP8_ACT_CAST_FWD) continue;
+        for (uint32_t u = 0; u < op->ref_count; u++) {
+            n += op->refs[u].args_offset == offsetof(fp8_act_cast_args, x_max);
+        }
+    }
+    return n;
+}
 
 // Runs the text's schedule step by step into `trace` (checksums every train step) as `su` says.
 // False (with *why) when the backend cannot be opened.
@@ -1348,6 +1364,7 @@ static bool slots_run(const char *text, const slots_setup *su, const char *trace
     for (int mode = 0; st == QT_OK && mode < MODEL_MODE_COUNT; mode++) {
         seen->passes[mode] = slots_count_ops(&the_run, mode, passes, 2);
         seen->act_casts[mode] = slots_count_ops(&the_run, mode, act_casts, 2);
+        seen->from_max[mode] = slots_from_max_ops(&the_run, mode);
     }
     seen->zero_ops = st == QT_OK ? slots_zero_ops(&the_run) : 0;
     const program *train = &the_run.programs[MODEL_MODE_TRAIN];
@@ -1521,6 +1538,11 @@ static void test_producer_amax(backend_kind kind, const producer_case *pc) {
             CHECK(seen[w].act_casts[mode] == casts, "%s, %s program: %u activation casts, "
                   "expected %u", way[w], model_mode_name((model_mode)mode),
                   seen[w].act_casts[mode], casts);
+            // Current scaling's forward amax reads the fprop's maximum slot (one per program).
+            uint32_t from_max = w == 0 && casts && strcmp(pc->scheme, "current") == 0 ? 1 : 0;
+            CHECK(seen[w].from_max[mode] == from_max, "%s, %s program: %u amaxes from the "
+                  "fprop's maximum, expected %u", way[w], model_mode_name((model_mode)mode),
+                  seen[w].from_max[mode], from_max);
         }
     }
     if (kind == BACKEND_GPU) {
