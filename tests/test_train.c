@@ -1545,6 +1545,17 @@ static void test_producer_amax(backend_kind kind, const producer_case *pc) {
                   seen[w].from_max[mode], from_max);
         }
     }
+    if (pc->act_cast) {
+        // The fprops' maximum slots are slots of the step: a huge value left in them before
+        // every step (test_amax_slots) would give a huge amax, unless the step zeroes them.
+        char poisoned[128];
+        trace_path(poisoned, sizeof poisoned, "producer_poisoned");
+        su.amax_passes = false;
+        su.poison = true;
+        slots_run(text, &su, poisoned, &seen[0], &why);
+        check_identical(merged, poisoned);
+        su.poison = false;
+    }
     if (kind == BACKEND_GPU) {
         su.amax_passes = false;
         su.eager = true;
