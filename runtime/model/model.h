@@ -322,10 +322,6 @@ typedef struct model_builder {
     // Output gradients' copies that an activation's cast made before the backward pass of the
     // linear that reads them was built (model_build.c, mb_act_casts).
     model_qstore dyq[MODEL_LINEARS_MAX];
-    // The forward pass's hand-off from a linear to the activation after it: the maximum slot of
-    // the linear's output, which its fprop fills (ptx/gemm.h, gemm_args.d_max) where the
-    // activation takes its output's amax from it (model_build.c, mb_act_amax_from_max).
-    prog_ref act_x_max;
     model_build_moe moes[MODEL_MOES_MAX];
     prog_ref inv_rms[RECIPE_LAYERS_MAX];
     prog_ref stats;         // qt_loss_stats

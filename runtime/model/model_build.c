@@ -734,12 +734,13 @@ static bool mb_act_casts(const mb *b, uint32_t act, bool backward) {
     return (uint64_t)m->batch * below->out >= min;
 }
 
-// Whether activation layer `act` takes its output's amax from the maximum of its input, which the
-// GEMM before it gives (ptx/gemm.h, gemm_args.d_max; ptx/act_math.h, qt_act_amax_from_max):
-// where its cast is a current-scaling one that needs that amax before it (mb_act_casts).
+// Whether activation layer `act`, whose output goes to its cast unstored (mb_act_casts,
+// forward), takes that output's amax from the maximum of its input, which the GEMM before it
+// gives (ptx/gemm.h, gemm_args.d_max; ptx/act_math.h, qt_act_amax_from_max): where the cast is a
+// current-scaling one, which needs the amax before it.
 static bool mb_act_amax_from_max(const mb *b, uint32_t act) {
     const model *m = b->m;
-    if (!mb_act_casts(b, act, false)) return false;
+    QT_ASSERT(mb_act_casts(b, act, false));
     const model_linear *above = &m->linears[m->layer_linear[act + 1]];
     return m->quantizers[above->q_input].q.scheme == QT_SCHEME_CURRENT;
 }
@@ -756,9 +757,10 @@ static prog_ref mb_bias(const mb *b, const model_linear *lin) {
     return mb_dev(b, b->m->params[lin->bias_param].master);
 }
 
-// y: the linear's output; then: the activation that reads it, or NULL.
+// y: the linear's output; then: the activation that reads it, or NULL; y_max: NULL, or where the
+// maximum slot of y goes, which the fprop fills (mb_act_amax_from_max).
 static qt_status mb_linear_forward(mb *b, uint32_t layer, model_tensor x, model_tensor *y,
-                                   const mb_then_act *then) {
+                                   const mb_then_act *then, prog_ref *y_max) {
     model *m = b->m;
     uint32_t li = m->layer_linear[layer];
     const model_linear *lin = &m->linears[li];
@@ -774,17 +776,17 @@ static qt_status mb_linear_forward(mb *b, uint32_t layer, model_tensor x, model_
     }
     snprintf(what, sizeof what, "%s.y", name);
     QT_TRY(mb_tensor(b, what, x.rows, lin->out, ARENA_CAT_ACTIVATIONS, y));
-    prog_ref y_max = OP_REF_NONE;
-    if (layer + 1 < m->recipe->model.layers_count && mb_act_amax_from_max(b, layer + 1)) {
-        QT_TRY(mb_step_slot(b, what, "max", &y_max));  // "<mode>.<name>.y.max"
+    prog_ref d_max = OP_REF_NONE;  // y's maximum slot "<mode>.<name>.y.max", where asked for
+    if (y_max) {
+        QT_TRY(mb_step_slot(b, what, "max", &d_max));
+        *y_max = d_max;
     }
-    b->act_x_max = y_max;
     mb_operand a = mb_dense(&m->quantizers[lin->q_input], &b->xq[li], x.rows, lin->in_padded,
                             false);
     mb_operand w = mb_dense(&m->quantizers[lin->q_weight], mb_weight(b, lin), lin->out,
                             lin->in_padded, false);
     snprintf(what, sizeof what, "%s.fprop", name);
-    return mb_gemm(b, what, MODEL_FPROP, lin, &a, &w, *y, mb_bias(b, lin), y_max, GEMM_DENSE,
+    return mb_gemm(b, what, MODEL_FPROP, lin, &a, &w, *y, mb_bias(b, lin), d_max, GEMM_DENSE,
                    op_group_dense(), then);
 }
 
@@ -974,7 +976,7 @@ static qt_status mb_layer_forward(mb *b, uint32_t i, model_tensor x, model_tenso
     uint32_t rows = x.rows;
     switch (l->kind) {
     case RECIPE_LAYER_LINEAR:
-        return mb_linear_forward(b, i, x, y, NULL);
+        return mb_linear_forward(b, i, x, y, NULL, NULL);
     case RECIPE_LAYER_MOE:
         return mb_moe_forward(b, i, x, y);
     case RECIPE_LAYER_RELU:
@@ -1038,9 +1040,11 @@ static qt_status mb_act_cast(mb *b, const char *name, const model_quantizer *mq,
 }
 
 // x, linear act - 1's output, through activation `act` into the input copies of linear act + 1
-// (b->xq, which its forward then reads as they are); *y: the activation's output by its shape
+// (b->xq, which its forward then reads as they are); x_max: x's maximum slot where the fprop
+// gave one (mb_act_amax_from_max), else OP_REF_NONE; *y: the activation's output by its shape
 // alone (no region: nothing reads it).
-static qt_status mb_act_cast_forward(mb *b, uint32_t act, model_tensor x, model_tensor *y) {
+static qt_status mb_act_cast_forward(mb *b, uint32_t act, model_tensor x, prog_ref x_max,
+                                     model_tensor *y) {
     const model *m = b->m;
     const recipe_layer *layers = m->recipe->model.layers;
     uint32_t li = m->layer_linear[act + 1];
@@ -1052,10 +1056,8 @@ static qt_status mb_act_cast_forward(mb *b, uint32_t act, model_tensor x, model_
     QT_TRY(mb_qstore(b, what, mq, *y, op_group_dense(), true, b->train, &b->xq[li]));
     char buf[24];
     snprintf(name, sizeof name, "%s.y", mb_layer_name(b, act, buf, sizeof buf));
-    // The linear before gave x's maximum exactly where the amax can come from it.
-    QT_ASSERT(prog_ref_present(b->act_x_max) == mb_act_amax_from_max(b, act));
     op_fp8_act_input in = {mb_act_kind(layers[act].kind), false, x.ref, OP_FP8_NONE, x.rows,
-                           x.cols, b->act_x_max};
+                           x.cols, x_max};
     return mb_act_cast(b, name, mq, &in, b->train, &b->xq[li]);
 }
 
@@ -1093,15 +1095,18 @@ static qt_status mb_forward(mb *b) {
         b->acts[i] = x;
         model_tensor y;
         if (mb_linear(b, i) && i + 1 < rm->layers_count && mb_act_casts(b, i + 1, false)) {
-            // The activation's output goes to the next linear's cast without being stored.
-            QT_TRY(mb_linear_forward(b, i, x, &b->acts[i + 1], NULL));
-            QT_TRY(mb_act_cast_forward(b, i + 1, b->acts[i + 1], &y));
+            // The activation's output goes to the next linear's cast without being stored; with
+            // current scaling its amax from the fprop's maximum.
+            prog_ref x_max = OP_REF_NONE;
+            bool from_max = mb_act_amax_from_max(b, i + 1);
+            QT_TRY(mb_linear_forward(b, i, x, &b->acts[i + 1], NULL, from_max ? &x_max : NULL));
+            QT_TRY(mb_act_cast_forward(b, i + 1, b->acts[i + 1], x_max, &y));
             i++;
         } else if (mb_linear(b, i) && i + 1 < rm->layers_count && mb_dense_act(b, i + 1)) {
             // A linear and its activation together, so that a split fprop's reduction takes
             // the activation along (op_gemm_act); the activation's input is the linear's y.
             mb_then_act then = {.layer = i + 1, .backward = false, .out = &y};
-            QT_TRY(mb_linear_forward(b, i, x, &b->acts[i + 1], &then));
+            QT_TRY(mb_linear_forward(b, i, x, &b->acts[i + 1], &then, NULL));
             i++;
         } else {
             QT_TRY(mb_layer_forward(b, i, x, stack, &depth, &y));

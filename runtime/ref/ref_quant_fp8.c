@@ -219,7 +219,7 @@ static void ref_fp8_act_cast(const fp8_act_cast_args *a, bool backward) {
         ref_amax_merge(REF_PTR(float, c->amax_out), qt_bf16_to_f32(qt_f32_to_bf16(y)));
         return;
     }
-    if (c->rowwise || c->colwise) {
+    if (codes) {
         job.scale = qt_fp8_member_scale(c, 0);
         if (c->scale_mode == QT_FP8_SCALE_CURRENT && c->scale) {
             REF_PTR(float, c->scale)[0] = job.scale;
