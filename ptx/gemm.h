@@ -102,6 +102,12 @@
 #define GEMM_TILE_M 128u  // the large tile
 #define GEMM_TILE_N 128u
 #define GEMM_THREADS 256u
+// Blocks of the small tile that the small-tile entry points (qt_gemm_<format>_portable_small)
+// fit on one SM: their register bound (65536 / (256 x 3): 80 a thread, in the allocation's steps
+// of 8) and shared memory (at most 3 x 43 KiB) leave room for three. FP8 block scaling and MXFP8
+// keep their scales in registers too and would spill at 80: two (128 a thread).
+#define GEMM_SMALL_BLOCKS_PER_SM 3
+#define GEMM_SMALL_BLOCKS_PER_SM_SCALED 2
 
 // Portable tier: bytes of k per tile row in one pipeline stage (fp8 kinds: 128 codes, one whole
 // 128-wide K block; bf16 and the decoded formats: 32 bf16 values), the stages in shared memory
@@ -282,6 +288,19 @@ QT_STATIC_ASSERT(sizeof(gemm_decode_table_args) == 24, "gemm_decode_table_args l
     X(KERNEL_GEMM_NORM_UNITS, gemm_portable, qt_gemm_norm_units, gemm_args)             \
     X(KERNEL_GEMM_BF16_SKINNY_N, gemm_skinny, qt_gemm_bf16_skinny_n, gemm_args)         \
     X(KERNEL_GEMM_BF16_SKINNY_M, gemm_skinny, qt_gemm_bf16_skinny_m, gemm_args)
+
+// The small-tile entry points (gemm_portable.cu), which the GPU backend launches in place of a
+// program's portable GEMM of the small tile (runtime/backend/gemm_tier.c); never appended to a
+// program.
+#define QT_KERNELS_GEMM_SMALL(X)                                                            \
+    X(KERNEL_GEMM_BF16_PORTABLE_SMALL, gemm_portable, qt_gemm_bf16_portable_small, gemm_args) \
+    X(KERNEL_GEMM_FP8_PORTABLE_SMALL, gemm_portable, qt_gemm_fp8_portable_small, gemm_args)   \
+    X(KERNEL_GEMM_FP8_BLOCK_PORTABLE_SMALL, gemm_portable, qt_gemm_fp8_block_portable_small,  \
+      gemm_args)                                                                              \
+    X(KERNEL_GEMM_MXFP8_PORTABLE_SMALL, gemm_portable, qt_gemm_mxfp8_portable_small,          \
+      gemm_args)                                                                              \
+    X(KERNEL_GEMM_NVFP4_PORTABLE_SMALL, gemm_portable, qt_gemm_nvfp4_portable_small,          \
+      gemm_args)
 
 // ---------------------------------------------------------------------------------------------
 // Per-element arithmetic, the same on both backends.

@@ -870,10 +870,11 @@ __device__ __forceinline__ void gemm_run_tile(const gemm_args &args) {
     gemm_epilogue<Cfg>(args, t, acc);
 }
 
-// The launch's tile (its block has the matching thread count and shared memory).
-template <uint32_t kFormat, class Mma, bool kSplit, bool kAsync>
+// The launch's tile (its block has the matching thread count and shared memory). kSmallOnly: the
+// small-tile entry points, which the launcher gives only GEMMs of the small tile.
+template <uint32_t kFormat, class Mma, bool kSplit, bool kAsync, bool kSmallOnly>
 __device__ __forceinline__ void gemm_run(const gemm_args &args) {
-    if (args.tile == GEMM_TILE_SMALL) {
+    if (kSmallOnly || args.tile == GEMM_TILE_SMALL) {
         gemm_run_tile<kFormat, Mma, kSplit, kAsync, gemm_cfg_small>(args);
     } else {
         gemm_run_tile<kFormat, Mma, kSplit, kAsync, gemm_cfg_large>(args);
@@ -885,63 +886,85 @@ __device__ __forceinline__ void gemm_run(const gemm_args &args) {
 // split parts),
 // GEMM_TILE_THREADS(T) threads, dynamic shared memory GEMM_PORTABLE_SMEM_BYTES_TILE(format, T),
 // rows = GEMM_TILE_ROWS(T); row tiles = ceil(m / rows) (+ count for GEMM_GROUP_M); members =
-// count for GEMM_GROUP_K, split_parts for a split GEMM, else 1.
+// count for GEMM_GROUP_K, split parts for a split GEMM, else 1.
+//
+// Each format has two: qt_gemm_<format>_portable takes either tile, and
+// qt_gemm_<format>_portable_small the small tile alone (the launcher's choice for a small-tile
+// GEMM on a GPU, runtime/backend/gemm_tier.c). One function holding both tiles is given the
+// large tile's registers (about 208 to 244 a thread), so a small-tile launch fits one block per
+// SM; the small tile alone fits GEMM_SMALL_BLOCKS_PER_SM (gemm.h; _SCALED for FP8 block scaling
+// and MXFP8, whose scales need more than 80 registers a thread), and a split GEMM's parts then
+// share the SMs instead of queueing behind each other. Both run the same tile code: the same bits.
 
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
-    qt_gemm_bf16_portable(const __grid_constant__ gemm_args args) {
-    qt_grid_enter();
+// B is always E4M3 (weights, activations); A is E4M3 or E5M2 (gradients of HYBRID recipes).
+template <bool kSmallOnly>
+__device__ __forceinline__ void gemm_entry_bf16(const gemm_args &args) {
     // Small tiles take the register-staged pipeline even with both operands K-major: it loads
     // two stages ahead, and at training shapes (256 x 1024 x 1024, 64 blocks) it ran about twice
     // as fast as the cp.async pipeline on an H100. Both walk k in the same order: same bits.
     if (((args.a.flags | args.b.flags) & GEMM_OPERAND_OUTER_MAJOR) ||
-        args.tile == GEMM_TILE_SMALL) {
-        gemm_run<GEMM_FORMAT_BF16, gemm_mma_bf16, false, false>(args);
+        kSmallOnly || args.tile == GEMM_TILE_SMALL) {
+        gemm_run<GEMM_FORMAT_BF16, gemm_mma_bf16, false, false, kSmallOnly>(args);
     } else {
-        gemm_run<GEMM_FORMAT_BF16, gemm_mma_bf16, false, true>(args);
+        gemm_run<GEMM_FORMAT_BF16, gemm_mma_bf16, false, true, kSmallOnly>(args);
     }
 }
 
-// B is always E4M3 (weights, activations); A is E4M3 or E5M2 (gradients of HYBRID recipes).
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
-    qt_gemm_fp8_portable(const __grid_constant__ gemm_args args) {
-    qt_grid_enter();
+template <bool kSmallOnly>
+__device__ __forceinline__ void gemm_entry_fp8(const gemm_args &args) {
     bool split = (args.flags & GEMM_FLAG_SPLIT_ACCUMULATE) != 0;
     if (args.a.elem == GEMM_ELEM_E5M2) {
         if (split) {
-            gemm_run<GEMM_FORMAT_FP8, gemm_mma_e5m2_e4m3, true, true>(args);
+            gemm_run<GEMM_FORMAT_FP8, gemm_mma_e5m2_e4m3, true, true, kSmallOnly>(args);
         } else {
-            gemm_run<GEMM_FORMAT_FP8, gemm_mma_e5m2_e4m3, false, true>(args);
+            gemm_run<GEMM_FORMAT_FP8, gemm_mma_e5m2_e4m3, false, true, kSmallOnly>(args);
         }
     } else {
         if (split) {
-            gemm_run<GEMM_FORMAT_FP8, gemm_mma_e4m3_e4m3, true, true>(args);
+            gemm_run<GEMM_FORMAT_FP8, gemm_mma_e4m3_e4m3, true, true, kSmallOnly>(args);
         } else {
-            gemm_run<GEMM_FORMAT_FP8, gemm_mma_e4m3_e4m3, false, true>(args);
+            gemm_run<GEMM_FORMAT_FP8, gemm_mma_e4m3_e4m3, false, true, kSmallOnly>(args);
         }
     }
 }
 
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
-    qt_gemm_fp8_block_portable(const __grid_constant__ gemm_args args) {
-    qt_grid_enter();
+template <bool kSmallOnly>
+__device__ __forceinline__ void gemm_entry_fp8_block(const gemm_args &args) {
     if (args.a.elem == GEMM_ELEM_E5M2) {
-        gemm_run<GEMM_FORMAT_FP8_BLOCK, gemm_mma_e5m2_e4m3, true, true>(args);
+        gemm_run<GEMM_FORMAT_FP8_BLOCK, gemm_mma_e5m2_e4m3, true, true, kSmallOnly>(args);
     } else {
-        gemm_run<GEMM_FORMAT_FP8_BLOCK, gemm_mma_e4m3_e4m3, true, true>(args);
+        gemm_run<GEMM_FORMAT_FP8_BLOCK, gemm_mma_e4m3_e4m3, true, true, kSmallOnly>(args);
     }
 }
 
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
-    qt_gemm_mxfp8_portable(const __grid_constant__ gemm_args args) {
-    qt_grid_enter();
-    gemm_run<GEMM_FORMAT_MXFP8, gemm_mma_bf16, false, false>(args);
+template <bool kSmallOnly>
+__device__ __forceinline__ void gemm_entry_mxfp8(const gemm_args &args) {
+    gemm_run<GEMM_FORMAT_MXFP8, gemm_mma_bf16, false, false, kSmallOnly>(args);
 }
 
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
-    qt_gemm_nvfp4_portable(const __grid_constant__ gemm_args args) {
-    qt_grid_enter();
-    gemm_run<GEMM_FORMAT_NVFP4, gemm_mma_bf16, false, false>(args);
+template <bool kSmallOnly>
+__device__ __forceinline__ void gemm_entry_nvfp4(const gemm_args &args) {
+    gemm_run<GEMM_FORMAT_NVFP4, gemm_mma_bf16, false, false, kSmallOnly>(args);
 }
+
+#define GEMM_PORTABLE_ENTRIES(format, small_blocks)                                        \
+    extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)                          \
+        qt_gemm_##format##_portable(const __grid_constant__ gemm_args args) {              \
+        qt_grid_enter();                                                                   \
+        gemm_entry_##format<false>(args);                                                  \
+    }                                                                                      \
+    extern "C" __global__ void __launch_bounds__(GEMM_THREADS, small_blocks)               \
+        qt_gemm_##format##_portable_small(const __grid_constant__ gemm_args args) {        \
+        qt_grid_enter();                                                                   \
+        gemm_entry_##format<true>(args);                                                   \
+    }
+
+GEMM_PORTABLE_ENTRIES(bf16, GEMM_SMALL_BLOCKS_PER_SM)
+GEMM_PORTABLE_ENTRIES(fp8, GEMM_SMALL_BLOCKS_PER_SM)
+GEMM_PORTABLE_ENTRIES(fp8_block, GEMM_SMALL_BLOCKS_PER_SM_SCALED)
+GEMM_PORTABLE_ENTRIES(mxfp8, GEMM_SMALL_BLOCKS_PER_SM_SCALED)
+GEMM_PORTABLE_ENTRIES(nvfp4, GEMM_SMALL_BLOCKS_PER_SM)
+#undef GEMM_PORTABLE_ENTRIES
 
 // Split-K reduction (gemm.h): thread i of the grid takes element i of D ([m][n], row-major);
 // its parts are summed in index order, then the unsplit kernel's epilogue

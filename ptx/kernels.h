@@ -33,10 +33,10 @@
     QT_KERNELS_SCHED(X) \
     QT_KERNELS_DP(X)
 
-// Every kernel: the ones programs hold, then the sm_90a GEMM tier, which
-// runtime/backend/gemm_tier.c launches in place of a program's portable GEMM (never appended to a
-// program).
-#define QT_KERNELS(X) QT_KERNELS_PROGRAM(X) QT_KERNELS_GEMM_SM90A(X)
+// Every kernel: the ones programs hold, then the sm_90a GEMM tier and the portable tier's
+// small-tile entry points, which runtime/backend/gemm_tier.c launches in place of a program's
+// portable GEMM (never appended to a program).
+#define QT_KERNELS(X) QT_KERNELS_PROGRAM(X) QT_KERNELS_GEMM_SM90A(X) QT_KERNELS_GEMM_SMALL(X)
 
 // Modules: one per ptx/*.cu, embedded as qt_module_<name> by tools/embed.
 #define QT_MODULES(X) X(core) X(quant_mxfp8) X(quant_block) X(quant_group) X(quant_fp8) \

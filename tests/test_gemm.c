@@ -2307,6 +2307,55 @@ static void test_tier_launched(void) {
     test_end();
 }
 
+// Which portable kernel a GPU launches (gemm_tier_portable_kernel): the format's small-tile entry
+// point for a GEMM of the small tile, the op's own kernel for the large tile, for ops that are no
+// portable GEMM, and on the reference backend. The GPU cases of this file then run every
+// small-tile GEMM through those entry points against the twin.
+static void test_tier_small_kernel(void) {
+    test_begin("gemm_tier_small_tile_takes_its_own_entry_point");
+    static modules loaded;
+    static const struct {
+        kernel_id portable, small;
+    } pairs[] = {
+        {KERNEL_GEMM_BF16_PORTABLE, KERNEL_GEMM_BF16_PORTABLE_SMALL},
+        {KERNEL_GEMM_FP8_PORTABLE, KERNEL_GEMM_FP8_PORTABLE_SMALL},
+        {KERNEL_GEMM_FP8_BLOCK_PORTABLE, KERNEL_GEMM_FP8_BLOCK_PORTABLE_SMALL},
+        {KERNEL_GEMM_MXFP8_PORTABLE, KERNEL_GEMM_MXFP8_PORTABLE_SMALL},
+        {KERNEL_GEMM_NVFP4_PORTABLE, KERNEL_GEMM_NVFP4_PORTABLE_SMALL},
+    };
+    for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+        loaded.function[pairs[i].small] = (CUfunction)(uintptr_t)1;  // never called
+    }
+    gemm_tier_device gpu = {.gpu = true, .cc_major = 9, .cc_minor = 0, .sm_count = 132,
+                            .setting = BACKEND_GEMM_TIER_AUTO, .modules = &loaded};
+    gemm_tier_device ref = {.gpu = false, .modules = &loaded};
+    static prog_op op;
+    gemm_args g;
+    memset(&g, 0, sizeof g);
+    op.args_bytes = sizeof g;
+    for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+        op.kernel = pairs[i].portable;
+        for (uint32_t tile = GEMM_TILE_LARGE; tile <= GEMM_TILE_SMALL; tile++) {
+            g.tile = tile;
+            memcpy(op.args, &g, sizeof g);
+            kernel_id want = tile == GEMM_TILE_SMALL ? pairs[i].small : pairs[i].portable;
+            kernel_id got = gemm_tier_portable_kernel(&gpu, &op);
+            CHECK(got == want, "%s, tile %u: %s", kernel_table[op.kernel].symbol, tile,
+                  got < KERNEL_COUNT ? kernel_table[got].symbol : "none");
+            got = gemm_tier_portable_kernel(&ref, &op);
+            CHECK(got == op.kernel, "%s on the reference backend: %s",
+                  kernel_table[op.kernel].symbol,
+                  got < KERNEL_COUNT ? kernel_table[got].symbol : "none");
+        }
+    }
+    op.kernel = KERNEL_GEMM_SPLIT_REDUCE;  // takes gemm_args too, and is no GEMM tile
+    g.tile = GEMM_TILE_SMALL;
+    memcpy(op.args, &g, sizeof g);
+    CHECK(gemm_tier_portable_kernel(&gpu, &op) == KERNEL_GEMM_SPLIT_REDUCE,
+          "the split reduction keeps its kernel");
+    test_end();
+}
+
 // Launch shapes come from capacities; a GEMM whose row tiles exceed the grid limit is refused
 // with an operating error naming the limit, and empty GEMMs append nothing.
 static void test_op_gemm_limits(void) {
@@ -2860,6 +2909,7 @@ int main(void) {
     if (whole_groups && test_shard_take()) test_op_gemm_limits();
     if (whole_groups && test_shard_take()) test_tier_descriptions_fit();
     if (whole_groups && test_shard_take()) test_tier_launched();
+    if (whole_groups && test_shard_take()) test_tier_small_kernel();
     run_matrix();
     run_odd_shapes();
     run_training_shapes();

@@ -257,8 +257,8 @@ static qt_status backend_launch_on(backend *b, const prog_op *op, CUstream strea
         tier.ctas_max = gemm_ctas;
     }
     if (gemm_tier_takes(&tier, op)) return gemm_tier_launch(&tier, op, stream);
-    QT_TRY(modules_launch(&b->modules, op->kernel, &op->shape, stream, op->args,
-                          op->args_bytes));
+    QT_TRY(modules_launch(&b->modules, gemm_tier_portable_kernel(&tier, op), &op->shape, stream,
+                          op->args, op->args_bytes));
     gemm_args g;
     launch_shape shape;
     if (!gemm_tier_units_after(op, &g, &shape)) return QT_OK;
@@ -272,7 +272,7 @@ void backend_launched(const backend *b, const prog_op *op, kernel_id *kernel,
         gemm_tier_launched(&tier, op, kernel, shape);
         return;
     }
-    *kernel = op->kernel;
+    *kernel = gemm_tier_portable_kernel(&tier, op);
     *shape = op->shape;
 }
 

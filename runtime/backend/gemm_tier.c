@@ -21,6 +21,24 @@ static kernel_id gemm_tier_sm90a_kernel(kernel_id portable) {
     }
 }
 
+// The small-tile entry point of a portable GEMM kernel, or KERNEL_COUNT for none.
+static kernel_id gemm_tier_small_kernel(kernel_id portable) {
+    switch (portable) {
+    case KERNEL_GEMM_BF16_PORTABLE:
+        return KERNEL_GEMM_BF16_PORTABLE_SMALL;
+    case KERNEL_GEMM_FP8_PORTABLE:
+        return KERNEL_GEMM_FP8_PORTABLE_SMALL;
+    case KERNEL_GEMM_FP8_BLOCK_PORTABLE:
+        return KERNEL_GEMM_FP8_BLOCK_PORTABLE_SMALL;
+    case KERNEL_GEMM_MXFP8_PORTABLE:
+        return KERNEL_GEMM_MXFP8_PORTABLE_SMALL;
+    case KERNEL_GEMM_NVFP4_PORTABLE:
+        return KERNEL_GEMM_NVFP4_PORTABLE_SMALL;
+    default:
+        return KERNEL_COUNT;
+    }
+}
+
 static bool gemm_tier_aligned16(uint64_t value) { return (value & 15u) == 0; }
 
 static uint32_t gemm_tier_elem_bytes(const gemm_args *g) {
@@ -360,6 +378,15 @@ static launch_shape gemm_tier_shape(const gemm_tier_device *d, const gemm_args *
     if (d->ctas_max != 0 && d->ctas_max < ctas) ctas = d->ctas_max;
     if (tiles < ctas) ctas = tiles;
     return (launch_shape){{(uint32_t)ctas, 1, 1}, {GEMM_SM90A_THREADS, 1, 1}, smem_bytes};
+}
+
+kernel_id gemm_tier_portable_kernel(const gemm_tier_device *d, const prog_op *op) {
+    kernel_id small = gemm_tier_small_kernel(op->kernel);
+    if (small == KERNEL_COUNT || !d->gpu || !modules_loaded(d->modules, small)) return op->kernel;
+    QT_ASSERT(op->args_bytes == sizeof(gemm_args));
+    gemm_args g;
+    memcpy(&g, op->args, sizeof g);
+    return g.tile == GEMM_TILE_SMALL ? small : op->kernel;
 }
 
 qt_status gemm_tier_launch(const gemm_tier_device *d, const prog_op *op, CUstream stream) {

@@ -74,6 +74,11 @@ bool gemm_tier_takes(const gemm_tier_device *d, const prog_op *op);
 // Then the backend runs qt_gemm_norm_units right after the op's kernel, on either backend, with
 // *g (the op's args) and *shape. The sm90a tier computes the units in its epilogue instead.
 bool gemm_tier_units_after(const prog_op *op, gemm_args *g, launch_shape *shape);
+// The kernel a GPU launches for an op that gemm_tier_takes leaves alone: for a portable GEMM of
+// the small tile its small-tile entry point (ptx/gemm_portable.cu says why; same bits), else the
+// op's own kernel.
+kernel_id gemm_tier_portable_kernel(const gemm_tier_device *d, const prog_op *op);
+
 // Launches the sm90a kernel for the op (gemm_tier_takes must hold) on `stream` (the backend's
 // stream, or one of its capture streams).
 qt_status gemm_tier_launch(const gemm_tier_device *d, const prog_op *op, CUstream stream);

@@ -570,3 +570,24 @@ void ref_qt_gemm_mxfp8_sm90a(const gemm_sm90a_args *a, const launch_shape *shape
 void ref_qt_gemm_nvfp4_sm90a(const gemm_sm90a_args *a, const launch_shape *shape) {
     ref_qt_gemm_nvfp4_portable(&a->gemm, shape);
 }
+
+// The portable tier's small-tile entry points run the portable kernels' small tile.
+void ref_qt_gemm_bf16_portable_small(const gemm_args *a, const launch_shape *shape) {
+    ref_qt_gemm_bf16_portable(a, shape);
+}
+
+void ref_qt_gemm_fp8_portable_small(const gemm_args *a, const launch_shape *shape) {
+    ref_qt_gemm_fp8_portable(a, shape);
+}
+
+void ref_qt_gemm_fp8_block_portable_small(const gemm_args *a, const launch_shape *shape) {
+    ref_qt_gemm_fp8_block_portable(a, shape);
+}
+
+void ref_qt_gemm_mxfp8_portable_small(const gemm_args *a, const launch_shape *shape) {
+    ref_qt_gemm_mxfp8_portable(a, shape);
+}
+
+void ref_qt_gemm_nvfp4_portable_small(const gemm_args *a, const launch_shape *shape) {
+    ref_qt_gemm_nvfp4_portable(a, shape);
+}
