@@ -3,40 +3,37 @@
 #include <stdio.h>   // snprintf
 #include <string.h>  // memcpy, memset
 
+// Each format's portable GEMM kernel (the one programs hold), the sm90a kernel that takes its
+// ops, and its small-tile entry point (ptx/gemm_portable.cu).
+static const struct {
+    kernel_id portable, sm90a, small;
+} gemm_tier_kernels[] = {
+    {KERNEL_GEMM_BF16_PORTABLE, KERNEL_GEMM_BF16_SM90A, KERNEL_GEMM_BF16_PORTABLE_SMALL},
+    {KERNEL_GEMM_FP8_PORTABLE, KERNEL_GEMM_FP8_SM90A, KERNEL_GEMM_FP8_PORTABLE_SMALL},
+    {KERNEL_GEMM_FP8_BLOCK_PORTABLE, KERNEL_GEMM_FP8_BLOCK_SM90A,
+     KERNEL_GEMM_FP8_BLOCK_PORTABLE_SMALL},
+    {KERNEL_GEMM_MXFP8_PORTABLE, KERNEL_GEMM_MXFP8_SM90A, KERNEL_GEMM_MXFP8_PORTABLE_SMALL},
+    {KERNEL_GEMM_NVFP4_PORTABLE, KERNEL_GEMM_NVFP4_SM90A, KERNEL_GEMM_NVFP4_PORTABLE_SMALL},
+};
+#define GEMM_TIER_KERNELS (sizeof gemm_tier_kernels / sizeof gemm_tier_kernels[0])
+
+// The row of a portable GEMM kernel, or GEMM_TIER_KERNELS for a kernel that is none.
+static size_t gemm_tier_kernel_row(kernel_id portable) {
+    size_t row = 0;
+    while (row < GEMM_TIER_KERNELS && gemm_tier_kernels[row].portable != portable) row++;
+    return row;
+}
+
 // The sm90a kernel that takes a portable GEMM kernel's ops, or KERNEL_COUNT for none.
 static kernel_id gemm_tier_sm90a_kernel(kernel_id portable) {
-    switch (portable) {
-    case KERNEL_GEMM_BF16_PORTABLE:
-        return KERNEL_GEMM_BF16_SM90A;
-    case KERNEL_GEMM_FP8_PORTABLE:
-        return KERNEL_GEMM_FP8_SM90A;
-    case KERNEL_GEMM_FP8_BLOCK_PORTABLE:
-        return KERNEL_GEMM_FP8_BLOCK_SM90A;
-    case KERNEL_GEMM_MXFP8_PORTABLE:
-        return KERNEL_GEMM_MXFP8_SM90A;
-    case KERNEL_GEMM_NVFP4_PORTABLE:
-        return KERNEL_GEMM_NVFP4_SM90A;
-    default:
-        return KERNEL_COUNT;
-    }
+    size_t row = gemm_tier_kernel_row(portable);
+    return row < GEMM_TIER_KERNELS ? gemm_tier_kernels[row].sm90a : KERNEL_COUNT;
 }
 
 // The small-tile entry point of a portable GEMM kernel, or KERNEL_COUNT for none.
 static kernel_id gemm_tier_small_kernel(kernel_id portable) {
-    switch (portable) {
-    case KERNEL_GEMM_BF16_PORTABLE:
-        return KERNEL_GEMM_BF16_PORTABLE_SMALL;
-    case KERNEL_GEMM_FP8_PORTABLE:
-        return KERNEL_GEMM_FP8_PORTABLE_SMALL;
-    case KERNEL_GEMM_FP8_BLOCK_PORTABLE:
-        return KERNEL_GEMM_FP8_BLOCK_PORTABLE_SMALL;
-    case KERNEL_GEMM_MXFP8_PORTABLE:
-        return KERNEL_GEMM_MXFP8_PORTABLE_SMALL;
-    case KERNEL_GEMM_NVFP4_PORTABLE:
-        return KERNEL_GEMM_NVFP4_PORTABLE_SMALL;
-    default:
-        return KERNEL_COUNT;
-    }
+    size_t row = gemm_tier_kernel_row(portable);
+    return row < GEMM_TIER_KERNELS ? gemm_tier_kernels[row].small : KERNEL_COUNT;
 }
 
 static bool gemm_tier_aligned16(uint64_t value) { return (value & 15u) == 0; }
