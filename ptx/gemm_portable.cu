@@ -891,7 +891,7 @@ __device__ __forceinline__ void gemm_run(const gemm_args &args) {
 // Each format has two: qt_gemm_<format>_portable takes either tile, and
 // qt_gemm_<format>_portable_small the small tile alone (the launcher's choice for a small-tile
 // GEMM on a GPU, runtime/backend/gemm_tier.c). One function holding both tiles is given the
-// large tile's registers (about 208 to 244 a thread), so a small-tile launch fits one block per
+// large tile's registers (178 to 247 a thread), so a small-tile launch fits one block per
 // SM; the small tile alone fits GEMM_SMALL_BLOCKS_PER_SM (gemm.h; _SCALED for FP8 block scaling
 // and MXFP8, whose scales need more than 80 registers a thread), and a split GEMM's parts then
 // share the SMs instead of queueing behind each other. Both run the same tile code: the same bits.
