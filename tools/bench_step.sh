@@ -12,15 +12,15 @@
 # lines) and the table (bench_step.md) go to $OUT when it is set, else to a new temporary folder.
 #
 # Environment: PYTHON (default python3) runs the peer; QT_BENCH_PEER_MODES its --modes (default
-# eager,compile,fp8,graph); QT_BENCH_FASHION=0 skips Fashion-MNIST; QT_BENCH_RUNS=N (default 1)
-# runs qtrain N times per recipe, in rounds (every recipe once, then again), so that a slow
-# stretch of the machine falls on every recipe alike: the tables then show the median of the N
-# runs (ms/step, steps/s; arena and accuracy from the first), and a list after them every run's
-# figure.
+# eager,compile,fp8,graph); QT_BENCH_FASHION=0 skips Fashion-MNIST; QT_BENCH_MODELS=0 skips the
+# bench recipes, given or not (Fashion-MNIST alone); QT_BENCH_RUNS=N (default 1) runs qtrain N
+# times per recipe, in rounds (every recipe once, then again), so that a slow stretch of the
+# machine falls on every recipe alike: the tables then show the median of the N runs (ms/step,
+# steps/s; arena and accuracy from the first), and a list after them every run's figure.
 # Exit status: 0 when every run succeeded; 1 (after the table, with a FAILED line per run) when
 # any qtrain run or peer mode failed or printed no timing; 2 when the build fails, there is no
-# GPU (the reference backend would take hours at this size) or QT_BENCH_RUNS is no whole number
-# from 1.
+# GPU (the reference backend would take hours at this size), QT_BENCH_RUNS is no whole number
+# from 1, or nothing is left to run.
 set -u
 
 python=${PYTHON:-python3}
@@ -103,7 +103,9 @@ if ! build/qtrain info > "$logs/info.log" 2>&1 || ! grep -q '^device ' "$logs/in
 fi
 device=$(sed -n 's/^device *//p' "$logs/info.log" | head -1)
 
-if [ $# -gt 0 ]; then
+if [ "${QT_BENCH_MODELS:-1}" = 0 ]; then
+    recipes=""
+elif [ $# -gt 0 ]; then
     recipes="$*"
 else
     recipes=$(ls recipes/bench/*.recipe)
@@ -119,6 +121,11 @@ fashion=""
 if [ "${QT_BENCH_FASHION:-1}" != 0 ] && [ -f "$fashion_dir/train-images-idx3-ubyte.gz" ]; then
     fashion=$(ls recipes/fashion_mnist_*.recipe)
     peers="$peers recipes/fashion_mnist_bf16.recipe"
+fi
+if [ -z "$recipes" ] && [ -z "$fashion" ]; then
+    echo "bench_step: nothing to run: QT_BENCH_MODELS=0 and no Fashion-MNIST" \
+         "($fashion_dir/train-images-idx3-ubyte.gz is missing, or QT_BENCH_FASHION=0)" >&2
+    exit 2
 fi
 for round in $(seq "$runs"); do
     for recipe in $recipes; do run_qtrain "$recipe" "step time    median " "$round"; done
@@ -146,10 +153,11 @@ table=$logs/bench_step.md
     echo "Training steps on $device, qtrain $(git rev-parse --short HEAD 2>/dev/null)" \
          "$(git diff --quiet HEAD 2>/dev/null || echo '(modified)'), $(date -u +%Y-%m-%d)"
     echo
+    [ -z "$recipes" ] ||
     echo "| recipe | qtrain ms/step | qtrain TFLOP/s | PyTorch eager | compile | FP8 compile" \
          "| CUDA graph | qtrain / compile | qtrain / FP8 compile | qtrain / graph" \
          "| qtrain arena MiB | PyTorch peak MiB (compile) |"
-    echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+    [ -z "$recipes" ] || echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
     for recipe in $recipes; do
         name=$(basename "$recipe" .recipe)
         log=$(qtrain_log "$recipe" 1)
