@@ -80,7 +80,6 @@
 #include "ptx/qt_math.h"   // qt_expf, qt_logf, qt_math_exp_core
 #include "ptx/quant.h"     // qt_group_desc
 
-
 // Launch constants shared by the kernels, the op builders and the twins.
 #define QT_ACT_THREADS 256         // every kernel's block size
 #define QT_ACT_WARPS 8             // QT_ACT_THREADS / 32
@@ -357,13 +356,6 @@ QT_HD float qt_act_stored(float v, uint32_t dtype) {
     return dtype == QT_DTYPE_BF16 ? qt_bf16_to_f32(qt_f32_to_bf16(v)) : v;
 }
 
-// max |stored value| from m = max |v| over the FP32 values before their stores (act_args.amax):
-// rounding to BF16 is monotonic and symmetric, so the largest stored magnitude is m rounded.
-QT_HD float qt_act_stored_amax(float m, uint32_t dtype) {
-    return dtype == QT_DTYPE_BF16 ? qt_bf16_to_f32(qt_f32_to_bf16(m)) : m;
-}
-
-
 // SwiGLU's a = x[r][j] and b = x[r][H + j] (H = cols / 2) with their biases, one element (the
 // kernels' scalar path and the C twins).
 QT_HD void qt_swiglu_ab(const act_args *a, uint64_t r, uint32_t j, float *va, float *vb) {
@@ -375,7 +367,6 @@ QT_HD void qt_swiglu_ab(const act_args *a, uint64_t r, uint32_t j, float *va, fl
         *vb = *vb + qt_act_load(a->bias, h + j, a->bias_dtype);
     }
 }
-
 
 // SwiGLU: y = silu(a) * b; da = (dy * b) * silu'(a); db = dy * silu(a).
 QT_HD float qt_swiglu_forward(float a, float b) { return qt_act_silu(a) * b; }

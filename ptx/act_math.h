@@ -9,8 +9,10 @@
 #ifndef QT_ACT_MATH_H
 #define QT_ACT_MATH_H
 
-#include "ptx/qt_hd.h"    // QT_HD, qt_f32_bits, qt_bits_f32, qt_fmaf
-#include "ptx/qt_math.h"  // qt_expf, qt_math_exp_core
+#include "ptx/core.h"      // QT_DTYPE_BF16
+#include "ptx/qt_codec.h"  // qt_f32_to_bf16, qt_bf16_to_f32
+#include "ptx/qt_hd.h"     // QT_HD, qt_f32_bits, qt_bits_f32, qt_fmaf
+#include "ptx/qt_math.h"   // qt_expf, qt_math_exp_core
 
 // Activation functions (act_args.act).
 #define QT_ACT_RELU 0u
@@ -132,6 +134,13 @@ QT_HD int qt_act_amax_from_max(uint32_t act, float x_max, float *y) {
                                        : QT_ACT_POS_INF;  // others: never
     *y = qt_act_forward(act, x_max);
     return *y >= depth && depth != QT_ACT_POS_INF;
+}
+
+// max |stored value| from m = max |v| over the FP32 values before their stores (act_args.amax,
+// the activation casts' amax): rounding to BF16 is monotonic and symmetric, so the largest
+// stored magnitude is m rounded.
+QT_HD float qt_act_stored_amax(float m, uint32_t dtype) {
+    return dtype == QT_DTYPE_BF16 ? qt_bf16_to_f32(qt_f32_to_bf16(m)) : m;
 }
 
 // d/dx of GELU or SiLU (not ReLU, whose backward selects).

@@ -896,7 +896,6 @@ __device__ __forceinline__ void gemm_run(const gemm_args &args) {
 // and MXFP8, whose scales need more than 80 registers a thread), and a split GEMM's parts then
 // share the SMs instead of queueing behind each other. Both run the same tile code: the same bits.
 
-// B is always E4M3 (weights, activations); A is E4M3 or E5M2 (gradients of HYBRID recipes).
 template <bool kSmallOnly>
 __device__ __forceinline__ void gemm_entry_bf16(const gemm_args &args) {
     // Small tiles take the register-staged pipeline even with both operands K-major: it loads
@@ -910,6 +909,7 @@ __device__ __forceinline__ void gemm_entry_bf16(const gemm_args &args) {
     }
 }
 
+// B is always E4M3 (weights, activations); A is E4M3 or E5M2 (gradients of HYBRID recipes).
 template <bool kSmallOnly>
 __device__ __forceinline__ void gemm_entry_fp8(const gemm_args &args) {
     bool split = (args.flags & GEMM_FLAG_SPLIT_ACCUMULATE) != 0;

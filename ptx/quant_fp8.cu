@@ -777,10 +777,8 @@ __device__ __forceinline__ void qt_fp8_act_table(uint32_t act, float *table) {
 #define QT_FP8_ACT_AMAX_UNROLL(backward) ((backward) ? 3u : 8u)
 
 // max |y| over the whole tensor into cast.amax_out: a grid-stride pass over 8-element chunks.
-// The maximum is taken over the FP32 values and rounded to BF16 once, as act.h's
-// qt_act_stored_amax does:
-// rounding is monotonic and symmetric, so that is the largest stored magnitude (NaN skipped
-// either way), without rounding each value.
+// The maximum is taken over the FP32 values and rounded to BF16 once, as qt_act_stored_amax does:
+// that is the largest stored magnitude (NaN skipped either way), without rounding each value.
 template <bool kBackward>
 __device__ __forceinline__ void qt_fp8_act_amax_body(const fp8_act_cast_args &a,
                                                      qt_fp8_act_cast_smem &sm) {

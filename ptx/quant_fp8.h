@@ -156,7 +156,7 @@ QT_STATIC_ASSERT(sizeof(fp8_transpose_args) == 48, "fp8_transpose_args layout");
 typedef struct fp8_act_cast_args {
     fp8_cast_args cast;  // x: the activation's input; dtype QT_DTYPE_BF16
     uint64_t dy;         // backward only: BF16 (rows, cols), the gradient at the output
-    uint32_t act;        // QT_ACT_GELU | QT_ACT_SILU (ptx/act.h)
+    uint32_t act;        // QT_ACT_GELU | QT_ACT_SILU (ptx/act_math.h)
     uint32_t reserved;
     uint64_t x_max;      // forward amax only, 0 = none: u32, x's maximum slot (gemm.h d_max)
 } fp8_act_cast_args;

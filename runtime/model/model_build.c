@@ -716,10 +716,12 @@ static bool mb_linear(const mb *b, uint32_t i) {
 static bool mb_act_casts(const mb *b, uint32_t act, bool backward) {
     const model *m = b->m;
     const recipe_model *rm = &m->recipe->model;
+    // act - 1 and act + 1 exist (a caller's act may be layer 0's "act - 1", wrapped around).
+    if (act == 0 || act >= rm->layers_count || act + 1 >= rm->layers_count) return false;
     recipe_layer_kind kind = rm->layers[act].kind;
     if (m->amax_passes || m->act_cast_elems == UINT64_MAX) return false;
     if (kind != RECIPE_LAYER_GELU && kind != RECIPE_LAYER_SILU) return false;
-    if (act == 0 || act + 1 >= rm->layers_count || m->recompute[act]) return false;
+    if (m->recompute[act]) return false;
     if (!mb_linear(b, act - 1) || !mb_linear(b, act + 1)) return false;
     const model_linear *below = &m->linears[m->layer_linear[act - 1]];
     const model_linear *above = &m->linears[m->layer_linear[act + 1]];
@@ -770,7 +772,7 @@ static qt_status mb_linear_forward(mb *b, uint32_t layer, model_tensor x, model_
     snprintf(what, sizeof what, "%s.x", name);
     // Training also keeps the columnwise copy for wgrad. The activation before may have made
     // both already, its cast reading its input (mb_act_cast_forward).
-    if (layer == 0 || !mb_act_casts(b, layer - 1, false)) {
+    if (!mb_act_casts(b, layer - 1, false)) {
         QT_TRY(mb_quantize(b, what, &m->quantizers[lin->q_input], x, op_group_dense(), true,
                            b->train, b->train, &b->xq[li]));
     }
@@ -1247,7 +1249,7 @@ static qt_status mb_linear_backward(mb *b, uint32_t layer, model_tensor dy, mode
     model_qstore dyq = b->dyq[li];
     // dgrad reads the rowwise copy, wgrad the columnwise one; the first layer has no dgrad. The
     // activation after may have made both already (mb_act_cast_backward).
-    if (layer + 1 >= m->recipe->model.layers_count || !mb_act_casts(b, layer + 1, true)) {
+    if (!mb_act_casts(b, layer + 1, true)) {
         QT_TRY(mb_quantize(b, what, qg, dy, op_group_dense(), lin->needs_dx, true, true, &dyq));
     } else {
         QT_ASSERT(prog_ref_present(dyq.scale_inv));

@@ -4,7 +4,7 @@
 // do (a maximum, whatever the order).
 #include <stdbool.h>
 
-#include "ptx/act_math.h"          // qt_act_lut_value: the values of the act casts' tables
+#include "ptx/act_math.h"       // qt_act_lut_value, qt_act_stored_amax (the act casts)
 #include "runtime/base/pool.h"  // pool_for, POOL_CPU_CLONES
 #include "runtime/ref/ref.h"
 
@@ -79,13 +79,20 @@ POOL_CPU_CLONES static void ref_fp8_cast_rows(void *ctx, uint64_t begin, uint64_
     if (a->amax_out) ref_amax_merge(REF_PTR(float, a->amax_out) + job->member, amax);
 }
 
-static void ref_fp8_cast(const fp8_cast_args *a) {
+// Every member's scale_inv (and, for current scaling, the scale it derived), as the kernels'
+// block 0 writes them (qt_fp8_cast_write_scales).
+static void ref_fp8_write_scales(const fp8_cast_args *a) {
     uint32_t n = ref_fp8_members(a->group);
     for (uint32_t i = 0; i < n; i++) {
         float scale = qt_fp8_member_scale(a, i);
         if (a->scale_mode == QT_FP8_SCALE_CURRENT && a->scale) REF_PTR(float, a->scale)[i] = scale;
         REF_PTR(float, a->scale_inv)[i] = qt_fp8_scale_inv(scale);
     }
+}
+
+static void ref_fp8_cast(const fp8_cast_args *a) {
+    uint32_t n = ref_fp8_members(a->group);
+    ref_fp8_write_scales(a);
     uint32_t active = qt_group_active_rows(a->group, a->rows);
     for (uint32_t member = 0; member < n; member++) {
         ref_fp8_job job = {a, member, 0, qt_group_member_rows(a->group, a->rows, member),
@@ -216,15 +223,12 @@ static void ref_fp8_act_cast(const fp8_act_cast_args *a, bool backward) {
     bool codes = c->rowwise || c->colwise;
     if (!backward && !codes && a->x_max != 0 &&
         qt_act_amax_from_max(a->act, qt_bits_f32(*REF_PTR(const uint32_t, a->x_max)), &y)) {
-        ref_amax_merge(REF_PTR(float, c->amax_out), qt_bf16_to_f32(qt_f32_to_bf16(y)));
+        ref_amax_merge(REF_PTR(float, c->amax_out), qt_act_stored_amax(y, QT_DTYPE_BF16));
         return;
     }
     if (codes) {
+        ref_fp8_write_scales(c);
         job.scale = qt_fp8_member_scale(c, 0);
-        if (c->scale_mode == QT_FP8_SCALE_CURRENT && c->scale) {
-            REF_PTR(float, c->scale)[0] = job.scale;
-        }
-        REF_PTR(float, c->scale_inv)[0] = qt_fp8_scale_inv(job.scale);
     }
     pool_for(c->rows, ref_task_rows(c->cols), ref_fp8_act_cast_rows, &job);
 }
