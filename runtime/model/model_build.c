@@ -716,8 +716,9 @@ static bool mb_linear(const mb *b, uint32_t i) {
 static bool mb_act_casts(const mb *b, uint32_t act, bool backward) {
     const model *m = b->m;
     const recipe_model *rm = &m->recipe->model;
-    // act - 1 and act + 1 exist (a caller's act may be layer 0's "act - 1", wrapped around).
-    if (act == 0 || act >= rm->layers_count || act + 1 >= rm->layers_count) return false;
+    // act - 1 and act + 1 exist: 1 <= act <= layers_count - 2 (a model has a layer; a caller's
+    // act may be layer 0's "layer - 1", wrapped around to UINT32_MAX, which this also refuses).
+    if (act == 0 || act >= rm->layers_count - 1) return false;
     recipe_layer_kind kind = rm->layers[act].kind;
     if (m->amax_passes || m->act_cast_elems == UINT64_MAX) return false;
     if (kind != RECIPE_LAYER_GELU && kind != RECIPE_LAYER_SILU) return false;
