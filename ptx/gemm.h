@@ -240,7 +240,8 @@ typedef struct gemm_args {
     uint32_t split_parts; // 0 or 1: no split-K; else parts along k (dense only)
     uint32_t split_k;     // split-K: k of each part (a multiple of GEMM_SPLIT_K_ALIGN); the last
                           // part takes what is left
-    uint64_t norm_units;  // 0, or D's gradient-norm units (below): dense, f32 D, no C, no bias
+    uint64_t norm_units;  // 0, or D's gradient-norm units (below): dense or GEMM_GROUP_K, f32 D,
+                          // no C, no bias
     uint64_t d_max;       // 0, or D's maximum slot (below): dense, unsplit
 } gemm_args;
 QT_STATIC_ASSERT(sizeof(gemm_args) == 256, "gemm_args layout");
@@ -403,6 +404,9 @@ QT_HD float qt_gemm_epilogue(float acc, float alpha, int has_c, float beta, floa
 //   Unit (s, c): rows [16 s, 16 s + 16) and columns [64 c, 64 c + 64) of D, clipped at m and n;
 //   number s * ceil(n / 64) + c. Layout: the sums, f32 [U], then the flags, u32 [U] (1 when an
 //   element is NaN or +-Inf), U = ceil(m / 16) * ceil(n / 64) (qt_gemm_norm_unit_count).
+//   GEMM_GROUP_K: each member's D has its U units, member i's unit u being number i U + u of
+//   the count x U (qt_gemm_norm_units_of); for a stacked weight's gradient of members of whole
+//   16 rows that is the numbering of the stack as one dense D.
 //   Order: that of the sm_90a tier's accumulator fragments. Lane l of 32 holds the elements of
 //   rows 16 s + l / 4 + 8 h and columns 64 c + 8 j + 2 (l % 4) + e, and folds them for
 //   j = 0..7, h = 0..1, e = 0..1 as acc = fma(v, v, acc) from +0, skipping those outside D.
@@ -420,10 +424,17 @@ QT_HD uint64_t qt_gemm_norm_unit_count(uint32_t m, uint32_t n) {
     return slabs * ((n + GEMM_NORM_UNIT_COLS - 1) / GEMM_NORM_UNIT_COLS);
 }
 
-// Whether a GEMM's D can have norm units: dense, FP32, nothing added to the products' sum.
+// The units of all of a GEMM's Ds: one D's, or each K-grouped member's.
+QT_HD uint64_t qt_gemm_norm_units_of(const gemm_args *a) {
+    uint64_t members = a->grouping == GEMM_GROUP_K ? a->group.count : 1u;
+    return members * qt_gemm_norm_unit_count(a->m, a->n);
+}
+
+// Whether a GEMM's D can have norm units: dense or a D per member (K-grouped), FP32, nothing
+// added to the products' sum.
 QT_HD int qt_gemm_norm_units_fit(const gemm_args *a) {
-    return a->grouping == GEMM_DENSE && a->d_dtype == QT_DTYPE_F32 &&
-           (a->c == 0 || a->beta == 0.0f) && a->bias == 0;
+    return (a->grouping == GEMM_DENSE || a->grouping == GEMM_GROUP_K) &&
+           a->d_dtype == QT_DTYPE_F32 && (a->c == 0 || a->beta == 0.0f) && a->bias == 0;
 }
 
 // Lane `lane`'s fold over unit (s, c) of D as stored (f32, rows ldd apart); nonfinite gets its

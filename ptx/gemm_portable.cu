@@ -983,20 +983,22 @@ extern "C" __global__ void __launch_bounds__(GEMM_SPLIT_REDUCE_THREADS)
 }
 
 // Gradient-norm units of D (gemm.h) after a kernel that does not compute them: warp w of block
-// b sums unit 8 b + w in gemm.h's lane order. Launch: ceil(U / 8) blocks of
-// GEMM_NORM_UNITS_THREADS threads, the GEMM's own args.
+// b sums unit 8 b + w (of every member's units, K-grouped) in gemm.h's lane order. Launch:
+// ceil(units / 8) blocks of GEMM_NORM_UNITS_THREADS threads, the GEMM's own args.
 extern "C" __global__ void __launch_bounds__(GEMM_NORM_UNITS_THREADS)
     qt_gemm_norm_units(const __grid_constant__ gemm_args args) {
     qt_grid_enter();
     uint32_t lane = threadIdx.x & 31u;
     uint64_t unit = (uint64_t)blockIdx.x * (GEMM_NORM_UNITS_THREADS / 32u) + threadIdx.x / 32u;
-    uint64_t units = qt_gemm_norm_unit_count(args.m, args.n);
+    uint64_t units = qt_gemm_norm_units_of(&args);
     if (unit >= units) return;  // the whole warp
     uint32_t unit_cols = (args.n + GEMM_NORM_UNIT_COLS - 1) / GEMM_NORM_UNIT_COLS;
+    uint64_t per_member = qt_gemm_norm_unit_count(args.m, args.n);
+    uint64_t member = unit / per_member, own = unit % per_member;
+    const float *d = reinterpret_cast<const float *>(args.d + member * args.d_member_bytes);
     uint32_t bad = 0;
-    float sum = qt_gemm_norm_unit_lane(reinterpret_cast<const float *>(args.d), &args,
-                                       (uint32_t)(unit / unit_cols), (uint32_t)(unit % unit_cols),
-                                       lane, &bad);
+    float sum = qt_gemm_norm_unit_lane(d, &args, (uint32_t)(own / unit_cols),
+                                       (uint32_t)(own % unit_cols), lane, &bad);
 #pragma unroll
     for (uint32_t w = 16; w > 0; w >>= 1) sum = sum + __shfl_down_sync(0xFFFFFFFFu, sum, w);
     bad = __any_sync(0xFFFFFFFFu, bad != 0);

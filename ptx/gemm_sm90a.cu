@@ -1530,7 +1530,8 @@ __device__ __forceinline__ void gemm_epilogue_staged(const gemm_sm90a_args &args
 // D's gradient-norm units (gemm.h) from the values the epilogue stores: a warp's fragment
 // rows are one unit's 16 rows, and each 64 columns of them (8 column groups j) one unit, in the
 // lanes and the order that gemm.h states. The tile's columns are whole units (192 or 256 from a
-// multiple of them), so no unit spans two tiles. Dense D only (qt_gemm_norm_units_fit).
+// multiple of them), so no unit spans two tiles. A K-grouped tile's units are its member's
+// (qt_gemm_norm_units_of); an empty member's tiles store zeros, and so their units.
 template <uint32_t kAcc>
 __device__ __forceinline__ void gemm_norm_units(const gemm_args &g, const gemm_tile_pos &p,
                                                 uint32_t wg, const float (&acc)[kAcc]) {
@@ -1542,9 +1543,14 @@ __device__ __forceinline__ void gemm_norm_units(const gemm_args &g, const gemm_t
     uint32_t row = slab_row + (lane >> 2);
     bool valid[2] = {row < p.m_end, row + 8u < p.m_end};
     uint32_t unit_cols = (g.n + GEMM_NORM_UNIT_COLS - 1) / GEMM_NORM_UNIT_COLS;
-    uint64_t units = qt_gemm_norm_unit_count(g.m, g.n);
+    uint64_t units = qt_gemm_norm_units_of(&g);
     float *sums = reinterpret_cast<float *>(g.norm_units);
     uint32_t *flags = reinterpret_cast<uint32_t *>(sums + units);
+    if (g.grouping == GEMM_GROUP_K) {  // the member's units
+        uint64_t first = (uint64_t)p.member * qt_gemm_norm_unit_count(g.m, g.n);
+        sums += first;
+        flags += first;
+    }
     uint64_t slab = slab_row / GEMM_NORM_UNIT_ROWS;
     float alpha = qt_gemm_alpha(&g, p.member);
 #pragma unroll

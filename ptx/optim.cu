@@ -148,7 +148,7 @@ __device__ __forceinline__ void opt_store_colwise(const optim_adamw_args &a, uin
 // are >= +0 and never NaN, so the integer order is the float order; max is exact and order-free,
 // so the result does not depend on the grid). Every thread calls it (it has a barrier).
 __device__ __forceinline__ void opt_amax_block(const optim_adamw_args &a, float amax,
-                                               float *s_amax) {
+                                               float *s_amax, uint32_t r0) {
 #pragma unroll
     for (uint32_t off = 16; off > 0; off >>= 1) {
         amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
@@ -159,8 +159,9 @@ __device__ __forceinline__ void opt_amax_block(const optim_adamw_args &a, float 
     float block = s_amax[0];
     for (uint32_t w = 1; w < QT_OPTIM_THREADS / 32u; w++) block = fmaxf(block, s_amax[w]);
     if (!(block > 0.0f)) return;
-    if (a.amax0 != 0) atomicMax((unsigned int *)a.amax0, __float_as_uint(block));
-    if (a.amax1 != 0) atomicMax((unsigned int *)a.amax1, __float_as_uint(block));
+    const uint32_t word = qt_optim_amax_word(&a, r0);  // the tile's rows lie in one member
+    if (a.amax0 != 0) atomicMax((unsigned int *)a.amax0 + word, __float_as_uint(block));
+    if (a.amax1 != 0) atomicMax((unsigned int *)a.amax1 + word, __float_as_uint(block));
 }
 
 // Tile `block` of the parameter of args a: the whole of qt_optim_adamw, and of one block of
@@ -230,7 +231,7 @@ __device__ __forceinline__ void opt_adamw_tile(const optim_adamw_args &a, uint32
 
     const bool fp8_out = (mode & QT_OPTIM_DO_OUT) && a.out == QT_OPTIM_OUT_FP8;
     if (fp8_out && a.weight_t != 0) opt_store_colwise(a, s_t, codes, r0, c0, cg, rg);
-    if (mode & QT_OPTIM_DO_AMAX) opt_amax_block(a, amax, s_amax);
+    if (mode & QT_OPTIM_DO_AMAX) opt_amax_block(a, amax, s_amax, r0);
     if (fp8_out && a.scale_inv != 0 && block == 0 && threadIdx.x == 0) {
         *(float *)a.scale_inv = qt_fp8_scale_inv(c.scale);
     }
@@ -264,8 +265,10 @@ extern "C" __global__ void __launch_bounds__(QT_OPTIM_ZERO_THREADS)
     for (uint32_t i = threadIdx.x; i < m.count; i += blockDim.x) {
         const optim_multi_entry *e = &entries[i];
         if (!qt_optim_entry_zeroes(e)) continue;
-        if (e->args.amax0 != 0) *(float *)e->args.amax0 = 0.0f;
-        if (e->args.amax1 != 0) *(float *)e->args.amax1 = 0.0f;
+        for (uint32_t w = 0; w < qt_optim_amax_words(&e->args); w++) {
+            if (e->args.amax0 != 0) ((float *)e->args.amax0)[w] = 0.0f;
+            if (e->args.amax1 != 0) ((float *)e->args.amax1)[w] = 0.0f;
+        }
     }
 }
 

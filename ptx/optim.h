@@ -156,8 +156,10 @@ typedef struct optim_adamw_args {
     uint64_t weight_t;   // OUT_FP8: columnwise u8 [cols][rows] (byte transpose); 0 = none
     uint64_t scale;      // OUT_FP8: f32, read (the delayed-scaling state's scale)
     uint64_t scale_inv;  // OUT_FP8: f32, written RN(1 / scale)
-    uint64_t amax0;      // f32, atomic max of |new master| (history row 0, or a workspace at 0)
-    uint64_t amax1;      // f32, a second target of the same value (NVFP4 columnwise); 0 = none
+    uint64_t amax0;      // f32 [qt_optim_amax_words], atomic max of |new master| (history row 0,
+                         // or a workspace at 0)
+    uint64_t amax1;      // f32 [qt_optim_amax_words], a second target of the same values (NVFP4
+                         // columnwise); 0 = none
     uint32_t rows, cols;
     uint32_t grad_dtype;  // QT_DTYPE_BF16 | QT_DTYPE_F32
     uint32_t out;         // QT_OPTIM_OUT_*
@@ -165,7 +167,10 @@ typedef struct optim_adamw_args {
     uint32_t flags;       // QT_OPTIM_FLAG_*
     float beta1, beta2, eps, weight_decay;
     float lr_scale;       // this parameter's lr = state.lr * lr_scale
-    uint32_t reserved;
+    // A stacked weight's members (rows / amax_member_rows of them, each amax_member_rows rows,
+    // a multiple of QT_OPTIM_TILE so that a tile lies in one member) each take their own amax:
+    // word r / amax_member_rows of amax0 and amax1. 0: one word, the whole parameter's.
+    uint32_t amax_member_rows;
 } optim_adamw_args;
 QT_STATIC_ASSERT(sizeof(optim_adamw_args) == 136, "optim_adamw_args layout");
 
@@ -365,6 +370,15 @@ QT_HD uint32_t qt_optim_entry_of(const optim_multi_entry *entries, uint32_t coun
     return lo - 1;
 }
 
+// The words of each amax target of a (one per member of a stacked weight), and the word of row r.
+QT_HD uint32_t qt_optim_amax_words(const optim_adamw_args *a) {
+    return a->amax_member_rows != 0 ? a->rows / a->amax_member_rows : 1u;
+}
+
+QT_HD uint32_t qt_optim_amax_word(const optim_adamw_args *a, uint32_t row) {
+    return a->amax_member_rows != 0 ? row / a->amax_member_rows : 0u;
+}
+
 // Whether qt_optim_amax_zero zeroes the entry's amax targets: the ones that are a workspace the
 // update fills for a cast that follows (QT_OPTIM_FLAG_AMAX_ON_SKIP), never a delayed-scaling
 // history slot, which other casts of the step max into too.
@@ -380,8 +394,12 @@ QT_HD void qt_optim_zero_amaxes(const optim_multi_entry *entries, uint32_t count
     for (uint32_t i = 0; i < count; i++) {
         const optim_multi_entry *e = &entries[i];
         if (qt_optim_entry_zeroes(e)) {
-            if (e->args.amax0 != 0) *(float *)(uintptr_t)e->args.amax0 = 0.0f;
-            if (e->args.amax1 != 0) *(float *)(uintptr_t)e->args.amax1 = 0.0f;
+            float *amax0 = (float *)(uintptr_t)e->args.amax0;
+            float *amax1 = (float *)(uintptr_t)e->args.amax1;
+            for (uint32_t w = 0; w < qt_optim_amax_words(&e->args); w++) {
+                if (amax0 != 0) amax0[w] = 0.0f;
+                if (amax1 != 0) amax1[w] = 0.0f;
+            }
         }
         for (uint32_t k = 0; k < 2; k++) {
             float *amax = (float *)(uintptr_t)e->cast_amax[k];

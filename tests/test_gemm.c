@@ -709,20 +709,25 @@ static op_gemm_operand problem_operand(rig *r, const tproblem *p, const ttensor 
     return o;
 }
 
-// The norm units of the case's D (gemm.h), 0 where the GEMM cannot have them.
+// The norm units of the case's D (gemm.h), each K-grouped member's D's in member order; 0 where
+// the GEMM cannot have them.
 static uint64_t problem_units(const tproblem *p) {
-    bool fit = p->grouping == GEMM_DENSE && p->d_dtype == QT_DTYPE_F32 && !p->c.accumulate &&
-               !p->c.bias;
-    return fit ? qt_gemm_norm_unit_count(p->m, p->n) : 0;
+    bool fit = (p->grouping == GEMM_DENSE || p->grouping == GEMM_GROUP_K) &&
+               p->d_dtype == QT_DTYPE_F32 && !p->c.accumulate && !p->c.bias;
+    uint64_t members = p->grouping == GEMM_GROUP_K ? p->count : 1u;
+    return fit ? members * qt_gemm_norm_unit_count(p->m, p->n) : 0;
 }
 
 // The units of D as stored, written out from gemm.h's statement of the order (not through its
 // helpers): lane l's elements in (j, h, e) order, each fma(v, v, acc), then the lane tree.
-static void units_expect(const tproblem *p, const float *d, float *sums, uint32_t *flags) {
+static void units_expect(const tproblem *p, const float *d_all, float *sums, uint32_t *flags) {
     uint32_t unit_cols = ceil_div(p->n, 64);
     uint64_t units = problem_units(p);
+    uint64_t per_member = (uint64_t)ceil_div(p->m, 16) * unit_cols;
     for (uint64_t u = 0; u < units; u++) {
-        uint32_t s0 = (uint32_t)(u / unit_cols) * 16, c0 = (uint32_t)(u % unit_cols) * 64;
+        const float *d = d_all + (size_t)(u / per_member) * p->m * p->n;  // its member's D
+        uint64_t own = u % per_member;
+        uint32_t s0 = (uint32_t)(own / unit_cols) * 16, c0 = (uint32_t)(own % unit_cols) * 64;
         float lane[32];
         uint32_t bad = 0;
         for (uint32_t l = 0; l < 32; l++) {

@@ -13,6 +13,7 @@
 
 #include "runtime/ops/op_act.h"  // op_grad_norm: the norm's fold that begins the step
 #include "runtime/ops/op_core.h"
+#include "runtime/ops/op_moe.h"  // op_moe_uniform_group: a stacked weight's members
 #include "runtime/ops/op_optim.h"
 #include "tests/rig.h"
 #include "tests/test.h"
@@ -383,11 +384,12 @@ typedef struct t_case {
     bool rht, sr;    // NVFP4
     bool plant;      // GPU: edge values in the gradients of step 2
     uint64_t seed;
+    uint32_t members;  // a stacked weight of this many members of rows / members rows; 0: one
 } t_case;
 
 enum {
     R_STEPS, R_STATE, R_NORM, R_LR, R_GRAD, R_MASTER, R_M, R_V, R_WROW, R_WROWS, R_WCOL, R_WCOLS,
-    R_SCALE, R_SINV, R_AMAX, R_AMAXC, R_EXTRA,
+    R_SCALE, R_SINV, R_AMAX, R_AMAXC, R_EXTRA, R_GROUP_OFFSETS, R_GROUP_DIMS,
     R_COPY, R_CROW, R_CROWS, R_CCOL, R_CCOLS, R_CSCALE, R_CSINV, R_CAMAX, R_CAMAXC, R_CHIST0,
     R_TABLE, R_COUNT
 };
@@ -398,9 +400,9 @@ enum {
 static const char *const t_region_names[R_COUNT] = {
     "steps", "state", "grad_norm", "lr_rows", "grad", "master", "m", "v", "rowwise",
     "rowwise_scales", "colwise", "colwise_scales", "scale", "scale_inv", "amax", "amax_col",
-    "extra_params", "master_copy", "check_rowwise", "check_rowwise_scales", "check_colwise",
-    "check_colwise_scales", "check_scale", "check_scale_inv", "check_amax", "check_amax_col",
-    "check_history0", "optim_table"};
+    "extra_params", "group_offsets", "group_dims", "master_copy", "check_rowwise",
+    "check_rowwise_scales", "check_colwise", "check_colwise_scales", "check_scale",
+    "check_scale_inv", "check_amax", "check_amax_col", "check_history0", "optim_table"};
 
 // How a run's step updates its parameters: the case's parameter alone by op_optim_adamw, or
 // with T_EXTRAS small FP32 parameters around it (half before, half after, so that the case's
@@ -456,9 +458,15 @@ static void t_sizes(t_run *run) {
     b[R_MASTER] = b[R_M] = b[R_V] = b[R_COPY] = elems * 4;
     b[R_WROW] = b[R_WCOL] = b[R_CROW] = b[R_CCOL] = codes;
     b[R_WROWS] = b[R_WCOLS] = b[R_CROWS] = b[R_CCOLS] = scales;
-    b[R_SCALE] = b[R_SINV] = b[R_AMAXC] = b[R_CSCALE] = b[R_CSINV] = b[R_CAMAX] = 4;
-    b[R_CAMAXC] = b[R_CHIST0] = 4;
-    b[R_AMAX] = 4 * T_HISTORY_LEN;  // delayed scaling: the history [L][1], row 0 first
+    // A word per member of a stacked weight.
+    uint32_t words = c->members ? c->members : 1u;
+    b[R_SCALE] = b[R_SINV] = b[R_AMAXC] = b[R_CSCALE] = b[R_CSINV] = b[R_CAMAX] = 4ull * words;
+    b[R_CAMAXC] = 4ull * words;
+    b[R_CHIST0] = 4;
+    // Delayed scaling: the history [L][1], row 0 first.
+    b[R_AMAX] = 4ull * (words > T_HISTORY_LEN ? words : T_HISTORY_LEN);
+    b[R_GROUP_OFFSETS] = 4ull * (words + 1);
+    b[R_GROUP_DIMS] = 4ull * words;
     b[R_EXTRA] = 0;
     for (uint32_t k = 0; k < T_EXTRAS; k++) b[R_EXTRA] += 16ull * t_extra_rows(k) * t_extra_cols(k);
     b[R_TABLE] = op_optim_table_bytes(T_EXTRAS + 1);
@@ -510,6 +518,9 @@ static optim_param_desc t_desc(t_run *run, bool check) {
     d.nvfp4 = (op_nvfp4_quant){true, true, c->rht, QT_NVFP4_RHT_SIGNS_TE, c->two_d, c->sr,
                                c->seed * 31 + 5, 7, t_ref(run, R_STEPS), amax, amax_col,
                                row, rows, col, cols};
+    if (c->members) {
+        d.group = (op_group){c->members, t_ref(run, R_GROUP_OFFSETS), t_ref(run, R_GROUP_DIMS)};
+    }
     return d;
 }
 
@@ -546,7 +557,7 @@ static optim_param_desc t_extra_desc(t_run *run, uint32_t k) {
 static qt_status t_family_ops(t_run *run, program *p) {
     const t_case *c = run->c;
     optim_param_desc d = t_desc(run, true);
-    op_fp8_input fp8_in = {d.master, QT_DTYPE_F32, c->rows, c->cols, op_group_dense()};
+    op_fp8_input fp8_in = {d.master, QT_DTYPE_F32, c->rows, c->cols, d.group};
     switch (c->weight) {
     case OPTIM_WEIGHT_NONE:
     case OPTIM_WEIGHT_BF16:
@@ -568,7 +579,7 @@ static qt_status t_family_ops(t_run *run, program *p) {
     case OPTIM_WEIGHT_FP8_BLOCK:
         return op_quant_block(p, "check_cast", d.master, QT_DTYPE_F32, &d.block, NULL);
     case OPTIM_WEIGHT_NVFP4: {
-        op_nvfp4_input in = {d.master, QT_DTYPE_F32, c->rows, c->cols, {0}};
+        op_nvfp4_input in = {d.master, QT_DTYPE_F32, c->rows, c->cols, d.group};
         op_nvfp4_amax_out out = {d.nvfp4.amax_row, d.nvfp4.amax_col, c->rht,
                                  QT_NVFP4_RHT_SIGNS_TE};
         QT_TRY(op_nvfp4_amax(p, "check_amax", &in, &out));
@@ -583,6 +594,9 @@ static qt_status t_build(t_run *run) {
     rig *r = &run->r;
     uint64_t elems = t_elems(c);
     optim_param_desc d = t_desc(run, false);
+    if (c->members) {
+        QT_TRY(op_moe_uniform_group(&run->prep, "members", &d.group, c->rows / c->members));
+    }
     // Start-up: moments and master, then the weight as the cast of the master.
     QT_TRY(op_fill_random(&run->prep, "master", d.master, elems, QT_DTYPE_F32, QT_FILL_NORMAL,
                           c->seed, 0, 0.0f, 1.0f));
@@ -809,8 +823,8 @@ static void t_check_against_double(const char *name, const t_case *c, const opti
 
 static void test_update_vs_double(void) {
     test_begin("optim_update_vs_double_reference");
-    t_case f32 = {"fp32_param", OPTIM_WEIGHT_NONE, 37, 53, QT_DTYPE_F32, 0, 0, 0, 0, 0, 0, 11};
-    t_case bf16 = {"bf16_grad", OPTIM_WEIGHT_BF16, 64, 96, QT_DTYPE_BF16, 0, 0, 0, 0, 0, 0, 12};
+    t_case f32 = {"fp32_param", OPTIM_WEIGHT_NONE, 37, 53, QT_DTYPE_F32, 0, 0, 0, 0, 0, 0, 11, 0};
+    t_case bf16 = {"bf16_grad", OPTIM_WEIGHT_BF16, 64, 96, QT_DTYPE_BF16, 0, 0, 0, 0, 0, 0, 12, 0};
     optim_hparams hp = optim_hparams_default();
     hp.weight_decay = 0.01f;
     t_check_against_double("fp32_param", &f32, &hp);
@@ -827,7 +841,7 @@ typedef struct t_clip_result {
 } t_clip_result;
 
 static t_clip_result t_clip_run(float clip, float grad_scale, bool with_norm) {
-    t_case c = {"clip", OPTIM_WEIGHT_NONE, 33, 40, QT_DTYPE_F32, 0, 0, 0, 0, 0, 0, 21};
+    t_case c = {"clip", OPTIM_WEIGHT_NONE, 33, 40, QT_DTYPE_F32, 0, 0, 0, 0, 0, 0, 21, 0};
     t_run *run = &t_slots[0];
     const char *why = NULL;
     t_run_open(run, BACKEND_REF, &c, &why);
@@ -874,25 +888,33 @@ static void test_clip_factor(void) {
 // Every format.
 
 static const t_case t_cases[] = {
-    {"fp32", OPTIM_WEIGHT_NONE, 45, 70, QT_DTYPE_F32, 0, 0, 0, 0, 0, 1, 101},
-    {"bf16", OPTIM_WEIGHT_BF16, 64, 96, QT_DTYPE_BF16, 0, 0, 0, 0, 0, 1, 102},
-    {"bf16_odd", OPTIM_WEIGHT_BF16, 45, 70, QT_DTYPE_F32, 0, 0, 0, 0, 0, 0, 103},
+    {"fp32", OPTIM_WEIGHT_NONE, 45, 70, QT_DTYPE_F32, 0, 0, 0, 0, 0, 1, 101, 0},
+    {"bf16", OPTIM_WEIGHT_BF16, 64, 96, QT_DTYPE_BF16, 0, 0, 0, 0, 0, 1, 102, 0},
+    {"bf16_odd", OPTIM_WEIGHT_BF16, 45, 70, QT_DTYPE_F32, 0, 0, 0, 0, 0, 0, 103, 0},
     {"fp8_delayed_e4m3", OPTIM_WEIGHT_FP8_DELAYED, 96, 160, QT_DTYPE_BF16, QT_FP8_E4M3, 0, 0, 0,
-     0, 1, 104},
+     0, 1, 104, 0},
     {"fp8_delayed_e5m2_odd", OPTIM_WEIGHT_FP8_DELAYED, 45, 70, QT_DTYPE_F32, QT_FP8_E5M2, 0, 0,
-     0, 0, 0, 105},
+     0, 0, 0, 105, 0},
     {"fp8_current_e4m3", OPTIM_WEIGHT_FP8_CURRENT, 96, 160, QT_DTYPE_F32, QT_FP8_E4M3, 0, 0, 0,
-     0, 1, 106},
+     0, 1, 106, 0},
     {"fp8_current_e5m2_pow2_odd", OPTIM_WEIGHT_FP8_CURRENT, 45, 70, QT_DTYPE_BF16, QT_FP8_E5M2, 0,
-     1, 0, 0, 0, 107},
-    {"mxfp8_2d", OPTIM_WEIGHT_MXFP8, 96, 160, QT_DTYPE_BF16, QT_FP8_E4M3, 1, 0, 0, 0, 1, 108},
-    {"mxfp8_1d_odd", OPTIM_WEIGHT_MXFP8, 45, 70, QT_DTYPE_F32, QT_FP8_E4M3, 0, 0, 0, 0, 0, 109},
+     1, 0, 0, 0, 107, 0},
+    {"mxfp8_2d", OPTIM_WEIGHT_MXFP8, 96, 160, QT_DTYPE_BF16, QT_FP8_E4M3, 1, 0, 0, 0, 1, 108, 0},
+    {"mxfp8_1d_odd", OPTIM_WEIGHT_MXFP8, 45, 70, QT_DTYPE_F32, QT_FP8_E4M3, 0, 0, 0, 0, 0, 109, 0},
     {"block_2d", OPTIM_WEIGHT_FP8_BLOCK, 130, 200, QT_DTYPE_BF16, QT_FP8_E4M3, 1, 0, 0, 0, 1,
-     110},
-    {"block_1d", OPTIM_WEIGHT_FP8_BLOCK, 130, 200, QT_DTYPE_F32, QT_FP8_E4M3, 0, 0, 0, 0, 0, 111},
-    {"nvfp4_2d", OPTIM_WEIGHT_NVFP4, 96, 160, QT_DTYPE_BF16, 0, 1, 0, 0, 0, 1, 112},
-    {"nvfp4_1d_sr_odd", OPTIM_WEIGHT_NVFP4, 45, 70, QT_DTYPE_F32, 0, 0, 0, 0, 1, 0, 113},
-    {"nvfp4_1d_rht", OPTIM_WEIGHT_NVFP4, 64, 96, QT_DTYPE_F32, 0, 0, 0, 1, 0, 0, 114},
+     110, 0},
+    {"block_1d", OPTIM_WEIGHT_FP8_BLOCK, 130, 200, QT_DTYPE_F32, QT_FP8_E4M3, 0, 0, 0, 0, 0, 111,
+     0},
+    {"nvfp4_2d", OPTIM_WEIGHT_NVFP4, 96, 160, QT_DTYPE_BF16, 0, 1, 0, 0, 0, 1, 112, 0},
+    {"nvfp4_1d_sr_odd", OPTIM_WEIGHT_NVFP4, 45, 70, QT_DTYPE_F32, 0, 0, 0, 0, 1, 0, 113, 0},
+    {"nvfp4_1d_rht", OPTIM_WEIGHT_NVFP4, 64, 96, QT_DTYPE_F32, 0, 0, 0, 1, 0, 0, 114, 0},
+    // Stacked weights: members of whole update tiles take their amaxes from the update (odd
+    // columns: tiles cut at the edge); members of 48 rows take them from a pass of the cast's.
+    {"fp8_current_stacked_e4m3", OPTIM_WEIGHT_FP8_CURRENT, 256, 70, QT_DTYPE_F32, QT_FP8_E4M3, 0,
+     0, 0, 0, 1, 115, 4},
+    {"fp8_current_stacked_48_rows", OPTIM_WEIGHT_FP8_CURRENT, 144, 96, QT_DTYPE_BF16,
+     QT_FP8_E4M3, 0, 0, 0, 0, 0, 116, 3},
+    {"nvfp4_stacked", OPTIM_WEIGHT_NVFP4, 128, 96, QT_DTYPE_BF16, 0, 0, 0, 0, 0, 1, 117, 2},
 };
 #define T_CASES (sizeof t_cases / sizeof t_cases[0])
 
@@ -1122,8 +1144,14 @@ static void test_multi_equals_per_param(void) {
         CHECK(launches == 2 && t_ops_of(multi, KERNEL_OPTIM_ADAMW) == 0,
               "%s: %u multi-tensor launches and %u per-parameter ones, expected 2 and 0",
               t_cases[k].name, launches, t_ops_of(multi, KERNEL_OPTIM_ADAMW));
-        bool zeroes = t_cases[k].weight == OPTIM_WEIGHT_FP8_CURRENT ||
-                      (t_cases[k].weight == OPTIM_WEIGHT_NVFP4 && !t_cases[k].rht);
+        // The begin zeroes the amaxes of per-tensor current scaling's and NVFP4's casts; the
+        // update takes them (and a launch of its own zeroes them) without RHT, and for a
+        // stacked weight only where its members are whole update tiles.
+        const t_case *c = &t_cases[k];
+        bool zeroes = c->weight == OPTIM_WEIGHT_FP8_CURRENT ||
+                      (c->weight == OPTIM_WEIGHT_NVFP4 && !c->rht);
+        bool whole_tiles = c->members == 0 || (c->rows / c->members) % QT_OPTIM_TILE == 0;
+        bool update_zeroes = zeroes && whole_tiles;
         // The per-parameter zeroing launches (the check casts have zeroing launches of their
         // own, in both runs) are gone: the begin zeroes the list's targets.
         uint32_t each_zero = t_ops_of(each, KERNEL_FP8_AMAX_ZERO);
@@ -1137,7 +1165,7 @@ static void test_multi_equals_per_param(void) {
         rig_close(&multi->r);
         // The launches' own zeroing (no begin zeroes): one launch for the whole list.
         t_run_open_list(multi, BACKEND_REF, &t_cases[k], T_LIST_OWN_ZEROES, &why);
-        CHECK(t_ops_of(multi, KERNEL_OPTIM_AMAX_ZERO) == (zeroes ? 1u : 0u),
+        CHECK(t_ops_of(multi, KERNEL_OPTIM_AMAX_ZERO) == (update_zeroes ? 1u : 0u),
               "%s: %u zeroing launches of the list's own", t_cases[k].name,
               t_ops_of(multi, KERNEL_OPTIM_AMAX_ZERO));
         rig_close(&each->r);
@@ -1165,9 +1193,9 @@ static void test_multi_equals_per_param(void) {
 
 static const t_case t_gpu_big[] = {
     {"fp8_delayed_e4m3_large", OPTIM_WEIGHT_FP8_DELAYED, 512, 1024, QT_DTYPE_BF16, QT_FP8_E4M3,
-     0, 0, 0, 0, 1, 201},
-    {"bf16_large_f32grad", OPTIM_WEIGHT_BF16, 300, 520, QT_DTYPE_F32, 0, 0, 0, 0, 0, 1, 202},
-    {"nvfp4_2d_large", OPTIM_WEIGHT_NVFP4, 256, 768, QT_DTYPE_BF16, 0, 1, 0, 0, 0, 1, 203},
+     0, 0, 0, 0, 1, 201, 0},
+    {"bf16_large_f32grad", OPTIM_WEIGHT_BF16, 300, 520, QT_DTYPE_F32, 0, 0, 0, 0, 0, 1, 202, 0},
+    {"nvfp4_2d_large", OPTIM_WEIGHT_NVFP4, 256, 768, QT_DTYPE_BF16, 0, 1, 0, 0, 0, 1, 203, 0},
 };
 
 static void t_gpu_case(const t_case *c, const char *why_none) {

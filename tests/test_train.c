@@ -805,25 +805,26 @@ static void test_norm_beside_capture(const char *path, uint32_t min_beside, bool
             units_ops += op->refs[r].args_offset == offsetof(gemm_args, norm_units);
         }
     }
-    // What the norm must read: a dense weight's units (gemm.h: 8 bytes per 16 x 64 unit of
-    // its gradient) unless `elements`, every other gradient's elements.
-    uint64_t grad_bytes = 0, want = 0, dense = 0;
+    // What the norm must read: a weight's units (gemm.h: 8 bytes per 16 x 64 unit of its
+    // gradient, of each member's for a stacked expert weight) unless `elements`, every other
+    // gradient's elements.
+    uint64_t grad_bytes = 0, want = 0, with_units = 0;
     const model *mdl = &the_run.model;
     for (uint32_t i = 0; i < mdl->param_count; i++) {
         grad_bytes += (uint64_t)mdl->params[i].rows * mdl->params[i].cols * 4;
     }
     want = grad_bytes;
     for (uint32_t li = 0; li < mdl->linear_count && !elements; li++) {
-        if (mdl->linears[li].members != 0) continue;
         const model_param *w = &mdl->params[mdl->linears[li].weight];
+        uint32_t members = mdl->linears[li].members ? mdl->linears[li].members : 1u;
         want -= (uint64_t)w->rows * w->cols * 4;
-        want += qt_gemm_norm_unit_count(w->rows, w->cols) * 8;
-        dense++;
+        want += members * qt_gemm_norm_unit_count(w->rows / members, w->cols) * 8;
+        with_units++;
     }
-    CHECK(read == want && units_ops == dense, "the norm reads %llu bytes (expected %llu of the "
-          "gradients' %llu); %llu wgrad GEMMs write units (expected %llu)",
+    CHECK(read == want && units_ops == with_units, "the norm reads %llu bytes (expected %llu of "
+          "the gradients' %llu); %llu wgrad GEMMs write units (expected %llu)",
           (unsigned long long)read, (unsigned long long)want, (unsigned long long)grad_bytes,
-          (unsigned long long)units_ops, (unsigned long long)dense);
+          (unsigned long long)units_ops, (unsigned long long)with_units);
     // waits_beside[j]: op j starts only after some beside op ends.
     bool *waits_beside = calloc(p->op_count, sizeof *waits_beside);
     int32_t last[CAPTURE_STREAMS];
@@ -1918,7 +1919,8 @@ int main(void) {
     TEST_UNIT(test_norm_beside_capture("recipes/bench/resmlp_current.recipe", 1, false));
     TEST_UNIT(test_norm_beside_capture("recipes/bench/resmlp_current.recipe", 8, true));
     TEST_UNIT(test_norm_beside_capture("recipes/bench/swiglu_bf16.recipe", 4, true));
-    TEST_UNIT(test_norm_beside_capture("recipes/bench/moe8_current.recipe", 2, false));
+    TEST_UNIT(test_norm_beside_capture("recipes/bench/moe8_current.recipe", 0, false));
+    TEST_UNIT(test_norm_beside_capture("recipes/bench/moe8_current.recipe", 2, true));
     TEST_UNIT(test_recompute_plan());
     TEST_UNIT(test_step_times());
     TEST_UNIT(test_metrics_file());

@@ -196,7 +196,7 @@ bool gemm_tier_units_after(const prog_op *op, gemm_args *g, launch_shape *shape)
     memcpy(g, op->args, sizeof *g);
     if (g->norm_units == 0) return false;
     const uint64_t per_block = GEMM_NORM_UNITS_THREADS / 32u;  // a warp per unit
-    uint64_t blocks = (qt_gemm_norm_unit_count(g->m, g->n) + per_block - 1) / per_block;
+    uint64_t blocks = (qt_gemm_norm_units_of(g) + per_block - 1) / per_block;
     QT_ASSERT(blocks >= 1 && blocks <= 0x7FFFFFFFu);
     *shape = (launch_shape){{(uint32_t)blocks, 1, 1}, {GEMM_NORM_UNITS_THREADS, 1, 1}, 0};
     return true;

@@ -659,9 +659,12 @@ static qt_status mb_gemm(mb *b, const char *what, model_gemm kind, const model_l
         g.row_offsets = group.row_offsets;
         g.first_dims = group.first_dims;
     }
-    if (kind == MODEL_WGRAD && grouping == GEMM_DENSE && b->norm_units[lin->weight]) {
-        // The gradient's norm units with it (mb_grad_list).
-        QT_ASSERT(g.m == b->m->params[lin->weight].rows && g.n == b->m->params[lin->weight].cols);
+    if (kind == MODEL_WGRAD && grouping != GEMM_GROUP_M && b->norm_units[lin->weight]) {
+        // The gradient's norm units with it (mb_grad_list); a stacked weight's from each
+        // member's D (K-grouped).
+        uint32_t members = grouping == GEMM_GROUP_K ? group.count : 1u;
+        QT_ASSERT(g.m * members == b->m->params[lin->weight].rows &&
+                  g.n == b->m->params[lin->weight].cols);
         g.norm_units = b->norm_srcs[lin->weight];
     }
     const char *name = what;
@@ -1646,11 +1649,14 @@ static qt_status mb_grad_list(mb *b) {
     model_place pl = {m->dev, model_mode_name(b->mode), false, ARENA_CAT_WORKSPACE, NULL};
     for (uint32_t li = 0; li < m->linear_count; li++) {
         uint32_t w = m->linears[li].weight;
-        if (m->linears[li].members != 0 || !mb_grad_units(b, w)) continue;
+        if (!mb_grad_units(b, w)) continue;
         if (!prog_ref_present(whole)) {
             QT_TRY(mb_region(b, "grad_norm.units", 0, ARENA_CAT_WORKSPACE, &whole));
         }
-        uint64_t units = qt_gemm_norm_unit_count(m->params[w].rows, m->params[w].cols);
+        // A stacked expert weight: each member's units (its K-grouped wgrad's Ds).
+        uint32_t members = m->linears[li].members ? m->linears[li].members : 1u;
+        uint64_t units = members * qt_gemm_norm_unit_count(m->params[w].rows / members,
+                                                           m->params[w].cols);
         char what[ARENA_NAME_MAX];
         snprintf(what, sizeof what, "%s.norm_units", m->params[w].name);
         QT_TRY(model_region_part(&pl, whole, what, units * 8, &b->norm_srcs[w]));

@@ -163,8 +163,9 @@ static void op_gemm_check(const op_gemm_desc *g) {
     QT_ASSERT(g->d_max.arena == NULL || g->grouping == GEMM_DENSE);
     // Norm units: what qt_gemm_norm_units_fit asks of the args.
     QT_ASSERT(g->norm_units.arena == NULL ||
-              (g->grouping == GEMM_DENSE && g->d_dtype == QT_DTYPE_F32 &&
-               (g->c.arena == NULL || g->beta == 0.0f) && g->bias.arena == NULL));
+              ((g->grouping == GEMM_DENSE || g->grouping == GEMM_GROUP_K) &&
+               g->d_dtype == QT_DTYPE_F32 && (g->c.arena == NULL || g->beta == 0.0f) &&
+               g->bias.arena == NULL));
 }
 
 // The small tile when the large tile's grid has fewer blocks of work than a GPU has SMs (about
@@ -385,8 +386,9 @@ static act_args op_gemm_act_args(const op_gemm_desc *g, const op_gemm_act_desc *
 // D's norm units, where the GEMM has them, in the op that writes D (the split GEMM's reduction).
 static qt_status op_gemm_use_units(program *p, uint32_t op, const op_gemm_desc *g) {
     if (!prog_ref_present(g->norm_units)) return QT_OK;
+    uint64_t members = g->grouping == GEMM_GROUP_K ? g->count : 1u;
     return prog_use_span(p, op, offsetof(gemm_args, norm_units), g->norm_units,
-                         qt_gemm_norm_unit_count(g->m, g->n) * 8u, PROG_WRITE);
+                         members * qt_gemm_norm_unit_count(g->m, g->n) * 8u, PROG_WRITE);
 }
 
 // The reduction of a split GEMM's parts into D with the epilogue, one thread per element; with

@@ -56,26 +56,42 @@ qt_status op_optim_begin(program *p, const char *name, prog_ref steps, prog_ref 
     return op_optim_zeroes_use(p, op, offsetof(optim_begin_args, zero), zeroes);
 }
 
-// amax[0] = +0 before an update maxes into it: the per-tensor FP8 family's zeroing kernel.
-static qt_status op_optim_zero(program *p, const char *name, prog_ref amax) {
-    fp8_amax_zero_args args = {0, 1, 0};
-    launch_shape shape = op_shape_1d(1, 32);
+// amax[0, words) = +0 before an update maxes into it: the per-tensor FP8 family's zeroing kernel.
+static qt_status op_optim_zero(program *p, const char *name, prog_ref amax, uint32_t words) {
+    fp8_amax_zero_args args = {0, words, 0};
+    launch_shape shape = op_shape_1d(words, 32);
     uint32_t op;
     QT_TRY(prog_append(p, KERNEL_FP8_AMAX_ZERO, name, &shape, &args, sizeof args, &op));
-    return prog_use_span(p, op, offsetof(fp8_amax_zero_args, amax), amax, 4, PROG_WRITE);
+    return prog_use_span(p, op, offsetof(fp8_amax_zero_args, amax), amax, 4ull * words,
+                         PROG_WRITE);
 }
 
 // What one qt_optim_adamw op writes besides master, m and v.
 typedef struct op_optim_outputs {
-    uint32_t out;             // QT_OPTIM_OUT_*
-    prog_ref amax0, amax1;    // optional
-    bool amax_on_skip;        // the amax targets are a workspace zeroed before the update
+    uint32_t out;               // QT_OPTIM_OUT_*
+    prog_ref amax0, amax1;      // optional
+    bool amax_on_skip;          // the amax targets are a workspace zeroed before the update
+    uint32_t amax_member_rows;  // optim_adamw_args.amax_member_rows: 0, or a stacked weight's
 } op_optim_outputs;
+
+// The words of each amax target of o.
+static uint32_t op_optim_amax_words(const optim_param_desc *d, const op_optim_outputs *o) {
+    return o->amax_member_rows != 0 ? d->rows / o->amax_member_rows : 1u;
+}
+
+// A stacked weight's members, when the update can take each member's amax of the new master
+// itself (a member's rows are whole update tiles, so each tile's maximum has one member): the
+// rows of one member; else 0, and the cast takes the amaxes in a pass of its own.
+static uint32_t op_optim_member_rows(const optim_param_desc *d) {
+    if (d->group.count == 0 || d->rows % d->group.count != 0) return 0;
+    uint32_t rows = d->rows / d->group.count;
+    return rows % QT_OPTIM_TILE == 0 ? rows : 0;
+}
 
 // The fused outputs of the update of d (the table in op_optim.h): what the formats without a
 // cast kernel of their own write, and the amaxes a following cast needs.
 static op_optim_outputs op_optim_outputs_of(const optim_param_desc *d) {
-    op_optim_outputs o = {QT_OPTIM_OUT_NONE, {0}, {0}, false};
+    op_optim_outputs o = {QT_OPTIM_OUT_NONE, {0}, {0}, false, 0};
     switch (d->weight) {
     case OPTIM_WEIGHT_NONE:
     case OPTIM_WEIGHT_MXFP8:
@@ -91,16 +107,20 @@ static op_optim_outputs op_optim_outputs_of(const optim_param_desc *d) {
         o.amax0 = d->fp8_amax;
         return o;
     case OPTIM_WEIGHT_FP8_CURRENT:
-        if (d->group.count > 0) return o;
+        // A stacked weight's per-member amaxes too, where its members are whole tiles.
+        o.amax_member_rows = op_optim_member_rows(d);
+        if (d->group.count > 0 && o.amax_member_rows == 0) return o;
         QT_ASSERT(prog_ref_present(d->fp8_amax));
         o.amax0 = d->fp8_amax;
         o.amax_on_skip = true;
         return o;
     case OPTIM_WEIGHT_NVFP4: {
-        // Fused unless RHT needs the post-transform columnwise amax (or the weight is stacked).
+        // Fused unless RHT needs the post-transform columnwise amax (or the weight is stacked
+        // with members that are not whole tiles; a stacked one takes an amax per member).
         const op_nvfp4_quant *q = &d->nvfp4;
         QT_ASSERT(q->rowwise || q->colwise);
-        if (q->rht || d->group.count > 0) return o;
+        o.amax_member_rows = op_optim_member_rows(d);
+        if (q->rht || (d->group.count > 0 && o.amax_member_rows == 0)) return o;
         o.amax_on_skip = true;
         if (q->rowwise) o.amax0 = q->amax_row;
         if (q->colwise) o.amax1 = q->amax_col;
@@ -165,8 +185,9 @@ static uint32_t op_optim_uses(const optim_param_desc *d, const op_optim_outputs 
         OP_OPTIM_USE(scale_inv, d->fp8.scale_inv, 4, PROG_WRITE);
     }
     // An atomic max reads and writes its target.
-    OP_OPTIM_USE(amax0, o->amax0, 4, PROG_READ_WRITE);
-    OP_OPTIM_USE(amax1, o->amax1, 4, PROG_READ_WRITE);
+    uint64_t amax_bytes = 4ull * op_optim_amax_words(d, o);
+    OP_OPTIM_USE(amax0, o->amax0, amax_bytes, PROG_READ_WRITE);
+    OP_OPTIM_USE(amax1, o->amax1, amax_bytes, PROG_READ_WRITE);
 #undef OP_OPTIM_USE
     QT_ASSERT(n <= OP_OPTIM_USES_MAX);
     return n;
@@ -189,6 +210,7 @@ static optim_adamw_args op_optim_args(const optim_param_desc *d, const op_optim_
     args.eps = d->hp.eps;
     args.weight_decay = d->hp.weight_decay;
     args.lr_scale = d->hp.lr_scale;
+    args.amax_member_rows = o->amax_member_rows;
     return args;
 }
 
@@ -231,11 +253,11 @@ static uint32_t op_optim_cast_amaxes(const optim_param_desc *d, prog_ref out[2],
     case OPTIM_WEIGHT_FP8_BLOCK:
         return 0;
     case OPTIM_WEIGHT_FP8_CURRENT:
-        if (d->group.count == 0) return 0;
+        if (d->group.count == 0 || op_optim_member_rows(d) != 0) return 0;  // the update's
         out[0] = d->fp8_amax;
         return 1;
     case OPTIM_WEIGHT_NVFP4:
-        if (!d->nvfp4.rht && d->group.count == 0) return 0;
+        if (!d->nvfp4.rht && (d->group.count == 0 || op_optim_member_rows(d) != 0)) return 0;
         out[0] = d->nvfp4.amax_row;
         if (!d->nvfp4.rht) return 1;
         out[1] = d->nvfp4.amax_col;
@@ -261,7 +283,9 @@ static qt_status op_optim_casts(program *p, const optim_param_desc *d, bool zero
             if (d->weight == OPTIM_WEIGHT_FP8_DELAYED) {
                 return op_fp8_cast_delayed(p, d->name, &in, &d->fp8, d->fp8_scale, d->fp8_amax);
             }
-            QT_TRY((zeroed ? op_fp8_amax_merge : op_fp8_amax)(p, d->name, &in, d->fp8_amax));
+            if (op_optim_member_rows(d) == 0) {  // else the update took the members' amaxes
+                QT_TRY((zeroed ? op_fp8_amax_merge : op_fp8_amax)(p, d->name, &in, d->fp8_amax));
+            }
             return op_fp8_cast_current(p, d->name, &in, &d->fp8, d->fp8_amax, d->fp8_scale,
                                        d->fp8_pow2, d->fp8_eps);
         }
@@ -287,7 +311,7 @@ static qt_status op_optim_casts(program *p, const optim_param_desc *d, bool zero
     case OPTIM_WEIGHT_NVFP4: {
         const op_nvfp4_quant *q = &d->nvfp4;
         op_nvfp4_input in = {d->master, QT_DTYPE_F32, d->rows, d->cols, d->group};
-        if (q->rht || d->group.count > 0) {
+        if (q->rht || (d->group.count > 0 && op_optim_member_rows(d) == 0)) {
             op_nvfp4_amax_out amax = {q->amax_row, q->rht ? q->amax_col : (prog_ref){0}, q->rht,
                                       q->rht_signs};
             QT_TRY((zeroed ? op_nvfp4_amax_merge : op_nvfp4_amax)(p, d->name, &in, &amax));
@@ -311,8 +335,9 @@ static qt_status op_optim_param(program *p, const optim_param_desc *d, prog_ref 
     if (op_optim_empty(d)) return QT_OK;
     op_optim_outputs o = op_optim_outputs_of(d);
     if (o.amax_on_skip) {
-        if (prog_ref_present(o.amax0)) QT_TRY(op_optim_zero(p, d->name, o.amax0));
-        if (prog_ref_present(o.amax1)) QT_TRY(op_optim_zero(p, d->name, o.amax1));
+        uint32_t words = op_optim_amax_words(d, &o);
+        if (prog_ref_present(o.amax0)) QT_TRY(op_optim_zero(p, d->name, o.amax0, words));
+        if (prog_ref_present(o.amax1)) QT_TRY(op_optim_zero(p, d->name, o.amax1, words));
     }
     if (op_optim_updates(&o, quantize_only)) {
         QT_TRY(op_optim_update(p, d, state, quantize_only, &o));
@@ -444,8 +469,9 @@ bool op_optim_zeroes_of(const optim_param_desc *list, uint32_t count, prog_ref t
         if (op_optim_empty(d)) continue;
         z->count++;
         op_optim_outputs o = op_optim_outputs_of(d);
+        uint64_t bytes = 4ull * op_optim_amax_words(d, &o);
         if (o.amax_on_skip &&
-            (!op_optim_zeroes_add(z, o.amax0, 4) || !op_optim_zeroes_add(z, o.amax1, 4))) {
+            (!op_optim_zeroes_add(z, o.amax0, bytes) || !op_optim_zeroes_add(z, o.amax1, bytes))) {
             return false;
         }
         prog_ref amax[2];
@@ -477,8 +503,9 @@ static qt_status op_optim_multi_zero(program *p, const char *name, const optim_p
         if (op_optim_empty(&list[i])) continue;
         op_optim_outputs o = op_optim_outputs_of(&list[i]);
         if (!o.amax_on_skip) continue;
-        QT_TRY(prog_use_optional(p, op, PROG_ARGS_FIELD_NONE, o.amax0, 4, PROG_WRITE));
-        QT_TRY(prog_use_optional(p, op, PROG_ARGS_FIELD_NONE, o.amax1, 4, PROG_WRITE));
+        uint64_t bytes = 4ull * op_optim_amax_words(&list[i], &o);
+        QT_TRY(prog_use_optional(p, op, PROG_ARGS_FIELD_NONE, o.amax0, bytes, PROG_WRITE));
+        QT_TRY(prog_use_optional(p, op, PROG_ARGS_FIELD_NONE, o.amax1, bytes, PROG_WRITE));
     }
     return QT_OK;
 }

@@ -465,17 +465,20 @@ void ref_qt_gemm_split_reduce(const gemm_args *a, const launch_shape *shape) {
 POOL_CPU_CLONES static void ref_gemm_norm_units_range(void *ctx, uint64_t begin, uint64_t end) {
     const gemm_args *a = ctx;
     uint32_t unit_cols = (a->n + GEMM_NORM_UNIT_COLS - 1) / GEMM_NORM_UNIT_COLS;
-    uint64_t units = qt_gemm_norm_unit_count(a->m, a->n);
+    uint64_t units = qt_gemm_norm_units_of(a);
+    uint64_t per_member = qt_gemm_norm_unit_count(a->m, a->n);
     float *sums = REF_PTR(float, a->norm_units);
     uint32_t *flags = (uint32_t *)(sums + units);
-    const float *d = REF_PTR(const float, a->d);
     for (uint64_t u = begin; u < end; u++) {
+        // A K-grouped GEMM's unit u is unit u % per_member of member u / per_member's D.
+        const float *d = REF_PTR(const float, a->d + u / per_member * a->d_member_bytes);
+        uint64_t own = u % per_member;
         float lanes[32];
         uint32_t bad = 0;
         for (uint32_t l = 0; l < 32; l++) {
             uint32_t lane_bad = 0;
-            lanes[l] = qt_gemm_norm_unit_lane(d, a, (uint32_t)(u / unit_cols),
-                                              (uint32_t)(u % unit_cols), l, &lane_bad);
+            lanes[l] = qt_gemm_norm_unit_lane(d, a, (uint32_t)(own / unit_cols),
+                                              (uint32_t)(own % unit_cols), l, &lane_bad);
             bad |= lane_bad;
         }
         QT_ACT_TREE32(lanes, qt_act_add);
@@ -487,7 +490,7 @@ POOL_CPU_CLONES static void ref_gemm_norm_units_range(void *ctx, uint64_t begin,
 void ref_qt_gemm_norm_units(const gemm_args *a, const launch_shape *shape) {
     (void)shape;
     QT_ASSERT(a->norm_units != 0 && qt_gemm_norm_units_fit(a));
-    pool_for(qt_gemm_norm_unit_count(a->m, a->n),
+    pool_for(qt_gemm_norm_units_of(a),
              ref_task_rows(GEMM_NORM_UNIT_ROWS * GEMM_NORM_UNIT_COLS), ref_gemm_norm_units_range,
              (void *)a);
 }

@@ -41,14 +41,28 @@ typedef struct ref_optim_job {
     uint32_t mode;
 } ref_optim_job;
 
-// Elements [begin, end) in row-major order; the range's amax merges into the targets as the
-// GPU's per-block maxima do (a maximum: the order of the ranges never shows).
+// The amax of a run of elements of one amax word into the targets.
+static void ref_optim_amax_merge(const optim_adamw_args *a, uint32_t word, float amax) {
+    if (a->amax0) ref_amax_merge(REF_PTR(float, a->amax0) + word, amax);
+    if (a->amax1) ref_amax_merge(REF_PTR(float, a->amax1) + word, amax);
+}
+
+// Elements [begin, end) in row-major order; the range's amax merges into the targets (each
+// member's into its own word) as the GPU's per-block maxima do (a maximum: the order of the
+// ranges never shows).
 POOL_CPU_CLONES static void ref_optim_adamw_range(void *ctx, uint64_t begin, uint64_t end) {
     const ref_optim_job *job = ctx;
     const optim_adamw_args *a = job->a;
     float *master = REF_PTR(float, a->master);
     float amax = 0.0f;
+    uint32_t word = qt_optim_amax_word(a, (uint32_t)(begin / a->cols));
     for (uint64_t i = begin; i < end; i++) {
+        uint32_t row_word = qt_optim_amax_word(a, (uint32_t)(i / a->cols));
+        if (row_word != word && (job->mode & QT_OPTIM_DO_AMAX)) {
+            ref_optim_amax_merge(a, word, amax);
+            amax = 0.0f;
+        }
+        word = row_word;
         float p = master[i];
         if (job->mode & QT_OPTIM_DO_UPDATE) {
             qt_optim_adamw_elem(&job->c, ref_optim_grad(a, i), &p, REF_PTR(float, a->m) + i,
@@ -60,10 +74,7 @@ POOL_CPU_CLONES static void ref_optim_adamw_range(void *ctx, uint64_t begin, uin
             ref_optim_out(a, &job->c, (uint32_t)(i / a->cols), (uint32_t)(i % a->cols), p);
         }
     }
-    if (job->mode & QT_OPTIM_DO_AMAX) {
-        if (a->amax0) ref_amax_merge(REF_PTR(float, a->amax0), amax);
-        if (a->amax1) ref_amax_merge(REF_PTR(float, a->amax1), amax);
-    }
+    if (job->mode & QT_OPTIM_DO_AMAX) ref_optim_amax_merge(a, word, amax);
 }
 
 void ref_qt_optim_adamw(const optim_adamw_args *a, const launch_shape *shape) {
@@ -92,8 +103,10 @@ void ref_qt_optim_amax_zero(const optim_multi_args *m, const launch_shape *shape
     for (uint32_t i = 0; i < m->count; i++) {
         const optim_multi_entry *e = &entries[i];
         if (!qt_optim_entry_zeroes(e)) continue;
-        if (e->args.amax0) *REF_PTR(float, e->args.amax0) = 0.0f;
-        if (e->args.amax1) *REF_PTR(float, e->args.amax1) = 0.0f;
+        for (uint32_t w = 0; w < qt_optim_amax_words(&e->args); w++) {
+            if (e->args.amax0) REF_PTR(float, e->args.amax0)[w] = 0.0f;
+            if (e->args.amax1) REF_PTR(float, e->args.amax1)[w] = 0.0f;
+        }
     }
 }
 
