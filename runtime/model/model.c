@@ -197,7 +197,7 @@ static uint32_t model_moe_line_align(const model *m, const model_moe *mo,
     }
     uint64_t padding = (uint64_t)mo->experts * (MODEL_MOE_LINE_ROWS - 1);
     uint64_t routed = (uint64_t)m->batch * mo->topk;
-    if (!columnwise || align >= MODEL_MOE_LINE_ROWS ||
+    if (!columnwise || m->moe_own_align || align >= MODEL_MOE_LINE_ROWS ||
         padding * MODEL_MOE_LINE_PADDING_SHARE > routed) {
         return align;
     }
@@ -872,6 +872,7 @@ qt_status model_plan(model *m, const recipe *r, arena *dev, arena *host,
     m->amax_passes = options->amax_passes;
     m->norm_group_elems = options->norm_group_elems;
     m->norm_elements = options->norm_elements;
+    m->moe_own_align = options->moe_own_align;
     m->act_cast_elems = options->act_cast_elems;
     m->seed = options->seed;
     m->comm = options->comm;

@@ -279,6 +279,9 @@ typedef struct model_options {
     // units (model_build.c, mb_grad_units): other bits (another order of the sums), for tests
     // that compare a dense layer with one the GEMM cannot give units for.
     bool norm_elements;
+    // An moe layer's experts start at their formats' own row alignment, never on 128-row lines
+    // (model.c, model_moe_line_align): the same bits, for tests that compare the two.
+    bool moe_own_align;
     // Activations whose output only a per-tensor FP8 cast reads, and that cast, in one pass
     // (model_build.c, mb_act_casts): 0, for activations of MB_ACT_CAST_ELEMS_MIN elements and
     // more; another count, from that many; UINT64_MAX, never. The same bits every way, for tests
@@ -360,6 +363,7 @@ typedef struct model {
     bool amax_passes;             // model_options.amax_passes
     uint64_t norm_group_elems;    // model_options.norm_group_elems
     bool norm_elements;           // model_options.norm_elements
+    bool moe_own_align;           // model_options.moe_own_align
     uint64_t act_cast_elems;      // model_options.act_cast_elems
     bool modes[MODEL_MODE_COUNT];
     bool classification;          // softmax_xent (else mse)

@@ -443,6 +443,7 @@ static qt_status run_plan_pass(run *r, run_carver *c) {
     mo.amax_passes = r->options.amax_passes;
     mo.norm_group_elems = r->options.norm_group_elems;
     mo.norm_elements = r->options.norm_elements;
+    mo.moe_own_align = r->options.moe_own_align;
     mo.act_cast_elems = r->options.act_cast_elems;
     mo.seed = r->seed;
     run_modes(r, mo.modes);

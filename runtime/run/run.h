@@ -71,6 +71,7 @@ typedef struct run_options {
     bool amax_passes;         // tests: model_options.amax_passes (same bits, more launches)
     uint64_t norm_group_elems;  // tests: model_options.norm_group_elems (same bits)
     bool norm_elements;         // tests: model_options.norm_elements (other bits)
+    bool moe_own_align;         // tests: model_options.moe_own_align (same bits)
     uint64_t act_cast_elems;    // tests: model_options.act_cast_elems (same bits)
     // Checkpoints (runtime/run/checkpoint.h): save_path gets one at the save points of
     // schedule.h (every save_every train steps; 0: at the end or a stop only); `checkpoints`
