@@ -818,8 +818,9 @@ static void problem_program(rig *r, const tproblem *p, tregions *g) {
     desc.split_parts = p->c.split_parts;
     greg_reserve(r, &R[R_SPLIT], "split", op_gemm_workspace_bytes(&desc, desc.split_parts), true);
     if (desc.split_parts > 1) desc.workspace = greg_ref(r, &R[R_SPLIT]);
-    // Every GEMM that can have norm units (a weight gradient's: dense f32 D, no C, no bias) has
-    // them, so that every kernel's path to them is compared (problem_units_check).
+    // Every GEMM that can have norm units (a weight gradient's: f32 D, dense or one per K-grouped
+    // member, no C, no bias) has them, so that every kernel's path to them is compared
+    // (problem_units_check).
     greg_reserve(r, &R[R_UNITS], "norm_units", problem_units(p) * 8, true);
     if (problem_units(p)) desc.norm_units = greg_ref(r, &R[R_UNITS]);
     bool dense = p->grouping == GEMM_DENSE;

@@ -1622,8 +1622,9 @@ static uint32_t mb_optim_list(mb *b) {
     return count;
 }
 
-// Whether the norm reads dense weight w's gradient through the norm units its wgrad GEMM writes
-// (ptx/gemm.h): 1/1024 of the gradient's bytes instead of all of them. One rank only: with
+// Whether the norm reads weight w's gradient through the norm units its wgrad GEMM writes
+// (ptx/gemm.h; a stacked expert weight's K-grouped GEMM, each member's): 1/1024 of the
+// gradient's bytes instead of all of them. One rank only: with
 // several the norm is taken over the owners' sums, which a collective writes after the GEMM.
 // Not the gradient that gets a planted fault either, which is written after the GEMM too.
 static bool mb_grad_units(const mb *b, uint32_t w) {

@@ -65,7 +65,8 @@ typedef struct op_gemm_desc {
     uint32_t split_parts;     // split-K parts (gemm.h), 0 or 1 for none; dense only
     prog_ref workspace;       // split-K: f32 [split_parts][m][n] (op_gemm_workspace_bytes)
     // .arena NULL: none; else D's gradient-norm units (gemm.h), written with D: f32 [U] then
-    // u32 [U], U = qt_gemm_norm_unit_count(m, n). Dense f32 D, no C, no bias.
+    // u32 [U], U = count x qt_gemm_norm_unit_count(m, n) for GEMM_GROUP_K (each member's D's),
+    // else qt_gemm_norm_unit_count(m, n). Dense or K-grouped f32 D, no C, no bias.
     prog_ref norm_units;
     // .arena NULL: none; else D's maximum slot (gemm.h, gemm_args.d_max): u32, a step's amax
     // slot (zeroed before the GEMM). Dense only. A split GEMM or a skinny kernel leaves the slot
