@@ -108,8 +108,8 @@ static op_optim_outputs op_optim_outputs_of(const optim_param_desc *d) {
         return o;
     case OPTIM_WEIGHT_FP8_CURRENT:
         // A stacked weight's per-member amaxes too, where its members are whole tiles.
+        if (d->group.count > 0 && op_optim_member_rows(d) == 0) return o;
         o.amax_member_rows = op_optim_member_rows(d);
-        if (d->group.count > 0 && o.amax_member_rows == 0) return o;
         QT_ASSERT(prog_ref_present(d->fp8_amax));
         o.amax0 = d->fp8_amax;
         o.amax_on_skip = true;
@@ -119,8 +119,8 @@ static op_optim_outputs op_optim_outputs_of(const optim_param_desc *d) {
         // with members that are not whole tiles; a stacked one takes an amax per member).
         const op_nvfp4_quant *q = &d->nvfp4;
         QT_ASSERT(q->rowwise || q->colwise);
+        if (q->rht || (d->group.count > 0 && op_optim_member_rows(d) == 0)) return o;
         o.amax_member_rows = op_optim_member_rows(d);
-        if (q->rht || (d->group.count > 0 && o.amax_member_rows == 0)) return o;
         o.amax_on_skip = true;
         if (q->rowwise) o.amax0 = q->amax_row;
         if (q->colwise) o.amax1 = q->amax_col;

@@ -41,28 +41,14 @@ typedef struct ref_optim_job {
     uint32_t mode;
 } ref_optim_job;
 
-// The amax of a run of elements of one amax word into the targets.
-static void ref_optim_amax_merge(const optim_adamw_args *a, uint32_t word, float amax) {
-    if (a->amax0) ref_amax_merge(REF_PTR(float, a->amax0) + word, amax);
-    if (a->amax1) ref_amax_merge(REF_PTR(float, a->amax1) + word, amax);
-}
-
-// Elements [begin, end) in row-major order; the range's amax merges into the targets (each
-// member's into its own word) as the GPU's per-block maxima do (a maximum: the order of the
-// ranges never shows).
-POOL_CPU_CLONES static void ref_optim_adamw_range(void *ctx, uint64_t begin, uint64_t end) {
-    const ref_optim_job *job = ctx;
+// Elements [begin, end) in row-major order, all of one amax word (a stacked weight's member);
+// their amax merges into the targets as the GPU's per-block maxima do (a maximum: the order of
+// the ranges never shows).
+static void ref_optim_adamw_elems(const ref_optim_job *job, uint64_t begin, uint64_t end) {
     const optim_adamw_args *a = job->a;
     float *master = REF_PTR(float, a->master);
     float amax = 0.0f;
-    uint32_t word = qt_optim_amax_word(a, (uint32_t)(begin / a->cols));
     for (uint64_t i = begin; i < end; i++) {
-        uint32_t row_word = qt_optim_amax_word(a, (uint32_t)(i / a->cols));
-        if (row_word != word && (job->mode & QT_OPTIM_DO_AMAX)) {
-            ref_optim_amax_merge(a, word, amax);
-            amax = 0.0f;
-        }
-        word = row_word;
         float p = master[i];
         if (job->mode & QT_OPTIM_DO_UPDATE) {
             qt_optim_adamw_elem(&job->c, ref_optim_grad(a, i), &p, REF_PTR(float, a->m) + i,
@@ -74,7 +60,24 @@ POOL_CPU_CLONES static void ref_optim_adamw_range(void *ctx, uint64_t begin, uin
             ref_optim_out(a, &job->c, (uint32_t)(i / a->cols), (uint32_t)(i % a->cols), p);
         }
     }
-    if (job->mode & QT_OPTIM_DO_AMAX) ref_optim_amax_merge(a, word, amax);
+    if (job->mode & QT_OPTIM_DO_AMAX) {
+        uint32_t word = qt_optim_amax_word(a, (uint32_t)(begin / a->cols));
+        if (a->amax0) ref_amax_merge(REF_PTR(float, a->amax0) + word, amax);
+        if (a->amax1) ref_amax_merge(REF_PTR(float, a->amax1) + word, amax);
+    }
+}
+
+// A pool task: elements [begin, end), cut where a member ends (flatten inlines the runs).
+POOL_CPU_CLONES static void ref_optim_adamw_range(void *ctx, uint64_t begin, uint64_t end) {
+    const ref_optim_job *job = ctx;
+    const optim_adamw_args *a = job->a;
+    uint64_t member = a->amax_member_rows ? (uint64_t)a->amax_member_rows * a->cols : UINT64_MAX;
+    for (uint64_t first = begin; first < end;) {
+        uint64_t last = first / member * member + member;  // UINT64_MAX with no members
+        if (last > end) last = end;
+        ref_optim_adamw_elems(job, first, last);
+        first = last;
+    }
 }
 
 void ref_qt_optim_adamw(const optim_adamw_args *a, const launch_shape *shape) {
