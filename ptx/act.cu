@@ -561,6 +561,125 @@ __device__ __forceinline__ void act_lut_flat(const act_args &args, float *table)
 ACT_LUT_KERNEL(qt_act_fwd_lut, false)
 ACT_LUT_KERNEL(qt_act_bwd_lut, true)
 
+// SwiGLU of a BF16 input without a bias through SiLU's tables: silu(a) from the forward table
+// (y = silu(a) b, db = dy silu(a)) and silu'(a) from the backward one (da = (dy b) silu'(a)), the
+// products of qt_swiglu_forward, _da and _db on the tables' values, so the bits are the flat
+// kernels' (act_swiglu_fwd, act_swiglu_bwd), amaxes included. The flat kernels evaluate SiLU
+// exactly for each element (60 to 70 instructions) and ran at about half of DRAM's bandwidth
+// (H100: 175 us forward and 301 us backward on 16384 x 5632, against about 90 and 150 for their
+// bytes). One block of QT_ACT_LUT_THREADS an SM, as qt_act_fwd_lut; each thread walks output
+// chunks of 8 (a's and b's words, and dy's backward, all loaded before any arithmetic, two
+// chunks at a time). op_act takes them for vector-aligned tensors (act_swiglu_vec), a BF16 dy.
+
+// Chunks a thread loads at once: two, one for the grouped backward kernel (two spill its 64
+// registers of 1024-thread blocks).
+#define QT_ACT_SWIGLU_LUT_UNROLL(backward, grouped) ((backward) && (grouped) ? 1u : 2u)
+
+// The tables' values of a chunk of eight BF16 inputs as loaded (aw): f[k] = table[entry], or
+// the function itself outside the table.
+template <bool kBackward>
+__device__ __forceinline__ void act_swiglu_lut_values(const float *table, uint4 aw, float f[8]) {
+    uint32_t h[8], offset[8];
+    if (qt_act_lut_chunk(aw, h, offset) < QT_ACT_LUT_SIGN_ENTRIES) {
+#pragma unroll
+        for (int k = 0; k < 8; k++) f[k] = table[qt_act_lut_entry_of(h[k], offset[k])];
+        return;
+    }
+    float v[8];
+    act_unpack8_bf16(aw, v);
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        uint32_t e = qt_act_lut_entry(v[k]);
+        f[k] = e < QT_ACT_LUT_ENTRIES ? table[e] : act_lut_miss<QT_ACT_SILU, kBackward>(v[k]);
+    }
+}
+
+template <bool kBackward, bool kGrouped>
+__device__ __forceinline__ void act_swiglu_lut(const act_args &args, float *silu, float *grad,
+                                               uint32_t *amax_table) {
+    for (uint32_t e = threadIdx.x; e < QT_ACT_LUT_ENTRIES; e += QT_ACT_LUT_THREADS) {
+        float v = qt_act_lut_input(e);
+        silu[e] = qt_act_lut_value(QT_ACT_SILU, 0, v);
+        if (kBackward) grad[e] = qt_act_lut_value(QT_ACT_SILU, 1, v);
+    }
+    __syncthreads();
+    act_amax_state s = act_amax_start<kGrouped>(args, amax_table);
+    uint32_t h = args.cols / 2;
+    uint64_t chunks = act_rows<kGrouped>(args) * h / 8;
+    uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const uint4 *x = (const uint4 *)(uintptr_t)args.x;
+    const uint4 *dy = (const uint4 *)(uintptr_t)args.dy;
+    constexpr uint32_t kUnroll = QT_ACT_SWIGLU_LUT_UNROLL(kBackward, kGrouped);
+    for (uint64_t c = tid; c < chunks; c += kUnroll * stride) {
+        uint4 aw[kUnroll], bw[kUnroll], dw[kUnroll];
+#pragma unroll
+        for (uint32_t u = 0; u < kUnroll; u++) {
+            uint64_t cu = c + u * stride;
+            if (cu >= chunks) continue;
+            uint64_t r = cu * 8 / h, first = r * args.cols + (cu * 8 - r * h);
+            aw[u] = __ldg(x + first / 8);
+            bw[u] = __ldg(x + (first + h) / 8);
+            if (kBackward) dw[u] = __ldg(dy + cu);
+        }
+#pragma unroll
+        for (uint32_t u = 0; u < kUnroll; u++) {
+            uint64_t cu = c + u * stride;
+            if (cu >= chunks) continue;
+            uint64_t r = cu * 8 / h, first = r * args.cols + (cu * 8 - r * h);
+            float f[8], b[8];
+            act_swiglu_lut_values<false>(silu, aw[u], f);
+            act_unpack8_bf16(bw[u], b);
+            if (!kBackward) {
+                float y[8];
+#pragma unroll
+                for (int k = 0; k < 8; k++) y[k] = f[k] * b[k];  // qt_swiglu_forward
+                if (args.amax) act_amax_note<kGrouped>(args, s, amax_table, cu * 8, h, act_max8(y));
+                act_store8(args.out, cu * 8, args.out_dtype, y);
+                continue;
+            }
+            float g[8], d[8], da[8], db[8];
+            act_swiglu_lut_values<true>(grad, aw[u], g);
+            act_unpack8_bf16(dw[u], d);
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                da[k] = (d[k] * b[k]) * g[k];  // qt_swiglu_da
+                db[k] = d[k] * f[k];           // qt_swiglu_db
+            }
+            if (args.amax) {
+                act_amax_note<kGrouped>(args, s, amax_table, first, args.cols,
+                                        fmaxf(act_max8(da), act_max8(db)));
+            }
+            act_store8(args.out, first, args.out_dtype, da);
+            act_store8(args.out, first + h, args.out_dtype, db);
+        }
+    }
+    if (!args.amax) return;
+    if (kGrouped) {
+        act_amax_finish<true>(args, s, amax_table);
+    } else {
+        act_amax_flush_slot<QT_ACT_LUT_WARPS>(args.amax, args.out_dtype, s.m);
+    }
+}
+
+// The grouped ones take the per-member amax table as dynamic shared memory (4 x group.count
+// bytes), as the flat grouped kernels.
+#define ACT_SWIGLU_LUT_KERNEL(symbol, backward, grouped)                                  \
+    extern "C" __global__ void __launch_bounds__(QT_ACT_LUT_THREADS, 1)                   \
+        symbol(const __grid_constant__ act_args args) {                                   \
+        qt_grid_enter();                                                                  \
+        __shared__ float act_silu_table[QT_ACT_LUT_ENTRIES];                              \
+        __shared__ float act_silu_grad_table[(backward) ? QT_ACT_LUT_ENTRIES : 1];        \
+        extern __shared__ uint32_t act_amax_table[];                                      \
+        act_swiglu_lut<backward, grouped>(args, act_silu_table, act_silu_grad_table,      \
+                                          act_amax_table);                                \
+    }
+
+ACT_SWIGLU_LUT_KERNEL(qt_swiglu_fwd_lut, false, false)
+ACT_SWIGLU_LUT_KERNEL(qt_swiglu_bwd_lut, true, false)
+ACT_SWIGLU_LUT_KERNEL(qt_swiglu_fwd_lut_grouped, false, true)
+ACT_SWIGLU_LUT_KERNEL(qt_swiglu_bwd_lut_grouped, true, true)
+
 ACT_KERNEL(qt_act_fwd, act_fwd_of_kind, false)
 ACT_KERNEL(qt_act_bwd, act_bwd_of_kind, false)
 ACT_KERNEL(qt_swiglu_fwd, act_swiglu_fwd, false)
@@ -682,46 +801,86 @@ __device__ __forceinline__ void act_rmsnorm_hold(const uint4 *src, uint32_t lane
     }
 }
 
-// qt_rmsnorm_fwd for rows of whole chunks of BF16 x, at most QT_RMSNORM_REGS_COLS_MAX columns
-// (op_rmsnorm_forward picks it): each lane holds its chunks of x in registers from the sum of
-// squares to y, so DRAM sees each row once; the generic kernel reads the row again for y and ran
-// at about half the DRAM bandwidth on 8192 x 4096. The same lanes fold the same chunks in the
-// same order, so the bits (y, inv_rms, the amax) are the generic kernel's.
+// Chunk i of a lane's held row: one word of BF16 x, or (kF32) words 2 i and 2 i + 1 of FP32 x.
+template <bool kF32>
+__device__ __forceinline__ void act_rmsnorm_held(const uint4 (&w)[QT_RMSNORM_REGS_CHUNKS],
+                                                 uint32_t i, float v[8]) {
+    if constexpr (kF32) {
+        const uint4 a = w[2u * i], b = w[2u * i + 1u];
+        v[0] = __uint_as_float(a.x), v[1] = __uint_as_float(a.y);
+        v[2] = __uint_as_float(a.z), v[3] = __uint_as_float(a.w);
+        v[4] = __uint_as_float(b.x), v[5] = __uint_as_float(b.y);
+        v[6] = __uint_as_float(b.z), v[7] = __uint_as_float(b.w);
+    } else {
+        act_unpack8_bf16(w[i], v);
+    }
+}
+
+// One row of qt_rmsnorm_fwd_regs. A lane's chunks c = lane + 32 i, i < kChunks, are held as
+// the 16-byte words of x: 8 BF16 values a word, or 8 FP32 values in two, so an FP32 row holds
+// half the columns. Returns the max |y| this lane stored.
+template <bool kF32>
+__device__ __forceinline__ float act_rmsnorm_fwd_regs_row(const rmsnorm_args &args,
+                                                          uint64_t row) {
+    constexpr uint32_t kWords = kF32 ? 2u : 1u;  // 16-byte words a chunk
+    constexpr uint32_t kChunks = QT_RMSNORM_REGS_CHUNKS / kWords;
+    uint32_t lane = threadIdx.x % 32, cols = args.cols;
+    uint32_t chunks = cols / QT_ACT_CHUNK;
+    uint64_t base = row * cols;
+    const uint4 *x = (const uint4 *)(uintptr_t)args.x + base / QT_ACT_CHUNK * kWords;
+    uint4 xw[QT_RMSNORM_REGS_CHUNKS];
+    if constexpr (kF32) {
+#pragma unroll
+        for (uint32_t i = 0; i < kChunks; i++) {
+            uint32_t c = lane + 32u * i;
+            if (c >= chunks) break;
+            xw[2u * i] = act_ld16<true>(x + 2u * c);
+            xw[2u * i + 1u] = act_ld16<true>(x + 2u * c + 1u);
+        }
+    } else {
+        act_rmsnorm_hold(x, lane, chunks, xw);
+    }
+    float acc = 0.0f;
+#pragma unroll
+    for (uint32_t i = 0; i < kChunks; i++) {
+        if (lane + 32u * i >= chunks) break;
+        float v[8];
+        act_rmsnorm_held<kF32>(xw, i, v);
+#pragma unroll
+        for (uint32_t k = 0; k < 8; k++) acc = qt_fmaf(v[k], v[k], acc);
+    }
+    float inv = qt_rmsnorm_inv(act_warp_sum(acc), cols, args.eps);
+    if (lane == 0) ((float *)(uintptr_t)args.inv_rms)[row] = qt_act_canonical(inv);
+    float m = 0.0f;
+#pragma unroll
+    for (uint32_t i = 0; i < kChunks; i++) {
+        uint32_t c = lane + 32u * i;
+        if (c >= chunks) break;
+        float v[8], g[8];
+        act_rmsnorm_held<kF32>(xw, i, v);
+        act_load8(args.gamma, (uint64_t)c * 8, args.gamma_dtype, g);
+#pragma unroll
+        for (uint32_t k = 0; k < 8; k++) v[k] = qt_rmsnorm_y(v[k], inv, g[k]);
+        act_store8(args.out, base + (uint64_t)c * 8, args.out_dtype, v);
+        m = act_max_chunk(m, v, 8);
+    }
+    return m;
+}
+
+// qt_rmsnorm_fwd for rows of whole chunks of BF16 x (at most QT_RMSNORM_REGS_COLS_MAX columns)
+// or FP32 x (at most QT_RMSNORM_REGS_COLS_MAX_F32) (op_rmsnorm_forward picks it): each lane
+// holds its chunks of x in registers from the sum of squares to y, so DRAM sees each row once;
+// the generic kernel reads the row again for y and ran at about half the DRAM bandwidth on 8192 x
+// 4096. The same lanes fold the same chunks in the same order, so the bits (y, inv_rms, the
+// amax) are the generic kernel's.
 extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
     qt_rmsnorm_fwd_regs(const __grid_constant__ rmsnorm_args args) {
     qt_grid_enter();
     uint64_t row = act_row();
     float m = 0.0f;  // max |y| this lane stored
     if (row < args.rows) {  // warp-uniform; idle warps still meet the amax flush's barrier
-        uint32_t lane = threadIdx.x % 32, cols = args.cols;
-        uint32_t chunks = cols / QT_ACT_CHUNK;
-        uint64_t base = row * cols;
-        const uint4 *x = (const uint4 *)(uintptr_t)args.x + base / QT_ACT_CHUNK;
-        uint4 xw[QT_RMSNORM_REGS_CHUNKS];
-        act_rmsnorm_hold(x, lane, chunks, xw);
-        float acc = 0.0f;
-#pragma unroll
-        for (uint32_t i = 0; i < QT_RMSNORM_REGS_CHUNKS; i++) {
-            if (lane + 32u * i >= chunks) break;
-            float v[8];
-            act_unpack8_bf16(xw[i], v);
-#pragma unroll
-            for (uint32_t k = 0; k < 8; k++) acc = qt_fmaf(v[k], v[k], acc);
-        }
-        float inv = qt_rmsnorm_inv(act_warp_sum(acc), cols, args.eps);
-        if (lane == 0) ((float *)(uintptr_t)args.inv_rms)[row] = qt_act_canonical(inv);
-#pragma unroll
-        for (uint32_t i = 0; i < QT_RMSNORM_REGS_CHUNKS; i++) {
-            uint32_t c = lane + 32u * i;
-            if (c >= chunks) break;
-            float v[8], g[8];
-            act_unpack8_bf16(xw[i], v);
-            act_load8(args.gamma, (uint64_t)c * 8, args.gamma_dtype, g);
-#pragma unroll
-            for (uint32_t k = 0; k < 8; k++) v[k] = qt_rmsnorm_y(v[k], inv, g[k]);
-            act_store8(args.out, base + (uint64_t)c * 8, args.out_dtype, v);
-            m = act_max_chunk(m, v, 8);
-        }
+        m = args.x_dtype == QT_DTYPE_F32 ? act_rmsnorm_fwd_regs_row<true>(args, row)
+                                         : act_rmsnorm_fwd_regs_row<false>(args, row);
     }
     if (args.amax) act_amax_flush_slot(args.amax, args.out_dtype, m);
 }

@@ -18,9 +18,10 @@
 //                             dense qt_act_fwd / _bwd that reads its D, in  thread
 //                             one launch (gemm_act_args below)
 //   qt_rmsnorm_fwd            y = x * inv_rms * gamma, inv_rms [rows]       one warp per row,
-//   qt_rmsnorm_fwd_regs       y, the row held in registers (BF16 x, whole   8 rows per block
-//                             chunks, at most 4096 columns)                 (every RMSNorm
-//   qt_rmsnorm_bwd_dx         dx (+ skip: the residual add after it)        row kernel)
+//   qt_rmsnorm_fwd_regs       y, the row held in registers (whole chunks,   8 rows per block
+//                             BF16 x of at most 4096 columns, FP32 x of     (every RMSNorm
+//                             at most 2048)                                 row kernel)
+//   qt_rmsnorm_bwd_dx         dx (+ skip: the residual add after it)
 //   qt_rmsnorm_bwd_dx_regs    dx (+ skip), the row held in registers (BF16
 //                             x and dy, whole chunks, at most 4096 columns)
 //   qt_rmsnorm_dgamma_partial partials[p][c] = sum over rows of part p      256 columns x part
@@ -92,6 +93,8 @@
 // most 32 x 16 x 8 columns.
 #define QT_RMSNORM_REGS_CHUNKS 16u
 #define QT_RMSNORM_REGS_COLS_MAX (QT_ACT_LANES * QT_RMSNORM_REGS_CHUNKS * QT_ACT_CHUNK)
+// qt_rmsnorm_fwd_regs holds FP32 x too, two 16-byte words a chunk: half the columns.
+#define QT_RMSNORM_REGS_COLS_MAX_F32 (QT_RMSNORM_REGS_COLS_MAX / 2)
 #define QT_RMSNORM_PARTS_MAX 256
 
 // One-block losses (qt_xent_small, qt_mse_small) replace two or three launches whose fixed cost
@@ -302,6 +305,10 @@ QT_STATIC_ASSERT(sizeof(gnorm_args) == 248, "gnorm_args layout");
     X(KERNEL_ACT_BWD_GROUPED, act, qt_act_bwd_grouped, act_args)                             \
     X(KERNEL_SWIGLU_FWD_GROUPED, act, qt_swiglu_fwd_grouped, act_args)                       \
     X(KERNEL_SWIGLU_BWD_GROUPED, act, qt_swiglu_bwd_grouped, act_args)                       \
+    X(KERNEL_SWIGLU_FWD_LUT, act, qt_swiglu_fwd_lut, act_args)                               \
+    X(KERNEL_SWIGLU_BWD_LUT, act, qt_swiglu_bwd_lut, act_args)                               \
+    X(KERNEL_SWIGLU_FWD_LUT_GROUPED, act, qt_swiglu_fwd_lut_grouped, act_args)               \
+    X(KERNEL_SWIGLU_BWD_LUT_GROUPED, act, qt_swiglu_bwd_lut_grouped, act_args)               \
     X(KERNEL_RMSNORM_FWD, act, qt_rmsnorm_fwd, rmsnorm_args)                                 \
     X(KERNEL_RMSNORM_FWD_REGS, act, qt_rmsnorm_fwd_regs, rmsnorm_args)                       \
     X(KERNEL_RMSNORM_BWD_DX, act, qt_rmsnorm_bwd_dx, rmsnorm_args)                           \

@@ -28,8 +28,8 @@
 //                 rows zero, rows from off[E] on untouched (dtype kept: a byte copy); optional
 //                 amax[e] = max |x| over member e's valid rows
 //   combine       out[t] = addend[t] + sum over j of w_j yp[row_of[a]], a = t K + j, w_j = gate[a]
-//                 (forward) or 1 (the input gradient's un-permute); in FP32, one rounding at
-//                 the store
+//                 (forward; the addend, when given, a residual block's skip path) or 1 (the
+//                 input gradient's un-permute); in FP32, one rounding at the store
 //   combine_bwd   dyp[r] = gate[a] dy[t] (padding rows zero), dgate[a] = dy[t] . yp[r]; optional
 //                 amax[e] = max |dyp| over member e's valid rows (the stored values)
 //   router_bwd    dlogits[t][e] = p_e (g_e - sum_f p_f g_f), g_e = dgate of the choice of e

@@ -246,7 +246,7 @@ typedef struct t_case {
 enum { A_X, A_BIAS, A_DY, A_Y, A_DX, A_Y_AMAX, A_DX_AMAX };
 // The *_AMAX slots: the amax of a stored output (ptx/act.h), +0 before every run.
 enum { R_X, R_GAMMA, R_DY, R_Y, R_INV, R_DX, R_DGAMMA, R_WS, R_Y_AMAX, R_SKIP, R_DX_SUM,
-       R_DX_AMAX, R_DGAMMA_SUM };
+       R_DX_AMAX, R_DGAMMA_SUM, R_DGAMMA_ALONE };
 enum { S_X, S_F, S_Y, S_DY, S_DX, S_DX_ACC, S_Y_AMAX };
 enum { X_LOGITS, X_LABELS, X_LOSS, X_DLOGITS, X_WS, X_STATS, X_DLOGITS_AMAX };
 enum { M_PRED, M_TARGET, M_VALID, M_DPRED, M_WS, M_STATS, M_DPRED_AMAX };
@@ -308,6 +308,7 @@ static void t_build_rmsnorm(t_run *run, const t_case *c) {
     t_buf_add(run, R_DX_SUM, "dx_sum", c->out_dtype, n, c->misalign);
     t_buf_add(run, R_DX_AMAX, "dx_amax", T_F32, 1, 0);
     t_buf_add(run, R_DGAMMA_SUM, "dgamma_sum", T_F32, c->cols, c->misalign);
+    t_buf_add(run, R_DGAMMA_ALONE, "dgamma_alone", T_F32, c->cols, c->misalign);
     t_fill(run, R_SKIP, c->seed + 4, 1.0, 0, sp);
     t_fill(run, R_X, c->seed, c->scale, 0, sp);
     t_fill(run, R_GAMMA, c->seed + 1, 0.3, 1.0, false);
@@ -346,9 +347,25 @@ static void t_build_rmsnorm(t_run *run, const t_case *c) {
                                &summed));
     CHECK(p->ops[sum_op].kernel == p->ops[dx_op].kernel, "%s: dx kernel with skip %d, not %d",
           c->name, p->ops[sum_op].kernel, p->ops[dx_op].kernel);
-    // The forward kernel: the row in registers for BF16 x alone, whatever y's type.
-    bool y_regs = c->in_dtype == T_BF16 && c->cols % 8 == 0 &&
-                  c->cols <= QT_RMSNORM_REGS_COLS_MAX && c->misalign % 16 == 0;
+    // dgamma alone (no dx, as for the first layer with parameters): the two dgamma ops, no dx
+    // kernel; its bits are checked against the summed pass's, which also overwrites.
+    op_rmsnorm_grads alone = summed;
+    alone.dx = OP_ACT_NONE;
+    alone.dgamma = t_ref(run, R_DGAMMA_ALONE);
+    alone.skip = OP_ACT_NONE;
+    alone.amax = OP_REF_NONE;
+    uint32_t alone_op = p->op_count;
+    RIG_OK(op_rmsnorm_backward(p, "rmsnorm_bwd_dgamma", c->rows, c->cols, t_tensor(run, R_X),
+                               t_tensor(run, R_GAMMA), t_ref(run, R_INV), t_tensor(run, R_DY),
+                               &alone));
+    CHECK(p->op_count == alone_op + 2 && p->ops[alone_op].kernel == KERNEL_RMSNORM_DGAMMA_PARTIAL,
+          "%s: dgamma alone appended %u ops, the first kernel %d", c->name,
+          p->op_count - alone_op, p->ops[alone_op].kernel);
+    // The forward kernel: the row in registers for BF16 x and for FP32 x of half the columns,
+    // whatever y's type.
+    uint32_t y_cols_max = c->in_dtype == T_BF16 ? QT_RMSNORM_REGS_COLS_MAX
+                                                : QT_RMSNORM_REGS_COLS_MAX_F32;
+    bool y_regs = c->cols % 8 == 0 && c->cols <= y_cols_max && c->misalign % 16 == 0;
     CHECK(p->ops[y_op].kernel == (y_regs ? KERNEL_RMSNORM_FWD_REGS : KERNEL_RMSNORM_FWD),
           "%s: forward kernel %d, the row in registers expected: %d", c->name,
           p->ops[y_op].kernel, y_regs);
@@ -1053,7 +1070,8 @@ static void test_act_amax_from_max(void) {
 }
 
 // Which activations op_act gives the table kernels: GELU and SiLU of a dense BF16 input without
-// a bias from 2^21 elements, forward and backward; the flat kernels take everything else.
+// a bias from 2^21 elements, forward and backward, and SwiGLU's (2^21 outputs, rows of a and b
+// of whole 8-element chunks); the flat kernels take everything else.
 static void test_act_lut_choice(void) {
     test_begin("act_table_kernels_for_large_bf16_inputs_only");
     static const struct {
@@ -1067,7 +1085,11 @@ static void test_act_lut_choice(void) {
         {QT_ACT_GELU, 512, 4096, T_BF16, T_BIAS, false},
         {QT_ACT_GELU, 512, 4096, T_F32, 0, false},
         {QT_ACT_RELU, 512, 4096, T_BF16, 0, false},
-        {QT_ACT_SWIGLU, 512, 8192, T_BF16, 0, false},
+        {QT_ACT_SWIGLU, 512, 8192, T_BF16, 0, true},
+        {QT_ACT_SWIGLU, 511, 8192, T_BF16, 0, false},  // one row short of 2^21 outputs
+        {QT_ACT_SWIGLU, 512, 8192, T_BF16, T_BIAS, false},
+        {QT_ACT_SWIGLU, 512, 8192, T_F32, 0, false},
+        {QT_ACT_SWIGLU, 512, 8200, T_BF16, 0, false},  // rows of 4100: no whole chunks
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         t_case c = {"choice", T_KIND_ACT, cases[i].act, cases[i].rows, cases[i].cols,
@@ -1077,10 +1099,13 @@ static void test_act_lut_choice(void) {
         t_build(run, &c);
         const program *p = &run->r.prog;
         uint32_t fwd = p->op_count - 2, bwd = p->op_count - 1;
-        kernel_id want_fwd = cases[i].table ? KERNEL_ACT_FWD_LUT
-                             : c.op == QT_ACT_SWIGLU ? KERNEL_SWIGLU_FWD : KERNEL_ACT_FWD;
-        kernel_id want_bwd = cases[i].table ? KERNEL_ACT_BWD_LUT
-                             : c.op == QT_ACT_SWIGLU ? KERNEL_SWIGLU_BWD : KERNEL_ACT_BWD;
+        bool swiglu = c.op == QT_ACT_SWIGLU;
+        kernel_id want_fwd = cases[i].table ? (swiglu ? KERNEL_SWIGLU_FWD_LUT : KERNEL_ACT_FWD_LUT)
+                             : swiglu       ? KERNEL_SWIGLU_FWD
+                                            : KERNEL_ACT_FWD;
+        kernel_id want_bwd = cases[i].table ? (swiglu ? KERNEL_SWIGLU_BWD_LUT : KERNEL_ACT_BWD_LUT)
+                             : swiglu       ? KERNEL_SWIGLU_BWD
+                                            : KERNEL_ACT_BWD;
         CHECK(p->ops[fwd].kernel == want_fwd && p->ops[bwd].kernel == want_bwd,
               "case %zu (act %u, %u x %u): kernels %u %u, expected %u %u", i, c.op, c.rows,
               c.cols, p->ops[fwd].kernel, p->ops[bwd].kernel, want_fwd, want_bwd);
@@ -1228,6 +1253,11 @@ static void t_check_rmsnorm(t_run *run, const t_case *c) {
               (unsigned long long)i, t_b(got), t_b(want));
     }
     t_check_amax(run, R_DX_SUM, R_DX_AMAX, (uint64_t)c->rows * c->cols);
+    for (uint32_t j = 0; j < c->cols; j++) {
+        float got = (float)t_out(run, R_DGAMMA_ALONE, j), want = (float)t_out(run, R_DGAMMA_SUM, j);
+        CHECK(t_b(got) == t_b(want), "dgamma without dx [%u]: %08x, with dx %08x", j, t_b(got),
+              t_b(want));
+    }
     double *ref = calloc(c->cols, sizeof *ref), *abs_sum = calloc(c->cols, sizeof *abs_sum);
     for (uint64_t r = 0; r < c->rows; r++) t_check_rmsnorm_row(run, c, r, ref, abs_sum);
     uint32_t per_part = op_rmsnorm_rows_per_part(c->rows);
@@ -2021,6 +2051,12 @@ static const t_case t_gpu_cases[] = {
      T_BIAS, 4, 12, 3.0},
     {"swiglu_f32_1x2", T_KIND_ACT, QT_ACT_SWIGLU, 1, 2, F32, F32, 0, 0, 13, 3.0},
     {"swiglu_bf16_512x8192", T_KIND_ACT, QT_ACT_SWIGLU, 512, 8192, BF16, BF16, 0, 0, 14, 3.0},
+    // SwiGLU's table kernels (op_swiglu_lut_takes): planted specials, and every BF16 input into
+    // FP32 outputs (each table value in full; the FP32 dy keeps the backward pass flat).
+    {"swiglu_bf16_520x8192_table_special", T_KIND_ACT, QT_ACT_SWIGLU, 520, 8192, BF16, BF16,
+     T_SPECIAL, 0, 37, 3.0},
+    {"swiglu_bf16_f32_512x8192_table_every", T_KIND_ACT, QT_ACT_SWIGLU, 512, 8192, BF16, F32,
+     T_EVERY_BF16, 0, 38, 3.0},
     // The table kernels (op_act_lut_takes): random values and planted specials (in and out of
     // the table's binades), every BF16 input into FP32 outputs (each table value in full), and
     // element paths at misaligned addresses.
@@ -2063,6 +2099,13 @@ static const t_case t_gpu_cases[] = {
     // The forward kernel in registers with FP32 y (and the generic dx: FP32 dy), the widest row.
     {"rmsnorm_bf16_f32_33x4096_regs", T_KIND_RMSNORM, 0, 33, 4096, BF16, F32, T_SPECIAL, 0, 29,
      1.0},
+    // The forward kernel in registers with FP32 x: the widest row it holds (8 chunks a lane),
+    // lanes of 5 chunks and 4, special values; one chunk past its limit takes the generic one.
+    {"rmsnorm_f32_bf16_21x2048_regs", T_KIND_RMSNORM, 0, 21, 2048, F32, BF16, T_SPECIAL, 0, 34,
+     1.0},
+    {"rmsnorm_f32_40x1160_special_regs", T_KIND_RMSNORM, 0, 40, 1160, F32, F32, T_SPECIAL, 0, 35,
+     1.0},
+    {"rmsnorm_f32_bf16_9x2056_past_regs", T_KIND_RMSNORM, 0, 9, 2056, F32, BF16, 0, 0, 36, 1.0},
     {"residual_bf16_1024x1000", T_KIND_RESIDUAL, 0, 1024, 1000, BF16, BF16, 0, 0, 30, 2.0},
     {"residual_f32_bf16_257x3_special", T_KIND_RESIDUAL, 0, 257, 3, F32, BF16, T_SPECIAL, 0, 31,
      2.0},

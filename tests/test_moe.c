@@ -57,12 +57,12 @@ typedef struct routing_run {
     uint32_t capacity, assignments, chunks;
     op_moe_routing r;
     arena_handle h_logits, h_probs, h_expert, h_gate, h_counts, h_base, h_row_of, h_assign_of,
-        h_dims, h_offsets, h_x, h_xp, h_yp, h_y, h_y2, h_dy, h_dyp, h_dgate, h_dlogits, h_amax,
-        h_pass, h_gelu, h_dgelu, h_swiglu, h_dswiglu;
+        h_dims, h_offsets, h_x, h_xp, h_yp, h_y, h_y2, h_y3, h_dy, h_dyp, h_dgate, h_dlogits,
+        h_amax, h_pass, h_gelu, h_dgelu, h_swiglu, h_dswiglu;
     float *logits, *probs, *gate, *dgate, *dlogits;
     float *amax, *pass;  // [AMAX_SLOTS][experts]: the producers' and the separate passes'
     uint32_t *expert, *row_of, *assign_of, *dims, *offsets, *chunk_base;
-    uint16_t *x, *xp, *yp, *y, *y2, *dy, *dyp, *gelu, *dgelu, *swiglu, *dswiglu;
+    uint16_t *x, *xp, *yp, *y, *y2, *y3, *dy, *dyp, *gelu, *dgelu, *swiglu, *dswiglu;
 } routing_run;
 
 // Bytes that no kernel writes into the rows of a grouped output past its active end.
@@ -102,6 +102,7 @@ static void routing_alloc(routing_run *w) {
     w->x = zalloc(td * 2);
     w->y = zalloc(td * 2);
     w->y2 = zalloc(td * 2);
+    w->y3 = zalloc(td * 2);
     w->dy = zalloc(td * 2);
     w->xp = zalloc(cd * 2);
     w->yp = zalloc(cd * 2);
@@ -116,7 +117,8 @@ static void routing_alloc(routing_run *w) {
 
 static void routing_free(routing_run *w) {
     void *all[] = {w->logits, w->probs, w->dlogits, w->gate, w->dgate, w->expert, w->row_of,
-                   w->assign_of, w->dims, w->offsets, w->x, w->y, w->y2, w->dy, w->xp, w->yp,
+                   w->assign_of, w->dims, w->offsets, w->x, w->y, w->y2, w->y3, w->dy, w->xp,
+                   w->yp,
                    w->dyp, w->gelu, w->dgelu, w->swiglu, w->dswiglu, w->amax, w->pass,
                    w->chunk_base};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
@@ -202,6 +204,7 @@ static void routing_build(rig *g, routing_run *w) {
     w->h_yp = rig_reserve(g, "yp", cd * 2);
     w->h_y = rig_reserve(g, "y", td * 2);
     w->h_y2 = rig_reserve(g, "y2", td * 2);
+    w->h_y3 = rig_reserve(g, "y3", td * 2);
     w->h_dy = rig_reserve(g, "dy", td * 2);
     w->h_dyp = rig_reserve(g, "dyp", cd * 2);
     w->h_dgate = rig_reserve(g, "dgate", a * 4);
@@ -242,6 +245,10 @@ static void routing_build(rig *g, routing_run *w) {
                          amax_slot(g, w->h_amax, c, AMAX_XP)));
     RIG_OK(op_moe_combine(p, "combine", r, c->cols, yp, r->gate, none, y));
     RIG_OK(op_moe_combine(p, "unpermute", r, c->cols, yp, (prog_ref){NULL, 0, 0}, x, y2));
+    // The combine that ends a residual block (model_build.c's mb_moe_residual): gates and the
+    // skip path as addend.
+    op_moe_tensor y3 = {rr(g, w->h_y3), QT_DTYPE_BF16};
+    RIG_OK(op_moe_combine(p, "residual", r, c->cols, yp, r->gate, x, y3));
     RIG_OK(op_moe_combine_backward(p, "combine_bwd", r, c->cols, dy, yp, dyp,
                                    rr(g, w->h_dgate), amax_slot(g, w->h_amax, c, AMAX_DYP)));
     RIG_OK(op_moe_router_backward(p, "router_bwd", r, rr(g, w->h_dgate), aux, dlogits));
@@ -284,7 +291,8 @@ static void routing_read(rig *g, routing_run *w) {
                 {w->h_dims, w->dims, c->experts * 4ull},
                 {w->h_offsets, w->offsets, (c->experts + 1) * 4ull},
                 {w->h_xp, w->xp, cd * 2},             {w->h_y, w->y, td * 2},
-                {w->h_y2, w->y2, td * 2},             {w->h_dyp, w->dyp, cd * 2},
+                {w->h_y2, w->y2, td * 2},             {w->h_y3, w->y3, td * 2},
+                {w->h_dyp, w->dyp, cd * 2},
                 {w->h_dgate, w->dgate, a * 4},        {w->h_dlogits, w->dlogits, te * 4},
                 {w->h_gelu, w->gelu, cd * 2},         {w->h_dgelu, w->dgelu, cd * 2},
                 {w->h_swiglu, w->swiglu, cd},         {w->h_dswiglu, w->dswiglu, cd * 2},
@@ -439,22 +447,25 @@ static void check_gather_combine(const routing_run *w) {
             CHECK(false, "row %u: dgate %g, dot %g", r, w->dgate[w->assign_of[r]], dot);
         }
     }
-    // combine: the FP32 fma chain over the choices in order, one rounding to BF16.
+    // combine: the FP32 fma chain over the choices in order from 0 (or from the addend), one
+    // rounding to BF16.
     for (uint32_t t = 0; t < c->tokens; t++) {
         for (uint32_t i = 0; i < c->cols; i++) {
-            float acc = 0.0f, acc2 = bf(w->x[(uint64_t)t * c->cols + i]);
+            float acc = 0.0f, acc2 = bf(w->x[(uint64_t)t * c->cols + i]), acc3 = acc2;
             for (uint32_t j = 0; j < c->topk; j++) {
                 uint32_t a = t * c->topk + j;
                 float v = bf(w->yp[(uint64_t)w->row_of[a] * c->cols + i]);
                 acc = fmaf(w->gate[a], v, acc);
                 acc2 = acc2 + v;
+                acc3 = fmaf(w->gate[a], v, acc3);
             }
             uint64_t k = (uint64_t)t * c->cols + i;
-            if ((w->y[k] != qt_f32_to_bf16(acc) || w->y2[k] != qt_f32_to_bf16(acc2)) &&
+            if ((w->y[k] != qt_f32_to_bf16(acc) || w->y2[k] != qt_f32_to_bf16(acc2) ||
+                 w->y3[k] != qt_f32_to_bf16(acc3)) &&
                 bad++ < 4) {
                 CHECK(false, "token %u col %u: combine %04x (want %04x), un-permute %04x (want "
-                      "%04x)", t, i, w->y[k], qt_f32_to_bf16(acc), w->y2[k],
-                      qt_f32_to_bf16(acc2));
+                      "%04x), residual %04x (want %04x)", t, i, w->y[k], qt_f32_to_bf16(acc),
+                      w->y2[k], qt_f32_to_bf16(acc2), w->y3[k], qt_f32_to_bf16(acc3));
             }
         }
     }
@@ -537,6 +548,8 @@ static const routing_case routing_cases[] = {
     {300, 16, 5, 24, 16, LOGITS_RANDOM, 0, 0.01f},    // top-5: two rounds of loads in combine
     {2500, 64, 4, 16, 16, LOGITS_RANDOM, 0, 0.01f},   // 40 chunks: several per warp of the scan
     {400, 1024, 2, 8, 16, LOGITS_RANDOM, 0, 0.01f},   // the most experts: 32 blocks of the scan
+    // 2^21 SwiGLU outputs and more: the grouped table kernels (op_act.c, op_swiglu_lut_takes).
+    {8200, 8, 2, 512, 16, LOGITS_RANDOM, 0, 0.01f},
 };
 #define ROUTING_CASES (sizeof routing_cases / sizeof routing_cases[0])
 
@@ -567,6 +580,7 @@ static void routing_compare(const routing_run *gw, const routing_run *rw, size_t
     same_bytes(gw->xp, rw->xp, active_rows * c->cols * 2, "xp", i);
     same_bytes(gw->y, rw->y, td, "combine", i);
     same_bytes(gw->y2, rw->y2, td, "un-permute", i);
+    same_bytes(gw->y3, rw->y3, td, "residual combine", i);
     same_bytes(gw->dyp, rw->dyp, active_rows * c->cols * 2, "dyp", i);
     same_bytes(gw->dgate, rw->dgate, a, "dgate", i);
     same_bytes(gw->dlogits, rw->dlogits, te, "dlogits", i);

@@ -921,7 +921,11 @@ static qt_status mb_moe_expert_fprop(mb *b, const char *name, const char *gemm, 
 }
 
 // router -> softmax -> top-k -> permutation -> gather -> fc1 -> activation -> fc2 -> combine.
-static qt_status mb_moe_forward(mb *b, uint32_t layer, model_tensor x, model_tensor *y) {
+// With a skip tensor (mb_moe_residual), y is the `residual end` after the layer: the combine
+// adds the skip path as it sums the choices (op_moe_combine's addend), so the layer's own output
+// is never stored.
+static qt_status mb_moe_forward(mb *b, uint32_t layer, model_tensor x, const model_tensor *skip,
+                                model_tensor *y) {
     model *m = b->m;
     const model_moe *mo = &m->moes[m->layer_moe[layer]];
     mb_moe *st = mb_moe_state(b, layer);
@@ -965,12 +969,31 @@ static qt_status mb_moe_forward(mb *b, uint32_t layer, model_tensor x, model_ten
                           mb_act(st->h), OP_ACT_NONE, mb_act(act), &st->routing.group,
                           act.amax));
     QT_TRY(mb_moe_expert_fprop(b, name, "fc2", mo->fc2, st, act, &st->yp));
-    snprintf(what, sizeof what, "%s.y", name);
+    char buf[24];
+    snprintf(what, sizeof what, "%s.y",
+             skip != NULL ? mb_layer_name(b, layer + 1, buf, sizeof buf) : name);
     QT_TRY(mb_tensor(b, what, x.rows, mo->width, ARENA_CAT_ACTIVATIONS, y));
     op_moe_tensor src = {st->yp.ref, st->yp.dtype}, out = {y->ref, y->dtype};
-    op_moe_tensor none = {OP_REF_NONE, QT_DTYPE_F32};
-    return op_moe_combine(b->p, what, &st->routing, mo->width, src, st->routing.gate, none,
+    op_moe_tensor addend = {OP_REF_NONE, QT_DTYPE_F32};
+    if (skip != NULL) addend = (op_moe_tensor){skip->ref, skip->dtype};
+    return op_moe_combine(b->p, what, &st->routing, mo->width, src, st->routing.gate, addend,
                           out);
+}
+
+// Whether layer i is an moe layer that ends a residual block (layer i + 1 a `residual end`)
+// whose sum no cast with a producer amax (current scaling, NVFP4: mb_producer_serves) reads
+// next, as op_moe_combine takes none: mb_forward builds the two as one combine. The sum then
+// has one rounding, of skip + sum of the choices in FP32, where the two ops rounded the layer's
+// output first. The choice depends on the recipe alone (not on model.amax_passes nor on the
+// mode), so that every program computes the same sums.
+static bool mb_moe_residual(const mb *b, uint32_t i) {
+    const recipe_model *rm = &b->m->recipe->model;
+    if (rm->layers[i].kind != RECIPE_LAYER_MOE || i + 1 >= rm->layers_count ||
+        rm->layers[i + 1].kind != RECIPE_LAYER_RESIDUAL_END) {
+        return false;
+    }
+    const model_quantizer *q = mb_next_cast(b, (int64_t)i + 2, false);
+    return q == NULL || (q->q.scheme != QT_SCHEME_CURRENT && q->q.scheme != QT_SCHEME_NVFP4);
 }
 
 static qt_status mb_layer_forward(mb *b, uint32_t i, model_tensor x, model_tensor *stack,
@@ -984,7 +1007,7 @@ static qt_status mb_layer_forward(mb *b, uint32_t i, model_tensor x, model_tenso
     case RECIPE_LAYER_LINEAR:
         return mb_linear_forward(b, i, x, y, NULL, NULL);
     case RECIPE_LAYER_MOE:
-        return mb_moe_forward(b, i, x, y);
+        return mb_moe_forward(b, i, x, NULL, y);
     case RECIPE_LAYER_RELU:
     case RECIPE_LAYER_GELU:
     case RECIPE_LAYER_SILU:
@@ -1113,6 +1136,13 @@ static qt_status mb_forward(mb *b) {
             // the activation along (op_gemm_act); the activation's input is the linear's y.
             mb_then_act then = {.layer = i + 1, .backward = false, .out = &y};
             QT_TRY(mb_linear_forward(b, i, x, &b->acts[i + 1], &then, NULL));
+            i++;
+        } else if (mb_moe_residual(b, i)) {
+            // The moe layer and the residual end after it: one combine. The residual end's
+            // input, the layer's output, is never stored.
+            QT_ASSERT(depth > 0);
+            QT_TRY(mb_moe_forward(b, i, x, &stack[--depth], &y));
+            b->acts[i + 1] = (model_tensor){0};
             i++;
         } else {
             QT_TRY(mb_layer_forward(b, i, x, stack, &depth, &y));
@@ -1292,17 +1322,25 @@ static qt_status mb_linear_backward(mb *b, uint32_t layer, model_tensor dy, mode
 // (layer i - 1 is its `residual begin`). Then dx is that layer's input gradient, the sum of both
 // paths, which the RMSNorm's dx kernel adds as it stores (op_rmsnorm_grads.skip), named and
 // measured as the residual's (its amax serves the cast that reads it).
+// The first layer with parameters computes dgamma alone: its input's gradient is the data's,
+// which nothing reads (mb_backward).
 static qt_status mb_rmsnorm_backward(mb *b, uint32_t i, const char *name, model_tensor dy,
                                      const model_tensor *skip, model_tensor *dx) {
     model_tensor x = b->acts[i];
     char what[ARENA_NAME_MAX], buf[24];
-    const char *owner = skip != NULL ? mb_layer_name(b, i - 1, buf, sizeof buf) : name;
-    snprintf(what, sizeof what, "%s.dx", owner);
-    QT_TRY(mb_tensor(b, what, x.rows, x.cols, ARENA_CAT_ACTIVATIONS, dx));
-    if (skip != NULL) QT_TRY(mb_producer_amax(b, i - 1, true, what, &dx->amax));
+    bool needs_dx = i > b->m->first_param_layer;
+    QT_ASSERT(needs_dx || skip == NULL);
+    *dx = (model_tensor){0};
+    if (needs_dx) {
+        const char *owner = skip != NULL ? mb_layer_name(b, i - 1, buf, sizeof buf) : name;
+        snprintf(what, sizeof what, "%s.dx", owner);
+        QT_TRY(mb_tensor(b, what, x.rows, x.cols, ARENA_CAT_ACTIVATIONS, dx));
+        if (skip != NULL) QT_TRY(mb_producer_amax(b, i - 1, true, what, &dx->amax));
+    }
     snprintf(what, sizeof what, "%s.dgamma_ws", name);
-    op_rmsnorm_grads grads = {mb_act(*dx), mb_dev(b, b->m->params[b->m->layer_param[i]].grad),
-                              false, OP_REF_NONE, skip != NULL ? mb_act(*skip) : OP_ACT_NONE,
+    op_rmsnorm_grads grads = {needs_dx ? mb_act(*dx) : OP_ACT_NONE,
+                              mb_dev(b, b->m->params[b->m->layer_param[i]].grad), false,
+                              OP_REF_NONE, skip != NULL ? mb_act(*skip) : OP_ACT_NONE,
                               dx->amax};
     QT_TRY(mb_region(b, what, op_rmsnorm_workspace_bytes(x.rows, x.cols), ARENA_CAT_WORKSPACE,
                      &grads.workspace));

@@ -43,6 +43,17 @@ static bool op_act_lut_takes(uint32_t act, bool grouped, op_act_tensor x, op_act
            items >= OP_ACT_LUT_ITEMS_MIN;
 }
 
+// SwiGLU's table kernels (qt_swiglu_*_lut, dense and grouped) from the same size, for a BF16 x
+// without a bias, a BF16 dy, and whole 16-byte vectors (rows of a and b of whole chunks, every
+// tensor at a 16-byte offset), which is all they load.
+static bool op_swiglu_lut_takes(bool backward, uint32_t cols, op_act_tensor x, op_act_tensor bias,
+                                op_act_tensor dy, op_act_tensor out, uint64_t items) {
+    uint64_t offsets = x.ref.offset | out.ref.offset | (backward ? dy.ref.offset : 0u);
+    return x.dtype == QT_DTYPE_BF16 && !prog_ref_present(bias.ref) &&
+           (!backward || dy.dtype == QT_DTYPE_BF16) && (cols / 2) % QT_ACT_CHUNK == 0 &&
+           offsets % 16 == 0 && items >= OP_ACT_LUT_ITEMS_MIN;
+}
+
 static launch_shape op_act_lut_shape(uint64_t items) {
     return op_shape_1d_capped((items + QT_ACT_CHUNK - 1) / QT_ACT_CHUNK, QT_ACT_LUT_THREADS,
                               OP_PLAN_SMS);
@@ -91,6 +102,14 @@ static qt_status op_act_append(program *p, const char *name, bool backward, uint
     launch_shape shape = op_act_flat_shape(items);
     if (op_act_lut_takes(act, grouped, x, bias, items)) {
         kernel = backward ? KERNEL_ACT_BWD_LUT : KERNEL_ACT_FWD_LUT;
+        shape = op_act_lut_shape(items);
+    }
+    if (swiglu && op_swiglu_lut_takes(backward, cols, x, bias, dy, out, items)) {
+        if (grouped) {
+            kernel = backward ? KERNEL_SWIGLU_BWD_LUT_GROUPED : KERNEL_SWIGLU_FWD_LUT_GROUPED;
+        } else {
+            kernel = backward ? KERNEL_SWIGLU_BWD_LUT : KERNEL_SWIGLU_FWD_LUT;
+        }
         shape = op_act_lut_shape(items);
     }
     if (grouped && prog_ref_present(amax)) shape.smem_bytes = 4 * group->count;
@@ -153,13 +172,15 @@ static void op_rmsnorm_check(uint32_t rows, uint32_t cols, op_act_tensor x, op_a
 }
 
 // The forward kernel: qt_rmsnorm_fwd_regs (the row in registers from the sum of squares to y)
-// for BF16 x of whole chunks up to QT_RMSNORM_REGS_COLS_MAX at 16-byte offsets, as the dx kernel
-// below; the same bits either way.
+// for rows of whole chunks at 16-byte offsets, of BF16 x up to QT_RMSNORM_REGS_COLS_MAX columns
+// (as the dx kernel below) or FP32 x up to QT_RMSNORM_REGS_COLS_MAX_F32; the same bits either
+// way.
 static kernel_id op_rmsnorm_fwd_kernel(uint32_t cols, op_act_tensor x, op_act_tensor gamma,
                                        op_act_tensor y) {
     bool aligned = (x.ref.offset | gamma.ref.offset | y.ref.offset) % 16 == 0;
-    bool fits = x.dtype == QT_DTYPE_BF16 && cols % QT_ACT_CHUNK == 0 &&
-                cols <= QT_RMSNORM_REGS_COLS_MAX;
+    uint32_t cols_max = x.dtype == QT_DTYPE_BF16 ? QT_RMSNORM_REGS_COLS_MAX
+                                                 : QT_RMSNORM_REGS_COLS_MAX_F32;
+    bool fits = cols % QT_ACT_CHUNK == 0 && cols <= cols_max;
     return aligned && fits ? KERNEL_RMSNORM_FWD_REGS : KERNEL_RMSNORM_FWD;
 }
 
@@ -208,7 +229,9 @@ qt_status op_rmsnorm_backward(program *p, const char *name, uint32_t rows, uint3
                               op_act_tensor dy, const op_rmsnorm_grads *grads) {
     op_rmsnorm_check(rows, cols, x, gamma, inv_rms);
     op_act_check_tensor(dy);
-    op_act_check_tensor(grads->dx);
+    bool has_dx = prog_ref_present(grads->dx.ref);
+    if (has_dx) op_act_check_tensor(grads->dx);
+    QT_ASSERT(has_dx || (!prog_ref_present(grads->skip.ref) && !prog_ref_present(grads->amax)));
     QT_ASSERT(prog_ref_present(grads->dgamma) && prog_ref_present(grads->workspace));
     rmsnorm_args args = {0};
     args.rows = rows;
@@ -219,22 +242,26 @@ qt_status op_rmsnorm_backward(program *p, const char *name, uint32_t rows, uint3
     args.x_dtype = x.dtype;
     args.gamma_dtype = gamma.dtype;
     args.dy_dtype = dy.dtype;
-    args.out_dtype = grads->dx.dtype;
+    args.out_dtype = has_dx ? grads->dx.dtype : 0u;
     bool skip = prog_ref_present(grads->skip.ref);
     if (skip) op_act_check_tensor(grads->skip);
     args.skip_dtype = skip ? grads->skip.dtype : 0u;
-    launch_shape shape = op_act_row_shape(rows);
     uint32_t op;
-    kernel_id dx_kernel = op_rmsnorm_dx_kernel(cols, x, gamma, dy, grads->dx, grads->skip);
-    QT_TRY(prog_append(p, dx_kernel, name, &shape, &args, sizeof args, &op));
-    QT_TRY(prog_use(p, op, offsetof(rmsnorm_args, x), x.ref, PROG_READ));
-    QT_TRY(prog_use(p, op, offsetof(rmsnorm_args, gamma), gamma.ref, PROG_READ));
-    QT_TRY(prog_use(p, op, offsetof(rmsnorm_args, inv_rms), inv_rms, PROG_READ));
-    QT_TRY(prog_use(p, op, offsetof(rmsnorm_args, dy), dy.ref, PROG_READ));
-    QT_TRY(prog_use(p, op, offsetof(rmsnorm_args, out), grads->dx.ref, PROG_WRITE));
-    if (skip) QT_TRY(prog_use(p, op, offsetof(rmsnorm_args, skip), grads->skip.ref, PROG_READ));
-    QT_TRY(prog_use_optional(p, op, offsetof(rmsnorm_args, amax), grads->amax, 4,
-                             PROG_READ_WRITE));
+    if (has_dx) {
+        launch_shape shape = op_act_row_shape(rows);
+        kernel_id dx_kernel = op_rmsnorm_dx_kernel(cols, x, gamma, dy, grads->dx, grads->skip);
+        QT_TRY(prog_append(p, dx_kernel, name, &shape, &args, sizeof args, &op));
+        QT_TRY(prog_use(p, op, offsetof(rmsnorm_args, x), x.ref, PROG_READ));
+        QT_TRY(prog_use(p, op, offsetof(rmsnorm_args, gamma), gamma.ref, PROG_READ));
+        QT_TRY(prog_use(p, op, offsetof(rmsnorm_args, inv_rms), inv_rms, PROG_READ));
+        QT_TRY(prog_use(p, op, offsetof(rmsnorm_args, dy), dy.ref, PROG_READ));
+        QT_TRY(prog_use(p, op, offsetof(rmsnorm_args, out), grads->dx.ref, PROG_WRITE));
+        if (skip) {
+            QT_TRY(prog_use(p, op, offsetof(rmsnorm_args, skip), grads->skip.ref, PROG_READ));
+        }
+        QT_TRY(prog_use_optional(p, op, offsetof(rmsnorm_args, amax), grads->amax, 4,
+                                 PROG_READ_WRITE));
+    }
 
     uint32_t col_blocks = (cols + QT_ACT_THREADS - 1) / QT_ACT_THREADS;
     launch_shape partial_shape = {{col_blocks, args.parts, 1}, {QT_ACT_THREADS, 1, 1}, 0};

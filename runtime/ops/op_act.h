@@ -64,7 +64,7 @@ qt_status op_rmsnorm_forward(program *p, const char *name, uint32_t rows, uint32
                              prog_ref inv_rms, prog_ref amax);
 
 typedef struct op_rmsnorm_grads {
-    op_act_tensor dx;  // [rows][cols]
+    op_act_tensor dx;  // [rows][cols]; ref absent: not computed (no skip, no amax then)
     prog_ref dgamma;   // f32 [cols]
     bool accumulate;   // dgamma += this batch's gradient (dx is always overwritten)
     prog_ref workspace;
@@ -75,7 +75,8 @@ typedef struct op_rmsnorm_grads {
     prog_ref amax;  // optional, f32 [1]: max |dx| over the stored values, merged as the forward's
 } op_rmsnorm_grads;
 
-// Three ops: dx (one warp per row), dgamma partials over fixed row ranges, dgamma final.
+// Three ops: dx (one warp per row; none without dx), dgamma partials over fixed row ranges,
+// dgamma final.
 qt_status op_rmsnorm_backward(program *p, const char *name, uint32_t rows, uint32_t cols,
                               op_act_tensor x, op_act_tensor gamma, prog_ref inv_rms,
                               op_act_tensor dy, const op_rmsnorm_grads *grads);

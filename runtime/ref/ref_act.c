@@ -233,6 +233,24 @@ void ref_qt_act_fwd_lut(const act_args *a, const launch_shape *shape) { ref_qt_a
 
 void ref_qt_act_bwd_lut(const act_args *a, const launch_shape *shape) { ref_qt_act_bwd(a, shape); }
 
+// SwiGLU's table kernels, dense and grouped: the same values (SiLU's tables hold
+// qt_act_lut_value's); every twin reads act_args.group.
+void ref_qt_swiglu_fwd_lut(const act_args *a, const launch_shape *shape) {
+    ref_qt_swiglu_fwd(a, shape);
+}
+
+void ref_qt_swiglu_bwd_lut(const act_args *a, const launch_shape *shape) {
+    ref_qt_swiglu_bwd(a, shape);
+}
+
+void ref_qt_swiglu_fwd_lut_grouped(const act_args *a, const launch_shape *shape) {
+    ref_qt_swiglu_fwd(a, shape);
+}
+
+void ref_qt_swiglu_bwd_lut_grouped(const act_args *a, const launch_shape *shape) {
+    ref_qt_swiglu_bwd(a, shape);
+}
+
 // The grouped kernels are the same twins: every twin above reads act_args.group.
 void ref_qt_act_fwd_grouped(const act_args *a, const launch_shape *shape) {
     ref_qt_act_fwd(a, shape);
