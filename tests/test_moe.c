@@ -58,8 +58,9 @@ typedef struct routing_run {
     op_moe_routing r;
     arena_handle h_logits, h_probs, h_expert, h_gate, h_counts, h_base, h_row_of, h_assign_of,
         h_dims, h_offsets, h_x, h_xp, h_yp, h_y, h_y2, h_y3, h_dy, h_dyp, h_dgate, h_dlogits,
-        h_amax, h_pass, h_gelu, h_dgelu, h_swiglu, h_dswiglu;
+        h_amax, h_pass, h_gelu, h_dgelu, h_swiglu, h_dswiglu, h_skip;
     float *logits, *probs, *gate, *dgate, *dlogits;
+    float *skip;  // [tokens][cols] FP32: the residual combine's addend (a staged FP32 input's type)
     float *amax, *pass;  // [AMAX_SLOTS][experts]: the producers' and the separate passes'
     uint32_t *expert, *row_of, *assign_of, *dims, *offsets, *chunk_base;
     uint16_t *x, *xp, *yp, *y, *y2, *y3, *dy, *dyp, *gelu, *dgelu, *swiglu, *dswiglu;
@@ -103,6 +104,7 @@ static void routing_alloc(routing_run *w) {
     w->y = zalloc(td * 2);
     w->y2 = zalloc(td * 2);
     w->y3 = zalloc(td * 2);
+    w->skip = zalloc(td * 4);
     w->dy = zalloc(td * 2);
     w->xp = zalloc(cd * 2);
     w->yp = zalloc(cd * 2);
@@ -117,10 +119,9 @@ static void routing_alloc(routing_run *w) {
 
 static void routing_free(routing_run *w) {
     void *all[] = {w->logits, w->probs, w->dlogits, w->gate, w->dgate, w->expert, w->row_of,
-                   w->assign_of, w->dims, w->offsets, w->x, w->y, w->y2, w->y3, w->dy, w->xp,
-                   w->yp,
-                   w->dyp, w->gelu, w->dgelu, w->swiglu, w->dswiglu, w->amax, w->pass,
-                   w->chunk_base};
+                   w->assign_of, w->dims, w->offsets, w->x, w->y, w->y2, w->y3, w->skip, w->dy,
+                   w->xp, w->yp, w->dyp, w->gelu, w->dgelu, w->swiglu, w->dswiglu, w->amax,
+                   w->pass, w->chunk_base};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
 }
 
@@ -140,6 +141,7 @@ static void routing_inputs(routing_run *w, uint64_t seed) {
         w->dy[i] = rng_bf16();
     }
     for (uint64_t i = 0; i < (uint64_t)w->capacity * c->cols; i++) w->yp[i] = rng_bf16();
+    for (uint64_t i = 0; i < (uint64_t)c->tokens * c->cols; i++) w->skip[i] = rng_normal();
 }
 
 static prog_ref rr(rig *g, arena_handle h) { return rig_ref(g, h, 0); }
@@ -205,6 +207,7 @@ static void routing_build(rig *g, routing_run *w) {
     w->h_y = rig_reserve(g, "y", td * 2);
     w->h_y2 = rig_reserve(g, "y2", td * 2);
     w->h_y3 = rig_reserve(g, "y3", td * 2);
+    w->h_skip = rig_reserve(g, "skip", td * 4);
     w->h_dy = rig_reserve(g, "dy", td * 2);
     w->h_dyp = rig_reserve(g, "dyp", cd * 2);
     w->h_dgate = rig_reserve(g, "dgate", a * 4);
@@ -246,9 +249,9 @@ static void routing_build(rig *g, routing_run *w) {
     RIG_OK(op_moe_combine(p, "combine", r, c->cols, yp, r->gate, none, y));
     RIG_OK(op_moe_combine(p, "unpermute", r, c->cols, yp, (prog_ref){NULL, 0, 0}, x, y2));
     // The combine that ends a residual block (model_build.c's mb_moe_residual): gates and the
-    // skip path as addend.
-    op_moe_tensor y3 = {rr(g, w->h_y3), QT_DTYPE_BF16};
-    RIG_OK(op_moe_combine(p, "residual", r, c->cols, yp, r->gate, x, y3));
+    // skip path as addend, FP32 as the bench recipes' staged input (the un-permute's is BF16).
+    op_moe_tensor y3 = {rr(g, w->h_y3), QT_DTYPE_BF16}, skip = {rr(g, w->h_skip), QT_DTYPE_F32};
+    RIG_OK(op_moe_combine(p, "residual", r, c->cols, yp, r->gate, skip, y3));
     RIG_OK(op_moe_combine_backward(p, "combine_bwd", r, c->cols, dy, yp, dyp,
                                    rr(g, w->h_dgate), amax_slot(g, w->h_amax, c, AMAX_DYP)));
     RIG_OK(op_moe_router_backward(p, "router_bwd", r, rr(g, w->h_dgate), aux, dlogits));
@@ -261,6 +264,7 @@ static void routing_write(rig *g, const routing_run *w) {
     uint64_t te = (uint64_t)c->tokens * c->experts, td = (uint64_t)c->tokens * c->cols;
     RIG_OK(backend_write(&g->be, rr(g, w->h_logits), w->logits, te * 4));
     RIG_OK(backend_write(&g->be, rr(g, w->h_x), w->x, td * 2));
+    RIG_OK(backend_write(&g->be, rr(g, w->h_skip), w->skip, td * 4));
     RIG_OK(backend_write(&g->be, rr(g, w->h_dy), w->dy, td * 2));
     RIG_OK(backend_write(&g->be, rr(g, w->h_yp), w->yp, (uint64_t)w->capacity * c->cols * 2));
     // The outputs of grouped producers start as UNTOUCHED bytes, so that rows past the active
@@ -451,7 +455,8 @@ static void check_gather_combine(const routing_run *w) {
     // rounding to BF16.
     for (uint32_t t = 0; t < c->tokens; t++) {
         for (uint32_t i = 0; i < c->cols; i++) {
-            float acc = 0.0f, acc2 = bf(w->x[(uint64_t)t * c->cols + i]), acc3 = acc2;
+            float acc = 0.0f, acc2 = bf(w->x[(uint64_t)t * c->cols + i]);
+            float acc3 = w->skip[(uint64_t)t * c->cols + i];
             for (uint32_t j = 0; j < c->topk; j++) {
                 uint32_t a = t * c->topk + j;
                 float v = bf(w->yp[(uint64_t)w->row_of[a] * c->cols + i]);

@@ -521,13 +521,19 @@ static const model_quantizer *mb_next_cast(const mb *b, int64_t j, bool backward
 // per-tensor current-scaling cast, or an NVFP4 one whose global amaxes are both max |x| (no RHT
 // columnwise copy, whose amax is the transform's; forward casts store that copy in training,
 // for wgrad, backward ones always). Never with model.amax_passes.
+// mb_cast_may_take_amax: whether cast q (NULL: none) is of a scheme whose amax a producer may
+// take (current scaling; NVFP4, depending on its columnwise copy), whatever the mode.
+static bool mb_cast_may_take_amax(const model_quantizer *q) {
+    return q != NULL && (q->q.scheme == QT_SCHEME_CURRENT || q->q.scheme == QT_SCHEME_NVFP4);
+}
+
 static bool mb_producer_serves(const mb *b, int64_t j, bool backward) {
     if (b->m->amax_passes) return false;
     const model_quantizer *q = mb_next_cast(b, j, backward);
-    if (q == NULL) return false;
+    if (!mb_cast_may_take_amax(q)) return false;
     if (q->q.scheme == QT_SCHEME_CURRENT) return true;
     bool colwise = backward || b->train;
-    return q->q.scheme == QT_SCHEME_NVFP4 && !(colwise && q->rht);
+    return !(colwise && q->rht);
 }
 
 // A 4-byte slot "<mode>.<what>.<part>" among the step's amax slots (model_amax_slots): +0 when
@@ -981,8 +987,8 @@ static qt_status mb_moe_forward(mb *b, uint32_t layer, model_tensor x, const mod
 }
 
 // Whether layer i is an moe layer that ends a residual block (layer i + 1 a `residual end`)
-// whose sum no cast with a producer amax (current scaling, NVFP4: mb_producer_serves) reads
-// next, as op_moe_combine takes none: mb_forward builds the two as one combine. The sum then
+// whose sum no cast that may take a producer amax (mb_cast_may_take_amax) reads next, as
+// op_moe_combine takes none: mb_forward builds the two as one combine. The sum then
 // has one rounding, of skip + sum of the choices in FP32, where the two ops rounded the layer's
 // output first. The choice depends on the recipe alone (not on model.amax_passes nor on the
 // mode), so that every program computes the same sums.
@@ -992,8 +998,7 @@ static bool mb_moe_residual(const mb *b, uint32_t i) {
         rm->layers[i + 1].kind != RECIPE_LAYER_RESIDUAL_END) {
         return false;
     }
-    const model_quantizer *q = mb_next_cast(b, (int64_t)i + 2, false);
-    return q == NULL || (q->q.scheme != QT_SCHEME_CURRENT && q->q.scheme != QT_SCHEME_NVFP4);
+    return !mb_cast_may_take_amax(mb_next_cast(b, (int64_t)i + 2, false));
 }
 
 static qt_status mb_layer_forward(mb *b, uint32_t i, model_tensor x, model_tensor *stack,
