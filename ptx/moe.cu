@@ -245,6 +245,14 @@ __device__ __forceinline__ void moe_combine_chunks(const moe_combine_args &a) {
 #pragma unroll
             for (int k = 0; k < 8; k++) acc[k] = 0.0f;
         }
+        // The router term: E scalars of the token's gradient (one broadcast load a warp) and
+        // E chunks of the weight (E x cols BF16, L1-resident at the few experts it is used for).
+        for (uint32_t e = 0; a.dlogits && e < a.experts; e++) {
+            float d = qt_act_load(a.dlogits, t * a.experts + e, a.dlogits_dtype), wv[8];
+            act_load8(a.router_w, (uint64_t)e * a.router_w_cols + col, QT_DTYPE_BF16, wv);
+#pragma unroll
+            for (int k = 0; k < 8; k++) acc[k] = qt_fmaf(d, wv[k], acc[k]);
+        }
         for (uint32_t j0 = 0; j0 < a.topk; j0 += QT_MOE_COMBINE_UNROLL) {
             float v[QT_MOE_COMBINE_UNROLL][8], w[QT_MOE_COMBINE_UNROLL];
 #pragma unroll
@@ -269,7 +277,8 @@ __device__ __forceinline__ void moe_combine_chunks(const moe_combine_args &a) {
 extern "C" __global__ void __launch_bounds__(QT_MOE_FLAT_THREADS)
     qt_moe_combine(const __grid_constant__ moe_combine_args args) {
     qt_grid_enter();
-    if (args.cols % QT_ACT_CHUNK == 0 && act_aligned16(args.src | args.addend | args.out)) {
+    if (args.cols % QT_ACT_CHUNK == 0 && args.router_w_cols % QT_ACT_CHUNK == 0 &&
+        act_aligned16(args.src | args.addend | args.out | args.router_w)) {
         moe_combine_chunks(args);
         return;
     }

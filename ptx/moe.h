@@ -29,7 +29,11 @@
 //                 amax[e] = max |x| over member e's valid rows
 //   combine       out[t] = addend[t] + sum over j of w_j yp[row_of[a]], a = t K + j, w_j = gate[a]
 //                 (forward; the addend, when given, a residual block's skip path) or 1 (the
-//                 input gradient's un-permute); in FP32, one rounding at the store
+//                 input gradient's un-permute); in FP32, one rounding at the store. The
+//                 un-permute may also fold in the router's input gradient, dlogits[t] . W[:, c]
+//                 over the experts in index order (a BF16 router's dgrad, whose K = E is too
+//                 short for a GEMM to pay its launch and its [T][cols] output's round trip);
+//                 the sum starts with it: router term, then the choices
 //   combine_bwd   dyp[r] = gate[a] dy[t] (padding rows zero), dgate[a] = dy[t] . yp[r]; optional
 //                 amax[e] = max |dyp| over member e's valid rows (the stored values)
 //   router_bwd    dlogits[t][e] = p_e (g_e - sum_f p_f g_f), g_e = dgate of the choice of e
@@ -142,15 +146,18 @@ typedef struct moe_gather_args {
 QT_STATIC_ASSERT(sizeof(moe_gather_args) == 88, "moe_gather_args layout");
 
 typedef struct moe_combine_args {
-    uint64_t src;      // [capacity][cols] src_dtype: permuted rows
-    uint64_t row_of;   // u32 [tokens * topk]
-    uint64_t gate;     // f32 [tokens * topk], or 0: every weight 1
-    uint64_t addend;   // [tokens][cols] addend_dtype, or 0
-    uint64_t out;      // [tokens][cols] out_dtype, written
+    uint64_t src;       // [capacity][cols] src_dtype: permuted rows
+    uint64_t row_of;    // u32 [tokens * topk]
+    uint64_t gate;      // f32 [tokens * topk], or 0: every weight 1
+    uint64_t addend;    // [tokens][cols] addend_dtype, or 0
+    uint64_t out;       // [tokens][cols] out_dtype, written
+    uint64_t dlogits;   // [tokens][experts] dlogits_dtype: the router term's gradient, or 0
+    uint64_t router_w;  // bf16 [experts][router_w_cols]: the router's weight (with dlogits)
     uint32_t tokens, cols, topk;
     uint32_t src_dtype, addend_dtype, out_dtype;
+    uint32_t experts, dlogits_dtype, router_w_cols, reserved;
 } moe_combine_args;
-QT_STATIC_ASSERT(sizeof(moe_combine_args) == 64, "moe_combine_args layout");
+QT_STATIC_ASSERT(sizeof(moe_combine_args) == 96, "moe_combine_args layout");
 
 typedef struct moe_combine_bwd_args {
     uint64_t dy;          // [tokens][cols] dy_dtype: the layer output's gradient
@@ -270,10 +277,16 @@ QT_HD void qt_moe_router_grad(const moe_router_bwd_args *a, uint32_t t) {
     }
 }
 
-// One output element of combine: addend + sum over j of w_j src[row_of[t K + j]][c].
+// One output element of combine: addend + (router term) + sum over j of w_j
+// src[row_of[t K + j]][c], one FP32 fma chain in that order.
 QT_HD float qt_moe_combine_value(const moe_combine_args *a, uint32_t t, uint32_t c) {
     float acc = a->addend ? qt_act_load(a->addend, (uint64_t)t * a->cols + c, a->addend_dtype)
                           : 0.0f;
+    for (uint32_t e = 0; a->dlogits && e < a->experts; e++) {
+        float d = qt_act_load(a->dlogits, (uint64_t)t * a->experts + e, a->dlogits_dtype);
+        float wv = qt_act_load(a->router_w, (uint64_t)e * a->router_w_cols + c, QT_DTYPE_BF16);
+        acc = qt_fmaf(d, wv, acc);
+    }
     const uint32_t *row_of = (const uint32_t *)(uintptr_t)a->row_of;
     for (uint32_t j = 0; j < a->topk; j++) {
         uint64_t assignment = (uint64_t)t * a->topk + j;

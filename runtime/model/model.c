@@ -307,6 +307,13 @@ bool model_recompute_would_help(const model *m, uint32_t i) {
     return !m->recompute[i] && model_recompute_takes(m, i);
 }
 
+bool model_moe_router_dx_folded(const model *m, const model_moe *mo) {
+    const model_linear *router = &m->linears[mo->router];
+    return router->needs_dx && mo->experts <= MODEL_MOE_ROUTER_FOLD_EXPERTS &&
+           m->quantizers[router->q_grad].q.format == QT_FORMAT_BF16 &&
+           m->quantizers[router->q_weight].q.format == QT_FORMAT_BF16;
+}
+
 uint32_t model_gemm_format_of(qt_format f) { return qt_format_get(f)->gemm_format; }
 
 // Whether A x B runs on the kernel of their format (runtime/ops/op_gemm.c's rules): one format,
@@ -953,7 +960,12 @@ static void model_print_linear(const model *m, const model_linear *lin, const ch
                                int role_width, FILE *out) {
     fprintf(out, "      %sK %u", label, lin->in);
     if (lin->in_padded != lin->in) fprintf(out, " padded to %u", lin->in_padded);
-    fprintf(out, ", N %u, dgrad %s; GEMMs:", lin->out, lin->needs_dx ? "yes" : "no (first)");
+    const char *dgrad = !lin->needs_dx ? "no (first)" : "yes";
+    const model_moe *mo = lin->moe != UINT32_MAX ? &m->moes[lin->moe] : NULL;
+    if (mo && mo->router == (uint32_t)(lin - m->linears) && model_moe_router_dx_folded(m, mo)) {
+        dgrad = "in the un-permute (no GEMM)";
+    }
+    fprintf(out, ", N %u, dgrad %s; GEMMs:", lin->out, dgrad);
     for (int g = 0; g < MODEL_GEMM_COUNT; g++) {
         fprintf(out, " %s %s", model_gemm_names[g],
                 lin->path[g] == MODEL_GEMM_NATIVE ? "native" : "mixed(bf16)");

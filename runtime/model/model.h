@@ -442,6 +442,14 @@ bool model_param_owned(const model *m, uint32_t i);
 bool model_recompute_would_help(const model *m, uint32_t i);
 bool model_param_master_here(const model *m, uint32_t i);
 
+// Whether an moe layer's router takes no dgrad GEMM: its input gradient is folded into the
+// un-permute of the experts' input gradients (op_moe_router_term), where the router is BF16 in
+// both the gradient and the weight and has at most MODEL_MOE_ROUTER_FOLD_EXPERTS experts (the
+// weight's rows stay in L1 as every chunk of the un-permute reads them). A GEMM of K = experts
+// would write a [batch][width] tensor for the un-permute to read back.
+#define MODEL_MOE_ROUTER_FOLD_EXPERTS 16u
+bool model_moe_router_dx_folded(const model *m, const model_moe *mo);
+
 // Tensors of one quantizer: an moe layer's experts (fc1, fc2) have one per expert, each with its
 // own scale, amax and delayed-scaling slot; every other quantizer has one.
 uint32_t model_quantizer_tensors(const model *m, const model_quantizer *mq);

@@ -983,7 +983,7 @@ static qt_status mb_moe_forward(mb *b, uint32_t layer, model_tensor x, const mod
     op_moe_tensor addend = {OP_REF_NONE, QT_DTYPE_F32};
     if (skip != NULL) addend = (op_moe_tensor){skip->ref, skip->dtype};
     return op_moe_combine(b->p, what, &st->routing, mo->width, src, st->routing.gate, addend,
-                          out);
+                          NULL, out);
 }
 
 // Whether layer i is an moe layer that ends a residual block (layer i + 1 a `residual end`)
@@ -1388,9 +1388,11 @@ static qt_status mb_moe_expert_backward(mb *b, const char *name, const char *gem
 }
 
 // The router's gradients: dlogits through the softmax (the gates' gradient and the
-// load-balancing loss), dW, and when the layer needs its input's gradient, dx [tokens][width].
+// load-balancing loss), dW, and when the layer needs its input's gradient, dx [tokens][width],
+// or where the un-permute folds it in (model_moe_router_dx_folded), *term for that.
 static qt_status mb_moe_router_backward(mb *b, const char *name, const model_moe *mo,
-                                        const mb_moe *st, prog_ref dgate, model_tensor *dx) {
+                                        const mb_moe *st, prog_ref dgate, model_tensor *dx,
+                                        op_moe_router_term *term) {
     model *m = b->m;
     const model_linear *router = &m->linears[mo->router];
     const model_quantizer *qg = &m->quantizers[router->q_grad];
@@ -1415,6 +1417,12 @@ static qt_status mb_moe_router_backward(mb *b, const char *name, const model_moe
     QT_TRY(mb_gemm(b, what, MODEL_WGRAD, router, &g_col, &x_col, dw, OP_REF_NONE, OP_REF_NONE,
                    GEMM_DENSE, op_group_dense(), NULL));
     if (!router->needs_dx) return QT_OK;
+    if (model_moe_router_dx_folded(m, mo)) {
+        QT_ASSERT(prog_ref_present(dlq.bf16.ref) && prog_ref_present(w->weight.bf16.ref));
+        *term = (op_moe_router_term){{dlq.bf16.ref, QT_DTYPE_BF16}, w->weight.bf16.ref,
+                                     mo->experts, w->weight.bf16.cols};
+        return QT_OK;
+    }
     snprintf(what, sizeof what, "%s.router.dx", name);
     QT_TRY(mb_tensor(b, what, m->batch, mo->width, ARENA_CAT_ACTIVATIONS, dx));
     mb_operand g_row = mb_dense(qg, &dlq, m->batch, mo->experts, false);
@@ -1458,14 +1466,18 @@ static qt_status mb_moe_backward(mb *b, uint32_t layer, model_tensor dy, model_t
                           dh.amax));
     bool needs_dx = m->linears[mo->fc1].needs_dx;
     model_tensor dxp = {0}, dxr = {0};
+    op_moe_router_term term = {{OP_REF_NONE, QT_DTYPE_BF16}, OP_REF_NONE, 0, 0};
     QT_TRY(mb_moe_expert_backward(b, name, "fc1", mo->fc1, st, dh, needs_dx ? &dxp : NULL));
-    QT_TRY(mb_moe_router_backward(b, name, mo, st, dgate, &dxr));
+    QT_TRY(mb_moe_router_backward(b, name, mo, st, dgate, &dxr, &term));
     if (!needs_dx) return QT_OK;
     snprintf(what, sizeof what, "%s.dx", name);
     QT_TRY(mb_tensor(b, what, m->batch, mo->width, ARENA_CAT_ACTIVATIONS, dx));
+    bool folded = prog_ref_present(term.weight);
     op_moe_tensor src = {dxp.ref, dxp.dtype}, add = {dxr.ref, dxr.dtype};
+    if (folded) add = (op_moe_tensor){OP_REF_NONE, QT_DTYPE_F32};
     op_moe_tensor out = {dx->ref, dx->dtype};
-    return op_moe_combine(b->p, what, &st->routing, mo->width, src, OP_REF_NONE, add, out);
+    return op_moe_combine(b->p, what, &st->routing, mo->width, src, OP_REF_NONE, add,
+                          folded ? &term : NULL, out);
 }
 
 static qt_status mb_layer_backward(mb *b, uint32_t i, model_tensor dy, model_tensor *stack,

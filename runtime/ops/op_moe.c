@@ -157,7 +157,7 @@ qt_status op_moe_gather(program *p, const char *name, const op_moe_routing *r, o
 
 qt_status op_moe_combine(program *p, const char *name, const op_moe_routing *r, uint32_t cols,
                          op_moe_tensor src, prog_ref gate, op_moe_tensor addend,
-                         op_moe_tensor out) {
+                         const op_moe_router_term *router, op_moe_tensor out) {
     op_moe_check(r);
     QT_ASSERT(cols >= 1);
     op_moe_check_tensor(src);
@@ -171,6 +171,14 @@ qt_status op_moe_combine(program *p, const char *name, const op_moe_routing *r, 
     args.src_dtype = src.dtype;
     args.addend_dtype = has_addend ? addend.dtype : QT_DTYPE_F32;
     args.out_dtype = out.dtype;
+    if (router != NULL) {
+        op_moe_check_tensor(router->dlogits);
+        QT_ASSERT(router->experts == r->experts && router->weight_cols >= cols);
+        QT_ASSERT(prog_ref_present(router->weight));
+        args.experts = router->experts;
+        args.dlogits_dtype = router->dlogits.dtype;
+        args.router_w_cols = router->weight_cols;
+    }
     // A thread per chunk of 8 columns (per element when rows are not whole chunks) up to
     // OP_MOE_FLAT_BLOCKS_MAX blocks: op_shape_1d's OP_GRID_BLOCKS_MAX blocks (16 chunks a thread
     // at the bench's size) would be a full wave and a short second one at 5 resident blocks an
@@ -185,6 +193,14 @@ qt_status op_moe_combine(program *p, const char *name, const op_moe_routing *r, 
     QT_TRY(prog_use_optional(p, op, offsetof(moe_combine_args, gate), gate, 0, PROG_READ));
     QT_TRY(prog_use_optional(p, op, offsetof(moe_combine_args, addend), addend.ref, 0,
                              PROG_READ));
+    if (router != NULL) {
+        QT_TRY(prog_use_span(p, op, offsetof(moe_combine_args, dlogits), router->dlogits.ref,
+                             (uint64_t)r->tokens * r->experts *
+                                 qt_act_dtype_bytes(router->dlogits.dtype),
+                             PROG_READ));
+        QT_TRY(prog_use_span(p, op, offsetof(moe_combine_args, router_w), router->weight,
+                             2ull * r->experts * router->weight_cols, PROG_READ));
+    }
     return prog_use(p, op, offsetof(moe_combine_args, out), out.ref, PROG_WRITE);
 }
 

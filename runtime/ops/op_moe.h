@@ -71,11 +71,19 @@ typedef struct op_moe_tensor {
 qt_status op_moe_gather(program *p, const char *name, const op_moe_routing *r, op_moe_tensor x,
                         uint32_t cols, prog_ref out, prog_ref amax);
 
-// out [tokens][cols] = addend + sum over the choices of (gate or 1) src[row]; gate and addend
-// optional (arena NULL).
+// A BF16 router's input gradient, folded into the un-permute: dlogits [tokens][experts] times
+// the router's weight, BF16 [experts][weight_cols] (weight_cols >= the combine's cols).
+typedef struct op_moe_router_term {
+    op_moe_tensor dlogits;
+    prog_ref weight;
+    uint32_t experts, weight_cols;
+} op_moe_router_term;
+
+// out [tokens][cols] = addend + router term + sum over the choices of (gate or 1) src[row]; gate,
+// addend (arena NULL) and router (NULL) optional.
 qt_status op_moe_combine(program *p, const char *name, const op_moe_routing *r, uint32_t cols,
                          op_moe_tensor src, prog_ref gate, op_moe_tensor addend,
-                         op_moe_tensor out);
+                         const op_moe_router_term *router, op_moe_tensor out);
 
 // dyp [capacity][cols] and dgate f32 [tokens * topk] from dy [tokens][cols] and the experts'
 // outputs yp [capacity][cols]. amax (optional, f32 [E], zeroed before): each expert's max |dyp|
