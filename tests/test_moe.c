@@ -1990,6 +1990,67 @@ static void test_line_aligned_members(void) {
     test_end();
 }
 
+// Where the router's input gradient is folded into the un-permute (model_moe_router_dx_folded):
+// a BF16 router (gradient and weight) of at most MODEL_MOE_ROUTER_FOLD_EXPERTS experts in a
+// layer that needs its input's gradient. Then the train program has no router dgrad GEMM and no
+// router.dx tensor; elsewhere the GEMM stays (or, in the first layer with parameters, no input
+// gradient at all).
+static void test_router_dx_folded_where_bf16_and_few(void) {
+    test_begin("moe_router_dgrad_folded_where_bf16_and_few_experts");
+    static const struct {
+        const char *scheme, *rule;
+        uint32_t experts;
+        bool first, folded;
+    } cases[] = {
+        {"bf16", "", 8, false, true},
+        {"current", "", 8, false, true},  // the built-in recipes keep the router BF16
+        {"current", "", 16, false, true},
+        {"current", "", 17, false, false},
+        {"current", "", 64, false, false},
+        {"current", "rule = router.*@m.router -> current\n", 8, false, false},
+        {"bf16", "", 8, true, false},  // the first layer with parameters: no input gradient
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        static char text[TRAIN_TEXT_MAX];
+        snprintf(text, sizeof text, "[model]\ninput = 64\n%slayer = residual begin\nlayer = moe m "
+                 "experts=%u topk=2 hidden=64 act=gelu aux=0.01\nlayer = residual end\n"
+                 "layer = linear head 4\nloss = softmax_xent\n[quant]\nrecipe = %s\n%s"
+                 "[optim]\nadamw lr=1e-3\n[data]\ntrain = synthetic classes inputs=64 "
+                 "classes=4 samples=512 seed=3\nbatch = 128\nseed = 2\n[schedule]\ntrain 2\n",
+                 cases[i].first ? "" : "layer = linear fc0 64\n", cases[i].experts,
+                 cases[i].scheme, cases[i].rule);
+        run_options o = {0};
+        qt_status st = recipe_parse(text, strlen(text), "fold.recipe", &the_recipe);
+        if (st == QT_OK) st = test_run_plan(&the_run, &the_recipe, text, strlen(text), &o);
+        CHECK(st == QT_OK, "case %zu: %s", i, qt_error_message());
+        if (st != QT_OK) continue;
+        const model *m = &the_run.model;
+        const model_moe *mo = &m->moes[0];
+        const model_linear *router = &m->linears[mo->router];
+        bool bf16 = m->quantizers[router->q_grad].q.format == QT_FORMAT_BF16 &&
+                    m->quantizers[router->q_weight].q.format == QT_FORMAT_BF16;
+        CHECK(bf16 == (cases[i].rule[0] == '\0'), "case %zu: the router is %sBF16", i,
+              bf16 ? "" : "not ");
+        bool folded = model_moe_router_dx_folded(m, mo);
+        CHECK(folded == cases[i].folded, "case %zu (%s, %u experts): folded %d, expected %d", i,
+              cases[i].scheme, cases[i].experts, folded, cases[i].folded);
+        const program *p = &the_run.programs[MODEL_MODE_TRAIN];
+        bool gemm = false, unpermute = false;
+        for (uint32_t j = 0; j < p->op_count; j++) {
+            gemm |= strcmp(p->ops[j].name, "m.router.dgrad") == 0;
+            unpermute |= strcmp(p->ops[j].name, "m.dx") == 0;
+        }
+        arena_handle h;
+        bool tensor = region_named(&the_run.dev, "train.m.router.dx", &h) != NULL;
+        bool needs_dx = !cases[i].first;
+        CHECK(gemm == (needs_dx && !cases[i].folded) && tensor == gemm && unpermute == needs_dx,
+              "case %zu: router dgrad GEMM %d, router.dx tensor %d, un-permute %d", i, gemm,
+              tensor, unpermute);
+        run_close(&the_run);
+    }
+    test_end();
+}
+
 // ---------------------------------------------------------------------------------------------
 // GPU
 
@@ -2188,6 +2249,7 @@ int main(void) {
     TEST_UNIT(line_aligned_case(BACKEND_REF, 64));
     for (size_t i = 0; i < 6; i++) TEST_UNIT(test_gpu_train(schemes[i]));
     TEST_UNIT(line_aligned_case(BACKEND_GPU, 768));
+    TEST_UNIT(test_router_dx_folded_where_bf16_and_few());
     tmp_dir_remove();
     return test_exit_code();
 }
