@@ -516,17 +516,17 @@ static const model_quantizer *mb_next_cast(const mb *b, int64_t j, bool backward
     return &m->quantizers[backward ? lin->q_grad : lin->q_input];
 }
 
+// Whether cast q (NULL: none) is of a scheme whose amax a producer may take (current scaling;
+// NVFP4, depending on its columnwise copy), whatever the mode.
+static bool mb_cast_may_take_amax(const model_quantizer *q) {
+    return q != NULL && (q->q.scheme == QT_SCHEME_CURRENT || q->q.scheme == QT_SCHEME_NVFP4);
+}
+
 // Whether the producer of the tensor entering layer j (mb_next_cast) takes the amax that the
 // cast reads, as it writes the tensor, so that the cast makes no pass of its own over it: a
 // per-tensor current-scaling cast, or an NVFP4 one whose global amaxes are both max |x| (no RHT
 // columnwise copy, whose amax is the transform's; forward casts store that copy in training,
 // for wgrad, backward ones always). Never with model.amax_passes.
-// mb_cast_may_take_amax: whether cast q (NULL: none) is of a scheme whose amax a producer may
-// take (current scaling; NVFP4, depending on its columnwise copy), whatever the mode.
-static bool mb_cast_may_take_amax(const model_quantizer *q) {
-    return q != NULL && (q->q.scheme == QT_SCHEME_CURRENT || q->q.scheme == QT_SCHEME_NVFP4);
-}
-
 static bool mb_producer_serves(const mb *b, int64_t j, bool backward) {
     if (b->m->amax_passes) return false;
     const model_quantizer *q = mb_next_cast(b, j, backward);
@@ -1472,12 +1472,12 @@ static qt_status mb_moe_backward(mb *b, uint32_t layer, model_tensor dy, model_t
     if (!needs_dx) return QT_OK;
     snprintf(what, sizeof what, "%s.dx", name);
     QT_TRY(mb_tensor(b, what, m->batch, mo->width, ARENA_CAT_ACTIVATIONS, dx));
-    bool folded = prog_ref_present(term.weight);
+    // The router's input gradient: its own tensor as the addend, or its term (folded; dxr
+    // then absent, so no addend).
     op_moe_tensor src = {dxp.ref, dxp.dtype}, add = {dxr.ref, dxr.dtype};
-    if (folded) add = (op_moe_tensor){OP_REF_NONE, QT_DTYPE_F32};
     op_moe_tensor out = {dx->ref, dx->dtype};
     return op_moe_combine(b->p, what, &st->routing, mo->width, src, OP_REF_NONE, add,
-                          folded ? &term : NULL, out);
+                          prog_ref_present(term.weight) ? &term : NULL, out);
 }
 
 static qt_status mb_layer_backward(mb *b, uint32_t i, model_tensor dy, model_tensor *stack,
