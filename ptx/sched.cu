@@ -119,6 +119,61 @@ extern "C" __global__ void __launch_bounds__(QT_SCHED_THREADS)
     }
 }
 
+// Every thread reads the slot's header and indices, which nothing here writes (every write is at
+// or past inputs_offset), so there is no race. Inputs in 16-byte words where every row is whole
+// words (bytes otherwise): word w of the inputs is row w / words-per-row, from its sample's row or
+// zero; then the targets and the gaps.
+extern "C" __global__ void __launch_bounds__(QT_SCHED_THREADS)
+    qt_sched_gather(const __grid_constant__ sched_gather_args args) {
+    qt_grid_enter();
+    uint64_t counter = *(const volatile uint64_t *)args.counter;
+    uint8_t *slot = (uint8_t *)(args.slots + qt_sched_slot_offset(counter, args.slot_count,
+                                                                  args.slot_stride));
+    uint32_t dataset = qt_sched_gather_dataset(&args, slot);
+    if (dataset == QT_SCHED_DATASETS) return;  // rows the host staged
+    const sched_gather_dataset &d = args.datasets[dataset];
+    uint64_t thread = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    uint64_t grid = (uint64_t)gridDim.x * blockDim.x;
+    uint64_t row_bytes = (uint64_t)args.stride * args.elem_bytes;
+    uint64_t sample_bytes = (uint64_t)args.features * args.elem_bytes;
+    uint8_t *inputs = slot + args.inputs_offset;
+    bool words = row_bytes % 16 == 0 && sample_bytes % 16 == 0 && d.inputs % 16 == 0 &&
+                 (uintptr_t)inputs % 16 == 0;
+    uint64_t word_bytes = words ? 16 : 1, per_row = row_bytes / word_bytes;
+    for (uint64_t w = thread; w < (uint64_t)args.batch * per_row; w += grid) {
+        uint32_t index;
+        uint64_t c = w % per_row;
+        const uint8_t *src = qt_sched_gather_source(&args, slot, dataset,
+                                                    (uint32_t)(w / per_row), &index);
+        bool inside = src != 0 && c * word_bytes < sample_bytes;
+        if (words) {
+            *(uint4 *)(inputs + w * 16) = inside ? *(const uint4 *)(src + c * 16)
+                                                 : make_uint4(0u, 0u, 0u, 0u);
+        } else {
+            inputs[w] = inside ? src[c] : (uint8_t)0;
+        }
+    }
+    uint64_t per_target = args.target_type == 0 ? 1 : args.outputs;
+    for (uint64_t e = thread; e < (uint64_t)args.batch * per_target; e += grid) {
+        uint32_t index, r = (uint32_t)(e / per_target);
+        bool real = qt_sched_gather_source(&args, slot, dataset, r, &index) != 0;
+        if (args.target_type == 0) {
+            ((int32_t *)(slot + args.targets_offset))[e] =
+                real ? ((const int32_t *)d.targets)[index] : QT_SCHED_LABEL_PAD;
+        } else {
+            ((float *)(slot + args.targets_offset))[e] =
+                real ? ((const float *)d.targets)[(uint64_t)index * per_target + e % per_target]
+                     : 0.0f;
+        }
+    }
+    uint64_t inputs_end = args.inputs_offset + (uint64_t)args.batch * row_bytes;
+    uint64_t targets_end = args.targets_offset + (uint64_t)args.batch * per_target * 4;
+    uint64_t gap = args.targets_offset - inputs_end, tail = args.bytes - targets_end;
+    for (uint64_t b = thread; b < gap + tail; b += grid) {
+        slot[b < gap ? inputs_end + b : targets_end + (b - gap)] = 0;
+    }
+}
+
 // One warp: every lane reads the counter, the lanes write the record's arrays, lane 0 its
 // header; after a warp barrier (all reads of the counter done) lane 0 advances the counter.
 // The writes go to pinned host memory; the host reads them only after an event that follows

@@ -20,6 +20,14 @@
 //                       amax slots (sched_zero), the same grid striding
 //                       over their words, and may store the amax of the
 //                       inputs they write (sched_amax)
+//   qt_sched_gather     resident datasets (runtime/io/data.h): this step's  1-D grid-stride over
+//                       device slot, when its header says indices, gets     16-byte words (bytes
+//                       the rows and targets of those samples in place,     where rows are not
+//                       as the host would have staged them (zero past       whole words)
+//                       `features`, padding rows zero with label -1,
+//                       the gaps zero); a slot of rows is left as it is.
+//                       It runs before the staging op, which then reads
+//                       the slot as always
 //   qt_sched_record     the step's record into ring[counter % ring_len]    1 block x 32 threads
 //                       (pinned host memory; ptx/trace_record.h's ring
 //                       layout); counter += 1
@@ -121,6 +129,58 @@ QT_STATIC_ASSERT(offsetof(sched_copy_args, amax) == offsetof(sched_stage_u8_args
 
 #define QT_SCHED_STAGE_CHUNK 16u  // pixels per thread step: one 16-byte load, four float4 stores
 
+// The resident datasets a gather may read: data.h's DATA_DATASET_TRAIN and DATA_DATASET_EVAL.
+#define QT_SCHED_DATASETS 2u
+
+typedef struct sched_gather_dataset {
+    uint64_t inputs;   // (samples, features) u8 or f32; 0: no such dataset
+    uint64_t targets;  // labels i32 (samples) or targets f32 (samples, outputs)
+    uint64_t samples;  // an index at or past it stages as a padding row (the host writes none)
+} sched_gather_dataset;
+QT_STATIC_ASSERT(sizeof(sched_gather_dataset) == 24, "sched_gather_dataset layout");
+
+// The slot's parts are runtime/io/data.h's (data_slot_layout with an indices part).
+typedef struct sched_gather_args {
+    uint64_t counter;          // u64 device step counter, read
+    uint64_t slots;            // slot 0 of the device slots, read (header, indices) and written
+    uint64_t slot_stride;      // bytes from one slot to the next
+    sched_gather_dataset datasets[QT_SCHED_DATASETS];
+    uint64_t indices_offset;   // u32 [batch]
+    uint64_t inputs_offset;    // (batch, stride) elements of elem_bytes
+    uint64_t targets_offset;   // (batch) i32 or (batch, outputs) f32
+    uint64_t bytes;            // of one slot
+    uint32_t slot_count;       // >= 1: the slot is counter % slot_count
+    uint32_t batch, features, stride, outputs;
+    uint32_t target_type;      // DATA_TARGET_LABEL (0) or DATA_TARGET_VALUES (1)
+    uint32_t elem_bytes;       // 1 (u8 pixels) or 4 (f32)
+    uint32_t reserved;
+} sched_gather_args;
+QT_STATIC_ASSERT(sizeof(sched_gather_args) == 136, "sched_gather_args layout");
+
+#define QT_SCHED_INDEX_PAD 0xFFFFFFFFu  // data.h's DATA_INDEX_PAD
+#define QT_SCHED_LABEL_PAD (-1)         // data.h's DATA_LABEL_PAD
+#define QT_SCHED_HEADER_DATASET 44u     // offset of data_slot_header.dataset
+
+// The dataset row of slot row r: NULL for padding (the index pad, or one past the samples).
+QT_HD const uint8_t *qt_sched_gather_source(const sched_gather_args *a, const uint8_t *slot,
+                                             uint32_t dataset, uint32_t r, uint32_t *index) {
+    const sched_gather_dataset *d = &a->datasets[dataset];
+    uint32_t i = ((const uint32_t *)(const void *)(slot + a->indices_offset))[r];
+    *index = i;
+    if (i == QT_SCHED_INDEX_PAD || (uint64_t)i >= d->samples) return 0;
+    return (const uint8_t *)(uintptr_t)d->inputs + (uint64_t)i * a->features * a->elem_bytes;
+}
+
+// The dataset a slot's header names (k + 1), or QT_SCHED_DATASETS when it holds rows or names
+// a dataset the run keeps none of.
+QT_HD uint32_t qt_sched_gather_dataset(const sched_gather_args *a, const uint8_t *slot) {
+    uint32_t d = *(const uint32_t *)(const void *)(slot + QT_SCHED_HEADER_DATASET);
+    if (d == 0 || d > QT_SCHED_DATASETS || a->datasets[d - 1].inputs == 0) {
+        return QT_SCHED_DATASETS;
+    }
+    return d - 1;
+}
+
 typedef struct sched_record_args {
     uint64_t counter;     // u64 device step counter, read and incremented
     uint64_t ring;        // ring_len records of `quantizers` entries (qt_trace_ring_bytes)
@@ -159,6 +219,7 @@ QT_STATIC_ASSERT(sizeof(sched_inject_args) == 32, "sched_inject_args layout");
 #define QT_KERNELS_SCHED(X)                                                 \
     X(KERNEL_SCHED_COPY, sched, qt_sched_copy, sched_copy_args)            \
     X(KERNEL_SCHED_STAGE_U8, sched, qt_sched_stage_u8, sched_stage_u8_args) \
+    X(KERNEL_SCHED_GATHER, sched, qt_sched_gather, sched_gather_args)      \
     X(KERNEL_SCHED_RECORD, sched, qt_sched_record, sched_record_args)      \
     X(KERNEL_SCHED_CHECKSUM, sched, qt_sched_checksum, sched_checksum_args) \
     X(KERNEL_SCHED_INJECT, sched, qt_sched_inject, sched_inject_args)

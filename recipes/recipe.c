@@ -485,7 +485,7 @@ qt_status recipe_rule_parse(const char *text, size_t bytes, const char *file, ui
 typedef enum key_id {
     KEY_INPUT, KEY_LAYER, KEY_LOSS,         // [model]
     KEY_RECIPE, KEY_RULE, KEY_WEIGHT_T,     // [quant]
-    KEY_TRAIN, KEY_EVAL, KEY_BATCH, KEY_SEED,  // [data]
+    KEY_TRAIN, KEY_EVAL, KEY_BATCH, KEY_SEED, KEY_RESIDENT,  // [data]
     KEY_COUNT
 } key_id;
 
@@ -511,6 +511,7 @@ static const key_spec key_specs[KEY_COUNT] = {
     [KEY_EVAL] = {"eval", RECIPE_SECTION_DATA, false, false, "eval = SOURCE"},
     [KEY_BATCH] = {"batch", RECIPE_SECTION_DATA, false, true, "batch = N"},
     [KEY_SEED] = {"seed", RECIPE_SECTION_DATA, false, false, "seed = N"},
+    [KEY_RESIDENT] = {"resident", RECIPE_SECTION_DATA, false, false, "resident = off | on"},
 };
 
 static const char *const section_names[] = {
@@ -913,6 +914,13 @@ static qt_status parse_key_value(parser *p, key_id key, const token *v, uint32_t
         return expect_end(at, v, n, 1);
     case KEY_SEED:
         QT_TRY(parse_u64(at, &v[0], "seed", 0, UINT64_MAX, &r->data.seed));
+        return expect_end(at, v, n, 1);
+    case KEY_RESIDENT:
+        if (strcmp(v[0].text, "on") != 0 && strcmp(v[0].text, "off") != 0) {
+            return fail(at, v[0].col, "unknown resident '%.*s'; expected off or on",
+                        QUOTE_BYTES, v[0].text);
+        }
+        r->data.resident = strcmp(v[0].text, "on") == 0;
         return expect_end(at, v, n, 1);
     case KEY_COUNT: break;
     }

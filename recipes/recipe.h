@@ -46,6 +46,9 @@
 //   eval = SOURCE                            optional
 //   batch = N
 //   seed = N                                 optional, 0 (the shuffle seed)
+//   resident = off | on                      optional, off: on keeps the datasets in the
+//                                            device arena, and a step's batch is gathered
+//                                            there from its rows' indices (runtime/io/data.h)
 //     SOURCE = idx IMAGES LABELS             paths without blanks; .gz is read through zlib
 //            | npy FEATURES LABELS_OR_TARGETS   .npy files: features 2-D float32 or uint8;
 //                                           labels 1-D integers or targets 2-D float32
@@ -222,6 +225,7 @@ typedef struct recipe_data {
     recipe_source eval;          // kind NONE when not given
     uint32_t batch;
     uint64_t seed;
+    bool resident;               // `resident = on`
 } recipe_data;
 
 typedef enum recipe_mode { RECIPE_MODE_TRAIN, RECIPE_MODE_EVAL, RECIPE_MODE_INFER } recipe_mode;

@@ -490,6 +490,56 @@ static void test_declining_callback(void) {
     test_end();
 }
 
+// Resident datasets (`resident = on`) and batches an embedder gives on some steps: the given
+// batches are copied whole and the gather leaves them, the others are gathered on the device
+// from the recipe's datasets; the run's records are those of the same run without resident
+// datasets (the traces alike past their first line, which holds the recipe's hash).
+static qt_status every_third(void *ctx, qt_mode mode, uint64_t step, qt_batch *batch) {
+    feeder *f = ctx;
+    (void)mode;
+    f->calls++;
+    if (step % 3 == 0) embedded_batch(step, f->x, f->y, batch);
+    return QT_OK;
+}
+
+static bool same_records(const char *a, const char *b) {
+    size_t na = 0, nb = 0;
+    char *x = file_read(a, &na), *y = file_read(b, &nb);
+    const char *xa = x ? strchr(x, '\n') : NULL, *yb = y ? strchr(y, '\n') : NULL;
+    bool same = xa && yb && na - (size_t)(xa - x) == nb - (size_t)(yb - y) &&
+                memcmp(xa, yb, na - (size_t)(xa - x)) == 0 && na > (size_t)(xa - x) + 1;
+    free(x);
+    free(y);
+    return same;
+}
+
+static void test_resident_with_pushed_batches(void) {
+    test_begin("api_resident_datasets_and_given_batches_train_as_staged");
+    static char text[2][1024];
+    char traces[2][160];
+    for (int resident = 0; resident < 2; resident++) {
+        snprintf(traces[resident], sizeof traces[resident], "%s",
+                 tmp_path(resident ? "resident_given.trace" : "staged_given.trace"));
+        const char *cut = strstr(embedded_recipe, "batch = 8\n");
+        snprintf(text[resident], sizeof text[resident], "%.*strain = synthetic classes inputs=8 "
+                 "classes=3 samples=36 seed=3\neval = synthetic classes inputs=8 classes=3 "
+                 "samples=20 seed=4\nresident = %s\n%s", (int)(cut - embedded_recipe),
+                 embedded_recipe, resident ? "on" : "off", cut);
+        session s = {0};
+        qt_options o = trace_options(traces[resident]);
+        feeder f = {.calls = 0};
+        if (session_ok(session_open(&s, NULL, text[resident], &o, QT_DEVICE_REFERENCE),
+                       "open")) {
+            qt_on_data(s.rt, every_third, &f);
+            session_ok(qt_run(s.rt, NULL), "run");
+        }
+        session_close(&s);
+        CHECK(f.calls == 63, "%llu callbacks", (unsigned long long)f.calls);
+    }
+    CHECK(same_records(traces[0], traces[1]), "the resident run's records differ");
+    test_end();
+}
+
 static void test_batch_refusals(void) {
     test_begin("api_bad_batches_are_refused_by_name");
     session s = {0};
@@ -771,6 +821,7 @@ int main(void) {
     test_interleaved_runtimes();
     test_pushed_and_callback_batches();
     test_declining_callback();
+    test_resident_with_pushed_batches();
     test_batch_refusals();
     test_infer_matches_infer_row();
     test_save_and_resume();

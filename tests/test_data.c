@@ -958,15 +958,15 @@ static void test_slot_plan(void) {
     void *memory = idx_set(&set);
     // Slot: header 64 -> pixels at 256; 8 rows x 16 bytes = 128 -> labels at 512; 32 -> 768.
     // Device batch: 8 rows x 16 floats = 512 -> labels at 768; 32 -> 1024.
-    data_slot_layout l = data_slot_plan(&set.info, 8, 16);
+    data_slot_layout l = data_slot_plan(&set.info, 8, 16, false);
     CHECK(l.inputs_offset == 256 && l.targets_offset == 512 && l.bytes == 768 && l.stride == 16 &&
           l.input_type == DATA_INPUT_U8,
           "slot %" PRIu64 " %" PRIu64 " %" PRIu64, l.inputs_offset, l.targets_offset, l.bytes);
-    data_slot_layout b = data_batch_plan(&set.info, 8, 16);
+    data_slot_layout b = data_batch_plan(&set.info, 8, 16, false);
     CHECK(b.inputs_offset == 256 && b.targets_offset == 768 && b.bytes == 1024 &&
           b.input_type == DATA_INPUT_F32,
           "batch %" PRIu64 " %" PRIu64 " %" PRIu64, b.inputs_offset, b.targets_offset, b.bytes);
-    l = data_slot_plan(&set.info, 8, 0);
+    l = data_slot_plan(&set.info, 8, 0, false);
     CHECK(l.stride == FEATURES && l.targets_offset == 512, "stride 0 means features");
     CHECK(data_batches_per_epoch(37, 8) == 5 && data_batches_per_epoch(40, 8) == 5 &&
           data_batches_per_epoch(1, 8) == 1, "batches per epoch");
@@ -981,7 +981,7 @@ static void test_feed_train_and_resume(void) {
     test_begin("feed_train_and_resume");
     data_set set;
     void *memory = idx_set(&set);
-    data_slot_layout l = data_slot_plan(&set.info, 8, 16);
+    data_slot_layout l = data_slot_plan(&set.info, 8, 16, false);
     uint8_t *slot = aligned_alloc(DATA_ALIGN, l.bytes), *other = aligned_alloc(DATA_ALIGN, l.bytes);
     uint32_t *order = malloc(data_order_bytes(N)), *order2 = malloc(data_order_bytes(N));
     data_feed f, g;
@@ -1029,7 +1029,7 @@ static void test_feed_eval_covers_once(void) {
     data_set set;
     void *memory = idx_set(&set);
     for (uint32_t batch = 1; batch <= 40; batch += 3) {
-        data_slot_layout l = data_slot_plan(&set.info, batch, 0);
+        data_slot_layout l = data_slot_plan(&set.info, batch, 0, false);
         uint8_t *slot = aligned_alloc(DATA_ALIGN, l.bytes);
         data_feed f;
         data_feed_init(&f, &set, batch, false, 0, NULL);
@@ -1066,7 +1066,7 @@ static void test_feed_regression_padding(void) {
     qt_status status;
     void *memory = load(&src, 6, 2, &set, &status);
     CHECK(status == QT_OK, "load: %s", qt_error_message());
-    data_slot_layout l = data_slot_plan(&set.info, 4, 8);
+    data_slot_layout l = data_slot_plan(&set.info, 4, 8, false);
     uint8_t *slot = aligned_alloc(DATA_ALIGN, l.bytes);
     memset(slot, 0xFF, l.bytes);
     data_feed f;
@@ -1105,7 +1105,7 @@ static void test_stage_rows_like_feed(void) {
     for (int k = 0; k < 2; k++) {
         const data_set *set = &sets[k];
         uint32_t batch = 4, features = set->info.features;
-        data_slot_layout l = data_slot_plan(&set->info, batch, features + 2);
+        data_slot_layout l = data_slot_plan(&set->info, batch, features + 2, false);
         uint8_t *fed = aligned_alloc(DATA_ALIGN, l.bytes), *given = aligned_alloc(DATA_ALIGN,
                                                                                    l.bytes);
         memset(given, 0xAB, l.bytes);
@@ -1299,8 +1299,8 @@ static void stage_case(rig *rp, const stage_shape *sh) {
     info.outputs = 10;
     info.input_type = DATA_INPUT_U8;
     info.target_type = DATA_TARGET_LABEL;
-    data_slot_layout slot = data_slot_plan(&info, sh->rows, sh->stride);
-    data_slot_layout batch = data_batch_plan(&info, sh->rows, sh->stride);
+    data_slot_layout slot = data_slot_plan(&info, sh->rows, sh->stride, false);
+    data_slot_layout batch = data_batch_plan(&info, sh->rows, sh->stride, false);
     uint32_t pixels = sh->rows * sh->stride;
     arena_handle counter = rig_reserve(r, "counter", 8);
     arena_handle src = rig_reserve(r, "slots", 2 * slot.bytes);

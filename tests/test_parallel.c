@@ -251,8 +251,8 @@ static void test_batch_split(void) {
     set.info.target_type = DATA_TARGET_LABEL;
     set.inputs_f32 = inputs;
     set.labels = labels;
-    data_slot_layout whole = data_slot_plan(&set.info, BATCH, 0);
-    data_slot_layout share = data_slot_plan(&set.info, BATCH / WORLD, 0);
+    data_slot_layout whole = data_slot_plan(&set.info, BATCH, 0, false);
+    data_slot_layout share = data_slot_plan(&set.info, BATCH / WORLD, 0, false);
     static uint32_t order[WORLD + 1][SAMPLES];
     data_feed plain, feeds[WORLD];
     data_feed_init(&plain, &set, BATCH, true, 5, order[WORLD]);
@@ -538,6 +538,41 @@ static void test_two_ranks(const char *scheme) {
           (unsigned long long)jobs_a[0].master_optim_bytes,
           (unsigned long long)jobs_a[1].master_optim_bytes,
           (unsigned long long)jobs_1[0].master_optim_bytes);
+    test_end();
+}
+
+// Two ranks whose batches the device gathers from resident datasets (`resident = on`: each rank
+// stages its share's sample indices) train and evaluate as two that stage their rows: the same
+// records, every eval pass alike, bit for bit, and the same weights. The last batch of the
+// train set and of the eval set is partial, so a later rank's share holds padding only.
+static void test_two_ranks_resident(void) {
+    static char text[RECIPE_TEXT_MAX], resident[RECIPE_TEXT_MAX + 32];
+    begin_scheme_case("two_ranks_resident_like_staged", "bf16", text, sizeof text);
+    const char *seed = strstr(text, "\nseed = 11\n");
+    CHECK(seed != NULL, "no seed line in synthetic_tiny.recipe");
+    if (seed == NULL) {
+        test_end();
+        return;
+    }
+    size_t head = (size_t)(seed - text) + strlen("\nseed = 11\n");
+    snprintf(resident, sizeof resident, "%.*sresident = on\n%s", (int)head, text, text + head);
+    run_options o = {0};
+    o.steps_limit = 40;
+    if (!run_ranks("synthetic_tiny.recipe", text, 2, &o, jobs_a) ||
+        !run_ranks("synthetic_tiny.recipe", resident, 2, &o, jobs_b)) {
+        test_end();
+        return;
+    }
+    const step_log *a = &jobs_a[0].log, *b = &jobs_b[0].log;
+    CHECK(a->count == 40 && a->passes > 0, "%u train steps, %u eval passes", a->count,
+          a->passes);
+    CHECK(memcmp(a, b, sizeof *a) == 0, "resident and staged records differ");
+    CHECK(jobs_a[0].weights_hash == jobs_b[0].weights_hash &&
+              jobs_a[1].weights_hash == jobs_b[1].weights_hash,
+          "resident and staged weights differ");
+    CHECK(jobs_b[0].dev_bytes > jobs_a[0].dev_bytes, "the resident run's arena is no larger: "
+          "%llu bytes against %llu", (unsigned long long)jobs_b[0].dev_bytes,
+          (unsigned long long)jobs_a[0].dev_bytes);
     test_end();
 }
 
@@ -1494,6 +1529,7 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < sizeof schemes / sizeof schemes[0]; i++) test_two_ranks(schemes[i]);
     test_skip_together();
     test_two_ranks_per_step();
+    test_two_ranks_resident();
     for (size_t i = 0; i < sizeof schemes / sizeof schemes[0]; i++) {
         test_eval_only(schemes[i]);
         test_train_eval(schemes[i]);

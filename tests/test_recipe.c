@@ -145,7 +145,8 @@ static void test_example_moe_residual(void) {
     const recipe_source *t = &R.data.train;
     CHECK(t->kind == RECIPE_SOURCE_TEACHER && t->inputs == 64 && t->outputs == 16 &&
           t->samples == 4096 && t->seed == 7 && t->task == 7, "teacher (task = seed)");
-    CHECK(R.data.eval.samples == 512 && R.data.seed == 0, "eval source, default seed");
+    CHECK(R.data.eval.samples == 512 && R.data.seed == 0 && !R.data.resident,
+          "eval source, default seed, datasets not resident");
     CHECK(R.rows[0].lr_kind == RECIPE_LR_CONSTANT && R.rows[0].lr_from == 3e-4f &&
           R.rows[0].lr_to == 3e-4f, "constant row");
     CHECK(R.rows[2].lr_kind == RECIPE_LR_CONSTANT && R.rows[2].lr_from == 3e-4f,
@@ -445,6 +446,9 @@ static const error_case error_cases[] = {
      "for OUT, found '8x'"},
     {2, 'R', "input = 0", IN, "r.recipe:2:9: number out of range: expected input in [1, "
      "1048576], found 0"},
+    {13, 'I', "resident = yes", IN, "r.recipe:14:12: unknown resident 'yes'; expected off or "
+     "on"},
+    {13, 'I', "resident = on on", IN, "r.recipe:14:15: unexpected 'on'; expected end of line"},
     {13, 'R', "batch = 99999999999999999999999", IN, "r.recipe:13:9: number out of range: "
      "expected batch in [1, 65536], found 99999999999999999999999"},
     {10, 'R', "adamw lr=fast", IN, "r.recipe:10:10: bad number: expected a decimal number for "

@@ -1118,7 +1118,30 @@ typedef struct stage_setup {
     uint32_t batch;
     uint32_t eval_samples;  // the last batch is partial
     const char *label;
+    bool resident;          // `resident = on`: the device gathers each batch from its indices
 } stage_setup;
+
+// The run is resident as asked: both datasets on the device and a gather before every staging
+// op (or neither).
+static bool stage_resident_expected;
+
+static void stage_inspect(run *r, backend *b, void *ctx) {
+    (void)b;
+    (void)ctx;
+    bool want = stage_resident_expected;
+    const model_io *io = &r->model.io;
+    CHECK(io->slot.resident == want && io->datasets[DATA_DATASET_TRAIN].present == want &&
+              io->datasets[DATA_DATASET_EVAL].present == want,
+          "resident %d: the slot's %d, datasets %d %d", want, io->slot.resident,
+          io->datasets[DATA_DATASET_TRAIN].present, io->datasets[DATA_DATASET_EVAL].present);
+    for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
+        const program *p = &r->programs[mode];
+        if (!r->model.modes[mode] || p->op_count == 0) continue;
+        bool gather = p->ops[0].kernel == KERNEL_SCHED_GATHER;
+        CHECK(gather == want, "%s program: first op %s", model_mode_name((model_mode)mode),
+              p->ops[0].name);
+    }
+}
 
 // Trains nothing: runs `schedule` of the stage recipe on the given eval source into *log.
 static bool stage_run(const stage_setup *su, const char *eval_source, const char *schedule,
@@ -1138,13 +1161,15 @@ static bool stage_run(const stage_setup *su, const char *eval_source, const char
              "layer = gelu\nlayer = linear fc2 %u\nlayer = gelu\n"
              "layer = linear head %u bias\nloss = softmax_xent\n"
              "[quant]\nrecipe = bf16\n[optim]\nadamw\n"
-             "[data]\ntrain = %s\neval = %s\nbatch = %u\nseed = 5\n[schedule]\n%s\n",
+             "[data]\ntrain = %s\neval = %s\nbatch = %u\nseed = 5\nresident = %s\n"
+             "[schedule]\n%s\n",
              features, su->hidden, su->hidden, STAGE_OUTPUTS, train_source, eval_source,
-             su->batch, schedule);
+             su->batch, su->resident ? "on" : "off", schedule);
     memset(log, 0, sizeof *log);
     log->output_bytes = su->batch * STAGE_OUTPUTS * 2;
     train_case c = {.name = "stage.recipe", .text = text, .kind = su->kind,
-                    .progress = stage_record, .ctx = log};
+                    .progress = stage_record, .ctx = log, .inspect = stage_inspect};
+    stage_resident_expected = su->resident;
     c.options.eager = su->eager;
     sched_summary sum;
     if (!train(&c, &sum, why)) return false;
@@ -1228,13 +1253,18 @@ static void stage_case(const stage_setup *su, stage_log *other) {
     test_end();
 }
 
+// Each with the batches staged from the host and gathered on the device from resident datasets
+// (the second run must put out the first one's bits).
 static void test_stage_ref(void) {
     // Rows of 25 pixels (a partial 16-pixel chunk), 7 batches, the last one of 5 rows.
-    stage_setup su = {BACKEND_REF, false, true, 5, 24, 8, 53, "idx_ref"};
-    stage_case(&su, NULL);
-    su.idx = false;
-    su.label = "synthetic_ref";
-    stage_case(&su, NULL);
+    static stage_log staged;
+    static const char *const labels[4] = {"idx_ref", "idx_resident_ref", "synthetic_ref",
+                                           "synthetic_resident_ref"};
+    for (int i = 0; i < 4; i++) {
+        stage_setup su = {BACKEND_REF, false, i < 2, 5, 24, 8, 53, labels[i], i % 2 == 1};
+        if (i % 2 == 0) staged.steps = 0;
+        stage_case(&su, &staged);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1723,12 +1753,15 @@ static void test_gpu_no_sync(void) {
 // and the two give the same bits.
 static void test_gpu_stage(void) {
     static stage_log graphs;
-    for (int i = 0; i < 4; i++) {
-        static const char *const labels[4] = {"idx_graph", "idx_eager", "synthetic_graph",
-                                               "synthetic_eager"};
-        bool eager = i % 2 == 1;
-        stage_setup su = {BACKEND_GPU, eager, i < 2, 64, 8192, 256, 5 * 256 - 37, labels[i]};
-        if (!eager) graphs.steps = 0;
+    for (int i = 0; i < 8; i++) {
+        static const char *const labels[8] = {
+            "idx_graph",          "idx_eager",          "idx_resident_graph",
+            "idx_resident_eager", "synthetic_graph",    "synthetic_eager",
+            "synthetic_resident_graph", "synthetic_resident_eager"};
+        bool eager = i % 2 == 1, resident = i % 4 >= 2;
+        stage_setup su = {BACKEND_GPU, eager,      i < 4,     64,      8192,
+                          256,         5 * 256 - 37, labels[i], resident};
+        if (i % 4 == 0) graphs.steps = 0;  // graphs, eager, resident graphs and eager agree
         stage_case(&su, &graphs);
     }
 }

@@ -981,7 +981,7 @@ static uint64_t input_bytes(data_input_type type) {
 }
 
 static data_slot_layout slot_plan(const data_info *info, uint32_t batch, uint32_t stride,
-                                  data_input_type input_type) {
+                                  data_input_type input_type, bool resident) {
     QT_ASSERT(batch > 0);
     if (stride == 0) stride = info->features;
     QT_ASSERT(stride >= info->features);
@@ -993,7 +993,13 @@ static data_slot_layout slot_plan(const data_info *info, uint32_t batch, uint32_
     l.outputs = info->outputs;
     l.target_type = info->target_type;
     l.input_type = input_type;
+    l.resident = resident;
     l.inputs_offset = align_up(sizeof(data_slot_header), DATA_ALIGN);
+    if (resident) {
+        l.indices_offset = l.inputs_offset;
+        l.inputs_offset = align_up(l.indices_offset + (uint64_t)batch * sizeof(uint32_t),
+                                   DATA_ALIGN);
+    }
     l.targets_offset = align_up(l.inputs_offset + (uint64_t)batch * stride *
                                 input_bytes(input_type), DATA_ALIGN);
     uint64_t target_bytes = info->target_type == DATA_TARGET_LABEL
@@ -1002,12 +1008,19 @@ static data_slot_layout slot_plan(const data_info *info, uint32_t batch, uint32_
     return l;
 }
 
-data_slot_layout data_slot_plan(const data_info *info, uint32_t batch, uint32_t stride) {
-    return slot_plan(info, batch, stride, info->input_type);
+data_slot_layout data_slot_plan(const data_info *info, uint32_t batch, uint32_t stride,
+                                bool resident) {
+    return slot_plan(info, batch, stride, info->input_type, resident);
 }
 
-data_slot_layout data_batch_plan(const data_info *info, uint32_t batch, uint32_t stride) {
-    return slot_plan(info, batch, stride, DATA_INPUT_F32);
+data_slot_layout data_batch_plan(const data_info *info, uint32_t batch, uint32_t stride,
+                                 bool resident) {
+    return slot_plan(info, batch, stride, DATA_INPUT_F32, resident);
+}
+
+uint64_t data_slot_copy_bytes(const data_slot_layout *layout, const void *slot) {
+    const data_slot_header *h = slot;
+    return h->dataset != 0 ? layout->inputs_offset : layout->bytes;
 }
 
 static uint64_t slot_input_bytes(const data_slot_layout *l) {
@@ -1033,6 +1046,11 @@ void data_feed_share(data_feed *f, uint32_t rank, uint32_t world) {
     QT_ASSERT(world >= 1 && rank < world && f->batch % world == 0);
     f->share_rows = f->batch / world;
     f->share_first = rank * f->share_rows;
+}
+
+void data_feed_resident(data_feed *f, uint32_t dataset) {
+    QT_ASSERT(dataset == DATA_DATASET_TRAIN || dataset == DATA_DATASET_EVAL);
+    f->dataset = dataset + 1;
 }
 
 qt_status data_feed_seek(data_feed *f, data_cursor cursor) {
@@ -1083,7 +1101,7 @@ static void stage_gaps(const data_slot_layout *l, uint8_t *slot) {
     uint64_t target_bytes = l->target_type == DATA_TARGET_LABEL
                                 ? sizeof(int32_t) : (uint64_t)l->outputs * sizeof(float);
     uint64_t targets_end = l->targets_offset + l->batch * target_bytes;
-    memset(slot, 0, l->inputs_offset);
+    memset(slot, 0, l->inputs_offset);  // header and indices: the caller writes them after
     memset(slot + inputs_end, 0, l->targets_offset - inputs_end);
     memset(slot + targets_end, 0, l->bytes - targets_end);
 }
@@ -1111,8 +1129,9 @@ static void stage_rows(void *ctx, uint64_t begin, uint64_t end) {
 
 // The slot's first bytes: its rows and widths, and the cursor of its first row.
 static void stage_header(const data_slot_layout *l, uint32_t rows, uint32_t rows_global,
-                         data_cursor cursor, uint8_t *slot) {
+                         data_cursor cursor, uint32_t dataset, uint8_t *slot) {
     data_slot_header header = {
+        .dataset = dataset,
         .rows_valid = rows,
         .rows_global = rows_global,
         .batch = l->batch,
@@ -1156,7 +1175,7 @@ void data_stage_rows(const data_slot_layout *layout, uint32_t rows, const void *
                layout->features * elem);
     }
     stage_gaps(layout, bytes);
-    stage_header(layout, rows, rows, (data_cursor){UINT64_MAX, 0}, bytes);  // no dataset's cursor
+    stage_header(layout, rows, rows, (data_cursor){UINT64_MAX, 0}, 0, bytes);  // no dataset's
 }
 
 uint32_t data_feed_next(data_feed *f, const data_slot_layout *layout, void *slot) {
@@ -1176,15 +1195,26 @@ uint32_t data_feed_next(data_feed *f, const data_slot_layout *layout, void *slot
     uint32_t rows = rows_global <= f->share_first ? 0 : rows_global - f->share_first;
     if (rows > f->share_rows) rows = f->share_rows;
     uint8_t *bytes = slot;
-    // Each row is written by one task and its bytes depend on its sample alone, so the slot is
-    // the same on any number of threads.
-    uint64_t row_bytes = (uint64_t)layout->stride * slot_input_bytes(layout);
-    uint64_t grain = DATA_STAGE_BYTES_PER_TASK_MIN / (row_bytes ? row_bytes : 1) + 1;
-    stage_job job = {f, layout, bytes};
-    pool_for(rows, grain, stage_rows, &job);
-    for (uint32_t r = rows; r < f->share_rows; r++) stage_padding(layout, bytes, r);
-    stage_gaps(layout, bytes);
-    stage_header(layout, rows, rows_global, f->cursor, bytes);
+    if (f->dataset != 0) {
+        // Indices only: the device gathers the rows (qt_sched_gather) as stage_row would.
+        QT_ASSERT(layout->resident);
+        memset(bytes, 0, layout->inputs_offset);
+        uint32_t *index = (uint32_t *)(void *)(bytes + layout->indices_offset);
+        for (uint32_t r = 0; r < f->share_rows; r++) {
+            uint64_t at = f->cursor.position + f->share_first + r;
+            index[r] = r < rows ? (uint32_t)(f->shuffle ? f->order[at] : at) : DATA_INDEX_PAD;
+        }
+    } else {
+        // Each row is written by one task and its bytes depend on its sample alone, so the slot
+        // is the same on any number of threads.
+        uint64_t row_bytes = (uint64_t)layout->stride * slot_input_bytes(layout);
+        uint64_t grain = DATA_STAGE_BYTES_PER_TASK_MIN / (row_bytes ? row_bytes : 1) + 1;
+        stage_job job = {f, layout, bytes};
+        pool_for(rows, grain, stage_rows, &job);
+        for (uint32_t r = rows; r < f->share_rows; r++) stage_padding(layout, bytes, r);
+        stage_gaps(layout, bytes);
+    }
+    stage_header(layout, rows, rows_global, f->cursor, f->dataset, bytes);
     f->cursor.position += rows_global;
     if (f->cursor.position == samples) {
         f->cursor.epoch++;

@@ -61,6 +61,23 @@
 // nothing but (seed, epoch, samples), so a data_cursor {epoch, position} alone, saved in a
 // checkpoint, restores the exact sequence of batches.
 //
+// Resident datasets (`resident = on`, a decision of the recipe): the run also keeps each
+// dataset's inputs and targets (the dataset region's first two parts, as data_load laid them
+// out) in the device arena, and a feed made resident (data_feed_resident) fills a slot with
+// the batch's sample indices instead of its rows: the slot then has an indices part, u32
+// [batch] (DATA_INDEX_PAD for a padding row), between the header and the inputs, and only its
+// first inputs_offset bytes cross PCIe (data_slot_copy_bytes). The step's first op,
+// qt_sched_gather (ptx/sched_ops.h), writes into the device slot the very rows and targets that
+// data_feed_next would have staged on the host, so every later op sees the same bytes either
+// way. A slot whose header says rows (a batch an embedder pushed) is copied whole, and the gather
+// leaves it alone.
+//
+//   0                  256              inputs_offset        targets_offset          bytes
+//   +------------------+----------------+--------------------+-----------------------+
+//   | data_slot_header | indices u32    | inputs: written on | targets: likewise     |
+//   | (dataset = k+1)  | [batch]        | the device         |                       |
+//   +------------------+----------------+--------------------+-----------------------+
+//
 // Staging (runtime/schedule/schedule.h): the host fills the slot of step s + 1 while step s runs,
 // the copy engine moves the whole slot into a device copy of the same layout, and the step's first
 // op reads that copy. A feed only writes the slot it is given; the caller makes sure no copy still
@@ -86,6 +103,9 @@
 QT_STATIC_ASSERT(RECIPE_SAMPLES_MAX == DATA_SAMPLES_MAX, "the parser refuses what cannot be held");
 #define DATA_TEACHER_HIDDEN 32               // hidden width of the synthetic teacher network
 #define DATA_LABEL_PAD (-1)                  // the label of a padding row
+#define DATA_INDEX_PAD UINT32_MAX            // a resident slot's index of a padding row
+#define DATA_DATASET_TRAIN 0u                // resident datasets: the header's dataset - 1
+#define DATA_DATASET_EVAL 1u
 
 typedef enum data_input_type {
     DATA_INPUT_U8,   // IDX pixels, npy uint8 features; staged as x / 255
@@ -141,7 +161,8 @@ typedef struct data_slot_header {
     uint64_t position;
     uint32_t rows_global;     // real rows of the whole batch that this slot is a share of (data
                               // parallelism: every rank stages its share); rows_valid without
-    uint32_t reserved32;
+    uint32_t dataset;         // 0: the rows are in the slot; k + 1: the slot holds indices into
+                              // resident dataset k (DATA_DATASET_*)
     uint64_t reserved[2];
 } data_slot_header;
 QT_STATIC_ASSERT(sizeof(data_slot_header) == 64, "data_slot_header layout (read by the device)");
@@ -153,6 +174,8 @@ typedef struct data_slot_layout {
     uint32_t outputs;
     data_target_type target_type;
     data_input_type input_type;  // element type of the inputs part
+    bool resident;            // an indices part: the run's datasets are resident
+    uint64_t indices_offset;  // (batch) u32 when resident, else 0
     uint64_t inputs_offset;   // (batch, stride) u8 or f32
     uint64_t targets_offset;  // (batch) i32 or (batch, outputs) f32
     uint64_t bytes;           // a multiple of DATA_ALIGN
@@ -172,6 +195,9 @@ typedef struct data_feed {
     // shuffle on every rank; the cursor advances by the whole batch. A plain feed's share is the
     // batch.
     uint32_t share_first, share_rows;
+    // 0: the feed stages rows; k + 1: it stages indices into resident dataset k (its own set,
+    // which the run keeps on the device as that dataset).
+    uint32_t dataset;
 } data_feed;
 
 // Reads the headers of an IDX or .npy pair (or the parameters of a synthetic source), checks them
@@ -212,10 +238,15 @@ uint64_t data_batches_per_epoch(uint64_t samples, uint32_t batch);
 
 // The staging slot for `batch` rows of the model's widths, inputs in the dataset's type; stride
 // >= features is the row pitch in elements (the runtime pads the first layer's inner dimension
-// to the format's block; 0 = features).
-data_slot_layout data_slot_plan(const data_info *info, uint32_t batch, uint32_t stride);
+// to the format's block; 0 = features); resident: with an indices part (above).
+data_slot_layout data_slot_plan(const data_info *info, uint32_t batch, uint32_t stride,
+                                bool resident);
 // The device batch the slot is staged into: the same parts, FP32 inputs.
-data_slot_layout data_batch_plan(const data_info *info, uint32_t batch, uint32_t stride);
+data_slot_layout data_batch_plan(const data_info *info, uint32_t batch, uint32_t stride,
+                                 bool resident);
+// The bytes of a filled slot that the device needs: its first inputs_offset when it holds
+// indices, else all of it.
+uint64_t data_slot_copy_bytes(const data_slot_layout *layout, const void *slot);
 
 // Writes into order[0 .. samples) the visiting order of epoch `epoch`: Fisher-Yates over the
 // identity with j drawn from Philox keyed by (seed, epoch).
@@ -230,6 +261,9 @@ void data_feed_init(data_feed *f, const data_set *set, uint32_t batch, bool shuf
 // rows and rows_global the whole batch's, and the last partial batch of an epoch fills the
 // shares in rank order (a later rank may hold padding only).
 void data_feed_share(data_feed *f, uint32_t rank, uint32_t world);
+// Makes the feed stage indices into resident dataset `dataset` (DATA_DATASET_*), whose device
+// copy holds the feed's set; its slots must have an indices part.
+void data_feed_resident(data_feed *f, uint32_t dataset);
 // Moves the feed to a cursor, e.g. one loaded from a checkpoint. QT_ERR_MISMATCH when the
 // position is not below the dataset's samples (the checkpoint belongs to other data).
 qt_status data_feed_seek(data_feed *f, data_cursor cursor);

@@ -23,6 +23,9 @@ QT_STATIC_ASSERT(QT_TRACE_QUANTIZERS_MAX >= MODEL_QUANTIZERS_MAX, "trace records
 
 bool model_region_saved(const model *m, arena_handle h) {
     if (h == m->io.staged) return false;
+    for (int k = 0; k < 2; k++) {  // the data, which the run loads itself
+        if (m->io.datasets[k].present && h == m->io.datasets[k].region) return false;
+    }
     if (m->io.has_stage_fold && h == m->io.stage_fold) return false;  // zero between steps
     return !(m->modes[MODEL_MODE_TRAIN] && h == m->io.optim_table);
 }
@@ -804,8 +807,8 @@ static qt_status model_plan_params(model *m) {
 
 static qt_status model_plan_io(model *m, const model_options *o) {
     model_io *io = &m->io;
-    io->slot = data_slot_plan(o->data, m->batch, m->input_stride);
-    io->batch = data_batch_plan(o->data, m->batch, m->input_stride);
+    io->slot = data_slot_plan(o->data, m->batch, m->input_stride, o->resident);
+    io->batch = data_batch_plan(o->data, m->batch, m->input_stride, o->resident);
     io->lr_row_count = o->lr_row_count;
     model_place host = {m->host, "host", true, ARENA_CAT_STAGING, NULL};
     model_place dev = {m->dev, "step", true, ARENA_CAT_STAGING, NULL};
@@ -816,6 +819,19 @@ static qt_status model_plan_io(model *m, const model_options *o) {
     QT_TRY(model_region(&dev, "staged", MODEL_DEVICE_SLOTS * io->slot.bytes, ARENA_CAT_STAGING,
                         &ref));
     io->staged = ref.region;
+    const data_info *sets[2] = {o->data, o->eval_data};
+    for (int k = 0; o->resident && k < 2; k++) {
+        if (sets[k] == NULL) continue;
+        model_dataset *d = &io->datasets[k];
+        d->present = true;
+        d->samples = sets[k]->samples;
+        d->targets_offset = sets[k]->targets_offset;
+        d->bytes = sets[k]->targets_offset + sets[k]->targets_bytes;
+        model_place data = {m->dev, "data", true, ARENA_CAT_STAGING, NULL};
+        QT_TRY(model_region(&data, k == DATA_DATASET_TRAIN ? "train" : "eval", d->bytes,
+                            ARENA_CAT_STAGING, &ref));
+        d->region = ref.region;
+    }
     QT_TRY(model_region(&host, "records", MODEL_RING_LEN * qt_trace_ring_bytes(m->delayed_count),
                         ARENA_CAT_STAGING, &ref));
     io->ring = ref.region;

@@ -213,6 +213,16 @@ typedef struct model_linear {
 } model_linear;
 
 // The persistent plumbing of the step programs, reserved by model_plan.
+// A dataset the device keeps (recipe `resident = on`, runtime/io/data.h): its inputs and targets
+// as data_load laid them out, the first `bytes` of the dataset region, uploaded at bind.
+typedef struct model_dataset {
+    bool present;
+    arena_handle region;        // device, persistent, "data.train" or "data.eval"
+    uint64_t samples;
+    uint64_t targets_offset;    // data_info.targets_offset
+    uint64_t bytes;             // targets_offset + targets_bytes
+} model_dataset;
+
 typedef struct model_io {
     data_slot_layout slot;       // staging slot layout (data.h): inputs as the dataset has them
     data_slot_layout batch;      // the device batch the slot is staged into: FP32 inputs
@@ -235,6 +245,8 @@ typedef struct model_io {
     bool has_stage_fold;
     arena_handle stage_fold;
     uint32_t lr_row_count;
+    // Resident datasets (DATA_DATASET_TRAIN, DATA_DATASET_EVAL); slot.resident says whether any.
+    model_dataset datasets[2];
 } model_io;
 
 // Where MXFP8 and NVFP4 GEMMs run (the bits are the same either way: model.c,
@@ -261,6 +273,8 @@ typedef struct model_options {
     bool modes[MODEL_MODE_COUNT];    // modes in the schedule table
     uint32_t lr_row_count;           // >= 1
     const data_info *data;           // the training set (widths)
+    const data_info *eval_data;      // the eval set, or NULL
+    bool resident;                   // keep the datasets on the device (data.h)
     model_inject inject;
     // Data parallelism (runtime/parallel/parallel.h): this rank's communicator (NULL: one rank);
     // batch is then this rank's share of the global batch.

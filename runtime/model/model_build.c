@@ -1929,6 +1929,11 @@ static qt_status mb_stage_amax(mb *b, op_sched_amax *amax, const op_sched_amax *
     return QT_OK;
 }
 
+QT_STATIC_ASSERT(offsetof(data_slot_header, dataset) == QT_SCHED_HEADER_DATASET &&
+                     DATA_INDEX_PAD == QT_SCHED_INDEX_PAD && DATA_LABEL_PAD == QT_SCHED_LABEL_PAD &&
+                     DATA_DATASET_EVAL + 1 == QT_SCHED_DATASETS,
+                 "the gather (ptx/sched_ops.h) reads data.h's slots");
+
 // The first op of every step: this step's device slot (the counter's parity picks it; the copy
 // engine filled it from the pinned host slot, runtime/schedule/schedule.h) into the program's batch
 // region, a device-to-device pass (IDX pixels become FP32 x / 255 on the way), which may take
@@ -1949,6 +1954,30 @@ static qt_status mb_begin(mb *b, model *m, program *p, model_mode mode) {
     op_sched_amax amax_desc;
     const op_sched_amax *amax;
     QT_TRY(mb_stage_amax(b, &amax_desc, &amax));
+    if (slot->resident) {
+        op_sched_gather_desc g = {0};
+        g.counter = mb_dev(b, m->io.counter);
+        g.slots = src;
+        g.indices_offset = slot->indices_offset;
+        g.inputs_offset = slot->inputs_offset;
+        g.targets_offset = slot->targets_offset;
+        g.bytes = slot->bytes;
+        g.batch = slot->batch;
+        g.features = slot->features;
+        g.stride = slot->stride;
+        g.outputs = slot->outputs;
+        g.target_type = slot->target_type == DATA_TARGET_LABEL ? 0 : 1;
+        g.elem_bytes = slot->input_type == DATA_INPUT_U8 ? 1 : 4;
+        for (uint32_t k = 0; k < QT_SCHED_DATASETS; k++) {
+            const model_dataset *d = &m->io.datasets[k];
+            if (!d->present) continue;
+            g.datasets[k] = (op_sched_gather_dataset){mb_dev(b, d->region),
+                                                      mb_at(mb_dev(b, d->region),
+                                                            d->targets_offset),
+                                                      d->samples};
+        }
+        QT_TRY(op_sched_gather(p, "gather", &g));
+    }
     b->stage_op = p->op_count;
     if (slot->input_type == DATA_INPUT_U8) {
         op_sched_stage_desc d = {0};

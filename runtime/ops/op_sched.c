@@ -83,6 +83,52 @@ qt_status op_sched_stage_u8(program *p, const char *name, const op_sched_stage_d
                          PROG_READ);
 }
 
+qt_status op_sched_gather(program *p, const char *name, const op_sched_gather_desc *d) {
+    QT_ASSERT(d->slots.slots >= 1 && d->slots.stride >= d->bytes);
+    QT_ASSERT(d->elem_bytes == 1 || d->elem_bytes == 4);
+    QT_ASSERT(d->indices_offset + 4ull * d->batch <= d->inputs_offset &&
+              d->inputs_offset + (uint64_t)d->batch * d->stride * d->elem_bytes <=
+                  d->targets_offset &&
+              d->targets_offset + 4ull * d->batch * (d->target_type ? d->outputs : 1) <= d->bytes);
+    sched_gather_args args = {0};
+    args.slot_stride = d->slots.stride;
+    args.indices_offset = d->indices_offset;
+    args.inputs_offset = d->inputs_offset;
+    args.targets_offset = d->targets_offset;
+    args.bytes = d->bytes;
+    args.slot_count = d->slots.slots;
+    args.batch = d->batch;
+    args.features = d->features;
+    args.stride = d->stride;
+    args.outputs = d->outputs;
+    args.target_type = d->target_type;
+    args.elem_bytes = d->elem_bytes;
+    for (uint32_t k = 0; k < QT_SCHED_DATASETS; k++) {
+        args.datasets[k].samples = d->datasets[k].samples;
+    }
+    // One thread per 16 bytes of the inputs takes the longest loop in one round.
+    uint64_t words = ((uint64_t)d->batch * d->stride * d->elem_bytes + 15) / 16;
+    launch_shape shape = op_shape_1d(words, QT_SCHED_THREADS);
+    uint32_t op;
+    QT_TRY(prog_append(p, KERNEL_SCHED_GATHER, name, &shape, &args, sizeof args, &op));
+    QT_TRY(prog_use_span(p, op, offsetof(sched_gather_args, counter), d->counter, 8, PROG_READ));
+    uint64_t span = (uint64_t)(d->slots.slots - 1) * d->slots.stride + d->bytes;
+    QT_TRY(prog_use_span(p, op, offsetof(sched_gather_args, slots), d->slots.ref, span,
+                         PROG_READ_WRITE));
+    for (uint32_t k = 0; k < QT_SCHED_DATASETS; k++) {
+        const op_sched_gather_dataset *ds = &d->datasets[k];
+        if (!prog_ref_present(ds->inputs)) continue;
+        uint32_t at = (uint32_t)(offsetof(sched_gather_args, datasets) +
+                                 k * sizeof(sched_gather_dataset));
+        uint64_t target_bytes = d->target_type == 0 ? 4 : 4ull * d->outputs;
+        QT_TRY(prog_use_span(p, op, at + offsetof(sched_gather_dataset, inputs), ds->inputs,
+                             ds->samples * d->features * d->elem_bytes, PROG_READ));
+        QT_TRY(prog_use_span(p, op, at + offsetof(sched_gather_dataset, targets), ds->targets,
+                             ds->samples * target_bytes, PROG_READ));
+    }
+    return QT_OK;
+}
+
 qt_status op_sched_zero(program *p, uint32_t op, prog_ref slots, uint64_t bytes) {
     QT_ASSERT(bytes % 4 == 0 && bytes / 4 <= UINT32_MAX);
     if (!prog_counting(p)) {

@@ -60,6 +60,41 @@ void ref_qt_sched_stage_u8(const sched_stage_u8_args *a, const launch_shape *sha
     memmove(dst + a->dst_targets_offset, src + a->src_targets_offset, a->targets_bytes);
 }
 
+void ref_qt_sched_gather(const sched_gather_args *a, const launch_shape *shape) {
+    (void)shape;
+    uint64_t counter = *REF_PTR(const uint64_t, a->counter);
+    uint8_t *slot = REF_PTR(uint8_t, a->slots) +
+                    qt_sched_slot_offset(counter, a->slot_count, a->slot_stride);
+    uint32_t dataset = qt_sched_gather_dataset(a, slot);
+    if (dataset == QT_SCHED_DATASETS) return;  // rows the host staged
+    const sched_gather_dataset *d = &a->datasets[dataset];
+    uint64_t row_bytes = (uint64_t)a->stride * a->elem_bytes;
+    uint64_t sample_bytes = (uint64_t)a->features * a->elem_bytes;
+    uint64_t per_target = a->target_type == 0 ? 1 : a->outputs;
+    for (uint32_t r = 0; r < a->batch; r++) {
+        uint32_t index;
+        const uint8_t *src = qt_sched_gather_source(a, slot, dataset, r, &index);
+        uint8_t *row = slot + a->inputs_offset + r * row_bytes;
+        memset(row, 0, row_bytes);
+        if (src != NULL) memcpy(row, src, sample_bytes);
+        for (uint64_t o = 0; o < per_target; o++) {
+            uint64_t e = r * per_target + o;
+            if (a->target_type == 0) {
+                ((int32_t *)(void *)(slot + a->targets_offset))[e] =
+                    src ? REF_PTR(const int32_t, d->targets)[index] : QT_SCHED_LABEL_PAD;
+            } else {
+                ((float *)(void *)(slot + a->targets_offset))[e] =
+                    src ? REF_PTR(const float, d->targets)[(uint64_t)index * per_target + o]
+                        : 0.0f;
+            }
+        }
+    }
+    uint64_t inputs_end = a->inputs_offset + (uint64_t)a->batch * row_bytes;
+    uint64_t targets_end = a->targets_offset + (uint64_t)a->batch * per_target * 4;
+    memset(slot + inputs_end, 0, a->targets_offset - inputs_end);
+    memset(slot + targets_end, 0, a->bytes - targets_end);
+}
+
 void ref_qt_sched_record(const sched_record_args *a, const launch_shape *shape) {
     (void)shape;
     uint64_t *counter = REF_PTR(uint64_t, a->counter);

@@ -449,6 +449,8 @@ static qt_status run_plan_pass(run *r, run_carver *c) {
     run_modes(r, mo.modes);
     mo.lr_row_count = r->table.lr_count;
     mo.data = &r->train_info;
+    mo.eval_data = r->has_eval ? &r->eval_info : NULL;
+    mo.resident = rc->data.resident && r->has_train;
     QT_TRY(run_inject_plan(r, &mo.inject));
     QT_TRY(model_plan(&r->model, rc, &r->dev, &r->host, &mo));
     QT_TRY(run_plan_outputs(r));
@@ -599,6 +601,10 @@ qt_status run_load(run *r, void *memory, uint64_t bytes) {
         data_feed_init(&r->train_plain, &r->train_set, batch, false, 0, NULL);
         data_feed_share(&r->train_feed, r->dp.rank, r->dp.world);
         data_feed_share(&r->train_plain, r->dp.rank, r->dp.world);
+        if (r->model.io.datasets[DATA_DATASET_TRAIN].present) {
+            data_feed_resident(&r->train_feed, DATA_DATASET_TRAIN);
+            data_feed_resident(&r->train_plain, DATA_DATASET_TRAIN);
+        }
     }
     if (r->has_eval) {
         QT_TRY(run_source_status(r, &rc->data.eval,
@@ -607,6 +613,9 @@ qt_status run_load(run *r, void *memory, uint64_t bytes) {
                                            &r->eval_set)));
         data_feed_init(&r->eval_feed, &r->eval_set, batch, false, 0, NULL);
         data_feed_share(&r->eval_feed, r->dp.rank, r->dp.world);
+        if (r->model.io.datasets[DATA_DATASET_EVAL].present) {
+            data_feed_resident(&r->eval_feed, DATA_DATASET_EVAL);
+        }
     }
     if (r->options.golden_path) {
         QT_TRY(trace_check_load(&r->check, r->options.golden_path,
@@ -682,6 +691,16 @@ qt_status run_bind_given(run *r, backend *b, void *dev, uint64_t dev_bytes, void
     run_resolve(r);
     if (r->dp.world > 1) QT_TRY(run_open_parallel(r, b));
     double t2 = run_clock();
+    const data_set *sets[2] = {&r->train_set, &r->eval_set};
+    for (int k = 0; k < 2; k++) {  // resident datasets: their inputs and targets, once
+        const model_dataset *d = &r->model.io.datasets[k];
+        if (!d->present) continue;
+        const data_set *set = sets[k];
+        const uint8_t *inputs = set->inputs_u8 != NULL ? set->inputs_u8
+                                                       : (const uint8_t *)set->inputs_f32;
+        QT_TRY(backend_write(b, (prog_ref){&r->dev, d->region, 0},
+                             inputs - set->info.inputs_offset, d->bytes));
+    }
     if (r->model.modes[MODEL_MODE_TRAIN]) {
         prog_ref lr = {&r->dev, r->model.io.lr_rows, 0};
         QT_TRY(backend_write(b, lr, r->table.lr, r->table.lr_count * sizeof(optim_lr_row)));
@@ -1263,6 +1282,17 @@ void run_print_plan(const run *r, FILE *out) {
             r->has_eval ? "" : "\n");
     if (r->has_eval) {
         fprintf(out, ", eval %llu samples\n", (unsigned long long)r->eval_info.samples);
+    }
+    const model_io *io = &r->model.io;
+    if (io->slot.resident) {
+        uint64_t bytes = io->datasets[DATA_DATASET_TRAIN].bytes +
+                         (io->datasets[DATA_DATASET_EVAL].present
+                              ? io->datasets[DATA_DATASET_EVAL].bytes : 0);
+        fprintf(out, "data: resident on the device (%llu bytes: data.train%s); a step's copy is "
+                "its %llu bytes of header and sample indices, the step gathers the rows\n",
+                (unsigned long long)bytes,
+                io->datasets[DATA_DATASET_EVAL].present ? ", data.eval" : "",
+                (unsigned long long)io->slot.inputs_offset);
     }
     run_print_host_memory(r, out);
     prog_print(&r->init, out);

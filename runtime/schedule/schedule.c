@@ -529,8 +529,9 @@ static qt_status sched_stage(sched_loop *l, sched_at at) {
     QT_TRY(sched_fill(env, row->mode, feed, step, slot, &l->staged_valid));
     CUevent last_reader = step >= l->first + MODEL_DEVICE_SLOTS
                               ? l->events[(step - MODEL_DEVICE_SLOTS) % SCHED_LAG] : NULL;
-    QT_TRY(backend_copy_beside(env->backend, dev, host, bytes, last_reader,
-                               l->copied[step % MODEL_DEVICE_SLOTS]));
+    // A slot of indices crosses as its header and indices; the step gathers the rows.
+    QT_TRY(backend_copy_beside(env->backend, dev, host, data_slot_copy_bytes(&m->io.slot, slot),
+                               last_reader, l->copied[step % MODEL_DEVICE_SLOTS]));
     l->staged = step + 1;
     l->sum->batch_copies++;
     return QT_OK;
@@ -691,7 +692,7 @@ qt_status sched_step_outside(const sched_env *env, model_mode mode, sched_state 
     // The device slot the program reads at this step (by the counter's parity), through the
     // compute stream: nothing is in flight, so a copy that waits costs this step alone.
     prog_ref dev = {m->dev, m->io.staged, (step % MODEL_DEVICE_SLOTS) * bytes};
-    QT_TRY(backend_write(b, dev, slot, bytes));
+    QT_TRY(backend_write(b, dev, slot, data_slot_copy_bytes(&m->io.slot, slot)));
     bool checksum = mode == MODEL_MODE_TRAIN && env->checksum_every &&
                     (state->train_steps + 1) % env->checksum_every == 0;
     QT_TRY(sched_launch(env, mode, checksum));

@@ -36,7 +36,7 @@ static void check_status(qt_status s, const char *what) {
 // A few batches of the loaded set, shuffled and in order.
 static void draw(const data_set *set) {
     uint32_t batch = set->info.samples < 5 ? (uint32_t)set->info.samples : 5;
-    data_slot_layout layout = data_slot_plan(&set->info, batch, set->info.features);
+    data_slot_layout layout = data_slot_plan(&set->info, batch, set->info.features, false);
     uint8_t *slot = aligned_alloc(DATA_ALIGN, layout.bytes);
     uint64_t order_bytes = data_order_bytes(set->info.samples);
     uint32_t *order = aligned_alloc(DATA_ALIGN, order_bytes ? order_bytes : DATA_ALIGN);
