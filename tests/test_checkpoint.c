@@ -315,6 +315,33 @@ static void test_resume_bitwise(const format_case *f, backend_kind kind) {
     test_end();
 }
 
+// Resident datasets (`resident = on`): a stopped run resumes bit for bit at every row kind, as
+// one that stages its rows (the datasets are no checkpoint's: the resumed run uploads its own).
+static void test_resume_bitwise_resident(backend_kind kind) {
+    char name[96];
+    snprintf(name, sizeof name, "%sresume_bitwise_at_every_row_kind_resident",
+             kind == BACKEND_GPU ? "gpu_" : "");
+    static char text[RECIPE_TEXT_MAX + 32];
+    const char *base = resume_text("bf16", NULL), *at = strstr(base, "\nseed = 11\n");
+    test_begin(name);
+    CHECK(at != NULL, "no seed line in %s", RESUME_RECIPE);
+    if (at == NULL) {
+        test_end();
+        return;
+    }
+    size_t head = (size_t)(at - base) + strlen("\nseed = 11\n");
+    snprintf(text, sizeof text, "%.*sresident = on\n%s", (int)head, base, base + head);
+    char full[128];
+    temp_path(full, sizeof full, "full_resident.trace");
+    uint64_t digest = 0;
+    if (!full_run(text, kind, full, &digest)) {
+        test_skip(name, qt_error_message());
+        return;
+    }
+    for (size_t i = 0; i < STOPS_COUNT; i++) check_stop_resume(text, kind, stops[i], full, digest);
+    test_end();
+}
+
 // --save-every: the trace of the run with saves is the run's without them; the last save is at
 // the end, and resuming from it runs nothing.
 static void test_saves_change_nothing(void) {
@@ -1114,6 +1141,7 @@ int main(void) {
     for (size_t i = 0; i < FORMATS_COUNT; i++) {
         TEST_UNIT(test_resume_bitwise(&formats[i], BACKEND_REF));
     }
+    TEST_UNIT(test_resume_bitwise_resident(BACKEND_REF));
     TEST_UNIT(test_saves_change_nothing());
     TEST_UNIT(test_steps_cut());
     TEST_UNIT(test_golden_resume());
@@ -1125,6 +1153,7 @@ int main(void) {
     for (size_t i = 0; i < FORMATS_COUNT; i++) {
         TEST_UNIT(test_resume_bitwise(&formats[i], BACKEND_GPU));
     }
+    TEST_UNIT(test_resume_bitwise_resident(BACKEND_GPU));
     TEST_UNIT(test_gpu_syncs());
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_dir);
