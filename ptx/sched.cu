@@ -119,59 +119,76 @@ extern "C" __global__ void __launch_bounds__(QT_SCHED_THREADS)
     }
 }
 
-// Every thread reads the slot's header and indices, which nothing here writes (every write is at
-// or past inputs_offset), so there is no race. Inputs in 16-byte words where every row is whole
-// words (bytes otherwise): word w of the inputs is row w / words-per-row, from its sample's row or
-// zero; then the targets and the gaps.
+// Input quad q (4 consecutive inputs of a row; rows are whole quads) of the batch: loaded 16 or
+// 4 bytes at once where the row's source allows, else one by one; the same values either way.
+static __device__ __forceinline__ float4 sched_gather_quad(const sched_gather_args &a,
+                                                           const uint8_t *row, uint32_t j,
+                                                           uint32_t limit) {
+    if (row != 0 && j + 4 <= limit) {
+        if (a.elem_bytes == 4 && (uintptr_t)(row + 4ull * j) % 16 == 0) {
+            return *(const float4 *)(row + 4ull * j);
+        }
+        if (a.elem_bytes == 1 && (uintptr_t)(row + j) % 4 == 0) {
+            uint32_t w = *(const uint32_t *)(row + j);
+            return make_float4(qt_sched_pixel((uint8_t)w), qt_sched_pixel((uint8_t)(w >> 8)),
+                               qt_sched_pixel((uint8_t)(w >> 16)),
+                               qt_sched_pixel((uint8_t)(w >> 24)));
+        }
+    }
+    return make_float4(qt_sched_gather_value(&a, row, j, limit),
+                       qt_sched_gather_value(&a, row, j + 1, limit),
+                       qt_sched_gather_value(&a, row, j + 2, limit),
+                       qt_sched_gather_value(&a, row, j + 3, limit));
+}
+
+// Every thread reads the counter and the slot (header, indices, rows), which nothing here
+// writes: there is no race. The header region as 16-byte words, the inputs as quads of FP32
+// stores (one by one where rows are not whole quads), then the targets; every block takes part
+// in the amax fold.
 extern "C" __global__ void __launch_bounds__(QT_SCHED_THREADS)
     qt_sched_gather(const __grid_constant__ sched_gather_args args) {
     qt_grid_enter();
+    sched_zero_slots(args.zero);
     uint64_t counter = *(const volatile uint64_t *)args.counter;
-    uint8_t *slot = (uint8_t *)(args.slots + qt_sched_slot_offset(counter, args.slot_count,
-                                                                  args.slot_stride));
+    const uint8_t *slot = (const uint8_t *)(args.slots + qt_sched_slot_offset(
+                                                             counter, args.slot_count,
+                                                             args.slot_stride));
+    uint8_t *batch = (uint8_t *)args.batch;
     uint32_t dataset = qt_sched_gather_dataset(&args, slot);
-    if (dataset == QT_SCHED_DATASETS) return;  // rows the host staged
-    const sched_gather_dataset &d = args.datasets[dataset];
+    uint32_t limit = dataset == QT_SCHED_DATASETS ? args.stride : args.features;
     uint64_t thread = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
     uint64_t grid = (uint64_t)gridDim.x * blockDim.x;
-    uint64_t row_bytes = (uint64_t)args.stride * args.elem_bytes;
-    uint64_t sample_bytes = (uint64_t)args.features * args.elem_bytes;
-    uint8_t *inputs = slot + args.inputs_offset;
-    bool words = row_bytes % 16 == 0 && sample_bytes % 16 == 0 && d.inputs % 16 == 0 &&
-                 (uintptr_t)inputs % 16 == 0;
-    uint64_t word_bytes = words ? 16 : 1, per_row = row_bytes / word_bytes;
-    for (uint64_t w = thread; w < (uint64_t)args.batch * per_row; w += grid) {
-        uint32_t index;
-        uint64_t c = w % per_row;
-        const uint8_t *src = qt_sched_gather_source(&args, slot, dataset,
-                                                    (uint32_t)(w / per_row), &index);
-        bool inside = src != 0 && c * word_bytes < sample_bytes;
-        if (words) {
-            *(uint4 *)(inputs + w * 16) = inside ? *(const uint4 *)(src + c * 16)
-                                                 : make_uint4(0u, 0u, 0u, 0u);
-        } else {
-            inputs[w] = inside ? src[c] : (uint8_t)0;
+    for (uint64_t i = thread; i < args.inputs_offset / 16; i += grid) {
+        ((uint4 *)batch)[i] = ((const uint4 *)slot)[i];
+    }
+    float *inputs = (float *)(batch + args.inputs_offset);
+    float m = 0.0f;  // this thread's max |input| stored (sched_amax)
+    if (args.stride % 4 == 0) {
+        uint64_t quads = (uint64_t)args.stride / 4;
+        for (uint64_t q = thread; q < (uint64_t)args.rows * quads; q += grid) {
+            uint32_t index, r = (uint32_t)(q / quads), j = (uint32_t)(q % quads) * 4;
+            const uint8_t *row = qt_sched_gather_row(&args, slot, dataset, r, &index);
+            float4 v = sched_gather_quad(args, row, j, limit);
+            *(float4 *)(inputs + 4 * q) = v;
+            m = qt_fp8_amax_step(qt_fp8_amax_step(m, v.x), v.y);
+            m = qt_fp8_amax_step(qt_fp8_amax_step(m, v.z), v.w);
+        }
+    } else {
+        for (uint64_t e = thread; e < (uint64_t)args.rows * args.stride; e += grid) {
+            uint32_t index, r = (uint32_t)(e / args.stride), j = (uint32_t)(e % args.stride);
+            const uint8_t *row = qt_sched_gather_row(&args, slot, dataset, r, &index);
+            float v = qt_sched_gather_value(&args, row, j, limit);
+            inputs[e] = v;
+            m = qt_fp8_amax_step(m, v);
         }
     }
-    uint64_t per_target = args.target_type == 0 ? 1 : args.outputs;
-    for (uint64_t e = thread; e < (uint64_t)args.batch * per_target; e += grid) {
-        uint32_t index, r = (uint32_t)(e / per_target);
-        bool real = qt_sched_gather_source(&args, slot, dataset, r, &index) != 0;
-        if (args.target_type == 0) {
-            ((int32_t *)(slot + args.targets_offset))[e] =
-                real ? ((const int32_t *)d.targets)[index] : QT_SCHED_LABEL_PAD;
-        } else {
-            ((float *)(slot + args.targets_offset))[e] =
-                real ? ((const float *)d.targets)[(uint64_t)index * per_target + e % per_target]
-                     : 0.0f;
-        }
+    uint32_t per_row = args.target_type == 0 ? 1u : args.outputs;
+    uint32_t *targets = (uint32_t *)(batch + args.batch_targets_offset);
+    for (uint64_t e = thread; e < (uint64_t)args.rows * per_row; e += grid) {
+        targets[e] = qt_sched_gather_target(&args, slot, dataset, (uint32_t)(e / per_row),
+                                            (uint32_t)(e % per_row));
     }
-    uint64_t inputs_end = args.inputs_offset + (uint64_t)args.batch * row_bytes;
-    uint64_t targets_end = args.targets_offset + (uint64_t)args.batch * per_target * 4;
-    uint64_t gap = args.targets_offset - inputs_end, tail = args.bytes - targets_end;
-    for (uint64_t b = thread; b < gap + tail; b += grid) {
-        slot[b < gap ? inputs_end + b : targets_end + (b - gap)] = 0;
-    }
+    if (args.amax.out) sched_amax_fold(args.amax, m);
 }
 
 // One warp: every lane reads the counter, the lanes write the record's arrays, lane 0 its

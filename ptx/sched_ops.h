@@ -20,14 +20,15 @@
 //                       amax slots (sched_zero), the same grid striding
 //                       over their words, and may store the amax of the
 //                       inputs they write (sched_amax)
-//   qt_sched_gather     resident datasets (runtime/io/data.h): this step's  1-D grid-stride over
-//                       device slot, when its header says indices, gets     16-byte words (bytes
-//                       the rows and targets of those samples in place,     where rows are not
-//                       as the host would have staged them (zero past       whole words)
-//                       `features`, padding rows zero with label -1,
-//                       the gaps zero); a slot of rows is left as it is.
-//                       It runs before the staging op, which then reads
-//                       the slot as always
+//   qt_sched_gather     the staging op of a run with resident datasets      1-D grid-stride over
+//                       (runtime/io/data.h): the batch <- this step's       input quads
+//                       device slot's header region, and the rows and
+//                       targets its sample indices name, read from the
+//                       datasets' device copies (zero past `features`;
+//                       padding rows zero with label -1); a slot the
+//                       host filled with rows gives its own. IDX pixels
+//                       become x / 255. The same zeroing and amax as the
+//                       two above
 //   qt_sched_record     the step's record into ring[counter % ring_len]    1 block x 32 threads
 //                       (pinned host memory; ptx/trace_record.h's ring
 //                       layout); counter += 1
@@ -139,36 +140,90 @@ typedef struct sched_gather_dataset {
 } sched_gather_dataset;
 QT_STATIC_ASSERT(sizeof(sched_gather_dataset) == 24, "sched_gather_dataset layout");
 
-// The slot's parts are runtime/io/data.h's (data_slot_layout with an indices part).
+// The staging op of a run with resident datasets: the slot and the batch have runtime/io/data.h's
+// layouts with an indices part (the same header region, [0, inputs_offset), in both).
 typedef struct sched_gather_args {
+    sched_zero zero;           // first, as in the other staging ops (op_sched_zero sets it)
+    sched_amax amax;           // the batch inputs' amax; out 0 for none (first, count unused)
     uint64_t counter;          // u64 device step counter, read
-    uint64_t slots;            // slot 0 of the device slots, read (header, indices) and written
+    uint64_t slots;            // slot 0 of the device slots, read
     uint64_t slot_stride;      // bytes from one slot to the next
+    uint64_t batch;            // the device batch, written
     sched_gather_dataset datasets[QT_SCHED_DATASETS];
-    uint64_t indices_offset;   // u32 [batch]
-    uint64_t inputs_offset;    // (batch, stride) elements of elem_bytes
-    uint64_t targets_offset;   // (batch) i32 or (batch, outputs) f32
-    uint64_t bytes;            // of one slot
+    uint64_t inputs_offset;    // of both: the header region's end
+    uint64_t indices_offset;   // u32 [rows]
+    uint64_t slot_targets_offset, batch_targets_offset;
     uint32_t slot_count;       // >= 1: the slot is counter % slot_count
-    uint32_t batch, features, stride, outputs;
-    uint32_t target_type;      // DATA_TARGET_LABEL (0) or DATA_TARGET_VALUES (1)
-    uint32_t elem_bytes;       // 1 (u8 pixels) or 4 (f32)
+    uint32_t rows, features, stride, outputs;
+    uint32_t target_type;      // 0: labels i32 (rows), 1: targets f32 (rows, outputs)
+    uint32_t elem_bytes;       // the slot's and the datasets' inputs: 1 (u8 pixels) or 4 (f32)
     uint32_t reserved;
 } sched_gather_args;
-QT_STATIC_ASSERT(sizeof(sched_gather_args) == 136, "sched_gather_args layout");
+QT_STATIC_ASSERT(sizeof(sched_gather_args) == 192, "sched_gather_args layout");
+QT_STATIC_ASSERT(offsetof(sched_gather_args, zero) == 0 &&
+                     offsetof(sched_gather_args, amax) == offsetof(sched_copy_args, amax),
+                 "the staging ops' zero spans and amaxes share their places");
 
 #define QT_SCHED_INDEX_PAD 0xFFFFFFFFu  // data.h's DATA_INDEX_PAD
 #define QT_SCHED_LABEL_PAD (-1)         // data.h's DATA_LABEL_PAD
 #define QT_SCHED_HEADER_DATASET 44u     // offset of data_slot_header.dataset
 
-// The dataset row of slot row r: NULL for padding (the index pad, or one past the samples).
-QT_HD const uint8_t *qt_sched_gather_source(const sched_gather_args *a, const uint8_t *slot,
-                                             uint32_t dataset, uint32_t r, uint32_t *index) {
+#define QT_KERNELS_SCHED(X)                                                 \
+    X(KERNEL_SCHED_COPY, sched, qt_sched_copy, sched_copy_args)            \
+    X(KERNEL_SCHED_STAGE_U8, sched, qt_sched_stage_u8, sched_stage_u8_args) \
+    X(KERNEL_SCHED_GATHER, sched, qt_sched_gather, sched_gather_args)      \
+    X(KERNEL_SCHED_RECORD, sched, qt_sched_record, sched_record_args)      \
+    X(KERNEL_SCHED_CHECKSUM, sched, qt_sched_checksum, sched_checksum_args) \
+    X(KERNEL_SCHED_INJECT, sched, qt_sched_inject, sched_inject_args)
+
+// An IDX pixel as the model sees it: one IEEE division, correctly rounded. It is monotonic, so
+// the largest value staged is the largest pixel's: the staging op's amax needs one conversion.
+QT_HD float qt_sched_pixel(uint8_t value) { return (float)value / 255.0f; }
+
+// Byte offsets of this step's slots.
+QT_HD uint64_t qt_sched_slot_offset(uint64_t counter, uint32_t slots, uint64_t stride) {
+    return (counter % slots) * stride;
+}
+
+// Row r's inputs, elem_bytes each, `features` of them: its sample's row in resident dataset
+// `dataset`, or the slot's own row r when dataset is QT_SCHED_DATASETS (a batch the host
+// staged whole, zero past features already); NULL for a padding row of a gathered batch (the
+// index pad, or one at or past the samples). *index gets the sample's index.
+QT_HD const uint8_t *qt_sched_gather_row(const sched_gather_args *a, const uint8_t *slot,
+                                         uint32_t dataset, uint32_t r, uint32_t *index) {
+    if (dataset == QT_SCHED_DATASETS) {
+        *index = r;
+        return slot + a->inputs_offset + (uint64_t)r * a->stride * a->elem_bytes;
+    }
     const sched_gather_dataset *d = &a->datasets[dataset];
     uint32_t i = ((const uint32_t *)(const void *)(slot + a->indices_offset))[r];
     *index = i;
     if (i == QT_SCHED_INDEX_PAD || (uint64_t)i >= d->samples) return 0;
     return (const uint8_t *)(uintptr_t)d->inputs + (uint64_t)i * a->features * a->elem_bytes;
+}
+
+// Input j of a row as the batch holds it: an IDX pixel's x / 255, an FP32 value as it is; zero
+// past the row's features (a gathered row) or in a padding row.
+QT_HD float qt_sched_gather_value(const sched_gather_args *a, const uint8_t *row, uint32_t j,
+                                  uint32_t limit) {
+    if (row == 0 || j >= limit) return 0.0f;
+    if (a->elem_bytes == 1) return qt_sched_pixel(row[j]);
+    return ((const float *)(const void *)row)[j];
+}
+
+// Target e (of outputs per row, or the row's label) of row r as the batch holds it.
+QT_HD uint32_t qt_sched_gather_target(const sched_gather_args *a, const uint8_t *slot,
+                                      uint32_t dataset, uint32_t r, uint32_t e) {
+    uint32_t per_row = a->target_type == 0 ? 1u : a->outputs;
+    if (dataset == QT_SCHED_DATASETS) {
+        return ((const uint32_t *)(const void *)(slot + a->slot_targets_offset))
+            [(uint64_t)r * per_row + e];
+    }
+    uint32_t index;
+    const uint8_t *row = qt_sched_gather_row(a, slot, dataset, r, &index);
+    if (row == 0) return a->target_type == 0 ? (uint32_t)QT_SCHED_LABEL_PAD : 0u;
+    return ((const uint32_t *)(uintptr_t)a->datasets[dataset].targets)
+        [(uint64_t)index * per_row + e];
 }
 
 // The dataset a slot's header names (k + 1), or QT_SCHED_DATASETS when it holds rows or names
@@ -216,22 +271,6 @@ typedef struct sched_inject_args {
 } sched_inject_args;
 QT_STATIC_ASSERT(sizeof(sched_inject_args) == 32, "sched_inject_args layout");
 
-#define QT_KERNELS_SCHED(X)                                                 \
-    X(KERNEL_SCHED_COPY, sched, qt_sched_copy, sched_copy_args)            \
-    X(KERNEL_SCHED_STAGE_U8, sched, qt_sched_stage_u8, sched_stage_u8_args) \
-    X(KERNEL_SCHED_GATHER, sched, qt_sched_gather, sched_gather_args)      \
-    X(KERNEL_SCHED_RECORD, sched, qt_sched_record, sched_record_args)      \
-    X(KERNEL_SCHED_CHECKSUM, sched, qt_sched_checksum, sched_checksum_args) \
-    X(KERNEL_SCHED_INJECT, sched, qt_sched_inject, sched_inject_args)
-
-// An IDX pixel as the model sees it: one IEEE division, correctly rounded. It is monotonic, so
-// the largest value staged is the largest pixel's: the staging op's amax needs one conversion.
-QT_HD float qt_sched_pixel(uint8_t value) { return (float)value / 255.0f; }
-
-// Byte offsets of this step's slots.
-QT_HD uint64_t qt_sched_slot_offset(uint64_t counter, uint32_t slots, uint64_t stride) {
-    return (counter % slots) * stride;
-}
 
 // Everything of a record but the amax and scale arrays, written field by field (the record
 // lives in pinned host memory; a device thread writes it through unified addressing).

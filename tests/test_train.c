@@ -1267,6 +1267,48 @@ static void test_stage_ref(void) {
     }
 }
 
+// A whole run with resident datasets gives the records of the same run staging its rows, in the
+// formats whose first cast takes the staging op's amax (current, NVFP4) and the others, with
+// partial batches in both datasets (batch 24 of 512 train and 64 eval samples): the traces are
+// the same past their first line (which holds the recipe's hash).
+static bool same_past_first_line(const char *a, const char *b) {
+    static char ta[1 << 20], tb[1 << 20];
+    size_t na = 0, nb = 0;
+    if (!read_file(a, ta, sizeof ta, &na) || !read_file(b, tb, sizeof tb, &nb)) return false;
+    const char *xa = memchr(ta, '\n', na), *xb = memchr(tb, '\n', nb);
+    return xa && xb && na - (size_t)(xa - ta) == nb - (size_t)(xb - tb) &&
+           memcmp(xa, xb, na - (size_t)(xa - ta)) == 0 && na > (size_t)(xa - ta) + 1;
+}
+
+static void test_resident_traces(backend_kind kind) {
+    static const char *const schemes[] = {"bf16", "current", "delayed", "nvfp4", "mxfp8"};
+    char name[80];
+    snprintf(name, sizeof name, "%sresident_datasets_train_like_staged_rows",
+             kind == BACKEND_GPU ? "gpu_" : "");
+    test_begin(name);
+    for (size_t i = 0; i < sizeof schemes / sizeof schemes[0]; i++) {
+        static char base[RECIPE_TEXT_MAX], text[2][RECIPE_TEXT_MAX];
+        char traces[2][160];
+        CHECK(recipe_text_for("tests/recipes/synthetic_tiny.recipe", schemes[i], base,
+                              sizeof base), "cannot read synthetic_tiny.recipe");
+        bool ok = text_lines_replaced(base, "batch = 16", "batch = 24", text[0],
+                                      sizeof text[0]) &&
+                  text_lines_replaced(text[0], "seed = 11", "seed = 11\nresident = on", text[1],
+                                      sizeof text[1]);
+        CHECK(ok, "cannot make the resident recipe");
+        if (!ok) break;
+        for (int r = 0; r < 2; r++) {
+            trace_path(traces[r], sizeof traces[r], r ? "resident" : "staged");
+            if (!train_traced(name, "synthetic_tiny.recipe", text[r], kind, 50, traces[r])) {
+                return;
+            }
+        }
+        CHECK(same_past_first_line(traces[0], traces[1]), "%s: the resident run's records "
+              "differ", schemes[i]);
+    }
+    test_end();
+}
+
 // ---------------------------------------------------------------------------------------------
 // The step's amax slots (runtime/model/model.h, model_amax_slots)
 
@@ -1968,6 +2010,7 @@ int main(void) {
     TEST_UNIT(test_weight_transpose(BACKEND_REF, "block_mxfp8_grads"));
     TEST_UNIT(test_weight_transpose(BACKEND_REF, "mxfp8"));
     TEST_UNIT(test_stage_ref());
+    TEST_UNIT(test_resident_traces(BACKEND_REF));
     for (size_t i = 0; i < sizeof slot_cases / sizeof slot_cases[0]; i++) {
         TEST_UNIT(test_amax_slots(BACKEND_REF, slot_cases[i][0], slot_cases[i][1],
                                   slot_cases[i][2]));
@@ -1991,6 +2034,7 @@ int main(void) {
                              "layer = gelu", "train.gelu#10.y_again", "gelu_bf16"));
     TEST_UNIT(test_gpu_no_sync());
     TEST_UNIT(test_gpu_stage());
+    TEST_UNIT(test_resident_traces(BACKEND_GPU));
     TEST_UNIT(test_gpu_memory_constant());
     TEST_UNIT(test_weight_transpose(BACKEND_GPU, "current"));
     TEST_UNIT(test_weight_transpose(BACKEND_GPU, "delayed"));

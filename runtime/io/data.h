@@ -66,16 +66,17 @@
 // out) in the device arena, and a feed made resident (data_feed_resident) fills a slot with
 // the batch's sample indices instead of its rows: the slot then has an indices part, u32
 // [batch] (DATA_INDEX_PAD for a padding row), between the header and the inputs, and only its
-// first inputs_offset bytes cross PCIe (data_slot_copy_bytes). The step's first op,
-// qt_sched_gather (ptx/sched_ops.h), writes into the device slot the very rows and targets that
-// data_feed_next would have staged on the host, so every later op sees the same bytes either
-// way. A slot whose header says rows (a batch an embedder pushed) is copied whole, and the gather
-// leaves it alone.
+// first inputs_offset bytes cross PCIe (data_slot_copy_bytes). The step's staging op,
+// qt_sched_gather (ptx/sched_ops.h), builds the device batch from the slot's header and the rows
+// and targets its indices name, the very values the other staging ops make of a slot that
+// data_feed_next filled with rows, so every later op sees the same bytes either way. A slot
+// whose header says rows (a batch an embedder pushed) is copied whole, and the gather stages it
+// as it is.
 //
 //   0                  256              inputs_offset        targets_offset          bytes
 //   +------------------+----------------+--------------------+-----------------------+
-//   | data_slot_header | indices u32    | inputs: written on | targets: likewise     |
-//   | (dataset = k+1)  | [batch]        | the device         |                       |
+//   | data_slot_header | indices u32    | inputs: not filled | targets: not filled   |
+//   | (dataset = k+1)  | [batch]        | nor copied         | nor copied            |
 //   +------------------+----------------+--------------------+-----------------------+
 //
 // Staging (runtime/schedule/schedule.h): the host fills the slot of step s + 1 while step s runs,

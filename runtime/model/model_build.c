@@ -1954,15 +1954,21 @@ static qt_status mb_begin(mb *b, model *m, program *p, model_mode mode) {
     op_sched_amax amax_desc;
     const op_sched_amax *amax;
     QT_TRY(mb_stage_amax(b, &amax_desc, &amax));
+    b->stage_op = p->op_count;
     if (slot->resident) {
         op_sched_gather_desc g = {0};
         g.counter = mb_dev(b, m->io.counter);
         g.slots = src;
-        g.indices_offset = slot->indices_offset;
+        g.batch = batch;
+        g.slot_bytes = slot->bytes;
+        g.batch_bytes = layout->bytes;
+        QT_ASSERT(slot->inputs_offset == layout->inputs_offset &&
+                  slot->indices_offset == layout->indices_offset);
         g.inputs_offset = slot->inputs_offset;
-        g.targets_offset = slot->targets_offset;
-        g.bytes = slot->bytes;
-        g.batch = slot->batch;
+        g.indices_offset = slot->indices_offset;
+        g.slot_targets_offset = slot->targets_offset;
+        g.batch_targets_offset = layout->targets_offset;
+        g.rows = slot->batch;
         g.features = slot->features;
         g.stride = slot->stride;
         g.outputs = slot->outputs;
@@ -1971,15 +1977,13 @@ static qt_status mb_begin(mb *b, model *m, program *p, model_mode mode) {
         for (uint32_t k = 0; k < QT_SCHED_DATASETS; k++) {
             const model_dataset *d = &m->io.datasets[k];
             if (!d->present) continue;
-            g.datasets[k] = (op_sched_gather_dataset){mb_dev(b, d->region),
-                                                      mb_at(mb_dev(b, d->region),
-                                                            d->targets_offset),
+            prog_ref data = mb_dev(b, d->region);
+            g.datasets[k] = (op_sched_gather_dataset){data, mb_at(data, d->targets_offset),
                                                       d->samples};
         }
-        QT_TRY(op_sched_gather(p, "gather", &g));
-    }
-    b->stage_op = p->op_count;
-    if (slot->input_type == DATA_INPUT_U8) {
+        g.amax = amax;
+        QT_TRY(op_sched_gather(p, "stage", &g));
+    } else if (slot->input_type == DATA_INPUT_U8) {
         op_sched_stage_desc d = {0};
         d.counter = mb_dev(b, m->io.counter);
         d.dst = batch;

@@ -84,20 +84,25 @@ qt_status op_sched_stage_u8(program *p, const char *name, const op_sched_stage_d
 }
 
 qt_status op_sched_gather(program *p, const char *name, const op_sched_gather_desc *d) {
-    QT_ASSERT(d->slots.slots >= 1 && d->slots.stride >= d->bytes);
+    uint32_t per_row = d->target_type == 0 ? 1u : d->outputs;
+    QT_ASSERT(d->slots.slots >= 1 && d->slots.stride >= d->slot_bytes);
     QT_ASSERT(d->elem_bytes == 1 || d->elem_bytes == 4);
-    QT_ASSERT(d->indices_offset + 4ull * d->batch <= d->inputs_offset &&
-              d->inputs_offset + (uint64_t)d->batch * d->stride * d->elem_bytes <=
-                  d->targets_offset &&
-              d->targets_offset + 4ull * d->batch * (d->target_type ? d->outputs : 1) <= d->bytes);
+    QT_ASSERT(d->inputs_offset % 16 == 0 && d->batch.offset % 16 == 0 &&
+              d->slots.ref.offset % 16 == 0 && d->slots.stride % 16 == 0);
+    QT_ASSERT(d->indices_offset + 4ull * d->rows <= d->inputs_offset &&
+              d->inputs_offset + (uint64_t)d->rows * d->stride * d->elem_bytes <=
+                  d->slot_targets_offset &&
+              d->slot_targets_offset + 4ull * d->rows * per_row <= d->slot_bytes &&
+              d->inputs_offset + 4ull * d->rows * d->stride <= d->batch_targets_offset &&
+              d->batch_targets_offset + 4ull * d->rows * per_row <= d->batch_bytes);
     sched_gather_args args = {0};
     args.slot_stride = d->slots.stride;
-    args.indices_offset = d->indices_offset;
     args.inputs_offset = d->inputs_offset;
-    args.targets_offset = d->targets_offset;
-    args.bytes = d->bytes;
+    args.indices_offset = d->indices_offset;
+    args.slot_targets_offset = d->slot_targets_offset;
+    args.batch_targets_offset = d->batch_targets_offset;
     args.slot_count = d->slots.slots;
-    args.batch = d->batch;
+    args.rows = d->rows;
     args.features = d->features;
     args.stride = d->stride;
     args.outputs = d->outputs;
@@ -106,25 +111,26 @@ qt_status op_sched_gather(program *p, const char *name, const op_sched_gather_de
     for (uint32_t k = 0; k < QT_SCHED_DATASETS; k++) {
         args.datasets[k].samples = d->datasets[k].samples;
     }
-    // One thread per 16 bytes of the inputs takes the longest loop in one round.
-    uint64_t words = ((uint64_t)d->batch * d->stride * d->elem_bytes + 15) / 16;
-    launch_shape shape = op_shape_1d(words, QT_SCHED_THREADS);
+    // One thread per input quad takes the longest loop in one round.
+    launch_shape shape = op_shape_1d(((uint64_t)d->rows * d->stride + 3) / 4, QT_SCHED_THREADS);
     uint32_t op;
     QT_TRY(prog_append(p, KERNEL_SCHED_GATHER, name, &shape, &args, sizeof args, &op));
     QT_TRY(prog_use_span(p, op, offsetof(sched_gather_args, counter), d->counter, 8, PROG_READ));
-    uint64_t span = (uint64_t)(d->slots.slots - 1) * d->slots.stride + d->bytes;
+    uint64_t span = (uint64_t)(d->slots.slots - 1) * d->slots.stride + d->slot_bytes;
     QT_TRY(prog_use_span(p, op, offsetof(sched_gather_args, slots), d->slots.ref, span,
-                         PROG_READ_WRITE));
+                         PROG_READ));
+    QT_TRY(prog_use_span(p, op, offsetof(sched_gather_args, batch), d->batch, d->batch_bytes,
+                         PROG_WRITE));
+    QT_TRY(op_sched_amax_use(p, op, d->amax));
     for (uint32_t k = 0; k < QT_SCHED_DATASETS; k++) {
         const op_sched_gather_dataset *ds = &d->datasets[k];
         if (!prog_ref_present(ds->inputs)) continue;
         uint32_t at = (uint32_t)(offsetof(sched_gather_args, datasets) +
                                  k * sizeof(sched_gather_dataset));
-        uint64_t target_bytes = d->target_type == 0 ? 4 : 4ull * d->outputs;
         QT_TRY(prog_use_span(p, op, at + offsetof(sched_gather_dataset, inputs), ds->inputs,
                              ds->samples * d->features * d->elem_bytes, PROG_READ));
         QT_TRY(prog_use_span(p, op, at + offsetof(sched_gather_dataset, targets), ds->targets,
-                             ds->samples * target_bytes, PROG_READ));
+                             ds->samples * per_row * 4, PROG_READ));
     }
     return QT_OK;
 }
@@ -133,7 +139,8 @@ qt_status op_sched_zero(program *p, uint32_t op, prog_ref slots, uint64_t bytes)
     QT_ASSERT(bytes % 4 == 0 && bytes / 4 <= UINT32_MAX);
     if (!prog_counting(p)) {
         kernel_id k = prog_op_at(p, op)->kernel;
-        QT_ASSERT(k == KERNEL_SCHED_COPY || k == KERNEL_SCHED_STAGE_U8);
+        QT_ASSERT(k == KERNEL_SCHED_COPY || k == KERNEL_SCHED_STAGE_U8 ||
+                  k == KERNEL_SCHED_GATHER);
     }
     uint32_t words = (uint32_t)(bytes / 4);
     prog_args_set(p, op, offsetof(sched_zero, words), &words, sizeof words);

@@ -49,11 +49,12 @@ typedef struct op_sched_stage_desc {
 } op_sched_stage_desc;
 qt_status op_sched_stage_u8(program *p, const char *name, const op_sched_stage_desc *d);
 
-// Resident datasets (runtime/io/data.h): this step's slot of `slots` (a device slot with an
-// indices part; the parts' offsets and widths as ptx/sched_ops.h's sched_gather_args) gets the
-// rows and targets its indices name, from the datasets' device copies (inputs and targets as
-// data_load laid them out; an absent dataset's refs absent), in place; a slot of rows is left
-// alone. Appended before the staging op, which reads the slot.
+// The staging op of a run with resident datasets (runtime/io/data.h; ptx/sched_ops.h,
+// qt_sched_gather): the device batch `batch` <- this step's slot of `slots`, whose rows are
+// gathered from the datasets' device copies by the slot's sample indices (inputs and targets as
+// data_load laid them out; an absent dataset's refs absent), or are the slot's own when the host
+// staged them whole. IDX pixels become x / 255. amax: NULL, or the batch inputs' (first, count
+// unused).
 typedef struct op_sched_gather_dataset {
     prog_ref inputs, targets;  // inputs absent: no such dataset
     uint64_t samples;
@@ -61,16 +62,21 @@ typedef struct op_sched_gather_dataset {
 typedef struct op_sched_gather_desc {
     prog_ref counter;     // u64
     op_sched_slots slots;
-    uint64_t indices_offset, inputs_offset, targets_offset, bytes;  // of one slot
-    uint32_t batch, features, stride, outputs;
+    prog_ref batch;
+    uint64_t slot_bytes, batch_bytes;
+    uint64_t inputs_offset, indices_offset;  // of both layouts
+    uint64_t slot_targets_offset, batch_targets_offset;
+    uint32_t rows, features, stride, outputs;
     uint32_t target_type;  // 0: labels i32, 1: targets f32 [outputs] a row
-    uint32_t elem_bytes;   // of an input: 1 (u8 pixels) or 4 (f32)
+    uint32_t elem_bytes;   // of the slot's and the datasets' inputs: 1 (u8 pixels) or 4 (f32)
     op_sched_gather_dataset datasets[QT_SCHED_DATASETS];  // train, eval
+    const op_sched_amax *amax;
 } op_sched_gather_desc;
 qt_status op_sched_gather(program *p, const char *name, const op_sched_gather_desc *d);
 
 // `bytes` of `slots` (the step's amax slots, ptx/sched_ops.h sched_zero; a multiple of 4) set to
-// +0 by `op`, the step's staging op appended earlier (op_sched_copy or op_sched_stage_u8), in
+// +0 by `op`, the step's staging op appended earlier (op_sched_copy, op_sched_stage_u8 or
+// op_sched_gather), in
 // the same launch as its copy. Declared once the program's other ops are built (prog_use_late):
 // the region is whole then, and its declared write orders every later use of the slots after
 // the op, so no producer of the step merges into a slot before it is zeroed.

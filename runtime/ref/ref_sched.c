@@ -62,37 +62,32 @@ void ref_qt_sched_stage_u8(const sched_stage_u8_args *a, const launch_shape *sha
 
 void ref_qt_sched_gather(const sched_gather_args *a, const launch_shape *shape) {
     (void)shape;
+    ref_sched_zero_slots(&a->zero);
     uint64_t counter = *REF_PTR(const uint64_t, a->counter);
-    uint8_t *slot = REF_PTR(uint8_t, a->slots) +
-                    qt_sched_slot_offset(counter, a->slot_count, a->slot_stride);
+    const uint8_t *slot = REF_PTR(const uint8_t, a->slots) +
+                          qt_sched_slot_offset(counter, a->slot_count, a->slot_stride);
+    uint8_t *batch = REF_PTR(uint8_t, a->batch);
     uint32_t dataset = qt_sched_gather_dataset(a, slot);
-    if (dataset == QT_SCHED_DATASETS) return;  // rows the host staged
-    const sched_gather_dataset *d = &a->datasets[dataset];
-    uint64_t row_bytes = (uint64_t)a->stride * a->elem_bytes;
-    uint64_t sample_bytes = (uint64_t)a->features * a->elem_bytes;
-    uint64_t per_target = a->target_type == 0 ? 1 : a->outputs;
-    for (uint32_t r = 0; r < a->batch; r++) {
+    uint32_t limit = dataset == QT_SCHED_DATASETS ? a->stride : a->features;
+    memmove(batch, slot, a->inputs_offset);
+    float *inputs = (float *)(void *)(batch + a->inputs_offset);
+    float m = 0.0f;
+    for (uint32_t r = 0; r < a->rows; r++) {
         uint32_t index;
-        const uint8_t *src = qt_sched_gather_source(a, slot, dataset, r, &index);
-        uint8_t *row = slot + a->inputs_offset + r * row_bytes;
-        memset(row, 0, row_bytes);
-        if (src != NULL) memcpy(row, src, sample_bytes);
-        for (uint64_t o = 0; o < per_target; o++) {
-            uint64_t e = r * per_target + o;
-            if (a->target_type == 0) {
-                ((int32_t *)(void *)(slot + a->targets_offset))[e] =
-                    src ? REF_PTR(const int32_t, d->targets)[index] : QT_SCHED_LABEL_PAD;
-            } else {
-                ((float *)(void *)(slot + a->targets_offset))[e] =
-                    src ? REF_PTR(const float, d->targets)[(uint64_t)index * per_target + o]
-                        : 0.0f;
-            }
+        const uint8_t *row = qt_sched_gather_row(a, slot, dataset, r, &index);
+        for (uint32_t j = 0; j < a->stride; j++) {
+            float v = qt_sched_gather_value(a, row, j, limit);
+            inputs[(uint64_t)r * a->stride + j] = v;
+            m = qt_fp8_amax_step(m, v);
         }
     }
-    uint64_t inputs_end = a->inputs_offset + (uint64_t)a->batch * row_bytes;
-    uint64_t targets_end = a->targets_offset + (uint64_t)a->batch * per_target * 4;
-    memset(slot + inputs_end, 0, a->targets_offset - inputs_end);
-    memset(slot + targets_end, 0, a->bytes - targets_end);
+    uint32_t per_row = a->target_type == 0 ? 1u : a->outputs;
+    uint32_t *targets = (uint32_t *)(void *)(batch + a->batch_targets_offset);
+    for (uint64_t e = 0; e < (uint64_t)a->rows * per_row; e++) {
+        targets[e] = qt_sched_gather_target(a, slot, dataset, (uint32_t)(e / per_row),
+                                            (uint32_t)(e % per_row));
+    }
+    if (a->amax.out != 0) ref_sched_amax_store(&a->amax, m);
 }
 
 void ref_qt_sched_record(const sched_record_args *a, const launch_shape *shape) {
