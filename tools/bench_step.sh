@@ -167,7 +167,10 @@ table=$logs/bench_step.md
                 head -n 1)
         flop=$("$python" tools/peer_torch.py --parse-only "$recipe" |
                sed -n 's/.* \([0-9]*\) FLOP per step.*/\1/p')
-        peak=$(json_field "$(peer_line "$peer" compile)" peak_model_bytes)
+        # A resident recipe's arena holds its dataset, as PyTorch's peak does: compare whole.
+        peak_field=peak_model_bytes
+        grep -q '^resident = on' "$recipe" && peak_field=peak_bytes
+        peak=$(json_field "$(peer_line "$peer" compile)" $peak_field)
         eager=$(peer_ms "$peer" eager)
         compiled=$(peer_ms "$peer" compile)
         fp8=$(peer_ms "$peer" fp8)

@@ -35,7 +35,7 @@ are slices of it.
 Each mode warms up (compilation included), then times --steps steps (at least 30) with CUDA events
 around each step and reports the median and mean ms/step, TFLOP/s of the step counted as
 6 x batch x (weights of every linear), and torch.cuda.max_memory_allocated over the mode, also
-less the dataset's bytes (which qtrain keeps in host memory).
+less the dataset's bytes (which qtrain keeps in host memory unless the recipe says `resident = on`).
 
 A recipe whose training data is `idx` (Fashion-MNIST, recipes/fashion_mnist_*.recipe) trains its
 whole schedule with the step in one CUDA graph (BF16 autocast, fused capturable AdamW, the
