@@ -433,12 +433,45 @@ __device__ __noinline__ float act_lut_miss(float v) {
     return qt_act_lut_value(kAct, kBackward, v);
 }
 
-// Element v (a BF16 value) forward, or its dx with dy backward.
+// The table's value at v (a BF16 value), or the function's outside the table.
+template <uint32_t kAct, bool kBackward>
+__device__ __forceinline__ float act_lut_lookup(const float *table, float v) {
+    uint32_t e = qt_act_lut_entry(v);
+    return e < QT_ACT_LUT_ENTRIES ? table[e] : act_lut_miss<kAct, kBackward>(v);
+}
+
+// Element v forward, or its dx with dy backward.
 template <uint32_t kAct, bool kBackward>
 __device__ __forceinline__ float act_lut_apply(const float *table, float v, float dy) {
-    uint32_t e = qt_act_lut_entry(v);
-    float f = e < QT_ACT_LUT_ENTRIES ? table[e] : act_lut_miss<kAct, kBackward>(v);
+    float f = act_lut_lookup<kAct, kBackward>(table, v);
     return kBackward ? dy * f : f;
+}
+
+// A block's table of kAct's values (kBackward: its derivative's) at the table's inputs; the
+// caller's barrier publishes it.
+template <uint32_t kAct, bool kBackward>
+__device__ __forceinline__ void act_lut_fill(float *table) {
+    for (uint32_t e = threadIdx.x; e < QT_ACT_LUT_ENTRIES; e += QT_ACT_LUT_THREADS) {
+        table[e] = qt_act_lut_value(kAct, kBackward, qt_act_lut_input(e));
+    }
+}
+
+// The table's values of a chunk of eight BF16 inputs as loaded (xw): the eight entries straight
+// from the words with one test for the chunk, and the per-element lookup, with the function
+// itself outside the table, only for a chunk with an input outside it.
+template <uint32_t kAct, bool kBackward>
+__device__ __forceinline__ void act_lut_chunk_values(const float *table, uint4 xw, float f[8]) {
+    uint32_t h[8], offset[8];
+    if (qt_act_lut_chunk(xw, h, offset) < QT_ACT_LUT_SIGN_ENTRIES) {
+        // every offset is in the table: its bits are all below bit 11
+#pragma unroll
+        for (int k = 0; k < 8; k++) f[k] = table[qt_act_lut_entry_of(h[k], offset[k])];
+        return;
+    }
+    float v[8];
+    act_unpack8_bf16(xw, v);
+#pragma unroll
+    for (int k = 0; k < 8; k++) f[k] = act_lut_lookup<kAct, kBackward>(table, v[k]);
 }
 
 // One chunk at element `first`: applies, stores, and merges max |out| of its values into m.
@@ -458,36 +491,23 @@ __device__ __forceinline__ void act_lut_chunk(const act_args &args, const float 
     act_lut_store(args, out, first, m);
 }
 
-// The same for a chunk of BF16 inputs as loaded (xw): the eight entries straight from the words,
-// one test for the chunk, and the per-element path only for a chunk with an input outside the
-// table.
+// The same for a chunk of BF16 inputs as loaded (xw), through act_lut_chunk_values.
 template <uint32_t kAct, bool kBackward>
 __device__ __forceinline__ void act_lut_chunk_words(const act_args &args, const float *table,
                                                     uint4 xw, const float dy[8], uint64_t first,
                                                     float &m) {
-    uint32_t h[8], offset[8];
-    uint32_t any = qt_act_lut_chunk(xw, h, offset);
     float out[8];
-    if (any < QT_ACT_LUT_SIGN_ENTRIES) {  // every offset is: its bits are all below bit 11
+    act_lut_chunk_values<kAct, kBackward>(table, xw, out);
+    if (kBackward) {
 #pragma unroll
-        for (int k = 0; k < 8; k++) {
-            float f = table[qt_act_lut_entry_of(h[k], offset[k])];
-            out[k] = kBackward ? dy[k] * f : f;
-        }
-    } else {
-        float v[8];
-        act_unpack8_bf16(xw, v);
-#pragma unroll
-        for (int k = 0; k < 8; k++) out[k] = act_lut_apply<kAct, kBackward>(table, v[k], dy[k]);
+        for (int k = 0; k < 8; k++) out[k] = dy[k] * out[k];
     }
     act_lut_store(args, out, first, m);
 }
 
 template <uint32_t kAct, bool kBackward>
 __device__ __forceinline__ void act_lut_flat(const act_args &args, float *table) {
-    for (uint32_t e = threadIdx.x; e < QT_ACT_LUT_ENTRIES; e += QT_ACT_LUT_THREADS) {
-        table[e] = qt_act_lut_value(kAct, kBackward, qt_act_lut_input(e));
-    }
+    act_lut_fill<kAct, kBackward>(table);
     __syncthreads();
     uint64_t count = (uint64_t)args.rows * args.cols;
     uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
@@ -575,33 +595,11 @@ ACT_LUT_KERNEL(qt_act_bwd_lut, true)
 // registers of 1024-thread blocks).
 #define QT_ACT_SWIGLU_LUT_UNROLL(backward, grouped) ((backward) && (grouped) ? 1u : 2u)
 
-// The tables' values of a chunk of eight BF16 inputs as loaded (aw): f[k] = table[entry], or
-// the function itself outside the table.
-template <bool kBackward>
-__device__ __forceinline__ void act_swiglu_lut_values(const float *table, uint4 aw, float f[8]) {
-    uint32_t h[8], offset[8];
-    if (qt_act_lut_chunk(aw, h, offset) < QT_ACT_LUT_SIGN_ENTRIES) {
-#pragma unroll
-        for (int k = 0; k < 8; k++) f[k] = table[qt_act_lut_entry_of(h[k], offset[k])];
-        return;
-    }
-    float v[8];
-    act_unpack8_bf16(aw, v);
-#pragma unroll
-    for (int k = 0; k < 8; k++) {
-        uint32_t e = qt_act_lut_entry(v[k]);
-        f[k] = e < QT_ACT_LUT_ENTRIES ? table[e] : act_lut_miss<QT_ACT_SILU, kBackward>(v[k]);
-    }
-}
-
 template <bool kBackward, bool kGrouped>
 __device__ __forceinline__ void act_swiglu_lut(const act_args &args, float *silu, float *grad,
                                                uint32_t *amax_table) {
-    for (uint32_t e = threadIdx.x; e < QT_ACT_LUT_ENTRIES; e += QT_ACT_LUT_THREADS) {
-        float v = qt_act_lut_input(e);
-        silu[e] = qt_act_lut_value(QT_ACT_SILU, 0, v);
-        if (kBackward) grad[e] = qt_act_lut_value(QT_ACT_SILU, 1, v);
-    }
+    act_lut_fill<QT_ACT_SILU, false>(silu);
+    if (kBackward) act_lut_fill<QT_ACT_SILU, true>(grad);
     __syncthreads();
     act_amax_state s = act_amax_start<kGrouped>(args, amax_table);
     uint32_t h = args.cols / 2;
@@ -613,22 +611,24 @@ __device__ __forceinline__ void act_swiglu_lut(const act_args &args, float *silu
     constexpr uint32_t kUnroll = QT_ACT_SWIGLU_LUT_UNROLL(kBackward, kGrouped);
     for (uint64_t c = tid; c < chunks; c += kUnroll * stride) {
         uint4 aw[kUnroll], bw[kUnroll], dw[kUnroll];
+        uint64_t a_first[kUnroll];  // a's first element in x: row r's columns [0, h)
 #pragma unroll
         for (uint32_t u = 0; u < kUnroll; u++) {
             uint64_t cu = c + u * stride;
             if (cu >= chunks) continue;
-            uint64_t r = cu * 8 / h, first = r * args.cols + (cu * 8 - r * h);
-            aw[u] = __ldg(x + first / 8);
-            bw[u] = __ldg(x + (first + h) / 8);
+            uint64_t r = cu * 8 / h;
+            a_first[u] = r * args.cols + (cu * 8 - r * h);
+            aw[u] = __ldg(x + a_first[u] / 8);
+            bw[u] = __ldg(x + (a_first[u] + h) / 8);
             if (kBackward) dw[u] = __ldg(dy + cu);
         }
 #pragma unroll
         for (uint32_t u = 0; u < kUnroll; u++) {
             uint64_t cu = c + u * stride;
             if (cu >= chunks) continue;
-            uint64_t r = cu * 8 / h, first = r * args.cols + (cu * 8 - r * h);
+            uint64_t first = a_first[u];
             float f[8], b[8];
-            act_swiglu_lut_values<false>(silu, aw[u], f);
+            act_lut_chunk_values<QT_ACT_SILU, false>(silu, aw[u], f);
             act_unpack8_bf16(bw[u], b);
             if (!kBackward) {
                 float y[8];
@@ -639,7 +639,7 @@ __device__ __forceinline__ void act_swiglu_lut(const act_args &args, float *silu
                 continue;
             }
             float g[8], d[8], da[8], db[8];
-            act_swiglu_lut_values<true>(grad, aw[u], g);
+            act_lut_chunk_values<QT_ACT_SILU, true>(grad, aw[u], g);
             act_unpack8_bf16(dw[u], d);
 #pragma unroll
             for (int k = 0; k < 8; k++) {
@@ -790,14 +790,18 @@ extern "C" __global__ void __launch_bounds__(QT_ACT_THREADS)
     if (args.amax) act_amax_flush_slot(args.amax, args.out_dtype, m);
 }
 
-// The register kernels' row: lane's chunks c = lane + 32 i (i < QT_RMSNORM_REGS_CHUNKS, c <
-// chunks) of the 16-byte words at src, loaded into w[i] together.
+// The register kernels' row: lane's chunks c = lane + 32 i (c < chunks) of kWords 16-byte words
+// each at src (1 for BF16, 2 for FP32), loaded into w[kWords i ...] together.
+template <uint32_t kWords = 1>
 __device__ __forceinline__ void act_rmsnorm_hold(const uint4 *src, uint32_t lane, uint32_t chunks,
                                                  uint4 (&w)[QT_RMSNORM_REGS_CHUNKS]) {
 #pragma unroll
-    for (uint32_t i = 0; i < QT_RMSNORM_REGS_CHUNKS; i++) {
+    for (uint32_t i = 0; i < QT_RMSNORM_REGS_CHUNKS / kWords; i++) {
         uint32_t c = lane + 32u * i;
-        if (c < chunks) w[i] = act_ld16<true>(src + c);
+#pragma unroll
+        for (uint32_t j = 0; j < kWords; j++) {
+            if (c < chunks) w[kWords * i + j] = act_ld16<true>(src + kWords * c + j);
+        }
     }
 }
 
@@ -829,17 +833,7 @@ __device__ __forceinline__ float act_rmsnorm_fwd_regs_row(const rmsnorm_args &ar
     uint64_t base = row * cols;
     const uint4 *x = (const uint4 *)(uintptr_t)args.x + base / QT_ACT_CHUNK * kWords;
     uint4 xw[QT_RMSNORM_REGS_CHUNKS];
-    if constexpr (kF32) {
-#pragma unroll
-        for (uint32_t i = 0; i < kChunks; i++) {
-            uint32_t c = lane + 32u * i;
-            if (c >= chunks) break;
-            xw[2u * i] = act_ld16<true>(x + 2u * c);
-            xw[2u * i + 1u] = act_ld16<true>(x + 2u * c + 1u);
-        }
-    } else {
-        act_rmsnorm_hold(x, lane, chunks, xw);
-    }
+    act_rmsnorm_hold<kWords>(x, lane, chunks, xw);
     float acc = 0.0f;
 #pragma unroll
     for (uint32_t i = 0; i < kChunks; i++) {
