@@ -144,7 +144,8 @@ static __device__ __forceinline__ float4 sched_gather_quad(const sched_gather_ar
 // Every thread reads the counter and the slot (header, indices, rows), which nothing here
 // writes: there is no race. The header region as 16-byte words, the inputs as quads of FP32
 // stores (one by one where rows are not whole quads), then the targets; every block takes part
-// in the amax fold.
+// in the amax fold. The batch's alignment gaps (past the inputs, past the targets) keep whatever
+// the region held: no op reads them, and no checksum covers a staging region.
 extern "C" __global__ void __launch_bounds__(QT_SCHED_THREADS)
     qt_sched_gather(const __grid_constant__ sched_gather_args args) {
     qt_grid_enter();

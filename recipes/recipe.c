@@ -1517,6 +1517,14 @@ static qt_status finish_data(const parser *p) {
     }
     if (r->data.train.kind != RECIPE_SOURCE_NONE) QT_TRY(check_source(p, &r->data.train));
     if (r->data.eval.kind != RECIPE_SOURCE_NONE) QT_TRY(check_source(p, &r->data.eval));
+    // The device gathers a step's rows by the train feed's indices: without a train source the
+    // embedder gives every training batch whole, and the key would change nothing.
+    if (r->data.resident && r->data.train.kind == RECIPE_SOURCE_NONE) {
+        return recipe_fail_at(QT_ERR_INPUT, p->at.file, p->key_line[KEY_RESIDENT], 1,
+                              "resident = on keeps the train and eval datasets on the device, "
+                              "but [data] names no train source (the embedder gives the "
+                              "batches); expected 'train = SOURCE' or no resident line");
+    }
     return QT_OK;
 }
 

@@ -464,7 +464,7 @@ QT_API qt_status qt_check_memory(const qt_runtime *rt, qt_device *device, bool r
 // Wall-clock seconds of the start-up phases (each has its own remedy).
 typedef struct qt_timings {
     double load_s;     // qt_load: the datasets read (and inflated)
-    double bind_s;     // arenas allocated and zeroed
+    double bind_s;     // arenas allocated and zeroed, resident datasets uploaded
     double init_s;     // the init program, and from_path's weights
     double capture_s;  // one graph captured and instantiated per mode
     double resume_s;   // qt_resume: the checkpoint checked and loaded

@@ -449,6 +449,9 @@ static const error_case error_cases[] = {
     {13, 'I', "resident = yes", IN, "r.recipe:14:12: unknown resident 'yes'; expected off or "
      "on"},
     {13, 'I', "resident = on on", IN, "r.recipe:14:15: unexpected 'on'; expected end of line"},
+    {12, 'R', "resident = on", IN, "r.recipe:12:1: resident = on keeps the train and eval "
+     "datasets on the device, but [data] names no train source (the embedder gives the "
+     "batches); expected 'train = SOURCE' or no resident line"},
     {13, 'R', "batch = 99999999999999999999999", IN, "r.recipe:13:9: number out of range: "
      "expected batch in [1, 65536], found 99999999999999999999999"},
     {10, 'R', "adamw lr=fast", IN, "r.recipe:10:10: bad number: expected a decimal number for "

@@ -904,6 +904,49 @@ static void test_recompute_plan(void) {
     test_end();
 }
 
+// `resident = on` keeps the train set on the device (data.train), and the eval set (data.eval)
+// only where an eval or infer program reads it; `resident = off` keeps neither.
+static void test_resident_plan(void) {
+    test_begin("plan_resident_keeps_the_eval_set_only_for_its_readers");
+    static char text[RECIPE_TEXT_MAX], again[RECIPE_TEXT_MAX], rows[RECIPE_TEXT_MAX],
+        last[RECIPE_TEXT_MAX];
+    const char *path = "tests/recipes/synthetic_tiny.recipe";
+    static const struct {
+        const char *resident, *schedule;
+        bool train, eval;
+    } cases[] = {
+        {"on", "train 20\neval all", true, true},
+        {"on", "train 20", true, false},
+        {"on", "infer 2", true, true},
+        {"off", "train 20\neval all", false, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char resident[64];
+        snprintf(resident, sizeof resident, "seed = 11\nresident = %s", cases[i].resident);
+        bool made = recipe_text_for(path, NULL, text, sizeof text) &&
+                    text_lines_replaced(text, "seed = 11", resident, again, sizeof again) &&
+                    text_lines_replaced(again, "eval all", "", rows, sizeof rows) &&
+                    text_lines_replaced(rows, "train 200 cosine 1e-2 -> 1e-3", cases[i].schedule,
+                                        last, sizeof last);
+        CHECK(made, "cannot make case %zu of %s", i, path);
+        if (!made) continue;
+        run_options o = {0};
+        qt_status st = recipe_parse(last, strlen(last), path, &the_recipe);
+        if (st == QT_OK) st = test_run_plan(&the_run, &the_recipe, last, strlen(last), &o);
+        CHECK(st == QT_OK, "case %zu: %s", i, qt_error_message());
+        if (st != QT_OK) continue;
+        const model_io *io = &the_run.model.io;
+        bool train = region_named(&the_run.dev, "data.train", NULL);
+        bool eval = region_named(&the_run.dev, "data.eval", NULL);
+        CHECK(train == cases[i].train && eval == cases[i].eval &&
+                  io->datasets[DATA_DATASET_TRAIN].present == train &&
+                  io->datasets[DATA_DATASET_EVAL].present == eval,
+              "resident = %s, schedule '%s': data.train %d, data.eval %d (expected %d %d)",
+              cases[i].resident, cases[i].schedule, train, eval, cases[i].train, cases[i].eval);
+    }
+    test_end();
+}
+
 // `weight_transpose`: with per_step a weight with a dgrad keeps no columnwise copy and the
 // train program holds its transpose ("train.<layer>.weight_t"); with stored the copy is
 // persistent; the first layer's weight (no dgrad) has none either way. The traces of both are
@@ -1997,6 +2040,7 @@ int main(void) {
     TEST_UNIT(test_norm_beside_capture("recipes/bench/moe8_current.recipe", 0, false));
     TEST_UNIT(test_norm_beside_capture("recipes/bench/moe8_current.recipe", 2, true));
     TEST_UNIT(test_recompute_plan());
+    TEST_UNIT(test_resident_plan());
     TEST_UNIT(test_step_times());
     TEST_UNIT(test_metrics_file());
     TEST_UNIT(test_plan_report());

@@ -107,6 +107,7 @@ QT_STATIC_ASSERT(RECIPE_SAMPLES_MAX == DATA_SAMPLES_MAX, "the parser refuses wha
 #define DATA_INDEX_PAD UINT32_MAX            // a resident slot's index of a padding row
 #define DATA_DATASET_TRAIN 0u                // resident datasets: the header's dataset - 1
 #define DATA_DATASET_EVAL 1u
+#define DATA_DATASETS 2u                     // train and eval
 
 typedef enum data_input_type {
     DATA_INPUT_U8,   // IDX pixels, npy uint8 features; staged as x / 255

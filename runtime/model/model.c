@@ -23,7 +23,7 @@ QT_STATIC_ASSERT(QT_TRACE_QUANTIZERS_MAX >= MODEL_QUANTIZERS_MAX, "trace records
 
 bool model_region_saved(const model *m, arena_handle h) {
     if (h == m->io.staged) return false;
-    for (int k = 0; k < 2; k++) {  // the data, which the run loads itself
+    for (uint32_t k = 0; k < DATA_DATASETS; k++) {  // the data, which the run loads itself
         if (m->io.datasets[k].present && h == m->io.datasets[k].region) return false;
     }
     if (m->io.has_stage_fold && h == m->io.stage_fold) return false;  // zero between steps
@@ -819,9 +819,12 @@ static qt_status model_plan_io(model *m, const model_options *o) {
     QT_TRY(model_region(&dev, "staged", MODEL_DEVICE_SLOTS * io->slot.bytes, ARENA_CAT_STAGING,
                         &ref));
     io->staged = ref.region;
-    const data_info *sets[2] = {o->data, o->eval_data};
-    for (int k = 0; o->resident && k < 2; k++) {
-        if (sets[k] == NULL) continue;
+    const data_info *sets[DATA_DATASETS] = {o->data, o->eval_data};
+    // The eval set is read by the eval and infer programs only: a run that builds neither
+    // leaves it in host memory.
+    bool eval_read = m->modes[MODEL_MODE_EVAL] || m->modes[MODEL_MODE_INFER];
+    for (uint32_t k = 0; o->resident && k < DATA_DATASETS; k++) {
+        if (sets[k] == NULL || (k == DATA_DATASET_EVAL && !eval_read)) continue;
         model_dataset *d = &io->datasets[k];
         d->present = true;
         d->samples = sets[k]->samples;

@@ -246,7 +246,7 @@ typedef struct model_io {
     arena_handle stage_fold;
     uint32_t lr_row_count;
     // Resident datasets (DATA_DATASET_TRAIN, DATA_DATASET_EVAL); slot.resident says whether any.
-    model_dataset datasets[2];
+    model_dataset datasets[DATA_DATASETS];
 } model_io;
 
 // Where MXFP8 and NVFP4 GEMMs run (the bits are the same either way: model.c,

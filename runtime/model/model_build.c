@@ -1931,7 +1931,7 @@ static qt_status mb_stage_amax(mb *b, op_sched_amax *amax, const op_sched_amax *
 
 QT_STATIC_ASSERT(offsetof(data_slot_header, dataset) == QT_SCHED_HEADER_DATASET &&
                      DATA_INDEX_PAD == QT_SCHED_INDEX_PAD && DATA_LABEL_PAD == QT_SCHED_LABEL_PAD &&
-                     DATA_DATASET_EVAL + 1 == QT_SCHED_DATASETS,
+                     DATA_DATASETS == QT_SCHED_DATASETS,
                  "the gather (ptx/sched_ops.h) reads data.h's slots");
 
 // The first op of every step: this step's device slot (the counter's parity picks it; the copy

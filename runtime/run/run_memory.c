@@ -77,13 +77,17 @@ static void run_recompute_hint(const run *r, char *out, size_t out_bytes) {
 static void run_fit_hint(const run *r, bool datasets, bool device, char *out, size_t out_bytes) {
     char recompute[256] = "";
     if (device) run_recompute_hint(r, recompute, sizeof recompute);
+    // Resident datasets sit in the device arena too (data.train, data.eval).
+    bool resident = device && r->model.io.slot.resident;
     snprintf(out, out_bytes, "to fit, change the recipe: a smaller `batch` in [data] (now %u: "
              "activations, gradients and the batch slots grow with it), narrower linear layers "
              "(weights, masters and Adam moments grow with inputs x outputs), or smaller formats "
              "in [quant] (a weight's copy takes 2 bytes in bf16, about 1 in fp8 or mxfp8, about "
-             "0.6 in nvfp4, beside 12 bytes of FP32 master and moments)%s%s",
+             "0.6 in nvfp4, beside 12 bytes of FP32 master and moments)%s%s%s",
              r->recipe->data.batch, recompute, datasets ? "; or fewer samples (the datasets "
-                                                          "are read into host memory whole)" : "");
+                                                          "are read into host memory whole)" : "",
+             resident ? "; or `resident = off` in [data] (the datasets then stay in host "
+                        "memory, each step copying its rows)" : "");
 }
 
 static qt_status run_check_device(const run *r, backend *b) {
