@@ -265,7 +265,7 @@ static void routing_build(rig *g, routing_run *w) {
     RIG_OK(op_moe_combine(p, "combine", r, c->cols, yp, r->gate, none, NULL, y));
     RIG_OK(op_moe_combine(p, "unpermute", r, c->cols, yp, (prog_ref){NULL, 0, 0}, x, NULL, y2));
     // The un-permute of the model's backward pass with a BF16 router (model_moe_router_dx_folded).
-    op_moe_router_term term = {{rr(g, w->h_dlb), QT_DTYPE_BF16}, rr(g, w->h_rw), c->experts,
+    op_moe_router_term term = {{rr(g, w->h_dlb), QT_DTYPE_BF16}, rr(g, w->h_rw),
                                c->cols + ROUTER_W_PAD};
     op_moe_tensor y4 = {rr(g, w->h_y4), QT_DTYPE_BF16};
     RIG_OK(op_moe_combine(p, "unpermute_router", r, c->cols, yp, (prog_ref){NULL, 0, 0}, none,

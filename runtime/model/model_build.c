@@ -1420,7 +1420,7 @@ static qt_status mb_moe_router_backward(mb *b, const char *name, const model_moe
     if (model_moe_router_dx_folded(m, mo)) {
         QT_ASSERT(prog_ref_present(dlq.bf16.ref) && prog_ref_present(w->weight.bf16.ref));
         *term = (op_moe_router_term){{dlq.bf16.ref, QT_DTYPE_BF16}, w->weight.bf16.ref,
-                                     mo->experts, w->weight.bf16.cols};
+                                     w->weight.bf16.cols};
         return QT_OK;
     }
     snprintf(what, sizeof what, "%s.router.dx", name);
@@ -1466,7 +1466,7 @@ static qt_status mb_moe_backward(mb *b, uint32_t layer, model_tensor dy, model_t
                           dh.amax));
     bool needs_dx = m->linears[mo->fc1].needs_dx;
     model_tensor dxp = {0}, dxr = {0};
-    op_moe_router_term term = {{OP_REF_NONE, QT_DTYPE_BF16}, OP_REF_NONE, 0, 0};
+    op_moe_router_term term = {{OP_REF_NONE, QT_DTYPE_BF16}, OP_REF_NONE, 0};
     QT_TRY(mb_moe_expert_backward(b, name, "fc1", mo->fc1, st, dh, needs_dx ? &dxp : NULL));
     QT_TRY(mb_moe_router_backward(b, name, mo, st, dgate, &dxr, &term));
     if (!needs_dx) return QT_OK;

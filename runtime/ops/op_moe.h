@@ -72,11 +72,12 @@ qt_status op_moe_gather(program *p, const char *name, const op_moe_routing *r, o
                         uint32_t cols, prog_ref out, prog_ref amax);
 
 // A BF16 router's input gradient, folded into the un-permute: dlogits [tokens][experts] times
-// the router's weight, BF16 [experts][weight_cols] (weight_cols >= the combine's cols).
+// the router's weight, BF16 [experts][weight_cols] (weight_cols >= the combine's cols; the
+// experts are the routing's).
 typedef struct op_moe_router_term {
     op_moe_tensor dlogits;
     prog_ref weight;
-    uint32_t experts, weight_cols;
+    uint32_t weight_cols;
 } op_moe_router_term;
 
 // out [tokens][cols] = addend + router term + sum over the choices of (gate or 1) src[row]; gate,

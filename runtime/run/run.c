@@ -450,7 +450,7 @@ static qt_status run_plan_pass(run *r, run_carver *c) {
     mo.lr_row_count = r->table.lr_count;
     mo.data = &r->train_info;
     mo.eval_data = r->has_eval ? &r->eval_info : NULL;
-    mo.resident = rc->data.resident && r->has_train;
+    mo.resident = rc->data.resident;  // the parser refuses it without a train source
     QT_TRY(run_inject_plan(r, &mo.inject));
     QT_TRY(model_plan(&r->model, rc, &r->dev, &r->host, &mo));
     QT_TRY(run_plan_outputs(r));
