@@ -386,6 +386,9 @@ static void capture_check(const program *p, const char *what, bool exhausts) {
           "%s: %u of %u ops beside or other ops on the wrong stream (beside stream %d)", what,
           beside_misplaced, beside, c.beside_stream);
     CHECK(!exhausts || fallbacks > 0, "%s: no wait fell back to a stream's last op", what);
+    CHECK((fallbacks > 0) == (c.marks_needed > CAPTURE_MARKS),
+          "%s: %u waits fell back, %u marks needed of %u", what, fallbacks, c.marks_needed,
+          CAPTURE_MARKS);
     printf("  %s: %u ops, %u waits through marks, %u on a stream's last op\n", what,
            p->op_count, marked_waits, fallbacks);
 }
@@ -491,11 +494,45 @@ static void compare_results(const core_result *a, const core_result *b, uint64_t
           (unsigned long long)a->sum, (unsigned long long)b->sum);
 }
 
+// backend_timeline over the core program (fill_uniform, fill_normal, copy and the checksum's
+// ops): every span inside the replay, an op that reads fill_uniform's output starting after its
+// end, fill_normal (which shares no region with it) on another stream, a window of ops placed
+// as in the whole program's timeline, and the replays leaving the eager run's bits.
+static void timeline_check(rig *r, const core_program *c, const core_result *eager) {
+    test_begin("gpu_core_timeline_orders_dependent_ops");
+    const program *p = &r->prog;
+    backend_op_span all[BACKEND_TIMELINE_OPS], window[2];
+    QT_ASSERT(p->op_count >= 4 && p->op_count <= BACKEND_TIMELINE_OPS);
+    RIG_OK(backend_timeline(&r->be, p, 0, p->op_count, BACKEND_TIMELINE_REPS, all));
+    for (uint32_t i = 0; i < p->op_count; i++) {
+        CHECK(all[i].start_us >= 0.0f && all[i].end_us >= all[i].start_us &&
+                  all[i].stream < CAPTURE_STREAMS,
+              "op %u (%s): start %.2f us, end %.2f us, stream %u", i, p->ops[i].name,
+              (double)all[i].start_us, (double)all[i].end_us, all[i].stream);
+        if (i == 0 || !prog_ops_conflict(&p->ops[0], &p->ops[i])) continue;
+        CHECK(all[i].start_us >= all[0].end_us, "op %u (%s) starts at %.2f us, before %s ends "
+              "at %.2f us", i, p->ops[i].name, (double)all[i].start_us, p->ops[0].name,
+              (double)all[0].end_us);
+    }
+    CHECK(!prog_ops_conflict(&p->ops[0], &p->ops[1]) && all[1].stream != all[0].stream,
+          "%s and %s on one stream (%u)", p->ops[0].name, p->ops[1].name, all[0].stream);
+    RIG_OK(backend_timeline(&r->be, p, 1, 2, 3, window));
+    CHECK(window[0].stream == all[1].stream && window[1].stream == all[2].stream,
+          "a window's streams %u %u, the whole program's %u %u", window[0].stream,
+          window[1].stream, all[1].stream, all[2].stream);
+    core_result after;
+    core_result_read(r, c, &after);
+    compare_results(&after, eager, c->count, "after the timeline's replays");
+    core_result_free(&after);
+    test_end();
+}
+
 static void test_gpu_matches_ref(void) {
     const char *why = NULL;
     if (!rig_open(&gpu_rig, BACKEND_GPU, &why)) {
         test_skip("gpu_core_matches_ref_bitwise", why);
         test_skip("gpu_core_graph_matches_eager", why);
+        test_skip("gpu_core_timeline_orders_dependent_ops", why);
         return;
     }
     test_begin("gpu_core_matches_ref_bitwise");
@@ -536,11 +573,13 @@ static void test_gpu_matches_ref(void) {
         core_result_free(&graphed);
     }
     backend_graph_destroy(&gpu_rig.be, &graph);
+    test_end();
+
+    timeline_check(&gpu_rig, &cg, &eager);
     core_result_free(&eager);
     core_result_free(&ref);
     rig_close(&gpu_rig);
     rig_close(&ref_rig);
-    test_end();
 }
 
 // op_fill_random_rows: value (r, c) of a rows x cols fill into rows `stride` apart is element

@@ -635,7 +635,7 @@ static qt_status t_build(t_run *run) {
         QT_TRY(op_optim_adamw_list(&r->prog, list, T_EXTRAS + 1, state));
     } else {
         QT_TRY(op_optim_adamw_multi(&r->prog, "multi", list, T_EXTRAS + 1, state,
-                                    t_ref(run, R_TABLE), per_launch, zeroed));
+                                    t_ref(run, R_TABLE), per_launch, (prog_ref){0}, zeroed));
     }
     QT_TRY(op_copy(&r->prog, "master_copy", t_ref(run, R_COPY), t_ref(run, R_MASTER),
                    elems * 4));

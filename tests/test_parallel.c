@@ -541,6 +541,90 @@ static void test_two_ranks(const char *scheme) {
     test_end();
 }
 
+// What rank `rank` of 2 plans for its train step, checked without running it: every gradient's
+// reduction is placed in the backward pass right after the layer that writes it (a graph starts
+// its nodes about in capture order, so reductions placed after the backward pass started late),
+// each reduction of an owned parameter followed by the norm's part over it; the optimizer's
+// launches ordered one after another (each launch conflicts with the one before, so a graph
+// cannot run them as parallel branches that all end together; rank 1 of the deeper model has
+// four); and weights broadcast in groups in which both ranks send (a group splits where its
+// items exceed one NCCL group's).
+static void plan_check(const char *text, uint32_t rank) {
+    run *r = aligned(sizeof(run));
+    recipe *rc = aligned(sizeof(recipe));
+    memset(r, 0, sizeof *r);
+    run_options o = {0};
+    o.rank = rank;
+    o.world = 2;
+    uint64_t need = 0;
+    void *tables = NULL;
+    qt_status status = recipe_parse(text, strlen(text), "synthetic_tiny.recipe", rc);
+    if (status == QT_OK) status = run_measure(r, rc, text, strlen(text), &o, &need);
+    if (status == QT_OK) status = run_plan(r, tables = aligned(need), need);
+    CHECK(status == QT_OK, "rank %u: plan: %s", rank, qt_error_message());
+    if (status == QT_OK) {
+        const program *p = &r->programs[MODEL_MODE_TRAIN];
+        uint32_t reduces = 0, norm_parts = 0, last_gemm = 0, first_reduce = UINT32_MAX;
+        uint32_t adamw = 0, chained = 0, prev_adamw = UINT32_MAX, broadcasts = 0, both = 0;
+        for (uint32_t i = 0; i < p->op_count; i++) {
+            const prog_op *op = &p->ops[i];
+            if (strstr(op->name, ".wgrad") || strstr(op->name, ".dgrad")) last_gemm = i;
+            if (strncmp(op->name, "dp.reduce.", 10) == 0) {
+                reduces++;
+                if (first_reduce == UINT32_MAX) first_reduce = i;
+            }
+            norm_parts += strcmp(op->name, "grad_norm") == 0 && reduces > 0;
+            if (op->kernel == KERNEL_OPTIM_ADAMW_MULTI) {
+                adamw++;
+                if (prev_adamw != UINT32_MAX) {
+                    chained += prog_ops_conflict(&p->ops[prev_adamw], op);
+                }
+                prev_adamw = i;
+            }
+            if (strncmp(op->name, "dp.broadcast.", 13) != 0) continue;
+            const dp_collective_args *a = (const dp_collective_args *)(const void *)op->args;
+            bool roots[2] = {false, false};
+            for (uint32_t k = 0; k < a->items; k++) roots[a->item[k].root & 1] = true;
+            broadcasts++;
+            both += roots[0] && roots[1];
+        }
+        const model *m = &r->model;
+        uint32_t owned = 0;
+        for (uint32_t i = 0; i < m->param_count; i++) owned += model_param_owned(m, i);
+        CHECK(reduces == m->param_count && first_reduce < last_gemm,
+              "rank %u: %u reductions of %u parameters, the first at op %u, the last backward "
+              "GEMM at op %u", rank, reduces, m->param_count, first_reduce, last_gemm);
+        CHECK(norm_parts == owned, "rank %u: %u norm parts after reductions, %u owned", rank,
+              norm_parts, owned);
+        CHECK(adamw >= 1 && chained == adamw - 1, "rank %u: %u of %u optimizer launches follow "
+              "the one before", rank, chained, adamw - 1);
+        CHECK(both >= 1, "rank %u: none of %u broadcast groups with both ranks sending", rank,
+              broadcasts);
+        printf("  rank %u: %u ops, %u reductions (the first at op %u, the last backward GEMM "
+               "at op %u), %u optimizer launches, %u broadcast groups\n", rank, p->op_count,
+               reduces, first_reduce, last_gemm, adamw, broadcasts);
+    }
+    run_close(r);
+    free(tables);
+    free(r);
+    free(rc);
+}
+
+static void test_two_ranks_plan(void) {
+    static char text[RECIPE_TEXT_MAX], deeper[RECIPE_TEXT_MAX];
+    begin_scheme_case("two_ranks_overlap_their_collectives", "current", text, sizeof text);
+    // Two hidden layers: five parameters, so that each rank updates at least two.
+    const char *relu = strstr(text, "layer = relu\n");
+    QT_ASSERT(relu != NULL);
+    size_t head = (size_t)(relu - text) + strlen("layer = relu\n");
+    snprintf(deeper, sizeof deeper, "%.*slayer = linear fc2 32 bias\nlayer = relu\n%s",
+             (int)head, text, text + head);
+    memcpy(text, deeper, sizeof text);
+    plan_check(text, 0);
+    plan_check(text, 1);
+    test_end();
+}
+
 // Two ranks whose batches the device gathers from resident datasets (`resident = on`: each rank
 // stages its share's sample indices) train and evaluate as two that stage their rows: the same
 // records, every eval pass alike, bit for bit, and the same weights. The last batch of the
@@ -1528,6 +1612,7 @@ int main(int argc, char **argv) {
                                           "nvfp4"};
     for (size_t i = 0; i < sizeof schemes / sizeof schemes[0]; i++) test_two_ranks(schemes[i]);
     test_skip_together();
+    test_two_ranks_plan();
     test_two_ranks_per_step();
     test_two_ranks_resident();
     for (size_t i = 0; i < sizeof schemes / sizeof schemes[0]; i++) {

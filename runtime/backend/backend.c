@@ -345,7 +345,22 @@ qt_status backend_profile(backend *b, const program *p, const backend_graph *g, 
 // ---------------------------------------------------------------------------------------------
 // Capture: the program's dependency graph, as runtime/backend/capture.h plans it.
 
-static qt_status backend_capture_ops(backend *b, const program *p) {
+// backend_timeline's events in a capture: before[k] and after[k] around op first + k, each an
+// event node of the graph (CU_EVENT_RECORD_EXTERNAL: recorded when the replay reaches it, not a
+// dependency of the capture); streams[k] gets that op's capture stream.
+typedef struct backend_timed {
+    uint32_t first, count;
+    CUevent origin;
+    CUevent *before, *after;
+    uint32_t *streams;
+} backend_timed;
+
+static qt_status backend_timed_record(CUevent event, CUstream stream) {
+    QT_CU(cuEventRecordWithFlags(event, stream, CU_EVENT_RECORD_EXTERNAL));
+    return QT_OK;
+}
+
+static qt_status backend_capture_ops(backend *b, const program *p, const backend_timed *timed) {
     capture_plan c;
     capture_begin(&c, p);
     // QTRAIN_CAPTURE_STREAM_WAITS=1 (any other value: unset): every wait on the other stream's
@@ -363,6 +378,7 @@ static qt_status backend_capture_ops(backend *b, const program *p) {
     uint32_t sms = (uint32_t)b->info.sm_count;
     uint32_t beside_ctas = b->comm_sms > 0 && b->comm_sms < sms ? sms - b->comm_sms : 0;
     // The side streams join the capture from stream 0's start.
+    if (timed) QT_TRY(backend_timed_record(timed->origin, streams[0]));
     QT_CU(cuEventRecord(events[0], streams[0]));
     for (int s = 1; s < CAPTURE_STREAMS; s++) {
         QT_CU(cuStreamWaitEvent(streams[s], events[0], 0));
@@ -380,7 +396,13 @@ static qt_status backend_capture_ops(backend *b, const program *p) {
             QT_CU(cuStreamWaitEvent(stream, after, 0));
         }
         bool beside = (int32_t)j > c.first_collective && (int32_t)j < c.last_collective;
+        bool timed_op = timed && j >= timed->first && j - timed->first < timed->count;
+        if (timed_op) {
+            timed->streams[j - timed->first] = (uint32_t)step.stream;
+            QT_TRY(backend_timed_record(timed->before[j - timed->first], stream));
+        }
         QT_TRY(backend_launch_on(b, &p->ops[j], stream, beside ? beside_ctas : 0));
+        if (timed_op) QT_TRY(backend_timed_record(timed->after[j - timed->first], stream));
         QT_CU(cuEventRecord(events[step.stream], stream));
         if (marks && step.mark != CAPTURE_NONE) {
             QT_CU(cuEventRecord(b->capture_marks[step.mark], stream));
@@ -393,13 +415,14 @@ static qt_status backend_capture_ops(backend *b, const program *p) {
     return QT_OK;
 }
 
-qt_status backend_capture(backend *b, const program *p, backend_graph *g) {
+static qt_status backend_capture_timed(backend *b, const program *p, backend_graph *g,
+                                       const backend_timed *timed) {
     QT_ASSERT(p->resolved);
     g->program = p;
     g->exec = NULL;
     if (b->kind == BACKEND_REF) return QT_OK;
     QT_CU(cuStreamBeginCapture(b->stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
-    qt_status status = backend_capture_ops(b, p);
+    qt_status status = backend_capture_ops(b, p, timed);
     CUgraph graph = NULL;
     CUresult end = drv.cuStreamEndCapture(b->stream, &graph);
     if (status != QT_OK) {
@@ -413,6 +436,89 @@ qt_status backend_capture(backend *b, const program *p, backend_graph *g) {
         return driver_fail(inst, "cuGraphInstantiateWithFlags", __FILE__, __LINE__);
     }
     return QT_OK;
+}
+
+qt_status backend_capture(backend *b, const program *p, backend_graph *g) {
+    return backend_capture_timed(b, p, g, NULL);
+}
+
+// The median of n values (at most BACKEND_TIMELINE_REPS: an insertion sort; libc's qsort may
+// allocate).
+static float backend_median(float *values, uint32_t n) {
+    for (uint32_t i = 1; i < n; i++) {
+        float v = values[i];
+        uint32_t j = i;
+        for (; j > 0 && values[j - 1] > v; j--) values[j] = values[j - 1];
+        values[j] = v;
+    }
+    return n % 2 ? values[n / 2] : 0.5f * (values[n / 2 - 1] + values[n / 2]);
+}
+
+// The timed graph replayed: samples[r][k][0 / 1] the microseconds from the origin to op
+// first + k's events before and after it in replay r.
+static qt_status backend_timed_replays(backend *b, const backend_graph *g,
+                                       const backend_timed *t, uint32_t reps,
+                                       float samples[][BACKEND_TIMELINE_OPS][2]) {
+    QT_TRY(backend_launch(b, g));  // warm-up: the first replay of a graph uploads it
+    for (uint32_t r = 0; r < reps; r++) {
+        QT_TRY(backend_launch(b, g));
+        QT_TRY(backend_finish(b));
+        for (uint32_t k = 0; k < t->count; k++) {
+            float ms[2];
+            QT_CU(cuEventElapsedTime(&ms[0], t->origin, t->before[k]));
+            QT_CU(cuEventElapsedTime(&ms[1], t->origin, t->after[k]));
+            samples[r][k][0] = 1000.0f * ms[0];
+            samples[r][k][1] = 1000.0f * ms[1];
+        }
+    }
+    return QT_OK;
+}
+
+static qt_status backend_timeline_run(backend *b, const program *p, backend_timed *t,
+                                      uint32_t reps, backend_op_span *spans) {
+    backend_graph g;
+    QT_TRY(backend_capture_timed(b, p, &g, t));
+    float samples[BACKEND_TIMELINE_REPS][BACKEND_TIMELINE_OPS][2];
+    qt_status status = backend_timed_replays(b, &g, t, reps, samples);
+    backend_graph_destroy(b, &g);
+    QT_TRY(status);
+    for (uint32_t k = 0; k < t->count; k++) {
+        float column[BACKEND_TIMELINE_REPS];
+        for (int side = 0; side < 2; side++) {
+            for (uint32_t r = 0; r < reps; r++) column[r] = samples[r][k][side];
+            float us = backend_median(column, reps);
+            if (side == 0) spans[k].start_us = us;
+            if (side == 1) spans[k].end_us = us;
+        }
+        spans[k].stream = t->streams[k];
+    }
+    return QT_OK;
+}
+
+qt_status backend_timeline(backend *b, const program *p, uint32_t first, uint32_t count,
+                           uint32_t reps, backend_op_span *spans) {
+    QT_ASSERT(p->resolved && count > 0 && count <= BACKEND_TIMELINE_OPS &&
+              first + count <= p->op_count && reps > 0 && reps <= BACKEND_TIMELINE_REPS);
+    if (b->kind != BACKEND_GPU) {
+        return qt_fail(QT_ERR_INPUT, "a graph's timeline needs the GPU backend (drop --ref)");
+    }
+    CUevent before[BACKEND_TIMELINE_OPS] = {0}, after[BACKEND_TIMELINE_OPS] = {0};
+    uint32_t streams[BACKEND_TIMELINE_OPS];
+    backend_timed t = {first, count, NULL, before, after, streams};
+    CUresult made = drv.cuEventCreate(&t.origin, CU_EVENT_DEFAULT);
+    for (uint32_t k = 0; k < count && made == CUDA_SUCCESS; k++) {
+        made = drv.cuEventCreate(&before[k], CU_EVENT_DEFAULT);
+        if (made == CUDA_SUCCESS) made = drv.cuEventCreate(&after[k], CU_EVENT_DEFAULT);
+    }
+    qt_status status = made == CUDA_SUCCESS ? backend_timeline_run(b, p, &t, reps, spans)
+                                            : driver_fail(made, "cuEventCreate", __FILE__,
+                                                          __LINE__);
+    if (t.origin) drv.cuEventDestroy(t.origin);
+    for (uint32_t k = 0; k < count; k++) {
+        if (before[k]) drv.cuEventDestroy(before[k]);
+        if (after[k]) drv.cuEventDestroy(after[k]);
+    }
+    return status;
 }
 
 qt_status backend_launch(backend *b, const backend_graph *g) {

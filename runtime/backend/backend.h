@@ -116,6 +116,21 @@ void backend_graph_destroy(backend *b, backend_graph *g);
 // optimizer state and statistics.
 qt_status backend_profile(backend *b, const program *p, const backend_graph *g, uint32_t reps,
                           float *op_us, float *graph_us);
+// Where ops run inside a graph replay, overlap included (what backend_profile's ops launched
+// alone cannot show): p captured again with an event before and after each op of
+// [first, first + count) (count <= BACKEND_TIMELINE_OPS; the event before follows the op's
+// waits, so it marks when the op could start), that graph replayed `reps` times (at most
+// BACKEND_TIMELINE_REPS), and per op the median over the replays of the microseconds from the
+// replay's start to the op's start and end, and the capture stream it ran on. The extra graph
+// nodes add a little to the replay. Like backend_profile, for a finished run only.
+#define BACKEND_TIMELINE_OPS 64
+#define BACKEND_TIMELINE_REPS 15
+typedef struct backend_op_span {
+    float start_us, end_us;
+    uint32_t stream;
+} backend_op_span;
+qt_status backend_timeline(backend *b, const program *p, uint32_t first, uint32_t count,
+                           uint32_t reps, backend_op_span *spans);
 // Waits for the stream (a counted synchronization).
 qt_status backend_finish(backend *b);
 

@@ -57,6 +57,22 @@ static int capture_pick(const capture_plan *c, uint32_t j, const int32_t need[CA
     return best;
 }
 
+// marks_needed: capture_next takes a mark at op j when a later op waits for j, and frees it once
+// that op's last waiter is placed; held[j] counts the marks held just after op j's placement.
+// The scratch's halves are in use (stream_of, last_waiter), so the count walks ops again.
+static void capture_count_marks(capture_plan *c) {
+    const program *p = c->p;
+    c->marks_needed = 0;
+    uint32_t held = 0;
+    for (uint32_t j = 0; j < p->op_count; j++) {
+        for (uint32_t i = 0; i < j; i++) {  // marks freed once op j is placed
+            held -= c->last_waiter[i] == j;
+        }
+        held += c->last_waiter[j] != UINT32_MAX;
+        if (held > c->marks_needed) c->marks_needed = held;
+    }
+}
+
 void capture_begin(capture_plan *c, const program *p) {
     QT_ASSERT(!prog_counting(p));
     c->p = p;
@@ -92,6 +108,7 @@ void capture_begin(capture_plan *c, const program *p) {
         c->last[s] = (int32_t)j;
         c->stream_of[j] = (uint32_t)s;
     }
+    capture_count_marks(c);
     capture_reset(c);
 }
 

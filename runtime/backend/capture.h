@@ -22,6 +22,9 @@
 #include "runtime/program/program.h"
 
 #define CAPTURE_STREAMS 6
+// Marks: events after the ops that some later op of another stream waits for, held until that
+// op's last waiter is placed. The bench recipes need at most 12 at once (capture_plan.
+// marks_needed, which `qtrain plan` prints); past this many the waits fall back.
 #define CAPTURE_MARKS 32
 #define CAPTURE_NONE (-1)
 
@@ -40,6 +43,9 @@ typedef struct capture_plan {
     // The program's first and last collective (both NONE: none): the ops between them may run
     // beside one.
     int32_t first_collective, last_collective;
+    // The most marks held at once if the pool had no end: above CAPTURE_MARKS, some waits fall
+    // back to a stream's last op and wait longer than their op needs.
+    uint32_t marks_needed;
     uint32_t *stream_of;    // per op: its stream (the first half of the program's scratch)
     uint32_t *last_waiter;  // per op: the last op of another stream that waits for it, or
                             // UINT32_MAX (the second half)

@@ -29,7 +29,8 @@
     X(cuMemcpyDtoDAsync) X(cuMemsetD8Async)                                                 \
     X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize) X(cuStreamQuery)            \
     X(cuStreamWaitEvent)                                                                    \
-    X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventSynchronize)               \
+    X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventRecordWithFlags)           \
+    X(cuEventSynchronize)                                                                   \
     X(cuEventQuery) X(cuEventElapsedTime)                                                   \
     X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction)                            \
     X(cuFuncGetAttribute) X(cuFuncSetAttribute) X(cuLaunchKernel) X(cuLaunchKernelEx)       \

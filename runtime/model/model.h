@@ -363,6 +363,14 @@ typedef struct model_builder {
     op_gnorm_begin norm_begin;
     uint32_t norm_left;
     prog_ref dp_order;      // data parallelism: the region every collective op writes
+    // Data parallelism, train: the norm over the gradients this rank owns (parameter order),
+    // each read right after its reduction; the parameters not reduced yet (those below
+    // reduce_left) and the owned ones among them (owned_left).
+    op_gnorm_set dp_norm;
+    prog_ref dp_norm_grads[MODEL_PARAMS_MAX];
+    uint64_t dp_norm_counts[MODEL_PARAMS_MAX];
+    bool dp_norm_units[MODEL_PARAMS_MAX];
+    uint32_t reduce_left, owned_left;
     model_amax_slots amax_slots;  // train, eval, infer: the step's amax slots
     uint32_t stage_op;      // train, eval, infer: the step's first op, which zeroes them
     op_fp8_delayed_state states[MODEL_STATES_MAX];  // the end of step's delayed-scaling states

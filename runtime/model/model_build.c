@@ -107,8 +107,9 @@ static uint64_t mb_bytes_to_end(prog_ref ref) {
 }
 
 // Every stored copy of parameter i's weight (a quantized weight's codes, scales and amaxes in
-// every usage; the master of one without a quantizer) broadcast from its owner, as stored.
-static qt_status mb_dp_broadcast_param(mb *b, uint32_t i) {
+// every usage; the master of one without a quantizer) broadcast from its owner, as stored:
+// added to `items` under `name`.
+static qt_status mb_dp_broadcast_param(mb *b, uint32_t i, const char *name, mb_items *items) {
     const model *m = b->m;
     const model_param *pa = &m->params[i];
     prog_ref refs[8];
@@ -128,33 +129,58 @@ static qt_status mb_dp_broadcast_param(mb *b, uint32_t i) {
             if (!seen) refs[n++] = (prog_ref){all[k].arena, all[k].region, 0};
         }
     }
-    mb_items items = {0};
-    char name[PROG_OP_NAME_MAX];
-    snprintf(name, sizeof name, "dp.broadcast.%s", pa->name);
     for (uint32_t j = 0; j < n; j++) {
         op_dp_item it = {DP_COLL_BROADCAST, DP_DTYPE_U8, DP_OP_NONE, m->param_owner[i], refs[j],
                          refs[j], mb_bytes_to_end(refs[j])};
-        QT_TRY(mb_items_add(b, name, &items, it));
+        QT_TRY(mb_items_add(b, name, items, it));
+    }
+    return QT_OK;
+}
+
+// The weights broadcast in parameter order, consecutive parameters in one NCCL group until
+// every rank sends in it: a broadcast moves bytes from its owner only, so a group with every
+// rank's weights uses the links in all directions at once, where one op per parameter used one
+// at a time. A group waits for the updates of all its parameters, which the ranks run in the
+// same order at about the same pace.
+static qt_status mb_dp_broadcast_weights(mb *b) {
+    const model *m = b->m;
+    mb_items items = {0};
+    bool sends[DP_RANKS_MAX] = {false};
+    uint32_t senders = 0;
+    char name[PROG_OP_NAME_MAX];
+    for (uint32_t i = 0; i < m->param_count; i++) {
+        if (items.count == 0) snprintf(name, sizeof name, "dp.broadcast.%s", m->params[i].name);
+        QT_TRY(mb_dp_broadcast_param(b, i, name, &items));
+        senders += !sends[m->param_owner[i]];
+        sends[m->param_owner[i]] = true;
+        if (senders < m->world) continue;
+        QT_TRY(mb_items_flush(b, name, &items));
+        memset(sends, 0, sizeof sends);
+        senders = 0;
     }
     return mb_items_flush(b, name, &items);
 }
 
-static qt_status mb_dp_broadcast_weights(mb *b) {
-    for (uint32_t i = 0; i < b->m->param_count; i++) QT_TRY(mb_dp_broadcast_param(b, i));
-    return QT_OK;
-}
-
-// Each parameter's gradient summed over the ranks into its owner's copy: one op per parameter,
-// last layer first, the order in which the backward pass finishes them, so that in a graph a
-// reduce waits for its own gradient only and overlaps the rest of the backward pass.
-static qt_status mb_dp_reduce_grads(mb *b) {
+// Each parameter's gradient summed over the ranks into its owner's copy, one op per parameter,
+// placed in the backward pass right after the layer that writes it (last layer first, the same
+// order on every rank): a graph starts its nodes roughly in the order they were captured, so a
+// reduce captured after the whole backward pass started late, however early its gradient was
+// written. After the reduce of a parameter this rank owns, the norm's part over that sum
+// (b->dp_norm, over the owned gradients in parameter order); the part of the last one reduced,
+// owned index 0, folds. Called after the backward pass has done layers `done` and above.
+static qt_status mb_dp_reduce_ready(mb *b, uint32_t done) {
     const model *m = b->m;
-    for (uint32_t i = m->param_count; i-- > 0;) {
+    while (b->reduce_left > 0 && m->params[b->reduce_left - 1].layer >= done) {
+        uint32_t i = --b->reduce_left;
         char name[PROG_OP_NAME_MAX];
         snprintf(name, sizeof name, "dp.reduce.%s", m->params[i].name);
         op_dp_item it = {DP_COLL_REDUCE, DP_DTYPE_F32, DP_OP_SUM, m->param_owner[i],
                          b->grads[i], b->grads[i], b->grad_counts[i]};
         QT_TRY(op_dp_collective(b->p, name, m->comm, b->dp_order, &it, 1));
+        if (!model_param_owned(m, i)) continue;
+        b->owned_left--;
+        QT_TRY(op_grad_norm_part(b->p, "grad_norm", &b->dp_norm, b->owned_left, 1,
+                                 b->owned_left == 0));
     }
     return QT_OK;
 }
@@ -1588,6 +1614,7 @@ static qt_status mb_backward(mb *b) {
         }
         QT_TRY(mb_inject(b, i, top));
         QT_TRY(mb_norm_ready(b, i));
+        QT_TRY(mb_dp_reduce_ready(b, i));
         dy = dx;
     }
     return QT_OK;
@@ -1772,9 +1799,30 @@ static bool mb_norm_during_backward(const mb *b) {
     return !mb_parallel(b) && b->m->norm_group_elems != UINT64_MAX;
 }
 
+// Several ranks: the norm's set over the gradients this rank owns (the parameters it updates),
+// in parameter order, for mb_dp_reduce_ready; every parameter still to reduce.
+static qt_status mb_dp_norm_begin(mb *b) {
+    const model *m = b->m;
+    uint32_t owned = 0;
+    for (uint32_t i = 0; i < m->param_count; i++) {
+        QT_ASSERT(i == 0 || m->params[i].layer >= m->params[i - 1].layer);  // reduce order
+        if (!model_param_owned(m, i)) continue;
+        b->dp_norm_grads[owned] = b->norm_srcs[i];
+        b->dp_norm_units[owned] = b->norm_units[i];
+        b->dp_norm_counts[owned++] = b->norm_counts[i];
+    }
+    b->dp_norm = (op_gnorm_set){.regions = owned, .grads = b->dp_norm_grads,
+                                .counts = b->dp_norm_counts, .units = b->dp_norm_units};
+    b->reduce_left = m->param_count;
+    b->owned_left = owned;
+    return mb_norm_regions(b, &b->dp_norm);
+}
+
 // After mb_grad_list.
 static qt_status mb_norm_begin(mb *b) {
     b->norm_left = 0;
+    b->reduce_left = b->owned_left = 0;
+    if (mb_parallel(b)) return mb_dp_norm_begin(b);
     if (!mb_norm_during_backward(b)) return QT_OK;
     b->norm = (op_gnorm_set){.regions = b->m->param_count, .counts = b->norm_counts};
     QT_TRY(mb_norm_regions(b, &b->norm));
@@ -1811,40 +1859,33 @@ static qt_status mb_optimizer(mb *b) {
     model *m = b->m;
     if (mb_norm_during_backward(b)) {
         QT_ASSERT(b->norm_left == 0);  // every group read (mb_backward)
+    } else if (mb_parallel(b)) {
+        // Several ranks: every gradient reduced and the owned ones' norm taken during the
+        // backward pass (mb_dp_reduce_ready); that norm folded with the other ranks', then the
+        // begin, which needs the folded norm, as an op after the fold.
+        QT_ASSERT(b->reduce_left == 0 && b->owned_left == 0);
+        prog_ref all;
+        const op_gnorm_begin *begin = &b->norm_begin;
+        QT_TRY(mb_dp_gather(b, "dp.grad_norm", b->dp_norm.out, sizeof(qt_gnorm_result), &all));
+        QT_TRY(op_dp_gnorm_fold(b->p, "dp.grad_norm.fold", all, m->world, b->dp_norm.clip,
+                                b->gnorm));
+        QT_TRY(op_optim_begin(b->p, "optim.begin", begin->steps, b->optim, b->gnorm,
+                              begin->lr_rows, begin->lr_row_count, begin->zeroes));
     } else {
-        // Several ranks: the gradients summed into their owners, and the norm over the owned
-        // ones (the parameters this rank updates), folded with the other ranks' after.
-        prog_ref owned_grads[MODEL_PARAMS_MAX];
-        uint64_t owned_counts[MODEL_PARAMS_MAX];
-        bool owned_units[MODEL_PARAMS_MAX];
-        uint32_t owned = 0;
-        if (mb_parallel(b)) QT_TRY(mb_dp_reduce_grads(b));
-        for (uint32_t i = 0; i < m->param_count; i++) {
-            if (!model_param_owned(m, i)) continue;
-            owned_grads[owned] = b->norm_srcs[i];
-            owned_units[owned] = b->norm_units[i];
-            owned_counts[owned++] = b->norm_counts[i];
-        }
-        op_gnorm_set set = {.regions = owned, .grads = owned_grads, .counts = owned_counts,
-                            .units = owned_units};
+        // One rank whose norm is not read during the backward pass: all of it here, its
+        // folding block also beginning the update (one launch fewer).
+        op_gnorm_set set = {.regions = m->param_count, .grads = b->norm_srcs,
+                            .counts = b->norm_counts, .units = b->norm_units};
         QT_TRY(mb_norm_regions(b, &set));
-        // One rank: the norm's folding block also begins the update (one launch fewer).
-        // Several: the begin needs the norm folded across the ranks, so it is an op after the
-        // fold.
-        set.begin = mb_parallel(b) ? NULL : &b->norm_begin;
-        QT_TRY(op_grad_norm_part(b->p, "grad_norm", &set, 0, owned, true));
-        if (mb_parallel(b)) {
-            prog_ref all;
-            const op_gnorm_begin *begin = &b->norm_begin;
-            QT_TRY(mb_dp_gather(b, "dp.grad_norm", set.out, sizeof(qt_gnorm_result), &all));
-            QT_TRY(op_dp_gnorm_fold(b->p, "dp.grad_norm.fold", all, m->world, set.clip,
-                                    b->gnorm));
-            QT_TRY(op_optim_begin(b->p, "optim.begin", begin->steps, b->optim, b->gnorm,
-                                  begin->lr_rows, begin->lr_row_count, begin->zeroes));
-        }
+        set.begin = &b->norm_begin;
+        QT_TRY(op_grad_norm_part(b->p, "grad_norm", &set, 0, m->param_count, true));
     }
+    // Several ranks: the launches one after another (a region each writes), so that each
+    // weight's broadcast overlaps the next launch rather than all of them waiting for the last.
+    prog_ref chain = {0};
+    if (mb_parallel(b)) QT_TRY(mb_region(b, "optim.order", 16, ARENA_CAT_WORKSPACE, &chain));
     QT_TRY(op_optim_adamw_multi(b->p, "optim.adamw", b->optim_list, b->optim_updated, b->optim,
-                                mb_dev(b, m->io.optim_table), mb_optim_per_launch(b),
+                                mb_dev(b, m->io.optim_table), mb_optim_per_launch(b), chain,
                                 b->norm_begin.zeroes));
     return mb_parallel(b) ? mb_dp_broadcast_weights(b) : QT_OK;
 }

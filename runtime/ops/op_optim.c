@@ -521,7 +521,8 @@ static qt_status op_optim_casts_of(program *p, const optim_param_desc *list, uin
 
 qt_status op_optim_adamw_multi(program *p, const char *name, const optim_param_desc *list,
                                uint32_t count, prog_ref state, prog_ref table,
-                               uint32_t per_launch, const op_optim_zeroes *zeroed) {
+                               uint32_t per_launch, prog_ref chain,
+                               const op_optim_zeroes *zeroed) {
     QT_ASSERT(prog_ref_present(state) && prog_ref_present(table));
     QT_ASSERT(!zeroed || op_optim_same(zeroed->entries, table));
     uint32_t entry = 0;
@@ -548,6 +549,9 @@ qt_status op_optim_adamw_multi(program *p, const char *name, const optim_param_d
                              sizeof(optim_state), PROG_READ));
         QT_TRY(prog_use_span(p, op, offsetof(optim_multi_args, entries), entries,
                              (uint64_t)n * sizeof(optim_multi_entry), PROG_READ));
+        if (prog_ref_present(chain)) {
+            QT_TRY(prog_use(p, op, PROG_ARGS_FIELD_NONE, chain, PROG_READ_WRITE));
+        }
         for (uint32_t i = first; i < end; i++) {
             const optim_param_desc *d = &list[i];
             if (op_optim_empty(d)) continue;

@@ -170,13 +170,18 @@ qt_status op_optim_adamw_list(program *p, const optim_param_desc *list, uint32_t
 // per_launch (the same in both calls; 0: as many as fit) caps the parameters of one launch and
 // puts each launch's casts right after it, so that what waits for a parameter's update (a
 // data-parallel step's broadcast of its weight) starts while the next launch runs. The bits do
-// not depend on it.
+// not depend on it. chain (optional; a prog_ref without an arena: none): a region that every
+// launch declares it writes (no bytes are touched), so that a captured graph runs the launches
+// one after another, each with the whole GPU, instead of as parallel branches that all finish
+// together at the end: the first parameters' casts and broadcasts then overlap the later
+// launches.
 uint64_t op_optim_table_bytes(uint32_t count);
 qt_status op_optim_describe(program *init, const optim_param_desc *list, uint32_t count,
                             prog_ref table, uint32_t per_launch);
 qt_status op_optim_adamw_multi(program *p, const char *name, const optim_param_desc *list,
                                uint32_t count, prog_ref state, prog_ref table,
-                               uint32_t per_launch, const op_optim_zeroes *zeroed);
+                               uint32_t per_launch, prog_ref chain,
+                               const op_optim_zeroes *zeroed);
 
 // The weight's quantization from its master as it is (no update, no state): start-up, and any
 // time the master is written from outside (checkpoint load).

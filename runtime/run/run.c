@@ -1085,6 +1085,19 @@ void run_time_steps(run *r, void *scratch, uint64_t scratch_bytes, double ms[MOD
     memcpy(r->host.host_base, copy + dev, host);
 }
 
+// How many capture marks each mode's graph needs at once (runtime/backend/capture.h): past
+// CAPTURE_MARKS some waits fall back to a branch's last op.
+static void run_print_marks(const run *r, FILE *out) {
+    fprintf(out, "graph capture: marks needed at once (of %u):", CAPTURE_MARKS);
+    for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
+        if (!r->model.modes[mode]) continue;
+        capture_plan plan;
+        capture_begin(&plan, &r->programs[mode]);
+        fprintf(out, " %s %u", r->programs[mode].mode, plan.marks_needed);
+    }
+    fprintf(out, "\n");
+}
+
 // Per-op times of one mode's program, in op order, each with the kernel and grid that ran it (the
 // sm_90a tier's where it takes a GEMM) and its share of their sum, then the graph replay: the
 // replay over the sum shows what launch gaps and serialization cost.
@@ -1114,10 +1127,47 @@ static qt_status run_profile_mode(run *r, int mode, uint32_t reps, FILE *out) {
     return QT_OK;
 }
 
+// Where each op of one mode's program ran in its graph's replay (backend_timeline, a window of
+// ops at a time): its capture stream, start and end from the replay's start, and the time its
+// stream waited before it (from the stream's previous op's end). The ops that end last and the
+// gaps show what the step waits for: the critical path, and collectives that do not overlap.
+static qt_status run_timeline_mode(run *r, int mode, FILE *out) {
+    const program *p = &r->programs[mode];
+    capture_plan plan;
+    capture_begin(&plan, p);
+    fprintf(out, "timeline %s: graph replay, median of %u (us from the replay's start); "
+            "capture marks %u of %u%s\n", p->mode, BACKEND_TIMELINE_REPS, plan.marks_needed,
+            CAPTURE_MARKS, plan.marks_needed > CAPTURE_MARKS ? " (some waits fall back)" : "");
+    fprintf(out, "  %4s  %-28s %6s %10s %10s %9s %9s\n", "op", "name", "stream", "start", "end",
+            "us", "waited");
+    float stream_end[CAPTURE_STREAMS] = {0};
+    float last_end = 0.0f;
+    for (uint32_t first = 0; first < p->op_count; first += BACKEND_TIMELINE_OPS) {
+        backend_op_span spans[BACKEND_TIMELINE_OPS];
+        uint32_t count = p->op_count - first < BACKEND_TIMELINE_OPS ? p->op_count - first
+                                                                     : BACKEND_TIMELINE_OPS;
+        QT_TRY(backend_timeline(r->backend, p, first, count, BACKEND_TIMELINE_REPS, spans));
+        for (uint32_t k = 0; k < count; k++) {
+            const backend_op_span *sp = &spans[k];
+            float waited = sp->start_us - stream_end[sp->stream];
+            stream_end[sp->stream] = sp->end_us;
+            if (sp->end_us > last_end) last_end = sp->end_us;
+            fprintf(out, "  %4u  %-28s %6u %10.1f %10.1f %9.1f %9.1f\n", first + k,
+                    p->ops[first + k].name, sp->stream, (double)sp->start_us,
+                    (double)sp->end_us, (double)(sp->end_us - sp->start_us), (double)waited);
+        }
+    }
+    fprintf(out, "  last op ends %.1f us after the replay's start\n", (double)last_end);
+    return QT_OK;
+}
+
 qt_status run_profile(run *r, uint32_t reps, FILE *out) {
     QT_ASSERT(r->bound);
     for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
         if (r->model.modes[mode]) QT_TRY(run_profile_mode(r, mode, reps, out));
+    }
+    for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
+        if (r->model.modes[mode] && r->graphs[mode].exec) QT_TRY(run_timeline_mode(r, mode, out));
     }
     return QT_OK;
 }
@@ -1297,6 +1347,7 @@ void run_print_plan(const run *r, FILE *out) {
                 (unsigned long long)io->slot.inputs_offset);
     }
     run_print_host_memory(r, out);
+    run_print_marks(r, out);
     prog_print(&r->init, out);
     for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
         if (r->model.modes[mode]) prog_print(&r->programs[mode], out);
