@@ -217,6 +217,15 @@ static bool arena_lifetimes_intersect(const arena_region *x, const arena_region 
     return x->first_op <= y->last_op && y->first_op <= x->last_op;
 }
 
+// arena_pack's test: arena_lifetimes_intersect with each transient lifetime extended by the
+// arena's pack_gap ops at its end.
+static bool arena_pack_apart(const arena *a, const arena_region *x, const arena_region *y) {
+    if (!arena_region_used(x) || !arena_region_used(y)) return false;
+    if (x->persistent || y->persistent) return true;
+    int64_t gap = a->pack_gap;
+    return x->first_op <= y->last_op + gap && y->first_op <= x->last_op + gap;
+}
+
 // Half-open byte ranges; an empty range intersects nothing, not even a range around it.
 static bool arena_ranges_intersect(uint64_t x_offset, uint64_t x_bytes, uint64_t y_offset,
                                    uint64_t y_bytes) {
@@ -285,7 +294,7 @@ static uint64_t arena_first_fit(const arena *a, const arena_region *r, const are
     if (r->bytes == 0) return candidate;
     for (uint32_t i = 0; i < placed_count; i++) {
         const arena_region *p = &a->regions[placed[i]];
-        if (!arena_lifetimes_intersect(r, p)) continue;
+        if (!arena_pack_apart(a, r, p)) continue;
         if (p->offset >= candidate + r->bytes) break;
         uint64_t p_end = p->offset + p->bytes;
         if (p_end > candidate) candidate = arena_align_up(p_end, r->align);

@@ -110,6 +110,11 @@ typedef struct arena {
     arena_handle *pack_order;  // [region_capacity] each: arena_pack's scratch, in the same
     arena_handle *pack_placed; // storage
     uint32_t persistent_regions[ARENA_CAT_COUNT];  // persistent regions with bytes, counting too
+    // arena_pack: two transient regions share bytes only when one's last op comes more than
+    // pack_gap ops before the other's first (0: whenever their lifetimes are disjoint). Sharing
+    // orders the later region's users after the earlier one's in a captured graph; a gap keeps
+    // ops a few apart in program order (often independent branches) from being ordered so.
+    uint32_t pack_gap;
     uint64_t bytes_total;   // after packing: end of the highest region, rounded to 256
     uint64_t base_address;  // after bind: device address (or host address as integer)
     uint8_t *host_base;     // after bind: host pointer for host arenas / reference backend, or NULL
@@ -163,7 +168,8 @@ void arena_extend(arena *a, arena_handle h, int32_t op_index);
 // then the longer lifetime; persistent first, then decreasing bytes x ops live. It stops at an
 // order that reaches arena_lower_bound and keeps the first of the lowest ends (a large model's
 // greedy packing can leave a gap of a whole activation at its peak in one order and none in
-// another). Sets bytes_total.
+// another). Sets bytes_total. With a pack_gap, "lifetimes intersect" reads each transient
+// lifetime as extended by pack_gap ops at its end; arena_check still holds.
 void arena_pack(arena *a);
 
 // The allocator arena_bind calls: gives `bytes` (may be 0) and returns the base address and, when

@@ -84,6 +84,32 @@ static void test_persistent_and_transient_share(void) {
     test_end();
 }
 
+// pack_gap: x (ops 0..1), y (ops 3..4), w (ops 6..7), same size. Gaps 0 and 1 put all three at
+// offset 0 (y begins 2 ops after x ends, w 2 after y). Gap 2 keeps y apart from x and w apart
+// from y, but w may reuse x's bytes (6 > 1 + 2). Gap 5 keeps all three apart; arena_check
+// (lifetimes without the gap) holds throughout.
+static void test_pack_gap(void) {
+    test_begin("pack_gap_keeps_near_lifetimes_apart");
+    static const struct { uint32_t gap; uint64_t x, y, w; } cases[] = {
+        {0, 0, 0, 0}, {1, 0, 0, 0}, {2, 0, 100, 0}, {5, 0, 100, 200}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        arena *a = arena_new(ARENA_KIND_HOST, "host");
+        arena_handle x = reserve(a, "x", 100, 1, ARENA_CAT_ACTIVATIONS, 0, 1);
+        arena_handle y = reserve(a, "y", 100, 1, ARENA_CAT_ACTIVATIONS, 3, 4);
+        arena_handle w = reserve(a, "w", 100, 1, ARENA_CAT_ACTIVATIONS, 6, 7);
+        a->pack_gap = cases[k].gap;
+        arena_pack(a);
+        CHECK(offset_of(a, x) == cases[k].x && offset_of(a, y) == cases[k].y &&
+                  offset_of(a, w) == cases[k].w,
+              "gap %u: offsets %" PRIu64 " %" PRIu64 " %" PRIu64 ", expected %" PRIu64
+              " %" PRIu64 " %" PRIu64, cases[k].gap, offset_of(a, x), offset_of(a, y),
+              offset_of(a, w), cases[k].x, cases[k].y, cases[k].w);
+        check_packed(a);
+        free(a);
+    }
+    test_end();
+}
+
 static void test_transient_only_share(void) {
     test_begin("transient_only_share");
     arena *a = arena_new(ARENA_KIND_HOST, "host");
@@ -980,6 +1006,7 @@ static void test_mlp_memory_map(void) {
 int main(void) {
     test_persistent_and_transient_share();
     test_transient_only_share();
+    test_pack_gap();
     test_alignment_fills_gap();
     test_device_raises_alignment();
     test_zero_bytes_and_unused();

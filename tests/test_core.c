@@ -8,6 +8,7 @@
 
 #include "runtime/backend/capture.h"  // capture_begin, capture_next
 #include "runtime/ops/op_core.h"
+#include "runtime/run/run.h"  // run_pack_gap
 #include "tests/rig.h"
 #include "tests/test.h"
 
@@ -681,46 +682,61 @@ static void test_gpu_write_then_launch(void) {
     test_end();
 }
 
-// QTRAIN_COMM_SMS: unset gives the default, a number in range is taken, anything else is
-// refused with a message that names the variable and the range.
-static void test_comm_sms_setting(void) {
-    test_begin("comm_sms_reads_the_environment");
-    const char *saved = getenv("QTRAIN_COMM_SMS");
+// A setting read from the environment: unset gives the default, a number in range is taken,
+// anything else is refused with a message that names the variable and the range.
+typedef qt_status (*env_setting_fn)(uint32_t *value);
+
+static void env_setting_check(const char *variable, env_setting_fn read, uint32_t fallback,
+                              uint32_t max) {
+    const char *saved = getenv(variable);
     char keep[32] = "";
     if (saved) snprintf(keep, sizeof keep, "%s", saved);
-    uint32_t sms = 999;
-    unsetenv("QTRAIN_COMM_SMS");
-    CHECK(backend_comm_sms(&sms) == QT_OK && sms == BACKEND_COMM_SMS_DEFAULT,
-          "unset: %u, expected %u", sms, BACKEND_COMM_SMS_DEFAULT);
-    const struct { const char *text; uint32_t sms; bool ok; } cases[] = {
-        {"0", 0, true}, {"24", 24, true}, {"64", 64, true}, {"65", 0, false},
+    uint32_t value = 999;
+    unsetenv(variable);
+    CHECK(read(&value) == QT_OK && value == fallback, "%s unset: %u, expected %u", variable,
+          value, fallback);
+    char at_max[16], past_max[16], range[32];
+    snprintf(at_max, sizeof at_max, "%u", max);
+    snprintf(past_max, sizeof past_max, "%u", max + 1);
+    snprintf(range, sizeof range, "0 to %u", max);
+    const struct { const char *text; uint32_t value; bool ok; } cases[] = {
+        {"0", 0, true}, {"2", 2, true}, {at_max, max, true}, {past_max, 0, false},
         {"-1", 0, false}, {"8x", 0, false}, {"lots", 0, false},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
-        setenv("QTRAIN_COMM_SMS", cases[k].text, 1);
-        sms = 999;
-        qt_status status = backend_comm_sms(&sms);
+        setenv(variable, cases[k].text, 1);
+        value = 999;
+        qt_status status = read(&value);
         if (cases[k].ok) {
-            CHECK(status == QT_OK && sms == cases[k].sms, "'%s': status %d, %u SMs",
-                  cases[k].text, (int)status, sms);
+            CHECK(status == QT_OK && value == cases[k].value, "%s='%s': status %d, %u", variable,
+                  cases[k].text, (int)status, value);
         } else {
-            CHECK(status == QT_ERR_INPUT && strstr(qt_error_message(), "QTRAIN_COMM_SMS") &&
-                      strstr(qt_error_message(), "0 to 64"),
-                  "'%s': status %d, message '%s'", cases[k].text, (int)status,
+            CHECK(status == QT_ERR_INPUT && strstr(qt_error_message(), variable) &&
+                      strstr(qt_error_message(), range),
+                  "%s='%s': status %d, message '%s'", variable, cases[k].text, (int)status,
                   qt_error_message());
         }
     }
     if (saved) {
-        setenv("QTRAIN_COMM_SMS", keep, 1);
+        setenv(variable, keep, 1);
     } else {
-        unsetenv("QTRAIN_COMM_SMS");
+        unsetenv(variable);
     }
+}
+
+// QTRAIN_COMM_SMS (the SMs a data-parallel step leaves to NCCL) and QTRAIN_PACK_GAP (the device
+// arena's pack_gap).
+static void test_env_settings(void) {
+    test_begin("comm_sms_and_pack_gap_read_the_environment");
+    env_setting_check("QTRAIN_COMM_SMS", backend_comm_sms, BACKEND_COMM_SMS_DEFAULT,
+                      BACKEND_COMM_SMS_MAX);
+    env_setting_check("QTRAIN_PACK_GAP", run_pack_gap, 0, RUN_PACK_GAP_MAX);
     test_end();
 }
 
 int main(void) {
     test_philox_known_answers();
-    test_comm_sms_setting();
+    test_env_settings();
     test_fill_windows_compose();
     test_program_capacity();
     test_program_dependencies();

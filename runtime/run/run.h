@@ -241,6 +241,13 @@ qt_status run_measure_hashed(run *r, const recipe *rc, uint64_t recipe_hash,
 // After run_measure: everything up to packed arenas, the tables carved from `tables` (16-byte
 // aligned, at least the measured bytes, the caller's until the run is closed).
 qt_status run_plan(run *r, void *tables, uint64_t table_bytes);
+// The device arena's pack_gap (arena.h) that run_plan packs with: $QTRAIN_PACK_GAP when set (0
+// to RUN_PACK_GAP_MAX ops), else 0, the tightest packing. A setting for A/B runs: the bits do
+// not depend on it (no kernel's result depends on where its buffers are), the arena's size and
+// what a captured graph may run side by side do (`qtrain plan` shows both). QT_ERR_INPUT for a
+// value that is no such number.
+#define RUN_PACK_GAP_MAX 64
+qt_status run_pack_gap(uint32_t *gap);
 
 // Bytes the reference backend needs for the device and the host arena.
 void run_memory_bytes(const run *r, uint64_t *dev_bytes, uint64_t *host_bytes);
