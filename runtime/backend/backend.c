@@ -84,18 +84,8 @@ qt_status backend_open_gpu(backend *b, int device_ordinal) {
 }
 
 qt_status backend_comm_sms(uint32_t *sms) {
-    *sms = BACKEND_COMM_SMS_DEFAULT;
-    const char *text = getenv("QTRAIN_COMM_SMS");
-    if (!text || !*text) return QT_OK;
-    char *end = NULL;
-    unsigned long value = strtoul(text, &end, 10);
-    if (*end != '\0' || text[0] < '0' || text[0] > '9' || value > BACKEND_COMM_SMS_MAX) {
-        return qt_fail(QT_ERR_INPUT, "QTRAIN_COMM_SMS is '%s': give the SMs a data-parallel step "
-                       "leaves to NCCL beside its GEMMs, a whole number from 0 to %u (unset: %u)",
-                       text, BACKEND_COMM_SMS_MAX, BACKEND_COMM_SMS_DEFAULT);
-    }
-    *sms = (uint32_t)value;
-    return QT_OK;
+    return qt_env_u32("QTRAIN_COMM_SMS", "the SMs a data-parallel step leaves to NCCL beside its "
+                      "GEMMs", BACKEND_COMM_SMS_DEFAULT, BACKEND_COMM_SMS_MAX, sms);
 }
 
 qt_status backend_attach_thread(backend *b) {

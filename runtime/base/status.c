@@ -3,7 +3,7 @@
 #include <inttypes.h>  // PRIX32
 #include <stdarg.h>
 #include <stdio.h>
-#include <stdlib.h>  // abort
+#include <stdlib.h>  // abort, getenv, strtoul
 #include <string.h>
 
 static _Thread_local char status_message[QT_ERROR_MESSAGE_MAX];
@@ -130,4 +130,19 @@ void qt_assert_fail(const char *file, int line, const char *expr) {
     fprintf(stderr, "%s:%d: assertion failed: %s\n", file, line, expr);
     fflush(stderr);
     abort();
+}
+
+qt_status qt_env_u32(const char *variable, const char *meaning, uint32_t fallback, uint32_t max,
+                     uint32_t *value) {
+    *value = fallback;
+    const char *text = getenv(variable);
+    if (!text || !*text) return QT_OK;
+    char *end = NULL;
+    unsigned long number = strtoul(text, &end, 10);
+    if (*end != '\0' || text[0] < '0' || text[0] > '9' || number > max) {
+        return qt_fail(QT_ERR_INPUT, "%s is '%s': give %s, a whole number from 0 to %u "
+                       "(unset: %u)", variable, text, meaning, max, fallback);
+    }
+    *value = (uint32_t)number;
+    return QT_OK;
 }

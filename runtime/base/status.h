@@ -27,6 +27,12 @@ size_t qt_escape(const char *text, size_t bytes, char *out, size_t out_bytes, bo
 // too), in one of QT_SHOWN_BUFFERS buffers of this thread.
 void qt_error_clear(void);
 
+// A whole-number setting from the environment, refused like any bad input: `variable` unset or
+// empty gives `fallback`; a number from 0 to `max` is taken; anything else is QT_ERR_INPUT with
+// a message that names the variable, what it sets (`meaning`) and the range.
+qt_status qt_env_u32(const char *variable, const char *meaning, uint32_t fallback, uint32_t max,
+                     uint32_t *value);
+
 // Programmer errors: a broken invariant aborts with file:line:expression.
 _Noreturn void qt_assert_fail(const char *file, int line, const char *expr);
 #define QT_ASSERT(expr) ((expr) ? (void)0 : qt_assert_fail(__FILE__, __LINE__, #expr))

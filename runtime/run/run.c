@@ -538,18 +538,8 @@ qt_status run_measure_hashed(run *r, const recipe *rc, uint64_t recipe_hash,
 }
 
 qt_status run_pack_gap(uint32_t *gap) {
-    *gap = 0;
-    const char *text = getenv("QTRAIN_PACK_GAP");
-    if (!text || !*text) return QT_OK;
-    char *end = NULL;
-    unsigned long value = strtoul(text, &end, 10);
-    if (*end != '\0' || text[0] < '0' || text[0] > '9' || value > RUN_PACK_GAP_MAX) {
-        return qt_fail(QT_ERR_INPUT, "QTRAIN_PACK_GAP is '%s': give the ops by which the device "
-                       "arena keeps transient buffers apart, a whole number from 0 to %u "
-                       "(unset: 0)", text, RUN_PACK_GAP_MAX);
-    }
-    *gap = (uint32_t)value;
-    return QT_OK;
+    return qt_env_u32("QTRAIN_PACK_GAP", "the ops by which the device arena keeps transient "
+                      "buffers apart", 0, RUN_PACK_GAP_MAX, gap);
 }
 
 qt_status run_plan(run *r, void *tables, uint64_t table_bytes) {
