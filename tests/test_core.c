@@ -231,6 +231,10 @@ static void test_program_dependencies(void) {
     CHECK(!prog_ops_conflict(&o[3], &o[4]), "c and b are apart");
     // Chain 0 -> 1 -> 2 -> 4 -> 5; op 3 runs beside it.
     CHECK(prog_critical_path(&p) == 5, "critical path %u", prog_critical_path(&p));
+    // By the buffers alone (b's and d's reuse of a's bytes aside): 0 -> 1 -> 2 (a, c) and
+    // 4 -> 5 (b).
+    CHECK(prog_critical_path_buffers(&p) == 3, "critical path by buffers %u",
+          prog_critical_path_buffers(&p));
     test_end();
 }
 

@@ -153,23 +153,40 @@ static bool prog_uses_conflict(const prog_op_ref *x, const prog_op_ref *y) {
     return rx->offset < ry->offset + ry->bytes && ry->offset < rx->offset + rx->bytes;
 }
 
-bool prog_ops_conflict(const prog_op *x, const prog_op *y) {
+// Whether two conflicting uses name one buffer: the same region, or a part and its whole (a
+// part's bytes lie inside its whole's). Regions that share bytes only because the packing put
+// one where the other had been are not one buffer.
+static bool prog_uses_one_buffer(const prog_op_ref *x, const prog_op_ref *y) {
+    if (x->ref.region == y->ref.region) return true;
+    const arena_region *rx = arena_region_get(x->ref.arena, x->ref.region);
+    const arena_region *ry = arena_region_get(y->ref.arena, y->ref.region);
+    return (rx->part && rx->whole == y->ref.region) || (ry->part && ry->whole == x->ref.region);
+}
+
+// prog_ops_conflict, or (buffers_only) its conflicts through one buffer alone.
+static bool prog_ops_conflict_by(const prog_op *x, const prog_op *y, bool buffers_only) {
     for (uint32_t i = 0; i < x->ref_count; i++) {
         for (uint32_t j = 0; j < y->ref_count; j++) {
-            if (prog_uses_conflict(&x->refs[i], &y->refs[j])) return true;
+            if (!prog_uses_conflict(&x->refs[i], &y->refs[j])) continue;
+            if (!buffers_only || prog_uses_one_buffer(&x->refs[i], &y->refs[j])) return true;
         }
     }
     return false;
 }
 
-uint32_t prog_critical_path(const program *p) {
+bool prog_ops_conflict(const prog_op *x, const prog_op *y) {
+    return prog_ops_conflict_by(x, y, false);
+}
+
+static uint32_t prog_longest_chain(const program *p, bool buffers_only) {
     QT_ASSERT(!prog_counting(p));
     uint32_t *depth = p->op_scratch;  // chain length ending at each op
     uint32_t longest = 0;
     for (uint32_t j = 0; j < p->op_count; j++) {
         depth[j] = 1;
         for (uint32_t i = 0; i < j; i++) {
-            if (depth[i] + 1 > depth[j] && prog_ops_conflict(&p->ops[i], &p->ops[j])) {
+            if (depth[i] + 1 > depth[j] &&
+                prog_ops_conflict_by(&p->ops[i], &p->ops[j], buffers_only)) {
                 depth[j] = depth[i] + 1;
             }
         }
@@ -177,6 +194,10 @@ uint32_t prog_critical_path(const program *p) {
     }
     return longest;
 }
+
+uint32_t prog_critical_path(const program *p) { return prog_longest_chain(p, false); }
+
+uint32_t prog_critical_path_buffers(const program *p) { return prog_longest_chain(p, true); }
 
 // Whether every arena the program uses is packed (offsets final).
 static bool prog_packed(const program *p) {
@@ -192,8 +213,9 @@ static bool prog_packed(const program *p) {
 void prog_print(const program *p, FILE *out) {
     fprintf(out, "program %s: %u ops", p->mode, p->op_count);
     if (p->op_count > 0 && prog_packed(p)) {
-        fprintf(out, ", %u on the longest chain of ops that must stay in order",
-                prog_critical_path(p));
+        fprintf(out, ", %u on the longest chain of ops that must stay in order (%u by their "
+                "buffers alone, without the orderings that reused bytes add)",
+                prog_critical_path(p), prog_critical_path_buffers(p));
     }
     fprintf(out, "\n");
     for (uint32_t i = 0; i < p->op_count; i++) {

@@ -142,6 +142,10 @@ bool prog_ops_conflict(const prog_op *x, const prog_op *y);
 // Ops on the longest chain of conflicting ops: the least number of kernels one after another
 // that a graph of the program can have (the op count when nothing can overlap).
 uint32_t prog_critical_path(const program *p);
+// The same chain when only the ops' own buffers order them (a region and itself, or a part and
+// its whole): what the program's data flow needs, without the orderings that the packing's
+// reuse of freed bytes adds (arena.h pack_gap trades bytes for fewer of those).
+uint32_t prog_critical_path_buffers(const program *p);
 // The op table; after the arenas are packed, with the program's critical path.
 void prog_print(const program *p, FILE *out);
 
