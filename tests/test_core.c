@@ -308,13 +308,25 @@ static uint64_t capture_test_next(uint64_t *state) {
 
 // exhausts: the program waits for more ops at once than there are marks, so some waits must fall
 // back to a stream's last op (the fallback path is taken, and still orders every conflict).
-static void capture_check(const program *p, const char *what, bool exhausts) {
+// Whether op j must follow op i: their regions conflict, or, with gemms_in_turn, both are wide
+// GEMMs between the first and the last collective.
+static bool capture_test_needs(const capture_plan *c, uint32_t i, uint32_t j) {
+    const program *p = c->p;
+    bool window = (int32_t)i > c->first_collective && (int32_t)j < c->last_collective;
+    return prog_ops_conflict(&p->ops[i], &p->ops[j]) ||
+           (c->gemms_in_turn && window && capture_wide_gemm(&p->ops[i]) &&
+            capture_wide_gemm(&p->ops[j]));
+}
+
+// in_turn: capture_begin's gemms_in_turn, and the wide GEMMs between the first and the last
+// collective must then be ordered one after another.
+static void capture_check(const program *p, const char *what, bool exhausts, bool in_turn) {
     static uint64_t reach[CAPTURE_TEST_OPS][CAPTURE_TEST_WORDS];  // reach[j]: ops before j
     int32_t last[CAPTURE_STREAMS], mark_op[CAPTURE_MARKS];
     for (int s = 0; s < CAPTURE_STREAMS; s++) last[s] = CAPTURE_NONE;
     for (int k = 0; k < CAPTURE_MARKS; k++) mark_op[k] = CAPTURE_NONE;
     capture_plan c;
-    capture_begin(&c, p);
+    capture_begin(&c, p, in_turn);
     uint32_t marked_waits = 0, fallbacks = 0, collectives = 0, misplaced = 0;
     uint32_t beside = 0, beside_misplaced = 0;
     for (uint32_t j = 0; j < p->op_count; j++) {
@@ -343,11 +355,11 @@ static void capture_check(const program *p, const char *what, bool exhausts) {
                 bool latest = true;
                 for (uint32_t i = (uint32_t)wt->op + 1; i < j; i++) {
                     latest &= !(c.stream_of[i] == (uint32_t)wt->stream &&
-                                prog_ops_conflict(&p->ops[i], &p->ops[j]));
+                                capture_test_needs(&c, i, j));
                 }
-                CHECK(latest && prog_ops_conflict(&p->ops[wt->op], &p->ops[j]),
-                      "%s: op %u waits for op %d, not the latest op it conflicts with there",
-                      what, j, wt->op);
+                CHECK(latest && capture_test_needs(&c, (uint32_t)wt->op, j),
+                      "%s: op %u waits for op %d, not the latest op it needs there", what, j,
+                      wt->op);
             } else {
                 fallbacks++;
                 CHECK(target >= wt->op, "%s: op %u falls back to op %d, before op %d", what, j,
@@ -372,6 +384,19 @@ static void capture_check(const program *p, const char *what, bool exhausts) {
     }
     CHECK(unordered == 0, "%s: %llu conflicting pairs unordered", what,
           (unsigned long long)unordered);
+    uint32_t gemms = 0, gemms_apart = 0;
+    for (uint32_t j = 0; in_turn && j < p->op_count; j++) {
+        bool window_j = (int32_t)j > c.first_collective && (int32_t)j < c.last_collective;
+        if (!window_j || !capture_wide_gemm(&p->ops[j])) continue;
+        gemms++;
+        for (uint32_t i = (uint32_t)c.first_collective + 1; i < j; i++) {
+            if (!capture_wide_gemm(&p->ops[i])) continue;
+            gemms_apart += !(reach[j][i / 64] >> (i % 64) & 1);
+        }
+    }
+    CHECK(!in_turn || (gemms > 1 && gemms_apart == 0),
+          "%s: %u pairs of the window's %u GEMMs unordered", what, gemms_apart, gemms);
+    if (in_turn) printf("  %s: %u GEMMs in turn, %u pairs unordered\n", what, gemms, gemms_apart);
     int32_t first_collective = CAPTURE_NONE, last_collective = CAPTURE_NONE;
     for (uint32_t j = 0; j < p->op_count; j++) {
         if (p->ops[j].kernel != KERNEL_DP_COLLECTIVE) continue;
@@ -406,7 +431,8 @@ static void capture_check(const program *p, const char *what, bool exhausts) {
 // read: the plan looks at the kernel and the regions only). beside_every > 0: every such op
 // (from the second) is off the main line (prog_op.beside).
 static void capture_program(program *p, arena *a, uint32_t ops, uint32_t regions, uint32_t fan,
-                            uint64_t seed, uint32_t collective_every, uint32_t beside_every) {
+                            uint64_t seed, uint32_t collective_every, uint32_t beside_every,
+                            uint32_t gemm_every) {
     rig_arena_init(a, ARENA_KIND_DEVICE, "device");
     rig_prog_init(p, "capture");
     arena_handle h[64];
@@ -426,6 +452,10 @@ static void capture_program(program *p, arena *a, uint32_t ops, uint32_t regions
         if (collective_every && i % collective_every == 0) {
             CHECK(prog_append(p, KERNEL_DP_COLLECTIVE, "collective", &shape, &collective_args,
                               sizeof collective_args, &op) == QT_OK, "collective");
+        } else if (gemm_every && i % gemm_every == 2) {
+            static const gemm_args gemm;  // never read: the plan looks at kernel and regions
+            CHECK(prog_append(p, KERNEL_GEMM_FP8_PORTABLE, "gemm", &shape, &gemm, sizeof gemm,
+                              &op) == QT_OK, "gemm");
         } else {
             CHECK(prog_append(p, KERNEL_COPY, "op", &shape, &args, sizeof args, &op) == QT_OK,
                   "op");
@@ -458,24 +488,28 @@ static void test_capture_plan(void) {
         uint32_t ops, regions, fan;
         uint64_t seed;
         const char *what;
-        uint32_t collective_every, beside_every;
+        uint32_t collective_every, beside_every, gemm_every;
     } cases[] = {
-        {60, 6, 0, 1, "60 ops over 6 regions", 0, 0},
-        {400, 24, 0, 2, "400 ops over 24 regions", 0, 0},
-        {400, 64, 0, 3, "400 ops over 64 regions", 0, 0},
-        {200, 64, 63, 4, "one op read by 63", 0, 0},
-        {128, 64, UINT32_MAX, 5, "64 writers, then 64 ops after them", 0, 0},
-        {400, 24, 0, 6, "400 ops over 24 regions, every 7th a collective", 7, 0},
+        {60, 6, 0, 1, "60 ops over 6 regions", 0, 0, 0},
+        {400, 24, 0, 2, "400 ops over 24 regions", 0, 0, 0},
+        {400, 64, 0, 3, "400 ops over 64 regions", 0, 0, 0},
+        {200, 64, 63, 4, "one op read by 63", 0, 0, 0},
+        {128, 64, UINT32_MAX, 5, "64 writers, then 64 ops after them", 0, 0, 0},
+        {400, 24, 0, 6, "400 ops over 24 regions, every 7th a collective", 7, 0, 0},
         {128, 64, UINT32_MAX, 7, "64 writers, then 64 ops after them, every 5th a collective", 5,
-         0},
-        {400, 24, 0, 8, "400 ops over 24 regions, every 6th beside", 0, 6},
+         0, 0},
+        {400, 24, 0, 8, "400 ops over 24 regions, every 6th beside", 0, 6, 0},
         {400, 24, 0, 9, "400 ops over 24 regions, every 7th a collective, every 4th beside", 7,
-         4},
+         4, 0},
+        {400, 64, 0, 10, "400 ops over 64 regions, every 9th a collective, every 5th a GEMM in "
+         "turn", 9, 0, 5},
+        {128, 64, UINT32_MAX, 11, "64 writers, then 64 ops after them, every 3rd a GEMM in turn",
+         127, 0, 3},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         capture_program(&p, &a, cases[i].ops, cases[i].regions, cases[i].fan, cases[i].seed,
-                        cases[i].collective_every, cases[i].beside_every);
-        capture_check(&p, cases[i].what, cases[i].fan == UINT32_MAX);
+                        cases[i].collective_every, cases[i].beside_every, cases[i].gemm_every);
+        capture_check(&p, cases[i].what, cases[i].fan == UINT32_MAX, cases[i].gemm_every > 0);
     }
     test_end();
 }
@@ -704,7 +738,7 @@ static void env_setting_check(const char *variable, env_setting_fn read, uint32_
     snprintf(past_max, sizeof past_max, "%u", max + 1);
     snprintf(range, sizeof range, "0 to %u", max);
     const struct { const char *text; uint32_t value; bool ok; } cases[] = {
-        {"0", 0, true}, {"2", 2, true}, {at_max, max, true}, {past_max, 0, false},
+        {"0", 0, true}, {"1", 1, true}, {at_max, max, true}, {past_max, 0, false},
         {"-1", 0, false}, {"8x", 0, false}, {"lots", 0, false},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
@@ -728,13 +762,21 @@ static void env_setting_check(const char *variable, env_setting_fn read, uint32_
     }
 }
 
-// QTRAIN_COMM_SMS (the SMs a data-parallel step leaves to NCCL) and QTRAIN_PACK_GAP (the device
-// arena's pack_gap).
+static qt_status gemms_in_turn_number(uint32_t *value) {
+    bool on = true;
+    qt_status status = backend_gemms_in_turn(&on);
+    *value = on;
+    return status;
+}
+
+// QTRAIN_COMM_SMS (the SMs a data-parallel step leaves to NCCL), QTRAIN_PACK_GAP (the device
+// arena's pack_gap) and QTRAIN_GEMMS_IN_TURN (0 or 1).
 static void test_env_settings(void) {
-    test_begin("comm_sms_and_pack_gap_read_the_environment");
+    test_begin("settings_read_the_environment");
     env_setting_check("QTRAIN_COMM_SMS", backend_comm_sms, BACKEND_COMM_SMS_DEFAULT,
                       BACKEND_COMM_SMS_MAX);
     env_setting_check("QTRAIN_PACK_GAP", run_pack_gap, 0, RUN_PACK_GAP_MAX);
+    env_setting_check("QTRAIN_GEMMS_IN_TURN", gemms_in_turn_number, 0, 1);
     test_end();
 }
 

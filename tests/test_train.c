@@ -830,7 +830,7 @@ static void test_norm_beside_capture(const char *path, uint32_t min_beside, bool
     int32_t last[CAPTURE_STREAMS];
     for (int s = 0; s < CAPTURE_STREAMS; s++) last[s] = CAPTURE_NONE;
     static capture_plan c;
-    capture_begin(&c, p);
+    capture_begin(&c, p, false);
     for (uint32_t j = 0; waits_beside && j < p->op_count; j++) {
         capture_step step;
         capture_next(&c, j, &step);

@@ -83,6 +83,14 @@ qt_status backend_open_gpu(backend *b, int device_ordinal) {
     return QT_OK;
 }
 
+qt_status backend_gemms_in_turn(bool *on) {
+    uint32_t value = 0;
+    QT_TRY(qt_env_u32("QTRAIN_GEMMS_IN_TURN", "1 (a data-parallel step's GEMMs between its "
+                      "collectives one at a time) or 0 (as the graph allows)", 0, 1, &value));
+    *on = value == 1;
+    return QT_OK;
+}
+
 qt_status backend_comm_sms(uint32_t *sms) {
     return qt_env_u32("QTRAIN_COMM_SMS", "the SMs a data-parallel step leaves to NCCL beside its "
                       "GEMMs", BACKEND_COMM_SMS_DEFAULT, BACKEND_COMM_SMS_MAX, sms);
@@ -352,7 +360,9 @@ static qt_status backend_timed_record(CUevent event, CUstream stream) {
 
 static qt_status backend_capture_ops(backend *b, const program *p, const backend_timed *timed) {
     capture_plan c;
-    capture_begin(&c, p);
+    bool gemms_in_turn = false;
+    QT_TRY(backend_gemms_in_turn(&gemms_in_turn));
+    capture_begin(&c, p, gemms_in_turn);
     // QTRAIN_CAPTURE_STREAM_WAITS=1 (any other value: unset): every wait on the other stream's
     // last op, the marks unused; the plan's streams and wait list stay, so the run may wait
     // again where a mark would have covered less. The same traces, for A/B runs.

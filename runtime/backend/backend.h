@@ -65,6 +65,10 @@ typedef struct backend {
 #define BACKEND_COMM_SMS_DEFAULT 16
 #define BACKEND_COMM_SMS_MAX 64
 qt_status backend_comm_sms(uint32_t *sms);
+// Whether a captured step's wide GEMMs between its first collective and its last run one at a
+// time (runtime/backend/capture.h, capture_begin's gemms_in_turn): $QTRAIN_GEMMS_IN_TURN, 0
+// (unset) or 1, a setting for A/B runs with the same traces. QT_ERR_INPUT for another value.
+qt_status backend_gemms_in_turn(bool *on);
 
 typedef struct backend_graph {
     const program *program;

@@ -1,6 +1,7 @@
 #include "runtime/backend/capture.h"
 
-#include "runtime/driver/modules.h"  // kernel_table: which ops are collectives
+#include "runtime/backend/gemm_tier.h"  // gemm_tier_sm90a_kernel: which ops are wide GEMMs
+#include "runtime/driver/modules.h"       // kernel_table: which ops are collectives
 
 static void capture_reset(capture_plan *c) {
     for (int s = 0; s < CAPTURE_STREAMS; s++) {
@@ -10,14 +11,26 @@ static void capture_reset(capture_plan *c) {
     for (int k = 0; k < CAPTURE_MARKS; k++) c->mark_op[k] = CAPTURE_NONE;
 }
 
-// need[s]: the latest earlier op on stream s that op j conflicts with (NONE: none).
+bool capture_wide_gemm(const prog_op *op) {
+    return gemm_tier_sm90a_kernel(op->kernel) != KERNEL_COUNT;
+}
+
+// Whether op i lies strictly between the program's first and last collective.
+static bool capture_in_window(const capture_plan *c, uint32_t i) {
+    return (int32_t)i > c->first_collective && (int32_t)i < c->last_collective;
+}
+
+// need[s]: the latest earlier op on stream s that op j conflicts with (NONE: none), or, with
+// gemms_in_turn, the latest wide GEMM of the window when j is one.
 static void capture_needs(const capture_plan *c, uint32_t j, int32_t need[CAPTURE_STREAMS]) {
     const program *p = c->p;
+    bool in_turn = c->gemms_in_turn && capture_wide_gemm(&p->ops[j]) && capture_in_window(c, j);
     for (int s = 0; s < CAPTURE_STREAMS; s++) need[s] = CAPTURE_NONE;
     for (uint32_t i = j; i-- > 0;) {
         int s = (int)c->stream_of[i];
         if (need[s] != CAPTURE_NONE) continue;  // a later op of that stream is needed already
-        if (prog_ops_conflict(&p->ops[i], &p->ops[j])) need[s] = (int32_t)i;
+        bool turn = in_turn && capture_wide_gemm(&p->ops[i]) && capture_in_window(c, i);
+        if (turn || prog_ops_conflict(&p->ops[i], &p->ops[j])) need[s] = (int32_t)i;
     }
 }
 
@@ -73,9 +86,10 @@ static void capture_count_marks(capture_plan *c) {
     }
 }
 
-void capture_begin(capture_plan *c, const program *p) {
+void capture_begin(capture_plan *c, const program *p, bool gemms_in_turn) {
     QT_ASSERT(!prog_counting(p));
     c->p = p;
+    c->gemms_in_turn = gemms_in_turn;
     c->stream_of = p->op_scratch;
     c->last_waiter = p->op_scratch + p->op_capacity;
     capture_reset(c);

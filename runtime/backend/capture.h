@@ -43,6 +43,9 @@ typedef struct capture_plan {
     // The program's first and last collective (both NONE: none): the ops between them may run
     // beside one.
     int32_t first_collective, last_collective;
+    // capture_begin's gemms_in_turn: each wide GEMM between the first and the last collective
+    // (capture_wide_gemm) waits for the one before it, whatever their regions.
+    bool gemms_in_turn;
     // The most marks held at once if the pool had no end: above CAPTURE_MARKS, some waits fall
     // back to a stream's last op and wait longer than their op needs.
     uint32_t marks_needed;
@@ -71,9 +74,16 @@ typedef struct capture_step {
 // Whether op is a collective (runtime/parallel: NCCL's, run from the host's side).
 bool capture_collective(const prog_op *op);
 
+// Whether op is a GEMM whose grid the sm_90a tier may make persistent and as wide as the GPU
+// (its kernel has an sm_90a twin: runtime/backend/gemm_tier.h), whichever tier runs it.
+bool capture_wide_gemm(const prog_op *op);
+
 // Plans every op's stream and which ops other streams wait for (a dry run of the placement),
-// then readies the plan for capture_next from op 0.
-void capture_begin(capture_plan *c, const program *p);
+// then readies the plan for capture_next from op 0. gemms_in_turn: in a program with
+// collectives, the wide GEMMs between the first collective and the last run one at a time, each
+// after the one before it in program order: each leaves its SM margin to NCCL, which two at
+// once would take back (backend.h comm_sms). Only an order is added; the bits do not change.
+void capture_begin(capture_plan *c, const program *p, bool gemms_in_turn);
 // The step of op j (0, 1, ... in order).
 void capture_next(capture_plan *c, uint32_t j, capture_step *out);
 

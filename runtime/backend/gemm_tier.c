@@ -25,7 +25,7 @@ static size_t gemm_tier_kernel_row(kernel_id portable) {
 }
 
 // The sm90a kernel that takes a portable GEMM kernel's ops, or KERNEL_COUNT for none.
-static kernel_id gemm_tier_sm90a_kernel(kernel_id portable) {
+kernel_id gemm_tier_sm90a_kernel(kernel_id portable) {
     size_t row = gemm_tier_kernel_row(portable);
     return row < GEMM_TIER_KERNELS ? gemm_tier_kernels[row].sm90a : KERNEL_COUNT;
 }

@@ -68,6 +68,9 @@ bool gemm_tier_scale_groups(const gemm_args *g);
 // backend on a compute capability 9.0 device with the sm90a module loaded, tier AUTO or SM90A,
 // gemm_tier_sm90a_supports, and with AUTO at least 32 tiles (gemm_tier.c says why).
 bool gemm_tier_takes(const gemm_tier_device *d, const prog_op *op);
+// The sm_90a tier's kernel for a portable GEMM kernel, or KERNEL_COUNT where it has none (that
+// GEMM always runs on the portable tier).
+kernel_id gemm_tier_sm90a_kernel(kernel_id portable);
 
 // Whether op's kernel writes a GEMM's D without the norm units the op asks for
 // (gemm_args.norm_units; ptx/gemm.h): the portable and skinny kernels and the split-K reduction.

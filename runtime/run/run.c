@@ -1094,11 +1094,17 @@ void run_time_steps(run *r, void *scratch, uint64_t scratch_bytes, double ms[MOD
 // How many capture marks each mode's graph needs at once (runtime/backend/capture.h): past
 // CAPTURE_MARKS some waits fall back to a branch's last op.
 static void run_print_marks(const run *r, FILE *out) {
+    bool gemms_in_turn = false;
+    if (backend_gemms_in_turn(&gemms_in_turn) != QT_OK) {  // a run would refuse it
+        fprintf(out, "graph capture: %s\n", qt_error_message());
+        qt_error_clear();
+        return;
+    }
     fprintf(out, "graph capture: marks needed at once (of %u):", CAPTURE_MARKS);
     for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
         if (!r->model.modes[mode]) continue;
         capture_plan plan;
-        capture_begin(&plan, &r->programs[mode]);
+        capture_begin(&plan, &r->programs[mode], gemms_in_turn);
         fprintf(out, " %s %u", r->programs[mode].mode, plan.marks_needed);
     }
     fprintf(out, "\n");
@@ -1140,7 +1146,9 @@ static qt_status run_profile_mode(run *r, int mode, uint32_t reps, FILE *out) {
 static qt_status run_timeline_mode(run *r, int mode, FILE *out) {
     const program *p = &r->programs[mode];
     capture_plan plan;
-    capture_begin(&plan, p);
+    bool gemms_in_turn = false;
+    QT_TRY(backend_gemms_in_turn(&gemms_in_turn));
+    capture_begin(&plan, p, gemms_in_turn);
     fprintf(out, "timeline %s: graph replay, median of %u (us from the replay's start); "
             "capture marks %u of %u%s\n", p->mode, BACKEND_TIMELINE_REPS, plan.marks_needed,
             CAPTURE_MARKS, plan.marks_needed > CAPTURE_MARKS ? " (some waits fall back)" : "");
