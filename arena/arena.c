@@ -209,21 +209,18 @@ static bool arena_region_used(const arena_region *r) {
     return r->persistent || r->first_op <= r->last_op;
 }
 
-// Two regions may not share bytes when both are live at some op. Persistent regions are live at
-// every op; a region never used is live at none.
-static bool arena_lifetimes_intersect(const arena_region *x, const arena_region *y) {
+// Whether two regions are live at some common op once each transient lifetime is extended by
+// `gap` ops at its end. Persistent regions are live at every op; a region never used is live at
+// none.
+static bool arena_lifetimes_within(const arena_region *x, const arena_region *y, int64_t gap) {
     if (!arena_region_used(x) || !arena_region_used(y)) return false;
     if (x->persistent || y->persistent) return true;
-    return x->first_op <= y->last_op && y->first_op <= x->last_op;
+    return x->first_op <= y->last_op + gap && y->first_op <= x->last_op + gap;
 }
 
-// arena_pack's test: arena_lifetimes_intersect with each transient lifetime extended by the
-// arena's pack_gap ops at its end.
-static bool arena_pack_apart(const arena *a, const arena_region *x, const arena_region *y) {
-    if (!arena_region_used(x) || !arena_region_used(y)) return false;
-    if (x->persistent || y->persistent) return true;
-    int64_t gap = a->pack_gap;
-    return x->first_op <= y->last_op + gap && y->first_op <= x->last_op + gap;
+// Two regions may not share bytes when both are live at some op.
+static bool arena_lifetimes_intersect(const arena_region *x, const arena_region *y) {
+    return arena_lifetimes_within(x, y, 0);
 }
 
 // Half-open byte ranges; an empty range intersects nothing, not even a range around it.
@@ -294,7 +291,7 @@ static uint64_t arena_first_fit(const arena *a, const arena_region *r, const are
     if (r->bytes == 0) return candidate;
     for (uint32_t i = 0; i < placed_count; i++) {
         const arena_region *p = &a->regions[placed[i]];
-        if (!arena_pack_apart(a, r, p)) continue;
+        if (!arena_lifetimes_within(r, p, a->pack_gap)) continue;
         if (p->offset >= candidate + r->bytes) break;
         uint64_t p_end = p->offset + p->bytes;
         if (p_end > candidate) candidate = arena_align_up(p_end, r->align);

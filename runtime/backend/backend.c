@@ -395,7 +395,7 @@ static qt_status backend_capture_ops(backend *b, const program *p, const backend
                                                                 : events[wait->stream];
             QT_CU(cuStreamWaitEvent(stream, after, 0));
         }
-        bool beside = (int32_t)j > c.first_collective && (int32_t)j < c.last_collective;
+        bool beside = capture_between_collectives(&c, j);
         bool timed_op = timed && j >= timed->first && j - timed->first < timed->count;
         if (timed_op) {
             timed->streams[j - timed->first] = (uint32_t)step.stream;

@@ -15,8 +15,7 @@ bool capture_wide_gemm(const prog_op *op) {
     return gemm_tier_sm90a_kernel(op->kernel) != KERNEL_COUNT;
 }
 
-// Whether op i lies strictly between the program's first and last collective.
-static bool capture_in_window(const capture_plan *c, uint32_t i) {
+bool capture_between_collectives(const capture_plan *c, uint32_t i) {
     return (int32_t)i > c->first_collective && (int32_t)i < c->last_collective;
 }
 
@@ -24,12 +23,13 @@ static bool capture_in_window(const capture_plan *c, uint32_t i) {
 // gemms_in_turn, the latest wide GEMM of the window when j is one.
 static void capture_needs(const capture_plan *c, uint32_t j, int32_t need[CAPTURE_STREAMS]) {
     const program *p = c->p;
-    bool in_turn = c->gemms_in_turn && capture_wide_gemm(&p->ops[j]) && capture_in_window(c, j);
+    bool in_turn = c->gemms_in_turn && capture_wide_gemm(&p->ops[j]) &&
+                   capture_between_collectives(c, j);
     for (int s = 0; s < CAPTURE_STREAMS; s++) need[s] = CAPTURE_NONE;
     for (uint32_t i = j; i-- > 0;) {
         int s = (int)c->stream_of[i];
         if (need[s] != CAPTURE_NONE) continue;  // a later op of that stream is needed already
-        bool turn = in_turn && capture_wide_gemm(&p->ops[i]) && capture_in_window(c, i);
+        bool turn = in_turn && capture_wide_gemm(&p->ops[i]) && capture_between_collectives(c, i);
         if (turn || prog_ops_conflict(&p->ops[i], &p->ops[j])) need[s] = (int32_t)i;
     }
 }

@@ -78,6 +78,10 @@ bool capture_collective(const prog_op *op);
 // (its kernel has an sm_90a twin: runtime/backend/gemm_tier.h), whichever tier runs it.
 bool capture_wide_gemm(const prog_op *op);
 
+// Whether op i lies strictly between the program's first and last collective (what may run
+// beside one; false in a program without collectives). After capture_begin.
+bool capture_between_collectives(const capture_plan *c, uint32_t i);
+
 // Plans every op's stream and which ops other streams wait for (a dry run of the placement),
 // then readies the plan for capture_next from op 0. gemms_in_turn: in a program with
 // collectives, the wide GEMMs between the first collective and the last run one at a time, each

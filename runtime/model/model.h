@@ -356,20 +356,20 @@ typedef struct model_builder {
     optim_param_desc optim_list[MODEL_PARAMS_MAX];  // the parameters the optimizer updates
     uint32_t optim_updated;                         // entries of optim_list
     op_optim_zeroes optim_zeroes;  // their amax workspaces, which the step's begin zeroes
-    // The gradient norm read during the backward pass (model_build.c, mb_norm_during_backward):
-    // its set, the begin its fold does, and the parameters whose gradients it has not read yet
-    // (those below norm_left).
+    // The gradient norm read during the backward pass (model_build.c, mb_norm_during_backward;
+    // with several ranks, over the sums this rank owns, mb_dp_norm_begin): its set, the begin its
+    // fold does, and, on one rank, the parameters whose gradients it has not read yet (those
+    // below norm_left).
     op_gnorm_set norm;
     op_gnorm_begin norm_begin;
     uint32_t norm_left;
     prog_ref dp_order;      // data parallelism: the region every collective op writes
-    // Data parallelism, train: the norm over the gradients this rank owns (parameter order),
-    // each read right after its reduction; the parameters not reduced yet (those below
+    // Data parallelism, train: the norm's regions, the gradients this rank owns in parameter
+    // order, each read right after its reduction; the parameters not reduced yet (those below
     // reduce_left) and the owned ones among them (owned_left).
-    op_gnorm_set dp_norm;
-    prog_ref dp_norm_grads[MODEL_PARAMS_MAX];
-    uint64_t dp_norm_counts[MODEL_PARAMS_MAX];
-    bool dp_norm_units[MODEL_PARAMS_MAX];
+    prog_ref owned_grads[MODEL_PARAMS_MAX];
+    uint64_t owned_counts[MODEL_PARAMS_MAX];
+    bool owned_units[MODEL_PARAMS_MAX];
     uint32_t reduce_left, owned_left;
     model_amax_slots amax_slots;  // train, eval, infer: the step's amax slots
     uint32_t stage_op;      // train, eval, infer: the step's first op, which zeroes them

@@ -166,7 +166,7 @@ static qt_status mb_dp_broadcast_weights(mb *b) {
 // order on every rank): a graph starts its nodes roughly in the order they were captured, so a
 // reduce captured after the whole backward pass started late, however early its gradient was
 // written. After the reduce of a parameter this rank owns, the norm's part over that sum
-// (b->dp_norm, over the owned gradients in parameter order); the part of the last one reduced,
+// (b->norm, over the owned gradients in parameter order); the part of the last one reduced,
 // owned index 0, folds. Called after the backward pass has done layers `done` and above.
 static qt_status mb_dp_reduce_ready(mb *b, uint32_t done) {
     const model *m = b->m;
@@ -179,7 +179,7 @@ static qt_status mb_dp_reduce_ready(mb *b, uint32_t done) {
         QT_TRY(op_dp_collective(b->p, name, m->comm, b->dp_order, &it, 1));
         if (!model_param_owned(m, i)) continue;
         b->owned_left--;
-        QT_TRY(op_grad_norm_part(b->p, "grad_norm", &b->dp_norm, b->owned_left, 1,
+        QT_TRY(op_grad_norm_part(b->p, "grad_norm", &b->norm, b->owned_left, 1,
                                  b->owned_left == 0));
     }
     return QT_OK;
@@ -1807,15 +1807,15 @@ static qt_status mb_dp_norm_begin(mb *b) {
     for (uint32_t i = 0; i < m->param_count; i++) {
         QT_ASSERT(i == 0 || m->params[i].layer >= m->params[i - 1].layer);  // reduce order
         if (!model_param_owned(m, i)) continue;
-        b->dp_norm_grads[owned] = b->norm_srcs[i];
-        b->dp_norm_units[owned] = b->norm_units[i];
-        b->dp_norm_counts[owned++] = b->norm_counts[i];
+        b->owned_grads[owned] = b->norm_srcs[i];
+        b->owned_units[owned] = b->norm_units[i];
+        b->owned_counts[owned++] = b->norm_counts[i];
     }
-    b->dp_norm = (op_gnorm_set){.regions = owned, .grads = b->dp_norm_grads,
-                                .counts = b->dp_norm_counts, .units = b->dp_norm_units};
+    b->norm = (op_gnorm_set){.regions = owned, .grads = b->owned_grads,
+                             .counts = b->owned_counts, .units = b->owned_units};
     b->reduce_left = m->param_count;
     b->owned_left = owned;
-    return mb_norm_regions(b, &b->dp_norm);
+    return mb_norm_regions(b, &b->norm);
 }
 
 // After mb_grad_list.
@@ -1866,8 +1866,8 @@ static qt_status mb_optimizer(mb *b) {
         QT_ASSERT(b->reduce_left == 0 && b->owned_left == 0);
         prog_ref all;
         const op_gnorm_begin *begin = &b->norm_begin;
-        QT_TRY(mb_dp_gather(b, "dp.grad_norm", b->dp_norm.out, sizeof(qt_gnorm_result), &all));
-        QT_TRY(op_dp_gnorm_fold(b->p, "dp.grad_norm.fold", all, m->world, b->dp_norm.clip,
+        QT_TRY(mb_dp_gather(b, "dp.grad_norm", b->norm.out, sizeof(qt_gnorm_result), &all));
+        QT_TRY(op_dp_gnorm_fold(b->p, "dp.grad_norm.fold", all, m->world, b->norm.clip,
                                 b->gnorm));
         QT_TRY(op_optim_begin(b->p, "optim.begin", begin->steps, b->optim, b->gnorm,
                               begin->lr_rows, begin->lr_row_count, begin->zeroes));

@@ -1145,13 +1145,8 @@ static qt_status run_profile_mode(run *r, int mode, uint32_t reps, FILE *out) {
 // gaps show what the step waits for: the critical path, and collectives that do not overlap.
 static qt_status run_timeline_mode(run *r, int mode, FILE *out) {
     const program *p = &r->programs[mode];
-    capture_plan plan;
-    bool gemms_in_turn = false;
-    QT_TRY(backend_gemms_in_turn(&gemms_in_turn));
-    capture_begin(&plan, p, gemms_in_turn);
-    fprintf(out, "timeline %s: graph replay, median of %u (us from the replay's start); "
-            "capture marks %u of %u%s\n", p->mode, BACKEND_TIMELINE_REPS, plan.marks_needed,
-            CAPTURE_MARKS, plan.marks_needed > CAPTURE_MARKS ? " (some waits fall back)" : "");
+    fprintf(out, "timeline %s: graph replay, median of %u (us from the replay's start)\n",
+            p->mode, BACKEND_TIMELINE_REPS);
     fprintf(out, "  %4s  %-28s %6s %10s %10s %9s %9s\n", "op", "name", "stream", "start", "end",
             "us", "waited");
     float stream_end[CAPTURE_STREAMS] = {0};
