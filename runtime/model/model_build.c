@@ -185,15 +185,33 @@ static qt_status mb_dp_reduce_ready(mb *b, uint32_t done) {
     return QT_OK;
 }
 
-// `bytes` of every rank gathered in rank order into a new region [world][bytes] (f32 words, or
-// bytes where `bytes` is no multiple of 4: the gather moves them as they are either way).
+// What one rank contributes to a gather: `bytes` of local, gathered in rank order into a new
+// region [world][bytes] named `what` (f32 words, or bytes where `bytes` is no multiple of 4: the
+// gather moves them as they are either way).
+typedef struct mb_gather {
+    const char *what;
+    prog_ref local;
+    uint64_t bytes;
+    prog_ref *all;
+} mb_gather;
+
+// The gathers as one collective op named `name` (one NCCL group: one wait for every rank).
+static qt_status mb_dp_gather_all(mb *b, const char *name, const mb_gather *g, uint32_t count) {
+    mb_items items = {0};
+    for (uint32_t k = 0; k < count; k++) {
+        QT_TRY(mb_region(b, g[k].what, g[k].bytes * b->m->world, ARENA_CAT_STAGING, g[k].all));
+        bool words = g[k].bytes % 4 == 0;
+        op_dp_item it = {DP_COLL_ALL_GATHER, words ? DP_DTYPE_F32 : DP_DTYPE_U8, DP_OP_NONE, 0,
+                         g[k].local, *g[k].all, words ? g[k].bytes / 4 : g[k].bytes};
+        QT_TRY(mb_items_add(b, name, &items, it));
+    }
+    return mb_items_flush(b, name, &items);
+}
+
 static qt_status mb_dp_gather(mb *b, const char *what, prog_ref local, uint64_t bytes,
                               prog_ref *all) {
-    QT_TRY(mb_region(b, what, bytes * b->m->world, ARENA_CAT_STAGING, all));
-    bool words = bytes % 4 == 0;
-    op_dp_item it = {DP_COLL_ALL_GATHER, words ? DP_DTYPE_F32 : DP_DTYPE_U8, DP_OP_NONE, 0, local,
-                     *all, words ? bytes / 4 : bytes};
-    return op_dp_collective(b->p, what, b->m->comm, b->dp_order, &it, 1);
+    mb_gather g = {what, local, bytes, all};
+    return mb_dp_gather_all(b, what, &g, 1);
 }
 
 // This step's amaxes (row 0 of every delayed-scaling history) the maximum over the ranks, so
@@ -1196,10 +1214,18 @@ static qt_status mb_loss_parallel(mb *b, prog_ref local, uint32_t cols) {
         QT_TRY(op_dp_loss_share(b->p, "dp.loss_share", b->dlogits.ref, b->dlogits.dtype,
                                 (uint64_t)b->dlogits.rows * b->dlogits.cols, b->rows_valid));
     }
+    uint32_t fold_cols = m->classification ? 1 : cols;
+    if (b->train) {
+        // Gathered with the gradient norm (mb_optimizer): nothing in the backward pass reads
+        // the global statistics, and a collective here waits for the slowest rank's loss
+        // before the ops captured after it on its stream.
+        b->dp_loss_local = local;
+        b->dp_loss_cols = fold_cols;
+        return QT_OK;
+    }
     prog_ref all;
     QT_TRY(mb_dp_gather(b, "dp.loss_stats", local, sizeof(qt_loss_stats), &all));
-    return op_dp_stats_fold(b->p, "dp.loss_stats.fold", all, m->world,
-                            m->classification ? 1 : cols, b->stats);
+    return op_dp_stats_fold(b->p, "dp.loss_stats.fold", all, m->world, fold_cols, b->stats);
 }
 
 static qt_status mb_loss(mb *b) {
@@ -1864,11 +1890,17 @@ static qt_status mb_optimizer(mb *b) {
         // backward pass (mb_dp_reduce_ready); that norm folded with the other ranks', then the
         // begin, which needs the folded norm, as an op after the fold.
         QT_ASSERT(b->reduce_left == 0 && b->owned_left == 0);
-        prog_ref all;
+        // The loss statistics (mb_loss_parallel) in the same group: one wait for every rank.
+        prog_ref all, loss_all;
         const op_gnorm_begin *begin = &b->norm_begin;
-        QT_TRY(mb_dp_gather(b, "dp.grad_norm", b->norm.out, sizeof(qt_gnorm_result), &all));
+        const mb_gather gathers[] = {
+            {"dp.grad_norm", b->norm.out, sizeof(qt_gnorm_result), &all},
+            {"dp.loss_stats", b->dp_loss_local, sizeof(qt_loss_stats), &loss_all}};
+        QT_TRY(mb_dp_gather_all(b, "dp.grad_norm", gathers, 2));
         QT_TRY(op_dp_gnorm_fold(b->p, "dp.grad_norm.fold", all, m->world, b->norm.clip,
                                 b->gnorm));
+        QT_TRY(op_dp_stats_fold(b->p, "dp.loss_stats.fold", loss_all, m->world,
+                                b->dp_loss_cols, b->stats));
         QT_TRY(op_optim_begin(b->p, "optim.begin", begin->steps, b->optim, b->gnorm,
                               begin->lr_rows, begin->lr_row_count, begin->zeroes));
     } else {
