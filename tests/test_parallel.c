@@ -547,8 +547,10 @@ static void test_two_ranks(const char *scheme) {
 // each reduction of an owned parameter followed by the norm's part over it; the optimizer's
 // launches ordered one after another (each launch conflicts with the one before, so a graph
 // cannot run them as parallel branches that all end together; rank 1 of the deeper model has
-// four); and weights broadcast in groups in which both ranks send (a group splits where its
-// items exceed one NCCL group's).
+// four); weights broadcast in groups in which both ranks send (a group splits where its items
+// exceed one NCCL group's); and no collective between the loss and the first reduction (the
+// loss statistics are gathered with the gradient norms, one collective of two items: a gather
+// after the loss waited for every rank's loss and held the ops captured after it).
 static void plan_check(const char *text, uint32_t rank) {
     run *r = aligned(sizeof(run));
     recipe *rc = aligned(sizeof(recipe));
@@ -566,8 +568,15 @@ static void plan_check(const char *text, uint32_t rank) {
         const program *p = &r->programs[MODEL_MODE_TRAIN];
         uint32_t reduces = 0, norm_parts = 0, last_gemm = 0, first_reduce = UINT32_MAX;
         uint32_t adamw = 0, chained = 0, prev_adamw = UINT32_MAX, broadcasts = 0, both = 0;
+        const char *first_collective = "";
+        uint32_t norm_gather_items = 0;
         for (uint32_t i = 0; i < p->op_count; i++) {
             const prog_op *op = &p->ops[i];
+            if (op->kernel == KERNEL_DP_COLLECTIVE) {
+                const dp_collective_args *a = (const dp_collective_args *)(const void *)op->args;
+                if (!*first_collective) first_collective = op->name;
+                if (strcmp(op->name, "dp.grad_norm") == 0) norm_gather_items = a->items;
+            }
             if (strstr(op->name, ".wgrad") || strstr(op->name, ".dgrad")) last_gemm = i;
             if (strncmp(op->name, "dp.reduce.", 10) == 0) {
                 reduces++;
@@ -600,6 +609,9 @@ static void plan_check(const char *text, uint32_t rank) {
               "the one before", rank, chained, adamw - 1);
         CHECK(both >= 1, "rank %u: none of %u broadcast groups with both ranks sending", rank,
               broadcasts);
+        CHECK(strncmp(first_collective, "dp.reduce.", 10) == 0 && norm_gather_items == 2,
+              "rank %u: the first collective is %s, the norms' gather has %u items (the loss "
+              "statistics belong in it)", rank, first_collective, norm_gather_items);
         printf("  rank %u: %u ops, %u reductions (the first at op %u, the last backward GEMM "
                "at op %u), %u optimizer launches, %u broadcast groups\n", rank, p->op_count,
                reduces, first_reduce, last_gemm, adamw, broadcasts);
