@@ -584,6 +584,20 @@ mib() { sed -n "s/^  $1 .* $2 \([0-9.]*\) .*/\1/p" "$dir/out"; }
 r0=$(mib 'rank 0' optim) r1=$(mib 'rank 1' optim) one=$(mib 'one GPU' optim)
 awk "BEGIN { exit !($r0 < $one && $r1 < $one && $r0 + $r1 >= $one * 0.999) }" 2>/dev/null ||
     bad="$bad [moments per rank: $r0 + $r1 of $one MiB]"
+# plan --rank R: rank R's own plan (its updates and sends differ from rank 0's); a rank of no
+# such run is refused.
+"$qtrain" plan "$tiny" --gpus 2 > "$dir/plan0" 2>&1
+"$qtrain" plan "$tiny" --gpus 2 --rank 1 > "$dir/out" 2>&1
+rc=$?
+train_ops() { sed -n 's/^program train: \([0-9]*\) ops.*/\1/p' "$1"; }
+[ $rc -eq 0 ] && grep -q '^rank 1 of 2 GPUs:' "$dir/out" &&
+    [ "$(train_ops "$dir/out")" != "$(train_ops "$dir/plan0")" ] ||
+    bad="$bad [plan --rank 1: exit $rc, train ops $(train_ops "$dir/out") and rank 0's $(train_ops "$dir/plan0")]"
+"$qtrain" plan "$tiny" --gpus 2 --rank 2 > "$dir/out" 2>&1
+[ $? -eq 2 ] && grep -q -- '--rank 2 needs --gpus above it' "$dir/out" ||
+    bad="$bad [plan --rank 2 of 2: $(tail -1 "$dir/out")]"
+"$qtrain" plan "$tiny" --rank 1 > "$dir/out" 2>&1
+[ $? -eq 2 ] || bad="$bad [plan --rank without --gpus taken]"
 # Eval and infer rows alone are planned on several GPUs (no moments: every master on every rank);
 # qtrain infer runs on one GPU and says where infer rows run on several.
 sed 's/^train 200 .*$/infer all output=never.npy/' "$tiny" > "$dir/rows.recipe"

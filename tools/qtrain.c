@@ -73,9 +73,10 @@ static void print_usage(FILE *out) {
             "          float32 logits, or int32 classes with --argmax, into an .npy file\n"
             "          (--from: with a checkpoint's weights)\n"
             "  plan RECIPE [--summary] [--steps N] [--seed S]\n"
-            "             [--emulated-gemm auto|kernel|copies]\n"
+            "             [--emulated-gemm auto|kernel|copies] [--gpus N [--rank R]]\n"
             "          the layers and their quantizers, padding and GEMM decisions, the schedule,\n"
-            "          the program of each mode and the memory map (--summary: in brief)\n"
+            "          the program of each mode and the memory map (--summary: in brief;\n"
+            "          --gpus: rank R's, default 0, and every rank's device arena)\n"
             "  info    driver, GPU and kernel report (registers, shared memory, local memory)\n"
             "  bench [quant|copy|gemm|quant_FAMILY] [--quick]\n"
             "          benchmarks on the GPU: medians of graph replays, next to a device copy\n"
@@ -169,6 +170,7 @@ typedef struct cli_args {
     // GPU R.
     uint32_t gpus;
     bool worker;
+    bool plan_rank_given;  // plan --rank R: rank R's plan of --gpus N
     uint8_t parallel_id[QT_PARALLEL_ID_BYTES];
 } cli_args;
 
@@ -287,6 +289,11 @@ static int parse_parallel_flag(cli_command command, const char *arg, const char 
     } else if (strcmp(arg, "--gpus") == 0) {
         if (!parse_count_arg(a->command, arg, value, 1, QT_GPUS_MAX, &v)) return -1;
         a->gpus = (uint32_t)v;
+    } else if (command == CLI_PLAN && strcmp(arg, "--rank") == 0) {
+        // The rank whose plan to print (qtrain plan --gpus N --rank R); no worker.
+        if (!parse_count_arg(a->command, arg, value, 0, QT_GPUS_MAX - 1, &v)) return -1;
+        o->rank = (uint32_t)v;
+        a->plan_rank_given = true;
     } else if (train && strcmp(arg, "--rank") == 0) {
         if (!parse_count_arg(a->command, arg, value, 0, QT_GPUS_MAX - 1, &v)) return -1;
         o->rank = (uint32_t)v;
@@ -416,6 +423,11 @@ static bool parse_run_args(int argc, char **argv, cli_command command, cli_args 
                 "drop one of them\n", argv[1], a->gpus);
         return false;
     }
+    if (a->plan_rank_given && a->options.rank >= a->gpus) {
+        fprintf(stderr, "qtrain plan: --rank %u needs --gpus above it (the ranks of --gpus N are "
+                "0 to N-1)\n", a->options.rank);
+        return false;
+    }
     if (command == CLI_PLAN && a->gpus > 1) {  // a rank's plan (qtrain plan --gpus)
         a->options.world = a->gpus;
     }
@@ -517,7 +529,7 @@ static int command_plan(int argc, char **argv) {
     qt_plan_info info;
     memset(&info, 0, sizeof info);
     if (status == QT_OK) {
-        if (a.gpus > 1) printf("rank 0 of %u GPUs:\n", a.gpus);
+        if (a.gpus > 1) printf("rank %u of %u GPUs:\n", a.options.rank, a.gpus);
         qt_plan_info_get(c.rt, &info);
         status = a.summary ? qt_plan_print_summary(c.rt, stdout) : qt_plan_print(c.rt, stdout);
     }
@@ -1019,7 +1031,11 @@ static int wait_ranks(const pid_t *pids, uint32_t count) {
 // repeats itself: NVLink multicast off (NCCL_NVLS_ENABLE=0, always), one algorithm and protocol
 // (NCCL_ALGO=Ring, NCCL_PROTO=Simple) and every connection made when the communicator is
 // (NCCL_RUNTIME_CONNECT=0), not in the first collective, which a graph capture may hold (each
-// unless set already). Waits for them all; when one
+// unless set already); and the driver's hardware queues for a context's work raised from 8 to 32
+// (CUDA_DEVICE_MAX_CONNECTIONS, unless set), since the step's graph spreads over the capture's
+// six streams and NCCL's, and a node queued behind an unrelated one waits for it: on 2 x H200 a
+// broadcast's start waited for another branch's cast, and the step took 0.2 ms less with 32
+// (BENCHMARKS.md, "Data parallelism"). Waits for them all; when one
 // fails the others are ended (they would wait for it in their next collective). Ctrl-C ends
 // every worker at once (no summary or save: a stop needs every rank at the same step).
 static int launch_ranks(int argc, char **argv, const cli_args *a) {
@@ -1042,6 +1058,7 @@ static int launch_ranks(int argc, char **argv, const cli_args *a) {
     setenv("NCCL_ALGO", "Ring", 0);
     setenv("NCCL_PROTO", "Simple", 0);
     setenv("NCCL_RUNTIME_CONNECT", "0", 0);  // connections at start-up, not inside a capture
+    setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);  // read when a worker's context is made
     char **args = calloc((size_t)argc + 8, sizeof *args);
     pid_t *pids = calloc(a->gpus, sizeof *pids);
     if (!args || !pids) {
