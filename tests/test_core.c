@@ -308,25 +308,24 @@ static uint64_t capture_test_next(uint64_t *state) {
 
 // exhausts: the program waits for more ops at once than there are marks, so some waits must fall
 // back to a stream's last op (the fallback path is taken, and still orders every conflict).
-// Whether op j must follow op i: their regions conflict, or, with gemms_in_turn, both are wide
-// GEMMs between the first and the last collective.
+// Whether op j must follow op i: their regions conflict, or j is a GEMM that runs alone (with
+// margin_beside) and i a collective before it.
 static bool capture_test_needs(const capture_plan *c, uint32_t i, uint32_t j) {
     const program *p = c->p;
-    bool window = (int32_t)i > c->first_collective && (int32_t)j < c->last_collective;
     return prog_ops_conflict(&p->ops[i], &p->ops[j]) ||
-           (c->gemms_in_turn && window && capture_wide_gemm(&p->ops[i]) &&
-            capture_wide_gemm(&p->ops[j]));
+           (capture_gemm_alone(c, j) && capture_collective(&p->ops[i]));
 }
 
-// in_turn: capture_begin's gemms_in_turn, and the wide GEMMs between the first and the last
-// collective must then be ordered one after another.
-static void capture_check(const program *p, const char *what, bool exhausts, bool in_turn) {
+// margin_beside: capture_begin's; each GEMM that then runs alone (on every SM) must follow every
+// collective before it and come before every collective after it, so that none can run beside
+// it, and only GEMMs between the first and the last collective leave the margin.
+static void capture_check(const program *p, const char *what, bool exhausts, bool margin_beside) {
     static uint64_t reach[CAPTURE_TEST_OPS][CAPTURE_TEST_WORDS];  // reach[j]: ops before j
     int32_t last[CAPTURE_STREAMS], mark_op[CAPTURE_MARKS];
     for (int s = 0; s < CAPTURE_STREAMS; s++) last[s] = CAPTURE_NONE;
     for (int k = 0; k < CAPTURE_MARKS; k++) mark_op[k] = CAPTURE_NONE;
     capture_plan c;
-    capture_begin(&c, p, in_turn);
+    capture_begin(&c, p, margin_beside);
     uint32_t marked_waits = 0, fallbacks = 0, collectives = 0, misplaced = 0;
     uint32_t beside = 0, beside_misplaced = 0;
     for (uint32_t j = 0; j < p->op_count; j++) {
@@ -384,19 +383,33 @@ static void capture_check(const program *p, const char *what, bool exhausts, boo
     }
     CHECK(unordered == 0, "%s: %llu conflicting pairs unordered", what,
           (unsigned long long)unordered);
-    uint32_t gemms = 0, gemms_apart = 0;
-    for (uint32_t j = 0; in_turn && j < p->op_count; j++) {
+    uint32_t gemms = 0, alone = 0, met = 0, margins = 0;
+    for (uint32_t j = 0; j < p->op_count; j++) {
         bool window_j = (int32_t)j > c.first_collective && (int32_t)j < c.last_collective;
+        margins += capture_leaves_margin(&c, j) != (window_j && !capture_gemm_alone(&c, j));
         if (!window_j || !capture_wide_gemm(&p->ops[j])) continue;
         gemms++;
-        for (uint32_t i = (uint32_t)c.first_collective + 1; i < j; i++) {
-            if (!capture_wide_gemm(&p->ops[i])) continue;
-            gemms_apart += !(reach[j][i / 64] >> (i % 64) & 1);
+        if (!capture_gemm_alone(&c, j)) continue;
+        alone++;
+        for (uint32_t k = 0; k < p->op_count; k++) {
+            if (k == j || !capture_collective(&p->ops[k])) continue;
+            bool ordered = k < j ? (reach[j][k / 64] >> (k % 64) & 1)
+                                 : (reach[k][j / 64] >> (j % 64) & 1);
+            if (!ordered && met++ < 4) {
+                CHECK(false, "%s: collective %u may run beside GEMM %u, which runs alone", what,
+                      k, j);
+            }
         }
     }
-    CHECK(!in_turn || (gemms > 1 && gemms_apart == 0),
-          "%s: %u pairs of the window's %u GEMMs unordered", what, gemms_apart, gemms);
-    if (in_turn) printf("  %s: %u GEMMs in turn, %u pairs unordered\n", what, gemms, gemms_apart);
+    CHECK(met == 0 && margins == 0, "%s: %u collectives unordered with a GEMM that runs alone, "
+          "%u ops leave the margin against the rule", what, met, margins);
+    CHECK(!margin_beside || gemms == 0 || alone > 0, "%s: none of %u GEMMs runs alone", what,
+          gemms);
+    CHECK(margin_beside || alone == 0, "%s: %u GEMMs run alone without margin_beside", what,
+          alone);
+    if (margin_beside) {
+        printf("  %s: %u GEMMs between the collectives, %u of them alone\n", what, gemms, alone);
+    }
     int32_t first_collective = CAPTURE_NONE, last_collective = CAPTURE_NONE;
     for (uint32_t j = 0; j < p->op_count; j++) {
         if (p->ops[j].kernel != KERNEL_DP_COLLECTIVE) continue;
@@ -447,6 +460,7 @@ static void capture_program(program *p, arena *a, uint32_t ops, uint32_t regions
     static const dp_collective_args collective_args;
     launch_shape shape = op_shape_1d(1, 32);
     uint64_t state = seed;
+    uint32_t gemm_wrote = UINT32_MAX;  // the region the last GEMM wrote
     for (uint32_t i = 0; i < ops; i++) {
         uint32_t op = 0;
         if (collective_every && i % collective_every == 0) {
@@ -470,6 +484,9 @@ static void capture_program(program *p, arena *a, uint32_t ops, uint32_t regions
             reads[0] = reads[1] = 0;
             write = i == 0 ? 0 : 1 + (i - 1) % (regions - 1);
         }
+        bool collective = collective_every && i % collective_every == 0;
+        if (collective && gemm_every && gemm_wrote != UINT32_MAX) reads[0] = gemm_wrote;
+        if (!collective && gemm_every && i % gemm_every == 2) gemm_wrote = write;
         for (int r = 0; r < 2; r++) {
             prog_ref ref = {a, h[reads[r]], 0};
             CHECK(prog_use(p, op, PROG_ARGS_FIELD_NONE, ref, PROG_READ) == QT_OK, "read");
@@ -501,15 +518,16 @@ static void test_capture_plan(void) {
         {400, 24, 0, 8, "400 ops over 24 regions, every 6th beside", 0, 6, 0},
         {400, 24, 0, 9, "400 ops over 24 regions, every 7th a collective, every 4th beside", 7,
          4, 0},
-        {400, 64, 0, 10, "400 ops over 64 regions, every 9th a collective, every 5th a GEMM in "
-         "turn", 9, 0, 5},
-        {128, 64, UINT32_MAX, 11, "64 writers, then 64 ops after them, every 3rd a GEMM in turn",
-         127, 0, 3},
+        {400, 64, 0, 10, "400 ops over 64 regions, every 9th a collective (reading the last "
+         "GEMM's output), every 5th a GEMM", 9, 0, 5},
+        {128, 64, UINT32_MAX, 11, "64 writers, then 64 ops after them, every 3rd a GEMM, the "
+         "last op a collective (reading the last GEMM's output)", 127, 0, 3},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         capture_program(&p, &a, cases[i].ops, cases[i].regions, cases[i].fan, cases[i].seed,
                         cases[i].collective_every, cases[i].beside_every, cases[i].gemm_every);
-        capture_check(&p, cases[i].what, cases[i].fan == UINT32_MAX, cases[i].gemm_every > 0);
+        capture_check(&p, cases[i].what, cases[i].fan == UINT32_MAX, false);
+        if (cases[i].gemm_every) capture_check(&p, cases[i].what, cases[i].fan == UINT32_MAX, true);
     }
     test_end();
 }
@@ -762,21 +780,21 @@ static void env_setting_check(const char *variable, env_setting_fn read, uint32_
     }
 }
 
-static qt_status gemms_in_turn_number(uint32_t *value) {
+static qt_status margin_beside_number(uint32_t *value) {
     bool on = true;
-    qt_status status = backend_gemms_in_turn(&on);
+    qt_status status = backend_margin_beside(&on);
     *value = on;
     return status;
 }
 
 // QTRAIN_COMM_SMS (the SMs a data-parallel step leaves to NCCL), QTRAIN_PACK_GAP (the device
-// arena's pack_gap) and QTRAIN_GEMMS_IN_TURN (0 or 1).
+// arena's pack_gap) and QTRAIN_MARGIN_BESIDE (0 or 1).
 static void test_env_settings(void) {
     test_begin("settings_read_the_environment");
     env_setting_check("QTRAIN_COMM_SMS", backend_comm_sms, BACKEND_COMM_SMS_DEFAULT,
                       BACKEND_COMM_SMS_MAX);
     env_setting_check("QTRAIN_PACK_GAP", run_pack_gap, 0, RUN_PACK_GAP_MAX);
-    env_setting_check("QTRAIN_GEMMS_IN_TURN", gemms_in_turn_number, 0, 1);
+    env_setting_check("QTRAIN_MARGIN_BESIDE", margin_beside_number, 0, 1);
     test_end();
 }
 

@@ -83,10 +83,11 @@ qt_status backend_open_gpu(backend *b, int device_ordinal) {
     return QT_OK;
 }
 
-qt_status backend_gemms_in_turn(bool *on) {
+qt_status backend_margin_beside(bool *on) {
     uint32_t value = 0;
-    QT_TRY(qt_env_u32("QTRAIN_GEMMS_IN_TURN", "1 (a data-parallel step's GEMMs between its "
-                      "collectives one at a time) or 0 (as the graph allows)", 0, 1, &value));
+    QT_TRY(qt_env_u32("QTRAIN_MARGIN_BESIDE", "1 (the SMs left to NCCL only by the GEMMs that a "
+                      "collective may run beside) or 0 (by every GEMM between the first and the "
+                      "last collective)", 0, 1, &value));
     *on = value == 1;
     return QT_OK;
 }
@@ -360,9 +361,9 @@ static qt_status backend_timed_record(CUevent event, CUstream stream) {
 
 static qt_status backend_capture_ops(backend *b, const program *p, const backend_timed *timed) {
     capture_plan c;
-    bool gemms_in_turn = false;
-    QT_TRY(backend_gemms_in_turn(&gemms_in_turn));
-    capture_begin(&c, p, gemms_in_turn);
+    bool margin_beside = false;
+    QT_TRY(backend_margin_beside(&margin_beside));
+    capture_begin(&c, p, margin_beside);
     // QTRAIN_CAPTURE_STREAM_WAITS=1 (any other value: unset): every wait on the other stream's
     // last op, the marks unused; the plan's streams and wait list stay, so the run may wait
     // again where a mark would have covered less. The same traces, for A/B runs.
@@ -375,6 +376,9 @@ static qt_status backend_capture_ops(backend *b, const program *p, const backend
     // here (a collective waits for its producer's mark on its own stream, whatever the program
     // order), and an estimate from bytes and FLOPs that capped only some measured slower than
     // no margin at all: a collective that meets an uncapped GEMM waits for its whole grid.
+    // margin_beside (QTRAIN_MARGIN_BESIDE=1) uncaps only GEMMs that no collective can meet:
+    // those that the next collective waits for and that wait for the one before
+    // (capture_gemm_alone).
     uint32_t sms = (uint32_t)b->info.sm_count;
     uint32_t beside_ctas = b->comm_sms > 0 && b->comm_sms < sms ? sms - b->comm_sms : 0;
     // The side streams join the capture from stream 0's start.
@@ -395,7 +399,7 @@ static qt_status backend_capture_ops(backend *b, const program *p, const backend
                                                                 : events[wait->stream];
             QT_CU(cuStreamWaitEvent(stream, after, 0));
         }
-        bool beside = capture_between_collectives(&c, j);
+        bool beside = capture_leaves_margin(&c, j);
         bool timed_op = timed && j >= timed->first && j - timed->first < timed->count;
         if (timed_op) {
             timed->streams[j - timed->first] = (uint32_t)step.stream;

@@ -65,10 +65,12 @@ typedef struct backend {
 #define BACKEND_COMM_SMS_DEFAULT 16
 #define BACKEND_COMM_SMS_MAX 64
 qt_status backend_comm_sms(uint32_t *sms);
-// Whether a captured step's wide GEMMs between its first collective and its last run one at a
-// time (runtime/backend/capture.h, capture_begin's gemms_in_turn): $QTRAIN_GEMMS_IN_TURN, 0
-// (unset) or 1, a setting for A/B runs with the same traces. QT_ERR_INPUT for another value.
-qt_status backend_gemms_in_turn(bool *on);
+// Whether a captured step leaves the SM margin only beside the collectives
+// (runtime/backend/capture.h, capture_begin's margin_beside): the GEMMs of the collective window
+// that no collective can run beside take every SM, after the collectives before them. Read from
+// $QTRAIN_MARGIN_BESIDE, 0 (unset) or 1, a setting for A/B runs with the same traces.
+// QT_ERR_INPUT for another value.
+qt_status backend_margin_beside(bool *on);
 
 typedef struct backend_graph {
     const program *program;

@@ -19,23 +19,39 @@ bool capture_between_collectives(const capture_plan *c, uint32_t i) {
     return (int32_t)i > c->first_collective && (int32_t)i < c->last_collective;
 }
 
-// need[s]: the latest earlier op on stream s that op j conflicts with (NONE: none), or, with
-// gemms_in_turn, the latest wide GEMM of the window when j is one.
+bool capture_collective(const prog_op *op) {
+    return kernel_table[op->kernel].module == MODULE_host;
+}
+
+bool capture_gemm_alone(const capture_plan *c, uint32_t i) {
+    const program *p = c->p;
+    if (!c->margin_beside || !capture_wide_gemm(&p->ops[i]) ||
+        !capture_between_collectives(c, i)) {
+        return false;
+    }
+    uint32_t k = i + 1;
+    while (!capture_collective(&p->ops[k])) k++;  // the last collective lies after i
+    return prog_ops_conflict(&p->ops[i], &p->ops[k]);
+}
+
+bool capture_leaves_margin(const capture_plan *c, uint32_t i) {
+    return capture_between_collectives(c, i) && !capture_gemm_alone(c, i);
+}
+
+// need[s]: the latest earlier op on stream s that op j conflicts with (NONE: none); for a GEMM
+// that runs alone, on the collectives' stream the last collective before it.
 static void capture_needs(const capture_plan *c, uint32_t j, int32_t need[CAPTURE_STREAMS]) {
     const program *p = c->p;
-    bool in_turn = c->gemms_in_turn && capture_wide_gemm(&p->ops[j]) &&
-                   capture_between_collectives(c, j);
     for (int s = 0; s < CAPTURE_STREAMS; s++) need[s] = CAPTURE_NONE;
+    bool alone = capture_gemm_alone(c, j);
     for (uint32_t i = j; i-- > 0;) {
         int s = (int)c->stream_of[i];
         if (need[s] != CAPTURE_NONE) continue;  // a later op of that stream is needed already
-        bool turn = in_turn && capture_wide_gemm(&p->ops[i]) && capture_between_collectives(c, i);
-        if (turn || prog_ops_conflict(&p->ops[i], &p->ops[j])) need[s] = (int32_t)i;
+        bool collective_before = alone && s == c->collective_stream;
+        if (collective_before || prog_ops_conflict(&p->ops[i], &p->ops[j])) {
+            need[s] = (int32_t)i;
+        }
     }
-}
-
-bool capture_collective(const prog_op *op) {
-    return kernel_table[op->kernel].module == MODULE_host;
 }
 
 // A stream for op j: in a program with collectives, the last stream for each collective and
@@ -86,10 +102,10 @@ static void capture_count_marks(capture_plan *c) {
     }
 }
 
-void capture_begin(capture_plan *c, const program *p, bool gemms_in_turn) {
+void capture_begin(capture_plan *c, const program *p, bool margin_beside) {
     QT_ASSERT(!prog_counting(p));
     c->p = p;
-    c->gemms_in_turn = gemms_in_turn;
+    c->margin_beside = margin_beside;
     c->stream_of = p->op_scratch;
     c->last_waiter = p->op_scratch + p->op_capacity;
     capture_reset(c);

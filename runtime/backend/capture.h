@@ -43,9 +43,9 @@ typedef struct capture_plan {
     // The program's first and last collective (both NONE: none): the ops between them may run
     // beside one.
     int32_t first_collective, last_collective;
-    // capture_begin's gemms_in_turn: each wide GEMM between the first and the last collective
-    // (capture_wide_gemm) waits for the one before it, whatever their regions.
-    bool gemms_in_turn;
+    // capture_begin's margin_beside: the SM margin only for the wide GEMMs of the window that a
+    // collective may run beside; the others run alone (capture_gemm_alone).
+    bool margin_beside;
     // The most marks held at once if the pool had no end: above CAPTURE_MARKS, some waits fall
     // back to a stream's last op and wait longer than their op needs.
     uint32_t marks_needed;
@@ -82,12 +82,23 @@ bool capture_wide_gemm(const prog_op *op);
 // beside one; false in a program without collectives). After capture_begin.
 bool capture_between_collectives(const capture_plan *c, uint32_t i);
 
+// With margin_beside: whether wide GEMM i of the window runs with no collective beside it, so on
+// every SM. It does when the first collective after it in program order reads or writes what it
+// does (the reduction of the gradient it writes): the collectives run in program order on their
+// own stream, so none after that one starts before the GEMM ends; and the GEMM waits for the
+// last collective before it (capture_next's waits), so none before it is still running.
+bool capture_gemm_alone(const capture_plan *c, uint32_t i);
+
+// Whether op i leaves the SM margin to NCCL (backend.comm_sms): between the first and the last
+// collective, and not a GEMM that runs alone.
+bool capture_leaves_margin(const capture_plan *c, uint32_t i);
+
 // Plans every op's stream and which ops other streams wait for (a dry run of the placement),
-// then readies the plan for capture_next from op 0. gemms_in_turn: in a program with
-// collectives, the wide GEMMs between the first collective and the last run one at a time, each
-// after the one before it in program order: each leaves its SM margin to NCCL, which two at
-// once would take back (backend.h comm_sms). Only an order is added; the bits do not change.
-void capture_begin(capture_plan *c, const program *p, bool gemms_in_turn);
+// then readies the plan for capture_next from op 0. margin_beside: in a program with
+// collectives, only the wide GEMMs that a collective may run beside leave the SM margin to NCCL
+// (backend.h comm_sms); the others wait for the collectives before them and take every SM
+// (capture_gemm_alone). Only an order is added; the bits do not change.
+void capture_begin(capture_plan *c, const program *p, bool margin_beside);
 // The step of op j (0, 1, ... in order).
 void capture_next(capture_plan *c, uint32_t j, capture_step *out);
 

@@ -1094,8 +1094,8 @@ void run_time_steps(run *r, void *scratch, uint64_t scratch_bytes, double ms[MOD
 // How many capture marks each mode's graph needs at once (runtime/backend/capture.h): past
 // CAPTURE_MARKS some waits fall back to a branch's last op.
 static void run_print_marks(const run *r, FILE *out) {
-    bool gemms_in_turn = false;
-    if (backend_gemms_in_turn(&gemms_in_turn) != QT_OK) {  // a run would refuse it
+    bool margin_beside = false;
+    if (backend_margin_beside(&margin_beside) != QT_OK) {  // a run would refuse it
         fprintf(out, "graph capture: %s\n", qt_error_message());
         qt_error_clear();
         return;
@@ -1104,7 +1104,7 @@ static void run_print_marks(const run *r, FILE *out) {
     for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
         if (!r->model.modes[mode]) continue;
         capture_plan plan;
-        capture_begin(&plan, &r->programs[mode], gemms_in_turn);
+        capture_begin(&plan, &r->programs[mode], margin_beside);
         fprintf(out, " %s %u", r->programs[mode].mode, plan.marks_needed);
     }
     fprintf(out, "\n");
