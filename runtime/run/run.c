@@ -1101,13 +1101,32 @@ static void run_print_marks(const run *r, FILE *out) {
         return;
     }
     fprintf(out, "graph capture: marks needed at once (of %u):", CAPTURE_MARKS);
+    bool collectives = false;
     for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
         if (!r->model.modes[mode]) continue;
         capture_plan plan;
         capture_begin(&plan, &r->programs[mode], margin_beside);
         fprintf(out, " %s %u", r->programs[mode].mode, plan.marks_needed);
+        collectives |= plan.first_collective != CAPTURE_NONE;
     }
     fprintf(out, "\n");
+    if (!collectives) return;
+    // Several ranks: the wide GEMMs between each mode's first and last collective, and those of
+    // them that leave SMs to NCCL (all, unless QTRAIN_MARGIN_BESIDE=1).
+    fprintf(out, "graph capture: wide GEMMs between the first and the last collective:");
+    for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
+        if (!r->model.modes[mode]) continue;
+        capture_plan plan;
+        capture_begin(&plan, &r->programs[mode], margin_beside);
+        uint32_t window = 0, margin = 0;
+        for (uint32_t j = 0; j < r->programs[mode].op_count; j++) {
+            if (!capture_wide_gemm(&r->programs[mode].ops[j])) continue;
+            window += capture_between_collectives(&plan, j);
+            margin += capture_leaves_margin(&plan, j);
+        }
+        fprintf(out, " %s %u (%u leave SMs to NCCL)", r->programs[mode].mode, window, margin);
+    }
+    fprintf(out, "%s\n", margin_beside ? " (QTRAIN_MARGIN_BESIDE=1)" : "");
 }
 
 // Per-op times of one mode's program, in op order, each with the kernel and grid that ran it (the
