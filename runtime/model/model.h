@@ -371,11 +371,10 @@ typedef struct model_builder {
     uint64_t owned_counts[MODEL_PARAMS_MAX];
     bool owned_units[MODEL_PARAMS_MAX];
     uint32_t reduce_left, owned_left;
-    // Data parallelism, train: this rank's loss statistics (qt_loss_stats) and the columns the
-    // fold counts, gathered with the gradient norm after the backward pass (mb_optimizer) rather
-    // than right after the loss, where the collective's wait for every rank held up the backward.
+    // Data parallelism, train: this rank's loss statistics (qt_loss_stats), gathered with the
+    // gradient norm after the backward pass (mb_optimizer) rather than right after the loss,
+    // where the collective's wait for every rank held up the backward pass.
     prog_ref dp_loss_local;
-    uint32_t dp_loss_cols;
     model_amax_slots amax_slots;  // train, eval, infer: the step's amax slots
     uint32_t stage_op;      // train, eval, infer: the step's first op, which zeroes them
     op_fp8_delayed_state states[MODEL_STATES_MAX];  // the end of step's delayed-scaling states

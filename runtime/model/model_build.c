@@ -1206,26 +1206,27 @@ static qt_status mb_forward(mb *b) {
 // ---------------------------------------------------------------------------------------------
 // Loss
 
+// The columns the ranks' loss statistics fold counts: one per row for a classification, else
+// each of the model's outputs.
+static uint32_t mb_stats_cols(const model *m) { return m->classification ? 1 : m->outputs; }
+
 // Several ranks: each rank's loss over its share, then the statistics of the global batch (the
 // ranks' sums in rank order) and the loss gradient scaled to the rank's part of the global mean.
-static qt_status mb_loss_parallel(mb *b, prog_ref local, uint32_t cols) {
+static qt_status mb_loss_parallel(mb *b, prog_ref local) {
     model *m = b->m;
     if (b->train) {
         QT_TRY(op_dp_loss_share(b->p, "dp.loss_share", b->dlogits.ref, b->dlogits.dtype,
                                 (uint64_t)b->dlogits.rows * b->dlogits.cols, b->rows_valid));
-    }
-    uint32_t fold_cols = m->classification ? 1 : cols;
-    if (b->train) {
         // Gathered with the gradient norm (mb_optimizer): nothing in the backward pass reads
         // the global statistics, and a collective here waits for the slowest rank's loss
         // before the ops captured after it on its stream.
         b->dp_loss_local = local;
-        b->dp_loss_cols = fold_cols;
         return QT_OK;
     }
     prog_ref all;
     QT_TRY(mb_dp_gather(b, "dp.loss_stats", local, sizeof(qt_loss_stats), &all));
-    return op_dp_stats_fold(b->p, "dp.loss_stats.fold", all, m->world, fold_cols, b->stats);
+    return op_dp_stats_fold(b->p, "dp.loss_stats.fold", all, m->world, mb_stats_cols(m),
+                            b->stats);
 }
 
 static qt_status mb_loss(mb *b) {
@@ -1261,7 +1262,8 @@ static qt_status mb_loss(mb *b) {
         QT_TRY(op_mse(b->p, "loss", rows, cols, mb_act(out), target, b->rows_valid, grad,
                       b->dlogits.amax, ws, stats));
     }
-    return mb_parallel(b) ? mb_loss_parallel(b, stats, cols) : QT_OK;
+    QT_ASSERT(cols == m->outputs);
+    return mb_parallel(b) ? mb_loss_parallel(b, stats) : QT_OK;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1900,7 +1902,7 @@ static qt_status mb_optimizer(mb *b) {
         QT_TRY(op_dp_gnorm_fold(b->p, "dp.grad_norm.fold", all, m->world, b->norm.clip,
                                 b->gnorm));
         QT_TRY(op_dp_stats_fold(b->p, "dp.loss_stats.fold", loss_all, m->world,
-                                b->dp_loss_cols, b->stats));
+                                mb_stats_cols(m), b->stats));
         QT_TRY(op_optim_begin(b->p, "optim.begin", begin->steps, b->optim, b->gnorm,
                               begin->lr_rows, begin->lr_row_count, begin->zeroes));
     } else {

@@ -1100,31 +1100,36 @@ static void run_print_marks(const run *r, FILE *out) {
         qt_error_clear();
         return;
     }
-    fprintf(out, "graph capture: marks needed at once (of %u):", CAPTURE_MARKS);
+    // Per mode, from one plan each: the marks, and (several ranks) the wide GEMMs between the
+    // first and the last collective and those of them that leave SMs to NCCL (all, unless
+    // QTRAIN_MARGIN_BESIDE=1).
+    uint32_t marks[MODEL_MODE_COUNT] = {0}, window[MODEL_MODE_COUNT] = {0};
+    uint32_t margin[MODEL_MODE_COUNT] = {0};
     bool collectives = false;
     for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
         if (!r->model.modes[mode]) continue;
+        const program *p = &r->programs[mode];
         capture_plan plan;
-        capture_begin(&plan, &r->programs[mode], margin_beside);
-        fprintf(out, " %s %u", r->programs[mode].mode, plan.marks_needed);
+        capture_begin(&plan, p, margin_beside);
+        marks[mode] = plan.marks_needed;
         collectives |= plan.first_collective != CAPTURE_NONE;
+        for (uint32_t j = 0; j < p->op_count; j++) {
+            if (!capture_wide_gemm(&p->ops[j])) continue;
+            window[mode] += capture_between_collectives(&plan, j);
+            margin[mode] += capture_leaves_margin(&plan, j);
+        }
+    }
+    fprintf(out, "graph capture: marks needed at once (of %u):", CAPTURE_MARKS);
+    for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
+        if (r->model.modes[mode]) fprintf(out, " %s %u", r->programs[mode].mode, marks[mode]);
     }
     fprintf(out, "\n");
     if (!collectives) return;
-    // Several ranks: the wide GEMMs between each mode's first and last collective, and those of
-    // them that leave SMs to NCCL (all, unless QTRAIN_MARGIN_BESIDE=1).
     fprintf(out, "graph capture: wide GEMMs between the first and the last collective:");
     for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
         if (!r->model.modes[mode]) continue;
-        capture_plan plan;
-        capture_begin(&plan, &r->programs[mode], margin_beside);
-        uint32_t window = 0, margin = 0;
-        for (uint32_t j = 0; j < r->programs[mode].op_count; j++) {
-            if (!capture_wide_gemm(&r->programs[mode].ops[j])) continue;
-            window += capture_between_collectives(&plan, j);
-            margin += capture_leaves_margin(&plan, j);
-        }
-        fprintf(out, " %s %u (%u leave SMs to NCCL)", r->programs[mode].mode, window, margin);
+        fprintf(out, " %s %u (%u leave SMs to NCCL)", r->programs[mode].mode, window[mode],
+                margin[mode]);
     }
     fprintf(out, "%s\n", margin_beside ? " (QTRAIN_MARGIN_BESIDE=1)" : "");
 }
