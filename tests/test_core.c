@@ -780,21 +780,31 @@ static void env_setting_check(const char *variable, env_setting_fn read, uint32_
     }
 }
 
-static qt_status margin_beside_number(uint32_t *value) {
-    bool on = true;
-    qt_status status = backend_margin_beside(&on);
+// A 0-or-1 setting as the number env_setting_check reads.
+static qt_status switch_number(qt_status (*read)(bool *on), uint32_t *value) {
+    bool on = false;
+    qt_status status = read(&on);
     *value = on;
     return status;
 }
 
+static qt_status margin_beside_number(uint32_t *value) {
+    return switch_number(backend_margin_beside, value);
+}
+
+static qt_status comm_priority_number(uint32_t *value) {
+    return switch_number(backend_comm_priority, value);
+}
+
 // QTRAIN_COMM_SMS (the SMs a data-parallel step leaves to NCCL), QTRAIN_PACK_GAP (the device
-// arena's pack_gap) and QTRAIN_MARGIN_BESIDE (0 or 1).
+// arena's pack_gap), QTRAIN_MARGIN_BESIDE and QTRAIN_COMM_PRIORITY (0 or 1, on when unset).
 static void test_env_settings(void) {
     test_begin("settings_read_the_environment");
     env_setting_check("QTRAIN_COMM_SMS", backend_comm_sms, BACKEND_COMM_SMS_DEFAULT,
                       BACKEND_COMM_SMS_MAX);
     env_setting_check("QTRAIN_PACK_GAP", run_pack_gap, 0, RUN_PACK_GAP_MAX);
-    env_setting_check("QTRAIN_MARGIN_BESIDE", margin_beside_number, 0, 1);
+    env_setting_check("QTRAIN_MARGIN_BESIDE", margin_beside_number, 1, 1);
+    env_setting_check("QTRAIN_COMM_PRIORITY", comm_priority_number, 1, 1);
     test_end();
 }
 

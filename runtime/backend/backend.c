@@ -71,8 +71,19 @@ qt_status backend_open_gpu(backend *b, int device_ordinal) {
     QT_CU(cuStreamCreate(&b->stream, CU_STREAM_NON_BLOCKING));
     QT_CU(cuStreamCreate(&b->copy_stream, CU_STREAM_NON_BLOCKING));
     b->capture_streams[0] = b->stream;
+    for (int s = 1; s < CAPTURE_STREAMS - 1; s++) {
+        QT_CU(cuStreamCreate(&b->capture_streams[s], CU_STREAM_NON_BLOCKING));
+    }
+    // The last stream carries a data-parallel step's collectives (capture_begin): at the
+    // greatest priority, NCCL's CTAs take the next SM that frees up ahead of the waiting CTAs
+    // of the kernels beside them, once a graph is instantiated to use its nodes' priorities
+    // (backend_comm_priority). Launched into the graph's stream otherwise, its kernels run at
+    // that stream's priority like every other node.
+    int least_priority = 0, greatest_priority = 0;
+    QT_CU(cuCtxGetStreamPriorityRange(&least_priority, &greatest_priority));
+    QT_CU(cuStreamCreateWithPriority(&b->capture_streams[CAPTURE_STREAMS - 1],
+                                     CU_STREAM_NON_BLOCKING, greatest_priority));
     for (int s = 0; s < CAPTURE_STREAMS; s++) {
-        if (s > 0) QT_CU(cuStreamCreate(&b->capture_streams[s], CU_STREAM_NON_BLOCKING));
         QT_CU(cuEventCreate(&b->capture_events[s], CU_EVENT_DISABLE_TIMING));
     }
     for (int k = 0; k < CAPTURE_MARKS; k++) {
@@ -84,10 +95,18 @@ qt_status backend_open_gpu(backend *b, int device_ordinal) {
 }
 
 qt_status backend_margin_beside(bool *on) {
-    uint32_t value = 0;
+    uint32_t value = 1;
     QT_TRY(qt_env_u32("QTRAIN_MARGIN_BESIDE", "1 (the SMs left to NCCL only by the GEMMs that a "
                       "collective may run beside) or 0 (by every GEMM between the first and the "
-                      "last collective)", 0, 1, &value));
+                      "last collective)", 1, 1, &value));
+    *on = value == 1;
+    return QT_OK;
+}
+
+qt_status backend_comm_priority(bool *on) {
+    uint32_t value = 1;
+    QT_TRY(qt_env_u32("QTRAIN_COMM_PRIORITY", "1 (the collectives' kernels at the greatest "
+                      "stream priority) or 0 (at the step's)", 1, 1, &value));
     *on = value == 1;
     return QT_OK;
 }
@@ -359,11 +378,16 @@ static qt_status backend_timed_record(CUevent event, CUstream stream) {
     return QT_OK;
 }
 
-static qt_status backend_capture_ops(backend *b, const program *p, const backend_timed *timed) {
+// Captures p's ops into streams 0 ... CAPTURE_STREAMS - 1; *collectives tells whether the last
+// stream carried collectives (whose kernel nodes then have its priority).
+static qt_status backend_capture_ops(backend *b, const program *p, const backend_timed *timed,
+                                     bool *collectives) {
     capture_plan c;
     bool margin_beside = false;
     QT_TRY(backend_margin_beside(&margin_beside));
     capture_begin(&c, p, margin_beside);
+    *collectives = c.collective_stream != CAPTURE_NONE;
+    QT_ASSERT(!*collectives || c.collective_stream == CAPTURE_STREAMS - 1);
     // QTRAIN_CAPTURE_STREAM_WAITS=1 (any other value: unset): every wait on the other stream's
     // last op, the marks unused; the plan's streams and wait list stay, so the run may wait
     // again where a mark would have covered less. The same traces, for A/B runs.
@@ -425,8 +449,11 @@ static qt_status backend_capture_timed(backend *b, const program *p, backend_gra
     g->program = p;
     g->exec = NULL;
     if (b->kind == BACKEND_REF) return QT_OK;
+    bool comm_priority = false;
+    QT_TRY(backend_comm_priority(&comm_priority));
     QT_CU(cuStreamBeginCapture(b->stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
-    qt_status status = backend_capture_ops(b, p, timed);
+    bool collectives = false;
+    qt_status status = backend_capture_ops(b, p, timed, &collectives);
     CUgraph graph = NULL;
     CUresult end = drv.cuStreamEndCapture(b->stream, &graph);
     if (status != QT_OK) {
@@ -434,7 +461,11 @@ static qt_status backend_capture_timed(backend *b, const program *p, backend_gra
         return status;
     }
     if (end != CUDA_SUCCESS) return driver_fail(end, "cuStreamEndCapture", __FILE__, __LINE__);
-    CUresult inst = drv.cuGraphInstantiateWithFlags(&g->exec, graph, 0);
+    // The kernel nodes keep the priorities of the streams they were captured from; only the
+    // collectives' stream has another than the step's (backend_open_gpu).
+    unsigned long long flags =
+        comm_priority && collectives ? CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY : 0;
+    CUresult inst = drv.cuGraphInstantiateWithFlags(&g->exec, graph, flags);
     drv.cuGraphDestroy(graph);
     if (inst != CUDA_SUCCESS) {
         return driver_fail(inst, "cuGraphInstantiateWithFlags", __FILE__, __LINE__);

@@ -68,9 +68,14 @@ qt_status backend_comm_sms(uint32_t *sms);
 // Whether a captured step leaves the SM margin only beside the collectives
 // (runtime/backend/capture.h, capture_begin's margin_beside): the GEMMs of the collective window
 // that no collective can run beside take every SM, after the collectives before them. Read from
-// $QTRAIN_MARGIN_BESIDE, 0 (unset) or 1, a setting for A/B runs with the same traces.
-// QT_ERR_INPUT for another value.
+// $QTRAIN_MARGIN_BESIDE, 1 (unset) or 0 (every GEMM of the window leaves the margin), a setting
+// for A/B runs with the same traces. QT_ERR_INPUT for another value.
 qt_status backend_margin_beside(bool *on);
+// Whether a captured step with collectives runs their kernels at the greatest stream priority,
+// so that NCCL's CTAs are placed ahead of the waiting CTAs of the kernels beside them: read from
+// $QTRAIN_COMM_PRIORITY, 0 (unset) or 1, a setting for A/B runs with the same traces.
+// QT_ERR_INPUT for another value.
+qt_status backend_comm_priority(bool *on);
 
 typedef struct backend_graph {
     const program *program;

@@ -27,8 +27,8 @@
     X(cuMemHostRegister) X(cuMemHostUnregister) X(cuMemHostGetDevicePointer)                \
     X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync)               \
     X(cuMemcpyDtoDAsync) X(cuMemsetD8Async)                                                 \
-    X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize) X(cuStreamQuery)            \
-    X(cuStreamWaitEvent)                                                                    \
+    X(cuStreamCreate) X(cuStreamCreateWithPriority) X(cuCtxGetStreamPriorityRange)          \
+    X(cuStreamDestroy) X(cuStreamSynchronize) X(cuStreamQuery) X(cuStreamWaitEvent)         \
     X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventRecordWithFlags)           \
     X(cuEventSynchronize)                                                                   \
     X(cuEventQuery) X(cuEventElapsedTime)                                                   \

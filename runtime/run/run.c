@@ -1101,8 +1101,8 @@ static void run_print_marks(const run *r, FILE *out) {
         return;
     }
     // Per mode, from one plan each: the marks, and (several ranks) the wide GEMMs between the
-    // first and the last collective and those of them that leave SMs to NCCL (all, unless
-    // QTRAIN_MARGIN_BESIDE=1).
+    // first and the last collective and those of them that leave SMs to NCCL (all of them with
+    // QTRAIN_MARGIN_BESIDE=0).
     uint32_t marks[MODEL_MODE_COUNT] = {0}, window[MODEL_MODE_COUNT] = {0};
     uint32_t margin[MODEL_MODE_COUNT] = {0};
     bool collectives = false;
@@ -1131,7 +1131,7 @@ static void run_print_marks(const run *r, FILE *out) {
         fprintf(out, " %s %u (%u leave SMs to NCCL)", r->programs[mode].mode, window[mode],
                 margin[mode]);
     }
-    fprintf(out, "%s\n", margin_beside ? " (QTRAIN_MARGIN_BESIDE=1)" : "");
+    fprintf(out, "%s\n", margin_beside ? "" : " (QTRAIN_MARGIN_BESIDE=0)");
 }
 
 // Per-op times of one mode's program, in op order, each with the kernel and grid that ran it (the
