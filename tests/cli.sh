@@ -628,6 +628,37 @@ else
     echo "FAIL cli_gpus_refusals_and_plan:$bad"
     exit 1
 fi
+# --profile-rank R: rank R prints --profile's report, after rank 0's summary. Its refusals need no
+# GPU; the report needs two.
+bad=""
+"$qtrain" run "$tiny" --gpus 2 --profile-rank 1 > "$dir/out" 2>&1
+[ $? -eq 2 ] && grep -q -- '--profile-rank 1 needs --profile and --gpus above it' "$dir/out" ||
+    bad="$bad [without --profile: $(tail -1 "$dir/out")]"
+"$qtrain" run "$tiny" --gpus 2 --profile --profile-rank 2 > "$dir/out" 2>&1
+[ $? -eq 2 ] || bad="$bad [--profile-rank 2 of 2 taken]"
+"$qtrain" run "$tiny" --profile --profile-rank 0 > "$dir/out" 2>&1
+[ $? -eq 2 ] || bad="$bad [--profile-rank without --gpus taken]"
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+if [ "${gpus:-0}" -ge 2 ]; then
+    "$qtrain" run "$tiny" --gpus 2 --steps 20 --profile --profile-rank 1 > "$dir/out" 2>&1
+    rc=$?
+    # The summary's step time, then rank 1's header, then one timeline of the train program.
+    order=$(grep -n -e '^step time ' -e '^profile of rank 1 of 2 GPUs' -e '^timeline train' \
+        "$dir/out" | cut -d: -f2 | cut -c1-10 | tr '\n' '|')
+    [ $rc -eq 0 ] && [ "$order" = "step time |profile o|timeline t|" ] ||
+        bad="$bad [--gpus 2 --profile --profile-rank 1: exit $rc, lines '$order']"
+    if [ -z "$bad" ]; then
+        echo "PASS cli_profile_rank"
+    else
+        echo "FAIL cli_profile_rank:$bad"
+        exit 1
+    fi
+elif [ -z "$bad" ]; then
+    echo "SKIP cli_profile_rank: rank 1's report needs two GPUs (its refusals passed)"
+else
+    echo "FAIL cli_profile_rank:$bad"
+    exit 1
+fi
 # Invisible characters in quoted text are shown escaped.
 printf '\357\273\277[model]\ninput = 4\n' > "$dir/bom.recipe"
 printf '[model]\ninput\302\240= 4\n' > "$dir/nbsp.recipe"

@@ -55,10 +55,12 @@ static void print_usage(FILE *out) {
             "             [--checksum-every K] [--profile] [--emulated-gemm auto|kernel|copies]\n"
             "             [--save CKPT [--save-every N]] [--resume CKPT] [--force]\n"
             "             [--check GOLDEN] [--inject-nonfinite STEP[:LAYER][=nan|inf|-inf]]\n"
-            "             [--metrics FILE [--metrics-every N]]\n"
+            "             [--metrics FILE [--metrics-every N]] [--gpus N [--profile-rank R]]\n"
             "          train through the recipe's schedule table: every step a replayed CUDA\n"
             "          graph (--eager: launched op by op; --ref or no GPU: the reference backend;\n"
             "          --profile: afterwards, time every op of each mode and the graph replay;\n"
+            "          --gpus: on N GPUs of this host, one process each; --profile-rank: the\n"
+            "          rank whose profile is printed, default 0;\n"
             "          --save: a checkpoint at the end, at Ctrl-C and every N train steps;\n"
             "          --resume: continue, bit for bit, from a checkpoint;\n"
             "          --force: output files (infer rows, --save, --metrics) may replace\n"
@@ -171,6 +173,8 @@ typedef struct cli_args {
     uint32_t gpus;
     bool worker;
     bool plan_rank_given;  // plan --rank R: rank R's plan of --gpus N
+    bool profile_rank_given;  // run --profile-rank R: rank R prints --profile's report
+    uint32_t profile_rank;
     uint8_t parallel_id[QT_PARALLEL_ID_BYTES];
 } cli_args;
 
@@ -298,6 +302,10 @@ static int parse_parallel_flag(cli_command command, const char *arg, const char 
         if (!parse_count_arg(a->command, arg, value, 0, QT_GPUS_MAX - 1, &v)) return -1;
         o->rank = (uint32_t)v;
         a->worker = true;
+    } else if (train && strcmp(arg, "--profile-rank") == 0) {
+        if (!parse_count_arg(a->command, arg, value, 0, QT_GPUS_MAX - 1, &v)) return -1;
+        a->profile_rank = (uint32_t)v;
+        a->profile_rank_given = true;
     } else if (train && strcmp(arg, "--world") == 0) {
         if (!parse_count_arg(a->command, arg, value, 2, QT_GPUS_MAX, &v)) return -1;
         o->world = (uint32_t)v;
@@ -421,6 +429,12 @@ static bool parse_run_args(int argc, char **argv, cli_command command, cli_args 
     if (a->gpus > 1 && a->ref) {
         fprintf(stderr, "qtrain %s: --gpus %u runs one process per GPU; --ref runs on the CPU: "
                 "drop one of them\n", argv[1], a->gpus);
+        return false;
+    }
+    if (a->profile_rank_given && (!a->profile_reps || a->profile_rank >= a->gpus)) {
+        fprintf(stderr, "qtrain run: --profile-rank %u needs --profile and --gpus above it (the "
+                "rank whose profile --profile prints; the ranks of --gpus N are 0 to N-1)\n",
+                a->profile_rank);
         return false;
     }
     if (a->plan_rank_given && a->options.rank >= a->gpus) {
@@ -890,6 +904,29 @@ static qt_status bind_run(cli_run *c, const qt_device_info *device) {
     return qt_bind(c->rt, c->device, &arenas);
 }
 
+// --profile after the run. Every rank profiles (the collective ops meet the other ranks'); one
+// reports, rank 0 unless --profile-rank names another. Rank 0's summary is out before any
+// profile: the reporting rank's first op waits in a collective for rank 0's.
+static qt_status print_profile(const cli_args *a, qt_runtime *rt, bool quiet) {
+    bool reports = !a->worker || a->options.rank == a->profile_rank;
+    FILE *out = reports ? stdout : fopen("/dev/null", "w");
+    if (quiet && reports) {
+        // Its stdout untouched so far: held until the profile ends, so that even on a terminal
+        // no line of it lands inside rank 0's summary.
+        static char held[1 << 20];
+        setvbuf(stdout, held, _IOFBF, sizeof held);
+        printf("profile of rank %u of %u GPUs (--profile-rank)\n", a->options.rank,
+               a->options.world);
+    } else {
+        fflush(stdout);
+    }
+    qt_status status = out ? qt_profile(rt, a->profile_reps, out)
+                           : cli_fail(QT_ERR_IO, "cannot open /dev/null for a rank's profile");
+    if (out && out != stdout) fclose(out);
+    fflush(stdout);
+    return status;
+}
+
 static int run_on_device(const cli_args *a, cli_run *c, double start, double open_s) {
     qt_device_info device;
     qt_device_describe(c->device, &device);
@@ -940,11 +977,7 @@ static int run_on_device(const cli_args *a, cli_run *c, double start, double ope
         status = print_expert_loads(c->rt, &summary);
     }
     if (status == QT_OK && a->profile_reps && !stop_signal) {
-        // Every rank profiles (the collective ops meet the other ranks'); rank 0 reports.
-        FILE *out = quiet ? fopen("/dev/null", "w") : stdout;
-        status = out ? qt_profile(c->rt, a->profile_reps, out)
-                     : cli_fail(QT_ERR_IO, "cannot open /dev/null for a rank's profile");
-        if (out && out != stdout) fclose(out);
+        status = print_profile(a, c->rt, quiet);
     }
     if (status != QT_OK) return fail_status(a->command, status);
     return stop_signal ? 128 + stop_signal : 0;
