@@ -541,6 +541,14 @@ static void test_two_ranks(const char *scheme) {
     test_end();
 }
 
+// The index of the parameter named `name`, or UINT32_MAX.
+static uint32_t param_index(const model *m, const char *name) {
+    for (uint32_t i = 0; i < m->param_count; i++) {
+        if (strcmp(m->params[i].name, name) == 0) return i;
+    }
+    return UINT32_MAX;
+}
+
 // What rank `rank` of 2 plans for its train step, checked without running it: every gradient's
 // reduction is placed in the backward pass right after the layer that writes it (a graph starts
 // its nodes about in capture order, so reductions placed after the backward pass started late),
@@ -550,14 +558,16 @@ static void test_two_ranks(const char *scheme) {
 // four); weights broadcast in groups in which both ranks send (a group splits where its items
 // exceed one NCCL group's); and no collective between the loss and the first reduction (the
 // loss statistics are gathered with the gradient norms, one collective of two items: a gather
-// after the loss waited for every rank's loss and held the ops captured after it).
-static void plan_check(const char *text, uint32_t rank) {
+// after the loss waited for every rank's loss and held the ops captured after it). With
+// largest_first the updates run the most elements first, else in parameter order.
+static void plan_check(const char *text, uint32_t rank, bool largest_first) {
     run *r = aligned(sizeof(run));
     recipe *rc = aligned(sizeof(recipe));
     memset(r, 0, sizeof *r);
     run_options o = {0};
     o.rank = rank;
     o.world = 2;
+    o.largest_first = largest_first;
     uint64_t need = 0;
     void *tables = NULL;
     qt_status status = recipe_parse(text, strlen(text), "synthetic_tiny.recipe", rc);
@@ -600,6 +610,29 @@ static void plan_check(const char *text, uint32_t rank) {
         const model *m = &r->model;
         uint32_t owned = 0;
         for (uint32_t i = 0; i < m->param_count; i++) owned += model_param_owned(m, i);
+        // The updates' order: the init program describes each launch's parameter, in the
+        // order of the launches (one parameter each).
+        uint32_t described = 0, before = UINT32_MAX;
+        for (uint32_t i = 0; i < r->init.op_count; i++) {
+            const prog_op *op = &r->init.ops[i];
+            if (op->kernel != KERNEL_OPTIM_DESCRIBE) continue;
+            uint32_t param = param_index(m, op->name);
+            CHECK(param != UINT32_MAX && model_param_owned(m, param), "rank %u: describes %s",
+                  rank, op->name);
+            if (param == UINT32_MAX) continue;
+            if (before != UINT32_MAX) {
+                uint64_t elems_before = (uint64_t)m->params[before].rows * m->params[before].cols;
+                uint64_t elems = (uint64_t)m->params[param].rows * m->params[param].cols;
+                bool ordered = largest_first ? elems_before >= elems : before < param;
+                CHECK(ordered, "rank %u: update %u (%s) after %s: %s", rank, described,
+                      op->name, m->params[before].name,
+                      largest_first ? "not largest first" : "not in parameter order");
+            }
+            before = param;
+            described++;
+        }
+        CHECK(described == owned && adamw == owned, "rank %u: %u updates described, %u "
+              "launches, %u owned", rank, described, adamw, owned);
         CHECK(reduces == m->param_count && first_reduce < last_gemm,
               "rank %u: %u reductions of %u parameters, the first at op %u, the last backward "
               "GEMM at op %u", rank, reduces, m->param_count, first_reduce, last_gemm);
@@ -632,8 +665,33 @@ static void test_two_ranks_plan(void) {
     snprintf(deeper, sizeof deeper, "%.*slayer = linear fc2 32 bias\nlayer = relu\n%s",
              (int)head, text, text + head);
     memcpy(text, deeper, sizeof text);
-    plan_check(text, 0);
-    plan_check(text, 1);
+    for (int largest_first = 0; largest_first < 2; largest_first++) {
+        plan_check(text, 0, largest_first);
+        plan_check(text, 1, largest_first);
+    }
+    test_end();
+}
+
+// Updates largest first, the broadcasts in the order the updates end (run_options.largest_first,
+// QTRAIN_UPDATE_ORDER=1): another schedule of the same arithmetic, so the same records and
+// weights as in parameter order.
+static void test_largest_first(const char *scheme) {
+    static char text[RECIPE_TEXT_MAX];
+    begin_scheme_case("two_ranks_largest_first_same_bits", scheme, text, sizeof text);
+    run_options o = {0};
+    o.steps_limit = 30;
+    o.drop_eval = true;
+    run_options largest = o;
+    largest.largest_first = true;
+    if (run_ranks("synthetic_tiny.recipe", text, 2, &o, jobs_a) &&
+        run_ranks("synthetic_tiny.recipe", text, 2, &largest, jobs_b)) {
+        CHECK(jobs_a[0].log.count == 30, "%u steps", jobs_a[0].log.count);
+        CHECK(memcmp(&jobs_a[0].log, &jobs_b[0].log, sizeof jobs_a[0].log) == 0,
+              "the records differ with the updates largest first");
+        CHECK(jobs_a[0].weights_hash == jobs_b[0].weights_hash &&
+                  jobs_a[1].weights_hash == jobs_b[1].weights_hash,
+              "the weights differ with the updates largest first");
+    }
     test_end();
 }
 
@@ -1625,6 +1683,8 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < sizeof schemes / sizeof schemes[0]; i++) test_two_ranks(schemes[i]);
     test_skip_together();
     test_two_ranks_plan();
+    test_largest_first("delayed");
+    test_largest_first("nvfp4");
     test_two_ranks_per_step();
     test_two_ranks_resident();
     for (size_t i = 0; i < sizeof schemes / sizeof schemes[0]; i++) {

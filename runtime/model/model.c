@@ -904,6 +904,7 @@ qt_status model_plan(model *m, const recipe *r, arena *dev, arena *host,
     m->comm = options->comm;
     m->rank = options->comm ? options->comm->rank : 0;
     m->world = options->comm ? options->comm->world : 1;
+    m->largest_first = options->largest_first && m->world > 1;
     memcpy(m->modes, options->modes, sizeof m->modes);
     m->classification = r->model.loss == RECIPE_LOSS_SOFTMAX_XENT;
     m->input_features = r->model.input_features;

@@ -301,6 +301,11 @@ typedef struct model_options {
     // more; another count, from that many; UINT64_MAX, never. The same bits every way, for tests
     // that compare them on small models.
     uint64_t act_cast_elems;
+    // Several ranks: each rank updates the parameters it owns largest first (ties by index), not
+    // in parameter order, and the weights' broadcast groups follow the order in which the ranks'
+    // updates end (model_build.c, mb_update_order): the same bits, another schedule. Ignored on
+    // one rank.
+    bool largest_first;
 } model_options;
 
 // The tensors of one moe layer's forward pass that its backward pass reads.
@@ -391,6 +396,7 @@ typedef struct model {
     bool norm_elements;           // model_options.norm_elements
     bool moe_own_align;           // model_options.moe_own_align
     uint64_t act_cast_elems;      // model_options.act_cast_elems
+    bool largest_first;           // model_options.largest_first, with several ranks
     bool modes[MODEL_MODE_COUNT];
     bool classification;          // softmax_xent (else mse)
     uint32_t input_features;      // the dataset's

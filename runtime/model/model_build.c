@@ -137,18 +137,68 @@ static qt_status mb_dp_broadcast_param(mb *b, uint32_t i, const char *name, mb_i
     return QT_OK;
 }
 
-// The weights broadcast in parameter order, consecutive parameters in one NCCL group until
-// every rank sends in it: a broadcast moves bytes from its owner only, so a group with every
-// rank's weights uses the links in all directions at once, where one op per parameter used one
-// at a time. A group waits for the updates of all its parameters, which the ranks run in the
-// same order at about the same pace.
+static uint64_t mb_param_elems(const model *m, uint32_t i) {
+    return (uint64_t)m->params[i].rows * m->params[i].cols;
+}
+
+// The parameters that `rank` updates, in the order its launches run them, into order; returns
+// their count. Parameter order, or with m->largest_first the most elements first (ties by
+// index): a rank's last launches are then its smallest, and the broadcasts of its large weights
+// run beside them instead of after the last large update, with nothing left to hide them.
+static uint32_t mb_update_order(const model *m, uint32_t rank, uint32_t *order) {
+    uint32_t count = 0;
+    for (uint32_t i = 0; i < m->param_count; i++) {
+        if (m->param_owner[i] == rank) order[count++] = i;
+    }
+    for (uint32_t k = 1; m->largest_first && k < count; k++) {  // insertion sort: stable
+        uint32_t i = order[k], j = k;
+        for (; j > 0 && mb_param_elems(m, order[j - 1]) < mb_param_elems(m, i); j--) {
+            order[j] = order[j - 1];
+        }
+        order[j] = i;
+    }
+    return count;
+}
+
+// The order in which the weights go out, into sequence: parameter order, or with
+// m->largest_first the order in which the owners' updates end, estimated as the elements each
+// owner has updated by then (its launches run one after another at about the same rate per
+// element; ties by index). Every rank computes the same sequence from the model.
+static void mb_broadcast_sequence(const model *m, uint32_t *sequence) {
+    _Static_assert(MODEL_PARAMS_MAX <= 1024, "the sequence's arrays live on the stack");
+    uint64_t ready[MODEL_PARAMS_MAX];
+    for (uint32_t rank = 0; rank < m->world && m->largest_first; rank++) {
+        uint32_t order[MODEL_PARAMS_MAX];
+        uint32_t count = mb_update_order(m, rank, order);
+        uint64_t updated = 0;
+        for (uint32_t k = 0; k < count; k++) {
+            updated += mb_param_elems(m, order[k]);
+            ready[order[k]] = updated;
+        }
+    }
+    for (uint32_t k = 0; k < m->param_count; k++) {
+        uint32_t j = k;
+        for (; m->largest_first && j > 0 && ready[sequence[j - 1]] > ready[k]; j--) {
+            sequence[j] = sequence[j - 1];
+        }
+        sequence[j] = k;
+    }
+}
+
+// The weights broadcast in mb_broadcast_sequence's order, consecutive ones in one NCCL group
+// until every rank sends in it: a broadcast moves bytes from its owner only, so a group with
+// every rank's weights uses the links in all directions at once, where one op per parameter used
+// one at a time. A group waits for the updates of all its parameters, which the ranks run at
+// about the same pace.
 static qt_status mb_dp_broadcast_weights(mb *b) {
     const model *m = b->m;
     mb_items items = {0};
     bool sends[DP_RANKS_MAX] = {false};
-    uint32_t senders = 0;
+    uint32_t senders = 0, sequence[MODEL_PARAMS_MAX];
     char name[PROG_OP_NAME_MAX];
-    for (uint32_t i = 0; i < m->param_count; i++) {
+    mb_broadcast_sequence(m, sequence);
+    for (uint32_t k = 0; k < m->param_count; k++) {
+        uint32_t i = sequence[k];
         if (items.count == 0) snprintf(name, sizeof name, "dp.broadcast.%s", m->params[i].name);
         QT_TRY(mb_dp_broadcast_param(b, i, name, &items));
         senders += !sends[m->param_owner[i]];
@@ -1720,15 +1770,13 @@ static void mb_param_desc(const mb *b, uint32_t i, optim_param_desc *d) {
 // broadcast of each updated weight runs beside the next parameter's update.
 static uint32_t mb_optim_per_launch(const mb *b) { return mb_parallel(b) ? 1 : 0; }
 
-// Every parameter, in order: the list the optimizer's launches cover.
 // The parameters this rank updates (every one on a single GPU; with data parallelism those it
-// owns), in parameter order, into optim_list; returns their count.
+// owns), in the order its launches run them (mb_update_order), into optim_list: the list the
+// optimizer's launches cover. Returns their count.
 static uint32_t mb_optim_list(mb *b) {
-    uint32_t count = 0;
-    for (uint32_t i = 0; i < b->m->param_count; i++) {
-        if (!model_param_owned(b->m, i)) continue;  // another rank's
-        mb_param_desc(b, i, &b->optim_list[count++]);
-    }
+    uint32_t order[MODEL_PARAMS_MAX];
+    uint32_t count = mb_update_order(b->m, b->m->rank, order);
+    for (uint32_t k = 0; k < count; k++) mb_param_desc(b, order[k], &b->optim_list[k]);
     return count;
 }
 

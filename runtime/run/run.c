@@ -445,6 +445,9 @@ static qt_status run_plan_pass(run *r, run_carver *c) {
     mo.norm_elements = r->options.norm_elements;
     mo.moe_own_align = r->options.moe_own_align;
     mo.act_cast_elems = r->options.act_cast_elems;
+    bool largest_first = false;
+    QT_TRY(run_largest_first(&largest_first));
+    mo.largest_first = largest_first || r->options.largest_first;
     mo.seed = r->seed;
     run_modes(r, mo.modes);
     mo.lr_row_count = r->table.lr_count;
@@ -540,6 +543,15 @@ qt_status run_measure_hashed(run *r, const recipe *rc, uint64_t recipe_hash,
 qt_status run_pack_gap(uint32_t *gap) {
     return qt_env_u32("QTRAIN_PACK_GAP", "the ops by which the device arena keeps transient "
                       "buffers apart", 0, RUN_PACK_GAP_MAX, gap);
+}
+
+qt_status run_largest_first(bool *on) {
+    uint32_t value = 0;
+    QT_TRY(qt_env_u32("QTRAIN_UPDATE_ORDER", "1 (each rank's updates largest first, the "
+                      "broadcasts in the order the updates end) or 0 (parameter order)", 0, 1,
+                      &value));
+    *on = value == 1;
+    return QT_OK;
 }
 
 qt_status run_plan(run *r, void *tables, uint64_t table_bytes) {

@@ -73,6 +73,7 @@ typedef struct run_options {
     bool norm_elements;         // tests: model_options.norm_elements (other bits)
     bool moe_own_align;         // tests: model_options.moe_own_align (same bits)
     uint64_t act_cast_elems;    // tests: model_options.act_cast_elems (same bits)
+    bool largest_first;         // tests: model_options.largest_first (same bits)
     // Checkpoints (runtime/run/checkpoint.h): save_path gets one at the save points of
     // schedule.h (every save_every train steps; 0: at the end or a stop only); `checkpoints`
     // plans their staging without save_path (for run_resume, run_save), and defers the check of
@@ -248,6 +249,11 @@ qt_status run_plan(run *r, void *tables, uint64_t table_bytes);
 // value that is no such number.
 #define RUN_PACK_GAP_MAX 64
 qt_status run_pack_gap(uint32_t *gap);
+// Whether the ranks of a data-parallel run update their parameters largest first, with the
+// weights' broadcast groups in the order the updates end (model_options.largest_first):
+// $QTRAIN_UPDATE_ORDER, 0 (unset: parameter order) or 1. A setting for A/B runs with the same
+// bits (`qtrain plan --gpus N` shows each rank's order). QT_ERR_INPUT for another value.
+qt_status run_largest_first(bool *on);
 
 // Bytes the reference backend needs for the device and the host arena.
 void run_memory_bytes(const run *r, uint64_t *dev_bytes, uint64_t *host_bytes);
