@@ -500,12 +500,18 @@ static void begin_scheme_case(const char *what, const char *scheme, char *text, 
           "cannot read the recipe");
 }
 
+// The options of a run of `steps` train steps without the recipe's eval and infer rows.
+static run_options train_steps_only(uint64_t steps) {
+    run_options o = {0};
+    o.steps_limit = steps;
+    o.drop_eval = true;
+    return o;
+}
+
 static void test_two_ranks(const char *scheme) {
     static char text[RECIPE_TEXT_MAX];
     begin_scheme_case("two_ranks_match_one_rank_and_repeat", scheme, text, sizeof text);
-    run_options o = {0};
-    o.steps_limit = 60;
-    o.drop_eval = true;
+    run_options o = train_steps_only(60);
     if (!run_ranks("synthetic_tiny.recipe", text, 1, &o, jobs_1) ||
         !run_ranks("synthetic_tiny.recipe", text, 2, &o, jobs_a) ||
         !run_ranks("synthetic_tiny.recipe", text, 2, &o, jobs_b)) {
@@ -678,9 +684,7 @@ static void test_two_ranks_plan(void) {
 static void test_largest_first(const char *scheme) {
     static char text[RECIPE_TEXT_MAX];
     begin_scheme_case("two_ranks_largest_first_same_bits", scheme, text, sizeof text);
-    run_options o = {0};
-    o.steps_limit = 30;
-    o.drop_eval = true;
+    run_options o = train_steps_only(30);
     run_options largest = o;
     largest.largest_first = true;
     if (run_ranks("synthetic_tiny.recipe", text, 2, &o, jobs_a) &&
