@@ -610,6 +610,17 @@ all=$(margins)
 [ -n "$all" ] && [ -n "$some" ] && [ "${all% *}" = "${all#* }" ] &&
     [ "${some% *}" = "${all% *}" ] && [ "${some#* }" -lt "${all#* }" ] ||
     bad="$bad [wide GEMMs and those leaving the margin: '$some', with QTRAIN_MARGIN_BESIDE=0 '$all']"
+# The collectives after the last wide GEMM (the last reductions, the norm's gather, the
+# broadcasts): counted, and on the uncapped communicator with QTRAIN_COMM_WIDE=1.
+alone() { sed -n 's/^graph capture: collectives after the last wide GEMM: train \([0-9]*\) (\(.\).*/\1 \2/p' "$dir/out"; }
+"$qtrain" plan recipes/bench/resmlp_current_b16k.recipe --gpus 2 > "$dir/out" 2>&1
+capped=$(alone)
+QTRAIN_COMM_WIDE=1 "$qtrain" plan recipes/bench/resmlp_current_b16k.recipe --gpus 2 \
+    > "$dir/out" 2>&1
+uncapped=$(alone)
+[ -n "$capped" ] && [ "${capped% *}" -gt 0 ] && [ "${capped#* }" = c ] &&
+    [ "$uncapped" = "${capped% *} o" ] ||
+    bad="$bad [collectives after the last wide GEMM: '$capped', with QTRAIN_COMM_WIDE=1 '$uncapped']"
 # Eval and infer rows alone are planned on several GPUs (no moments: every master on every rank);
 # qtrain infer runs on one GPU and says where infer rows run on several.
 sed 's/^train 200 .*$/infer all output=never.npy/' "$tiny" > "$dir/rows.recipe"

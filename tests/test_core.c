@@ -800,9 +800,13 @@ static qt_status largest_first_number(uint32_t *value) {
     return switch_number(run_largest_first, value);
 }
 
+static qt_status comm_wide_number(uint32_t *value) {
+    return switch_number(backend_comm_wide, value);
+}
+
 // QTRAIN_COMM_SMS (the SMs a data-parallel step leaves to NCCL), QTRAIN_PACK_GAP (the device
 // arena's pack_gap), QTRAIN_MARGIN_BESIDE and QTRAIN_COMM_PRIORITY (0 or 1, on when unset) and
-// QTRAIN_UPDATE_ORDER (0 or 1, off when unset).
+// QTRAIN_UPDATE_ORDER and QTRAIN_COMM_WIDE (0 or 1, off when unset).
 static void test_env_settings(void) {
     test_begin("settings_read_the_environment");
     env_setting_check("QTRAIN_COMM_SMS", backend_comm_sms, BACKEND_COMM_SMS_DEFAULT,
@@ -811,6 +815,7 @@ static void test_env_settings(void) {
     env_setting_check("QTRAIN_MARGIN_BESIDE", margin_beside_number, 1, 1);
     env_setting_check("QTRAIN_COMM_PRIORITY", comm_priority_number, 1, 1);
     env_setting_check("QTRAIN_UPDATE_ORDER", largest_first_number, 0, 1);
+    env_setting_check("QTRAIN_COMM_WIDE", comm_wide_number, 0, 1);
     test_end();
 }
 

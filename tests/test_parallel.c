@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "runtime/backend/capture.h"  // capture_collective_alone: the ranks agree
 #include "runtime/driver/driver.h"    // driver_load, driver_sync_total
 #include "tests/files.h"              // tmp_dir_make, tmp_path, file_read
 #include "runtime/driver/nccl_lib.h"  // nccl_load, ncclGetUniqueId: the workers' id
@@ -565,8 +566,12 @@ static uint32_t param_index(const model *m, const char *name) {
 // exceed one NCCL group's); and no collective between the loss and the first reduction (the
 // loss statistics are gathered with the gradient norms, one collective of two items: a gather
 // after the loss waited for every rank's loss and held the ops captured after it). With
-// largest_first the updates run the most elements first, else in parameter order.
-static void plan_check(const char *text, uint32_t rank, bool largest_first) {
+// largest_first the updates run the most elements first, else in parameter order. Into alone,
+// one character per collective of the train program: '1' where it runs after the last wide GEMM
+// (capture_collective_alone, which picks its communicator), else '0'.
+#define PLAN_ALONE_MAX 256
+static void plan_check(const char *text, uint32_t rank, bool largest_first, char *alone) {
+    alone[0] = '\0';
     run *r = aligned(sizeof(run));
     recipe *rc = aligned(sizeof(recipe));
     memset(r, 0, sizeof *r);
@@ -651,9 +656,18 @@ static void plan_check(const char *text, uint32_t rank, bool largest_first) {
         CHECK(strncmp(first_collective, "dp.reduce.", 10) == 0 && norm_gather_items == 2,
               "rank %u: the first collective is %s, the norms' gather has %u items (the loss "
               "statistics belong in it)", rank, first_collective, norm_gather_items);
+        capture_plan plan;
+        capture_begin(&plan, p, true);
+        uint32_t n = 0;
+        for (uint32_t i = 0; i < p->op_count && n + 1 < PLAN_ALONE_MAX; i++) {
+            if (capture_collective(&p->ops[i])) {
+                alone[n++] = capture_collective_alone(&plan, i) ? '1' : '0';
+            }
+        }
+        alone[n] = '\0';
         printf("  rank %u: %u ops, %u reductions (the first at op %u, the last backward GEMM "
-               "at op %u), %u optimizer launches, %u broadcast groups\n", rank, p->op_count,
-               reduces, first_reduce, last_gemm, adamw, broadcasts);
+               "at op %u), %u optimizer launches, %u broadcast groups, collectives alone %s\n",
+               rank, p->op_count, reduces, first_reduce, last_gemm, adamw, broadcasts, alone);
     }
     run_close(r);
     free(tables);
@@ -672,8 +686,13 @@ static void test_two_ranks_plan(void) {
              (int)head, text, text + head);
     memcpy(text, deeper, sizeof text);
     for (int largest_first = 0; largest_first < 2; largest_first++) {
-        plan_check(text, 0, largest_first);
-        plan_check(text, 1, largest_first);
+        // Both ranks send each collective through the same communicator, or they wait forever:
+        // the same collectives run alone on both, and some do (the norm's gather at least).
+        char alone[2][PLAN_ALONE_MAX];
+        plan_check(text, 0, largest_first, alone[0]);
+        plan_check(text, 1, largest_first, alone[1]);
+        CHECK(strcmp(alone[0], alone[1]) == 0 && strchr(alone[0], '1') != NULL,
+              "collectives alone: rank 0 '%s', rank 1 '%s'", alone[0], alone[1]);
     }
     test_end();
 }
@@ -1592,13 +1611,34 @@ static void gpu_per_step(const char *self, const char *stored_trace) {
     test_end();
 }
 
+// QTRAIN_COMM_WIDE=1 (the collectives after the last wide GEMM on a second, uncapped
+// communicator) and QTRAIN_UPDATE_ORDER=1 (updates largest first) change only the schedule: two
+// ranks' sums are the same whichever channels NCCL splits them over, so the trace is `plain`'s,
+// byte for byte. The workers inherit the settings.
+static void gpu_settings(const char *self, const char *plain) {
+    const char *name = "gpus2_comm_wide_and_update_order_keep_the_trace_current";
+    char trace[200], losses[200];
+    snprintf(trace, sizeof trace, "%s", tmp_path("settings.trace"));
+    snprintf(losses, sizeof losses, "%s", tmp_path("settings.losses"));
+    setenv("QTRAIN_COMM_WIDE", "1", 1);
+    setenv("QTRAIN_UPDATE_ORDER", "1", 1);
+    bool ran = gpu_run(self, 2, "current", trace, losses, false, NULL, NULL, GPU_STEPS);
+    unsetenv("QTRAIN_COMM_WIDE");
+    unsetenv("QTRAIN_UPDATE_ORDER");
+    test_begin(name);
+    CHECK(ran && file_same(plain, trace), "%s", ran ? "the trace differs from the run's "
+          "without the settings" : "a worker failed (its output above)");
+    test_end();
+}
+
 static void test_gpus(const char *self) {
     static const char *const names[] = {
         "gpus2_traces_identical_across_runs", "gpus2_graphs_match_eager",
         "gpus2_match_one_gpu_within_tolerance", "gpus2_no_synchronization_added",
         "gpus2_checkpoints_resume_on_any_count", "gpus2_eval_only_matches_one_gpu",
         "gpus2_train_eval_infer_rows_follow_one_gpu", "gpus2_infer_rows_write_the_whole_batch",
-        "gpus2_weight_transpose_per_step_equals_stored_current"};
+        "gpus2_weight_transpose_per_step_equals_stored_current",
+        "gpus2_comm_wide_and_update_order_keep_the_trace_current"};
     const char *why = NULL;
     int count = 0;
     char reason[QT_ERROR_MESSAGE_MAX + 64];
@@ -1664,7 +1704,10 @@ static void test_gpus(const char *self) {
         test_end();
         gpu_checkpoints(self, scheme, l1, l4);
         gpu_rows(self, scheme);
-        if (strcmp(scheme, "current") == 0) gpu_per_step(self, t1);
+        if (strcmp(scheme, "current") == 0) {
+            gpu_per_step(self, t1);
+            gpu_settings(self, t1);
+        }
     }
 }
 

@@ -103,6 +103,15 @@ qt_status backend_margin_beside(bool *on) {
     return QT_OK;
 }
 
+qt_status backend_comm_wide(bool *on) {
+    uint32_t value = 0;
+    QT_TRY(qt_env_u32("QTRAIN_COMM_WIDE", "1 (a second NCCL communicator without the CTA cap for "
+                      "the collectives after the last GEMM) or 0 (one communicator)", 0, 1,
+                      &value));
+    *on = value == 1;
+    return QT_OK;
+}
+
 qt_status backend_comm_priority(bool *on) {
     uint32_t value = 1;
     QT_TRY(qt_env_u32("QTRAIN_COMM_PRIORITY", "1 (the collectives' kernels at the greatest "
@@ -266,10 +275,13 @@ gemm_tier_device backend_gemm_device(const backend *b) {
 }
 
 // gemm_ctas: the sm_90a tier's persistent grid at most this many CTAs (0: the backend's own).
+// collective_alone: a collective that no GEMM runs beside (capture_collective_alone).
 static qt_status backend_launch_on(backend *b, const prog_op *op, CUstream stream,
-                                   uint32_t gemm_ctas) {
+                                   uint32_t gemm_ctas, bool collective_alone) {
     // The collective op is NCCL's, enqueued on the op's stream like a kernel (captured too).
-    if (capture_collective(op)) return dp_launch((const dp_collective_args *)op->args, stream);
+    if (capture_collective(op)) {
+        return dp_launch((const dp_collective_args *)op->args, stream, collective_alone);
+    }
     gemm_tier_device tier = backend_gemm_device(b);
     if (gemm_ctas != 0 && (tier.ctas_max == 0 || gemm_ctas < tier.ctas_max)) {
         tier.ctas_max = gemm_ctas;
@@ -295,7 +307,7 @@ void backend_launched(const backend *b, const prog_op *op, kernel_id *kernel,
 }
 
 static qt_status backend_launch_op(backend *b, const prog_op *op) {
-    return backend_launch_on(b, op, b->stream, 0);
+    return backend_launch_on(b, op, b->stream, 0, false);
 }
 
 qt_status backend_run(backend *b, const program *p) {
@@ -429,7 +441,8 @@ static qt_status backend_capture_ops(backend *b, const program *p, const backend
             timed->streams[j - timed->first] = (uint32_t)step.stream;
             QT_TRY(backend_timed_record(timed->before[j - timed->first], stream));
         }
-        QT_TRY(backend_launch_on(b, &p->ops[j], stream, beside ? beside_ctas : 0));
+        QT_TRY(backend_launch_on(b, &p->ops[j], stream, beside ? beside_ctas : 0,
+                                 capture_collective_alone(&c, j)));
         if (timed_op) QT_TRY(backend_timed_record(timed->after[j - timed->first], stream));
         QT_CU(cuEventRecord(events[step.stream], stream));
         if (marks && step.mark != CAPTURE_NONE) {

@@ -71,6 +71,12 @@ qt_status backend_comm_sms(uint32_t *sms);
 // $QTRAIN_MARGIN_BESIDE, 1 (unset) or 0 (every GEMM of the window leaves the margin), a setting
 // for A/B runs with the same traces. QT_ERR_INPUT for another value.
 qt_status backend_margin_beside(bool *on);
+// Whether a data-parallel rank opens a second NCCL communicator without the CTA cap for the
+// collectives that run after the step's last wide GEMM (capture_collective_alone: the last
+// reductions, the norm's gather, the weights' broadcasts), read from $QTRAIN_COMM_WIDE, 0 (unset)
+// or 1 (needs NCCL 2.18), a setting for A/B runs with the same traces on two ranks (NCCL's
+// channels split a sum of more ranks another way). QT_ERR_INPUT for another value.
+qt_status backend_comm_wide(bool *on);
 // Whether a captured step with collectives runs their kernels at the greatest stream priority,
 // so that NCCL's CTAs are placed ahead of the waiting CTAs of the kernels beside them: read from
 // $QTRAIN_COMM_PRIORITY, 0 (unset) or 1, a setting for A/B runs with the same traces.

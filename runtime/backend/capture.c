@@ -23,6 +23,10 @@ bool capture_collective(const prog_op *op) {
     return kernel_table[op->kernel].module == MODULE_host;
 }
 
+bool capture_collective_alone(const capture_plan *c, uint32_t i) {
+    return capture_collective(&c->p->ops[i]) && (int32_t)i > c->last_wide_gemm;
+}
+
 bool capture_gemm_alone(const capture_plan *c, uint32_t i) {
     const program *p = c->p;
     if (!c->margin_beside || !capture_wide_gemm(&p->ops[i]) ||
@@ -109,11 +113,12 @@ void capture_begin(capture_plan *c, const program *p, bool margin_beside) {
     c->stream_of = p->op_scratch;
     c->last_waiter = p->op_scratch + p->op_capacity;
     capture_reset(c);
-    c->first_collective = c->last_collective = CAPTURE_NONE;
+    c->first_collective = c->last_collective = c->last_wide_gemm = CAPTURE_NONE;
     bool beside = false;
     for (uint32_t j = 0; j < p->op_count; j++) {
         c->last_waiter[j] = UINT32_MAX;
         beside |= p->ops[j].beside;
+        if (capture_wide_gemm(&p->ops[j])) c->last_wide_gemm = (int32_t)j;
         if (!capture_collective(&p->ops[j])) continue;
         if (c->first_collective == CAPTURE_NONE) c->first_collective = (int32_t)j;
         c->last_collective = (int32_t)j;

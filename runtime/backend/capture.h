@@ -43,6 +43,7 @@ typedef struct capture_plan {
     // The program's first and last collective (both NONE: none): the ops between them may run
     // beside one.
     int32_t first_collective, last_collective;
+    int32_t last_wide_gemm;  // the program's last wide GEMM (NONE: none)
     // capture_begin's margin_beside: the SM margin only for the wide GEMMs of the window that a
     // collective may run beside; the others run alone (capture_gemm_alone).
     bool margin_beside;
@@ -92,6 +93,11 @@ bool capture_gemm_alone(const capture_plan *c, uint32_t i);
 // Whether op i leaves the SM margin to NCCL (backend.comm_sms): between the first and the last
 // collective, and not a GEMM that runs alone.
 bool capture_leaves_margin(const capture_plan *c, uint32_t i);
+
+// Whether op i is a collective after the program's last wide GEMM in program order: no GEMM runs
+// beside it, so it may take more SMs than the margin (dp_launch's `alone`). The program's GEMMs
+// and collectives are the same on every rank, so every rank answers alike.
+bool capture_collective_alone(const capture_plan *c, uint32_t i);
 
 // Plans every op's stream and which ops other streams wait for (a dry run of the placement),
 // then readies the plan for capture_next from op 0. margin_beside: in a program with

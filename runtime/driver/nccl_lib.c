@@ -137,6 +137,9 @@ static qt_status nccl_load_now(void) {
                            "newer (or point QTRAIN_NCCL at it)", s->path, nccl_entries[i].name);
         }
     }
+    // Only the wide communicator needs these (dp_comm_open_gpu says so when they are missing).
+    *(void **)&nccl.ncclCommInitRankConfig = dlsym(s->library, "ncclCommInitRankConfig");
+    *(void **)&nccl.ncclCommSplit = dlsym(s->library, "ncclCommSplit");
     int version = 0;
     if (nccl.ncclGetVersion(&version) != ncclSuccess || version < QT_NCCL_VERSION_MIN) {
         return qt_fail(QT_ERR_NO_DRIVER, "%s is NCCL version code %d; qtrain needs 2.10 "

@@ -43,6 +43,24 @@ typedef enum ncclDataType_t {
 typedef enum ncclRedOp_t { ncclSum = 0, ncclProd = 1, ncclMax = 2, ncclMin = 3, ncclAvg = 4 }
     ncclRedOp_t;
 
+// A communicator's configuration as NCCL 2.17 laid it out (ncclConfig_v21700): NCCL reads `size`
+// bytes of it and takes its defaults for every later field, so the prefix stays valid in newer
+// releases. magic and version as NCCL_CONFIG_INITIALIZER sets them; an unset int field is
+// QT_NCCL_CONFIG_UNSET (NCCL_CONFIG_UNDEF_INT), an unset pointer NULL.
+#define QT_NCCL_CONFIG_MAGIC 0xcafebeefu
+#define QT_NCCL_CONFIG_VERSION 21700u
+#define QT_NCCL_CONFIG_UNSET (-2147483647 - 1)
+typedef struct nccl_config {
+    size_t size;
+    unsigned int magic;
+    unsigned int version;
+    int blocking;
+    int cga_cluster_size;
+    int min_ctas;
+    int max_ctas;
+    const char *net_name;
+} nccl_config;
+
 // The entry points qtrain calls, with NCCL's prototypes (a cudaStream_t is a CUstream).
 typedef struct nccl_table {
     ncclResult_t (*ncclGetVersion)(int *version);
@@ -66,6 +84,11 @@ typedef struct nccl_table {
     ncclResult_t (*ncclReduceScatter)(const void *send, void *recv, size_t count,
                                       ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
                                       CUstream stream);
+    // Optional (NULL when the library lacks them): 2.14 and 2.18 respectively.
+    ncclResult_t (*ncclCommInitRankConfig)(ncclComm_t *comm, int nranks, ncclUniqueId id,
+                                           int rank, nccl_config *config);
+    ncclResult_t (*ncclCommSplit)(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
+                                  nccl_config *config);
 } nccl_table;
 
 extern nccl_table nccl;

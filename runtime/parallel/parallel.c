@@ -26,28 +26,53 @@ void dp_comm_single(dp_comm *c) {
     c->world = 1;
 }
 
+static nccl_config dp_nccl_config(uint32_t max_ctas) {
+    return (nccl_config){sizeof(nccl_config), QT_NCCL_CONFIG_MAGIC, QT_NCCL_CONFIG_VERSION,
+                         QT_NCCL_CONFIG_UNSET, QT_NCCL_CONFIG_UNSET, QT_NCCL_CONFIG_UNSET,
+                         max_ctas > 0 ? (int)max_ctas : QT_NCCL_CONFIG_UNSET, NULL};
+}
+
 qt_status dp_comm_open_gpu(dp_comm *c, const ncclUniqueId *id, uint32_t rank, uint32_t world,
-                           uint32_t max_ctas) {
+                           uint32_t max_ctas, bool wide) {
     QT_ASSERT(world >= 1 && world <= DP_RANKS_MAX && rank < world);
     memset(c, 0, sizeof *c);
     c->rank = rank;
     c->world = world;
     c->gpu = true;
-    if (max_ctas > 0) {
+    if (max_ctas > 0 && !wide) {
         char value[16];
         snprintf(value, sizeof value, "%u", max_ctas);
         setenv("NCCL_MAX_CTAS", value, 0);
     }
     QT_TRY(nccl_load());
+    if (wide && (!nccl.ncclCommInitRankConfig || !nccl.ncclCommSplit)) {
+        return qt_fail(QT_ERR_NO_DRIVER, "QTRAIN_COMM_WIDE=1 needs NCCL 2.18 or newer "
+                       "(ncclCommInitRankConfig, ncclCommSplit), and %s lacks them: install a "
+                       "newer NCCL or unset QTRAIN_COMM_WIDE", nccl_loaded_path());
+    }
     ncclComm_t comm = NULL;
-    ncclResult_t result = nccl.ncclCommInitRank(&comm, (int)world, *id, (int)rank);
+    nccl_config capped = dp_nccl_config(max_ctas);
+    ncclResult_t result = wide ? nccl.ncclCommInitRankConfig(&comm, (int)world, *id, (int)rank,
+                                                             &capped)
+                               : nccl.ncclCommInitRank(&comm, (int)world, *id, (int)rank);
     if (result != ncclSuccess) {
-        nccl_fail(result, "ncclCommInitRank", __FILE__, __LINE__);
+        nccl_fail(result, wide ? "ncclCommInitRankConfig" : "ncclCommInitRank", __FILE__,
+                  __LINE__);
         return qt_fail(QT_ERR_DRIVER, "rank %u of %u could not join the NCCL communicator "
                        "(every rank must start with the same id, each on its own GPU): %s",
                        rank, world, qt_error_message());
     }
     c->nccl = comm;
+    if (!wide) return QT_OK;
+    // Every rank in one group (color 0), in its own order (key: the rank).
+    nccl_config uncapped = dp_nccl_config(0);
+    result = nccl.ncclCommSplit(comm, 0, (int)rank, &c->nccl_wide, &uncapped);
+    if (result != ncclSuccess) {
+        c->nccl_wide = NULL;
+        nccl_fail(result, "ncclCommSplit", __FILE__, __LINE__);
+        dp_comm_close(c, true);  // the caller closes only what opened
+        return QT_ERR_DRIVER;
+    }
     return QT_OK;
 }
 
@@ -60,14 +85,17 @@ void dp_comm_open_ref(dp_comm *c, dp_ref_group *g, uint32_t rank) {
 }
 
 void dp_comm_close(dp_comm *c, bool abort) {
-    if (c->gpu && c->nccl) {
-        if (abort) {
-            nccl.ncclCommAbort(c->nccl);
-        } else {
-            nccl.ncclCommDestroy(c->nccl);
+    ncclComm_t *comms[] = {&c->nccl_wide, &c->nccl};  // the split one first
+    for (int k = 0; k < 2; k++) {
+        if (c->gpu && *comms[k]) {
+            if (abort) {
+                nccl.ncclCommAbort(*comms[k]);
+            } else {
+                nccl.ncclCommDestroy(*comms[k]);
+            }
         }
+        *comms[k] = NULL;
     }
-    c->nccl = NULL;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -79,23 +107,23 @@ static ncclDataType_t dp_nccl_type(uint32_t dtype) {
 
 static ncclRedOp_t dp_nccl_op(uint32_t op) { return op == DP_OP_MAX ? ncclMax : ncclSum; }
 
-static qt_status dp_launch_item(const dp_comm *c, const dp_item *it, CUstream stream) {
+static qt_status dp_launch_item(ncclComm_t comm, const dp_item *it, CUstream stream) {
     const void *send = (const void *)(uintptr_t)it->send;
     void *recv = (void *)(uintptr_t)it->recv;
     ncclDataType_t type = dp_nccl_type(it->dtype);
     switch ((dp_coll_kind)it->kind) {
     case DP_COLL_REDUCE:
         QT_NCCL(ncclReduce(send, recv, it->count, type, dp_nccl_op(it->op), (int)it->root,
-                           c->nccl, stream));
+                           comm, stream));
         return QT_OK;
     case DP_COLL_BROADCAST:
-        QT_NCCL(ncclBroadcast(send, recv, it->count, type, (int)it->root, c->nccl, stream));
+        QT_NCCL(ncclBroadcast(send, recv, it->count, type, (int)it->root, comm, stream));
         return QT_OK;
     case DP_COLL_ALL_GATHER:
-        QT_NCCL(ncclAllGather(send, recv, it->count, type, c->nccl, stream));
+        QT_NCCL(ncclAllGather(send, recv, it->count, type, comm, stream));
         return QT_OK;
     case DP_COLL_ALL_REDUCE:
-        QT_NCCL(ncclAllReduce(send, recv, it->count, type, dp_nccl_op(it->op), c->nccl,
+        QT_NCCL(ncclAllReduce(send, recv, it->count, type, dp_nccl_op(it->op), comm,
                               stream));
         return QT_OK;
     }
@@ -103,13 +131,14 @@ static qt_status dp_launch_item(const dp_comm *c, const dp_item *it, CUstream st
     return QT_ERR_INPUT;
 }
 
-qt_status dp_launch(const dp_collective_args *a, CUstream stream) {
+qt_status dp_launch(const dp_collective_args *a, CUstream stream, bool alone) {
     const dp_comm *c = (const dp_comm *)(uintptr_t)a->comm;
     QT_ASSERT(c->gpu && c->nccl && a->items >= 1 && a->items <= DP_ITEMS_MAX);
+    ncclComm_t comm = alone && c->nccl_wide ? c->nccl_wide : c->nccl;
     QT_NCCL(ncclGroupStart());
     qt_status status = QT_OK;
     for (uint32_t i = 0; i < a->items && status == QT_OK; i++) {
-        status = dp_launch_item(c, &a->item[i], stream);
+        status = dp_launch_item(comm, &a->item[i], stream);
     }
     // The group is closed whatever happened, so NCCL is left in no open group.
     ncclResult_t end = nccl.ncclGroupEnd();

@@ -60,6 +60,9 @@ typedef struct dp_comm {
     uint32_t rank, world;  // world 1: no collectives
     bool gpu;
     ncclComm_t nccl;       // GPU
+    // GPU, when opened wide: the same ranks without the CTA cap, for the collectives that no
+    // GEMM runs beside (dp_launch's `alone`); NULL otherwise.
+    ncclComm_t nccl_wide;
     dp_ref_group *group;   // reference backend
 } dp_comm;
 
@@ -72,14 +75,19 @@ void dp_comm_single(dp_comm *c);
 // environment sets it (setenv; NCCL reads it at its first communicator). A rank is a process
 // (qtrain run --gpus); a program that runs ranks as threads of one process sets NCCL_MAX_CTAS
 // itself before it starts them, since setenv beside another thread's getenv is a race.
+// wide: the cap goes into the communicator's configuration instead (ncclCommInitRankConfig),
+// and a second communicator of the same ranks without it (ncclCommSplit; NCCL 2.18 or newer)
+// takes the collectives that run alone; NCCL_MAX_CTAS, when the environment sets it, caps both.
 qt_status dp_comm_open_gpu(dp_comm *c, const ncclUniqueId *id, uint32_t rank, uint32_t world,
-                           uint32_t max_ctas);
+                           uint32_t max_ctas, bool wide);
 void dp_comm_open_ref(dp_comm *c, dp_ref_group *g, uint32_t rank);
 // Destroys the NCCL communicator (abort: without waiting for the other ranks, after a failure).
 void dp_comm_close(dp_comm *c, bool abort);
 
-// The GPU backend's launch of a collective op: its items in one NCCL group on `stream`.
-qt_status dp_launch(const dp_collective_args *a, CUstream stream);
+// The GPU backend's launch of a collective op: its items in one NCCL group on `stream`, through
+// the wide communicator when `alone` (no GEMM runs beside the op) and the rank has one. Every
+// rank must give the same `alone` for the same op.
+qt_status dp_launch(const dp_collective_args *a, CUstream stream, bool alone);
 // The reference backend's twin of one item (runtime/ref/ref_dp.c): every rank's thread calls it
 // with its own item at the same point.
 void dp_ref_item(const dp_comm *c, const dp_item *it);

@@ -512,7 +512,7 @@ static qt_status ckpt_broadcast_now(const dp_comm *c, backend *b, prog_ref buffe
     a.comm = (uint64_t)(uintptr_t)c;
     a.items = 1;
     a.item[0] = it;
-    QT_TRY(dp_launch(&a, b->stream));
+    QT_TRY(dp_launch(&a, b->stream, false));
     return backend_finish(b);
 }
 

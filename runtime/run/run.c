@@ -682,7 +682,9 @@ static qt_status run_open_parallel(run *r, backend *b) {
         // NCCL's CTAs fit the SMs that the step's GEMMs leave to them (backend_capture). Read
         // here, so that a bad value fails the runs it concerns, not every GPU open.
         QT_TRY(backend_comm_sms(&b->comm_sms));
-        QT_TRY(dp_comm_open_gpu(&r->dp, &id, o->rank, o->world, b->comm_sms));
+        bool wide = false;
+        QT_TRY(backend_comm_wide(&wide));
+        QT_TRY(dp_comm_open_gpu(&r->dp, &id, o->rank, o->world, b->comm_sms, wide));
     } else {
         if (!o->ref_group || o->ref_group->world != o->world) {
             return qt_fail(QT_ERR_INPUT, "rank %u of %u on the reference backend needs the "
@@ -1116,7 +1118,7 @@ static void run_print_marks(const run *r, FILE *out) {
     // first and the last collective and those of them that leave SMs to NCCL (all of them with
     // QTRAIN_MARGIN_BESIDE=0).
     uint32_t marks[MODEL_MODE_COUNT] = {0}, window[MODEL_MODE_COUNT] = {0};
-    uint32_t margin[MODEL_MODE_COUNT] = {0};
+    uint32_t margin[MODEL_MODE_COUNT] = {0}, alone[MODEL_MODE_COUNT] = {0};
     bool collectives = false;
     for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
         if (!r->model.modes[mode]) continue;
@@ -1126,6 +1128,7 @@ static void run_print_marks(const run *r, FILE *out) {
         marks[mode] = plan.marks_needed;
         collectives |= plan.first_collective != CAPTURE_NONE;
         for (uint32_t j = 0; j < p->op_count; j++) {
+            alone[mode] += capture_collective_alone(&plan, j);
             if (!capture_wide_gemm(&p->ops[j])) continue;
             window[mode] += capture_between_collectives(&plan, j);
             margin[mode] += capture_leaves_margin(&plan, j);
@@ -1144,6 +1147,19 @@ static void run_print_marks(const run *r, FILE *out) {
                 margin[mode]);
     }
     fprintf(out, "%s\n", margin_beside ? "" : " (QTRAIN_MARGIN_BESIDE=0)");
+    bool wide = false;
+    if (backend_comm_wide(&wide) != QT_OK) {  // a run would refuse it
+        fprintf(out, "graph capture: %s\n", qt_error_message());
+        qt_error_clear();
+        return;
+    }
+    fprintf(out, "graph capture: collectives after the last wide GEMM:");
+    for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
+        if (r->model.modes[mode]) fprintf(out, " %s %u", r->programs[mode].mode, alone[mode]);
+    }
+    fprintf(out, " (%s)\n", wide ? "on a second NCCL communicator without the CTA cap, "
+                                   "QTRAIN_COMM_WIDE=1"
+                                 : "capped like the others; QTRAIN_COMM_WIDE=1 uncaps them");
 }
 
 // Per-op times of one mode's program, in op order, each with the kernel and grid that ran it (the
