@@ -95,29 +95,20 @@ qt_status backend_open_gpu(backend *b, int device_ordinal) {
 }
 
 qt_status backend_margin_beside(bool *on) {
-    uint32_t value = 1;
-    QT_TRY(qt_env_u32("QTRAIN_MARGIN_BESIDE", "1 (the SMs left to NCCL only by the GEMMs that a "
-                      "collective may run beside) or 0 (by every GEMM between the first and the "
-                      "last collective)", 1, 1, &value));
-    *on = value == 1;
-    return QT_OK;
+    return qt_env_switch("QTRAIN_MARGIN_BESIDE", "1 (the SMs left to NCCL only by the GEMMs "
+                         "that a collective may run beside) or 0 (by every GEMM between the "
+                         "first and the last collective)", true, on);
 }
 
 qt_status backend_comm_wide(bool *on) {
-    uint32_t value = 0;
-    QT_TRY(qt_env_u32("QTRAIN_COMM_WIDE", "1 (a second NCCL communicator without the CTA cap for "
-                      "the collectives after the last GEMM) or 0 (one communicator)", 0, 1,
-                      &value));
-    *on = value == 1;
-    return QT_OK;
+    return qt_env_switch("QTRAIN_COMM_WIDE", "1 (a second NCCL communicator without the "
+                         "CTA cap for the collectives after the last GEMM) or 0 (one "
+                         "communicator)", false, on);
 }
 
 qt_status backend_comm_priority(bool *on) {
-    uint32_t value = 1;
-    QT_TRY(qt_env_u32("QTRAIN_COMM_PRIORITY", "1 (the collectives' kernels at the greatest "
-                      "stream priority) or 0 (at the step's)", 1, 1, &value));
-    *on = value == 1;
-    return QT_OK;
+    return qt_env_switch("QTRAIN_COMM_PRIORITY", "1 (the collectives' kernels at the "
+                         "greatest stream priority) or 0 (at the step's)", true, on);
 }
 
 qt_status backend_comm_sms(uint32_t *sms) {

@@ -146,3 +146,10 @@ qt_status qt_env_u32(const char *variable, const char *meaning, uint32_t fallbac
     *value = (uint32_t)number;
     return QT_OK;
 }
+
+qt_status qt_env_switch(const char *variable, const char *meaning, bool fallback, bool *on) {
+    uint32_t value = fallback;
+    QT_TRY(qt_env_u32(variable, meaning, fallback, 1, &value));
+    *on = value == 1;
+    return QT_OK;
+}

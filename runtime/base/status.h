@@ -32,6 +32,8 @@ void qt_error_clear(void);
 // a message that names the variable, what it sets (`meaning`) and the range.
 qt_status qt_env_u32(const char *variable, const char *meaning, uint32_t fallback, uint32_t max,
                      uint32_t *value);
+// A 0-or-1 setting (qt_env_u32 with max 1): *on when it is 1, or unset and `fallback`.
+qt_status qt_env_switch(const char *variable, const char *meaning, bool fallback, bool *on);
 
 // Programmer errors: a broken invariant aborts with file:line:expression.
 _Noreturn void qt_assert_fail(const char *file, int line, const char *expr);

@@ -546,12 +546,9 @@ qt_status run_pack_gap(uint32_t *gap) {
 }
 
 qt_status run_largest_first(bool *on) {
-    uint32_t value = 0;
-    QT_TRY(qt_env_u32("QTRAIN_UPDATE_ORDER", "1 (each rank's updates largest first, the "
-                      "broadcasts in the order the updates end) or 0 (parameter order)", 0, 1,
-                      &value));
-    *on = value == 1;
-    return QT_OK;
+    return qt_env_switch("QTRAIN_UPDATE_ORDER", "1 (each rank's updates largest first, the "
+                         "broadcasts in the order the updates end) or 0 (parameter order)",
+                         false, on);
 }
 
 qt_status run_plan(run *r, void *tables, uint64_t table_bytes) {
