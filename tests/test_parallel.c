@@ -1291,6 +1291,101 @@ static void test_loader(const char *self) {
     test_end();
 }
 
+// The communicators of a wide rank (QTRAIN_COMM_WIDE=1) against a stand-in libnccl.so.2 that
+// prints the configuration each call is given, laid out as NCCL 2.17's ncclConfig_t (written
+// here from NCCL's header, apart from runtime/driver/nccl_lib.h): run in this program
+// re-executed with --comm-open WIDE, which opens rank 0 of 2 with a 16-CTA cap, then closes it.
+static int comm_open_main(const char *wide) {
+    ncclUniqueId id;
+    memset(&id, 0, sizeof id);
+    dp_comm c;
+    qt_status status = dp_comm_open_gpu(&c, &id, 0, 2, 16, strcmp(wide, "1") == 0);
+    printf("open %s|%s|NCCL_MAX_CTAS=%s\n", qt_status_name(status),
+           status == QT_OK ? "" : qt_error_message(),
+           getenv("NCCL_MAX_CTAS") ? getenv("NCCL_MAX_CTAS") : "unset");
+    fflush(stdout);
+    if (status == QT_OK) dp_comm_close(&c, false);
+    return 0;
+}
+
+static bool fake_nccl_configs(const char *dir, bool split) {
+    char source[256], command[1024], out[512];
+    snprintf(source, sizeof source, "%s/fake.c", dir);
+    FILE *f = fopen(source, "w");
+    if (!f) return false;
+    fprintf(f, "#include <stdio.h>\n#include <stddef.h>\n"
+            "typedef struct { size_t size; unsigned magic, version; int blocking, cga, min_ctas, "
+            "max_ctas; const char *net; } config;\n"
+            "typedef struct { char internal[128]; } uid;\n"
+            "static void show(const char *call, const config *c) { printf(\"%%s size %%zu "
+            "magic %%x version %%u blocking %%d cga %%d min %%d max %%d net %%s\\n\", call, "
+            "c->size, c->magic, c->version, c->blocking, c->cga, c->min_ctas, c->max_ctas, "
+            "c->net ? c->net : \"null\"); fflush(stdout); }\n"
+            "int ncclGetVersion(int *v) { *v = 22800; return 0; }\n"
+            "int ncclCommInitRank(void **c, int n, uid id, int r) { *c = (void *)1; "
+            "printf(\"ncclCommInitRank\\n\"); return 0; }\n"
+            "int ncclCommInitRankConfig(void **c, int n, uid id, int r, config *k) { "
+            "*c = (void *)1; show(\"ncclCommInitRankConfig\", k); return 0; }\n"
+            "int ncclCommDestroy(void *c) { printf(\"destroy %%p\\n\", c); return 0; }\n");
+    if (split) {
+        fprintf(f, "int ncclCommSplit(void *c, int color, int key, void **n, config *k) { "
+                "*n = (void *)2; printf(\"split color %%d key %%d\\n\", color, key); "
+                "show(\"ncclCommSplit\", k); return 0; }\n");
+    }
+    static const char *const rest[] = {"ncclGetUniqueId", "ncclCommAbort",
+        "ncclGetErrorString", "ncclGroupStart", "ncclGroupEnd", "ncclAllReduce", "ncclReduce",
+        "ncclBroadcast", "ncclAllGather", "ncclReduceScatter"};
+    for (size_t i = 0; i < sizeof rest / sizeof rest[0]; i++) {
+        fprintf(f, "int %s(void) { return 0; }\n", rest[i]);
+    }
+    fclose(f);
+    snprintf(command, sizeof command, "cc -shared -fPIC -o '%s/libnccl.so.2' '%s'", dir, source);
+    return command_output(command, out, sizeof out) == 0;
+}
+
+static void test_comm_configs(const char *self) {
+    const char *name = "wide_rank_configures_both_communicators";
+    char with_split[200], without[200], command[1024];
+    static char out[4096];
+    snprintf(with_split, sizeof with_split, "%s", tmp_path("nccl_split"));
+    snprintf(without, sizeof without, "%s", tmp_path("nccl_nosplit"));
+    snprintf(command, sizeof command, "mkdir -p '%s' '%s'", with_split, without);
+    if (command_output(command, out, sizeof out) != 0 || !fake_nccl_configs(with_split, true) ||
+        !fake_nccl_configs(without, false)) {
+        test_skip(name, "no C compiler (cc) to build a stand-in libnccl.so.2");
+        return;
+    }
+    test_begin(name);
+    // Wide: the cap in the first communicator's configuration (NCCL_MAX_CTAS left unset), the
+    // split one uncapped, every other field unset (INT_MIN, NULL), both destroyed.
+    snprintf(command, sizeof command, "env -u NCCL_MAX_CTAS QTRAIN_NCCL='%s' '%s' --comm-open 1",
+             with_split, self);
+    CHECK(command_output(command, out, sizeof out) == 0, "%s", out);
+    const char *unset = "blocking -2147483648 cga -2147483648 min -2147483648";
+    char capped[256], uncapped[256];
+    snprintf(capped, sizeof capped, "ncclCommInitRankConfig size 40 magic cafebeef version "
+             "21700 %s max 16 net null", unset);
+    snprintf(uncapped, sizeof uncapped, "ncclCommSplit size 40 magic cafebeef version 21700 "
+             "%s max -2147483648 net null", unset);
+    CHECK(strstr(out, capped) && strstr(out, "split color 0 key 0") && strstr(out, uncapped) &&
+              strstr(out, "open QT_OK||NCCL_MAX_CTAS=unset") && strstr(out, "destroy 0x2") &&
+              strstr(out, "destroy 0x1") && strstr(out, "destroy 0x2") < strstr(out, "destroy 0x1"),
+          "wide: %s", out);
+    // Not wide: the plain call and NCCL_MAX_CTAS, as before.
+    snprintf(command, sizeof command, "env -u NCCL_MAX_CTAS QTRAIN_NCCL='%s' '%s' --comm-open 0",
+             with_split, self);
+    CHECK(command_output(command, out, sizeof out) == 0 && strstr(out, "ncclCommInitRank\n") &&
+              !strstr(out, "Config") && strstr(out, "open QT_OK||NCCL_MAX_CTAS=16"),
+          "not wide: %s", out);
+    // A library without ncclCommSplit: the fix named.
+    snprintf(command, sizeof command, "env -u NCCL_MAX_CTAS QTRAIN_NCCL='%s' '%s' --comm-open 1",
+             without, self);
+    CHECK(command_output(command, out, sizeof out) == 0 &&
+              strstr(out, "open QT_ERR_NO_DRIVER|QTRAIN_COMM_WIDE=1 needs NCCL 2.18"),
+          "without ncclCommSplit: %s", out);
+    test_end();
+}
+
 // ---------------------------------------------------------------------------------------------
 // With two GPUs: the ranks as processes (this program re-executed with --worker), one per GPU,
 // as `qtrain run --gpus 2` starts them.
@@ -1714,11 +1809,13 @@ static void test_gpus(const char *self) {
 int main(int argc, char **argv) {
     if (argc == 13 && strcmp(argv[1], "--worker") == 0) return worker_main(argv + 2);
     if (argc == 2 && strcmp(argv[1], "--loader") == 0) return loader_main();
+    if (argc == 3 && strcmp(argv[1], "--comm-open") == 0) return comm_open_main(argv[2]);
     if (!tmp_dir_make("parallel")) {
         printf("FAIL parallel: cannot make a temporary folder\n");
         return 1;
     }
     test_loader(argv[0]);
+    test_comm_configs(argv[0]);
     test_partition();
     test_collectives();
     test_reduce_order();
