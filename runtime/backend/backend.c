@@ -403,8 +403,8 @@ static qt_status backend_capture_ops(backend *b, const program *p, const backend
     // here (a collective waits for its producer's mark on its own stream, whatever the program
     // order), and an estimate from bytes and FLOPs that capped only some measured slower than
     // no margin at all: a collective that meets an uncapped GEMM waits for its whole grid.
-    // margin_beside (QTRAIN_MARGIN_BESIDE=1) uncaps only GEMMs that no collective can meet:
-    // those that the next collective waits for and that wait for the one before
+    // margin_beside (unless QTRAIN_MARGIN_BESIDE=0) uncaps the GEMMs that no collective can
+    // meet: those that the next collective waits for and that wait for the one before
     // (capture_gemm_alone).
     uint32_t sms = (uint32_t)b->info.sm_count;
     uint32_t beside_ctas = b->comm_sms > 0 && b->comm_sms < sms ? sms - b->comm_sms : 0;

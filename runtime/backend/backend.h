@@ -79,7 +79,7 @@ qt_status backend_margin_beside(bool *on);
 qt_status backend_comm_wide(bool *on);
 // Whether a captured step with collectives runs their kernels at the greatest stream priority,
 // so that NCCL's CTAs are placed ahead of the waiting CTAs of the kernels beside them: read from
-// $QTRAIN_COMM_PRIORITY, 0 (unset) or 1, a setting for A/B runs with the same traces.
+// $QTRAIN_COMM_PRIORITY, 1 (unset) or 0, a setting for A/B runs with the same traces.
 // QT_ERR_INPUT for another value.
 qt_status backend_comm_priority(bool *on);
 

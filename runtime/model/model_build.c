@@ -137,8 +137,25 @@ static qt_status mb_dp_broadcast_param(mb *b, uint32_t i, const char *name, mb_i
     return QT_OK;
 }
 
+_Static_assert(MODEL_PARAMS_MAX <= 1024, "the update and broadcast orders live on the stack");
+
 static uint64_t mb_param_elems(const model *m, uint32_t i) {
     return (uint64_t)m->params[i].rows * m->params[i].cols;
+}
+
+// Sorts `count` parameter indices by key[index], ascending or (descending) not, keeping the
+// order of equal keys (an insertion sort: a model has at most a few hundred parameters, and no
+// sort may allocate).
+static void mb_sort_params(uint32_t *params, uint32_t count, const uint64_t *key,
+                           bool descending) {
+    for (uint32_t k = 1; k < count; k++) {
+        uint32_t i = params[k], j = k;
+        for (; j > 0 && (descending ? key[params[j - 1]] < key[i]
+                                    : key[params[j - 1]] > key[i]); j--) {
+            params[j] = params[j - 1];
+        }
+        params[j] = i;
+    }
 }
 
 // The parameters that `rank` updates, in the order its launches run them, into order; returns
@@ -147,16 +164,12 @@ static uint64_t mb_param_elems(const model *m, uint32_t i) {
 // run beside them instead of after the last large update, with nothing left to hide them.
 static uint32_t mb_update_order(const model *m, uint32_t rank, uint32_t *order) {
     uint32_t count = 0;
+    uint64_t elems[MODEL_PARAMS_MAX];
     for (uint32_t i = 0; i < m->param_count; i++) {
+        elems[i] = mb_param_elems(m, i);
         if (m->param_owner[i] == rank) order[count++] = i;
     }
-    for (uint32_t k = 1; m->largest_first && k < count; k++) {  // insertion sort: stable
-        uint32_t i = order[k], j = k;
-        for (; j > 0 && mb_param_elems(m, order[j - 1]) < mb_param_elems(m, i); j--) {
-            order[j] = order[j - 1];
-        }
-        order[j] = i;
-    }
+    if (m->largest_first) mb_sort_params(order, count, elems, true);
     return count;
 }
 
@@ -165,9 +178,10 @@ static uint32_t mb_update_order(const model *m, uint32_t rank, uint32_t *order) 
 // owner has updated by then (its launches run one after another at about the same rate per
 // element; ties by index). Every rank computes the same sequence from the model.
 static void mb_broadcast_sequence(const model *m, uint32_t *sequence) {
-    _Static_assert(MODEL_PARAMS_MAX <= 1024, "the sequence's arrays live on the stack");
+    for (uint32_t i = 0; i < m->param_count; i++) sequence[i] = i;
+    if (!m->largest_first) return;
     uint64_t ready[MODEL_PARAMS_MAX];
-    for (uint32_t rank = 0; rank < m->world && m->largest_first; rank++) {
+    for (uint32_t rank = 0; rank < m->world; rank++) {
         uint32_t order[MODEL_PARAMS_MAX];
         uint32_t count = mb_update_order(m, rank, order);
         uint64_t updated = 0;
@@ -176,13 +190,7 @@ static void mb_broadcast_sequence(const model *m, uint32_t *sequence) {
             ready[order[k]] = updated;
         }
     }
-    for (uint32_t k = 0; k < m->param_count; k++) {
-        uint32_t j = k;
-        for (; m->largest_first && j > 0 && ready[sequence[j - 1]] > ready[k]; j--) {
-            sequence[j] = sequence[j - 1];
-        }
-        sequence[j] = k;
-    }
+    mb_sort_params(sequence, m->param_count, ready, false);
 }
 
 // The weights broadcast in mb_broadcast_sequence's order, consecutive ones in one NCCL group

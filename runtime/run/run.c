@@ -1105,8 +1105,9 @@ void run_time_steps(run *r, void *scratch, uint64_t scratch_bytes, double ms[MOD
 // How many capture marks each mode's graph needs at once (runtime/backend/capture.h): past
 // CAPTURE_MARKS some waits fall back to a branch's last op.
 static void run_print_marks(const run *r, FILE *out) {
-    bool margin_beside = false;
-    if (backend_margin_beside(&margin_beside) != QT_OK) {  // a run would refuse it
+    bool margin_beside = false, wide = false;
+    if (backend_margin_beside(&margin_beside) != QT_OK ||  // a run would refuse either
+        backend_comm_wide(&wide) != QT_OK) {
         fprintf(out, "graph capture: %s\n", qt_error_message());
         qt_error_clear();
         return;
@@ -1144,12 +1145,6 @@ static void run_print_marks(const run *r, FILE *out) {
                 margin[mode]);
     }
     fprintf(out, "%s\n", margin_beside ? "" : " (QTRAIN_MARGIN_BESIDE=0)");
-    bool wide = false;
-    if (backend_comm_wide(&wide) != QT_OK) {  // a run would refuse it
-        fprintf(out, "graph capture: %s\n", qt_error_message());
-        qt_error_clear();
-        return;
-    }
     fprintf(out, "graph capture: collectives after the last wide GEMM:");
     for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
         if (r->model.modes[mode]) fprintf(out, " %s %u", r->programs[mode].mode, alone[mode]);
