@@ -648,6 +648,12 @@ bad=""
 [ $? -eq 2 ] || bad="$bad [--profile-rank 2 of 2 taken]"
 "$qtrain" run "$tiny" --profile --profile-rank 0 > "$dir/out" 2>&1
 [ $? -eq 2 ] || bad="$bad [--profile-rank without --gpus taken]"
+# A worker gets the launcher's arguments with --world N in place of --gpus N: rank 1 of 2 is
+# within them (on the CPU it stops later, at the driver or NCCL).
+hex=$(printf '%0256d' 0)
+"$qtrain" run "$tiny" --profile --profile-rank 1 --world 2 --parallel-id "$hex" --rank 1 \
+    > "$dir/out" 2>&1
+! grep -q -- '--profile-rank 1 needs' "$dir/out" || bad="$bad [a worker refused --profile-rank 1]"
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 skip=""
 if [ "${gpus:-0}" -lt 2 ]; then

@@ -431,7 +431,9 @@ static bool parse_run_args(int argc, char **argv, cli_command command, cli_args 
                 "drop one of them\n", argv[1], a->gpus);
         return false;
     }
-    if (a->profile_rank_given && (!a->profile_reps || a->profile_rank >= a->gpus)) {
+    // A worker gets --world N in place of the launcher's --gpus N, and the same --profile-rank.
+    uint32_t ranks = a->worker ? a->options.world : a->gpus;
+    if (a->profile_rank_given && (!a->profile_reps || a->profile_rank >= ranks)) {
         fprintf(stderr, "qtrain run: --profile-rank %u needs --profile and --gpus above it (the "
                 "rank whose profile --profile prints; the ranks of --gpus N are 0 to N-1)\n",
                 a->profile_rank);
