@@ -599,27 +599,27 @@ train_ops() { sed -n 's/^program train: \([0-9]*\) ops.*/\1/p' "$1"; }
 "$qtrain" plan "$tiny" --rank 1 > "$dir/out" 2>&1
 [ $? -eq 2 ] || bad="$bad [plan --rank without --gpus taken]"
 # The capture lines of the b16k recipe's plan on 2 GPUs, with the defaults and with
-# QTRAIN_MARGIN_BESIDE=0 QTRAIN_COMM_WIDE=1: the wide GEMMs between the collectives that leave
+# QTRAIN_MARGIN_BESIDE=0 QTRAIN_COMM_WIDE=0: the wide GEMMs between the collectives that leave
 # SMs to NCCL, fewer than all of them by default (the wgrads whose gradients the next collective
 # reduces run alone) and all at 0; and the collectives after the last wide GEMM (the last
-# reductions, the norm's gather, the broadcasts), counted, and on the uncapped communicator with
-# the setting.
+# reductions, the norm's gather, the broadcasts), counted, on the uncapped communicator by
+# default and capped at 0.
 margins() { sed -n 's/^graph capture: wide GEMMs .* train \([0-9]*\) (\([0-9]*\) leave.*/\1 \2/p' "$dir/out"; }
 alone() { sed -n 's/^graph capture: collectives after the last wide GEMM: train \([0-9]*\) (\(.\).*/\1 \2/p' "$dir/out"; }
 "$qtrain" plan recipes/bench/resmlp_current_b16k.recipe --gpus 2 > "$dir/out" 2>&1
 some=$(margins)
-capped=$(alone)
-QTRAIN_MARGIN_BESIDE=0 QTRAIN_COMM_WIDE=1 "$qtrain" plan recipes/bench/resmlp_current_b16k.recipe \
+uncapped=$(alone)
+QTRAIN_MARGIN_BESIDE=0 QTRAIN_COMM_WIDE=0 "$qtrain" plan recipes/bench/resmlp_current_b16k.recipe \
     --gpus 2 > "$dir/out" 2>&1
 all=$(margins)
-uncapped=$(alone)
+capped=$(alone)
 # "window margin" pairs: the window the same, the margin lower by default and whole at 0.
 [ -n "$all" ] && [ -n "$some" ] && [ "${all% *}" = "${all#* }" ] &&
     [ "${some% *}" = "${all% *}" ] && [ "${some#* }" -lt "${all#* }" ] ||
     bad="$bad [wide GEMMs and those leaving the margin: '$some', with QTRAIN_MARGIN_BESIDE=0 '$all']"
 [ -n "$capped" ] && [ "${capped% *}" -gt 0 ] && [ "${capped#* }" = c ] &&
     [ "$uncapped" = "${capped% *} o" ] ||
-    bad="$bad [collectives after the last wide GEMM: '$capped', with QTRAIN_COMM_WIDE=1 '$uncapped']"
+    bad="$bad [collectives after the last wide GEMM: '$uncapped', with QTRAIN_COMM_WIDE=0 '$capped']"
 # Eval and infer rows alone are planned on several GPUs (no moments: every master on every rank);
 # qtrain infer runs on one GPU and says where infer rows run on several.
 sed 's/^train 200 .*$/infer all output=never.npy/' "$tiny" > "$dir/rows.recipe"

@@ -800,13 +800,18 @@ static qt_status largest_first_number(uint32_t *value) {
     return switch_number(run_largest_first, value);
 }
 
+static qt_status comm_wide_on(bool *on) {
+    bool required = false;
+    return backend_comm_wide(on, &required);
+}
+
 static qt_status comm_wide_number(uint32_t *value) {
-    return switch_number(backend_comm_wide, value);
+    return switch_number(comm_wide_on, value);
 }
 
 // QTRAIN_COMM_SMS (the SMs a data-parallel step leaves to NCCL), QTRAIN_PACK_GAP (the device
-// arena's pack_gap), QTRAIN_MARGIN_BESIDE and QTRAIN_COMM_PRIORITY (0 or 1, on when unset) and
-// QTRAIN_UPDATE_ORDER and QTRAIN_COMM_WIDE (0 or 1, off when unset).
+// arena's pack_gap), and QTRAIN_MARGIN_BESIDE, QTRAIN_COMM_PRIORITY, QTRAIN_UPDATE_ORDER and
+// QTRAIN_COMM_WIDE (0 or 1, on when unset).
 static void test_env_settings(void) {
     test_begin("settings_read_the_environment");
     env_setting_check("QTRAIN_COMM_SMS", backend_comm_sms, BACKEND_COMM_SMS_DEFAULT,
@@ -814,8 +819,25 @@ static void test_env_settings(void) {
     env_setting_check("QTRAIN_PACK_GAP", run_pack_gap, 0, RUN_PACK_GAP_MAX);
     env_setting_check("QTRAIN_MARGIN_BESIDE", margin_beside_number, 1, 1);
     env_setting_check("QTRAIN_COMM_PRIORITY", comm_priority_number, 1, 1);
-    env_setting_check("QTRAIN_UPDATE_ORDER", largest_first_number, 0, 1);
-    env_setting_check("QTRAIN_COMM_WIDE", comm_wide_number, 0, 1);
+    env_setting_check("QTRAIN_UPDATE_ORDER", largest_first_number, 1, 1);
+    env_setting_check("QTRAIN_COMM_WIDE", comm_wide_number, 1, 1);
+    // Set to 1, the second communicator is required (an older NCCL fails the run); unset, it is
+    // taken where NCCL has it.
+    static const char *const wide_values[] = {NULL, "1", "0"};
+    static const bool wide_on[] = {true, true, false}, wide_required[] = {false, true, false};
+    for (int v = 0; v < 3; v++) {
+        if (wide_values[v]) {
+            setenv("QTRAIN_COMM_WIDE", wide_values[v], 1);
+        } else {
+            unsetenv("QTRAIN_COMM_WIDE");
+        }
+        bool on = !wide_on[v], required = !wide_required[v];
+        CHECK(backend_comm_wide(&on, &required) == QT_OK && on == wide_on[v] &&
+                  required == wide_required[v],
+              "QTRAIN_COMM_WIDE=%s: on %d, required %d", wide_values[v] ? wide_values[v] : "(unset)",
+              on, required);
+    }
+    unsetenv("QTRAIN_COMM_WIDE");
     test_end();
 }
 

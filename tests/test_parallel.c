@@ -578,7 +578,7 @@ static void plan_check(const char *text, uint32_t rank, bool largest_first, char
     run_options o = {0};
     o.rank = rank;
     o.world = 2;
-    o.largest_first = largest_first;
+    o.update_order = largest_first ? RUN_UPDATE_ORDER_LARGEST_FIRST : RUN_UPDATE_ORDER_PARAMETERS;
     uint64_t need = 0;
     void *tables = NULL;
     qt_status status = recipe_parse(text, strlen(text), "synthetic_tiny.recipe", rc);
@@ -697,15 +697,16 @@ static void test_two_ranks_plan(void) {
     test_end();
 }
 
-// Updates largest first, the broadcasts in the order the updates end (run_options.largest_first,
-// QTRAIN_UPDATE_ORDER=1): another schedule of the same arithmetic, so the same records and
-// weights as in parameter order.
+// Updates largest first, the broadcasts in the order the updates end (QTRAIN_UPDATE_ORDER, 1 by
+// default), against parameter order (=0): another schedule of the same arithmetic, so the same
+// records and weights.
 static void test_largest_first(const char *scheme) {
     static char text[RECIPE_TEXT_MAX];
     begin_scheme_case("two_ranks_largest_first_same_bits", scheme, text, sizeof text);
     run_options o = train_steps_only(30);
+    o.update_order = RUN_UPDATE_ORDER_PARAMETERS;
     run_options largest = o;
-    largest.largest_first = true;
+    largest.update_order = RUN_UPDATE_ORDER_LARGEST_FIRST;
     if (run_ranks("synthetic_tiny.recipe", text, 2, &o, jobs_a) &&
         run_ranks("synthetic_tiny.recipe", text, 2, &largest, jobs_b)) {
         CHECK(jobs_a[0].log.count == 30, "%u steps", jobs_a[0].log.count);
@@ -1291,15 +1292,19 @@ static void test_loader(const char *self) {
     test_end();
 }
 
-// The communicators of a wide rank (QTRAIN_COMM_WIDE=1) against a stand-in libnccl.so.2 that
+// The communicators of a wide rank (QTRAIN_COMM_WIDE) against a stand-in libnccl.so.2 that
 // prints the configuration each call is given, laid out as NCCL 2.17's ncclConfig_t (written
 // here from NCCL's header, apart from runtime/driver/nccl_lib.h): run in this program
-// re-executed with --comm-open WIDE, which opens rank 0 of 2 with a 16-CTA cap, then closes it.
+// re-executed with --comm-open WIDE (off, if-able or required), which opens rank 0 of 2 with a
+// 16-CTA cap, then closes it.
 static int comm_open_main(const char *wide) {
     ncclUniqueId id;
     memset(&id, 0, sizeof id);
     dp_comm c;
-    qt_status status = dp_comm_open_gpu(&c, &id, 0, 2, 16, strcmp(wide, "1") == 0);
+    dp_wide setting = strcmp(wide, "required") == 0 ? DP_WIDE_REQUIRED
+                      : strcmp(wide, "if-able") == 0 ? DP_WIDE_IF_ABLE
+                                                     : DP_WIDE_OFF;
+    qt_status status = dp_comm_open_gpu(&c, &id, 0, 2, 16, setting);
     printf("open %s|%s|NCCL_MAX_CTAS=%s\n", qt_status_name(status),
            status == QT_OK ? "" : qt_error_message(),
            getenv("NCCL_MAX_CTAS") ? getenv("NCCL_MAX_CTAS") : "unset");
@@ -1356,30 +1361,40 @@ static void test_comm_configs(const char *self) {
         return;
     }
     test_begin(name);
-    // Wide: the cap in the first communicator's configuration (NCCL_MAX_CTAS left unset), the
-    // split one uncapped, every other field unset (INT_MIN, NULL), both destroyed.
-    snprintf(command, sizeof command, "env -u NCCL_MAX_CTAS QTRAIN_NCCL='%s' '%s' --comm-open 1",
-             with_split, self);
-    CHECK(command_output(command, out, sizeof out) == 0, "%s", out);
+    // Wide (unset or required): the cap in the first communicator's configuration
+    // (NCCL_MAX_CTAS left unset), the split one uncapped, every other field unset (INT_MIN,
+    // NULL), both destroyed.
     const char *unset = "blocking -2147483648 cga -2147483648 min -2147483648";
     char capped[256], uncapped[256];
     snprintf(capped, sizeof capped, "ncclCommInitRankConfig size 40 magic cafebeef version "
              "21700 %s max 16 net null", unset);
     snprintf(uncapped, sizeof uncapped, "ncclCommSplit size 40 magic cafebeef version 21700 "
              "%s max -2147483648 net null", unset);
-    CHECK(strstr(out, capped) && strstr(out, "split color 0 key 0") && strstr(out, uncapped) &&
-              strstr(out, "open QT_OK||NCCL_MAX_CTAS=unset") && strstr(out, "destroy 0x2") &&
-              strstr(out, "destroy 0x1") && strstr(out, "destroy 0x2") < strstr(out, "destroy 0x1"),
-          "wide: %s", out);
-    // Not wide: the plain call and NCCL_MAX_CTAS, as before.
-    snprintf(command, sizeof command, "env -u NCCL_MAX_CTAS QTRAIN_NCCL='%s' '%s' --comm-open 0",
-             with_split, self);
-    CHECK(command_output(command, out, sizeof out) == 0 && strstr(out, "ncclCommInitRank\n") &&
-              !strstr(out, "Config") && strstr(out, "open QT_OK||NCCL_MAX_CTAS=16"),
-          "not wide: %s", out);
-    // A library without ncclCommSplit: the fix named.
-    snprintf(command, sizeof command, "env -u NCCL_MAX_CTAS QTRAIN_NCCL='%s' '%s' --comm-open 1",
-             without, self);
+    static const char *const wide_settings[] = {"if-able", "required"};
+    for (int w = 0; w < 2; w++) {
+        snprintf(command, sizeof command, "env -u NCCL_MAX_CTAS QTRAIN_NCCL='%s' '%s' "
+                 "--comm-open %s", with_split, self, wide_settings[w]);
+        CHECK(command_output(command, out, sizeof out) == 0, "%s", out);
+        CHECK(strstr(out, capped) && strstr(out, "split color 0 key 0") &&
+                  strstr(out, uncapped) && strstr(out, "open QT_OK||NCCL_MAX_CTAS=unset") &&
+                  strstr(out, "destroy 0x2") && strstr(out, "destroy 0x1") &&
+                  strstr(out, "destroy 0x2") < strstr(out, "destroy 0x1"),
+              "wide (%s): %s", wide_settings[w], out);
+    }
+    // Not wide (QTRAIN_COMM_WIDE=0), or unset with a library without ncclCommSplit: the plain
+    // call and NCCL_MAX_CTAS.
+    const char *plain_libs[] = {with_split, without}, *plain_settings[] = {"off", "if-able"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(command, sizeof command, "env -u NCCL_MAX_CTAS QTRAIN_NCCL='%s' '%s' "
+                 "--comm-open %s", plain_libs[k], self, plain_settings[k]);
+        CHECK(command_output(command, out, sizeof out) == 0 && strstr(out, "ncclCommInitRank\n") &&
+                  !strstr(out, "Config") && !strstr(out, "split") &&
+                  strstr(out, "open QT_OK||NCCL_MAX_CTAS=16"),
+              "not wide (%s): %s", plain_settings[k], out);
+    }
+    // Required from a library without ncclCommSplit: the fix named.
+    snprintf(command, sizeof command, "env -u NCCL_MAX_CTAS QTRAIN_NCCL='%s' '%s' --comm-open "
+             "required", without, self);
     CHECK(command_output(command, out, sizeof out) == 0 &&
               strstr(out, "open QT_ERR_NO_DRIVER|QTRAIN_COMM_WIDE=1 needs NCCL 2.18"),
           "without ncclCommSplit: %s", out);
@@ -1706,23 +1721,23 @@ static void gpu_per_step(const char *self, const char *stored_trace) {
     test_end();
 }
 
-// QTRAIN_COMM_WIDE=1 (the collectives after the last wide GEMM on a second, uncapped
-// communicator) and QTRAIN_UPDATE_ORDER=1 (updates largest first) change only the schedule: two
-// ranks' sums are the same whichever channels NCCL splits them over, so the trace is `plain`'s,
-// byte for byte. The workers inherit the settings.
+// QTRAIN_COMM_WIDE and QTRAIN_UPDATE_ORDER (both on by default: the collectives after the last
+// wide GEMM on a second, uncapped communicator; updates largest first) change only the schedule:
+// two ranks' sums are the same whichever channels NCCL splits them over, so with both set to 0
+// the trace is `plain`'s, byte for byte. The workers inherit the settings.
 static void gpu_settings(const char *self, const char *plain) {
-    const char *name = "gpus2_comm_wide_and_update_order_keep_the_trace_current";
+    const char *name = "gpus2_comm_wide_and_update_order_off_keep_the_trace_current";
     char trace[200], losses[200];
     snprintf(trace, sizeof trace, "%s", tmp_path("settings.trace"));
     snprintf(losses, sizeof losses, "%s", tmp_path("settings.losses"));
-    setenv("QTRAIN_COMM_WIDE", "1", 1);
-    setenv("QTRAIN_UPDATE_ORDER", "1", 1);
+    setenv("QTRAIN_COMM_WIDE", "0", 1);
+    setenv("QTRAIN_UPDATE_ORDER", "0", 1);
     bool ran = gpu_run(self, 2, "current", trace, losses, false, NULL, NULL, GPU_STEPS);
     unsetenv("QTRAIN_COMM_WIDE");
     unsetenv("QTRAIN_UPDATE_ORDER");
     test_begin(name);
     CHECK(ran && file_same(plain, trace), "%s", ran ? "the trace differs from the run's "
-          "without the settings" : "a worker failed (its output above)");
+          "with the settings on" : "a worker failed (its output above)");
     test_end();
 }
 
@@ -1733,7 +1748,7 @@ static void test_gpus(const char *self) {
         "gpus2_checkpoints_resume_on_any_count", "gpus2_eval_only_matches_one_gpu",
         "gpus2_train_eval_infer_rows_follow_one_gpu", "gpus2_infer_rows_write_the_whole_batch",
         "gpus2_weight_transpose_per_step_equals_stored_current",
-        "gpus2_comm_wide_and_update_order_keep_the_trace_current"};
+        "gpus2_comm_wide_and_update_order_off_keep_the_trace_current"};
     const char *why = NULL;
     int count = 0;
     char reason[QT_ERROR_MESSAGE_MAX + 64];

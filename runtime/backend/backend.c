@@ -100,10 +100,12 @@ qt_status backend_margin_beside(bool *on) {
                          "first and the last collective)", true, on);
 }
 
-qt_status backend_comm_wide(bool *on) {
-    return qt_env_switch("QTRAIN_COMM_WIDE", "1 (a second NCCL communicator without the "
+qt_status backend_comm_wide(bool *on, bool *required) {
+    QT_TRY(qt_env_switch("QTRAIN_COMM_WIDE", "1 (a second NCCL communicator without the "
                          "CTA cap for the collectives after the last GEMM) or 0 (one "
-                         "communicator)", false, on);
+                         "communicator)", true, on));
+    *required = *on && getenv("QTRAIN_COMM_WIDE") != NULL;
+    return QT_OK;
 }
 
 qt_status backend_comm_priority(bool *on) {

@@ -73,10 +73,11 @@ qt_status backend_comm_sms(uint32_t *sms);
 qt_status backend_margin_beside(bool *on);
 // Whether a data-parallel rank opens a second NCCL communicator without the CTA cap for the
 // collectives that run after the step's last wide GEMM (capture_collective_alone: the last
-// reductions, the norm's gather, the weights' broadcasts), read from $QTRAIN_COMM_WIDE, 0 (unset)
-// or 1 (needs NCCL 2.18), a setting for A/B runs with the same traces on two ranks (NCCL's
-// channels split a sum of more ranks another way). QT_ERR_INPUT for another value.
-qt_status backend_comm_wide(bool *on);
+// reductions, the norm's gather, the weights' broadcasts), read from $QTRAIN_COMM_WIDE, 1 (unset)
+// or 0, a setting for A/B runs with the same traces on two ranks (NCCL's channels split a sum of
+// more ranks another way). `required`: set to 1 in the environment, so that an NCCL older than
+// 2.18 fails the run instead of leaving one communicator. QT_ERR_INPUT for another value.
+qt_status backend_comm_wide(bool *on, bool *required);
 // Whether a captured step with collectives runs their kernels at the greatest stream priority,
 // so that NCCL's CTAs are placed ahead of the waiting CTAs of the kernels beside them: read from
 // $QTRAIN_COMM_PRIORITY, 1 (unset) or 0, a setting for A/B runs with the same traces.

@@ -33,22 +33,26 @@ static nccl_config dp_nccl_config(uint32_t max_ctas) {
 }
 
 qt_status dp_comm_open_gpu(dp_comm *c, const ncclUniqueId *id, uint32_t rank, uint32_t world,
-                           uint32_t max_ctas, bool wide) {
+                           uint32_t max_ctas, dp_wide wide_setting) {
     QT_ASSERT(world >= 1 && world <= DP_RANKS_MAX && rank < world);
     memset(c, 0, sizeof *c);
     c->rank = rank;
     c->world = world;
     c->gpu = true;
+    // Loading reads no NCCL setting: NCCL_MAX_CTAS below still comes before the first
+    // communicator, which is where NCCL reads it.
+    QT_TRY(nccl_load());
+    bool able = nccl.ncclCommInitRankConfig && nccl.ncclCommSplit;
+    if (wide_setting == DP_WIDE_REQUIRED && !able) {
+        return qt_fail(QT_ERR_NO_DRIVER, "QTRAIN_COMM_WIDE=1 needs NCCL 2.18 or newer "
+                       "(ncclCommInitRankConfig, ncclCommSplit), and %s lacks them: install a "
+                       "newer NCCL or unset QTRAIN_COMM_WIDE", nccl_loaded_path());
+    }
+    bool wide = wide_setting != DP_WIDE_OFF && able;
     if (max_ctas > 0 && !wide) {
         char value[16];
         snprintf(value, sizeof value, "%u", max_ctas);
         setenv("NCCL_MAX_CTAS", value, 0);
-    }
-    QT_TRY(nccl_load());
-    if (wide && (!nccl.ncclCommInitRankConfig || !nccl.ncclCommSplit)) {
-        return qt_fail(QT_ERR_NO_DRIVER, "QTRAIN_COMM_WIDE=1 needs NCCL 2.18 or newer "
-                       "(ncclCommInitRankConfig, ncclCommSplit), and %s lacks them: install a "
-                       "newer NCCL or unset QTRAIN_COMM_WIDE", nccl_loaded_path());
     }
     ncclComm_t comm = NULL;
     nccl_config capped = dp_nccl_config(max_ctas);

@@ -75,11 +75,14 @@ void dp_comm_single(dp_comm *c);
 // environment sets it (setenv; NCCL reads it at its first communicator). A rank is a process
 // (qtrain run --gpus); a program that runs ranks as threads of one process sets NCCL_MAX_CTAS
 // itself before it starts them, since setenv beside another thread's getenv is a race.
-// wide: the cap goes into the communicator's configuration instead (ncclCommInitRankConfig),
-// and a second communicator of the same ranks without it (ncclCommSplit; NCCL 2.18 or newer)
-// takes the collectives that run alone; NCCL_MAX_CTAS, when the environment sets it, caps both.
+// wide (DP_WIDE_IF_ABLE, DP_WIDE_REQUIRED): the cap goes into the communicator's configuration
+// instead (ncclCommInitRankConfig), and a second communicator of the same ranks without it
+// (ncclCommSplit; NCCL 2.18 or newer) takes the collectives that run alone; NCCL_MAX_CTAS, when
+// the environment sets it, caps both. A library without those calls: DP_WIDE_IF_ABLE opens one
+// communicator as DP_WIDE_OFF does, DP_WIDE_REQUIRED fails naming the version.
+typedef enum { DP_WIDE_OFF, DP_WIDE_IF_ABLE, DP_WIDE_REQUIRED } dp_wide;
 qt_status dp_comm_open_gpu(dp_comm *c, const ncclUniqueId *id, uint32_t rank, uint32_t world,
-                           uint32_t max_ctas, bool wide);
+                           uint32_t max_ctas, dp_wide wide);
 void dp_comm_open_ref(dp_comm *c, dp_ref_group *g, uint32_t rank);
 // Destroys the NCCL communicator (abort: without waiting for the other ranks, after a failure).
 void dp_comm_close(dp_comm *c, bool abort);

@@ -447,7 +447,10 @@ static qt_status run_plan_pass(run *r, run_carver *c) {
     mo.act_cast_elems = r->options.act_cast_elems;
     bool largest_first = false;
     QT_TRY(run_largest_first(&largest_first));
-    mo.largest_first = largest_first || r->options.largest_first;
+    if (r->options.update_order != RUN_UPDATE_ORDER_SETTING) {
+        largest_first = r->options.update_order == RUN_UPDATE_ORDER_LARGEST_FIRST;
+    }
+    mo.largest_first = largest_first;
     mo.seed = r->seed;
     run_modes(r, mo.modes);
     mo.lr_row_count = r->table.lr_count;
@@ -548,7 +551,7 @@ qt_status run_pack_gap(uint32_t *gap) {
 qt_status run_largest_first(bool *on) {
     return qt_env_switch("QTRAIN_UPDATE_ORDER", "1 (each rank's updates largest first, the "
                          "broadcasts in the order the updates end) or 0 (parameter order)",
-                         false, on);
+                         true, on);
 }
 
 qt_status run_plan(run *r, void *tables, uint64_t table_bytes) {
@@ -679,9 +682,10 @@ static qt_status run_open_parallel(run *r, backend *b) {
         // NCCL's CTAs fit the SMs that the step's GEMMs leave to them (backend_capture). Read
         // here, so that a bad value fails the runs it concerns, not every GPU open.
         QT_TRY(backend_comm_sms(&b->comm_sms));
-        bool wide = false;
-        QT_TRY(backend_comm_wide(&wide));
-        QT_TRY(dp_comm_open_gpu(&r->dp, &id, o->rank, o->world, b->comm_sms, wide));
+        bool wide = false, required = false;
+        QT_TRY(backend_comm_wide(&wide, &required));
+        dp_wide setting = required ? DP_WIDE_REQUIRED : wide ? DP_WIDE_IF_ABLE : DP_WIDE_OFF;
+        QT_TRY(dp_comm_open_gpu(&r->dp, &id, o->rank, o->world, b->comm_sms, setting));
     } else {
         if (!o->ref_group || o->ref_group->world != o->world) {
             return qt_fail(QT_ERR_INPUT, "rank %u of %u on the reference backend needs the "
@@ -1105,9 +1109,9 @@ void run_time_steps(run *r, void *scratch, uint64_t scratch_bytes, double ms[MOD
 // How many capture marks each mode's graph needs at once (runtime/backend/capture.h): past
 // CAPTURE_MARKS some waits fall back to a branch's last op.
 static void run_print_marks(const run *r, FILE *out) {
-    bool margin_beside = false, wide = false;
+    bool margin_beside = false, wide = false, required = false;
     if (backend_margin_beside(&margin_beside) != QT_OK ||  // a run would refuse either
-        backend_comm_wide(&wide) != QT_OK) {
+        backend_comm_wide(&wide, &required) != QT_OK) {
         fprintf(out, "graph capture: %s\n", qt_error_message());
         qt_error_clear();
         return;
@@ -1149,9 +1153,9 @@ static void run_print_marks(const run *r, FILE *out) {
     for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
         if (r->model.modes[mode]) fprintf(out, " %s %u", r->programs[mode].mode, alone[mode]);
     }
-    fprintf(out, " (%s)\n", wide ? "on a second NCCL communicator without the CTA cap, "
-                                   "QTRAIN_COMM_WIDE=1"
-                                 : "capped like the others; QTRAIN_COMM_WIDE=1 uncaps them");
+    fprintf(out, " (%s)\n", wide ? "on a second NCCL communicator without the CTA cap, with "
+                                   "NCCL 2.18 or newer; QTRAIN_COMM_WIDE=0 caps them"
+                                 : "capped like the others, QTRAIN_COMM_WIDE=0");
 }
 
 // Per-op times of one mode's program, in op order, each with the kernel and grid that ran it (the

@@ -57,6 +57,14 @@ typedef struct run_inject {
     uint32_t bits;       // 0x7FC00000 NaN, 0x7F800000 +inf, 0xFF800000 -inf
 } run_inject;
 
+// The order of a data-parallel rank's updates: as QTRAIN_UPDATE_ORDER says (run_largest_first),
+// or, for tests that compare both, fixed either way.
+typedef enum {
+    RUN_UPDATE_ORDER_SETTING,
+    RUN_UPDATE_ORDER_PARAMETERS,
+    RUN_UPDATE_ORDER_LARGEST_FIRST,
+} run_update_order;
+
 typedef struct run_options {
     bool eager;               // launch the programs' ops instead of replaying graphs
     uint64_t steps_limit;     // cut the table after this many train steps; 0 = none
@@ -73,7 +81,7 @@ typedef struct run_options {
     bool norm_elements;         // tests: model_options.norm_elements (other bits)
     bool moe_own_align;         // tests: model_options.moe_own_align (same bits)
     uint64_t act_cast_elems;    // tests: model_options.act_cast_elems (same bits)
-    bool largest_first;         // tests: model_options.largest_first (same bits)
+    run_update_order update_order;  // tests: model_options.largest_first (same bits)
     // Checkpoints (runtime/run/checkpoint.h): save_path gets one at the save points of
     // schedule.h (every save_every train steps; 0: at the end or a stop only); `checkpoints`
     // plans their staging without save_path (for run_resume, run_save), and defers the check of
@@ -251,7 +259,7 @@ qt_status run_plan(run *r, void *tables, uint64_t table_bytes);
 qt_status run_pack_gap(uint32_t *gap);
 // Whether the ranks of a data-parallel run update their parameters largest first, with the
 // weights' broadcast groups in the order the updates end (model_options.largest_first):
-// $QTRAIN_UPDATE_ORDER, 0 (unset: parameter order) or 1. A setting for A/B runs with the same
+// $QTRAIN_UPDATE_ORDER, 1 (unset: largest first) or 0. A setting for A/B runs with the same
 // bits (`qtrain plan --gpus N` shows each rank's order). QT_ERR_INPUT for another value.
 qt_status run_largest_first(bool *on);
 
