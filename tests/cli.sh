@@ -667,7 +667,7 @@ else
         # The summary's step time, then rank 1's header, then one timeline of the train program.
         order=$(grep -n -e '^step time ' -e '^profile of rank 1 of 2 GPUs' -e '^timeline train' \
             "$dir/out" | cut -d: -f2 | cut -c1-10 | tr '\n' '|')
-        [ $rc -eq 0 ] && [ "$order" = "step time |profile o|timeline t|" ] ||
+        [ $rc -eq 0 ] && [ "$order" = "step time |profile of|timeline t|" ] ||
             bad="$bad [--gpus 2 --profile --profile-rank 1: exit $rc, lines '$order']"
     fi
 fi

@@ -834,8 +834,8 @@ static void test_env_settings(void) {
         bool on = !wide_on[v], required = !wide_required[v];
         CHECK(backend_comm_wide(&on, &required) == QT_OK && on == wide_on[v] &&
                   required == wide_required[v],
-              "QTRAIN_COMM_WIDE=%s: on %d, required %d", wide_values[v] ? wide_values[v] : "(unset)",
-              on, required);
+              "QTRAIN_COMM_WIDE=%s: on %d, required %d",
+              wide_values[v] ? wide_values[v] : "(unset)", on, required);
     }
     unsetenv("QTRAIN_COMM_WIDE");
     test_end();
