@@ -140,8 +140,10 @@ qt_status backend_profile(backend *b, const program *p, const backend_graph *g, 
 // waits, so it marks when the op could start), that graph replayed `reps` times (at most
 // BACKEND_TIMELINE_REPS), and per op the median over the replays of the microseconds from the
 // replay's start to the op's start and end, and the capture stream it ran on. The extra graph
-// nodes add a little to the replay. Like backend_profile, for a finished run only.
-#define BACKEND_TIMELINE_OPS 64
+// nodes add a little to the replay. Like backend_profile, for a finished run only. The window
+// holds the whole program of the bench recipes (137 ops on two ranks), since times from two
+// windows come from two captures and their own replays: only ops of one window are comparable.
+#define BACKEND_TIMELINE_OPS 256
 #define BACKEND_TIMELINE_REPS 15
 typedef struct backend_op_span {
     float start_us, end_us;

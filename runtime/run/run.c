@@ -1203,6 +1203,12 @@ static qt_status run_timeline_mode(run *r, int mode, FILE *out) {
         backend_op_span spans[BACKEND_TIMELINE_OPS];
         uint32_t count = p->op_count - first < BACKEND_TIMELINE_OPS ? p->op_count - first
                                                                      : BACKEND_TIMELINE_OPS;
+        if (first > 0) {
+            // Another capture, other replays: a stream's wait is counted within the window.
+            fprintf(out, "  ops %u on: another capture's replays, not comparable with the ops "
+                    "above\n", first);
+            for (int s = 0; s < CAPTURE_STREAMS; s++) stream_end[s] = 0.0f;
+        }
         QT_TRY(backend_timeline(r->backend, p, first, count, BACKEND_TIMELINE_REPS, spans));
         for (uint32_t k = 0; k < count; k++) {
             const backend_op_span *sp = &spans[k];
