@@ -800,13 +800,11 @@ static qt_status largest_first_number(uint32_t *value) {
     return switch_number(run_largest_first, value);
 }
 
-static qt_status comm_wide_on(bool *on) {
-    bool required = false;
-    return backend_comm_wide(on, &required);
-}
-
 static qt_status comm_wide_number(uint32_t *value) {
-    return switch_number(comm_wide_on, value);
+    dp_wide wide = DP_WIDE_OFF;
+    qt_status status = backend_comm_wide(&wide);
+    *value = wide != DP_WIDE_OFF;
+    return status;
 }
 
 // QTRAIN_COMM_SMS (the SMs a data-parallel step leaves to NCCL), QTRAIN_PACK_GAP (the device
@@ -824,18 +822,17 @@ static void test_env_settings(void) {
     // Set to 1, the second communicator is required (an older NCCL fails the run); unset, it is
     // taken where NCCL has it.
     static const char *const wide_values[] = {NULL, "1", "0"};
-    static const bool wide_on[] = {true, true, false}, wide_required[] = {false, true, false};
+    static const dp_wide wide_expected[] = {DP_WIDE_IF_ABLE, DP_WIDE_REQUIRED, DP_WIDE_OFF};
     for (int v = 0; v < 3; v++) {
         if (wide_values[v]) {
             setenv("QTRAIN_COMM_WIDE", wide_values[v], 1);
         } else {
             unsetenv("QTRAIN_COMM_WIDE");
         }
-        bool on = !wide_on[v], required = !wide_required[v];
-        CHECK(backend_comm_wide(&on, &required) == QT_OK && on == wide_on[v] &&
-                  required == wide_required[v],
-              "QTRAIN_COMM_WIDE=%s: on %d, required %d",
-              wide_values[v] ? wide_values[v] : "(unset)", on, required);
+        dp_wide wide = wide_expected[v] == DP_WIDE_OFF ? DP_WIDE_REQUIRED : DP_WIDE_OFF;
+        CHECK(backend_comm_wide(&wide) == QT_OK && wide == wide_expected[v],
+              "QTRAIN_COMM_WIDE=%s: %d, expected %d",
+              wide_values[v] ? wide_values[v] : "(unset)", (int)wide, (int)wide_expected[v]);
     }
     unsetenv("QTRAIN_COMM_WIDE");
     test_end();

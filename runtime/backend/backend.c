@@ -100,11 +100,15 @@ qt_status backend_margin_beside(bool *on) {
                          "first and the last collective)", true, on);
 }
 
-qt_status backend_comm_wide(bool *on, bool *required) {
+qt_status backend_comm_wide(dp_wide *wide) {
+    bool on = true;
     QT_TRY(qt_env_switch("QTRAIN_COMM_WIDE", "1 (a second NCCL communicator without the "
                          "CTA cap for the collectives after the last GEMM) or 0 (one "
-                         "communicator)", true, on));
-    *required = *on && getenv("QTRAIN_COMM_WIDE") != NULL;
+                         "communicator)", true, &on));
+    // Set to 1 it is asked for; unset, taken where NCCL has it.
+    *wide = !on                                 ? DP_WIDE_OFF
+            : getenv("QTRAIN_COMM_WIDE") != NULL ? DP_WIDE_REQUIRED
+                                                 : DP_WIDE_IF_ABLE;
     return QT_OK;
 }
 

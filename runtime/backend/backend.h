@@ -19,6 +19,7 @@
 #include "runtime/program/program.h"  // program, prog_ref
 #include "runtime/backend/capture.h"    // CAPTURE_STREAMS, CAPTURE_MARKS
 #include "runtime/backend/gemm_tier.h"  // backend_gemm_tier, gemm_tier_device
+#include "runtime/parallel/parallel.h"  // dp_wide
 
 typedef enum backend_kind { BACKEND_REF, BACKEND_GPU } backend_kind;
 
@@ -73,11 +74,11 @@ qt_status backend_comm_sms(uint32_t *sms);
 qt_status backend_margin_beside(bool *on);
 // Whether a data-parallel rank opens a second NCCL communicator without the CTA cap for the
 // collectives that run after the step's last wide GEMM (capture_collective_alone: the last
-// reductions, the norm's gather, the weights' broadcasts), read from $QTRAIN_COMM_WIDE, 1 (unset)
-// or 0, a setting for A/B runs with the same traces on two ranks (NCCL's channels split a sum of
-// more ranks another way). `required`: set to 1 in the environment, so that an NCCL older than
-// 2.18 fails the run instead of leaving one communicator. QT_ERR_INPUT for another value.
-qt_status backend_comm_wide(bool *on, bool *required);
+// reductions, the norm's gather, the weights' broadcasts), read from $QTRAIN_COMM_WIDE: unset,
+// DP_WIDE_IF_ABLE; 1, DP_WIDE_REQUIRED (an NCCL older than 2.18 fails the run instead of leaving
+// one communicator); 0, DP_WIDE_OFF. A setting for A/B runs with the same traces on two ranks
+// (NCCL's channels split a sum of more ranks another way). QT_ERR_INPUT for another value.
+qt_status backend_comm_wide(dp_wide *wide);
 // Whether a captured step with collectives runs their kernels at the greatest stream priority,
 // so that NCCL's CTAs are placed ahead of the waiting CTAs of the kernels beside them: read from
 // $QTRAIN_COMM_PRIORITY, 1 (unset) or 0, a setting for A/B runs with the same traces.

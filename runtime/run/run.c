@@ -445,10 +445,9 @@ static qt_status run_plan_pass(run *r, run_carver *c) {
     mo.norm_elements = r->options.norm_elements;
     mo.moe_own_align = r->options.moe_own_align;
     mo.act_cast_elems = r->options.act_cast_elems;
-    bool largest_first = false;
-    QT_TRY(run_largest_first(&largest_first));
-    if (r->options.update_order != RUN_UPDATE_ORDER_SETTING) {
-        largest_first = r->options.update_order == RUN_UPDATE_ORDER_LARGEST_FIRST;
+    bool largest_first = r->options.update_order == RUN_UPDATE_ORDER_LARGEST_FIRST;
+    if (r->options.update_order == RUN_UPDATE_ORDER_SETTING) {
+        QT_TRY(run_largest_first(&largest_first));
     }
     mo.largest_first = largest_first;
     mo.seed = r->seed;
@@ -682,10 +681,9 @@ static qt_status run_open_parallel(run *r, backend *b) {
         // NCCL's CTAs fit the SMs that the step's GEMMs leave to them (backend_capture). Read
         // here, so that a bad value fails the runs it concerns, not every GPU open.
         QT_TRY(backend_comm_sms(&b->comm_sms));
-        bool wide = false, required = false;
-        QT_TRY(backend_comm_wide(&wide, &required));
-        dp_wide setting = required ? DP_WIDE_REQUIRED : wide ? DP_WIDE_IF_ABLE : DP_WIDE_OFF;
-        QT_TRY(dp_comm_open_gpu(&r->dp, &id, o->rank, o->world, b->comm_sms, setting));
+        dp_wide wide = DP_WIDE_OFF;
+        QT_TRY(backend_comm_wide(&wide));
+        QT_TRY(dp_comm_open_gpu(&r->dp, &id, o->rank, o->world, b->comm_sms, wide));
     } else {
         if (!o->ref_group || o->ref_group->world != o->world) {
             return qt_fail(QT_ERR_INPUT, "rank %u of %u on the reference backend needs the "
@@ -1109,9 +1107,10 @@ void run_time_steps(run *r, void *scratch, uint64_t scratch_bytes, double ms[MOD
 // How many capture marks each mode's graph needs at once (runtime/backend/capture.h): past
 // CAPTURE_MARKS some waits fall back to a branch's last op.
 static void run_print_marks(const run *r, FILE *out) {
-    bool margin_beside = false, wide = false, required = false;
+    bool margin_beside = false;
+    dp_wide wide = DP_WIDE_OFF;
     if (backend_margin_beside(&margin_beside) != QT_OK ||  // a run would refuse either
-        backend_comm_wide(&wide, &required) != QT_OK) {
+        backend_comm_wide(&wide) != QT_OK) {
         fprintf(out, "graph capture: %s\n", qt_error_message());
         qt_error_clear();
         return;
@@ -1153,8 +1152,9 @@ static void run_print_marks(const run *r, FILE *out) {
     for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
         if (r->model.modes[mode]) fprintf(out, " %s %u", r->programs[mode].mode, alone[mode]);
     }
-    fprintf(out, " (%s)\n", wide ? "on a second NCCL communicator without the CTA cap, with "
-                                   "NCCL 2.18 or newer; QTRAIN_COMM_WIDE=0 caps them"
+    fprintf(out, " (%s)\n", wide != DP_WIDE_OFF
+                                 ? "on a second NCCL communicator without the CTA cap, with NCCL "
+                                   "2.18 or newer; QTRAIN_COMM_WIDE=0 caps them"
                                  : "capped like the others, QTRAIN_COMM_WIDE=0");
 }
 
