@@ -695,9 +695,8 @@ static qt_status run_open_parallel(run *r, backend *b) {
     return QT_OK;
 }
 
-qt_status run_bind_given(run *r, backend *b, void *dev, uint64_t dev_bytes, void *host,
-                         uint64_t host_bytes) {
-    QT_ASSERT(r->data_loaded);
+static qt_status run_bind_steps(run *r, backend *b, void *dev, uint64_t dev_bytes, void *host,
+                                uint64_t host_bytes) {
     r->backend = b;
     double t0 = run_clock();
     QT_TRY(backend_bind(b, &r->dev, dev, dev_bytes));
@@ -734,6 +733,14 @@ qt_status run_bind_given(run *r, backend *b, void *dev, uint64_t dev_bytes, void
     r->timings.init_s = t3 - t2;
     r->timings.capture_s = t4 - t3;
     return QT_OK;
+}
+
+qt_status run_bind_given(run *r, backend *b, void *dev, uint64_t dev_bytes, void *host,
+                         uint64_t host_bytes) {
+    QT_ASSERT(r->data_loaded);
+    qt_status status = run_bind_steps(r, b, dev, dev_bytes, host, host_bytes);
+    r->apart = r->apart || status != QT_OK;
+    return status;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -863,7 +870,11 @@ static qt_status run_save_to(run *r, const char *path, bool replace) {
     return QT_OK;
 }
 
-qt_status run_save(run *r, const char *path) { return run_save_to(r, path, true); }
+qt_status run_save(run *r, const char *path) {
+    qt_status status = run_save_to(r, path, true);
+    r->apart = r->apart || status != QT_OK;
+    return status;
+}
 
 // The schedule loop's save points (its state is r->state). The first save replaces nothing that
 // appeared at the path after start-up (unless that was allowed); later ones replace their own.
@@ -924,6 +935,7 @@ qt_status run_resume(run *r, const char *path) {
     qt_status status = run_resume_from(r);
     ckpt_close(&r->reader);
     r->timings.resume_s = run_clock() - t0;
+    r->apart = r->apart || status != QT_OK;
     return status;
 }
 
@@ -968,6 +980,7 @@ qt_status run_execute(run *r, sched_progress_fn progress, void *ctx, sched_summa
     qt_status opened = run_trace_begin(r);
     if (opened != QT_OK) {
         if (metrics) metrics_abandon(&r->metrics);
+        r->apart = true;
         return opened;
     }
     sched_env env;
@@ -996,6 +1009,7 @@ qt_status run_execute(run *r, sched_progress_fn progress, void *ctx, sched_summa
     qt_status closed = run_trace_end(r, end);
     if (status == QT_OK) status = closed;
     run_outputs_abandon(r);  // a failed run leaves no output file
+    r->apart = r->apart || status != QT_OK;
     return status;
 }
 
@@ -1015,6 +1029,7 @@ qt_status run_step(run *r, sched_progress_fn progress, void *ctx, sched_summary 
     // Written through after every step, so that a write error is this step's.
     if (status == QT_OK && r->trace_active) status = trace_flush(&r->trace, false);
     r->step_failed = status != QT_OK;
+    r->apart = r->apart || r->step_failed;
     return status;
 }
 
@@ -1029,6 +1044,7 @@ qt_status run_step_outside(run *r, model_mode mode, sched_progress_fn progress, 
     r->trained = r->trained || (status == QT_OK && mode == MODEL_MODE_TRAIN);
     if (status == QT_OK && r->trace_active) status = trace_flush(&r->trace, false);
     r->step_failed = status != QT_OK;
+    r->apart = r->apart || r->step_failed;
     return status;
 }
 
@@ -1255,8 +1271,8 @@ void run_close(run *r) {
     }
     backend_graph_destroy(r->backend, &r->checksum_graph);
     if (r->dp_open) {
-        // After a failed step the other ranks may never reach the destroy's barrier.
-        dp_comm_close(&r->dp, r->step_failed);
+        // After a failure the other ranks may never reach the destroy's barrier.
+        dp_comm_close(&r->dp, r->apart);
         r->dp_open = false;
     }
     if (r->bound) {
