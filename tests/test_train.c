@@ -505,6 +505,71 @@ static void metrics_expect_progress(void *ctx, const sched_progress *p) {
     e->count++;
 }
 
+// run.apart, which decides whether run_close aborts the communicators (a rank that failed must not
+// wait for ranks that wait for it): clear after a run that went through; set after a failure of
+// run_execute (its trace cannot open), of run_step and of run_resume; kept by a later success.
+static void test_failure_marks_apart(void) {
+    test_begin("train_failure_marks_the_run_apart");
+    static char text[RECIPE_TEXT_MAX];
+    train_case c = recipe_case("tests/recipes/synthetic_tiny.recipe", NULL, BACKEND_REF, text,
+                               sizeof text);
+    static backend b;
+    memset(&b, 0, sizeof b);
+    backend_open_ref(&b);
+    sched_summary sum;
+    c.options.steps_limit = 2;
+    CHECK(train_on(&c, &b, &sum) == QT_OK && !the_run.apart, "a run that went through: apart %d",
+          (int)the_run.apart);
+    char trace[200];
+    tmp_path_copy(trace, sizeof trace, "no_such_folder/t.trace");
+    c.options.trace_path = trace;
+    CHECK(train_on(&c, &b, &sum) != QT_OK && the_run.apart,
+          "run_execute failed (no folder for its trace): apart %d", (int)the_run.apart);
+    // One run, call by call: a failed step, then a step that runs.
+    c.options.trace_path = NULL;
+    c.options.checkpoints = true;
+    qt_status st = recipe_parse(c.text, strlen(c.text), c.name, &the_recipe);
+    if (st == QT_OK) st = test_run_plan(&the_run, &the_recipe, c.text, strlen(c.text), &c.options);
+    bool planned = st == QT_OK;  // run_close wants a planned run
+    uint64_t dev_bytes = 0, host_bytes = 0;
+    if (st == QT_OK) run_memory_bytes(&the_run, &dev_bytes, &host_bytes);
+    void *dev = arena_memory(dev_bytes), *host = arena_memory(host_bytes);
+    uint64_t data_bytes = st == QT_OK ? run_data_bytes(&the_run) : 0;
+    void *data = arena_memory(data_bytes);
+    if (st == QT_OK) st = run_load(&the_run, data, data_bytes);
+    if (st == QT_OK) st = run_bind(&the_run, &b, dev, host);
+    CHECK(st == QT_OK && !the_run.apart, "bind: %s: %s", qt_status_name(st), qt_error_message());
+    if (st == QT_OK) {
+        the_run.options.trace_path = trace;  // the step's trace cannot open
+        CHECK(run_step(&the_run, NULL, NULL, &sum) != QT_OK && the_run.apart,
+              "a failed run_step: apart %d", (int)the_run.apart);
+        the_run.options.trace_path = NULL;
+        CHECK(run_step(&the_run, NULL, NULL, &sum) == QT_OK && the_run.apart,
+              "a step that ran after the failed one cleared apart");
+    }
+    if (planned) run_close(&the_run);
+    // Another run of the same plan: a checkpoint that is not there.
+    st = planned ? test_run_plan(&the_run, &the_recipe, c.text, strlen(c.text), &c.options)
+                 : QT_ERR_INPUT;
+    planned = st == QT_OK;
+    if (st == QT_OK) st = run_load(&the_run, data, data_bytes);
+    if (st == QT_OK) st = run_bind(&the_run, &b, dev, host);
+    CHECK(st == QT_OK && !the_run.apart, "bind again: %s: %s", qt_status_name(st),
+          qt_error_message());
+    if (st == QT_OK) {
+        char missing[200];
+        tmp_path_copy(missing, sizeof missing, "no_such_checkpoint");
+        CHECK(run_resume(&the_run, missing) != QT_OK && the_run.apart,
+              "a failed run_resume: apart %d", (int)the_run.apart);
+    }
+    if (planned) run_close(&the_run);
+    backend_close(&b);
+    free(dev);
+    free(host);
+    free(data);
+    test_end();
+}
+
 static void test_metrics_file(void) {
     test_begin("metrics_file_lines_from_the_records");
     static char text[RECIPE_TEXT_MAX];
@@ -2043,6 +2108,7 @@ int main(void) {
     TEST_UNIT(test_resident_plan());
     TEST_UNIT(test_step_times());
     TEST_UNIT(test_metrics_file());
+    TEST_UNIT(test_failure_marks_apart());
     TEST_UNIT(test_plan_report());
     TEST_UNIT(test_refusals());
     TEST_UNIT(test_cli());

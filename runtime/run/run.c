@@ -931,9 +931,11 @@ static qt_status run_resume_from(run *r) {
 qt_status run_resume(run *r, const char *path) {
     QT_ASSERT(r->bound && r->ckpt_planned);
     double t0 = run_clock();
-    QT_TRY(ckpt_open(&r->reader, path));
-    qt_status status = run_resume_from(r);
-    ckpt_close(&r->reader);
+    qt_status status = ckpt_open(&r->reader, path);
+    if (status == QT_OK) {
+        status = run_resume_from(r);
+        ckpt_close(&r->reader);
+    }
     r->timings.resume_s = run_clock() - t0;
     r->apart = r->apart || status != QT_OK;
     return status;
@@ -968,8 +970,8 @@ static void run_env(run *r, sched_env *env, sched_progress_fn progress, void *ct
     env->fill_ctx = r->options.fill_ctx;
 }
 
-qt_status run_execute(run *r, sched_progress_fn progress, void *ctx, sched_summary *out) {
-    QT_ASSERT(r->bound);
+static qt_status run_execute_rows(run *r, sched_progress_fn progress, void *ctx,
+                                  sched_summary *out) {
     const run_options *o = &r->options;
     bool metrics = o->metrics_path && !r->metrics_written;
     if (metrics) {
@@ -980,7 +982,6 @@ qt_status run_execute(run *r, sched_progress_fn progress, void *ctx, sched_summa
     qt_status opened = run_trace_begin(r);
     if (opened != QT_OK) {
         if (metrics) metrics_abandon(&r->metrics);
-        r->apart = true;
         return opened;
     }
     sched_env env;
@@ -1009,13 +1010,26 @@ qt_status run_execute(run *r, sched_progress_fn progress, void *ctx, sched_summa
     qt_status closed = run_trace_end(r, end);
     if (status == QT_OK) status = closed;
     run_outputs_abandon(r);  // a failed run leaves no output file
+    return status;
+}
+
+qt_status run_execute(run *r, sched_progress_fn progress, void *ctx, sched_summary *out) {
+    QT_ASSERT(r->bound);
+    qt_status status = run_execute_rows(r, progress, ctx, out);
+    r->apart = r->apart || status != QT_OK;
+    return status;
+}
+
+// A step's trace file that cannot open fails the step before it runs (run_close then aborts).
+static qt_status run_step_trace_begin(run *r) {
+    qt_status status = run_trace_begin(r);
     r->apart = r->apart || status != QT_OK;
     return status;
 }
 
 qt_status run_step(run *r, sched_progress_fn progress, void *ctx, sched_summary *out) {
     QT_ASSERT(r->bound);
-    QT_TRY(run_trace_begin(r));
+    QT_TRY(run_step_trace_begin(r));
     sched_env env;
     run_env(r, &env, progress, ctx);
     env.stop_at = r->state.step + 1;
@@ -1036,7 +1050,7 @@ qt_status run_step(run *r, sched_progress_fn progress, void *ctx, sched_summary 
 qt_status run_step_outside(run *r, model_mode mode, sched_progress_fn progress, void *ctx,
                            qt_trace_record *record, uint32_t *rows_valid) {
     QT_ASSERT(r->bound && r->model.modes[mode]);
-    QT_TRY(run_trace_begin(r));
+    QT_TRY(run_step_trace_begin(r));
     sched_env env;
     run_env(r, &env, progress, ctx);
     qt_status status = run_check_begin(r, &env);
