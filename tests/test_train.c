@@ -508,6 +508,7 @@ static void metrics_expect_progress(void *ctx, const sched_progress *p) {
 // run.apart, which decides whether run_close aborts the communicators (a rank that failed must not
 // wait for ranks that wait for it): clear after a run that went through; set after a failure of
 // run_execute (its trace cannot open), of run_step and of run_resume; kept by a later success.
+// And a run whose plan failed closes.
 static void test_failure_marks_apart(void) {
     test_begin("train_failure_marks_the_run_apart");
     static char text[RECIPE_TEXT_MAX];
@@ -563,6 +564,17 @@ static void test_failure_marks_apart(void) {
               "a failed run_resume: apart %d", (int)the_run.apart);
     }
     if (planned) run_close(&the_run);
+    // A plan that fails (the weights to start from are not a checkpoint): the run closes all the
+    // same, as a caller's error path does.
+    char junk[200];
+    tmp_path_copy(junk, sizeof junk, "junk_weights");
+    FILE *f = fopen(junk, "wb");
+    CHECK(f != NULL && fputs("not a checkpoint\n", f) >= 0 && fclose(f) == 0, "cannot write %s",
+          junk);
+    c.options.from_path = junk;
+    CHECK(test_run_plan(&the_run, &the_recipe, c.text, strlen(c.text), &c.options) != QT_OK,
+          "a plan from a file that is not a checkpoint went through");
+    run_close(&the_run);
     backend_close(&b);
     free(dev);
     free(host);

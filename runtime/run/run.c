@@ -1266,6 +1266,7 @@ qt_status run_profile(run *r, uint32_t reps, FILE *out) {
 }
 
 qt_status run_end_trace(run *r) {
+    if (!r->planned) return QT_OK;  // no schedule and no trace yet (a failed run_measure or plan)
     uint64_t left[MODEL_MODE_COUNT];
     run_steps_left(r, left);
     bool done = left[MODEL_MODE_TRAIN] + left[MODEL_MODE_EVAL] + left[MODEL_MODE_INFER] == 0;
