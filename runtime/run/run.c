@@ -695,6 +695,12 @@ static qt_status run_open_parallel(run *r, backend *b) {
     return QT_OK;
 }
 
+// `status` of a call since run_bind, with its failure kept in r->apart (run.h).
+static qt_status run_mark(run *r, qt_status status) {
+    r->apart = r->apart || status != QT_OK;
+    return status;
+}
+
 static qt_status run_bind_steps(run *r, backend *b, void *dev, uint64_t dev_bytes, void *host,
                                 uint64_t host_bytes) {
     r->backend = b;
@@ -738,9 +744,7 @@ static qt_status run_bind_steps(run *r, backend *b, void *dev, uint64_t dev_byte
 qt_status run_bind_given(run *r, backend *b, void *dev, uint64_t dev_bytes, void *host,
                          uint64_t host_bytes) {
     QT_ASSERT(r->data_loaded);
-    qt_status status = run_bind_steps(r, b, dev, dev_bytes, host, host_bytes);
-    r->apart = r->apart || status != QT_OK;
-    return status;
+    return run_mark(r, run_bind_steps(r, b, dev, dev_bytes, host, host_bytes));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -870,11 +874,7 @@ static qt_status run_save_to(run *r, const char *path, bool replace) {
     return QT_OK;
 }
 
-qt_status run_save(run *r, const char *path) {
-    qt_status status = run_save_to(r, path, true);
-    r->apart = r->apart || status != QT_OK;
-    return status;
-}
+qt_status run_save(run *r, const char *path) { return run_mark(r, run_save_to(r, path, true)); }
 
 // The schedule loop's save points (its state is r->state). The first save replaces nothing that
 // appeared at the path after start-up (unless that was allowed); later ones replace their own.
@@ -937,8 +937,7 @@ qt_status run_resume(run *r, const char *path) {
         ckpt_close(&r->reader);
     }
     r->timings.resume_s = run_clock() - t0;
-    r->apart = r->apart || status != QT_OK;
-    return status;
+    return run_mark(r, status);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1015,21 +1014,12 @@ static qt_status run_execute_rows(run *r, sched_progress_fn progress, void *ctx,
 
 qt_status run_execute(run *r, sched_progress_fn progress, void *ctx, sched_summary *out) {
     QT_ASSERT(r->bound);
-    qt_status status = run_execute_rows(r, progress, ctx, out);
-    r->apart = r->apart || status != QT_OK;
-    return status;
-}
-
-// A step's trace file that cannot open fails the step before it runs (run_close then aborts).
-static qt_status run_step_trace_begin(run *r) {
-    qt_status status = run_trace_begin(r);
-    r->apart = r->apart || status != QT_OK;
-    return status;
+    return run_mark(r, run_execute_rows(r, progress, ctx, out));
 }
 
 qt_status run_step(run *r, sched_progress_fn progress, void *ctx, sched_summary *out) {
     QT_ASSERT(r->bound);
-    QT_TRY(run_step_trace_begin(r));
+    QT_TRY(run_mark(r, run_trace_begin(r)));
     sched_env env;
     run_env(r, &env, progress, ctx);
     env.stop_at = r->state.step + 1;
@@ -1043,14 +1033,13 @@ qt_status run_step(run *r, sched_progress_fn progress, void *ctx, sched_summary 
     // Written through after every step, so that a write error is this step's.
     if (status == QT_OK && r->trace_active) status = trace_flush(&r->trace, false);
     r->step_failed = status != QT_OK;
-    r->apart = r->apart || r->step_failed;
-    return status;
+    return run_mark(r, status);
 }
 
 qt_status run_step_outside(run *r, model_mode mode, sched_progress_fn progress, void *ctx,
                            qt_trace_record *record, uint32_t *rows_valid) {
     QT_ASSERT(r->bound && r->model.modes[mode]);
-    QT_TRY(run_step_trace_begin(r));
+    QT_TRY(run_mark(r, run_trace_begin(r)));
     sched_env env;
     run_env(r, &env, progress, ctx);
     qt_status status = run_check_begin(r, &env);
@@ -1058,8 +1047,7 @@ qt_status run_step_outside(run *r, model_mode mode, sched_progress_fn progress, 
     r->trained = r->trained || (status == QT_OK && mode == MODEL_MODE_TRAIN);
     if (status == QT_OK && r->trace_active) status = trace_flush(&r->trace, false);
     r->step_failed = status != QT_OK;
-    r->apart = r->apart || r->step_failed;
-    return status;
+    return run_mark(r, status);
 }
 
 void run_steps_left(const run *r, uint64_t steps[MODEL_MODE_COUNT]) {
