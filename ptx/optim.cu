@@ -244,8 +244,10 @@ extern "C" __global__ void __launch_bounds__(QT_OPTIM_THREADS)
 }
 
 // The block's entry, with the launch's state, staged in shared memory by thread 0 (a binary
-// search of a few global reads per block).
-extern "C" __global__ void __launch_bounds__(QT_OPTIM_THREADS)
+// search of a few global reads per block). Three blocks an SM (80 registers, no spill; two at
+// the 87 the compiler picks alone): the update streams 28 bytes a parameter, and the H200's
+// bandwidth needs more of them in flight than two blocks keep.
+extern "C" __global__ void __launch_bounds__(QT_OPTIM_THREADS, 3)
     qt_optim_adamw_multi(const __grid_constant__ optim_multi_args m) {
     qt_grid_enter();
     __shared__ __align__(16) optim_multi_entry s_entry;
