@@ -18,11 +18,11 @@
 #include <string.h>
 #include <sys/prctl.h>  // PR_SET_PDEATHSIG: a data-parallel worker ends with its launcher
 #include <sys/stat.h>  // stat: is --save the file --resume names?
-#include <sys/wait.h>  // wait: the launcher collects its workers
 #include <time.h>    // clock_gettime
 #include <unistd.h>  // isatty, write, _exit
 
 #include "bench_main.h"  // bench_main
+#include "launch.h"      // launch_wait, launch_report_failure: the workers of --gpus N
 #include "plot.h"        // plot_main
 #include "qtrain.h"
 
@@ -261,6 +261,7 @@ typedef enum cli_command { CLI_PLAN, CLI_RUN, CLI_INFER } cli_command;
 
 // The most GPUs of one host that --gpus takes (the runtime's rank limit).
 #define QT_GPUS_MAX 16
+_Static_assert(QT_GPUS_MAX <= LAUNCH_WORKERS_MAX, "launch_wait takes every worker");
 
 // --parallel-id: QT_PARALLEL_ID_BYTES as lower-case hex, as the launcher writes it.
 static bool parse_parallel_id(const char *hex, uint8_t *out) {
@@ -1033,34 +1034,6 @@ static qt_status plan_and_load(const cli_args *a, cli_run *c) {
     return qt_load(c->rt, c->data, plan.data_bytes);
 }
 
-// Waits for the `count` workers started (pids[r] <= 0: rank r did not start); the first that
-// fails ends the others, which would wait for it in their next collective. Returns the first
-// failure's exit code (128 + the signal of a killed one), 1 when a worker did not start, else 0.
-static int wait_ranks(const pid_t *pids, uint32_t count) {
-    // The terminal's Ctrl-C reaches the workers (the default action ends them); the launcher
-    // stays to collect them.
-    signal(SIGINT, SIG_IGN);
-    signal(SIGTERM, SIG_IGN);
-    int rc = 0;
-    uint32_t left = 0;
-    for (uint32_t r = 0; r < count; r++) left += pids[r] > 0;
-    if (left < count) rc = 1;
-    while (left > 0) {
-        int st = 0;
-        pid_t done = wait(&st);
-        if (done < 0) break;
-        left--;
-        int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        if (code != 0 && rc == 0) {
-            rc = code;
-            for (uint32_t r = 0; r < count; r++) {
-                if (pids[r] > 0 && pids[r] != done) kill(pids[r], SIGTERM);
-            }
-        }
-    }
-    return rc;
-}
-
 // `qtrain run --gpus N`: N workers, this program again on the same arguments with --rank R
 // --world N --parallel-id HEX, worker R on GPU R, all in NCCL's environment for a run that
 // repeats itself: NVLink multicast off (NCCL_NVLS_ENABLE=0, always), one algorithm and protocol
@@ -1070,9 +1043,10 @@ static int wait_ranks(const pid_t *pids, uint32_t count) {
 // (CUDA_DEVICE_MAX_CONNECTIONS, unless set), since the step's graph spreads over the capture's
 // six streams and NCCL's, and a node queued behind an unrelated one waits for it: on 2 x H200 a
 // broadcast's start waited for another branch's cast, and the step took 0.2 ms less with 32
-// (BENCHMARKS.md, "Data parallelism"). Waits for them all; when one
-// fails the others are ended (they would wait for it in their next collective). Ctrl-C ends
-// every worker at once (no summary or save: a stop needs every rank at the same step).
+// (BENCHMARKS.md, "Data parallelism"). Waits for them all (launch_wait): when one fails, it
+// says so at once, and the others are ended (they would wait for it in their next collective);
+// the one that failed gets LAUNCH_GRACE_SECONDS to close and exit. Ctrl-C ends every worker at
+// once (no summary or save: a stop needs every rank at the same step).
 static int launch_ranks(int argc, char **argv, const cli_args *a) {
     // What every rank would refuse (a batch the GPUs cannot share, too few parameter tensors) is
     // said once, before any worker starts: rank 0's plan.
@@ -1094,6 +1068,10 @@ static int launch_ranks(int argc, char **argv, const cli_args *a) {
     setenv("NCCL_PROTO", "Simple", 0);
     setenv("NCCL_RUNTIME_CONNECT", "0", 0);  // connections at start-up, not inside a capture
     setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);  // read when a worker's context is made
+    if (launch_prepare() != 0) {
+        return fail_status(a->command, cli_fail(QT_ERR_STATE, "cannot take the workers' "
+                                                "reports: %s", strerror(errno)));
+    }
     char **args = calloc((size_t)argc + 8, sizeof *args);
     pid_t *pids = calloc(a->gpus, sizeof *pids);
     if (!args || !pids) {
@@ -1130,7 +1108,7 @@ static int launch_ranks(int argc, char **argv, const cli_args *a) {
             fprintf(stderr, "qtrain run: cannot start worker %u: %s\n", r, strerror(errno));
         }
     }
-    int rc = wait_ranks(pids, a->gpus);
+    int rc = launch_wait(pids, a->gpus, LAUNCH_GRACE_SECONDS);
     free(args);
     free(pids);
     return rc;
@@ -1173,6 +1151,9 @@ static int command_run(int argc, char **argv, cli_command command) {
         }
         rc = run_on_device(&a, &c, start, job.seconds);
     }
+    // A worker that failed tells its launcher before its close, which may wait on the GPU for a
+    // collective that the other ranks will never join.
+    if (a.worker && rc != 0) launch_report_failure(rc);
     cli_run_close(&c);
     return rc;
 }
