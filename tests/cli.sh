@@ -679,6 +679,34 @@ elif [ -n "$skip" ]; then
 else
     echo "PASS cli_profile_rank"
 fi
+# A rank that fails after the others started ends the run within seconds: rank 0 cannot open its
+# trace (a folder that is not there), tells the launcher and aborts its communicators; the launcher
+# ends rank 1, which would wait for rank 0 in its next collective, and exits with rank 0's status.
+bad=""
+skip=""
+if [ "${gpus:-0}" -lt 2 ]; then
+    skip="needs two GPUs"
+else
+    start=$(date +%s)
+    timeout 120 "$qtrain" run "$tiny" --gpus 2 --trace "$dir/not/there/run.trace" \
+        > "$dir/out" 2>&1
+    rc=$?
+    took=$(($(date +%s) - start))
+    if grep -q 'no NCCL: cannot load' "$dir/out"; then
+        skip="no NCCL library (set QTRAIN_NCCL)"
+    elif [ $rc -eq 0 ] || [ $rc -eq 124 ] || [ $took -gt 60 ] ||
+        ! grep -q 'not/there/run.trace' "$dir/out"; then
+        bad=" exit $rc after $took s: $(tail -1 "$dir/out")"
+    fi
+fi
+if [ -n "$bad" ]; then
+    echo "FAIL cli_gpus_failed_rank_ends_the_run:$bad"
+    exit 1
+elif [ -n "$skip" ]; then
+    echo "SKIP cli_gpus_failed_rank_ends_the_run: $skip"
+else
+    echo "PASS cli_gpus_failed_rank_ends_the_run (exit $rc after $took s)"
+fi
 # Invisible characters in quoted text are shown escaped.
 printf '\357\273\277[model]\ninput = 4\n' > "$dir/bom.recipe"
 printf '[model]\ninput\302\240= 4\n' > "$dir/nbsp.recipe"
