@@ -53,12 +53,29 @@ static double launch_now(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+// The workers being waited for, and the run's first failure.
+typedef struct launch_run {
+    const pid_t *pids;
+    uint32_t count, left;             // workers, and those still running
+    bool running[LAUNCH_WORKERS_MAX];
+    int rc;                           // the first failure's code (0: no failure yet)
+    double kill_at;                   // after a failure: when the workers left get SIGKILL
+} launch_run;
+
 // Sends `signal_number` to every worker still there but `except` (0: none).
-static void launch_signal(const pid_t *pids, const bool *running, uint32_t count, pid_t except,
-                          int signal_number) {
-    for (uint32_t r = 0; r < count; r++) {
-        if (running[r] && pids[r] != except) kill(pids[r], signal_number);
+static void launch_signal(const launch_run *w, pid_t except, int signal_number) {
+    for (uint32_t r = 0; r < w->count; r++) {
+        if (w->running[r] && w->pids[r] != except) kill(w->pids[r], signal_number);
     }
+}
+
+// A failure with exit code `code`: the first one ends the workers left but `except` (the one that
+// reported it, which gets the grace to close) and sets the time to kill those still there.
+static void launch_fail(launch_run *w, int code, pid_t except, double grace_seconds) {
+    if (w->rc != 0) return;
+    w->rc = code;
+    launch_signal(w, except, SIGTERM);
+    w->kill_at = launch_now() + grace_seconds;
 }
 
 // A 10 ms tick: the loop polls, so that a report, an exit and the grace's end are all seen
@@ -70,50 +87,38 @@ int launch_wait(const pid_t *pids, uint32_t count, double grace_seconds) {
     // stays to collect them.
     signal(SIGINT, SIG_IGN);
     signal(SIGTERM, SIG_IGN);
-    bool running[LAUNCH_WORKERS_MAX];
     if (count > LAUNCH_WORKERS_MAX) abort();  // the command line allows no more
-    int rc = 0;
-    uint32_t left = 0;
+    launch_run w = {.pids = pids, .count = count};
     for (uint32_t r = 0; r < count; r++) {
-        running[r] = pids[r] > 0;
-        left += running[r];
+        w.running[r] = pids[r] > 0;
+        w.left += w.running[r];
     }
-    double kill_at = -1.0;  // when the workers still there get SIGKILL (-1: no failure yet)
+    // The others would wait for a missing rank in their first collective.
+    if (w.left < count) launch_fail(&w, 1, 0, grace_seconds);
     bool killed = false;
-    if (left < count) {  // the others would wait for the missing rank in their first collective
-        rc = 1;
-        launch_signal(pids, running, count, 0, SIGTERM);
-        kill_at = launch_now() + grace_seconds;
-    }
-    while (left > 0) {
+    while (w.left > 0) {
         int st = 0;
         pid_t done = waitpid(-1, &st, WNOHANG);
         if (done < 0 && errno != EINTR) break;  // no child left to wait for
         if (done > 0) {
             for (uint32_t r = 0; r < count; r++) {
-                if (pids[r] != done || !running[r]) continue;
-                running[r] = false;
-                left--;
+                if (pids[r] != done || !w.running[r]) continue;
+                w.running[r] = false;
+                w.left--;
                 int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-                if (code != 0 && kill_at < 0) {
-                    rc = rc ? rc : code;
-                    launch_signal(pids, running, count, 0, SIGTERM);
-                    kill_at = launch_now() + grace_seconds;
-                }
+                if (code != 0) launch_fail(&w, code, 0, grace_seconds);
             }
             continue;
         }
-        if (reported_code != 0 && kill_at < 0) {
-            rc = rc ? rc : (int)reported_code;
-            launch_signal(pids, running, count, (pid_t)reported_pid, SIGTERM);
-            kill_at = launch_now() + grace_seconds;
+        if (reported_code != 0) {
+            launch_fail(&w, (int)reported_code, (pid_t)reported_pid, grace_seconds);
         }
-        if (kill_at >= 0 && !killed && launch_now() >= kill_at) {
-            launch_signal(pids, running, count, 0, SIGKILL);
+        if (w.rc != 0 && !killed && launch_now() >= w.kill_at) {
+            launch_signal(&w, 0, SIGKILL);
             killed = true;
         }
         struct timespec tick = {0, LAUNCH_TICK_NS};
         nanosleep(&tick, NULL);
     }
-    return rc;
+    return w.rc;
 }
