@@ -795,19 +795,35 @@ struct gemm_roles_native {
 // One stage's wgmma k steps over the 128 bytes of k at shared addresses a (this warpgroup's A
 // rows) and b (the B tile), into d; the first step accumulates onto d unless `first` is 0.
 // Outer-major operands (Mma::kOuterA, kOuterB) step 2048 bytes per k step instead of 32.
+//
+// The descriptors are built once per stage and stepped: the start address field (bits 0-13)
+// holds address >> 4 of an address below 256 KiB (a CTA's shared memory is at most 228 KiB, and
+// a k step stays inside its stage's tile), so the descriptor of address + d is the tile's
+// descriptor with d >> 4 added to its low word, with no carry out of the field. Building each k
+// step's descriptor from its address again (mask, shift, or) put about 100 instructions per
+// stage between a block-scaled consumer's `full` barrier and its first wgmma, while the tensor
+// cores waited for them.
 template <bool kOuter>
-__device__ __forceinline__ uint64_t gemm_stage_desc(uint32_t tile, uint32_t ks) {
-    return kOuter ? gemm_smem_desc_outer(tile + GEMM_SM90A_OUTER_K_STEP_BYTES * ks)
-                  : gemm_smem_desc(tile + 32u * ks);
+__device__ __forceinline__ uint64_t gemm_tile_desc(uint32_t tile) {
+    return kOuter ? gemm_smem_desc_outer(tile) : gemm_smem_desc(tile);
+}
+
+template <bool kOuter>
+__device__ __forceinline__ uint64_t gemm_stage_desc(uint64_t tile_desc, uint32_t ks) {
+    constexpr uint32_t kStepBytes = kOuter ? GEMM_SM90A_OUTER_K_STEP_BYTES : 32u;
+    uint32_t low = (uint32_t)tile_desc + kStepBytes / 16u * ks;
+    return (tile_desc & 0xFFFFFFFF00000000ull) | low;
 }
 
 template <class Mma>
 __device__ __forceinline__ void gemm_wgmma_stage(float (&d)[Mma::kN / 2], uint32_t a, uint32_t b,
                                                  uint32_t first) {
+    uint64_t desc_a = gemm_tile_desc<Mma::kOuterA>(a);
+    uint64_t desc_b = gemm_tile_desc<Mma::kOuterB>(b);
 #pragma unroll
     for (uint32_t ks = 0; ks < GEMM_SM90A_K_BYTES / 32u; ks++) {
-        Mma::run(d, gemm_stage_desc<Mma::kOuterA>(a, ks), gemm_stage_desc<Mma::kOuterB>(b, ks),
-                 ks > 0 ? 1u : first);
+        Mma::run(d, gemm_stage_desc<Mma::kOuterA>(desc_a, ks),
+                 gemm_stage_desc<Mma::kOuterB>(desc_b, ks), ks > 0 ? 1u : first);
     }
 }
 
