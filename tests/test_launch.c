@@ -121,14 +121,29 @@ static void test_wait(void) {
     test_end();
 }
 
-// A worker whose parent is not the launcher named in the environment signals nobody.
+// A worker whose parent is not the launcher named in the environment signals nobody. The name
+// is a live bystander process (SIGUSR1's default action would end it), not the workers' parent:
+// no report is taken, the run ends by the other worker's exit code with the reporter killed after
+// the grace, and the bystander is still there.
 static void test_report_needs_the_launcher(void) {
     test_begin("launch_report_only_to_its_launcher");
     const int reports[] = {WORKER_REPORT_7_HANG, WORKER_FAIL_3};
     alarm(60);
-    // Process 1 is not this test's process, which forks the workers: no report is taken, and
-    // the run ends by the other worker's exit code, the reporter killed after the grace.
-    wait_case("a report to a parent not named", reports, 2, 3, 0.5, 2.0, "1");
+    pid_t bystander = fork();
+    if (bystander == 0) {
+        signal(SIGUSR1, SIG_DFL);
+        nap(60000);
+        _exit(0);
+    }
+    CHECK(bystander > 0, "fork of the bystander");
+    char name[24];
+    snprintf(name, sizeof name, "%ld", (long)bystander);
+    wait_case("a report to a parent not named", reports, 2, 3, 0.5, 2.0, name);
+    // wait_case reaped the other children only; the bystander is alive unless signalled.
+    int st = 0;
+    CHECK(waitpid(bystander, &st, WNOHANG) == 0, "the bystander was not signalled");
+    kill(bystander, SIGKILL);
+    waitpid(bystander, NULL, 0);
     alarm(0);
     test_end();
 }
