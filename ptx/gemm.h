@@ -344,8 +344,14 @@ QT_HD float qt_gemm_alpha_nvfp4(float alpha, float amax_a, float amax_b) {
 // FP8 block: promotion of one 128-wide K block's FP32 partial sum, acc + partial * RN(sa * sb)
 // with one rounding for the fused multiply-add (the scales are powers of two by default, so the
 // product of the scales is exact).
+QT_HD float qt_gemm_scale_product(float scale_a, float scale_b) { return scale_a * scale_b; }
+
+QT_HD float qt_gemm_promote_by(float acc, float partial, float scale_product) {
+    return qt_fmaf(partial, scale_product, acc);
+}
+
 QT_HD float qt_gemm_promote(float acc, float partial, float scale_a, float scale_b) {
-    return qt_fmaf(partial, scale_a * scale_b, acc);
+    return qt_gemm_promote_by(acc, partial, qt_gemm_scale_product(scale_a, scale_b));
 }
 
 // Split accumulation (per-tensor FP8): acc + partial, one FP32 addition per 128-wide K block.

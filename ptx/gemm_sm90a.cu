@@ -39,8 +39,8 @@
 // FP8 with split accumulation and FP8 block scaling sum each 128-wide K block (one stage) into a
 // fresh partial accumulator (wgmma with scale-d = 0 for its first k step) and add it to the FP32
 // accumulator with qt_gemm_split_add / qt_gemm_promote (tiles of 192 columns: 96 registers of
-// partial and 96 of accumulator per consumer thread; FP8 block scaling multiplies and promotes
-// the partial as two halves of 96 columns, gemm_mainloop_block).
+// partial and 96 of accumulator per consumer thread; FP8 block scaling with per-column B scales
+// multiplies and promotes the partial as two halves of 96 columns, gemm_mainloop_block).
 #include "ptx/gemm_sm90a.h"
 #include "ptx/grid_order.h"  // qt_grid_enter, every kernel's first statement
 #include "ptx/gemm_decode.h"  // the emulated formats' decode, shared with the portable tier
@@ -897,54 +897,58 @@ struct gemm_mainloop_fast : gemm_roles_native {
     }
 };
 
-// FP8 block scales of one K block for this thread: A's for its two rows, B's for the two
-// 128-column blocks the tile's columns touch (128 x 128 scales; per-column scales come from the
-// stage's slot instead). The scale arrays of a tile, and which entries exist: rows past m and
-// column blocks past n get scale 0 (their outputs are never stored, and their scales may lie
-// beyond the arrays).
-struct gemm_block_scales {
-    float a0, a1;  // rows r, r + 8
-    float b0, b1;  // column blocks n0 / 128 and n0 / 128 + 1
+// FP8 block scales of A for this thread's two rows (r, r + 8) in one K block; rows past m get
+// scale 0 (their outputs are never stored, and their scales may lie beyond the array).
+struct gemm_row_scales {
+    float a0, a1;
 };
 
-struct gemm_scale_source {
-    const float *a;        // A's scales of K block 0 at the thread's row r: a[kb a_ld (+ 8)]
-    const float *b;        // B's 128 x 128 scales at column block n0 / 128: b[(0|b_ld) + kb]
-    uint32_t a_ld, b_ld;
-    bool a0, a1, b0, b1;   // which exist
+struct gemm_row_scale_source {
+    const float *a;  // A's scales of K block 0 at the thread's row r: a[kb a_ld (+ 8)]
+    bool a0, a1;     // which exist
 };
 
 // K block kb of a tile is K block p.k0 / 128 + kb of the operands (a K-grouped member starts on
 // a block, gemm.h).
-template <bool kScaleB2D>
-__device__ __forceinline__ gemm_scale_source gemm_scale_source_of(const gemm_args &g,
-                                                                  const gemm_tile_pos &p,
-                                                                  uint32_t row) {
-    gemm_scale_source s;
-    uint64_t kb0 = p.k0 / GEMM_BLOCK_FP8;
+__device__ __forceinline__ gemm_row_scale_source gemm_row_scale_source_of(const gemm_args &g,
+                                                                          const gemm_tile_pos &p,
+                                                                          uint32_t row) {
+    gemm_row_scale_source s;
     s.a = reinterpret_cast<const float *>(g.a.scale + p.member * g.a.scale_member_bytes) + row +
-          kb0 * g.a.scale_ld;
-    s.a_ld = g.a.scale_ld;
+          (uint64_t)(p.k0 / GEMM_BLOCK_FP8) * g.a.scale_ld;
     s.a0 = row < g.m;
     s.a1 = row + 8 < g.m;
-    uint32_t block = p.n0 / GEMM_BLOCK_FP8;
-    s.b = reinterpret_cast<const float *>(g.b.scale + p.member * g.b.scale_member_bytes) +
-          (uint64_t)block * g.b.scale_ld + kb0;
-    s.b_ld = g.b.scale_ld;
-    s.b0 = kScaleB2D && block * GEMM_BLOCK_FP8 < g.n;
-    s.b1 = kScaleB2D && (block + 1) * GEMM_BLOCK_FP8 < g.n;
     return s;
 }
 
-__device__ __forceinline__ gemm_block_scales gemm_load_block_scales(const gemm_scale_source &s,
-                                                                    uint32_t kb) {
-    const float *a = s.a + (uint64_t)kb * s.a_ld;
-    gemm_block_scales v;
-    v.a0 = s.a0 ? __ldg(a) : 0.0f;
-    v.a1 = s.a1 ? __ldg(a + 8) : 0.0f;
-    v.b0 = s.b0 ? __ldg(s.b + kb) : 0.0f;
-    v.b1 = s.b1 ? __ldg(s.b + s.b_ld + kb) : 0.0f;
-    return v;
+__device__ __forceinline__ gemm_row_scales gemm_load_row_scales(const gemm_args &g,
+                                                                const gemm_row_scale_source &s,
+                                                                uint32_t kb) {
+    const float *a = s.a + (uint64_t)kb * g.a.scale_ld;
+    return {s.a0 ? __ldg(a) : 0.0f, s.a1 ? __ldg(a + 8) : 0.0f};
+}
+
+// The products RN(sa * sb) of this thread's two row scales and the 128 x 128 scales of B's two
+// column blocks under the tile (n0 / 128 and the next; blocks past n get scale 0), for K block
+// kb. Computed from the arguments and the tile position each K block, so the loop holds no
+// pointers for them.
+struct gemm_block_products {
+    float a0b0, a0b1, a1b0, a1b1;
+};
+
+__device__ __forceinline__ gemm_block_products gemm_load_block_products(const gemm_args &g,
+                                                                        const gemm_tile_pos &p,
+                                                                        uint32_t row,
+                                                                        uint32_t kb) {
+    gemm_row_scales a = gemm_load_row_scales(g, gemm_row_scale_source_of(g, p, row), kb);
+    uint32_t block = p.n0 / GEMM_BLOCK_FP8;
+    const float *b =
+        reinterpret_cast<const float *>(g.b.scale + p.member * g.b.scale_member_bytes) +
+        (uint64_t)block * g.b.scale_ld + p.k0 / GEMM_BLOCK_FP8 + kb;
+    float b0 = block * GEMM_BLOCK_FP8 < g.n ? __ldg(b) : 0.0f;
+    float b1 = (block + 1) * GEMM_BLOCK_FP8 < g.n ? __ldg(b + g.b.scale_ld) : 0.0f;
+    return {qt_gemm_scale_product(a.a0, b0), qt_gemm_scale_product(a.a0, b1),
+            qt_gemm_scale_product(a.a1, b0), qt_gemm_scale_product(a.a1, b1)};
 }
 
 // Split accumulation (per-tensor fp8 with GEMM_FLAG_SPLIT_ACCUMULATE). Each stage is one
@@ -955,9 +959,8 @@ __device__ __forceinline__ gemm_block_scales gemm_load_block_scales(const gemm_s
 // tensor cores idle from the last wgmma's completion to the next block's first issue. The next
 // stage's `full` barrier, its k tail and its descriptors (gemm_stage_ready) are therefore taken
 // while this block's wgmma run, leaving only the additions, the release and the issue between
-// two blocks: 7% more throughput at 4096^3 and 8192^3. Block scaling measured 8% slower the
-// same way (its promotion reads the stage's scale slot and holds 240 registers; carrying the
-// next descriptors there spills), and keeps its loop.
+// two blocks: 7% more throughput at 4096^3 and 8192^3. Block scaling with 128 x 128 scales of B
+// does the same (gemm_mainloop_block).
 template <class Mma>
 struct gemm_mainloop_split : gemm_roles_native {
     static constexpr uint32_t kTileN = Mma::kN;
@@ -1000,18 +1003,27 @@ struct gemm_mainloop_split : gemm_roles_native {
 // first with scale-d = 0), and the completed partial is promoted into acc in FP32 with the
 // block's scales (qt_gemm_promote).
 //
-// The tile's 192 columns are multiplied as two halves of 96 (Half: the n96 instruction), each
-// with its own partial and its own wgmma group: the low half is waited for (wait_group 1) and
-// promoted while the high half's wgmma still run, then the high half. Each element's sum is the
-// same as with one 192-column instruction (same k steps, same order, same partial), so the
-// halves move no bit. Per-tensor split accumulation, whose addition is one FADD per element,
-// measured slower this way (gemm_mainloop_split keeps one 192-column partial). A longer overlap,
-// the high half of one block promoted under the next block's low half, makes ptxas serialize
-// every wgmma (C7514): its pipeline analysis does not follow wgmma groups across the loop's
-// back edge.
+// 128 x 128 scales of B (run_whole; fprop and dgrad): one 192-column partial, and the next
+// stage's `full` barrier, k tail and descriptors (gemm_stage_ready) are taken while the block's
+// wgmma run, as split accumulation does; the block's four scale products are loaded from the
+// arguments right after the issue, so neither their pointers nor the next block's scales are
+// held through the promotion. That is what fits the loop in its registers: with the scale
+// pointers and the next block's scales carried (the loop before), it spilled 128 bytes. It
+// measured 7-12% more throughput than the halves below at 4096^3 and 8192^3.
 //
-// The next K block's scales are loaded right after a block's promotion, so the loads are in
-// flight while the next block is waited for and multiplied.
+// Per-column scales (run_halves; wgrad): the tile's 192 columns are multiplied as two halves of
+// 96 (Half: the n96 instruction), each with its own partial and its own wgmma group: the low
+// half is waited for (wait_group 1) and promoted while the high half's wgmma still run, then
+// the high half; the next K block's scales are loaded right after a block's promotion. Each
+// element's sum is the same as with one 192-column instruction (same k steps, same order, same
+// partial), so the halves move no bit. A longer overlap, the high half of one block promoted
+// under the next block's low half, makes ptxas serialize every wgmma (C7514): its pipeline
+// analysis does not follow wgmma groups across the loop's back edge. The slot's 48 column scales
+// a thread reads would not fit beside one whole partial.
+//
+// Measured and dropped: the two consumer warpgroups issuing in turns (named barriers, each
+// promoting while the other's wgmma run) lost 1.5-4% in every arrangement; the tensor cores
+// were not idle for the reason the turns address.
 template <class Mma, class Half, bool kScaleB2D>
 struct gemm_mainloop_block : gemm_roles_native {
     static constexpr uint32_t kTileN = Mma::kN;
@@ -1032,7 +1044,65 @@ struct gemm_mainloop_block : gemm_roles_native {
         uint32_t row = p.m0 + wg * 64u + warp * 16u + (lane >> 2);
         // 128 x 128 scales: the tile's columns from 128 - n0 % 128 on take the second column
         // block's scale; the two cases are compiled apart, so the choice costs no registers.
-        bool second_block_at_64 = p.n0 % GEMM_BLOCK_FP8 != 0;
+        bool second_block_at_64 = kScaleB2D && p.n0 % GEMM_BLOCK_FP8 != 0;
+        if (p.k_stages == 0) {  // an empty K-grouped member: D is its zeros
+#pragma unroll
+            for (uint32_t i = 0; i < kAcc; i++) acc[i] = 0.0f;
+            return;
+        }
+        if constexpr (kScaleB2D) {
+            if (second_block_at_64) {
+                run_whole<64>(sm, p, wg, pipe, acc, args.gemm, row);
+            } else {
+                run_whole<128>(sm, p, wg, pipe, acc, args.gemm, row);
+            }
+        } else {
+            run_halves(sm, p, wg, pipe, acc, args.gemm,
+                       gemm_row_scale_source_of(args.gemm, p, row));
+        }
+    }
+
+    // kSecondBlock: the tile column where B's second 128 x 128 scale starts.
+    template <uint32_t kSecondBlock, class Pipe>
+    static __device__ __forceinline__ void run_whole(const gemm_smem<Shape> &sm,
+                                                     const gemm_tile_pos &p, uint32_t wg,
+                                                     Pipe &pipe, float (&acc)[kAcc],
+                                                     const gemm_args &g, uint32_t row) {
+        float part[kAcc];
+#pragma unroll
+        for (uint32_t i = 0; i < kAcc; i++) {
+            acc[i] = 0.0f;
+            part[i] = 0.0f;
+        }
+        gemm_stage_descs descs = gemm_stage_ready<Shape, Mma>(sm, p, wg, pipe, 0);
+        for (uint32_t kb = 0; kb < p.k_stages; kb++) {
+            gemm_fence_registers(part);
+            gemm_wgmma_fence();
+            gemm_wgmma_stage_desc<Mma>(part, descs.desc_a(), descs.desc_b(), 0u);
+            gemm_wgmma_commit();
+            gemm_block_products scales = gemm_load_block_products(g, p, row, kb);
+            uint32_t stage = pipe.stage;
+            pipe.advance();
+            if (kb + 1 < p.k_stages) descs = gemm_stage_ready<Shape, Mma>(sm, p, wg, pipe, kb + 1);
+            gemm_wgmma_wait<0>();
+            gemm_fence_registers(part);
+#pragma unroll
+            for (uint32_t i = 0; i < kAcc; i++) {
+                bool second = 8u * (i / 4) >= kSecondBlock;
+                float sab = (i & 2) ? (second ? scales.a1b1 : scales.a1b0)
+                                    : (second ? scales.a0b1 : scales.a0b0);
+                acc[i] = qt_gemm_promote_by(acc[i], part[i], sab);
+            }
+            gemm_release(sm, stage);
+        }
+    }
+
+    template <class Pipe>
+    static __device__ __forceinline__ void run_halves(const gemm_smem<Shape> &sm,
+                                                      const gemm_tile_pos &p, uint32_t wg,
+                                                      Pipe &pipe, float (&acc)[kAcc],
+                                                      const gemm_args &g,
+                                                      const gemm_row_scale_source &source) {
         float lo[kHalf], hi[kHalf];
 #pragma unroll
         for (uint32_t i = 0; i < kAcc; i++) acc[i] = 0.0f;
@@ -1041,10 +1111,8 @@ struct gemm_mainloop_block : gemm_roles_native {
             lo[i] = 0.0f;
             hi[i] = 0.0f;
         }
-        if (p.k_stages == 0) return;  // an empty K-grouped member: D is its zeros
         constexpr uint32_t kHalfBBytes = Half::kN * GEMM_SM90A_K_BYTES;  // B rows of one half
-        gemm_scale_source source = gemm_scale_source_of<kScaleB2D>(args.gemm, p, row);
-        gemm_block_scales scales = gemm_load_block_scales(source, 0);
+        gemm_row_scales scales = gemm_load_row_scales(g, source, 0);
         for (uint32_t kb = 0; kb < p.k_stages; kb++) {
             gemm_mbar_wait(sm.full(pipe.stage), pipe.phase);
             gemm_zero_k_tail<Shape, Mma>(sm, pipe.stage, p, kb);
@@ -1059,55 +1127,31 @@ struct gemm_mainloop_block : gemm_roles_native {
             gemm_wgmma_commit();
             gemm_wgmma_wait<1>();  // the low half
             gemm_fence_registers(lo);
-            add<0>(acc, lo, scales, sm, pipe.stage, second_block_at_64);
+            promote<0>(acc, lo, scales, sm, pipe.stage);
             gemm_wgmma_wait<0>();  // the high half
             gemm_fence_registers(hi);
-            add<kHalf>(acc, hi, scales, sm, pipe.stage, second_block_at_64);
+            promote<kHalf>(acc, hi, scales, sm, pipe.stage);
             gemm_release(sm, pipe.stage);
             pipe.advance();
-            if (kb + 1 < p.k_stages) scales = gemm_load_block_scales(source, kb + 1);
+            if (kb + 1 < p.k_stages) scales = gemm_load_row_scales(g, source, kb + 1);
         }
     }
 
-    // Promotes one half's partial (acc[kFirst ...]) for the K block in `stage`.
+    // Promotes one half's partial (acc[kFirst ...]) for the K block in `stage`: acc =
+    // qt_gemm_promote(acc, part, scale of A's row, scale of B's column), B's per-column scales
+    // read from the stage's slot (this thread's columns 8 chunk + 2 (lane % 4) + {0, 1}
+    // relative to n0).
     template <uint32_t kFirst>
-    static __device__ __forceinline__ void add(float (&acc)[kAcc], const float (&part)[kHalf],
-                                               const gemm_block_scales &s,
-                                               const gemm_smem<Shape> &sm, uint32_t stage,
-                                               bool second_block_at_64) {
-        if constexpr (kScaleB2D) {
-            if (second_block_at_64) {
-                promote<kFirst, 64>(acc, part, s, nullptr);
-            } else {
-                promote<kFirst, 128>(acc, part, s, nullptr);
-            }
-        } else {
-            const float *slot =
-                reinterpret_cast<const float *>(sm.bytes + sm.slot_offset(stage)) +
-                2u * (threadIdx.x & 3);
-            promote<kFirst, 0>(acc, part, s, slot);
-        }
-    }
-
-    // acc = qt_gemm_promote(acc, part, scale of A's row, scale of B's column) for the half whose
-    // first register is kFirst. kSecondBlock: the tile column where B's second 128 x 128 scale
-    // starts; 0: per-column scales from the slot (this thread's columns 8 chunk + 2 (lane % 4)
-    // + {0, 1} relative to n0).
-    template <uint32_t kFirst, uint32_t kSecondBlock>
     static __device__ __forceinline__ void promote(float (&acc)[kAcc], const float (&part)[kHalf],
-                                                   const gemm_block_scales &s,
-                                                   const float *slot) {
+                                                   const gemm_row_scales &s,
+                                                   const gemm_smem<Shape> &sm, uint32_t stage) {
+        const float *slot = reinterpret_cast<const float *>(sm.bytes + sm.slot_offset(stage)) +
+                            2u * (threadIdx.x & 3);
 #pragma unroll
         for (uint32_t j = 0; j < kHalf; j++) {
             uint32_t i = kFirst + j;
             float sa = (i & 2) ? s.a1 : s.a0;
-            float sb;
-            if constexpr (kSecondBlock == 0) {
-                sb = slot[8u * (i / 4) + (i & 1)];
-            } else {
-                sb = 8u * (i / 4) >= kSecondBlock ? s.b1 : s.b0;
-            }
-            acc[i] = qt_gemm_promote(acc[i], part[j], sa, sb);
+            acc[i] = qt_gemm_promote(acc[i], part[j], sa, slot[8u * (i / 4) + (i & 1)]);
         }
     }
 };
