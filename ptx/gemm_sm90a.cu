@@ -951,16 +951,62 @@ __device__ __forceinline__ gemm_block_products gemm_load_block_products(const ge
             qt_gemm_scale_product(a.a1, b0), qt_gemm_scale_product(a.a1, b1)};
 }
 
-// Split accumulation (per-tensor fp8 with GEMM_FLAG_SPLIT_ACCUMULATE). Each stage is one
-// 128-wide K block: four wgmma k steps sum it into `part` (the first with scale-d = 0), and the
-// completed partial is added into acc in FP32 (qt_gemm_split_add).
+// The main loop of one whole-tile partial per K block, shared by split accumulation and FP8
+// block scaling with 128 x 128 B scales. Each stage is one 128-wide K block: four wgmma k steps
+// sum it into `part` (the first with scale-d = 0), and Block adds the completed partial into acc
+// (Block::load(kb): what the addition of K block kb needs, loaded right after its issue;
+// Block::add(acc, part, loaded)).
 //
 // Both consumer warpgroups wait for their block's wgmma together and add together, so the
 // tensor cores idle from the last wgmma's completion to the next block's first issue. The next
 // stage's `full` barrier, its k tail and its descriptors (gemm_stage_ready) are therefore taken
 // while this block's wgmma run, leaving only the additions, the release and the issue between
-// two blocks: 7% more throughput at 4096^3 and 8192^3. Block scaling with 128 x 128 scales of B
-// does the same (gemm_mainloop_block).
+// two blocks: 7% more throughput at 4096^3 and 8192^3 for split accumulation.
+template <class Shape, class Mma, class Pipe, class Block>
+__device__ __forceinline__ void gemm_whole_partial_loop(const gemm_smem<Shape> &sm,
+                                                        const gemm_tile_pos &p, uint32_t wg,
+                                                        Pipe &pipe, float (&acc)[Mma::kN / 2],
+                                                        const Block &block) {
+    constexpr uint32_t kAcc = Mma::kN / 2;
+    float part[kAcc];
+#pragma unroll
+    for (uint32_t i = 0; i < kAcc; i++) {
+        acc[i] = 0.0f;
+        part[i] = 0.0f;
+    }
+    if (p.k_stages == 0) return;  // an empty K-grouped member: D is its zeros
+    gemm_stage_descs descs = gemm_stage_ready<Shape, Mma>(sm, p, wg, pipe, 0);
+    for (uint32_t kb = 0; kb < p.k_stages; kb++) {
+        gemm_fence_registers(part);
+        gemm_wgmma_fence();
+        gemm_wgmma_stage_desc<Mma>(part, descs.desc_a(), descs.desc_b(), 0u);
+        gemm_wgmma_commit();
+        auto loaded = block.load(kb);
+        // The next stage's barrier and descriptors while this block's wgmma run.
+        uint32_t stage = pipe.stage;
+        pipe.advance();
+        if (kb + 1 < p.k_stages) descs = gemm_stage_ready<Shape, Mma>(sm, p, wg, pipe, kb + 1);
+        gemm_wgmma_wait<0>();
+        gemm_fence_registers(part);
+        block.add(acc, part, loaded);
+        gemm_release(sm, stage);
+    }
+}
+
+// Split accumulation's addition: acc + partial in FP32 (qt_gemm_split_add), nothing loaded.
+template <uint32_t kAcc>
+struct gemm_split_add {
+    struct nothing {};
+    __device__ __forceinline__ nothing load(uint32_t) const { return {}; }
+    __device__ __forceinline__ void add(float (&acc)[kAcc], const float (&part)[kAcc],
+                                        nothing) const {
+#pragma unroll
+        for (uint32_t i = 0; i < kAcc; i++) acc[i] = qt_gemm_split_add(acc[i], part[i]);
+    }
+};
+
+// Split accumulation (per-tensor fp8 with GEMM_FLAG_SPLIT_ACCUMULATE): gemm_whole_partial_loop
+// with the FP32 addition of each K block's partial.
 template <class Mma>
 struct gemm_mainloop_split : gemm_roles_native {
     static constexpr uint32_t kTileN = Mma::kN;
@@ -972,29 +1018,7 @@ struct gemm_mainloop_split : gemm_roles_native {
                                                const gemm_tile_pos &p, uint32_t wg, Pipe &pipe,
                                                float (&acc)[kAcc]) {
         (void)args;
-        float part[kAcc];
-#pragma unroll
-        for (uint32_t i = 0; i < kAcc; i++) {
-            acc[i] = 0.0f;
-            part[i] = 0.0f;
-        }
-        if (p.k_stages == 0) return;  // an empty K-grouped member: D is its zeros
-        gemm_stage_descs descs = gemm_stage_ready<Shape, Mma>(sm, p, wg, pipe, 0);
-        for (uint32_t kb = 0; kb < p.k_stages; kb++) {
-            gemm_fence_registers(part);
-            gemm_wgmma_fence();
-            gemm_wgmma_stage_desc<Mma>(part, descs.desc_a(), descs.desc_b(), 0u);
-            gemm_wgmma_commit();
-            // The next stage's barrier and descriptors while this block's wgmma run.
-            uint32_t stage = pipe.stage;
-            pipe.advance();
-            if (kb + 1 < p.k_stages) descs = gemm_stage_ready<Shape, Mma>(sm, p, wg, pipe, kb + 1);
-            gemm_wgmma_wait<0>();
-            gemm_fence_registers(part);
-#pragma unroll
-            for (uint32_t i = 0; i < kAcc; i++) acc[i] = qt_gemm_split_add(acc[i], part[i]);
-            gemm_release(sm, stage);
-        }
+        gemm_whole_partial_loop<Shape, Mma>(sm, p, wg, pipe, acc, gemm_split_add<kAcc>{});
     }
 };
 
@@ -1003,9 +1027,9 @@ struct gemm_mainloop_split : gemm_roles_native {
 // first with scale-d = 0), and the completed partial is promoted into acc in FP32 with the
 // block's scales (qt_gemm_promote).
 //
-// 128 x 128 scales of B (run_whole; fprop and dgrad): one 192-column partial, and the next
-// stage's `full` barrier, k tail and descriptors (gemm_stage_ready) are taken while the block's
-// wgmma run, as split accumulation does; the block's four scale products are loaded from the
+// 128 x 128 scales of B (fprop and dgrad): gemm_whole_partial_loop with promote_whole, one
+// 192-column partial, the next stage made ready while the block's wgmma run, as in split
+// accumulation; the block's four scale products are loaded from the
 // arguments right after the issue, so neither their pointers nor the next block's scales are
 // held through the promotion. That is what fits the loop in its registers: with the scale
 // pointers and the next block's scales carried (the loop before), it spilled 128 bytes. It
@@ -1052,9 +1076,11 @@ struct gemm_mainloop_block : gemm_roles_native {
         }
         if constexpr (kScaleB2D) {
             if (second_block_at_64) {
-                run_whole<64>(sm, p, wg, pipe, acc, args.gemm, row);
+                gemm_whole_partial_loop<Shape, Mma>(sm, p, wg, pipe, acc,
+                                                    promote_whole<64>{args.gemm, p, row});
             } else {
-                run_whole<128>(sm, p, wg, pipe, acc, args.gemm, row);
+                gemm_whole_partial_loop<Shape, Mma>(sm, p, wg, pipe, acc,
+                                                    promote_whole<128>{args.gemm, p, row});
             }
         } else {
             run_halves(sm, p, wg, pipe, acc, args.gemm,
@@ -1062,40 +1088,26 @@ struct gemm_mainloop_block : gemm_roles_native {
         }
     }
 
-    // kSecondBlock: the tile column where B's second 128 x 128 scale starts.
-    template <uint32_t kSecondBlock, class Pipe>
-    static __device__ __forceinline__ void run_whole(const gemm_smem<Shape> &sm,
-                                                     const gemm_tile_pos &p, uint32_t wg,
-                                                     Pipe &pipe, float (&acc)[kAcc],
-                                                     const gemm_args &g, uint32_t row) {
-        float part[kAcc];
-#pragma unroll
-        for (uint32_t i = 0; i < kAcc; i++) {
-            acc[i] = 0.0f;
-            part[i] = 0.0f;
+    // The promotion with 128 x 128 scales of B (gemm_whole_partial_loop's Block). kSecondBlock:
+    // the tile column where B's second 128 x 128 scale starts.
+    template <uint32_t kSecondBlock>
+    struct promote_whole {
+        const gemm_args &g;
+        const gemm_tile_pos &p;
+        uint32_t row;
+        __device__ __forceinline__ gemm_block_products load(uint32_t kb) const {
+            return gemm_load_block_products(g, p, row, kb);
         }
-        gemm_stage_descs descs = gemm_stage_ready<Shape, Mma>(sm, p, wg, pipe, 0);
-        for (uint32_t kb = 0; kb < p.k_stages; kb++) {
-            gemm_fence_registers(part);
-            gemm_wgmma_fence();
-            gemm_wgmma_stage_desc<Mma>(part, descs.desc_a(), descs.desc_b(), 0u);
-            gemm_wgmma_commit();
-            gemm_block_products scales = gemm_load_block_products(g, p, row, kb);
-            uint32_t stage = pipe.stage;
-            pipe.advance();
-            if (kb + 1 < p.k_stages) descs = gemm_stage_ready<Shape, Mma>(sm, p, wg, pipe, kb + 1);
-            gemm_wgmma_wait<0>();
-            gemm_fence_registers(part);
+        __device__ __forceinline__ void add(float (&acc)[kAcc], const float (&part)[kAcc],
+                                            const gemm_block_products &s) const {
 #pragma unroll
             for (uint32_t i = 0; i < kAcc; i++) {
                 bool second = 8u * (i / 4) >= kSecondBlock;
-                float sab = (i & 2) ? (second ? scales.a1b1 : scales.a1b0)
-                                    : (second ? scales.a0b1 : scales.a0b0);
+                float sab = (i & 2) ? (second ? s.a1b1 : s.a1b0) : (second ? s.a0b1 : s.a0b0);
                 acc[i] = qt_gemm_promote_by(acc[i], part[i], sab);
             }
-            gemm_release(sm, stage);
         }
-    }
+    };
 
     template <class Pipe>
     static __device__ __forceinline__ void run_halves(const gemm_smem<Shape> &sm,
