@@ -343,7 +343,8 @@ QT_HD float qt_gemm_alpha_nvfp4(float alpha, float amax_a, float amax_b) {
 
 // FP8 block: promotion of one 128-wide K block's FP32 partial sum, acc + partial * RN(sa * sb)
 // with one rounding for the fused multiply-add (the scales are powers of two by default, so the
-// product of the scales is exact).
+// product of the scales is exact). A kernel that holds RN(sa * sb) per block
+// (qt_gemm_scale_product) promotes with qt_gemm_promote_by: the same two roundings.
 QT_HD float qt_gemm_scale_product(float scale_a, float scale_b) { return scale_a * scale_b; }
 
 QT_HD float qt_gemm_promote_by(float acc, float partial, float scale_product) {

@@ -1029,11 +1029,11 @@ struct gemm_mainloop_split : gemm_roles_native {
 //
 // 128 x 128 scales of B (fprop and dgrad): gemm_whole_partial_loop with promote_whole, one
 // 192-column partial, the next stage made ready while the block's wgmma run, as in split
-// accumulation; the block's four scale products are loaded from the
-// arguments right after the issue, so neither their pointers nor the next block's scales are
-// held through the promotion. That is what fits the loop in its registers: with the scale
-// pointers and the next block's scales carried (the loop before), it spilled 128 bytes. It
-// measured 7-12% more throughput than the halves below at 4096^3 and 8192^3.
+// accumulation; the block's four scale products are loaded from the arguments right after the
+// issue, so neither their pointers nor the next block's scales are held through the promotion.
+// That is what fits the loop in its registers: with the scale pointers and the next block's
+// scales carried (as the halves below carry them), it spilled 128 bytes. It measured 6-12% more
+// throughput than the halves at 4096^3 and 8192^3.
 //
 // Per-column scales (run_halves; wgrad): the tile's 192 columns are multiplied as two halves of
 // 96 (Half: the n96 instruction), each with its own partial and its own wgmma group: the low
