@@ -1066,16 +1066,15 @@ struct gemm_mainloop_block : gemm_roles_native {
         static_assert(kTileN % 64 == 0, "tiles start at 0 or 64 within a 128-column block");
         uint32_t lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
         uint32_t row = p.m0 + wg * 64u + warp * 16u + (lane >> 2);
-        // 128 x 128 scales: the tile's columns from 128 - n0 % 128 on take the second column
-        // block's scale; the two cases are compiled apart, so the choice costs no registers.
-        bool second_block_at_64 = kScaleB2D && p.n0 % GEMM_BLOCK_FP8 != 0;
         if (p.k_stages == 0) {  // an empty K-grouped member: D is its zeros
 #pragma unroll
             for (uint32_t i = 0; i < kAcc; i++) acc[i] = 0.0f;
             return;
         }
         if constexpr (kScaleB2D) {
-            if (second_block_at_64) {
+            // The tile's columns from 128 - n0 % 128 on take the second column block's scale;
+            // the two cases are compiled apart, so the choice costs no registers.
+            if (p.n0 % GEMM_BLOCK_FP8 != 0) {
                 gemm_whole_partial_loop<Shape, Mma>(sm, p, wg, pipe, acc,
                                                     promote_whole<64>{args.gemm, p, row});
             } else {
