@@ -39,8 +39,7 @@
 // FP8 with split accumulation and FP8 block scaling sum each 128-wide K block (one stage) into a
 // fresh partial accumulator (wgmma with scale-d = 0 for its first k step) and add it to the FP32
 // accumulator with qt_gemm_split_add / qt_gemm_promote (tiles of 192 columns: 96 registers of
-// partial and 96 of accumulator per consumer thread; FP8 block scaling with per-column B scales
-// multiplies and promotes the partial as two halves of 96 columns, gemm_mainloop_block).
+// partial and 96 of accumulator per consumer thread, gemm_whole_partial_loop).
 #include "ptx/gemm_sm90a.h"
 #include "ptx/grid_order.h"  // qt_grid_enter, every kernel's first statement
 #include "ptx/gemm_decode.h"  // the emulated formats' decode, shared with the portable tier
@@ -265,7 +264,6 @@ __device__ __forceinline__ uint64_t gemm_smem_desc_outer(uint32_t address) {
     "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, " \
     "%111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, " \
     "%125, %126, %127"
-#define GEMM_WGMMA_REGS_48 "{" GEMM_WGMMA_OPERANDS_0_47 "}"
 #define GEMM_WGMMA_REGS_96 "{" GEMM_WGMMA_OPERANDS_0_47 ", " GEMM_WGMMA_OPERANDS_48_95 "}"
 #define GEMM_WGMMA_REGS_128 \
     "{" GEMM_WGMMA_OPERANDS_0_47 ", " GEMM_WGMMA_OPERANDS_48_95 ", " GEMM_WGMMA_OPERANDS_96_127 "}"
@@ -326,12 +324,6 @@ GEMM_WGMMA(gemm_wgmma_e4m3_n192, 192, "wgmma.mma_async.sync.aligned.m64n192k32.f
            GEMM_WGMMA_REGS_96, GEMM_WGMMA_D_96, "%96, %97", "%98", "1, 1", false, false, 1);
 GEMM_WGMMA(gemm_wgmma_e5m2_n192, 192, "wgmma.mma_async.sync.aligned.m64n192k32.f32.e5m2.e4m3",
            GEMM_WGMMA_REGS_96, GEMM_WGMMA_D_96, "%96, %97", "%98", "1, 1", false, false, 1);
-// Half of a block-scaled tile's columns (gemm_mainloop_block multiplies its 192 columns as two
-// halves).
-GEMM_WGMMA(gemm_wgmma_e4m3_n96, 96, "wgmma.mma_async.sync.aligned.m64n96k32.f32.e4m3.e4m3",
-           GEMM_WGMMA_REGS_48, GEMM_WGMMA_D_48, "%48, %49", "%50", "1, 1", false, false, 1);
-GEMM_WGMMA(gemm_wgmma_e5m2_n96, 96, "wgmma.mma_async.sync.aligned.m64n96k32.f32.e5m2.e4m3",
-           GEMM_WGMMA_REGS_48, GEMM_WGMMA_D_48, "%48, %49", "%50", "1, 1", false, false, 1);
 
 // Shared-memory accesses of the consumers' own (the emulated formats' decode, a K-grouped
 // member's k tail) and their barrier.
@@ -952,9 +944,10 @@ __device__ __forceinline__ gemm_block_products gemm_load_block_products(const ge
 }
 
 // The main loop of one whole-tile partial per K block, shared by split accumulation and FP8
-// block scaling with 128 x 128 B scales. Each stage is one 128-wide K block: four wgmma k steps
+// block scaling. Each stage is one 128-wide K block: four wgmma k steps
 // sum it into `part` (the first with scale-d = 0), and Block adds the completed partial into acc
-// (Block::load(kb): what the addition of K block kb needs, loaded right after its issue;
+// (Block::load(kb, stage): what the addition of K block kb in `stage` needs, loaded right
+// after its issue;
 // Block::add(acc, part, loaded)).
 //
 // Both consumer warpgroups wait for their block's wgmma together and add together, so the
@@ -981,7 +974,7 @@ __device__ __forceinline__ void gemm_whole_partial_loop(const gemm_smem<Shape> &
         gemm_wgmma_fence();
         gemm_wgmma_stage_desc<Mma>(part, descs.desc_a(), descs.desc_b(), 0u);
         gemm_wgmma_commit();
-        auto loaded = block.load(kb);
+        auto loaded = block.load(kb, pipe.stage);
         // The next stage's barrier and descriptors while this block's wgmma run.
         uint32_t stage = pipe.stage;
         pipe.advance();
@@ -997,7 +990,7 @@ __device__ __forceinline__ void gemm_whole_partial_loop(const gemm_smem<Shape> &
 template <uint32_t kAcc>
 struct gemm_split_add {
     struct nothing {};
-    __device__ __forceinline__ nothing load(uint32_t) const { return {}; }
+    __device__ __forceinline__ nothing load(uint32_t, uint32_t) const { return {}; }
     __device__ __forceinline__ void add(float (&acc)[kAcc], const float (&part)[kAcc],
                                         nothing) const {
 #pragma unroll
@@ -1023,38 +1016,22 @@ struct gemm_mainloop_split : gemm_roles_native {
 };
 
 // FP8 block scaling (kScaleB2D: B has 128 x 128 scales, else per-column scales in the stage's
-// slot). Each stage is one 128-wide K block: four wgmma k steps sum it into a fresh partial (the
-// first with scale-d = 0), and the completed partial is promoted into acc in FP32 with the
-// block's scales (qt_gemm_promote).
-//
-// 128 x 128 scales of B (fprop and dgrad): gemm_whole_partial_loop with promote_whole, one
-// 192-column partial, the next stage made ready while the block's wgmma run, as in split
-// accumulation; the block's four scale products are loaded from the arguments right after the
-// issue, so neither their pointers nor the next block's scales are held through the promotion.
-// That is what fits the loop in its registers: with the scale pointers and the next block's
-// scales carried (as the halves below carry them), it spilled 128 bytes. It measured 6-12% more
-// throughput than the halves at 4096^3 and 8192^3.
-//
-// Per-column scales (run_halves; wgrad): the tile's 192 columns are multiplied as two halves of
-// 96 (Half: the n96 instruction), each with its own partial and its own wgmma group: the low
-// half is waited for (wait_group 1) and promoted while the high half's wgmma still run, then
-// the high half; the next K block's scales are loaded right after a block's promotion. Each
-// element's sum is the same as with one 192-column instruction (same k steps, same order, same
-// partial), so the halves move no bit. A longer overlap, the high half of one block promoted
-// under the next block's low half, makes ptxas serialize every wgmma (C7514): its pipeline
-// analysis does not follow wgmma groups across the loop's back edge. The slot's 48 column scales
-// a thread reads would not fit beside one whole partial.
+// slot): gemm_whole_partial_loop, one 192-column partial per 128-wide K block, promoted into acc
+// in FP32 with the block's scales (qt_gemm_promote), the next stage made ready while the block's
+// wgmma run, as in split accumulation. What a promotion needs is loaded right after the issue
+// (128 x 128: the four scale products from the arguments; per column: A's two row scales, and
+// B's read from the stage's slot during the promotion), so neither scale pointers nor the next
+// block's scales are held through it; carried, as the loop of two 96-column halves carried
+// them, they did not fit beside a whole partial (128 bytes spilled). With 128 x 128 scales it
+// measured 6-12% more throughput than the halves at 4096^3 and 8192^3.
 //
 // Measured and dropped: the two consumer warpgroups issuing in turns (named barriers, each
 // promoting while the other's wgmma run) lost 1.5-4% in every arrangement; the tensor cores
 // were not idle for the reason the turns address.
-template <class Mma, class Half, bool kScaleB2D>
+template <class Mma, bool kScaleB2D>
 struct gemm_mainloop_block : gemm_roles_native {
     static constexpr uint32_t kTileN = Mma::kN;
     static constexpr uint32_t kAcc = kTileN / 2;
-    static constexpr uint32_t kHalf = kAcc / 2;  // registers of one half's partial
-    static_assert(Half::kN * 2 == kTileN && Half::kElemBytes == Mma::kElemBytes,
-                  "two halves make the tile");
     static constexpr uint32_t kProducerRegs = GEMM_SM90A_BLOCK_PRODUCER_REGS;
     static constexpr uint32_t kConsumerRegs = GEMM_SM90A_BLOCK_CONSUMER_REGS;
     using Shape = gemm_shape_native<kTileN>;
@@ -1066,11 +1043,6 @@ struct gemm_mainloop_block : gemm_roles_native {
         static_assert(kTileN % 64 == 0, "tiles start at 0 or 64 within a 128-column block");
         uint32_t lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
         uint32_t row = p.m0 + wg * 64u + warp * 16u + (lane >> 2);
-        if (p.k_stages == 0) {  // an empty K-grouped member: D is its zeros
-#pragma unroll
-            for (uint32_t i = 0; i < kAcc; i++) acc[i] = 0.0f;
-            return;
-        }
         if constexpr (kScaleB2D) {
             // The tile's columns from 128 - n0 % 128 on take the second column block's scale;
             // the two cases are compiled apart, so the choice costs no registers.
@@ -1082,8 +1054,8 @@ struct gemm_mainloop_block : gemm_roles_native {
                                                     promote_whole<128>{args.gemm, p, row});
             }
         } else {
-            run_halves(sm, p, wg, pipe, acc, args.gemm,
-                       gemm_row_scale_source_of(args.gemm, p, row));
+            gemm_whole_partial_loop<Shape, Mma>(sm, p, wg, pipe, acc,
+                                                promote_columns{args.gemm, p, sm, row});
         }
     }
 
@@ -1094,7 +1066,7 @@ struct gemm_mainloop_block : gemm_roles_native {
         const gemm_args &g;
         const gemm_tile_pos &p;
         uint32_t row;
-        __device__ __forceinline__ gemm_block_products load(uint32_t kb) const {
+        __device__ __forceinline__ gemm_block_products load(uint32_t kb, uint32_t) const {
             return gemm_load_block_products(g, p, row, kb);
         }
         __device__ __forceinline__ void add(float (&acc)[kAcc], const float (&part)[kAcc],
@@ -1108,63 +1080,30 @@ struct gemm_mainloop_block : gemm_roles_native {
         }
     };
 
-    template <class Pipe>
-    static __device__ __forceinline__ void run_halves(const gemm_smem<Shape> &sm,
-                                                      const gemm_tile_pos &p, uint32_t wg,
-                                                      Pipe &pipe, float (&acc)[kAcc],
-                                                      const gemm_args &g,
-                                                      const gemm_row_scale_source &source) {
-        float lo[kHalf], hi[kHalf];
-#pragma unroll
-        for (uint32_t i = 0; i < kAcc; i++) acc[i] = 0.0f;
-#pragma unroll
-        for (uint32_t i = 0; i < kHalf; i++) {
-            lo[i] = 0.0f;
-            hi[i] = 0.0f;
+    // The promotion with per-column scales of B from the stage's slot.
+    struct promote_columns {
+        struct loaded {
+            gemm_row_scales a;
+            const float *slot;  // this thread's first column scale in the stage's slot
+        };
+        const gemm_args &g;
+        const gemm_tile_pos &p;
+        const gemm_smem<Shape> &sm;
+        uint32_t row;
+        __device__ __forceinline__ loaded load(uint32_t kb, uint32_t stage) const {
+            return {gemm_load_row_scales(g, gemm_row_scale_source_of(g, p, row), kb),
+                    reinterpret_cast<const float *>(sm.bytes + sm.slot_offset(stage)) +
+                        2u * (threadIdx.x & 3)};
         }
-        constexpr uint32_t kHalfBBytes = Half::kN * GEMM_SM90A_K_BYTES;  // B rows of one half
-        gemm_row_scales scales = gemm_load_row_scales(g, source, 0);
-        for (uint32_t kb = 0; kb < p.k_stages; kb++) {
-            gemm_mbar_wait(sm.full(pipe.stage), pipe.phase);
-            gemm_zero_k_tail<Shape, Mma>(sm, pipe.stage, p, kb);
-            uint32_t a = sm.a(pipe.stage) + wg * 64u * GEMM_SM90A_K_BYTES;
-            uint32_t b = sm.b(pipe.stage);
-            gemm_fence_registers(lo);
-            gemm_fence_registers(hi);
-            gemm_wgmma_fence();
-            gemm_wgmma_stage<Half>(lo, a, b, 0u);
-            gemm_wgmma_commit();
-            gemm_wgmma_stage<Half>(hi, a, b + kHalfBBytes, 0u);
-            gemm_wgmma_commit();
-            gemm_wgmma_wait<1>();  // the low half
-            gemm_fence_registers(lo);
-            promote<0>(acc, lo, scales, sm, pipe.stage);
-            gemm_wgmma_wait<0>();  // the high half
-            gemm_fence_registers(hi);
-            promote<kHalf>(acc, hi, scales, sm, pipe.stage);
-            gemm_release(sm, pipe.stage);
-            pipe.advance();
-            if (kb + 1 < p.k_stages) scales = gemm_load_row_scales(g, source, kb + 1);
-        }
-    }
-
-    // Promotes one half's partial (acc[kFirst ...]) for the K block in `stage`: acc =
-    // qt_gemm_promote(acc, part, scale of A's row, scale of B's column), B's per-column scales
-    // read from the stage's slot (this thread's columns 8 chunk + 2 (lane % 4) + {0, 1}
-    // relative to n0).
-    template <uint32_t kFirst>
-    static __device__ __forceinline__ void promote(float (&acc)[kAcc], const float (&part)[kHalf],
-                                                   const gemm_row_scales &s,
-                                                   const gemm_smem<Shape> &sm, uint32_t stage) {
-        const float *slot = reinterpret_cast<const float *>(sm.bytes + sm.slot_offset(stage)) +
-                            2u * (threadIdx.x & 3);
+        __device__ __forceinline__ void add(float (&acc)[kAcc], const float (&part)[kAcc],
+                                            const loaded &s) const {
 #pragma unroll
-        for (uint32_t j = 0; j < kHalf; j++) {
-            uint32_t i = kFirst + j;
-            float sa = (i & 2) ? s.a1 : s.a0;
-            acc[i] = qt_gemm_promote(acc[i], part[j], sa, slot[8u * (i / 4) + (i & 1)]);
+            for (uint32_t i = 0; i < kAcc; i++) {
+                float sa = (i & 2) ? s.a.a1 : s.a.a0;
+                acc[i] = qt_gemm_promote(acc[i], part[i], sa, s.slot[8u * (i / 4) + (i & 1)]);
+            }
         }
-    }
+    };
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -1807,9 +1746,9 @@ GEMM_SM90A_KERNEL(qt_gemm_bf16_sm90a) {
 
 // The block-scaled mainloops of each A type (B is E4M3).
 template <bool kScaleB2D>
-using gemm_block_e5m2 = gemm_mainloop_block<gemm_wgmma_e5m2_n192, gemm_wgmma_e5m2_n96, kScaleB2D>;
+using gemm_block_e5m2 = gemm_mainloop_block<gemm_wgmma_e5m2_n192, kScaleB2D>;
 template <bool kScaleB2D>
-using gemm_block_e4m3 = gemm_mainloop_block<gemm_wgmma_e4m3_n192, gemm_wgmma_e4m3_n96, kScaleB2D>;
+using gemm_block_e4m3 = gemm_mainloop_block<gemm_wgmma_e4m3_n192, kScaleB2D>;
 
 GEMM_SM90A_KERNEL(qt_gemm_fp8_sm90a) {
     qt_grid_enter();
