@@ -944,10 +944,9 @@ __device__ __forceinline__ gemm_block_products gemm_load_block_products(const ge
 }
 
 // The main loop of one whole-tile partial per K block, shared by split accumulation and FP8
-// block scaling. Each stage is one 128-wide K block: four wgmma k steps
-// sum it into `part` (the first with scale-d = 0), and Block adds the completed partial into acc
-// (Block::load(kb, stage): what the addition of K block kb in `stage` needs, loaded right
-// after its issue;
+// block scaling. Each stage is one 128-wide K block: four wgmma k steps sum it into `part` (the
+// first with scale-d = 0), and Block adds the completed partial into acc (Block::load(kb,
+// stage): what the addition of K block kb in `stage` needs, loaded right after its issue;
 // Block::add(acc, part, loaded)).
 //
 // Both consumer warpgroups wait for their block's wgmma together and add together, so the
