@@ -225,6 +225,56 @@ __device__ __forceinline__ uint32_t qt_act_lut_chunk(uint4 xw, uint32_t h[8],
     }
     return any;
 }
+
+// An input outside the table: the function itself, out of line, as act.cu's table kernels do
+// (the activation casts of quant_fp8.cu and quant_block.cu).
+template <bool kBackward>
+__device__ __noinline__ float qt_act_table_miss(uint32_t act, float v) {
+    return qt_act_lut_value(act, kBackward, v);
+}
+
+// Eight BF16 inputs (and gradients), packed as loaded (element 2k is the low half of word k),
+// -> the eight outputs in FP32 before their rounding to BF16: act.cu's table kernels' values
+// (act_lut_chunk_words), forward with one test for the chunk and the per-element path only for
+// a chunk with an input outside the table.
+template <bool kBackward>
+__device__ __forceinline__ void qt_act_table_values(uint32_t act, const float *table, uint4 xw,
+                                                    uint4 dw, float f[8]) {
+    const uint32_t d[4] = {dw.x, dw.y, dw.z, dw.w};
+    uint32_t h[8], offset[8];
+    uint32_t any = qt_act_lut_chunk(xw, h, offset);
+    // Backward (x and dy of four chunks live) the chunk's test would spill at 4 blocks an SM.
+    if (!kBackward && any < QT_ACT_LUT_SIGN_ENTRIES) {  // every offset is: all bits below 11
+#pragma unroll
+        for (int k = 0; k < 8; k++) f[k] = table[qt_act_lut_entry_of(h[k], offset[k])];
+    } else {
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            f[k] = offset[k] < QT_ACT_LUT_SIGN_ENTRIES
+                       ? table[qt_act_lut_entry_of(h[k], offset[k])]
+                       : qt_act_table_miss<kBackward>(act, __uint_as_float(h[k] << 16));
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < 4 && kBackward; k++) {
+        f[2 * k] = __uint_as_float(d[k] << 16) * f[2 * k];
+        f[2 * k + 1] = __uint_as_float(d[k] & 0xFFFF0000u) * f[2 * k + 1];
+    }
+}
+
+// The same outputs rounded to BF16 as act_store8 rounds them, packed as the inputs.
+template <bool kBackward>
+__device__ __forceinline__ uint4 qt_act_table_words(uint32_t act, const float *table, uint4 xw,
+                                                    uint4 dw) {
+    float f[8];
+    qt_act_table_values<kBackward>(act, table, xw, dw, f);
+    uint32_t out[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(out[k]) : "f"(f[2 * k + 1]), "f"(f[2 * k]));
+    }
+    return make_uint4(out[0], out[1], out[2], out[3]);
+}
 #endif  // __CUDACC__
 
 #endif  // QT_ACT_MATH_H

@@ -523,21 +523,11 @@ __device__ __forceinline__ void qb_read_block(const qb_tile &t, const qb_smem<TW
     }
 }
 
-// The staged BF16 path: the tile is copied into shared memory without passing through
-// registers, and each phase reads the thread's block from there, so no register holds data
-// across a barrier and more blocks fit on an SM.
+// The staged path once the tile and its row states are in shared memory (and visible): the
+// partial amaxes, the scales and the codes.
 template <bool TWO_D, uint32_t FP8>
-__device__ __forceinline__ void qb_cast_tile_staged(const quant_block_args &a, qb_tile &t,
+__device__ __forceinline__ void qb_cast_staged_tile(const quant_block_args &a, const qb_tile &t,
                                                     qb_smem<TWO_D, true> &sm) {
-    qb_stage_tile<TWO_D>(a, t, sm);
-    t.active = qt_block_active_rows(&a.group, a.rows);
-    if (t.m0 >= t.active) {  // uniform; the copies must land before the block's memory is reused
-        asm volatile("cp.async.wait_all;\n" ::: "memory");
-        return;
-    }
-    qb_row_states(a, t, sm.row_state);
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
-    __syncthreads();  // the tile and the row states visible
     uint32_t valid = 0;
 #pragma unroll
     for (uint32_t i = 0; i < 8; i++) {
@@ -554,6 +544,24 @@ __device__ __forceinline__ void qb_cast_tile_staged(const quant_block_args &a, q
     uint32_t x[8][4];
     qb_read_block<TWO_D>(t, sm, valid, x);
     qb_cast_store<uint16_t, TWO_D, FP8, true>(a, t, x, sm);
+}
+
+// The staged BF16 path: the tile is copied into shared memory without passing through
+// registers, and each phase reads the thread's block from there, so no register holds data
+// across a barrier and more blocks fit on an SM.
+template <bool TWO_D, uint32_t FP8>
+__device__ __forceinline__ void qb_cast_tile_staged(const quant_block_args &a, qb_tile &t,
+                                                    qb_smem<TWO_D, true> &sm) {
+    qb_stage_tile<TWO_D>(a, t, sm);
+    t.active = qt_block_active_rows(&a.group, a.rows);
+    if (t.m0 >= t.active) {  // uniform; the copies must land before the block's memory is reused
+        asm volatile("cp.async.wait_all;\n" ::: "memory");
+        return;
+    }
+    qb_row_states(a, t, sm.row_state);
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    __syncthreads();  // the tile and the row states visible
+    qb_cast_staged_tile<TWO_D, FP8>(a, t, sm);
 }
 
 template <typename T, bool TWO_D, uint32_t FP8, bool STAGED>
@@ -615,6 +623,104 @@ extern "C" __global__ void __launch_bounds__(QB_THREADS, 2)
     qt_quant_block_2d_f32(const __grid_constant__ quant_block_args args) {
     qt_grid_enter();
     qb_cast<float, true>(args);
+}
+
+// ---------------------------------------------------------------------------------------------
+// An activation and the 1-D cast of its output (quant_block_act_args). Per tile, the x (and dy)
+// vectors that a thread would stage are loaded into registers, turned into y's BF16 words
+// through the block's table (ptx/act_math.h, qt_act_table_words: act.cu's values and rounding)
+// and stored into the shared tile, where the staged cast finds its input; from there on it is
+// qb_cast_staged_tile itself, so the codes and scales are qt_quant_block_1d_bf16's for the
+// stored y. A block runs many tiles, so its table (4096 exact evaluations) is paid once.
+
+#define QB_ACT_VECTORS (QB_TILE * QB_TILE / 8u / QB_THREADS)  // 16-byte vectors a thread stages
+#define QB_ACT_BATCH 4u  // of them loaded at once (x and dy in registers together)
+
+// y's words of the tile into sm.tile (the staged layout of qb_stage_tile: vector q is tile row
+// q / 16, columns 8 (q % 16) .. + 7); vectors outside the matrix are zeros. cols % 8 == 0, so a
+// vector lies wholly inside or wholly outside.
+template <bool kBackward>
+__device__ __forceinline__ void qb_act_stage(const quant_block_act_args &a, const qb_tile &t,
+                                             const float *table, qb_smem<false, true> &sm) {
+    const quant_block_args &c = a.cast;
+    const uint4 *x = (const uint4 *)c.input, *dy = (const uint4 *)a.dy;
+#pragma unroll
+    for (uint32_t b = 0; b < QB_ACT_VECTORS; b += QB_ACT_BATCH) {
+        uint4 xw[QB_ACT_BATCH], dw[QB_ACT_BATCH];
+        uint32_t inside = 0;
+#pragma unroll
+        for (uint32_t n = 0; n < QB_ACT_BATCH; n++) {
+            const uint32_t q = threadIdx.x + QB_THREADS * (b + n);
+            const uint32_t m = t.m0 + q / 16u, k = t.k0 + 8u * (q % 16u);
+            xw[n] = dw[n] = make_uint4(0u, 0u, 0u, 0u);
+            if (m >= c.rows || k >= c.cols) continue;
+            inside |= 1u << n;
+            const uint64_t at = ((uint64_t)m * c.cols + k) / 8u;
+            xw[n] = __ldg(x + at);
+            if (kBackward) dw[n] = __ldg(dy + at);
+        }
+#pragma unroll
+        for (uint32_t n = 0; n < QB_ACT_BATCH; n++) {
+            const uint32_t q = threadIdx.x + QB_THREADS * (b + n);
+            uint4 y = make_uint4(0u, 0u, 0u, 0u);
+            if ((inside >> n) & 1u) y = qt_act_table_words<kBackward>(a.act, table, xw[n], dw[n]);
+            sm.tile[q / 16u][q % 16u] = y;
+        }
+    }
+}
+
+template <bool kBackward, uint32_t FP8>
+__device__ __forceinline__ void qb_act_cast_tiles(const quant_block_act_args &a,
+                                                  const float *table, qb_smem<false, true> &sm) {
+    const quant_block_args &c = a.cast;
+    qb_tile t;
+    t.tiles_k = (c.cols + QB_TILE - 1) / QB_TILE;
+    t.tiles_m = (c.rows + QB_TILE - 1) / QB_TILE;
+    t.active = c.rows;  // dense
+    t.c = qb_slot_c();
+    t.g = qb_group_g();
+    t.rowwise = (c.directions & QT_BLOCK_ROWWISE) != 0;
+    t.colwise = (c.directions & QT_BLOCK_COLWISE) != 0;
+    const uint32_t tiles = t.tiles_k * t.tiles_m;
+    for (uint32_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {  // uniform
+        t.tk = tile % t.tiles_k;
+        t.tm = tile / t.tiles_k;
+        t.m0 = t.tm * QB_TILE;
+        t.k0 = t.tk * QB_TILE;
+        qb_act_stage<kBackward>(a, t, table, sm);
+        qb_row_states(c, t, sm.row_state);
+        __syncthreads();  // the tile and the row states visible
+        qb_cast_staged_tile<false, FP8>(c, t, sm);
+        __syncthreads();  // the tile, partials and scales read before the next tile's
+    }
+}
+
+template <bool kBackward>
+__device__ __forceinline__ void qb_act_cast(const quant_block_act_args &a) {
+    extern __shared__ float qb_act_table[];  // QT_BLOCK_ACT_TABLE_BYTES, the launch's dynamic
+    __shared__ qb_smem<false, true> sm;
+    for (uint32_t e = threadIdx.x; e < QT_ACT_LUT_ENTRIES; e += QB_THREADS) {
+        qb_act_table[e] = qt_act_lut_value(a.act, kBackward, qt_act_lut_input(e));
+    }
+    __syncthreads();  // the table is complete
+    if (a.cast.fp8 == QT_BLOCK_E5M2) {
+        qb_act_cast_tiles<kBackward, QT_BLOCK_E5M2>(a, qb_act_table, sm);
+    } else {
+        qb_act_cast_tiles<kBackward, QT_BLOCK_E4M3>(a, qb_act_table, sm);
+    }
+}
+
+// Three blocks an SM: 37 KiB of static and 16 KiB of dynamic shared memory each, and up to 80
+// registers (backward holds four vectors of x and of dy).
+extern "C" __global__ void __launch_bounds__(QB_THREADS, QT_BLOCK_ACT_BLOCKS_PER_SM)
+    qt_quant_block_act_fwd(const __grid_constant__ quant_block_act_args args) {
+    qt_grid_enter();
+    qb_act_cast<false>(args);
+}
+extern "C" __global__ void __launch_bounds__(QB_THREADS, QT_BLOCK_ACT_BLOCKS_PER_SM)
+    qt_quant_block_act_bwd(const __grid_constant__ quant_block_act_args args) {
+    qt_grid_enter();
+    qb_act_cast<true>(args);
 }
 
 // ---------------------------------------------------------------------------------------------

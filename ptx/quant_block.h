@@ -28,6 +28,7 @@
 #ifndef QT_QUANT_BLOCK_H
 #define QT_QUANT_BLOCK_H
 
+#include "ptx/act_math.h"  // QT_ACT_*, QT_ACT_LUT_ENTRIES (the activation casts)
 #include "ptx/core.h"      // QT_DTYPE_BF16, QT_DTYPE_F32
 #include "ptx/qt_codec.h"  // qt_scale_from_amax, qt_f32_to_e4m3, qt_e4m3_to_f32, ...
 #include "ptx/quant.h"     // qt_group_desc
@@ -56,6 +57,26 @@ typedef struct quant_block_args {
 } quant_block_args;
 QT_STATIC_ASSERT(sizeof(quant_block_args) == 88, "quant_block_args layout");
 
+// An activation and the 1-D cast of its output in one pass over the activation's input
+// (qt_quant_block_act_fwd, qt_quant_block_act_bwd): y = act(x) forward, dy * act'(x) backward,
+// rounded to BF16, the very tensor that qt_act_fwd / qt_act_bwd (ptx/act.h) would store, through
+// the same table (ptx/act_math.h), which is never written; then y is cast as
+// qt_quant_block_1d_bf16 casts a dense BF16 tensor: the same codes and scale_inv. Dense only
+// (cast.group.count 0), 1-D, x and dy BF16, cols % 8 == 0, x and dy 16-byte aligned. Persistent:
+// each block computes its table (QT_BLOCK_ACT_TABLE_BYTES of dynamic shared memory) once, then
+// takes the 128 x 128 tiles blockIdx.x, blockIdx.x + gridDim.x, ... (the bits never depend on
+// the grid).
+typedef struct quant_block_act_args {
+    quant_block_args cast;  // input: x, the activation's input, BF16 (cast.input)
+    uint64_t dy;            // backward: BF16 [rows][cols], the gradient at the output
+    uint32_t act;           // QT_ACT_GELU | QT_ACT_SILU (ptx/act_math.h)
+    uint32_t reserved;
+} quant_block_act_args;
+QT_STATIC_ASSERT(sizeof(quant_block_act_args) == 104, "quant_block_act_args layout");
+
+#define QT_BLOCK_ACT_TABLE_BYTES (4u * QT_ACT_LUT_ENTRIES)
+#define QT_BLOCK_ACT_BLOCKS_PER_SM 3u  // the kernels' __launch_bounds__ minimum
+
 typedef struct dequant_block_args {
     uint64_t codes;      // rowwise u8 [rows][cols], or columnwise u8 [cols][rows]
     uint64_t scale_inv;  // the direction's scale_inv, layout as in quant_block_args
@@ -77,7 +98,9 @@ QT_STATIC_ASSERT(sizeof(dequant_block_args) == 72, "dequant_block_args layout");
     X(KERNEL_QUANT_BLOCK_2D_BF16, quant_block, qt_quant_block_2d_bf16, quant_block_args) \
     X(KERNEL_QUANT_BLOCK_2D_F32, quant_block, qt_quant_block_2d_f32, quant_block_args)   \
     X(KERNEL_DEQUANT_BLOCK_1D, quant_block, qt_dequant_block_1d, dequant_block_args)     \
-    X(KERNEL_DEQUANT_BLOCK_2D, quant_block, qt_dequant_block_2d, dequant_block_args)
+    X(KERNEL_DEQUANT_BLOCK_2D, quant_block, qt_dequant_block_2d, dequant_block_args)     \
+    X(KERNEL_QUANT_BLOCK_ACT_FWD, quant_block, qt_quant_block_act_fwd, quant_block_act_args) \
+    X(KERNEL_QUANT_BLOCK_ACT_BWD, quant_block, qt_quant_block_act_bwd, quant_block_act_args)
 
 // ---------------------------------------------------------------------------------------------
 // Per-block arithmetic.

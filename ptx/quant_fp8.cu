@@ -657,55 +657,6 @@ extern "C" __global__ void __launch_bounds__(QT_FP8_DEQ_THREADS)
 // and its amax is one atomic at its end (a maximum: the order of the tiles and of the atomics
 // does not matter).
 
-// An input outside the table: the function itself, out of line, as act.cu's table kernels do.
-template <bool kBackward>
-__device__ __noinline__ float qt_fp8_act_miss(uint32_t act, float v) {
-    return qt_act_lut_value(act, kBackward, v);
-}
-
-// Eight BF16 inputs (and gradients), packed as loaded (element 2k is the low half of word k),
-// -> the eight outputs in FP32 before their rounding to BF16: act.cu's table kernels' values
-// (act_lut_chunk_words), forward with one test for the chunk and the per-element path only for
-// a chunk with an input outside the table.
-template <bool kBackward>
-__device__ __forceinline__ void qt_fp8_act_values(uint32_t act, const float *table, uint4 xw,
-                                                  uint4 dw, float f[8]) {
-    const uint32_t d[4] = {dw.x, dw.y, dw.z, dw.w};
-    uint32_t h[8], offset[8];
-    uint32_t any = qt_act_lut_chunk(xw, h, offset);
-    // Backward (x and dy of four chunks live) the chunk's test would spill at 4 blocks an SM.
-    if (!kBackward && any < QT_ACT_LUT_SIGN_ENTRIES) {  // every offset is: all bits below 11
-#pragma unroll
-        for (int k = 0; k < 8; k++) f[k] = table[qt_act_lut_entry_of(h[k], offset[k])];
-    } else {
-#pragma unroll
-        for (int k = 0; k < 8; k++) {
-            f[k] = offset[k] < QT_ACT_LUT_SIGN_ENTRIES
-                       ? table[qt_act_lut_entry_of(h[k], offset[k])]
-                       : qt_fp8_act_miss<kBackward>(act, __uint_as_float(h[k] << 16));
-        }
-    }
-#pragma unroll
-    for (int k = 0; k < 4 && kBackward; k++) {
-        f[2 * k] = __uint_as_float(d[k] << 16) * f[2 * k];
-        f[2 * k + 1] = __uint_as_float(d[k] & 0xFFFF0000u) * f[2 * k + 1];
-    }
-}
-
-// The same outputs rounded to BF16 as act_store8 rounds them, packed as the inputs.
-template <bool kBackward>
-__device__ __forceinline__ uint4 qt_fp8_act_words(uint32_t act, const float *table, uint4 xw,
-                                                  uint4 dw) {
-    float f[8];
-    qt_fp8_act_values<kBackward>(act, table, xw, dw, f);
-    uint32_t out[4];
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(out[k]) : "f"(f[2 * k + 1]), "f"(f[2 * k]));
-    }
-    return make_uint4(out[0], out[1], out[2], out[3]);
-}
-
 // The words of one tile that this thread takes (zeros outside the tensor): x, and dy backward.
 template <bool kBackward>
 __device__ __forceinline__ void qt_fp8_act_cast_load(const fp8_act_cast_args &a, uint32_t tile,
@@ -743,7 +694,7 @@ __device__ __forceinline__ float qt_fp8_act_cast_rows(const fp8_act_cast_args &a
         uint32_t rl = t / 16 + 16 * i, r = m0 + rl;
         bool valid = r < c.rows && k < c.cols;
         qt_fp8_vec8<uint16_t> y;
-        y.w = qt_fp8_act_words<kBackward>(a.act, table, xw[i], dw[i]);
+        y.w = qt_act_table_words<kBackward>(a.act, table, xw[i], dw[i]);
         uint32_t codes[2] = {0u, 0u};
         if (valid) {
             amax = fmaxf(amax, qt_fp8_convert8<uint16_t, kE5M2>(y, scale, codes));
@@ -813,7 +764,7 @@ __device__ __forceinline__ void qt_fp8_act_amax_body(const fp8_act_cast_args &a,
         for (uint32_t u = 0; u < QT_FP8_ACT_AMAX_UNROLL(kBackward); u++) {
             if (c + u * stride >= chunks) continue;
             float f[8];
-            qt_fp8_act_values<kBackward>(a.act, sm.table, xw[u], dw[u], f);
+            qt_act_table_values<kBackward>(a.act, sm.table, xw[u], dw[u], f);
 #pragma unroll
             for (uint32_t j = 0; j < 8; j++) amax = fmaxf(amax, fabsf(f[j]));
         }

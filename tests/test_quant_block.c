@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "runtime/ops/op_act.h"          // op_act_forward, op_act_backward
 #include "runtime/ops/op_core.h"         // op_fill_random
 #include "runtime/ops/op_quant_block.h"  // op_quant_block, op_dequant_block
 #include "tests/rig.h"
@@ -1103,6 +1104,174 @@ static void test_gpu(void) {
     backend_close(&gpu_backend);
 }
 
+// ---------------------------------------------------------------------------------------------
+// An activation and the cast of its output in one pass (op_quant_block_act) against the
+// activation's stored BF16 output cast by op_quant_block, byte for byte (codes and scale_inv of
+// both directions), on each backend, and the GPU's fused outputs against the reference
+// backend's. Inputs cover the tables' binades and beyond (the out-of-line path), zeros,
+// subnormals, Inf and NaN; shapes with partial tiles and with more tiles than the grid has
+// blocks (each block then runs several); GELU and SiLU, forward and backward, E4M3 and E5M2,
+// power-of-two and FP32 scales, one direction alone.
+
+typedef struct act_mode {
+    uint32_t act;
+    bool backward;
+    uint32_t fp8;
+    bool fp32_scales, rowwise, colwise;
+} act_mode;
+
+// Regions: [0] the activation then the cast, [1] fused.
+typedef struct act_regions {
+    arena_handle x, dy, y;
+    arena_handle row[2], row_si[2], col[2], col_si[2];
+    uint64_t elems, row_si_bytes, col_si_bytes;
+} act_regions;
+
+static op_block_tensor act_tensor(rig *r, const act_regions *h, uint32_t rows, uint32_t cols,
+                                  const act_mode *md, int w) {
+    op_block_tensor t = {0};
+    t.rows = rows;
+    t.cols = cols;
+    t.fp8 = md->fp8;
+    t.rowwise = md->rowwise;
+    t.colwise = md->colwise;
+    t.row_codes = rig_ref(r, h->row[w], 0);
+    t.row_scale_inv = rig_ref(r, h->row_si[w], 0);
+    t.col_codes = rig_ref(r, h->col[w], 0);
+    t.col_scale_inv = rig_ref(r, h->col_si[w], 0);
+    t.group = op_group_dense();
+    return t;
+}
+
+static void act_build(rig *r, uint32_t rows, uint32_t cols, const act_mode *md, act_regions *h) {
+    h->elems = (uint64_t)rows * cols;
+    h->row_si_bytes = 4 * op_block_scale_count(rows, cols, false, false);
+    h->col_si_bytes = 4 * op_block_scale_count(rows, cols, false, true);
+    h->x = rig_reserve(r, "x", h->elems * 2);
+    h->dy = rig_reserve(r, "dy", h->elems * 2);
+    h->y = rig_reserve(r, "y", h->elems * 2);
+    for (int w = 0; w < 2; w++) {
+        h->row[w] = rig_reserve(r, w ? "row_fused" : "row", h->elems);
+        h->row_si[w] = rig_reserve(r, w ? "row_si_fused" : "row_si", h->row_si_bytes);
+        h->col[w] = rig_reserve(r, w ? "col_fused" : "col", h->elems);
+        h->col_si[w] = rig_reserve(r, w ? "col_si_fused" : "col_si", h->col_si_bytes);
+    }
+    prog_ref x = rig_ref(r, h->x, 0), dy = rig_ref(r, h->dy, 0), y = rig_ref(r, h->y, 0);
+    op_act_tensor xt = {x, QT_DTYPE_BF16}, dyt = {dy, QT_DTYPE_BF16}, yt = {y, QT_DTYPE_BF16};
+    if (md->backward) {
+        RIG_OK(op_act_backward(&r->prog, "act", md->act, rows, cols, xt, OP_ACT_NONE, dyt, yt,
+                               OP_REF_NONE));
+    } else {
+        RIG_OK(op_act_forward(&r->prog, "act", md->act, rows, cols, xt, OP_ACT_NONE, yt,
+                              OP_REF_NONE));
+    }
+    op_block_options o = {md->fp32_scales, 0.0f};
+    op_block_tensor t0 = act_tensor(r, h, rows, cols, md, 0);
+    op_block_tensor t1 = act_tensor(r, h, rows, cols, md, 1);
+    RIG_OK(op_quant_block(&r->prog, "cast", y, QT_DTYPE_BF16, &t0, &o));
+    RIG_OK(op_quant_block_act(&r->prog, "act_cast", md->act, md->backward, x,
+                              md->backward ? dy : OP_REF_NONE, &t1, &o));
+    rig_bind(r);
+}
+
+// Runs the program; returns both ways' outputs, [2][row codes, row scale_inv, col codes, col
+// scale_inv] back to back (the caller frees them), after comparing them with each other.
+static uint8_t *act_run(rig *r, const act_regions *h, const act_mode *md, const uint16_t *x,
+                        const uint16_t *dy, const char *what) {
+    uint64_t half = 2 * h->elems + h->row_si_bytes + h->col_si_bytes;
+    uint8_t *o = calloc(2, half);
+    RIG_OK(backend_write(&r->be, rig_ref(r, h->x, 0), x, h->elems * 2));
+    RIG_OK(backend_write(&r->be, rig_ref(r, h->dy, 0), dy, h->elems * 2));
+    RIG_OK(backend_run(&r->be, &r->prog));
+    for (int w = 0; w < 2; w++) {
+        uint8_t *at = o + w * half;
+        if (md->rowwise) {
+            RIG_OK(backend_read(&r->be, at, rig_ref(r, h->row[w], 0), h->elems));
+            RIG_OK(backend_read(&r->be, at + h->elems, rig_ref(r, h->row_si[w], 0),
+                                h->row_si_bytes));
+        }
+        at += h->elems + h->row_si_bytes;
+        if (md->colwise) {
+            RIG_OK(backend_read(&r->be, at, rig_ref(r, h->col[w], 0), h->elems));
+            RIG_OK(backend_read(&r->be, at + h->elems, rig_ref(r, h->col_si[w], 0),
+                                h->col_si_bytes));
+        }
+    }
+    check_bytes(what, o + half, o, half);
+    return o;
+}
+
+// A BF16 input: mostly values in and near the tables' binades [2^-12, 2^4), both signs; one in
+// 32 any bit pattern at all (NaN, Inf, subnormals, huge values included).
+static uint16_t act_value(uint64_t *state) {
+    *state = *state * 6364136223846793005ull + 1442695040888963407ull;
+    uint64_t v = *state;
+    if ((v >> 11) % 32 == 0) return (uint16_t)(v >> 44);
+    uint32_t sign = (uint32_t)((v >> 21) & 1u) << 15;
+    uint32_t exponent = 110u + (uint32_t)((v >> 25) % 28u);  // 2^-17 .. 2^10
+    return (uint16_t)(sign | exponent << 7 | (uint32_t)((v >> 33) & 0x7Fu));
+}
+
+static void test_act_cast(void) {
+    // 2048 x 4096: 512 tiles, more than the grid's 396 blocks.
+    static const uint32_t shapes[][2] = {{7, 8},     {128, 128},  {130, 136},
+                                         {300, 1000}, {1000, 24}, {2048, 4096}};
+    static const act_mode modes[] = {
+        {QT_ACT_GELU, false, QT_BLOCK_E4M3, false, true, true},
+        {QT_ACT_SILU, false, QT_BLOCK_E5M2, true, true, true},
+        {QT_ACT_GELU, true, QT_BLOCK_E5M2, false, true, true},
+        {QT_ACT_SILU, true, QT_BLOCK_E4M3, true, true, false},
+        {QT_ACT_GELU, false, QT_BLOCK_E4M3, false, false, true},
+    };
+    const size_t n_shapes = sizeof shapes / sizeof shapes[0];
+    const size_t n_modes = sizeof modes / sizeof modes[0];
+    rig *gpu = calloc(1, sizeof *gpu), *ref = calloc(1, sizeof *ref);
+    const char *why = NULL, *ref_why = NULL;
+    bool on_gpu = rig_open(gpu, BACKEND_GPU, &why);
+    rig_open(ref, BACKEND_REF, &ref_why);
+    test_begin("block_act_cast_equals_act_then_cast");
+    uint64_t state = 23;
+    for (size_t i = 0; i < n_shapes * 2; i++) {
+        uint32_t rows = shapes[i % n_shapes][0], cols = shapes[i % n_shapes][1];
+        const act_mode *md = &modes[i % n_modes];
+        uint64_t elems = (uint64_t)rows * cols;
+        if (test_sanitizer() && elems > (1u << 20)) continue;  // the largest shape: minutes
+        uint16_t *x = malloc(elems * 2), *dy = malloc(elems * 2);
+        for (uint64_t e = 0; e < elems; e++) {
+            x[e] = act_value(&state);
+            dy[e] = act_value(&state);
+        }
+        char what[96];
+        snprintf(what, sizeof what, "%u x %u, mode %zu, fused against act then cast, ref", rows,
+                 cols, i % n_modes);
+        act_regions hr, hg;
+        rig_reset(ref);
+        act_build(ref, rows, cols, md, &hr);
+        uint8_t *or = act_run(ref, &hr, md, x, dy, what);
+        if (on_gpu) {
+            rig_reset(gpu);
+            act_build(gpu, rows, cols, md, &hg);
+            what[strlen(what) - 3] = 0;
+            strcat(what, "gpu");
+            uint8_t *og = act_run(gpu, &hg, md, x, dy, what);
+            uint64_t half = 2 * elems + hr.row_si_bytes + hr.col_si_bytes;
+            snprintf(what, sizeof what, "%u x %u, mode %zu, fused, gpu against ref", rows, cols,
+                     i % n_modes);
+            check_bytes(what, og + half, or + half, half);
+            free(og);
+        }
+        free(or);
+        free(x);
+        free(dy);
+    }
+    test_end();
+    if (on_gpu) rig_close(gpu);
+    rig_close(ref);
+    free(gpu);
+    free(ref);
+    if (!on_gpu) test_skip("gpu_block_act_cast_matches_ref", why);
+}
+
 int main(void) {
     test_scale_inv_double_rounding();
     test_scale_rule();
@@ -1113,6 +1282,7 @@ int main(void) {
     test_direction_consistency();
     test_dequant_error_bound();
     test_grouped_ref();
+    test_act_cast();
     test_gpu();
     return test_exit_code();
 }

@@ -1498,7 +1498,8 @@ typedef struct slots_seen {
     uint32_t zero_ops;                  // slots_zero_ops
     uint32_t passes[MODEL_MODE_COUNT];  // each program's amax passes (qt_fp8_amax, qt_nvfp4_amax)
     uint32_t norm_ops, norm_beside;     // the train program's norm launches, and those beside
-    uint32_t act_casts[MODEL_MODE_COUNT];  // each program's activation casts (qt_fp8_act_cast_*)
+    uint32_t act_casts[MODEL_MODE_COUNT];  // each program's activation casts (qt_fp8_act_cast_*,
+                                           // qt_quant_block_act_*)
     uint32_t from_max[MODEL_MODE_COUNT];   // those of them that read a GEMM's maximum slot
 } slots_seen;
 
@@ -1553,10 +1554,11 @@ static bool slots_run(const char *text, const slots_setup *su, const char *trace
     if (st == QT_OK) st = run_bind(&the_run, &b, dev, host);
     memset(seen, 0, sizeof *seen);
     static const kernel_id passes[] = {KERNEL_FP8_AMAX, KERNEL_NVFP4_AMAX};
-    static const kernel_id act_casts[] = {KERNEL_FP8_ACT_CAST_FWD, KERNEL_FP8_ACT_CAST_BWD};
+    static const kernel_id act_casts[] = {KERNEL_FP8_ACT_CAST_FWD, KERNEL_FP8_ACT_CAST_BWD,
+                                          KERNEL_QUANT_BLOCK_ACT_FWD, KERNEL_QUANT_BLOCK_ACT_BWD};
     for (int mode = 0; st == QT_OK && mode < MODEL_MODE_COUNT; mode++) {
         seen->passes[mode] = slots_count_ops(&the_run, mode, passes, 2);
-        seen->act_casts[mode] = slots_count_ops(&the_run, mode, act_casts, 2);
+        seen->act_casts[mode] = slots_count_ops(&the_run, mode, act_casts, 4);
         seen->from_max[mode] = slots_from_max_ops(&the_run, mode);
     }
     seen->zero_ops = st == QT_OK ? slots_zero_ops(&the_run) : 0;
@@ -1782,6 +1784,9 @@ static const producer_case producer_cases[] = {
      true, {2, 2, 2}},
     {"delayed_act_cast", NULL, "delayed", "", "softmax_xent", false, {{0, 0, 0}, {0, 0, 0}},
      true, {2, 1, 1}},
+    // FP8 block scaling (1x128 activations and gradients): both ways, no amax anywhere.
+    {"block_act_cast", NULL, "block", "", "softmax_xent", false, {{0, 0, 0}, {0, 0, 0}}, true,
+     {2, 1, 1}},
 };
 
 // The gradient norm read group by group during the backward pass (model_build.c,

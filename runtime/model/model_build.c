@@ -821,9 +821,10 @@ static bool mb_linear(const mb *b, uint32_t i) {
 // instead (mb_act_cast_forward, mb_act_cast_backward). The cast must be a per-tensor FP8 one:
 // forward with delayed or current scaling (current reads x once more for y's amax first, which
 // still saves a pass, y's store and its read), backward with delayed scaling only (with current
-// scaling the amax pass would read dy and x both: as many bytes as the stored dx). The stored
-// tensor must have no other reader: no recompute (which re-makes y in BF16), and backward no
-// bias gradient below (which sums the BF16 dx).
+// scaling the amax pass would read dy and x both: as many bytes as the stored dx); or FP8 block
+// scaling with 1x128 blocks, both ways (its scales are local to a tile, so no pass before). The
+// stored tensor must have no other reader: no recompute (which re-makes y in BF16), and backward
+// no bias gradient below (which sums the BF16 dx).
 static bool mb_act_casts(const mb *b, uint32_t act, bool backward) {
     const model *m = b->m;
     const recipe_model *rm = &m->recipe->model;
@@ -842,7 +843,10 @@ static bool mb_act_casts(const mb *b, uint32_t act, bool backward) {
     bool fp8 = q->q.format == QT_FORMAT_FP8_E4M3 || q->q.format == QT_FORMAT_FP8_E5M2;
     bool scheme = q->q.scheme == QT_SCHEME_DELAYED ||
                   (!backward && q->q.scheme == QT_SCHEME_CURRENT);
-    if (!fp8 || !scheme || above->in_padded != below->out || below->out % 8 != 0) return false;
+    bool block = q->q.format == QT_FORMAT_FP8_BLOCK_1D;
+    if (!((fp8 && scheme) || block) || above->in_padded != below->out || below->out % 8 != 0) {
+        return false;
+    }
     if (backward && below->bias) return false;
     uint64_t min = m->act_cast_elems ? m->act_cast_elems : MB_ACT_CAST_ELEMS_MIN;
     return (uint64_t)m->batch * below->out >= min;
@@ -1162,9 +1166,14 @@ static bool mb_dense_act(const mb *b, uint32_t i) {
 
 // The ops of one activation's cast into the store s of quantizer mq (mb_quantize_fp8's bits
 // for the stored tensor): delayed scaling, one; current scaling, y's amax into the store's slot
-// of the step and then the cast.
+// of the step and then the cast; FP8 block scaling (1x128), one (mb_quantize's bits).
 static qt_status mb_act_cast(mb *b, const char *name, const model_quantizer *mq,
                              const op_fp8_act_input *in, bool record_amax, const model_qstore *s) {
+    if (mq->q.format == QT_FORMAT_FP8_BLOCK_1D) {
+        op_block_tensor t = mb_block_tensor(mq, in->rows, in->cols, s);
+        op_block_options o = {!mq->q.pow2, mq->q.amax_eps};
+        return op_quant_block_act(b->p, name, in->act, in->backward, in->x, in->dy, &t, &o);
+    }
     op_fp8_output out = {model_fp8_code(mq->q.elem), s->row_data, s->col_data, s->scale_inv};
     if (mq->q.scheme == QT_SCHEME_DELAYED) {
         prog_ref amax = record_amax ? mb_state_amax(b, mq) : OP_FP8_NONE;
@@ -1403,7 +1412,7 @@ static qt_status mb_linear_backward(mb *b, uint32_t layer, model_tensor dy, mode
     if (!mb_act_casts(b, layer + 1, true)) {
         QT_TRY(mb_quantize(b, what, qg, dy, op_group_dense(), lin->needs_dx, true, true, &dyq));
     } else {
-        QT_ASSERT(prog_ref_present(dyq.scale_inv));
+        QT_ASSERT(prog_ref_present(dyq.col_data));  // the wgrad's copy, which it always makes
     }
     uint32_t rows = dy.rows;
     const model_param *w = &m->params[lin->weight];

@@ -2,6 +2,8 @@
 
 #include <stddef.h>  // offsetof
 
+#include "runtime/ops/op_core.h"  // OP_PLAN_SMS
+
 #define OP_BLOCK_THREADS 256u  // the kernels' QB_THREADS: one block per 128 x 128 tile
 
 uint64_t op_block_tiles(uint64_t n) { return (n + QT_BLOCK_LEN - 1) / QT_BLOCK_LEN; }
@@ -62,6 +64,63 @@ qt_status op_quant_block(program *p, const char *name, prog_ref input, uint32_t 
                             PROG_WRITE));
     }
     return op_group_use(p, op, offsetof(quant_block_args, group), &t->group);
+}
+
+// Persistent: every tile its block up to QT_BLOCK_ACT_BLOCKS_PER_SM blocks an SM of the planned
+// GPUs (OP_PLAN_SMS), each with the table in its dynamic shared memory.
+qt_status op_quant_block_act(program *p, const char *name, uint32_t act, bool backward,
+                             prog_ref x, prog_ref dy, const op_block_tensor *t,
+                             const op_block_options *options) {
+    QT_ASSERT(act == QT_ACT_GELU || act == QT_ACT_SILU);
+    QT_ASSERT(!t->two_d && t->group.count == 0);
+    QT_ASSERT(t->fp8 == QT_BLOCK_E4M3 || t->fp8 == QT_BLOCK_E5M2);
+    QT_ASSERT(t->rowwise || t->colwise);
+    QT_ASSERT(t->rows >= 1 && t->cols >= 1 && t->cols % 8 == 0);
+    QT_ASSERT(prog_ref_present(x) && x.offset % 16 == 0);
+    QT_ASSERT(!backward || (prog_ref_present(dy) && dy.offset % 16 == 0));
+    op_block_options defaults = {false, 0.0f};
+    if (options == NULL) options = &defaults;
+    quant_block_act_args args = {0};
+    args.cast.rows = t->rows;
+    args.cast.cols = t->cols;
+    args.cast.fp8 = t->fp8;
+    args.cast.directions =
+        (t->rowwise ? QT_BLOCK_ROWWISE : 0u) | (t->colwise ? QT_BLOCK_COLWISE : 0u);
+    args.cast.pow2 = options->fp32_scales ? 0u : 1u;
+    args.cast.eps = options->eps;
+    args.act = act;
+    uint64_t tiles = op_block_tiles(t->rows) * op_block_tiles(t->cols);
+    uint64_t blocks = OP_PLAN_SMS * QT_BLOCK_ACT_BLOCKS_PER_SM;
+    if (tiles < blocks) blocks = tiles;
+    launch_shape shape = {{(uint32_t)blocks, 1, 1}, {OP_BLOCK_THREADS, 1, 1},
+                          QT_BLOCK_ACT_TABLE_BYTES};
+    uint32_t op;
+    QT_TRY(prog_append(p, backward ? KERNEL_QUANT_BLOCK_ACT_BWD : KERNEL_QUANT_BLOCK_ACT_FWD, name,
+                       &shape, &args, sizeof args, &op));
+    uint64_t elems = (uint64_t)t->rows * t->cols;
+    QT_TRY(prog_use_span(p, op, offsetof(quant_block_act_args, cast.input), x, 2 * elems,
+                         PROG_READ));
+    if (backward) {
+        QT_TRY(prog_use_span(p, op, offsetof(quant_block_act_args, dy), dy, 2 * elems,
+                             PROG_READ));
+    }
+    if (t->rowwise) {
+        QT_TRY(prog_use_span(p, op, offsetof(quant_block_act_args, cast.row_codes), t->row_codes,
+                             elems, PROG_WRITE));
+        QT_TRY(prog_use_span(p, op, offsetof(quant_block_act_args, cast.row_scale_inv),
+                             t->row_scale_inv, 4 * op_block_scale_count(t->rows, t->cols, false,
+                                                                        false),
+                             PROG_WRITE));
+    }
+    if (t->colwise) {
+        QT_TRY(prog_use_span(p, op, offsetof(quant_block_act_args, cast.col_codes), t->col_codes,
+                             elems, PROG_WRITE));
+        QT_TRY(prog_use_span(p, op, offsetof(quant_block_act_args, cast.col_scale_inv),
+                             t->col_scale_inv, 4 * op_block_scale_count(t->rows, t->cols, false,
+                                                                        true),
+                             PROG_WRITE));
+    }
+    return QT_OK;
 }
 
 qt_status op_dequant_block(program *p, const char *name, const op_block_tensor *t, bool colwise,

@@ -38,6 +38,14 @@ uint64_t op_block_tiles(uint64_t n);
 qt_status op_quant_block(program *p, const char *name, prog_ref input, uint32_t in_dtype,
                          const op_block_tensor *t, const op_block_options *options);
 
+// An activation and the 1-D cast of its output into t (dense, BF16 rows x cols of t, cols % 8
+// == 0): y = act(x) forward, dy * act'(x) backward (dy NULL-equivalent forward), the bits of the
+// activation's stored BF16 output cast by op_quant_block, in one pass over x (and dy) that never
+// writes y (quant_block_act_args). act: QT_ACT_GELU | QT_ACT_SILU. x and dy 16-byte aligned.
+qt_status op_quant_block_act(program *p, const char *name, uint32_t act, bool backward,
+                             prog_ref x, prog_ref dy, const op_block_tensor *t,
+                             const op_block_options *options);
+
 // Dequantizes one direction of t (colwise: the transposed copy) into out, rows x cols of
 // out_dtype (QT_DTYPE_BF16 or QT_DTYPE_F32). Rows at or beyond the group's active rows are not
 // written.

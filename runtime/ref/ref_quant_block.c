@@ -31,8 +31,23 @@ static uint32_t ref_block_states(const quant_block_args *a, uint32_t active, uin
 typedef struct ref_block_job {
     const quant_block_args *a;
     uint32_t dtype;
-    uint32_t active;  // active rows
+    uint32_t active;                 // active rows
+    const quant_block_act_args *act;  // the activation casts: y of a->input (and act->dy)
+    bool backward;
 } ref_block_job;
+
+// Element (m, k) of what the job casts: the input's, or with an activation y as the act twins
+// store it (BF16; the table's values are qt_act_lut_value's).
+static float ref_block_value(const ref_block_job *job, uint32_t state, uint32_t m, uint32_t k) {
+    const quant_block_args *a = job->a;
+    if (!job->act) return ref_block_elem(a, job->dtype, state, m, k);
+    if (state != QT_BLOCK_ROW_VALID) return 0.0f;
+    uint64_t i = (uint64_t)m * a->cols + k;
+    float x = qt_bf16_to_f32(REF_PTR(const uint16_t, a->input)[i]);
+    float f = qt_act_lut_value(job->act->act, job->backward, x);
+    if (job->backward) f = qt_bf16_to_f32(REF_PTR(const uint16_t, job->act->dy)[i]) * f;
+    return qt_bf16_to_f32(qt_f32_to_bf16(f));
+}
 
 // Rows [m_begin, m_end).
 POOL_CPU_CLONES static void ref_block_cast_1d_rowwise(void *ctx, uint64_t m_begin,
@@ -48,13 +63,13 @@ POOL_CPU_CLONES static void ref_block_cast_1d_rowwise(void *ctx, uint64_t m_begi
             uint32_t k0 = kb * REF_BLOCK, k1 = ref_block_min(k0 + REF_BLOCK, a->cols);
             float amax = 0.0f;
             for (uint32_t k = k0; k < k1; k++) {
-                amax = qt_block_amax_step(amax, ref_block_elem(a, dtype, state, m, k));
+                amax = qt_block_amax_step(amax, ref_block_value(job, state, m, k));
             }
             float scale = qt_block_scale(amax, a->fp8, a->pow2, a->eps, dtype);
             scale_inv[(uint64_t)kb * a->rows + m] = qt_block_scale_inv(scale);
             for (uint32_t k = k0; k < k1; k++) {
                 codes[(uint64_t)m * a->cols + k] =
-                    qt_block_quantize(ref_block_elem(a, dtype, state, m, k), scale, a->fp8);
+                    qt_block_quantize(ref_block_value(job, state, m, k), scale, a->fp8);
             }
         }
     }
@@ -74,20 +89,21 @@ POOL_CPU_CLONES static void ref_block_cast_1d_colwise(void *ctx, uint64_t b_begi
         for (uint32_t k = 0; k < a->cols; k++) {
             float amax = 0.0f;
             for (uint32_t m = m0; m < m1; m++) {
-                amax = qt_block_amax_step(amax, ref_block_elem(a, dtype, states[m - m0], m, k));
+                amax = qt_block_amax_step(amax, ref_block_value(job, states[m - m0], m, k));
             }
             float scale = qt_block_scale(amax, a->fp8, a->pow2, a->eps, dtype);
             scale_inv[(uint64_t)mb * a->cols + k] = qt_block_scale_inv(scale);
             for (uint32_t m = m0; m < m1; m++) {
-                float x = ref_block_elem(a, dtype, states[m - m0], m, k);
+                float x = ref_block_value(job, states[m - m0], m, k);
                 codes[(uint64_t)k * a->rows + m] = qt_block_quantize(x, scale, a->fp8);
             }
         }
     }
 }
 
-static void ref_block_cast_1d(const quant_block_args *a, uint32_t dtype) {
-    ref_block_job job = {a, dtype, qt_block_active_rows(&a->group, a->rows)};
+static void ref_block_cast_1d(const quant_block_args *a, uint32_t dtype,
+                              const quant_block_act_args *act, bool backward) {
+    ref_block_job job = {a, dtype, qt_block_active_rows(&a->group, a->rows), act, backward};
     if (a->directions & QT_BLOCK_ROWWISE) {
         pool_for(job.active, ref_task_rows(a->cols), ref_block_cast_1d_rowwise, &job);
     }
@@ -140,19 +156,29 @@ POOL_CPU_CLONES static void ref_block_cast_2d_rows(void *ctx, uint64_t b_begin, 
 }
 
 static void ref_block_cast_2d(const quant_block_args *a, uint32_t dtype) {
-    ref_block_job job = {a, dtype, qt_block_active_rows(&a->group, a->rows)};
+    ref_block_job job = {a, dtype, qt_block_active_rows(&a->group, a->rows), NULL, false};
     pool_for(ref_block_count(job.active), ref_task_rows((uint64_t)REF_BLOCK * a->cols),
              ref_block_cast_2d_rows, &job);
 }
 
 void ref_qt_quant_block_1d_bf16(const quant_block_args *a, const launch_shape *shape) {
     (void)shape;
-    ref_block_cast_1d(a, QT_DTYPE_BF16);
+    ref_block_cast_1d(a, QT_DTYPE_BF16, NULL, false);
 }
 
 void ref_qt_quant_block_1d_f32(const quant_block_args *a, const launch_shape *shape) {
     (void)shape;
-    ref_block_cast_1d(a, QT_DTYPE_F32);
+    ref_block_cast_1d(a, QT_DTYPE_F32, NULL, false);
+}
+
+void ref_qt_quant_block_act_fwd(const quant_block_act_args *a, const launch_shape *shape) {
+    (void)shape;
+    ref_block_cast_1d(&a->cast, QT_DTYPE_BF16, a, false);
+}
+
+void ref_qt_quant_block_act_bwd(const quant_block_act_args *a, const launch_shape *shape) {
+    (void)shape;
+    ref_block_cast_1d(&a->cast, QT_DTYPE_BF16, a, true);
 }
 
 void ref_qt_quant_block_2d_bf16(const quant_block_args *a, const launch_shape *shape) {
