@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "runtime/backend/backend.h"
+#include "runtime/ops/op_act.h"  // op_act_forward, op_act_backward (rig_act_bf16)
 
 // Tables of test programs and arenas (runtime/program/program.h, arena/arena.h) are sized
 // generously instead of from a model: RIG_OPS ops, RIG_REGIONS regions, from malloc, one allocation
@@ -163,5 +164,17 @@ static inline void rig_close(rig *r) {
         CHECK(rig_status_ == QT_OK, "%s: %s", qt_status_name(rig_status_),           \
               qt_error_message());                                                    \
     } while (0)
+
+// The activation of BF16 x into BF16 y, rows x cols, without bias or amax (backward: its input
+// gradient from BF16 dy): the stored tensor that the activation casts' tests cast on their own.
+static inline qt_status rig_act_bf16(rig *r, uint32_t act, bool backward, uint32_t rows,
+                                     uint32_t cols, prog_ref x, prog_ref dy, prog_ref y) {
+    op_act_tensor xt = {x, QT_DTYPE_BF16}, dyt = {dy, QT_DTYPE_BF16}, yt = {y, QT_DTYPE_BF16};
+    if (backward) {
+        return op_act_backward(&r->prog, "act", act, rows, cols, xt, OP_ACT_NONE, dyt, yt,
+                               OP_REF_NONE);
+    }
+    return op_act_forward(&r->prog, "act", act, rows, cols, xt, OP_ACT_NONE, yt, OP_REF_NONE);
+}
 
 #endif  // QT_TEST_RIG_H

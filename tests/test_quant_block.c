@@ -5,7 +5,6 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "runtime/ops/op_act.h"          // op_act_forward, op_act_backward
 #include "runtime/ops/op_core.h"         // op_fill_random
 #include "runtime/ops/op_quant_block.h"  // op_quant_block, op_dequant_block
 #include "tests/rig.h"
@@ -1157,14 +1156,7 @@ static void act_build(rig *r, uint32_t rows, uint32_t cols, const act_mode *md, 
         h->col_si[w] = rig_reserve(r, w ? "col_si_fused" : "col_si", h->col_si_bytes);
     }
     prog_ref x = rig_ref(r, h->x, 0), dy = rig_ref(r, h->dy, 0), y = rig_ref(r, h->y, 0);
-    op_act_tensor xt = {x, QT_DTYPE_BF16}, dyt = {dy, QT_DTYPE_BF16}, yt = {y, QT_DTYPE_BF16};
-    if (md->backward) {
-        RIG_OK(op_act_backward(&r->prog, "act", md->act, rows, cols, xt, OP_ACT_NONE, dyt, yt,
-                               OP_REF_NONE));
-    } else {
-        RIG_OK(op_act_forward(&r->prog, "act", md->act, rows, cols, xt, OP_ACT_NONE, yt,
-                              OP_REF_NONE));
-    }
+    RIG_OK(rig_act_bf16(r, md->act, md->backward, rows, cols, x, dy, y));
     op_block_options o = {md->fp32_scales, 0.0f};
     op_block_tensor t0 = act_tensor(r, h, rows, cols, md, 0);
     op_block_tensor t1 = act_tensor(r, h, rows, cols, md, 1);

@@ -4,7 +4,6 @@
 // the same programs on both backends, every output compared byte for byte (SKIP without a GPU).
 #include <math.h>
 
-#include "runtime/ops/op_act.h"          // op_act_forward, op_act_backward
 #include "runtime/ops/op_core.h"         // op_fill_random
 #include "runtime/ops/op_quant_block.h"  // op_quant_block: 128 x 128 tiles, transposed
 #include "runtime/ops/op_quant_fp8.h"    // op_fp8_*
@@ -1586,14 +1585,7 @@ static void t_act_cast_build(rig *r, uint32_t rows, uint32_t cols, const t_act_c
         h->amax[w] = rig_reserve(r, w ? "amax_fused" : "amax", 4);
     }
     prog_ref x = rig_ref(r, h->x, 0), dy = rig_ref(r, h->dy, 0), y = rig_ref(r, h->y, 0);
-    op_act_tensor xt = {x, QT_DTYPE_BF16}, dyt = {dy, QT_DTYPE_BF16}, yt = {y, QT_DTYPE_BF16};
-    if (md->backward) {
-        RIG_OK(op_act_backward(&r->prog, "act", md->act, rows, cols, xt, OP_ACT_NONE, dyt, yt,
-                               OP_FP8_NONE));
-    } else {
-        RIG_OK(op_act_forward(&r->prog, "act", md->act, rows, cols, xt, OP_ACT_NONE, yt,
-                              OP_FP8_NONE));
-    }
+    RIG_OK(rig_act_bf16(r, md->act, md->backward, rows, cols, x, dy, y));
     op_fp8_output out[2];
     for (int w = 0; w < 2; w++) {
         out[w] = (op_fp8_output){md->fp8, rig_ref(r, h->row[w], 0),

@@ -28,6 +28,29 @@ static kernel_id op_block_cast_kernel(bool two_d, uint32_t in_dtype) {
     return in_dtype == QT_DTYPE_BF16 ? KERNEL_QUANT_BLOCK_1D_BF16 : KERNEL_QUANT_BLOCK_1D_F32;
 }
 
+// Declares the enabled directions of t on op, whose args hold a quant_block_args at byte `at`.
+static qt_status op_block_use_outputs(program *p, uint32_t op, uint32_t at,
+                                      const op_block_tensor *t) {
+    uint64_t elems = (uint64_t)t->rows * t->cols;
+    if (t->rowwise) {
+        QT_TRY(prog_use_span(p, op, at + offsetof(quant_block_args, row_codes), t->row_codes,
+                             elems, PROG_WRITE));
+        QT_TRY(prog_use_span(p, op, at + offsetof(quant_block_args, row_scale_inv),
+                             t->row_scale_inv,
+                             4 * op_block_scale_count(t->rows, t->cols, t->two_d, false),
+                             PROG_WRITE));
+    }
+    if (t->colwise) {
+        QT_TRY(prog_use_span(p, op, at + offsetof(quant_block_args, col_codes), t->col_codes,
+                             elems, PROG_WRITE));
+        QT_TRY(prog_use_span(p, op, at + offsetof(quant_block_args, col_scale_inv),
+                             t->col_scale_inv,
+                             4 * op_block_scale_count(t->rows, t->cols, t->two_d, true),
+                             PROG_WRITE));
+    }
+    return QT_OK;
+}
+
 qt_status op_quant_block(program *p, const char *name, prog_ref input, uint32_t in_dtype,
                          const op_block_tensor *t, const op_block_options *options) {
     QT_ASSERT(in_dtype == QT_DTYPE_BF16 || in_dtype == QT_DTYPE_F32);
@@ -49,20 +72,7 @@ qt_status op_quant_block(program *p, const char *name, prog_ref input, uint32_t 
     uint64_t elems = (uint64_t)t->rows * t->cols;
     QT_TRY(prog_use_span(p, op, offsetof(quant_block_args, input), input,
                         elems * (in_dtype == QT_DTYPE_BF16 ? 2 : 4), PROG_READ));
-    if (t->rowwise) {
-        QT_TRY(prog_use_span(p, op, offsetof(quant_block_args, row_codes), t->row_codes, elems,
-                            PROG_WRITE));
-        QT_TRY(prog_use_span(p, op, offsetof(quant_block_args, row_scale_inv), t->row_scale_inv,
-                            4 * op_block_scale_count(t->rows, t->cols, t->two_d, false),
-                            PROG_WRITE));
-    }
-    if (t->colwise) {
-        QT_TRY(prog_use_span(p, op, offsetof(quant_block_args, col_codes), t->col_codes, elems,
-                            PROG_WRITE));
-        QT_TRY(prog_use_span(p, op, offsetof(quant_block_args, col_scale_inv), t->col_scale_inv,
-                            4 * op_block_scale_count(t->rows, t->cols, t->two_d, true),
-                            PROG_WRITE));
-    }
+    QT_TRY(op_block_use_outputs(p, op, 0, t));
     return op_group_use(p, op, offsetof(quant_block_args, group), &t->group);
 }
 
@@ -104,23 +114,7 @@ qt_status op_quant_block_act(program *p, const char *name, uint32_t act, bool ba
         QT_TRY(prog_use_span(p, op, offsetof(quant_block_act_args, dy), dy, 2 * elems,
                              PROG_READ));
     }
-    if (t->rowwise) {
-        QT_TRY(prog_use_span(p, op, offsetof(quant_block_act_args, cast.row_codes), t->row_codes,
-                             elems, PROG_WRITE));
-        QT_TRY(prog_use_span(p, op, offsetof(quant_block_act_args, cast.row_scale_inv),
-                             t->row_scale_inv, 4 * op_block_scale_count(t->rows, t->cols, false,
-                                                                        false),
-                             PROG_WRITE));
-    }
-    if (t->colwise) {
-        QT_TRY(prog_use_span(p, op, offsetof(quant_block_act_args, cast.col_codes), t->col_codes,
-                             elems, PROG_WRITE));
-        QT_TRY(prog_use_span(p, op, offsetof(quant_block_act_args, cast.col_scale_inv),
-                             t->col_scale_inv, 4 * op_block_scale_count(t->rows, t->cols, false,
-                                                                        true),
-                             PROG_WRITE));
-    }
-    return QT_OK;
+    return op_block_use_outputs(p, op, (uint32_t)offsetof(quant_block_act_args, cast), t);
 }
 
 qt_status op_dequant_block(program *p, const char *name, const op_block_tensor *t, bool colwise,
