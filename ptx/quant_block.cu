@@ -259,6 +259,38 @@ __device__ __forceinline__ void qb_partials_warp(const qb_tile &t, const float (
     }
 }
 
+// BF16 row and column maxima of |x| over the thread's 8 x 8 block, two elements an operation:
+// the sign bits cleared in the packed words, then max.bf16x2, which returns the other operand
+// for a NaN as fmaxf does. A maximum of BF16 values is one of them, so each partial is the FP32
+// path's bits, except that a row or column of NaNs only gives NaN where that path gives +0:
+// every later step (the warp's and the tile's fmaxf, from +0 in qb_scales) drops it alike.
+// About half the instructions of unpacking each element to FP32 (the casts are issue-bound).
+__device__ __forceinline__ uint32_t qb_bf16x2_max(uint32_t a, uint32_t b) {
+    uint32_t m;
+    asm("max.bf16x2 %0, %1, %2;\n" : "=r"(m) : "r"(a), "r"(b));
+    return m;
+}
+__device__ __forceinline__ void qb_partials_bf16x2(const uint32_t (&x)[8][4], float (&rp)[8],
+                                                   float (&cp)[8]) {
+    uint32_t col[4];  // word k: the maxima of columns 2k (low half) and 2k + 1
+#pragma unroll
+    for (uint32_t i = 0; i < 8; i++) {
+        uint32_t a[4];
+#pragma unroll
+        for (uint32_t k = 0; k < 4; k++) {
+            a[k] = x[i][k] & 0x7FFF7FFFu;
+            col[k] = i == 0 ? a[k] : qb_bf16x2_max(col[k], a[k]);
+        }
+        uint32_t row = qb_bf16x2_max(qb_bf16x2_max(a[0], a[1]), qb_bf16x2_max(a[2], a[3]));
+        rp[i] = fmaxf(__uint_as_float(row << 16), __uint_as_float(row & 0xFFFF0000u));
+    }
+#pragma unroll
+    for (uint32_t k = 0; k < 4; k++) {
+        cp[2 * k] = __uint_as_float(col[k] << 16);
+        cp[2 * k + 1] = __uint_as_float(col[k] & 0xFFFF0000u);
+    }
+}
+
 // Partial amaxes of the thread's 8 x 8 block into shared memory (1-D: per row and per column;
 // 2-D: one per warp). |x| is taken on the bits; fmaxf ignores NaN like qt_block_amax_step.
 template <typename T, bool TWO_D, bool STAGED>
@@ -266,16 +298,20 @@ __device__ __forceinline__ void qb_partials(const qb_tile &t,
                                             const uint32_t (&x)[8][qb_in<T>::WORDS],
                                             qb_smem<TWO_D, STAGED> &sm) {
     float rp[8], cp[8];
+    if constexpr (qb_in<T>::DTYPE == QT_DTYPE_BF16) {
+        qb_partials_bf16x2(x, rp, cp);
+    } else {
 #pragma unroll
-    for (uint32_t j = 0; j < 8; j++) cp[j] = 0.0f;
+        for (uint32_t j = 0; j < 8; j++) cp[j] = 0.0f;
 #pragma unroll
-    for (uint32_t i = 0; i < 8; i++) {
-        rp[i] = 0.0f;
+        for (uint32_t i = 0; i < 8; i++) {
+            rp[i] = 0.0f;
 #pragma unroll
-        for (uint32_t j = 0; j < 8; j++) {
-            float v = __uint_as_float(__float_as_uint(qb_elem<T>(x[i], j)) & QT_F32_ABS);
-            rp[i] = fmaxf(rp[i], v);
-            cp[j] = fmaxf(cp[j], v);
+            for (uint32_t j = 0; j < 8; j++) {
+                float v = __uint_as_float(__float_as_uint(qb_elem<T>(x[i], j)) & QT_F32_ABS);
+                rp[i] = fmaxf(rp[i], v);
+                cp[j] = fmaxf(cp[j], v);
+            }
         }
     }
     if constexpr (TWO_D) {
@@ -634,38 +670,50 @@ extern "C" __global__ void __launch_bounds__(QB_THREADS, 2)
 // stored y. A block runs many tiles, so its table (4096 exact evaluations) is paid once.
 
 #define QB_ACT_VECTORS (QB_TILE * QB_TILE / 8u / QB_THREADS)  // 16-byte vectors a thread stages
-#define QB_ACT_BATCH 4u  // of them loaded at once (x and dy in registers together)
 
 // y's words of the tile into sm.tile (the staged layout of qb_stage_tile: vector q is tile row
 // q / 16, columns 8 (q % 16) .. + 7); vectors outside the matrix are zeros. cols % 8 == 0, so a
-// vector lies wholly inside or wholly outside.
+// vector lies wholly inside or wholly outside. The tile's x (backward: dy) is copied into sm.tile
+// first without registers, as the plain staged cast copies its input, and each vector is turned
+// into y in place; backward loads x into registers beside the copies. Loaded through registers
+// in batches of four, x and dy held the kernels at 72 and 80 registers, three blocks an SM; so
+// they fit 64 and four. A thread rewrites only the vectors it copied, so its own
+// cp.async.wait_all is the only ordering needed.
 template <bool kBackward>
 __device__ __forceinline__ void qb_act_stage(const quant_block_act_args &a, const qb_tile &t,
                                              const float *table, qb_smem<false, true> &sm) {
     const quant_block_args &c = a.cast;
     const uint4 *x = (const uint4 *)c.input, *dy = (const uint4 *)a.dy;
+    const uint4 *copied = kBackward ? dy : x;
+    uint32_t inside = 0;
 #pragma unroll
-    for (uint32_t b = 0; b < QB_ACT_VECTORS; b += QB_ACT_BATCH) {
-        uint4 xw[QB_ACT_BATCH], dw[QB_ACT_BATCH];
-        uint32_t inside = 0;
+    for (uint32_t n = 0; n < QB_ACT_VECTORS; n++) {
+        const uint32_t q = threadIdx.x + QB_THREADS * n;
+        const uint32_t m = t.m0 + q / 16u, k = t.k0 + 8u * (q % 16u);
+        const bool ok = m < c.rows && k < c.cols;
+        inside |= (ok ? 1u : 0u) << n;
+        qb_cp_async16(&sm.tile[q / 16u][q % 16u],
+                      copied + (ok ? ((uint64_t)m * c.cols + k) / 8u : 0u), ok ? 16u : 0u);
+    }
+    uint4 xw[QB_ACT_VECTORS];
 #pragma unroll
-        for (uint32_t n = 0; n < QB_ACT_BATCH; n++) {
-            const uint32_t q = threadIdx.x + QB_THREADS * (b + n);
-            const uint32_t m = t.m0 + q / 16u, k = t.k0 + 8u * (q % 16u);
-            xw[n] = dw[n] = make_uint4(0u, 0u, 0u, 0u);
-            if (m >= c.rows || k >= c.cols) continue;
-            inside |= 1u << n;
-            const uint64_t at = ((uint64_t)m * c.cols + k) / 8u;
-            xw[n] = __ldg(x + at);
-            if (kBackward) dw[n] = __ldg(dy + at);
+    for (uint32_t n = 0; n < QB_ACT_VECTORS && kBackward; n++) {
+        const uint32_t q = threadIdx.x + QB_THREADS * n;
+        const uint32_t m = t.m0 + q / 16u, k = t.k0 + 8u * (q % 16u);
+        xw[n] = make_uint4(0u, 0u, 0u, 0u);
+        if ((inside >> n) & 1u) xw[n] = __ldg(x + ((uint64_t)m * c.cols + k) / 8u);
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+#pragma unroll
+    for (uint32_t n = 0; n < QB_ACT_VECTORS; n++) {
+        const uint32_t q = threadIdx.x + QB_THREADS * n;
+        uint4 &v = sm.tile[q / 16u][q % 16u];
+        uint4 y = make_uint4(0u, 0u, 0u, 0u);
+        if ((inside >> n) & 1u) {
+            y = kBackward ? qt_act_table_words<true>(a.act, table, xw[n], v)
+                          : qt_act_table_words<false>(a.act, table, v, y);
         }
-#pragma unroll
-        for (uint32_t n = 0; n < QB_ACT_BATCH; n++) {
-            const uint32_t q = threadIdx.x + QB_THREADS * (b + n);
-            uint4 y = make_uint4(0u, 0u, 0u, 0u);
-            if ((inside >> n) & 1u) y = qt_act_table_words<kBackward>(a.act, table, xw[n], dw[n]);
-            sm.tile[q / 16u][q % 16u] = y;
-        }
+        v = y;
     }
 }
 
@@ -710,8 +758,8 @@ __device__ __forceinline__ void qb_act_cast(const quant_block_act_args &a) {
     }
 }
 
-// Three blocks an SM: 37 KiB of static and 16 KiB of dynamic shared memory each, and up to 80
-// registers (backward holds four vectors of x and of dy).
+// Four blocks an SM: 37 KiB of static and 16 KiB of dynamic shared memory each (216 KiB), and
+// 64 registers.
 extern "C" __global__ void __launch_bounds__(QB_THREADS, QT_BLOCK_ACT_BLOCKS_PER_SM)
     qt_quant_block_act_fwd(const __grid_constant__ quant_block_act_args args) {
     qt_grid_enter();

@@ -75,7 +75,7 @@ typedef struct quant_block_act_args {
 QT_STATIC_ASSERT(sizeof(quant_block_act_args) == 104, "quant_block_act_args layout");
 
 #define QT_BLOCK_ACT_TABLE_BYTES (4u * QT_ACT_LUT_ENTRIES)
-#define QT_BLOCK_ACT_BLOCKS_PER_SM 3u  // the kernels' __launch_bounds__ minimum
+#define QT_BLOCK_ACT_BLOCKS_PER_SM 4u  // the kernels' __launch_bounds__ minimum
 
 typedef struct dequant_block_args {
     uint64_t codes;      // rowwise u8 [rows][cols], or columnwise u8 [cols][rows]
