@@ -662,10 +662,10 @@ extern "C" __global__ void __launch_bounds__(QB_THREADS, 2)
 }
 
 // ---------------------------------------------------------------------------------------------
-// An activation and the 1-D cast of its output (quant_block_act_args). Per tile, the x (and dy)
-// vectors that a thread would stage are loaded into registers, turned into y's BF16 words
-// through the block's table (ptx/act_math.h, qt_act_table_words: act.cu's values and rounding)
-// and stored into the shared tile, where the staged cast finds its input; from there on it is
+// An activation and the 1-D cast of its output (quant_block_act_args). Per tile, the vectors
+// that a thread stages are turned into y's BF16 words through the block's table
+// (ptx/act_math.h, qt_act_table_words: act.cu's values and rounding) inside the shared tile,
+// where the staged cast finds its input (qb_act_stage); from there on it is
 // qb_cast_staged_tile itself, so the codes and scales are qt_quant_block_1d_bf16's for the
 // stored y. A block runs many tiles, so its table (4096 exact evaluations) is paid once.
 

@@ -11,6 +11,7 @@
 
 #include "runtime/backend/backend.h"
 #include "runtime/ops/op_act.h"  // op_act_forward, op_act_backward (rig_act_bf16)
+#include "tests/test.h"          // test_skip (rig_pair_close)
 
 // Tables of test programs and arenas (runtime/program/program.h, arena/arena.h) are sized
 // generously instead of from a model: RIG_OPS ops, RIG_REGIONS regions, from malloc, one allocation
@@ -164,6 +165,32 @@ static inline void rig_close(rig *r) {
         CHECK(rig_status_ == QT_OK, "%s: %s", qt_status_name(rig_status_),           \
               qt_error_message());                                                    \
     } while (0)
+
+// Both backends' rigs for a test that runs one program on each and compares them: the GPU's
+// (on_gpu false, with why, when there is none) and the reference backend's. Large: off the stack.
+typedef struct rig_pair {
+    rig *gpu, *ref;
+    bool on_gpu;
+    const char *why;
+} rig_pair;
+
+static inline void rig_pair_open(rig_pair *r) {
+    r->gpu = calloc(1, sizeof *r->gpu);
+    r->ref = calloc(1, sizeof *r->ref);
+    r->why = NULL;
+    r->on_gpu = rig_open(r->gpu, BACKEND_GPU, &r->why);
+    const char *ref_why = NULL;
+    rig_open(r->ref, BACKEND_REF, &ref_why);
+}
+
+// Closes both; without a GPU, `gpu_case` is reported skipped with the reason.
+static inline void rig_pair_close(rig_pair *r, const char *gpu_case) {
+    if (r->on_gpu) rig_close(r->gpu);
+    rig_close(r->ref);
+    free(r->gpu);
+    free(r->ref);
+    if (!r->on_gpu) test_skip(gpu_case, r->why);
+}
 
 // The activation of BF16 x into BF16 y, rows x cols, without bias or amax (backward: its input
 // gradient from BF16 dy): the stored tensor that the activation casts' tests cast on their own.

@@ -1217,10 +1217,10 @@ static void test_act_cast(void) {
     };
     const size_t n_shapes = sizeof shapes / sizeof shapes[0];
     const size_t n_modes = sizeof modes / sizeof modes[0];
-    rig *gpu = calloc(1, sizeof *gpu), *ref = calloc(1, sizeof *ref);
-    const char *why = NULL, *ref_why = NULL;
-    bool on_gpu = rig_open(gpu, BACKEND_GPU, &why);
-    rig_open(ref, BACKEND_REF, &ref_why);
+    rig_pair rigs;
+    rig_pair_open(&rigs);
+    rig *gpu = rigs.gpu, *ref = rigs.ref;
+    bool on_gpu = rigs.on_gpu;
     test_begin("block_act_cast_equals_act_then_cast");
     uint64_t state = 23;
     for (size_t i = 0; i < n_shapes * 2; i++) {
@@ -1257,11 +1257,7 @@ static void test_act_cast(void) {
         free(dy);
     }
     test_end();
-    if (on_gpu) rig_close(gpu);
-    rig_close(ref);
-    free(gpu);
-    free(ref);
-    if (!on_gpu) test_skip("gpu_block_act_cast_matches_ref", why);
+    rig_pair_close(&rigs, "gpu_block_act_cast_matches_ref");
 }
 
 int main(void) {

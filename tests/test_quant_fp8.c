@@ -1412,32 +1412,6 @@ static void test_gpu_delayed_states(void) {
     test_end();
 }
 
-// Both backends' rigs for a test that runs one program on each and compares them: the GPU's
-// (on_gpu false, with why, when there is none) and the reference backend's. Large: off the stack.
-typedef struct t_rig_pair {
-    rig *gpu, *ref;
-    bool on_gpu;
-    const char *why;
-} t_rig_pair;
-
-static void t_rig_pair_open(t_rig_pair *r) {
-    r->gpu = calloc(1, sizeof *r->gpu);
-    r->ref = calloc(1, sizeof *r->ref);
-    r->why = NULL;
-    r->on_gpu = rig_open(r->gpu, BACKEND_GPU, &r->why);
-    const char *ref_why = NULL;
-    rig_open(r->ref, BACKEND_REF, &ref_why);
-}
-
-// Closes both; without a GPU, `gpu_case` is reported skipped with the reason.
-static void t_rig_pair_close(t_rig_pair *r, const char *gpu_case) {
-    if (r->on_gpu) rig_close(r->gpu);
-    rig_close(r->ref);
-    free(r->gpu);
-    free(r->ref);
-    if (!r->on_gpu) test_skip(gpu_case, r->why);
-}
-
 // The transpose of rowwise codes (op_fp8_transpose) equals the columnwise codes the cast wrote
 // beside them, byte for byte, on each backend, and the GPU's equals the reference backend's:
 // per-tensor current scaling, and FP8 block scaling's 128 x 128 tiles with the tile scales
@@ -1516,8 +1490,8 @@ static void test_transpose_equals_cast_columns(void) {
     static const uint32_t shapes[][2] = {{1, 1},     {7, 13},     {64, 128},  {65, 129},
                                          {128, 72},  {200, 1000}, {3000, 520}, {1024, 4096},
                                          {4096, 1024}};
-    t_rig_pair rigs;
-    t_rig_pair_open(&rigs);
+    rig_pair rigs;
+    rig_pair_open(&rigs);
     rig *gpu = rigs.gpu, *ref = rigs.ref;
     test_begin("transpose_equals_cast_columns");
     uint64_t state = 7;
@@ -1549,7 +1523,7 @@ static void test_transpose_equals_cast_columns(void) {
         free(x);
     }
     test_end();
-    t_rig_pair_close(&rigs, "gpu_transpose_matches_ref");
+    rig_pair_close(&rigs, "gpu_transpose_matches_ref");
 }
 
 // The activation and the cast of its output in one pass (op_fp8_act_*) against the activation
@@ -1664,8 +1638,8 @@ static void test_act_cast_equals_act_then_cast(void) {
     };
     const size_t n_shapes = sizeof shapes / sizeof shapes[0];
     const size_t n_modes = sizeof modes / sizeof modes[0];
-    t_rig_pair rigs;
-    t_rig_pair_open(&rigs);
+    rig_pair rigs;
+    rig_pair_open(&rigs);
     rig *gpu = rigs.gpu, *ref = rigs.ref;
     test_begin("act_cast_equals_act_then_cast");
     uint64_t state = 19;
@@ -1701,7 +1675,7 @@ static void test_act_cast_equals_act_then_cast(void) {
         free(dy);
     }
     test_end();
-    t_rig_pair_close(&rigs, "gpu_act_cast_matches_ref");
+    rig_pair_close(&rigs, "gpu_act_cast_matches_ref");
 }
 
 // The forward amax from x's maximum slot (fp8_act_cast_args.x_max, which a GEMM fills: gemm.h
@@ -1754,8 +1728,8 @@ static void test_act_amax_from_max(void) {
     };
     const uint32_t rows = 300, cols = 136;
     const uint64_t elems = (uint64_t)rows * cols;
-    t_rig_pair rigs;
-    t_rig_pair_open(&rigs);
+    rig_pair rigs;
+    rig_pair_open(&rigs);
     test_begin("act_amax_from_max_equals_the_pass");
     uint16_t *x = malloc(elems * 2);
     uint64_t state = 23;
@@ -1791,7 +1765,7 @@ static void test_act_amax_from_max(void) {
     }
     free(x);
     test_end();
-    t_rig_pair_close(&rigs, "gpu_act_amax_from_max_matches_ref");
+    rig_pair_close(&rigs, "gpu_act_amax_from_max_matches_ref");
 }
 
 int main(void) {

@@ -28,25 +28,28 @@ static kernel_id op_block_cast_kernel(bool two_d, uint32_t in_dtype) {
     return in_dtype == QT_DTYPE_BF16 ? KERNEL_QUANT_BLOCK_1D_BF16 : KERNEL_QUANT_BLOCK_1D_F32;
 }
 
+// Declares one direction's codes and scale_inv (at args bytes codes_at and scales_at) on op.
+static qt_status op_block_use_direction(program *p, uint32_t op, const op_block_tensor *t,
+                                        bool colwise, uint32_t codes_at, uint32_t scales_at) {
+    QT_TRY(prog_use_span(p, op, codes_at, colwise ? t->col_codes : t->row_codes,
+                         (uint64_t)t->rows * t->cols, PROG_WRITE));
+    return prog_use_span(p, op, scales_at, colwise ? t->col_scale_inv : t->row_scale_inv,
+                         4 * op_block_scale_count(t->rows, t->cols, t->two_d, colwise),
+                         PROG_WRITE);
+}
+
 // Declares the enabled directions of t on op, whose args hold a quant_block_args at byte `at`.
 static qt_status op_block_use_outputs(program *p, uint32_t op, uint32_t at,
                                       const op_block_tensor *t) {
-    uint64_t elems = (uint64_t)t->rows * t->cols;
     if (t->rowwise) {
-        QT_TRY(prog_use_span(p, op, at + offsetof(quant_block_args, row_codes), t->row_codes,
-                             elems, PROG_WRITE));
-        QT_TRY(prog_use_span(p, op, at + offsetof(quant_block_args, row_scale_inv),
-                             t->row_scale_inv,
-                             4 * op_block_scale_count(t->rows, t->cols, t->two_d, false),
-                             PROG_WRITE));
+        QT_TRY(op_block_use_direction(p, op, t, false,
+                                      at + (uint32_t)offsetof(quant_block_args, row_codes),
+                                      at + (uint32_t)offsetof(quant_block_args, row_scale_inv)));
     }
     if (t->colwise) {
-        QT_TRY(prog_use_span(p, op, at + offsetof(quant_block_args, col_codes), t->col_codes,
-                             elems, PROG_WRITE));
-        QT_TRY(prog_use_span(p, op, at + offsetof(quant_block_args, col_scale_inv),
-                             t->col_scale_inv,
-                             4 * op_block_scale_count(t->rows, t->cols, t->two_d, true),
-                             PROG_WRITE));
+        QT_TRY(op_block_use_direction(p, op, t, true,
+                                      at + (uint32_t)offsetof(quant_block_args, col_codes),
+                                      at + (uint32_t)offsetof(quant_block_args, col_scale_inv)));
     }
     return QT_OK;
 }

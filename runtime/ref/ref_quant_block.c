@@ -36,17 +36,22 @@ typedef struct ref_block_job {
     bool backward;
 } ref_block_job;
 
-// Element (m, k) of what the job casts: the input's, or with an activation y as the act twins
-// store it (BF16; the table's values are qt_act_lut_value's).
+// Element (m, k) of what the job casts: the input's, or with an activation y as the activation
+// ops store it (qt_act_forward / qt_act_backward rounded to BF16).
 static float ref_block_value(const ref_block_job *job, uint32_t state, uint32_t m, uint32_t k) {
     const quant_block_args *a = job->a;
     if (!job->act) return ref_block_elem(a, job->dtype, state, m, k);
     if (state != QT_BLOCK_ROW_VALID) return 0.0f;
     uint64_t i = (uint64_t)m * a->cols + k;
     float x = qt_bf16_to_f32(REF_PTR(const uint16_t, a->input)[i]);
-    float f = qt_act_lut_value(job->act->act, job->backward, x);
-    if (job->backward) f = qt_bf16_to_f32(REF_PTR(const uint16_t, job->act->dy)[i]) * f;
-    return qt_bf16_to_f32(qt_f32_to_bf16(f));
+    float y;
+    if (job->backward) {
+        float dy = qt_bf16_to_f32(REF_PTR(const uint16_t, job->act->dy)[i]);
+        y = qt_act_backward(job->act->act, x, dy);
+    } else {
+        y = qt_act_forward(job->act->act, x);
+    }
+    return qt_bf16_to_f32(qt_f32_to_bf16(y));
 }
 
 // Rows [m_begin, m_end).
