@@ -196,19 +196,31 @@ __device__ __forceinline__ void mx_col_amax(const mx_tile_f32 &t, float amax[8],
 // ---------------------------------------------------------------------------------------------
 // Stores.
 
-// Up to 8 bytes at dst: one 8-byte store when `vec` (aligned, all 8 in range), else in_range
-// single bytes.
-__device__ __forceinline__ void mx_store8(uint8_t *dst, uint2 bytes, uint32_t in_range,
-                                          bool vec) {
+// Up to 8 elements (bytes or BF16 values, element 0 in the low bits of w[0]) at dst: one 8- or
+// 16-byte store when `vec` (aligned, all 8 in range), else in_range single elements.
+template <typename E>
+__device__ __forceinline__ void mx_store_elems8(E *dst, const uint32_t (&w)[2 * sizeof(E)],
+                                                uint32_t in_range, bool vec) {
+    constexpr uint32_t kPerWord = 4u / sizeof(E);
     if (vec) {
-        *(uint2 *)dst = bytes;
+        if constexpr (sizeof(E) == 1) {
+            *(uint2 *)dst = make_uint2(w[0], w[1]);
+        } else {
+            *(uint4 *)dst = make_uint4(w[0], w[1], w[2], w[3]);
+        }
         return;
     }
 #pragma unroll
     for (uint32_t j = 0; j < 8; j++) {
-        uint32_t word = j < 4 ? bytes.x : bytes.y;
-        if (j < in_range) dst[j] = (uint8_t)(word >> (8 * (j & 3)));
+        if (j < in_range) dst[j] = (E)(w[j / kPerWord] >> (8 * sizeof(E) * (j % kPerWord)));
     }
+}
+
+// Eight bytes (codes, or scale bytes) through mx_store_elems8.
+__device__ __forceinline__ void mx_store8(uint8_t *dst, uint2 bytes, uint32_t in_range,
+                                          bool vec) {
+    const uint32_t w[2] = {bytes.x, bytes.y};
+    mx_store_elems8<uint8_t>(dst, w, in_range, vec);
 }
 
 // The E8M0 scale byte back from its multiplier 2^(127 - e) (qt_e8m0_inv_f32): e = 254 - the
@@ -219,27 +231,13 @@ __device__ __forceinline__ uint32_t mx_e_of_mult(float mult) {
     return bits == QT_F32_ABS ? 0xFFu : 254u - (bits >> 23);
 }
 
-// Up to 8 BF16 values at dst: one 16-byte store when `vec`, else in_range single ones.
-__device__ __forceinline__ void mx_store_values8(uint16_t *dst, uint4 v, uint32_t in_range,
-                                                 bool vec) {
-    if (vec) {
-        *(uint4 *)dst = v;
-        return;
-    }
-#pragma unroll
-    for (uint32_t j = 0; j < 8; j++) {
-        uint32_t word = j < 2 ? v.x : j < 4 ? v.y : j < 6 ? v.z : v.w;
-        if (j < in_range) dst[j] = (uint16_t)(word >> (16 * (j & 1u)));
-    }
-}
-
 // A row's 8 codes (element 0 in the low byte of word0) as their 8 BF16 values, through the
 // dequantize kernel's decode (gemm_decode.h): rowwise with the row's scale, columnwise with each
 // column's scale byte (col_e, column 0 in the low byte). The decode's rounding path serves every
 // scale, so no branch on the scale's range.
 template <bool kE5M2, bool kRowwise>
-__device__ __forceinline__ uint4 mx_values8(uint32_t word0, uint32_t word1, float row_scale,
-                                            uint2 col_e) {
+__device__ __forceinline__ void mx_values8(uint32_t word0, uint32_t word1, float row_scale,
+                                           uint2 col_e, uint32_t (&values)[4]) {
     uint32_t w[8];
     const uint4 codes = make_uint4(word0, word1, 0u, 0u);
     if constexpr (kRowwise) {
@@ -247,7 +245,8 @@ __device__ __forceinline__ uint4 mx_values8(uint32_t word0, uint32_t word1, floa
     } else {
         gemm_decode_mxfp8_col<8, kE5M2, false>(codes, make_uint4(col_e.x, col_e.y, 0u, 0u), w);
     }
-    return make_uint4(w[0], w[1], w[2], w[3]);
+#pragma unroll
+    for (int i = 0; i < 4; i++) values[i] = w[i];
 }
 
 // The lane's codes of one direction: row i uses mult[i] (rowwise) or column j uses mult[j]
@@ -279,9 +278,9 @@ __device__ __forceinline__ void mx_codes(const Tile &t, const float mult[8], uin
         uint64_t at = (uint64_t)row * cols + l.col0;
         if constexpr (kValues) {
             float row_scale = kRowwise ? qt_e8m0_to_f32((uint8_t)mx_e_of_mult(mult[i])) : 0.0f;
-            mx_store_values8((uint16_t *)out + at,
-                             mx_values8<kE5M2, kRowwise>(word[0], word[1], row_scale, col_e),
-                             in_range, vec);
+            uint32_t values[4];
+            mx_values8<kE5M2, kRowwise>(word[0], word[1], row_scale, col_e, values);
+            mx_store_elems8<uint16_t>((uint16_t *)out + at, values, in_range, vec);
         } else {
             mx_store8((uint8_t *)out + at, make_uint2(word[0], word[1]), in_range, vec);
         }
