@@ -461,11 +461,16 @@ __device__ __forceinline__ void act_lut_fill(float *table) {
 // itself outside the table, only for a chunk with an input outside it.
 template <uint32_t kAct, bool kBackward>
 __device__ __forceinline__ void act_lut_chunk_values(const float *table, uint4 xw, float f[8]) {
-    uint32_t h[8], offset[8];
-    if (qt_act_lut_chunk(xw, h, offset) < QT_ACT_LUT_SIGN_ENTRIES) {
-        // every offset is in the table: its bits are all below bit 11
+    const uint32_t w[4] = {xw.x, xw.y, xw.z, xw.w};
+    uint32_t bytes[4], test = 0;
 #pragma unroll
-        for (int k = 0; k < 8; k++) f[k] = table[qt_act_lut_entry_of(h[k], offset[k])];
+    for (int k = 0; k < 4; k++) test |= qt_act_lut_pair(w[k], &bytes[k]);
+    if (test == 0) {  // every input has its entry
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            f[2 * k] = qt_act_table_at(table, bytes[k] & 0xFFFFu);
+            f[2 * k + 1] = qt_act_table_at(table, bytes[k] >> 16);
+        }
         return;
     }
     float v[8];

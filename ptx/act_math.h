@@ -199,6 +199,18 @@ QT_HD float qt_act_lut_input(uint32_t e) {
     return qt_bits_f32(b << 16);
 }
 
+// Both BF16 inputs of a word w (the low half and the high half) at once, in four operations: the
+// byte offsets of their entries in an FP32 table (4 x the entry; the low half's in bits 15:0 of
+// *bytes, the high half's in 31:16), valid when the returned test bits are zero, which they are
+// iff both inputs have an entry. The halves' offsets come from one 32-bit subtraction: a low
+// half below the first binade borrows from the high half, but then its own test bits are set.
+QT_HD uint32_t qt_act_lut_pair(uint32_t w, uint32_t *bytes) {
+    const uint32_t first = (QT_ACT_LUT_EXP_FIRST << 7) * 0x10001u;
+    uint32_t offset = (w & 0x7FFF7FFFu) - first;
+    *bytes = (offset | ((w >> 4) & (QT_ACT_LUT_SIGN_ENTRIES * 0x10001u))) << 2;
+    return offset & ((0x10000u - QT_ACT_LUT_SIGN_ENTRIES) * 0x10001u);
+}
+
 // A table's value for input v: f(v) forward, f'(v) backward.
 QT_HD float qt_act_lut_value(uint32_t act, uint32_t backward, float v) {
     return backward ? qt_act_grad(act, v) : qt_act_forward(act, v);
@@ -233,21 +245,33 @@ __device__ __noinline__ float qt_act_table_miss(uint32_t act, float v) {
     return qt_act_lut_value(act, kBackward, v);
 }
 
+// The table's value at byte offset `bytes` (qt_act_lut_pair's halves).
+__device__ __forceinline__ float qt_act_table_at(const float *table, uint32_t bytes) {
+    return *(const float *)((const char *)table + bytes);
+}
+
 // Eight BF16 inputs (and gradients), packed as loaded (element 2k is the low half of word k),
 // -> the eight outputs in FP32 before their rounding to BF16: act.cu's table kernels' values
-// (act_lut_chunk_words), forward with one test for the chunk and the per-element path only for
-// a chunk with an input outside the table.
+// (act_lut_chunk_words), with one test for the chunk (qt_act_lut_pair, two inputs an
+// operation: the lookups are what the fused casts spend their issue slots on) and the
+// per-element path only for a chunk with an input outside the table.
 template <bool kBackward>
 __device__ __forceinline__ void qt_act_table_values(uint32_t act, const float *table, uint4 xw,
                                                     uint4 dw, float f[8]) {
     const uint32_t d[4] = {dw.x, dw.y, dw.z, dw.w};
-    uint32_t h[8], offset[8];
-    uint32_t any = qt_act_lut_chunk(xw, h, offset);
-    // Backward (x and dy of four chunks live) the chunk's test would spill at 4 blocks an SM.
-    if (!kBackward && any < QT_ACT_LUT_SIGN_ENTRIES) {  // every offset is: all bits below 11
+    const uint32_t w[4] = {xw.x, xw.y, xw.z, xw.w};
+    uint32_t bytes[4], test = 0;
 #pragma unroll
-        for (int k = 0; k < 8; k++) f[k] = table[qt_act_lut_entry_of(h[k], offset[k])];
+    for (int k = 0; k < 4; k++) test |= qt_act_lut_pair(w[k], &bytes[k]);
+    if (test == 0) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            f[2 * k] = qt_act_table_at(table, bytes[k] & 0xFFFFu);
+            f[2 * k + 1] = qt_act_table_at(table, bytes[k] >> 16);
+        }
     } else {
+        uint32_t h[8], offset[8];
+        qt_act_lut_chunk(xw, h, offset);
 #pragma unroll
         for (int k = 0; k < 8; k++) {
             f[k] = offset[k] < QT_ACT_LUT_SIGN_ENTRIES

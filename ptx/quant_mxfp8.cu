@@ -196,27 +196,67 @@ __device__ __forceinline__ void mx_col_amax(const mx_tile_f32 &t, float amax[8],
 // ---------------------------------------------------------------------------------------------
 // Stores.
 
-// Up to 8 bytes at dst: one 8-byte store when `vec` (aligned, all 8 in range), else in_range
-// single bytes.
-__device__ __forceinline__ void mx_store8(uint8_t *dst, uint2 bytes, uint32_t in_range,
-                                          bool vec) {
+// Up to 8 elements (bytes or BF16 values, element 0 in the low bits of w[0]) at dst: one 8- or
+// 16-byte store when `vec` (aligned, all 8 in range), else in_range single elements.
+template <typename E>
+__device__ __forceinline__ void mx_store_elems8(E *dst, const uint32_t (&w)[2 * sizeof(E)],
+                                                uint32_t in_range, bool vec) {
+    constexpr uint32_t kPerWord = 4u / sizeof(E);
     if (vec) {
-        *(uint2 *)dst = bytes;
+        if constexpr (sizeof(E) == 1) {
+            *(uint2 *)dst = make_uint2(w[0], w[1]);
+        } else {
+            *(uint4 *)dst = make_uint4(w[0], w[1], w[2], w[3]);
+        }
         return;
     }
 #pragma unroll
     for (uint32_t j = 0; j < 8; j++) {
-        uint32_t word = j < 4 ? bytes.x : bytes.y;
-        if (j < in_range) dst[j] = (uint8_t)(word >> (8 * (j & 3)));
+        if (j < in_range) dst[j] = (E)(w[j / kPerWord] >> (8 * sizeof(E) * (j % kPerWord)));
     }
+}
+
+// Eight bytes (codes, or scale bytes) through mx_store_elems8.
+__device__ __forceinline__ void mx_store8(uint8_t *dst, uint2 bytes, uint32_t in_range,
+                                          bool vec) {
+    const uint32_t w[2] = {bytes.x, bytes.y};
+    mx_store_elems8<uint8_t>(dst, w, in_range, vec);
+}
+
+// The E8M0 scale byte back from its multiplier 2^(127 - e) (qt_e8m0_inv_f32): e = 254 - the
+// multiplier's exponent field, which also holds for e = 254 (the subnormal 2^-127, field 0);
+// e = 255 is the NaN multiplier.
+__device__ __forceinline__ uint32_t mx_e_of_mult(float mult) {
+    uint32_t bits = __float_as_uint(mult);
+    return bits == QT_F32_ABS ? 0xFFu : 254u - (bits >> 23);
+}
+
+// A row's 8 codes (element 0 in the low byte of word0) as their 8 BF16 values, through the
+// dequantize kernel's decode (gemm_decode.h): rowwise with the row's scale, columnwise with each
+// column's scale byte (col_e, column 0 in the low byte). The decode's rounding path serves every
+// scale, so no branch on the scale's range.
+template <bool kE5M2, bool kRowwise>
+__device__ __forceinline__ void mx_values8(uint32_t word0, uint32_t word1, float row_scale,
+                                           uint2 col_e, uint32_t (&values)[4]) {
+    uint32_t w[8];
+    const uint4 codes = make_uint4(word0, word1, 0u, 0u);
+    if constexpr (kRowwise) {
+        gemm_decode_mxfp8_row<8, kE5M2, false>(codes, row_scale, w);
+    } else {
+        gemm_decode_mxfp8_col<8, kE5M2, false>(codes, make_uint4(col_e.x, col_e.y, 0u, 0u), w);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) values[i] = w[i];
 }
 
 // The lane's codes of one direction: row i uses mult[i] (rowwise) or column j uses mult[j]
 // (columnwise). kE5M2 is a template argument so the conversion has no branch inside the loop.
-template <bool kE5M2, bool kRowwise, class Tile>
-__device__ __forceinline__ void mx_codes(const Tile &t, const float mult[8], uint8_t *codes,
+// kValues: the codes' BF16 values are stored instead (QT_MXFP8_FLAG_*_VALUES); col_e holds the
+// columnwise scale bytes.
+template <bool kE5M2, bool kRowwise, bool kValues, class Tile>
+__device__ __forceinline__ void mx_codes(const Tile &t, const float mult[8], uint64_t out,
                                          uint32_t cols, const mx_lane &l, uint32_t end,
-                                         uint32_t in_range, bool vec) {
+                                         uint32_t in_range, bool vec, uint2 col_e) {
     const uint32_t elem = kE5M2 ? QT_MXFP8_E5M2 : QT_MXFP8_E4M3;
 #pragma unroll
     for (int i = 0; i < MX_LANE_ROWS; i++) {
@@ -234,23 +274,41 @@ __device__ __forceinline__ void mx_codes(const Tile &t, const float mult[8], uin
             word[h] = q[0] | (q[1] << 16);
         }
         uint32_t row = l.row0 + i;
-        if (row < end) {
-            mx_store8(codes + (uint64_t)row * cols + l.col0, make_uint2(word[0], word[1]),
-                      in_range, vec);
+        if (row >= end) continue;
+        uint64_t at = (uint64_t)row * cols + l.col0;
+        if constexpr (kValues) {
+            float row_scale = kRowwise ? qt_e8m0_to_f32((uint8_t)mx_e_of_mult(mult[i])) : 0.0f;
+            uint32_t values[4];
+            mx_values8<kE5M2, kRowwise>(word[0], word[1], row_scale, col_e, values);
+            mx_store_elems8<uint16_t>((uint16_t *)out + at, values, in_range, vec);
+        } else {
+            mx_store8((uint8_t *)out + at, make_uint2(word[0], word[1]), in_range, vec);
         }
     }
 }
 
-// One direction's codes, with the element type resolved to a template argument (uniform branch).
+// One direction's codes (or values), with the element type and the output kind resolved to
+// template arguments (uniform branches).
 template <bool kRowwise, class Tile>
-__device__ __forceinline__ void mx_codes_dir(const Tile &t, const float mult[8], uint64_t codes,
+__device__ __forceinline__ void mx_codes_dir(const Tile &t, const float mult[8], uint64_t out,
                                              const mxfp8_quantize_args &a, const mx_lane &l,
-                                             uint32_t end, uint32_t in_range) {
-    bool vec = in_range == 8 && ((codes | a.cols) & 7u) == 0;
+                                             uint32_t end, uint32_t in_range, uint2 col_e) {
+    const bool values =
+        (a.flags & (kRowwise ? QT_MXFP8_FLAG_ROW_VALUES : QT_MXFP8_FLAG_COL_VALUES)) != 0;
+    if (values) {
+        bool vec = in_range == 8 && ((out | 2ull * a.cols) & 15u) == 0;
+        if (a.elem == QT_MXFP8_E5M2) {
+            mx_codes<true, kRowwise, true>(t, mult, out, a.cols, l, end, in_range, vec, col_e);
+        } else {
+            mx_codes<false, kRowwise, true>(t, mult, out, a.cols, l, end, in_range, vec, col_e);
+        }
+        return;
+    }
+    bool vec = in_range == 8 && ((out | a.cols) & 7u) == 0;
     if (a.elem == QT_MXFP8_E5M2) {
-        mx_codes<true, kRowwise>(t, mult, (uint8_t *)codes, a.cols, l, end, in_range, vec);
+        mx_codes<true, kRowwise, false>(t, mult, out, a.cols, l, end, in_range, vec, col_e);
     } else {
-        mx_codes<false, kRowwise>(t, mult, (uint8_t *)codes, a.cols, l, end, in_range, vec);
+        mx_codes<false, kRowwise, false>(t, mult, out, a.cols, l, end, in_range, vec, col_e);
     }
 }
 
@@ -310,14 +368,6 @@ __device__ __forceinline__ float mx_pick4(float v0, float v1, float v2, float v3
     return (i & 2u) ? hi : lo;
 }
 
-// The E8M0 scale byte back from its multiplier 2^(127 - e) (qt_e8m0_inv_f32): e = 254 - the
-// multiplier's exponent field, which also holds for e = 254 (the subnormal 2^-127, field 0);
-// e = 255 is the NaN multiplier.
-__device__ __forceinline__ uint32_t mx_e_of_mult(float mult) {
-    uint32_t bits = __float_as_uint(mult);
-    return bits == QT_F32_ABS ? 0xFFu : 254u - (bits >> 23);
-}
-
 // Rowwise: scales staged in row_e (column row_e_col of the tile's [32][MX_TILE_BLOCKS]), codes
 // stored. block_e >= 0 is the 2-D tile scale, used instead of the row amaxes. Deriving each
 // scale in one lane instead of four (here and columnwise) cut the 1-D cast's time by 4-6% (H200).
@@ -345,7 +395,7 @@ __device__ __forceinline__ void mx_rowwise(const Tile &t, const mxfp8_quantize_a
     for (int i = 0; i < MX_LANE_ROWS; i++) {
         mult[i] = __shfl_sync(MX_FULL, i < 4 ? m_lo : m_hi, base | (uint32_t)(i & 3));
     }
-    mx_codes_dir<true>(t, mult, a.row_codes, a, l, end, in_range);
+    mx_codes_dir<true>(t, mult, a.row_codes, a, l, end, in_range, make_uint2(0u, 0u));
 }
 
 // Columnwise: the lane's 8 column scales (stored by the lanes rg = 0) and codes.
@@ -373,13 +423,13 @@ __device__ __forceinline__ void mx_colwise(const Tile &t, const mxfp8_quantize_a
         mult[j] = __shfl_sync(MX_FULL, (j & 1) ? m_b : m_a, low | ((uint32_t)(j >> 1) << 3));
         e[j] = mx_e_of_mult(mult[j]);
     }
-    if (l.rg == 0 && in_range > 0) {
-        uint2 bytes = make_uint2(e[0] | (e[1] << 8) | (e[2] << 16) | (e[3] << 24),
-                                 e[4] | (e[5] << 8) | (e[6] << 16) | (e[7] << 24));
+    uint2 bytes = make_uint2(e[0] | (e[1] << 8) | (e[2] << 16) | (e[3] << 24),
+                             e[4] | (e[5] << 8) | (e[6] << 16) | (e[7] << 24));
+    if (l.rg == 0 && in_range > 0 && !(a.flags & QT_MXFP8_FLAG_COL_VALUES)) {
         uint8_t *dst = (uint8_t *)a.col_scales + (uint64_t)(tile_row0 / 32u) * a.cols + l.col0;
         mx_store8(dst, bytes, in_range, in_range == 8 && ((a.col_scales | a.cols) & 7u) == 0);
     }
-    mx_codes_dir<false>(t, mult, a.col_codes, a, l, end, in_range);
+    mx_codes_dir<false>(t, mult, a.col_codes, a, l, end, in_range, bytes);
 }
 
 // The warp's part of a tile. Rowwise runs to completion before columnwise, so one direction's
@@ -441,7 +491,7 @@ __device__ __forceinline__ void mx_quantize(const mxfp8_quantize_args &a) {
     if (kt * QT_MXFP8_TILE_COLS + warp * 64u < a.cols) {
         mx_warp_tile<Tile, T>(a, l, tile_row0, end, row_e, warp * 2u + l.cb);
     }
-    if (a.row_codes) {
+    if (a.row_codes && !(a.flags & QT_MXFP8_FLAG_ROW_VALUES)) {  // uniform
         __syncthreads();  // every warp's row_e entries are staged
         mx_store_row_scales(a, row_e, tile_row0, kt, end);
     }

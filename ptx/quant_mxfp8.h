@@ -33,6 +33,13 @@
 #define QT_MXFP8_E5M2 1u
 
 #define QT_MXFP8_FLAG_2D 1u  // one scale per 32 x 32 tile, shared by both directions
+// Values instead of codes: the direction's codes are decoded with their block's scale at once
+// and stored as BF16 [rows][cols] at row_codes (col_codes), the bits qt_mxfp8_dequantize writes
+// to a BF16 output (qt_mxfp8_value_bf16); that direction's scales are not written (its scales
+// pointer is ignored). A BF16 GEMM over such values computes the MXFP8 GEMM's products, so a
+// tensor that only such GEMMs read needs neither its codes nor a dequantize pass over them.
+#define QT_MXFP8_FLAG_ROW_VALUES 2u
+#define QT_MXFP8_FLAG_COL_VALUES 4u
 
 // The quantize kernel's tile: 32 rows x 256 columns per block of 128 threads (4 warps, each
 // 32 rows x 64 columns). The op builder sizes the grid with these. Small blocks keep the last,
@@ -43,16 +50,16 @@
 
 typedef struct mxfp8_quantize_args {
     uint64_t in;          // [rows][cols] bf16 or f32
-    uint64_t row_codes;   // u8 [rows][cols]; 0 = no rowwise output (row_scales ignored)
-    uint64_t row_scales;  // e8m0 [rows][ceil(cols/32)]
-    uint64_t col_codes;   // u8 [rows][cols], not transposed; 0 = no columnwise output
-    uint64_t col_scales;  // e8m0 [ceil(rows/32)][cols]
+    uint64_t row_codes;   // u8 [rows][cols] (ROW_VALUES: bf16); 0 = no rowwise output
+    uint64_t row_scales;  // e8m0 [rows][ceil(cols/32)]; ignored with ROW_VALUES
+    uint64_t col_codes;   // u8 [rows][cols], not transposed (COL_VALUES: bf16); 0 = none
+    uint64_t col_scales;  // e8m0 [ceil(rows/32)][cols]; ignored with COL_VALUES
     qt_group_desc group;  // count 0: dense
     uint32_t rows;        // M, or the grouped tensor's rows_capacity
     uint32_t cols;        // K
     uint32_t dtype;       // QT_DTYPE_BF16 | QT_DTYPE_F32 (must match the kernel's symbol)
     uint32_t elem;        // QT_MXFP8_E4M3 | QT_MXFP8_E5M2
-    uint32_t flags;       // QT_MXFP8_FLAG_2D
+    uint32_t flags;       // QT_MXFP8_FLAG_*
     uint32_t reserved;
 } mxfp8_quantize_args;
 QT_STATIC_ASSERT(sizeof(mxfp8_quantize_args) == 88, "mxfp8_quantize_args layout");
@@ -152,6 +159,11 @@ QT_HD float qt_mxfp8_decode(uint8_t code, uint8_t e, uint32_t elem) {
     float v = elem == QT_MXFP8_E5M2 ? qt_e5m2_to_f32(code) : qt_e4m3_to_f32(code);
     if (qt_f32_is_nan(v) || e == 0xFFu) return qt_bits_f32(QT_F32_ABS);
     return v * qt_e8m0_to_f32(e);
+}
+
+// The BF16 value of a code (qt_mxfp8_dequantize's BF16 output, QT_MXFP8_FLAG_*_VALUES).
+QT_HD uint16_t qt_mxfp8_value_bf16(uint8_t code, uint8_t e, uint32_t elem) {
+    return qt_f32_to_bf16(qt_mxfp8_decode(code, e, elem));
 }
 
 // The stored output element: FP32 bits, or BF16 rounded to nearest even (qt_f32_to_bf16).

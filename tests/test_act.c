@@ -1016,6 +1016,38 @@ static void test_act_lut_entries(void) {
     test_end();
 }
 
+// qt_act_lut_pair (two inputs an operation: the kernels' chunk test and lookups) against
+// qt_act_lut_entry one input at a time: the test bits are zero iff both inputs have an entry,
+// and then the byte offsets are 4 x the two entries. Every BF16 value in each half, against
+// every 61st value in the other (each residue of 61 in turn, so every value meets values of
+// every magnitude on both sides of the borrow from the low half into the high one).
+static void test_act_lut_pairs(void) {
+    test_begin("act_table_pairs_equal_single_entries");
+    uint64_t bad = 0, checked = 0;
+    for (uint32_t a = 0; a < 65536; a++) {
+        uint32_t e_a = qt_act_lut_entry(t_f(a << 16));
+        for (uint32_t b = a % 61u; b < 65536; b += 61u) {
+            uint32_t e_b = qt_act_lut_entry(t_f(b << 16));
+            bool both = e_a < QT_ACT_LUT_ENTRIES && e_b < QT_ACT_LUT_ENTRIES;
+            for (int order = 0; order < 2; order++) {
+                uint32_t lo = order ? b : a, hi = order ? a : b;
+                uint32_t e_lo = order ? e_b : e_a, e_hi = order ? e_a : e_b;
+                uint32_t bytes = 0;
+                uint32_t test = qt_act_lut_pair(lo | hi << 16, &bytes);
+                bool ok = (test == 0) == both && (!both || bytes == (4 * e_lo | 4 * e_hi << 16));
+                if (!ok && bad++ < 6) {
+                    CHECK(false, "halves %04x %04x: test %08x bytes %08x, entries %u %u", lo, hi,
+                          test, bytes, e_lo, e_hi);
+                }
+                checked++;
+            }
+        }
+    }
+    CHECK(bad == 0, "%llu of %llu pairs wrong", (unsigned long long)bad,
+          (unsigned long long)checked);
+    test_end();
+}
+
 // qt_act_amax_from_max (ptx/act_math.h) over every BF16 input, in the order of their values from
 // -Inf to +Inf: the two facts it rests on (the negative lobe's depth is the constant, reached at
 // its stated input; f is >= +0 and nondecreasing from +0 on) and its claim itself: wherever it
@@ -2167,6 +2199,7 @@ int main(void) {
     TEST_UNIT(test_gelu_chunks_scalar());
     TEST_UNIT(test_act_edge_ranges());
     TEST_UNIT(test_act_lut_entries());
+    TEST_UNIT(test_act_lut_pairs());
     TEST_UNIT(test_act_lut_choice());
     TEST_UNIT(test_act_amax_from_max());
     TEST_UNIT(test_act_accuracy());

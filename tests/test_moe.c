@@ -777,9 +777,9 @@ static stack_q stack_quantize(rig *g, const char *name, stack_format f, prog_ref
         q.row_scale = stack_region(g, part, op_mxfp8_row_scales_bytes(rows, cols));
         snprintf(part, sizeof part, "%s.col_scale", name);
         q.col_scale = stack_region(g, part, op_mxfp8_col_scales_bytes(rows, cols));
-        op_mxfp8_quantize_desc d = {x, dtype, rows, cols, QT_ELEM_E4M3, weight,
-                                    {q.row_data, q.row_scale}, {q.col_data, q.col_scale},
-                                    group};
+        op_mxfp8_quantize_desc d = {x,     dtype, rows,  cols, QT_ELEM_E4M3,
+                                    weight, false, false, {q.row_data, q.row_scale},
+                                    {q.col_data, q.col_scale}, group};
         RIG_OK(op_mxfp8_quantize(p, name, &d));
         break;
     }

@@ -758,36 +758,42 @@ typedef struct mx_data {  // host inputs, the same bytes for both backends
 } mx_data;
 
 typedef struct mx_regions {
-    arena_handle in, rc, rs, cc, cs, offsets, first_dims, dr, dc;
+    arena_handle in, rc, rs, cc, cs, offsets, first_dims, dr, dc, rv, cv;
 } mx_regions;
 
+// The outputs: codes and scales of both directions, their dequantized copies, and (cases with
+// BF16 copies) a second quantize's values (QT_MXFP8_FLAG_*_VALUES) of both directions.
+#define MX_OUTPUTS 8
+#define MX_OUT_ROW_VALUES 6
+
 typedef struct mx_result {
-    uint8_t *bytes[6];  // rc, rs, cc, cs, dr, dc
+    uint8_t *bytes[MX_OUTPUTS];  // rc, rs, cc, cs, dr, dc, rv, cv
 } mx_result;
 
-static const char *const mx_output_names[6] = {"row codes", "row scales", "col codes",
-                                               "col scales", "rowwise dequant",
-                                               "colwise dequant"};
+static const char *const mx_output_names[MX_OUTPUTS] = {
+    "row codes",       "row scales",      "col codes",  "col scales",
+    "rowwise dequant", "colwise dequant", "row values", "col values"};
 
 static rig mx_ref_rig, mx_gpu_rig;
 static program mx_fill_prog;
 
-static void mx_output_sizes(const mx_data *d, const mx_case *c, uint64_t sizes[6]) {
+static void mx_output_sizes(const mx_data *d, const mx_case *c, uint64_t sizes[MX_OUTPUTS]) {
     uint64_t out = (uint64_t)d->rows * d->cols * mx_elem_bytes(c->out_dtype);
     sizes[0] = sizes[2] = op_mxfp8_codes_bytes(d->rows, d->cols);
     sizes[1] = op_mxfp8_row_scales_bytes(d->rows, d->cols);
     sizes[3] = op_mxfp8_col_scales_bytes(d->rows, d->cols);
     sizes[4] = sizes[5] = out;
+    sizes[6] = sizes[7] = 2 * op_mxfp8_codes_bytes(d->rows, d->cols);  // BF16
 }
 
 static arena_handle mx_output_region(const mx_regions *g, int i) {
-    const arena_handle h[6] = {g->rc, g->rs, g->cc, g->cs, g->dr, g->dc};
+    const arena_handle h[MX_OUTPUTS] = {g->rc, g->rs, g->cc, g->cs, g->dr, g->dc, g->rv, g->cv};
     return h[i];
 }
 
 // Regions, the quantize op and one dequantize op per produced direction, then bind.
 static void mx_rig_build(rig *r, const mx_case *c, const mx_data *d, mx_regions *g) {
-    uint64_t sizes[6];
+    uint64_t sizes[MX_OUTPUTS];
     mx_output_sizes(d, c, sizes);
     g->in = rig_reserve(r, "in", (uint64_t)d->rows * d->cols * mx_elem_bytes(d->dtype));
     g->rc = rig_reserve(r, "row_codes", sizes[0]);
@@ -796,6 +802,8 @@ static void mx_rig_build(rig *r, const mx_case *c, const mx_data *d, mx_regions 
     g->cs = rig_reserve(r, "col_scales", sizes[3]);
     g->dr = rig_reserve(r, "row_dequant", sizes[4]);
     g->dc = rig_reserve(r, "col_dequant", sizes[5]);
+    g->rv = rig_reserve(r, "row_values", sizes[6]);
+    g->cv = rig_reserve(r, "col_values", sizes[7]);
     g->offsets = rig_reserve(r, "row_offsets", (d->count + 1) * 4);
     g->first_dims = rig_reserve(r, "first_dims", d->count * 4 + 4);
     op_group group = {d->count, rig_ref(r, g->offsets, 0), rig_ref(r, g->first_dims, 0)};
@@ -823,6 +831,15 @@ static void mx_rig_build(rig *r, const mx_case *c, const mx_data *d, mx_regions 
         dq.group = group;
         RIG_OK(op_mxfp8_dequantize(&r->prog, dir ? "dequantize_col" : "dequantize_row", &dq));
     }
+    if (c->out_dtype == QT_DTYPE_BF16) {  // the same copies straight from the input
+        op_mxfp8_quantize_desc v = q;
+        v.rowwise = v.colwise = (op_mxfp8_dir){OP_REF_NONE, OP_REF_NONE};
+        if (c->rowwise) v.rowwise.codes = rig_ref(r, g->rv, 0);
+        if (c->colwise) v.colwise.codes = rig_ref(r, g->cv, 0);
+        v.row_values = c->rowwise;
+        v.col_values = c->colwise;
+        RIG_OK(op_mxfp8_quantize(&r->prog, "quantize_values", &v));
+    }
     rig_bind(r);
 }
 
@@ -836,9 +853,9 @@ static void mx_rig_load(rig *r, const mx_case *c, const mx_data *d, const mx_reg
         RIG_OK(backend_write(&r->be, rig_ref(r, g->first_dims, 0), d->first_dims,
                              d->count * 4));
     }
-    uint64_t sizes[6];
+    uint64_t sizes[MX_OUTPUTS];
     mx_output_sizes(d, c, sizes);
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < MX_OUTPUTS; i++) {
         if (sizes[i] == 0) continue;
         uint8_t *s = mx_sentinel_alloc(sizes[i]);
         RIG_OK(backend_write(&r->be, rig_ref(r, mx_output_region(g, i), 0), s, sizes[i]));
@@ -850,9 +867,9 @@ static void mx_rig_run(rig *r, const mx_case *c, const mx_data *d, const mx_regi
                        mx_result *res) {
     RIG_OK(backend_run(&r->be, &r->prog));
     RIG_OK(backend_finish(&r->be));
-    uint64_t sizes[6];
+    uint64_t sizes[MX_OUTPUTS];
     mx_output_sizes(d, c, sizes);
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < MX_OUTPUTS; i++) {
         res->bytes[i] = malloc(sizes[i] ? sizes[i] : 1);
         if (sizes[i]) {
             RIG_OK(backend_read(&r->be, res->bytes[i], rig_ref(r, mx_output_region(g, i), 0),
@@ -862,7 +879,7 @@ static void mx_rig_run(rig *r, const mx_case *c, const mx_data *d, const mx_regi
 }
 
 static void mx_result_free(mx_result *res) {
-    for (int i = 0; i < 6; i++) free(res->bytes[i]);
+    for (int i = 0; i < MX_OUTPUTS; i++) free(res->bytes[i]);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1023,10 +1040,23 @@ static void mx_compare_region(const char *label, int which, const mx_case *c,
 
 static void mx_compare_results(const char *label, const mx_case *c, const mx_data *d,
                                const mx_result *got, const mx_result *want) {
-    uint64_t sizes[6];
+    uint64_t sizes[MX_OUTPUTS];
     mx_output_sizes(d, c, sizes);
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < MX_OUTPUTS; i++) {
         mx_compare_region(label, i, c, d, got->bytes[i], want->bytes[i], sizes[i]);
+    }
+}
+
+// One run's values (the quantize with QT_MXFP8_FLAG_*_VALUES) against its dequantized codes,
+// bit for bit, rows past a group's end included (untouched by both). BF16 copies only.
+static void mx_check_values(const char *label, const mx_case *c, const mx_data *d,
+                            const mx_result *res) {
+    if (c->out_dtype != QT_DTYPE_BF16) return;
+    uint64_t sizes[MX_OUTPUTS];
+    mx_output_sizes(d, c, sizes);
+    for (int dir = 0; dir < 2; dir++) {
+        mx_compare_region(label, MX_OUT_ROW_VALUES + dir, c, d,
+                          res->bytes[MX_OUT_ROW_VALUES + dir], res->bytes[4 + dir], sizes[4 + dir]);
     }
 }
 
@@ -1056,10 +1086,11 @@ static void mx_check_program_ref(const mx_case *c, uint64_t seed) {
         CHECK(memcmp(deq, res.bytes[4 + dir], out_bytes) == 0, "%s: %s differs", c->name,
               mx_output_names[4 + dir]);
     }
-    uint64_t sizes[6];
+    uint64_t sizes[MX_OUTPUTS];
     mx_output_sizes(&d, c, sizes);
     mx_expect_untouched("row codes", res.bytes[0], (uint64_t)end * d.cols, sizes[0]);
     mx_expect_untouched("rowwise dequant", res.bytes[4], out_bytes, sizes[4]);
+    mx_check_values(c->name, c, &d, &res);
     free(deq);
     free(x);
     mx_mat_free(&o);
@@ -1076,6 +1107,13 @@ static void test_program_ref(void) {
          QT_DTYPE_F32, false, 0},
         {"grouped_bf16_e4m3_2d", 0, 50, QT_DTYPE_BF16, QT_ELEM_E4M3, true, true, true, 4, 0, 3,
          QT_DTYPE_F32, false, 0},
+        // BF16 copies: the values of a second quantize equal the dequantized codes.
+        {"grouped_bf16_e5m2_values", 0, 72, QT_DTYPE_BF16, QT_ELEM_E5M2, false, true, true, 5,
+         40, 3, QT_DTYPE_BF16, false, 0},
+        {"grouped_f32_e4m3_2d_values", 0, 50, QT_DTYPE_F32, QT_ELEM_E4M3, true, true, true, 4, 0,
+         3, QT_DTYPE_BF16, false, 8},
+        {"patterns_bf16_e4m3_values", 0, 64, QT_DTYPE_BF16, QT_ELEM_E4M3, false, true, true, 0,
+         0, 0, QT_DTYPE_BF16, true, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         mx_check_program_ref(&cases[i], 600 + i);
@@ -1105,6 +1143,7 @@ static void mx_run_gpu_case(const mx_case *c, uint64_t seed, bool rerun) {
     mx_rig_load(&mx_gpu_rig, c, &d, &g);
     mx_rig_run(&mx_gpu_rig, c, &d, &g, &gpu);
     mx_compare_results("gpu vs ref", c, &d, &gpu, &ref);
+    mx_check_values("gpu values vs gpu dequantize", c, &d, &gpu);
     if (rerun) {
         // Determinism: a second run from fresh sentinels gives the same bytes.
         mx_result again;

@@ -336,7 +336,8 @@ _Static_assert(sizeof model_gemm_names / sizeof model_gemm_names[0] == MODEL_GEM
 // (gemm.h), and the dequantize kernels write exactly those values (NVFP4: the raw decode, its
 // global amaxes applied in the BF16 GEMM's alpha, GEMM_FLAG_ALPHA_NVFP4), so BF16 copies and a
 // BF16 GEMM compute the same products in the same k order: the choice moves no bit, only time
-// and workspace (tests/test_train.c compares the traces).
+// and workspace (tests/test_train.c compares the traces). An MXFP8 copy that only such GEMMs
+// read is written by the cast itself as those values (model_build.c, mb_values).
 // - MXFP8 dgrad and wgrad read a columnwise (outer-major) copy and usually E5M2 gradients: the
 //   emulated sm_90a kernel takes K-major E4M3 only, and the portable MXFP8 kernel ran them at
 //   about a sixth of the sm_90a BF16 kernel's rate, which reads outer-major BF16 directly.
@@ -542,17 +543,24 @@ static qt_status model_qstore_fp8(const model_place *pl, const model_quantizer *
     return QT_OK;
 }
 
-// FP8 codes with block scales of row_scale and col_scale bytes (MXFP8, FP8 block).
+// FP8 codes with block scales of row_scale and col_scale bytes (MXFP8, FP8 block); a direction
+// of BF16 values (s->row_values, col_values) has twice the bytes and no scales.
 static qt_status model_qstore_blocks(const model_place *pl, uint32_t rows, uint32_t cols,
                                      uint64_t row_scale, uint64_t col_scale, model_qstore *s) {
     uint64_t elems = (uint64_t)rows * cols;
     if (s->rowwise) {
-        QT_TRY(model_region(pl, "row_data", elems, pl->category, &s->row_data));
-        QT_TRY(model_region(pl, "row_scale", row_scale, pl->category, &s->row_scale));
+        QT_TRY(model_region(pl, "row_data", s->row_values ? 2 * elems : elems, pl->category,
+                            &s->row_data));
+        if (!s->row_values) {
+            QT_TRY(model_region(pl, "row_scale", row_scale, pl->category, &s->row_scale));
+        }
     }
     if (s->colwise) {
-        QT_TRY(model_region(pl, "col_data", elems, pl->category, &s->col_data));
-        QT_TRY(model_region(pl, "col_scale", col_scale, pl->category, &s->col_scale));
+        QT_TRY(model_region(pl, "col_data", s->col_values ? 2 * elems : elems, pl->category,
+                            &s->col_data));
+        if (!s->col_values) {
+            QT_TRY(model_region(pl, "col_scale", col_scale, pl->category, &s->col_scale));
+        }
     }
     return QT_OK;
 }
@@ -579,11 +587,15 @@ static qt_status model_qstore_nvfp4(const model_place *pl, const model_quantizer
 
 qt_status model_qstore_reserve(const model_place *place, const model_quantizer *mq,
                                uint32_t rows, uint32_t cols, uint32_t members, bool rowwise,
-                               bool colwise, bool bf16_region, model_qstore *out) {
+                               bool colwise, uint32_t values, bool bf16_region,
+                               model_qstore *out) {
     memset(out, 0, sizeof *out);
     out->rowwise = rowwise;
     out->colwise = colwise;
+    out->row_values = rowwise && (values & MODEL_QSTORE_ROW_VALUES);
+    out->col_values = colwise && (values & MODEL_QSTORE_COL_VALUES);
     QT_ASSERT(rowwise || colwise);
+    QT_ASSERT(values == 0 || mq->q.format == QT_FORMAT_MXFP8);
     switch (mq->q.format) {
     case QT_FORMAT_BF16:
         if (!bf16_region) return QT_OK;
@@ -699,7 +711,7 @@ static qt_status model_param_regions(model *m, uint32_t index) {
         p->group_dims = ref.region;
     }
     return model_qstore_reserve(&wp, &m->quantizers[p->quantizer], p->rows, p->cols,
-                                p->members, true, p->weight_t == MODEL_WEIGHT_T_STORED, true,
+                                p->members, true, p->weight_t == MODEL_WEIGHT_T_STORED, 0, true,
                                 &p->weight);
 }
 

@@ -107,6 +107,11 @@ typedef struct model_tensor {
 // depends on the scheme; a direction that is off has no regions.
 typedef struct model_qstore {
     bool rowwise, colwise;
+    // MXFP8: row_data (col_data) holds the direction's BF16 values [rows][cols] instead of its
+    // codes, and it has no scales: the quantize decoded each code with its scale, the bits a
+    // dequantize to BF16 would give (QT_MXFP8_FLAG_ROW_VALUES, _COL_VALUES). Only for a
+    // direction that BF16 GEMMs alone read (model_gemm_path MIXED).
+    bool row_values, col_values;
     prog_ref row_data, row_scale;  // codes and block scales of the rowwise copy
     prog_ref col_data, col_scale;  // the same of the columnwise copy
     prog_ref scale_inv;            // per-tensor fp8: f32 [1], both copies
@@ -114,6 +119,10 @@ typedef struct model_qstore {
                                    // per-tensor current: amax_row is the amax workspace
     model_tensor bf16;             // bf16 scheme: the tensor itself serves both directions
 } model_qstore;
+
+// model_qstore_reserve's `values`: the directions stored as BF16 values (MXFP8).
+#define MODEL_QSTORE_ROW_VALUES 1u
+#define MODEL_QSTORE_COL_VALUES 2u
 
 typedef enum model_gemm_path {
     MODEL_GEMM_NATIVE,  // the kernel of the operands' common format

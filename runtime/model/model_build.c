@@ -367,6 +367,8 @@ static op_mxfp8_quantize_desc mb_mxfp8_desc(const model_quantizer *mq, model_ten
     d.tile_2d = mq->q.two_d;
     if (s->rowwise) d.rowwise = (op_mxfp8_dir){s->row_data, s->row_scale};
     if (s->colwise) d.colwise = (op_mxfp8_dir){s->col_data, s->col_scale};
+    d.row_values = s->row_values;
+    d.col_values = s->col_values;
     return d;
 }
 
@@ -376,21 +378,40 @@ static op_mxfp8_quantize_desc mb_mxfp8_desc(const model_quantizer *mq, model_ten
 // amaxes it merges into are slots of the step (model_amax_slots); where the producer of x took
 // x's amax already, the store's own amax is not used. mb_qstore reserves the store alone, for a
 // producer that fills it itself (mb_act_cast).
-static qt_status mb_qstore(mb *b, const char *what, const model_quantizer *mq, model_tensor x,
-                           op_group group, bool rowwise, bool colwise, model_qstore *s) {
+// values (MODEL_QSTORE_*_VALUES, mb_values): the directions stored as BF16 values.
+static qt_status mb_qstore_values(mb *b, const char *what, const model_quantizer *mq,
+                                  model_tensor x, op_group group, bool rowwise, bool colwise,
+                                  uint32_t values, model_qstore *s) {
     char prefix[ARENA_NAME_MAX];
     snprintf(prefix, sizeof prefix, "%s.%s", model_mode_name(b->mode), what);
     model_place pl = {b->m->dev, prefix, false, ARENA_CAT_ACTIVATIONS,
                       prog_ref_present(x.amax) ? NULL : &b->amax_slots};
     bool convert = mq->q.format == QT_FORMAT_BF16 && x.dtype != QT_DTYPE_BF16;
-    return model_qstore_reserve(&pl, mq, x.rows, x.cols, group.count, rowwise, colwise, convert,
-                                s);
+    return model_qstore_reserve(&pl, mq, x.rows, x.cols, group.count, rowwise, colwise, values,
+                                convert, s);
 }
 
-static qt_status mb_quantize(mb *b, const char *what, const model_quantizer *mq, model_tensor x,
-                             op_group group, bool rowwise, bool colwise, bool record_amax,
-                             model_qstore *s) {
-    QT_TRY(mb_qstore(b, what, mq, x, group, rowwise, colwise, s));
+static qt_status mb_qstore(mb *b, const char *what, const model_quantizer *mq, model_tensor x,
+                           op_group group, bool rowwise, bool colwise, model_qstore *s) {
+    return mb_qstore_values(b, what, mq, x, group, rowwise, colwise, 0, s);
+}
+
+// MXFP8 copies that only BF16 GEMMs read (model_gemm_path MIXED: model.c's
+// model_emulated_copies, or a second operand of another format) are stored as the codes' BF16
+// values: the quantize writes what the dequantize before each such GEMM would, so the codes are
+// never stored and that pass is gone (2 bytes an element less traffic, a launch less). Dense
+// tensors of one pass only: an input's rowwise copy (fprop), a gradient's two (dgrad, wgrad) and
+// a weight's per-step columnwise copy (dgrad). The input's columnwise copy waits from the
+// forward to the wgrad, so it stays in codes (half the bytes held across the step).
+static bool mb_values(const model_quantizer *mq, const model_linear *lin, model_gemm g) {
+    return mq->q.format == QT_FORMAT_MXFP8 && lin->members == 0 &&
+           lin->path[g] == MODEL_GEMM_MIXED;
+}
+
+static qt_status mb_quantize_values(mb *b, const char *what, const model_quantizer *mq,
+                                    model_tensor x, op_group group, bool rowwise, bool colwise,
+                                    uint32_t values, bool record_amax, model_qstore *s) {
+    QT_TRY(mb_qstore_values(b, what, mq, x, group, rowwise, colwise, values, s));
     switch (mq->q.format) {
     case QT_FORMAT_BF16:
         if (!prog_ref_present(s->bf16.ref)) {  // x is BF16 already (mb_qstore reserved nothing)
@@ -437,6 +458,12 @@ static qt_status mb_quantize(mb *b, const char *what, const model_quantizer *mq,
     return QT_ERR_INPUT;
 }
 
+static qt_status mb_quantize(mb *b, const char *what, const model_quantizer *mq, model_tensor x,
+                             op_group group, bool rowwise, bool colwise, bool record_amax,
+                             model_qstore *s) {
+    return mb_quantize_values(b, what, mq, x, group, rowwise, colwise, 0, record_amax, s);
+}
+
 // ---------------------------------------------------------------------------------------------
 // GEMMs
 
@@ -481,6 +508,7 @@ static op_gemm_operand mb_gemm_operand(const mb_operand *o) {
                                 OP_REF_NONE, OP_REF_NONE);
     } else {
         QT_ASSERT(o->colwise ? s->colwise : s->rowwise);
+        QT_ASSERT(!(o->colwise ? s->col_values : s->row_values));  // BF16 GEMMs only
         prog_ref data = o->colwise ? s->col_data : s->row_data;
         prog_ref scale = o->colwise ? s->col_scale : s->row_scale;
         prog_ref tensor_scale = OP_REF_NONE;
@@ -510,6 +538,12 @@ static qt_status mb_dequantize(mb *b, const char *what, const mb_operand *o,
         return QT_OK;
     }
     uint32_t rows = mb_stored_rows(o);
+    if (o->colwise ? s->col_values : s->row_values) {  // MXFP8: the quantize made the copy
+        QT_ASSERT(o->group.count == 0 && !o->stacked);
+        *out = (model_tensor){o->colwise ? s->col_data : s->row_data, QT_DTYPE_BF16, rows,
+                              o->cols, OP_REF_NONE};
+        return QT_OK;
+    }
     QT_TRY(mb_tensor(b, what, rows, o->cols, ARENA_CAT_WORKSPACE, out));
     const char *name = what;
     switch (q->format) {
@@ -889,8 +923,10 @@ static qt_status mb_linear_forward(mb *b, uint32_t layer, model_tensor x, model_
     // Training also keeps the columnwise copy for wgrad. The activation before may have made
     // both already, its cast reading its input (mb_act_cast_forward).
     if (!mb_act_casts(b, layer - 1, false)) {
-        QT_TRY(mb_quantize(b, what, &m->quantizers[lin->q_input], x, op_group_dense(), true,
-                           b->train, b->train, &b->xq[li]));
+        const model_quantizer *qi = &m->quantizers[lin->q_input];
+        uint32_t values = mb_values(qi, lin, MODEL_FPROP) ? MODEL_QSTORE_ROW_VALUES : 0u;
+        QT_TRY(mb_quantize_values(b, what, qi, x, op_group_dense(), true, b->train, values,
+                                  b->train, &b->xq[li]));
     }
     snprintf(what, sizeof what, "%s.y", name);
     QT_TRY(mb_tensor(b, what, x.rows, lin->out, ARENA_CAT_ACTIVATIONS, y));
@@ -1340,20 +1376,27 @@ static qt_status mb_loss(mb *b) {
 // of this program that a transpose of the rowwise codes (and of FP8 block scaling's tile scales)
 // fills right before the dgrad, so that their bytes are taken only from there to the dgrad. An
 // MXFP8 weight's copy is cast there from the master, the tensor that the optimizer's cast read
-// (no write comes between): the stored copy's bytes.
+// (no write comes between): the stored copy's bytes; as BF16 values (mb_values) when the dgrad
+// runs on BF16 copies.
 static qt_status mb_weight_columns(mb *b, const model_param *w, const model_quantizer *mq,
-                                   const char *name, model_qstore *out) {
+                                   const model_linear *lin, const char *name, model_qstore *out) {
     *out = w->weight;
     if (w->weight_t != MODEL_WEIGHT_T_PER_STEP) return QT_OK;
     char what[ARENA_NAME_MAX];
     snprintf(what, sizeof what, "%s.weight_t", name);
-    QT_TRY(mb_region(b, what, (uint64_t)w->rows * w->cols, ARENA_CAT_WEIGHTS, &out->col_data));
+    bool values = mb_values(mq, lin, MODEL_DGRAD);
+    QT_TRY(mb_region(b, what, (uint64_t)w->rows * w->cols * (values ? 2u : 1u),
+                     ARENA_CAT_WEIGHTS, &out->col_data));
     out->colwise = true;
+    out->col_values = values;
     if (mq->q.format == QT_FORMAT_MXFP8) {
         char scales[ARENA_NAME_MAX];
         snprintf(scales, sizeof scales, "%s.weight_t_scale", name);
-        QT_TRY(mb_region(b, scales, op_mxfp8_col_scales_bytes(w->rows, w->cols),
-                         ARENA_CAT_WEIGHTS, &out->col_scale));
+        out->col_scale = OP_REF_NONE;
+        if (!values) {
+            QT_TRY(mb_region(b, scales, op_mxfp8_col_scales_bytes(w->rows, w->cols),
+                             ARENA_CAT_WEIGHTS, &out->col_scale));
+        }
         model_tensor master = {mb_dev(b, w->master), QT_DTYPE_F32, w->rows, w->cols,
                                OP_REF_NONE};
         model_qstore columns_only = *out;
@@ -1410,7 +1453,10 @@ static qt_status mb_linear_backward(mb *b, uint32_t layer, model_tensor dy, mode
     // dgrad reads the rowwise copy, wgrad the columnwise one; the first layer has no dgrad. The
     // activation after may have made both already (mb_act_cast_backward).
     if (!mb_act_casts(b, layer + 1, true)) {
-        QT_TRY(mb_quantize(b, what, qg, dy, op_group_dense(), lin->needs_dx, true, true, &dyq));
+        uint32_t values = (mb_values(qg, lin, MODEL_DGRAD) ? MODEL_QSTORE_ROW_VALUES : 0u) |
+                          (mb_values(qg, lin, MODEL_WGRAD) ? MODEL_QSTORE_COL_VALUES : 0u);
+        QT_TRY(mb_quantize_values(b, what, qg, dy, op_group_dense(), lin->needs_dx, true, values,
+                                  true, &dyq));
     } else {
         QT_ASSERT(prog_ref_present(dyq.col_data));  // the wgrad's copy, which it always makes
     }
@@ -1436,7 +1482,7 @@ static qt_status mb_linear_backward(mb *b, uint32_t layer, model_tensor dy, mode
     QT_TRY(mb_tensor(b, what, rows, lin->in_padded, ARENA_CAT_ACTIVATIONS, dx));
     mb_operand g_row = mb_dense(qg, &dyq, rows, lin->out, false);
     model_qstore wt;
-    QT_TRY(mb_weight_columns(b, w, &m->quantizers[lin->q_weight], name, &wt));
+    QT_TRY(mb_weight_columns(b, w, &m->quantizers[lin->q_weight], lin, name, &wt));
     mb_operand w_col = mb_dense(&m->quantizers[lin->q_weight], &wt, lin->out, lin->in_padded,
                                 true);
     snprintf(what, sizeof what, "%s.dgrad", name);
@@ -1549,7 +1595,7 @@ static qt_status mb_moe_router_backward(mb *b, const char *name, const model_moe
     mb_operand g_row = mb_dense(qg, &dlq, m->batch, mo->experts, false);
     model_qstore wt;
     snprintf(what, sizeof what, "%s.router", name);
-    QT_TRY(mb_weight_columns(b, w, &m->quantizers[router->q_weight], what, &wt));
+    QT_TRY(mb_weight_columns(b, w, &m->quantizers[router->q_weight], router, what, &wt));
     mb_operand w_col = mb_dense(&m->quantizers[router->q_weight], &wt, mo->experts, mo->width,
                                 true);
     snprintf(what, sizeof what, "%s.router.dgrad", name);

@@ -20,10 +20,12 @@ typedef struct model_place {
 // Reserves the stored copies of one quantized tensor [rows][cols] for the enabled directions;
 // a grouped tensor of `members` members (0: dense) has its per-tensor quantities (scale_inv,
 // the current-scaling amax, NVFP4's global amaxes) per member. BF16 gets a region only when
-// bf16_region is set (a tensor that is already BF16 is used as it is).
+// bf16_region is set (a tensor that is already BF16 is used as it is). values
+// (MODEL_QSTORE_*_VALUES, MXFP8 only): directions stored as BF16 values, without scales.
 qt_status model_qstore_reserve(const model_place *place, const model_quantizer *mq,
                                uint32_t rows, uint32_t cols, uint32_t members, bool rowwise,
-                               bool colwise, bool bf16_region, model_qstore *out);
+                               bool colwise, uint32_t values, bool bf16_region,
+                               model_qstore *out);
 
 // A region of `bytes` (rounded up to 16) at `place`.
 qt_status model_region(const model_place *place, const char *part, uint64_t bytes,

@@ -27,13 +27,19 @@ static uint32_t op_mxfp8_elem(qt_elem elem) {
     return elem == QT_ELEM_E5M2 ? QT_MXFP8_E5M2 : QT_MXFP8_E4M3;
 }
 
+// values: the codes ref holds BF16 values (codes_bytes is then twice the codes') and there are
+// no scales.
 static qt_status op_mxfp8_use_dir(program *p, uint32_t op, size_t codes_offset,
                                   size_t scales_offset, const op_mxfp8_dir *dir,
-                                  uint64_t codes_bytes, uint64_t scales_bytes,
+                                  uint64_t codes_bytes, uint64_t scales_bytes, bool values,
                                   prog_access access) {
     op_mxfp8_assert_fits(dir->codes, codes_bytes);
-    op_mxfp8_assert_fits(dir->scales, scales_bytes);
     QT_TRY(prog_use(p, op, (uint32_t)codes_offset, dir->codes, access));
+    if (values) {
+        QT_ASSERT(dir->scales.arena == NULL);
+        return QT_OK;
+    }
+    op_mxfp8_assert_fits(dir->scales, scales_bytes);
     return prog_use(p, op, (uint32_t)scales_offset, dir->scales, access);
 }
 
@@ -46,7 +52,10 @@ qt_status op_mxfp8_quantize(program *p, const char *name, const op_mxfp8_quantiz
     args.cols = d->cols;
     args.dtype = d->dtype;
     args.elem = op_mxfp8_elem(d->elem);
-    args.flags = d->tile_2d ? QT_MXFP8_FLAG_2D : 0u;
+    QT_ASSERT((row || !d->row_values) && (col || !d->col_values));
+    args.flags = (d->tile_2d ? QT_MXFP8_FLAG_2D : 0u) |
+                 (d->row_values ? QT_MXFP8_FLAG_ROW_VALUES : 0u) |
+                 (d->col_values ? QT_MXFP8_FLAG_COL_VALUES : 0u);
     // One block per 32 x 512 tile, row tiles outer, so neighbouring blocks share rows.
     uint64_t tiles = (uint64_t)((d->rows + QT_MXFP8_TILE_ROWS - 1) / QT_MXFP8_TILE_ROWS) *
                      ((d->cols + QT_MXFP8_TILE_COLS - 1) / QT_MXFP8_TILE_COLS);
@@ -62,13 +71,17 @@ qt_status op_mxfp8_quantize(program *p, const char *name, const op_mxfp8_quantiz
     uint64_t codes = op_mxfp8_codes_bytes(d->rows, d->cols);
     if (row) {
         QT_TRY(op_mxfp8_use_dir(p, op, offsetof(mxfp8_quantize_args, row_codes),
-                                offsetof(mxfp8_quantize_args, row_scales), &d->rowwise, codes,
-                                op_mxfp8_row_scales_bytes(d->rows, d->cols), PROG_WRITE));
+                                offsetof(mxfp8_quantize_args, row_scales), &d->rowwise,
+                                d->row_values ? 2 * codes : codes,
+                                op_mxfp8_row_scales_bytes(d->rows, d->cols), d->row_values,
+                                PROG_WRITE));
     }
     if (col) {
         QT_TRY(op_mxfp8_use_dir(p, op, offsetof(mxfp8_quantize_args, col_codes),
-                                offsetof(mxfp8_quantize_args, col_scales), &d->colwise, codes,
-                                op_mxfp8_col_scales_bytes(d->rows, d->cols), PROG_WRITE));
+                                offsetof(mxfp8_quantize_args, col_scales), &d->colwise,
+                                d->col_values ? 2 * codes : codes,
+                                op_mxfp8_col_scales_bytes(d->rows, d->cols), d->col_values,
+                                PROG_WRITE));
     }
     return op_group_use(p, op, offsetof(mxfp8_quantize_args, group), &d->group);
 }
@@ -91,7 +104,8 @@ qt_status op_mxfp8_dequantize(program *p, const char *name, const op_mxfp8_dequa
                                  : op_mxfp8_row_scales_bytes(d->rows, d->cols);
     QT_TRY(op_mxfp8_use_dir(p, op, offsetof(mxfp8_dequantize_args, codes),
                             offsetof(mxfp8_dequantize_args, scales), &d->src,
-                            op_mxfp8_codes_bytes(d->rows, d->cols), scales, PROG_READ));
+                            op_mxfp8_codes_bytes(d->rows, d->cols), scales, false,
+                            PROG_READ));
     uint64_t elem_bytes = d->dtype == QT_DTYPE_BF16 ? 2 : 4;
     op_mxfp8_assert_fits(d->out, (uint64_t)d->rows * d->cols * elem_bytes);
     QT_TRY(prog_use(p, op, offsetof(mxfp8_dequantize_args, out), d->out, PROG_WRITE));

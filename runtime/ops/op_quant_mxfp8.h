@@ -27,6 +27,10 @@ typedef struct op_mxfp8_quantize_desc {
     uint32_t rows, cols;   // rows: M, or rows_capacity of a grouped tensor
     qt_elem elem;          // QT_ELEM_E4M3 | QT_ELEM_E5M2
     bool tile_2d;          // one scale per 32 x 32 tile for both directions (weights)
+    // The direction's codes ref receives the codes' BF16 values ([rows][cols], 2 bytes an
+    // element: what op_mxfp8_dequantize would write to BF16) instead of the codes, and its
+    // scales ref must be absent (QT_MXFP8_FLAG_ROW_VALUES, _COL_VALUES).
+    bool row_values, col_values;
     op_mxfp8_dir rowwise;
     op_mxfp8_dir colwise;
     op_group group;

@@ -18,11 +18,26 @@ static float mxfp8_ref_x(const mxfp8_quantize_args *a, uint32_t row, uint32_t st
     return qt_mxfp8_load(REF_PTR(const void, a->in), a->dtype, (uint64_t)row * a->cols + col);
 }
 
+// Element `index` of one direction's output: the code, or with that direction's VALUES flag
+// its BF16 value (whose scale is then not stored: mxfp8_ref_scale).
+static void mxfp8_ref_out(const mxfp8_quantize_args *a, uint64_t out, uint32_t values_flag,
+                          uint64_t index, uint8_t code, uint8_t e) {
+    if (a->flags & values_flag) {
+        REF_PTR(uint16_t, out)[index] = qt_mxfp8_value_bf16(code, e, a->elem);
+    } else {
+        REF_PTR(uint8_t, out)[index] = code;
+    }
+}
+
+static void mxfp8_ref_scale(const mxfp8_quantize_args *a, uint64_t scales, uint32_t values_flag,
+                            uint64_t index, uint8_t e) {
+    if (!(a->flags & values_flag)) REF_PTR(uint8_t, scales)[index] = e;
+}
+
 // Rows [r_begin, r_end).
 POOL_CPU_CLONES static void mxfp8_ref_rowwise(void *ctx, uint64_t r_begin, uint64_t r_end) {
     const mxfp8_quantize_args *a = ctx;
-    uint8_t *codes = REF_PTR(uint8_t, a->row_codes);
-    uint8_t *scales = REF_PTR(uint8_t, a->row_scales);
+    const uint32_t values = QT_MXFP8_FLAG_ROW_VALUES;
     uint32_t blocks = (a->cols + QT_MXFP8_BLOCK - 1) / QT_MXFP8_BLOCK;
     for (uint32_t r = (uint32_t)r_begin; r < r_end; r++) {
         uint32_t state = mxfp8_ref_state(a, r);
@@ -35,10 +50,11 @@ POOL_CPU_CLONES static void mxfp8_ref_rowwise(void *ctx, uint64_t r_begin, uint6
             }
             uint8_t e = qt_mxfp8_scale_e8m0(amax, a->elem);
             float mult = qt_e8m0_inv_f32(e);
-            scales[(uint64_t)r * blocks + b] = e;
+            mxfp8_ref_scale(a, a->row_scales, values, (uint64_t)r * blocks + b, e);
             for (uint32_t k = k0; k < k1; k++) {
                 float x = mxfp8_ref_x(a, r, state, k);
-                codes[(uint64_t)r * a->cols + k] = qt_mxfp8_encode(x, mult, a->elem);
+                mxfp8_ref_out(a, a->row_codes, values, (uint64_t)r * a->cols + k,
+                              qt_mxfp8_encode(x, mult, a->elem), e);
             }
         }
     }
@@ -53,8 +69,7 @@ typedef struct mxfp8_ref_job {
 POOL_CPU_CLONES static void mxfp8_ref_colwise(void *ctx, uint64_t b_begin, uint64_t b_end) {
     const mxfp8_quantize_args *a = ((const mxfp8_ref_job *)ctx)->a;
     uint32_t end = ((const mxfp8_ref_job *)ctx)->end;
-    uint8_t *codes = REF_PTR(uint8_t, a->col_codes);
-    uint8_t *scales = REF_PTR(uint8_t, a->col_scales);
+    const uint32_t values = QT_MXFP8_FLAG_COL_VALUES;
     uint32_t state[QT_MXFP8_BLOCK];
     for (uint32_t m0 = (uint32_t)b_begin * QT_MXFP8_BLOCK; m0 < b_end * QT_MXFP8_BLOCK;
          m0 += QT_MXFP8_BLOCK) {
@@ -67,10 +82,12 @@ POOL_CPU_CLONES static void mxfp8_ref_colwise(void *ctx, uint64_t b_begin, uint6
             }
             uint8_t e = qt_mxfp8_scale_e8m0(amax, a->elem);
             float mult = qt_e8m0_inv_f32(e);
-            scales[(uint64_t)(m0 / QT_MXFP8_BLOCK) * a->cols + k] = e;
+            uint64_t scale_at = (uint64_t)(m0 / QT_MXFP8_BLOCK) * a->cols + k;
+            mxfp8_ref_scale(a, a->col_scales, values, scale_at, e);
             for (uint32_t r = m0; r < m1; r++) {
                 float x = mxfp8_ref_x(a, r, state[r - m0], k);
-                codes[(uint64_t)r * a->cols + k] = qt_mxfp8_encode(x, mult, a->elem);
+                mxfp8_ref_out(a, a->col_codes, values, (uint64_t)r * a->cols + k,
+                              qt_mxfp8_encode(x, mult, a->elem), e);
             }
         }
     }
@@ -89,17 +106,22 @@ static void mxfp8_ref_tile_2d(const mxfp8_quantize_args *a, const uint32_t *stat
     }
     uint8_t e = qt_mxfp8_scale_e8m0(amax, a->elem);
     float mult = qt_e8m0_inv_f32(e);
+    const uint32_t row_values = QT_MXFP8_FLAG_ROW_VALUES, col_values = QT_MXFP8_FLAG_COL_VALUES;
     for (uint32_t r = m0; r < m1; r++) {
-        if (a->row_codes) REF_PTR(uint8_t, a->row_scales)[(uint64_t)r * blocks + k0 / 32] = e;
+        if (a->row_codes) {
+            mxfp8_ref_scale(a, a->row_scales, row_values, (uint64_t)r * blocks + k0 / 32, e);
+        }
         for (uint32_t k = k0; k < k1; k++) {
             uint8_t q = qt_mxfp8_encode(mxfp8_ref_x(a, r, state[r - m0], k), mult, a->elem);
-            if (a->row_codes) REF_PTR(uint8_t, a->row_codes)[(uint64_t)r * a->cols + k] = q;
-            if (a->col_codes) REF_PTR(uint8_t, a->col_codes)[(uint64_t)r * a->cols + k] = q;
+            uint64_t index = (uint64_t)r * a->cols + k;
+            if (a->row_codes) mxfp8_ref_out(a, a->row_codes, row_values, index, q, e);
+            if (a->col_codes) mxfp8_ref_out(a, a->col_codes, col_values, index, q, e);
         }
     }
     if (a->col_codes) {
-        uint8_t *scales = REF_PTR(uint8_t, a->col_scales);
-        for (uint32_t k = k0; k < k1; k++) scales[(uint64_t)(m0 / 32) * a->cols + k] = e;
+        for (uint32_t k = k0; k < k1; k++) {
+            mxfp8_ref_scale(a, a->col_scales, col_values, (uint64_t)(m0 / 32) * a->cols + k, e);
+        }
     }
 }
 
