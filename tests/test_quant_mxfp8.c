@@ -1016,7 +1016,8 @@ static uint64_t mx_load_le(const uint8_t *p, uint64_t bytes) {
 static void mx_compare_region(const char *label, int which, const mx_case *c,
                               const mx_data *d, const uint8_t *got, const uint8_t *want,
                               uint64_t bytes) {
-    uint64_t size = which >= 4 ? mx_elem_bytes(c->out_dtype) : 1;
+    // Codes and scales are bytes, dequantized copies the case's output type, values BF16.
+    uint64_t size = which >= MX_OUT_ROW_VALUES ? 2 : which >= 4 ? mx_elem_bytes(c->out_dtype) : 1;
     uint64_t width = which == 1 ? (d->cols + 31) / 32 : d->cols;
     uint64_t bad = 0;
     for (uint64_t i = 0; i < bytes; i += size) {
