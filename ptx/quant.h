@@ -68,4 +68,14 @@ QT_HD uint32_t qt_quant_random_byte(qt_philox4 r, uint32_t j) {
     return (r.v[j >> 2] >> (8 * (j & 3))) & 0xFFu;
 }
 
+#if defined(__CUDACC__)
+// The maxima of two BF16 pairs, half by half, in one instruction (max.bf16x2): the BF16 casts'
+// partial amaxes over words of the raw input, |x| taken by masking the sign bits first.
+__device__ __forceinline__ uint32_t qt_bf16x2_max(uint32_t a, uint32_t b) {
+    uint32_t m;
+    asm("max.bf16x2 %0, %1, %2;" : "=r"(m) : "r"(a), "r"(b));
+    return m;
+}
+#endif
+
 #endif  // QT_QUANT_H

@@ -265,11 +265,6 @@ __device__ __forceinline__ void qb_partials_warp(const qb_tile &t, const float (
 // path's bits, except that a row or column of NaNs only gives NaN where that path gives +0:
 // every later step (the warp's and the tile's fmaxf, from +0 in qb_scales) drops it alike.
 // About half the instructions of unpacking each element to FP32 (the casts are issue-bound).
-__device__ __forceinline__ uint32_t qb_bf16x2_max(uint32_t a, uint32_t b) {
-    uint32_t m;
-    asm("max.bf16x2 %0, %1, %2;\n" : "=r"(m) : "r"(a), "r"(b));
-    return m;
-}
 __device__ __forceinline__ void qb_partials_bf16x2(const uint32_t (&x)[8][4], float (&rp)[8],
                                                    float (&cp)[8]) {
     uint32_t col[4];  // word k: the maxima of columns 2k (low half) and 2k + 1
@@ -279,9 +274,9 @@ __device__ __forceinline__ void qb_partials_bf16x2(const uint32_t (&x)[8][4], fl
 #pragma unroll
         for (uint32_t k = 0; k < 4; k++) {
             a[k] = x[i][k] & 0x7FFF7FFFu;
-            col[k] = i == 0 ? a[k] : qb_bf16x2_max(col[k], a[k]);
+            col[k] = i == 0 ? a[k] : qt_bf16x2_max(col[k], a[k]);
         }
-        uint32_t row = qb_bf16x2_max(qb_bf16x2_max(a[0], a[1]), qb_bf16x2_max(a[2], a[3]));
+        uint32_t row = qt_bf16x2_max(qt_bf16x2_max(a[0], a[1]), qt_bf16x2_max(a[2], a[3]));
         rp[i] = fmaxf(__uint_as_float(row << 16), __uint_as_float(row & 0xFFFF0000u));
     }
 #pragma unroll

@@ -111,14 +111,8 @@ __device__ __forceinline__ void mx_load_row(mx_tile_f32 &t, int i, const float *
 // largest |x| of the non-NaN elements, 0 if there are none. |x| clears the sign bit, so -0 never
 // appears and the max of a set is one exact element whatever the tree.
 
-__device__ __forceinline__ uint32_t mx_max_bf16x2(uint32_t a, uint32_t b) {
-    uint32_t d;
-    asm("max.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-}
-
 __device__ __forceinline__ uint32_t mx_max_shfl_bf16x2(uint32_t v, int lane_mask) {
-    return mx_max_bf16x2(v, __shfl_xor_sync(MX_FULL, v, lane_mask));
+    return qt_bf16x2_max(v, __shfl_xor_sync(MX_FULL, v, lane_mask));
 }
 
 __device__ __forceinline__ float mx_max_shfl_f32(float v, int lane_mask) {
@@ -132,11 +126,11 @@ __device__ __forceinline__ void mx_row_amax(const mx_tile_bf16 &t, float amax[MX
         uint32_t m0 = 0, m1 = 0;
 #pragma unroll
         for (int p = 0; p < 4; p++) {
-            m0 = mx_max_bf16x2(m0, t.w[2 * k][p] & 0x7FFF7FFFu);
-            m1 = mx_max_bf16x2(m1, t.w[2 * k + 1][p] & 0x7FFF7FFFu);
+            m0 = qt_bf16x2_max(m0, t.w[2 * k][p] & 0x7FFF7FFFu);
+            m1 = qt_bf16x2_max(m1, t.w[2 * k + 1][p] & 0x7FFF7FFFu);
         }
         // Low half: row 2k, high half: row 2k+1 (max over the even and odd columns).
-        uint32_t m = mx_max_bf16x2(__byte_perm(m0, m1, 0x5410), __byte_perm(m0, m1, 0x7632));
+        uint32_t m = qt_bf16x2_max(__byte_perm(m0, m1, 0x5410), __byte_perm(m0, m1, 0x7632));
         m = mx_max_shfl_bf16x2(m, 1);
         m = mx_max_shfl_bf16x2(m, 2);
         amax[2 * k] = __uint_as_float(m << 16);
@@ -162,7 +156,7 @@ __device__ __forceinline__ void mx_col_amax(const mx_tile_bf16 &t, float amax[8]
 #pragma unroll
     for (int i = 0; i < MX_LANE_ROWS; i++) {
 #pragma unroll
-        for (int p = 0; p < 4; p++) c[p] = mx_max_bf16x2(c[p], t.w[i][p] & 0x7FFF7FFFu);
+        for (int p = 0; p < 4; p++) c[p] = qt_bf16x2_max(c[p], t.w[i][p] & 0x7FFF7FFFu);
     }
 #pragma unroll
     for (int p = 0; p < 4; p++) {
@@ -171,8 +165,8 @@ __device__ __forceinline__ void mx_col_amax(const mx_tile_bf16 &t, float amax[8]
         amax[2 * p] = __uint_as_float(c[p] << 16);
         amax[2 * p + 1] = __uint_as_float(c[p] & 0xFFFF0000u);
     }
-    uint32_t m = mx_max_bf16x2(mx_max_bf16x2(c[0], c[1]), mx_max_bf16x2(c[2], c[3]));
-    m = mx_max_bf16x2(m, __byte_perm(m, 0, 0x1032));  // both halves: max of the two
+    uint32_t m = qt_bf16x2_max(qt_bf16x2_max(c[0], c[1]), qt_bf16x2_max(c[2], c[3]));
+    m = qt_bf16x2_max(m, __byte_perm(m, 0, 0x1032));  // both halves: max of the two
     m = mx_max_shfl_bf16x2(m, 1);
     m = mx_max_shfl_bf16x2(m, 2);
     *block = __uint_as_float(m << 16);
