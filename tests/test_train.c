@@ -325,6 +325,37 @@ static void test_time_steps(void) {
     test_end();
 }
 
+// A profile the reference backend refuses (it times GPU kernels) is a failed call: it marks the
+// run apart (run.h), as a failed step does, and the run then trains as it would have.
+static void profile_refused(run *r, void *ctx) {
+    qt_status *status = ctx;
+    CHECK(!r->apart, "the run is apart before any call failed");
+    FILE *out = fopen("/dev/null", "w");
+    CHECK(out != NULL, "cannot open /dev/null");
+    if (!out) return;
+    *status = run_profile(r, 1, out);
+    fclose(out);
+    CHECK(r->apart, "a failed profile left the run's apart flag clear");
+}
+
+static void test_profile_refused_marks_apart(void) {
+    test_begin("train_refused_profile_marks_the_run_apart");
+    static char text[RECIPE_TEXT_MAX];
+    train_case c = recipe_case("tests/recipes/synthetic_tiny.recipe", "bf16", BACKEND_REF, text,
+                               sizeof text);
+    qt_status profiled = QT_OK;
+    c.before_loop = profile_refused;
+    c.before_ctx = &profiled;
+    sched_summary sum;
+    const char *why = NULL;
+    train(&c, &sum, &why);
+    CHECK(profiled == QT_ERR_INPUT, "profile on the reference backend: %s, not %s",
+          qt_status_name(profiled), qt_status_name(QT_ERR_INPUT));
+    CHECK(sum.steps[MODEL_MODE_TRAIN] == 200, "%llu train steps after the refused profile",
+          (unsigned long long)sum.steps[MODEL_MODE_TRAIN]);
+    test_end();
+}
+
 // MXFP8 and NVFP4 GEMMs in the format's kernels and through BF16 copies (model.c's choice of
 // path) compute the same products in the same order: the traces, checksums included, are
 // identical. On the reference backend, and on the GPU, where the copies take the sm_90a BF16
@@ -2096,6 +2127,7 @@ int main(void) {
                                 "tests/recipes/synthetic_wide.recipe", schemes[i], 4, 1, 3));
     }
     TEST_UNIT(test_time_steps());
+    TEST_UNIT(test_profile_refused_marks_apart());
     TEST_UNIT(test_emulated_paths(BACKEND_REF, "mxfp8"));
     TEST_UNIT(test_emulated_paths(BACKEND_REF, "nvfp4"));
     for (size_t i = 0; i < SCHEMES_COUNT; i++) {

@@ -1242,7 +1242,7 @@ static qt_status run_timeline_mode(run *r, int mode, FILE *out) {
     return QT_OK;
 }
 
-qt_status run_profile(run *r, uint32_t reps, FILE *out) {
+static qt_status run_profile_modes(run *r, uint32_t reps, FILE *out) {
     QT_ASSERT(r->bound);
     for (int mode = 0; mode < MODEL_MODE_COUNT; mode++) {
         if (r->model.modes[mode]) QT_TRY(run_profile_mode(r, mode, reps, out));
@@ -1251,6 +1251,12 @@ qt_status run_profile(run *r, uint32_t reps, FILE *out) {
         if (r->model.modes[mode] && r->graphs[mode].exec) QT_TRY(run_timeline_mode(r, mode, out));
     }
     return QT_OK;
+}
+
+// The profile replays the graphs, collectives included: a rank whose profile failed leaves the
+// others in one, like a failed step (run_mark).
+qt_status run_profile(run *r, uint32_t reps, FILE *out) {
+    return run_mark(r, run_profile_modes(r, reps, out));
 }
 
 qt_status run_end_trace(run *r) {

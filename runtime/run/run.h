@@ -232,9 +232,10 @@ typedef struct run {
     bool trained;              // a train step ran since run_bind (run_expert_loads)
     dp_comm dp;                // this rank's communicator (one rank: world 1, no collectives)
     bool dp_open;              // from run_bind to run_close
-    // A call since run_bind failed (run_bind, run_resume, run_save, run_execute, run_step, metrics
-    // or a trace write included): the other ranks may wait in a collective that this rank will not
-    // join, so run_close aborts the communicators instead of meeting them at a barrier.
+    // A call since run_bind failed (run_bind, run_resume, run_save, run_execute, run_step,
+    // run_profile, metrics or a trace write included): the other ranks may wait in a collective
+    // that this rank will not join, so run_close aborts the communicators instead of meeting them
+    // at a barrier.
     bool apart;
 } run;
 
