@@ -11,6 +11,7 @@
 //   qt_nvfp4_quantize    one pass over x: rowwise and/or columnwise codes and E4M3 block scales
 //   qt_nvfp4_quantize_bf16  the same for BF16 input without 2-D or stochastic rounding (the
 //                        fused cast TE runs on activations and gradients), its own register budget
+//   qt_nvfp4_quantize_bf16_sr  the same with stochastic rounding (BF16 gradients)
 //   qt_nvfp4_dequantize  codes + scales (+ the direction's global amax) -> [M][K] BF16 or FP32
 //
 // Layouts (ptx/quant.h): x [M][K] row-major (M = rows, K = cols), two codes per byte, even
@@ -153,6 +154,7 @@ QT_STATIC_ASSERT(sizeof(nvfp4_decode_args) == 32, "nvfp4_decode_args layout");
     X(KERNEL_NVFP4_AMAX, quant_nvfp4, qt_nvfp4_amax, nvfp4_amax_args)              \
     X(KERNEL_NVFP4_QUANTIZE, quant_nvfp4, qt_nvfp4_quantize, nvfp4_quantize_args)  \
     X(KERNEL_NVFP4_QUANTIZE_BF16, quant_nvfp4, qt_nvfp4_quantize_bf16, nvfp4_quantize_args) \
+    X(KERNEL_NVFP4_QUANTIZE_BF16_SR, quant_nvfp4, qt_nvfp4_quantize_bf16_sr, nvfp4_quantize_args) \
     X(KERNEL_NVFP4_DEQUANTIZE, quant_nvfp4, qt_nvfp4_dequantize, nvfp4_dequantize_args) \
     X(KERNEL_NVFP4_DECODE, quant_nvfp4, qt_nvfp4_decode, nvfp4_decode_args)
 

@@ -976,6 +976,15 @@ static void nv_build(rig *r, program *fill, const nv_case *c, nv_regions *g) {
                         g->amax_row, g->amax_col, g->row_data, g->row_scales, g->col_data,
                         g->col_scales};
     RIG_OK(op_nvfp4_quantize(&r->prog, "quantize", &in, &q));
+    // Which kernel casts: BF16 without 2-D takes a fast one (stochastic rounding its own).
+    const program *p = &r->prog;
+    const kernel_id want = c->dtype != QT_DTYPE_BF16 || (c->flags & QT_NVFP4_2D)
+                               ? KERNEL_NVFP4_QUANTIZE
+                           : (c->flags & QT_NVFP4_SR) ? KERNEL_NVFP4_QUANTIZE_BF16_SR
+                                                      : KERNEL_NVFP4_QUANTIZE_BF16;
+    CHECK(p->op_count > 0 && p->ops[p->op_count - 1].kernel == want,
+          "%s: quantize kernel %d, expected %d", c->name,
+          p->op_count > 0 ? (int)p->ops[p->op_count - 1].kernel : -1, (int)want);
     op_nvfp4_dequant d = {c->rows, c->cols, group, false, g->row_data, g->row_scales,
                           g->amax_row, g->deq_row, QT_DTYPE_F32};
     if (rowwise) RIG_OK(op_nvfp4_dequantize(&r->prog, "dequant_row", &d));
@@ -1260,7 +1269,44 @@ static const nv_case nv_cases[] = {
     {"gpu_grouped_3_bf16_plain", 0, 80, QT_DTYPE_BF16, 3, RC, 0, 2},
     {"gpu_bf16_77x64_colwise_only", 77, 64, QT_DTYPE_BF16, 0, QT_NVFP4_COLWISE, 0, 1},
     {"gpu_bf16_1024x512_rht_planted_wild", 1024, 512, QT_DTYPE_BF16, 0, RC | QT_NVFP4_RHT, TE, 2},
+    // The BF16 fast cast with stochastic rounding: partial tiles without RHT, huge values and Inf,
+    // a runtime sign mask, grouped rows, one direction at a time.
+    {"gpu_bf16_45x77_sr", 45, 77, QT_DTYPE_BF16, 0, RC | QT_NVFP4_SR, 0, 1},
+    {"gpu_bf16_300x200_sr_rht_inf_huge", 300, 200, QT_DTYPE_BF16, 0,
+     RC | QT_NVFP4_RHT | QT_NVFP4_SR, TE, 2},
+    {"gpu_bf16_256x128_sr_rht_mask_a5c3", 256, 128, QT_DTYPE_BF16, 0,
+     RC | QT_NVFP4_RHT | QT_NVFP4_SR, 0xA5C3, 1},
+    {"gpu_grouped_3_bf16_rht_sr", 0, 96, QT_DTYPE_BF16, 3, RC | QT_NVFP4_RHT | QT_NVFP4_SR, TE,
+     1},
+    {"gpu_bf16_129x80_rowwise_only_sr", 129, 80, QT_DTYPE_BF16, 0,
+     QT_NVFP4_ROWWISE | QT_NVFP4_SR, 0, 1},
+    {"gpu_bf16_77x64_colwise_only_sr_rht", 77, 64, QT_DTYPE_BF16, 0,
+     QT_NVFP4_COLWISE | QT_NVFP4_RHT | QT_NVFP4_SR, TE, 2},
 };
+
+// CPU: the program of every case above picks the kernel its input calls for (nv_build checks
+// it), so that the GPU cases exercise the kernels they are meant to.
+static void test_kernel_choice(void) {
+    test_begin("quantize_kernel_choice");
+    const char *why = NULL;
+    CHECK(rig_open(&ref_rig, BACKEND_REF, &why), "reference rig: %s", why ? why : "?");
+    for (size_t i = 0; i < sizeof nv_cases / sizeof nv_cases[0]; i++) {
+        nv_case c = nv_cases[i];
+        nv_group grp = {0};
+        if (c.members) {
+            nv_group_make(&grp, c.members, c.members * 7 + c.cols);
+            c.rows = grp.capacity;
+        }
+        nv_regions g;
+        rig_reset(&ref_rig);
+        nv_build(&ref_rig, &fill_ref, &c, &g);
+        free(grp.offsets);
+        free(grp.first_dims);
+    }
+    rig_reset(&ref_rig);
+    rig_close(&ref_rig);
+    test_end();
+}
 
 static void test_gpu(void) {
     const size_t n = sizeof nv_cases / sizeof nv_cases[0];
@@ -1292,6 +1338,7 @@ int main(void) {
     test_transpose_2d();
     test_grouped_padding();
     test_sr_statistics();
+    test_kernel_choice();
     test_gpu();
     return test_exit_code();
 }

@@ -154,15 +154,17 @@ qt_status op_nvfp4_quantize(program *p, const char *name, const op_nvfp4_input *
                                QT_NVFP4_QUANT_TILE_ROWS;
     const uint64_t per_cta = (uint64_t)grid_x * row_tiles / OP_NVFP4_QUANT_CTAS;
     const uint64_t grid_y = per_cta > 1 ? (row_tiles + per_cta - 1) / per_cta : row_tiles;
-    // The BF16 fast cast has a kernel of its own (one barrier per tile, four CTAs per SM); both
-    // give the same bytes.
-    const bool bf16_fast = in->dtype == QT_DTYPE_BF16 && !q->two_d && !q->stochastic;
+    // The BF16 fast casts have kernels of their own (one barrier per tile; four CTAs per SM
+    // rounding to nearest, three with stochastic rounding); all give the same bytes.
+    const bool bf16_fast = in->dtype == QT_DTYPE_BF16 && !q->two_d;
     launch_shape shape = {{grid_x, op_nvfp4_grid_y(grid_y), 1},
                           {QT_NVFP4_THREADS, 1, 1},
                           bf16_fast ? QT_NVFP4_QUANT_BF16_SMEM : QT_NVFP4_QUANT_SMEM(esize)};
+    const kernel_id kernel = !bf16_fast     ? KERNEL_NVFP4_QUANTIZE
+                             : q->stochastic ? KERNEL_NVFP4_QUANTIZE_BF16_SR
+                                             : KERNEL_NVFP4_QUANTIZE_BF16;
     uint32_t op;
-    QT_TRY(prog_append(p, bf16_fast ? KERNEL_NVFP4_QUANTIZE_BF16 : KERNEL_NVFP4_QUANTIZE, name,
-                       &shape, &args, sizeof args, &op));
+    QT_TRY(prog_append(p, kernel, name, &shape, &args, sizeof args, &op));
     QT_TRY(op_nvfp4_use(p, op, offsetof(nvfp4_quantize_args, x), in->x,
                         (uint64_t)in->rows * in->cols * esize, esize, PROG_READ));
     QT_TRY(op_group_use(p, op, offsetof(nvfp4_quantize_args, group), &in->group));
