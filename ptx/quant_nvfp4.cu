@@ -964,7 +964,9 @@ __device__ __forceinline__ void nvq_body_bf16(const nvfp4_quantize_args &a, nvq_
 #pragma unroll
             for (int i = 0; i < 4; i++) s_rows[r * 8 + ((c0 + i) ^ (r & 7u))] = chunk[i];
         }
-        if (a.flags & QT_NVFP4_ROWWISE) nvb_rowwise<SR>(a, chunk, &sh, rb, mb + r, k0 + c0 * 8, step);
+        if (a.flags & QT_NVFP4_ROWWISE) {
+            nvb_rowwise<SR>(a, chunk, &sh, rb, mb + r, k0 + c0 * 8, step);
+        }
         if (!colwise) continue;
         __syncwarp();
         uint2 *colq = s_colq + (it & 1) * NVB_COLQ_UNITS;
