@@ -410,18 +410,30 @@ __device__ __forceinline__ uint32_t nvq_encode2_bf16(const nvfp4_quantize_args &
                                                      const uint32_t blk[2], uint64_t step,
                                                      uint32_t q[2][2]) {
     if (SR) {
+        // One block at a time (not unrolled): the Philox draw and 16 FP32 values of one block
+        // live at once, which keeps the kernel within its 80 registers.
         uint32_t sbs = 0;
-#pragma unroll
+#pragma unroll 1
         for (uint32_t k = 0; k < 2; k++) {
-            if (skip[k]) continue;
+            if (k ? skip[1] : skip[0]) continue;
             float v[16];
 #pragma unroll
             for (int i = 0; i < 8; i++) {
-                v[2 * i] = __uint_as_float(y[k][i] << 16);
-                v[2 * i + 1] = __uint_as_float(y[k][i] & 0xFFFF0000u);
+                const uint32_t w = k ? y[1][i] : y[0][i];
+                v[2 * i] = __uint_as_float(w << 16);
+                v[2 * i + 1] = __uint_as_float(w & 0xFFFF0000u);
             }
-            sbs |= nvq_block<false>(a, sh, dir, v, 0.0f, s[k], line[k], blk[k], step, q[k])
+            uint32_t qk[2];
+            sbs |= nvq_block<false>(a, sh, dir, v, 0.0f, k ? s[1] : s[0], k ? line[1] : line[0],
+                                    k ? blk[1] : blk[0], step, qk)
                    << (8 * k);
+            if (k) {
+                q[1][0] = qk[0];
+                q[1][1] = qk[1];
+            } else {
+                q[0][0] = qk[0];
+                q[0][1] = qk[1];
+            }
         }
         return sbs;
     }
@@ -827,8 +839,20 @@ __device__ __forceinline__ void nvb_load(const nvfp4_quantize_args &a, uint4 chu
     }
 }
 
+// QT_NVFP4_*_VALUES: one block's 16 codes with scale byte sb as qt_nvfp4_decode writes them (the
+// GEMMs' decode, the raw values in BF16), 32 bytes at dst.
+__device__ __forceinline__ void nvb_store_values(uint4 *dst, const uint32_t q[2], uint32_t sb) {
+    const uint32_t scale2 = gemm_nvfp4_scale_pair((uint8_t)sb);
+    uint32_t lo[4], hi[4];
+    gemm_decode_nvfp4x8(q[0], scale2, lo);
+    gemm_decode_nvfp4x8(q[1], scale2, hi);
+    dst[0] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+    dst[1] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+}
+
 // The lane's two rowwise blocks (chunks 0-1 and 2-3) at row m, first column kb; stored as one
-// 16-byte code store and one 2-byte scale store when whole and aligned.
+// 16-byte code store and one 2-byte scale store when whole and aligned, or as their values
+// (ROW_VALUES: whole blocks, 16-byte aligned rows, the builder's preconditions).
 template <bool SR>
 __device__ __forceinline__ void nvb_rowwise(const nvfp4_quantize_args &a, const uint4 chunk[4],
                                             const nvq_shared *sh, const nvq_rowblock &rb,
@@ -851,6 +875,12 @@ __device__ __forceinline__ void nvb_rowwise(const nvfp4_quantize_args &a, const 
     const uint32_t line[2] = {m, m}, blk[2] = {kb / 16, kb / 16 + 1};
     uint32_t q[2][2];
     const uint32_t sbs = nvq_encode2_bf16<SR>(a, sh, 0, y, s, skip, line, blk, step, q);
+    if (a.flags & QT_NVFP4_ROW_VALUES) {
+        uint4 *dst = (uint4 *)((uint16_t *)a.row_data + (uint64_t)m * a.cols + kb);
+        nvb_store_values(dst, q[0], sbs & 0xFFu);
+        if (!skip[1]) nvb_store_values(dst + 2, q[1], (sbs >> 8) & 0xFFu);
+        return;
+    }
     const uint32_t rpitch = (a.cols + 1) / 2, spitch = (a.cols + 15) / 16;
     uint8_t *data = (uint8_t *)a.row_data + (uint64_t)m * rpitch + kb / 2;
     uint8_t *scales = (uint8_t *)a.row_scales + (uint64_t)m * spitch + kb / 16;
@@ -919,6 +949,16 @@ __device__ __forceinline__ void nvb_colwise(const nvfp4_quantize_args &a, const 
     const uint32_t blk[2] = {m0 / 16 + rbi, m0 / 16 + rbi};
     uint32_t q[2][2];
     const uint32_t sbs = nvq_encode2_bf16<SR>(a, sh, 1, y, s, skip, line, blk, step, q);
+    if (a.flags & QT_NVFP4_COL_VALUES) {  // dense, whole row blocks: straight to the copy
+#pragma unroll
+        for (uint32_t c = 0; c < 2; c++) {
+            const uint32_t k = k0 + 2 * cp + c;
+            if (k >= a.cols) continue;
+            uint4 *dst = (uint4 *)((uint16_t *)a.col_data + (uint64_t)k * a.rows + m0 + 16 * rbi);
+            nvb_store_values(dst, q[c], (sbs >> (8 * c)) & 0xFFu);
+        }
+        return;
+    }
 #pragma unroll
     for (int c = 0; c < 2; c++) {
         const uint32_t kl = 2 * cp + c;
@@ -980,6 +1020,7 @@ __device__ __forceinline__ void nvq_body_bf16(const nvfp4_quantize_args &a, nvq_
         // thread reaches after this store. The staged rows are the warp's own, rewritten only
         // after this barrier.
         __syncthreads();
+        if (a.flags & QT_NVFP4_COL_VALUES) continue;  // nvb_colwise stored them
         nvq_colwise_store(a, colq, cols, limit > m0 ? min(limit - m0, (uint32_t)NVQ_TM) : 0u,
                           m0, k0);
     }

@@ -73,6 +73,13 @@
 #define QT_NVFP4_2D 8u   // 16x16 tiles (weights): one amax per tile, scale replicated into rows;
                          // never with RHT (TE gives weights no RHT; the builder asserts)
 #define QT_NVFP4_SR 16u  // stochastic rounding of the codes (both enabled directions)
+// Values instead of codes, for a copy that only BF16 GEMMs read: the direction's codes decoded
+// as qt_nvfp4_decode decodes them (qt_nvfp4_raw_value rounded to BF16, without the global
+// factor) and stored as BF16 at row_data [rows][cols] (col_data [cols][rows]); its scales are
+// not written. Dense tensors of BF16 input with rows and cols multiples of 16, no 2-D (the
+// fast kernels; the builder asserts it).
+#define QT_NVFP4_ROW_VALUES 32u
+#define QT_NVFP4_COL_VALUES 64u
 
 typedef struct nvfp4_amax_args {
     uint64_t x;         // [rows][cols] bf16 | f32
@@ -89,10 +96,10 @@ QT_STATIC_ASSERT(sizeof(nvfp4_amax_args) == 72, "nvfp4_amax_args layout");
 
 typedef struct nvfp4_quantize_args {
     uint64_t x;           // [rows][cols] bf16 | f32
-    uint64_t row_data;    // u8 [rows][ceil(cols/2)]      (ROWWISE)
-    uint64_t row_scales;  // e4m3 [rows][ceil(cols/16)]   (ROWWISE)
-    uint64_t col_data;    // u8 [cols][ceil(rows/2)]      (COLWISE)
-    uint64_t col_scales;  // e4m3 [cols][ceil(rows/16)]   (COLWISE)
+    uint64_t row_data;    // u8 [rows][ceil(cols/2)]      (ROWWISE; ROW_VALUES: bf16 [rows][cols])
+    uint64_t row_scales;  // e4m3 [rows][ceil(cols/16)]   (ROWWISE, not ROW_VALUES)
+    uint64_t col_data;    // u8 [cols][ceil(rows/2)]      (COLWISE; COL_VALUES: bf16 [cols][rows])
+    uint64_t col_scales;  // e4m3 [cols][ceil(rows/16)]   (COLWISE, not COL_VALUES)
     uint64_t amax_row;    // f32 [max(count, 1)]          (ROWWISE)
     uint64_t amax_col;    // f32 [max(count, 1)]          (COLWISE)
     uint64_t step;        // u64 device step counter      (SR)
