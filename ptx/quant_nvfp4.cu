@@ -409,54 +409,33 @@ __device__ __forceinline__ uint32_t nvq_encode2_bf16(const nvfp4_quantize_args &
                                                      const bool skip[2], const uint32_t line[2],
                                                      const uint32_t blk[2], uint64_t step,
                                                      uint32_t q[2][2]) {
-    if (SR) {
-        // One block at a time (not unrolled): the Philox draw and 16 FP32 values of one block
-        // live at once, which keeps the kernel within its 80 registers.
-        uint32_t sbs = 0;
-#pragma unroll 1
-        for (uint32_t k = 0; k < 2; k++) {
-            if (k ? skip[1] : skip[0]) continue;
-            float v[16];
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const uint32_t w = k ? y[1][i] : y[0][i];
-                v[2 * i] = __uint_as_float(w << 16);
-                v[2 * i + 1] = __uint_as_float(w & 0xFFFF0000u);
-            }
-            uint32_t qk[2];
-            sbs |= nvq_block<false>(a, sh, dir, v, 0.0f, k ? s[1] : s[0], k ? line[1] : line[0],
-                                    k ? blk[1] : blk[0], step, qk)
-                   << (8 * k);
-            if (k) {
-                q[1][0] = qk[0];
-                q[1][1] = qk[1];
-            } else {
-                q[0][0] = qk[0];
-                q[0][1] = qk[1];
-            }
+    // With stochastic rounding every block takes the loop below; one block at a time (not
+    // unrolled) keeps a Philox draw and 16 FP32 values live at once, within 80 registers.
+    bool fast0 = false, fast1 = false;
+    uint32_t sbs = 0;
+    if (!SR) {
+        const float amax0 = qt_nvfp4_absmax16_bf16(y[0]), amax1 = qt_nvfp4_absmax16_bf16(y[1]);
+        sbs = qt_nvfp4_e4m3x2(amax0 * s[0].c, amax1 * s[1].c);
+        fast0 = !qt_f32_is_nan(amax0) && qt_nvfp4_fast_ok(sbs & 0xFFu);
+        fast1 = !qt_f32_is_nan(amax1) && qt_nvfp4_fast_ok((sbs >> 8) & 0xFFu);
+        if (fast0 && fast1 && !skip[0] && !skip[1]) {
+            // The common case, in one basic block so that the two blocks' dependency chains
+            // interleave.
+            const float m0 = nvq_mult(a, sh, dir, sbs & 0xFFu, s[0].s_dec);
+            const float m1 = nvq_mult(a, sh, dir, (sbs >> 8) & 0xFFu, s[1].s_dec);
+            qt_nvfp4_encode16_bf16(y[0], m0, q[0]);
+            qt_nvfp4_encode16_bf16(y[1], m1, q[1]);
+            return sbs;
         }
-        return sbs;
+        if (fast0 && !skip[0]) {
+            qt_nvfp4_encode16_bf16(y[0], nvq_mult(a, sh, dir, sbs & 0xFFu, s[0].s_dec), q[0]);
+        }
+        if (fast1 && !skip[1]) {
+            qt_nvfp4_encode16_bf16(y[1], nvq_mult(a, sh, dir, (sbs >> 8) & 0xFFu, s[1].s_dec),
+                                   q[1]);
+        }
+        if ((fast0 || skip[0]) && (fast1 || skip[1])) return sbs;
     }
-    const float amax0 = qt_nvfp4_absmax16_bf16(y[0]), amax1 = qt_nvfp4_absmax16_bf16(y[1]);
-    uint32_t sbs = qt_nvfp4_e4m3x2(amax0 * s[0].c, amax1 * s[1].c);
-    const bool fast0 = !qt_f32_is_nan(amax0) && qt_nvfp4_fast_ok(sbs & 0xFFu);
-    const bool fast1 = !qt_f32_is_nan(amax1) && qt_nvfp4_fast_ok((sbs >> 8) & 0xFFu);
-    if (fast0 && fast1 && !skip[0] && !skip[1]) {
-        // The common case, in one basic block so that the two blocks' dependency chains
-        // interleave.
-        const float m0 = nvq_mult(a, sh, dir, sbs & 0xFFu, s[0].s_dec);
-        const float m1 = nvq_mult(a, sh, dir, (sbs >> 8) & 0xFFu, s[1].s_dec);
-        qt_nvfp4_encode16_bf16(y[0], m0, q[0]);
-        qt_nvfp4_encode16_bf16(y[1], m1, q[1]);
-        return sbs;
-    }
-    if (fast0 && !skip[0]) {
-        qt_nvfp4_encode16_bf16(y[0], nvq_mult(a, sh, dir, sbs & 0xFFu, s[0].s_dec), q[0]);
-    }
-    if (fast1 && !skip[1]) {
-        qt_nvfp4_encode16_bf16(y[1], nvq_mult(a, sh, dir, (sbs >> 8) & 0xFFu, s[1].s_dec), q[1]);
-    }
-    if ((fast0 || skip[0]) && (fast1 || skip[1])) return sbs;
 #pragma unroll 1
     for (uint32_t k = 0; k < 2; k++) {
         if (k ? (fast1 || skip[1]) : (fast0 || skip[0])) continue;
@@ -468,8 +447,8 @@ __device__ __forceinline__ uint32_t nvq_encode2_bf16(const nvfp4_quantize_args &
             v[2 * i + 1] = __uint_as_float(w & 0xFFFF0000u);
         }
         uint32_t qk[2];
-        const uint32_t sb = nvq_block<true>(a, sh, dir, v, 0.0f, k ? s[1] : s[0],
-                                            k ? line[1] : line[0], k ? blk[1] : blk[0], 0, qk);
+        const uint32_t sb = nvq_block<!SR>(a, sh, dir, v, 0.0f, k ? s[1] : s[0],
+                                           k ? line[1] : line[0], k ? blk[1] : blk[0], step, qk);
         sbs = (sbs & ~(0xFFu << (8 * k))) | sb << (8 * k);
         if (k) {
             q[1][0] = qk[0];
