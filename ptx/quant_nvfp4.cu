@@ -398,33 +398,44 @@ __device__ __forceinline__ uint32_t nvq_block(const nvfp4_quantize_args &a, cons
 // Fast encoding of two BF16 blocks y0, y1 (packed, element 2i low in word i) of direction dir
 // with scales s0, s1; a block the fast encoder does not take goes through nvq_block (one copy of
 // that rare path, hence the loop that selects its block). Returns the two scale bytes (block 1's
-// in bits 8..15); skip[k] leaves block k alone.
+// in bits 8..15); skip[k] leaves block k alone. With stochastic rounding (the SR variant of the
+// kernel) every block goes through nvq_block's SR encoder, keyed by line, blk and step as the
+// general kernel keys it: the same codes.
+template <bool SR>
 __device__ __forceinline__ uint32_t nvq_encode2_bf16(const nvfp4_quantize_args &a,
                                                      const nvq_shared *sh, uint32_t dir,
                                                      const uint32_t y[2][8],
                                                      const qt_nvfp4_scale s[2],
                                                      const bool skip[2], const uint32_t line[2],
-                                                     const uint32_t blk[2], uint32_t q[2][2]) {
-    const float amax0 = qt_nvfp4_absmax16_bf16(y[0]), amax1 = qt_nvfp4_absmax16_bf16(y[1]);
-    uint32_t sbs = qt_nvfp4_e4m3x2(amax0 * s[0].c, amax1 * s[1].c);
-    const bool fast0 = !qt_f32_is_nan(amax0) && qt_nvfp4_fast_ok(sbs & 0xFFu);
-    const bool fast1 = !qt_f32_is_nan(amax1) && qt_nvfp4_fast_ok((sbs >> 8) & 0xFFu);
-    if (fast0 && fast1 && !skip[0] && !skip[1]) {
-        // The common case, in one basic block so that the two blocks' dependency chains
-        // interleave.
-        const float m0 = nvq_mult(a, sh, dir, sbs & 0xFFu, s[0].s_dec);
-        const float m1 = nvq_mult(a, sh, dir, (sbs >> 8) & 0xFFu, s[1].s_dec);
-        qt_nvfp4_encode16_bf16(y[0], m0, q[0]);
-        qt_nvfp4_encode16_bf16(y[1], m1, q[1]);
-        return sbs;
+                                                     const uint32_t blk[2], uint64_t step,
+                                                     uint32_t q[2][2]) {
+    // With stochastic rounding every block takes the loop below; one block at a time (not
+    // unrolled) keeps a Philox draw and 16 FP32 values live at once, within 80 registers.
+    bool fast0 = false, fast1 = false;
+    uint32_t sbs = 0;
+    if (!SR) {
+        const float amax0 = qt_nvfp4_absmax16_bf16(y[0]), amax1 = qt_nvfp4_absmax16_bf16(y[1]);
+        sbs = qt_nvfp4_e4m3x2(amax0 * s[0].c, amax1 * s[1].c);
+        fast0 = !qt_f32_is_nan(amax0) && qt_nvfp4_fast_ok(sbs & 0xFFu);
+        fast1 = !qt_f32_is_nan(amax1) && qt_nvfp4_fast_ok((sbs >> 8) & 0xFFu);
+        if (fast0 && fast1 && !skip[0] && !skip[1]) {
+            // The common case, in one basic block so that the two blocks' dependency chains
+            // interleave.
+            const float m0 = nvq_mult(a, sh, dir, sbs & 0xFFu, s[0].s_dec);
+            const float m1 = nvq_mult(a, sh, dir, (sbs >> 8) & 0xFFu, s[1].s_dec);
+            qt_nvfp4_encode16_bf16(y[0], m0, q[0]);
+            qt_nvfp4_encode16_bf16(y[1], m1, q[1]);
+            return sbs;
+        }
+        if (fast0 && !skip[0]) {
+            qt_nvfp4_encode16_bf16(y[0], nvq_mult(a, sh, dir, sbs & 0xFFu, s[0].s_dec), q[0]);
+        }
+        if (fast1 && !skip[1]) {
+            qt_nvfp4_encode16_bf16(y[1], nvq_mult(a, sh, dir, (sbs >> 8) & 0xFFu, s[1].s_dec),
+                                   q[1]);
+        }
+        if ((fast0 || skip[0]) && (fast1 || skip[1])) return sbs;
     }
-    if (fast0 && !skip[0]) {
-        qt_nvfp4_encode16_bf16(y[0], nvq_mult(a, sh, dir, sbs & 0xFFu, s[0].s_dec), q[0]);
-    }
-    if (fast1 && !skip[1]) {
-        qt_nvfp4_encode16_bf16(y[1], nvq_mult(a, sh, dir, (sbs >> 8) & 0xFFu, s[1].s_dec), q[1]);
-    }
-    if ((fast0 || skip[0]) && (fast1 || skip[1])) return sbs;
 #pragma unroll 1
     for (uint32_t k = 0; k < 2; k++) {
         if (k ? (fast1 || skip[1]) : (fast0 || skip[0])) continue;
@@ -436,8 +447,8 @@ __device__ __forceinline__ uint32_t nvq_encode2_bf16(const nvfp4_quantize_args &
             v[2 * i + 1] = __uint_as_float(w & 0xFFFF0000u);
         }
         uint32_t qk[2];
-        const uint32_t sb = nvq_block<true>(a, sh, dir, v, 0.0f, k ? s[1] : s[0],
-                                            k ? line[1] : line[0], k ? blk[1] : blk[0], 0, qk);
+        const uint32_t sb = nvq_block<!SR>(a, sh, dir, v, 0.0f, k ? s[1] : s[0],
+                                           k ? line[1] : line[0], k ? blk[1] : blk[0], step, qk);
         sbs = (sbs & ~(0xFFu << (8 * k))) | sb << (8 * k);
         if (k) {
             q[1][0] = qk[0];
@@ -732,7 +743,7 @@ __device__ __forceinline__ void nvq_body(const nvfp4_quantize_args &a, nvq_share
     }
 }
 
-// The general kernel: FP32 input, and BF16 with 2-D or stochastic rounding. Three CTAs per SM
+// The general kernel: FP32 input, and BF16 with 2-D. Three CTAs per SM
 // (up to 80 registers, no spills).
 extern "C" __global__ void __launch_bounds__(NV_THREADS, 3)
     qt_nvfp4_quantize(const __grid_constant__ nvfp4_quantize_args args) {
@@ -807,11 +818,24 @@ __device__ __forceinline__ void nvb_load(const nvfp4_quantize_args &a, uint4 chu
     }
 }
 
+// QT_NVFP4_*_VALUES: one block's 16 codes with scale byte sb as qt_nvfp4_decode writes them (the
+// GEMMs' decode, the raw values in BF16), 32 bytes at dst.
+__device__ __forceinline__ void nvb_store_values(uint4 *dst, const uint32_t q[2], uint32_t sb) {
+    const uint32_t scale2 = gemm_nvfp4_scale_pair((uint8_t)sb);
+    uint32_t lo[4], hi[4];
+    gemm_decode_nvfp4x8(q[0], scale2, lo);
+    gemm_decode_nvfp4x8(q[1], scale2, hi);
+    dst[0] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+    dst[1] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+}
+
 // The lane's two rowwise blocks (chunks 0-1 and 2-3) at row m, first column kb; stored as one
-// 16-byte code store and one 2-byte scale store when whole and aligned.
+// 16-byte code store and one 2-byte scale store when whole and aligned, or as their values
+// (ROW_VALUES: whole blocks, 16-byte aligned rows, the builder's preconditions).
+template <bool SR>
 __device__ __forceinline__ void nvb_rowwise(const nvfp4_quantize_args &a, const uint4 chunk[4],
                                             const nvq_shared *sh, const nvq_rowblock &rb,
-                                            uint32_t m, uint32_t kb) {
+                                            uint32_t m, uint32_t kb, uint64_t step) {
     const bool skip_row = m >= rb.store_end;
     const bool skip[2] = {skip_row || kb >= a.cols, skip_row || kb + 16 >= a.cols};
     if (skip[0]) return;  // then the second block is skipped too
@@ -829,7 +853,13 @@ __device__ __forceinline__ void nvb_rowwise(const nvfp4_quantize_args &a, const 
     const qt_nvfp4_scale s[2] = {rb.row, rb.row};
     const uint32_t line[2] = {m, m}, blk[2] = {kb / 16, kb / 16 + 1};
     uint32_t q[2][2];
-    const uint32_t sbs = nvq_encode2_bf16(a, sh, 0, y, s, skip, line, blk, q);
+    const uint32_t sbs = nvq_encode2_bf16<SR>(a, sh, 0, y, s, skip, line, blk, step, q);
+    if (a.flags & QT_NVFP4_ROW_VALUES) {
+        uint4 *dst = (uint4 *)((uint16_t *)a.row_data + (uint64_t)m * a.cols + kb);
+        nvb_store_values(dst, q[0], sbs & 0xFFu);
+        if (!skip[1]) nvb_store_values(dst + 2, q[1], (sbs >> 8) & 0xFFu);
+        return;
+    }
     const uint32_t rpitch = (a.cols + 1) / 2, spitch = (a.cols + 15) / 16;
     uint8_t *data = (uint8_t *)a.row_data + (uint64_t)m * rpitch + kb / 2;
     uint8_t *scales = (uint8_t *)a.row_scales + (uint64_t)m * spitch + kb / 16;
@@ -850,10 +880,12 @@ __device__ __forceinline__ void nvb_rowwise(const nvfp4_quantize_args &a, const 
 
 // The warp's columnwise blocks: lane cp takes columns 2 cp and 2 cp + 1 of the warp's rows,
 // word cp of each staged row.
+template <bool SR>
 __device__ __forceinline__ void nvb_colwise(const nvfp4_quantize_args &a, const uint4 *s_rows,
                                             const nvq_shared *sh, const nvq_rowblock &rb,
                                             uint32_t rbi, uint32_t n_store, uint32_t m0,
-                                            uint32_t k0, uint2 *s_colq, uint8_t *s_cols) {
+                                            uint32_t k0, uint64_t step, uint2 *s_colq,
+                                            uint8_t *s_cols) {
     const uint32_t cp = threadIdx.x & 31;
     const uint32_t *s_words = (const uint32_t *)s_rows;
     uint32_t w[16], y[2][8];
@@ -895,7 +927,17 @@ __device__ __forceinline__ void nvb_colwise(const nvfp4_quantize_args &a, const 
     const uint32_t line[2] = {k0 + 2 * cp, k0 + 2 * cp + 1};
     const uint32_t blk[2] = {m0 / 16 + rbi, m0 / 16 + rbi};
     uint32_t q[2][2];
-    const uint32_t sbs = nvq_encode2_bf16(a, sh, 1, y, s, skip, line, blk, q);
+    const uint32_t sbs = nvq_encode2_bf16<SR>(a, sh, 1, y, s, skip, line, blk, step, q);
+    if (a.flags & QT_NVFP4_COL_VALUES) {  // dense, whole row blocks: straight to the copy
+#pragma unroll
+        for (uint32_t c = 0; c < 2; c++) {
+            const uint32_t k = k0 + 2 * cp + c;
+            if (k >= a.cols) continue;
+            uint4 *dst = (uint4 *)((uint16_t *)a.col_data + (uint64_t)k * a.rows + m0 + 16 * rbi);
+            nvb_store_values(dst, q[c], (sbs >> (8 * c)) & 0xFFu);
+        }
+        return;
+    }
 #pragma unroll
     for (int c = 0; c < 2; c++) {
         const uint32_t kl = 2 * cp + c;
@@ -904,6 +946,7 @@ __device__ __forceinline__ void nvb_colwise(const nvfp4_quantize_args &a, const 
     }
 }
 
+template <bool SR>
 __device__ __forceinline__ void nvq_body_bf16(const nvfp4_quantize_args &a, nvq_shared &sh) {
     extern __shared__ __align__(16) uint8_t smem[];
     const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -919,6 +962,7 @@ __device__ __forceinline__ void nvq_body_bf16(const nvfp4_quantize_args &a, nvq_
     if (a.group.count != 0) {
         limit = min(limit, ((const uint32_t *)a.group.row_offsets)[a.group.count]);
     }
+    const uint64_t step = SR ? *(const uint64_t *)a.step : 0;
     nvq_mult_table(a, &sh);
     nvq_rowblock dense = {0, 0, {0, 0}, {0, 0}};
     if (a.group.count == 0) nvq_member_scales(a, 0, &dense);
@@ -939,19 +983,23 @@ __device__ __forceinline__ void nvq_body_bf16(const nvfp4_quantize_args &a, nvq_
 #pragma unroll
             for (int i = 0; i < 4; i++) s_rows[r * 8 + ((c0 + i) ^ (r & 7u))] = chunk[i];
         }
-        if (a.flags & QT_NVFP4_ROWWISE) nvb_rowwise(a, chunk, &sh, rb, mb + r, k0 + c0 * 8);
+        if (a.flags & QT_NVFP4_ROWWISE) {
+            nvb_rowwise<SR>(a, chunk, &sh, rb, mb + r, k0 + c0 * 8, step);
+        }
         if (!colwise) continue;
         __syncwarp();
         uint2 *colq = s_colq + (it & 1) * NVB_COLQ_UNITS;
         uint8_t *cols = s_cols + (it & 1) * NVQ_TK * NVQ_RB;
         if (mb < rb.store_end) {
-            nvb_colwise(a, s_rows, &sh, rb, warp, min(16u, rb.store_end - mb), m0, k0, colq, cols);
+            nvb_colwise<SR>(a, s_rows, &sh, rb, warp, min(16u, rb.store_end - mb), m0, k0, step,
+                            colq, cols);
         }
         // The tile's only barrier: all columnwise codes staged. The next tile writes the other
         // buffer; the one after writes this one only after the next tile's barrier, which every
         // thread reaches after this store. The staged rows are the warp's own, rewritten only
         // after this barrier.
         __syncthreads();
+        if (a.flags & QT_NVFP4_COL_VALUES) continue;  // nvb_colwise stored them
         nvq_colwise_store(a, colq, cols, limit > m0 ? min(limit - m0, (uint32_t)NVQ_TM) : 0u,
                           m0, k0);
     }
@@ -961,7 +1009,17 @@ extern "C" __global__ void __launch_bounds__(NV_THREADS, 4)
     qt_nvfp4_quantize_bf16(const __grid_constant__ nvfp4_quantize_args args) {
     qt_grid_enter();
     __shared__ nvq_shared sh;  // the multiplier table only
-    nvq_body_bf16(args, sh);
+    nvq_body_bf16<false>(args, sh);
+}
+
+// The same cast of BF16 gradients with stochastic rounding: the tile and its single barrier as
+// above, each block through the SR encoder (a Philox draw of 16 random bytes a block), which
+// needs more registers than the round-to-nearest encoder: compiled alone, three CTAs an SM.
+extern "C" __global__ void __launch_bounds__(NV_THREADS, 3)
+    qt_nvfp4_quantize_bf16_sr(const __grid_constant__ nvfp4_quantize_args args) {
+    qt_grid_enter();
+    __shared__ nvq_shared sh;  // the multiplier table only
+    nvq_body_bf16<true>(args, sh);
 }
 
 // ---------------------------------------------------------------------------------------------

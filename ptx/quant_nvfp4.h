@@ -11,6 +11,7 @@
 //   qt_nvfp4_quantize    one pass over x: rowwise and/or columnwise codes and E4M3 block scales
 //   qt_nvfp4_quantize_bf16  the same for BF16 input without 2-D or stochastic rounding (the
 //                        fused cast TE runs on activations and gradients), its own register budget
+//   qt_nvfp4_quantize_bf16_sr  the same with stochastic rounding (BF16 gradients)
 //   qt_nvfp4_dequantize  codes + scales (+ the direction's global amax) -> [M][K] BF16 or FP32
 //
 // Layouts (ptx/quant.h): x [M][K] row-major (M = rows, K = cols), two codes per byte, even
@@ -72,6 +73,13 @@
 #define QT_NVFP4_2D 8u   // 16x16 tiles (weights): one amax per tile, scale replicated into rows;
                          // never with RHT (TE gives weights no RHT; the builder asserts)
 #define QT_NVFP4_SR 16u  // stochastic rounding of the codes (both enabled directions)
+// Values instead of codes, for a copy that only BF16 GEMMs read: the direction's codes decoded
+// as qt_nvfp4_decode decodes them (qt_nvfp4_raw_value rounded to BF16, without the global
+// factor) and stored as BF16 at row_data [rows][cols] (col_data [cols][rows]); its scales are
+// not written. Dense tensors of BF16 input with rows and cols multiples of 16, no 2-D (the
+// fast kernels; the builder asserts it).
+#define QT_NVFP4_ROW_VALUES 32u
+#define QT_NVFP4_COL_VALUES 64u
 
 typedef struct nvfp4_amax_args {
     uint64_t x;         // [rows][cols] bf16 | f32
@@ -88,10 +96,10 @@ QT_STATIC_ASSERT(sizeof(nvfp4_amax_args) == 72, "nvfp4_amax_args layout");
 
 typedef struct nvfp4_quantize_args {
     uint64_t x;           // [rows][cols] bf16 | f32
-    uint64_t row_data;    // u8 [rows][ceil(cols/2)]      (ROWWISE)
-    uint64_t row_scales;  // e4m3 [rows][ceil(cols/16)]   (ROWWISE)
-    uint64_t col_data;    // u8 [cols][ceil(rows/2)]      (COLWISE)
-    uint64_t col_scales;  // e4m3 [cols][ceil(rows/16)]   (COLWISE)
+    uint64_t row_data;    // u8 [rows][ceil(cols/2)]      (ROWWISE; ROW_VALUES: bf16 [rows][cols])
+    uint64_t row_scales;  // e4m3 [rows][ceil(cols/16)]   (ROWWISE, not ROW_VALUES)
+    uint64_t col_data;    // u8 [cols][ceil(rows/2)]      (COLWISE; COL_VALUES: bf16 [cols][rows])
+    uint64_t col_scales;  // e4m3 [cols][ceil(rows/16)]   (COLWISE, not COL_VALUES)
     uint64_t amax_row;    // f32 [max(count, 1)]          (ROWWISE)
     uint64_t amax_col;    // f32 [max(count, 1)]          (COLWISE)
     uint64_t step;        // u64 device step counter      (SR)
@@ -153,6 +161,7 @@ QT_STATIC_ASSERT(sizeof(nvfp4_decode_args) == 32, "nvfp4_decode_args layout");
     X(KERNEL_NVFP4_AMAX, quant_nvfp4, qt_nvfp4_amax, nvfp4_amax_args)              \
     X(KERNEL_NVFP4_QUANTIZE, quant_nvfp4, qt_nvfp4_quantize, nvfp4_quantize_args)  \
     X(KERNEL_NVFP4_QUANTIZE_BF16, quant_nvfp4, qt_nvfp4_quantize_bf16, nvfp4_quantize_args) \
+    X(KERNEL_NVFP4_QUANTIZE_BF16_SR, quant_nvfp4, qt_nvfp4_quantize_bf16_sr, nvfp4_quantize_args) \
     X(KERNEL_NVFP4_DEQUANTIZE, quant_nvfp4, qt_nvfp4_dequantize, nvfp4_dequantize_args) \
     X(KERNEL_NVFP4_DECODE, quant_nvfp4, qt_nvfp4_decode, nvfp4_decode_args)
 

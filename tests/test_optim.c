@@ -516,8 +516,8 @@ static optim_param_desc t_desc(t_run *run, bool check) {
     d.block = (op_block_tensor){c->rows, c->cols, c->two_d, c->elem, true, true, row, rows, col,
                                 cols, {0}};
     d.nvfp4 = (op_nvfp4_quant){true, true, c->rht, QT_NVFP4_RHT_SIGNS_TE, c->two_d, c->sr,
-                               c->seed * 31 + 5, 7, t_ref(run, R_STEPS), amax, amax_col,
-                               row, rows, col, cols};
+                               false, false, c->seed * 31 + 5, 7, t_ref(run, R_STEPS), amax,
+                               amax_col, row, rows, col, cols};
     if (c->members) {
         d.group = (op_group){c->members, t_ref(run, R_GROUP_OFFSETS), t_ref(run, R_GROUP_DIMS)};
     }

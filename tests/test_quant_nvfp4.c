@@ -895,20 +895,29 @@ typedef struct nv_regions {
     prog_ref x, offsets, first_dims, amax_row, amax_col, step;
     prog_ref row_data, row_scales, col_data, col_scales, deq_row, deq_col;
     prog_ref raw_row, raw_col;  // dense cases: each copy's raw decode (qt_nvfp4_decode)
+    prog_ref val_row, val_col;  // nv_values_case: a second cast's values (QT_NVFP4_*_VALUES)
 } nv_regions;
 
 typedef struct nv_result {
-    uint8_t *buf[10];
-    uint64_t bytes[10];
+    uint8_t *buf[12];
+    uint64_t bytes[12];
     uint8_t *x;  // the input as the program saw it (after planting), for diagnostics
 } nv_result;
 
 enum { R_AMAX_ROW, R_AMAX_COL, R_ROW_DATA, R_ROW_SCALES, R_COL_DATA, R_COL_SCALES, R_DEQ_ROW,
-       R_DEQ_COL, R_RAW_ROW, R_RAW_COL, R_COUNT };
+       R_DEQ_COL, R_RAW_ROW, R_RAW_COL, R_VAL_ROW, R_VAL_COL, R_COUNT };
 static const char *const nv_result_names[R_COUNT] = {
     "amax_row", "amax_col", "row_data", "row_scales", "col_data", "col_scales",
     "dequant_row (f32)", "dequant_col (bf16)", "raw decode of the rowwise copy (bf16)",
-    "raw decode of the columnwise copy (bf16)"};
+    "raw decode of the columnwise copy (bf16)", "rowwise values (bf16)",
+    "columnwise values (bf16)"};
+
+// A case whose cast can also write values (QT_NVFP4_*_VALUES): dense BF16 input, no 2-D, rows
+// and columns multiples of 16.
+static bool nv_values_case(const nv_case *c) {
+    return c->members == 0 && c->dtype == QT_DTYPE_BF16 && !(c->flags & QT_NVFP4_2D) &&
+           c->rows % 16 == 0 && c->cols % 16 == 0;
+}
 
 // Host-side grouped layout: uneven members, some empty, some with whole padding blocks.
 typedef struct nv_group {
@@ -964,6 +973,9 @@ static void nv_build(rig *r, program *fill, const nv_case *c, nv_regions *g) {
     bool decode = c->members == 0;  // grouped buffers have rows no quantizer writes
     g->raw_row = nv_reserve(r, "raw_row", decode && rowwise ? elems * 2 : 0);
     g->raw_col = nv_reserve(r, "raw_col", decode && colwise ? elems * 2 : 0);
+    const bool values = nv_values_case(c);
+    g->val_row = nv_reserve(r, "val_row", values && rowwise ? elems * 2 : 0);
+    g->val_col = nv_reserve(r, "val_col", values && colwise ? elems * 2 : 0);
     op_group group = {c->members, g->offsets, g->first_dims};
     op_nvfp4_input in = {g->x, c->dtype, c->rows, c->cols, group};
     rig_prog_init(fill, "fill");
@@ -972,10 +984,19 @@ static void nv_build(rig *r, program *fill, const nv_case *c, nv_regions *g) {
     op_nvfp4_amax_out ao = {g->amax_row, colwise ? g->amax_col : (prog_ref){0}, rht, c->signs};
     RIG_OK(op_nvfp4_amax(&r->prog, "amax", &in, &ao));
     op_nvfp4_quant q = {rowwise, colwise, rht, c->signs, (c->flags & QT_NVFP4_2D) != 0,
-                        (c->flags & QT_NVFP4_SR) != 0, 0x5EEDull << 32 | 99, 17, g->step,
-                        g->amax_row, g->amax_col, g->row_data, g->row_scales, g->col_data,
-                        g->col_scales};
+                        (c->flags & QT_NVFP4_SR) != 0, false, false, 0x5EEDull << 32 | 99, 17,
+                        g->step, g->amax_row, g->amax_col, g->row_data, g->row_scales,
+                        g->col_data, g->col_scales};
     RIG_OK(op_nvfp4_quantize(&r->prog, "quantize", &in, &q));
+    // Which kernel casts: BF16 without 2-D takes a fast one (stochastic rounding its own).
+    const program *p = &r->prog;
+    const kernel_id want = c->dtype != QT_DTYPE_BF16 || (c->flags & QT_NVFP4_2D)
+                               ? KERNEL_NVFP4_QUANTIZE
+                           : (c->flags & QT_NVFP4_SR) ? KERNEL_NVFP4_QUANTIZE_BF16_SR
+                                                      : KERNEL_NVFP4_QUANTIZE_BF16;
+    CHECK(p->op_count > 0 && p->ops[p->op_count - 1].kernel == want,
+          "%s: quantize kernel %d, expected %d", c->name,
+          p->op_count > 0 ? (int)p->ops[p->op_count - 1].kernel : -1, (int)want);
     op_nvfp4_dequant d = {c->rows, c->cols, group, false, g->row_data, g->row_scales,
                           g->amax_row, g->deq_row, QT_DTYPE_F32};
     if (rowwise) RIG_OK(op_nvfp4_dequantize(&r->prog, "dequant_row", &d));
@@ -989,6 +1010,17 @@ static void nv_build(rig *r, program *fill, const nv_case *c, nv_regions *g) {
     if (decode && colwise) {
         RIG_OK(op_nvfp4_decode(&r->prog, "decode_col", g->col_data, g->col_scales, g->raw_col,
                                c->cols, c->rows));
+    }
+    if (values) {
+        // The same cast again (the same amaxes, step and keys: the same codes), writing the codes'
+        // values in place of codes and scales: they must be the raw decodes above.
+        op_nvfp4_quant qv = q;
+        qv.row_data = g->val_row;
+        qv.col_data = g->val_col;
+        qv.row_scales = qv.col_scales = (prog_ref){0};
+        qv.row_values = rowwise;
+        qv.col_values = colwise;
+        RIG_OK(op_nvfp4_quantize(&r->prog, "quantize_values", &in, &qv));
     }
     rig_bind(r);
     prog_resolve(fill);
@@ -1060,13 +1092,15 @@ static void nv_run(rig *r, program *fill, const nv_case *c, const nv_regions *g,
     const op_nvfp4_sizes s = op_nvfp4_sizes_of(c->rows, c->cols, c->members);
     const prog_ref refs[R_COUNT] = {g->amax_row, g->amax_col, g->row_data, g->row_scales,
                                     g->col_data, g->col_scales, g->deq_row, g->deq_col,
-                                    g->raw_row, g->raw_col};
+                                    g->raw_row, g->raw_col, g->val_row, g->val_col};
     const uint64_t elems = (uint64_t)c->rows * c->cols;
     const bool decode = c->members == 0;
     const uint64_t bytes[R_COUNT] = {
         s.amax, s.amax, s.row_data, s.row_scales, s.col_data, s.col_scales, elems * 4, elems * 2,
         decode && (c->flags & QT_NVFP4_ROWWISE) ? elems * 2 : 0,
-        decode && (c->flags & QT_NVFP4_COLWISE) ? elems * 2 : 0};
+        decode && (c->flags & QT_NVFP4_COLWISE) ? elems * 2 : 0,
+        nv_values_case(c) && (c->flags & QT_NVFP4_ROWWISE) ? elems * 2 : 0,
+        nv_values_case(c) && (c->flags & QT_NVFP4_COLWISE) ? elems * 2 : 0};
     for (int i = 0; i < R_COUNT; i++) {
         out->bytes[i] = bytes[i];
         out->buf[i] = malloc(bytes[i] + 1);
@@ -1093,6 +1127,8 @@ static uint64_t nv_pitch(const nv_case *c, int i) {
     case R_DEQ_COL: return (uint64_t)c->cols * 2;
     case R_RAW_ROW: return (uint64_t)c->cols * 2;
     case R_RAW_COL: return (uint64_t)c->rows * 2;
+    case R_VAL_ROW: return (uint64_t)c->cols * 2;
+    case R_VAL_COL: return (uint64_t)c->rows * 2;
     default: return 4;
     }
 }
@@ -1182,6 +1218,28 @@ static void nv_check_zero_group(const nv_case *c, const nv_result *res, const ch
 static rig gpu_rig, ref_rig;
 static program fill_gpu, fill_ref;
 
+// One run's values against its raw decodes of the codes, bit for bit (nv_values_case).
+static void nv_check_values(const nv_case *c, const nv_result *res, const char *what) {
+    if (!nv_values_case(c)) return;
+    for (int dir = 0; dir < 2; dir++) {
+        const int val = dir ? R_VAL_COL : R_VAL_ROW, raw = dir ? R_RAW_COL : R_RAW_ROW;
+        const uint64_t pitch = nv_pitch(c, val);
+        uint64_t bad = 0;
+        for (uint64_t b = 0; b + 1 < res->bytes[val]; b += 2) {
+            uint16_t got, want;
+            memcpy(&got, res->buf[val] + b, 2);
+            memcpy(&want, res->buf[raw] + b, 2);
+            if (got != want && bad++ < 4) {
+                CHECK(false, "%s %s: row %llu, element %llu: 0x%04x, the decode 0x%04x", what,
+                      nv_result_names[val], (unsigned long long)(b / pitch),
+                      (unsigned long long)(b % pitch / 2), got, want);
+            }
+        }
+        CHECK(bad == 0, "%s %s: %llu elements differ from the decode", what,
+              nv_result_names[val], (unsigned long long)bad);
+    }
+}
+
 static void nv_gpu_case(const nv_case *base) {
     nv_case c = *base;
     nv_group grp = {0};
@@ -1201,6 +1259,8 @@ static void nv_gpu_case(const nv_case *base) {
     nv_compare(&c, &grp, &gpu, &ref, "gpu vs ref");
     nv_check_zero_group(&c, &gpu, "gpu");
     nv_check_zero_group(&c, &ref, "ref");
+    nv_check_values(&c, &gpu, "gpu");
+    nv_check_values(&c, &ref, "ref");
     if ((c.flags & QT_NVFP4_2D) && (c.flags & QT_NVFP4_COLWISE) && (c.flags & QT_NVFP4_ROWWISE) &&
         !(c.flags & QT_NVFP4_SR)) {
         nv_check_transpose(&c, &gpu);
@@ -1260,7 +1320,70 @@ static const nv_case nv_cases[] = {
     {"gpu_grouped_3_bf16_plain", 0, 80, QT_DTYPE_BF16, 3, RC, 0, 2},
     {"gpu_bf16_77x64_colwise_only", 77, 64, QT_DTYPE_BF16, 0, QT_NVFP4_COLWISE, 0, 1},
     {"gpu_bf16_1024x512_rht_planted_wild", 1024, 512, QT_DTYPE_BF16, 0, RC | QT_NVFP4_RHT, TE, 2},
+    // The BF16 fast cast with stochastic rounding: partial tiles without RHT, huge values and Inf,
+    // a runtime sign mask, grouped rows, one direction at a time.
+    {"gpu_bf16_45x77_sr", 45, 77, QT_DTYPE_BF16, 0, RC | QT_NVFP4_SR, 0, 1},
+    {"gpu_bf16_300x200_sr_rht_inf_huge", 300, 200, QT_DTYPE_BF16, 0,
+     RC | QT_NVFP4_RHT | QT_NVFP4_SR, TE, 2},
+    {"gpu_bf16_256x128_sr_rht_mask_a5c3", 256, 128, QT_DTYPE_BF16, 0,
+     RC | QT_NVFP4_RHT | QT_NVFP4_SR, 0xA5C3, 1},
+    {"gpu_grouped_3_bf16_rht_sr", 0, 96, QT_DTYPE_BF16, 3, RC | QT_NVFP4_RHT | QT_NVFP4_SR, TE,
+     1},
+    {"gpu_bf16_129x80_rowwise_only_sr", 129, 80, QT_DTYPE_BF16, 0,
+     QT_NVFP4_ROWWISE | QT_NVFP4_SR, 0, 1},
+    {"gpu_bf16_77x64_colwise_only_sr_rht", 77, 64, QT_DTYPE_BF16, 0,
+     QT_NVFP4_COLWISE | QT_NVFP4_RHT | QT_NVFP4_SR, TE, 2},
 };
+
+// CPU: the program of every case above picks the kernel its input calls for (nv_build checks
+// it), so that the GPU cases exercise the kernels they are meant to.
+static void test_kernel_choice(void) {
+    test_begin("quantize_kernel_choice");
+    const char *why = NULL;
+    CHECK(rig_open(&ref_rig, BACKEND_REF, &why), "reference rig: %s", why ? why : "?");
+    for (size_t i = 0; i < sizeof nv_cases / sizeof nv_cases[0]; i++) {
+        nv_case c = nv_cases[i];
+        nv_group grp = {0};
+        if (c.members) {
+            nv_group_make(&grp, c.members, c.members * 7 + c.cols);
+            c.rows = grp.capacity;
+        }
+        nv_regions g;
+        rig_reset(&ref_rig);
+        nv_build(&ref_rig, &fill_ref, &c, &g);
+        free(grp.offsets);
+        free(grp.first_dims);
+    }
+    rig_reset(&ref_rig);
+    rig_close(&ref_rig);
+    test_end();
+}
+
+// CPU: every values case of the table on the reference backend: the values are the raw decodes
+// of the codes the same cast writes.
+static void test_values_ref(void) {
+    test_begin("values_equal_decoded_codes_ref");
+    const char *why = NULL;
+    CHECK(rig_open(&ref_rig, BACKEND_REF, &why), "reference rig: %s", why ? why : "?");
+    uint32_t cases = 0;
+    for (size_t i = 0; i < sizeof nv_cases / sizeof nv_cases[0]; i++) {
+        const nv_case *c = &nv_cases[i];
+        if (!nv_values_case(c)) continue;
+        nv_group grp = {0};
+        nv_regions g;
+        nv_result res = {0};
+        rig_reset(&ref_rig);
+        nv_build(&ref_rig, &fill_ref, c, &g);
+        nv_run(&ref_rig, &fill_ref, c, &g, &grp, &res);
+        nv_check_values(c, &res, c->name);
+        nv_result_free(&res);
+        cases++;
+    }
+    CHECK(cases >= 6, "only %u values cases", cases);
+    rig_reset(&ref_rig);
+    rig_close(&ref_rig);
+    test_end();
+}
 
 static void test_gpu(void) {
     const size_t n = sizeof nv_cases / sizeof nv_cases[0];
@@ -1292,6 +1415,8 @@ int main(void) {
     test_transpose_2d();
     test_grouped_padding();
     test_sr_statistics();
+    test_kernel_choice();
+    test_values_ref();
     test_gpu();
     return test_exit_code();
 }

@@ -396,6 +396,23 @@ static void test_emulated_paths(backend_kind kind, const char *scheme) {
                   "--emulated-gemm copies left linear %u GEMM %d native", i, g);
         }
     }
+    // Copies that only these GEMMs read come from the casts as values (the casts' *_VALUES
+    // flags), not from a decode pass.
+    const program *p = &the_run.programs[MODEL_MODE_TRAIN];
+    uint32_t values = 0;
+    for (uint32_t j = 0; j < p->op_count; j++) {
+        const prog_op *op = &p->ops[j];
+        if (op->kernel == KERNEL_NVFP4_QUANTIZE_BF16 ||
+            op->kernel == KERNEL_NVFP4_QUANTIZE_BF16_SR) {
+            const nvfp4_quantize_args *q = (const nvfp4_quantize_args *)op->args;
+            values += (q->flags & (QT_NVFP4_ROW_VALUES | QT_NVFP4_COL_VALUES)) != 0;
+        }
+        if (op->kernel == KERNEL_MXFP8_QUANTIZE_BF16 || op->kernel == KERNEL_MXFP8_QUANTIZE_F32) {
+            const mxfp8_quantize_args *q = (const mxfp8_quantize_args *)op->args;
+            values += (q->flags & (QT_MXFP8_FLAG_ROW_VALUES | QT_MXFP8_FLAG_COL_VALUES)) != 0;
+        }
+    }
+    CHECK(values > 0, "no cast of the copies path writes values");
     check_identical(a, b);
     test_end();
 }

@@ -569,13 +569,20 @@ static qt_status model_qstore_nvfp4(const model_place *pl, const model_quantizer
                                     uint32_t rows, uint32_t cols, uint32_t members,
                                     model_qstore *s) {
     op_nvfp4_sizes z = op_nvfp4_sizes_of(rows, cols, members);
+    uint64_t values = 2ull * rows * cols;  // a direction's BF16 values (*_values): no scales
     if (s->rowwise) {
-        QT_TRY(model_region(pl, "row_data", z.row_data, pl->category, &s->row_data));
-        QT_TRY(model_region(pl, "row_scale", z.row_scales, pl->category, &s->row_scale));
+        QT_TRY(model_region(pl, "row_data", s->row_values ? values : z.row_data, pl->category,
+                            &s->row_data));
+        if (!s->row_values) {
+            QT_TRY(model_region(pl, "row_scale", z.row_scales, pl->category, &s->row_scale));
+        }
     }
     if (s->colwise) {
-        QT_TRY(model_region(pl, "col_data", z.col_data, pl->category, &s->col_data));
-        QT_TRY(model_region(pl, "col_scale", z.col_scales, pl->category, &s->col_scale));
+        QT_TRY(model_region(pl, "col_data", s->col_values ? values : z.col_data, pl->category,
+                            &s->col_data));
+        if (!s->col_values) {
+            QT_TRY(model_region(pl, "col_scale", z.col_scales, pl->category, &s->col_scale));
+        }
     }
     QT_TRY(model_amax(pl, "amax", z.amax, pl->category, &s->amax_row));
     s->amax_col = s->amax_row;  // without RHT both directions have the tensor's amax
@@ -595,7 +602,7 @@ qt_status model_qstore_reserve(const model_place *place, const model_quantizer *
     out->row_values = rowwise && (values & MODEL_QSTORE_ROW_VALUES);
     out->col_values = colwise && (values & MODEL_QSTORE_COL_VALUES);
     QT_ASSERT(rowwise || colwise);
-    QT_ASSERT(values == 0 || mq->q.format == QT_FORMAT_MXFP8);
+    QT_ASSERT(values == 0 || mq->q.format == QT_FORMAT_MXFP8 || mq->q.format == QT_FORMAT_NVFP4);
     switch (mq->q.format) {
     case QT_FORMAT_BF16:
         if (!bf16_region) return QT_OK;

@@ -337,6 +337,8 @@ static op_nvfp4_quant mb_nvfp4_quant(const mb *b, const model_quantizer *mq,
     q.row_scales = s->row_scale;
     q.col_data = s->col_data;
     q.col_scales = s->col_scale;
+    q.row_values = s->row_values;
+    q.col_values = s->col_values;
     return q;
 }
 
@@ -406,6 +408,36 @@ static qt_status mb_qstore(mb *b, const char *what, const model_quantizer *mq, m
 static bool mb_values(const model_quantizer *mq, const model_linear *lin, model_gemm g) {
     return mq->q.format == QT_FORMAT_MXFP8 && lin->members == 0 &&
            lin->path[g] == MODEL_GEMM_MIXED;
+}
+
+// The same for NVFP4: a dense layer's BF16 input x (fprop) and its gradient (dgrad, wgrad),
+// where the GEMM runs on the raw decodes of two NVFP4 operands (mb_gemm_nvfp4_copies: the
+// partner, the weight or the input, is NVFP4 too; against another format the copy would carry
+// the global factor). The cast writes what qt_nvfp4_decode would (QT_NVFP4_ROW_VALUES,
+// _COL_VALUES): the fast BF16 kernels' whole blocks, so no 2-D and both dimensions multiples of 16.
+static bool mb_values_nvfp4(const mb *b, const model_quantizer *mq, const model_linear *lin,
+                            model_gemm g, model_tensor x) {
+    const model_quantizer *partner =
+        &b->m->quantizers[g == MODEL_WGRAD ? lin->q_input : lin->q_weight];
+    return mq->q.format == QT_FORMAT_NVFP4 && partner->q.format == QT_FORMAT_NVFP4 &&
+           lin->members == 0 && lin->path[g] == MODEL_GEMM_MIXED && !mq->q.two_d &&
+           x.dtype == QT_DTYPE_BF16 && x.rows % 16 == 0 && x.cols % 16 == 0;
+}
+
+// The copies of x that the cast of x writes as values (MODEL_QSTORE_*_VALUES): the rowwise one
+// for `row_gemm`, the columnwise one for `col_gemm` (MODEL_GEMM_COUNT: none).
+static uint32_t mb_values_of(const mb *b, const model_quantizer *mq, const model_linear *lin,
+                             model_tensor x, model_gemm row_gemm, model_gemm col_gemm) {
+    uint32_t values = 0;
+    if (row_gemm != MODEL_GEMM_COUNT &&
+        (mb_values(mq, lin, row_gemm) || mb_values_nvfp4(b, mq, lin, row_gemm, x))) {
+        values |= MODEL_QSTORE_ROW_VALUES;
+    }
+    if (col_gemm != MODEL_GEMM_COUNT &&
+        (mb_values(mq, lin, col_gemm) || mb_values_nvfp4(b, mq, lin, col_gemm, x))) {
+        values |= MODEL_QSTORE_COL_VALUES;
+    }
+    return values;
 }
 
 static qt_status mb_quantize_values(mb *b, const char *what, const model_quantizer *mq,
@@ -603,9 +635,15 @@ static qt_status mb_nvfp4_decoded(mb *b, const char *what, const mb_operand *o,
     uint32_t rows = o->colwise ? o->cols : mb_stored_rows(o);
     uint32_t k = o->colwise ? mb_stored_rows(o) : o->cols;
     model_tensor t;
-    QT_TRY(mb_tensor(b, what, rows, k, ARENA_CAT_WORKSPACE, &t));
-    QT_TRY(op_nvfp4_decode(b->p, what, o->colwise ? s->col_data : s->row_data,
-                           o->colwise ? s->col_scale : s->row_scale, t.ref, rows, k));
+    if (o->colwise ? s->col_values : s->row_values) {  // the cast wrote them (mb_values_nvfp4)
+        QT_ASSERT(o->group.count == 0 && !o->stacked);
+        t = (model_tensor){o->colwise ? s->col_data : s->row_data, QT_DTYPE_BF16, rows, k,
+                           OP_REF_NONE};
+    } else {
+        QT_TRY(mb_tensor(b, what, rows, k, ARENA_CAT_WORKSPACE, &t));
+        QT_TRY(op_nvfp4_decode(b->p, what, o->colwise ? s->col_data : s->row_data,
+                               o->colwise ? s->col_scale : s->row_scale, t.ref, rows, k));
+    }
     *out = op_gemm_operand_of(GEMM_FORMAT_BF16, GEMM_ELEM_BF16, rows, k, false, false, t.ref,
                               OP_REF_NONE, o->colwise ? s->amax_col : s->amax_row);
     if (o->stacked) {
@@ -924,7 +962,7 @@ static qt_status mb_linear_forward(mb *b, uint32_t layer, model_tensor x, model_
     // both already, its cast reading its input (mb_act_cast_forward).
     if (!mb_act_casts(b, layer - 1, false)) {
         const model_quantizer *qi = &m->quantizers[lin->q_input];
-        uint32_t values = mb_values(qi, lin, MODEL_FPROP) ? MODEL_QSTORE_ROW_VALUES : 0u;
+        uint32_t values = mb_values_of(b, qi, lin, x, MODEL_FPROP, MODEL_GEMM_COUNT);
         QT_TRY(mb_quantize_values(b, what, qi, x, op_group_dense(), true, b->train, values,
                                   b->train, &b->xq[li]));
     }
@@ -1453,8 +1491,7 @@ static qt_status mb_linear_backward(mb *b, uint32_t layer, model_tensor dy, mode
     // dgrad reads the rowwise copy, wgrad the columnwise one; the first layer has no dgrad. The
     // activation after may have made both already (mb_act_cast_backward).
     if (!mb_act_casts(b, layer + 1, true)) {
-        uint32_t values = (mb_values(qg, lin, MODEL_DGRAD) ? MODEL_QSTORE_ROW_VALUES : 0u) |
-                          (mb_values(qg, lin, MODEL_WGRAD) ? MODEL_QSTORE_COL_VALUES : 0u);
+        uint32_t values = mb_values_of(b, qg, lin, dy, MODEL_DGRAD, MODEL_WGRAD);
         QT_TRY(mb_quantize_values(b, what, qg, dy, op_group_dense(), lin->needs_dx, true, values,
                                   true, &dyq));
     } else {

@@ -107,30 +107,41 @@ static uint32_t op_nvfp4_quant_flags(const op_nvfp4_quant *q) {
     QT_ASSERT(!q->rht || q->colwise);
     QT_ASSERT(!(q->rht && q->two_d));  // TE never combines them; 2-D is for weights, RHT not
     QT_ASSERT(q->tensor_id < QT_QUANT_TENSOR_COLWISE);
+    QT_ASSERT(!q->row_values || q->rowwise);
+    QT_ASSERT(!q->col_values || q->colwise);
     return (q->rowwise ? QT_NVFP4_ROWWISE : 0u) | (q->colwise ? QT_NVFP4_COLWISE : 0u) |
            (q->rht ? QT_NVFP4_RHT : 0u) | (q->two_d ? QT_NVFP4_2D : 0u) |
-           (q->stochastic ? QT_NVFP4_SR : 0u);
+           (q->stochastic ? QT_NVFP4_SR : 0u) | (q->row_values ? QT_NVFP4_ROW_VALUES : 0u) |
+           (q->col_values ? QT_NVFP4_COL_VALUES : 0u);
 }
 
-// The output regions of the enabled directions.
+// The output regions of the enabled directions: codes and scales, or (QT_NVFP4_*_VALUES) the
+// codes' BF16 values, 16-byte aligned for the kernels' whole-block stores.
 static qt_status op_nvfp4_quant_outputs(program *p, uint32_t op, const op_nvfp4_input *in,
                                         const op_nvfp4_quant *q) {
     const op_nvfp4_sizes s = op_nvfp4_sizes_of(in->rows, in->cols, in->group.count);
+    const uint64_t values = 2ull * in->rows * in->cols;
     if (q->rowwise) {
         QT_TRY(op_nvfp4_use(p, op, offsetof(nvfp4_quantize_args, amax_row), q->amax_row, s.amax,
                             4, PROG_READ));
         QT_TRY(op_nvfp4_use(p, op, offsetof(nvfp4_quantize_args, row_data), q->row_data,
-                            s.row_data, 1, PROG_WRITE));
-        QT_TRY(op_nvfp4_use(p, op, offsetof(nvfp4_quantize_args, row_scales), q->row_scales,
-                            s.row_scales, 1, PROG_WRITE));
+                            q->row_values ? values : s.row_data, q->row_values ? 16 : 1,
+                            PROG_WRITE));
+        if (!q->row_values) {
+            QT_TRY(op_nvfp4_use(p, op, offsetof(nvfp4_quantize_args, row_scales), q->row_scales,
+                                s.row_scales, 1, PROG_WRITE));
+        }
     }
     if (q->colwise) {
         QT_TRY(op_nvfp4_use(p, op, offsetof(nvfp4_quantize_args, amax_col), q->amax_col, s.amax,
                             4, PROG_READ));
         QT_TRY(op_nvfp4_use(p, op, offsetof(nvfp4_quantize_args, col_data), q->col_data,
-                            s.col_data, 1, PROG_WRITE));
-        QT_TRY(op_nvfp4_use(p, op, offsetof(nvfp4_quantize_args, col_scales), q->col_scales,
-                            s.col_scales, 1, PROG_WRITE));
+                            q->col_values ? values : s.col_data, q->col_values ? 16 : 1,
+                            PROG_WRITE));
+        if (!q->col_values) {
+            QT_TRY(op_nvfp4_use(p, op, offsetof(nvfp4_quantize_args, col_scales), q->col_scales,
+                                s.col_scales, 1, PROG_WRITE));
+        }
     }
     return QT_OK;
 }
@@ -154,15 +165,20 @@ qt_status op_nvfp4_quantize(program *p, const char *name, const op_nvfp4_input *
                                QT_NVFP4_QUANT_TILE_ROWS;
     const uint64_t per_cta = (uint64_t)grid_x * row_tiles / OP_NVFP4_QUANT_CTAS;
     const uint64_t grid_y = per_cta > 1 ? (row_tiles + per_cta - 1) / per_cta : row_tiles;
-    // The BF16 fast cast has a kernel of its own (one barrier per tile, four CTAs per SM); both
-    // give the same bytes.
-    const bool bf16_fast = in->dtype == QT_DTYPE_BF16 && !q->two_d && !q->stochastic;
+    // The BF16 fast casts have kernels of their own (one barrier per tile; four CTAs per SM
+    // rounding to nearest, three with stochastic rounding); all give the same bytes.
+    const bool bf16_fast = in->dtype == QT_DTYPE_BF16 && !q->two_d;
+    // Values are written by the fast kernels' whole-block stores only.
+    QT_ASSERT(!(q->row_values || q->col_values) ||
+              (bf16_fast && in->group.count == 0 && in->rows % 16 == 0 && in->cols % 16 == 0));
     launch_shape shape = {{grid_x, op_nvfp4_grid_y(grid_y), 1},
                           {QT_NVFP4_THREADS, 1, 1},
                           bf16_fast ? QT_NVFP4_QUANT_BF16_SMEM : QT_NVFP4_QUANT_SMEM(esize)};
+    const kernel_id kernel = !bf16_fast     ? KERNEL_NVFP4_QUANTIZE
+                             : q->stochastic ? KERNEL_NVFP4_QUANTIZE_BF16_SR
+                                             : KERNEL_NVFP4_QUANTIZE_BF16;
     uint32_t op;
-    QT_TRY(prog_append(p, bf16_fast ? KERNEL_NVFP4_QUANTIZE_BF16 : KERNEL_NVFP4_QUANTIZE, name,
-                       &shape, &args, sizeof args, &op));
+    QT_TRY(prog_append(p, kernel, name, &shape, &args, sizeof args, &op));
     QT_TRY(op_nvfp4_use(p, op, offsetof(nvfp4_quantize_args, x), in->x,
                         (uint64_t)in->rows * in->cols * esize, esize, PROG_READ));
     QT_TRY(op_group_use(p, op, offsetof(nvfp4_quantize_args, group), &in->group));

@@ -54,6 +54,11 @@ typedef struct op_nvfp4_quant {
     uint32_t rht_signs;     // QT_NVFP4_RHT_SIGNS_TE, or 0 for the plain Hadamard matrix
     bool two_d;             // 16x16 tiles (weights)
     bool stochastic;        // stochastic rounding, keyed by (seed, *step, tensor_id, position)
+    // QT_NVFP4_*_VALUES: the direction's data region holds its codes' BF16 values (2 bytes an
+    // element, [rows][cols] rowwise, [cols][rows] columnwise), its scales are not written (may
+    // be absent). Dense BF16 input, rows and cols multiples of 16, not two_d. (Beside the flags
+    // above, in their padding: optimizer descriptors embed this struct.)
+    bool row_values, col_values;
     uint64_t seed;
     uint32_t tensor_id;     // below QT_QUANT_TENSOR_COLWISE
     prog_ref step;          // u64 device step counter (stochastic only)

@@ -117,6 +117,14 @@ static void ref_nvfp4_store_codes(uint8_t *dst, const uint32_t q[2], uint32_t nb
     for (uint32_t i = 0; i < nbytes; i++) dst[i] = (uint8_t)(q[i / 4] >> (8 * (i % 4)));
 }
 
+// QT_NVFP4_*_VALUES: a whole block's codes as qt_nvfp4_decode_block writes them.
+static void ref_nvfp4_store_values(uint16_t *dst, const uint32_t q[2], uint8_t sb) {
+    for (uint32_t j = 0; j < 16; j++) {
+        uint8_t nibble = (uint8_t)((q[j / 8] >> (4 * (j % 8))) & 0xFu);
+        dst[j] = qt_f32_to_bf16(qt_nvfp4_raw_value(nibble, sb));
+    }
+}
+
 // The rowwise blocks of tile (row0, kb): rows below store_end, 16 columns each.
 static void ref_nvfp4_rowwise(const nvfp4_quantize_args *a, qt_nvfp4_span span, uint32_t row0,
                               uint32_t kb, float t[16][16], float tile_amax, uint64_t step) {
@@ -126,6 +134,11 @@ static void ref_nvfp4_rowwise(const nvfp4_quantize_args *a, qt_nvfp4_span span, 
     for (uint32_t r = row0; r < row0 + 16 && r < span.store_end; r++) {
         uint32_t q[2];
         uint8_t sb = ref_nvfp4_block(a, t[r - row0], tile_amax, s, a->tensor_id, r, kb, step, q);
+        if (a->flags & QT_NVFP4_ROW_VALUES) {
+            ref_nvfp4_store_values(REF_PTR(uint16_t, a->row_data) + (uint64_t)r * a->cols + kb * 16,
+                                   q, sb);
+            continue;
+        }
         ref_nvfp4_store_codes(REF_PTR(uint8_t, a->row_data) + (uint64_t)r * rpitch + kb * 8, q,
                               nbytes < 8 ? nbytes : 8);
         REF_PTR(uint8_t, a->row_scales)[(uint64_t)r * spitch + kb] = sb;
@@ -149,6 +162,11 @@ static void ref_nvfp4_colwise(const nvfp4_quantize_args *a, qt_nvfp4_span span, 
         uint32_t q[2];
         uint8_t sb = ref_nvfp4_block(a, v, tile_amax, s, a->tensor_id | QT_QUANT_TENSOR_COLWISE, k,
                                      row0 / 16, step, q);
+        if (a->flags & QT_NVFP4_COL_VALUES) {
+            ref_nvfp4_store_values(REF_PTR(uint16_t, a->col_data) + (uint64_t)k * a->rows + row0,
+                                   q, sb);
+            continue;
+        }
         ref_nvfp4_store_codes(REF_PTR(uint8_t, a->col_data) + (uint64_t)k * cpitch + row0 / 2, q,
                               (n_store + 1) / 2);
         REF_PTR(uint8_t, a->col_scales)[(uint64_t)k * cspitch + row0 / 16] = sb;
@@ -183,8 +201,13 @@ void ref_qt_nvfp4_quantize(const nvfp4_quantize_args *a, const launch_shape *sha
     pool_run((a->rows + 15) / 16, ref_nvfp4_quantize_block, (void *)a);
 }
 
-// The BF16 fast cast's kernel computes exactly what the general one does.
+// The BF16 fast casts' kernels (round to nearest, stochastic rounding) compute exactly what the
+// general one does.
 void ref_qt_nvfp4_quantize_bf16(const nvfp4_quantize_args *a, const launch_shape *shape) {
+    ref_qt_nvfp4_quantize(a, shape);
+}
+
+void ref_qt_nvfp4_quantize_bf16_sr(const nvfp4_quantize_args *a, const launch_shape *shape) {
     ref_qt_nvfp4_quantize(a, shape);
 }
 
