@@ -386,7 +386,8 @@ __device__ __forceinline__ uint32_t nvq_block(const nvfp4_quantize_args &a, cons
     const float mult = nvq_mult(a, sh, dir, sb, s.s_dec);
     if (!FAST && (a.flags & QT_NVFP4_SR)) {
         const uint32_t id = a.tensor_id | (dir ? QT_QUANT_TENSOR_COLWISE : 0u);
-        qt_nvfp4_encode16_sr(v, mult, qt_quant_random16(a.seed, step, id, line, blk), q);
+        // The branch-free form without the codec's division (the same codes).
+        qt_nvfp4_encode16_sr_select(v, mult, qt_quant_random16(a.seed, step, id, line, blk), q);
     } else {
         // The twin's qt_nvfp4_encode16_rn gives these codes too (it may take the fast encoder,
         // which agrees wherever it applies); the generic encoder keeps this path small.
@@ -1013,9 +1014,10 @@ extern "C" __global__ void __launch_bounds__(NV_THREADS, 4)
 }
 
 // The same cast of BF16 gradients with stochastic rounding: the tile and its single barrier as
-// above, each block through the SR encoder (a Philox draw of 16 random bytes a block), which
-// needs more registers than the round-to-nearest encoder: compiled alone, three CTAs an SM.
-extern "C" __global__ void __launch_bounds__(NV_THREADS, 3)
+// above, each block through the SR encoder (a Philox draw of 16 random bytes a block, the
+// branch-free select form), which needs more registers than the round-to-nearest encoder:
+// compiled alone, two CTAs an SM (the select form's comparisons of a block in flight at once).
+extern "C" __global__ void __launch_bounds__(NV_THREADS, 2)
     qt_nvfp4_quantize_bf16_sr(const __grid_constant__ nvfp4_quantize_args args) {
     qt_grid_enter();
     __shared__ nvq_shared sh;  // the multiplier table only

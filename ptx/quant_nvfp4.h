@@ -446,8 +446,9 @@ QT_HD float qt_nvfp4_rht_plus_zero(float y) {
 }
 
 // qt_f32_to_e2m1_sr(y, r8) for every FP32 y and byte r8 (tests/test_quant_nvfp4.c checks it),
-// without branches, which the reference backend's encoder takes: its gradients' blocks are
-// compute-bound on the CPU, and this form runs 8 elements per vector instruction there. The codec
+// without branches or the codec's division, which both backends' encoders take: gradients' casts
+// with stochastic rounding are compute-bound on the GPU as on the CPU, where this form runs 8
+// elements per vector instruction. The codec
 // truncates t = fma(u, s(a), a) to the grid below it, floor(t / s(t)) s(t) capped at 6: in each
 // of [0, 2), [2, 4) and [4, inf) that is the largest of 0, 0.5, 1, 1.5, 2, 3, 4, 6 not above t,
 // and the code of grid point i is i, so the code is the count of the nonzero grid points not
@@ -466,11 +467,22 @@ QT_HD uint32_t qt_nvfp4_e2m1_sr_select(float y, uint32_t r8) {
     return ((code | ((bits >> 28) & 0x8u)) & number) | (0x7u & ~number);
 }
 
-// qt_nvfp4_encode16_sr through qt_nvfp4_e2m1_sr_select: the same codes (the C twin's form). The
-// random bytes are taken apart first (byte j as qt_quant_random_byte gives it), then the codes are
-// computed side by side and packed.
+// qt_nvfp4_encode16_sr through qt_nvfp4_e2m1_sr_select: the same codes (the form both backends'
+// casts take). On the host the random bytes are taken apart first (byte j as
+// qt_quant_random_byte gives it), then the codes are computed side by side (vector instructions)
+// and packed; a kernel packs each code as it comes, so that no 16-entry arrays hold registers.
 QT_HD void qt_nvfp4_encode16_sr_select(const float v[16], float m, qt_philox4 r,
                                        uint32_t out[2]) {
+#if defined(__CUDA_ARCH__)
+    uint32_t w0 = 0, w1 = 0;
+    QT_NVFP4_UNROLL
+    for (uint32_t j = 0; j < 8; j++) {
+        w0 |= qt_nvfp4_e2m1_sr_select(v[j] * m, qt_quant_random_byte(r, j)) << (4 * j);
+        w1 |= qt_nvfp4_e2m1_sr_select(v[j + 8] * m, qt_quant_random_byte(r, j + 8)) << (4 * j);
+    }
+    out[0] = w0;
+    out[1] = w1;
+#else
     uint32_t codes[16];
     uint8_t bytes[16];
     for (uint32_t i = 0; i < 4; i++) {
@@ -482,6 +494,7 @@ QT_HD void qt_nvfp4_encode16_sr_select(const float v[16], float m, qt_philox4 r,
         for (uint32_t j = 0; j < 8; j++) w |= codes[8 * h + j] << (4 * j);
         out[h] = w;
     }
+#endif
 }
 
 // Rounds a pair of RHT outputs (FP32) to BF16 (RN, Inf past BF16_MAX, subnormals kept, a zero
