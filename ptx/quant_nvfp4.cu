@@ -800,21 +800,24 @@ __device__ __forceinline__ nvq_rowblock nvb_rowblock(const nvfp4_quantize_args &
     return rb;
 }
 
-// The lane's 64 bytes of the tile at m0: row m0 + 16 w + l / 2, columns k0 + 32 (l & 1) .. + 32.
-__device__ __forceinline__ void nvb_load(const nvfp4_quantize_args &a, uint4 chunk[4], uint32_t m0,
-                                         uint32_t k0, bool aligned) {
+// The lane's 32 elements of the tile at m0 (2 ESIZE chunks: 64 bytes of BF16, 128 of FP32): row
+// m0 + 16 w + l / 2, columns k0 + 32 (l & 1) .. + 32.
+template <int ESIZE>
+__device__ __forceinline__ void nvb_load(const nvfp4_quantize_args &a, uint4 chunk[2 * ESIZE],
+                                         uint32_t m0, uint32_t k0, bool aligned) {
+    constexpr uint32_t VEC = 16 / ESIZE;
     const uint32_t lane = threadIdx.x & 31, m = m0 + (threadIdx.x >> 5) * 16 + (lane >> 1);
     const uint32_t col = k0 + (lane & 1u) * 32;
     if (aligned && m0 + NVQ_TM <= a.rows && k0 + NVQ_TK <= a.cols) {
-        const uint4 *p = (const uint4 *)(a.x + ((uint64_t)m * a.cols + col) * 2);
+        const uint4 *p = (const uint4 *)(a.x + ((uint64_t)m * a.cols + col) * ESIZE);
 #pragma unroll
-        for (int i = 0; i < 4; i++) chunk[i] = __ldg(p + i);
+        for (int i = 0; i < 2 * ESIZE; i++) chunk[i] = __ldg(p + i);
         return;
     }
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        chunk[i] = m < a.rows ? nv_load_chunk<2>((const uint8_t *)a.x, a.cols, m, col + 8 * i,
-                                                 aligned)
+    for (int i = 0; i < 2 * ESIZE; i++) {
+        chunk[i] = m < a.rows ? nv_load_chunk<ESIZE>((const uint8_t *)a.x, a.cols, m,
+                                                     col + VEC * i, aligned)
                               : make_uint4(0, 0, 0, 0);
     }
 }
@@ -828,6 +831,30 @@ __device__ __forceinline__ void nvb_store_values(uint4 *dst, const uint32_t q[2]
     gemm_decode_nvfp4x8(q[1], scale2, hi);
     dst[0] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
     dst[1] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+}
+
+// The lane's two rowwise blocks' codes q and scale bytes sbs (block 1's in bits 8..15) at row m,
+// first column kb (< cols); skip1 leaves block 1 out (past cols). One 16-byte code store and one
+// 2-byte scale store when whole and aligned.
+__device__ __forceinline__ void nvb_row_store(const nvfp4_quantize_args &a, uint32_t m,
+                                              uint32_t kb, const uint32_t q[2][2], uint32_t sbs,
+                                              bool skip1) {
+    const uint32_t rpitch = (a.cols + 1) / 2, spitch = (a.cols + 15) / 16;
+    uint8_t *data = (uint8_t *)a.row_data + (uint64_t)m * rpitch + kb / 2;
+    uint8_t *scales = (uint8_t *)a.row_scales + (uint64_t)m * spitch + kb / 16;
+    if (!skip1 && kb + 32 <= a.cols && ((a.row_data | rpitch) & 15u) == 0 &&
+        ((a.row_scales | spitch) & 1u) == 0) {
+        *(uint4 *)data = make_uint4(q[0][0], q[0][1], q[1][0], q[1][1]);
+        *(uint16_t *)scales = (uint16_t)sbs;
+        return;
+    }
+    const bool aligned = ((a.row_data | rpitch) & 7u) == 0;
+    nvq_store8(data, q[0], min(8u, (a.cols - kb + 1) / 2), aligned);
+    scales[0] = (uint8_t)sbs;
+    if (!skip1) {
+        nvq_store8(data + 8, q[1], min(8u, (a.cols - kb - 16 + 1) / 2), aligned);
+        scales[1] = (uint8_t)(sbs >> 8);
+    }
 }
 
 // The lane's two rowwise blocks (chunks 0-1 and 2-3) at row m, first column kb; stored as one
@@ -861,22 +888,7 @@ __device__ __forceinline__ void nvb_rowwise(const nvfp4_quantize_args &a, const 
         if (!skip[1]) nvb_store_values(dst + 2, q[1], (sbs >> 8) & 0xFFu);
         return;
     }
-    const uint32_t rpitch = (a.cols + 1) / 2, spitch = (a.cols + 15) / 16;
-    uint8_t *data = (uint8_t *)a.row_data + (uint64_t)m * rpitch + kb / 2;
-    uint8_t *scales = (uint8_t *)a.row_scales + (uint64_t)m * spitch + kb / 16;
-    if (!skip[1] && kb + 32 <= a.cols && ((a.row_data | rpitch) & 15u) == 0 &&
-        ((a.row_scales | spitch) & 1u) == 0) {
-        *(uint4 *)data = make_uint4(q[0][0], q[0][1], q[1][0], q[1][1]);
-        *(uint16_t *)scales = (uint16_t)sbs;
-        return;
-    }
-    const bool aligned = ((a.row_data | rpitch) & 7u) == 0;
-    nvq_store8(data, q[0], min(8u, (a.cols - kb + 1) / 2), aligned);
-    scales[0] = (uint8_t)sbs;
-    if (!skip[1]) {
-        nvq_store8(data + 8, q[1], min(8u, (a.cols - kb - 16 + 1) / 2), aligned);
-        scales[1] = (uint8_t)(sbs >> 8);
-    }
+    nvb_row_store(a, m, kb, q, sbs, skip[1]);
 }
 
 // The warp's columnwise blocks: lane cp takes columns 2 cp and 2 cp + 1 of the warp's rows,
@@ -974,7 +986,7 @@ __device__ __forceinline__ void nvq_body_bf16(const nvfp4_quantize_args &a, nvq_
     for (uint32_t tm = blockIdx.y; tm < tiles_m; tm += gridDim.y, it++) {
         const uint32_t m0 = tm * NVQ_TM, mb = m0 + warp * 16;
         uint4 chunk[4];
-        nvb_load(a, chunk, m0, k0, in_aligned);
+        nvb_load<2>(a, chunk, m0, k0, in_aligned);
         const nvq_rowblock rb = nvb_rowblock(a, mb, dense);
         if (mb + r >= rb.valid_end) {  // padding rows or past M read as zero
 #pragma unroll
@@ -1022,6 +1034,148 @@ extern "C" __global__ void __launch_bounds__(NV_THREADS, 2)
     qt_grid_enter();
     __shared__ nvq_shared sh;  // the multiplier table only
     nvq_body_bf16<true>(args, sh);
+}
+
+// ---------------------------------------------------------------------------------------------
+// qt_nvfp4_quantize_f32_2d: FP32 input with 16 x 16 tiles, rounding to nearest (the weights' cast
+// after each optimizer step), in the BF16 fast cast's arrangement: warp w owns the tile's 16-row
+// block w, a row of four 16 x 16 tiles, and lane l holds row 16 w + l / 2, columns
+// 32 (l & 1) .. + 32 (two blocks, 128 bytes) in registers. A tile's amax is then a maximum over
+// the 16 lanes of one parity (four shuffles), the rowwise codes come from registers, the
+// columnwise ones from the warp's own 4 KiB of staged rows, and the only CTA barrier of a tile
+// is the double-buffered columnwise store's. The encoder is qt_nvfp4_encode16_rn (fast where it
+// applies: a tile's amax bounds every element of its blocks, so |RN(x m_b)| < 7 holds as for a
+// block's own amax), whose codes are the general kernel's.
+//
+// Shared memory (dynamic, QT_NVFP4_QUANT_F32_SMEM bytes):
+//   in     [8 warps][16 rows][16 chunks of 16 bytes]; chunk c of row r in slot
+//          c ^ (2 (r & 3) + (c >> 3)): the 8 lanes of a 128-bit store phase (4 rows x 2 halves)
+//          hit distinct 16-byte bank groups, and a columnwise read (one row, 8 bytes a lane)
+//          covers the row's 256 bytes once
+//   colq, cols as in qt_nvfp4_quantize_bf16
+
+QT_STATIC_ASSERT(QT_NVFP4_QUANT_F32_SMEM ==
+                     NVQ_TM * NVQ_TK * 4 + 2 * (NVQ_COLQ_BYTES + NVQ_TK * NVQ_RB),
+                 "QT_NVFP4_QUANT_F32_SMEM matches the layout");
+
+__device__ __forceinline__ uint32_t nvf_slot(uint32_t r, uint32_t c) {
+    return r * 16u + (c ^ (((r & 3u) << 1) | (c >> 3)));
+}
+
+// One block of direction dir with its tile's amax: the scale byte (returned) and the codes.
+__device__ __forceinline__ uint32_t nvf_block(const nvfp4_quantize_args &a, const nvq_shared *sh,
+                                              uint32_t dir, const float v[16], float tile,
+                                              qt_nvfp4_scale s, uint32_t q[2]) {
+    const uint8_t sb = qt_nvfp4_block_scale(tile, s);
+    qt_nvfp4_encode16_rn(v, nvq_mult(a, sh, dir, sb, s.s_dec), sb, q);
+    return sb;
+}
+
+__device__ __forceinline__ void nvq_body_f32_2d(const nvfp4_quantize_args &a, nvq_shared &sh) {
+    extern __shared__ __align__(16) uint8_t smem[];
+    const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    uint4 *s_rows = (uint4 *)smem + warp * 16 * 16;  // this warp's 16 staged rows
+    uint2 *s_colq = (uint2 *)(smem + NVQ_TM * NVQ_TK * 4);
+    uint8_t *s_cols = smem + NVQ_TM * NVQ_TK * 4 + 2 * NVQ_COLQ_BYTES;
+    const bool in_aligned = ((a.x | ((uint64_t)a.cols * 4)) & 15u) == 0;
+    const bool rowwise = (a.flags & QT_NVFP4_ROWWISE) != 0;
+    const bool colwise = (a.flags & QT_NVFP4_COLWISE) != 0;
+    const uint32_t k0 = blockIdx.x * NVQ_TK;
+    const uint32_t tiles_m = (a.rows + NVQ_TM - 1) / NVQ_TM;
+    uint32_t limit = a.rows;  // rows below it are active (qt_nvfp4_quantize_bf16)
+    if (a.group.count != 0) {
+        limit = min(limit, ((const uint32_t *)a.group.row_offsets)[a.group.count]);
+    }
+    nvq_mult_table(a, &sh);
+    nvq_rowblock dense = {0, 0, {0, 0}, {0, 0}};
+    if (a.group.count == 0) nvq_member_scales(a, 0, &dense);
+    const uint32_t r = lane >> 1, half = lane & 1u;
+    __syncthreads();  // the multiplier table
+    uint32_t it = 0;
+    for (uint32_t tm = blockIdx.y; tm < tiles_m; tm += gridDim.y, it++) {
+        const uint32_t m0 = tm * NVQ_TM, mb = m0 + warp * 16;
+        uint4 chunk[8];
+        nvb_load<4>(a, chunk, m0, k0, in_aligned);
+        const nvq_rowblock rb = nvb_rowblock(a, mb, dense);
+        if (mb + r >= rb.valid_end) {  // padding rows or past M read as zero
+#pragma unroll
+            for (int i = 0; i < 8; i++) chunk[i] = make_uint4(0, 0, 0, 0);
+        }
+        float v[2][16];
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+#pragma unroll
+            for (int e = 0; e < 16; e++) {
+                v[j][e] = __uint_as_float(nv_word(chunk[4 * j + e / 4], e & 3));
+            }
+        }
+        // The amaxes of the lane's two tiles: its blocks', then the maximum over the 16 rows
+        // (the lanes of its parity). Non-negative, non-NaN: ordered as their bits.
+        uint32_t t[2];
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            float mx = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 16; e++) mx = qt_nvfp4_absmax(mx, v[j][e]);
+            t[j] = __float_as_uint(mx);
+#pragma unroll
+            for (int offset = 2; offset < 32; offset <<= 1) {
+                t[j] = max(t[j], __shfl_xor_sync(~0u, t[j], offset));
+            }
+        }
+        if (colwise) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) s_rows[nvf_slot(r, 8 * half + i)] = chunk[i];
+        }
+        const uint32_t kb = k0 + 32 * half;
+        if (rowwise && mb + r < rb.store_end && kb < a.cols) {
+            uint32_t q[2][2], sbs = 0;
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                sbs |= nvf_block(a, &sh, 0, v[j], __uint_as_float(t[j]), rb.row, q[j]) << (8 * j);
+            }
+            nvb_row_store(a, mb + r, kb, q, sbs, kb + 16 >= a.cols);
+        }
+        if (!colwise) continue;
+        __syncwarp();
+        uint2 *colq = s_colq + (it & 1) * NVB_COLQ_UNITS;
+        uint8_t *cols = s_cols + (it & 1) * NVQ_TK * NVQ_RB;
+        if (mb < rb.store_end) {  // uniform over the warp
+            // Lane cp takes columns 2 cp and 2 cp + 1, in tile cp / 8, which lane cp / 16 holds
+            // as its tile (cp / 8) & 1.
+            const uint32_t cp = lane;
+            const uint32_t t0 = __shfl_sync(~0u, t[0], cp >> 4);
+            const uint32_t t1 = __shfl_sync(~0u, t[1], cp >> 4);
+            const float tile = __uint_as_float(((cp >> 3) & 1u) ? t1 : t0);
+            const float2 *s_pairs = (const float2 *)s_rows;
+            float w[2][16];
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                const float2 pair = s_pairs[nvf_slot(j, cp >> 1) * 2 + (cp & 1u)];
+                w[0][j] = pair.x;
+                w[1][j] = pair.y;
+            }
+#pragma unroll
+            for (uint32_t c = 0; c < 2; c++) {
+                const uint32_t kl = 2 * cp + c;
+                uint32_t q[2];
+                const uint32_t sb = nvf_block(a, &sh, 1, w[c], tile, rb.col, q);
+                colq[kl * NVQ_RB + (warp ^ ((kl >> 1) & 7u))] = make_uint2(q[0], q[1]);
+                cols[kl * NVQ_RB + warp] = (uint8_t)sb;
+            }
+        }
+        // The tile's only barrier, as in qt_nvfp4_quantize_bf16.
+        __syncthreads();
+        nvq_colwise_store(a, colq, cols, limit > m0 ? min(limit - m0, (uint32_t)NVQ_TM) : 0u, m0,
+                          k0);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(NV_THREADS, 3)
+    qt_nvfp4_quantize_f32_2d(const __grid_constant__ nvfp4_quantize_args args) {
+    qt_grid_enter();
+    __shared__ nvq_shared sh;  // the multiplier table only
+    nvq_body_f32_2d(args, sh);
 }
 
 // ---------------------------------------------------------------------------------------------

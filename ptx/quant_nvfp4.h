@@ -12,6 +12,7 @@
 //   qt_nvfp4_quantize_bf16  the same for BF16 input without 2-D or stochastic rounding (the
 //                        fused cast TE runs on activations and gradients), its own register budget
 //   qt_nvfp4_quantize_bf16_sr  the same with stochastic rounding (BF16 gradients)
+//   qt_nvfp4_quantize_f32_2d  FP32 input with 16 x 16 tiles, rounding to nearest (the weights)
 //   qt_nvfp4_dequantize  codes + scales (+ the direction's global amax) -> [M][K] BF16 or FP32
 //
 // Layouts (ptx/quant.h): x [M][K] row-major (M = rows, K = cols), two codes per byte, even
@@ -153,6 +154,8 @@ QT_STATIC_ASSERT(sizeof(nvfp4_decode_args) == 32, "nvfp4_decode_args layout");
 #define QT_NVFP4_QUANT_SMEM(esize) (128u * 64u * (esize) + 64u * 64u + 64u * 8u)
 // qt_nvfp4_quantize_bf16: the same tile, its columnwise codes and scales double-buffered.
 #define QT_NVFP4_QUANT_BF16_SMEM (128u * 64u * 2u + 2u * (64u * 64u + 64u * 8u))
+// qt_nvfp4_quantize_f32_2d: the same for an FP32 tile.
+#define QT_NVFP4_QUANT_F32_SMEM (128u * 64u * 4u + 2u * (64u * 64u + 64u * 8u))
 // qt_nvfp4_dequantize: a CTA covers 16 rows x 256 columns per iteration.
 #define QT_NVFP4_DEQUANT_COLS QT_NVFP4_THREADS
 
@@ -162,6 +165,7 @@ QT_STATIC_ASSERT(sizeof(nvfp4_decode_args) == 32, "nvfp4_decode_args layout");
     X(KERNEL_NVFP4_QUANTIZE, quant_nvfp4, qt_nvfp4_quantize, nvfp4_quantize_args)  \
     X(KERNEL_NVFP4_QUANTIZE_BF16, quant_nvfp4, qt_nvfp4_quantize_bf16, nvfp4_quantize_args) \
     X(KERNEL_NVFP4_QUANTIZE_BF16_SR, quant_nvfp4, qt_nvfp4_quantize_bf16_sr, nvfp4_quantize_args) \
+    X(KERNEL_NVFP4_QUANTIZE_F32_2D, quant_nvfp4, qt_nvfp4_quantize_f32_2d, nvfp4_quantize_args) \
     X(KERNEL_NVFP4_DEQUANTIZE, quant_nvfp4, qt_nvfp4_dequantize, nvfp4_dequantize_args) \
     X(KERNEL_NVFP4_DECODE, quant_nvfp4, qt_nvfp4_decode, nvfp4_decode_args)
 

@@ -988,12 +988,14 @@ static void nv_build(rig *r, program *fill, const nv_case *c, nv_regions *g) {
                         g->step, g->amax_row, g->amax_col, g->row_data, g->row_scales,
                         g->col_data, g->col_scales};
     RIG_OK(op_nvfp4_quantize(&r->prog, "quantize", &in, &q));
-    // Which kernel casts: BF16 without 2-D takes a fast one (stochastic rounding its own).
+    // Which kernel casts: BF16 without 2-D takes a fast one (stochastic rounding its own), and
+    // so does FP32 with 2-D rounding to nearest.
     const program *p = &r->prog;
-    const kernel_id want = c->dtype != QT_DTYPE_BF16 || (c->flags & QT_NVFP4_2D)
-                               ? KERNEL_NVFP4_QUANTIZE
-                           : (c->flags & QT_NVFP4_SR) ? KERNEL_NVFP4_QUANTIZE_BF16_SR
-                                                      : KERNEL_NVFP4_QUANTIZE_BF16;
+    const bool two_d = c->flags & QT_NVFP4_2D, sr = c->flags & QT_NVFP4_SR;
+    const kernel_id want = c->dtype == QT_DTYPE_F32 && two_d && !sr ? KERNEL_NVFP4_QUANTIZE_F32_2D
+                           : c->dtype != QT_DTYPE_BF16 || two_d     ? KERNEL_NVFP4_QUANTIZE
+                           : sr                                     ? KERNEL_NVFP4_QUANTIZE_BF16_SR
+                                                                    : KERNEL_NVFP4_QUANTIZE_BF16;
     CHECK(p->op_count > 0 && p->ops[p->op_count - 1].kernel == want,
           "%s: quantize kernel %d, expected %d", c->name,
           p->op_count > 0 ? (int)p->ops[p->op_count - 1].kernel : -1, (int)want);
@@ -1333,6 +1335,21 @@ static const nv_case nv_cases[] = {
      QT_NVFP4_ROWWISE | QT_NVFP4_SR, 0, 1},
     {"gpu_bf16_77x64_colwise_only_sr_rht", 77, 64, QT_DTYPE_BF16, 0,
      QT_NVFP4_COLWISE | QT_NVFP4_RHT | QT_NVFP4_SR, TE, 2},
+    // The FP32 2-D cast of weights (gpu_f32_64x64_2d_transpose above too): full aligned tiles
+    // with huge values and Inf, partial tiles in both dimensions, columns that end mid-block,
+    // several CTAs' worth of row tiles, grouped rows, one direction at a time; with stochastic
+    // rounding it stays on the general kernel.
+    {"gpu_f32_520x384_2d_planted_wild", 520, 384, QT_DTYPE_F32, 0, RC | QT_NVFP4_2D, 0, 2},
+    {"gpu_f32_257x96_2d_planted", 257, 96, QT_DTYPE_F32, 0, RC | QT_NVFP4_2D, 0, 1},
+    {"gpu_f32_45x77_2d_edges", 45, 77, QT_DTYPE_F32, 0, RC | QT_NVFP4_2D, 0, 1},
+    {"gpu_f32_4096x1024_2d", 4096, 1024, QT_DTYPE_F32, 0, RC | QT_NVFP4_2D, 0, 0},
+    {"gpu_f32_409600x64_2d_grid_stride", 409600, 64, QT_DTYPE_F32, 0, RC | QT_NVFP4_2D, 0, 0},
+    {"gpu_grouped_3_f32_2d", 0, 80, QT_DTYPE_F32, 3, RC | QT_NVFP4_2D, 0, 1},
+    {"gpu_f32_129x80_2d_rowwise_only", 129, 80, QT_DTYPE_F32, 0,
+     QT_NVFP4_ROWWISE | QT_NVFP4_2D, 0, 1},
+    {"gpu_f32_77x64_2d_colwise_only", 77, 64, QT_DTYPE_F32, 0, QT_NVFP4_COLWISE | QT_NVFP4_2D, 0,
+     2},
+    {"gpu_f32_45x77_2d_sr", 45, 77, QT_DTYPE_F32, 0, RC | QT_NVFP4_2D | QT_NVFP4_SR, 0, 1},
 };
 
 // CPU: the program of every case above picks the kernel its input calls for (nv_build checks

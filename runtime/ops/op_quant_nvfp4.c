@@ -165,16 +165,21 @@ qt_status op_nvfp4_quantize(program *p, const char *name, const op_nvfp4_input *
                                QT_NVFP4_QUANT_TILE_ROWS;
     const uint64_t per_cta = (uint64_t)grid_x * row_tiles / OP_NVFP4_QUANT_CTAS;
     const uint64_t grid_y = per_cta > 1 ? (row_tiles + per_cta - 1) / per_cta : row_tiles;
-    // The BF16 fast casts have kernels of their own (one barrier per tile; four CTAs per SM
-    // rounding to nearest, three with stochastic rounding); all give the same bytes.
+    // The fast casts have kernels of their own (one barrier per tile): BF16 without 2-D (four
+    // CTAs per SM rounding to nearest, two with stochastic rounding) and FP32 with 2-D rounding
+    // to nearest (the weights, three); all give the general kernel's bytes.
     const bool bf16_fast = in->dtype == QT_DTYPE_BF16 && !q->two_d;
-    // Values are written by the fast kernels' whole-block stores only.
+    const bool f32_2d = in->dtype == QT_DTYPE_F32 && q->two_d && !q->stochastic;
+    // Values are written by the BF16 fast kernels' whole-block stores only.
     QT_ASSERT(!(q->row_values || q->col_values) ||
               (bf16_fast && in->group.count == 0 && in->rows % 16 == 0 && in->cols % 16 == 0));
     launch_shape shape = {{grid_x, op_nvfp4_grid_y(grid_y), 1},
                           {QT_NVFP4_THREADS, 1, 1},
-                          bf16_fast ? QT_NVFP4_QUANT_BF16_SMEM : QT_NVFP4_QUANT_SMEM(esize)};
-    const kernel_id kernel = !bf16_fast     ? KERNEL_NVFP4_QUANTIZE
+                          bf16_fast ? QT_NVFP4_QUANT_BF16_SMEM
+                          : f32_2d  ? QT_NVFP4_QUANT_F32_SMEM
+                                    : QT_NVFP4_QUANT_SMEM(esize)};
+    const kernel_id kernel = f32_2d          ? KERNEL_NVFP4_QUANTIZE_F32_2D
+                             : !bf16_fast    ? KERNEL_NVFP4_QUANTIZE
                              : q->stochastic ? KERNEL_NVFP4_QUANTIZE_BF16_SR
                                              : KERNEL_NVFP4_QUANTIZE_BF16;
     uint32_t op;

@@ -201,13 +201,17 @@ void ref_qt_nvfp4_quantize(const nvfp4_quantize_args *a, const launch_shape *sha
     pool_run((a->rows + 15) / 16, ref_nvfp4_quantize_block, (void *)a);
 }
 
-// The BF16 fast casts' kernels (round to nearest, stochastic rounding) compute exactly what the
-// general one does.
+// The fast casts' kernels (BF16 rounding to nearest or stochastically, FP32 with 16 x 16 tiles)
+// compute exactly what the general one does.
 void ref_qt_nvfp4_quantize_bf16(const nvfp4_quantize_args *a, const launch_shape *shape) {
     ref_qt_nvfp4_quantize(a, shape);
 }
 
 void ref_qt_nvfp4_quantize_bf16_sr(const nvfp4_quantize_args *a, const launch_shape *shape) {
+    ref_qt_nvfp4_quantize(a, shape);
+}
+
+void ref_qt_nvfp4_quantize_f32_2d(const nvfp4_quantize_args *a, const launch_shape *shape) {
     ref_qt_nvfp4_quantize(a, shape);
 }
 
