@@ -959,6 +959,22 @@ __device__ __forceinline__ void nvb_colwise(const nvfp4_quantize_args &a, const 
     }
 }
 
+// The fast casts' per-CTA setup: the multiplier table (ordered by the caller's first barrier),
+// a dense tensor's global scales, and the bound below which rows are active (M, or
+// min(row_offsets[n], M) for a grouped tensor), whose tile's stored columnwise length follows
+// from it since the active blocks form a prefix.
+__device__ __forceinline__ uint32_t nvb_setup(const nvfp4_quantize_args &a, nvq_shared &sh,
+                                              nvq_rowblock *dense) {
+    uint32_t limit = a.rows;
+    if (a.group.count != 0) {
+        limit = min(limit, ((const uint32_t *)a.group.row_offsets)[a.group.count]);
+    }
+    nvq_mult_table(a, &sh);
+    *dense = nvq_rowblock{0, 0, {0, 0}, {0, 0}};
+    if (a.group.count == 0) nvq_member_scales(a, 0, dense);
+    return limit;
+}
+
 template <bool SR>
 __device__ __forceinline__ void nvq_body_bf16(const nvfp4_quantize_args &a, nvq_shared &sh) {
     extern __shared__ __align__(16) uint8_t smem[];
@@ -970,15 +986,10 @@ __device__ __forceinline__ void nvq_body_bf16(const nvfp4_quantize_args &a, nvq_
     const bool colwise = (a.flags & QT_NVFP4_COLWISE) != 0;
     const uint32_t k0 = blockIdx.x * NVQ_TK;
     const uint32_t tiles_m = (a.rows + NVQ_TM - 1) / NVQ_TM;
-    // Rows below `limit` are active; a tile stores its columnwise positions below it.
-    uint32_t limit = a.rows;
-    if (a.group.count != 0) {
-        limit = min(limit, ((const uint32_t *)a.group.row_offsets)[a.group.count]);
-    }
     const uint64_t step = SR ? *(const uint64_t *)a.step : 0;
-    nvq_mult_table(a, &sh);
-    nvq_rowblock dense = {0, 0, {0, 0}, {0, 0}};
-    if (a.group.count == 0) nvq_member_scales(a, 0, &dense);
+    // Rows below `limit` are active; a tile stores its columnwise positions below it.
+    nvq_rowblock dense;
+    const uint32_t limit = nvb_setup(a, sh, &dense);
     // This lane's staging slots (chunks 4 (l & 1) + i of row l / 2), and its column blocks.
     const uint32_t r = lane >> 1, c0 = (lane & 1u) * 4;
     __syncthreads();  // the multiplier table
@@ -1082,13 +1093,8 @@ __device__ __forceinline__ void nvq_body_f32_2d(const nvfp4_quantize_args &a, nv
     const bool colwise = (a.flags & QT_NVFP4_COLWISE) != 0;
     const uint32_t k0 = blockIdx.x * NVQ_TK;
     const uint32_t tiles_m = (a.rows + NVQ_TM - 1) / NVQ_TM;
-    uint32_t limit = a.rows;  // rows below it are active (qt_nvfp4_quantize_bf16)
-    if (a.group.count != 0) {
-        limit = min(limit, ((const uint32_t *)a.group.row_offsets)[a.group.count]);
-    }
-    nvq_mult_table(a, &sh);
-    nvq_rowblock dense = {0, 0, {0, 0}, {0, 0}};
-    if (a.group.count == 0) nvq_member_scales(a, 0, &dense);
+    nvq_rowblock dense;
+    const uint32_t limit = nvb_setup(a, sh, &dense);  // rows below it are active
     const uint32_t r = lane >> 1, half = lane & 1u;
     __syncthreads();  // the multiplier table
     uint32_t it = 0;
