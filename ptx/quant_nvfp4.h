@@ -517,13 +517,11 @@ QT_HD void qt_nvfp4_round_bf16_pair(float *lo, float *hi) {
 #endif
 }
 
-// The RHT of one group (see the top of this file for the order) in FP32, before the rounding to
-// BF16, in place.
-QT_HD void qt_nvfp4_rht16_f32(float v[16], uint32_t signs) {
+// The radix-2 butterfly stages of the fast Walsh-Hadamard transform from pair distance `first`
+// (1: all four; 2: the three after a first stage done otherwise) to 8, in place.
+QT_HD void qt_nvfp4_butterflies(float v[16], int first) {
     QT_NVFP4_UNROLL
-    for (int k = 0; k < 16; k++) v[k] = v[k] * (((signs >> k) & 1u) ? -0.25f : 0.25f);
-    QT_NVFP4_UNROLL
-    for (int h = 1; h < 16; h <<= 1) {
+    for (int h = first; h < 16; h <<= 1) {
         QT_NVFP4_UNROLL
         for (int i = 0; i < 16; i++) {
             if ((i & h) == 0) {
@@ -535,11 +533,24 @@ QT_HD void qt_nvfp4_rht16_f32(float v[16], uint32_t signs) {
     }
 }
 
+// The 16 values of a group rounded to BF16 (kept as FP32), a pair at a time.
+QT_HD void qt_nvfp4_round_bf16_16(float v[16]) {
+    QT_NVFP4_UNROLL
+    for (int j = 0; j < 16; j += 2) qt_nvfp4_round_bf16_pair(&v[j], &v[j + 1]);
+}
+
+// The RHT of one group (see the top of this file for the order) in FP32, before the rounding to
+// BF16, in place.
+QT_HD void qt_nvfp4_rht16_f32(float v[16], uint32_t signs) {
+    QT_NVFP4_UNROLL
+    for (int k = 0; k < 16; k++) v[k] = v[k] * (((signs >> k) & 1u) ? -0.25f : 0.25f);
+    qt_nvfp4_butterflies(v, 1);
+}
+
 // The RHT of one group, rounded to BF16, in place.
 QT_HD void qt_nvfp4_rht16(float v[16], uint32_t signs) {
     qt_nvfp4_rht16_f32(v, signs);
-    QT_NVFP4_UNROLL
-    for (int j = 0; j < 16; j += 2) qt_nvfp4_round_bf16_pair(&v[j], &v[j + 1]);
+    qt_nvfp4_round_bf16_16(v);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -718,25 +729,14 @@ QT_HD void qt_nvfp4_rht16_bf16in_f32(float v[16], uint32_t signs) {
         v[i] = qt_fmaf(a, si, q);
         v[i + 1] = qt_fmaf(a, si, -q);
     }
-    QT_NVFP4_UNROLL
-    for (int h = 2; h < 16; h <<= 1) {
-        QT_NVFP4_UNROLL
-        for (int i = 0; i < 16; i++) {
-            if ((i & h) == 0) {
-                float a = v[i], b = v[i + h];
-                v[i] = a + b;
-                v[i + h] = a - b;
-            }
-        }
-    }
+    qt_nvfp4_butterflies(v, 2);
 }
 
 // qt_nvfp4_rht16 for BF16 inputs, through the fused first stage (the C twin's form of the
 // kernel's BF16 path; tests/test_quant_nvfp4.c checks the two agree).
 QT_HD void qt_nvfp4_rht16_bf16in(float v[16], uint32_t signs) {
     qt_nvfp4_rht16_bf16in_f32(v, signs);
-    QT_NVFP4_UNROLL
-    for (int j = 0; j < 16; j += 2) qt_nvfp4_round_bf16_pair(&v[j], &v[j + 1]);
+    qt_nvfp4_round_bf16_16(v);
 }
 
 // Rounds the 16 RHT outputs of a group to packed BF16 (element 2i low in y[i]), each zero made +0
