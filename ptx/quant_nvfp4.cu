@@ -411,7 +411,7 @@ __device__ __forceinline__ uint32_t nvq_encode2_bf16(const nvfp4_quantize_args &
                                                      const uint32_t blk[2], uint64_t step,
                                                      uint32_t q[2][2]) {
     // With stochastic rounding every block takes the loop below; one block at a time (not
-    // unrolled) keeps a Philox draw and 16 FP32 values live at once, within 80 registers.
+    // unrolled) keeps one Philox draw and 16 FP32 values live at once.
     bool fast0 = false, fast1 = false;
     uint32_t sbs = 0;
     if (!SR) {
@@ -822,6 +822,17 @@ __device__ __forceinline__ void nvb_load(const nvfp4_quantize_args &a, uint4 chu
     }
 }
 
+// Padding rows and rows past M read as zero: the lane's n chunks of row mb + l / 2 (nvb_load's)
+// when that row lies at or past its row block's valid_end.
+template <int N>
+__device__ __forceinline__ void nvb_zero_invalid(uint4 (&chunk)[N], uint32_t mb,
+                                                 const nvq_rowblock &rb) {
+    if (mb + ((threadIdx.x & 31) >> 1) >= rb.valid_end) {
+#pragma unroll
+        for (int i = 0; i < N; i++) chunk[i] = make_uint4(0, 0, 0, 0);
+    }
+}
+
 // QT_NVFP4_*_VALUES: one block's 16 codes with scale byte sb as qt_nvfp4_decode writes them (the
 // GEMMs' decode, the raw values in BF16), 32 bytes at dst.
 __device__ __forceinline__ void nvb_store_values(uint4 *dst, const uint32_t q[2], uint32_t sb) {
@@ -999,10 +1010,7 @@ __device__ __forceinline__ void nvq_body_bf16(const nvfp4_quantize_args &a, nvq_
         uint4 chunk[4];
         nvb_load<2>(a, chunk, m0, k0, in_aligned);
         const nvq_rowblock rb = nvb_rowblock(a, mb, dense);
-        if (mb + r >= rb.valid_end) {  // padding rows or past M read as zero
-#pragma unroll
-            for (int i = 0; i < 4; i++) chunk[i] = make_uint4(0, 0, 0, 0);
-        }
+        nvb_zero_invalid(chunk, mb, rb);
         if (colwise) {
 #pragma unroll
             for (int i = 0; i < 4; i++) s_rows[r * 8 + ((c0 + i) ^ (r & 7u))] = chunk[i];
@@ -1103,10 +1111,7 @@ __device__ __forceinline__ void nvq_body_f32_2d(const nvfp4_quantize_args &a, nv
         uint4 chunk[8];
         nvb_load<4>(a, chunk, m0, k0, in_aligned);
         const nvq_rowblock rb = nvb_rowblock(a, mb, dense);
-        if (mb + r >= rb.valid_end) {  // padding rows or past M read as zero
-#pragma unroll
-            for (int i = 0; i < 8; i++) chunk[i] = make_uint4(0, 0, 0, 0);
-        }
+        nvb_zero_invalid(chunk, mb, rb);
         float v[2][16];
 #pragma unroll
         for (int j = 0; j < 2; j++) {

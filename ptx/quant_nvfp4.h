@@ -421,20 +421,6 @@ QT_HD void qt_nvfp4_encode16(const float v[16], float m, uint32_t out[2]) {
     out[1] = qt_nvfp4_encode8(v + 8, m);
 }
 
-// The same with stochastic rounding: element j uses random byte j of r (ptx/quant.h).
-QT_HD void qt_nvfp4_encode16_sr(const float v[16], float m, qt_philox4 r, uint32_t out[2]) {
-    uint32_t w0 = 0, w1 = 0;
-    QT_NVFP4_UNROLL
-    for (int j = 0; j < 8; j++) {
-        w0 |= (uint32_t)qt_f32_to_e2m1_sr(v[j] * m, qt_quant_random_byte(r, (uint32_t)j))
-              << (4 * j);
-        w1 |= (uint32_t)qt_f32_to_e2m1_sr(v[j + 8] * m, qt_quant_random_byte(r, (uint32_t)j + 8))
-              << (4 * j);
-    }
-    out[0] = w0;
-    out[1] = w1;
-}
-
 // A zero RHT output is +0 (qtrain's rule, recipes/NUMERICS.md "Random Hadamard transform"):
 // the transform's sum accumulated from +0, as a tensor-core product is, is never -0, while the
 // butterflies give -0 where only zeros of certain signs meet (an all-zero group holding -0, for
@@ -471,10 +457,12 @@ QT_HD uint32_t qt_nvfp4_e2m1_sr_select(float y, uint32_t r8) {
     return ((code | ((bits >> 28) & 0x8u)) & number) | (0x7u & ~number);
 }
 
-// qt_nvfp4_encode16_sr through qt_nvfp4_e2m1_sr_select: the same codes (the form both backends'
-// casts take). On the host the random bytes are taken apart first (byte j as
-// qt_quant_random_byte gives it), then the codes are computed side by side (vector instructions)
-// and packed; a kernel packs each code as it comes, so that no 16-entry arrays hold registers.
+// 16 codes of one block with multiplier m and stochastic rounding, element j with random byte j
+// of r (ptx/quant.h): q_j = qt_f32_to_e2m1_sr(v_j * m, byte j), through qt_nvfp4_e2m1_sr_select
+// (the form both backends' casts take; tests/test_quant_nvfp4.c checks it against the codec).
+// On the host the random bytes are taken apart first (byte j as qt_quant_random_byte gives it),
+// then the codes are computed side by side (vector instructions) and packed; a kernel packs each
+// code as it comes, so that no 16-entry arrays hold registers.
 QT_HD void qt_nvfp4_encode16_sr_select(const float v[16], float m, qt_philox4 r,
                                        uint32_t out[2]) {
 #if defined(__CUDA_ARCH__)
