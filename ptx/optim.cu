@@ -1,6 +1,7 @@
 // optim kernels: qt_optim_begin (the per-step device state), qt_optim_adamw (the fused AdamW
-// update of one parameter and its BF16 / FP8 per-tensor requantization), its multi-tensor launch
-// over a table of parameters, the table's amax zeroing, and the op that writes a table entry.
+// update of one parameter and its BF16 / FP8 per-tensor / rowwise MXFP8 requantization), its
+// multi-tensor launch over a table of parameters, the table's amax zeroing, and the op that
+// writes a table entry.
 // ABI, numerics and the skip rule: optim.h.
 #include "ptx/optim.h"
 #include "ptx/grid_order.h"  // qt_grid_enter, every kernel's first statement
@@ -144,6 +145,46 @@ __device__ __forceinline__ void opt_store_colwise(const optim_adamw_args &a, uin
     }
 }
 
+// The rowwise MXFP8 copy of one row of the tile's new master values p (QT_OPTIM_OUT_MXFP8),
+// written as soon as the row is updated (the registers of the other rows' inputs are still
+// live then; holding all 16 values to the end instead makes the division's slow path spill).
+// The 1 x 32 block at column 4 cg is the row's columns of 8 threads, lanes 8k .. 8k + 7 of a
+// warp (cg / 8 is the block within the tile), so its amax is a max over 8 lanes by shuffles;
+// then each thread encodes its four elements with the block's scale and the block's first
+// thread writes the scale. The per-block arithmetic is the family cast's (quant_mxfp8.h), so
+// the bytes are qt_mxfp8_quantize_f32's. Values past the matrix are zeros, which leave an amax
+// as it is. Every thread of the block calls it (the shuffles need every lane); `live`: the
+// thread's part of the row lies in the matrix.
+__device__ __forceinline__ void opt_store_mxfp8(const optim_adamw_args &a, const float p[4],
+                                                uint32_t row, uint32_t col, uint32_t n,
+                                                uint32_t cg, bool vec_rows, bool live) {
+    float amax = 0.0f;
+#pragma unroll
+    for (uint32_t j = 0; j < 4; j++) amax = qt_mxfp8_amax_step(amax, p[j]);
+#pragma unroll
+    for (uint32_t off = 1; off < 8u; off <<= 1) {
+        amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+    }
+    if (!live) return;
+    const uint8_t e = qt_mxfp8_scale_e8m0(amax, a.fp8);
+    const float mult = qt_e8m0_inv_f32(e);
+    const uint32_t codes = qt_mxfp8_encode2(p[0], p[1], mult, mult, a.fp8) |
+                           (qt_mxfp8_encode2(p[2], p[3], mult, mult, a.fp8) << 16);
+    uint8_t *dst = (uint8_t *)a.weight + (uint64_t)row * a.cols + col;
+    if (vec_rows && (a.weight & 3u) == 0) {
+        *(uint32_t *)dst = codes;
+    } else {
+#pragma unroll
+        for (uint32_t j = 0; j < 4; j++) {
+            if (j < n) dst[j] = (uint8_t)(codes >> (8 * j));
+        }
+    }
+    if ((cg & 7u) == 0) {
+        const uint32_t scale_cols = (a.cols + QT_MXFP8_BLOCK - 1u) / QT_MXFP8_BLOCK;
+        ((uint8_t *)a.scale_inv)[(uint64_t)row * scale_cols + col / QT_MXFP8_BLOCK] = e;
+    }
+}
+
 // Block maximum of the threads' amaxes, then one atomicMax per target on the bit pattern (values
 // are >= +0 and never NaN, so the integer order is the float order; max is exact and order-free,
 // so the result does not depend on the grid). Every thread calls it (it has a barrier).
@@ -206,12 +247,13 @@ __device__ __forceinline__ void opt_adamw_tile(const optim_adamw_args &a, uint32
 
     float amax = 0.0f;
     uint32_t codes[4] = {0, 0, 0, 0};
+    const bool mxfp8_out = (mode & QT_OPTIM_DO_OUT) && a.out == QT_OPTIM_OUT_MXFP8;
 #pragma unroll
     for (uint32_t q = 0; q < 4; q++) {
         const uint32_t row = r0 + 4u * rg + q;
-        if (row >= a.rows || n == 0) continue;
+        const bool live = row < a.rows && n != 0;
         const uint64_t i = (uint64_t)row * a.cols + col;
-        if (update) {
+        if (live && update) {
 #pragma unroll
             for (uint32_t j = 0; j < 4; j++) {
                 qt_optim_adamw_elem(&c, g[q][j], &p[q][j], &m[q][j], &v[q][j]);
@@ -220,13 +262,17 @@ __device__ __forceinline__ void opt_adamw_tile(const optim_adamw_args &a, uint32
             opt_store4((float *)a.m + i, n, vec, m[q]);
             opt_store4((float *)a.v + i, n, vec, v[q]);
         }
-        if (mode & QT_OPTIM_DO_AMAX) {
+        if (live && (mode & QT_OPTIM_DO_AMAX)) {
 #pragma unroll
             for (uint32_t j = 0; j < 4; j++) {
                 if (j < n) amax = qt_fp8_amax_step(amax, p[q][j]);
             }
         }
-        if (mode & QT_OPTIM_DO_OUT) codes[q] = opt_store_out(a, c, i, n, vec_rows, p[q]);
+        if (mxfp8_out) {
+            opt_store_mxfp8(a, p[q], row, col, n, cg, vec_rows, live);
+        } else if (live && (mode & QT_OPTIM_DO_OUT)) {
+            codes[q] = opt_store_out(a, c, i, n, vec_rows, p[q]);
+        }
     }
 
     const bool fp8_out = (mode & QT_OPTIM_DO_OUT) && a.out == QT_OPTIM_OUT_FP8;

@@ -26,7 +26,9 @@
 //                     and, fused, the BF16 copy or the FP8 per-tensor    block, 256 threads,
 //                     delayed codes (rowwise + transposed columnwise,    each 4 rows x 4 columns
 //                     scale_inv, atomic amax into history row 0); or
-//                     the new master's amax for a cast that follows
+//                     the new master's amax for a cast that follows;
+//                     or the rowwise MXFP8 codes and E8M0 scales (a
+//                     1 x 32 block is one row of 8 threads' columns)
 //   qt_optim_adamw_   qt_optim_adamw of every entry of a table          the entries' tiles
 //     multi           (optim_multi_entry), each with its own args       one after the other
 //   qt_optim_amax_    +0 into the amax targets of the table's entries   1 block x 32 threads
@@ -89,6 +91,7 @@
 #include "ptx/qt_math.h"      // qt_cospif
 #include "ptx/quant_block.h"  // qt_block_fp8x2 (cvt.rn.satfinite on the device, the codec on host)
 #include "ptx/quant_fp8.h"    // QT_FP8_E4M3/E5M2, qt_fp8_amax_step, qt_fp8_scale_inv, ...
+#include "ptx/quant_mxfp8.h"  // qt_mxfp8_amax_step, qt_mxfp8_scale_e8m0, qt_mxfp8_encode2
 
 QT_STATIC_ASSERT(QT_FP8_E4M3 == QT_BLOCK_E4M3 && QT_FP8_E5M2 == QT_BLOCK_E5M2,
                  "qt_block_fp8x2 takes the per-tensor FP8 element codes");
@@ -102,6 +105,7 @@ QT_STATIC_ASSERT(QT_FP8_E4M3 == QT_BLOCK_E4M3 && QT_FP8_E5M2 == QT_BLOCK_E5M2,
 #define QT_OPTIM_OUT_NONE 0u  // nothing (FP32 parameters, or a cast kernel follows)
 #define QT_OPTIM_OUT_BF16 1u  // weight: u16 [rows][cols], RN
 #define QT_OPTIM_OUT_FP8 2u   // per-tensor FP8 with the scale read from `scale` (delayed scaling)
+#define QT_OPTIM_OUT_MXFP8 3u  // rowwise MXFP8 (1 x 32 blocks, E8M0 scales) of the new master
 
 // optim_adamw_args.flags
 #define QT_OPTIM_FLAG_BIAS_CORRECTION 1u  // bc1, bc2 from the step; off: both 1
@@ -152,10 +156,12 @@ typedef struct optim_adamw_args {
     uint64_t grad;       // [rows][cols] bf16 | f32
     uint64_t master;     // f32 [rows][cols], updated in place
     uint64_t m, v;       // f32 [rows][cols], updated in place
-    uint64_t weight;     // OUT_BF16: u16 [rows][cols]; OUT_FP8: rowwise u8 [rows][cols]; 0 = none
+    uint64_t weight;     // OUT_BF16: u16 [rows][cols]; OUT_FP8 and OUT_MXFP8: rowwise u8
+                         // [rows][cols]; 0 = none (OUT_FP8 only)
     uint64_t weight_t;   // OUT_FP8: columnwise u8 [cols][rows] (byte transpose); 0 = none
     uint64_t scale;      // OUT_FP8: f32, read (the delayed-scaling state's scale)
-    uint64_t scale_inv;  // OUT_FP8: f32, written RN(1 / scale)
+    uint64_t scale_inv;  // OUT_FP8: f32, written RN(1 / scale); OUT_MXFP8: the rowwise E8M0
+                         // scales, u8 [rows][ceil(cols / 32)], written
     uint64_t amax0;      // f32 [qt_optim_amax_words], atomic max of |new master| (history row 0,
                          // or a workspace at 0)
     uint64_t amax1;      // f32 [qt_optim_amax_words], a second target of the same values (NVFP4
@@ -163,7 +169,7 @@ typedef struct optim_adamw_args {
     uint32_t rows, cols;
     uint32_t grad_dtype;  // QT_DTYPE_BF16 | QT_DTYPE_F32
     uint32_t out;         // QT_OPTIM_OUT_*
-    uint32_t fp8;         // OUT_FP8: QT_FP8_E4M3 | QT_FP8_E5M2
+    uint32_t fp8;         // OUT_FP8: QT_FP8_E4M3 | QT_FP8_E5M2; OUT_MXFP8: QT_MXFP8_E4M3 | _E5M2
     uint32_t flags;       // QT_OPTIM_FLAG_*
     float beta1, beta2, eps, weight_decay;
     float lr_scale;       // this parameter's lr = state.lr * lr_scale

@@ -385,6 +385,7 @@ typedef struct t_case {
     bool plant;      // GPU: edge values in the gradients of step 2
     uint64_t seed;
     uint32_t members;  // a stacked weight of this many members of rows / members rows; 0: one
+    bool row_only;     // MXFP8: the rowwise copy alone (which the update writes itself)
 } t_case;
 
 enum {
@@ -512,7 +513,7 @@ static optim_param_desc t_desc(t_run *run, bool check) {
     d.mxfp8.elem = c->elem == QT_FP8_E5M2 ? QT_ELEM_E5M2 : QT_ELEM_E4M3;
     d.mxfp8.tile_2d = c->two_d;
     d.mxfp8.rowwise = (op_mxfp8_dir){row, rows};
-    d.mxfp8.colwise = (op_mxfp8_dir){col, cols};
+    if (!c->row_only) d.mxfp8.colwise = (op_mxfp8_dir){col, cols};
     d.block = (op_block_tensor){c->rows, c->cols, c->two_d, c->elem, true, true, row, rows, col,
                                 cols, {0}};
     d.nvfp4 = (op_nvfp4_quant){true, true, c->rht, QT_NVFP4_RHT_SIGNS_TE, c->two_d, c->sr,
@@ -823,8 +824,10 @@ static void t_check_against_double(const char *name, const t_case *c, const opti
 
 static void test_update_vs_double(void) {
     test_begin("optim_update_vs_double_reference");
-    t_case f32 = {"fp32_param", OPTIM_WEIGHT_NONE, 37, 53, QT_DTYPE_F32, 0, 0, 0, 0, 0, 0, 11, 0};
-    t_case bf16 = {"bf16_grad", OPTIM_WEIGHT_BF16, 64, 96, QT_DTYPE_BF16, 0, 0, 0, 0, 0, 0, 12, 0};
+    t_case f32 = {"fp32_param", OPTIM_WEIGHT_NONE, 37, 53, QT_DTYPE_F32, 0, 0, 0, 0, 0, 0, 11, 0,
+                  0};
+    t_case bf16 = {"bf16_grad", OPTIM_WEIGHT_BF16, 64, 96, QT_DTYPE_BF16, 0, 0, 0, 0, 0, 0, 12, 0,
+                   0};
     optim_hparams hp = optim_hparams_default();
     hp.weight_decay = 0.01f;
     t_check_against_double("fp32_param", &f32, &hp);
@@ -841,7 +844,7 @@ typedef struct t_clip_result {
 } t_clip_result;
 
 static t_clip_result t_clip_run(float clip, float grad_scale, bool with_norm) {
-    t_case c = {"clip", OPTIM_WEIGHT_NONE, 33, 40, QT_DTYPE_F32, 0, 0, 0, 0, 0, 0, 21, 0};
+    t_case c = {"clip", OPTIM_WEIGHT_NONE, 33, 40, QT_DTYPE_F32, 0, 0, 0, 0, 0, 0, 21, 0, 0};
     t_run *run = &t_slots[0];
     const char *why = NULL;
     t_run_open(run, BACKEND_REF, &c, &why);
@@ -888,33 +891,42 @@ static void test_clip_factor(void) {
 // Every format.
 
 static const t_case t_cases[] = {
-    {"fp32", OPTIM_WEIGHT_NONE, 45, 70, QT_DTYPE_F32, 0, 0, 0, 0, 0, 1, 101, 0},
-    {"bf16", OPTIM_WEIGHT_BF16, 64, 96, QT_DTYPE_BF16, 0, 0, 0, 0, 0, 1, 102, 0},
-    {"bf16_odd", OPTIM_WEIGHT_BF16, 45, 70, QT_DTYPE_F32, 0, 0, 0, 0, 0, 0, 103, 0},
+    {"fp32", OPTIM_WEIGHT_NONE, 45, 70, QT_DTYPE_F32, 0, 0, 0, 0, 0, 1, 101, 0, 0},
+    {"bf16", OPTIM_WEIGHT_BF16, 64, 96, QT_DTYPE_BF16, 0, 0, 0, 0, 0, 1, 102, 0, 0},
+    {"bf16_odd", OPTIM_WEIGHT_BF16, 45, 70, QT_DTYPE_F32, 0, 0, 0, 0, 0, 0, 103, 0, 0},
     {"fp8_delayed_e4m3", OPTIM_WEIGHT_FP8_DELAYED, 96, 160, QT_DTYPE_BF16, QT_FP8_E4M3, 0, 0, 0,
-     0, 1, 104, 0},
+     0, 1, 104, 0, 0},
     {"fp8_delayed_e5m2_odd", OPTIM_WEIGHT_FP8_DELAYED, 45, 70, QT_DTYPE_F32, QT_FP8_E5M2, 0, 0,
-     0, 0, 0, 105, 0},
+     0, 0, 0, 105, 0, 0},
     {"fp8_current_e4m3", OPTIM_WEIGHT_FP8_CURRENT, 96, 160, QT_DTYPE_F32, QT_FP8_E4M3, 0, 0, 0,
-     0, 1, 106, 0},
+     0, 1, 106, 0, 0},
     {"fp8_current_e5m2_pow2_odd", OPTIM_WEIGHT_FP8_CURRENT, 45, 70, QT_DTYPE_BF16, QT_FP8_E5M2, 0,
-     1, 0, 0, 0, 107, 0},
-    {"mxfp8_2d", OPTIM_WEIGHT_MXFP8, 96, 160, QT_DTYPE_BF16, QT_FP8_E4M3, 1, 0, 0, 0, 1, 108, 0},
-    {"mxfp8_1d_odd", OPTIM_WEIGHT_MXFP8, 45, 70, QT_DTYPE_F32, QT_FP8_E4M3, 0, 0, 0, 0, 0, 109, 0},
+     1, 0, 0, 0, 107, 0, 0},
+    {"mxfp8_2d", OPTIM_WEIGHT_MXFP8, 96, 160, QT_DTYPE_BF16, QT_FP8_E4M3, 1, 0, 0, 0, 1, 108, 0, 0},
+    {"mxfp8_1d_odd", OPTIM_WEIGHT_MXFP8, 45, 70, QT_DTYPE_F32, QT_FP8_E4M3, 0, 0, 0, 0, 0, 109, 0,
+     0},
+    // The rowwise copy alone, written by the update: whole tiles; columns that end mid-block
+    // and mid-word (E5M2); rows and columns that end mid-tile.
+    {"mxfp8_rowwise_e4m3", OPTIM_WEIGHT_MXFP8, 96, 160, QT_DTYPE_BF16, QT_FP8_E4M3, 0, 0, 0, 0,
+     1, 118, 0, 1},
+    {"mxfp8_rowwise_e5m2_odd", OPTIM_WEIGHT_MXFP8, 45, 70, QT_DTYPE_F32, QT_FP8_E5M2, 0, 0, 0, 0,
+     1, 119, 0, 1},
+    {"mxfp8_rowwise_edge_tiles", OPTIM_WEIGHT_MXFP8, 130, 200, QT_DTYPE_BF16, QT_FP8_E4M3, 0, 0,
+     0, 0, 0, 120, 0, 1},
     {"block_2d", OPTIM_WEIGHT_FP8_BLOCK, 130, 200, QT_DTYPE_BF16, QT_FP8_E4M3, 1, 0, 0, 0, 1,
-     110, 0},
+     110, 0, 0},
     {"block_1d", OPTIM_WEIGHT_FP8_BLOCK, 130, 200, QT_DTYPE_F32, QT_FP8_E4M3, 0, 0, 0, 0, 0,
-     111, 0},
-    {"nvfp4_2d", OPTIM_WEIGHT_NVFP4, 96, 160, QT_DTYPE_BF16, 0, 1, 0, 0, 0, 1, 112, 0},
-    {"nvfp4_1d_sr_odd", OPTIM_WEIGHT_NVFP4, 45, 70, QT_DTYPE_F32, 0, 0, 0, 0, 1, 0, 113, 0},
-    {"nvfp4_1d_rht", OPTIM_WEIGHT_NVFP4, 64, 96, QT_DTYPE_F32, 0, 0, 0, 1, 0, 0, 114, 0},
+     111, 0, 0},
+    {"nvfp4_2d", OPTIM_WEIGHT_NVFP4, 96, 160, QT_DTYPE_BF16, 0, 1, 0, 0, 0, 1, 112, 0, 0},
+    {"nvfp4_1d_sr_odd", OPTIM_WEIGHT_NVFP4, 45, 70, QT_DTYPE_F32, 0, 0, 0, 0, 1, 0, 113, 0, 0},
+    {"nvfp4_1d_rht", OPTIM_WEIGHT_NVFP4, 64, 96, QT_DTYPE_F32, 0, 0, 0, 1, 0, 0, 114, 0, 0},
     // Stacked weights: members of whole update tiles take their amaxes from the update (odd
     // columns: tiles cut at the edge); members of 48 rows take them from a pass of the cast's.
     {"fp8_current_stacked_e4m3", OPTIM_WEIGHT_FP8_CURRENT, 256, 70, QT_DTYPE_F32, QT_FP8_E4M3, 0,
-     0, 0, 0, 1, 115, 4},
+     0, 0, 0, 1, 115, 4, 0},
     {"fp8_current_stacked_48_rows", OPTIM_WEIGHT_FP8_CURRENT, 144, 96, QT_DTYPE_BF16,
-     QT_FP8_E4M3, 0, 0, 0, 0, 0, 116, 3},
-    {"nvfp4_stacked", OPTIM_WEIGHT_NVFP4, 128, 96, QT_DTYPE_BF16, 0, 0, 0, 0, 0, 1, 117, 2},
+     QT_FP8_E4M3, 0, 0, 0, 0, 0, 116, 3, 0},
+    {"nvfp4_stacked", OPTIM_WEIGHT_NVFP4, 128, 96, QT_DTYPE_BF16, 0, 0, 0, 0, 0, 1, 117, 2, 0},
 };
 #define T_CASES (sizeof t_cases / sizeof t_cases[0])
 
@@ -1191,11 +1203,40 @@ static void test_multi_equals_per_param(void) {
     }
 }
 
+// Who writes an MXFP8 weight: the update where the rowwise copy is the weight's only one (the
+// step and the start-up program then hold no cast of the master, the step only the check
+// regions' own), the family cast after the update otherwise; in the multi-tensor step too.
+static void test_mxfp8_cast_by_update(void) {
+    test_begin("optim_mxfp8_rowwise_only_weight_written_by_the_update");
+    for (size_t k = 0; k < T_CASES; k++) {
+        const t_case *c = &t_cases[k];
+        if (c->weight != OPTIM_WEIGHT_MXFP8) continue;
+        for (t_list list = T_LIST_ONE; list <= T_LIST_MULTI; list++) {
+            t_run *run = &t_slots[0];
+            const char *why = NULL;
+            t_run_open_list(run, BACKEND_REF, c, list, &why);
+            uint32_t step = t_ops_of(run, KERNEL_MXFP8_QUANTIZE_F32);
+            uint32_t start = 0;
+            for (uint32_t i = 0; i < run->prep.op_count; i++) {
+                start += run->prep.ops[i].kernel == KERNEL_MXFP8_QUANTIZE_F32;
+            }
+            uint32_t want = c->row_only ? 0u : 1u;
+            CHECK(step == want + 1 && start == want,
+                  "%s (list %d): %u casts in the step (one of them the check's), %u at start-up; "
+                  "expected %u and %u", c->name, (int)list, step, start, want + 1, want);
+            rig_close(&run->r);
+        }
+    }
+    test_end();
+}
+
 static const t_case t_gpu_big[] = {
     {"fp8_delayed_e4m3_large", OPTIM_WEIGHT_FP8_DELAYED, 512, 1024, QT_DTYPE_BF16, QT_FP8_E4M3,
-     0, 0, 0, 0, 1, 201, 0},
-    {"bf16_large_f32grad", OPTIM_WEIGHT_BF16, 300, 520, QT_DTYPE_F32, 0, 0, 0, 0, 0, 1, 202, 0},
-    {"nvfp4_2d_large", OPTIM_WEIGHT_NVFP4, 256, 768, QT_DTYPE_BF16, 0, 1, 0, 0, 0, 1, 203, 0},
+     0, 0, 0, 0, 1, 201, 0, 0},
+    {"bf16_large_f32grad", OPTIM_WEIGHT_BF16, 300, 520, QT_DTYPE_F32, 0, 0, 0, 0, 0, 1, 202, 0, 0},
+    {"nvfp4_2d_large", OPTIM_WEIGHT_NVFP4, 256, 768, QT_DTYPE_BF16, 0, 1, 0, 0, 0, 1, 203, 0, 0},
+    {"mxfp8_rowwise_large", OPTIM_WEIGHT_MXFP8, 512, 1024, QT_DTYPE_BF16, QT_FP8_E4M3, 0, 0, 0,
+     0, 1, 204, 0, 1},
 };
 
 static void t_gpu_case(const t_case *c, const char *why_none) {
@@ -1323,6 +1364,7 @@ int main(void) {
     TEST_UNIT(test_skip_changes_nothing());
     TEST_UNIT(test_entry_search());
     TEST_UNIT(test_multi_equals_per_param());
+    TEST_UNIT(test_mxfp8_cast_by_update());
     test_gpu();  // not a unit: each of its GPU cases is one
     return test_exit_code();
 }

@@ -88,14 +88,27 @@ static uint32_t op_optim_member_rows(const optim_param_desc *d) {
     return rows % QT_OPTIM_TILE == 0 ? rows : 0;
 }
 
+// Whether the update of an MXFP8 weight writes it (QT_OPTIM_OUT_MXFP8): a dense weight whose
+// only copy is the rowwise one in codes, 1 x 32 blocks (a columnwise copy or 32 x 32 tiles need
+// 32 rows of the master at once, which the update's 4-row threads do not hold: the family cast
+// writes those).
+static bool op_optim_mxfp8_fused(const optim_param_desc *d) {
+    const op_mxfp8_quantize_desc *q = &d->mxfp8;
+    return d->weight == OPTIM_WEIGHT_MXFP8 && d->group.count == 0 && q->group.count == 0 &&
+           !q->tile_2d && !q->row_values && prog_ref_present(q->rowwise.codes) &&
+           prog_ref_present(q->rowwise.scales) && !prog_ref_present(q->colwise.codes);
+}
+
 // The fused outputs of the update of d (the table in op_optim.h): what the formats without a
 // cast kernel of their own write, and the amaxes a following cast needs.
 static op_optim_outputs op_optim_outputs_of(const optim_param_desc *d) {
     op_optim_outputs o = {QT_OPTIM_OUT_NONE, {0}, {0}, false, 0};
     switch (d->weight) {
     case OPTIM_WEIGHT_NONE:
-    case OPTIM_WEIGHT_MXFP8:
     case OPTIM_WEIGHT_FP8_BLOCK:
+        return o;
+    case OPTIM_WEIGHT_MXFP8:
+        if (op_optim_mxfp8_fused(d)) o.out = QT_OPTIM_OUT_MXFP8;
         return o;
     case OPTIM_WEIGHT_BF16:
         o.out = QT_OPTIM_OUT_BF16;
@@ -183,6 +196,11 @@ static uint32_t op_optim_uses(const optim_param_desc *d, const op_optim_outputs 
         OP_OPTIM_USE(weight_t, d->fp8.colwise, elems, PROG_WRITE);
         OP_OPTIM_USE(scale, d->fp8_scale, 4, PROG_READ);
         OP_OPTIM_USE(scale_inv, d->fp8.scale_inv, 4, PROG_WRITE);
+    } else if (o->out == QT_OPTIM_OUT_MXFP8) {
+        OP_OPTIM_USE(weight, d->mxfp8.rowwise.codes, op_mxfp8_codes_bytes(d->rows, d->cols),
+                     PROG_WRITE);
+        OP_OPTIM_USE(scale_inv, d->mxfp8.rowwise.scales,
+                     op_mxfp8_row_scales_bytes(d->rows, d->cols), PROG_WRITE);
     }
     // An atomic max reads and writes its target.
     uint64_t amax_bytes = 4ull * op_optim_amax_words(d, o);
@@ -202,6 +220,9 @@ static optim_adamw_args op_optim_args(const optim_param_desc *d, const op_optim_
     args.grad_dtype = d->grad_dtype;
     args.out = o->out;
     args.fp8 = o->out == QT_OPTIM_OUT_FP8 ? d->fp8.fp8 : 0u;
+    if (o->out == QT_OPTIM_OUT_MXFP8) {
+        args.fp8 = d->mxfp8.elem == QT_ELEM_E5M2 ? QT_MXFP8_E5M2 : QT_MXFP8_E4M3;
+    }
     args.flags = (d->hp.bias_correction ? QT_OPTIM_FLAG_BIAS_CORRECTION : 0u) |
                  (o->amax_on_skip ? QT_OPTIM_FLAG_AMAX_ON_SKIP : 0u) |
                  (quantize_only ? QT_OPTIM_FLAG_QUANTIZE_ONLY : 0u);
@@ -296,6 +317,7 @@ static qt_status op_optim_casts(program *p, const optim_param_desc *d, bool zero
     }
     case OPTIM_WEIGHT_MXFP8: {
         QT_ASSERT(d->mxfp8.group.count == 0);
+        if (op_optim_mxfp8_fused(d)) return QT_OK;  // the update wrote it
         op_mxfp8_quantize_desc q = d->mxfp8;
         q.in = d->master;
         q.dtype = QT_DTYPE_F32;

@@ -19,7 +19,9 @@
 //   FP8_DELAYED   adamw (codes rowwise + transposed, scale_inv,        fused
 //                 atomic amax into the history's row 0 slot)
 //   FP8_CURRENT   fp8_amax_zero, adamw (+ amax), op_fp8_cast_current   quant_fp8
-//   MXFP8         adamw, op_mxfp8_quantize                             quant_mxfp8
+//   MXFP8         adamw (writes the rowwise codes and scales), where   fused
+//                 the weight has that copy alone, 1 x 32 blocks;
+//                 else adamw, op_mxfp8_quantize                        quant_mxfp8
 //   FP8_BLOCK     adamw, op_quant_block (1x128 or 128x128)             quant_block
 //   NVFP4         fp8_amax_zero per global amax, adamw (+ amax into     quant_nvfp4
 //                 both), op_nvfp4_quantize; with RHT: adamw,
@@ -35,13 +37,15 @@
 //
 // Why two kernels for the other formats: per-tensor current scaling and NVFP4 need the amax of
 // the whole new master before the first code is written, which one kernel cannot have without a
-// grid-wide barrier. MXFP8 and FP8 block scales are local, so a fused cast is possible, but it
-// needs the families' 32- and 128-row tiles in the update kernel; reusing their casts costs one
-// extra FP32 read of the master (about 4 of ~34 bytes per element) and keeps exactly one
-// implementation of each format's cast. The zeroing op is the per-tensor FP8 family's
-// qt_fp8_amax_zero (one slot); in a step of multi-tensor launches the step's begin zeroes every
-// such amax instead (op_optim_zeroes), and the stacked weights' and RHT casts merge into arrays
-// it zeroed (op_fp8_amax_merge, op_nvfp4_amax_merge).
+// grid-wide barrier. MXFP8 and FP8 block scales are local, so a fused cast is possible. MXFP8's
+// rowwise 1 x 32 blocks lie in one row of the update's tile, so the update writes that copy
+// (its cast after the update was one more FP32 read of the master and a launch a weight: about
+// 80 us for a 4096 x 16384 weight on an H200). A columnwise copy and 2-D tiles need the
+// families' 32- and 128-row tiles in the update kernel; for them (and FP8 block) the family's
+// cast follows the update, which keeps one implementation of those casts. The zeroing op is the
+// per-tensor FP8 family's qt_fp8_amax_zero (one slot); in a step of multi-tensor launches the
+// step's begin zeroes every such amax instead (op_optim_zeroes), and the stacked weights' and
+// RHT casts merge into arrays it zeroed (op_fp8_amax_merge, op_nvfp4_amax_merge).
 //
 // The weight is always the cast of its master: op_optim_quantize appends the same casts without
 // the update (start-up, after the master is initialized; a delayed-scaling weight's amax goes to

@@ -56,7 +56,7 @@ static void ref_optim_adamw_elems(const ref_optim_job *job, uint64_t begin, uint
             master[i] = p;
         }
         if (job->mode & QT_OPTIM_DO_AMAX) amax = qt_fp8_amax_step(amax, p);
-        if (job->mode & QT_OPTIM_DO_OUT) {
+        if ((job->mode & QT_OPTIM_DO_OUT) && a->out != QT_OPTIM_OUT_MXFP8) {
             ref_optim_out(a, &job->c, (uint32_t)(i / a->cols), (uint32_t)(i % a->cols), p);
         }
     }
@@ -81,13 +81,25 @@ POOL_CPU_CLONES static void ref_optim_adamw_range(void *ctx, uint64_t begin, uin
 }
 
 void ref_qt_optim_adamw(const optim_adamw_args *a, const launch_shape *shape) {
-    (void)shape;
     ref_optim_job job = {.a = a};
     job.mode = qt_optim_prepare(a, &job.c);
     if (job.mode == 0) return;
     pool_for((uint64_t)a->rows * a->cols, REF_TASK_ELEMS, ref_optim_adamw_range, &job);
     if ((job.mode & QT_OPTIM_DO_OUT) && a->out == QT_OPTIM_OUT_FP8 && a->scale_inv) {
         *REF_PTR(float, a->scale_inv) = qt_fp8_scale_inv(job.c.scale);
+    }
+    if ((job.mode & QT_OPTIM_DO_OUT) && a->out == QT_OPTIM_OUT_MXFP8) {
+        // The kernel's fused copy is the family cast of the new master, rowwise: the family's
+        // twin writes it from the master as updated above.
+        mxfp8_quantize_args q = {0};
+        q.in = a->master;
+        q.row_codes = a->weight;
+        q.row_scales = a->scale_inv;
+        q.rows = a->rows;
+        q.cols = a->cols;
+        q.dtype = QT_DTYPE_F32;
+        q.elem = a->fp8;
+        ref_qt_mxfp8_quantize_f32(&q, shape);
     }
 }
 
