@@ -91,14 +91,9 @@ void ref_qt_optim_adamw(const optim_adamw_args *a, const launch_shape *shape) {
     if ((job.mode & QT_OPTIM_DO_OUT) && a->out == QT_OPTIM_OUT_MXFP8) {
         // The kernel's fused copy is the family cast of the new master, rowwise: the family's
         // twin writes it from the master as updated above.
-        mxfp8_quantize_args q = {0};
-        q.in = a->master;
-        q.row_codes = a->weight;
-        q.row_scales = a->scale_inv;
-        q.rows = a->rows;
-        q.cols = a->cols;
-        q.dtype = QT_DTYPE_F32;
-        q.elem = a->fp8;
+        mxfp8_quantize_args q = {.in = a->master, .row_codes = a->weight,
+                                 .row_scales = a->scale_inv, .rows = a->rows, .cols = a->cols,
+                                 .dtype = QT_DTYPE_F32, .elem = a->fp8};
         ref_qt_mxfp8_quantize_f32(&q, shape);
     }
 }
