@@ -20,6 +20,7 @@
 // 2, which took the dense 1-D cast from 85% to 91% of copy and the 2-D one from 88% to 93%
 // (H200). FP32 tiles (64 KiB) exceed the static shared-memory limit and keep the register path.
 #include "ptx/quant_block.h"
+#include "ptx/cp_async.h"    // qt_cp_async16, the staged BF16 casts
 #include "ptx/grid_order.h"  // qt_grid_enter, every kernel's first statement
 #include "ptx/quant_group.h"  // qt_group_find_warp
 
@@ -503,15 +504,6 @@ __device__ __forceinline__ void qb_cast_tile_regs(const quant_block_args &a, qb_
     qb_cast_store<T, TWO_D, FP8, false>(a, t, x, sm);
 }
 
-// 16 bytes global -> shared without registers (cp.async, L2 only); bytes past src_bytes are
-// zero-filled and not read.
-__device__ __forceinline__ void qb_cp_async16(void *dst, const void *src, uint32_t src_bytes) {
-    uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
-                 "r"(src_bytes)
-                 : "memory");
-}
-
 // The whole BF16 tile into sm.tile: vector q = threadIdx.x + 256 n is tile row q / 16, columns
 // 8 (q % 16) .. + 7, so a warp copies two rows of 256 contiguous bytes per instruction. Elements
 // outside the matrix read as +0. Unaligned inputs take plain loads and shared stores.
@@ -530,7 +522,7 @@ __device__ __forceinline__ void qb_stage_tile(const quant_block_args &a, const q
         if (vec_ok) {
             // cols % 8 == 0: a vector is wholly inside the matrix or wholly outside.
             bool ok = row_ok && t.k0 + 8 * v < a.cols;
-            qb_cp_async16(&sm.tile[r][v], ok ? row + 8 * v : in, ok ? 16u : 0u);
+            qt_cp_async16(&sm.tile[r][v], ok ? row + 8 * v : in, ok ? 16u : 0u);
         } else {
             uint32_t w[4];
             qb_load_vec<uint16_t>(row, 8 * v, a.cols - t.k0, row_ok, false, w);
@@ -586,11 +578,11 @@ __device__ __forceinline__ void qb_cast_tile_staged(const quant_block_args &a, q
     qb_stage_tile<TWO_D>(a, t, sm);
     t.active = qt_block_active_rows(&a.group, a.rows);
     if (t.m0 >= t.active) {  // uniform; the copies must land before the block's memory is reused
-        asm volatile("cp.async.wait_all;\n" ::: "memory");
+        qt_cp_async_wait_all();
         return;
     }
     qb_row_states(a, t, sm.row_state);
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    qt_cp_async_wait_all();
     __syncthreads();  // the tile and the row states visible
     qb_cast_staged_tile<TWO_D, FP8>(a, t, sm);
 }
@@ -687,7 +679,7 @@ __device__ __forceinline__ void qb_act_stage(const quant_block_act_args &a, cons
         const uint32_t m = t.m0 + q / 16u, k = t.k0 + 8u * (q % 16u);
         const bool ok = m < c.rows && k < c.cols;
         inside |= (ok ? 1u : 0u) << n;
-        qb_cp_async16(&sm.tile[q / 16u][q % 16u],
+        qt_cp_async16(&sm.tile[q / 16u][q % 16u],
                       copied + (ok ? ((uint64_t)m * c.cols + k) / 8u : 0u), ok ? 16u : 0u);
     }
     uint4 xw[QB_ACT_VECTORS];
@@ -698,7 +690,7 @@ __device__ __forceinline__ void qb_act_stage(const quant_block_act_args &a, cons
         xw[n] = make_uint4(0u, 0u, 0u, 0u);
         if ((inside >> n) & 1u) xw[n] = __ldg(x + ((uint64_t)m * c.cols + k) / 8u);
     }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    qt_cp_async_wait_all();
 #pragma unroll
     for (uint32_t n = 0; n < QB_ACT_VECTORS; n++) {
         const uint32_t q = threadIdx.x + QB_THREADS * n;

@@ -21,6 +21,7 @@
 // is read exactly once. Only the rowwise scales go through shared memory, to leave the block as
 // one 8-byte store per row instead of 8 single bytes.
 #include "ptx/quant_mxfp8.h"
+#include "ptx/cp_async.h"    // qt_cp_async16, backward's staging of dy
 #include "ptx/grid_order.h"  // qt_grid_enter, every kernel's first statement
 #include "ptx/gemm_decode.h"  // the MXFP8 GEMMs' decode, for the dequantize's BF16 path
 
@@ -426,16 +427,14 @@ __device__ __forceinline__ void mx_colwise(const Tile &t, const mxfp8_quantize_a
     mx_codes_dir<false>(t, mult, a.col_codes, a, l, end, in_range, bytes);
 }
 
-// The warp's part of a tile. Rowwise runs to completion before columnwise, so one direction's
-// 8 multipliers are live at a time.
-template <class Tile, class T>
-__device__ __forceinline__ void mx_warp_tile(const mxfp8_quantize_args &a, const mx_lane &l,
-                                             uint32_t tile_row0, uint32_t end,
-                                             uint8_t (*row_e)[MX_TILE_BLOCKS],
-                                             uint32_t row_e_col) {
-    Tile t;
-    uint32_t in_range = l.col0 < a.cols ? min(a.cols - l.col0, 8u) : 0u;
-    mx_load_tile<Tile, T>(t, a, l, tile_row0, end, in_range);
+// The codes of the warp's part of a tile, its elements loaded. Rowwise runs to completion before
+// columnwise, so one direction's 8 multipliers are live at a time.
+template <class Tile>
+__device__ __forceinline__ void mx_encode_tile(const Tile &t, const mxfp8_quantize_args &a,
+                                               const mx_lane &l, uint32_t tile_row0,
+                                               uint32_t end, uint32_t in_range,
+                                               uint8_t (*row_e)[MX_TILE_BLOCKS],
+                                               uint32_t row_e_col) {
     // 2-D: one scale per 32 x 32 block, from the block amax, for both directions.
     int32_t block_e = -1;
     if (a.flags & QT_MXFP8_FLAG_2D) {
@@ -445,6 +444,23 @@ __device__ __forceinline__ void mx_warp_tile(const mxfp8_quantize_args &a, const
     }
     if (a.row_codes) mx_rowwise(t, a, l, end, in_range, block_e, row_e, row_e_col);
     if (a.col_codes) mx_colwise(t, a, l, tile_row0, end, in_range, block_e);
+}
+
+// The lane's columns of the tile in range: 8, fewer at the matrix's last columns, or 0.
+__device__ __forceinline__ uint32_t mx_in_range(const mxfp8_quantize_args &a, const mx_lane &l) {
+    return l.col0 < a.cols ? min(a.cols - l.col0, 8u) : 0u;
+}
+
+// The warp's part of a tile: load, then encode.
+template <class Tile, class T>
+__device__ __forceinline__ void mx_warp_tile(const mxfp8_quantize_args &a, const mx_lane &l,
+                                             uint32_t tile_row0, uint32_t end,
+                                             uint8_t (*row_e)[MX_TILE_BLOCKS],
+                                             uint32_t row_e_col) {
+    Tile t;
+    uint32_t in_range = mx_in_range(a, l);
+    mx_load_tile<Tile, T>(t, a, l, tile_row0, end, in_range);
+    mx_encode_tile(t, a, l, tile_row0, end, in_range, row_e, row_e_col);
 }
 
 // Writes the tile's staged rowwise scales: one 8-byte store per row when aligned and whole.
@@ -465,6 +481,16 @@ __device__ __forceinline__ void mx_store_row_scales(const mxfp8_quantize_args &a
     for (uint32_t b = 0; b < n; b++) dst[b] = row_e[t][b];
 }
 
+// The lane's place in the tile of row tile tile_row0 / 32 and column tile kt.
+__device__ __forceinline__ void mx_lane_set(mx_lane &l, uint32_t lane, uint32_t warp,
+                                            uint32_t tile_row0, uint32_t kt) {
+    l.rg = lane >> 3;
+    l.cb = (lane >> 2) & 1u;
+    l.cl = lane & 3u;
+    l.row0 = tile_row0 + l.rg * MX_LANE_ROWS;
+    l.col0 = kt * QT_MXFP8_TILE_COLS + warp * 64u + l.cb * 32u + l.cl * 8u;
+}
+
 template <class Tile, class T>
 __device__ __forceinline__ void mx_quantize(const mxfp8_quantize_args &a) {
     __shared__ __align__(16) uint8_t row_e[QT_MXFP8_TILE_ROWS][MX_TILE_BLOCKS];
@@ -475,11 +501,7 @@ __device__ __forceinline__ void mx_quantize(const mxfp8_quantize_args &a) {
     if (tile_row0 >= end) return;  // the whole block: nothing of this tile is active
     uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
     mx_lane l;
-    l.rg = lane >> 3;
-    l.cb = (lane >> 2) & 1u;
-    l.cl = lane & 3u;
-    l.row0 = tile_row0 + l.rg * MX_LANE_ROWS;
-    l.col0 = kt * QT_MXFP8_TILE_COLS + warp * 64u + l.cb * 32u + l.cl * 8u;
+    mx_lane_set(l, lane, warp, tile_row0, kt);
     // Warp-uniform: a warp wholly past the last column has nothing to do (shuffles inside need
     // the whole warp, which this keeps together).
     if (kt * QT_MXFP8_TILE_COLS + warp * 64u < a.cols) {
@@ -503,6 +525,128 @@ extern "C" __global__ void __launch_bounds__(QT_MXFP8_THREADS)
     qt_mxfp8_quantize_f32(const __grid_constant__ mxfp8_quantize_args args) {
     qt_grid_enter();
     mx_quantize<mx_tile_f32, float>(args);
+}
+
+// ---------------------------------------------------------------------------------------------
+// An activation and the MXFP8 cast of its output (mxfp8_act_args). A lane loads its 8 x 8
+// elements of x (backward: and stages its dy beside them), turns each row's eight into y's BF16
+// words through the block's table (ptx/act_math.h, qt_act_table_words: act.cu's values and
+// rounding) in its registers, and from there on encodes them as the cast does (mx_encode_tile),
+// so codes, scales and values are qt_mxfp8_quantize_bf16's for the stored y. A block runs many
+// tiles, so its table (4096 exact evaluations) is paid once. Fusing halves the bytes moved but
+// adds the table's work to the cast's: on an H200 the fused forward takes about 300 us for
+// 8192 x 16384 against 153 + 169 us for the activation and the cast apart, the backward about
+// 420 against 215 + 234 (BENCHMARKS.md).
+
+// Row i of the lane's 8 x 8 elements of a BF16 [rows][cols] tensor as loaded: columns are whole
+// vectors (cols % 8 == 0, 16-byte aligned), so a lane's 8 are all in range or none. Rows past
+// `end` and columns past `cols` read as zeros, whose y (and dx) is zero: no amax changes and
+// nothing of them is stored.
+__device__ __forceinline__ uint4 mx_act_load_row(uint64_t tensor, uint32_t cols, const mx_lane &l,
+                                                 int i, uint32_t end, uint32_t in_range) {
+    if (in_range == 0 || l.row0 + i >= end) return make_uint4(0u, 0u, 0u, 0u);
+    const uint4 *row = (const uint4 *)tensor + ((uint64_t)(l.row0 + i) * cols + l.col0) / 8u;
+    return __ldg(row);
+}
+
+__device__ __forceinline__ void mx_tile_set_row(mx_tile_bf16 &t, int i, uint4 v) {
+    t.w[i][0] = v.x;
+    t.w[i][1] = v.y;
+    t.w[i][2] = v.z;
+    t.w[i][3] = v.w;
+}
+
+__device__ __forceinline__ uint4 mx_tile_row(const mx_tile_bf16 &t, int i) {
+    return make_uint4(t.w[i][0], t.w[i][1], t.w[i][2], t.w[i][3]);
+}
+
+// Backward's staging of dy: each lane copies its 8 rows of 8 dy values into shared memory by
+// cp.async (no registers while in flight) and reads back only what it copied, so its own
+// cp.async.wait_all is the only ordering needed; meanwhile its 8 rows of x are loaded into the
+// tile's registers. Row r of the tile, 16-byte vector v of its 32: [r][v]. A quarter warp reads
+// 8 consecutive vectors of one row (128 contiguous bytes): no bank conflict.
+typedef uint4 mx_dy_stage[QT_MXFP8_TILE_ROWS][QT_MXFP8_TILE_COLS / 8u];
+
+// Forward: the tile holds x, turned into y in place. Backward: the tile holds x, dy arrives in
+// `stage`, and each row of the two is turned into dx's row of the tile.
+template <bool kBackward>
+__device__ __forceinline__ void mx_act_warp_tile(const mxfp8_act_args &a, const float *table,
+                                                 mx_dy_stage &stage, const mx_lane &l,
+                                                 uint32_t tile_row0, uint32_t end,
+                                                 uint8_t (*row_e)[MX_TILE_BLOCKS],
+                                                 uint32_t row_e_col) {
+    const mxfp8_quantize_args &c = a.cast;
+    mx_tile_bf16 t;
+    uint32_t in_range = mx_in_range(c, l);
+    uint32_t v = (l.col0 % QT_MXFP8_TILE_COLS) / 8u, r0 = l.rg * MX_LANE_ROWS;
+    if (kBackward) {
+        const uint4 *dy = (const uint4 *)a.dy;
+#pragma unroll
+        for (int i = 0; i < MX_LANE_ROWS; i++) {
+            bool ok = in_range > 0 && l.row0 + i < end;
+            uint64_t at = ok ? ((uint64_t)(l.row0 + i) * c.cols + l.col0) / 8u : 0u;
+            qt_cp_async16(&stage[r0 + i][v], dy + at, ok ? 16u : 0u);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < MX_LANE_ROWS; i++) {
+        mx_tile_set_row(t, i, mx_act_load_row(c.in, c.cols, l, i, end, in_range));
+    }
+    if (kBackward) qt_cp_async_wait_all();
+#pragma unroll
+    for (int i = 0; i < MX_LANE_ROWS; i++) {
+        uint4 x = mx_tile_row(t, i);
+        uint4 g = kBackward ? stage[r0 + i][v] : x;
+        mx_tile_set_row(t, i, qt_act_table_words<kBackward>(a.act, table, x, g));
+    }
+    mx_encode_tile(t, c, l, tile_row0, end, in_range, row_e, row_e_col);
+}
+
+template <bool kBackward>
+__device__ __forceinline__ void mx_act_quantize(const mxfp8_act_args &a) {
+    // The launch's dynamic shared memory: the table (QT_ACT_LUT_ENTRIES floats), then backward's
+    // staging of dy (mx_dy_stage).
+    extern __shared__ __align__(16) float mx_act_table[];
+    mx_dy_stage &stage = *(mx_dy_stage *)(mx_act_table + QT_ACT_LUT_ENTRIES);
+    __shared__ __align__(16) uint8_t row_e[QT_MXFP8_TILE_ROWS][MX_TILE_BLOCKS];
+    for (uint32_t e = threadIdx.x; e < QT_ACT_LUT_ENTRIES; e += QT_MXFP8_THREADS) {
+        mx_act_table[e] = qt_act_lut_value(a.act, kBackward, qt_act_lut_input(e));
+    }
+    __syncthreads();  // the table is complete
+    const mxfp8_quantize_args &c = a.cast;
+    uint32_t col_tiles = (c.cols + QT_MXFP8_TILE_COLS - 1) / QT_MXFP8_TILE_COLS;
+    uint32_t tiles = col_tiles * ((c.rows + QT_MXFP8_TILE_ROWS - 1) / QT_MXFP8_TILE_ROWS);
+    uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    for (uint32_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {  // uniform
+        uint32_t mt = tile / col_tiles, kt = tile % col_tiles;
+        uint32_t tile_row0 = mt * QT_MXFP8_TILE_ROWS;
+        mx_lane l;
+        mx_lane_set(l, lane, warp, tile_row0, kt);
+        if (kt * QT_MXFP8_TILE_COLS + warp * 64u < c.cols) {  // warp-uniform, as the cast's
+            mx_act_warp_tile<kBackward>(a, mx_act_table, stage, l, tile_row0, c.rows, row_e,
+                                        warp * 2u + l.cb);
+        }
+        if (c.row_codes && !(c.flags & QT_MXFP8_FLAG_ROW_VALUES)) {  // uniform
+            __syncthreads();  // every warp's row_e entries are staged
+            mx_store_row_scales(c, row_e, tile_row0, kt, c.rows);
+            __syncthreads();  // row_e read before the next tile's entries
+        }
+    }
+}
+
+// Forward: seven blocks an SM, 71 registers without spills (at eight, 64, the table's
+// out-of-line misses and the division's slow path spill), 16 KiB of table each. Backward: five,
+// 86 registers (at six, 80, the row loop spills), 32 KiB of table and staged dy each.
+extern "C" __global__ void __launch_bounds__(QT_MXFP8_THREADS, QT_MXFP8_ACT_FWD_BLOCKS_PER_SM)
+    qt_mxfp8_act_fwd(const __grid_constant__ mxfp8_act_args args) {
+    qt_grid_enter();
+    mx_act_quantize<false>(args);
+}
+
+extern "C" __global__ void __launch_bounds__(QT_MXFP8_THREADS, QT_MXFP8_ACT_BWD_BLOCKS_PER_SM)
+    qt_mxfp8_act_bwd(const __grid_constant__ mxfp8_act_args args) {
+    qt_grid_enter();
+    mx_act_quantize<true>(args);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@
 #ifndef QT_QUANT_MXFP8_H
 #define QT_QUANT_MXFP8_H
 
+#include "ptx/act_math.h"     // QT_ACT_*, QT_ACT_LUT_ENTRIES (the activation casts)
 #include "ptx/core.h"         // QT_DTYPE_*
 #include "ptx/qt_codec.h"     // qt_f32_to_e4m3/e5m2, qt_f32_to_e8m0, qt_e8m0_inv_f32, decoders
 #include "ptx/quant_group.h"  // qt_group_desc, qt_group_active_rows, qt_group_find
@@ -77,12 +78,39 @@ typedef struct mxfp8_dequantize_args {
 } mxfp8_dequantize_args;
 QT_STATIC_ASSERT(sizeof(mxfp8_dequantize_args) == 72, "mxfp8_dequantize_args layout");
 
+// An activation and the MXFP8 cast of its output in one pass over the activation's input
+// (qt_mxfp8_act_fwd, qt_mxfp8_act_bwd): y = act(x) forward, dy * act'(x) backward, rounded to
+// BF16, the very tensor that qt_act_fwd / qt_act_bwd (ptx/act.h) would store, through the same
+// table (ptx/act_math.h), which is never written; then y is cast as qt_mxfp8_quantize_bf16
+// casts a dense BF16 tensor: the same codes, scales and values. Dense only (cast.group.count 0),
+// 1-D (no QT_MXFP8_FLAG_2D), x and dy BF16, cols % 8 == 0, x and dy 16-byte aligned.
+// Persistent: each block computes its table (QT_MXFP8_ACT_TABLE_BYTES of dynamic shared memory;
+// backward QT_MXFP8_ACT_BWD_SMEM_BYTES, with a tile of dy staged after it) once, then takes the
+// quantize kernel's tiles blockIdx.x, blockIdx.x + gridDim.x, ... (the bits never depend on the
+// grid).
+typedef struct mxfp8_act_args {
+    mxfp8_quantize_args cast;  // in: x, the activation's input, BF16 (cast.dtype BF16)
+    uint64_t dy;               // backward: BF16 [rows][cols], the gradient at the output
+    uint32_t act;              // QT_ACT_GELU | QT_ACT_SILU (ptx/act_math.h)
+    uint32_t reserved;
+} mxfp8_act_args;
+QT_STATIC_ASSERT(sizeof(mxfp8_act_args) == 104, "mxfp8_act_args layout");
+
+#define QT_MXFP8_ACT_TABLE_BYTES (4u * QT_ACT_LUT_ENTRIES)
+#define QT_MXFP8_ACT_BWD_SMEM_BYTES \
+    (QT_MXFP8_ACT_TABLE_BYTES + 2u * QT_MXFP8_TILE_ROWS * QT_MXFP8_TILE_COLS)  // + dy's tile
+// The kernels' __launch_bounds__ minimum blocks an SM, which the op builder sizes grids with.
+#define QT_MXFP8_ACT_FWD_BLOCKS_PER_SM 7u
+#define QT_MXFP8_ACT_BWD_BLOCKS_PER_SM 5u
+
 // The input dtype picks the quantize kernel: each instantiation gets its own register budget
 // (the BF16 one keeps its tile packed in half the registers of the FP32 one).
-#define QT_KERNELS_QUANT_MXFP8(X)                                                          \
+#define QT_KERNELS_QUANT_MXFP8(X)                                                           \
     X(KERNEL_MXFP8_QUANTIZE_BF16, quant_mxfp8, qt_mxfp8_quantize_bf16, mxfp8_quantize_args) \
     X(KERNEL_MXFP8_QUANTIZE_F32, quant_mxfp8, qt_mxfp8_quantize_f32, mxfp8_quantize_args)   \
-    X(KERNEL_MXFP8_DEQUANTIZE, quant_mxfp8, qt_mxfp8_dequantize, mxfp8_dequantize_args)
+    X(KERNEL_MXFP8_DEQUANTIZE, quant_mxfp8, qt_mxfp8_dequantize, mxfp8_dequantize_args)     \
+    X(KERNEL_MXFP8_ACT_FWD, quant_mxfp8, qt_mxfp8_act_fwd, mxfp8_act_args)                  \
+    X(KERNEL_MXFP8_ACT_BWD, quant_mxfp8, qt_mxfp8_act_bwd, mxfp8_act_args)
 
 // ---------------------------------------------------------------------------------------------
 // Grouped rows (member lookups of quant_group.h).

@@ -1225,6 +1225,184 @@ static void test_gpu_cases(void) {
     mx_run_gpu_case(&large, 800, true);
 }
 
+// ---------------------------------------------------------------------------------------------
+// An activation and the MXFP8 cast of its output in one pass (op_mxfp8_act) against the
+// activation's stored BF16 output cast by op_mxfp8_quantize, byte for byte (each direction's
+// codes and scales, or its values), on each backend, and the GPU's fused outputs against the
+// reference backend's. Inputs cover the tables' binades and beyond (the out-of-line path), zeros,
+// subnormals, Inf and NaN; shapes with partial tiles (rows not a multiple of 32, columns of 8 not
+// of 256) and with more tiles than the grid has blocks (each block then runs several); GELU and
+// SiLU, forward and backward, E4M3 and E5M2, codes or values, one direction alone.
+
+typedef struct mx_act_mode {
+    uint32_t act;
+    bool backward;
+    qt_elem elem;
+    bool rowwise, colwise, row_values, col_values;
+} mx_act_mode;
+
+// Regions: x, dy, the activation's stored y, and per way ([0] the activation then the cast, [1]
+// fused) each direction's codes (or values) and scales.
+typedef struct mx_act_regions {
+    arena_handle x, dy, y;
+    arena_handle data[2][2], scales[2][2];  // [way][rowwise, colwise]
+    uint64_t elems, data_bytes[2], scale_bytes[2];
+} mx_act_regions;
+
+static op_mxfp8_quantize_desc mx_act_desc(rig *r, const mx_act_regions *h, uint32_t rows,
+                                          uint32_t cols, const mx_act_mode *md, int way,
+                                          prog_ref in) {
+    op_mxfp8_quantize_desc d = {0};
+    d.in = in;
+    d.dtype = QT_DTYPE_BF16;
+    d.rows = rows;
+    d.cols = cols;
+    d.elem = md->elem;
+    d.row_values = md->row_values;
+    d.col_values = md->col_values;
+    const bool on[2] = {md->rowwise, md->colwise}, values[2] = {md->row_values, md->col_values};
+    op_mxfp8_dir *dir[2] = {&d.rowwise, &d.colwise};
+    for (int k = 0; k < 2; k++) {
+        if (!on[k]) continue;
+        dir[k]->codes = rig_ref(r, h->data[way][k], 0);
+        if (!values[k]) dir[k]->scales = rig_ref(r, h->scales[way][k], 0);
+    }
+    d.group = op_group_dense();
+    return d;
+}
+
+static void mx_act_build(rig *r, uint32_t rows, uint32_t cols, const mx_act_mode *md,
+                         mx_act_regions *h) {
+    h->elems = (uint64_t)rows * cols;
+    h->data_bytes[0] = h->elems * (md->row_values ? 2 : 1);
+    h->data_bytes[1] = h->elems * (md->col_values ? 2 : 1);
+    h->scale_bytes[0] = op_mxfp8_row_scales_bytes(rows, cols);
+    h->scale_bytes[1] = op_mxfp8_col_scales_bytes(rows, cols);
+    h->x = rig_reserve(r, "x", h->elems * 2);
+    h->dy = rig_reserve(r, "dy", h->elems * 2);
+    h->y = rig_reserve(r, "y", h->elems * 2);
+    static const char *const names[2][2][2] = {{{"row", "row_scales"}, {"col", "col_scales"}},
+                                               {{"row_fused", "row_scales_fused"},
+                                                {"col_fused", "col_scales_fused"}}};
+    for (int w = 0; w < 2; w++) {
+        for (int k = 0; k < 2; k++) {
+            h->data[w][k] = rig_reserve(r, names[w][k][0], h->data_bytes[k]);
+            h->scales[w][k] = rig_reserve(r, names[w][k][1], h->scale_bytes[k]);
+        }
+    }
+    prog_ref x = rig_ref(r, h->x, 0), dy = rig_ref(r, h->dy, 0), y = rig_ref(r, h->y, 0);
+    RIG_OK(rig_act_bf16(r, md->act, md->backward, rows, cols, x, dy, y));
+    op_mxfp8_quantize_desc unfused = mx_act_desc(r, h, rows, cols, md, 0, y);
+    op_mxfp8_quantize_desc fused = mx_act_desc(r, h, rows, cols, md, 1, x);
+    RIG_OK(op_mxfp8_quantize(&r->prog, "cast", &unfused));
+    RIG_OK(op_mxfp8_act(&r->prog, "act_cast", md->act, md->backward,
+                        md->backward ? dy : OP_REF_NONE, &fused));
+    rig_bind(r);
+}
+
+// Runs the program; returns both ways' outputs, [2][row data, row scales, col data, col scales]
+// back to back (the caller frees them), after comparing them with each other. Outputs a mode
+// does not write (a direction off, a values direction's scales) stay as written: zeros.
+static uint8_t *mx_act_run(rig *r, const mx_act_regions *h, const mx_act_mode *md,
+                           const uint16_t *x, const uint16_t *dy, const char *what,
+                           uint64_t *half_bytes) {
+    uint64_t half = h->data_bytes[0] + h->scale_bytes[0] + h->data_bytes[1] + h->scale_bytes[1];
+    uint8_t *o = calloc(2, half);
+    RIG_OK(backend_write(&r->be, rig_ref(r, h->x, 0), x, h->elems * 2));
+    RIG_OK(backend_write(&r->be, rig_ref(r, h->dy, 0), dy, h->elems * 2));
+    for (int w = 0; w < 2; w++) {
+        for (int k = 0; k < 2; k++) {
+            RIG_OK(backend_write(&r->be, rig_ref(r, h->data[w][k], 0), o, h->data_bytes[k]));
+            RIG_OK(backend_write(&r->be, rig_ref(r, h->scales[w][k], 0), o, h->scale_bytes[k]));
+        }
+    }
+    RIG_OK(backend_run(&r->be, &r->prog));
+    const bool on[2] = {md->rowwise, md->colwise}, values[2] = {md->row_values, md->col_values};
+    for (int w = 0; w < 2; w++) {
+        uint8_t *at = o + w * half;
+        for (int k = 0; k < 2; k++) {
+            if (on[k]) RIG_OK(backend_read(&r->be, at, rig_ref(r, h->data[w][k], 0),
+                                           h->data_bytes[k]));
+            at += h->data_bytes[k];
+            if (on[k] && !values[k]) {
+                RIG_OK(backend_read(&r->be, at, rig_ref(r, h->scales[w][k], 0),
+                                    h->scale_bytes[k]));
+            }
+            at += h->scale_bytes[k];
+        }
+    }
+    mx_compare(what, o + half, o, half, 1);
+    *half_bytes = half;
+    return o;
+}
+
+// A BF16 input: mostly values in and near the tables' binades [2^-12, 2^4), both signs; one in
+// 32 any bit pattern at all (NaN, Inf, subnormals, huge values included).
+static uint16_t mx_act_value(uint64_t *state) {
+    *state = *state * 6364136223846793005ull + 1442695040888963407ull;
+    uint64_t v = *state;
+    if ((v >> 11) % 32 == 0) return (uint16_t)(v >> 44);
+    uint32_t sign = (uint32_t)((v >> 21) & 1u) << 15;
+    uint32_t exponent = 110u + (uint32_t)((v >> 25) % 28u);  // 2^-17 .. 2^10
+    return (uint16_t)(sign | exponent << 7 | (uint32_t)((v >> 33) & 0x7Fu));
+}
+
+static void test_act_cast(void) {
+    // 2048 x 4096: 1024 tiles, more than the grids' 924 (forward) and 660 (backward) blocks.
+    static const uint32_t shapes[][2] = {{7, 8},     {32, 256},  {33, 136},
+                                         {300, 1000}, {1000, 24}, {2048, 4096}};
+    static const mx_act_mode modes[] = {
+        {QT_ACT_GELU, false, QT_ELEM_E4M3, true, true, true, false},
+        {QT_ACT_SILU, false, QT_ELEM_E5M2, true, true, false, false},
+        {QT_ACT_GELU, true, QT_ELEM_E4M3, true, true, true, true},
+        {QT_ACT_SILU, true, QT_ELEM_E5M2, true, false, false, false},
+        {QT_ACT_GELU, true, QT_ELEM_E5M2, false, true, false, false},
+        {QT_ACT_GELU, false, QT_ELEM_E4M3, false, true, false, true},
+        {QT_ACT_SILU, true, QT_ELEM_E4M3, true, true, false, true},
+    };
+    const size_t n_shapes = sizeof shapes / sizeof shapes[0];
+    const size_t n_modes = sizeof modes / sizeof modes[0];
+    rig_pair rigs;
+    rig_pair_open(&rigs);
+    test_begin("mxfp8_act_cast_equals_act_then_cast");
+    uint64_t state = 29;
+    for (size_t i = 0; i < n_shapes * 2 + 2; i++) {
+        uint32_t rows = shapes[i % n_shapes][0], cols = shapes[i % n_shapes][1];
+        const mx_act_mode *md = &modes[i % n_modes];
+        uint64_t elems = (uint64_t)rows * cols;
+        if (test_sanitizer() && elems > (1u << 20)) continue;  // the largest shape: minutes
+        uint16_t *x = malloc(elems * 2), *dy = malloc(elems * 2);
+        for (uint64_t e = 0; e < elems; e++) {
+            x[e] = mx_act_value(&state);
+            dy[e] = mx_act_value(&state);
+        }
+        char what[96];
+        snprintf(what, sizeof what, "%u x %u, mode %zu, fused against act then cast, ref", rows,
+                 cols, i % n_modes);
+        mx_act_regions hr, hg;
+        uint64_t half = 0;
+        rig_reset(rigs.ref);
+        mx_act_build(rigs.ref, rows, cols, md, &hr);
+        uint8_t *or = mx_act_run(rigs.ref, &hr, md, x, dy, what, &half);
+        if (rigs.on_gpu) {
+            rig_reset(rigs.gpu);
+            mx_act_build(rigs.gpu, rows, cols, md, &hg);
+            snprintf(what, sizeof what, "%u x %u, mode %zu, fused against act then cast, gpu",
+                     rows, cols, i % n_modes);
+            uint8_t *og = mx_act_run(rigs.gpu, &hg, md, x, dy, what, &half);
+            snprintf(what, sizeof what, "%u x %u, mode %zu, fused, gpu against ref", rows, cols,
+                     i % n_modes);
+            mx_compare(what, og + half, or + half, half, 1);
+            free(og);
+        }
+        free(or);
+        free(x);
+        free(dy);
+    }
+    test_end();
+    rig_pair_close(&rigs, "gpu_mxfp8_act_cast_matches_ref");
+}
+
 int main(void) {
     test_scale_rule();
     test_hand_codes();
@@ -1237,6 +1415,7 @@ int main(void) {
     test_dequant_hand();
     test_dequant_colwise_layout();
     test_roundtrip_bound();
+    test_act_cast();
     const char *why = NULL;
     rig_open(&mx_ref_rig, BACKEND_REF, &why);
     test_program_ref();

@@ -1547,7 +1547,7 @@ typedef struct slots_seen {
     uint32_t passes[MODEL_MODE_COUNT];  // each program's amax passes (qt_fp8_amax, qt_nvfp4_amax)
     uint32_t norm_ops, norm_beside;     // the train program's norm launches, and those beside
     uint32_t act_casts[MODEL_MODE_COUNT];  // each program's activation casts (qt_fp8_act_cast_*,
-                                           // qt_quant_block_act_*)
+                                           // qt_quant_block_act_*, qt_mxfp8_act_*)
     uint32_t from_max[MODEL_MODE_COUNT];   // those of them that read a GEMM's maximum slot
 } slots_seen;
 
@@ -1603,10 +1603,12 @@ static bool slots_run(const char *text, const slots_setup *su, const char *trace
     memset(seen, 0, sizeof *seen);
     static const kernel_id passes[] = {KERNEL_FP8_AMAX, KERNEL_NVFP4_AMAX};
     static const kernel_id act_casts[] = {KERNEL_FP8_ACT_CAST_FWD, KERNEL_FP8_ACT_CAST_BWD,
-                                          KERNEL_QUANT_BLOCK_ACT_FWD, KERNEL_QUANT_BLOCK_ACT_BWD};
+                                          KERNEL_QUANT_BLOCK_ACT_FWD, KERNEL_QUANT_BLOCK_ACT_BWD,
+                                          KERNEL_MXFP8_ACT_FWD, KERNEL_MXFP8_ACT_BWD};
+    const uint32_t act_kinds = (uint32_t)(sizeof act_casts / sizeof act_casts[0]);
     for (int mode = 0; st == QT_OK && mode < MODEL_MODE_COUNT; mode++) {
         seen->passes[mode] = slots_count_ops(&the_run, mode, passes, 2);
-        seen->act_casts[mode] = slots_count_ops(&the_run, mode, act_casts, 4);
+        seen->act_casts[mode] = slots_count_ops(&the_run, mode, act_casts, act_kinds);
         seen->from_max[mode] = slots_from_max_ops(&the_run, mode);
     }
     seen->zero_ops = st == QT_OK ? slots_zero_ops(&the_run) : 0;
@@ -1832,8 +1834,11 @@ static const producer_case producer_cases[] = {
      true, {2, 2, 2}},
     {"delayed_act_cast", NULL, "delayed", "", "softmax_xent", false, {{0, 0, 0}, {0, 0, 0}},
      true, {2, 1, 1}},
-    // FP8 block scaling (1x128 activations and gradients): both ways, no amax anywhere.
+    // FP8 block scaling (1x128 activations and gradients) and MXFP8 (1 x 32 blocks; the copies
+    // that BF16 GEMMs read as values): both ways, no amax anywhere.
     {"block_act_cast", NULL, "block", "", "softmax_xent", false, {{0, 0, 0}, {0, 0, 0}}, true,
+     {2, 1, 1}},
+    {"mxfp8_act_cast", NULL, "mxfp8", "", "softmax_xent", false, {{0, 0, 0}, {0, 0, 0}}, true,
      {2, 1, 1}},
 };
 

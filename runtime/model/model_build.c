@@ -378,8 +378,8 @@ static op_mxfp8_quantize_desc mb_mxfp8_desc(const model_quantizer *mq, model_ten
 // asked for; a grouped x (group.count members: an moe layer's permuted rows) gets per-member
 // scales. record_amax: delayed scaling adds this cast's amax to the history (train only). The
 // amaxes it merges into are slots of the step (model_amax_slots); where the producer of x took
-// x's amax already, the store's own amax is not used. mb_qstore reserves the store alone, for a
-// producer that fills it itself (mb_act_cast).
+// x's amax already, the store's own amax is not used. mb_qstore_values reserves the store alone,
+// for a producer that fills it itself (mb_act_cast).
 // values (MODEL_QSTORE_*_VALUES, mb_values): the directions stored as BF16 values.
 static qt_status mb_qstore_values(mb *b, const char *what, const model_quantizer *mq,
                                   model_tensor x, op_group group, bool rowwise, bool colwise,
@@ -391,11 +391,6 @@ static qt_status mb_qstore_values(mb *b, const char *what, const model_quantizer
     bool convert = mq->q.format == QT_FORMAT_BF16 && x.dtype != QT_DTYPE_BF16;
     return model_qstore_reserve(&pl, mq, x.rows, x.cols, group.count, rowwise, colwise, values,
                                 convert, s);
-}
-
-static qt_status mb_qstore(mb *b, const char *what, const model_quantizer *mq, model_tensor x,
-                           op_group group, bool rowwise, bool colwise, model_qstore *s) {
-    return mb_qstore_values(b, what, mq, x, group, rowwise, colwise, 0, s);
 }
 
 // MXFP8 copies that only BF16 GEMMs read (model_gemm_path MIXED: model.c's
@@ -446,7 +441,7 @@ static qt_status mb_quantize_values(mb *b, const char *what, const model_quantiz
     QT_TRY(mb_qstore_values(b, what, mq, x, group, rowwise, colwise, values, s));
     switch (mq->q.format) {
     case QT_FORMAT_BF16:
-        if (!prog_ref_present(s->bf16.ref)) {  // x is BF16 already (mb_qstore reserved nothing)
+        if (!prog_ref_present(s->bf16.ref)) {  // x is BF16 already (nothing reserved)
             s->bf16 = x;
             return QT_OK;
         }
@@ -894,9 +889,9 @@ static bool mb_linear(const mb *b, uint32_t i) {
 // forward with delayed or current scaling (current reads x once more for y's amax first, which
 // still saves a pass, y's store and its read), backward with delayed scaling only (with current
 // scaling the amax pass would read dy and x both: as many bytes as the stored dx); or FP8 block
-// scaling with 1x128 blocks, both ways (its scales are local to a tile, so no pass before). The
-// stored tensor must have no other reader: no recompute (which re-makes y in BF16), and backward
-// no bias gradient below (which sums the BF16 dx).
+// scaling with 1x128 blocks, or MXFP8 with 1 x 32 blocks (not 2-D), both ways (their scales are
+// local to a tile, so no pass before). The stored tensor must have no other reader: no recompute
+// (which re-makes y in BF16), and backward no bias gradient below (which sums the BF16 dx).
 static bool mb_act_casts(const mb *b, uint32_t act, bool backward) {
     const model *m = b->m;
     const recipe_model *rm = &m->recipe->model;
@@ -915,8 +910,9 @@ static bool mb_act_casts(const mb *b, uint32_t act, bool backward) {
     bool fp8 = q->q.format == QT_FORMAT_FP8_E4M3 || q->q.format == QT_FORMAT_FP8_E5M2;
     bool scheme = q->q.scheme == QT_SCHEME_DELAYED ||
                   (!backward && q->q.scheme == QT_SCHEME_CURRENT);
-    bool block = q->q.format == QT_FORMAT_FP8_BLOCK_1D;
-    if (!((fp8 && scheme) || block) || above->in_padded != below->out || below->out % 8 != 0) {
+    bool local = q->q.format == QT_FORMAT_FP8_BLOCK_1D ||
+                 (q->q.format == QT_FORMAT_MXFP8 && !q->q.two_d);
+    if (!((fp8 && scheme) || local) || above->in_padded != below->out || below->out % 8 != 0) {
         return false;
     }
     if (backward && below->bias) return false;
@@ -1240,9 +1236,14 @@ static bool mb_dense_act(const mb *b, uint32_t i) {
 
 // The ops of one activation's cast into the store s of quantizer mq (mb_quantize_fp8's bits
 // for the stored tensor): delayed scaling, one; current scaling, y's amax into the store's slot
-// of the step and then the cast; FP8 block scaling (1x128), one (mb_quantize's bits).
+// of the step and then the cast; FP8 block scaling (1x128) and MXFP8, one (mb_quantize's bits).
 static qt_status mb_act_cast(mb *b, const char *name, const model_quantizer *mq,
                              const op_fp8_act_input *in, bool record_amax, const model_qstore *s) {
+    if (mq->q.format == QT_FORMAT_MXFP8) {
+        model_tensor x = {in->x, QT_DTYPE_BF16, in->rows, in->cols, OP_REF_NONE};
+        op_mxfp8_quantize_desc d = mb_mxfp8_desc(mq, x, s);
+        return op_mxfp8_act(b->p, name, in->act, in->backward, in->dy, &d);
+    }
     if (mq->q.format == QT_FORMAT_FP8_BLOCK_1D) {
         op_block_tensor t = mb_block_tensor(mq, in->rows, in->cols, s);
         op_block_options o = {!mq->q.pow2, mq->q.amax_eps};
@@ -1272,7 +1273,10 @@ static qt_status mb_act_cast_forward(mb *b, uint32_t act, model_tensor x, prog_r
     *y = (model_tensor){OP_REF_NONE, QT_DTYPE_BF16, x.rows, x.cols, OP_REF_NONE};
     char what[ARENA_NAME_MAX], name[ARENA_NAME_MAX];
     snprintf(what, sizeof what, "%s.x", layers[act + 1].name);
-    QT_TRY(mb_qstore(b, what, mq, *y, op_group_dense(), true, b->train, &b->xq[li]));
+    // The copies that mb_linear_forward's own cast would store as values (MXFP8).
+    uint32_t values = mb_values_of(b, mq, &m->linears[li], *y, MODEL_FPROP, MODEL_GEMM_COUNT);
+    QT_TRY(mb_qstore_values(b, what, mq, *y, op_group_dense(), true, b->train, values,
+                            &b->xq[li]));
     char buf[24];
     snprintf(name, sizeof name, "%s.y", mb_layer_name(b, act, buf, sizeof buf));
     op_fp8_act_input in = {mb_act_kind(layers[act].kind), false, x.ref, OP_FP8_NONE, x.rows,
@@ -1295,7 +1299,10 @@ static qt_status mb_act_cast_backward(mb *b, uint32_t act, model_tensor dy, mode
     *dx = (model_tensor){OP_REF_NONE, QT_DTYPE_BF16, x.rows, x.cols, OP_REF_NONE};
     char what[ARENA_NAME_MAX], name[ARENA_NAME_MAX];
     snprintf(what, sizeof what, "%s.dy", layers[act - 1].name);
-    QT_TRY(mb_qstore(b, what, qg, *dx, op_group_dense(), lin->needs_dx, true, &b->dyq[li]));
+    // The copies that mb_linear_backward's own cast would store as values (MXFP8).
+    uint32_t values = mb_values_of(b, qg, lin, *dx, MODEL_DGRAD, MODEL_WGRAD);
+    QT_TRY(mb_qstore_values(b, what, qg, *dx, op_group_dense(), lin->needs_dx, true, values,
+                            &b->dyq[li]));
     char buf[24];
     snprintf(name, sizeof name, "%s.dx", mb_layer_name(b, act, buf, sizeof buf));
     op_fp8_act_input in = {mb_act_kind(layers[act].kind), true, x.ref, dy.ref, x.rows, x.cols,

@@ -56,4 +56,13 @@ uint64_t op_mxfp8_col_scales_bytes(uint32_t rows, uint32_t cols);
 qt_status op_mxfp8_quantize(program *p, const char *name, const op_mxfp8_quantize_desc *d);
 qt_status op_mxfp8_dequantize(program *p, const char *name, const op_mxfp8_dequantize_desc *d);
 
+// An activation and the MXFP8 cast of its output in one pass (qt_mxfp8_act_fwd, _bwd): d->in is
+// x, the activation's BF16 input; backward also reads dy (BF16, x's shape), the gradient at the
+// output. The outputs are d's, the bits of op_act_forward / op_act_backward followed by
+// op_mxfp8_quantize of the BF16 tensor they would store, which is never written
+// (mxfp8_act_args). act: QT_ACT_GELU | QT_ACT_SILU; dense, 1-D, cols % 8 == 0, x and dy 16-byte
+// aligned.
+qt_status op_mxfp8_act(program *p, const char *name, uint32_t act, bool backward, prog_ref dy,
+                       const op_mxfp8_quantize_desc *d);
+
 #endif  // QT_OP_QUANT_MXFP8_H
