@@ -204,4 +204,54 @@ static inline qt_status rig_act_bf16(rig *r, uint32_t act, bool backward, uint32
     return op_act_forward(&r->prog, "act", act, rows, cols, xt, OP_ACT_NONE, yt, OP_REF_NONE);
 }
 
+// A BF16 input of the activation casts' tests: mostly values in and near the activation tables'
+// binades [2^-12, 2^4), both signs; one in 32 any bit pattern at all (NaN, Inf, subnormals, huge
+// values included). *state: the generator's state (a 64-bit LCG), advanced once.
+static inline uint16_t rig_act_value(uint64_t *state) {
+    *state = *state * 6364136223846793005ull + 1442695040888963407ull;
+    uint64_t v = *state;
+    if ((v >> 11) % 32 == 0) return (uint16_t)(v >> 44);
+    uint32_t sign = (uint32_t)((v >> 21) & 1u) << 15;
+    uint32_t exponent = 110u + (uint32_t)((v >> 25) % 28u);  // 2^-17 .. 2^10
+    return (uint16_t)(sign | exponent << 7 | (uint32_t)((v >> 33) & 0x7Fu));
+}
+
+// x and dy, elems BF16 inputs each from rig_act_value (alternating, x first), allocated here:
+// the caller frees both.
+static inline void rig_act_inputs(uint64_t elems, uint64_t *state, uint16_t **x, uint16_t **dy) {
+    *x = malloc(elems * 2);
+    *dy = malloc(elems * 2);
+    for (uint64_t e = 0; e < elems; e++) {
+        (*x)[e] = rig_act_value(state);
+        (*dy)[e] = rig_act_value(state);
+    }
+}
+
+// One case of an activation cast's test: rows x cols, mode index `mode` of the test's table,
+// inputs x and dy (rig_act_inputs); `name` says "R x C, mode M" for its messages.
+typedef void (*rig_act_case_fn)(void *modes, rig_pair *rigs, uint32_t rows, uint32_t cols,
+                                size_t mode, const uint16_t *x, const uint16_t *dy,
+                                const char *name);
+
+// `count` cases, case i of shape i % n_shapes and mode i % n_modes, their inputs drawn in order
+// from the generator seeded with `seed`; under a sanitizer, shapes above 2^20 elements are left
+// out (minutes each).
+static inline void rig_act_cases(rig_pair *rigs, const uint32_t (*shapes)[2], size_t n_shapes,
+                                 void *modes, size_t n_modes, size_t count, uint64_t seed,
+                                 rig_act_case_fn fn) {
+    uint64_t state = seed;
+    for (size_t i = 0; i < count; i++) {
+        uint32_t rows = shapes[i % n_shapes][0], cols = shapes[i % n_shapes][1];
+        uint64_t elems = (uint64_t)rows * cols;
+        if (test_sanitizer() && elems > (1u << 20)) continue;
+        uint16_t *x, *dy;
+        rig_act_inputs(elems, &state, &x, &dy);
+        char name[64];
+        snprintf(name, sizeof name, "%u x %u, mode %zu", rows, cols, i % n_modes);
+        fn(modes, rigs, rows, cols, i % n_modes, x, dy, name);
+        free(x);
+        free(dy);
+    }
+}
+
 #endif  // QT_TEST_RIG_H

@@ -1193,15 +1193,28 @@ static uint8_t *act_run(rig *r, const act_regions *h, const act_mode *md, const 
     return o;
 }
 
-// A BF16 input: mostly values in and near the tables' binades [2^-12, 2^4), both signs; one in
-// 32 any bit pattern at all (NaN, Inf, subnormals, huge values included).
-static uint16_t act_value(uint64_t *state) {
-    *state = *state * 6364136223846793005ull + 1442695040888963407ull;
-    uint64_t v = *state;
-    if ((v >> 11) % 32 == 0) return (uint16_t)(v >> 44);
-    uint32_t sign = (uint32_t)((v >> 21) & 1u) << 15;
-    uint32_t exponent = 110u + (uint32_t)((v >> 25) % 28u);  // 2^-17 .. 2^10
-    return (uint16_t)(sign | exponent << 7 | (uint32_t)((v >> 33) & 0x7Fu));
+// One case: the fused op against the activation then the cast on each backend, and the GPU's
+// fused outputs against the reference backend's.
+static void act_case(void *modes, rig_pair *rigs, uint32_t rows, uint32_t cols, size_t mode,
+                     const uint16_t *x, const uint16_t *dy, const char *name) {
+    const act_mode *md = &((const act_mode *)modes)[mode];
+    char what[96];
+    snprintf(what, sizeof what, "%s, fused against act then cast, ref", name);
+    act_regions hr, hg;
+    rig_reset(rigs->ref);
+    act_build(rigs->ref, rows, cols, md, &hr);
+    uint8_t *or = act_run(rigs->ref, &hr, md, x, dy, what);
+    if (rigs->on_gpu) {
+        rig_reset(rigs->gpu);
+        act_build(rigs->gpu, rows, cols, md, &hg);
+        snprintf(what, sizeof what, "%s, fused against act then cast, gpu", name);
+        uint8_t *og = act_run(rigs->gpu, &hg, md, x, dy, what);
+        uint64_t half = 2 * hr.elems + hr.row_si_bytes + hr.col_si_bytes;
+        snprintf(what, sizeof what, "%s, fused, gpu against ref", name);
+        check_bytes(what, og + half, or + half, half);
+        free(og);
+    }
+    free(or);
 }
 
 static void test_act_cast(void) {
@@ -1219,43 +1232,8 @@ static void test_act_cast(void) {
     const size_t n_modes = sizeof modes / sizeof modes[0];
     rig_pair rigs;
     rig_pair_open(&rigs);
-    rig *gpu = rigs.gpu, *ref = rigs.ref;
-    bool on_gpu = rigs.on_gpu;
     test_begin("block_act_cast_equals_act_then_cast");
-    uint64_t state = 23;
-    for (size_t i = 0; i < n_shapes * 2; i++) {
-        uint32_t rows = shapes[i % n_shapes][0], cols = shapes[i % n_shapes][1];
-        const act_mode *md = &modes[i % n_modes];
-        uint64_t elems = (uint64_t)rows * cols;
-        if (test_sanitizer() && elems > (1u << 20)) continue;  // the largest shape: minutes
-        uint16_t *x = malloc(elems * 2), *dy = malloc(elems * 2);
-        for (uint64_t e = 0; e < elems; e++) {
-            x[e] = act_value(&state);
-            dy[e] = act_value(&state);
-        }
-        char what[96];
-        snprintf(what, sizeof what, "%u x %u, mode %zu, fused against act then cast, ref", rows,
-                 cols, i % n_modes);
-        act_regions hr, hg;
-        rig_reset(ref);
-        act_build(ref, rows, cols, md, &hr);
-        uint8_t *or = act_run(ref, &hr, md, x, dy, what);
-        if (on_gpu) {
-            rig_reset(gpu);
-            act_build(gpu, rows, cols, md, &hg);
-            what[strlen(what) - 3] = 0;
-            strcat(what, "gpu");
-            uint8_t *og = act_run(gpu, &hg, md, x, dy, what);
-            uint64_t half = 2 * elems + hr.row_si_bytes + hr.col_si_bytes;
-            snprintf(what, sizeof what, "%u x %u, mode %zu, fused, gpu against ref", rows, cols,
-                     i % n_modes);
-            check_bytes(what, og + half, or + half, half);
-            free(og);
-        }
-        free(or);
-        free(x);
-        free(dy);
-    }
+    rig_act_cases(&rigs, shapes, n_shapes, (void *)modes, n_modes, n_shapes * 2, 23, act_case);
     test_end();
     rig_pair_close(&rigs, "gpu_block_act_cast_matches_ref");
 }
