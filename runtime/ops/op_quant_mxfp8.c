@@ -106,8 +106,9 @@ qt_status op_mxfp8_quantize(program *p, const char *name, const op_mxfp8_quantiz
     return op_mxfp8_quantize_use(p, op, 0, d);
 }
 
-// Persistent: every tile its block, up to QT_MXFP8_ACT_BLOCKS_PER_SM blocks an SM of the
-// planned GPUs (OP_PLAN_SMS), each with the table in its dynamic shared memory.
+// Persistent: every tile its block, up to QT_MXFP8_ACT_FWD_BLOCKS_PER_SM (backward: _BWD_)
+// blocks an SM of the planned GPUs (OP_PLAN_SMS), each with the table (backward: and a tile of
+// dy) in its dynamic shared memory.
 qt_status op_mxfp8_act(program *p, const char *name, uint32_t act, bool backward, prog_ref dy,
                        const op_mxfp8_quantize_desc *d) {
     QT_ASSERT(act == QT_ACT_GELU || act == QT_ACT_SILU);
