@@ -451,9 +451,7 @@ __device__ __forceinline__ float act_lut_apply(const float *table, float v, floa
 // caller's barrier publishes it.
 template <uint32_t kAct, bool kBackward>
 __device__ __forceinline__ void act_lut_fill(float *table) {
-    for (uint32_t e = threadIdx.x; e < QT_ACT_LUT_ENTRIES; e += QT_ACT_LUT_THREADS) {
-        table[e] = qt_act_lut_value(kAct, kBackward, qt_act_lut_input(e));
-    }
+    qt_act_table_fill(table, kAct, kBackward, QT_ACT_LUT_THREADS);
 }
 
 // The table's values of a chunk of eight BF16 inputs as loaded (xw): the eight entries straight

@@ -245,6 +245,16 @@ __device__ __noinline__ float qt_act_table_miss(uint32_t act, float v) {
     return qt_act_lut_value(act, kBackward, v);
 }
 
+// A block's table of act's values (backward: its derivative's) at the table's inputs, filled by
+// `threads` threads (the block's size, a compile-time constant at every caller); the caller's
+// barrier publishes it.
+__device__ __forceinline__ void qt_act_table_fill(float *table, uint32_t act, bool backward,
+                                                  uint32_t threads) {
+    for (uint32_t e = threadIdx.x; e < QT_ACT_LUT_ENTRIES; e += threads) {
+        table[e] = qt_act_lut_value(act, backward, qt_act_lut_input(e));
+    }
+}
+
 // The table's value at byte offset `bytes` (qt_act_lut_pair's halves).
 __device__ __forceinline__ float qt_act_table_at(const float *table, uint32_t bytes) {
     return *(const float *)((const char *)table + bytes);

@@ -734,9 +734,7 @@ template <bool kBackward>
 __device__ __forceinline__ void qb_act_cast(const quant_block_act_args &a) {
     extern __shared__ float qb_act_table[];  // QT_BLOCK_ACT_TABLE_BYTES, the launch's dynamic
     __shared__ qb_smem<false, true> sm;
-    for (uint32_t e = threadIdx.x; e < QT_ACT_LUT_ENTRIES; e += QB_THREADS) {
-        qb_act_table[e] = qt_act_lut_value(a.act, kBackward, qt_act_lut_input(e));
-    }
+    qt_act_table_fill(qb_act_table, a.act, kBackward, QB_THREADS);
     __syncthreads();  // the table is complete
     if (a.cast.fp8 == QT_BLOCK_E5M2) {
         qb_act_cast_tiles<kBackward, QT_BLOCK_E5M2>(a, qb_act_table, sm);

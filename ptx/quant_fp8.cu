@@ -718,9 +718,7 @@ struct qt_fp8_act_cast_smem {
 // The table of act (f forward, f' backward), each block its own.
 template <bool kBackward>
 __device__ __forceinline__ void qt_fp8_act_table(uint32_t act, float *table) {
-    for (uint32_t e = threadIdx.x; e < QT_ACT_LUT_ENTRIES; e += QT_FP8_CAST_THREADS) {
-        table[e] = qt_act_lut_value(act, kBackward, qt_act_lut_input(e));
-    }
+    qt_act_table_fill(table, act, kBackward, QT_FP8_CAST_THREADS);
 }
 
 // Chunks of 8 a thread loads at once in the amax-only pass, 128 bytes forward (x), 96 backward

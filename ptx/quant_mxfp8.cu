@@ -609,9 +609,7 @@ __device__ __forceinline__ void mx_act_quantize(const mxfp8_act_args &a) {
     extern __shared__ __align__(16) float mx_act_table[];
     mx_dy_stage &stage = *(mx_dy_stage *)(mx_act_table + QT_ACT_LUT_ENTRIES);
     __shared__ __align__(16) uint8_t row_e[QT_MXFP8_TILE_ROWS][MX_TILE_BLOCKS];
-    for (uint32_t e = threadIdx.x; e < QT_ACT_LUT_ENTRIES; e += QT_MXFP8_THREADS) {
-        mx_act_table[e] = qt_act_lut_value(a.act, kBackward, qt_act_lut_input(e));
-    }
+    qt_act_table_fill(mx_act_table, a.act, kBackward, QT_MXFP8_THREADS);
     __syncthreads();  // the table is complete
     const mxfp8_quantize_args &c = a.cast;
     uint32_t col_tiles = (c.cols + QT_MXFP8_TILE_COLS - 1) / QT_MXFP8_TILE_COLS;

@@ -435,6 +435,21 @@ static uint32_t mb_values_of(const mb *b, const model_quantizer *mq, const model
     return values;
 }
 
+// The copies of a linear's input x that its cast stores as values: the rowwise one, for fprop
+// (the columnwise one waits for the wgrad in codes). The same whether the linear's own cast or
+// the activation before it (mb_act_cast_forward) writes them.
+static uint32_t mb_input_values(const mb *b, const model_linear *lin, model_tensor x) {
+    return mb_values_of(b, &b->m->quantizers[lin->q_input], lin, x, MODEL_FPROP,
+                        MODEL_GEMM_COUNT);
+}
+
+// The copies of the gradient dy at a linear's output that its cast stores as values: the
+// rowwise one for dgrad, the columnwise one for wgrad (mb_linear_backward's cast, or the
+// activation's, mb_act_cast_backward).
+static uint32_t mb_grad_values(const mb *b, const model_linear *lin, model_tensor dy) {
+    return mb_values_of(b, &b->m->quantizers[lin->q_grad], lin, dy, MODEL_DGRAD, MODEL_WGRAD);
+}
+
 static qt_status mb_quantize_values(mb *b, const char *what, const model_quantizer *mq,
                                     model_tensor x, op_group group, bool rowwise, bool colwise,
                                     uint32_t values, bool record_amax, model_qstore *s) {
@@ -958,7 +973,7 @@ static qt_status mb_linear_forward(mb *b, uint32_t layer, model_tensor x, model_
     // both already, its cast reading its input (mb_act_cast_forward).
     if (!mb_act_casts(b, layer - 1, false)) {
         const model_quantizer *qi = &m->quantizers[lin->q_input];
-        uint32_t values = mb_values_of(b, qi, lin, x, MODEL_FPROP, MODEL_GEMM_COUNT);
+        uint32_t values = mb_input_values(b, lin, x);
         QT_TRY(mb_quantize_values(b, what, qi, x, op_group_dense(), true, b->train, values,
                                   b->train, &b->xq[li]));
     }
@@ -1273,8 +1288,7 @@ static qt_status mb_act_cast_forward(mb *b, uint32_t act, model_tensor x, prog_r
     *y = (model_tensor){OP_REF_NONE, QT_DTYPE_BF16, x.rows, x.cols, OP_REF_NONE};
     char what[ARENA_NAME_MAX], name[ARENA_NAME_MAX];
     snprintf(what, sizeof what, "%s.x", layers[act + 1].name);
-    // The copies that mb_linear_forward's own cast would store as values (MXFP8).
-    uint32_t values = mb_values_of(b, mq, &m->linears[li], *y, MODEL_FPROP, MODEL_GEMM_COUNT);
+    uint32_t values = mb_input_values(b, &m->linears[li], *y);
     QT_TRY(mb_qstore_values(b, what, mq, *y, op_group_dense(), true, b->train, values,
                             &b->xq[li]));
     char buf[24];
@@ -1299,8 +1313,7 @@ static qt_status mb_act_cast_backward(mb *b, uint32_t act, model_tensor dy, mode
     *dx = (model_tensor){OP_REF_NONE, QT_DTYPE_BF16, x.rows, x.cols, OP_REF_NONE};
     char what[ARENA_NAME_MAX], name[ARENA_NAME_MAX];
     snprintf(what, sizeof what, "%s.dy", layers[act - 1].name);
-    // The copies that mb_linear_backward's own cast would store as values (MXFP8).
-    uint32_t values = mb_values_of(b, qg, lin, *dx, MODEL_DGRAD, MODEL_WGRAD);
+    uint32_t values = mb_grad_values(b, lin, *dx);
     QT_TRY(mb_qstore_values(b, what, qg, *dx, op_group_dense(), lin->needs_dx, true, values,
                             &b->dyq[li]));
     char buf[24];
@@ -1498,7 +1511,7 @@ static qt_status mb_linear_backward(mb *b, uint32_t layer, model_tensor dy, mode
     // dgrad reads the rowwise copy, wgrad the columnwise one; the first layer has no dgrad. The
     // activation after may have made both already (mb_act_cast_backward).
     if (!mb_act_casts(b, layer + 1, true)) {
-        uint32_t values = mb_values_of(b, qg, lin, dy, MODEL_DGRAD, MODEL_WGRAD);
+        uint32_t values = mb_grad_values(b, lin, dy);
         QT_TRY(mb_quantize_values(b, what, qg, dy, op_group_dense(), lin->needs_dx, true, values,
                                   true, &dyq));
     } else {
